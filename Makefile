@@ -1,0 +1,49 @@
+# Two commands for a new user: `make demo` and `make test` (each sets up what it needs).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DATA_STAMP := .cache/data/.prepared-stamp
+
+export FLWR_HOME ?= $(CURDIR)/.flwr
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export FLWR_FSL_CACHE ?= $(CURDIR)/.cache/data
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install data test demo lint bench-accuracy clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a CUDA build).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,examples,benchmarks]"
+	touch $@
+
+install: $(STAMP)
+
+$(DATA_STAMP): $(STAMP)
+	$(PY) -m flwr_fsl.data prepare mnist movielens
+	touch $@
+
+data: $(DATA_STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check flwr_fsl tests benchmarks examples
+	$(VENV)/bin/ruff format --check flwr_fsl tests benchmarks examples
+	$(VENV)/bin/mypy
+
+test: $(STAMP) $(DATA_STAMP) lint
+	$(PY) -m pytest -q
+
+demo: $(STAMP) $(DATA_STAMP)
+	$(VENV)/bin/flwr run examples/topk-mnist local --stream \
+	    --federation-config "num-supernodes=10 client-resources-num-cpus=1"
+
+bench-accuracy: $(STAMP) $(DATA_STAMP)
+	$(PY) benchmarks/accuracy_topk.py
+
+clean:
+	rm -rf $(VENV) .cache .flwr .pytest_cache .mypy_cache .ruff_cache
