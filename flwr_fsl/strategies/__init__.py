@@ -1,0 +1,6 @@
+"""Server-side strategies (Flower Message API)."""
+
+from flwr_fsl.strategies.fedsubavg import FedSubAvg
+from flwr_fsl.traffic import RoundTraffic
+
+__all__ = ["FedSubAvg", "RoundTraffic"]

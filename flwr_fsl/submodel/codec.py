@@ -1,0 +1,272 @@
+"""Wire format ``flwr_fsl.submodel`` v1: a subset of a model's coordinates in a Flower message.
+
+A submodel reply carries two records next to the client's usual ``MetricRecord``:
+
+``ConfigRecord`` under :data:`HEADER_KEY` (``"fsl.submodel"``)::
+
+    format    = "flwr_fsl.submodel"
+    version   = 1
+    names     = [parameter names, in order]            (list[str])
+    encodings = ["dense" | "coordinates" | "rows", ...] (list[str], same order)
+    counts    = [True | False, ...]                     (list[bool], same order)
+
+``ArrayRecord`` under :data:`ARRAYS_KEY` (``"fsl.update"``), for each listed parameter ``p``:
+
+- dense: ``p|values`` — the full-shape delta, the parameter's dtype;
+- coordinates: ``p|indices`` (int64, flat row-major, unique, in range) and ``p|values``
+  (1-D, the parameter's dtype, same length);
+- rows (mega-elements): ``p|indices`` (int64 indices along axis 0, unique, in range) and
+  ``p|values`` of shape ``(len(indices), *shape[1:])``;
+- and, when ``counts`` is True for ``p`` (coordinates/rows only), ``p|counts``: float64,
+  finite and > 0, one per index.
+
+Values are deltas against the arrays the client received. Parameters not listed were not
+touched. A reply without the header is a plain Flower reply: exactly one ``ArrayRecord`` of
+full weights with the global model's keys, shapes and dtypes, turned into dense deltas.
+:func:`decode_update` checks all of this and raises :class:`SubmodelFormatError` (one error
+type, one reason string) on anything else; it never unpickles (``Array.numpy`` loads with
+``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from numpy.typing import NDArray
+
+from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
+
+FORMAT_NAME = "flwr_fsl.submodel"
+FORMAT_VERSION = 1
+HEADER_KEY = "fsl.submodel"
+ARRAYS_KEY = "fsl.update"
+_SEP = "|"
+
+
+class SubmodelFormatError(ValueError):
+    """A reply is not a valid submodel update; ``str(err)`` says why."""
+
+
+def encode_update(update: SubmodelUpdate) -> RecordDict:
+    """Encode an update as the two records of the wire format (no metrics).
+
+    Parameters
+    ----------
+    update : SubmodelUpdate
+        The update; ``update.weight`` is not encoded (the client's ``MetricRecord`` carries
+        its sample count).
+
+    Returns
+    -------
+    RecordDict
+        ``{HEADER_KEY: ConfigRecord, ARRAYS_KEY: ArrayRecord}``.
+    """
+    arrays: dict[str, Array] = {}
+    names: list[str] = []
+    encodings: list[str] = []
+    has_counts: list[bool] = []
+    for name, part in update.tensors.items():
+        names.append(name)
+        encodings.append(part.encoding.value)
+        has_counts.append(part.counts is not None)
+        arrays[f"{name}{_SEP}values"] = Array(np.ascontiguousarray(part.values))
+        if part.indices is not None:
+            arrays[f"{name}{_SEP}indices"] = Array(np.ascontiguousarray(part.indices, np.int64))
+        if part.counts is not None:
+            arrays[f"{name}{_SEP}counts"] = Array(np.ascontiguousarray(part.counts, np.float64))
+    header = ConfigRecord(
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "names": names,
+            "encodings": encodings,
+            "counts": has_counts,
+        }
+    )
+    return RecordDict({HEADER_KEY: header, ARRAYS_KEY: ArrayRecord(arrays)})
+
+
+def is_submodel_reply(content: RecordDict) -> bool:
+    """Return True if ``content`` claims to be a submodel update (has the header record)."""
+    return HEADER_KEY in content.config_records
+
+
+def decode_update(
+    content: RecordDict,
+    reference: Mapping[str, NDArray[np.generic]],
+    weight: float,
+) -> SubmodelUpdate:
+    """Decode and validate a reply against the global model it answers.
+
+    Parameters
+    ----------
+    content : RecordDict
+        The reply's content: a submodel update (wire format above) or a plain dense reply.
+    reference : Mapping[str, numpy.ndarray]
+        The global arrays the client received (names, shapes, dtypes, and the base of dense
+        replies' deltas).
+    weight : float
+        The client's averaging weight (its sample count); must be finite and > 0.
+
+    Returns
+    -------
+    SubmodelUpdate
+        The validated update.
+
+    Raises
+    ------
+    SubmodelFormatError
+        If anything about the reply is malformed; the message names the offending part.
+    """
+    if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+        raise SubmodelFormatError(f"weight must be a finite number > 0, got {weight!r}")
+    if not is_submodel_reply(content):
+        return SubmodelUpdate(_decode_dense_reply(content, reference), float(weight))
+    header = content.config_records[HEADER_KEY]
+    if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
+        raise SubmodelFormatError(
+            f"unsupported submodel format {header.get('format')!r} "
+            f"version {header.get('version')!r} (expected {FORMAT_NAME!r} v{FORMAT_VERSION})"
+        )
+    names, encodings, counts = (
+        _str_or_bool_list(header, "names", str),
+        _str_or_bool_list(header, "encodings", str),
+        _str_or_bool_list(header, "counts", bool),
+    )
+    if not len(names) == len(encodings) == len(counts):
+        raise SubmodelFormatError("header lists names/encodings/counts differ in length")
+    if len(set(names)) != len(names):
+        raise SubmodelFormatError("header lists a parameter more than once")
+    if ARRAYS_KEY not in content.array_records:
+        raise SubmodelFormatError(f"missing ArrayRecord {ARRAYS_KEY!r}")
+    record = content.array_records[ARRAYS_KEY]
+    expected_keys: set[str] = set()
+    tensors: dict[str, TensorUpdate] = {}
+    for name, encoding_name, has_counts in zip(names, encodings, counts, strict=True):
+        if name not in reference:
+            raise SubmodelFormatError(f"unknown parameter {name!r}")
+        try:
+            encoding = Encoding(encoding_name)
+        except ValueError:
+            raise SubmodelFormatError(f"{name}: unknown encoding {encoding_name!r}") from None
+        ref = np.asarray(reference[name])
+        keys = [f"{name}{_SEP}values"]
+        if encoding is not Encoding.DENSE:
+            keys.append(f"{name}{_SEP}indices")
+        if has_counts:
+            if encoding is Encoding.DENSE:
+                raise SubmodelFormatError(f"{name}: counts are not allowed on a dense tensor")
+            keys.append(f"{name}{_SEP}counts")
+        for key in keys:
+            if key not in record:
+                raise SubmodelFormatError(f"{name}: missing array {key!r}")
+        expected_keys.update(keys)
+        arrays = {key.rsplit(_SEP, 1)[1]: _load(record, key) for key in keys}
+        tensors[name] = _validate_tensor(name, encoding, ref, arrays)
+    extra = set(record.keys()) - expected_keys
+    if extra:
+        raise SubmodelFormatError(f"unexpected arrays {sorted(extra)}")
+    return SubmodelUpdate(tensors, float(weight))
+
+
+def _str_or_bool_list(header: ConfigRecord, key: str, kind: type) -> list[Any]:
+    value = header.get(key)
+    if not isinstance(value, list) or not all(type(v) is kind for v in value):
+        raise SubmodelFormatError(f"header field {key!r} must be a list of {kind.__name__}")
+    return value
+
+
+def _load(record: ArrayRecord, key: str) -> NDArray[np.generic]:
+    try:
+        return record[key].numpy()
+    except Exception as exc:  # any failure to parse the npy bytes is a format error
+        raise SubmodelFormatError(f"array {key!r} cannot be decoded: {exc}") from None
+
+
+def _check_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generic]) -> None:
+    if values.dtype != ref.dtype:
+        raise SubmodelFormatError(f"{name}: dtype {values.dtype} != model dtype {ref.dtype}")
+    if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+        raise SubmodelFormatError(f"{name}: values contain NaN or inf")
+
+
+def _check_indices(name: str, indices: NDArray[np.generic], bound: int) -> NDArray[np.int64]:
+    if indices.dtype != np.int64 or indices.ndim != 1:
+        raise SubmodelFormatError(
+            f"{name}: indices must be 1-D int64, got {indices.dtype} with shape {indices.shape}"
+        )
+    if indices.size and (indices.min() < 0 or indices.max() >= bound):
+        raise SubmodelFormatError(f"{name}: index out of range [0, {bound})")
+    if np.unique(indices).size != indices.size:
+        raise SubmodelFormatError(f"{name}: duplicate indices")
+    return indices.astype(np.int64, copy=False)
+
+
+def _validate_tensor(
+    name: str,
+    encoding: Encoding,
+    ref: NDArray[np.generic],
+    arrays: dict[str, NDArray[np.generic]],
+) -> TensorUpdate:
+    values = arrays["values"]
+    _check_values(name, values, ref)
+    if encoding is Encoding.DENSE:
+        if values.shape != ref.shape:
+            raise SubmodelFormatError(f"{name}: shape {values.shape} != model shape {ref.shape}")
+        return TensorUpdate(encoding, values)
+    if encoding is Encoding.COORDINATES:
+        indices = _check_indices(name, arrays["indices"], ref.size)
+        if values.shape != indices.shape:
+            raise SubmodelFormatError(
+                f"{name}: {values.shape[0] if values.ndim else 0} values for "
+                f"{indices.size} indices (values must be 1-D, one per index)"
+            )
+    else:
+        if ref.ndim < 1:
+            raise SubmodelFormatError(f"{name}: rows encoding needs a tensor with a row axis")
+        indices = _check_indices(name, arrays["indices"], ref.shape[0])
+        expected = (indices.size, *ref.shape[1:])
+        if values.shape != expected:
+            raise SubmodelFormatError(f"{name}: rows shape {values.shape} != {expected}")
+    counts: NDArray[np.float64] | None = None
+    if "counts" in arrays:
+        counts = arrays["counts"].astype(np.float64, copy=False)
+        if arrays["counts"].dtype != np.float64 or counts.shape != indices.shape:
+            raise SubmodelFormatError(
+                f"{name}: counts must be float64 with one entry per index, got "
+                f"{arrays['counts'].dtype} {counts.shape}"
+            )
+        if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
+            raise SubmodelFormatError(f"{name}: counts must be finite and > 0")
+    return TensorUpdate(encoding, values, indices, counts)
+
+
+def _decode_dense_reply(
+    content: RecordDict, reference: Mapping[str, NDArray[np.generic]]
+) -> dict[str, TensorUpdate]:
+    if len(content.array_records) != 1:
+        raise SubmodelFormatError(
+            f"a dense reply needs exactly one ArrayRecord, got {len(content.array_records)}"
+        )
+    record = next(iter(content.array_records.values()))
+    if set(record.keys()) != set(reference):
+        missing, extra = set(reference) - set(record.keys()), set(record.keys()) - set(reference)
+        raise SubmodelFormatError(
+            f"dense reply keys differ from the model: missing {sorted(missing)}, "
+            f"unknown {sorted(extra)}"
+        )
+    tensors: dict[str, TensorUpdate] = {}
+    for name, ref in reference.items():
+        ref = np.asarray(ref)
+        values = _load(record, name)
+        _check_values(name, values, ref)
+        if values.shape != ref.shape:
+            raise SubmodelFormatError(f"{name}: shape {values.shape} != model shape {ref.shape}")
+        # Deltas in float64 so that averaging dense replies reproduces FedAvg closely.
+        delta = values.astype(np.float64) - ref.astype(np.float64)
+        tensors[name] = TensorUpdate(Encoding.DENSE, delta)
+    return tensors
