@@ -131,7 +131,7 @@ def topk_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     update, new_residuals = sparsify(deltas, config, residuals)
     if config.error_feedback:
         context.state[RESIDUAL_KEY] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(v)) for k, v in new_residuals.items()}
+            {k: Array(np.asarray(v, order="C")) for k, v in new_residuals.items()}
         )
     content = encode_update(update)
     for key, record in reply.content.items():

@@ -73,7 +73,7 @@ def encode_update(update: SubmodelUpdate) -> RecordDict:
         names.append(name)
         encodings.append(part.encoding.value)
         has_counts.append(part.counts is not None)
-        arrays[f"{name}{_SEP}values"] = Array(np.ascontiguousarray(part.values))
+        arrays[f"{name}{_SEP}values"] = Array(np.asarray(part.values, order="C"))
         if part.indices is not None:
             arrays[f"{name}{_SEP}indices"] = Array(np.ascontiguousarray(part.indices, np.int64))
         if part.counts is not None:
