@@ -1,0 +1,330 @@
+"""Numba kernels for cuckoo and simple hashing (Cui et al. 2023, §4).
+
+These are the hot loops behind :mod:`flwr_fsl.crypto.hashing`; nothing here validates its
+inputs, the public API does that. Conventions:
+
+* indices, bin numbers, offsets and positions are ``int64``; ``EMPTY = -1`` marks an empty
+  cuckoo bin or stash slot, or an index that a position lookup did not find;
+* hash words (AES output) are ``uint64``; every constant mixed with them is ``np.uint64`` so
+  numba never promotes to float64;
+* the number of bins is below ``2**32`` so that :func:`_fastrange` is exact without 128-bit
+  arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+EMPTY = -1
+"""Marker for an empty cuckoo bin, an empty stash slot, or a position not found."""
+
+_U32 = np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_PARTITION_ENTRIES = 8192  # entries per partition of the two-level simple-table sort
+
+
+@njit(cache=True, inline="always")
+def _fastrange(word: np.uint64, n: np.uint64) -> np.uint64:  # pragma: no cover - jitted
+    """Return ``floor(word * n / 2**64)``, a near-uniform map of ``word`` onto ``[0, n)``.
+
+    Lemire's multiply-shift reduction; exact for ``n < 2**32`` (no intermediate overflows).
+    """
+    hi = word >> _U32
+    lo = word & _LOW32
+    return (hi * n + ((lo * n) >> _U32)) >> _U32
+
+
+@njit(cache=True, inline="always")
+def _splitmix64(state: np.uint64) -> tuple[np.uint64, np.uint64]:  # pragma: no cover - jitted
+    """Advance a SplitMix64 state; return ``(new_state, output)``."""
+    state = state + np.uint64(0x9E3779B97F4A7C15)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return state, z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def fill_hash_blocks(
+    indices: NDArray[np.int64], tag: np.uint64, blocks: NDArray[np.uint64]
+) -> None:  # pragma: no cover - jitted
+    """Write the AES input block ``(index, tag | d)`` for every index and hash function ``d``.
+
+    Parameters
+    ----------
+    indices : numpy.ndarray
+        ``(n,)`` int64 indices.
+    tag : numpy.uint64
+        Domain-separation tag; its low 8 bits must be zero (they carry ``d``).
+    blocks : numpy.ndarray
+        ``(n, num_hashes, 2)`` uint64 output: word 0 is the index, word 1 is ``tag | d``.
+    """
+    n = blocks.shape[0]
+    num_hashes = blocks.shape[1]
+    for i in range(n):
+        x = np.uint64(indices[i])
+        for d in range(num_hashes):
+            blocks[i, d, 0] = x
+            blocks[i, d, 1] = tag | np.uint64(d)
+
+
+@njit(cache=True)
+def reduce_to_bins(
+    ciphertext: NDArray[np.uint64], num_bins: np.uint64, out: NDArray[np.int64]
+) -> None:  # pragma: no cover - jitted
+    """Map the first word of every ciphertext block onto a bin in ``[0, num_bins)``.
+
+    Parameters
+    ----------
+    ciphertext : numpy.ndarray
+        ``(n, num_hashes, 2)`` uint64 AES output.
+    num_bins : numpy.uint64
+        Number of bins ``B`` (``1 <= B < 2**32``).
+    out : numpy.ndarray
+        ``(n, num_hashes)`` int64; receives ``h_d(index_i)``.
+    """
+    n = ciphertext.shape[0]
+    num_hashes = ciphertext.shape[1]
+    for i in range(n):
+        for d in range(num_hashes):
+            out[i, d] = np.int64(_fastrange(ciphertext[i, d, 0], num_bins))
+
+
+@njit(cache=True)
+def cuckoo_insert(
+    candidates: NDArray[np.int64],
+    max_evictions: np.int64,
+    seed: np.uint64,
+    table: NDArray[np.int64],
+    stash: NDArray[np.int64],
+) -> np.int64:  # pragma: no cover - jitted
+    """Cuckoo-insert items ``0..n-1`` (rows of ``candidates``) by random-walk eviction.
+
+    Each item first takes a free bin among its candidate bins (lowest hash function first).
+    If all are taken it evicts the occupant of a uniformly random *distinct* candidate bin
+    other than the one it was just evicted from, and the evicted item continues the walk.
+    After ``max_evictions`` evictions the homeless item goes to the stash; if the stash is
+    full the insertion stops.
+
+    Parameters
+    ----------
+    candidates : numpy.ndarray
+        ``(n, num_hashes)`` int64 candidate bins of each item.
+    max_evictions : numpy.int64
+        Evictions allowed per inserted item (``0``: first free bin or stash).
+    seed : numpy.uint64
+        Seed of the SplitMix64 stream that picks the bins to evict from.
+    table : numpy.ndarray
+        ``(B,)`` int64, all ``EMPTY`` on entry; receives the item number held by each bin.
+    stash : numpy.ndarray
+        ``(stash_size,)`` int64, all ``EMPTY`` on entry; receives stashed item numbers.
+
+    Returns
+    -------
+    numpy.int64
+        ``EMPTY`` on success, else the number of the item left homeless (stash full).
+    """
+    n = candidates.shape[0]
+    num_hashes = candidates.shape[1]
+    stash_size = stash.shape[0]
+    choices = np.empty(num_hashes, np.int64)
+    state = seed
+    num_stashed = 0
+    for i in range(n):
+        current = np.int64(i)
+        previous_bin = np.int64(EMPTY)
+        evictions = 0
+        placed = False
+        while True:
+            for d in range(num_hashes):
+                b = candidates[current, d]
+                if table[b] == EMPTY:
+                    table[b] = current
+                    placed = True
+                    break
+            if placed or evictions >= max_evictions:
+                break
+            # Distinct candidate bins, minus the one ``current`` was just evicted from.
+            num_choices = 0
+            for d in range(num_hashes):
+                b = candidates[current, d]
+                if b == previous_bin:
+                    continue
+                seen = False
+                for e in range(num_choices):
+                    if choices[e] == b:
+                        seen = True
+                        break
+                if not seen:
+                    choices[num_choices] = b
+                    num_choices += 1
+            if num_choices == 0:
+                break  # every hash function maps ``current`` to the bin it just left
+            state, word = _splitmix64(state)
+            b = choices[np.int64(_fastrange(word, np.uint64(num_choices)))]
+            evicted = table[b]
+            table[b] = current
+            current = evicted
+            previous_bin = b
+            evictions += 1
+        if not placed:
+            if num_stashed < stash_size:
+                stash[num_stashed] = current
+                num_stashed += 1
+            else:
+                return current
+    return np.int64(EMPTY)
+
+
+@njit(cache=True, inline="always")
+def _is_repeat(candidates: NDArray[np.int64], i: int, d: int) -> bool:  # pragma: no cover
+    """Whether hash function ``d`` maps item ``i`` to a bin an earlier one already gave."""
+    b = candidates[i, d]
+    for e in range(d):
+        if candidates[i, e] == b:
+            return True
+    return False
+
+
+@njit(cache=True)
+def count_simple_bins(
+    candidates: NDArray[np.int64], bin_offsets: NDArray[np.int64]
+) -> None:  # pragma: no cover - jitted
+    """First pass of simple hashing: CSR offsets from each item's *distinct* candidate bins.
+
+    Parameters
+    ----------
+    candidates : numpy.ndarray
+        ``(n, num_hashes)`` int64 candidate bins of each item.
+    bin_offsets : numpy.ndarray
+        ``(B + 1,)`` int64 output: bin ``b`` will be entries
+        ``bin_offsets[b]:bin_offsets[b + 1]`` of the item array.
+    """
+    n = candidates.shape[0]
+    num_hashes = candidates.shape[1]
+    num_bins = bin_offsets.shape[0] - 1
+    bin_offsets[:] = 0
+    for i in range(n):
+        for d in range(num_hashes):
+            if not _is_repeat(candidates, i, d):
+                bin_offsets[candidates[i, d] + 1] += 1
+    for b in range(num_bins):
+        bin_offsets[b + 1] += bin_offsets[b]
+
+
+@njit(cache=True)
+def fill_simple_bins(
+    items: NDArray[np.int64],
+    candidates: NDArray[np.int64],
+    bin_offsets: NDArray[np.int64],
+    bin_items: NDArray[np.int64],
+    bin_scratch: NDArray[np.uint32],
+) -> None:  # pragma: no cover - jitted
+    """Second pass of simple hashing: put every item into each of its distinct bins once.
+
+    A stable two-level counting sort, so ascending ``items`` give sorted bins. Scattering
+    ``n * η`` entries straight to ``B`` random bins misses the cache on almost every write;
+    instead pass 1 streams each entry (item, bin) to its *partition*, a run of ``2**shift``
+    consecutive bins holding about ``_PARTITION_ENTRIES`` entries, and pass 2 sorts each
+    partition into its bins inside the cache. The output arrays are allocated by the caller
+    (numpy puts large arrays on huge pages; numba's allocator faults on every 4 KiB page).
+
+    Parameters
+    ----------
+    items : numpy.ndarray
+        ``(n,)`` int64 items, ascending.
+    candidates : numpy.ndarray
+        ``(n, num_hashes)`` int64 candidate bins of each item.
+    bin_offsets : numpy.ndarray
+        ``(B + 1,)`` int64 offsets from :func:`count_simple_bins`.
+    bin_items : numpy.ndarray
+        ``(bin_offsets[B],)`` int64 output.
+    bin_scratch : numpy.ndarray
+        ``(bin_offsets[B],)`` uint32 scratch (the bin of each entry between the passes).
+    """
+    n = candidates.shape[0]
+    num_hashes = candidates.shape[1]
+    num_bins = bin_offsets.shape[0] - 1
+    total = bin_offsets[num_bins]
+    shift = 0
+    while (np.int64(2) << shift) * total <= _PARTITION_ENTRIES * num_bins:
+        shift += 1
+    num_parts = ((num_bins - 1) >> shift) + 1
+    part_cursor = np.empty(num_parts, np.int64)
+    largest = 0
+    for q in range(num_parts):
+        part_cursor[q] = bin_offsets[q << shift]
+        size = bin_offsets[min((q + 1) << shift, num_bins)] - part_cursor[q]
+        largest = max(largest, size)
+    for i in range(n):
+        for d in range(num_hashes):
+            if not _is_repeat(candidates, i, d):
+                b = candidates[i, d]
+                j = part_cursor[b >> shift]
+                bin_items[j] = items[i]
+                bin_scratch[j] = np.uint32(b)
+                part_cursor[b >> shift] = j + 1
+    part_items = np.empty(largest, np.int64)
+    part_bins = np.empty(largest, np.uint32)
+    cursor = bin_offsets[:num_bins].copy()
+    for q in range(num_parts):
+        start = bin_offsets[q << shift]
+        size = bin_offsets[min((q + 1) << shift, num_bins)] - start
+        for t in range(size):
+            part_items[t] = bin_items[start + t]
+            part_bins[t] = bin_scratch[start + t]
+        for t in range(size):
+            b = np.int64(part_bins[t])
+            bin_items[cursor[b]] = part_items[t]
+            cursor[b] += 1
+
+
+@njit(cache=True)
+def lookup_positions(
+    bin_offsets: NDArray[np.int64],
+    bin_items: NDArray[np.int64],
+    bins: NDArray[np.int64],
+    indices: NDArray[np.int64],
+    out: NDArray[np.int64],
+) -> np.int64:  # pragma: no cover - jitted
+    """Binary-search each ``indices[q]`` inside its sorted simple bin ``bins[q]``.
+
+    Parameters
+    ----------
+    bin_offsets, bin_items : numpy.ndarray
+        The CSR simple table (bins sorted ascending).
+    bins : numpy.ndarray
+        ``(n,)`` int64 bin numbers, each in ``[0, B)``.
+    indices : numpy.ndarray
+        ``(n,)`` int64 indices to find.
+    out : numpy.ndarray
+        ``(n,)`` int64; receives the rank of ``indices[q]`` in bin ``bins[q]`` or ``EMPTY``.
+
+    Returns
+    -------
+    numpy.int64
+        The first query number that was not found, or ``EMPTY`` if all were found.
+    """
+    first_missing = np.int64(EMPTY)
+    for q in range(bins.shape[0]):
+        b = bins[q]
+        x = indices[q]
+        start = bin_offsets[b]
+        stop = bin_offsets[b + 1]
+        lo = start
+        hi = stop
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if bin_items[mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < stop and bin_items[lo] == x:
+            out[q] = lo - start
+        else:
+            out[q] = EMPTY
+            if first_missing == EMPTY:
+                first_missing = np.int64(q)
+    return first_missing
