@@ -2,6 +2,13 @@
 
 One ``update_into`` call encrypts a whole batch of 16-byte blocks (a DPF tree level, a hashing
 batch, a mask stream) into a preallocated buffer; per-block calls are about 20x slower.
+
+``cryptography``'s ``update_into`` needs ``block_size - 1`` spare bytes in its output buffer.
+:meth:`BatchedAES.encrypt_into` hides that behind a reused scratch buffer (one extra copy);
+hot loops that own their buffers call :meth:`BatchedAES.encrypt_prefix_into` with an output that
+has at least 16 spare bytes, which writes the ciphertext in place with no copy. One ECB context
+is kept for the life of the object: ECB carries no state between whole blocks, so reusing it
+saves a key schedule per call.
 """
 
 from __future__ import annotations
@@ -11,6 +18,11 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from numpy.typing import NDArray
 
 BLOCK_BYTES = 16
+
+
+def _byte_view(arr: NDArray[np.generic]) -> NDArray[np.uint8]:
+    """Return the flat ``uint8`` view of a C-contiguous array (no copy)."""
+    return arr.reshape(-1).view(np.uint8)
 
 
 class BatchedAES:
@@ -31,6 +43,9 @@ class BatchedAES:
         if not isinstance(key, bytes | bytearray) or len(key) != BLOCK_BYTES:
             raise ValueError(f"AES-128 key must be {BLOCK_BYTES} bytes, got {len(key)!r}")
         self._cipher = Cipher(algorithms.AES(bytes(key)), modes.ECB())
+        # ECB has no chaining state: as long as only whole blocks go in, one context serves all
+        # calls (nothing is ever buffered inside it).
+        self._enc = self._cipher.encryptor()
         # update_into wants block_size - 1 spare bytes; keep one scratch buffer and reuse it.
         self._scratch = bytearray(0)
 
@@ -63,10 +78,44 @@ class BatchedAES:
         need = nbytes + BLOCK_BYTES - 1
         if len(self._scratch) < need:
             self._scratch = bytearray(need)
-        enc = self._cipher.encryptor()
-        written = enc.update_into(blocks.reshape(-1).view(np.uint8), self._scratch)
-        assert written == nbytes
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(self._scratch, np.uint8, nbytes)
+        written = self._enc.update_into(_byte_view(blocks), self._scratch)
+        if written != nbytes:  # pragma: no cover - guaranteed by ECB on whole blocks
+            raise RuntimeError(f"AES wrote {written} of {nbytes} bytes")
+        _byte_view(out)[:] = np.frombuffer(self._scratch, np.uint8, nbytes)
+
+    def encrypt_prefix_into(self, blocks: NDArray[np.generic], out: NDArray[np.generic]) -> None:
+        """Encrypt ``blocks`` into the first ``blocks.nbytes`` bytes of ``out``, with no copy.
+
+        ``out`` must be at least 16 bytes longer than ``blocks`` (``cryptography`` needs the
+        spare room) and must not overlap ``blocks``; hot loops allocate their buffers with one
+        spare block and reuse them.
+
+        Parameters
+        ----------
+        blocks : numpy.ndarray
+            C-contiguous array whose byte size is a multiple of 16.
+        out : numpy.ndarray
+            C-contiguous, writable array of at least ``blocks.nbytes + 16`` bytes.
+
+        Raises
+        ------
+        ValueError
+            If an array is not contiguous, the size is not a multiple of 16, or ``out`` is
+            too small.
+        """
+        if not (blocks.flags.c_contiguous and out.flags.c_contiguous):
+            raise ValueError("blocks and out must be C-contiguous")
+        nbytes = blocks.nbytes
+        if nbytes % BLOCK_BYTES or out.nbytes < nbytes + BLOCK_BYTES:
+            raise ValueError(
+                f"need a multiple of 16 bytes and an output with 16 spare bytes, got {nbytes} "
+                f"and {out.nbytes}"
+            )
+        if nbytes == 0:
+            return
+        written = self._enc.update_into(_byte_view(blocks), _byte_view(out))
+        if written != nbytes:  # pragma: no cover - guaranteed by ECB on whole blocks
+            raise RuntimeError(f"AES wrote {written} of {nbytes} bytes")
 
     def encrypt(self, blocks: NDArray[np.generic]) -> NDArray[np.generic]:
         """Return the encryption of ``blocks`` as a new array of the same shape and dtype."""

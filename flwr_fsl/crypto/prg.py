@@ -1,0 +1,271 @@
+"""Pseudorandom generator, PRF and stream: everything built from AES-128 in ``cryptography``.
+
+* **MMO PRG/hash.** Fixed-key AES in Matyas–Meyer–Oseas mode, ``G_j(s) = AES_K(s ^ j) ^ s ^ j``
+  with a public key ``K`` (:data:`MMO_KEY`) and a small public tweak ``j`` XORed into the block
+  (its low 64-bit word carries a counter, its high word the U-DPF epoch). The DPF tree expands a
+  seed with tweaks 0 and 1 (left, right child) and converts a leaf seed with tweaks
+  ``(2 + i, epoch)``. Seeds are 128-bit blocks whose lowest bit is reserved for the control bit
+  (as in google/distributed_point_functions: the bit is extracted from each child block and then
+  cleared), so a seed carries 127 random bits. Whole tree levels go through one batched AES call
+  (:class:`~flwr_fsl.kernels.aes.BatchedAES`); the numba kernels in
+  :mod:`flwr_fsl.kernels.dpf_kernels` do the feed-forward XOR fused with the tree logic, and
+  :func:`mmo_hash` here is the plain reference used by tests and small callers.
+* **PRF.** ``PRF(key, i) = AES_key(i || tag)``: a client's λ-bit master seed is the AES key, the
+  counter ``i`` (a bin index) is the low word and a domain tag the high word (Cui §4: per-bin DPF
+  root seeds from one master seed). AES is a PRP, hence a PRF for far fewer than 2^64 queries.
+* **CTR stream.** AES-128-CTR keystream as uint64 words, for masks and seeded randomness.
+
+Seeds and blocks are numpy ``uint64`` arrays of shape ``(n, 2)``: word 0 holds bytes 0..7 of the
+block (little-endian), word 1 bytes 8..15.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from numpy.typing import NDArray
+
+from flwr_fsl.kernels.aes import BLOCK_BYTES, BatchedAES
+
+__all__ = [
+    "MMO_KEY",
+    "SEED_BYTES",
+    "TAG_ROOT_SEED",
+    "ctr_stream",
+    "derive_root_seeds",
+    "mmo_hash",
+    "mmo_prg",
+    "prf_blocks",
+    "random_seeds",
+]
+
+SEED_BYTES = 16
+"""Bytes in a seed / master seed / PRF key (λ = 128)."""
+
+MMO_KEY = bytes.fromhex("666c77725f66736c2f6d6d6f2f763100")  # b"flwr_fsl/mmo/v1\0"
+"""Public fixed AES key of the MMO construction (any fixed key works; it only has to be public)."""
+
+TAG_ROOT_SEED = 0x746F6F722D667064  # b"dpf-root" little-endian
+"""High-word domain tag of the PRF when it derives DPF root seeds from a master seed."""
+
+_U64 = np.uint64
+_MMO: BatchedAES | None = None
+
+
+def _mmo_aes() -> BatchedAES:
+    """Return the process-wide fixed-key AES object of the MMO construction."""
+    global _MMO
+    if _MMO is None:
+        _MMO = BatchedAES(MMO_KEY)
+    return _MMO
+
+
+def _check_blocks(blocks: NDArray[np.uint64], name: str) -> NDArray[np.uint64]:
+    arr = np.asarray(blocks)
+    if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(
+            f"{name} must be a uint64 array of shape (n, 2), got {arr.dtype} {arr.shape}"
+        )
+    return np.ascontiguousarray(arr)
+
+
+def _check_key(key: bytes, name: str) -> bytes:
+    if not isinstance(key, bytes | bytearray) or len(key) != SEED_BYTES:
+        got = len(key) if isinstance(key, bytes | bytearray) else type(key).__name__
+        raise ValueError(f"{name} must be {SEED_BYTES} bytes, got {got!r}")
+    return bytes(key)
+
+
+def mmo_hash(
+    blocks: NDArray[np.uint64], tweaks: NDArray[np.uint64] | None = None
+) -> NDArray[np.uint64]:
+    """Matyas–Meyer–Oseas hash ``AES_K(x) ^ x`` of ``x = blocks ^ tweaks`` under :data:`MMO_KEY`.
+
+    Parameters
+    ----------
+    blocks : numpy.ndarray
+        ``uint64`` array of shape ``(n, 2)``.
+    tweaks : numpy.ndarray, optional
+        ``uint64`` array broadcastable to ``(n, 2)`` XORed into the blocks first (default: none).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(n, 2)``.
+
+    Raises
+    ------
+    ValueError
+        If ``blocks`` is not a ``(n, 2)`` uint64 array.
+    """
+    x = _check_blocks(blocks, "blocks")
+    if tweaks is not None:
+        x = np.ascontiguousarray(x ^ np.asarray(tweaks, dtype=_U64))
+    out = np.empty_like(x)
+    _mmo_aes().encrypt_into(x, out)
+    out ^= x
+    return out
+
+
+def mmo_prg(
+    seeds: NDArray[np.uint64],
+) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint8]]:
+    """Expand seeds into left/right child seeds and control bits (reference, not the hot path).
+
+    ``G(s) = (G_0(s), G_1(s))``; each child block's lowest bit is the control bit and is cleared
+    from the child seed.
+
+    Parameters
+    ----------
+    seeds : numpy.ndarray
+        ``uint64`` array of shape ``(n, 2)``.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(left_seeds, left_bits, right_seeds, right_bits)``; seeds ``(n, 2)`` uint64 with bit 0
+        cleared, bits ``(n,)`` uint8.
+
+    Raises
+    ------
+    ValueError
+        If ``seeds`` is not a ``(n, 2)`` uint64 array.
+    """
+    s = _check_blocks(seeds, "seeds")
+    one = np.array([1, 0], dtype=_U64)
+    children = []
+    for tweak in (np.zeros(2, dtype=_U64), one):
+        h = mmo_hash(s, tweak)
+        bits = (h[:, 0] & _U64(1)).astype(np.uint8)
+        h[:, 0] &= ~_U64(1)
+        children.append((h, bits))
+    return children[0][0], children[0][1], children[1][0], children[1][1]
+
+
+def prf_blocks(key: bytes, counters: NDArray[np.uint64], tag: int) -> NDArray[np.uint64]:
+    """Keyed PRF ``AES_key(counter || tag)`` for many counters in one AES call.
+
+    Parameters
+    ----------
+    key : bytes
+        16-byte PRF key (e.g. a client's master seed).
+    counters : numpy.ndarray
+        1-D array of non-negative integers (the low 64-bit word of each input block).
+    tag : int
+        Domain tag in ``[0, 2**64)`` (the high word), separating uses of the same key.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(len(counters), 2)``.
+
+    Raises
+    ------
+    ValueError
+        If the key is not 16 bytes, counters are not 1-D non-negative integers, or the tag is
+        out of range.
+    """
+    k = _check_key(key, "PRF key")
+    c = np.asarray(counters)
+    if c.ndim != 1 or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"counters must be a 1-D integer array, got {c.dtype} {c.shape}")
+    if c.size and np.issubdtype(c.dtype, np.signedinteger) and int(c.min()) < 0:
+        raise ValueError("counters must be non-negative")
+    if not 0 <= int(tag) < 1 << 64:
+        raise ValueError(f"tag must be in [0, 2**64), got {tag}")
+    blocks = np.empty((c.size, 2), dtype=_U64)
+    blocks[:, 0] = c.astype(_U64)
+    blocks[:, 1] = _U64(tag)
+    out = np.empty_like(blocks)
+    BatchedAES(k).encrypt_into(blocks, out)
+    return out
+
+
+def derive_root_seeds(master_seed: bytes, count: int) -> NDArray[np.uint64]:
+    """Per-bin DPF root seeds ``PRF(master_seed, i)`` for ``i < count``, control bit cleared.
+
+    Parameters
+    ----------
+    master_seed : bytes
+        A server's 16-byte master seed from the client (Cui §4).
+    count : int
+        Number of root seeds (bins).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(count, 2)`` whose lowest bit is 0.
+
+    Raises
+    ------
+    ValueError
+        If the master seed is not 16 bytes or ``count`` is negative.
+    """
+    if not isinstance(count, int | np.integer) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    seeds = prf_blocks(
+        _check_key(master_seed, "master seed"), np.arange(int(count), dtype=_U64), TAG_ROOT_SEED
+    )
+    seeds[:, 0] &= ~_U64(1)
+    return seeds
+
+
+def random_seeds(count: int) -> NDArray[np.uint64]:
+    """Return ``count`` fresh random seeds from the OS CSPRNG, control bit cleared.
+
+    Parameters
+    ----------
+    count : int
+        Number of seeds.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(count, 2)`` whose lowest bit is 0.
+
+    Raises
+    ------
+    ValueError
+        If ``count`` is negative.
+    """
+    if not isinstance(count, int | np.integer) or count < 0:
+        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+    seeds = np.frombuffer(os.urandom(SEED_BYTES * count), dtype=_U64).reshape(count, 2).copy()
+    seeds[:, 0] &= ~_U64(1)
+    return seeds
+
+
+def ctr_stream(key: bytes, nonce: bytes, n_words: int) -> NDArray[np.uint64]:
+    """AES-128-CTR keystream as ``n_words`` uint64 words (masks, seeded randomness).
+
+    Parameters
+    ----------
+    key : bytes
+        16-byte AES key.
+    nonce : bytes
+        16-byte initial counter block; never reuse a (key, nonce) pair for two masks.
+    n_words : int
+        Number of 64-bit words to produce.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(n_words,)``.
+
+    Raises
+    ------
+    ValueError
+        If the key or nonce is not 16 bytes or ``n_words`` is negative.
+    """
+    k = _check_key(key, "CTR key")
+    iv = _check_key(nonce, "CTR nonce")
+    if not isinstance(n_words, int | np.integer) or n_words < 0:
+        raise ValueError(f"n_words must be a non-negative integer, got {n_words!r}")
+    nbytes = 8 * int(n_words)
+    out = np.empty(nbytes + BLOCK_BYTES, dtype=np.uint8)
+    if nbytes:
+        enc = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor()
+        enc.update_into(np.zeros(nbytes, dtype=np.uint8), out)
+    return out[:nbytes].view(_U64)

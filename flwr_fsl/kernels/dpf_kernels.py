@@ -1,0 +1,545 @@
+"""Numba loops of the DPF (BGI16 tree): everything between two batched AES calls.
+
+The driver in :mod:`flwr_fsl.crypto.dpf` fills a buffer of AES input blocks for a whole tree
+level of many keys, encrypts it with one :class:`~flwr_fsl.kernels.aes.BatchedAES` call, and hands
+input and ciphertext to a kernel here. A kernel finishes the Matyas–Meyer–Oseas feed-forward
+(``child = AES(x) ^ x``), extracts and clears the control bit (bit 0 of word 0), applies the
+correction word where the parent's control bit is set, and writes the *next* level's AES input
+blocks directly (fused; no separate seed array pass).
+
+Block and seed layout: ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). AES inputs
+per seed ``s``: ``s ^ (0, 0)`` and ``s ^ (1, 0)`` to expand to the left and right child;
+``s ^ (2 + q, epoch)`` for ``q < W / 2`` to convert a leaf seed to ``W`` output words. A correction
+word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0: left control-bit
+correction, bit 1: right).
+
+Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
+would promote to float64 in numba); every kernel is ``cache=True`` and writes into buffers the
+caller allocated once and reuses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ONE = np.uint64(1)
+CLEAR = ~np.uint64(1)
+TWO = np.uint64(2)
+ZERO = np.uint64(0)
+
+
+@njit(cache=True, nogil=True)
+def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:  # pragma: no cover - numba
+    """Greedy split of consecutive items into chunks whose summed ``cost`` stays near ``budget``.
+
+    Returns the ``(n_chunks + 1,)`` int64 boundaries; every chunk holds at least one item.
+    """
+    n = cost.shape[0]
+    bounds = np.empty(n + 1, dtype=np.int64)
+    bounds[0] = 0
+    nb = 1
+    acc = 0
+    for i in range(n):
+        c = cost[i]
+        if acc > 0 and acc + c > budget:
+            bounds[nb] = i
+            nb += 1
+            acc = 0
+        acc += c
+    if n > 0:
+        bounds[nb] = n
+        nb += 1
+    return bounds[:nb]
+
+
+# --------------------------------------------------------------------------------------------
+# Key generation: 4 AES blocks per key and level (two parties x two children).
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def gen_init(
+    order: np.ndarray,
+    lo: int,
+    n: int,
+    root0: np.ndarray,
+    root1: np.ndarray,
+    state_s: np.ndarray,
+    state_t: np.ndarray,
+    blocks: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Load root seeds of keys ``order[lo:lo+n]`` into the state and the first AES input."""
+    for i in range(n):
+        j = order[lo + i]
+        for w in range(2):
+            state_s[i, 0, w] = root0[j, w]
+            state_s[i, 1, w] = root1[j, w]
+        state_t[i, 0] = 0
+        state_t[i, 1] = 1
+        for b in range(2):
+            s0 = state_s[i, b, 0]
+            s1 = state_s[i, b, 1]
+            blocks[4 * i + 2 * b, 0] = s0
+            blocks[4 * i + 2 * b, 1] = s1
+            blocks[4 * i + 2 * b + 1, 0] = s0 ^ ONE
+            blocks[4 * i + 2 * b + 1, 1] = s1
+
+
+@njit(cache=True, nogil=True)
+def gen_level(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    n: int,
+    level: int,
+    order: np.ndarray,
+    lo: int,
+    path_bits: np.ndarray,
+    tree_levels: np.ndarray,
+    level_off: np.ndarray,
+    state_s: np.ndarray,
+    state_t: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """One BGI16 Gen level for the first ``n`` keys of the chunk; writes their correction words.
+
+    ``path_bits[j]`` holds the ``tree_levels[j]`` tree-path bits of key ``j`` (MSB first), so the
+    bit of this level is ``path_bits[j] >> (tree_levels[j] - 1 - level) & 1``.
+    """
+    cs = np.empty((2, 2, 2), dtype=np.uint64)  # [party, child, word]
+    ct = np.empty((2, 2), dtype=np.uint8)  # [party, child]
+    for i in range(n):
+        j = order[lo + i]
+        for b in range(2):
+            for c in range(2):
+                k = 4 * i + 2 * b + c
+                v0 = enc[k, 0] ^ blocks[k, 0]
+                v1 = enc[k, 1] ^ blocks[k, 1]
+                ct[b, c] = np.uint8(v0 & ONE)
+                cs[b, c, 0] = v0 & CLEAR
+                cs[b, c, 1] = v1
+        shift = np.uint64(tree_levels[j] - 1 - level)
+        a = np.int64((path_bits[j] >> shift) & ONE)
+        lose = 1 - a
+        scw0 = cs[0, lose, 0] ^ cs[1, lose, 0]
+        scw1 = cs[0, lose, 1] ^ cs[1, lose, 1]
+        tcw_l = ct[0, 0] ^ ct[1, 0] ^ np.uint8(a) ^ np.uint8(1)
+        tcw_r = ct[0, 1] ^ ct[1, 1] ^ np.uint8(a)
+        idx = level_off[j] + level
+        cw_seeds[idx, 0] = scw0
+        cw_seeds[idx, 1] = scw1
+        cw_bits[idx] = tcw_l | (tcw_r << np.uint8(1))
+        tcw_keep = tcw_r if a == 1 else tcw_l
+        for b in range(2):
+            s0 = cs[b, a, 0]
+            s1 = cs[b, a, 1]
+            tk = ct[b, a]
+            if state_t[i, b]:
+                s0 ^= scw0
+                s1 ^= scw1
+                tk ^= tcw_keep
+            state_s[i, b, 0] = s0
+            state_s[i, b, 1] = s1
+            state_t[i, b] = tk
+            blocks[4 * i + 2 * b, 0] = s0
+            blocks[4 * i + 2 * b, 1] = s1
+            blocks[4 * i + 2 * b + 1, 0] = s0 ^ ONE
+            blocks[4 * i + 2 * b + 1, 1] = s1
+
+
+@njit(cache=True, nogil=True)
+def leaf_blocks_pair(
+    n: int,
+    state_s: np.ndarray,
+    epoch: np.ndarray,
+    order: np.ndarray,
+    lo: int,
+    half_w: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Conversion inputs ``s_b ^ (2 + q, epoch)`` of both parties' leaf seeds (party-major)."""
+    for i in range(n):
+        e = epoch[order[lo + i]]
+        for b in range(2):
+            base = (2 * i + b) * half_w
+            for q in range(half_w):
+                out[base + q, 0] = state_s[i, b, 0] ^ (TWO + np.uint64(q))
+                out[base + q, 1] = state_s[i, b, 1] ^ e
+
+
+@njit(cache=True, nogil=True)
+def leaf_correction(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    n: int,
+    order: np.ndarray,
+    lo: int,
+    state_t: np.ndarray,
+    group_pos: np.ndarray,
+    betas: np.ndarray,
+    half_w: int,
+    cw_leaf: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Leaf correction ``CW = (-1)^t1 * (u - H(s0) + H(s1))`` with ``u = beta`` at its group.
+
+    ``u`` is ``beta`` (``tau`` words) at word offset ``group_pos[j] * tau`` and 0 elsewhere.
+    """
+    tau = betas.shape[1]
+    width = 2 * half_w
+    for i in range(n):
+        j = order[lo + i]
+        start = group_pos[j] * tau
+        neg = state_t[i, 1] != 0
+        for w in range(width):
+            q = w >> 1
+            h = w & 1
+            k0 = (2 * i) * half_w + q
+            k1 = (2 * i + 1) * half_w + q
+            c0 = enc[k0, h] ^ blocks[k0, h]
+            c1 = enc[k1, h] ^ blocks[k1, h]
+            u = ZERO
+            if start <= w < start + tau:
+                u = betas[j, w - start]
+            val = u - c0 + c1
+            if neg:
+                val = ZERO - val
+            cw_leaf[j, w] = val
+
+
+# --------------------------------------------------------------------------------------------
+# Full-domain evaluation: tasks = (key, subtree root) processed leaf-aligned in chunks.
+# tasks_i columns: 0 key, 1 level of the task root in the key's tree, 2 height h,
+# 3 first output point (global), 4 output point limit (global, exclusive).
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _emit(
+    s0: np.uint64,
+    s1: np.uint64,
+    t: np.uint8,
+    idx: int,
+    last: bool,
+    half_w: int,
+    e: np.uint64,
+    out: np.ndarray,
+    t_out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Write a node as the next AES input: expansion pair, or conversion blocks if ``last``."""
+    t_out[idx] = t
+    if last:
+        base = idx * half_w
+        for q in range(half_w):
+            out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
+            out[base + q, 1] = s1 ^ e
+    else:
+        out[2 * idx, 0] = s0
+        out[2 * idx, 1] = s1
+        out[2 * idx + 1, 0] = s0 ^ ONE
+        out[2 * idx + 1, 1] = s1
+
+
+@njit(cache=True, nogil=True)
+def fd_level(
+    enc: np.ndarray,
+    blocks_in: np.ndarray,
+    t_in: np.ndarray,
+    blocks_out: np.ndarray,
+    t_out: np.ndarray,
+    lo: int,
+    hi: int,
+    level: int,
+    max_h: int,
+    tasks_i: np.ndarray,
+    task_seed: np.ndarray,
+    task_t: np.ndarray,
+    level_off: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+    epochs: np.ndarray,
+    half_w: int,
+) -> int:  # pragma: no cover - numba
+    """Expand chunk level ``level`` (``-1``: only load roots) and return the new node count.
+
+    Tasks ``lo..hi-1`` are sorted by height, descending; a task of height ``h`` joins at level
+    ``max_h - h`` so that all of them reach their leaves together. Children of active nodes are
+    written in order, then the roots of tasks joining at ``level + 1``. At the last level the
+    output holds conversion blocks (``half_w`` per leaf) instead of expansion pairs.
+    """
+    last = level + 1 == max_h
+    pos_in = 0
+    pos_out = 0
+    for k in range(lo, hi):
+        h = tasks_i[k, 2]
+        start = max_h - h
+        key = tasks_i[k, 0]
+        e = epochs[key]
+        if start > level + 1:
+            break
+        if start == level + 1:
+            _emit(task_seed[k, 0], task_seed[k, 1], task_t[k], pos_out, last, half_w, e,
+                  blocks_out, t_out)  # fmt: skip
+            pos_out += 1
+            continue
+        depth = level - start
+        nn = 1 << depth
+        idx = level_off[key] + tasks_i[k, 1] + depth
+        scw0 = cw_seeds[idx, 0]
+        scw1 = cw_seeds[idx, 1]
+        tcw_l = cw_bits[idx] & np.uint8(1)
+        tcw_r = (cw_bits[idx] >> np.uint8(1)) & np.uint8(1)
+        for i in range(nn):
+            node = pos_in + i
+            t = t_in[node]
+            for c in range(2):
+                kk = 2 * node + c
+                v0 = enc[kk, 0] ^ blocks_in[kk, 0]
+                v1 = enc[kk, 1] ^ blocks_in[kk, 1]
+                tc = np.uint8(v0 & ONE)
+                v0 &= CLEAR
+                if t:
+                    v0 ^= scw0
+                    v1 ^= scw1
+                    tc ^= tcw_l if c == 0 else tcw_r
+                _emit(v0, v1, tc, pos_out, last, half_w, e, blocks_out, t_out)
+                pos_out += 1
+        pos_in += nn
+    return pos_out
+
+
+@njit(cache=True, nogil=True)
+def fd_leaves(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    t_in: np.ndarray,
+    lo: int,
+    hi: int,
+    tasks_i: np.ndarray,
+    cw_leaf: np.ndarray,
+    half_w: int,
+    tau: int,
+    group: int,
+    party: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Convert the chunk's leaves: ``y = (-1)^party * (H(s) + t * CW_leaf)`` into ``out``.
+
+    Leaf ``i`` of a task covers points ``first + group * i ..`` (``tau`` words each); words at or
+    past the task's point limit are dropped.
+    """
+    width = 2 * half_w
+    pos = 0
+    for k in range(lo, hi):
+        key = tasks_i[k, 0]
+        nl = 1 << tasks_i[k, 2]
+        first = tasks_i[k, 3]
+        lim_w = tasks_i[k, 4] * tau
+        for i in range(nl):
+            leaf = pos + i
+            t = t_in[leaf]
+            ow = (first + group * i) * tau
+            n_w = min(width, lim_w - ow)
+            base = leaf * half_w
+            for w in range(n_w):
+                kk = base + (w >> 1)
+                h = w & 1
+                y = enc[kk, h] ^ blocks[kk, h]
+                if t:
+                    y += cw_leaf[key, w]
+                if party:
+                    y = ZERO - y
+                out[ow + w] = y
+        pos += nl
+
+
+@njit(cache=True, nogil=True)
+def expand_nodes(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    t_in: np.ndarray,
+    cw_idx: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+    out_seed: np.ndarray,
+    out_t: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Both corrected children of each node (inputs ``blocks[2i], blocks[2i+1]``) -> out[2i+c]."""
+    for node in range(t_in.shape[0]):
+        idx = cw_idx[node]
+        t = t_in[node]
+        for c in range(2):
+            kk = 2 * node + c
+            v0 = enc[kk, 0] ^ blocks[kk, 0]
+            v1 = enc[kk, 1] ^ blocks[kk, 1]
+            tc = np.uint8(v0 & ONE)
+            v0 &= CLEAR
+            if t:
+                v0 ^= cw_seeds[idx, 0]
+                v1 ^= cw_seeds[idx, 1]
+                tc ^= (cw_bits[idx] >> np.uint8(c)) & np.uint8(1)
+            out_seed[kk, 0] = v0
+            out_seed[kk, 1] = v1
+            out_t[kk] = tc
+
+
+# --------------------------------------------------------------------------------------------
+# Point evaluation: one AES block per point and level.
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def point_level(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    n: int,
+    level: int,
+    pt_key: np.ndarray,
+    pt_path: np.ndarray,
+    tree_levels: np.ndarray,
+    level_off: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+    seed: np.ndarray,
+    t_state: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Follow one tree level for the first ``n`` points (their input ``blocks`` already set).
+
+    Updates ``seed``/``t_state`` and writes the next level's input ``seed ^ (bit, 0)``.
+    """
+    for i in range(n):
+        key = pt_key[i]
+        tl = tree_levels[key]
+        bit = (pt_path[i] >> np.uint64(tl - 1 - level)) & ONE
+        v0 = enc[i, 0] ^ blocks[i, 0]
+        v1 = enc[i, 1] ^ blocks[i, 1]
+        tc = np.uint8(v0 & ONE)
+        v0 &= CLEAR
+        if t_state[i]:
+            idx = level_off[key] + level
+            v0 ^= cw_seeds[idx, 0]
+            v1 ^= cw_seeds[idx, 1]
+            tc ^= (cw_bits[idx] >> np.uint8(bit)) & np.uint8(1)
+        seed[i, 0] = v0
+        seed[i, 1] = v1
+        t_state[i] = tc
+        if level + 1 < tl:
+            nbit = (pt_path[i] >> np.uint64(tl - 2 - level)) & ONE
+            blocks[i, 0] = v0 ^ nbit
+            blocks[i, 1] = v1
+
+
+@njit(cache=True, nogil=True)
+def point_leaf_blocks(
+    seed: np.ndarray, pt_key: np.ndarray, epochs: np.ndarray, half_w: int, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Conversion inputs ``s ^ (2 + q, epoch)`` for every point's leaf seed."""
+    for i in range(seed.shape[0]):
+        e = epochs[pt_key[i]]
+        for q in range(half_w):
+            out[i * half_w + q, 0] = seed[i, 0] ^ (TWO + np.uint64(q))
+            out[i * half_w + q, 1] = seed[i, 1] ^ e
+
+
+@njit(cache=True, nogil=True)
+def point_leaves(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    t_state: np.ndarray,
+    pt_key: np.ndarray,
+    pt_group: np.ndarray,
+    cw_leaf: np.ndarray,
+    half_w: int,
+    tau: int,
+    party: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Output words of each point: its ``tau`` words of the leaf group ``pt_group``."""
+    for i in range(t_state.shape[0]):
+        key = pt_key[i]
+        t = t_state[i]
+        off = pt_group[i] * tau
+        for w in range(tau):
+            ww = off + w
+            kk = i * half_w + (ww >> 1)
+            y = enc[kk, ww & 1] ^ blocks[kk, ww & 1]
+            if t:
+                y += cw_leaf[key, ww]
+            if party:
+                y = ZERO - y
+            out[i, w] = y
+
+
+# --------------------------------------------------------------------------------------------
+# U-DPF: walk both keys of a pair down the path where their control bits differ.
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def pair_path_level(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    n: int,
+    level: int,
+    order: np.ndarray,
+    lo: int,
+    level_off: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+    state_s: np.ndarray,
+    state_t: np.ndarray,
+    path_bits: np.ndarray,
+    bad: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Descend one level along the child whose control bits differ between the two parties.
+
+    Records the bit in ``path_bits[j]`` (shifted in from the right) and flags ``bad[j]`` when not
+    exactly one child qualifies (the two keys are not a pair of one point function).
+    """
+    cs = np.empty((2, 2, 2), dtype=np.uint64)
+    ct = np.empty((2, 2), dtype=np.uint8)
+    for i in range(n):
+        j = order[lo + i]
+        idx = level_off[j] + level
+        for b in range(2):
+            t = state_t[i, b]
+            for c in range(2):
+                k = 4 * i + 2 * b + c
+                v0 = enc[k, 0] ^ blocks[k, 0]
+                v1 = enc[k, 1] ^ blocks[k, 1]
+                tc = np.uint8(v0 & ONE)
+                v0 &= CLEAR
+                if t:
+                    v0 ^= cw_seeds[idx, 0]
+                    v1 ^= cw_seeds[idx, 1]
+                    tc ^= (cw_bits[idx] >> np.uint8(c)) & np.uint8(1)
+                cs[b, c, 0] = v0
+                cs[b, c, 1] = v1
+                ct[b, c] = tc
+        d0 = ct[0, 0] ^ ct[1, 0]
+        d1 = ct[0, 1] ^ ct[1, 1]
+        if d0 == d1:
+            bad[j] = 1
+        a = 1 if d1 else 0
+        path_bits[j] = (path_bits[j] << ONE) | np.uint64(a)
+        for b in range(2):
+            state_s[i, b, 0] = cs[b, a, 0]
+            state_s[i, b, 1] = cs[b, a, 1]
+            state_t[i, b] = ct[b, a]
+            blocks[4 * i + 2 * b, 0] = cs[b, a, 0]
+            blocks[4 * i + 2 * b, 1] = cs[b, a, 1]
+            blocks[4 * i + 2 * b + 1, 0] = cs[b, a, 0] ^ ONE
+            blocks[4 * i + 2 * b + 1, 1] = cs[b, a, 1]
+
+
+@njit(cache=True, nogil=True)
+def leaf_words_pair(
+    enc: np.ndarray, blocks: np.ndarray, n: int, half_w: int, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """``out[i, b, w]`` = word ``w`` of ``H`` of party ``b``'s leaf seed (after conversion AES)."""
+    for i in range(n):
+        for b in range(2):
+            base = (2 * i + b) * half_w
+            for w in range(2 * half_w):
+                kk = base + (w >> 1)
+                out[i, b, w] = enc[kk, w & 1] ^ blocks[kk, w & 1]
