@@ -122,7 +122,7 @@ def _group(tau: int) -> int:
 
 
 def _tree_levels(domain_bits: NDArray[np.uint8] | NDArray[np.int64], tau: int) -> NDArray[np.int64]:
-    """Number of tree levels (correction words) of keys with these domain sizes."""
+    """Return the number of tree levels (correction words) of keys with these domain sizes."""
     d = np.asarray(domain_bits, dtype=np.int64)
     return np.maximum(d - (_group(tau) - 1), 0)
 
@@ -148,6 +148,8 @@ def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
             arr = np.asarray(values)
         except OverflowError:  # pragma: no cover - numpy version dependent
             arr = np.asarray(values, dtype=object)
+    if arr.size == 0:
+        return np.zeros(arr.shape, dtype=_U64)
     if arr.dtype == object:
         try:
             return np.array([int(v) % (1 << 64) for v in arr.reshape(-1)], dtype=_U64).reshape(
@@ -163,6 +165,8 @@ def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
 def _as_index(values: ArrayLike, name: str) -> NDArray[np.uint64]:
     """Non-negative integer indices as uint64 (rejects floats and negatives)."""
     arr = np.asarray(values)
+    if arr.size == 0:
+        return np.zeros(arr.shape, dtype=_U64)
     if arr.dtype == object:
         if any(not isinstance(v, int | np.integer) or v < 0 or v >= 1 << 64 for v in arr.flat):
             raise ValueError(f"{name} must be non-negative integers below 2**64")
@@ -242,7 +246,11 @@ class DPFPublicBatch:
 
     def __post_init__(self) -> None:
         tau = self.tau
-        if not isinstance(tau, int | np.integer) or isinstance(tau, bool) or not 1 <= tau <= MAX_TAU:
+        if (
+            not isinstance(tau, int | np.integer)
+            or isinstance(tau, bool)
+            or not 1 <= tau <= MAX_TAU
+        ):
             raise DPFKeyError(f"tau must be an integer in [1, {MAX_TAU}], got {tau!r}")
         object.__setattr__(self, "tau", int(tau))
         d = np.asarray(self.domain_bits)
@@ -752,8 +760,7 @@ def _parse_public_body(data: bytes, off: int, tau: int, m: int) -> tuple[DPFPubl
     off += 8 * m * w
     dbits = np.frombuffer(data, dtype=np.uint8, count=m, offset=off).copy()
     off += m
-    if any(data[off : off + (-m) % 8]):
-        raise DPFKeyError("non-zero padding after domain_bits")
+    pad_at = off
     off += (-m) % 8
     if m and int(dbits.max()) > MAX_DOMAIN_BITS:
         raise DPFKeyError(f"wrong domain: domain_bits above {MAX_DOMAIN_BITS}")
@@ -761,6 +768,10 @@ def _parse_public_body(data: bytes, off: int, tau: int, m: int) -> tuple[DPFPubl
     end = off + 17 * n_levels
     if len(data) < end:
         raise DPFKeyError(f"truncated public part: {len(data)} bytes, need {end}")
+    if len(data) > end:
+        raise DPFKeyError(f"{len(data) - end} trailing bytes after the public part")
+    if any(data[pad_at:off]):
+        raise DPFKeyError("non-zero padding after domain_bits")
     cw_seeds = np.frombuffer(data, dtype="<u8", count=2 * n_levels, offset=off).astype(_U64)
     cw_bits = np.frombuffer(data, dtype=np.uint8, count=n_levels, offset=off + 16 * n_levels)
     pub = DPFPublicBatch(
@@ -834,9 +845,20 @@ def _gen_core(
             active = int(np.searchsorted(neg, -level, side="left"))
             aes.encrypt_prefix_into(blocks[: 4 * active], enc)
             _k.gen_level(
-                enc, blocks, active, level, order, lo, path, tl, offsets, state_s, state_t,
-                cw_seeds, cw_bits,
-            )  # fmt: skip
+                enc,
+                blocks,
+                active,
+                level,
+                order,
+                lo,
+                path,
+                tl,
+                offsets,
+                state_s,
+                state_t,
+                cw_seeds,
+                cw_bits,
+            )
         _k.leaf_blocks_pair(n, state_s, epochs, order, lo, half_w, conv)
         nb = 2 * n * half_w
         aes.encrypt_prefix_into(conv[:nb], conv_enc)
@@ -1015,7 +1037,9 @@ def evaluate_at_batch(
     idx = _as_index(key_indices, "key_indices").astype(np.int64)
     pts = _as_index(points, "points")
     if idx.ndim != 1 or pts.shape != idx.shape:
-        raise ValueError(f"key_indices and points must be 1-D of one length: {idx.shape} {pts.shape}")
+        raise ValueError(
+            f"key_indices and points must be 1-D of one length: {idx.shape} {pts.shape}"
+        )
     n = idx.shape[0]
     if n and int(idx.max()) >= pub.num_keys:
         raise ValueError(f"key index out of range (batch has {pub.num_keys} keys)")
@@ -1046,9 +1070,19 @@ def evaluate_at_batch(
         active = int(np.searchsorted(neg, -level, side="left"))
         aes.encrypt_prefix_into(blocks[:active], enc)
         _k.point_level(
-            enc, blocks, active, level, key_s, path_s, tl_all, pub.level_offsets, pub.cw_seeds,
-            pub.cw_bits, seed, t_state,
-        )  # fmt: skip
+            enc,
+            blocks,
+            active,
+            level,
+            key_s,
+            path_s,
+            tl_all,
+            pub.level_offsets,
+            pub.cw_seeds,
+            pub.cw_bits,
+            seed,
+            t_state,
+        )
     half_w = pub.leaf_words // 2
     conv = np.empty((n * half_w, 2), dtype=_U64)
     conv_enc = np.empty((n * half_w + 1, 2), dtype=_U64)
@@ -1056,7 +1090,9 @@ def evaluate_at_batch(
     aes.encrypt_prefix_into(conv, conv_enc)
     res = np.empty((n, tau), dtype=_U64)
     gpos_s = np.ascontiguousarray(gpos[order])
-    _k.point_leaves(conv_enc, conv, t_state, key_s, gpos_s, pub.cw_leaf, half_w, tau, keys.party, res)
+    _k.point_leaves(
+        conv_enc, conv, t_state, key_s, gpos_s, pub.cw_leaf, half_w, tau, keys.party, res
+    )
     out[order] = res
     return out
 
@@ -1111,8 +1147,16 @@ def _split_tasks(
         cw_idx = pub.level_offsets[sel[:, 0]] + sel[:, 1]
         child_s = np.empty((2 * n, 2), dtype=_U64)
         child_t = np.empty(2 * n, dtype=np.uint8)
-        _k.expand_nodes(enc, blocks, np.ascontiguousarray(t[big]), cw_idx, pub.cw_seeds,
-                        pub.cw_bits, child_s, child_t)  # fmt: skip
+        _k.expand_nodes(
+            enc,
+            blocks,
+            np.ascontiguousarray(t[big]),
+            cw_idx,
+            pub.cw_seeds,
+            pub.cw_bits,
+            child_s,
+            child_t,
+        )
         child = np.repeat(sel, 2, axis=0)
         child[:, 1] += 1
         child[:, 2] -= 1
@@ -1204,17 +1248,50 @@ def evaluate_batch(
         lo, hi = int(bounds[c]), int(bounds[c + 1])
         h = int(tasks_i[lo, 2])
         args = (lo, hi)
-        n = _k.fd_level(enc, buf_a, t_a, buf_a, t_a, *args, -1, h, tasks_i, seeds, t,
-                        pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)  # fmt: skip
+        n = _k.fd_level(
+            enc,
+            buf_a,
+            t_a,
+            buf_a,
+            t_a,
+            *args,
+            -1,
+            h,
+            tasks_i,
+            seeds,
+            t,
+            pub.level_offsets,
+            pub.cw_seeds,
+            pub.cw_bits,
+            pub.epochs,
+            half_w,
+        )
         src, dst, t_src, t_dst = buf_a, buf_b, t_a, t_b
         for level in range(h):
             aes.encrypt_prefix_into(src[: 2 * n], enc)
-            n = _k.fd_level(enc, src, t_src, dst, t_dst, *args, level, h, tasks_i, seeds, t,
-                            pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)  # fmt: skip
+            n = _k.fd_level(
+                enc,
+                src,
+                t_src,
+                dst,
+                t_dst,
+                *args,
+                level,
+                h,
+                tasks_i,
+                seeds,
+                t,
+                pub.level_offsets,
+                pub.cw_seeds,
+                pub.cw_bits,
+                pub.epochs,
+                half_w,
+            )
             src, dst, t_src, t_dst = dst, src, t_dst, t_src
         aes.encrypt_prefix_into(src[: n * half_w], enc)
-        _k.fd_leaves(enc, src, t_src, *args, tasks_i, pub.cw_leaf, half_w, tau, group,
-                     keys.party, flat)  # fmt: skip
+        _k.fd_leaves(
+            enc, src, t_src, *args, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
+        )
     return out, offsets
 
 
@@ -1325,9 +1402,20 @@ def next_hint_batch(
             active = int(np.searchsorted(neg, -level, side="left"))
             aes.encrypt_prefix_into(blocks[: 4 * active], enc)
             _k.pair_path_level(
-                enc, blocks, active, level, order, lo, pub.level_offsets, pub.cw_seeds,
-                pub.cw_bits, state_s, state_t, path_bits, bad,
-            )  # fmt: skip
+                enc,
+                blocks,
+                active,
+                level,
+                order,
+                lo,
+                pub.level_offsets,
+                pub.cw_seeds,
+                pub.cw_bits,
+                state_s,
+                state_t,
+                path_bits,
+                bad,
+            )
         t1[rows] = state_t[:n, 1]
         if np.any(state_t[:n, 0] == state_t[:n, 1]):
             bad[rows[state_t[:n, 0] == state_t[:n, 1]]] = 1

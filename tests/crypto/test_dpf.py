@@ -1,0 +1,528 @@
+"""DPF correctness (whole domain, scalar and vector beta), batching, master seeds, key-share
+independence from (alpha, beta), wire format and every malformed-key / bad-argument path."""
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from flwr_fsl.crypto import dpf
+from flwr_fsl.crypto.dpf import (
+    DPFKey,
+    DPFKeyBatch,
+    DPFKeyError,
+    DPFPublicBatch,
+    DPFPublicKey,
+    evaluate,
+    evaluate_at,
+    evaluate_at_batch,
+    evaluate_batch,
+    generate_keys,
+    generate_keys_batch,
+)
+from flwr_fsl.crypto.prg import derive_root_seeds
+
+U64 = np.uint64
+MASK = (1 << 64) - 1
+
+
+def point_function(alpha: int, beta: np.ndarray, domain_bits: int) -> np.ndarray:
+    f = np.zeros((1 << domain_bits, beta.shape[0]), dtype=U64)
+    f[alpha] = beta
+    return f
+
+
+@st.composite
+def dpf_case(draw, max_bits=20, max_tau=5):
+    d = draw(st.integers(0, max_bits))
+    alpha = draw(st.integers(0, (1 << d) - 1))
+    tau = draw(st.integers(1, max_tau))
+    beta = np.array(draw(st.lists(st.integers(0, MASK), min_size=tau, max_size=tau)), dtype=U64)
+    return d, alpha, beta
+
+
+# ---------------------------------------------------------------- correctness
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 20), st.data())
+@example(1, None)
+@example(20, None)
+def test_full_domain_scalar_beta(d, data):
+    if data is None:
+        alpha, beta = (1 << d) - 1, MASK
+    else:
+        alpha = data.draw(st.integers(0, (1 << d) - 1))
+        beta = data.draw(st.integers(0, MASK))
+    k0, k1 = generate_keys(alpha, beta, d)
+    y = evaluate(k0) + evaluate(k1)
+    assert y.shape == (1 << d, 1)
+    assert np.array_equal(y, point_function(alpha, np.array([beta], dtype=U64), d))
+
+
+@settings(max_examples=40)
+@given(dpf_case(max_bits=12, max_tau=7))
+def test_full_domain_vector_beta(case):
+    d, alpha, beta = case
+    k0, k1 = generate_keys(alpha, beta, d)
+    assert k0.public.tau == beta.shape[0]
+    y = evaluate(k0) + evaluate(k1)
+    assert np.array_equal(y, point_function(alpha, beta, d))
+
+
+@settings(max_examples=40)
+@given(dpf_case(max_bits=20, max_tau=4), st.lists(st.integers(0, MASK), max_size=20))
+def test_evaluate_at_matches_function(case, raw_points):
+    d, alpha, beta = case
+    points = np.array([p % (1 << d) for p in raw_points] + [alpha], dtype=U64)
+    k0, k1 = generate_keys(alpha, beta, d)
+    y = evaluate_at(k0, points) + evaluate_at(k1, points)
+    want = np.where((points == alpha)[:, None], beta[None, :], U64(0))
+    assert np.array_equal(y, want)
+
+
+def test_shares_individually_look_random_and_sign():
+    k0, k1 = generate_keys(5, 7, 6)
+    y0, y1 = evaluate(k0), evaluate(k1)
+    # Off the point the shares cancel but are not zero themselves.
+    assert np.count_nonzero(y0) > 50
+    assert np.array_equal(y0[:5] + y1[:5], np.zeros((5, 1), U64))
+
+
+def test_wraparound_and_negative_beta():
+    k0, k1 = generate_keys(3, -1, 4)
+    assert (evaluate(k0) + evaluate(k1))[3, 0] == U64(MASK)
+    k0, k1 = generate_keys(0, [1 << 64, -5, 2**63], 2)
+    assert np.array_equal((evaluate(k0) + evaluate(k1))[0], np.array([0, MASK - 4, 2**63], U64))
+
+
+def test_dummy_keys_are_zero_everywhere():
+    k0, k1 = generate_keys(0, 0, 7)
+    assert not np.any(evaluate(k0) + evaluate(k1))
+    k0, k1 = generate_keys(0, [0, 0, 0], 0)
+    assert not np.any(evaluate(k0) + evaluate(k1))
+
+
+def test_scalar_equals_vector_of_one():
+    seeds = (derive_root_seeds(b"a" * 16, 1).tobytes(), derive_root_seeds(b"b" * 16, 1).tobytes())
+    a = generate_keys(9, 42, 5, root_seeds=seeds)
+    b = generate_keys(9, np.array([42], U64), 5, root_seeds=seeds)
+    assert a[0] == b[0] and a[1] == b[1]
+
+
+def test_public_part_size():
+    # tau odd: early termination, domain_bits - 1 levels; tau even: domain_bits levels.
+    for tau, d, levels, words in ((1, 9, 8, 2), (3, 9, 8, 6), (2, 9, 9, 2), (1, 0, 0, 2)):
+        k0, _ = generate_keys(0, [1] * tau, d)
+        assert k0.public.cw_seeds.shape == (levels, 2)
+        assert k0.public.cw_leaf.shape == (words,)
+        m = 1
+        assert len(k0.public.to_bytes()) == 16 + 8 * m + 8 * words + 8 + 17 * levels
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _mixed_batch(seed: int, m: int, tau: int, max_bits: int = 10):
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, max_bits + 1, m)
+    d[:3] = [0, 1, max_bits]
+    alphas = rng.integers(0, 2**63, m, dtype=np.int64).astype(U64) % (U64(1) << d.astype(U64))
+    betas = rng.integers(0, 2**63, (m, tau), dtype=np.int64).astype(U64)
+    betas[1] = 0  # a dummy key inside the batch
+    return alphas, betas, d
+
+
+@pytest.mark.parametrize("tau", [1, 2, 3, 6])
+def test_batch_equals_one_by_one(tau):
+    alphas, betas, d = _mixed_batch(tau, 60, tau)
+    b0, b1 = generate_keys_batch(alphas, betas, d, master_seeds=(b"0" * 16, b"1" * 16))
+    v0, off = evaluate_batch(b0)
+    v1, off1 = evaluate_batch(b1)
+    assert np.array_equal(off, off1)
+    assert off[-1] == int((np.int64(1) << d.astype(np.int64)).sum())
+    for j in range(60):
+        k0, k1 = b0.key(j), b1.key(j)
+        assert np.array_equal(v0[off[j] : off[j + 1]], evaluate(k0))
+        assert np.array_equal(v1[off[j] : off[j + 1]], evaluate(k1))
+        want = point_function(int(alphas[j]), betas[j], int(d[j]))
+        assert np.array_equal(v0[off[j] : off[j + 1]] + v1[off[j] : off[j + 1]], want)
+    # Point evaluation, batched (shuffled keys, repeated keys) and one by one.
+    rng = np.random.default_rng(99)
+    idx = rng.integers(0, 60, 300)
+    pts = (rng.integers(0, 2**62, 300).astype(U64)) % (U64(1) << d[idx].astype(U64))
+    p0 = evaluate_at_batch(b0, idx, pts)
+    for i in range(0, 300, 37):
+        assert np.array_equal(p0[i : i + 1], evaluate_at(b0.key(int(idx[i])), [pts[i]]))
+    assert np.array_equal(p0, v0[off[idx] + pts.astype(np.int64)])
+
+
+def test_batch_with_deep_keys_splits_into_tasks(monkeypatch):
+    # Small chunk budget: forces subtree tasks, several chunks and mixed heights per chunk.
+    monkeypatch.setattr(dpf, "_FD_BUDGET", 64)
+    alphas, betas, d = _mixed_batch(5, 40, 1, max_bits=12)
+    b0, b1 = generate_keys_batch(alphas, betas, d)
+    v0, off = evaluate_batch(b0)
+    v1, _ = evaluate_batch(b1)
+    for j in range(40):
+        want = point_function(int(alphas[j]), betas[j], int(d[j]))
+        assert np.array_equal(v0[off[j] : off[j + 1]] + v1[off[j] : off[j + 1]], want)
+
+
+def test_wide_tau_leaf_larger_than_budget(monkeypatch):
+    monkeypatch.setattr(dpf, "_FD_BUDGET", 16)
+    beta = np.arange(1, 41, dtype=U64)
+    k0, k1 = generate_keys(13, beta, 5)
+    assert np.array_equal(evaluate(k0) + evaluate(k1), point_function(13, beta, 5))
+
+
+def test_deep_key_default_budget():
+    k0, k1 = generate_keys(70_000, 3, 17)
+    y = evaluate(k0) + evaluate(k1)
+    assert np.flatnonzero(y[:, 0]).tolist() == [70_000] and y[70_000, 0] == 3
+
+
+def test_lengths_truncation_and_out_buffer():
+    alphas, betas, d = _mixed_batch(3, 30, 3)
+    b0, _ = generate_keys_batch(alphas, betas, d)
+    full, off = evaluate_batch(b0)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, (np.int64(1) << d.astype(np.int64)) + 1)
+    part, poff = evaluate_batch(b0, lengths=lengths)
+    assert np.array_equal(np.diff(poff), lengths)
+    for j in range(30):
+        assert np.array_equal(part[poff[j] : poff[j + 1]], full[off[j] : off[j] + lengths[j]])
+    out = np.full_like(full, 7)
+    got, _ = evaluate_batch(b0, out=out)
+    assert got is out and np.array_equal(out, full)
+    empty, eoff = evaluate_batch(b0, lengths=np.zeros(30, np.int64))
+    assert empty.shape == (0, 3) and not eoff.any()
+
+
+def test_master_seed_keys_equal_explicitly_seeded():
+    alphas, betas, d = _mixed_batch(8, 25, 3)
+    msk = (bytes(range(16)), bytes(range(1, 17)))
+    b0, b1 = generate_keys_batch(alphas, betas, d, master_seeds=msk)
+    r0, r1 = derive_root_seeds(msk[0], 25), derive_root_seeds(msk[1], 25)
+    for j in range(25):
+        k0, k1 = generate_keys(
+            int(alphas[j]), betas[j], int(d[j]), root_seeds=(r0[j].tobytes(), r1[j].tobytes())
+        )
+        assert b0.key(j) == k0 and b1.key(j) == k1
+    # A server rebuilds its shares from the public part and its master seed only.
+    pub = DPFPublicBatch.from_bytes(b0.public.to_bytes())
+    assert DPFKeyBatch.from_master_seed(1, pub, msk[1]) == b1
+    assert DPFKeyBatch.from_keys([b0.key(j) for j in range(25)]) == b0
+    # Same master seeds, same inputs: deterministic.
+    assert generate_keys_batch(alphas, betas, d, master_seeds=msk)[0] == b0
+
+
+def test_empty_batch():
+    b0, _ = generate_keys_batch(np.zeros(0, U64), np.zeros((0, 2), U64), np.zeros(0, np.int64))
+    v, off = evaluate_batch(b0)
+    assert v.shape == (0, 2) and off.tolist() == [0]
+    assert evaluate_at_batch(b0, [], []).shape == (0, 2)
+    assert DPFKeyBatch.from_bytes(b0.to_bytes()) == b0
+
+
+# ---------------------------------------------------------------- privacy of one share
+
+
+def _bit_matrix(blobs: list[bytes]) -> np.ndarray:
+    arr = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), -1)
+    return np.unpackbits(arr, axis=1).astype(np.int64)
+
+
+def _assert_independent(a: np.ndarray, b: np.ndarray) -> None:
+    """Fail unless two (n, bits) samples look like the same distribution of fair coins."""
+    n = a.shape[0]
+    ca, cb = a.sum(axis=0), b.sum(axis=0)
+    constant = ((ca == 0) | (ca == n)) & ((cb == 0) | (cb == n))
+    # Structural bits (header, sizes, the reserved control-bit position) are the same constants.
+    assert np.array_equal(ca[constant], cb[constant])
+    ca, cb = ca[~constant], cb[~constant]
+    k = ca.shape[0]
+    assert k > 1000  # seeds, correction words and leaf word really vary
+    # Each varying bit is a fair coin in both populations ...
+    for c in (ca, cb):
+        chi2 = (((c - n / 2) ** 2) / (n / 4)).sum()
+        assert abs(chi2 - k) < 5 * np.sqrt(2 * k), chi2
+    # ... and the two populations agree position by position (two-proportion chi-square).
+    p = (ca + cb) / (2 * n)
+    z2 = ((ca - cb) / n) ** 2 / (p * (1 - p) * 2 / n)
+    assert abs(z2.sum() - k) < 5 * np.sqrt(2 * k), z2.sum()
+    assert z2.max() < 36  # no single bit position deviates by 6 sigma
+
+
+def _party0_views(n: int = 3000, d: int = 8) -> list[np.ndarray]:
+    views = []
+    for alpha, beta, msk in ((3, 1, b"A" * 16), (200, MASK, b"B" * 16)):
+        b0, _ = generate_keys_batch(
+            np.full(n, alpha, U64), np.full(n, beta, U64), d, master_seeds=(msk, b"C" * 16)
+        )
+        views.append(_bit_matrix([b0.key(j).to_bytes() for j in range(n)]))
+    return views
+
+
+def test_key_share_independent_of_alpha_and_beta():
+    """Bit frequencies of party-0 shares for (alpha, beta) = (3, 1) vs (200, 2**64 - 1)."""
+    a, b = _party0_views()
+    _assert_independent(a, b)
+
+
+def test_independence_check_detects_a_small_leak():
+    a, b = _party0_views(n=3000)
+    # Leak one bit of alpha (3 vs 200 differ in bit 0) through one biased position.
+    rng = np.random.default_rng(0)
+    leak_a, leak_b = a.copy(), b.copy()
+    leak_a[:, -1] = rng.random(a.shape[0]) < 0.5
+    leak_b[:, -1] = rng.random(a.shape[0]) < 0.6
+    with pytest.raises(AssertionError):
+        _assert_independent(leak_a, leak_b)
+
+
+# ---------------------------------------------------------------- wire format
+
+
+def _key_blob(tau: int = 1, d: int = 5) -> tuple[DPFKey, bytes]:
+    k0, _ = generate_keys(3, [7] * tau, d)
+    return k0, k0.to_bytes()
+
+
+def test_round_trips():
+    k0, blob = _key_blob(3, 6)
+    assert DPFKey.from_bytes(blob) == k0
+    assert DPFPublicKey.from_bytes(k0.public.to_bytes()) == k0.public
+    alphas, betas, d = _mixed_batch(1, 17, 2)
+    b0, _ = generate_keys_batch(alphas, betas, d)
+    assert DPFKeyBatch.from_bytes(b0.to_bytes()) == b0
+    assert DPFPublicBatch.from_bytes(b0.public.to_bytes()) == b0.public
+    assert DPFKeyBatch.from_bytes(bytearray(b0.to_bytes())) == b0
+    assert k0 != b0 and k0.public != k0 and b0.public != b0
+
+
+def _patched(blob: bytes, offset: int, value: bytes) -> bytes:
+    return blob[:offset] + value + blob[offset + len(value) :]
+
+
+def _body_offsets(m: int, tau: int, seeds: bool = True):
+    """Offsets inside a key-share blob (header, seeds, epochs, leaf, dbits, pad, cw_seeds, bits)."""
+    w = (2 if tau % 2 else 1) * tau
+    off = 16 + (16 * m if seeds else 0)
+    epochs = off
+    leaf = epochs + 8 * m
+    dbits = leaf + 8 * m * w
+    pad = dbits + m
+    cw_seeds = pad + (-m) % 8
+    return {"epochs": epochs, "leaf": leaf, "dbits": dbits, "pad": pad, "cw_seeds": cw_seeds}
+
+
+def test_truncated_and_trailing():
+    _, blob = _key_blob()
+    for cut in (0, 5, 15, 16, 20, 40, len(blob) - 17, len(blob) - 1):
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing"):
+            DPFKey.from_bytes(blob[:cut])
+    with pytest.raises(DPFKeyError, match="trailing"):
+        DPFKey.from_bytes(blob + b"\0")
+    with pytest.raises(DPFKeyError, match="expected bytes"):
+        DPFKey.from_bytes("text")  # type: ignore[arg-type]
+
+
+def test_bad_header_fields():
+    _, blob = _key_blob()
+    cases = {
+        "magic": _patched(blob, 0, b"XDPF"),
+        "version": _patched(blob, 4, b"\x02"),
+        "kind": _patched(blob, 5, b"\x01"),
+        "party": _patched(blob, 6, b"\x02"),
+        "reserved": _patched(blob, 7, b"\x01"),
+    }
+    for what, bad in cases.items():
+        with pytest.raises(DPFKeyError, match=what if what != "reserved" else "reserved"):
+            DPFKey.from_bytes(bad)
+    pub = DPFPublicKey.from_bytes(_key_blob()[0].public.to_bytes())
+    with pytest.raises(DPFKeyError, match="party"):
+        DPFPublicKey.from_bytes(_patched(pub.to_bytes(), 6, b"\x00"))
+    with pytest.raises(DPFKeyError, match="kind"):
+        DPFPublicKey.from_bytes(blob)
+
+
+def test_wrong_domain():
+    _, blob = _key_blob(1, 5)
+    o = _body_offsets(1, 1)
+    with pytest.raises(DPFKeyError, match="wrong domain"):
+        DPFKey.from_bytes(_patched(blob, o["dbits"], bytes([64])))
+    for d in (4, 6, 0):  # changes the number of levels: the length no longer matches
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing"):
+            DPFKey.from_bytes(_patched(blob, o["dbits"], bytes([d])))
+    with pytest.raises(DPFKeyError, match="padding"):
+        DPFKey.from_bytes(_patched(blob, o["pad"], b"\x01"))
+
+
+def test_wrong_tau():
+    _, blob = _key_blob(1, 5)
+    with pytest.raises(DPFKeyError, match="tau"):
+        DPFKey.from_bytes(_patched(blob, 8, (0).to_bytes(4, "little")))
+    with pytest.raises(DPFKeyError, match="tau"):
+        DPFKey.from_bytes(_patched(blob, 8, (dpf.MAX_TAU + 1).to_bytes(4, "little")))
+    for tau in (2, 3, 4):  # shifts every field: caught by the length or domain check
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing|wrong domain"):
+            DPFKey.from_bytes(_patched(blob, 8, tau.to_bytes(4, "little")))
+
+
+def test_wrong_key_count():
+    alphas, betas, d = _mixed_batch(2, 4, 1)
+    b0, _ = generate_keys_batch(alphas, betas, d)
+    with pytest.raises(DPFKeyError, match="one key"):
+        DPFKey.from_bytes(b0.to_bytes())
+    with pytest.raises(DPFKeyError, match="one key"):
+        DPFPublicKey.from_bytes(b0.public.to_bytes())
+    for m in (3, 5, 2**32 - 1):
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing|wrong domain"):
+            DPFKeyBatch.from_bytes(_patched(b0.to_bytes(), 12, m.to_bytes(4, "little")))
+
+
+def test_bad_control_bits():
+    _, blob = _key_blob(1, 5)
+    o = _body_offsets(1, 1)
+    n_levels = 4
+    bits_at = o["cw_seeds"] + 16 * n_levels
+    for value in (4, 0x80, 0xFF):
+        with pytest.raises(DPFKeyError, match="bad control bits"):
+            DPFKey.from_bytes(_patched(blob, bits_at + 2, bytes([value])))
+    seed_lo = blob[o["cw_seeds"] + 16]
+    with pytest.raises(DPFKeyError, match="bad control bits"):
+        DPFKey.from_bytes(_patched(blob, o["cw_seeds"] + 16, bytes([seed_lo | 1])))
+    root_lo = blob[16]
+    with pytest.raises(DPFKeyError, match="bad control bits"):
+        DPFKey.from_bytes(_patched(blob, 16, bytes([root_lo | 1])))
+
+
+def test_dataclass_validation():
+    k0, _ = _key_blob(1, 5)
+    pub = k0.public
+    good = {
+        "tau": 1,
+        "domain_bits": np.array([5], np.uint8),
+        "epochs": np.zeros(1, U64),
+        "cw_seeds": pub.cw_seeds,
+        "cw_bits": pub.cw_bits,
+        "cw_leaf": pub.cw_leaf.reshape(1, -1),
+    }
+    DPFPublicBatch(**good)
+    bad_cases = [
+        ({"tau": 0}, "tau"),
+        ({"tau": True}, "tau"),
+        ({"domain_bits": np.array([[5]], np.uint8)}, "domain_bits"),
+        ({"domain_bits": np.array([64], np.int64)}, "domain_bits"),
+        ({"epochs": np.zeros(2, U64)}, "epochs"),
+        ({"cw_seeds": pub.cw_seeds.astype(np.int64)}, "cw_seeds"),
+        ({"cw_seeds": pub.cw_seeds[:3]}, "cw_seeds"),
+        ({"cw_bits": [0, 1, 2, 3]}, "cw_bits"),
+        ({"cw_bits": np.array([0, 1, 2, 7], np.uint8)}, "bad control bits"),
+        ({"cw_leaf": pub.cw_leaf}, "cw_leaf"),
+    ]
+    for change, msg in bad_cases:
+        with pytest.raises(DPFKeyError, match=msg):
+            DPFPublicBatch(**{**good, **change})
+    with pytest.raises(DPFKeyError, match="party"):
+        DPFKey(party=2, seed=k0.seed, public=pub)
+    with pytest.raises(DPFKeyError, match="seed"):
+        DPFKey(party=0, seed=b"short", public=pub)
+    with pytest.raises(DPFKeyError, match="public"):
+        DPFKey(party=0, seed=k0.seed, public=pub.as_batch())  # type: ignore[arg-type]
+    with pytest.raises(DPFKeyError, match="domain_bits"):
+        DPFPublicKey(64, 1, 0, pub.cw_seeds, pub.cw_bits, pub.cw_leaf)
+    with pytest.raises(DPFKeyError, match="domain_bits"):
+        DPFPublicKey(5.0, 1, 0, pub.cw_seeds, pub.cw_bits, pub.cw_leaf)  # type: ignore[arg-type]
+    with pytest.raises(DPFKeyError, match="epoch"):
+        DPFPublicKey(5, 1, -1, pub.cw_seeds, pub.cw_bits, pub.cw_leaf)
+    with pytest.raises(DPFKeyError, match="cw_leaf"):
+        DPFPublicKey(5, 1, 0, pub.cw_seeds, pub.cw_bits, pub.cw_leaf.tolist())  # type: ignore[arg-type]
+    batch = k0.as_batch()
+    with pytest.raises(DPFKeyError, match="root_seeds"):
+        DPFKeyBatch(party=0, root_seeds=np.zeros((2, 2), U64), public=batch.public)
+    with pytest.raises(DPFKeyError, match="public"):
+        DPFKeyBatch(party=0, root_seeds=batch.root_seeds, public=pub)  # type: ignore[arg-type]
+    with pytest.raises(DPFKeyError, match="master seed"):
+        DPFKeyBatch.from_master_seed(0, batch.public, b"short")
+    k0b, k1b = generate_keys(1, [1, 2], 3)
+    with pytest.raises(DPFKeyError, match="no keys"):
+        DPFKeyBatch.from_keys([])
+    with pytest.raises(DPFKeyError, match="parties"):
+        DPFKeyBatch.from_keys([k0b, k1b])
+    with pytest.raises(DPFKeyError, match="tau"):
+        DPFKeyBatch.from_keys([k0, k0b])
+    with pytest.raises(DPFKeyError, match="nothing"):
+        DPFPublicBatch.concatenate([])
+
+
+# ---------------------------------------------------------------- bad arguments
+
+
+def test_generate_argument_errors():
+    with pytest.raises(ValueError, match="outside"):
+        generate_keys(8, 1, 3)
+    with pytest.raises(ValueError, match="outside"):
+        generate_keys(-1, 1, 3)
+    with pytest.raises(ValueError, match="domain_bits"):
+        generate_keys(0, 1, 64)
+    with pytest.raises(ValueError, match="domain_bits"):
+        generate_keys(0, 1, 2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="alpha"):
+        generate_keys(1.0, 1, 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Z_2"):
+        generate_keys(0, 1.5, 2)
+    with pytest.raises(ValueError, match="beta"):
+        generate_keys(0, [[1, 2]], 2)
+    with pytest.raises(ValueError, match="beta"):
+        generate_keys(0, [], 2)
+    with pytest.raises(ValueError, match="integers"):
+        generate_keys(0, ["a"], 2)
+    with pytest.raises(ValueError, match="root_seeds"):
+        generate_keys(0, 1, 2, root_seeds=(bytes(16),))  # type: ignore[arg-type]
+    with pytest.raises(DPFKeyError, match="bad control bits"):
+        generate_keys(0, 1, 2, root_seeds=(b"\x01" + bytes(15), bytes(16)))
+    with pytest.raises(ValueError, match="epoch"):
+        generate_keys(0, 1, 2, epoch=-1)
+    with pytest.raises(ValueError, match="below 2"):
+        generate_keys_batch([4], [1], [2])
+    with pytest.raises(ValueError, match="1-D"):
+        generate_keys_batch([[1]], [1], [2])
+    with pytest.raises(ValueError, match="betas"):
+        generate_keys_batch([1, 2], [1, 2, 3], 3)
+    with pytest.raises(ValueError, match="domain_bits"):
+        generate_keys_batch([1, 2], [1, 2], [3])
+    with pytest.raises(ValueError, match="domain_bits"):
+        generate_keys_batch([1, 2], [1, 2], [3, 70])
+    with pytest.raises(ValueError, match="domain_bits"):
+        generate_keys_batch([1], [1], [3.0])
+    with pytest.raises(ValueError, match="non-negative"):
+        generate_keys_batch([-1], [1], 3)
+    with pytest.raises(ValueError, match="master_seeds"):
+        generate_keys_batch([1], [1], 3, master_seeds=(bytes(16),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="16 bytes"):
+        generate_keys_batch([1], [1], 3, master_seeds=(bytes(16), b"x"))
+
+
+def test_evaluate_argument_errors():
+    k0, _ = generate_keys(1, 1, 3)
+    with pytest.raises(ValueError, match="below 2"):
+        evaluate_at(k0, [8])
+    with pytest.raises(ValueError, match="non-negative"):
+        evaluate_at(k0, [-1])
+    with pytest.raises(ValueError, match="integers"):
+        evaluate_at(k0, [1.0])
+    b = k0.as_batch()
+    with pytest.raises(ValueError, match="out of range"):
+        evaluate_at_batch(b, [1], [0])
+    with pytest.raises(ValueError, match="one length"):
+        evaluate_at_batch(b, [0, 0], [0])
+    with pytest.raises(ValueError, match="lengths"):
+        evaluate_batch(b, lengths=[9])
+    with pytest.raises(ValueError, match="lengths"):
+        evaluate_batch(b, lengths=[1, 2])
+    with pytest.raises(ValueError, match="out"):
+        evaluate_batch(b, out=np.empty((8, 2), U64))
+    with pytest.raises(ValueError, match="out"):
+        evaluate_batch(b, out=np.empty((8, 1), np.int64))  # type: ignore[arg-type]

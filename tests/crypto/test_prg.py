@@ -1,0 +1,199 @@
+"""Batched AES, MMO PRG, PRF and CTR stream against independent references and error paths."""
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flwr_fsl.crypto.prg import (
+    MMO_KEY,
+    TAG_ROOT_SEED,
+    ctr_stream,
+    derive_root_seeds,
+    mmo_hash,
+    mmo_prg,
+    prf_blocks,
+    random_seeds,
+)
+from flwr_fsl.kernels.aes import BatchedAES
+
+U64 = np.uint64
+
+
+def _aes_one(key: bytes, block: bytes) -> bytes:
+    """Independent reference: a fresh encryptor per block."""
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return enc.update(block) + enc.finalize()
+
+
+def _blocks(raw: bytes) -> np.ndarray:
+    return np.frombuffer(raw, dtype="<u8").astype(U64).reshape(-1, 2)
+
+
+# ---------------------------------------------------------------- BatchedAES
+
+
+def test_fips197_vector():
+    # FIPS-197 Appendix C.1 (AES-128).
+    key = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
+    pt = bytes.fromhex("00112233445566778899aabbccddeeff")
+    ct = bytes.fromhex("69c4e0d86a7b0430d8cdb78070b4c55a")
+    aes = BatchedAES(key)
+    blocks = np.frombuffer(pt * 3, dtype=np.uint8).reshape(3, 16).copy()
+    out = aes.encrypt(blocks)
+    assert out.tobytes() == ct * 3
+    # The no-copy path gives the same and leaves the spare bytes for cryptography.
+    padded = np.zeros(4 * 16, dtype=np.uint8)
+    aes.encrypt_prefix_into(blocks, padded)
+    assert padded[:48].tobytes() == ct * 3
+
+
+@given(st.binary(min_size=16, max_size=16), st.integers(0, 40))
+def test_batched_aes_matches_per_block(key, n):
+    rng = np.random.default_rng(n)
+    raw = rng.integers(0, 256, 16 * n, dtype=np.uint8).tobytes()
+    aes = BatchedAES(key)
+    got = aes.encrypt(_blocks(raw))
+    want = b"".join(_aes_one(key, raw[i : i + 16]) for i in range(0, len(raw), 16))
+    assert got.tobytes() == want
+    # Repeated calls on the one kept context stay independent (ECB has no state).
+    assert aes.encrypt(_blocks(raw)).tobytes() == want
+    out = np.empty((n, 2), dtype=U64)
+    aes.encrypt_into(_blocks(raw), out)
+    assert out.tobytes() == want
+
+
+def test_encrypt_into_aliasing_allowed():
+    aes = BatchedAES(bytes(16))
+    x = np.arange(8, dtype=U64).reshape(4, 2)
+    want = aes.encrypt(x)
+    aes.encrypt_into(x, x)
+    assert np.array_equal(x, want)
+
+
+def test_batched_aes_errors():
+    with pytest.raises(ValueError, match="16 bytes"):
+        BatchedAES(b"short")
+    with pytest.raises(ValueError, match="16 bytes"):
+        BatchedAES("0123456789abcdef")  # type: ignore[arg-type]
+    aes = BatchedAES(bytes(16))
+    with pytest.raises(ValueError, match="contiguous"):
+        aes.encrypt_into(np.zeros((4, 4), U64)[:, :2], np.zeros((4, 2), U64))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        aes.encrypt_into(np.zeros(3, U64), np.zeros(3, U64))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        aes.encrypt_into(np.zeros((2, 2), U64), np.zeros((3, 2), U64))
+    with pytest.raises(ValueError, match="contiguous"):
+        aes.encrypt_prefix_into(np.zeros((4, 4), U64)[:, :2], np.zeros((5, 2), U64))
+    with pytest.raises(ValueError, match="spare"):
+        aes.encrypt_prefix_into(np.zeros((2, 2), U64), np.zeros((2, 2), U64))
+    with pytest.raises(ValueError, match="spare"):
+        aes.encrypt_prefix_into(np.zeros(3, U64), np.zeros(10, U64))
+    # Empty input is a no-op on both paths.
+    aes.encrypt_into(np.zeros((0, 2), U64), np.zeros((0, 2), U64))
+    aes.encrypt_prefix_into(np.zeros((0, 2), U64), np.zeros((1, 2), U64))
+
+
+# ---------------------------------------------------------------- MMO
+
+
+def test_mmo_hash_matches_reference():
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, 16 * 7, dtype=np.uint8).tobytes()
+    got = mmo_hash(_blocks(raw))
+    for i in range(7):
+        x = raw[16 * i : 16 * i + 16]
+        want = bytes(a ^ b for a, b in zip(_aes_one(MMO_KEY, x), x, strict=True))
+        assert got[i].tobytes() == want
+
+
+def test_mmo_prg_children_and_control_bits():
+    seeds = random_seeds(50)
+    left, tl, right, tr = mmo_prg(seeds)
+    for i in range(50):
+        s = seeds[i].tobytes()
+        for child, bit, tweak in ((left, tl, 0), (right, tr, 1)):
+            x = bytes([s[0] ^ tweak]) + s[1:]
+            h = bytearray(a ^ b for a, b in zip(_aes_one(MMO_KEY, x), x, strict=True))
+            assert bit[i] == h[0] & 1
+            h[0] &= 0xFE
+            assert child[i].tobytes() == bytes(h)
+    assert not np.any(left[:, 0] & U64(1)) and not np.any(right[:, 0] & U64(1))
+    # Control bits look balanced.
+    assert 0.3 < tl.mean() < 0.7 and 0.3 < tr.mean() < 0.7
+
+
+def test_mmo_errors():
+    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+        mmo_hash(np.zeros((3, 3), U64))
+    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+        mmo_prg(np.zeros((3, 2), np.int64))
+
+
+# ---------------------------------------------------------------- PRF / seeds
+
+
+def test_prf_matches_reference_and_root_seeds():
+    key = bytes(range(16))
+    got = prf_blocks(key, np.arange(5), TAG_ROOT_SEED)
+    for i in range(5):
+        x = i.to_bytes(8, "little") + TAG_ROOT_SEED.to_bytes(8, "little")
+        assert got[i].tobytes() == _aes_one(key, x)
+    roots = derive_root_seeds(key, 5)
+    want = got.copy()
+    want[:, 0] &= ~U64(1)
+    assert np.array_equal(roots, want)
+    # Prefix-stable and key-dependent.
+    assert np.array_equal(derive_root_seeds(key, 3), roots[:3])
+    assert not np.array_equal(derive_root_seeds(bytes(16), 5), roots)
+    assert derive_root_seeds(key, 0).shape == (0, 2)
+
+
+def test_prf_errors():
+    with pytest.raises(ValueError, match="16 bytes"):
+        prf_blocks(b"x", np.arange(3), 0)
+    with pytest.raises(ValueError, match="1-D integer"):
+        prf_blocks(bytes(16), np.zeros((2, 2), np.int64), 0)
+    with pytest.raises(ValueError, match="1-D integer"):
+        prf_blocks(bytes(16), np.zeros(2), 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        prf_blocks(bytes(16), np.array([-1]), 0)
+    with pytest.raises(ValueError, match="tag"):
+        prf_blocks(bytes(16), np.arange(2), 1 << 64)
+    with pytest.raises(ValueError, match="master seed"):
+        derive_root_seeds(b"short", 2)
+    with pytest.raises(ValueError, match="count"):
+        derive_root_seeds(bytes(16), -1)
+    with pytest.raises(ValueError, match="count"):
+        random_seeds(-2)
+
+
+def test_random_seeds():
+    s = random_seeds(64)
+    assert s.shape == (64, 2) and s.dtype == U64
+    assert not np.any(s[:, 0] & U64(1))
+    assert len({r.tobytes() for r in s}) == 64
+
+
+# ---------------------------------------------------------------- CTR
+
+
+def test_ctr_stream_matches_reference():
+    key, nonce = bytes(range(16)), bytes(range(16, 32))
+    enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
+    want = enc.update(bytes(8 * 37))
+    got = ctr_stream(key, nonce, 37)
+    assert got.dtype == U64 and got.shape == (37,)
+    assert got.tobytes() == want
+    assert np.array_equal(ctr_stream(key, nonce, 10), got[:10])
+    assert ctr_stream(key, nonce, 0).shape == (0,)
+
+
+def test_ctr_errors():
+    with pytest.raises(ValueError, match="CTR key"):
+        ctr_stream(b"k", bytes(16), 3)
+    with pytest.raises(ValueError, match="CTR nonce"):
+        ctr_stream(bytes(16), b"n", 3)
+    with pytest.raises(ValueError, match="n_words"):
+        ctr_stream(bytes(16), bytes(16), -1)
