@@ -111,9 +111,7 @@ def _set_header(content: RecordDict, **fields: object) -> RecordDict:
 
 
 MALFORMED = {
-    "unknown parameter": lambda c: _set_header(
-        c, names=["nope", "emb.weight", "bn.count"]
-    ),
+    "unknown parameter": lambda c: _set_header(c, names=["nope", "emb.weight", "bn.count"]),
     "wrong shape (rows)": lambda c: _mutate(c, "emb.weight|values", np.ones((2, 4), np.float32)),
     "wrong shape (dense)": lambda c: _mutate(c, "bn.count|values", np.array([4], np.int64)),
     "wrong dtype": lambda c: _mutate(c, "conv.weight|values", np.ones(3, np.float64)),
@@ -126,9 +124,7 @@ MALFORMED = {
     "NaN value": lambda c: _mutate(
         c, "conv.weight|values", np.array([1.0, np.nan, 3.0], np.float32)
     ),
-    "inf value": lambda c: _mutate(
-        c, "emb.weight|values", np.full((2, 5), np.inf, np.float32)
-    ),
+    "inf value": lambda c: _mutate(c, "emb.weight|values", np.full((2, 5), np.inf, np.float32)),
     "length mismatch": lambda c: _mutate(c, "conv.weight|values", np.ones(2, np.float32)),
     "missing counts": lambda c: (c[ARRAYS_KEY].pop("emb.weight|counts"), c)[1],
     "zero count": lambda c: _mutate(c, "emb.weight|counts", np.array([0.0, 1.0])),
@@ -146,7 +142,8 @@ MALFORMED = {
     "missing array record": lambda c: (c.pop(ARRAYS_KEY), c)[1],
     "undecodable bytes": lambda c: (
         c[ARRAYS_KEY].__setitem__(
-            "conv.weight|values", Array(dtype="float32", shape=(3,), stype="numpy.ndarray", data=b"\x93NUMPY garbage")
+            "conv.weight|values",
+            Array(dtype="float32", shape=(3,), stype="numpy.ndarray", data=b"\x93NUMPY garbage"),
         ),
         c,
     )[1],

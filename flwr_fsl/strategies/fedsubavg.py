@@ -3,7 +3,9 @@
 Replies may mix plain dense weights, coordinate-sparse deltas and row-sparse deltas (wire
 format :mod:`flwr_fsl.submodel.codec`) in one round. Each coordinate is averaged over the
 clients that updated it, weighted by sample count (or per-index counts when sent); untouched
-coordinates keep their value (Niu et al., Alg. 1 / App. C). On dense replies it is FedAvg.
+coordinates keep their value (Niu et al., Alg. 1 / App. C). On dense replies it is FedAvg for
+floating tensors; integer buffers (e.g. batch-norm counters) keep their dtype and are rounded,
+where Flower's FedAvg turns them into float64 means.
 
 Failure handling: a reply that is an error, arrives for another round, repeats a node, comes
 from a node that was not asked, lacks a valid weight or fails the codec's validation is dropped
@@ -193,6 +195,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args, **kwargs) -> Result:  # type: ignore[no-untyped-def]
         """Run the rounds as :meth:`FedAvg.start` and log a per-round traffic summary."""
         result = super().start(grid, initial_arrays, *args, **kwargs)
+        if not result.arrays:
+            # No round produced an aggregate: the global model is still the initial one.
+            result.arrays = initial_arrays
         for line in self.traffic_table().splitlines():
             log(INFO, "%s", line)
         return result
