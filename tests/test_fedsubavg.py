@@ -96,7 +96,7 @@ def test_mixed_dense_sparse_and_row_replies_in_one_round() -> None:
 
 
 def _drop_header_counts(c: RecordDict) -> RecordDict:
-    c[HEADER_KEY]["counts"] = [True] + list(c[HEADER_KEY]["counts"])[1:]  # type: ignore[index]
+    c[HEADER_KEY]["counts"] = [True, *list(c[HEADER_KEY]["counts"])[1:]]  # type: ignore[index]
     return c
 
 
@@ -111,7 +111,7 @@ def _set_array(key: str, value: np.ndarray):  # type: ignore[no-untyped-def]
 
 
 def _rename(c: RecordDict) -> RecordDict:
-    c[HEADER_KEY]["names"] = ["evil"] + list(c[HEADER_KEY]["names"])[1:]  # type: ignore[index]
+    c[HEADER_KEY]["names"] = ["evil", *list(c[HEADER_KEY]["names"])[1:]]  # type: ignore[index]
     return c
 
 
