@@ -1,0 +1,42 @@
+"""Ring (Z_2^64) kernels for the servers' scatter and inner-product steps."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_rows(
+    share: NDArray[np.uint64], items: NDArray[np.int64], values: NDArray[np.uint64]
+) -> None:  # pragma: no cover - compiled
+    """``share[items[j]] += values[j]`` (row-wise, mod 2^64), duplicates allowed."""
+    tau = share.shape[1]
+    for j in range(items.shape[0]):
+        row = items[j]
+        for t in range(tau):
+            share[row, t] += values[j, t]
+
+
+@njit(cache=True, nogil=True)
+def binned_inner_products(
+    database: NDArray[np.uint64],
+    items: NDArray[np.int64],
+    offsets: NDArray[np.int64],
+    selectors: NDArray[np.uint64],
+    out: NDArray[np.uint64],
+) -> None:  # pragma: no cover - compiled
+    """``out[b] = sum_j selectors[j] * database[items[j]]`` over bin ``b``'s entries (mod 2^64).
+
+    ``selectors`` is one column of DPF output shares laid out like ``items`` (CSR by bin).
+    """
+    tau = database.shape[1]
+    for b in range(offsets.shape[0] - 1):
+        for t in range(tau):
+            out[b, t] = np.uint64(0)
+        for j in range(offsets[b], offsets[b + 1]):
+            s = selectors[j]
+            row = items[j]
+            for t in range(tau):
+                out[b, t] += s * database[row, t]

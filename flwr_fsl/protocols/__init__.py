@@ -1,0 +1,1 @@
+"""Protocols as pure numpy code (no Flower import): testable with any number of parties."""

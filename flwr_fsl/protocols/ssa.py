@@ -1,0 +1,687 @@
+"""Two-server secure submodel aggregation (SSA) from DPFs and cuckoo hashing (Cui et al. 2023).
+
+Round (Cui Fig. 4, semi-honest version, with master seeds, dummy bins, optional stash,
+adaptive per-bin domains, mega-elements and count-weighting):
+
+1. The servers publish :class:`SSAParams`: model size ``m`` (elements: coordinates, or rows
+   for mega-elements), the public per-client number of elements ``k``, the row width, the
+   cuckoo parameters and a fresh 16-byte hash key, and the fixed-point format.
+2. All parties simple-hash ``[0, m)`` into ``B`` bins; a client cuckoo-hashes its ``<= k``
+   indices into the same bins (:mod:`flwr_fsl.crypto.hashing`). For bin ``b`` holding index
+   ``u`` the client makes a DPF key pair pointing at ``pos_b`` (rank of ``u`` in simple bin
+   ``b``) over ``ceil(log2 |simple bin b|)`` bits with value the fixed-point payload of ``u``;
+   empty bins get dummy keys ``Gen(0, 0)`` of the same shape; a stash slot gets a key over
+   the whole domain. The payload of ``u`` is ``(c * dw_u, c)`` with count-weighting (``c`` the
+   client's sample count or a per-row count) or ``dw_u`` without.
+3. The client sends the public part of all keys (identical for both servers) and one 16-byte
+   master seed per server; root seeds are ``PRF(msk_b, j)``.
+4. Each server full-domain-evaluates every bin, scatters bin ``b``'s outputs to the indices
+   of simple bin ``b`` and the stash outputs to all of ``[0, m)``, and adds over clients.
+5. ``S0 + S1`` is, per index, ``sum_i c_i dw_i`` and ``sum_i c_i`` over the clients that
+   chose it; dividing gives FedSubAvg's count-weighted average exactly (up to fixed point).
+
+**U-DPF mode** (Cui §5, fixed submodels): with an unchanged index set and hash key, later
+rounds send only a hint (a new leaf correction word per bin, ``B * tau`` words) that moves the
+servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
+:meth:`SSAServer.add_client_hint`).
+
+**Threat model and leakage.** Two non-colluding, semi-honest servers; semi-honest clients
+(a client may send malformed keys: they are rejected with :class:`SSAInputError`; a
+well-formed key that does not encode a point function is not detected — that needs Cui's
+sketching, not implemented). Each server alone sees its master seed and the public part,
+pseudorandom and independent of the client's indices and values; their sizes depend only on
+public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
+reveals to both servers, by design of count-weighted averaging: per index the sum of the
+chosen clients' weighted updates and the sum of their weights — hence which indices at least
+one client of the round chose, and with one client in a round, that client's whole index set.
+Run rounds with several clients (or add noise) where that matters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.dpf import (
+    DPFKeyBatch,
+    DPFKeyError,
+    DPFPublicBatch,
+    UpdateHint,
+    evaluate_batch,
+    generate_keys_batch,
+    next_hint_batch,
+    update_batch,
+)
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.hashing import (
+    EMPTY,
+    CuckooTable,
+    HashParams,
+    SimpleTable,
+    cuckoo_hash,
+    simple_hash,
+)
+from flwr_fsl.crypto.prg import random_seeds
+from flwr_fsl.kernels.ring import scatter_add_rows
+
+_MAGIC = "flwr_fsl/ssa-params"
+_VERSION = 1
+
+
+class SSAInputError(ValueError):
+    """A client's keys or hint do not fit the round (malformed, wrong shape, replayed)."""
+
+
+@dataclass(frozen=True)
+class SSAParams:
+    """Public parameters of one SSA (or PSR) round, known to clients and both servers.
+
+    Parameters
+    ----------
+    round_id : int
+        Round number (bound into the sealed channel; part of the public transcript).
+    domain_size : int
+        ``m``: number of elements (coordinates, or rows for mega-elements).
+    num_items : int
+        ``k``: elements per client (a client may choose fewer; unused bins are dummies).
+    value_width : int
+        Words per element's value: 1 for scalars, the row length for mega-elements.
+    hash_key : bytes
+        Fresh public 16-byte hash key of the round.
+    count_weighted : bool
+        Append a count word so the servers can divide by the chosen clients' total weight.
+    num_hashes, stash_size : int
+        Cuckoo ``η`` (default 3) and stash ``σ`` (default 0).
+    scale_factor : float or None
+        Cuckoo ``ε``; None chooses it for failure probability ``2**-40``.
+    frac_bits, max_abs, max_summands : int, float, int
+        Fixed-point format (see :class:`~flwr_fsl.crypto.fixedpoint.FixedPoint`); ``max_abs``
+        bounds every payload word (``c * dw`` and ``c``) of one client.
+    epoch : int
+        U-DPF epoch of this round's keys (0 for fresh keys).
+
+    Raises
+    ------
+    ValueError
+        If a field is out of range.
+    """
+
+    round_id: int
+    domain_size: int
+    num_items: int
+    value_width: int
+    hash_key: bytes = field(repr=False)
+    count_weighted: bool = True
+    num_hashes: int = 3
+    stash_size: int = 0
+    scale_factor: float | None = None
+    frac_bits: int = 24
+    max_abs: float = 1e4
+    max_summands: int = 1000
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.domain_size < 1 or self.value_width < 1:
+            raise ValueError("domain_size and value_width must be >= 1")
+        if self.num_items > self.domain_size:
+            raise ValueError("num_items cannot exceed domain_size")
+        self.hash_params  # noqa: B018 - validates hashing fields
+        self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
+
+    @property
+    def tau(self) -> int:
+        """DPF output words per point: ``value_width`` (+1 count word when count-weighted)."""
+        return self.value_width + int(self.count_weighted)
+
+    @property
+    def fixed_point(self) -> FixedPoint:
+        """The fixed-point codec of payload words."""
+        return FixedPoint(self.frac_bits, self.max_abs, self.max_summands)
+
+    @property
+    def hash_params(self) -> HashParams:
+        """Cuckoo/simple hashing parameters (``B = ceil(ε k)`` bins)."""
+        return HashParams.for_items(
+            self.domain_size,
+            self.num_items,
+            self.hash_key,
+            num_hashes=self.num_hashes,
+            stash_size=self.stash_size,
+            scale_factor=self.scale_factor,
+        )
+
+    @property
+    def num_keys(self) -> int:
+        """DPF keys per client: ``B`` bins plus ``σ`` stash slots."""
+        return self.hash_params.num_bins + self.stash_size
+
+    def to_bytes(self) -> bytes:
+        """Serialize (canonical JSON; the hash key in hex)."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields["hash_key"] = self.hash_key.hex()
+        return json.dumps(
+            {"format": _MAGIC, "version": _VERSION, **fields}, sort_keys=True
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SSAParams:
+        """Parse :meth:`to_bytes` output strictly.
+
+        Raises
+        ------
+        ValueError
+            If the bytes are not a valid parameter set of this version.
+        """
+        try:
+            raw = json.loads(bytes(data).decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"SSA parameters are not valid JSON: {err}") from None
+        if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
+            raise ValueError("not an SSA parameter set")
+        if raw.pop("version", None) != _VERSION:
+            raise ValueError(f"unsupported SSA parameter version (expected {_VERSION})")
+        if set(raw) != set(cls.__dataclass_fields__):
+            raise ValueError(f"SSA parameter fields differ: {sorted(raw)}")
+        try:
+            raw["hash_key"] = bytes.fromhex(raw["hash_key"])
+        except (TypeError, ValueError):
+            raise ValueError("hash_key must be hex") from None
+        return cls(**raw)
+
+
+@lru_cache(maxsize=8)
+def _simple_table_cached(params: HashParams) -> SimpleTable:
+    return simple_hash(params)
+
+
+def simple_table_for(params: SSAParams) -> SimpleTable:
+    """Return the round's simple table of all ``m`` indices (cached per hashing parameters)."""
+    return _simple_table_cached(params.hash_params)
+
+
+def key_domain_bits(
+    params: SSAParams, simple_table: SimpleTable | None = None
+) -> NDArray[np.int64]:
+    """Return the public domain size (bits) of every key: per bin, then the stash slots."""
+    table = simple_table if simple_table is not None else simple_table_for(params)
+    stash_bits = max(1, math.ceil(math.log2(params.domain_size))) if params.domain_size > 1 else 1
+    return np.concatenate(
+        [table.domain_bits(min_bits=1), np.full(params.stash_size, stash_bits, np.int64)]
+    )
+
+
+def _key_lengths(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
+    return np.concatenate(
+        [table.bin_sizes, np.full(params.stash_size, params.domain_size, np.int64)]
+    )
+
+
+@dataclass
+class Placement:
+    """Where a client's indices went: the DPF points of all keys and each key's item slot.
+
+    Attributes
+    ----------
+    alphas : numpy.ndarray
+        ``(num_keys,)`` DPF points (0 for dummy keys).
+    slots : numpy.ndarray
+        ``(num_keys,)`` position in the client's index list of the element a key carries, or
+        ``EMPTY``.
+    cuckoo_table : CuckooTable
+        The client's cuckoo table.
+    """
+
+    alphas: NDArray[np.uint64]
+    slots: NDArray[np.int64]
+    cuckoo_table: CuckooTable
+
+
+def place_indices(
+    params: SSAParams,
+    indices: ArrayLike,
+    simple_table: SimpleTable | None = None,
+    rng: np.random.Generator | None = None,
+) -> Placement:
+    """Cuckoo-hash a client's indices and compute every key's DPF point.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    indices : array_like
+        The client's distinct element indices (at most ``k``) in ``[0, m)``.
+    simple_table : SimpleTable, optional
+        The round's simple table (computed if omitted).
+    rng : numpy.random.Generator, optional
+        Eviction randomness.
+
+    Returns
+    -------
+    Placement
+        Points and slots of all ``B + σ`` keys.
+
+    Raises
+    ------
+    ValueError
+        If there are more than ``k`` indices, duplicates, or indices out of range.
+    CuckooInsertionError
+        If cuckoo insertion fails (probability about 2**-40 for the default ε).
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size > params.num_items:
+        raise ValueError(f"{idx.size} indices but the round allows k={params.num_items}")
+    table = simple_table if simple_table is not None else simple_table_for(params)
+    cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
+    positions = cuckoo.positions(table)
+    slot_of = {int(v): i for i, v in enumerate(idx)}
+    num_bins = params.hash_params.num_bins
+    alphas = np.zeros(params.num_keys, np.uint64)
+    slots = np.full(params.num_keys, EMPTY, np.int64)
+    occupied = cuckoo.occupied
+    alphas[:num_bins][occupied] = positions[occupied].astype(np.uint64)
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    slots[:num_bins][occupied] = order[np.searchsorted(sorted_idx, cuckoo.items[occupied])]
+    for s, item in enumerate(cuckoo.stash):
+        if item != EMPTY:
+            alphas[num_bins + s] = np.uint64(item)
+            slots[num_bins + s] = slot_of[int(item)]
+    return Placement(alphas, slots, cuckoo)
+
+
+def payload_words(
+    params: SSAParams,
+    values: ArrayLike,
+    weights: ArrayLike | float,
+    rng: np.random.Generator | None = None,
+) -> NDArray[np.uint64]:
+    """Fixed-point payload rows ``(c * value, c)`` (or ``value``) of a client's elements.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    values : array_like
+        ``(n, value_width)`` (or ``(n,)`` when the width is 1) update values.
+    weights : array_like or float
+        The client's weight ``c`` (sample count) or one weight per element.
+    rng : numpy.random.Generator, optional
+        Stochastic-rounding randomness.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, tau)`` uint64.
+
+    Raises
+    ------
+    ValueError
+        If shapes disagree or weights are not finite and > 0.
+    FixedPointOverflowError
+        If a payload word exceeds ``max_abs``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1 and params.value_width == 1:
+        v = v.reshape(-1, 1)
+    if v.ndim != 2 or v.shape[1] != params.value_width:
+        raise ValueError(f"values must have shape (n, {params.value_width}), got {v.shape}")
+    if params.count_weighted:
+        c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
+        if c.size and (not np.all(np.isfinite(c)) or np.any(c <= 0)):
+            raise ValueError("weights must be finite and > 0")
+        v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
+    return params.fixed_point.encode(v, rng)
+
+
+@dataclass
+class SSAUpload:
+    """What a client sends: the public part (to both servers) and one master seed per server.
+
+    Attributes
+    ----------
+    public_part : bytes
+        Serialized :class:`~flwr_fsl.crypto.dpf.DPFPublicBatch` of all ``B + σ`` keys.
+    master_seeds : tuple[bytes, bytes]
+        16-byte master seeds for S0 and S1 (S1's travels sealed).
+    """
+
+    public_part: bytes
+    master_seeds: tuple[bytes, bytes] = field(repr=False)
+
+    @property
+    def public_digest(self) -> bytes:
+        """SHA-256 of the public part (bound into S1's sealed material)."""
+        return hashlib.sha256(self.public_part).digest()
+
+
+@dataclass
+class SSAClientState:
+    """A client's keys of the current epoch, kept for U-DPF rounds (never sent).
+
+    Attributes
+    ----------
+    params : SSAParams
+        The round the keys were made for.
+    indices : numpy.ndarray
+        The client's (fixed) index set.
+    placement : Placement
+        Where the indices went.
+    keys : tuple[DPFKeyBatch, DPFKeyBatch]
+        Both parties' key shares.
+    """
+
+    params: SSAParams
+    indices: NDArray[np.int64]
+    placement: Placement
+    keys: tuple[DPFKeyBatch, DPFKeyBatch] = field(repr=False)
+
+    def next_round(
+        self,
+        params: SSAParams,
+        values: ArrayLike,
+        weights: ArrayLike | float,
+        rng: np.random.Generator | None = None,
+    ) -> bytes:
+        """Make the U-DPF hint moving the stored keys to this round's values.
+
+        Parameters
+        ----------
+        params : SSAParams
+            The new round: same hashing, domain and widths, a larger ``epoch``.
+        values, weights, rng
+            As in :func:`encode_update`, for the same indices in the same order.
+
+        Returns
+        -------
+        bytes
+            The serialized hint (public: both servers get the same bytes).
+
+        Raises
+        ------
+        ValueError
+            If the new round is not compatible with the stored keys.
+        """
+        if not _same_layout(self.params, params) or params.epoch <= self.params.epoch:
+            raise ValueError("U-DPF needs the same hashing/layout and a larger epoch")
+        payload = payload_words(params, values, weights, rng)
+        if payload.shape[0] != self.indices.size:
+            raise ValueError("U-DPF rounds must update the same index set")
+        betas = _betas(params, payload, self.placement.slots)
+        hint = next_hint_batch(
+            self.keys[0], self.keys[1], betas, params.epoch, alphas=self.placement.alphas
+        )
+        self.keys = (
+            update_batch(self.keys[0], hint, params.epoch),
+            update_batch(self.keys[1], hint, params.epoch),
+        )
+        self.params = params
+        return hint.to_bytes()
+
+
+def _same_layout(a: SSAParams, b: SSAParams) -> bool:
+    keep = (
+        "domain_size",
+        "num_items",
+        "value_width",
+        "hash_key",
+        "count_weighted",
+        "num_hashes",
+        "stash_size",
+        "scale_factor",
+    )
+    return all(getattr(a, k) == getattr(b, k) for k in keep)
+
+
+def _betas(
+    params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
+) -> NDArray[np.uint64]:
+    betas = np.zeros((params.num_keys, params.tau), np.uint64)
+    used = slots != EMPTY
+    betas[used] = payload[slots[used]]
+    return betas
+
+
+def encode_update(
+    params: SSAParams,
+    indices: ArrayLike,
+    values: ArrayLike,
+    weights: ArrayLike | float = 1.0,
+    *,
+    rng: np.random.Generator | None = None,
+    master_seeds: tuple[bytes, bytes] | None = None,
+    simple_table: SimpleTable | None = None,
+) -> tuple[SSAUpload, SSAClientState]:
+    """Client side: turn a sparse update into DPF keys for the two servers.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    indices : array_like
+        Distinct element indices (at most ``k``).
+    values : array_like
+        ``(n, value_width)`` update values (deltas) of those elements.
+    weights : array_like or float
+        The client's sample count, or one count per element.
+    rng : numpy.random.Generator, optional
+        Randomness for stochastic rounding and cuckoo evictions (not secret).
+    master_seeds : tuple[bytes, bytes], optional
+        Fixed master seeds (tests); fresh OS randomness by default.
+    simple_table : SimpleTable, optional
+        The round's simple table (computed if omitted).
+
+    Returns
+    -------
+    tuple[SSAUpload, SSAClientState]
+        The upload and the state to keep for U-DPF rounds.
+
+    Raises
+    ------
+    ValueError
+        If the inputs do not fit the round.
+    """
+    table = simple_table if simple_table is not None else simple_table_for(params)
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    payload = payload_words(params, values, weights, rng)
+    if payload.shape[0] != idx.size:
+        raise ValueError(f"{idx.size} indices but {payload.shape[0]} value rows")
+    placement = place_indices(params, idx, table, rng)
+    if master_seeds is None:
+        master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
+    k0, k1 = generate_keys_batch(
+        placement.alphas,
+        _betas(params, payload, placement.slots),
+        key_domain_bits(params, table),
+        master_seeds=master_seeds,
+        epoch=params.epoch,
+    )
+    upload = SSAUpload(k0.public.to_bytes(), master_seeds)
+    return upload, SSAClientState(params, idx, placement, (k0, k1))
+
+
+def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
+    """Decode a client's public part and check it has exactly the round's shape.
+
+    Raises
+    ------
+    SSAInputError
+        If it is malformed or its number of keys, ``tau``, domains or epochs are not the
+        round's.
+    """
+    try:
+        public = DPFPublicBatch.from_bytes(bytes(public_part))
+    except DPFKeyError as err:
+        raise SSAInputError(f"malformed public part: {err}") from None
+    _check_public(params, public)
+    return public
+
+
+def _check_public(params: SSAParams, public: DPFPublicBatch) -> None:
+    if public.num_keys != params.num_keys:
+        raise SSAInputError(f"{public.num_keys} keys, the round needs {params.num_keys}")
+    if public.tau != params.tau:
+        raise SSAInputError(f"tau {public.tau}, the round needs {params.tau}")
+    if not np.array_equal(public.domain_bits.astype(np.int64), key_domain_bits(params)):
+        raise SSAInputError("key domains differ from the round's simple table")
+    if np.any(public.epochs != np.uint64(params.epoch)):
+        raise SSAInputError(f"keys are not at the round's epoch {params.epoch}")
+
+
+class SSAServer:
+    """One server's side of an SSA round: evaluate every client's keys and add them up.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    party : int
+        0 for S0, 1 for S1.
+    previous_keys : dict[int, DPFKeyBatch], optional
+        Client id -> this server's key shares from the previous epoch (U-DPF mode).
+
+    Raises
+    ------
+    ValueError
+        If ``party`` is not 0 or 1.
+    """
+
+    def __init__(
+        self,
+        params: SSAParams,
+        party: int,
+        previous_keys: dict[int, DPFKeyBatch] | None = None,
+    ) -> None:
+        if party not in (0, 1):
+            raise ValueError(f"party must be 0 or 1, got {party!r}")
+        self.params = params
+        self.party = party
+        self._table = simple_table_for(params)
+        self._lengths = _key_lengths(params, self._table)
+        self._share = np.zeros((params.domain_size, params.tau), np.uint64)
+        self._previous = dict(previous_keys or {})
+        self.keys: dict[int, DPFKeyBatch] = {}
+
+    @property
+    def num_clients(self) -> int:
+        """Clients added so far."""
+        return len(self.keys)
+
+    def add_client(self, client_id: int, public_part: bytes, master_seed: bytes) -> None:
+        """Evaluate a client's fresh keys and add them to this server's share.
+
+        Raises
+        ------
+        SSAInputError
+            If the client was already added this round or its keys are malformed; the share
+            is unchanged then.
+        """
+        self._check_new(client_id)
+        public = parse_public_part(self.params, public_part)
+        try:
+            keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
+        except DPFKeyError as err:
+            raise SSAInputError(f"bad master seed: {err}") from None
+        self._accumulate(client_id, keys)
+
+    def add_client_hint(self, client_id: int, hint: bytes) -> None:
+        """U-DPF round: update a client's stored keys with its hint and add them.
+
+        Raises
+        ------
+        SSAInputError
+            If there are no stored keys for the client, the hint is malformed or stale, or
+            the client was already added this round.
+        """
+        self._check_new(client_id)
+        if client_id not in self._previous:
+            raise SSAInputError(f"no stored keys for client {client_id} (send fresh keys)")
+        try:
+            parsed = UpdateHint.from_bytes(bytes(hint))
+            keys = update_batch(self._previous[client_id], parsed, self.params.epoch)
+        except (DPFKeyError, ValueError) as err:
+            raise SSAInputError(f"bad hint: {err}") from None
+        _check_public(self.params, keys.public)
+        self._accumulate(client_id, keys)
+
+    def share(self) -> NDArray[np.uint64]:
+        """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""
+        return self._share.copy()
+
+    def _check_new(self, client_id: int) -> None:
+        if client_id in self.keys:
+            raise SSAInputError(f"client {client_id} already contributed to this round")
+
+    def _accumulate(self, client_id: int, keys: DPFKeyBatch) -> None:
+        values, _ = evaluate_batch(keys, lengths=self._lengths)
+        num_bin_points = self._table.bin_items.shape[0]
+        scatter_add_rows(self._share, self._table.bin_items, values[:num_bin_points])
+        if self.params.stash_size:
+            stash = values[num_bin_points:].reshape(
+                self.params.stash_size, self.params.domain_size, self.params.tau
+            )
+            self._share += stash.sum(axis=0, dtype=np.uint64)
+        self.keys[client_id] = keys
+
+
+@dataclass
+class SSAResult:
+    """The reconstructed aggregate of an SSA round.
+
+    Attributes
+    ----------
+    sums : numpy.ndarray
+        ``(m, value_width)`` float64: per element ``sum_i c_i dw_i`` (or ``sum_i dw_i``).
+    counts : numpy.ndarray or None
+        ``(m,)`` float64 ``sum_i c_i`` over the clients that chose the element (None without
+        count-weighting).
+    """
+
+    sums: NDArray[np.float64]
+    counts: NDArray[np.float64] | None
+
+    def average(self) -> NDArray[np.float64]:
+        """Count-weighted average per element (0 where no client contributed).
+
+        Raises
+        ------
+        ValueError
+            If the round was not count-weighted.
+        """
+        if self.counts is None:
+            raise ValueError("the round was not count-weighted")
+        touched = self.counts > 0
+        out = np.zeros_like(self.sums)
+        out[touched] = self.sums[touched] / self.counts[touched, None]
+        return out
+
+
+def reconstruct(
+    params: SSAParams, share0: NDArray[np.uint64], share1: NDArray[np.uint64]
+) -> SSAResult:
+    """Add the two servers' shares and decode the fixed-point sums.
+
+    Raises
+    ------
+    ValueError
+        If a share does not have shape ``(m, tau)``.
+    """
+    shape = (params.domain_size, params.tau)
+    for s in (share0, share1):
+        if np.shape(s) != shape:
+            raise ValueError(f"share must have shape {shape}, got {np.shape(s)}")
+    total = params.fixed_point.decode(np.asarray(share0, np.uint64) + np.asarray(share1, np.uint64))
+    if params.count_weighted:
+        # Untouched elements reconstruct to exactly 0 (DPF correctness), so counts are exact.
+        counts = total[:, -1]
+        return SSAResult(total[:, :-1], counts)
+    return SSAResult(total, None)
