@@ -594,7 +594,7 @@ def _candidate_bins(params: HashParams, indices: NDArray[np.int64]) -> NDArray[n
     aes = BatchedAES(params.key)
     tag = np.uint64(HASH_TAG)
     num_bins = np.uint64(params.num_bins)
-    chunk = min(n, _HASH_CHUNK)
+    chunk = max(1, min(n, _HASH_CHUNK))
     blocks = np.empty((chunk, num_hashes, 2), dtype=np.uint64)
     bins = np.empty((n, num_hashes), dtype=np.int64)
     for start in range(0, n, chunk):

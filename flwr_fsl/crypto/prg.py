@@ -267,5 +267,5 @@ def ctr_stream(key: bytes, nonce: bytes, n_words: int) -> NDArray[np.uint64]:
     out = np.empty(nbytes + BLOCK_BYTES, dtype=np.uint8)
     if nbytes:
         enc = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor()
-        enc.update_into(np.zeros(nbytes, dtype=np.uint8), out)
+        enc.update_into(np.zeros(nbytes, dtype=np.uint8).data, out.data)
     return out[:nbytes].view(_U64)

@@ -215,32 +215,6 @@ def leaf_correction(
 
 
 @njit(cache=True, nogil=True)
-def _emit(
-    s0: np.uint64,
-    s1: np.uint64,
-    t: np.uint8,
-    idx: int,
-    last: bool,
-    half_w: int,
-    e: np.uint64,
-    out: np.ndarray,
-    t_out: np.ndarray,
-) -> None:  # pragma: no cover - numba
-    """Write a node as the next AES input: expansion pair, or conversion blocks if ``last``."""
-    t_out[idx] = t
-    if last:
-        base = idx * half_w
-        for q in range(half_w):
-            out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
-            out[base + q, 1] = s1 ^ e
-    else:
-        out[2 * idx, 0] = s0
-        out[2 * idx, 1] = s1
-        out[2 * idx + 1, 0] = s0 ^ ONE
-        out[2 * idx + 1, 1] = s1
-
-
-@njit(cache=True, nogil=True)
 def fd_level(
     enc: np.ndarray,
     blocks_in: np.ndarray,
@@ -268,18 +242,35 @@ def fd_level(
     output holds conversion blocks (``half_w`` per leaf) instead of expansion pairs.
     """
     last = level + 1 == max_h
+    tcw = np.empty(2, dtype=np.uint64)
+    ei = enc.reshape(-1)
+    bi = blocks_in.reshape(-1)
+    bo = blocks_out.reshape(-1)
     pos_in = 0
     pos_out = 0
     for k in range(lo, hi):
         h = tasks_i[k, 2]
         start = max_h - h
-        key = tasks_i[k, 0]
-        e = epochs[key]
         if start > level + 1:
             break
+        key = tasks_i[k, 0]
+        e = epochs[key]
         if start == level + 1:
-            _emit(task_seed[k, 0], task_seed[k, 1], task_t[k], pos_out, last, half_w, e,
-                  blocks_out, t_out)  # fmt: skip
+            # The task joins: its root is the next AES input (no array passed to a helper:
+            # a call with array arguments costs two atomic refcount updates per node).
+            s0 = task_seed[k, 0]
+            s1 = task_seed[k, 1]
+            t_out[pos_out] = task_t[k]
+            if last:
+                base = pos_out * half_w
+                for q in range(half_w):
+                    blocks_out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
+                    blocks_out[base + q, 1] = s1 ^ e
+            else:
+                blocks_out[2 * pos_out, 0] = s0
+                blocks_out[2 * pos_out, 1] = s1
+                blocks_out[2 * pos_out + 1, 0] = s0 ^ ONE
+                blocks_out[2 * pos_out + 1, 1] = s1
             pos_out += 1
             continue
         depth = level - start
@@ -287,23 +278,54 @@ def fd_level(
         idx = level_off[key] + tasks_i[k, 1] + depth
         scw0 = cw_seeds[idx, 0]
         scw1 = cw_seeds[idx, 1]
-        tcw_l = cw_bits[idx] & np.uint8(1)
-        tcw_r = (cw_bits[idx] >> np.uint8(1)) & np.uint8(1)
-        for i in range(nn):
-            node = pos_in + i
-            t = t_in[node]
-            for c in range(2):
-                kk = 2 * node + c
-                v0 = enc[kk, 0] ^ blocks_in[kk, 0]
-                v1 = enc[kk, 1] ^ blocks_in[kk, 1]
-                tc = np.uint8(v0 & ONE)
-                v0 &= CLEAR
-                if t:
-                    v0 ^= scw0
-                    v1 ^= scw1
-                    tc ^= tcw_l if c == 0 else tcw_r
-                _emit(v0, v1, tc, pos_out, last, half_w, e, blocks_out, t_out)
-                pos_out += 1
+        tcw[0] = np.uint64(cw_bits[idx]) & ONE
+        tcw[1] = (np.uint64(cw_bits[idx]) >> ONE) & ONE
+        tl = tcw[0]
+        tr = tcw[1]
+        if last:
+            for p in range(pos_in, pos_in + nn):
+                mask = ZERO - np.uint64(t_in[p])
+                s0 = bi[4 * p]  # parent seed; its two AES inputs are s and s ^ (1, 0)
+                s1 = bi[4 * p + 1]
+                for c in range(2):
+                    x0 = s0 ^ np.uint64(c)
+                    v0 = ei[4 * p + 2 * c] ^ x0
+                    v1 = ei[4 * p + 2 * c + 1] ^ s1
+                    tcc = tl if c == 0 else tr
+                    t_out[pos_out] = np.uint8((v0 ^ (tcc & mask)) & ONE)
+                    v0 = (v0 & CLEAR) ^ (scw0 & mask)
+                    v1 ^= scw1 & mask
+                    base = 2 * pos_out * half_w
+                    for q in range(half_w):
+                        bo[base + 2 * q] = v0 ^ (TWO + np.uint64(q))
+                        bo[base + 2 * q + 1] = v1 ^ e
+                    pos_out += 1
+        else:
+            for p in range(pos_in, pos_in + nn):
+                mask = ZERO - np.uint64(t_in[p])
+                s0 = bi[4 * p]
+                s1 = bi[4 * p + 1]
+                # left child
+                v0 = ei[4 * p] ^ s0
+                v1 = ei[4 * p + 1] ^ s1
+                t_out[pos_out] = np.uint8((v0 ^ (tl & mask)) & ONE)
+                v0 = (v0 & CLEAR) ^ (scw0 & mask)
+                v1 ^= scw1 & mask
+                bo[4 * pos_out] = v0
+                bo[4 * pos_out + 1] = v1
+                bo[4 * pos_out + 2] = v0 ^ ONE
+                bo[4 * pos_out + 3] = v1
+                # right child
+                v0 = ei[4 * p + 2] ^ s0 ^ ONE
+                v1 = ei[4 * p + 3] ^ s1
+                t_out[pos_out + 1] = np.uint8((v0 ^ (tr & mask)) & ONE)
+                v0 = (v0 & CLEAR) ^ (scw0 & mask)
+                v1 ^= scw1 & mask
+                bo[4 * pos_out + 4] = v0
+                bo[4 * pos_out + 5] = v1
+                bo[4 * pos_out + 6] = v0 ^ ONE
+                bo[4 * pos_out + 7] = v1
+                pos_out += 2
         pos_in += nn
     return pos_out
 
@@ -329,25 +351,48 @@ def fd_leaves(
     past the task's point limit are dropped.
     """
     width = 2 * half_w
+    ew = enc.reshape(-1)
+    bw = blocks.reshape(-1)
+    neg = party != 0
     pos = 0
     for k in range(lo, hi):
         key = tasks_i[k, 0]
         nl = 1 << tasks_i[k, 2]
-        first = tasks_i[k, 3]
+        ow0 = tasks_i[k, 3] * tau
         lim_w = tasks_i[k, 4] * tau
-        for i in range(nl):
-            leaf = pos + i
-            t = t_in[leaf]
-            ow = (first + group * i) * tau
-            n_w = min(width, lim_w - ow)
-            base = leaf * half_w
-            for w in range(n_w):
-                kk = base + (w >> 1)
-                h = w & 1
-                y = enc[kk, h] ^ blocks[kk, h]
-                if t:
-                    y += cw_leaf[key, w]
-                if party:
+        n_full = min(nl, (lim_w - ow0) // width)  # leaves whose words all fit
+        if width == 2:
+            c0 = cw_leaf[key, 0]
+            c1 = cw_leaf[key, 1]
+            for i in range(n_full):
+                leaf = pos + i
+                mask = ZERO - np.uint64(t_in[leaf])
+                y0 = (ew[2 * leaf] ^ bw[2 * leaf]) + (c0 & mask)
+                y1 = (ew[2 * leaf + 1] ^ bw[2 * leaf + 1]) + (c1 & mask)
+                if neg:
+                    y0 = ZERO - y0
+                    y1 = ZERO - y1
+                out[ow0 + 2 * i] = y0
+                out[ow0 + 2 * i + 1] = y1
+        else:
+            for i in range(n_full):
+                leaf = pos + i
+                mask = ZERO - np.uint64(t_in[leaf])
+                base = leaf * width
+                ow = ow0 + i * width
+                for w in range(width):
+                    y = (ew[base + w] ^ bw[base + w]) + (cw_leaf[key, w] & mask)
+                    if neg:
+                        y = ZERO - y
+                    out[ow + w] = y
+        if n_full < nl:  # one leaf cut by the limit (a 1-point domain or a short bin)
+            leaf = pos + n_full
+            mask = ZERO - np.uint64(t_in[leaf])
+            base = leaf * width
+            ow = ow0 + n_full * width
+            for w in range(max(lim_w - ow, 0)):
+                y = (ew[base + w] ^ bw[base + w]) + (cw_leaf[key, w] & mask)
+                if neg:
                     y = ZERO - y
                 out[ow + w] = y
         pos += nl

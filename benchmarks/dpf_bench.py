@@ -1,0 +1,260 @@
+"""DPF engine benchmark: AES floor, Gen, full-domain evaluation, and sycret for comparison.
+
+Run ``python benchmarks/dpf_bench.py [--json PATH] [--quick]``. Everything runs on one core
+(the process pins itself to one CPU where the OS allows it). Prints a table and the bars of
+issue 3, and writes the numbers as JSON (default ``benchmarks/results/dpf_bench.json``).
+
+* AES-ECB floor: ``BatchedAES.encrypt_prefix_into`` on a cache-sized buffer (blocks/s).
+* Gen: ``generate_keys_batch`` keys/s at depth 6, 9, 20 (tau = 1).
+* Full-domain eval: ``evaluate_batch`` leaves/s for 100k keys at depth 9 and one key at depth 20.
+* AES-only time for the same blocks: every AES call an evaluation makes is recorded (sizes) and
+  timed in place; the recorded calls are then replayed alone. The ratio is eval time / replayed
+  AES time (the in-place AES time is shown too).
+* sycret (OpenMined's Rust FSS, ``EqFactory``): a DPF on a fixed 32-bit domain with no
+  full-domain evaluation, so "full domain" is emulated with one point evaluation per leaf (each
+  walks all 32 levels); keygen cannot choose a depth (always 32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flwr_fsl.crypto import dpf
+from flwr_fsl.crypto.prg import _mmo_aes
+from flwr_fsl.kernels.aes import BatchedAES
+
+U64 = np.uint64
+
+
+def best_of(fn: Callable[[], Any], repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+class RecordingAES:
+    """Wraps the MMO BatchedAES: records each call's size and its in-place time."""
+
+    def __init__(self, inner: BatchedAES) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+        self.seconds = 0.0
+
+    def encrypt_prefix_into(self, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Time and record one no-copy call."""
+        t = time.perf_counter()
+        self.inner.encrypt_prefix_into(blocks, out)
+        self.seconds += time.perf_counter() - t
+        self.sizes.append(blocks.nbytes // 16)
+
+    def encrypt_into(self, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Time and record one copying call."""
+        t = time.perf_counter()
+        self.inner.encrypt_into(blocks, out)
+        self.seconds += time.perf_counter() - t
+        self.sizes.append(blocks.nbytes // 16)
+
+
+def replay_aes(sizes: list[int]) -> float:
+    """Time the same sequence of AES calls alone (reused buffers, like the evaluator's)."""
+    aes = BatchedAES(bytes(16))
+    cap = max(sizes, default=1)
+    src = np.random.default_rng(0).integers(0, 2**63, (cap, 2)).astype(U64)
+    dst = np.empty((cap + 1, 2), dtype=U64)
+
+    def run() -> None:
+        for n in sizes:
+            aes.encrypt_prefix_into(src[:n], dst)
+
+    return best_of(run)
+
+
+def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
+    """Time ``fn`` (best of 3), then its AES calls in place and replayed alone."""
+    total = best_of(fn)
+    rec = RecordingAES(_mmo_aes())
+    original = dpf._mmo_aes
+    dpf._mmo_aes = lambda: rec  # type: ignore[assignment,return-value]
+    try:
+        fn()
+    finally:
+        dpf._mmo_aes = original
+    blocks = sum(rec.sizes)
+    replay = replay_aes(rec.sizes)
+    return {
+        "seconds": total,
+        "aes_blocks": blocks,
+        "aes_calls": len(rec.sizes),
+        "aes_in_place_s": rec.seconds,
+        "aes_replay_s": replay,
+        "ratio": total / replay,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="benchmarks/results/dpf_bench.json")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    n_eval = 10_000 if args.quick else 100_000
+    n_gen = {6: 200_000, 9: 200_000, 20: 50_000}
+    if args.quick:
+        n_gen = {k: v // 10 for k, v in n_gen.items()}
+    res: dict[str, Any] = {"machine": platform.processor() or platform.machine()}
+    rows: list[tuple[str, str, str]] = []
+
+    # Warm up numba (cached compile / load) outside every timing.
+    w0, _ = dpf.generate_keys_batch([1, 2], [3, 4], [9, 20])
+    dpf.evaluate_batch(w0)
+    dpf.evaluate_at_batch(w0, [0, 1], [1, 2])
+
+    # AES floor.
+    aes = BatchedAES(bytes(16))
+    n_floor = 1 << 15
+    src = np.random.default_rng(1).integers(0, 2**63, (n_floor, 2)).astype(U64)
+    dst = np.empty((n_floor + 1, 2), dtype=U64)
+    reps = 200
+
+    def floor_run() -> None:
+        for _ in range(reps):
+            aes.encrypt_prefix_into(src, dst)
+
+    floor = n_floor * reps / best_of(floor_run)
+    res["aes_floor_blocks_per_s"] = floor
+    rows.append(("AES-ECB floor (2^15-block calls)", f"{floor:.3g} blocks/s", ""))
+
+    # Gen.
+    rng = np.random.default_rng(2)
+    res["gen_keys_per_s"] = {}
+    for depth, n in n_gen.items():
+        alphas = rng.integers(0, 1 << depth, n).astype(U64)
+        betas = rng.integers(0, 2**63, n).astype(U64)
+        sec = best_of(lambda a=alphas, b=betas, d=depth: dpf.generate_keys_batch(a, b, d))
+        res["gen_keys_per_s"][depth] = n / sec
+        rows.append((f"Gen, depth {depth} ({n} keys, tau=1)", f"{n / sec:.3g} keys/s", ""))
+
+    # Full-domain eval.
+    alphas = rng.integers(0, 512, n_eval).astype(U64)
+    k9, _ = dpf.generate_keys_batch(alphas, np.ones(n_eval, U64), 9)
+    out9 = np.empty((n_eval * 512, 1), dtype=U64)
+    r9 = eval_with_aes_ratio(lambda: dpf.evaluate_batch(k9, out=out9))
+    leaves9 = n_eval * 512 / r9["seconds"]
+    k20, _ = dpf.generate_keys(123_456, 7, 20)
+    b20 = k20.as_batch()
+    out20 = np.empty((1 << 20, 1), dtype=U64)
+    r20 = eval_with_aes_ratio(lambda: dpf.evaluate_batch(b20, out=out20))
+    leaves20 = (1 << 20) / r20["seconds"]
+    mixed_d = rng.integers(4, 10, n_eval)
+    km, _ = dpf.generate_keys_batch(
+        rng.integers(0, 2**62, n_eval).astype(U64) % (U64(1) << mixed_d.astype(U64)),
+        np.ones(n_eval, U64),
+        mixed_d,
+    )
+    rm = eval_with_aes_ratio(lambda: dpf.evaluate_batch(km))
+    leaves_m = int((np.int64(1) << mixed_d).sum()) / rm["seconds"]
+    res["full_domain"] = {"depth9_100k": r9, "depth20_1": r20, "mixed4to9_100k": rm}
+    res["full_domain"]["depth9_100k"]["leaves_per_s"] = leaves9
+    res["full_domain"]["depth20_1"]["leaves_per_s"] = leaves20
+    res["full_domain"]["mixed4to9_100k"]["leaves_per_s"] = leaves_m
+    for name, r, lv in (
+        (f"Full-domain eval, {n_eval} keys depth 9", r9, leaves9),
+        ("Full-domain eval, 1 key depth 20", r20, leaves20),
+        (f"Full-domain eval, {n_eval} keys depth 4..9", rm, leaves_m),
+    ):
+        rows.append((name, f"{lv:.3g} leaves/s", f"{r['seconds'] * 1e3:.1f} ms"))
+        rows.append(
+            (
+                "  AES calls alone, same blocks",
+                f"{r['aes_blocks']} blocks / {r['aes_calls']} calls",
+                f"{r['aes_replay_s'] * 1e3:.1f} ms (in place {r['aes_in_place_s'] * 1e3:.1f})",
+            )
+        )
+        rows.append(("  eval time / AES-only time", f"{r['ratio']:.2f}x", ""))
+
+    # sycret.
+    sy: dict[str, Any] = {}
+    try:
+        import sycret  # type: ignore[import-not-found]
+
+        eq = sycret.EqFactory(n_threads=1)
+        n_kg = 20_000 if not args.quick else 2_000
+        kg = n_kg / best_of(lambda: eq.keygen(n_kg))
+        sy["keygen_per_s"] = kg
+        rows.append(("sycret keygen (fixed 32-bit domain)", f"{kg:.3g} keys/s", ""))
+        keys_a, _ = eq.keygen(1)
+        chunk = 1 << 15
+        rep = np.repeat(keys_a, chunk, axis=0)
+
+        def sy_points(n_points: int) -> float:
+            t = time.perf_counter()
+            for lo in range(0, n_points, chunk):
+                m = min(chunk, n_points - lo)
+                xs = np.arange(lo, lo + m, dtype=np.int64)
+                eq.eval(0, xs, rep[:m], n_threads=1)
+            return time.perf_counter() - t
+
+        n20 = 1 << 20 if not args.quick else 1 << 16
+        sec20 = sy_points(n20)
+        sy["full_domain_depth20_leaves_per_s"] = n20 / sec20
+        rows.append(
+            (
+                "sycret full-domain emulated, depth 20",
+                f"{n20 / sec20:.3g} leaves/s",
+                f"{n20} point evals, {sec20:.2f} s",
+            )
+        )
+        n9 = 512 * 200
+        sec9 = sy_points(n9)
+        sy["full_domain_depth9_leaves_per_s"] = n9 / sec9
+        rows.append(
+            (
+                "sycret full-domain emulated, depth 9",
+                f"{n9 / sec9:.3g} leaves/s",
+                "200 keys x 512 points, extrapolated",
+            )
+        )
+    except ImportError:  # pragma: no cover - optional dependency
+        rows.append(("sycret", "not installed", ""))
+    res["sycret"] = sy
+
+    width = max(len(r[0]) for r in rows)
+    print(f"DPF benchmark (one core; {res['machine']})")
+    for a, b, c in rows:
+        print(f"{a:<{width}}  {b:>28}  {c}")
+
+    bars = [
+        ("full-domain eval <= 2.0x AES-only (100k x depth 9)", r9["ratio"] <= 2.0, r9["ratio"]),
+        ("full-domain eval <= 2.0x AES-only (1 x depth 20)", r20["ratio"] <= 2.0, r20["ratio"]),
+    ]
+    if "full_domain_depth20_leaves_per_s" in sy:
+        speedup = leaves20 / sy["full_domain_depth20_leaves_per_s"]
+        bars.append(("depth-20 full domain >= 100x sycret", speedup >= 100, speedup))
+    gen9 = res["gen_keys_per_s"][9]
+    bars.append(("Gen >= 1M keys/s at depth 9", gen9 >= 1e6, gen9))
+    print("\nBars:")
+    for name, ok, value in bars:
+        print(f"  [{'met' if ok else 'MISSED'}] {name}: {value:.3g}")
+    res["bars"] = {name: {"met": bool(ok), "value": float(v)} for name, ok, v in bars}
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=2, default=float))
+        print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
