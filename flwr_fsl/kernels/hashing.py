@@ -249,7 +249,11 @@ def fill_simple_bins(
     num_bins = bin_offsets.shape[0] - 1
     total = bin_offsets[num_bins]
     shift = 0
-    while (np.int64(2) << shift) * total <= _PARTITION_ENTRIES * num_bins:
+    # Largest power-of-two run of bins with at most _PARTITION_ENTRIES entries on average
+    # (no larger than the table; each test's product is at most 2**46, no overflow).
+    while (np.int64(2) << shift) <= num_bins and (
+        np.int64(2) << shift
+    ) * total <= _PARTITION_ENTRIES * num_bins:
         shift += 1
     num_parts = ((num_bins - 1) >> shift) + 1
     part_cursor = np.empty(num_parts, np.int64)
