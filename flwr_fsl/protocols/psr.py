@@ -1,0 +1,242 @@
+"""Two-server private submodel retrieval (PSR) from DPFs and cuckoo hashing (Cui et al. 2023).
+
+A client wants rows ``w[u]`` of a public-to-the-servers table ``w`` (e.g. the embedding rows of
+the items in its history) without either server learning which. It cuckoo-hashes its indices
+exactly as in :mod:`flwr_fsl.protocols.ssa` and, for bin ``b`` holding ``u``, makes a DPF with
+``beta = 1`` at ``pos_b`` (dummy ``Gen(0, 0)`` keys for empty bins; a stash slot gets a key over
+all of ``[0, m)``). Server ``S_p`` answers bin ``b`` with ``sum_x Eval(k_p[b], x) * w[T[b][x]]``
+in Z_2^64 (``T`` the simple table), one row per key. The client adds the two answers: bin
+``b`` gives exactly ``w[u]`` — retrieval is exact, with no fixed-point error, because the
+table's words can hold any 64-bit encoding (:func:`encode_table` stores float bit patterns).
+
+**Threat model and leakage.** Two non-colluding semi-honest servers. Each server sees the
+public part and its master seed (pseudorandom, sizes fixed by ``m``, ``k`` and the hash key):
+nothing about which rows are retrieved (Cui §2.2: leakage ``L = (k)``). The answers reveal
+nothing to the servers. A client learns the rows it asked for; a malicious client can learn
+other rows (it may ask for any ``k``), which is fine where clients may download the model.
+The answers of S1 travel sealed to the client (Flower layer), so S0 cannot add them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
+from flwr_fsl.crypto.hashing import EMPTY
+from flwr_fsl.crypto.prg import random_seeds
+from flwr_fsl.kernels.ring import binned_inner_products
+from flwr_fsl.protocols.ssa import (
+    Placement,
+    SSAInputError,
+    SSAParams,
+    SSAUpload,
+    key_domain_bits,
+    parse_public_part,
+    place_indices,
+    simple_table_for,
+)
+
+
+def query_params(params: SSAParams) -> SSAParams:
+    """Return the DPF layout of a PSR query for a round: ``tau = 1``, no count word."""
+    from dataclasses import replace
+
+    return replace(params, value_width=1, count_weighted=False, epoch=0)
+
+
+def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:
+    """Store a float32/float64 table as 64-bit ring words losslessly (bit patterns).
+
+    Parameters
+    ----------
+    rows : array_like
+        ``(m, width)`` (or ``(m,)``) float32 or float64 values.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(m, width)`` uint64.
+
+    Raises
+    ------
+    ValueError
+        If the dtype is not float32 or float64.
+    """
+    a = np.asarray(rows)
+    if a.ndim == 1:
+        a = a.reshape(-1, 1)
+    if a.dtype == np.float64:
+        return np.ascontiguousarray(a).view(np.uint64)
+    if a.dtype == np.float32:
+        return np.ascontiguousarray(a).view(np.uint32).astype(np.uint64)
+    raise ValueError(f"encode_table takes float32 or float64 rows, got {a.dtype}")
+
+
+def decode_table(words: NDArray[np.uint64], dtype: type = np.float32) -> NDArray[np.floating]:
+    """Invert :func:`encode_table` for rows of the given float dtype.
+
+    Raises
+    ------
+    ValueError
+        If ``dtype`` is not float32/float64 or a float32 word has high bits set.
+    """
+    w = np.asarray(words, np.uint64)
+    if np.dtype(dtype) == np.float64:
+        return w.view(np.float64)
+    if np.dtype(dtype) == np.float32:
+        if np.any(w >> np.uint64(32)):
+            raise ValueError("not a float32 table: high bits set")
+        return w.astype(np.uint32).view(np.float32)
+    raise ValueError(f"unsupported dtype {dtype}")
+
+
+@dataclass
+class PSRQuery:
+    """A client's retrieval query and what it keeps to read the answers.
+
+    Attributes
+    ----------
+    upload : SSAUpload
+        Public part (to both servers) and master seeds (one per server).
+    indices : numpy.ndarray
+        The requested rows, in the client's order.
+    placement : Placement
+        Which key carries which requested row.
+    """
+
+    upload: SSAUpload
+    indices: NDArray[np.int64]
+    placement: Placement = field(repr=False)
+
+
+def make_query(
+    params: SSAParams,
+    indices: ArrayLike,
+    *,
+    rng: np.random.Generator | None = None,
+    master_seeds: tuple[bytes, bytes] | None = None,
+) -> PSRQuery:
+    """Client side: DPF keys selecting one simple-table entry per bin.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round (its hashing; ``value_width`` is the table's row width).
+    indices : array_like
+        Distinct rows to retrieve, at most ``k``.
+    rng : numpy.random.Generator, optional
+        Cuckoo eviction randomness.
+    master_seeds : tuple[bytes, bytes], optional
+        Fixed master seeds (tests); fresh OS randomness by default.
+
+    Returns
+    -------
+    PSRQuery
+        The query.
+
+    Raises
+    ------
+    ValueError
+        If the indices do not fit the round.
+    """
+    qp = query_params(params)
+    table = simple_table_for(qp)
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    placement = place_indices(qp, idx, table, rng)
+    betas = (placement.slots != EMPTY).astype(np.uint64)
+    if master_seeds is None:
+        master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
+    k0, _ = generate_keys_batch(
+        placement.alphas, betas, key_domain_bits(qp, table), master_seeds=master_seeds
+    )
+    return PSRQuery(SSAUpload(k0.public.to_bytes(), master_seeds), idx, placement)
+
+
+class PSRServer:
+    """One server's side of PSR over a table of ``m`` rows.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round (hashing parameters; ``value_width`` = table row width).
+    party : int
+        0 for S0, 1 for S1.
+    table : numpy.ndarray
+        ``(m, value_width)`` uint64 ring words (see :func:`encode_table`).
+
+    Raises
+    ------
+    ValueError
+        If ``party`` or the table's shape/dtype is wrong.
+    """
+
+    def __init__(self, params: SSAParams, party: int, table: NDArray[np.uint64]) -> None:
+        if party not in (0, 1):
+            raise ValueError(f"party must be 0 or 1, got {party!r}")
+        shape = (params.domain_size, params.value_width)
+        if table.dtype != np.uint64 or table.shape != shape:
+            raise ValueError(
+                f"table must be uint64 of shape {shape}, got {table.dtype} {table.shape}"
+            )
+        self.params = query_params(params)
+        self.party = party
+        self._table = np.ascontiguousarray(table)
+        self._simple = simple_table_for(self.params)
+
+    def answer(self, public_part: bytes, master_seed: bytes) -> NDArray[np.uint64]:
+        """Answer one query: a row per key (``B + σ`` rows of the table's width).
+
+        Raises
+        ------
+        SSAInputError
+            If the query's keys are malformed or do not fit the round.
+        """
+        public = parse_public_part(self.params, public_part)
+        try:
+            keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
+        except DPFKeyError as err:
+            raise SSAInputError(f"bad master seed: {err}") from None
+        lengths = np.concatenate(
+            [
+                self._simple.bin_sizes,
+                np.full(self.params.stash_size, self.params.domain_size, np.int64),
+            ]
+        )
+        selectors, _ = evaluate_batch(keys, lengths=lengths)
+        num_bins = self._simple.num_bins
+        out = np.zeros((self.params.num_keys, self._table.shape[1]), np.uint64)
+        n_bin_points = self._simple.bin_items.shape[0]
+        binned_inner_products(
+            self._table,
+            self._simple.bin_items,
+            self._simple.bin_offsets,
+            np.ascontiguousarray(selectors[:n_bin_points, 0]),
+            out[:num_bins],
+        )
+        stash_sel = selectors[n_bin_points:, 0].reshape(self.params.stash_size, -1)
+        for s in range(self.params.stash_size):
+            out[num_bins + s] = (stash_sel[s][:, None] * self._table).sum(axis=0, dtype=np.uint64)
+        return out
+
+
+def decode_answers(
+    query: PSRQuery, answer0: NDArray[np.uint64], answer1: NDArray[np.uint64]
+) -> NDArray[np.uint64]:
+    """Add the two servers' answers and return the requested rows in the query's order.
+
+    Raises
+    ------
+    ValueError
+        If the answers' shapes differ or do not have one row per key.
+    """
+    a0, a1 = np.asarray(answer0, np.uint64), np.asarray(answer1, np.uint64)
+    if a0.shape != a1.shape or a0.shape[0] != query.placement.slots.shape[0]:
+        raise ValueError("answers must have one row per key and equal shapes")
+    total = a0 + a1
+    rows = np.zeros((query.indices.size, a0.shape[1]), np.uint64)
+    used = query.placement.slots != EMPTY
+    rows[query.placement.slots[used]] = total[used]
+    return rows
