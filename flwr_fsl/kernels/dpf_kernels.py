@@ -23,10 +23,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-ONE = np.uint64(1)
-CLEAR = ~np.uint64(1)
-TWO = np.uint64(2)
 ZERO = np.uint64(0)
+ONE = np.uint64(1)
+TWO = np.uint64(2)
+THREE = np.uint64(3)
+FOUR = np.uint64(4)
+FIVE = np.uint64(5)
+SIX = np.uint64(6)
+SEVEN = np.uint64(7)
+CLEAR = ~np.uint64(1)
 
 
 @njit(cache=True, nogil=True)
@@ -282,50 +287,59 @@ def fd_level(
         tcw[1] = (np.uint64(cw_bits[idx]) >> ONE) & ONE
         tl = tcw[0]
         tr = tcw[1]
+        # Unsigned indices: numba then drops its negative-index wraparound selects (~2x faster).
+        pin = np.uint64(pos_in)
+        po = np.uint64(pos_out)
         if last:
-            for p in range(pos_in, pos_in + nn):
+            hw = np.uint64(half_w)
+            for i in range(nn):
+                p = pin + np.uint64(i)
                 mask = ZERO - np.uint64(t_in[p])
-                s0 = bi[4 * p]  # parent seed; its two AES inputs are s and s ^ (1, 0)
-                s1 = bi[4 * p + 1]
+                a = FOUR * p
+                s0 = bi[a]  # parent seed; its two AES inputs are s and s ^ (1, 0)
+                s1 = bi[a + ONE]
                 for c in range(2):
-                    x0 = s0 ^ np.uint64(c)
-                    v0 = ei[4 * p + 2 * c] ^ x0
-                    v1 = ei[4 * p + 2 * c + 1] ^ s1
+                    cc = np.uint64(c)
+                    v0 = ei[a + TWO * cc] ^ s0 ^ cc
+                    v1 = ei[a + TWO * cc + ONE] ^ s1
                     tcc = tl if c == 0 else tr
-                    t_out[pos_out] = np.uint8((v0 ^ (tcc & mask)) & ONE)
+                    q = po + TWO * np.uint64(i) + cc
+                    t_out[q] = np.uint8((v0 ^ (tcc & mask)) & ONE)
                     v0 = (v0 & CLEAR) ^ (scw0 & mask)
                     v1 ^= scw1 & mask
-                    base = 2 * pos_out * half_w
-                    for q in range(half_w):
-                        bo[base + 2 * q] = v0 ^ (TWO + np.uint64(q))
-                        bo[base + 2 * q + 1] = v1 ^ e
-                    pos_out += 1
+                    base = TWO * q * hw
+                    for j in range(half_w):
+                        jj = np.uint64(j)
+                        bo[base + TWO * jj] = v0 ^ (TWO + jj)
+                        bo[base + TWO * jj + ONE] = v1 ^ e
         else:
-            for p in range(pos_in, pos_in + nn):
+            for i in range(nn):
+                p = pin + np.uint64(i)
+                q = po + TWO * np.uint64(i)
                 mask = ZERO - np.uint64(t_in[p])
-                s0 = bi[4 * p]
-                s1 = bi[4 * p + 1]
-                # left child
-                v0 = ei[4 * p] ^ s0
-                v1 = ei[4 * p + 1] ^ s1
-                t_out[pos_out] = np.uint8((v0 ^ (tl & mask)) & ONE)
+                a = FOUR * p
+                s0 = bi[a]
+                s1 = bi[a + ONE]
+                v0 = ei[a] ^ s0
+                v1 = ei[a + ONE] ^ s1
+                t_out[q] = np.uint8((v0 ^ (tl & mask)) & ONE)
                 v0 = (v0 & CLEAR) ^ (scw0 & mask)
                 v1 ^= scw1 & mask
-                bo[4 * pos_out] = v0
-                bo[4 * pos_out + 1] = v1
-                bo[4 * pos_out + 2] = v0 ^ ONE
-                bo[4 * pos_out + 3] = v1
-                # right child
-                v0 = ei[4 * p + 2] ^ s0 ^ ONE
-                v1 = ei[4 * p + 3] ^ s1
-                t_out[pos_out + 1] = np.uint8((v0 ^ (tr & mask)) & ONE)
-                v0 = (v0 & CLEAR) ^ (scw0 & mask)
-                v1 ^= scw1 & mask
-                bo[4 * pos_out + 4] = v0
-                bo[4 * pos_out + 5] = v1
-                bo[4 * pos_out + 6] = v0 ^ ONE
-                bo[4 * pos_out + 7] = v1
-                pos_out += 2
+                b = FOUR * q
+                bo[b] = v0
+                bo[b + ONE] = v1
+                bo[b + TWO] = v0 ^ ONE
+                bo[b + THREE] = v1
+                w0 = ei[a + TWO] ^ s0 ^ ONE
+                w1 = ei[a + THREE] ^ s1
+                t_out[q + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
+                w0 = (w0 & CLEAR) ^ (scw0 & mask)
+                w1 ^= scw1 & mask
+                bo[b + FOUR] = w0
+                bo[b + FIVE] = w1
+                bo[b + SIX] = w0 ^ ONE
+                bo[b + SEVEN] = w1
+        pos_out += 2 * nn
         pos_in += nn
     return pos_out
 
@@ -361,30 +375,37 @@ def fd_leaves(
         ow0 = tasks_i[k, 3] * tau
         lim_w = tasks_i[k, 4] * tau
         n_full = min(nl, (lim_w - ow0) // width)  # leaves whose words all fit
+        # Unsigned indices in the hot loops (no wraparound selects).
+        upos = np.uint64(pos)
+        uow0 = np.uint64(ow0)
         if width == 2:
             c0 = cw_leaf[key, 0]
             c1 = cw_leaf[key, 1]
             for i in range(n_full):
-                leaf = pos + i
+                ui = np.uint64(i)
+                leaf = upos + ui
                 mask = ZERO - np.uint64(t_in[leaf])
-                y0 = (ew[2 * leaf] ^ bw[2 * leaf]) + (c0 & mask)
-                y1 = (ew[2 * leaf + 1] ^ bw[2 * leaf + 1]) + (c1 & mask)
+                y0 = (ew[TWO * leaf] ^ bw[TWO * leaf]) + (c0 & mask)
+                y1 = (ew[TWO * leaf + ONE] ^ bw[TWO * leaf + ONE]) + (c1 & mask)
                 if neg:
                     y0 = ZERO - y0
                     y1 = ZERO - y1
-                out[ow0 + 2 * i] = y0
-                out[ow0 + 2 * i + 1] = y1
+                out[uow0 + TWO * ui] = y0
+                out[uow0 + TWO * ui + ONE] = y1
         else:
+            uw = np.uint64(width)
             for i in range(n_full):
-                leaf = pos + i
+                ui = np.uint64(i)
+                leaf = upos + ui
                 mask = ZERO - np.uint64(t_in[leaf])
-                base = leaf * width
-                ow = ow0 + i * width
+                base = leaf * uw
+                ow = uow0 + ui * uw
                 for w in range(width):
-                    y = (ew[base + w] ^ bw[base + w]) + (cw_leaf[key, w] & mask)
+                    uw_ = np.uint64(w)
+                    y = (ew[base + uw_] ^ bw[base + uw_]) + (cw_leaf[key, w] & mask)
                     if neg:
                         y = ZERO - y
-                    out[ow + w] = y
+                    out[ow + uw_] = y
         if n_full < nl:  # one leaf cut by the limit (a 1-point domain or a short bin)
             leaf = pos + n_full
             mask = ZERO - np.uint64(t_in[leaf])

@@ -47,7 +47,7 @@ def test_several_epochs(data, d, tau):
     for _ in range(3):
         epoch += data.draw(st.integers(1, 2**40))
         new_beta = words(data.draw, tau)
-        hint = next_hint(k0, k1, new_beta, epoch)
+        hint = next_hint(k0, k1, new_beta, epoch, alpha=alpha)
         # The hint is public: both servers apply the same bytes.
         hint = UpdateHint.from_bytes(hint.to_bytes())
         k0, k1 = update(k0, hint, epoch), update(k1, hint, epoch)
