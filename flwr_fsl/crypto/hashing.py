@@ -584,8 +584,15 @@ def _as_indices(indices: ArrayLike, domain_size: int, name: str = "indices") -> 
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-def _candidate_bins(params: HashParams, indices: NDArray[np.int64]) -> NDArray[np.int64]:
+def _candidate_bins(
+    params: HashParams,
+    indices: NDArray[np.int64],
+    bin_counts: NDArray[np.int64] | None = None,
+) -> NDArray[np.int64]:
     """Return the ``(n, η)`` int64 candidate bins of validated int64 ``indices``.
+
+    If ``bin_counts`` (``(B + 1,)`` int64, zeroed) is given, it also counts each index into
+    ``bin_counts[b + 1]`` for each of its distinct bins ``b`` (simple hashing's first pass).
 
     The AES input is built and encrypted in chunks of ``_HASH_CHUNK`` indices in one reused,
     cache-resident buffer (one ``m * η``-block buffer would be 48 MB at ``m = 2**20``).
@@ -597,6 +604,7 @@ def _candidate_bins(params: HashParams, indices: NDArray[np.int64]) -> NDArray[n
     chunk = max(1, min(n, _HASH_CHUNK))
     blocks = np.empty((chunk, num_hashes, 2), dtype=np.uint64)
     bins = np.empty((n, num_hashes), dtype=np.int64)
+    counts = np.empty(0, dtype=np.int64) if bin_counts is None else bin_counts
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         block_view = blocks[: stop - start]
@@ -606,7 +614,7 @@ def _candidate_bins(params: HashParams, indices: NDArray[np.int64]) -> NDArray[n
         aes.encrypt_into(block_view, block_view)
         if sys.byteorder != "little":  # pragma: no cover
             block_view.byteswap(inplace=True)
-        _kernels.reduce_to_bins(block_view, num_bins, bins[start:stop])
+        _kernels.reduce_to_bins(block_view, num_bins, bins[start:stop], counts)
     return bins
 
 
@@ -756,9 +764,9 @@ def simple_hash(params: HashParams, indices: ArrayLike | None = None) -> SimpleT
         duplicated = np.flatnonzero(items[1:] == items[:-1])
         if duplicated.size:
             raise ValueError(f"indices must be distinct, {int(items[duplicated[0]])} is repeated")
-    candidates = _candidate_bins(params, items)
-    bin_offsets = np.empty(params.num_bins + 1, dtype=np.int64)
-    _kernels.count_simple_bins(candidates, bin_offsets)
+    bin_offsets = np.zeros(params.num_bins + 1, dtype=np.int64)
+    candidates = _candidate_bins(params, items, bin_offsets)
+    np.cumsum(bin_offsets, out=bin_offsets)
     total = int(bin_offsets[-1])
     bin_items = np.empty(total, dtype=np.int64)
     _kernels.fill_simple_bins(

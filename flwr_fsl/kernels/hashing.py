@@ -70,9 +70,22 @@ def fill_hash_blocks(
             blocks[i, d, 1] = tag | np.uint64(d)
 
 
+@njit(cache=True, inline="always")
+def _is_repeat(candidates: NDArray[np.int64], i: int, d: int) -> bool:  # pragma: no cover
+    """Whether hash function ``d`` maps item ``i`` to a bin an earlier one already gave."""
+    b = candidates[i, d]
+    for e in range(d):
+        if candidates[i, e] == b:
+            return True
+    return False
+
+
 @njit(cache=True)
 def reduce_to_bins(
-    ciphertext: NDArray[np.uint64], num_bins: np.uint64, out: NDArray[np.int64]
+    ciphertext: NDArray[np.uint64],
+    num_bins: np.uint64,
+    out: NDArray[np.int64],
+    bin_counts: NDArray[np.int64],
 ) -> None:  # pragma: no cover - jitted
     """Map the first word of every ciphertext block onto a bin in ``[0, num_bins)``.
 
@@ -84,12 +97,20 @@ def reduce_to_bins(
         Number of bins ``B`` (``1 <= B < 2**32``).
     out : numpy.ndarray
         ``(n, num_hashes)`` int64; receives ``h_d(index_i)``.
+    bin_counts : numpy.ndarray
+        Either empty (no counting) or ``(B + 1,)`` int64 to which this adds, at ``b + 1``, one
+        for each item with ``b`` among its *distinct* bins (the first pass of simple
+        hashing, fused here while the chunk is in cache).
     """
     n = ciphertext.shape[0]
     num_hashes = ciphertext.shape[1]
+    count = bin_counts.shape[0] > 0
     for i in range(n):
         for d in range(num_hashes):
-            out[i, d] = np.int64(_fastrange(ciphertext[i, d, 0], num_bins))
+            b = np.int64(_fastrange(ciphertext[i, d, 0], num_bins))
+            out[i, d] = b
+            if count and not _is_repeat(out, i, d):
+                bin_counts[b + 1] += 1
 
 
 @njit(cache=True)
@@ -178,42 +199,6 @@ def cuckoo_insert(
     return np.int64(EMPTY)
 
 
-@njit(cache=True, inline="always")
-def _is_repeat(candidates: NDArray[np.int64], i: int, d: int) -> bool:  # pragma: no cover
-    """Whether hash function ``d`` maps item ``i`` to a bin an earlier one already gave."""
-    b = candidates[i, d]
-    for e in range(d):
-        if candidates[i, e] == b:
-            return True
-    return False
-
-
-@njit(cache=True)
-def count_simple_bins(
-    candidates: NDArray[np.int64], bin_offsets: NDArray[np.int64]
-) -> None:  # pragma: no cover - jitted
-    """First pass of simple hashing: CSR offsets from each item's *distinct* candidate bins.
-
-    Parameters
-    ----------
-    candidates : numpy.ndarray
-        ``(n, num_hashes)`` int64 candidate bins of each item.
-    bin_offsets : numpy.ndarray
-        ``(B + 1,)`` int64 output: bin ``b`` will be entries
-        ``bin_offsets[b]:bin_offsets[b + 1]`` of the item array.
-    """
-    n = candidates.shape[0]
-    num_hashes = candidates.shape[1]
-    num_bins = bin_offsets.shape[0] - 1
-    bin_offsets[:] = 0
-    for i in range(n):
-        for d in range(num_hashes):
-            if not _is_repeat(candidates, i, d):
-                bin_offsets[candidates[i, d] + 1] += 1
-    for b in range(num_bins):
-        bin_offsets[b + 1] += bin_offsets[b]
-
-
 @njit(cache=True)
 def fill_simple_bins(
     items: NDArray[np.int64],
@@ -238,7 +223,7 @@ def fill_simple_bins(
     candidates : numpy.ndarray
         ``(n, num_hashes)`` int64 candidate bins of each item.
     bin_offsets : numpy.ndarray
-        ``(B + 1,)`` int64 offsets from :func:`count_simple_bins`.
+        ``(B + 1,)`` int64 CSR offsets (prefix sums of the counts of :func:`reduce_to_bins`).
     bin_items : numpy.ndarray
         ``(bin_offsets[B],)`` int64 output.
     bin_scratch : numpy.ndarray

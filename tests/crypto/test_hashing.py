@@ -491,7 +491,7 @@ def test_hash_params_for_items() -> None:
     assert HashParams.for_items(10, 4, KEY, scale_factor=2.0).num_bins == 8
     assert HashParams.for_items(10, 0, KEY).num_bins == 1
     assert "key" not in repr(params)
-    assert params == HashParams.for_items(2**20, 2**17, bytearray(KEY))
+    assert params == HashParams.for_items(2**20, 2**17, bytearray(KEY))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_items"):
         HashParams.for_items(10, 11, KEY)
     with pytest.raises(ValueError, match="num_hashes = 3"):
