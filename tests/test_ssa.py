@@ -1,4 +1,4 @@
-"""SSA (Cui et al.): reconstruction == plaintext count-weighted aggregate, U-DPF, privacy, errors."""
+"""SSA (Cui et al.): reconstruction equals the plaintext aggregate; U-DPF, privacy, errors."""
 
 from __future__ import annotations
 
@@ -338,6 +338,6 @@ def test_public_part_shape_matches_cuis_formula() -> None:
     public = DPFPublicBatch.from_bytes(upload.public_part)
     levels = int(public.cw_bits.shape[0])
     words = int(public.cw_leaf.size)
-    # Seed CW (16 B) + control bits (1 B) per level, leaf CW words, one domain byte and epoch per key.
+    # Seed CW (16 B) + control bits (1 B) per level, leaf CW words, domain byte + epoch per key.
     payload = levels * 17 + words * 8 + public.num_keys * 9
     assert payload <= len(upload.public_part) <= payload + 64

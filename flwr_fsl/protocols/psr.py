@@ -216,7 +216,9 @@ class PSRServer:
             np.ascontiguousarray(selectors[:n_bin_points, 0]),
             out[:num_bins],
         )
-        stash_sel = selectors[n_bin_points:, 0].reshape(self.params.stash_size, -1)
+        stash_sel = selectors[n_bin_points:, 0].reshape(
+            self.params.stash_size, self.params.domain_size
+        )
         for s in range(self.params.stash_size):
             out[num_bins + s] = (stash_sel[s][:, None] * self._table).sum(axis=0, dtype=np.uint64)
         return out
