@@ -101,7 +101,7 @@ _HEADER = np.dtype(
     ]
 )
 _GEN_CHUNK = 8192  # keys per Gen chunk: 4 blocks each per level -> 512 KiB buffers
-_FD_BUDGET = 1 << 15  # AES blocks per full-domain chunk (512 KiB): stays in L2
+_FD_BUDGET = 1 << 14  # AES blocks per full-domain chunk (256 KiB): near-L2-resident buffers
 
 
 class DPFKeyError(ValueError):
@@ -1244,53 +1244,22 @@ def evaluate_batch(
     t_b = np.empty(cap, dtype=np.uint8)
     flat = out.reshape(-1)
     aes = _mmo_aes()
+    # Byte views taken once: slicing a memoryview is far cheaper than re-viewing arrays per call.
+    mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
+    mv_enc = enc.data.cast("B")
+    common = (tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)
     for c in range(len(bounds) - 1):
         lo, hi = int(bounds[c]), int(bounds[c + 1])
         h = int(tasks_i[lo, 2])
-        args = (lo, hi)
-        n = _k.fd_level(
-            enc,
-            buf_a,
-            t_a,
-            buf_a,
-            t_a,
-            *args,
-            -1,
-            h,
-            tasks_i,
-            seeds,
-            t,
-            pub.level_offsets,
-            pub.cw_seeds,
-            pub.cw_bits,
-            pub.epochs,
-            half_w,
-        )
+        n = _k.fd_level(enc, buf_a, t_a, buf_a, t_a, lo, hi, -1, h, *common)
         src, dst, t_src, t_dst = buf_a, buf_b, t_a, t_b
         for level in range(h):
-            aes.encrypt_prefix_into(src[: 2 * n], enc)
-            n = _k.fd_level(
-                enc,
-                src,
-                t_src,
-                dst,
-                t_dst,
-                *args,
-                level,
-                h,
-                tasks_i,
-                seeds,
-                t,
-                pub.level_offsets,
-                pub.cw_seeds,
-                pub.cw_bits,
-                pub.epochs,
-                half_w,
-            )
+            aes.encrypt_view_into(mv[id(src)][: 32 * n], mv_enc)
+            n = _k.fd_level(enc, src, t_src, dst, t_dst, lo, hi, level, h, *common)
             src, dst, t_src, t_dst = dst, src, t_dst, t_src
-        aes.encrypt_prefix_into(src[: n * half_w], enc)
+        aes.encrypt_view_into(mv[id(src)][: 16 * n * half_w], mv_enc)
         _k.fd_leaves(
-            enc, src, t_src, *args, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
+            enc, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )
     return out, offsets
 

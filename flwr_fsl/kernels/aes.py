@@ -78,7 +78,7 @@ class BatchedAES:
         need = nbytes + BLOCK_BYTES - 1
         if len(self._scratch) < need:
             self._scratch = bytearray(need)
-        written = self._enc.update_into(_byte_view(blocks), self._scratch)
+        written = self._enc.update_into(_byte_view(blocks).data, self._scratch)
         if written != nbytes:  # pragma: no cover - guaranteed by ECB on whole blocks
             raise RuntimeError(f"AES wrote {written} of {nbytes} bytes")
         _byte_view(out)[:] = np.frombuffer(self._scratch, np.uint8, nbytes)
@@ -113,9 +113,36 @@ class BatchedAES:
             )
         if nbytes == 0:
             return
-        written = self._enc.update_into(_byte_view(blocks), _byte_view(out))
+        written = self._enc.update_into(_byte_view(blocks).data, _byte_view(out).data)
         if written != nbytes:  # pragma: no cover - guaranteed by ECB on whole blocks
             raise RuntimeError(f"AES wrote {written} of {nbytes} bytes")
+
+    def encrypt_view_into(self, src: memoryview, dst: memoryview) -> None:
+        """Encrypt the bytes of ``src`` into the start of ``dst``: the lowest-overhead path.
+
+        For hot loops that call AES thousands of times on slices of buffers they own: take
+        ``buf.data.cast("B")`` once, then pass slices (a slice costs ~0.1 us; the array-based
+        methods spend ~3 us per call on checks and views).
+
+        Parameters
+        ----------
+        src : memoryview
+            Contiguous bytes, a multiple of 16 long.
+        dst : memoryview
+            Writable bytes at least ``len(src) + 16`` long, not overlapping ``src``.
+
+        Raises
+        ------
+        ValueError
+            If the lengths are wrong.
+        """
+        n = src.nbytes
+        if n % BLOCK_BYTES or dst.nbytes < n + BLOCK_BYTES:
+            raise ValueError(
+                f"need a multiple of 16 bytes and 16 spare output bytes, got {n} and {dst.nbytes}"
+            )
+        if n:
+            self._enc.update_into(src, dst)
 
     def encrypt(self, blocks: NDArray[np.generic]) -> NDArray[np.generic]:
         """Return the encryption of ``blocks`` as a new array of the same shape and dtype."""

@@ -303,36 +303,36 @@ def fd_level(
                     v0 = ei[a + TWO * cc] ^ s0 ^ cc
                     v1 = ei[a + TWO * cc + ONE] ^ s1
                     tcc = tl if c == 0 else tr
-                    q = po + TWO * np.uint64(i) + cc
-                    t_out[q] = np.uint8((v0 ^ (tcc & mask)) & ONE)
+                    qc = po + TWO * np.uint64(i) + cc
+                    t_out[qc] = np.uint8((v0 ^ (tcc & mask)) & ONE)
                     v0 = (v0 & CLEAR) ^ (scw0 & mask)
                     v1 ^= scw1 & mask
-                    base = TWO * q * hw
+                    ubase = TWO * qc * hw
                     for j in range(half_w):
                         jj = np.uint64(j)
-                        bo[base + TWO * jj] = v0 ^ (TWO + jj)
-                        bo[base + TWO * jj + ONE] = v1 ^ e
+                        bo[ubase + TWO * jj] = v0 ^ (TWO + jj)
+                        bo[ubase + TWO * jj + ONE] = v1 ^ e
         else:
             for i in range(nn):
                 p = pin + np.uint64(i)
-                q = po + TWO * np.uint64(i)
+                qn = po + TWO * np.uint64(i)
                 mask = ZERO - np.uint64(t_in[p])
                 a = FOUR * p
                 s0 = bi[a]
                 s1 = bi[a + ONE]
                 v0 = ei[a] ^ s0
                 v1 = ei[a + ONE] ^ s1
-                t_out[q] = np.uint8((v0 ^ (tl & mask)) & ONE)
+                t_out[qn] = np.uint8((v0 ^ (tl & mask)) & ONE)
                 v0 = (v0 & CLEAR) ^ (scw0 & mask)
                 v1 ^= scw1 & mask
-                b = FOUR * q
+                b = FOUR * qn
                 bo[b] = v0
                 bo[b + ONE] = v1
                 bo[b + TWO] = v0 ^ ONE
                 bo[b + THREE] = v1
                 w0 = ei[a + TWO] ^ s0 ^ ONE
                 w1 = ei[a + THREE] ^ s1
-                t_out[q + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
+                t_out[qn + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
                 w0 = (w0 & CLEAR) ^ (scw0 & mask)
                 w1 ^= scw1 & mask
                 bo[b + FOUR] = w0

@@ -64,6 +64,19 @@ def test_batched_aes_matches_per_block(key, n):
     assert out.tobytes() == want
 
 
+def test_encrypt_view_into_matches():
+    aes = BatchedAES(bytes(range(16)))
+    x = np.arange(10, dtype=U64).reshape(5, 2)
+    out = np.zeros((6, 2), U64)
+    aes.encrypt_view_into(x.data.cast("B")[:48], out.data.cast("B"))
+    assert np.array_equal(out[:3], aes.encrypt(x[:3]))
+    aes.encrypt_view_into(x.data.cast("B")[:0], out.data.cast("B"))
+    with pytest.raises(ValueError, match="spare"):
+        aes.encrypt_view_into(x.data.cast("B"), out.data.cast("B")[:80])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        aes.encrypt_view_into(x.data.cast("B")[:8], out.data.cast("B"))
+
+
 def test_encrypt_into_aliasing_allowed():
     aes = BatchedAES(bytes(16))
     x = np.arange(8, dtype=U64).reshape(4, 2)
