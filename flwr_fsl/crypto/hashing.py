@@ -399,6 +399,12 @@ class SimpleTable:
     index appears once in each of its distinct candidate bins. Both arrays are int64 and
     read-only.
 
+    Scattering back: if ``values`` concatenates, bin after bin, the first ``|bin b|`` outputs
+    of bin ``b``'s full-domain DPF evaluation (output ``j`` belongs to the ``j``-th index of
+    the bin), then ``values[t]`` belongs to index ``bin_items[t]``, and the per-index sum over
+    its (up to ``η``) bins is ``np.add.at(out, bin_items, values)``;
+    :meth:`item_bins` gives the bin of each entry.
+
     Parameters
     ----------
     params : HashParams
@@ -661,7 +667,8 @@ def cuckoo_hash(
 
     Indices are inserted in ascending order, so the table depends only on the index set,
     the parameters and ``seed``. An index whose candidate bins are all taken evicts the
-    occupant of a random candidate bin (never the bin it was just evicted from); after
+    occupant of a random candidate bin (not the bin it was just evicted from, unless it has no
+    other: then it evicts its evictor back); after
     ``max_evictions`` evictions the homeless index goes to the stash.
 
     Parameters

@@ -125,7 +125,8 @@ def cuckoo_insert(
 
     Each item first takes a free bin among its candidate bins (lowest hash function first).
     If all are taken it evicts the occupant of a uniformly random *distinct* candidate bin
-    other than the one it was just evicted from, and the evicted item continues the walk.
+    other than the one it was just evicted from (unless that is its only bin: then it evicts
+    its evictor back), and the evicted item continues the walk.
     After ``max_evictions`` evictions the homeless item goes to the stash; if the stash is
     full the insertion stops.
 
@@ -182,7 +183,10 @@ def cuckoo_insert(
                     choices[num_choices] = b
                     num_choices += 1
             if num_choices == 0:
-                break  # every hash function maps ``current`` to the bin it just left
+                # Every hash function maps ``current`` to the bin it just left: it can only
+                # evict its evictor back, which then walks on to one of its other bins.
+                choices[0] = previous_bin
+                num_choices = 1
             state, word = _splitmix64(state)
             b = choices[np.int64(_fastrange(word, np.uint64(num_choices)))]
             evicted = table[b]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -314,6 +315,32 @@ def test_cuckoo_edge_cases() -> None:
     table = cuckoo_hash([3, 1], params, seed=0)
     _check_cuckoo_table(table, np.array([1, 3]))
     assert table.stashed.size == 1 and table.occupied.tolist() == [True]
+
+
+def _placement_exists(candidates: np.ndarray, num_bins: int) -> bool:
+    rows = [set(row.tolist()) for row in candidates]
+    return any(
+        all(b in row for b, row in zip(bins, rows, strict=True))
+        for bins in itertools.permutations(range(num_bins), len(rows))
+    )
+
+
+def test_cuckoo_finds_a_placement_whenever_one_exists() -> None:
+    # Tiny tables, many keys: the walk must succeed whenever a perfect placement exists, in
+    # particular when an index whose hash functions all collide is evicted from its only bin.
+    single_bin_cases = 0
+    for key_seed in range(400):
+        num_bins = 2 + key_seed % 3
+        params = HashParams(domain_size=40, num_bins=num_bins, key=_key(key_seed))
+        indices = np.random.default_rng(key_seed).choice(40, num_bins, replace=False)
+        candidates = hash_bins(params, indices)
+        single_bin_cases += any(len(set(row.tolist())) == 1 for row in candidates)
+        if _placement_exists(candidates, num_bins):
+            _check_cuckoo_table(cuckoo_hash(indices, params, seed=key_seed), indices)
+        else:
+            with pytest.raises(CuckooInsertionError):
+                cuckoo_hash(indices, params, seed=key_seed)
+    assert single_bin_cases > 20
 
 
 def _colliding_pair(params: HashParams) -> list[int]:
