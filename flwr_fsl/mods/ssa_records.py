@@ -1,0 +1,79 @@
+"""Wire records of the two-server protocols (``flwr_fsl.ssa`` v1) inside Flower messages.
+
+Server -> client, in the train message's ``ConfigRecord`` (next to the usual config):
+
+- ``fsl.ssa.params``: ``SSAParams.to_bytes()`` of the round;
+- ``fsl.ssa.helper-key``: S1's raw X25519 public key (the client checks it against the
+  fingerprint pinned in its run config before sealing anything to it).
+
+Client -> server, a ``ConfigRecord`` under :data:`SSA_UPLOAD_KEY` next to the reply's metrics:
+
+- ``public``: the DPF keys' public part (S0 relays it to S1);
+- ``seed``: S0's 16-byte master seed;
+- ``sealed``: S1's material (master seed + public-part digest) sealed to S1.
+
+:func:`read_ssa_upload` validates types and sizes and raises
+:class:`~flwr_fsl.submodel.codec.SubmodelFormatError`; the keys themselves are checked by the
+protocol (:class:`~flwr_fsl.protocols.ssa.SSAInputError`).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, RecordDict
+
+from flwr_fsl.protocols.ssa import SSAParams
+from flwr_fsl.submodel.codec import SubmodelFormatError
+
+PARAMS_FIELD = "fsl.ssa.params"
+HELPER_KEY_FIELD = "fsl.ssa.helper-key"
+SSA_UPLOAD_KEY = "fsl.ssa.upload"
+MAX_UPLOAD_BYTES = 1 << 30
+
+
+def find_ssa_round(content: RecordDict) -> tuple[SSAParams, bytes] | None:
+    """Return the round's SSA parameters and S1's public key if the message carries them.
+
+    Raises
+    ------
+    SubmodelFormatError
+        If the fields are present but malformed.
+    """
+    for record in content.config_records.values():
+        if PARAMS_FIELD in record:
+            params, key = record[PARAMS_FIELD], record.get(HELPER_KEY_FIELD)
+            if not isinstance(params, bytes) or not isinstance(key, bytes) or len(key) != 32:
+                raise SubmodelFormatError("malformed SSA round fields")
+            try:
+                return SSAParams.from_bytes(params), key
+            except ValueError as err:
+                raise SubmodelFormatError(f"bad SSA parameters: {err}") from None
+    return None
+
+
+def ssa_upload_record(public: bytes, seed: bytes, sealed: bytes) -> ConfigRecord:
+    """Build the client's upload record."""
+    return ConfigRecord({"public": public, "seed": seed, "sealed": sealed})
+
+
+def read_ssa_upload(content: RecordDict) -> tuple[bytes, bytes, bytes]:
+    """Return ``(public, seed, sealed)`` of a client's upload.
+
+    Raises
+    ------
+    SubmodelFormatError
+        If the record is missing, has other fields, wrong types or sizes.
+    """
+    record = content.config_records.get(SSA_UPLOAD_KEY)
+    if record is None:
+        raise SubmodelFormatError(f"missing {SSA_UPLOAD_KEY!r} record")
+    if set(record.keys()) != {"public", "seed", "sealed"}:
+        raise SubmodelFormatError(f"{SSA_UPLOAD_KEY!r} fields must be public, seed, sealed")
+    public, seed, sealed = record["public"], record["seed"], record["sealed"]
+    if not all(isinstance(v, bytes) for v in (public, seed, sealed)):
+        raise SubmodelFormatError("upload fields must be bytes")
+    assert isinstance(public, bytes) and isinstance(seed, bytes) and isinstance(sealed, bytes)
+    if len(seed) != 16:
+        raise SubmodelFormatError("S0's master seed must be 16 bytes")
+    if len(public) + len(sealed) > MAX_UPLOAD_BYTES:
+        raise SubmodelFormatError("upload too large")
+    return public, seed, sealed
