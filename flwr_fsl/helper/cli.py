@@ -1,0 +1,167 @@
+"""``flwr-fsl-helper``: run the helper server S1 as its own process.
+
+Usage::
+
+    flwr-fsl-helper --host 127.0.0.1 --port 9500 --key-file s1.pem --generate-key
+    python -m flwr_fsl.helper ...   # the same, without the console script
+
+On start it loads its X25519 key pair from ``--key-file`` (with ``--generate-key``, a missing
+file is created with mode 0600; without it, a missing file is an error), prints::
+
+    flwr-fsl-helper: public key fingerprint <64 hex digits>
+    flwr-fsl-helper: listening on <host>:<port>
+
+(the second line only once the server accepts calls; with ``--port 0`` it shows the port
+picked) and serves until SIGINT or SIGTERM, then stops gracefully and exits 0. Pin the
+fingerprint in the run config of S0 (which checks it with
+:func:`~flwr_fsl.helper.connection.verify_helper`) and hand it to clients out of band.
+``--print-fingerprint`` prints the fingerprint of the key file and exits.
+
+Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
+address cannot be bound.
+
+**Threat model.** As :mod:`flwr_fsl.helper.service`. The key file is S1's only secret: keep
+it readable by S1's user only (the loader refuses group/other access). The gRPC port is
+unauthenticated plain gRPC: bind it where only S0 can reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair
+from flwr_fsl.helper import wire
+from flwr_fsl.helper.server import format_address, start_server
+from flwr_fsl.helper.service import HelperService
+
+__all__ = ["load_or_create_key", "main"]
+
+_PROG = "flwr-fsl-helper"
+
+
+def load_or_create_key(path: Path, *, generate: bool) -> tuple[SealingKeyPair, bool]:
+    """Load S1's key pair, creating the file first when allowed.
+
+    Parameters
+    ----------
+    path : Path
+        Key file (PKCS#8 PEM, mode 0600).
+    generate : bool
+        Create a new key pair when the file does not exist.
+
+    Returns
+    -------
+    tuple[SealingKeyPair, bool]
+        The key pair and whether it was just created.
+
+    Raises
+    ------
+    SealedBoxError
+        If the file is missing (and ``generate`` is false), unreadable, too permissive or not
+        an X25519 key.
+    """
+    if not path.exists():
+        if not generate:
+            raise SealedBoxError(
+                f"key file {str(path)!r} does not exist (pass --generate-key to create it)"
+            )
+        keypair = SealingKeyPair.generate()
+        keypair.save(path)
+        return keypair, True
+    return SealingKeyPair.load(path), False
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=_PROG,
+        description="Helper server S1 of flwr_fsl's two-server secure submodel aggregation "
+        "and private submodel retrieval (Cui et al. 2023).",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9500, help="TCP port, 0 = any free (default 9500)")
+    p.add_argument("--key-file", type=Path, required=True, help="S1's X25519 key (PKCS#8 PEM)")
+    p.add_argument(
+        "--generate-key", action="store_true", help="create the key file if it does not exist"
+    )
+    p.add_argument(
+        "--print-fingerprint", action="store_true", help="print the key's fingerprint and exit"
+    )
+    p.add_argument("--workers", type=int, default=4, help="gRPC worker threads (default 4)")
+    p.add_argument("--max-open-rounds", type=int, default=4, help="rounds open at once (default 4)")
+    p.add_argument(
+        "--max-message-mib",
+        type=int,
+        default=wire.MAX_MESSAGE_BYTES >> 20,
+        help=f"gRPC message size limit in MiB (default and maximum {wire.MAX_MESSAGE_BYTES >> 20})",
+    )
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the helper server until SIGINT/SIGTERM.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Command-line arguments (``sys.argv[1:]`` by default).
+
+    Returns
+    -------
+    int
+        Exit code: 0 after a clean stop, 1 if the address cannot be bound, 2 for bad
+        arguments or key file.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not 1 <= args.max_message_mib <= wire.MAX_MESSAGE_BYTES >> 20:
+        parser.error(f"--max-message-mib must be in [1, {wire.MAX_MESSAGE_BYTES >> 20}]")
+    try:
+        keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
+        service = HelperService(keypair, max_open_rounds=args.max_open_rounds)
+    except (SealedBoxError, ValueError) as err:
+        print(f"{_PROG}: error: {err}", file=sys.stderr)
+        return 2
+    if created:
+        print(f"{_PROG}: created key file {args.key_file}", flush=True)
+    print(f"{_PROG}: public key fingerprint {keypair.fingerprint}", flush=True)
+    if args.print_fingerprint:
+        return 0
+    try:
+        server, port = start_server(
+            service,
+            args.host,
+            args.port,
+            max_workers=args.workers,
+            max_message_bytes=args.max_message_mib << 20,
+        )
+    except (OSError, ValueError) as err:
+        print(f"{_PROG}: error: {err}", file=sys.stderr)
+        return 1 if isinstance(err, OSError) else 2
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"{_PROG}: listening on {format_address(args.host, port)}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop(grace=2.0).wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    print(f"{_PROG}: stopped", flush=True)
+    return 0

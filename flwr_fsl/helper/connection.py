@@ -1,0 +1,542 @@
+"""S0's side of the helper server S1: one interface, two transports (gRPC and in-process).
+
+:class:`HelperConnection` is what a strategy codes against. :class:`HelperClient` reaches a
+running ``flwr-fsl-helper`` process over gRPC; :class:`InProcessHelper` wraps a
+:class:`~flwr_fsl.helper.service.HelperService` in the same process (simulation, tests). Both
+encode every request with :mod:`flwr_fsl.helper.wire`, hand the *bytes* to
+:meth:`HelperService.handle <flwr_fsl.helper.service.HelperService.handle>` (directly, or
+through gRPC) and decode the response bytes, so simulation exercises the deployment path.
+
+Errors (all :class:`~flwr_fsl.helper.errors.HelperError`):
+:class:`~flwr_fsl.helper.errors.HelperUnavailableError` when S1 cannot be reached (connection
+refused, deadline, closed connection) — fail the round and keep the global model;
+:class:`~flwr_fsl.helper.errors.HelperRequestError` when S1 refused the call (same message
+from both transports); plain :class:`~flwr_fsl.helper.errors.HelperError` for an S1 internal
+error, a malformed response or a pinned-key mismatch (:func:`verify_helper`).
+
+**Threat model.** As :mod:`flwr_fsl.helper.service`: S0 relays clients' sealed material it
+cannot read or alter; what S0 receives from S1 is S1's additive share (random on its own) and
+answers sealed to clients. S0 authenticates S1 by its pinned public-key fingerprint.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+import grpc
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.channel import (
+    SealedBoxError,
+    SealingKeyPair,
+    public_key_fingerprint,
+    verify_fingerprint,
+)
+from flwr_fsl.helper import wire
+from flwr_fsl.helper.errors import (
+    HelperError,
+    HelperRequestError,
+    HelperUnavailableError,
+    WireFormatError,
+)
+from flwr_fsl.helper.service import SERVICE_NAME, HelperService
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "HelperClient",
+    "HelperConnection",
+    "HelperHealth",
+    "HelperShare",
+    "InProcessHelper",
+    "verify_helper",
+]
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Default per-call deadline of :class:`HelperClient` (seconds)."""
+
+M = TypeVar("M", bound=wire.Message)
+
+
+@dataclass(frozen=True)
+class HelperHealth:
+    """S1's status.
+
+    Attributes
+    ----------
+    protocol_version : int
+        Wire format version S1 speaks.
+    fingerprint : str
+        Hex SHA-256 of S1's public key.
+    open_rounds : tuple[int, ...]
+        Rounds currently open on S1.
+    """
+
+    protocol_version: int
+    fingerprint: str
+    open_rounds: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class HelperShare:
+    """S1's result of a finished SSA round.
+
+    Attributes
+    ----------
+    share : numpy.ndarray
+        S1's additive share of the aggregate, ``(m, tau)`` uint64.
+    client_ids : tuple[int, ...]
+        The clients (sorted) whose keys are in the share: S0 must aggregate exactly these.
+    """
+
+    share: NDArray[np.uint64] = field(repr=False)
+    client_ids: tuple[int, ...]
+
+
+@runtime_checkable
+class HelperConnection(Protocol):
+    """What S0 can ask S1 (see :mod:`flwr_fsl.helper.service` for the round life cycle)."""
+
+    def health(self) -> HelperHealth:
+        """Return S1's status (also a reachability check)."""
+        ...
+
+    def public_key(self) -> bytes:
+        """Return S1's raw X25519 public key (pin it with :func:`verify_helper`)."""
+        ...
+
+    def open_round(self, round_id: int, params: bytes) -> None:
+        """Open a round with ``SSAParams.to_bytes()`` (its ``round_id`` must match)."""
+        ...
+
+    def add_clients(
+        self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, str]:
+        """Relay ``(client_id, public_part, sealed)`` SSA uploads; return rejection reasons."""
+        ...
+
+    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
+        """Relay ``(client_id, hint)`` U-DPF hints; return rejection reasons."""
+        ...
+
+    def finish_round(self, round_id: int) -> HelperShare:
+        """Close the round; return S1's share and its clients."""
+        ...
+
+    def abort_round(self, round_id: int) -> None:
+        """Drop an open round without a result."""
+        ...
+
+    def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
+        """Give S1 the round's PSR table, ``(m, value_width)`` uint64 ring words."""
+        ...
+
+    def psr_answer(
+        self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, bytes | str]:
+        """Relay ``(client_id, public_part, sealed)`` queries; return sealed answers or reasons."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection (idempotent)."""
+        ...
+
+
+class _Facade(abc.ABC):
+    """Shared request building and response checking of both transports."""
+
+    @abc.abstractmethod
+    def _transport(self, method: str, body: bytes) -> bytes:
+        """Send one encoded request and return the encoded response."""
+
+    def _call(self, method: str, request: wire.Message, expected: type[M]) -> M:
+        try:
+            body = wire.encode(request)
+        except WireFormatError as err:
+            raise HelperRequestError(f"cannot encode {method} request: {err}") from None
+        response = self._transport(method, body)
+        try:
+            return wire.decode(response, expected)
+        except WireFormatError as err:
+            raise HelperError(f"malformed {method} response from S1: {err}") from None
+
+    def health(self) -> HelperHealth:
+        """Return S1's status (also a reachability check).
+
+        Returns
+        -------
+        HelperHealth
+            Wire version, key fingerprint, open rounds.
+
+        Raises
+        ------
+        HelperError
+            If S1 is unreachable or answers with a malformed public key.
+        """
+        r = self._call("Health", wire.HealthRequest(), wire.HealthResponse)
+        try:
+            fp = public_key_fingerprint(r.public_key)
+        except SealedBoxError as err:
+            raise HelperError(f"S1 announced a malformed public key: {err}") from None
+        return HelperHealth(r.protocol_version, fp, r.open_rounds)
+
+    def public_key(self) -> bytes:
+        """Return S1's raw 32-byte X25519 public key.
+
+        Raises
+        ------
+        HelperError
+            If S1 is unreachable or the key is not 32 bytes.
+        """
+        key = self._call("PublicKey", wire.PublicKeyRequest(), wire.PublicKeyResponse).public_key
+        if len(key) != 32:
+            raise HelperError(f"S1 announced a {len(key)}-byte public key, expected 32")
+        return key
+
+    def open_round(self, round_id: int, params: bytes) -> None:
+        """Open a round on S1.
+
+        Parameters
+        ----------
+        round_id : int
+            The round (must equal ``params``' ``round_id``; never reused).
+        params : bytes
+            ``SSAParams.to_bytes()``.
+
+        Raises
+        ------
+        HelperRequestError
+            If the round was opened before, too many are open, or the parameters are bad.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        self._call("OpenRound", wire.OpenRoundRequest(round_id, params), wire.OkResponse)
+
+    def add_clients(
+        self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, str]:
+        """Relay clients' SSA uploads to S1.
+
+        Parameters
+        ----------
+        round_id : int
+            An open round.
+        uploads : iterable of (int, bytes, bytes)
+            ``(client_id, public_part, sealed)``; ``sealed`` from
+            :func:`~flwr_fsl.helper.sealing.seal_ssa_upload`.
+
+        Returns
+        -------
+        dict[int, str]
+            Client id -> reason, for the rejected clients only (they are not in S1's share;
+            drop them on S0 as well).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open, the request is malformed or repeats a client id.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in uploads))
+        r = self._call("AddClients", wire.AddClientsRequest(round_id, items), _Results)
+        return _rejections(r, items)
+
+    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
+        """Relay clients' public U-DPF hints to S1 (no sealing: the hint is public).
+
+        Parameters
+        ----------
+        round_id : int
+            An open round whose parameters carry the new epoch.
+        hints : iterable of (int, bytes)
+            ``(client_id, hint)``.
+
+        Returns
+        -------
+        dict[int, str]
+            Client id -> reason, for the rejected clients only.
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open or the request is malformed.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        items = _unique(tuple(wire.HintItem(int(c), h) for c, h in hints))
+        r = self._call("AddClientHints", wire.AddHintsRequest(round_id, items), _Results)
+        return _rejections(r, items)
+
+    def finish_round(self, round_id: int) -> HelperShare:
+        """Close a round and fetch S1's share.
+
+        Parameters
+        ----------
+        round_id : int
+            An open round.
+
+        Returns
+        -------
+        HelperShare
+            S1's ``(m, tau)`` uint64 share and the ids of the clients in it.
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        r = self._call("FinishRound", wire.FinishRoundRequest(round_id), wire.ShareResponse)
+        return HelperShare(r.share, r.client_ids)
+
+    def abort_round(self, round_id: int) -> None:
+        """Drop an open round (S1 keeps no result and no U-DPF keys from it).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        self._call("AbortRound", wire.AbortRoundRequest(round_id), wire.OkResponse)
+
+    def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
+        """Give S1 the table that the round's PSR queries are answered from.
+
+        Parameters
+        ----------
+        round_id : int
+            An open round.
+        table : numpy.ndarray
+            ``(m, value_width)`` uint64 (see :func:`flwr_fsl.protocols.psr.encode_table`).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open, already has a table, or the table has the wrong
+            dtype or shape.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        arr = np.asarray(table)
+        if arr.dtype != np.uint64:
+            raise HelperRequestError(f"PSR table must be uint64, got {arr.dtype}")
+        self._call("SetModel", wire.SetModelRequest(round_id, arr), wire.OkResponse)
+
+    def psr_answer(
+        self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, bytes | str]:
+        """Relay clients' PSR queries; collect S1's answers sealed to each client.
+
+        Parameters
+        ----------
+        round_id : int
+            An open round with a table.
+        queries : iterable of (int, bytes, bytes)
+            ``(client_id, public_part, sealed)``; ``sealed`` from
+            :func:`~flwr_fsl.helper.sealing.seal_psr_query`.
+
+        Returns
+        -------
+        dict[int, bytes | str]
+            Client id -> sealed answer (bytes, relay it to the client) or rejection reason
+            (str).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open or has no table, or the request is malformed.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in queries))
+        r = self._call("PsrAnswer", wire.PsrAnswerRequest(round_id, items), _Results)
+        _check_clients(r, items)
+        return {res.client_id: (res.payload if res.ok else res.reason) for res in r.results}
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources (idempotent)."""
+
+
+_Results = wire.ClientResultsResponse
+_I = TypeVar("_I", wire.SealedItem, wire.HintItem)
+
+
+def _unique(items: tuple[_I, ...]) -> tuple[_I, ...]:
+    ids = [it.client_id for it in items]
+    if len(set(ids)) != len(ids):
+        dup = sorted({c for c in ids if ids.count(c) > 1})
+        raise HelperRequestError(f"duplicate client ids in one request: {dup}")
+    return items
+
+
+def _check_clients(
+    response: wire.ClientResultsResponse, items: tuple[wire.SealedItem | wire.HintItem, ...]
+) -> None:
+    if [r.client_id for r in response.results] != [it.client_id for it in items]:
+        raise HelperError("S1 answered for other clients than it was asked about")
+
+
+def _rejections(
+    response: wire.ClientResultsResponse, items: tuple[wire.SealedItem | wire.HintItem, ...]
+) -> dict[int, str]:
+    _check_clients(response, items)
+    return {res.client_id: res.reason for res in response.results if not res.ok}
+
+
+# ------------------------------------------------------------------------------------------------
+# Transports
+# ------------------------------------------------------------------------------------------------
+
+
+class InProcessHelper(_Facade):
+    """S1 in this process, reached through exactly the bytes the gRPC server would get.
+
+    Parameters
+    ----------
+    service : HelperService, optional
+        The service to call; a new one with ``keypair`` (or a fresh key) by default.
+    keypair : SealingKeyPair, optional
+        Key pair of a new service (ignored when ``service`` is given).
+
+    Attributes
+    ----------
+    service : HelperService
+        The wrapped service (tests may inspect it).
+    """
+
+    def __init__(
+        self, service: HelperService | None = None, *, keypair: SealingKeyPair | None = None
+    ) -> None:
+        self.service = service or HelperService(keypair or SealingKeyPair.generate())
+        self._closed = False
+
+    def _transport(self, method: str, body: bytes) -> bytes:
+        if self._closed:
+            raise HelperUnavailableError("the in-process helper is closed")
+        try:
+            return self.service.handle(method, bytes(body))
+        except HelperRequestError as err:
+            raise HelperRequestError(str(err)) from None
+        except Exception as err:  # same surface as the gRPC transport's INTERNAL status
+            raise HelperError(
+                f"S1 call {method} failed (INTERNAL): S1 internal error: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+
+    def close(self) -> None:
+        """Close: later calls raise :class:`HelperUnavailableError`."""
+        self._closed = True
+
+
+def grpc_options(max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Return the gRPC channel/server options both ends use (message size limits).
+
+    Parameters
+    ----------
+    max_message_bytes : int
+        Send and receive limit (default :data:`flwr_fsl.helper.wire.MAX_MESSAGE_BYTES`,
+        512 MiB).
+
+    Returns
+    -------
+    list[tuple[str, int]]
+        ``grpc.max_send_message_length`` and ``grpc.max_receive_message_length``.
+    """
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class HelperClient(_Facade):
+    """S1 over gRPC (insecure channel: run S0–S1 on a private network).
+
+    The channel connects lazily; a call to an unreachable S1 fails fast with
+    :class:`HelperUnavailableError` (no waiting for the server to come up).
+
+    Parameters
+    ----------
+    address : str
+        ``host:port`` of the ``flwr-fsl-helper`` process.
+    timeout : float (default: 300.0)
+        Deadline of each call in seconds.
+
+    Raises
+    ------
+    ValueError
+        If ``address`` is empty or ``timeout`` is not positive.
+    """
+
+    def __init__(self, address: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        if not isinstance(address, str) or not address:
+            raise ValueError("address must be a non-empty 'host:port' string")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        self.address = address
+        self.timeout = float(timeout)
+        self._channel: grpc.Channel | None = grpc.insecure_channel(address, options=grpc_options())
+
+    def _transport(self, method: str, body: bytes) -> bytes:
+        if self._channel is None:
+            raise HelperUnavailableError(f"connection to S1 at {self.address} is closed")
+        call = self._channel.unary_unary(f"/{SERVICE_NAME}/{method}")
+        try:
+            response = call(body, timeout=self.timeout)
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+            details = err.details() if isinstance(err, grpc.Call) else str(err)
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise HelperUnavailableError(
+                    f"S1 at {self.address} unreachable ({code.name}): {details}"
+                ) from None
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise HelperRequestError(details or code.name) from None
+            raise HelperError(f"S1 call {method} failed ({code.name}): {details}") from None
+        except ValueError as err:  # grpc raises this on a closed channel
+            raise HelperUnavailableError(f"connection to S1 at {self.address}: {err}") from None
+        if not isinstance(response, bytes):
+            raise HelperError(f"S1 call {method} returned {type(response).__name__}")
+        return response
+
+    def close(self) -> None:
+        """Close the channel (idempotent); later calls raise :class:`HelperUnavailableError`."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+def verify_helper(connection: HelperConnection, pinned_fingerprint: str) -> bytes:
+    """Fetch S1's public key and check it against the fingerprint pinned in the run config.
+
+    Parameters
+    ----------
+    connection : HelperConnection
+        The connection to S1.
+    pinned_fingerprint : str
+        Hex SHA-256 of S1's public key (``flwr-fsl-helper`` prints it on start).
+
+    Returns
+    -------
+    bytes
+        S1's verified public key, to pass to clients for sealing.
+
+    Raises
+    ------
+    HelperError
+        If the key does not match (or the fingerprint is malformed).
+    HelperUnavailableError
+        If S1 cannot be reached.
+    """
+    key = connection.public_key()
+    try:
+        return verify_fingerprint(key, pinned_fingerprint)
+    except SealedBoxError as err:
+        raise HelperError(f"S1 is not the pinned helper: {err}") from None

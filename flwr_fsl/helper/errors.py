@@ -1,0 +1,34 @@
+"""Errors of the helper server S1 and of its S0-side connections.
+
+One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can catch
+:class:`HelperError` and fail the round loudly:
+
+* :class:`HelperUnavailableError` — S1 cannot be reached (connection refused, deadline passed,
+  process gone). The round must fail and the global model stay unchanged.
+* :class:`HelperRequestError` — S1 refused a whole call (malformed request, unknown or finished
+  round, wrong state). A *single client's* bad material is never an exception: it is reported
+  per client and the round goes on without that client.
+* :class:`WireFormatError` — bytes that do not parse as the helper wire format
+  (:mod:`flwr_fsl.helper.wire`). Raised to S1 for a bad request (and turned into a
+  :class:`HelperRequestError` answer) and to S0 for a bad response.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HelperError", "HelperRequestError", "HelperUnavailableError", "WireFormatError"]
+
+
+class HelperError(Exception):
+    """Base class of every helper (S1) error, including S1 internal errors seen by S0."""
+
+
+class HelperRequestError(HelperError, ValueError):
+    """S1 refused a call: malformed or oversized request, unknown round, wrong state."""
+
+
+class HelperUnavailableError(HelperError, ConnectionError):
+    """S1 cannot be reached: connection refused, deadline exceeded or channel closed."""
+
+
+class WireFormatError(HelperError, ValueError):
+    """Bytes are not a well-formed message of the helper wire format."""
