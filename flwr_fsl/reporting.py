@@ -339,6 +339,7 @@ def plot_histories(
         raise ValueError("histories must not be empty")
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as err:
         raise ImportError(
             "plotting needs matplotlib: pip install 'flwr_fsl[examples]' (or matplotlib)"
@@ -357,6 +358,7 @@ def plot_histories(
     ax_mb.set(xlabel="round", ylabel="upload MB per client", title="Upload per client vs round")
     ax_mb.set_ylim(bottom=0)
     for ax in (ax_acc, ax_mb):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     if title:
