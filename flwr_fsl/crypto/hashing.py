@@ -724,17 +724,11 @@ def cuckoo_hash(
             f"{params.num_bins} bins); use a larger scale_factor or stash_size, or a new key",
             index,
         )
-    occupied = np.flatnonzero(table != EMPTY)
-    held = table[occupied]
-    items_out = np.full(params.num_bins, EMPTY, dtype=np.int64)
-    items_out[occupied] = items[held]
-    hash_ids = np.full(params.num_bins, EMPTY, dtype=np.int64)
-    hash_ids[occupied] = np.argmax(candidates[held] == occupied[:, None], axis=1)
-    stashed = stash != EMPTY
-    stash[stashed] = items[stash[stashed]]
+    hash_ids = np.empty(params.num_bins, dtype=np.int64)
+    _kernels.resolve_cuckoo_table(items, candidates, table, stash, hash_ids)
     return CuckooTable(
         params=params,
-        items=_readonly(items_out),
+        items=_readonly(table),
         hash_ids=_readonly(hash_ids),
         stash=_readonly(stash),
     )
@@ -777,7 +771,7 @@ def simple_hash(params: HashParams, indices: ArrayLike | None = None) -> SimpleT
     total = int(bin_offsets[-1])
     bin_items = np.empty(total, dtype=np.int64)
     _kernels.fill_simple_bins(
-        items, candidates, bin_offsets, bin_items, np.empty(total, dtype=np.uint32)
+        items, candidates, bin_offsets, bin_items, np.empty(total, dtype=np.uint64)
     )
     return SimpleTable(
         params=params, bin_offsets=_readonly(bin_offsets), bin_items=_readonly(bin_items)

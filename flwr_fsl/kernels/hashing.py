@@ -204,73 +204,117 @@ def cuckoo_insert(
 
 
 @njit(cache=True)
+def resolve_cuckoo_table(
+    items: NDArray[np.int64],
+    candidates: NDArray[np.int64],
+    table: NDArray[np.int64],
+    stash: NDArray[np.int64],
+    hash_ids: NDArray[np.int64],
+) -> None:  # pragma: no cover - jitted
+    """Turn the item numbers of :func:`cuckoo_insert` into indices, and record hash ids.
+
+    Parameters
+    ----------
+    items : numpy.ndarray
+        ``(n,)`` int64 indices (row ``i`` of ``candidates`` belongs to ``items[i]``).
+    candidates : numpy.ndarray
+        ``(n, num_hashes)`` int64 candidate bins.
+    table : numpy.ndarray
+        ``(B,)`` int64 item numbers or ``EMPTY``; overwritten with the indices.
+    stash : numpy.ndarray
+        ``(stash_size,)`` int64 item numbers or ``EMPTY``; overwritten with the indices.
+    hash_ids : numpy.ndarray
+        ``(B,)`` int64 output: the lowest ``d`` with ``candidates[i, d] == b`` for the item
+        ``i`` in bin ``b``, or ``EMPTY``.
+    """
+    num_hashes = candidates.shape[1]
+    for b in range(table.shape[0]):
+        i = table[b]
+        hash_ids[b] = EMPTY
+        if i != EMPTY:
+            for d in range(num_hashes):
+                if candidates[i, d] == b:
+                    hash_ids[b] = d
+                    break
+            table[b] = items[i]
+    for s in range(stash.shape[0]):
+        if stash[s] != EMPTY:
+            stash[s] = items[stash[s]]
+
+
+@njit(cache=True)
 def fill_simple_bins(
     items: NDArray[np.int64],
     candidates: NDArray[np.int64],
     bin_offsets: NDArray[np.int64],
     bin_items: NDArray[np.int64],
-    bin_scratch: NDArray[np.uint32],
+    scratch: NDArray[np.uint64],
 ) -> None:  # pragma: no cover - jitted
     """Second pass of simple hashing: put every item into each of its distinct bins once.
 
     A stable two-level counting sort, so ascending ``items`` give sorted bins. Scattering
     ``n * η`` entries straight to ``B`` random bins misses the cache on almost every write;
-    instead pass 1 streams each entry (item, bin) to its *partition*, a run of ``2**shift``
-    consecutive bins holding about ``_PARTITION_ENTRIES`` entries, and pass 2 sorts each
-    partition into its bins inside the cache. The output arrays are allocated by the caller
-    (numpy puts large arrays on huge pages; numba's allocator faults on every 4 KiB page).
+    instead pass 1 streams each entry to its *partition*, a run of ``2**shift`` consecutive
+    bins holding about ``_PARTITION_ENTRIES`` entries, packed as one word
+    ``item << shift | (bin - first bin of the partition)``, and pass 2 sorts each partition
+    into its bins inside the cache. ``shift`` is lowered if the largest item needs more
+    than ``63 - shift`` bits (only for indices near ``2**62``; still correct, just slower).
+    The output arrays are allocated by the caller (numpy puts large arrays on huge pages;
+    numba's allocator faults on every 4 KiB page).
 
     Parameters
     ----------
     items : numpy.ndarray
-        ``(n,)`` int64 items, ascending.
+        ``(n,)`` int64 items, ascending, non-negative.
     candidates : numpy.ndarray
         ``(n, num_hashes)`` int64 candidate bins of each item.
     bin_offsets : numpy.ndarray
         ``(B + 1,)`` int64 CSR offsets (prefix sums of the counts of :func:`reduce_to_bins`).
     bin_items : numpy.ndarray
         ``(bin_offsets[B],)`` int64 output.
-    bin_scratch : numpy.ndarray
-        ``(bin_offsets[B],)`` uint32 scratch (the bin of each entry between the passes).
+    scratch : numpy.ndarray
+        ``(bin_offsets[B],)`` uint64 scratch for the packed entries between the passes.
     """
     n = candidates.shape[0]
     num_hashes = candidates.shape[1]
     num_bins = bin_offsets.shape[0] - 1
     total = bin_offsets[num_bins]
-    shift = 0
     # Largest power-of-two run of bins with at most _PARTITION_ENTRIES entries on average
-    # (no larger than the table; each test's product is at most 2**46, no overflow).
+    # (no larger than the table; each test's product is at most 2**46, no overflow) ...
+    shift = 0
     while (np.int64(2) << shift) <= num_bins and (
         np.int64(2) << shift
     ) * total <= _PARTITION_ENTRIES * num_bins:
         shift += 1
+    # ... whose in-partition bin offset fits beside the largest item in 63 bits.
+    item_bits = 0
+    if n > 0:
+        while item_bits < 63 and (np.int64(1) << item_bits) <= items[n - 1]:
+            item_bits += 1
+    shift = min(shift, 63 - item_bits)
+    ushift = np.uint64(shift)
+    low_mask = (np.uint64(1) << ushift) - np.uint64(1)
     num_parts = ((num_bins - 1) >> shift) + 1
     part_cursor = np.empty(num_parts, np.int64)
-    largest = 0
     for q in range(num_parts):
         part_cursor[q] = bin_offsets[q << shift]
-        size = bin_offsets[min((q + 1) << shift, num_bins)] - part_cursor[q]
-        largest = max(largest, size)
     for i in range(n):
+        word = np.uint64(items[i]) << ushift
         for d in range(num_hashes):
             if not _is_repeat(candidates, i, d):
                 b = candidates[i, d]
-                j = part_cursor[b >> shift]
-                bin_items[j] = items[i]
-                bin_scratch[j] = np.uint32(b)
-                part_cursor[b >> shift] = j + 1
-    part_items = np.empty(largest, np.int64)
-    part_bins = np.empty(largest, np.uint32)
+                q = b >> shift
+                j = part_cursor[q]
+                scratch[j] = word | (np.uint64(b) & low_mask)
+                part_cursor[q] = j + 1
     cursor = bin_offsets[:num_bins].copy()
     for q in range(num_parts):
-        start = bin_offsets[q << shift]
-        size = bin_offsets[min((q + 1) << shift, num_bins)] - start
-        for t in range(size):
-            part_items[t] = bin_items[start + t]
-            part_bins[t] = bin_scratch[start + t]
-        for t in range(size):
-            b = np.int64(part_bins[t])
-            bin_items[cursor[b]] = part_items[t]
+        first_bin = q << shift
+        for j in range(
+            bin_offsets[first_bin], bin_offsets[min(first_bin + (1 << shift), num_bins)]
+        ):
+            b = first_bin + np.int64(scratch[j] & low_mask)
+            bin_items[cursor[b]] = np.int64(scratch[j] >> ushift)
             cursor[b] += 1
 
 

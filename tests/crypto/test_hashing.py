@@ -156,6 +156,28 @@ def test_simple_table_of_a_subset(data: st.DataObject, domain_size: int, num_bin
     _check_simple_table(table, np.array(sorted(subset), dtype=np.int64))
 
 
+@pytest.mark.parametrize("num_bins", [1, 7, 1000, 2**20])
+def test_simple_table_of_huge_indices(num_bins: int) -> None:
+    # Indices near 2**62 leave few bits to pack the in-partition bin: the sort still holds.
+    rng = np.random.default_rng(num_bins)
+    indices = np.unique(
+        np.concatenate(
+            [rng.integers(2**61, 2**62, 3000), [0, 1, 12345, 2**40, 2**62 - 2, 2**62 - 1]]
+        )
+    )
+    params = HashParams(domain_size=2**62, num_bins=num_bins, key=KEY)
+    table = simple_hash(params, indices)
+    if num_bins <= 1000:
+        _check_simple_table(table, indices)
+    else:
+        item_bins = table.item_bins()
+        candidates = hash_bins(params, table.bin_items)
+        assert np.all(np.any(candidates == item_bins[:, None], axis=1))
+        assert table.bin_items.size == sum(len(set(row)) for row in hash_bins(params, indices))
+        for b in np.flatnonzero(table.bin_sizes > 1)[:200]:
+            assert np.all(np.diff(table.bin(int(b))) > 0)
+
+
 def test_simple_table_single_bin_collapses_collisions() -> None:
     params = HashParams(domain_size=10, num_bins=1, key=KEY, num_hashes=3)
     table = simple_hash(params)
