@@ -17,9 +17,10 @@ The hash functions are public and keyed; they hide nothing (the DPF keys do). Th
     h_d(x) = floor(B * w / 2**64),   w = first little-endian uint64 of AES_key(block),
     block = LE64(x) || LE64(HASH_TAG | d),
 
-computed for all ``n * η`` blocks of a call in one batched AES call. The key must be fresh
-per round and chosen after the clients' index sets (e.g. with :func:`generate_hash_key`), or a
-client could be given a set whose cuckoo insertion fails.
+computed with batched AES calls of ``2**14 * η`` blocks (cache-resident; faster than one
+call over all ``n * η`` blocks). The key must be fresh per round and chosen after the
+clients' index sets (e.g. with :func:`generate_hash_key`), or a client could be given a set
+whose cuckoo insertion fails.
 
 Conventions: every index, bin number, offset and position is ``int64``; ``EMPTY = -1``
 marks an empty cuckoo bin or stash slot. Indices live in ``[0, domain_size)``.
@@ -94,10 +95,11 @@ _CUI_TABLE_3: tuple[tuple[float, float], ...] = (
     (25.0, 1.28),
 )
 
-# Empirical stash-less η = 3 fit of cryptoTools (Rindal, CuckooIndex::selectParams; also used
-# by Ant Group's SPU): for n >= 2**9, stat_security = 240 * ε - log2(n) - 256; for smaller
-# n, stat_security = slope * ε + intercept per floor(log2 n). Used below 2**10, where Table 3
-# has no entry, for the slope in stat_security, and for the growth beyond 2**25.
+# Empirical stash-less η = 3 fit of cryptoTools (Rindal, github.com/ladnir/cryptoTools,
+# CuckooIndex::selectParams; also used by Ant Group's SPU): for n >= 2**9,
+# stat_security = 240 * ε - log2(n) - 256; for smaller n, stat_security = slope * ε + intercept
+# per floor(log2 n). Used below 2**10, where Table 3 has no entry, for the slope in
+# stat_security, and for the growth beyond 2**25.
 _FIT_LARGE_SLOPE = 240.0
 _FIT_LARGE_INTERCEPT = -256.0
 _FIT_SMALL_LINES: tuple[tuple[float, float], ...] = (
