@@ -1,0 +1,733 @@
+"""Helper server S1 through the in-process twin: SSA, PSR and U-DPF rounds end to end with the
+real protocol objects, every per-client rejection (the others stay exact), every whole-call
+refusal, the wire format (known answer, round trips, every malformed request) and sealing."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
+from flwr_fsl.helper import (
+    HelperError,
+    HelperRequestError,
+    HelperService,
+    HelperUnavailableError,
+    InProcessHelper,
+    open_psr_answer,
+    open_psr_query,
+    open_ssa_upload,
+    seal_psr_answer,
+    seal_psr_query,
+    seal_ssa_upload,
+    verify_helper,
+    wire,
+)
+from flwr_fsl.helper.connection import HelperConnection
+from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.protocols.psr import PSRServer, decode_answers, decode_table, encode_table, make_query
+from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, reconstruct
+
+M, K, WIDTH = 96, 8, 2
+
+
+def _key(n: int) -> bytes:
+    return hashlib.sha256(n.to_bytes(8, "little")).digest()[:16]
+
+
+def make_params(round_id: int, **kw: Any) -> SSAParams:
+    base = dict(
+        round_id=round_id,
+        domain_size=M,
+        num_items=K,
+        value_width=WIDTH,
+        hash_key=_key(1),
+        stash_size=1,  # PSRServer.answer fails with stash_size=0 (reported to the lead)
+        frac_bits=24,
+        max_abs=1e3,
+        max_summands=50,
+    )
+    base.update(kw)
+    return SSAParams(**base)
+
+
+@dataclass
+class Client:
+    cid: int
+    idx: np.ndarray
+    values: np.ndarray
+    weight: float
+    state: Any = field(default=None, repr=False)
+
+
+def make_clients(n: int, seed: int = 0) -> list[Client]:
+    rng = np.random.default_rng(seed)
+    return [
+        Client(
+            cid=10 + c,
+            idx=rng.choice(M, K, replace=False),
+            values=rng.uniform(-1, 1, size=(K, WIDTH)),
+            weight=float(c + 1),
+        )
+        for c in range(n)
+    ]
+
+
+def expected_sums(clients: list[Client]) -> tuple[np.ndarray, np.ndarray]:
+    sums, counts = np.zeros((M, WIDTH)), np.zeros(M)
+    for c in clients:
+        sums[c.idx] += c.weight * c.values
+        counts[c.idx] += c.weight
+    return sums, counts
+
+
+def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed: int = 0):
+    upload, client.state = encode_update(
+        params,
+        client.idx,
+        client.values,
+        client.weight,
+        rng=np.random.default_rng([epoch_seed, client.cid]),
+        master_seeds=(_key(1000 + client.cid), _key(2000 + client.cid)),
+    )
+    sealed = seal_ssa_upload(
+        helper_pub,
+        round_id=params.round_id,
+        client_id=client.cid,
+        public_part=upload.public_part,
+        master_seed=upload.master_seeds[1],
+    )
+    return upload, sealed
+
+
+def run_scenario(conn: HelperConnection) -> dict[str, Any]:
+    """A fixed, deterministic S0 session against S1: PSR + SSA round, U-DPF round, errors.
+
+    Returns a transcript of everything S0 observed; S1's shares are deterministic, sealed
+    answers are compared after opening.
+    """
+    out: dict[str, Any] = {}
+    pub = conn.public_key()
+    out["health"] = conn.health()
+    clients = make_clients(3)
+    # ---- round 1: PSR, then SSA with fresh keys (and bad clients) -----------------------------
+    p1 = make_params(1)
+    conn.open_round(1, p1.to_bytes())
+    rows = np.random.default_rng(7).normal(size=(M, WIDTH)).astype(np.float32)
+    table = encode_table(rows)
+    conn.set_model(1, table)
+    s0_psr = PSRServer(p1, 0, table)
+    queries, keys, relay = {}, {}, []
+    for c in clients:
+        q = make_query(
+            p1,
+            c.idx[:5],
+            rng=np.random.default_rng(c.cid),
+            master_seeds=(_key(3000 + c.cid), _key(4000 + c.cid)),
+        )
+        sealed, keys[c.cid] = seal_psr_query(
+            pub,
+            round_id=1,
+            client_id=c.cid,
+            public_part=q.upload.public_part,
+            master_seed=q.upload.master_seeds[1],
+        )
+        queries[c.cid] = q
+        relay.append((c.cid, q.upload.public_part, sealed))
+    bad_q = bytearray(relay[0][2])
+    bad_q[-1] ^= 1
+    relay.append((99, relay[0][1], bytes(bad_q)))
+    answers = conn.psr_answer(1, relay)
+    out["psr_rejected"] = {k: v for k, v in answers.items() if isinstance(v, str)}
+    retrieved = {}
+    for c in clients:
+        sealed_answer = answers[c.cid]
+        assert isinstance(sealed_answer, bytes)
+        a1 = open_psr_answer(keys[c.cid], sealed_answer, round_id=1, client_id=c.cid)
+        a0 = s0_psr.answer(queries[c.cid].upload.public_part, queries[c.cid].upload.master_seeds[0])
+        retrieved[c.cid] = decode_table(decode_answers(queries[c.cid], a0, a1), np.float32)
+    out["psr_rows"] = retrieved
+    out["psr_expected"] = {c.cid: rows[c.idx[:5]] for c in clients}
+
+    s0 = SSAServer(p1, 0)
+    good, relay = [], []
+    for c in clients:
+        upload, sealed = upload_for(p1, c, pub)
+        good.append((c.cid, upload))
+        relay.append((c.cid, upload.public_part, sealed))
+    u0, s_0 = relay[0][1], relay[0][2]
+    tampered = bytearray(s_0)
+    tampered[60] ^= 0x80
+    altered = bytearray(u0)
+    altered[-20] ^= 1
+    relay += [
+        (50, u0, bytes(tampered)),  # sealed blob tampered by S0
+        (51, bytes(altered), s_0),  # public part altered (and relabeled)
+        (52, u0, s_0),  # client 10's material relabeled as client 52
+    ]
+    out["rejected_1"] = conn.add_clients(1, relay)
+    out["replayed_1"] = conn.add_clients(1, [relay[1]])  # same client again in this round
+    for cid, upload in good:
+        s0.add_client(cid, upload.public_part, upload.master_seeds[0])
+    res = conn.finish_round(1)
+    out["share_1"] = res.share.tobytes()
+    out["clients_1"] = res.client_ids
+    out["result_1"] = reconstruct(p1, s0.share(), res.share)
+    # ---- round 2: U-DPF hints ------------------------------------------------------------------
+    p2 = make_params(2, epoch=1)
+    conn.open_round(2, p2.to_bytes())
+    s0_2 = SSAServer(p2, 0, s0.keys)
+    hints = []
+    for c in clients:
+        c.values = c.values * -2.0
+        hint = c.state.next_round(p2, c.values, c.weight, rng=np.random.default_rng([1, c.cid]))
+        hints.append((c.cid, hint))
+        s0_2.add_client_hint(c.cid, hint)
+    hints.append((77, hints[0][1]))  # no stored keys for client 77
+    out["rejected_2"] = conn.add_client_hints(2, hints)
+    res2 = conn.finish_round(2)
+    out["share_2"] = res2.share.tobytes()
+    out["clients_2"] = res2.client_ids
+    out["result_2"] = reconstruct(p2, s0_2.share(), res2.share)
+    out["clients"] = clients
+    # ---- refused calls -------------------------------------------------------------------------
+    errors = {}
+    for name, call in {
+        "finish again": lambda: conn.finish_round(1),
+        "reopen": lambda: conn.open_round(1, p1.to_bytes()),
+        "unknown round": lambda: conn.add_clients(5, []),
+        "round mismatch": lambda: conn.open_round(9, p1.to_bytes()),
+        "bad params": lambda: conn.open_round(9, b"{}"),
+        "no table": lambda: (conn.open_round(3, make_params(3).to_bytes()), conn.psr_answer(3, [])),
+        "bad table": lambda: conn.set_model(3, np.zeros((M, WIDTH + 1), np.uint64)),
+    }.items():
+        try:
+            call()
+        except HelperRequestError as err:
+            errors[name] = str(err)
+    conn.abort_round(3)
+    out["errors"] = errors
+    out["health_after"] = conn.health()
+    return out
+
+
+@pytest.fixture(scope="module")
+def transcript():
+    conn = InProcessHelper()
+    try:
+        yield run_scenario(conn), conn
+    finally:
+        conn.close()
+
+
+# ---- end to end --------------------------------------------------------------------------------
+
+
+def test_psr_retrieves_exact_rows_and_rejects_tampered_query(transcript):
+    t, _ = transcript
+    for cid, rows in t["psr_rows"].items():
+        np.testing.assert_array_equal(rows, t["psr_expected"][cid])
+    assert list(t["psr_rejected"]) == [99]
+    assert "authentication" in t["psr_rejected"][99]
+
+
+def test_ssa_round_reconstructs_the_good_clients_exactly(transcript):
+    t, _ = transcript
+    clients = t["clients"]
+    assert t["clients_1"] == tuple(c.cid for c in clients)
+    # Round 1 values are the values before the U-DPF round doubled and negated them.
+    r1 = [replace(c, values=c.values / -2.0) for c in clients]
+    sums, counts = expected_sums(r1)
+    np.testing.assert_allclose(t["result_1"].sums, sums, atol=1e-5)
+    np.testing.assert_allclose(t["result_1"].counts, counts, atol=1e-5)
+
+
+def test_bad_clients_rejected_for_that_client_only(transcript):
+    t, _ = transcript
+    rej = t["rejected_1"]
+    assert set(rej) == {50, 51, 52}
+    assert "authentication" in rej[50]  # tampered ciphertext
+    assert "authentication" in rej[51]  # relabeled: AD binds client id
+    assert "authentication" in rej[52]
+    assert t["replayed_1"] == {11: "client 11 already submitted in round 1 (duplicate or replay)"}
+
+
+def test_udpf_round_with_stored_keys(transcript):
+    t, _ = transcript
+    assert t["clients_2"] == tuple(c.cid for c in t["clients"])
+    assert set(t["rejected_2"]) == {77} and "no stored keys" in t["rejected_2"][77]
+    sums, counts = expected_sums(t["clients"])
+    np.testing.assert_allclose(t["result_2"].sums, sums, atol=1e-5)
+    np.testing.assert_allclose(t["result_2"].counts, counts, atol=1e-5)
+
+
+def test_refused_calls(transcript):
+    t, _ = transcript
+    e = t["errors"]
+    assert e["finish again"] == "round 1 is already finished or aborted"
+    assert "already opened" in e["reopen"]
+    assert e["unknown round"] == "round 5 is not open"
+    assert "parameters are for round 1, not 9" in e["round mismatch"]
+    assert "bad round parameters" in e["bad params"]
+    assert "no PSR table" in e["no table"]
+    assert "bad PSR table" in e["bad table"]
+    assert t["health"].open_rounds == () and t["health_after"].open_rounds == ()
+
+
+def test_public_part_altered_by_s0_is_caught_by_the_hash():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    params = make_params(1)
+    helper.open_round(1, params.to_bytes())
+    c = make_clients(1)[0]
+    upload, sealed = upload_for(params, c, pub)
+    altered = bytearray(upload.public_part)
+    altered[-20] ^= 1
+    rej = helper.add_clients(1, [(c.cid, bytes(altered), sealed)])
+    assert rej == {
+        c.cid: "SealedBoxError: public part does not match the sealed hash (altered in transit)"
+    }
+    # The genuine upload is then refused as a replay of the same client id in the round.
+    assert (
+        "already submitted" in helper.add_clients(1, [(c.cid, upload.public_part, sealed)])[c.cid]
+    )
+    assert helper.finish_round(1).client_ids == ()
+
+
+def test_malformed_keys_with_a_matching_hash_are_rejected():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    params = make_params(1)
+    helper.open_round(1, params.to_bytes())
+    garbage = b"FDPF" + bytes(40)
+    sealed = seal_ssa_upload(
+        pub, round_id=1, client_id=5, public_part=garbage, master_seed=bytes(16)
+    )
+    rej = helper.add_clients(1, [(5, garbage, sealed)])
+    assert rej[5].startswith("SSAInputError: malformed public part")
+
+
+def test_replay_from_an_earlier_round_is_rejected():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    c = make_clients(1)[0]
+    p1, p2 = make_params(1), make_params(2)
+    helper.open_round(1, p1.to_bytes())
+    upload, sealed = upload_for(p1, c, pub)
+    assert helper.add_clients(1, [(c.cid, upload.public_part, sealed)]) == {}
+    helper.finish_round(1)
+    helper.open_round(2, p2.to_bytes())
+    rej = helper.add_clients(2, [(c.cid, upload.public_part, sealed)])
+    assert "authentication" in rej[c.cid]
+
+
+def test_duplicate_ids_in_one_request():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    params = make_params(1)
+    helper.open_round(1, params.to_bytes())
+    c = make_clients(1)[0]
+    upload, sealed = upload_for(params, c, pub)
+    item = (c.cid, upload.public_part, sealed)
+    with pytest.raises(HelperRequestError, match="duplicate client ids"):
+        helper.add_clients(1, [item, item])
+    # A raw request with the duplicate (S0 bypassing the facade): the second is rejected.
+    body = wire.encode(wire.AddClientsRequest(1, (wire.SealedItem(*item),) * 2))
+    resp = wire.decode(helper.service.handle("AddClients", body), wire.ClientResultsResponse)
+    assert [r.ok for r in resp.results] == [True, False]
+    assert "already submitted" in resp.results[1].reason
+    assert helper.finish_round(1).client_ids == (c.cid,)
+
+
+def test_too_many_open_rounds_and_abort():
+    helper = InProcessHelper(HelperService(SealingKeyPair.generate(), max_open_rounds=2))
+    helper.open_round(1, make_params(1).to_bytes())
+    helper.open_round(2, make_params(2).to_bytes())
+    with pytest.raises(HelperRequestError, match="limit 2"):
+        helper.open_round(3, make_params(3).to_bytes())
+    helper.abort_round(1)
+    helper.open_round(3, make_params(3).to_bytes())
+    assert helper.health().open_rounds == (2, 3)
+    with pytest.raises(HelperRequestError, match="already finished or aborted"):
+        helper.abort_round(1)
+    with pytest.raises(HelperRequestError, match="already opened"):
+        helper.open_round(1, make_params(1).to_bytes())
+    helper.set_model(2, np.zeros((M, WIDTH), np.uint64))
+    with pytest.raises(HelperRequestError, match="already has a PSR table"):
+        helper.set_model(2, np.zeros((M, WIDTH), np.uint64))
+    with pytest.raises(HelperRequestError, match="uint64"):
+        helper.set_model(3, np.zeros((M, WIDTH), np.float64))
+
+
+def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    c = make_clients(1)[0]
+    p1 = make_params(1)
+    helper.open_round(1, p1.to_bytes())
+    upload, sealed = upload_for(p1, c, pub)
+    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
+    helper.abort_round(1)
+    helper.open_round(2, make_params(2, epoch=1).to_bytes())
+    hint = c.state.next_round(make_params(2, epoch=1), c.values, c.weight)
+    assert "no stored keys" in helper.add_client_hints(2, [(c.cid, hint)])[c.cid]
+    helper.abort_round(2)
+    # Stored keys from a finished round are dropped when a round with another hash key opens.
+    p3 = make_params(3)
+    helper.open_round(3, p3.to_bytes())
+    upload, sealed = upload_for(p3, c, pub)
+    helper.add_clients(3, [(c.cid, upload.public_part, sealed)])
+    helper.finish_round(3)
+    assert c.cid in helper.service._stored_keys
+    helper.open_round(4, make_params(4, hash_key=_key(2)).to_bytes())
+    assert helper.service._stored_keys == {}
+
+
+def test_hint_errors_are_per_client():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    c = make_clients(1)[0]
+    p1 = make_params(1)
+    helper.open_round(1, p1.to_bytes())
+    upload, sealed = upload_for(p1, c, pub)
+    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
+    helper.finish_round(1)
+    p2 = make_params(2, epoch=1)
+    helper.open_round(2, p2.to_bytes())
+    hint = c.state.next_round(p2, c.values, c.weight)
+    rej = helper.add_client_hints(2, [(c.cid, hint[:-3])])
+    assert "bad hint" in rej[c.cid]
+    assert "already submitted" in helper.add_client_hints(2, [(c.cid, hint)])[c.cid]
+
+
+def test_psr_errors_are_per_client():
+    helper = InProcessHelper()
+    pub = helper.public_key()
+    p = make_params(1)
+    helper.open_round(1, p.to_bytes())
+    helper.set_model(1, np.zeros((M, WIDTH), np.uint64))
+    q = make_query(p, [1, 2, 3])
+    sealed, _ = seal_psr_query(
+        pub,
+        round_id=1,
+        client_id=4,
+        public_part=q.upload.public_part,
+        master_seed=q.upload.master_seeds[1],
+    )
+    # An SSA-purpose blob offered as a PSR query does not open (purpose is bound).
+    ssa_blob = seal_ssa_upload(
+        pub,
+        round_id=1,
+        client_id=5,
+        public_part=q.upload.public_part,
+        master_seed=q.upload.master_seeds[1],
+    )
+    garbage = b"FDPF" + bytes(40)
+    bad_keys, _ = seal_psr_query(
+        pub, round_id=1, client_id=6, public_part=garbage, master_seed=bytes(16)
+    )
+    res = helper.psr_answer(
+        1,
+        [
+            (4, q.upload.public_part, sealed),
+            (5, q.upload.public_part, ssa_blob),
+            (6, garbage, bad_keys),
+        ],
+    )
+    assert isinstance(res[4], bytes)
+    assert "authentication" in res[5]
+    assert res[6].startswith("SSAInputError")
+    assert "already submitted" in helper.psr_answer(1, [(4, q.upload.public_part, sealed)])[4]
+
+
+# ---- connection surface ------------------------------------------------------------------------
+
+
+def test_public_key_pinning():
+    kp = SealingKeyPair.generate()
+    helper = InProcessHelper(keypair=kp)
+    assert isinstance(helper, HelperConnection)
+    assert helper.public_key() == kp.public_bytes
+    assert helper.health().fingerprint == kp.fingerprint
+    assert helper.health().protocol_version == wire.VERSION
+    assert verify_helper(helper, kp.fingerprint) == kp.public_bytes
+    with pytest.raises(HelperError, match="not the pinned helper"):
+        verify_helper(helper, SealingKeyPair.generate().fingerprint)
+
+
+def test_closed_twin_is_unavailable():
+    helper = InProcessHelper()
+    helper.close()
+    helper.close()
+    with pytest.raises(HelperUnavailableError):
+        helper.health()
+
+
+def test_internal_error_is_a_helper_error_not_a_request_error(monkeypatch):
+    helper = InProcessHelper()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(helper.service, "_handlers", {**helper.service._handlers, "Health": boom})
+    with pytest.raises(HelperError, match=r"INTERNAL.*RuntimeError: kaput") as info:
+        helper.health()
+    assert not isinstance(info.value, HelperRequestError)
+
+
+def test_malformed_response_is_a_helper_error(monkeypatch):
+    helper = InProcessHelper()
+    monkeypatch.setattr(helper.service, "handle", lambda method, body: b"FSHW\x01\x40\x00\x00")
+    with pytest.raises(HelperError, match="malformed Health response"):
+        helper.health()
+    monkeypatch.setattr(
+        helper.service,
+        "handle",
+        lambda method, body: wire.encode(wire.ClientResultsResponse((wire.ClientResult(1, True),))),
+    )
+    with pytest.raises(HelperError, match="other clients"):
+        helper.add_clients(1, [])
+
+
+def test_service_argument_validation():
+    with pytest.raises(ValueError):
+        HelperService(SealingKeyPair.generate(), max_open_rounds=0)
+    with pytest.raises(ValueError):
+        HelperService(b"key")  # type: ignore[arg-type]
+
+
+# ---- malformed requests at the service boundary ------------------------------------------------
+
+
+@pytest.fixture
+def service():
+    svc = HelperService(SealingKeyPair.generate())
+    svc.handle("OpenRound", wire.encode(wire.OpenRoundRequest(1, make_params(1).to_bytes())))
+    return svc
+
+
+def _add_request() -> bytes:
+    items = (wire.SealedItem(1, b"public", b"sealed"), wire.SealedItem(2, b"p", b"s"))
+    return wire.encode(wire.AddClientsRequest(1, items))
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b"XXXX" + b[4:], "bad magic"),
+        (lambda b: b[:4] + b"\x02" + b[5:], "unsupported wire version 2"),
+        (lambda b: b[:5] + b"\x05" + b[6:], "expected a ADD_CLIENTS message, got ADD_HINTS"),
+        (lambda b: b[:5] + b"\x30" + b[6:], "unknown message kind 48"),
+        (lambda b: b[:6] + b"\x01\x00" + b[8:], "reserved"),
+        (lambda b: b + b"\x00", "trailing bytes"),
+        (lambda b: b[:3], "truncated"),
+        (lambda b: b[:16] + struct.pack("<I", 2**32 - 1) + b[20:], "exceed the limit"),
+        (lambda b: b[:16] + struct.pack("<I", 50_000) + b[20:], "truncated"),
+        (lambda b: b[:28] + struct.pack("<I", 2**31) + b[32:], "truncated"),
+    ],
+)
+def test_malformed_requests_are_refused(service, mutate, message):
+    with pytest.raises(HelperRequestError, match=message):
+        service.handle("AddClients", mutate(_add_request()))
+
+
+def test_every_truncation_is_refused(service):
+    body = _add_request()
+    for n in range(len(body)):
+        with pytest.raises(HelperRequestError, match="malformed AddClients request"):
+            service.handle("AddClients", body[:n])
+
+
+def test_unknown_method_and_non_bytes(service):
+    with pytest.raises(HelperRequestError, match="unknown method"):
+        service.handle("Exec", b"")
+    with pytest.raises(HelperRequestError, match="must be bytes"):
+        service.handle("Health", "text")  # type: ignore[arg-type]
+
+
+def test_oversized_message_is_refused(service, monkeypatch):
+    body = _add_request()
+    monkeypatch.setattr(wire, "MAX_MESSAGE_BYTES", 64)
+    with pytest.raises(HelperRequestError, match="exceeds"):
+        service.handle("AddClients", body)
+    with pytest.raises(WireFormatError, match="exceeds the limit"):
+        wire.encode(wire.OpenRoundRequest(1, bytes(100)))
+
+
+def _set_model_body(array_bytes: bytes) -> bytes:
+    return b"FSHW\x01\x08\x00\x00" + struct.pack("<Q", 1) + array_bytes
+
+
+@pytest.mark.parametrize(
+    "array_bytes, message",
+    [
+        (b"\x09\x02" + struct.pack("<QQ", 1, 1) + bytes(8), "unknown dtype code 9"),
+        (b"\x01\x05" + struct.pack("<5Q", 1, 1, 1, 1, 1) + bytes(8), "5 dimensions"),
+        (b"\x01\x02" + struct.pack("<QQ", 2**40, 2**40), "truncated"),
+        (b"\x01\x02" + struct.pack("<QQ", 2, 2) + bytes(31), "truncated"),
+        (b"\x04\x02" + struct.pack("<QQ", 1, 1) + bytes(8), "must be a uint64 array"),
+    ],
+)
+def test_malformed_arrays_are_refused(service, array_bytes, message):
+    with pytest.raises(HelperRequestError, match=message):
+        service.handle("SetModel", _set_model_body(array_bytes))
+
+
+# ---- wire format -------------------------------------------------------------------------------
+
+
+def test_wire_known_answer():
+    msg = wire.AddClientsRequest(7, (wire.SealedItem(258, b"ab", b"xyz"),))
+    assert wire.encode(msg) == (
+        b"FSHW\x01\x04\x00\x00"
+        + (7).to_bytes(8, "little")
+        + (1).to_bytes(4, "little")
+        + (258).to_bytes(8, "little")
+        + b"\x02\x00\x00\x00ab"
+        + b"\x03\x00\x00\x00xyz"
+    )
+    arr = wire.encode(wire.ArrayMessage(np.array([[1, 2]], np.uint64)))
+    assert arr == b"FSHW\x01\x45\x00\x00\x01\x02" + struct.pack("<QQQQ", 1, 2, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        wire.HealthRequest(),
+        wire.PublicKeyRequest(),
+        wire.OpenRoundRequest(2**64 - 1, b"params"),
+        wire.AddClientsRequest(3, ()),
+        wire.AddClientsRequest(3, (wire.SealedItem(0, b"", b""), wire.SealedItem(9, b"p", b"s"))),
+        wire.AddHintsRequest(4, (wire.HintItem(1, b"h"),)),
+        wire.FinishRoundRequest(5),
+        wire.AbortRoundRequest(6),
+        wire.PsrAnswerRequest(7, (wire.SealedItem(1, b"p", b"s"),)),
+        wire.OkResponse(),
+        wire.HealthResponse(1, bytes(32), (1, 2)),
+        wire.PublicKeyResponse(bytes(32)),
+        wire.ClientResultsResponse(
+            (wire.ClientResult(1, True, b"x"), wire.ClientResult(2, False, b"no"))
+        ),
+    ],
+)
+def test_wire_round_trip(msg):
+    assert wire.decode(wire.encode(msg), type(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.uint64).reshape(3, 4),
+        np.zeros((0, 3), np.uint64),
+        np.array(5, np.uint64),
+        np.arange(6, dtype=">u8").reshape(2, 3),  # big-endian input is normalized
+        np.arange(24, dtype=np.uint64).reshape(2, 3, 2, 2)[:, ::2],  # non-contiguous
+    ],
+)
+def test_wire_arrays_round_trip(array):
+    for msg in (wire.SetModelRequest(1, array), wire.ShareResponse((1, 2), array)):
+        got = wire.decode(wire.encode(msg), type(msg))
+        arr = got.table if isinstance(got, wire.SetModelRequest) else got.share
+        assert arr.dtype == np.uint64 and arr.flags.writeable
+        np.testing.assert_array_equal(arr, array)
+    for dtype in (np.int64, np.float32, np.float64, np.uint8):
+        a = np.asarray(array).astype(dtype)
+        got = wire.decode(wire.encode(wire.ArrayMessage(a)), wire.ArrayMessage).array
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, a)
+
+
+@pytest.mark.parametrize(
+    "msg, message",
+    [
+        (wire.FinishRoundRequest(-1), "u64 field"),
+        (wire.FinishRoundRequest(2**64), "u64 field"),
+        (wire.FinishRoundRequest(True), "u64 field"),
+        (wire.OpenRoundRequest(1, "text"), "expected bytes"),  # type: ignore[arg-type]
+        (wire.ArrayMessage(np.array([1 + 2j])), "unsupported array dtype"),
+        (wire.ArrayMessage(np.zeros((1,) * 5)), "5 dimensions"),
+        (wire.AddHintsRequest(1, (wire.HintItem(1, b""),) * (wire.MAX_ITEMS + 1)), "exceed"),
+    ],
+)
+def test_wire_encode_validation(msg, message):
+    with pytest.raises(WireFormatError, match=message):
+        wire.encode(msg)
+
+
+def test_wire_decode_rejects_bad_status_and_non_messages():
+    body = wire.encode(wire.ClientResultsResponse((wire.ClientResult(1, True),)))
+    bad = body[:20] + b"\x02" + body[21:]
+    with pytest.raises(WireFormatError, match="bad client status 2"):
+        wire.decode(bad, wire.ClientResultsResponse)
+    with pytest.raises(WireFormatError, match="not a wire message"):
+        wire.encode(object())  # type: ignore[arg-type]
+
+
+# ---- sealing -----------------------------------------------------------------------------------
+
+
+def test_sealing_round_trips_and_bindings():
+    s1 = SealingKeyPair.generate()
+    public, seed = b"public part", bytes(range(16))
+    blob = seal_ssa_upload(
+        s1.public_bytes, round_id=3, client_id=4, public_part=public, master_seed=seed
+    )
+    assert len(blob) == 48 + 56
+    assert open_ssa_upload(s1, blob, round_id=3, client_id=4, public_part=public) == seed
+    for kw in (
+        dict(round_id=4, client_id=4, public_part=public),
+        dict(round_id=3, client_id=5, public_part=public),
+        dict(round_id=3, client_id=4, public_part=public + b"!"),
+    ):
+        with pytest.raises(SealedBoxError):
+            open_ssa_upload(s1, blob, **kw)
+    q, answer_key = seal_psr_query(
+        s1.public_bytes, round_id=3, client_id=4, public_part=public, master_seed=seed
+    )
+    got_seed, got_key = open_psr_query(s1, q, round_id=3, client_id=4, public_part=public)
+    assert got_seed == seed and got_key == answer_key.public_bytes
+    with pytest.raises(SealedBoxError):  # purposes are not interchangeable
+        open_ssa_upload(s1, q, round_id=3, client_id=4, public_part=public)
+    answer = np.arange(6, dtype=np.uint64).reshape(3, 2)
+    sealed = seal_psr_answer(got_key, answer, round_id=3, client_id=4)
+    np.testing.assert_array_equal(
+        open_psr_answer(answer_key, sealed, round_id=3, client_id=4), answer
+    )
+    with pytest.raises(SealedBoxError):  # S1 itself cannot open the answer
+        open_psr_answer(s1, sealed, round_id=3, client_id=4)
+
+
+def test_sealing_rejects_bad_inputs():
+    s1 = SealingKeyPair.generate()
+    with pytest.raises(SealedBoxError, match="master seed"):
+        seal_ssa_upload(s1.public_bytes, round_id=1, client_id=1, public_part=b"", master_seed=b"x")
+    with pytest.raises(SealedBoxError, match="public part must be bytes"):
+        seal_ssa_upload(
+            s1.public_bytes,
+            round_id=1,
+            client_id=1,
+            public_part="p",  # type: ignore[arg-type]
+            master_seed=bytes(16),
+        )
+    ad = associated_data(purpose="ssa", round=1, client=1, sender="client", recipient="S1")
+    short = seal(s1.public_bytes, bytes(47), associated_data=ad)
+    with pytest.raises(SealedBoxError, match="47 bytes, expected 48"):
+        open_ssa_upload(s1, short, round_id=1, client_id=1, public_part=b"")
+    key = SealingKeyPair.generate()
+    ad = associated_data(purpose="psr-answer", round=1, client=1, sender="S1", recipient="client")
+    with pytest.raises(SealedBoxError, match="not a wire array"):
+        open_psr_answer(
+            key, seal(key.public_bytes, b"junk", associated_data=ad), round_id=1, client_id=1
+        )
+    floats = wire.encode(wire.ArrayMessage(np.zeros(2, np.float64)))
+    with pytest.raises(SealedBoxError, match="must be uint64"):
+        open_psr_answer(
+            key, seal(key.public_bytes, floats, associated_data=ad), round_id=1, client_id=1
+        )
+    with pytest.raises(SealedBoxError, match="cannot seal"):
+        seal_psr_answer(bytes(32), np.zeros(2, np.uint64), round_id=1, client_id=1)
