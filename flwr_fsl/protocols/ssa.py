@@ -283,19 +283,19 @@ def place_indices(
     table = simple_table if simple_table is not None else simple_table_for(params)
     cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
     positions = cuckoo.positions(table)
-    slot_of = {int(v): i for i, v in enumerate(idx)}
     num_bins = params.hash_params.num_bins
     alphas = np.zeros(params.num_keys, np.uint64)
     slots = np.full(params.num_keys, EMPTY, np.int64)
     occupied = cuckoo.occupied
     alphas[:num_bins][occupied] = positions[occupied].astype(np.uint64)
+    # Slot lookup through the distinct indices, sorted once (k log k, no per-item Python).
     order = np.argsort(idx, kind="stable")
     sorted_idx = idx[order]
     slots[:num_bins][occupied] = order[np.searchsorted(sorted_idx, cuckoo.items[occupied])]
-    for s, item in enumerate(cuckoo.stash):
-        if item != EMPTY:
-            alphas[num_bins + s] = np.uint64(item)
-            slots[num_bins + s] = slot_of[int(item)]
+    stash_used = cuckoo.stash != EMPTY
+    stash_items = cuckoo.stash[stash_used]
+    alphas[num_bins:][stash_used] = stash_items.astype(np.uint64)
+    slots[num_bins:][stash_used] = order[np.searchsorted(sorted_idx, stash_items)]
     return Placement(alphas, slots, cuckoo)
 
 
