@@ -1,4 +1,4 @@
-"""Cryptographic primitives: AES-based PRG/PRF/stream and distributed point functions (DPF)."""
+"""Cryptographic primitives: AES PRG/PRF/stream, DPFs, cuckoo/simple hashing, fixed point."""
 
 from flwr_fsl.crypto.dpf import (
     MAX_DOMAIN_BITS,
@@ -20,6 +20,21 @@ from flwr_fsl.crypto.dpf import (
     update,
     update_batch,
 )
+from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
+from flwr_fsl.crypto.hashing import (
+    EMPTY,
+    CuckooInsertionError,
+    CuckooTable,
+    HashParams,
+    SimpleTable,
+    choose_scale_factor,
+    cuckoo_hash,
+    generate_hash_key,
+    hash_bins,
+    num_bins_for,
+    positions_in_bins,
+    simple_hash,
+)
 from flwr_fsl.crypto.prg import (
     ctr_stream,
     derive_root_seeds,
@@ -30,28 +45,42 @@ from flwr_fsl.crypto.prg import (
 )
 
 __all__ = [
+    "EMPTY",
     "MAX_DOMAIN_BITS",
     "MAX_TAU",
+    "CuckooInsertionError",
+    "CuckooTable",
     "DPFKey",
     "DPFKeyBatch",
     "DPFKeyError",
     "DPFPublicBatch",
     "DPFPublicKey",
+    "FixedPoint",
+    "FixedPointOverflowError",
+    "HashParams",
+    "SimpleTable",
     "UpdateHint",
+    "choose_scale_factor",
     "ctr_stream",
+    "cuckoo_hash",
     "derive_root_seeds",
     "evaluate",
     "evaluate_at",
     "evaluate_at_batch",
     "evaluate_batch",
+    "generate_hash_key",
     "generate_keys",
     "generate_keys_batch",
+    "hash_bins",
     "mmo_hash",
     "mmo_prg",
     "next_hint",
     "next_hint_batch",
+    "num_bins_for",
+    "positions_in_bins",
     "prf_blocks",
     "random_seeds",
+    "simple_hash",
     "update",
     "update_batch",
 ]
