@@ -341,7 +341,9 @@ def test_duplicate_ids_in_one_request():
     resp = wire.decode(helper.service.handle("AddClients", body), wire.ClientResultsResponse)
     assert [r.ok for r in resp.results] == [True, False]
     assert "already submitted" in resp.results[1].reason
-    assert helper.finish_round(1).client_ids == (c.cid,)
+    ids, share = helper.finish_round(1)  # HelperShare is a named tuple
+    assert ids == (c.cid,)
+    assert share.dtype == np.uint64 and share.shape == (M, params.tau)
 
 
 def test_too_many_open_rounds_and_abort():

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import grpc
 import numpy as np
@@ -80,20 +80,19 @@ class HelperHealth:
     open_rounds: tuple[int, ...]
 
 
-@dataclass(frozen=True, eq=False)
-class HelperShare:
-    """S1's result of a finished SSA round.
+class HelperShare(NamedTuple):
+    """S1's result of a finished SSA round (a named tuple: ``ids, share = finish_round(r)``).
 
     Attributes
     ----------
-    share : numpy.ndarray
-        S1's additive share of the aggregate, ``(m, tau)`` uint64.
     client_ids : tuple[int, ...]
         The clients (sorted) whose keys are in the share: S0 must aggregate exactly these.
+    share : numpy.ndarray
+        S1's additive share of the aggregate, ``(m, tau)`` uint64.
     """
 
-    share: NDArray[np.uint64] = field(repr=False)
     client_ids: tuple[int, ...]
+    share: NDArray[np.uint64]
 
 
 @runtime_checkable
@@ -282,7 +281,8 @@ class _Facade(abc.ABC):
         Returns
         -------
         HelperShare
-            S1's ``(m, tau)`` uint64 share and the ids of the clients in it.
+            ``(client_ids, share)``: the ids of the clients in S1's share and the
+            ``(m, tau)`` uint64 share.
 
         Raises
         ------
@@ -292,7 +292,7 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         r = self._call("FinishRound", wire.FinishRoundRequest(round_id), wire.ShareResponse)
-        return HelperShare(r.share, r.client_ids)
+        return HelperShare(r.client_ids, r.share)
 
     def abort_round(self, round_id: int) -> None:
         """Drop an open round (S1 keeps no result and no U-DPF keys from it).

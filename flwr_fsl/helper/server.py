@@ -122,8 +122,10 @@ def start_server(
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as err:
+        server.stop(None)
         raise OSError(f"cannot bind {address}: {err}") from None
     if bound == 0:
+        server.stop(None)
         raise OSError(f"cannot bind {address}")
     server.start()
     return server, bound

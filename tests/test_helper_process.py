@@ -1,0 +1,254 @@
+"""The real ``python -m flwr_fsl.helper`` process over gRPC: the same session as the in-process
+twin gives byte-identical shares and identical per-client results and refusals; unreachable
+helpers fail fast with HelperUnavailableError; CLI exit codes and key handling."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.helper import (
+    HelperClient,
+    HelperError,
+    HelperRequestError,
+    HelperUnavailableError,
+    InProcessHelper,
+    verify_helper,
+)
+from flwr_fsl.helper.cli import main
+from tests.test_helper import run_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 120  # generous: a cold numba cache compiles kernels on first import
+
+
+class HelperProcess:
+    """A ``python -m flwr_fsl.helper`` child on a free loopback port (``--port 0``)."""
+
+    def __init__(self, key_file: Path, log_file: Path) -> None:
+        self.log_file = log_file
+        self._log = open(log_file, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "flwr_fsl.helper",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--key-file",
+                str(key_file),
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.fingerprint = ""
+        self.address = ""
+        while not self.address:
+            try:
+                line = self.lines.get(timeout=READY_TIMEOUT_S)
+            except queue.Empty:
+                self.stop()
+                raise RuntimeError(f"helper not ready; log:\n{self.log_file.read_text()}") from None
+            if line == "":
+                self.stop()
+                raise RuntimeError(f"helper exited; log:\n{self.log_file.read_text()}")
+            if "public key fingerprint" in line:
+                self.fingerprint = line.rsplit(" ", 1)[1]
+            if "listening on" in line:
+                self.address = line.rsplit(" ", 1)[1]
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            self.stdout.append(line)
+            self.lines.put(line)
+        self.lines.put("")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("s1") / "s1.pem"
+    SealingKeyPair.generate().save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def helper_process(key_file, tmp_path_factory):
+    proc = HelperProcess(key_file, tmp_path_factory.mktemp("log") / "helper.log")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_process_matches_the_in_process_twin(helper_process, key_file):
+    client = HelperClient(helper_process.address, timeout=120)
+    twin = InProcessHelper(keypair=SealingKeyPair.load(key_file))
+    try:
+        assert helper_process.fingerprint == SealingKeyPair.load(key_file).fingerprint
+        assert verify_helper(client, helper_process.fingerprint) == twin.public_key()
+        remote, local = run_scenario(client), run_scenario(twin)
+    finally:
+        client.close()
+        twin.close()
+    for key in (
+        "share_1",
+        "share_2",
+        "clients_1",
+        "clients_2",
+        "rejected_1",
+        "replayed_1",
+        "rejected_2",
+        "psr_rejected",
+        "errors",
+        "health",
+        "health_after",
+    ):
+        assert remote[key] == local[key], key
+    assert len(remote["errors"]) == 7
+    for cid, rows in local["psr_rows"].items():
+        np.testing.assert_array_equal(remote["psr_rows"][cid], rows)
+        np.testing.assert_array_equal(rows, local["psr_expected"][cid])
+    for key in ("result_1", "result_2"):
+        np.testing.assert_array_equal(remote[key].sums, local[key].sums)
+        np.testing.assert_array_equal(remote[key].counts, local[key].counts)
+
+
+def test_large_messages_pass_the_grpc_limit(helper_process):
+    client = HelperClient(helper_process.address, timeout=120)
+    try:
+        # 8 MiB (over gRPC's 4 MiB default): delivered, then refused by S1's parameter parser.
+        with pytest.raises(HelperRequestError, match="bad round parameters"):
+            client.open_round(100, b"{" + bytes(8 << 20))
+    finally:
+        client.close()
+
+
+def test_refused_call_over_grpc_is_a_request_error(helper_process):
+    client = HelperClient(helper_process.address, timeout=60)
+    try:
+        with pytest.raises(HelperRequestError, match="round 12345 is not open"):
+            client.finish_round(12345)
+    finally:
+        client.close()
+    with pytest.raises(HelperUnavailableError, match="closed"):
+        client.health()
+
+
+def test_sigterm_stops_cleanly(key_file, tmp_path):
+    proc = HelperProcess(key_file, tmp_path / "helper.log")
+    assert proc.stop() == 0
+    assert proc.stdout[-1] == "flwr-fsl-helper: stopped"
+
+
+def test_unreachable_helper_fails_fast():
+    client = HelperClient(f"127.0.0.1:{_free_port()}", timeout=10)
+    try:
+        with pytest.raises(HelperUnavailableError, match="UNAVAILABLE"):
+            client.health()
+        with pytest.raises(HelperUnavailableError):
+            client.open_round(1, b"")
+    finally:
+        client.close()
+
+
+def test_silent_peer_hits_the_deadline():
+    with socket.socket() as sock:  # accepts TCP, never speaks HTTP/2
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        client = HelperClient(f"127.0.0.1:{sock.getsockname()[1]}", timeout=0.5)
+        try:
+            with pytest.raises(HelperUnavailableError, match=r"DEADLINE_EXCEEDED|UNAVAILABLE"):
+                client.health()
+        finally:
+            client.close()
+
+
+def test_client_argument_validation():
+    with pytest.raises(ValueError):
+        HelperClient("")
+    with pytest.raises(ValueError):
+        HelperClient("127.0.0.1:1", timeout=0)
+    assert issubclass(HelperUnavailableError, HelperError)
+
+
+# ---- CLI (in process, no server started) --------------------------------------------------------
+
+
+def test_cli_missing_key_file_needs_generate_flag(tmp_path, capsys):
+    path = tmp_path / "k.pem"
+    assert main(["--key-file", str(path), "--print-fingerprint"]) == 2
+    assert "--generate-key" in capsys.readouterr().err
+    assert main(["--key-file", str(path), "--generate-key", "--print-fingerprint"]) == 0
+    out = capsys.readouterr().out
+    fingerprint = SealingKeyPair.load(path).fingerprint
+    assert f"created key file {path}" in out and fingerprint in out
+    assert (path.stat().st_mode & 0o777) == 0o600
+    # An existing key is reused, never replaced.
+    assert main(["--key-file", str(path), "--generate-key", "--print-fingerprint"]) == 0
+    assert fingerprint in capsys.readouterr().out
+    assert SealingKeyPair.load(path).fingerprint == fingerprint
+
+
+def test_cli_refuses_loose_key_file(tmp_path, capsys):
+    path = SealingKeyPair.generate().save(tmp_path / "k.pem")
+    path.chmod(0o644)
+    assert main(["--key-file", str(path), "--print-fingerprint"]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+
+
+def test_cli_port_in_use(tmp_path, capsys):
+    path = SealingKeyPair.generate().save(tmp_path / "k.pem")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert main(["--key-file", str(path), "--port", str(port)]) == 1
+    assert "cannot bind" in capsys.readouterr().err
+
+
+def test_cli_bad_arguments(tmp_path):
+    path = SealingKeyPair.generate().save(tmp_path / "k.pem")
+    with pytest.raises(SystemExit) as info:
+        main(["--key-file", str(path), "--max-message-mib", "0"])
+    assert info.value.code == 2
+    assert main(["--key-file", str(path), "--max-open-rounds", "0"]) == 2
+    assert main(["--key-file", str(path), "--port", "70000"]) == 2
