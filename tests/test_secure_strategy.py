@@ -1,0 +1,183 @@
+"""SecureFedSubAvg + ssa_mod + the in-process S1: equals plaintext top-k FedSubAvg; failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
+from flwr_fsl.mods import ssa_mod, topk_mod
+from flwr_fsl.mods.ssa_records import SSA_UPLOAD_KEY
+from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
+from flwr_fsl.testing import InProcessGrid
+from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record
+
+
+@pytest.fixture(scope="module")
+def helper_key() -> SealingKeyPair:
+    return SealingKeyPair.generate()
+
+
+def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2):  # type: ignore[no-untyped-def]
+    run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
+    grid = InProcessGrid(make_app([*mods, ssa_mod, topk_mod]), num_nodes, run_config)
+    helper = helper or InProcessHelper(keypair=key)
+    strategy = SecureFedSubAvg(
+        helper,
+        topk_ratio=ratio,
+        helper_fingerprint=key.fingerprint,
+        min_available_nodes=num_nodes,
+        frac_bits=32,
+        max_abs=1e3,
+    )
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
+    return strategy, result, grid
+
+
+def _plaintext_run(k: int, rounds: int = 2, num_nodes: int = 4, drop=None):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(
+        make_app([topk_mod]),
+        num_nodes,
+        {"topk-count": k, "topk-error-feedback": False},
+        drop_nodes=drop,
+    )
+    strategy = FedSubAvg(min_available_nodes=num_nodes)
+    return strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
+
+
+def _k(ratio: float) -> int:
+    m = sum(v.size for v in MODEL.values() if v.dtype == np.float32)
+    return int(np.ceil(ratio * m))
+
+
+def test_secure_round_equals_plaintext_topk_fedsubavg(helper_key: SealingKeyPair) -> None:
+    strategy, secure, _ = _secure_run(helper_key)
+    plain = _plaintext_run(_k(0.2))
+    assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}}
+    for name, value in MODEL.items():
+        if value.dtype == np.float32:
+            np.testing.assert_allclose(
+                secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+            )
+        else:  # integer buffers are not securely aggregated: unchanged
+            np.testing.assert_array_equal(secure.arrays[name].numpy(), value)
+    # What went up is DPF keys, not arrays.
+    up = [t for t in strategy.traffic if t.phase == "train"][0]
+    assert all(v > 0 for v in up.up_bytes.values())
+
+
+def test_reply_content_has_no_arrays(helper_key: SealingKeyPair) -> None:
+    seen: list[RecordDict] = []
+
+    def spy(msg, context, call_next):  # type: ignore[no-untyped-def]
+        reply = call_next(msg, context)
+        if msg.metadata.message_type == "train":
+            seen.append(reply.content)
+        return reply
+
+    _secure_run(helper_key, rounds=1, mods=(spy,))
+    assert seen and all(set(c.keys()) == {SSA_UPLOAD_KEY, "metrics"} for c in seen)
+    assert all(not c.array_records for c in seen)
+
+
+def _garble(c: RecordDict) -> RecordDict:
+    rec = c[SSA_UPLOAD_KEY]
+    rec["public"] = bytes(rec["public"])[:-7]  # type: ignore[arg-type]
+    return c
+
+
+def _tamper_sealed(c: RecordDict) -> RecordDict:
+    rec = c[SSA_UPLOAD_KEY]
+    sealed = bytearray(rec["sealed"])  # type: ignore[arg-type]
+    sealed[-1] ^= 1
+    rec["sealed"] = bytes(sealed)
+    return c
+
+
+@pytest.mark.parametrize("corrupt, reason", [(_garble, "public"), (_tamper_sealed, "S1")])
+def test_bad_client_is_dropped_and_the_rest_stays_exact(
+    helper_key: SealingKeyPair,
+    corrupt,
+    reason: str,  # type: ignore[no-untyped-def]
+) -> None:
+    strategy, secure, grid = _secure_run(helper_key, rounds=1, mods=(corrupt_mod(1, corrupt),))
+    bad = list(grid.get_node_ids())[1]
+    assert set(strategy.dropped[1]) == {bad}
+    plain = _plaintext_run(_k(0.2), rounds=1, drop=lambda node, _: node == bad)
+    for name in ("conv.weight", "emb.weight", "fc.bias"):
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+
+
+def test_replayed_upload_is_rejected(helper_key: SealingKeyPair) -> None:
+    """A reply replayed into the next round is bound to its round: S1 rejects it."""
+    grid = InProcessGrid(
+        make_app([ssa_mod, topk_mod]), 2, {"ssa-helper-fingerprint": helper_key.fingerprint}
+    )
+    strategy = SecureFedSubAvg(InProcessHelper(keypair=helper_key), topk_ratio=0.2)
+    arrays = model_record()
+    msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    old = list(grid.send_and_receive(msgs))
+    strategy.aggregate_train(1, old)
+    msgs = list(strategy.configure_train(2, arrays, ConfigRecord(), grid))
+    fresh = list(grid.send_and_receive(msgs))
+    by_node = {r.metadata.src_node_id: r for r in old}
+    replay = Message(by_node[fresh[0].metadata.src_node_id].content, reply_to=msgs[0])
+    replay.metadata.group_id = "2"
+    strategy.aggregate_train(2, [replay, fresh[1]])
+    assert fresh[0].metadata.src_node_id in strategy.dropped[2]
+
+
+def test_helper_unreachable_fails_round_and_keeps_model(helper_key: SealingKeyPair) -> None:
+    helper = InProcessHelper(keypair=helper_key)
+    grid = InProcessGrid(
+        make_app([ssa_mod, topk_mod]), 2, {"ssa-helper-fingerprint": helper_key.fingerprint}
+    )
+    strategy = SecureFedSubAvg(helper, topk_ratio=0.2)
+    msgs = list(strategy.configure_train(1, model_record(), ConfigRecord(), grid))
+    replies = list(grid.send_and_receive(msgs))
+    helper.close()
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is None and metrics is None
+    assert "HelperUnavailableError" in strategy.failed_rounds[1]
+    with pytest.raises(HelperUnavailableError):
+        helper.public_key()
+
+
+def test_client_refuses_an_unpinned_helper_key(helper_key: SealingKeyPair) -> None:
+    impostor = InProcessHelper(keypair=SealingKeyPair.generate())
+    grid = InProcessGrid(
+        make_app([ssa_mod, topk_mod]), 2, {"ssa-helper-fingerprint": helper_key.fingerprint}
+    )
+    strategy = SecureFedSubAvg(impostor, topk_ratio=0.2)
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    assert all("fingerprint" in r for r in strategy.dropped[1].values())
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(result.arrays[name].numpy(), value)
+
+
+def test_client_that_drops_after_training_contributes_nothing(helper_key: SealingKeyPair) -> None:
+    run_config = {"ssa-helper-fingerprint": helper_key.fingerprint, "topk-error-feedback": False}
+    grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 3, run_config)
+    gone = list(grid.get_node_ids())[2]
+    grid._drop_nodes = lambda node, _: node == gone
+    strategy = SecureFedSubAvg(
+        InProcessHelper(keypair=helper_key),
+        topk_ratio=0.2,
+        frac_bits=32,
+        max_abs=1e3,
+        min_available_nodes=3,
+    )
+    secure = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    plain = _plaintext_run(_k(0.2), rounds=1, num_nodes=3, drop=lambda node, _: node == gone)
+    np.testing.assert_allclose(
+        secure.arrays["conv.weight"].numpy(), plain.arrays["conv.weight"].numpy(), atol=1e-6
+    )
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="topk_ratio"):
+        SecureFedSubAvg(InProcessHelper(), topk_ratio=0.0)
