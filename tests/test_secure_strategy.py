@@ -64,7 +64,7 @@ def test_secure_round_equals_plaintext_topk_fedsubavg(helper_key: SealingKeyPair
         else:  # integer buffers are not securely aggregated: unchanged
             np.testing.assert_array_equal(secure.arrays[name].numpy(), value)
     # What went up is DPF keys, not arrays.
-    up = [t for t in strategy.traffic if t.phase == "train"][0]
+    up = next(t for t in strategy.traffic if t.phase == "train")
     assert all(v > 0 for v in up.up_bytes.values())
 
 
