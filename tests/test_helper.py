@@ -47,7 +47,7 @@ def make_params(round_id: int, **kw: Any) -> SSAParams:
         num_items=K,
         value_width=WIDTH,
         hash_key=_key(1),
-        stash_size=1,  # PSRServer.answer fails with stash_size=0 (reported to the lead)
+        stash_size=0,
         frac_bits=24,
         max_abs=1e3,
         max_summands=50,
@@ -733,3 +733,11 @@ def test_sealing_rejects_bad_inputs():
         )
     with pytest.raises(SealedBoxError, match="cannot seal"):
         seal_psr_answer(bytes(32), np.zeros(2, np.uint64), round_id=1, client_id=1)
+
+
+def test_health_answers_while_a_call_holds_the_lock():
+    helper = InProcessHelper()
+    helper.open_round(1, make_params(1).to_bytes())
+    with helper.service._lock:  # as during a long AddClients
+        assert helper.health().open_rounds == (1,)
+        assert helper.public_key() == helper.service.public_key

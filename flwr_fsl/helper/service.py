@@ -83,6 +83,7 @@ _LAYOUT_FIELDS = (
     "stash_size",
     "scale_factor",
 )
+_LOCK_FREE = frozenset({"Health", "PublicKey"})  # answer even while a long call holds the lock
 log = logging.getLogger("flwr_fsl.helper")
 
 
@@ -100,7 +101,10 @@ def _layout(params: SSAParams) -> tuple[object, ...]:
 
 
 class HelperService:
-    """S1's state and request handling (thread-safe; one lock serializes all calls).
+    """S1's state and request handling (thread-safe).
+
+    One lock serializes every state-changing call; ``Health`` and ``PublicKey`` do not wait
+    for it, so a health check answers while a long ``AddClients`` runs.
 
     Parameters
     ----------
@@ -126,6 +130,7 @@ class HelperService:
         self.max_open_rounds = max_open_rounds
         self._lock = threading.Lock()
         self._rounds: dict[int, _Round] = {}
+        self._open_snapshot: tuple[int, ...] = ()  # read by the lock-free Health call
         self._closed: set[int] = set()
         self._stored_keys: dict[int, DPFKeyBatch] = {}
         self._stored_layout: tuple[object, ...] | None = None
@@ -179,8 +184,12 @@ class HelperService:
             message = wire.decode(request, expected)
         except WireFormatError as err:
             raise HelperRequestError(f"malformed {method} request: {err}") from None
-        with self._lock:
+        if method in _LOCK_FREE:
             response = self._handlers[method](message)
+        else:
+            with self._lock:
+                response = self._handlers[method](message)
+                self._open_snapshot = tuple(sorted(self._rounds))
         return wire.encode(response)
 
     # --------------------------------------------------------------------------------------------
@@ -193,7 +202,7 @@ class HelperService:
         return state
 
     def _health(self, _: wire.Message) -> wire.Message:
-        return wire.HealthResponse(wire.VERSION, self.public_key, tuple(sorted(self._rounds)))
+        return wire.HealthResponse(wire.VERSION, self.public_key, self._open_snapshot)
 
     def _public_key(self, _: wire.Message) -> wire.Message:
         return wire.PublicKeyResponse(self.public_key)
