@@ -252,3 +252,95 @@ def test_cli_bad_arguments(tmp_path):
     assert info.value.code == 2
     assert main(["--key-file", str(path), "--max-open-rounds", "0"]) == 2
     assert main(["--key-file", str(path), "--port", "70000"]) == 2
+
+
+# ---- TLS and access token (in-process gRPC server) ----------------------------------------------
+
+
+def _self_signed() -> tuple[bytes, bytes]:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-fsl-helper test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_tls_and_token():
+    from flwr_fsl.helper import HelperService, start_server
+
+    key_pem, cert_pem = _self_signed()
+    kp = SealingKeyPair.generate()
+    server, port = start_server(
+        HelperService(kp), "127.0.0.1", 0, tls=(key_pem, cert_pem), token="s3cret"
+    )
+    address = f"127.0.0.1:{port}"
+    clients = {
+        "good": HelperClient(address, timeout=30, root_certificates=cert_pem, token="s3cret"),
+        "no token": HelperClient(address, timeout=30, root_certificates=cert_pem),
+        "wrong token": HelperClient(address, timeout=30, root_certificates=cert_pem, token="x"),
+        "plain": HelperClient(address, timeout=5, token="s3cret"),
+    }
+    try:
+        assert clients["good"].health().fingerprint == kp.fingerprint
+        with pytest.raises(HelperRequestError, match="round 3 is not open"):
+            clients["good"].finish_round(3)
+        for name in ("no token", "wrong token"):
+            with pytest.raises(HelperRequestError, match="access token"):
+                clients[name].public_key()
+        with pytest.raises(HelperUnavailableError):
+            clients["plain"].health()
+    finally:
+        for c in clients.values():
+            c.close()
+        server.stop(None).wait()
+
+
+def test_start_server_validation():
+    from flwr_fsl.helper import HelperService, start_server
+
+    service = HelperService(SealingKeyPair.generate())
+    for kw in (dict(port=-1), dict(max_workers=0), dict(max_message_bytes=0), dict(token="")):
+        with pytest.raises(ValueError):
+            start_server(service, **kw)
+
+
+def test_cli_tls_and_token_arguments(tmp_path, capsys):
+    path = SealingKeyPair.generate().save(tmp_path / "k.pem")
+    with pytest.raises(SystemExit) as info:
+        main(["--key-file", str(path), "--tls-cert", str(tmp_path / "c.pem")])
+    assert info.value.code == 2
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    assert main(["--key-file", str(path), "--token-file", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err
+    missing = ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k2.pem")]
+    assert main(["--key-file", str(path), *missing]) == 2

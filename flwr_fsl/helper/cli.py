@@ -15,14 +15,17 @@ file is created with mode 0600; without it, a missing file is an error), prints:
 picked) and serves until SIGINT or SIGTERM, then stops gracefully and exits 0. Pin the
 fingerprint in the run config of S0 (which checks it with
 :func:`~flwr_fsl.helper.connection.verify_helper`) and hand it to clients out of band.
-``--print-fingerprint`` prints the fingerprint of the key file and exits.
+``--print-fingerprint`` prints the fingerprint of the key file and exits. ``--tls-cert`` and
+``--tls-key`` serve TLS; ``--token-file`` requires a shared access token on every call (S0
+passes both to :class:`~flwr_fsl.helper.connection.HelperClient`).
 
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
 address cannot be bound.
 
 **Threat model.** As :mod:`flwr_fsl.helper.service`. The key file is S1's only secret: keep
 it readable by S1's user only (the loader refuses group/other access). The gRPC port is
-unauthenticated plain gRPC: bind it where only S0 can reach it.
+plain, unauthenticated gRPC unless TLS and a token are enabled: otherwise bind it where only
+S0 can reach it.
 """
 
 from __future__ import annotations
@@ -101,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         default=wire.MAX_MESSAGE_BYTES >> 20,
         help=f"gRPC message size limit in MiB (default and maximum {wire.MAX_MESSAGE_BYTES >> 20})",
     )
+    p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
+    p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="require this shared access token (file content, stripped) on every call",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
 
@@ -127,10 +137,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not 1 <= args.max_message_mib <= wire.MAX_MESSAGE_BYTES >> 20:
         parser.error(f"--max-message-mib must be in [1, {wire.MAX_MESSAGE_BYTES >> 20}]")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
     try:
         keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
         service = HelperService(keypair, max_open_rounds=args.max_open_rounds)
-    except (SealedBoxError, ValueError) as err:
+        tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
+        token = args.token_file.read_text().strip() if args.token_file else None
+        if token == "":
+            raise ValueError(f"token file {args.token_file} is empty")
+    except (SealedBoxError, ValueError, OSError) as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)
         return 2
     if created:
@@ -145,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.port,
             max_workers=args.workers,
             max_message_bytes=args.max_message_mib << 20,
+            tls=tls,
+            token=token,
         )
     except (OSError, ValueError) as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)

@@ -47,6 +47,7 @@ from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "TOKEN_METADATA_KEY",
     "HelperClient",
     "HelperConnection",
     "HelperHealth",
@@ -57,6 +58,8 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default per-call deadline of :class:`HelperClient` (seconds)."""
+TOKEN_METADATA_KEY = "x-flwr-fsl-token"
+"""gRPC metadata key carrying the optional shared access token."""
 
 M = TypeVar("M", bound=wire.Message)
 
@@ -457,7 +460,7 @@ def grpc_options(max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> list[tuple[
 
 
 class HelperClient(_Facade):
-    """S1 over gRPC (insecure channel: run S0–S1 on a private network).
+    """S1 over gRPC: plain by default, TLS when given the CA certificate.
 
     The channel connects lazily; a call to an unreachable S1 fails fast with
     :class:`HelperUnavailableError` (no waiting for the server to come up).
@@ -468,28 +471,47 @@ class HelperClient(_Facade):
         ``host:port`` of the ``flwr-fsl-helper`` process.
     timeout : float (default: 300.0)
         Deadline of each call in seconds.
+    root_certificates : bytes, optional
+        PEM CA certificate(s) to verify S1's TLS certificate with; enables TLS.
+    token : str, optional
+        Shared access token S1 was started with (``--token-file``).
 
     Raises
     ------
     ValueError
-        If ``address`` is empty or ``timeout`` is not positive.
+        If ``address`` is empty, ``timeout`` is not positive or ``token`` is empty.
     """
 
-    def __init__(self, address: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        root_certificates: bytes | None = None,
+        token: str | None = None,
+    ) -> None:
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError("token must be a non-empty string")
         self.address = address
         self.timeout = float(timeout)
-        self._channel: grpc.Channel | None = grpc.insecure_channel(address, options=grpc_options())
+        self._metadata = ((TOKEN_METADATA_KEY, token),) if token is not None else None
+        if root_certificates is None:
+            channel = grpc.insecure_channel(address, options=grpc_options())
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            channel = grpc.secure_channel(address, credentials, options=grpc_options())
+        self._channel: grpc.Channel | None = channel
 
     def _transport(self, method: str, body: bytes) -> bytes:
         if self._channel is None:
             raise HelperUnavailableError(f"connection to S1 at {self.address} is closed")
         call = self._channel.unary_unary(f"/{SERVICE_NAME}/{method}")
         try:
-            response = call(body, timeout=self.timeout)
+            response = call(body, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
             details = err.details() if isinstance(err, grpc.Call) else str(err)
@@ -497,7 +519,11 @@ class HelperClient(_Facade):
                 raise HelperUnavailableError(
                     f"S1 at {self.address} unreachable ({code.name}): {details}"
                 ) from None
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            if code in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.UNAUTHENTICATED,
+            ):
                 raise HelperRequestError(details or code.name) from None
             raise HelperError(f"S1 call {method} failed ({code.name}): {details}") from None
         except ValueError as err:  # grpc raises this on a closed channel

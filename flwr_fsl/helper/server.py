@@ -8,17 +8,26 @@ and ``PsrAnswer`` (:data:`~flwr_fsl.helper.service.METHODS`). Request and respon
 ``grpc.max_send_message_length`` and ``grpc.max_receive_message_length`` to
 :data:`~flwr_fsl.helper.wire.MAX_MESSAGE_BYTES` (512 MiB) by default.
 
+Options: TLS (``tls=(key PEM, certificate PEM)``; S0 passes the CA certificate to
+:class:`~flwr_fsl.helper.connection.HelperClient`) and a shared access token sent as metadata
+``x-flwr-fsl-token`` (a missing or wrong token is ``UNAUTHENTICATED``). Without them the port
+is plain, unauthenticated gRPC.
+
 Status codes: a refused call (:class:`~flwr_fsl.helper.errors.HelperRequestError`) is
 ``INVALID_ARGUMENT`` with the reason as details; an unexpected exception in S1 is ``INTERNAL``
 (logged with its traceback on S1). :class:`~flwr_fsl.helper.connection.HelperClient` maps them
 back to the same exceptions the in-process twin raises.
 
-**Threat model.** As :mod:`flwr_fsl.helper.service`. The port is plain (insecure) gRPC and
-unauthenticated: bind it to loopback or a private network that only S0 can reach.
+**Threat model.** As :mod:`flwr_fsl.helper.service`. Client material is protected end to end
+by the sealed channel whatever the transport; the S0–S1 link carries S1's share and public data.
+Without TLS and a token, anyone who reaches the port can open, fill or abort rounds (S0 detects
+foreign clients through the returned client ids, but not a denial of service): bind it to
+loopback or a private network, or enable both options.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,11 +36,11 @@ from typing import NoReturn
 import grpc
 
 from flwr_fsl.helper import wire
-from flwr_fsl.helper.connection import grpc_options
+from flwr_fsl.helper.connection import TOKEN_METADATA_KEY, grpc_options
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.service import METHODS, SERVICE_NAME, HelperService
 
-__all__ = ["format_address", "start_server"]
+__all__ = ["TOKEN_METADATA_KEY", "format_address", "start_server"]
 
 log = logging.getLogger("flwr_fsl.helper")
 
@@ -48,8 +57,18 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -
     raise AssertionError("grpc context.abort returned")  # pragma: no cover
 
 
-def _handler(service: HelperService, method: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+def _handler(
+    service: HelperService, method: str, token: str | None
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    expected = token.encode() if token is not None else None
+
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        if expected is not None:
+            sent = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY, "")
+            given = sent.encode() if isinstance(sent, str) else bytes(sent)
+            if not hmac.compare_digest(given, expected):
+                log.warning("%s refused: missing or wrong access token", method)
+                _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong access token")
         try:
             return service.handle(method, request)
         except HelperRequestError as err:
@@ -73,6 +92,8 @@ def start_server(
     *,
     max_workers: int = 4,
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
+    tls: tuple[bytes, bytes] | None = None,
+    token: str | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``service`` over gRPC.
 
@@ -88,6 +109,11 @@ def start_server(
         gRPC worker threads (calls are serialized by the service's lock anyway).
     max_message_bytes : int (default: 512 MiB)
         gRPC send/receive message limit.
+    tls : tuple[bytes, bytes], optional
+        ``(private key PEM, certificate chain PEM)``: serve TLS instead of plain gRPC.
+    token : str, optional
+        Shared access token: calls without metadata ``x-flwr-fsl-token`` equal to it are
+        refused with ``UNAUTHENTICATED`` (send it only over TLS or a private network).
 
     Returns
     -------
@@ -107,9 +133,11 @@ def start_server(
         raise ValueError(f"max_workers must be >= 1, got {max_workers}")
     if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
         raise ValueError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
+    if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
+        raise ValueError("token must be a non-empty printable string")
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _handler(service, name), request_deserializer=None, response_serializer=None
+            _handler(service, name, token), request_deserializer=None, response_serializer=None
         )
         for name in METHODS
     }
@@ -120,7 +148,10 @@ def start_server(
     )
     address = format_address(host, port)
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([tls]))
     except RuntimeError as err:
         server.stop(None)
         raise OSError(f"cannot bind {address}: {err}") from None

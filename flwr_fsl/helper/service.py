@@ -36,8 +36,9 @@ public-part hash). S1 learns the public parameters, each client's public part an
 seed (pseudorandom and independent of the client's indices and values by DPF security), which
 client ids took part, the PSR table (public to both servers by design), and its own share of
 the aggregate — an additive share, uniformly random on its own. Its answers and shares reveal
-nothing to S0 beyond the reconstructed aggregate. The link S0–S1 itself is plain gRPC: run it
-on a private network (or behind TLS); it carries only shares and public data.
+nothing to S0 beyond the reconstructed aggregate. The S0–S1 link carries only shares and public
+data; enable TLS and the access token (:mod:`flwr_fsl.helper.server`) or keep it on a private
+network.
 """
 
 from __future__ import annotations
