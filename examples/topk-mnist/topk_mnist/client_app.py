@@ -21,13 +21,18 @@ app = ClientApp(mods=[topk_mod])
 
 
 def _client_data(context: Context) -> tuple:
-    return load_data(
+    x_train, y_train, x_val, y_val = load_data(
         int(context.node_config["partition-id"]),
         int(context.node_config["num-partitions"]),
         str(context.run_config.get("partitioning", "iid")),
         float(context.run_config.get("dirichlet-alpha", 0.5)),
         int(context.run_config.get("seed", 42)),
     )
+    cap = int(context.run_config.get("max-client-samples", 0))
+    if cap > 0:
+        x_train, y_train = x_train[:cap], y_train[:cap]
+        x_val, y_val = x_val[: max(1, cap // 4)], y_val[: max(1, cap // 4)]
+    return x_train, y_train, x_val, y_val
 
 
 @app.train()
