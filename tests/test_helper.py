@@ -571,6 +571,8 @@ def _set_model_body(array_bytes: bytes) -> bytes:
         (b"\x09\x02" + struct.pack("<QQ", 1, 1) + bytes(8), "unknown dtype code 9"),
         (b"\x01\x05" + struct.pack("<5Q", 1, 1, 1, 1, 1) + bytes(8), "5 dimensions"),
         (b"\x01\x02" + struct.pack("<QQ", 2**40, 2**40), "truncated"),
+        (b"\x01\x02" + struct.pack("<QQ", 0, 2**63), "exceeds"),
+        (b"\x01\x02" + struct.pack("<QQ", 2**64 - 1, 0), "exceeds"),
         (b"\x01\x02" + struct.pack("<QQ", 2, 2) + bytes(31), "truncated"),
         (b"\x04\x02" + struct.pack("<QQ", 1, 1) + bytes(8), "must be a uint64 array"),
     ],
@@ -741,3 +743,27 @@ def test_health_answers_while_a_call_holds_the_lock():
     with helper.service._lock:  # as during a long AddClients
         assert helper.health().open_rounds == (1,)
         assert helper.public_key() == helper.service.public_key
+
+
+def test_random_corruptions_only_raise_wire_errors():
+    rng = np.random.default_rng(0)
+    samples = [
+        wire.AddClientsRequest(1, (wire.SealedItem(1, b"public", b"sealed"),)),
+        wire.AddHintsRequest(2, (wire.HintItem(3, b"hint"),)),
+        wire.SetModelRequest(1, np.arange(6, dtype=np.uint64).reshape(3, 2)),
+        wire.ShareResponse((1, 2), np.arange(4, dtype=np.uint64).reshape(2, 2)),
+        wire.HealthResponse(1, bytes(32), (4,)),
+        wire.ClientResultsResponse((wire.ClientResult(1, False, b"why"),)),
+        wire.ArrayMessage(np.arange(3, dtype=np.float32)),
+    ]
+    for msg in samples:
+        body = bytearray(wire.encode(msg))
+        for _ in range(300):
+            bad = bytearray(body)
+            for pos in rng.integers(8, len(bad), size=rng.integers(1, 4)):
+                bad[pos] = int(rng.integers(0, 256))
+            cut = bytes(bad[: rng.integers(8, len(bad) + 1)]) if rng.random() < 0.3 else bytes(bad)
+            try:
+                wire.decode(cut, type(msg))
+            except WireFormatError:
+                pass

@@ -253,6 +253,11 @@ class _Reader:
                 f"truncated message: {what} of shape {shape} needs {nbytes} bytes, "
                 f"{len(self.data) - self.pos} left"
             )
+        extent = 1
+        for d in shape:
+            extent *= max(d, 1)
+        if extent * dtype.itemsize > MAX_MESSAGE_BYTES:  # also bounds empty arrays' shapes
+            raise WireFormatError(f"{what}: shape {shape} exceeds the message size limit")
         raw = self._take(nbytes, what)
         return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
