@@ -243,16 +243,21 @@ def formula_bits(domain_bits: np.ndarray, ring_bits: int) -> int:
 
 
 def wire_parts(public: dpf.DPFPublicBatch) -> dict[str, int]:
-    """Byte count of each field of a serialized public part (see :mod:`flwr_fsl.crypto.dpf`)."""
+    """Byte count of each field of a serialized public part (v2, see :mod:`flwr_fsl.crypto.dpf`).
+
+    ``domain_bits`` includes the epoch-mode byte and the padding; ``cw_bits`` packs 4 levels
+    per byte.
+    """
     n = public.num_keys
     levels = int(public.level_offsets[-1])
+    shared = n >= 1 and bool(np.all(public.epochs == public.epochs[0]))
     return {
         "header": 16,
-        "epochs": 8 * n,
+        "domain_bits": 1 + n + (-(1 + n)) % 8,  # epoch-mode byte, one byte per key, padding
+        "epochs": 8 if shared else 8 * n,
         "cw_leaf": 8 * n * public.leaf_words,
-        "domain_bits": n + (-n) % 8,
         "cw_seeds": 16 * levels,
-        "cw_bits": levels,
+        "cw_bits": (levels + 3) // 4,
     }
 
 
@@ -489,7 +494,7 @@ def bars(cells: list[Cell]) -> list[tuple[str, bool, str]]:
 def print_wire(cells: list[Cell]) -> None:
     bar = next((c for c in cells if (c.log_m, c.rate) == (BAR_LOG_M, BAR_RATE)), cells[-1])
     w = bar.wire_parts
-    n, levels = bar.bins, w["cw_bits"]
+    n, levels = bar.bins, w["cw_seeds"] // 16
     print(
         f"\nWire format of the public part at m = 2^{bar.log_m}, k/m = {_pct(bar.rate)} "
         f"({n} keys, {levels} tree levels), bytes:"
@@ -497,15 +502,14 @@ def print_wire(cells: list[Cell]) -> None:
     for name, size in w.items():
         print(f"  {name:<12} {size:>10}  ({size / sum(w.values()):.1%})")
     # What formula (2) counts: (λ+2) bits per level, l bits of leaf word per key, λ seed.
-    packed = 16 + 8 + w["cw_leaf"] + w["cw_seeds"] + (2 * levels + 7) // 8 + SEED_BYTES
+    implicit = 16 + 8 + w["cw_leaf"] + w["cw_seeds"] + (2 * levels + 7) // 8 + SEED_BYTES
     f2 = bar.formula2_bits / 8
     print(
         f"  formula (2) counts (λ+2) bits per level, l bits per key and λ: {f2:.0f} B; ours"
         f" {bar.bytes_s0} B (x{bar.ratio:.3f}).\n"
-        "  Ours spends 8 B per key on its epoch, 1 B per key on its domain bits and 8 bits"
-        " (not 2) per level on the\n  control bits. One epoch per batch, 2-bit control bits"
-        " and implicit domain bits (public: the simple table)\n"
-        f"  would give {packed} B with the seed: x{packed / f2:.3f} of formula (2)."
+        "  Beyond it, ours spends the header, one epoch per batch and 1 B per key on its domain"
+        " bits. Implicit\n  domain bits (public: the simple table) would give"
+        f" {implicit} B with the seed: x{implicit / f2:.3f} of formula (2)."
     )
 
 

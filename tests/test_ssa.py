@@ -226,8 +226,12 @@ def _corruptions(params: SSAParams, public: bytes):  # type: ignore[no-untyped-d
     other_key = encode_update(replace(params, hash_key=_key(99)), np.arange(4), np.ones((4, 2)))[
         0
     ].public_part
+    levels = int(DPFPublicBatch.from_bytes(public).cw_bits.shape[0])
     flipped = bytearray(public)
-    flipped[-1] = 7  # a control-bit correction byte must be 0..3
+    if levels % 4:  # control bits are packed 2 per level: the last byte's padding must be 0
+        flipped[-1] |= 0xC0
+    else:  # no padding bits: set the reserved control-bit slot of the last seed CW instead
+        flipped[-(levels // 4) - 16] |= 1
     return {
         "truncated": public[:-9],
         "empty": b"",
@@ -338,6 +342,9 @@ def test_public_part_shape_matches_cuis_formula() -> None:
     public = DPFPublicBatch.from_bytes(upload.public_part)
     levels = int(public.cw_bits.shape[0])
     words = int(public.cw_leaf.size)
-    # Seed CW (16 B) + control bits (1 B) per level, leaf CW words, domain byte + epoch per key.
-    payload = levels * 17 + words * 8 + public.num_keys * 9
-    assert payload <= len(upload.public_part) <= payload + 64
+    # Seed CW (16 B) + 2 control bits per level (packed 4 per byte), leaf CW words, a domain
+    # byte per key, one shared epoch (8 B); then the 16-byte header and the epoch-mode byte with
+    # the zero padding that aligns the domain bytes to 8.
+    assert np.all(public.epochs == public.epochs[0])
+    payload = levels * 16 + (levels + 3) // 4 + words * 8 + public.num_keys + 8
+    assert payload + 16 + 1 <= len(upload.public_part) <= payload + 16 + 8

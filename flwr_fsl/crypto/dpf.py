@@ -38,12 +38,24 @@ a new epoch ``e``; its security needs every epoch to be used once per key pair, 
 hint or serialized blob and for keys that do not fit together; plain :class:`ValueError` for a
 bad argument (alpha or a point outside the domain, wrong beta shape, bad epoch).
 
-**Wire format** (little-endian, no pickle, strict length): a 16-byte header ``b"FDPF"``,
-version 1, kind (1 public part, 2 key shares, 3 U-DPF hint), party (0/1, 255 when none), a zero
-byte, ``tau`` (u32), number of keys ``m`` (u32); then for a public part ``epochs`` (m u64),
-``cw_leaf`` (m*W u64), ``domain_bits`` (m u8) zero-padded to 8 bytes, ``cw_seeds`` (L*16 bytes,
-``L`` = total tree levels), ``cw_bits`` (L u8, values 0..3); key shares put ``m`` 16-byte root
-seeds between header and public body; a hint carries its epoch (u64) and ``cw_leaf``.
+**Wire format** (version 2; little-endian, no pickle, strict length, canonical: one byte string
+per key set). A 16-byte header: ``b"FDPF"``, version 2, kind (1 public part, 2 key shares,
+3 U-DPF hint), party (0/1, 255 when none), a zero byte, ``tau`` (u32), number of keys ``m``
+(u32). Key shares then put ``m`` 16-byte root seeds before the public body. The public body:
+
+* ``epoch_mode`` (u8): 0 when ``m >= 1`` and all keys share one epoch (the common case: Gen and
+  :func:`update_batch` give every key of a batch the same epoch), else 1 (keys of different
+  epochs, e.g. :meth:`DPFPublicBatch.concatenate` of batches updated in different rounds, or
+  ``m == 0``); any other value, or a mode that is not the one these rules pick, is rejected;
+* ``domain_bits`` (m u8), then zeros up to a multiple of 8 bytes counted from ``epoch_mode``;
+* ``epochs``: one u64 (mode 0) or m u64 (mode 1);
+* ``cw_leaf`` (m*W u64);
+* ``cw_seeds`` (L*16 bytes, ``L`` = total tree levels, keys' levels concatenated in key order);
+* ``cw_bits``: ``ceil(L / 4)`` bytes, 2 bits per level (bit 0 left, bit 1 right correction),
+  level ``i`` at bits ``2 * (i % 4)`` and ``2 * (i % 4) + 1`` of byte ``i // 4``; the unused
+  high bits of the last byte must be 0.
+
+A hint carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header.
 """
 
 from __future__ import annotations
@@ -86,9 +98,10 @@ MAX_TAU = 1 << 20
 
 _U64 = np.uint64
 _MAGIC = b"FDPF"
-_VERSION = 1
+_VERSION = 2
 _KIND_PUBLIC, _KIND_KEYS, _KIND_HINT = 1, 2, 3
 _NO_PARTY = 255
+_EPOCH_SHARED, _EPOCH_PER_KEY = 0, 1
 _HEADER = np.dtype(
     [
         ("magic", "S4"),
@@ -333,16 +346,20 @@ class DPFPublicBatch:
         )
 
     def _body(self) -> bytes:
+        """Serialize the public body (everything after the header; see module docstring)."""
         m = self.num_keys
-        pad = (-m) % 8
+        shared = m >= 1 and bool(np.all(self.epochs == self.epochs[0]))
+        epochs = self.epochs[:1] if shared else self.epochs
+        mode = _EPOCH_SHARED if shared else _EPOCH_PER_KEY
         return b"".join(
             [
-                self.epochs.astype("<u8").tobytes(),
-                self.cw_leaf.astype("<u8").tobytes(),
+                bytes([mode]),
                 self.domain_bits.tobytes(),
-                bytes(pad),
+                bytes((-(1 + m)) % 8),
+                epochs.astype("<u8").tobytes(),
+                self.cw_leaf.astype("<u8").tobytes(),
                 self.cw_seeds.astype("<u8").tobytes(),
-                self.cw_bits.tobytes(),
+                _pack_cw_bits(self.cw_bits),
             ]
         )
 
@@ -749,37 +766,74 @@ def _parse_header(data: bytes, kind: int) -> tuple[int, int, int]:
     return tau, int(head["m"]), party
 
 
+def _pack_cw_bits(bits: NDArray[np.uint8]) -> bytes:
+    """Pack 2-bit control-bit corrections 4 per byte, level ``i`` at bit ``2 * (i % 4)``."""
+    n = bits.shape[0]
+    padded = np.zeros(4 * ((n + 3) // 4), dtype=np.uint8)
+    padded[:n] = bits
+    quads = padded.reshape(-1, 4)
+    packed = quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
+    return packed.astype(np.uint8).tobytes()
+
+
+def _unpack_cw_bits(packed: NDArray[np.uint8], n_levels: int) -> NDArray[np.uint8]:
+    """Inverse of :func:`_pack_cw_bits`; rejects non-zero padding bits in the last byte."""
+    quads = np.stack([(packed >> np.uint8(2 * i)) & np.uint8(3) for i in range(4)], axis=1)
+    flat = quads.reshape(-1)
+    if np.any(flat[n_levels:]):
+        raise DPFKeyError("bad control bits: non-zero padding bits after the last level")
+    return np.ascontiguousarray(flat[:n_levels], dtype=np.uint8)
+
+
+def _need(data: bytes, end: int, what: str) -> None:
+    """Raise :class:`DPFKeyError` unless ``data`` reaches ``end`` (where ``what`` ends)."""
+    if len(data) < end:
+        raise DPFKeyError(f"truncated public part: {len(data)} bytes, {what} needs {end}")
+
+
 def _parse_public_body(data: bytes, off: int, tau: int, m: int) -> tuple[DPFPublicBatch, int]:
+    """Parse a public body starting at ``off``; return it and its end (== ``len(data)``)."""
     w = _group(tau) * tau
-    fixed = off + 8 * m + 8 * m * w + m + (-m) % 8
-    if len(data) < fixed:
-        raise DPFKeyError(f"truncated public part: {len(data)} bytes, need at least {fixed}")
-    epochs = np.frombuffer(data, dtype="<u8", count=m, offset=off).astype(_U64)
-    off += 8 * m
-    leaf = np.frombuffer(data, dtype="<u8", count=m * w, offset=off).astype(_U64).reshape(m, w)
-    off += 8 * m * w
-    dbits = np.frombuffer(data, dtype=np.uint8, count=m, offset=off).copy()
-    off += m
-    pad_at = off
-    off += (-m) % 8
+    head_end = off + 1 + m + (-(1 + m)) % 8
+    _need(data, head_end, "epoch_mode and domain_bits")
+    mode = data[off]
+    if mode not in (_EPOCH_SHARED, _EPOCH_PER_KEY):
+        raise DPFKeyError(f"bad epoch_mode byte {mode}")
+    dbits = np.frombuffer(data, dtype=np.uint8, count=m, offset=off + 1).copy()
+    if any(data[off + 1 + m : head_end]):
+        raise DPFKeyError("non-zero padding after domain_bits")
     if m and int(dbits.max()) > MAX_DOMAIN_BITS:
         raise DPFKeyError(f"wrong domain: domain_bits above {MAX_DOMAIN_BITS}")
+    n_epochs = 1 if mode == _EPOCH_SHARED else m
+    off = head_end
+    _need(data, off + 8 * n_epochs, "epochs")
+    epochs = np.frombuffer(data, dtype="<u8", count=n_epochs, offset=off).astype(_U64)
+    off += 8 * n_epochs
+    if mode == _EPOCH_SHARED:
+        if m == 0:
+            raise DPFKeyError("epoch_mode 0 (one shared epoch) needs at least one key")
+        epochs = np.full(m, epochs[0], dtype=_U64)
+    elif m and np.all(epochs == epochs[0]):
+        raise DPFKeyError("epoch_mode 1 (per-key epochs) but all keys share one epoch")
+    _need(data, off + 8 * m * w, "cw_leaf")
+    leaf = np.frombuffer(data, dtype="<u8", count=m * w, offset=off).astype(_U64).reshape(m, w)
+    off += 8 * m * w
     n_levels = int(_tree_levels(dbits, tau).sum())
-    end = off + 17 * n_levels
-    if len(data) < end:
-        raise DPFKeyError(f"truncated public part: {len(data)} bytes, need {end}")
+    _need(data, off + 16 * n_levels, "cw_seeds")
+    cw_seeds = np.frombuffer(data, dtype="<u8", count=2 * n_levels, offset=off).astype(_U64)
+    off += 16 * n_levels
+    n_packed = (n_levels + 3) // 4
+    end = off + n_packed
+    _need(data, end, "cw_bits")
     if len(data) > end:
         raise DPFKeyError(f"{len(data) - end} trailing bytes after the public part")
-    if any(data[pad_at:off]):
-        raise DPFKeyError("non-zero padding after domain_bits")
-    cw_seeds = np.frombuffer(data, dtype="<u8", count=2 * n_levels, offset=off).astype(_U64)
-    cw_bits = np.frombuffer(data, dtype=np.uint8, count=n_levels, offset=off + 16 * n_levels)
+    packed = np.frombuffer(data, dtype=np.uint8, count=n_packed, offset=off)
     pub = DPFPublicBatch(
         tau=tau,
         domain_bits=dbits,
         epochs=epochs,
         cw_seeds=cw_seeds.reshape(n_levels, 2),
-        cw_bits=cw_bits.copy(),
+        cw_bits=_unpack_cw_bits(packed, n_levels),
         cw_leaf=leaf,
     )
     return pub, end

@@ -116,8 +116,9 @@ def test_public_part_size():
         k0, _ = generate_keys(0, [1] * tau, d)
         assert k0.public.cw_seeds.shape == (levels, 2)
         assert k0.public.cw_leaf.shape == (words,)
-        m = 1
-        assert len(k0.public.to_bytes()) == 16 + 8 * m + 8 * words + 8 + 17 * levels
+        # header, epoch_mode + domain byte padded to 8, one shared epoch, leaf, seed CWs,
+        # control bits packed 4 levels per byte.
+        assert len(k0.public.to_bytes()) == 16 + 8 + 8 + 8 * words + 16 * levels + (levels + 3) // 4
 
 
 # ---------------------------------------------------------------- batching
@@ -305,16 +306,148 @@ def _patched(blob: bytes, offset: int, value: bytes) -> bytes:
     return blob[:offset] + value + blob[offset + len(value) :]
 
 
-def _body_offsets(m: int, tau: int, seeds: bool = True):
-    """Offsets inside a key-share blob (header, seeds, epochs, leaf, dbits, pad, cw_seeds, bits)."""
+def _body_offsets(m: int, tau: int, n_levels: int, seeds: bool = True, shared: bool = True):
+    """Field offsets inside a v2 blob (key shares, or a public part with ``seeds=False``)."""
     w = (2 if tau % 2 else 1) * tau
-    off = 16 + (16 * m if seeds else 0)
-    epochs = off
-    leaf = epochs + 8 * m
-    dbits = leaf + 8 * m * w
+    mode = 16 + (16 * m if seeds else 0)
+    dbits = mode + 1
     pad = dbits + m
-    cw_seeds = pad + (-m) % 8
-    return {"epochs": epochs, "leaf": leaf, "dbits": dbits, "pad": pad, "cw_seeds": cw_seeds}
+    epochs = pad + (-(1 + m)) % 8
+    leaf = epochs + 8 * (1 if shared else m)
+    cw_seeds = leaf + 8 * m * w
+    cw_bits = cw_seeds + 16 * n_levels
+    end = cw_bits + (n_levels + 3) // 4
+    return {
+        "mode": mode,
+        "dbits": dbits,
+        "pad": pad,
+        "epochs": epochs,
+        "leaf": leaf,
+        "cw_seeds": cw_seeds,
+        "cw_bits": cw_bits,
+        "end": end,
+    }
+
+
+def test_layout_offsets_match_the_fields():
+    """The documented v2 layout, field by field, for a mixed-domain batch of both kinds."""
+    alphas, betas, d = _mixed_batch(3, 11, 3)
+    b0, _ = generate_keys_batch(alphas, betas, d)
+    pub = b0.public
+    n_levels = int(pub.level_offsets[-1])
+    for blob, seeds in ((b0.to_bytes(), True), (pub.to_bytes(), False)):
+        o = _body_offsets(11, 3, n_levels, seeds=seeds)
+        assert len(blob) == o["end"]
+        assert blob[o["mode"]] == 0
+        assert blob[o["dbits"] : o["pad"]] == pub.domain_bits.tobytes()
+        assert not any(blob[o["pad"] : o["epochs"]]) and (o["epochs"] - o["mode"]) % 8 == 0
+        assert blob[o["epochs"] : o["leaf"]] == bytes(8)
+        assert blob[o["leaf"] : o["cw_seeds"]] == pub.cw_leaf.astype("<u8").tobytes()
+        assert blob[o["cw_seeds"] : o["cw_bits"]] == pub.cw_seeds.astype("<u8").tobytes()
+        packed = np.frombuffer(blob[o["cw_bits"] :], np.uint8)
+        for i in range(n_levels):
+            assert (int(packed[i // 4]) >> (2 * (i % 4))) & 3 == pub.cw_bits[i]
+        if seeds:
+            assert blob[16 : o["mode"]] == b0.root_seeds.astype("<u8").tobytes()
+
+
+def _mixed_epoch_batch() -> DPFKeyBatch:
+    """Five keys at epochs 0, 9, 0, 2**64 - 1, 9 (one-key batches updated to those epochs)."""
+    keys = []
+    for j, epoch in enumerate((0, 9, 0, 2**64 - 1, 9)):
+        k0, _ = generate_keys(j, [j + 1, 2], j + 2, epoch=epoch)
+        keys.append(k0)
+    return DPFKeyBatch.from_keys(keys)
+
+
+def test_round_trip_uniform_and_mixed_epochs():
+    # Uniform, at a non-zero epoch: mode 0 and one u64.
+    alphas, betas, d = _mixed_batch(4, 9, 2)
+    u0, _ = generate_keys_batch(alphas, betas, d, epoch=2**63 + 5)
+    pub = u0.public
+    n_levels = int(pub.level_offsets[-1])
+    blob = u0.to_bytes()
+    o = _body_offsets(9, 2, n_levels)
+    assert len(blob) == o["end"] and blob[o["mode"]] == 0
+    assert blob[o["epochs"] : o["leaf"]] == (2**63 + 5).to_bytes(8, "little")
+    back = DPFKeyBatch.from_bytes(blob)
+    assert back == u0 and back.public.epochs.tolist() == [2**63 + 5] * 9
+    assert back.public.epochs.dtype == U64 and back.to_bytes() == blob
+    # Mixed: mode 1 and one u64 per key; every key keeps its own epoch.
+    mixed = _mixed_epoch_batch()
+    pub = mixed.public
+    n_levels = int(pub.level_offsets[-1])
+    blob = mixed.to_bytes()
+    o = _body_offsets(5, 2, n_levels, shared=False)
+    assert len(blob) == o["end"] and blob[o["mode"]] == 1
+    assert blob[o["epochs"] : o["leaf"]] == pub.epochs.astype("<u8").tobytes()
+    back = DPFKeyBatch.from_bytes(blob)
+    assert back == mixed and back.to_bytes() == blob
+    assert back.public.epochs.tolist() == [0, 9, 0, 2**64 - 1, 9]
+    for j in range(5):
+        assert back.key(j) == mixed.key(j)
+        assert back.key(j).public.epoch == int(pub.epochs[j])
+    assert DPFPublicBatch.from_bytes(pub.to_bytes()) == pub
+    # A one-key batch is always mode 0; the empty batch is mode 1 with no epochs.
+    k0, _ = generate_keys(1, [2, 3], 4, epoch=7)
+    assert k0.to_bytes()[32] == 0 and DPFKey.from_bytes(k0.to_bytes()).public.epoch == 7
+    e0, _ = generate_keys_batch(np.zeros(0, U64), np.zeros((0, 1), U64), np.zeros(0, np.int64))
+    assert e0.public.to_bytes()[16:] == b"\x01" + bytes(7)
+    assert DPFPublicBatch.from_bytes(e0.public.to_bytes()) == e0.public
+
+
+def test_epoch_mode_must_be_canonical():
+    mixed = _mixed_epoch_batch()
+    blob = mixed.public.to_bytes()
+    o = _body_offsets(5, 2, 0, seeds=False)
+    for mode in (2, 0x80, 0xFF):
+        with pytest.raises(DPFKeyError, match="epoch_mode"):
+            DPFPublicBatch.from_bytes(_patched(blob, o["mode"], bytes([mode])))
+    # Mixed epochs claimed as shared: the blob is then 32 bytes too long.
+    with pytest.raises(DPFKeyError, match="trailing"):
+        DPFPublicBatch.from_bytes(_patched(blob, o["mode"], b"\x00"))
+    # Per-key mode whose epochs are all equal is a second encoding of a mode-0 key set.
+    same = _patched(blob, o["epochs"], bytes(40))
+    with pytest.raises(DPFKeyError, match="share one epoch"):
+        DPFPublicBatch.from_bytes(same)
+    uniform = generate_keys_batch([1, 2], [3, 4], 5)[0].public
+    ublob = uniform.to_bytes()
+    uo = _body_offsets(2, 1, 0, seeds=False)
+    as_per_key = b"".join(
+        [ublob[: uo["mode"]], b"\x01", ublob[uo["dbits"] : uo["leaf"]], ublob[uo["epochs"] :]]
+    )
+    with pytest.raises(DPFKeyError, match="share one epoch"):
+        DPFPublicBatch.from_bytes(as_per_key)
+    # The empty batch has one encoding too: mode 0 would need an epoch for no keys.
+    e0, _ = generate_keys_batch(np.zeros(0, U64), np.zeros((0, 1), U64), np.zeros(0, np.int64))
+    eblob = e0.public.to_bytes()
+    with pytest.raises(DPFKeyError, match="at least one key"):
+        DPFPublicBatch.from_bytes(_patched(eblob, 16, b"\x00") + bytes(8))
+    with pytest.raises(DPFKeyError, match="truncated"):
+        DPFPublicBatch.from_bytes(_patched(eblob, 16, b"\x00"))
+
+
+def test_truncated_at_every_field_boundary():
+    """Cut a blob at each field boundary (and one byte either side): always DPFKeyError."""
+    cases = []
+    mixed = _mixed_epoch_batch()
+    alphas, betas, d = _mixed_batch(5, 13, 1)
+    u0, _ = generate_keys_batch(alphas, betas, d)
+    for batch, shared in ((mixed, False), (u0, True)):
+        m, tau = batch.public.num_keys, batch.public.tau
+        n_levels = int(batch.public.level_offsets[-1])
+        cases.append((batch.to_bytes(), DPFKeyBatch, _body_offsets(m, tau, n_levels, True, shared)))
+        o = _body_offsets(m, tau, n_levels, False, shared)
+        cases.append((batch.public.to_bytes(), DPFPublicBatch, o))
+    for blob, cls, o in cases:
+        assert len(blob) == o["end"]
+        cuts = {0, 4, 8, 15, 16, 17} | {c + e for c in o.values() for e in (-1, 0, 1)}
+        for cut in sorted(c for c in cuts if 0 <= c < len(blob)):
+            with pytest.raises(DPFKeyError, match=r"truncated|trailing"):
+                cls.from_bytes(blob[:cut])
+        assert cls.from_bytes(blob).to_bytes() == blob
+        with pytest.raises(DPFKeyError, match="trailing"):
+            cls.from_bytes(blob + b"\0")
 
 
 def test_truncated_and_trailing():
@@ -330,9 +463,10 @@ def test_truncated_and_trailing():
 
 def test_bad_header_fields():
     _, blob = _key_blob()
+    assert blob[4] == 2
     cases = {
         "magic": _patched(blob, 0, b"XDPF"),
-        "version": _patched(blob, 4, b"\x02"),
+        "version": _patched(blob, 4, b"\x01"),  # v1 (byte per control-bit level) is not read
         "kind": _patched(blob, 5, b"\x01"),
         "party": _patched(blob, 6, b"\x02"),
         "reserved": _patched(blob, 7, b"\x01"),
@@ -349,7 +483,7 @@ def test_bad_header_fields():
 
 def test_wrong_domain():
     _, blob = _key_blob(1, 5)
-    o = _body_offsets(1, 1)
+    o = _body_offsets(1, 1, 4)
     with pytest.raises(DPFKeyError, match="wrong domain"):
         DPFKey.from_bytes(_patched(blob, o["dbits"], bytes([64])))
     for d in (4, 6, 0):  # changes the number of levels: the length no longer matches
@@ -365,8 +499,8 @@ def test_wrong_tau():
         DPFKey.from_bytes(_patched(blob, 8, (0).to_bytes(4, "little")))
     with pytest.raises(DPFKeyError, match="tau"):
         DPFKey.from_bytes(_patched(blob, 8, (dpf.MAX_TAU + 1).to_bytes(4, "little")))
-    for tau in (2, 3, 4):  # shifts every field: caught by the length or domain check
-        with pytest.raises(DPFKeyError, match=r"truncated|trailing|wrong domain"):
+    for tau in (2, 3, 4):  # changes the leaf and level sizes: caught by the length check
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing"):
             DPFKey.from_bytes(_patched(blob, 8, tau.to_bytes(4, "little")))
 
 
@@ -377,19 +511,44 @@ def test_wrong_key_count():
         DPFKey.from_bytes(b0.to_bytes())
     with pytest.raises(DPFKeyError, match="one key"):
         DPFPublicKey.from_bytes(b0.public.to_bytes())
-    for m in (3, 5, 2**32 - 1):
-        with pytest.raises(DPFKeyError, match=r"truncated|trailing|wrong domain"):
+    for m in (3, 5, 2**32 - 1):  # shifts every field after the seeds
+        with pytest.raises(DPFKeyError, match=r"truncated|trailing|wrong domain|epoch_mode"):
             DPFKeyBatch.from_bytes(_patched(b0.to_bytes(), 12, m.to_bytes(4, "little")))
 
 
 def test_bad_control_bits():
-    _, blob = _key_blob(1, 5)
-    o = _body_offsets(1, 1)
-    n_levels = 4
-    bits_at = o["cw_seeds"] + 16 * n_levels
-    for value in (4, 0x80, 0xFF):
-        with pytest.raises(DPFKeyError, match="bad control bits"):
-            DPFKey.from_bytes(_patched(blob, bits_at + 2, bytes([value])))
+    # Every 2-bit pattern is a valid correction, so the only invalid packed encodings are
+    # non-zero padding bits in the last byte (here: 3 levels, bits 6-7 are padding).
+    _, blob = _key_blob(1, 4)
+    o = _body_offsets(1, 1, 3)
+    assert len(blob) == o["end"] == o["cw_bits"] + 1
+    last = blob[o["cw_bits"]]
+    assert last < 0x40
+    for value in (last | 0x40, last | 0x80, last | 0xC0):
+        with pytest.raises(DPFKeyError, match="bad control bits: non-zero padding"):
+            DPFKey.from_bytes(_patched(blob, o["cw_bits"], bytes([value])))
+    for n_levels, pad_bits in ((1, 0xFC), (2, 0xF0), (3, 0xC0)):
+        k0, _ = generate_keys(0, [1], n_levels + 1)
+        kb = k0.to_bytes()
+        at = _body_offsets(1, 1, n_levels)["cw_bits"]
+        for bit in range(8):
+            flipped = _patched(kb, at, bytes([kb[at] ^ (1 << bit)]))
+            if pad_bits >> bit & 1:
+                with pytest.raises(DPFKeyError, match="padding"):
+                    DPFKey.from_bytes(flipped)
+            else:  # a control-bit position: still well-formed, just another key
+                assert (
+                    DPFKey.from_bytes(flipped).public.cw_bits[bit // 2]
+                    != k0.public.cw_bits[bit // 2]
+                )
+    # Four levels fill the byte: no padding, all 256 values decode.
+    k0, _ = generate_keys(0, [1], 5)
+    kb = k0.to_bytes()
+    at = _body_offsets(1, 1, 4)["cw_bits"]
+    assert len(kb) == at + 1
+    for value in range(256):
+        got = DPFKey.from_bytes(_patched(kb, at, bytes([value]))).public.cw_bits
+        assert got.tolist() == [(value >> (2 * i)) & 3 for i in range(4)]
     seed_lo = blob[o["cw_seeds"] + 16]
     with pytest.raises(DPFKeyError, match="bad control bits"):
         DPFKey.from_bytes(_patched(blob, o["cw_seeds"] + 16, bytes([seed_lo | 1])))

@@ -104,6 +104,48 @@ def test_batch_update_equals_single(tau):
     assert np.array_equal(s, evaluate_batch(b0)[0] + evaluate_batch(b1)[0])
 
 
+def test_mixed_epoch_batch_survives_the_wire_and_updates_per_key():
+    """Keys updated in different rounds, stacked in one batch: per-key epochs on the wire
+    (epoch mode 1) keep every key decodable; a hint then moves all of them to one epoch."""
+    rng = np.random.default_rng(11)
+    m, tau = 6, 3
+    d = rng.integers(1, 9, m)
+    alphas = rng.integers(0, 2**62, m).astype(U64) % (U64(1) << d.astype(U64))
+    betas = rng.integers(1, 2**63, (m, tau)).astype(U64)
+    pairs, want = [], []
+    for j in range(m):
+        k0, k1 = generate_keys(int(alphas[j]), betas[j], int(d[j]))
+        for epoch in range(1, j % 3 + 1):  # keys end at epochs 0, 1, 2, 0, 1, 2
+            hint = next_hint(k0, k1, betas[j] + U64(epoch), epoch)
+            k0, k1 = update(k0, hint, epoch), update(k1, hint, epoch)
+        pairs.append((k0, k1))
+        want.append(point_function(int(alphas[j]), betas[j] + U64(j % 3), int(d[j])))
+    b0 = DPFKeyBatch.from_keys([p[0] for p in pairs])
+    b1 = DPFKeyBatch.from_keys([p[1] for p in pairs])
+    assert b0.public.epochs.tolist() == [0, 1, 2, 0, 1, 2]
+    blob = b0.to_bytes()
+    assert blob[16 + 16 * m] == 1  # per-key epochs
+    r0 = DPFKeyBatch.from_bytes(blob)
+    assert r0 == b0 and r0.public.epochs.tolist() == [0, 1, 2, 0, 1, 2]
+    v0, off = evaluate_batch(r0)
+    v1, _ = evaluate_batch(DPFKeyBatch.from_bytes(b1.to_bytes()))
+    for j in range(m):
+        assert np.array_equal(v0[off[j] : off[j + 1]] + v1[off[j] : off[j + 1]], want[j])
+    # One hint (fresh epoch above every key's) for the whole mixed batch: back to one epoch.
+    with pytest.raises(ValueError, match="not newer"):
+        next_hint_batch(r0, b1, betas, 2, alphas=alphas)
+    hint = next_hint_batch(r0, b1, betas, 3, alphas=alphas)
+    c0, c1 = update_batch(r0, hint, 3), update_batch(b1, hint, 3)
+    assert c0.public.epochs.tolist() == [3] * m
+    blob = c0.to_bytes()
+    assert blob[16 + 16 * m] == 0 and len(blob) == len(b0.to_bytes()) - 8 * (m - 1)
+    v0, off = evaluate_batch(DPFKeyBatch.from_bytes(blob))
+    v1, _ = evaluate_batch(c1)
+    for j in range(m):
+        want_j = point_function(int(alphas[j]), betas[j], int(d[j]))
+        assert np.array_equal(v0[off[j] : off[j + 1]] + v1[off[j] : off[j + 1]], want_j)
+
+
 def test_alpha_needed_only_when_beta_was_zero():
     # Odd tau: the point's last bit sits in the leaf group, recoverable only from beta != 0.
     k0, k1 = generate_keys(5, 0, 4)
