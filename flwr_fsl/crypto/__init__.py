@@ -1,5 +1,14 @@
 """Cryptographic primitives: AES PRG/PRF/stream, DPFs, cuckoo/simple hashing, fixed point."""
 
+from flwr_fsl.crypto.channel import (
+    SealedBoxError,
+    SealingKeyPair,
+    associated_data,
+    open_sealed,
+    public_key_fingerprint,
+    seal,
+    verify_fingerprint,
+)
 from flwr_fsl.crypto.dpf import (
     MAX_DOMAIN_BITS,
     MAX_TAU,
@@ -58,8 +67,11 @@ __all__ = [
     "FixedPoint",
     "FixedPointOverflowError",
     "HashParams",
+    "SealedBoxError",
+    "SealingKeyPair",
     "SimpleTable",
     "UpdateHint",
+    "associated_data",
     "choose_scale_factor",
     "ctr_stream",
     "cuckoo_hash",
@@ -77,10 +89,14 @@ __all__ = [
     "next_hint",
     "next_hint_batch",
     "num_bins_for",
+    "open_sealed",
     "positions_in_bins",
     "prf_blocks",
+    "public_key_fingerprint",
     "random_seeds",
+    "seal",
     "simple_hash",
     "update",
     "update_batch",
+    "verify_fingerprint",
 ]
