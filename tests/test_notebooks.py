@@ -1,0 +1,83 @@
+"""Execute the example notebooks end to end in their tiny setting (nbclient).
+
+The kernel is this interpreter: a kernelspec written to a temporary folder (put first on
+``JUPYTER_PATH``) starts ``sys.executable -m ipykernel_launcher``, so the notebook sees the
+same environment as the tests whatever kernelspecs the machine has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from flwr_fsl.data import cache_dir
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
+KERNEL_NAME = "flwr-fsl-tests"
+
+
+@pytest.fixture
+def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python ({sys.executable})",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    jupyter_path = os.environ.get("JUPYTER_PATH", "")
+    monkeypatch.setenv(
+        "JUPYTER_PATH", os.pathsep.join(p for p in (str(tmp_path / "jupyter"), jupyter_path) if p)
+    )
+    monkeypatch.setenv("FLWR_FSL_NOTEBOOK_TINY", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("FLWR_FSL_CACHE", str(cache_dir()))
+    return KERNEL_NAME
+
+
+def test_notebooks_have_no_committed_outputs() -> None:
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, path.name
+
+
+def test_topk_notebook_runs(kernel_name: str) -> None:
+    if not (cache_dir() / "mnist.npz").is_file():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
+        pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
+    path = NOTEBOOKS / "01_topk.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        kernel_name=kernel_name,
+        timeout=300,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    client.execute()
+    text = "\n".join(
+        out.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.get("output_type") == "stream"
+    )
+    assert "tiny=True" in text
+    assert "final acc %" in text and "top-k 10% EF" in text and "top-k 1%" in text
+    images = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if "image/png" in out.get("data", {})
+    ]
+    assert images, "the plot cell displayed no image"
