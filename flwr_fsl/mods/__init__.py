@@ -1,6 +1,7 @@
 """Client-side Flower mods: wrap an unchanged ``@app.train`` function."""
 
+from flwr_fsl.mods.index import PrivateRows
 from flwr_fsl.mods.ssa import ssa_mod
 from flwr_fsl.mods.topk import topk_mod
 
-__all__ = ["ssa_mod", "topk_mod"]
+__all__ = ["PrivateRows", "ssa_mod", "topk_mod"]

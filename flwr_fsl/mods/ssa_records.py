@@ -10,7 +10,14 @@ Client -> server, a ``ConfigRecord`` under :data:`SSA_UPLOAD_KEY` next to the re
 
 - ``public``: the DPF keys' public part (S0 relays it to S1);
 - ``seed``: S0's 16-byte master seed;
-- ``sealed``: S1's material (master seed + public-part digest) sealed to S1.
+- ``sealed``: S1's material (master seed + public-part digest) sealed to S1;
+- or, in a U-DPF round, only ``hint``: the update hint for both servers' stored keys.
+
+Index mode adds a private-retrieval phase (message type ``query.psr``): the query reply has the
+same three fields under :data:`PSR_UPLOAD_KEY` (S1's part also carries the client's answer key);
+the train message then carries ``fsl.psr.answer0`` (S0's answer, raw uint64 rows) and
+``fsl.psr.answer1`` (S1's answer sealed to the client) and ``fsl.index.table`` (the name of the
+row table the client's submodel is cut from).
 
 :func:`read_ssa_upload` validates types and sizes and raises
 :class:`~flwr_fsl.submodel.codec.SubmodelFormatError`; the keys themselves are checked by the
@@ -27,6 +34,12 @@ from flwr_fsl.submodel.codec import SubmodelFormatError
 PARAMS_FIELD = "fsl.ssa.params"
 HELPER_KEY_FIELD = "fsl.ssa.helper-key"
 SSA_UPLOAD_KEY = "fsl.ssa.upload"
+PSR_QUERY_TYPE = "query.psr"
+PSR_UPLOAD_KEY = "fsl.psr.query"
+TABLE_FIELD = "fsl.index.table"
+UDPF_FIELD = "fsl.index.udpf"
+ANSWER0_FIELD = "fsl.psr.answer0"
+ANSWER1_FIELD = "fsl.psr.answer1"
 MAX_UPLOAD_BYTES = 1 << 30
 
 
@@ -55,19 +68,45 @@ def ssa_upload_record(public: bytes, seed: bytes, sealed: bytes) -> ConfigRecord
     return ConfigRecord({"public": public, "seed": seed, "sealed": sealed})
 
 
-def read_ssa_upload(content: RecordDict) -> tuple[bytes, bytes, bytes]:
-    """Return ``(public, seed, sealed)`` of a client's upload.
+def hint_upload_record(hint: bytes) -> ConfigRecord:
+    """Build a U-DPF client's upload record (the hint is public: both servers get it)."""
+    return ConfigRecord({"hint": hint})
+
+
+def read_hint_upload(content: RecordDict) -> bytes | None:
+    """Return the U-DPF hint of an upload, or None if the upload carries fresh keys.
+
+    Raises
+    ------
+    SubmodelFormatError
+        If the record is missing or a hint record is malformed.
+    """
+    record = content.config_records.get(SSA_UPLOAD_KEY)
+    if record is None:
+        raise SubmodelFormatError(f"missing {SSA_UPLOAD_KEY!r} record")
+    if "hint" not in record:
+        return None
+    hint = record["hint"]
+    if set(record.keys()) != {"hint"} or not isinstance(hint, bytes):
+        raise SubmodelFormatError("a hint upload has exactly one bytes field 'hint'")
+    if len(hint) > MAX_UPLOAD_BYTES:
+        raise SubmodelFormatError("upload too large")
+    return hint
+
+
+def read_ssa_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> tuple[bytes, bytes, bytes]:
+    """Return ``(public, seed, sealed)`` of a client's upload (SSA keys or a PSR query).
 
     Raises
     ------
     SubmodelFormatError
         If the record is missing, has other fields, wrong types or sizes.
     """
-    record = content.config_records.get(SSA_UPLOAD_KEY)
+    record = content.config_records.get(key)
     if record is None:
-        raise SubmodelFormatError(f"missing {SSA_UPLOAD_KEY!r} record")
+        raise SubmodelFormatError(f"missing {key!r} record")
     if set(record.keys()) != {"public", "seed", "sealed"}:
-        raise SubmodelFormatError(f"{SSA_UPLOAD_KEY!r} fields must be public, seed, sealed")
+        raise SubmodelFormatError(f"{key!r} fields must be public, seed, sealed")
     public, seed, sealed = record["public"], record["seed"], record["sealed"]
     if not all(isinstance(v, bytes) for v in (public, seed, sealed)):
         raise SubmodelFormatError("upload fields must be bytes")

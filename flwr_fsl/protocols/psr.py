@@ -234,11 +234,41 @@ def decode_answers(
     ValueError
         If the answers' shapes differ or do not have one row per key.
     """
+    return decode_rows(query.placement.slots, query.indices.size, answer0, answer1)
+
+
+def decode_rows(
+    slots: NDArray[np.int64],
+    num_indices: int,
+    answer0: NDArray[np.uint64],
+    answer1: NDArray[np.uint64],
+) -> NDArray[np.uint64]:
+    """Add the answers and put each key's row at its slot (a stored query's placement).
+
+    Parameters
+    ----------
+    slots : numpy.ndarray
+        ``Placement.slots`` of the query: per key, the requested row it carries or ``EMPTY``.
+    num_indices : int
+        Number of requested rows.
+    answer0, answer1 : numpy.ndarray
+        The servers' answers, one row per key.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(num_indices, width)`` uint64 rows.
+
+    Raises
+    ------
+    ValueError
+        If the answers' shapes differ or do not have one row per key.
+    """
     a0, a1 = np.asarray(answer0, np.uint64), np.asarray(answer1, np.uint64)
-    if a0.shape != a1.shape or a0.shape[0] != query.placement.slots.shape[0]:
+    if a0.ndim != 2 or a0.shape != a1.shape or a0.shape[0] != slots.shape[0]:
         raise ValueError("answers must have one row per key and equal shapes")
     total = a0 + a1
-    rows = np.zeros((query.indices.size, a0.shape[1]), np.uint64)
-    used = query.placement.slots != EMPTY
-    rows[query.placement.slots[used]] = total[used]
+    rows = np.zeros((num_indices, a0.shape[1]), np.uint64)
+    used = slots != EMPTY
+    rows[slots[used]] = total[used]
     return rows

@@ -237,13 +237,13 @@ class Placement:
     slots : numpy.ndarray
         ``(num_keys,)`` position in the client's index list of the element a key carries, or
         ``EMPTY``.
-    cuckoo_table : CuckooTable
-        The client's cuckoo table.
+    cuckoo_table : CuckooTable or None
+        The client's cuckoo table (None when restored from stored state).
     """
 
     alphas: NDArray[np.uint64]
     slots: NDArray[np.int64]
-    cuckoo_table: CuckooTable
+    cuckoo_table: CuckooTable | None = None
 
 
 def place_indices(

@@ -1,0 +1,189 @@
+"""Index mode: PSR retrieval + SSA of rows + U-DPF through the Flower layer (in-process S1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.helper import InProcessHelper
+from flwr_fsl.mods.index import PrivateRows
+from flwr_fsl.mods.ssa_records import PSR_UPLOAD_KEY
+from flwr_fsl.strategies.index import SecureRowFedSubAvg
+from flwr_fsl.testing import InProcessGrid
+
+ROWS, WIDTH, K = 40, 3, 6
+TABLE = np.random.default_rng(0).normal(size=(ROWS, WIDTH)).astype(np.float32)
+
+
+def client_rows(pid: int, server_round: int, fixed: bool) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng([pid] if fixed else [pid, server_round])
+    n = 3 + pid % 3
+    return rng.choice(ROWS, n, replace=False), rng.integers(1, 4, size=n).astype(np.float64)
+
+
+def row_delta(pid: int, server_round: int, rows: np.ndarray) -> np.ndarray:
+    return np.random.default_rng([pid, server_round, 7]).normal(size=(rows.size, WIDTH))
+
+
+def make_index_app(fixed_rows: bool, seen: dict | None = None, mods=()) -> ClientApp:  # type: ignore[no-untyped-def]
+    def rows_fn(context: Context):  # type: ignore[no-untyped-def]
+        pid = int(context.node_config["partition-id"])
+        rnd = int(context.state.config_records["rnd"]["r"]) if "rnd" in context.state else 1
+        return client_rows(pid, rnd, fixed_rows)
+
+    rows = PrivateRows("emb", rows=rows_fn)
+    app = ClientApp(mods=[*mods, rows.mod])
+    app.query("psr")(rows.query)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        table = msg.content["arrays"]["emb"].numpy()
+        idx, _ = rows_fn(context)
+        if seen is not None:
+            seen[(pid, rnd)] = (idx, table.copy())
+        table[idx] += row_delta(pid, rnd, idx).astype(np.float32)
+        outside = np.setdiff1d((idx + 1) % ROWS, idx)
+        table[outside] += 100.0  # changes outside the submodel are never uploaded
+        from flwr.app import ConfigRecord
+
+        context.state["rnd"] = ConfigRecord({"r": rnd + 1})
+        arrays = ArrayRecord({"emb": Array(table), "local": msg.content["arrays"]["local"]})
+        return Message(
+            RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 5})}),
+            reply_to=msg,
+        )
+
+    return app
+
+
+def initial() -> ArrayRecord:
+    return ArrayRecord({"emb": Array(TABLE.copy()), "local": Array(np.ones(2, np.float32))})
+
+
+def expected_after(rounds: int, nodes: int, fixed: bool) -> np.ndarray:
+    table = TABLE.astype(np.float64)
+    for rnd in range(1, rounds + 1):
+        num, den = np.zeros_like(table), np.zeros(ROWS)
+        for pid in range(nodes):
+            idx, counts = client_rows(pid, rnd, fixed)
+            num[idx] += counts[:, None] * row_delta(pid, rnd, idx).astype(np.float32)
+            den[idx] += counts
+        touched = den > 0
+        table[touched] += num[touched] / den[touched, None]
+        table = table.astype(np.float32).astype(np.float64)
+    return table
+
+
+@pytest.fixture(scope="module")
+def key() -> SealingKeyPair:
+    return SealingKeyPair.generate()
+
+
+def _run(key, fixed, rounds=3, nodes=4, udpf=True, mods=(), seen=None, helper=None):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(
+        make_index_app(fixed, seen, mods), nodes, {"ssa-helper-fingerprint": key.fingerprint}
+    )
+    strategy = SecureRowFedSubAvg(
+        helper or InProcessHelper(keypair=key),
+        "emb",
+        K,
+        udpf=udpf,
+        frac_bits=32,
+        max_abs=1e3,
+        min_available_nodes=nodes,
+        fraction_evaluate=0.0,
+    )
+    return strategy, strategy.start(grid=grid, initial_arrays=initial(), num_rounds=rounds)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_rows_average_equals_plaintext_count_weighted(key: SealingKeyPair, fixed: bool) -> None:
+    strategy, result = _run(key, fixed)
+    assert strategy.failed_rounds == {} and all(not d for d in strategy.dropped.values())
+    np.testing.assert_allclose(result.arrays["emb"].numpy(), expected_after(3, 4, fixed), atol=1e-6)
+    np.testing.assert_array_equal(result.arrays["local"].numpy(), np.ones(2))
+    udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2, 3)]
+    assert udpf == ([0, 4, 4] if fixed else [0, 0, 0])
+
+
+def test_udpf_rounds_equal_fresh_key_rounds(key: SealingKeyPair) -> None:
+    _, with_hints = _run(key, fixed=True, udpf=True)
+    _, fresh = _run(key, fixed=True, udpf=False)
+    np.testing.assert_allclose(
+        with_hints.arrays["emb"].numpy(), fresh.arrays["emb"].numpy(), atol=1e-6
+    )
+
+
+def test_client_retrieves_exactly_its_rows_and_nothing_else(key: SealingKeyPair) -> None:
+    seen: dict = {}
+    _run(key, fixed=False, rounds=1, seen=seen)
+    for (_, _), (idx, table) in seen.items():
+        np.testing.assert_array_equal(table[idx], TABLE[idx])
+        others = np.setdiff1d(np.arange(ROWS), idx)
+        assert not np.any(table[others])
+
+
+def _tamper_query(c: RecordDict) -> RecordDict:
+    rec = c[PSR_UPLOAD_KEY]
+    sealed = bytearray(rec["sealed"])  # type: ignore[arg-type]
+    sealed[10] ^= 1
+    rec["sealed"] = bytes(sealed)
+    return c
+
+
+def test_tampered_query_drops_only_that_client(key: SealingKeyPair) -> None:
+    def tamper(msg, context, call_next):  # type: ignore[no-untyped-def]
+        reply = call_next(msg, context)
+        if msg.metadata.message_type == "query.psr" and context.node_config["partition-id"] == 2:
+            return Message(_tamper_query(reply.content), reply_to=msg)
+        return reply
+
+    strategy, result = _run(key, fixed=False, rounds=1, mods=(tamper,))
+    assert len(strategy.dropped[1]) == 1
+    assert "S1" in next(iter(strategy.dropped[1].values()))
+    # The other three clients' rows are averaged exactly.
+    table = TABLE.astype(np.float64)
+    num, den = np.zeros_like(table), np.zeros(ROWS)
+    for pid in (0, 1, 3):
+        idx, counts = client_rows(pid, 1, False)
+        num[idx] += counts[:, None] * row_delta(pid, 1, idx).astype(np.float32)
+        den[idx] += counts
+    t = den > 0
+    table[t] += num[t] / den[t, None]
+    np.testing.assert_allclose(result.arrays["emb"].numpy(), table, atol=1e-6)
+
+
+def test_helper_failure_leaves_the_table_unchanged(key: SealingKeyPair) -> None:
+    helper = InProcessHelper(keypair=key)
+    helper.public_key()
+    strategy = SecureRowFedSubAvg(helper, "emb", K, min_available_nodes=2, fraction_evaluate=0.0)
+    strategy._helper_key = key.public_bytes
+    helper.close()
+    grid = InProcessGrid(make_index_app(False), 2, {"ssa-helper-fingerprint": key.fingerprint})
+    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    assert "HelperUnavailableError" in strategy.failed_rounds[1]
+    np.testing.assert_array_equal(result.arrays["emb"].numpy(), TABLE)
+
+
+def test_too_many_rows_is_a_client_error(key: SealingKeyPair) -> None:
+    grid = InProcessGrid(make_index_app(False), 2, {"ssa-helper-fingerprint": key.fingerprint})
+    strategy = SecureRowFedSubAvg(
+        InProcessHelper(keypair=key),
+        "emb",
+        max_rows=2,
+        min_available_nodes=2,
+        fraction_evaluate=0.0,
+    )
+    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    assert all("k=2" in r for r in strategy.dropped[1].values())
+    np.testing.assert_array_equal(result.arrays["emb"].numpy(), TABLE)
+
+
+def test_constructor_validation(key: SealingKeyPair) -> None:
+    with pytest.raises(ValueError, match="max_rows"):
+        SecureRowFedSubAvg(InProcessHelper(keypair=key), "emb", 0)
