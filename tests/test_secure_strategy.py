@@ -181,3 +181,52 @@ def test_client_that_drops_after_training_contributes_nothing(helper_key: Sealin
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="topk_ratio"):
         SecureFedSubAvg(InProcessHelper(), topk_ratio=0.0)
+
+
+def test_helper_view_has_no_index_or_value_in_the_clear(helper_key: SealingKeyPair) -> None:
+    """Everything S1 receives, for two clients with different known index sets of equal size."""
+    from flwr.app import Array, ArrayRecord, Context, MetricRecord
+    from flwr.clientapp import ClientApp
+
+    from flwr_fsl.helper import HelperService
+
+    m, k = 4096, 40
+    chosen = {0: np.arange(100, 100 + k), 1: np.arange(3000, 3000 + 3 * k, 3)}
+    app = ClientApp(mods=[ssa_mod, topk_mod])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        w = msg.content["arrays"]["w"].numpy().copy()
+        w[chosen[pid]] += np.float32(0.123456)
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({"w": Array(w)}),
+                    "metrics": MetricRecord({"num-examples": 7}),
+                }
+            ),
+            reply_to=msg,
+        )
+
+    service = HelperService(helper_key)
+    received: list[bytes] = []
+    handle = service.handle
+
+    def spy(method: str, request: bytes) -> bytes:
+        received.append(bytes(request))
+        return handle(method, request)
+
+    service.handle = spy  # type: ignore[method-assign]
+    grid = InProcessGrid(app, 2, {"ssa-helper-fingerprint": helper_key.fingerprint})
+    strategy = SecureFedSubAvg(InProcessHelper(service), topk_ratio=k / m, fraction_evaluate=0.0)
+    initial = ArrayRecord({"w": Array(np.zeros(m, np.float32))})
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
+    w = result.arrays["w"].numpy()
+    assert np.count_nonzero(w) == 2 * k  # the aggregate itself is public to both servers
+    blob = b"".join(received)
+    for idx in chosen.values():
+        for dtype in (np.int64, np.int32, np.uint64):
+            assert idx[:4].astype(dtype).tobytes() not in blob
+    for value in (np.float32(0.123456), np.float64(np.float32(0.123456))):
+        assert value.tobytes() not in blob
