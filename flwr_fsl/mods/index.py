@@ -56,6 +56,7 @@ from flwr_fsl.protocols.ssa import (
     SSAClientState,
     SSAParams,
     encode_update,
+    same_layout,
 )
 
 RowsFn = Callable[[Context], "NDArray[np.int64] | tuple[NDArray[np.int64], NDArray[np.float64]]"]
@@ -206,7 +207,7 @@ class PrivateRows:
             previous is not None
             and params.epoch > previous.params.epoch
             and np.array_equal(previous.indices, indices)
-            and _same_hashing(previous.params, params)
+            and same_layout(previous.params, params)
         ):
             hint = previous.next_round(params, delta, weight)
             self._store_udpf(context, previous)
@@ -263,22 +264,6 @@ def _raw_private(keypair: SealingKeyPair) -> bytes:
         serialization.PrivateFormat.Raw,
         serialization.NoEncryption(),
     )
-
-
-def _same_hashing(a: SSAParams, b: SSAParams) -> bool:
-    fields = (
-        "domain_size",
-        "num_items",
-        "value_width",
-        "hash_key",
-        "count_weighted",
-        "num_hashes",
-        "stash_size",
-        "scale_factor",
-        "frac_bits",
-        "max_abs",
-    )
-    return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
 __all__ = ["PrivateRows"]

@@ -411,7 +411,7 @@ class SSAClientState:
         ValueError
             If the new round is not compatible with the stored keys.
         """
-        if not _same_layout(self.params, params) or params.epoch <= self.params.epoch:
+        if not same_layout(self.params, params) or params.epoch <= self.params.epoch:
             raise ValueError("U-DPF needs the same hashing/layout and a larger epoch")
         payload = payload_words(params, values, weights, rng)
         if payload.shape[0] != self.indices.size:
@@ -428,7 +428,8 @@ class SSAClientState:
         return hint.to_bytes()
 
 
-def _same_layout(a: SSAParams, b: SSAParams) -> bool:
+def same_layout(a: SSAParams, b: SSAParams) -> bool:
+    """Return True if keys made under ``a`` can be updated (U-DPF) for a round ``b``."""
     keep = (
         "domain_size",
         "num_items",

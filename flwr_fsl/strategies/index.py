@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -50,8 +50,6 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.channel import verify_fingerprint
-from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.helper import HelperConnection, HelperError
 from flwr_fsl.mods.ssa_records import (
     ANSWER0_FIELD,
@@ -62,23 +60,20 @@ from flwr_fsl.mods.ssa_records import (
     PSR_UPLOAD_KEY,
     TABLE_FIELD,
     UDPF_FIELD,
-    read_hint_upload,
     read_ssa_upload,
 )
 from flwr_fsl.protocols.psr import PSRServer, encode_table
 from flwr_fsl.protocols.ssa import (
     SSAInputError,
     SSAParams,
-    SSAServer,
-    parse_public_part,
-    reconstruct,
 )
-from flwr_fsl.strategies.fedsubavg import FedSubAvg, _tag_round
+from flwr_fsl.strategies.fedsubavg import _tag_round
+from flwr_fsl.strategies.two_server import TwoServerStrategy
 from flwr_fsl.submodel import SubmodelFormatError
 from flwr_fsl.traffic import RoundTraffic, content_bytes
 
 
-class SecureRowFedSubAvg(FedSubAvg):
+class SecureRowFedSubAvg(TwoServerStrategy):
     """Index-mode federated submodel averaging of one row table (S0's side).
 
     Parameters
@@ -89,26 +84,19 @@ class SecureRowFedSubAvg(FedSubAvg):
         Name of the row table (a float32 2-D tensor) in the model's ``ArrayRecord``.
     max_rows : int
         Public bound ``k`` on a client's row-set size.
-    helper_fingerprint : str, optional
-        Pinned fingerprint of S1's key, checked by S0 too.
     udpf : bool
         Accept U-DPF hints (clients send them when their row set is unchanged).
-    frac_bits, max_abs, stash_size, num_hashes
-        SSA fixed-point and cuckoo settings (see :class:`~flwr_fsl.protocols.ssa.SSAParams`).
     psr_timeout : float
         Seconds to wait for the retrieval replies.
     **kwargs
-        :class:`FedSubAvg` / Flower ``FedAvg`` arguments.
+        :class:`~flwr_fsl.strategies.two_server.TwoServerStrategy` settings
+        (``helper_fingerprint``, ``frac_bits``, ``max_abs``, ``stash_size``, ``num_hashes``) and
+        Flower ``FedAvg`` arguments.
 
     Raises
     ------
     ValueError
         If ``max_rows`` < 1 or another argument is out of range.
-
-    Attributes
-    ----------
-    failed_rounds : dict[int, str]
-        Round -> why the round failed (table unchanged).
     """
 
     def __init__(
@@ -117,35 +105,16 @@ class SecureRowFedSubAvg(FedSubAvg):
         table: str,
         max_rows: int,
         *,
-        helper_fingerprint: str | None = None,
         udpf: bool = True,
-        frac_bits: int = 24,
-        max_abs: float = 1e4,
-        stash_size: int = 0,
-        num_hashes: int = 3,
         psr_timeout: float = 3600.0,
         **kwargs: Any,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        super().__init__(**kwargs)
-        self.helper, self.table, self.max_rows = helper, table, max_rows
-        self.helper_fingerprint, self.udpf = helper_fingerprint, udpf
-        self.frac_bits, self.max_abs = frac_bits, max_abs
-        self.stash_size, self.num_hashes, self.psr_timeout = stash_size, num_hashes, psr_timeout
-        self.failed_rounds: dict[int, str] = {}
-        self._hash_key = os.urandom(16)
-        self._params: dict[int, SSAParams] = {}
-        self._stored_keys: dict[int, DPFKeyBatch] = {}
-        self._helper_key: bytes | None = None
-
-    def _helper_public_key(self) -> bytes:
-        if self._helper_key is None:
-            key = self.helper.public_key()
-            if self.helper_fingerprint:
-                verify_fingerprint(key, self.helper_fingerprint)
-            self._helper_key = key
-        return self._helper_key
+        super().__init__(helper, **kwargs)
+        self.table, self.max_rows = table, max_rows
+        self.udpf, self.psr_timeout = udpf, psr_timeout
+        self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 
     def _round_params(self, server_round: int, table: NDArray[np.generic], nodes: int) -> SSAParams:
         if table.ndim != 2 or table.dtype != np.float32:
@@ -280,99 +249,23 @@ class SecureRowFedSubAvg(FedSubAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Run SSA over the row updates (fresh keys or U-DPF hints) and update the table."""
-        replies = list(replies)
-        traffic = self._record_received(server_round, "train", replies)
         params = self._params.pop(server_round, None)
-        if params is None:
+        if params is None:  # the retrieval phase failed: no round is open on S1
             return None, None
-        dropped = self.dropped.setdefault(server_round, {})
-        fresh: dict[int, tuple[bytes, bytes, bytes]] = {}
-        hints: dict[int, bytes] = {}
-        contents: dict[int, RecordDict] = {}
-        seen: set[int] = set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            reason = self._reply_problem(server_round, reply, traffic, seen)
-            seen.add(node)
-            if reason is None:
-                try:
-                    self._weight(reply.content)
-                    hint = read_hint_upload(reply.content)
-                    if hint is not None:
-                        if not self.udpf or node not in self._stored_keys:
-                            raise SSAInputError("U-DPF hint without stored keys")
-                        hints[node] = hint
-                    else:
-                        public, seed, sealed = read_ssa_upload(reply.content)
-                        DPFKeyBatch.from_master_seed(0, parse_public_part(params, public), seed)
-                        fresh[node] = (public, seed, sealed)
-                    contents[node] = reply.content
-                except (SubmodelFormatError, SSAInputError, DPFKeyError) as err:
-                    reason = str(err)
-            if reason is not None:
-                dropped[node] = reason
-                log(WARNING, "aggregate_train: dropping reply from node %s: %s", node, reason)
-        if not contents:
+        uploads = self._collect_uploads(server_round, params, list(replies), self.udpf)
+        if not uploads.contents:
             self._abort(server_round)
             log(WARNING, "aggregate_train: no valid reply; the table is unchanged")
             return None, None
-        try:
-            rejected = (
-                dict(
-                    self.helper.add_clients(
-                        server_round, [(n, pub, sealed) for n, (pub, _, sealed) in fresh.items()]
-                    )
-                )
-                if fresh
-                else {}
-            )
-            if hints:
-                rejected.update(self.helper.add_client_hints(server_round, hints.items()))
-            server0 = SSAServer(params, 0, previous_keys=self._stored_keys)
-            accepted = []
-            for node in contents:
-                if node in rejected:
-                    dropped[node] = f"rejected by S1: {rejected[node]}"
-                    continue
-                try:
-                    if node in hints:
-                        server0.add_client_hint(node, hints[node])
-                    else:
-                        server0.add_client(node, fresh[node][0], fresh[node][1])
-                    accepted.append(node)
-                except SSAInputError as err:  # S1 accepted what S0 cannot use: inconsistent
-                    raise HelperError(f"S0 rejected node {node} that S1 accepted: {err}") from err
-            result1 = self.helper.finish_round(server_round)
-            if sorted(result1.client_ids) != sorted(accepted):
-                raise HelperError(
-                    f"S1 aggregated {sorted(result1.client_ids)}, S0 {sorted(accepted)}"
-                )
-        except HelperError as err:
-            self._fail(server_round, err)
+        outcome = self._secure_aggregate(server_round, params, uploads)
+        if outcome is None:
             return None, None
-        if not accepted:
-            return None, None
-        self._stored_keys.update(server0.keys)
-        result = reconstruct(params, server0.share(), result1.share)
+        result, accepted = outcome
         table = self._global[self.table]
-        new_table = (table.astype(np.float64) + result.average()).astype(table.dtype)
         new_arrays = dict(self._global)
-        new_arrays[self.table] = new_table
-        metrics = self.train_metrics_aggr_fn([contents[n] for n in accepted], self.weighted_by_key)
-        metrics["down-bytes-per-client"] = self._sent[(server_round, "train")].mean_down_bytes
-        metrics["up-bytes-per-client"] = traffic.mean_up_bytes
+        new_arrays[self.table] = (table.astype(np.float64) + result.average()).astype(table.dtype)
         assert result.counts is not None
-        metrics["touched-fraction"] = float(np.count_nonzero(result.counts)) / table.shape[0]
-        metrics["udpf-clients"] = len([n for n in accepted if n in hints])
+        metrics = self._round_metrics(
+            server_round, accepted, uploads, float(np.count_nonzero(result.counts)) / table.shape[0]
+        )
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
-
-    def _fail(self, server_round: int, err: Exception) -> None:
-        self.failed_rounds[server_round] = f"{type(err).__name__}: {err}"
-        log(ERROR, "round %s: S1 failed (%s); the table is unchanged", server_round, err)
-        self._abort(server_round)
-
-    def _abort(self, server_round: int) -> None:
-        try:
-            self.helper.abort_round(server_round)
-        except HelperError:
-            pass  # not open on S1, or S1 gone: nothing to release
