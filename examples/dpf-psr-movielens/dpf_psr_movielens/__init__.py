@@ -1,0 +1,1 @@
+"""dpf-psr-movielens: a recommender whose clients retrieve and update item rows privately."""
