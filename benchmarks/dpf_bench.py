@@ -7,9 +7,10 @@ issue 3, and writes the numbers as JSON (default ``benchmarks/results/dpf_bench.
 * AES-ECB floor: ``BatchedAES.encrypt_prefix_into`` on a cache-sized buffer (blocks/s).
 * Gen: ``generate_keys_batch`` keys/s at depth 6, 9, 20 (tau = 1).
 * Full-domain eval: ``evaluate_batch`` leaves/s for 100k keys at depth 9 and one key at depth 20.
-* AES-only time for the same blocks: every AES call an evaluation makes is recorded (sizes) and
-  timed in place; the recorded calls are then replayed alone. The ratio is eval time / replayed
-  AES time (the in-place AES time is shown too).
+* AES-only time for the same blocks: every AES call an evaluation makes (left-, right- and
+  value-key ciphers of the MMO PRG alike) is recorded (sizes) and timed in place; the recorded
+  calls are then replayed alone, in the same order, with the same sizes. The ratio is eval
+  time / replayed AES time (the in-place AES time is shown too).
 * sycret (OpenMined's Rust FSS, ``EqFactory``): a DPF on a fixed 32-bit domain with no
   full-domain evaluation, so "full domain" is emulated with one point evaluation per leaf (each
   walks all 32 levels); keygen cannot choose a depth (always 32).
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from flwr_fsl.crypto import dpf
-from flwr_fsl.crypto.prg import _mmo_aes
+from flwr_fsl.crypto.prg import MMOCiphers, _mmo_ciphers
 from flwr_fsl.kernels.aes import BatchedAES
 
 U64 = np.uint64
@@ -45,12 +46,27 @@ def best_of(fn: Callable[[], Any], repeat: int = 3) -> float:
 
 
 class RecordingAES:
-    """Wraps the MMO BatchedAES: records each call's size and its in-place time."""
+    """Wraps one MMO BatchedAES: records each call's size and its in-place time.
 
-    def __init__(self, inner: BatchedAES) -> None:
+    The left, right and value ciphers of the MMO PRG share one ``sizes`` list (in call order)
+    and one time accumulator (``clock``), so the replay repeats every AES call of the run.
+    """
+
+    def __init__(
+        self, inner: BatchedAES, sizes: list[int] | None = None, clock: list[float] | None = None
+    ) -> None:
         self.inner = inner
-        self.sizes: list[int] = []
-        self.seconds = 0.0
+        self.sizes: list[int] = [] if sizes is None else sizes
+        self._clock = [0.0] if clock is None else clock
+
+    @property
+    def seconds(self) -> float:
+        """In-place AES seconds accumulated by every recorder sharing this clock."""
+        return self._clock[0]
+
+    @seconds.setter
+    def seconds(self, value: float) -> None:
+        self._clock[0] = value
 
     def encrypt_prefix_into(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Time and record one no-copy call."""
@@ -92,13 +108,17 @@ def replay_aes(sizes: list[int]) -> float:
 def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
     """Time ``fn`` (best of 3), then its AES calls in place and replayed alone."""
     total = best_of(fn)
-    rec = RecordingAES(_mmo_aes())
-    original = dpf._mmo_aes
-    dpf._mmo_aes = lambda: rec  # type: ignore[assignment,return-value]
+    ciphers = _mmo_ciphers()
+    rec = RecordingAES(ciphers.value)
+    left = RecordingAES(ciphers.left, rec.sizes, rec._clock)
+    right = RecordingAES(ciphers.right, rec.sizes, rec._clock)
+    recorders = MMOCiphers(left, right, rec)  # type: ignore[arg-type]
+    original = dpf._mmo_ciphers
+    dpf._mmo_ciphers = lambda: recorders
     try:
         fn()
     finally:
-        dpf._mmo_aes = original
+        dpf._mmo_ciphers = original
     blocks = sum(rec.sizes)
     replay = replay_aes(rec.sizes)
     return {

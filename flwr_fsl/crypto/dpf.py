@@ -6,15 +6,18 @@ A DPF shares the point function ``f(x) = beta if x == alpha else 0`` on the doma
 count word appended). Construction: Boyle–Gilboa–Ishai, "Function Secret Sharing: Improvements
 and Extensions" (CCS 2016), Fig. 1, with these choices:
 
-* PRG: fixed-key AES-128 in Matyas–Meyer–Oseas mode (:mod:`flwr_fsl.crypto.prg`); a seed is a
-  128-bit block whose lowest bit is reserved for the control bit, as in
-  google/distributed_point_functions. A whole tree level of many keys is one AES call.
+* PRG: fixed-key AES-128 in Matyas–Meyer–Oseas mode with two fixed keys, as in
+  google/distributed_point_functions (:mod:`flwr_fsl.crypto.prg`): the children of seed ``s``
+  are ``AES_{K_L}(s) ^ s`` and ``AES_{K_R}(s) ^ s``; a seed is a 128-bit block whose lowest bit
+  is reserved for the control bit. A whole tree level of many keys is two AES calls (one per
+  key) over the same buffer of seeds.
 * Early termination (BGI16 §3.2.1) when ``tau`` is odd: one leaf seed converts to one or more
   whole AES blocks, i.e. ``W = group * tau`` words with ``group = 2`` points per leaf seed for
   odd ``tau`` and ``group = 1`` for even ``tau``; the tree then has ``domain_bits - 1`` levels
   (odd ``tau``, ``domain_bits >= 1``) or ``domain_bits`` levels (even ``tau``).
-* Leaf conversion ``H(s, e)``: MMO blocks ``s ^ (2 + q, e)``, ``q < W / 2``; ``e`` is the key's
-  epoch (0 unless updated), so the conversion doubles as Cui's epoch-keyed hash (§5).
+* Leaf conversion ``H(s, e)``: MMO blocks ``s ^ (2 + q, e)``, ``q < W / 2``, under the third
+  fixed key (:data:`~flwr_fsl.crypto.prg.MMO_KEY`); ``e`` is the key's epoch (0 unless
+  updated), so the conversion doubles as Cui's epoch-keyed hash (§5).
 
 **Key split (Cui §4).** A key share is ``(party, root seed, public part)``. The public part
 (:class:`DPFPublicKey` / :class:`DPFPublicBatch`: per-level seed and control-bit correction words,
@@ -67,7 +70,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_aes, derive_root_seeds, random_seeds
+from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dpf_kernels as _k
 
 __all__ = [
@@ -883,24 +886,26 @@ def _gen_core(
 
     order = np.argsort(-tl, kind="stable").astype(np.int64)
     neg_sorted = -tl[order]
-    aes = _mmo_aes()
+    aes = _mmo_ciphers()
     chunk = min(_GEN_CHUNK, max(m, 1))
-    blocks = np.empty((4 * chunk, 2), dtype=_U64)
-    enc = np.empty((4 * chunk + 1, 2), dtype=_U64)
+    seeds = np.empty((2 * chunk, 2), dtype=_U64)  # party b's seed of key i at row 2 * i + b
+    enc_l = np.empty((2 * chunk + 1, 2), dtype=_U64)
+    enc_r = np.empty((2 * chunk + 1, 2), dtype=_U64)
     conv = np.empty((2 * chunk * half_w, 2), dtype=_U64)
     conv_enc = np.empty((2 * chunk * half_w + 1, 2), dtype=_U64)
-    state_s = np.empty((chunk, 2, 2), dtype=_U64)
     state_t = np.empty((chunk, 2), dtype=np.uint8)
     for lo in range(0, m, chunk):
         n = min(chunk, m - lo)
-        _k.gen_init(order, lo, n, root0, root1, state_s, state_t, blocks)
+        _k.gen_init(order, lo, n, root0, root1, state_t, seeds)
         neg = neg_sorted[lo : lo + n]
         for level in range(int(-neg[0]) if n else 0):
             active = int(np.searchsorted(neg, -level, side="left"))
-            aes.encrypt_prefix_into(blocks[: 4 * active], enc)
+            aes.left.encrypt_prefix_into(seeds[: 2 * active], enc_l)
+            aes.right.encrypt_prefix_into(seeds[: 2 * active], enc_r)
             _k.gen_level(
-                enc,
-                blocks,
+                enc_l,
+                enc_r,
+                seeds,
                 active,
                 level,
                 order,
@@ -908,14 +913,13 @@ def _gen_core(
                 path,
                 tl,
                 offsets,
-                state_s,
                 state_t,
                 cw_seeds,
                 cw_bits,
             )
-        _k.leaf_blocks_pair(n, state_s, epochs, order, lo, half_w, conv)
+        _k.leaf_blocks_pair(n, seeds, epochs, order, lo, half_w, conv)
         nb = 2 * n * half_w
-        aes.encrypt_prefix_into(conv[:nb], conv_enc)
+        aes.value.encrypt_prefix_into(conv[:nb], conv_enc)
         _k.leaf_correction(conv_enc, conv, n, order, lo, state_t, gpos, betas, half_w, cw_leaf)
     return DPFPublicBatch(
         tau=tau,
@@ -1106,48 +1110,58 @@ def evaluate_at_batch(
         raise ValueError("every point must be below 2**domain_bits of its key")
     tl_all = _tree_levels(pub.domain_bits, tau)
     path, gpos = _split_points(pts, d, tau)
-    tl = tl_all[idx]
-    order = np.argsort(-tl, kind="stable")
-    key_s = np.ascontiguousarray(idx[order])
-    path_s = np.ascontiguousarray(path[order])
-    tl_s = tl[order]
-    seed = np.ascontiguousarray(keys.root_seeds[key_s])
+    key_s = np.ascontiguousarray(idx)
+    path_s = np.ascontiguousarray(path)
+    seed = np.array(keys.root_seeds[key_s], dtype=_U64, order="C")
     t_state = np.full(n, keys.party, dtype=np.uint8)
-    blocks = seed.copy()
-    has = tl_s > 0
-    first = np.where(has, (path_s >> np.maximum(tl_s - 1, 0).astype(_U64)) & _U64(1), _U64(0))
-    blocks[:, 0] ^= first.astype(_U64)
+    # Each level's AES input: the seeds of points going left (left key), then right (right key).
+    blocks = np.empty((n, 2), dtype=_U64)
     enc = np.empty((n + 1, 2), dtype=_U64)
-    aes = _mmo_aes()
-    neg = -tl_s
-    for level in range(int(tl_s[0])):
-        active = int(np.searchsorted(neg, -level, side="left"))
-        aes.encrypt_prefix_into(blocks[:active], enc)
+    who = np.arange(n, dtype=np.int64)
+    who_next = np.empty(n, dtype=np.int64)
+    mv_b, mv_e = blocks.data.cast("B"), enc.data.cast("B")
+    aes = _mmo_ciphers()
+    count, n_left = _k.point_place(who, n, 0, key_s, path_s, tl_all, seed, who_next, blocks)
+    level = 0
+    while count:
+        who, who_next = who_next, who
+        aes.left.encrypt_view_into(mv_b[: 16 * n_left], mv_e)
+        aes.right.encrypt_view_into(mv_b[16 * n_left : 16 * count], mv_e[16 * n_left :])
         _k.point_level(
             enc,
             blocks,
-            active,
+            count,
+            n_left,
             level,
+            who,
             key_s,
-            path_s,
-            tl_all,
             pub.level_offsets,
             pub.cw_seeds,
             pub.cw_bits,
             seed,
             t_state,
         )
+        level += 1
+        count, n_left = _k.point_place(
+            who, count, level, key_s, path_s, tl_all, seed, who_next, blocks
+        )
     half_w = pub.leaf_words // 2
     conv = np.empty((n * half_w, 2), dtype=_U64)
     conv_enc = np.empty((n * half_w + 1, 2), dtype=_U64)
     _k.point_leaf_blocks(seed, key_s, pub.epochs, half_w, conv)
-    aes.encrypt_prefix_into(conv, conv_enc)
-    res = np.empty((n, tau), dtype=_U64)
-    gpos_s = np.ascontiguousarray(gpos[order])
+    aes.value.encrypt_prefix_into(conv, conv_enc)
     _k.point_leaves(
-        conv_enc, conv, t_state, key_s, gpos_s, pub.cw_leaf, half_w, tau, keys.party, res
+        conv_enc,
+        conv,
+        t_state,
+        key_s,
+        np.ascontiguousarray(gpos),
+        pub.cw_leaf,
+        half_w,
+        tau,
+        keys.party,
+        out,
     )
-    out[order] = res
     return out
 
 
@@ -1185,7 +1199,7 @@ def _split_tasks(
     """Expand task roots one level at a time until every task has height <= ``max_h``."""
     pub = keys.public
     group = _group(pub.tau)
-    aes = _mmo_aes()
+    aes = _mmo_ciphers()
     while True:
         keep = tasks_i[:, 3] < tasks_i[:, 4]  # drop subtrees entirely past the length limit
         tasks_i, seeds, t = tasks_i[keep], seeds[keep], t[keep]
@@ -1194,16 +1208,18 @@ def _split_tasks(
             return tasks_i, seeds, t
         sel = tasks_i[big]
         n = sel.shape[0]
-        blocks = np.repeat(seeds[big], 2, axis=0)
-        blocks[1::2, 0] ^= _U64(1)
-        enc = np.empty((2 * n + 1, 2), dtype=_U64)
-        aes.encrypt_prefix_into(blocks, enc)
+        parents = np.ascontiguousarray(seeds[big])
+        enc_l = np.empty((n + 1, 2), dtype=_U64)
+        enc_r = np.empty((n + 1, 2), dtype=_U64)
+        aes.left.encrypt_prefix_into(parents, enc_l)
+        aes.right.encrypt_prefix_into(parents, enc_r)
         cw_idx = pub.level_offsets[sel[:, 0]] + sel[:, 1]
         child_s = np.empty((2 * n, 2), dtype=_U64)
         child_t = np.empty(2 * n, dtype=np.uint8)
         _k.expand_nodes(
-            enc,
-            blocks,
+            enc_l,
+            enc_r,
+            parents,
             np.ascontiguousarray(t[big]),
             cw_idx,
             pub.cw_seeds,
@@ -1229,7 +1245,8 @@ def evaluate_batch(
 ) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """Full-domain evaluation of every key of a batch (keys may have different domains).
 
-    Levels of many keys are expanded together, one AES call per level, in cache-sized chunks.
+    Levels of many keys are expanded together, one AES call per fixed key and level, in
+    cache-sized chunks.
 
     Parameters
     ----------
@@ -1275,7 +1292,7 @@ def evaluate_batch(
         return out, offsets
     group = _group(tau)
     half_w = pub.leaf_words // 2
-    per_leaf = max(2, half_w)
+    per_leaf = max(1, half_w)  # AES blocks per leaf: one seed per child, half_w to convert
     max_h = max(0, int(np.log2(max(_FD_BUDGET // per_leaf, 1))))
     tl = _tree_levels(pub.domain_bits, tau)
     tasks_i = np.stack(
@@ -1291,29 +1308,39 @@ def evaluate_batch(
     cost = np.left_shift(np.int64(1), tasks_i[:, 2]) * per_leaf
     bounds = _k.chunk_bounds(cost, _FD_BUDGET)
     cap = int(max(np.add.reduceat(cost, bounds[:-1]).max(), 2)) if len(bounds) > 1 else 2
+    # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)
     buf_b = np.empty((cap + 1, 2), dtype=_U64)
-    enc = np.empty((cap + 1, 2), dtype=_U64)
+    enc_l = np.empty((cap + 1, 2), dtype=_U64)
+    enc_r = np.empty((cap + 1, 2), dtype=_U64)
     t_a = np.empty(cap, dtype=np.uint8)
     t_b = np.empty(cap, dtype=np.uint8)
     flat = out.reshape(-1)
-    aes = _mmo_aes()
+    aes = _mmo_ciphers()
+    left, right, value = (
+        aes.left.encrypt_view_into,
+        aes.right.encrypt_view_into,
+        aes.value.encrypt_view_into,
+    )
     # Byte views taken once: slicing a memoryview is far cheaper than re-viewing arrays per call.
     mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
-    mv_enc = enc.data.cast("B")
+    mv_l, mv_r = enc_l.data.cast("B"), enc_r.data.cast("B")
     common = (tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)
+    fd_level = _k.fd_level
     for c in range(len(bounds) - 1):
         lo, hi = int(bounds[c]), int(bounds[c + 1])
         h = int(tasks_i[lo, 2])
-        n = _k.fd_level(enc, buf_a, t_a, buf_a, t_a, lo, hi, -1, h, *common)
+        n = fd_level(enc_l, enc_r, buf_a, t_a, buf_a, t_a, lo, hi, -1, h, *common)
         src, dst, t_src, t_dst = buf_a, buf_b, t_a, t_b
         for level in range(h):
-            aes.encrypt_view_into(mv[id(src)][: 32 * n], mv_enc)
-            n = _k.fd_level(enc, src, t_src, dst, t_dst, lo, hi, level, h, *common)
+            mv_src = mv[id(src)][: 16 * n]
+            left(mv_src, mv_l)
+            right(mv_src, mv_r)
+            n = fd_level(enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, *common)
             src, dst, t_src, t_dst = dst, src, t_dst, t_src
-        aes.encrypt_view_into(mv[id(src)][: 16 * n * half_w], mv_enc)
+        value(mv[id(src)][: 16 * n * half_w], mv_l)
         _k.fd_leaves(
-            enc, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
+            enc_l, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )
     return out, offsets
 
@@ -1401,7 +1428,7 @@ def next_hint_batch(
     tl = _tree_levels(pub.domain_bits, tau)
     order = np.argsort(-tl, kind="stable").astype(np.int64)
     neg_sorted = -tl[order]
-    aes = _mmo_aes()
+    aes = _mmo_ciphers()
     path_bits = np.zeros(m, dtype=_U64)
     bad = np.zeros(m, dtype=np.uint8)
     h_old = np.empty((m, 2, w), dtype=_U64)
@@ -1409,24 +1436,26 @@ def next_hint_batch(
     t1 = np.empty(m, dtype=np.uint8)
     new_epochs = np.full(m, e, dtype=_U64)
     chunk = min(_GEN_CHUNK, max(m, 1))
-    blocks = np.empty((4 * chunk, 2), dtype=_U64)
-    enc = np.empty((4 * chunk + 1, 2), dtype=_U64)
+    seeds = np.empty((2 * chunk, 2), dtype=_U64)  # party b's seed of key i at row 2 * i + b
+    enc_l = np.empty((2 * chunk + 1, 2), dtype=_U64)
+    enc_r = np.empty((2 * chunk + 1, 2), dtype=_U64)
     conv = np.empty((2 * chunk * half_w, 2), dtype=_U64)
     conv_enc = np.empty((2 * chunk * half_w + 1, 2), dtype=_U64)
     words = np.empty((chunk, 2, w), dtype=_U64)
-    state_s = np.empty((chunk, 2, 2), dtype=_U64)
     state_t = np.empty((chunk, 2), dtype=np.uint8)
     for lo in range(0, m, chunk):
         n = min(chunk, m - lo)
         rows = order[lo : lo + n]
-        _k.gen_init(order, lo, n, k0.root_seeds, k1.root_seeds, state_s, state_t, blocks)
+        _k.gen_init(order, lo, n, k0.root_seeds, k1.root_seeds, state_t, seeds)
         neg = neg_sorted[lo : lo + n]
         for level in range(int(-neg[0])):
             active = int(np.searchsorted(neg, -level, side="left"))
-            aes.encrypt_prefix_into(blocks[: 4 * active], enc)
+            aes.left.encrypt_prefix_into(seeds[: 2 * active], enc_l)
+            aes.right.encrypt_prefix_into(seeds[: 2 * active], enc_r)
             _k.pair_path_level(
-                enc,
-                blocks,
+                enc_l,
+                enc_r,
+                seeds,
                 active,
                 level,
                 order,
@@ -1434,7 +1463,6 @@ def next_hint_batch(
                 pub.level_offsets,
                 pub.cw_seeds,
                 pub.cw_bits,
-                state_s,
                 state_t,
                 path_bits,
                 bad,
@@ -1443,8 +1471,8 @@ def next_hint_batch(
         if np.any(state_t[:n, 0] == state_t[:n, 1]):
             bad[rows[state_t[:n, 0] == state_t[:n, 1]]] = 1
         for ep, dest in ((pub.epochs, h_old), (new_epochs, h_new)):
-            _k.leaf_blocks_pair(n, state_s, ep, order, lo, half_w, conv)
-            aes.encrypt_prefix_into(conv[: 2 * n * half_w], conv_enc)
+            _k.leaf_blocks_pair(n, seeds, ep, order, lo, half_w, conv)
+            aes.value.encrypt_prefix_into(conv[: 2 * n * half_w], conv_enc)
             _k.leaf_words_pair(conv_enc, conv, n, half_w, words)
             dest[rows] = words[:n]
     if bad.any():

@@ -1,15 +1,19 @@
 """Pseudorandom generator, PRF and stream: everything built from AES-128 in ``cryptography``.
 
-* **MMO PRG/hash.** Fixed-key AES in Matyas–Meyer–Oseas mode, ``G_j(s) = AES_K(s ^ j) ^ s ^ j``
-  with a public key ``K`` (:data:`MMO_KEY`) and a small public tweak ``j`` XORed into the block
-  (its low 64-bit word carries a counter, its high word the U-DPF epoch). The DPF tree expands a
-  seed with tweaks 0 and 1 (left, right child) and converts a leaf seed with tweaks
-  ``(2 + i, epoch)``. Seeds are 128-bit blocks whose lowest bit is reserved for the control bit
-  (as in google/distributed_point_functions: the bit is extracted from each child block and then
-  cleared), so a seed carries 127 random bits. Whole tree levels go through one batched AES call
-  (:class:`~flwr_fsl.kernels.aes.BatchedAES`); the numba kernels in
-  :mod:`flwr_fsl.kernels.dpf_kernels` do the feed-forward XOR fused with the tree logic, and
-  :func:`mmo_hash` here is the plain reference used by tests and small callers.
+* **MMO PRG/hash.** Fixed-key AES in Matyas–Meyer–Oseas mode, ``MMO_K(x) = AES_K(x) ^ x``, with
+  public keys. The DPF tree expands a seed ``s`` with two fixed keys, as
+  google/distributed_point_functions does: ``left = AES_{K_L}(s) ^ s`` and
+  ``right = AES_{K_R}(s) ^ s`` (:data:`MMO_KEY_LEFT`, :data:`MMO_KEY_RIGHT`), so a tree level's
+  AES input is just the seeds, encrypted once per key. A leaf seed converts to output words
+  through the third key :data:`MMO_KEY` with a small public tweak ``j = (2 + i, epoch)`` XORed
+  into the block: ``H_j(s) = AES_K(s ^ j) ^ s ^ j`` (the low 64-bit word carries a counter,
+  the high word the U-DPF epoch). Seeds are 128-bit blocks whose lowest bit is reserved for the
+  control bit (as in google/distributed_point_functions: the bit is extracted from each child
+  block and then cleared), so a seed carries 127 random bits. Whole tree levels go through
+  batched AES calls (:class:`~flwr_fsl.kernels.aes.BatchedAES`, one per key and level); the
+  numba kernels in :mod:`flwr_fsl.kernels.dpf_kernels` do the feed-forward XOR fused with the
+  tree logic, and :func:`mmo_hash` / :func:`mmo_prg` here are the plain references used by
+  tests and small callers.
 * **PRF.** ``PRF(key, i) = AES_key(i || tag)``: a client's λ-bit master seed is the AES key, the
   counter ``i`` (a bin index) is the low word and a domain tag the high word (Cui §4: per-bin DPF
   root seeds from one master seed). AES is a PRP, hence a PRF for far fewer than 2^64 queries.
@@ -22,6 +26,7 @@ block (little-endian), word 1 bytes 8..15.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -31,8 +36,11 @@ from flwr_fsl.kernels.aes import BLOCK_BYTES, BatchedAES
 
 __all__ = [
     "MMO_KEY",
+    "MMO_KEY_LEFT",
+    "MMO_KEY_RIGHT",
     "SEED_BYTES",
     "TAG_ROOT_SEED",
+    "MMOCiphers",
     "ctr_stream",
     "derive_root_seeds",
     "mmo_hash",
@@ -45,20 +53,39 @@ SEED_BYTES = 16
 """Bytes in a seed / master seed / PRF key (λ = 128)."""
 
 MMO_KEY = bytes.fromhex("666c77725f66736c2f6d6d6f2f763100")  # b"flwr_fsl/mmo/v1\0"
-"""Public fixed AES key of the MMO construction (any fixed key works; it only has to be public)."""
+"""Public fixed AES key of the MMO hash and of the DPF leaf conversion (any fixed key works)."""
+
+MMO_KEY_LEFT = b"flwr_fsl/mmo/v2L"
+"""Public fixed AES key of the DPF tree's left child: ``left = AES_{K_L}(s) ^ s``."""
+
+MMO_KEY_RIGHT = b"flwr_fsl/mmo/v2R"
+"""Public fixed AES key of the DPF tree's right child: ``right = AES_{K_R}(s) ^ s``."""
 
 TAG_ROOT_SEED = 0x746F6F722D667064  # b"dpf-root" little-endian
 """High-word domain tag of the PRF when it derives DPF root seeds from a master seed."""
 
 _U64 = np.uint64
-_MMO: BatchedAES | None = None
 
 
-def _mmo_aes() -> BatchedAES:
-    """Return the process-wide fixed-key AES object of the MMO construction."""
+class MMOCiphers(NamedTuple):
+    """The process-wide fixed-key AES objects of the MMO constructions."""
+
+    left: BatchedAES
+    """Under :data:`MMO_KEY_LEFT`: left children of the DPF tree."""
+    right: BatchedAES
+    """Under :data:`MMO_KEY_RIGHT`: right children of the DPF tree."""
+    value: BatchedAES
+    """Under :data:`MMO_KEY`: :func:`mmo_hash` and the DPF leaf conversion."""
+
+
+_MMO: MMOCiphers | None = None
+
+
+def _mmo_ciphers() -> MMOCiphers:
+    """Return the process-wide fixed-key AES objects (left, right, value) of the MMO PRG."""
     global _MMO
     if _MMO is None:
-        _MMO = BatchedAES(MMO_KEY)
+        _MMO = MMOCiphers(BatchedAES(MMO_KEY_LEFT), BatchedAES(MMO_KEY_RIGHT), BatchedAES(MMO_KEY))
     return _MMO
 
 
@@ -104,7 +131,7 @@ def mmo_hash(
     if tweaks is not None:
         x = np.ascontiguousarray(x ^ np.asarray(tweaks, dtype=_U64))
     out = np.empty_like(x)
-    _mmo_aes().encrypt_into(x, out)
+    _mmo_ciphers().value.encrypt_into(x, out)
     out ^= x
     return out
 
@@ -114,8 +141,8 @@ def mmo_prg(
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint8]]:
     """Expand seeds into left/right child seeds and control bits (reference, not the hot path).
 
-    ``G(s) = (G_0(s), G_1(s))``; each child block's lowest bit is the control bit and is cleared
-    from the child seed.
+    ``G(s) = (AES_{K_L}(s) ^ s, AES_{K_R}(s) ^ s)``; each child block's lowest bit is the
+    control bit and is cleared from the child seed.
 
     Parameters
     ----------
@@ -134,10 +161,12 @@ def mmo_prg(
         If ``seeds`` is not a ``(n, 2)`` uint64 array.
     """
     s = _check_blocks(seeds, "seeds")
-    one = np.array([1, 0], dtype=_U64)
+    ciphers = _mmo_ciphers()
     children = []
-    for tweak in (np.zeros(2, dtype=_U64), one):
-        h = mmo_hash(s, tweak)
+    for aes in (ciphers.left, ciphers.right):
+        h = np.empty_like(s)
+        aes.encrypt_into(s, h)
+        h ^= s
         bits = (h[:, 0] & _U64(1)).astype(np.uint8)
         h[:, 0] &= ~_U64(1)
         children.append((h, bits))

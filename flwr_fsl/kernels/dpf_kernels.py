@@ -1,17 +1,17 @@
 """Numba loops of the DPF (BGI16 tree): everything between two batched AES calls.
 
-The driver in :mod:`flwr_fsl.crypto.dpf` fills a buffer of AES input blocks for a whole tree
-level of many keys, encrypts it with one :class:`~flwr_fsl.kernels.aes.BatchedAES` call, and hands
-input and ciphertext to a kernel here. A kernel finishes the Matyas–Meyer–Oseas feed-forward
-(``child = AES(x) ^ x``), extracts and clears the control bit (bit 0 of word 0), applies the
-correction word where the parent's control bit is set, and writes the *next* level's AES input
-blocks directly (fused; no separate seed array pass).
+The driver in :mod:`flwr_fsl.crypto.dpf` keeps the seeds of a whole tree level of many keys in
+one buffer, encrypts it with two batched :class:`~flwr_fsl.kernels.aes.BatchedAES` calls (one
+per fixed key: left and right child) and hands seeds and ciphertexts to a kernel here. A kernel
+finishes the Matyas–Meyer–Oseas feed-forward (``child = AES_{K_c}(s) ^ s``), extracts and clears
+the control bit (bit 0 of word 0), applies the correction word where the parent's control bit
+is set, and writes the *next* level's seeds directly (fused; no separate pass).
 
-Block and seed layout: ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). AES inputs
-per seed ``s``: ``s ^ (0, 0)`` and ``s ^ (1, 0)`` to expand to the left and right child;
-``s ^ (2 + q, epoch)`` for ``q < W / 2`` to convert a leaf seed to ``W`` output words. A correction
-word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0: left control-bit
-correction, bit 1: right).
+Block and seed layout: ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). A tree
+level's AES input is the seeds themselves (no per-child copies); a leaf seed converts to ``W``
+output words through the value key with inputs ``s ^ (2 + q, epoch)`` for ``q < W / 2``. A
+correction word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0:
+left control-bit correction, bit 1: right).
 
 Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
 would promote to float64 in numba); every kernel is ``cache=True`` and writes into buffers the
@@ -70,31 +70,24 @@ def gen_init(
     n: int,
     root0: np.ndarray,
     root1: np.ndarray,
-    state_s: np.ndarray,
     state_t: np.ndarray,
-    blocks: np.ndarray,
+    seeds: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Load root seeds of keys ``order[lo:lo+n]`` into the state and the first AES input."""
+    """Load root seeds of keys ``order[lo:lo+n]`` (party ``b`` at row ``2 * i + b``)."""
     for i in range(n):
         j = order[lo + i]
         for w in range(2):
-            state_s[i, 0, w] = root0[j, w]
-            state_s[i, 1, w] = root1[j, w]
+            seeds[2 * i, w] = root0[j, w]
+            seeds[2 * i + 1, w] = root1[j, w]
         state_t[i, 0] = 0
         state_t[i, 1] = 1
-        for b in range(2):
-            s0 = state_s[i, b, 0]
-            s1 = state_s[i, b, 1]
-            blocks[4 * i + 2 * b, 0] = s0
-            blocks[4 * i + 2 * b, 1] = s1
-            blocks[4 * i + 2 * b + 1, 0] = s0 ^ ONE
-            blocks[4 * i + 2 * b + 1, 1] = s1
 
 
 @njit(cache=True, nogil=True)
 def gen_level(
-    enc: np.ndarray,
-    blocks: np.ndarray,
+    enc_l: np.ndarray,
+    enc_r: np.ndarray,
+    seeds: np.ndarray,
     n: int,
     level: int,
     order: np.ndarray,
@@ -102,13 +95,14 @@ def gen_level(
     path_bits: np.ndarray,
     tree_levels: np.ndarray,
     level_off: np.ndarray,
-    state_s: np.ndarray,
     state_t: np.ndarray,
     cw_seeds: np.ndarray,
     cw_bits: np.ndarray,
 ) -> None:  # pragma: no cover - numba
     """One BGI16 Gen level for the first ``n`` keys of the chunk; writes their correction words.
 
+    ``seeds[2 * i + b]`` is party ``b``'s seed of key ``order[lo + i]`` and ``enc_l``/``enc_r``
+    its encryptions under the left/right key; the seeds are replaced by the kept children.
     ``path_bits[j]`` holds the ``tree_levels[j]`` tree-path bits of key ``j`` (MSB first), so the
     bit of this level is ``path_bits[j] >> (tree_levels[j] - 1 - level) & 1``.
     """
@@ -117,13 +111,17 @@ def gen_level(
     for i in range(n):
         j = order[lo + i]
         for b in range(2):
-            for c in range(2):
-                k = 4 * i + 2 * b + c
-                v0 = enc[k, 0] ^ blocks[k, 0]
-                v1 = enc[k, 1] ^ blocks[k, 1]
-                ct[b, c] = np.uint8(v0 & ONE)
-                cs[b, c, 0] = v0 & CLEAR
-                cs[b, c, 1] = v1
+            k = 2 * i + b
+            s0 = seeds[k, 0]
+            s1 = seeds[k, 1]
+            v0 = enc_l[k, 0] ^ s0
+            ct[b, 0] = np.uint8(v0 & ONE)
+            cs[b, 0, 0] = v0 & CLEAR
+            cs[b, 0, 1] = enc_l[k, 1] ^ s1
+            v0 = enc_r[k, 0] ^ s0
+            ct[b, 1] = np.uint8(v0 & ONE)
+            cs[b, 1, 0] = v0 & CLEAR
+            cs[b, 1, 1] = enc_r[k, 1] ^ s1
         shift = np.uint64(tree_levels[j] - 1 - level)
         a = np.int64((path_bits[j] >> shift) & ONE)
         lose = 1 - a
@@ -144,33 +142,32 @@ def gen_level(
                 s0 ^= scw0
                 s1 ^= scw1
                 tk ^= tcw_keep
-            state_s[i, b, 0] = s0
-            state_s[i, b, 1] = s1
+            seeds[2 * i + b, 0] = s0
+            seeds[2 * i + b, 1] = s1
             state_t[i, b] = tk
-            blocks[4 * i + 2 * b, 0] = s0
-            blocks[4 * i + 2 * b, 1] = s1
-            blocks[4 * i + 2 * b + 1, 0] = s0 ^ ONE
-            blocks[4 * i + 2 * b + 1, 1] = s1
 
 
 @njit(cache=True, nogil=True)
 def leaf_blocks_pair(
     n: int,
-    state_s: np.ndarray,
+    seeds: np.ndarray,
     epoch: np.ndarray,
     order: np.ndarray,
     lo: int,
     half_w: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Conversion inputs ``s_b ^ (2 + q, epoch)`` of both parties' leaf seeds (party-major)."""
+    """Conversion inputs ``s_b ^ (2 + q, epoch)`` of both parties' leaf seeds (party-major).
+
+    ``seeds[2 * i + b]`` is party ``b``'s leaf seed of key ``order[lo + i]``.
+    """
     for i in range(n):
         e = epoch[order[lo + i]]
         for b in range(2):
             base = (2 * i + b) * half_w
             for q in range(half_w):
-                out[base + q, 0] = state_s[i, b, 0] ^ (TWO + np.uint64(q))
-                out[base + q, 1] = state_s[i, b, 1] ^ e
+                out[base + q, 0] = seeds[2 * i + b, 0] ^ (TWO + np.uint64(q))
+                out[base + q, 1] = seeds[2 * i + b, 1] ^ e
 
 
 @njit(cache=True, nogil=True)
@@ -221,8 +218,9 @@ def leaf_correction(
 
 @njit(cache=True, nogil=True)
 def fd_level(
-    enc: np.ndarray,
-    blocks_in: np.ndarray,
+    enc_l: np.ndarray,
+    enc_r: np.ndarray,
+    seeds_in: np.ndarray,
     t_in: np.ndarray,
     blocks_out: np.ndarray,
     t_out: np.ndarray,
@@ -241,15 +239,16 @@ def fd_level(
 ) -> int:  # pragma: no cover - numba
     """Expand chunk level ``level`` (``-1``: only load roots) and return the new node count.
 
+    ``enc_l``/``enc_r`` hold the left/right-key encryptions of the level's seeds ``seeds_in``.
     Tasks ``lo..hi-1`` are sorted by height, descending; a task of height ``h`` joins at level
     ``max_h - h`` so that all of them reach their leaves together. Children of active nodes are
     written in order, then the roots of tasks joining at ``level + 1``. At the last level the
-    output holds conversion blocks (``half_w`` per leaf) instead of expansion pairs.
+    output holds conversion blocks (``half_w`` per leaf) instead of seeds.
     """
     last = level + 1 == max_h
-    tcw = np.empty(2, dtype=np.uint64)
-    ei = enc.reshape(-1)
-    bi = blocks_in.reshape(-1)
+    el = enc_l.reshape(-1)
+    er = enc_r.reshape(-1)
+    si = seeds_in.reshape(-1)
     bo = blocks_out.reshape(-1)
     pos_in = 0
     pos_out = 0
@@ -261,7 +260,7 @@ def fd_level(
         key = tasks_i[k, 0]
         e = epochs[key]
         if start == level + 1:
-            # The task joins: its root is the next AES input (no array passed to a helper:
+            # The task joins: its root is the next level's input (no array passed to a helper:
             # a call with array arguments costs two atomic refcount updates per node).
             s0 = task_seed[k, 0]
             s1 = task_seed[k, 1]
@@ -272,10 +271,8 @@ def fd_level(
                     blocks_out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
                     blocks_out[base + q, 1] = s1 ^ e
             else:
-                blocks_out[2 * pos_out, 0] = s0
-                blocks_out[2 * pos_out, 1] = s1
-                blocks_out[2 * pos_out + 1, 0] = s0 ^ ONE
-                blocks_out[2 * pos_out + 1, 1] = s1
+                blocks_out[pos_out, 0] = s0
+                blocks_out[pos_out, 1] = s1
             pos_out += 1
             continue
         depth = level - start
@@ -283,27 +280,49 @@ def fd_level(
         idx = level_off[key] + tasks_i[k, 1] + depth
         scw0 = cw_seeds[idx, 0]
         scw1 = cw_seeds[idx, 1]
-        tcw[0] = np.uint64(cw_bits[idx]) & ONE
-        tcw[1] = (np.uint64(cw_bits[idx]) >> ONE) & ONE
-        tl = tcw[0]
-        tr = tcw[1]
+        tl = np.uint64(cw_bits[idx]) & ONE
+        tr = (np.uint64(cw_bits[idx]) >> ONE) & ONE
         # Unsigned indices: numba then drops its negative-index wraparound selects (~2x faster).
         pin = np.uint64(pos_in)
         po = np.uint64(pos_out)
-        if last:
+        if last and half_w == 1:
+            # One conversion block per leaf (tau <= 2): the fast path, straight-line code.
+            for i in range(nn):
+                p = pin + np.uint64(i)
+                qn = po + TWO * np.uint64(i)
+                mask = ZERO - np.uint64(t_in[p])
+                a = TWO * p
+                s0 = si[a]
+                s1 = si[a + ONE]
+                v0 = el[a] ^ s0
+                v1 = el[a + ONE] ^ s1
+                w0 = er[a] ^ s0
+                w1 = er[a + ONE] ^ s1
+                t_out[qn] = np.uint8((v0 ^ (tl & mask)) & ONE)
+                t_out[qn + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
+                b = TWO * qn
+                bo[b] = ((v0 & CLEAR) ^ (scw0 & mask)) ^ TWO
+                bo[b + ONE] = v1 ^ (scw1 & mask) ^ e
+                bo[b + TWO] = ((w0 & CLEAR) ^ (scw0 & mask)) ^ TWO
+                bo[b + THREE] = w1 ^ (scw1 & mask) ^ e
+        elif last:
             hw = np.uint64(half_w)
             for i in range(nn):
                 p = pin + np.uint64(i)
                 mask = ZERO - np.uint64(t_in[p])
-                a = FOUR * p
-                s0 = bi[a]  # parent seed; its two AES inputs are s and s ^ (1, 0)
-                s1 = bi[a + ONE]
+                a = TWO * p
+                s0 = si[a]
+                s1 = si[a + ONE]
                 for c in range(2):
-                    cc = np.uint64(c)
-                    v0 = ei[a + TWO * cc] ^ s0 ^ cc
-                    v1 = ei[a + TWO * cc + ONE] ^ s1
-                    tcc = tl if c == 0 else tr
-                    qc = po + TWO * np.uint64(i) + cc
+                    if c == 0:
+                        v0 = el[a] ^ s0
+                        v1 = el[a + ONE] ^ s1
+                        tcc = tl
+                    else:
+                        v0 = er[a] ^ s0
+                        v1 = er[a + ONE] ^ s1
+                        tcc = tr
+                    qc = po + TWO * np.uint64(i) + np.uint64(c)
                     t_out[qc] = np.uint8((v0 ^ (tcc & mask)) & ONE)
                     v0 = (v0 & CLEAR) ^ (scw0 & mask)
                     v1 ^= scw1 & mask
@@ -317,28 +336,20 @@ def fd_level(
                 p = pin + np.uint64(i)
                 qn = po + TWO * np.uint64(i)
                 mask = ZERO - np.uint64(t_in[p])
-                a = FOUR * p
-                s0 = bi[a]
-                s1 = bi[a + ONE]
-                v0 = ei[a] ^ s0
-                v1 = ei[a + ONE] ^ s1
+                a = TWO * p
+                s0 = si[a]
+                s1 = si[a + ONE]
+                v0 = el[a] ^ s0
+                v1 = el[a + ONE] ^ s1
+                w0 = er[a] ^ s0
+                w1 = er[a + ONE] ^ s1
                 t_out[qn] = np.uint8((v0 ^ (tl & mask)) & ONE)
-                v0 = (v0 & CLEAR) ^ (scw0 & mask)
-                v1 ^= scw1 & mask
-                b = FOUR * qn
-                bo[b] = v0
-                bo[b + ONE] = v1
-                bo[b + TWO] = v0 ^ ONE
-                bo[b + THREE] = v1
-                w0 = ei[a + TWO] ^ s0 ^ ONE
-                w1 = ei[a + THREE] ^ s1
                 t_out[qn + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
-                w0 = (w0 & CLEAR) ^ (scw0 & mask)
-                w1 ^= scw1 & mask
-                bo[b + FOUR] = w0
-                bo[b + FIVE] = w1
-                bo[b + SIX] = w0 ^ ONE
-                bo[b + SEVEN] = w1
+                b = TWO * qn
+                bo[b] = (v0 & CLEAR) ^ (scw0 & mask)
+                bo[b + ONE] = v1 ^ (scw1 & mask)
+                bo[b + TWO] = (w0 & CLEAR) ^ (scw0 & mask)
+                bo[b + THREE] = w1 ^ (scw1 & mask)
         pos_out += 2 * nn
         pos_in += nn
     return pos_out
@@ -421,8 +432,9 @@ def fd_leaves(
 
 @njit(cache=True, nogil=True)
 def expand_nodes(
-    enc: np.ndarray,
-    blocks: np.ndarray,
+    enc_l: np.ndarray,
+    enc_r: np.ndarray,
+    seeds: np.ndarray,
     t_in: np.ndarray,
     cw_idx: np.ndarray,
     cw_seeds: np.ndarray,
@@ -430,14 +442,18 @@ def expand_nodes(
     out_seed: np.ndarray,
     out_t: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Both corrected children of each node (inputs ``blocks[2i], blocks[2i+1]``) -> out[2i+c]."""
+    """Both corrected children of each node (``enc_l``/``enc_r``: AES of ``seeds``) -> out[2i+c]."""
     for node in range(t_in.shape[0]):
         idx = cw_idx[node]
         t = t_in[node]
         for c in range(2):
             kk = 2 * node + c
-            v0 = enc[kk, 0] ^ blocks[kk, 0]
-            v1 = enc[kk, 1] ^ blocks[kk, 1]
+            if c == 0:
+                v0 = enc_l[node, 0] ^ seeds[node, 0]
+                v1 = enc_l[node, 1] ^ seeds[node, 1]
+            else:
+                v0 = enc_r[node, 0] ^ seeds[node, 0]
+                v1 = enc_r[node, 1] ^ seeds[node, 1]
             tc = np.uint8(v0 & ONE)
             v0 &= CLEAR
             if t:
@@ -455,44 +471,85 @@ def expand_nodes(
 
 
 @njit(cache=True, nogil=True)
-def point_level(
-    enc: np.ndarray,
-    blocks: np.ndarray,
+def point_place(
+    cand: np.ndarray,
     n: int,
     level: int,
     pt_key: np.ndarray,
     pt_path: np.ndarray,
     tree_levels: np.ndarray,
+    seed: np.ndarray,
+    who: np.ndarray,
+    blocks: np.ndarray,
+) -> tuple[int, int]:  # pragma: no cover - numba
+    """Lay out the AES inputs of tree level ``level`` for the points ``cand[:n]`` still in it.
+
+    Points whose path bit at ``level`` is 0 come first (they go through the left key), then
+    those with bit 1 (right key); ``who[pos]`` is the point at input row ``pos`` and
+    ``blocks[pos]`` its seed. Returns ``(count, left_count)``.
+    """
+    n_left = 0
+    count = 0
+    for c in range(n):
+        i = cand[c]
+        tl = tree_levels[pt_key[i]]
+        if level < tl:
+            count += 1
+            if (pt_path[i] >> np.uint64(tl - 1 - level)) & ONE == ZERO:
+                n_left += 1
+    pl = 0
+    pr = n_left
+    for c in range(n):
+        i = cand[c]
+        tl = tree_levels[pt_key[i]]
+        if level < tl:
+            if (pt_path[i] >> np.uint64(tl - 1 - level)) & ONE == ZERO:
+                d = pl
+                pl += 1
+            else:
+                d = pr
+                pr += 1
+            who[d] = i
+            blocks[d, 0] = seed[i, 0]
+            blocks[d, 1] = seed[i, 1]
+    return count, n_left
+
+
+@njit(cache=True, nogil=True)
+def point_level(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    n: int,
+    n_left: int,
+    level: int,
+    who: np.ndarray,
+    pt_key: np.ndarray,
     level_off: np.ndarray,
     cw_seeds: np.ndarray,
     cw_bits: np.ndarray,
     seed: np.ndarray,
     t_state: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Follow one tree level for the first ``n`` points (their input ``blocks`` already set).
+    """Follow one tree level for the ``n`` points laid out by :func:`point_place`.
 
-    Updates ``seed``/``t_state`` and writes the next level's input ``seed ^ (bit, 0)``.
+    ``enc[:n_left]`` are left-key and ``enc[n_left:n]`` right-key encryptions of ``blocks``;
+    updates ``seed``/``t_state`` of each point ``who[pos]``.
     """
-    for i in range(n):
-        key = pt_key[i]
-        tl = tree_levels[key]
-        bit = (pt_path[i] >> np.uint64(tl - 1 - level)) & ONE
-        v0 = enc[i, 0] ^ blocks[i, 0]
-        v1 = enc[i, 1] ^ blocks[i, 1]
+    for pos in range(n):
+        i = who[pos]
+        bit = np.uint8(0) if pos < n_left else np.uint8(1)
+        v0 = enc[pos, 0] ^ blocks[pos, 0]
+        v1 = enc[pos, 1] ^ blocks[pos, 1]
         tc = np.uint8(v0 & ONE)
         v0 &= CLEAR
         if t_state[i]:
-            idx = level_off[key] + level
+            idx = level_off[pt_key[i]] + level
             v0 ^= cw_seeds[idx, 0]
             v1 ^= cw_seeds[idx, 1]
-            tc ^= (cw_bits[idx] >> np.uint8(bit)) & np.uint8(1)
+            tc ^= (cw_bits[idx] >> bit) & np.uint8(1)
         seed[i, 0] = v0
         seed[i, 1] = v1
         t_state[i] = tc
-        if level + 1 < tl:
-            nbit = (pt_path[i] >> np.uint64(tl - 2 - level)) & ONE
-            blocks[i, 0] = v0 ^ nbit
-            blocks[i, 1] = v1
 
 
 @njit(cache=True, nogil=True)
@@ -543,8 +600,9 @@ def point_leaves(
 
 @njit(cache=True, nogil=True)
 def pair_path_level(
-    enc: np.ndarray,
-    blocks: np.ndarray,
+    enc_l: np.ndarray,
+    enc_r: np.ndarray,
+    seeds: np.ndarray,
     n: int,
     level: int,
     order: np.ndarray,
@@ -552,15 +610,15 @@ def pair_path_level(
     level_off: np.ndarray,
     cw_seeds: np.ndarray,
     cw_bits: np.ndarray,
-    state_s: np.ndarray,
     state_t: np.ndarray,
     path_bits: np.ndarray,
     bad: np.ndarray,
 ) -> None:  # pragma: no cover - numba
     """Descend one level along the child whose control bits differ between the two parties.
 
-    Records the bit in ``path_bits[j]`` (shifted in from the right) and flags ``bad[j]`` when not
-    exactly one child qualifies (the two keys are not a pair of one point function).
+    ``seeds[2 * i + b]`` is party ``b``'s seed (replaced by the child followed). Records the bit
+    in ``path_bits[j]`` (shifted in from the right) and flags ``bad[j]`` when not exactly one
+    child qualifies (the two keys are not a pair of one point function).
     """
     cs = np.empty((2, 2, 2), dtype=np.uint64)
     ct = np.empty((2, 2), dtype=np.uint8)
@@ -569,10 +627,14 @@ def pair_path_level(
         idx = level_off[j] + level
         for b in range(2):
             t = state_t[i, b]
+            k = 2 * i + b
             for c in range(2):
-                k = 4 * i + 2 * b + c
-                v0 = enc[k, 0] ^ blocks[k, 0]
-                v1 = enc[k, 1] ^ blocks[k, 1]
+                if c == 0:
+                    v0 = enc_l[k, 0] ^ seeds[k, 0]
+                    v1 = enc_l[k, 1] ^ seeds[k, 1]
+                else:
+                    v0 = enc_r[k, 0] ^ seeds[k, 0]
+                    v1 = enc_r[k, 1] ^ seeds[k, 1]
                 tc = np.uint8(v0 & ONE)
                 v0 &= CLEAR
                 if t:
@@ -589,13 +651,9 @@ def pair_path_level(
         a = 1 if d1 else 0
         path_bits[j] = (path_bits[j] << ONE) | np.uint64(a)
         for b in range(2):
-            state_s[i, b, 0] = cs[b, a, 0]
-            state_s[i, b, 1] = cs[b, a, 1]
+            seeds[2 * i + b, 0] = cs[b, a, 0]
+            seeds[2 * i + b, 1] = cs[b, a, 1]
             state_t[i, b] = ct[b, a]
-            blocks[4 * i + 2 * b, 0] = cs[b, a, 0]
-            blocks[4 * i + 2 * b, 1] = cs[b, a, 1]
-            blocks[4 * i + 2 * b + 1, 0] = cs[b, a, 0] ^ ONE
-            blocks[4 * i + 2 * b + 1, 1] = cs[b, a, 1]
 
 
 @njit(cache=True, nogil=True)

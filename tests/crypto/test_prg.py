@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from flwr_fsl.crypto.prg import (
     MMO_KEY,
+    MMO_KEY_LEFT,
+    MMO_KEY_RIGHT,
     TAG_ROOT_SEED,
     ctr_stream,
     derive_root_seeds,
@@ -126,15 +128,30 @@ def test_mmo_prg_children_and_control_bits():
     left, tl, right, tr = mmo_prg(seeds)
     for i in range(50):
         s = seeds[i].tobytes()
-        for child, bit, tweak in ((left, tl, 0), (right, tr, 1)):
-            x = bytes([s[0] ^ tweak]) + s[1:]
-            h = bytearray(a ^ b for a, b in zip(_aes_one(MMO_KEY, x), x, strict=True))
+        # Two fixed keys, no tweak: child_c = AES_{K_c}(s) ^ s.
+        for child, bit, key in ((left, tl, MMO_KEY_LEFT), (right, tr, MMO_KEY_RIGHT)):
+            h = bytearray(a ^ b for a, b in zip(_aes_one(key, s), s, strict=True))
             assert bit[i] == h[0] & 1
             h[0] &= 0xFE
             assert child[i].tobytes() == bytes(h)
     assert not np.any(left[:, 0] & U64(1)) and not np.any(right[:, 0] & U64(1))
     # Control bits look balanced.
     assert 0.3 < tl.mean() < 0.7 and 0.3 < tr.mean() < 0.7
+
+
+def test_mmo_keys_are_distinct_and_fixed():
+    # Known answers: changing a key (or the PRG) changes every DPF key ever generated.
+    assert MMO_KEY == b"flwr_fsl/mmo/v1\0"
+    assert (MMO_KEY_LEFT, MMO_KEY_RIGHT) == (b"flwr_fsl/mmo/v2L", b"flwr_fsl/mmo/v2R")
+    zero = np.zeros((1, 2), U64)
+    left, tl, right, tr = mmo_prg(zero)
+    want_l = bytearray(_aes_one(MMO_KEY_LEFT, bytes(16)))
+    want_r = bytearray(_aes_one(MMO_KEY_RIGHT, bytes(16)))
+    assert (tl[0], tr[0]) == (want_l[0] & 1, want_r[0] & 1)
+    want_l[0] &= 0xFE
+    want_r[0] &= 0xFE
+    assert left.tobytes() == bytes(want_l) and right.tobytes() == bytes(want_r)
+    assert left.tobytes() != right.tobytes()
 
 
 def test_mmo_errors():
