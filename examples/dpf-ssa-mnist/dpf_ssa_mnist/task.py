@@ -1,0 +1,153 @@
+"""dpf-ssa-mnist: the model, the run settings and a client's data.
+
+The MNIST glue (partitioning, train/validation split, sample caps) is
+:func:`flwr_fsl.data.mnist_client_split`; the CNN and its training loop are
+:mod:`flwr_fsl.models`. This module only reads the run config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import Context
+
+from flwr_fsl.data import SCHEMES, MnistClientSplit, mnist_client_split
+from flwr_fsl.models import MnistCNN, set_torch_threads
+
+Net = MnistCNN
+
+# Clients share few cores in simulation: one torch thread per ClientApp (also deterministic).
+set_torch_threads(1)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The app's run config (``[tool.flwr.app.config]``), typed and checked.
+
+    Missing keys take the defaults below (``flwr.simulation.run_simulation`` and in-process
+    tests pass a partial run config).
+    """
+
+    num_server_rounds: int = 5
+    fraction_train: float = 0.5
+    fraction_evaluate: float = 0.0
+    min_nodes: int = 2
+    local_epochs: int = 1
+    lr: float = 0.05
+    batch_size: int = 32
+    partitioning: str = "iid"
+    dirichlet_alpha: float = 0.5
+    seed: int = 42
+    max_client_samples: int = 0
+    test_size: int = 0
+    topk_ratio: float = 0.1
+    ssa_helper_address: str = ""
+    ssa_helper_fingerprint: str = ""
+    ssa_helper_key_file: str = ""
+    ssa_frac_bits: int = 24
+    ssa_max_abs: float = 1e5
+    compare_plaintext: bool = True
+    results_dir: str = ""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_server_rounds < 1:
+            problems.append("num-server-rounds must be >= 1")
+        if not 0.0 < self.fraction_train <= 1.0:
+            problems.append("fraction-train must be in (0, 1]")
+        if not 0.0 <= self.fraction_evaluate <= 1.0:
+            problems.append("fraction-evaluate must be in [0, 1]")
+        if self.min_nodes < 1:
+            problems.append("min-nodes must be >= 1")
+        if self.local_epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            problems.append("local-epochs and batch-size must be >= 1, lr > 0")
+        if self.partitioning not in SCHEMES:
+            problems.append(f"partitioning must be one of {SCHEMES}")
+        if self.max_client_samples < 0 or self.test_size < 0:
+            problems.append("max-client-samples and test-size must be >= 0")
+        if not 0.0 < self.topk_ratio <= 1.0:
+            problems.append("topk-ratio must be in (0, 1]")
+        if problems:
+            raise ValueError("invalid run config: " + "; ".join(problems))
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
+        """Read the settings from a run config (keys spelled with dashes).
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            ``context.run_config``.
+
+        Returns
+        -------
+        Settings
+            The settings; keys this app does not know are ignored.
+
+        Raises
+        ------
+        ValueError
+            If a value has the wrong type or is out of range.
+        """
+        defaults = cls()
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            key = name.replace("_", "-")
+            if key not in run_config:
+                continue
+            raw, kind = run_config[key], type(getattr(defaults, name))
+            if kind is bool and not isinstance(raw, bool):
+                raise ValueError(f"invalid run config: {key} must be true or false, got {raw!r}")
+            if kind is int and (isinstance(raw, bool) or (isinstance(raw, float) and raw % 1)):
+                raise ValueError(f"invalid run config: {key} must be an integer, got {raw!r}")
+            try:
+                values[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"invalid run config: {key} must be a {kind.__name__}, got {raw!r}"
+                ) from None
+        return cls(**values)
+
+
+def client_data(context: Context) -> MnistClientSplit:
+    """Return this node's MNIST train/validation data.
+
+    Parameters
+    ----------
+    context : Context
+        The node's context: ``node_config`` has ``partition-id`` and ``num-partitions``.
+
+    Returns
+    -------
+    MnistClientSplit
+        ``(x_train, y_train, x_val, y_val)``.
+
+    Raises
+    ------
+    ValueError
+        If the node config lacks the partition keys or the settings are invalid.
+    """
+    try:
+        partition_id = int(context.node_config["partition-id"])
+        num_partitions = int(context.node_config["num-partitions"])
+    except KeyError as err:
+        raise ValueError(
+            f"node config needs partition-id and num-partitions (missing {err}); start the "
+            'SuperNode with --node-config "partition-id=0 num-partitions=2"'
+        ) from None
+    settings = Settings.from_run_config(context.run_config)
+    return mnist_client_split(
+        partition_id,
+        num_partitions,
+        partitioning=settings.partitioning,
+        alpha=settings.dirichlet_alpha,
+        seed=settings.seed,
+        max_samples=settings.max_client_samples,
+    )
+
+
+def client_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """Return the training seed of one client in one round (reproducible runs)."""
+    return seed + 1000 * server_round + partition_id
