@@ -105,9 +105,8 @@ def replay_aes(sizes: list[int]) -> float:
     return best_of(run)
 
 
-def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
-    """Time ``fn`` (best of 3), then its AES calls in place and replayed alone."""
-    total = best_of(fn)
+def record_aes(fn: Callable[[], Any]) -> RecordingAES:
+    """Run ``fn`` once with every DPF AES call (left, right, value ciphers) recorded."""
     ciphers = _mmo_ciphers()
     rec = RecordingAES(ciphers.value)
     left = RecordingAES(ciphers.left, rec.sizes, rec._clock)
@@ -119,6 +118,13 @@ def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
         fn()
     finally:
         dpf._mmo_ciphers = original
+    return rec
+
+
+def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
+    """Time ``fn`` (best of 3), then its AES calls in place and replayed alone."""
+    total = best_of(fn)
+    rec = record_aes(fn)
     blocks = sum(rec.sizes)
     replay = replay_aes(rec.sizes)
     return {

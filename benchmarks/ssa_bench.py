@@ -62,11 +62,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dpf_bench import RecordingAES, replay_aes  # noqa: E402
+from dpf_bench import record_aes, replay_aes  # noqa: E402
 
 from flwr_fsl.crypto import dpf  # noqa: E402
 from flwr_fsl.crypto.hashing import generate_hash_key, simple_hash  # noqa: E402
-from flwr_fsl.crypto.prg import _mmo_aes  # noqa: E402
 from flwr_fsl.protocols import ssa  # noqa: E402
 
 try:
@@ -144,26 +143,9 @@ def probe(module: ModuleType, names: tuple[str, ...]) -> Iterator[dict[str, floa
             setattr(module, n, fn)
 
 
-class ViewRecordingAES(RecordingAES):
-    """:class:`dpf_bench.RecordingAES` that also records the evaluator's memoryview calls."""
-
-    def encrypt_view_into(self, src: memoryview, dst: memoryview) -> None:
-        """Time and record one memoryview call."""
-        start = time.perf_counter()
-        self.inner.encrypt_view_into(src, dst)
-        self.seconds += time.perf_counter() - start
-        self.sizes.append(src.nbytes // 16)
-
-
 def aes_floor(fn: Callable[[], Any]) -> dict[str, float]:
     """Run ``fn`` once recording every DPF AES call; replay the calls alone (best of 3)."""
-    rec = ViewRecordingAES(_mmo_aes())
-    original = dpf._mmo_aes
-    dpf._mmo_aes = lambda: rec  # type: ignore[assignment,return-value]
-    try:
-        fn()
-    finally:
-        dpf._mmo_aes = original
+    rec = record_aes(fn)
     return {
         "blocks": float(sum(rec.sizes)),
         "calls": float(len(rec.sizes)),
