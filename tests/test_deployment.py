@@ -1,0 +1,295 @@
+"""``examples/dpf-ssa-mnist`` on Flower's deployment engine with a real helper process S1.
+
+The fixture starts, on free loopback ports and in a temporary ``FLWR_HOME``:
+
+- ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned),
+- ``flower-superlink --insecure`` (S0's ServerApp runs under it),
+- two ``flower-supernode --insecure`` with ``partition-id=0/1 num-partitions=2``,
+
+and a ``deploy`` federation in ``config.toml``. The test submits the app with ``flwr run ...
+deploy --format json`` (2 rounds, both nodes train each round, tiny data), polls ``flwr ls``
+until the run is ``finished:completed`` (``--stream`` exits 0 even when the ServerApp
+crashes), and checks the final global model the run saved against plaintext top-k
+``FedSubAvg`` on the same updates, recomputed here with the example's ClientApp on an
+in-process grid: equal up to the fixed-point rounding of the secure sum. Every process is
+stopped (its whole process group) even when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flwr_fsl.data import cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "examples" / "dpf-ssa-mnist"
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 240.0
+ROUNDS = 2
+# Fixed-point rounding (2^-24 per summand) after two rounds of training; a wrong aggregate
+# (another client set, a dropped client, unweighted averaging) differs by > 1e-3.
+ATOL = 1e-5
+
+RUN_CONFIG: dict[str, Any] = {
+    "num-server-rounds": ROUNDS,
+    "fraction-train": 1.0,
+    "fraction-evaluate": 0.0,
+    "min-nodes": 2,
+    "max-client-samples": 160,
+    "test-size": 500,
+    "compare-plaintext": False,
+}
+
+
+@dataclass
+class Deployment:
+    """What the fixture started."""
+
+    env: dict[str, str]
+    helper_address: str
+    fingerprint: str
+    logs: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _exe(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{name} not found beside {sys.executable}")
+    return str(path)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process and its children (its own process group)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+
+
+def _flwr(env: dict[str, str], *args: str, timeout: float = 60.0) -> str:
+    proc = subprocess.run(
+        [_exe("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"flwr {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready():
+        for proc in procs:
+            if proc.poll() is not None:
+                tails = "\n".join(f.read_text()[-2000:] for f in sorted(log.glob("*.log")))
+                pytest.fail(
+                    f"{proc.args!r} exited with {proc.returncode} while waiting for {what}; "
+                    f"logs in {log}:\n{tails}"
+                )
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not ready within {START_TIMEOUT_S:.0f} s; see {log}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """Start S1, a SuperLink and two SuperNodes on free ports; stop them all afterwards."""
+    if not (cache_dir() / "mnist.npz").is_file():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
+        pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
+    home, logs = tmp_path / "flwr-home", tmp_path / "logs"
+    home.mkdir()
+    logs.mkdir()
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_FSL_CACHE": str(cache_dir()),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+        log = logs / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [_exe(args[0]), *args[1:]],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: children stop with it
+            )
+        procs.append(proc)
+        return proc, log
+
+    (tmp_path / "s1").mkdir(mode=0o700)
+    try:
+        helper_port, link_port = _free_port(), _free_port()
+        _, helper_log = start(
+            "helper",
+            "flwr-fsl-helper",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(helper_port),
+            "--key-file",
+            str(tmp_path / "s1" / "s1.pem"),
+            "--generate-key",
+        )
+        start(
+            "superlink",
+            "flower-superlink",
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(link_port),
+            "--database",
+            str(home / "state.db"),
+            "--disable-runtime-dependency-installation",
+        )
+        for pid in range(2):
+            start(
+                f"supernode-{pid}",
+                "flower-supernode",
+                "--insecure",
+                "--superlink",
+                f"127.0.0.1:{link_port}",
+                "--port",
+                str(_free_port()),
+                "--node-config",
+                f"partition-id={pid} num-partitions=2",
+            )
+        _wait_for("flwr-fsl-helper", lambda: "listening on" in helper_log.read_text(), procs, logs)
+        found = re.search(r"fingerprint ([0-9a-f]{64})", helper_log.read_text())
+        assert found, helper_log.read_text()
+        _wait_for("flower-superlink", lambda: _healthy(link_port), procs, logs)
+        (home / "config.toml").write_text(
+            '[superlink]\ndefault = "deploy"\n\n'
+            f'[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+        )
+        yield Deployment(env, f"127.0.0.1:{helper_port}", found.group(1), logs)
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+def _run_config_arg(config: dict[str, Any]) -> str:
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return f"'{v}'" if isinstance(v, str) else str(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in config.items())
+
+
+def _plaintext_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Return the initial model and plaintext top-k FedSubAvg's final model.
+
+    The example's own ClientApp and training function on an in-process grid with the same
+    node configs (partition-id 0/1 of 2) and run config as the deployment.
+    """
+    sys.path.insert(0, str(APP))
+    try:
+        import torch
+        from dpf_ssa_mnist.client_app import app as client_app
+        from dpf_ssa_mnist.server_app import train_federated
+        from dpf_ssa_mnist.task import Net, Settings
+    finally:
+        sys.path.remove(str(APP))
+    from flwr_fsl.testing import InProcessGrid
+
+    settings = Settings.from_run_config(RUN_CONFIG)
+    torch.manual_seed(settings.seed)
+    initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
+    grid = InProcessGrid(client_app, 2, RUN_CONFIG)
+    return initial, train_federated(grid, settings).arrays
+
+
+def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_path: Path) -> None:
+    """Two rounds with a real S1 equal plaintext top-k FedSubAvg up to fixed-point rounding."""
+    env, results = deployment.env, tmp_path / "results"
+    config = {
+        **RUN_CONFIG,
+        "ssa-helper-address": deployment.helper_address,
+        "ssa-helper-fingerprint": deployment.fingerprint,
+        "results-dir": str(results),
+    }
+    out = _flwr(
+        env, "run", str(APP), "deploy", "--format", "json", "--run-config", _run_config_arg(config)
+    )
+    submitted = json.loads(out)
+    assert submitted["success"] is True, submitted
+    run_id = str(submitted["run-id"])
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    status = ""
+    while time.monotonic() < deadline:
+        listing = json.loads(_flwr(env, "ls", "deploy", "--run-id", run_id, "--format", "json"))
+        runs = [r for r in listing.get("runs", []) if str(r.get("run-id")) == run_id]
+        status = runs[0]["status"] if runs else ""
+        if status.startswith("finished:"):
+            break
+        time.sleep(2)
+    logs = _flwr(env, "log", run_id, "deploy", "--show", timeout=60)
+    assert status == "finished:completed", (
+        f"run {run_id} ended as {status!r} (logs in {deployment.logs}):\n{logs[-4000:]}"
+    )
+    # S0 talked to the helper process, not to an in-process twin.
+    assert f"S1: flwr-fsl-helper at {deployment.helper_address}" in logs, logs[-4000:]
+    assert "secure aggregation failed" not in logs, logs[-4000:]
+
+    with np.load(results / "global-model-secure.npz", allow_pickle=False) as npz:
+        secure = {k: npz[k] for k in npz.files}
+    initial, plain = _plaintext_reference()
+    assert set(secure) == set(plain) == set(initial)
+    for name, value in plain.items():
+        np.testing.assert_allclose(secure[name], value, rtol=0, atol=ATOL, err_msg=name)
+    # Training moved the model far beyond the tolerance, in every round.
+    moved = max(float(np.max(np.abs(secure[n] - initial[n]))) for n in initial)
+    assert moved > 100 * ATOL
+    history = json.loads((results / "dpf-ssa-mnist.json").read_text())
+    assert history["runs"][0]["traffic_rounds"] == list(range(1, ROUNDS + 1))
