@@ -129,3 +129,38 @@ def test_settings_validation(example: tuple[ModuleType, ModuleType, ModuleType])
         task.Settings.from_run_config({"ssa-udpf": 1})
     with pytest.raises(ValueError, match="user must be"):
         task.user_data(10**6, 8)
+
+
+def test_default_helper_pin_without_run_config_keys(
+    example: tuple[ModuleType, ModuleType, ModuleType],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `flwr run` with the app's defaults: no S1 key pinned anywhere. The ServerApp creates the
+    # key under $FLWR_HOME, the clients pin it from there, and nobody edits the run config
+    # (Flower rejects a ClientApp that changes context.run_config).
+    task, client_app, server_app = example
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    config = {"num-server-rounds": 1, "local-epochs": 1, "compare-plaintext": False}
+    grid = InProcessGrid(client_app.app, 2, config)
+    runs, _ = server_app.run_experiment(grid, config)
+    assert task.default_helper_key_file().is_file()
+    assert runs[0].result.train_metrics_clientapp[1]["udpf-clients"] == 0
+    assert all(not d for d in runs[0].strategy.dropped.values())
+    assert all(ctx.run_config == config for ctx in grid._contexts.values())
+
+
+def test_a_training_without_any_update_fails_the_run(
+    example: tuple[ModuleType, ModuleType, ModuleType],
+) -> None:
+    _, client_app, server_app = example
+    key = SealingKeyPair.generate()
+    pinned = {"num-server-rounds": 1, "compare-plaintext": False}
+    wrong = {**pinned, "ssa-helper-fingerprint": SealingKeyPair.generate().fingerprint}
+    grid = InProcessGrid(client_app.app, 2, wrong)  # clients pin another key: all refuse
+    with pytest.raises(RuntimeError, match="no round aggregated"):
+        server_app.run_experiment(
+            grid,
+            {**pinned, "ssa-helper-fingerprint": key.fingerprint},
+            helper=InProcessHelper(keypair=key),
+        )

@@ -299,9 +299,13 @@ def train_federated(
     failed = getattr(strategy, "failed_rounds", {})
     if failed:
         print(f"WARNING: secure aggregation failed in rounds {failed}", flush=True)
-    dropped = {r: d for r, d in strategy.dropped.items() if d}
-    if dropped:
-        print(f"WARNING: dropped replies {dropped}", flush=True)
+    for rnd, reasons in sorted(strategy.dropped.items()):
+        if reasons:
+            first = next(iter(reasons.values()))
+            print(
+                f"WARNING: round {rnd}: {len(reasons)} replies dropped (first: {first})",
+                flush=True,
+            )
     run.rounds = _round_stats(result, strategy)
     run.table = np.array(result.arrays[TABLE].numpy(), copy=True)
     return run
@@ -441,6 +445,11 @@ def run_experiment(
     -------
     tuple[list[TrainingRun], dict[str, Any]]
         The runs (secure first) and the printed summary.
+
+    Raises
+    ------
+    RuntimeError
+        If a training aggregated no client update in any round (e.g. every client failed).
     """
     settings = Settings.from_run_config(run_config)
     if helper is None:
@@ -456,4 +465,9 @@ def run_experiment(
             connection.close()
     if settings.compare_plaintext:
         runs.append(train_federated(grid, settings))
-    return runs, report(runs, settings)
+    summary = report(runs, settings)
+    idle = [r.label for r in runs if r.result is None or not r.result.train_metrics_clientapp]
+    if idle:
+        # Flower would still mark the run completed: fail it visibly instead.
+        raise RuntimeError(f"no round aggregated any client update in: {', '.join(idle)}")
+    return runs, summary
