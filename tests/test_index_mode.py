@@ -187,3 +187,17 @@ def test_too_many_rows_is_a_client_error(key: SealingKeyPair) -> None:
 def test_constructor_validation(key: SealingKeyPair) -> None:
     with pytest.raises(ValueError, match="max_rows"):
         SecureRowFedSubAvg(InProcessHelper(keypair=key), "emb", 0)
+
+
+def test_plaintext_train_messages_pass_through(key: SealingKeyPair) -> None:
+    grid = InProcessGrid(make_index_app(False), 1, {"ssa-helper-fingerprint": key.fingerprint})
+    node = next(iter(grid.get_node_ids()))
+    from flwr.app import ConfigRecord
+
+    msg = Message(
+        RecordDict({"arrays": initial(), "config": ConfigRecord({"server-round": 1})}),
+        node,
+        "train",
+    )
+    (reply,) = grid.send_and_receive([msg])
+    assert not reply.has_error() and "arrays" in reply.content

@@ -66,12 +66,12 @@ _UDPF_STATE = "fsl.udpf.state"
 _UDPF_ARRAYS = "fsl.udpf.arrays"
 
 
-def _config_with_round(msg: Message) -> tuple[SSAParams, bytes, ConfigRecord]:
+def _config_with_round(msg: Message) -> tuple[SSAParams, bytes, ConfigRecord] | None:
     for record in msg.content.config_records.values():
         found = find_ssa_round(RecordDict({"c": record}))
         if found is not None:
             return found[0], found[1], record
-    raise ValueError("the message carries no SSA round parameters")
+    return None
 
 
 @dataclass
@@ -106,7 +106,10 @@ class PrivateRows:
             If S1's key does not match the pinned fingerprint or the row set does not fit
             the round.
         """
-        params, helper_key, _ = _config_with_round(msg)
+        found = _config_with_round(msg)
+        if found is None:
+            raise ValueError("the retrieval message carries no SSA round parameters")
+        params, helper_key, _ = found
         verify_fingerprint(helper_key, pinned_helper_fingerprint(dict(context.run_config)))
         indices, counts = self._rows(context)
         if counts is not None and counts.shape != indices.shape:
@@ -134,6 +137,9 @@ class PrivateRows:
     def mod(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         """Client mod: fill the retrieved rows in, train, upload the row updates via SSA.
 
+        Train messages without index-mode parameters (e.g. a plaintext baseline round) pass
+        through unchanged.
+
         Raises
         ------
         ValueError
@@ -142,7 +148,10 @@ class PrivateRows:
         """
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return call_next(msg, context)
-        params, helper_key, config = _config_with_round(msg)
+        found = _config_with_round(msg)
+        if found is None or TABLE_FIELD not in found[2]:
+            return call_next(msg, context)  # a plaintext round: nothing to retrieve or hide
+        params, helper_key, config = found
         verify_fingerprint(helper_key, pinned_helper_fingerprint(dict(context.run_config)))
         if config.get(TABLE_FIELD) != self.table:
             raise ValueError(f"the server's row table is {config.get(TABLE_FIELD)!r}")
