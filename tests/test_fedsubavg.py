@@ -49,9 +49,13 @@ def test_mixed_dense_sparse_and_row_replies_in_one_round() -> None:
     }
 
     def per_node_config_mod(msg, context, call_next):  # type: ignore[no-untyped-def]
+        # Per-node settings through the message's config (the run config is read-only).
         pid = int(context.node_config["partition-id"])
-        context.run_config.clear()
-        context.run_config.update(node_settings[pid])
+        msg.content["config"]["topk-ratio"] = 1.0  # dense unless the node's settings say so
+        for key, value in node_settings[pid].items():
+            msg.content["config"][key] = value
+        if "topk-count" in node_settings[pid]:
+            del msg.content["config"]["topk-ratio"]
         return call_next(msg, context)
 
     grid = InProcessGrid(make_app([per_node_config_mod, topk_mod]), 3)

@@ -5,7 +5,7 @@ the same ``ClientApp`` (with its mods) and the same strategy code run in one pro
 seconds. Every message crosses the "wire" as Flower's protobuf encoding of its ``RecordDict``,
 in both directions, so the client never shares objects with the server and byte counts match
 a real deployment. Each node keeps its own :class:`flwr.app.Context` (``state`` persists across
-rounds, as on a SuperNode).
+rounds, as on a SuperNode; like a SuperNode, it refuses a ClientApp that changes the run config).
 """
 
 from __future__ import annotations
@@ -160,8 +160,17 @@ class InProcessGrid(Grid):
         received.metadata.__dict__["_src_node_id"] = _SERVER_NODE_ID
         received.metadata.__dict__["_dst_node_id"] = node_id
         started = time.monotonic()
+        context = self._contexts[node_id]
+        run_config = dict(context.run_config)
         try:
-            reply = self._client_app(received, self._contexts[node_id])
+            reply = self._client_app(received, context)
+            if context.run_config != run_config:
+                # As Flower's SuperNode: a ClientApp may not change the run config.
+                context.run_config.clear()
+                context.run_config.update(run_config)
+                raise ValueError(
+                    "The `run_config` field of the `Context` object cannot be modified"
+                )
         except Exception as exc:
             log.warning("node %s raised %s: %s", node_id, type(exc).__name__, exc)
             return Message(
