@@ -232,21 +232,25 @@ def _plaintext_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
     The example's own ClientApp and training function on an in-process grid with the same
     node configs (partition-id 0/1 of 2) and run config as the deployment.
     """
+    import torch
+
+    from flwr_fsl.testing import InProcessGrid
+
+    threads = torch.get_num_threads()  # the example's task module pins torch to 1 thread
     sys.path.insert(0, str(APP))
     try:
-        import torch
         from dpf_ssa_mnist.client_app import app as client_app
         from dpf_ssa_mnist.server_app import train_federated
         from dpf_ssa_mnist.task import Net, Settings
+
+        settings = Settings.from_run_config(RUN_CONFIG)
+        torch.manual_seed(settings.seed)
+        initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
+        grid = InProcessGrid(client_app, 2, RUN_CONFIG)
+        return initial, train_federated(grid, settings).arrays
     finally:
         sys.path.remove(str(APP))
-    from flwr_fsl.testing import InProcessGrid
-
-    settings = Settings.from_run_config(RUN_CONFIG)
-    torch.manual_seed(settings.seed)
-    initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
-    grid = InProcessGrid(client_app, 2, RUN_CONFIG)
-    return initial, train_federated(grid, settings).arrays
+        torch.set_num_threads(threads)
 
 
 def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_path: Path) -> None:

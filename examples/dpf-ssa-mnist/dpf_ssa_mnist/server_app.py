@@ -160,6 +160,7 @@ def connect_helper(settings: Settings) -> tuple[HelperConnection, str]:
                 "(simulation: S1 runs in the ServerApp with that key, created if missing) or "
                 "ssa-helper-address and ssa-helper-fingerprint (a running flwr-fsl-helper)"
             )
+        Path(key_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         keypair, created = load_or_create_key(Path(key_file), generate=True)
         fingerprint = settings.ssa_helper_fingerprint or keypair.fingerprint
         connection = InProcessHelper(keypair=keypair)
