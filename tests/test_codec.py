@@ -116,11 +116,13 @@ MALFORMED = {
     "wrong shape (dense)": lambda c: _mutate(c, "bn.count|values", np.array([4], np.int64)),
     "wrong dtype": lambda c: _mutate(c, "conv.weight|values", np.ones(3, np.float64)),
     "index dtype": lambda c: _mutate(c, "conv.weight|indices", np.array([0, 5, 23], np.int32)),
-    "out-of-range index": lambda c: _mutate(c, "conv.weight|indices", np.array([0, 5, 24])),
-    "negative index": lambda c: _mutate(c, "conv.weight|indices", np.array([-1, 5, 6])),
-    "duplicate index": lambda c: _mutate(c, "conv.weight|indices", np.array([0, 5, 5])),
-    "duplicate row": lambda c: _mutate(c, "emb.weight|indices", np.array([2, 2])),
-    "row out of range": lambda c: _mutate(c, "emb.weight|indices", np.array([2, 10])),
+    "out-of-range index": lambda c: _mutate(
+        c, "conv.weight|indices", np.array([0, 5, 24], np.uint32)
+    ),
+    "signed indices": lambda c: _mutate(c, "conv.weight|indices", np.array([-1, 5, 6])),
+    "duplicate index": lambda c: _mutate(c, "conv.weight|indices", np.array([0, 5, 5], np.uint32)),
+    "duplicate row": lambda c: _mutate(c, "emb.weight|indices", np.array([2, 2], np.uint32)),
+    "row out of range": lambda c: _mutate(c, "emb.weight|indices", np.array([2, 10], np.uint64)),
     "NaN value": lambda c: _mutate(
         c, "conv.weight|values", np.array([1.0, np.nan, 3.0], np.float32)
     ),
@@ -133,7 +135,8 @@ MALFORMED = {
     "missing values": lambda c: (c[ARRAYS_KEY].pop("conv.weight|values"), c)[1],
     "extra array": lambda c: _mutate(c, "bn.count|indices", np.array([0])),
     "unknown encoding": lambda c: _set_header(c, encodings=["coo", "rows", "dense"]),
-    "bad version": lambda c: _set_header(c, version=2),
+    "old version": lambda c: _set_header(c, version=1),
+    "future version": lambda c: _set_header(c, version=3),
     "bad format": lambda c: _set_header(c, format="other"),
     "names not a list": lambda c: _set_header(c, names="conv.weight"),
     "list length mismatch": lambda c: _set_header(c, counts=[False, True]),

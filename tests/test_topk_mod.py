@@ -123,7 +123,8 @@ def test_upload_is_a_fraction_of_dense() -> None:
         strategy = FedSubAvg()
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
         sizes[ratio] = strategy.traffic[0].mean_up_bytes
-    assert sizes[0.1] < 0.31 * sizes[1.0] and sizes[0.01] < 0.04 * sizes[1.0]
+    # 8 bytes (float32 value + uint32 index) per kept coordinate vs 4 per dense one.
+    assert sizes[0.1] < 0.22 * sizes[1.0] and sizes[0.01] < 0.03 * sizes[1.0]
 
 
 def test_sparse_arrays_record_name() -> None:

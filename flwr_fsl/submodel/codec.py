@@ -13,14 +13,16 @@ A submodel reply carries two records next to the client's usual ``MetricRecord``
 ``ArrayRecord`` under :data:`ARRAYS_KEY` (``"fsl.update"``), for each listed parameter ``p``:
 
 - dense: ``p|values`` — the full-shape delta, the parameter's dtype;
-- coordinates: ``p|indices`` (int64, flat row-major, unique, in range) and ``p|values``
+- coordinates: ``p|indices`` (flat row-major, unique, in range) and ``p|values``
   (1-D, the parameter's dtype, same length);
-- rows (mega-elements): ``p|indices`` (int64 indices along axis 0, unique, in range) and
+- rows (mega-elements): ``p|indices`` (indices along axis 0, unique, in range) and
   ``p|values`` of shape ``(len(indices), *shape[1:])``;
 - and, when ``counts`` is True for ``p`` (coordinates/rows only), ``p|counts``: float64,
   finite and > 0, one per index.
 
-Values are deltas against the arrays the client received. Parameters not listed were not
+Indices are ``uint32`` when every index is below 2^32 (so a top-k coordinate costs 8 bytes
+with a float32 value), else ``uint64``. Values are deltas against the arrays the client
+received. (Version 1 sent int64 indices; this is version 2.) Parameters not listed were not
 touched. A reply without the header is a plain Flower reply: exactly one ``ArrayRecord`` of
 full weights with the global model's keys, shapes and dtypes, turned into dense deltas.
 :func:`decode_update` checks all of this and raises :class:`SubmodelFormatError` (one error
@@ -41,7 +43,7 @@ from numpy.typing import NDArray
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 FORMAT_NAME = "flwr_fsl.submodel"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_KEY = "fsl.submodel"
 ARRAYS_KEY = "fsl.update"
 _SEP = "|"
@@ -75,7 +77,7 @@ def encode_update(update: SubmodelUpdate) -> RecordDict:
         has_counts.append(part.counts is not None)
         arrays[f"{name}{_SEP}values"] = Array(np.asarray(part.values, order="C"))
         if part.indices is not None:
-            arrays[f"{name}{_SEP}indices"] = Array(np.ascontiguousarray(part.indices, np.int64))
+            arrays[f"{name}{_SEP}indices"] = Array(_index_array(part.indices))
         if part.counts is not None:
             arrays[f"{name}{_SEP}counts"] = Array(np.ascontiguousarray(part.counts, np.float64))
     header = ConfigRecord(
@@ -194,12 +196,21 @@ def _check_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generi
         raise SubmodelFormatError(f"{name}: values contain NaN or inf")
 
 
+def _index_array(indices: NDArray[np.int64]) -> NDArray[np.unsignedinteger]:
+    idx = np.asarray(indices)
+    if idx.size and int(idx.min()) < 0:
+        raise ValueError("indices must be non-negative")
+    small = not idx.size or int(idx.max()) < 2**32
+    return np.ascontiguousarray(idx, np.uint32 if small else np.uint64)
+
+
 def _check_indices(name: str, indices: NDArray[np.generic], bound: int) -> NDArray[np.int64]:
-    if indices.dtype != np.int64 or indices.ndim != 1:
+    if indices.dtype not in (np.uint32, np.uint64) or indices.ndim != 1:
         raise SubmodelFormatError(
-            f"{name}: indices must be 1-D int64, got {indices.dtype} with shape {indices.shape}"
+            f"{name}: indices must be 1-D uint32 or uint64, got {indices.dtype} with shape "
+            f"{indices.shape}"
         )
-    if indices.size and (indices.min() < 0 or indices.max() >= bound):
+    if indices.size and int(indices.max()) >= bound:
         raise SubmodelFormatError(f"{name}: index out of range [0, {bound})")
     if np.unique(indices).size != indices.size:
         raise SubmodelFormatError(f"{name}: duplicate indices")
