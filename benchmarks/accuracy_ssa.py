@@ -1,0 +1,165 @@
+"""Accuracy benchmark: two-server secure top-k aggregation (SSA) vs plaintext top-k.
+
+Acceptance check of issue 4: ``examples/dpf-ssa-mnist`` reaches the same test accuracy as the
+plaintext top-k run with the same seed — the final accuracies differ by at most 0.3 points
+after 20 rounds.
+
+It runs the example's own code — its ``ClientApp`` (``mods=[ssa_mod, topk_mod]``) and its
+ServerApp experiment (:func:`dpf_ssa_mnist.server_app.run_experiment`: ``SecureFedSubAvg``
+with S1 as the in-process twin, then plaintext ``FedSubAvg`` with the same top-k count) — in
+one process on :class:`flwr_fsl.testing.InProcessGrid` (no Ray), 10 IID clients, 5 sampled
+per round, the same clients and seeds in both trainings. It prints both accuracy curves, the
+final accuracies and their difference, upload bytes per client per round and the largest
+difference between the final global models, and writes ``results/accuracy_ssa.json``.
+Exit status 1 if the bar is missed.
+
+Usage::
+
+    python benchmarks/accuracy_ssa.py                 # 20 rounds, the example's defaults
+    python benchmarks/accuracy_ssa.py --quick         # 3 rounds, capped data: smoke test
+
+The same experiment through Flower's simulation engine is printed at the end (``flwr run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+APP_DIR = REPO / "examples" / "dpf-ssa-mnist"
+sys.path.insert(0, str(APP_DIR))
+
+from dpf_ssa_mnist.client_app import app as client_app  # noqa: E402
+from dpf_ssa_mnist.server_app import run_experiment  # noqa: E402
+
+from flwr_fsl.testing import InProcessGrid  # noqa: E402
+
+BAR_POINTS = 0.3
+OUT_NAME = "accuracy_ssa.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--fraction-train", type=float, default=0.5)
+    p.add_argument("--max-client-samples", type=int, default=0, help="0 = whole partition")
+    p.add_argument("--test-size", type=int, default=0, help="0 = all 10,000 test images")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--quick", action="store_true", help="3 rounds, 300 samples per client")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / OUT_NAME)
+    p.add_argument("--plot", action="store_true", help="also save histories and a plot")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.max_client_samples, args.test_size = 3, 300, 2000
+    return args
+
+
+def flwr_run_command(run_config: dict[str, Any], clients: int) -> str:
+    """Return the ``flwr run`` command of the same experiment on Flower's simulation engine."""
+    items = []
+    for key, value in run_config.items():
+        if isinstance(value, str):
+            items.append(f"{key}='{value}'")
+        elif isinstance(value, bool):
+            items.append(f"{key}={'true' if value else 'false'}")
+        else:
+            items.append(f"{key}={value}")
+    # Double quotes: the shell expands $FLWR_HOME in the key file path.
+    return (
+        "flwr run examples/dpf-ssa-mnist local --stream --federation-config "
+        f'"num-supernodes={clients} client-resources-num-cpus=1" --run-config "{" ".join(items)}"'
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; return the exit status."""
+    args = parse_args(argv)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="accuracy-ssa-") as tmp:
+        run_config: dict[str, Any] = {
+            "num-server-rounds": args.rounds,
+            "fraction-train": args.fraction_train,
+            "max-client-samples": args.max_client_samples,
+            "test-size": args.test_size,
+            "seed": args.seed,
+            "compare-plaintext": True,
+            "ssa-helper-key-file": str(Path(tmp) / "s1.pem"),
+        }
+        if args.plot:
+            run_config["results-dir"] = str(args.out.parent / "accuracy_ssa")
+        grid = InProcessGrid(client_app, args.clients, run_config)
+        started = time.perf_counter()
+        runs, summary = run_experiment(grid, run_config)
+        elapsed = time.perf_counter() - started
+    secure, plain = runs
+    acc_s, acc_p = secure.history.final_accuracy, plain.history.final_accuracy
+    if acc_s is None or acc_p is None:
+        print("no final accuracy reported", file=sys.stderr)
+        return 1
+    diff = (acc_s - acc_p) * 100
+    passed = abs(diff) <= BAR_POINTS and not getattr(secure.strategy, "failed_rounds", {})
+    print(
+        f"\nbar: |final acc secure - plaintext| = {abs(diff):.2f} points "
+        f"(<= {BAR_POINTS}) after {args.rounds} rounds: {'PASS' if passed else 'FAIL'}"
+    )
+    command_config = {k: v for k, v in run_config.items() if k != "ssa-helper-key-file"}
+    command_config["ssa-helper-key-file"] = "$FLWR_HOME/dpf-ssa-mnist-s1.pem"
+    command = flwr_run_command(command_config, args.clients)
+    print(f"total {elapsed:.0f} s; the same experiment on Flower's simulation engine:\n  {command}")
+    doc = {
+        "benchmark": "accuracy_ssa",
+        "bar": {
+            "max_abs_final_accuracy_difference_points": BAR_POINTS,
+            "rounds": args.rounds,
+            "passed": passed,
+        },
+        "setup": {
+            "clients": args.clients,
+            "fraction_train": args.fraction_train,
+            "max_client_samples": args.max_client_samples,
+            "test_size": args.test_size,
+            "seed": args.seed,
+            "quick": args.quick,
+            "grid": "flwr_fsl.testing.InProcessGrid",
+            "helper": "InProcessHelper",
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+        },
+        "final_accuracy_difference_points": diff,
+        "max_abs_model_diff": summary.get("max_abs_model_diff"),
+        "runs": [
+            {
+                "label": r.label,
+                "rounds": r.history.rounds,
+                "accuracy": r.history.accuracy,
+                "final_accuracy": r.history.final_accuracy,
+                "up_bytes_per_client_round": r.history.mean_up_mb * 1e6,
+                "down_bytes_per_client_round": r.history.mean_down_mb * 1e6,
+                "topk_count": r.topk_count,
+                "seconds": r.seconds,
+                "dropped": {str(k): v for k, v in r.strategy.dropped.items() if v},
+                "failed_rounds": getattr(r.strategy, "failed_rounds", {}),
+            }
+            for r in runs
+        ],
+        "flwr_run_command": command,
+        "total_seconds": elapsed,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
