@@ -19,7 +19,7 @@ import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.data import cache_dir
-from flwr_fsl.helper import InProcessHelper
+from flwr_fsl.helper import InProcessHelper, default_key_file
 from flwr_fsl.testing import InProcessGrid
 
 APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "dpf-psr-movielens"
@@ -139,12 +139,12 @@ def test_default_helper_pin_without_run_config_keys(
     # `flwr run` with the app's defaults: no S1 key pinned anywhere. The ServerApp creates the
     # key under $FLWR_HOME, the clients pin it from there, and nobody edits the run config
     # (Flower rejects a ClientApp that changes context.run_config).
-    task, client_app, server_app = example
+    _, client_app, server_app = example
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     config = {"num-server-rounds": 1, "local-epochs": 1, "compare-plaintext": False}
     grid = InProcessGrid(client_app.app, 2, config)
     runs, _ = server_app.run_experiment(grid, config)
-    assert task.default_helper_key_file().is_file()
+    assert default_key_file().is_file()
     assert runs[0].result.train_metrics_clientapp[1]["udpf-clients"] == 0
     assert all(not d for d in runs[0].strategy.dropped.values())
     assert all(ctx.run_config == config for ctx in grid._contexts.values())

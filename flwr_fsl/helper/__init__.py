@@ -36,6 +36,7 @@ from flwr_fsl.helper.sealing import (
 )
 from flwr_fsl.helper.server import start_server
 from flwr_fsl.helper.service import HelperService
+from flwr_fsl.helper.setup import connect_helper, default_key_file, pinned_fingerprint
 
 __all__ = [
     "HelperClient",
@@ -48,9 +49,12 @@ __all__ = [
     "HelperUnavailableError",
     "InProcessHelper",
     "WireFormatError",
+    "connect_helper",
+    "default_key_file",
     "open_psr_answer",
     "open_psr_query",
     "open_ssa_upload",
+    "pinned_fingerprint",
     "seal_psr_answer",
     "seal_psr_query",
     "seal_ssa_upload",

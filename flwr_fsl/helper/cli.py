@@ -39,46 +39,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair
+from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
+from flwr_fsl.helper.setup import load_or_create_key
 
-__all__ = ["load_or_create_key", "main"]
+__all__ = ["main"]
 
 _PROG = "flwr-fsl-helper"
-
-
-def load_or_create_key(path: Path, *, generate: bool) -> tuple[SealingKeyPair, bool]:
-    """Load S1's key pair, creating the file first when allowed.
-
-    Parameters
-    ----------
-    path : Path
-        Key file (PKCS#8 PEM, mode 0600).
-    generate : bool
-        Create a new key pair when the file does not exist.
-
-    Returns
-    -------
-    tuple[SealingKeyPair, bool]
-        The key pair and whether it was just created.
-
-    Raises
-    ------
-    SealedBoxError
-        If the file is missing (and ``generate`` is false), unreadable, too permissive or not
-        an X25519 key.
-    """
-    if not path.exists():
-        if not generate:
-            raise SealedBoxError(
-                f"key file {str(path)!r} does not exist (pass --generate-key to create it)"
-            )
-        keypair = SealingKeyPair.generate()
-        keypair.save(path)
-        return keypair, True
-    return SealingKeyPair.load(path), False
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -38,7 +38,8 @@ from numpy.typing import NDArray
 from flwr_fsl.crypto.channel import SealingKeyPair, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.helper.sealing import open_psr_answer, seal_psr_query, seal_ssa_upload
-from flwr_fsl.mods.ssa import WEIGHT_KEY, pinned_helper_fingerprint
+from flwr_fsl.helper.setup import pinned_fingerprint
+from flwr_fsl.mods.ssa import WEIGHT_KEY
 from flwr_fsl.mods.ssa_records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
@@ -110,7 +111,7 @@ class PrivateRows:
         if found is None:
             raise ValueError("the retrieval message carries no SSA round parameters")
         params, helper_key, _ = found
-        verify_fingerprint(helper_key, pinned_helper_fingerprint(dict(context.run_config)))
+        verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
         indices, counts = self._rows(context)
         if counts is not None and counts.shape != indices.shape:
             raise ValueError("rows() returned counts of another length than the indices")
@@ -152,7 +153,7 @@ class PrivateRows:
         if found is None or TABLE_FIELD not in found[2]:
             return call_next(msg, context)  # a plaintext round: nothing to retrieve or hide
         params, helper_key, config = found
-        verify_fingerprint(helper_key, pinned_helper_fingerprint(dict(context.run_config)))
+        verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
         if config.get(TABLE_FIELD) != self.table:
             raise ValueError(f"the server's row table is {config.get(TABLE_FIELD)!r}")
         state = context.state.config_records.get(_QUERY_STATE)

@@ -9,8 +9,8 @@ When the train message carries SSA round parameters (sent by
 produced, numbers its coordinates in the model's flat index space, and replaces the reply's
 arrays with DPF keys (:func:`flwr_fsl.protocols.ssa.encode_update`): the public part and S0's
 master seed in the clear, S1's master seed sealed to S1's public key, which must match the
-fingerprint pinned in the run config (``ssa-helper-fingerprint``; in simulation,
-``ssa-helper-key-file`` names S1's key file and its public key is pinned from there). The
+fingerprint pinned in the run config (:func:`flwr_fsl.helper.setup.pinned_fingerprint`:
+``ssa-helper-fingerprint``, or in simulation S1's key file). The
 metrics (with ``num-examples``, the count-weighting weight) are kept. Messages without SSA
 parameters pass through untouched.
 """
@@ -20,34 +20,15 @@ from __future__ import annotations
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint, verify_fingerprint
+from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.helper.sealing import seal_ssa_upload
+from flwr_fsl.helper.setup import pinned_fingerprint
 from flwr_fsl.mods.ssa_records import SSA_UPLOAD_KEY, find_ssa_round, ssa_upload_record
 from flwr_fsl.protocols.ssa import encode_update
 from flwr_fsl.submodel import decode_update
 from flwr_fsl.submodel.layout import FlatLayout
 
 WEIGHT_KEY = "num-examples"
-
-
-def pinned_helper_fingerprint(run_config: dict[str, object]) -> str:
-    """Return the pinned fingerprint of S1's key from the run config.
-
-    Raises
-    ------
-    ValueError
-        If neither ``ssa-helper-fingerprint`` nor ``ssa-helper-key-file`` is set.
-    """
-    pinned = run_config.get("ssa-helper-fingerprint")
-    if isinstance(pinned, str) and pinned:
-        return pinned
-    key_file = run_config.get("ssa-helper-key-file")
-    if isinstance(key_file, str) and key_file:
-        return public_key_fingerprint(SealingKeyPair.load(key_file).public_bytes)
-    raise ValueError(
-        "no pinned helper key: set ssa-helper-fingerprint (or ssa-helper-key-file) in the "
-        "run config"
-    )
 
 
 def ssa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -79,7 +60,7 @@ def ssa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Mes
     if found is None:
         return call_next(msg, context)
     params, helper_key = found
-    verify_fingerprint(helper_key, pinned_helper_fingerprint(dict(context.run_config)))
+    verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
     records = msg.content.array_records
     if len(records) != 1:
         raise ValueError("ssa_mod expects one ArrayRecord (the model) in the train message")
@@ -118,4 +99,4 @@ def ssa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Mes
     return Message(content, reply_to=msg)
 
 
-__all__ = ["pinned_helper_fingerprint", "ssa_mod"]
+__all__ = ["ssa_mod"]

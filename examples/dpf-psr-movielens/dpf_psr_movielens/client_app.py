@@ -30,7 +30,6 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from dpf_psr_movielens.task import (
@@ -41,7 +40,6 @@ from dpf_psr_movielens.task import (
     mse,
     train_user,
     user_data,
-    with_helper_pin,
 )
 from flwr_fsl.mods.index import PrivateRows
 from flwr_fsl.mods.ssa_records import find_ssa_round
@@ -71,37 +69,7 @@ def client_rows(context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64
 rows = PrivateRows(TABLE, rows=client_rows)
 
 
-def _pinned(context: Context) -> Context:
-    """Return the context with the default S1 key file if the run config pins no key.
-
-    Flower forbids changing ``context.run_config`` itself, so the inner mods and handlers get
-    a copy of the context that shares the node's ``state`` (what they store persists).
-    """
-    config = with_helper_pin(context.run_config)
-    if config == context.run_config:
-        return context
-    return Context(
-        run_id=context.run_id,
-        node_id=context.node_id,
-        node_config=context.node_config,
-        state=context.state,
-        run_config=config,
-    )
-
-
-def index_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Run :class:`PrivateRows` on secure train messages; pass plaintext ones through.
-
-    It also fills in the default S1 key file of a simulation that pins no key
-    (:func:`~dpf_psr_movielens.task.with_helper_pin`).
-    """
-    context = _pinned(context)
-    if find_ssa_round(msg.content) is None:
-        return call_next(msg, context)
-    return rows.mod(msg, context, call_next)
-
-
-app = ClientApp(mods=[index_mod])
+app = ClientApp(mods=[rows.mod])
 
 
 @app.query("psr")

@@ -40,10 +40,8 @@ from flwr.serverapp.strategy import Result
 from numpy.typing import NDArray
 
 from dpf_psr_movielens.client_app import TRAINING_ID
-from dpf_psr_movielens.task import TABLE, Settings, initial_table, with_helper_pin
-from flwr_fsl.helper import HelperClient, HelperConnection, InProcessHelper, verify_helper
-from flwr_fsl.helper.cli import load_or_create_key
-from flwr_fsl.mods.ssa import pinned_helper_fingerprint
+from dpf_psr_movielens.task import TABLE, Settings, initial_table
+from flwr_fsl.helper import HelperConnection, connect_helper, pinned_fingerprint, verify_helper
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 
@@ -136,61 +134,6 @@ class TrainingRun:
 def main(grid: Grid, context: Context) -> None:
     """Run the secure training (and the plaintext comparison); print and save the results."""
     run_experiment(grid, context.run_config)
-
-
-def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str]:
-    """Connect to S1 as the run config says and check its key against the clients' pin.
-
-    Parameters
-    ----------
-    run_config : Mapping[str, Any]
-        The run config (``ssa-helper-address``, ``-fingerprint``, ``-key-file``); with none of
-        them set, the default key file of :func:`~dpf_psr_movielens.task.with_helper_pin`.
-
-    Returns
-    -------
-    tuple[HelperConnection, str]
-        The connection (close it when done) and S1's verified fingerprint.
-
-    Raises
-    ------
-    ValueError
-        If a key file is given by a relative path, or an address without a pinned key.
-    HelperError
-        If S1 is unreachable or its key does not match the pin.
-    """
-    config = with_helper_pin(run_config)
-    settings = Settings.from_run_config(config)
-    key_file = settings.ssa_helper_key_file
-    if key_file and not Path(key_file).is_absolute():
-        raise ValueError(
-            "ssa-helper-key-file must be an absolute path (clients may run in another "
-            f"directory), got {key_file!r}"
-        )
-    connection: HelperConnection
-    if settings.ssa_helper_address:
-        if not (settings.ssa_helper_fingerprint or key_file):
-            raise ValueError(
-                "ssa-helper-address is set but S1's key is not pinned: set "
-                "ssa-helper-fingerprint to the fingerprint flwr-fsl-helper printed"
-            )
-        connection = HelperClient(settings.ssa_helper_address)
-        print(f"S1: flwr-fsl-helper at {settings.ssa_helper_address}", flush=True)
-    else:
-        if not key_file:
-            raise ValueError("the in-process helper needs ssa-helper-key-file")
-        Path(key_file).parent.mkdir(parents=True, exist_ok=True)
-        keypair, created = load_or_create_key(Path(key_file), generate=True)
-        connection = InProcessHelper(keypair=keypair)
-        print(f"S1: in-process helper, {'new key' if created else 'key'} {key_file}", flush=True)
-    try:
-        fingerprint = pinned_helper_fingerprint(config)  # what the clients pin
-        verify_helper(connection, fingerprint)
-    except Exception:
-        connection.close()
-        raise
-    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
-    return connection, fingerprint
 
 
 def _round_stats(result: Result, strategy: FedSubAvg) -> list[RoundStats]:
@@ -454,10 +397,13 @@ def run_experiment(
     settings = Settings.from_run_config(run_config)
     if helper is None:
         connection, fingerprint = connect_helper(run_config)
+        where = settings.ssa_helper_address
+        print(f"S1: {'flwr-fsl-helper at ' + where if where else 'in-process helper'}", flush=True)
     else:
         connection = helper
-        fingerprint = pinned_helper_fingerprint(with_helper_pin(run_config))
+        fingerprint = pinned_fingerprint(run_config)
         verify_helper(connection, fingerprint)
+    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
     try:
         runs = [train_federated(grid, settings, connection, fingerprint)]
     finally:

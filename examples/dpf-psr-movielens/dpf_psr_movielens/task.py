@@ -18,11 +18,9 @@ the secure and the plaintext run.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,7 +29,6 @@ from numpy.typing import NDArray
 from flwr_fsl.data import load_movielens
 
 TABLE = "item_emb.weight"
-DEFAULT_KEY_NAME = "dpf-psr-movielens-helper.pem"
 
 
 @dataclass(frozen=True)
@@ -121,41 +118,6 @@ class Settings:
                     f"invalid run config: {key} must be a {kind.__name__}, got {raw!r}"
                 ) from None
         return cls(**values)
-
-
-def default_helper_key_file() -> Path:
-    """Return the simulation's default key file of S1: ``$FLWR_HOME/fsl/<name>.pem``.
-
-    Used only when the run config pins nothing (no ``ssa-helper-address``,
-    ``ssa-helper-fingerprint`` or ``ssa-helper-key-file``): the ServerApp creates the key
-    there and the ClientApps, on the same machine, pin it from the same file. ``FLWR_HOME``
-    defaults to ``~/.flwr`` as in Flower.
-    """
-    home = Path(os.environ.get("FLWR_HOME", "~/.flwr")).expanduser()
-    return (home / "fsl" / DEFAULT_KEY_NAME).resolve()
-
-
-def with_helper_pin(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the run config with :func:`default_helper_key_file` when it pins no S1 key.
-
-    Parameters
-    ----------
-    run_config : Mapping[str, Any]
-        ``context.run_config``.
-
-    Returns
-    -------
-    dict[str, Any]
-        A copy; ``ssa-helper-key-file`` is set to the default file if the address, the
-        fingerprint and the key file are all empty.
-    """
-    config = dict(run_config)
-    if not any(
-        config.get(key)
-        for key in ("ssa-helper-address", "ssa-helper-fingerprint", "ssa-helper-key-file")
-    ):
-        config["ssa-helper-key-file"] = str(default_helper_key_file())
-    return config
 
 
 class UserData(NamedTuple):

@@ -38,8 +38,7 @@ from numpy.typing import NDArray
 
 from dpf_ssa_mnist.task import Net, Settings
 from flwr_fsl.data import mnist_test_split
-from flwr_fsl.helper import HelperClient, HelperConnection, InProcessHelper, verify_helper
-from flwr_fsl.helper.cli import load_or_create_key
+from flwr_fsl.helper import HelperConnection, connect_helper, pinned_fingerprint, verify_helper
 from flwr_fsl.models import evaluate
 from flwr_fsl.reporting import RunHistory, comparison_table, plot_histories, save_histories
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
@@ -112,67 +111,6 @@ class TrainingRun:
 def main(grid: Grid, context: Context) -> None:
     """Run the secure training (and the plaintext comparison); print and save the results."""
     run_experiment(grid, context.run_config)
-
-
-def connect_helper(settings: Settings) -> tuple[HelperConnection, str]:
-    """Connect to S1 as the run config says and check its pinned key.
-
-    Parameters
-    ----------
-    settings : Settings
-        The run settings (``ssa-helper-address``, ``-fingerprint``, ``-key-file``).
-
-    Returns
-    -------
-    tuple[HelperConnection, str]
-        The connection (close it when done) and S1's verified fingerprint.
-
-    Raises
-    ------
-    ValueError
-        If the settings do not pin S1's key, or name a relative key file.
-    HelperError
-        If S1 is unreachable or its key does not match the pinned fingerprint.
-    """
-    address = settings.ssa_helper_address
-    key_file = settings.ssa_helper_key_file
-    if key_file and not Path(key_file).is_absolute():
-        raise ValueError(
-            f"ssa-helper-key-file must be an absolute path (clients may run in another "
-            f"directory), got {key_file!r}"
-        )
-    connection: HelperConnection
-    if address:
-        fingerprint = settings.ssa_helper_fingerprint
-        if not fingerprint and key_file:
-            fingerprint = load_or_create_key(Path(key_file), generate=False)[0].fingerprint
-        if not fingerprint:
-            raise ValueError(
-                "ssa-helper-address is set but S1's key is not pinned: set "
-                "ssa-helper-fingerprint to the fingerprint flwr-fsl-helper printed"
-            )
-        connection = HelperClient(address)
-        print(f"S1: flwr-fsl-helper at {address}", flush=True)
-    else:
-        if not key_file:
-            raise ValueError(
-                "no helper server configured: set ssa-helper-key-file to an absolute path "
-                "(simulation: S1 runs in the ServerApp with that key, created if missing) or "
-                "ssa-helper-address and ssa-helper-fingerprint (a running flwr-fsl-helper)"
-            )
-        Path(key_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        keypair, created = load_or_create_key(Path(key_file), generate=True)
-        fingerprint = settings.ssa_helper_fingerprint or keypair.fingerprint
-        connection = InProcessHelper(keypair=keypair)
-        what = "new key" if created else "key"
-        print(f"S1: in-process helper, {what} {key_file}", flush=True)
-    try:
-        verify_helper(connection, fingerprint)
-    except Exception:
-        connection.close()
-        raise
-    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
-    return connection, fingerprint
 
 
 def topk_count(arrays: ArrayRecord, ratio: float) -> int:
@@ -373,17 +311,14 @@ def run_experiment(
     """
     settings = Settings.from_run_config(run_config)
     if helper is None:
-        connection, fingerprint = connect_helper(settings)
+        connection, fingerprint = connect_helper(run_config)
+        where = settings.ssa_helper_address
+        print(f"S1: {'flwr-fsl-helper at ' + where if where else 'in-process helper'}", flush=True)
     else:
         connection = helper
-        fingerprint = settings.ssa_helper_fingerprint or (
-            load_or_create_key(Path(settings.ssa_helper_key_file), generate=False)[0].fingerprint
-            if settings.ssa_helper_key_file
-            else ""
-        )
-        if not fingerprint:
-            raise ValueError("pin S1's key: set ssa-helper-fingerprint or ssa-helper-key-file")
+        fingerprint = pinned_fingerprint(run_config)
         verify_helper(connection, fingerprint)
+    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
     try:
         runs = [train_federated(grid, settings, connection, fingerprint)]
     finally:

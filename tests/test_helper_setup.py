@@ -1,0 +1,56 @@
+"""How S0 connects to S1 and how clients pin S1's key from the run config."""
+
+from pathlib import Path
+
+import pytest
+
+from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.helper import (
+    HelperError,
+    InProcessHelper,
+    connect_helper,
+    default_key_file,
+    pinned_fingerprint,
+)
+
+
+@pytest.fixture(autouse=True)
+def _flwr_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+
+
+def test_pin_sources_in_order(tmp_path: Path) -> None:
+    key = SealingKeyPair.generate()
+    path = key.save(tmp_path / "s1.pem")
+    assert pinned_fingerprint({"ssa-helper-fingerprint": "ab" * 32}) == "ab" * 32
+    assert pinned_fingerprint({"ssa-helper-key-file": str(path)}) == key.fingerprint
+    with pytest.raises(ValueError, match="no pinned helper key"):
+        pinned_fingerprint({})  # no default file yet
+    with pytest.raises(ValueError, match="absolute"):
+        pinned_fingerprint({"ssa-helper-key-file": "s1.pem"})
+
+
+def test_simulation_default_key_is_shared_by_s0_and_clients() -> None:
+    connection, fingerprint = connect_helper({})
+    try:
+        assert isinstance(connection, InProcessHelper)
+        assert default_key_file().is_file()
+        assert pinned_fingerprint({}) == fingerprint  # what a client on this machine pins
+        again, same = connect_helper({})  # the key is reused, not replaced
+        again.close()
+        assert same == fingerprint
+    finally:
+        connection.close()
+
+
+def test_address_needs_a_pin_and_a_wrong_pin_fails() -> None:
+    with pytest.raises(ValueError, match="no pinned helper key"):
+        connect_helper({"ssa-helper-address": "127.0.0.1:1"})
+    with pytest.raises(HelperError):
+        connect_helper({"ssa-helper-fingerprint": "00" * 32})
+
+
+def test_a_default_file_is_not_used_once_something_is_configured(tmp_path: Path) -> None:
+    connect_helper({})[0].close()
+    with pytest.raises(ValueError, match="no pinned helper key"):
+        pinned_fingerprint({"ssa-helper-address": "10.0.0.1:9500"})
