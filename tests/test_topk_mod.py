@@ -132,3 +132,23 @@ def test_sparse_arrays_record_name() -> None:
     content = _train_once(grid)
     assert set(content.keys()) == {HEADER_KEY, ARRAYS_KEY, "metrics"}
     assert isinstance(content["metrics"], MetricRecord)
+
+
+def test_a_new_session_starts_without_a_residual() -> None:
+    grid = InProcessGrid(make_app([topk_mod]), 1, {"topk-ratio": 0.1})
+    node = next(iter(grid.get_node_ids()))
+    _train_once(grid, {"topk-session": "a"})
+    first = grid.context(node).state[RESIDUAL_KEY]["fc.bias"].numpy()
+    # Same session: the residual is carried; new session: it is not (as in round 1).
+    carried = decode_update(_train_once(grid, {"topk-session": "a"}), MODEL, 1.0)
+    fresh = decode_update(_train_once(grid, {"topk-session": "b"}), MODEL, 1.0)
+    baseline = decode_update(
+        _train_once(InProcessGrid(make_app([topk_mod]), 1, {"topk-ratio": 0.1})), MODEL, 1.0
+    )
+    assert np.any(first)
+    for name in baseline.tensors:
+        np.testing.assert_array_equal(fresh.tensors[name].values, baseline.tensors[name].values)
+    assert any(
+        not np.array_equal(carried.tensors.get(n, p).values, p.values)
+        for n, p in baseline.tensors.items()
+    )

@@ -12,7 +12,11 @@ by the server through the train message's ``ConfigRecord`` (same keys):
 - ``topk-scope``: ``"global"`` (default) or ``"per-tensor"``;
 - ``topk-error-feedback``: bool, default True; the dropped remainder is kept in
   ``context.state`` (ArrayRecord :data:`RESIDUAL_KEY`) and added to the next round's update;
-- ``topk-groups``: comma-separated tensor names sent as whole rows (mega-elements).
+- ``topk-groups``: comma-separated tensor names sent as whole rows (mega-elements);
+- ``topk-session``: an id of the training the message belongs to (usually set by the server
+  in the train ``ConfigRecord``); when it changes, the error-feedback residual starts afresh,
+  so a ServerApp that trains several models in one Flower run does not carry one's remainder
+  into the next.
 
 The update is the trained weights minus the weights the message brought; it is sent in the
 :mod:`flwr_fsl.submodel.codec` format, with the reply's metrics kept as they are.
@@ -24,13 +28,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from flwr_fsl.submodel import TopKConfig, encode_update, sparsify
 
 RESIDUAL_KEY = "fsl.topk.residual"
+SESSION_KEY = "fsl.topk.session"
 _KEYS = ("topk-ratio", "topk-count", "topk-scope", "topk-error-feedback", "topk-groups")
 
 
@@ -127,12 +132,14 @@ def topk_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
         if trained.shape != received[name].shape or trained.dtype != received[name].dtype:
             raise ValueError(f"the train reply changed the shape or dtype of {name!r}")
         deltas[name] = trained - received[name]
-    residuals = _load_residuals(context, deltas) if config.error_feedback else None
+    session = _session(msg)
+    residuals = _load_residuals(context, deltas, session) if config.error_feedback else None
     update, new_residuals = sparsify(deltas, config, residuals)
     if config.error_feedback:
         context.state[RESIDUAL_KEY] = ArrayRecord(
             {k: Array(np.asarray(v, order="C")) for k, v in new_residuals.items()}
         )
+        context.state[SESSION_KEY] = ConfigRecord({"id": session})
     content = encode_update(update)
     for key, record in reply.content.items():
         if key != reply_key:
@@ -140,11 +147,21 @@ def topk_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     return Message(content, reply_to=msg)
 
 
+def _session(msg: Message) -> str:
+    for record in msg.content.config_records.values():
+        if "topk-session" in record:
+            return str(record["topk-session"])
+    return ""
+
+
 def _load_residuals(
-    context: Context, deltas: Mapping[str, NDArray[np.generic]]
+    context: Context, deltas: Mapping[str, NDArray[np.generic]], session: str
 ) -> dict[str, NDArray[np.generic]] | None:
     if RESIDUAL_KEY not in context.state.array_records:
         return None
+    stored_session = context.state.config_records.get(SESSION_KEY, ConfigRecord()).get("id", "")
+    if stored_session != session:
+        return None  # a new training: its first update starts without a remainder
     stored = {k: v.numpy() for k, v in context.state.array_records[RESIDUAL_KEY].items()}
     if any(k not in deltas or stored[k].shape != deltas[k].shape for k in stored):
         # The model changed under us (a new run in the same node): start afresh.

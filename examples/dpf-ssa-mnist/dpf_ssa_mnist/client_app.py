@@ -11,35 +11,16 @@ run) pass ``ssa_mod`` untouched.
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from dpf_ssa_mnist.task import Net, Settings, client_data, client_seed
 from flwr_fsl.models import evaluate as evaluate_model
 from flwr_fsl.models import train_one
 from flwr_fsl.mods import ssa_mod, topk_mod
-from flwr_fsl.mods.topk import RESIDUAL_KEY
 
 # The secure upload: ssa_mod (outermost) encodes what topk_mod (inner) selected.
 app = ClientApp(mods=[ssa_mod, topk_mod])
-
-TRAINING_KEY = "dpf-ssa-mnist.training"
-
-
-def _start_training(context: Context, training_id: str) -> None:
-    """Forget the error-feedback memory when the server starts a new training.
-
-    The ServerApp may train several times in one Flower run (``compare-plaintext``), telling
-    clients which training a message belongs to (``training-id``). A node that joins a new
-    training drops the residual ``topk_mod`` kept from the previous one (``topk_mod`` reads
-    it after the train function returns).
-    """
-    record = context.state.config_records.get(TRAINING_KEY)
-    if record is not None and record.get("id") == training_id:
-        return
-    if RESIDUAL_KEY in context.state:
-        del context.state[RESIDUAL_KEY]
-    context.state[TRAINING_KEY] = ConfigRecord({"id": training_id})
 
 
 @app.train()
@@ -48,7 +29,6 @@ def train(msg: Message, context: Context) -> Message:
     settings = Settings.from_run_config(context.run_config)
     config = msg.content.config_records["config"]
     server_round = int(config.get("server-round", 0))  # type: ignore[arg-type]
-    _start_training(context, str(config.get("training-id", "")))
     x_train, y_train, _, _ = client_data(context)
     seed = client_seed(settings.seed, server_round, int(context.node_config["partition-id"]))
     torch.manual_seed(seed)

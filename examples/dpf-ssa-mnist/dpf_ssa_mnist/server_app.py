@@ -165,8 +165,8 @@ def train_federated(
         "min_available_nodes": settings.min_nodes,
     }
     label = SECURE_LABEL if helper is not None else PLAIN_LABEL
-    # A new training-id tells clients to start with an empty error-feedback memory.
-    train_config: dict[str, Any] = {"lr": settings.lr, "training-id": label}
+    # A new top-k session tells topk_mod to start without an error-feedback remainder.
+    train_config: dict[str, Any] = {"lr": settings.lr, "topk-session": label}
     strategy: _SecureSameClients | _PlainSameClients
     if helper is not None:
         strategy = _SecureSameClients(
