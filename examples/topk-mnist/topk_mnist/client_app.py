@@ -20,27 +20,12 @@ from topk_mnist.task import train as train_fn
 app = ClientApp(mods=[topk_mod])
 
 
-def _client_data(context: Context) -> tuple:
-    x_train, y_train, x_val, y_val = load_data(
-        int(context.node_config["partition-id"]),
-        int(context.node_config["num-partitions"]),
-        str(context.run_config.get("partitioning", "iid")),
-        float(context.run_config.get("dirichlet-alpha", 0.5)),
-        int(context.run_config.get("seed", 42)),
-    )
-    cap = int(context.run_config.get("max-client-samples", 0))
-    if cap > 0:
-        x_train, y_train = x_train[:cap], y_train[:cap]
-        x_val, y_val = x_val[: max(1, cap // 4)], y_val[: max(1, cap // 4)]
-    return x_train, y_train, x_val, y_val
-
-
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received model on the local partition."""
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    x_train, y_train, _, _ = _client_data(context)
+    x_train, y_train, _, _ = load_data(context)
     config = msg.content["config"]
     seed = int(context.run_config.get("seed", 42))
     seed += 1000 * int(config.get("server-round", 0)) + int(context.node_config["partition-id"])
@@ -64,7 +49,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received model on the local validation split."""
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    _, _, x_val, y_val = _client_data(context)
+    _, _, x_val, y_val = load_data(context)
     loss, accuracy = test_fn(model, x_val, y_val)
     metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(x_val)})
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
