@@ -53,7 +53,7 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.helper import sealing, wire
 from flwr_fsl.helper.errors import HelperRequestError, WireFormatError
 from flwr_fsl.protocols.psr import PSRServer
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer
+from flwr_fsl.protocols.ssa import SSAParams, SSAServer, same_layout
 
 __all__ = ["METHODS", "PARTY", "SERVICE_NAME", "HelperService"]
 
@@ -74,16 +74,6 @@ METHODS: dict[str, type[wire.Message]] = {
 }
 """gRPC method name -> request message type."""
 
-_LAYOUT_FIELDS = (
-    "domain_size",
-    "num_items",
-    "value_width",
-    "hash_key",
-    "count_weighted",
-    "num_hashes",
-    "stash_size",
-    "scale_factor",
-)
 _LOCK_FREE = frozenset({"Health", "PublicKey"})  # answer even while a long call holds the lock
 log = logging.getLogger("flwr_fsl.helper")
 
@@ -95,10 +85,6 @@ class _Round:
     submitted: set[int] = field(default_factory=set)
     psr: PSRServer | None = None
     queried: set[int] = field(default_factory=set)
-
-
-def _layout(params: SSAParams) -> tuple[object, ...]:
-    return tuple(getattr(params, name) for name in _LAYOUT_FIELDS)
 
 
 class HelperService:
@@ -134,7 +120,7 @@ class HelperService:
         self._open_snapshot: tuple[int, ...] = ()  # read by the lock-free Health call
         self._closed: set[int] = set()
         self._stored_keys: dict[int, DPFKeyBatch] = {}
-        self._stored_layout: tuple[object, ...] | None = None
+        self._stored_layout: SSAParams | None = None
         self._handlers: dict[str, Callable[[wire.Message], wire.Message]] = {
             "Health": self._health,
             "PublicKey": self._public_key,
@@ -224,7 +210,7 @@ class HelperService:
             raise HelperRequestError(f"bad round parameters: {err}") from None
         if params.round_id != rid:
             raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
-        if self._stored_layout is not None and _layout(params) != self._stored_layout:
+        if self._stored_layout is not None and not same_layout(self._stored_layout, params):
             self._stored_keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
             self._stored_layout = None
         ssa = SSAServer(params, PARTY, previous_keys=self._stored_keys)
@@ -285,7 +271,7 @@ class HelperService:
         share = state.ssa.share()
         clients = tuple(sorted(state.ssa.keys))
         self._stored_keys.update(state.ssa.keys)
-        self._stored_layout = _layout(state.params)
+        self._stored_layout = state.params
         del self._rounds[rid]
         self._closed.add(rid)
         log.info("round %d finished with %d clients", rid, len(clients))
