@@ -20,12 +20,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +32,10 @@ import numpy as np
 import pytest
 
 from flwr_fsl.data import cache_dir
+from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "examples" / "dpf-ssa-mnist"
-BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 ROUNDS = 2
@@ -65,52 +62,6 @@ class Deployment:
     helper_address: str
     fingerprint: str
     logs: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _exe(name: str) -> str:
-    path = BIN / name
-    if not path.exists():
-        pytest.fail(f"{name} not found beside {sys.executable}")
-    return str(path)
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a process and its children (its own process group)."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=15)
-
-
-def _flwr(env: dict[str, str], *args: str, timeout: float = 60.0) -> str:
-    proc = subprocess.run(
-        [_exe("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"flwr {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc.stdout
 
 
 def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
@@ -156,7 +107,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         log = logs / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [_exe(args[0]), *args[1:]],
+                [exe(args[0]), *args[1:]],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -167,7 +118,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
 
     (tmp_path / "s1").mkdir(mode=0o700)
     try:
-        helper_port, link_port = _free_port(), _free_port()
+        helper_port, link_port = free_port(), free_port()
         _, helper_log = start(
             "helper",
             "flwr-fsl-helper",
@@ -199,14 +150,14 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
                 "--superlink",
                 f"127.0.0.1:{link_port}",
                 "--port",
-                str(_free_port()),
+                str(free_port()),
                 "--node-config",
                 f"partition-id={pid} num-partitions=2",
             )
         _wait_for("flwr-fsl-helper", lambda: "listening on" in helper_log.read_text(), procs, logs)
         found = re.search(r"fingerprint ([0-9a-f]{64})", helper_log.read_text())
         assert found, helper_log.read_text()
-        _wait_for("flower-superlink", lambda: _healthy(link_port), procs, logs)
+        _wait_for("flower-superlink", lambda: healthy(link_port), procs, logs)
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "deploy"\n\n'
             f'[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
@@ -214,7 +165,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         yield Deployment(env, f"127.0.0.1:{helper_port}", found.group(1), logs)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
 
 
 def _run_config_arg(config: dict[str, Any]) -> str:
@@ -262,23 +213,12 @@ def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_pat
         "ssa-helper-fingerprint": deployment.fingerprint,
         "results-dir": str(results),
     }
-    out = _flwr(
-        env, "run", str(APP), "deploy", "--format", "json", "--run-config", _run_config_arg(config)
+    run_id, status, logs = run_until_finished(
+        env,
+        "deploy",
+        [str(APP), "deploy", "--run-config", _run_config_arg(config)],
+        RUN_TIMEOUT_S,
     )
-    submitted = json.loads(out)
-    assert submitted["success"] is True, submitted
-    run_id = str(submitted["run-id"])
-
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    status = ""
-    while time.monotonic() < deadline:
-        listing = json.loads(_flwr(env, "ls", "deploy", "--run-id", run_id, "--format", "json"))
-        runs = [r for r in listing.get("runs", []) if str(r.get("run-id")) == run_id]
-        status = runs[0]["status"] if runs else ""
-        if status.startswith("finished:"):
-            break
-        time.sleep(2)
-    logs = _flwr(env, "log", run_id, "deploy", "--show", timeout=60)
     assert status == "finished:completed", (
         f"run {run_id} ended as {status!r} (logs in {deployment.logs}):\n{logs[-4000:]}"
     )

@@ -9,58 +9,20 @@ printed comparison table with ``flwr log``, and stops the SuperLink it started.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flwr_fsl.data import cache_dir
+from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "examples" / "topk-mnist"
-BIN = Path(sys.executable).parent
 RUN_TIMEOUT_S = 150.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(port: int) -> bool:
-    # What `flwr` itself probes to decide that the local SuperLink is up.
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
-def _exe(name: str) -> str:
-    path = BIN / name
-    if not path.exists():
-        pytest.fail(f"{name} not found beside {sys.executable}")
-    return str(path)
-
-
-def _flwr(env: dict[str, str], *args: str, timeout: float = 60.0) -> str:
-    proc = subprocess.run(
-        [_exe("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"flwr {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc.stdout
 
 
 @pytest.fixture
@@ -70,7 +32,7 @@ def superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
         pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
-    http_port = _free_port()  # Runtime, Control and Fleet HTTP APIs share it in Flower 1.41
+    http_port = free_port()  # Runtime, Control and Fleet HTTP APIs share it in Flower 1.41
     env = dict(os.environ)
     env.update(
         {
@@ -89,7 +51,7 @@ def superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
     # The command `flwr run ... local` uses to start its managed SuperLink (minus the
     # deprecated --control-api-address).
     cmd = [
-        _exe("flower-superlink"),
+        exe("flower-superlink"),
         "--insecure",
         "--simulation",
         "--isolation",
@@ -115,51 +77,32 @@ def superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"flower-superlink exited with {proc.returncode}; see {log_file}")
-            if _healthy(http_port):
+            if healthy(http_port):
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"flower-superlink was not healthy within 30 s; see {log_file}")
             time.sleep(0.2)
         yield env
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
+        stop(proc)
 
 
 def test_flwr_run_topk_mnist_completes(superlink: dict[str, str]) -> None:
     env = superlink
-    out = _flwr(
+    run_id, status, logs = run_until_finished(
         env,
-        "run",
-        str(APP),
         "local",
-        "--format",
-        "json",
-        "--run-config",
-        "num-server-rounds=1 max-client-samples=300 test-size=500 "
-        "fraction-train=1.0 fraction-evaluate=1.0",
-        "--federation-config",
-        "num-supernodes=2 client-resources-num-cpus=1",
+        [
+            str(APP),
+            "local",
+            "--run-config",
+            "num-server-rounds=1 max-client-samples=300 test-size=500 "
+            "fraction-train=1.0 fraction-evaluate=1.0",
+            "--federation-config",
+            "num-supernodes=2 client-resources-num-cpus=1",
+        ],
+        RUN_TIMEOUT_S,
     )
-    submitted = json.loads(out)
-    assert submitted["success"] is True, submitted
-    run_id = str(submitted["run-id"])
-
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    status = ""
-    while time.monotonic() < deadline:
-        listing = json.loads(_flwr(env, "ls", "local", "--run-id", run_id, "--format", "json"))
-        runs = [r for r in listing.get("runs", []) if str(r.get("run-id")) == run_id]
-        status = runs[0]["status"] if runs else ""
-        if status.startswith("finished:"):
-            break
-        time.sleep(2)
-    logs = _flwr(env, "log", run_id, "local", "--show", timeout=60)
     assert status == "finished:completed", f"run {run_id} ended as {status!r}:\n{logs[-4000:]}"
     # The ServerApp printed its dense vs top-k comparison table.
     assert "final acc %" in logs and "dense" in logs and "top-k 10% EF" in logs, logs[-4000:]

@@ -1,0 +1,97 @@
+"""Helpers for tests that drive real Flower processes (``flwr``, SuperLink, SuperNodes, S1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def healthy(port: int) -> bool:
+    """Return True if a SuperLink answers on ``port`` (what ``flwr`` itself probes)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def exe(name: str) -> str:
+    """Return the path of a console script installed beside this interpreter."""
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{name} not found beside {sys.executable}")
+    return str(path)
+
+
+def flwr(env: dict[str, str], *args: str, timeout: float = 60.0) -> str:
+    """Run the ``flwr`` CLI; fail the test (with its output) if it exits non-zero."""
+    proc = subprocess.run(
+        [exe("flwr"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"flwr {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def run_until_finished(
+    env: dict[str, str], federation: str, run_args: list[str], timeout: float
+) -> tuple[str, str, str]:
+    """Submit ``flwr run <run_args>`` and poll ``flwr ls`` until the run has finished.
+
+    ``flwr run --stream`` exits 0 even when the ServerApp crashes, so only the status that
+    ``flwr ls`` reports proves a run completed.
+
+    Returns
+    -------
+    tuple[str, str, str]
+        The run id, its final status (e.g. ``finished:completed``; empty on timeout) and its
+        logs (``flwr log --show``).
+    """
+    submitted = json.loads(flwr(env, "run", *run_args, "--format", "json"))
+    assert submitted["success"] is True, submitted
+    run_id = str(submitted["run-id"])
+    deadline = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < deadline:
+        listing = json.loads(flwr(env, "ls", federation, "--run-id", run_id, "--format", "json"))
+        runs = [r for r in listing.get("runs", []) if str(r.get("run-id")) == run_id]
+        status = runs[0]["status"] if runs else ""
+        if status.startswith("finished:"):
+            break
+        time.sleep(2)
+    logs = flwr(env, "log", run_id, federation, "--show", timeout=60)
+    return run_id, status, logs
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process started with ``start_new_session=True`` and its children."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
