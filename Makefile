@@ -12,6 +12,8 @@ export FLWR_DISABLE_UPDATE_CHECK := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_FSL_CACHE ?= $(CURDIR)/.cache/data
 export PYTHONUNBUFFERED := 1
+# `flwr run` starts `flower-superlink` from PATH: put the venv's scripts first.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install data test demo demo-topk lint bench-accuracy clean
 
