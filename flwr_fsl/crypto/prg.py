@@ -1,19 +1,23 @@
 """Pseudorandom generator, PRF and stream: everything built from AES-128 in ``cryptography``.
 
 * **MMO PRG/hash.** Fixed-key AES in Matyas–Meyer–Oseas mode, ``MMO_K(x) = AES_K(x) ^ x``, with
-  public keys. The DPF tree expands a seed ``s`` with two fixed keys, as
-  google/distributed_point_functions does: ``left = AES_{K_L}(s) ^ s`` and
-  ``right = AES_{K_R}(s) ^ s`` (:data:`MMO_KEY_LEFT`, :data:`MMO_KEY_RIGHT`), so a tree level's
-  AES input is just the seeds, encrypted once per key. A leaf seed converts to output words
+  public keys. The DPF tree expands a node's block ``x`` with two fixed keys, as
+  google/distributed_point_functions does: ``left = AES_{K_L}(x) ^ x`` and
+  ``right = AES_{K_R}(x) ^ x`` (:data:`MMO_KEY_LEFT`, :data:`MMO_KEY_RIGHT`), so a tree level's
+  AES input is just its blocks, encrypted once per key. A leaf seed converts to output words
   through the third key :data:`MMO_KEY` with a small public tweak ``j = (2 + i, epoch)`` XORed
   into the block: ``H_j(s) = AES_K(s ^ j) ^ s ^ j`` (the low 64-bit word carries a counter,
   the high word the U-DPF epoch). Seeds are 128-bit blocks whose lowest bit is reserved for the
-  control bit (as in google/distributed_point_functions: the bit is extracted from each child
-  block and then cleared), so a seed carries 127 random bits. Whole tree levels go through
-  batched AES calls (:class:`~flwr_fsl.kernels.aes.BatchedAES`, one per key and level); the
-  numba kernels in :mod:`flwr_fsl.kernels.dpf_kernels` do the feed-forward XOR fused with the
-  tree logic, and :func:`mmo_hash` / :func:`mmo_prg` here are the plain references used by
-  tests and small callers.
+  control bit, so a seed carries 127 random bits. Unlike google/distributed_point_functions,
+  which clears the bit before expanding, the tree PRG's input is the whole block *with* the
+  node's control bit in bit 0 (``x = s | t``; children ``AES_{K_c}(x) ^ x``, whose bit 0 is the
+  child's control bit): a corrected child block is the next level's AES input as it stands,
+  with no separate control-bit arrays. The leaf conversion hashes the seed with bit 0 clear.
+  Whole tree levels go through batched AES calls
+  (:class:`~flwr_fsl.kernels.aes.BatchedAES`, one per key and level); the numba kernels in
+  :mod:`flwr_fsl.kernels.dpf_kernels` do the feed-forward XOR fused with the tree logic, and
+  :func:`mmo_hash` / :func:`mmo_prg` here are the plain references used by tests and small
+  callers.
 * **PRF.** ``PRF(key, i) = AES_key(i || tag)``: a client's λ-bit master seed is the AES key, the
   counter ``i`` (a bin index) is the low word and a domain tag the high word (Cui §4: per-bin DPF
   root seeds from one master seed). AES is a PRP, hence a PRF for far fewer than 2^64 queries.
@@ -56,10 +60,10 @@ MMO_KEY = bytes.fromhex("666c77725f66736c2f6d6d6f2f763100")  # b"flwr_fsl/mmo/v1
 """Public fixed AES key of the MMO hash and of the DPF leaf conversion (any fixed key works)."""
 
 MMO_KEY_LEFT = b"flwr_fsl/mmo/v2L"
-"""Public fixed AES key of the DPF tree's left child: ``left = AES_{K_L}(s) ^ s``."""
+"""Public fixed AES key of the DPF tree's left child: ``left = AES_{K_L}(x) ^ x``."""
 
 MMO_KEY_RIGHT = b"flwr_fsl/mmo/v2R"
-"""Public fixed AES key of the DPF tree's right child: ``right = AES_{K_R}(s) ^ s``."""
+"""Public fixed AES key of the DPF tree's right child: ``right = AES_{K_R}(x) ^ x``."""
 
 TAG_ROOT_SEED = 0x746F6F722D667064  # b"dpf-root" little-endian
 """High-word domain tag of the PRF when it derives DPF root seeds from a master seed."""
@@ -139,15 +143,17 @@ def mmo_hash(
 def mmo_prg(
     seeds: NDArray[np.uint64],
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64], NDArray[np.uint8]]:
-    """Expand seeds into left/right child seeds and control bits (reference, not the hot path).
+    """Expand seed blocks into left/right child seeds and control bits (reference, not hot).
 
-    ``G(s) = (AES_{K_L}(s) ^ s, AES_{K_R}(s) ^ s)``; each child block's lowest bit is the
-    control bit and is cleared from the child seed.
+    The input block is the whole 128-bit seed block ``x = s | t`` *including* the node's
+    control bit ``t`` in bit 0 (the DPF keeps the bit inside the block, so a tree level's AES
+    input is its blocks as they stand). ``G(x) = (AES_{K_L}(x) ^ x, AES_{K_R}(x) ^ x)``; each
+    child block's lowest bit is the child's control bit and is cleared from the child seed.
 
     Parameters
     ----------
     seeds : numpy.ndarray
-        ``uint64`` array of shape ``(n, 2)``.
+        ``uint64`` array of shape ``(n, 2)``: seed blocks, control bit in bit 0.
 
     Returns
     -------

@@ -3,14 +3,18 @@
 The driver in :mod:`flwr_fsl.crypto.dpf` keeps the seeds of a whole tree level of many keys in
 one buffer, encrypts it with two batched :class:`~flwr_fsl.kernels.aes.BatchedAES` calls (one
 per fixed key: left and right child) and hands seeds and ciphertexts to a kernel here. A kernel
-finishes the Matyas–Meyer–Oseas feed-forward (``child = AES_{K_c}(s) ^ s``), extracts and clears
-the control bit (bit 0 of word 0), applies the correction word where the parent's control bit
-is set, and writes the *next* level's seeds directly (fused; no separate pass).
+finishes the Matyas–Meyer–Oseas feed-forward (``child = AES_{K_c}(x) ^ x``), applies the
+correction word where the parent's control bit is set, and writes the *next* level's blocks
+directly (fused; no separate pass).
 
-Block and seed layout: ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). A tree
-level's AES input is the seeds themselves (no per-child copies); a leaf seed converts to ``W``
-output words through the value key with inputs ``s ^ (2 + q, epoch)`` for ``q < W / 2``. A
-correction word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0:
+Block and seed layout: ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). A node's
+block is its seed with its control bit in bit 0 (``x = s | t``), and the tree PRG's input is the
+whole block, so a tree level's AES input is the blocks themselves (no per-child copies, no
+clearing). The full-domain kernels therefore carry no control-bit arrays between levels: the
+correction is ``(cw_seed | tcw_c, cw_seed_hi)`` masked by the parent's bit 0, and the
+corrected child block is the next input as it stands. A leaf seed (bit 0 clear) converts to
+``W`` output words through the value key with inputs ``s ^ (2 + q, epoch)`` for ``q < W / 2``.
+A correction word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0:
 left control-bit correction, bit 1: right).
 
 Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
@@ -79,6 +83,9 @@ def gen_init(
         for w in range(2):
             seeds[2 * i, w] = root0[j, w]
             seeds[2 * i + 1, w] = root1[j, w]
+        # The control bit lives in bit 0 of the block (root seeds have it clear): t0 = 0, t1 = 1.
+        seeds[2 * i, 0] &= CLEAR
+        seeds[2 * i + 1, 0] = (seeds[2 * i + 1, 0] & CLEAR) | ONE
         state_t[i, 0] = 0
         state_t[i, 1] = 1
 
@@ -101,8 +108,9 @@ def gen_level(
 ) -> None:  # pragma: no cover - numba
     """One BGI16 Gen level for the first ``n`` keys of the chunk; writes their correction words.
 
-    ``seeds[2 * i + b]`` is party ``b``'s seed of key ``order[lo + i]`` and ``enc_l``/``enc_r``
-    its encryptions under the left/right key; the seeds are replaced by the kept children.
+    ``seeds[2 * i + b]`` is party ``b``'s block (control bit in bit 0) of key ``order[lo + i]``
+    and ``enc_l``/``enc_r`` its encryptions under the left/right key; the blocks are replaced by
+    the kept children's.
     ``path_bits[j]`` holds the ``tree_levels[j]`` tree-path bits of key ``j`` (MSB first), so the
     bit of this level is ``path_bits[j] >> (tree_levels[j] - 1 - level) & 1``.
     """
@@ -142,7 +150,7 @@ def gen_level(
                 s0 ^= scw0
                 s1 ^= scw1
                 tk ^= tcw_keep
-            seeds[2 * i + b, 0] = s0
+            seeds[2 * i + b, 0] = s0 | np.uint64(tk)
             seeds[2 * i + b, 1] = s1
             state_t[i, b] = tk
 
@@ -166,7 +174,7 @@ def leaf_blocks_pair(
         for b in range(2):
             base = (2 * i + b) * half_w
             for q in range(half_w):
-                out[base + q, 0] = seeds[2 * i + b, 0] ^ (TWO + np.uint64(q))
+                out[base + q, 0] = (seeds[2 * i + b, 0] & CLEAR) ^ (TWO + np.uint64(q))
                 out[base + q, 1] = seeds[2 * i + b, 1] ^ e
 
 
@@ -239,7 +247,10 @@ def fd_level(
 ) -> int:  # pragma: no cover - numba
     """Expand chunk level ``level`` (``-1``: only load roots) and return the new node count.
 
-    ``enc_l``/``enc_r`` hold the left/right-key encryptions of the level's seeds ``seeds_in``.
+    ``enc_l``/``enc_r`` hold the left/right-key encryptions of the level's blocks ``seeds_in``
+    (control bit in bit 0; ``task_seed`` rows are blocks too, so ``t_in`` and ``task_t`` are
+    not read). Only the last level writes control bits (``t_out``, for :func:`fd_leaves`) and
+    clears bit 0 of the conversion inputs.
     Tasks ``lo..hi-1`` are sorted by height, descending; a task of height ``h`` joins at level
     ``max_h - h`` so that all of them reach their leaves together. Children of active nodes are
     written in order, then the roots of tasks joining at ``level + 1``. At the last level the
@@ -260,15 +271,16 @@ def fd_level(
         key = tasks_i[k, 0]
         e = epochs[key]
         if start == level + 1:
-            # The task joins: its root is the next level's input (no array passed to a helper:
-            # a call with array arguments costs two atomic refcount updates per node).
+            # The task joins: its root block (control bit in bit 0) is the next level's input
+            # (no array passed to a helper: a call with array arguments costs two atomic
+            # refcount updates per node).
             s0 = task_seed[k, 0]
             s1 = task_seed[k, 1]
-            t_out[pos_out] = task_t[k]
             if last:
+                t_out[pos_out] = np.uint8(s0 & ONE)
                 base = pos_out * half_w
                 for q in range(half_w):
-                    blocks_out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
+                    blocks_out[base + q, 0] = (s0 & CLEAR) ^ (TWO + np.uint64(q))
                     blocks_out[base + q, 1] = s1 ^ e
             else:
                 blocks_out[pos_out, 0] = s0
@@ -278,10 +290,10 @@ def fd_level(
         depth = level - start
         nn = 1 << depth
         idx = level_off[key] + tasks_i[k, 1] + depth
-        scw0 = cw_seeds[idx, 0]
+        # Corrections with the control-bit correction in bit 0 (cw seeds have bit 0 clear).
         scw1 = cw_seeds[idx, 1]
-        tl = np.uint64(cw_bits[idx]) & ONE
-        tr = (np.uint64(cw_bits[idx]) >> ONE) & ONE
+        cl0 = cw_seeds[idx, 0] | (np.uint64(cw_bits[idx]) & ONE)
+        cr0 = cw_seeds[idx, 0] | ((np.uint64(cw_bits[idx]) >> ONE) & ONE)
         # Unsigned indices: numba then drops its negative-index wraparound selects (~2x faster).
         pin = np.uint64(pos_in)
         po = np.uint64(pos_out)
@@ -290,41 +302,38 @@ def fd_level(
             for i in range(nn):
                 p = pin + np.uint64(i)
                 qn = po + TWO * np.uint64(i)
-                mask = ZERO - np.uint64(t_in[p])
                 a = TWO * p
                 s0 = si[a]
                 s1 = si[a + ONE]
-                v0 = el[a] ^ s0
-                v1 = el[a + ONE] ^ s1
-                w0 = er[a] ^ s0
-                w1 = er[a + ONE] ^ s1
-                t_out[qn] = np.uint8((v0 ^ (tl & mask)) & ONE)
-                t_out[qn + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
+                mask = ZERO - (s0 & ONE)
+                v0 = el[a] ^ s0 ^ (cl0 & mask)
+                w0 = er[a] ^ s0 ^ (cr0 & mask)
+                c1 = s1 ^ (scw1 & mask) ^ e
+                t_out[qn] = np.uint8(v0 & ONE)
+                t_out[qn + ONE] = np.uint8(w0 & ONE)
                 b = TWO * qn
-                bo[b] = ((v0 & CLEAR) ^ (scw0 & mask)) ^ TWO
-                bo[b + ONE] = v1 ^ (scw1 & mask) ^ e
-                bo[b + TWO] = ((w0 & CLEAR) ^ (scw0 & mask)) ^ TWO
-                bo[b + THREE] = w1 ^ (scw1 & mask) ^ e
+                bo[b] = (v0 & CLEAR) ^ TWO
+                bo[b + ONE] = el[a + ONE] ^ c1
+                bo[b + TWO] = (w0 & CLEAR) ^ TWO
+                bo[b + THREE] = er[a + ONE] ^ c1
         elif last:
             hw = np.uint64(half_w)
             for i in range(nn):
                 p = pin + np.uint64(i)
-                mask = ZERO - np.uint64(t_in[p])
                 a = TWO * p
                 s0 = si[a]
                 s1 = si[a + ONE]
+                mask = ZERO - (s0 & ONE)
                 for c in range(2):
                     if c == 0:
-                        v0 = el[a] ^ s0
+                        v0 = el[a] ^ s0 ^ (cl0 & mask)
                         v1 = el[a + ONE] ^ s1
-                        tcc = tl
                     else:
-                        v0 = er[a] ^ s0
+                        v0 = er[a] ^ s0 ^ (cr0 & mask)
                         v1 = er[a + ONE] ^ s1
-                        tcc = tr
                     qc = po + TWO * np.uint64(i) + np.uint64(c)
-                    t_out[qc] = np.uint8((v0 ^ (tcc & mask)) & ONE)
-                    v0 = (v0 & CLEAR) ^ (scw0 & mask)
+                    t_out[qc] = np.uint8(v0 & ONE)
+                    v0 &= CLEAR
                     v1 ^= scw1 & mask
                     ubase = TWO * qc * hw
                     for j in range(half_w):
@@ -332,24 +341,20 @@ def fd_level(
                         bo[ubase + TWO * jj] = v0 ^ (TWO + jj)
                         bo[ubase + TWO * jj + ONE] = v1 ^ e
         else:
+            # The control bit rides in bit 0 of every block: the child block, corrected, is the
+            # next level's AES input as it stands (no control-bit arrays, no clearing).
             for i in range(nn):
                 p = pin + np.uint64(i)
-                qn = po + TWO * np.uint64(i)
-                mask = ZERO - np.uint64(t_in[p])
                 a = TWO * p
                 s0 = si[a]
                 s1 = si[a + ONE]
-                v0 = el[a] ^ s0
-                v1 = el[a + ONE] ^ s1
-                w0 = er[a] ^ s0
-                w1 = er[a + ONE] ^ s1
-                t_out[qn] = np.uint8((v0 ^ (tl & mask)) & ONE)
-                t_out[qn + ONE] = np.uint8((w0 ^ (tr & mask)) & ONE)
-                b = TWO * qn
-                bo[b] = (v0 & CLEAR) ^ (scw0 & mask)
-                bo[b + ONE] = v1 ^ (scw1 & mask)
-                bo[b + TWO] = (w0 & CLEAR) ^ (scw0 & mask)
-                bo[b + THREE] = w1 ^ (scw1 & mask)
+                mask = ZERO - (s0 & ONE)
+                c1 = s1 ^ (scw1 & mask)
+                b = TWO * (po + TWO * np.uint64(i))
+                bo[b] = el[a] ^ s0 ^ (cl0 & mask)
+                bo[b + ONE] = el[a + ONE] ^ c1
+                bo[b + TWO] = er[a] ^ s0 ^ (cr0 & mask)
+                bo[b + THREE] = er[a + ONE] ^ c1
         pos_out += 2 * nn
         pos_in += nn
     return pos_out
@@ -460,7 +465,7 @@ def expand_nodes(
                 v0 ^= cw_seeds[idx, 0]
                 v1 ^= cw_seeds[idx, 1]
                 tc ^= (cw_bits[idx] >> np.uint8(c)) & np.uint8(1)
-            out_seed[kk, 0] = v0
+            out_seed[kk, 0] = v0 | np.uint64(tc)
             out_seed[kk, 1] = v1
             out_t[kk] = tc
 
@@ -547,7 +552,7 @@ def point_level(
             v0 ^= cw_seeds[idx, 0]
             v1 ^= cw_seeds[idx, 1]
             tc ^= (cw_bits[idx] >> bit) & np.uint8(1)
-        seed[i, 0] = v0
+        seed[i, 0] = v0 | np.uint64(tc)
         seed[i, 1] = v1
         t_state[i] = tc
 
@@ -560,7 +565,7 @@ def point_leaf_blocks(
     for i in range(seed.shape[0]):
         e = epochs[pt_key[i]]
         for q in range(half_w):
-            out[i * half_w + q, 0] = seed[i, 0] ^ (TWO + np.uint64(q))
+            out[i * half_w + q, 0] = (seed[i, 0] & CLEAR) ^ (TWO + np.uint64(q))
             out[i * half_w + q, 1] = seed[i, 1] ^ e
 
 
@@ -651,7 +656,7 @@ def pair_path_level(
         a = 1 if d1 else 0
         path_bits[j] = (path_bits[j] << ONE) | np.uint64(a)
         for b in range(2):
-            seeds[2 * i + b, 0] = cs[b, a, 0]
+            seeds[2 * i + b, 0] = cs[b, a, 0] | np.uint64(ct[b, a])
             seeds[2 * i + b, 1] = cs[b, a, 1]
             state_t[i, b] = ct[b, a]
 

@@ -55,8 +55,10 @@ def _mmo_one(key: bytes, x: int) -> int:
 def _reference_eval(key: DPFKey, x: int) -> list[int]:
     """Walk the BGI16 tree of one share at ``x`` block by block (the documented PRG, no batching).
 
-    Children: ``AES_{K_L}(s) ^ s`` / ``AES_{K_R}(s) ^ s``, control bit = bit 0 (then cleared);
-    leaf words: ``AES_K(s ^ (2 + q, e)) ^ s ^ (2 + q, e)`` under :data:`MMO_KEY`.
+    The PRG input is the whole block ``x = s | t`` (control bit ``t`` in bit 0 of the seed):
+    children ``AES_{K_L}(x) ^ x`` / ``AES_{K_R}(x) ^ x``, control bit = bit 0 (then cleared);
+    leaf words (seed with bit 0 clear): ``AES_K(s ^ (2 + q, e)) ^ s ^ (2 + q, e)`` under
+    :data:`MMO_KEY`.
     """
     pub = key.public
     tau, d = pub.tau, pub.domain_bits
@@ -66,7 +68,7 @@ def _reference_eval(key: DPFKey, x: int) -> list[int]:
     s, t = int.from_bytes(key.seed, "little"), key.party
     for i in range(levels):
         bit = (path >> (levels - 1 - i)) & 1
-        h = _mmo_one(MMO_KEY_RIGHT if bit else MMO_KEY_LEFT, s)
+        h = _mmo_one(MMO_KEY_RIGHT if bit else MMO_KEY_LEFT, s | t)
         tc, h = h & 1, h & ~1
         if t:
             h ^= int(pub.cw_seeds[i, 0]) | int(pub.cw_seeds[i, 1]) << 64

@@ -137,6 +137,18 @@ def test_mmo_prg_children_and_control_bits():
     assert not np.any(left[:, 0] & U64(1)) and not np.any(right[:, 0] & U64(1))
     # Control bits look balanced.
     assert 0.3 < tl.mean() < 0.7 and 0.3 < tr.mean() < 0.7
+    # The whole block is the PRG input: a seed with its control bit (bit 0) set expands
+    # differently, and exactly as AES-MMO of that block.
+    with_bit = seeds.copy()
+    with_bit[:, 0] |= U64(1)
+    left1, tl1, right1, _ = mmo_prg(with_bit)
+    assert not np.any(np.all(left1 == left, axis=1)) and not np.any(np.all(right1 == right, axis=1))
+    for i in range(5):
+        s = with_bit[i].tobytes()
+        h = bytearray(a ^ b for a, b in zip(_aes_one(MMO_KEY_LEFT, s), s, strict=True))
+        assert tl1[i] == h[0] & 1
+        h[0] &= 0xFE
+        assert left1[i].tobytes() == bytes(h)
 
 
 def test_mmo_keys_are_distinct_and_fixed():
