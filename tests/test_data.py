@@ -23,6 +23,7 @@ from flwr_fsl.data import (
 from flwr_fsl.data import __main__ as cli
 from flwr_fsl.data.mnist import MNIST_MEMBER, restricted_loads
 from flwr_fsl.data.movielens import MOVIELENS_MEMBER, parse_inter
+from tests.prepared_data import require_prepared
 
 # ---------------------------------------------------------------- restricted unpickler
 
@@ -225,12 +226,7 @@ def test_partition_rejects_float_labels() -> None:
 
 
 def _require_real_cache(name: str) -> Path:
-    path = cache_dir() / f"{name}.npz"
-    if not path.is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"{path} is missing under CI: `make data` must run before the tests")
-        pytest.skip(f"{path} not prepared (run `python -m flwr_fsl.data prepare {name}`)")
-    return path
+    return require_prepared(name)[0]
 
 
 def test_prepared_mnist_cache_loads() -> None:

@@ -33,6 +33,7 @@ import pytest
 
 from flwr_fsl.data import cache_dir
 from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
+from tests.prepared_data import require_prepared
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "examples" / "dpf-ssa-mnist"
@@ -82,10 +83,7 @@ def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
     """Start S1, a SuperLink and two SuperNodes on free ports; stop them all afterwards."""
-    if not (cache_dir() / "mnist.npz").is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
-        pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
+    require_prepared("mnist")
     home, logs = tmp_path / "flwr-home", tmp_path / "logs"
     home.mkdir()
     logs.mkdir()

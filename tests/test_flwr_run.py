@@ -19,6 +19,7 @@ import pytest
 
 from flwr_fsl.data import cache_dir
 from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
+from tests.prepared_data import require_prepared
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "examples" / "topk-mnist"
@@ -28,10 +29,7 @@ RUN_TIMEOUT_S = 150.0
 @pytest.fixture
 def superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Start a local simulation SuperLink on free ports; yield the env for the flwr CLI."""
-    if not (cache_dir() / "mnist.npz").is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
-        pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
+    require_prepared("mnist")
     http_port = free_port()  # Runtime, Control and Fleet HTTP APIs share it in Flower 1.41
     env = dict(os.environ)
     env.update(

@@ -8,7 +8,6 @@ fixed-point rounding of SSA; from round 2 every client sends a U-DPF hint.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +17,9 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.data import cache_dir
 from flwr_fsl.helper import InProcessHelper, default_key_file
 from flwr_fsl.testing import InProcessGrid
+from tests.prepared_data import require_prepared
 
 APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "dpf-psr-movielens"
 USERS = 3
@@ -28,10 +27,7 @@ USERS = 3
 
 @pytest.fixture(scope="module")
 def example() -> Iterator[tuple[ModuleType, ModuleType, ModuleType]]:
-    if not (cache_dir() / "movielens.npz").is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("MovieLens cache missing under CI: `make data` must run before the tests")
-        pytest.skip("MovieLens not prepared (python -m flwr_fsl.data prepare movielens)")
+    require_prepared("movielens")
     sys.path.insert(0, str(APP_DIR))
     try:
         from dpf_psr_movielens import client_app, server_app, task

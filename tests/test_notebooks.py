@@ -17,6 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 from flwr_fsl.data import cache_dir
+from tests.prepared_data import require_prepared
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
 KERNEL_NAME = "flwr-fsl-tests"
@@ -42,21 +43,9 @@ def kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return KERNEL_NAME
 
 
-def test_notebooks_have_no_committed_outputs() -> None:
-    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                assert not cell.outputs and cell.execution_count is None, path.name
-
-
-def test_topk_notebook_runs(kernel_name: str) -> None:
-    if not (cache_dir() / "mnist.npz").is_file():
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("MNIST cache missing under CI: `make data` must run before the tests")
-        pytest.skip("MNIST not prepared (python -m flwr_fsl.data prepare mnist)")
-    path = NOTEBOOKS / "01_topk.ipynb"
-    nb = nbformat.read(path, as_version=4)
+def run_notebook(name: str, kernel_name: str) -> tuple[nbformat.NotebookNode, str]:
+    """Execute a notebook of ``examples/notebooks``; return it and its printed text."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = NotebookClient(
         nb,
         kernel_name=kernel_name,
@@ -71,6 +60,20 @@ def test_topk_notebook_runs(kernel_name: str) -> None:
         for out in cell.outputs
         if out.get("output_type") == "stream"
     )
+    return nb, text
+
+
+def test_notebooks_have_no_committed_outputs() -> None:
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, path.name
+
+
+def test_topk_notebook_runs(kernel_name: str) -> None:
+    require_prepared("mnist")
+    nb, text = run_notebook("01_topk.ipynb", kernel_name)
     assert "tiny=True" in text
     assert "final acc %" in text and "top-k 10% EF" in text and "top-k 1%" in text
     images = [
