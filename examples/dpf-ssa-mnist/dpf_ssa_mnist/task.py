@@ -15,6 +15,7 @@ from flwr.app import Context
 
 from flwr_fsl.data import SCHEMES, MnistClientSplit, mnist_client_split
 from flwr_fsl.models import MnistCNN, set_torch_threads
+from flwr_fsl.run_config import settings_from_run_config
 
 Net = MnistCNN
 
@@ -74,41 +75,14 @@ class Settings:
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
-        """Read the settings from a run config (keys spelled with dashes).
-
-        Parameters
-        ----------
-        run_config : Mapping[str, Any]
-            ``context.run_config``.
-
-        Returns
-        -------
-        Settings
-            The settings; keys this app does not know are ignored.
+        """Read the settings from a run config (keys spelled with dashes; unknown ones ignored).
 
         Raises
         ------
         ValueError
             If a value has the wrong type or is out of range.
         """
-        defaults = cls()
-        values: dict[str, Any] = {}
-        for name in cls.__dataclass_fields__:
-            key = name.replace("_", "-")
-            if key not in run_config:
-                continue
-            raw, kind = run_config[key], type(getattr(defaults, name))
-            if kind is bool and not isinstance(raw, bool):
-                raise ValueError(f"invalid run config: {key} must be true or false, got {raw!r}")
-            if kind is int and (isinstance(raw, bool) or (isinstance(raw, float) and raw % 1)):
-                raise ValueError(f"invalid run config: {key} must be an integer, got {raw!r}")
-            try:
-                values[name] = kind(raw)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"invalid run config: {key} must be a {kind.__name__}, got {raw!r}"
-                ) from None
-        return cls(**values)
+        return settings_from_run_config(cls, run_config)
 
 
 def client_data(context: Context) -> MnistClientSplit:
