@@ -10,7 +10,7 @@ from flwr.clientapp import ClientApp
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.mods.ssa_records import PSR_UPLOAD_KEY
+from flwr_fsl.records import PSR_UPLOAD_KEY
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 

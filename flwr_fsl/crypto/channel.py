@@ -65,6 +65,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
+from flwr_fsl.errors import ClientInputError
+
 __all__ = [
     "AD_MAGIC",
     "INFO_LABEL",
@@ -102,7 +104,7 @@ _MAX_AD_FIELD = 1024
 _SUITE = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_256_GCM)
 
 
-class SealedBoxError(ValueError):
+class SealedBoxError(ClientInputError):
     """A sealed blob, associated data, key or key file is malformed, unauthentic or unusable.
 
     It is a :class:`ValueError`, so callers may catch either. Opening failures deliberately share

@@ -73,6 +73,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
+from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels import dpf_kernels as _k
 
 __all__ = [
@@ -124,7 +125,7 @@ _GEN_CHUNK = 8192  # keys per Gen chunk: 4 blocks each per level -> 512 KiB buff
 _FD_BUDGET = 1 << 15
 
 
-class DPFKeyError(ValueError):
+class DPFKeyError(ClientInputError):
     """A DPF key, public part, hint or serialized blob is malformed or keys do not fit together.
 
     It is a :class:`ValueError`, so callers may catch either.

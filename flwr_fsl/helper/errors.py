@@ -9,17 +9,22 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   round, wrong state). A *single client's* bad material is never an exception: it is reported
   per client and the round goes on without that client.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
-  (:mod:`flwr_fsl.helper.wire`). Raised to S1 for a bad request (and turned into a
-  :class:`HelperRequestError` answer) and to S0 for a bad response.
+  (:mod:`flwr_fsl.helper.wire`); a decoder error, so a :class:`~flwr_fsl.errors.ClientInputError`.
+  Raised to S1 for a bad request (and turned into a :class:`HelperRequestError` answer) and to
+  S0 for a bad response (turned into a :class:`HelperError`: the round fails).
+
+:class:`HelperError` is a :class:`~flwr_fsl.errors.RoundFailedError` (:mod:`flwr_fsl.errors`).
 """
 
 from __future__ import annotations
 
+from flwr_fsl.errors import ClientInputError, RoundFailedError
+
 __all__ = ["HelperError", "HelperRequestError", "HelperUnavailableError", "WireFormatError"]
 
 
-class HelperError(Exception):
-    """Base class of every helper (S1) error, including S1 internal errors seen by S0."""
+class HelperError(RoundFailedError):
+    """Base class of S0's helper (S1) errors, including S1 internal errors: fail the round."""
 
 
 class HelperRequestError(HelperError, ValueError):
@@ -30,5 +35,5 @@ class HelperUnavailableError(HelperError, ConnectionError):
     """S1 cannot be reached: connection refused, deadline exceeded or channel closed."""
 
 
-class WireFormatError(HelperError, ValueError):
+class WireFormatError(ClientInputError):
     """Bytes are not a well-formed message of the helper wire format."""

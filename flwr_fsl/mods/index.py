@@ -40,7 +40,15 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.helper.sealing import open_psr_answer, seal_psr_query, seal_ssa_upload
 from flwr_fsl.helper.setup import pinned_fingerprint
 from flwr_fsl.mods.ssa import WEIGHT_KEY
-from flwr_fsl.mods.ssa_records import (
+from flwr_fsl.protocols.psr import decode_rows, decode_table, make_query
+from flwr_fsl.protocols.ssa import (
+    Placement,
+    SSAClientState,
+    SSAParams,
+    encode_update,
+    same_layout,
+)
+from flwr_fsl.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
     PSR_UPLOAD_KEY,
@@ -50,14 +58,6 @@ from flwr_fsl.mods.ssa_records import (
     find_ssa_round,
     hint_upload_record,
     ssa_upload_record,
-)
-from flwr_fsl.protocols.psr import decode_rows, decode_table, make_query
-from flwr_fsl.protocols.ssa import (
-    Placement,
-    SSAClientState,
-    SSAParams,
-    encode_update,
-    same_layout,
 )
 
 RowsFn = Callable[[Context], "NDArray[np.int64] | tuple[NDArray[np.int64], NDArray[np.float64]]"]

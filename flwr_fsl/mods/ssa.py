@@ -23,8 +23,8 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.helper.sealing import seal_ssa_upload
 from flwr_fsl.helper.setup import pinned_fingerprint
-from flwr_fsl.mods.ssa_records import SSA_UPLOAD_KEY, find_ssa_round, ssa_upload_record
 from flwr_fsl.protocols.ssa import encode_update
+from flwr_fsl.records import SSA_UPLOAD_KEY, find_ssa_round, ssa_upload_record
 from flwr_fsl.submodel import decode_update
 from flwr_fsl.submodel.layout import FlatLayout
 

@@ -68,13 +68,14 @@ from flwr_fsl.crypto.hashing import (
     simple_hash,
 )
 from flwr_fsl.crypto.prg import random_seeds
+from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
 
 
-class SSAInputError(ValueError):
+class SSAInputError(ClientInputError):
     """A client's keys or hint do not fit the round (malformed, wrong shape, replayed)."""
 
 

@@ -51,7 +51,12 @@ from flwr.supercore import log
 from numpy.typing import NDArray
 
 from flwr_fsl.helper import HelperConnection, HelperError
-from flwr_fsl.mods.ssa_records import (
+from flwr_fsl.protocols.psr import PSRServer, encode_table
+from flwr_fsl.protocols.ssa import (
+    SSAInputError,
+    SSAParams,
+)
+from flwr_fsl.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
     HELPER_KEY_FIELD,
@@ -61,11 +66,6 @@ from flwr_fsl.mods.ssa_records import (
     TABLE_FIELD,
     UDPF_FIELD,
     read_ssa_upload,
-)
-from flwr_fsl.protocols.psr import PSRServer, encode_table
-from flwr_fsl.protocols.ssa import (
-    SSAInputError,
-    SSAParams,
 )
 from flwr_fsl.strategies.fedsubavg import _tag_round
 from flwr_fsl.strategies.two_server import TwoServerStrategy

@@ -41,8 +41,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from flwr_fsl.helper import HelperConnection, HelperError
-from flwr_fsl.mods.ssa_records import HELPER_KEY_FIELD, PARAMS_FIELD
 from flwr_fsl.protocols.ssa import SSAParams
+from flwr_fsl.records import HELPER_KEY_FIELD, PARAMS_FIELD
 from flwr_fsl.strategies.two_server import TwoServerStrategy
 from flwr_fsl.submodel.layout import FlatLayout
 

@@ -19,7 +19,6 @@ from flwr.supercore import log
 from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.helper import HelperConnection, HelperError
-from flwr_fsl.mods.ssa_records import read_hint_upload, read_ssa_upload
 from flwr_fsl.protocols.ssa import (
     SSAInputError,
     SSAParams,
@@ -28,6 +27,7 @@ from flwr_fsl.protocols.ssa import (
     parse_public_part,
     reconstruct,
 )
+from flwr_fsl.records import read_hint_upload, read_ssa_upload
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.submodel import SubmodelFormatError
 

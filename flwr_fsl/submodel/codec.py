@@ -40,6 +40,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from numpy.typing import NDArray
 
+from flwr_fsl.errors import ClientInputError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 FORMAT_NAME = "flwr_fsl.submodel"
@@ -49,7 +50,7 @@ ARRAYS_KEY = "fsl.update"
 _SEP = "|"
 
 
-class SubmodelFormatError(ValueError):
+class SubmodelFormatError(ClientInputError):
     """A reply is not a valid submodel update; ``str(err)`` says why."""
 
 

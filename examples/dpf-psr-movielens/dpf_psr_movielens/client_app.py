@@ -42,7 +42,7 @@ from dpf_psr_movielens.task import (
     user_data,
 )
 from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.mods.ssa_records import find_ssa_round
+from flwr_fsl.records import find_ssa_round
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate, encode_update
 
 USER_STATE = "movielens.user"

@@ -1,4 +1,4 @@
-"""Wire records of the two-server protocols (``flwr_fsl.ssa`` v1) inside Flower messages.
+"""Record-field names and wire records of the Flower messages (``flwr_fsl.ssa`` v1): one module.
 
 Server -> client, in the train message's ``ConfigRecord`` (next to the usual config):
 

@@ -1,0 +1,40 @@
+"""One error taxonomy for the whole package: drop this client, fail this round, bad configuration.
+
+Every exception ``flwr_fsl`` raises on purpose derives from :class:`FSLError` and from exactly
+one of three kinds, which tell a server what to do with it:
+
+* :class:`ClientInputError` — bytes or material that came from *one* client are malformed,
+  oversized, stale or do not verify (every decoder's error derives from it: sparse codec, DPF
+  keys, sealed boxes, SSA uploads, helper wire messages). The server drops that client from
+  the round with the error text as the logged reason; the other clients' result is exact.
+* :class:`RoundFailedError` — the round cannot produce a correct result (the second server is
+  unreachable or answers inconsistently, too few clients remain). The round fails loudly and
+  the global model stays unchanged; the run goes on.
+* :class:`ConfigurationError` — a setting is invalid. Raised once, before round 1, naming the
+  bad key.
+
+Strategies and the helper server catch :class:`ClientInputError` (and the round kind at the
+round boundary) and nothing broader, so a bug is never mistaken for a bad client. The concrete
+classes keep :class:`ValueError` / :class:`ConnectionError` as second bases where they always
+had them, so existing ``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ClientInputError", "ConfigurationError", "FSLError", "RoundFailedError"]
+
+
+class FSLError(Exception):
+    """Base class of every error ``flwr_fsl`` raises on purpose."""
+
+
+class ClientInputError(FSLError, ValueError):
+    """One client's input is bad: drop that client from the round, keep the others exact."""
+
+
+class RoundFailedError(FSLError, RuntimeError):
+    """The round cannot complete correctly: fail it and leave the global model unchanged."""
+
+
+class ConfigurationError(FSLError, ValueError):
+    """A setting is invalid; raised before round 1 with the offending key in the message."""
