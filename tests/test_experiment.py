@@ -1,4 +1,4 @@
-"""The experiment harness on the in-process grid: same clients, same start, tables, failure, JSON."""
+"""The experiment harness on the in-process grid: same clients and start, tables, failure, JSON."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_an_arm_that_never_aggregates_fails_the_run(
         Arm("ok", "trains", lambda setup: FedSubAvg(**KNOBS)),
         Arm("idle", "never aggregates", lambda setup: NeverAggregates(**KNOBS)),
     ]
-    with pytest.raises(ExperimentFailedError, match="no round aggregated .* never aggregates"):
+    with pytest.raises(ExperimentFailedError, match=r"no round aggregated .* never aggregates"):
         _experiment(arms, results_dir=tmp_path).run(InProcessGrid(make_app(), NODES))
     out = capsys.readouterr().out
     assert out.count("no aggregate") == ROUNDS
@@ -251,7 +251,7 @@ def test_load_experiment_rejects_other_files(tmp_path: Path) -> None:
     path.write_text('{"format": "flwr_fsl.history/1", "meta": {}, "runs": []}')
     with pytest.raises(ValueError, match="no experiment record"):
         load_experiment(path)
-    with pytest.raises(ValueError, match="not a flwr_fsl.experiment/1 record"):
+    with pytest.raises(ValueError, match=r"not a flwr_fsl\.experiment/1 record"):
         ExperimentRecord.from_dict({"format": "other"})
     with pytest.raises(ValueError, match="malformed arm record"):
         ExperimentRecord.from_dict(
