@@ -589,7 +589,8 @@ def round_bytes(
     Parameters
     ----------
     traffic : Iterable[RoundTraffic]
-        The strategy's ``traffic`` (several entries of one phase and round are added up).
+        The strategy's ``traffic`` (several entries of one phase and round are added up;
+        entries that moved no bytes are left out).
     server_round : int
         The round.
 
@@ -603,8 +604,8 @@ def round_bytes(
     """
     per_phase: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
     for t in traffic:
-        if t.server_round != server_round:
-            continue
+        if t.server_round != server_round or not (t.down_bytes or t.up_bytes):
+            continue  # another round, or a phase that sent nothing (e.g. no evaluation)
         down, up = per_phase.setdefault(t.phase, ({}, {}))
         for node, size in t.down_bytes.items():
             down[node] = down.get(node, 0) + size

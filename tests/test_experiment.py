@@ -300,6 +300,7 @@ def test_round_bytes_adds_phases_per_client() -> None:
         RoundTraffic(1, "train", {1: 1000, 2: 1000}, {1: 50, 2: 70}),
         RoundTraffic(1, "evaluate", {1: 5000, 4: 5000}, {1: 1}),
         RoundTraffic(2, "train", {1: 9}, {}),
+        RoundTraffic(2, "evaluate", {}, {}),  # fraction_evaluate = 0: nothing sent
     ]
     phases, clients, down, up = round_bytes(traffic, 1)
     assert clients == 3
@@ -310,7 +311,7 @@ def test_round_bytes_adds_phases_per_client() -> None:
         "train": PhaseBytes(2, 1000.0, 60.0),
         "evaluate": PhaseBytes(2, 5000.0, 1.0),
     }
-    assert round_bytes(traffic, 2)[1:] == (1, 9.0, None)  # no reply: upload unknown
+    assert round_bytes(traffic, 2) == ({"train": PhaseBytes(1, 9.0, 0.0)}, 1, 9.0, None)
     assert round_bytes(traffic, 3) == ({}, 0, None, None)
 
 
