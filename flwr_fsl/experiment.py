@@ -1058,7 +1058,7 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
     """Return the per-round table: one row per round and arm.
 
     Columns: the metrics, training-phase bytes per client down and up, clients sampled,
-    replies dropped, wall and server seconds, and a note for rounds that failed or changed
+    replies dropped ("drops"), wall and server seconds, and a note for rounds that failed or changed
     nothing. Round 0 (the initial model) is shown when a server metric reported it.
 
     Parameters
@@ -1079,7 +1079,7 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
         f"  {m.title:>{w}}" for m, w in zip(metrics, mwidths, strict=True)
     )
     header += (
-        f"  {'down B/cl':>11}  {'up B/cl':>11}  {'clients':>7}  {'dropped':>7}"
+        f"  {'down B/cl':>11}  {'up B/cl':>11}  {'clients':>7}  {'drops':>5}"
         f"  {'round s':>7}  {'server s':>8}  note"
     )
     lines = [header, "-" * len(header)]
@@ -1106,7 +1106,7 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
             )
             row += (
                 f"  {_fmt(r.down_bytes, ',.0f'):>11}  {_fmt(r.up_bytes, ',.0f'):>11}"
-                f"  {_fmt(r.clients, 'd'):>7}  {len(r.dropped):>7}  {_fmt(r.seconds, '.1f'):>7}"
+                f"  {_fmt(r.clients, 'd'):>7}  {len(r.dropped):>5}  {_fmt(r.seconds, '.1f'):>7}"
                 f"  {_fmt(r.server_seconds, '.1f'):>8}  {note}"
             )
             lines.append(row.rstrip())
