@@ -64,6 +64,7 @@ import math
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -602,28 +603,23 @@ def round_bytes(
         phases' bytes per client — down averaged over those nodes, up over the nodes that
         replied in a training phase (None for both when the round has no training phase).
     """
-    per_phase: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
+    per_phase: dict[str, tuple[Counter[int], Counter[int]]] = {}
     for t in traffic:
         if t.server_round != server_round or not (t.down_bytes or t.up_bytes):
             continue  # another round, or a phase that sent nothing (e.g. no evaluation)
-        down, up = per_phase.setdefault(t.phase, ({}, {}))
-        for node, size in t.down_bytes.items():
-            down[node] = down.get(node, 0) + size
-        for node, size in t.up_bytes.items():
-            up[node] = up.get(node, 0) + size
+        down, up = per_phase.setdefault(t.phase, (Counter(), Counter()))
+        down.update(t.down_bytes)  # adds bytes per node
+        up.update(t.up_bytes)
     phases = {
         name: PhaseBytes(len(down), _mean(down.values()) or 0.0, _mean(up.values()) or 0.0)
         for name, (down, up) in per_phase.items()
     }
-    train_down: dict[int, int] = {}
-    train_up: dict[int, int] = {}
+    train_down: Counter[int] = Counter()
+    train_up: Counter[int] = Counter()
     for name, (down, up) in per_phase.items():
-        if name == EVALUATE_PHASE:
-            continue
-        for node, size in down.items():
-            train_down[node] = train_down.get(node, 0) + size
-        for node, size in up.items():
-            train_up[node] = train_up.get(node, 0) + size
+        if name != EVALUATE_PHASE:
+            train_down.update(down)
+            train_up.update(up)
     if not train_down and not train_up:
         return phases, 0, None, None
     return phases, len(train_down), _mean(train_down.values()) or 0.0, _mean(train_up.values())

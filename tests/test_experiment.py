@@ -14,6 +14,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.experiment import (
@@ -382,3 +384,43 @@ def test_sampling_kwargs() -> None:
         "min_evaluate_nodes": 0,
         "min_available_nodes": 3,
     }
+
+
+_phase = st.sampled_from(["psr", "train", "evaluate", "unmask"])
+_sizes = st.dictionaries(st.integers(1, 6), st.integers(0, 10_000), max_size=6)
+_entries = st.lists(st.tuples(st.integers(1, 2), _phase, _sizes, _sizes), max_size=8)
+
+
+@given(entries=_entries, data=st.data())
+def test_round_bytes_conserves_bytes_and_ignores_how_the_log_is_split(
+    entries: list[tuple[int, str, dict[int, int], dict[int, int]]], data: st.DataObject
+) -> None:
+    traffic = [RoundTraffic(r, phase, down, up) for r, phase, down, up in entries]
+    phases, clients, down, up = round_bytes(traffic, 1)
+    mine = [t for t in traffic if t.server_round == 1 and (t.down_bytes or t.up_bytes)]
+    training = [t for t in mine if t.phase != "evaluate"]
+    sent = {n for t in training for n in t.down_bytes}
+    replied = {n for t in training for n in t.up_bytes}
+    assert clients == len(sent)
+    if not training:
+        assert (down, up) == (None, None)
+    else:
+        assert down == pytest.approx(
+            sum(sum(t.down_bytes.values()) for t in training) / len(sent) if sent else 0.0
+        )
+        total_up = sum(sum(t.up_bytes.values()) for t in training)
+        assert up == (pytest.approx(total_up / len(replied)) if replied else None)
+    assert set(phases) == {t.phase for t in mine}
+    # The same log shuffled, or with one entry split in two, summarizes the same.
+    shuffled = data.draw(st.permutations(traffic))
+    assert round_bytes(shuffled, 1) == (phases, clients, down, up)
+    if traffic:
+        first = traffic[0]
+        half = {n: b // 2 for n, b in first.down_bytes.items()}
+        rest = {n: b - half[n] for n, b in first.down_bytes.items()}
+        split = [
+            RoundTraffic(first.server_round, first.phase, half, first.up_bytes),
+            RoundTraffic(first.server_round, first.phase, rest, {}),
+            *traffic[1:],
+        ]
+        assert round_bytes(split, 1) == (phases, clients, down, up)  # integer sums: exact
