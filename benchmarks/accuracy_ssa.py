@@ -38,7 +38,7 @@ APP_DIR = REPO / "examples" / "dpf-ssa-mnist"
 sys.path.insert(0, str(APP_DIR))
 
 from dpf_ssa_mnist.client_app import app as client_app  # noqa: E402
-from dpf_ssa_mnist.server_app import run_experiment  # noqa: E402
+from dpf_ssa_mnist.server_app import ACCURACY, run_experiment  # noqa: E402
 
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
 
@@ -99,15 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             run_config["results-dir"] = str(args.out.parent / "accuracy_ssa")
         grid = InProcessGrid(client_app, args.clients, run_config)
         started = time.perf_counter()
-        runs, summary = run_experiment(grid, run_config)
+        result = run_experiment(grid, run_config)
         elapsed = time.perf_counter() - started
-    secure, plain = runs
-    acc_s, acc_p = secure.history.final_accuracy, plain.history.final_accuracy
+    secure, plain = result.arm("secure"), result.arm("plaintext")
+    acc_s, acc_p = secure.record.final(ACCURACY), plain.record.final(ACCURACY)
     if acc_s is None or acc_p is None:
         print("no final accuracy reported", file=sys.stderr)
         return 1
-    diff = (acc_s - acc_p) * 100
-    passed = abs(diff) <= BAR_POINTS and not getattr(secure.strategy, "failed_rounds", {})
+    diff = acc_s - acc_p  # ACCURACY is in percent: the difference is in points
+    passed = abs(diff) <= BAR_POINTS and not any(r.failed for r in secure.record.rounds)
     print(
         f"\nbar: |final acc secure - plaintext| = {abs(diff):.2f} points "
         f"(<= {BAR_POINTS}) after {args.rounds} rounds: {'PASS' if passed else 'FAIL'}"
@@ -136,22 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.machine(),
         },
         "final_accuracy_difference_points": diff,
-        "max_abs_model_diff": summary.get("max_abs_model_diff"),
-        "runs": [
-            {
-                "label": r.label,
-                "rounds": r.history.rounds,
-                "accuracy": r.history.accuracy,
-                "final_accuracy": r.history.final_accuracy,
-                "up_bytes_per_client_round": r.history.mean_up_mb * 1e6,
-                "down_bytes_per_client_round": r.history.mean_down_mb * 1e6,
-                "topk_count": r.topk_count,
-                "seconds": r.seconds,
-                "dropped": {str(k): v for k, v in r.strategy.dropped.items() if v},
-                "failed_rounds": getattr(r.strategy, "failed_rounds", {}),
-            }
-            for r in runs
-        ],
+        "max_abs_model_diff": secure.record.max_abs_diff,
+        "experiment": result.record.to_dict(),
         "flwr_run_command": command,
         "total_seconds": elapsed,
     }

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.experiment import ExperimentFailedError
 from flwr_fsl.helper import InProcessHelper, default_key_file
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
@@ -51,33 +52,41 @@ def test_secure_table_equals_plaintext_and_udpf_in_round_2(
         "ssa-frac-bits": 32,
     }
     grid = InProcessGrid(client_app.app, USERS, config)
-    runs, summary = server_app.run_experiment(grid, config, helper=InProcessHelper(keypair=key))
-    secure, plain = runs
-    assert secure.label == server_app.SECURE_LABEL and plain.label == server_app.PLAIN_LABEL
+    result = server_app.run_experiment(grid, config, helper=InProcessHelper(keypair=key))
+    secure, plain = result.arm("secure"), result.arm("plaintext")
+    assert [r.arm.key for r in result.runs] == ["secure", "plaintext"]
     assert secure.strategy.failed_rounds == {}
     assert all(not d for d in secure.strategy.dropped.values())
     assert all(not d for d in plain.strategy.dropped.values())
     # The same count-weighted row average, up to SSA's fixed-point rounding.
-    np.testing.assert_allclose(secure.table, plain.table, atol=1e-6)
-    assert summary["max_abs_table_diff"] < 1e-6
+    np.testing.assert_allclose(secure.arrays[task.TABLE], plain.arrays[task.TABLE], atol=1e-6)
+    diff = float(np.max(np.abs(secure.arrays[task.TABLE] - plain.arrays[task.TABLE])))
+    assert secure.record.max_abs_diff == pytest.approx(diff) and diff < 1e-6
     # Training changed exactly the rows of the three users' row sets.
     settings = task.Settings.from_run_config(config)
     initial = task.initial_table(settings)
     rows = np.unique(
         np.concatenate([task.user_data(u, 32, 0.2, settings.seed).rows for u in range(USERS)])
     )
-    changed = np.flatnonzero(np.any(secure.table != initial, axis=1))
+    changed = np.flatnonzero(np.any(secure.arrays[task.TABLE] != initial, axis=1))
     assert set(changed) <= set(rows) and len(changed) > 0.9 * len(rows)
     # Round 1 uploads fresh keys, round 2 only U-DPF hints (the row sets are fixed).
     metrics = secure.result.train_metrics_clientapp
     assert metrics[1]["udpf-clients"] == 0
     assert metrics[2]["udpf-clients"] == USERS
-    assert [s.udpf_clients for s in secure.rounds] == [0, USERS]
-    assert secure.rounds[1].train_up_bytes < secure.rounds[0].train_up_bytes
+    rounds = secure.record.rounds
+    assert [server_app.UDPF.value(r) for r in rounds] == [0, USERS]
+    assert rounds[1].phases["train"].up_bytes < rounds[0].phases["train"].up_bytes
+    assert result.record.extra["udpf_upload"]["rounds"]["U-DPF hints"] == [2]
     # Both runs evaluate on the same held-out ratings and agree on the RMSE.
-    assert secure.final_rmse == pytest.approx(plain.final_rmse, abs=1e-5)
+    rmse = server_app.RMSE
+    assert secure.record.final(rmse) == pytest.approx(plain.record.final(rmse), abs=1e-5)
     # The plaintext run downloads the whole table; the secure one only its PSR answers.
-    assert secure.rounds[0].down_bytes < plain.rounds[0].down_bytes
+    assert rounds[0].down_bytes < plain.record.rounds[0].down_bytes
+    # Up = PSR query + SSA upload, summed per client.
+    psr, train = rounds[0].phases["psr"], rounds[0].phases["train"]
+    assert rounds[0].up_bytes == pytest.approx(psr.up_bytes + train.up_bytes)
+    assert rounds[0].clients == USERS
 
 
 def test_user_data_rows_are_fixed_and_capped(
@@ -139,10 +148,11 @@ def test_default_helper_pin_without_run_config_keys(
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     config = {"num-server-rounds": 1, "local-epochs": 1, "compare-plaintext": False}
     grid = InProcessGrid(client_app.app, 2, config)
-    runs, _ = server_app.run_experiment(grid, config)
+    result = server_app.run_experiment(grid, config)
     assert default_key_file().is_file()
-    assert runs[0].result.train_metrics_clientapp[1]["udpf-clients"] == 0
-    assert all(not d for d in runs[0].strategy.dropped.values())
+    secure = result.arm("secure")
+    assert secure.result.train_metrics_clientapp[1]["udpf-clients"] == 0
+    assert all(not d for d in secure.strategy.dropped.values())
     assert all(ctx.run_config == config for ctx in grid._contexts.values())
 
 
@@ -154,7 +164,7 @@ def test_a_training_without_any_update_fails_the_run(
     pinned = {"num-server-rounds": 1, "compare-plaintext": False}
     wrong = {**pinned, "ssa-helper-fingerprint": SealingKeyPair.generate().fingerprint}
     grid = InProcessGrid(client_app.app, 2, wrong)  # clients pin another key: all refuse
-    with pytest.raises(RuntimeError, match="no round aggregated"):
+    with pytest.raises(ExperimentFailedError, match=r"no round aggregated .*secure \(PSR\+SSA\)"):
         server_app.run_experiment(
             grid,
             {**pinned, "ssa-helper-fingerprint": key.fingerprint},
