@@ -4,7 +4,9 @@ Server -> client, in the train message's ``ConfigRecord`` (next to the usual con
 
 - ``fsl.ssa.params``: ``SSAParams.to_bytes()`` of the round;
 - ``fsl.ssa.helper-key``: S1's raw X25519 public key (the client checks it against the
-  fingerprint pinned in its run config before sealing anything to it).
+  fingerprint pinned in its run config before sealing anything to it);
+- ``fsl.ssa.session``: the 16-byte session id of S0's connection to S1 (one per run); every
+  sealed blob is bound to it, the round and the SHA-256 of ``fsl.ssa.params``.
 
 Client -> server, a ``ConfigRecord`` under :data:`SSA_UPLOAD_KEY` next to the reply's metrics:
 
@@ -28,11 +30,13 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, RecordDict
 
+from flwr_fsl.protocols.sealing import RoundBinding
 from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
 PARAMS_FIELD = "fsl.ssa.params"
 HELPER_KEY_FIELD = "fsl.ssa.helper-key"
+SESSION_FIELD = "fsl.ssa.session"
 SSA_UPLOAD_KEY = "fsl.ssa.upload"
 PSR_QUERY_TYPE = "query.psr"
 PSR_UPLOAD_KEY = "fsl.psr.query"
@@ -43,21 +47,25 @@ ANSWER1_FIELD = "fsl.psr.answer1"
 MAX_UPLOAD_BYTES = 1 << 30
 
 
-def find_ssa_round(content: RecordDict) -> tuple[SSAParams, bytes] | None:
-    """Return the round's SSA parameters and S1's public key if the message carries them.
+def find_ssa_round(content: RecordDict) -> tuple[SSAParams, bytes, RoundBinding] | None:
+    """Return the round's SSA parameters, S1's public key and the sealing binding, if present.
 
     Raises
     ------
     SubmodelFormatError
-        If the fields are present but malformed.
+        If the fields are present but malformed (or the session id is missing).
     """
     for record in content.config_records.values():
         if PARAMS_FIELD in record:
             params, key = record[PARAMS_FIELD], record.get(HELPER_KEY_FIELD)
+            session = record.get(SESSION_FIELD)
             if not isinstance(params, bytes) or not isinstance(key, bytes) or len(key) != 32:
                 raise SubmodelFormatError("malformed SSA round fields")
+            if not isinstance(session, bytes):
+                raise SubmodelFormatError(f"missing or malformed {SESSION_FIELD!r}")
             try:
-                return SSAParams.from_bytes(params), key
+                decoded = SSAParams.from_bytes(params)
+                return decoded, key, RoundBinding.of(session, decoded.round_id, params)
             except ValueError as err:
                 raise SubmodelFormatError(f"bad SSA parameters: {err}") from None
     return None

@@ -7,6 +7,7 @@ import hmac
 import os
 import stat
 import struct
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -26,6 +27,7 @@ from flwr_fsl.crypto.channel import (
     SealedBoxError,
     SealingKeyPair,
     associated_data,
+    client_party,
     open_sealed,
     public_key_fingerprint,
     seal,
@@ -83,7 +85,7 @@ def test_reference_open_matches_rfc9180_a11():
 
 def test_seal_is_rfc9180_base_mode_aes256gcm_with_ad_in_info():
     kp = SealingKeyPair.from_private_bytes(bytes.fromhex(A11["skRm"]))
-    ad = associated_data(purpose="ssa", round=3, client=7, sender="client", recipient="S1")
+    ad = AD(purpose="ssa", round=3, client=7, sender="client", recipient="S1")
     blob = seal(kp.public_bytes, b"master seed here", associated_data=ad)
     header, enc, ct = blob[:8], blob[8:40], blob[40:]
     assert header == b"FSSB\x01\x01\x00\x00"
@@ -93,13 +95,46 @@ def test_seal_is_rfc9180_base_mode_aes256gcm_with_ad_in_info():
 
 # A blob frozen at format version 1: any change to the format or the key schedule breaks it.
 FROZEN_SK = bytes(range(1, 33))
-FROZEN_AD = dict(purpose="ssa", round=1, client=42, sender="client", recipient="S1")
+FROZEN_AD = (  # the v1 associated data bytes the blob was sealed with (opaque to the box format)
+    b"FSAD\x01\x03\x00ssa\x06\x00client\x02\x00S1"
+    + (1).to_bytes(8, "little")
+    + (42).to_bytes(8, "little")
+)
 FROZEN_PT = b"flwr_fsl sealed box v1"
 FROZEN_BLOB = bytes.fromhex(
     "4653534201010000a49cd391d871ac7649e9db1ce4fb74b9e20d9782d3b4a49d"
     "b032250c3eb10b2f7bd86fc73e293452a0ea0f725fe8623a7c7597aa59b7477e"
     "ee8a05ac36a2c0ab44fb5b97c591"
 )
+
+
+SID = bytes(range(16))
+DIG = bytes(range(100, 132))
+
+
+def AD(
+    *,
+    purpose: str = "ssa",
+    round: Any = 0,
+    client: Any = 0,
+    sender: Any = "client",
+    recipient: Any = "S1",
+    session: Any = SID,
+    params_digest: Any = DIG,
+) -> bytes:
+    """Associated data with the client id folded into the client party's id, as sealing does."""
+    if sender == "client":
+        sender = client_party(client)
+    if recipient == "client":
+        recipient = client_party(client)
+    return associated_data(
+        purpose=purpose,
+        sender=sender,
+        recipient=recipient,
+        session=session,
+        round=round,
+        params_digest=params_digest,
+    )
 
 
 def _sk_bytes(kp: SealingKeyPair) -> bytes:
@@ -113,7 +148,7 @@ def s1():
 
 @pytest.fixture
 def ad():
-    return associated_data(purpose="ssa", round=5, client=11, sender="client", recipient="S1")
+    return AD(purpose="ssa", round=5, client=11, sender="client", recipient="S1")
 
 
 @pytest.mark.parametrize("size", [0, 1, 16, 48, 1000, 1 << 20])
@@ -152,14 +187,16 @@ def test_wrong_key_cannot_open(s1, ad):
         ("client", 12),
         ("sender", "S0"),
         ("recipient", "S0"),
+        ("session", bytes(16)),
+        ("params_digest", bytes(32)),
     ],
 )
 def test_wrong_associated_data(s1, field, value):
     kw = dict(purpose="ssa", round=5, client=11, sender="client", recipient="S1")
-    blob = seal(s1.public_bytes, b"secret", associated_data=associated_data(**kw))
+    blob = seal(s1.public_bytes, b"secret", associated_data=AD(**kw))
     kw[field] = value
     with pytest.raises(SealedBoxError, match="authentication"):
-        open_sealed(s1, blob, associated_data=associated_data(**kw))
+        open_sealed(s1, blob, associated_data=AD(**kw))
     with pytest.raises(SealedBoxError):
         open_sealed(s1, blob, associated_data=b"")
 
@@ -202,8 +239,8 @@ def test_truncated_message_is_named(s1, ad):
 def test_relay_s0_cannot_read_substitute_or_redirect(s1):
     """S0 holds S1's public key, the associated data, every blob and its own key pair."""
     s0 = SealingKeyPair.generate()
-    ad_a = associated_data(purpose="ssa", round=1, client=1, sender="client", recipient="S1")
-    ad_b = associated_data(purpose="ssa", round=1, client=2, sender="client", recipient="S1")
+    ad_a = AD(purpose="ssa", round=1, client=1, sender="client", recipient="S1")
+    ad_b = AD(purpose="ssa", round=1, client=2, sender="client", recipient="S1")
     seed_a = os.urandom(16)
     blob_a = seal(s1.public_bytes, seed_a, associated_data=ad_a)
     with pytest.raises(SealedBoxError):
@@ -241,33 +278,44 @@ def test_bad_argument_types(s1, ad):
 
 def test_frozen_blob_known_answer():
     kp = SealingKeyPair.from_private_bytes(FROZEN_SK)
-    assert open_sealed(kp, FROZEN_BLOB, associated_data=associated_data(**FROZEN_AD)) == FROZEN_PT
+    assert open_sealed(kp, FROZEN_BLOB, associated_data=FROZEN_AD) == FROZEN_PT
 
 
 # ---- associated data ---------------------------------------------------------------------------
 
 
 def test_associated_data_known_answer():
-    got = associated_data(purpose="ssa", round=1, client=258, sender="client", recipient="S1")
+    got = AD(
+        purpose="ssa",
+        sender=client_party(258),
+        recipient="S1",
+        session=SID,
+        round=1,
+        params_digest=DIG,
+    )
     want = (
-        b"FSAD\x01"
+        b"FSAD\x02"
         + b"\x03\x00ssa"
-        + b"\x06\x00client"
+        + b"\x0a\x00client:258"
         + b"\x02\x00S1"
+        + SID
         + (1).to_bytes(8, "little")
-        + (258).to_bytes(8, "little")
+        + DIG
     )
     assert got == want
 
 
 def test_associated_data_is_unambiguous():
-    a = associated_data(purpose="a", round=0, client=0, sender="bc", recipient="d")
-    b = associated_data(purpose="ab", round=0, client=0, sender="c", recipient="d")
-    c = associated_data(purpose="a", round=1 << 8, client=0, sender="bc", recipient="d")
-    d = associated_data(purpose="a", round=0, client=1, sender="bc", recipient="d")
-    assert len({a, b, c, d}) == 4
-    assert associated_data(purpose="é", round=0, client=0, sender="x", recipient="y") != (
-        associated_data(purpose="e", round=0, client=0, sender="x", recipient="y")
+    a = AD(purpose="a", round=0, client=0, sender="bc", recipient="d")
+    b = AD(purpose="ab", round=0, client=0, sender="c", recipient="d")
+    c = AD(purpose="a", round=1 << 8, client=0, sender="bc", recipient="d")
+    d = AD(purpose="a", round=0, client=1, sender="client", recipient="d")
+    e = AD(purpose="a", round=0, client=2, sender="client", recipient="d")
+    f = AD(purpose="a", round=0, sender="bc", recipient="d", session=bytes(16))
+    g = AD(purpose="a", round=0, sender="bc", recipient="d", params_digest=bytes(32))
+    assert len({a, b, c, d, e, f, g}) == 7
+    assert AD(purpose="é", round=0, client=0, sender="x", recipient="y") != (
+        AD(purpose="e", round=0, client=0, sender="x", recipient="y")
     )
 
 
@@ -283,20 +331,23 @@ def test_associated_data_is_unambiguous():
         dict(round=True),
         dict(client=1.0),
         dict(client="3"),
+        dict(session=bytes(15)),
+        dict(session="s" * 16),
+        dict(params_digest=bytes(31)),
     ],
 )
 def test_associated_data_rejects_bad_fields(kw):
     base = dict(purpose="ssa", round=0, client=0, sender="client", recipient="S1")
     base.update(kw)
     with pytest.raises(SealedBoxError):
-        associated_data(**base)
+        AD(**base)
 
 
 def test_largest_fields_accepted():
-    ad = associated_data(
+    ad = AD(
         purpose="p" * 1024, round=(1 << 64) - 1, client=(1 << 64) - 1, sender="s", recipient="r"
     )
-    assert ad.endswith(b"\xff" * 16)
+    assert ad.endswith(b"\xff" * 8 + DIG)
 
 
 # ---- keys and fingerprints ---------------------------------------------------------------------
@@ -337,7 +388,7 @@ def test_key_file_round_trip_and_mode(tmp_path):
     assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----\n")
     loaded = SealingKeyPair.load(path)
     assert loaded.public_bytes == kp.public_bytes
-    ad = associated_data(purpose="ssa", round=0, client=0, sender="client", recipient="S1")
+    ad = AD(purpose="ssa", round=0, client=0, sender="client", recipient="S1")
     assert open_sealed(loaded, seal(kp.public_bytes, b"hi", associated_data=ad), associated_data=ad)
 
 

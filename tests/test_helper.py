@@ -19,21 +19,36 @@ from flwr_fsl.helper import (
     HelperService,
     HelperUnavailableError,
     InProcessHelper,
+    verify_helper,
+    wire,
+)
+from flwr_fsl.helper.connection import HelperConnection
+from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.helper.service import Method
+from flwr_fsl.protocols.psr import PSRServer, decode_answers, decode_table, encode_table, make_query
+from flwr_fsl.protocols.sealing import (
+    RoundBinding,
     open_psr_answer,
     open_psr_query,
     open_ssa_upload,
     seal_psr_answer,
     seal_psr_query,
     seal_ssa_upload,
-    verify_helper,
-    wire,
 )
-from flwr_fsl.helper.connection import HelperConnection
-from flwr_fsl.helper.errors import WireFormatError
-from flwr_fsl.protocols.psr import PSRServer, decode_answers, decode_table, encode_table, make_query
 from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, reconstruct
+from flwr_fsl.wireformat import Writer
 
 M, K, WIDTH = 96, 8, 2
+SID = bytes(range(16))  # the session of every twin below (clients bind sealed material to it)
+
+
+def twin(*args: Any, **kwargs: Any) -> InProcessHelper:
+    return InProcessHelper(*args, session_id=SID, **kwargs)
+
+
+def bind(params: SSAParams | int, session: bytes = SID) -> RoundBinding:
+    p = make_params(params) if isinstance(params, int) else params
+    return RoundBinding.of(session, p.round_id, p.to_bytes())
 
 
 def _key(n: int) -> bytes:
@@ -97,7 +112,7 @@ def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed:
     )
     sealed = seal_ssa_upload(
         helper_pub,
-        round_id=params.round_id,
+        binding=bind(params),
         client_id=client.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
@@ -132,7 +147,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
         )
         sealed, keys[c.cid] = seal_psr_query(
             pub,
-            round_id=1,
+            binding=bind(1),
             client_id=c.cid,
             public_part=q.upload.public_part,
             master_seed=q.upload.master_seeds[1],
@@ -148,7 +163,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     for c in clients:
         sealed_answer = answers[c.cid]
         assert isinstance(sealed_answer, bytes)
-        a1 = open_psr_answer(keys[c.cid], sealed_answer, round_id=1, client_id=c.cid)
+        a1 = open_psr_answer(keys[c.cid], sealed_answer, binding=bind(1), client_id=c.cid)
         a0 = s0_psr.answer(queries[c.cid].upload.public_part, queries[c.cid].upload.master_seeds[0])
         retrieved[c.cid] = decode_table(decode_answers(queries[c.cid], a0, a1), np.float32)
     out["psr_rows"] = retrieved
@@ -218,7 +233,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def transcript():
-    conn = InProcessHelper()
+    conn = twin()
     try:
         yield run_scenario(conn), conn
     finally:
@@ -280,7 +295,7 @@ def test_refused_calls(transcript):
 
 
 def test_public_part_altered_by_s0_is_caught_by_the_hash():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     params = make_params(1)
     helper.open_round(1, params.to_bytes())
@@ -300,20 +315,20 @@ def test_public_part_altered_by_s0_is_caught_by_the_hash():
 
 
 def test_malformed_keys_with_a_matching_hash_are_rejected():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     params = make_params(1)
     helper.open_round(1, params.to_bytes())
     garbage = b"FDPF" + bytes(40)
     sealed = seal_ssa_upload(
-        pub, round_id=1, client_id=5, public_part=garbage, master_seed=bytes(16)
+        pub, binding=bind(1), client_id=5, public_part=garbage, master_seed=bytes(16)
     )
     rej = helper.add_clients(1, [(5, garbage, sealed)])
     assert rej[5].startswith("SSAInputError: malformed public part")
 
 
 def test_replay_from_an_earlier_round_is_rejected():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
     p1, p2 = make_params(1), make_params(2)
@@ -327,7 +342,7 @@ def test_replay_from_an_earlier_round_is_rejected():
 
 
 def test_duplicate_ids_in_one_request():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     params = make_params(1)
     helper.open_round(1, params.to_bytes())
@@ -337,7 +352,7 @@ def test_duplicate_ids_in_one_request():
     with pytest.raises(HelperRequestError, match="duplicate client ids"):
         helper.add_clients(1, [item, item])
     # A raw request with the duplicate (S0 bypassing the facade): the second is rejected.
-    body = wire.encode(wire.AddClientsRequest(1, (wire.SealedItem(*item),) * 2))
+    body = wire.encode(wire.AddClientsRequest(SID, 1, (wire.SealedItem(*item),) * 2))
     resp = wire.decode(helper.service.handle("AddClients", body), wire.ClientResultsResponse)
     assert [r.ok for r in resp.results] == [True, False]
     assert "already submitted" in resp.results[1].reason
@@ -347,7 +362,7 @@ def test_duplicate_ids_in_one_request():
 
 
 def test_too_many_open_rounds_and_abort():
-    helper = InProcessHelper(HelperService(SealingKeyPair.generate(), max_open_rounds=2))
+    helper = twin(HelperService(SealingKeyPair.generate(), max_open_rounds=2))
     helper.open_round(1, make_params(1).to_bytes())
     helper.open_round(2, make_params(2).to_bytes())
     with pytest.raises(HelperRequestError, match="limit 2"):
@@ -367,7 +382,7 @@ def test_too_many_open_rounds_and_abort():
 
 
 def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
     p1 = make_params(1)
@@ -385,13 +400,13 @@ def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
     upload, sealed = upload_for(p3, c, pub)
     helper.add_clients(3, [(c.cid, upload.public_part, sealed)])
     helper.finish_round(3)
-    assert c.cid in helper.service._stored_keys
+    assert c.cid in helper.service._sessions[SID].data["ssa"].keys
     helper.open_round(4, make_params(4, hash_key=_key(2)).to_bytes())
-    assert helper.service._stored_keys == {}
+    assert helper.service._sessions[SID].data["ssa"].keys == {}
 
 
 def test_hint_errors_are_per_client():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
     p1 = make_params(1)
@@ -408,7 +423,7 @@ def test_hint_errors_are_per_client():
 
 
 def test_psr_errors_are_per_client():
-    helper = InProcessHelper()
+    helper = twin()
     pub = helper.public_key()
     p = make_params(1)
     helper.open_round(1, p.to_bytes())
@@ -416,7 +431,7 @@ def test_psr_errors_are_per_client():
     q = make_query(p, [1, 2, 3])
     sealed, _ = seal_psr_query(
         pub,
-        round_id=1,
+        binding=bind(1),
         client_id=4,
         public_part=q.upload.public_part,
         master_seed=q.upload.master_seeds[1],
@@ -424,14 +439,14 @@ def test_psr_errors_are_per_client():
     # An SSA-purpose blob offered as a PSR query does not open (purpose is bound).
     ssa_blob = seal_ssa_upload(
         pub,
-        round_id=1,
+        binding=bind(1),
         client_id=5,
         public_part=q.upload.public_part,
         master_seed=q.upload.master_seeds[1],
     )
     garbage = b"FDPF" + bytes(40)
     bad_keys, _ = seal_psr_query(
-        pub, round_id=1, client_id=6, public_part=garbage, master_seed=bytes(16)
+        pub, binding=bind(1), client_id=6, public_part=garbage, master_seed=bytes(16)
     )
     res = helper.psr_answer(
         1,
@@ -452,7 +467,7 @@ def test_psr_errors_are_per_client():
 
 def test_public_key_pinning():
     kp = SealingKeyPair.generate()
-    helper = InProcessHelper(keypair=kp)
+    helper = twin(keypair=kp)
     assert isinstance(helper, HelperConnection)
     assert helper.public_key() == kp.public_bytes
     assert helper.health().fingerprint == kp.fingerprint
@@ -463,7 +478,7 @@ def test_public_key_pinning():
 
 
 def test_closed_twin_is_unavailable():
-    helper = InProcessHelper()
+    helper = twin()
     helper.close()
     helper.close()
     with pytest.raises(HelperUnavailableError):
@@ -471,20 +486,22 @@ def test_closed_twin_is_unavailable():
 
 
 def test_internal_error_is_a_helper_error_not_a_request_error(monkeypatch):
-    helper = InProcessHelper()
+    helper = twin()
 
     def boom(*args, **kwargs):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(helper.service, "_handlers", {**helper.service._handlers, "Health": boom})
+    monkeypatch.setitem(
+        helper.service._methods, "Health", Method(wire.HealthRequest, boom, needs_session=False)
+    )
     with pytest.raises(HelperError, match=r"INTERNAL.*RuntimeError: kaput") as info:
         helper.health()
     assert not isinstance(info.value, HelperRequestError)
 
 
 def test_malformed_response_is_a_helper_error(monkeypatch):
-    helper = InProcessHelper()
-    monkeypatch.setattr(helper.service, "handle", lambda method, body: b"FSHW\x01\x40\x00\x00")
+    helper = twin()
+    monkeypatch.setattr(helper.service, "handle", lambda method, body: b"FSHW\x02\x40\x00\x00")
     with pytest.raises(HelperError, match="malformed Health response"):
         helper.health()
     monkeypatch.setattr(
@@ -509,28 +526,29 @@ def test_service_argument_validation():
 @pytest.fixture
 def service():
     svc = HelperService(SealingKeyPair.generate())
-    svc.handle("OpenRound", wire.encode(wire.OpenRoundRequest(1, make_params(1).to_bytes())))
+    svc.handle("OpenRound", wire.encode(wire.OpenRoundRequest(SID, 1, make_params(1).to_bytes())))
     return svc
 
 
 def _add_request() -> bytes:
     items = (wire.SealedItem(1, b"public", b"sealed"), wire.SealedItem(2, b"p", b"s"))
-    return wire.encode(wire.AddClientsRequest(1, items))
+    return wire.encode(wire.AddClientsRequest(SID, 1, items))
 
 
 @pytest.mark.parametrize(
     "mutate, message",
     [
         (lambda b: b"XXXX" + b[4:], "bad magic"),
-        (lambda b: b[:4] + b"\x02" + b[5:], "unsupported wire version 2"),
+        (lambda b: b[:4] + b"\x01" + b[5:], "unsupported wire version 1"),
         (lambda b: b[:5] + b"\x05" + b[6:], "expected a ADD_CLIENTS message, got ADD_HINTS"),
         (lambda b: b[:5] + b"\x30" + b[6:], "unknown message kind 48"),
         (lambda b: b[:6] + b"\x01\x00" + b[8:], "reserved"),
         (lambda b: b + b"\x00", "trailing bytes"),
         (lambda b: b[:3], "truncated"),
-        (lambda b: b[:16] + struct.pack("<I", 2**32 - 1) + b[20:], "exceed the limit"),
-        (lambda b: b[:16] + struct.pack("<I", 50_000) + b[20:], "truncated"),
-        (lambda b: b[:28] + struct.pack("<I", 2**31) + b[32:], "truncated"),
+        (lambda b: b[:32] + struct.pack("<I", 2**32 - 1) + b[36:], "exceed the limit"),
+        (lambda b: b[:32] + struct.pack("<I", 50_000) + b[36:], "truncated"),
+        (lambda b: b[:44] + struct.pack("<I", 2**31) + b[48:], "truncated"),
+        (lambda b: b[:8] + bytes(16) + b[24:], "unknown session"),
     ],
 )
 def test_malformed_requests_are_refused(service, mutate, message):
@@ -558,11 +576,11 @@ def test_oversized_message_is_refused(service, monkeypatch):
     with pytest.raises(HelperRequestError, match="exceeds"):
         service.handle("AddClients", body)
     with pytest.raises(WireFormatError, match="exceeds the limit"):
-        wire.encode(wire.OpenRoundRequest(1, bytes(100)))
+        wire.encode(wire.OpenRoundRequest(SID, 1, bytes(100)))
 
 
 def _set_model_body(array_bytes: bytes) -> bytes:
-    return b"FSHW\x01\x08\x00\x00" + struct.pack("<Q", 1) + array_bytes
+    return b"FSHW\x02\x08\x00\x00" + SID + struct.pack("<Q", 1) + array_bytes
 
 
 @pytest.mark.parametrize(
@@ -586,9 +604,10 @@ def test_malformed_arrays_are_refused(service, array_bytes, message):
 
 
 def test_wire_known_answer():
-    msg = wire.AddClientsRequest(7, (wire.SealedItem(258, b"ab", b"xyz"),))
+    msg = wire.AddClientsRequest(SID, 7, (wire.SealedItem(258, b"ab", b"xyz"),))
     assert wire.encode(msg) == (
-        b"FSHW\x01\x04\x00\x00"
+        b"FSHW\x02\x04\x00\x00"
+        + SID
         + (7).to_bytes(8, "little")
         + (1).to_bytes(4, "little")
         + (258).to_bytes(8, "little")
@@ -596,7 +615,7 @@ def test_wire_known_answer():
         + b"\x03\x00\x00\x00xyz"
     )
     arr = wire.encode(wire.ArrayMessage(np.array([[1, 2]], np.uint64)))
-    assert arr == b"FSHW\x01\x45\x00\x00\x01\x02" + struct.pack("<QQQQ", 1, 2, 1, 2)
+    assert arr == b"FSHW\x02\x45\x00\x00\x01\x02" + struct.pack("<QQQQ", 1, 2, 1, 2)
 
 
 @pytest.mark.parametrize(
@@ -604,13 +623,15 @@ def test_wire_known_answer():
     [
         wire.HealthRequest(),
         wire.PublicKeyRequest(),
-        wire.OpenRoundRequest(2**64 - 1, b"params"),
-        wire.AddClientsRequest(3, ()),
-        wire.AddClientsRequest(3, (wire.SealedItem(0, b"", b""), wire.SealedItem(9, b"p", b"s"))),
-        wire.AddHintsRequest(4, (wire.HintItem(1, b"h"),)),
-        wire.FinishRoundRequest(5),
-        wire.AbortRoundRequest(6),
-        wire.PsrAnswerRequest(7, (wire.SealedItem(1, b"p", b"s"),)),
+        wire.OpenRoundRequest(SID, 2**64 - 1, b"params"),
+        wire.AddClientsRequest(SID, 3, ()),
+        wire.AddClientsRequest(
+            SID, 3, (wire.SealedItem(0, b"", b""), wire.SealedItem(9, b"p", b"s"))
+        ),
+        wire.AddHintsRequest(SID, 4, (wire.HintItem(1, b"h"),)),
+        wire.FinishRoundRequest(SID, 5),
+        wire.AbortRoundRequest(SID, 6),
+        wire.PsrAnswerRequest(SID, 7, (wire.SealedItem(1, b"p", b"s"),)),
         wire.OkResponse(),
         wire.HealthResponse(1, bytes(32), (1, 2)),
         wire.PublicKeyResponse(bytes(32)),
@@ -634,7 +655,7 @@ def test_wire_round_trip(msg):
     ],
 )
 def test_wire_arrays_round_trip(array):
-    for msg in (wire.SetModelRequest(1, array), wire.ShareResponse((1, 2), array)):
+    for msg in (wire.SetModelRequest(SID, 1, array), wire.ShareResponse((1, 2), array)):
         got = wire.decode(wire.encode(msg), type(msg))
         arr = got.table if isinstance(got, wire.SetModelRequest) else got.share
         assert arr.dtype == np.uint64 and arr.flags.writeable
@@ -649,13 +670,13 @@ def test_wire_arrays_round_trip(array):
 @pytest.mark.parametrize(
     "msg, message",
     [
-        (wire.FinishRoundRequest(-1), "u64 field"),
-        (wire.FinishRoundRequest(2**64), "u64 field"),
-        (wire.FinishRoundRequest(True), "u64 field"),
-        (wire.OpenRoundRequest(1, "text"), "expected bytes"),  # type: ignore[arg-type]
+        (wire.FinishRoundRequest(SID, -1), "u64 field"),
+        (wire.FinishRoundRequest(SID, 2**64), "u64 field"),
+        (wire.FinishRoundRequest(SID, True), "u64 field"),
+        (wire.OpenRoundRequest(SID, 1, "text"), "expected bytes"),  # type: ignore[arg-type]
         (wire.ArrayMessage(np.array([1 + 2j])), "unsupported array dtype"),
         (wire.ArrayMessage(np.zeros((1,) * 5)), "5 dimensions"),
-        (wire.AddHintsRequest(1, (wire.HintItem(1, b""),) * (wire.MAX_ITEMS + 1)), "exceed"),
+        (wire.AddHintsRequest(SID, 1, (wire.HintItem(1, b""),) * (wire.MAX_ITEMS + 1)), "exceed"),
     ],
 )
 def test_wire_encode_validation(msg, message):
@@ -679,78 +700,88 @@ def test_sealing_round_trips_and_bindings():
     s1 = SealingKeyPair.generate()
     public, seed = b"public part", bytes(range(16))
     blob = seal_ssa_upload(
-        s1.public_bytes, round_id=3, client_id=4, public_part=public, master_seed=seed
+        s1.public_bytes, binding=bind(3), client_id=4, public_part=public, master_seed=seed
     )
     assert len(blob) == 48 + 56
-    assert open_ssa_upload(s1, blob, round_id=3, client_id=4, public_part=public) == seed
+    assert open_ssa_upload(s1, blob, binding=bind(3), client_id=4, public_part=public) == seed
     for kw in (
-        dict(round_id=4, client_id=4, public_part=public),
-        dict(round_id=3, client_id=5, public_part=public),
-        dict(round_id=3, client_id=4, public_part=public + b"!"),
+        dict(binding=bind(4), client_id=4, public_part=public),
+        dict(binding=bind(3), client_id=5, public_part=public),
+        dict(binding=bind(3), client_id=4, public_part=public + b"!"),
     ):
         with pytest.raises(SealedBoxError):
             open_ssa_upload(s1, blob, **kw)
     q, answer_key = seal_psr_query(
-        s1.public_bytes, round_id=3, client_id=4, public_part=public, master_seed=seed
+        s1.public_bytes, binding=bind(3), client_id=4, public_part=public, master_seed=seed
     )
-    got_seed, got_key = open_psr_query(s1, q, round_id=3, client_id=4, public_part=public)
+    got_seed, got_key = open_psr_query(s1, q, binding=bind(3), client_id=4, public_part=public)
     assert got_seed == seed and got_key == answer_key.public_bytes
     with pytest.raises(SealedBoxError):  # purposes are not interchangeable
-        open_ssa_upload(s1, q, round_id=3, client_id=4, public_part=public)
+        open_ssa_upload(s1, q, binding=bind(3), client_id=4, public_part=public)
     answer = np.arange(6, dtype=np.uint64).reshape(3, 2)
-    sealed = seal_psr_answer(got_key, answer, round_id=3, client_id=4)
+    sealed = seal_psr_answer(got_key, answer, binding=bind(3), client_id=4)
     np.testing.assert_array_equal(
-        open_psr_answer(answer_key, sealed, round_id=3, client_id=4), answer
+        open_psr_answer(answer_key, sealed, binding=bind(3), client_id=4), answer
     )
     with pytest.raises(SealedBoxError):  # S1 itself cannot open the answer
-        open_psr_answer(s1, sealed, round_id=3, client_id=4)
+        open_psr_answer(s1, sealed, binding=bind(3), client_id=4)
 
 
 def test_sealing_rejects_bad_inputs():
     s1 = SealingKeyPair.generate()
     with pytest.raises(SealedBoxError, match="master seed"):
-        seal_ssa_upload(s1.public_bytes, round_id=1, client_id=1, public_part=b"", master_seed=b"x")
+        seal_ssa_upload(
+            s1.public_bytes, binding=bind(1), client_id=1, public_part=b"", master_seed=b"x"
+        )
     with pytest.raises(SealedBoxError, match="public part must be bytes"):
         seal_ssa_upload(
             s1.public_bytes,
-            round_id=1,
+            binding=bind(1),
             client_id=1,
             public_part="p",  # type: ignore[arg-type]
             master_seed=bytes(16),
         )
-    ad = associated_data(purpose="ssa", round=1, client=1, sender="client", recipient="S1")
+    ad = associated_data(purpose="ssa", sender="client:1", recipient="S1", **bind(1).fields())
     short = seal(s1.public_bytes, bytes(47), associated_data=ad)
     with pytest.raises(SealedBoxError, match="47 bytes, expected 48"):
-        open_ssa_upload(s1, short, round_id=1, client_id=1, public_part=b"")
+        open_ssa_upload(s1, short, binding=bind(1), client_id=1, public_part=b"")
     key = SealingKeyPair.generate()
-    ad = associated_data(purpose="psr-answer", round=1, client=1, sender="S1", recipient="client")
-    with pytest.raises(SealedBoxError, match="not a wire array"):
+    ad = associated_data(
+        purpose="psr-answer", sender="S1", recipient="client:1", **bind(1).fields()
+    )
+    with pytest.raises(SealedBoxError, match="not an encoded array"):
         open_psr_answer(
-            key, seal(key.public_bytes, b"junk", associated_data=ad), round_id=1, client_id=1
+            key, seal(key.public_bytes, b"junk", associated_data=ad), binding=bind(1), client_id=1
         )
-    floats = wire.encode(wire.ArrayMessage(np.zeros(2, np.float64)))
+    writer = Writer()
+    writer.array(np.zeros(2, np.float64))
+    floats = b"FSPA\x01" + writer.payload()
     with pytest.raises(SealedBoxError, match="must be uint64"):
         open_psr_answer(
-            key, seal(key.public_bytes, floats, associated_data=ad), round_id=1, client_id=1
+            key, seal(key.public_bytes, floats, associated_data=ad), binding=bind(1), client_id=1
         )
     with pytest.raises(SealedBoxError, match="cannot seal"):
-        seal_psr_answer(bytes(32), np.zeros(2, np.uint64), round_id=1, client_id=1)
+        seal_psr_answer(bytes(32), np.zeros(2, np.uint64), binding=bind(1), client_id=1)
 
 
 def test_health_answers_while_a_call_holds_the_lock():
-    helper = InProcessHelper()
+    helper = twin()
     helper.open_round(1, make_params(1).to_bytes())
-    with helper.service._lock:  # as during a long AddClients
+    with helper.service._sessions[SID].lock:  # as during a long AddClients
         assert helper.health().open_rounds == (1,)
         assert helper.public_key() == helper.service.public_key
+        # Another run's session is not blocked by this one's long call.
+        other = InProcessHelper(helper.service)
+        other.open_round(1, make_params(1).to_bytes())
+        other.abort_round(1)
 
 
 def test_random_corruptions_only_raise_wire_errors():
     rng = np.random.default_rng(0)
     samples = [
-        wire.AddClientsRequest(1, (wire.SealedItem(1, b"public", b"sealed"),)),
-        wire.AddHintsRequest(2, (wire.HintItem(3, b"hint"),)),
-        wire.SetModelRequest(1, np.arange(6, dtype=np.uint64).reshape(3, 2)),
+        wire.AddClientsRequest(SID, 1, (wire.SealedItem(1, b"public", b"sealed"),)),
+        wire.AddHintsRequest(SID, 2, (wire.HintItem(3, b"hint"),)),
+        wire.SetModelRequest(SID, 1, np.arange(6, dtype=np.uint64).reshape(3, 2)),
         wire.ShareResponse((1, 2), np.arange(4, dtype=np.uint64).reshape(2, 2)),
         wire.HealthResponse(1, bytes(32), (4,)),
         wire.ClientResultsResponse((wire.ClientResult(1, False, b"why"),)),

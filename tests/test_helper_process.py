@@ -26,7 +26,7 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.helper.cli import main
-from tests.test_helper import run_scenario
+from tests.test_helper import SID, make_params, run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 120  # generous: a cold numba cache compiles kernels on first import
@@ -120,8 +120,8 @@ def _free_port() -> int:
 
 
 def test_process_matches_the_in_process_twin(helper_process, key_file):
-    client = HelperClient(helper_process.address, timeout=120)
-    twin = InProcessHelper(keypair=SealingKeyPair.load(key_file))
+    client = HelperClient(helper_process.address, timeout=120, session_id=SID)
+    twin = InProcessHelper(keypair=SealingKeyPair.load(key_file), session_id=SID)
     try:
         assert helper_process.fingerprint == SealingKeyPair.load(key_file).fingerprint
         assert verify_helper(client, helper_process.fingerprint) == twin.public_key()
@@ -165,6 +165,9 @@ def test_large_messages_pass_the_grpc_limit(helper_process):
 def test_refused_call_over_grpc_is_a_request_error(helper_process):
     client = HelperClient(helper_process.address, timeout=60)
     try:
+        with pytest.raises(HelperRequestError, match="unknown session"):
+            client.finish_round(12345)
+        client.open_round(1, make_params(1).to_bytes())  # creates the session
         with pytest.raises(HelperRequestError, match="round 12345 is not open"):
             client.finish_round(12345)
     finally:
@@ -311,11 +314,13 @@ def test_tls_and_token():
     }
     try:
         assert clients["good"].health().fingerprint == kp.fingerprint
-        with pytest.raises(HelperRequestError, match="round 3 is not open"):
+        with pytest.raises(HelperRequestError, match="unknown session"):
             clients["good"].finish_round(3)
-        for name in ("no token", "wrong token"):
-            with pytest.raises(HelperRequestError, match="access token"):
+        for name, said in (("no token", "got no token"), ("wrong token", "got a wrong token")):
+            with pytest.raises(HelperError, match=f"requires an access token and {said}") as info:
                 clients[name].public_key()
+            assert not isinstance(info.value, HelperRequestError)
+            assert "ssa-helper-token-file" in str(info.value)
         with pytest.raises(HelperUnavailableError):
             clients["plain"].health()
     finally:

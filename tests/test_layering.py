@@ -8,7 +8,7 @@ Layers, top to bottom (a module may import its own layer and any lower one):
 3     ``protocols``, ``pinning`` (parties of each protocol, Flower-free)
 2     ``submodel``, ``crypto`` (what a client sends; primitives)
 1     ``kernels`` (numba and batched AES hot loops)
-0     ``errors``
+0     ``errors``, ``wireformat`` (the strict binary reader/writer)
 ====  =========================================================================================
 
 ``data``, ``models``, ``traffic``, ``reporting``, ``run_config`` are utilities outside the stack:
@@ -31,6 +31,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flwr_fsl"
 
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "wireformat": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -44,7 +45,7 @@ LAYERS: dict[str, int] = {
     "experiment": 5,
 }
 UTILITIES = frozenset({"data", "models", "traffic", "reporting", "run_config"})
-FLOWER_FREE = ("protocols", "crypto", "kernels", "submodel", "errors", "pinning")
+FLOWER_FREE = ("protocols", "crypto", "kernels", "submodel", "errors", "pinning", "wireformat")
 
 
 def _modules() -> list[Path]:
@@ -140,7 +141,6 @@ def _loaded_after_import(module: str, prefixes: tuple[str, ...]) -> list[str]:
     return list(ast.literal_eval(done.stdout.strip()))
 
 
-@pytest.mark.xfail(strict=True, reason="sealing lives in flwr_fsl.helper: move pending")
 def test_clients_seal_without_loading_the_helper_server() -> None:
     # Flower itself loads grpc on a client; S1's server and S0's connection code must not load.
     loaded = _loaded_after_import("flwr_fsl.mods", ("flwr_fsl.helper",))

@@ -27,23 +27,25 @@ the same binding.)
 so a blob is exactly ``len(plaintext) + OVERHEAD`` (56) bytes: its length depends on the
 plaintext length only, never on its content.
 
-**Associated data** (:func:`associated_data`): ``b"FSAD" || 0x01`` then ``purpose``, ``sender``,
-``recipient`` (each a u16 little-endian byte length + UTF-8) and ``round``, ``client`` (u64
-little-endian). Fields are length-prefixed and in a fixed order, so the encoding is injective.
+**Associated data** (:func:`associated_data`): ``b"FSAD" || 0x02`` then ``purpose``, ``sender``,
+``recipient`` (each a u16 little-endian byte length + UTF-8; parties are ``S0``, ``S1`` or
+``client:<node id>``), the run's 16-byte ``session``, ``round`` (u64) and the SHA-256 of the round's
+public parameters (v1 bound only round and client id). Fields are length-prefixed or of fixed
+length and in a fixed order, so the encoding is injective.
 
 **Key file** (:meth:`SealingKeyPair.save`): the X25519 private key as unencrypted PKCS#8 PEM
 (``-----BEGIN PRIVATE KEY-----``), created with mode 0600; :meth:`SealingKeyPair.load` refuses a
 POSIX file readable or writable by group or others (like ``ssh``).
 
 **Threat model.** Two non-colluding semi-honest servers. S0 relays every sealed blob and knows
-everything but S1's private key (the public key, the associated data, the plaintext length):
-it can neither read a blob (IND-CCA2 of HPKE) nor alter it, reorder it to another round/client
-or replay it under other associated data undetected (AEAD integrity; the associated data binds
-purpose, round, client, sender and recipient). Leakage to S0: the plaintext length and the
-fact that a message was sent. Public keys are authenticated by pinning: S0 and clients compare
-S1's key to a SHA-256 fingerprint from the run config (:func:`verify_fingerprint`). There is no
-sender authentication (base mode): S1 knows a blob was sealed by *someone* holding the
-associated data, which is what a semi-honest relay model needs.
+everything but S1's private key (the public key, the associated data, the plaintext length): it
+can neither read a blob (IND-CCA2 of HPKE) nor alter it, reorder it to another round/client or
+replay it under other associated data undetected (AEAD integrity; the associated data binds
+purpose, session, round, round parameters, sender and recipient). Leakage to S0: the plaintext
+length and the fact that a message was sent. Public keys are authenticated by pinning: S0 and
+clients compare S1's key to a SHA-256 fingerprint from the run config
+(:func:`verify_fingerprint`). There is no sender authentication (base mode): S1 knows a blob was
+sealed by *someone* holding the associated data, which is what a semi-honest relay model needs.
 
 **Errors.** Every failure — truncated or malformed blob, unknown version or suite, wrong key,
 tampered ciphertext, wrong associated data, bad key material or key file, fingerprint mismatch
@@ -69,14 +71,17 @@ from flwr_fsl.errors import ClientInputError
 
 __all__ = [
     "AD_MAGIC",
+    "DIGEST_BYTES",
     "INFO_LABEL",
     "KEY_BYTES",
     "OVERHEAD",
     "SEALED_MAGIC",
     "SEALED_VERSION",
+    "SESSION_BYTES",
     "SealedBoxError",
     "SealingKeyPair",
     "associated_data",
+    "client_party",
     "open_sealed",
     "public_key_fingerprint",
     "seal",
@@ -93,7 +98,11 @@ SUITE_ID = 1
 """Suite byte: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM."""
 INFO_LABEL = b"flwr_fsl/sealed-box/v1\x00"
 """Domain-separation prefix of HPKE ``info``."""
-AD_MAGIC = b"FSAD\x01"
+AD_MAGIC = b"FSAD\x02"
+SESSION_BYTES = 16
+"""Length of a session id."""
+DIGEST_BYTES = 32
+"""Length of a round-parameter digest (SHA-256)."""
 """Prefix (magic + version) of the canonical associated-data encoding."""
 
 _HEADER = SEALED_MAGIC + bytes([SEALED_VERSION, SUITE_ID, 0, 0])
@@ -377,34 +386,51 @@ def _ad_int(name: str, value: int) -> bytes:
     return struct.pack("<Q", value)
 
 
-def associated_data(*, purpose: str, round: int, client: int, sender: str, recipient: str) -> bytes:
+def _ad_fixed(name: str, value: bytes, size: int) -> bytes:
+    if not isinstance(value, bytes) or len(value) != size:
+        raise SealedBoxError(f"{name} must be {size} bytes")
+    return value
+
+
+def associated_data(
+    *,
+    purpose: str,
+    session: bytes,
+    round: int,
+    params_digest: bytes,
+    sender: str,
+    recipient: str,
+) -> bytes:
     """Return the canonical associated data binding a sealed message to its context.
 
     Parameters
     ----------
     purpose : str
         What the message is, e.g. ``"ssa"``, ``"psr-query"``, ``"psr-answer"``.
+    session : bytes
+        The 16-byte session id S0 drew for the run (a blob from one run never opens in another).
     round : int
         Server round, in ``[0, 2**64)``.
-    client : int
-        Client (Flower node) id, in ``[0, 2**64)``.
+    params_digest : bytes
+        SHA-256 (32 bytes) of the round's public parameters as the sender saw them.
     sender : str
-        Who sealed it, e.g. ``"client"`` or ``"S1"``.
+        Party id of who sealed it: ``"S0"``, ``"S1"`` or :func:`client_party` of a node id.
     recipient : str
-        Who opens it, e.g. ``"S1"`` or ``"client"``.
+        Party id of who opens it (same forms); client-to-client messages relayed through S0
+        name both clients.
 
     Returns
     -------
     bytes
-        ``b"FSAD"``, version byte 1, then purpose, sender, recipient (u16 length + UTF-8
-        each), round and client (u64 little-endian each). Distinct arguments give distinct
-        bytes.
+        :data:`AD_MAGIC` (``b"FSAD"`` and version byte 2), then purpose, sender, recipient (u16
+        length + UTF-8 each), session (16 bytes), round (u64 little-endian) and parameter
+        digest (32 bytes). Distinct arguments give distinct bytes.
 
     Raises
     ------
     SealedBoxError
-        If a string is empty, not a str or longer than 1024 UTF-8 bytes, or an integer is not
-        an int in ``[0, 2**64)``.
+        If a string is empty, not a str or longer than 1024 UTF-8 bytes, the session or digest
+        has the wrong length, or the round is not an int in ``[0, 2**64)``.
     """
     return b"".join(
         [
@@ -412,10 +438,23 @@ def associated_data(*, purpose: str, round: int, client: int, sender: str, recip
             _ad_text("purpose", purpose),
             _ad_text("sender", sender),
             _ad_text("recipient", recipient),
+            _ad_fixed("session", session, SESSION_BYTES),
             _ad_int("round", round),
-            _ad_int("client", client),
+            _ad_fixed("params digest", params_digest, DIGEST_BYTES),
         ]
     )
+
+
+def client_party(node_id: int) -> str:
+    """Return the party id of a client (Flower node) for :func:`associated_data`.
+
+    Raises
+    ------
+    SealedBoxError
+        If ``node_id`` is not an int in ``[0, 2**64)``.
+    """
+    _ad_int("client id", node_id)
+    return f"client:{int(node_id)}"
 
 
 def _check_ad(ad: bytes) -> bytes:

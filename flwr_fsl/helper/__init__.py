@@ -1,15 +1,16 @@
 """The helper server S1 of the two-server protocols (Cui et al. 2023): service, gRPC, CLI, twin.
 
 S0 is the Flower ServerApp; S1 is this non-colluding second server. Clients seal S1's material
-to S1's pinned X25519 key (:mod:`flwr_fsl.helper.sealing`), S0 relays it through a
+to S1's pinned X25519 key (:mod:`flwr_fsl.protocols.sealing`), S0 relays it through a
 :class:`HelperConnection` — :class:`HelperClient` (gRPC, to a ``flwr-fsl-helper`` process) or
 :class:`InProcessHelper` (simulation; same bytes through the same
 :class:`~flwr_fsl.helper.service.HelperService`).
 
 **Threat model.** Two non-colluding semi-honest servers. S0 relays but cannot read or alter
-S1's material (HPKE AEAD with round/client/purpose bound, plus a hash of the public part); S1
-learns only public parameters, pseudorandom key material, the client ids of a round and its
-own additive share of the aggregate. See :mod:`flwr_fsl.helper.service` for details.
+S1's material (HPKE AEAD bound to session, round, round parameters, purpose and parties, plus a
+hash of the public part); S1 learns only public parameters, pseudorandom key material, the
+client ids of a round and its own additive share of the aggregate. Each S0 connection is one
+session, so one helper process serves many runs. See :mod:`flwr_fsl.helper.service`.
 """
 
 from flwr_fsl.helper.connection import (
@@ -26,17 +27,10 @@ from flwr_fsl.helper.errors import (
     HelperUnavailableError,
     WireFormatError,
 )
-from flwr_fsl.helper.sealing import (
-    open_psr_answer,
-    open_psr_query,
-    open_ssa_upload,
-    seal_psr_answer,
-    seal_psr_query,
-    seal_ssa_upload,
-)
 from flwr_fsl.helper.server import start_server
 from flwr_fsl.helper.service import HelperService
-from flwr_fsl.helper.setup import connect_helper, default_key_file, pinned_fingerprint
+from flwr_fsl.helper.setup import connect_helper, helper_settings
+from flwr_fsl.pinning import default_key_file, pinned_fingerprint
 
 __all__ = [
     "HelperClient",
@@ -51,13 +45,8 @@ __all__ = [
     "WireFormatError",
     "connect_helper",
     "default_key_file",
-    "open_psr_answer",
-    "open_psr_query",
-    "open_ssa_upload",
+    "helper_settings",
     "pinned_fingerprint",
-    "seal_psr_answer",
-    "seal_psr_query",
-    "seal_ssa_upload",
     "start_server",
     "verify_helper",
 ]

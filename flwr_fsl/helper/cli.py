@@ -66,7 +66,18 @@ def _parser() -> argparse.ArgumentParser:
         "--print-fingerprint", action="store_true", help="print the key's fingerprint and exit"
     )
     p.add_argument("--workers", type=int, default=4, help="gRPC worker threads (default 4)")
-    p.add_argument("--max-open-rounds", type=int, default=4, help="rounds open at once (default 4)")
+    p.add_argument(
+        "--max-open-rounds", type=int, default=4, help="rounds open at once per run (default 4)"
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=64, help="runs (sessions) served at once (default 64)"
+    )
+    p.add_argument(
+        "--session-idle-s",
+        type=float,
+        default=6 * 3600.0,
+        help="drop a session after this many seconds without a call (default 6 h)",
+    )
     p.add_argument(
         "--max-message-mib",
         type=int,
@@ -110,7 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--tls-cert and --tls-key go together")
     try:
         keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
-        service = HelperService(keypair, max_open_rounds=args.max_open_rounds)
+        service = HelperService(
+            keypair,
+            max_open_rounds=args.max_open_rounds,
+            max_sessions=args.max_sessions,
+            session_idle_s=args.session_idle_s,
+        )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         token = args.token_file.read_text().strip() if args.token_file else None
         if token == "":

@@ -22,6 +22,7 @@ answers sealed to clients. S0 authenticates S1 by its pinned public-key fingerpr
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -44,6 +45,7 @@ from flwr_fsl.helper.errors import (
     WireFormatError,
 )
 from flwr_fsl.helper.service import SERVICE_NAME, HelperService
+from flwr_fsl.pinning import TOKEN_FILE_KEY
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -100,7 +102,15 @@ class HelperShare(NamedTuple):
 
 @runtime_checkable
 class HelperConnection(Protocol):
-    """What S0 can ask S1 (see :mod:`flwr_fsl.helper.service` for the round life cycle)."""
+    """What S0 can ask S1 (see :mod:`flwr_fsl.helper.services.ssa` for the round life cycle).
+
+    A connection is one session on S1: every round-scoped call carries :attr:`session_id`.
+    """
+
+    @property
+    def session_id(self) -> bytes:
+        """The 16-byte session id of this connection (clients bind sealed material to it)."""
+        ...
 
     def health(self) -> HelperHealth:
         """Return S1's status (also a reachability check)."""
@@ -143,12 +153,44 @@ class HelperConnection(Protocol):
         ...
 
     def close(self) -> None:
-        """Release the connection (idempotent)."""
+        """End the session on S1 (best effort) and release the connection (idempotent)."""
         ...
 
 
 class _Facade(abc.ABC):
     """Shared request building and response checking of both transports."""
+
+    _session_id: bytes = b""
+
+    def _init_session(self, session_id: bytes | None) -> None:
+        if session_id is None:
+            session_id = os.urandom(wire.SESSION_BYTES)
+        if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
+            raise ValueError(f"session_id must be {wire.SESSION_BYTES} bytes")
+        self._session_id = session_id
+
+    @property
+    def session_id(self) -> bytes:
+        """The 16-byte session id of this connection (clients bind sealed material to it)."""
+        return self._session_id
+
+    def close_session(self) -> None:
+        """End this connection's session on S1: S1 drops its rounds and stored keys.
+
+        Raises
+        ------
+        HelperRequestError
+            If S1 does not know the session (never opened a round, or already closed).
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        self._call("CloseSession", wire.CloseSessionRequest(self.session_id), wire.OkResponse)
+
+    def _close_session_quietly(self) -> None:
+        try:
+            self.close_session()
+        except HelperError:  # never opened a round, already gone, or S1 unreachable
+            pass
 
     @abc.abstractmethod
     def _transport(self, method: str, body: bytes) -> bytes:
@@ -215,7 +257,9 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        self._call("OpenRound", wire.OpenRoundRequest(round_id, params), wire.OkResponse)
+        self._call(
+            "OpenRound", wire.OpenRoundRequest(self.session_id, round_id, params), wire.OkResponse
+        )
 
     def add_clients(
         self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]
@@ -244,7 +288,9 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in uploads))
-        r = self._call("AddClients", wire.AddClientsRequest(round_id, items), _Results)
+        r = self._call(
+            "AddClients", wire.AddClientsRequest(self.session_id, round_id, items), _Results
+        )
         return _rejections(r, items)
 
     def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
@@ -270,7 +316,9 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         items = _unique(tuple(wire.HintItem(int(c), h) for c, h in hints))
-        r = self._call("AddClientHints", wire.AddHintsRequest(round_id, items), _Results)
+        r = self._call(
+            "AddClientHints", wire.AddHintsRequest(self.session_id, round_id, items), _Results
+        )
         return _rejections(r, items)
 
     def finish_round(self, round_id: int) -> HelperShare:
@@ -294,7 +342,9 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        r = self._call("FinishRound", wire.FinishRoundRequest(round_id), wire.ShareResponse)
+        r = self._call(
+            "FinishRound", wire.FinishRoundRequest(self.session_id, round_id), wire.ShareResponse
+        )
         return HelperShare(r.client_ids, r.share)
 
     def abort_round(self, round_id: int) -> None:
@@ -307,7 +357,7 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        self._call("AbortRound", wire.AbortRoundRequest(round_id), wire.OkResponse)
+        self._call("AbortRound", wire.AbortRoundRequest(self.session_id, round_id), wire.OkResponse)
 
     def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
         """Give S1 the table that the round's PSR queries are answered from.
@@ -330,7 +380,9 @@ class _Facade(abc.ABC):
         arr = np.asarray(table)
         if arr.dtype != np.uint64:
             raise HelperRequestError(f"PSR table must be uint64, got {arr.dtype}")
-        self._call("SetModel", wire.SetModelRequest(round_id, arr), wire.OkResponse)
+        self._call(
+            "SetModel", wire.SetModelRequest(self.session_id, round_id, arr), wire.OkResponse
+        )
 
     def psr_answer(
         self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
@@ -359,7 +411,9 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in queries))
-        r = self._call("PsrAnswer", wire.PsrAnswerRequest(round_id, items), _Results)
+        r = self._call(
+            "PsrAnswer", wire.PsrAnswerRequest(self.session_id, round_id, items), _Results
+        )
         _check_clients(r, items)
         return {res.client_id: (res.payload if res.ok else res.reason) for res in r.results}
 
@@ -408,6 +462,8 @@ class InProcessHelper(_Facade):
         The service to call; a new one with ``keypair`` (or a fresh key) by default.
     keypair : SealingKeyPair, optional
         Key pair of a new service (ignored when ``service`` is given).
+    session_id : bytes, optional
+        This connection's 16-byte session id; a fresh random one by default.
 
     Attributes
     ----------
@@ -416,9 +472,14 @@ class InProcessHelper(_Facade):
     """
 
     def __init__(
-        self, service: HelperService | None = None, *, keypair: SealingKeyPair | None = None
+        self,
+        service: HelperService | None = None,
+        *,
+        keypair: SealingKeyPair | None = None,
+        session_id: bytes | None = None,
     ) -> None:
         self.service = service or HelperService(keypair or SealingKeyPair.generate())
+        self._init_session(session_id)
         self._closed = False
 
     def _transport(self, method: str, body: bytes) -> bytes:
@@ -435,7 +496,9 @@ class InProcessHelper(_Facade):
             ) from err
 
     def close(self) -> None:
-        """Close: later calls raise :class:`HelperUnavailableError`."""
+        """End the session and close: later calls raise :class:`HelperUnavailableError`."""
+        if not self._closed:
+            self._close_session_quietly()
         self._closed = True
 
 
@@ -475,11 +538,14 @@ class HelperClient(_Facade):
         PEM CA certificate(s) to verify S1's TLS certificate with; enables TLS.
     token : str, optional
         Shared access token S1 was started with (``--token-file``).
+    session_id : bytes, optional
+        This connection's 16-byte session id; a fresh random one by default.
 
     Raises
     ------
     ValueError
-        If ``address`` is empty, ``timeout`` is not positive or ``token`` is empty.
+        If ``address`` is empty, ``timeout`` is not positive, ``token`` is empty or
+        ``session_id`` is not 16 bytes.
     """
 
     def __init__(
@@ -489,7 +555,9 @@ class HelperClient(_Facade):
         timeout: float = DEFAULT_TIMEOUT_S,
         root_certificates: bytes | None = None,
         token: str | None = None,
+        session_id: bytes | None = None,
     ) -> None:
+        self._init_session(session_id)
         if not isinstance(address, str) or not address:
             raise ValueError("address must be a non-empty 'host:port' string")
         if not timeout > 0:
@@ -519,11 +587,14 @@ class HelperClient(_Facade):
                 raise HelperUnavailableError(
                     f"S1 at {self.address} unreachable ({code.name}): {details}"
                 ) from None
-            if code in (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                grpc.StatusCode.UNAUTHENTICATED,
-            ):
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                hint = "a wrong" if self._metadata else "no"
+                raise HelperError(
+                    f"S1 at {self.address} refused the call: it requires an access token and "
+                    f"got {hint} token; set {TOKEN_FILE_KEY} in the run config to the file "
+                    f"holding the token S1 was started with ({details})"
+                ) from None
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise HelperRequestError(details or code.name) from None
             raise HelperError(f"S1 call {method} failed ({code.name}): {details}") from None
         except ValueError as err:  # grpc raises this on a closed channel
@@ -533,8 +604,9 @@ class HelperClient(_Facade):
         return response
 
     def close(self) -> None:
-        """Close the channel (idempotent); later calls raise :class:`HelperUnavailableError`."""
+        """End the session on S1 (best effort) and close the channel (idempotent)."""
         if self._channel is not None:
+            self._close_session_quietly()
             self._channel.close()
             self._channel = None
 

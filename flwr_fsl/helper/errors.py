@@ -18,7 +18,8 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
 
 from __future__ import annotations
 
-from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.wireformat import WireFormatError
 
 __all__ = ["HelperError", "HelperRequestError", "HelperUnavailableError", "WireFormatError"]
 
@@ -33,7 +34,3 @@ class HelperRequestError(HelperError, ValueError):
 
 class HelperUnavailableError(HelperError, ConnectionError):
     """S1 cannot be reached: connection refused, deadline exceeded or channel closed."""
-
-
-class WireFormatError(ClientInputError):
-    """Bytes are not a well-formed message of the helper wire format."""

@@ -2,7 +2,9 @@
 
 Service ``flwr_fsl.helper.v1.Helper`` with unary-unary methods ``Health``, ``PublicKey``,
 ``OpenRound``, ``AddClients``, ``AddClientHints``, ``FinishRound``, ``AbortRound``, ``SetModel``
-and ``PsrAnswer`` (:data:`~flwr_fsl.helper.service.METHODS`). Request and response bodies are
+and ``PsrAnswer`` plus ``CloseSession`` (every method registered on the
+:class:`~flwr_fsl.helper.service.HelperService`,
+:attr:`~flwr_fsl.helper.service.HelperService.methods`). Request and response bodies are
 :mod:`flwr_fsl.helper.wire` messages passed through gRPC as opaque bytes (identity
 (de)serializers), so no ``.proto`` compilation and no pickle are involved. Both ends set
 ``grpc.max_send_message_length`` and ``grpc.max_receive_message_length`` to
@@ -38,7 +40,7 @@ import grpc
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import TOKEN_METADATA_KEY, grpc_options
 from flwr_fsl.helper.errors import HelperRequestError
-from flwr_fsl.helper.service import METHODS, SERVICE_NAME, HelperService
+from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 
 __all__ = ["TOKEN_METADATA_KEY", "format_address", "start_server"]
 
@@ -139,7 +141,7 @@ def start_server(
         name: grpc.unary_unary_rpc_method_handler(
             _handler(service, name, token), request_deserializer=None, response_serializer=None
         )
-        for name in METHODS
+        for name in service.methods
     }
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flwr-fsl-helper"),

@@ -1,47 +1,53 @@
-"""How S0 reaches S1 and how everyone pins S1's key, from a Flower run config.
+"""How S0 reaches S1 from a Flower run config: address, pinned key, access token, TLS.
 
-Run-config keys (read by :func:`connect_helper` on S0 and by the client mods):
+Run-config keys (names in :mod:`flwr_fsl.pinning`, which clients use to pin S1's key without
+loading any of this package's gRPC code):
 
 - ``ssa-helper-address``: ``host:port`` of a running ``flwr-fsl-helper``; empty means S1 runs
   inside the ServerApp (:class:`~flwr_fsl.helper.InProcessHelper`, simulation);
 - ``ssa-helper-fingerprint``: S1's pinned key fingerprint (hex SHA-256, printed by
-  ``flwr-fsl-helper``); what clients must get in a deployment;
-- ``ssa-helper-key-file``: absolute path of S1's key file; the in-process S1 uses (and creates)
-  it and simulated clients on the same machine pin its public key.
+  ``flwr-fsl-helper``); required with an address;
+- ``ssa-helper-key-file``: absolute path of S1's key file (simulation: the in-process S1 uses
+  and creates it, simulated clients pin its public key);
+- ``ssa-helper-token-file``: absolute path of a file holding the access token S1 was started
+  with (``flwr-fsl-helper --token-file``); sent as gRPC metadata on every call;
+- ``ssa-helper-ca-file``: absolute path of the PEM CA certificate that signed S1's TLS
+  certificate (``flwr-fsl-helper --tls-cert/--tls-key``); set means TLS, unset plain gRPC.
 
-With none of them set, simulation falls back to :func:`default_key_file`
-(``$FLWR_HOME/fsl/helper-s1.pem``): S0 creates it, clients on the same machine pin it. On a
-deployed SuperNode that file does not exist, so a client without a pin refuses to seal
-anything (it never trusts the key S0 forwards on its own).
+:func:`connect_helper` validates all of them once, before round 1, and raises
+:class:`~flwr_fsl.errors.ConfigurationError` naming the bad key; then it connects and checks S1's
+key against the pin. Each connection is one session on S1 (a fresh 16-byte id), so one
+long-running helper serves many runs, one after another or at once.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, public_key_fingerprint
+from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair
+from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper.connection import (
     HelperClient,
     HelperConnection,
     InProcessHelper,
     verify_helper,
 )
+from flwr_fsl.pinning import (
+    ADDRESS_KEY,
+    CA_FILE_KEY,
+    FINGERPRINT_KEY,
+    TOKEN_FILE_KEY,
+    default_key_file,
+    key_file_of,
+    pinned_fingerprint,
+)
 
-ADDRESS_KEY = "ssa-helper-address"
-FINGERPRINT_KEY = "ssa-helper-fingerprint"
-KEY_FILE_KEY = "ssa-helper-key-file"
+__all__ = ["HelperSettings", "connect_helper", "helper_settings", "load_or_create_key"]
 
-
-def default_key_file() -> Path:
-    """Return the simulation's default S1 key file, ``$FLWR_HOME/fsl/helper-s1.pem``.
-
-    ``FLWR_HOME`` defaults to ``~/.flwr``, as in Flower.
-    """
-    home = Path(os.environ.get("FLWR_HOME", "~/.flwr")).expanduser()
-    return (home / "fsl" / "helper-s1.pem").resolve()
+_MAX_SECRET_FILE_BYTES = 64 * 1024
 
 
 def load_or_create_key(path: Path, *, generate: bool) -> tuple[SealingKeyPair, bool]:
@@ -76,53 +82,93 @@ def load_or_create_key(path: Path, *, generate: bool) -> tuple[SealingKeyPair, b
     return SealingKeyPair.load(path), False
 
 
-def _key_file(run_config: Mapping[str, Any]) -> Path | None:
-    value = run_config.get(KEY_FILE_KEY)
-    if isinstance(value, str) and value:
-        path = Path(value)
-        if not path.is_absolute():
-            raise ValueError(
-                f"{KEY_FILE_KEY} must be an absolute path (clients may run in another "
-                f"directory), got {value!r}"
-            )
-        return path
-    return None
+@dataclass(frozen=True)
+class HelperSettings:
+    """S0's validated helper settings (see the module docstring for the run-config keys).
+
+    Attributes
+    ----------
+    address : str
+        ``host:port`` of a running helper, or ``""`` for the in-process S1.
+    fingerprint : str
+        Pinned fingerprint (``""`` in simulation without one: the key file's is used).
+    key_file : Path or None
+        S1's key file for the in-process helper.
+    token : str or None
+        The access token read from ``ssa-helper-token-file``.
+    root_certificates : bytes or None
+        The PEM CA certificate read from ``ssa-helper-ca-file`` (TLS when set).
+    """
+
+    address: str
+    fingerprint: str
+    key_file: Path | None
+    token: str | None
+    root_certificates: bytes | None
 
 
-def _nothing_pinned(run_config: Mapping[str, Any]) -> bool:
-    return not any(run_config.get(k) for k in (ADDRESS_KEY, FINGERPRINT_KEY, KEY_FILE_KEY))
+def _string(run_config: Mapping[str, Any], key: str) -> str:
+    value = run_config.get(key, "")
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{key} must be a string, got {type(value).__name__}")
+    return value
 
 
-def pinned_fingerprint(run_config: Mapping[str, Any]) -> str:
-    """Return the fingerprint a client pins S1's key to.
+def _secret_file(run_config: Mapping[str, Any], key: str) -> bytes | None:
+    value = _string(run_config, key)
+    if not value:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigurationError(f"{key} must be an absolute path, got {value!r}")
+    try:
+        if path.stat().st_size > _MAX_SECRET_FILE_BYTES:
+            raise ConfigurationError(f"{key}: {value!r} is larger than 64 KiB")
+        return path.read_bytes()
+    except OSError as err:
+        raise ConfigurationError(f"{key}: cannot read {value!r}: {err.strerror}") from None
+
+
+def helper_settings(run_config: Mapping[str, Any]) -> HelperSettings:
+    """Validate the helper keys of a run config (once, before round 1).
 
     Parameters
     ----------
     run_config : Mapping[str, Any]
-        The node's run config.
+        The run config.
 
     Returns
     -------
-    str
-        ``ssa-helper-fingerprint``, else the public key of ``ssa-helper-key-file``, else (with
-        nothing configured) the public key of :func:`default_key_file` if it exists.
+    HelperSettings
+        The settings, with the token and CA certificate read from their files.
 
     Raises
     ------
-    ValueError
-        If nothing pins S1's key.
+    ConfigurationError
+        Naming the key: a value of the wrong type, a relative or unreadable path, an empty or
+        non-printable token, a CA file that is not PEM, an address without a pinned key, or a
+        token or CA file without an address (the in-process S1 has neither).
     """
-    pinned = run_config.get(FINGERPRINT_KEY)
-    if isinstance(pinned, str) and pinned:
-        return pinned
-    key_file = _key_file(run_config)
-    if key_file is None and _nothing_pinned(run_config) and default_key_file().exists():
-        key_file = default_key_file()
-    if key_file is not None:
-        return public_key_fingerprint(SealingKeyPair.load(key_file).public_bytes)
-    raise ValueError(
-        f"no pinned helper key: set {FINGERPRINT_KEY} (or {KEY_FILE_KEY}) in the run config"
-    )
+    address = _string(run_config, ADDRESS_KEY).strip()
+    fingerprint = _string(run_config, FINGERPRINT_KEY).strip()
+    key_file = key_file_of(run_config)
+    raw_token = _secret_file(run_config, TOKEN_FILE_KEY)
+    ca = _secret_file(run_config, CA_FILE_KEY)
+    token = None
+    if raw_token is not None:
+        token = raw_token.decode("utf-8", errors="replace").strip()
+        if not token or not token.isprintable():
+            raise ConfigurationError(f"{TOKEN_FILE_KEY}: the token must be printable, non-empty")
+    if ca is not None and b"-----BEGIN CERTIFICATE-----" not in ca:
+        raise ConfigurationError(f"{CA_FILE_KEY}: not a PEM certificate")
+    if address:
+        if ":" not in address:
+            raise ConfigurationError(f"{ADDRESS_KEY} must be 'host:port', got {address!r}")
+        fingerprint = pinned_fingerprint(run_config)
+    elif token is not None or ca is not None:
+        key = TOKEN_FILE_KEY if token is not None else CA_FILE_KEY
+        raise ConfigurationError(f"{key} is set but {ADDRESS_KEY} is not (in-process S1)")
+    return HelperSettings(address, fingerprint, key_file, token, ca)
 
 
 def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str]:
@@ -136,27 +182,29 @@ def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str
     Returns
     -------
     tuple[HelperConnection, str]
-        The connection (close it when done) and S1's verified fingerprint.
+        The connection — a new session on S1; close it when the run ends — and S1's verified
+        fingerprint.
 
     Raises
     ------
-    ValueError
-        If an address is set without a pinned key, or a key file path is relative.
+    ConfigurationError
+        If a helper key is invalid (:func:`helper_settings`).
     HelperError
-        If S1 is unreachable or its key does not match the pinned fingerprint.
+        If S1 is unreachable, refuses the call (e.g. it requires an access token and
+        ``ssa-helper-token-file`` is unset or wrong) or its key does not match the pin.
     """
-    address = run_config.get(ADDRESS_KEY)
-    key_file = _key_file(run_config)
+    settings = helper_settings(run_config)
     connection: HelperConnection
-    if isinstance(address, str) and address:
-        fingerprint = pinned_fingerprint(run_config)
-        connection = HelperClient(address)
+    fingerprint = settings.fingerprint
+    if settings.address:
+        connection = HelperClient(
+            settings.address, token=settings.token, root_certificates=settings.root_certificates
+        )
     else:
-        if key_file is None:
-            key_file = default_key_file()
+        key_file = settings.key_file or default_key_file()
         key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         keypair, _ = load_or_create_key(key_file, generate=True)
-        fingerprint = str(run_config.get(FINGERPRINT_KEY) or keypair.fingerprint)
+        fingerprint = fingerprint or keypair.fingerprint
         connection = InProcessHelper(keypair=keypair)
     try:
         verify_helper(connection, fingerprint)

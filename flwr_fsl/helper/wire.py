@@ -3,7 +3,7 @@
 Every gRPC request and response body (and a sealed PSR answer's plaintext) is one message::
 
     magic  b"FSHW"   4 bytes
-    version          u8   (1)
+    version          u8   (2; v1 had no session ids)
     kind             u8   (:class:`Kind`)
     reserved         u16  (0)
     body             kind-specific fields, then nothing: trailing bytes are an error
@@ -15,7 +15,13 @@ All integers are little-endian. Field types:
 * ``ids``: ``u32`` count, then ``count`` ``u64``;
 * ``array``: dtype code ``u8`` (1 uint64, 2 int64, 3 float32, 4 float64, 5 uint8), ``ndim`` ``u8``
   (0..4), ``ndim`` ``u64`` dimensions, then the elements as raw little-endian C-order bytes;
-* ``items``: ``u32`` count, then per item the fields listed.
+* ``items``: ``u32`` count, then per item the fields listed;
+* ``session``: exactly 16 raw bytes, the session id S0 drew for its run (S1 keeps every
+  round, U-DPF key and PSR table per session, so one helper serves many runs at once).
+
+The field reader and writer are :mod:`flwr_fsl.wireformat`'s (one strict codec toolkit for every
+binary format); a plugged-in service registers its own kinds (128..255) with
+:func:`register_message`.
 
 Bodies:
 
@@ -24,13 +30,14 @@ kind                   body
 =====================  ==========================================================================
 HEALTH (1)             empty
 PUBLIC_KEY (2)         empty
-OPEN_ROUND (3)         round ``u64``, params ``bytes`` (``SSAParams.to_bytes()``)
-ADD_CLIENTS (4)        round ``u64``, items (client ``u64``, public part, sealed: ``bytes``)
-ADD_HINTS (5)          round ``u64``, items (client ``u64``, hint ``bytes``)
-FINISH_ROUND (6)       round ``u64``
-ABORT_ROUND (7)        round ``u64``
-SET_MODEL (8)          round ``u64``, table ``array`` (uint64, 2-d)
-PSR_ANSWER (9)         round ``u64``, items (client ``u64``, public part, sealed: ``bytes``)
+OPEN_ROUND (3)         session, round ``u64``, params ``bytes`` (``SSAParams.to_bytes()``)
+ADD_CLIENTS (4)        session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
+ADD_HINTS (5)          session, round ``u64``, items (client ``u64``, hint ``bytes``)
+FINISH_ROUND (6)       session, round ``u64``
+ABORT_ROUND (7)        session, round ``u64``
+SET_MODEL (8)          session, round ``u64``, table ``array`` (uint64, 2-d)
+PSR_ANSWER (9)         session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
+CLOSE_SESSION (10)     session
 OK (64)                empty
 HEALTH_INFO (65)       protocol version ``u32``, public key ``bytes`` (32), open rounds ``ids``
 PUBLIC_KEY_INFO (66)   public key ``bytes`` (32)
@@ -60,13 +67,16 @@ from typing import ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.wireformat import MAX_ARRAY_NDIM, MAX_ITEMS, MAX_MESSAGE_BYTES, WireFormatError
+from flwr_fsl.wireformat import Reader as _Reader
+from flwr_fsl.wireformat import Writer as _Writer
 
 __all__ = [
     "MAGIC",
     "MAX_ARRAY_NDIM",
     "MAX_ITEMS",
     "MAX_MESSAGE_BYTES",
+    "SESSION_BYTES",
     "VERSION",
     "AbortRoundRequest",
     "AddClientsRequest",
@@ -74,6 +84,7 @@ __all__ = [
     "ArrayMessage",
     "ClientResult",
     "ClientResultsResponse",
+    "CloseSessionRequest",
     "FinishRoundRequest",
     "HealthRequest",
     "HealthResponse",
@@ -91,27 +102,14 @@ __all__ = [
     "WireFormatError",
     "decode",
     "encode",
+    "register_message",
 ]
 
 MAGIC = b"FSHW"
-VERSION = 1
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-"""Largest message in bytes (and the gRPC send/receive limit of both ends)."""
-MAX_ITEMS = 100_000
-"""Most items (clients) in one list."""
-MAX_ARRAY_NDIM = 4
-"""Most dimensions of an array field."""
+VERSION = 2
+SESSION_BYTES = 16
+"""Length of a session id: S0 draws one per run (per :class:`HelperConnection`)."""
 _HEADER = struct.Struct("<4sBBH")
-_U64_MAX = (1 << 64) - 1
-
-_DTYPES: dict[int, np.dtype] = {
-    1: np.dtype("<u8"),
-    2: np.dtype("<i8"),
-    3: np.dtype("<f4"),
-    4: np.dtype("<f8"),
-    5: np.dtype("u1"),
-}
-_DTYPE_CODES = {(dt.kind, dt.itemsize): code for code, dt in _DTYPES.items()}
 
 
 class Kind(IntEnum):
@@ -126,6 +124,7 @@ class Kind(IntEnum):
     ABORT_ROUND = 7
     SET_MODEL = 8
     PSR_ANSWER = 9
+    CLOSE_SESSION = 10
     OK = 64
     HEALTH_INFO = 65
     PUBLIC_KEY_INFO = 66
@@ -137,139 +136,6 @@ class Kind(IntEnum):
 # ------------------------------------------------------------------------------------------------
 # Field reader / writer
 # ------------------------------------------------------------------------------------------------
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def u8(self, v: int) -> None:
-        self.parts.append(struct.pack("<B", _check_uint(v, 0xFF, "u8")))
-
-    def u32(self, v: int) -> None:
-        self.parts.append(struct.pack("<I", _check_uint(v, 0xFFFFFFFF, "u32")))
-
-    def u64(self, v: int) -> None:
-        self.parts.append(struct.pack("<Q", _check_uint(v, _U64_MAX, "u64")))
-
-    def raw(self, b: bytes) -> None:
-        if not isinstance(b, bytes | bytearray | memoryview):
-            raise WireFormatError(f"expected bytes, got {type(b).__name__}")
-        data = bytes(b)
-        self.u32(len(data))
-        self.parts.append(data)
-
-    def count(self, n: int) -> None:
-        if n > MAX_ITEMS:
-            raise WireFormatError(f"{n} items exceed the limit of {MAX_ITEMS}")
-        self.u32(n)
-
-    def ids(self, ids: Sequence[int]) -> None:
-        self.count(len(ids))
-        for i in ids:
-            self.u64(i)
-
-    def array(self, a: NDArray[np.generic]) -> None:
-        arr = np.asarray(a)
-        code = _DTYPE_CODES.get((arr.dtype.kind, arr.dtype.itemsize))
-        if code is None:
-            raise WireFormatError(f"unsupported array dtype {arr.dtype}")
-        if arr.ndim > MAX_ARRAY_NDIM:
-            raise WireFormatError(f"array has {arr.ndim} dimensions, at most {MAX_ARRAY_NDIM}")
-        self.u8(code)
-        self.u8(arr.ndim)
-        for d in arr.shape:
-            self.u64(d)
-        self.parts.append(np.ascontiguousarray(arr, dtype=_DTYPES[code]).tobytes())
-
-    def finish(self, kind: Kind) -> bytes:
-        out = _HEADER.pack(MAGIC, VERSION, int(kind), 0) + b"".join(self.parts)
-        if len(out) > MAX_MESSAGE_BYTES:
-            raise WireFormatError(
-                f"message of {len(out)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
-            )
-        return out
-
-
-def _check_uint(v: int, top: int, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) <= top:
-        raise WireFormatError(f"{name} field must be an integer in [0, {top}], got {v!r}")
-    return int(v)
-
-
-class _Reader:
-    def __init__(self, data: bytes, pos: int) -> None:
-        self.data = data
-        self.pos = pos
-
-    def _take(self, n: int, what: str) -> bytes:
-        if n > len(self.data) - self.pos:
-            raise WireFormatError(
-                f"truncated message: {what} needs {n} bytes, {len(self.data) - self.pos} left"
-            )
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def u8(self, what: str) -> int:
-        return int(self._take(1, what)[0])
-
-    def u32(self, what: str) -> int:
-        return int(struct.unpack("<I", self._take(4, what))[0])
-
-    def u64(self, what: str) -> int:
-        return int(struct.unpack("<Q", self._take(8, what))[0])
-
-    def raw(self, what: str) -> bytes:
-        return self._take(self.u32(f"{what} length"), what)
-
-    def count(self, what: str, min_item_bytes: int) -> int:
-        n = self.u32(f"{what} count")
-        if n > MAX_ITEMS:
-            raise WireFormatError(f"{what}: {n} items exceed the limit of {MAX_ITEMS}")
-        if n * min_item_bytes > len(self.data) - self.pos:
-            raise WireFormatError(f"truncated message: {n} {what} declared, too few bytes")
-        return n
-
-    def ids(self, what: str) -> tuple[int, ...]:
-        n = self.count(what, 8)
-        return tuple(self.u64(what) for _ in range(n))
-
-    def array(self, what: str) -> NDArray[np.generic]:
-        code = self.u8(f"{what} dtype")
-        if code not in _DTYPES:
-            raise WireFormatError(f"{what}: unknown dtype code {code}")
-        ndim = self.u8(f"{what} ndim")
-        if ndim > MAX_ARRAY_NDIM:
-            raise WireFormatError(f"{what}: {ndim} dimensions, at most {MAX_ARRAY_NDIM}")
-        shape = tuple(self.u64(f"{what} shape") for _ in range(ndim))
-        dtype = _DTYPES[code]
-        size = 1
-        for d in shape:
-            size *= d
-        nbytes = size * dtype.itemsize
-        if nbytes > len(self.data) - self.pos:
-            raise WireFormatError(
-                f"truncated message: {what} of shape {shape} needs {nbytes} bytes, "
-                f"{len(self.data) - self.pos} left"
-            )
-        extent = 1
-        for d in shape:
-            extent *= max(d, 1)
-        if extent * dtype.itemsize > MAX_MESSAGE_BYTES:  # also bounds empty arrays' shapes
-            raise WireFormatError(f"{what}: shape {shape} exceeds the message size limit")
-        raw = self._take(nbytes, what)
-        return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-
-    def array_u64(self, what: str) -> NDArray[np.uint64]:
-        arr = self.array(what)
-        if arr.dtype != np.uint64:
-            raise WireFormatError(f"{what} must be a uint64 array, got {arr.dtype}")
-        return arr.astype(np.uint64, copy=False)
-
-    def done(self) -> None:
-        if self.pos != len(self.data):
-            raise WireFormatError(f"{len(self.data) - self.pos} trailing bytes after the message")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -311,7 +177,7 @@ class ClientResult:
 class Message:
     """Base of all wire messages."""
 
-    KIND: ClassVar[Kind]
+    KIND: ClassVar[Kind | int]
 
     def _write(self, w: _Writer) -> None:
         """Write the body (nothing by default)."""
@@ -350,16 +216,41 @@ class PublicKeyRequest(Message):
     KIND: ClassVar[Kind] = Kind.PUBLIC_KEY
 
 
+def _write_session(w: _Writer, session: bytes) -> None:
+    w.fixed(session, SESSION_BYTES)
+
+
+def _read_session(r: _Reader) -> bytes:
+    return r.fixed(SESSION_BYTES, "session id")
+
+
+@dataclass(frozen=True)
+class CloseSessionRequest(Message):
+    """Drop a session and everything S1 keeps for it (rounds, U-DPF keys)."""
+
+    KIND: ClassVar[Kind] = Kind.CLOSE_SESSION
+    session: bytes
+
+    def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Message:
+        return cls(_read_session(r))
+
+
 @dataclass(frozen=True)
 class _RoundOnly(Message):
+    session: bytes
     round_id: int
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u64("round"))
+        return cls(_read_session(r), r.u64("round"))
 
 
 @dataclass(frozen=True)
@@ -381,16 +272,18 @@ class OpenRoundRequest(Message):
     """Start a round with its public parameters."""
 
     KIND: ClassVar[Kind] = Kind.OPEN_ROUND
+    session: bytes
     round_id: int
     params: bytes
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
         w.raw(self.params)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u64("round"), r.raw("params"))
+        return cls(_read_session(r), r.u64("round"), r.raw("params"))
 
 
 @dataclass(frozen=True)
@@ -398,16 +291,18 @@ class AddClientsRequest(Message):
     """Relay clients' SSA uploads (public part + material sealed to S1)."""
 
     KIND: ClassVar[Kind] = Kind.ADD_CLIENTS
+    session: bytes
     round_id: int
     uploads: tuple[SealedItem, ...]
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
         _write_items(w, self.uploads)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u64("round"), _read_items(r))
+        return cls(_read_session(r), r.u64("round"), _read_items(r))
 
 
 @dataclass(frozen=True)
@@ -415,16 +310,18 @@ class PsrAnswerRequest(Message):
     """Relay clients' PSR queries (public part + material sealed to S1)."""
 
     KIND: ClassVar[Kind] = Kind.PSR_ANSWER
+    session: bytes
     round_id: int
     queries: tuple[SealedItem, ...]
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
         _write_items(w, self.queries)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u64("round"), _read_items(r))
+        return cls(_read_session(r), r.u64("round"), _read_items(r))
 
 
 @dataclass(frozen=True)
@@ -432,10 +329,12 @@ class AddHintsRequest(Message):
     """Relay clients' public U-DPF hints."""
 
     KIND: ClassVar[Kind] = Kind.ADD_HINTS
+    session: bytes
     round_id: int
     hints: tuple[HintItem, ...]
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
         w.count(len(self.hints))
         for h in self.hints:
@@ -444,9 +343,10 @@ class AddHintsRequest(Message):
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        round_id = r.u64("round")
+        session, round_id = _read_session(r), r.u64("round")
         n = r.count("hints", 12)
-        return cls(round_id, tuple(HintItem(r.u64("client id"), r.raw("hint")) for _ in range(n)))
+        hints = tuple(HintItem(r.u64("client id"), r.raw("hint")) for _ in range(n))
+        return cls(session, round_id, hints)
 
 
 @dataclass(frozen=True, eq=False)
@@ -454,16 +354,18 @@ class SetModelRequest(Message):
     """Give S1 the table (ring words) PSR queries of the round are answered from."""
 
     KIND: ClassVar[Kind] = Kind.SET_MODEL
+    session: bytes
     round_id: int
     table: NDArray[np.uint64] = field(repr=False)
 
     def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
         w.u64(self.round_id)
         w.array(self.table)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u64("round"), r.array_u64("table"))
+        return cls(_read_session(r), r.u64("round"), r.array_u64("table"))
 
 
 @dataclass(frozen=True)
@@ -578,6 +480,7 @@ _BY_KIND: dict[int, type[Message]] = {
         AbortRoundRequest,
         SetModelRequest,
         PsrAnswerRequest,
+        CloseSessionRequest,
         OkResponse,
         HealthResponse,
         PublicKeyResponse,
@@ -588,6 +491,33 @@ _BY_KIND: dict[int, type[Message]] = {
 }
 
 M = TypeVar("M", bound=Message)
+
+
+def register_message(cls: type[M]) -> type[M]:
+    """Register a message class of a plugged-in helper service (usable as a class decorator).
+
+    Kinds 1..63 are requests and 64..127 responses of the built-in services; a new service
+    picks unused kinds in 128..255 for its own messages.
+
+    Raises
+    ------
+    ValueError
+        If the class has no ``KIND``, or its kind is out of range or already taken by
+        another class.
+    """
+    kind = int(getattr(cls, "KIND", -1))
+    if not 1 <= kind <= 255:
+        raise ValueError(f"{cls.__name__}.KIND must be in [1, 255], got {kind}")
+    taken = _BY_KIND.get(kind)
+    if taken is not None and taken is not cls:
+        raise ValueError(f"message kind {kind} is taken by {taken.__name__}")
+    _BY_KIND[kind] = cls
+    return cls
+
+
+def _name(cls: type[Message]) -> str:
+    kind = cls.KIND
+    return kind.name if isinstance(kind, Kind) else f"{cls.__name__} ({int(kind)})"
 
 
 def encode(message: Message) -> bytes:
@@ -609,11 +539,16 @@ def encode(message: Message) -> bytes:
         If a field is out of range (negative or too-large integer, non-bytes, unsupported
         array dtype or rank, too many items) or the result exceeds :data:`MAX_MESSAGE_BYTES`.
     """
-    if not isinstance(message, Message) or type(message) not in _BY_KIND.values():
+    if not isinstance(message, Message) or _BY_KIND.get(int(message.KIND)) is not type(message):
         raise WireFormatError(f"not a wire message: {type(message).__name__}")
     w = _Writer()
     message._write(w)
-    return w.finish(message.KIND)
+    out = _HEADER.pack(MAGIC, VERSION, int(message.KIND), 0) + w.payload()
+    if len(out) > MAX_MESSAGE_BYTES:
+        raise WireFormatError(
+            f"message of {len(out)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}"
+        )
+    return out
 
 
 def decode(data: bytes, expected: type[M]) -> M:
@@ -655,7 +590,7 @@ def decode(data: bytes, expected: type[M]) -> M:
     if cls is None:
         raise WireFormatError(f"unknown message kind {kind}")
     if cls is not expected:
-        raise WireFormatError(f"expected a {expected.KIND.name} message, got {cls.KIND.name}")
+        raise WireFormatError(f"expected a {_name(expected)} message, got {_name(cls)}")
     r = _Reader(buf, _HEADER.size)
     message = cls._read(r)
     r.done()

@@ -37,10 +37,15 @@ from numpy.typing import NDArray
 
 from flwr_fsl.crypto.channel import SealingKeyPair, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch
-from flwr_fsl.helper.sealing import open_psr_answer, seal_psr_query, seal_ssa_upload
-from flwr_fsl.helper.setup import pinned_fingerprint
 from flwr_fsl.mods.ssa import WEIGHT_KEY
+from flwr_fsl.pinning import pinned_fingerprint
 from flwr_fsl.protocols.psr import decode_rows, decode_table, make_query
+from flwr_fsl.protocols.sealing import (
+    RoundBinding,
+    open_psr_answer,
+    seal_psr_query,
+    seal_ssa_upload,
+)
 from flwr_fsl.protocols.ssa import (
     Placement,
     SSAClientState,
@@ -67,11 +72,13 @@ _UDPF_STATE = "fsl.udpf.state"
 _UDPF_ARRAYS = "fsl.udpf.arrays"
 
 
-def _config_with_round(msg: Message) -> tuple[SSAParams, bytes, ConfigRecord] | None:
+def _config_with_round(
+    msg: Message,
+) -> tuple[SSAParams, bytes, RoundBinding, ConfigRecord] | None:
     for record in msg.content.config_records.values():
         found = find_ssa_round(RecordDict({"c": record}))
         if found is not None:
-            return found[0], found[1], record
+            return (*found, record)
     return None
 
 
@@ -110,7 +117,7 @@ class PrivateRows:
         found = _config_with_round(msg)
         if found is None:
             raise ValueError("the retrieval message carries no SSA round parameters")
-        params, helper_key, _ = found
+        params, helper_key, binding, _ = found
         verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
         indices, counts = self._rows(context)
         if counts is not None and counts.shape != indices.shape:
@@ -119,7 +126,7 @@ class PrivateRows:
         node = int(context.node_id)
         sealed, answer_key = seal_psr_query(
             helper_key,
-            round_id=params.round_id,
+            binding=binding,
             client_id=node,
             public_part=psr.upload.public_part,
             master_seed=psr.upload.master_seeds[1],
@@ -150,9 +157,9 @@ class PrivateRows:
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return call_next(msg, context)
         found = _config_with_round(msg)
-        if found is None or TABLE_FIELD not in found[2]:
+        if found is None or TABLE_FIELD not in found[3]:
             return call_next(msg, context)  # a plaintext round: nothing to retrieve or hide
-        params, helper_key, config = found
+        params, helper_key, binding, config = found
         verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
         if config.get(TABLE_FIELD) != self.table:
             raise ValueError(f"the server's row table is {config.get(TABLE_FIELD)!r}")
@@ -169,7 +176,7 @@ class PrivateRows:
         answer1 = open_psr_answer(
             answer_key,
             bytes(config[ANSWER1_FIELD]),  # type: ignore[arg-type]
-            round_id=params.round_id,
+            binding=binding,
             client_id=int(context.node_id),
         )
         rows = decode_table(
@@ -197,7 +204,7 @@ class PrivateRows:
             float(metrics[0][1][WEIGHT_KEY]) if weights is None else weights  # type: ignore[arg-type]
         )
         udpf = config.get(UDPF_FIELD) is True
-        upload = self._upload(params, helper_key, indices, delta, weight, context, udpf)
+        upload = self._upload(params, helper_key, binding, indices, delta, weight, context, udpf)
         return Message(
             RecordDict({SSA_UPLOAD_KEY: upload, metrics[0][0]: metrics[0][1]}), reply_to=msg
         )
@@ -206,6 +213,7 @@ class PrivateRows:
         self,
         params: SSAParams,
         helper_key: bytes,
+        binding: RoundBinding,
         indices: NDArray[np.int64],
         delta: NDArray[np.float64],
         weight: float | NDArray[np.float64],
@@ -226,7 +234,7 @@ class PrivateRows:
         self._store_udpf(context, client_state)
         sealed = seal_ssa_upload(
             helper_key,
-            round_id=params.round_id,
+            binding=binding,
             client_id=int(context.node_id),
             public_part=upload.public_part,
             master_seed=upload.master_seeds[1],

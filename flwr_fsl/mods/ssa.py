@@ -9,7 +9,7 @@ When the train message carries SSA round parameters (sent by
 produced, numbers its coordinates in the model's flat index space, and replaces the reply's
 arrays with DPF keys (:func:`flwr_fsl.protocols.ssa.encode_update`): the public part and S0's
 master seed in the clear, S1's master seed sealed to S1's public key, which must match the
-fingerprint pinned in the run config (:func:`flwr_fsl.helper.setup.pinned_fingerprint`:
+fingerprint pinned in the run config (:func:`flwr_fsl.pinning.pinned_fingerprint`:
 ``ssa-helper-fingerprint``, or in simulation S1's key file). The
 metrics (with ``num-examples``, the count-weighting weight) are kept. Messages without SSA
 parameters pass through untouched.
@@ -21,8 +21,8 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.crypto.channel import verify_fingerprint
-from flwr_fsl.helper.sealing import seal_ssa_upload
-from flwr_fsl.helper.setup import pinned_fingerprint
+from flwr_fsl.pinning import pinned_fingerprint
+from flwr_fsl.protocols.sealing import seal_ssa_upload
 from flwr_fsl.protocols.ssa import encode_update
 from flwr_fsl.records import SSA_UPLOAD_KEY, find_ssa_round, ssa_upload_record
 from flwr_fsl.submodel import decode_update
@@ -59,7 +59,7 @@ def ssa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Mes
     found = find_ssa_round(msg.content)
     if found is None:
         return call_next(msg, context)
-    params, helper_key = found
+    params, helper_key, binding = found
     verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
     records = msg.content.array_records
     if len(records) != 1:
@@ -85,7 +85,7 @@ def ssa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Mes
     upload, _ = encode_update(params, indices, values.reshape(-1, 1), weight)
     sealed = seal_ssa_upload(
         helper_key,
-        round_id=params.round_id,
+        binding=binding,
         client_id=int(context.node_id),
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],

@@ -63,6 +63,7 @@ from flwr_fsl.records import (
     PARAMS_FIELD,
     PSR_QUERY_TYPE,
     PSR_UPLOAD_KEY,
+    SESSION_FIELD,
     TABLE_FIELD,
     UDPF_FIELD,
     read_ssa_upload,
@@ -156,6 +157,7 @@ class SecureRowFedSubAvg(TwoServerStrategy):
                 "server-round": server_round,
                 PARAMS_FIELD: params.to_bytes(),
                 HELPER_KEY_FIELD: self._helper_public_key(),
+                SESSION_FIELD: self.helper.session_id,
                 TABLE_FIELD: self.table,
                 UDPF_FIELD: self.udpf,
             }

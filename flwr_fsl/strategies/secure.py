@@ -42,7 +42,7 @@ from flwr.supercore import log
 
 from flwr_fsl.helper import HelperConnection, HelperError
 from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.records import HELPER_KEY_FIELD, PARAMS_FIELD
+from flwr_fsl.records import HELPER_KEY_FIELD, PARAMS_FIELD, SESSION_FIELD
 from flwr_fsl.strategies.two_server import TwoServerStrategy
 from flwr_fsl.submodel.layout import FlatLayout
 
@@ -104,6 +104,7 @@ class SecureFedSubAvg(TwoServerStrategy):
         config["topk-count"] = k
         config[PARAMS_FIELD] = params.to_bytes()
         config[HELPER_KEY_FIELD] = self._helper_public_key()
+        config[SESSION_FIELD] = self.helper.session_id
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(

@@ -1,0 +1,222 @@
+"""S1's two-server secure submodel aggregation service (Cui et al. 2023, Fig. 4), per session.
+
+Per round, S0 relays to S1 (every request carries the run's session id):
+
+1. ``OpenRound``: the round's public :class:`~flwr_fsl.protocols.ssa.SSAParams` (this call
+   creates the session on first use).
+2. ``AddClients`` (and ``AddClientHints`` in U-DPF rounds): each client's public part and its
+   sealed ``(master seed, SHA-256(public part))``, bound to the session, the round and the
+   SHA-256 of the parameters S1 opened the round with; S1 opens it, checks the hash and
+   evaluates the keys into its :class:`~flwr_fsl.protocols.ssa.SSAServer` share.
+3. ``FinishRound``: S1's additive share of the aggregate and the ids of the clients in it (S0
+   must aggregate exactly the same clients), or ``AbortRound``.
+
+**Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
+another session, round, parameter set or client, wrong key), a public part whose hash differs
+(altered by S0), malformed keys, a stale hint or a client id already submitted in the round
+(duplicate or replay) is reported for that client only and leaves S1's share unchanged.
+
+**U-DPF** (Cui §5): the session keeps every client's latest DPF key batch across rounds
+(client id -> keys, replaced when the client contributes again, dropped when a round with
+another hashing layout opens) and hands them to the next round's ``SSAServer`` as
+``previous_keys``. Keys live only in memory: a restarted S1 has none, and a hint for keys it no
+longer holds is rejected for that client.
+
+**Threat model and leakage.** Two non-colluding semi-honest servers. S0 relays but cannot read
+or alter S1's material. S1 learns the public parameters, each client's public part and S1
+master seed (pseudorandom and independent of the client's indices and values by DPF security),
+which client ids took part, and its own share of the aggregate — an additive share, uniformly
+random on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flwr_fsl.crypto.dpf import DPFKeyBatch
+from flwr_fsl.errors import ClientInputError
+from flwr_fsl.helper import wire
+from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.helper.service import PARTY, Method, Session
+from flwr_fsl.protocols import sealing
+from flwr_fsl.protocols.ssa import SSAParams, SSAServer, same_layout
+
+if TYPE_CHECKING:
+    from flwr_fsl.helper.service import HelperService
+
+__all__ = ["SSARound", "SSAService", "client_result", "log_results"]
+
+log = logging.getLogger("flwr_fsl.helper")
+
+
+@dataclass
+class SSARound:
+    """One open round of a session: parameters, S1's share under construction, who submitted.
+
+    ``extras`` holds other services' per-round state (e.g. the PSR table).
+    """
+
+    params: SSAParams
+    binding: sealing.RoundBinding
+    ssa: SSAServer
+    submitted: set[int] = field(default_factory=set)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _StoredKeys:
+    keys: dict[int, DPFKeyBatch] = field(default_factory=dict)
+    layout: SSAParams | None = None
+
+
+def claim(seen: set[int], client_id: int, rid: int) -> str | None:
+    """Mark a client as having submitted; return a reason if it already did."""
+    if client_id in seen:
+        return f"client {client_id} already submitted in round {rid} (duplicate or replay)"
+    seen.add(client_id)
+    return None
+
+
+def client_result(client_id: int, reason: str | None, payload: bytes = b"") -> wire.ClientResult:
+    """Build one client's outcome (ok with ``payload``, or rejected with ``reason``)."""
+    if reason is None:
+        return wire.ClientResult(client_id, True, payload)
+    return wire.ClientResult(client_id, False, reason.encode("utf-8"))
+
+
+def log_results(method: str, rid: int, results: list[wire.ClientResult]) -> None:
+    """Log how many clients a call accepted and why the others were rejected."""
+    rejected = [r for r in results if not r.ok]
+    log.info(
+        "%s round %d: %d accepted, %d rejected",
+        method,
+        rid,
+        len(results) - len(rejected),
+        len(rejected),
+    )
+    for r in rejected:
+        log.warning("%s round %d: client %d rejected: %s", method, rid, r.client_id, r.reason)
+
+
+class SSAService:
+    """The SSA service (see the module docstring); registered by default.
+
+    Parameters
+    ----------
+    host : HelperService
+        The host, for S1's key pair and the per-session round limit.
+    """
+
+    name = "ssa"
+
+    def __init__(self, host: HelperService) -> None:
+        self.host = host
+
+    def methods(self) -> Mapping[str, Method]:
+        """Return the round methods (open, add clients or hints, finish, abort)."""
+        return {
+            "OpenRound": Method(wire.OpenRoundRequest, self._open_round, creates_session=True),
+            "AddClients": Method(wire.AddClientsRequest, self._add_clients),
+            "AddClientHints": Method(wire.AddHintsRequest, self._add_hints),
+            "FinishRound": Method(wire.FinishRoundRequest, self._finish_round),
+            "AbortRound": Method(wire.AbortRoundRequest, self._abort_round),
+        }
+
+    @staticmethod
+    def _stored(session: Session) -> _StoredKeys:
+        stored: _StoredKeys = session.data.setdefault("ssa", _StoredKeys())
+        return stored
+
+    def _open_round(self, session: Session | None, message: wire.OpenRoundRequest) -> wire.Message:
+        assert session is not None
+        rid = message.round_id
+        if rid in session.rounds or rid in session.closed:
+            raise HelperRequestError(f"round {rid} was already opened in this session (replay?)")
+        if len(session.rounds) >= self.host.max_open_rounds:
+            raise HelperRequestError(
+                f"{len(session.rounds)} rounds are open (limit {self.host.max_open_rounds}): "
+                f"finish or abort one of {sorted(session.rounds)}"
+            )
+        try:
+            params = SSAParams.from_bytes(message.params)
+        except (ValueError, TypeError) as err:
+            raise HelperRequestError(f"bad round parameters: {err}") from None
+        if params.round_id != rid:
+            raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
+        stored = self._stored(session)
+        if stored.layout is not None and not same_layout(stored.layout, params):
+            stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
+            stored.layout = None
+        binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
+        ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
+        session.rounds[rid] = SSARound(params, binding, ssa)
+        log.info("round %d opened (m=%d, k=%d)", rid, params.domain_size, params.num_items)
+        return wire.OkResponse()
+
+    def _add_clients(
+        self, session: Session | None, message: wire.AddClientsRequest
+    ) -> wire.Message:
+        assert session is not None
+        rid = message.round_id
+        state: SSARound = session.round(rid)
+        results = []
+        for item in message.uploads:
+            reason = claim(state.submitted, item.client_id, rid)
+            if reason is None:
+                try:
+                    seed = sealing.open_ssa_upload(
+                        self.host.keypair,
+                        item.sealed,
+                        binding=state.binding,
+                        client_id=item.client_id,
+                        public_part=item.public_part,
+                    )
+                    state.ssa.add_client(item.client_id, item.public_part, seed)
+                except ClientInputError as err:
+                    reason = f"{type(err).__name__}: {err}"
+            results.append(client_result(item.client_id, reason))
+        log_results("AddClients", rid, results)
+        return wire.ClientResultsResponse(tuple(results))
+
+    def _add_hints(self, session: Session | None, message: wire.AddHintsRequest) -> wire.Message:
+        assert session is not None
+        rid = message.round_id
+        state: SSARound = session.round(rid)
+        results = []
+        for item in message.hints:
+            reason = claim(state.submitted, item.client_id, rid)
+            if reason is None:
+                try:
+                    state.ssa.add_client_hint(item.client_id, item.hint)
+                except ClientInputError as err:
+                    reason = f"{type(err).__name__}: {err}"
+            results.append(client_result(item.client_id, reason))
+        log_results("AddClientHints", rid, results)
+        return wire.ClientResultsResponse(tuple(results))
+
+    def _finish_round(
+        self, session: Session | None, message: wire.FinishRoundRequest
+    ) -> wire.Message:
+        assert session is not None
+        rid = message.round_id
+        state: SSARound = session.round(rid)
+        share = state.ssa.share()
+        clients = tuple(sorted(state.ssa.keys))
+        stored = self._stored(session)
+        stored.keys.update(state.ssa.keys)
+        stored.layout = state.params
+        session.close_round(rid)
+        log.info("round %d finished with %d clients", rid, len(clients))
+        return wire.ShareResponse(clients, share)
+
+    def _abort_round(
+        self, session: Session | None, message: wire.AbortRoundRequest
+    ) -> wire.Message:
+        assert session is not None
+        session.round(message.round_id)
+        session.close_round(message.round_id)
+        log.warning("round %d aborted", message.round_id)
+        return wire.OkResponse()

@@ -1,0 +1,460 @@
+"""What clients seal to S1, and what S1 seals back: plaintext layouts and associated data.
+
+Built on :mod:`flwr_fsl.crypto.channel`; Flower- and gRPC-free, so a client seals without
+loading S1's server code. Every sealed message is bound by its associated data
+(:func:`~flwr_fsl.crypto.channel.associated_data`) to its purpose, sender and recipient party
+ids and a :class:`RoundBinding` — the run's session id, the round and the SHA-256 of the
+round's public parameters — so a blob from one run, round or parameter set never opens in
+another. Three messages of the two-server protocols:
+
+==============  ========================  ====================================================
+message         associated data           plaintext
+==============  ========================  ====================================================
+SSA upload      ``ssa``, client -> S1     master seed (16) || SHA-256(public part) (32)
+PSR query       ``psr-query``, client->S1 master seed (16) || SHA-256(public part) (32)
+                                          || client's per-query X25519 public key (32)
+PSR answer      ``psr-answer``, S1->client  magic ``FSPA`` v1 + one array field
+                                          (:mod:`flwr_fsl.wireformat`; the answer rows)
+==============  ========================  ====================================================
+
+:func:`seal_for` / :func:`open_from` seal any other payload between two parties under the same
+binding — e.g. client-to-client messages that S0 relays (key agreement, coded shares).
+
+The public part of the client's DPF keys travels in the clear through S0 (S0 needs the same
+bytes); the hash inside the sealed plaintext lets S1 detect any change S0 makes to it.
+
+**Threat model.** Two non-colluding semi-honest servers; S0 relays everything. S0 cannot read
+a client's S1 master seed or S1's answers (so it cannot add S1's answer to its own and recover
+the retrieved rows), cannot alter the public part or the sealed bytes, and cannot move
+material to another run, round, parameter set, client or purpose undetected. S1 learns its
+master seed and the public part — pseudorandom by DPF security — and the answer it computes itself.
+
+**Errors.** Every failure raises :class:`~flwr_fsl.crypto.channel.SealedBoxError` (a
+:class:`ValueError`), with a message naming the cause class (authentication, length, hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.channel import (
+    DIGEST_BYTES,
+    KEY_BYTES,
+    SESSION_BYTES,
+    SealedBoxError,
+    SealingKeyPair,
+    associated_data,
+    client_party,
+    open_sealed,
+    seal,
+)
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+
+__all__ = [
+    "HELPER",
+    "MASTER_SEED_BYTES",
+    "PSR_ANSWER",
+    "PSR_QUERY",
+    "SSA",
+    "RoundBinding",
+    "open_from",
+    "open_psr_answer",
+    "open_psr_query",
+    "open_ssa_upload",
+    "seal_for",
+    "seal_psr_answer",
+    "seal_psr_query",
+    "seal_ssa_upload",
+]
+
+SSA = "ssa"
+"""Purpose of a client's SSA upload to S1."""
+PSR_QUERY = "psr-query"
+"""Purpose of a client's PSR query to S1."""
+PSR_ANSWER = "psr-answer"
+"""Purpose of S1's PSR answer to a client."""
+HELPER = "S1"
+"""Sender/recipient name of the helper server."""
+MASTER_SEED_BYTES = 16
+_DIGEST_BYTES = 32
+_ANSWER_MAGIC = b"FSPA\x01"  # sealed PSR answer plaintext, v1: one wireformat array field
+
+
+@dataclass(frozen=True)
+class RoundBinding:
+    """What every sealed message of a round is bound to: session, round, round parameters.
+
+    Parameters
+    ----------
+    session : bytes
+        The 16-byte session id S0 drew for its run (``helper.session_id``; sent to clients in
+        the train config as ``fsl.ssa.session``).
+    round_id : int
+        The server round.
+    params_digest : bytes
+        SHA-256 of the round's public parameters (``SSAParams.to_bytes()``), as the sealer saw
+        them: S0 cannot show S1 other parameters than the clients used.
+
+    Raises
+    ------
+    SealedBoxError
+        If a field has the wrong type or length.
+    """
+
+    session: bytes = field(repr=False)
+    round_id: int
+    params_digest: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
+            raise SealedBoxError(f"session id must be {SESSION_BYTES} bytes")
+        if isinstance(self.round_id, bool) or not isinstance(self.round_id, int):
+            raise SealedBoxError("round id must be an int")
+        if not isinstance(self.params_digest, bytes) or len(self.params_digest) != DIGEST_BYTES:
+            raise SealedBoxError(f"parameter digest must be {DIGEST_BYTES} bytes")
+
+    @classmethod
+    def of(cls, session: bytes, round_id: int, params: bytes) -> RoundBinding:
+        """Bind to ``session``, ``round_id`` and the SHA-256 of the encoded ``params``."""
+        if not isinstance(params, bytes):
+            raise SealedBoxError("round parameters must be bytes")
+        return cls(session, round_id, hashlib.sha256(params).digest())
+
+    def fields(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~flwr_fsl.crypto.channel.associated_data`."""
+        return {
+            "session": self.session,
+            "round": self.round_id,
+            "params_digest": self.params_digest,
+        }
+
+
+def _digest(public_part: bytes) -> bytes:
+    if not isinstance(public_part, bytes | bytearray | memoryview):
+        raise SealedBoxError(f"public part must be bytes, got {type(public_part).__name__}")
+    return hashlib.sha256(bytes(public_part)).digest()
+
+
+def _seed(master_seed: bytes) -> bytes:
+    if not isinstance(master_seed, bytes | bytearray) or len(master_seed) != MASTER_SEED_BYTES:
+        raise SealedBoxError(f"master seed must be {MASTER_SEED_BYTES} bytes")
+    return bytes(master_seed)
+
+
+def _check_binding(plaintext: bytes, public_part: bytes, size: int) -> None:
+    if len(plaintext) != size:
+        raise SealedBoxError(f"sealed plaintext has {len(plaintext)} bytes, expected {size}")
+    digest = plaintext[MASTER_SEED_BYTES : MASTER_SEED_BYTES + _DIGEST_BYTES]
+    if not hmac.compare_digest(digest, _digest(public_part)):
+        raise SealedBoxError("public part does not match the sealed hash (altered in transit)")
+
+
+def seal_ssa_upload(
+    helper_public: bytes,
+    *,
+    binding: RoundBinding,
+    client_id: int,
+    public_part: bytes,
+    master_seed: bytes,
+) -> bytes:
+    """Client side: seal S1's master seed, bound to the public part, round and client.
+
+    Parameters
+    ----------
+    helper_public : bytes
+        S1's pinned raw X25519 public key.
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        This client's id (as S0 and S1 know it).
+    public_part : bytes
+        The public part of the client's DPF keys (sent in the clear beside the blob).
+    master_seed : bytes
+        The 16-byte master seed for S1.
+
+    Returns
+    -------
+    bytes
+        The sealed blob (48 + 56 bytes).
+
+    Raises
+    ------
+    SealedBoxError
+        If an argument is malformed.
+    """
+    ad = associated_data(
+        purpose=SSA, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    return seal(helper_public, _seed(master_seed) + _digest(public_part), associated_data=ad)
+
+
+def open_ssa_upload(
+    keypair: SealingKeyPair,
+    sealed: bytes,
+    *,
+    binding: RoundBinding,
+    client_id: int,
+    public_part: bytes,
+) -> bytes:
+    """S1 side: open an SSA upload and check it was made for this public part.
+
+    Parameters
+    ----------
+    keypair : SealingKeyPair
+        S1's key pair.
+    sealed : bytes
+        The blob from :func:`seal_ssa_upload`.
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        The client (its Flower node id).
+    public_part : bytes
+        The public part S0 relayed.
+
+    Returns
+    -------
+    bytes
+        The 16-byte master seed.
+
+    Raises
+    ------
+    SealedBoxError
+        If the blob fails authentication (other round, client, purpose or key; tampered), has
+        the wrong length, or the public part's hash differs.
+    """
+    ad = associated_data(
+        purpose=SSA, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    plaintext = open_sealed(keypair, sealed, associated_data=ad)
+    _check_binding(plaintext, public_part, MASTER_SEED_BYTES + _DIGEST_BYTES)
+    return plaintext[:MASTER_SEED_BYTES]
+
+
+def seal_psr_query(
+    helper_public: bytes,
+    *,
+    binding: RoundBinding,
+    client_id: int,
+    public_part: bytes,
+    master_seed: bytes,
+) -> tuple[bytes, SealingKeyPair]:
+    """Client side: seal S1's PSR master seed with a fresh key for the answer.
+
+    Parameters
+    ----------
+    helper_public : bytes
+        S1's pinned raw X25519 public key.
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        The client (its Flower node id).
+    public_part : bytes
+        The public part of the query's DPF keys.
+    master_seed : bytes
+        The 16-byte master seed for S1.
+
+    Returns
+    -------
+    tuple[bytes, SealingKeyPair]
+        The sealed blob (80 + 56 bytes) and the per-query key pair to open S1's answer with
+        (keep it; never reuse it for another query).
+
+    Raises
+    ------
+    SealedBoxError
+        If an argument is malformed.
+    """
+    answer_key = SealingKeyPair.generate()
+    ad = associated_data(
+        purpose=PSR_QUERY, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    plaintext = _seed(master_seed) + _digest(public_part) + answer_key.public_bytes
+    return seal(helper_public, plaintext, associated_data=ad), answer_key
+
+
+def open_psr_query(
+    keypair: SealingKeyPair,
+    sealed: bytes,
+    *,
+    binding: RoundBinding,
+    client_id: int,
+    public_part: bytes,
+) -> tuple[bytes, bytes]:
+    """S1 side: open a PSR query.
+
+    Parameters
+    ----------
+    keypair : SealingKeyPair
+        S1's key pair.
+    sealed : bytes
+        The blob from :func:`seal_psr_query`.
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        The client (its Flower node id).
+    public_part : bytes
+        The public part S0 relayed.
+
+    Returns
+    -------
+    tuple[bytes, bytes]
+        The 16-byte master seed and the client's 32-byte answer public key.
+
+    Raises
+    ------
+    SealedBoxError
+        As :func:`open_ssa_upload`.
+    """
+    ad = associated_data(
+        purpose=PSR_QUERY, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    plaintext = open_sealed(keypair, sealed, associated_data=ad)
+    _check_binding(plaintext, public_part, MASTER_SEED_BYTES + _DIGEST_BYTES + KEY_BYTES)
+    return plaintext[:MASTER_SEED_BYTES], plaintext[MASTER_SEED_BYTES + _DIGEST_BYTES :]
+
+
+def seal_psr_answer(
+    client_public: bytes, answer: NDArray[np.uint64], *, binding: RoundBinding, client_id: int
+) -> bytes:
+    """S1 side: seal an answer to the client's per-query key.
+
+    Parameters
+    ----------
+    client_public : bytes
+        The answer key from the client's query.
+    answer : numpy.ndarray
+        S1's answer (uint64 rows).
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        The client (its Flower node id).
+
+    Returns
+    -------
+    bytes
+        The sealed blob.
+
+    Raises
+    ------
+    SealedBoxError
+        If the key is malformed or low-order, or the answer cannot be encoded.
+    """
+    ad = associated_data(
+        purpose=PSR_ANSWER, sender=HELPER, recipient=client_party(client_id), **binding.fields()
+    )
+    try:
+        w = Writer()
+        w.array(np.asarray(answer, np.uint64))
+        plaintext = _ANSWER_MAGIC + w.payload()
+    except WireFormatError as err:
+        raise SealedBoxError(f"cannot encode the answer: {err}") from None
+    return seal(client_public, plaintext, associated_data=ad)
+
+
+def open_psr_answer(
+    answer_key: SealingKeyPair, sealed: bytes, *, binding: RoundBinding, client_id: int
+) -> NDArray[np.uint64]:
+    """Client side: open S1's answer.
+
+    Parameters
+    ----------
+    answer_key : SealingKeyPair
+        The key pair :func:`seal_psr_query` returned.
+    sealed : bytes
+        S1's sealed answer (relayed by S0).
+    binding : RoundBinding
+        The run's session, the round and its parameters' digest.
+    client_id : int
+        The client (its Flower node id).
+
+    Returns
+    -------
+    numpy.ndarray
+        S1's answer, uint64.
+
+    Raises
+    ------
+    SealedBoxError
+        If the blob fails authentication or does not hold a uint64 array.
+    """
+    ad = associated_data(
+        purpose=PSR_ANSWER, sender=HELPER, recipient=client_party(client_id), **binding.fields()
+    )
+    plaintext = open_sealed(answer_key, sealed, associated_data=ad)
+    try:
+        if plaintext[: len(_ANSWER_MAGIC)] != _ANSWER_MAGIC:
+            raise WireFormatError("bad magic")
+        r = Reader(plaintext, len(_ANSWER_MAGIC))
+        arr = r.array("answer")
+        r.done()
+    except WireFormatError as err:
+        raise SealedBoxError(f"sealed answer is not an encoded array: {err}") from None
+    if arr.dtype != np.uint64:
+        raise SealedBoxError(f"sealed answer must be uint64, got {arr.dtype}")
+    return arr.astype(np.uint64, copy=False)
+
+
+def seal_for(
+    recipient_public: bytes,
+    plaintext: bytes,
+    *,
+    purpose: str,
+    binding: RoundBinding,
+    sender: str,
+    recipient: str,
+) -> bytes:
+    """Seal a payload from one party to another under the round's binding.
+
+    Parameters
+    ----------
+    recipient_public : bytes
+        The recipient's raw X25519 public key (pinned, or relayed and authenticated by the
+        protocol that uses this function).
+    plaintext : bytes
+        The payload.
+    purpose : str
+        What the payload is (distinct per message of a protocol).
+    binding : RoundBinding
+        Session, round and round-parameter digest.
+    sender, recipient : str
+        Party ids: ``"S0"``, ``"S1"`` or :func:`~flwr_fsl.crypto.channel.client_party`.
+
+    Returns
+    -------
+    bytes
+        The sealed blob.
+
+    Raises
+    ------
+    SealedBoxError
+        If an argument is malformed.
+    """
+    ad = associated_data(purpose=purpose, sender=sender, recipient=recipient, **binding.fields())
+    return seal(recipient_public, plaintext, associated_data=ad)
+
+
+def open_from(
+    keypair: SealingKeyPair,
+    sealed: bytes,
+    *,
+    purpose: str,
+    binding: RoundBinding,
+    sender: str,
+    recipient: str,
+) -> bytes:
+    """Open a blob from :func:`seal_for`; every argument must match what the sender bound.
+
+    Raises
+    ------
+    SealedBoxError
+        If the blob fails authentication (other purpose, party, session, round, parameters or
+        key; tampered) or is malformed.
+    """
+    ad = associated_data(purpose=purpose, sender=sender, recipient=recipient, **binding.fields())
+    return open_sealed(keypair, sealed, associated_data=ad)
