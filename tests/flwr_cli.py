@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,9 +11,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from flwr_fsl.data import cache_dir
+from tests.prepared_data import require_prepared
 
 BIN = Path(sys.executable).parent
 
@@ -95,3 +100,65 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def simulation_superlink(home: Path) -> Iterator[dict[str, str]]:
+    """Start a local simulation SuperLink on free ports with ``FLWR_HOME=home``; yield its env.
+
+    Started exactly as ``flwr run ... local`` starts its managed SuperLink; stopped (with its
+    simulation children) on exit.
+    """
+    require_prepared("mnist")
+    http_port = free_port()  # Runtime, Control and Fleet HTTP APIs share it in Flower 1.41
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+            "FLWR_FSL_CACHE": str(cache_dir()),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
+    home.mkdir(parents=True)
+    log_file = home / "superlink.log"
+    # The command `flwr run ... local` uses to start its managed SuperLink (minus the
+    # deprecated --control-api-address).
+    cmd = [
+        exe("flower-superlink"),
+        "--insecure",
+        "--simulation",
+        "--isolation",
+        "subprocess",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--database",
+        str(home / "state.db"),
+        "--log-file",
+        str(log_file),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the simulation children stop with it
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"flower-superlink exited with {proc.returncode}; see {log_file}")
+            if healthy(http_port):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"flower-superlink was not healthy within 30 s; see {log_file}")
+            time.sleep(0.2)
+        yield env
+    finally:
+        stop(proc)

@@ -174,6 +174,18 @@ class _Facade(abc.ABC):
         """The 16-byte session id of this connection (clients bind sealed material to it)."""
         return self._session_id
 
+    def open_session(self) -> None:
+        """Start this connection's session on S1 now (otherwise its first round starts it).
+
+        Raises
+        ------
+        HelperRequestError
+            If S1 holds too many sessions.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        self._call("OpenSession", wire.OpenSessionRequest(self.session_id), wire.OkResponse)
+
     def close_session(self) -> None:
         """End this connection's session on S1: S1 drops its rounds and stored keys.
 

@@ -11,13 +11,14 @@ PrivHFL computing party) is one new file registered the same way (and its own wi
 **Sessions.** Every round-scoped request carries a 16-byte session id that S0 drew for its run
 (one per :class:`~flwr_fsl.helper.connection.HelperConnection`). Everything S1 keeps — open and
 closed rounds, stored U-DPF keys, PSR tables — lives in that session, so one long-running
-``flwr-fsl-helper`` serves many runs, one after another and at once, and round ids of
-different runs never collide. A session is created by its first ``OpenRound``, ends with
-``CloseSession`` (a connection's ``close()``), and is dropped after ``session_idle_s`` without a
-call; at most ``max_sessions`` exist at once (a new one beyond that is refused, after expired
-ones are dropped) and each has at most ``max_open_rounds`` open rounds. Calls of different
-sessions run concurrently (one lock per session); calls of one session are serialized.
-``Health`` and ``PublicKey`` take no session lock.
+``flwr-fsl-helper`` serves many runs, one after another and at once, and round ids of different
+runs never collide. A session is created by ``OpenSession`` (what
+:func:`~flwr_fsl.helper.setup.connect_helper` sends, so it spans the whole run) or by its first
+``OpenRound``, ends with ``CloseSession`` (a connection's ``close()``), and is dropped after
+``session_idle_s`` without a call; at most ``max_sessions`` exist at once (a new one beyond that
+is refused, after expired ones are dropped) and each has at most ``max_open_rounds`` open
+rounds. Calls of different sessions run concurrently (one lock per session); calls of one
+session are serialized. ``Health`` and ``PublicKey`` take no session lock.
 
 :meth:`HelperService.handle` is the one entry point, so the gRPC server
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
@@ -185,6 +186,9 @@ class HelperService:
         self._methods: dict[str, Method] = {
             "Health": Method(wire.HealthRequest, self._health, needs_session=False),
             "PublicKey": Method(wire.PublicKeyRequest, self._public_key, needs_session=False),
+            "OpenSession": Method(
+                wire.OpenSessionRequest, self._open_session, creates_session=True
+            ),
             "CloseSession": Method(wire.CloseSessionRequest, self._close_session),
         }
         for plugin in default_plugins(self) if plugins is None else plugins:
@@ -297,6 +301,9 @@ class HelperService:
 
     def _public_key(self, _: Session | None, __: wire.Message) -> wire.Message:
         return wire.PublicKeyResponse(self.public_key)
+
+    def _open_session(self, session: Session | None, _: wire.Message) -> wire.Message:
+        return wire.OkResponse()  # created (or found) by the dispatcher
 
     def _close_session(self, session: Session | None, _: wire.Message) -> wire.Message:
         assert session is not None

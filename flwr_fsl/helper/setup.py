@@ -208,6 +208,8 @@ def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str
         connection = InProcessHelper(keypair=keypair)
     try:
         verify_helper(connection, fingerprint)
+        if isinstance(connection, HelperClient | InProcessHelper):
+            connection.open_session()  # the session spans the run, not just its rounds
     except Exception:
         connection.close()
         raise

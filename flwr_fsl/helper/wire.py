@@ -38,6 +38,7 @@ ABORT_ROUND (7)        session, round ``u64``
 SET_MODEL (8)          session, round ``u64``, table ``array`` (uint64, 2-d)
 PSR_ANSWER (9)         session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
 CLOSE_SESSION (10)     session
+OPEN_SESSION (11)      session
 OK (64)                empty
 HEALTH_INFO (65)       protocol version ``u32``, public key ``bytes`` (32), open rounds ``ids``
 PUBLIC_KEY_INFO (66)   public key ``bytes`` (32)
@@ -93,6 +94,7 @@ __all__ = [
     "Message",
     "OkResponse",
     "OpenRoundRequest",
+    "OpenSessionRequest",
     "PsrAnswerRequest",
     "PublicKeyRequest",
     "PublicKeyResponse",
@@ -125,6 +127,7 @@ class Kind(IntEnum):
     SET_MODEL = 8
     PSR_ANSWER = 9
     CLOSE_SESSION = 10
+    OPEN_SESSION = 11
     OK = 64
     HEALTH_INFO = 65
     PUBLIC_KEY_INFO = 66
@@ -222,6 +225,21 @@ def _write_session(w: _Writer, session: bytes) -> None:
 
 def _read_session(r: _Reader) -> bytes:
     return r.fixed(SESSION_BYTES, "session id")
+
+
+@dataclass(frozen=True)
+class OpenSessionRequest(Message):
+    """Start a session (a run) before its first round; S1 keeps it until closed or idle."""
+
+    KIND: ClassVar[Kind] = Kind.OPEN_SESSION
+    session: bytes
+
+    def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Message:
+        return cls(_read_session(r))
 
 
 @dataclass(frozen=True)
@@ -481,6 +499,7 @@ _BY_KIND: dict[int, type[Message]] = {
         SetModelRequest,
         PsrAnswerRequest,
         CloseSessionRequest,
+        OpenSessionRequest,
         OkResponse,
         HealthResponse,
         PublicKeyResponse,

@@ -47,6 +47,8 @@ class Settings:
     ssa_helper_address: str = ""
     ssa_helper_fingerprint: str = ""
     ssa_helper_key_file: str = ""
+    ssa_helper_token_file: str = ""
+    ssa_helper_ca_file: str = ""
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e5
     compare_plaintext: bool = True

@@ -1,0 +1,141 @@
+"""One long-running ``flwr-fsl-helper`` serves many ``flwr run``s: one after another and at once.
+
+Real processes on 127.0.0.1: one S1 started with ``--token-file``, simulation SuperLinks, and
+``examples/dpf-ssa-mnist`` submitted with ``flwr run``; S0 reaches S1 through ``connect_helper``
+from the run config (address, pinned fingerprint, token file). Each run must finish
+``finished:completed`` *and* have securely aggregated every round (before sessions, a second run
+against the same helper failed every round and still ended "completed" with an untrained
+model). The concurrent case uses two SuperLinks so both runs talk to S1 at the same time; S1's
+log must show two sessions open at once.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.flwr_cli import exe, free_port, run_until_finished, simulation_superlink, stop
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "examples" / "dpf-ssa-mnist"
+ROUNDS = 2
+RUN_TIMEOUT_S = 240.0
+
+
+@pytest.fixture
+def superlinks(tmp_path: Path) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
+    """Two independent simulation SuperLinks (each its own FLWR_HOME and ports)."""
+    with (
+        simulation_superlink(tmp_path / "home-a") as first,
+        simulation_superlink(tmp_path / "home-b") as second,
+    ):
+        yield first, second
+
+
+@pytest.fixture
+def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Start ``flwr-fsl-helper`` with a fresh key and an access token; yield its run config."""
+    token = tmp_path / "token"
+    token.write_text("correct horse battery staple\n")
+    token.chmod(0o600)
+    log = tmp_path / "helper.log"
+    port = free_port()
+    cmd = [
+        exe("flwr-fsl-helper"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--key-file",
+        str(tmp_path / "s1.pem"),
+        "--generate-key",
+        "--token-file",
+        str(token),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120  # a cold numba cache compiles kernels on import
+        while "listening on" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"flwr-fsl-helper did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        found = re.search(r"fingerprint ([0-9a-f]{64})", log.read_text())
+        assert found, log.read_text()
+        yield {
+            "address": f"127.0.0.1:{port}",
+            "fingerprint": found.group(1),
+            "token_file": str(token),
+            "log": str(log),
+        }
+    finally:
+        stop(proc)
+
+
+def _run(env: dict[str, str], helper: dict[str, str], seed: int) -> tuple[str, str, str]:
+    run_config = (
+        f"num-server-rounds={ROUNDS} max-client-samples=200 test-size=300 fraction-train=1.0 "
+        f"compare-plaintext=false seed={seed} "
+        f"ssa-helper-address='{helper['address']}' "
+        f"ssa-helper-fingerprint='{helper['fingerprint']}' "
+        f"ssa-helper-token-file='{helper['token_file']}'"
+    )
+    return run_until_finished(
+        env,
+        "local",
+        [
+            str(APP),
+            "local",
+            "--run-config",
+            run_config,
+            "--federation-config",
+            "num-supernodes=2 client-resources-num-cpus=1",
+        ],
+        RUN_TIMEOUT_S,
+    )
+
+
+def _assert_trained(run_id: str, status: str, logs: str) -> None:
+    assert status == "finished:completed", f"run {run_id} ended as {status!r}:\n{logs[-4000:]}"
+    assert "flwr-fsl-helper at 127.0.0.1" in logs, logs[-4000:]
+    aggregated = re.findall(r"securely aggregated (\d+) clients", logs)
+    assert len(aggregated) == ROUNDS and all(int(n) == 2 for n in aggregated), logs[-4000:]
+    assert "secure aggregation with S1 failed" not in logs, logs[-4000:]
+
+
+def test_one_helper_serves_runs_one_after_another_and_at_once(
+    superlinks: tuple[dict[str, str], dict[str, str]], helper: dict[str, str]
+) -> None:
+    superlink, superlink_2 = superlinks
+    # One after another through the same SuperLink and the same S1.
+    for seed in (1, 2):
+        _assert_trained(*_run(superlink, helper, seed))
+    # Two at once, each through its own SuperLink, against the same S1.
+    results: dict[int, tuple[str, str, str]] = {}
+
+    def submit(index: int, env: dict[str, str]) -> None:
+        results[index] = _run(env, helper, 10 + index)
+
+    threads = [
+        threading.Thread(target=submit, args=(i, env))
+        for i, env in enumerate((superlink, superlink_2))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=RUN_TIMEOUT_S + 120)
+    assert sorted(results) == [0, 1]
+    for outcome in results.values():
+        _assert_trained(*outcome)
+    helper_log = Path(helper["log"]).read_text()
+    opened = [int(n) for n in re.findall(r"session \w+ opened \((\d+) open\)", helper_log)]
+    assert len(opened) == 4, helper_log[-4000:]  # one session per run
+    assert opened[:2] == [1, 1], helper_log[-4000:]  # sequential runs: each alone on S1
+    assert max(opened[2:]) == 2, helper_log[-4000:]  # concurrent runs: both sessions open
+    assert helper_log.count("closed") >= 4, helper_log[-4000:]  # every run ended its session
