@@ -70,6 +70,7 @@ from flwr_fsl.crypto.hashing import (
 from flwr_fsl.crypto.prg import random_seeds
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
+from flwr_fsl.submodel.aggregate import count_weighted_mean
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
@@ -654,17 +655,20 @@ class SSAResult:
     def average(self) -> NDArray[np.float64]:
         """Count-weighted average per element (0 where no client contributed).
 
+        The step ``sums / counts`` of :func:`flwr_fsl.submodel.aggregate.count_weighted_mean`;
+        to update a model, pass :attr:`sums` and :attr:`counts` to
+        :func:`~flwr_fsl.submodel.aggregate.apply_count_weighted` with the round's layout.
+
         Raises
         ------
         ValueError
             If the round was not count-weighted.
+        RoundFailedError
+            If the reconstructed sums or counts are not finite.
         """
         if self.counts is None:
             raise ValueError("the round was not count-weighted")
-        touched = self.counts > 0
-        out = np.zeros_like(self.sums)
-        out[touched] = self.sums[touched] / self.counts[touched, None]
-        return out
+        return count_weighted_mean(self.sums, self.counts)
 
 
 def reconstruct(

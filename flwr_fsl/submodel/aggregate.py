@@ -1,19 +1,47 @@
-"""Count-weighted submodel averaging (Niu et al., Alg. 1 and App. C), Flower-free.
+"""Count-weighted submodel averaging (Niu et al., Alg. 1 and App. C), written once, Flower-free.
 
-Each coordinate is averaged only over the clients that actually updated it, weighted by their
-sample counts (or by per-index counts when sent); a coordinate no client touched keeps its
-value. On dense updates this is exactly FedAvg.
+Each element of a layout (see :mod:`flwr_fsl.submodel.layout`) is averaged only over the
+clients that actually updated it, weighted by their sample counts (or by per-index counts when
+sent); an element no client touched keeps its value::
+
+    w'[j] = w[j] + S[j] / C[j]   where C[j] > 0,   S[j] = sum_i c_ij * d_ij,   C[j] = sum_i c_ij
+
+On dense updates this is exactly FedAvg; on width slices whose clients send weights it is
+HeteroFL's / FedRolex's ``combine`` (the mean of the held coordinates over their holders).
+
+The computation has two sides so that secure aggregators reuse the second:
+
+* :func:`accumulate` / :func:`accumulate_elements` — the plaintext sums ``S`` and counts ``C``;
+  a secure aggregator instead *reconstructs* ``S`` and ``C`` (SSA: the last value column of the
+  DPF-shared table; SESA: the decoded field sums), never seeing a single client's values.
+* :func:`apply_count_weighted` — ``w' = w + S / C`` on the touched elements, cast back to each
+  tensor's dtype (floats keep their dtype; integer buffers are rounded to nearest).
+  :func:`count_weighted_mean` is the same division as a dense ``(size, width)`` array.
+
+:func:`count_weighted_average` (plaintext FedSubAvg) is accumulate + apply over the model's
+flat layout, integer buffers included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.submodel.update import Encoding, SubmodelUpdate
+from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.submodel.layout import ElementUpdate, FlatLayout, Layout
+from flwr_fsl.submodel.update import SubmodelUpdate
+
+__all__ = [
+    "AggregationStats",
+    "accumulate",
+    "accumulate_elements",
+    "apply_count_weighted",
+    "count_weighted_average",
+    "count_weighted_mean",
+]
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,169 @@ class AggregationStats:
     touched: dict[str, int]
 
 
+def accumulate_elements(
+    size: int, width: int, parts: Iterable[ElementUpdate]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Sum element updates into ``S = sum c * values`` and ``C = sum c`` (float64).
+
+    Parameters
+    ----------
+    size, width : int
+        The element space (``layout.size``, ``layout.width``).
+    parts : Iterable[ElementUpdate]
+        One per client, possibly from different layouts over the same element space (width
+        slices of different clients).
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray]
+        ``(size, width)`` sums and ``(size,)`` counts; untouched elements are 0 in both.
+
+    Raises
+    ------
+    ValueError
+        If ``size``/``width`` are negative / < 1, or a part does not fit the element space.
+    """
+    if size < 0 or width < 1:
+        raise ValueError(f"element space needs size >= 0 and width >= 1, got {size}, {width}")
+    sums = np.zeros((size, width))
+    counts = np.zeros(size)
+    for part in parts:
+        if part.width != width:
+            raise ValueError(f"an update has width {part.width}, the layout {width}")
+        if part.last >= size:
+            raise ValueError(f"an update's element {part.last} is outside [0, {size})")
+        # Elements are unique within one part, so fancy-index += is exact; a run (a dense part)
+        # is added through a slice. An overflow to inf is reported by the apply
+        # (RoundFailedError), not as a warning.
+        where = part.where
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums[where] += part.counts[:, None] * part.values
+            counts[where] += part.counts
+    return sums, counts
+
+
+def accumulate(
+    layout: Layout, updates: Iterable[SubmodelUpdate]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Plaintext sums and counts of client updates in one layout's element space.
+
+    Parameters
+    ----------
+    layout : Layout
+        The element space every update is mapped through.
+    updates : Iterable[SubmodelUpdate]
+        Validated client updates (deltas).
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray]
+        ``(size, width)`` sums and ``(size,)`` counts (see :func:`accumulate_elements`).
+
+    Raises
+    ------
+    ValueError
+        If an update touches a tensor the layout does not cover.
+    ClientInputError
+        If an update does not fit its tensors (see ``layout.elements``).
+    """
+    return accumulate_elements(layout.size, layout.width, (layout.elements(u) for u in updates))
+
+
+def _touched_means(
+    sums: ArrayLike, counts: ArrayLike, size: int | None = None, width: int | None = None
+) -> tuple[NDArray[np.int64], NDArray[np.float64], tuple[int, int]]:
+    """Apply the one count-weighted formula: touched elements (C > 0) and their S / C.
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree (with each other or with ``size``/``width``).
+    RoundFailedError
+        If ``sums`` or ``counts`` is not finite (an overflowed or corrupt aggregate).
+    """
+    s = np.asarray(sums, np.float64)
+    c = np.asarray(counts, np.float64)
+    if s.ndim != 2 or c.shape != (s.shape[0],):
+        raise ValueError(f"sums must be (size, width) and counts (size,): {s.shape}, {c.shape}")
+    if size is not None and s.shape != (size, width):
+        raise ValueError(f"sums have shape {s.shape}, the layout's space is {(size, width)}")
+    if not (np.all(np.isfinite(s)) and np.all(np.isfinite(c))):
+        raise RoundFailedError("the aggregated sums or counts are not finite")
+    # C <= 0 means no (honest) client chose the element: secure aggregation reconstructs
+    # exactly 0 there, so such an element is left unchanged rather than divided.
+    touched = np.flatnonzero(c > 0)
+    return touched, s[touched] / c[touched, None], (s.shape[0], s.shape[1])
+
+
+def count_weighted_mean(sums: ArrayLike, counts: ArrayLike) -> NDArray[np.float64]:
+    """Per-element ``S / C`` where ``C > 0``, and 0 elsewhere.
+
+    Parameters
+    ----------
+    sums : array_like
+        ``(size, width)`` sums ``sum_i c_i * d_i``.
+    counts : array_like
+        ``(size,)`` counts ``sum_i c_i``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(size, width)`` float64 averages (the step to add to the model).
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree.
+    RoundFailedError
+        If ``sums`` or ``counts`` is not finite.
+    """
+    touched, means, shape = _touched_means(sums, counts)
+    out = np.zeros(shape)
+    out[touched] = means
+    return out
+
+
+def apply_count_weighted(
+    global_arrays: Mapping[str, NDArray[np.generic]],
+    layout: Layout,
+    sums: ArrayLike,
+    counts: ArrayLike,
+) -> dict[str, NDArray[np.generic]]:
+    """Apply ``w[j] += S[j] / C[j]`` to every touched element of ``layout``.
+
+    Elements with ``C[j] <= 0`` and tensors outside the layout are returned unchanged
+    (copied). Arithmetic is float64; each result is cast back to its tensor's dtype, integer
+    tensors rounded to nearest.
+
+    Parameters
+    ----------
+    global_arrays : Mapping[str, numpy.ndarray]
+        The model the sums' deltas are relative to (not modified).
+    layout : Layout
+        The element space of ``sums`` and ``counts``.
+    sums : array_like
+        ``(layout.size, layout.width)`` sums (plaintext or reconstructed).
+    counts : array_like
+        ``(layout.size,)`` counts.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        The new model (new arrays, model order).
+
+    Raises
+    ------
+    ValueError
+        If the shapes do not match the layout or the model.
+    RoundFailedError
+        If ``sums`` or ``counts`` is not finite.
+    """
+    touched, means, _ = _touched_means(sums, counts, layout.size, layout.width)
+    current = layout.gather(global_arrays, touched)
+    return layout.write(global_arrays, touched, current + means)
+
+
 def count_weighted_average(
     global_arrays: Mapping[str, NDArray[np.generic]], updates: Sequence[SubmodelUpdate]
 ) -> tuple[dict[str, NDArray[np.generic]], AggregationStats]:
@@ -41,7 +232,8 @@ def count_weighted_average(
     ``w'[j] = w[j] + sum_i c_ij * d_ij / sum_i c_ij`` over the clients ``i`` whose update
     contains ``j``; ``c_ij`` is the per-index count if the client sent one, else its weight.
     Sums run in float64; results are cast back to each tensor's dtype (integer tensors are
-    rounded to nearest).
+    rounded to nearest). This is :func:`accumulate` + :func:`apply_count_weighted` over
+    ``FlatLayout.of(global_arrays, include_integer=True)``.
 
     Parameters
     ----------
@@ -59,40 +251,20 @@ def count_weighted_average(
     ------
     KeyError
         If an update names a tensor that is not in ``global_arrays``.
+    ClientInputError
+        If an update does not fit its tensors.
+    RoundFailedError
+        If the sums overflow to a non-finite value.
     """
-    numerators = {k: np.zeros(np.shape(v), np.float64) for k, v in global_arrays.items()}
-    denominators = {k: np.zeros(np.shape(v), np.float64) for k, v in global_arrays.items()}
     for update in updates:
-        for name, part in update.tensors.items():
-            num, den = numerators[name], denominators[name]
-            values = part.values.astype(np.float64, copy=False)
-            if part.encoding is Encoding.DENSE:
-                num += update.weight * values
-                den += update.weight
-                continue
-            assert part.indices is not None
-            weights = (
-                np.full(part.indices.shape, update.weight, np.float64)
-                if part.counts is None
-                else part.counts
-            )
-            if part.encoding is Encoding.COORDINATES:
-                # Indices are unique within one update, so fancy-index += is exact.
-                num.reshape(-1)[part.indices] += weights * values
-                den.reshape(-1)[part.indices] += weights
-            else:
-                row_weights = weights.reshape((-1,) + (1,) * (num.ndim - 1))
-                num[part.indices] += row_weights * values
-                den[part.indices] += row_weights
-    new_arrays: dict[str, NDArray[np.generic]] = {}
-    touched: dict[str, int] = {}
-    for name, current in global_arrays.items():
-        den = denominators[name]
-        mask = den > 0
-        touched[name] = int(np.count_nonzero(mask))
-        step = np.divide(numerators[name], den, out=np.zeros_like(den), where=mask)
-        new = np.asarray(current, np.float64) + step
-        if np.issubdtype(current.dtype, np.integer):
-            new = np.rint(new)
-        new_arrays[name] = np.where(mask, new, current).astype(current.dtype)
+        for name in update.tensors:
+            if name not in global_arrays:
+                raise KeyError(name)
+    layout = FlatLayout.of(global_arrays, include_integer=True)
+    sums, counts = accumulate(layout, updates)
+    new_arrays = apply_count_weighted(global_arrays, layout, sums, counts)
+    touched = dict.fromkeys(global_arrays, 0)
+    for i, name in enumerate(layout.names):
+        lo, hi = layout.offsets[i], layout.offsets[i + 1]
+        touched[name] = int(np.count_nonzero(counts[lo:hi] > 0))
     return new_arrays, AggregationStats(num_updates=len(updates), touched=touched)
