@@ -1,4 +1,4 @@
-"""Wire format v1: round trips and every malformed-input path."""
+"""Sparse submodel wire format v2 in Flower records: round trips and every malformed-input path."""
 
 import io
 
@@ -8,6 +8,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.records import decode_update, encode_update
 from flwr_fsl.submodel import (
     ARRAYS_KEY,
     HEADER_KEY,
@@ -15,8 +16,6 @@ from flwr_fsl.submodel import (
     SubmodelFormatError,
     SubmodelUpdate,
     TensorUpdate,
-    decode_update,
-    encode_update,
 )
 
 REF = {

@@ -103,7 +103,6 @@ def test_imports_point_down() -> None:
     assert not offending, f"imports that point up: {offending}"
 
 
-@pytest.mark.xfail(strict=True, reason="submodel/codec.py builds Flower records: split pending")
 def test_lower_layers_never_import_flower_or_grpc() -> None:
     offending = []
     for path in _modules():

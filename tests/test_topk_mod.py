@@ -8,8 +8,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from flwr_fsl.mods import topk_mod
 from flwr_fsl.mods.topk import RESIDUAL_KEY
+from flwr_fsl.records import decode_update
 from flwr_fsl.strategies import FedSubAvg
-from flwr_fsl.submodel import ARRAYS_KEY, HEADER_KEY, Encoding, decode_update
+from flwr_fsl.submodel import ARRAYS_KEY, HEADER_KEY, Encoding
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record, node_delta
 

@@ -24,8 +24,7 @@ from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.pinning import pinned_fingerprint
 from flwr_fsl.protocols.sealing import seal_ssa_upload
 from flwr_fsl.protocols.ssa import encode_update
-from flwr_fsl.records import SSA_UPLOAD_KEY, find_ssa_round, ssa_upload_record
-from flwr_fsl.submodel import decode_update
+from flwr_fsl.records import SSA_UPLOAD_KEY, decode_update, find_ssa_round, ssa_upload_record
 from flwr_fsl.submodel.layout import FlatLayout
 
 WEIGHT_KEY = "num-examples"

@@ -27,7 +27,8 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.submodel import SubmodelFormatError, SubmodelUpdate, decode_update
+from flwr_fsl.records import decode_update
+from flwr_fsl.submodel import SubmodelFormatError, SubmodelUpdate
 from flwr_fsl.submodel.aggregate import count_weighted_average
 from flwr_fsl.traffic import RoundTraffic, content_bytes
 

@@ -1,14 +1,11 @@
 """What a client trains and sends, and how the server averages it: layouts, top-k, the codec.
 
-Everything here is numpy. :mod:`flwr_fsl.submodel.codec` is the one module that knows
-Flower's record types (it defines the wire format); its names are re-exported here but
-imported on first use, so ``flwr_fsl.protocols`` can use the layouts and the count-weighted
-apply without loading Flower.
+Everything here is numpy and Flower-free: :mod:`flwr_fsl.submodel.codec` defines the sparse
+wire format as a header plus named arrays, and :mod:`flwr_fsl.records` puts them into Flower
+records (``encode_update`` / ``decode_update`` live there).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from flwr_fsl.submodel.aggregate import (
     AggregationStats,
@@ -17,6 +14,15 @@ from flwr_fsl.submodel.aggregate import (
     apply_count_weighted,
     count_weighted_average,
     count_weighted_mean,
+)
+from flwr_fsl.submodel.codec import (
+    ARRAYS_KEY,
+    FORMAT_VERSION,
+    HEADER_KEY,
+    SubmodelFormatError,
+    decode_dense,
+    decode_parts,
+    encode_parts,
 )
 from flwr_fsl.submodel.layout import (
     ElementUpdate,
@@ -28,39 +34,6 @@ from flwr_fsl.submodel.layout import (
 )
 from flwr_fsl.submodel.topk import TopKConfig, sparsify
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
-
-if TYPE_CHECKING:
-    from flwr_fsl.submodel.codec import (
-        ARRAYS_KEY,
-        FORMAT_VERSION,
-        HEADER_KEY,
-        SubmodelFormatError,
-        decode_update,
-        encode_update,
-        is_submodel_reply,
-    )
-
-_CODEC_NAMES = frozenset(
-    {
-        "ARRAYS_KEY",
-        "FORMAT_VERSION",
-        "HEADER_KEY",
-        "SubmodelFormatError",
-        "decode_update",
-        "encode_update",
-        "is_submodel_reply",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    """Load the Flower-bound codec names on first use (PEP 562)."""
-    if name in _CODEC_NAMES:
-        from flwr_fsl.submodel import codec
-
-        return getattr(codec, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "ARRAYS_KEY",
@@ -83,8 +56,8 @@ __all__ = [
     "apply_count_weighted",
     "count_weighted_average",
     "count_weighted_mean",
-    "decode_update",
-    "encode_update",
-    "is_submodel_reply",
+    "decode_dense",
+    "decode_parts",
+    "encode_parts",
     "sparsify",
 ]

@@ -1,4 +1,9 @@
-"""Wire format ``flwr_fsl.submodel`` v1: a subset of a model's coordinates in a Flower message.
+"""Wire format ``flwr_fsl.submodel`` v2: a subset of a model's coordinates, as plain numpy parts.
+
+This module is Flower-free: it turns a :class:`SubmodelUpdate` into a *header* (a dict of
+str/int/list values) and named *arrays* (numpy), and validates them back against the model.
+:mod:`flwr_fsl.records` puts the parts into a Flower message — the header as a ``ConfigRecord``,
+the arrays as an ``ArrayRecord`` — and takes them out again (it also reads plain dense replies).
 
 A submodel reply carries two records next to the client's usual ``MetricRecord``:
 
@@ -25,19 +30,18 @@ with a float32 value), else ``uint64``. Values are deltas against the arrays the
 received. (Version 1 sent int64 indices; this is version 2.) Parameters not listed were not
 touched. A reply without the header is a plain Flower reply: exactly one ``ArrayRecord`` of
 full weights with the global model's keys, shapes and dtypes, turned into dense deltas.
-:func:`decode_update` checks all of this and raises :class:`SubmodelFormatError` (one error
-type, one reason string) on anything else; it never unpickles (``Array.numpy`` loads with
-``allow_pickle=False``).
+:func:`decode_parts` (and :func:`decode_dense` for a plain reply) check all of this and raise
+:class:`SubmodelFormatError` (one error type, one reason string) on anything else; nothing is
+unpickled (the Flower layer loads arrays with ``allow_pickle=False``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from numpy.typing import NDArray
 
 from flwr_fsl.errors import ClientInputError
@@ -54,8 +58,10 @@ class SubmodelFormatError(ClientInputError):
     """A reply is not a valid submodel update; ``str(err)`` says why."""
 
 
-def encode_update(update: SubmodelUpdate) -> RecordDict:
-    """Encode an update as the two records of the wire format (no metrics).
+def encode_parts(
+    update: SubmodelUpdate,
+) -> tuple[dict[str, Any], dict[str, NDArray[np.generic]]]:
+    """Encode an update as the header and the arrays of the wire format (no metrics).
 
     Parameters
     ----------
@@ -65,10 +71,10 @@ def encode_update(update: SubmodelUpdate) -> RecordDict:
 
     Returns
     -------
-    RecordDict
-        ``{HEADER_KEY: ConfigRecord, ARRAYS_KEY: ArrayRecord}``.
+    tuple[dict, dict]
+        The header fields and the named arrays (C-contiguous).
     """
-    arrays: dict[str, Array] = {}
+    arrays: dict[str, NDArray[np.generic]] = {}
     names: list[str] = []
     encodings: list[str] = []
     has_counts: list[bool] = []
@@ -76,39 +82,44 @@ def encode_update(update: SubmodelUpdate) -> RecordDict:
         names.append(name)
         encodings.append(part.encoding.value)
         has_counts.append(part.counts is not None)
-        arrays[f"{name}{_SEP}values"] = Array(np.asarray(part.values, order="C"))
+        arrays[f"{name}{_SEP}values"] = np.asarray(part.values, order="C")
         if part.indices is not None:
-            arrays[f"{name}{_SEP}indices"] = Array(_index_array(part.indices))
+            arrays[f"{name}{_SEP}indices"] = _index_array(part.indices)
         if part.counts is not None:
-            arrays[f"{name}{_SEP}counts"] = Array(np.ascontiguousarray(part.counts, np.float64))
-    header = ConfigRecord(
-        {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "names": names,
-            "encodings": encodings,
-            "counts": has_counts,
-        }
-    )
-    return RecordDict({HEADER_KEY: header, ARRAYS_KEY: ArrayRecord(arrays)})
+            arrays[f"{name}{_SEP}counts"] = np.ascontiguousarray(part.counts, np.float64)
+    header: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "names": names,
+        "encodings": encodings,
+        "counts": has_counts,
+    }
+    return header, arrays
 
 
-def is_submodel_reply(content: RecordDict) -> bool:
-    """Return True if ``content`` claims to be a submodel update (has the header record)."""
-    return HEADER_KEY in content.config_records
+def _check_weight(weight: float) -> None:
+    if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+        raise SubmodelFormatError(f"weight must be a finite number > 0, got {weight!r}")
 
 
-def decode_update(
-    content: RecordDict,
+def decode_parts(
+    header: Mapping[str, Any],
+    load: Callable[[str], NDArray[np.generic]],
+    keys: Iterable[str],
     reference: Mapping[str, NDArray[np.generic]],
     weight: float,
 ) -> SubmodelUpdate:
-    """Decode and validate a reply against the global model it answers.
+    """Decode and validate a submodel update against the global model it answers.
 
     Parameters
     ----------
-    content : RecordDict
-        The reply's content: a submodel update (wire format above) or a plain dense reply.
+    header : Mapping[str, Any]
+        The header fields (wire format above).
+    load : Callable[[str], numpy.ndarray]
+        Returns the array stored under a key (raising :class:`SubmodelFormatError` if it
+        cannot be decoded); called only for keys the header makes necessary.
+    keys : Iterable[str]
+        Every array key present (extra keys are an error).
     reference : Mapping[str, numpy.ndarray]
         The global arrays the client received (names, shapes, dtypes, and the base of dense
         replies' deltas).
@@ -125,11 +136,7 @@ def decode_update(
     SubmodelFormatError
         If anything about the reply is malformed; the message names the offending part.
     """
-    if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
-        raise SubmodelFormatError(f"weight must be a finite number > 0, got {weight!r}")
-    if not is_submodel_reply(content):
-        return SubmodelUpdate(_decode_dense_reply(content, reference), float(weight))
-    header = content.config_records[HEADER_KEY]
+    _check_weight(weight)
     if header.get("format") != FORMAT_NAME or header.get("version") != FORMAT_VERSION:
         raise SubmodelFormatError(
             f"unsupported submodel format {header.get('format')!r} "
@@ -144,9 +151,7 @@ def decode_update(
         raise SubmodelFormatError("header lists names/encodings/counts differ in length")
     if len(set(names)) != len(names):
         raise SubmodelFormatError("header lists a parameter more than once")
-    if ARRAYS_KEY not in content.array_records:
-        raise SubmodelFormatError(f"missing ArrayRecord {ARRAYS_KEY!r}")
-    record = content.array_records[ARRAYS_KEY]
+    present = set(keys)
     expected_keys: set[str] = set()
     tensors: dict[str, TensorUpdate] = {}
     for name, encoding_name, has_counts in zip(names, encodings, counts, strict=True):
@@ -165,29 +170,22 @@ def decode_update(
                 raise SubmodelFormatError(f"{name}: counts are not allowed on a dense tensor")
             keys.append(f"{name}{_SEP}counts")
         for key in keys:
-            if key not in record:
+            if key not in present:
                 raise SubmodelFormatError(f"{name}: missing array {key!r}")
         expected_keys.update(keys)
-        arrays = {key.rsplit(_SEP, 1)[1]: _load(record, key) for key in keys}
+        arrays = {key.rsplit(_SEP, 1)[1]: load(key) for key in keys}
         tensors[name] = _validate_tensor(name, encoding, ref, arrays)
-    extra = set(record.keys()) - expected_keys
+    extra = present - expected_keys
     if extra:
         raise SubmodelFormatError(f"unexpected arrays {sorted(extra)}")
     return SubmodelUpdate(tensors, float(weight))
 
 
-def _str_or_bool_list(header: ConfigRecord, key: str, kind: type) -> list[Any]:
+def _str_or_bool_list(header: Mapping[str, Any], key: str, kind: type) -> list[Any]:
     value = header.get(key)
     if not isinstance(value, list) or not all(type(v) is kind for v in value):
         raise SubmodelFormatError(f"header field {key!r} must be a list of {kind.__name__}")
     return value
-
-
-def _load(record: ArrayRecord, key: str) -> NDArray[np.generic]:
-    try:
-        return record[key].numpy()
-    except Exception as exc:  # any failure to parse the npy bytes is a format error
-        raise SubmodelFormatError(f"array {key!r} cannot be decoded: {exc}") from None
 
 
 def _check_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generic]) -> None:
@@ -257,16 +255,39 @@ def _validate_tensor(
     return TensorUpdate(encoding, values, indices, counts)
 
 
-def _decode_dense_reply(
-    content: RecordDict, reference: Mapping[str, NDArray[np.generic]]
-) -> dict[str, TensorUpdate]:
-    if len(content.array_records) != 1:
-        raise SubmodelFormatError(
-            f"a dense reply needs exactly one ArrayRecord, got {len(content.array_records)}"
-        )
-    record = next(iter(content.array_records.values()))
-    if set(record.keys()) != set(reference):
-        missing, extra = set(reference) - set(record.keys()), set(record.keys()) - set(reference)
+def decode_dense(
+    load: Callable[[str], NDArray[np.generic]],
+    keys: Iterable[str],
+    reference: Mapping[str, NDArray[np.generic]],
+    weight: float,
+) -> SubmodelUpdate:
+    """Decode a plain dense reply (full weights, the model's keys) into float64 deltas.
+
+    Parameters
+    ----------
+    load : Callable[[str], numpy.ndarray]
+        Returns the weights stored under a parameter name.
+    keys : Iterable[str]
+        The parameter names present; they must equal the model's.
+    reference : Mapping[str, numpy.ndarray]
+        The global arrays the client received.
+    weight : float
+        The client's averaging weight; finite and > 0.
+
+    Returns
+    -------
+    SubmodelUpdate
+        One dense part per parameter.
+
+    Raises
+    ------
+    SubmodelFormatError
+        If the keys, a dtype or a shape differ from the model's, or values are not finite.
+    """
+    _check_weight(weight)
+    present = set(keys)
+    if present != set(reference):
+        missing, extra = set(reference) - present, present - set(reference)
         raise SubmodelFormatError(
             f"dense reply keys differ from the model: missing {sorted(missing)}, "
             f"unknown {sorted(extra)}"
@@ -274,11 +295,11 @@ def _decode_dense_reply(
     tensors: dict[str, TensorUpdate] = {}
     for name, ref in reference.items():
         ref = np.asarray(ref)
-        values = _load(record, name)
+        values = load(name)
         _check_values(name, values, ref)
         if values.shape != ref.shape:
             raise SubmodelFormatError(f"{name}: shape {values.shape} != model shape {ref.shape}")
         # Deltas in float64 so that averaging dense replies reproduces FedAvg closely.
         delta = values.astype(np.float64) - ref.astype(np.float64)
         tensors[name] = TensorUpdate(Encoding.DENSE, delta)
-    return tensors
+    return SubmodelUpdate(tensors, float(weight))

@@ -154,7 +154,7 @@ def fixedpoint_vectors() -> dict[str, Any]:
 
 def codec_vectors() -> dict[str, Any]:
     """The sparse codec's records (dense, coordinates, rows, counts), serialized canonically."""
-    from flwr_fsl.submodel import encode_update as encode_submodel
+    from flwr_fsl.records import encode_update as encode_submodel
 
     rng = np.random.default_rng(3)
     update = SubmodelUpdate(

@@ -42,8 +42,8 @@ from dpf_psr_movielens.task import (
     user_data,
 )
 from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.records import find_ssa_round
-from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate, encode_update
+from flwr_fsl.records import encode_update, find_ssa_round
+from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
 USER_STATE = "movielens.user"
 USER_ARRAYS = "movielens.user.params"
