@@ -131,6 +131,11 @@ MALFORMED = {
     "zero count": lambda c: _mutate(c, "emb.weight|counts", np.array([0.0, 1.0])),
     "NaN count": lambda c: _mutate(c, "emb.weight|counts", np.array([np.nan, 1.0])),
     "int counts": lambda c: _mutate(c, "emb.weight|counts", np.array([1, 1])),
+    # Strings once reached astype(float64) and raised a plain ValueError that ended the run.
+    "string counts": lambda c: _mutate(c, "emb.weight|counts", np.array(["a", "b"])),
+    "numeric-string counts": lambda c: _mutate(c, "emb.weight|counts", np.array(["1", "2"])),
+    "string values": lambda c: _mutate(c, "conv.weight|values", np.array(["x", "y", "z"])),
+    "string indices": lambda c: _mutate(c, "conv.weight|indices", np.array(["0", "5", "6"])),
     "missing values": lambda c: (c[ARRAYS_KEY].pop("conv.weight|values"), c)[1],
     "extra array": lambda c: _mutate(c, "bn.count|indices", np.array([0])),
     "unknown encoding": lambda c: _set_header(c, encodings=["coo", "rows", "dense"]),

@@ -244,12 +244,14 @@ def _validate_tensor(
             raise SubmodelFormatError(f"{name}: rows shape {values.shape} != {expected}")
     counts: NDArray[np.float64] | None = None
     if "counts" in arrays:
-        counts = arrays["counts"].astype(np.float64, copy=False)
-        if arrays["counts"].dtype != np.float64 or counts.shape != indices.shape:
+        raw = arrays["counts"]
+        # Check the dtype before any conversion: strings or objects must not reach astype.
+        if raw.dtype != np.float64 or raw.shape != indices.shape:
             raise SubmodelFormatError(
                 f"{name}: counts must be float64 with one entry per index, got "
-                f"{arrays['counts'].dtype} {counts.shape}"
+                f"{raw.dtype} {raw.shape}"
             )
+        counts = raw.astype(np.float64, copy=False)
         if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
             raise SubmodelFormatError(f"{name}: counts must be finite and > 0")
     return TensorUpdate(encoding, values, indices, counts)
