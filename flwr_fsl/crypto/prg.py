@@ -30,6 +30,7 @@ block (little-endian), word 1 bytes 8..15.
 from __future__ import annotations
 
 import os
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -82,15 +83,21 @@ class MMOCiphers(NamedTuple):
     """Under :data:`MMO_KEY`: :func:`mmo_hash` and the DPF leaf conversion."""
 
 
-_MMO: MMOCiphers | None = None
+# One set per thread: a ``cryptography`` cipher context (and BatchedAES's scratch buffer) must not
+# be used by two threads at once ("Already borrowed"), and S1 evaluates the keys of concurrent
+# sessions in different gRPC worker threads.
+_MMO = threading.local()
 
 
 def _mmo_ciphers() -> MMOCiphers:
-    """Return the process-wide fixed-key AES objects (left, right, value) of the MMO PRG."""
-    global _MMO
-    if _MMO is None:
-        _MMO = MMOCiphers(BatchedAES(MMO_KEY_LEFT), BatchedAES(MMO_KEY_RIGHT), BatchedAES(MMO_KEY))
-    return _MMO
+    """Return this thread's fixed-key AES objects (left, right, value) of the MMO PRG."""
+    ciphers: MMOCiphers | None = getattr(_MMO, "ciphers", None)
+    if ciphers is None:
+        ciphers = MMOCiphers(
+            BatchedAES(MMO_KEY_LEFT), BatchedAES(MMO_KEY_RIGHT), BatchedAES(MMO_KEY)
+        )
+        _MMO.ciphers = ciphers
+    return ciphers
 
 
 def _check_blocks(blocks: NDArray[np.uint64], name: str) -> NDArray[np.uint64]:
