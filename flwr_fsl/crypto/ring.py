@@ -139,6 +139,20 @@ def _shape(shape: Shape) -> tuple[int, ...]:
 
 def _integer_array(values: ArrayLike, what: str) -> NDArray[np.integer]:
     arr = np.asarray(values)
+    if arr.size == 0 and not isinstance(values, np.ndarray):
+        return np.zeros(arr.shape, dtype=np.int64)  # an empty list is float64 to numpy
+    if arr.dtype.kind in "fO" and not isinstance(values, np.ndarray):
+        # Python ints mixing [0, 2^63) and [2^63, 2^64) (or beyond) become float64 or object
+        # under np.asarray: take them exactly through Python ints instead.
+        obj = np.array(values, dtype=object)
+        items = obj.reshape(-1).tolist()
+        if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
+            lo, hi = min(items, default=0), max(items, default=0)
+            if 0 <= lo and hi < 1 << 64:
+                return obj.astype(_U64)
+            if -(1 << 63) <= lo and hi < 1 << 63:
+                return obj.astype(np.int64)
+            raise ValueError(f"{what} must fit in 64 bits, got [{lo}, {hi}]")
     if arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers (an int or uint numpy dtype), got {arr.dtype}")
     return arr

@@ -131,17 +131,24 @@ def _check_int(value: object, name: str, low: int, high: int | None = None) -> i
 
 def _stack_shares(ring: Ring, shares: ArrayLike | Sequence[ArrayLike], what: str) -> NDArray:
     """Validate untrusted shares (one per party) and stack them along a new axis 0."""
-    if isinstance(shares, np.ndarray) and shares.ndim == 0:
-        raise ShareError(f"{what}s need a leading party axis, got a 0-d array")
-    items = list(shares)  # type: ignore[arg-type]
-    if not items:
-        raise NotEnoughSharesError(f"no {what} to reconstruct from")
-    first = np.shape(items[0])
     try:
-        checked = [ring.validate(s, f"{what} {i}", first) for i, s in enumerate(items)]
+        if isinstance(shares, np.ndarray):
+            if shares.ndim == 0:
+                raise ShareError(f"{what}s need a leading party axis, got a 0-d array")
+            stacked = ring.validate(shares, f"{what}s")
+        else:
+            # numpy scalars (shares of a 0-d secret) are typed: take them as 0-d arrays.
+            items = [np.asarray(s) if isinstance(s, np.generic) else s for s in shares]  # type: ignore[union-attr]
+            first = np.shape(items[0]) if items else ()
+            checked = [ring.validate(s, f"{what} {i}", first) for i, s in enumerate(items)]
+            stacked = np.stack(checked) if checked else np.zeros((0,), dtype=_U64)
+    except ShareError:
+        raise
     except ClientInputError as err:
         raise ShareError(str(err)) from err
-    return np.stack(checked)
+    if stacked.shape[0] == 0:
+        raise NotEnoughSharesError(f"no {what} to reconstruct from")
+    return stacked
 
 
 # ---------------------------------------------------------------------------------- additive
@@ -210,10 +217,10 @@ def additive_reconstruct(ring: Ring, shares: ArrayLike | Sequence[ArrayLike]) ->
 
 
 def _field_points(f: PrimeField, points: ArrayLike, name: str) -> NDArray[np.uint64]:
-    arr = np.asarray(points)
+    arr = f.element(points)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of field elements, got shape {arr.shape}")
-    return np.ascontiguousarray(f.element(arr))
+    return np.ascontiguousarray(arr)
 
 
 def lagrange_matrix(field: PrimeField, xs: ArrayLike, at: ArrayLike) -> NDArray[np.uint64]:
