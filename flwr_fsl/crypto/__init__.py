@@ -55,6 +55,9 @@ from flwr_fsl.crypto.prg import (
 )
 from flwr_fsl.crypto.ring import SESA_PRIME, Z2_64, PrimeField, Ring, WordSource, Z2k, is_prime
 from flwr_fsl.crypto.sharing import (
+    TAG_INPUT,
+    TAG_TRIPLE,
+    TAG_TRUNCATION,
     Dealer,
     NotEnoughSharesError,
     PartyRandomness,
@@ -80,6 +83,9 @@ __all__ = [
     "MAX_DOMAIN_BITS",
     "MAX_TAU",
     "SESA_PRIME",
+    "TAG_INPUT",
+    "TAG_TRIPLE",
+    "TAG_TRUNCATION",
     "Z2_64",
     "CuckooInsertionError",
     "CuckooTable",

@@ -25,13 +25,14 @@ Representation and the arguments that nothing overflows:
   reads back as the representative of smallest magnitude.
 * **Sampling** (:meth:`Ring.random`) reads a :class:`WordSource` such as
   :class:`~flwr_fsl.crypto.prg.PRGStream` (AES-128-CTR). ``Z_2^k`` keeps the low ``k`` bits of
-  each word: exactly uniform. ``F_p`` never uses ``word % p`` (biased towards small residues by
-  up to ``p / 2^64`` per value, and by ``1/p`` relative for the small primes the tests use):
-  each 64-bit word gives two 32-bit candidates, each masked to ``b = bitlen(p)`` bits and
-  accepted iff ``< p``. An accepted candidate is exactly uniform on ``[0, p)`` given a uniform
-  stream, and the acceptance probability ``p / 2^b`` is above 1/2. The values drawn are a
-  deterministic function of the stream, so parties sharing a seed derive the same elements by
-  making the same calls in the same order.
+  each word: exactly uniform. ``F_p`` never reduces ``word % p``, whose residues below
+  ``2^64 mod p`` come out slightly more often (statistical distance up to ``p / 2^64`` per
+  value, about 2^-32 for SESA's prime, and far more when fewer random bits are reduced).
+  Instead each 64-bit word gives two 32-bit candidates, each masked to ``b = bitlen(p)`` bits
+  and accepted iff ``< p`` (rejection sampling). An accepted candidate is exactly uniform on
+  ``[0, p)`` given a uniform stream, and the acceptance probability ``p / 2^b`` is above 1/2.
+  The values drawn are a deterministic function of the stream, so parties sharing a seed
+  derive the same elements by making the same calls in the same order.
 
 Trusted values (a party's own data, a dealer's output) enter through :meth:`Ring.element`
 (``ValueError`` if not in range); material received from another party goes through

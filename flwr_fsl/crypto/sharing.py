@@ -33,14 +33,17 @@ Threat model: honest-but-curious parties; security statements below are per prim
   ``D @ E`` for party 0 (``D`` multiplies from the left, ``E`` from the right). A triple is
   used once (two openings with one ``a`` reveal ``x - x'``).
 * **Seeded dealing** (:class:`Dealer`, :class:`PartyRandomness`): as in PrivHFL, a dealer (the
-  querier) shares a 16-byte seed with each computing party. Party ``i`` derives ``a_i, b_i``
-  (and ``c_i`` for ``i < n - 1``) from ``PRGStream.from_seed(seed_i, label, tag)``; the dealer,
-  who knows every seed, sends only the last party's ``c_{n-1} = c - sum_{i < n-1} c_i``. Each
-  party's view is its own seed and (for the last) a correction, which is uniform given the
-  party's own ``a_i, b_i`` because ``c_0`` is uniform and unknown to it. The dealer learns
-  nothing from the protocol provided it never sees the opened ``d, e`` (it does not take part
-  in the openings) and does not collude with a computing party. ``(seed, label)`` must never be
-  reused; triples and truncation pairs use separate PRF tags, so their labels may coincide.
+  querier) shares a 16-byte seed with each computing party. The dealer's own input is shared
+  the same way (:meth:`Dealer.share_input`: parties ``i < n - 1`` derive ``x_i`` from their
+  seeds, the last receives ``x - sum``), which hides ``x`` from any ``n - 1`` parties. For a
+  triple, party ``i`` derives ``a_i, b_i`` (and ``c_i`` for ``i < n - 1``) from
+  ``PRGStream.from_seed(seed_i, label, tag)``; the dealer, who knows every seed, sends only
+  the last party's ``c_{n-1} = c - sum_{i < n-1} c_i``. Each party's view is its own seed and
+  (for the last) a correction, which is uniform given the party's own ``a_i, b_i`` because
+  ``c_0`` is uniform and unknown to it. The dealer learns nothing from the protocol provided
+  it never sees the opened ``d, e`` (it does not take part in the openings) and does not
+  collude with a computing party. ``(seed, label)`` must never be reused for one kind; input
+  shares, triples and truncation pairs use separate PRF tags, so their labels may coincide.
 * **Truncation in Z_2^k** of a fixed-point product (``x`` at ``2f`` fractional bits down to
   ``f``), for ``|x| < 2^l`` (signed):
 
@@ -80,6 +83,7 @@ from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedErr
 from flwr_fsl.kernels import field as _fk
 
 __all__ = [
+    "TAG_INPUT",
     "TAG_TRIPLE",
     "TAG_TRUNCATION",
     "Dealer",
@@ -108,6 +112,9 @@ TAG_TRIPLE = 0x742D726576616562  # b"beaver-t" little-endian
 TAG_TRUNCATION = 0x72702D636E757274  # b"trunc-pr" little-endian
 """PRF domain tag of the streams that seeded truncation pairs are drawn from."""
 
+TAG_INPUT = 0x65726168732D6E69  # b"in-share" little-endian
+"""PRF domain tag of the streams that seeded input shares (the dealer's own data) come from."""
+
 _U64 = np.uint64
 
 
@@ -129,7 +136,9 @@ def _check_int(value: object, name: str, low: int, high: int | None = None) -> i
     return v
 
 
-def _stack_shares(ring: Ring, shares: ArrayLike | Sequence[ArrayLike], what: str) -> NDArray:
+def _stack_shares(
+    ring: Ring, shares: NDArray[np.uint64] | Sequence[object], what: str
+) -> NDArray[np.uint64]:
     """Validate untrusted shares (one per party) and stack them along a new axis 0."""
     try:
         if isinstance(shares, np.ndarray):
@@ -138,8 +147,8 @@ def _stack_shares(ring: Ring, shares: ArrayLike | Sequence[ArrayLike], what: str
             stacked = ring.validate(shares, f"{what}s")
         else:
             # numpy scalars (shares of a 0-d secret) are typed: take them as 0-d arrays.
-            items = [np.asarray(s) if isinstance(s, np.generic) else s for s in shares]  # type: ignore[union-attr]
-            first = np.shape(items[0]) if items else ()
+            items = [np.asarray(s) if isinstance(s, np.generic) else s for s in shares]
+            first = items[0].shape if items and isinstance(items[0], np.ndarray) else None
             checked = [ring.validate(s, f"{what} {i}", first) for i, s in enumerate(items)]
             stacked = np.stack(checked) if checked else np.zeros((0,), dtype=_U64)
     except ShareError:
@@ -188,7 +197,9 @@ def additive_share(
     return out
 
 
-def additive_reconstruct(ring: Ring, shares: ArrayLike | Sequence[ArrayLike]) -> NDArray[np.uint64]:
+def additive_reconstruct(
+    ring: Ring, shares: NDArray[np.uint64] | Sequence[object]
+) -> NDArray[np.uint64]:
     """Open an additively shared value: the sum of every party's share.
 
     Parameters
@@ -412,7 +423,7 @@ class Shamir:
     def reconstruct(
         self,
         parties: Sequence[int],
-        shares: ArrayLike | Sequence[ArrayLike],
+        shares: NDArray[np.uint64] | Sequence[object],
         *,
         check: bool = True,
     ) -> NDArray[np.uint64]:
@@ -648,6 +659,41 @@ class PartyRandomness:
             c = fix
         return TripleShare(a, b, c)
 
+    def input_share(
+        self, shape: tuple[int, ...], label: int, correction: object = None
+    ) -> NDArray[np.uint64]:
+        """Return this party's share of the dealer's input ``label`` (PrivHFL's query sharing).
+
+        Parties ``i < n - 1`` derive their share from the seed; the last receives the dealer's
+        ``x - sum_{i < n-1} x_i`` (:meth:`Dealer.share_input`), uniform given its own view.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Shape of the shared input.
+        label : int
+            The input's number in ``[0, 2^64)``; never reuse one with the same seed.
+        correction : numpy.ndarray, optional
+            The dealer's message: required for the last party, refused for the others.
+
+        Returns
+        -------
+        numpy.ndarray
+            This party's additive share.
+
+        Raises
+        ------
+        ShareError
+            If the correction is malformed.
+        ValueError
+            If a correction is missing or unexpected, or the label is out of range.
+        """
+        dims = tuple(shape)
+        fix = self._correction(correction, dims, "input")
+        if fix is not None:
+            return fix
+        return self.ring.random(dims, PRGStream.from_seed(self.seed, label, TAG_INPUT))
+
     def _truncation_parts(
         self, shape: tuple[int, ...], frac_bits: int, label: int
     ) -> tuple[NDArray[np.uint64], NDArray[np.uint64] | None]:
@@ -782,6 +828,29 @@ class Dealer:
             self.party(i).triple(shape, label, fix if i == self.n_parties - 1 else None)
             for i in range(self.n_parties)
         ]
+
+    def share_input(self, secret: ArrayLike, label: int) -> NDArray[np.uint64]:
+        """Share the dealer's own input: return the last party's share ``x - sum_{i<n-1} x_i``.
+
+        The other parties derive theirs with :meth:`PartyRandomness.input_share`, so sharing
+        costs one message (to the last party) instead of ``n``.
+
+        Parameters
+        ----------
+        secret : array_like
+            Ring elements (e.g. a fixed-point encoded query batch).
+        label : int
+            The input's number; never reuse one.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of the secret's shape, to send to the last party only.
+        """
+        x = self.ring.element(secret)
+        for i in range(self.n_parties - 1):
+            x = self.ring.sub(x, self.party(i).input_share(x.shape, label))
+        return x
 
     def truncation_pair(
         self, shape: tuple[int, ...], frac_bits: int, label: int

@@ -359,6 +359,29 @@ def test_seeded_triples_are_valid_and_reproducible(ring: Ring) -> None:
         assert not np.array_equal(other[0].a, shares[0].a)
 
 
+@pytest.mark.parametrize("ring", [Z2_64, F], ids=_ids)
+@pytest.mark.parametrize("n", [2, 3])
+def test_seeded_input_sharing(ring: Ring, n: int) -> None:
+    # The dealer's input: parties i < n - 1 derive their shares from their seeds, the last gets
+    # the one message; they reconstruct x, and each label gives fresh shares.
+    dealer = Dealer.fresh(ring, n)
+    x = _random(ring, (4, 3), 77)
+    message = dealer.share_input(x, label=5)
+    shares = [dealer.party(i).input_share((4, 3), 5) for i in range(n - 1)]
+    shares.append(dealer.party(n - 1).input_share((4, 3), 5, message))
+    np.testing.assert_array_equal(_open(ring, shares), x)
+    assert not np.array_equal(dealer.party(0).input_share((4, 3), 6), shares[0])
+    # Input shares and triples under one label come from separate streams.
+    triple = dealer.triple_shares(TripleShape.elementwise((4, 3)), 5)[0]
+    assert not np.array_equal(triple.a, shares[0])
+    with pytest.raises(ValueError, match="needs the dealer"):
+        dealer.party(n - 1).input_share((4, 3), 5)
+    with pytest.raises(ValueError, match="no correction"):
+        dealer.party(0).input_share((4, 3), 5, message)
+    with pytest.raises(ShareError, match="shape"):
+        dealer.party(n - 1).input_share((4, 3), 5, message[:2])
+
+
 def test_beaver_fixed_point_matmul_with_truncation() -> None:
     # PrivHFL's linear layer in miniature: 20-bit fixed point in Z_2^64, two parties, a dealt
     # matmul triple, then SecureML truncation; the result is X @ W within the fixed-point error.
