@@ -1,4 +1,4 @@
-"""Fixed-point codec: unbiased stochastic rounding, exact decode, checked overflow bound."""
+"""Fixed-point codec: unbiased stochastic rounding, exact decode, checked bound, per ring."""
 
 import numpy as np
 import pytest
@@ -6,6 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
+from flwr_fsl.crypto.ring import SESA_PRIME, Z2_64, PrimeField, Z2k
+from flwr_fsl.errors import ConfigurationError
 
 
 @given(st.lists(st.floats(-100, 100), min_size=1, max_size=50), st.integers(0, 2**32))
@@ -68,3 +70,73 @@ def test_encode_refuses_bad_values(bad: list[float]) -> None:
 def test_argument_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         FixedPoint(**kwargs)
+
+
+# ---------------------------------------------------------------------------------- rings
+
+
+def test_default_ring_is_z2_64_and_words_are_unchanged() -> None:
+    # The encoded words of the default codec are int64 two's complement reinterpreted as
+    # uint64, exactly as before the ring became a parameter (independent formula here).
+    fp = FixedPoint(frac_bits=20, max_abs=100, max_summands=10)
+    assert fp.ring == Z2_64 and fp == FixedPoint(20, 100, 10, Z2_64)
+    x = np.random.default_rng(1).uniform(-100, 100, 1000)
+    got = fp.encode(x, np.random.default_rng(2))
+    u = np.random.default_rng(2).random(size=x.shape)
+    scaled = x * 2.0**20
+    want = (np.floor(scaled) + (u < scaled - np.floor(scaled))).astype(np.int64).view(np.uint64)
+    assert got.dtype == np.uint64 and got.tobytes() == want.tobytes()
+    exact = fp.encode_exact(x)
+    assert exact.tobytes() == np.rint(scaled).astype(np.int64).view(np.uint64).tobytes()
+    assert np.array_equal(fp.decode(exact), exact.view(np.int64) / 2.0**20)
+
+
+@given(st.lists(st.floats(-100, 100), min_size=1, max_size=50), st.integers(0, 2**32))
+def test_field_round_trip_error_below_resolution(values: list[float], seed: int) -> None:
+    fp = FixedPoint(frac_bits=16, max_abs=100, max_summands=10, ring=PrimeField())
+    words = fp.encode(values, np.random.default_rng(seed))
+    assert words.dtype == np.uint64 and int(words.max()) < SESA_PRIME
+    got = fp.decode(words)
+    assert np.all(np.abs(got - np.asarray(values)) < 2.0**-16)
+
+
+def test_field_sums_decode_signed() -> None:
+    f = PrimeField()
+    fp = FixedPoint(frac_bits=10, max_abs=1000, max_summands=3, ring=f)
+    words = fp.encode_exact([-999.5, 500.25, -0.75])
+    assert fp.decode(f.sum(words)) == pytest.approx(-500.0)
+    # Unbiased in the field too.
+    fp2 = FixedPoint(frac_bits=2, max_abs=10, max_summands=1, ring=PrimeField(65521))
+    mean = fp2.decode(fp2.encode(np.full(200_000, -0.1), np.random.default_rng(0))).mean()
+    assert abs(mean + 0.1) < 0.002
+
+
+def test_field_bound_is_derived_from_p() -> None:
+    # SESA's prime leaves 31 bits for a signed sum: (p - 1)/2 ~ 2^31.
+    f = PrimeField()
+    ok = FixedPoint(frac_bits=16, max_abs=64, max_summands=100, ring=f)  # 100 * 2^22 < 2^31
+    assert ok.headroom_bits == pytest.approx(np.log2((SESA_PRIME + 1) / 2) - np.log2(100 * 2**22))
+    with pytest.raises(FixedPointOverflowError, match=r"\(p-1\)/2 \+ 1 = 2147483646"):
+        FixedPoint(frac_bits=16, max_abs=64, max_summands=1000, ring=f)
+    # The exact integer check covers stochastic rounding up: F_11 holds |v| <= 5, so 5.5 at
+    # 0 fractional bits (rounds to 6) is refused although 5.5 < 6 = (p-1)/2 + 1.
+    small = PrimeField(11)
+    assert FixedPoint(frac_bits=0, max_abs=5.0, max_summands=1, ring=small).headroom_bits > 0
+    with pytest.raises(FixedPointOverflowError):
+        FixedPoint(frac_bits=0, max_abs=5.5, max_summands=1, ring=small)
+
+
+def test_smaller_power_of_two_ring() -> None:
+    fp = FixedPoint(frac_bits=8, max_abs=10, max_summands=4, ring=Z2k(16))
+    words = fp.encode_exact([-9.5, 3.25])
+    assert int(words.max()) < 2**16
+    assert fp.decode(words).tolist() == [-9.5, 3.25]
+    with pytest.raises(FixedPointOverflowError, match="2\\^15"):
+        FixedPoint(frac_bits=8, max_abs=64, max_summands=4, ring=Z2k(16))
+
+
+def test_ring_must_be_a_ring() -> None:
+    with pytest.raises(ConfigurationError, match="ring"):
+        FixedPoint(ring="Z2_64")  # type: ignore[arg-type]
+    assert issubclass(FixedPointOverflowError, ConfigurationError)
+    assert issubclass(FixedPointOverflowError, ValueError)

@@ -1,15 +1,22 @@
-"""Fixed-point encoding of real values in the ring Z_2^64, with stochastic rounding.
+"""Fixed-point encoding of real values in a ring (Z_2^64 by default, or F_p), stochastic rounding.
 
-Secure aggregation adds values in Z_2^64 (DPF outputs, additive shares), so floats are scaled
-by ``2**frac_bits`` and rounded to integers first. Rounding is *stochastic* (``floor(x) + 1``
-with probability ``frac(x)``), which is unbiased: ``E[decode(encode(x))] == x`` (Niu et al.,
-App. B). The error of one encoded value is below ``2**-frac_bits``; a sum of ``n`` values is
-off by less than ``n * 2**-frac_bits``.
+Secure aggregation adds values in a ring (Z_2^64 for DPF outputs and additive shares, F_p for
+SESA's Lagrange coding), so floats are scaled by ``2**frac_bits`` and rounded to integers
+first. Rounding is *stochastic* (``floor(x) + 1`` with probability ``frac(x)``), which is
+unbiased: ``E[decode(encode(x))] == x`` (Niu et al., App. B). The error of one encoded value is
+below ``2**-frac_bits``; a sum of ``n`` values is off by less than ``n * 2**-frac_bits``.
 
-Sums wrap around modulo 2^64 and are read back as signed int64, which is exact as long as
-every partial sum stays inside ``(-2**63, 2**63)``. :class:`FixedPoint` checks the bound
-``max_summands * max_abs * 2**frac_bits < 2**63`` when it is built, and :meth:`encode` refuses
-values above ``max_abs``: the bound is checked, not assumed.
+The integers are mapped into the ring by its signed encoding
+(:meth:`~flwr_fsl.crypto.ring.Ring.encode_signed`: two's complement in Z_2^64, centred
+representatives in F_p), and a sum is read back exactly as long as it stays within the ring's
+signed range ``[-M, M]``, ``M = ring.max_signed`` (``2^63 - 1`` for Z_2^64, ``(p - 1)/2`` for
+F_p). One encoded value has magnitude at most ``ceil(max_abs * 2**frac_bits)`` (both rounding
+modes stay between floor and ceil of the scaled value), so a sum of ``max_summands`` values is
+exact when ``max_summands * ceil(max_abs * 2**frac_bits) <= M``. :class:`FixedPoint` checks
+that bound when it is built (reporting ``headroom_bits``, the bits to spare below ``M + 1``:
+``2^63`` for Z_2^64), and :meth:`encode` refuses values above ``max_abs``: the bound is checked,
+not assumed. In the default ring ``Z_2^64`` the encoded words are exactly those of the codec
+before the ring was a parameter (``int64`` two's complement reinterpreted as ``uint64``).
 """
 
 from __future__ import annotations
@@ -20,11 +27,20 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-_LIMIT = 2.0**63
+from flwr_fsl.crypto.ring import Z2_64, Ring
+from flwr_fsl.errors import ConfigurationError
 
 
-class FixedPointOverflowError(ValueError):
-    """The chosen parameters (or a value) could overflow a sum in Z_2^64."""
+class FixedPointOverflowError(ConfigurationError):
+    """The chosen parameters (or a value) could overflow a sum in the ring."""
+
+
+def _limit_text(ring: Ring) -> str:
+    """``2^63`` for Z_2^64, ``(p-1)/2 = ...`` for a field: the bound a sum must stay below."""
+    limit = ring.max_signed + 1
+    if limit & (limit - 1) == 0:
+        return f"2^{limit.bit_length() - 1}"
+    return f"(p-1)/2 + 1 = {limit}"
 
 
 @dataclass(frozen=True)
@@ -40,30 +56,44 @@ class FixedPoint:
     max_summands : int
         Largest number of encoded values that will be added together (e.g. clients per
         round), >= 1.
+    ring : Ring, optional
+        Where the encoded values live (default :data:`~flwr_fsl.crypto.ring.Z2_64`), e.g.
+        ``PrimeField()`` for SESA.
 
     Raises
     ------
     ValueError
-        If an argument is out of range.
+        If an argument is out of range (a :class:`~flwr_fsl.errors.ConfigurationError`).
     FixedPointOverflowError
-        If ``max_summands * max_abs * 2**frac_bits >= 2**63``.
+        If ``max_summands * ceil(max_abs * 2**frac_bits)`` exceeds the ring's signed range
+        (``2**63 - 1`` for Z_2^64, ``(p - 1)/2`` for F_p).
     """
 
     frac_bits: int = 24
     max_abs: float = 1e4
     max_summands: int = 1000
+    ring: Ring = Z2_64
 
     def __post_init__(self) -> None:
         if isinstance(self.frac_bits, bool) or not 0 <= int(self.frac_bits) <= 52:
-            raise ValueError(f"frac_bits must be in [0, 52], got {self.frac_bits}")
+            raise ConfigurationError(f"frac_bits must be in [0, 52], got {self.frac_bits}")
         if not (math.isfinite(self.max_abs) and self.max_abs > 0):
-            raise ValueError(f"max_abs must be finite and > 0, got {self.max_abs}")
+            raise ConfigurationError(f"max_abs must be finite and > 0, got {self.max_abs}")
         if isinstance(self.max_summands, bool) or int(self.max_summands) < 1:
-            raise ValueError(f"max_summands must be >= 1, got {self.max_summands}")
-        if self.headroom_bits <= 0:
+            raise ConfigurationError(f"max_summands must be >= 1, got {self.max_summands}")
+        if not isinstance(self.ring, Ring):
+            raise ConfigurationError(f"ring must be a Ring, got {type(self.ring).__name__}")
+        # headroom_bits > 0 is the float form of the bound; the exact integer check then also
+        # covers rounding up to ceil(max_abs * 2^f) (it is evaluated only when finite).
+        if (
+            self.headroom_bits <= 0
+            or int(self.max_summands) * math.ceil(self.max_abs * self.scale) > self.ring.max_signed
+        ):
+            limit_bits = math.log2(self.ring.max_signed + 1)
             raise FixedPointOverflowError(
                 f"{self.max_summands} summands of |x| <= {self.max_abs} at {self.frac_bits} "
-                f"fractional bits can reach 2^{63 - self.headroom_bits:.1f} >= 2^63"
+                f"fractional bits can reach 2^{limit_bits - self.headroom_bits:.1f} >= "
+                f"{_limit_text(self.ring)}, the signed range of {self.ring}"
             )
 
     @property
@@ -73,8 +103,13 @@ class FixedPoint:
 
     @property
     def headroom_bits(self) -> float:
-        """``63 - log2(max_summands * max_abs * 2**frac_bits)``: bits to spare (must be > 0)."""
-        return 63.0 - math.log2(self.max_summands * self.max_abs * self.scale)
+        """``log2(M + 1) - log2(max_summands * max_abs * 2**frac_bits)``: bits to spare.
+
+        ``M = ring.max_signed``; in Z_2^64 this is ``63 - log2(...)``. Always > 0 for a built
+        codec.
+        """
+        limit_bits = math.log2(self.ring.max_signed + 1)
+        return limit_bits - math.log2(self.max_summands * self.max_abs * self.scale)
 
     def encode(
         self, values: ArrayLike, rng: np.random.Generator | None = None
@@ -92,7 +127,8 @@ class FixedPoint:
         Returns
         -------
         numpy.ndarray
-            uint64 array of the same shape (two's complement of ``round(x * 2**frac_bits)``).
+            uint64 array of the same shape: ``round(x * 2**frac_bits)`` in the ring's signed
+            encoding (two's complement in Z_2^64).
 
         Raises
         ------
@@ -110,14 +146,14 @@ class FixedPoint:
         scaled = x * self.scale
         low = np.floor(scaled)
         rounded = low + (rng.random(size=x.shape) < (scaled - low))
-        return rounded.astype(np.int64).view(np.uint64)
+        return self.ring.encode_signed(rounded.astype(np.int64))
 
     def encode_exact(self, values: ArrayLike) -> NDArray[np.uint64]:
         """Encode with round-to-nearest (deterministic), e.g. for public model weights."""
         x = np.asarray(values, dtype=np.float64)
         if x.size and (not np.all(np.isfinite(x)) or float(np.max(np.abs(x))) > self.max_abs):
             raise FixedPointOverflowError(f"values must be finite with |x| <= {self.max_abs}")
-        return np.rint(x * self.scale).astype(np.int64).view(np.uint64)
+        return self.ring.encode_signed(np.rint(x * self.scale).astype(np.int64))
 
     def decode(self, words: ArrayLike) -> NDArray[np.float64]:
         """Decode ring elements (e.g. a reconstructed sum) back to reals.
@@ -130,7 +166,7 @@ class FixedPoint:
         Returns
         -------
         numpy.ndarray
-            float64 values ``int64(words) / 2**frac_bits``.
+            float64 values ``signed(words) / 2**frac_bits`` (``int64(words)`` in Z_2^64).
         """
         w = np.asarray(words, dtype=np.uint64)
-        return w.view(np.int64).astype(np.float64) / self.scale
+        return self.ring.decode_signed(w).astype(np.float64) / self.scale

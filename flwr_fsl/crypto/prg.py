@@ -21,7 +21,11 @@
 * **PRF.** ``PRF(key, i) = AES_key(i || tag)``: a client's λ-bit master seed is the AES key, the
   counter ``i`` (a bin index) is the low word and a domain tag the high word (Cui §4: per-bin DPF
   root seeds from one master seed). AES is a PRP, hence a PRF for far fewer than 2^64 queries.
-* **CTR stream.** AES-128-CTR keystream as uint64 words, for masks and seeded randomness.
+* **CTR stream.** AES-128-CTR keystream as uint64 words, for masks and seeded randomness:
+  :func:`ctr_stream` for one draw, :class:`PRGStream` to read one keystream in successive draws
+  (ring/field sampling, seeded shares and Beaver triples). :meth:`PRGStream.from_seed` keys a
+  stream with ``PRF(seed, index || tag)``, so one shared seed yields independent streams for
+  independent uses (never two uses under one ``(tag, index)``).
 
 Seeds and blocks are numpy ``uint64`` arrays of shape ``(n, 2)``: word 0 holds bytes 0..7 of the
 block (little-endian), word 1 bytes 8..15.
@@ -45,7 +49,9 @@ __all__ = [
     "MMO_KEY_RIGHT",
     "SEED_BYTES",
     "TAG_ROOT_SEED",
+    "TAG_STREAM",
     "MMOCiphers",
+    "PRGStream",
     "ctr_stream",
     "derive_root_seeds",
     "mmo_hash",
@@ -68,6 +74,9 @@ MMO_KEY_RIGHT = b"flwr_fsl/mmo/v2R"
 
 TAG_ROOT_SEED = 0x746F6F722D667064  # b"dpf-root" little-endian
 """High-word domain tag of the PRF when it derives DPF root seeds from a master seed."""
+
+TAG_STREAM = 0x6D61657274732D67  # b"g-stream" little-endian
+"""Default high-word domain tag of the PRF when it derives a :class:`PRGStream` key."""
 
 _U64 = np.uint64
 
@@ -311,3 +320,99 @@ def ctr_stream(key: bytes, nonce: bytes, n_words: int) -> NDArray[np.uint64]:
         enc = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor()
         enc.update_into(np.zeros(nbytes, dtype=np.uint8).data, out.data)
     return out[:nbytes].view(_U64)
+
+
+class PRGStream:
+    """One AES-128-CTR keystream read in successive draws of uint64 words.
+
+    ``PRGStream(key, nonce)`` followed by ``words(a)`` then ``words(b)`` returns exactly the
+    words of ``ctr_stream(key, nonce, a + b)``: the stream keeps its position between draws, so
+    two parties holding the same key derive the same values when they make the same draws in
+    the same order. The nonce is the initial 128-bit counter block; two streams under one key
+    with nearby nonces overlap, so separate uses by *key* (:meth:`from_seed`), not by nonce.
+
+    Parameters
+    ----------
+    key : bytes
+        16-byte AES key (a seed).
+    nonce : bytes, optional
+        16-byte initial counter block (default all zero).
+
+    Raises
+    ------
+    ValueError
+        If the key or nonce is not 16 bytes.
+    """
+
+    __slots__ = ("_encryptor", "_words_read")
+
+    def __init__(self, key: bytes, nonce: bytes = bytes(SEED_BYTES)) -> None:
+        k = _check_key(key, "PRG key")
+        iv = _check_key(nonce, "PRG nonce")
+        self._encryptor = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor()
+        self._words_read = 0
+
+    @classmethod
+    def from_seed(cls, seed: bytes, index: int = 0, tag: int = TAG_STREAM) -> PRGStream:
+        """Return the stream keyed by ``PRF(seed, index || tag)`` (independent per index, tag).
+
+        Parameters
+        ----------
+        seed : bytes
+            16-byte shared seed.
+        index : int, optional
+            Counter in ``[0, 2**64)`` separating uses under one tag (e.g. a triple label).
+        tag : int, optional
+            Domain tag in ``[0, 2**64)`` separating kinds of use (default :data:`TAG_STREAM`).
+
+        Returns
+        -------
+        PRGStream
+            A stream at position 0.
+
+        Raises
+        ------
+        ValueError
+            If the seed is not 16 bytes or ``index`` / ``tag`` is out of range.
+        """
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise ValueError(f"index must be an integer, got {index!r}")
+        if not 0 <= int(index) < 1 << 64:
+            raise ValueError(f"index must be in [0, 2**64), got {index}")
+        block = prf_blocks(_check_key(seed, "seed"), np.array([int(index)], dtype=_U64), tag)
+        return cls(block.astype("<u8").tobytes())
+
+    @classmethod
+    def fresh(cls) -> PRGStream:
+        """Return a stream under a fresh key from the OS CSPRNG."""
+        return cls(os.urandom(SEED_BYTES))
+
+    @property
+    def words_read(self) -> int:
+        """Number of uint64 words drawn so far (the stream position)."""
+        return self._words_read
+
+    def words(self, n_words: int) -> NDArray[np.uint64]:
+        """Draw the next ``n_words`` keystream words.
+
+        Parameters
+        ----------
+        n_words : int
+            Number of 64-bit words (>= 0).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of shape ``(n_words,)``.
+
+        Raises
+        ------
+        ValueError
+            If ``n_words`` is negative or not an integer.
+        """
+        if isinstance(n_words, bool) or not isinstance(n_words, int | np.integer) or n_words < 0:
+            raise ValueError(f"n_words must be a non-negative integer, got {n_words!r}")
+        n = int(n_words)
+        raw = self._encryptor.update(bytes(8 * n))
+        self._words_read += n
+        return np.frombuffer(raw, dtype=_U64).copy()

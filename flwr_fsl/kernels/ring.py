@@ -1,4 +1,4 @@
-"""Ring (Z_2^64) kernels for the servers' scatter and inner-product steps."""
+"""Ring (Z_2^64) kernels: the servers' scatter and inner-product steps, and a wrap-around matmul."""
 
 from __future__ import annotations
 
@@ -40,3 +40,25 @@ def binned_inner_products(
             row = items[j]
             for t in range(tau):
                 out[b, t] += s * database[row, t]
+
+
+@njit(cache=True, nogil=True)
+def matmul_wrap(
+    a: NDArray[np.uint64], b: NDArray[np.uint64], out: NDArray[np.uint64]
+) -> None:  # pragma: no cover - compiled
+    """``out = a @ b`` modulo 2^64 (uint64 wrap-around), ``a`` of shape (m, k), ``b`` (k, n).
+
+    Unsigned overflow in numba (LLVM) is defined wrap-around, so every product and partial sum
+    is exact modulo 2^64. Loop order i-l-j reads rows of ``b`` and ``out`` contiguously.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    for i in range(m):
+        for j in range(n):
+            out[i, j] = np.uint64(0)
+        for t in range(k):
+            x = a[i, t]
+            if x == np.uint64(0):
+                continue
+            for j in range(n):
+                out[i, j] += x * b[t, j]

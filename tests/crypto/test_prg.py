@@ -11,6 +11,8 @@ from flwr_fsl.crypto.prg import (
     MMO_KEY_LEFT,
     MMO_KEY_RIGHT,
     TAG_ROOT_SEED,
+    TAG_STREAM,
+    PRGStream,
     ctr_stream,
     derive_root_seeds,
     mmo_hash,
@@ -239,3 +241,51 @@ def test_ctr_errors():
         ctr_stream(bytes(16), b"n", 3)
     with pytest.raises(ValueError, match="n_words"):
         ctr_stream(bytes(16), bytes(16), -1)
+
+
+# ---------------------------------------------------------------- PRGStream
+
+
+@given(st.lists(st.integers(0, 40), max_size=6))
+def test_prg_stream_draws_continue_one_ctr_keystream(sizes):
+    key, nonce = bytes(range(16)), bytes(range(16, 32))
+    stream = PRGStream(key, nonce)
+    got = [stream.words(n) for n in sizes]
+    assert all(g.dtype == U64 and g.shape == (n,) for g, n in zip(got, sizes, strict=True))
+    assert stream.words_read == sum(sizes)
+    joined = np.concatenate([*got, np.zeros(0, dtype=U64)])
+    assert np.array_equal(joined, ctr_stream(key, nonce, sum(sizes)))
+
+
+def test_prg_stream_from_seed_is_keyed_by_the_prf():
+    seed = bytes(range(16))
+    key = prf_blocks(seed, np.array([7], dtype=U64), TAG_STREAM).astype("<u8").tobytes()
+    assert np.array_equal(PRGStream.from_seed(seed, 7).words(9), ctr_stream(key, bytes(16), 9))
+    draws = {
+        PRGStream.from_seed(seed, index, tag).words(2).tobytes()
+        for index in (0, 1)
+        for tag in (TAG_STREAM, 5)
+    }
+    assert len(draws) == 4  # index and tag separate streams
+    assert not np.array_equal(PRGStream.fresh().words(2), PRGStream.fresh().words(2))
+
+
+def test_prg_stream_errors():
+    with pytest.raises(ValueError, match="PRG key"):
+        PRGStream(b"short")
+    with pytest.raises(ValueError, match="PRG nonce"):
+        PRGStream(bytes(16), b"n")
+    with pytest.raises(ValueError, match="n_words"):
+        PRGStream(bytes(16)).words(-1)
+    with pytest.raises(ValueError, match="n_words"):
+        PRGStream(bytes(16)).words(True)
+    with pytest.raises(ValueError, match="index"):
+        PRGStream.from_seed(bytes(16), -1)
+    with pytest.raises(ValueError, match="index"):
+        PRGStream.from_seed(bytes(16), 2**64)
+    with pytest.raises(ValueError, match="index"):
+        PRGStream.from_seed(bytes(16), 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seed"):
+        PRGStream.from_seed(b"x", 0)
+    with pytest.raises(ValueError, match="tag"):
+        PRGStream.from_seed(bytes(16), 0, 2**64)

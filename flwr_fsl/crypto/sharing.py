@@ -1,0 +1,1143 @@
+"""Secret sharing over a :class:`~flwr_fsl.crypto.ring.Ring`: additive, Shamir, Beaver, truncation.
+
+Party-local, Flower-free building blocks for the protocols above (SSA, Bonawitz/Niu SecAgg,
+SESA, PrivHFL). Every function that a party runs takes its ``party`` index; nothing here
+sends a message. Material received from another party is checked with
+:meth:`~flwr_fsl.crypto.ring.Ring.validate` and rejected with :class:`ShareError` (a
+:class:`~flwr_fsl.errors.ClientInputError`: drop that sender); too few shares to reconstruct is
+:class:`NotEnoughSharesError` (a :class:`~flwr_fsl.errors.RoundFailedError`).
+
+Threat model: honest-but-curious parties; security statements below are per primitive.
+
+* **Additive n-of-n** (any ring): ``x = x_0 + ... + x_{n-1}``; the first ``n - 1`` shares are
+  uniform, the last is ``x - sum``. Any ``n - 1`` shares are jointly uniform and independent of
+  ``x``; a coalition missing one share learns nothing.
+* **Shamir t-of-n** over ``F_p`` (:class:`Shamir`): ``f(z) = x + c_1 z + ... + c_t z^t`` with
+  uniform ``c_k``; party ``i`` holds ``f(z_i)`` at a distinct nonzero point ``z_i`` (default
+  ``1..n``). ``threshold = t`` is the number of colluders tolerated: any ``t`` shares are
+  uniform and independent of ``x`` (the values at ``t`` nonzero points and at 0 determine
+  ``f`` uniquely, so for each ``x`` exactly one coefficient vector matches), and any ``t + 1``
+  reconstruct ``x = f(0) = sum_j L_j(0) y_j`` (Lagrange). With more than ``t + 1`` shares the
+  extra ones are checked to lie on the same degree-``t`` polynomial.
+* **Lagrange evaluation** (:func:`lagrange_matrix`, :func:`interpolate`): the matrix
+  ``L[i, j] = L_j(alpha_i)`` through nodes ``beta_j`` is built once (numba,
+  O(K^2 + |alpha| K)), then applied to any number of value vectors with one field matmul; this
+  is SESA's encoding (``u(alpha_i)`` from values at ``beta_j``) and decoding step.
+* **Beaver triples** (any ring): shares of ``(a, b, c = a * b)`` elementwise or
+  ``(A, B, C = A @ B)``. To multiply shared ``x, y`` each party publishes ``d_i = x_i - a_i``,
+  ``e_i = y_i - b_i``; everyone opens ``d = x - a``, ``e = y - b`` (uniform, since ``a, b`` are
+  uniform and no coalition of ``n - 1`` parties knows them), and party ``i`` sets
+  ``z_i = c_i + d * b_i + e * a_i`` plus ``d * e`` for party 0. Summing:
+  ``c + d b + e a + d e = ab + (x - a) b + (y - b) a + (x - a)(y - b) = x y``. For matrices
+  ``X Y = (D + A)(E + B) = D E + D B + A E + A B``, so ``Z_i = C_i + D @ B_i + A_i @ E`` plus
+  ``D @ E`` for party 0 (``D`` multiplies from the left, ``E`` from the right). A triple is
+  used once (two openings with one ``a`` reveal ``x - x'``).
+* **Seeded dealing** (:class:`Dealer`, :class:`PartyRandomness`): as in PrivHFL, a dealer (the
+  querier) shares a 16-byte seed with each computing party. The dealer's own input is shared
+  the same way (:meth:`Dealer.share_input`: parties ``i < n - 1`` derive ``x_i`` from their
+  seeds, the last receives ``x - sum``), which hides ``x`` from any ``n - 1`` parties. For a
+  triple, party ``i`` derives ``a_i, b_i`` (and ``c_i`` for ``i < n - 1``) from
+  ``PRGStream.from_seed(seed_i, label, tag)``; the dealer, who knows every seed, sends only
+  the last party's ``c_{n-1} = c - sum_{i < n-1} c_i``. Each party's view is its own seed and
+  (for the last) a correction, which is uniform given the party's own ``a_i, b_i`` because
+  ``c_0`` is uniform and unknown to it. The dealer learns nothing from the protocol provided
+  it never sees the opened ``d, e`` (it does not take part in the openings) and does not
+  collude with a computing party. ``(seed, label)`` must never be reused for one kind; input
+  shares, triples and truncation pairs use separate PRF tags, so their labels may coincide.
+* **Truncation in Z_2^k** of a fixed-point product (``x`` at ``2f`` fractional bits down to
+  ``f``), for ``|x| < 2^l`` (signed):
+
+  - :func:`truncate_local` (SecureML, Mohassel–Zhang 2017, two parties, no interaction):
+    party 0 outputs ``x_0 >> f``, party 1 outputs ``-((-x_1) >> f)`` (logical shifts of
+    residues in ``[0, 2^k)``). Write ``u = x_0`` and ``v = -x_1 mod 2^k``; then
+    ``u - v = x (mod 2^k)`` and ``u - v`` lies in ``(-2^k, 2^k)``. If ``u - v = x`` as integers,
+    ``floor(u / 2^f) - floor(v / 2^f) = floor(x / 2^f) + [u mod 2^f < x mod 2^f]``: the result is
+    ``floor(x / 2^f)`` or one more, and since ``u`` is uniform the +1 happens with probability
+    ``frac(x / 2^f)``, i.e. it is *unbiased stochastic rounding*. Otherwise ``u - v = x -+ 2^k``
+    (a wrap) and the result is off by ``-+2^(k-f)``. The wrap happens iff ``u < x`` (``x >= 0``) or
+    ``u >= 2^k + x`` (``x < 0``): probability exactly ``|x| / 2^k < 2^(l - k)``, which SecureML
+    bounds by ``2^(l + 1 - k)``. For PrivHFL's ``k = 64``, ``l = 40`` that is ``< 2^-24`` per value.
+  - :func:`truncate_mask` / :func:`truncate_finish` with a dealt pair ``(r, r >> f)``, for
+    any number of parties: open ``c = x + 2^l + r`` (uniform: a one-time pad, so it leaks
+    nothing), then ``z = (c >> f) - 2^(l-f) - (r >> f)``. With ``X = x + 2^l`` in
+    ``[0, 2^(l+1))``, if ``X + r < 2^k`` the result is ``floor(x / 2^f)`` plus a carry that is 1
+    with probability ``frac(x / 2^f)`` (unbiased stochastic rounding again, ``2^l`` being a
+    multiple of ``2^f``); a wrap happens with probability ``X / 2^k < 2^(l + 1 - k)`` and costs
+    ``-2^(k-f)``. Needs ``f <= l <= k - 2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.prg import SEED_BYTES, PRGStream
+from flwr_fsl.crypto.ring import PrimeField, Ring, WordSource, Z2k
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.kernels import field as _fk
+
+__all__ = [
+    "TAG_INPUT",
+    "TAG_TRIPLE",
+    "TAG_TRUNCATION",
+    "Dealer",
+    "NotEnoughSharesError",
+    "PartyRandomness",
+    "Shamir",
+    "ShareError",
+    "TripleShape",
+    "TripleShare",
+    "TruncationPairShare",
+    "additive_reconstruct",
+    "additive_share",
+    "beaver_mask",
+    "beaver_matmul",
+    "beaver_mul",
+    "interpolate",
+    "lagrange_matrix",
+    "truncate_finish",
+    "truncate_local",
+    "truncate_mask",
+]
+
+TAG_TRIPLE = 0x742D726576616562  # b"beaver-t" little-endian
+"""PRF domain tag of the streams that seeded Beaver triples are drawn from."""
+
+TAG_TRUNCATION = 0x72702D636E757274  # b"trunc-pr" little-endian
+"""PRF domain tag of the streams that seeded truncation pairs are drawn from."""
+
+TAG_INPUT = 0x65726168732D6E69  # b"in-share" little-endian
+"""PRF domain tag of the streams that seeded input shares (the dealer's own data) come from."""
+
+_U64 = np.uint64
+
+
+class ShareError(ClientInputError):
+    """A share (or correction) from a party is malformed, duplicated or inconsistent."""
+
+
+class NotEnoughSharesError(RoundFailedError):
+    """Fewer shares than the reconstruction threshold arrived: the secret is undetermined."""
+
+
+def _check_int(value: object, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if v < low or (high is not None and v > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {v}")
+    return v
+
+
+def _stack_shares(
+    ring: Ring, shares: NDArray[np.uint64] | Sequence[object], what: str
+) -> NDArray[np.uint64]:
+    """Validate untrusted shares (one per party) and stack them along a new axis 0."""
+    try:
+        if isinstance(shares, np.ndarray):
+            if shares.ndim == 0:
+                raise ShareError(f"{what}s need a leading party axis, got a 0-d array")
+            stacked = ring.validate(shares, f"{what}s")
+        else:
+            # numpy scalars (shares of a 0-d secret) are typed: take them as 0-d arrays.
+            items = [np.asarray(s) if isinstance(s, np.generic) else s for s in shares]
+            first = items[0].shape if items and isinstance(items[0], np.ndarray) else None
+            checked = [ring.validate(s, f"{what} {i}", first) for i, s in enumerate(items)]
+            stacked = np.stack(checked) if checked else np.zeros((0,), dtype=_U64)
+    except ShareError:
+        raise
+    except ClientInputError as err:
+        raise ShareError(str(err)) from err
+    if stacked.shape[0] == 0:
+        raise NotEnoughSharesError(f"no {what} to reconstruct from")
+    return stacked
+
+
+# ---------------------------------------------------------------------------------- additive
+
+
+def additive_share(
+    ring: Ring, secret: ArrayLike, n_parties: int, prg: WordSource
+) -> NDArray[np.uint64]:
+    """Split ``secret`` into ``n_parties`` additive shares (n-of-n).
+
+    Parameters
+    ----------
+    ring : Ring
+        Where the secret lives.
+    secret : array_like
+        Ring elements (any shape).
+    n_parties : int
+        Number of shares, >= 2.
+    prg : WordSource
+        Randomness for the first ``n - 1`` shares (e.g. ``PRGStream.fresh()``).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(n_parties, *secret.shape)``; row ``i`` is party ``i``'s.
+
+    Raises
+    ------
+    ValueError
+        If ``n_parties < 2`` or the secret is not made of ring elements.
+    """
+    n = _check_int(n_parties, "n_parties", 2)
+    s = ring.element(secret)
+    out = np.empty((n, *s.shape), dtype=_U64)
+    out[: n - 1] = ring.random((n - 1, *s.shape), prg)
+    out[n - 1] = ring.sub(s, ring.sum(out[: n - 1], axis=0))
+    return out
+
+
+def additive_reconstruct(
+    ring: Ring, shares: NDArray[np.uint64] | Sequence[object]
+) -> NDArray[np.uint64]:
+    """Open an additively shared value: the sum of every party's share.
+
+    Parameters
+    ----------
+    ring : Ring
+        Where the shares live.
+    shares : numpy.ndarray or sequence of numpy.ndarray
+        One ``uint64`` share per party (along axis 0), all of one shape.
+
+    Returns
+    -------
+    numpy.ndarray
+        The secret.
+
+    Raises
+    ------
+    ShareError
+        If a share is not a uint64 array of the common shape with entries in the ring.
+    NotEnoughSharesError
+        If there are no shares.
+    """
+    return ring.sum(_stack_shares(ring, shares, "additive share"), axis=0)
+
+
+# ---------------------------------------------------------------------------------- Lagrange
+
+
+def _field_points(f: PrimeField, points: ArrayLike, name: str) -> NDArray[np.uint64]:
+    arr = f.element(points)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of field elements, got shape {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+def lagrange_matrix(field: PrimeField, xs: ArrayLike, at: ArrayLike) -> NDArray[np.uint64]:
+    """Matrix ``L[i, j] = L_j(at[i])`` of the Lagrange basis through the distinct nodes ``xs``.
+
+    For values ``y_j = f(xs[j])`` of any polynomial ``f`` of degree ``< len(xs)``,
+    ``field.matmul(L, y) = f(at)``. Build it once and reuse it for many value vectors.
+
+    Parameters
+    ----------
+    field : PrimeField
+        The field.
+    xs : array_like
+        ``K`` distinct nodes (field elements).
+    at : array_like
+        Evaluation points (field elements; may include nodes).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(len(at), K)``.
+
+    Raises
+    ------
+    ValueError
+        If the points are not 1-D field elements or two nodes coincide.
+    """
+    if not isinstance(field, PrimeField):
+        raise ValueError(f"Lagrange interpolation needs a PrimeField, got {field}")
+    nodes = _field_points(field, xs, "xs")
+    targets = _field_points(field, at, "at")
+    if nodes.size == 0:
+        raise ValueError("Lagrange interpolation needs at least one node")
+    out = np.empty((targets.size, nodes.size), dtype=_U64)
+    bad = _fk.lagrange_matrix(nodes, targets, _U64(field.p), out)
+    if bad >= 0:
+        raise ValueError(f"Lagrange nodes must be distinct; node {int(nodes[bad])} is repeated")
+    return out
+
+
+def interpolate(
+    field: PrimeField, xs: ArrayLike, ys: ArrayLike, at: ArrayLike
+) -> NDArray[np.uint64]:
+    """Evaluate the polynomial through ``(xs[j], ys[j])`` at every point of ``at``.
+
+    Parameters
+    ----------
+    field : PrimeField
+        The field.
+    xs : array_like
+        ``K`` distinct nodes.
+    ys : array_like
+        Values at the nodes, shape ``(K, ...)`` (vector-valued: one polynomial per trailing
+        coordinate).
+    at : array_like
+        Evaluation points.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(len(at), *ys.shape[1:])``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree, the nodes repeat, or a value is not a field element.
+    """
+    values = field.element(ys)
+    coefficients = lagrange_matrix(field, xs, at)
+    if values.ndim == 0 or values.shape[0] != coefficients.shape[1]:
+        raise ValueError(f"ys needs one row per node ({coefficients.shape[1]}), got {values.shape}")
+    flat = values.reshape(values.shape[0], -1)
+    return field.matmul(coefficients, flat).reshape((coefficients.shape[0], *values.shape[1:]))
+
+
+# ---------------------------------------------------------------------------------- Shamir
+
+
+@dataclass(frozen=True)
+class Shamir:
+    """Shamir ``t``-of-``n`` sharing over a prime field (any ``t + 1`` shares reconstruct).
+
+    Parameters
+    ----------
+    field : PrimeField
+        The field (SecAgg seeds and SESA use ``PrimeField()``, ``p = 2^32 - 5``).
+    threshold : int
+        ``t``, the number of colluding parties tolerated: the polynomial has degree ``t``;
+        ``1 <= t < n``.
+    points : tuple of int
+        Party ``i``'s evaluation point; distinct, nonzero field elements. Use
+        :meth:`for_parties` for the default points ``1..n``.
+
+    Raises
+    ------
+    ConfigurationError
+        If the threshold or the points are invalid.
+    """
+
+    field: PrimeField
+    threshold: int
+    points: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, PrimeField):
+            raise ConfigurationError(f"Shamir needs a PrimeField, got {self.field!r}")
+        pts = tuple(self.points)
+        if any(isinstance(z, bool) or not isinstance(z, int | np.integer) for z in pts):
+            raise ConfigurationError(f"Shamir points must be integers, got {self.points!r}")
+        pts = tuple(int(z) for z in pts)
+        object.__setattr__(self, "points", pts)
+        if any(not 0 < z < self.field.p for z in pts):
+            raise ConfigurationError(
+                f"Shamir points must be nonzero elements of {self.field} (0 < z < p): the "
+                f"value at 0 is the secret"
+            )
+        if len(set(pts)) != len(pts):
+            raise ConfigurationError(f"Shamir points must be distinct, got {pts}")
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t < len(pts):
+            raise ConfigurationError(
+                f"Shamir threshold must be an integer with 1 <= t < n = {len(pts)}, got {t!r}"
+            )
+
+    @classmethod
+    def for_parties(cls, field: PrimeField, threshold: int, n_parties: int) -> Shamir:
+        """Return the scheme with ``n_parties`` parties at the points ``1..n``.
+
+        Parameters
+        ----------
+        field : PrimeField
+            The field.
+        threshold : int
+            ``t`` (degree), ``1 <= t < n``.
+        n_parties : int
+            ``n``, below ``p``.
+
+        Returns
+        -------
+        Shamir
+            The scheme.
+
+        Raises
+        ------
+        ConfigurationError
+            If an argument is invalid.
+        """
+        if isinstance(n_parties, bool) or not isinstance(n_parties, int) or n_parties < 2:
+            raise ConfigurationError(f"Shamir n_parties must be an integer >= 2, got {n_parties!r}")
+        return cls(field, threshold, tuple(range(1, n_parties + 1)))
+
+    @property
+    def n_parties(self) -> int:
+        """``n``."""
+        return len(self.points)
+
+    def share(self, secrets: ArrayLike, prg: WordSource) -> NDArray[np.uint64]:
+        """Share every entry of ``secrets`` with its own random degree-``t`` polynomial.
+
+        Parameters
+        ----------
+        secrets : array_like
+            Field elements, any shape ``S``.
+        prg : WordSource
+            Randomness for the ``t`` coefficients per secret.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of shape ``(n, *S)``; row ``i`` is party ``i``'s share.
+
+        Raises
+        ------
+        ValueError
+            If a secret is not a field element.
+        """
+        f = self.field
+        s = f.element(secrets)
+        coefficients = np.empty((self.threshold + 1, s.size), dtype=_U64)
+        coefficients[0] = s.reshape(-1)
+        coefficients[1:] = f.random((self.threshold, s.size), prg)
+        z = np.asarray(self.points, dtype=_U64)
+        vandermonde = np.empty((self.n_parties, self.threshold + 1), dtype=_U64)
+        vandermonde[:, 0] = 1
+        for k in range(1, self.threshold + 1):
+            vandermonde[:, k] = f.mul(vandermonde[:, k - 1], z)
+        return f.matmul(vandermonde, coefficients).reshape((self.n_parties, *s.shape))
+
+    def reconstruct(
+        self,
+        parties: Sequence[int],
+        shares: NDArray[np.uint64] | Sequence[object],
+        *,
+        check: bool = True,
+    ) -> NDArray[np.uint64]:
+        """Recover the secrets from the shares of ``t + 1`` or more distinct parties.
+
+        The first ``t + 1`` shares determine the value (Lagrange at 0). With ``check`` (default)
+        every further share must lie on the same degree-``t`` polynomial.
+
+        Parameters
+        ----------
+        parties : sequence of int
+            Party indices in ``[0, n)`` of the shares, distinct.
+        shares : numpy.ndarray or sequence of numpy.ndarray
+            One ``uint64`` share array per listed party, all of one shape.
+        check : bool, optional
+            Check the extra shares for consistency.
+
+        Returns
+        -------
+        numpy.ndarray
+            The secrets, of the shares' shape.
+
+        Raises
+        ------
+        NotEnoughSharesError
+            If fewer than ``t + 1`` shares are given.
+        ShareError
+            If a party index is repeated or out of range, the counts differ, a share is
+            malformed, or (with ``check``) the shares are inconsistent.
+        """
+        idx = list(parties)
+        need = self.threshold + 1
+        if len(idx) < need:
+            raise NotEnoughSharesError(
+                f"Shamir reconstruction needs t + 1 = {need} shares, got {len(idx)}"
+            )
+        for i in idx:
+            if (
+                isinstance(i, bool)
+                or not isinstance(i, int | np.integer)
+                or not 0 <= i < self.n_parties
+            ):
+                raise ShareError(f"party index must be in [0, {self.n_parties}), got {i!r}")
+        if len(set(int(i) for i in idx)) != len(idx):
+            raise ShareError(f"each party may contribute one share; indices repeat: {idx}")
+        ys = _stack_shares(self.field, shares, "Shamir share")
+        if ys.shape[0] != len(idx):
+            raise ShareError(f"got {ys.shape[0]} shares for {len(idx)} party indices")
+        shape = ys.shape[1:]
+        flat = ys.reshape(len(idx), -1)
+        xs = np.asarray([self.points[int(i)] for i in idx], dtype=_U64)
+        f = self.field
+        secret = f.matmul(lagrange_matrix(f, xs[:need], [0]), flat[:need])
+        if check and len(idx) > need:
+            predicted = f.matmul(lagrange_matrix(f, xs[:need], xs[need:]), flat[:need])
+            if not np.array_equal(predicted, flat[need:]):
+                raise ShareError(
+                    "Shamir shares are inconsistent: they do not lie on one polynomial of "
+                    f"degree {self.threshold} (parties {idx})"
+                )
+        return secret.reshape(shape)
+
+
+# ---------------------------------------------------------------------------------- Beaver
+
+
+@dataclass(frozen=True)
+class TripleShape:
+    """Shapes of a Beaver triple: elementwise (``a``, ``b``, ``c`` alike) or matmul.
+
+    Use :meth:`elementwise` or :meth:`for_matmul`.
+    """
+
+    kind: Literal["elementwise", "matmul"]
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b"):
+            dims = getattr(self, name)
+            if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
+                raise ValueError(f"triple shape {name} must be non-negative ints, got {dims!r}")
+        if self.kind == "elementwise":
+            if self.a != self.b:
+                raise ValueError(f"elementwise triple needs a and b of one shape, got {self}")
+        elif self.kind == "matmul":
+            if len(self.a) != 2 or len(self.b) != 2 or self.a[1] != self.b[0]:
+                raise ValueError(f"matmul triple needs (m, k) and (k, n) shapes, got {self}")
+        else:
+            raise ValueError(f"triple kind must be 'elementwise' or 'matmul', got {self.kind!r}")
+
+    @classmethod
+    def elementwise(cls, shape: int | tuple[int, ...]) -> TripleShape:
+        """Triple for ``x * y`` of arrays of ``shape``."""
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        return cls("elementwise", dims, dims)
+
+    @classmethod
+    def for_matmul(cls, m: int, k: int, n: int) -> TripleShape:
+        """Triple for ``X @ Y`` with ``X`` of shape ``(m, k)`` and ``Y`` of shape ``(k, n)``."""
+        return cls("matmul", (m, k), (k, n))
+
+    @property
+    def c(self) -> tuple[int, ...]:
+        """Shape of ``c``: ``a``'s (elementwise) or ``(m, n)`` (matmul)."""
+        return self.a if self.kind == "elementwise" else (self.a[0], self.b[1])
+
+
+@dataclass(frozen=True)
+class TripleShare:
+    """One party's share ``(a_i, b_i, c_i)`` of a Beaver triple (``c = a * b`` or ``a @ b``)."""
+
+    a: NDArray[np.uint64]
+    b: NDArray[np.uint64]
+    c: NDArray[np.uint64]
+
+
+@dataclass(frozen=True)
+class TruncationPairShare:
+    """One party's share of a truncation pair ``(r, r >> frac_bits)``, ``r`` uniform in Z_2^k."""
+
+    r: NDArray[np.uint64]
+    r_shifted: NDArray[np.uint64]
+    frac_bits: int
+
+
+def _require_z2k(ring: Ring, what: str) -> Z2k:
+    if not isinstance(ring, Z2k):
+        raise ValueError(f"{what} is defined in Z_2^k, not in {ring}")
+    return ring
+
+
+def _check_frac_bits(ring: Z2k, frac_bits: int) -> int:
+    return _check_int(frac_bits, "frac_bits", 0, ring.bits - 1)
+
+
+@dataclass(frozen=True)
+class PartyRandomness:
+    """A computing party's side of seeded dealing: its shares from its seed (plus a correction).
+
+    Parameters
+    ----------
+    ring : Ring
+        Where the triples live (Z_2^k for truncation pairs).
+    seed : bytes
+        The 16-byte seed this party shares with the dealer (not shown in ``repr``).
+    party : int
+        This party's index in ``[0, n_parties)``; the last party receives corrections.
+    n_parties : int
+        Number of computing parties, >= 2.
+
+    Raises
+    ------
+    ConfigurationError
+        If an argument is invalid.
+    """
+
+    ring: Ring
+    seed: bytes = dataclasses.field(repr=False)
+    party: int
+    n_parties: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ring, Ring):
+            raise ConfigurationError(f"ring must be a Ring, got {type(self.ring).__name__}")
+        if not isinstance(self.seed, bytes) or len(self.seed) != SEED_BYTES:
+            raise ConfigurationError(f"seed must be {SEED_BYTES} bytes")
+        n = self.n_parties
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ConfigurationError(f"n_parties must be an integer >= 2, got {n!r}")
+        if isinstance(self.party, bool) or not isinstance(self.party, int):
+            raise ConfigurationError(f"party must be an integer, got {self.party!r}")
+        if not 0 <= self.party < n:
+            raise ConfigurationError(f"party must be in [0, {n}), got {self.party}")
+
+    @property
+    def receives_corrections(self) -> bool:
+        """Whether this is the last party, whose ``c`` (or ``r >> f``) the dealer sends."""
+        return self.party == self.n_parties - 1
+
+    def _correction(
+        self, correction: object, shape: tuple[int, ...], what: str
+    ) -> NDArray[np.uint64] | None:
+        """Check the dealer's correction: required for the last party, refused for others."""
+        if not self.receives_corrections:
+            if correction is not None:
+                raise ValueError(f"party {self.party} derives its {what} share; no correction")
+            return None
+        if correction is None:
+            raise ValueError(f"party {self.party} (the last) needs the dealer's {what} correction")
+        try:
+            return self.ring.validate(correction, f"{what} correction", shape)
+        except ClientInputError as err:
+            raise ShareError(str(err)) from err
+
+    def _triple_parts(
+        self, shape: TripleShape, label: int
+    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint64] | None]:
+        stream = PRGStream.from_seed(self.seed, label, TAG_TRIPLE)
+        a = self.ring.random(shape.a, stream)
+        b = self.ring.random(shape.b, stream)
+        c = None if self.receives_corrections else self.ring.random(shape.c, stream)
+        return a, b, c
+
+    def triple(self, shape: TripleShape, label: int, correction: object = None) -> TripleShare:
+        """Return this party's share of triple ``label``.
+
+        Parameters
+        ----------
+        shape : TripleShape
+            Elementwise or matmul shapes.
+        label : int
+            The triple's number in ``[0, 2^64)``; never reuse one with the same seed.
+        correction : numpy.ndarray, optional
+            The dealer's ``c_{n-1}``: required for the last party, refused for the others.
+
+        Returns
+        -------
+        TripleShare
+            ``(a_i, b_i, c_i)``.
+
+        Raises
+        ------
+        ShareError
+            If the correction is malformed (a dealer's fault: drop it).
+        ValueError
+            If a correction is missing or unexpected, or the label is out of range.
+        """
+        fix = self._correction(correction, shape.c, "Beaver c")
+        a, b, c = self._triple_parts(shape, label)
+        if c is None:
+            assert fix is not None  # the last party: checked above
+            c = fix
+        return TripleShare(a, b, c)
+
+    def input_share(
+        self, shape: tuple[int, ...], label: int, correction: object = None
+    ) -> NDArray[np.uint64]:
+        """Return this party's share of the dealer's input ``label`` (PrivHFL's query sharing).
+
+        Parties ``i < n - 1`` derive their share from the seed; the last receives the dealer's
+        ``x - sum_{i < n-1} x_i`` (:meth:`Dealer.share_input`), uniform given its own view.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Shape of the shared input.
+        label : int
+            The input's number in ``[0, 2^64)``; never reuse one with the same seed.
+        correction : numpy.ndarray, optional
+            The dealer's message: required for the last party, refused for the others.
+
+        Returns
+        -------
+        numpy.ndarray
+            This party's additive share.
+
+        Raises
+        ------
+        ShareError
+            If the correction is malformed.
+        ValueError
+            If a correction is missing or unexpected, or the label is out of range.
+        """
+        dims = tuple(shape)
+        fix = self._correction(correction, dims, "input")
+        if fix is not None:
+            return fix
+        return self.ring.random(dims, PRGStream.from_seed(self.seed, label, TAG_INPUT))
+
+    def _truncation_parts(
+        self, shape: tuple[int, ...], frac_bits: int, label: int
+    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64] | None]:
+        ring = _require_z2k(self.ring, "truncation")
+        _check_frac_bits(ring, frac_bits)
+        stream = PRGStream.from_seed(self.seed, label, TAG_TRUNCATION)
+        r = ring.random(shape, stream)
+        r_shifted = None if self.receives_corrections else ring.random(shape, stream)
+        return r, r_shifted
+
+    def truncation_pair(
+        self,
+        shape: tuple[int, ...],
+        frac_bits: int,
+        label: int,
+        correction: object = None,
+    ) -> TruncationPairShare:
+        """Return this party's share of truncation pair ``label``: ``(r_i, (r >> f)_i)``.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Shape of the values to truncate.
+        frac_bits : int
+            ``f``, the bits to drop.
+        label : int
+            The pair's number in ``[0, 2^64)``; never reuse one with the same seed.
+        correction : numpy.ndarray, optional
+            The dealer's share of ``r >> f`` for the last party; refused for the others.
+
+        Returns
+        -------
+        TruncationPairShare
+            ``(r_i, (r >> f)_i, f)``.
+
+        Raises
+        ------
+        ShareError
+            If the correction is malformed.
+        ValueError
+            If the ring is not Z_2^k, ``f`` is out of range, or a correction is missing or
+            unexpected.
+        """
+        dims = tuple(shape)
+        fix = self._correction(correction, dims, "truncation")
+        r, r_shifted = self._truncation_parts(dims, frac_bits, label)
+        if r_shifted is None:
+            assert fix is not None  # the last party: checked above
+            r_shifted = fix
+        return TruncationPairShare(r, r_shifted, int(frac_bits))
+
+
+@dataclass(frozen=True)
+class Dealer:
+    """The dealer of seeded correlated randomness (PrivHFL's querier): knows every seed.
+
+    Parameters
+    ----------
+    ring : Ring
+        Where the triples live.
+    seeds : tuple of bytes
+        One distinct 16-byte seed per computing party (not shown in ``repr``).
+
+    Raises
+    ------
+    ConfigurationError
+        If there are fewer than two seeds, a seed is not 16 bytes, or two seeds coincide.
+    """
+
+    ring: Ring
+    seeds: tuple[bytes, ...] = dataclasses.field(repr=False)
+
+    def __post_init__(self) -> None:
+        seeds = tuple(self.seeds)
+        object.__setattr__(self, "seeds", seeds)
+        if len(seeds) < 2:
+            raise ConfigurationError(f"a dealer needs >= 2 parties' seeds, got {len(seeds)}")
+        if any(not isinstance(s, bytes) or len(s) != SEED_BYTES for s in seeds):
+            raise ConfigurationError(f"every seed must be {SEED_BYTES} bytes")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigurationError("the parties' seeds must be distinct")
+        if not isinstance(self.ring, Ring):
+            raise ConfigurationError(f"ring must be a Ring, got {type(self.ring).__name__}")
+
+    @classmethod
+    def fresh(cls, ring: Ring, n_parties: int) -> Dealer:
+        """Return a dealer with fresh OS-random seeds for ``n_parties`` parties."""
+        n = _check_int(n_parties, "n_parties", 2)
+        return cls(ring, tuple(os.urandom(SEED_BYTES) for _ in range(n)))
+
+    @property
+    def n_parties(self) -> int:
+        """Number of computing parties."""
+        return len(self.seeds)
+
+    def party(self, index: int) -> PartyRandomness:
+        """Party ``index``'s side (e.g. to hand to a simulated party)."""
+        return PartyRandomness(self.ring, self.seeds[index], index, self.n_parties)
+
+    def triple(self, shape: TripleShape, label: int) -> NDArray[np.uint64]:
+        """Deal triple ``label``: return the last party's correction ``c_{n-1}``.
+
+        ``a = sum a_i``, ``b = sum b_i`` from every party's stream; ``c = a * b`` (or
+        ``a @ b``); ``c_{n-1} = c - sum_{i < n-1} c_i``.
+
+        Parameters
+        ----------
+        shape : TripleShape
+            Elementwise or matmul shapes.
+        label : int
+            The triple's number; never reuse one.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of shape ``shape.c``, to send to the last party only.
+        """
+        ring = self.ring
+        parts = [self.party(i)._triple_parts(shape, label) for i in range(self.n_parties)]
+        a = ring.sum(np.stack([p[0] for p in parts]), axis=0)
+        b = ring.sum(np.stack([p[1] for p in parts]), axis=0)
+        c = ring.mul(a, b) if shape.kind == "elementwise" else ring.matmul(a, b)
+        for p in parts[:-1]:
+            assert p[2] is not None
+            c = ring.sub(c, p[2])
+        return c
+
+    def triple_shares(self, shape: TripleShape, label: int) -> list[TripleShare]:
+        """Every party's share of triple ``label`` (the dealer's view; for simulation)."""
+        fix = self.triple(shape, label)
+        return [
+            self.party(i).triple(shape, label, fix if i == self.n_parties - 1 else None)
+            for i in range(self.n_parties)
+        ]
+
+    def share_input(self, secret: ArrayLike, label: int) -> NDArray[np.uint64]:
+        """Share the dealer's own input: return the last party's share ``x - sum_{i<n-1} x_i``.
+
+        The other parties derive theirs with :meth:`PartyRandomness.input_share`, so sharing
+        costs one message (to the last party) instead of ``n``.
+
+        Parameters
+        ----------
+        secret : array_like
+            Ring elements (e.g. a fixed-point encoded query batch).
+        label : int
+            The input's number; never reuse one.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of the secret's shape, to send to the last party only.
+        """
+        x = self.ring.element(secret)
+        for i in range(self.n_parties - 1):
+            x = self.ring.sub(x, self.party(i).input_share(x.shape, label))
+        return x
+
+    def truncation_pair(
+        self, shape: tuple[int, ...], frac_bits: int, label: int
+    ) -> NDArray[np.uint64]:
+        """Deal truncation pair ``label``: return the last party's share of ``r >> f``.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Shape of the values to truncate.
+        frac_bits : int
+            ``f``.
+        label : int
+            The pair's number; never reuse one.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``uint64`` array of ``shape``, to send to the last party only.
+
+        Raises
+        ------
+        ValueError
+            If the ring is not Z_2^k or ``f`` is out of range.
+        """
+        ring = _require_z2k(self.ring, "truncation")
+        dims = tuple(shape)
+        parts = [
+            self.party(i)._truncation_parts(dims, frac_bits, label) for i in range(self.n_parties)
+        ]
+        r = ring.sum(np.stack([p[0] for p in parts]), axis=0)
+        fix = np.asarray(r >> _U64(frac_bits), dtype=_U64)
+        for p in parts[:-1]:
+            assert p[1] is not None
+            fix = ring.sub(fix, p[1])
+        return fix
+
+    def truncation_pair_shares(
+        self, shape: tuple[int, ...], frac_bits: int, label: int
+    ) -> list[TruncationPairShare]:
+        """Every party's share of truncation pair ``label`` (for simulation)."""
+        fix = self.truncation_pair(shape, frac_bits, label)
+        return [
+            self.party(i).truncation_pair(
+                shape, frac_bits, label, fix if i == self.n_parties - 1 else None
+            )
+            for i in range(self.n_parties)
+        ]
+
+
+def _check_party(party: int) -> int:
+    return _check_int(party, "party", 0)
+
+
+def beaver_mask(
+    ring: Ring, x: ArrayLike, y: ArrayLike, triple: TripleShare
+) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """Party-local first step of a Beaver product: ``(d_i, e_i) = (x_i - a_i, y_i - b_i)``.
+
+    Publish both; the opened ``d = sum d_i``, ``e = sum e_i`` go to :func:`beaver_mul` or
+    :func:`beaver_matmul` (open them with :func:`additive_reconstruct`, which checks them).
+
+    Parameters
+    ----------
+    ring : Ring
+        The ring.
+    x, y : array_like
+        This party's shares of the operands (shapes of ``triple.a`` and ``triple.b``).
+    triple : TripleShare
+        This party's unused triple share.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(d_i, e_i)``.
+
+    Raises
+    ------
+    ValueError
+        If a shape does not match the triple.
+    """
+    xs, ys = ring.element(x), ring.element(y)
+    if xs.shape != triple.a.shape or ys.shape != triple.b.shape:
+        raise ValueError(
+            f"operands {xs.shape}, {ys.shape} do not match the triple {triple.a.shape}, "
+            f"{triple.b.shape}"
+        )
+    return ring.sub(xs, triple.a), ring.sub(ys, triple.b)
+
+
+def beaver_mul(
+    ring: Ring, party: int, d: ArrayLike, e: ArrayLike, triple: TripleShare
+) -> NDArray[np.uint64]:
+    """Party-local last step of an elementwise Beaver product: this party's share of ``x * y``.
+
+    ``z_i = c_i + d * b_i + e * a_i``, plus ``d * e`` for party 0.
+
+    Parameters
+    ----------
+    ring : Ring
+        The ring.
+    party : int
+        This party's index (party 0 adds the public term).
+    d, e : array_like
+        The opened ``x - a`` and ``y - b``.
+    triple : TripleShare
+        The triple share used in :func:`beaver_mask`.
+
+    Returns
+    -------
+    numpy.ndarray
+        This party's share of ``x * y``.
+
+    Raises
+    ------
+    ValueError
+        If a shape does not match the triple or ``party`` is negative.
+    """
+    i = _check_party(party)
+    dd, ee = ring.element(d), ring.element(e)
+    if dd.shape != triple.a.shape or ee.shape != triple.b.shape:
+        raise ValueError(f"opened d {dd.shape}, e {ee.shape} do not match the triple")
+    z = ring.add(triple.c, ring.add(ring.mul(dd, triple.b), ring.mul(ee, triple.a)))
+    return ring.add(z, ring.mul(dd, ee)) if i == 0 else z
+
+
+def beaver_matmul(
+    ring: Ring, party: int, d: ArrayLike, e: ArrayLike, triple: TripleShare
+) -> NDArray[np.uint64]:
+    """Party-local last step of a Beaver matrix product: this party's share of ``X @ Y``.
+
+    ``Z_i = C_i + D @ B_i + A_i @ E``, plus ``D @ E`` for party 0.
+
+    Parameters
+    ----------
+    ring : Ring
+        The ring.
+    party : int
+        This party's index (party 0 adds the public term).
+    d, e : array_like
+        The opened ``D = X - A`` (m, k) and ``E = Y - B`` (k, n).
+    triple : TripleShare
+        The matmul triple share used in :func:`beaver_mask`.
+
+    Returns
+    -------
+    numpy.ndarray
+        This party's share of ``X @ Y``, shape ``(m, n)``.
+
+    Raises
+    ------
+    ValueError
+        If a shape does not match the triple or ``party`` is negative.
+    """
+    i = _check_party(party)
+    dd, ee = ring.element(d), ring.element(e)
+    if dd.shape != triple.a.shape or ee.shape != triple.b.shape or dd.ndim != 2:
+        raise ValueError(f"opened D {dd.shape}, E {ee.shape} do not match the matmul triple")
+    z = ring.add(triple.c, ring.add(ring.matmul(dd, triple.b), ring.matmul(triple.a, ee)))
+    return ring.add(z, ring.matmul(dd, ee)) if i == 0 else z
+
+
+# ---------------------------------------------------------------------------------- truncation
+
+
+def truncate_local(ring: Ring, party: int, share: ArrayLike, frac_bits: int) -> NDArray[np.uint64]:
+    """SecureML two-party local truncation by ``frac_bits`` (see the module docstring).
+
+    Party 0 returns ``x_0 >> f``; party 1 returns ``-((-x_1) >> f)``. The opened result is
+    ``floor(x / 2^f)`` or one more (unbiased), except with probability ``|x| / 2^k`` (a wrap,
+    off by ``2^(k-f)``).
+
+    Parameters
+    ----------
+    ring : Z2k
+        The ring ``Z_2^k``.
+    party : int
+        0 or 1.
+    share : array_like
+        This party's share of ``x``.
+    frac_bits : int
+        ``f`` in ``[0, k)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        This party's share of the truncated value.
+
+    Raises
+    ------
+    ValueError
+        If the ring is not Z_2^k, the party is not 0 or 1, or ``f`` is out of range.
+    """
+    z = _require_z2k(ring, "local truncation")
+    f = _U64(_check_frac_bits(z, frac_bits))
+    i = _check_int(party, "party (two-party truncation)", 0, 1)
+    x = z.element(share)
+    if i == 0:
+        return np.asarray(x >> f, dtype=_U64)
+    return z.neg(np.asarray(z.neg(x) >> f, dtype=_U64))
+
+
+def _check_bound(ring: Z2k, bound_bits: int, frac_bits: int) -> int:
+    return _check_int(bound_bits, "bound_bits", frac_bits, ring.bits - 2)
+
+
+def truncate_mask(
+    ring: Ring, party: int, share: ArrayLike, pair: TruncationPairShare, bound_bits: int
+) -> NDArray[np.uint64]:
+    """First step of dealer-assisted truncation: this party's share of ``c = x + 2^l + r``.
+
+    Publish it; the opened ``c`` (uniform, it leaks nothing) goes to :func:`truncate_finish`.
+
+    Parameters
+    ----------
+    ring : Z2k
+        The ring ``Z_2^k``.
+    party : int
+        This party's index (party 0 adds ``2^l``).
+    share : array_like
+        This party's share of ``x``, ``|x| < 2^l``.
+    pair : TruncationPairShare
+        This party's unused truncation pair share.
+    bound_bits : int
+        ``l`` with ``f <= l <= k - 2``.
+
+    Returns
+    -------
+    numpy.ndarray
+        This party's share of ``c``.
+
+    Raises
+    ------
+    ValueError
+        If the ring is not Z_2^k, the shapes differ, or ``l`` is out of range.
+    """
+    z = _require_z2k(ring, "truncation")
+    i = _check_party(party)
+    bound = _check_bound(z, bound_bits, pair.frac_bits)
+    x = z.element(share)
+    if x.shape != pair.r.shape:
+        raise ValueError(f"share {x.shape} does not match the truncation pair {pair.r.shape}")
+    c = z.add(x, pair.r)
+    return z.add(c, _U64(1 << bound)) if i == 0 else c
+
+
+def truncate_finish(
+    ring: Ring, party: int, opened: ArrayLike, pair: TruncationPairShare, bound_bits: int
+) -> NDArray[np.uint64]:
+    """Last step of dealer-assisted truncation: this party's share of about ``x / 2^f``.
+
+    ``z_i = -(r >> f)_i``, plus ``(c >> f) - 2^(l - f)`` for party 0. The opened result is
+    ``floor(x / 2^f)`` or one more (unbiased), except with probability below ``2^(l+1-k)``.
+
+    Parameters
+    ----------
+    ring : Z2k
+        The ring ``Z_2^k``.
+    party : int
+        This party's index.
+    opened : array_like
+        The opened ``c``.
+    pair : TruncationPairShare
+        The pair share used in :func:`truncate_mask`.
+    bound_bits : int
+        The same ``l``.
+
+    Returns
+    -------
+    numpy.ndarray
+        This party's share of the truncated value.
+
+    Raises
+    ------
+    ValueError
+        If the ring is not Z_2^k, the shapes differ, or ``l`` is out of range.
+    """
+    z = _require_z2k(ring, "truncation")
+    i = _check_party(party)
+    bound = _check_bound(z, bound_bits, pair.frac_bits)
+    c = z.element(opened)
+    if c.shape != pair.r.shape:
+        raise ValueError(f"opened c {c.shape} does not match the truncation pair {pair.r.shape}")
+    out = z.neg(pair.r_shifted)
+    if i != 0:
+        return out
+    public = z.sub(
+        np.asarray(c >> _U64(pair.frac_bits), dtype=_U64), _U64(1 << (bound - pair.frac_bits))
+    )
+    return z.add(out, public)
