@@ -1,16 +1,17 @@
 """Execute ``examples/notebooks/02_secure_submodel_aggregation.ipynb`` in its tiny setting.
 
-Same runner as ``tests/test_notebooks.py`` (its ``kernel_name`` fixture: this interpreter as
-the kernel, ``FLWR_FSL_NOTEBOOK_TINY=1``); that file's output check covers this notebook too.
+Same runner as ``tests/examples/test_notebooks.py`` (its ``kernel_name`` fixture: this
+interpreter as the kernel, ``FLWR_FSL_NOTEBOOK_TINY=1``); that file's output check covers this
+notebook too.
 """
 
 from __future__ import annotations
 
 import re
 
+from tests.examples.test_notebooks import NOTEBOOKS, run_notebook
+from tests.examples.test_notebooks import kernel_name as kernel_name  # the fixture
 from tests.prepared_data import require_prepared
-from tests.test_notebooks import NOTEBOOKS, run_notebook
-from tests.test_notebooks import kernel_name as kernel_name  # the fixture
 
 NOTEBOOK = NOTEBOOKS / "02_secure_submodel_aggregation.ipynb"
 

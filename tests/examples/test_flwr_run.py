@@ -16,7 +16,7 @@ import pytest
 
 from tests.flwr_cli import run_until_finished, simulation_superlink
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "topk-mnist"
 RUN_TIMEOUT_S = 150.0
 

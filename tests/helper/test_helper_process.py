@@ -26,9 +26,9 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.helper.cli import main
-from tests.test_helper import SID, make_params, run_scenario
+from tests.helper.test_helper import SID, make_params, run_scenario
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 120  # generous: a cold numba cache compiles kernels on first import
 
 

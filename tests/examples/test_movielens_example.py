@@ -22,7 +22,7 @@ from flwr_fsl.helper import InProcessHelper, default_key_file
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 
-APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "dpf-psr-movielens"
+APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "dpf-psr-movielens"
 USERS = 3
 
 

@@ -36,7 +36,7 @@ from flwr_fsl.experiment import load_experiment
 from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
 from tests.prepared_data import require_prepared
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "dpf-ssa-mnist"
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0

@@ -33,7 +33,7 @@ from flwr_fsl.helper.service import Method, Session
 from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
 from flwr_fsl.protocols.ssa import reconstruct
 from flwr_fsl.wireformat import Reader, Writer
-from tests.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
+from tests.helper.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
 
 SID_A, SID_B = b"A" * 16, b"B" * 16
 

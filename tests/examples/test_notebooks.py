@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 from flwr_fsl.data import cache_dir
 from tests.prepared_data import require_prepared
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 KERNEL_NAME = "flwr-fsl-tests"
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.flwr_cli import exe, free_port, run_until_finished, simulation_superlink, stop
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "dpf-ssa-mnist"
 ROUNDS = 2
 RUN_TIMEOUT_S = 240.0

@@ -1,0 +1,1 @@
+"""Tests of flwr_fsl.crypto and flwr_fsl.kernels."""

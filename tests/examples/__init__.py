@@ -1,0 +1,1 @@
+"""Tests of the example apps and notebooks (examples/), with real Flower processes."""

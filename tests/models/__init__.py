@@ -1,0 +1,1 @@
+"""Tests of flwr_fsl.models."""
