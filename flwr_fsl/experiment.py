@@ -719,17 +719,33 @@ class _MeteredGrid(Grid):
         )
 
 
+_NOT_SEEDABLE = object()
+
+
 def _reseed_sampling(strategy: Strategy, seed: int) -> None:
-    """Make ``strategy`` sample the same clients in every arm (the one reseeding rule).
+    """Give ``strategy`` the experiment's client sample in every round.
 
-    Flower's ``FedAvg`` samples with the module-level :mod:`random`, which Flower's heartbeat
-    and retry code in the ServerApp process draw from as well, so seeding it once does not fix
-    the clients of later rounds. Re-seeding just before each round's sampling does: train with
-    ``seed * 1_000_003 + round`` (the rule the examples used), evaluation with its own seed.
+    ``flwr_fsl`` strategies sample with their own ``sampling_seed``
+    (:meth:`flwr_fsl.strategies.PhasedStrategy.sample`): the harness sets it (and refuses a
+    different one). Flower's own strategies sample with the module-level :mod:`random`, which
+    Flower's heartbeat and retry code draw from as well, so for them the same rule is applied
+    by re-seeding that generator just before each round's sampling: train with
+    ``seed * 1_000_003 + round``, evaluation with ``"evaluate/<seed>/<round>"`` — the streams
+    the engine uses, so both kinds sample the same clients.
 
-    Delete this function and its call in :meth:`Experiment.run` once the strategies take a
-    ``sampling_seed`` argument; the factories then pass ``sampling_seed=setup.sampling_seed``.
+    Raises
+    ------
+    ConfigurationError
+        If the strategy was built with another ``sampling_seed``.
     """
+    own = getattr(strategy, "sampling_seed", _NOT_SEEDABLE)
+    if own is not _NOT_SEEDABLE:
+        if own is not None and own != seed:
+            raise ConfigurationError(
+                f"the strategy samples with sampling_seed={own}, the experiment with {seed}"
+            )
+        strategy.sampling_seed = seed  # type: ignore[attr-defined]
+        return
     configure_train, configure_evaluate = strategy.configure_train, strategy.configure_evaluate
 
     def seeded_train(

@@ -56,6 +56,10 @@ TABLE_FIELD = "fsl.index.table"
 UDPF_FIELD = "fsl.index.udpf"
 ANSWER0_FIELD = "fsl.psr.answer0"
 ANSWER1_FIELD = "fsl.psr.answer1"
+# The metric key the strategy weights replies by (its ``weighted_by_key``), sent with each train
+# message so client mods read the same weight the server aggregates with.
+WEIGHT_KEY_FIELD = "fsl.weight-key"
+DEFAULT_WEIGHT_KEY = "num-examples"
 MAX_UPLOAD_BYTES = 1 << 30
 
 

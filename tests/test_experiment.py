@@ -212,7 +212,7 @@ def test_clients_that_all_fail_fail_the_run(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(ExperimentFailedError, match="only arm"):
         _experiment(arms).run(InProcessGrid(make_app([broken]), NODES))
     out = capsys.readouterr().out
-    assert "replies dropped (first: client error" in out
+    assert "replies dropped (first: train: client error" in out
 
 
 def test_results_json_round_trips(tmp_path: Path) -> None:

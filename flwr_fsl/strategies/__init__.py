@@ -1,8 +1,19 @@
-"""Server-side strategies (Flower Message API)."""
+"""Server-side strategies (Flower Message API), all on one round engine."""
 
+from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
+from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.traffic import RoundTraffic
 
-__all__ = ["FedSubAvg", "RoundTraffic", "SecureFedSubAvg", "SecureRowFedSubAvg"]
+__all__ = [
+    "FedSubAvg",
+    "PhasedStrategy",
+    "RoundState",
+    "RoundTraffic",
+    "SSASettings",
+    "SecureFedSubAvg",
+    "SecureRowFedSubAvg",
+    "TwoServerAggregation",
+]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -46,36 +46,32 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from flwr.supercore import log
-from numpy.typing import NDArray
 
-from flwr_fsl.helper import HelperConnection, HelperError
-from flwr_fsl.protocols.psr import PSRServer, encode_table
-from flwr_fsl.protocols.ssa import (
-    SSAInputError,
-    SSAParams,
-)
+from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.helper import HelperConnection
+from flwr_fsl.protocols.psr import encode_table
+from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
-    HELPER_KEY_FIELD,
-    PARAMS_FIELD,
     PSR_QUERY_TYPE,
     PSR_UPLOAD_KEY,
-    SESSION_FIELD,
     TABLE_FIELD,
     UDPF_FIELD,
-    read_ssa_upload,
 )
-from flwr_fsl.strategies.fedsubavg import _tag_round
-from flwr_fsl.strategies.two_server import TwoServerStrategy
-from flwr_fsl.submodel import SubmodelFormatError
-from flwr_fsl.traffic import RoundTraffic, content_bytes
+from flwr_fsl.strategies.engine import RoundState
+from flwr_fsl.strategies.fedsubavg import FedSubAvg
+from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation, read_upload
+from flwr_fsl.submodel.aggregate import apply_count_weighted
+from flwr_fsl.submodel.layout import RowLayout
 
 
-class SecureRowFedSubAvg(TwoServerStrategy):
+class SecureRowFedSubAvg(FedSubAvg):
     """Index-mode federated submodel averaging of one row table (S0's side).
+
+    A round is three phases: ``query.psr`` (retrieval) → ``train`` (per-client messages
+    carrying that client's answers) → secure aggregation with S1.
 
     Parameters
     ----------
@@ -89,14 +85,16 @@ class SecureRowFedSubAvg(TwoServerStrategy):
         Accept U-DPF hints (clients send them when their row set is unchanged).
     psr_timeout : float
         Seconds to wait for the retrieval replies.
+    helper_fingerprint : str, optional
+        Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
+    frac_bits, max_abs, stash_size, num_hashes : int, float, int, int
+        :class:`~flwr_fsl.strategies.two_server.SSASettings`.
     **kwargs
-        :class:`~flwr_fsl.strategies.two_server.TwoServerStrategy` settings
-        (``helper_fingerprint``, ``frac_bits``, ``max_abs``, ``stash_size``, ``num_hashes``) and
-        Flower ``FedAvg`` arguments.
+        Flower ``FedAvg`` arguments and ``sampling_seed``.
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``max_rows`` < 1 or another argument is out of range.
     """
 
@@ -108,166 +106,120 @@ class SecureRowFedSubAvg(TwoServerStrategy):
         *,
         udpf: bool = True,
         psr_timeout: float = 3600.0,
+        helper_fingerprint: str | None = None,
+        frac_bits: int = 24,
+        max_abs: float = 1e4,
+        stash_size: int = 0,
+        num_hashes: int = 3,
         **kwargs: Any,
     ) -> None:
         if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        super().__init__(helper, **kwargs)
+            raise ConfigurationError(f"max_rows must be >= 1, got {max_rows}")
+        super().__init__(**kwargs)
         self.table, self.max_rows = table, max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes)
+        self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 
-    def _round_params(self, server_round: int, table: NDArray[np.generic], nodes: int) -> SSAParams:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Not available: a round has a retrieval phase first; run it with :meth:`start`."""
+        raise NotImplementedError(
+            "SecureRowFedSubAvg runs several phases per round (query.psr, train): "
+            "use strategy.start(), which calls train_round()"
+        )
+
+    def round_config(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> ConfigRecord:
+        """Return the round's config: SSA parameters (row table), S1's key, table name, U-DPF."""
+        table = state.model[self.table]
         if table.ndim != 2 or table.dtype != np.float32:
-            raise ValueError(f"table {self.table!r} must be a 2-D float32 tensor")
-        return SSAParams(
-            round_id=server_round,
+            raise ConfigurationError(f"table {self.table!r} must be a 2-D float32 tensor")
+        params = self.aggregation.settings.params(
+            round_id=state.server_round,
             domain_size=table.shape[0],
             num_items=min(self.max_rows, table.shape[0]),
             value_width=table.shape[1],
             hash_key=self._hash_key,
-            count_weighted=True,
-            num_hashes=self.num_hashes,
-            stash_size=self.stash_size,
-            frac_bits=self.frac_bits,
-            max_abs=self.max_abs,
-            max_summands=max(1, nodes),
-            epoch=server_round,
+            max_summands=max(1, len(list(grid.get_node_ids()))),
+            epoch=state.server_round,
         )
+        state.protocol = params
+        out = super().round_config(state, arrays, config, grid)
+        out[TABLE_FIELD] = self.table
+        out[UDPF_FIELD] = self.udpf
+        for key, value in self.aggregation.round_fields(params, self.weighted_by_key).items():
+            out[key] = value
+        return out
 
-    # -- retrieval + train messages ---------------------------------------------------------
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Run the PSR phase with the sampled clients, then build their train messages."""
-        if self.fraction_train == 0.0:
-            return []
-        self._global = {name: array.numpy() for name, array in arrays.items()}
-        if self.table not in self._global:
-            raise ValueError(f"the model has no tensor {self.table!r}")
-        all_nodes = list(grid.get_node_ids())
-        sample_size = max(int(len(all_nodes) * self.fraction_train), self.min_train_nodes)
-        node_ids, _ = sample_nodes(grid, self.min_available_nodes, sample_size)
-        params = self._round_params(server_round, self._global[self.table], len(all_nodes))
-        self._params[server_round] = params
-        dropped = self.dropped.setdefault(server_round, {})
-        round_config = ConfigRecord(
-            {
-                **dict(config),
-                "server-round": server_round,
-                PARAMS_FIELD: params.to_bytes(),
-                HELPER_KEY_FIELD: self._helper_public_key(),
-                SESSION_FIELD: self.helper.session_id,
-                TABLE_FIELD: self.table,
-                UDPF_FIELD: self.udpf,
-            }
+    def train_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run retrieval (PSR), training on each client's rows, secure aggregation of rows."""
+        state.model = {name: array.numpy() for name, array in arrays.items()}
+        if self.table not in state.model:
+            raise ConfigurationError(f"the model has no tensor {self.table!r}")
+        nodes = self.sample(state, grid)
+        if not nodes:
+            return None, None
+        round_config = self.round_config(state, arrays, config, grid)
+        params: SSAParams = state.protocol
+        lead = self.aggregation.lead
+
+        # Phase 1: each client's PSR query; S0 answers, S1's answer is sealed to the client.
+        query = RecordDict({self.configrecord_key: round_config})
+        queries = self.send(
+            grid,
+            state,
+            "psr",
+            dict.fromkeys(nodes, query),
+            PSR_QUERY_TYPE,
+            parse=lambda _n, c: read_upload(c, PSR_UPLOAD_KEY),
+            timeout=self.psr_timeout,
         )
-        queries = [
-            Message(
-                RecordDict({self.configrecord_key: round_config}),
-                dst_node_id=node,
-                message_type=PSR_QUERY_TYPE,
-                group_id=str(server_round),
-            )
-            for node in node_ids
-        ]
-        traffic = RoundTraffic(server_round, "psr")
-        self.traffic.append(traffic)
-        for q in queries:
-            traffic.down_bytes[q.metadata.dst_node_id] = content_bytes(q.content)
-        replies = list(grid.send_and_receive(queries, timeout=self.psr_timeout))
-        table_words = encode_table(self._global[self.table])
-        answers0: dict[int, bytes] = {}
-        relay: list[tuple[int, bytes, bytes]] = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_content():
-                traffic.up_bytes[node] = content_bytes(reply.content)
-            try:
-                reason = self._query_problem(server_round, reply, node_ids, answers0)
-                if reason is None:
-                    public, seed, sealed = read_ssa_upload(reply.content, PSR_UPLOAD_KEY)
-                    answer = PSRServer(params, 0, table_words).answer(public, seed)
-                    answers0[node] = answer.tobytes()
-                    relay.append((node, public, sealed))
-            except (SubmodelFormatError, SSAInputError) as err:
-                reason = str(err)
-            if reason is not None:
-                dropped[node] = f"retrieval: {reason}"
-                log(WARNING, "configure_train: dropping node %s: %s", node, dropped[node])
-        answers1: dict[int, bytes | str] = {}
-        if relay:
-            try:
-                self.helper.open_round(server_round, params.to_bytes())
-                self.helper.set_model(server_round, table_words)
-                answers1 = self.helper.psr_answer(server_round, relay)
-            except HelperError as err:
-                self._fail(server_round, err)
-                return []
-        messages = []
-        for node, answer1 in answers1.items():
-            if isinstance(answer1, str):
-                dropped[node] = f"retrieval rejected by S1: {answer1}"
+        table_words = encode_table(state.model[self.table])
+        answers = lead.answer_queries(params, table_words, queries) if queries else {}
+
+        # Phase 2: train, a different message per client (its own answers).
+        others = ArrayRecord({k: v for k, v in arrays.items() if k != self.table})
+        contents: dict[int, RecordDict] = {}
+        for node, answer in answers.items():
+            if isinstance(answer, str):
+                state.drop(node, f"retrieval: {answer}")
                 continue
             node_config = ConfigRecord(dict(round_config))
-            node_config[ANSWER0_FIELD] = answers0[node]
-            node_config[ANSWER1_FIELD] = answer1
-            others = ArrayRecord({k: v for k, v in arrays.items() if k != self.table})
-            messages.append(
-                Message(
-                    RecordDict({self.arrayrecord_key: others, self.configrecord_key: node_config}),
-                    dst_node_id=node,
-                    message_type=MessageType.TRAIN,
-                )
+            node_config[ANSWER0_FIELD], node_config[ANSWER1_FIELD] = answer
+            contents[node] = RecordDict(
+                {self.arrayrecord_key: others, self.configrecord_key: node_config}
             )
-        _tag_round(messages, server_round)
-        self._record_sent(server_round, "train", messages)
         log(
             INFO,
-            "configure_train: %d of %d sampled nodes retrieved their rows",
-            len(messages),
-            len(node_ids),
+            "train_round: %d of %d sampled nodes retrieved their rows",
+            len(contents),
+            len(nodes),
         )
-        if not messages and relay:
-            self._abort(server_round)
-        return messages
+        parse = self.aggregation.parser(params, self.weight_of, accept_hints=self.udpf)
+        uploads = self.send(grid, state, "train", contents, MessageType.TRAIN, parse)
 
-    def _query_problem(
-        self, server_round: int, reply: Message, node_ids: list[int], done: dict[int, bytes]
-    ) -> str | None:
-        if reply.has_error():
-            return f"client error: {reply.error.reason}"
-        if reply.metadata.group_id != str(server_round):
-            return "late reply"
-        node = reply.metadata.src_node_id
-        if node not in node_ids:
-            return "reply from a node that was not sampled"
-        if node in done:
-            return "second reply from the same node"
-        return None
-
-    # -- aggregation ------------------------------------------------------------------------
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Run SSA over the row updates (fresh keys or U-DPF hints) and update the table."""
-        params = self._params.pop(server_round, None)
-        if params is None:  # the retrieval phase failed: no round is open on S1
-            return None, None
-        uploads = self._collect_uploads(server_round, params, list(replies), self.udpf)
-        if not uploads.contents:
-            self._abort(server_round)
-            log(WARNING, "aggregate_train: no valid reply; the table is unchanged")
-            return None, None
-        outcome = self._secure_aggregate(server_round, params, uploads)
+        # Phase 3: secure aggregation with S1.
+        outcome = self.aggregation.aggregate(state, params, {n: u for n, (u, _) in uploads.items()})
         if outcome is None:
             return None, None
-        result, accepted = outcome
-        table = self._global[self.table]
-        new_arrays = dict(self._global)
-        new_arrays[self.table] = (table.astype(np.float64) + result.average()).astype(table.dtype)
-        assert result.counts is not None
-        metrics = self._round_metrics(
-            server_round, accepted, uploads, float(np.count_nonzero(result.counts)) / table.shape[0]
+        layout = RowLayout.of(state.model, self.table)
+        counts = outcome.result.counts
+        assert counts is not None
+        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
+        metrics = self.train_metrics(
+            [uploads[n][1] for n in outcome.accepted],
+            state,
+            float(np.count_nonzero(counts)) / layout.size,
         )
+        metrics["udpf-clients"] = outcome.hinted
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
+
+    def round_failed(self, state: RoundState, error: Exception) -> None:
+        """Release the round on S1."""
+        self.aggregation.abort(state)

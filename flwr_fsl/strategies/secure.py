@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -40,14 +40,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.helper import HelperConnection, HelperError
+from flwr_fsl.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.helper import HelperConnection
 from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.records import HELPER_KEY_FIELD, PARAMS_FIELD, SESSION_FIELD
-from flwr_fsl.strategies.two_server import TwoServerStrategy
+from flwr_fsl.strategies.engine import RoundState
+from flwr_fsl.strategies.fedsubavg import FedSubAvg
+from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
+from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout
 
 
-class SecureFedSubAvg(TwoServerStrategy):
+class SecureFedSubAvg(FedSubAvg):
     """Top-k federated submodel averaging through two-server secure aggregation (S0's side).
 
     Parameters
@@ -56,81 +59,107 @@ class SecureFedSubAvg(TwoServerStrategy):
         Connection to S1.
     topk_ratio : float
         Fraction in (0, 1] of the model's floating coordinates each client uploads.
+    helper_fingerprint : str, optional
+        Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
+    frac_bits, max_abs, stash_size, num_hashes : int, float, int, int
+        :class:`~flwr_fsl.strategies.two_server.SSASettings`.
     **kwargs
-        :class:`~flwr_fsl.strategies.two_server.TwoServerStrategy` settings
-        (``helper_fingerprint``, ``frac_bits``, ``max_abs``, ``stash_size``, ``num_hashes``) and
-        Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation).
+        Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
+        ``sampling_seed``.
 
     Raises
     ------
-    ValueError
-        If ``topk_ratio`` is out of range.
+    ConfigurationError
+        If ``topk_ratio`` or an SSA setting is out of range.
+
+    Attributes
+    ----------
+    aggregation : TwoServerAggregation
+        The secure-aggregation component (S0's party and its link to S1).
     """
 
-    def __init__(self, helper: HelperConnection, topk_ratio: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        helper: HelperConnection,
+        topk_ratio: float,
+        *,
+        helper_fingerprint: str | None = None,
+        frac_bits: int = 24,
+        max_abs: float = 1e4,
+        stash_size: int = 0,
+        num_hashes: int = 3,
+        **kwargs: Any,
+    ) -> None:
         if not 0.0 < topk_ratio <= 1.0:
-            raise ValueError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
-        super().__init__(helper, **kwargs)
+            raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
+        super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes)
+        self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
 
     def summary(self) -> None:
         """Log the configuration."""
         super().summary()
-        log(INFO, "\t└──> SSA: top-k ratio %s, %s fractional bits", self.topk_ratio, self.frac_bits)
+        log(
+            INFO,
+            "\t└──> SSA: top-k ratio %s, %s fractional bits",
+            self.topk_ratio,
+            self.aggregation.settings.frac_bits,
+        )
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Attach the round's SSA parameters and S1's key to FedAvg's train messages."""
-        layout = FlatLayout.of({k: v.numpy() for k, v in arrays.items()})
+    def round_config(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> ConfigRecord:
+        """FedAvg's train config plus the round's SSA parameters, S1's key and ``topk-count``."""
+        layout = FlatLayout.of(state.model)
         if layout.size == 0:
-            raise ValueError("the model has no floating tensors to aggregate")
+            raise ConfigurationError("the model has no floating tensors to aggregate")
         k = min(layout.size, math.ceil(self.topk_ratio * layout.size))
-        params = SSAParams(
-            round_id=server_round,
+        params = self.aggregation.settings.params(
+            round_id=state.server_round,
             domain_size=layout.size,
             num_items=k,
             value_width=1,
             hash_key=os.urandom(16),  # fresh per round: top-k sets change every round
-            count_weighted=True,
-            num_hashes=self.num_hashes,
-            stash_size=self.stash_size,
-            frac_bits=self.frac_bits,
-            max_abs=self.max_abs,
             max_summands=max(1, len(list(grid.get_node_ids()))),
         )
-        self._params[server_round] = params
-        config = ConfigRecord(dict(config))
-        config["topk-count"] = k
-        config[PARAMS_FIELD] = params.to_bytes()
-        config[HELPER_KEY_FIELD] = self._helper_public_key()
-        config[SESSION_FIELD] = self.helper.session_id
-        return super().configure_train(server_round, arrays, config, grid)
+        state.protocol = params
+        out = super().round_config(state, arrays, config, grid)
+        out["topk-count"] = k
+        for key, value in self.aggregation.round_fields(params, self.weighted_by_key).items():
+            out[key] = value
+        return out
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, run SSA with S1, apply the count-weighted average."""
-        params = self._params.pop(server_round)
-        uploads = self._collect_uploads(server_round, params, list(replies), accept_hints=False)
-        if not uploads.contents:
-            log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
-            return None, None
+        state = self.round_state(server_round)
+        params: SSAParams = state.protocol
+        parse = self.aggregation.parser(params, self.weight_of, accept_hints=False)
+        uploads = self.receive(state, "train", replies, parse)
         try:
-            self.helper.open_round(server_round, params.to_bytes())
-        except HelperError as err:
-            self._fail(server_round, err)
+            outcome = self.aggregation.aggregate(
+                state, params, {n: u for n, (u, _) in uploads.items()}
+            )
+        except RoundFailedError as err:
+            state.fail(f"{type(err).__name__}: {err}")
+            self.round_failed(state, err)
             return None, None
-        outcome = self._secure_aggregate(server_round, params, uploads)
         if outcome is None:
             return None, None
-        result, accepted = outcome
-        layout = FlatLayout.of(self._global)
-        new_flat = layout.flatten(self._global) + result.average()[:, 0]
-        new_arrays = layout.unflatten(new_flat, self._global)
-        assert result.counts is not None
-        metrics = self._round_metrics(
-            server_round, accepted, uploads, float(np.count_nonzero(result.counts)) / layout.size
+        layout = FlatLayout.of(state.model)
+        counts = outcome.result.counts
+        assert counts is not None
+        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
+        metrics = self.train_metrics(
+            [uploads[n][1] for n in outcome.accepted],
+            state,
+            float(np.count_nonzero(counts)) / layout.size,
         )
-        log(INFO, "aggregate_train: securely aggregated %d clients", len(accepted))
+        metrics["udpf-clients"] = outcome.hinted
         return ArrayRecord({k: Array(v) for k, v in new_arrays.items()}), metrics
+
+    def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
+        """Release the round on S1."""
+        self.aggregation.abort(state)

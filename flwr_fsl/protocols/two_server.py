@@ -1,0 +1,369 @@
+"""S0's side of two-server SSA and PSR (Cui et al.) as one Flower-free party object.
+
+:class:`LeadServer` is S0: it holds the connection to S1 (anything with the methods of
+:class:`HelperParty` — the gRPC client and its in-process twin both have them), S1's pinned
+public key, and the clients' stored key shares for U-DPF. A strategy hands it the parsed
+uploads of a round; the lead server runs the round in the one order that keeps both servers'
+shares over the same clients:
+
+1. S1 evaluates first: S0 relays every upload (public part + the sealed S1 material, or a
+   U-DPF hint) and gets back the clients S1 rejected;
+2. S0 evaluates exactly the clients S1 accepted; if S0 cannot evaluate one of them, S0 and S1
+   disagree about a client's keys and the round fails (the shares would not add up);
+3. S1's share must list exactly S0's clients and have the round's shape, or the round fails;
+4. only then are S0's stored U-DPF keys moved to this round's, and the aggregate
+   reconstructed.
+
+A round that fails raises :class:`~flwr_fsl.errors.RoundFailedError` (S1's own errors are of
+that kind too); the caller leaves the model unchanged and calls :meth:`LeadServer.abort`.
+Clients rejected by S1 are returned with S1's reason so the caller drops them from the round.
+
+For PSR, :meth:`LeadServer.answer_queries` answers each client's query on S0's copy of the
+table, relays the valid ones to S1 and returns, per client, S0's answer in the clear and S1's
+answer sealed to the client.
+
+**Threat model and leakage** (see :mod:`flwr_fsl.protocols.ssa` and
+:mod:`flwr_fsl.protocols.psr`): two non-colluding semi-honest servers. S0 sees each client's
+public key part and S0 master seed (pseudorandom given the index set), S1's material only
+sealed, S1's share (uniform on its own) and the reconstructed aggregate: per element the
+weighted sum and total weight of the clients that chose it. Nothing in this object reads a
+sealed blob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.channel import verify_fingerprint
+from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
+from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.protocols.psr import PSRServer
+from flwr_fsl.protocols.ssa import (
+    SSAInputError,
+    SSAParams,
+    SSAResult,
+    SSAServer,
+    parse_public_part,
+    reconstruct,
+)
+
+__all__ = [
+    "ClientUpload",
+    "HelperParty",
+    "HelperShareLike",
+    "LeadServer",
+    "SSARound",
+    "TwoServerError",
+]
+
+
+class TwoServerError(RoundFailedError):
+    """S0 and S1 disagree about a round (clients, shapes or keys): its result is discarded."""
+
+
+class HelperShareLike(Protocol):
+    """S1's result of a round: the clients in its share and the share itself."""
+
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """Clients whose keys S1 added."""
+        ...
+
+    @property
+    def share(self) -> NDArray[np.uint64]:
+        """S1's ``(m, tau)`` additive share."""
+        ...
+
+
+class HelperParty(Protocol):
+    """What S0 asks of S1 (:class:`flwr_fsl.helper.HelperConnection` has these methods)."""
+
+    @property
+    def session_id(self) -> bytes:
+        """The session every round and sealed blob of this run is bound to."""
+        ...
+
+    def public_key(self) -> bytes:
+        """S1's raw X25519 public key."""
+        ...
+
+    def open_round(self, round_id: int, params: bytes) -> None:
+        """Open a round with ``SSAParams.to_bytes()``."""
+        ...
+
+    def add_clients(
+        self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, str]:
+        """Relay ``(client, public part, sealed)``; return the rejected clients' reasons."""
+        ...
+
+    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
+        """Relay ``(client, hint)``; return the rejected clients' reasons."""
+        ...
+
+    def finish_round(self, round_id: int) -> HelperShareLike:
+        """Close the round and return S1's share."""
+        ...
+
+    def abort_round(self, round_id: int) -> None:
+        """Drop an open round."""
+        ...
+
+    def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
+        """Give S1 the round's PSR table."""
+        ...
+
+    def psr_answer(
+        self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, bytes | str]:
+        """Relay PSR queries; return sealed answers or rejection reasons."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClientUpload:
+    """One client's SSA upload (or PSR query) as S0 receives it.
+
+    Attributes
+    ----------
+    public_part : bytes
+        The DPF keys' public part (empty for a hint).
+    master_seed : bytes
+        S0's master seed (empty for a hint).
+    sealed : bytes
+        S1's material sealed to S1 (empty for a hint).
+    hint : bytes or None
+        A U-DPF hint instead of fresh keys.
+    """
+
+    public_part: bytes = b""
+    master_seed: bytes = field(default=b"", repr=False)
+    sealed: bytes = field(default=b"", repr=False)
+    hint: bytes | None = None
+
+
+@dataclass
+class SSARound:
+    """The outcome of one securely aggregated round.
+
+    Attributes
+    ----------
+    result : SSAResult
+        The reconstructed per-element sums and counts.
+    accepted : list[int]
+        The clients in the aggregate (in upload order).
+    rejected : dict[int, str]
+        Clients S1 rejected, with S1's reason (not in the aggregate).
+    hinted : int
+        How many accepted clients sent a U-DPF hint instead of fresh keys.
+    """
+
+    result: SSAResult
+    accepted: list[int]
+    rejected: dict[int, str]
+    hinted: int
+
+
+class LeadServer:
+    """S0 of two-server SSA/PSR: runs each round with S1 in an order that keeps them in step.
+
+    Parameters
+    ----------
+    helper : HelperParty
+        The connection to S1.
+    helper_fingerprint : str, optional
+        Pinned fingerprint of S1's public key, checked once before S0 hands the key to clients.
+
+    Attributes
+    ----------
+    stored_keys : dict[int, DPFKeyBatch]
+        Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
+    """
+
+    def __init__(self, helper: HelperParty, helper_fingerprint: str | None = None) -> None:
+        self.helper = helper
+        self.helper_fingerprint = helper_fingerprint
+        self.stored_keys: dict[int, DPFKeyBatch] = {}
+        self._helper_key: bytes | None = None
+        self._open: set[int] = set()
+
+    @property
+    def session_id(self) -> bytes:
+        """The S1 session of this run (clients bind their sealed material to it)."""
+        return self.helper.session_id
+
+    def helper_key(self) -> bytes:
+        """Return S1's public key, checked against the pinned fingerprint on first use.
+
+        Raises
+        ------
+        ValueError
+            If S1's key does not match the pinned fingerprint.
+        """
+        if self._helper_key is None:
+            key = self.helper.public_key()
+            if self.helper_fingerprint:
+                verify_fingerprint(key, self.helper_fingerprint)
+            self._helper_key = key
+        return self._helper_key
+
+    def check_upload(
+        self, params: SSAParams, client: int, upload: ClientUpload, *, accept_hints: bool
+    ) -> None:
+        """Check what S0 can check of an upload before relaying it (keys' shape, seed).
+
+        Raises
+        ------
+        SSAInputError
+            If the keys do not fit the round, or a hint comes without stored keys.
+        """
+        if upload.hint is not None:
+            if not accept_hints or client not in self.stored_keys:
+                raise SSAInputError("U-DPF hint without stored keys")
+            return
+        try:
+            DPFKeyBatch.from_master_seed(
+                0, parse_public_part(params, upload.public_part), upload.master_seed
+            )
+        except DPFKeyError as err:
+            raise SSAInputError(f"bad keys: {err}") from None
+
+    def open(self, params: SSAParams) -> None:
+        """Open ``params.round_id`` on S1 (once per round)."""
+        if params.round_id not in self._open:
+            self.helper.open_round(params.round_id, params.to_bytes())
+            self._open.add(params.round_id)
+
+    def aggregate(self, params: SSAParams, uploads: Mapping[int, ClientUpload]) -> SSARound:
+        """Securely aggregate a round's uploads with S1 (opens the round if needed).
+
+        Parameters
+        ----------
+        params : SSAParams
+            The round.
+        uploads : Mapping[int, ClientUpload]
+            Client -> its upload, each already passed :meth:`check_upload`.
+
+        Returns
+        -------
+        SSARound
+            The reconstructed aggregate and who is in it.
+
+        Raises
+        ------
+        RoundFailedError
+            If S1 fails, or S0 and S1 disagree (:class:`TwoServerError`). The round is left
+            open on S1: call :meth:`abort`.
+        """
+        round_id = params.round_id
+        self.open(params)
+        fresh = {c: u for c, u in uploads.items() if u.hint is None}
+        hints = {c: u.hint for c, u in uploads.items() if u.hint is not None}
+        rejected: dict[int, str] = {}
+        if fresh:
+            rejected.update(
+                self.helper.add_clients(
+                    round_id, [(c, u.public_part, u.sealed) for c, u in fresh.items()]
+                )
+            )
+        if hints:
+            rejected.update(self.helper.add_client_hints(round_id, hints.items()))
+        server0 = SSAServer(params, 0, previous_keys=self.stored_keys)
+        accepted: list[int] = []
+        for client, upload in uploads.items():
+            if client in rejected:
+                continue
+            try:
+                if upload.hint is not None:
+                    server0.add_client_hint(client, upload.hint)
+                else:
+                    server0.add_client(client, upload.public_part, upload.master_seed)
+            except ClientInputError as err:
+                raise TwoServerError(
+                    f"S0 rejected client {client} that S1 accepted: {err}"
+                ) from err
+            accepted.append(client)
+        share1 = self.helper.finish_round(round_id)
+        self._open.discard(round_id)
+        if sorted(share1.client_ids) != sorted(accepted):
+            raise TwoServerError(
+                f"S1 aggregated clients {sorted(share1.client_ids)}, S0 {sorted(accepted)}"
+            )
+        shape = (params.domain_size, params.tau)
+        if share1.share.shape != shape:
+            raise TwoServerError(f"S1's share has shape {share1.share.shape}, expected {shape}")
+        # Only a round both servers completed moves S0's stored keys (S1 moved its own).
+        self.stored_keys.update(server0.keys)
+        result = reconstruct(params, server0.share(), share1.share)
+        return SSARound(result, accepted, rejected, sum(1 for c in accepted if c in hints))
+
+    def answer_queries(
+        self,
+        params: SSAParams,
+        table: NDArray[np.uint64],
+        queries: Mapping[int, ClientUpload],
+    ) -> dict[int, tuple[bytes, bytes] | str]:
+        """Answer PSR queries on S0 and S1 (opens the round and gives S1 the table).
+
+        Parameters
+        ----------
+        params : SSAParams
+            The round (its hashing; ``value_width`` = the table's row width).
+        table : numpy.ndarray
+            ``(m, value_width)`` uint64 ring words of the table
+            (:func:`flwr_fsl.protocols.psr.encode_table`).
+        queries : Mapping[int, ClientUpload]
+            Client -> its PSR query.
+
+        Returns
+        -------
+        dict[int, tuple[bytes, bytes] | str]
+            Client -> (S0's answer words, S1's sealed answer), or why the query was rejected.
+
+        Raises
+        ------
+        RoundFailedError
+            If S1 fails; the round is open on S1: call :meth:`abort`.
+        """
+        server0 = PSRServer(params, 0, table)
+        out: dict[int, tuple[bytes, bytes] | str] = {}
+        answers0: dict[int, bytes] = {}
+        for client, query in queries.items():
+            try:
+                answers0[client] = server0.answer(query.public_part, query.master_seed).tobytes()
+            except ClientInputError as err:
+                out[client] = str(err)
+        if not answers0:
+            return out
+        self.open(params)
+        self.helper.set_model(params.round_id, table)
+        answers1 = self.helper.psr_answer(
+            params.round_id,
+            [(c, queries[c].public_part, queries[c].sealed) for c in answers0],
+        )
+        for client in answers0:
+            answer1 = answers1.get(client, "S1 returned no answer")
+            if isinstance(answer1, str):
+                out[client] = f"rejected by S1: {answer1}"
+            else:
+                out[client] = (answers0[client], answer1)
+        return out
+
+    def abort(self, round_id: int) -> str | None:
+        """Release ``round_id`` on S1 after a failure; return why that failed, if it did.
+
+        A round this object never opened (or already finished) is not S1's to release.
+        """
+        if round_id not in self._open:
+            return None
+        self._open.discard(round_id)
+        try:
+            self.helper.abort_round(round_id)
+        except RoundFailedError as err:  # not open on S1, or S1 gone: nothing to release
+            return str(err)
+        return None

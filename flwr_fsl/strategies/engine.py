@@ -1,0 +1,608 @@
+"""The round engine: one state object per round and one ``send`` that validates replies.
+
+Every strategy of this package is a :class:`PhasedStrategy`. A round is a plain sequence of
+phases, each a call to :meth:`PhasedStrategy.send`::
+
+    def train_round(self, grid, state, arrays, config):
+        nodes = self.sample(state, grid)
+        queries = self.send(grid, state, "psr", {n: query for n in nodes}, "query.psr", parse=...)
+        uploads = self.send(grid, state, "train", {n: train_msg(n) for n in queries}, ...)
+        return aggregate(uploads)
+
+:meth:`~PhasedStrategy.send` is the one place that tags messages with the round, records the
+bytes each way, and drops a reply that is an error, late (another round), for another phase,
+a duplicate, from a node that was not asked, or that ``parse`` rejects with a
+:class:`~flwr_fsl.errors.ClientInputError` — each with its reason in
+:attr:`RoundState.dropped` — and shrinks :attr:`RoundState.survivors` to the nodes whose reply
+was accepted. A node that does not answer before the timeout is dropped the same way. A phase
+may send a different message to each node.
+
+:meth:`~PhasedStrategy.start` keeps the signature and :class:`~flwr.serverapp.strategy.Result`
+of Flower's ``Strategy.start``: per round it runs :meth:`~PhasedStrategy.train_round` and
+:meth:`~PhasedStrategy.evaluate_round`, then the centralized ``evaluate_fn``. A
+:class:`~flwr_fsl.errors.RoundFailedError` raised inside a round fails that round (logged,
+kept in :attr:`RoundState.failure`, :meth:`~PhasedStrategy.round_failed` called) and leaves
+the global model unchanged; the run goes on. Single-phase strategies also keep Flower's
+``configure_train`` / ``aggregate_train`` pair (the default ``train_round`` is exactly those
+two around one ``send``), so Flower's own wrappers and loops can drive them too.
+
+Client sampling is reproducible with ``sampling_seed``: round ``r`` samples with
+``random.Random(seed * 1_000_003 + r)`` over the grid's node list (evaluation with its own
+stream), independent of whatever else draws from the module-level :mod:`random` (Flower's
+heartbeat and retry code do).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
+from typing import Any, TypeVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+from flwr.supercore import log
+from numpy.typing import NDArray
+
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.traffic import RoundTraffic, content_bytes
+
+__all__ = ["PhasedStrategy", "RoundState"]
+
+T = TypeVar("T")
+
+# How long sampling waits for ``min_available_nodes`` to connect before it re-checks.
+_WAIT_FOR_NODES_S = 1.0
+
+
+@dataclass
+class RoundState:
+    """Everything one server round knows about its clients.
+
+    Attributes
+    ----------
+    server_round : int
+        The round number (1-based).
+    timeout : float
+        Seconds a phase waits for replies (``start``'s ``timeout``).
+    sampled : list[int]
+        Nodes sampled for training this round.
+    survivors : list[int]
+        Nodes whose reply to the latest phase was accepted (shrinks phase by phase).
+    traffic : list[RoundTraffic]
+        Bytes per node, one entry per phase, in the order the phases ran.
+    dropped : dict[int, str]
+        Node id -> why it left the round (its first reason is kept).
+    failure : str or None
+        Why the round failed (the model was left unchanged), or None.
+    model : dict[str, numpy.ndarray]
+        The global model the round started from (what clients' deltas refer to).
+    protocol : Any
+        The protocol's own per-round object (e.g. the round's ``SSAParams``), or None.
+    """
+
+    server_round: int
+    timeout: float = 3600.0
+    sampled: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+    traffic: list[RoundTraffic] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
+    failure: str | None = None
+    model: dict[str, NDArray[np.generic]] = field(default_factory=dict, repr=False)
+    protocol: Any = None
+    # phase -> (message type, node -> None) of what was sent, to recognise unsolicited replies.
+    _asked: dict[str, tuple[str, set[int]]] = field(default_factory=dict, repr=False)
+
+    def phase(self, phase: str) -> RoundTraffic:
+        """Return the traffic of ``phase`` (created empty if the phase has not run)."""
+        for t in self.traffic:
+            if t.phase == phase:
+                return t
+        traffic = RoundTraffic(self.server_round, phase)
+        self.traffic.append(traffic)
+        return traffic
+
+    def drop(self, node: int, reason: str) -> None:
+        """Remove ``node`` from the round with a logged reason (the first reason is kept)."""
+        self.dropped.setdefault(node, reason)
+        if node in self.survivors:
+            self.survivors.remove(node)
+        log(WARNING, "round %s: dropping node %s: %s", self.server_round, node, reason)
+
+    def fail(self, reason: str) -> None:
+        """Mark the round failed: its result is discarded and the model stays unchanged."""
+        if self.failure is None:
+            self.failure = reason
+        log(ERROR, "round %s failed (%s); the global model is unchanged", self.server_round, reason)
+
+
+class PhasedStrategy(FedAvg):
+    """Flower ``FedAvg``'s knobs and ``start`` with rounds made of validated phases.
+
+    Parameters
+    ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
+min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
+train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        As in :class:`flwr.serverapp.strategy.FedAvg`.
+    sampling_seed : int, optional
+        Seed of reproducible client sampling (None: Flower's unseeded sampling).
+
+    Raises
+    ------
+    ConfigurationError
+        If a fraction is outside [0, 1], a minimum is negative or ``weighted_by_key`` is empty.
+
+    Attributes
+    ----------
+    rounds : dict[int, RoundState]
+        Round number -> its state (:attr:`traffic`, :attr:`dropped` and
+        :attr:`failed_rounds` are views of it).
+    """
+
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        *,
+        sampling_seed: int | None = None,
+    ) -> None:
+        for name, value in (
+            ("fraction_train", fraction_train),
+            ("fraction_evaluate", fraction_evaluate),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ConfigurationError(f"{name} must be in [0, 1], got {value}")
+        for name, count in (
+            ("min_train_nodes", min_train_nodes),
+            ("min_evaluate_nodes", min_evaluate_nodes),
+            ("min_available_nodes", min_available_nodes),
+        ):
+            if count < 0:
+                raise ConfigurationError(f"{name} must be >= 0, got {count}")
+        if not weighted_by_key:
+            raise ConfigurationError("weighted_by_key must be a non-empty metric name")
+        if sampling_seed is not None and isinstance(sampling_seed, bool):
+            raise ConfigurationError("sampling_seed must be an int or None")
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+        )
+        self.sampling_seed = sampling_seed
+        self.rounds: dict[int, RoundState] = {}
+        self._timeout = 3600.0
+
+    # -- views of the round states ------------------------------------------------------------
+    @property
+    def traffic(self) -> list[RoundTraffic]:
+        """Bytes per node for every phase of every round, in order."""
+        return [t for state in self.rounds.values() for t in state.traffic]
+
+    @property
+    def dropped(self) -> dict[int, dict[int, str]]:
+        """Round -> node id -> why the node left the round."""
+        return {r: dict(state.dropped) for r, state in self.rounds.items()}
+
+    @property
+    def failed_rounds(self) -> dict[int, str]:
+        """Round -> why it failed (the model was left unchanged)."""
+        return {r: s.failure for r, s in self.rounds.items() if s.failure is not None}
+
+    def round_state(self, server_round: int) -> RoundState:
+        """Return the state of ``server_round``, creating it on first use."""
+        if server_round not in self.rounds:
+            self.rounds[server_round] = RoundState(server_round, self._timeout)
+        return self.rounds[server_round]
+
+    # -- the building blocks of a round -------------------------------------------------------
+    def sample(
+        self,
+        state: RoundState,
+        grid: Grid,
+        *,
+        fraction: float | None = None,
+        min_nodes: int | None = None,
+        purpose: str = "train",
+    ) -> list[int]:
+        """Sample nodes as Flower's ``FedAvg`` does, reproducibly under ``sampling_seed``.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round; for ``purpose="train"`` its :attr:`~RoundState.sampled` and
+            :attr:`~RoundState.survivors` are set to the sample.
+        grid : Grid
+            Where the nodes are (waits until ``min_available_nodes`` are connected).
+        fraction, min_nodes : float, int, optional
+            Default to ``fraction_train`` / ``min_train_nodes`` (or the evaluate ones).
+        purpose : str
+            ``"train"`` or ``"evaluate"``: separate random streams.
+
+        Returns
+        -------
+        list[int]
+            The sampled node ids.
+        """
+        train = purpose == "train"
+        if fraction is None:
+            fraction = self.fraction_train if train else self.fraction_evaluate
+        if min_nodes is None:
+            min_nodes = self.min_train_nodes if train else self.min_evaluate_nodes
+        if fraction == 0.0:
+            return []
+        all_nodes = list(grid.get_node_ids())
+        size = max(int(len(all_nodes) * fraction), min_nodes)
+        needed = max(self.min_available_nodes, size)
+        while len(all_nodes) < needed:
+            log(INFO, "Waiting for nodes to connect: %d of %d", len(all_nodes), needed)
+            time.sleep(_WAIT_FOR_NODES_S)
+            all_nodes = list(grid.get_node_ids())
+        rng: random.Random | Any = random  # Flower's behaviour without a seed
+        if self.sampling_seed is not None:
+            r = state.server_round
+            rng = random.Random(
+                self.sampling_seed * 1_000_003 + r
+                if train
+                else f"{purpose}/{self.sampling_seed}/{r}"
+            )
+        nodes: list[int] = rng.sample(all_nodes, size)
+        log(INFO, "%s: sampled %d nodes (out of %d)", purpose, len(nodes), len(all_nodes))
+        if train:
+            state.sampled, state.survivors = list(nodes), list(nodes)
+        return nodes
+
+    def prepare(
+        self,
+        state: RoundState,
+        phase: str,
+        contents: Mapping[int, RecordDict],
+        message_type: str,
+    ) -> list[Message]:
+        """Build a phase's messages (one per node), tag them with the round, count the bytes.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round.
+        phase : str
+            The phase's name (a traffic row, and the key replies are matched against).
+        contents : Mapping[int, RecordDict]
+            Node id -> the content sent to it (shared objects are sized once).
+        message_type : str
+            Flower message type (``"train"``, ``"evaluate"``, ``"query.<name>"``).
+
+        Returns
+        -------
+        list[Message]
+            The messages, ready for ``grid.send_and_receive``.
+        """
+        traffic = state.phase(phase)
+        sizes: dict[int, int] = {}
+        messages = []
+        for node, content in contents.items():
+            key = id(content)
+            if key not in sizes:
+                sizes[key] = content_bytes(content)
+            traffic.down_bytes[node] = sizes[key]
+            # Replies inherit the group id, so a reply to an earlier round is recognisable.
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=node,
+                    message_type=message_type,
+                    group_id=str(state.server_round),
+                )
+            )
+        state._asked[phase] = (message_type, set(contents))
+        return messages
+
+    def receive(
+        self,
+        state: RoundState,
+        phase: str,
+        replies: Iterable[Message],
+        parse: Callable[[int, RecordDict], T] | None = None,
+        *,
+        shrink: bool = True,
+    ) -> dict[int, T]:
+        """Validate a phase's replies; drop the bad ones with a reason; shrink the survivors.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round.
+        phase : str
+            The phase the replies answer (as given to :meth:`prepare`).
+        replies : Iterable[Message]
+            What the grid returned.
+        parse : Callable[[int, RecordDict], T], optional
+            Turns a reply's content into the phase's value; raises
+            :class:`~flwr_fsl.errors.ClientInputError` to drop the node (nothing broader is
+            caught: a bug is not a bad client). Default: the content itself.
+        shrink : bool
+            False for phases whose failures do not remove a node from the round (evaluation):
+            problems are only logged.
+
+        Returns
+        -------
+        dict[int, T]
+            Node id -> parsed reply, for the accepted nodes (in reply order).
+        """
+        message_type, asked = state._asked.get(phase, ("", set()))
+        traffic = state.phase(phase)
+        accepted: dict[int, T] = {}
+        seen: set[int] = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_content():
+                traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(
+                    reply.content
+                )
+            reason = _reply_problem(state, reply, message_type, asked, seen)
+            if node in asked:
+                seen.add(node)
+            if reason is None:
+                try:
+                    accepted[node] = (
+                        parse(node, reply.content) if parse else reply.content  # type: ignore[assignment]
+                    )
+                    continue
+                except ClientInputError as err:
+                    reason = str(err) or type(err).__name__
+            # Two replies from one node: neither can be told to be the genuine one.
+            accepted.pop(node, None)
+            self._reject(state, node, f"{phase}: {reason}", shrink)
+        for node in asked - seen:
+            self._reject(state, node, f"{phase}: no reply before the timeout", shrink)
+        if shrink:
+            state.survivors = list(accepted)
+        log(
+            INFO,
+            "round %s %s: %d accepted, %d asked",
+            state.server_round,
+            phase,
+            len(accepted),
+            len(asked),
+        )
+        return accepted
+
+    @staticmethod
+    def _reject(state: RoundState, node: int, reason: str, shrink: bool) -> None:
+        if shrink:
+            state.drop(node, reason)
+        else:
+            log(WARNING, "round %s: ignoring node %s: %s", state.server_round, node, reason)
+
+    def send(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: str,
+        contents: Mapping[int, RecordDict],
+        message_type: str,
+        parse: Callable[[int, RecordDict], T] | None = None,
+        timeout: float | None = None,
+        *,
+        shrink: bool = True,
+    ) -> dict[int, T]:
+        """Send one phase and return the accepted, parsed replies.
+
+        :meth:`prepare`, then ``grid.send_and_receive``, then :meth:`receive`.
+
+        Parameters
+        ----------
+        grid : Grid
+            The Flower grid.
+        state, phase, contents, message_type
+            As in :meth:`prepare`.
+        parse, shrink
+            As in :meth:`receive`.
+        timeout : float, optional
+            Seconds to wait (default: the round's timeout).
+
+        Returns
+        -------
+        dict[int, T]
+            Node id -> parsed reply, for the accepted nodes.
+        """
+        messages = self.prepare(state, phase, contents, message_type)
+        replies = (
+            grid.send_and_receive(messages, timeout=state.timeout if timeout is None else timeout)
+            if messages
+            else []
+        )
+        return self.receive(state, phase, replies, parse, shrink=shrink)
+
+    def phase_metrics(self, state: RoundState, phase: str = "train") -> MetricRecord:
+        """Mean bytes per client of ``phase`` as metrics (down- and up-bytes-per-client)."""
+        traffic = state.phase(phase)
+        return MetricRecord(
+            {
+                "down-bytes-per-client": traffic.mean_down_bytes,
+                "up-bytes-per-client": traffic.mean_up_bytes,
+            }
+        )
+
+    def weight_of(self, content: RecordDict) -> float:
+        """Return a reply's ``weighted_by_key`` metric.
+
+        Raises
+        ------
+        ClientInputError
+            If the reply has not exactly one MetricRecord, or the weight is missing,
+            not a number, not finite or not positive.
+        """
+        records = list(content.metric_records.values())
+        if len(records) != 1:
+            raise ClientInputError(f"expected one MetricRecord, got {len(records)}")
+        value = records[0].get(self.weighted_by_key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ClientInputError(f"missing numeric {self.weighted_by_key!r} in metrics")
+        if not (math.isfinite(value) and value > 0):
+            raise ClientInputError(f"{self.weighted_by_key!r} must be finite and > 0")
+        return float(value)
+
+    # -- a round ------------------------------------------------------------------------------
+    def train_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run one training round; return the new global arrays (None: unchanged) and metrics.
+
+        The default is Flower's pair: ``configure_train``, one ``send``, ``aggregate_train``.
+        Multi-phase strategies override it with their sequence of :meth:`send` calls.
+        """
+        messages = list(self.configure_train(state.server_round, arrays, config, grid))
+        replies = grid.send_and_receive(messages, timeout=state.timeout) if messages else []
+        return self.aggregate_train(state.server_round, replies)
+
+    def evaluate_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> MetricRecord | None:
+        """Run federated evaluation (Flower's ``configure_evaluate`` / ``aggregate_evaluate``)."""
+        messages = list(self.configure_evaluate(state.server_round, arrays, config, grid))
+        replies = grid.send_and_receive(messages, timeout=state.timeout) if messages else []
+        return self.aggregate_evaluate(state.server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Sample nodes as ``FedAvg`` does and send them the model (bytes accounted)."""
+        state = self.round_state(server_round)
+        nodes = self.sample(state, grid, purpose="evaluate")
+        content = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                self.configrecord_key: ConfigRecord({**dict(config), "server-round": server_round}),
+            }
+        )
+        return self.prepare(state, "evaluate", dict.fromkeys(nodes, content), MessageType.EVALUATE)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Aggregate the metrics of well-formed replies (the others are logged and skipped)."""
+        state = self.round_state(server_round)
+        valid = self.receive(
+            state, "evaluate", replies, lambda _n, c: (self.weight_of(c), c)[1], shrink=False
+        )
+        if not valid:
+            return None
+        return self.evaluate_metrics_aggr_fn(list(valid.values()), self.weighted_by_key)
+
+    def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
+        """Release what the failed round holds (override: e.g. abort it on a helper)."""
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``num_rounds`` rounds of :meth:`train_round` and :meth:`evaluate_round`.
+
+        Same signature and :class:`~flwr.serverapp.strategy.Result` as Flower's
+        ``Strategy.start``; ``result.arrays`` is the initial model when no round produced
+        an aggregate (Flower would leave it empty).
+        """
+        log(INFO, "Starting %s strategy:", type(self).__name__)
+        self.summary()
+        self._timeout = float(timeout)
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+        t_start = time.time()
+        if evaluate_fn:
+            res = evaluate_fn(0, initial_arrays)
+            log(INFO, "Initial global evaluation results: %s", res)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        arrays = initial_arrays
+        for current in range(1, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", current, num_rounds)
+            self.rounds.pop(current, None)  # a fresh state per run of start()
+            state = self.round_state(current)
+            try:
+                new_arrays, metrics = self.train_round(grid, state, arrays, train_config)
+            except RoundFailedError as err:
+                state.fail(f"{type(err).__name__}: {err}")
+                self.round_failed(state, err)
+                new_arrays, metrics = None, None
+            if state.failure is not None:
+                new_arrays, metrics = None, None
+            if new_arrays is not None:
+                result.arrays = arrays = new_arrays
+            if metrics is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
+                result.train_metrics_clientapp[current] = metrics
+            evaluated = self.evaluate_round(grid, state, arrays, evaluate_config)
+            if evaluated is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluated)
+                result.evaluate_metrics_clientapp[current] = evaluated
+            if evaluate_fn:
+                res = evaluate_fn(current, arrays)
+                log(INFO, "\t└──> MetricRecord: %s", res)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[current] = res
+        if not result.arrays:
+            result.arrays = initial_arrays
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        for line in self.traffic_table().splitlines():
+            log(INFO, "%s", line)
+        return result
+
+    def traffic_table(self) -> str:
+        """Return the per-round communication summary as a text table (MB per client)."""
+        header = f"{'round':>5} {'phase':<9} {'clients':>7} {'down MB/cl':>11} {'up MB/cl':>10}"
+        lines = ["Communication per round (mean per client):", header]
+        for t in self.traffic:
+            lines.append(
+                f"{t.server_round:>5} {t.phase:<9} {len(t.down_bytes):>7} "
+                f"{t.mean_down_bytes / 1e6:>11.4f} {t.mean_up_bytes / 1e6:>10.4f}"
+            )
+        return "\n".join(lines)
+
+
+def _reply_problem(
+    state: RoundState, reply: Message, message_type: str, asked: set[int], seen: set[int]
+) -> str | None:
+    node = reply.metadata.src_node_id
+    if reply.has_error():
+        return f"client error: {reply.error.reason}"
+    if reply.metadata.group_id != str(state.server_round):
+        return f"late reply for round {reply.metadata.group_id!r}"
+    if node not in asked:
+        return "reply from a node that was not asked in this phase"
+    if reply.metadata.message_type != message_type:
+        return f"reply of type {reply.metadata.message_type!r} to a {message_type!r} message"
+    if node in seen:
+        return "second reply from the same node"
+    return None
