@@ -298,14 +298,13 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         list[Message]
             The messages, ready for ``grid.send_and_receive``.
         """
-        traffic = state.phase(phase)
         sizes: dict[int, int] = {}
         messages = []
         for node, content in contents.items():
             key = id(content)
             if key not in sizes:
                 sizes[key] = content_bytes(content)
-            traffic.down_bytes[node] = sizes[key]
+            state.phase(phase).down_bytes[node] = sizes[key]
             # Replies inherit the group id, so a reply to an earlier round is recognisable.
             messages.append(
                 Message(
@@ -351,12 +350,12 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             Node id -> parsed reply, for the accepted nodes (in reply order).
         """
         message_type, asked = state._asked.get(phase, ("", set()))
-        traffic = state.phase(phase)
         accepted: dict[int, T] = {}
         seen: set[int] = set()
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_content():
+                traffic = state.phase(phase)
                 traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(
                     reply.content
                 )
@@ -491,6 +490,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         """Sample nodes as ``FedAvg`` does and send them the model (bytes accounted)."""
         state = self.round_state(server_round)
         nodes = self.sample(state, grid, purpose="evaluate")
+        if not nodes:
+            return []
         content = RecordDict(
             {
                 self.arrayrecord_key: arrays,
