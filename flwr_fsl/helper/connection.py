@@ -46,6 +46,7 @@ from flwr_fsl.helper.errors import (
 )
 from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 from flwr_fsl.pinning import TOKEN_FILE_KEY
+from flwr_fsl.protocols.two_server import HelperParty
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -101,55 +102,17 @@ class HelperShare(NamedTuple):
 
 
 @runtime_checkable
-class HelperConnection(Protocol):
-    """What S0 can ask S1 (see :mod:`flwr_fsl.helper.services.ssa` for the round life cycle).
+class HelperConnection(HelperParty, Protocol):
+    """What S0 can ask S1: the round calls of a ``HelperParty``, plus status and closing.
+
+    The round calls are :class:`~flwr_fsl.protocols.two_server.HelperParty`'s (see
+    :mod:`flwr_fsl.helper.services.ssa` for the round life cycle).
 
     A connection is one session on S1: every round-scoped call carries :attr:`session_id`.
     """
 
-    @property
-    def session_id(self) -> bytes:
-        """The 16-byte session id of this connection (clients bind sealed material to it)."""
-        ...
-
     def health(self) -> HelperHealth:
         """Return S1's status (also a reachability check)."""
-        ...
-
-    def public_key(self) -> bytes:
-        """Return S1's raw X25519 public key (pin it with :func:`verify_helper`)."""
-        ...
-
-    def open_round(self, round_id: int, params: bytes) -> None:
-        """Open a round with ``SSAParams.to_bytes()`` (its ``round_id`` must match)."""
-        ...
-
-    def add_clients(
-        self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]
-    ) -> dict[int, str]:
-        """Relay ``(client_id, public_part, sealed)`` SSA uploads; return rejection reasons."""
-        ...
-
-    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
-        """Relay ``(client_id, hint)`` U-DPF hints; return rejection reasons."""
-        ...
-
-    def finish_round(self, round_id: int) -> HelperShare:
-        """Close the round; return S1's share and its clients."""
-        ...
-
-    def abort_round(self, round_id: int) -> None:
-        """Drop an open round without a result."""
-        ...
-
-    def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
-        """Give S1 the round's PSR table, ``(m, value_width)`` uint64 ring words."""
-        ...
-
-    def psr_answer(
-        self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
-    ) -> dict[int, bytes | str]:
-        """Relay ``(client_id, public_part, sealed)`` queries; return sealed answers or reasons."""
         ...
 
     def close(self) -> None:

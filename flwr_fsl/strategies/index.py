@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -63,7 +62,6 @@ from flwr_fsl.records import (
 from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation, read_upload
-from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import RowLayout
 
 
@@ -205,20 +203,8 @@ class SecureRowFedSubAvg(FedSubAvg):
         uploads = self.send(grid, state, "train", contents, MessageType.TRAIN, parse)
 
         # Phase 3: secure aggregation with S1.
-        outcome = self.aggregation.aggregate(state, params, {n: u for n, (u, _) in uploads.items()})
-        if outcome is None:
-            return None, None
         layout = RowLayout.of(state.model, self.table)
-        counts = outcome.result.counts
-        assert counts is not None
-        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
-        metrics = self.train_metrics(
-            [uploads[n][1] for n in outcome.accepted],
-            state,
-            float(np.count_nonzero(counts)) / layout.size,
-        )
-        metrics["udpf-clients"] = outcome.hinted
-        return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
+        return self.aggregation.apply(state, params, uploads, layout, self.train_metrics)
 
     def round_failed(self, state: RoundState, error: Exception) -> None:
         """Release the round on S1."""

@@ -35,8 +35,7 @@ from collections.abc import Iterable
 from logging import INFO
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -46,7 +45,6 @@ from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
-from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout
 
 
@@ -139,26 +137,13 @@ class SecureFedSubAvg(FedSubAvg):
         parse = self.aggregation.parser(params, self.weight_of, accept_hints=False)
         uploads = self.receive(state, "train", replies, parse)
         try:
-            outcome = self.aggregation.aggregate(
-                state, params, {n: u for n, (u, _) in uploads.items()}
+            return self.aggregation.apply(
+                state, params, uploads, FlatLayout.of(state.model), self.train_metrics
             )
-        except RoundFailedError as err:
+        except RoundFailedError as err:  # Flower's own loop may drive this method
             state.fail(f"{type(err).__name__}: {err}")
             self.round_failed(state, err)
             return None, None
-        if outcome is None:
-            return None, None
-        layout = FlatLayout.of(state.model)
-        counts = outcome.result.counts
-        assert counts is not None
-        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
-        metrics = self.train_metrics(
-            [uploads[n][1] for n in outcome.accepted],
-            state,
-            float(np.count_nonzero(counts)) / layout.size,
-        )
-        metrics["udpf-clients"] = outcome.hinted
-        return ArrayRecord({k: Array(v) for k, v in new_arrays.items()}), metrics
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release the round on S1."""

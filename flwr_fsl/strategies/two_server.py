@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.supercore import log
 
 from flwr_fsl.errors import ConfigurationError
@@ -32,6 +33,10 @@ from flwr_fsl.records import (
     read_ssa_upload,
 )
 from flwr_fsl.strategies.engine import RoundState
+from flwr_fsl.submodel.aggregate import apply_count_weighted
+from flwr_fsl.submodel.layout import Layout
+
+TrainMetrics = Callable[[list[RecordDict], RoundState, float], MetricRecord]
 
 __all__ = ["SSASettings", "TwoServerAggregation", "read_upload"]
 
@@ -158,6 +163,53 @@ class TwoServerAggregation:
             return None
         log(INFO, "aggregate_train: securely aggregated %d clients", len(outcome.accepted))
         return outcome
+
+    def apply(
+        self,
+        state: RoundState,
+        params: SSAParams,
+        uploads: Mapping[int, tuple[ClientUpload, RecordDict]],
+        layout: Layout,
+        train_metrics: TrainMetrics,
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate the parsed uploads and apply the count-weighted average to the model.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round (its ``model`` is what the deltas refer to).
+        params : SSAParams
+            The round's parameters.
+        uploads : Mapping[int, tuple[ClientUpload, RecordDict]]
+            What :meth:`parser` returned per accepted node.
+        layout : Layout
+            The element space of the round (flat coordinates or table rows).
+        train_metrics : Callable
+            The strategy's metric aggregation (contents, state, touched fraction).
+
+        Returns
+        -------
+        tuple[ArrayRecord | None, MetricRecord | None]
+            The new model and metrics, or ``(None, None)`` when nobody is left.
+
+        Raises
+        ------
+        RoundFailedError
+            If the secure aggregation fails (the model is unchanged).
+        """
+        outcome = self.aggregate(state, params, {n: u for n, (u, _) in uploads.items()})
+        if outcome is None:
+            return None, None
+        counts = outcome.result.counts
+        assert counts is not None  # every round of this component is count-weighted
+        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
+        metrics = train_metrics(
+            [uploads[n][1] for n in outcome.accepted],
+            state,
+            float(np.count_nonzero(counts)) / layout.size,
+        )
+        metrics["udpf-clients"] = outcome.hinted
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
 
     def abort(self, state: RoundState) -> None:
         """Release the round on S1 (after a failure, or when nobody is left)."""
