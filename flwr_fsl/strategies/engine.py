@@ -510,7 +510,24 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         )
         if not valid:
             return None
-        return self.evaluate_metrics_aggr_fn(list(valid.values()), self.weighted_by_key)
+        return self.client_metrics(self.evaluate_metrics_aggr_fn, list(valid.values()))
+
+    def client_metrics(
+        self,
+        aggregate: Callable[[list[RecordDict], str], MetricRecord],
+        contents: list[RecordDict],
+    ) -> MetricRecord:
+        """Aggregate the clients' metrics; inconsistent ones are skipped, not fatal.
+
+        Flower's ``aggregate_metricrecords`` raises when one client sends a metric as a list
+        and another as a number (or lists of other lengths). Such input comes from clients,
+        so it must not end the run: the round keeps its model and reports no client metrics.
+        """
+        try:
+            return aggregate(contents, self.weighted_by_key)
+        except (TypeError, ValueError) as err:
+            log(WARNING, "client metrics not aggregated (inconsistent across replies): %s", err)
+            return MetricRecord()
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release what the failed round holds (override: e.g. abort it on a helper)."""

@@ -91,7 +91,7 @@ class FedSubAvg(PhasedStrategy):
         self, contents: list[RecordDict], state: RoundState, touched: float
     ) -> MetricRecord:
         """Aggregate the clients' metrics and add the round's bytes and touched fraction."""
-        metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        metrics = self.client_metrics(self.train_metrics_aggr_fn, contents)
         for key, value in self.phase_metrics(state).items():
             metrics[key] = value
         metrics["touched-fraction"] = touched

@@ -288,3 +288,20 @@ def test_start_keeps_flowers_signature_and_result() -> None:
     grid = InProcessGrid(make_app(), 2)
     result = FedSubAvg().start(grid=grid, initial_arrays=model_record(), num_rounds=1)
     assert set(result.arrays.keys()) == set(model_record().keys())
+
+
+def test_inconsistent_client_metrics_do_not_end_the_run() -> None:
+    # One client reports a list where the others report a number: Flower's metric
+    # aggregation raises on that; the round still aggregates the model.
+    def list_metric(msg: Message, context: Context, call_next):  # type: ignore[no-untyped-def]
+        reply = call_next(msg, context)
+        if context.node_id == 1000 and reply.has_content():
+            next(iter(reply.content.metric_records.values()))["train-loss"] = [1.0, 2.0]
+        return reply
+
+    grid = InProcessGrid(make_app([list_metric]), 3)
+    strategy = FedSubAvg(min_available_nodes=3)
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    assert strategy.dropped == {1: {}}
+    metrics = result.train_metrics_clientapp[1]
+    assert "train-loss" not in metrics and "up-bytes-per-client" in metrics
