@@ -1,0 +1,462 @@
+"""S0's two-server party (:class:`LeadServer`) against the in-process S1: SSA rounds reconstruct
+the plaintext count-weighted sums, S1's per-client rejections drop only that client, every
+S0/S1 disagreement fails the round without moving S0's U-DPF keys, U-DPF hints, PSR answers and
+the pinned helper key."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
+from flwr_fsl.helper.connection import HelperShare
+from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query
+from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
+from flwr_fsl.protocols.ssa import SSAInputError, SSAParams, SSAResult, SSAUpload, encode_update
+from flwr_fsl.protocols.two_server import ClientUpload, LeadServer, SSARound, TwoServerError
+from tests.helper.test_helper import (
+    WIDTH,
+    Client,
+    bind,
+    expected_sums,
+    make_clients,
+    make_params,
+    twin,
+    upload_for,
+)
+
+
+class RecordingHelper:
+    """An S1 that forwards to a real :class:`InProcessHelper`, recording every call's arguments.
+
+    ``finish`` (if set) rewrites S1's honest :class:`HelperShare` before S0 sees it: the way to
+    make S1 disagree with S0 without touching S1's code.
+    """
+
+    def __init__(
+        self,
+        inner: InProcessHelper,
+        finish: Callable[[HelperShare], HelperShare] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.finish = finish
+        self.calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):  # session_id
+            return attr
+
+        def call(*args: Any) -> Any:
+            self.calls[name].append(args)
+            return attr(*args)
+
+        return call
+
+    def finish_round(self, round_id: int) -> HelperShare:
+        self.calls["finish_round"].append((round_id,))
+        share = self.inner.finish_round(round_id)
+        return self.finish(share) if self.finish else share
+
+    def open_rounds(self) -> tuple[int, ...]:
+        return self.inner.health().open_rounds
+
+
+def client_upload(upload: SSAUpload, sealed: bytes) -> ClientUpload:
+    """What S0 receives from a client: public part, S0's master seed, S1's sealed material."""
+    return ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
+
+
+def fresh_uploads(
+    params: SSAParams, clients: list[Client], helper_pub: bytes, epoch_seed: int = 0
+) -> dict[int, ClientUpload]:
+    return {c.cid: client_upload(*upload_for(params, c, helper_pub, epoch_seed)) for c in clients}
+
+
+def plaintext(params: SSAParams, clients: list[Client]) -> tuple[np.ndarray, np.ndarray]:
+    """Per element ``sum_i c_i dw_i`` and ``sum_i c_i`` in float64, for any round shape."""
+    sums = np.zeros((params.domain_size, params.value_width))
+    counts = np.zeros(params.domain_size)
+    for c in clients:
+        sums[c.idx] += c.weight * c.values
+        counts[c.idx] += c.weight
+    return sums, counts
+
+
+def assert_matches(params: SSAParams, result: SSAResult, clients: list[Client]) -> None:
+    sums, counts = plaintext(params, clients)
+    # Each client's payload word is within one fixed-point step of c * dw (stochastic rounding);
+    # integer weights encode exactly, so the counts are exact.
+    tol = max(len(clients), 1) * 2.0**-params.frac_bits
+    np.testing.assert_allclose(result.sums, sums, rtol=0, atol=tol)
+    np.testing.assert_array_equal(result.counts, counts)
+
+
+def stored_snapshot(lead: LeadServer) -> dict[int, bytes]:
+    return {c: keys.to_bytes() for c, keys in lead.stored_keys.items()}
+
+
+# ---- 1. reconstruction --------------------------------------------------------------------------
+
+
+@st.composite
+def ssa_rounds(draw: st.DrawFn) -> tuple[SSAParams, list[Client]]:
+    m = draw(st.integers(1, 120))
+    k = draw(st.integers(1, min(m, 12)))
+    width = draw(st.integers(1, 3))
+    params = make_params(
+        1,
+        domain_size=m,
+        num_items=k,
+        value_width=width,
+        hash_key=draw(st.binary(min_size=16, max_size=16)),
+    )
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    clients = []
+    for c in range(draw(st.integers(1, 6))):
+        n = int(rng.integers(0, k + 1))  # a client may choose fewer than k elements
+        clients.append(
+            Client(
+                cid=10 + c,
+                idx=rng.choice(m, n, replace=False),
+                values=rng.uniform(-1, 1, size=(n, width)),
+                weight=float(rng.integers(1, 8)),
+            )
+        )
+    return params, clients
+
+
+@given(ssa_rounds())
+def test_aggregate_equals_plaintext_count_weighted_sums(case) -> None:  # type: ignore[no-untyped-def]
+    params, clients = case
+    lead = LeadServer(twin())
+    uploads = fresh_uploads(params, clients, lead.helper_key())
+    for cid, upload in uploads.items():
+        lead.check_upload(params, cid, upload, accept_hints=False)
+    outcome = lead.aggregate(params, uploads)
+    assert isinstance(outcome, SSARound)
+    assert outcome.accepted == [c.cid for c in clients]
+    assert outcome.rejected == {} and outcome.hinted == 0
+    assert_matches(params, outcome.result, clients)
+    # Every accepted client's keys are stored for U-DPF; the round is closed on S1.
+    assert set(lead.stored_keys) == {c.cid for c in clients}
+    assert lead.helper.health().open_rounds == ()
+
+
+# ---- 2. a client S1 rejects ---------------------------------------------------------------------
+
+
+def test_client_with_tampered_sealed_material_is_dropped_and_the_rest_is_exact() -> None:
+    params = make_params(1)
+    clients = make_clients(4)
+    lead = LeadServer(twin())
+    uploads = fresh_uploads(params, clients, lead.helper_key())
+    bad = clients[1].cid
+    sealed = bytearray(uploads[bad].sealed)
+    sealed[len(sealed) // 2] ^= 0x01  # S0 (or the network) flips one ciphertext bit
+    uploads[bad] = replace(uploads[bad], sealed=bytes(sealed))
+    outcome = lead.aggregate(params, uploads)
+    assert list(outcome.rejected) == [bad]
+    assert "authentication" in outcome.rejected[bad]
+    good = [c for c in clients if c.cid != bad]
+    assert outcome.accepted == [c.cid for c in good]
+    assert_matches(params, outcome.result, good)
+    # S0 keeps no U-DPF keys for the rejected client.
+    assert set(lead.stored_keys) == {c.cid for c in good}
+
+
+# ---- 3. S0 and S1 disagree ----------------------------------------------------------------------
+
+
+def _extra_client(s: HelperShare) -> HelperShare:
+    return HelperShare((*s.client_ids, 999), s.share)
+
+
+def _missing_client(s: HelperShare) -> HelperShare:
+    return HelperShare(s.client_ids[1:], s.share)
+
+
+def _short_share(s: HelperShare) -> HelperShare:
+    return HelperShare(s.client_ids, s.share[:-1])
+
+
+def _narrow_share(s: HelperShare) -> HelperShare:
+    return HelperShare(s.client_ids, s.share[:, :-1])
+
+
+def _two_rounds_setup(finish: Callable[[HelperShare], HelperShare] | None = None):  # type: ignore[no-untyped-def]
+    """An honest round 1 (so S0 has stored keys to protect), then round 2's hints."""
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    clients = make_clients(3)
+    p1, p2 = make_params(1), make_params(2, epoch=1)
+    lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
+    helper.finish = finish
+    uploads = {}
+    for c in clients:
+        c.values = -c.values
+        uploads[c.cid] = ClientUpload(hint=c.state.next_round(p2, c.values, c.weight))
+    return helper, lead, clients, p2, uploads
+
+
+@pytest.mark.parametrize(
+    ("lie", "message"),
+    [
+        (_extra_client, "S1 aggregated clients"),
+        (_missing_client, "S1 aggregated clients"),
+        (_short_share, "shape"),
+        (_narrow_share, "shape"),
+    ],
+)
+def test_inconsistent_share_from_s1_fails_the_round(lie, message) -> None:  # type: ignore[no-untyped-def]
+    helper, lead, _, p2, uploads = _two_rounds_setup(lie)
+    before = stored_snapshot(lead)
+    with pytest.raises(TwoServerError, match=message) as info:
+        lead.aggregate(p2, uploads)
+    assert isinstance(info.value, RoundFailedError)
+    # S0's U-DPF keys stay those of the last round both servers completed.
+    assert stored_snapshot(lead) == before
+    # S1 closed the round when it returned its share: there is nothing left to release.
+    assert lead.abort(2) is None
+    assert helper.calls["abort_round"] == []
+    assert helper.open_rounds() == ()
+
+
+def test_client_s1_accepts_but_s0_cannot_evaluate_fails_the_round() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    clients = make_clients(3)
+    p1, p2 = make_params(1), make_params(2)
+    lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
+    before = stored_snapshot(lead)
+    uploads = fresh_uploads(p2, clients, lead.helper_key(), epoch_seed=1)
+    bad = clients[2].cid
+    # S1's sealed material is intact, so S1 accepts; S0's own master seed is one byte short.
+    uploads[bad] = replace(uploads[bad], master_seed=uploads[bad].master_seed[:15])
+    with pytest.raises(TwoServerError, match=f"S0 rejected client {bad} that S1 accepted"):
+        lead.aggregate(p2, uploads)
+    assert stored_snapshot(lead) == before
+    assert helper.calls["finish_round"] == [(1,)]  # round 2 never finished on S1
+    assert helper.open_rounds() == (2,)
+    assert lead.abort(2) is None
+    assert helper.calls["abort_round"] == [(2,)]
+    assert helper.open_rounds() == ()
+    # Released once: a second abort, and an abort of a round never opened, do not reach S1.
+    assert lead.abort(2) is None
+    assert lead.abort(42) is None
+    assert helper.calls["abort_round"] == [(2,)]
+
+
+def test_hint_s1_accepts_but_s0_has_no_keys_for_fails_the_round() -> None:
+    helper, lead, clients, p2, uploads = _two_rounds_setup()
+    del lead.stored_keys[clients[0].cid]  # S0 lost a client's keys that S1 still holds
+    before = stored_snapshot(lead)
+    with pytest.raises(TwoServerError, match="that S1 accepted"):
+        lead.aggregate(p2, uploads)
+    assert stored_snapshot(lead) == before
+    assert lead.abort(2) is None and helper.calls["abort_round"] == [(2,)]
+
+
+def test_s1_failure_leaves_the_round_for_abort() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    params = make_params(1)
+    uploads = fresh_uploads(params, make_clients(2), lead.helper_key())
+
+    def lost(round_id: int) -> HelperShare:  # the connection drops before S1 closes the round
+        raise HelperUnavailableError("S1 went away")
+
+    helper.finish_round = lost  # type: ignore[method-assign]
+    with pytest.raises(RoundFailedError, match="went away"):
+        lead.aggregate(params, uploads)
+    assert lead.stored_keys == {}
+    assert helper.open_rounds() == (1,)
+    assert lead.abort(1) is None
+    assert helper.calls["abort_round"] == [(1,)]
+    assert helper.open_rounds() == ()
+
+
+def test_abort_of_a_never_opened_round_does_not_call_s1() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    assert lead.abort(7) is None
+    assert helper.calls["abort_round"] == []
+
+
+# ---- 4. U-DPF -----------------------------------------------------------------------------------
+
+
+def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
+    lead = LeadServer(twin())
+    pub = lead.helper_key()
+    clients = make_clients(4)
+    p1, p2 = make_params(1, epoch=1), make_params(2, epoch=2)
+    r1 = lead.aggregate(p1, fresh_uploads(p1, clients, pub))
+    assert r1.hinted == 0
+    assert_matches(p1, r1.result, clients)
+    round1_keys = stored_snapshot(lead)
+
+    rng = np.random.default_rng(5)
+    uploads: dict[int, ClientUpload] = {}
+    for c in clients[:2]:  # same index sets, new values: a hint each
+        c.values = rng.uniform(-1, 1, size=c.values.shape)
+        hint = c.state.next_round(p2, c.values, c.weight, rng=np.random.default_rng(c.cid))
+        uploads[c.cid] = ClientUpload(hint=hint)
+    fresh = clients[2]  # a client may always send fresh keys instead
+    fresh.values = rng.uniform(-1, 1, size=fresh.values.shape)
+    uploads[fresh.cid] = client_upload(*upload_for(p2, fresh, pub, epoch_seed=2))
+    broken = clients[3]  # S0 cannot parse hints (it passes them on): S1 rejects this one
+    hint = broken.state.next_round(p2, broken.values, broken.weight)
+    uploads[broken.cid] = ClientUpload(hint=hint[:-3])
+    for cid, upload in uploads.items():
+        lead.check_upload(p2, cid, upload, accept_hints=True)
+    r2 = lead.aggregate(p2, uploads)
+    kept = clients[:3]
+    assert r2.hinted == 2  # accepted hints only
+    assert r2.accepted == [c.cid for c in kept]
+    assert list(r2.rejected) == [broken.cid] and "bad hint" in r2.rejected[broken.cid]
+    assert_matches(p2, r2.result, kept)
+    sums, counts = expected_sums(kept)  # the same check through the helper tests' oracle
+    np.testing.assert_allclose(r2.result.sums, sums, atol=1e-6)
+    np.testing.assert_array_equal(r2.result.counts, counts)
+    # S0's stored keys moved to round 2's epoch, except the rejected client's.
+    for c in kept:
+        assert np.all(lead.stored_keys[c.cid].public.epochs == 2)
+    assert lead.stored_keys[broken.cid].to_bytes() == round1_keys[broken.cid]
+
+
+def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
+    lead = LeadServer(twin())
+    pub = lead.helper_key()
+    p1, p2 = make_params(1), make_params(2, epoch=1)
+    client = make_clients(1)[0]
+    good = client_upload(*upload_for(p1, client, pub))
+    lead.check_upload(p1, client.cid, good, accept_hints=False)  # well-formed: no error
+    lead.aggregate(p1, {client.cid: good})
+    hint = ClientUpload(hint=client.state.next_round(p2, client.values, client.weight))
+    lead.check_upload(p2, client.cid, hint, accept_hints=True)
+    with pytest.raises(SSAInputError, match="without stored keys"):
+        lead.check_upload(p2, client.cid + 1, hint, accept_hints=True)
+    with pytest.raises(SSAInputError, match="without stored keys"):
+        lead.check_upload(p2, client.cid, hint, accept_hints=False)
+
+    other_layout = encode_update(
+        make_params(1, hash_key=bytes(16)), client.idx, client.values, client.weight
+    )[0].public_part
+    bad_publics = {
+        "empty": b"",
+        "garbage": b"FDPF" + bytes(40),
+        "truncated": good.public_part[:-9],
+        "other layout": other_layout,
+        "other epoch": good.public_part,  # epoch-0 keys offered in the epoch-1 round
+    }
+    for name, public in bad_publics.items():
+        upload = replace(good, public_part=public)
+        with pytest.raises(SSAInputError) as info:
+            lead.check_upload(p2 if name == "other epoch" else p1, 5, upload, accept_hints=False)
+        assert isinstance(info.value, ClientInputError), name
+    for seed in (good.master_seed[:15], good.master_seed + b"\x00", b""):
+        with pytest.raises(SSAInputError, match="bad keys"):
+            lead.check_upload(p1, 5, replace(good, master_seed=seed), accept_hints=False)
+
+
+# ---- 5. PSR -------------------------------------------------------------------------------------
+
+
+def test_answer_queries_retrieve_exact_rows_and_report_rejections() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    pub = lead.helper_key()
+    params = make_params(1)
+    rng = np.random.default_rng(11)
+    rows = rng.normal(size=(params.domain_size, WIDTH)).astype(np.float32)
+    table = encode_table(rows)
+    queries: dict[int, ClientUpload] = {}
+    states: dict[int, PSRClientState] = {}
+    for cid in (10, 11, 12, 13):
+        n = int(rng.integers(1, params.num_items + 1))
+        q = make_query(params, rng.choice(params.domain_size, n, replace=False))
+        sealed, answer_key = seal_psr_query(
+            pub,
+            binding=bind(params),
+            client_id=cid,
+            public_part=q.upload.public_part,
+            master_seed=q.upload.master_seeds[1],
+        )
+        queries[cid] = ClientUpload(q.upload.public_part, q.upload.master_seeds[0], sealed)
+        states[cid] = PSRClientState(params.round_id, q.indices, q.placement.slots, answer_key)
+    tampered = bytearray(queries[12].sealed)
+    tampered[-1] ^= 0x01
+    queries[12] = replace(queries[12], sealed=bytes(tampered))
+    queries[13] = replace(queries[13], public_part=b"FDPF" + bytes(40))  # S0 cannot answer
+
+    answers = lead.answer_queries(params, table, queries)
+    assert set(answers) == set(queries)
+    for cid in (10, 11):
+        answer = answers[cid]
+        assert isinstance(answer, tuple)
+        answer0, sealed1 = answer
+        answer1 = open_psr_answer(
+            states[cid].answer_key, sealed1, binding=bind(params), client_id=cid
+        )
+        got = decode_table(states[cid].rows(params, answer0, answer1), np.float32)
+        np.testing.assert_array_equal(got, rows[states[cid].indices])
+    assert isinstance(answers[12], str) and answers[12].startswith("rejected by S1")
+    assert "authentication" in answers[12]
+    assert isinstance(answers[13], str) and "malformed public part" in answers[13]
+    # S0 relays only the queries it could answer; the round stays open for the SSA phase.
+    assert [c for c, _, _ in helper.calls["psr_answer"][0][1]] == [10, 11, 12]
+    assert helper.open_rounds() == (1,)
+
+    # Index mode: the round's SSA phase reuses the open round (opened once on S1).
+    clients = make_clients(2)
+    outcome = lead.aggregate(params, fresh_uploads(params, clients, pub))
+    assert_matches(params, outcome.result, clients)
+    assert len(helper.calls["open_round"]) == 1 and len(helper.calls["set_model"]) == 1
+
+
+def test_answer_queries_that_s0_rejects_never_reach_s1() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper)
+    params = make_params(1)
+    table = encode_table(np.zeros((params.domain_size, WIDTH), np.float32))
+    q = make_query(params, [1, 2])
+    answers = lead.answer_queries(
+        params, table, {5: ClientUpload(q.upload.public_part, b"short", b"sealed")}
+    )
+    assert isinstance(answers[5], str) and "master seed" in answers[5]
+    assert dict(helper.calls) == {}  # no round opened, no table sent
+    assert lead.abort(1) is None and helper.calls["abort_round"] == []
+
+
+# ---- 6. S1's pinned key -------------------------------------------------------------------------
+
+
+def test_helper_key_is_checked_against_the_pin_and_fetched_once() -> None:
+    keypair = SealingKeyPair.generate()
+    helper = RecordingHelper(twin(keypair=keypair))
+    lead = LeadServer(helper, keypair.fingerprint)
+    assert lead.helper_key() == keypair.public_bytes
+    assert lead.helper_key() == keypair.public_bytes
+    assert len(helper.calls["public_key"]) == 1
+    assert lead.session_id == helper.inner.session_id
+
+    impostor = RecordingHelper(twin(keypair=SealingKeyPair.generate()))
+    pinned = LeadServer(impostor, keypair.fingerprint)
+    for _ in range(2):  # a mismatch is never cached as the key
+        with pytest.raises(ValueError, match="does not match"):
+            pinned.helper_key()
+    assert len(impostor.calls["public_key"]) == 2
+    with pytest.raises(ValueError, match="64 hex digits"):
+        LeadServer(impostor, "not-a-fingerprint").helper_key()
+    # Without a pin S0 takes S1's key as announced (clients still check their own pin).
+    assert LeadServer(impostor).helper_key() == impostor.inner.public_key()
