@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -210,6 +211,13 @@ class Reader:
         if arr.dtype != np.uint64:
             raise WireFormatError(f"{what} must be a uint64 array, got {arr.dtype}")
         return arr.astype(np.uint64, copy=False)
+
+    def vector(self, what: str, dtype: type[np.generic]) -> NDArray[Any]:
+        """Read an array field that must be 1-D of exactly ``dtype`` (e.g. ``np.int64``)."""
+        arr = self.array(what)
+        if arr.ndim != 1 or arr.dtype != np.dtype(dtype):
+            raise WireFormatError(f"{what} must be a 1-D {np.dtype(dtype)} array")
+        return arr
 
     def done(self) -> None:
         """Reject trailing bytes."""

@@ -201,6 +201,23 @@ class SealingKeyPair:
             raise SealedBoxError(f"private key must be {KEY_BYTES} raw bytes")
         return cls(X25519PrivateKey.from_private_bytes(bytes(private)))
 
+    def private_bytes(self) -> bytes:
+        """Return the raw 32-byte private key (the inverse of :meth:`from_private_bytes`).
+
+        For state that stays with its owner (e.g. a client's per-query answer key in its
+        Flower ``Context.state``); never send it.
+
+        Returns
+        -------
+        bytes
+            The raw X25519 private key.
+        """
+        return self.private_key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+
     @property
     def fingerprint(self) -> str:
         """Hex SHA-256 of :attr:`public_bytes` (see :func:`public_key_fingerprint`)."""
