@@ -42,7 +42,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -58,9 +59,10 @@ from flwr_fsl.crypto.dpf import (
     next_hint_batch,
     update_batch,
 )
-from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.hashing import (
     EMPTY,
+    CuckooInsertionError,
     CuckooTable,
     HashParams,
     SimpleTable,
@@ -71,9 +73,12 @@ from flwr_fsl.crypto.prg import random_seeds
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.submodel.aggregate import count_weighted_mean
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
+_STATE_MAGIC = b"FSCS"  # SSAClientState binary format (see its docstring)
+_STATE_VERSION = 1
 
 
 class SSAInputError(ClientInputError):
@@ -185,7 +190,8 @@ class SSAParams:
             If the bytes are not a valid parameter set of this version.
         """
         try:
-            raw = json.loads(bytes(data).decode())
+            # NaN/Infinity are not JSON numbers: reject them instead of letting them reach math.
+            raw = json.loads(bytes(data).decode(), parse_constant=_reject_constant)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"SSA parameters are not valid JSON: {err}") from None
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
@@ -194,11 +200,49 @@ class SSAParams:
             raise ValueError(f"unsupported SSA parameter version (expected {_VERSION})")
         if set(raw) != set(cls.__dataclass_fields__):
             raise ValueError(f"SSA parameter fields differ: {sorted(raw)}")
+        # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
+        for name, value in raw.items():
+            if not _FIELD_TYPES[name](value):
+                raise ValueError(f"SSA parameter {name!r} has the wrong type")
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
-        except (TypeError, ValueError):
+        except ValueError:
             raise ValueError("hash_key must be hex") from None
         return cls(**raw)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a valid parameter value")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+_FIELD_TYPES: dict[str, Callable[[object], bool]] = {
+    **dict.fromkeys(
+        (
+            "round_id",
+            "domain_size",
+            "num_items",
+            "value_width",
+            "num_hashes",
+            "stash_size",
+            "frac_bits",
+            "max_summands",
+            "epoch",
+        ),
+        _is_int,
+    ),
+    "hash_key": lambda v: isinstance(v, str),
+    "count_weighted": lambda v: isinstance(v, bool),
+    "scale_factor": lambda v: v is None or _is_number(v),
+    "max_abs": _is_number,
+}
 
 
 @lru_cache(maxsize=8)
@@ -278,12 +322,29 @@ def place_indices(
         If there are more than ``k`` indices, duplicates, or indices out of range.
     CuckooInsertionError
         If cuckoo insertion fails (probability about 2**-40 for the default ε).
+
+    Notes
+    -----
+    The error texts name no index and no set size: a client's exception text reaches S0
+    (Flower sends it as the error reply's reason), and both are the client's secret.
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     if idx.size > params.num_items:
-        raise ValueError(f"{idx.size} indices but the round allows k={params.num_items}")
+        raise ValueError(f"more indices than the round allows (k={params.num_items})")
+    if idx.size and (idx.min() < 0 or idx.max() >= params.domain_size):
+        raise ValueError(f"indices must be in [0, {params.domain_size})")
+    if np.unique(idx).size != idx.size:
+        raise ValueError("indices must be distinct")
     table = simple_table if simple_table is not None else simple_table_for(params)
-    cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
+    try:
+        cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
+    except CuckooInsertionError as err:
+        # The hashing layer's text names the homeless index; keep it out of the reply.
+        raise CuckooInsertionError(
+            "cuckoo hashing failed for this index set: use a larger scale_factor or "
+            "stash_size, or a new hash key",
+            err.index,
+        ) from None
     positions = cuckoo.positions(table)
     num_bins = params.hash_params.num_bins
     alphas = np.zeros(params.num_keys, np.uint64)
@@ -336,13 +397,22 @@ def payload_words(
     if v.ndim == 1 and params.value_width == 1:
         v = v.reshape(-1, 1)
     if v.ndim != 2 or v.shape[1] != params.value_width:
-        raise ValueError(f"values must have shape (n, {params.value_width}), got {v.shape}")
+        raise ValueError(f"values must have shape (n, {params.value_width})")
     if params.count_weighted:
-        c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
+        try:
+            c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
+        except ValueError:  # numpy's text would quote both lengths (the set size)
+            raise ValueError("weights must be one number or one per value row") from None
         if c.size and (not np.all(np.isfinite(c)) or np.any(c <= 0)):
             raise ValueError("weights must be finite and > 0")
         v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
-    return params.fixed_point.encode(v, rng)
+    try:
+        return params.fixed_point.encode(v, rng)
+    except FixedPointOverflowError:
+        # The codec's text quotes the offending value: a client's secret.
+        raise FixedPointOverflowError(
+            f"a payload word is NaN, inf or exceeds max_abs={params.max_abs}"
+        ) from None
 
 
 @dataclass
@@ -370,6 +440,30 @@ class SSAUpload:
 class SSAClientState:
     """A client's keys of the current epoch, kept for U-DPF rounds (never sent).
 
+    It holds both servers' key shares, i.e. the client's secret index set and values: keep it
+    on the client (e.g. in Flower's ``Context.state``), never on the wire.
+
+    **Binary format v1** (:meth:`to_bytes`, :meth:`from_bytes`), fields of
+    :mod:`flwr_fsl.wireformat` in this order:
+
+    ========  ====================================================================
+    magic     4 raw bytes ``b"FSCS"``
+    version   ``u8`` = 1
+    params    ``bytes``: :meth:`SSAParams.to_bytes` of the keys' round
+    indices   ``array`` int64 ``(n,)``: distinct, in ``[0, m)``, ``n <= k``
+    alphas    ``array`` uint64 ``(B + σ,)``: every key's DPF point, below ``2**domain_bits``
+    slots     ``array`` int64 ``(B + σ,)``: per key ``EMPTY`` or its index's position;
+              every position ``0..n-1`` exactly once
+    public    ``bytes``: :meth:`~flwr_fsl.crypto.dpf.DPFPublicBatch.to_bytes`, the keys'
+              shared public part (``B + σ`` keys, the round's ``tau``, all at its epoch)
+    seeds0    ``array`` uint64 ``(B + σ, 2)``: S0's root seeds
+    seeds1    ``array`` uint64 ``(B + σ, 2)``: S1's root seeds
+    ========  ====================================================================
+
+    No trailing bytes. The per-key domain sizes are not checked against the round's simple
+    table here (that needs the table of all ``m`` indices); the servers check them on every
+    hint (:meth:`SSAServer.add_client_hint`).
+
     Attributes
     ----------
     params : SSAParams
@@ -386,6 +480,89 @@ class SSAClientState:
     indices: NDArray[np.int64]
     placement: Placement
     keys: tuple[DPFKeyBatch, DPFKeyBatch] = field(repr=False)
+
+    def to_bytes(self) -> bytes:
+        """Serialize the state (format v1, see the class docstring).
+
+        Returns
+        -------
+        bytes
+            The encoded state.
+
+        Raises
+        ------
+        ValueError
+            If the two key shares do not share one public part or parties are swapped.
+        """
+        k0, k1 = self.keys
+        public = k0.public.to_bytes()
+        if (k0.party, k1.party) != (0, 1) or k1.public.to_bytes() != public:
+            raise ValueError("the state's key shares are not S0's and S1's of the same keys")
+        w = Writer()
+        w.fixed(_STATE_MAGIC, len(_STATE_MAGIC))
+        w.u8(_STATE_VERSION)
+        w.raw(self.params.to_bytes())
+        w.array(np.asarray(self.indices, np.int64))
+        w.array(np.asarray(self.placement.alphas, np.uint64))
+        w.array(np.asarray(self.placement.slots, np.int64))
+        w.raw(public)
+        w.array(k0.root_seeds)
+        w.array(k1.root_seeds)
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SSAClientState:
+        """Parse :meth:`to_bytes` output strictly.
+
+        Every length is checked against the bytes left before anything is allocated, and
+        the fields are checked against each other and the stored round.
+
+        Parameters
+        ----------
+        data : bytes
+            The encoded state.
+
+        Returns
+        -------
+        SSAClientState
+            The state (its placement without the cuckoo table).
+
+        Raises
+        ------
+        SSAInputError
+            On any malformed, truncated, extended or inconsistent input. The text names the
+            failed check only, never a stored index, value or size (they are secret).
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise SSAInputError("an SSA client state must be bytes")
+        data = bytes(data)
+        if data[: len(_STATE_MAGIC)] != _STATE_MAGIC:
+            raise SSAInputError("not an SSA client state")
+        try:
+            r = Reader(data, len(_STATE_MAGIC))
+            version = r.u8("version")
+            if version != _STATE_VERSION:
+                raise SSAInputError(f"unsupported SSA client state version {version}")
+            raw_params = r.raw("params")
+            indices = r.vector("indices", np.int64)
+            alphas = r.vector("alphas", np.uint64)
+            slots = r.vector("slots", np.int64)
+            public_bytes = r.raw("public part")
+            seeds = (r.array_u64("S0's root seeds"), r.array_u64("S1's root seeds"))
+            r.done()
+        except WireFormatError:
+            raise SSAInputError("malformed SSA client state") from None
+        try:
+            params = SSAParams.from_bytes(raw_params)
+        except ValueError as err:
+            raise SSAInputError(f"SSA client state: bad round parameters: {err}") from None
+        try:
+            public = DPFPublicBatch.from_bytes(public_bytes)
+            keys = (DPFKeyBatch(0, seeds[0], public), DPFKeyBatch(1, seeds[1], public))
+        except DPFKeyError:
+            raise SSAInputError("SSA client state: malformed keys") from None
+        _check_state(params, indices, alphas, slots, public)
+        return cls(params, indices, Placement(alphas, slots), keys)
 
     def next_round(
         self,
@@ -445,6 +622,34 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keep)
 
 
+def _check_state(
+    params: SSAParams,
+    indices: NDArray[np.int64],
+    alphas: NDArray[np.uint64],
+    slots: NDArray[np.int64],
+    public: DPFPublicBatch,
+) -> None:
+    """Check a decoded state's fields against each other and its round (cheap checks only)."""
+    n = indices.size
+    if n > params.num_items:
+        raise SSAInputError("SSA client state: more indices than its round allows")
+    if n and (indices.min() < 0 or indices.max() >= params.domain_size):
+        raise SSAInputError("SSA client state: an index is outside the round's domain")
+    if np.unique(indices).size != n:
+        raise SSAInputError("SSA client state: repeated indices")
+    num_keys = params.num_keys
+    if alphas.size != num_keys or slots.size != num_keys or public.num_keys != num_keys:
+        raise SSAInputError("SSA client state: key count differs from its round's")
+    if public.tau != params.tau or np.any(public.epochs != np.uint64(params.epoch)):
+        raise SSAInputError("SSA client state: keys do not match its round's tau or epoch")
+    if np.any(alphas >> public.domain_bits.astype(np.uint64) != 0):
+        raise SSAInputError("SSA client state: a DPF point lies outside its key's domain")
+    used = slots[slots != EMPTY]
+    # Every index is carried by exactly one key (a bin or a stash slot), as place_indices does.
+    if not np.array_equal(np.sort(used), np.arange(n)):
+        raise SSAInputError("SSA client state: slots do not place every index exactly once")
+
+
 def _betas(
     params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
@@ -497,7 +702,7 @@ def encode_update(
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     payload = payload_words(params, values, weights, rng)
     if payload.shape[0] != idx.size:
-        raise ValueError(f"{idx.size} indices but {payload.shape[0]} value rows")
+        raise ValueError("the number of value rows differs from the number of indices")
     placement = place_indices(params, idx, table, rng)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
@@ -510,6 +715,82 @@ def encode_update(
     )
     upload = SSAUpload(k0.public.to_bytes(), master_seeds)
     return upload, SSAClientState(params, idx, placement, (k0, k1))
+
+
+def can_send_hint(previous: SSAClientState | None, params: SSAParams, indices: ArrayLike) -> bool:
+    """Return True if a U-DPF hint can move ``previous``'s keys to round ``params``.
+
+    That needs stored keys of an earlier epoch, the same index array (same order) and the
+    same layout (:func:`same_layout`: hashing, domain and widths).
+
+    Parameters
+    ----------
+    previous : SSAClientState or None
+        The client's keys of its last round, if kept.
+    params : SSAParams
+        The new round.
+    indices : array_like
+        The client's indices for the new round.
+
+    Returns
+    -------
+    bool
+        Whether :meth:`SSAClientState.next_round` applies.
+    """
+    return (
+        previous is not None
+        and params.epoch > previous.params.epoch
+        and np.array_equal(previous.indices, np.asarray(indices, np.int64).reshape(-1))
+        and same_layout(previous.params, params)
+    )
+
+
+def encode_round(
+    params: SSAParams,
+    indices: ArrayLike,
+    values: ArrayLike,
+    weights: ArrayLike | float = 1.0,
+    previous: SSAClientState | None = None,
+    *,
+    udpf: bool = False,
+    rng: np.random.Generator | None = None,
+    master_seeds: tuple[bytes, bytes] | None = None,
+) -> tuple[SSAUpload | bytes, SSAClientState]:
+    """Client side of one SSA round: a U-DPF hint when it applies, fresh keys otherwise.
+
+    The hint is sent iff ``udpf`` and :func:`can_send_hint` (stored keys of an earlier
+    epoch, the same index array, :func:`same_layout`); otherwise :func:`encode_update`.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    indices, values, weights
+        As in :func:`encode_update`.
+    previous : SSAClientState, optional
+        The state this function returned in the client's last round (not modified).
+    udpf : bool
+        Whether the servers accept U-DPF hints this round.
+    rng : numpy.random.Generator, optional
+        Stochastic-rounding and cuckoo randomness (not secret).
+    master_seeds : tuple[bytes, bytes], optional
+        Fixed master seeds for fresh keys (tests); fresh OS randomness by default.
+
+    Returns
+    -------
+    tuple[SSAUpload | bytes, SSAClientState]
+        The upload (fresh keys) or the serialized hint (for both servers), and the state to
+        keep for the next round.
+
+    Raises
+    ------
+    ValueError
+        If the inputs do not fit the round.
+    """
+    if udpf and previous is not None and can_send_hint(previous, params, indices):
+        state = replace(previous)  # a shallow copy: next_round rebinds keys and params only
+        return state.next_round(params, values, weights, rng), state
+    return encode_update(params, indices, values, weights, rng=rng, master_seeds=master_seeds)
 
 
 def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
