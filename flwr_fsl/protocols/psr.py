@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.crypto.prg import random_seeds
@@ -38,6 +39,10 @@ from flwr_fsl.protocols.ssa import (
     place_indices,
     simple_table_for,
 )
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+
+_STATE_MAGIC = b"FSPQ"  # PSRClientState binary format (see its docstring)
+_STATE_VERSION = 1
 
 
 def query_params(params: SSAParams) -> SSAParams:
@@ -272,3 +277,160 @@ def decode_rows(
     used = slots != EMPTY
     rows[slots[used]] = total[used]
     return rows
+
+
+@dataclass
+class PSRClientState:
+    """What a client keeps from its query until the answers arrive (never sent).
+
+    The indices, counts and answer key are the client's secrets: keep the state on the
+    client (e.g. in Flower's ``Context.state``).
+
+    **Binary format v1** (:meth:`to_bytes`, :meth:`from_bytes`), fields of
+    :mod:`flwr_fsl.wireformat` in this order:
+
+    ==========  ==================================================================
+    magic       4 raw bytes ``b"FSPQ"``
+    version     ``u8`` = 1
+    round       ``u64``: the round id the query was made for
+    answer key  32 raw bytes: the X25519 private key S1's answer is sealed to
+    indices     ``array`` int64 ``(n,)``: the requested rows, distinct, non-negative
+    slots       ``array`` int64 ``(B + σ,)``: per key ``EMPTY`` or its row's position;
+                every position ``0..n-1`` exactly once
+    has counts  ``u8``: 0 or 1
+    counts      (only if 1) ``array`` float64 ``(n,)``: finite, > 0
+    ==========  ==================================================================
+
+    No trailing bytes.
+
+    Attributes
+    ----------
+    round_id : int
+        The round the query was made for.
+    indices : numpy.ndarray
+        The requested rows, in the client's order.
+    slots : numpy.ndarray
+        ``Placement.slots`` of the query.
+    answer_key : SealingKeyPair
+        The per-query key pair from :func:`~flwr_fsl.protocols.sealing.seal_psr_query`.
+    counts : numpy.ndarray or None
+        Optional per-row weights for the upload that follows.
+    """
+
+    round_id: int
+    indices: NDArray[np.int64]
+    slots: NDArray[np.int64]
+    answer_key: SealingKeyPair = field(repr=False)
+    counts: NDArray[np.float64] | None = None
+
+    def to_bytes(self) -> bytes:
+        """Serialize the state (format v1, see the class docstring).
+
+        Returns
+        -------
+        bytes
+            The encoded state.
+        """
+        w = Writer()
+        w.fixed(_STATE_MAGIC, len(_STATE_MAGIC))
+        w.u8(_STATE_VERSION)
+        w.u64(self.round_id)
+        w.fixed(self.answer_key.private_bytes(), KEY_BYTES)
+        w.array(np.asarray(self.indices, np.int64))
+        w.array(np.asarray(self.slots, np.int64))
+        w.u8(int(self.counts is not None))
+        if self.counts is not None:
+            w.array(np.asarray(self.counts, np.float64))
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PSRClientState:
+        """Parse :meth:`to_bytes` output strictly (lengths checked before allocating).
+
+        Parameters
+        ----------
+        data : bytes
+            The encoded state.
+
+        Returns
+        -------
+        PSRClientState
+            The state.
+
+        Raises
+        ------
+        SSAInputError
+            On any malformed, truncated, extended or inconsistent input (the text names the
+            failed check only, never a stored index or size).
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise SSAInputError("a PSR client state must be bytes")
+        data = bytes(data)
+        if data[: len(_STATE_MAGIC)] != _STATE_MAGIC:
+            raise SSAInputError("not a PSR client state")
+        try:
+            r = Reader(data, len(_STATE_MAGIC))
+            version = r.u8("version")
+            if version != _STATE_VERSION:
+                raise SSAInputError(f"unsupported PSR client state version {version}")
+            round_id = r.u64("round")
+            private = r.fixed(KEY_BYTES, "answer key")
+            indices = r.vector("indices", np.int64)
+            slots = r.vector("slots", np.int64)
+            has_counts = r.u8("has counts")
+            if has_counts > 1:
+                raise WireFormatError("bad counts flag")
+            counts = r.vector("counts", np.float64) if has_counts else None
+            r.done()
+        except WireFormatError:
+            raise SSAInputError("malformed PSR client state") from None
+        n = indices.size
+        if n and (indices.min() < 0 or np.unique(indices).size != n):
+            raise SSAInputError("PSR client state: indices must be distinct and non-negative")
+        used = slots[slots != EMPTY]
+        if not np.array_equal(np.sort(used), np.arange(n)):
+            raise SSAInputError("PSR client state: slots do not place every row exactly once")
+        if counts is not None and (
+            counts.size != n or not np.all(np.isfinite(counts)) or np.any(counts <= 0)
+        ):
+            raise SSAInputError("PSR client state: counts must be finite and > 0, one per row")
+        try:
+            answer_key = SealingKeyPair.from_private_bytes(private)
+        except SealedBoxError:
+            raise SSAInputError("PSR client state: bad answer key") from None
+        return cls(round_id, indices, slots, answer_key, counts)
+
+    def rows(
+        self, params: SSAParams, answer0: bytes, answer1: NDArray[np.uint64]
+    ) -> NDArray[np.uint64]:
+        """Add S0's raw answer and S1's opened answer: the requested rows, in order.
+
+        Parameters
+        ----------
+        params : SSAParams
+            The round the query was made for (``value_width`` = the table's row width).
+        answer0 : bytes
+            S0's answer as raw little-endian uint64 words, ``B + σ`` rows.
+        answer1 : numpy.ndarray
+            S1's answer (opened with :attr:`answer_key`), ``(B + σ, value_width)`` uint64.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(n, value_width)`` uint64 ring words (see :func:`decode_table`).
+
+        Raises
+        ------
+        SSAInputError
+            If the state is for another round or an answer has the wrong size.
+        """
+        if params.round_id != self.round_id or self.slots.size != params.num_keys:
+            raise SSAInputError("the retrieval state is not for this round")
+        width = params.value_width
+        if not isinstance(answer0, bytes) or len(answer0) != 8 * params.num_keys * width:
+            raise SSAInputError("S0's answer has the wrong size")
+        words = np.frombuffer(answer0, "<u8").astype(np.uint64).reshape(-1, width)
+        try:
+            return decode_rows(self.slots, self.indices.size, words, answer1)
+        except ValueError:
+            raise SSAInputError("S1's answer has the wrong shape") from None
