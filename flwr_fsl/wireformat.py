@@ -135,6 +135,26 @@ class Reader:
         self.data = data
         self.pos = pos
 
+    @classmethod
+    def versioned(cls, data: object, magic: bytes, version: int, what: str) -> Reader:
+        """Start reading a ``magic + u8 version`` format; return the reader after the header.
+
+        Raises
+        ------
+        WireFormatError
+            If ``data`` is not bytes, or the magic or version is not the expected one.
+        """
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise WireFormatError(f"{what} must be bytes")
+        data = bytes(data)
+        if data[: len(magic)] != magic:
+            raise WireFormatError(f"not {what}")
+        reader = cls(data, len(magic))
+        found = reader.u8("version")
+        if found != version:
+            raise WireFormatError(f"unsupported {what} version {found}")
+        return reader
+
     def _take(self, n: int, what: str) -> bytes:
         if n > len(self.data) - self.pos:
             raise WireFormatError(

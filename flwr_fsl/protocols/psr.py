@@ -363,16 +363,11 @@ class PSRClientState:
             On any malformed, truncated, extended or inconsistent input (the text names the
             failed check only, never a stored index or size).
         """
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise SSAInputError("a PSR client state must be bytes")
-        data = bytes(data)
-        if data[: len(_STATE_MAGIC)] != _STATE_MAGIC:
-            raise SSAInputError("not a PSR client state")
         try:
-            r = Reader(data, len(_STATE_MAGIC))
-            version = r.u8("version")
-            if version != _STATE_VERSION:
-                raise SSAInputError(f"unsupported PSR client state version {version}")
+            r = Reader.versioned(data, _STATE_MAGIC, _STATE_VERSION, "a PSR client state")
+        except WireFormatError as err:
+            raise SSAInputError(str(err)) from None  # the header holds no secret
+        try:
             round_id = r.u64("round")
             private = r.fixed(KEY_BYTES, "answer key")
             indices = r.vector("indices", np.int64)

@@ -533,16 +533,11 @@ class SSAClientState:
             On any malformed, truncated, extended or inconsistent input. The text names the
             failed check only, never a stored index, value or size (they are secret).
         """
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise SSAInputError("an SSA client state must be bytes")
-        data = bytes(data)
-        if data[: len(_STATE_MAGIC)] != _STATE_MAGIC:
-            raise SSAInputError("not an SSA client state")
         try:
-            r = Reader(data, len(_STATE_MAGIC))
-            version = r.u8("version")
-            if version != _STATE_VERSION:
-                raise SSAInputError(f"unsupported SSA client state version {version}")
+            r = Reader.versioned(data, _STATE_MAGIC, _STATE_VERSION, "an SSA client state")
+        except WireFormatError as err:
+            raise SSAInputError(str(err)) from None  # the header holds no secret
+        try:
             raw_params = r.raw("params")
             indices = r.vector("indices", np.int64)
             alphas = r.vector("alphas", np.uint64)
