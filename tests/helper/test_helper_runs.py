@@ -78,9 +78,11 @@ def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
         stop(proc)
 
 
-def _run(env: dict[str, str], helper: dict[str, str], seed: int) -> tuple[str, str, str]:
+def _run(
+    env: dict[str, str], helper: dict[str, str], seed: int, rounds: int = ROUNDS
+) -> tuple[str, str, str]:
     run_config = (
-        f"num-server-rounds={ROUNDS} max-client-samples=200 test-size=300 fraction-train=1.0 "
+        f"num-server-rounds={rounds} max-client-samples=200 test-size=300 fraction-train=1.0 "
         f"compare-plaintext=false seed={seed} "
         f"ssa-helper-address='{helper['address']}' "
         f"ssa-helper-fingerprint='{helper['fingerprint']}' "
@@ -101,11 +103,11 @@ def _run(env: dict[str, str], helper: dict[str, str], seed: int) -> tuple[str, s
     )
 
 
-def _assert_trained(run_id: str, status: str, logs: str) -> None:
+def _assert_trained(run_id: str, status: str, logs: str, rounds: int = ROUNDS) -> None:
     assert status == "finished:completed", f"run {run_id} ended as {status!r}:\n{logs[-4000:]}"
     assert "flwr-fsl-helper at 127.0.0.1" in logs, logs[-4000:]
     aggregated = re.findall(r"securely aggregated (\d+) clients", logs)
-    assert len(aggregated) == ROUNDS and all(int(n) == 2 for n in aggregated), logs[-4000:]
+    assert len(aggregated) == rounds and all(int(n) == 2 for n in aggregated), logs[-4000:]
     assert "secure aggregation with S1 failed" not in logs, logs[-4000:]
 
 
@@ -116,23 +118,33 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
     # One after another through the same SuperLink and the same S1.
     for seed in (1, 2):
         _assert_trained(*_run(superlink, helper, seed))
-    # Two at once, each through its own SuperLink, against the same S1.
+    # Two at once, each through its own SuperLink, against the same S1. The second starts once
+    # the first has opened a round on S1 (its Ray cluster is up): two Ray clusters booting at
+    # the same instant on a 2-core machine can miss Ray's fixed 30 s raylet start-up wait. The
+    # first run has many short rounds (about 0.3 s each here once Ray is up), so it is still
+    # going when the second opens its session a few seconds later.
+    rounds = {0: 50, 1: ROUNDS}
     results: dict[int, tuple[str, str, str]] = {}
 
     def submit(index: int, env: dict[str, str]) -> None:
-        results[index] = _run(env, helper, 10 + index)
+        results[index] = _run(env, helper, 10 + index, rounds[index])
 
-    threads = [
-        threading.Thread(target=submit, args=(i, env))
-        for i, env in enumerate((superlink, superlink_2))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
+    first = threading.Thread(target=submit, args=(0, superlink))
+    first.start()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while Path(helper["log"]).read_text().count("round 1 opened") < 3:
+        assert first.is_alive() and time.monotonic() < deadline, (
+            f"the first concurrent run did not open a round on S1: {results.get(0, ('', ''))[:2]}"
+            f"\n{Path(helper['log']).read_text()[-3000:]}"
+        )
+        time.sleep(0.5)
+    second = threading.Thread(target=submit, args=(1, superlink_2))
+    second.start()
+    for t in (first, second):
         t.join(timeout=RUN_TIMEOUT_S + 120)
     assert sorted(results) == [0, 1]
-    for outcome in results.values():
-        _assert_trained(*outcome)
+    for index, outcome in results.items():
+        _assert_trained(*outcome, rounds=rounds[index])
     helper_log = Path(helper["log"]).read_text()
     opened = [int(n) for n in re.findall(r"session \w+ opened \((\d+) open\)", helper_log)]
     assert len(opened) == 4, helper_log[-4000:]  # one session per run
