@@ -133,6 +133,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         As in :class:`flwr.serverapp.strategy.FedAvg`.
     sampling_seed : int, optional
         Seed of reproducible client sampling (None: Flower's unseeded sampling).
+    max_weight : float
+        Largest ``weighted_by_key`` (and per-index count) a reply may carry; a client above it
+        is dropped. A finite but huge weight (``1e308``) would otherwise overflow the
+        weighted sums and fail the round for everyone.
 
     Raises
     ------
@@ -160,6 +164,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         *,
         sampling_seed: int | None = None,
+        max_weight: float = 1e9,
     ) -> None:
         for name, value in (
             ("fraction_train", fraction_train),
@@ -178,6 +183,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             raise ConfigurationError("weighted_by_key must be a non-empty metric name")
         if sampling_seed is not None and isinstance(sampling_seed, bool):
             raise ConfigurationError("sampling_seed must be an int or None")
+        finite = isinstance(max_weight, int | float) and math.isfinite(max_weight)
+        if not (finite and 0 < max_weight <= 1e300):
+            # Bounded well below float64's range so the sum of many clients' weights is finite.
+            raise ConfigurationError(f"max_weight must be in (0, 1e300], got {max_weight!r}")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -191,6 +200,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
         self.sampling_seed = sampling_seed
+        self.max_weight = float(max_weight)
         self.rounds: dict[int, RoundState] = {}
         self._timeout = 3600.0
 
@@ -451,7 +461,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         ------
         ClientInputError
             If the reply has not exactly one MetricRecord, or the weight is missing,
-            not a number, not finite or not positive.
+            not a number, not finite, not positive or above ``max_weight``.
         """
         records = list(content.metric_records.values())
         if len(records) != 1:
@@ -461,6 +471,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             raise ClientInputError(f"missing numeric {self.weighted_by_key!r} in metrics")
         if not (math.isfinite(value) and value > 0):
             raise ClientInputError(f"{self.weighted_by_key!r} must be finite and > 0")
+        if value > self.max_weight:
+            raise ClientInputError(f"{self.weighted_by_key!r} exceeds max_weight")
         return float(value)
 
     # -- a round ------------------------------------------------------------------------------
@@ -532,6 +544,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release what the failed round holds (override: e.g. abort it on a helper)."""
 
+    def fail_round(self, state: RoundState, error: RoundFailedError) -> None:
+        """Record ``error`` as the round's failure and release what the round holds."""
+        state.fail(f"{type(error).__name__}: {error}")
+        self.round_failed(state, error)
+
     def start(
         self,
         grid: Grid,
@@ -569,8 +586,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             try:
                 new_arrays, metrics = self.train_round(grid, state, arrays, train_config)
             except RoundFailedError as err:
-                state.fail(f"{type(err).__name__}: {err}")
-                self.round_failed(state, err)
+                self.fail_round(state, err)
                 new_arrays, metrics = None, None
             if state.failure is not None:
                 new_arrays, metrics = None, None

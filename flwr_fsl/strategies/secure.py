@@ -141,8 +141,7 @@ class SecureFedSubAvg(FedSubAvg):
                 state, params, uploads, FlatLayout.of(state.model), self.train_metrics
             )
         except RoundFailedError as err:  # Flower's own loop may drive this method
-            state.fail(f"{type(err).__name__}: {err}")
-            self.round_failed(state, err)
+            self.fail_round(state, err)
             return None, None
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:

@@ -130,6 +130,20 @@ def _metrics(value: object):  # type: ignore[no-untyped-def]
     return corrupt
 
 
+def _with_counts(value: float):  # type: ignore[no-untyped-def]
+    def corrupt(c: RecordDict) -> RecordDict:
+        header = c[HEADER_KEY]
+        counts = list(header["counts"])  # type: ignore[arg-type]
+        counts[list(header["names"]).index("conv.weight")] = True  # type: ignore[arg-type]
+        header["counts"] = counts  # type: ignore[assignment]
+        record = c[ARRAYS_KEY]
+        indices = record["conv.weight|indices"].numpy()
+        record["conv.weight|counts"] = Array(np.full(indices.shape, value, np.float64))
+        return c
+
+    return corrupt
+
+
 CORRUPTIONS = {
     "wrong name": _rename,
     "wrong shape": _set_array("|values", lambda v: np.concatenate([v, v])),
@@ -142,6 +156,10 @@ CORRUPTIONS = {
     "missing num-examples": _metrics(None),
     "zero num-examples": _metrics(0),
     "NaN num-examples": _metrics(float("nan")),
+    # Finite but huge: one client must not overflow the weighted sums (issue 8, item 6).
+    "huge num-examples": _metrics(1e308),
+    "num-examples above max_weight": _metrics(2e9),
+    "huge per-index counts": _with_counts(1e300),
 }
 
 
@@ -273,3 +291,43 @@ def test_evaluate_replies_without_weight_are_skipped() -> None:
     bad = Message(RecordDict({"metrics": MetricRecord({"eval-loss": 1.0})}), reply_to=msgs[0])
     agg = strategy.aggregate_evaluate(1, [bad, replies[1]])
     assert agg is not None and agg["eval-loss"] == replies[1].content["metrics"]["eval-loss"]
+
+
+def test_a_non_finite_aggregate_fails_the_round_and_keeps_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Bounded weights make this unreachable from clients; the check still guards the apply.
+    import flwr_fsl.strategies.fedsubavg as fedsubavg
+    from flwr_fsl.errors import RoundFailedError
+
+    real = fedsubavg.count_weighted_average
+
+    def overflowing(model, updates):  # type: ignore[no-untyped-def]
+        if not calls:
+            calls.append(1)
+            raise RoundFailedError("the aggregated sums or counts are not finite")
+        return real(model, updates)
+
+    calls: list[int] = []
+    monkeypatch.setattr(fedsubavg, "count_weighted_average", overflowing)
+    grid = InProcessGrid(make_app(), 3)
+    strategy = FedSubAvg(min_available_nodes=3)
+    seen: dict[int, dict[str, np.ndarray]] = {}
+
+    def evaluate_fn(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
+        seen[rnd] = _arrays(arrays)
+        return None
+
+    strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2, evaluate_fn=evaluate_fn)
+    assert "not finite" in strategy.failed_rounds[1] and 2 not in strategy.failed_rounds
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(seen[1][name], value)
+    assert any(not np.array_equal(seen[2][n], MODEL[n]) for n in MODEL)
+
+
+def test_max_weight_is_validated() -> None:
+    from flwr_fsl.errors import ConfigurationError
+
+    for bad in (0, -1.0, float("inf"), 1e308):
+        with pytest.raises(ConfigurationError, match="max_weight"):
+            FedSubAvg(max_weight=bad)

@@ -230,3 +230,47 @@ def test_helper_view_has_no_index_or_value_in_the_clear(helper_key: SealingKeyPa
             assert idx[:4].astype(dtype).tobytes() not in blob
     for value in (np.float32(0.123456), np.float64(np.float32(0.123456))):
         assert value.tobytes() not in blob
+
+
+class _DownAtFirst:
+    """S1 that cannot be reached during round 1 (every call fails), then comes back."""
+
+    def __init__(self, inner: InProcessHelper) -> None:
+        self.inner, self.down = inner, True
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        target = getattr(self.inner, name)
+        if not callable(target) or not self.down:
+            return target
+
+        def unreachable(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise HelperUnavailableError(f"S1 unreachable ({name})")
+
+        return unreachable
+
+
+def test_helper_unreachable_at_the_first_round_fails_it_before_anyone_trains(
+    helper_key: SealingKeyPair,
+) -> None:
+    # Issue 8 item 9: S1 down at round 1 is a failed round (model unchanged, no client asked to
+    # train for nothing), not an exception out of start(); round 2 trains once S1 is back.
+    helper = _DownAtFirst(InProcessHelper(keypair=helper_key))
+    grid = InProcessGrid(
+        make_app([ssa_mod, topk_mod]), 3, {"ssa-helper-fingerprint": helper_key.fingerprint}
+    )
+    strategy = SecureFedSubAvg(helper, topk_ratio=0.2, min_available_nodes=3)  # type: ignore[arg-type]
+    seen: dict[int, dict[str, np.ndarray]] = {}
+
+    def evaluate_fn(rnd, arrays):  # type: ignore[no-untyped-def]
+        seen[rnd] = {k: v.numpy().copy() for k, v in arrays.items()}
+        helper.down = rnd < 1  # S1 comes back after round 1
+        return None
+
+    strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2, evaluate_fn=evaluate_fn)
+    assert "HelperUnavailableError" in strategy.failed_rounds[1] and 2 not in strategy.failed_rounds
+    assert not [t for t in strategy.rounds[1].traffic if t.phase == "train"]
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(seen[1][name], value)
+    assert any(
+        not np.array_equal(seen[2][n], MODEL[n]) for n in MODEL if MODEL[n].dtype == np.float32
+    )
