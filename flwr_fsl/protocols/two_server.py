@@ -58,12 +58,21 @@ __all__ = [
     "HelperShareLike",
     "LeadServer",
     "SSARound",
+    "TooFewClientsError",
     "TwoServerError",
 ]
 
 
 class TwoServerError(RoundFailedError):
     """S0 and S1 disagree about a round (clients, shapes or keys): its result is discarded."""
+
+
+class TooFewClientsError(RoundFailedError):
+    """Fewer clients than the minimum participation are left: the round is not reconstructed.
+
+    With one client (or a few whose other members collude with a server) the aggregate is
+    that client's update; refusing such rounds is the only protection the aggregate offers.
+    """
 
 
 class HelperShareLike(Protocol):
@@ -178,6 +187,14 @@ class LeadServer:
         The connection to S1.
     helper_fingerprint : str, optional
         Pinned fingerprint of S1's public key, checked once before S0 hands the key to clients.
+    min_clients : int
+        Minimum participation: a round with fewer accepted clients is not reconstructed
+        (S1 enforces its own minimum too, see ``flwr-fsl-helper --min-clients``).
+
+    Raises
+    ------
+    ValueError
+        If ``min_clients`` < 1.
 
     Attributes
     ----------
@@ -185,7 +202,12 @@ class LeadServer:
         Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
     """
 
-    def __init__(self, helper: HelperParty, helper_fingerprint: str | None = None) -> None:
+    def __init__(
+        self, helper: HelperParty, helper_fingerprint: str | None = None, min_clients: int = 2
+    ) -> None:
+        if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
+            raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
+        self.min_clients = min_clients
         self.helper = helper
         self.helper_fingerprint = helper_fingerprint
         self.stored_keys: dict[int, DPFKeyBatch] = {}
@@ -257,10 +279,15 @@ class LeadServer:
         Raises
         ------
         RoundFailedError
-            If S1 fails, or S0 and S1 disagree (:class:`TwoServerError`). The round is left
+            If S1 fails, S0 and S1 disagree (:class:`TwoServerError`) or fewer than
+            ``min_clients`` clients are left (:class:`TooFewClientsError`). The round is left
             open on S1: call :meth:`abort`.
         """
         round_id = params.round_id
+        if len(uploads) < self.min_clients:
+            raise TooFewClientsError(
+                f"{len(uploads)} valid uploads, the minimum participation is {self.min_clients}"
+            )
         self.open(params)
         fresh = {c: u for c, u in uploads.items() if u.hint is None}
         hints = {c: u.hint for c, u in uploads.items() if u.hint is not None}
@@ -288,6 +315,12 @@ class LeadServer:
                     f"S0 rejected client {client} that S1 accepted: {err}"
                 ) from err
             accepted.append(client)
+        if len(accepted) < self.min_clients:
+            # Nothing is reconstructed: S0 does not even ask S1 for its share.
+            raise TooFewClientsError(
+                f"{len(accepted)} clients accepted by S1, the minimum participation is "
+                f"{self.min_clients}"
+            )
         share1 = self.helper.finish_round(round_id)
         self._open.discard(round_id)
         if sorted(share1.client_ids) != sorted(accepted):

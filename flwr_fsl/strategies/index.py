@@ -85,8 +85,9 @@ class SecureRowFedSubAvg(FedSubAvg):
         Seconds to wait for the retrieval replies.
     helper_fingerprint : str, optional
         Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
-    frac_bits, max_abs, stash_size, num_hashes : int, float, int, int
-        :class:`~flwr_fsl.strategies.two_server.SSASettings`.
+    frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
+        :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
+        participation, default 2; a round with fewer accepted clients fails unreconstructed).
     **kwargs
         Flower ``FedAvg`` arguments and ``sampling_seed``.
 
@@ -109,6 +110,7 @@ class SecureRowFedSubAvg(FedSubAvg):
         max_abs: float = 1e4,
         stash_size: int = 0,
         num_hashes: int = 3,
+        min_clients: int = 2,
         **kwargs: Any,
     ) -> None:
         if max_rows < 1:
@@ -116,7 +118,7 @@ class SecureRowFedSubAvg(FedSubAvg):
         super().__init__(**kwargs)
         self.table, self.max_rows = table, max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes)
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients)
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 

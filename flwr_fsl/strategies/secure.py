@@ -59,8 +59,9 @@ class SecureFedSubAvg(FedSubAvg):
         Fraction in (0, 1] of the model's floating coordinates each client uploads.
     helper_fingerprint : str, optional
         Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
-    frac_bits, max_abs, stash_size, num_hashes : int, float, int, int
-        :class:`~flwr_fsl.strategies.two_server.SSASettings`.
+    frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
+        :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
+        participation, default 2; a round with fewer accepted clients fails unreconstructed).
     **kwargs
         Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
         ``sampling_seed``.
@@ -86,13 +87,14 @@ class SecureFedSubAvg(FedSubAvg):
         max_abs: float = 1e4,
         stash_size: int = 0,
         num_hashes: int = 3,
+        min_clients: int = 2,
         **kwargs: Any,
     ) -> None:
         if not 0.0 < topk_ratio <= 1.0:
             raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes)
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients)
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
 
     def summary(self) -> None:

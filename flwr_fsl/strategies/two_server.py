@@ -51,6 +51,8 @@ class SSASettings:
         Fixed-point format of the payload words (``max_abs`` bounds ``c * dw`` and ``c``).
     stash_size, num_hashes : int
         Cuckoo stash size and number of hash functions.
+    min_clients : int
+        Minimum participation: a round with fewer accepted clients fails unreconstructed.
 
     Raises
     ------
@@ -62,8 +64,13 @@ class SSASettings:
     max_abs: float = 1e4
     stash_size: int = 0
     num_hashes: int = 3
+    min_clients: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
+            raise ConfigurationError(f"min_clients must be an integer, got {self.min_clients!r}")
+        if self.min_clients < 1:
+            raise ConfigurationError(f"min_clients must be >= 1, got {self.min_clients}")
         try:
             self.params(round_id=1, domain_size=64, num_items=1, value_width=1)
         except ValueError as err:
@@ -117,8 +124,8 @@ class TwoServerAggregation:
         helper_fingerprint: str | None = None,
         settings: SSASettings | None = None,
     ) -> None:
-        self.lead = LeadServer(helper, helper_fingerprint)
         self.settings = settings or SSASettings()
+        self.lead = LeadServer(helper, helper_fingerprint, self.settings.min_clients)
 
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
         """Config entries every client of the round needs (parameters, S1's key, session)."""

@@ -22,7 +22,13 @@ from flwr_fsl.helper.connection import HelperShare
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query
 from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
 from flwr_fsl.protocols.ssa import SSAInputError, SSAParams, SSAResult, SSAUpload, encode_update
-from flwr_fsl.protocols.two_server import ClientUpload, LeadServer, SSARound, TwoServerError
+from flwr_fsl.protocols.two_server import (
+    ClientUpload,
+    LeadServer,
+    SSARound,
+    TooFewClientsError,
+    TwoServerError,
+)
 from tests.helper.test_helper import (
     WIDTH,
     Client,
@@ -138,7 +144,7 @@ def ssa_rounds(draw: st.DrawFn) -> tuple[SSAParams, list[Client]]:
 @given(ssa_rounds())
 def test_aggregate_equals_plaintext_count_weighted_sums(case) -> None:  # type: ignore[no-untyped-def]
     params, clients = case
-    lead = LeadServer(twin())
+    lead = LeadServer(twin(), min_clients=1)
     uploads = fresh_uploads(params, clients, lead.helper_key())
     for cid, upload in uploads.items():
         lead.check_upload(params, cid, upload, accept_hints=False)
@@ -158,7 +164,7 @@ def test_aggregate_equals_plaintext_count_weighted_sums(case) -> None:  # type: 
 def test_client_with_tampered_sealed_material_is_dropped_and_the_rest_is_exact() -> None:
     params = make_params(1)
     clients = make_clients(4)
-    lead = LeadServer(twin())
+    lead = LeadServer(twin(), min_clients=1)
     uploads = fresh_uploads(params, clients, lead.helper_key())
     bad = clients[1].cid
     sealed = bytearray(uploads[bad].sealed)
@@ -196,7 +202,7 @@ def _narrow_share(s: HelperShare) -> HelperShare:
 def _two_rounds_setup(finish: Callable[[HelperShare], HelperShare] | None = None):  # type: ignore[no-untyped-def]
     """An honest round 1 (so S0 has stored keys to protect), then round 2's hints."""
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     clients = make_clients(3)
     p1, p2 = make_params(1), make_params(2, epoch=1)
     lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
@@ -233,7 +239,7 @@ def test_inconsistent_share_from_s1_fails_the_round(lie, message) -> None:  # ty
 
 def test_client_s1_accepts_but_s0_cannot_evaluate_fails_the_round() -> None:
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     clients = make_clients(3)
     p1, p2 = make_params(1), make_params(2)
     lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
@@ -268,7 +274,7 @@ def test_hint_s1_accepts_but_s0_has_no_keys_for_fails_the_round() -> None:
 
 def test_s1_failure_leaves_the_round_for_abort() -> None:
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     params = make_params(1)
     uploads = fresh_uploads(params, make_clients(2), lead.helper_key())
 
@@ -287,7 +293,7 @@ def test_s1_failure_leaves_the_round_for_abort() -> None:
 
 def test_abort_of_a_never_opened_round_does_not_call_s1() -> None:
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     assert lead.abort(7) is None
     assert helper.calls["abort_round"] == []
 
@@ -296,7 +302,7 @@ def test_abort_of_a_never_opened_round_does_not_call_s1() -> None:
 
 
 def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
-    lead = LeadServer(twin())
+    lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
     clients = make_clients(4)
     p1, p2 = make_params(1, epoch=1), make_params(2, epoch=2)
@@ -335,7 +341,7 @@ def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
 
 
 def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
-    lead = LeadServer(twin())
+    lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
     p1, p2 = make_params(1), make_params(2, epoch=1)
     client = make_clients(1)[0]
@@ -374,7 +380,7 @@ def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
 
 def test_answer_queries_retrieve_exact_rows_and_report_rejections() -> None:
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     pub = lead.helper_key()
     params = make_params(1)
     rng = np.random.default_rng(11)
@@ -426,7 +432,7 @@ def test_answer_queries_retrieve_exact_rows_and_report_rejections() -> None:
 
 def test_answer_queries_that_s0_rejects_never_reach_s1() -> None:
     helper = RecordingHelper(twin())
-    lead = LeadServer(helper)
+    lead = LeadServer(helper, min_clients=1)
     params = make_params(1)
     table = encode_table(np.zeros((params.domain_size, WIDTH), np.float32))
     q = make_query(params, [1, 2])
@@ -460,3 +466,41 @@ def test_helper_key_is_checked_against_the_pin_and_fetched_once() -> None:
         LeadServer(impostor, "not-a-fingerprint").helper_key()
     # Without a pin S0 takes S1's key as announced (clients still check their own pin).
     assert LeadServer(impostor).helper_key() == impostor.inner.public_key()
+
+
+# ---- minimum participation (issue 8, item 2) ----------------------------------------------------
+
+
+def test_too_few_uploads_never_reach_s1() -> None:
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper, min_clients=3)
+    params = make_params(1)
+    uploads = fresh_uploads(params, make_clients(2), lead.helper_key())
+    with pytest.raises(TooFewClientsError, match="minimum participation is 3"):
+        lead.aggregate(params, uploads)
+    assert not helper.calls["open_round"] and not helper.calls["add_clients"]
+
+
+def test_s1_rejections_below_the_minimum_leave_the_round_unreconstructed() -> None:
+    # Three uploads, S1 rejects one: two left < 3, so S0 never asks for S1's share (it could
+    # otherwise reconstruct an aggregate of fewer clients than the policy allows).
+    helper = RecordingHelper(twin())
+    lead = LeadServer(helper, min_clients=3)
+    params = make_params(1)
+    clients = make_clients(3)
+    uploads = fresh_uploads(params, clients, lead.helper_key())
+    bad = clients[0].cid
+    sealed = bytearray(uploads[bad].sealed)
+    sealed[-1] ^= 0x01
+    uploads[bad] = replace(uploads[bad], sealed=bytes(sealed))
+    with pytest.raises(TooFewClientsError, match="2 clients accepted"):
+        lead.aggregate(params, uploads)
+    assert not helper.calls["finish_round"]
+    assert lead.stored_keys == {}
+    assert lead.abort(params.round_id) is None and helper.open_rounds() == ()
+
+
+def test_min_clients_is_validated() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="min_clients"):
+            LeadServer(twin(), min_clients=bad)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.records import SSA_UPLOAD_KEY
@@ -274,3 +275,24 @@ def test_helper_unreachable_at_the_first_round_fails_it_before_anyone_trains(
     assert any(
         not np.array_equal(seen[2][n], MODEL[n]) for n in MODEL if MODEL[n].dtype == np.float32
     )
+
+
+def test_a_round_below_minimum_participation_fails_unreconstructed(
+    helper_key: SealingKeyPair,
+) -> None:
+    # Issue 8 item 2: three sampled, one drops out; with min_clients=3 the two-client aggregate
+    # is never reconstructed and the model stays as it was.
+    def boom(c: RecordDict) -> RecordDict:
+        raise RuntimeError("client crashed")
+
+    run_config = {"ssa-helper-fingerprint": helper_key.fingerprint, "topk-error-feedback": False}
+    grid = InProcessGrid(make_app([corrupt_mod(0, boom), ssa_mod, topk_mod]), 3, run_config)
+    helper = InProcessHelper(keypair=helper_key)
+    strategy = SecureFedSubAvg(helper, topk_ratio=0.2, min_available_nodes=3, min_clients=3)
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    assert "minimum participation is 3" in strategy.failed_rounds[1]
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(result.arrays[name].numpy(), value)
+    assert helper.health().open_rounds == ()  # the failed round was released on S1
+    with pytest.raises(ConfigurationError, match="min_clients"):
+        SecureFedSubAvg(helper, topk_ratio=0.2, min_clients=0)
