@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -181,6 +183,10 @@ def test_too_many_rows_is_a_client_error(key: SealingKeyPair) -> None:
     )
     result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     assert all("k=2" in r for r in strategy.dropped[1].values())
+    # Issue 8 item 4: Flower forwards the client's exception text to S0; it names only the
+    # public k, never the client's row indices or how many rows it has.
+    for reason in strategy.dropped[1].values():
+        assert set(re.findall(r"\d+", reason)) <= {"2"}, reason
     np.testing.assert_array_equal(result.arrays["emb"].numpy(), TABLE)
 
 
