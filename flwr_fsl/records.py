@@ -54,6 +54,9 @@ PSR_QUERY_TYPE = "query.psr"
 PSR_UPLOAD_KEY = "fsl.psr.query"
 TABLE_FIELD = "fsl.index.table"
 UDPF_FIELD = "fsl.index.udpf"
+# Per client, in its own train message: the digest of the U-DPF keys S0 holds for it (absent:
+# none). The client sends a hint only against exactly these keys.
+UDPF_HELD_FIELD = "fsl.udpf.held"
 ANSWER0_FIELD = "fsl.psr.answer0"
 ANSWER1_FIELD = "fsl.psr.answer1"
 # The metric key the strategy weights replies by (its ``weighted_by_key``), sent with each train

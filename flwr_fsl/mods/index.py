@@ -50,6 +50,7 @@ from flwr_fsl.records import (
     SSA_UPLOAD_KEY,
     TABLE_FIELD,
     UDPF_FIELD,
+    UDPF_HELD_FIELD,
     hint_upload_record,
     ssa_upload_record,
 )
@@ -157,6 +158,7 @@ class PrivateRows(ProtocolMod):
             weight if query.counts is None else query.counts,
             _KEYS.load(context) if udpf else None,
             udpf=udpf,
+            held=_held(found.config.get(UDPF_HELD_FIELD)),
         )
         _KEYS.store(context, keys)
         upload = (
@@ -177,6 +179,11 @@ class PrivateRows(ProtocolMod):
         if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
             raise ValueError("rows() returned counts that are not finite and > 0")
         return indices, counts
+
+
+def _held(value: object) -> bytes | None:
+    # What S0 says it holds; anything but a 32-byte digest means "nothing": send fresh keys.
+    return value if isinstance(value, bytes) and len(value) == 32 else None
 
 
 __all__ = ["PrivateRows"]

@@ -40,6 +40,7 @@ Run rounds with several clients (or add noise) where that matters.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 from collections.abc import Callable
@@ -712,11 +713,27 @@ def encode_update(
     return upload, SSAClientState(params, idx, placement, (k0, k1))
 
 
-def can_send_hint(previous: SSAClientState | None, params: SSAParams, indices: ArrayLike) -> bool:
+def held_digest(keys: DPFKeyBatch) -> bytes:
+    """Return the SHA-256 of a key batch's public part: which keys a server holds for a client.
+
+    Both parties' batches of one client share the public part, so S0's stored batch and the
+    client's own state give the same digest exactly when they are the same epoch's keys.
+    """
+    return hashlib.sha256(keys.public.to_bytes()).digest()
+
+
+def can_send_hint(
+    previous: SSAClientState | None,
+    params: SSAParams,
+    indices: ArrayLike,
+    held: bytes | None = None,
+) -> bool:
     """Return True if a U-DPF hint can move ``previous``'s keys to round ``params``.
 
-    That needs stored keys of an earlier epoch, the same index array (same order) and the
-    same layout (:func:`same_layout`: hashing, domain and widths).
+    That needs stored keys of an earlier epoch, the same index array (same order), the same
+    layout (:func:`same_layout`: hashing, domain and widths) and — because a hint applied to
+    other keys than the client's writes pseudorandom values into the model at the client's
+    old rows — the servers' announcement that they hold exactly these keys (``held``).
 
     Parameters
     ----------
@@ -726,6 +743,8 @@ def can_send_hint(previous: SSAClientState | None, params: SSAParams, indices: A
         The new round.
     indices : array_like
         The client's indices for the new round.
+    held : bytes, optional
+        :func:`held_digest` of the keys S0 announces it holds for this client (None: none).
 
     Returns
     -------
@@ -734,6 +753,8 @@ def can_send_hint(previous: SSAClientState | None, params: SSAParams, indices: A
     """
     return (
         previous is not None
+        and held is not None
+        and hmac.compare_digest(held, held_digest(previous.keys[0]))
         and params.epoch > previous.params.epoch
         and np.array_equal(previous.indices, np.asarray(indices, np.int64).reshape(-1))
         and same_layout(previous.params, params)
@@ -748,13 +769,16 @@ def encode_round(
     previous: SSAClientState | None = None,
     *,
     udpf: bool = False,
+    held: bytes | None = None,
     rng: np.random.Generator | None = None,
     master_seeds: tuple[bytes, bytes] | None = None,
 ) -> tuple[SSAUpload | bytes, SSAClientState]:
     """Client side of one SSA round: a U-DPF hint when it applies, fresh keys otherwise.
 
     The hint is sent iff ``udpf`` and :func:`can_send_hint` (stored keys of an earlier
-    epoch, the same index array, :func:`same_layout`); otherwise :func:`encode_update`.
+    epoch, the same index array, :func:`same_layout`, and the servers hold exactly those
+    keys); otherwise :func:`encode_update`. A lost reply, a failed round or a server that
+    lost its keys therefore costs one round of fresh keys, never the client's place.
 
     Parameters
     ----------
@@ -766,6 +790,8 @@ def encode_round(
         The state this function returned in the client's last round (not modified).
     udpf : bool
         Whether the servers accept U-DPF hints this round.
+    held : bytes, optional
+        :func:`held_digest` of the keys the servers announce for this client.
     rng : numpy.random.Generator, optional
         Stochastic-rounding and cuckoo randomness (not secret).
     master_seeds : tuple[bytes, bytes], optional
@@ -782,7 +808,7 @@ def encode_round(
     ValueError
         If the inputs do not fit the round.
     """
-    if udpf and previous is not None and can_send_hint(previous, params, indices):
+    if udpf and previous is not None and can_send_hint(previous, params, indices, held):
         state = replace(previous)  # a shallow copy: next_round rebinds keys and params only
         return state.next_round(params, values, weights, rng), state
     return encode_update(params, indices, values, weights, rng=rng, master_seeds=master_seeds)

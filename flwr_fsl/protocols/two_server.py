@@ -48,8 +48,10 @@ from flwr_fsl.protocols.ssa import (
     SSAParams,
     SSAResult,
     SSAServer,
+    held_digest,
     parse_public_part,
     reconstruct,
+    same_layout,
 )
 
 __all__ = [
@@ -211,6 +213,7 @@ class LeadServer:
         self.helper = helper
         self.helper_fingerprint = helper_fingerprint
         self.stored_keys: dict[int, DPFKeyBatch] = {}
+        self._stored_params: SSAParams | None = None
         self._helper_key: bytes | None = None
         self._open: set[int] = set()
 
@@ -233,6 +236,16 @@ class LeadServer:
                 verify_fingerprint(key, self.helper_fingerprint)
             self._helper_key = key
         return self._helper_key
+
+    def held(self, client: int) -> bytes | None:
+        """Return the digest of the keys S0 holds for ``client`` (None: none), for its round.
+
+        The client sends a U-DPF hint only when this equals its own keys' digest
+        (:func:`~flwr_fsl.protocols.ssa.can_send_hint`), so a hint is never applied to keys
+        other than the ones it was made for.
+        """
+        keys = self.stored_keys.get(client)
+        return None if keys is None else held_digest(keys)
 
     def check_upload(
         self, params: SSAParams, client: int, upload: ClientUpload, *, accept_hints: bool
@@ -284,6 +297,10 @@ class LeadServer:
             open on S1: call :meth:`abort`.
         """
         round_id = params.round_id
+        if self._stored_params is not None and not same_layout(self._stored_params, params):
+            # Keys of another hashing/layout can never be updated again (S1 drops its own too).
+            self.stored_keys.clear()
+            self._stored_params = None
         if len(uploads) < self.min_clients:
             raise TooFewClientsError(
                 f"{len(uploads)} valid uploads, the minimum participation is {self.min_clients}"
@@ -304,6 +321,11 @@ class LeadServer:
         accepted: list[int] = []
         for client, upload in uploads.items():
             if client in rejected:
+                if upload.hint is not None:
+                    # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
+                    # client is told to send fresh keys next time instead of being dropped
+                    # round after round.
+                    self.stored_keys.pop(client, None)
                 continue
             try:
                 if upload.hint is not None:
@@ -332,6 +354,7 @@ class LeadServer:
             raise TwoServerError(f"S1's share has shape {share1.share.shape}, expected {shape}")
         # Only a round both servers completed moves S0's stored keys (S1 moved its own).
         self.stored_keys.update(server0.keys)
+        self._stored_params = params
         result = reconstruct(params, server0.share(), share1.share)
         return SSARound(result, accepted, rejected, sum(1 for c in accepted if c in hints))
 

@@ -58,6 +58,7 @@ from flwr_fsl.records import (
     PSR_UPLOAD_KEY,
     TABLE_FIELD,
     UDPF_FIELD,
+    UDPF_HELD_FIELD,
 )
 from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
@@ -192,6 +193,9 @@ class SecureRowFedSubAvg(FedSubAvg):
                 continue
             node_config = ConfigRecord(dict(round_config))
             node_config[ANSWER0_FIELD], node_config[ANSWER1_FIELD] = answer
+            held = lead.held(node) if self.udpf else None
+            if held is not None:
+                node_config[UDPF_HELD_FIELD] = held
             contents[node] = RecordDict(
                 {self.arrayrecord_key: others, self.configrecord_key: node_config}
             )

@@ -23,6 +23,7 @@ from flwr_fsl.protocols.ssa import (
     can_send_hint,
     encode_round,
     encode_update,
+    held_digest,
     place_indices,
     reconstruct,
 )
@@ -362,9 +363,12 @@ def test_hint_iff_later_epoch_and_same_layout(change: dict[str, Any], hint: bool
     later = replace(params, **{"round_id": 2, **change})
     width = later.value_width
     before = state.to_bytes()
-    out, new = encode_round(later, state.indices, np.ones((4, width)), 1.0, state, udpf=True)
+    held = held_digest(state.keys[0])  # the servers hold exactly this client's keys
+    out, new = encode_round(
+        later, state.indices, np.ones((4, width)), 1.0, state, udpf=True, held=held
+    )
     assert isinstance(out, bytes) is hint
-    assert can_send_hint(state, later, state.indices) is hint
+    assert can_send_hint(state, later, state.indices, held) is hint
     assert new.params == later
     assert state.to_bytes() == before  # the previous state is not modified
 
@@ -377,7 +381,15 @@ def test_other_index_array_gets_fresh_keys() -> None:
     for idx in (other_order, other_set, state.indices[:3]):
         if len(set(idx.tolist())) != idx.size:
             continue
-        out, new = encode_round(later, idx, np.ones((idx.size, 2)), 1.0, state, udpf=True)
+        out, new = encode_round(
+            later,
+            idx,
+            np.ones((idx.size, 2)),
+            1.0,
+            state,
+            udpf=True,
+            held=held_digest(state.keys[0]),
+        )
         assert isinstance(out, SSAUpload)
         np.testing.assert_array_equal(new.indices, idx)
 
@@ -410,7 +422,10 @@ def test_hints_from_stored_states_reconstruct_the_aggregate() -> None:
             values = np.random.default_rng([epoch, c]).normal(size=(idx[c].size, 3))
             weights = np.arange(1.0, idx[c].size + 1)  # per-row counts
             previous = SSAClientState.from_bytes(stored[c]) if c in stored else None
-            out, state = encode_round(params, idx[c], values, weights, previous, udpf=True)
+            held = held_digest(keys[0][c]) if c in keys[0] else None  # what S0 announces
+            out, state = encode_round(
+                params, idx[c], values, weights, previous, udpf=True, held=held
+            )
             stored[c] = state.to_bytes()
             assert isinstance(out, bytes) is (epoch > 0)
             for b in (0, 1):
@@ -425,3 +440,20 @@ def test_hints_from_stored_states_reconstruct_the_aggregate() -> None:
         np.testing.assert_allclose(got.sums, sums, atol=1e-4)
         assert got.counts is not None
         np.testing.assert_allclose(got.counts, counts, atol=1e-4)
+
+
+def test_no_hint_unless_the_servers_hold_exactly_these_keys() -> None:
+    # Issue 8 item 3: a hint applied to other keys writes pseudorandom values at the client's
+    # old rows. The client hints only against the digest S0 announces.
+    params, state = _state()
+    later = replace(params, round_id=2, epoch=1)
+    values = np.ones((4, later.value_width))
+    other_state = encode_update(params, state.indices, values, 1.0)[1]
+    for held in (None, b"", bytes(32), held_digest(other_state.keys[0])):
+        out, _ = encode_round(later, state.indices, values, 1.0, state, udpf=True, held=held)
+        assert isinstance(out, SSAUpload)
+        assert not can_send_hint(state, later, state.indices, held)
+    out, _ = encode_round(
+        later, state.indices, values, 1.0, state, udpf=True, held=held_digest(state.keys[0])
+    )
+    assert isinstance(out, bytes)

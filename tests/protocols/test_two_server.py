@@ -21,7 +21,14 @@ from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
 from flwr_fsl.helper.connection import HelperShare
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query
 from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
-from flwr_fsl.protocols.ssa import SSAInputError, SSAParams, SSAResult, SSAUpload, encode_update
+from flwr_fsl.protocols.ssa import (
+    SSAInputError,
+    SSAParams,
+    SSAResult,
+    SSAUpload,
+    encode_update,
+    held_digest,
+)
 from flwr_fsl.protocols.two_server import (
     ClientUpload,
     LeadServer,
@@ -334,10 +341,14 @@ def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
     sums, counts = expected_sums(kept)  # the same check through the helper tests' oracle
     np.testing.assert_allclose(r2.result.sums, sums, atol=1e-6)
     np.testing.assert_array_equal(r2.result.counts, counts)
-    # S0's stored keys moved to round 2's epoch, except the rejected client's.
+    # S0's stored keys moved to round 2's epoch. S1 could not use the rejected client's hint,
+    # so S0 forgets its keys: next round it announces none and the client sends fresh keys
+    # (issue 8 item 3: a client is never excluded for good).
     for c in kept:
         assert np.all(lead.stored_keys[c.cid].public.epochs == 2)
-    assert lead.stored_keys[broken.cid].to_bytes() == round1_keys[broken.cid]
+        assert lead.held(c.cid) == held_digest(c.state.keys[0])
+    assert broken.cid not in lead.stored_keys and lead.held(broken.cid) is None
+    assert round1_keys[broken.cid]
 
 
 def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:

@@ -207,3 +207,64 @@ def test_plaintext_train_messages_pass_through(key: SealingKeyPair) -> None:
     )
     (reply,) = grid.send_and_receive([msg])
     assert not reply.has_error() and "arrays" in reply.content
+
+
+def _lost_reply(node_index: int, server_round: int):  # type: ignore[no-untyped-def]
+    """A mod that loses one node's train reply in one round (as if it went offline)."""
+
+    def mod(msg: Message, context: Context, call_next):  # type: ignore[no-untyped-def]
+        reply = call_next(msg, context)
+        lost = (
+            msg.metadata.message_type == "train"
+            and int(context.node_config["partition-id"]) == node_index
+            and int(msg.content["config"]["server-round"]) == server_round
+        )
+        if lost:
+            raise RuntimeError("connection lost")  # the reply never reaches S0 as an upload
+        return reply
+
+    return mod
+
+
+@pytest.mark.parametrize("lost_round", [1, 2])
+def test_a_lost_reply_costs_one_round_of_fresh_keys_not_the_client(
+    key: SealingKeyPair, lost_round: int
+) -> None:
+    # Issue 8 item 3: the client had already stored the keys of its lost upload. Before, it
+    # then sent hints for keys the servers never got and was dropped for the rest of the run.
+    # Now S0 announces what it holds, so the client sends fresh keys once and hints after.
+    strategy, result = _run(key, fixed=True, rounds=4, mods=[_lost_reply(0, lost_round)])
+    node0 = next(iter(InProcessGrid(make_index_app(True), 4).get_node_ids()))
+    assert list(strategy.dropped[lost_round]) == [node0]
+    later = [r for r in (1, 2, 3, 4) if r != lost_round]
+    assert all(not strategy.dropped[r] for r in later) and strategy.failed_rounds == {}
+    udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2, 3, 4)]
+    # Round lost_round + 1: the three others hint, node 0 sends fresh keys; then all hint.
+    expected = {1: [0, 3, 4, 4], 2: [0, 3, 3, 4]}[lost_round]
+    assert udpf == expected
+
+
+class _FailsFinishOnce:
+    """S1 that fails round 1 at the very end (after every client uploaded its fresh keys)."""
+
+    def __init__(self, inner: InProcessHelper) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    def finish_round(self, round_id: int):  # type: ignore[no-untyped-def]
+        if round_id == 1:
+            from flwr_fsl.helper import HelperUnavailableError
+
+            raise HelperUnavailableError("S1 went away mid-round")
+        return self.inner.finish_round(round_id)
+
+
+def test_a_failed_first_round_does_not_exclude_anyone(key: SealingKeyPair) -> None:
+    helper = _FailsFinishOnce(InProcessHelper(keypair=key))
+    strategy, result = _run(key, fixed=True, rounds=3, helper=helper)
+    assert list(strategy.failed_rounds) == [1]
+    assert all(not strategy.dropped[r] for r in (2, 3))
+    udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (2, 3)]
+    assert udpf == [0, 4]  # round 2: everyone sends fresh keys again; round 3: hints
