@@ -1,0 +1,159 @@
+"""The README's drop-in diffs, applied as printed to an app written like ``flwr new``'s, run.
+
+``tests/examples/quickstart`` is a PyTorch Message-API app in the shape Flower's template has
+(``ClientApp()``, ``FedAvg(fraction_train=...)``, ``strategy.start(...)``, run config in
+``pyproject.toml``). The test reads the ```diff blocks of README.md's drop-in section, applies
+them with a small strict patcher (every removed line must be found, context lines anchor the
+additions) and runs the patched app on the in-process grid: first top-k (FedSubAvg +
+topk_mod), then the private version (SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the
+fingerprint the README's pyproject line asks for). A README edit that no longer applies or
+runs fails here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+from flwr.app import Context, RecordDict
+
+from flwr_fsl.helper.setup import load_or_create_key
+from flwr_fsl.pinning import default_key_file
+from flwr_fsl.testing import InProcessGrid
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = Path(__file__).resolve().parent / "quickstart"
+APP_FILES = {
+    "client_app.py": "quickstart_app/client_app.py",
+    "server_app.py": "quickstart_app/server_app.py",
+    "pyproject.toml": "pyproject.toml",
+}
+
+
+def readme_diffs() -> tuple[list[str], list[str]]:
+    """Return the diff blocks of the top-k drop-in and of "make it private", in order."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("Starting from the app `flwr new` generates")
+    private = text.index("### …and make it private", start)
+    end = text.index("\n## ", private)
+    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
+    split = len(re.findall(r"```diff\n", text[start:private]))
+    return blocks[:split], blocks[split:]
+
+
+def apply_diff(root: Path, block: str) -> None:
+    """Apply one README diff block to the file its first line names.
+
+    Raises
+    ------
+    AssertionError
+        If a removed or context line is not found (the README no longer matches the app).
+    """
+    header, *lines = block.rstrip("\n").split("\n")
+    name = header.strip().lstrip("#").strip()
+    section = None
+    if "," in name:
+        name, section = (part.strip() for part in name.split(",", 1))
+    path = root / APP_FILES[name]
+    text = path.read_text().split("\n")
+    cursor = 0
+    if section is not None:
+        cursor = text.index(section) + 1
+    for line in lines:
+        kind, body = line[:1], line[1:]
+        if line.strip() == "..." or not line.strip():
+            continue
+        if kind == " ":
+            found = _find(text, body, cursor)
+            cursor = found + 1
+        elif kind == "-":
+            found = _find(text, body, cursor)
+            del text[found]
+            cursor = found
+        elif kind == "+":
+            text.insert(cursor, body)
+            cursor += 1
+        else:
+            raise AssertionError(f"unexpected diff line {line!r}")
+    path.write_text("\n".join(text))
+
+
+def _find(text: list[str], body: str, start: int) -> int:
+    for i in range(start, len(text)):
+        if text[i] == body:
+            return i
+    raise AssertionError(f"README diff line not found in the app: {body!r}")
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "app"
+    shutil.copytree(TEMPLATE, root)
+    sys.path.insert(0, str(root))
+    try:
+        yield root
+    finally:
+        sys.path.remove(str(root))
+        for module in [m for m in sys.modules if m.split(".")[0] == "quickstart_app"]:
+            del sys.modules[module]
+
+
+def run_app(root: Path, num_nodes: int = 3) -> Path:
+    """Import the (patched) app and run its ServerApp main on the in-process grid."""
+    for module in [m for m in sys.modules if m.split(".")[0] == "quickstart_app"]:
+        del sys.modules[module]
+    client = importlib.import_module("quickstart_app.client_app")
+    server = importlib.import_module("quickstart_app.server_app")
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    model_path = root / "final_model.pt"
+    run_config = {**config, "model-path": str(model_path)}
+    grid = InProcessGrid(client.app, num_nodes, run_config)
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    server.main(grid, context)
+    return model_path
+
+
+def test_topk_then_private_diffs_apply_and_run(
+    app_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    topk, private = readme_diffs()
+    assert len(topk) == 3 and len(private) == 3, "the README's drop-in section changed shape"
+    unpatched = run_app(app_dir)
+    assert unpatched.exists()
+
+    for block in topk:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        model_path = run_app(app_dir)
+    assert "Starting FedSubAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text
+    assert torch.load(model_path).keys() == torch.load(unpatched).keys()
+
+    # The private diff pins S1's key: in simulation S1 is in-process with the key kept under
+    # $FLWR_HOME/fsl; the placeholder becomes that key's fingerprint, as the README says.
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    default_key_file().parent.mkdir(mode=0o700, parents=True)
+    keypair, _ = load_or_create_key(default_key_file(), generate=True)
+    for block in private:
+        apply_diff(app_dir, block.replace("<printed by flwr-fsl-helper>", keypair.fingerprint))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        run_app(app_dir)
+    assert "Starting SecureFedSubAvg strategy" in caplog.text
+    assert caplog.text.count("securely aggregated 3 clients") == 3  # every round
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+
+
+def test_the_patcher_refuses_a_diff_that_does_not_match(app_dir: Path) -> None:
+    with pytest.raises(AssertionError, match="not found"):
+        apply_diff(app_dir, "# server_app.py\n-    strategy = FedProx(mu=0.1)\n+    x = 1\n")
