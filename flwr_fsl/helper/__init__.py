@@ -29,7 +29,7 @@ from flwr_fsl.helper.errors import (
 )
 from flwr_fsl.helper.server import start_server
 from flwr_fsl.helper.service import HelperService
-from flwr_fsl.helper.setup import connect_helper, helper_settings
+from flwr_fsl.helper.setup import connect_helper, describe_helper, helper_settings
 from flwr_fsl.pinning import default_key_file, pinned_fingerprint
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "WireFormatError",
     "connect_helper",
     "default_key_file",
+    "describe_helper",
     "helper_settings",
     "pinned_fingerprint",
     "start_server",

@@ -45,7 +45,20 @@ from flwr_fsl.pinning import (
     pinned_fingerprint,
 )
 
-__all__ = ["HelperSettings", "connect_helper", "helper_settings", "load_or_create_key"]
+__all__ = [
+    "HelperSettings",
+    "connect_helper",
+    "describe_helper",
+    "helper_settings",
+    "load_or_create_key",
+]
+
+SIMULATION_CAVEAT = (
+    "S1 runs in-process: this demonstrates the protocol, not the separation of the two servers"
+    " -- S1 shares S0's process and reads its key from a file S0 can read, so here S0 could see"
+    " everything S1 sees. For two real parties run flwr-fsl-helper elsewhere and set"
+    " ssa-helper-address."
+)
 
 _MAX_SECRET_FILE_BYTES = 64 * 1024
 
@@ -169,6 +182,25 @@ def helper_settings(run_config: Mapping[str, Any]) -> HelperSettings:
         key = TOKEN_FILE_KEY if token is not None else CA_FILE_KEY
         raise ConfigurationError(f"{key} is set but {ADDRESS_KEY} is not (in-process S1)")
     return HelperSettings(address, fingerprint, key_file, token, ca)
+
+
+def describe_helper(run_config: Mapping[str, Any]) -> str:
+    """Return one line saying where S1 runs, with the simulation caveat when it is in-process.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        The run config (``ssa-helper-address`` decides).
+
+    Returns
+    -------
+    str
+        ``"S1: flwr-fsl-helper at host:port"`` or the in-process line and its caveat.
+    """
+    address = _string(run_config, ADDRESS_KEY).strip()
+    if address:
+        return f"S1: flwr-fsl-helper at {address}"
+    return f"S1: in-process helper. {SIMULATION_CAVEAT}"
 
 
 def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str]:

@@ -54,3 +54,14 @@ def test_a_default_file_is_not_used_once_something_is_configured(tmp_path: Path)
     connect_helper({})[0].close()
     with pytest.raises(ValueError, match="no pinned helper key"):
         pinned_fingerprint({"ssa-helper-address": "10.0.0.1:9500"})
+
+
+def test_describe_helper_is_honest_about_simulation() -> None:
+    # Issue 8 item 5: an in-process S1 demonstrates the protocol, not the separation.
+    from flwr_fsl.helper import describe_helper
+
+    line = describe_helper({})
+    assert "in-process" in line and "not the separation" in line and "ssa-helper-address" in line
+    assert describe_helper({"ssa-helper-address": "10.0.0.2:9500"}) == (
+        "S1: flwr-fsl-helper at 10.0.0.2:9500"
+    )

@@ -39,7 +39,13 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
-from flwr_fsl.helper import HelperConnection, connect_helper, pinned_fingerprint, verify_helper
+from flwr_fsl.helper import (
+    HelperConnection,
+    connect_helper,
+    describe_helper,
+    pinned_fingerprint,
+    verify_helper,
+)
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 
@@ -120,8 +126,7 @@ def run_experiment(
     settings = Settings.from_run_config(run_config)
     if helper is None:
         connection, fingerprint = connect_helper(run_config)
-        where = settings.ssa_helper_address
-        print(f"S1: {'flwr-fsl-helper at ' + where if where else 'in-process helper'}", flush=True)
+        print(describe_helper(run_config), flush=True)
     else:
         connection, fingerprint = helper, pinned_fingerprint(run_config)
         verify_helper(connection, fingerprint)

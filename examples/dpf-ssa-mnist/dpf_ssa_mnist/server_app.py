@@ -32,7 +32,13 @@ from flwr.serverapp import Grid, ServerApp
 from dpf_ssa_mnist.task import Net, Settings
 from flwr_fsl.data import mnist_test_split
 from flwr_fsl.experiment import Arm, Experiment, ExperimentResult, Metric, sampling_kwargs
-from flwr_fsl.helper import HelperConnection, connect_helper, pinned_fingerprint, verify_helper
+from flwr_fsl.helper import (
+    HelperConnection,
+    connect_helper,
+    describe_helper,
+    pinned_fingerprint,
+    verify_helper,
+)
 from flwr_fsl.models import evaluate
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.submodel.layout import FlatLayout
@@ -82,8 +88,7 @@ def run_experiment(
     settings = Settings.from_run_config(run_config)
     if helper is None:
         connection, fingerprint = connect_helper(run_config)
-        where = settings.ssa_helper_address
-        print(f"S1: {'flwr-fsl-helper at ' + where if where else 'in-process helper'}", flush=True)
+        print(describe_helper(run_config), flush=True)
     else:
         connection, fingerprint = helper, pinned_fingerprint(run_config)
         verify_helper(connection, fingerprint)
