@@ -144,7 +144,7 @@ class PrivateRows(ProtocolMod):
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        name, metrics, weight = self.reply_weight(msg, reply)
+        weight = self.reply_weight(msg, reply)[2]
         ((_, trained_record),) = reply.content.array_records.items()
         trained = trained_record[self.table].numpy()
         if trained.shape != table.shape:
@@ -166,7 +166,8 @@ class PrivateRows(ProtocolMod):
             if isinstance(out, bytes)
             else self.sealed_upload(out, found, context)
         )
-        return Message(RecordDict({SSA_UPLOAD_KEY: upload, name: metrics}), reply_to=msg)
+        # No metrics in the clear: the weight rides in the payload's count word only.
+        return Message(RecordDict({SSA_UPLOAD_KEY: upload}), reply_to=msg)
 
     def _rows(self, context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64] | None]:
         out = self.rows(context)

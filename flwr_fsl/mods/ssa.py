@@ -47,7 +47,7 @@ class SSAMod(ProtocolMod):
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        name, metrics, weight = self.reply_weight(msg, reply)
+        weight = self.reply_weight(msg, reply)[2]
         layout = FlatLayout.of(received)
         if layout.size != params.domain_size:  # both sizes are public
             raise ValueError(f"model has {layout.size} coordinates, the round {params.domain_size}")
@@ -60,7 +60,8 @@ class SSAMod(ProtocolMod):
             )
         upload, _ = encode_update(params, indices, values.reshape(-1, 1), weight)
         upload_record = self.sealed_upload(upload, found, context)
-        return Message(RecordDict({SSA_UPLOAD_KEY: upload_record, name: metrics}), reply_to=msg)
+        # No metrics in the clear: the weight rides in the payload's count word only.
+        return Message(RecordDict({SSA_UPLOAD_KEY: upload_record}), reply_to=msg)
 
 
 ssa_mod = SSAMod()

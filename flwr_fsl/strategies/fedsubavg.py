@@ -103,7 +103,8 @@ class FedSubAvg(PhasedStrategy):
         self, contents: list[RecordDict], state: RoundState, touched: float
     ) -> MetricRecord:
         """Aggregate the clients' metrics and add the round's bytes and touched fraction."""
-        metrics = self.client_metrics(self.train_metrics_aggr_fn, contents)
+        metrics = self.client_metrics(self.train_metrics_aggr_fn, contents) if contents else None
+        metrics = metrics if metrics is not None else MetricRecord()
         for key, value in self.phase_metrics(state).items():
             metrics[key] = value
         metrics["touched-fraction"] = touched

@@ -19,9 +19,11 @@ they stay as in the initial model.
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients.
 Neither server learns which rows a client retrieves or updates, nor its row values; both see
-public parameters, the clients' ``num-examples`` and the reconstructed aggregate (per row the
-weighted sum and total weight of the clients that updated it — with one client in a round, that
-client's row set). S0 sees S1's PSR answers only sealed to the client.
+public parameters and the reconstructed aggregate (per row the weighted sum and total weight
+of the clients that updated it; replies carry no weight in the clear, and rounds with fewer
+than ``min_clients`` accepted clients are not reconstructed). S0 sees S1's PSR answers only
+sealed to the client. A U-DPF hint instead of fresh keys tells both servers that the client's
+row set is unchanged since its last accepted round.
 
 **Failures.** A client whose query, keys or hint are malformed, or that S1 rejects, is dropped
 with a reason (:attr:`dropped`); the others stay exact. If S1 fails, the round fails loudly
@@ -205,7 +207,7 @@ class SecureRowFedSubAvg(FedSubAvg):
             len(contents),
             len(nodes),
         )
-        parse = self.aggregation.parser(params, self.weight_of, accept_hints=self.udpf)
+        parse = self.aggregation.parser(params, accept_hints=self.udpf)
         uploads = self.send(grid, state, "train", contents, MessageType.TRAIN, parse)
 
         # Phase 3: secure aggregation with S1.

@@ -16,10 +16,14 @@ process (:mod:`flwr_fsl.helper`), reached through a :class:`~flwr_fsl.helper.Hel
    coordinate before division).
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients
-(:mod:`flwr_fsl.protocols.ssa`). S0 sees each client's public part, its own master seed, the
-client's ``num-examples`` (as in FedAvg) and the reconstructed aggregate: per coordinate the
-weighted sum and the total weight of the clients that chose it. It does not see which
-coordinates a single client chose or their values (unless the round has one client).
+(:mod:`flwr_fsl.protocols.ssa`). S0 sees each client's public part, its own master seed and
+the reconstructed aggregate: per coordinate the weighted sum and the total weight of the
+clients that chose it. A reply carries no weight or metric in the clear (the weight rides in
+the payload's count word), so the total weights are not subset sums of numbers S0 knows
+(``tests/strategies/test_weight_leak.py``). S0 does not see which coordinates a single client
+chose or their values; rounds with fewer than ``min_clients`` accepted clients are not
+reconstructed. Federated evaluation replies are Flower's and carry ``num-examples``: prefer
+centralized evaluation (``evaluate_fn``) where the weights are private.
 
 **Failures.** A malformed, late, duplicated or unsolicited reply, or one S1 rejects, drops that
 client with a logged reason (:attr:`dropped`); the others are aggregated exactly. If S1 cannot
@@ -136,7 +140,7 @@ class SecureFedSubAvg(FedSubAvg):
         """Validate replies, run SSA with S1, apply the count-weighted average."""
         state = self.round_state(server_round)
         params: SSAParams = state.protocol
-        parse = self.aggregation.parser(params, self.weight_of, accept_hints=False)
+        parse = self.aggregation.parser(params, accept_hints=False)
         uploads = self.receive(state, "train", replies, parse)
         try:
             return self.aggregation.apply(

@@ -137,15 +137,19 @@ class TwoServerAggregation:
         }
 
     def parser(
-        self, params: SSAParams, weight_of: Callable[[RecordDict], float], accept_hints: bool
-    ) -> Callable[[int, RecordDict], tuple[ClientUpload, RecordDict]]:
-        """Return the engine's ``parse`` for the round's uploads (weight, record, keys)."""
+        self, params: SSAParams, accept_hints: bool
+    ) -> Callable[[int, RecordDict], ClientUpload]:
+        """Return the engine's ``parse`` for the round's uploads (record and keys).
 
-        def parse(node: int, content: RecordDict) -> tuple[ClientUpload, RecordDict]:
-            weight_of(content)
+        A secure reply carries no weight or metric in the clear: each client's weight rides
+        in the count word of its payload, so S0 learns only per-element total weights (see
+        the module docstring). Anything else in the reply is ignored.
+        """
+
+        def parse(node: int, content: RecordDict) -> ClientUpload:
             upload = read_upload(content)
             self.lead.check_upload(params, node, upload, accept_hints=accept_hints)
-            return upload, content
+            return upload
 
         return parse
 
@@ -175,7 +179,7 @@ class TwoServerAggregation:
         self,
         state: RoundState,
         params: SSAParams,
-        uploads: Mapping[int, tuple[ClientUpload, RecordDict]],
+        uploads: Mapping[int, ClientUpload],
         layout: Layout,
         train_metrics: TrainMetrics,
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -187,12 +191,13 @@ class TwoServerAggregation:
             The round (its ``model`` is what the deltas refer to).
         params : SSAParams
             The round's parameters.
-        uploads : Mapping[int, tuple[ClientUpload, RecordDict]]
+        uploads : Mapping[int, ClientUpload]
             What :meth:`parser` returned per accepted node.
         layout : Layout
             The element space of the round (flat coordinates or table rows).
         train_metrics : Callable
-            The strategy's metric aggregation (contents, state, touched fraction).
+            The strategy's round metrics (client contents — none here —, state, touched
+            fraction).
 
         Returns
         -------
@@ -204,17 +209,13 @@ class TwoServerAggregation:
         RoundFailedError
             If the secure aggregation fails (the model is unchanged).
         """
-        outcome = self.aggregate(state, params, {n: u for n, (u, _) in uploads.items()})
+        outcome = self.aggregate(state, params, uploads)
         if outcome is None:
             return None, None
         counts = outcome.result.counts
         assert counts is not None  # every round of this component is count-weighted
         new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
-        metrics = train_metrics(
-            [uploads[n][1] for n in outcome.accepted],
-            state,
-            float(np.count_nonzero(counts)) / layout.size,
-        )
+        metrics = train_metrics([], state, float(np.count_nonzero(counts)) / layout.size)
         metrics["udpf-clients"] = outcome.hinted
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
 

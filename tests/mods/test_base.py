@@ -255,7 +255,7 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end() -> None:
     msg = Message(RecordDict({"arrays": model_record(), "config": config}), node, "train")
     (reply,) = grid.send_and_receive([msg])
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
-    assert set(reply.content.keys()) == {SSA_UPLOAD_KEY, "metrics"}
+    assert set(reply.content.keys()) == {SSA_UPLOAD_KEY}  # the weight is in the payload only
     public, seed0, sealed = read_ssa_upload(reply.content)
     binding = RoundBinding.of(SESSION, params.round_id, params.to_bytes())
     seed1 = open_ssa_upload(KEY, sealed, binding=binding, client_id=node, public_part=public)

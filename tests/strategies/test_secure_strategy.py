@@ -79,8 +79,9 @@ def test_reply_content_has_no_arrays(helper_key: SealingKeyPair) -> None:
         return reply
 
     _secure_run(helper_key, rounds=1, mods=(spy,))
-    assert seen and all(set(c.keys()) == {SSA_UPLOAD_KEY, "metrics"} for c in seen)
-    assert all(not c.array_records for c in seen)
+    # Issue 8 item 1: nothing but the sealed/keyed upload; no weight, no metric in the clear.
+    assert seen and all(set(c.keys()) == {SSA_UPLOAD_KEY} for c in seen)
+    assert all(not c.array_records and not c.metric_records for c in seen)
 
 
 def _garble(c: RecordDict) -> RecordDict:
