@@ -108,7 +108,8 @@ def start_server(
     port : int (default: 0)
         TCP port; 0 picks a free one (the bound port is returned).
     max_workers : int (default: 4)
-        gRPC worker threads (calls are serialized by the service's lock anyway).
+        gRPC worker threads: how many calls run at once (calls of one session are serialized
+        by its lock; other sessions and ``Health`` need a free worker).
     max_message_bytes : int (default: 512 MiB)
         gRPC send/receive message limit.
     tls : tuple[bytes, bytes], optional

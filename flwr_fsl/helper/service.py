@@ -24,6 +24,13 @@ session are serialized. ``Health`` and ``PublicKey`` take no session lock.
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
 (:class:`~flwr_fsl.helper.connection.InProcessHelper`) run byte-identical code paths.
 
+**Locking.** Each session has one lock, held for the whole of its calls (key evaluation
+included); the only lock shared across sessions guards the session table and is held for a
+dictionary lookup, never during a service call. So a long ``AddClients`` delays only later
+calls of its own session (S0 calls one at a time anyway); other sessions' calls and
+``Health``/``PublicKey`` proceed, limited only by the gRPC worker threads
+(``flwr-fsl-helper --workers``: that many calls run at once) and CPU cores.
+
 **Errors.** A malformed request, an unknown method, session or round, or a call in the wrong
 state raises :class:`~flwr_fsl.helper.errors.HelperRequestError` for the whole call. A single
 client's bad material is never an exception: services report it per client and leave S1's
@@ -256,8 +263,10 @@ class HelperService:
             return wire.encode(entry.handler(None, message))
         session = self._session(message.session, create=entry.creates_session)  # type: ignore[attr-defined]
         with session.lock:
-            session.last_used = time.monotonic()
-            response = entry.handler(session, message)
+            try:
+                response = entry.handler(session, message)
+            finally:
+                session.last_used = time.monotonic()  # idle time counts from a call's end
         return wire.encode(response)
 
     # --------------------------------------------------------------------------------------------
@@ -266,6 +275,9 @@ class HelperService:
         with self._sessions_lock:
             session = self._sessions.get(session_id)
             if session is not None:
+                # Touched under the sessions lock, so a concurrent _expire_idle cannot drop a
+                # session between this lookup and the call taking its lock.
+                session.last_used = time.monotonic()
                 return session
             if not create:
                 raise HelperRequestError("unknown session (closed, expired, or S1 restarted)")
