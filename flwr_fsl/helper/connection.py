@@ -44,7 +44,7 @@ from flwr_fsl.helper.errors import (
     HelperUnavailableError,
     WireFormatError,
 )
-from flwr_fsl.helper.service import SERVICE_NAME, HelperService
+from flwr_fsl.helper.service import SERVICE_NAME, HelperLimits, HelperService
 from flwr_fsl.pinning import TOKEN_FILE_KEY
 from flwr_fsl.protocols.two_server import HelperParty
 
@@ -439,6 +439,9 @@ class InProcessHelper(_Facade):
         Key pair of a new service (ignored when ``service`` is given).
     session_id : bytes, optional
         This connection's 16-byte session id; a fresh random one by default.
+    limits : HelperLimits, optional
+        What one round may cost a new service (:mod:`flwr_fsl.helper.limits`; the defaults by
+        default; ignored when ``service`` is given).
 
     Attributes
     ----------
@@ -452,8 +455,9 @@ class InProcessHelper(_Facade):
         *,
         keypair: SealingKeyPair | None = None,
         session_id: bytes | None = None,
+        limits: HelperLimits | None = None,
     ) -> None:
-        self.service = service or HelperService(keypair or SealingKeyPair.generate())
+        self.service = service or HelperService(keypair or SealingKeyPair.generate(), limits=limits)
         self._init_session(session_id)
         self._closed = False
 

@@ -24,6 +24,13 @@ session are serialized. ``Health`` and ``PublicKey`` take no session lock.
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
 (:class:`~flwr_fsl.helper.connection.InProcessHelper`) run byte-identical code paths.
 
+**Limits.** What one round may cost S1 is bounded by :class:`~flwr_fsl.helper.limits.HelperLimits`
+(``limits``): ``OpenRound`` and ``SetModel`` check the domain, width, number of items and the
+round's memory (a formula over the public parameters), ``AddClients``, ``AddClientHints`` and
+``PsrAnswer`` the clients and the work of the round — all before anything is allocated or
+evaluated; a round over a limit is refused with a
+:class:`~flwr_fsl.helper.errors.HelperRequestError` naming the limit and its CLI flag.
+
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
 included); the only lock shared across sessions guards the session table and is held for a
 dictionary lookup, never during a service call. So a long ``AddClients`` delays only later
@@ -40,8 +47,9 @@ state for the other clients unchanged.
 per service; across sessions S1 learns only which sessions exist and when they call. The S0–S1
 link carries shares and public data; enable TLS and the access token
 (:mod:`flwr_fsl.helper.server`) or keep it on a private network. An unauthenticated caller can at
-most create sessions up to ``max_sessions`` (memory per session is bounded by its open rounds
-and stored keys), which is why deployments should set the token.
+most create sessions up to ``max_sessions``, each with up to ``max_open_rounds`` rounds of at
+most ``max_round_bytes`` (plus the keys of at most ``max_clients_per_round`` clients per round
+and the U-DPF keys the session stores), which is why deployments should set the token.
 """
 
 from __future__ import annotations
@@ -56,10 +64,12 @@ from typing import Any, Protocol
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError, WireFormatError
+from flwr_fsl.helper.limits import HelperLimits
 
 __all__ = [
     "PARTY",
     "SERVICE_NAME",
+    "HelperLimits",
     "HelperPlugin",
     "HelperService",
     "Method",
@@ -158,12 +168,14 @@ class HelperService:
         A session without a call for this long is dropped (with its rounds and keys).
     plugins : iterable of HelperPlugin, optional
         The services; by default SSA and PSR (:func:`default_plugins`).
+    limits : HelperLimits, optional
+        What one round may cost (:mod:`flwr_fsl.helper.limits`); the defaults by default.
 
     Raises
     ------
     ValueError
-        If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`, or two
-        plugins register the same method.
+        If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`,
+        ``limits`` is not a :class:`HelperLimits`, or two plugins register the same method.
     """
 
     def __init__(
@@ -174,9 +186,12 @@ class HelperService:
         max_sessions: int = 64,
         session_idle_s: float = 6 * 3600.0,
         plugins: Iterable[HelperPlugin] | None = None,
+        limits: HelperLimits | None = None,
     ) -> None:
         if not isinstance(keypair, SealingKeyPair):
             raise ValueError(f"keypair must be a SealingKeyPair, got {type(keypair).__name__}")
+        if limits is not None and not isinstance(limits, HelperLimits):
+            raise ValueError(f"limits must be a HelperLimits, got {type(limits).__name__}")
         for name, value in (("max_open_rounds", max_open_rounds), ("max_sessions", max_sessions)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int")
@@ -188,6 +203,7 @@ class HelperService:
         self.max_open_rounds = max_open_rounds
         self.max_sessions = max_sessions
         self.session_idle_s = float(session_idle_s)
+        self.limits = limits if limits is not None else HelperLimits()
         self._sessions: dict[bytes, Session] = {}
         self._sessions_lock = threading.Lock()
         self._methods: dict[str, Method] = {

@@ -20,7 +20,7 @@ from flwr_fsl.errors import ClientInputError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.service import PARTY, Method, Session
-from flwr_fsl.helper.services.ssa import SSARound, claim, client_result, log_results
+from flwr_fsl.helper.services.ssa import SSARound, budget, claim, client_result, log_results
 from flwr_fsl.protocols import sealing
 from flwr_fsl.protocols.psr import PSRServer
 
@@ -59,6 +59,10 @@ class PSRService:
         state: SSARound = session.round(message.round_id)
         if _TABLE in state.extras:
             raise HelperRequestError(f"round {message.round_id} already has a PSR table")
+        shape = (state.params.domain_size, state.params.value_width)
+        if message.table.shape != shape:  # before charging: the error names the real problem
+            raise HelperRequestError(f"bad PSR table: shape {message.table.shape}, need {shape}")
+        budget(state).add_table()
         try:
             state.extras[_TABLE] = PSRServer(state.params, PARTY, message.table)
         except ValueError as err:
@@ -73,6 +77,8 @@ class PSRService:
         psr = state.extras.get(_TABLE)
         if not isinstance(psr, PSRServer):
             raise HelperRequestError(f"round {rid} has no PSR table (call SetModel first)")
+        ids = (item.client_id for item in message.queries)
+        budget(state).admit("PsrAnswer", state.extras[_QUERIED], ids, query=True)
         results = []
         for item in message.queries:
             reason = claim(state.extras[_QUERIED], item.client_id, rid)

@@ -40,6 +40,7 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.helper.limits import RoundBudget
 from flwr_fsl.helper.service import PARTY, Method, Session
 from flwr_fsl.protocols import sealing
 from flwr_fsl.protocols.ssa import SSAParams, SSAServer, same_layout
@@ -47,9 +48,12 @@ from flwr_fsl.protocols.ssa import SSAParams, SSAServer, same_layout
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService
 
-__all__ = ["SSARound", "SSAService", "client_result", "log_results"]
+__all__ = ["BUDGET", "SSARound", "SSAService", "budget", "client_result", "log_results"]
 
 log = logging.getLogger("flwr_fsl.helper")
+
+BUDGET = "helper.budget"
+"""``SSARound.extras`` key of the round's :class:`~flwr_fsl.helper.limits.RoundBudget`."""
 
 
 @dataclass
@@ -70,6 +74,12 @@ class SSARound:
 class _StoredKeys:
     keys: dict[int, DPFKeyBatch] = field(default_factory=dict)
     layout: SSAParams | None = None
+
+
+def budget(state: SSARound) -> RoundBudget:
+    """Return the round's account against S1's limits (set by ``OpenRound``)."""
+    account: RoundBudget = state.extras[BUDGET]
+    return account
 
 
 def claim(seen: set[int], client_id: int, rid: int) -> str | None:
@@ -140,19 +150,21 @@ class SSAService:
                 f"{len(session.rounds)} rounds are open (limit {self.host.max_open_rounds}): "
                 f"finish or abort one of {sorted(session.rounds)}"
             )
+        self.host.limits.check_params_bytes(len(message.params))
         try:
             params = SSAParams.from_bytes(message.params)
         except (ValueError, TypeError) as err:
             raise HelperRequestError(f"bad round parameters: {err}") from None
         if params.round_id != rid:
             raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
+        account = self.host.limits.open_round(params)  # before anything is allocated
         stored = self._stored(session)
         if stored.layout is not None and not same_layout(stored.layout, params):
             stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
             stored.layout = None
         binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
         ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
-        session.rounds[rid] = SSARound(params, binding, ssa)
+        session.rounds[rid] = SSARound(params, binding, ssa, extras={BUDGET: account})
         log.info("round %d opened (m=%d, k=%d)", rid, params.domain_size, params.num_items)
         return wire.OkResponse()
 
@@ -162,6 +174,8 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        ids = (item.client_id for item in message.uploads)
+        budget(state).admit("AddClients", state.submitted, ids, query=False)
         results = []
         for item in message.uploads:
             reason = claim(state.submitted, item.client_id, rid)
@@ -185,6 +199,8 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        ids = (item.client_id for item in message.hints)
+        budget(state).admit("AddClientHints", state.submitted, ids, query=False)
         results = []
         for item in message.hints:
             reason = claim(state.submitted, item.client_id, rid)

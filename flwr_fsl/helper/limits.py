@@ -1,0 +1,329 @@
+"""What one request may cost the helper server S1: limits checked before anything is allocated.
+
+A round's public parameters (:class:`~flwr_fsl.protocols.ssa.SSAParams`, a few hundred bytes)
+decide how much memory and CPU S1 spends on it, so without limits one small ``OpenRound`` with
+a large ``domain_size`` or ``value_width`` drives S1 out of memory, and one ``AddClients`` with
+many clients holds S1 busy for minutes. :class:`HelperLimits` bounds both; every check runs on
+the parameters alone (integer arithmetic, no array allocated) and refuses the whole call with a
+:class:`~flwr_fsl.helper.errors.HelperRequestError` naming the limit and the
+``flwr-fsl-helper`` flag that raises it. A refused call leaves S1's state unchanged; other
+sessions never notice.
+
+**Memory of one round** (8-byte words; ``m`` = ``domain_size``, ``w`` = ``value_width``,
+``τ = w + count_weighted``, ``η`` = ``num_hashes``, ``σ`` = ``stash_size``, ``B`` bins,
+``K = B + σ`` keys per client, ``P = (η + σ) m`` points one client's keys are evaluated on —
+a simple bin holds each index at most ``η`` times, a stash key covers all of ``[0, m)``),
+read off what S1 allocates in :class:`~flwr_fsl.protocols.ssa.SSAServer`,
+:func:`~flwr_fsl.protocols.ssa.simple_table_for`, :class:`~flwr_fsl.protocols.psr.PSRServer`
+and the DPF evaluation they call (``S = 5 · 2**16``: its fixed level buffers)::
+
+    held  = m τ                          the round's share (SSAServer)
+          + η m + B + 1 + K              the simple table (bin items, offsets), key lengths
+          [+ m w]                        the PSR table, once SetModel gave one
+    peak  = max( (1 + 2η) m              building the simple table: all indices, their η
+                 + 2η min(m, 2**14),     candidate bins, a scratch array, AES blocks
+                 P τ + [σ>0] m τ         evaluating one client's keys (AddClients or a hint;
+                 + 32 K + S,             one client at a time) and summing its stash slots
+                 2 m τ,                  FinishRound: the share's copy and its response
+                 [P + K w + [σ>0] m w    answering one PSR query: selectors, answer rows,
+                  + 32 K + S] )          stash products (with a table)
+
+:func:`round_words` is ``held + peak``; ``OpenRound`` (without a table) and ``SetModel`` (with)
+refuse a round whose bytes exceed ``max_round_bytes``. On top come the bytes S0 sends (each
+request and what is parsed from it, bounded by the gRPC message limit) and clients' keys: S1
+keeps each accepted client's key batch (about the size of its public part) until the round
+ends, and for U-DPF in the session; ``max_clients_per_round`` bounds how many. The bound is
+checked against the real peak, traced with :mod:`tracemalloc`, in
+``tests/helper/test_helper_limits.py``.
+
+**Work of one round** (words S1 computes or reads): ``P τ`` per client (AddClients or a U-DPF
+hint: one full-domain evaluation of its keys) and ``P (1 + w)`` per PSR query (its selectors and
+the inner products with the table); ``AddClients``, ``AddClientHints`` and ``PsrAnswer`` admit
+a request only if the round's total stays within ``max_round_work`` and its clients (uploads,
+and separately queries) within ``max_clients_per_round`` — before any client is evaluated.
+S1 evaluates some 3–5·10^7 words/s per core here, so the default ``2**35`` is 10–20 minutes
+of one core per round.
+
+The defaults allow ``m = 2**20`` single-coordinate rounds (~125 MiB, ~133 MiB with PSR; 2730
+clients with a query and an upload each), embedding tables like MovieLens' (~74k rows × 64:
+~151 MiB, ~187 MiB with PSR; 1190 such clients), ``m = 2**23`` at width 1, and every test and
+example here; an operator raises them with the CLI flags (:mod:`flwr_fsl.helper.cli`), the
+in-process S1 with ``InProcessHelper(limits=HelperLimits(...))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+from dataclasses import dataclass, fields
+
+from flwr_fsl.crypto.dpf import MAX_TAU
+from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.protocols.ssa import SSAParams
+
+__all__ = [
+    "MAX_PARAMS_BYTES",
+    "HelperLimits",
+    "RoundBudget",
+    "query_work",
+    "round_words",
+    "upload_work",
+]
+
+MAX_PARAMS_BYTES = 4096
+"""Longest ``OpenRound`` parameter set S1 parses (a real one is about 350 bytes of JSON)."""
+
+_KEY_WORDS = 32  # per-key bookkeeping of one evaluation: seeds, lengths, offsets, tasks
+_EVAL_SCRATCH = 5 << 16  # evaluate_batch's four (2**15 + 1, 2) level buffers and control bits
+_HASH_CHUNK = 1 << 14  # simple hashing encrypts (2**14, η, 2)-word blocks at a time
+_MAX_DOMAIN = 1 << 62  # the hashing layer's own maximum
+_MAX_WIDTH = MAX_TAU - 1  # tau = width + count word must fit a DPF
+_MAX_COUNT = 1 << 62
+
+
+def round_words(params: SSAParams, *, table: bool = False) -> int:
+    """Upper bound of the words S1 holds at once for a round (see the module docstring).
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round (only public, already validated fields are read; nothing is allocated).
+    table : bool
+        Include a PSR table (``SetModel``) and answering one query.
+
+    Returns
+    -------
+    int
+        ``held + peak`` in 8-byte words.
+    """
+    m, w, tau = params.domain_size, params.value_width, params.tau
+    eta, sigma = params.num_hashes, params.stash_size
+    bins = params.hash_params.num_bins
+    keys = bins + sigma
+    points = (eta + sigma) * m
+    held = m * tau + eta * m + bins + 1 + keys
+    build = (1 + 2 * eta) * m + 2 * eta * min(m, _HASH_CHUNK)
+    evaluate = points * tau + (m * tau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
+    finish = 2 * m * tau
+    peak = max(build, evaluate, finish)
+    if table:
+        held += m * w
+        answer = points + keys * w + (m * w if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
+        peak = max(peak, answer)
+    return held + peak
+
+
+def upload_work(params: SSAParams) -> int:
+    """Words S1 evaluates for one client's keys (fresh or U-DPF): ``P τ``."""
+    return (params.num_hashes + params.stash_size) * params.domain_size * params.tau
+
+
+def query_work(params: SSAParams) -> int:
+    """Words S1 computes or reads to answer one PSR query: ``P (1 + w)``."""
+    points = (params.num_hashes + params.stash_size) * params.domain_size
+    return points * (1 + params.value_width)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+@dataclass(frozen=True)
+class HelperLimits:
+    """What one round may cost S1 (see the module docstring for the formulas).
+
+    Parameters
+    ----------
+    max_domain_size : int (default: 2**24)
+        Largest ``domain_size`` ``m`` (``--max-domain``).
+    max_value_width : int (default: 4096)
+        Largest ``value_width`` (``--max-width``).
+    max_num_items : int (default: 2**22)
+        Largest ``num_items`` ``k`` (``--max-items``).
+    max_round_bytes : int (default: 1 GiB)
+        Largest :func:`round_words` of a round (with its PSR table, if any) in bytes
+        (``--max-round-mib``).
+    max_clients_per_round : int (default: 10000)
+        Clients one round may take: uploads (fresh or hints) and, separately, PSR queries
+        (``--max-clients-per-round``).
+    max_round_work : int (default: 2**35)
+        Words one round may evaluate or read over all its clients and queries
+        (``--max-round-gwords``, in units of 2**30).
+
+    Raises
+    ------
+    ValueError
+        If a value is not an integer in ``[1, maximum]`` (``2**62`` for sizes and counts,
+        ``2**20 - 2`` for the width).
+    """
+
+    max_domain_size: int = 1 << 24
+    max_value_width: int = 1 << 12
+    max_num_items: int = 1 << 22
+    max_round_bytes: int = 1 << 30
+    max_clients_per_round: int = 10_000
+    max_round_work: int = 1 << 35
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ValueError(f"{f.name} must be an integer in [1, {top}], got {value!r}")
+
+    def check_params_bytes(self, size: int) -> None:
+        """Refuse an ``OpenRound`` parameter set longer than :data:`MAX_PARAMS_BYTES`.
+
+        Raises
+        ------
+        HelperRequestError
+            If ``size`` is too large (before it is parsed).
+        """
+        if size > MAX_PARAMS_BYTES:
+            raise HelperRequestError(
+                f"bad round parameters: {size} bytes, S1 parses at most {MAX_PARAMS_BYTES}"
+            )
+
+    def open_round(self, params: SSAParams) -> RoundBudget:
+        """Check a round's parameters; return its budget (nothing allocated either way).
+
+        Parameters
+        ----------
+        params : SSAParams
+            The parsed parameters of an ``OpenRound``.
+
+        Returns
+        -------
+        RoundBudget
+            The round's account, to keep with the round.
+
+        Raises
+        ------
+        HelperRequestError
+            Naming the first limit the round exceeds and the flag that raises it.
+        """
+        rid = params.round_id
+        for value, limit, name, flag in (
+            (params.domain_size, self.max_domain_size, "domain_size", "--max-domain"),
+            (params.value_width, self.max_value_width, "value_width", "--max-width"),
+            (params.num_items, self.max_num_items, "num_items", "--max-items"),
+        ):
+            if value > limit:
+                raise HelperRequestError(
+                    f"round {rid}: {name} {value} exceeds S1's limit {limit} "
+                    f"(flwr-fsl-helper {flag})"
+                )
+        budget = RoundBudget(self, params, memory=8 * round_words(params))
+        budget.check_memory("the round")
+        budget.check_one(upload_work(params), "one client's keys")
+        return budget
+
+
+@dataclass
+class RoundBudget:
+    """One open round's account against :class:`HelperLimits` (kept in the round's state).
+
+    Attributes
+    ----------
+    limits : HelperLimits
+        The limits.
+    params : SSAParams
+        The round.
+    memory : int
+        Bytes charged (:func:`round_words`, with ``table=True`` once ``SetModel`` set one).
+    work : int
+        Words admitted so far (uploads and queries).
+    """
+
+    limits: HelperLimits
+    params: SSAParams
+    memory: int
+    work: int = 0
+
+    def check_memory(self, what: str) -> None:
+        """Refuse if :attr:`memory` exceeds ``max_round_bytes``.
+
+        Raises
+        ------
+        HelperRequestError
+            Naming the estimate, the limit and ``--max-round-mib``.
+        """
+        if self.memory > self.limits.max_round_bytes:
+            p = self.params
+            raise HelperRequestError(
+                f"round {p.round_id}: {what} would need about {_mib(self.memory)} on S1 "
+                f"(domain_size {p.domain_size}, value_width {p.value_width}, tau {p.tau}, "
+                f"{p.num_hashes} hashes, stash {p.stash_size}, {p.num_keys} keys), over S1's "
+                f"limit of {_mib(self.limits.max_round_bytes)} (flwr-fsl-helper --max-round-mib)"
+            )
+
+    def check_one(self, work: int, what: str) -> None:
+        """Refuse a round in which not even one client or query fits ``max_round_work``.
+
+        Raises
+        ------
+        HelperRequestError
+            If ``work`` alone exceeds the limit.
+        """
+        if work > self.limits.max_round_work:
+            raise HelperRequestError(
+                f"round {self.params.round_id}: {what} alone would cost {work} words of work, "
+                f"over S1's per-round limit {self.limits.max_round_work} "
+                "(flwr-fsl-helper --max-round-gwords)"
+            )
+
+    def add_table(self) -> None:
+        """Charge a PSR table (``SetModel``) and one query's answer buffers.
+
+        Raises
+        ------
+        HelperRequestError
+            If the round's memory would exceed ``max_round_bytes`` or one query alone exceeds
+            ``max_round_work``; nothing is charged then.
+        """
+        before = self.memory
+        self.memory = 8 * round_words(self.params, table=True)
+        try:
+            self.check_memory("the round with its PSR table")
+            self.check_one(query_work(self.params), "one PSR query")
+        except HelperRequestError:
+            self.memory = before
+            raise
+
+    def admit(self, method: str, seen: Set[int], client_ids: Iterable[int], *, query: bool) -> None:
+        """Admit a request's clients before any of them is evaluated.
+
+        Parameters
+        ----------
+        method : str
+            The call (for the message).
+        seen : set of int
+            Client ids that already submitted (uploads) or queried in this round; ids in it
+            are rejected per client later and cost nothing here.
+        client_ids : iterable of int
+            The request's client ids.
+        query : bool
+            PSR queries (:func:`query_work` each) instead of uploads (:func:`upload_work`).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round would exceed ``max_clients_per_round`` or ``max_round_work``; nothing
+            is charged then.
+        """
+        new = len(set(client_ids) - seen)
+        clients = len(seen) + new
+        rid, limits = self.params.round_id, self.limits
+        kind = "PSR queries" if query else "clients"
+        if clients > limits.max_clients_per_round:
+            raise HelperRequestError(
+                f"{method} would bring round {rid} to {clients} {kind}, over S1's limit "
+                f"{limits.max_clients_per_round} (flwr-fsl-helper --max-clients-per-round)"
+            )
+        work = self.work + new * (query_work(self.params) if query else upload_work(self.params))
+        if work > limits.max_round_work:
+            raise HelperRequestError(
+                f"{method} would bring round {rid} to {work} words of work ({clients} {kind}), "
+                f"over S1's per-round limit {limits.max_round_work} "
+                "(flwr-fsl-helper --max-round-gwords)"
+            )
+        self.work = work
