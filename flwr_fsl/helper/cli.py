@@ -19,6 +19,15 @@ fingerprint in the run config of S0 (which checks it with
 ``--tls-key`` serve TLS; ``--token-file`` requires a shared access token on every call (S0
 passes both to :class:`~flwr_fsl.helper.connection.HelperClient`).
 
+**Limits** (:mod:`flwr_fsl.helper.limits`; a round over one is refused before S1 allocates
+anything, with an error naming the flag): ``--max-domain`` (``domain_size``), ``--max-width``
+(``value_width``), ``--max-items`` (``num_items``), ``--max-round-mib`` (memory of one round:
+share, hashing table, one client's evaluation, PSR table), ``--max-clients-per-round`` and
+``--max-round-gwords`` (work of one round over all its clients, in ``2**30`` words). Bad values
+are refused up front, naming the flag. ``--workers`` calls run at once: give it at least one
+more than the runs S1 serves at the same time, so ``Health`` and the other runs never wait for
+a long ``AddClients``.
+
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
 address cannot be bound.
 
@@ -35,12 +44,13 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.helper import wire
+from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
@@ -48,6 +58,48 @@ from flwr_fsl.helper.setup import load_or_create_key
 __all__ = ["main"]
 
 _PROG = "flwr-fsl-helper"
+_MIB = 1 << 20
+_GWORDS = 1 << 30
+_DEFAULT_LIMITS = HelperLimits()
+
+# flag -> (HelperLimits field, unit the flag counts in, help text)
+_LIMIT_FLAGS: dict[str, tuple[str, int, str]] = {
+    "--max-domain": ("max_domain_size", 1, "largest round domain_size m"),
+    "--max-width": ("max_value_width", 1, "largest round value_width (row width)"),
+    "--max-items": ("max_num_items", 1, "largest round num_items k"),
+    "--max-round-mib": (
+        "max_round_bytes",
+        _MIB,
+        "memory one round may need on S1, in MiB (share, hashing table, one client's "
+        "evaluation, PSR table; see flwr_fsl.helper.limits)",
+    ),
+    "--max-clients-per-round": (
+        "max_clients_per_round",
+        1,
+        "clients one round may take (uploads, and PSR queries separately)",
+    ),
+    "--max-round-gwords": (
+        "max_round_work",
+        _GWORDS,
+        "work one round may cost S1, in 2**30 words evaluated or read over all its clients",
+    ),
+}
+
+
+def _limit_type(flag: str, unit: int) -> Callable[[str], int]:
+    field = _LIMIT_FLAGS[flag][0]
+    top = 1 << 62 if field != "max_value_width" else (1 << 20) - 2
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not 1 <= value <= top // unit:
+            raise argparse.ArgumentTypeError(f"must be in [1, {top // unit}], got {value}")
+        return value * unit
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,6 +136,19 @@ def _parser() -> argparse.ArgumentParser:
         default=wire.MAX_MESSAGE_BYTES >> 20,
         help=f"gRPC message size limit in MiB (default and maximum {wire.MAX_MESSAGE_BYTES >> 20})",
     )
+    limits = p.add_argument_group(
+        "limits", "what one round may cost S1 (checked before it is allocated)"
+    )
+    for flag, (field, unit, text) in _LIMIT_FLAGS.items():
+        default = getattr(_DEFAULT_LIMITS, field)
+        limits.add_argument(
+            flag,
+            dest=field,
+            type=_limit_type(flag, unit),
+            default=default,
+            metavar="N",
+            help=f"{text} (default {default // unit})",
+        )
     p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -126,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_open_rounds=args.max_open_rounds,
             max_sessions=args.max_sessions,
             session_idle_s=args.session_idle_s,
+            limits=HelperLimits(
+                **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()}
+            ),
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         token = args.token_file.read_text().strip() if args.token_file else None
