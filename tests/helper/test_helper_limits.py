@@ -437,17 +437,25 @@ def _params_json(**fields_: Any) -> bytes:
     return json.dumps(base, sort_keys=True).encode()
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    domain_size=st.one_of(st.integers(1, 1 << 15), st.integers(1, 1 << 62)),
-    num_items=st.one_of(st.integers(0, 1 << 10), st.integers(0, 1 << 40)),
-    value_width=st.one_of(st.integers(1, 80), st.integers(1, 1 << 22)),
-    stash_size=st.one_of(st.just(0), st.integers(0, 1 << 20)),
-    num_hashes=st.integers(1, 9),
-    scale_factor=st.one_of(st.none(), st.floats(1.0, 1e12)),
-    count_weighted=st.booleans(),
-)
-def test_random_open_round_sizes_succeed_or_fail_cleanly(**fields_: Any) -> None:
+@st.composite
+def open_round_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """SSAParams-like sizes: mostly valid sets around the limits, some far over, some invalid."""
+    m = draw(st.one_of(st.integers(1, 1 << 15), st.integers(1, 1 << 62)))
+    fitting_k = st.integers(0, min(m, 1 << 13))
+    return {
+        "domain_size": m,
+        "num_items": draw(st.one_of(fitting_k, fitting_k, st.integers(0, 1 << 40))),
+        "value_width": draw(st.one_of(st.integers(1, 80), st.integers(1, 1 << 22))),
+        "stash_size": draw(st.one_of(st.just(0), st.integers(0, 8), st.integers(0, 1 << 20))),
+        "num_hashes": draw(st.one_of(st.just(3), st.just(3), st.integers(1, 9))),
+        "scale_factor": draw(st.one_of(st.none(), st.floats(1.0, 8.0), st.floats(1.0, 1e12))),
+        "count_weighted": draw(st.booleans()),
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(fields_=open_round_fields())
+def test_random_open_round_sizes_succeed_or_fail_cleanly(fields_: dict[str, Any]) -> None:
     helper = twin(SMALL)
     body = _params_json(**fields_)
     real = ssa_service.SSAServer
