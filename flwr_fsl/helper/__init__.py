@@ -27,6 +27,7 @@ from flwr_fsl.helper.errors import (
     HelperUnavailableError,
     WireFormatError,
 )
+from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import connect_helper, describe_helper, helper_settings
@@ -37,6 +38,7 @@ __all__ = [
     "HelperConnection",
     "HelperError",
     "HelperHealth",
+    "HelperLimits",
     "HelperRequestError",
     "HelperService",
     "HelperShare",
