@@ -78,8 +78,26 @@ def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
         stop(proc)
 
 
+# Ray's own start-up failures on a loaded 2-core machine (its raylet has a fixed 30 s to
+# register): an infrastructure flake, not this project's behaviour. Such a run is resubmitted
+# once; a run that fails for any other reason fails the test.
+RAY_STARTUP_FAILURES = ("timed out during startup", "raylet", "GCS has become overloaded")
+RETRIES: list[str] = []
+
+
 def _run(
     env: dict[str, str], helper: dict[str, str], seed: int, rounds: int = ROUNDS
+) -> tuple[str, str, str]:
+    outcome = _submit(env, helper, seed, rounds)
+    run_id, status, logs = outcome
+    if status == "finished:failed" and any(m in logs for m in RAY_STARTUP_FAILURES):
+        RETRIES.append(run_id)
+        outcome = _submit(env, helper, seed, rounds)
+    return outcome
+
+
+def _submit(
+    env: dict[str, str], helper: dict[str, str], seed: int, rounds: int
 ) -> tuple[str, str, str]:
     run_config = (
         f"num-server-rounds={rounds} max-client-samples=200 test-size=300 fraction-train=1.0 "
@@ -115,6 +133,7 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
     superlinks: tuple[dict[str, str], dict[str, str]], helper: dict[str, str]
 ) -> None:
     superlink, superlink_2 = superlinks
+    RETRIES.clear()
     # One after another through the same SuperLink and the same S1.
     for seed in (1, 2):
         _assert_trained(*_run(superlink, helper, seed))
@@ -147,7 +166,8 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
         _assert_trained(*outcome, rounds=rounds[index])
     helper_log = Path(helper["log"]).read_text()
     opened = [int(n) for n in re.findall(r"session \w+ opened \((\d+) open\)", helper_log)]
-    assert len(opened) == 4, helper_log[-4000:]  # one session per run
-    assert opened[:2] == [1, 1], helper_log[-4000:]  # sequential runs: each alone on S1
-    assert max(opened[2:]) == 2, helper_log[-4000:]  # concurrent runs: both sessions open
-    assert helper_log.count("closed") >= 4, helper_log[-4000:]  # every run ended its session
+    runs = 4 + len(RETRIES)  # a resubmitted run opened a session of its own
+    assert len(opened) == runs, helper_log[-4000:]  # one session per run
+    assert opened[0] == 1 and opened[1] == 1, helper_log[-4000:]  # sequential: each alone
+    assert 2 in opened[2:], helper_log[-4000:]  # the concurrent runs' sessions were open at once
+    assert helper_log.count("closed") >= runs, helper_log[-4000:]  # every run ended its session
