@@ -23,7 +23,9 @@ passes both to :class:`~flwr_fsl.helper.connection.HelperClient`).
 anything, with an error naming the flag): ``--max-domain`` (``domain_size``), ``--max-width``
 (``value_width``), ``--max-items`` (``num_items``), ``--max-round-mib`` (memory of one round:
 share, hashing table, one client's evaluation, PSR table), ``--max-clients-per-round`` and
-``--max-round-gwords`` (work of one round over all its clients, in ``2**30`` words). Bad values
+``--max-round-gwords`` (work of one round over all its clients, in ``2**30`` words), and
+``--min-clients`` (S1's own minimum participation, default 2: it returns no share of a round
+with fewer clients, so S0 alone cannot isolate one). Bad values
 are refused up front, naming the flag. ``--workers`` calls run at once: give it at least one
 more than the runs S1 serves at the same time, so ``Health`` and the other runs never wait for
 a long ``AddClients``.
@@ -82,6 +84,11 @@ _LIMIT_FLAGS: dict[str, tuple[str, int, str]] = {
         "max_round_work",
         _GWORDS,
         "work one round may cost S1, in 2**30 words evaluated or read over all its clients",
+    ),
+    "--min-clients": (
+        "min_clients",
+        1,
+        "S1's minimum participation: it returns no share of a round with fewer clients",
     ),
 }
 

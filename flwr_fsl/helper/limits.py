@@ -148,6 +148,9 @@ class HelperLimits:
     max_round_work : int (default: 2**35)
         Words one round may evaluate or read over all its clients and queries
         (``--max-round-gwords``, in units of 2**30).
+    min_clients : int (default: 2)
+        S1's own minimum participation (``--min-clients``): S1 refuses to return its share of
+        a round with fewer clients, whatever S0 asks, so S0 alone cannot isolate a client.
 
     Raises
     ------
@@ -162,6 +165,7 @@ class HelperLimits:
     max_round_bytes: int = 1 << 30
     max_clients_per_round: int = 10_000
     max_round_work: int = 1 << 35
+    min_clients: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -169,6 +173,20 @@ class HelperLimits:
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ValueError(f"{f.name} must be an integer in [1, {top}], got {value!r}")
+
+    def check_participation(self, round_id: int, clients: int) -> None:
+        """Refuse to finish a round with fewer than ``min_clients`` clients (none is harmless).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round has too few clients (S1 keeps nothing of it).
+        """
+        if 0 < clients < self.min_clients:
+            raise HelperRequestError(
+                f"round {round_id}: {clients} clients, fewer than S1's minimum participation "
+                f"{self.min_clients} (flwr-fsl-helper --min-clients); no share is returned"
+            )
 
     def check_params_bytes(self, size: int) -> None:
         """Refuse an ``OpenRound`` parameter set longer than :data:`MAX_PARAMS_BYTES`.

@@ -15,6 +15,7 @@ import pytest
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
 from flwr_fsl.helper import (
     HelperError,
+    HelperLimits,
     HelperRequestError,
     HelperService,
     HelperUnavailableError,
@@ -43,6 +44,9 @@ SID = bytes(range(16))  # the session of every twin below (clients bind sealed m
 
 
 def twin(*args: Any, **kwargs: Any) -> InProcessHelper:
+    # These tests exercise round mechanics with as few as one client; S1's minimum
+    # participation has its own tests (test_s1_refuses_a_round_below_its_minimum).
+    kwargs.setdefault("limits", HelperLimits(min_clients=1))
     return InProcessHelper(*args, session_id=SID, **kwargs)
 
 
@@ -798,3 +802,30 @@ def test_random_corruptions_only_raise_wire_errors():
                 wire.decode(cut, type(msg))
             except WireFormatError:
                 pass
+
+
+def test_s1_refuses_a_round_below_its_minimum() -> None:
+    # Issue 8 item 2: S1 is the party that must refuse to help isolate a client, whatever S0
+    # asks. With one client in the round S1 returns no share and keeps nothing of the round.
+    helper = twin(limits=HelperLimits(min_clients=2))
+    params = make_params(1)
+    (alone,) = make_clients(1)
+    helper.open_round(1, params.to_bytes())
+    upload, sealed = upload_for(params, alone, helper.public_key())
+    assert helper.add_clients(1, [(alone.cid, upload.public_part, sealed)]) == {}
+    with pytest.raises(HelperRequestError, match="minimum participation 2"):
+        helper.finish_round(1)
+    assert helper.health().open_rounds == ()
+    with pytest.raises(HelperRequestError):
+        helper.open_round(1, params.to_bytes())  # the round can never be reopened
+    # Two clients: the round finishes.
+    params2 = make_params(2)
+    helper.open_round(2, params2.to_bytes())
+    pair = make_clients(2)
+    items = []
+    for c in pair:
+        up, sl = upload_for(params2, c, helper.public_key())
+        items.append((c.cid, up.public_part, sl))
+    assert helper.add_clients(2, items) == {}
+    ids, _ = helper.finish_round(2)
+    assert sorted(ids) == sorted(c.cid for c in pair)

@@ -297,3 +297,25 @@ def test_a_round_below_minimum_participation_fails_unreconstructed(
     assert helper.health().open_rounds == ()  # the failed round was released on S1
     with pytest.raises(ConfigurationError, match="min_clients"):
         SecureFedSubAvg(helper, topk_ratio=0.2, min_clients=0)
+
+
+def test_s1_refuses_a_one_client_round_even_if_s0_would_run_it(
+    helper_key: SealingKeyPair,
+) -> None:
+    # S0 configured (or compromised) to reconstruct single-client rounds: S1's own minimum
+    # (default 2, flwr-fsl-helper --min-clients) refuses to return its share.
+    run_config = {"ssa-helper-fingerprint": helper_key.fingerprint, "topk-error-feedback": False}
+    grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 1, run_config)
+    helper = InProcessHelper(keypair=helper_key)
+    strategy = SecureFedSubAvg(
+        helper,
+        topk_ratio=0.2,
+        min_available_nodes=1,
+        min_train_nodes=1,
+        fraction_evaluate=0.0,
+        min_clients=1,
+    )
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    assert "S1's minimum participation 2" in strategy.failed_rounds[1]
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(result.arrays[name].numpy(), value)

@@ -219,8 +219,15 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
-        share = state.ssa.share()
         clients = tuple(sorted(state.ssa.keys))
+        try:
+            self.host.limits.check_participation(rid, len(clients))
+        except HelperRequestError:
+            # Too few clients: S1 drops the round (and its keys) rather than help isolate one.
+            session.close_round(rid)
+            log.warning("round %d refused: %d clients is below the minimum", rid, len(clients))
+            raise
+        share = state.ssa.share()
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
         stored.layout = state.params
