@@ -53,7 +53,7 @@ RMSE = Metric("RMSE", "mse", source="evaluate", sqrt=True)
 UDPF = Metric("U-DPF", "udpf-clients", source="train", digits=0)  # clients that sent a hint
 MEAN_ONLY = Metric("mean-only RMSE", "mean-only-mse", source="evaluate", sqrt=True)
 SECURE_LEARNS = {
-    "S0": "each client's num-examples; per row the round's weighted sum and weight",
+    "S0": "per row the round's weighted sum and total weight (no client weight)",
     "S1": "the round's public parameters and pseudorandom key material",
 }
 PLAIN_LEARNS = {"server": "each user's row set (the items it rated) and its row deltas"}

@@ -45,7 +45,7 @@ from flwr_fsl.submodel.layout import FlatLayout
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 SECURE_LEARNS = {
-    "S0": "each client's num-examples; per coordinate the round's weighted sum and weight",
+    "S0": "per coordinate the round's weighted sum and total weight (no client weight)",
     "S1": "the round's public parameters and pseudorandom key material",
 }
 PLAIN_LEARNS = {"server": "each client's top-k coordinates, their values and num-examples"}
