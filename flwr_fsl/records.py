@@ -95,13 +95,17 @@ def ssa_upload_record(public: bytes, seed: bytes, sealed: bytes) -> ConfigRecord
     return ConfigRecord({"public": public, "seed": seed, "sealed": sealed})
 
 
-def hint_upload_record(hint: bytes) -> ConfigRecord:
-    """Build a U-DPF client's upload record (the hint is public: both servers get it)."""
-    return ConfigRecord({"hint": hint})
+def hint_upload_record(hint: bytes, sealed: bytes) -> ConfigRecord:
+    """Build a U-DPF client's upload record: the hint and its binding sealed to S1.
+
+    Both servers apply the same hint bytes; the sealed binding
+    (:func:`~flwr_fsl.protocols.sealing.seal_udpf_hint`) keeps S0 from altering S1's copy.
+    """
+    return ConfigRecord({"hint": hint, "sealed": sealed})
 
 
-def read_hint_upload(content: RecordDict) -> bytes | None:
-    """Return the U-DPF hint of an upload, or None if the upload carries fresh keys.
+def read_hint_upload(content: RecordDict) -> tuple[bytes, bytes] | None:
+    """Return ``(hint, sealed binding)`` of a U-DPF upload, or None for fresh keys.
 
     Raises
     ------
@@ -113,12 +117,14 @@ def read_hint_upload(content: RecordDict) -> bytes | None:
         raise SubmodelFormatError(f"missing {SSA_UPLOAD_KEY!r} record")
     if "hint" not in record:
         return None
-    hint = record["hint"]
-    if set(record.keys()) != {"hint"} or not isinstance(hint, bytes):
-        raise SubmodelFormatError("a hint upload has exactly one bytes field 'hint'")
-    if len(hint) > MAX_UPLOAD_BYTES:
+    hint, sealed = record["hint"], record.get("sealed")
+    if set(record.keys()) != {"hint", "sealed"} or not (
+        isinstance(hint, bytes) and isinstance(sealed, bytes)
+    ):
+        raise SubmodelFormatError("a hint upload has exactly two bytes fields 'hint', 'sealed'")
+    if len(hint) + len(sealed) > MAX_UPLOAD_BYTES:
         raise SubmodelFormatError("upload too large")
-    return hint
+    return hint, sealed
 
 
 def read_ssa_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> tuple[bytes, bytes, bytes]:

@@ -268,7 +268,9 @@ class _Facade(abc.ABC):
         )
         return _rejections(r, items)
 
-    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
+    def add_client_hints(
+        self, round_id: int, hints: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, str]:
         """Relay clients' public U-DPF hints to S1 (no sealing: the hint is public).
 
         Parameters
@@ -290,7 +292,7 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        items = _unique(tuple(wire.HintItem(int(c), h) for c, h in hints))
+        items = _unique(tuple(wire.HintItem(int(c), h, s) for c, h, s in hints))
         r = self._call(
             "AddClientHints", wire.AddHintsRequest(self.session_id, round_id, items), _Results
         )

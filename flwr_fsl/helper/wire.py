@@ -108,7 +108,7 @@ __all__ = [
 ]
 
 MAGIC = b"FSHW"
-VERSION = 2
+VERSION = 3  # v3: U-DPF hint items carry the client's sealed binding
 SESSION_BYTES = 16
 """Length of a session id: S0 draws one per run (per :class:`HelperConnection`)."""
 _HEADER = struct.Struct("<4sBBH")
@@ -157,10 +157,11 @@ class SealedItem:
 
 @dataclass(frozen=True)
 class HintItem:
-    """One client's public U-DPF hint."""
+    """One client's public U-DPF hint and its binding sealed to S1."""
 
     client_id: int
     hint: bytes = field(repr=False)
+    sealed: bytes = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -358,12 +359,15 @@ class AddHintsRequest(Message):
         for h in self.hints:
             w.u64(h.client_id)
             w.raw(h.hint)
+            w.raw(h.sealed)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
         session, round_id = _read_session(r), r.u64("round")
-        n = r.count("hints", 12)
-        hints = tuple(HintItem(r.u64("client id"), r.raw("hint")) for _ in range(n))
+        n = r.count("hints", 16)
+        hints = tuple(
+            HintItem(r.u64("client id"), r.raw("hint"), r.raw("sealed")) for _ in range(n)
+        )
         return cls(session, round_id, hints)
 
 

@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, make_query
-from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
+from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.protocols.ssa import SSAClientState, encode_round
 from flwr_fsl.records import (
     ANSWER0_FIELD,
@@ -151,6 +151,7 @@ class PrivateRows(ProtocolMod):
             raise ValueError(f"the train reply changed the shape of {self.table!r}")
         delta = trained[query.indices].astype(np.float64) - rows.astype(np.float64)
         udpf = found.config.get(UDPF_FIELD) is True
+        held = _held(found.config.get(UDPF_HELD_FIELD))
         out, keys = encode_round(
             params,
             query.indices,
@@ -158,14 +159,21 @@ class PrivateRows(ProtocolMod):
             weight if query.counts is None else query.counts,
             _KEYS.load(context) if udpf else None,
             udpf=udpf,
-            held=_held(found.config.get(UDPF_HELD_FIELD)),
+            held=held,
         )
         _KEYS.store(context, keys)
-        upload = (
-            hint_upload_record(out)
-            if isinstance(out, bytes)
-            else self.sealed_upload(out, found, context)
-        )
+        if isinstance(out, bytes):
+            assert held is not None  # a hint is only made against announced keys
+            sealed = seal_udpf_hint(
+                found.helper_key,
+                binding=found.binding,
+                client_id=int(context.node_id),
+                hint=out,
+                held=held,
+            )
+            upload = hint_upload_record(out, sealed)
+        else:
+            upload = self.sealed_upload(out, found, context)
         # No metrics in the clear: the weight rides in the payload's count word only.
         return Message(RecordDict({SSA_UPLOAD_KEY: upload}), reply_to=msg)
 

@@ -67,10 +67,12 @@ __all__ = [
     "open_psr_answer",
     "open_psr_query",
     "open_ssa_upload",
+    "open_udpf_hint",
     "seal_for",
     "seal_psr_answer",
     "seal_psr_query",
     "seal_ssa_upload",
+    "seal_udpf_hint",
 ]
 
 SSA = "ssa"
@@ -79,6 +81,8 @@ PSR_QUERY = "psr-query"
 """Purpose of a client's PSR query to S1."""
 PSR_ANSWER = "psr-answer"
 """Purpose of S1's PSR answer to a client."""
+UDPF_HINT = "udpf-hint"
+"""Purpose of a client's binding of its U-DPF hint for S1."""
 HELPER = "S1"
 """Sender/recipient name of the helper server."""
 MASTER_SEED_BYTES = 16
@@ -234,6 +238,60 @@ def open_ssa_upload(
     plaintext = open_sealed(keypair, sealed, associated_data=ad)
     _check_binding(plaintext, public_part, MASTER_SEED_BYTES + _DIGEST_BYTES)
     return plaintext[:MASTER_SEED_BYTES]
+
+
+def seal_udpf_hint(
+    helper_public: bytes, *, binding: RoundBinding, client_id: int, hint: bytes, held: bytes
+) -> bytes:
+    """Client side: bind a U-DPF hint, and the keys it updates, for S1.
+
+    The hint itself travels in the clear (both servers apply the same bytes); the sealed blob
+    carries its SHA-256 and the digest of the keys it was made for
+    (:func:`~flwr_fsl.protocols.ssa.held_digest`), so S0 cannot alter S1's copy and S1 applies
+    the hint only to exactly those keys.
+
+    Returns
+    -------
+    bytes
+        The sealed blob (64 + 56 bytes).
+
+    Raises
+    ------
+    SealedBoxError
+        If an argument is malformed (``held`` must be 32 bytes).
+    """
+    if len(held) != _DIGEST_BYTES:
+        raise SealedBoxError("the held-keys digest must be 32 bytes")
+    ad = associated_data(
+        purpose=UDPF_HINT, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    return seal(helper_public, _digest(hint) + bytes(held), associated_data=ad)
+
+
+def open_udpf_hint(
+    keypair: SealingKeyPair, sealed: bytes, *, binding: RoundBinding, client_id: int, hint: bytes
+) -> bytes:
+    """S1 side: check a relayed hint against the client's sealed binding.
+
+    Returns
+    -------
+    bytes
+        The 32-byte digest of the keys the hint updates (S1 compares it with its own).
+
+    Raises
+    ------
+    SealedBoxError
+        If the blob fails authentication, has the wrong length, or the hint was altered.
+    """
+    ad = associated_data(
+        purpose=UDPF_HINT, sender=client_party(client_id), recipient=HELPER, **binding.fields()
+    )
+    plaintext = open_sealed(keypair, sealed, associated_data=ad)
+    if len(plaintext) != 2 * _DIGEST_BYTES:
+        raise SealedBoxError(f"sealed plaintext has {len(plaintext)} bytes, expected 64")
+    if not hmac.compare_digest(plaintext[:_DIGEST_BYTES], _digest(hint)):
+        raise SealedBoxError("hint does not match the sealed hash (altered in transit)")
+    return plaintext[_DIGEST_BYTES:]
 
 
 def seal_psr_query(

@@ -113,8 +113,10 @@ class HelperParty(Protocol):
         """Relay ``(client, public part, sealed)``; return the rejected clients' reasons."""
         ...
 
-    def add_client_hints(self, round_id: int, hints: Iterable[tuple[int, bytes]]) -> dict[int, str]:
-        """Relay ``(client, hint)``; return the rejected clients' reasons."""
+    def add_client_hints(
+        self, round_id: int, hints: Iterable[tuple[int, bytes, bytes]]
+    ) -> dict[int, str]:
+        """Relay ``(client, hint, sealed binding)``; return the rejected clients' reasons."""
         ...
 
     def finish_round(self, round_id: int) -> HelperShareLike:
@@ -260,6 +262,8 @@ class LeadServer:
         if upload.hint is not None:
             if not accept_hints or client not in self.stored_keys:
                 raise SSAInputError("U-DPF hint without stored keys")
+            if not upload.sealed:
+                raise SSAInputError("U-DPF hint without its binding sealed to S1")
             return
         try:
             DPFKeyBatch.from_master_seed(
@@ -307,7 +311,7 @@ class LeadServer:
             )
         self.open(params)
         fresh = {c: u for c, u in uploads.items() if u.hint is None}
-        hints = {c: u.hint for c, u in uploads.items() if u.hint is not None}
+        hints = {c: (u.hint, u.sealed) for c, u in uploads.items() if u.hint is not None}
         rejected: dict[int, str] = {}
         if fresh:
             rejected.update(
@@ -316,7 +320,9 @@ class LeadServer:
                 )
             )
         if hints:
-            rejected.update(self.helper.add_client_hints(round_id, hints.items()))
+            rejected.update(
+                self.helper.add_client_hints(round_id, [(c, h, s) for c, (h, s) in hints.items()])
+            )
         server0 = SSAServer(params, 0, previous_keys=self.stored_keys)
         accepted: list[int] = []
         for client, upload in uploads.items():

@@ -100,7 +100,7 @@ def read_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> ClientUpload:
     if key == SSA_UPLOAD_KEY:
         hint = read_hint_upload(content)
         if hint is not None:
-            return ClientUpload(hint=hint)
+            return ClientUpload(hint=hint[0], sealed=hint[1])
     public, seed, sealed = read_ssa_upload(content, key)
     return ClientUpload(public, seed, sealed)
 

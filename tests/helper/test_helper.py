@@ -35,8 +35,9 @@ from flwr_fsl.protocols.sealing import (
     seal_psr_answer,
     seal_psr_query,
     seal_ssa_upload,
+    seal_udpf_hint,
 )
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, reconstruct
+from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, held_digest, reconstruct
 from flwr_fsl.wireformat import Writer
 
 M, K, WIDTH = 96, 8, 2
@@ -103,6 +104,22 @@ def expected_sums(clients: list[Client]) -> tuple[np.ndarray, np.ndarray]:
         sums[c.idx] += c.weight * c.values
         counts[c.idx] += c.weight
     return sums, counts
+
+
+def hint_for(
+    params: SSAParams,
+    client: Client,
+    helper_pub: bytes,
+    rng: np.random.Generator | None = None,
+    binding: RoundBinding | None = None,
+) -> tuple[int, bytes, bytes]:
+    """A client's U-DPF round: ``(client id, hint, binding sealed to S1)``, as the mod sends."""
+    held = held_digest(client.state.keys[0])  # the keys the hint updates (before it does)
+    hint = client.state.next_round(params, client.values, client.weight, rng=rng)
+    sealed = seal_udpf_hint(
+        helper_pub, binding=binding or bind(params), client_id=client.cid, hint=hint, held=held
+    )
+    return client.cid, hint, sealed
 
 
 def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed: int = 0):
@@ -204,10 +221,10 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     hints = []
     for c in clients:
         c.values = c.values * -2.0
-        hint = c.state.next_round(p2, c.values, c.weight, rng=np.random.default_rng([1, c.cid]))
-        hints.append((c.cid, hint))
-        s0_2.add_client_hint(c.cid, hint)
-    hints.append((77, hints[0][1]))  # no stored keys for client 77
+        item = hint_for(p2, c, conn.public_key(), rng=np.random.default_rng([1, c.cid]))
+        hints.append(item)
+        s0_2.add_client_hint(c.cid, item[1])
+    hints.append((77, hints[0][1], hints[0][2]))  # client 0's hint and seal, relabelled as 77
     out["rejected_2"] = conn.add_client_hints(2, hints)
     res2 = conn.finish_round(2)
     out["share_2"] = res2.share.tobytes()
@@ -279,7 +296,8 @@ def test_bad_clients_rejected_for_that_client_only(transcript):
 def test_udpf_round_with_stored_keys(transcript):
     t, _ = transcript
     assert t["clients_2"] == tuple(c.cid for c in t["clients"])
-    assert set(t["rejected_2"]) == {77} and "no stored keys" in t["rejected_2"][77]
+    # Client 0's hint relabelled as client 77: its seal binds client 0, so S1 refuses it.
+    assert set(t["rejected_2"]) == {77} and "authentication" in t["rejected_2"][77]
     sums, counts = expected_sums(t["clients"])
     np.testing.assert_allclose(t["result_2"].sums, sums, atol=1e-5)
     np.testing.assert_allclose(t["result_2"].counts, counts, atol=1e-5)
@@ -395,8 +413,8 @@ def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
     helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
     helper.abort_round(1)
     helper.open_round(2, make_params(2, epoch=1).to_bytes())
-    hint = c.state.next_round(make_params(2, epoch=1), c.values, c.weight)
-    assert "no stored keys" in helper.add_client_hints(2, [(c.cid, hint)])[c.cid]
+    item = hint_for(make_params(2, epoch=1), c, pub)
+    assert "S1 holds other keys" in helper.add_client_hints(2, [item])[c.cid]
     helper.abort_round(2)
     # Stored keys from a finished round are dropped when a round with another hash key opens.
     p3 = make_params(3)
@@ -420,10 +438,10 @@ def test_hint_errors_are_per_client():
     helper.finish_round(1)
     p2 = make_params(2, epoch=1)
     helper.open_round(2, p2.to_bytes())
-    hint = c.state.next_round(p2, c.values, c.weight)
-    rej = helper.add_client_hints(2, [(c.cid, hint[:-3])])
-    assert "bad hint" in rej[c.cid]
-    assert "already submitted" in helper.add_client_hints(2, [(c.cid, hint)])[c.cid]
+    cid, hint, sealed = hint_for(p2, c, pub)
+    rej = helper.add_client_hints(2, [(cid, hint[:-3], sealed)])  # S0 alters the relayed hint
+    assert "altered in transit" in rej[c.cid]
+    assert "already submitted" in helper.add_client_hints(2, [(cid, hint, sealed)])[c.cid]
 
 
 def test_psr_errors_are_per_client():
@@ -505,7 +523,7 @@ def test_internal_error_is_a_helper_error_not_a_request_error(monkeypatch):
 
 def test_malformed_response_is_a_helper_error(monkeypatch):
     helper = twin()
-    monkeypatch.setattr(helper.service, "handle", lambda method, body: b"FSHW\x02\x40\x00\x00")
+    monkeypatch.setattr(helper.service, "handle", lambda method, body: _hdr(0x40))
     with pytest.raises(HelperError, match="malformed Health response"):
         helper.health()
     monkeypatch.setattr(
@@ -583,8 +601,13 @@ def test_oversized_message_is_refused(service, monkeypatch):
         wire.encode(wire.OpenRoundRequest(SID, 1, bytes(100)))
 
 
+def _hdr(kind: int) -> bytes:
+    """A helper wire header (magic, this build's version, message kind, flags)."""
+    return wire.MAGIC + bytes([wire.VERSION, kind, 0, 0])
+
+
 def _set_model_body(array_bytes: bytes) -> bytes:
-    return b"FSHW\x02\x08\x00\x00" + SID + struct.pack("<Q", 1) + array_bytes
+    return _hdr(0x08) + SID + struct.pack("<Q", 1) + array_bytes
 
 
 @pytest.mark.parametrize(
@@ -610,7 +633,7 @@ def test_malformed_arrays_are_refused(service, array_bytes, message):
 def test_wire_known_answer():
     msg = wire.AddClientsRequest(SID, 7, (wire.SealedItem(258, b"ab", b"xyz"),))
     assert wire.encode(msg) == (
-        b"FSHW\x02\x04\x00\x00"
+        _hdr(0x04)
         + SID
         + (7).to_bytes(8, "little")
         + (1).to_bytes(4, "little")
@@ -619,7 +642,7 @@ def test_wire_known_answer():
         + b"\x03\x00\x00\x00xyz"
     )
     arr = wire.encode(wire.ArrayMessage(np.array([[1, 2]], np.uint64)))
-    assert arr == b"FSHW\x02\x45\x00\x00\x01\x02" + struct.pack("<QQQQ", 1, 2, 1, 2)
+    assert arr == _hdr(0x45) + b"\x01\x02" + struct.pack("<QQQQ", 1, 2, 1, 2)
 
 
 @pytest.mark.parametrize(
@@ -632,7 +655,7 @@ def test_wire_known_answer():
         wire.AddClientsRequest(
             SID, 3, (wire.SealedItem(0, b"", b""), wire.SealedItem(9, b"p", b"s"))
         ),
-        wire.AddHintsRequest(SID, 4, (wire.HintItem(1, b"h"),)),
+        wire.AddHintsRequest(SID, 4, (wire.HintItem(1, b"h", b"s"),)),
         wire.FinishRoundRequest(SID, 5),
         wire.AbortRoundRequest(SID, 6),
         wire.PsrAnswerRequest(SID, 7, (wire.SealedItem(1, b"p", b"s"),)),
@@ -680,7 +703,10 @@ def test_wire_arrays_round_trip(array):
         (wire.OpenRoundRequest(SID, 1, "text"), "expected bytes"),  # type: ignore[arg-type]
         (wire.ArrayMessage(np.array([1 + 2j])), "unsupported array dtype"),
         (wire.ArrayMessage(np.zeros((1,) * 5)), "5 dimensions"),
-        (wire.AddHintsRequest(SID, 1, (wire.HintItem(1, b""),) * (wire.MAX_ITEMS + 1)), "exceed"),
+        (
+            wire.AddHintsRequest(SID, 1, (wire.HintItem(1, b"", b""),) * (wire.MAX_ITEMS + 1)),
+            "exceed",
+        ),
     ],
 )
 def test_wire_encode_validation(msg, message):
@@ -784,7 +810,7 @@ def test_random_corruptions_only_raise_wire_errors():
     rng = np.random.default_rng(0)
     samples = [
         wire.AddClientsRequest(SID, 1, (wire.SealedItem(1, b"public", b"sealed"),)),
-        wire.AddHintsRequest(SID, 2, (wire.HintItem(3, b"hint"),)),
+        wire.AddHintsRequest(SID, 2, (wire.HintItem(3, b"hint", b"sealed"),)),
         wire.SetModelRequest(SID, 1, np.arange(6, dtype=np.uint64).reshape(3, 2)),
         wire.ShareResponse((1, 2), np.arange(4, dtype=np.uint64).reshape(2, 2)),
         wire.HealthResponse(1, bytes(32), (4,)),
@@ -829,3 +855,21 @@ def test_s1_refuses_a_round_below_its_minimum() -> None:
     assert helper.add_clients(2, items) == {}
     ids, _ = helper.finish_round(2)
     assert sorted(ids) == sorted(c.cid for c in pair)
+
+
+def test_s1_applies_a_hint_only_to_the_keys_it_was_sealed_for() -> None:
+    # Issue 8 item 3: the hint's seal names the keys it updates; S1 compares them with its
+    # own, so a hint made against other keys (a desynchronized client, or S0 announcing
+    # something S1 does not hold) is refused instead of writing garbage into the model.
+    helper = twin()
+    pub = helper.public_key()
+    c = make_clients(1)[0]
+    p1, p2 = make_params(1), make_params(2, epoch=1)
+    helper.open_round(1, p1.to_bytes())
+    upload, sealed = upload_for(p1, c, pub)
+    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
+    helper.finish_round(1)
+    helper.open_round(2, p2.to_bytes())
+    hint = c.state.next_round(p2, c.values, c.weight)
+    wrong = seal_udpf_hint(pub, binding=bind(p2), client_id=c.cid, hint=hint, held=bytes(32))
+    assert "S1 holds other keys" in helper.add_client_hints(2, [(c.cid, hint, wrong)])[c.cid]

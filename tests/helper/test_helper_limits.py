@@ -59,6 +59,7 @@ from tests.helper.test_helper import (
     M,
     bind,
     expected_sums,
+    hint_for,
     make_clients,
     make_params,
     upload_for,
@@ -291,7 +292,7 @@ def test_over_limit_hints_are_refused_before_any_key_is_updated(monkeypatch):
     helper.finish_round(1)
     p2 = make_params(2, epoch=1)
     helper.open_round(2, p2.to_bytes())
-    hints = [(c.cid, c.state.next_round(p2, c.values, c.weight)) for c in clients[:2]]
+    hints = [hint_for(p2, c, pub) for c in clients[:2]]
     # A fresh upload and a hint count alike: the third client of either kind is refused.
     assert helper.add_clients(2, sealed_uploads(p2, clients[2:], pub)) == {}
     assert helper.add_client_hints(2, hints[:1]) == {}

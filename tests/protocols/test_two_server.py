@@ -41,6 +41,7 @@ from tests.helper.test_helper import (
     Client,
     bind,
     expected_sums,
+    hint_for,
     make_clients,
     make_params,
     twin,
@@ -87,6 +88,14 @@ class RecordingHelper:
 def client_upload(upload: SSAUpload, sealed: bytes) -> ClientUpload:
     """What S0 receives from a client: public part, S0's master seed, S1's sealed material."""
     return ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
+
+
+def hint_upload(
+    params: SSAParams, client: Client, helper_pub: bytes, rng: np.random.Generator | None = None
+) -> ClientUpload:
+    """What S0 receives from a U-DPF client: the hint and its binding sealed to S1."""
+    _, hint, sealed = hint_for(params, client, helper_pub, rng=rng)
+    return ClientUpload(hint=hint, sealed=sealed)
 
 
 def fresh_uploads(
@@ -217,7 +226,7 @@ def _two_rounds_setup(finish: Callable[[HelperShare], HelperShare] | None = None
     uploads = {}
     for c in clients:
         c.values = -c.values
-        uploads[c.cid] = ClientUpload(hint=c.state.next_round(p2, c.values, c.weight))
+        uploads[c.cid] = hint_upload(p2, c, lead.helper_key())
     return helper, lead, clients, p2, uploads
 
 
@@ -322,21 +331,21 @@ def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
     uploads: dict[int, ClientUpload] = {}
     for c in clients[:2]:  # same index sets, new values: a hint each
         c.values = rng.uniform(-1, 1, size=c.values.shape)
-        hint = c.state.next_round(p2, c.values, c.weight, rng=np.random.default_rng(c.cid))
-        uploads[c.cid] = ClientUpload(hint=hint)
+        uploads[c.cid] = hint_upload(p2, c, pub, rng=np.random.default_rng(c.cid))
     fresh = clients[2]  # a client may always send fresh keys instead
     fresh.values = rng.uniform(-1, 1, size=fresh.values.shape)
     uploads[fresh.cid] = client_upload(*upload_for(p2, fresh, pub, epoch_seed=2))
-    broken = clients[3]  # S0 cannot parse hints (it passes them on): S1 rejects this one
-    hint = broken.state.next_round(p2, broken.values, broken.weight)
-    uploads[broken.cid] = ClientUpload(hint=hint[:-3])
+    broken = clients[3]  # a hint altered on the way: S1 checks it against the client's seal
+    good = hint_upload(p2, broken, pub)
+    assert good.hint is not None
+    uploads[broken.cid] = replace(good, hint=good.hint[:-3])
     for cid, upload in uploads.items():
         lead.check_upload(p2, cid, upload, accept_hints=True)
     r2 = lead.aggregate(p2, uploads)
     kept = clients[:3]
     assert r2.hinted == 2  # accepted hints only
     assert r2.accepted == [c.cid for c in kept]
-    assert list(r2.rejected) == [broken.cid] and "bad hint" in r2.rejected[broken.cid]
+    assert list(r2.rejected) == [broken.cid] and "altered" in r2.rejected[broken.cid]
     assert_matches(p2, r2.result, kept)
     sums, counts = expected_sums(kept)  # the same check through the helper tests' oracle
     np.testing.assert_allclose(r2.result.sums, sums, atol=1e-6)
@@ -359,8 +368,10 @@ def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
     good = client_upload(*upload_for(p1, client, pub))
     lead.check_upload(p1, client.cid, good, accept_hints=False)  # well-formed: no error
     lead.aggregate(p1, {client.cid: good})
-    hint = ClientUpload(hint=client.state.next_round(p2, client.values, client.weight))
+    hint = hint_upload(p2, client, pub)
     lead.check_upload(p2, client.cid, hint, accept_hints=True)
+    with pytest.raises(SSAInputError, match="without its binding"):
+        lead.check_upload(p2, client.cid, replace(hint, sealed=b""), accept_hints=True)
     with pytest.raises(SSAInputError, match="without stored keys"):
         lead.check_upload(p2, client.cid + 1, hint, accept_hints=True)
     with pytest.raises(SSAInputError, match="without stored keys"):

@@ -19,8 +19,11 @@ another session, round, parameter set or client, wrong key), a public part whose
 **U-DPF** (Cui §5): the session keeps every client's latest DPF key batch across rounds
 (client id -> keys, replaced when the client contributes again, dropped when a round with
 another hashing layout opens) and hands them to the next round's ``SSAServer`` as
-``previous_keys``. Keys live only in memory: a restarted S1 has none, and a hint for keys it no
-longer holds is rejected for that client.
+``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and
+the digest of the keys it updates, :func:`~flwr_fsl.protocols.sealing.seal_udpf_hint`): S1
+refuses a hint S0 altered or one made for keys other than those S1 holds for the client. Keys
+live only in memory: a restarted S1 has none, and a hint for keys it no longer holds is
+rejected for that client.
 
 **Threat model and leakage.** Two non-colluding semi-honest servers. S0 relays but cannot read
 or alter S1's material. S1 learns the public parameters, each client's public part and S1
@@ -31,6 +34,7 @@ random on its own.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,7 +47,13 @@ from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import RoundBudget
 from flwr_fsl.helper.service import PARTY, Method, Session
 from flwr_fsl.protocols import sealing
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, same_layout
+from flwr_fsl.protocols.ssa import (
+    SSAInputError,
+    SSAParams,
+    SSAServer,
+    held_digest,
+    same_layout,
+)
 
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService
@@ -206,6 +216,17 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
+                    held = sealing.open_udpf_hint(
+                        self.host.keypair,
+                        item.sealed,
+                        binding=state.binding,
+                        client_id=item.client_id,
+                        hint=item.hint,
+                    )
+                    mine = self._stored(session).keys.get(item.client_id)
+                    if mine is None or not hmac.compare_digest(held, held_digest(mine)):
+                        # S1's own check: never apply a hint to keys it was not made for.
+                        raise SSAInputError("stale hint: S1 holds other keys for this client")
                     state.ssa.add_client_hint(item.client_id, item.hint)
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
