@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
-import numpy as np
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -33,11 +32,11 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.errors import RoundFailedError
 from flwr_fsl.records import decode_update
 from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.submodel import SubmodelUpdate
-from flwr_fsl.submodel.aggregate import count_weighted_average
+from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_average
 
 
 class FedSubAvg(PhasedStrategy):
@@ -76,13 +75,9 @@ class FedSubAvg(PhasedStrategy):
         """Validate every reply, drop bad ones with a reason, count-weight-average the rest."""
         state = self.round_state(server_round)
 
-        # Any one client's weighted contribution stays below this, so the sums over every
-        # sampled client cannot overflow to inf.
-        bound = _FLOAT_BUDGET / max(1, len(state.sampled))
-
         def parse(_node: int, content: RecordDict) -> tuple[SubmodelUpdate, RecordDict]:
             update = decode_update(content, state.model, self.weight_of(content))
-            _check_contribution(update, self.max_weight, bound)
+            check_contribution(update, self.max_weight, len(state.sampled))
             return update, content
 
         valid = self.receive(state, "train", replies, parse)
@@ -109,29 +104,3 @@ class FedSubAvg(PhasedStrategy):
             metrics[key] = value
         metrics["touched-fraction"] = touched
         return metrics
-
-
-# Half of float64's range: a sum of terms each below _FLOAT_BUDGET / n stays finite.
-_FLOAT_BUDGET = 1e307
-
-
-def _check_contribution(update: SubmodelUpdate, max_weight: float, bound: float) -> None:
-    """Reject an update whose per-index counts or weighted values could overflow the sums.
-
-    Raises
-    ------
-    ClientInputError
-        If a per-index count exceeds ``max_weight``, or ``|weight * value|`` exceeds
-        ``bound`` for some element (finite values can still be ``1e300``).
-    """
-    for name, part in update.tensors.items():
-        weight = update.weight
-        if part.counts is not None and part.counts.size:
-            if float(part.counts.max()) > max_weight:
-                raise ClientInputError(f"{name}: a per-index count exceeds max_weight")
-            weight = float(part.counts.max())
-        values = part.values
-        if values.size and np.issubdtype(values.dtype, np.number):
-            peak = float(np.max(np.abs(values.astype(np.float64, copy=False))))
-            if peak * weight > bound:
-                raise ClientInputError(f"{name}: weighted values are too large to aggregate")

@@ -72,14 +72,13 @@ class SSASettings:
         if self.min_clients < 1:
             raise ConfigurationError(f"min_clients must be >= 1, got {self.min_clients}")
         try:
-            self.params(round_id=1, domain_size=64, num_items=1, value_width=1)
+            self.params(round_id=1, domain_size=64, num_items=1, value_width=1, hash_key=bytes(16))
         except ValueError as err:
             raise ConfigurationError(f"SSA settings: {err}") from None
 
     def params(self, **fields: Any) -> SSAParams:
         """Return the round's :class:`SSAParams` with these settings and ``fields``."""
         return SSAParams(
-            hash_key=fields.pop("hash_key", bytes(16)),
             count_weighted=True,
             num_hashes=self.num_hashes,
             stash_size=self.stash_size,

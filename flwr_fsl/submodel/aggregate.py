@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.errors import ClientInputError, RoundFailedError
 from flwr_fsl.submodel.layout import ElementUpdate, FlatLayout, Layout
 from flwr_fsl.submodel.update import SubmodelUpdate
 
@@ -39,6 +39,7 @@ __all__ = [
     "accumulate",
     "accumulate_elements",
     "apply_count_weighted",
+    "check_contribution",
     "count_weighted_average",
     "count_weighted_mean",
 ]
@@ -268,3 +269,39 @@ def count_weighted_average(
         lo, hi = layout.offsets[i], layout.offsets[i + 1]
         touched[name] = int(np.count_nonzero(counts[lo:hi] > 0))
     return new_arrays, AggregationStats(num_updates=len(updates), touched=touched)
+
+
+# Half of float64's range: n terms, each below this / n, sum to a finite number.
+_FLOAT_BUDGET = 1e307
+
+
+def check_contribution(update: SubmodelUpdate, max_weight: float, num_clients: int) -> None:
+    """Reject an update that could overflow the weighted sums of a round of ``num_clients``.
+
+    Parameters
+    ----------
+    update : SubmodelUpdate
+        A decoded client update (finite values, positive weight).
+    max_weight : float
+        The largest per-index count a client may send.
+    num_clients : int
+        How many clients the round's sums add up (the bound is shared among them).
+
+    Raises
+    ------
+    ClientInputError
+        If a per-index count exceeds ``max_weight``, or ``|weight * value|`` could exceed the
+        client's share of float64's range (finite values can still be ``1e300``).
+    """
+    bound = _FLOAT_BUDGET / max(1, num_clients)
+    for name, part in update.tensors.items():
+        weight = update.weight
+        if part.counts is not None and part.counts.size:
+            if float(part.counts.max()) > max_weight:
+                raise ClientInputError(f"{name}: a per-index count exceeds max_weight")
+            weight = float(part.counts.max())
+        values = part.values
+        if values.size and np.issubdtype(values.dtype, np.number):
+            peak = float(np.max(np.abs(values.astype(np.float64, copy=False))))
+            if peak * weight > bound:
+                raise ClientInputError(f"{name}: weighted values are too large to aggregate")

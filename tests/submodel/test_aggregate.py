@@ -1,6 +1,7 @@
 """Count-weighted averaging: hand-built exact cases and a brute-force property test."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -112,3 +113,25 @@ def test_matches_per_coordinate_definition(case: tuple[int, list[SubmodelUpdate]
         if den > 0:
             expected[j] += num / den
     np.testing.assert_allclose(new["w"], expected.astype(np.float32), rtol=1e-6, atol=1e-5)
+
+
+def test_check_contribution_shares_float64s_range_among_the_round_s_clients() -> None:
+    from flwr_fsl.errors import ClientInputError
+    from flwr_fsl.submodel.aggregate import check_contribution
+
+    def update(value: float, weight: float, counts: float | None = None) -> SubmodelUpdate:
+        part = TensorUpdate(
+            Encoding.COORDINATES,
+            np.array([value]),
+            np.array([0]),
+            None if counts is None else np.array([counts]),
+        )
+        return SubmodelUpdate({"w": part}, weight)
+
+    check_contribution(update(1e300, 1.0), 1e9, num_clients=10)  # 1e300 < 1e307 / 10
+    with pytest.raises(ClientInputError, match="too large"):
+        check_contribution(update(1e300, 1.0), 1e9, num_clients=10**8)
+    with pytest.raises(ClientInputError, match="too large"):
+        check_contribution(update(1e299, 1e9), 1e9, num_clients=2)
+    with pytest.raises(ClientInputError, match="exceeds max_weight"):
+        check_contribution(update(0.1, 1.0, counts=2e9), 1e9, num_clients=2)
