@@ -141,6 +141,25 @@ def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed:
     return upload, sealed
 
 
+def sealed_uploads(params: SSAParams, clients: list, pub: bytes) -> list[tuple[int, bytes, bytes]]:
+    """``(client id, public part, sealed S1 material)`` of each client's fresh keys."""
+    out = []
+    for c in clients:
+        upload, sealed = upload_for(params, c, pub)
+        out.append((c.cid, upload.public_part, sealed))
+    return out
+
+
+def first_round(helper: InProcessHelper, params: SSAParams, clients: list, *, finish: bool = True):  # type: ignore[no-untyped-def]
+    """Open ``params``' round, add the clients' fresh keys, finish it (S1 then stores them)."""
+    helper.open_round(params.round_id, params.to_bytes())
+    assert (
+        helper.add_clients(params.round_id, sealed_uploads(params, clients, helper.public_key()))
+        == {}
+    )
+    return helper.finish_round(params.round_id) if finish else None
+
+
 def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     """A fixed, deterministic S0 session against S1: PSR + SSA round, U-DPF round, errors.
 
@@ -407,21 +426,14 @@ def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
     helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
-    p1 = make_params(1)
-    helper.open_round(1, p1.to_bytes())
-    upload, sealed = upload_for(p1, c, pub)
-    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
+    first_round(helper, make_params(1), [c], finish=False)
     helper.abort_round(1)
     helper.open_round(2, make_params(2, epoch=1).to_bytes())
     item = hint_for(make_params(2, epoch=1), c, pub)
     assert "S1 holds other keys" in helper.add_client_hints(2, [item])[c.cid]
     helper.abort_round(2)
     # Stored keys from a finished round are dropped when a round with another hash key opens.
-    p3 = make_params(3)
-    helper.open_round(3, p3.to_bytes())
-    upload, sealed = upload_for(p3, c, pub)
-    helper.add_clients(3, [(c.cid, upload.public_part, sealed)])
-    helper.finish_round(3)
+    first_round(helper, make_params(3), [c])
     assert c.cid in helper.service._sessions[SID].data["ssa"].keys
     helper.open_round(4, make_params(4, hash_key=_key(2)).to_bytes())
     assert helper.service._sessions[SID].data["ssa"].keys == {}
@@ -431,11 +443,7 @@ def test_hint_errors_are_per_client():
     helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
-    p1 = make_params(1)
-    helper.open_round(1, p1.to_bytes())
-    upload, sealed = upload_for(p1, c, pub)
-    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
-    helper.finish_round(1)
+    first_round(helper, make_params(1), [c])
     p2 = make_params(2, epoch=1)
     helper.open_round(2, p2.to_bytes())
     cid, hint, sealed = hint_for(p2, c, pub)
@@ -835,25 +843,14 @@ def test_s1_refuses_a_round_below_its_minimum() -> None:
     # asks. With one client in the round S1 returns no share and keeps nothing of the round.
     helper = twin(limits=HelperLimits(min_clients=2))
     params = make_params(1)
-    (alone,) = make_clients(1)
-    helper.open_round(1, params.to_bytes())
-    upload, sealed = upload_for(params, alone, helper.public_key())
-    assert helper.add_clients(1, [(alone.cid, upload.public_part, sealed)]) == {}
     with pytest.raises(HelperRequestError, match="minimum participation 2"):
-        helper.finish_round(1)
+        first_round(helper, params, make_clients(1))
     assert helper.health().open_rounds == ()
     with pytest.raises(HelperRequestError):
         helper.open_round(1, params.to_bytes())  # the round can never be reopened
     # Two clients: the round finishes.
-    params2 = make_params(2)
-    helper.open_round(2, params2.to_bytes())
     pair = make_clients(2)
-    items = []
-    for c in pair:
-        up, sl = upload_for(params2, c, helper.public_key())
-        items.append((c.cid, up.public_part, sl))
-    assert helper.add_clients(2, items) == {}
-    ids, _ = helper.finish_round(2)
+    ids, _ = first_round(helper, make_params(2), pair)
     assert sorted(ids) == sorted(c.cid for c in pair)
 
 
@@ -864,11 +861,8 @@ def test_s1_applies_a_hint_only_to_the_keys_it_was_sealed_for() -> None:
     helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
-    p1, p2 = make_params(1), make_params(2, epoch=1)
-    helper.open_round(1, p1.to_bytes())
-    upload, sealed = upload_for(p1, c, pub)
-    helper.add_clients(1, [(c.cid, upload.public_part, sealed)])
-    helper.finish_round(1)
+    p2 = make_params(2, epoch=1)
+    first_round(helper, make_params(1), [c])
     helper.open_round(2, p2.to_bytes())
     hint = c.state.next_round(p2, c.values, c.weight)
     wrong = seal_udpf_hint(pub, binding=bind(p2), client_id=c.cid, hint=hint, held=bytes(32))

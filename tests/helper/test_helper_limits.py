@@ -62,6 +62,7 @@ from tests.helper.test_helper import (
     hint_for,
     make_clients,
     make_params,
+    sealed_uploads,
     upload_for,
 )
 from tests.helper.test_helper_process import HelperProcess
@@ -72,14 +73,6 @@ P = make_params(1)  # M=96 rows, K=8 items, width 2 (tau 3), 3 hashes, no stash
 
 def twin(limits: HelperLimits | None = None, **kw: Any) -> InProcessHelper:
     return InProcessHelper(session_id=SID, limits=limits, **kw)
-
-
-def sealed_uploads(params: SSAParams, clients: list, pub: bytes) -> list[tuple[int, bytes, bytes]]:
-    out = []
-    for c in clients:
-        upload, sealed = upload_for(params, c, pub)
-        out.append((c.cid, upload.public_part, sealed))
-    return out
 
 
 def sealed_queries(params: SSAParams, ids: list[int], pub: bytes) -> list[tuple[int, bytes, bytes]]:

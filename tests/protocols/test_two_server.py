@@ -526,3 +526,19 @@ def test_min_clients_is_validated() -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="min_clients"):
             LeadServer(twin(), min_clients=bad)  # type: ignore[arg-type]
+
+
+def test_stored_keys_are_forgotten_when_the_hashing_layout_changes() -> None:
+    # Keys of another hash key can never be updated again (S1 drops its own as well): S0
+    # forgets them, so it announces nothing and the clients send fresh keys.
+    lead = LeadServer(twin(), min_clients=1)
+    pub = lead.helper_key()
+    clients = make_clients(2)
+    p1 = make_params(1)
+    lead.aggregate(p1, fresh_uploads(p1, clients, pub))
+    assert all(lead.held(c.cid) is not None for c in clients)
+    p2 = make_params(2, hash_key=bytes(16))
+    outcome = lead.aggregate(p2, fresh_uploads(p2, clients[:1], pub))
+    assert outcome.accepted == [clients[0].cid]
+    assert lead.held(clients[1].cid) is None  # dropped with the old layout
+    assert lead.held(clients[0].cid) == held_digest(clients[0].state.keys[0])
