@@ -542,3 +542,22 @@ def test_stored_keys_are_forgotten_when_the_hashing_layout_changes() -> None:
     assert outcome.accepted == [clients[0].cid]
     assert lead.held(clients[1].cid) is None  # dropped with the old layout
     assert lead.held(clients[0].cid) == held_digest(clients[0].state.keys[0])
+
+
+def test_known_leak_differencing_two_rounds_reveals_a_dropped_clients_rows() -> None:
+    # What the README states under "Several rounds", as the curious S0 would run it: fixed row
+    # sets, one round with everybody and one where client i dropped out (S0 knows who took
+    # part). The difference of the reconstructed counts is exactly client i's row set and
+    # weight: minimum participation does not help, and no noise is added yet.
+    lead = LeadServer(twin(), min_clients=2)
+    pub = lead.helper_key()
+    clients = make_clients(4)
+    p1, p2 = make_params(1), make_params(2)
+    everyone = lead.aggregate(p1, fresh_uploads(p1, clients, pub)).result.counts
+    dropped = clients[2]
+    rest = [c for c in clients if c is not dropped]
+    without = lead.aggregate(p2, fresh_uploads(p2, rest, pub, epoch_seed=1)).result.counts
+    assert everyone is not None and without is not None
+    difference = everyone - without
+    assert set(np.flatnonzero(difference).tolist()) == set(dropped.idx.tolist())
+    assert np.all(difference[dropped.idx] == dropped.weight)
