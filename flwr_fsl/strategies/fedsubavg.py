@@ -61,12 +61,12 @@ class FedSubAvg(PhasedStrategy):
         if not nodes:
             return []
         state.model = {name: array.numpy() for name, array in arrays.items()}
-        content = RecordDict(
-            {
-                self.arrayrecord_key: arrays,
-                self.configrecord_key: self.round_config(state, arrays, config, grid),
-            }
-        )
+        try:
+            round_config = self.round_config(state, arrays, config, grid)
+        except RoundFailedError as err:  # e.g. S1 unreachable: nobody trains for nothing
+            self.fail_round(state, err)
+            return []
+        content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         return self.prepare(state, "train", dict.fromkeys(nodes, content), MessageType.TRAIN)
 
     def aggregate_train(

@@ -139,6 +139,8 @@ class SecureFedSubAvg(FedSubAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, run SSA with S1, apply the count-weighted average."""
         state = self.round_state(server_round)
+        if state.failure is not None:  # failed while configuring (e.g. S1 unreachable)
+            return None, None
         params: SSAParams = state.protocol
         parse = self.aggregation.parser(params, accept_hints=False)
         uploads = self.receive(state, "train", replies, parse)

@@ -319,3 +319,17 @@ def test_s1_refuses_a_one_client_round_even_if_s0_would_run_it(
     assert "S1's minimum participation 2" in strategy.failed_rounds[1]
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)
+
+
+def test_flowers_own_loop_gets_a_failed_round_not_an_exception_when_s1_is_down(
+    helper_key: SealingKeyPair,
+) -> None:
+    # configure_train / aggregate_train as Flower's Strategy.start (or a wrapper) calls them.
+    helper = _DownAtFirst(InProcessHelper(keypair=helper_key))
+    grid = InProcessGrid(
+        make_app([ssa_mod, topk_mod]), 2, {"ssa-helper-fingerprint": helper_key.fingerprint}
+    )
+    strategy = SecureFedSubAvg(helper, topk_ratio=0.2)  # type: ignore[arg-type]
+    assert list(strategy.configure_train(1, model_record(), ConfigRecord(), grid)) == []
+    assert strategy.aggregate_train(1, []) == (None, None)
+    assert "HelperUnavailableError" in strategy.failed_rounds[1]
