@@ -112,7 +112,9 @@ class SSAParams:
         Fixed-point format (see :class:`~flwr_fsl.crypto.fixedpoint.FixedPoint`); ``max_abs``
         bounds every payload word (``c * dw`` and ``c``) of one client.
     epoch : int
-        U-DPF epoch of this round's keys (0 for fresh keys).
+        U-DPF epoch of this round's keys: 0 for one-shot keys (the servers drop them after
+        evaluating), ``>= 1`` in U-DPF runs (the servers keep each client's keys so that its
+        next hint can update them).
 
     Raises
     ------
@@ -858,6 +860,14 @@ class SSAServer:
     ------
     ValueError
         If ``party`` is not 0 or 1.
+
+    Attributes
+    ----------
+    keys : dict[int, DPFKeyBatch]
+        Client id -> its evaluated keys, kept only in U-DPF rounds (``params.epoch >= 1``)
+        so that the next round's hints can update them; in one-shot rounds (epoch 0) a
+        client's keys are dropped once added, so a round holds ``O(m τ)`` words however many
+        clients it has.
     """
 
     def __init__(
@@ -874,12 +884,23 @@ class SSAServer:
         self._lengths = _key_lengths(params, self._table)
         self._share = np.zeros((params.domain_size, params.tau), np.uint64)
         self._previous = dict(previous_keys or {})
+        self._clients: dict[int, None] = {}  # insertion-ordered set
         self.keys: dict[int, DPFKeyBatch] = {}
 
     @property
     def num_clients(self) -> int:
         """Clients added so far."""
-        return len(self.keys)
+        return len(self._clients)
+
+    @property
+    def clients(self) -> tuple[int, ...]:
+        """The clients added so far, in the order they were added."""
+        return tuple(self._clients)
+
+    @property
+    def keeps_keys(self) -> bool:
+        """Whether added clients' keys are kept for U-DPF (epoch >= 1)."""
+        return self.params.epoch >= 1
 
     def add_client(self, client_id: int, public_part: bytes, master_seed: bytes) -> None:
         """Evaluate a client's fresh keys and add them to this server's share.
@@ -923,7 +944,7 @@ class SSAServer:
         return self._share.copy()
 
     def _check_new(self, client_id: int) -> None:
-        if client_id in self.keys:
+        if client_id in self._clients:
             raise SSAInputError(f"client {client_id} already contributed to this round")
 
     def _accumulate(self, client_id: int, keys: DPFKeyBatch) -> None:
@@ -935,7 +956,9 @@ class SSAServer:
                 self.params.stash_size, self.params.domain_size, self.params.tau
             )
             self._share += stash.sum(axis=0, dtype=np.uint64)
-        self.keys[client_id] = keys
+        self._clients[client_id] = None
+        if self.keeps_keys:
+            self.keys[client_id] = keys
 
 
 @dataclass

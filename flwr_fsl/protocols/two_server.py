@@ -32,7 +32,7 @@ sealed blob.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,8 +53,10 @@ from flwr_fsl.protocols.ssa import (
     reconstruct,
     same_layout,
 )
+from flwr_fsl.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 
 __all__ = [
+    "DEFAULT_RELAY_CHUNK_BYTES",
     "ClientUpload",
     "HelperParty",
     "HelperShareLike",
@@ -63,6 +65,13 @@ __all__ = [
     "TooFewClientsError",
     "TwoServerError",
 ]
+
+
+DEFAULT_RELAY_CHUNK_BYTES = 64 << 20
+"""Default most bytes of uploads S0 relays to S1 in one request (S1 evaluates each request's
+clients before the next arrives; the gRPC message limit is 512 MiB)."""
+
+_ITEM_OVERHEAD = 64  # a relayed item's framing: client id, lengths, headroom
 
 
 class TwoServerError(RoundFailedError):
@@ -194,11 +203,14 @@ class LeadServer:
     min_clients : int
         Minimum participation: a round with fewer accepted clients is not reconstructed
         (S1 enforces its own minimum too, see ``flwr-fsl-helper --min-clients``).
+    relay_chunk_bytes : int
+        Most bytes of uploads relayed to S1 in one request (default 64 MiB; a single upload
+        larger than this goes alone). At most half the 512 MiB message limit.
 
     Raises
     ------
     ValueError
-        If ``min_clients`` < 1.
+        If ``min_clients`` < 1 or ``relay_chunk_bytes`` is out of range.
 
     Attributes
     ----------
@@ -207,11 +219,25 @@ class LeadServer:
     """
 
     def __init__(
-        self, helper: HelperParty, helper_fingerprint: str | None = None, min_clients: int = 2
+        self,
+        helper: HelperParty,
+        helper_fingerprint: str | None = None,
+        min_clients: int = 2,
+        relay_chunk_bytes: int = DEFAULT_RELAY_CHUNK_BYTES,
     ) -> None:
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
+        if (
+            isinstance(relay_chunk_bytes, bool)
+            or not isinstance(relay_chunk_bytes, int)
+            or not 1 <= relay_chunk_bytes <= MAX_MESSAGE_BYTES // 2
+        ):
+            raise ValueError(
+                f"relay_chunk_bytes must be an integer in [1, {MAX_MESSAGE_BYTES // 2}], "
+                f"got {relay_chunk_bytes!r}"
+            )
         self.min_clients = min_clients
+        self.relay_chunk_bytes = relay_chunk_bytes
         self.helper = helper
         self.helper_fingerprint = helper_fingerprint
         self.stored_keys: dict[int, DPFKeyBatch] = {}
@@ -278,15 +304,25 @@ class LeadServer:
             self.helper.open_round(params.round_id, params.to_bytes())
             self._open.add(params.round_id)
 
-    def aggregate(self, params: SSAParams, uploads: Mapping[int, ClientUpload]) -> SSARound:
+    def aggregate(
+        self,
+        params: SSAParams,
+        uploads: Mapping[int, ClientUpload] | Iterable[tuple[int, ClientUpload]],
+    ) -> SSARound:
         """Securely aggregate a round's uploads with S1 (opens the round if needed).
+
+        Uploads are relayed to S1 in chunks of at most :attr:`relay_chunk_bytes`, and S0
+        evaluates each chunk's accepted clients before the next chunk is read, so a round's
+        cost on either server is ``O(m τ)`` words plus one chunk however many clients it has
+        (plus every client's keys in U-DPF rounds, which the protocol must keep). Given an
+        iterator, S0 never holds more than one chunk of uploads.
 
         Parameters
         ----------
         params : SSAParams
             The round.
-        uploads : Mapping[int, ClientUpload]
-            Client -> its upload, each already passed :meth:`check_upload`.
+        uploads : Mapping[int, ClientUpload] or iterable of (int, ClientUpload)
+            Client -> its upload, each already passed :meth:`check_upload`, each client once.
 
         Returns
         -------
@@ -305,44 +341,19 @@ class LeadServer:
             # Keys of another hashing/layout can never be updated again (S1 drops its own too).
             self.stored_keys.clear()
             self._stored_params = None
-        if len(uploads) < self.min_clients:
-            raise TooFewClientsError(
-                f"{len(uploads)} valid uploads, the minimum participation is {self.min_clients}"
-            )
-        self.open(params)
-        fresh = {c: u for c, u in uploads.items() if u.hint is None}
-        hints = {c: (u.hint, u.sealed) for c, u in uploads.items() if u.hint is not None}
-        rejected: dict[int, str] = {}
-        if fresh:
-            rejected.update(
-                self.helper.add_clients(
-                    round_id, [(c, u.public_part, u.sealed) for c, u in fresh.items()]
+        if isinstance(uploads, Mapping):
+            if len(uploads) < self.min_clients:
+                raise TooFewClientsError(
+                    f"{len(uploads)} valid uploads, the minimum participation is {self.min_clients}"
                 )
-            )
-        if hints:
-            rejected.update(
-                self.helper.add_client_hints(round_id, [(c, h, s) for c, (h, s) in hints.items()])
-            )
+            uploads = uploads.items()
+        self.open(params)
         server0 = SSAServer(params, 0, previous_keys=self.stored_keys)
-        accepted: list[int] = []
-        for client, upload in uploads.items():
-            if client in rejected:
-                if upload.hint is not None:
-                    # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
-                    # client is told to send fresh keys next time instead of being dropped
-                    # round after round.
-                    self.stored_keys.pop(client, None)
-                continue
-            try:
-                if upload.hint is not None:
-                    server0.add_client_hint(client, upload.hint)
-                else:
-                    server0.add_client(client, upload.public_part, upload.master_seed)
-            except ClientInputError as err:
-                raise TwoServerError(
-                    f"S0 rejected client {client} that S1 accepted: {err}"
-                ) from err
-            accepted.append(client)
+        rejected: dict[int, str] = {}
+        hinted: set[int] = set()
+        for chunk in _relay_chunks(uploads, self.relay_chunk_bytes):
+            self._aggregate_chunk(params, server0, chunk, rejected, hinted)
+        accepted = list(server0.clients)
         if len(accepted) < self.min_clients:
             # Nothing is reconstructed: S0 does not even ask S1 for its share.
             raise TooFewClientsError(
@@ -359,10 +370,47 @@ class LeadServer:
         if share1.share.shape != shape:
             raise TwoServerError(f"S1's share has shape {share1.share.shape}, expected {shape}")
         # Only a round both servers completed moves S0's stored keys (S1 moved its own).
-        self.stored_keys.update(server0.keys)
-        self._stored_params = params
+        if server0.keeps_keys:
+            self.stored_keys.update(server0.keys)
+            self._stored_params = params
         result = reconstruct(params, server0.share(), share1.share)
-        return SSARound(result, accepted, rejected, sum(1 for c in accepted if c in hints))
+        return SSARound(result, accepted, rejected, len(hinted & set(accepted)))
+
+    def _aggregate_chunk(
+        self,
+        params: SSAParams,
+        server0: SSAServer,
+        chunk: list[tuple[int, ClientUpload]],
+        rejected: dict[int, str],
+        hinted: set[int],
+    ) -> None:
+        """S1 evaluates one chunk of uploads first, then S0 exactly the clients S1 accepted."""
+        fresh = [(c, u.public_part, u.sealed) for c, u in chunk if u.hint is None]
+        hints = [(c, u.hint, u.sealed) for c, u in chunk if u.hint is not None]
+        now: dict[int, str] = {}
+        if fresh:
+            now.update(self.helper.add_clients(params.round_id, fresh))
+        if hints:
+            now.update(self.helper.add_client_hints(params.round_id, hints))
+        rejected.update(now)
+        for client, upload in chunk:
+            if client in now:
+                if upload.hint is not None:
+                    # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
+                    # client is told to send fresh keys next time instead of being dropped
+                    # round after round.
+                    self.stored_keys.pop(client, None)
+                continue
+            try:
+                if upload.hint is not None:
+                    server0.add_client_hint(client, upload.hint)
+                    hinted.add(client)
+                else:
+                    server0.add_client(client, upload.public_part, upload.master_seed)
+            except ClientInputError as err:
+                raise TwoServerError(
+                    f"S0 rejected client {client} that S1 accepted: {err}"
+                ) from err
 
     def answer_queries(
         self,
@@ -429,3 +477,37 @@ class LeadServer:
         except RoundFailedError as err:  # not open on S1, or S1 gone: nothing to release
             return str(err)
         return None
+
+
+def _upload_bytes(upload: ClientUpload) -> int:
+    """Bytes an upload adds to a relay request (its fields plus framing)."""
+    hint = upload.hint or b""
+    return len(upload.public_part) + len(upload.sealed) + len(hint) + _ITEM_OVERHEAD
+
+
+def _relay_chunks(
+    uploads: Iterable[tuple[int, ClientUpload]], max_bytes: int
+) -> Iterator[list[tuple[int, ClientUpload]]]:
+    """Group uploads into chunks of at most ``max_bytes`` (one upload alone may exceed it).
+
+    Raises
+    ------
+    TwoServerError
+        If one upload does not fit in a message to S1 at all.
+    """
+    chunk: list[tuple[int, ClientUpload]] = []
+    size = 0
+    for client, upload in uploads:
+        n = _upload_bytes(upload)
+        if n > MAX_MESSAGE_BYTES - _ITEM_OVERHEAD:
+            raise TwoServerError(
+                f"client {client}'s upload of {n} bytes cannot be relayed to S1 (message limit "
+                f"{MAX_MESSAGE_BYTES} bytes): the round's domain or width is too large"
+            )
+        if chunk and (size + n > max_bytes or len(chunk) >= MAX_ITEMS):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((client, upload))
+        size += n
+    if chunk:
+        yield chunk

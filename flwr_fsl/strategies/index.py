@@ -148,7 +148,8 @@ class SecureRowFedSubAvg(FedSubAvg):
             value_width=table.shape[1],
             hash_key=self._hash_key,
             max_summands=max(1, len(list(grid.get_node_ids()))),
-            epoch=state.server_round,
+            # U-DPF rounds number their keys' epochs; one-shot keys (epoch 0) are not kept.
+            epoch=state.server_round if self.udpf else 0,
         )
         state.protocol = params
         out = super().round_config(state, arrays, config, grid)

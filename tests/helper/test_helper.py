@@ -71,6 +71,7 @@ def make_params(round_id: int, **kw: Any) -> SSAParams:
         frac_bits=24,
         max_abs=1e3,
         max_summands=50,
+        epoch=round_id,  # U-DPF numbering: servers keep keys (epoch-0 keys are one-shot)
     )
     base.update(kw)
     return SSAParams(**base)
@@ -234,7 +235,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     out["clients_1"] = res.client_ids
     out["result_1"] = reconstruct(p1, s0.share(), res.share)
     # ---- round 2: U-DPF hints ------------------------------------------------------------------
-    p2 = make_params(2, epoch=1)
+    p2 = make_params(2)
     conn.open_round(2, p2.to_bytes())
     s0_2 = SSAServer(p2, 0, s0.keys)
     hints = []
@@ -428,8 +429,8 @@ def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
     c = make_clients(1)[0]
     first_round(helper, make_params(1), [c], finish=False)
     helper.abort_round(1)
-    helper.open_round(2, make_params(2, epoch=1).to_bytes())
-    item = hint_for(make_params(2, epoch=1), c, pub)
+    helper.open_round(2, make_params(2).to_bytes())
+    item = hint_for(make_params(2), c, pub)
     assert "S1 holds other keys" in helper.add_client_hints(2, [item])[c.cid]
     helper.abort_round(2)
     # Stored keys from a finished round are dropped when a round with another hash key opens.
@@ -444,7 +445,7 @@ def test_hint_errors_are_per_client():
     pub = helper.public_key()
     c = make_clients(1)[0]
     first_round(helper, make_params(1), [c])
-    p2 = make_params(2, epoch=1)
+    p2 = make_params(2)
     helper.open_round(2, p2.to_bytes())
     cid, hint, sealed = hint_for(p2, c, pub)
     rej = helper.add_client_hints(2, [(cid, hint[:-3], sealed)])  # S0 alters the relayed hint
@@ -861,7 +862,7 @@ def test_s1_applies_a_hint_only_to_the_keys_it_was_sealed_for() -> None:
     helper = twin()
     pub = helper.public_key()
     c = make_clients(1)[0]
-    p2 = make_params(2, epoch=1)
+    p2 = make_params(2)
     first_round(helper, make_params(1), [c])
     helper.open_round(2, p2.to_bytes())
     hint = c.state.next_round(p2, c.values, c.weight)

@@ -283,7 +283,7 @@ def test_over_limit_hints_are_refused_before_any_key_is_updated(monkeypatch):
     helper.open_round(1, P.to_bytes())
     helper.add_clients(1, sealed_uploads(P, clients[:2], pub))
     helper.finish_round(1)
-    p2 = make_params(2, epoch=1)
+    p2 = make_params(2)
     helper.open_round(2, p2.to_bytes())
     hints = [hint_for(p2, c, pub) for c in clients[:2]]
     # A fresh upload and a hint count alike: the third client of either kind is refused.

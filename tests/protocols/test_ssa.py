@@ -151,14 +151,14 @@ def test_udpf_rounds_equal_fresh_key_rounds() -> None:
     rng = np.random.default_rng(3)
     idx = [rng.choice(500, 30, replace=False) for _ in range(3)]
     states, stored = {}, [{}, {}]
-    for epoch in range(4):
-        params = replace(base, round_id=epoch + 1, epoch=epoch)
+    for epoch in range(1, 5):  # U-DPF epochs start at 1 (epoch-0 keys are not kept)
+        params = replace(base, round_id=epoch, epoch=epoch)
         values = [np.random.default_rng([epoch, c]).normal(size=(30, 3)) for c in range(3)]
-        # U-DPF path: fresh keys in epoch 0, hints afterwards.
+        # U-DPF path: fresh keys in epoch 1, hints afterwards.
         servers = [SSAServer(params, b, stored[b]) for b in (0, 1)]
         for c in range(3):
             weight = float(c + 1)
-            if epoch == 0:
+            if epoch == 1:
                 upload, states[c] = encode_update(
                     params, idx[c], values[c], weight, rng=np.random.default_rng([epoch, c, 9])
                 )
@@ -186,8 +186,10 @@ def test_udpf_rounds_equal_fresh_key_rounds() -> None:
 
 
 def test_stale_or_foreign_hints_are_rejected() -> None:
-    p0 = SSAParams(round_id=1, domain_size=100, num_items=8, value_width=1, hash_key=_key(2))
-    p1, p2 = replace(p0, round_id=2, epoch=1), replace(p0, round_id=3, epoch=2)
+    p0 = SSAParams(
+        round_id=1, domain_size=100, num_items=8, value_width=1, hash_key=_key(2), epoch=1
+    )
+    p1, p2 = replace(p0, round_id=2, epoch=2), replace(p0, round_id=3, epoch=3)
     upload, state = encode_update(p0, np.arange(8), np.ones(8), 1.0)
     s0 = SSAServer(p0, 0)
     s0.add_client(0, upload.public_part, upload.master_seeds[0])

@@ -414,8 +414,8 @@ def test_hints_from_stored_states_reconstruct_the_aggregate() -> None:
     idx = [rng.choice(200, 5 + c, replace=False) for c in range(3)]
     stored: dict[int, bytes] = {}
     keys: list[dict] = [{}, {}]
-    for epoch in range(3):
-        params = replace(base, round_id=epoch + 1, epoch=epoch)
+    for epoch in range(1, 4):  # U-DPF epochs start at 1 (epoch-0 keys are not kept)
+        params = replace(base, round_id=epoch, epoch=epoch)
         servers = [SSAServer(params, b, keys[b]) for b in (0, 1)]
         sums, counts = np.zeros((200, 3)), np.zeros(200)
         for c in range(3):
@@ -427,7 +427,7 @@ def test_hints_from_stored_states_reconstruct_the_aggregate() -> None:
                 params, idx[c], values, weights, previous, udpf=True, held=held
             )
             stored[c] = state.to_bytes()
-            assert isinstance(out, bytes) is (epoch > 0)
+            assert isinstance(out, bytes) is (epoch > 1)
             for b in (0, 1):
                 if isinstance(out, bytes):
                     servers[b].add_client_hint(c, out)

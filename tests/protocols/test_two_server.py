@@ -220,7 +220,7 @@ def _two_rounds_setup(finish: Callable[[HelperShare], HelperShare] | None = None
     helper = RecordingHelper(twin())
     lead = LeadServer(helper, min_clients=1)
     clients = make_clients(3)
-    p1, p2 = make_params(1), make_params(2, epoch=1)
+    p1, p2 = make_params(1), make_params(2)
     lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
     helper.finish = finish
     uploads = {}
@@ -363,7 +363,7 @@ def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
 def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
     lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
-    p1, p2 = make_params(1), make_params(2, epoch=1)
+    p1, p2 = make_params(1), make_params(2)
     client = make_clients(1)[0]
     good = client_upload(*upload_for(p1, client, pub))
     lead.check_upload(p1, client.cid, good, accept_hints=False)  # well-formed: no error
@@ -385,7 +385,7 @@ def test_check_upload_rejects_unusable_hints_and_malformed_keys() -> None:
         "garbage": b"FDPF" + bytes(40),
         "truncated": good.public_part[:-9],
         "other layout": other_layout,
-        "other epoch": good.public_part,  # epoch-0 keys offered in the epoch-1 round
+        "other epoch": good.public_part,  # epoch-1 keys offered in the epoch-2 round
     }
     for name, public in bad_publics.items():
         upload = replace(good, public_part=public)
@@ -561,3 +561,115 @@ def test_known_leak_differencing_two_rounds_reveals_a_dropped_clients_rows() -> 
     difference = everyone - without
     assert set(np.flatnonzero(difference).tolist()) == set(dropped.idx.tolist())
     assert np.all(difference[dropped.idx] == dropped.weight)
+
+
+# ---- scale: chunked relay to S1, one-shot keys not kept -----------------------------------------
+
+
+def test_uploads_are_relayed_in_chunks_and_s0_consumes_them_one_chunk_at_a_time() -> None:
+    # A 1-byte chunk limit puts every upload in its own AddClients request. S0 must pull the
+    # next upload only after S1 (and S0) evaluated the previous chunk, so a caller that
+    # streams uploads never has more than one chunk of them in S0's memory.
+    params = make_params(1, epoch=0)
+    clients = make_clients(5)
+    recorder = RecordingHelper(twin())
+    lead = LeadServer(recorder, min_clients=1, relay_chunk_bytes=1)
+    uploads = fresh_uploads(params, clients, lead.helper_key())
+    pulled: list[int] = []
+    pulled_at_call: list[int] = []
+    inner_add = recorder.inner.add_clients
+
+    def add_clients(round_id: int, items: Any) -> dict[int, str]:
+        items = list(items)
+        pulled_at_call.append(len(pulled))
+        return inner_add(round_id, items)
+
+    recorder.inner.add_clients = add_clients  # type: ignore[method-assign]
+
+    def stream() -> Any:
+        for cid, upload in uploads.items():
+            pulled.append(cid)
+            yield cid, upload
+
+    outcome = lead.aggregate(params, stream())
+    assert len(pulled_at_call) == len(clients)  # one request per upload
+    # When chunk i goes to S1, S0 has read at most one upload beyond it (the one that did
+    # not fit), however many are still to come.
+    assert all(n <= i + 2 for i, n in enumerate(pulled_at_call))
+    assert pulled_at_call[0] == 2
+    assert outcome.accepted == [c.cid for c in clients]
+    assert_matches(params, outcome.result, clients)
+
+
+def test_chunked_relay_equals_one_request_with_rejections_and_hints_across_chunks() -> None:
+    clients = make_clients(6)
+    probe = fresh_uploads(make_params(1), clients[:1], twin().public_key())[clients[0].cid]
+    two_uploads = 2 * (len(probe.public_part) + len(probe.sealed) + 64)
+    results = []
+    for chunk_bytes in (1, two_uploads, 64 << 20):
+        recorder = RecordingHelper(twin())
+        lead = LeadServer(recorder, min_clients=1, relay_chunk_bytes=chunk_bytes)
+        pub = lead.helper_key()
+        p1, p2 = make_params(1), make_params(2)
+        lead.aggregate(p1, fresh_uploads(p1, clients[:4], pub))
+        # Round 2: four hints, two fresh clients, one hint and one fresh upload tampered.
+        uploads = {
+            c.cid: hint_upload(p2, c, pub, rng=np.random.default_rng(c.cid)) for c in clients[:4]
+        }
+        uploads.update(fresh_uploads(p2, clients[4:], pub, epoch_seed=2))
+        for bad in (clients[1].cid, clients[5].cid):
+            sealed = bytearray(uploads[bad].sealed)
+            sealed[-1] ^= 1
+            uploads[bad] = replace(uploads[bad], sealed=bytes(sealed))
+        outcome = lead.aggregate(p2, uploads)
+        calls = len(recorder.calls["add_clients"]) + len(recorder.calls["add_client_hints"])
+        results.append((calls, outcome))
+        good = [c for c in clients if c.cid not in (clients[1].cid, clients[5].cid)]
+        assert sorted(outcome.rejected) == [clients[1].cid, clients[5].cid]
+        assert sorted(outcome.accepted) == sorted(c.cid for c in good)
+        assert outcome.hinted == 3
+        assert_matches(p2, outcome.result, good)
+        assert clients[1].cid not in lead.stored_keys  # the rejected hint's keys forgotten
+    # Smaller chunks mean more requests, never another result.
+    assert (
+        results[0][0] > results[1][0] > results[2][0] == 3
+    )  # round 1, then one hints and one fresh request
+    for _, outcome in results[1:]:
+        np.testing.assert_array_equal(outcome.result.counts, results[0][1].result.counts)
+
+
+def test_one_shot_round_keeps_no_keys_on_either_server() -> None:
+    # Epoch-0 keys (top-k SSA, index mode without U-DPF) are evaluated and dropped: memory
+    # stays O(m τ) per round however many clients come, and no hint can ever use them.
+    lead = LeadServer(twin(), min_clients=1)
+    pub = lead.helper_key()
+    clients = make_clients(3)
+    p0 = make_params(1, epoch=0)
+    outcome = lead.aggregate(p0, fresh_uploads(p0, clients, pub))
+    assert_matches(p0, outcome.result, clients)
+    assert lead.stored_keys == {} and all(lead.held(c.cid) is None for c in clients)
+    p2 = make_params(2)
+    hint = hint_upload(p2, clients[0], pub)
+    with pytest.raises(SSAInputError, match="without stored keys"):
+        lead.check_upload(p2, clients[0].cid, hint, accept_hints=True)
+    # S1 kept none either: it refuses the hint for keys it does not hold.
+    lead.open(p2)
+    rejected = lead.helper.add_client_hints(2, [(clients[0].cid, hint.hint, hint.sealed)])
+    assert "S1 holds other keys" in rejected[clients[0].cid]
+
+
+def test_relay_chunk_bytes_is_validated_and_an_unrelayable_upload_fails_the_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flwr_fsl.protocols import two_server
+
+    for bad in (0, -1, True, 1.5, two_server.MAX_MESSAGE_BYTES):
+        with pytest.raises(ValueError, match="relay_chunk_bytes"):
+            LeadServer(twin(), relay_chunk_bytes=bad)  # type: ignore[arg-type]
+    lead = LeadServer(twin(), min_clients=1)
+    params = make_params(1, epoch=0)
+    uploads = fresh_uploads(params, make_clients(2), lead.helper_key())
+    monkeypatch.setattr(two_server, "MAX_MESSAGE_BYTES", 1024)  # smaller than one upload
+    with pytest.raises(TwoServerError, match="cannot be relayed"):
+        lead.aggregate(params, uploads)
+    assert lead.abort(1) is None  # the round opened on S1 is released

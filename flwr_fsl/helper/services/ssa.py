@@ -240,7 +240,7 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
-        clients = tuple(sorted(state.ssa.keys))
+        clients = tuple(sorted(state.ssa.clients))
         try:
             self.host.limits.check_participation(rid, len(clients))
         except HelperRequestError:
