@@ -1,0 +1,1 @@
+"""dpf-psr-newsgroups: a text classifier whose clients fetch and update word rows privately."""
