@@ -23,6 +23,19 @@ it runs one client and both servers of :mod:`flwr_fsl.protocols.ssa` (count-weig
   count word; the ``τ = 1`` variant without count-weighting is measured too), and beside the
   trivial protocol (a full-length additive share, ``m · 64 τ`` bits, to each server).
 
+``--scale N`` instead runs **one round of N clients through a real S1 process**
+(``python -m flwr_fsl.helper`` on a loopback port, started by the script) at ``m = 2**20``,
+``k/m = 10%`` (``--scale-log-m``, ``--scale-rate`` change that): S0 is
+:class:`~flwr_fsl.protocols.two_server.LeadServer`, which relays the uploads to S1 in chunks
+of ``--chunk-mib`` and evaluates each chunk's accepted clients before it reads the next. The
+clients' uploads are produced lazily: ``--distinct`` different updates are encoded once and
+each client id gets one of them with its own sealed seed (the servers' work per client is
+the same as for distinct updates; encoding 1000 updates would only time the client). It
+prints time per client on S0 and S1, the requests and bytes relayed, how many clients one
+512 MiB message would have held, both servers' resident memory before the round and its
+peak during the round (Linux ``VmRSS``/``VmHWM``, reset before the round), and checks the
+reconstruction against the plaintext sums.
+
 Cui's published numbers (Table 5 seconds, Table 6 "MB" = MiB) are printed beside the matching
 cells: their machine is a 64-core 2.5 GHz Xeon running multi-threaded C++, ours one core of
 numpy + numba. Timings are medians of ``--reps`` runs (at most 3 at ``2**20``) after a JIT
@@ -495,12 +508,198 @@ def print_wire(cells: list[Cell]) -> None:
     )
 
 
+def _proc_status(field_name: str, pid: int | str = "self") -> int:
+    """Return a ``/proc/<pid>/status`` memory field in bytes (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field_name)
+
+
+def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: int) -> dict:
+    """One SSA round of ``clients`` clients through a real S1 process (see the docstring)."""
+    import tempfile
+
+    from flwr_fsl.crypto.channel import SealingKeyPair
+    from flwr_fsl.helper import HelperClient
+    from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
+    from flwr_fsl.protocols.two_server import ClientUpload, LeadServer
+    from flwr_fsl.testing.helper_process import HelperProcess
+    from flwr_fsl.wireformat import MAX_MESSAGE_BYTES
+
+    m = 1 << log_m
+    k = max(1, int(m * rate))
+    params = ssa.SSAParams(
+        round_id=1,
+        domain_size=m,
+        num_items=k,
+        value_width=1,
+        hash_key=generate_hash_key(),
+        max_summands=max(clients, 2),
+    )
+    rng = np.random.default_rng(7)
+    updates = []
+    expected_sums, expected_counts = np.zeros(m), np.zeros(m)
+    for d in range(distinct):
+        indices, values, _ = client_inputs(m, k, rng)
+        weight = float(d + 1)
+        upload, _ = ssa.encode_update(params, indices, values, weight, rng=rng)
+        updates.append(upload)
+        times = len(range(d, clients, distinct))  # clients that reuse update d
+        np.add.at(expected_sums, indices, times * weight * values)
+        np.add.at(expected_counts, indices, times * weight)
+    per_client = len(updates[0].public_part) + 16 + 104  # public part, S0 seed, sealed seed
+    with tempfile.TemporaryDirectory() as tmp:
+        key_file = Path(tmp) / "s1.pem"
+        SealingKeyPair.generate().save(key_file)
+        with HelperProcess(key_file, Path(tmp) / "s1.log") as s1:
+            conn = HelperClient(s1.address, timeout=900)
+            timed = _TimedHelper(conn)
+            lead = LeadServer(timed, s1.fingerprint, relay_chunk_bytes=chunk_mib << 20)
+            pub = lead.helper_key()
+            binding = RoundBinding.of(conn.session_id, 1, params.to_bytes())
+
+            def stream() -> Iterator[tuple[int, ClientUpload]]:
+                for cid in range(clients):
+                    upload = updates[cid % distinct]
+                    sealed = seal_ssa_upload(
+                        pub,
+                        binding=binding,
+                        client_id=cid,
+                        public_part=upload.public_part,
+                        master_seed=upload.master_seeds[1],
+                    )
+                    yield cid, ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
+
+            # Reset both peaks (Linux clear_refs "5"), so they are the round's own.
+            for pid in ("self", s1.proc.pid):
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+            s0_before = _proc_status("VmRSS")
+            s1_before = _proc_status("VmRSS", s1.proc.pid)
+            start = time.perf_counter()
+            outcome = lead.aggregate(params, stream())
+            total = time.perf_counter() - start
+            s0_peak = _proc_status("VmHWM")
+            s1_peak = s1.peak_rss_bytes() or 0
+            conn.close()
+    counts = outcome.result.counts
+    assert counts is not None
+    exact = bool(np.array_equal(counts, expected_counts))
+    err = float(np.max(np.abs(outcome.result.sums[:, 0] - expected_sums)))
+    return {
+        "clients": clients,
+        "m": m,
+        "k": k,
+        "accepted": len(outcome.accepted),
+        "requests": timed.requests,
+        "relayed_mib": timed.relayed / MIB,
+        "bytes_per_client": per_client,
+        "one_message_clients": MAX_MESSAGE_BYTES // per_client,
+        "total_s": total,
+        "s1_s_per_client": timed.seconds / clients,
+        "s0_s_per_client": (total - timed.seconds) / clients,
+        "s0_rss_before_mib": s0_before / MIB,
+        "s0_peak_mib": s0_peak / MIB,
+        "s1_rss_before_mib": s1_before / MIB,
+        "s1_peak_mib": s1_peak / MIB,
+        "counts_exact": exact,
+        "max_sum_error": err,
+        "error_bound": clients * 2.0**-params.frac_bits,
+    }
+
+
+class _TimedHelper:
+    """Forwards to S1, timing and counting the relay calls (S0 waits on each)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+        self.requests = 0
+        self.relayed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def add_clients(self, round_id: int, uploads: Any) -> dict[int, str]:
+        items = list(uploads)
+        self.requests += 1
+        self.relayed += sum(len(p) + len(s) for _, p, s in items)
+        start = time.perf_counter()
+        try:
+            out: dict[int, str] = self.inner.add_clients(round_id, items)
+            return out
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def finish_round(self, round_id: int) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.inner.finish_round(round_id)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def print_scale(row: dict) -> None:
+    """Print one ``--scale`` row as a table."""
+    print(
+        f"\nSSA round through a real S1 process: {row['clients']} clients, "
+        f"m = {row['m']}, k = {row['k']} ({row['k'] / row['m']:.0%})"
+    )
+    lines = [
+        ("clients accepted", f"{row['accepted']}"),
+        ("upload per client (S0 + sealed S1 seed)", f"{row['bytes_per_client'] / MIB:.2f} MiB"),
+        ("clients one 512 MiB message held (before chunking)", f"{row['one_message_clients']}"),
+        (
+            "AddClients requests / MiB relayed to S1",
+            f"{row['requests']} / {row['relayed_mib']:.0f}",
+        ),
+        ("round wall time", f"{row['total_s']:.1f} s"),
+        ("S1 time per client (evaluate + add, incl. gRPC)", f"{row['s1_s_per_client']:.3f} s"),
+        ("S0 time per client (evaluate + add, reconstruct)", f"{row['s0_s_per_client']:.3f} s"),
+        (
+            "S0 resident memory before -> peak",
+            f"{row['s0_rss_before_mib']:.0f} -> {row['s0_peak_mib']:.0f} MiB",
+        ),
+        (
+            "S1 resident memory before -> peak",
+            f"{row['s1_rss_before_mib']:.0f} -> {row['s1_peak_mib']:.0f} MiB",
+        ),
+        (
+            "reconstruction",
+            f"counts exact: {row['counts_exact']}; max |sum error| {row['max_sum_error']:.2e} "
+            f"(bound {row['error_bound']:.2e})",
+        ),
+    ]
+    width = max(len(a) for a, _ in lines)
+    for a, b in lines:
+        print(f"  {a:<{width}}  {b}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip m = 2^20")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (at most 3 at 2^20)")
     parser.add_argument("--json", default="benchmarks/results/ssa_bench.json")
+    parser.add_argument(
+        "--scale", type=int, metavar="N", help="instead: one round of N clients through real S1"
+    )
+    parser.add_argument("--scale-log-m", type=int, default=20, help="--scale: log2 m (20)")
+    parser.add_argument("--scale-rate", type=float, default=0.10, help="--scale: k/m (0.10)")
+    parser.add_argument("--distinct", type=int, default=4, help="--scale: distinct updates (4)")
+    parser.add_argument("--chunk-mib", type=int, default=64, help="--scale: relay chunk (64)")
     args = parser.parse_args()
+    if args.scale is not None:
+        row = run_scale(
+            args.scale, args.scale_log_m, args.scale_rate, args.distinct, args.chunk_mib
+        )
+        print_scale(row)
+        path = Path(args.json).with_name("ssa_scale.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(row, indent=2))
+        print(f"\nwrote {path}")
+        if not row["counts_exact"] or row["max_sum_error"] > row["error_bound"]:
+            sys.exit("reconstruction differs from the plaintext sums")
+        return
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     machine = platform.processor() or platform.machine()

@@ -30,9 +30,12 @@ and the DPF evaluation they call (``S = 5 · 2**16``: its fixed level buffers)::
 
 :func:`round_words` is ``held + peak``; ``OpenRound`` (without a table) and ``SetModel`` (with)
 refuse a round whose bytes exceed ``max_round_bytes``. On top come the bytes S0 sends (each
-request and what is parsed from it, bounded by the gRPC message limit) and clients' keys: S1
-keeps each accepted client's key batch (about the size of its public part) until the round
-ends, and for U-DPF in the session; ``max_clients_per_round`` bounds how many. The bound is
+request and what is parsed from it, bounded by the gRPC message limit; S0 relays a round's
+uploads in chunks of 64 MiB by default, so a round of any size is many small requests) and,
+in U-DPF rounds only (``epoch >= 1``), clients' keys: S1 keeps each accepted client's key
+batch (about the size of its public part) until the round ends and then in the session;
+``max_clients_per_round`` bounds how many per round. A one-shot round (epoch 0) frees each
+client's keys once they are added, so its memory does not grow with its clients. The bound is
 checked against the real peak, traced with :mod:`tracemalloc`, in
 ``tests/helper/test_helper_limits.py``.
 

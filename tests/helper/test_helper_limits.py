@@ -53,6 +53,7 @@ from flwr_fsl.protocols.ssa import (
     reconstruct,
 )
 from flwr_fsl.protocols.two_server import LeadServer
+from flwr_fsl.testing.helper_process import HelperProcess
 from tests.helper.test_helper import (
     SID,
     WIDTH,
@@ -65,7 +66,6 @@ from tests.helper.test_helper import (
     sealed_uploads,
     upload_for,
 )
-from tests.helper.test_helper_process import HelperProcess
 from tests.helper.test_helper_sessions import _aggregate
 
 P = make_params(1)  # M=96 rows, K=8 items, width 2 (tau 3), 3 hashes, no stash

@@ -4,14 +4,7 @@ helpers fail fast with HelperUnavailableError; CLI exit codes and key handling."
 
 from __future__ import annotations
 
-import os
-import queue
-import signal
 import socket
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,75 +19,8 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.helper.cli import main
+from flwr_fsl.testing.helper_process import HelperProcess
 from tests.helper.test_helper import SID, make_params, run_scenario
-
-REPO = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = 120  # generous: a cold numba cache compiles kernels on first import
-
-
-class HelperProcess:
-    """A ``python -m flwr_fsl.helper`` child on a free loopback port (``--port 0``)."""
-
-    def __init__(self, key_file: Path, log_file: Path) -> None:
-        self.log_file = log_file
-        self._log = open(log_file, "wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "flwr_fsl.helper",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--key-file",
-                str(key_file),
-                "--log-level",
-                "WARNING",
-            ],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.stdout: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.fingerprint = ""
-        self.address = ""
-        while not self.address:
-            try:
-                line = self.lines.get(timeout=READY_TIMEOUT_S)
-            except queue.Empty:
-                self.stop()
-                raise RuntimeError(f"helper not ready; log:\n{self.log_file.read_text()}") from None
-            if line == "":
-                self.stop()
-                raise RuntimeError(f"helper exited; log:\n{self.log_file.read_text()}")
-            if "public key fingerprint" in line:
-                self.fingerprint = line.rsplit(" ", 1)[1]
-            if "listening on" in line:
-                self.address = line.rsplit(" ", 1)[1]
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode().strip()
-            self.stdout.append(line)
-            self.lines.put(line)
-        self.lines.put("")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,125 @@
+"""A real helper server S1 as a child process, for tests, benchmarks and notebooks.
+
+:class:`HelperProcess` starts ``python -m flwr_fsl.helper`` on a free loopback port, waits until
+it prints its address and fingerprint, and stops it with SIGTERM. The child is the same program
+an operator runs as ``flwr-fsl-helper``; extra CLI flags (limits, ``--min-clients``) pass
+through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["HelperProcess"]
+
+READY_TIMEOUT_S = 120.0  # generous: a cold numba cache compiles kernels on first import
+
+
+class HelperProcess:
+    """A ``python -m flwr_fsl.helper`` child on a free loopback port (``--port 0``).
+
+    Parameters
+    ----------
+    key_file : Path
+        S1's key file (PKCS#8 PEM, created beforehand).
+    log_file : Path
+        Where the child's stderr (its log) goes.
+    extra_args : sequence of str
+        More ``flwr-fsl-helper`` flags, e.g. ``("--max-clients-per-round", "5000")``.
+    log_level : str
+        The child's ``--log-level`` (default ``WARNING``).
+
+    Raises
+    ------
+    RuntimeError
+        If the child exits or does not report its address within two minutes.
+
+    Attributes
+    ----------
+    address : str
+        ``host:port`` the child listens on.
+    fingerprint : str
+        The fingerprint of S1's public key, as the child printed it.
+    """
+
+    def __init__(
+        self,
+        key_file: Path,
+        log_file: Path,
+        extra_args: Sequence[str] = (),
+        log_level: str = "WARNING",
+    ) -> None:
+        self.log_file = log_file
+        self._log = open(log_file, "wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "flwr_fsl.helper", "--host", "127.0.0.1", "--port", "0"]
+        cmd += ["--key-file", str(key_file), "--log-level", log_level, *extra_args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.fingerprint = ""
+        self.address = ""
+        while not self.address:
+            try:
+                line = self.lines.get(timeout=READY_TIMEOUT_S)
+            except queue.Empty:
+                self.stop()
+                raise RuntimeError(f"helper not ready; log:\n{log_file.read_text()}") from None
+            if line == "":
+                self.stop()
+                raise RuntimeError(f"helper exited; log:\n{log_file.read_text()}")
+            if "public key fingerprint" in line:
+                self.fingerprint = line.rsplit(" ", 1)[1]
+            if "listening on" in line:
+                self.address = line.rsplit(" ", 1)[1]
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            self.stdout.append(line)
+            self.lines.put(line)
+        self.lines.put("")
+
+    def peak_rss_bytes(self) -> int | None:
+        """Return the child's peak resident memory (Linux ``VmHWM``), or None if unknown."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return None
+
+    def stop(self) -> int:
+        """Stop the child (SIGTERM, then SIGKILL after 20 s); return its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> HelperProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
