@@ -48,7 +48,7 @@ class Settings:
     Missing keys take the defaults below (in-process tests pass a partial run config).
     """
 
-    num_server_rounds: int = 5
+    num_server_rounds: int = 10
     fraction_train: float = 1.0
     fraction_evaluate: float = 0.0
     min_nodes: int = 2
@@ -250,10 +250,14 @@ def evaluate(table: NDArray[np.floating], bag: BagOfWords, shape: Shape) -> tupl
 
 @lru_cache(maxsize=2)
 def test_documents(settings: Settings) -> BagOfWords:
-    """Return the test documents of the centralized evaluation (the first ``test-docs``)."""
+    """Return the test documents of the centralized evaluation (``test-docs`` evenly spaced).
+
+    The test file is ordered by newsgroup, so a subset takes every ``n / test-docs``-th one.
+    """
     test = load_newsgroups().test
     if settings.test_docs and settings.test_docs < len(test):
-        return test.subset(np.arange(settings.test_docs))
+        picks = np.linspace(0, len(test) - 1, settings.test_docs).round().astype(np.int64)
+        return test.subset(np.unique(picks))
     return test
 
 
