@@ -30,6 +30,13 @@ are refused up front, naming the flag. ``--workers`` calls run at once: give it 
 more than the runs S1 serves at the same time, so ``Health`` and the other runs never wait for
 a long ``AddClients``.
 
+**Differential privacy** (:mod:`flwr_fsl.protocols.dp`): ``--dp-noise-multiplier Z
+--dp-clip-norm C --dp-max-weight W`` (all three, or none; ``--dp-delta`` for the logged
+account, default 1e-5) make S1 add Gaussian noise of std ``Z · Δ`` to its share of every round
+— ``Z`` is a floor, whatever S0 asks — and refuse rounds without DP parameters or with a clip
+norm or weight bound above ``C`` / ``W``. S1 logs its running ``(ε, δ)`` account per session
+(the guarantee against S0).
+
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
 address cannot be bound.
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -56,6 +64,7 @@ from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
+from flwr_fsl.protocols.dp import DistributedDP
 
 __all__ = ["main"]
 
@@ -109,6 +118,37 @@ def _limit_type(flag: str, unit: int) -> Callable[[str], int]:
     return parse
 
 
+def _dp_float(flag: str, *, positive: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _dp_policy(args: argparse.Namespace) -> DistributedDP | None:
+    """Return S1's DP policy from the flags (None without them).
+
+    Raises
+    ------
+    ValueError
+        If only some of the three flags are given, or a value is out of range.
+    """
+    given = [args.dp_noise_multiplier, args.dp_clip_norm, args.dp_max_weight]
+    if all(v is None for v in given):
+        return None
+    if any(v is None for v in given):
+        raise ValueError("--dp-noise-multiplier, --dp-clip-norm and --dp-max-weight go together")
+    return DistributedDP(
+        args.dp_noise_multiplier, args.dp_clip_norm, args.dp_max_weight, args.dp_delta
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=_PROG,
@@ -156,6 +196,36 @@ def _parser() -> argparse.ArgumentParser:
             metavar="N",
             help=f"{text} (default {default // unit})",
         )
+    dp = p.add_argument_group(
+        "differential privacy",
+        "S1 adds Gaussian noise to its share of every round (flwr_fsl.protocols.dp); "
+        "give --dp-noise-multiplier, --dp-clip-norm and --dp-max-weight together",
+    )
+    dp.add_argument(
+        "--dp-noise-multiplier",
+        type=_dp_float("--dp-noise-multiplier", positive=True),
+        metavar="Z",
+        help="S1's noise std is Z times the round's sensitivity (a floor over what S0 asks)",
+    )
+    dp.add_argument(
+        "--dp-clip-norm",
+        type=_dp_float("--dp-clip-norm", positive=True),
+        metavar="C",
+        help="largest L2 clip norm of a client's update a round may ask for",
+    )
+    dp.add_argument(
+        "--dp-max-weight",
+        type=_dp_float("--dp-max-weight", positive=True),
+        metavar="W",
+        help="largest per-element client weight a round may ask for",
+    )
+    dp.add_argument(
+        "--dp-delta",
+        type=_dp_float("--dp-delta", positive=True),
+        default=1e-5,
+        metavar="DELTA",
+        help="delta of the (epsilon, delta) S1 logs (default 1e-5)",
+    )
     p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -199,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_sessions=args.max_sessions,
             session_idle_s=args.session_idle_s,
             limits=HelperLimits(
-                **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()}
+                **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()},
+                dp=_dp_policy(args),
             ),
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
@@ -212,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if created:
         print(f"{_PROG}: created key file {args.key_file}", flush=True)
     print(f"{_PROG}: public key fingerprint {keypair.fingerprint}", flush=True)
+    policy = service.limits.dp
+    if policy is not None:
+        print(
+            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
+            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
+            flush=True,
+        )
     if args.print_fingerprint:
         return 0
     try:

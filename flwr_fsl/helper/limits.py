@@ -52,6 +52,14 @@ clients with a query and an upload each), embedding tables like MovieLens' (~74k
 ~151 MiB, ~187 MiB with PSR; 1190 such clients), ``m = 2**23`` at width 1, and every test and
 example here; an operator raises them with the CLI flags (:mod:`flwr_fsl.helper.cli`), the
 in-process S1 with ``InProcessHelper(limits=HelperLimits(...))``.
+
+**Differential privacy policy** (``HelperLimits.dp``, flags ``--dp-noise-multiplier``,
+``--dp-clip-norm``, ``--dp-max-weight``; :mod:`flwr_fsl.protocols.dp`). S1's noise is what
+protects the clients against S0, so S1 decides it, not S0: with a policy set, S1 refuses at
+``OpenRound`` a round without DP parameters (its clients would not clip, so no noise could be
+calibrated) or one whose ``clip_norm`` / ``max_weight`` exceed S1's, and adds noise with
+multiplier ``max(S1's, the round's)`` — even if the round asks for none. Without a policy S1
+adds the noise a DP round asks for.
 """
 
 from __future__ import annotations
@@ -60,7 +68,9 @@ from collections.abc import Iterable, Set
 from dataclasses import dataclass, fields
 
 from flwr_fsl.crypto.dpf import MAX_TAU
+from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.protocols.dp import DistributedDP, check_headroom, noise_std
 from flwr_fsl.protocols.ssa import SSAParams
 
 __all__ = [
@@ -154,12 +164,16 @@ class HelperLimits:
     min_clients : int (default: 2)
         S1's own minimum participation (``--min-clients``): S1 refuses to return its share of
         a round with fewer clients, whatever S0 asks, so S0 alone cannot isolate a client.
+    dp : DistributedDP or None (default: None)
+        S1's differential-privacy policy (``--dp-noise-multiplier``, ``--dp-clip-norm``,
+        ``--dp-max-weight``; see the module docstring): its noise multiplier is a floor, its
+        clip norm and weight bound are the most a round may ask clients to clip to.
 
     Raises
     ------
     ValueError
         If a value is not an integer in ``[1, maximum]`` (``2**62`` for sizes and counts,
-        ``2**20 - 2`` for the width).
+        ``2**20 - 2`` for the width), or ``dp`` is not a :class:`DistributedDP`.
     """
 
     max_domain_size: int = 1 << 24
@@ -169,9 +183,14 @@ class HelperLimits:
     max_clients_per_round: int = 10_000
     max_round_work: int = 1 << 35
     min_clients: int = 2
+    dp: DistributedDP | None = None
 
     def __post_init__(self) -> None:
+        if self.dp is not None and not isinstance(self.dp, DistributedDP):
+            raise ValueError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
         for f in fields(self):
+            if f.name == "dp":
+                continue
             value = getattr(self, f.name)
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -190,6 +209,42 @@ class HelperLimits:
                 f"round {round_id}: {clients} clients, fewer than S1's minimum participation "
                 f"{self.min_clients} (flwr-fsl-helper --min-clients); no share is returned"
             )
+
+    def noise_multiplier(self, params: SSAParams) -> float | None:
+        """Return the noise multiplier S1 uses in a round (None: the round has no DP).
+
+        Raises
+        ------
+        HelperRequestError
+            If S1 has a DP policy and the round has no DP parameters or asks clients to clip
+            to more than S1 allows (naming the flag), or the noise does not fit the ring.
+        """
+        rid, policy = params.round_id, self.dp
+        if params.dp is None:
+            if policy is not None:
+                raise HelperRequestError(
+                    f"round {rid} has no DP parameters, but S1 adds noise to every round "
+                    "(flwr-fsl-helper --dp-noise-multiplier): its clients would not clip"
+                )
+            return None
+        z = params.dp.noise_multiplier
+        if policy is not None:
+            for value, limit, name, flag in (
+                (params.dp.clip_norm, policy.clip_norm, "clip_norm", "--dp-clip-norm"),
+                (params.dp.max_weight, policy.max_weight, "max_weight", "--dp-max-weight"),
+            ):
+                if value > limit:
+                    raise HelperRequestError(
+                        f"round {rid}: dp {name} {value:g} exceeds S1's {limit:g} "
+                        f"(flwr-fsl-helper {flag}): S1's noise would not cover it"
+                    )
+            z = max(z, policy.noise_multiplier)
+        sigma = noise_std(params.dp, params.num_items, params.value_width, params.frac_bits, z)
+        try:
+            check_headroom(params.fixed_point, sigma)
+        except FixedPointOverflowError as err:
+            raise HelperRequestError(f"round {rid}: {err}") from None
+        return z
 
     def check_params_bytes(self, size: int) -> None:
         """Refuse an ``OpenRound`` parameter set longer than :data:`MAX_PARAMS_BYTES`.
@@ -233,7 +288,8 @@ class HelperLimits:
                     f"round {rid}: {name} {value} exceeds S1's limit {limit} "
                     f"(flwr-fsl-helper {flag})"
                 )
-        budget = RoundBudget(self, params, memory=8 * round_words(params))
+        noise = self.noise_multiplier(params)
+        budget = RoundBudget(self, params, memory=8 * round_words(params), noise_multiplier=noise)
         budget.check_memory("the round")
         budget.check_one(upload_work(params), "one client's keys")
         return budget
@@ -253,12 +309,16 @@ class RoundBudget:
         Bytes charged (:func:`round_words`, with ``table=True`` once ``SetModel`` set one).
     work : int
         Words admitted so far (uploads and queries).
+    noise_multiplier : float or None
+        The DP noise multiplier S1 adds to its share (None: no DP;
+        :meth:`HelperLimits.noise_multiplier`).
     """
 
     limits: HelperLimits
     params: SSAParams
     memory: int
     work: int = 0
+    noise_multiplier: float | None = None
 
     def check_memory(self, what: str) -> None:
         """Refuse if :attr:`memory` exceeds ``max_round_bytes``.

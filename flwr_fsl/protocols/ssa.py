@@ -34,7 +34,9 @@ public parameters (``m``, ``k``, row width, hash key). What the *reconstructed a
 reveals to both servers, by design of count-weighted averaging: per index the sum of the
 chosen clients' weighted updates and the sum of their weights — hence which indices at least
 one client of the round chose, and with one client in a round, that client's whole index set.
-Run rounds with several clients (or add noise) where that matters.
+Run rounds with several clients where that matters; across rounds with known participation
+totals can be differenced, which :attr:`SSAParams.dp` (distributed differential privacy: each
+server noises its own share, :mod:`flwr_fsl.protocols.dp`) bounds.
 """
 
 from __future__ import annotations
@@ -73,11 +75,13 @@ from flwr_fsl.crypto.hashing import (
 from flwr_fsl.crypto.prg import random_seeds
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
+from flwr_fsl.protocols.dp import DistributedDP, clip_update
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
+_DP_VERSION = 2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.protocols.dp.DistributedDP`)
 _STATE_MAGIC = b"FSCS"  # SSAClientState binary format (see its docstring)
 _STATE_VERSION = 1
 
@@ -115,11 +119,24 @@ class SSAParams:
         U-DPF epoch of this round's keys: 0 for one-shot keys (the servers drop them after
         evaluating), ``>= 1`` in U-DPF runs (the servers keep each client's keys so that its
         next hint can update them).
+    dp : DistributedDP or None
+        Distributed differential privacy of the round (:mod:`flwr_fsl.protocols.dp`): clients
+        clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
+        share. Requires ``count_weighted`` and ``max_weight * max(clip_norm, 1) <= max_abs``
+        (a clipped client's payload words fit the codec).
 
     Raises
     ------
     ValueError
         If a field is out of range.
+
+    Notes
+    -----
+    **JSON format.** :meth:`to_bytes` writes ``{"format": "flwr_fsl/ssa-params", "version": 1,
+    <every field but dp>}`` (sorted keys, hash key in hex) for a round without DP — byte for
+    byte the format from before DP existed — and ``"version": 2`` with an extra ``"dp"``
+    object (exactly ``noise_multiplier``, ``clip_norm``, ``max_weight``, ``delta``) for a
+    round with DP. :meth:`from_bytes` accepts exactly these two shapes.
     """
 
     round_id: int
@@ -135,6 +152,7 @@ class SSAParams:
     max_abs: float = 1e4
     max_summands: int = 1000
     epoch: int = 0
+    dp: DistributedDP | None = None
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -147,6 +165,17 @@ class SSAParams:
             raise ValueError("num_items cannot exceed domain_size")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
+        if self.dp is not None:
+            if not isinstance(self.dp, DistributedDP):
+                raise ValueError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
+            if not self.count_weighted:
+                raise ValueError("dp needs count_weighted rounds")
+            if self.dp.max_weight * max(self.dp.clip_norm, 1.0) > self.max_abs:
+                raise ValueError(
+                    f"dp max_weight * max(clip_norm, 1) = "
+                    f"{self.dp.max_weight * max(self.dp.clip_norm, 1.0):g} exceeds "
+                    f"max_abs={self.max_abs:g}: clipped payload words would not fit"
+                )
 
     @property
     def tau(self) -> int:
@@ -177,11 +206,15 @@ class SSAParams:
 
     def to_bytes(self) -> bytes:
         """Serialize (canonical JSON; the hash key in hex)."""
-        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        fields: dict[str, object] = {
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dp"
+        }
         fields["hash_key"] = self.hash_key.hex()
-        return json.dumps(
-            {"format": _MAGIC, "version": _VERSION, **fields}, sort_keys=True
-        ).encode()
+        version = _VERSION
+        if self.dp is not None:
+            fields["dp"] = self.dp.to_dict()
+            version = _DP_VERSION
+        return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SSAParams:
@@ -199,9 +232,15 @@ class SSAParams:
             raise ValueError(f"SSA parameters are not valid JSON: {err}") from None
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise ValueError("not an SSA parameter set")
-        if raw.pop("version", None) != _VERSION:
-            raise ValueError(f"unsupported SSA parameter version (expected {_VERSION})")
-        if set(raw) != set(cls.__dataclass_fields__):
+        version = raw.pop("version", None)
+        if version not in (_VERSION, _DP_VERSION) or isinstance(version, bool):
+            raise ValueError(
+                f"unsupported SSA parameter version (expected {_VERSION} or {_DP_VERSION})"
+            )
+        expected = set(cls.__dataclass_fields__) - {"dp"}
+        if version == _DP_VERSION:
+            expected.add("dp")
+        if set(raw) != expected:
             raise ValueError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
         for name, value in raw.items():
@@ -211,6 +250,8 @@ class SSAParams:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
             raise ValueError("hash_key must be hex") from None
+        if "dp" in raw:
+            raw["dp"] = DistributedDP.from_dict(raw["dp"])
         return cls(**raw)
 
 
@@ -245,6 +286,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "count_weighted": lambda v: isinstance(v, bool),
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
+    "dp": lambda v: isinstance(v, dict),
 }
 
 
@@ -395,6 +437,12 @@ def payload_words(
         If shapes disagree or weights are not finite and > 0.
     FixedPointOverflowError
         If a payload word exceeds ``max_abs``.
+
+    Notes
+    -----
+    In a round with ``params.dp`` the update is clipped first
+    (:func:`~flwr_fsl.protocols.dp.clip_update`: L2 norm of all rows to ``clip_norm``, each
+    weight to ``max_weight``), so every client path — fresh keys and U-DPF hints — clips.
     """
     v = np.asarray(values, dtype=np.float64)
     if v.ndim == 1 and params.value_width == 1:
@@ -408,6 +456,10 @@ def payload_words(
             raise ValueError("weights must be one number or one per value row") from None
         if c.size and (not np.all(np.isfinite(c)) or np.any(c <= 0)):
             raise ValueError("weights must be finite and > 0")
+        if params.dp is not None:
+            if not np.all(np.isfinite(v)):
+                raise ValueError("update values must be finite")
+            v, c = clip_update(v, c, params.dp)
         v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
     try:
         return params.fixed_point.encode(v, rng)

@@ -28,6 +28,12 @@ public key part and S0 master seed (pseudorandom given the index set), S1's mate
 sealed, S1's share (uniform on its own) and the reconstructed aggregate: per element the
 weighted sum and total weight of the clients that chose it. Nothing in this object reads a
 sealed blob.
+
+**Distributed DP** (:mod:`flwr_fsl.protocols.dp`): in a round whose parameters carry a
+:class:`~flwr_fsl.protocols.dp.DistributedDP`, S0 adds its own Gaussian noise to its share just
+before reconstructing (S1 adds its own in ``FinishRound``), so S0 never sees the un-noised
+aggregate and S1 sees only an aggregate carrying S0's noise; :attr:`LeadServer.accountant`
+keeps the zCDP account of S0's noise (the guarantee against S1).
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from numpy.typing import NDArray
 
 from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
+from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
 from flwr_fsl.protocols.psr import PSRServer
 from flwr_fsl.protocols.ssa import (
     SSAInputError,
@@ -206,6 +214,9 @@ class LeadServer:
     relay_chunk_bytes : int
         Most bytes of uploads relayed to S1 in one request (default 64 MiB; a single upload
         larger than this goes alone). At most half the 512 MiB message limit.
+    noise_stream : PRGStream, optional
+        Randomness of S0's DP noise (tests); a fresh ``os.urandom``-keyed stream per round by
+        default.
 
     Raises
     ------
@@ -216,6 +227,8 @@ class LeadServer:
     ----------
     stored_keys : dict[int, DPFKeyBatch]
         Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
+    accountant : ZCDPAccountant
+        zCDP account of the DP rounds S0 reconstructed with its own noise added.
     """
 
     def __init__(
@@ -224,6 +237,7 @@ class LeadServer:
         helper_fingerprint: str | None = None,
         min_clients: int = 2,
         relay_chunk_bytes: int = DEFAULT_RELAY_CHUNK_BYTES,
+        noise_stream: PRGStream | None = None,
     ) -> None:
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
@@ -244,6 +258,8 @@ class LeadServer:
         self._stored_params: SSAParams | None = None
         self._helper_key: bytes | None = None
         self._open: set[int] = set()
+        self.noise_stream = noise_stream
+        self.accountant = ZCDPAccountant()
 
     @property
     def session_id(self) -> bytes:
@@ -373,7 +389,14 @@ class LeadServer:
         if server0.keeps_keys:
             self.stored_keys.update(server0.keys)
             self._stored_params = params
-        result = reconstruct(params, server0.share(), share1.share)
+        share0 = server0.share()
+        if params.dp is not None:
+            # S0's noise, added before S0 sees anything of S1's share in the sum: it is what
+            # protects the clients against S1 (S1's noise protects them against S0).
+            sigma = noise_std(params.dp, params.num_items, params.value_width, params.frac_bits)
+            share0 += noise_words(shape, sigma, params.fixed_point, self.noise_stream)
+            self.accountant.add(params.dp.noise_multiplier)
+        result = reconstruct(params, share0, share1.share)
         return SSARound(result, accepted, rejected, len(hinted & set(accepted)))
 
     def _aggregate_chunk(

@@ -9,7 +9,11 @@ Per round, S0 relays to S1 (every request carries the run's session id):
    SHA-256 of the parameters S1 opened the round with; S1 opens it, checks the hash and
    evaluates the keys into its :class:`~flwr_fsl.protocols.ssa.SSAServer` share.
 3. ``FinishRound``: S1's additive share of the aggregate and the ids of the clients in it (S0
-   must aggregate exactly the same clients), or ``AbortRound``.
+   must aggregate exactly the same clients), or ``AbortRound``. In a DP round
+   (:mod:`flwr_fsl.protocols.dp`) S1 first adds its own Gaussian noise to the share, with the
+   multiplier :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` chose at
+   ``OpenRound`` (at least S1's ``--dp-noise-multiplier``, whatever S0 asks), and logs its
+   running ``(ε, δ)`` account of the session: the guarantee against S0.
 
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
@@ -40,6 +44,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.helper import wire
@@ -47,6 +54,7 @@ from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import RoundBudget
 from flwr_fsl.helper.service import PARTY, Method, Session
 from flwr_fsl.protocols import sealing
+from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
 from flwr_fsl.protocols.ssa import (
     SSAInputError,
     SSAParams,
@@ -249,12 +257,35 @@ class SSAService:
             log.warning("round %d refused: %d clients is below the minimum", rid, len(clients))
             raise
         share = state.ssa.share()
+        z = budget(state).noise_multiplier
+        if z is not None and clients:
+            self._add_noise(session, state, share, z)
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
         stored.layout = state.params
         session.close_round(rid)
         log.info("round %d finished with %d clients", rid, len(clients))
         return wire.ShareResponse(clients, share)
+
+    def _add_noise(
+        self, session: Session, state: SSARound, share: NDArray[np.uint64], z: float
+    ) -> None:
+        """Add S1's DP noise to ``share`` in place, account it and log the session's (ε, δ)."""
+        p = state.params
+        assert p.dp is not None  # noise_multiplier is None for rounds without DP
+        sigma = noise_std(p.dp, p.num_items, p.value_width, p.frac_bits, z)
+        share += noise_words(share.shape, sigma, p.fixed_point)
+        account: ZCDPAccountant = session.data.setdefault("dp", ZCDPAccountant())
+        account.add(z)
+        delta = self.host.limits.dp.delta if self.host.limits.dp is not None else p.dp.delta
+        log.info(
+            "round %d: S1 added DP noise (noise multiplier %.4g, std %.4g per word); "
+            "S1's account against S0: %s",
+            p.round_id,
+            z,
+            sigma,
+            account.describe(delta),
+        )
 
     def _abort_round(
         self, session: Session | None, message: wire.AbortRoundRequest

@@ -1,0 +1,507 @@
+"""Distributed differential privacy for two-server SSA: each server noises its own share.
+
+**Why.** Totals of rounds with known participation can be differenced: with fixed row sets, a
+round with everybody and one where a client dropped out give exactly that client's rows and
+weight (``tests/protocols/test_two_server.py``). Minimum participation does not prevent it;
+noise does.
+
+**Threat model.** Two non-colluding semi-honest servers, as in :mod:`flwr_fsl.protocols.ssa`;
+semi-honest clients (they clip as told; a client that does not clip is outside the model, as
+one that forges keys is). The released quantity of a round is the reconstructed per-element
+vector ``(sums, counts)`` of shape ``(m, τ)``, ``τ = w + 1`` (``w`` the value width). Both
+servers see it: S0 reconstructs it, S1 sees it through the published model (and the PSR table
+it is given in index mode).
+
+**Mechanism.** When a round's :class:`~flwr_fsl.protocols.ssa.SSAParams` carry a
+:class:`DistributedDP`, each server adds independent Gaussian noise ``N(0, σ_b²)`` to every
+word of its own additive share before it is combined (S0 before ``reconstruct``, S1 in
+``FinishRound`` before it returns its share), ``σ_b = z_b · Δ``, encoded on the ring's
+fixed-point grid. A server knows its own noise and can subtract it, so what protects the
+clients against S0 is **S1's noise alone**, and against S1 **S0's noise alone**: each server's
+``σ`` is calibrated so that its noise by itself gives the stated ``(ε, δ)``. Neither server
+ever sees the un-noised aggregate. The model carries both servers' noise (variance
+``σ_0² + σ_1²``, ``2σ²`` when both use the same multiplier): that is the price of not
+trusting either server with the other's noise.
+
+**Guarantee.** Client-level ``(ε, δ)``-DP (neighbouring runs: one client added or removed,
+in every round it could take part in) of the sequence of released aggregates, against *each*
+server separately, given that the *other* server adds its noise. Nothing beyond the aggregate
+is covered here (what each server sees besides it is pseudorandom, see
+:mod:`flwr_fsl.protocols.ssa`), nor collusion of the servers, nor clients that do not clip.
+
+**Sensitivity.** A client clips (:func:`clip_update`) its update to L2 norm ``C``
+(``clip_norm``) over all values of its chosen elements together, and each weight to at most
+``W`` (``max_weight``); a client chooses at most ``k`` elements (``num_items``). Its
+contribution to the released vector is, per chosen element ``j``, the row
+``(c_j · dw_j, c_j)`` (``w`` sum words and one count word), zero elsewhere. Then
+
+    ||contribution||² = Σ_j c_j² ||dw_j||² + Σ_j c_j²  <=  W² Σ_j ||dw_j||² + W² k
+                      <=  W² (C² + k),
+
+so the L2 sensitivity under adding or removing one client is ``W · sqrt(C² + k)``. The same
+bound holds in both modes: **scalar** (top-k coordinates, ``w = 1``, ``k`` coordinates, ``k``
+count words) and **mega-element** (rows, ``w`` = row width, ``k`` rows): each chosen element
+adds exactly one count word however wide it is, and the ``C`` bound is over the client's whole
+update. The count word is what makes ``k`` appear: revealing per-element weights costs
+``sqrt(k)`` in noise. Stochastic rounding to the fixed-point grid moves each of the client's
+``k τ`` words by less than ``2^-f`` (``f`` = ``frac_bits``), so the sensitivity of the
+*encoded* aggregate, used here, is
+
+    Δ = W · sqrt(C² + k) + 2^-f · sqrt(k τ)        (:func:`sensitivity`).
+
+Cuckoo stash slots and dummy bins change nothing: they reconstruct to zero outside the chosen
+elements.
+
+**Accounting.** The Gaussian mechanism with sensitivity ``Δ`` and noise ``σ = z Δ`` is
+``ρ``-zero-concentrated DP with ``ρ = Δ² / (2σ²) = 1 / (2 z²)`` (Bun & Steinke 2016, Prop.
+1.6); zCDP composes additively, so ``T`` rounds give ``ρ_T = Σ_t 1/(2 z_t²)`` (``T / (2z²)``
+for a fixed ``z``), and ``ρ``-zCDP implies ``(ε, δ)``-DP with
+
+    ε = ρ_T + 2 sqrt(ρ_T ln(1/δ))                  (Bun & Steinke 2016, Prop. 1.3).
+
+Every round counts, whether the client took part or not (no amplification by sampling is
+claimed: the sampling is S0's and S0 is one of the adversaries). :class:`ZCDPAccountant` keeps
+``ρ_T``; the strategy logs ``(ε, δ)`` after every round and S1 logs its own account.
+
+**Rounding and sampling.** Each noise word is ``rint(σ · g · 2^f)`` on the ring's signed
+fixed-point grid, ``g`` standard normal. The share already holds grid integers, so adding a
+rounded noise word equals rounding ``share + σ g 2^f``: post-processing of the Gaussian
+mechanism on the encoded aggregate, which costs no privacy. ``g`` comes from Box–Muller on
+AES-128-CTR output keyed by :func:`os.urandom` (:class:`~flwr_fsl.crypto.prg.PRGStream`),
+with an exponential sampler whose tail is not cut at 2^-53 (a plain ``-ln(u)`` of a 53-bit
+uniform would truncate the Gaussian near 8.6σ, which over ``m τ`` words adds to ``δ``);
+samples beyond ``64σ`` (probability below ``e^-2000``) are clipped so a word never wraps.
+**Floating-point caveat** (Mironov 2012, "On significance of the least significant bits for
+differential privacy"): the normal samples are computed in float64, whose non-uniform grid
+leaves the sampled distribution slightly off the ideal Gaussian; the guarantee above is the
+ideal mechanism's. Rounding to the much coarser fixed-point grid ``2^-f`` removes the
+low-order float artefacts Mironov's attack reads, but an exact implementation would use a
+discrete Gaussian sampler (Canonne, Kamath & Steinke 2020); not done here.
+
+**Cost.** Noise of std ``sqrt(σ_0² + σ_1²)`` on every sum and count word; counts near zero
+make ``sums / counts`` explode, so the released counts are post-processed
+(:func:`suppress_small_counts`): an element whose noisy count is below a few noise stds is
+left unchanged. Elements chosen by few clients are therefore not updated, and the others are
+averaged with relative noise ``~ σ / count``: DP needs many clients per element.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
+from flwr_fsl.crypto.prg import PRGStream
+
+__all__ = [
+    "COUNT_THRESHOLD_STDS",
+    "NOISE_CLIP_STDS",
+    "DistributedDP",
+    "ZCDPAccountant",
+    "check_headroom",
+    "clip_update",
+    "epsilon",
+    "gaussian",
+    "noise_std",
+    "noise_words",
+    "sensitivity",
+    "suppress_small_counts",
+    "zcdp_rho",
+    "zcdp_to_epsilon",
+]
+
+NOISE_CLIP_STDS = 64.0
+"""Noise samples are clipped to ``+-64 sigma`` (probability below ``e^-2000``): no word wraps."""
+
+COUNT_THRESHOLD_STDS = 3.0
+"""An element is updated only if its noisy count exceeds this many combined noise stds."""
+
+
+def _positive_finite(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class DistributedDP:
+    """Public differential-privacy settings of SSA rounds (every party sees them).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``: each server's noise std is ``z · Δ`` (:func:`noise_std`). 0 asks for no noise
+        (clients still clip); S1 may enforce a larger floor (``flwr-fsl-helper
+        --dp-noise-multiplier``).
+    clip_norm : float
+        ``C``: a client's update is clipped to this L2 norm over all its chosen elements'
+        values.
+    max_weight : float
+        ``W``: each of a client's weights (its sample count, or a per-row count) is clipped to
+        at most this.
+    delta : float
+        ``δ`` of the reported ``(ε, δ)``, in ``(0, 1)`` (accounting only; it does not change
+        the noise).
+
+    Raises
+    ------
+    ValueError
+        If ``noise_multiplier`` is negative or not finite, ``clip_norm`` or ``max_weight``
+        is not finite and > 0, or ``delta`` is not in ``(0, 1)``; the message names the field.
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    max_weight: float
+    delta: float = field(default=1e-5)
+
+    def __post_init__(self) -> None:
+        z = self.noise_multiplier
+        if isinstance(z, bool) or not isinstance(z, int | float):
+            raise ValueError(f"noise_multiplier must be a number, got {z!r}")
+        if not (math.isfinite(z) and z >= 0):
+            raise ValueError(f"noise_multiplier must be finite and >= 0, got {z!r}")
+        _positive_finite("clip_norm", self.clip_norm)
+        _positive_finite("max_weight", self.max_weight)
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d < 1:
+            raise ValueError(f"delta must be in (0, 1), got {d!r}")
+
+    def to_dict(self) -> dict[str, float]:
+        """Return the fields as a JSON-ready dict (floats)."""
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> DistributedDP:
+        """Parse :meth:`to_dict` output strictly (exactly these keys, numbers only).
+
+        Raises
+        ------
+        ValueError
+            If ``raw`` is not such a dict or a value is out of range.
+        """
+        names = {"noise_multiplier", "clip_norm", "max_weight", "delta"}
+        if not isinstance(raw, dict) or set(raw) != names:
+            raise ValueError(f"dp must be an object with exactly the fields {sorted(names)}")
+        for name, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"dp field {name!r} must be a number")
+        return cls(**{k: float(v) for k, v in raw.items()})
+
+
+def sensitivity(dp: DistributedDP, num_items: int, value_width: int, frac_bits: int) -> float:
+    """L2 sensitivity ``Δ`` of the encoded ``(sums, counts)`` aggregate to one client.
+
+    Parameters
+    ----------
+    dp : DistributedDP
+        Clip norm ``C`` and weight bound ``W``.
+    num_items : int
+        ``k``: elements (coordinates or rows) one client may choose.
+    value_width : int
+        ``w``: words per element's value (1 for coordinates, the row width for rows).
+    frac_bits : int
+        ``f``: fixed-point fractional bits (stochastic rounding moves a word by < ``2^-f``).
+
+    Returns
+    -------
+    float
+        ``W · sqrt(C² + k) + 2^-f · sqrt(k (w + 1))`` (derivation in the module docstring).
+
+    Raises
+    ------
+    ValueError
+        If ``num_items``, ``value_width`` or ``frac_bits`` is out of range.
+    """
+    if num_items < 1 or value_width < 1 or frac_bits < 0:
+        raise ValueError("num_items and value_width must be >= 1 and frac_bits >= 0")
+    k, tau = num_items, value_width + 1
+    return dp.max_weight * math.sqrt(dp.clip_norm**2 + k) + 2.0**-frac_bits * math.sqrt(k * tau)
+
+
+def noise_std(
+    dp: DistributedDP,
+    num_items: int,
+    value_width: int,
+    frac_bits: int,
+    noise_multiplier: float | None = None,
+) -> float:
+    """One server's noise std per word: ``σ = z · Δ``.
+
+    Parameters
+    ----------
+    dp : DistributedDP
+        The round's settings.
+    num_items, value_width, frac_bits : int
+        As in :func:`sensitivity`.
+    noise_multiplier : float, optional
+        ``z`` to use instead of ``dp.noise_multiplier`` (S1's floor).
+
+    Returns
+    -------
+    float
+        ``σ`` in real units (before the fixed-point scale).
+    """
+    z = dp.noise_multiplier if noise_multiplier is None else float(noise_multiplier)
+    return z * sensitivity(dp, num_items, value_width, frac_bits)
+
+
+def zcdp_rho(noise_multiplier: float) -> float:
+    """Return the zCDP ``ρ = Δ²/(2σ²) = 1/(2 z²)`` of one Gaussian release (``inf`` for ``z = 0``).
+
+    Raises
+    ------
+    ValueError
+        If ``noise_multiplier`` is negative or not finite.
+    """
+    z = float(noise_multiplier)
+    if not (math.isfinite(z) and z >= 0):
+        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}")
+    return math.inf if z == 0 else 1.0 / (2.0 * z * z)
+
+
+def zcdp_to_epsilon(rho: float, delta: float) -> float:
+    """``ε = ρ + 2 sqrt(ρ ln(1/δ))``: ``ρ``-zCDP implies ``(ε, δ)``-DP.
+
+    Raises
+    ------
+    ValueError
+        If ``rho`` < 0 or ``delta`` is not in ``(0, 1)``.
+    """
+    if not rho >= 0:
+        raise ValueError(f"rho must be >= 0, got {rho!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if math.isinf(rho):
+        return math.inf
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """``ε`` after ``rounds`` rounds at a fixed noise multiplier (``δ`` given).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z`` of the server whose noise protects against the other.
+    rounds : int
+        ``T``: rounds released so far (every round counts).
+    delta : float
+        ``δ`` in ``(0, 1)``.
+
+    Returns
+    -------
+    float
+        ``ε`` with ``ρ_T = T / (2 z²)`` (0 for no round).
+
+    Raises
+    ------
+    ValueError
+        If ``rounds`` < 0 or another argument is out of range.
+    """
+    if rounds < 0:
+        raise ValueError(f"rounds must be >= 0, got {rounds}")
+    if rounds == 0:
+        return 0.0
+    return zcdp_to_epsilon(rounds * zcdp_rho(noise_multiplier), delta)
+
+
+@dataclass
+class ZCDPAccountant:
+    """Running zCDP account of the rounds one server's noise protected.
+
+    Attributes
+    ----------
+    rho : float
+        ``ρ_T``: the sum of every released round's ``1/(2 z²)``.
+    rounds : int
+        Released rounds.
+    """
+
+    rho: float = 0.0
+    rounds: int = 0
+
+    def add(self, noise_multiplier: float) -> None:
+        """Account one released round with noise multiplier ``z``."""
+        self.rho += zcdp_rho(noise_multiplier)
+        self.rounds += 1
+
+    def epsilon(self, delta: float) -> float:
+        """Return ``ε`` of the rounds so far for this ``δ`` (0 before any round)."""
+        return 0.0 if self.rounds == 0 else zcdp_to_epsilon(self.rho, delta)
+
+    def describe(self, delta: float) -> str:
+        """One log line: rounds, ``ρ`` and ``(ε, δ)``."""
+        return (
+            f"{self.rounds} round(s), rho={self.rho:.4g}: "
+            f"(epsilon, delta) = ({self.epsilon(delta):.4g}, {delta:.3g})"
+        )
+
+
+def _exponential(stream: PRGStream, n: int) -> NDArray[np.float64]:
+    """``n`` Exp(1) samples, ``-ln(u)`` with ``u`` refined 64 bits at a time below ``2^-64``."""
+    words = stream.words(n)
+    out = -np.log((words.astype(np.float64) + 0.5) * 2.0**-64)
+    zero = np.flatnonzero(words == 0)  # u < 2^-64 (probability 2^-64 each): go deeper
+    for i in zero:
+        extra = 0.0
+        w = 0
+        while w == 0:
+            extra += 64 * math.log(2.0)
+            w = int(stream.words(1)[0])
+        out[i] = extra - math.log((w + 0.5) * 2.0**-64)
+    return out
+
+
+def gaussian(n: int, stream: PRGStream | None = None) -> NDArray[np.float64]:
+    """``n`` standard normal samples from a CSPRNG (Box–Muller on AES-CTR output).
+
+    Parameters
+    ----------
+    n : int
+        How many samples.
+    stream : PRGStream, optional
+        The randomness (tests pass a keyed one); a fresh ``os.urandom``-keyed stream by
+        default.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n,)`` float64.
+    """
+    stream = stream if stream is not None else PRGStream.fresh()
+    pairs = (n + 1) // 2
+    radius = np.sqrt(2.0 * _exponential(stream, pairs))
+    angle = (stream.words(pairs) >> np.uint64(11)).astype(np.float64) * (2.0 * math.pi * 2.0**-53)
+    out = np.empty(2 * pairs)
+    out[0::2] = radius * np.cos(angle)
+    out[1::2] = radius * np.sin(angle)
+    return out[:n]
+
+
+def check_headroom(fixed_point: FixedPoint, sigma: float, parties: int = 2) -> None:
+    """Check that the aggregate plus ``parties`` noise words of std ``sigma`` cannot wrap.
+
+    Raises
+    ------
+    FixedPointOverflowError
+        If ``max_summands · max_abs + parties · 64σ`` (scaled) exceeds the ring's range.
+    """
+    scale = fixed_point.scale
+    data = fixed_point.max_summands * math.ceil(fixed_point.max_abs * scale)
+    noise = parties * math.ceil(NOISE_CLIP_STDS * sigma * scale)
+    if data + noise > fixed_point.ring.max_signed:
+        raise FixedPointOverflowError(
+            f"DP noise of std {sigma:.4g} at {fixed_point.frac_bits} fractional bits does not "
+            "fit the ring beside the aggregate: lower frac_bits, max_abs or the noise"
+        )
+
+
+def noise_words(
+    shape: tuple[int, ...],
+    sigma: float,
+    fixed_point: FixedPoint,
+    stream: PRGStream | None = None,
+) -> NDArray[np.uint64]:
+    """Gaussian noise ``N(0, σ²)`` per word, on the fixed-point grid, as ring words.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        The share's shape, ``(m, τ)``.
+    sigma : float
+        Noise std in real units (>= 0; 0 gives zeros).
+    fixed_point : FixedPoint
+        The round's codec (scale and ring).
+    stream : PRGStream, optional
+        Randomness (a fresh CSPRNG stream by default).
+
+    Returns
+    -------
+    numpy.ndarray
+        uint64 words ``rint(σ g 2^f)`` (``|g| <= 64``) in the ring's signed encoding; add them
+        to a share.
+
+    Raises
+    ------
+    ValueError
+        If ``sigma`` is negative or not finite.
+    FixedPointOverflowError
+        If the noise does not fit beside the aggregate (:func:`check_headroom`).
+    """
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+    n = math.prod(shape)
+    if sigma == 0 or n == 0:
+        return np.zeros(shape, np.uint64)
+    check_headroom(fixed_point, sigma)
+    g = np.clip(gaussian(n, stream), -NOISE_CLIP_STDS, NOISE_CLIP_STDS)
+    scaled = np.rint(g * (sigma * fixed_point.scale)).astype(np.int64)
+    return fixed_point.ring.encode_signed(scaled).reshape(shape)
+
+
+def clip_update(
+    values: NDArray[np.float64], weights: NDArray[np.float64], dp: DistributedDP
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Clip a client's update for DP: L2 norm of all values to ``C``, each weight to ``W``.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        ``(n, w)`` values of the client's ``n`` chosen elements.
+    weights : numpy.ndarray
+        ``(n,)`` positive weights (sample count broadcast, or per-element counts).
+    dp : DistributedDP
+        ``clip_norm`` and ``max_weight``.
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray]
+        ``values · min(1, C / ||values||)`` and ``min(weights, W)``.
+    """
+    v = np.asarray(values, np.float64)
+    norm = float(np.sqrt(np.sum(v * v))) if v.size else 0.0
+    if norm > dp.clip_norm:
+        v = v * (dp.clip_norm / norm)
+        # Float rounding may leave the norm a hair above C; shrink by one ulp-scale step.
+        v = v * (1.0 - 1e-12)
+    return v, np.minimum(np.asarray(weights, np.float64), dp.max_weight)
+
+
+def suppress_small_counts(
+    sums: NDArray[np.float64],
+    counts: NDArray[np.float64],
+    sigma_total: float,
+    stds: float = COUNT_THRESHOLD_STDS,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
+    """Post-process a noisy aggregate: elements with a small noisy count count as untouched.
+
+    Without this, an element no client chose reconstructs to ``(noise, noise)`` and
+    ``sums / counts`` is noise over noise. Post-processing of a DP release costs no privacy.
+
+    Parameters
+    ----------
+    sums : numpy.ndarray
+        ``(m, w)`` noisy sums.
+    counts : numpy.ndarray
+        ``(m,)`` noisy counts.
+    sigma_total : float
+        Std of the noise on one count word (``sqrt(σ_0² + σ_1²)``).
+    stds : float
+        Threshold in units of ``sigma_total``.
+
+    Returns
+    -------
+    tuple[numpy.ndarray, numpy.ndarray, float]
+        Sums and counts with both zeroed where ``counts <= stds · sigma_total``, and that
+        threshold.
+    """
+    threshold = max(0.0, stds * sigma_total)
+    keep = counts > threshold
+    return np.where(keep[:, None], sums, 0.0), np.where(keep, counts, 0.0), threshold
