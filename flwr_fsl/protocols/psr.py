@@ -46,10 +46,14 @@ _STATE_VERSION = 1
 
 
 def query_params(params: SSAParams) -> SSAParams:
-    """Return the DPF layout of a PSR query for a round: ``tau = 1``, no count word."""
+    """Return the DPF layout of a PSR query for a round: ``tau = 1``, no count word, no DP.
+
+    Retrieval releases nothing to the servers (the answers are shares), so the round's DP
+    settings (:mod:`flwr_fsl.protocols.dp`) do not apply to the query's keys.
+    """
     from dataclasses import replace
 
-    return replace(params, value_width=1, count_weighted=False, epoch=0)
+    return replace(params, value_width=1, count_weighted=False, epoch=0, dp=None)
 
 
 def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:

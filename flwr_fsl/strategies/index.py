@@ -51,6 +51,7 @@ from flwr.supercore import log
 
 from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper import HelperConnection
+from flwr_fsl.protocols.dp import DistributedDP
 from flwr_fsl.protocols.psr import encode_table
 from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.records import (
@@ -91,6 +92,10 @@ class SecureRowFedSubAvg(FedSubAvg):
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
         :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
+    dp : DistributedDP, optional
+        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.protocols.dp`):
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
+        with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
     **kwargs
         Flower ``FedAvg`` arguments and ``sampling_seed``.
 
@@ -114,6 +119,7 @@ class SecureRowFedSubAvg(FedSubAvg):
         stash_size: int = 0,
         num_hashes: int = 3,
         min_clients: int = 2,
+        dp: DistributedDP | None = None,
         **kwargs: Any,
     ) -> None:
         if max_rows < 1:
@@ -121,7 +127,7 @@ class SecureRowFedSubAvg(FedSubAvg):
         super().__init__(**kwargs)
         self.table, self.max_rows = table, max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients)
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 

@@ -45,6 +45,7 @@ from flwr.supercore import log
 
 from flwr_fsl.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.helper import HelperConnection
+from flwr_fsl.protocols.dp import DistributedDP
 from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
@@ -66,6 +67,10 @@ class SecureFedSubAvg(FedSubAvg):
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
         :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
+    dp : DistributedDP, optional
+        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.protocols.dp`):
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
+        with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
     **kwargs
         Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
         ``sampling_seed``.
@@ -92,13 +97,14 @@ class SecureFedSubAvg(FedSubAvg):
         stash_size: int = 0,
         num_hashes: int = 3,
         min_clients: int = 2,
+        dp: DistributedDP | None = None,
         **kwargs: Any,
     ) -> None:
         if not 0.0 < topk_ratio <= 1.0:
             raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients)
+        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
 
     def summary(self) -> None:

@@ -7,10 +7,17 @@ reply into a :class:`~flwr_fsl.protocols.two_server.ClientUpload` (the engine dr
 whose reply does not parse), dropping the clients S1 rejects, and releasing S1's round when
 the round fails. :class:`~flwr_fsl.strategies.SecureFedSubAvg` (top-k coordinates) and
 :class:`~flwr_fsl.strategies.SecureRowFedSubAvg` (table rows) each hold one.
+
+With ``SSASettings.dp`` (:class:`~flwr_fsl.protocols.dp.DistributedDP`) every round's
+parameters carry the DP settings (clients clip, each server noises its share); the noisy
+aggregate is post-processed (elements with a small noisy count are left unchanged,
+:func:`~flwr_fsl.protocols.dp.suppress_small_counts`) and the run's ``(ε, δ)`` is logged after
+every round and reported as the ``dp-epsilon`` metric.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -19,8 +26,10 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.supercore import log
+from numpy.typing import NDArray
 
 from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.protocols.dp import DistributedDP, noise_std, suppress_small_counts
 from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.protocols.two_server import ClientUpload, HelperParty, LeadServer, SSARound
 from flwr_fsl.records import (
@@ -53,6 +62,10 @@ class SSASettings:
         Cuckoo stash size and number of hash functions.
     min_clients : int
         Minimum participation: a round with fewer accepted clients fails unreconstructed.
+    dp : DistributedDP or None
+        Distributed differential privacy (:mod:`flwr_fsl.protocols.dp`): clients clip to
+        ``dp.clip_norm`` / ``dp.max_weight`` and each server adds noise of multiplier
+        ``dp.noise_multiplier`` (> 0 here) to its share; None: no noise.
 
     Raises
     ------
@@ -65,12 +78,21 @@ class SSASettings:
     stash_size: int = 0
     num_hashes: int = 3
     min_clients: int = 2
+    dp: DistributedDP | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
             raise ConfigurationError(f"min_clients must be an integer, got {self.min_clients!r}")
         if self.min_clients < 1:
             raise ConfigurationError(f"min_clients must be >= 1, got {self.min_clients}")
+        if self.dp is not None:
+            if not isinstance(self.dp, DistributedDP):
+                raise ConfigurationError(f"dp must be a DistributedDP, got {self.dp!r}")
+            if self.dp.noise_multiplier <= 0:
+                raise ConfigurationError(
+                    f"dp.noise_multiplier must be > 0 (S0's noise protects the clients against "
+                    f"S1), got {self.dp.noise_multiplier}"
+                )
         try:
             self.params(round_id=1, domain_size=64, num_items=1, value_width=1, hash_key=bytes(16))
         except ValueError as err:
@@ -84,6 +106,7 @@ class SSASettings:
             stash_size=self.stash_size,
             frac_bits=self.frac_bits,
             max_abs=self.max_abs,
+            dp=self.dp,
             **fields,
         )
 
@@ -213,10 +236,42 @@ class TwoServerAggregation:
             return None, None
         counts = outcome.result.counts
         assert counts is not None  # every round of this component is count-weighted
-        new_arrays = apply_count_weighted(state.model, layout, outcome.result.sums, counts)
+        sums = outcome.result.sums
+        if params.dp is not None:
+            sums, counts = self._release(state, params, sums, counts)
+        new_arrays = apply_count_weighted(state.model, layout, sums, counts)
         metrics = train_metrics([], state, float(np.count_nonzero(counts)) / layout.size)
         metrics["udpf-clients"] = outcome.hinted
+        if params.dp is not None:
+            metrics["dp-epsilon"] = self.lead.accountant.epsilon(params.dp.delta)
+            metrics["dp-delta"] = params.dp.delta
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
+
+    def _release(
+        self,
+        state: RoundState,
+        params: SSAParams,
+        sums: NDArray[np.float64],
+        counts: NDArray[np.float64],
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Post-process a noisy aggregate and log the run's ``(ε, δ)`` (S0's noise vs S1)."""
+        dp = params.dp
+        assert dp is not None
+        sigma = noise_std(dp, params.num_items, params.value_width, params.frac_bits)
+        # Both servers add at least sigma (S1 may add more): the count noise std is >= this.
+        sums, counts, threshold = suppress_small_counts(sums, counts, math.sqrt(2) * sigma)
+        account = self.lead.accountant
+        log(
+            INFO,
+            "aggregate_train: DP round %s: noise std %.4g per word and server, %d elements "
+            "above the noisy-count threshold %.4g; against each server alone after %s",
+            state.server_round,
+            sigma,
+            int(np.count_nonzero(counts)),
+            threshold,
+            account.describe(dp.delta),
+        )
+        return sums, counts
 
     def abort(self, state: RoundState) -> None:
         """Release the round on S1 (after a failure, or when nobody is left)."""
