@@ -12,7 +12,10 @@ touches — a private set. :class:`PrivateRows` keeps it private from both serve
    as mega-elements (row width + a count word), weighted by per-row counts.
 3. **U-DPF** (Cui §5): when the row set is the same as in the client's previous round, it sends
    only a hint that moves both servers' stored keys to the new values
-   (:func:`flwr_fsl.protocols.ssa.encode_round` decides).
+   (:func:`flwr_fsl.protocols.ssa.encode_round` decides). In a round with distributed DP the
+   row deltas are clipped to the round's ``clip_norm`` (L2 over all the client's rows) and the
+   per-row counts to ``max_weight`` before encoding, for fresh keys and hints alike
+   (:func:`~flwr_fsl.protocols.ssa.payload_words`).
 
 Usage (the one line beside the mod registers the retrieval phase)::
 

@@ -11,6 +11,11 @@ arrays with DPF keys (:func:`flwr_fsl.protocols.ssa.encode_update`): the public 
 master seed in the clear, S1's master seed sealed to S1's pinned key. The reply's metrics
 (with the weight the strategy aggregates by) are kept. Messages without SSA parameters pass
 through untouched. The Flower plumbing is :class:`~flwr_fsl.mods.base.ProtocolMod`'s.
+
+In a round with distributed DP (the parameters carry a
+:class:`~flwr_fsl.protocols.dp.DistributedDP`), the encoder clips the update to the round's
+``clip_norm`` (L2 over all chosen coordinates) and the weight to ``max_weight`` before
+encoding (:func:`~flwr_fsl.protocols.ssa.payload_words`).
 """
 
 from __future__ import annotations

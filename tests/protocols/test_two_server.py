@@ -548,7 +548,8 @@ def test_known_leak_differencing_two_rounds_reveals_a_dropped_clients_rows() -> 
     # What the README states under "Several rounds", as the curious S0 would run it: fixed row
     # sets, one round with everybody and one where client i dropped out (S0 knows who took
     # part). The difference of the reconstructed counts is exactly client i's row set and
-    # weight: minimum participation does not help, and no noise is added yet.
+    # weight: minimum participation does not help. With distributed DP on, the same attack is
+    # bounded: test_differencing_two_rounds_with_dp_is_bounded_as_the_accounting_predicts.
     lead = LeadServer(twin(), min_clients=2)
     pub = lead.helper_key()
     clients = make_clients(4)
