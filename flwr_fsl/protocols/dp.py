@@ -80,8 +80,11 @@ discrete Gaussian sampler (Canonne, Kamath & Steinke 2020); not done here.
 
 **Cost.** Noise of std ``sqrt(σ_0² + σ_1²)`` on every sum and count word; counts near zero
 make ``sums / counts`` explode, so the released counts are post-processed
-(:func:`suppress_small_counts`): an element whose noisy count is below a few noise stds is
-left unchanged. Elements chosen by few clients are therefore not updated, and the others are
+(:func:`suppress_small_counts`): an element whose noisy count is below a threshold of
+``t`` noise stds is left unchanged, ``t`` chosen so that on average fewer than
+:data:`FALSE_POSITIVES` of the ``m`` untouched elements pass it per round (``t`` about 4.6 for
+``m = 40``, 6.4 for ``m = 2^20``; an untouched element that passed would move by noise over
+noise). Elements chosen by few clients are therefore not updated, and the others are
 averaged with relative noise ``~ σ / count``: DP needs many clients per element.
 """
 
@@ -89,6 +92,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -98,12 +102,13 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
 
 __all__ = [
-    "COUNT_THRESHOLD_STDS",
+    "FALSE_POSITIVES",
     "NOISE_CLIP_STDS",
     "DistributedDP",
     "ZCDPAccountant",
     "check_headroom",
     "clip_update",
+    "count_threshold_stds",
     "epsilon",
     "gaussian",
     "noise_std",
@@ -117,8 +122,8 @@ __all__ = [
 NOISE_CLIP_STDS = 64.0
 """Noise samples are clipped to ``+-64 sigma`` (probability below ``e^-2000``): no word wraps."""
 
-COUNT_THRESHOLD_STDS = 3.0
-"""An element is updated only if its noisy count exceeds this many combined noise stds."""
+FALSE_POSITIVES = 1e-4
+"""Expected number of untouched elements per round whose noisy count passes the threshold."""
 
 
 def _positive_finite(name: str, value: object) -> float:
@@ -474,11 +479,28 @@ def clip_update(
     return v, np.minimum(np.asarray(weights, np.float64), dp.max_weight)
 
 
+def count_threshold_stds(num_elements: int, false_positives: float = FALSE_POSITIVES) -> float:
+    """Return the count threshold ``t``, in noise stds, for ``num_elements`` elements.
+
+    ``num_elements`` pure-noise counts pass it ``false_positives`` times on average:
+    ``t = Φ^-1(1 - false_positives / num_elements)``, at least 3.
+
+    Raises
+    ------
+    ValueError
+        If ``false_positives`` is not in ``(0, 1)``.
+    """
+    if not 0 < false_positives < 1:
+        raise ValueError(f"false_positives must be in (0, 1), got {false_positives!r}")
+    tail = false_positives / max(1, num_elements)
+    return max(3.0, NormalDist().inv_cdf(1.0 - tail))
+
+
 def suppress_small_counts(
     sums: NDArray[np.float64],
     counts: NDArray[np.float64],
     sigma_total: float,
-    stds: float = COUNT_THRESHOLD_STDS,
+    stds: float | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
     """Post-process a noisy aggregate: elements with a small noisy count count as untouched.
 
@@ -493,8 +515,9 @@ def suppress_small_counts(
         ``(m,)`` noisy counts.
     sigma_total : float
         Std of the noise on one count word (``sqrt(σ_0² + σ_1²)``).
-    stds : float
-        Threshold in units of ``sigma_total``.
+    stds : float, optional
+        Threshold in units of ``sigma_total``; :func:`count_threshold_stds` of ``m`` by
+        default.
 
     Returns
     -------
@@ -502,6 +525,8 @@ def suppress_small_counts(
         Sums and counts with both zeroed where ``counts <= stds · sigma_total``, and that
         threshold.
     """
+    if stds is None:
+        stds = count_threshold_stds(counts.size)
     threshold = max(0.0, stds * sigma_total)
     keep = counts > threshold
     return np.where(keep[:, None], sums, 0.0), np.where(keep, counts, 0.0), threshold

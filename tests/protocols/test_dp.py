@@ -240,6 +240,13 @@ def test_small_noisy_counts_are_treated_as_untouched() -> None:
     s, c, threshold = suppress_small_counts(sums, counts, sigma_total=1.0, stds=3.0)
     assert threshold == 3.0
     assert c.tolist() == [0.0, 10.0, 0.0] and s[:, 0].tolist() == [0.0, 5.0, 0.0]
+    # Default threshold: pure noise passes it 1e-4 times per round over m elements.
+    for m in (40, 1 << 20):
+        t = dpmod.count_threshold_stds(m)
+        tail = 0.5 * math.erfc(t / math.sqrt(2))
+        assert m * tail == pytest.approx(1e-4, rel=1e-6)
+    assert dpmod.count_threshold_stds(1, 0.5) == 3.0  # never below 3 stds
+    assert suppress_small_counts(sums, counts, 1.0)[2] == dpmod.count_threshold_stds(3)
 
 
 # ---- the two servers' noise ---------------------------------------------------------------------
