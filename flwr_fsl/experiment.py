@@ -710,6 +710,20 @@ class _MeteredGrid(Grid):
         """Forward to the wrapped grid (timed)."""
         return list(self._timed(lambda: list(self._inner.pull_messages(message_ids))))
 
+    @property
+    def synchronous(self) -> bool:
+        """Whether the wrapped grid has every reply as soon as it pushed the messages."""
+        return bool(getattr(self._inner, "synchronous", False))
+
+    @property
+    def pull_interval(self) -> float:
+        """The wrapped grid's pause between pulls."""
+        return float(getattr(self._inner, "pull_interval", 0.1))
+
+    def pause(self, seconds: float) -> None:
+        """Wait between pulls for replies (timed: it is time spent waiting for the grid)."""
+        self._timed(lambda: time.sleep(seconds))
+
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:

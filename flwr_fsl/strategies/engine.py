@@ -38,7 +38,7 @@ import io
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from typing import Any, TypeVar
@@ -359,30 +359,133 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         dict[int, T]
             Node id -> parsed reply, for the accepted nodes (in reply order).
         """
-        message_type, asked = state._asked.get(phase, ("", set()))
+        asked = state._asked.get(phase, ("", set()))[1]
         accepted: dict[int, T] = {}
         seen: set[int] = set()
         for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_content():
-                traffic = state.phase(phase)
-                traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(
-                    reply.content
-                )
-            reason = _reply_problem(state, reply, message_type, asked, seen)
-            if node in asked:
-                seen.add(node)
+            node, value, reason = self._check_reply(state, phase, reply, parse, asked, seen)
             if reason is None:
-                try:
-                    accepted[node] = (
-                        parse(node, reply.content) if parse else reply.content  # type: ignore[assignment]
-                    )
-                    continue
-                except ClientInputError as err:
-                    reason = str(err) or type(err).__name__
+                accepted[node] = value  # type: ignore[assignment]
+                continue
             # Two replies from one node: neither can be told to be the genuine one.
             accepted.pop(node, None)
             self._reject(state, node, f"{phase}: {reason}", shrink)
+        self._finish_phase(state, phase, asked, seen, list(accepted), shrink)
+        return accepted
+
+    def stream(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: str,
+        messages: list[Message],
+        parse: Callable[[int, RecordDict], T] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[tuple[int, T]]:
+        """Push a phase's messages and yield each accepted, parsed reply as it arrives.
+
+        The same checks as :meth:`receive`, one reply at a time, so the caller can process
+        (and free) each reply before the next is pulled: a round's uploads never have to be in
+        memory together. When the generator is exhausted, nodes that did not reply are dropped
+        and the survivors are the nodes yielded.
+
+        It pulls every ``grid.pull_interval`` seconds (0.1 if the grid has none) until every
+        node replied or the timeout passed, waiting through ``grid.pause(seconds)`` where the
+        grid has one (so a metering grid counts the wait as grid time); a grid whose
+        ``synchronous`` attribute is true (:class:`~flwr_fsl.testing.InProcessGrid`) is
+        pulled once.
+
+        Parameters
+        ----------
+        grid : Grid
+            The Flower grid (``push_messages`` / ``pull_messages``).
+        state, phase
+            As in :meth:`prepare`, which built ``messages``.
+        messages : list[Message]
+            The phase's messages (from :meth:`prepare` or ``configure_train``).
+        parse : Callable[[int, RecordDict], T], optional
+            As in :meth:`receive`.
+        timeout : float, optional
+            Seconds to wait for all replies (default: the round's timeout).
+
+        Yields
+        ------
+        tuple[int, T]
+            Node id and parsed reply, for each accepted node.
+
+        Raises
+        ------
+        RoundFailedError
+            If a node whose reply was already yielded replies again (the first reply may
+            already be in the aggregate, so neither can be dropped any more).
+        """
+        asked = state._asked.get(phase, ("", set()))[1]
+        pending = set(grid.push_messages(messages)) if messages else set()
+        del messages
+        wait = state.timeout if timeout is None else timeout
+        deadline = None if wait is None else time.monotonic() + wait
+        interval = float(getattr(grid, "pull_interval", 0.1))
+        synchronous = bool(getattr(grid, "synchronous", False))
+        pause: Callable[[float], None] = getattr(grid, "pause", time.sleep)
+        seen: set[int] = set()
+        yielded: list[int] = []
+        while pending:
+            replies = list(grid.pull_messages(pending))
+            pending.difference_update(r.metadata.reply_to_message_id for r in replies)
+            while replies:
+                reply = replies.pop(0)
+                node, value, reason = self._check_reply(state, phase, reply, parse, asked, seen)
+                del reply
+                if reason is None:
+                    yielded.append(node)
+                    yield node, value  # type: ignore[misc]
+                    continue
+                if node in yielded:
+                    raise RoundFailedError(
+                        f"{phase}: node {node} replied again after its reply was used: {reason}"
+                    )
+                self._reject(state, node, f"{phase}: {reason}", True)
+            if pending:
+                # A synchronous grid (InProcessGrid) had every reply it will ever have at once.
+                if synchronous or (deadline is not None and time.monotonic() >= deadline):
+                    break
+                pause(interval)
+        self._finish_phase(state, phase, asked, seen, yielded, True)
+
+    def _check_reply(
+        self,
+        state: RoundState,
+        phase: str,
+        reply: Message,
+        parse: Callable[[int, RecordDict], T] | None,
+        asked: set[int],
+        seen: set[int],
+    ) -> tuple[int, T | RecordDict | None, str | None]:
+        """Count a reply's bytes and check it: ``(node, parsed value, None)`` or a reason."""
+        message_type = state._asked.get(phase, ("", set()))[0]
+        node = reply.metadata.src_node_id
+        if reply.has_content():
+            traffic = state.phase(phase)
+            traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(reply.content)
+        reason = _reply_problem(state, reply, message_type, asked, seen)
+        if node in asked:
+            seen.add(node)
+        if reason is not None:
+            return node, None, reason
+        try:
+            return node, parse(node, reply.content) if parse else reply.content, None
+        except ClientInputError as err:
+            return node, None, str(err) or type(err).__name__
+
+    def _finish_phase(
+        self,
+        state: RoundState,
+        phase: str,
+        asked: set[int],
+        seen: set[int],
+        accepted: list[int],
+        shrink: bool,
+    ) -> None:
         for node in asked - seen:
             self._reject(state, node, f"{phase}: no reply before the timeout", shrink)
         if shrink:
@@ -395,7 +498,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             len(accepted),
             len(asked),
         )
-        return accepted
 
     @staticmethod
     def _reject(state: RoundState, node: int, reason: str, shrink: bool) -> None:

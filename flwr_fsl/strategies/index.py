@@ -215,7 +215,10 @@ class SecureRowFedSubAvg(FedSubAvg):
             len(nodes),
         )
         parse = self.aggregation.parser(params, accept_hints=self.udpf)
-        uploads = self.send(grid, state, "train", contents, MessageType.TRAIN, parse)
+        messages = self.prepare(state, "train", contents, MessageType.TRAIN)
+        del contents
+        # Streamed: S0 relays and evaluates the uploads chunk by chunk as they arrive.
+        uploads = self.stream(grid, state, "train", messages, parse)
 
         # Phase 3: secure aggregation with S1.
         layout = RowLayout.of(state.model, self.table)

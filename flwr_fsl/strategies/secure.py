@@ -140,6 +140,26 @@ class SecureFedSubAvg(FedSubAvg):
             out[key] = value
         return out
 
+    def train_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run a round with the uploads streamed into SSA as they arrive.
+
+        Under :meth:`start`, S0 relays and evaluates the uploads one chunk at a time
+        (:meth:`~flwr_fsl.strategies.engine.PhasedStrategy.stream`), so it never holds a
+        round's uploads together; Flower's own loop (``configure_train`` /
+        ``aggregate_train``) hands over all replies at once instead.
+        """
+        messages = list(self.configure_train(state.server_round, arrays, config, grid))
+        if state.failure is not None:  # failed while configuring (e.g. S1 unreachable)
+            return None, None
+        params: SSAParams = state.protocol
+        parse = self.aggregation.parser(params, accept_hints=False)
+        uploads = self.stream(grid, state, "train", messages, parse)
+        return self.aggregation.apply(
+            state, params, uploads, FlatLayout.of(state.model), self.train_metrics
+        )
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:

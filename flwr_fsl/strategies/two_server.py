@@ -17,8 +17,9 @@ every round and reported as the ``dp-epsilon`` metric.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -46,6 +47,7 @@ from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import Layout
 
 TrainMetrics = Callable[[list[RecordDict], RoundState, float], MetricRecord]
+Uploads = Mapping[int, ClientUpload] | Iterable[tuple[int, ClientUpload]]
 
 __all__ = ["SSASettings", "TwoServerAggregation", "read_upload"]
 
@@ -175,20 +177,25 @@ class TwoServerAggregation:
 
         return parse
 
-    def aggregate(
-        self, state: RoundState, params: SSAParams, uploads: Mapping[int, ClientUpload]
-    ) -> SSARound | None:
+    def aggregate(self, state: RoundState, params: SSAParams, uploads: Uploads) -> SSARound | None:
         """Securely aggregate the round with S1; drop the clients S1 rejects.
 
-        Returns None when no client is left. Raises
+        ``uploads`` may be a mapping or a stream (:meth:`PhasedStrategy.stream
+        <flwr_fsl.strategies.engine.PhasedStrategy.stream>`): S0 relays and evaluates them one
+        chunk at a time as they arrive. Returns None when no client is left. Raises
         :class:`~flwr_fsl.errors.RoundFailedError` when the round fails (the engine then
         calls :meth:`abort`).
         """
-        if not uploads:
+        stream = iter(uploads.items() if isinstance(uploads, Mapping) else uploads)
+        first = next(stream, None)
+        if first is None:
             log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
             self.abort(state)
             return None
-        outcome = self.lead.aggregate(params, uploads)
+        if isinstance(uploads, Mapping):
+            outcome = self.lead.aggregate(params, uploads)  # checks participation up front
+        else:
+            outcome = self.lead.aggregate(params, itertools.chain([first], stream))
         for node, reason in outcome.rejected.items():
             state.drop(node, f"rejected by S1: {reason}")
         state.survivors = list(outcome.accepted)
@@ -201,7 +208,7 @@ class TwoServerAggregation:
         self,
         state: RoundState,
         params: SSAParams,
-        uploads: Mapping[int, ClientUpload],
+        uploads: Uploads,
         layout: Layout,
         train_metrics: TrainMetrics,
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -213,8 +220,8 @@ class TwoServerAggregation:
             The round (its ``model`` is what the deltas refer to).
         params : SSAParams
             The round's parameters.
-        uploads : Mapping[int, ClientUpload]
-            What :meth:`parser` returned per accepted node.
+        uploads : Mapping[int, ClientUpload] or iterable of (int, ClientUpload)
+            What :meth:`parser` returned per accepted node (a stream is consumed lazily).
         layout : Layout
             The element space of the round (flat coordinates or table rows).
         train_metrics : Callable

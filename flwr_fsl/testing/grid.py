@@ -60,6 +60,10 @@ class InProcessGrid(Grid):
         If ``num_nodes`` is not positive.
     """
 
+    #: Every reply exists when :meth:`push_messages` returns (a missing one never comes), so a
+    #: caller that pulls replies as they arrive need not wait for a timeout.
+    synchronous = True
+
     def __init__(
         self,
         client_app: ClientApp,

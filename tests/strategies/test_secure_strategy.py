@@ -333,3 +333,78 @@ def test_flowers_own_loop_gets_a_failed_round_not_an_exception_when_s1_is_down(
     assert list(strategy.configure_train(1, model_record(), ConfigRecord(), grid)) == []
     assert strategy.aggregate_train(1, []) == (None, None)
     assert "HelperUnavailableError" in strategy.failed_rounds[1]
+
+
+class _OneReplyPerPull(InProcessGrid):
+    """A grid whose replies arrive one per pull, like a real SuperLink's as clients finish."""
+
+    synchronous = False
+    pull_interval = 0.0
+
+    def __init__(self, *args, events: list[str], **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.events = events
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        ids = [i for i in message_ids if i in self._replies][:1]
+        self.events.append(f"pull {len(ids)}")
+        return [self._replies.pop(i) for i in ids]
+
+
+class _RecordingHelper(InProcessHelper):
+    def __init__(self, *args, events: list[str], **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.events = events
+
+    def add_clients(self, round_id, uploads):  # type: ignore[no-untyped-def]
+        uploads = list(uploads)
+        self.events.append(f"relay {len(uploads)}")
+        return super().add_clients(round_id, uploads)
+
+
+def test_uploads_are_relayed_to_s1_as_they_arrive(helper_key: SealingKeyPair) -> None:
+    # Issue 8 item 8, S0's side: under start(), S0 relays (and evaluates) each chunk of uploads
+    # before it pulls the next reply, so it never holds a round's uploads together, and the
+    # result is the plaintext one.
+    events: list[str] = []
+    run_config = {"ssa-helper-fingerprint": helper_key.fingerprint, "topk-error-feedback": False}
+    grid = _OneReplyPerPull(make_app([ssa_mod, topk_mod]), 4, run_config, events=events)
+    helper = _RecordingHelper(keypair=helper_key, events=events)
+    strategy = SecureFedSubAvg(
+        helper, topk_ratio=0.2, min_available_nodes=4, frac_bits=32, max_abs=1e3
+    )
+    strategy.aggregation.lead.relay_chunk_bytes = 1  # one upload per chunk
+    secure = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    train = events[: events.index("relay 1") + 8]
+    assert [e for e in train if e.startswith("relay")] == ["relay 1"] * 4
+    # Relays interleave with pulls: the first upload reached S1 before the last reply was pulled.
+    assert train.index("relay 1") < max(i for i, e in enumerate(train) if e == "pull 1")
+    plain = _plaintext_run(_k(0.2), rounds=1)
+    for name in ("conv.weight", "emb.weight", "fc.bias"):
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+
+
+def test_a_late_node_under_streaming_is_dropped_at_the_timeout(helper_key: SealingKeyPair) -> None:
+    # A reply that never comes on an asynchronous grid: the phase ends at the timeout, the node
+    # is dropped with that reason and the others' aggregate is exact.
+    events: list[str] = []
+    run_config = {"ssa-helper-fingerprint": helper_key.fingerprint, "topk-error-feedback": False}
+    grid = _OneReplyPerPull(make_app([ssa_mod, topk_mod]), 3, run_config, events=events)
+    gone = list(grid.get_node_ids())[2]
+    grid._drop_nodes = lambda node, msg: node == gone and msg.metadata.message_type == "train"
+    strategy = SecureFedSubAvg(
+        InProcessHelper(keypair=helper_key),
+        topk_ratio=0.2,
+        min_available_nodes=3,
+        frac_bits=32,
+        max_abs=1e3,
+        fraction_evaluate=0.0,
+    )
+    secure = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1, timeout=0.5)
+    assert "no reply before the timeout" in strategy.dropped[1][gone]
+    plain = _plaintext_run(_k(0.2), rounds=1, num_nodes=3, drop=lambda node, _: node == gone)
+    np.testing.assert_allclose(
+        secure.arrays["conv.weight"].numpy(), plain.arrays["conv.weight"].numpy(), atol=1e-6
+    )
