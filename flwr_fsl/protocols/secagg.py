@@ -1,0 +1,885 @@
+r"""Secure aggregation of Bonawitz et al. (CCS 2017), semi-honest, for one server and n clients.
+
+Flower-free: :class:`SecAggClient` and :class:`SecAggServer` exchange bytes (and one vector of
+ring words per client); :mod:`flwr_fsl.strategies.secagg` and :mod:`flwr_fsl.mods.secagg`
+carry them in Flower messages. The clients never talk to each other: everything is relayed by
+the server, and what one client sends another is sealed to the recipient
+(:func:`flwr_fsl.crypto.channel.seal`, HPKE with X25519 / AES-256-GCM from ``cryptography``).
+
+**Rounds** (Bonawitz et al. Fig. 4, without the consistency check of the malicious model):
+
+0. *AdvertiseKeys* — client ``u`` draws two X25519 key pairs: ``c_u`` (what others seal its
+   shares to) and ``s_u`` (mask agreement), and sends both public keys. ``U1`` = senders.
+1. *ShareKeys* — the server sends every ``u in U1`` the roster ``U1`` with its keys. ``u`` draws
+   a 16-byte self-mask seed ``b_u`` and splits ``s_u``'s 32-byte private key and ``b_u`` into
+   Shamir shares with reconstruction threshold ``t`` over ``F_p`` (``p = 2^32 - 5``, secrets in
+   3-byte limbs, party ``v`` at the point ``1 + position of v in U1``); the share for ``v`` is
+   sealed to ``c_v`` with associated data naming purpose, session, round, the parameter
+   digest, sender and recipient, so the server can neither read nor redirect it.
+   ``U2`` = senders.
+2. *MaskedInput* — the server sends ``U2``; ``u`` sends ``y_u = x_u + PRG(b_u) +
+   sum_{v in U2, v != u} sign(u, v) PRG(s_uv)`` in ``Z_2^64``, where ``s_uv`` is
+   HKDF-SHA256 of ``X25519(s_u, s_v)`` bound to session, round and digest, ``PRG`` is
+   AES-128-CTR (:func:`flwr_fsl.crypto.prg.ctr_stream`) and ``sign(u, v) = +1`` if ``u < v``
+   else ``-1`` (so pair masks cancel in the sum). ``U3`` = senders.
+3. *Unmask* — the server sends every ``u in U3`` the set ``U3`` and the sealed shares addressed
+   to ``u``; ``u`` checks ``U3 ⊆ U2``, ``u in U3``, ``|U3| >= t``, opens the shares and returns,
+   for each ``v in U3``, its share of ``b_v`` and, for each ``v in U2 \ U3`` (dropped after
+   sharing), its share of ``s_v``'s private key — never both for one ``v``. With ``t`` shares
+   of each, the server removes ``PRG(b_u)`` for the survivors and the pair masks the survivors
+   still hold with the dropped clients: ``sum_{u in U3} y_u - ... = sum_{u in U3} x_u``.
+
+**Threat model and leakage.** Honest-but-curious server and clients; the server may collude
+with fewer than ``t`` clients. The server learns ``sum_{u in U3} x_u``, the sets ``U1..U4``
+(who took part and who dropped when) and message sizes; a client learns the roster's public
+keys and ``U2``, ``U3``. Each ``y_u`` alone is uniform in ``Z_2^64`` given the server's view
+while some other client of ``U3`` is honest (its pair mask with ``u`` is unknown to the
+server; ``tests/protocols/test_secagg.py`` checks the view's uniformity and its independence of
+``x_u``). Not covered (as in Bonawitz's semi-honest variant): a server that *deviates* can tell
+one group of clients that ``v`` dropped and another that it survived and so collect both
+``b_v`` and ``s_v`` shares (a client refuses only an inconsistent request of its own); the
+signatures and consistency-check round of the malicious-model protocol are not implemented.
+A wrong Shamir share from a deviating client is detected (shares beyond ``t`` must lie on the
+polynomial) and fails the round; it cannot be attributed to a client.
+
+**Wire formats** (all little-endian, version 1, each decoder checks every length first):
+``SecAggParams`` (:meth:`SecAggParams.to_bytes`), the advertisement (two 32-byte keys), the
+roster, the share bundle, the unmask request and reply — see each ``*_to_bytes`` function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.channel import (
+    KEY_BYTES,
+    OVERHEAD,
+    SESSION_BYTES,
+    SealedBoxError,
+    SealingKeyPair,
+    associated_data,
+    client_party,
+    open_sealed,
+    seal,
+)
+from flwr_fsl.crypto.prg import PRGStream, ctr_stream
+from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+
+__all__ = [
+    "MAX_CLIENTS",
+    "MAX_VECTOR_LENGTH",
+    "SecAggClient",
+    "SecAggError",
+    "SecAggParams",
+    "SecAggServer",
+    "TooFewSurvivorsError",
+    "UnmaskRequest",
+    "decode_ids",
+    "encode_ids",
+]
+
+_U64 = np.uint64
+VERSION = 1
+MAX_CLIENTS = 10_000
+"""Most clients one round may have (bounds every roster and bundle the decoders accept)."""
+MAX_VECTOR_LENGTH = 1 << 30
+"""Most ring words one client's vector may have."""
+FIELD = PrimeField()
+"""Shamir's field, ``p = 2^32 - 5``."""
+_LIMB = 3  # bytes of a secret per field element (2^24 < p)
+_SK_LIMBS = -(-KEY_BYTES // _LIMB)  # 11
+_SEED_BYTES = 16
+_SEED_LIMBS = -(-_SEED_BYTES // _LIMB)  # 6
+_LIMBS = _SK_LIMBS + _SEED_LIMBS
+SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
+"""Sealed share plaintext: sender and recipient ids (u64 each), then the field elements."""
+SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
+_PURPOSE_SHARE = "secagg-share"
+_MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
+_KIND_SEED, _KIND_KEY = 0, 1
+
+
+class SecAggError(ClientInputError):
+    """A SecAgg message from one party is malformed or inconsistent: drop that party."""
+
+
+class TooFewSurvivorsError(RoundFailedError):
+    """Fewer than ``t`` clients are left: nothing can (or may) be reconstructed."""
+
+
+# ---------------------------------------------------------------------------------- params
+
+
+@dataclass(frozen=True)
+class SecAggParams:
+    """Public parameters of one SecAgg round, as both sides see them.
+
+    Parameters
+    ----------
+    round_id : int
+        The server round (bound into every sealed share and pair mask).
+    session : bytes
+        16 random bytes the server drew for the run (rounds of other runs never mix).
+    threshold : int
+        ``t``: shares needed to reconstruct a secret, and the fewest clients that may be left
+        at every step; ``t >= 2``.
+    vector_length : int
+        Ring words in each client's vector, ``1..MAX_VECTOR_LENGTH``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a field is out of range.
+    """
+
+    round_id: int
+    session: bytes
+    threshold: int
+    vector_length: int
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("round_id", self.round_id, 0, (1 << 64) - 1),
+            ("threshold", self.threshold, 2, MAX_CLIENTS),
+            ("vector_length", self.vector_length, 1, MAX_VECTOR_LENGTH),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigurationError(f"SecAgg {name} must be an int in [{low}, {high}]")
+        if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
+            raise ConfigurationError(f"SecAgg session must be {SESSION_BYTES} bytes")
+
+    _FORMAT = struct.Struct("<4sBQ16sIQ")
+
+    def to_bytes(self) -> bytes:
+        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
+        return self._FORMAT.pack(
+            b"FSAG", VERSION, self.round_id, self.session, self.threshold, self.vector_length
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SecAggParams:
+        """Strict decoder of :meth:`to_bytes`.
+
+        Raises
+        ------
+        SecAggError
+            If the bytes are not exactly one version-1 parameter record or a field is invalid.
+        """
+        if not isinstance(data, bytes) or len(data) != cls._FORMAT.size:
+            raise SecAggError(f"SecAgg parameters must be {cls._FORMAT.size} bytes")
+        magic, version, round_id, session, threshold, length = cls._FORMAT.unpack(data)
+        if magic != b"FSAG" or version != VERSION:
+            raise SecAggError("not SecAgg parameters of version 1")
+        try:
+            return cls(round_id, session, threshold, length)
+        except ConfigurationError as err:
+            raise SecAggError(str(err)) from err
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of :meth:`to_bytes` (bound into sealed shares and pair masks)."""
+        return hashlib.sha256(self.to_bytes()).digest()
+
+
+# ---------------------------------------------------------------------------------- codecs
+
+
+def _check_id(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SecAggError("a client id must be an int")
+    if not 0 <= int(value) < 1 << 64:
+        raise SecAggError("a client id must be in [0, 2**64)")
+    return int(value)
+
+
+def encode_ids(ids: Iterable[int]) -> bytes:
+    """Encode a set of client ids: count (u32), then the sorted ids (u64 each)."""
+    values = sorted({_check_id(i) for i in ids})
+    return struct.pack("<I", len(values)) + np.asarray(values, dtype="<u8").tobytes()
+
+
+def _read_count(data: bytes, offset: int, entry: int, what: str) -> tuple[int, int]:
+    if len(data) < offset + 4:
+        raise SecAggError(f"{what} truncated")
+    (count,) = struct.unpack_from("<I", data, offset)
+    if count > MAX_CLIENTS:
+        raise SecAggError(f"{what} lists {count} entries, more than {MAX_CLIENTS}")
+    if len(data) < offset + 4 + count * entry:
+        raise SecAggError(f"{what} truncated")
+    return count, offset + 4
+
+
+def decode_ids(data: bytes, offset: int = 0, *, exact: bool = True) -> tuple[list[int], int]:
+    """Strict decoder of :func:`encode_ids`; returns the ids and the offset after them.
+
+    Raises
+    ------
+    SecAggError
+        If the bytes are truncated, too long (``exact``), list too many ids, or the ids are not
+        strictly increasing.
+    """
+    if not isinstance(data, bytes):
+        raise SecAggError("client ids must be bytes")
+    count, offset = _read_count(data, offset, 8, "client id list")
+    ids = np.frombuffer(data, dtype="<u8", count=count, offset=offset).astype(_U64)
+    end = offset + 8 * count
+    if exact and end != len(data):
+        raise SecAggError("client id list has trailing bytes")
+    if count > 1 and not np.all(ids[1:] > ids[:-1]):
+        raise SecAggError("client ids must be strictly increasing")
+    return [int(i) for i in ids], end
+
+
+def _roster_to_bytes(roster: Mapping[int, tuple[bytes, bytes]]) -> bytes:
+    parts = [struct.pack("<I", len(roster))]
+    for node in sorted(roster):
+        c_pk, s_pk = roster[node]
+        parts.append(struct.pack("<Q", node) + c_pk + s_pk)
+    return b"".join(parts)
+
+
+def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
+    if not isinstance(data, bytes):
+        raise SecAggError("the roster must be bytes")
+    entry = 8 + 2 * KEY_BYTES
+    count, offset = _read_count(data, 0, entry, "roster")
+    if offset + count * entry != len(data):
+        raise SecAggError("roster has trailing bytes")
+    roster: dict[int, tuple[bytes, bytes]] = {}
+    previous = -1
+    for k in range(count):
+        at = offset + k * entry
+        (node,) = struct.unpack_from("<Q", data, at)
+        if node <= previous:
+            raise SecAggError("roster ids must be strictly increasing")
+        previous = node
+        roster[node] = (
+            data[at + 8 : at + 8 + KEY_BYTES],
+            data[at + 8 + KEY_BYTES : at + entry],
+        )
+    return roster
+
+
+def _entries_to_bytes(entries: Mapping[int, bytes], size: int) -> bytes:
+    parts = [struct.pack("<I", len(entries))]
+    for node in sorted(entries):
+        if len(entries[node]) != size:
+            raise SecAggError(f"an entry must be {size} bytes")
+        parts.append(struct.pack("<Q", node) + entries[node])
+    return b"".join(parts)
+
+
+def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
+    if not isinstance(data, bytes):
+        raise SecAggError(f"{what} must be bytes")
+    count, offset = _read_count(data, 0, 8 + size, what)
+    if offset + count * (8 + size) != len(data):
+        raise SecAggError(f"{what} has trailing bytes")
+    out: dict[int, bytes] = {}
+    previous = -1
+    for k in range(count):
+        at = offset + k * (8 + size)
+        (node,) = struct.unpack_from("<Q", data, at)
+        if node <= previous:
+            raise SecAggError(f"{what} ids must be strictly increasing")
+        previous = node
+        out[node] = data[at + 8 : at + 8 + size]
+    return out
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """What the server sends a survivor in the Unmask round.
+
+    Parameters
+    ----------
+    survivors : tuple of int
+        ``U3``, the clients whose masked input the server holds.
+    sealed_shares : dict[int, bytes]
+        Sender ``v in U2`` -> the sealed share ``v`` addressed to this client.
+    """
+
+    survivors: tuple[int, ...]
+    sealed_shares: dict[int, bytes] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        """``U3`` (:func:`encode_ids`), then the shares (count, then sender u64 + blob each)."""
+        return encode_ids(self.survivors) + _entries_to_bytes(
+            self.sealed_shares, SEALED_SHARE_BYTES
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnmaskRequest:
+        """Strict decoder of :meth:`to_bytes` (raises :class:`SecAggError`)."""
+        survivors, offset = decode_ids(data, exact=False)
+        shares = _entries_from_bytes(data[offset:], SEALED_SHARE_BYTES, "sealed shares")
+        return cls(tuple(survivors), shares)
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
+    padded = secret + bytes(count * _LIMB - len(secret))
+    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
+    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
+
+
+def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
+    if np.any(values >= 1 << (8 * _LIMB)):
+        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
+    v = values.astype(_U64)
+    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
+    return raw.astype(np.uint8).tobytes()[:length]
+
+
+def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
+    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
+    return Shamir.for_parties(FIELD, params.threshold - 1, roster_size)
+
+
+def _public(raw: bytes) -> X25519PublicKey:
+    try:
+        return X25519PublicKey.from_public_bytes(raw)
+    except ValueError as err:
+        raise SecAggError("not an X25519 public key") from err
+
+
+def pair_mask(
+    params: SecAggParams, private: X25519PrivateKey, peer_public: bytes, low: int, high: int
+) -> NDArray[np.uint64]:
+    """``PRG(s_uv)`` for the pair ``{low, high}`` (both ends, and the server, agree on it).
+
+    Raises
+    ------
+    SecAggError
+        If the peer key is not a usable X25519 public key (a low-order point).
+    """
+    try:
+        secret = private.exchange(_public(peer_public))
+    except ValueError as err:
+        raise SecAggError("a mask key agreement failed (low-order public key)") from err
+    key = HKDF(
+        algorithm=hashes.SHA256(),
+        length=16,
+        salt=params.digest,
+        info=_MASK_INFO + struct.pack("<QQ", low, high) + params.session,
+    ).derive(secret)
+    return ctr_stream(key, bytes(16), params.vector_length)
+
+
+def self_mask(params: SecAggParams, seed: bytes) -> NDArray[np.uint64]:
+    """``PRG(b_u)``: the self mask of a client whose seed is ``b_u``."""
+    return ctr_stream(seed, bytes(16), params.vector_length)
+
+
+def _share_ad(params: SecAggParams, sender: int, recipient: int) -> bytes:
+    return associated_data(
+        purpose=_PURPOSE_SHARE,
+        session=params.session,
+        round=params.round_id,
+        params_digest=params.digest,
+        sender=client_party(sender),
+        recipient=client_party(recipient),
+    )
+
+
+# ---------------------------------------------------------------------------------- client
+
+
+@dataclass
+class SecAggClient:
+    """One client's side of a round; its state survives between messages (:meth:`to_bytes`).
+
+    Parameters
+    ----------
+    node : int
+        This client's id (the Flower node id).
+    params : SecAggParams
+        The round.
+    """
+
+    node: int
+    params: SecAggParams
+    c_key: SealingKeyPair = field(default_factory=SealingKeyPair.generate, repr=False)
+    s_key: SealingKeyPair = field(default_factory=SealingKeyPair.generate, repr=False)
+    seed: bytes = field(default_factory=lambda: os.urandom(_SEED_BYTES), repr=False)
+    roster: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    sharers: tuple[int, ...] = ()
+    own_share: NDArray[np.uint64] | None = field(default=None, repr=False)
+    unmasked: bool = False
+
+    def advertise(self) -> bytes:
+        """Round 0: ``c_pk || s_pk`` (64 bytes)."""
+        return self.c_key.public_bytes + self.s_key.public_bytes
+
+    def share_keys(self, roster: bytes) -> bytes:
+        """Round 1: check the roster and return the sealed shares for everyone else in it.
+
+        Parameters
+        ----------
+        roster : bytes
+            ``U1`` with its public keys (:meth:`SecAggServer.roster`).
+
+        Returns
+        -------
+        bytes
+            Recipient -> sealed share, in the entries format.
+
+        Raises
+        ------
+        SecAggError
+            If the roster is malformed, lacks this client or its exact keys, repeats a key,
+            or has fewer than ``t`` clients.
+        """
+        if self.roster:
+            raise SecAggError("the shares were already made for this round")
+        entries = _roster_from_bytes(roster)
+        if entries.get(self.node) != (self.c_key.public_bytes, self.s_key.public_bytes):
+            raise SecAggError("the roster does not hold this client's own public keys")
+        keys = [k for pair in entries.values() for k in pair]
+        if len(set(keys)) != len(keys):
+            raise SecAggError("the roster repeats a public key")
+        if len(entries) < self.params.threshold:
+            raise SecAggError(
+                f"the roster has fewer clients than the threshold t = {self.params.threshold}"
+            )
+        order = sorted(entries)
+        scheme = _shamir(self.params, len(order))
+        secrets = np.concatenate(
+            [
+                _limbs(self.s_key.private_bytes(), _SK_LIMBS),
+                _limbs(self.seed, _SEED_LIMBS),
+            ]
+        )
+        shares = scheme.share(secrets, PRGStream.fresh())
+        sealed: dict[int, bytes] = {}
+        for position, peer in enumerate(order):
+            if peer == self.node:
+                continue
+            plaintext = (
+                struct.pack("<QQ", self.node, peer) + shares[position].astype("<u4").tobytes()
+            )
+            sealed[peer] = seal(
+                entries[peer][0],
+                plaintext,
+                associated_data=_share_ad(self.params, self.node, peer),
+            )
+        self.roster = entries
+        # The share a client keeps for itself is also needed in Unmask.
+        self.own_share = shares[order.index(self.node)].copy()
+        return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
+
+    def masked_input(
+        self, sharers: Sequence[int], vector: NDArray[np.uint64]
+    ) -> NDArray[np.uint64]:
+        """Round 2: ``y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv)`` over ``v in U2``.
+
+        Parameters
+        ----------
+        sharers : sequence of int
+            ``U2``, the clients whose shares the server relays (a subset of the roster).
+        vector : numpy.ndarray
+            ``x_u``, ``vector_length`` uint64 ring words.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``y_u``.
+
+        Raises
+        ------
+        SecAggError
+            If ``U2`` is not a subset of the roster holding this client, is smaller than ``t``,
+            or the vector has the wrong shape or type.
+        """
+        u2 = sorted({_check_id(v) for v in sharers})
+        if not self.roster or self.own_share is None:
+            raise SecAggError("masked input asked before the shares were made")
+        if self.sharers:
+            # A second y_u under another U2 would differ from the first by pair masks.
+            raise SecAggError("masked input was already sent for this round")
+        if self.node not in u2 or not set(u2) <= set(self.roster):
+            raise SecAggError("U2 must hold this client and lie in the roster")
+        if len(u2) < self.params.threshold:
+            raise SecAggError(f"U2 is smaller than the threshold t = {self.params.threshold}")
+        x = np.asarray(vector)
+        if x.dtype != _U64 or x.shape != (self.params.vector_length,):
+            raise SecAggError(f"the vector must be {self.params.vector_length} uint64 words")
+        y = x + self_mask(self.params, self.seed)
+        private = self.s_key.private_key
+        for v in u2:
+            if v == self.node:
+                continue
+            low, high = min(self.node, v), max(self.node, v)
+            mask = pair_mask(self.params, private, self.roster[v][1], low, high)
+            if self.node < v:
+                y += mask
+            else:
+                y -= mask
+        self.sharers = tuple(u2)
+        return y
+
+    def unmask(self, request: bytes) -> bytes:
+        """Round 3: this client's shares of ``b_v`` (``v in U3``) and of ``s_v`` (dropped).
+
+        Parameters
+        ----------
+        request : bytes
+            :class:`UnmaskRequest` bytes.
+
+        Returns
+        -------
+        bytes
+            Entries ``v -> kind (u8: 0 seed, 1 key) || share (u32 limbs)``.
+
+        Raises
+        ------
+        SecAggError
+            If the request is malformed, ``U3`` is not a subset of ``U2`` holding this client
+            or is smaller than ``t``.
+        """
+        req = UnmaskRequest.from_bytes(request)
+        u3 = set(req.survivors)
+        if not self.sharers or self.own_share is None:
+            raise SecAggError("unmask asked before the masked input was sent")
+        if self.unmasked:
+            # A second request with another U3 could collect both secrets of one client.
+            raise SecAggError("unmask was already answered for this round")
+        if self.node not in u3 or not u3 <= set(self.sharers):
+            raise SecAggError("U3 must hold this client and lie in U2")
+        if len(u3) < self.params.threshold:
+            raise SecAggError(f"U3 is smaller than the threshold t = {self.params.threshold}")
+        if not set(req.sealed_shares) <= set(self.sharers) - {self.node}:
+            raise SecAggError("a relayed share comes from a client outside U2")
+        self.unmasked = True
+        shares: dict[int, NDArray[np.uint64]] = {self.node: self.own_share}
+        for sender, blob in req.sealed_shares.items():
+            try:
+                plain = open_sealed(
+                    self.c_key, blob, associated_data=_share_ad(self.params, sender, self.node)
+                )
+            except SealedBoxError:
+                continue  # the sender (or the relay) is at fault: contribute no share of it
+            if len(plain) != SHARE_PLAINTEXT_BYTES or struct.unpack_from("<QQ", plain) != (
+                sender,
+                self.node,
+            ):
+                continue
+            shares[sender] = np.frombuffer(plain, dtype="<u4", offset=16).astype(_U64)
+        out: dict[int, bytes] = {}
+        for v in self.sharers:
+            if v not in shares:
+                continue
+            # Never both secrets of one client: b_v if v survived, s_v's key if it dropped.
+            if v in u3:
+                out[v] = bytes([_KIND_SEED]) + shares[v][_SK_LIMBS:].astype("<u4").tobytes()
+            else:
+                out[v] = bytes([_KIND_KEY]) + shares[v][:_SK_LIMBS].astype("<u4").tobytes()
+        return _unmask_reply_to_bytes(out)
+
+    # -- state between messages ---------------------------------------------------------
+    _STATE = struct.Struct("<4sBQ32s32s16sB")
+
+    def to_bytes(self) -> bytes:
+        """Return this client's secret state (keys, seed, roster, ``U2``, own share) as bytes.
+
+        It never leaves the client (``Context.state``); the format is
+        ``b"FSAC"``, version, node, both private keys, seed, params, roster, ``U2``, own share.
+        """
+        params = self.params.to_bytes()
+        own = b"" if self.own_share is None else self.own_share.astype("<u4").tobytes()
+        return b"".join(
+            [
+                self._STATE.pack(
+                    b"FSAC",
+                    VERSION,
+                    self.node,
+                    self.c_key.private_bytes(),
+                    self.s_key.private_bytes(),
+                    self.seed,
+                    int(self.unmasked),
+                ),
+                params,
+                struct.pack("<I", len(own)) + own,
+                struct.pack("<I", len(_roster_to_bytes(self.roster))),
+                _roster_to_bytes(self.roster),
+                encode_ids(self.sharers),
+            ]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SecAggClient:
+        """Strict decoder of :meth:`to_bytes` (raises :class:`SecAggError`)."""
+        if not isinstance(data, bytes) or len(data) < cls._STATE.size:
+            raise SecAggError("SecAgg client state truncated")
+        magic, version, node, c_sk, s_sk, seed, unmasked = cls._STATE.unpack_from(data)
+        if magic != b"FSAC" or version != VERSION or unmasked > 1:
+            raise SecAggError("not a SecAgg client state of version 1")
+        at = cls._STATE.size
+        size = SecAggParams._FORMAT.size
+        params = SecAggParams.from_bytes(data[at : at + size])
+        at += size
+        if len(data) < at + 4:
+            raise SecAggError("SecAgg client state truncated")
+        (own_len,) = struct.unpack_from("<I", data, at)
+        if own_len not in (0, 4 * _LIMBS) or len(data) < at + 4 + own_len + 4:
+            raise SecAggError("SecAgg client state has a bad own share")
+        own = np.frombuffer(data, dtype="<u4", count=own_len // 4, offset=at + 4).astype(_U64)
+        at += 4 + own_len
+        (roster_len,) = struct.unpack_from("<I", data, at)
+        at += 4
+        if len(data) < at + roster_len:
+            raise SecAggError("SecAgg client state truncated")
+        roster = _roster_from_bytes(data[at : at + roster_len]) if roster_len else {}
+        sharers, _ = decode_ids(data, at + roster_len)
+        try:
+            c_key = SealingKeyPair.from_private_bytes(c_sk)
+            s_key = SealingKeyPair.from_private_bytes(s_sk)
+        except ValueError as err:
+            raise SecAggError("SecAgg client state holds a bad key") from err
+        return cls(
+            node,
+            params,
+            c_key,
+            s_key,
+            seed,
+            roster,
+            tuple(sharers),
+            own if own_len else None,
+            bool(unmasked),
+        )
+
+
+_UNMASK_ENTRY = 1 + 4 * max(_SK_LIMBS, _SEED_LIMBS)
+
+
+def _unmask_reply_to_bytes(entries: Mapping[int, bytes]) -> bytes:
+    return _entries_to_bytes(
+        {v: e + bytes(_UNMASK_ENTRY - len(e)) for v, e in entries.items()}, _UNMASK_ENTRY
+    )
+
+
+def _unmask_reply_from_bytes(data: bytes) -> dict[int, tuple[int, NDArray[np.uint64]]]:
+    out: dict[int, tuple[int, NDArray[np.uint64]]] = {}
+    for v, entry in _entries_from_bytes(data, _UNMASK_ENTRY, "unmask reply").items():
+        kind = entry[0]
+        limbs = {_KIND_SEED: _SEED_LIMBS, _KIND_KEY: _SK_LIMBS}.get(kind)
+        if limbs is None:
+            raise SecAggError("unmask reply has an unknown share kind")
+        if any(entry[1 + 4 * limbs :]):
+            raise SecAggError("unmask reply has non-zero padding")
+        share = np.frombuffer(entry, dtype="<u4", count=limbs, offset=1).astype(_U64)
+        if np.any(share >= FIELD.p):
+            raise SecAggError("unmask reply holds a value outside the field")
+        out[v] = (kind, share)
+    return out
+
+
+# ---------------------------------------------------------------------------------- server
+
+
+@dataclass
+class SecAggServer:
+    """The server's side of one round: collects each step, relays, reconstructs the sum.
+
+    Call in order: :meth:`add_advertisement` per client, :meth:`roster`,
+    :meth:`add_shares` per client, :meth:`sharers`, :meth:`add_masked_input` per client,
+    :meth:`unmask_request` per survivor, :meth:`add_unmask` per survivor, :meth:`result`.
+    A client whose message is malformed raises :class:`SecAggError` and is simply not added
+    (it counts as dropped at that step).
+
+    Parameters
+    ----------
+    params : SecAggParams
+        The round.
+    """
+
+    params: SecAggParams
+    _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    _roster: dict[int, tuple[bytes, bytes]] | None = None
+    _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    _sharers: tuple[int, ...] | None = None
+    _sum: NDArray[np.uint64] | None = None
+    _survivors: set[int] = field(default_factory=set)
+    _shares: dict[int, dict[int, NDArray[np.uint64]]] = field(default_factory=dict)
+
+    def add_advertisement(self, node: int, advertisement: bytes) -> None:
+        """Round 0: take a client's two public keys (raises :class:`SecAggError`)."""
+        node = _check_id(node)
+        if self._roster is not None:
+            raise SecAggError("advertisement after the roster was sent")
+        if not isinstance(advertisement, bytes) or len(advertisement) != 2 * KEY_BYTES:
+            raise SecAggError(f"an advertisement must be {2 * KEY_BYTES} bytes")
+        c_pk, s_pk = advertisement[:KEY_BYTES], advertisement[KEY_BYTES:]
+        _public(c_pk), _public(s_pk)
+        seen = {k for pair in self._keys.values() for k in pair}
+        if c_pk == s_pk or c_pk in seen or s_pk in seen or node in self._keys:
+            raise SecAggError("an advertisement repeats a public key or a client")
+        self._keys[node] = (c_pk, s_pk)
+
+    def roster(self) -> bytes:
+        """Close round 0 and return ``U1`` with its keys (the same bytes for every client).
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``t`` clients advertised.
+        """
+        if self._roster is None:
+            self._need(len(self._keys), "advertised keys")
+            self._roster = dict(sorted(self._keys.items()))
+        return _roster_to_bytes(self._roster)
+
+    def add_shares(self, node: int, bundle: bytes) -> None:
+        """Round 1: take a client's sealed shares, one for every other roster member.
+
+        Raises
+        ------
+        SecAggError
+            If the bundle is malformed or does not address exactly the other roster members.
+        """
+        if self._roster is None or self._sharers is not None:
+            raise SecAggError("shares outside the ShareKeys round")
+        node = _check_id(node)
+        if node not in self._roster or any(node in box for box in self._mailbox.values()):
+            raise SecAggError("shares from a client outside the roster, or twice")
+        sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
+        if set(sealed) != set(self._roster) - {node}:
+            raise SecAggError("a share bundle must address every other roster member once")
+        for recipient, blob in sealed.items():
+            self._mailbox.setdefault(recipient, {})[node] = blob
+
+    def sharers(self) -> tuple[int, ...]:
+        """Close round 1 and return ``U2``, the clients whose shares were all received.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``t`` clients shared.
+        """
+        if self._sharers is None:
+            if self._roster is None:
+                raise RoundFailedError("sharers asked before the roster")
+            senders = {s for box in self._mailbox.values() for s in box}
+            self._need(len(senders), "clients that shared their keys")
+            self._sharers = tuple(sorted(senders))
+        return self._sharers
+
+    def add_masked_input(self, node: int, masked: NDArray[np.uint64]) -> None:
+        """Round 2: add a client's ``y_u`` to the running sum (raises :class:`SecAggError`)."""
+        u2 = self.sharers()
+        node = _check_id(node)
+        if node not in u2 or node in self._survivors:
+            raise SecAggError("masked input from a client outside U2, or twice")
+        y = np.asarray(masked)
+        if y.dtype != _U64 or y.shape != (self.params.vector_length,):
+            raise SecAggError(f"a masked input must be {self.params.vector_length} uint64 words")
+        if self._sum is None:
+            self._sum = np.zeros(self.params.vector_length, dtype=_U64)
+        self._sum += y
+        self._survivors.add(node)
+
+    @property
+    def survivors(self) -> tuple[int, ...]:
+        """``U3``: the clients whose masked input is in the sum."""
+        return tuple(sorted(self._survivors))
+
+    def unmask_request(self, node: int) -> bytes:
+        """Round 3: ``U3`` and the sealed shares addressed to ``node`` from ``U2``.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``t`` clients sent masked input.
+        """
+        self._need(len(self._survivors), "masked inputs")
+        u2 = set(self.sharers())
+        box = {s: b for s, b in self._mailbox.get(node, {}).items() if s in u2}
+        return UnmaskRequest(self.survivors, box).to_bytes()
+
+    def add_unmask(self, node: int, reply: bytes) -> None:
+        """Round 3: take a survivor's shares (raises :class:`SecAggError`)."""
+        node = _check_id(node)
+        if node not in self._survivors or any(node in s for s in self._shares.values()):
+            raise SecAggError("unmask reply from a client outside U3, or twice")
+        entries = _unmask_reply_from_bytes(reply)
+        u2 = set(self.sharers())
+        for v, (kind, _share) in entries.items():
+            expected = _KIND_SEED if v in self._survivors else _KIND_KEY
+            if v not in u2 or kind != expected:
+                raise SecAggError("unmask reply holds a share the server did not ask for")
+        for v, entry in entries.items():
+            self._shares.setdefault(v, {})[node] = entry[1]
+
+    def result(self) -> NDArray[np.uint64]:
+        """Reconstruct the secrets and return ``sum_{u in U3} x_u`` in ``Z_2^64``.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If a secret has fewer than ``t`` shares (too many survivors dropped in Unmask).
+        RoundFailedError
+            If shares are inconsistent (a deviating client) or a recovered key is unusable.
+        """
+        self._need(len(self._survivors), "masked inputs")
+        assert self._sum is not None and self._roster is not None
+        order = sorted(self._roster)
+        scheme = _shamir(self.params, len(order))
+        total = self._sum.copy()
+        u2 = self.sharers()
+        for v in u2:
+            holders = self._shares.get(v, {})
+            if len(holders) < self.params.threshold:
+                raise TooFewSurvivorsError(
+                    f"{len(holders)} shares of a client's secret, the threshold is "
+                    f"t = {self.params.threshold}"
+                )
+            parties = sorted(holders)
+            try:
+                secret = scheme.reconstruct(
+                    [order.index(p) for p in parties], [holders[p] for p in parties]
+                )
+            except ClientInputError as err:
+                raise RoundFailedError(f"SecAgg unmask failed: {err}") from err
+            if v in self._survivors:
+                total -= self_mask(self.params, _unlimbs(secret, _SEED_BYTES))
+                continue
+            try:
+                dropped = SealingKeyPair.from_private_bytes(_unlimbs(secret, KEY_BYTES))
+            except ValueError as err:
+                raise RoundFailedError("a reconstructed mask key is not a key") from err
+            if dropped.public_bytes != self._roster[v][1]:
+                raise RoundFailedError("a reconstructed mask key does not match its public key")
+            for u in self._survivors:
+                # u holds sign(u, v) PRG(s_uv) for the dropped v: remove it.
+                low, high = min(u, v), max(u, v)
+                try:
+                    mask = pair_mask(
+                        self.params, dropped.private_key, self._roster[u][1], low, high
+                    )
+                except SecAggError as err:
+                    raise RoundFailedError(str(err)) from err
+                if u < v:
+                    total -= mask
+                else:
+                    total += mask
+        return total
+
+    def _need(self, count: int, what: str) -> None:
+        if count < self.params.threshold:
+            raise TooFewSurvivorsError(
+                f"{count} {what}, fewer than the threshold t = {self.params.threshold}"
+            )
