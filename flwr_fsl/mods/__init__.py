@@ -2,7 +2,16 @@
 
 from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot
 from flwr_fsl.mods.index import PrivateRows
+from flwr_fsl.mods.secagg import secagg_mod
 from flwr_fsl.mods.ssa import ssa_mod
 from flwr_fsl.mods.topk import topk_mod
 
-__all__ = ["PrivateRows", "ProtocolMod", "SSARound", "StateSlot", "ssa_mod", "topk_mod"]
+__all__ = [
+    "PrivateRows",
+    "ProtocolMod",
+    "SSARound",
+    "StateSlot",
+    "secagg_mod",
+    "ssa_mod",
+    "topk_mod",
+]

@@ -103,7 +103,7 @@ def run_round(
 def test_exact_sum_under_dropouts_up_to_the_threshold(fraction: float) -> None:
     # 20 clients, t = 14: up to 6 may drop; drops spread over the three later rounds.
     n, t, m = 20, 14, 1000
-    k = int(round(fraction * n))
+    k = round(fraction * n)
     nodes = [1000 + 7 * i for i in range(n)]
     lost = nodes[3 : 3 + k]
     drop = {"share": set(lost[0::3]), "mask": set(lost[1::3]), "unmask": set(lost[2::3])}
@@ -261,7 +261,7 @@ def test_roster_checks() -> None:
 def test_a_tampered_or_redirected_share_contributes_nothing_and_is_detected() -> None:
     # The relay alters one sealed share: its recipient skips it; with t + 1 honest holders
     # the secret still reconstructs and the sum is exact.
-    n, t, m = 5, 3, 16
+    t, m = 3, 16
     params = _params(t, m)
     nodes = [1, 2, 3, 4, 5]
     clients = {u: SecAggClient(u, params) for u in nodes}

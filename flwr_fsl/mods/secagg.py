@@ -1,0 +1,168 @@
+"""``secagg_mod``: the client side of :class:`~flwr_fsl.strategies.SecAggFedAvg`.
+
+Put it in front of an unchanged ``@app.train`` (``ClientApp(mods=[secagg_mod])``). It
+answers the SecAgg control phases itself (``advertise``, ``share``, ``unmask``: ``train``
+messages whose SecAgg record names the phase, so they need no registered function of their
+own and never reach your code). On the SecAgg ``train`` phase it runs your train
+function on the message (the SecAgg record sits beside its usual records), then replaces the
+reply by the masked vector of
+:class:`~flwr_fsl.protocols.secagg_vector.WeightedVector`: the weighted update, the weight
+(``num-examples``, or the strategy's ``weighted_by_key``) and the weighted train metrics the
+strategy asked for. The reply carries nothing else: no arrays, no weight, no metric in the
+clear. Train messages without a SecAgg record, evaluation and other queries pass through.
+
+The round's secrets (two X25519 private keys, the self-mask seed, this client's own share)
+live in ``Context.state`` between the messages of one round and are replaced by the next
+round's. Error texts name the check that failed, never a value, an index or a weight.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+
+from flwr_fsl.errors import ClientInputError
+from flwr_fsl.mods.base import StateSlot
+from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, decode_ids
+from flwr_fsl.protocols.secagg_vector import WeightedVector
+from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
+
+__all__ = ["layout_from_config", "secagg_mod"]
+
+log = logging.getLogger(__name__)
+_STATE = StateSlot("fsl.secagg.client-state", SecAggClient.to_bytes, SecAggClient.from_bytes)
+
+
+def layout_from_config(record: ConfigRecord, shapes: dict[str, tuple[int, ...]]) -> WeightedVector:
+    """Rebuild the round's :class:`WeightedVector` from the train message's SecAgg record.
+
+    Raises
+    ------
+    ClientInputError
+        If a field is missing or of the wrong type, or the settings are invalid.
+    """
+    try:
+        names = tuple(str(n) for n in record["names"])  # type: ignore[union-attr]
+        metrics = tuple(str(n) for n in record["metrics"])  # type: ignore[union-attr]
+        settings = {
+            k: record[k] for k in ("clip", "max-weight", "max-metric", "frac-bits", "max-clients")
+        }
+    except (KeyError, TypeError) as err:
+        raise ClientInputError("the SecAgg record lacks a layout field") from err
+    if any(n not in shapes for n in names):
+        raise ClientInputError("the SecAgg layout names an array the message does not carry")
+    try:
+        return WeightedVector(
+            names,
+            tuple(shapes[n] for n in names),
+            metrics,
+            float(settings["clip"]),  # type: ignore[arg-type]
+            float(settings["max-weight"]),  # type: ignore[arg-type]
+            float(settings["max-metric"]),  # type: ignore[arg-type]
+            int(settings["frac-bits"]),  # type: ignore[arg-type]
+            int(settings["max-clients"]),  # type: ignore[arg-type]
+        )
+    except (ValueError, TypeError) as err:
+        raise ClientInputError("the SecAgg layout settings are invalid") from err
+
+
+def _round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggParams]:
+    params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
+    client = _STATE.load(context)
+    if client is None or client.params != params or client.node != context.node_id:
+        raise ClientInputError("no SecAgg state for this round (its key advertisement was lost)")
+    return client, params
+
+
+def _reply(msg: Message, **fields: bytes) -> Message:
+    return Message(RecordDict({SECAGG_KEY: ConfigRecord(dict(fields))}), reply_to=msg)
+
+
+def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Client mod of Bonawitz SecAgg for an unchanged ``@app.train`` (module docstring).
+
+    Parameters
+    ----------
+    msg : Message
+        The incoming message.
+    context : Context
+        The node's context (its ``state`` keeps the round's secrets).
+    call_next : ClientAppCallable
+        The rest of the ClientApp.
+
+    Returns
+    -------
+    Message
+        The protocol reply, or the untouched reply of ``call_next``.
+
+    Raises
+    ------
+    ClientInputError
+        If a SecAgg message is malformed or inconsistent with this client's state (Flower
+        turns it into an error reply; the server drops the client from the round).
+    """
+    record = msg.content.config_records.get(SECAGG_KEY)
+    if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
+        return call_next(msg, context)
+    phase = record.get("phase")
+    if phase == "advertise":
+        params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
+        client = SecAggClient(int(context.node_id), params)
+        _STATE.store(context, client)
+        return _reply(msg, advertise=client.advertise())
+    if phase == "share":
+        client, _ = _round_client(msg, context)
+        bundle = client.share_keys(read_secagg_bytes(msg.content, "roster"))
+        _STATE.store(context, client)
+        return _reply(msg, shares=bundle)
+    if phase == "unmask":
+        client, _ = _round_client(msg, context)
+        answer = client.unmask(read_secagg_bytes(msg.content, "request"))
+        _STATE.store(context, client)
+        return _reply(msg, unmask=answer)
+    if phase == "train":
+        return _train(msg, context, call_next)
+    raise ClientInputError("unknown SecAgg phase")
+
+
+def _train(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    client, params = _round_client(msg, context)
+    record = msg.content.config_records[SECAGG_KEY]
+    sharers, _ = decode_ids(read_secagg_bytes(msg.content, "sharers"))
+    weight_key = record.get("weight-key")
+    if not isinstance(weight_key, str):
+        raise ClientInputError("the SecAgg record lacks the weight key")
+    arrays = [r for r in msg.content.array_records.values()]
+    if len(arrays) != 1:
+        raise ClientInputError("a SecAgg train message must carry one ArrayRecord")
+    model = {k: a.numpy() for k, a in arrays[0].items()}
+    layout = layout_from_config(record, {k: tuple(v.shape) for k, v in model.items()})
+    if layout.length != params.vector_length:
+        raise ClientInputError("the SecAgg layout does not match the round's vector length")
+    # Extra records do not disturb a train function that reads its usual keys.
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply  # this client drops out of the round; its masks are removed in Unmask
+    content = reply.content
+    trained_records = list(content.array_records.values())
+    metric_records = list(content.metric_records.values())
+    if len(trained_records) != 1 or len(metric_records) != 1:
+        raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
+    metrics = metric_records[0]
+    weight = metrics.get(weight_key)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise ClientInputError(f"the train reply lacks a numeric {weight_key!r}")
+    numbers = {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    trained = {k: a.numpy() for k, a in trained_records[0].items()}
+    vector, clipped = layout.encode(model, trained, float(weight), numbers)
+    if clipped:
+        log.warning("secagg_mod: %d update coordinates clipped to the clipping range", clipped)
+    masked = client.masked_input(sharers, vector)
+    _STATE.store(context, client)
+    return Message(masked_input_record(masked), reply_to=msg)

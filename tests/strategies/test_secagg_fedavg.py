@@ -1,0 +1,148 @@
+"""SecAggFedAvg + secagg_mod on the in-process grid: equals Flower's FedAvg on the survivors,
+dropouts at every phase, a clean failure beyond the threshold, and what the server sees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.mods import secagg_mod
+from flwr_fsl.records import SECAGG_KEY
+from flwr_fsl.strategies import SecAggFedAvg
+from flwr_fsl.testing import InProcessGrid
+from tests.flower_apps import MODEL, make_app, model_record
+
+FLOATS = [k for k, v in MODEL.items() if v.dtype == np.float32]
+
+
+def _phase(msg: Message) -> str | None:
+    record = msg.content.config_records.get(SECAGG_KEY)
+    return None if record is None else str(record["phase"])
+
+
+def _fedavg(num_nodes: int, rounds: int = 1, drop=None):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(make_app(), num_nodes, drop_nodes=drop)
+    return FedAvg(min_available_nodes=num_nodes, fraction_evaluate=0.0).start(
+        grid=grid, initial_arrays=model_record(), num_rounds=rounds
+    )
+
+
+def _secagg(num_nodes: int, rounds: int = 1, drop=None, mods=(), **kwargs):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(make_app([*mods, secagg_mod]), num_nodes, drop_nodes=drop)
+    kwargs.setdefault("train_metrics", ("train-loss",))
+    strategy = SecAggFedAvg(min_available_nodes=num_nodes, fraction_evaluate=0.0, **kwargs)
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
+    return strategy, result, grid
+
+
+def test_equals_flower_fedavg_with_the_same_train_function() -> None:
+    strategy, secure, _ = _secagg(5, rounds=2)
+    plain = _fedavg(5, rounds=2)
+    assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}}
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+    # Flower averages the int buffer as floats; SecAggFedAvg rounds it back to its dtype.
+    assert secure.arrays["bn.num_batches_tracked"].numpy() == 5
+    # Train metrics: the same weighted mean FedAvg computes, without a clear weight.
+    for rnd in (1, 2):
+        assert secure.train_metrics_clientapp[rnd]["train-loss"] == pytest.approx(
+            plain.train_metrics_clientapp[rnd]["train-loss"], abs=1e-6
+        )
+        assert secure.train_metrics_clientapp[rnd]["secagg-clients"] == 5
+
+
+@pytest.mark.parametrize(
+    "phase, lost",
+    [("share", 1), ("train", 1), ("train", 2), ("unmask", 1)],
+)
+def test_dropouts_at_each_phase_equal_fedavg_on_the_survivors(phase: str, lost: int) -> None:
+    # 6 clients, t = 0.6 * 6 -> 4: up to 2 may drop. A client lost in Unmask still counts
+    # (its masked input is in the sum); one lost in share or train is left out.
+    gone = {1000 + i for i in range(lost)}
+
+    def drop(node: int, msg: Message) -> bool:
+        return node in gone and _phase(msg) == phase
+
+    strategy, secure, _ = _secagg(6, drop=drop)
+    assert strategy.failed_rounds == {}
+    assert set(strategy.dropped[1]) == gone
+    kept_out = gone if phase != "unmask" else set()
+    plain = _fedavg(6, drop=lambda node, msg: node in kept_out)
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+
+
+def test_too_many_dropouts_fail_the_round_and_keep_the_model() -> None:
+    gone = {1000, 1001, 1002}
+    strategy, secure, _ = _secagg(6, drop=lambda node, msg: node in gone and _phase(msg) == "train")
+    assert "threshold" in strategy.failed_rounds[1]
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(secure.arrays[name].numpy(), value)
+
+
+def test_a_malformed_masked_input_drops_only_that_client() -> None:
+    def garble(content: RecordDict) -> RecordDict:
+        record = content.array_records[SECAGG_KEY]
+        from flwr.app import Array, ArrayRecord
+
+        short = record["masked"].numpy()[:-1]
+        return RecordDict({SECAGG_KEY: ArrayRecord({"masked": Array(short)})})
+
+    from tests.flower_apps import corrupt_mod
+
+    def only_masked(content: RecordDict) -> RecordDict:
+        return garble(content) if SECAGG_KEY in content.array_records else content
+
+    strategy, secure, _ = _secagg(5, mods=(corrupt_mod(2, only_masked),))
+    assert set(strategy.dropped[1]) == {1002}
+    assert "uint64 words" in strategy.dropped[1][1002]
+    plain = _fedavg(5, drop=lambda node, msg: node == 1002)
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+
+
+def test_replies_carry_no_update_weight_or_metric_in_the_clear() -> None:
+    seen: list[RecordDict] = []
+
+    def spy(msg, context, call_next):  # type: ignore[no-untyped-def]
+        reply = call_next(msg, context)
+        if reply.has_content():
+            seen.append(reply.content)
+        return reply
+
+    _secagg(3, mods=(spy,))
+    kinds = set()
+    for content in seen:
+        assert not content.metric_records
+        assert set(content.keys()) == {SECAGG_KEY}
+        kinds.add(tuple(sorted(content.keys())))
+    assert kinds == {(SECAGG_KEY,)}
+    # The masked vectors are uint64 words only; the secret weights (10, 20, 30) and losses
+    # appear nowhere as float64 or int64 bytes.
+    blob = b"".join(
+        bytes(a.data) for c in seen for r in c.array_records.values() for a in r.values()
+    )
+    for w in (10.0, 20.0, 30.0):
+        assert np.float64(w).tobytes() not in blob
+
+
+def test_settings_are_validated_before_round_one() -> None:
+    with pytest.raises(ConfigurationError, match="reconstruction_threshold"):
+        SecAggFedAvg(reconstruction_threshold=1)
+    with pytest.raises(ConfigurationError, match="reconstruction_threshold"):
+        SecAggFedAvg(reconstruction_threshold=1.5)
+    with pytest.raises(ConfigurationError, match="max_clients"):
+        SecAggFedAvg(max_weight=1e12, frac_bits=30)
+    with pytest.raises(ConfigurationError, match="train_metrics"):
+        SecAggFedAvg(train_metrics=("num-examples",))
+    with pytest.raises(NotImplementedError, match="start"):
+        SecAggFedAvg().configure_train(1, model_record(), ConfigRecord(), None)
