@@ -157,3 +157,24 @@ def test_topk_then_private_diffs_apply_and_run(
 def test_the_patcher_refuses_a_diff_that_does_not_match(app_dir: Path) -> None:
     with pytest.raises(AssertionError, match="not found"):
         apply_diff(app_dir, "# server_app.py\n-    strategy = FedProx(mu=0.1)\n+    x = 1\n")
+
+
+def test_secagg_diff_applies_to_the_unchanged_app_and_runs(
+    app_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## Drop-in: secure aggregation for plain FedAvg")
+    end = text.index("\n## ", start + 1)
+    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
+    assert len(blocks) == 2, "the README's SecAgg drop-in section changed shape"
+    plain = run_app(app_dir)
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        secure = run_app(app_dir)
+    assert "Starting SecAggFedAvg strategy" in caplog.text
+    assert caplog.text.count("SecAgg over 3 of 3 sampled clients") == 3  # every round
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    # The same training, averaged in secret: the same model up to the fixed point.
+    for name, value in torch.load(plain).items():
+        torch.testing.assert_close(torch.load(secure)[name], value, atol=1e-5, rtol=0)
