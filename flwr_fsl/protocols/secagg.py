@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
@@ -87,7 +88,9 @@ __all__ = [
     "TooFewSurvivorsError",
     "UnmaskRequest",
     "decode_ids",
+    "decode_rows",
     "encode_ids",
+    "encode_rows",
 ]
 
 _U64 = np.uint64
@@ -357,10 +360,36 @@ def _public(raw: bytes) -> X25519PublicKey:
         raise SecAggError("not an X25519 public key") from err
 
 
+def _words_at(key: bytes, positions: NDArray[np.int64] | None, length: int) -> NDArray[np.uint64]:
+    """Return AES-128-CTR stream words (zero nonce): all ``length``, or those at ``positions``.
+
+    For positions, the CTR counter blocks holding them are encrypted directly (ECB on the
+    counter blocks is exactly the CTR keystream at those blocks).
+    """
+    if positions is None:
+        return ctr_stream(key, bytes(16), length)
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size == 0:
+        return np.zeros(0, dtype=_U64)
+    blocks = np.unique(pos // 2)
+    counters = np.zeros((blocks.size, 2), dtype=">u8")  # the 128-bit big-endian counter block
+    counters[:, 1] = blocks.astype(_U64)
+    cipher = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    stream = np.frombuffer(cipher.update(counters.tobytes()), dtype=_U64).reshape(-1, 2)
+    return stream[np.searchsorted(blocks, pos // 2), pos % 2]
+
+
 def pair_mask(
-    params: SecAggParams, private: X25519PrivateKey, peer_public: bytes, low: int, high: int
+    params: SecAggParams,
+    private: X25519PrivateKey,
+    peer_public: bytes,
+    low: int,
+    high: int,
+    positions: NDArray[np.int64] | None = None,
 ) -> NDArray[np.uint64]:
     """``PRG(s_uv)`` for the pair ``{low, high}`` (both ends, and the server, agree on it).
+
+    With ``positions``, only the words at those positions of the same stream.
 
     Raises
     ------
@@ -377,12 +406,69 @@ def pair_mask(
         salt=params.digest,
         info=_MASK_INFO + struct.pack("<QQ", low, high) + params.session,
     ).derive(secret)
-    return ctr_stream(key, bytes(16), params.vector_length)
+    return _words_at(key, positions, params.vector_length)
 
 
-def self_mask(params: SecAggParams, seed: bytes) -> NDArray[np.uint64]:
-    """``PRG(b_u)``: the self mask of a client whose seed is ``b_u``."""
-    return ctr_stream(seed, bytes(16), params.vector_length)
+def self_mask(
+    params: SecAggParams, seed: bytes, positions: NDArray[np.int64] | None = None
+) -> NDArray[np.uint64]:
+    """Return ``PRG(b_u)``, the self mask of seed ``b_u`` (or its words at ``positions``)."""
+    return _words_at(seed, positions, params.vector_length)
+
+
+def _check_rows(rows: object, length: int, what: str) -> NDArray[np.int64]:
+    arr = np.asarray(rows)
+    if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+        raise SecAggError(f"{what} must be a 1-D integer array")
+    out = arr.astype(np.int64)
+    if out.size and (out[0] < 0 or out[-1] >= length or np.any(out[1:] <= out[:-1])):
+        raise SecAggError(f"{what} must be strictly increasing positions in [0, {length})")
+    return out
+
+
+def encode_rows(rows: Mapping[int, NDArray[np.int64]]) -> bytes:
+    """Encode client -> positions.
+
+    Format: count (u32), then per client its id (u64), length (u64) and sorted positions
+    (u64 each).
+    """
+    parts = [struct.pack("<I", len(rows))]
+    for node in sorted(rows):
+        r = np.asarray(rows[node], dtype="<u8")
+        parts.append(struct.pack("<QQ", _check_id(node), r.size) + r.tobytes())
+    return b"".join(parts)
+
+
+def decode_rows(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
+    """Strict decoder of :func:`encode_rows` for a round of ``length`` positions.
+
+    Raises
+    ------
+    SecAggError
+        If the bytes are truncated or too long, a count is larger than the round or the
+        remaining bytes, ids are not increasing, or positions are not increasing in range.
+    """
+    if not isinstance(data, bytes):
+        raise SecAggError("row sets must be bytes")
+    count, at = _read_count(data, 0, 16, "row sets")
+    out: dict[int, NDArray[np.int64]] = {}
+    previous = -1
+    for _ in range(count):
+        if len(data) < at + 16:
+            raise SecAggError("row sets truncated")
+        node, size = struct.unpack_from("<QQ", data, at)
+        at += 16
+        if node <= previous or size > length or len(data) < at + 8 * size:
+            raise SecAggError("row sets are malformed")
+        previous = node
+        rows = np.frombuffer(data, dtype="<u8", count=size, offset=at)
+        if size and int(rows[-1]) >= length:
+            raise SecAggError("a row position is out of range")
+        out[node] = _check_rows(rows.astype(np.int64), length, "row positions")
+        at += 8 * size
+    if at != len(data):
+        raise SecAggError("row sets have trailing bytes")
+    return out
 
 
 def _share_ad(params: SecAggParams, sender: int, recipient: int) -> bytes:
@@ -483,27 +569,42 @@ class SecAggClient:
         return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
 
     def masked_input(
-        self, sharers: Sequence[int], vector: NDArray[np.uint64]
+        self,
+        sharers: Sequence[int],
+        vector: NDArray[np.uint64],
+        *,
+        rows: NDArray[np.int64] | None = None,
+        shared_rows: Mapping[int, NDArray[np.int64]] | None = None,
     ) -> NDArray[np.uint64]:
         """Round 2: ``y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv)`` over ``v in U2``.
+
+        **Subset rounds** (Niu et al. Alg. 1 line 8: each position is aggregated over the
+        clients that hold it): with ``rows``, the client contributes only at the positions
+        ``R_u`` (``vector`` has ``len(rows)`` words), its self mask is ``PRG(b_u)`` at ``R_u``
+        and its pair mask with ``v`` covers ``R_u ∩ R_v`` only, given by the server in
+        ``shared_rows`` (the participants of each of its positions, nothing more of ``R_v``).
 
         Parameters
         ----------
         sharers : sequence of int
             ``U2``, the clients whose shares the server relays (a subset of the roster).
         vector : numpy.ndarray
-            ``x_u``, ``vector_length`` uint64 ring words.
+            ``x_u``: ``vector_length`` uint64 ring words, or ``len(rows)`` in a subset round.
+        rows : numpy.ndarray, optional
+            ``R_u``, strictly increasing positions in ``[0, vector_length)``.
+        shared_rows : Mapping[int, numpy.ndarray], optional
+            Peer ``v`` -> ``R_u ∩ R_v`` (peers absent share no position).
 
         Returns
         -------
         numpy.ndarray
-            ``y_u``.
+            ``y_u`` (of the vector's length).
 
         Raises
         ------
         SecAggError
             If ``U2`` is not a subset of the roster holding this client, is smaller than ``t``,
-            or the vector has the wrong shape or type.
+            the vector has the wrong shape or type, or the row sets are inconsistent.
         """
         u2 = sorted({_check_id(v) for v in sharers})
         if not self.roster or self.own_share is None:
@@ -515,20 +616,38 @@ class SecAggClient:
             raise SecAggError("U2 must hold this client and lie in the roster")
         if len(u2) < self.params.threshold:
             raise SecAggError(f"U2 is smaller than the threshold t = {self.params.threshold}")
+        length = self.params.vector_length
+        mine = None if rows is None else _check_rows(rows, length, "this client's rows")
+        shared = dict(shared_rows or {})
+        if mine is None and shared:
+            raise SecAggError("shared rows given for a full-vector round")
+        if not set(shared) <= set(u2) - {self.node}:
+            raise SecAggError("shared rows name a client outside U2")
         x = np.asarray(vector)
-        if x.dtype != _U64 or x.shape != (self.params.vector_length,):
-            raise SecAggError(f"the vector must be {self.params.vector_length} uint64 words")
-        y = x + self_mask(self.params, self.seed)
+        size = length if mine is None else mine.size
+        if x.dtype != _U64 or x.shape != (size,):
+            raise SecAggError(f"the vector must be {size} uint64 words")
+        y = x + self_mask(self.params, self.seed, mine)
         private = self.s_key.private_key
         for v in u2:
             if v == self.node:
                 continue
             low, high = min(self.node, v), max(self.node, v)
-            mask = pair_mask(self.params, private, self.roster[v][1], low, high)
-            if self.node < v:
-                y += mask
+            if mine is None:
+                where: slice | NDArray[np.int64] = slice(None)
+                positions = None
             else:
-                y -= mask
+                positions = _check_rows(shared.get(v, np.zeros(0, np.int64)), length, "rows")
+                where = np.searchsorted(mine, positions)
+                if positions.size and not np.array_equal(
+                    mine[np.minimum(where, mine.size - 1)], positions
+                ):
+                    raise SecAggError("shared rows are not a subset of this client's rows")
+            mask = pair_mask(self.params, private, self.roster[v][1], low, high, positions)
+            if self.node < v:
+                y[where] += mask
+            else:
+                y[where] -= mask
         self.sharers = tuple(u2)
         return y
 
@@ -715,6 +834,7 @@ class SecAggServer:
     _sum: NDArray[np.uint64] | None = None
     _survivors: set[int] = field(default_factory=set)
     _shares: dict[int, dict[int, NDArray[np.uint64]]] = field(default_factory=dict)
+    _rows: dict[int, NDArray[np.int64]] | None = None
 
     def add_advertisement(self, node: int, advertisement: bytes) -> None:
         """Round 0: take a client's two public keys (raises :class:`SecAggError`)."""
@@ -778,6 +898,55 @@ class SecAggServer:
             self._sharers = tuple(sorted(senders))
         return self._sharers
 
+    def assign_rows(
+        self, rows: Mapping[int, NDArray[np.int64]]
+    ) -> dict[int, dict[int, NDArray[np.int64]]]:
+        """Make this a subset round: client ``u in U2`` contributes at positions ``R_u`` only.
+
+        Parameters
+        ----------
+        rows : Mapping[int, numpy.ndarray]
+            ``u -> R_u`` for every ``u in U2`` (strictly increasing positions).
+
+        Returns
+        -------
+        dict
+            ``u -> {v: R_u ∩ R_v}`` (non-empty intersections only): what each client gets
+            with its masked-input request.
+
+        Raises
+        ------
+        SecAggError
+            If the rows do not cover exactly ``U2``, are malformed, or are assigned twice.
+        """
+        u2 = self.sharers()
+        if self._rows is not None or self._survivors:
+            raise SecAggError("rows assigned twice or after masked inputs")
+        if set(rows) != set(u2):
+            raise SecAggError("rows must be assigned to exactly the clients of U2")
+        length = self.params.vector_length
+        checked = {u: _check_rows(r, length, "assigned rows") for u, r in rows.items()}
+        self._rows = checked
+        shared: dict[int, dict[int, NDArray[np.int64]]] = {u: {} for u in checked}
+        order = sorted(checked)
+        for a, u in enumerate(order):
+            for v in order[a + 1 :]:
+                both = np.intersect1d(checked[u], checked[v], assume_unique=True)
+                if both.size:
+                    shared[u][v] = both
+                    shared[v][u] = both
+        return shared
+
+    def participants(self) -> NDArray[np.int64]:
+        """How many survivors contributed at each position (all of ``U3`` in a full round)."""
+        counts = np.zeros(self.params.vector_length, dtype=np.int64)
+        for u in self._survivors:
+            if self._rows is None:
+                counts += 1
+            else:
+                counts[self._rows[u]] += 1
+        return counts
+
     def add_masked_input(self, node: int, masked: NDArray[np.uint64]) -> None:
         """Round 2: add a client's ``y_u`` to the running sum (raises :class:`SecAggError`)."""
         u2 = self.sharers()
@@ -785,11 +954,16 @@ class SecAggServer:
         if node not in u2 or node in self._survivors:
             raise SecAggError("masked input from a client outside U2, or twice")
         y = np.asarray(masked)
-        if y.dtype != _U64 or y.shape != (self.params.vector_length,):
-            raise SecAggError(f"a masked input must be {self.params.vector_length} uint64 words")
+        rows = None if self._rows is None else self._rows[node]
+        size = self.params.vector_length if rows is None else rows.size
+        if y.dtype != _U64 or y.shape != (size,):
+            raise SecAggError(f"a masked input must be {size} uint64 words")
         if self._sum is None:
             self._sum = np.zeros(self.params.vector_length, dtype=_U64)
-        self._sum += y
+        if rows is None:
+            self._sum += y
+        else:
+            self._sum[rows] += y
         self._survivors.add(node)
 
     @property
@@ -855,7 +1029,12 @@ class SecAggServer:
             except ClientInputError as err:
                 raise RoundFailedError(f"SecAgg unmask failed: {err}") from err
             if v in self._survivors:
-                total -= self_mask(self.params, _unlimbs(secret, _SEED_BYTES))
+                rows_v = None if self._rows is None else self._rows[v]
+                seed_mask = self_mask(self.params, _unlimbs(secret, _SEED_BYTES), rows_v)
+                if rows_v is None:
+                    total -= seed_mask
+                else:
+                    total[rows_v] -= seed_mask
                 continue
             try:
                 dropped = SealingKeyPair.from_private_bytes(_unlimbs(secret, KEY_BYTES))
@@ -866,16 +1045,22 @@ class SecAggServer:
             for u in self._survivors:
                 # u holds sign(u, v) PRG(s_uv) for the dropped v: remove it.
                 low, high = min(u, v), max(u, v)
+                if self._rows is None:
+                    where: slice | NDArray[np.int64] = slice(None)
+                    positions = None
+                else:
+                    positions = np.intersect1d(self._rows[u], self._rows[v], assume_unique=True)
+                    where = positions
                 try:
                     mask = pair_mask(
-                        self.params, dropped.private_key, self._roster[u][1], low, high
+                        self.params, dropped.private_key, self._roster[u][1], low, high, positions
                     )
                 except SecAggError as err:
                     raise RoundFailedError(str(err)) from err
                 if u < v:
-                    total -= mask
+                    total[where] -= mask
                 else:
-                    total += mask
+                    total[where] += mask
         return total
 
     def _need(self, count: int, what: str) -> None:

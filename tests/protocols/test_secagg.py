@@ -377,3 +377,138 @@ def test_mutated_client_state_decodes_or_fails_cleanly(data: st.DataObject) -> N
         SecAggClient.from_bytes(bytes(raw[:cut]))
     except SecAggError:
         pass
+
+
+# -- subset rounds (Niu Alg. 1 line 8: each position over the clients that hold it) -------------
+
+
+def test_words_at_positions_are_the_ctr_stream_words() -> None:
+    from flwr_fsl.crypto.prg import ctr_stream
+    from flwr_fsl.protocols.secagg import _words_at
+
+    key = os.urandom(16)
+    full = ctr_stream(key, bytes(16), 1001)
+    positions = np.array([0, 1, 2, 7, 500, 999, 1000], dtype=np.int64)
+    np.testing.assert_array_equal(_words_at(key, positions, 1001), full[positions])
+    assert _words_at(key, np.zeros(0, np.int64), 1001).size == 0
+
+
+def subset_round(
+    rows: dict[int, np.ndarray], m: int, t: int, *, drop_after_share=(), drop_after_mask=()
+):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(5)
+    params = _params(t, m)
+    clients = {u: SecAggClient(u, params) for u in rows}
+    server = SecAggServer(params)
+    for u, c in clients.items():
+        server.add_advertisement(u, c.advertise())
+    roster = server.roster()
+    for u, c in clients.items():
+        if u not in drop_after_share:
+            server.add_shares(u, c.share_keys(roster))
+    u2 = server.sharers()
+    shared = server.assign_rows({u: rows[u] for u in u2})
+    x = {u: rng.integers(0, 2**64, rows[u].size, dtype=U64) for u in u2}
+    for u in u2:
+        # The shared rows travel as bytes: through their strict codec.
+        from flwr_fsl.protocols.secagg import decode_rows, encode_rows
+
+        wire = decode_rows(encode_rows(shared[u]), m)
+        y = clients[u].masked_input(u2, x[u], rows=rows[u], shared_rows=wire)
+        if u not in drop_after_mask:
+            server.add_masked_input(u, y)
+    for u in server.survivors:
+        server.add_unmask(u, clients[u].unmask(server.unmask_request(u)))
+    expected = np.zeros(m, dtype=U64)
+    for u in server.survivors:
+        expected[rows[u]] += x[u]
+    return server, expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_subset_rounds_sum_each_position_over_its_holders(data: st.DataObject) -> None:
+    n = data.draw(st.integers(3, 7))
+    m = data.draw(st.integers(1, 60))
+    nodes = list(range(1, n + 1))
+    rows = {
+        u: np.array(sorted(data.draw(st.sets(st.integers(0, m - 1), max_size=m))), np.int64)
+        for u in nodes
+    }
+    t = data.draw(st.integers(2, n - 1))
+    dropped = data.draw(st.sets(st.sampled_from(nodes), max_size=n - t))
+    server, expected = subset_round(rows, m, t, drop_after_mask=dropped)
+    np.testing.assert_array_equal(server.result(), expected)
+    counts = np.zeros(m, np.int64)
+    for u in server.survivors:
+        counts[rows[u]] += 1
+    np.testing.assert_array_equal(server.participants(), counts)
+
+
+def test_a_subset_masked_input_is_uniform_where_another_client_shares_the_row() -> None:
+    # Client 1 holds rows 0..m-1, client 2 rows 0..m/2-1, client 3 rows m/2..m-1: every row of
+    # client 1 is shared with an honest peer, so y_1 minus its self mask is uniform.
+    m = 1 << 14
+    rows = {1: np.arange(m), 2: np.arange(m // 2), 3: np.arange(m // 2, m)}
+    params = _params(2, m)
+    clients = {u: SecAggClient(u, params) for u in rows}
+    server = SecAggServer(params)
+    for u, c in clients.items():
+        server.add_advertisement(u, c.advertise())
+    roster = server.roster()
+    for u, c in clients.items():
+        server.add_shares(u, c.share_keys(roster))
+    u2 = server.sharers()
+    shared = server.assign_rows(rows)
+    assert set(shared[2]) == {1} and set(shared[1]) == {2, 3}  # 2 and 3 share no row
+    y = clients[1].masked_input(u2, np.zeros(m, U64), rows=rows[1], shared_rows=shared[1])
+    residue = y - self_mask(params, clients[1].seed, rows[1])
+    counts = np.bincount((residue >> U64(56)).astype(np.int64), minlength=256)
+    assert _uniform_bytes(counts)
+
+
+def test_a_row_held_by_one_client_alone_is_revealed_by_its_aggregate() -> None:
+    # The leakage Alg. 1 line 8 adds: a position whose participant set is one client is that
+    # client's value in the clear once unmasked (Theorem 2's Event 1). The server knows it
+    # happened: participants() == 1 there.
+    m = 8
+    rows = {1: np.array([0, 1, 2]), 2: np.array([0, 1]), 3: np.array([1])}
+    server, expected = subset_round(rows, m, 2)
+    total = server.result()
+    assert server.participants()[2] == 1 and total[2] == expected[2]
+
+
+def test_subset_row_checks() -> None:
+    params = _params(2, 10)
+    clients = {u: SecAggClient(u, params) for u in (1, 2)}
+    server = SecAggServer(params)
+    for u, c in clients.items():
+        server.add_advertisement(u, c.advertise())
+    roster = server.roster()
+    for u, c in clients.items():
+        server.add_shares(u, c.share_keys(roster))
+    u2 = server.sharers()
+    with pytest.raises(SecAggError, match="exactly the clients of U2"):
+        server.assign_rows({1: np.arange(3)})
+    with pytest.raises(SecAggError, match="strictly increasing"):
+        server.assign_rows({1: np.array([2, 1]), 2: np.arange(3)})
+    shared = server.assign_rows({1: np.arange(3), 2: np.arange(2, 5)})
+    with pytest.raises(SecAggError, match="subset"):
+        clients[1].masked_input(
+            u2, np.zeros(3, U64), rows=np.arange(3), shared_rows={2: np.array([4])}
+        )
+    with pytest.raises(SecAggError, match="3 uint64"):
+        clients[2].masked_input(u2, np.zeros(4, U64), rows=np.arange(2, 5), shared_rows=shared[2])
+    with pytest.raises(SecAggError, match="3 uint64"):
+        server.add_masked_input(1, np.zeros(10, U64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 50))
+def test_row_decoder_fuzz(blob: bytes, m: int) -> None:
+    from flwr_fsl.protocols.secagg import decode_rows
+
+    try:
+        decode_rows(blob, m)
+    except SecAggError:
+        pass

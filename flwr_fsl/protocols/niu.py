@@ -1,0 +1,148 @@
+"""Count-weighted secure submodel averaging of Niu et al. (Alg. 1, lines 7-9 and 14-19).
+
+A round's questionnaire is the union ``U`` of the chosen clients' real row sets (private set
+union, :mod:`flwr_fsl.protocols.psu`); client ``i`` answers with a perturbed set ``S''_i``
+(:mod:`flwr_fsl.submodel.perturb`), downloads those rows, trains succinctly on
+``S''_i ∩ S_i`` and uploads, for every row ``j`` of ``S''_i``, the row ``v_ij · Δ_ij`` and
+the count ``v_ij`` (the number of its samples touching ``j``): zero row and zero count for
+``j`` not in ``S_i``. Secure aggregation over each row's participants ``C_j = {i : j in
+S''_i}`` (a *subset round* of :mod:`flwr_fsl.protocols.secagg`) gives the server
+``Σ_i v_ij Δ_ij`` and ``Σ_i v_ij`` per row, and the row moves by their quotient — every
+coordinate averaged over the samples that actually touched it (Niu App. C).
+
+:class:`RowVector` lays the rows of ``U`` out as one vector of ``|U| · (d + 1)`` ring words
+(row ``r`` of ``U`` at ``r (d+1) .. r (d+1) + d``, the count last) in fixed point, gives each
+client its positions ``R_i`` and decodes the sum.
+
+**Leakage** (beyond the union and the perturbed sets, which the server sees by design): per
+row, the participant set ``C_j`` and the aggregate over it. A row with one participant is that
+client's row in the clear (Theorem 2's Event 1: probability ``p7``, which RR keeps small); a
+row whose owners all answered "no" while others answered "yes" aggregates to zero and tells
+the server those clients lack it (Event 2, ``p8``). Each client also learns, from the shared
+rows of its masked-input request, which other clients answered "yes" to the rows of its own
+``S''_i``. ``tests/protocols/test_niu.py`` shows the Event 1 exposure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.errors import ClientInputError, ConfigurationError
+
+__all__ = ["RowVector"]
+
+
+@dataclass(frozen=True)
+class RowVector:
+    """The ring vector of one round's union rows and counts.
+
+    Parameters
+    ----------
+    union : array_like
+        ``U``: the round's rows (table row ids), strictly increasing.
+    width : int
+        ``d``, the row width.
+    codec : FixedPoint
+        Fixed point of every word; its ``max_abs`` must cover ``max count × max |Δ|`` and the
+        largest count, its ``max_summands`` the clients per round.
+
+    Raises
+    ------
+    ConfigurationError
+        If the union is not strictly increasing non-negative rows or the width is not positive.
+    """
+
+    union: NDArray[np.int64]
+    width: int
+    codec: FixedPoint
+
+    def __post_init__(self) -> None:
+        u = np.asarray(self.union, dtype=np.int64)
+        if u.ndim != 1 or (u.size and (u[0] < 0 or np.any(u[1:] <= u[:-1]))):
+            raise ConfigurationError("the union must be strictly increasing non-negative rows")
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise ConfigurationError("the row width must be a positive int")
+        object.__setattr__(self, "union", u)
+
+    @property
+    def length(self) -> int:
+        """``|U| · (d + 1)`` ring words."""
+        return int(self.union.size) * (self.width + 1)
+
+    def _slots(self, rows: ArrayLike) -> NDArray[np.int64]:
+        r = np.asarray(rows, dtype=np.int64)
+        slots = np.searchsorted(self.union, r)
+        if r.size and (
+            np.any(slots >= self.union.size) or not np.array_equal(self.union[slots], r)
+        ):
+            raise ClientInputError("a row is not in the round's union")
+        return slots
+
+    def positions(self, rows: ArrayLike) -> NDArray[np.int64]:
+        """``R_i``: the vector positions of the rows ``S''_i`` (sorted rows of ``U``)."""
+        slots = np.unique(self._slots(rows))
+        grid = slots[:, None] * (self.width + 1) + np.arange(self.width + 1)[None, :]
+        return grid.reshape(-1).astype(np.int64)
+
+    def encode(
+        self,
+        perturbed: ArrayLike,
+        deltas: Mapping[int, NDArray[np.floating]],
+        counts: Mapping[int, int | float],
+        rng: np.random.Generator | None = None,
+    ) -> NDArray[np.uint64]:
+        """Return a client's words at :meth:`positions` of ``S''_i`` (lines 16-19).
+
+        Parameters
+        ----------
+        perturbed : array_like
+            ``S''_i``.
+        deltas : Mapping[int, numpy.ndarray]
+            Row -> ``Δ_ij`` (width ``d``) for the rows it trained, ``S''_i ∩ S_i``.
+        counts : Mapping[int, int or float]
+            Row -> ``v_ij > 0`` for the same rows.
+
+        Raises
+        ------
+        ClientInputError
+            If a trained row is outside ``S''_i``, lacks a count, a count is not positive and
+            finite, or a row has the wrong width or is not finite.
+        """
+        rows = np.unique(np.asarray(perturbed, dtype=np.int64))
+        self._slots(rows)
+        if set(deltas) != set(counts) or not set(deltas) <= set(rows.tolist()):
+            raise ClientInputError("trained rows must lie in S'' and each have a count")
+        block = np.zeros((rows.size, self.width + 1), dtype=np.float64)
+        index = {int(r): k for k, r in enumerate(rows)}
+        for row, delta in deltas.items():
+            v = float(counts[row])
+            d = np.asarray(delta, dtype=np.float64)
+            if not (math.isfinite(v) and v > 0) or d.shape != (self.width,):
+                raise ClientInputError("a trained row has a bad count or width")
+            if not np.all(np.isfinite(d)):
+                raise ClientInputError("a trained row is not finite")
+            block[index[int(row)], : self.width] = v * d
+            block[index[int(row)], self.width] = v
+        return self.codec.encode(block.reshape(-1), rng)
+
+    def decode(
+        self, total: NDArray[np.uint64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
+        """Line 9: the rows whose total count is positive, their mean update and the count.
+
+        Returns
+        -------
+        tuple
+            ``rows`` (table ids), ``Σ v Δ / Σ v`` per row (``len(rows) × d``) and ``Σ v``.
+        """
+        values = self.codec.decode(total).reshape(self.union.size, self.width + 1)
+        count = values[:, self.width]
+        touched = count > 0.5 / self.codec.scale
+        mean = values[touched, : self.width] / count[touched, None]
+        return self.union[touched], mean, count[touched]

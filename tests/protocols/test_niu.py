@@ -1,0 +1,117 @@
+"""Niu et al. count-weighted secure submodel averaging: PSU -> RR -> a subset SecAgg round ->
+the same rows as the plaintext count-weighted average over the surviving clients."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.errors import ClientInputError
+from flwr_fsl.protocols.niu import RowVector
+from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union
+from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.submodel.perturb import PermanentMemo, RRParams, perturb_index_set
+
+CODEC = FixedPoint(frac_bits=24, max_abs=1e5, max_summands=100)
+
+
+def full_round(m: int, d: int, sets: dict[int, np.ndarray], rr: RRParams, drop=(), seed=0):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    # Alg. 3 (exact mode, the sum taken in the clear here: test_psu covers it under SecAgg).
+    psu = PSUParams.exact(m)
+    union = reconstruct_union(psu, sum(client_vector(psu, s) for s in sets.values()))
+    # Alg. 2 and the clients' succinct training on S'' ∩ S.
+    layout = RowVector(union, d, CODEC)
+    perturbed, deltas, counts = {}, {}, {}
+    for u, s in sets.items():
+        perturbed[u], _ = perturb_index_set(s, union, PermanentMemo(), rr)
+        kept = np.intersect1d(perturbed[u], s)
+        deltas[u] = {int(r): rng.normal(size=d) for r in kept}
+        counts[u] = {int(r): int(rng.integers(1, 20)) for r in kept}
+    # Alg. 1 lines 7-9: one subset SecAgg round over the rows' participants.
+    params = SecAggParams(1, os.urandom(16), 2, layout.length)
+    clients = {u: SecAggClient(u, params) for u in sets}
+    server = SecAggServer(params)
+    for u, c in clients.items():
+        server.add_advertisement(u, c.advertise())
+    roster = server.roster()
+    for u, c in clients.items():
+        server.add_shares(u, c.share_keys(roster))
+    u2 = server.sharers()
+    rows = {u: layout.positions(perturbed[u]) for u in u2}
+    shared = server.assign_rows(rows)
+    for u in u2:
+        x = layout.encode(perturbed[u], deltas[u], counts[u])
+        y = clients[u].masked_input(u2, x, rows=rows[u], shared_rows=shared[u])
+        if u not in drop:
+            server.add_masked_input(u, y)
+    for u in server.survivors:
+        server.add_unmask(u, clients[u].unmask(server.unmask_request(u)))
+    got_rows, mean, total = layout.decode(server.result())
+    # Plaintext count-weighted average over the survivors.
+    num: dict[int, np.ndarray] = {}
+    den: dict[int, float] = {}
+    for u in server.survivors:
+        for r, delta in deltas[u].items():
+            num[r] = num.get(r, 0) + counts[u][r] * delta
+            den[r] = den.get(r, 0) + counts[u][r]
+    return got_rows, mean, total, num, den, server, perturbed
+
+
+@pytest.mark.parametrize("cpp", [(1.0, 0.0), (15 / 16, 1 / 16), (3 / 4, 1 / 4), (1.0, 1.0)])
+def test_secure_rows_equal_the_plaintext_count_weighted_average(cpp) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(3)
+    m, d = 300, 4
+    sets = {u: rng.choice(m, size=rng.integers(5, 40), replace=False) for u in range(1, 7)}
+    got_rows, mean, total, num, den, _, _ = full_round(
+        m, d, sets, RRParams.symmetric(*cpp), drop={3}
+    )
+    assert sorted(got_rows.tolist()) == sorted(num)
+    for k, r in enumerate(got_rows.tolist()):
+        np.testing.assert_allclose(mean[k], num[r] / den[r], atol=1e-5)
+        assert total[k] == pytest.approx(den[r], abs=1e-5)
+
+
+def test_a_row_with_one_participant_is_that_clients_row_in_the_clear() -> None:
+    # Event 1 (Theorem 2): without perturbation (CPP1) a row only one client has is exposed:
+    # its aggregate is that client's v·Δ and its participant count is 1.
+    sets = {1: np.array([0, 1, 2]), 2: np.array([1, 2]), 3: np.array([2, 5])}
+    got_rows, mean, _, num, den, server, _ = full_round(10, 2, sets, RRParams.symmetric(1, 0))
+    layout_participants = server.participants()[0 * 3]  # row 0 is union slot 0
+    assert layout_participants == 1
+    k = got_rows.tolist().index(0)
+    np.testing.assert_allclose(mean[k], num[0] / den[0], atol=1e-6)
+
+
+def test_encode_refuses_rows_outside_the_perturbed_set() -> None:
+    layout = RowVector(np.array([1, 4, 9]), 2, CODEC)
+    with pytest.raises(ClientInputError, match="S''"):
+        layout.encode([1, 4], {9: np.ones(2)}, {9: 1})
+    with pytest.raises(ClientInputError, match="union"):
+        layout.positions([2])
+    with pytest.raises(ClientInputError, match="count or width"):
+        layout.encode([1], {1: np.ones(3)}, {1: 1})
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_property_random_sets_and_dropouts(data: st.DataObject) -> None:
+    m = data.draw(st.integers(5, 60))
+    n = data.draw(st.integers(3, 6))
+    sets = {
+        u: np.array(sorted(data.draw(st.sets(st.integers(0, m - 1), min_size=1, max_size=m))))
+        for u in range(1, n + 1)
+    }
+    keep = data.draw(st.sampled_from([1.0, 0.9, 0.6]))
+    drop = data.draw(st.sets(st.integers(1, n), max_size=n - 2))
+    got_rows, mean, _, num, den, _, _ = full_round(
+        m, 3, sets, RRParams.symmetric(keep, 1 - keep), drop
+    )
+    assert sorted(got_rows.tolist()) == sorted(num)
+    for k, r in enumerate(got_rows.tolist()):
+        np.testing.assert_allclose(mean[k], num[r] / den[r], atol=1e-5)
