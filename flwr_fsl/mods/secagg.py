@@ -29,10 +29,28 @@ from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, decode_ids
 from flwr_fsl.protocols.secagg_vector import WeightedVector
 from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
 
-__all__ = ["layout_from_config", "secagg_mod"]
+__all__ = [
+    "layout_from_config",
+    "round_client",
+    "secagg_control",
+    "secagg_mod",
+    "store_client",
+]
 
 log = logging.getLogger(__name__)
-_STATE = StateSlot("fsl.secagg.client-state", SecAggClient.to_bytes, SecAggClient.from_bytes)
+
+
+def _slot(instance: str) -> StateSlot[SecAggClient]:
+    # One slot per aggregation of a round (Niu runs two: the union and the rows).
+    name = "fsl.secagg.client-state" if instance == "model" else f"fsl.secagg.{instance}"
+    return StateSlot(name, SecAggClient.to_bytes, SecAggClient.from_bytes)
+
+
+def _instance(record: ConfigRecord) -> str:
+    instance = record.get("instance", "model")
+    if not isinstance(instance, str) or not instance.isidentifier():
+        raise ClientInputError("the SecAgg record names no valid instance")
+    return instance
 
 
 def layout_from_config(record: ConfigRecord, shapes: dict[str, tuple[int, ...]]) -> WeightedVector:
@@ -68,12 +86,25 @@ def layout_from_config(record: ConfigRecord, shapes: dict[str, tuple[int, ...]])
         raise ClientInputError("the SecAgg layout settings are invalid") from err
 
 
-def _round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggParams]:
+def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggParams]:
+    """Return this node's SecAgg state for the round (and instance) ``msg`` belongs to.
+
+    Raises
+    ------
+    ClientInputError
+        If the message's parameters are malformed or the node holds no state for them.
+    """
+    record = msg.content.config_records[SECAGG_KEY]
     params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
-    client = _STATE.load(context)
+    client = _slot(_instance(record)).load(context)
     if client is None or client.params != params or client.node != context.node_id:
         raise ClientInputError("no SecAgg state for this round (its key advertisement was lost)")
     return client, params
+
+
+def store_client(msg: Message, context: Context, client: SecAggClient) -> None:
+    """Keep ``client`` as this node's state for the instance of ``msg``."""
+    _slot(_instance(msg.content.config_records[SECAGG_KEY])).store(context, client)
 
 
 def _reply(msg: Message, **fields: bytes) -> Message:
@@ -106,29 +137,48 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     record = msg.content.config_records.get(SECAGG_KEY)
     if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
         return call_next(msg, context)
-    phase = record.get("phase")
-    if phase == "advertise":
-        params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
-        client = SecAggClient(int(context.node_id), params)
-        _STATE.store(context, client)
-        return _reply(msg, advertise=client.advertise())
-    if phase == "share":
-        client, _ = _round_client(msg, context)
-        bundle = client.share_keys(read_secagg_bytes(msg.content, "roster"))
-        _STATE.store(context, client)
-        return _reply(msg, shares=bundle)
-    if phase == "unmask":
-        client, _ = _round_client(msg, context)
-        answer = client.unmask(read_secagg_bytes(msg.content, "request"))
-        _STATE.store(context, client)
-        return _reply(msg, unmask=answer)
-    if phase == "train":
+    answer = secagg_control(msg, context)
+    if answer is not None:
+        return answer
+    if record.get("phase") == "train" and _instance(record) == "model":
         return _train(msg, context, call_next)
     raise ClientInputError("unknown SecAgg phase")
 
 
+def secagg_control(msg: Message, context: Context) -> Message | None:
+    """Answer a SecAgg control phase (advertise, share, unmask) of any instance.
+
+    Returns None for other messages (the masked phase is the caller's: it knows the vector).
+
+    Raises
+    ------
+    ClientInputError
+        If the SecAgg message is malformed or inconsistent with this node's state.
+    """
+    record = msg.content.config_records.get(SECAGG_KEY)
+    if record is None:
+        return None
+    phase = record.get("phase")
+    if phase == "advertise":
+        params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
+        client = SecAggClient(int(context.node_id), params)
+        store_client(msg, context, client)
+        return _reply(msg, advertise=client.advertise())
+    if phase == "share":
+        client, _ = round_client(msg, context)
+        bundle = client.share_keys(read_secagg_bytes(msg.content, "roster"))
+        store_client(msg, context, client)
+        return _reply(msg, shares=bundle)
+    if phase == "unmask":
+        client, _ = round_client(msg, context)
+        answer = client.unmask(read_secagg_bytes(msg.content, "request"))
+        store_client(msg, context, client)
+        return _reply(msg, unmask=answer)
+    return None
+
+
 def _train(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    client, params = _round_client(msg, context)
+    client, params = round_client(msg, context)
     record = msg.content.config_records[SECAGG_KEY]
     sharers, _ = decode_ids(read_secagg_bytes(msg.content, "sharers"))
     weight_key = record.get("weight-key")
@@ -164,5 +214,5 @@ def _train(msg: Message, context: Context, call_next: ClientAppCallable) -> Mess
     if clipped:
         log.warning("secagg_mod: %d update coordinates clipped to the clipping range", clipped)
     masked = client.masked_input(sharers, vector)
-    _STATE.store(context, client)
+    store_client(msg, context, client)
     return Message(masked_input_record(masked), reply_to=msg)

@@ -937,6 +937,10 @@ class SecAggServer:
                     shared[v][u] = both
         return shared
 
+    def rows_of(self, node: int) -> NDArray[np.int64] | None:
+        """``R_u`` of a subset round (None in a full-vector round or for another client)."""
+        return None if self._rows is None else self._rows.get(node)
+
     def participants(self) -> NDArray[np.int64]:
         """How many survivors contributed at each position (all of ``U3`` in a full round)."""
         counts = np.zeros(self.params.vector_length, dtype=np.int64)

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import (
@@ -53,6 +55,7 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from numpy.typing import NDArray
 
 from flwr_fsl.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.secagg import SecAggParams, SecAggServer, encode_ids
@@ -60,7 +63,107 @@ from flwr_fsl.protocols.secagg_vector import WeightedVector
 from flwr_fsl.records import SECAGG_KEY, read_masked_input, read_secagg_bytes
 from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 
-__all__ = ["SecAggFedAvg"]
+__all__ = ["SecAggFedAvg", "SecAggPhases"]
+
+
+@dataclass
+class SecAggPhases:
+    """Bonawitz's phases on the round engine, for any vector: a component a strategy holds.
+
+    Every phase is a ``train`` message whose SecAgg record names the phase and the
+    ``instance`` (so one round can run several aggregations, e.g. Niu's union and rows); the
+    client side is :func:`flwr_fsl.mods.secagg.secagg_control` (and the caller's own handler
+    of the masked phase). Phase names in the round's traffic are the SecAgg phases, prefixed
+    with the instance unless it is ``"model"``.
+
+    Parameters
+    ----------
+    strategy : PhasedStrategy
+        The strategy whose :meth:`~PhasedStrategy.send` / :meth:`~PhasedStrategy.stream` run
+        the phases (drops, timeouts, traffic).
+    instance : str
+        The aggregation's name within a round.
+    """
+
+    strategy: PhasedStrategy
+    instance: str = "model"
+
+    def _phase(self, phase: str) -> str:
+        return phase if self.instance == "model" else f"{self.instance}-{phase}"
+
+    def record(self, params: SecAggParams, phase: str, **fields: Any) -> ConfigRecord:
+        """Return the SecAgg record of one message: phase, instance, parameters, ``fields``."""
+        return ConfigRecord(
+            {"phase": phase, "instance": self.instance, "params": params.to_bytes(), **fields}
+        )
+
+    def keys(
+        self, grid: Grid, state: RoundState, nodes: Sequence[int], params: SecAggParams
+    ) -> SecAggServer:
+        """AdvertiseKeys and ShareKeys with ``nodes``; return the server holding ``U2``.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``t`` clients are left after either phase (the round fails).
+        """
+        server = SecAggServer(params)
+        ad = RecordDict({SECAGG_KEY: self.record(params, "advertise")})
+        self.strategy.send(
+            grid, state, self._phase("advertise"), dict.fromkeys(nodes, ad), MessageType.TRAIN,
+            lambda n, c: server.add_advertisement(n, read_secagg_bytes(c, "advertise")),
+        )  # fmt: skip
+        roster = RecordDict({SECAGG_KEY: self.record(params, "share", roster=server.roster())})
+        members = [n for n in nodes if n in state.survivors]
+        self.strategy.send(
+            grid, state, self._phase("share"), dict.fromkeys(members, roster), MessageType.TRAIN,
+            lambda n, c: server.add_shares(n, read_secagg_bytes(c, "shares")),
+        )  # fmt: skip
+        server.sharers()
+        return server
+
+    def masked(
+        self,
+        grid: Grid,
+        state: RoundState,
+        server: SecAggServer,
+        contents: Mapping[int, RecordDict],
+        phase: str = "train",
+    ) -> None:
+        """Send the masked-input messages and add each reply to the sum as it arrives."""
+        asked = {n: c for n, c in contents.items() if n in state.survivors}
+        name = self._phase(phase)
+        messages = self.strategy.prepare(state, name, asked, MessageType.TRAIN)
+
+        def parse(node: int, content: RecordDict) -> None:
+            rows = server.rows_of(node)
+            size = server.params.vector_length if rows is None else rows.size
+            server.add_masked_input(node, read_masked_input(content, size))
+
+        for _ in self.strategy.stream(grid, state, name, messages, parse):
+            pass
+
+    def unmask(self, grid: Grid, state: RoundState, server: SecAggServer) -> NDArray[np.uint64]:
+        """Unmask with the survivors and return the sum of their vectors.
+
+        Raises
+        ------
+        RoundFailedError
+            If too few survivors answer or the shares are inconsistent.
+        """
+        params = server.params
+        self.strategy.send(
+            grid, state, self._phase("unmask"),
+            {
+                n: RecordDict(
+                    {SECAGG_KEY: self.record(params, "unmask", request=server.unmask_request(n))}
+                )
+                for n in server.survivors
+            },
+            MessageType.TRAIN,
+            lambda n, c: server.add_unmask(n, read_secagg_bytes(c, "unmask")),
+        )  # fmt: skip
+        return server.result()
 
 
 class SecAggFedAvg(PhasedStrategy):
@@ -211,67 +314,35 @@ evaluate_metrics_aggr_fn, sampling_seed
             raise RoundFailedError(f"{len(nodes)} clients sampled, fewer than t = {t}")
         params = SecAggParams(state.server_round, self.session, t, layout.length)
         state.protocol = params
-        server = SecAggServer(params)
-        header = {"params": params.to_bytes()}
-
-        def record(phase: str, **fields: bytes) -> RecordDict:
-            return RecordDict({SECAGG_KEY: ConfigRecord({"phase": phase, **header, **fields})})
-
-        # 1. AdvertiseKeys
-        ad = record("advertise")
-        self.send(
-            grid, state, "advertise", dict.fromkeys(nodes, ad), MessageType.TRAIN,
-            lambda n, c: server.add_advertisement(n, read_secagg_bytes(c, "advertise")),
-        )  # fmt: skip
-        roster_content = record("share", roster=server.roster())
-        # 2. ShareKeys
-        roster_members = [n for n in nodes if n in state.survivors]
-        self.send(
-            grid, state, "share", dict.fromkeys(roster_members, roster_content),
-            MessageType.TRAIN,
-            lambda n, c: server.add_shares(n, read_secagg_bytes(c, "shares")),
-        )  # fmt: skip
-        u2 = server.sharers()
-        # 3. MaskedInput: the train message, streamed into the running sum.
+        phases = SecAggPhases(self)
+        server = phases.keys(grid, state, nodes, params)
+        # MaskedInput: the train message, streamed into the running sum.
         train = RecordDict(
             {
                 self.arrayrecord_key: arrays,
                 self.configrecord_key: ConfigRecord(
                     {**dict(config), "server-round": state.server_round}
                 ),
-                SECAGG_KEY: ConfigRecord(
-                    {
-                        "phase": "train",
-                        **header,
-                        "sharers": encode_ids(u2),
-                        "names": list(layout.names),
-                        "metrics": list(layout.metrics),
-                        "clip": layout.clip,
+                SECAGG_KEY: phases.record(
+                    params,
+                    "train",
+                    sharers=encode_ids(server.sharers()),
+                    names=list(layout.names),
+                    metrics=list(layout.metrics),
+                    clip=layout.clip,
+                    **{
                         "max-weight": layout.max_weight,
                         "max-metric": layout.max_metric,
                         "frac-bits": layout.frac_bits,
                         "max-clients": layout.max_clients,
                         "weight-key": self.weighted_by_key,
-                    }
+                    },
                 ),
             }
         )
-        asked = [n for n in u2 if n in state.survivors]
-        messages = self.prepare(state, "train", dict.fromkeys(asked, train), MessageType.TRAIN)
-        for _ in self.stream(
-            grid, state, "train", messages,
-            lambda n, c: server.add_masked_input(n, read_masked_input(c, layout.length)),
-        ):  # fmt: skip
-            pass
+        phases.masked(grid, state, server, dict.fromkeys(server.sharers(), train))
         survivors = server.survivors
-        # 4. Unmask
-        self.send(
-            grid, state, "unmask",
-            {n: record("unmask", request=server.unmask_request(n)) for n in survivors},
-            MessageType.TRAIN,
-            lambda n, c: server.add_unmask(n, read_secagg_bytes(c, "unmask")),
-        )  # fmt: skip
-        total = server.result()
+        total = phases.unmask(grid, state, server)
         new, metrics, _ = layout.decode(total, model)
         log(
             INFO,
