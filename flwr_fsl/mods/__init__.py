@@ -3,10 +3,12 @@
 from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot
 from flwr_fsl.mods.index import PrivateRows
 from flwr_fsl.mods.secagg import secagg_mod
+from flwr_fsl.mods.sfsl import PerturbedRows
 from flwr_fsl.mods.ssa import ssa_mod
 from flwr_fsl.mods.topk import topk_mod
 
 __all__ = [
+    "PerturbedRows",
     "PrivateRows",
     "ProtocolMod",
     "SSARound",

@@ -5,6 +5,7 @@ from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.strategies.secagg import SecAggFedAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
+from flwr_fsl.strategies.sfsl import SFSLFedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.traffic import RoundTraffic
 
@@ -13,6 +14,7 @@ __all__ = [
     "PhasedStrategy",
     "RoundState",
     "RoundTraffic",
+    "SFSLFedSubAvg",
     "SSASettings",
     "SecAggFedAvg",
     "SecureFedSubAvg",
