@@ -35,7 +35,54 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.errors import ClientInputError, ConfigurationError
 
-__all__ = ["RowVector"]
+__all__ = ["GammaQuantizer", "RowVector"]
+
+
+@dataclass(frozen=True)
+class GammaQuantizer:
+    """γ-level stochastic quantization of Niu et al. App. B (their γ = 2^15).
+
+    ``[low, high]`` is cut into ``γ - 1`` segments of ``unit = (high - low) / (γ - 1)``; a
+    value ``x`` (clipped to the interval) maps to the level below or above it with
+    probabilities that make ``E[z] = (x - low) / unit``. A count-weighted mean taken on the
+    levels and then dequantized, ``(Σ v z / Σ v) · unit + low``, is an unbiased estimate of
+    ``Σ v x / Σ v`` (App. B; ``tests/protocols/test_niu.py`` checks it).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``levels < 2`` or the interval is empty or not finite.
+    """
+
+    levels: int
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.levels, bool) or not isinstance(self.levels, int) or self.levels < 2:
+            raise ConfigurationError("quantization levels must be an int >= 2")
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ConfigurationError("the quantization interval must be finite and non-empty")
+
+    @property
+    def unit(self) -> float:
+        """The segment length."""
+        return (self.high - self.low) / (self.levels - 1)
+
+    def quantize(
+        self, values: ArrayLike, rng: np.random.Generator | None = None
+    ) -> NDArray[np.int64]:
+        """Return the levels in ``0 .. γ - 1`` (stochastic rounding of the clipped values)."""
+        rng = rng if rng is not None else np.random.default_rng()
+        x = np.clip(np.asarray(values, dtype=np.float64), self.low, self.high)
+        scaled = (x - self.low) / self.unit
+        below = np.floor(scaled)
+        up = rng.random(size=scaled.shape) < (scaled - below)
+        return np.minimum(below + up, self.levels - 1).astype(np.int64)
+
+    def dequantize(self, levels: ArrayLike) -> NDArray[np.float64]:
+        """Map (mean) levels back to values: ``z · unit + low``."""
+        return np.asarray(levels, dtype=np.float64) * self.unit + self.low
 
 
 @dataclass(frozen=True)
@@ -51,6 +98,10 @@ class RowVector:
     codec : FixedPoint
         Fixed point of every word; its ``max_abs`` must cover ``max count × max |Δ|`` and the
         largest count, its ``max_summands`` the clients per round.
+    quantizer : GammaQuantizer, optional
+        Quantize each ``Δ`` to γ levels first (App. B): the client sends ``v · z`` and the
+        server dequantizes the count-weighted mean level (``max_abs`` must then cover
+        ``max count × (γ - 1)``).
 
     Raises
     ------
@@ -61,6 +112,7 @@ class RowVector:
     union: NDArray[np.int64]
     width: int
     codec: FixedPoint
+    quantizer: GammaQuantizer | None = None
 
     def __post_init__(self) -> None:
         u = np.asarray(self.union, dtype=np.int64)
@@ -127,7 +179,8 @@ class RowVector:
                 raise ClientInputError("a trained row has a bad count or width")
             if not np.all(np.isfinite(d)):
                 raise ClientInputError("a trained row is not finite")
-            block[index[int(row)], : self.width] = v * d
+            level = d if self.quantizer is None else self.quantizer.quantize(d, rng)
+            block[index[int(row)], : self.width] = v * level
             block[index[int(row)], self.width] = v
         return self.codec.encode(block.reshape(-1), rng)
 
@@ -145,4 +198,6 @@ class RowVector:
         count = values[:, self.width]
         touched = count > 0.5 / self.codec.scale
         mean = values[touched, : self.width] / count[touched, None]
+        if self.quantizer is not None:
+            mean = self.quantizer.dequantize(mean)
         return self.union[touched], mean, count[touched]

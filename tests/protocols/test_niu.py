@@ -115,3 +115,57 @@ def test_property_random_sets_and_dropouts(data: st.DataObject) -> None:
     assert sorted(got_rows.tolist()) == sorted(num)
     for k, r in enumerate(got_rows.tolist()):
         np.testing.assert_allclose(mean[k], num[r] / den[r], atol=1e-5)
+
+
+# -- γ-level stochastic quantization (App. B) ----------------------------------------------------
+
+
+def test_gamma_quantization_of_a_weighted_mean_is_unbiased() -> None:
+    from flwr_fsl.protocols.niu import GammaQuantizer
+
+    q = GammaQuantizer(levels=16, low=-1.0, high=1.0)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, size=(5, 200))  # 5 clients, 200 coordinates
+    v = np.array([1, 3, 2, 7, 4], dtype=np.float64)
+    truth = (v[:, None] * x).sum(0) / v.sum()
+    trials = 2000
+    estimates = np.zeros((trials, x.shape[1]))
+    for k in range(trials):
+        z = q.quantize(x, rng)
+        assert z.min() >= 0 and z.max() <= 15
+        estimates[k] = q.dequantize((v[:, None] * z).sum(0) / v.sum())
+    # Each estimate is within one unit of the truth; their mean converges to it.
+    assert np.abs(estimates - truth).max() <= q.unit + 1e-12
+    bias = estimates.mean(0) - truth
+    assert np.abs(bias).max() < 5 * q.unit / np.sqrt(trials)
+    # A deterministic rounding would be biased by up to half a unit at some coordinates.
+    rounded = q.dequantize((v[:, None] * np.rint((x + 1) / q.unit)).sum(0) / v.sum())
+    assert np.abs(rounded - truth).max() > 10 * np.abs(bias).max()
+
+
+def test_quantized_rows_through_subset_secagg_stay_within_one_unit() -> None:
+    from flwr_fsl.protocols.niu import GammaQuantizer
+
+    q = GammaQuantizer(levels=2**15, low=-4.0, high=4.0)
+    layout = RowVector(np.arange(6), 2, FixedPoint(0, 1e9, 100), quantizer=q)
+    deltas = {0: {1: np.array([0.5, -0.25])}, 1: {1: np.array([1.0, 0.0]), 4: np.array([2, 2])}}
+    counts = {0: {1: 3}, 1: {1: 1, 4: 2}}
+    total = np.zeros(layout.length, dtype=np.uint64)
+    for u in (0, 1):
+        rows = np.array(sorted(deltas[u]))
+        words = layout.encode(rows, deltas[u], counts[u])
+        total[layout.positions(rows)] += words
+    got_rows, mean, count = layout.decode(total)
+    assert got_rows.tolist() == [1, 4] and count.tolist() == [4.0, 2.0]
+    np.testing.assert_allclose(mean[0], (3 * np.array([0.5, -0.25]) + [1.0, 0.0]) / 4, atol=q.unit)
+    np.testing.assert_allclose(mean[1], [2.0, 2.0], atol=q.unit)
+
+
+def test_quantizer_settings_are_checked() -> None:
+    from flwr_fsl.errors import ConfigurationError
+    from flwr_fsl.protocols.niu import GammaQuantizer
+
+    with pytest.raises(ConfigurationError):
+        GammaQuantizer(1, 0.0, 1.0)
+    with pytest.raises(ConfigurationError):
+        GammaQuantizer(4, 1.0, 1.0)
