@@ -36,7 +36,7 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.mods.base import StateSlot
 from flwr_fsl.mods.secagg import round_client, secagg_control, store_client
-from flwr_fsl.protocols.niu import RowVector
+from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector
 from flwr_fsl.protocols.secagg import decode_ids, decode_rows
 from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
@@ -155,6 +155,8 @@ class PerturbedRows:
                 int(record["max-clients"]),  # type: ignore[arg-type]
             )
             clip = float(record["clip"])  # type: ignore[arg-type]
+            levels = int(record["levels"])  # type: ignore[arg-type]
+            quantizer = None if levels == 0 else GammaQuantizer(levels, -clip, clip)
             weight_key = str(record["weight-key"])
         except (KeyError, TypeError, ValueError) as err:
             raise ClientInputError("the SFSL record's settings are missing or invalid") from err
@@ -163,7 +165,7 @@ class PerturbedRows:
             raise ClientInputError("the SFSL train message must carry the model with its table")
         model = {k: a.numpy() for k, a in arrays[0].items()}
         table = model[self.table]
-        layout = RowVector(union, int(table.shape[1]), codec)
+        layout = RowVector(union, int(table.shape[1]), codec, quantizer)
         dense = [k for k in model if k != self.table]
         dense_size = sum(model[k].size for k in dense)
         if layout.length + dense_size + 1 != params.vector_length:

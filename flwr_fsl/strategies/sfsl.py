@@ -50,7 +50,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.protocols.niu import RowVector
+from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, reconstruct_union, union_report
 from flwr_fsl.protocols.secagg import SecAggParams, encode_ids, encode_rows
 from flwr_fsl.records import SECAGG_KEY, read_secagg_bytes
@@ -72,10 +72,14 @@ def psu_fields(params: PSUParams) -> dict[str, int | bytes]:
 
 
 def sfsl_layout(
-    union: NDArray[np.int64], width: int, dense_size: int, codec: FixedPoint
+    union: NDArray[np.int64],
+    width: int,
+    dense_size: int,
+    codec: FixedPoint,
+    quantizer: GammaQuantizer | None = None,
 ) -> tuple[RowVector, int]:
     """Return the rows round's layout: union rows and counts, then the dense part and weight."""
-    rows = RowVector(union, width, codec)
+    rows = RowVector(union, width, codec, quantizer)
     return rows, rows.length + dense_size + 1
 
 
@@ -105,6 +109,9 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         Fixed-point fractional bits. Default 24.
     max_clients : int
         Most clients per round. Default 1000.
+    quantization_levels : int, optional
+        γ of Niu's App. B stochastic quantization of the row updates over
+        ``[-clip, clip]`` (the paper used 2^15); None (default) sends them in fixed point.
 
     Raises
     ------
@@ -132,6 +139,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         max_count: float = 1e4,
         frac_bits: int = 24,
         max_clients: int = 1000,
+        quantization_levels: int | None = None,
         sampling_seed: int | None = None,
     ) -> None:
         super().__init__(
@@ -158,9 +166,17 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         if not (math.isfinite(clip) and clip > 0):
             raise ConfigurationError("clip must be finite and > 0")
         try:
-            self.codec = FixedPoint(frac_bits, max_count * max(clip, 1.0), max_clients)
+            self.quantizer = (
+                None
+                if quantization_levels is None
+                else GammaQuantizer(quantization_levels, -float(clip), float(clip))
+            )
+            levels = 0 if quantization_levels is None else quantization_levels - 1
+            self.codec = FixedPoint(frac_bits, max_count * max(clip, 1.0, levels), max_clients)
         except ConfigurationError as err:
-            raise ConfigurationError(f"clip / max_count / frac_bits / max_clients: {err}") from err
+            raise ConfigurationError(
+                f"clip / max_count / frac_bits / max_clients / quantization_levels: {err}"
+            ) from err
         self.table = table
         self.reconstruction_threshold = t
         self.bloom_fpr = bloom_fpr
@@ -220,7 +236,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         # 2. Perturbation: each client's S'' over the union.
         dense = [k for k in model if k != self.table]
         dense_size = sum(model[k].size for k in dense)
-        layout, length = sfsl_layout(union, width, dense_size, self.codec)
+        layout, length = sfsl_layout(union, width, dense_size, self.codec, self.quantizer)
         rows_phases = SecAggPhases(self, "rows")
         rows_params = SecAggParams(state.server_round, self.session, t, length)
         ask = RecordDict(
@@ -269,6 +285,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
                         clip=self.clip,
                         **{
                             "frac-bits": self.codec.frac_bits,
+                            "levels": 0 if self.quantizer is None else self.quantizer.levels,
                             "max-abs": self.codec.max_abs,
                             "max-clients": self.codec.max_summands,
                             "weight-key": self.weighted_by_key,

@@ -159,3 +159,12 @@ def test_settings_are_checked() -> None:
         SFSLFedSubAvg("emb", bloom_fpr=2.0)
     with pytest.raises(ConfigurationError, match="reconstruction_threshold"):
         SFSLFedSubAvg("emb", reconstruction_threshold=1)
+
+
+def test_gamma_quantized_rows_stay_within_one_level_of_the_average() -> None:
+    strategy, result, seen = run(RRParams.symmetric(1, 0), quantization_levels=2**15, clip=4.0)
+    assert strategy.failed_rounds == {}
+    emb, fc = reference(range(5), seen)
+    unit = 8.0 / (2**15 - 1)
+    np.testing.assert_allclose(result.arrays["emb"].numpy(), emb, atol=unit + 1e-6)
+    np.testing.assert_allclose(result.arrays["fc"].numpy(), fc, atol=1e-5)
