@@ -146,3 +146,42 @@ def test_settings_are_validated_before_round_one() -> None:
         SecAggFedAvg(train_metrics=("num-examples",))
     with pytest.raises(NotImplementedError, match="start"):
         SecAggFedAvg().configure_train(1, model_record(), ConfigRecord(), None)
+
+
+def test_a_client_that_lost_its_state_is_dropped_and_unmasked_away() -> None:
+    # A restarted node (Context.state lost between sharing and training) cannot mask: it
+    # refuses with a text that names no value, the server drops it and removes its pair masks
+    # from the others' inputs; the round equals FedAvg without it.
+    def forget(msg, context, call_next):  # type: ignore[no-untyped-def]
+        if context.node_id == 1001 and _phase(msg) == "train":
+            for key in list(context.state.keys()):
+                del context.state[key]
+        return call_next(msg, context)
+
+    strategy, secure, _ = _secagg(5, mods=(forget,))
+    assert set(strategy.dropped[1]) == {1001}
+    assert "no SecAgg state" in strategy.dropped[1][1001]
+    plain = _fedavg(5, drop=lambda node, msg: node == 1001)
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+
+
+def test_a_control_message_replayed_from_an_earlier_round_is_refused() -> None:
+    # The relay replays round 1's share request in round 2: the client's state is round 2's,
+    # so it refuses; the round goes on without it.
+    kept: dict[int, Message] = {}
+
+    def replay(msg, context, call_next):  # type: ignore[no-untyped-def]
+        if _phase(msg) == "share":
+            if msg.metadata.group_id == "1":
+                kept[int(context.node_id)] = msg
+            elif context.node_id == 1000:
+                return call_next(kept[1000], context)
+        return call_next(msg, context)
+
+    strategy, _, _ = _secagg(5, rounds=2, mods=(replay,))
+    assert strategy.failed_rounds == {}
+    assert set(strategy.dropped[2]) == {1000}
+    assert "no SecAgg state for this round" in strategy.dropped[2][1000]  # the client refused
