@@ -1,0 +1,1 @@
+"""secagg-mnist: a Flower app training an MNIST CNN with Bonawitz secure aggregation."""

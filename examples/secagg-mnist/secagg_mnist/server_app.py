@@ -1,0 +1,200 @@
+"""secagg-mnist: a Flower ServerApp comparing plaintext FedAvg with Bonawitz secure aggregation.
+
+With ``compare-fedavg = true`` it trains twice from the same initial model and the same client
+sample (:class:`flwr_fsl.experiment.Experiment`): first with Flower's own
+:class:`~flwr.serverapp.strategy.FedAvg` (plaintext: the server reads every client's trained
+model, ``num-examples`` and ``train_loss``), then with :class:`~flwr_fsl.strategies.SecAggFedAvg`
+(four phases per round; the server learns only the sum over the clients that finished). The
+clients train the same way in both arms, so the two models agree up to SecAgg's fixed point. It
+prints accuracy, bytes per client and time per round, a summary, what the server learns in each
+arm and the largest difference between the two final models.
+
+:func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`;
+``secagg_mnist.local``, the test and the notebook call it with an in-process grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_fsl.experiment import Arm, ArmSetup, Experiment, ExperimentResult, Metric
+from flwr_fsl.strategies import SecAggFedAvg
+from flwr_fsl.traffic import RoundTraffic, content_bytes
+from secagg_mnist.task import Net, load_test_data
+from secagg_mnist.task import test as test_fn
+
+ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
+FEDAVG_LEARNS = {"server": "each client's full trained model, num-examples and train_loss"}
+SECAGG_LEARNS = {
+    "server": "only the sum over the clients that finished (the new model, their total "
+    "num-examples, their mean train_loss), who finished each phase, message sizes",
+}
+EVALUATE_LEARNS = "each evaluating client's eval metrics and num-examples (not masked)"
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the FedAvg baseline (optional) and the SecAgg run; print the comparison."""
+    run_experiment(grid, context.run_config)
+
+
+class MeteredFedAvg(FedAvg):
+    """Flower's ``FedAvg``, unchanged, that also logs the bytes of its messages.
+
+    The harness reads bytes per client from a strategy's ``traffic`` list
+    (:class:`~flwr_fsl.traffic.RoundTraffic`, the protobuf size of each message's content, as
+    ``SecAggFedAvg`` logs them); Flower's ``FedAvg`` keeps none, so this subclass records what
+    ``configure_*`` sends and what ``aggregate_*`` receives. Sampling and aggregation are
+    Flower's.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.traffic: list[RoundTraffic] = []
+
+    def _sent(self, server_round: int, phase: str, messages: Iterable[Message]) -> list[Message]:
+        sent = list(messages)
+        down = {m.metadata.dst_node_id: content_bytes(m.content) for m in sent}
+        self.traffic.append(RoundTraffic(server_round, phase, down_bytes=down))
+        return sent
+
+    def _received(self, server_round: int, phase: str, replies: Iterable[Message]) -> list[Message]:
+        received = list(replies)
+        entry = next(
+            t for t in reversed(self.traffic) if (t.server_round, t.phase) == (server_round, phase)
+        )
+        for reply in received:
+            if reply.has_content():  # an error reply carries no content
+                entry.up_bytes[reply.metadata.src_node_id] = content_bytes(reply.content)
+        return received
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's ``configure_train``; log the bytes sent."""
+        messages = super().configure_train(server_round, arrays, config, grid)
+        return self._sent(server_round, "train", messages)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's ``aggregate_train``; log the bytes received."""
+        return super().aggregate_train(server_round, self._received(server_round, "train", replies))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's ``configure_evaluate``; log the bytes sent."""
+        messages = super().configure_evaluate(server_round, arrays, config, grid)
+        return self._sent(server_round, "evaluate", messages)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Flower's ``aggregate_evaluate``; log the bytes received."""
+        return super().aggregate_evaluate(
+            server_round, self._received(server_round, "evaluate", replies)
+        )
+
+
+def reconstruction_threshold(value: Any) -> int | float:
+    """Return ``reconstruction-threshold`` as SecAggFedAvg takes it.
+
+    A float in ``(0, 1]`` is a fraction of each round's sampled clients (rounded up), an int
+    ``>= 2`` a count.
+
+    Raises
+    ------
+    ValueError
+        If the value is not a number.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"reconstruction-threshold must be a number, got {value!r}")
+    return value
+
+
+def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResult:
+    """Train with FedAvg (with ``compare-fedavg``) and SecAggFedAvg; print and save both.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid (Flower's in a ServerApp, or :class:`flwr_fsl.testing.InProcessGrid`).
+    run_config : Mapping[str, Any]
+        The run config (``[tool.flwr.app.config]`` keys).
+
+    Returns
+    -------
+    ExperimentResult
+        Arms ``"fedavg"`` (with ``compare-fedavg``) and ``"secagg"``.
+    """
+    cfg = run_config
+    seed = int(cfg.get("seed", 42))
+    x_test, y_test = load_test_data(int(cfg.get("test-size", 0)))
+
+    def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Evaluate the global model on the MNIST test set."""
+        model = Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        loss, accuracy = test_fn(model, x_test, y_test)
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    fraction_evaluate = float(cfg.get("fraction-evaluate", 0.0))
+    # SecAgg needs at least 2 clients per round (t >= 2): both arms sample at least 2.
+    knobs = {
+        "fraction_train": float(cfg.get("fraction-train", 0.5)),
+        "fraction_evaluate": fraction_evaluate,
+        "min_train_nodes": 2,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": 2,
+    }
+    t = reconstruction_threshold(cfg.get("reconstruction-threshold", 0.6))
+    clip = float(cfg.get("clipping-range", 8.0))
+
+    def fedavg(setup: ArmSetup) -> FedAvg:
+        return MeteredFedAvg(**knobs)
+
+    def secagg(setup: ArmSetup) -> SecAggFedAvg:
+        return SecAggFedAvg(**knobs, reconstruction_threshold=t, clipping_range=clip)
+
+    def learns(base: Mapping[str, str]) -> dict[str, str]:
+        if fraction_evaluate <= 0:
+            return dict(base)
+        return {**base, "server (evaluate)": EVALUATE_LEARNS}
+
+    compare = bool(cfg.get("compare-fedavg", True))
+    t_text = f"{t:.0%} of the sampled clients" if isinstance(t, float) else f"{t} clients"
+    arms = [
+        Arm(
+            "secagg",
+            "SecAggFedAvg",
+            secagg,
+            learns=learns(SECAGG_LEARNS),
+            equivalent_to="fedavg" if compare else None,
+            description=f"t = {t_text}, clipping range {clip:g}",
+        )
+    ]
+    if compare:
+        arms.insert(0, Arm("fedavg", "FedAvg", fedavg, learns=learns(FEDAVG_LEARNS)))
+    torch.manual_seed(seed)  # the same initial model for every arm
+    return Experiment(
+        name="secagg-mnist",
+        arms=arms,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        num_rounds=int(cfg.get("num-server-rounds", 5)),
+        sampling_seed=seed,
+        run_config=cfg,
+        metrics=[ACCURACY],
+        evaluate_fn=global_evaluate,
+        train_config={"lr": float(cfg.get("lr", 0.05))},
+        results_dir=str(cfg.get("results-dir", "")) or None,
+        save_models=True,
+    ).run(grid)
