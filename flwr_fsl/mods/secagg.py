@@ -11,6 +11,14 @@ reply by the masked vector of
 strategy asked for. The reply carries nothing else: no arrays, no weight, no metric in the
 clear. Train messages without a SecAgg record, evaluation and other queries pass through.
 
+The mod owns the SecAgg ``instance`` ``"model"`` (SecAggFedAvg's). SecAgg messages of another
+instance (e.g. the ``"union"`` and ``"rows"`` aggregations of
+:class:`~flwr_fsl.strategies.SFSLFedSubAvg`) pass through to the next mod untouched, so it
+stacks with :class:`~flwr_fsl.mods.PerturbedRows` in one ClientApp, in either order
+(``ClientApp(mods=[rows.mod, secagg_mod])``). A message of its own instance with an unknown
+phase, or a SecAgg record whose ``instance`` is not a valid name, is refused
+(:class:`~flwr_fsl.errors.ClientInputError`).
+
 The round's secrets (two X25519 private keys, the self-mask seed, this client's own share)
 live in ``Context.state`` between the messages of one round and are replaced by the next
 round's. Error texts name the check that failed, never a value, an index or a weight.
@@ -30,7 +38,9 @@ from flwr_fsl.protocols.secagg_vector import WeightedVector
 from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
 
 __all__ = [
+    "MODEL_INSTANCE",
     "layout_from_config",
+    "record_instance",
     "round_client",
     "secagg_control",
     "secagg_mod",
@@ -39,15 +49,25 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+MODEL_INSTANCE = "model"
+"""The SecAgg instance :func:`secagg_mod` answers (the one ``SecAggFedAvg`` runs)."""
+
 
 def _slot(instance: str) -> StateSlot[SecAggClient]:
     # One slot per aggregation of a round (Niu runs two: the union and the rows).
-    name = "fsl.secagg.client-state" if instance == "model" else f"fsl.secagg.{instance}"
+    name = "fsl.secagg.client-state" if instance == MODEL_INSTANCE else f"fsl.secagg.{instance}"
     return StateSlot(name, SecAggClient.to_bytes, SecAggClient.from_bytes)
 
 
-def _instance(record: ConfigRecord) -> str:
-    instance = record.get("instance", "model")
+def record_instance(record: ConfigRecord) -> str:
+    """Return the SecAgg instance a message's SecAgg record names (``"model"`` if none).
+
+    Raises
+    ------
+    ClientInputError
+        If the ``instance`` field is not a string that is a Python identifier.
+    """
+    instance = record.get("instance", MODEL_INSTANCE)
     if not isinstance(instance, str) or not instance.isidentifier():
         raise ClientInputError("the SecAgg record names no valid instance")
     return instance
@@ -96,7 +116,7 @@ def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggPa
     """
     record = msg.content.config_records[SECAGG_KEY]
     params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
-    client = _slot(_instance(record)).load(context)
+    client = _slot(record_instance(record)).load(context)
     if client is None or client.params != params or client.node != context.node_id:
         raise ClientInputError("no SecAgg state for this round (its key advertisement was lost)")
     return client, params
@@ -104,7 +124,7 @@ def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggPa
 
 def store_client(msg: Message, context: Context, client: SecAggClient) -> None:
     """Keep ``client`` as this node's state for the instance of ``msg``."""
-    _slot(_instance(msg.content.config_records[SECAGG_KEY])).store(context, client)
+    _slot(record_instance(msg.content.config_records[SECAGG_KEY])).store(context, client)
 
 
 def _reply(msg: Message, **fields: bytes) -> Message:
@@ -126,21 +146,25 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     Returns
     -------
     Message
-        The protocol reply, or the untouched reply of ``call_next``.
+        The protocol reply, or the untouched reply of ``call_next`` (messages without a SecAgg
+        record, and SecAgg messages of an instance other than ``"model"``).
 
     Raises
     ------
     ClientInputError
-        If a SecAgg message is malformed or inconsistent with this client's state (Flower
-        turns it into an error reply; the server drops the client from the round).
+        If a SecAgg message of instance ``"model"`` is malformed, has an unknown phase or is
+        inconsistent with this client's state, or a SecAgg record names no valid instance
+        (Flower turns it into an error reply; the server drops the client from the round).
     """
     record = msg.content.config_records.get(SECAGG_KEY)
     if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
         return call_next(msg, context)
+    if record_instance(record) != MODEL_INSTANCE:
+        return call_next(msg, context)  # another aggregation's message: its own mod answers
     answer = secagg_control(msg, context)
     if answer is not None:
         return answer
-    if record.get("phase") == "train" and _instance(record) == "model":
+    if record.get("phase") == "train":
         return _train(msg, context, call_next)
     raise ClientInputError("unknown SecAgg phase")
 

@@ -6,7 +6,8 @@ Usage, around an unchanged ``@app.train`` that trains the model it receives::
     app = ClientApp(mods=[rows.mod])
 
 ``rows(context)`` returns the client's real row set ``S`` and a count per row (how many of its
-samples touch it). The mod answers the SecAgg control phases of both aggregations
+samples touch it). The mod owns the SecAgg instances ``"union"`` and ``"rows"``
+(:data:`SFSL_INSTANCES`): it answers their control phases
 (:func:`~flwr_fsl.mods.secagg.secagg_control`) and:
 
 * ``union`` train phase: its randomized Bloom filter of ``S`` (:func:`~flwr_fsl.protocols.psu.
@@ -18,14 +19,34 @@ samples touch it). The mod answers the SecAgg control phases of both aggregation
   (others zero), then uploads, masked, ``(v_j Δ_j, v_j)`` for ``j in S'' ∩ S``, zero for
   ``S'' \ S``, and ``(w Δ, w)`` for the dense tensors.
 
+SecAgg messages of other instances (``"model"``: :class:`~flwr_fsl.strategies.SecAggFedAvg`)
+pass through, so ``ClientApp(mods=[rows.mod, secagg_mod])`` serves both strategies.
+
+**Per-training settings.** The perturb message carries the round's train config (under
+``config_key``, ``"config"`` as in Flower). ``rr`` may be a function
+``rr(config, context) -> RRParams`` of it, so the server can ask for a privacy level per
+training (and a client can still choose its own from its ``node_config``). With
+``session_key``, the config entry of that name scopes the memo: each value has its own
+permanent answers (its own ``Context.state`` slot and memo file), so the answers of one
+training never reach another. Within one scope the permanent probabilities ``p1, p2`` may not
+change (the memo was drawn with them; ``ε∞`` assumes them); ``p3, p4`` may.
+
+Note what scoping costs: ``ε∞`` bounds what the server learns from *one* memo however many
+rounds use it. Trainings with separate scopes draw independent permanent answers, so a server
+that sees ``k`` of them of the same client gets up to ``k·ε∞``. Scope by session only where
+the trainings must be independent (e.g. an experiment comparing privacy levels); a deployment
+that wants the lifetime bound keeps one scope (no ``session_key``).
+
 Error texts name checks, never rows, counts or values.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
@@ -33,19 +54,48 @@ from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.mods.base import StateSlot
-from flwr_fsl.mods.secagg import round_client, secagg_control, store_client
+from flwr_fsl.mods.secagg import record_instance, round_client, secagg_control, store_client
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector
 from flwr_fsl.protocols.secagg import decode_ids, decode_rows
 from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
 from flwr_fsl.submodel.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
 
-__all__ = ["PerturbedRows"]
+__all__ = ["ROWS_INSTANCE", "SFSL_INSTANCES", "UNION_INSTANCE", "PerturbedRows", "RRChoice"]
 
 RowsFn = Callable[[Context], tuple[NDArray[np.int64], NDArray[np.float64]]]
-_MEMO = StateSlot("fsl.sfsl.memo", PermanentMemo.to_bytes, PermanentMemo.from_bytes)
+RRChoice = Callable[[ConfigRecord, Context], RRParams]
+"""``rr(config, context)``: the randomized-response parameters of one training."""
+Session = str | bytes | int
+
+UNION_INSTANCE = "union"
+"""The SecAgg instance of the private set union (SFSL step 1)."""
+ROWS_INSTANCE = "rows"
+"""The SecAgg instance of the perturb phase and the count-weighted rows round (steps 2, 3)."""
+SFSL_INSTANCES = (UNION_INSTANCE, ROWS_INSTANCE)
+
+MEMO_SLOT = "fsl.sfsl.memo"
+_RR_SLOT = "fsl.sfsl.rr"  # per memo slot: the (p1, p2) its permanent answers were drawn with
+
+
+def _scope(session: Session | None) -> str:
+    """Return the suffix naming a session's memo ('' for the unscoped one)."""
+    if session is None:
+        return ""
+    if isinstance(session, bytes):
+        raw = session
+    elif isinstance(session, str):
+        raw = session.encode()
+    else:
+        raw = str(int(session)).encode()
+    return hashlib.sha256(b"flwr_fsl.sfsl.memo\x00" + raw).hexdigest()[:32]
+
+
+def _memo_slot(scope: str) -> StateSlot[PermanentMemo]:
+    name = f"{MEMO_SLOT}.{scope}" if scope else MEMO_SLOT
+    return StateSlot(name, PermanentMemo.to_bytes, PermanentMemo.from_bytes)
 
 
 def _indices(raw: bytes, what: str) -> NDArray[np.int64]:
@@ -64,16 +114,48 @@ class PerturbedRows:
         The row table's name in the model.
     rows : Callable[[Context], tuple]
         The real row set ``S`` and a positive count per row.
-    rr : RRParams
-        This client's randomized-response probabilities ``p1..p4``.
+    rr : RRParams or Callable[[ConfigRecord, Context], RRParams]
+        This client's randomized-response probabilities ``p1..p4``, or a function of the
+        perturb message's train config and the node's context that returns them.
     memo_dir : str or Path, optional
-        Where to keep the permanent answers across restarts (one file per node).
+        Where to keep the permanent answers across restarts (one file per node and scope).
+    session_key : str, optional
+        A train-config entry whose value scopes the memo (module docstring). A perturb
+        message whose config lacks it is refused.
+    config_key : str
+        The train config's record name (the strategy's ``configrecord_key``). Default
+        ``"config"``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a setting is invalid.
     """
 
     table: str
     rows: RowsFn
-    rr: RRParams
+    rr: RRParams | RRChoice
     memo_dir: str | Path | None = None
+    session_key: str | None = None
+    config_key: str = "config"
+
+    instances: ClassVar[tuple[str, ...]] = SFSL_INSTANCES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, str) or not self.table:
+            raise ConfigurationError("PerturbedRows: table must name the model's row table")
+        if not callable(self.rows):
+            raise ConfigurationError("PerturbedRows: rows must be a function of the Context")
+        if not isinstance(self.rr, RRParams) and not callable(self.rr):
+            raise ConfigurationError(
+                "PerturbedRows: rr must be RRParams or a function (config, context) -> RRParams"
+            )
+        if self.session_key is not None and (
+            not isinstance(self.session_key, str) or not self.session_key
+        ):
+            raise ConfigurationError("PerturbedRows: session_key must be a non-empty str or None")
+        if not isinstance(self.config_key, str) or not self.config_key:
+            raise ConfigurationError("PerturbedRows: config_key must be a non-empty str")
 
     def _real(self, context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         rows, counts = self.rows(context)
@@ -84,25 +166,48 @@ class PerturbedRows:
         order = np.argsort(r)
         return r[order], c[order]
 
-    def _store(self, context: Context) -> MemoStore | None:
+    def _store(self, context: Context, scope: str) -> MemoStore | None:
         if self.memo_dir is None:
             return None
-        return MemoStore(Path(self.memo_dir) / f"node-{int(context.node_id)}.rr")
+        name = f"node-{int(context.node_id)}" + (f".{scope}" if scope else "")
+        return MemoStore(Path(self.memo_dir) / f"{name}.rr")
+
+    def memo(self, context: Context, session: Session | None = None) -> PermanentMemo | None:
+        """Return the permanent answers this node keeps for ``session`` (None: no scope).
+
+        Reads ``memo_dir`` when set, else ``Context.state``; None when there is no memo yet.
+        """
+        scope = _scope(session)
+        store = self._store(context, scope)
+        if store is not None:
+            return store.load() if store.path.exists() else None
+        return _memo_slot(scope).load(context)
 
     def mod(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        """Run the mod (see the module docstring)."""
+        """Run the mod (see the module docstring).
+
+        Raises
+        ------
+        ClientInputError
+            If a message of the ``union`` / ``rows`` instances is malformed, has an unknown
+            phase or does not fit this client's state, or a SecAgg record names no valid
+            instance (the server drops this client from the round).
+        """
         record = msg.content.config_records.get(SECAGG_KEY)
         if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
             return call_next(msg, context)
+        instance = record_instance(record)
+        if instance not in self.instances:
+            return call_next(msg, context)  # another aggregation's message (e.g. SecAggFedAvg)
         answer = secagg_control(msg, context)
         if answer is not None:
             return answer
-        phase, instance = record.get("phase"), record.get("instance")
-        if phase == "train" and instance == "union":
+        phase = record.get("phase")
+        if phase == "train" and instance == UNION_INSTANCE:
             return self._union(msg, context, record)
-        if phase == "perturb":
+        if phase == "perturb" and instance == ROWS_INSTANCE:
             return self._perturb(msg, context)
-        if phase == "train" and instance == "rows":
+        if phase == "train" and instance == ROWS_INSTANCE:
             return self._train(msg, context, call_next, record)
         raise ClientInputError("unknown SFSL phase")
 
@@ -126,13 +231,58 @@ class PerturbedRows:
         store_client(msg, context, client)
         return Message(masked_input_record(masked), reply_to=msg)
 
+    def _config(self, msg: Message) -> ConfigRecord:
+        config = msg.content.config_records.get(self.config_key)
+        if config is None:
+            raise ClientInputError(
+                f"the perturb message carries no train config {self.config_key!r}"
+            )
+        return config
+
+    def _rr(self, msg: Message, context: Context) -> RRParams:
+        if isinstance(self.rr, RRParams):
+            return self.rr
+        try:
+            params = self.rr(self._config(msg), context)
+        except ClientInputError:
+            raise
+        except (KeyError, TypeError, ValueError) as err:
+            raise ClientInputError(f"rr(config, context) refused the train config: {err}") from err
+        if not isinstance(params, RRParams):
+            raise TypeError("rr(config, context) must return RRParams")
+        return params
+
+    def _session(self, msg: Message) -> Session | None:
+        if self.session_key is None:
+            return None
+        value = self._config(msg).get(self.session_key)
+        if value is None:
+            raise ClientInputError(f"the train config lacks the session key {self.session_key!r}")
+        if isinstance(value, bool) or not isinstance(value, str | bytes | int):
+            raise ClientInputError(
+                f"the session key {self.session_key!r} is not a str, bytes or int"
+            )
+        return value
+
     def _perturb(self, msg: Message, context: Context) -> Message:
         union = _indices(read_secagg_bytes(msg.content, "union"), "the union")
+        rr = self._rr(msg, context)
+        scope = _scope(self._session(msg))
+        slot = _memo_slot(scope)
+        drawn = context.state.config_records.get(_RR_SLOT, ConfigRecord())
+        permanent = [rr.p1, rr.p2]
+        if slot.name in drawn and list(drawn[slot.name]) != permanent:  # type: ignore[arg-type]
+            raise ClientInputError(
+                "the permanent probabilities p1, p2 changed within one memo scope "
+                "(its answers were drawn with others; use a new session)"
+            )
         real, _ = self._real(context)
-        store = self._store(context)
-        memo = store.load() if store is not None else (_MEMO.load(context) or PermanentMemo())
-        perturbed, memo = perturb_index_set(real, union, memo, self.rr)
-        _MEMO.store(context, memo)
+        store = self._store(context, scope)
+        memo = store.load() if store is not None else (slot.load(context) or PermanentMemo())
+        perturbed, memo = perturb_index_set(real, union, memo, rr)
+        slot.store(context, memo)
+        drawn[slot.name] = permanent
+        context.state[_RR_SLOT] = drawn
         if store is not None:
             store.save(memo)
         content = RecordDict(

@@ -9,7 +9,10 @@ any number of dense tensors. A round, on the round engine, with
    filters (:mod:`flwr_fsl.protocols.psu`; exact mode by default); the server opens the union
    ``U`` of their real row sets.
 2. **Perturbation** (Alg. 2, ``perturb``): each client answers with ``S''_i`` from permanent
-   (memoized) and instantaneous randomized response over ``U``.
+   (memoized) and instantaneous randomized response over ``U``. The message carries the
+   round's train config (under ``configrecord_key``, with ``server-round``, as the train
+   message does), so a client can choose its ``p1..p4`` per training and scope its memo by a
+   session entry (``PerturbedRows(rr=..., session_key=...)``).
 3. **Count-weighted secure aggregation** (Alg. 1, ``rows-*`` phases): a subset SecAgg round in
    which client ``i`` receives the rows ``S''_i`` (and the dense tensors), trains, and
    contributes ``(v_ij Δ_ij, v_ij)`` for its rows (zero where ``j`` is not a real row) and
@@ -50,6 +53,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.mods.sfsl import ROWS_INSTANCE, UNION_INSTANCE
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, reconstruct_union, union_report
 from flwr_fsl.protocols.secagg import SecAggParams, encode_ids, encode_rows
@@ -220,7 +224,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
             psu = PSUParams.exact(m)
         else:
             psu = PSUParams.for_target(m, self.expected_union, self.bloom_fpr, self.partitions)
-        union_phases = SecAggPhases(self, "union")
+        union_phases = SecAggPhases(self, UNION_INSTANCE)
         union_params = SecAggParams(state.server_round, self.session, t, psu.vector_length)
         server = union_phases.keys(grid, state, nodes, union_params)
         record = union_phases.record(
@@ -237,13 +241,15 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         dense = [k for k in model if k != self.table]
         dense_size = sum(model[k].size for k in dense)
         layout, length = sfsl_layout(union, width, dense_size, self.codec, self.quantizer)
-        rows_phases = SecAggPhases(self, "rows")
+        rows_phases = SecAggPhases(self, ROWS_INSTANCE)
         rows_params = SecAggParams(state.server_round, self.session, t, length)
+        train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         ask = RecordDict(
             {
                 SECAGG_KEY: rows_phases.record(
                     rows_params, "perturb", union=union.astype("<i8").tobytes()
-                )
+                ),
+                self.configrecord_key: train_config,
             }
         )
         survivors = [n for n in nodes if n in state.survivors]
@@ -271,9 +277,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
             contents[u] = RecordDict(
                 {
                     self.arrayrecord_key: arrays_u,
-                    self.configrecord_key: ConfigRecord(
-                        {**dict(config), "server-round": state.server_round}
-                    ),
+                    self.configrecord_key: train_config,
                     SECAGG_KEY: rows_phases.record(
                         rows_params,
                         "train",

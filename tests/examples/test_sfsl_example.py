@@ -5,7 +5,8 @@ secagg) from the same table and client sample. Every arm aggregates every round 
 the arms that compute the same model agree up to fixed-point rounding — SFSL under CPP1
 (S'' = S) and CPP5 (S'' = U: the extra rows carry count 0) and SSA/PSR with FedSubAvg (each
 row count-weighted, count 1 per user, over the same real rows), SecAgg with dense FedAvg —
-and every SFSL arm starts with a fresh randomized-response memo.
+and every SFSL arm keeps its own randomized-response memo (``PerturbedRows(session_key=
+"training-id")``), drawn with its own CPP.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.experiment import ExperimentResult
@@ -81,8 +82,17 @@ def _union(task: ModuleType) -> np.ndarray:
     )
 
 
-def _memo(grid: InProcessGrid, node: int) -> PermanentMemo:
-    return PermanentMemo.from_bytes(grid.context(node).state["fsl.sfsl.memo"]["bytes"])
+def _memo(client_app: ModuleType, grid: InProcessGrid, node: int, session: str) -> PermanentMemo:
+    memo = client_app.perturbed_rows.memo(grid.context(node), session)
+    assert memo is not None, session
+    return memo
+
+
+def _sessions(client_app: ModuleType, grid: InProcessGrid, node: int) -> dict[str, str]:
+    """Each SFSL arm's training id, from the node's last one (``name/arm@nonce``)."""
+    last = str(grid.context(node).state[client_app.USER_STATE][client_app.TRAINING_ID])
+    nonce = last.rsplit("@", 1)[1]
+    return {f"sfsl-{cpp}": f"sfsl-movielens/sfsl-{cpp}@{nonce}" for cpp in client_app.CPPS}
 
 
 def test_every_arm_aggregates_every_round(
@@ -153,49 +163,86 @@ def test_sfsl_cpp1_counts_the_rows_fedsubavg_counts(
 def test_cpp1_perturbed_set_is_the_real_set(example: Example) -> None:
     # CPP1 (keep 1, flip 0): the permanent answers are exactly "yes" on S, "no" on U \ S, so
     # S'' = S and SFSL's per-row weights are FedSubAvg's (count 1 per user holding the row).
-    task, _, _ = example
+    task, client_app, _ = example
     result, grid = _run(example, arms="fedsubavg,sfsl-cpp1")
     union = _union(task)
     seed = task.Settings().seed
     for i, node in enumerate(grid.get_node_ids()):
         rows = task.user_data(i, MAX_ROWS, 0.2, seed).rows
-        memo = _memo(grid, node)
+        memo = _memo(client_app, grid, node, _sessions(client_app, grid, node)["sfsl-cpp1"])
         np.testing.assert_array_equal(memo.yes, rows)
         np.testing.assert_array_equal(memo.no, np.setdiff1d(union, rows))
     assert result.arm("sfsl-cpp1").record.max_abs_diff < 1e-6
 
 
-def test_each_sfsl_arm_starts_with_a_fresh_memo(
+def test_each_sfsl_arm_keeps_its_own_memo(
     example: Example, everything: tuple[ExperimentResult, InProcessGrid]
 ) -> None:
-    # The last SFSL arm is CPP5 (p1 = p2 = 1: every index answered "yes"). Had CPP1..CPP4's
-    # memo leaked into it, the "no" answers they drew (permanent) would still be there.
+    # One PerturbedRows for the five CPPs, its memo scoped by the arm's training id: every
+    # arm's permanent answers were drawn with that arm's p1, p2 and none reached another arm.
+    # CPP1 (keep 1, flip 0) answers exactly S; CPP5 (p1 = p2 = 1) answers "yes" everywhere —
+    # had CPP1..CPP4's memo leaked into it, their (permanent) "no" answers would be there.
     task, client_app, _ = example
     _, grid = everything
     union = _union(task)
-    for node in grid.get_node_ids():
-        memo = _memo(grid, node)
-        assert memo.no.size == 0
-        np.testing.assert_array_equal(memo.yes, union)
-        rr = grid.context(node).state[client_app.RR_STATE]
-        assert rr[client_app.CPP_KEY] == "cpp5"
-        assert str(rr[client_app.TRAINING_ID]).startswith("sfsl-movielens/sfsl-cpp5@")
+    seed = task.Settings().seed
+    for i, node in enumerate(grid.get_node_ids()):
+        context = grid.context(node)
+        sessions = _sessions(client_app, grid, node)
+        rows = task.user_data(i, MAX_ROWS, 0.2, seed).rows
+        cpp1 = _memo(client_app, grid, node, sessions["sfsl-cpp1"])
+        np.testing.assert_array_equal(cpp1.yes, rows)
+        np.testing.assert_array_equal(cpp1.no, np.setdiff1d(union, rows))
+        cpp5 = _memo(client_app, grid, node, sessions["sfsl-cpp5"])
+        assert cpp5.no.size == 0
+        np.testing.assert_array_equal(cpp5.yes, union)
+        for arm, session in sessions.items():  # every memo answers the whole union once
+            memo = _memo(client_app, grid, node, session)
+            np.testing.assert_array_equal(np.union1d(memo.yes, memo.no), union, err_msg=arm)
+        # Five scoped memos and no unscoped one.
+        slots = [k for k in context.state.config_records if k.startswith("fsl.sfsl.memo")]
+        assert len(slots) == 5 and "fsl.sfsl.memo" not in slots
+        assert client_app.perturbed_rows.memo(context) is None
 
 
 def test_stock_sfsl_strategy_uses_the_run_configs_cpp(example: Example) -> None:
-    # Without ArmSFSL the perturb message carries no config: the clients use `sfsl-cpp`.
+    # The library's SFSLFedSubAvg sends the train config with the perturb phase; with no
+    # `sfsl-cpp` in it the clients use the run config's, in the memo of the given training id.
     task, client_app, _ = example
     config = _config(**{"sfsl-cpp": "cpp5", "num-server-rounds": 1})
     grid = InProcessGrid(client_app.app, USERS, config)
     strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS, fraction_evaluate=0.0)
     initial = task.initial_table(task.Settings.from_run_config(config))
     strategy.start(
-        grid=grid, initial_arrays=ArrayRecord({task.TABLE: Array(initial)}), num_rounds=1
+        grid=grid,
+        initial_arrays=ArrayRecord({task.TABLE: Array(initial)}),
+        num_rounds=1,
+        train_config=ConfigRecord({client_app.TRAINING_ID: "stock"}),
     )
     assert strategy.failed_rounds == {} and strategy.dropped == {1: {}}
     union = _union(task)
     for node in grid.get_node_ids():
-        np.testing.assert_array_equal(_memo(grid, node).yes, union)
+        np.testing.assert_array_equal(_memo(client_app, grid, node, "stock").yes, union)
+
+
+def test_a_training_without_its_id_is_refused(example: Example) -> None:
+    # The ClientApp scopes its memo by `training-id`: a server that does not send one gets
+    # every client dropped at the perturb phase with the reason, not a shared memo.
+    task, client_app, _ = example
+    config = _config(**{"num-server-rounds": 1})
+    grid = InProcessGrid(client_app.app, USERS, config)
+    strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS, fraction_evaluate=0.0)
+    initial = task.initial_table(task.Settings.from_run_config(config))
+    strategy.start(
+        grid=grid, initial_arrays=ArrayRecord({task.TABLE: Array(initial)}), num_rounds=1
+    )
+    assert 1 in strategy.failed_rounds
+    assert len(strategy.dropped[1]) == USERS
+    assert all("training-id" in reason for reason in strategy.dropped[1].values())
+    for node in grid.get_node_ids():
+        assert not any(
+            k.startswith("fsl.sfsl.memo") for k in grid.context(node).state.config_records
+        )
 
 
 def test_comparison_table_has_every_arm_and_its_epsilons(

@@ -16,16 +16,14 @@ arm              train message -> reply
 ``secagg``       Bonawitz SecAgg: :func:`~flwr_fsl.mods.secagg_mod` masks the dense update
 ===============  =========================================================================
 
-:func:`secure_aggregation` sends each SecAgg message to the mod of its ``instance`` —
-``secagg_mod`` for ``"model"`` (SecAggFedAvg), a ``PerturbedRows`` for ``"union"`` /
-``"rows"`` (SFSLFedSubAvg): each of the two library mods raises on the other's masked phase,
-so they cannot simply be stacked. ``PerturbedRows`` takes its randomized-response parameters
-at construction, and the SFSL perturb message carries no config, so there is one
-``PerturbedRows`` per CPP; the CPP (and the arm's ``training-id``) reach the client with the
-perturb message because the ServerApp's :class:`~sfsl_movielens.server_app.ArmSFSL` attaches
-the arm's train config to it. A new ``training-id`` clears the memoized permanent answers
-(``fsl.sfsl.memo``), so no arm starts from another arm's randomized response. Without that
-config (the library's own ``SFSLFedSubAvg``) the run config's ``sfsl-cpp`` is used.
+The library mods stack: each answers the SecAgg messages of its own ``instance`` and passes
+the others on — :class:`~flwr_fsl.mods.PerturbedRows` the ``"union"`` / ``"rows"``
+aggregations of ``SFSLFedSubAvg``, :func:`~flwr_fsl.mods.secagg_mod` the ``"model"`` one of
+``SecAggFedAvg``. One ``PerturbedRows`` serves the five CPPs: ``SFSLFedSubAvg`` sends the
+round's train config with the perturb phase, :func:`choose_rr` reads the arm's CPP from it
+(``sfsl-cpp``; the run config's when the server names none), and ``session_key =
+"training-id"`` (the harness's per-arm session id) gives every arm its own memo of permanent
+answers, so no arm starts from another arm's randomized response.
 
 :func:`timing_mod` (outermost) adds up the wall time this node spends on a round's training
 messages (every phase of every protocol, mods included) and reports it as ``client-s`` in
@@ -55,6 +53,7 @@ from numpy.typing import NDArray
 from flwr_fsl.mods import PerturbedRows, PrivateRows, secagg_mod
 from flwr_fsl.records import SECAGG_KEY, encode_update, find_ssa_round
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
+from flwr_fsl.submodel.perturb import RRParams
 from sfsl_movielens.task import (
     CPPS,
     TABLE,
@@ -71,8 +70,6 @@ from sfsl_movielens.task import (
 USER_STATE = "movielens.user"
 USER_ARRAYS = "movielens.user.params"
 CLOCK_STATE = "sfsl-movielens.clock"
-RR_STATE = "sfsl-movielens.rr"
-MEMO_SLOT = "fsl.sfsl.memo"  # PerturbedRows' memo of permanent answers in Context.state
 TRAINING_ID = "training-id"
 CPP_KEY = "sfsl-cpp"
 REPLY_KEY = "reply"  # "dense" or "rows": the shape of a plaintext arm's train reply
@@ -95,39 +92,19 @@ def client_rows(context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64
     return data.rows, np.ones(data.rows.size)
 
 
-ssa_rows = PrivateRows(TABLE, rows=client_rows)
-perturbed_rows = {cpp: PerturbedRows(TABLE, rows=client_rows, rr=rr_params(cpp)) for cpp in CPPS}
+def choose_rr(config: ConfigRecord, context: Context) -> RRParams:
+    """Return the randomized response of the CPP the arm's train config names.
 
-
-def _sfsl_mod(msg: Message, context: Context, record: ConfigRecord) -> PerturbedRows:
-    """Return the ``PerturbedRows`` of the arm's CPP; clear the memo when the arm changes."""
-    if record.get("phase") != "perturb":
-        # The PSU and rows phases do not depend on the randomized response.
-        return perturbed_rows[Settings.from_run_config(context.run_config).sfsl_cpp]
-    config = msg.content.config_records.get("config", ConfigRecord())
+    The run config's ``sfsl-cpp`` when the config names none (a plain ``SFSLFedSubAvg`` run).
+    """
     cpp = config.get(CPP_KEY, Settings.from_run_config(context.run_config).sfsl_cpp)
-    if not isinstance(cpp, str) or cpp not in perturbed_rows:
+    if not isinstance(cpp, str) or cpp not in CPPS:
         raise ValueError(f"the server asks for an unknown CPP (one of {', '.join(CPPS)})")
-    training = str(config.get(TRAINING_ID, ""))
-    seen = context.state.config_records.get(RR_STATE)
-    if seen is None or seen.get(TRAINING_ID) != training:
-        # A new training: its permanent answers start afresh (never another arm's).
-        if MEMO_SLOT in context.state:
-            del context.state[MEMO_SLOT]
-        context.state[RR_STATE] = ConfigRecord({TRAINING_ID: training, CPP_KEY: cpp})
-    elif seen.get(CPP_KEY) != cpp:
-        raise ValueError("the CPP changed within one training (the memo would not fit it)")
-    return perturbed_rows[cpp]
+    return rr_params(cpp)
 
 
-def secure_aggregation(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Route SecAgg messages: instance ``model`` to ``secagg_mod``, others to PerturbedRows."""
-    record = msg.content.config_records.get(SECAGG_KEY)
-    if record is None or not msg.metadata.message_type.startswith(MessageType.TRAIN):
-        return call_next(msg, context)
-    if record.get("instance", "model") == "model":
-        return secagg_mod(msg, context, call_next)
-    return _sfsl_mod(msg, context, record).mod(msg, context, call_next)
+ssa_rows = PrivateRows(TABLE, rows=client_rows)
+perturbed_rows = PerturbedRows(TABLE, rows=client_rows, rr=choose_rr, session_key=TRAINING_ID)
 
 
 def timing_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -153,7 +130,7 @@ def timing_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         context.state[CLOCK_STATE] = ConfigRecord({"round": round_id, "seconds": total})
 
 
-app = ClientApp(mods=[timing_mod, ssa_rows.mod, secure_aggregation])
+app = ClientApp(mods=[timing_mod, ssa_rows.mod, perturbed_rows.mod, secagg_mod])
 
 
 @app.query("psr")

@@ -9,8 +9,8 @@ the same initial table, the same clients each round, fresh personal parameters p
   the round engine's byte log, which Flower's ``FedAvg`` does not keep;
 - ``fedsubavg``: the same strategy on row-sparse replies of the user's rows (count 1 each);
 - ``sfsl-cpp1`` ... ``sfsl-cpp5``: Niu et al.'s secure federated submodel learning,
-  :class:`ArmSFSL` (``SFSLFedSubAvg`` that also sends the arm's train config, and so its
-  CPP, with the perturb phase) + ``PerturbedRows`` on the clients;
+  :class:`~flwr_fsl.strategies.SFSLFedSubAvg` + ``PerturbedRows`` on the clients; the arm's
+  train config names its CPP (``sfsl-cpp``), which the strategy sends with the perturb phase;
 - ``ssa-psr``: Cui et al.'s two-server index mode, ``SecureRowFedSubAvg`` + ``PrivateRows``
   (S1 in-process unless ``ssa-helper-address`` names a running ``flwr-fsl-helper``);
 - ``secagg``: dense Bonawitz secure aggregation, ``SecAggFedAvg`` + ``secagg_mod``.
@@ -29,15 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, Context, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
@@ -57,7 +49,6 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SFSLFedSubAvg
-from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from sfsl_movielens.client_app import CPP_KEY, REPLY_KEY, TRAINING_ID
 from sfsl_movielens.task import TABLE, Settings, auc, initial_table, rr_params
@@ -106,47 +97,6 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Train every arm and print the comparison."""
     run_experiment(grid, context.run_config)
-
-
-class ArmSFSL(SFSLFedSubAvg):
-    """``SFSLFedSubAvg`` that also sends the train config with the perturb phase.
-
-    The library strategy sends the perturb message with its SecAgg record only, and
-    ``PerturbedRows`` takes its randomized-response parameters at construction, so a client
-    cannot tell which CPP an arm asks for. This subclass adds the arm's train config (its
-    ``sfsl-cpp`` and ``training-id``) to every perturb message; the ClientApp picks the
-    ``PerturbedRows`` of that CPP and clears the memo when the training changes. It costs the
-    perturb download a ConfigRecord of a few dozen bytes.
-    """
-
-    _config: ConfigRecord | None = None
-
-    def train_round(
-        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Run the SFSL round, remembering its train config for :meth:`prepare`."""
-        self._config = ConfigRecord({**dict(config), "server-round": state.server_round})
-        return super().train_round(grid, state, arrays, config)
-
-    def prepare(
-        self,
-        state: RoundState,
-        phase: str,
-        contents: Mapping[int, RecordDict],
-        message_type: str,
-    ) -> list[Message]:
-        """Add the train config to the perturb phase's messages, then prepare them."""
-        if phase == "perturb" and self._config is not None:
-            shared: dict[int, RecordDict] = {}
-            extended = {}
-            for node, content in contents.items():
-                if id(content) not in shared:
-                    records = dict(content.items())
-                    records[self.configrecord_key] = self._config
-                    shared[id(content)] = RecordDict(records)
-                extended[node] = shared[id(content)]
-            contents = extended
-        return super().prepare(state, phase, contents, message_type)
 
 
 def evaluate_metrics(contents: list[RecordDict], weight_key: str) -> MetricRecord:
@@ -299,7 +249,7 @@ def run_experiment(
         return FedSubAvg(evaluate_metrics_aggr_fn=evaluate_metrics, **knobs)
 
     def sfsl(setup: ArmSetup) -> Strategy:
-        strategy = ArmSFSL(
+        strategy = SFSLFedSubAvg(
             TABLE,
             reconstruction_threshold=settings.sfsl_threshold,
             clip=settings.clip,
