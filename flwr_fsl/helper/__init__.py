@@ -24,6 +24,7 @@ from flwr_fsl.helper.connection import (
 from flwr_fsl.helper.errors import (
     HelperError,
     HelperRequestError,
+    HelperSessionLostError,
     HelperUnavailableError,
     WireFormatError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "HelperLimits",
     "HelperRequestError",
     "HelperService",
+    "HelperSessionLostError",
     "HelperShare",
     "HelperUnavailableError",
     "InProcessHelper",

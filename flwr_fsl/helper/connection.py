@@ -11,8 +11,19 @@ Errors (all :class:`~flwr_fsl.helper.errors.HelperError`):
 :class:`~flwr_fsl.helper.errors.HelperUnavailableError` when S1 cannot be reached (connection
 refused, deadline, closed connection) — fail the round and keep the global model;
 :class:`~flwr_fsl.helper.errors.HelperRequestError` when S1 refused the call (same message
-from both transports); plain :class:`~flwr_fsl.helper.errors.HelperError` for an S1 internal
-error, a malformed response or a pinned-key mismatch (:func:`verify_helper`).
+from both transports), :class:`~flwr_fsl.helper.errors.HelperSessionLostError` when it refused
+it because it does not hold the connection's session (S1 restarted, or the session expired);
+plain :class:`~flwr_fsl.helper.errors.HelperError` for an S1 internal error, a malformed
+response or a pinned-key mismatch (:func:`verify_helper`).
+
+**Restarts of S1.** A connection opens its session before its first round (or when
+:func:`~flwr_fsl.helper.setup.connect_helper` creates it) and never re-creates it silently: after
+S1 restarts, its calls raise :class:`~flwr_fsl.helper.errors.HelperSessionLostError` until S0
+calls :meth:`~HelperConnection.open_session` again (what
+:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>` does, after forgetting
+its stored U-DPF keys). :class:`HelperClient` replaces its gRPC channel after a call finds S1
+unreachable, so the first call after S1 is back connects at once instead of waiting out gRPC's
+reconnect backoff (up to two minutes).
 
 **Threat model.** As :mod:`flwr_fsl.helper.service`: S0 relays clients' sealed material it
 cannot read or alter; what S0 receives from S1 is S1's additive share (random on its own) and
@@ -41,6 +52,7 @@ from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import (
     HelperError,
     HelperRequestError,
+    HelperSessionLostError,
     HelperUnavailableError,
     WireFormatError,
 )
@@ -124,6 +136,7 @@ class _Facade(abc.ABC):
     """Shared request building and response checking of both transports."""
 
     _session_id: bytes = b""
+    _session_opened: bool = False
 
     def _init_session(self, session_id: bytes | None) -> None:
         if session_id is None:
@@ -131,6 +144,7 @@ class _Facade(abc.ABC):
         if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
             raise ValueError(f"session_id must be {wire.SESSION_BYTES} bytes")
         self._session_id = session_id
+        self._session_opened = False
 
     @property
     def session_id(self) -> bytes:
@@ -140,6 +154,9 @@ class _Facade(abc.ABC):
     def open_session(self) -> None:
         """Start this connection's session on S1 now (otherwise its first round starts it).
 
+        Also the way back after :class:`HelperSessionLostError`: S1 creates the session anew
+        (empty: no rounds, no stored keys). Calling it while S1 holds the session is harmless.
+
         Raises
         ------
         HelperRequestError
@@ -148,6 +165,7 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         self._call("OpenSession", wire.OpenSessionRequest(self.session_id), wire.OkResponse)
+        self._session_opened = True
 
     def close_session(self) -> None:
         """End this connection's session on S1: S1 drops its rounds and stored keys.
@@ -159,6 +177,7 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
+        self._session_opened = False
         self._call("CloseSession", wire.CloseSessionRequest(self.session_id), wire.OkResponse)
 
     def _close_session_quietly(self) -> None:
@@ -225,13 +244,21 @@ class _Facade(abc.ABC):
         params : bytes
             ``SSAParams.to_bytes()``.
 
+        The connection's first round opens its session first (:meth:`open_session`); a later
+        one does not, so a restarted S1 is noticed rather than papered over.
+
         Raises
         ------
         HelperRequestError
             If the round was opened before, too many are open, or the parameters are bad.
+        HelperSessionLostError
+            If S1 no longer holds the session (restarted, expired): call
+            :meth:`open_session`, then open the round again.
         HelperUnavailableError
             If S1 cannot be reached.
         """
+        if not self._session_opened:
+            self.open_session()
         self._call(
             "OpenRound", wire.OpenRoundRequest(self.session_id, round_id, params), wire.OkResponse
         )
@@ -468,6 +495,8 @@ class InProcessHelper(_Facade):
             raise HelperUnavailableError("the in-process helper is closed")
         try:
             return self.service.handle(method, bytes(body))
+        except HelperSessionLostError as err:
+            raise HelperSessionLostError(str(err)) from None
         except HelperRequestError as err:
             raise HelperRequestError(str(err)) from None
         except Exception as err:  # same surface as the gRPC transport's INTERNAL status
@@ -548,26 +577,36 @@ class HelperClient(_Facade):
         self.address = address
         self.timeout = float(timeout)
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token is not None else None
-        if root_certificates is None:
-            channel = grpc.insecure_channel(address, options=grpc_options())
-        else:
-            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            channel = grpc.secure_channel(address, credentials, options=grpc_options())
-        self._channel: grpc.Channel | None = channel
+        self._root_certificates = root_certificates
+        self._channel: grpc.Channel | None = self._new_channel()
+
+    def _new_channel(self) -> grpc.Channel:
+        if self._root_certificates is None:
+            return grpc.insecure_channel(self.address, options=grpc_options())
+        credentials = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
+        return grpc.secure_channel(self.address, credentials, options=grpc_options())
 
     def _transport(self, method: str, body: bytes) -> bytes:
         if self._channel is None:
             raise HelperUnavailableError(f"connection to S1 at {self.address} is closed")
-        call = self._channel.unary_unary(f"/{SERVICE_NAME}/{method}")
+        channel: grpc.Channel = self._channel
+        call = channel.unary_unary(f"/{SERVICE_NAME}/{method}")
         try:
             response = call(body, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
             details = err.details() if isinstance(err, grpc.Call) else str(err)
+            if code == grpc.StatusCode.UNAVAILABLE and self._channel is channel:
+                # A fresh channel for the next call: the old one would refuse calls for its
+                # reconnect backoff (up to minutes) after S1 is back, e.g. after a restart.
+                self._channel = self._new_channel()
+                channel.close()
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise HelperUnavailableError(
                     f"S1 at {self.address} unreachable ({code.name}): {details}"
                 ) from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise HelperSessionLostError(details or code.name) from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 hint = "a wrong" if self._metadata else "no"
                 raise HelperError(

@@ -8,6 +8,10 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
 * :class:`HelperRequestError` — S1 refused a whole call (malformed request, unknown or finished
   round, wrong state). A *single client's* bad material is never an exception: it is reported
   per client and the round goes on without that client.
+* :class:`HelperSessionLostError` — a :class:`HelperRequestError` for a call naming a session S1
+  does not hold (S1 restarted, the session expired or was closed): S1 kept nothing of the run.
+  It is also a :class:`~flwr_fsl.protocols.two_server.SessionLostError`, which S0's
+  :meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>` recovers from.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
   (:mod:`flwr_fsl.helper.wire`); a decoder error, so a :class:`~flwr_fsl.errors.ClientInputError`.
   Raised to S1 for a bad request (and turned into a :class:`HelperRequestError` answer) and to
@@ -19,9 +23,16 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
 from __future__ import annotations
 
 from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.protocols.two_server import SessionLostError
 from flwr_fsl.wireformat import WireFormatError
 
-__all__ = ["HelperError", "HelperRequestError", "HelperUnavailableError", "WireFormatError"]
+__all__ = [
+    "HelperError",
+    "HelperRequestError",
+    "HelperSessionLostError",
+    "HelperUnavailableError",
+    "WireFormatError",
+]
 
 
 class HelperError(RoundFailedError):
@@ -34,3 +45,7 @@ class HelperRequestError(HelperError, ValueError):
 
 class HelperUnavailableError(HelperError, ConnectionError):
     """S1 cannot be reached: connection refused, deadline exceeded or channel closed."""
+
+
+class HelperSessionLostError(HelperRequestError, SessionLostError):
+    """S1 does not hold the call's session (restarted, expired or closed): re-open it."""

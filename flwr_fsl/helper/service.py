@@ -12,13 +12,17 @@ PrivHFL computing party) is one new file registered the same way (and its own wi
 (one per :class:`~flwr_fsl.helper.connection.HelperConnection`). Everything S1 keeps — open and
 closed rounds, stored U-DPF keys, PSR tables — lives in that session, so one long-running
 ``flwr-fsl-helper`` serves many runs, one after another and at once, and round ids of different
-runs never collide. A session is created by ``OpenSession`` (what
-:func:`~flwr_fsl.helper.setup.connect_helper` sends, so it spans the whole run) or by its first
-``OpenRound``, ends with ``CloseSession`` (a connection's ``close()``), and is dropped after
-``session_idle_s`` without a call; at most ``max_sessions`` exist at once (a new one beyond that
-is refused, after expired ones are dropped) and each has at most ``max_open_rounds`` open
-rounds. Calls of different sessions run concurrently (one lock per session); calls of one
-session are serialized. ``Health`` and ``PublicKey`` take no session lock.
+runs never collide. A session is created only by ``OpenSession`` (what
+:func:`~flwr_fsl.helper.setup.connect_helper` sends, so it spans the whole run; a connection
+also sends it before its first ``OpenRound``), ends with ``CloseSession`` (a connection's
+``close()``), and is dropped after ``session_idle_s`` without a call; at most ``max_sessions``
+exist at once (a new one beyond that is refused, after expired ones are dropped) and each has
+at most ``max_open_rounds`` open rounds. Sessions live in memory only: any other call naming a
+session S1 does not hold — after a restart of S1, an expiry or a close — is refused with
+:class:`~flwr_fsl.helper.errors.HelperSessionLostError`, so S0 learns that S1 lost the run's
+rounds and U-DPF keys instead of a round silently starting on an empty session. Calls of
+different sessions run concurrently (one lock per session); calls of one session are
+serialized. ``Health`` and ``PublicKey`` take no session lock.
 
 :meth:`HelperService.handle` is the one entry point, so the gRPC server
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
@@ -63,7 +67,7 @@ from typing import Any, Protocol
 
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import wire
-from flwr_fsl.helper.errors import HelperRequestError, WireFormatError
+from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
 from flwr_fsl.helper.limits import HelperLimits
 
 __all__ = [
@@ -265,8 +269,9 @@ class HelperService:
         ------
         HelperRequestError
             If the method is unknown, the request is malformed (any
-            :class:`~flwr_fsl.helper.errors.WireFormatError`), names an unknown session or is
-            refused in the current state.
+            :class:`~flwr_fsl.helper.errors.WireFormatError`) or is refused in the current
+            state; :class:`~flwr_fsl.helper.errors.HelperSessionLostError` if it names a
+            session S1 does not hold.
         """
         entry = self._methods.get(method)
         if entry is None:
@@ -296,7 +301,7 @@ class HelperService:
                 session.last_used = time.monotonic()
                 return session
             if not create:
-                raise HelperRequestError("unknown session (closed, expired, or S1 restarted)")
+                raise HelperSessionLostError("unknown session (closed, expired, or S1 restarted)")
             self._expire_idle()
             if len(self._sessions) >= self.max_sessions:
                 raise HelperRequestError(

@@ -18,6 +18,14 @@ A round that fails raises :class:`~flwr_fsl.errors.RoundFailedError` (S1's own e
 that kind too); the caller leaves the model unchanged and calls :meth:`LeadServer.abort`.
 Clients rejected by S1 are returned with S1's reason so the caller drops them from the round.
 
+**S1 restarts.** S1 keeps a run's session (open rounds, stored U-DPF keys) in memory only, and
+only ``OpenSession`` creates a session, so a restarted S1 answers every call of the old session
+with :class:`SessionLostError`. :meth:`LeadServer.open` — which strategies call before any
+client is asked anything in a round — handles that: S0 forgets its own stored U-DPF keys (S1's
+are gone; :meth:`LeadServer.held` then announces none, so clients send fresh keys instead of
+hints), re-fetches S1's public key on next use, re-opens the session and opens the round. A
+restart costs one round of fresh keys; rounds while S1 is down fail before any client trains.
+
 For PSR, :meth:`LeadServer.answer_queries` answers each client's query on S0's copy of the
 table, relays the valid ones to S1 and returns, per client, S0's answer in the clear and S1's
 answer sealed to the client.
@@ -70,6 +78,7 @@ __all__ = [
     "HelperShareLike",
     "LeadServer",
     "SSARound",
+    "SessionLostError",
     "TooFewClientsError",
     "TwoServerError",
 ]
@@ -91,6 +100,14 @@ class TooFewClientsError(RoundFailedError):
 
     With one client (or a few whose other members collude with a server) the aggregate is
     that client's update; refusing such rounds is the only protection the aggregate offers.
+    """
+
+
+class SessionLostError(RoundFailedError):
+    """S1 no longer holds this run's session (S1 restarted, or the session expired or closed).
+
+    Everything S1 kept for the run is gone: its open rounds and its stored U-DPF keys.
+    :meth:`LeadServer.open` recovers from it; raised by any other call it fails the round.
     """
 
 
@@ -120,8 +137,12 @@ class HelperParty(Protocol):
         """S1's raw X25519 public key."""
         ...
 
+    def open_session(self) -> None:
+        """Start (or re-start, after :class:`SessionLostError`) the run's session on S1."""
+        ...
+
     def open_round(self, round_id: int, params: bytes) -> None:
-        """Open a round with ``SSAParams.to_bytes()``."""
+        """Open a round with ``SSAParams.to_bytes()`` (:class:`SessionLostError`: S1 lost it)."""
         ...
 
     def add_clients(
@@ -229,6 +250,9 @@ class LeadServer:
         Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
     accountant : ZCDPAccountant
         zCDP account of the DP rounds S0 reconstructed with its own noise added.
+    session_losses : list[int]
+        Rounds at whose opening S0 found that S1 had lost the session (and so forgot its
+        stored U-DPF keys), in order.
     """
 
     def __init__(
@@ -260,6 +284,7 @@ class LeadServer:
         self._open: set[int] = set()
         self.noise_stream = noise_stream
         self.accountant = ZCDPAccountant()
+        self.session_losses: list[int] = []
 
     @property
     def session_id(self) -> bytes:
@@ -315,10 +340,40 @@ class LeadServer:
             raise SSAInputError(f"bad keys: {err}") from None
 
     def open(self, params: SSAParams) -> None:
-        """Open ``params.round_id`` on S1 (once per round)."""
-        if params.round_id not in self._open:
+        """Open ``params.round_id`` on S1 (once per round); recover from a lost session.
+
+        Call it before announcing :meth:`held` digests or asking clients anything: it is
+        the round's reachability check, and the point where S0 learns that S1 lost the
+        session (restart, expiry). Then S0 forgets every stored U-DPF key (S1 holds none any
+        more, so a hint could only be rejected), forgets S1's cached public key (re-fetched
+        and re-checked against the pinned fingerprint), records the round in
+        :attr:`session_losses`, re-opens the session and opens the round.
+
+        Raises
+        ------
+        RoundFailedError
+            If S1 cannot be reached or refuses the round (the caller fails the round).
+        """
+        if params.round_id in self._open:
+            return
+        if self._stored_params is not None and not same_layout(self._stored_params, params):
+            # Keys of another hashing/layout can never be updated again (S1 drops its own too).
+            self.forget_keys()
+        try:
             self.helper.open_round(params.round_id, params.to_bytes())
-            self._open.add(params.round_id)
+        except SessionLostError:
+            self.forget_keys()
+            self._helper_key = None
+            self._open.clear()  # rounds of the lost session are gone on S1
+            self.session_losses.append(params.round_id)
+            self.helper.open_session()
+            self.helper.open_round(params.round_id, params.to_bytes())
+        self._open.add(params.round_id)
+
+    def forget_keys(self) -> None:
+        """Drop every stored U-DPF key: clients are told to send fresh keys next time."""
+        self.stored_keys.clear()
+        self._stored_params = None
 
     def aggregate(
         self,
@@ -353,10 +408,6 @@ class LeadServer:
             open on S1: call :meth:`abort`.
         """
         round_id = params.round_id
-        if self._stored_params is not None and not same_layout(self._stored_params, params):
-            # Keys of another hashing/layout can never be updated again (S1 drops its own too).
-            self.stored_keys.clear()
-            self._stored_params = None
         if isinstance(uploads, Mapping):
             if len(uploads) < self.min_clients:
                 raise TooFewClientsError(

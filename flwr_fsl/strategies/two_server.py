@@ -13,6 +13,12 @@ parameters carry the DP settings (clients clip, each server noises its share); t
 aggregate is post-processed (elements with a small noisy count are left unchanged,
 :func:`~flwr_fsl.protocols.dp.suppress_small_counts`) and the run's ``(ε, δ)`` is logged after
 every round and reported as the ``dp-epsilon`` metric.
+
+Every round is opened on S1 in :meth:`TwoServerAggregation.round_fields`, before any client is
+asked anything: a round while S1 is down fails there (model unchanged, nobody trains for
+nothing), and a restarted S1 is noticed there — S0 forgets its stored U-DPF keys before it
+announces which keys it holds (``fsl.udpf.held``), so clients send fresh keys instead of hints
+(:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>`).
 """
 
 from __future__ import annotations
@@ -152,7 +158,23 @@ class TwoServerAggregation:
         self.lead = LeadServer(helper, helper_fingerprint, self.settings.min_clients)
 
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
-        """Config entries every client of the round needs (parameters, S1's key, session)."""
+        """Open the round on S1 and return what every client needs (parameters, S1's key, session).
+
+        Raises
+        ------
+        RoundFailedError
+            If S1 cannot be reached or refuses the round: the round fails before any client
+            is asked anything.
+        """
+        losses = len(self.lead.session_losses)
+        self.lead.open(params)
+        if len(self.lead.session_losses) > losses:
+            log(
+                WARNING,
+                "round %s: S1 no longer held this run's session (restarted or expired): "
+                "session re-opened; stored U-DPF keys forgotten, clients send fresh keys",
+                params.round_id,
+            )
         return {
             PARAMS_FIELD: params.to_bytes(),
             HELPER_KEY_FIELD: self.lead.helper_key(),

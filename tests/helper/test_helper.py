@@ -557,6 +557,7 @@ def test_service_argument_validation():
 @pytest.fixture
 def service():
     svc = HelperService(SealingKeyPair.generate())
+    svc.handle("OpenSession", wire.encode(wire.OpenSessionRequest(SID)))  # only it creates one
     svc.handle("OpenRound", wire.encode(wire.OpenRoundRequest(SID, 1, make_params(1).to_bytes())))
     return svc
 

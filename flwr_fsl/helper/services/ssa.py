@@ -2,8 +2,9 @@
 
 Per round, S0 relays to S1 (every request carries the run's session id):
 
-1. ``OpenRound``: the round's public :class:`~flwr_fsl.protocols.ssa.SSAParams` (this call
-   creates the session on first use).
+1. ``OpenRound``: the round's public :class:`~flwr_fsl.protocols.ssa.SSAParams` (in a session
+   ``OpenSession`` created; an unknown session is refused with
+   :class:`~flwr_fsl.helper.errors.HelperSessionLostError`).
 2. ``AddClients`` (and ``AddClientHints`` in U-DPF rounds): each client's public part and its
    sealed ``(master seed, SHA-256(public part))``, bound to the session, the round and the
    SHA-256 of the parameters S1 opened the round with; S1 opens it, checks the hash and
@@ -26,8 +27,9 @@ another hashing layout opens) and hands them to the next round's ``SSAServer`` a
 ``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and
 the digest of the keys it updates, :func:`~flwr_fsl.protocols.sealing.seal_udpf_hint`): S1
 refuses a hint S0 altered or one made for keys other than those S1 holds for the client. Keys
-live only in memory: a restarted S1 has none, and a hint for keys it no longer holds is
-rejected for that client.
+live only in memory, in the session: a restarted S1 holds no session, refuses the old one's
+calls (S0 then forgets its own stored keys, so clients send fresh keys), and a hint for keys it
+does not hold is rejected for that client.
 
 **Threat model and leakage.** Two non-colluding semi-honest servers. S0 relays but cannot read
 or alter S1's material. S1 learns the public parameters, each client's public part and S1
@@ -146,7 +148,7 @@ class SSAService:
     def methods(self) -> Mapping[str, Method]:
         """Return the round methods (open, add clients or hints, finish, abort)."""
         return {
-            "OpenRound": Method(wire.OpenRoundRequest, self._open_round, creates_session=True),
+            "OpenRound": Method(wire.OpenRoundRequest, self._open_round),
             "AddClients": Method(wire.AddClientsRequest, self._add_clients),
             "AddClientHints": Method(wire.AddHintsRequest, self._add_hints),
             "FinishRound": Method(wire.FinishRoundRequest, self._finish_round),
