@@ -1,0 +1,1342 @@
+r"""SESA: Lagrange-coded secure submodel aggregation (Sami & Güler, §IV), one server, N clients.
+
+Flower-free: :class:`SesaClient` and :class:`SesaServer` exchange bytes;
+:mod:`flwr_fsl.strategies.sesa` and :mod:`flwr_fsl.mods.sesa` carry them in Flower messages.
+Clients never talk to each other: what client ``i`` sends client ``j`` is sealed to ``j``
+(:func:`flwr_fsl.protocols.sealing.seal_for`, HPKE X25519 / AES-256-GCM from
+``cryptography``) and relayed by the server. Arithmetic is in ``F_p``, ``p = 2^32 - 5``
+(:class:`~flwr_fsl.crypto.ring.PrimeField`; any prime below 2^32 for tests), vectorized over
+the shard vector with the numba field kernels (:mod:`flwr_fsl.kernels.field`).
+
+**What is aggregated.** The model's shardable part is split into ``K`` *shards* of equal
+length ``d`` (one slice of hidden nodes: its incoming weights and biases and its outgoing
+weights). Client ``i`` picks ``K_i`` shards (its capacity) uniformly at random, without
+replacement, and its update of shard ``k`` is a vector ``ḡ_ik ∈ F_p^d``. The server learns, for
+every shard ``n``, the sum ``Σ_{i ∈ U3, n ∈ 𝒦_i} ḡ_in`` over the surviving clients that chose it
+(eq. 28) — and nothing about which shards an honest client chose. Several independent
+*groups* can run side by side in one round (:class:`SesaGroup`, each with its own ``K``, ``d``
+and fresh randomness, as the paper runs one instance per layer pair).
+
+**Parameters** (:class:`SesaParams`): ``T >= 1`` colluding clients tolerated; per group ``K``
+shards of ``d`` words. Public points: ``β_n = n`` for ``n = 1..K+T`` (per group) and, for the
+client at position ``q`` of the roster (sorted ids), ``α_q = K_max + T + 1 + q``: all
+``N + K + T`` points are distinct as long as ``K_max + T + N < p`` (checked).
+Write ``L_n(z) = Π_{n' ≠ n} (z - β_{n'}) / (β_n - β_{n'})`` for the Lagrange basis through
+``β_1..β_{K+T}``.
+
+**Rounds.**
+
+0. *Advertise* — client ``i`` draws an X25519 key pair and sends its public key. ``U1``.
+1. *Offline* (eqs. 20–22) — the server sends the roster ``U1`` with the keys. Client ``i``
+   draws a 16-byte seed; per group an AES-CTR stream of that seed gives, for each of its
+   slots ``k = 1..K_i`` (slot ``k`` holds shard ``s_k``, the slots in increasing shard order),
+   a mask ``r_ik ∈ F_p^d``, ``T`` scalars ``u_ikn`` and ``T`` vectors ``v_ikn ∈ F_p^d``
+   (``n = K+1..K+T``), all uniform. The *selector* ``ϕ_ik(z) = L_{s_k}(z) + Σ_n u_ikn L_n(z)``
+   is the polynomial of degree ``K+T-1`` with ``ϕ_ik(β_n) = b_ik(n)`` (1 at the chosen shard, 0
+   at the others, eq. 20) and ``u_ikn`` at the ``T`` extra points (eq. 21); the *mask
+   polynomial* ``φ_ik(z) = r_ik L_{s_k}(z) + Σ_n v_ikn L_n(z)`` has ``b_ik(n) r_ik`` at
+   ``β_1..β_K`` (eq. 22). Client ``i`` sends client ``j`` the evaluations
+   ``{ϕ_ik(α_j), φ_ik(α_j)}_k``, sealed to ``j``; it keeps nothing but the seed and its shard
+   choice (its own evaluation is recomputed later). ``U2`` = clients whose bundle arrived.
+2. *Online* (eq. 23) — the server sends ``U2``; client ``i`` trains and sends the masked
+   updates ``x_ik = ḡ_{i,s_k} - r_ik`` of its ``K_i`` slots. ``U3`` = senders.
+3. *Evaluate* (eq. 24) — the server sends client ``i ∈ U3`` the set ``U3``, every
+   ``x_jk`` (``j ∈ U3``) and the sealed evaluations addressed to ``i`` by ``U3``. Client ``i``
+   returns ``ψ(α_i) = Σ_{j ∈ U3} Σ_k (x_jk ϕ_jk(α_i) + φ_jk(α_i))`` (one vector of ``d`` words
+   per group). ``U4`` = senders.
+4. *Decode* (eqs. 25–28) — ``ψ(z) = Σ_{j,k} (x_jk ϕ_jk(z) + φ_jk(z))`` has degree ``K+T-1``
+   and at ``β_n`` (``n ≤ K``) equals ``Σ_{j,k} b_jk(n) (x_jk + r_jk) = Σ_{j ∈ U3 : n ∈ 𝒦_j} ḡ_jn``.
+   From any ``K + T`` evaluations the server interpolates it at ``β_1..β_K``; evaluations
+   beyond ``K + T`` are checked to lie on the same polynomial (a deviating client fails the
+   round rather than corrupting the model silently; it cannot be attributed).
+
+**Dropouts** (Theorem 3). A client lost before its bundle arrived is not in ``U2``: the
+evaluations others sealed to it are never used. A client lost after the offline phase but
+before sending ``x`` (``U2 \ U3``) contributes nothing: every survivor leaves its terms out
+of ``ψ``, so it is as if it had never chosen shards. A client lost after sending ``x`` but
+before ``ψ(α_i)`` (``U3 \ U4``) *is* aggregated — the other survivors hold its evaluations —
+and only its own evaluation of ``ψ`` is missing. Decoding needs ``|U4| ≥ K_max + T``, so up to
+``D = N - (K_max + T)`` clients may drop in all; with fewer left at any step the round fails
+with :class:`TooFewSurvivorsError` (a :class:`~flwr_fsl.errors.RoundFailedError`). Clients
+also refuse a ``U2`` or ``U3`` smaller than ``K_max + T``.
+
+**Threat model and leakage** (Theorem 4). Honest-but-curious server and clients; the server
+may collude with up to ``T`` clients. What a coalition ``𝒯`` of ``T`` clients receives from an
+honest client ``h`` is ``{ϕ_hk(α_t), φ_hk(α_t)}_{t ∈ 𝒯}`` and, with the server, ``x_hk``:
+
+* the ``T`` selector evaluations are uniform whatever ``h`` chose: the map
+  ``(u_{K+1..K+T}) -> (ϕ(α_t))_{t∈𝒯}`` is ``u -> c + M u`` with
+  ``M[t, n] = L_{K+n}(α_t)``, and ``M`` is invertible (a polynomial of degree ``< K+T``
+  vanishing at ``β_1..β_K`` and at the ``T`` points ``α_t`` is zero) — so it is a bijection of
+  ``F_p^T`` for every choice;
+* the mask evaluations are uniform and independent of ``r_hk`` by the same argument on
+  ``v``, and ``x_hk = ḡ - r_hk`` is uniform and independent of ``ḡ`` because ``r_hk`` is;
+* ``ψ``, which the server decodes entirely, is determined by the per-shard sums (its values at
+  ``β_1..β_K``) and by the coalition's own evaluations of the honest clients' terms, so it
+  adds nothing beyond the aggregate.
+
+``tests/protocols/test_sesa.py`` checks the first exactly (a small field, every ``u``), and
+statistically at ``p = 2^32 - 5`` for the coalition's whole view of two different choices, and
+that the server's ``x`` are uniform. **What the server learns, by design:** per shard the sum
+of its contributors' vectors — with the count word of :class:`ShardVector`, the total weight
+of the clients that chose it, which is part of the aggregate: the server divides by it (the
+platform's count-weighted average, Niu App. C) and knows it. So **a shard that exactly one
+surviving client chose reveals that client's update of it** (and its weight), and a shard
+nobody chose is visible as such; both are properties of the per-shard aggregate the paper
+releases, not of the coding (shown in the tests). The server also learns ``U1..U4`` and each
+client's number of shards ``K_i`` (from message sizes), not which ones. Clients learn the
+roster's public keys, ``U2``, ``U3`` and every ``x`` (uniform). Not defended: a server that
+deviates (e.g. sends different ``U3`` to different clients; clients only refuse a ``U3`` that
+is not a subset of ``U2`` holding themselves or is too small), and malicious clients, which can
+add anything to any shard's sum (a selector that is not a unit vector at the ``β``) — only
+evaluations inconsistent with one polynomial are detected.
+
+**Dimension choices** (the paper leaves them loose):
+
+* ``r_ik``, ``v_ikn``, ``x_ik`` and ``ψ`` all have the shard length ``d``: eq. 23 subtracts
+  ``r_ik`` from a shard update ``ḡ ∈ F_p^{d'/K}``, so the paper's ``r ∈ F_p^{d'}`` must be read
+  as ``d'/K``.
+* One group per sharded layer pair. For a one-hidden-layer MLP (784-200-10) with the input and
+  output layers kept whole, a shard is ``d = 200/K`` hidden nodes with their 784 input weights,
+  bias and 10 output weights, and ``K = 1/B_min`` (not ``1/B_min²``: the paper's submodel is a
+  *pair* of shards of consecutive sharded layers, and only the hidden layer is sharded here).
+* Parameters every client holds (the output bias) form their own group with ``K = 1`` that
+  every client selects: it costs ``d + 1`` words per client instead of a padded shard, hides
+  the values like any shard and there is no choice to hide. Adding them to every hidden shard
+  instead would weight them by ``K_i``.
+* :class:`ShardVector` appends one count word to each shard: the fixed-point ``(c·Δ, c)`` of
+  the platform's count-weighted averaging.
+
+**Costs** (Theorems 1–2; ``G`` groups, words of 4 bytes on the wire). Offline, client ``i``
+uploads ``N - 1`` sealed evaluations of ``Σ_g K_i (d + 1)`` words each (``O(N K_i d)``) and
+computes them as one ``(N × T) @ (T × K_i d)`` field product — ``O(N K_i T d)`` operations
+(Theorem 2's ``O(N K_i d log² ...)`` assumes fast multipoint evaluation, which this does not
+implement). Online it uploads ``K_i d`` (``x``) plus ``d`` (``ψ``) words and downloads every
+``x`` (``Σ_j K_j d``) and its ``N - 1`` evaluations; computing ``ψ(α_i)`` is one
+``(1 × Σ_j K_j) @ (Σ_j K_j × d)`` product, ``O(N d)`` (Theorem 2). The server decodes with one
+``(K × (K+T)) @ ((K+T) × d)`` product per group.
+
+**Wire formats** (little-endian, :mod:`flwr_fsl.wireformat`, version 1, every length checked
+before anything is allocated; field elements as ``u32`` words): parameters ``FSEP``, roster
+``FSER``, id set ``FSEU``, offline bundle ``FSEB``, evaluation plaintext ``FSEI`` (sealed),
+masked update ``FSEX``, evaluation request ``FSED``, evaluation ``FSEE``, client state
+``FSEC``. Every decoder raises :class:`SesaError` (a
+:class:`~flwr_fsl.errors.ClientInputError`: drop that client).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.channel import (
+    KEY_BYTES,
+    OVERHEAD,
+    SESSION_BYTES,
+    SealedBoxError,
+    SealingKeyPair,
+    client_party,
+)
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
+from flwr_fsl.crypto.sharing import lagrange_matrix
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.protocols.sealing import RoundBinding, open_from, seal_for
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+
+__all__ = [
+    "MAX_CLIENTS",
+    "MAX_GROUPS",
+    "MAX_LENGTH",
+    "PIECE_PURPOSE",
+    "TAG_SESA",
+    "SesaClient",
+    "SesaError",
+    "SesaGroup",
+    "SesaParams",
+    "SesaServer",
+    "ShardVector",
+    "TooFewSurvivorsError",
+    "bundle_bytes",
+    "choose_shards",
+    "decode_ids",
+    "encode_ids",
+    "mask_evaluations",
+    "selector_evaluations",
+]
+
+_U64 = np.uint64
+VERSION = 1
+MAX_CLIENTS = 10_000
+"""Most clients one round may have (bounds every roster and list the decoders accept)."""
+MAX_GROUPS = 64
+"""Most groups (independent shard sets) in one round."""
+MAX_SHARDS = 10_000
+"""Most shards in one group, and the largest ``T``."""
+MAX_LENGTH = 1 << 28
+"""Most words in one shard vector."""
+TAG_SESA = 0x6B736D2D61736573  # b"sesa-msk" little-endian
+"""PRF domain tag of the streams a client's masks and coefficients are drawn from."""
+PIECE_PURPOSE = "sesa-evaluations"
+"""Sealing purpose of the evaluations one client sends another (relayed by the server)."""
+_SEED_BYTES = 16
+_WORD = np.dtype("<u4")
+
+_M_PARAMS, _M_ROSTER, _M_IDS, _M_BUNDLE = b"FSEP", b"FSER", b"FSEU", b"FSEB"
+_M_PIECE, _M_MASKED, _M_REQUEST, _M_EVAL, _M_STATE = b"FSEI", b"FSEX", b"FSED", b"FSEE", b"FSEC"
+
+
+class SesaError(ClientInputError):
+    """A SESA message from one party is malformed or inconsistent: drop that party."""
+
+
+class TooFewSurvivorsError(RoundFailedError):
+    """Fewer than ``K_max + T`` clients are left: the aggregate cannot be decoded."""
+
+
+def _int(value: object, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigurationError(f"SESA {name} must be an int in [{low}, {high}], got {value!r}")
+    if not low <= int(value) <= high:
+        raise ConfigurationError(f"SESA {name} must be in [{low}, {high}], got {value}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------- params
+
+
+@dataclass(frozen=True)
+class SesaGroup:
+    """One set of ``shards`` shard vectors of ``length`` words, aggregated independently.
+
+    Parameters
+    ----------
+    shards : int
+        ``K``, the number of shards, in ``[1, MAX_SHARDS]``.
+    length : int
+        ``d``, the words per shard vector (with any count word), in ``[1, MAX_LENGTH]``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a field is out of range.
+    """
+
+    shards: int
+    length: int
+
+    def __post_init__(self) -> None:
+        _int(self.shards, "group shards", 1, MAX_SHARDS)
+        _int(self.length, "group length", 1, MAX_LENGTH)
+
+
+@dataclass(frozen=True)
+class SesaParams:
+    """Public parameters of one SESA round, as the server and every client see them.
+
+    Parameters
+    ----------
+    round_id : int
+        The server round (bound into every sealed evaluation).
+    session : bytes
+        16 random bytes the server drew for the run.
+    privacy : int
+        ``T >= 1``: colluding clients tolerated (with the server).
+    groups : tuple of SesaGroup
+        The independent shard sets (1 to :data:`MAX_GROUPS`).
+    prime : int, optional
+        The field modulus (default ``2^32 - 5``); any prime in ``[3, 2^32)``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a field is out of range, the prime is not prime, or ``K_max + T`` does not leave
+        room for a client's evaluation point below ``p``.
+    """
+
+    round_id: int
+    session: bytes
+    privacy: int
+    groups: tuple[SesaGroup, ...]
+    prime: int = SESA_PRIME
+
+    def __post_init__(self) -> None:
+        _int(self.round_id, "round_id", 0, (1 << 64) - 1)
+        _int(self.privacy, "privacy T", 1, MAX_SHARDS)
+        if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
+            raise ConfigurationError(f"SESA session must be {SESSION_BYTES} bytes")
+        groups = tuple(self.groups) if isinstance(self.groups, list | tuple) else None
+        if not groups or len(groups) > MAX_GROUPS:
+            raise ConfigurationError(f"SESA needs 1 to {MAX_GROUPS} groups, got {self.groups!r}")
+        if not all(isinstance(g, SesaGroup) for g in groups):
+            raise ConfigurationError("SESA groups must be SesaGroup instances")
+        object.__setattr__(self, "groups", groups)
+        PrimeField(_int(self.prime, "prime", 3, (1 << 32) - 1))  # primality
+        if self.alpha_base >= self.prime:
+            raise ConfigurationError(
+                f"SESA needs K_max + T + 1 = {self.alpha_base} < p = {self.prime} (distinct points)"
+            )
+
+    @property
+    def field(self) -> PrimeField:
+        """``F_p``."""
+        return PrimeField(self.prime)
+
+    @property
+    def max_shards(self) -> int:
+        """``K_max``, the most shards of any group."""
+        return max(g.shards for g in self.groups)
+
+    @property
+    def threshold(self) -> int:
+        """``K_max + T``: the fewest clients that must be left at every step."""
+        return self.max_shards + self.privacy
+
+    @property
+    def alpha_base(self) -> int:
+        """``α`` of the client at roster position 0 (``K_max + T + 1``)."""
+        return self.threshold + 1
+
+    @property
+    def max_clients(self) -> int:
+        """Most clients whose points ``α`` stay distinct and below ``p``."""
+        return min(MAX_CLIENTS, self.prime - self.alpha_base)
+
+    def betas(self, group: int) -> NDArray[np.uint64]:
+        """``β_1..β_{K+T}`` of a group: ``1..K+T``."""
+        g = self.groups[group]
+        return np.arange(1, g.shards + self.privacy + 1, dtype=_U64)
+
+    def alphas(self, positions: ArrayLike) -> NDArray[np.uint64]:
+        """``α`` of the clients at these roster positions (0-based)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        return (pos + self.alpha_base).astype(_U64)
+
+    def to_bytes(self) -> bytes:
+        """``FSEP`` v1: round u64, session 16, T u32, p u32, groups (count, K u32 + d u32)."""
+        w = Writer()
+        w.fixed(_M_PARAMS, 4)
+        w.u8(VERSION)
+        w.u64(self.round_id)
+        w.fixed(self.session, SESSION_BYTES)
+        w.u32(self.privacy)
+        w.u32(self.prime)
+        w.count(len(self.groups))
+        for g in self.groups:
+            w.u32(g.shards)
+            w.u32(g.length)
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SesaParams:
+        """Strict decoder of :meth:`to_bytes`.
+
+        Raises
+        ------
+        SesaError
+            If the bytes are not exactly one version-1 parameter record or a field is invalid.
+        """
+        try:
+            r = Reader.versioned(data, _M_PARAMS, VERSION, "SESA parameters")
+            round_id = r.u64("round")
+            session = r.fixed(SESSION_BYTES, "session")
+            privacy = r.u32("T")
+            prime = r.u32("prime")
+            n = r.count("groups", 8)
+            if n > MAX_GROUPS:
+                raise SesaError(f"SESA parameters list {n} groups, at most {MAX_GROUPS}")
+            groups = tuple(SesaGroup(r.u32("shards"), r.u32("length")) for _ in range(n))
+            r.done()
+            return cls(round_id, session, privacy, groups, prime)
+        except (WireFormatError, ConfigurationError) as err:
+            raise SesaError(f"bad SESA parameters: {err}") from err
+
+    @property
+    def binding(self) -> RoundBinding:
+        """Session, round and the SHA-256 of :meth:`to_bytes`, bound into every sealed piece."""
+        return RoundBinding.of(self.session, self.round_id, self.to_bytes())
+
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of :meth:`to_bytes`."""
+        return hashlib.sha256(self.to_bytes()).digest()
+
+
+def choose_shards(shards: int, count: int) -> tuple[int, ...]:
+    """Pick ``count`` of ``shards`` shard ids uniformly at random without replacement (OS RNG).
+
+    Parameters
+    ----------
+    shards : int
+        ``K``.
+    count : int
+        ``K_i`` in ``[1, K]``.
+
+    Returns
+    -------
+    tuple of int
+        The chosen ids, increasing (the slot order).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``count`` is not in ``[1, shards]``.
+    """
+    k = _int(shards, "shards", 1, MAX_SHARDS)
+    c = _int(count, "shards per client", 1, k)
+    return tuple(sorted(secrets.SystemRandom().sample(range(k), c)))
+
+
+# ---------------------------------------------------------------------------------- coding
+
+
+def selector_evaluations(
+    field: PrimeField,
+    basis: NDArray[np.uint64],
+    chosen: Sequence[int],
+    u: NDArray[np.uint64],
+) -> NDArray[np.uint64]:
+    """``ϕ_k(α_j)`` for every slot ``k`` and evaluation point ``j`` (eq. 21).
+
+    Parameters
+    ----------
+    field : PrimeField
+        ``F_p``.
+    basis : numpy.ndarray
+        ``(J, K+T)``: ``basis[j, n] = L_n(α_j)`` (:func:`~flwr_fsl.crypto.sharing.lagrange_matrix`
+        through ``β``).
+    chosen : sequence of int
+        The shard ``s_k`` of each slot (0-based, ``< K``).
+    u : numpy.ndarray
+        ``(K_i, T)`` uniform coefficients ``u_{k, K+1..K+T}``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(J, K_i)``: ``L_{s_k}(α_j) + Σ_n u_kn L_{K+n}(α_j)``.
+    """
+    t = u.shape[1]
+    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
+    return field.add(basis[:, list(chosen)], field.matmul(extra, np.ascontiguousarray(u.T)))
+
+
+def mask_evaluations(
+    field: PrimeField,
+    basis: NDArray[np.uint64],
+    chosen: Sequence[int],
+    r: NDArray[np.uint64],
+    v: NDArray[np.uint64],
+) -> NDArray[np.uint64]:
+    """``φ_k(α_j)`` for every slot ``k`` and point ``j`` (eq. 22), one field product.
+
+    Parameters
+    ----------
+    field : PrimeField
+        ``F_p``.
+    basis : numpy.ndarray
+        ``(J, K+T)`` Lagrange basis values at the points.
+    chosen : sequence of int
+        The shard of each slot.
+    r : numpy.ndarray
+        ``(K_i, d)`` masks.
+    v : numpy.ndarray
+        ``(T, K_i, d)`` uniform vectors at the extra points.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(J, K_i, d)``: ``r_k L_{s_k}(α_j) + Σ_n v_kn L_{K+n}(α_j)``.
+    """
+    t, slots, d = v.shape
+    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
+    out = field.matmul(extra, v.reshape(t, slots * d)).reshape(-1, slots, d)
+    return field.add(out, field.mul(basis[:, list(chosen)][:, :, None], r[None, :, :]))
+
+
+@dataclass(frozen=True)
+class _Draws:
+    r: NDArray[np.uint64]  # (K_i, d)
+    u: NDArray[np.uint64]  # (K_i, T)
+    v: NDArray[np.uint64] | None  # (T, K_i, d); None when only r was drawn
+
+
+def _draws(params: SesaParams, seed: bytes, group: int, slots: int, *, full: bool) -> _Draws:
+    """Draw a client's randomness for one group from its seed: ``r`` first, then ``u``, ``v``."""
+    g = params.groups[group]
+    stream = PRGStream.from_seed(seed, group, TAG_SESA)
+    f = params.field
+    r = f.random((slots, g.length), stream)
+    if not full:
+        return _Draws(r, np.zeros((slots, 0), dtype=_U64), None)
+    u = f.random((slots, params.privacy), stream)
+    v = f.random((params.privacy, slots, g.length), stream)
+    return _Draws(r, u, v)
+
+
+def _basis(params: SesaParams, group: int, positions: ArrayLike) -> NDArray[np.uint64]:
+    return lagrange_matrix(params.field, params.betas(group), params.alphas(positions))
+
+
+# ---------------------------------------------------------------------------------- codecs
+
+
+def _check_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SesaError("a client id must be an int")
+    if not 0 <= int(value) < 1 << 64:
+        raise SesaError("a client id must be in [0, 2**64)")
+    return int(value)
+
+
+def _reader(data: object, magic: bytes, what: str) -> Reader:
+    try:
+        return Reader.versioned(data, magic, VERSION, what)
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+
+
+def _header(magic: bytes) -> Writer:
+    w = Writer()
+    w.fixed(magic, 4)
+    w.u8(VERSION)
+    return w
+
+
+def _increasing(ids: Sequence[int], what: str) -> tuple[int, ...]:
+    if len(ids) > MAX_CLIENTS:
+        raise SesaError(f"{what} lists {len(ids)} clients, more than {MAX_CLIENTS}")
+    if any(b <= a for a, b in itertools.pairwise(ids)):
+        raise SesaError(f"{what} ids must be strictly increasing")
+    return tuple(ids)
+
+
+def encode_ids(ids: Iterable[int]) -> bytes:
+    """``FSEU`` v1: a set of client ids (count u32, sorted u64 ids)."""
+    values = sorted({_check_id(i) for i in ids})
+    if len(values) > MAX_CLIENTS:
+        raise SesaError(f"more than {MAX_CLIENTS} client ids")
+    w = _header(_M_IDS)
+    w.ids(values)
+    return w.payload()
+
+
+def decode_ids(data: bytes) -> tuple[int, ...]:
+    """Strict decoder of :func:`encode_ids` (raises :class:`SesaError`)."""
+    r = _reader(data, _M_IDS, "a SESA id set")
+    try:
+        ids = r.ids("client ids")
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    return _increasing(ids, "id set")
+
+
+def _roster_to_bytes(roster: Mapping[int, bytes]) -> bytes:
+    w = _header(_M_ROSTER)
+    w.count(len(roster))
+    for node in sorted(roster):
+        w.u64(node)
+        w.fixed(roster[node], KEY_BYTES)
+    return w.payload()
+
+
+def _roster_from_bytes(data: bytes) -> dict[int, bytes]:
+    r = _reader(data, _M_ROSTER, "a SESA roster")
+    try:
+        n = r.count("roster", 8 + KEY_BYTES)
+        if n > MAX_CLIENTS:
+            raise SesaError(f"the roster lists {n} clients, more than {MAX_CLIENTS}")
+        entries = [(r.u64("id"), r.fixed(KEY_BYTES, "key")) for _ in range(n)]
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    _increasing([e[0] for e in entries], "roster")
+    keys = [e[1] for e in entries]
+    if len(set(keys)) != len(keys):
+        raise SesaError("the roster repeats a public key")
+    return dict(entries)
+
+
+def _words_to_bytes(w: Writer, words: NDArray[np.uint64]) -> None:
+    w.parts.append(np.ascontiguousarray(words, dtype=_WORD).tobytes())
+
+
+def _words(r: Reader, count: int, field_: PrimeField, what: str) -> NDArray[np.uint64]:
+    """Read ``count`` u32 words that must be field elements (length checked first)."""
+    try:
+        raw = r.fixed(4 * count, what)
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    out = np.frombuffer(raw, dtype=_WORD).astype(_U64)
+    if out.size and int(out.max()) >= field_.p:
+        raise SesaError(f"{what} holds a value outside F_{field_.p}")
+    return out
+
+
+def _slot_counts(r: Reader, params: SesaParams, what: str) -> tuple[int, ...]:
+    try:
+        n = r.u32(f"{what} group count")
+        if n != len(params.groups):
+            raise SesaError(f"{what} has {n} groups, the round has {len(params.groups)}")
+        counts = tuple(r.u32(f"{what} slots") for _ in range(n))
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    for c, g in zip(counts, params.groups, strict=True):
+        if not 1 <= c <= g.shards:
+            raise SesaError(f"{what} has {c} slots in a group of {g.shards} shards")
+    return counts
+
+
+def _piece_size(params: SesaParams, slots: Sequence[int]) -> int:
+    """Plaintext bytes of one client's evaluations for another."""
+    body = sum(4 + 4 * k * (1 + g.length) for k, g in zip(slots, params.groups, strict=True))
+    return 4 + 1 + 16 + 4 + body
+
+
+def _encode_piece(
+    sender: int,
+    recipient: int,
+    selectors: Sequence[NDArray[np.uint64]],
+    masks: Sequence[NDArray[np.uint64]],
+) -> bytes:
+    """``FSEI`` v1: sender, recipient u64, groups u32, then per group ``K_i``, ``ϕ``, ``φ``."""
+    w = _header(_M_PIECE)
+    w.u64(sender)
+    w.u64(recipient)
+    w.u32(len(selectors))
+    for phi, mask in zip(selectors, masks, strict=True):
+        w.u32(phi.size)
+        _words_to_bytes(w, phi)
+        _words_to_bytes(w, mask)
+    return w.payload()
+
+
+def _decode_piece(
+    data: bytes, params: SesaParams, sender: int, recipient: int, slots: Sequence[int]
+) -> list[tuple[NDArray[np.uint64], NDArray[np.uint64]]]:
+    """Strict decoder of :func:`_encode_piece` for the slots the sender's ``x`` has."""
+    r = _reader(data, _M_PIECE, "SESA evaluations")
+    try:
+        ids = (r.u64("sender"), r.u64("recipient"))
+        if ids != (sender, recipient):
+            raise SesaError("SESA evaluations name another sender or recipient")
+        n = r.u32("groups")
+        if n != len(params.groups):
+            raise SesaError("SESA evaluations have the wrong number of groups")
+        out = []
+        for k, g in zip(slots, params.groups, strict=True):
+            if r.u32("slots") != k:
+                raise SesaError("SESA evaluations and masked update disagree on the slots")
+            phi = _words(r, k, params.field, "selector evaluations")
+            mask = _words(r, k * g.length, params.field, "mask evaluations")
+            out.append((phi, mask.reshape(k, g.length)))
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    return out
+
+
+def bundle_bytes(params: SesaParams, roster_size: int, slots: Sequence[int]) -> int:
+    """Exact size of a client's offline upload (Theorem 1's ``O(N K_i d)``).
+
+    ``FSEB`` header (5), group count and slot counts (``4 + 4 G``), recipient count (4), and
+    for each of the ``N - 1`` others: id (8), length (4) and the sealed evaluations
+    (plaintext :func:`_piece_size` + :data:`~flwr_fsl.crypto.channel.OVERHEAD`).
+    """
+    piece = _piece_size(params, slots) + OVERHEAD
+    return 5 + 4 + 4 * len(params.groups) + 4 + (roster_size - 1) * (8 + 4 + piece)
+
+
+def _masked_to_bytes(masked: Sequence[NDArray[np.uint64]]) -> bytes:
+    w = _header(_M_MASKED)
+    w.u32(len(masked))
+    for x in masked:
+        w.u32(x.shape[0])
+    for x in masked:
+        _words_to_bytes(w, x)
+    return w.payload()
+
+
+def _masked_from_bytes(
+    data: bytes, params: SesaParams, slots: Sequence[int] | None = None
+) -> list[NDArray[np.uint64]]:
+    r = _reader(data, _M_MASKED, "a SESA masked update")
+    counts = _slot_counts(r, params, "masked update")
+    if slots is not None and tuple(counts) != tuple(slots):
+        raise SesaError("the masked update's slots differ from the offline bundle's")
+    out = [
+        _words(r, k * g.length, params.field, "masked update").reshape(k, g.length)
+        for k, g in zip(counts, params.groups, strict=True)
+    ]
+    try:
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    return out
+
+
+def _evaluation_to_bytes(psi: Sequence[NDArray[np.uint64]]) -> bytes:
+    w = _header(_M_EVAL)
+    for y in psi:
+        _words_to_bytes(w, y)
+    return w.payload()
+
+
+def _evaluation_from_bytes(data: bytes, params: SesaParams) -> list[NDArray[np.uint64]]:
+    r = _reader(data, _M_EVAL, "a SESA evaluation")
+    out = [_words(r, g.length, params.field, "evaluation") for g in params.groups]
+    try:
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    return out
+
+
+@dataclass(frozen=True)
+class _Request:
+    survivors: tuple[int, ...]
+    masked: dict[int, bytes]
+    pieces: dict[int, bytes]
+
+
+def _request_to_bytes(req: _Request) -> bytes:
+    w = _header(_M_REQUEST)
+    w.ids(list(req.survivors))
+    for j in req.survivors:
+        w.raw(req.masked[j])
+        w.raw(req.pieces.get(j, b""))
+    return w.payload()
+
+
+def _request_from_bytes(data: bytes, node: int) -> _Request:
+    r = _reader(data, _M_REQUEST, "a SESA evaluation request")
+    try:
+        survivors = _increasing(r.ids("survivors"), "U3")
+        masked: dict[int, bytes] = {}
+        pieces: dict[int, bytes] = {}
+        for j in survivors:
+            masked[j] = r.raw("masked update")
+            blob = r.raw("sealed evaluations")
+            if (j == node) != (not blob):
+                raise SesaError("an evaluation request must hold one sealed piece per other client")
+            if blob:
+                pieces[j] = blob
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    return _Request(survivors, masked, pieces)
+
+
+# ---------------------------------------------------------------------------------- client
+
+
+@dataclass
+class SesaClient:
+    """One client's side of a round; its state survives between messages (:meth:`to_bytes`).
+
+    Parameters
+    ----------
+    node : int
+        This client's id (the Flower node id).
+    params : SesaParams
+        The round.
+    shards : sequence of sequence of int
+        Per group, the chosen shard ids (strictly increasing, in ``[0, K)``, at least one):
+        the slot order. :func:`choose_shards` draws them uniformly.
+
+    Raises
+    ------
+    ConfigurationError
+        If the shard choice does not fit the groups.
+    """
+
+    node: int
+    params: SesaParams
+    shards: tuple[tuple[int, ...], ...]
+    key: SealingKeyPair = field(default_factory=SealingKeyPair.generate, repr=False)
+    seed: bytes = field(default_factory=lambda: os.urandom(_SEED_BYTES), repr=False)
+    roster: dict[int, bytes] = field(default_factory=dict)
+    sharers: tuple[int, ...] = ()
+    evaluated: bool = False
+
+    def __post_init__(self) -> None:
+        _int(self.node, "node", 0, (1 << 64) - 1)
+        if not isinstance(self.params, SesaParams):
+            raise ConfigurationError("SESA client params must be SesaParams")
+        choice = tuple(tuple(int(s) for s in group) for group in self.shards)
+        if len(choice) != len(self.params.groups):
+            raise ConfigurationError(
+                f"a shard choice per group is needed ({len(self.params.groups)}), got {len(choice)}"
+            )
+        for group, g in zip(choice, self.params.groups, strict=True):
+            if not group or any(not 0 <= s < g.shards for s in group):
+                raise ConfigurationError(f"shards must be 1 to {g.shards} ids in [0, {g.shards})")
+            if any(b <= a for a, b in itertools.pairwise(group)):
+                raise ConfigurationError("chosen shards must be strictly increasing")
+        self.shards = choice
+        if not isinstance(self.seed, bytes) or len(self.seed) != _SEED_BYTES:
+            raise ConfigurationError(f"the seed must be {_SEED_BYTES} bytes")
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """``K_i`` per group."""
+        return tuple(len(s) for s in self.shards)
+
+    def advertise(self) -> bytes:
+        """Round 0: this client's 32-byte X25519 public key."""
+        return self.key.public_bytes
+
+    def offline(self, roster: bytes) -> bytes:
+        """Round 1: check the roster and return the sealed evaluations for everyone else.
+
+        Parameters
+        ----------
+        roster : bytes
+            ``U1`` with the public keys (:meth:`SesaServer.roster`).
+
+        Returns
+        -------
+        bytes
+            The ``FSEB`` bundle: group count, ``K_i`` per group, then recipient -> sealed
+            ``{ϕ_ik(α_j), φ_ik(α_j)}``.
+
+        Raises
+        ------
+        SesaError
+            If the roster is malformed, lacks this client's key, repeats a key, is smaller
+            than ``K_max + T`` or larger than the points allow, or this was done already.
+        """
+        if self.roster:
+            raise SesaError("the offline evaluations were already made for this round")
+        entries = _roster_from_bytes(roster)
+        if entries.get(self.node) != self.key.public_bytes:
+            raise SesaError("the roster does not hold this client's own public key")
+        if not self.params.threshold <= len(entries) <= self.params.max_clients:
+            raise SesaError(
+                f"the roster has {len(entries)} clients; a round needs K_max + T = "
+                f"{self.params.threshold} to {self.params.max_clients}"
+            )
+        order = sorted(entries)
+        others = [q for q, j in enumerate(order) if j != self.node]
+        per_group = []
+        for g in range(len(self.params.groups)):
+            draws = _draws(self.params, self.seed, g, self.slots[g], full=True)
+            basis = _basis(self.params, g, others)
+            f = self.params.field
+            phi = selector_evaluations(f, basis, self.shards[g], draws.u)
+            assert draws.v is not None
+            mask = mask_evaluations(f, basis, self.shards[g], draws.r, draws.v)
+            per_group.append((phi, mask))
+        binding = self.params.binding
+        w = _header(_M_BUNDLE)
+        w.u32(len(self.slots))
+        for k in self.slots:
+            w.u32(k)
+        w.count(len(others))
+        for row, q in enumerate(others):
+            peer = order[q]
+            plain = _encode_piece(
+                self.node,
+                peer,
+                [phi[row] for phi, _ in per_group],
+                [mask[row] for _, mask in per_group],
+            )
+            w.u64(peer)
+            w.raw(
+                seal_for(
+                    entries[peer],
+                    plain,
+                    purpose=PIECE_PURPOSE,
+                    binding=binding,
+                    sender=client_party(self.node),
+                    recipient=client_party(peer),
+                )
+            )
+        self.roster = entries
+        return w.payload()
+
+    def masked_update(self, sharers: Sequence[int], updates: Sequence[NDArray[np.uint64]]) -> bytes:
+        """Round 2 (eq. 23): ``x_ik = ḡ_{i,s_k} - r_ik`` for every slot of every group.
+
+        Parameters
+        ----------
+        sharers : sequence of int
+            ``U2``, the clients whose offline bundle the server relays.
+        updates : sequence of numpy.ndarray
+            Per group, ``(K_i, d)`` field elements: the update of each chosen shard, in slot
+            order (e.g. :meth:`ShardVector.encode`).
+
+        Returns
+        -------
+        bytes
+            The ``FSEX`` masked update.
+
+        Raises
+        ------
+        SesaError
+            If this is out of order or repeated, ``U2`` does not hold this client or lies
+            outside the roster, is smaller than ``K_max + T``, or an update is malformed.
+        """
+        u2 = tuple(sorted({_check_id(v) for v in sharers}))
+        if not self.roster:
+            raise SesaError("masked update asked before the offline phase")
+        if self.sharers:
+            raise SesaError("the masked update was already sent for this round")
+        if self.node not in u2 or not set(u2) <= set(self.roster):
+            raise SesaError("U2 must hold this client and lie in the roster")
+        if len(u2) < self.params.threshold:
+            raise SesaError(f"U2 is smaller than K_max + T = {self.params.threshold}")
+        if len(updates) != len(self.params.groups):
+            raise SesaError("one update block per group is needed")
+        f = self.params.field
+        masked = []
+        for g, (block, k) in enumerate(zip(updates, self.slots, strict=True)):
+            shape = (k, self.params.groups[g].length)
+            vec = f.validate(block, "shard update", shape)
+            r = _draws(self.params, self.seed, g, k, full=False).r
+            masked.append(f.sub(vec, r))
+        self.sharers = u2
+        return _masked_to_bytes(masked)
+
+    def evaluate(self, request: bytes) -> bytes:
+        """Round 3 (eq. 24): ``ψ(α_i) = Σ_{j ∈ U3} Σ_k x_jk ϕ_jk(α_i) + φ_jk(α_i)``.
+
+        Parameters
+        ----------
+        request : bytes
+            The ``FSED`` request (:meth:`SesaServer.evaluation_request`).
+
+        Returns
+        -------
+        bytes
+            The ``FSEE`` evaluation: ``d`` words per group.
+
+        Raises
+        ------
+        SesaError
+            If the request is malformed, out of order or repeated, ``U3`` is not a subset of
+            ``U2`` holding this client or is smaller than ``K_max + T``, or a relayed piece
+            does not open, names other parties or disagrees with its sender's masked update.
+        """
+        req = _request_from_bytes(request, self.node)
+        if not self.sharers:
+            raise SesaError("evaluation asked before the masked update was sent")
+        if self.evaluated:
+            raise SesaError("the evaluation was already sent for this round")
+        u3 = set(req.survivors)
+        if self.node not in u3 or not u3 <= set(self.sharers):
+            raise SesaError("U3 must hold this client and lie in U2")
+        if len(u3) < self.params.threshold:
+            raise SesaError(f"U3 is smaller than K_max + T = {self.params.threshold}")
+        f = self.params.field
+        binding = self.params.binding
+        order = sorted(self.roster)
+        me = order.index(self.node)
+        xs: list[list[NDArray[np.uint64]]] = [[] for _ in self.params.groups]
+        coefs: list[list[NDArray[np.uint64]]] = [[] for _ in self.params.groups]
+        masks: list[list[NDArray[np.uint64]]] = [[] for _ in self.params.groups]
+        for j in req.survivors:
+            x = _masked_from_bytes(req.masked[j], self.params)
+            slots = [b.shape[0] for b in x]
+            if j == self.node:
+                if tuple(slots) != self.slots:
+                    raise SesaError("the relayed masked update of this client is not its own")
+                pieces = self._own_evaluations(me)
+            else:
+                try:
+                    plain = open_from(
+                        self.key,
+                        req.pieces[j],
+                        purpose=PIECE_PURPOSE,
+                        binding=binding,
+                        sender=client_party(j),
+                        recipient=client_party(self.node),
+                    )
+                except SealedBoxError as err:
+                    raise SesaError(f"the evaluations from client {j} do not open") from err
+                pieces = _decode_piece(plain, self.params, j, self.node, slots)
+            for g, (phi, mask) in enumerate(pieces):
+                xs[g].append(x[g])
+                coefs[g].append(phi)
+                masks[g].append(mask)
+        psi = []
+        for g in range(len(self.params.groups)):
+            c = np.concatenate(coefs[g])[None, :]
+            weighted = f.matmul(c, np.concatenate(xs[g]))[0]
+            psi.append(f.add(weighted, f.sum(np.concatenate(masks[g]), axis=0)))
+        self.evaluated = True
+        return _evaluation_to_bytes(psi)
+
+    def _own_evaluations(
+        self, position: int
+    ) -> list[tuple[NDArray[np.uint64], NDArray[np.uint64]]]:
+        """Recompute this client's own ``{ϕ_ik(α_i), φ_ik(α_i)}`` from its seed."""
+        f = self.params.field
+        out = []
+        for g in range(len(self.params.groups)):
+            draws = _draws(self.params, self.seed, g, self.slots[g], full=True)
+            assert draws.v is not None
+            basis = _basis(self.params, g, [position])
+            phi = selector_evaluations(f, basis, self.shards[g], draws.u)[0]
+            mask = mask_evaluations(f, basis, self.shards[g], draws.r, draws.v)[0]
+            out.append((phi, mask))
+        return out
+
+    # -- state between messages ---------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """Return this client's secret state as ``FSEC`` v1 bytes (it never leaves the client).
+
+        Node, private key, seed, parameters, the shard choice, the roster (empty before the
+        offline phase), ``U2`` and whether it evaluated.
+        """
+        w = _header(_M_STATE)
+        w.u64(self.node)
+        w.fixed(self.key.private_bytes(), KEY_BYTES)
+        w.fixed(self.seed, _SEED_BYTES)
+        w.raw(self.params.to_bytes())
+        for group in self.shards:
+            w.ids(list(group))
+        w.raw(_roster_to_bytes(self.roster) if self.roster else b"")
+        w.ids(list(self.sharers))
+        w.u8(int(self.evaluated))
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SesaClient:
+        """Strict decoder of :meth:`to_bytes` (raises :class:`SesaError`)."""
+        r = _reader(data, _M_STATE, "a SESA client state")
+        try:
+            node = r.u64("node")
+            private = r.fixed(KEY_BYTES, "key")
+            seed = r.fixed(_SEED_BYTES, "seed")
+            params = SesaParams.from_bytes(r.raw("params"))
+            shards = tuple(r.ids("shards") for _ in params.groups)
+            roster_raw = r.raw("roster")
+            sharers = _increasing(r.ids("U2"), "U2")
+            evaluated = r.u8("evaluated")
+            r.done()
+        except WireFormatError as err:
+            raise SesaError(str(err)) from err
+        if evaluated > 1:
+            raise SesaError("a SESA client state has a bad flag")
+        roster = _roster_from_bytes(roster_raw) if roster_raw else {}
+        try:
+            key = SealingKeyPair.from_private_bytes(private)
+            client = cls(node, params, shards, key, seed, roster, sharers, bool(evaluated))
+        except (ValueError, ConfigurationError) as err:
+            raise SesaError(f"a SESA client state is invalid: {err}") from err
+        if (roster and roster.get(node) != key.public_bytes) or (sharers and not roster):
+            raise SesaError("a SESA client state is inconsistent")
+        return client
+
+
+# ---------------------------------------------------------------------------------- server
+
+
+@dataclass
+class SesaServer:
+    """The server's side of one round: relays, collects ``ψ(α_i)``, decodes per-shard sums.
+
+    Call in order: :meth:`add_advertisement` per client, :meth:`roster`, :meth:`add_bundle`
+    per client, :meth:`sharers`, :meth:`add_masked` per client, :meth:`evaluation_request`
+    per survivor, :meth:`add_evaluation` per survivor, :meth:`result`. A malformed message
+    raises :class:`SesaError` and its client is simply not added (it counts as dropped at
+    that step).
+
+    Parameters
+    ----------
+    params : SesaParams
+        The round.
+    """
+
+    params: SesaParams
+    _keys: dict[int, bytes] = field(default_factory=dict)
+    _roster: dict[int, bytes] | None = None
+    _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    _slots: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    _sharers: tuple[int, ...] | None = None
+    _masked: dict[int, bytes] = field(default_factory=dict)
+    _closed: bool = False
+    _evaluations: dict[int, list[NDArray[np.uint64]]] = field(default_factory=dict)
+
+    def add_advertisement(self, node: int, public_key: bytes) -> None:
+        """Round 0: take a client's public key (raises :class:`SesaError`)."""
+        node = _check_id(node)
+        if self._roster is not None:
+            raise SesaError("advertisement after the roster was sent")
+        if not isinstance(public_key, bytes) or len(public_key) != KEY_BYTES:
+            raise SesaError(f"an advertisement must be a {KEY_BYTES}-byte public key")
+        if node in self._keys or public_key in self._keys.values():
+            raise SesaError("an advertisement repeats a client or a public key")
+        self._keys[node] = public_key
+
+    def roster(self) -> bytes:
+        """Close round 0 and return ``U1`` with its keys (the same bytes for every client).
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``K_max + T`` clients advertised.
+        RoundFailedError
+            If more clients advertised than the evaluation points allow.
+        """
+        if self._roster is None:
+            self._need(len(self._keys), "advertised keys")
+            if len(self._keys) > self.params.max_clients:
+                raise RoundFailedError(
+                    f"{len(self._keys)} clients, more than the {self.params.max_clients} "
+                    f"evaluation points F_{self.params.prime} leaves"
+                )
+            self._roster = dict(sorted(self._keys.items()))
+        return _roster_to_bytes(self._roster)
+
+    def add_bundle(self, node: int, bundle: bytes) -> None:
+        """Round 1: take a client's sealed evaluations, one for every other roster member.
+
+        Raises
+        ------
+        SesaError
+            If the bundle is malformed, its slot counts are out of range, it does not
+            address exactly the other roster members, or a blob has the wrong size.
+        """
+        if self._roster is None or self._sharers is not None:
+            raise SesaError("a bundle outside the offline round")
+        node = _check_id(node)
+        if node not in self._roster or node in self._slots:
+            raise SesaError("a bundle from a client outside the roster, or twice")
+        r = _reader(bundle, _M_BUNDLE, "a SESA offline bundle")
+        slots = _slot_counts(r, self.params, "bundle")
+        size = _piece_size(self.params, slots) + OVERHEAD
+        try:
+            n = r.count("recipients", 12 + size)
+            sealed = {}
+            for _ in range(n):
+                peer = r.u64("recipient")
+                blob = r.raw("sealed evaluations")
+                if len(blob) != size or peer in sealed:
+                    raise SesaError("a sealed evaluation has the wrong size or is repeated")
+                sealed[peer] = blob
+            r.done()
+        except WireFormatError as err:
+            raise SesaError(str(err)) from err
+        if set(sealed) != set(self._roster) - {node}:
+            raise SesaError("a bundle must address every other roster member once")
+        for peer, blob in sealed.items():
+            self._mailbox.setdefault(peer, {})[node] = blob
+        self._slots[node] = slots
+
+    def sharers(self) -> tuple[int, ...]:
+        """Close round 1 and return ``U2``, the clients whose bundle arrived.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``K_max + T`` clients sent one.
+        """
+        if self._sharers is None:
+            if self._roster is None:
+                raise RoundFailedError("sharers asked before the roster")
+            self._need(len(self._slots), "offline bundles")
+            self._sharers = tuple(sorted(self._slots))
+        return self._sharers
+
+    def slots_of(self, node: int) -> tuple[int, ...] | None:
+        """``K_i`` per group that a client announced (None if it sent no bundle)."""
+        return self._slots.get(node)
+
+    def add_masked(self, node: int, masked: bytes) -> None:
+        """Round 2: take a client's masked update (raises :class:`SesaError`)."""
+        u2 = self.sharers()
+        node = _check_id(node)
+        if node not in u2 or node in self._masked or self._closed:
+            raise SesaError("a masked update from a client outside U2, twice or too late")
+        _masked_from_bytes(masked, self.params, self._slots[node])
+        self._masked[node] = masked
+
+    @property
+    def survivors(self) -> tuple[int, ...]:
+        """``U3``: the clients whose masked update is aggregated."""
+        return tuple(sorted(self._masked))
+
+    def evaluation_request(self, node: int) -> bytes:
+        """Round 3: ``U3``, every ``x`` of ``U3`` and the evaluations addressed to ``node``.
+
+        Closes round 2 (later masked updates are refused).
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``K_max + T`` clients sent a masked update.
+        SesaError
+            If ``node`` is not in ``U3``.
+        """
+        self._need(len(self._masked), "masked updates")
+        self._closed = True
+        if node not in self._masked:
+            raise SesaError("an evaluation request for a client outside U3")
+        u3 = self.survivors
+        box = self._mailbox.get(node, {})
+        req = _Request(u3, self._masked, {j: box[j] for j in u3 if j != node})
+        return _request_to_bytes(req)
+
+    def add_evaluation(self, node: int, evaluation: bytes) -> None:
+        """Round 3: take a survivor's ``ψ(α_i)`` (raises :class:`SesaError`)."""
+        node = _check_id(node)
+        if not self._closed or node not in self._masked or node in self._evaluations:
+            raise SesaError("an evaluation from a client outside U3, or twice")
+        self._evaluations[node] = _evaluation_from_bytes(evaluation, self.params)
+
+    @property
+    def evaluators(self) -> tuple[int, ...]:
+        """``U4``: the clients whose ``ψ(α_i)`` arrived."""
+        return tuple(sorted(self._evaluations))
+
+    def contributors(self) -> dict[int, tuple[int, ...]]:
+        """``K_i`` per group of every client of ``U3`` (what message sizes show anyway)."""
+        return {j: self._slots[j] for j in self.survivors}
+
+    def result(self, *, check: bool = True) -> list[NDArray[np.uint64]]:
+        """Decode ``ψ`` and return, per group, the ``(K, d)`` per-shard sums over ``U3`` (eq. 28).
+
+        Parameters
+        ----------
+        check : bool, optional
+            Check that evaluations beyond ``K + T`` lie on the decoded polynomial.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``K_max + T`` evaluations arrived.
+        RoundFailedError
+            If the evaluations are inconsistent (a deviating client).
+        """
+        self._need(len(self._evaluations), "evaluations")
+        assert self._roster is not None
+        order = sorted(self._roster)
+        u4 = self.evaluators
+        positions = np.asarray([order.index(j) for j in u4], dtype=np.int64)
+        f = self.params.field
+        out = []
+        for g, grp in enumerate(self.params.groups):
+            need = grp.shards + self.params.privacy
+            nodes = self.params.alphas(positions[:need])
+            values = np.stack([self._evaluations[j][g] for j in u4[:need]])
+            targets = self.params.betas(g)[: grp.shards]
+            if check and len(u4) > need:
+                targets = np.concatenate([targets, self.params.alphas(positions[need:])])
+            decoded = f.matmul(lagrange_matrix(f, nodes, targets), values)
+            if check and len(u4) > need:
+                extra = np.stack([self._evaluations[j][g] for j in u4[need:]])
+                if not np.array_equal(decoded[grp.shards :], extra):
+                    raise RoundFailedError(
+                        "SESA evaluations do not lie on one polynomial: a client deviated"
+                    )
+            out.append(decoded[: grp.shards])
+        return out
+
+    def _need(self, count: int, what: str) -> None:
+        if count < self.params.threshold:
+            raise TooFewSurvivorsError(
+                f"{count} {what}, fewer than K_max + T = {self.params.threshold}"
+            )
+
+
+# ---------------------------------------------------------------------------------- vectors
+
+
+@dataclass(frozen=True)
+class ShardVector:
+    """Fixed-point shard vectors with a count word: ``(c·Δ, c)`` in ``F_p``.
+
+    A client's update of one shard is ``length`` reals ``Δ`` and its averaging weight ``c``
+    (its sample count, or 1 for an unweighted mean); it is encoded as ``length + 1`` field
+    words. The decoded per-shard sums give ``Σ c·Δ / Σ c`` over the clients that chose the
+    shard, and ``Σ c`` itself, which the server learns.
+
+    Parameters
+    ----------
+    length : int
+        Reals per shard (the group's ``d`` is ``length + 1``).
+    codec : FixedPoint
+        Fixed point in the round's field; ``max_abs`` must cover ``c · max |Δ|`` and the
+        largest ``c``, ``max_summands`` the clients per round (its overflow bound is checked
+        when it is built).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``length`` is not positive or the codec is not over a prime field.
+    """
+
+    length: int
+    codec: FixedPoint
+
+    def __post_init__(self) -> None:
+        _int(self.length, "shard length", 1, MAX_LENGTH - 1)
+        if not isinstance(self.codec, FixedPoint) or not isinstance(self.codec.ring, PrimeField):
+            raise ConfigurationError("ShardVector needs a FixedPoint over a PrimeField")
+
+    @property
+    def words(self) -> int:
+        """``length + 1``: the group's ``d``."""
+        return self.length + 1
+
+    def group(self, shards: int) -> SesaGroup:
+        """Return the :class:`SesaGroup` of ``shards`` such vectors."""
+        return SesaGroup(shards, self.words)
+
+    def encode(
+        self,
+        deltas: ArrayLike,
+        weight: float,
+        rng: np.random.Generator | None = None,
+    ) -> NDArray[np.uint64]:
+        """Encode ``(K_i, length)`` shard updates with weight ``c`` as ``(K_i, length + 1)``.
+
+        Raises
+        ------
+        ClientInputError
+            If the shape is wrong, a value is not finite, the weight is not positive, or a
+            value exceeds the codec's ``max_abs`` after weighting.
+        """
+        d = np.asarray(deltas, dtype=np.float64)
+        c = float(weight)
+        if d.ndim != 2 or d.shape[1] != self.length:
+            raise ClientInputError(f"shard updates must be (K_i, {self.length}), got {d.shape}")
+        if not (math.isfinite(c) and c > 0):
+            raise ClientInputError(f"a shard weight must be finite and > 0, got {weight}")
+        if not np.all(np.isfinite(d)):
+            raise ClientInputError("a shard update is not finite")
+        block = np.empty((d.shape[0], self.words), dtype=np.float64)
+        block[:, : self.length] = c * d
+        block[:, self.length] = c
+        try:
+            return self.codec.encode(block, rng)
+        except ConfigurationError as err:
+            raise ClientInputError(f"a shard update does not fit the fixed point: {err}") from err
+
+    def decode(self, total: NDArray[np.uint64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Per-shard means and weights from the ``(K, length + 1)`` decoded sums.
+
+        Returns
+        -------
+        tuple
+            ``means`` ``(K, length)`` (``Σ c·Δ / Σ c``; zeros where no client chose the
+            shard) and ``weights`` ``(K,)`` (``Σ c``).
+        """
+        values = self.codec.decode(total)
+        weights = values[:, self.length]
+        means = np.zeros((values.shape[0], self.length), dtype=np.float64)
+        touched = weights > 0.5 / self.codec.scale
+        means[touched] = values[touched, : self.length] / weights[touched, None]
+        return means, weights
