@@ -6,5 +6,14 @@ Move weights in and out of Flower records with Flower's own helpers:
 """
 
 from .cnn import MnistCNN, evaluate, set_torch_threads, train_one
+from .width import WidthCNN, WidthMLP, calibrate_batch_norm
 
-__all__ = ["MnistCNN", "evaluate", "set_torch_threads", "train_one"]
+__all__ = [
+    "MnistCNN",
+    "WidthCNN",
+    "WidthMLP",
+    "calibrate_batch_norm",
+    "evaluate",
+    "set_torch_threads",
+    "train_one",
+]
