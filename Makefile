@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 $(DATA_STAMP): $(STAMP)
-	$(PY) -m flwr_fsl.data prepare mnist movielens newsgroups
+	$(PY) -m flwr_fsl.data prepare mnist movielens newsgroups fashion
 	touch $@
 
 data: $(DATA_STAMP)

