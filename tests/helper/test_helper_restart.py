@@ -368,3 +368,29 @@ def test_a_connection_opens_its_session_once_and_never_recreates_it_silently() -
     with pytest.raises(HelperSessionLostError):
         conn.open_round(2, make_params(2).to_bytes())
     assert conn.service.session_count() == 0
+
+
+def test_s1_back_with_another_key_stops_the_run_at_the_pinned_fingerprint() -> None:
+    # After a lost session S0 re-fetches S1's key and checks it against the pin again: an S1
+    # that comes back with another key file is not trusted with the clients' material.
+    key = SealingKeyPair.generate()
+    helper = RestartableHelper(keypair=key)
+    run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
+    grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 3, run_config)
+    strategy = SecureFedSubAvg(
+        helper,
+        topk_ratio=0.2,
+        helper_fingerprint=key.fingerprint,
+        min_available_nodes=3,
+        fraction_evaluate=0.0,
+    )
+
+    def between_rounds(rnd: int, arrays: Any) -> None:
+        if rnd == 1:
+            helper.service = HelperService(SealingKeyPair.generate())
+
+    with pytest.raises(ValueError, match="does not match the pinned"):
+        strategy.start(
+            grid=grid, initial_arrays=model_record(), num_rounds=2, evaluate_fn=between_rounds
+        )
+    assert strategy.aggregation.lead.session_losses == [2]
