@@ -927,11 +927,11 @@ class SesaClient:
             ``U2`` holding this client or is smaller than ``K_max + T``, or a relayed piece
             does not open, names other parties or disagrees with its sender's masked update.
         """
-        req = _request_from_bytes(request, self.node)
         if not self.sharers:
             raise SesaError("evaluation asked before the masked update was sent")
         if self.evaluated:
             raise SesaError("the evaluation was already sent for this round")
+        req = _request_from_bytes(request, self.node)
         u3 = set(req.survivors)
         if self.node not in u3 or not u3 <= set(self.sharers):
             raise SesaError("U3 must hold this client and lie in U2")
