@@ -2,7 +2,7 @@
 
 Service ``flwr_fsl.helper.v1.Helper`` with unary-unary methods ``Health``, ``PublicKey``,
 ``OpenRound``, ``AddClients``, ``AddClientHints``, ``FinishRound``, ``AbortRound``, ``SetModel``
-and ``PsrAnswer`` plus ``CloseSession`` (every method registered on the
+and ``PsrAnswer`` plus ``OpenSession`` and ``CloseSession`` (every method registered on the
 :class:`~flwr_fsl.helper.service.HelperService`,
 :attr:`~flwr_fsl.helper.service.HelperService.methods`). Request and response bodies are
 :mod:`flwr_fsl.helper.wire` messages passed through gRPC as opaque bytes (identity
