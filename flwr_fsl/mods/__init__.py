@@ -6,6 +6,7 @@ from flwr_fsl.mods.secagg import secagg_mod
 from flwr_fsl.mods.sfsl import PerturbedRows
 from flwr_fsl.mods.ssa import ssa_mod
 from flwr_fsl.mods.topk import topk_mod
+from flwr_fsl.mods.width import width_mod
 
 __all__ = [
     "PerturbedRows",
@@ -16,4 +17,5 @@ __all__ = [
     "secagg_mod",
     "ssa_mod",
     "topk_mod",
+    "width_mod",
 ]

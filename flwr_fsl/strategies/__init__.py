@@ -7,6 +7,7 @@ from flwr_fsl.strategies.secagg import SecAggFedAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
 from flwr_fsl.strategies.sfsl import SFSLFedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
+from flwr_fsl.strategies.width import WidthFedAvg
 from flwr_fsl.traffic import RoundTraffic
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "SecureFedSubAvg",
     "SecureRowFedSubAvg",
     "TwoServerAggregation",
+    "WidthFedAvg",
 ]
