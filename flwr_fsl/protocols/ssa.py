@@ -436,7 +436,9 @@ def payload_words(
     ValueError
         If shapes disagree or weights are not finite and > 0.
     FixedPointOverflowError
-        If a payload word exceeds ``max_abs``.
+        If a payload word exceeds ``max_abs`` (the weight and each ``c * value`` are
+        checked before any product is formed, so a huge weight raises this, not a numpy
+        overflow warning).
 
     Notes
     -----
@@ -460,14 +462,45 @@ def payload_words(
             if not np.all(np.isfinite(v)):
                 raise ValueError("update values must be finite")
             v, c = clip_update(v, c, params.dp)
+        _check_weighted_bound(v, c, params.max_abs)
         v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
     try:
         return params.fixed_point.encode(v, rng)
     except FixedPointOverflowError:
         # The codec's text quotes the offending value: a client's secret.
-        raise FixedPointOverflowError(
-            f"a payload word is NaN, inf or exceeds max_abs={params.max_abs}"
-        ) from None
+        raise _payload_overflow(params.max_abs) from None
+
+
+def _payload_overflow(max_abs: float) -> FixedPointOverflowError:
+    """Return the error for a payload word out of range (its text quotes no value: a secret)."""
+    return FixedPointOverflowError(f"a payload word is NaN, inf or exceeds max_abs={max_abs}")
+
+
+def _check_weighted_bound(
+    values: NDArray[np.float64], weights: NDArray[np.float64], max_abs: float
+) -> None:
+    """Check ``|c| <= max_abs`` and ``|c * value| <= max_abs`` without computing ``c * value``.
+
+    A finite but huge weight (``num-examples = 1e308``) times a value overflows float64 to
+    inf (numpy warns on the client); comparing ``|value|`` with ``max_abs / c`` instead
+    decides the same bound with no arithmetic that can overflow: ``c`` is checked first to
+    be finite and in ``(0, max_abs]``, so ``max_abs / c >= 1`` is finite. (Float rounding
+    may leave a product a hair above the bound; the fixed-point encoder, which checks every
+    word again, rejects it then.)
+
+    Raises
+    ------
+    FixedPointOverflowError
+        If a weight or a weighted value exceeds ``max_abs``, or a value is NaN or inf.
+    """
+    if weights.size and float(np.max(weights)) > max_abs:
+        raise _payload_overflow(max_abs)
+    if values.size:
+        limit = max_abs / weights  # >= 1 and finite: 0 < c <= max_abs was checked
+        with np.errstate(invalid="ignore"):  # NaN compares False, and is rejected below
+            inside = np.abs(values) <= limit[:, None]
+        if not np.all(inside):
+            raise _payload_overflow(max_abs)
 
 
 @dataclass

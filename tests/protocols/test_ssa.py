@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -11,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.crypto.dpf import DPFPublicBatch
+from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.protocols.ssa import (
     SSAInputError,
     SSAParams,
     SSAServer,
     encode_update,
+    payload_words,
     place_indices,
     reconstruct,
 )
@@ -351,3 +354,53 @@ def test_public_part_shape_matches_cuis_formula() -> None:
     assert np.all(public.epochs == public.epochs[0])
     payload = levels * 16 + (levels + 3) // 4 + words * 8 + public.num_keys + 8
     assert payload + 16 + 1 <= len(upload.public_part) <= payload + 16 + 8
+
+
+# ---- hostile weights on the client (issue 8 item 6): no numpy overflow, a clean refusal ------
+
+
+@pytest.mark.parametrize(
+    ("values", "weights"),
+    [
+        ([[2.0, -3.0]], 1e308),  # a huge num-examples times an ordinary delta
+        ([[1e308, 1.0]], 2.0),  # a huge delta times an ordinary weight
+        ([[0.5, 0.5], [1.0, 1.0]], [1.0, 1e308]),  # one huge per-element count
+        ([[np.inf, 0.0]], 1.0),
+        ([[np.nan, 0.0]], 1.0),
+        ([[2.0, 0.0]], 600.0),  # finite, just above: 2 * 600 > max_abs
+    ],
+    ids=["weight-1e308", "value-1e308", "count-1e308", "inf", "nan", "just-above"],
+)
+def test_out_of_range_payload_is_refused_before_any_overflowing_arithmetic(
+    values: list[list[float]], weights: object
+) -> None:
+    params = _params(max_abs=1e3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning would fail the test here
+        with pytest.raises(FixedPointOverflowError) as info:
+            payload_words(params, np.array(values), weights)  # type: ignore[arg-type]
+        with pytest.raises(FixedPointOverflowError):
+            encode_update(params, np.arange(len(values)), np.array(values), weights)  # type: ignore[arg-type]
+    # The text names the public bound only, never the client's weight or value.
+    assert str(info.value) == "a payload word is NaN, inf or exceeds max_abs=1000.0"
+
+
+@settings(max_examples=60)
+@given(
+    st.floats(-1e308, 1e308, allow_nan=False),
+    st.floats(min_value=1e-300, max_value=1e308, allow_nan=False),
+)
+def test_payload_bound_is_exactly_max_abs_and_never_warns(value: float, weight: float) -> None:
+    params = _params(max_abs=1e3, frac_bits=16)
+    fits = weight <= 1e3 and abs(value) * weight <= 1e3 * (1 - 1e-12)
+    clearly_out = weight > 1e3 or abs(value) * weight > 1e3 * (1 + 1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            words = payload_words(params, np.array([[value, 0.0]]), weight)
+        except FixedPointOverflowError:
+            assert not fits
+            return
+    assert not clearly_out
+    decoded = params.fixed_point.decode(words)
+    np.testing.assert_allclose(decoded[0], [value * weight, 0.0, weight], atol=2.0**-15)
