@@ -374,6 +374,41 @@ def test_bad_capacities_drop_the_node_and_are_not_cached() -> None:
         assert "no capacity" in strategy.dropped[rnd][nodes[3]]
 
 
+def _capacity_rewrite(fields):  # type: ignore[no-untyped-def]
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        reply = call_next(msg, context)
+        asks = WIDTH_KEY in msg.content and msg.content[WIDTH_KEY]["phase"] == "capacity"
+        if asks and int(context.node_config["partition-id"]) == 1:
+            content = RecordDict() if fields is None else RecordDict({WIDTH_KEY: fields})
+            return Message(content, reply_to=msg)
+        return reply
+
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (None, "no width record"),
+        (ConfigRecord({"phase": "train", "rate": 0.5}), "no width record"),
+        (ConfigRecord({"phase": "capacity"}), "numeric rate"),
+        (ConfigRecord({"phase": "capacity", "rate": "0.5"}), "numeric rate"),
+        (ConfigRecord({"phase": "capacity", "rate": True}), "numeric rate"),
+        (ConfigRecord({"phase": "capacity", "rate": 2.0}), "capacity: rate"),
+        (ConfigRecord({"phase": "capacity", "rate": float("nan")}), "capacity: rate"),
+        (ConfigRecord({"phase": "capacity", "rate": 0.0}), "capacity: rate"),
+    ],
+)
+def test_malformed_capacity_replies_are_checked_by_the_server(fields, reason) -> None:  # type: ignore[no-untyped-def]
+    grid = _grid(3, mods=[_capacity_rewrite(fields)])
+    strategy = WidthFedAvg(min_available_nodes=3)
+    strategy.start(grid, _record(_initial()), num_rounds=1)
+    node = list(grid.get_node_ids())[1]
+    assert list(strategy.dropped[1]) == [node]
+    assert reason in strategy.dropped[1][node], strategy.dropped[1][node]
+    assert node not in strategy.capacities
+
+
 def test_shard_capacity_must_be_a_multiple_of_bmin() -> None:
     grid = InProcessGrid(
         _make_app(), 3, node_config_fn=lambda i: {"partition-id": i, "width-rate": [1, 0.3, 0.5][i]}

@@ -610,3 +610,34 @@ def test_argument_validation_names_the_setting() -> None:
     with pytest.raises(ValueError, match="local width"):
         random_indices(4, 0, np.random.default_rng())
     assert math.isclose(sum(CapacityMix.parse("a1-b3").probabilities), 1.0)
+
+
+@given(
+    extraction=st.sampled_from(["rolling", "static", "random"]),
+    rates=st.lists(st.sampled_from([1.0, 0.5, 0.25, 0.2, 0.9]), min_size=1, max_size=6),
+    weights=st.lists(st.integers(1, 100), min_size=6, max_size=6),
+    server_round=st.integers(1, 50),
+    seed=st.integers(0, 2**16),
+)
+def test_aggregation_property(extraction, rates, weights, server_round, seed) -> None:  # type: ignore[no-untyped-def]
+    model = _model(seed)
+    spec = WidthSpec.sequential(model)
+    rule = WidthRule(extraction, seed=seed)
+    rng = np.random.default_rng(seed)
+    layouts = [
+        spec.layout(model, rule.indices(spec.widths(model), r, server_round, c))
+        for c, r in enumerate(rates)
+    ]
+    trained = [{n: rng.normal(size=s) for n, s in lay.sub_shapes.items()} for lay in layouts]
+    ws = [float(w) for w in weights[: len(rates)]]
+    parts = [
+        lay.elements(lay.delta(model, sub, w))
+        for lay, sub, w in zip(layouts, trained, ws, strict=True)
+    ]
+    sums, counts = accumulate_elements(layouts[0].size, 1, parts)
+    new = apply_count_weighted(model, layouts[0], sums, counts)
+    expected = _independent_mean(
+        model, [(lay.slices, sub, w) for lay, sub, w in zip(layouts, trained, ws, strict=True)]
+    )
+    for name in model:
+        np.testing.assert_allclose(new[name], expected[name], rtol=1e-5, atol=1e-5)
