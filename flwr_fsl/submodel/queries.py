@@ -491,6 +491,12 @@ def top_k(scores: NDArray[np.floating], k: int, largest: bool = True) -> NDArray
     return np.asarray(order[:k], dtype=np.int64)
 
 
+def _distances(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Euclidean distances ``(len(a), len(b))`` by ``|a|^2 + |b|^2 - 2 a.b`` (one matmul)."""
+    d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
+    return np.asarray(np.sqrt(np.maximum(d2, 0.0)))
+
+
 def greedy_k_center(
     features: NDArray[np.floating],
     k: int,
@@ -526,10 +532,8 @@ def greedy_k_center(
         e = _features(existing, "existing")
         if e.shape[1] != f.shape[1]:
             raise ValueError("existing must have the pool's feature dimension")
-        for start in range(0, len(e), 256):
-            block = e[start : start + 256]
-            d = np.sqrt(((f[:, None, :] - block[None, :, :]) ** 2).sum(-1)).min(axis=1)
-            nearest = np.minimum(nearest, d)
+        for start in range(0, len(e), 1024):
+            nearest = np.minimum(nearest, _distances(f, e[start : start + 1024]).min(axis=1))
     chosen: list[int] = []
     taken = np.zeros(len(f), dtype=bool)
     for step in range(k):
@@ -580,8 +584,7 @@ def kmeans(
     c = np.stack(centers)
     labels = np.full(len(f), -1, dtype=np.int64)
     for _ in range(_count("iterations", iterations, 1)):
-        dist = ((f[:, None, :] - c[None, :, :]) ** 2).sum(-1)
-        new = np.argmin(dist, axis=1).astype(np.int64)
+        new = np.argmin(_distances(f, c), axis=1).astype(np.int64)
         if np.array_equal(new, labels):
             break
         labels = new
