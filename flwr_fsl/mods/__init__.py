@@ -3,6 +3,7 @@
 from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot
 from flwr_fsl.mods.index import PrivateRows
 from flwr_fsl.mods.secagg import secagg_mod
+from flwr_fsl.mods.sesa import sesa_mod
 from flwr_fsl.mods.sfsl import PerturbedRows
 from flwr_fsl.mods.ssa import ssa_mod
 from flwr_fsl.mods.topk import topk_mod
@@ -15,6 +16,7 @@ __all__ = [
     "SSARound",
     "StateSlot",
     "secagg_mod",
+    "sesa_mod",
     "ssa_mod",
     "topk_mod",
     "width_mod",

@@ -5,6 +5,7 @@ from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.strategies.secagg import SecAggFedAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
+from flwr_fsl.strategies.sesa import SesaFedAvg
 from flwr_fsl.strategies.sfsl import SFSLFedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.strategies.width import WidthFedAvg
@@ -20,6 +21,7 @@ __all__ = [
     "SecAggFedAvg",
     "SecureFedSubAvg",
     "SecureRowFedSubAvg",
+    "SesaFedAvg",
     "TwoServerAggregation",
     "WidthFedAvg",
 ]

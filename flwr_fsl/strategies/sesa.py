@@ -1,0 +1,340 @@
+"""``SesaFedAvg``: secure submodel aggregation (SESA, Sami & Güler §IV) on the round engine.
+
+Heterogeneous clients train random *shard* submodels of the global model — every hidden layer
+is split into ``S = num_shards`` shards and a client of capacity ``B`` picks ``B · S`` of them
+per layer, *secretly* — and the server learns, per shard, only the count-weighted average
+over the clients that chose it: neither which shards a client chose nor its values
+(:mod:`flwr_fsl.protocols.sesa`, shard groups :mod:`flwr_fsl.protocols.sesa_layout`). The
+client side is :func:`~flwr_fsl.mods.sesa_mod` in front of a width-scalable ``@app.train``
+(the same function :func:`~flwr_fsl.mods.width_mod` takes).
+
+A round is four ``train`` messages of the round engine
+(:class:`~flwr_fsl.strategies.engine.PhasedStrategy`), each carrying a :data:`SESA_KEY`
+record; the mod answers all but the third itself:
+
+1. ``advertise``: the round's parameters (``T``, the groups) and the layer structure; each
+   sampled client picks its shards and replies an X25519 public key;
+2. ``offline``: the roster goes out; each client's sealed selector and mask evaluations for
+   every other client come back and wait in the server's mailbox;
+3. ``train``: the whole global model, the config and ``U2``; each client trains its narrow
+   model and replies only its masked shard vectors;
+4. ``decode``: each survivor gets ``U3``, every masked update and the evaluations addressed
+   to it, and replies ``ψ(α_i)``; the server decodes the per-shard sums from any
+   ``K_max + T`` of them and applies ``w += Σ c·Δ / Σ c`` shard by shard
+   (:meth:`~flwr_fsl.protocols.sesa_layout.SesaLayout.apply`, the platform's count-weighted
+   apply).
+
+**Threat model and leakage.** One honest-but-curious server (this ServerApp) that may collude
+with up to ``T`` clients (``privacy``: a count, or a fraction of the sampled clients — the
+paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. The server learns, per
+shard, the sum of ``c·Δ`` and of ``c`` over the survivors that chose it — so a shard exactly
+one survivor chose reveals that client's update of it — plus who finished which phase and
+each client's number of shards (message sizes). It learns nothing else about a client's
+choice or values (tests in ``tests/protocols/test_sesa.py``). Each client downloads the whole
+model (fetching only its shards would reveal them) and every other client's masked update.
+Not covered: a deviating server or malicious clients (see the protocol module), federated
+evaluation replies (Flower's own, with ``num-examples``).
+
+**Failures.** A client that errs, times out or sends a malformed message is dropped at that
+phase with a logged reason. Lost before ``train`` replies: left out of the aggregate; lost
+after: aggregated (the others hold its evaluations). Fewer than ``K_max + T`` clients left at
+any phase, or inconsistent evaluations, fail the round with the model unchanged.
+
+**Fixed point.** Each coordinate travels as ``c·Δ`` with ``c = num-examples / max_weight``
+(``weighted=True``; 1 otherwise) and ``Δ`` clipped to ``clipping_range``, at ``frac_bits``
+fractional bits in ``F_p`` (``p = 2^32 - 5``): the sum of ``max_clients`` such values must
+stay below ``(p - 1)/2``, which the constructor checks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.mods.sesa import SESA_KEY
+from flwr_fsl.protocols.sesa import SesaParams, SesaServer, encode_ids
+from flwr_fsl.protocols.sesa_layout import SesaLayout
+from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
+
+__all__ = ["SESA_KEY", "SesaFedAvg"]
+
+
+def _bytes(content: RecordDict, name: str) -> bytes:
+    record = content.config_records.get(SESA_KEY)
+    value = None if record is None else record.get(name)
+    if not isinstance(value, bytes):
+        raise ClientInputError(f"the SESA reply lacks the bytes field {name!r}")
+    return value
+
+
+class SesaFedAvg(PhasedStrategy):
+    """SESA secure submodel aggregation for width-scalable models (module docstring).
+
+    Parameters
+    ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
+min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
+evaluate_metrics_aggr_fn, sampling_seed
+        As in :class:`flwr.serverapp.strategy.FedAvg` (train metrics are not sent).
+    num_shards : int
+        ``S = 1 / B_min``: shards per hidden layer (every hidden width a multiple of it).
+        Default 4 (capacities 1, 1/2, 1/4).
+    privacy : int or float
+        ``T``, the colluding clients tolerated: an int ``>= 1``, or a fraction in ``(0, 1)``
+        of the sampled clients (rounded down, at least 1). Default 0.5 (the paper's N/2).
+    weighted : bool
+        Weight each client by ``weighted_by_key`` (``num-examples``) over ``max_weight``;
+        False: an unweighted mean over each shard's clients (FedRolex's). Default True.
+    max_weight : float
+        Largest ``weighted_by_key`` a client may report. Default 1000.
+    clipping_range : float
+        Largest ``|Δ|`` per coordinate a client contributes (larger ones are clipped).
+        Default 8.
+    frac_bits : int
+        Fixed-point fractional bits. Default 16.
+    max_clients : int
+        Most clients per round (sizes the overflow bound). Default 1000.
+
+    Raises
+    ------
+    ConfigurationError
+        If a setting is invalid or the fixed point could overflow ``F_p``.
+    """
+
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        *,
+        num_shards: int = 4,
+        privacy: int | float = 0.5,
+        weighted: bool = True,
+        max_weight: float = 1000.0,
+        clipping_range: float = 8.0,
+        frac_bits: int = 16,
+        max_clients: int = 1000,
+        sampling_seed: int | None = None,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_train_nodes=min_train_nodes,
+            min_evaluate_nodes=min_evaluate_nodes,
+            min_available_nodes=min_available_nodes,
+            weighted_by_key=weighted_by_key,
+            arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key,
+            evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
+            sampling_seed=sampling_seed,
+            max_weight=max_weight,
+        )
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+            raise ConfigurationError(f"num_shards must be an int >= 1, got {num_shards!r}")
+        t = privacy
+        if isinstance(t, bool) or not isinstance(t, int | float):
+            raise ConfigurationError("privacy must be an int or a float")
+        if isinstance(t, int) and t < 1:
+            raise ConfigurationError(f"privacy (T) must be >= 1, got {t}")
+        if isinstance(t, float) and not 0.0 < t < 1.0:
+            raise ConfigurationError(f"privacy as a fraction must be in (0, 1), got {t}")
+        if not isinstance(weighted, bool):
+            raise ConfigurationError("weighted must be a bool")
+        if not (math.isfinite(clipping_range) and clipping_range > 0):
+            raise ConfigurationError(f"clipping_range must be finite and > 0, got {clipping_range}")
+        if isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 2:
+            raise ConfigurationError(f"max_clients must be an int >= 2, got {max_clients!r}")
+        if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
+            raise ConfigurationError(f"frac_bits must be an int, got {frac_bits!r}")
+        self.num_shards = num_shards
+        self.privacy = t
+        self.weighted = weighted
+        self.clipping_range = float(clipping_range)
+        self.frac_bits = frac_bits
+        self.max_clients = max_clients
+        try:
+            self.codec = FixedPoint(
+                frac_bits, max(self.clipping_range, 1.0), max_clients, PrimeField()
+            )
+        except ConfigurationError as err:
+            raise ConfigurationError(
+                f"SesaFedAvg (clipping_range / frac_bits / max_clients): {err}"
+            ) from err
+        self.session = os.urandom(16)
+        self._layout: SesaLayout | None = None
+        self._layout_key: tuple[object, ...] = ()
+
+    def privacy_for(self, sampled: int) -> int:
+        """Return ``T`` for a round that sampled ``sampled`` clients."""
+        t = self.privacy
+        if isinstance(t, float):
+            return max(1, math.floor(t * sampled))
+        return t
+
+    def layout_of(self, model: dict[str, np.ndarray]) -> SesaLayout:
+        """Return the model's shard groups (cached while the model's shapes stay the same).
+
+        Raises
+        ------
+        ConfigurationError
+            If the model does not split into ``num_shards`` shards per hidden layer.
+        """
+        key = tuple((k, tuple(np.shape(v)), np.asarray(v).dtype.str) for k, v in model.items())
+        if self._layout is None or key != self._layout_key:
+            self._layout = SesaLayout.of(model, self.num_shards)
+            self._layout_key = key
+        return self._layout
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Any:
+        """Check the model's shard structure, then run Flower's ``start`` (same signature).
+
+        Raises
+        ------
+        ConfigurationError
+            If the initial model does not split into shards (before round 1).
+        """
+        self.layout_of({k: a.numpy() for k, a in initial_arrays.items()})
+        return super().start(grid, initial_arrays, *args, **kwargs)
+
+    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
+        """Not available: a SESA round is four phases; run it with :meth:`start`."""
+        raise NotImplementedError("SesaFedAvg runs its rounds in start() (four phases)")
+
+    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
+        """Not available: a SESA round is four phases; run it with :meth:`start`."""
+        raise NotImplementedError("SesaFedAvg runs its rounds in start() (four phases)")
+
+    def _record(self, params: SesaParams, phase: str, **fields: Any) -> RecordDict:
+        return RecordDict(
+            {SESA_KEY: ConfigRecord({"phase": phase, "params": params.to_bytes(), **fields})}
+        )
+
+    def train_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run one SESA round (module docstring); None arrays when it failed."""
+        model = {k: a.numpy() for k, a in arrays.items()}
+        state.model = model
+        layout = self.layout_of(model)
+        nodes = self.sample(state, grid)
+        if not nodes:
+            return None, None
+        if len(nodes) > self.max_clients:
+            raise RoundFailedError(
+                f"{len(nodes)} clients sampled, max_clients is {self.max_clients}"
+            )
+        t = self.privacy_for(len(nodes))
+        params = SesaParams(state.server_round, self.session, t, layout.sesa_groups())
+        if len(nodes) < params.threshold:
+            raise RoundFailedError(
+                f"{len(nodes)} clients sampled, fewer than K_max + T = {params.threshold}"
+            )
+        state.protocol = params
+        server = SesaServer(params)
+        advertise = self._record(
+            params,
+            "advertise",
+            groups=list(layout.descriptors),
+            layers=list(layout.widths),
+            widths=list(layout.widths.values()),
+            **{"num-shards": self.num_shards},
+        )
+        self.send(
+            grid, state, "advertise", dict.fromkeys(nodes, advertise), MessageType.TRAIN,
+            lambda n, c: server.add_advertisement(n, _bytes(c, "advertise")),
+        )  # fmt: skip
+        offline = self._record(params, "offline", roster=server.roster())
+        self.send(
+            grid, state, "offline", dict.fromkeys(state.survivors, offline), MessageType.TRAIN,
+            lambda n, c: server.add_bundle(n, _bytes(c, "bundle")),
+        )  # fmt: skip
+        sharers = server.sharers()
+        train = RecordDict(
+            {
+                self.arrayrecord_key: arrays,
+                self.configrecord_key: ConfigRecord(
+                    {**dict(config), "server-round": state.server_round}
+                ),
+                SESA_KEY: ConfigRecord(
+                    {
+                        "phase": "train",
+                        "params": params.to_bytes(),
+                        "sharers": encode_ids(sharers),
+                        "groups": list(layout.descriptors),
+                        "config-key": self.configrecord_key,
+                        "weight-key": self.weighted_by_key,
+                        "weighted": self.weighted,
+                        "max-weight": float(self.max_weight),
+                        "clip": self.clipping_range,
+                        "frac-bits": self.frac_bits,
+                        "max-clients": self.max_clients,
+                        "num-shards": self.num_shards,
+                    }
+                ),
+            }
+        )
+        messages = self.prepare(state, "train", dict.fromkeys(sharers, train), MessageType.TRAIN)
+        for _ in self.stream(
+            grid, state, "train", messages, lambda n, c: server.add_masked(n, _bytes(c, "masked"))
+        ):
+            pass
+        survivors = server.survivors
+        requests = {
+            n: self._record(params, "decode", request=server.evaluation_request(n))
+            for n in survivors
+        }
+        self.send(
+            grid, state, "decode", requests, MessageType.TRAIN,
+            lambda n, c: server.add_evaluation(n, _bytes(c, "evaluation")),
+        )  # fmt: skip
+        del requests
+        totals = server.result()
+        sums, weights = [], []
+        for group, total in zip(layout.groups, totals, strict=True):
+            values = self.codec.decode(total)
+            weight = values[:, group.length]
+            weight[weight < 0.5 / self.codec.scale] = 0.0
+            sums.append(values[:, : group.length])
+            weights.append(weight)
+        new = layout.apply(model, sums, weights)
+        log(
+            INFO,
+            "aggregate_train: SESA over %d of %d sampled clients (T = %d, %d evaluations)",
+            len(survivors),
+            len(nodes),
+            t,
+            len(server.evaluators),
+        )
+        metrics = MetricRecord(
+            {
+                "sesa-clients": len(survivors),
+                "sesa-evaluations": len(server.evaluators),
+                "sesa-T": t,
+            }
+        )
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}), metrics
