@@ -1,22 +1,32 @@
-"""``examples/dpf-ssa-mnist`` on Flower's deployment engine with a real helper process S1.
+"""Two example apps on Flower's deployment engine: real SuperLink and SuperNode processes.
 
-The fixture starts, on free loopback ports and in a temporary ``FLWR_HOME``:
+A fixture helper starts, on free loopback ports and in a temporary ``FLWR_HOME``:
 
-- ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned),
-- ``flower-superlink --insecure`` (S0's ServerApp runs under it),
-- two ``flower-supernode --insecure`` with ``partition-id=0/1 num-partitions=2``,
+- optionally ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned),
+- ``flower-superlink --insecure`` (the ServerApp runs under it),
+- N ``flower-supernode --insecure`` with ``partition-id=i num-partitions=N``,
 
-and a ``deploy`` federation in ``config.toml``. The test submits the app with ``flwr run ...
-deploy --format json`` (2 rounds, both nodes train each round, tiny data), polls ``flwr ls``
+and a ``deploy`` federation in ``config.toml``. Each test submits an app with ``flwr run ...
+deploy --format json`` (2 rounds, every node trains each round, tiny data), polls ``flwr ls``
 until the run is ``finished:completed`` (``--stream`` exits 0 even when the ServerApp
-crashes), and checks the final global model the run saved against plaintext top-k
-``FedSubAvg`` on the same updates, recomputed here with the example's ClientApp on an
-in-process grid: equal up to the fixed-point rounding of the secure sum. Every process is
-stopped (its whole process group) even when the test fails.
+crashes), and checks the final global model the run saved against a plaintext reference
+recomputed here with the example's own ClientApp on an in-process grid with the same node
+configs. Every process is stopped (its whole process group) even when the test fails.
+
+- ``examples/dpf-ssa-mnist`` with S1 and two SuperNodes: equal to plaintext top-k
+  ``FedSubAvg`` up to the fixed-point rounding of the secure sum.
+- ``examples/secagg-mnist`` (``SecAggFedAvg`` + ``secagg_mod``, no helper) with three
+  SuperNodes: each round's four SecAgg phases (advertise, share, masked train, unmask) cross
+  the SuperLink, the client's round secrets live in the SuperNode's ``Context.state`` between
+  ``flwr-clientapp`` processes, and the final model equals Flower ``FedAvg``'s on the same
+  clients up to SecAgg's fixed point. Marked ``slow`` (about 2.5 minutes on two shared cores:
+  every one of the 8 phases starts a ``flwr-clientapp`` process per SuperNode); run it with
+  ``pytest -m slow tests/examples/test_deployment.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,12 +48,27 @@ from tests.prepared_data import require_prepared
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "dpf-ssa-mnist"
+SECAGG_APP = REPO / "examples" / "secagg-mnist"
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 240.0
 ROUNDS = 2
 # Fixed-point rounding (2^-24 per summand) after two rounds of training; a wrong aggregate
 # (another client set, a dropped client, unweighted averaging) differs by > 1e-3.
 ATOL = 1e-5
+
+SECAGG_NODES = 3
+# secagg-mnist alone (its FedAvg arm is recomputed in-process); min-nodes makes round 1 wait
+# for all three SuperNodes, so every round samples the clients the reference samples.
+SECAGG_CONFIG: dict[str, Any] = {
+    "num-server-rounds": ROUNDS,
+    "fraction-train": 1.0,
+    "fraction-evaluate": 0.0,
+    "min-nodes": SECAGG_NODES,
+    "max-client-samples": 64,
+    "test-size": 300,
+    "compare-fedavg": False,
+}
+SECAGG_PHASES = {"advertise", "share", "train", "unmask"}
 
 RUN_CONFIG: dict[str, Any] = {
     "num-server-rounds": ROUNDS,
@@ -61,9 +86,9 @@ class Deployment:
     """What the fixture started."""
 
     env: dict[str, str]
-    helper_address: str
-    fingerprint: str
     logs: Path
+    helper_address: str = ""  # empty when started without S1
+    fingerprint: str = ""
 
 
 def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
@@ -81,9 +106,9 @@ def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: 
         time.sleep(0.2)
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    """Start S1, a SuperLink and two SuperNodes on free ports; stop them all afterwards."""
+@contextlib.contextmanager
+def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]:
+    """Start (S1 if ``helper``,) a SuperLink and ``nodes`` SuperNodes; stop them all after."""
     require_prepared("mnist")
     home, logs = tmp_path / "flwr-home", tmp_path / "logs"
     home.mkdir()
@@ -115,20 +140,23 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         procs.append(proc)
         return proc, log
 
-    (tmp_path / "s1").mkdir(mode=0o700)
     try:
-        helper_port, link_port = free_port(), free_port()
-        _, helper_log = start(
-            "helper",
-            "flwr-fsl-helper",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(helper_port),
-            "--key-file",
-            str(tmp_path / "s1" / "s1.pem"),
-            "--generate-key",
-        )
+        link_port = free_port()
+        helper_port, helper_log = 0, None
+        if helper:
+            (tmp_path / "s1").mkdir(mode=0o700)
+            helper_port = free_port()
+            _, helper_log = start(
+                "helper",
+                "flwr-fsl-helper",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(helper_port),
+                "--key-file",
+                str(tmp_path / "s1" / "s1.pem"),
+                "--generate-key",
+            )
         start(
             "superlink",
             "flower-superlink",
@@ -141,7 +169,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             str(home / "state.db"),
             "--disable-runtime-dependency-installation",
         )
-        for pid in range(2):
+        for pid in range(nodes):
             start(
                 f"supernode-{pid}",
                 "flower-supernode",
@@ -151,20 +179,41 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
                 "--port",
                 str(free_port()),
                 "--node-config",
-                f"partition-id={pid} num-partitions=2",
+                f"partition-id={pid} num-partitions={nodes}",
             )
-        _wait_for("flwr-fsl-helper", lambda: "listening on" in helper_log.read_text(), procs, logs)
-        found = re.search(r"fingerprint ([0-9a-f]{64})", helper_log.read_text())
-        assert found, helper_log.read_text()
+        deployment = Deployment(env, logs)
+        if helper_log is not None:
+            log_file = helper_log
+            _wait_for(
+                "flwr-fsl-helper", lambda: "listening on" in log_file.read_text(), procs, logs
+            )
+            found = re.search(r"fingerprint ([0-9a-f]{64})", log_file.read_text())
+            assert found, log_file.read_text()
+            deployment.helper_address = f"127.0.0.1:{helper_port}"
+            deployment.fingerprint = found.group(1)
         _wait_for("flower-superlink", lambda: healthy(link_port), procs, logs)
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "deploy"\n\n'
             f'[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
         )
-        yield Deployment(env, f"127.0.0.1:{helper_port}", found.group(1), logs)
+        yield deployment
     finally:
         for proc in reversed(procs):
             stop(proc)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """Start S1, a SuperLink and two SuperNodes on free ports; stop them all afterwards."""
+    with _deploy(tmp_path, nodes=2, helper=True) as started:
+        yield started
+
+
+@pytest.fixture
+def secagg_deployment(tmp_path: Path) -> Iterator[Deployment]:
+    """Start a SuperLink and SECAGG_NODES SuperNodes (no S1); stop them all afterwards."""
+    with _deploy(tmp_path, nodes=SECAGG_NODES, helper=False) as started:
+        yield started
 
 
 def _run_config_arg(config: dict[str, Any]) -> str:
@@ -250,3 +299,73 @@ def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_pat
     assert moved > 100 * ATOL
     history = json.loads((results / "dpf-ssa-mnist.json").read_text())
     assert history["runs"][0]["traffic_rounds"] == list(range(1, ROUNDS + 1))
+
+
+def _fedavg_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Return secagg-mnist's initial model and Flower ``FedAvg``'s final model.
+
+    The example's own ServerApp experiment with ``compare-fedavg`` on an in-process grid with
+    the deployment's node configs (partition-id i of SECAGG_NODES) and run config: its
+    ``fedavg`` arm is Flower's ``FedAvg`` on the same clients, trained with the same seeds.
+    """
+    import torch
+
+    from flwr_fsl.testing import InProcessGrid
+
+    threads = torch.get_num_threads()  # the example's task module pins torch to 1 thread
+    sys.path.insert(0, str(SECAGG_APP))
+    try:
+        from secagg_mnist.client_app import app as client_app
+        from secagg_mnist.local import app_run_config
+        from secagg_mnist.server_app import run_experiment
+        from secagg_mnist.task import Net
+
+        # The app's pyproject defaults under the test's settings, as `flwr run` fuses them.
+        config = {**app_run_config(), **SECAGG_CONFIG, "compare-fedavg": True}
+        torch.manual_seed(int(config["seed"]))  # as run_experiment seeds the initial model
+        initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
+        result = run_experiment(InProcessGrid(client_app, SECAGG_NODES, config), config)
+        return initial, result.arm("fedavg").arrays
+    finally:
+        sys.path.remove(str(SECAGG_APP))
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow  # 8 message rounds, each starting 3 flwr-clientapp processes: ~2.5 min
+def test_secagg_deployment_equals_flower_fedavg(
+    secagg_deployment: Deployment, tmp_path: Path
+) -> None:
+    """Two SecAggFedAvg rounds over three SuperNodes equal Flower FedAvg up to fixed point."""
+    env, results = secagg_deployment.env, tmp_path / "results"
+    config = {**SECAGG_CONFIG, "results-dir": str(results)}
+    run_id, status, logs = run_until_finished(
+        env,
+        "deploy",
+        [str(SECAGG_APP), "deploy", "--run-config", _run_config_arg(config)],
+        RUN_TIMEOUT_S,
+    )
+    assert status == "finished:completed", (
+        f"run {run_id} ended as {status!r} (logs in {secagg_deployment.logs}):\n{logs[-4000:]}"
+    )
+    assert not re.search(r"WARNING: .*: round \d+ failed", logs), logs[-4000:]
+    # Every round ran the four SecAgg phases with all three SuperNodes; none was dropped.
+    record = load_experiment(results / "secagg-mnist.json")
+    assert [a.key for a in record.arms] == ["secagg"]
+    secagg = record.arm("secagg")
+    assert secagg.aggregated_rounds == list(range(1, ROUNDS + 1))
+    for r in secagg.rounds:
+        assert r.failed is None and not r.dropped, r
+        assert r.clients == SECAGG_NODES
+        assert set(r.phases) == SECAGG_PHASES
+        assert all(p.nodes == SECAGG_NODES for p in r.phases.values()), r.phases
+    assert secagg.rounds[-1].train_metrics["secagg-clients"] == SECAGG_NODES
+
+    with np.load(results / "global-model-secagg.npz", allow_pickle=False) as npz:
+        secure = {k: npz[k] for k in npz.files}
+    initial, fedavg = _fedavg_reference()
+    assert set(secure) == set(fedavg) == set(initial)
+    for name, value in fedavg.items():
+        np.testing.assert_allclose(secure[name], value, rtol=0, atol=ATOL, err_msg=name)
+    # Training moved the model far beyond the tolerance.
+    moved = max(float(np.max(np.abs(secure[n] - initial[n]))) for n in initial)
+    assert moved > 100 * ATOL

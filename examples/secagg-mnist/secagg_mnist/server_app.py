@@ -149,12 +149,15 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
 
     fraction_evaluate = float(cfg.get("fraction-evaluate", 0.0))
     # SecAgg needs at least 2 clients per round (t >= 2): both arms sample at least 2.
+    min_nodes = int(cfg.get("min-nodes", 2))
+    if min_nodes < 2:
+        raise ValueError(f"min-nodes must be >= 2 (SecAgg's t is at least 2), got {min_nodes}")
     knobs = {
         "fraction_train": float(cfg.get("fraction-train", 0.5)),
         "fraction_evaluate": fraction_evaluate,
-        "min_train_nodes": 2,
+        "min_train_nodes": min_nodes,
         "min_evaluate_nodes": 1,
-        "min_available_nodes": 2,
+        "min_available_nodes": min_nodes,
     }
     t = reconstruction_threshold(cfg.get("reconstruction-threshold", 0.6))
     clip = float(cfg.get("clipping-range", 8.0))
