@@ -25,7 +25,11 @@ is known, the server (which knows the global model) recomputes that client's con
 the nodes it shares — its output gradient ``d = Δc`` comes from a column ``ΔV[:, n] = d h_n``
 at an exclusive node, ``h_n = σ(w_nᵀ x + z_n)`` — subtracts it, and recovers the next client
 from the residual; with nested index sets (HeteroFL's prefix, FedRolex's common window: the
-paper's Fig. 1, where client 1 holds no node alone) this recovers everybody.
+paper's Fig. 1, where client 1 holds no node alone) this recovers everybody. Where no client
+holds a node alone, ReLU units active for one example only (point 2 below) give inputs that the
+index sets attribute whenever a single client holds all the nodes isolating one, and peeling
+resumes from there; clients with identical index sets (several full-width clients) stay
+interchangeable: their inputs leak, unattributed.
 
 **Under SESA** (:func:`sesa_view`, the ideal functionality of Eq. 28): the hidden nodes are
 split into ``K`` equal shards, a client trains whole shards, and the server learns only the
@@ -841,7 +845,13 @@ def attack_exclusive(view: NaiveView, *, min_bias: float = DEFAULT_MIN_BIAS) -> 
 
 
 def attack_peel(
-    view: NaiveView, model: GlobalMLP, *, min_bias: float = DEFAULT_MIN_BIAS
+    view: NaiveView,
+    model: GlobalMLP,
+    *,
+    min_bias: float = DEFAULT_MIN_BIAS,
+    isolate: bool = True,
+    rtol: float = DEFAULT_RTOL,
+    min_support: int = 2,
 ) -> dict[int, Recovery]:
     """Eq. 11–16 on the naive pipeline: exclusive nodes first, then peel shared nodes.
 
@@ -853,6 +863,13 @@ def attack_peel(
     second-layer columns there (``d = Σ h_n Q_n / Σ h_n²``) or, if every other client is
     solved, from the output bias sum.
 
+    When that is stuck (e.g. every node has several holders, as with full-width clients) and
+    ``isolate`` is set, the residual rows go through :func:`consensus_inputs`: an input that
+    several nodes agree on is one example whose unit alone was active there (ReLU), and it is
+    attributed when exactly one unsolved client holds all of those nodes. The other holders
+    contribute nothing at those nodes (inactive units: ``h = 0``), so the same nodes also
+    give that client's ``d``, and peeling resumes.
+
     Parameters
     ----------
     view : NaiveView
@@ -862,19 +879,26 @@ def attack_peel(
     min_bias : float
         Rows whose residual ``|b_n|`` is at most this fraction of the view's largest
         ``|Δz_n|`` are skipped.
+    isolate : bool
+        Whether to use agreeing node ratios when peeling is stuck.
+    rtol, min_support
+        As in :func:`consensus_inputs`.
 
     Returns
     -------
     dict
         Client -> :class:`Recovery` (``method`` ``"exclusive"`` if only its exclusive nodes
-        were used, else ``"peeled"``).
+        were used, ``"peeled"`` if shared nodes were, ``"isolated"`` if it came from agreeing
+        node ratios).
 
     Raises
     ------
     ConfigurationError
-        If the model does not match the view.
+        If the model does not match the view or a parameter is out of range.
     """
     min_bias = _tolerance("min_bias", min_bias)
+    rtol = _tolerance("rtol", rtol)
+    min_support = _positive_int("min_support", min_support)
     if model.weight.shape != view.weight_sum.shape:
         raise ConfigurationError(
             f"model weight {model.weight.shape} does not match the view {view.weight_sum.shape}"
@@ -889,15 +913,32 @@ def attack_peel(
     acts: dict[int, tuple[F64, F64]] = {}
     ds: dict[int, F64] = {}
     first: dict[int, F64] = {}  # solved client -> a (H,), its bias gradient at every node
+    isolated: dict[int, NDArray[np.int64]] = {}  # client -> nodes where it alone was active
     found: dict[int, Recovery] = {}
     node_sets = {c: view.nodes_of(c) for c in view.clients}
 
     def ready(nodes: NDArray[np.int64], client: int) -> NDArray[np.int64]:
-        """Nodes of ``client`` where every other holder is solved."""
+        """Return the nodes of ``client`` where every other holder is solved."""
         return np.array(
             [n for n in nodes if all(o in ds for o in view.holders[n] if o != client)],
             dtype=np.int64,
         )
+
+    def residual_rows(nodes: NDArray[np.int64], client: int | None) -> tuple[F64, F64]:
+        """Return the first-layer rows at ``nodes`` minus every solved holder's part."""
+        rows = view.weight_sum[nodes].copy()
+        b = view.bias_sum[nodes].copy()
+        for j, n in enumerate(nodes):
+            for other in view.holders[n] - {client}:
+                if other in ds:
+                    rows[j] -= first[other][n] * xs[other]
+                    b[j] -= first[other][n]
+        return rows, b
+
+    def learn_x(client: int, x: F64, recovery: Recovery) -> None:
+        xs[client] = x
+        acts[client] = model.hidden(x)
+        found[client] = recovery
 
     changed = True
     while changed:
@@ -906,43 +947,60 @@ def attack_peel(
             nodes = ready(node_sets[client], client)
             if not nodes.size:
                 continue
-            rows = view.weight_sum[nodes].copy()
-            b = view.bias_sum[nodes].copy()
-            for j, n in enumerate(nodes):
-                for other in view.holders[n] - {client}:
-                    rows[j] -= first[other][n] * xs[other]
-                    b[j] -= first[other][n]
+            rows, b = residual_rows(nodes, client)
             use = _usable(b, min_bias, reference)
             if not use.size:
                 continue
             x, residual = least_squares_input(rows[use], b[use])
             exclusive = all(view.holders[n] == {client} for n in nodes[use])
-            xs[client] = x
-            acts[client] = model.hidden(x)
-            found[client] = Recovery(
-                client, x, nodes[use], residual, "exclusive" if exclusive else "peeled"
-            )
+            method = "exclusive" if exclusive else "peeled"
+            learn_x(client, x, Recovery(client, x, nodes[use], residual, method))
             changed = True
-        if out_w is None or out_b is None:
-            break
-        for client in sorted(set(xs) - set(ds)):
-            h, slope = acts[client]
-            d: F64 | None = None
-            nodes = ready(node_sets[client], client)
-            if nodes.size:
-                columns = out_w[:, nodes].copy()
-                for j, n in enumerate(nodes):
-                    for other in view.holders[n] - {client}:
-                        columns[:, j] -= ds[other] * acts[other][0][n]
-                hn = h[nodes]
-                if float(hn @ hn) > 0.0:
-                    d = columns @ hn / float(hn @ hn)
-            if d is None and all(o in ds for o in view.clients - {client}):
-                d = out_b - sum((ds[o] for o in view.clients - {client}), np.zeros_like(out_b))
-            if d is not None:
-                ds[client] = d
-                first[client] = slope * (model.out_weight.T @ d)
-                changed = True
+        if out_w is not None and out_b is not None:
+            for client in sorted(set(xs) - set(ds)):
+                h, slope = acts[client]
+                d: F64 | None = None
+                nodes = np.union1d(
+                    ready(node_sets[client], client),
+                    isolated.get(client, np.zeros(0, dtype=np.int64)),
+                ).astype(np.int64)
+                if nodes.size:
+                    columns = out_w[:, nodes].copy()
+                    for j, n in enumerate(nodes):
+                        for other in view.holders[n] - {client}:
+                            if other in ds:  # unsolved holders are inactive at these nodes
+                                columns[:, j] -= ds[other] * acts[other][0][n]
+                    hn = h[nodes]
+                    if float(hn @ hn) > 0.0:
+                        d = columns @ hn / float(hn @ hn)
+                if d is None and all(o in ds for o in view.clients - {client}):
+                    d = out_b - sum((ds[o] for o in view.clients - {client}), np.zeros_like(out_b))
+                if d is not None:
+                    ds[client] = d
+                    first[client] = slope * (model.out_weight.T @ d)
+                    changed = True
+        if changed or not isolate:
+            continue
+        unsolved = view.clients - set(xs)
+        pending = set(xs) - set(ds)  # x known, contribution unknown: their nodes are unusable
+        candidates = np.array(
+            [n for n, h in enumerate(view.holders) if h & unsolved and not h & pending],
+            dtype=np.int64,
+        )
+        if not candidates.size:
+            continue
+        rows, b = residual_rows(candidates, None)
+        for rec in consensus_inputs(rows, b, rtol=rtol, min_support=min_support, min_bias=min_bias):
+            nodes = candidates[rec.nodes]
+            common = frozenset.intersection(*(view.holders[n] for n in nodes)) & unsolved
+            if len(common) != 1:
+                continue  # not attributable (yet)
+            (client,) = common
+            if client in xs:
+                continue
+            isolated[client] = nodes
+            learn_x(client, rec.x, Recovery(client, rec.x, nodes, rec.residual, "isolated"))
+            changed = True
     return found
 
 

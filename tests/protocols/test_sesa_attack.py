@@ -187,6 +187,51 @@ def test_random_extraction_exclusive_nodes_attribute_each_input(mnist) -> None: 
         assert relative_error(rec.x, x[u]) < 1e-8
 
 
+# Three clients, no node held by one client alone: {A, C}, {A, B}, {B, C} share the blocks.
+OVERLAPPING = {
+    1: np.arange(0, 100),
+    2: np.arange(50, 150),
+    3: np.concatenate([np.arange(0, 50), np.arange(100, 150)]),
+}
+
+
+def test_without_exclusive_nodes_relu_isolation_attributes_and_peels(mnist) -> None:  # type: ignore[no-untyped-def]
+    glob, c = global_model(200, "relu", seed=12)
+    x, y = samples(mnist, 3, seed=13)
+    updates = {u: local_step(glob, c, n, x[u - 1], y[u - 1]) for u, n in OVERLAPPING.items()}
+    view = naive_view(updates, hidden=200)
+    assert attack_exclusive(view) == {}
+    assert attack_peel(view, glob, isolate=False) == {}  # Eq. 14-16 alone have no start
+    found = attack_peel(view, glob)
+    assert set(found) == {1, 2, 3}
+    assert "isolated" in {r.method for r in found.values()}
+    for u, rec in found.items():
+        assert relative_error(rec.x, x[u - 1]) < 1e-8
+
+
+def test_without_exclusive_nodes_smooth_activation_leaves_nothing(mnist) -> None:  # type: ignore[no-untyped-def]
+    # Every unit active for every example: no node isolates anybody, and nobody holds a node
+    # alone, so the closed-form attacks have no start (the honest limit of Eq. 11-16).
+    glob, c = global_model(200, "sigmoid", seed=12)
+    x, y = samples(mnist, 3, seed=13)
+    updates = {u: local_step(glob, c, n, x[u - 1], y[u - 1]) for u, n in OVERLAPPING.items()}
+    view = naive_view(updates, hidden=200)
+    assert attack_peel(view, glob) == {}
+    assert consensus_inputs(view.weight_sum, view.bias_sum) == []
+
+
+def test_identical_index_sets_leak_inputs_but_not_whose(mnist) -> None:  # type: ignore[no-untyped-def]
+    # Two full-width clients: every node has both as holders.
+    glob, c = global_model(200, "relu", seed=14)
+    x, y = samples(mnist, 2, seed=15)
+    updates = {u: local_step(glob, c, np.arange(200), x[u], y[u]) for u in (0, 1)}
+    view = naive_view(updates, hidden=200)
+    assert attack_peel(view, glob) == {}  # never attributed
+    found = consensus_inputs(view.weight_sum, view.bias_sum)
+    assert {nearest_input(r.x, {0: x[0], 1: x[1]})[0] for r in found} == {0, 1}
+    assert all(nearest_input(r.x, {0: x[0], 1: x[1]})[1] < 1e-8 for r in found)
+
+
 def _secagg_subset_sum(
     rows: dict[int, np.ndarray], vectors: dict[int, np.ndarray], length: int
 ) -> tuple[np.ndarray, SecAggServer]:
@@ -410,6 +455,30 @@ def test_peel_recovers_every_client_of_nested_index_sets(
     assert set(found) == set(range(clients))
     for u in range(clients):
         assert relative_error(found[u].x, xs[u]) < 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), clients=st.integers(2, 6))
+def test_every_attribution_of_the_peel_is_right(seed: int, clients: int) -> None:
+    # ReLU, random index sets: whatever attack_peel returns (exclusive, peeled or isolated)
+    # is the input of the client it names.
+    rng = np.random.default_rng(seed)
+    hidden, m = 48, 16
+    glob = GlobalMLP(
+        rng.normal(0, 0.5, (hidden, m)),
+        rng.normal(0, 0.5, hidden),
+        rng.normal(0, 0.5, (C, hidden)),
+        "relu",
+    )
+    c = rng.normal(0, 0.1, C)
+    xs = rng.random((clients, m))
+    updates = {}
+    for u in range(clients):
+        nodes = np.sort(rng.choice(hidden, int(rng.integers(4, hidden + 1)), replace=False))
+        updates[u] = _reference_update(glob, c, nodes, xs[u], int(rng.integers(C)), 0.1)
+    for u, rec in attack_peel(naive_view(updates, hidden), glob).items():
+        assert rec.client == u
+        assert relative_error(rec.x, xs[u]) < 1e-6
 
 
 @settings(max_examples=40, deadline=None)
