@@ -19,9 +19,10 @@ configs. Every process is stopped (its whole process group) even when the test f
   SuperNodes: each round's four SecAgg phases (advertise, share, masked train, unmask) cross
   the SuperLink, the client's round secrets live in the SuperNode's ``Context.state`` between
   ``flwr-clientapp`` processes, and the final model equals Flower ``FedAvg``'s on the same
-  clients up to SecAgg's fixed point. Marked ``slow`` (about 2.5 minutes on two shared cores:
-  every one of the 8 phases starts a ``flwr-clientapp`` process per SuperNode); run it with
-  ``pytest -m slow tests/examples/test_deployment.py``.
+  clients up to SecAgg's fixed point. It is in the default suite although it takes about
+  2.5 minutes on two shared cores (every one of the 8 phases starts a ``flwr-clientapp``
+  process per SuperNode): it is the only check that SecAgg's per-round client secrets survive
+  between ``flwr-clientapp`` processes.
 """
 
 from __future__ import annotations
@@ -331,7 +332,6 @@ def _fedavg_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.slow  # 8 message rounds, each starting 3 flwr-clientapp processes: ~2.5 min
 def test_secagg_deployment_equals_flower_fedavg(
     secagg_deployment: Deployment, tmp_path: Path
 ) -> None:
