@@ -1,0 +1,663 @@
+"""Distributed comparison functions (Boyle et al. EUROCRYPT'21), batched, over Z_2^64.
+
+A DCF shares the comparison function ``f(x) = beta if x < alpha else 0`` on the domain
+``[0, 2**domain_bits)`` between two parties: ``evaluate_at(k0, x) + evaluate_at(k1, x) ==
+f(x)`` in ``Z_2^64`` (``beta`` is one word or a vector of ``tau`` words; each output word is
+``beta[w] * 1{x < alpha}``). It is the comparison gate of Boyle, Chandran, Gilboa, Gupta, Ishai,
+Kumar and Rathee, "Function Secret Sharing for Mixed-Mode and Fixed-Point Secure Computation"
+(EUROCRYPT 2021), Fig. 3, on the same tree-PRG machinery as :mod:`flwr_fsl.crypto.dpf`
+(fixed-key AES in Matyas–Meyer–Oseas mode from ``cryptography``, whole tree levels of many keys
+per AES call, numba kernels in :mod:`flwr_fsl.kernels.dcf_kernels`):
+
+* **Tree.** Each party walks the path of ``x`` (most significant bit first) from its root seed.
+  A node's PRG output is a seed and control bit for each child plus a ``tau``-word *value* for
+  each child: ``H(s ^ (0, tweak))`` with ``H(y) = AES_K(y) ^ y`` under the fixed public key
+  :data:`MMO_KEY_DCF` and public tweaks in the high word (``SEED | c``, ``VALUE | c*Q + q``,
+  ``LEAF | q``; :mod:`~flwr_fsl.kernels.dcf_kernels`). Seeds are 128-bit blocks with bit 0
+  clear (127 random bits); bit 0 of a child block is its control bit.
+* **Gen** (per level ``i``, ``keep`` = the child on the path of ``alpha``, ``lose`` the other):
+  ``s_CW = s_0^lose ^ s_1^lose``; ``V_CW = (-1)^t1 (v_1^lose - v_0^lose - V_alpha)``, plus
+  ``(-1)^t1 beta`` when ``lose`` is the left child (then every ``x`` leaving the path there is
+  below ``alpha``); ``V_alpha += v_0^keep - v_1^keep + (-1)^t1 V_CW``; control-bit corrections
+  ``t_CW^L = t_0^L ^ t_1^L ^ alpha_i ^ 1``, ``t_CW^R = t_0^R ^ t_1^R ^ alpha_i``. Last word
+  ``CW_final = (-1)^t1 (Convert(s_1) - Convert(s_0) - V_alpha)``.
+* **Eval** (party ``b``): ``V += (-1)^b (v_c + t V_CW)`` at every level, then
+  ``V += (-1)^b (Convert(s) + t CW_final)``. On the path of ``alpha`` the two parties' sums
+  track ``V_alpha`` and cancel at the leaf; where ``x`` leaves the path the level's ``V_CW``
+  makes the sum ``beta`` (left exit: ``x < alpha``) or ``0`` (right exit), and from there on the
+  parties hold equal seeds and control bits, so every later term cancels.
+
+**Key split.** As for the DPF (Cui §4), a key share is ``(party, root seed, public part)``. The
+public part (:class:`DCFPublicBatch`: per level a 16-byte seed correction, ``tau`` value words
+and two control bits, plus ``tau`` final words) is the same for both parties; only the 16-byte
+root seed differs, and the root seeds of a batch may come from one master seed per party
+(:meth:`DCFKeyBatch.from_master_seed`), so a dealer who shares a PRG seed with each party sends
+only the public part. Size: ``m * (domain_bits * (17 + 8 tau) + 8 tau)`` bytes for ``m`` keys
+(per level 16 seed bytes, ``8 tau`` value bytes and one control-bit byte; :func:`public_size`),
+plus a 24-byte header.
+
+**Threat model.** Semi-honest evaluators that do not collude. Each party alone sees its root
+seed and the public part, which are pseudorandom and independent of ``alpha`` and ``beta``
+(Boyle et al. Thm. 3.2, with AES-MMO modelled as a PRG): it learns ``domain_bits`` and ``tau``
+only. A key is for one comparison: evaluating it at several points is fine (it is a function
+share), but the *mask* a protocol hides behind ``alpha`` must be used once.
+
+**Errors.** :class:`DCFKeyError` (a :class:`~flwr_fsl.errors.ClientInputError`, a
+:class:`ValueError`) for any malformed key, public part or blob and keys that do not fit;
+plain :class:`ValueError` for bad arguments (alpha or a point outside the domain, bad beta).
+
+**Wire format** (version 1; little-endian, no pickle, exact length). A 24-byte header:
+``b"FDCF"``, version 1 (u8), kind (u8: 1 public part, 2 key shares), party (u8: 0/1, 255 for a
+public part), ``domain_bits`` (u8), ``tau`` (u32), number of keys ``m`` (u32), 8 zero bytes.
+Key shares then carry ``m`` 16-byte root seeds (bit 0 clear). The public body: ``cw_seeds``
+(``m * domain_bits`` blocks of 16 bytes, bit 0 clear), ``cw_values`` (``m * domain_bits * tau``
+u64), ``cw_bits`` (``m * domain_bits`` bytes, each in 0..3: bit 0 left, bit 1 right
+correction), ``cw_final`` (``m * tau`` u64). The length is checked against the header before
+anything is allocated; any other length, a non-canonical bit or a bad header field is refused.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
+from flwr_fsl.errors import ClientInputError
+from flwr_fsl.kernels import dcf_kernels as _k
+from flwr_fsl.kernels.aes import BatchedAES
+
+__all__ = [
+    "MAX_DOMAIN_BITS",
+    "MAX_TAU",
+    "MMO_KEY_DCF",
+    "DCFKeyBatch",
+    "DCFKeyError",
+    "DCFPublicBatch",
+    "evaluate_at",
+    "evaluate_at_batch",
+    "evaluate_paired",
+    "generate_keys",
+    "generate_keys_batch",
+    "public_size",
+]
+
+MAX_DOMAIN_BITS = 64
+"""Largest supported ``domain_bits`` (points are uint64)."""
+MAX_TAU = 64
+"""Largest supported number of output words per comparison."""
+MMO_KEY_DCF = b"flwr_fsl/dcf/v1\x00"
+"""Public fixed AES key of the DCF tree PRG (``H(y) = AES_K(y) ^ y`` with public tweaks)."""
+
+_U64 = np.uint64
+_MAGIC = b"FDCF"
+_VERSION = 1
+_KIND_PUBLIC, _KIND_KEYS = 1, 2
+_NO_PARTY = 255
+_HEADER = struct.Struct("<4sBBBBII8s")
+_CHUNK = 1 << 15  # keys (Gen) or points (Eval) per AES batch: 2-4 MiB buffers
+
+_AES = threading.local()
+
+
+def _cipher() -> BatchedAES:
+    """Return this thread's fixed-key AES object (a ``cryptography`` context is not thread-safe)."""
+    aes: BatchedAES | None = getattr(_AES, "dcf", None)
+    if aes is None:
+        aes = BatchedAES(MMO_KEY_DCF)
+        _AES.dcf = aes
+    return aes
+
+
+class DCFKeyError(ClientInputError):
+    """A DCF key, public part or serialized blob is malformed, or keys do not fit together."""
+
+
+def public_size(domain_bits: int, tau: int, m: int = 1) -> int:
+    """Bytes of the serialized public part of ``m`` keys (header included).
+
+    Parameters
+    ----------
+    domain_bits : int
+        Domain size in bits.
+    tau : int
+        Output words per comparison.
+    m : int, optional
+        Number of keys.
+
+    Returns
+    -------
+    int
+        ``24 + m * (domain_bits * (17 + 8 tau) + 8 tau)``.
+    """
+    return _HEADER.size + m * (domain_bits * (17 + 8 * tau) + 8 * tau)
+
+
+def _check_geometry(domain_bits: object, tau: object) -> tuple[int, int]:
+    for name, v, lo, hi in (
+        ("domain_bits", domain_bits, 1, MAX_DOMAIN_BITS),
+        ("tau", tau, 1, MAX_TAU),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or not lo <= int(v) <= hi:
+            raise DCFKeyError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+    return int(domain_bits), int(tau)  # type: ignore[call-overload]
+
+
+def _u64_array(arr: object, shape: tuple[int, ...], name: str) -> NDArray[np.uint64]:
+    if not isinstance(arr, np.ndarray) or arr.dtype != _U64 or arr.shape != shape:
+        got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise DCFKeyError(f"{name} must be a uint64 array of shape {shape}, got {got}")
+    return np.ascontiguousarray(arr)
+
+
+@dataclass(frozen=True, eq=False)
+class DCFPublicBatch:
+    """The public part of ``m`` DCF keys (identical for both parties).
+
+    Parameters
+    ----------
+    domain_bits : int
+        Domain ``[0, 2**domain_bits)``, in ``[1, 64]``.
+    tau : int
+        Output words per comparison, in ``[1, 64]``.
+    cw_seeds : numpy.ndarray
+        ``(m, domain_bits, 2)`` uint64 seed corrections (bit 0 clear).
+    cw_values : numpy.ndarray
+        ``(m, domain_bits, tau)`` uint64 value corrections.
+    cw_bits : numpy.ndarray
+        ``(m, domain_bits)`` uint8 control-bit corrections (bit 0 left, bit 1 right).
+    cw_final : numpy.ndarray
+        ``(m, tau)`` uint64 last corrections.
+
+    Raises
+    ------
+    DCFKeyError
+        If a field has the wrong type or shape or a bit is not canonical.
+    """
+
+    domain_bits: int
+    tau: int
+    cw_seeds: NDArray[np.uint64]
+    cw_values: NDArray[np.uint64]
+    cw_bits: NDArray[np.uint8]
+    cw_final: NDArray[np.uint64]
+
+    def __post_init__(self) -> None:
+        n, tau = _check_geometry(self.domain_bits, self.tau)
+        if not isinstance(self.cw_final, np.ndarray) or self.cw_final.ndim != 2:
+            raise DCFKeyError("cw_final must be a 2-D uint64 array (m, tau)")
+        m = self.cw_final.shape[0]
+        object.__setattr__(self, "cw_final", _u64_array(self.cw_final, (m, tau), "cw_final"))
+        object.__setattr__(self, "cw_seeds", _u64_array(self.cw_seeds, (m, n, 2), "cw_seeds"))
+        object.__setattr__(self, "cw_values", _u64_array(self.cw_values, (m, n, tau), "cw_values"))
+        bits = self.cw_bits
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8 or bits.shape != (m, n):
+            raise DCFKeyError(f"cw_bits must be a uint8 array of shape {(m, n)}")
+        object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
+        if m and int(bits.max()) > 3:
+            raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
+        if m and np.any(self.cw_seeds[:, :, 0] & _U64(1)):
+            raise DCFKeyError("seed corrections must have bit 0 clear")
+
+    @property
+    def num_keys(self) -> int:
+        """Number of keys ``m``."""
+        return int(self.cw_final.shape[0])
+
+    def _body(self) -> bytes:
+        return b"".join(
+            a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+            for a in (self.cw_seeds, self.cw_values, self.cw_bits, self.cw_final)
+        )
+
+    def to_bytes(self) -> bytes:
+        """Serialize (format in the module docstring)."""
+        head = _HEADER.pack(
+            _MAGIC, _VERSION, _KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau,
+            self.num_keys, bytes(8),
+        )  # fmt: skip
+        return head + self._body()
+
+    @classmethod
+    def from_bytes(cls, data: object) -> DCFPublicBatch:
+        """Parse and validate a serialized public part.
+
+        Raises
+        ------
+        DCFKeyError
+            If the bytes are not exactly one well-formed public part.
+        """
+        n, tau, m, _, off = _parse_header(data, _KIND_PUBLIC)
+        assert isinstance(data, bytes | bytearray | memoryview)
+        return _parse_public_body(bytes(data), off, n, tau, m)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DCFPublicBatch) and self.to_bytes() == other.to_bytes()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _parse_header(data: object, kind: int) -> tuple[int, int, int, int, int]:
+    """Check magic, version, kind, geometry and the exact length of a blob.
+
+    Returns ``(domain_bits, tau, m, party, offset of the body)``.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DCFKeyError(f"a serialized DCF must be bytes, got {type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) < _HEADER.size:
+        raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER.size} bytes)")
+    magic, version, got_kind, party, n, tau, m, pad = _HEADER.unpack_from(raw, 0)
+    if magic != _MAGIC:
+        raise DCFKeyError("not a DCF blob (bad magic)")
+    if version != _VERSION:
+        raise DCFKeyError(f"unsupported DCF format version {version}")
+    if got_kind != kind:
+        raise DCFKeyError(f"expected DCF blob kind {kind}, got {got_kind}")
+    if pad != bytes(8):
+        raise DCFKeyError("DCF header padding must be zero")
+    n, tau = _check_geometry(n, tau)
+    if kind == _KIND_PUBLIC and party != _NO_PARTY:
+        raise DCFKeyError(f"a public part names no party (255), got {party}")
+    if kind == _KIND_KEYS and party not in (0, 1):
+        raise DCFKeyError(f"party must be 0 or 1, got {party}")
+    seeds = m * SEED_BYTES if kind == _KIND_KEYS else 0
+    expected = public_size(n, tau, m) + seeds
+    if len(raw) != expected:
+        raise DCFKeyError(
+            f"DCF blob of {m} keys (domain_bits={n}, tau={tau}) must be {expected} bytes, got "
+            f"{len(raw)}"
+        )
+    return n, tau, m, party, _HEADER.size + seeds
+
+
+def _parse_public_body(raw: bytes, off: int, n: int, tau: int, m: int) -> DCFPublicBatch:
+    def take(count: int, dtype: str) -> NDArray[np.generic]:
+        nonlocal off
+        arr = np.frombuffer(raw, dtype=dtype, count=count, offset=off)
+        off += arr.nbytes
+        return arr.astype(np.dtype(dtype).newbyteorder("="))
+
+    cw_seeds = take(m * n * 2, "<u8").reshape(m, n, 2)
+    cw_values = take(m * n * tau, "<u8").reshape(m, n, tau)
+    cw_bits = take(m * n, "u1").reshape(m, n)
+    cw_final = take(m * tau, "<u8").reshape(m, tau)
+    return DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, eq=False)
+class DCFKeyBatch:
+    """One party's shares of ``m`` DCF keys: its root seeds and the common public part.
+
+    Parameters
+    ----------
+    party : int
+        0 or 1.
+    root_seeds : numpy.ndarray
+        ``(m, 2)`` uint64 root seeds (bit 0 clear).
+    public : DCFPublicBatch
+        The public part.
+
+    Raises
+    ------
+    DCFKeyError
+        If the fields do not fit together.
+    """
+
+    party: int
+    root_seeds: NDArray[np.uint64]
+    public: DCFPublicBatch
+
+    def __post_init__(self) -> None:
+        if isinstance(self.party, bool) or self.party not in (0, 1):
+            raise DCFKeyError(f"party must be 0 or 1, got {self.party!r}")
+        if not isinstance(self.public, DCFPublicBatch):
+            raise DCFKeyError("public must be a DCFPublicBatch")
+        seeds = _u64_array(self.root_seeds, (self.public.num_keys, 2), "root_seeds")
+        if seeds.size and np.any(seeds[:, 0] & _U64(1)):
+            raise DCFKeyError("root seeds must have bit 0 clear")
+        object.__setattr__(self, "root_seeds", seeds)
+
+    @classmethod
+    def from_master_seed(
+        cls, party: int, master_seed: bytes, public: DCFPublicBatch
+    ) -> DCFKeyBatch:
+        """Rebuild party ``party``'s keys from its 16-byte master seed and the public part.
+
+        Parameters
+        ----------
+        party : int
+            0 or 1.
+        master_seed : bytes
+            The seed :func:`generate_keys_batch` was given for this party.
+        public : DCFPublicBatch
+            The public part.
+
+        Returns
+        -------
+        DCFKeyBatch
+            The key shares.
+        """
+        return cls(party, derive_root_seeds(master_seed, public.num_keys), public)
+
+    @property
+    def num_keys(self) -> int:
+        """Number of keys ``m``."""
+        return self.public.num_keys
+
+    def to_bytes(self) -> bytes:
+        """Serialize (format in the module docstring)."""
+        p = self.public
+        head = _HEADER.pack(
+            _MAGIC, _VERSION, _KIND_KEYS, self.party, p.domain_bits, p.tau, p.num_keys,
+            bytes(8),
+        )  # fmt: skip
+        return head + self.root_seeds.astype("<u8").tobytes() + p._body()
+
+    @classmethod
+    def from_bytes(cls, data: object) -> DCFKeyBatch:
+        """Parse and validate serialized key shares.
+
+        Raises
+        ------
+        DCFKeyError
+            If the bytes are not exactly one well-formed key batch.
+        """
+        n, tau, m, party, off = _parse_header(data, _KIND_KEYS)
+        assert isinstance(data, bytes | bytearray | memoryview)
+        raw = bytes(data)
+        seeds = np.frombuffer(raw, "<u8", m * 2, _HEADER.size).astype(_U64).reshape(m, 2)
+        return cls(party, seeds, _parse_public_body(raw, off, n, tau, m))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DCFKeyBatch) and self.to_bytes() == other.to_bytes()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# ------------------------------------------------------------------------------------- Gen
+
+
+def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
+    """Integers (numpy int/uint, or Python ints; negatives wrap mod 2^64) as uint64."""
+    arr = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    if arr.dtype == object:
+        try:
+            flat = [int(v) % (1 << 64) for v in arr.reshape(-1)]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be integers") from exc
+        return np.array(flat, dtype=_U64).reshape(arr.shape)
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+    return arr.astype(_U64)
+
+
+def _check_points(values: ArrayLike, domain_bits: int, name: str) -> NDArray[np.uint64]:
+    arr = np.asarray(values)
+    if arr.size and (arr.dtype == np.bool_ or arr.dtype.kind not in "iuO"):
+        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+    if arr.size and arr.dtype.kind in "iO" and min(int(v) for v in arr.reshape(-1)) < 0:
+        raise ValueError(f"{name} must be non-negative")
+    if arr.size and arr.dtype == object and max(int(v) for v in arr.reshape(-1)) >= 1 << 64:
+        raise ValueError(f"{name} must be below 2**64")
+    pts = np.ascontiguousarray(arr.astype(_U64).reshape(-1))
+    if domain_bits < 64 and pts.size and int(pts.max()) >> domain_bits:
+        raise ValueError(f"every {name[:-1]} must be below 2**{domain_bits}")
+    return pts
+
+
+def generate_keys_batch(
+    alphas: ArrayLike,
+    betas: ArrayLike,
+    domain_bits: int,
+    *,
+    master_seeds: tuple[bytes, bytes] | None = None,
+) -> tuple[DCFKeyBatch, DCFKeyBatch]:
+    """Generate ``m`` DCF key pairs for ``f_j(x) = betas[j] if x < alphas[j] else 0``.
+
+    Parameters
+    ----------
+    alphas : array_like
+        ``(m,)`` thresholds, each below ``2**domain_bits``.
+    betas : array_like
+        ``(m,)`` (``tau = 1``) or ``(m, tau)`` payloads in Z_2^64 (negative values wrap).
+    domain_bits : int
+        Domain size in bits, in ``[1, 64]``.
+    master_seeds : tuple of bytes, optional
+        Each party's 16-byte master seed (its root seeds are ``PRF(seed, j)``); fresh OS
+        randomness by default.
+
+    Returns
+    -------
+    tuple of DCFKeyBatch
+        Party 0's and party 1's shares; both hold the same :class:`DCFPublicBatch`.
+
+    Raises
+    ------
+    ValueError
+        If an argument is malformed or out of range.
+    """
+    if isinstance(domain_bits, bool) or not isinstance(domain_bits, int | np.integer):
+        raise ValueError(f"domain_bits must be an integer, got {domain_bits!r}")
+    if not 1 <= int(domain_bits) <= MAX_DOMAIN_BITS:
+        raise ValueError(f"domain_bits must be in [1, {MAX_DOMAIN_BITS}], got {domain_bits}")
+    n = int(domain_bits)
+    a = _check_points(alphas, n, "alphas")
+    if np.ndim(alphas) != 1:
+        raise ValueError(f"alphas must be 1-D, got shape {np.shape(alphas)}")
+    m = a.shape[0]
+    b = _as_u64(betas, "betas")
+    if b.ndim == 1 and b.shape[0] == m:
+        b = b.reshape(m, 1)
+    if b.ndim != 2 or b.shape[0] != m or not 1 <= b.shape[1] <= MAX_TAU:
+        raise ValueError(f"betas must have shape ({m},) or ({m}, tau) with 1 <= tau <= {MAX_TAU}")
+    b = np.ascontiguousarray(b)
+    tau = b.shape[1]
+    if master_seeds is None:
+        msk = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
+    else:
+        if len(master_seeds) != 2 or any(
+            not isinstance(s, bytes) or len(s) != SEED_BYTES for s in master_seeds
+        ):
+            raise ValueError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
+        msk = (master_seeds[0], master_seeds[1])
+    root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
+    nq = (tau + 1) // 2
+    nb = 2 + 2 * nq
+    cw_seeds = np.empty((m, n, 2), dtype=_U64)
+    cw_values = np.empty((m, n, tau), dtype=_U64)
+    cw_bits = np.empty((m, n), dtype=np.uint8)
+    cw_final = np.empty((m, tau), dtype=_U64)
+    aes = _cipher()
+    chunk = min(_CHUNK, max(m, 1))
+    inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
+    enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
+    for lo in range(0, m, chunk):
+        hi = min(m, lo + chunk)
+        c = hi - lo
+        seeds = np.empty((c, 2, 2), dtype=_U64)
+        seeds[:, 0] = root[0][lo:hi]
+        seeds[:, 1] = root[1][lo:hi]
+        t = np.zeros((c, 2), dtype=np.uint8)
+        t[:, 1] = 1
+        v_alpha = np.zeros((c, tau), dtype=_U64)
+        rows = c * 2 * nb
+        for level in range(n):
+            _k.gen_blocks(seeds, nb, inp)
+            aes.encrypt_prefix_into(inp[:rows], enc)
+            _k.gen_level(
+                inp, enc, nb, level, n, a[lo:hi], b[lo:hi], seeds, t, v_alpha,
+                cw_seeds[lo:hi], cw_values[lo:hi], cw_bits[lo:hi],
+            )  # fmt: skip
+        _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
+        aes.encrypt_prefix_into(inp[: 2 * c * nq], enc)
+        _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
+    pub = DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)
+    return DCFKeyBatch(0, root[0], pub), DCFKeyBatch(1, root[1], pub)
+
+
+def generate_keys(
+    alpha: int,
+    beta: int | Sequence[int] | NDArray[np.integer],
+    domain_bits: int,
+    *,
+    master_seeds: tuple[bytes, bytes] | None = None,
+) -> tuple[DCFKeyBatch, DCFKeyBatch]:
+    """Generate one DCF key pair for ``f(x) = beta if x < alpha else 0``.
+
+    Parameters
+    ----------
+    alpha : int
+        Threshold, ``0 <= alpha < 2**domain_bits``.
+    beta : int or array_like
+        One word or a 1-D vector of ``tau`` words in Z_2^64.
+    domain_bits : int
+        Domain size in bits, in ``[1, 64]``.
+    master_seeds : tuple of bytes, optional
+        Each party's 16-byte master seed.
+
+    Returns
+    -------
+    tuple of DCFKeyBatch
+        ``(k0, k1)``, batches of one key.
+
+    Raises
+    ------
+    ValueError
+        If an argument is malformed or out of range.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, int | np.integer):
+        raise ValueError(f"alpha must be an integer, got {alpha!r}")
+    bvec = _as_u64(np.asarray(beta, dtype=object) if isinstance(beta, int) else beta, "beta")
+    if bvec.ndim > 1 or bvec.size == 0:
+        raise ValueError(f"beta must be an integer or a non-empty 1-D vector, got {bvec.shape}")
+    alphas = np.array([int(alpha)], dtype=object)
+    return generate_keys_batch(alphas, bvec.reshape(1, -1), domain_bits, master_seeds=master_seeds)
+
+
+# ------------------------------------------------------------------------------------ Eval
+
+
+def evaluate_at_batch(
+    keys: DCFKeyBatch, key_indices: ArrayLike, points: ArrayLike
+) -> NDArray[np.uint64]:
+    """Evaluate key ``key_indices[i]`` of a batch at ``points[i]`` for every ``i``.
+
+    Parameters
+    ----------
+    keys : DCFKeyBatch
+        One party's key shares.
+    key_indices : array_like
+        ``(n,)`` indices into the batch.
+    points : array_like
+        ``(n,)`` points in the domain.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, tau)`` uint64 shares of ``f_{key_indices[i]}(points[i])``.
+
+    Raises
+    ------
+    ValueError
+        If an index or point is out of range or the shapes differ.
+    """
+    if not isinstance(keys, DCFKeyBatch):
+        raise ValueError(f"keys must be a DCFKeyBatch, got {type(keys).__name__}")
+    pub = keys.public
+    n_bits = pub.domain_bits
+    idx = np.asarray(key_indices)
+    if idx.size and (idx.dtype.kind not in "iu" or int(idx.min()) < 0):
+        raise ValueError("key_indices must be non-negative integers")
+    idx = np.ascontiguousarray(idx.astype(np.int64).reshape(-1))
+    pts = _check_points(points, n_bits, "points")
+    if np.ndim(points) > 1 or np.ndim(key_indices) > 1 or pts.shape != idx.shape:
+        raise ValueError(
+            f"key_indices and points must be 1-D of one length: {idx.shape} {pts.shape}"
+        )
+    if idx.size and int(idx.max()) >= pub.num_keys:
+        raise ValueError(f"key index out of range (batch has {pub.num_keys} keys)")
+    count = idx.shape[0]
+    tau = pub.tau
+    nq = (tau + 1) // 2
+    nb = 1 + nq
+    out = np.zeros((count, tau), dtype=_U64)
+    aes = _cipher()
+    chunk = min(_CHUNK, max(count, 1))
+    inp = np.empty((chunk * nb, 2), dtype=_U64)
+    enc = np.empty((chunk * nb + 1, 2), dtype=_U64)
+    for lo in range(0, count, chunk):
+        hi = min(count, lo + chunk)
+        c = hi - lo
+        kid = idx[lo:hi]
+        p = pts[lo:hi]
+        seeds = np.ascontiguousarray(keys.root_seeds[kid])
+        t = np.full(c, keys.party, dtype=np.uint8)
+        acc = out[lo:hi]
+        for level in range(n_bits):
+            _k.eval_blocks(seeds, p, level, n_bits, nb, inp)
+            aes.encrypt_prefix_into(inp[: c * nb], enc)
+            _k.eval_level(
+                inp, enc, nb, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
+                keys.party, seeds, t, acc,
+            )  # fmt: skip
+        _k.leaf_blocks(seeds, nq, inp)
+        aes.encrypt_prefix_into(inp[: c * nq], enc)
+        _k.eval_final(inp, enc, nq, kid, pub.cw_final, keys.party, t, acc)
+    return out
+
+
+def evaluate_paired(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
+    """Evaluate key ``j`` at ``points[j]`` for every key of the batch (one point per key).
+
+    Parameters
+    ----------
+    keys : DCFKeyBatch
+        One party's key shares (``m`` keys).
+    points : array_like
+        ``(m,)`` points.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(m, tau)`` uint64 shares.
+
+    Raises
+    ------
+    ValueError
+        If the number of points is not ``m`` or a point is outside the domain.
+    """
+    pts = np.asarray(points)
+    if pts.ndim != 1 or pts.shape[0] != keys.num_keys:
+        raise ValueError(f"need one point per key ({keys.num_keys}), got shape {pts.shape}")
+    return evaluate_at_batch(keys, np.arange(keys.num_keys, dtype=np.int64), pts)
+
+
+def evaluate_at(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
+    """Evaluate a batch of *one* key at every point.
+
+    Parameters
+    ----------
+    keys : DCFKeyBatch
+        One party's share of a single key.
+    points : array_like
+        An int or 1-D points in the domain.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, tau)`` uint64 shares; ``evaluate_at(k0, x) + evaluate_at(k1, x) == f(x)``.
+
+    Raises
+    ------
+    ValueError
+        If the batch does not hold exactly one key or a point is outside the domain.
+    """
+    if not isinstance(keys, DCFKeyBatch) or keys.num_keys != 1:
+        raise ValueError("evaluate_at needs a DCFKeyBatch of exactly one key")
+    pts = np.asarray(points).reshape(-1)
+    return evaluate_at_batch(keys, np.zeros(pts.shape[0], dtype=np.int64), pts)
