@@ -26,8 +26,18 @@ MODEL = {
 RATES = [1.0, 0.5, 0.25, 0.5, 0.25, 1.0, 0.25, 0.5, 0.25, 0.5]
 
 
-def _record() -> ArrayRecord:
-    return ArrayRecord({k: Array(v.copy()) for k, v in MODEL.items()})
+DEEP = {  # two hidden layers: fc2 is a pair group (S^2 blocks), fc2.bias fc2's node group
+    "fc1.weight": np.linspace(-1, 1, HIDDEN * INPUTS, dtype=np.float32).reshape(HIDDEN, INPUTS),
+    "fc1.bias": np.zeros(HIDDEN, np.float32),
+    "fc2.weight": np.linspace(1, -1, HIDDEN * HIDDEN, dtype=np.float32).reshape(HIDDEN, HIDDEN),
+    "fc2.bias": np.full(HIDDEN, 0.1, np.float32),
+    "fc3.weight": np.linspace(-1, 1, OUTPUTS * HIDDEN, dtype=np.float32).reshape(OUTPUTS, HIDDEN),
+    "fc3.bias": np.full(OUTPUTS, 0.5, np.float32),
+}
+
+
+def _record(model: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(v.copy()) for k, v in model.items()})
 
 
 def _delta(pid: int, rnd: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -36,7 +46,7 @@ def _delta(pid: int, rnd: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _examples(pid: int) -> int:
-    return 20 + 7 * pid
+    return 20 + 7 * (pid % 10)  # <= 83 < max_weight = 100
 
 
 def _app() -> ClientApp:
@@ -68,7 +78,7 @@ def _phase(msg: Message) -> str | None:
     return None if record is None else str(record["phase"])
 
 
-def _run(n: int, drop=None, mods=(), rounds: int = 1, **kwargs):  # type: ignore[no-untyped-def]
+def _run(n: int, drop=None, mods=(), rounds: int = 1, model=None, **kwargs):  # type: ignore[no-untyped-def]
     app = _app()
     if mods:
         inner = app
@@ -81,7 +91,11 @@ def _run(n: int, drop=None, mods=(), rounds: int = 1, **kwargs):  # type: ignore
     grid = InProcessGrid(
         app,
         n,
-        node_config_fn=lambda i: {"partition-id": i, "num-partitions": n, "width-rate": RATES[i]},
+        node_config_fn=lambda i: {
+            "partition-id": i,
+            "num-partitions": n,
+            "width-rate": RATES[i % len(RATES)],
+        },
         drop_nodes=drop,
     )
     kwargs.setdefault("frac_bits", 20)
@@ -90,37 +104,39 @@ def _run(n: int, drop=None, mods=(), rounds: int = 1, **kwargs):  # type: ignore
     strategy = SesaFedAvg(
         num_shards=4, min_available_nodes=n, fraction_evaluate=0.0, sampling_seed=1, **kwargs
     )
-    result = strategy.start(grid=grid, initial_arrays=_record(), num_rounds=rounds)
+    initial = _record(MODEL if model is None else model)
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
     return strategy, result, grid
 
 
-def _reference(grid: InProcessGrid, nodes: list[int], weighted: bool = True) -> dict:
+def _reference(grid: InProcessGrid, nodes: list[int], weighted: bool = True, model=None) -> dict:  # type: ignore[no-untyped-def]
     """Plaintext count-weighted average over each coordinate's holders, from each client's
     (secret) choice read out of its Context.state and its deterministic delta."""
-    layout = SesaLayout.of(MODEL, 4)
-    total = {k: np.zeros(v.shape) for k, v in MODEL.items()}
-    count = {k: np.zeros(v.shape) for k, v in MODEL.items()}
+    model = MODEL if model is None else model
+    layout = SesaLayout.of(model, 4)
+    total = {k: np.zeros(v.shape) for k, v in model.items()}
+    count = {k: np.zeros(v.shape) for k, v in model.items()}
     for node in nodes:
         context = grid.context(node)
         state = SesaNodeState.from_bytes(
             context.state.config_records["fsl.sesa.client-state"]["bytes"]
         )
         pid = int(context.node_config["partition-id"])
-        width = layout.width_layout(MODEL, state.choice)
+        width = layout.width_layout(model, state.choice)
         c = _examples(pid) / 100.0 if weighted else 1.0
-        for name in MODEL:
+        for name in model:
             out_idx, in_idx = width.slices.get(name, (None, None))
-            rows = np.arange(MODEL[name].shape[0]) if out_idx is None else out_idx
+            rows = np.arange(model[name].shape[0]) if out_idx is None else out_idx
             d = _delta(pid, 1, name, width.sub_shape(name)).astype(np.float64)
-            if MODEL[name].ndim == 1:
+            if model[name].ndim == 1:
                 total[name][rows] += c * d
                 count[name][rows] += c
             else:
-                cols = np.arange(MODEL[name].shape[1]) if in_idx is None else in_idx
+                cols = np.arange(model[name].shape[1]) if in_idx is None else in_idx
                 total[name][np.ix_(rows, cols)] += c * d
                 count[name][np.ix_(rows, cols)] += c
     out = {}
-    for name, value in MODEL.items():
+    for name, value in model.items():
         held = count[name] > 0
         new = value.astype(np.float64).copy()
         new[held] += total[name][held] / count[name][held]
@@ -129,7 +145,7 @@ def _reference(grid: InProcessGrid, nodes: list[int], weighted: bool = True) -> 
 
 
 def _assert_close(result, reference, atol: float = 2e-5) -> None:  # type: ignore[no-untyped-def]
-    for name in MODEL:
+    for name in reference:
         np.testing.assert_allclose(result.arrays[name].numpy(), reference[name], atol=atol)
 
 
@@ -142,6 +158,17 @@ def test_one_round_equals_the_plaintext_shard_wise_count_weighted_average() -> N
     assert metrics["sesa-clients"] == 8 and metrics["sesa-T"] == 4
     # The model moved where some client trained (every shard was chosen by someone here).
     assert not np.allclose(result.arrays["fc1.weight"].numpy(), MODEL["fc1.weight"])
+
+
+def test_two_hidden_layers_pair_blocks_equal_the_plaintext_average() -> None:
+    # fc2's weight is split into S^2 = 16 blocks (shard a of fc2's outputs x shard b of fc1's):
+    # a client of capacity B holds (B S)^2 of them; each block averages over its holders.
+    # K_max = 16, so a round needs K_max + T = 18 clients.
+    layout = SesaLayout.of(DEEP, 4)
+    assert layout.descriptors == ("node:fc1", "node:fc2", "pair:fc2/fc1", "common")
+    strategy, result, grid = _run(20, model=DEEP, privacy=2)
+    assert strategy.failed_rounds == {}
+    _assert_close(result, _reference(grid, list(grid.get_node_ids()), model=DEEP))
 
 
 def test_unweighted_mean_over_each_shards_clients() -> None:
