@@ -18,8 +18,9 @@ input. It prints:
    best of anything the SESA server gets (shard ratios and consensus recoveries, never
    attributed); per SESA shard, contributors, single source or not, and what was recovered
    (labelled here with the nearest true input, which the server does not know).
-3. **Contributors per shard** k = 1..8 (one example each, ReLU vs sigmoid): the fraction of
-   contributors whose input the SESA attack recovers exactly (error < 1e-6), over ``--trials``.
+3. **Contributors per shard** k = 1..8, 10, 20, 50 (one example each, ReLU vs sigmoid): the
+   fraction of contributors whose input the SESA attack recovers exactly (error < 1e-6), over
+   ``--trials``.
 4. **Batch size** B = 1..64 for one client (its exclusive nodes, ReLU): the ratio's error to
    the nearest example of the batch and the fraction of the batch recovered exactly.
 
@@ -203,7 +204,7 @@ def contributors_sweep(
     rng = np.random.default_rng(seed)
     rows = []
     for activation in ("relu", "sigmoid"):
-        for k in range(1, 9):
+        for k in (*range(1, 9), 10, 20, 50):
             hits, ratio_errors = 0, []
             for t in range(trials):
                 glob, c = global_model(activation, seed + 100 * t + k)
