@@ -23,8 +23,19 @@ only ``OpenSession`` creates a session, so a restarted S1 answers every call of 
 with :class:`SessionLostError`. :meth:`LeadServer.open` — which strategies call before any
 client is asked anything in a round — handles that: S0 forgets its own stored U-DPF keys (S1's
 are gone; :meth:`LeadServer.held` then announces none, so clients send fresh keys instead of
-hints), re-fetches S1's public key on next use, re-opens the session and opens the round. A
-restart costs one round of fresh keys; rounds while S1 is down fail before any client trains.
+hints), re-opens the session, re-fetches S1's public key and checks it against the pinned
+fingerprint, and only then opens the round. A restart costs one round of fresh keys; rounds
+while S1 is down fail before any client trains.
+
+**S1's key.** S0 checks S1's public key against the pinned fingerprint before it opens a round
+on S1 whenever it has no verified key of the current session: at the first round, and after
+every lost session. A mismatch at the first contact is a bad setting
+(:class:`~flwr_fsl.errors.ConfigurationError`: the pin or the address is wrong, the run
+stops before round 1). A mismatch after S1 was verified once in the run — S1 came back from a
+restart with another key file — is :class:`HelperKeyMismatchError`, a round failure: that
+round fails before any client is asked anything (no client ever seals material to an
+unpinned key, and none trains for nothing), the model is unchanged, and every later round
+re-fetches and re-checks the key until S1 is back with the pinned one.
 
 For PSR, :meth:`LeadServer.answer_queries` answers each client's query on S0's copy of the
 table, relays the valid ones to S1 and returns, per client, S0's answer in the clear and S1's
@@ -53,10 +64,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.channel import verify_fingerprint
+from flwr_fsl.crypto.channel import SealedBoxError, public_key_fingerprint, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
 from flwr_fsl.protocols.psr import PSRServer
 from flwr_fsl.protocols.ssa import (
@@ -74,6 +85,7 @@ from flwr_fsl.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",
     "ClientUpload",
+    "HelperKeyMismatchError",
     "HelperParty",
     "HelperShareLike",
     "LeadServer",
@@ -108,6 +120,16 @@ class SessionLostError(RoundFailedError):
 
     Everything S1 kept for the run is gone: its open rounds and its stored U-DPF keys.
     :meth:`LeadServer.open` recovers from it; raised by any other call it fails the round.
+    """
+
+
+class HelperKeyMismatchError(RoundFailedError):
+    """S1 came back with a public key that does not match the pinned fingerprint.
+
+    Raised when S0 re-checks S1's key after a lost session (an S1 restarted with another key
+    file, or another server on S1's address). The round fails before any client is asked
+    anything; S0 checks the key again at the next round's opening, so the run goes on and
+    resumes as soon as S1 is back with the pinned key.
     """
 
 
@@ -228,7 +250,9 @@ class LeadServer:
     helper : HelperParty
         The connection to S1.
     helper_fingerprint : str, optional
-        Pinned fingerprint of S1's public key, checked once before S0 hands the key to clients.
+        Pinned fingerprint of S1's public key (64 hex digits, optionally ``sha256:``-prefixed):
+        checked before S0 opens a round on S1 or hands the key to clients, again after every
+        lost session. None: S0 takes S1's key as announced (clients still check their pin).
     min_clients : int
         Minimum participation: a round with fewer accepted clients is not reconstructed
         (S1 enforces its own minimum too, see ``flwr-fsl-helper --min-clients``).
@@ -243,6 +267,8 @@ class LeadServer:
     ------
     ValueError
         If ``min_clients`` < 1 or ``relay_chunk_bytes`` is out of range.
+    ConfigurationError
+        If ``helper_fingerprint`` is not a SHA-256 fingerprint (64 hex digits).
 
     Attributes
     ----------
@@ -253,6 +279,9 @@ class LeadServer:
     session_losses : list[int]
         Rounds at whose opening S0 found that S1 had lost the session (and so forgot its
         stored U-DPF keys), in order.
+    key_mismatches : list[int]
+        Rounds that failed because S1's re-fetched key did not match the pinned fingerprint
+        (:class:`HelperKeyMismatchError`), in order.
     """
 
     def __init__(
@@ -274,6 +303,8 @@ class LeadServer:
                 f"relay_chunk_bytes must be an integer in [1, {MAX_MESSAGE_BYTES // 2}], "
                 f"got {relay_chunk_bytes!r}"
             )
+        if helper_fingerprint is not None:
+            _check_fingerprint_format(helper_fingerprint)
         self.min_clients = min_clients
         self.relay_chunk_bytes = relay_chunk_bytes
         self.helper = helper
@@ -285,6 +316,8 @@ class LeadServer:
         self.noise_stream = noise_stream
         self.accountant = ZCDPAccountant()
         self.session_losses: list[int] = []
+        self.key_mismatches: list[int] = []
+        self._key_verified = False  # S1's key matched the pin once in this run
 
     @property
     def session_id(self) -> bytes:
@@ -292,19 +325,51 @@ class LeadServer:
         return self.helper.session_id
 
     def helper_key(self) -> bytes:
-        """Return S1's public key, checked against the pinned fingerprint on first use.
+        """Return S1's public key, checked against the pinned fingerprint.
+
+        The key is fetched and checked once per S1 session (again after a lost session, see
+        :meth:`open`); a key that does not match is never cached, so the next call fetches
+        and checks again.
 
         Raises
         ------
-        ValueError
-            If S1's key does not match the pinned fingerprint.
+        ConfigurationError
+            If S1's key does not match the pinned fingerprint and no key of S1 ever did in
+            this run (a wrong pin or a wrong address: a bad setting).
+        HelperKeyMismatchError
+            If it does not match after S1's key matched earlier in the run (S1 came back
+            with another key): the caller fails the round.
+        RoundFailedError
+            If S1 cannot be reached.
         """
         if self._helper_key is None:
             key = self.helper.public_key()
             if self.helper_fingerprint:
-                verify_fingerprint(key, self.helper_fingerprint)
+                try:
+                    verify_fingerprint(key, self.helper_fingerprint)
+                except SealedBoxError:
+                    raise self._mismatch(key) from None
             self._helper_key = key
+            self._key_verified = True
         return self._helper_key
+
+    def _mismatch(self, key: bytes) -> ConfigurationError | HelperKeyMismatchError:
+        """Return the error for an S1 key that does not match the pin (see :meth:`helper_key`)."""
+        try:
+            actual = public_key_fingerprint(key)
+        except SealedBoxError:  # not a 32-byte key
+            actual = f"<a malformed {len(key)}-byte key>"
+        pinned = str(self.helper_fingerprint).strip().lower().removeprefix("sha256:")
+        if not self._key_verified:
+            return ConfigurationError(
+                f"helper_fingerprint (ssa-helper-fingerprint): S1's public key fingerprint "
+                f"{actual} does not match the pinned {pinned}: wrong pin or wrong S1 address"
+            )
+        return HelperKeyMismatchError(
+            f"S1's public key fingerprint mismatch: S1 came back with key {actual}, which "
+            f"does not match the pinned {pinned}; the round fails before any client is asked "
+            "anything and the model is unchanged; S0 checks S1's key again every round"
+        )
 
     def held(self, client: int) -> bytes | None:
         """Return the digest of the keys S0 holds for ``client`` (None: none), for its round.
@@ -345,12 +410,18 @@ class LeadServer:
         Call it before announcing :meth:`held` digests or asking clients anything: it is
         the round's reachability check, and the point where S0 learns that S1 lost the
         session (restart, expiry). Then S0 forgets every stored U-DPF key (S1 holds none any
-        more, so a hint could only be rejected), forgets S1's cached public key (re-fetched
-        and re-checked against the pinned fingerprint), records the round in
-        :attr:`session_losses`, re-opens the session and opens the round.
+        more, so a hint could only be rejected), forgets S1's cached public key, records the
+        round in :attr:`session_losses`, re-opens the session, re-fetches S1's key and checks
+        it against the pinned fingerprint, and opens the round. With a pin, S0 never opens a
+        round on an S1 whose key it has not checked in the current session.
 
         Raises
         ------
+        HelperKeyMismatchError
+            If S1's key no longer matches the pin (the round is not opened; the caller fails
+            it, and the next call checks again).
+        ConfigurationError
+            If S1's key has never matched the pin in this run (see :meth:`helper_key`).
         RoundFailedError
             If S1 cannot be reached or refuses the round (the caller fails the round).
         """
@@ -360,15 +431,27 @@ class LeadServer:
             # Keys of another hashing/layout can never be updated again (S1 drops its own too).
             self.forget_keys()
         try:
+            self._check_key(params.round_id)
             self.helper.open_round(params.round_id, params.to_bytes())
         except SessionLostError:
             self.forget_keys()
-            self._helper_key = None
+            self._helper_key = None  # a restarted S1 may hold another key: fetch and check
             self._open.clear()  # rounds of the lost session are gone on S1
             self.session_losses.append(params.round_id)
             self.helper.open_session()
+            self._check_key(params.round_id)
             self.helper.open_round(params.round_id, params.to_bytes())
         self._open.add(params.round_id)
+
+    def _check_key(self, round_id: int) -> None:
+        """Check S1's key against the pin before opening a round (no-op without a pin)."""
+        if not self.helper_fingerprint:
+            return
+        try:
+            self.helper_key()
+        except HelperKeyMismatchError:
+            self.key_mismatches.append(round_id)
+            raise
 
     def forget_keys(self) -> None:
         """Drop every stored U-DPF key: clients are told to send fresh keys next time."""
@@ -551,6 +634,25 @@ class LeadServer:
         except RoundFailedError as err:  # not open on S1, or S1 gone: nothing to release
             return str(err)
         return None
+
+
+def _check_fingerprint_format(fingerprint: str) -> None:
+    """Check that a pinned fingerprint is a SHA-256 in hex (before any call to S1).
+
+    Raises
+    ------
+    ConfigurationError
+        If it is not a str of 64 hex digits (optionally ``sha256:``-prefixed).
+    """
+    if not isinstance(fingerprint, str):
+        raise ConfigurationError(
+            f"helper_fingerprint must be a str, got {type(fingerprint).__name__}"
+        )
+    digits = fingerprint.strip().lower().removeprefix("sha256:")
+    if digits and (len(digits) != 64 or any(c not in "0123456789abcdef" for c in digits)):
+        raise ConfigurationError(
+            "helper_fingerprint (ssa-helper-fingerprint) must be 64 hex digits (SHA-256)"
+        )
 
 
 def _upload_bytes(upload: ClientUpload) -> int:

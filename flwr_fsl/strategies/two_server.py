@@ -18,7 +18,11 @@ Every round is opened on S1 in :meth:`TwoServerAggregation.round_fields`, before
 asked anything: a round while S1 is down fails there (model unchanged, nobody trains for
 nothing), and a restarted S1 is noticed there — S0 forgets its stored U-DPF keys before it
 announces which keys it holds (``fsl.udpf.held``), so clients send fresh keys instead of hints
-(:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>`).
+(:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>`). A restarted S1 that
+comes back with a key other than the pinned one fails each round there
+(:class:`~flwr_fsl.protocols.two_server.HelperKeyMismatchError`, logged by the round engine
+with both fingerprints; the model is unchanged and no client is asked anything) until it is
+back with the pinned key; the run goes on.
 """
 
 from __future__ import annotations
@@ -163,8 +167,12 @@ class TwoServerAggregation:
         Raises
         ------
         RoundFailedError
-            If S1 cannot be reached or refuses the round: the round fails before any client
-            is asked anything.
+            If S1 cannot be reached, refuses the round, or came back with a key that does
+            not match the pinned fingerprint
+            (:class:`~flwr_fsl.protocols.two_server.HelperKeyMismatchError`): the round
+            fails before any client is asked anything.
+        ConfigurationError
+            If S1's key has never matched the pinned fingerprint in this run.
         """
         losses = len(self.lead.session_losses)
         self.lead.open(params)

@@ -9,7 +9,10 @@ restart it between rounds and check what the issue asks for:
   :class:`~flwr_fsl.helper.HelperSessionLostError` instead of silently starting an empty one;
   S0 then forgets its stored U-DPF keys, announces none (``fsl.udpf.held`` absent), and every
   client sends fresh keys — nobody is excluded — and hints resume the round after;
-* the final model equals the plaintext count-weighted result over the rounds that succeeded.
+* the final model equals the plaintext count-weighted result over the rounds that succeeded;
+* a restarted S1 with another key file fails each round at its opening (S0 re-checks the pinned
+  fingerprint after every lost session; nobody is asked anything, the model is unchanged, the
+  run goes on) until S1 is back with the pinned key.
 
 The first test runs a real ``flwr-fsl-helper`` process (killed with SIGKILL, restarted);
 the others use the in-process S1 with its service replaced by a fresh one (what a restart
@@ -19,6 +22,7 @@ error on each transport, and top-k mode.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ import pytest
 from flwr.app import Context, Message
 
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.helper import (
     HelperClient,
     HelperLimits,
@@ -214,6 +218,7 @@ class RestartableHelper(InProcessHelper):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.down = False
+        self.calls: list[tuple[str, HelperService]] = []  # (method, the S1 that got it)
 
     def restart(self) -> None:
         self.service = HelperService(self.service.keypair, limits=self.service.limits)
@@ -221,6 +226,7 @@ class RestartableHelper(InProcessHelper):
     def _transport(self, method: str, body: bytes) -> bytes:
         if self.down:
             raise HelperUnavailableError(f"S1 is down ({method})")
+        self.calls.append((method, self.service))
         return super()._transport(method, body)
 
 
@@ -370,13 +376,19 @@ def test_a_connection_opens_its_session_once_and_never_recreates_it_silently() -
     assert conn.service.session_count() == 0
 
 
-def test_s1_back_with_another_key_stops_the_run_at_the_pinned_fingerprint() -> None:
-    # After a lost session S0 re-fetches S1's key and checks it against the pin again: an S1
-    # that comes back with another key file is not trusted with the clients' material.
-    key = SealingKeyPair.generate()
+def test_s1_back_with_another_key_fails_each_round_until_the_pinned_key_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # S1 restarts with another key file after round 1 and with the pinned one after round 3.
+    # S0 re-fetches S1's key after each lost session and checks it against the pin: rounds 2
+    # and 3 fail before any client is asked anything (nobody seals material to the unpinned
+    # key or trains), the model is unchanged, the failure is logged naming both
+    # fingerprints, and the run goes on; round 4 (the pinned key again) trains everyone.
+    key, other = SealingKeyPair.generate(), SealingKeyPair.generate()
     helper = RestartableHelper(keypair=key)
+    messages = Messages()
     run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
-    grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 3, run_config)
+    grid = InProcessGrid(make_app([messages, ssa_mod, topk_mod]), 3, run_config)
     strategy = SecureFedSubAvg(
         helper,
         topk_ratio=0.2,
@@ -384,13 +396,54 @@ def test_s1_back_with_another_key_stops_the_run_at_the_pinned_fingerprint() -> N
         min_available_nodes=3,
         fraction_evaluate=0.0,
     )
+    models: dict[int, dict[str, np.ndarray]] = {}
+    impostor = HelperService(other)
 
     def between_rounds(rnd: int, arrays: Any) -> None:
+        models[rnd] = {k: v.numpy().copy() for k, v in arrays.items()}
         if rnd == 1:
-            helper.service = HelperService(SealingKeyPair.generate())
+            helper.service = impostor  # restarted with another key file
+        if rnd == 3:
+            helper.service = HelperService(key)  # restarted with the pinned key file
 
-    with pytest.raises(ValueError, match="does not match the pinned"):
-        strategy.start(
-            grid=grid, initial_arrays=model_record(), num_rounds=2, evaluate_fn=between_rounds
+    with caplog.at_level(logging.ERROR):
+        result = strategy.start(
+            grid=grid, initial_arrays=model_record(), num_rounds=4, evaluate_fn=between_rounds
         )
-    assert strategy.aggregation.lead.session_losses == [2]
+    lead = strategy.aggregation.lead
+    assert list(strategy.failed_rounds) == [2, 3]
+    for rnd in (2, 3):
+        reason = strategy.failed_rounds[rnd]
+        assert reason.startswith("HelperKeyMismatchError: S1's public key fingerprint mismatch")
+        assert other.fingerprint in reason and key.fingerprint in reason
+        assert messages.types(rnd) == [] and strategy.rounds[rnd].traffic == []
+        for name, value in models[1].items():
+            np.testing.assert_array_equal(models[rnd][name], value)
+    assert caplog.text.count("fingerprint mismatch") >= 2, caplog.text
+    # The impostor was asked for its key and a session, never for a round or a client's
+    # material (its OpenRound of round 2 was refused: it did not know the session).
+    asked = [m for m, service in helper.calls if service is impostor]
+    assert set(asked) == {"OpenRound", "OpenSession", "PublicKey"}, asked
+    assert asked.count("OpenRound") == 1
+    assert InProcessHelper(impostor).health().open_rounds == ()
+    # S0 noticed each restart at the next round's opening; rounds 2 and 3 failed on the key.
+    assert lead.session_losses == [2, 4] and lead.key_mismatches == [2, 3]
+    assert messages.types(4) == ["train"] * 3 and not strategy.dropped[4]
+    assert any(not np.array_equal(models[4][n], models[3][n]) for n in models[3])
+    assert sorted(result.train_metrics_clientapp) == [1, 4]
+
+
+def test_a_wrong_pin_at_the_first_contact_is_a_configuration_error() -> None:
+    # Before S1's key ever matched, a mismatch is a bad setting (wrong pin or address): the
+    # run stops before round 1, naming the setting, and no client is asked anything.
+    helper = RestartableHelper(keypair=SealingKeyPair.generate())
+    pinned = SealingKeyPair.generate().fingerprint
+    messages = Messages()
+    grid = InProcessGrid(make_app([messages, ssa_mod, topk_mod]), 3, {})
+    strategy = SecureFedSubAvg(
+        helper, topk_ratio=0.2, helper_fingerprint=pinned, min_available_nodes=3
+    )
+    with pytest.raises(ConfigurationError, match=r"ssa-helper-fingerprint.*does not match"):
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2)
+    assert messages.seen == {}
+    assert helper.service.session_count() == 0  # no round opened on the unverified S1

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ClientInputError, RoundFailedError
-from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
+from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint
+from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.helper import HelperService, HelperUnavailableError, InProcessHelper
 from flwr_fsl.helper.connection import HelperShare
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query
 from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
@@ -31,6 +31,7 @@ from flwr_fsl.protocols.ssa import (
 )
 from flwr_fsl.protocols.two_server import (
     ClientUpload,
+    HelperKeyMismatchError,
     LeadServer,
     SSARound,
     TooFewClientsError,
@@ -488,6 +489,45 @@ def test_helper_key_is_checked_against_the_pin_and_fetched_once() -> None:
         LeadServer(impostor, "not-a-fingerprint").helper_key()
     # Without a pin S0 takes S1's key as announced (clients still check their own pin).
     assert LeadServer(impostor).helper_key() == impostor.inner.public_key()
+
+
+def test_a_pin_that_is_not_a_fingerprint_is_refused_before_any_call() -> None:
+    helper = RecordingHelper(twin())
+    for bad in ("not-a-fingerprint", "ab" * 31, "g" * 64):
+        with pytest.raises(ConfigurationError, match="64 hex digits"):
+            LeadServer(helper, bad)
+    assert dict(helper.calls) == {}
+    key = helper.inner.public_key()
+    pin = "SHA256:" + public_key_fingerprint(key).upper()  # prefix and case are accepted
+    assert LeadServer(helper, f"  {pin} ").helper_key() == key
+
+
+def test_s1_back_with_another_key_fails_each_opening_until_the_pinned_key_is_back() -> None:
+    key, other = SealingKeyPair.generate(), SealingKeyPair.generate()
+    inner = twin(keypair=key)
+    helper = RecordingHelper(inner)
+    lead = LeadServer(helper, key.fingerprint)
+    lead.open(make_params(1))
+    assert lead.helper_key() == key.public_bytes
+
+    inner.service = HelperService(other)  # S1 restarted with another key file
+    for rnd in (2, 3):
+        with pytest.raises(HelperKeyMismatchError, match="fingerprint mismatch") as info:
+            lead.open(make_params(rnd))
+        assert isinstance(info.value, RoundFailedError)  # fail the round, not the run
+        assert other.fingerprint in str(info.value) and key.fingerprint in str(info.value)
+        with pytest.raises(HelperKeyMismatchError):  # a mismatching key is never cached
+            lead.helper_key()
+        assert lead.abort(rnd) is None  # the round was never opened on that S1
+    assert lead.key_mismatches == [2, 3] and lead.session_losses == [2]
+    # Round 2's OpenRound found the session gone; after that S0 opened no round on it.
+    assert [args[0] for args in helper.calls["open_round"]] == [1, 2]
+
+    inner.service = HelperService(key)  # back with the pinned key
+    lead.open(make_params(4))
+    assert lead.helper_key() == key.public_bytes
+    assert lead.session_losses == [2, 4] and lead.key_mismatches == [2, 3]
+    assert inner.health().open_rounds == (4,)
 
 
 # ---- minimum participation (issue 8, item 2) ----------------------------------------------------
