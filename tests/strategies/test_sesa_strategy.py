@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.mods.sesa import SESA_KEY, SesaNodeState, sesa_mod
 from flwr_fsl.protocols.sesa_layout import SesaLayout
 from flwr_fsl.strategies.sesa import SesaFedAvg
@@ -285,3 +285,44 @@ def test_layout_groups_of_the_mlp_and_cnn_cover_every_coordinate_once() -> None:
     # A client's slots: node shards as chosen; pairs a*S + b.
     choice = {"blocks.0.layer": [1, 3], "blocks.1.layer": [0, 2]}
     assert layout.slots(choice) == ((1, 3), (0, 2), (1, 3, 9, 11), (0,))
+
+
+def test_node_state_codec_round_trips_and_rejects_mutations() -> None:
+    _, _, grid = _run(6, privacy=2)
+    slot = grid.context(1000).state.config_records["fsl.sesa.client-state"]["bytes"]
+    assert isinstance(slot, bytes)
+    assert SesaNodeState.from_bytes(slot).to_bytes() == slot
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        raw = bytearray(slot)
+        if rng.random() < 0.5:
+            raw[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
+        else:
+            del raw[int(rng.integers(len(raw))) :]
+        try:
+            SesaNodeState.from_bytes(bytes(raw))
+        except ClientInputError:
+            pass
+
+
+def test_a_sesa_message_without_round_state_is_refused() -> None:
+    strategy, _, grid = _run(6, privacy=2)
+    context = grid.context(1001)
+    del context.state["fsl.sesa.client-state"]
+    params = strategy.rounds[1].protocol
+    msg = Message(
+        RecordDict(
+            {
+                SESA_KEY: ConfigRecord(
+                    {"phase": "offline", "params": params.to_bytes(), "roster": b""}
+                )
+            }
+        ),
+        dst_node_id=1001,
+        message_type="train",
+    )
+    with pytest.raises(ClientInputError, match="no SESA state"):
+        sesa_mod(msg, context, lambda m, c: m)
+    msg.content.config_records[SESA_KEY]["phase"] = "unknown"
+    with pytest.raises(ClientInputError, match="unknown SESA phase"):
+        sesa_mod(msg, context, lambda m, c: m)
