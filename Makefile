@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(DATA_STAMP): $(STAMP)
+# Re-prepared when the list of data sets (this Makefile) changes; preparing is idempotent.
+$(DATA_STAMP): $(STAMP) Makefile
 	$(PY) -m flwr_fsl.data prepare mnist movielens newsgroups fashion
 	touch $@
 
