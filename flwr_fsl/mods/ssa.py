@@ -8,9 +8,15 @@ When the train message carries SSA round parameters (sent by
 :class:`~flwr_fsl.strategies.SecureFedSubAvg`), the mod takes the sparse update the inner mods
 produced, numbers its coordinates in the model's flat index space, and replaces the reply's
 arrays with DPF keys (:func:`flwr_fsl.protocols.ssa.encode_update`): the public part and S0's
-master seed in the clear, S1's master seed sealed to S1's pinned key. The reply's metrics
-(with the weight the strategy aggregates by) are kept. Messages without SSA parameters pass
-through untouched. The Flower plumbing is :class:`~flwr_fsl.mods.base.ProtocolMod`'s.
+master seed in the clear, S1's master seed sealed to S1's pinned key. Messages without SSA
+parameters pass through untouched. The Flower plumbing is
+:class:`~flwr_fsl.mods.base.ProtocolMod`'s.
+
+**Weights.** Each coordinate's payload is ``(c * dw, c)``: ``c`` is the per-index count the
+reply carries for that coordinate (a submodel update with ``counts``, as plaintext
+:class:`~flwr_fsl.strategies.FedSubAvg` uses them), else the reply's ``num-examples`` (the
+strategy's weight key). The weight rides only in the payload's count word: the secure reply
+carries no metrics in the clear, so S0 learns only each coordinate's total weight.
 
 In a round with distributed DP (the parameters carry a
 :class:`~flwr_fsl.protocols.dp.DistributedDP`), the encoder clips the update to the round's
@@ -27,6 +33,7 @@ from flwr_fsl.mods.base import ProtocolMod, SSARound
 from flwr_fsl.protocols.ssa import encode_update
 from flwr_fsl.records import SSA_UPLOAD_KEY, decode_update
 from flwr_fsl.submodel.layout import FlatLayout
+from flwr_fsl.submodel.update import Encoding
 
 
 class SSAMod(ProtocolMod):
@@ -37,12 +44,17 @@ class SSAMod(ProtocolMod):
     ) -> Message:
         """Train, then encode the (sparse) update as DPF keys over the flat model.
 
+        Every coordinate is weighted by its per-index count when the reply carries counts,
+        by the reply's weight (``num-examples``) otherwise: the same weights plaintext
+        ``FedSubAvg`` averages by.
+
         Raises
         ------
         ValueError
             If the message has not one model ``ArrayRecord``, the model's size is not the
-            round's, the update selects more coordinates than the round allows, or values
-            exceed the fixed-point range.
+            round's, the update uses row (mega-element) encoding, selects more coordinates
+            than the round allows, or a weight or weighted value exceeds the fixed-point
+            range.
         """
         params = found.params
         records = msg.content.array_records
@@ -56,14 +68,19 @@ class SSAMod(ProtocolMod):
         layout = FlatLayout.of(received)
         if layout.size != params.domain_size:  # both sizes are public
             raise ValueError(f"model has {layout.size} coordinates, the round {params.domain_size}")
-        indices, values = layout.flatten_update(decode_update(reply.content, received, weight))
+        update = decode_update(reply.content, received, weight)
+        if any(part.encoding is Encoding.ROWS for part in update.tensors.values()):
+            raise ValueError("row (mega-element) updates need index mode, not top-k SSA")
+        # Per-index counts where the reply has them, its weight elsewhere (FedSubAvg's rule).
+        elements = layout.elements(update)
+        indices, values, counts = elements.indices, elements.values, elements.counts
         if indices.size > params.num_items:
             raise ValueError(
                 f"the update touches more coordinates than the round allows "
                 f"(k={params.num_items}): stack topk_mod inside ssa_mod with the server's "
                 "topk-count"
             )
-        upload, _ = encode_update(params, indices, values.reshape(-1, 1), weight)
+        upload, _ = encode_update(params, indices, values, counts)
         upload_record = self.sealed_upload(upload, found, context)
         # No metrics in the clear: the weight rides in the payload's count word only.
         return Message(RecordDict({SSA_UPLOAD_KEY: upload_record}), reply_to=msg)
