@@ -1,0 +1,1 @@
+"""width-mnist: heterogeneous clients (FedRolex, HeteroFL, random, SESA) in a Flower app."""
