@@ -47,10 +47,11 @@ products, ``ReLU`` to DReLU, ``MaxPool2d`` to a tree of comparisons and the resi
 local.
 
 Inputs are ``(N, 1, 28, 28)`` float32 (:func:`as_images` reshapes ``(N, 28, 28)`` or
-``(N, 784)``). Training: :func:`train_private` (SGD with momentum on the private data, the
-paper's local phase) and :func:`retrain` (Adam on the query set with soft labels plus the
-private data, the paper's re-training phase, App. F); :func:`predict_logits` and
-:func:`penultimate_features` feed query selection (:mod:`flwr_fsl.submodel.queries`).
+``(N, 784)``; the training loops take any ``(N, C, H, W)`` batch a model accepts). Training:
+:func:`train_private` (SGD with momentum on the private data, the paper's local phase) and
+:func:`retrain` (Adam on the query set with soft labels plus the private data, the paper's
+re-training phase, App. F); :func:`predict_logits` and :func:`penultimate_features` feed query
+selection (:mod:`flwr_fsl.submodel.queries`).
 """
 
 from __future__ import annotations
@@ -341,22 +342,28 @@ def check_secure_evaluable(model: nn.Module) -> None:
 
 
 def as_images(x: NDArray[np.floating] | torch.Tensor) -> torch.Tensor:
-    """Return ``x`` as a float32 tensor of shape ``(N, 1, 28, 28)`` (a copy if read-only).
+    """Return ``x`` as a float32 image batch ``(N, C, H, W)`` (a copy if read-only).
+
+    ``(N, C, H, W)`` is kept, ``(N, H, W)`` gets one channel, ``(N, 784)`` becomes
+    ``(N, 1, 28, 28)``.
 
     Raises
     ------
     ValueError
-        If ``x`` does not hold ``N`` images of 784 pixels.
+        For any other shape.
     """
     if isinstance(x, torch.Tensor):
         t = x.to(torch.float32)
     else:
         a = np.asarray(x, dtype=np.float32)
         t = torch.from_numpy(a if a.flags.writeable else a.copy())
-    pixels = int(np.prod(IMAGE_SHAPE))
-    if t.ndim == 0 or t.numel() != t.shape[0] * pixels:
-        raise ValueError(f"expected images of {IMAGE_SHAPE}, got shape {tuple(t.shape)}")
-    return t.reshape(-1, *IMAGE_SHAPE)
+    if t.ndim == 4:
+        return t
+    if t.ndim == 3:
+        return t.unsqueeze(1)
+    if t.ndim == 2 and t.shape[1] == int(np.prod(IMAGE_SHAPE)):
+        return t.reshape(-1, *IMAGE_SHAPE)
+    raise ValueError(f"expected images (N, C, H, W), (N, H, W) or (N, 784), got {tuple(t.shape)}")
 
 
 def _check_training(epochs: int, lr: float, batch_size: int) -> None:

@@ -1,0 +1,576 @@
+"""The client side of PrivHFL (:class:`~flwr_fsl.strategies.privhfl.PrivHFL`): own model, queries.
+
+In PrivHFL (Sun et al.) every client owns its own architecture and plays two roles each round:
+**querier** (expand its private images into a pool, select queries, re-train on the soft labels
+the others return) and **answerer** (predict on the other clients' queries). Weights never
+leave the client; only predictions do.
+
+Usage — your model and data, one line to register the three message types::
+
+    client = PrivHFLClient(
+        model_fn=lambda context: build_model(ARCHS[context.node_config["partition-id"] % 3]),
+        data_fn=lambda context: PrivateData(x_train, y_train, x_test, y_test),
+    )
+    app = ClientApp()
+    client.register(app)  # train.privhfl, query.privhfl, evaluate.privhfl
+
+``model_fn(context)`` builds the node's (untrained) model — a ``torch.nn.Sequential`` ending in a
+linear layer, e.g. one of :mod:`flwr_fsl.models.privhfl`; ``data_fn(context)`` returns its
+:class:`PrivateData`. The trained weights live in ``Context.state`` between messages (as on a
+SuperNode), and so does the round's query set.
+
+**Messages** (``flwr_fsl.privhfl`` v1). Every server message carries a ``ConfigRecord`` under
+:data:`PRIVHFL_KEY` that :meth:`PhaseConfig.from_record` reads strictly (exact field set and
+types, ranges, the phase matching the message type). Phases:
+
+============  =====================  ===============================================================
+phase         message type           what the client does / replies
+============  =====================  ===============================================================
+``local``     ``train.privhfl``      train a fresh model on the private data (SGD; the paper's
+                                     local phase, the baseline) -> ``num-examples``, ``train-loss``
+``generate``  ``query.privhfl``      expand (mixup / cutmix / cutout / private), select
+                                     ``num-queries`` (random / active learning on its own model),
+                                     keep them -> the queries under :data:`QUERIES_KEY`
+``answer``    ``query.privhfl``      logits of its model on the queries it is sent (
+                                     :data:`QUERIES_KEY`) -> under :data:`LOGITS_KEY`
+``retrain``   ``train.privhfl``      softmax(sum of the answerers' logits / T) as soft labels,
+                                     Adam on queries + private data (``answerers = 0``: private
+                                     data only) -> ``num-examples``, ``train-loss``
+``evaluate``  ``evaluate.privhfl``   its own model on its evaluation data -> ``num-examples``,
+                                     ``accuracy``, ``loss``, ``num-parameters``
+============  =====================  ===============================================================
+
+**Plaintext answering.** This is the baseline arm of the workflow: queries and logits cross the
+server in the clear, so the server sees every query image (mixup images show their source
+images, PrivHFL App. G) and every answerer's predictions on them. The secure arm replaces the
+``generate`` reply, the ``answer`` phase and the ``retrain`` message by the secret-shared
+protocol of :mod:`flwr_fsl.protocols.privhfl` (not wired in yet).
+
+Malformed server input (a bad record, queries of the wrong shape, type or range, logits that do
+not match the stored queries) raises :class:`~flwr_fsl.errors.ClientInputError`: Flower turns it
+into an error reply and the server drops this client from the round. Error texts name the check,
+never a value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from numpy.typing import NDArray
+from torch import nn
+
+from flwr_fsl.errors import ClientInputError
+from flwr_fsl.models.privhfl import (
+    IMAGE_SHAPE,
+    penultimate_features,
+    predict_logits,
+    retrain,
+    train_private,
+)
+from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES, expand, select, softmax
+
+__all__ = [
+    "ACTION",
+    "LOGITS_KEY",
+    "PHASE_TYPES",
+    "PRIVHFL_KEY",
+    "QUERIES_KEY",
+    "PhaseConfig",
+    "PrivHFLClient",
+    "PrivateData",
+    "logits_record",
+    "queries_record",
+    "read_logits",
+    "read_queries",
+]
+
+PRIVHFL_KEY = "fsl.privhfl"
+"""``ConfigRecord`` of every server message: the phase and its settings."""
+QUERIES_KEY = "fsl.privhfl.queries"
+"""``ArrayRecord`` ``{"x": float32 (B, *image_shape)}``: a querier's queries."""
+LOGITS_KEY = "fsl.privhfl.logits"
+"""``ArrayRecord`` ``{"logits": float32 (B, classes)}``: an answer, or the sum sent back."""
+ACTION = "privhfl"
+"""The action of the three message types (``train.privhfl`` ...)."""
+VERSION = 1
+PHASE_TYPES: dict[str, str] = {
+    "local": f"train.{ACTION}",
+    "retrain": f"train.{ACTION}",
+    "generate": f"query.{ACTION}",
+    "answer": f"query.{ACTION}",
+    "evaluate": f"evaluate.{ACTION}",
+}
+"""Phase -> the Flower message type it travels as."""
+
+_MODEL_SLOT = "fsl.privhfl.model"
+_QUERY_SLOT = "fsl.privhfl.query-set"
+_QUERY_ROUND_SLOT = "fsl.privhfl.query-round"
+
+
+# -- the phase record -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhaseConfig:
+    """The settings of one PrivHFL message (its :data:`PRIVHFL_KEY` record).
+
+    Every field is always present on the wire; a phase ignores the ones it does not use.
+
+    Attributes
+    ----------
+    phase : str
+        One of :data:`PHASE_TYPES`.
+    server_round : int
+        The round (>= 1); a retrain message must name the round of the stored queries.
+    seed : int
+        This node's seed for the phase, in ``[0, 2^63)``.
+    epochs, lr, batch_size : int, float, int
+        Training settings (``local`` / ``retrain``).
+    expansion, pool_size, num_queries, selection : str, int, int, str
+        Query generation (``generate``): one of
+        :data:`~flwr_fsl.submodel.queries.EXPANSIONS`, the pool size, how many to select,
+        one of :data:`~flwr_fsl.submodel.queries.STRATEGIES`.
+    temperature : float
+        Soft labels are ``softmax(sum of logits / temperature)`` (the paper: 1).
+    answerers : int
+        ``retrain``: how many answerers' logits the sum holds (0: re-train on private data).
+    """
+
+    phase: str
+    server_round: int
+    seed: int
+    epochs: int = 1
+    lr: float = 0.01
+    batch_size: int = 32
+    expansion: str = "mixup"
+    pool_size: int = 1
+    num_queries: int = 1
+    selection: str = "random"
+    temperature: float = 1.0
+    answerers: int = 0
+
+    _WIRE: ClassVar[dict[str, str]] = {
+        "server_round": "server-round",
+        "batch_size": "batch-size",
+        "pool_size": "pool-size",
+        "num_queries": "num-queries",
+    }
+    MAX_COUNT: ClassVar[int] = 10_000_000
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASE_TYPES:
+            raise ValueError(f"unknown PrivHFL phase {self.phase!r}")
+        ints = {
+            "server_round": (1, 1 << 31),
+            "seed": (0, (1 << 63) - 1),
+            "epochs": (0, 10_000),
+            "batch_size": (1, self.MAX_COUNT),
+            "pool_size": (1, self.MAX_COUNT),
+            "num_queries": (1, self.MAX_COUNT),
+            "answerers": (0, 1_000_000),
+        }
+        for name, (low, high) in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name} must be an int in [{low}, {high}]")
+        for name in ("lr", "temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number")
+            if not (math.isfinite(value) and 0 < value <= 1e6):
+                raise ValueError(f"{name} must be finite and in (0, 1e6]")
+        if self.expansion not in EXPANSIONS:
+            raise ValueError(f"expansion must be one of {EXPANSIONS}")
+        if self.selection not in STRATEGIES:
+            raise ValueError(f"selection must be one of {STRATEGIES}")
+        if self.num_queries > self.pool_size:
+            raise ValueError("num_queries must not exceed pool_size")
+
+    @property
+    def message_type(self) -> str:
+        """The Flower message type of this phase."""
+        return PHASE_TYPES[self.phase]
+
+    def to_record(self) -> ConfigRecord:
+        """Return the wire record (every field, with its version)."""
+        out: dict[str, Any] = {"version": VERSION}
+        for f in fields(self):
+            out[self._WIRE.get(f.name, f.name)] = getattr(self, f.name)
+        return ConfigRecord(out)
+
+    @classmethod
+    def from_record(
+        cls, record: ConfigRecord | None, message_type: str | None = None
+    ) -> PhaseConfig:
+        """Read a :data:`PRIVHFL_KEY` record strictly.
+
+        Parameters
+        ----------
+        record : ConfigRecord or None
+            The record.
+        message_type : str, optional
+            The message's type; the phase must travel as it.
+
+        Raises
+        ------
+        ClientInputError
+            If the record is missing, has another version, a missing or unknown field, a
+            field of the wrong type or out of range, or a phase that does not match
+            ``message_type``.
+        """
+        if record is None:
+            raise ClientInputError("the message has no PrivHFL record")
+        names = {cls._WIRE.get(f.name, f.name): f.name for f in fields(cls)}
+        keys = set(record.keys())
+        if keys != set(names) | {"version"}:
+            raise ClientInputError("the PrivHFL record has missing or unknown fields")
+        version = record["version"]
+        if isinstance(version, bool) or version != VERSION:
+            raise ClientInputError("unsupported PrivHFL record version")
+        for wire, name in names.items():
+            value = record[wire]
+            expected: type | tuple[type, ...] = int
+            if name in ("phase", "expansion", "selection"):
+                expected = str
+            elif name in ("lr", "temperature"):
+                expected = (int, float)
+            if isinstance(value, bool) or not isinstance(value, expected):
+                raise ClientInputError(f"PrivHFL field {wire!r} has the wrong type")
+        try:
+            config = cls(**{name: record[wire] for wire, name in names.items()})  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ClientInputError(f"invalid PrivHFL record: {err}") from err
+        if message_type is not None and config.message_type != message_type:
+            raise ClientInputError("the PrivHFL phase does not match the message type")
+        return config
+
+
+# -- array records ----------------------------------------------------------------------------
+def _one_array(content: RecordDict, key: str, name: str) -> NDArray[Any]:
+    record = content.array_records.get(key)
+    if record is None:
+        raise ClientInputError(f"the message has no {key!r} ArrayRecord")
+    if list(record.keys()) != [name]:
+        raise ClientInputError(f"{key!r} must hold exactly one array named {name!r}")
+    array = record[name]
+    if array.dtype != "float32":
+        raise ClientInputError(f"{key!r} must be float32")
+    try:
+        value = array.numpy()
+    except (ValueError, TypeError, OSError, EOFError) as err:
+        raise ClientInputError(f"{key!r} does not decode") from err
+    if value.dtype != np.float32:
+        raise ClientInputError(f"{key!r} must be float32")
+    return value
+
+
+def _checked(value: NDArray[Any], key: str, max_abs: float) -> NDArray[np.float32]:
+    if not np.isfinite(value).all():
+        raise ClientInputError(f"{key!r} holds a non-finite value")
+    if value.size and float(np.abs(value).max()) > max_abs:
+        raise ClientInputError(f"{key!r} holds a value beyond its bound")
+    return value.astype(np.float32, copy=False)
+
+
+def queries_record(x: NDArray[np.floating]) -> ArrayRecord:
+    """Return the :data:`QUERIES_KEY` record for query images ``x``."""
+    return ArrayRecord({"x": Array(np.ascontiguousarray(x, dtype=np.float32))})
+
+
+def logits_record(z: NDArray[np.floating]) -> ArrayRecord:
+    """Return the :data:`LOGITS_KEY` record for logits ``z``."""
+    return ArrayRecord({"logits": Array(np.ascontiguousarray(z, dtype=np.float32))})
+
+
+def read_queries(
+    content: RecordDict,
+    max_count: int,
+    image_shape: tuple[int, ...] = IMAGE_SHAPE,
+    max_abs: float = 1e3,
+    count: int | None = None,
+) -> NDArray[np.float32]:
+    """Read query images strictly: float32 ``(B, *image_shape)``, ``1 <= B <= max_count``.
+
+    Parameters
+    ----------
+    content : RecordDict
+        A message's content with a :data:`QUERIES_KEY` record.
+    max_count : int
+        Most queries accepted.
+    image_shape : tuple[int, ...]
+        Shape of one image.
+    max_abs : float
+        Largest ``|pixel|``.
+    count : int, optional
+        The exact number expected.
+
+    Raises
+    ------
+    ClientInputError
+        If the record is missing or malformed, of another shape or count, or holds a
+        non-finite or out-of-range pixel.
+    """
+    x = _one_array(content, QUERIES_KEY, "x")
+    if x.ndim != 1 + len(image_shape) or tuple(x.shape[1:]) != tuple(image_shape):
+        raise ClientInputError(f"{QUERIES_KEY!r} must have shape (B, {image_shape})")
+    if not 1 <= len(x) <= max_count or (count is not None and len(x) != count):
+        raise ClientInputError(f"{QUERIES_KEY!r} holds an unexpected number of queries")
+    return _checked(x, QUERIES_KEY, max_abs)
+
+
+def read_logits(
+    content: RecordDict, rows: int, num_classes: int, max_abs: float = 1e4
+) -> NDArray[np.float32]:
+    """Read logits strictly: float32 ``(rows, num_classes)``, finite, ``|z| <= max_abs``.
+
+    Raises
+    ------
+    ClientInputError
+        If the record is missing, malformed, of another shape or out of range.
+    """
+    z = _one_array(content, LOGITS_KEY, "logits")
+    if z.shape != (rows, num_classes):
+        raise ClientInputError(f"{LOGITS_KEY!r} must have shape ({rows}, {num_classes})")
+    return _checked(z, LOGITS_KEY, max_abs)
+
+
+# -- the client -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrivateData:
+    """A client's private data.
+
+    Attributes
+    ----------
+    x_train, y_train : numpy.ndarray
+        Private training images (anything :func:`flwr_fsl.models.privhfl.as_images` reads)
+        and int labels — the source of its query pool.
+    x_eval, y_eval : numpy.ndarray, optional
+        Evaluation data (e.g. the test set) for ``evaluate.privhfl``.
+    """
+
+    x_train: NDArray[Any]
+    y_train: NDArray[Any]
+    x_eval: NDArray[Any] | None = None
+    y_eval: NDArray[Any] | None = None
+
+
+def node_seed(seed: int, server_round: int, node: int, phase: str) -> int:
+    """Return a per-node, per-round, per-phase seed in ``[0, 2^63)`` (SHA-256 of the values)."""
+    digest = hashlib.sha256(f"privhfl/{seed}/{server_round}/{node}/{phase}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class PrivHFLClient:
+    """One node of PrivHFL: its own model and data, the querier and answerer roles.
+
+    Parameters
+    ----------
+    model_fn : Callable[[Context], nn.Sequential]
+        Builds this node's model (untrained); its trained weights are kept in
+        ``Context.state``.
+    data_fn : Callable[[Context], PrivateData]
+        This node's data.
+    num_classes : int
+        Number of classes (the logits' width).
+    image_shape : tuple[int, ...]
+        Shape of one image.
+    max_answer : int
+        Most queries this node answers in one message.
+    max_abs_input : float
+        Largest ``|pixel|`` accepted in a query.
+    max_abs_logit : float
+        Largest ``|logit sum|`` accepted in a retrain message.
+    num_threads : int, optional
+        torch intra-op threads to use (None: leave torch's setting).
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[Context], nn.Module],
+        data_fn: Callable[[Context], PrivateData],
+        *,
+        num_classes: int = 10,
+        image_shape: tuple[int, ...] = IMAGE_SHAPE,
+        max_answer: int = 100_000,
+        max_abs_input: float = 1e3,
+        max_abs_logit: float = 1e6,
+        num_threads: int | None = None,
+    ) -> None:
+        if not callable(model_fn) or not callable(data_fn):
+            raise ValueError("model_fn and data_fn must be callables of the Context")
+        for name, value in (("num_classes", num_classes), ("max_answer", max_answer)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if num_classes < 2:
+            raise ValueError("num_classes must be >= 2")
+        if not image_shape or any(not isinstance(d, int) or d < 1 for d in image_shape):
+            raise ValueError(f"image_shape must be positive ints, got {image_shape!r}")
+        for name, bound in (("max_abs_input", max_abs_input), ("max_abs_logit", max_abs_logit)):
+            if not (isinstance(bound, int | float) and math.isfinite(bound) and bound > 0):
+                raise ValueError(f"{name} must be a finite number > 0")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError("num_threads must be None or an int >= 1")
+        self.model_fn = model_fn
+        self.data_fn = data_fn
+        self.num_classes = num_classes
+        self.image_shape = tuple(image_shape)
+        self.max_answer = max_answer
+        self.max_abs_input = float(max_abs_input)
+        self.max_abs_logit = float(max_abs_logit)
+        self.num_threads = num_threads
+
+    def register(self, app: ClientApp) -> None:
+        """Register :meth:`train`, :meth:`query` and :meth:`evaluate` on ``app`` (``privhfl``)."""
+        app.train(ACTION)(self.train)
+        app.query(ACTION)(self.query)
+        app.evaluate(ACTION)(self.evaluate)
+
+    # -- state ------------------------------------------------------------------------------
+    def _model(self, context: Context, fresh: bool = False) -> nn.Module:
+        model = self.model_fn(context)
+        if not isinstance(model, nn.Module):
+            raise TypeError("model_fn must return a torch.nn.Module")
+        if fresh:
+            return model
+        stored = context.state.array_records.get(_MODEL_SLOT)
+        if stored is None:
+            raise ClientInputError("no local model: this node has not run the local phase")
+        model.load_state_dict(stored.to_torch_state_dict())
+        return model
+
+    @staticmethod
+    def _store(context: Context, model: nn.Module) -> None:
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        context.state[_MODEL_SLOT] = ArrayRecord(state)
+
+    def _config(self, msg: Message) -> PhaseConfig:
+        if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        return PhaseConfig.from_record(
+            msg.content.config_records.get(PRIVHFL_KEY), msg.metadata.message_type
+        )
+
+    def _data(self, context: Context) -> PrivateData:
+        data = self.data_fn(context)
+        if not isinstance(data, PrivateData):
+            raise TypeError("data_fn must return a PrivateData")
+        return data
+
+    # -- the registered functions -----------------------------------------------------------
+    def train(self, msg: Message, context: Context) -> Message:
+        """Answer ``train.privhfl``: the ``local`` or the ``retrain`` phase."""
+        config = self._config(msg)
+        data = self._data(context)
+        if config.phase == "local":
+            model = self._model(context, fresh=True)
+            loss = train_private(
+                model, data.x_train, data.y_train, config.epochs, config.lr,
+                config.batch_size, config.seed,
+            )  # fmt: skip
+        else:
+            model = self._model(context)
+            x_query, soft = self._soft_labels(msg, context, config)
+            loss = retrain(
+                model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
+                config.batch_size, config.seed,
+            )  # fmt: skip
+        self._store(context, model)
+        metrics = MetricRecord(
+            {"num-examples": len(data.x_train), "train-loss": float(np.nan_to_num(loss))}
+        )
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    def _soft_labels(
+        self, msg: Message, context: Context, config: PhaseConfig
+    ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
+        stored = context.state.array_records.get(_QUERY_SLOT)
+        stored_round = context.state.config_records.get(_QUERY_ROUND_SLOT)
+        for key in (_QUERY_SLOT, _QUERY_ROUND_SLOT):
+            if key in context.state:
+                del context.state[key]  # a query set is used once
+        if config.answerers == 0:
+            return None, None
+        if stored is None or stored_round is None:
+            raise ClientInputError("soft labels arrived but this node holds no query set")
+        if stored_round.get("round") != config.server_round:
+            raise ClientInputError("the soft labels are for another round's queries")
+        x_query = stored["x"].numpy()
+        total = read_logits(msg.content, len(x_query), self.num_classes, self.max_abs_logit)
+        return x_query, softmax(total, config.temperature)
+
+    def query(self, msg: Message, context: Context) -> Message:
+        """Answer ``query.privhfl``: the ``generate`` or the ``answer`` phase."""
+        config = self._config(msg)
+        model = self._model(context)
+        if config.phase == "answer":
+            x = read_queries(msg.content, self.max_answer, self.image_shape, self.max_abs_input)
+            logits = predict_logits(model, x)
+            return Message(RecordDict({LOGITS_KEY: logits_record(logits)}), reply_to=msg)
+        data = self._data(context)
+        queries = self.generate(model, data, config)
+        context.state[_QUERY_SLOT] = queries_record(queries)
+        context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
+        return Message(
+            RecordDict(
+                {
+                    QUERIES_KEY: queries_record(queries),
+                    "metrics": MetricRecord({"num-queries": len(queries)}),
+                }
+            ),
+            reply_to=msg,
+        )
+
+    def generate(
+        self, model: nn.Module, data: PrivateData, config: PhaseConfig
+    ) -> NDArray[np.float32]:
+        """Expand the private images, select ``num_queries`` of the pool, return them.
+
+        Active-learning strategies use this node's own model: softmax probabilities for
+        entropy / margin / least confidence / ICD, penultimate features for k-center (with the
+        private images' features as the existing centers) and ICD.
+        """
+        x = np.asarray(data.x_train, dtype=np.float32).reshape(-1, *self.image_shape)
+        pool = expand(x, config.expansion, config.pool_size, config.seed)
+        k = min(config.num_queries, len(pool))
+        probs = features = existing = None
+        if config.selection in ("entropy", "margin", "least_confidence", "icd"):
+            probs = softmax(predict_logits(model, pool.images))
+        if config.selection in ("kcenter", "icd"):
+            if not isinstance(model, nn.Sequential):
+                raise TypeError("k-center / ICD selection needs an nn.Sequential model")
+            features = penultimate_features(model, pool.images)
+            if config.selection == "kcenter":
+                existing = penultimate_features(model, x)
+        chosen = select(
+            config.selection, k, len(pool), probs=probs, features=features,
+            existing=existing, seed=config.seed,
+        )  # fmt: skip
+        return np.ascontiguousarray(pool.images[chosen], dtype=np.float32)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Answer ``evaluate.privhfl``: this node's model on its evaluation data."""
+        self._config(msg)
+        model = self._model(context)
+        data = self._data(context)
+        if data.x_eval is None or data.y_eval is None or len(data.x_eval) == 0:
+            raise ValueError("data_fn gave no evaluation data")
+        logits = torch.from_numpy(predict_logits(model, data.x_eval))
+        target = torch.as_tensor(np.asarray(data.y_eval), dtype=torch.long)
+        loss = float(nn.functional.cross_entropy(logits, target))
+        accuracy = float((logits.argmax(1) == target).float().mean())
+        params = sum(p.numel() for p in model.parameters())
+        metrics = MetricRecord(
+            {
+                "num-examples": len(target),
+                "accuracy": accuracy,
+                "loss": loss,
+                "num-parameters": int(params),
+            }
+        )
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
