@@ -52,6 +52,7 @@ class Settings:
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e5
     compare_plaintext: bool = True
+    compare_dense: bool = True
     results_dir: str = ""
 
     def __post_init__(self) -> None:
