@@ -92,8 +92,10 @@ error_bound` of plaintext.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.errors.ClientInputError`): the driver drops that answerer's session and
-aggregates over the others (:func:`secure_predict`); a malformed message from ``Q`` fails its
-query. Bad settings raise :class:`~flwr_fsl.errors.ConfigurationError`.
+aggregates over the others (:func:`secure_predict`); a malformed message from ``Q``
+(:class:`QuerierMessageError`) or to ``Q`` from ``S`` (:class:`ServerMessageError`, a
+:class:`~flwr_fsl.errors.RoundFailedError`) fails the query. Bad settings raise
+:class:`~flwr_fsl.errors.ConfigurationError`.
 
 **Wire format** of every message (version 1): ``b"PHFL"``, version ``u8``, kind ``u8``, step
 ``u64`` (the op label), array count ``u8``, arrays (:mod:`flwr_fsl.wireformat` ``array``
@@ -155,6 +157,7 @@ __all__ = [
     "Querier",
     "QuerierMessageError",
     "QuerierSession",
+    "ServerMessageError",
     "ServerParty",
     "SessionSeeds",
     "Transcript",
@@ -210,6 +213,10 @@ class PrivHFLMessageError(ClientInputError):
 
 class QuerierMessageError(PrivHFLMessageError):
     """A message dealt by the querier is malformed: its query fails (no answerer is blamed)."""
+
+
+class ServerMessageError(RoundFailedError):
+    """The querier got a malformed message from the server: the query fails loudly."""
 
 
 class NoAnswerError(RoundFailedError):
@@ -819,6 +826,17 @@ class Answerer(_Evaluator):
 def _dcf_keys(
     blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
+    try:
+        return _dcf_keys_checked(blob, party, seed, label, n, config)
+    except PrivHFLMessageError as err:
+        if party == 1:  # the server got the public part from the querier directly
+            raise QuerierMessageError(str(err)) from err
+        raise
+
+
+def _dcf_keys_checked(
+    blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
+) -> dcf.DCFKeyBatch:
     """Rebuild a party's DCF keys: root seeds from its seed with ``Q``, the dealt public part."""
     try:
         public = dcf.DCFPublicBatch.from_bytes(blob)
@@ -1053,7 +1071,10 @@ class QuerierSession:
 
     def drelu_answer(self, data: bytes, n: int) -> bytes:
         """Open ``z = r x`` (the leak) and send ``S`` its share ``DReLU(z) - delta'``."""
-        msg = expect(data, DRELU_S, self.label, [(n,)], sender="server")
+        try:
+            msg = expect(data, DRELU_S, self.label, [(n,)], sender="server")
+        except PrivHFLMessageError as err:
+            raise ServerMessageError(str(err)) from err
         masks = _stream(self._qa, self.label, TAG_DRELU_MASK)
         delta = _RING.random((n,), masks)
         delta_prime = _RING.random((n,), masks)
@@ -1126,18 +1147,21 @@ class Querier:
 
         Raises
         ------
-        PrivHFLMessageError
+        ServerMessageError
             If the message is malformed or names an unknown answerer.
         """
-        msg = Message.from_bytes(data)
+        try:
+            msg = Message.from_bytes(data)
+        except PrivHFLMessageError as err:
+            raise ServerMessageError(f"agg-S: {err}") from err
         if msg.kind != AGG_S or msg.step != step or len(msg.arrays) != 2 or msg.blob:
-            raise PrivHFLMessageError("expected the server's agg-S message for this step")
+            raise ServerMessageError("expected the server's agg-S message for this step")
         total, ids = msg.arrays
         if total.shape != shape or ids.ndim != 1:
-            raise PrivHFLMessageError(f"agg-S must carry {shape} logits and a 1-D id list")
+            raise ServerMessageError(f"agg-S must carry {shape} logits and a 1-D id list")
         included = tuple(int(i) for i in ids)
         if len(set(included)) != len(included) or any(i not in self._masks for i in included):
-            raise PrivHFLMessageError(f"agg-S names unknown or repeated answerers {included}")
+            raise ServerMessageError(f"agg-S names unknown or repeated answerers {included}")
         for j in included:
             total = _RING.add(total, self._masks[j])
         return self.codec.decode(total), included
@@ -1371,8 +1395,10 @@ def secure_predict(
         If the models do not fit together or a setting is invalid.
     NoAnswerError
         If every answerer's session failed.
-    PrivHFLMessageError
-        If the querier's own messages (or the server's aggregate) are malformed.
+    QuerierMessageError
+        If a message the querier dealt is malformed.
+    ServerMessageError
+        If a message the querier received from the server is malformed.
     """
     cfg = config if config is not None else PrivHFLConfig()
     if not models:
