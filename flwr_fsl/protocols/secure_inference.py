@@ -415,8 +415,8 @@ def walk(architecture: Architecture, visitor: Visitor) -> None:
 
 
 def _float_array(value: object, shape: tuple[int, ...], what: str) -> NDArray[np.float64]:
-    arr = np.asarray(value, dtype=np.float64) if not isinstance(value, np.ndarray) else value
-    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "fiu":
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fiu":
         raise ConfigurationError(f"{what} must be a real array, got {type(value).__name__}")
     arr = np.ascontiguousarray(arr, dtype=np.float64)
     if arr.shape != shape:
