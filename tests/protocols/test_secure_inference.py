@@ -14,7 +14,6 @@ from torch import nn
 from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.secure_inference import (
     Architecture,
-    AvgPool2d,
     Conv2d,
     Flatten,
     GlobalAvgPool,
@@ -84,7 +83,7 @@ NETS = {
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(4, 5),
-    ),  # fmt: skip
+    ),
     "pools": lambda: nn.Sequential(
         nn.MaxPool2d(3, 1), nn.AvgPool2d((2, 2), stride=(2, 2)), nn.Flatten(), nn.Linear(27, 5)
     ),
