@@ -49,10 +49,12 @@ plain :class:`ValueError` for bad arguments (alpha or a point outside the domain
 **Wire format** (version 1; little-endian, no pickle, exact length). A 24-byte header:
 ``b"FDCF"``, version 1 (u8), kind (u8: 1 public part, 2 key shares), party (u8: 0/1, 255 for a
 public part), ``domain_bits`` (u8), ``tau`` (u32), number of keys ``m`` (u32), 8 zero bytes.
-Key shares then carry ``m`` 16-byte root seeds (bit 0 clear). The public body: ``cw_seeds``
-(``m * domain_bits`` blocks of 16 bytes, bit 0 clear), ``cw_values`` (``m * domain_bits * tau``
-u64), ``cw_bits`` (``m * domain_bits`` bytes, each in 0..3: bit 0 left, bit 1 right
-correction), ``cw_final`` (``m * tau`` u64). The length is checked against the header before
+Key shares then carry ``m`` 16-byte root seeds (bit 0 clear). The public body, level-major
+(level ``i``'s corrections of all ``m`` keys are adjacent, the order in which an evaluation
+reads them): ``cw_seeds`` (``domain_bits * m`` blocks of 16 bytes, bit 0 clear), ``cw_values``
+(``domain_bits * m * tau`` u64),
+``cw_bits`` (``domain_bits * m`` bytes, each in 0..3: bit 0 left, bit 1 right correction),
+``cw_final`` (``m * tau`` u64). The length is checked against the header before
 anything is allocated; any other length, a non-canonical bit or a bad header field is refused.
 """
 
@@ -165,11 +167,11 @@ class DCFPublicBatch:
     tau : int
         Output words per comparison, in ``[1, 64]``.
     cw_seeds : numpy.ndarray
-        ``(m, domain_bits, 2)`` uint64 seed corrections (bit 0 clear).
+        ``(domain_bits, m, 2)`` uint64 seed corrections (bit 0 clear), level-major.
     cw_values : numpy.ndarray
-        ``(m, domain_bits, tau)`` uint64 value corrections.
+        ``(domain_bits, m, tau)`` uint64 value corrections.
     cw_bits : numpy.ndarray
-        ``(m, domain_bits)`` uint8 control-bit corrections (bit 0 left, bit 1 right).
+        ``(domain_bits, m)`` uint8 control-bit corrections (bit 0 left, bit 1 right).
     cw_final : numpy.ndarray
         ``(m, tau)`` uint64 last corrections.
 
@@ -192,11 +194,11 @@ class DCFPublicBatch:
             raise DCFKeyError("cw_final must be a 2-D uint64 array (m, tau)")
         m = self.cw_final.shape[0]
         object.__setattr__(self, "cw_final", _u64_array(self.cw_final, (m, tau), "cw_final"))
-        object.__setattr__(self, "cw_seeds", _u64_array(self.cw_seeds, (m, n, 2), "cw_seeds"))
-        object.__setattr__(self, "cw_values", _u64_array(self.cw_values, (m, n, tau), "cw_values"))
+        object.__setattr__(self, "cw_seeds", _u64_array(self.cw_seeds, (n, m, 2), "cw_seeds"))
+        object.__setattr__(self, "cw_values", _u64_array(self.cw_values, (n, m, tau), "cw_values"))
         bits = self.cw_bits
-        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8 or bits.shape != (m, n):
-            raise DCFKeyError(f"cw_bits must be a uint8 array of shape {(m, n)}")
+        if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8 or bits.shape != (n, m):
+            raise DCFKeyError(f"cw_bits must be a uint8 array of shape {(n, m)}")
         object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
         if m and int(bits.max()) > 3:
             raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
@@ -282,9 +284,9 @@ def _parse_public_body(raw: bytes, off: int, n: int, tau: int, m: int) -> DCFPub
         off += arr.nbytes
         return arr.astype(np.dtype(dtype).newbyteorder("="))
 
-    cw_seeds = take(m * n * 2, "<u8").reshape(m, n, 2)
-    cw_values = take(m * n * tau, "<u8").reshape(m, n, tau)
-    cw_bits = take(m * n, "u1").reshape(m, n)
+    cw_seeds = take(m * n * 2, "<u8").reshape(n, m, 2)
+    cw_values = take(m * n * tau, "<u8").reshape(n, m, tau)
+    cw_bits = take(m * n, "u1").reshape(n, m)
     cw_final = take(m * tau, "<u8").reshape(m, tau)
     return DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)  # type: ignore[arg-type]
 
@@ -468,9 +470,9 @@ def generate_keys_batch(
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
     nq = (tau + 1) // 2
     nb = 2 + 2 * nq
-    cw_seeds = np.empty((m, n, 2), dtype=_U64)
-    cw_values = np.empty((m, n, tau), dtype=_U64)
-    cw_bits = np.empty((m, n), dtype=np.uint8)
+    cw_seeds = np.empty((n, m, 2), dtype=_U64)
+    cw_values = np.empty((n, m, tau), dtype=_U64)
+    cw_bits = np.empty((n, m), dtype=np.uint8)
     cw_final = np.empty((m, tau), dtype=_U64)
     aes = _cipher()
     chunk = min(_CHUNK, max(m, 1))
@@ -491,7 +493,7 @@ def generate_keys_batch(
             aes.encrypt_prefix_into(inp[:rows], enc)
             _k.gen_level(
                 inp, enc, nb, level, n, a[lo:hi], b[lo:hi], seeds, t, v_alpha,
-                cw_seeds[lo:hi], cw_values[lo:hi], cw_bits[lo:hi],
+                cw_seeds[:, lo:hi], cw_values[:, lo:hi], cw_bits[:, lo:hi],
             )  # fmt: skip
         _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
         aes.encrypt_prefix_into(inp[: 2 * c * nq], enc)

@@ -15,6 +15,8 @@ public tweak XORed into the high word (a tweakable correlation-robust hash):
   ceil(tau / 2)``; output word ``w`` of the child is word ``w % 2`` of block ``w // 2``;
 * leaf conversion block ``q``: ``H(s ^ (0, LEAF | q))``.
 
+Correction words are level-major (``cw_seeds[level, key]``): a level's pass over many keys
+reads them sequentially (key-major rows made the evaluation 3x slower: a cache miss per key).
 Blocks are ``uint64`` arrays of shape ``(n, 2)`` (word 0 = bytes 0..7). Every kernel is
 ``cache=True``, uses ``uint64`` arithmetic with explicit casts, and writes into buffers the
 caller allocated.
@@ -100,15 +102,15 @@ def gen_level(
         keep = np.int64(a)
         lose = 1 - keep
         t1 = t[j, 1]
-        cw_seeds[j, level, 0] = cs[0, lose, 0] ^ cs[1, lose, 0]
-        cw_seeds[j, level, 1] = cs[0, lose, 1] ^ cs[1, lose, 1]
+        cw_seeds[level, j, 0] = cs[0, lose, 0] ^ cs[1, lose, 0]
+        cw_seeds[level, j, 1] = cs[0, lose, 1] ^ cs[1, lose, 1]
         for w in range(tau):
             vcw = cv[1, lose, w] - cv[0, lose, w] - v_alpha[j, w]
             if lose == 0:
                 vcw += betas[j, w]
             if t1:
                 vcw = ZERO - vcw
-            cw_values[j, level, w] = vcw
+            cw_values[level, j, w] = vcw
             acc = v_alpha[j, w] - cv[1, keep, w] + cv[0, keep, w]
             if t1:
                 acc -= vcw
@@ -117,15 +119,15 @@ def gen_level(
             v_alpha[j, w] = acc
         t_left = ct[0, 0] ^ ct[1, 0] ^ a ^ np.uint8(1)
         t_right = ct[0, 1] ^ ct[1, 1] ^ a
-        cw_bits[j, level] = t_left | (t_right << np.uint8(1))
+        cw_bits[level, j] = t_left | (t_right << np.uint8(1))
         t_keep = t_right if keep else t_left
         for b in range(2):
             s0 = cs[b, keep, 0]
             s1 = cs[b, keep, 1]
             tb = ct[b, keep]
             if t[j, b]:
-                s0 ^= cw_seeds[j, level, 0]
-                s1 ^= cw_seeds[j, level, 1]
+                s0 ^= cw_seeds[level, j, 0]
+                s1 ^= cw_seeds[level, j, 1]
                 tb ^= t_keep
             seeds[j, b, 0] = s0
             seeds[j, b, 1] = s1
@@ -232,15 +234,15 @@ def eval_level(
             k = base + 1 + (w >> 1)
             v = enc[k, w & 1] ^ inp[k, w & 1]
             if tt:
-                v += cw_values[j, level, w]
+                v += cw_values[level, j, w]
             if party:
                 acc[i, w] -= v
             else:
                 acc[i, w] += v
         if tt:
-            s0 ^= cw_seeds[j, level, 0]
-            s1 ^= cw_seeds[j, level, 1]
-            tc ^= (cw_bits[j, level] >> c) & np.uint8(1)
+            s0 ^= cw_seeds[level, j, 0]
+            s1 ^= cw_seeds[level, j, 1]
+            tc ^= (cw_bits[level, j] >> c) & np.uint8(1)
         seeds[i, 0] = s0
         seeds[i, 1] = s1
         t[i] = tc

@@ -151,11 +151,11 @@ def _reference_eval(keys: DCFKeyBatch, j: int, x: int) -> list[int]:
         blocks = [_h(s ^ (((2 << 32) | (c * nq + q)) << 64)) for q in range(nq)]
         values = [(blocks[w // 2] >> (64 * (w % 2))) & MASK for w in range(tau)]
         for w in range(tau):
-            v = values[w] + (int(pub.cw_values[j, i, w]) if t else 0)
+            v = values[w] + (int(pub.cw_values[i, j, w]) if t else 0)
             acc[w] = (acc[w] + sign * v) & MASK
         if t:
-            child ^= int(pub.cw_seeds[j, i, 0]) | int(pub.cw_seeds[j, i, 1]) << 64
-            tc ^= (int(pub.cw_bits[j, i]) >> c) & 1
+            child ^= int(pub.cw_seeds[i, j, 0]) | int(pub.cw_seeds[i, j, 1]) << 64
+            tc ^= (int(pub.cw_bits[i, j]) >> c) & 1
         s, t = child, tc
     leaf = [_h(s ^ (((3 << 32) | q) << 64)) for q in range(nq)]
     for w in range(tau):
@@ -191,9 +191,9 @@ def _party0_view(alpha: int, beta: int, msk: bytes, n_keys: int = 2000) -> np.nd
     )
     p = b0.public
     rows = [
-        p.cw_seeds[j].tobytes()
-        + p.cw_values[j].tobytes()
-        + p.cw_bits[j].tobytes()
+        p.cw_seeds[:, j].tobytes()
+        + p.cw_values[:, j].tobytes()
+        + p.cw_bits[:, j].tobytes()
         + p.cw_final[j].tobytes()
         + b0.root_seeds[j].tobytes()
         for j in range(n_keys)
@@ -344,7 +344,7 @@ def test_dataclass_validation() -> None:
     with pytest.raises(DCFKeyError, match="cw_final"):
         DCFPublicBatch(4, 1, p.cw_seeds, p.cw_values, p.cw_bits, p.cw_final.reshape(-1))
     with pytest.raises(DCFKeyError, match="cw_seeds"):
-        DCFPublicBatch(4, 1, p.cw_seeds[:, :3], p.cw_values, p.cw_bits, p.cw_final)
+        DCFPublicBatch(4, 1, p.cw_seeds[:3], p.cw_values, p.cw_bits, p.cw_final)
     with pytest.raises(DCFKeyError, match="cw_values"):
         DCFPublicBatch(4, 1, p.cw_seeds, p.cw_values.astype(np.int64), p.cw_bits, p.cw_final)
     with pytest.raises(DCFKeyError, match="cw_bits"):
