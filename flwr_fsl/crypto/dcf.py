@@ -234,8 +234,8 @@ class DCFPublicBatch:
             If the bytes are not exactly one well-formed public part.
         """
         n, tau, m, _, off = _parse_header(data, _KIND_PUBLIC)
-        assert isinstance(data, bytes | bytearray | memoryview)
-        return _parse_public_body(bytes(data), off, n, tau, m)
+        raw = data if isinstance(data, bytes) else bytes(data)  # type: ignore[call-overload]
+        return _parse_public_body(raw, off, n, tau, m)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DCFPublicBatch) and self.to_bytes() == other.to_bytes()
@@ -250,7 +250,7 @@ def _parse_header(data: object, kind: int) -> tuple[int, int, int, int, int]:
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DCFKeyError(f"a serialized DCF must be bytes, got {type(data).__name__}")
-    raw = bytes(data)
+    raw = data if isinstance(data, bytes) else bytes(data)
     if len(raw) < _HEADER.size:
         raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER.size} bytes)")
     magic, version, got_kind, party, n, tau, m, pad = _HEADER.unpack_from(raw, 0)
@@ -282,7 +282,8 @@ def _parse_public_body(raw: bytes, off: int, n: int, tau: int, m: int) -> DCFPub
         nonlocal off
         arr = np.frombuffer(raw, dtype=dtype, count=count, offset=off)
         off += arr.nbytes
-        return arr.astype(np.dtype(dtype).newbyteorder("="))
+        # A read-only view of the bytes where the byte order is native (no copy).
+        return arr.astype(np.dtype(dtype).newbyteorder("="), copy=False)
 
     cw_seeds = take(m * n * 2, "<u8").reshape(n, m, 2)
     cw_values = take(m * n * tau, "<u8").reshape(n, m, tau)
@@ -370,8 +371,7 @@ class DCFKeyBatch:
             If the bytes are not exactly one well-formed key batch.
         """
         n, tau, m, party, off = _parse_header(data, _KIND_KEYS)
-        assert isinstance(data, bytes | bytearray | memoryview)
-        raw = bytes(data)
+        raw = data if isinstance(data, bytes) else bytes(data)  # type: ignore[call-overload]
         seeds = np.frombuffer(raw, "<u8", m * 2, _HEADER.size).astype(_U64).reshape(m, 2)
         return cls(party, seeds, _parse_public_body(raw, off, n, tau, m))
 

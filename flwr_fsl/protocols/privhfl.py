@@ -498,11 +498,18 @@ class Transcript:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def record(self, sender: str, receiver: str, data: bytes) -> None:
-        """Count a message (and keep it in the receiver's view)."""
-        msg = Message.from_bytes(data)
-        self.records.append((sender, receiver, msg.kind, len(data)))
+        """Count a message (and keep it, parsed, in the receiver's view).
+
+        Raises
+        ------
+        PrivHFLMessageError
+            If the bytes do not start like a message (a view also needs the whole message).
+        """
+        if len(data) < 6 or data[:4] != _MAGIC or data[5] not in KIND_NAMES:
+            raise PrivHFLMessageError("not a PrivHFL message")
+        self.records.append((sender, receiver, data[5], len(data)))
         if self.keep_views:
-            self.views[receiver].append(msg)
+            self.views[receiver].append(Message.from_bytes(data))
 
     @contextmanager
     def timed(self, party: str) -> Iterator[None]:
@@ -1477,7 +1484,7 @@ def _deliver(
 ) -> bytes:
     """Deliver one message: through the test hook, then counted in the transcript."""
     if tamper is not None:
-        data = tamper(sender, receiver, Message.from_bytes(data).kind, data)
+        data = tamper(sender, receiver, data[5], data)
     try:
         tr.record(sender, receiver, data)
     except PrivHFLMessageError:
