@@ -414,10 +414,15 @@ def train_private(
     batch_size: int = 32,
     seed: int = 0,
     momentum: float = 0.9,
+    optimizer: str = "sgd",
 ) -> float:
     """Train ``model`` in place on a client's private data (PrivHFL's local phase).
 
-    SGD with momentum and cross-entropy, as the paper's local training (App. F, Table 7).
+    Cross-entropy with SGD and momentum, as the paper's local training (App. F, Table 7), or
+    with Adam (``optimizer="adam"``, ``momentum`` unused): without batch norm the residual
+    networks here train much faster with Adam (on 500 Fashion-MNIST images, 15 epochs:
+    ResNet-10 0.45 train loss / 71% test with Adam at 3e-3 against 0.90 / 59% after 20 epochs
+    of SGD at 0.02 — measured with the loops of this module, one run each).
 
     Parameters
     ----------
@@ -428,9 +433,11 @@ def train_private(
     epochs : int
         Passes over the data (0: no training).
     lr, batch_size, momentum : float, int, float
-        SGD settings (``lr > 0``, ``batch_size >= 1``, ``0 <= momentum < 1``).
+        Settings (``lr > 0``, ``batch_size >= 1``, ``0 <= momentum < 1``).
     seed : int
         Seed of the shuffling.
+    optimizer : str
+        ``"sgd"`` or ``"adam"``.
 
     Returns
     -------
@@ -445,12 +452,18 @@ def train_private(
     _check_training(epochs, lr, batch_size)
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     xt = as_images(x)
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
     if len(xt) != len(yt) or len(xt) == 0:
         raise ValueError(f"x and y must be non-empty and of one length: {len(xt)}, {len(yt)}")
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    return _epochs(model, optimizer, xt, yt, epochs, batch_size, seed)
+    opt: torch.optim.Optimizer
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    return _epochs(model, opt, xt, yt, epochs, batch_size, seed)
 
 
 def retrain(

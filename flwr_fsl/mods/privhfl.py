@@ -26,8 +26,9 @@ types, ranges, the phase matching the message type). Phases:
 ============  =====================  ===============================================================
 phase         message type           what the client does / replies
 ============  =====================  ===============================================================
-``local``     ``train.privhfl``      train a fresh model on the private data (SGD; the paper's
-                                     local phase, the baseline) -> ``num-examples``, ``train-loss``
+``local``     ``train.privhfl``      train a fresh model on the private data (SGD as the paper,
+                                     or Adam; the local phase, the baseline) -> ``num-examples``,
+                                     ``train-loss``
 ``generate``  ``query.privhfl``      expand (mixup / cutmix / cutout / private), select
                                      ``num-queries`` (random / active learning on its own model),
                                      keep them -> the queries under :data:`QUERIES_KEY`
@@ -140,6 +141,8 @@ class PhaseConfig:
         Soft labels are ``softmax(sum of logits / temperature)`` (the paper: 1).
     answerers : int
         ``retrain``: how many answerers' logits the sum holds (0: re-train on private data).
+    optimizer : str
+        ``local``: ``"sgd"`` (the paper's) or ``"adam"``.
     """
 
     phase: str
@@ -154,6 +157,7 @@ class PhaseConfig:
     selection: str = "random"
     temperature: float = 1.0
     answerers: int = 0
+    optimizer: str = "sgd"
 
     _WIRE: ClassVar[dict[str, str]] = {
         "server_round": "server-round",
@@ -189,6 +193,8 @@ class PhaseConfig:
             raise ValueError(f"expansion must be one of {EXPANSIONS}")
         if self.selection not in STRATEGIES:
             raise ValueError(f"selection must be one of {STRATEGIES}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError("optimizer must be 'sgd' or 'adam'")
         if self.num_queries > self.pool_size:
             raise ValueError("num_queries must not exceed pool_size")
 
@@ -236,7 +242,7 @@ class PhaseConfig:
         for wire, name in names.items():
             value = record[wire]
             expected: type | tuple[type, ...] = int
-            if name in ("phase", "expansion", "selection"):
+            if name in ("phase", "expansion", "selection", "optimizer"):
                 expected = str
             elif name in ("lr", "temperature"):
                 expected = (int, float)
@@ -471,7 +477,7 @@ class PrivHFLClient:
             model = self._model(context, fresh=True)
             loss = train_private(
                 model, data.x_train, data.y_train, config.epochs, config.lr,
-                config.batch_size, config.seed,
+                config.batch_size, config.seed, optimizer=config.optimizer,
             )  # fmt: skip
         else:
             model = self._model(context)

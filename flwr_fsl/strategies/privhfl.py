@@ -122,8 +122,8 @@ min_available_nodes, sampling_seed
         Fraction of the other trained nodes that answer each querier, in ``(0, 1]``.
     temperature : float
         Soft labels are ``softmax(logit sum / temperature)`` (1: the paper's).
-    local_epochs, local_lr, local_batch_size : int, float, int
-        Local phase (SGD with momentum 0.9).
+    local_epochs, local_lr, local_batch_size, local_optimizer : int, float, int, str
+        Local phase: ``"sgd"`` (momentum 0.9, the paper's) or ``"adam"``.
     retrain_epochs, retrain_lr, retrain_batch_size : int, float, int
         Re-training phase (Adam, lr / 10 halfway).
     num_classes : int
@@ -170,6 +170,7 @@ min_available_nodes, sampling_seed
         local_epochs: int = 10,
         local_lr: float = 0.02,
         local_batch_size: int = 32,
+        local_optimizer: str = "sgd",
         retrain_epochs: int = 5,
         retrain_lr: float = 2e-3,
         retrain_batch_size: int = 64,
@@ -209,6 +210,9 @@ min_available_nodes, sampling_seed
         self.local_epochs = _positive_int("local_epochs", local_epochs, 0)
         self.local_lr = _positive_float("local_lr", local_lr)
         self.local_batch_size = _positive_int("local_batch_size", local_batch_size)
+        if local_optimizer not in ("sgd", "adam"):
+            raise ConfigurationError("local_optimizer must be 'sgd' or 'adam'")
+        self.local_optimizer = local_optimizer
         self.retrain_epochs = _positive_int("retrain_epochs", retrain_epochs, 0)
         self.retrain_lr = _positive_float("retrain_lr", retrain_lr)
         self.retrain_batch_size = _positive_int("retrain_batch_size", retrain_batch_size)
@@ -254,6 +258,7 @@ min_available_nodes, sampling_seed
             num_queries=self.num_queries,
             selection=self.selection,
             temperature=self.temperature,
+            optimizer=self.local_optimizer,
             **extra,
         )
 

@@ -182,7 +182,16 @@ def test_train_private_is_seeded_and_validates() -> None:
     train_private(a, x, y, epochs=2, seed=5)
     train_private(b, x, y, epochs=2, seed=5)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-    for kwargs in ({"epochs": -1}, {"lr": 0.0}, {"batch_size": 0}, {"momentum": 1.0}):
+    c = build_model("mlp", 3, seed=1)
+    train_private(c, x, y, epochs=2, seed=5, optimizer="adam", lr=1e-3)
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
+    for kwargs in (
+        {"epochs": -1},
+        {"lr": 0.0},
+        {"batch_size": 0},
+        {"momentum": 1.0},
+        {"optimizer": "rmsprop"},
+    ):
         with pytest.raises(ValueError):
             train_private(a, x, y, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(ValueError):

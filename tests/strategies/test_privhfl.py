@@ -26,7 +26,7 @@ from torch import nn
 
 from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models import set_torch_threads
-from flwr_fsl.models.privhfl import predict_logits, retrain
+from flwr_fsl.models.privhfl import predict_logits, retrain, train_private
 from flwr_fsl.mods.privhfl import (
     LOGITS_KEY,
     PRIVHFL_KEY,
@@ -216,6 +216,28 @@ def test_round_equals_the_replay(expansion: str, selection: str, fraction_answer
     for r in (0, 1):
         assert set(strategy.node_metrics[r]) == set(grid.get_node_ids())
     assert 0.0 <= result.evaluate_metrics_clientapp[1]["accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_local_phase_equals_train_private(optimizer: str) -> None:
+    grid, spy = _grid(3)
+    strategy = _strategy(expansion="none", local_optimizer=optimizer, local_lr=0.01)
+    strategy.local(grid, strategy.round_state(1))
+    assert strategy.trained == set(grid.get_node_ids())
+    for node in grid.get_node_ids():
+        local = spy.one(node, "local")
+        assert local["before"] is None
+        config = PhaseConfig.from_record(local["msg"].content[PRIVHFL_KEY])
+        assert config.optimizer == optimizer
+        context = grid.context(node)
+        model, data = _model(context), _data(context)
+        train_private(model, data.x_train, data.y_train, config.epochs, config.lr,
+                      config.batch_size, config.seed, optimizer=optimizer)  # fmt: skip
+        after = context.state.array_records["fsl.privhfl.model"]
+        assert all(
+            np.array_equal(after[k].numpy(), v.numpy()) for k, v in model.state_dict().items()
+        )
+    assert set(strategy.node_metrics[0]) == set(grid.get_node_ids())
 
 
 def test_local_phase_runs_once_and_models_persist() -> None:
@@ -430,6 +452,8 @@ def test_phase_config_round_trips() -> None:
         ("selection", "bald"),
         ("temperature", math.inf),
         ("answerers", -2),
+        ("optimizer", "rmsprop"),
+        ("optimizer", 1),
         ("extra", 1),
     ],
 )
@@ -569,6 +593,7 @@ def test_client_and_strategy_validate_settings() -> None:
         {"temperature": 0},
         {"local_lr": math.nan},
         {"retrain_epochs": -1},
+        {"local_optimizer": "rmsprop"},
         {"num_classes": 1},
         {"image_shape": (1, 0)},
         {"seed": -1},
