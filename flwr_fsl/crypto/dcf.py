@@ -210,11 +210,15 @@ class DCFPublicBatch:
         """Number of keys ``m``."""
         return int(self.cw_final.shape[0])
 
-    def _body(self) -> bytes:
-        return b"".join(
-            a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    def _body(self) -> list[memoryview]:
+        """Return the body's fields as byte views (the caller joins them: one copy in all)."""
+        return [
+            np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
+            .reshape(-1)
+            .view(np.uint8)
+            .data
             for a in (self.cw_seeds, self.cw_values, self.cw_bits, self.cw_final)
-        )
+        ]
 
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
@@ -222,7 +226,7 @@ class DCFPublicBatch:
             _MAGIC, _VERSION, _KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau,
             self.num_keys, bytes(8),
         )  # fmt: skip
-        return head + self._body()
+        return b"".join([head, *self._body()])
 
     @classmethod
     def from_bytes(cls, data: object) -> DCFPublicBatch:
@@ -359,7 +363,7 @@ class DCFKeyBatch:
             _MAGIC, _VERSION, _KIND_KEYS, self.party, p.domain_bits, p.tau, p.num_keys,
             bytes(8),
         )  # fmt: skip
-        return head + self.root_seeds.astype("<u8").tobytes() + p._body()
+        return b"".join([head, self.root_seeds.astype("<u8").tobytes(), *p._body()])
 
     @classmethod
     def from_bytes(cls, data: object) -> DCFKeyBatch:

@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -144,7 +145,12 @@ from flwr_fsl.protocols.secure_inference import (
     pool_windows,
     to_nhwc,
 )
-from flwr_fsl.wireformat import MAX_MESSAGE_BYTES, Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import (
+    MAX_ARRAY_NDIM,
+    MAX_MESSAGE_BYTES,
+    Reader,
+    WireFormatError,
+)
 
 __all__ = [
     "KIND_NAMES",
@@ -333,18 +339,22 @@ class Message:
             raise ValueError(f"unknown message kind {self.kind}")
         if len(self.arrays) > _MAX_ARRAYS:
             raise ValueError(f"at most {_MAX_ARRAYS} arrays per message")
-        w = Writer()
-        w.parts.append(_MAGIC)
-        w.u8(_VERSION)
-        w.u8(self.kind)
-        w.u64(self.step)
-        w.u8(len(self.arrays))
+        # Fields as in the module docstring; array data joins as views: one copy in all.
+        parts: list[bytes | memoryview] = [
+            _MAGIC + struct.pack("<BBQB", _VERSION, self.kind, self.step, len(self.arrays))
+        ]
         for a in self.arrays:
             if not isinstance(a, np.ndarray) or a.dtype != _U64:
                 raise ValueError("message arrays must be uint64")
-            w.array(a)
-        w.raw(self.blob)
-        data = w.payload()
+            if a.ndim > MAX_ARRAY_NDIM:
+                raise ValueError(f"message arrays have at most {MAX_ARRAY_NDIM} dimensions")
+            # A wireformat array field: dtype code 1 (uint64), ndim, dims, the data.
+            parts.append(struct.pack(f"<BB{a.ndim}Q", 1, a.ndim, *a.shape))
+            parts.append(np.ascontiguousarray(a, dtype="<u8").reshape(-1).view(np.uint8).data)
+        if not isinstance(self.blob, bytes):
+            raise ValueError("the blob must be bytes")
+        parts += [struct.pack("<I", len(self.blob)), self.blob]
+        data = b"".join(parts)
         if len(data) > MAX_MESSAGE_BYTES:
             raise ValueError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
         return data

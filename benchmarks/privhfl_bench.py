@@ -1,0 +1,348 @@
+"""PrivHFL secure prediction benchmark: time and bytes per query, both comparisons, vs plaintext.
+
+Run ``python benchmarks/privhfl_bench.py [--quick] [--json PATH]``. Prints three tables and
+writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
+
+1. *Ring matmul* — the product that dominates Π_Matmul, ``(P x K) @ (K x O)`` in ``Z_2^64``, on
+   shapes of the benchmarked layers: the numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`,
+   what the protocol uses) in the protocol's orientation (big ``P`` rows, small ``O``) and
+   transposed, against the float-split BLAS trick of CryptGPU / PrivHFL App. C.6 (16-bit limbs,
+   the 10 limb products below 2^64 grouped into 4 float64 GEMMs, exact while ``K < 2^19``).
+2. *DCF* — Gen and point evaluation per key (:mod:`flwr_fsl.crypto.dcf`, tau = 2 as the ReLU
+   uses) at 32 and 40 bits, and sycret's ``LeFactory`` (Rust, fixed 32-bit domain) if installed.
+3. *Secure prediction* — :func:`flwr_fsl.protocols.privhfl.secure_predict` with one answerer on
+   an MLP (784-128-128-10, 28x28), a VGG-7-like CNN (six 3x3 convolutions of width w, 2w, 4w
+   with max pooling, one linear layer; 32x32x3) and a ResNet-8-like CNN (a stem, three basic
+   blocks of width w, 2w, 4w, global average pooling, one linear layer; 32x32x3), default
+   ``w = 8`` (CPU-friendly; PrivHFL's VGG-7 is far wider), batch 1 and 256, the paper's DReLU
+   and the DCF comparison. Time is the sum of the three parties' compute (one process, one
+   core: the parties run one after another; no network), per query; bytes are every message
+   the codecs produce (Q<->S, S<->A), per query, and the part that needs the query (online).
+   Batches are processed in chunks of ``--chunk`` queries (``--dcf-chunk`` for the DCF, whose
+   keys take ~1.3 kB per comparison): each chunk is a session of its own, so the masked
+   weights ``E`` are sent once per chunk. Plaintext is torch's float32 forward on the same
+   batch (one thread). "max err" is ``max |secure - torch|``; "wrong" counts logits more than
+   0.01 off (a SecureML truncation wrap, probability ``|v| / 2^64`` per truncated product).
+
+Anchors (ANCHORS.md): PrivHFL Table 3, VGG-7 on one CIFAR-10 query 1.03 s CPU / 66.6 MB,
+ResNet-8 1.63 s; Table 2: 5000 VGG-7 queries 272 s; CryptGPU 1.61 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from flwr_fsl.crypto import dcf
+from flwr_fsl.kernels.ring import matmul_wrap
+from flwr_fsl.protocols.privhfl import PrivHFLConfig, SessionSeeds, Transcript, secure_predict
+from flwr_fsl.protocols.secure_inference import SecureModel, from_torch
+
+U64 = np.uint64
+
+
+def best_of(fn: Callable[[], Any], repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+# ------------------------------------------------------------------------- models
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (conv-BN-ReLU-conv-BN + shortcut) for ``from_torch``."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else None
+        )
+
+    def privhfl_residual(self) -> tuple[nn.Module, nn.Module | None]:
+        """Return ``(body, shortcut)`` (``from_torch``'s residual hook)."""
+        return self.body, self.shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``body(x) + shortcut(x)``."""
+        return self.body(x) + (self.shortcut(x) if self.shortcut is not None else x)
+
+
+def build(name: str, w: int) -> tuple[nn.Module, tuple[int, ...]]:
+    torch.manual_seed(0)
+    if name == "mlp":
+        net: nn.Module = nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+            nn.Linear(128, 10),
+        )  # fmt: skip
+        return net.eval(), (1, 28, 28)
+    if name == "vgg7":
+        layers: list[nn.Module] = []
+        cin = 3
+        for width in (w, 2 * w, 4 * w):
+            for _ in range(2):
+                layers += [nn.Conv2d(cin, width, 3, padding=1), nn.ReLU()]
+                cin = width
+            layers.append(nn.MaxPool2d(2))
+        net = nn.Sequential(*layers, nn.Flatten(), nn.Linear(4 * w * 16, 10))
+        return net.eval(), (3, 32, 32)
+    if name == "resnet8":
+        net = nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+            BasicBlock(w, w, 1), nn.ReLU(), BasicBlock(w, 2 * w, 2), nn.ReLU(),
+            BasicBlock(2 * w, 4 * w, 2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(4 * w, 10),
+        )  # fmt: skip
+        for m in net.modules():  # trained-looking BatchNorm statistics (folded into the convs)
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+        return net.eval(), (3, 32, 32)
+    raise ValueError(name)
+
+
+# ------------------------------------------------------------------------- matmul
+
+
+def float_split_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Compute ``a @ b mod 2^64`` from float64 GEMMs of 16-bit limbs (exact for ``K < 2^19``)."""
+    la = [((a >> U64(16 * i)) & U64(0xFFFF)).astype(np.float64) for i in range(4)]
+    lb = [((b >> U64(16 * i)) & U64(0xFFFF)).astype(np.float64) for i in range(4)]
+    out = np.zeros((a.shape[0], b.shape[1]), dtype=U64)
+    for s in range(4):  # limb products of total shift 16 s
+        g = la[0] @ lb[s]
+        for i in range(1, s + 1):
+            g += la[i] @ lb[s - i]
+        out += g.astype(U64) << U64(16 * s)
+    return out
+
+
+def bench_matmul(quick: bool) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    rows = 4096 if quick else 32768
+    shapes = [
+        ("vgg7 conv2 (w=8), 32 queries", rows, 72, 8),
+        ("vgg7 conv6 (w=8), 512 queries", rows // 2, 288, 32),
+        ("mlp fc1, 256 queries", 256, 784, 128),
+    ]
+    out = []
+    for name, p, k, o in shapes:
+        a = rng.integers(0, 2**64 - 1, (p, k), dtype=U64, endpoint=True)
+        b = rng.integers(0, 2**64 - 1, (k, o), dtype=U64, endpoint=True)
+        res = np.empty((p, o), dtype=U64)
+        matmul_wrap(a, b, res)
+        assert np.array_equal(float_split_matmul(a, b), res)
+        t_numba = best_of(lambda a=a, b=b, res=res: matmul_wrap(a, b, res))
+        at, bt = np.ascontiguousarray(b.T), np.ascontiguousarray(a.T)
+        res_t = np.empty((o, p), dtype=U64)
+        t_numba_t = best_of(lambda at=at, bt=bt, res_t=res_t: matmul_wrap(at, bt, res_t))
+        t_split = best_of(lambda a=a, b=b: float_split_matmul(a, b))
+        macs = p * k * o
+        out.append(
+            {
+                "shape": name,
+                "P": p,
+                "K": k,
+                "O": o,
+                "numba_gmacs": macs / t_numba / 1e9,
+                "numba_transposed_gmacs": macs / t_numba_t / 1e9,
+                "float_split_gmacs": macs / t_split / 1e9,
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------------- DCF
+
+
+def bench_dcf(quick: bool) -> dict[str, Any]:
+    m = 1 << (12 if quick else 15)
+    rng = np.random.default_rng(1)
+    res: dict[str, Any] = {"keys": m}
+    for bits in (32, 40):
+        alphas = rng.integers(0, 1 << bits, m, dtype=U64)
+        betas = rng.integers(0, 2**63, (m, 2), dtype=U64)
+        points = rng.integers(0, 1 << bits, m, dtype=U64)
+        k0, _ = dcf.generate_keys_batch(alphas, betas, bits)
+        gen = best_of(lambda a=alphas, b=betas, n=bits: dcf.generate_keys_batch(a, b, n))
+        ev = best_of(lambda k=k0, p=points: dcf.evaluate_paired(k, p))
+        res[f"gen_us_{bits}"] = gen / m * 1e6
+        res[f"eval_us_{bits}"] = ev / m * 1e6
+        res[f"public_bytes_{bits}"] = dcf.public_size(bits, 2)
+    try:
+        import sycret  # type: ignore[import-not-found]
+
+        le = sycret.LeFactory(n_threads=1)
+        keys, _ = le.keygen(m)
+        xs = rng.integers(0, 2**31, m, dtype=np.int64)
+        res["sycret_gen_us_32"] = best_of(lambda: le.keygen(m)) / m * 1e6
+        res["sycret_eval_us_32"] = best_of(lambda: le.eval(0, xs, keys, n_threads=1)) / m * 1e6
+        res["sycret_key_bytes_32"] = int(keys.shape[1])
+    except ImportError:  # pragma: no cover - optional dependency
+        res["sycret"] = "not installed"
+    return res
+
+
+# ------------------------------------------------------------------------- prediction
+
+
+def run_secure(
+    model: SecureModel, x: np.ndarray, relu: str, chunk: int
+) -> tuple[np.ndarray, Transcript]:
+    tr = Transcript()
+    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    parts = []
+    for session, lo in enumerate(range(0, x.shape[0], chunk)):
+        res = secure_predict(
+            [model], x[lo : lo + chunk], cfg, seeds=[SessionSeeds.fresh()], session=session,
+            transcript=tr,
+        )  # fmt: skip
+        parts.append(res.logits)
+    return np.concatenate(parts), tr
+
+
+def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
+    torch.set_num_threads(1)
+    out = []
+    for name in args.archs:
+        net, shape = build(name, args.width)
+        model = from_torch(net, shape)
+        counts = model.architecture.counts()
+        for batch in args.batches:
+            x = np.random.default_rng(batch).uniform(0, 1, (batch, *shape)).astype(np.float32)
+            with torch.no_grad():
+                xt = torch.from_numpy(x)
+                net(xt)
+                t_plain = best_of(lambda xt=xt, net=net: net(xt))
+                expected = net(xt).double().numpy()
+            for relu in args.variants:
+                chunk = args.dcf_chunk if relu == "dcf" else args.chunk
+                run_secure(model, x[:1], relu, chunk)  # warm-up (JIT, caches)
+                t0 = time.perf_counter()
+                logits, tr = run_secure(model, x.astype(np.float64), relu, chunk)
+                wall = time.perf_counter() - t0
+                err = np.abs(logits - expected)
+                row = {
+                    "arch": name,
+                    "width": args.width if name != "mlp" else None,
+                    "relu": relu,
+                    "batch": batch,
+                    "chunk": min(chunk, batch),
+                    "comparisons_per_query": counts["relus"],
+                    "macs_per_query": counts["macs"],
+                    "params": counts["params"],
+                    "s_per_query": sum(tr.seconds.values()) / batch,
+                    "party_s_per_query": {k: v / batch for k, v in tr.seconds.items()},
+                    "wall_s": wall,
+                    "mb_per_query": tr.bytes_total() / batch / 1e6,
+                    "online_mb_per_query": tr.bytes_total("online") / batch / 1e6,
+                    "bytes_by_kind": tr.bytes_by_kind(),
+                    "plaintext_ms_per_query": t_plain / batch * 1e3,
+                    "max_err": float(err.max()),
+                    "wrong_logits": int((err > 1e-2).sum()),
+                    "argmax_agree": float((logits.argmax(1) == expected.argmax(1)).mean()),
+                }
+                out.append(row)
+                print(
+                    f"  {name:8s} {relu:5s} batch {batch:4d}: {row['s_per_query'] * 1e3:9.1f} "
+                    f"ms/query, {row['mb_per_query']:8.2f} MB/query",
+                    flush=True,
+                )
+    return out
+
+
+# ------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="batch 1 and 16, smaller probes")
+    parser.add_argument("--archs", default="mlp,vgg7,resnet8")
+    parser.add_argument("--variants", default="drelu,dcf")
+    parser.add_argument("--batches", default=None, help="comma list (default 1,256)")
+    parser.add_argument("--width", type=int, default=8, help="base width of the CNNs")
+    parser.add_argument("--chunk", type=int, default=64, help="queries per session (drelu)")
+    parser.add_argument("--dcf-chunk", type=int, default=8, help="queries per session (dcf)")
+    parser.add_argument("--json", default="benchmarks/results/privhfl_bench.json")
+    args = parser.parse_args()
+    args.archs = args.archs.split(",")
+    args.variants = args.variants.split(",")
+    default_batches = "1,16" if args.quick else "1,256"
+    args.batches = [int(b) for b in (args.batches or default_batches).split(",")]
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        except OSError:  # pragma: no cover
+            pass
+
+    res: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
+        "args": {k: v for k, v in vars(args).items()},
+    }
+    print("ring matmul (Z_2^64), G multiply-adds/s:")
+    res["matmul"] = bench_matmul(args.quick)
+    for r in res["matmul"]:
+        print(
+            f"  {r['shape']:32s} ({r['P']}x{r['K']})@({r['K']}x{r['O']}): numba "
+            f"{r['numba_gmacs']:.2f}, numba transposed {r['numba_transposed_gmacs']:.2f}, "
+            f"float-split BLAS {r['float_split_gmacs']:.2f}"
+        )
+    print("DCF (tau = 2), per key:")
+    res["dcf"] = d = bench_dcf(args.quick)
+    for bits in (32, 40):
+        print(
+            f"  {bits} bits: Gen {d[f'gen_us_{bits}']:.2f} us, eval {d[f'eval_us_{bits}']:.2f} us"
+            f" per party, public part {d[f'public_bytes_{bits}'] - 24} B"
+        )
+    if "sycret_gen_us_32" in d:
+        print(
+            f"  sycret LeFactory 32 bits: Gen {d['sycret_gen_us_32']:.2f} us, eval "
+            f"{d['sycret_eval_us_32']:.2f} us, key {d['sycret_key_bytes_32']} B"
+        )
+    print("secure prediction (one answerer; sum of the three parties' time, one core):")
+    res["prediction"] = rows = bench_prediction(args)
+    head = (
+        f"{'arch':8s} {'relu':5s} {'batch':>5s} {'cmp/q':>7s} {'ms/query':>9s} {'Q':>7s} "
+        f"{'A':>7s} {'S':>7s} {'MB/q':>8s} {'online':>7s} {'plain ms/q':>10s} {'max err':>8s} "
+        f"{'wrong':>5s} {'argmax':>6s}"
+    )
+    print(head)
+    for r in rows:
+        p = r["party_s_per_query"]
+        print(
+            f"{r['arch']:8s} {r['relu']:5s} {r['batch']:5d} {r['comparisons_per_query']:7d} "
+            f"{r['s_per_query'] * 1e3:9.1f} {p.get('Q', 0) * 1e3:7.1f} {p.get('A0', 0) * 1e3:7.1f} "
+            f"{p.get('S', 0) * 1e3:7.1f} {r['mb_per_query']:8.2f} {r['online_mb_per_query']:7.2f} "
+            f"{r['plaintext_ms_per_query']:10.3f} {r['max_err']:8.1e} {r['wrong_logits']:5d} "
+            f"{r['argmax_agree']:6.1%}"
+        )
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
