@@ -471,7 +471,10 @@ def clip_update(
         ``values · min(1, C / ||values||)`` and ``min(weights, W)``.
     """
     v = np.asarray(values, np.float64)
-    norm = float(np.sqrt(np.sum(v * v))) if v.size else 0.0
+    # Scale by the largest magnitude first: sum(v*v) overflows to inf for |v| > 1e154, which
+    # would clip a huge (hostile) update to zero with a RuntimeWarning instead of to norm C.
+    scale = float(np.max(np.abs(v))) if v.size else 0.0
+    norm = scale * float(np.sqrt(np.sum((v / scale) ** 2))) if scale > 0 else 0.0
     if norm > dp.clip_norm:
         v = v * (dp.clip_norm / norm)
         # Float rounding may leave the norm a hair above C; shrink by one ulp-scale step.

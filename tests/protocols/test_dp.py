@@ -234,6 +234,19 @@ def test_clip_update_bounds_the_norm_and_weights() -> None:
     assert np.array_equal(clip_update(small, np.ones(2), dp)[0], small)  # inside: unchanged
 
 
+def test_clip_update_of_a_huge_update_clips_to_the_norm_without_overflow() -> None:
+    """|v| near 1e308 squares to inf: the update must still clip to norm C, not to zero."""
+    import warnings
+
+    dp = DistributedDP(1.0, clip_norm=2.0, max_weight=3.0)
+    values = np.array([[1e300, -1e300], [3e299, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        v, _ = clip_update(values, np.ones(2), dp)
+    assert 1.99 < np.linalg.norm(v) <= 2.0
+    assert np.allclose(v / np.linalg.norm(v), values / np.linalg.norm(values / 1e300) / 1e300)
+
+
 def test_small_noisy_counts_are_treated_as_untouched() -> None:
     sums = np.array([[1.0], [5.0], [-2.0]])
     counts = np.array([0.5, 10.0, -1.0])
