@@ -121,6 +121,14 @@ class Residual(nn.Module):
         """Return ``body(x) + shortcut(x)``."""
         return self.body(x) + self.shortcut(x)
 
+    def privhfl_residual(self) -> tuple[nn.Sequential, nn.Module | None]:
+        """Return ``(body, shortcut)``, ``None`` for an identity shortcut.
+
+        The hook by which :func:`flwr_fsl.protocols.secure_inference.from_torch` recognises a
+        residual block.
+        """
+        return self.body, None if isinstance(self.shortcut, nn.Identity) else self.shortcut
+
 
 def _check_int(name: str, value: int, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -244,3 +244,21 @@ def test_features_and_logits_shapes() -> None:
         assert np.allclose(logits, model(as_images(x)).detach().numpy(), atol=1e-5)
     with pytest.raises(ValueError):
         penultimate_features(nn.Sequential(nn.Flatten(), nn.Linear(784, 2), nn.ReLU()), x)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("relu", ["drelu", "dcf"])
+def test_the_secure_core_evaluates_each_architecture(name: str, relu: str) -> None:
+    # The models are what flwr_fsl.protocols.privhfl takes: from_torch converts them (residual
+    # blocks through Residual.privhfl_residual) and secure prediction equals plaintext.
+    from flwr_fsl.protocols.privhfl import PrivHFLConfig, secure_predict
+    from flwr_fsl.protocols.secure_inference import error_bound, from_torch, plaintext_forward
+
+    model = build_model(name, seed=0).eval()
+    secure_model = from_torch(model, (1, 28, 28))
+    x = np.random.default_rng(1).random((2, 1, 28, 28)).astype(np.float32)
+    plain = plaintext_forward(secure_model, x)
+    np.testing.assert_allclose(plain, model(torch.from_numpy(x)).detach().numpy(), atol=1e-4)
+    result = secure_predict([secure_model], x, PrivHFLConfig(relu=relu))  # type: ignore[arg-type]
+    gap = float(np.abs(result.logits - plain).max())
+    assert gap <= min(1e-3, error_bound(secure_model, 1.0))
