@@ -90,6 +90,18 @@ truncate_local`); deep networks on large batches will see a few such values (the
 counts them). Beyond that the result is within :func:`~flwr_fsl.protocols.secure_inference.
 error_bound` of plaintext.
 
+**Cost** (``python benchmarks/privhfl_bench.py``; CPU seconds of all three parties summed,
+one core of a shared 2-core machine, no network). Per query at batch 256, the paper's DReLU /
+DCF: MLP 784-128-128-10 0.1 / 1.7 ms, 0.05 / 0.83 MB; VGG-7-like of widths 8-16-32 on 32x32x3
+(39,424 comparisons per query) 7.5 / 305 ms, 2.95 / 107 MB (online 2.40 / 0.82 MB);
+ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB. At widths 64-128-256 (315,392 comparisons; ``--width
+64 --batches 1,32``) 85-108 ms / 2.5 s and 24-33 MB / 865 MB per query, against PrivHFL's 1.03 s
+and 66.6 MB for VGG-7 (Table 3). The DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per
+comparison (1336 at ``l = 40``), dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation
+0.7 us per key and party at 40 bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the
+numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on
+these layers, 6-10x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
+
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.errors.ClientInputError`): the driver drops that answerer's session and
 aggregates over the others (:func:`secure_predict`); a malformed message from ``Q``
