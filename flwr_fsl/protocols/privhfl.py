@@ -578,6 +578,22 @@ class Transcript:
 # ---------------------------------------------------------------------------- parties
 
 
+def _check_party_args(
+    config: object, architecture: object, batch: object, seeds: object, session: object
+) -> None:
+    """Validate a party's constructor arguments (ConfigurationError naming the bad one)."""
+    if not isinstance(config, PrivHFLConfig):
+        raise ConfigurationError("config must be a PrivHFLConfig")
+    if not isinstance(architecture, Architecture):
+        raise ConfigurationError("architecture must be an Architecture")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError(f"batch must be a positive integer, got {batch!r}")
+    if not isinstance(seeds, SessionSeeds):
+        raise ConfigurationError("seeds must be a SessionSeeds")
+    if isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < 2**32:
+        raise ConfigurationError(f"session must be an integer in [0, 2^32), got {session!r}")
+
+
 class _Evaluator:
     """Common part of the two computing parties (the answerer is party 0, the server 1)."""
 
@@ -592,12 +608,6 @@ class _Evaluator:
         peer_seed: bytes,
         session: int,
     ) -> None:
-        if not isinstance(config, PrivHFLConfig):
-            raise ConfigurationError("config must be a PrivHFLConfig")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ConfigurationError(f"batch must be a positive integer, got {batch!r}")
-        if isinstance(session, bool) or not isinstance(session, int) or not 0 <= session < 2**32:
-            raise ConfigurationError(f"session must be an integer in [0, 2^32), got {session!r}")
         self.config = config
         self.architecture = architecture
         self.batch = batch
@@ -744,6 +754,7 @@ class Answerer(_Evaluator):
     ) -> None:
         if not isinstance(model, SecureModel):
             raise ConfigurationError("model must be a SecureModel")
+        _check_party_args(config, model.architecture, batch, seeds, session)
         super().__init__(
             config,
             model.architecture,
@@ -913,8 +924,7 @@ class ServerParty(_Evaluator):
         seeds: SessionSeeds,
         session: int = 0,
     ) -> None:
-        if not isinstance(architecture, Architecture):
-            raise ConfigurationError("architecture must be an Architecture")
+        _check_party_args(config, architecture, batch, seeds, session)
         super().__init__(
             config, architecture, batch, seeds.server_querier, seeds.server_answerer, session
         )
@@ -1061,6 +1071,7 @@ class QuerierSession:
         session: int = 0,
         record_leak: bool = False,
     ) -> None:
+        _check_party_args(config, architecture, batch, seeds, session)
         self.config = config
         self.architecture = architecture
         self.batch = batch
@@ -1161,6 +1172,10 @@ class Querier:
     """
 
     def __init__(self, config: PrivHFLConfig, sessions: dict[int, QuerierSession]) -> None:
+        if not isinstance(config, PrivHFLConfig):
+            raise ConfigurationError("config must be a PrivHFLConfig")
+        if not sessions or any(not isinstance(q, QuerierSession) for q in sessions.values()):
+            raise ConfigurationError("sessions must map answerer indices to QuerierSessions")
         self.config = config
         self.sessions = sessions
         self.codec = config.codec()

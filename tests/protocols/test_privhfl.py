@@ -685,3 +685,36 @@ def test_configuration_errors() -> None:
         privhfl.Answerer(PrivHFLConfig(), model, 1, SessionSeeds.fresh(), session=2**32)
     with pytest.raises(ConfigurationError, match="batch"):
         privhfl.ServerParty(PrivHFLConfig(), model.architecture, 0, SessionSeeds.fresh())
+    for args, match in [
+        (("cfg", model.architecture, 1, SessionSeeds.fresh()), "PrivHFLConfig"),
+        ((PrivHFLConfig(), "arch", 1, SessionSeeds.fresh()), "Architecture"),
+        ((PrivHFLConfig(), model.architecture, 1, b"seeds"), "SessionSeeds"),
+    ]:
+        with pytest.raises(ConfigurationError, match=match):
+            privhfl.QuerierSession(*args)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="SecureModel"):
+        privhfl.Answerer(PrivHFLConfig(), "model", 1, SessionSeeds.fresh())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="QuerierSession"):
+        privhfl.Querier(PrivHFLConfig(), {})
+
+
+def test_querier_learns_only_the_sum_of_the_answerers_logits() -> None:
+    """Two pairs of answerers with different individual logits but the same sum: with the
+    same seeds, the DCF querier's whole view (the agg-S message) is byte-identical."""
+    x = np.random.default_rng(14).uniform(-1, 1, (4, 6))
+    seeds = seeds_from(np.random.default_rng(15), 2)
+
+    def with_bias(bias: list[float]) -> SecureModel:
+        m = first_layer_model()
+        return SecureModel(m.architecture, (m.params[0], (np.zeros((3, 12)), np.array(bias))))
+
+    views = []
+    for pair in (([1.0, 2.0, 3.0], [0.5, 0.5, 0.5]), ([0.0, 0.0, 0.0], [1.5, 2.5, 3.5])):
+        tr = Transcript(keep_views=True)
+        res = secure_predict(
+            [with_bias(b) for b in pair], x, PrivHFLConfig(relu="dcf"), seeds=seeds, transcript=tr
+        )
+        assert np.array_equal(res.logits, np.tile([1.5, 2.5, 3.5], (4, 1)))
+        assert tr.kinds_received("Q") == ["agg-S"]
+        views.append(tr.views["Q"][0].to_bytes())
+    assert views[0] == views[1]
