@@ -59,13 +59,24 @@ Online, ``A`` and ``S`` exchange ``[x]_b + r_b`` and open ``x^ = x + r``; with `
 DCF), ``X = (x^ + 2^l) - r mod 2^(l+1)`` gives ``DReLU = p XOR q XOR c = p + (1-2p) q +
 (1-2p)(1-2q) c`` and ``ReLU(x) = DReLU * (x^ - r) = x^ DReLU - [p r + (1-2p) r q + (1-2p)
 r (1-2q) c]``: every term is linear in dealt shares or DCF outputs, so one round and no
-Beaver product. Exact for ``|x| < 2^l``.
+Beaver product. Exact for ``|x| < 2^l``. The dealer must be ``Q``: ``S`` holds ``[x]_1`` and
+sees ``x + r``, so if it also knew ``r`` it would learn ``x`` (a server-dealt DCF needs ``Q`` as
+the second evaluator, i.e. ``Q`` online in every layer — not implemented).
 
 **Max pooling** is a tree of ``max(a, b) = ReLU(a - b) + b`` (``ceil(log2 k^2)`` rounds of
 one batched comparison each, ``k^2 - 1`` comparisons per output). **Π_Agg**: ``A_j -> S:
 [y_j]_0 - r_j`` (``r_j`` from ``Sk_QA_j``); ``S -> Q: sum_j ([y_j]_0 - r_j + [y_j]_1)`` and the
 list of answerers included; ``Q`` adds ``sum_j r_j`` and gets ``y = sum_j y_j``; soft labels are
 ``softmax(y)`` computed by ``Q`` in the clear (no secure softmax, as in the paper).
+
+**Message flow** (what a transport must carry; :class:`_Session` runs it in process; ``*``
+= can be sent before the query exists). Π_Share: ``Q -> S`` share. Per linear layer: ``Q -> S``
+matmul-deal*, ``A -> S`` matmul-E*, ``S -> A`` matmul-F. Per comparison round, paper: ``Q -> S``
+triple-deal*, ``A -> S`` drelu-z0, ``S -> Q`` drelu-z, ``Q -> S`` drelu-sign, ``A -> S``
+beaver-A, ``S -> A`` beaver-S; DCF: ``Q -> S`` dcf-deal*, ``S -> A`` dcf-relay*, ``A -> S``
+dcf-open-A, ``S -> A`` dcf-open-S. Π_Agg: ``A_j -> S`` agg-A, ``S -> Q`` agg-S. Each party's
+methods are named after these steps (:class:`Answerer`, :class:`ServerParty`,
+:class:`QuerierSession`); every message carries its op label and is checked on receipt.
 
 **Threat model.** Honest-but-curious ``Q``, ``A_j``, ``S``; ``S`` colludes with no client (and
 ``Q`` with no ``A_j``). **Views** (each checked in the tests):
