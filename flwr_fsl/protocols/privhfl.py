@@ -94,9 +94,9 @@ methods are named after these steps (:class:`Answerer`, :class:`ServerParty`,
 
 **Correctness limits.** Every comparison input (ReLU input, max-pool difference) must satisfy
 ``|x| < 2^(bound_bits - frac_bits)`` in real units, and every product before truncation
-``|v| < 2^(63 - 2 frac_bits)``. Local truncation is wrong (off by ``2^(64 - 2f)`` units before
-scaling, i.e. a huge value) with probability ``|v| / 2^64`` per truncated product ``v`` at
-scale ``2^(2f)`` — about ``2^-20`` for ``|v| = 16`` (:func:`~flwr_fsl.crypto.sharing.
+``|v| < 2^(63 - 2 frac_bits)``. Local truncation is wrong (off by ``2^(64 - 2f)`` in real
+units, ``2^24`` at ``f = 20``) with probability ``|v| 2^(2f) / 2^64`` per truncated product of
+real magnitude ``|v|`` — about ``2^-20`` for ``|v| = 16`` (:func:`~flwr_fsl.crypto.sharing.
 truncate_local`); deep networks on large batches will see a few such values (the benchmark
 counts them). Beyond that the result is within :func:`~flwr_fsl.protocols.secure_inference.
 error_bound` of plaintext.
@@ -111,7 +111,7 @@ and 66.6 MB for VGG-7 (Table 3). The DCF's cost is its keys: ``l * (17 + 8 * 2) 
 comparison (1336 at ``l = 40``), dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation
 0.7 us per key and party at 40 bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the
 numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on
-these layers, 6-10x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
+these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.errors.ClientInputError`): the driver drops that answerer's session and
