@@ -202,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         row += f" {r.get('up_mb', 0.0):>9.2f} {r.get('down_mb', 0.0):>10.2f} {r['seconds']:>7.1f}"
         print(row)
     order = [a for a in ("local", "private", "mixup") if a in results]
-    holds = all(results[a]["mean"] < results[b]["mean"] for a, b in itertools.pairwise(order))
-    print(f"\nordering {' < '.join(order)}: {'holds' if holds else 'does NOT hold'}")
+    if len(order) > 1:
+        holds = all(results[a]["mean"] < results[b]["mean"] for a, b in itertools.pairwise(order))
+        print(f"\nordering {' < '.join(order)}: {'holds' if holds else 'does NOT hold'}")
     if "none" in results and "mixup" in results:
         gain = 100 * (results["mixup"]["mean"] - results["none"]["mean"])
         print(f"mixup vs equal-effort re-training on private data only: {gain:+.2f} points")
