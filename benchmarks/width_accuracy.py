@@ -22,7 +22,8 @@ and the claims it tests: "rolling >= random >= static" (FedRolex's ordering — 
 assumption: the printout says whether it held, on the maximum and on the mean of the last five
 rounds) and the gaps SESA − full, FedRolex − full and SESA − FedRolex beside the anchors'.
 ``--report`` prints the table of every saved data set and draws
-``results/width_accuracy_<model>.png`` (accuracy vs round, one panel per data set).
+``results/width_accuracy_<model>.png`` (accuracy vs round, one panel per data set); ``--tag``
+adds a suffix to the file names (a run at another scale).
 
 The default scale (20 users, 18 per round, 40 rounds) is what fits in about eight minutes per
 data set on two shared cores: the SESA arm's secure aggregation took ~0.4 s per client and round
@@ -58,7 +59,9 @@ sys.path.insert(0, str(APP_DIR))
 from width_mnist.client_app import app as client_app  # noqa: E402
 from width_mnist.local import app_run_config  # noqa: E402
 from width_mnist.server_app import LABELS, accuracy_rows, accuracy_table, run_experiment  # noqa: E402
+from width_mnist.task import Settings, client_data  # noqa: E402
 
+from flwr_fsl.submodel.width import CapacityMix  # noqa: E402
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -81,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="6 users, 2 rounds, 64 samples")
     p.add_argument("--report", action="store_true", help="only print and plot saved runs")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--tag", default="", help="suffix of the file names (e.g. u100)")
     args = p.parse_args(argv)
     if args.quick:
         args.users, args.rounds, args.samples, args.test_size = 10, 2, 64, 500
@@ -89,9 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def result_path(out: Path, model: str, dataset: str) -> Path:
+def result_path(out: Path, model: str, dataset: str, tag: str = "") -> Path:
     """Return where one data set's run is saved."""
-    return out / f"width_accuracy_{model}_{dataset}.json"
+    return out / f"width_accuracy_{model}_{dataset}{'_' + tag if tag else ''}.json"
 
 
 def mean_last(curve: list[float | None], count: int = 5) -> float | None:
@@ -128,6 +132,27 @@ def claims(rows: list[dict[str, Any]]) -> list[str]:
 
 def _last5(row: dict[str, Any]) -> float | None:
     return mean_last(row["curve"])
+
+
+def group_labels(run_config: dict[str, Any], users: int) -> list[str]:
+    """Return, per capacity group, its clients and the labels their data hold.
+
+    Under McMahan's split a client holds about two labels; a channel only the capacity-1
+    group trains (static extraction's upper channels) learns from those labels only.
+    """
+    settings = Settings.from_run_config(run_config)
+    rates = CapacityMix.parse(settings.width_mix).fixed(users)
+    lines = []
+    for rate in sorted(set(rates), reverse=True):
+        labels: set[int] = set()
+        clients = [pid for pid, r in enumerate(rates) if r == rate]
+        for pid in clients:
+            labels.update(int(v) for v in set(client_data(settings, pid, users)[1].tolist()))
+        lines.append(
+            f"capacity {rate:g}: {len(clients)} clients, labels {sorted(labels)} "
+            f"({len(labels)} of 10)"
+        )
+    return lines
 
 
 def curves_table(rows: list[dict[str, Any]], every: int) -> str:
@@ -196,6 +221,8 @@ def report(runs: list[dict[str, Any]], png: Path) -> None:
         print(accuracy_table(rows))
         for line in claims(rows):
             print(line)
+        for line in group_labels(run["run_config"], run["users"]):
+            print(line)
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -229,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         for dataset in args.datasets:
             run = run_dataset(args, dataset)
-            path = result_path(args.out, args.model, dataset)
+            path = result_path(args.out, args.model, dataset, args.tag)
             if args.quick:
                 path = path.with_name(path.stem + "_quick.json")
             path.write_text(json.dumps(run, indent=1))
@@ -238,13 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = []
     for dataset in ("mnist", "fashion"):
-        path = result_path(args.out, args.model, dataset)
+        path = result_path(args.out, args.model, dataset, args.tag)
         if path.exists():
             runs.append(json.loads(path.read_text()))
     if not runs:
         print(f"no saved runs for model {args.model} in {args.out}")
         return 1
-    report(runs, args.out / f"width_accuracy_{args.model}.png")
+    tag = f"_{args.tag}" if args.tag else ""
+    report(runs, args.out / f"width_accuracy_{args.model}{tag}.png")
     return 0
 
 
