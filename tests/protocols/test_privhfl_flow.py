@@ -1,0 +1,205 @@
+"""PrivHFL over a message transport (flwr_fsl.protocols.privhfl_flow): the architecture codec
+round-trips and is strict (fuzzed), the step schedule run with the answerer's state through its
+byte codec between every step gives the plaintext logits within the fixed-point bound (every
+layer type, torch models, several answerers summed), and malformed step messages raise a
+ClientInputError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.protocols.privhfl import (
+    PrivHFLConfig,
+    PrivHFLMessageError,
+    Querier,
+    ServerParty,
+    SessionSeeds,
+    agg_step,
+    server_aggregate,
+)
+from flwr_fsl.protocols.privhfl_flow import (
+    AnswererState,
+    answerer_open,
+    answerer_step,
+    architecture_from_bytes,
+    architecture_to_bytes,
+    querier_messages,
+    querier_session,
+    schedule,
+    server_finish,
+    server_start,
+    unheld_seed,
+)
+from flwr_fsl.protocols.secure_inference import (
+    Architecture,
+    SecureModel,
+    error_bound,
+    from_torch,
+    plaintext_forward,
+)
+from flwr_fsl.wireformat import WireFormatError
+from tests.protocols.test_privhfl import LAYER_CASES, random_model, tiny_models
+
+CFG = PrivHFLConfig(relu="dcf")
+
+
+def run_flow(
+    models: list[SecureModel], x: np.ndarray, session: int = 7, tamper_step: int | None = None
+) -> tuple[np.ndarray, tuple[int, ...], dict[int, str]]:
+    """Q, S and every A_j exchange only bytes; A's state is re-decoded before every step."""
+    rng = np.random.default_rng(5)
+    seeds = [SessionSeeds(rng.bytes(16), rng.bytes(16), rng.bytes(16)) for _ in models]
+    n = len(x)
+    archs = [architecture_from_bytes(architecture_to_bytes(m.architecture)) for m in models]
+    encoded = Querier(CFG, {0: querier_session(CFG, archs[0], n, seeds[0], session, 0)}).encode(
+        x, archs[0]
+    )
+    parts: dict[int, np.ndarray] = {}
+    dropped: dict[int, str] = {}
+    ops = {}
+    for j, model in enumerate(models):
+        deals, ops[j] = querier_messages(CFG, archs[j], encoded, seeds[j], session)
+        s_seeds = SessionSeeds(
+            unheld_seed(seeds[j].server_answerer, seeds[j].server_querier),
+            seeds[j].server_answerer,
+            seeds[j].server_querier,
+        )
+        server = ServerParty(CFG, archs[j], n, s_seeds, session)
+        steps = schedule(archs[j], n)
+        assert len(deals) == len(steps)
+        server_start(server, steps, 0, deals[0])
+        state = answerer_open(
+            CFG, model, n, seeds[j].querier_answerer, seeds[j].server_answerer, session
+        ).to_bytes()
+        try:
+            for k in range(1, len(steps)):
+                out = server_start(server, steps, k, deals[k])
+                new, reply = answerer_step(CFG, model, AnswererState.from_bytes(state), k, out)
+                if tamper_step == k and j == 0:
+                    reply = reply[:-8]  # a truncated answerer reply
+                state = new.to_bytes()
+                part = server_finish(server, steps, k, reply)
+            assert part is not None
+            parts[j] = part
+        except ClientInputError as err:
+            dropped[j] = str(err)
+    sessions = {
+        j: querier_session(CFG, archs[j], n, seeds[j], session, ops[j]) for j in range(len(models))
+    }
+    q = Querier(CFG, sessions)
+    q.prepare_aggregation()
+    agg = server_aggregate(parts, agg_step(session))
+    logits, included = q.finish(agg, agg_step(session), (n, archs[0].num_outputs))
+    return logits, included, dropped
+
+
+INTERACTIVE = sorted(c for c in LAYER_CASES if "avgpool" not in c)
+
+
+@pytest.mark.parametrize("case", INTERACTIVE)
+def test_every_layer_type_through_the_flow_matches_plaintext(case: str) -> None:
+    arch = LAYER_CASES[case]
+    rng = np.random.default_rng(3)
+    model = random_model(arch, rng)
+    x = rng.uniform(-1, 1, (3, *arch.input_shape))
+    logits, included, dropped = run_flow([model], x)
+    assert included == (0,) and not dropped
+    bound = error_bound(model, 1.0)
+    assert np.max(np.abs(logits - plaintext_forward(model, x))) <= bound
+
+
+def test_heterogeneous_torch_models_sum_through_the_flow() -> None:
+    nets = tiny_models()
+    models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "cnn", "resnet")]
+    x = np.random.default_rng(2).uniform(0, 1, (4, 1, 8, 8))
+    logits, included, _ = run_flow(models, x)
+    plain = sum(plaintext_forward(m, x) for m in models)
+    assert included == (0, 1, 2)
+    assert np.max(np.abs(logits - plain)) <= sum(error_bound(m, 1.0) for m in models)
+
+
+def test_malformed_step_message_drops_only_that_answerer() -> None:
+    nets = tiny_models()
+    models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "mlp")]
+    x = np.random.default_rng(2).uniform(0, 1, (2, 1, 8, 8))
+    logits, included, dropped = run_flow(models, x, tamper_step=2)
+    assert included == (1,) and set(dropped) == {0}
+    assert np.max(np.abs(logits - plaintext_forward(models[1], x))) <= error_bound(models[1], 1.0)
+
+
+def test_local_only_architecture_is_refused() -> None:
+    with pytest.raises(ConfigurationError):
+        schedule(LAYER_CASES["avgpool"], 1)
+
+
+def test_step_out_of_order_is_refused() -> None:
+    model = from_torch(tiny_models()["mlp"][0].eval(), (1, 8, 8))
+    state = answerer_open(CFG, model, 2, bytes(range(16)), bytes(16), 1)
+    with pytest.raises(PrivHFLMessageError):
+        answerer_step(CFG, model, state, 2, b"")
+    with pytest.raises(ClientInputError):
+        answerer_step(CFG, model, state, 1, b"garbage")
+
+
+# ------------------------------------------------------------------------------- codecs
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_architecture_codec_round_trips(case: str) -> None:
+    arch = LAYER_CASES[case]
+    data = architecture_to_bytes(arch)
+    back = architecture_from_bytes(data)
+    assert architecture_to_bytes(back) == data
+    assert back.input_shape == arch.input_shape and back.counts() == arch.counts()
+    for cut in (len(data) - 1, 5):
+        with pytest.raises(WireFormatError):
+            architecture_from_bytes(data[:cut])
+    with pytest.raises(WireFormatError):
+        architecture_from_bytes(data + b"\x00")
+
+
+def test_architecture_codec_refuses_invalid_architectures() -> None:
+    good = architecture_to_bytes(Architecture((6,), ()))
+    with pytest.raises(WireFormatError):
+        architecture_from_bytes(good[:-4] + (1).to_bytes(4, "little") + b"\x63")  # unknown tag
+    # a Linear whose input does not chain: (6,) -> Linear(5, 2)
+    bad = good[:-4] + (1).to_bytes(4, "little") + b"\x01" + (5).to_bytes(4, "little")
+    bad += (2).to_bytes(4, "little") + b"\x01"
+    with pytest.raises(WireFormatError, match="invalid architecture"):
+        architecture_from_bytes(bad)
+    with pytest.raises(WireFormatError):
+        architecture_from_bytes(b"PHAR\x02")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=80), st.integers(0, 200))
+def test_fuzzed_architecture_and_state_parse_or_raise(noise: bytes, at: int) -> None:
+    arch = architecture_to_bytes(LAYER_CASES["residual-conv-shortcut"])
+    model = from_torch(tiny_models()["mlp"][0].eval(), (1, 8, 8))
+    state = answerer_open(CFG, model, 1, bytes(range(16)), bytes(16), 0).to_bytes()
+    for data in (arch, state, noise):
+        mutated = data[:at] + noise + data[at + len(noise) :]
+        for decode in (architecture_from_bytes, AnswererState.from_bytes):
+            try:
+                decode(mutated)
+            except ClientInputError:
+                pass
+
+
+def test_state_round_trips_with_pool_and_residual_stacks() -> None:
+    rng = np.random.default_rng(0)
+    st_ = AnswererState(
+        3, 2, 4, 9, rng.bytes(16), rng.bytes(16),
+        [rng.integers(0, 2**63, (2, 3, 3, 4), dtype=np.uint64)] * 2,
+        (rng.integers(0, 2**63, (2, 2, 3, 3, 4), dtype=np.uint64),
+         np.zeros((0, 2, 3, 3, 4), dtype=np.uint64)),
+    )  # fmt: skip
+    back = AnswererState.from_bytes(st_.to_bytes())
+    assert back.to_bytes() == st_.to_bytes()
+    assert back.pool is not None and back.pool[1].shape == (0, 2, 3, 3, 4)
+    with pytest.raises(WireFormatError):
+        AnswererState.from_bytes(st_.to_bytes()[:-1])
