@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -68,6 +69,7 @@ from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 from torch import nn
 
+from flwr_fsl.crypto.channel import SealingKeyPair, client_party
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
@@ -76,6 +78,35 @@ from flwr_fsl.models.privhfl import (
     retrain,
     train_private,
 )
+from flwr_fsl.mods.privhfl_secure import (
+    KEY_SLOT,
+    SECURE_KEY,
+    SEED_PURPOSE,
+    GenerateReply,
+    GenerateRequest,
+    KeysReply,
+    KeysRequest,
+    QuerierSessionState,
+    QuerierState,
+    RetrainRequest,
+    SessionDeal,
+    StepReply,
+    StepRequest,
+    binding,
+)
+from flwr_fsl.protocols.privhfl import Querier, SessionSeeds, agg_step
+from flwr_fsl.protocols.privhfl_flow import (
+    AnswererState,
+    answerer_open,
+    answerer_step,
+    architecture_from_bytes,
+    architecture_to_bytes,
+    querier_messages,
+    querier_session,
+    unheld_seed,
+)
+from flwr_fsl.protocols.sealing import open_from, seal_for
+from flwr_fsl.protocols.secure_inference import SecureModel, from_torch, to_nhwc
 from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES, expand, select, softmax
 
 __all__ = [
@@ -107,6 +138,8 @@ PHASE_TYPES: dict[str, str] = {
     "retrain": f"train.{ACTION}",
     "generate": f"query.{ACTION}",
     "answer": f"query.{ACTION}",
+    "keys": f"query.{ACTION}",
+    "step": f"query.{ACTION}",
     "evaluate": f"evaluate.{ACTION}",
 }
 """Phase -> the Flower message type it travels as."""
@@ -114,6 +147,8 @@ PHASE_TYPES: dict[str, str] = {
 _MODEL_SLOT = "fsl.privhfl.model"
 _QUERY_SLOT = "fsl.privhfl.query-set"
 _QUERY_ROUND_SLOT = "fsl.privhfl.query-round"
+_QSTATE_SLOT = "fsl.privhfl.secure-querier"
+_ASTATE_SLOT = "fsl.privhfl.secure-answerer"
 
 
 # -- the phase record -------------------------------------------------------------------------
@@ -481,7 +516,10 @@ class PrivHFLClient:
             )  # fmt: skip
         else:
             model = self._model(context)
-            x_query, soft = self._soft_labels(msg, context, config)
+            if SECURE_KEY in msg.content.config_records:
+                x_query, soft = self._secure_soft_labels(msg, context, config)
+            else:
+                x_query, soft = self._soft_labels(msg, context, config)
             loss = retrain(
                 model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
                 config.batch_size, config.seed,
@@ -492,21 +530,30 @@ class PrivHFLClient:
         )
         return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
-    def _soft_labels(
-        self, msg: Message, context: Context, config: PhaseConfig
-    ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
+    @staticmethod
+    def _take_queries(
+        context: Context, config: PhaseConfig
+    ) -> tuple[NDArray[np.float32] | None, None]:
+        """Remove the stored query set (used once); return it if it is of this round."""
         stored = context.state.array_records.get(_QUERY_SLOT)
         stored_round = context.state.config_records.get(_QUERY_ROUND_SLOT)
         for key in (_QUERY_SLOT, _QUERY_ROUND_SLOT):
             if key in context.state:
                 del context.state[key]  # a query set is used once
-        if config.answerers == 0:
+        if stored is None or stored_round is None or config.answerers == 0:
             return None, None
-        if stored is None or stored_round is None:
-            raise ClientInputError("soft labels arrived but this node holds no query set")
         if stored_round.get("round") != config.server_round:
             raise ClientInputError("the soft labels are for another round's queries")
-        x_query = stored["x"].numpy()
+        return stored["x"].numpy(), None
+
+    def _soft_labels(
+        self, msg: Message, context: Context, config: PhaseConfig
+    ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
+        x_query, _ = self._take_queries(context, config)
+        if config.answerers == 0:
+            return None, None
+        if x_query is None:
+            raise ClientInputError("soft labels arrived but this node holds no query set")
         total = read_logits(msg.content, len(x_query), self.num_classes, self.max_abs_logit)
         return x_query, softmax(total, config.temperature)
 
@@ -514,6 +561,12 @@ class PrivHFLClient:
         """Answer ``query.privhfl``: the ``generate`` or the ``answer`` phase."""
         config = self._config(msg)
         model = self._model(context)
+        if config.phase == "keys":
+            return self._secure_keys(msg, context, model, config)
+        if config.phase == "step":
+            return self._secure_step(msg, context, model, config)
+        if config.phase == "generate" and SECURE_KEY in msg.content.config_records:
+            return self._secure_generate(msg, context, model, config)
         if config.phase == "answer":
             x = read_queries(msg.content, self.max_answer, self.image_shape, self.max_abs_input)
             logits = predict_logits(model, x)
@@ -531,6 +584,158 @@ class PrivHFLClient:
             ),
             reply_to=msg,
         )
+
+    # -- secure answering (flwr_fsl.mods.privhfl_secure) -----------------------------------
+    def _secure_model(self, model: nn.Module) -> SecureModel:
+        return from_torch(model.eval(), self.image_shape)
+
+    @staticmethod
+    def _blob(msg: Message) -> bytes:
+        record = msg.content.config_records.get(SECURE_KEY)
+        if record is None or list(record.keys()) != ["blob"]:
+            raise ClientInputError(f"{SECURE_KEY!r} must hold exactly one field 'blob'")
+        blob = record["blob"]
+        if not isinstance(blob, bytes):
+            raise ClientInputError(f"{SECURE_KEY!r} 'blob' must be bytes")
+        return blob
+
+    @staticmethod
+    def _reply(msg: Message, blob: bytes) -> Message:
+        return Message(RecordDict({SECURE_KEY: ConfigRecord({"blob": blob})}), reply_to=msg)
+
+    def _secure_keys(
+        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
+    ) -> Message:
+        """``keys``: a fresh X25519 key pair for the round; reply its public key and arch."""
+        KeysRequest.from_bytes(self._blob(msg))
+        keypair = SealingKeyPair.generate()
+        context.state[KEY_SLOT] = ConfigRecord(
+            {"private": keypair.private_bytes(), "round": config.server_round}
+        )
+        arch = architecture_to_bytes(self._secure_model(model).architecture)
+        return self._reply(msg, KeysReply(keypair.public_bytes, arch).to_bytes())
+
+    def _keypair(self, context: Context, server_round: int) -> SealingKeyPair:
+        record = context.state.config_records.get(KEY_SLOT)
+        if record is None or record.get("round") != server_round:
+            raise ClientInputError("no key pair of this round (the keys phase did not run)")
+        private = record.get("private")
+        if not isinstance(private, bytes):
+            raise ClientInputError("the stored key pair is malformed")
+        return SealingKeyPair.from_private_bytes(private)
+
+    def _secure_generate(
+        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
+    ) -> Message:
+        """``generate`` (secure): queries stay here; reply ``Sk_QA`` sealed, share, deals."""
+        request = GenerateRequest.from_bytes(self._blob(msg))
+        cfg = request.config
+        archs = [architecture_from_bytes(a.architecture) for a in request.answerers]
+        for arch in archs:
+            if arch.input_shape != self.image_shape or arch.num_outputs != self.num_classes:
+                raise ClientInputError("an answerer's architecture does not fit the queries")
+        queries = self.generate(model, self._data(context), config)
+        if float(np.abs(queries).max(initial=0.0)) >= cfg.max_input:
+            raise ValueError("the queries exceed the protocol's input range")
+        encoded = cfg.codec().encode(to_nhwc(queries.astype(np.float64)))  # Querier.encode
+        bind = binding(request.run_session, config.server_round, cfg, request.session)
+        me = client_party(context.node_id)
+        deals, states = [], []
+        for info, arch in zip(request.answerers, archs, strict=True):
+            qa = os.urandom(16)
+            if qa == info.server_querier:
+                qa = os.urandom(16)
+            seeds = SessionSeeds(qa, unheld_seed(qa, info.server_querier), info.server_querier)
+            messages, ops = querier_messages(cfg, arch, encoded, seeds, request.session)
+            sealed = seal_for(
+                info.public_key, qa, purpose=SEED_PURPOSE, binding=bind, sender=me,
+                recipient=client_party(info.node),
+            )  # fmt: skip
+            deals.append(SessionDeal(info.node, sealed, tuple(messages)))
+            states.append(
+                QuerierSessionState(info.node, qa, info.server_querier, info.architecture, ops)
+            )
+        state = QuerierState(config.server_round, request.session, len(queries), tuple(states))
+        context.state[_QUERY_SLOT] = queries_record(queries)
+        context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
+        context.state[_QSTATE_SLOT] = ConfigRecord({"state": state.to_bytes()})
+        return self._reply(msg, GenerateReply(len(queries), tuple(deals)).to_bytes())
+
+    def _secure_step(
+        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
+    ) -> Message:
+        """``step``: this answerer's half of step ``k`` of every querier's session."""
+        request = StepRequest.from_bytes(self._blob(msg))
+        cfg = request.config
+        secure = self._secure_model(model)
+        stored = context.state.config_records.get(_ASTATE_SLOT)
+        if request.step == 1:
+            keypair = self._keypair(context, config.server_round)
+            bind = binding(request.run_session, config.server_round, cfg, request.session)
+            me = client_party(context.node_id)
+            states: dict[str, bytes] = {}
+            for e in request.entries:
+                qa = open_from(
+                    keypair, e.sealed_seed, purpose=SEED_PURPOSE, binding=bind,
+                    sender=client_party(e.querier), recipient=me,
+                )  # fmt: skip
+                if len(qa) != 16 or qa == e.server_answerer:
+                    raise ClientInputError("the sealed seed is malformed")
+                st = answerer_open(cfg, secure, e.batch, qa, e.server_answerer, request.session)
+                states[str(e.querier)] = st.to_bytes()
+        else:
+            if stored is None or stored.get("round") != config.server_round:
+                raise ClientInputError("a step arrived but no session of this round is open")
+            named = {str(e.querier) for e in request.entries}
+            if not named <= set(stored.keys()) - {"round"}:
+                raise ClientInputError("the step names a session that is not open")
+            # A session left out was closed by the server (its querier left the round).
+            states = {k: v for k, v in stored.items() if k in named}  # type: ignore[misc]
+        replies = []
+        for e in request.entries:
+            before = AnswererState.from_bytes(states[str(e.querier)])
+            after, reply = answerer_step(cfg, secure, before, request.step, e.data)
+            states[str(e.querier)] = after.to_bytes()
+            replies.append((e.querier, reply))
+        context.state[_ASTATE_SLOT] = ConfigRecord({"round": config.server_round, **states})
+        return self._reply(msg, StepReply(tuple(replies)).to_bytes())
+
+    def _secure_soft_labels(
+        self, msg: Message, context: Context, config: PhaseConfig
+    ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
+        """Open ``sum_j y_j`` from the server's ``agg-S`` with this querier's masks."""
+        stored = context.state.config_records.get(_QSTATE_SLOT)
+        x_query, _ = self._take_queries(context, config)
+        if _QSTATE_SLOT in context.state:
+            del context.state[_QSTATE_SLOT]
+        if config.answerers == 0:
+            return None, None
+        raw = stored.get("state") if stored is not None else None
+        if x_query is None or not isinstance(raw, bytes):
+            raise ClientInputError("soft labels arrived but this node holds no query set")
+        state = QuerierState.from_bytes(raw)
+        request = RetrainRequest.from_bytes(self._blob(msg))
+        if state.server_round != config.server_round or request.session != state.session:
+            raise ClientInputError("the aggregate is for another round's queries")
+        cfg = request.config
+        sessions = {}
+        for s in state.sessions:
+            arch = architecture_from_bytes(s.architecture)
+            seeds = SessionSeeds(
+                s.querier_answerer, unheld_seed(s.querier_answerer, s.server_querier),
+                s.server_querier,
+            )  # fmt: skip
+            sessions[s.node] = querier_session(cfg, arch, state.batch, seeds, state.session, s.ops)
+        querier = Querier(cfg, sessions)
+        querier.prepare_aggregation()
+        logits, included = querier.finish(
+            request.aggregate, agg_step(state.session), (state.batch, self.num_classes)
+        )
+        if len(included) != config.answerers:
+            raise ClientInputError("the aggregate's answerer count does not match the record")
+        if not np.isfinite(logits).all() or float(np.abs(logits).max()) > self.max_abs_logit:
+            raise ClientInputError("the opened logit sum is out of range")
+        return x_query, softmax(logits, config.temperature)
 
     def generate(
         self, model: nn.Module, data: PrivateData, config: PhaseConfig

@@ -50,6 +50,7 @@ this round.
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
@@ -62,6 +63,7 @@ from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from numpy.typing import NDArray
 
+from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models.privhfl import IMAGE_SHAPE
 from flwr_fsl.mods.privhfl import (
@@ -76,13 +78,44 @@ from flwr_fsl.mods.privhfl import (
     read_logits,
     read_queries,
 )
+from flwr_fsl.mods.privhfl_secure import (
+    SECURE_KEY,
+    AnswererInfo,
+    GenerateReply,
+    GenerateRequest,
+    KeysReply,
+    KeysRequest,
+    RetrainRequest,
+    SessionDeal,
+    StepEntry,
+    StepReply,
+    StepRequest,
+)
+from flwr_fsl.protocols.privhfl import (
+    PrivHFLConfig,
+    ServerParty,
+    SessionSeeds,
+    agg_step,
+    server_aggregate,
+)
+from flwr_fsl.protocols.privhfl_flow import (
+    Step,
+    architecture_from_bytes,
+    schedule,
+    server_finish,
+    server_start,
+    unheld_seed,
+)
+from flwr_fsl.protocols.secure_inference import Architecture
 from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES
 
-__all__ = ["ANSWERING", "PrivHFL"]
+__all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
 
-ANSWERING = ("plaintext",)
-"""The answering arms available (the secure one joins with :mod:`flwr_fsl.protocols.privhfl`)."""
+ANSWERING = ("plaintext", "secure")
+"""The answering arms: queries and logits in the clear, or secret-shared (module docstring)."""
+COMPARISONS = ("dcf",)
+"""The secure comparisons wired over Flower (the leak-free DCF one)."""
 
 
 def _positive_int(name: str, value: int, low: int = 1) -> int:
@@ -180,6 +213,9 @@ min_available_nodes, sampling_seed
         max_abs_logit: float = 1e4,
         evaluate_local: bool = True,
         answering: str = "plaintext",
+        comparison: str = "dcf",
+        frac_bits: int = 20,
+        bound_bits: int = 40,
         seed: int = 0,
         sampling_seed: int | None = None,
     ) -> None:
@@ -226,6 +262,18 @@ min_available_nodes, sampling_seed
         self.max_abs_logit = _positive_float("max_abs_logit", max_abs_logit)
         self.evaluate_local = bool(evaluate_local)
         self.answering = answering
+        if comparison not in COMPARISONS:
+            raise ConfigurationError(
+                f"comparison must be one of {COMPARISONS} over Flower, got {comparison!r} "
+                "(the paper's 'drelu' needs the querier inside every comparison: not wired)"
+            )
+        try:
+            self.secure_config = PrivHFLConfig(
+                relu="dcf", frac_bits=frac_bits, bound_bits=bound_bits
+            )
+        except (ConfigurationError, ValueError, TypeError) as err:
+            raise ConfigurationError(f"PrivHFL secure settings: {err}") from err
+        self._run_session = os.urandom(16)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ConfigurationError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = seed
@@ -323,17 +371,18 @@ min_available_nodes, sampling_seed
             log(WARNING, "round %s: no trained querier", state.server_round)
             return None, None
         r = state.server_round
-        sums: dict[int, tuple[NDArray[np.float64] | None, int]]
+        sums: dict[int, tuple[dict[str, Any], int]]
         if self.expansion == "none":
-            sums = dict.fromkeys(queriers, (None, 0))
+            sums = dict.fromkeys(queriers, ({}, 0))
+        elif self.answering == "secure":
+            sums = self._secure_query(grid, state, queriers)
         else:
             sums = self._query(grid, state, queriers)
         contents = {}
-        for q, (total, count) in sums.items():
+        for q, (records, count) in sums.items():
             if count == 0 and self.expansion != "none":
                 log(WARNING, "round %s: querier %s got no answer; its model is kept", r, q)
                 continue
-            records = {} if total is None else {LOGITS_KEY: logits_record(total)}
             contents[q] = self._content(self._phase("retrain", r, q, answerers=count), **records)
         done = self.send(
             grid, state, "retrain", contents, PHASE_TYPES["retrain"], self._train_metrics
@@ -348,7 +397,7 @@ min_available_nodes, sampling_seed
 
     def _query(
         self, grid: Grid, state: RoundState, queriers: list[int]
-    ) -> dict[int, tuple[NDArray[np.float64] | None, int]]:
+    ) -> dict[int, tuple[dict[str, Any], int]]:
         """Generate and answer (plaintext): per querier, the sum of logits and its count."""
         r = state.server_round
         contents = {q: self._content(self._phase("generate", r, q)) for q in queriers}
@@ -374,7 +423,7 @@ min_available_nodes, sampling_seed
             grid, state, "answer", payloads, PHASE_TYPES["answer"],
             lambda n, c: read_logits(c, rows[n], self.num_classes, self.max_abs_logit),
         )  # fmt: skip
-        sums: dict[int, tuple[NDArray[np.float64] | None, int]] = {}
+        sums: dict[int, tuple[dict[str, Any], int]] = {}
         totals = {q: np.zeros((len(queries[q]), self.num_classes)) for q in queries}
         counts = dict.fromkeys(queries, 0)
         for a, logits in answers.items():
@@ -387,7 +436,7 @@ min_available_nodes, sampling_seed
         for q in queries:
             if q in state.dropped:
                 continue  # it failed as an answerer: it leaves the round
-            sums[q] = (totals[q], counts[q])
+            sums[q] = ({LOGITS_KEY: logits_record(totals[q])}, counts[q])
         log(
             INFO,
             "round %s: %d query sets answered by %d answerers",
@@ -395,6 +444,173 @@ min_available_nodes, sampling_seed
             len(sums),
             len(answers),
         )
+        return sums
+
+    # -- secure answering -------------------------------------------------------------------
+    def _secure_send(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: str,
+        contents: dict[int, RecordDict],
+        parse: Any,
+    ) -> dict[int, Any]:
+        return self.send(grid, state, phase, contents, PHASE_TYPES[phase.split("-")[0]], parse)
+
+    @staticmethod
+    def _secure_record(blob: bytes) -> dict[str, ConfigRecord]:
+        return {SECURE_KEY: ConfigRecord({"blob": blob})}
+
+    @staticmethod
+    def _secure_blob(content: RecordDict) -> bytes:
+        record = content.config_records.get(SECURE_KEY)
+        if record is None or list(record.keys()) != ["blob"]:
+            raise ClientInputError(f"the reply lacks the {SECURE_KEY!r} record")
+        blob = record["blob"]
+        if not isinstance(blob, bytes):
+            raise ClientInputError(f"{SECURE_KEY!r} 'blob' must be bytes")
+        return blob
+
+    def _secure_query(
+        self, grid: Grid, state: RoundState, queriers: list[int]
+    ) -> dict[int, tuple[dict[str, Any], int]]:
+        """Generate and answer securely (module docstring): per querier, the agg-S record."""
+        r = state.server_round
+        cfg = self.secure_config
+        session = r & 0xFFFFFFFF
+        run_session = self._run_session
+        candidates = sorted(n for n in self.trained if n not in state.dropped)
+        plan = {q: self.answerers_for(r, q, candidates) for q in queriers}
+        involved = sorted(set(queriers) | {a for answer in plan.values() for a in answer})
+        # 1. keys: every involved node advertises a fresh X25519 key and its architecture.
+        keys_req = KeysRequest(run_session).to_bytes()
+
+        def parse_keys(_n: int, content: RecordDict) -> tuple[bytes, bytes, Architecture]:
+            reply = KeysReply.from_bytes(self._secure_blob(content))
+            arch = architecture_from_bytes(reply.architecture)
+            if arch.input_shape != self.image_shape or arch.num_outputs != self.num_classes:
+                raise ClientInputError("the advertised architecture does not fit the queries")
+            schedule(arch, 1)  # it must have an interactive op
+            return reply.public_key, reply.architecture, arch
+
+        keys = self._secure_send(
+            grid, state, "keys",
+            {
+                n: self._content(self._phase("keys", r, n), **self._secure_record(keys_req))
+                for n in involved
+            },
+            parse_keys,
+        )  # fmt: skip
+        # 2. generate: each querier gets its answerers' keys, architectures and Sk_SQ.
+        sq: dict[tuple[int, int], bytes] = {}
+        requests = {}
+        asked: dict[int, tuple[AnswererInfo, ...]] = {}
+        for q in queriers:
+            answerers = [a for a in plan[q] if a in keys]
+            if q not in keys or not answerers:
+                continue
+            infos = []
+            for a in answerers:
+                sq[q, a] = os.urandom(SEED_BYTES)
+                infos.append(AnswererInfo(a, keys[a][0], keys[a][1], sq[q, a]))
+            asked[q] = tuple(infos)
+            gen = GenerateRequest(cfg, session, run_session, asked[q])
+            requests[q] = self._content(
+                self._phase("generate", r, q), **self._secure_record(gen.to_bytes())
+            )
+
+        def parse_generate(q: int, content: RecordDict) -> GenerateReply:
+            reply = GenerateReply.from_bytes(self._secure_blob(content))
+            wanted = {a.node for a in asked[q]}
+            if {s.node for s in reply.sessions} != wanted or reply.batch > self.num_queries:
+                raise ClientInputError("the generate reply names other answerers or too many")
+            for s in reply.sessions:
+                if len(s.messages) != len(schedule(keys[s.node][2], reply.batch)):
+                    raise ClientInputError("the generate reply has the wrong number of deals")
+            return reply
+
+        generated = self._secure_send(grid, state, "generate", requests, parse_generate)
+        # 3. the server's half of every session; step 0 takes the querier's share.
+        sessions: dict[tuple[int, int], tuple[ServerParty, tuple[Step, ...], SessionDeal]] = {}
+        sa: dict[tuple[int, int], bytes] = {}
+        for q, reply in generated.items():
+            for deal in reply.sessions:
+                a = deal.node
+                sa[q, a] = os.urandom(SEED_BYTES)
+                seeds = SessionSeeds(unheld_seed(sa[q, a], sq[q, a]), sa[q, a], sq[q, a])
+                arch = keys[a][2]
+                party = ServerParty(cfg, arch, reply.batch, seeds, session)
+                steps = schedule(arch, reply.batch)
+                try:
+                    server_start(party, steps, 0, deal.messages[0])
+                except ClientInputError as err:
+                    state.drop(q, f"generate: querier message: {err}")
+                    break
+                sessions[q, a] = (party, steps, deal)
+        sessions = {k: v for k, v in sessions.items() if k[0] not in state.dropped}
+        # 4. the steps: one message per answerer and step, every session of it at once.
+        parts: dict[tuple[int, int], NDArray[np.uint64]] = {}
+        k = 1
+        while True:
+            live = {key: v for key, v in sessions.items() if key[1] not in state.dropped}
+            live = {key: v for key, v in live.items() if key[0] not in state.dropped}
+            active = {key: v for key, v in live.items() if k < len(v[1])}
+            if not active:
+                break
+            payloads: dict[int, list[StepEntry]] = {}
+            for (q, a), (party, steps, deal) in sorted(active.items()):
+                try:
+                    data = server_start(party, steps, k, deal.messages[k])
+                except ClientInputError as err:
+                    state.drop(q, f"step {k}: querier message: {err}")
+                    continue
+                entry = (
+                    StepEntry(q, data, deal.sealed_seed, sa[q, a], party.batch)
+                    if k == 1
+                    else StepEntry(q, data)
+                )
+                payloads.setdefault(a, []).append(entry)
+            contents = {}
+            sent: dict[int, set[int]] = {}
+            for a, entries in payloads.items():
+                entries = [e for e in entries if e.querier not in state.dropped]
+                if not entries:
+                    continue
+                sent[a] = {e.querier for e in entries}
+                req = StepRequest(cfg, k, session, run_session, tuple(entries))
+                contents[a] = self._content(
+                    self._phase("step", r, a), **self._secure_record(req.to_bytes())
+                )
+
+            def parse_step(
+                a: int, content: RecordDict, k: int = k, active: dict = active,
+                sent: dict[int, set[int]] = sent,
+            ) -> int:  # fmt: skip
+                reply = StepReply.from_bytes(self._secure_blob(content))
+                if {q for q, _ in reply.entries} != sent[a]:
+                    raise ClientInputError("the step reply names other sessions")
+                for q, data in reply.entries:
+                    party, steps, _ = active[q, a]
+                    part = server_finish(party, steps, k, data)
+                    if part is not None:
+                        parts[q, a] = part
+                return len(reply.entries)
+
+            self._secure_send(grid, state, f"step-{k}", contents, parse_step)
+            k += 1
+        # 5. Π_Agg: per querier, the masked sum over the answerers whose sessions finished.
+        sums: dict[int, tuple[dict[str, Any], int]] = {}
+        for q in generated:
+            if q in state.dropped:
+                continue
+            mine = {a: v for (p, a), v in parts.items() if p == q and a not in state.dropped}
+            if not mine:
+                sums[q] = ({}, 0)
+                continue
+            agg = server_aggregate(mine, agg_step(session))
+            ret = RetrainRequest(cfg, session, agg)
+            sums[q] = (self._secure_record(ret.to_bytes()), len(mine))
+        log(INFO, "round %s: %d query sets answered securely", r, len(sums))
         return sums
 
     # -- evaluation -------------------------------------------------------------------------

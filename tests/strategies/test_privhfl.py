@@ -603,3 +603,118 @@ def test_client_and_strategy_validate_settings() -> None:
             _strategy(**kwargs)
     with pytest.raises(NotImplementedError):
         _strategy().configure_train(1, ArrayRecord(), ConfigRecord(), None)
+
+
+# -- secure answering (flwr_fsl.mods.privhfl_secure) ------------------------------------------
+class _RecordingClient(PrivHFLClient):
+    """Keeps the soft labels each querier opened (the test's window into the querier)."""
+
+    opened: dict[int, np.ndarray]
+
+    def _secure_soft_labels(self, msg, context, config):  # type: ignore[no-untyped-def]
+        x, soft = super()._secure_soft_labels(msg, context, config)
+        type(self).opened[context.node_id] = soft
+        return x, soft
+
+
+def _secure_run(
+    n: int = 3, mods: list[Any] | None = None, **kwargs: Any
+) -> tuple[InProcessGrid, Spy, PrivHFL, dict[int, np.ndarray]]:
+    _RecordingClient.opened = {}
+    client = _RecordingClient(_model, _data, num_classes=CLASSES, image_shape=SHAPE)
+    grid, spy = _grid(n, client=client, mods=mods)
+    strategy = _strategy(answering="secure", num_queries=6, pool_size=30, **kwargs)
+    strategy.run(grid, num_rounds=1)
+    return grid, spy, strategy, dict(_RecordingClient.opened)
+
+
+def test_secure_answering_gives_the_plaintext_soft_labels() -> None:
+    # Same seeds: the same local models and queries; the secure arm's opened soft labels equal
+    # softmax of the plaintext arm's logit sums within the fixed-point error (MLP and CNN
+    # answerers, every node a querier with two answerers).
+    grid, spy, strategy, opened = _secure_run(3)
+    plain_grid, plain_spy = _grid(3)
+    _strategy(num_queries=6, pool_size=30).run(plain_grid, num_rounds=1)
+    assert not strategy.dropped.get(1) and sorted(opened) == [1000, 1001, 1002]
+    for q, soft in opened.items():
+        ret = plain_spy.one(q, "retrain")
+        total = ret["msg"].content[LOGITS_KEY]["logits"].numpy().astype(np.float64)
+        assert (
+            PhaseConfig.from_record(spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]).answerers
+            == 2
+        )
+        np.testing.assert_allclose(soft, softmax(total), atol=1e-4)
+        assert np.array_equal(soft.argmax(1), softmax(total).argmax(1))
+    # and the retrained models differ from the local ones (the round did run)
+    for q in opened:
+        before = spy.one(q, "retrain")["before"]
+        after = grid.context(q).state.array_records["fsl.privhfl.model"]
+        assert any(not np.array_equal(before[k], after[k].numpy()) for k in before)
+
+
+def _blobs_seen(spy: Spy) -> list[bytes]:
+    out = []
+    for entries in spy.log.values():
+        for e in entries:
+            for content in (e["msg"].content, e["reply"].content):
+                for record in content.config_records.values():
+                    out += [v for v in record.values() if isinstance(v, bytes)]
+    return out
+
+
+def test_secure_server_view_holds_no_query_and_no_logits() -> None:
+    grid, spy, strategy, opened = _secure_run(3)
+    codec = strategy.secure_config.codec()
+    blobs = _blobs_seen(spy)
+    assert blobs
+    for node, entries in spy.log.items():
+        for e in entries:
+            if e["phase"] in ("keys", "generate", "step", "retrain"):
+                for content in (e["msg"].content, e["reply"].content):
+                    assert not content.array_records, (node, e["phase"])  # no image, no logit
+    for q in opened:
+        queries = grid.context(q).state  # the query set was used and removed
+        assert "fsl.privhfl.query-set" not in queries
+        gen = spy.one(q, "generate")
+        config = PhaseConfig.from_record(gen["msg"].content[PRIVHFL_KEY])
+        x = _RecordingClient(_model, _data, num_classes=CLASSES, image_shape=SHAPE).generate(
+            _model_from(grid.context(q), gen["before"]), _data(grid.context(q)), config
+        )
+        row_f32 = x[0].tobytes()
+        row_fixed = codec.encode(x[0].reshape(-1).astype(np.float64)).tobytes()
+        logits = np.log(opened[q][0])  # up to a constant: any encoding of them would show it
+        for blob in blobs:
+            assert row_f32 not in blob and row_fixed[:64] not in blob
+            assert logits.astype(np.float32).tobytes() not in blob
+
+
+def test_secure_malformed_answerer_reply_drops_only_that_answerer() -> None:
+    def truncate(content: RecordDict) -> RecordDict:
+        blob = content.config_records["fsl.privhfl.secure"]["blob"]
+        return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob[:-8]})})
+
+    grid, spy, strategy, opened = _secure_run(3, mods=[_tamper(2, "step", truncate)])
+    bad = 1002
+    assert bad in strategy.dropped[1] and "step" in strategy.dropped[1][bad]
+    assert sorted(opened) == [1000, 1001]
+    for q, a in ((1000, 1001), (1001, 1000)):
+        assert (
+            PhaseConfig.from_record(spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]).answerers
+            == 1
+        )
+        gen = spy.one(q, "generate")
+        config = PhaseConfig.from_record(gen["msg"].content[PRIVHFL_KEY])
+        queries = _client().generate(
+            _model_from(grid.context(q), gen["before"]), _data(grid.context(q)), config
+        )
+        # a answered with its model from before its own re-training
+        a_model = _model_from(grid.context(a), spy.one(a, "retrain")["before"])
+        expected = softmax(predict_logits(a_model, queries).astype(np.float64))
+        np.testing.assert_allclose(opened[q], expected, atol=1e-4)
+
+
+def test_secure_settings_are_validated() -> None:
+    with pytest.raises(ConfigurationError, match="comparison"):
+        _strategy(answering="secure", comparison="drelu")
+    with pytest.raises(ConfigurationError, match="secure settings"):
+        _strategy(answering="secure", frac_bits=40, bound_bits=30)
