@@ -39,13 +39,17 @@ phase         message type           what the client does / replies
                                      data only) -> ``num-examples``, ``train-loss``
 ``evaluate``  ``evaluate.privhfl``   its own model on its evaluation data -> ``num-examples``,
                                      ``accuracy``, ``loss``, ``num-parameters``
+``keys``      ``query.privhfl``      secure arm: fresh X25519 key, architecture
+``step``      ``query.privhfl``      secure arm: this answerer's half of one op per session
 ============  =====================  ===============================================================
 
-**Plaintext answering.** This is the baseline arm of the workflow: queries and logits cross the
-server in the clear, so the server sees every query image (mixup images show their source
-images, PrivHFL App. G) and every answerer's predictions on them. The secure arm replaces the
-``generate`` reply, the ``answer`` phase and the ``retrain`` message by the secret-shared
-protocol of :mod:`flwr_fsl.protocols.privhfl` (not wired in yet).
+**Answering.** In the plaintext arm queries and logits cross the server in the clear, so the
+server sees every query image (mixup images show their source images, PrivHFL App. G) and every
+answerer's predictions on them. In the secure arm (``answering="secure"`` on the strategy) the
+``generate`` reply, the ``answer`` phase and the ``retrain`` message are replaced by the
+secret-shared protocol: phases ``keys`` and ``step`` (``query.privhfl``) and byte messages
+under :data:`~flwr_fsl.mods.privhfl_secure.SECURE_KEY` (:mod:`flwr_fsl.mods.privhfl_secure`);
+the query set never leaves the querier and the querier opens only the sum of the answers.
 
 Malformed server input (a bad record, queries of the wrong shape, type or range, logits that do
 not match the stored queries) raises :class:`~flwr_fsl.errors.ClientInputError`: Flower turns it

@@ -31,12 +31,35 @@ evaluation data; per-node results are in :attr:`PrivHFL.node_metrics`.
 settings: the *equal-effort local baseline* (the models see as many optimizer steps on private
 data as a querier does, without the others' knowledge).
 
-**Answering.** Only ``answering="plaintext"`` exists so far: the baseline arm in which queries
-and logits cross the server in the clear. The server sees every query image (a mixup image
-shows its two source images, App. G), every answerer's logits on it and the sums. The secure
-arm (queries secret-shared between the server and each answerer, secure prediction with the
-querier as dealer, Π_Agg so that only the querier learns the sum) comes with the core in
-:mod:`flwr_fsl.protocols.privhfl`.
+**Answering.** ``answering="plaintext"`` is the baseline arm: queries and logits cross the
+server in the clear. The server sees every query image (a mixup image shows its two source
+images, App. G), every answerer's logits on it and the sums.
+
+``answering="secure"`` runs :mod:`flwr_fsl.protocols.privhfl` with the server as the third
+computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``; the paper's DReLU
+needs the querier inside every comparison and is not wired over Flower). Phases 2-4 become
+(messages: :mod:`flwr_fsl.mods.privhfl_secure`; schedule and party state:
+:mod:`flwr_fsl.protocols.privhfl_flow`):
+
+* ``keys`` (``query``): every querier and answerer of the round makes a fresh X25519 key pair
+  and replies its public key and its model's public architecture;
+* ``generate`` (``query``): each querier gets its answerers' keys and architectures and the
+  server's seeds ``Sk_SQ``; it keeps its queries and replies, per answerer, ``Sk_QA`` sealed to
+  the answerer, the secret share ``[x]_1`` of its queries and every deal of the session;
+* ``step-1`` ... ``step-K`` (``query``): per answerer one message per interactive op (linear
+  layer or batched comparison), carrying the server's half of that op for every querier it
+  answers (step 1 also the sealed ``Sk_QA`` and ``Sk_SA``); the answerer replies its half and
+  keeps its share state as bytes in ``Context.state``; the server holds its share state
+  (:class:`~flwr_fsl.protocols.privhfl.ServerParty`) in memory for the round. The last reply
+  carries Π_Agg's masked output share;
+* ``retrain`` (``train``): each querier gets ``agg-S`` (the masked sum and which answerers
+  are in it), opens ``sum_j y_j`` with its masks and re-trains on ``softmax(sum / T)``.
+
+What the server sees in the secure arm: the architectures, the batch sizes, who answers whom,
+and protocol words each masked by randomness it does not hold (no query image, no logit, no
+soft label; tested). The answerers see masked words only; the querier learns only the sum of
+its answerers' logits. ``Sk_SQ`` and ``Sk_SA`` are drawn by the server and sent on each
+client's link; the public keys are relayed unauthenticated (honest-but-curious server).
 
 **Failures.** A node whose reply is an error, late, malformed or out of range (queries of the
 wrong shape or count or beyond ``max_abs_input``; logits of the wrong shape, non-finite or
@@ -169,6 +192,11 @@ min_available_nodes, sampling_seed
         Evaluate every model after its local phase (round 0 of :attr:`node_metrics`).
     answering : str
         One of :data:`ANSWERING`.
+    comparison : str
+        Secure arm: one of :data:`COMPARISONS`.
+    frac_bits, bound_bits : int
+        Secure arm: fixed-point fraction bits and comparison bound bits
+        (:class:`~flwr_fsl.protocols.privhfl.PrivHFLConfig`).
     seed : int
         Seed of the per-node seeds and of the answerer draws.
 
