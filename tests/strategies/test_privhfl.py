@@ -689,11 +689,7 @@ def test_secure_server_view_holds_no_query_and_no_logits() -> None:
 
 
 def test_secure_malformed_answerer_reply_drops_only_that_answerer() -> None:
-    def truncate(content: RecordDict) -> RecordDict:
-        blob = content.config_records["fsl.privhfl.secure"]["blob"]
-        return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob[:-8]})})
-
-    grid, spy, strategy, opened = _secure_run(3, mods=[_tamper(2, "step", truncate)])
+    grid, spy, strategy, opened = _secure_run(3, mods=[_tamper(2, "step", _truncate_secure)])
     bad = 1002
     assert bad in strategy.dropped[1] and "step" in strategy.dropped[1][bad]
     assert sorted(opened) == [1000, 1001]
@@ -718,3 +714,25 @@ def test_secure_settings_are_validated() -> None:
         _strategy(answering="secure", comparison="drelu")
     with pytest.raises(ConfigurationError, match="secure settings"):
         _strategy(answering="secure", frac_bits=40, bound_bits=30)
+
+
+def _truncate_secure(content: RecordDict) -> RecordDict:
+    blob = content.config_records["fsl.privhfl.secure"]["blob"]
+    return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob[:-8]})})
+
+
+@pytest.mark.parametrize("phase", ["keys", "generate"])
+def test_secure_malformed_querier_or_key_reply_drops_only_that_node(phase: str) -> None:
+    _grid_, spy, strategy, opened = _secure_run(3, mods=[_tamper(1, phase, _truncate_secure)])
+    bad = 1001
+    assert phase in strategy.dropped[1][bad]
+    assert sorted(opened) == [1000, 1002]  # each answered by the other alone
+    assert all(e["phase"] not in ("step", "retrain") for e in spy.log[bad])
+    for q in opened:
+        ret = spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]
+        assert PhaseConfig.from_record(ret).answerers == 1
+
+
+def test_secure_drelu_and_unknown_answering_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="answering"):
+        _strategy(answering="homomorphic")
