@@ -723,7 +723,7 @@ def _truncate_secure(content: RecordDict) -> RecordDict:
 
 @pytest.mark.parametrize("phase", ["keys", "generate"])
 def test_secure_malformed_querier_or_key_reply_drops_only_that_node(phase: str) -> None:
-    _grid_, spy, strategy, opened = _secure_run(3, mods=[_tamper(1, phase, _truncate_secure)])
+    _, spy, strategy, opened = _secure_run(3, mods=[_tamper(1, phase, _truncate_secure)])
     bad = 1001
     assert phase in strategy.dropped[1][bad]
     assert sorted(opened) == [1000, 1002]  # each answered by the other alone
