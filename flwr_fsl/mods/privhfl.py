@@ -107,6 +107,7 @@ from flwr_fsl.protocols.privhfl_flow import (
     architecture_to_bytes,
     querier_messages,
     querier_session,
+    schedule,
     unheld_seed,
 )
 from flwr_fsl.protocols.sealing import open_from, seal_for
@@ -696,12 +697,17 @@ class PrivHFLClient:
             # A session left out was closed by the server (its querier left the round).
             states = {k: v for k, v in stored.items() if k in named}  # type: ignore[misc]
         replies = []
+        last = len(schedule(secure.architecture, 1)) - 1
         for e in request.entries:
             before = AnswererState.from_bytes(states[str(e.querier)])
             after, reply = answerer_step(cfg, secure, before, request.step, e.data)
             states[str(e.querier)] = after.to_bytes()
             replies.append((e.querier, reply))
-        context.state[_ASTATE_SLOT] = ConfigRecord({"round": config.server_round, **states})
+        for slot in (KEY_SLOT, _ASTATE_SLOT):
+            if slot in context.state:
+                del context.state[slot]  # the key opens step 1's seeds only
+        if request.step < last:  # after the last step nothing is kept
+            context.state[_ASTATE_SLOT] = ConfigRecord({"round": config.server_round, **states})
         return self._reply(msg, StepReply(tuple(replies)).to_bytes())
 
     def _secure_soft_labels(

@@ -41,7 +41,7 @@ needs the querier inside every comparison and is not wired over Flower). Phases 
 (messages: :mod:`flwr_fsl.mods.privhfl_secure`; schedule and party state:
 :mod:`flwr_fsl.protocols.privhfl_flow`):
 
-* ``keys`` (``query``): every querier and answerer of the round makes a fresh X25519 key pair
+* ``keys`` (``query``): every answerer of the round makes a fresh X25519 key pair
   and replies its public key and its model's public architecture;
 * ``generate`` (``query``): each querier gets its answerers' keys and architectures and the
   server's seeds ``Sk_SQ``; it keeps its queries and replies, per answerer, ``Sk_QA`` sealed to
@@ -509,8 +509,8 @@ min_available_nodes, sampling_seed
         run_session = self._run_session
         candidates = sorted(n for n in self.trained if n not in state.dropped)
         plan = {q: self.answerers_for(r, q, candidates) for q in queriers}
-        involved = sorted(set(queriers) | {a for answer in plan.values() for a in answer})
-        # 1. keys: every involved node advertises a fresh X25519 key and its architecture.
+        involved = sorted({a for answer in plan.values() for a in answer})
+        # 1. keys: every answerer advertises a fresh X25519 key and its architecture.
         keys_req = KeysRequest(run_session).to_bytes()
 
         def parse_keys(_n: int, content: RecordDict) -> tuple[bytes, bytes, Architecture]:
@@ -535,7 +535,7 @@ min_available_nodes, sampling_seed
         asked: dict[int, tuple[AnswererInfo, ...]] = {}
         for q in queriers:
             answerers = [a for a in plan[q] if a in keys]
-            if q not in keys or not answerers:
+            if q in state.dropped or not answerers:
                 continue
             infos = []
             for a in answerers:
@@ -602,7 +602,7 @@ min_available_nodes, sampling_seed
             sent: dict[int, set[int]] = {}
             for a, entries in payloads.items():
                 entries = [e for e in entries if e.querier not in state.dropped]
-                if not entries:
+                if not entries or a in state.dropped:
                     continue
                 sent[a] = {e.querier for e in entries}
                 req = StepRequest(cfg, k, session, run_session, tuple(entries))

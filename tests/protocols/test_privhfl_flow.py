@@ -36,6 +36,8 @@ from flwr_fsl.protocols.privhfl_flow import (
 )
 from flwr_fsl.protocols.secure_inference import (
     Architecture,
+    Linear,
+    ReLU,
     SecureModel,
     error_bound,
     from_torch,
@@ -110,6 +112,29 @@ def test_every_layer_type_through_the_flow_matches_plaintext(case: str) -> None:
     assert included == (0,) and not dropped
     bound = error_bound(model, 1.0)
     assert np.max(np.abs(logits - plaintext_forward(model, x))) <= bound
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    st.integers(1, 4),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 10_000),
+)
+def test_random_mlps_through_the_flow_match_plaintext(
+    hidden: list[int], batch: int, session: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = [5, *hidden, 3]
+    layers: list = []
+    for i in range(len(sizes) - 1):
+        layers += [Linear(sizes[i], sizes[i + 1]), ReLU()]
+    arch = Architecture((5,), tuple(layers[:-1]))
+    model = random_model(arch, rng)
+    x = rng.uniform(-2, 2, (batch, 5))
+    logits, included, _ = run_flow([model], x, session=session)
+    assert included == (0,)
+    assert np.max(np.abs(logits - plaintext_forward(model, x))) <= error_bound(model, 2.0)
 
 
 def test_heterogeneous_torch_models_sum_through_the_flow() -> None:

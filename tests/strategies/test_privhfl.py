@@ -617,6 +617,10 @@ class _RecordingClient(PrivHFLClient):
         return x, soft
 
 
+def _phases(spy: Spy, node: int) -> list[str]:
+    return [e["phase"] for e in spy.log[node]]
+
+
 def _secure_run(
     n: int = 3, mods: list[Any] | None = None, **kwargs: Any
 ) -> tuple[InProcessGrid, Spy, PrivHFL, dict[int, np.ndarray]]:
@@ -628,24 +632,35 @@ def _secure_run(
     return grid, spy, strategy, dict(_RecordingClient.opened)
 
 
-def test_secure_answering_gives_the_plaintext_soft_labels() -> None:
+@pytest.mark.parametrize(
+    ("n", "fractions"),
+    [(3, {}), (5, {"fraction_train": 0.4, "fraction_answer": 0.5, "sampling_seed": 2})],
+)
+def test_secure_answering_gives_the_plaintext_soft_labels(n: int, fractions: dict) -> None:
     # Same seeds: the same local models and queries; the secure arm's opened soft labels equal
     # softmax of the plaintext arm's logit sums within the fixed-point error (MLP and CNN
-    # answerers, every node a querier with two answerers).
-    grid, spy, strategy, opened = _secure_run(3)
-    plain_grid, plain_spy = _grid(3)
-    _strategy(num_queries=6, pool_size=30).run(plain_grid, num_rounds=1)
-    assert not strategy.dropped.get(1) and sorted(opened) == [1000, 1001, 1002]
+    # answerers; 3 nodes: every node a querier with two answerers; 5 nodes: two queriers
+    # with two answerers each, some nodes only answer, some answer two sessions at once).
+    grid, spy, strategy, opened = _secure_run(n, **fractions)
+    plain_grid, plain_spy = _grid(n)
+    plain = _strategy(num_queries=6, pool_size=30, **fractions)
+    plain.run(plain_grid, num_rounds=1)
+    assert not strategy.dropped.get(1)
+    retrained = [q for q in plain_grid.get_node_ids() if "retrain" in _phases(plain_spy, q)]
+    assert sorted(opened) == retrained and len(retrained) == (3 if n == 3 else 2)
     for q, soft in opened.items():
         ret = plain_spy.one(q, "retrain")
         total = ret["msg"].content[LOGITS_KEY]["logits"].numpy().astype(np.float64)
-        assert (
-            PhaseConfig.from_record(spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]).answerers
-            == 2
-        )
+        expected = PhaseConfig.from_record(ret["msg"].content[PRIVHFL_KEY]).answerers
+        got = spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]
+        assert PhaseConfig.from_record(got).answerers == expected == 2
         np.testing.assert_allclose(soft, softmax(total), atol=1e-4)
         assert np.array_equal(soft.argmax(1), softmax(total).argmax(1))
-    # and the retrained models differ from the local ones (the round did run)
+    # and the retrained models differ from the local ones (the round did run); no node keeps
+    # a key, a share or a seed after the round
+    for node in grid.get_node_ids():
+        kept = set(grid.context(node).state.keys())
+        assert not {k for k in kept if k.startswith("fsl.privhfl.secure")}, kept
     for q in opened:
         before = spy.one(q, "retrain")["before"]
         after = grid.context(q).state.array_records["fsl.privhfl.model"]
