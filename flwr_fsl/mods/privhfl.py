@@ -41,13 +41,15 @@ phase         message type           what the client does / replies
                                      ``accuracy``, ``loss``, ``num-parameters``
 ``keys``      ``query.privhfl``      secure arm: fresh X25519 key, architecture
 ``step``      ``query.privhfl``      secure arm: this answerer's half of one op per session
+``sign``      ``query.privhfl``      secure arm, paper's DReLU: the querier's sign shares
 ============  =====================  ===============================================================
 
 **Answering.** In the plaintext arm queries and logits cross the server in the clear, so the
 server sees every query image (mixup images show their source images, PrivHFL App. G) and every
 answerer's predictions on them. In the secure arm (``answering="secure"`` on the strategy) the
 ``generate`` reply, the ``answer`` phase and the ``retrain`` message are replaced by the
-secret-shared protocol: phases ``keys`` and ``step`` (``query.privhfl``) and byte messages
+secret-shared protocol: phases ``keys``, ``step`` and (paper's DReLU) ``sign``
+(``query.privhfl``) and byte messages
 under :data:`~flwr_fsl.mods.privhfl_secure.SECURE_KEY` (:mod:`flwr_fsl.mods.privhfl_secure`);
 the query set never leaves the querier and the querier opens only the sum of the answers.
 
@@ -74,7 +76,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
     penultimate_features,
@@ -94,11 +96,13 @@ from flwr_fsl.mods.privhfl_secure import (
     QuerierState,
     RetrainRequest,
     SessionDeal,
+    SignReply,
+    SignRequest,
     StepReply,
     StepRequest,
     binding,
 )
-from flwr_fsl.protocols.privhfl import Querier, SessionSeeds, agg_step
+from flwr_fsl.protocols.privhfl import Querier, ServerMessageError, SessionSeeds, agg_step
 from flwr_fsl.protocols.privhfl_flow import (
     AnswererState,
     answerer_open,
@@ -107,6 +111,7 @@ from flwr_fsl.protocols.privhfl_flow import (
     architecture_to_bytes,
     querier_messages,
     querier_session,
+    querier_sign,
     schedule,
     unheld_seed,
 )
@@ -145,6 +150,7 @@ PHASE_TYPES: dict[str, str] = {
     "answer": f"query.{ACTION}",
     "keys": f"query.{ACTION}",
     "step": f"query.{ACTION}",
+    "sign": f"query.{ACTION}",
     "evaluate": f"evaluate.{ACTION}",
 }
 """Phase -> the Flower message type it travels as."""
@@ -570,6 +576,8 @@ class PrivHFLClient:
             return self._secure_keys(msg, context, model, config)
         if config.phase == "step":
             return self._secure_step(msg, context, model, config)
+        if config.phase == "sign":
+            return self._secure_sign(msg, context, config)
         if config.phase == "generate" and SECURE_KEY in msg.content.config_records:
             return self._secure_generate(msg, context, model, config)
         if config.phase == "answer":
@@ -709,6 +717,36 @@ class PrivHFLClient:
         if request.step < last:  # after the last step nothing is kept
             context.state[_ASTATE_SLOT] = ConfigRecord({"round": config.server_round, **states})
         return self._reply(msg, StepReply(tuple(replies)).to_bytes())
+
+    def _secure_sign(self, msg: Message, context: Context, config: PhaseConfig) -> Message:
+        """``sign`` (paper's DReLU): open ``z = r x`` of each session's comparison (the leak)."""
+        request = SignRequest.from_bytes(self._blob(msg))
+        stored = context.state.config_records.get(_QSTATE_SLOT)
+        raw = stored.get("state") if stored is not None else None
+        if not isinstance(raw, bytes):
+            raise ClientInputError("a sign request arrived but this node holds no session")
+        state = QuerierState.from_bytes(raw)
+        if state.server_round != config.server_round or request.session != state.session:
+            raise ClientInputError("the sign request is for another round's session")
+        mine = {s.node: s for s in state.sessions}
+        replies = []
+        for a, data in request.entries:
+            s = mine.get(a)
+            if s is None:
+                raise ClientInputError("the sign request names an unknown answerer")
+            seeds = SessionSeeds(
+                s.querier_answerer, unheld_seed(s.querier_answerer, s.server_querier),
+                s.server_querier,
+            )  # fmt: skip
+            arch = architecture_from_bytes(s.architecture)
+            try:
+                sign = querier_sign(
+                    request.config, arch, state.batch, seeds, state.session, request.step, data
+                )
+            except (ConfigurationError, ServerMessageError) as err:
+                raise ClientInputError(f"sign request: {err}") from err
+            replies.append((a, sign))
+        return self._reply(msg, SignReply(tuple(replies)).to_bytes())
 
     def _secure_soft_labels(
         self, msg: Message, context: Context, config: PhaseConfig

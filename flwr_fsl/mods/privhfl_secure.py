@@ -22,6 +22,10 @@ phase           direction        content
                                  (step 1) the sealed ``Sk_QA``, ``Sk_SA`` and batch, then
                                  ``S``'s bytes for step ``k``
 ``step``        A -> S           :class:`StepReply`: per querier: ``A``'s bytes for step ``k``
+                                 (paper's DReLU: plus its first messages of step ``k + 1``)
+``sign``        S -> Q           paper's DReLU only, per comparison step: :class:`SignRequest`
+                                 (per answerer ``S``'s ``drelu-z``); ``Q`` replies
+                                 :class:`SignReply` (its ``DReLU(z) - delta'`` per answerer)
 ``retrain``     S -> Q           :class:`RetrainRequest`: settings, session number, the
                                  ``agg-S`` message (masked sum, answerers included)
 ==============  ===============  ==========================================================
@@ -56,12 +60,17 @@ __all__ = [
     "KEY_SLOT",
     "SECURE_KEY",
     "SEED_PURPOSE",
+    "AnswererInfo",
     "GenerateReply",
     "GenerateRequest",
     "KeysReply",
     "KeysRequest",
     "QuerierState",
     "RetrainRequest",
+    "SessionDeal",
+    "SignReply",
+    "SignRequest",
+    "StepEntry",
     "StepReply",
     "StepRequest",
     "binding",
@@ -77,9 +86,8 @@ _VERSION = 1
 _PUBLIC_BYTES = 32
 _SESSION_ID_BYTES = 16
 _MAX_BATCH = 10_000_000
-(K_KEYS_REQ, K_KEYS_REP, K_GEN_REQ, K_GEN_REP, K_STEP_REQ, K_STEP_REP, K_RETRAIN, K_QSTATE) = range(
-    1, 9
-)
+K_KEYS_REQ, K_KEYS_REP, K_GEN_REQ, K_GEN_REP, K_STEP_REQ, K_STEP_REP = 1, 2, 3, 4, 5, 6
+K_RETRAIN, K_QSTATE, K_SIGN_REQ, K_SIGN_REP = 7, 8, 9, 10
 _RELU = {"drelu": 0, "dcf": 1}
 
 
@@ -376,6 +384,68 @@ class StepReply:
         entries = tuple((r.u64("querier"), r.raw("data")) for _ in range(n))
         r.done()
         _ids_unique([q for q, _ in entries], "step reply")
+        return cls(entries)
+
+
+@dataclass(frozen=True)
+class SignRequest:
+    """``S -> Q`` (``sign``, paper's DReLU only): per answerer, the ``drelu-z`` of step ``k``."""
+
+    config: PrivHFLConfig
+    step: int
+    session: int
+    entries: tuple[tuple[int, bytes], ...] = ()
+
+    def to_bytes(self) -> bytes:
+        """Encode."""
+        w = _start(K_SIGN_REQ)
+        _write_config(w, self.config)
+        w.u32(self.step)
+        w.u32(self.session)
+        w.count(len(self.entries))
+        for a, data in self.entries:
+            w.u64(a)
+            w.raw(data)
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: object) -> SignRequest:
+        """Decode strictly (step >= 1, at least one entry, distinct answerer ids)."""
+        r = _open(data, K_SIGN_REQ, "a PrivHFL sign request")
+        config = _read_config(r)
+        step, session = r.u32("step"), r.u32("session")
+        n = r.count("entries", 12)
+        entries = tuple((r.u64("answerer"), r.raw("data")) for _ in range(n))
+        r.done()
+        if step < 1 or not entries:
+            raise WireFormatError("a sign request needs step >= 1 and at least one entry")
+        _ids_unique([a for a, _ in entries], "sign request")
+        return cls(config, step, session, entries)
+
+
+@dataclass(frozen=True)
+class SignReply:
+    """``Q -> S`` (``sign``): per answerer, ``DReLU(z) - delta'``."""
+
+    entries: tuple[tuple[int, bytes], ...] = ()
+
+    def to_bytes(self) -> bytes:
+        """Encode."""
+        w = _start(K_SIGN_REP)
+        w.count(len(self.entries))
+        for a, data in self.entries:
+            w.u64(a)
+            w.raw(data)
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: object) -> SignReply:
+        """Decode strictly (distinct answerer ids)."""
+        r = _open(data, K_SIGN_REP, "a PrivHFL sign reply")
+        n = r.count("entries", 12)
+        entries = tuple((r.u64("answerer"), r.raw("data")) for _ in range(n))
+        r.done()
+        _ids_unique([a for a, _ in entries], "sign reply")
         return cls(entries)
 
 

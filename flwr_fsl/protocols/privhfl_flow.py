@@ -16,12 +16,18 @@ the server talks to one client per message, so this module adds what a transport
 * **Schedule** (:func:`schedule`): the architecture's walk cut into *steps*; each step is one
   interactive op (a linear layer or one batched comparison) followed by the local ops up to
   the next one. Step ``k`` is one server -> answerer message (the server's half of the op) and
-  its reply (the answerer's half); the server finishes the op with the reply. The answerer
-  never holds a half-done op between messages. Only the DCF comparison (``relu="dcf"``) fits:
-  the paper's DReLU needs the querier online inside every comparison (not wired).
+  its reply (the answerer's half); the server finishes the op with the reply
+  (:class:`ServerSession`). The answerer never holds a half-done op between messages.
+  DCF comparison: the querier is offline from the deals to Π_Agg. The paper's DReLU
+  (``relu="drelu"``) needs ``Q`` inside every comparison: the answerer's reply to step ``k-1``
+  carries its first messages of comparison ``k`` (``drelu-z0``, ``beaver-A``: they need
+  nothing from ``S``; the answerer re-derives them from its seeds at step ``k``), the server
+  sends ``Q`` ``drelu-z`` and gets ``Q``'s sign share (:func:`querier_sign`: here ``Q`` learns
+  ``r x``, the documented leak), then sends ``A`` its Beaver openings as step ``k``. An
+  architecture whose first interactive op is a comparison is refused for DReLU.
 * **Querier's deals** (:func:`querier_messages`): every message ``Q`` sends ``S`` for one
   session — the input share and one deal per step — can be made at once, before any answerer
-  acts (for DCF, ``Q`` is offline until Π_Agg).
+  acts.
 * **Answerer state** (:class:`AnswererState`): what an answerer keeps between messages, as
   strict bytes (``b"PHAS"`` v1): session, op counter, next step, batch, the two seeds it
   holds, its share stack and a max-pool level's pending halves. Its weights are not in it
@@ -46,6 +52,7 @@ from flwr_fsl.protocols.privhfl import (
     Answerer,
     PrivHFLConfig,
     PrivHFLMessageError,
+    QuerierMessageError,
     QuerierSession,
     ServerParty,
     SessionSeeds,
@@ -71,6 +78,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_LAYERS",
     "AnswererState",
+    "ServerSession",
     "Step",
     "answerer_open",
     "answerer_step",
@@ -78,9 +86,8 @@ __all__ = [
     "architecture_to_bytes",
     "querier_messages",
     "querier_session",
+    "querier_sign",
     "schedule",
-    "server_finish",
-    "server_start",
     "unheld_seed",
 ]
 
@@ -320,9 +327,17 @@ def _geometry(step: Step, batch: int) -> tuple:
     return _linear_geometry(layer, batch, shape_in, shape_out)
 
 
-def _require_dcf(config: PrivHFLConfig) -> None:
-    if not isinstance(config, PrivHFLConfig) or config.relu != "dcf":
-        raise ConfigurationError("the message-transport flow supports relu='dcf' only")
+def _check_flow(config: PrivHFLConfig, steps: tuple[Step, ...]) -> None:
+    if not isinstance(config, PrivHFLConfig):
+        raise ConfigurationError("config must be a PrivHFLConfig")
+    if config.relu == "drelu" and steps[1].kind == "compare":
+        raise ConfigurationError(
+            "the paper's DReLU over messages needs a linear layer before the first comparison"
+        )
+
+
+def _drelu_compare(config: PrivHFLConfig, step: Step) -> bool:
+    return config.relu == "drelu" and step.kind == "compare"
 
 
 def querier_messages(
@@ -351,16 +366,44 @@ def querier_messages(
         ``(messages, ops)``: message ``0`` is the input share, message ``k`` the deal of step
         ``k``; ``ops`` is the querier's op count before Π_Agg (for :func:`querier_session`).
     """
-    _require_dcf(config)
     batch = int(encoded.shape[0])
+    steps = schedule(architecture, batch)
+    _check_flow(config, steps)
     q = QuerierSession(config, architecture, batch, seeds, session)
     out = [q.share_input(encoded)]
-    for step in schedule(architecture, batch)[1:]:
+    for step in steps[1:]:
         if step.kind == "linear":
             out.append(q.deal_linear(step.args[0], _geometry(step, batch), step.args[2]))
-        else:
+        elif config.relu == "dcf":
             out.append(q.deal_dcf(step.args[0]))
+        else:
+            out.append(q.deal_drelu(step.args[0]))
     return out, q._op
+
+
+def querier_sign(
+    config: PrivHFLConfig,
+    architecture: Architecture,
+    batch: int,
+    seeds: SessionSeeds,
+    session: int,
+    k: int,
+    data: bytes,
+) -> bytes:
+    """Paper's DReLU: ``Q`` opens ``z = r x`` of step ``k`` (the leak) and returns its sign share.
+
+    Raises
+    ------
+    ConfigurationError
+        If step ``k`` is not a comparison of the paper's DReLU.
+    ServerMessageError
+        If ``data`` is not the server's ``drelu-z`` message of step ``k``.
+    """
+    steps = schedule(architecture, batch)
+    if not (isinstance(k, int) and 1 <= k < len(steps) and _drelu_compare(config, steps[k])):
+        raise ConfigurationError(f"step {k} is not a DReLU comparison")
+    q = querier_session(config, architecture, batch, seeds, session, k + 1)
+    return q.drelu_answer(data, steps[k].args[0])
 
 
 def querier_session(
@@ -387,45 +430,113 @@ def _run_local(party: Answerer | ServerParty, step: Step) -> None:
         getattr(party, name)(*args)
 
 
-def server_start(server: ServerParty, steps: tuple[Step, ...], k: int, deal: bytes) -> bytes:
-    """``S``'s half of step ``k`` with ``Q``'s message for it; returns the bytes for ``A``.
+class ServerSession:
+    """``S``'s side of one answerer's session, driven step by step by the transport.
 
-    Step 0 takes the input share and returns ``b""`` (nothing for ``A``).
+    Parameters
+    ----------
+    config : PrivHFLConfig
+        Settings.
+    architecture : Architecture
+        The answerer's architecture.
+    batch : int
+        Number of queries.
+    seeds : SessionSeeds
+        ``S`` uses ``Sk_SQ`` and ``Sk_SA`` (:func:`unheld_seed` for ``Sk_QA``).
+    session : int
+        Session number.
+    messages : sequence of bytes
+        ``Q``'s messages (:func:`querier_messages`): the share, one deal per step.
+
+    Raises
+    ------
+    ConfigurationError
+        If the settings do not fit the flow.
+    QuerierMessageError
+        If the number of messages is wrong or the share is malformed.
     """
-    step = steps[k]
-    if step.kind == "start":
-        server.receive_input(deal)
-        _run_local(server, step)
-        return b""
-    if step.kind == "linear":
-        return server.linear_mask(step.args[0], _geometry(step, server.batch), deal)
-    relay, opening = server.dcf_start(deal)
-    w = Writer()
-    w.raw(relay)
-    w.raw(opening)
-    return w.payload()
 
+    def __init__(
+        self,
+        config: PrivHFLConfig,
+        architecture: Architecture,
+        batch: int,
+        seeds: SessionSeeds,
+        session: int,
+        messages: tuple[bytes, ...] | list[bytes],
+    ) -> None:
+        self.config = config
+        self.steps = schedule(architecture, batch)
+        _check_flow(config, self.steps)
+        if len(messages) != len(self.steps):
+            raise QuerierMessageError(f"expected {len(self.steps)} querier messages")
+        self.party = ServerParty(config, architecture, batch, seeds, session)
+        self.messages = tuple(messages)
+        self.party.receive_input(self.messages[0])
+        _run_local(self.party, self.steps[0])
+        self._start: tuple[bytes, bytes] | None = None
+        self.part: NDArray[np.uint64] | None = None
 
-def server_finish(
-    server: ServerParty, steps: tuple[Step, ...], k: int, reply: bytes
-) -> NDArray[np.uint64] | None:
-    """Finish step ``k`` with ``A``'s reply; after the last step, return ``S``'s Π_Agg part."""
-    step = steps[k]
-    r = Reader(bytes(reply), 0) if isinstance(reply, bytes | bytearray) else None
-    if r is None:
-        raise WireFormatError("an answerer reply must be bytes")
-    msg = r.raw("answerer message")
-    last = k == len(steps) - 1
-    agg = r.raw("aggregation message") if last else None
-    r.done()
-    if step.kind == "linear":
-        server.linear_finish(msg, _geometry(step, server.batch), step.args[3])
-    elif step.kind == "compare":
-        server.dcf_finish(msg)
-    else:
-        raise WireFormatError("step 0 has no answerer reply")
-    _run_local(server, step)
-    return server.aggregate_part(agg) if agg is not None else None
+    @property
+    def batch(self) -> int:
+        """Number of queries."""
+        return self.party.batch
+
+    def needs_querier(self, k: int) -> bool:
+        """Whether step ``k`` goes through ``Q`` (a comparison of the paper's DReLU)."""
+        return _drelu_compare(self.config, self.steps[k])
+
+    def to_querier(self, k: int) -> bytes:
+        """Paper's DReLU: ``S -> Q: [z]_0 - delta + r [x]_1`` (``A`` sent its part at ``k-1``)."""
+        if not self.needs_querier(k) or self._start is None:
+            raise ConfigurationError(f"step {k} has no message for the querier")
+        return self.party.drelu_start(self._start[0], self.messages[k])
+
+    def to_answerer(self, k: int, sign: bytes | None = None) -> bytes:
+        """``S``'s half of step ``k`` for ``A`` (paper's DReLU: with ``Q``'s sign share)."""
+        step = self.steps[k]
+        if step.kind == "linear":
+            return self.party.linear_mask(
+                step.args[0], _geometry(step, self.batch), self.messages[k]
+            )
+        if self.config.relu == "drelu":
+            if sign is None:
+                raise ConfigurationError(f"step {k} needs the querier's sign share")
+            return self.party.drelu_mask(sign)
+        relay, opening = self.party.dcf_start(self.messages[k])
+        w = Writer()
+        w.raw(relay)
+        w.raw(opening)
+        return w.payload()
+
+    def from_answerer(self, k: int, reply: bytes) -> None:
+        """Finish step ``k`` with ``A``'s reply (after the last: :attr:`part`, ``S``'s Π_Agg)."""
+        step = self.steps[k]
+        if not isinstance(reply, bytes | bytearray) or step.kind == "start":
+            raise PrivHFLMessageError("an answerer reply must be bytes for steps >= 1")
+        r = Reader(bytes(reply), 0)
+        try:
+            msg = r.raw("answerer message")
+            last = k == len(self.steps) - 1
+            agg = r.raw("aggregation message") if last else None
+            nxt = None
+            if not last and _drelu_compare(self.config, self.steps[k + 1]):
+                nxt = (r.raw("drelu-z0"), r.raw("beaver-A"))
+            r.done()
+        except WireFormatError as err:
+            raise PrivHFLMessageError(f"answerer reply: {err}") from err
+        if step.kind == "linear":
+            self.party.linear_finish(msg, _geometry(step, self.batch), step.args[3])
+        elif self.config.relu == "dcf":
+            self.party.dcf_finish(msg)
+        else:
+            if self._start is None:
+                raise PrivHFLMessageError("no DReLU openings of the answerer for this step")
+            self.party.drelu_finish(self._start[1])
+        _run_local(self.party, step)
+        self._start = nxt
+        if agg is not None:
+            self.part = self.party.aggregate_part(agg)
 
 
 # ------------------------------------------------------------------------- answerer side
@@ -524,13 +635,13 @@ def answerer_open(
     session: int,
 ) -> AnswererState:
     """Start ``A``'s session (step 0: Π_Share and the local ops before the first op)."""
-    _require_dcf(config)
+    steps = schedule(model.architecture, batch)
+    _check_flow(config, steps)
     seeds = SessionSeeds(
         querier_answerer, server_answerer, unheld_seed(querier_answerer, server_answerer)
     )
     a = Answerer(config, model, batch, seeds, session)
     a.receive_input()
-    steps = schedule(model.architecture, batch)
     _run_local(a, steps[0])
     return AnswererState(
         session, batch, 1, a._op, querier_answerer, server_answerer, a.stack,
@@ -548,8 +659,8 @@ def answerer_step(
     PrivHFLMessageError
         If ``data`` is malformed or for another step (a :class:`ClientInputError`).
     """
-    _require_dcf(config)
     steps = schedule(model.architecture, state.batch)
+    _check_flow(config, steps)
     if k != state.next_step or not 1 <= k < len(steps):
         raise PrivHFLMessageError(f"step {k} is not the expected step {state.next_step}")
     seeds = SessionSeeds(
@@ -566,6 +677,11 @@ def answerer_step(
     if step.kind == "linear":
         reply = a.linear_mask(step.args[0], step.args[1], _geometry(step, state.batch))
         a.linear_finish(data, step.args[3])
+    elif config.relu == "drelu":
+        a.drelu_start()  # what step k-1's reply carried, re-derived from the seeds
+        a.drelu_mask()
+        a.drelu_finish(data)
+        reply = b""
     else:
         try:
             r = Reader(bytes(data), 0)
@@ -578,11 +694,15 @@ def answerer_step(
     _run_local(a, step)
     w = Writer()
     w.raw(reply)
-    if k == len(steps) - 1:
-        w.raw(a.aggregate())
     pool = a._pending.get("pool")
     new = AnswererState(
         state.session, state.batch, k + 1, a._op, state.querier_answerer,
-        state.server_answerer, a.stack, pool,
+        state.server_answerer, list(a.stack), pool,
     )  # fmt: skip
+    if k == len(steps) - 1:
+        w.raw(a.aggregate())
+    elif _drelu_compare(config, steps[k + 1]):
+        # Paper's DReLU: A's first messages of the next comparison need no input from S.
+        w.raw(a.drelu_start())
+        w.raw(a.drelu_mask())
     return new, w.payload()

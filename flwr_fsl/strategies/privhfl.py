@@ -36,8 +36,9 @@ server in the clear. The server sees every query image (a mixup image shows its 
 images, App. G), every answerer's logits on it and the sums.
 
 ``answering="secure"`` runs :mod:`flwr_fsl.protocols.privhfl` with the server as the third
-computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``; the paper's DReLU
-needs the querier inside every comparison and is not wired over Flower). Phases 2-4 become
+computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``) or the paper's
+DReLU (``comparison="drelu"``: the querier learns ``r x`` for every hidden activation of every
+answerer's model on its queries, and is online in every comparison). Phases 2-4 become
 (messages: :mod:`flwr_fsl.mods.privhfl_secure`; schedule and party state:
 :mod:`flwr_fsl.protocols.privhfl_flow`):
 
@@ -51,7 +52,10 @@ needs the querier inside every comparison and is not wired over Flower). Phases 
   answers (step 1 also the sealed ``Sk_QA`` and ``Sk_SA``); the answerer replies its half and
   keeps its share state as bytes in ``Context.state``; the server holds its share state
   (:class:`~flwr_fsl.protocols.privhfl.ServerParty`) in memory for the round. The last reply
-  carries Π_Agg's masked output share;
+  carries Π_Agg's masked output share. Paper's DReLU: before each comparison step, a
+  ``sign-k`` message to each querier with the server's ``drelu-z`` per session; the querier
+  replies its sign shares (the answerer's first messages of the comparison ride on its reply
+  to step ``k - 1``);
 * ``retrain`` (``train``): each querier gets ``agg-S`` (the masked sum and which answerers
   are in it), opens ``sum_j y_j`` with its masks and re-trains on ``softmax(sum / T)``.
 
@@ -84,7 +88,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
-from numpy.typing import NDArray
 
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.errors import ClientInputError, ConfigurationError
@@ -110,23 +113,23 @@ from flwr_fsl.mods.privhfl_secure import (
     KeysRequest,
     RetrainRequest,
     SessionDeal,
+    SignReply,
+    SignRequest,
     StepEntry,
     StepReply,
     StepRequest,
 )
 from flwr_fsl.protocols.privhfl import (
     PrivHFLConfig,
-    ServerParty,
+    QuerierMessageError,
     SessionSeeds,
     agg_step,
     server_aggregate,
 )
 from flwr_fsl.protocols.privhfl_flow import (
-    Step,
+    ServerSession,
     architecture_from_bytes,
     schedule,
-    server_finish,
-    server_start,
     unheld_seed,
 )
 from flwr_fsl.protocols.secure_inference import Architecture
@@ -137,8 +140,9 @@ __all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
 
 ANSWERING = ("plaintext", "secure")
 """The answering arms: queries and logits in the clear, or secret-shared (module docstring)."""
-COMPARISONS = ("dcf",)
-"""The secure comparisons wired over Flower (the leak-free DCF one)."""
+COMPARISONS = ("dcf", "drelu")
+"""The secure comparisons: the leak-free DCF one, or the paper's DReLU (its querier learns
+``r x`` for every hidden activation: :mod:`flwr_fsl.protocols.privhfl`)."""
 
 
 def _positive_int(name: str, value: int, low: int = 1) -> int:
@@ -291,13 +295,12 @@ min_available_nodes, sampling_seed
         self.evaluate_local = bool(evaluate_local)
         self.answering = answering
         if comparison not in COMPARISONS:
-            raise ConfigurationError(
-                f"comparison must be one of {COMPARISONS} over Flower, got {comparison!r} "
-                "(the paper's 'drelu' needs the querier inside every comparison: not wired)"
-            )
+            raise ConfigurationError(f"comparison must be one of {COMPARISONS}, got {comparison!r}")
         try:
             self.secure_config = PrivHFLConfig(
-                relu="dcf", frac_bits=frac_bits, bound_bits=bound_bits
+                relu="dcf" if comparison == "dcf" else "drelu",
+                frac_bits=frac_bits,
+                bound_bits=bound_bits,
             )
         except (ConfigurationError, ValueError, TypeError) as err:
             raise ConfigurationError(f"PrivHFL secure settings: {err}") from err
@@ -559,41 +562,40 @@ min_available_nodes, sampling_seed
 
         generated = self._secure_send(grid, state, "generate", requests, parse_generate)
         # 3. the server's half of every session; step 0 takes the querier's share.
-        sessions: dict[tuple[int, int], tuple[ServerParty, tuple[Step, ...], SessionDeal]] = {}
+        sessions: dict[tuple[int, int], tuple[ServerSession, SessionDeal]] = {}
         sa: dict[tuple[int, int], bytes] = {}
         for q, reply in generated.items():
             for deal in reply.sessions:
                 a = deal.node
                 sa[q, a] = os.urandom(SEED_BYTES)
                 seeds = SessionSeeds(unheld_seed(sa[q, a], sq[q, a]), sa[q, a], sq[q, a])
-                arch = keys[a][2]
-                party = ServerParty(cfg, arch, reply.batch, seeds, session)
-                steps = schedule(arch, reply.batch)
                 try:
-                    server_start(party, steps, 0, deal.messages[0])
+                    run = ServerSession(cfg, keys[a][2], reply.batch, seeds, session, deal.messages)
                 except ClientInputError as err:
                     state.drop(q, f"generate: querier message: {err}")
                     break
-                sessions[q, a] = (party, steps, deal)
-        sessions = {k: v for k, v in sessions.items() if k[0] not in state.dropped}
-        # 4. the steps: one message per answerer and step, every session of it at once.
-        parts: dict[tuple[int, int], NDArray[np.uint64]] = {}
+                sessions[q, a] = (run, deal)
+        # 4. the steps: one message per answerer and step, every session of it at once (and,
+        #    paper's DReLU, one message per querier and comparison step before it).
         k = 1
         while True:
-            live = {key: v for key, v in sessions.items() if key[1] not in state.dropped}
-            live = {key: v for key, v in live.items() if key[0] not in state.dropped}
-            active = {key: v for key, v in live.items() if k < len(v[1])}
+            active = {
+                key: v
+                for key, v in sessions.items()
+                if key[0] not in state.dropped
+                and key[1] not in state.dropped
+                and k < len(v[0].steps)
+            }
             if not active:
                 break
+            signs = self._secure_signs(grid, state, k, session, active)
             payloads: dict[int, list[StepEntry]] = {}
-            for (q, a), (party, steps, deal) in sorted(active.items()):
-                try:
-                    data = server_start(party, steps, k, deal.messages[k])
-                except ClientInputError as err:
-                    state.drop(q, f"step {k}: querier message: {err}")
+            for (q, a), (run, deal) in sorted(active.items()):
+                if q in state.dropped or a in state.dropped:
                     continue
+                data = run.to_answerer(k, signs.get((q, a)))
                 entry = (
-                    StepEntry(q, data, deal.sealed_seed, sa[q, a], party.batch)
+                    StepEntry(q, data, deal.sealed_seed, sa[q, a], run.batch)
                     if k == 1
                     else StepEntry(q, data)
                 )
@@ -618,20 +620,22 @@ min_available_nodes, sampling_seed
                 if {q for q, _ in reply.entries} != sent[a]:
                     raise ClientInputError("the step reply names other sessions")
                 for q, data in reply.entries:
-                    party, steps, _ = active[q, a]
-                    part = server_finish(party, steps, k, data)
-                    if part is not None:
-                        parts[q, a] = part
+                    active[q, a][0].from_answerer(k, data)
                 return len(reply.entries)
 
             self._secure_send(grid, state, f"step-{k}", contents, parse_step)
             k += 1
+        parts = {
+            key: run.part
+            for key, (run, _) in sessions.items()
+            if run.part is not None and key[1] not in state.dropped
+        }
         # 5. Π_Agg: per querier, the masked sum over the answerers whose sessions finished.
         sums: dict[int, tuple[dict[str, Any], int]] = {}
         for q in generated:
             if q in state.dropped:
                 continue
-            mine = {a: v for (p, a), v in parts.items() if p == q and a not in state.dropped}
+            mine = {a: v for (p, a), v in parts.items() if p == q}
             if not mine:
                 sums[q] = ({}, 0)
                 continue
@@ -640,6 +644,53 @@ min_available_nodes, sampling_seed
             sums[q] = (self._secure_record(ret.to_bytes()), len(mine))
         log(INFO, "round %s: %d query sets answered securely", r, len(sums))
         return sums
+
+    def _secure_signs(
+        self,
+        grid: Grid,
+        state: RoundState,
+        k: int,
+        session: int,
+        active: dict[tuple[int, int], tuple[ServerSession, SessionDeal]],
+    ) -> dict[tuple[int, int], bytes]:
+        """Paper's DReLU: ``S -> Q`` ``drelu-z`` of step ``k``, ``Q -> S`` the sign shares."""
+        r = state.server_round
+        asks: dict[int, list[tuple[int, bytes]]] = {}
+        for (q, a), (run, _) in sorted(active.items()):
+            if not run.needs_querier(k):
+                continue
+            try:
+                data = run.to_querier(k)
+            except QuerierMessageError as err:
+                state.drop(q, f"step {k}: querier message: {err}")
+                continue
+            except ClientInputError as err:  # the answerer's openings of step k - 1
+                state.drop(a, f"step {k - 1}: answerer message: {err}")
+                continue
+            asks.setdefault(q, []).append((a, data))
+        contents = {}
+        for q, entries in asks.items():
+            entries = [(a, d) for a, d in entries if a not in state.dropped]
+            if q in state.dropped or not entries:
+                continue
+            req = SignRequest(self.secure_config, k, session, tuple(entries))
+            contents[q] = self._content(
+                self._phase("sign", r, q), **self._secure_record(req.to_bytes())
+            )
+            asks[q] = entries
+        signs: dict[tuple[int, int], bytes] = {}
+
+        def parse_sign(q: int, content: RecordDict) -> int:
+            reply = SignReply.from_bytes(self._secure_blob(content))
+            if {a for a, _ in reply.entries} != {a for a, _ in asks[q]}:
+                raise ClientInputError("the sign reply names other sessions")
+            for a, data in reply.entries:
+                signs[q, a] = data
+            return len(reply.entries)
+
+        if contents:
+            self._secure_send(grid, state, f"sign-{k}", contents, parse_sign)
+        return signs
 
     # -- evaluation -------------------------------------------------------------------------
     def _eval_metrics(self, node: int, content: RecordDict) -> dict[str, float]:

@@ -24,6 +24,8 @@ from flwr_fsl.mods.privhfl_secure import (
     QuerierState,
     RetrainRequest,
     SessionDeal,
+    SignReply,
+    SignRequest,
     StepEntry,
     StepReply,
     StepRequest,
@@ -48,6 +50,8 @@ def _examples() -> list[Any]:
         StepRequest(CFG, 2, 3, RUN, (StepEntry(5, b"data"), StepEntry(6, b""))),
         StepReply(((5, b"reply"), (6, b""))),
         RetrainRequest(CFG, 3, b"agg"),
+        SignRequest(PrivHFLConfig(relu="drelu"), 2, 3, ((7, b"z"), (9, b""))),
+        SignReply(((7, b"sign"),)),
         QuerierState(1, 1, 4, (QuerierSessionState(7, b"q" * 16, b"s" * 16, b"arch", 12),)),
     ]
 
@@ -91,10 +95,14 @@ def test_decoders_refuse_repeated_ids_empty_lists_and_bad_settings() -> None:
         RetrainRequest.from_bytes(bytes(data))
     with pytest.raises(WireFormatError, match="batch"):
         GenerateReply.from_bytes(GenerateReply(0, ()).to_bytes())
+    with pytest.raises(WireFormatError, match="at least one"):
+        SignRequest.from_bytes(SignRequest(CFG, 1, 1, ()).to_bytes())
+    with pytest.raises(WireFormatError, match="repeated"):
+        SignReply.from_bytes(SignReply(((1, b""), (1, b""))).to_bytes())
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 8), st.integers(0, 120), st.binary(min_size=1, max_size=12))
+@given(st.integers(0, 10), st.integers(0, 120), st.binary(min_size=1, max_size=12))
 def test_fuzzed_messages_decode_or_raise_client_input_error(
     which: int, at: int, noise: bytes
 ) -> None:

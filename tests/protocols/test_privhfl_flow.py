@@ -16,22 +16,21 @@ from flwr_fsl.protocols.privhfl import (
     PrivHFLConfig,
     PrivHFLMessageError,
     Querier,
-    ServerParty,
     SessionSeeds,
     agg_step,
     server_aggregate,
 )
 from flwr_fsl.protocols.privhfl_flow import (
     AnswererState,
+    ServerSession,
     answerer_open,
     answerer_step,
     architecture_from_bytes,
     architecture_to_bytes,
     querier_messages,
     querier_session,
+    querier_sign,
     schedule,
-    server_finish,
-    server_start,
     unheld_seed,
 )
 from flwr_fsl.protocols.secure_inference import (
@@ -42,6 +41,7 @@ from flwr_fsl.protocols.secure_inference import (
     error_bound,
     from_torch,
     plaintext_forward,
+    to_nhwc,
 )
 from flwr_fsl.wireformat import WireFormatError
 from tests.protocols.test_privhfl import LAYER_CASES, random_model, tiny_models
@@ -50,49 +50,53 @@ CFG = PrivHFLConfig(relu="dcf")
 
 
 def run_flow(
-    models: list[SecureModel], x: np.ndarray, session: int = 7, tamper_step: int | None = None
+    models: list[SecureModel],
+    x: np.ndarray,
+    session: int = 7,
+    tamper_step: int | None = None,
+    cfg: PrivHFLConfig = CFG,
 ) -> tuple[np.ndarray, tuple[int, ...], dict[int, str]]:
     """Q, S and every A_j exchange only bytes; A's state is re-decoded before every step."""
     rng = np.random.default_rng(5)
     seeds = [SessionSeeds(rng.bytes(16), rng.bytes(16), rng.bytes(16)) for _ in models]
     n = len(x)
     archs = [architecture_from_bytes(architecture_to_bytes(m.architecture)) for m in models]
-    encoded = Querier(CFG, {0: querier_session(CFG, archs[0], n, seeds[0], session, 0)}).encode(
-        x, archs[0]
-    )
+    encoded = cfg.codec().encode(to_nhwc(np.asarray(x, dtype=np.float64)))
     parts: dict[int, np.ndarray] = {}
     dropped: dict[int, str] = {}
     ops = {}
     for j, model in enumerate(models):
-        deals, ops[j] = querier_messages(CFG, archs[j], encoded, seeds[j], session)
+        deals, ops[j] = querier_messages(cfg, archs[j], encoded, seeds[j], session)
         s_seeds = SessionSeeds(
             unheld_seed(seeds[j].server_answerer, seeds[j].server_querier),
             seeds[j].server_answerer,
             seeds[j].server_querier,
         )
-        server = ServerParty(CFG, archs[j], n, s_seeds, session)
-        steps = schedule(archs[j], n)
-        assert len(deals) == len(steps)
-        server_start(server, steps, 0, deals[0])
+        server = ServerSession(cfg, archs[j], n, s_seeds, session, deals)
         state = answerer_open(
-            CFG, model, n, seeds[j].querier_answerer, seeds[j].server_answerer, session
+            cfg, model, n, seeds[j].querier_answerer, seeds[j].server_answerer, session
         ).to_bytes()
         try:
-            for k in range(1, len(steps)):
-                out = server_start(server, steps, k, deals[k])
-                new, reply = answerer_step(CFG, model, AnswererState.from_bytes(state), k, out)
+            for k in range(1, len(server.steps)):
+                sign = None
+                if server.needs_querier(k):
+                    sign = querier_sign(
+                        cfg, archs[j], n, seeds[j], session, k, server.to_querier(k)
+                    )
+                out = server.to_answerer(k, sign)
+                new, reply = answerer_step(cfg, model, AnswererState.from_bytes(state), k, out)
                 if tamper_step == k and j == 0:
                     reply = reply[:-8]  # a truncated answerer reply
                 state = new.to_bytes()
-                part = server_finish(server, steps, k, reply)
-            assert part is not None
-            parts[j] = part
+                server.from_answerer(k, reply)
+            assert server.part is not None
+            parts[j] = server.part
         except ClientInputError as err:
             dropped[j] = str(err)
     sessions = {
-        j: querier_session(CFG, archs[j], n, seeds[j], session, ops[j]) for j in range(len(models))
+        j: querier_session(cfg, archs[j], n, seeds[j], session, ops[j]) for j in range(len(models))
     }
-    q = Querier(CFG, sessions)
+    q = Querier(cfg, sessions)
     q.prepare_aggregation()
     agg = server_aggregate(parts, agg_step(session))
     logits, included = q.finish(agg, agg_step(session), (n, archs[0].num_outputs))
@@ -102,13 +106,23 @@ def run_flow(
 INTERACTIVE = sorted(c for c in LAYER_CASES if "avgpool" not in c)
 
 
+@pytest.mark.parametrize("relu", ["dcf", "drelu"])
 @pytest.mark.parametrize("case", INTERACTIVE)
-def test_every_layer_type_through_the_flow_matches_plaintext(case: str) -> None:
+def test_every_layer_type_through_the_flow_matches_plaintext(case: str, relu: str) -> None:
     arch = LAYER_CASES[case]
+    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    if relu == "drelu" and schedule(arch, 1)[1].kind == "compare":
+        with pytest.raises(ConfigurationError, match="linear layer before"):
+            run_flow(
+                [random_model(arch, np.random.default_rng(3))],
+                np.zeros((1, *arch.input_shape)),
+                cfg=cfg,
+            )
+        return
     rng = np.random.default_rng(3)
     model = random_model(arch, rng)
     x = rng.uniform(-1, 1, (3, *arch.input_shape))
-    logits, included, dropped = run_flow([model], x)
+    logits, included, dropped = run_flow([model], x, cfg=cfg)
     assert included == (0,) and not dropped
     bound = error_bound(model, 1.0)
     assert np.max(np.abs(logits - plaintext_forward(model, x))) <= bound
@@ -137,21 +151,24 @@ def test_random_mlps_through_the_flow_match_plaintext(
     assert np.max(np.abs(logits - plaintext_forward(model, x))) <= error_bound(model, 2.0)
 
 
-def test_heterogeneous_torch_models_sum_through_the_flow() -> None:
+@pytest.mark.parametrize("relu", ["dcf", "drelu"])
+def test_heterogeneous_torch_models_sum_through_the_flow(relu: str) -> None:
     nets = tiny_models()
     models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "cnn", "resnet")]
     x = np.random.default_rng(2).uniform(0, 1, (4, 1, 8, 8))
-    logits, included, _ = run_flow(models, x)
+    logits, included, _ = run_flow(models, x, cfg=PrivHFLConfig(relu=relu))  # type: ignore[arg-type]
     plain = sum(plaintext_forward(m, x) for m in models)
     assert included == (0, 1, 2)
     assert np.max(np.abs(logits - plain)) <= sum(error_bound(m, 1.0) for m in models)
 
 
-def test_malformed_step_message_drops_only_that_answerer() -> None:
+@pytest.mark.parametrize("relu", ["dcf", "drelu"])
+def test_malformed_step_message_drops_only_that_answerer(relu: str) -> None:
     nets = tiny_models()
     models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "mlp")]
     x = np.random.default_rng(2).uniform(0, 1, (2, 1, 8, 8))
-    logits, included, dropped = run_flow(models, x, tamper_step=2)
+    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    logits, included, dropped = run_flow(models, x, tamper_step=2, cfg=cfg)
     assert included == (1,) and set(dropped) == {0}
     assert np.max(np.abs(logits - plaintext_forward(models[1], x))) <= error_bound(models[1], 1.0)
 

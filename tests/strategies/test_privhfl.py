@@ -634,7 +634,11 @@ def _secure_run(
 
 @pytest.mark.parametrize(
     ("n", "fractions"),
-    [(3, {}), (5, {"fraction_train": 0.4, "fraction_answer": 0.5, "sampling_seed": 2})],
+    [
+        (3, {}),
+        (3, {"comparison": "drelu"}),
+        (5, {"fraction_train": 0.4, "fraction_answer": 0.5, "sampling_seed": 2}),
+    ],
 )
 def test_secure_answering_gives_the_plaintext_soft_labels(n: int, fractions: dict) -> None:
     # Same seeds: the same local models and queries; the secure arm's opened soft labels equal
@@ -643,7 +647,7 @@ def test_secure_answering_gives_the_plaintext_soft_labels(n: int, fractions: dic
     # with two answerers each, some nodes only answer, some answer two sessions at once).
     grid, spy, strategy, opened = _secure_run(n, **fractions)
     plain_grid, plain_spy = _grid(n)
-    plain = _strategy(num_queries=6, pool_size=30, **fractions)
+    plain = _strategy(num_queries=6, pool_size=30, **fractions)  # comparison: unused here
     plain.run(plain_grid, num_rounds=1)
     assert not strategy.dropped.get(1)
     retrained = [q for q in plain_grid.get_node_ids() if "retrain" in _phases(plain_spy, q)]
@@ -677,14 +681,15 @@ def _blobs_seen(spy: Spy) -> list[bytes]:
     return out
 
 
-def test_secure_server_view_holds_no_query_and_no_logits() -> None:
-    grid, spy, strategy, opened = _secure_run(3)
+@pytest.mark.parametrize("comparison", ["dcf", "drelu"])
+def test_secure_server_view_holds_no_query_and_no_logits(comparison: str) -> None:
+    grid, spy, strategy, opened = _secure_run(3, comparison=comparison)
     codec = strategy.secure_config.codec()
     blobs = _blobs_seen(spy)
     assert blobs
     for node, entries in spy.log.items():
         for e in entries:
-            if e["phase"] in ("keys", "generate", "step", "retrain"):
+            if e["phase"] in ("keys", "generate", "step", "sign", "retrain"):
                 for content in (e["msg"].content, e["reply"].content):
                     assert not content.array_records, (node, e["phase"])  # no image, no logit
     for q in opened:
@@ -703,8 +708,11 @@ def test_secure_server_view_holds_no_query_and_no_logits() -> None:
             assert logits.astype(np.float32).tobytes() not in blob
 
 
-def test_secure_malformed_answerer_reply_drops_only_that_answerer() -> None:
-    grid, spy, strategy, opened = _secure_run(3, mods=[_tamper(2, "step", _truncate_secure)])
+@pytest.mark.parametrize("comparison", ["dcf", "drelu"])
+def test_secure_malformed_answerer_reply_drops_only_that_answerer(comparison: str) -> None:
+    grid, spy, strategy, opened = _secure_run(
+        3, mods=[_tamper(2, "step", _truncate_secure)], comparison=comparison
+    )
     bad = 1002
     assert bad in strategy.dropped[1] and "step" in strategy.dropped[1][bad]
     assert sorted(opened) == [1000, 1001]
@@ -726,7 +734,7 @@ def test_secure_malformed_answerer_reply_drops_only_that_answerer() -> None:
 
 def test_secure_settings_are_validated() -> None:
     with pytest.raises(ConfigurationError, match="comparison"):
-        _strategy(answering="secure", comparison="drelu")
+        _strategy(answering="secure", comparison="gc")
     with pytest.raises(ConfigurationError, match="secure settings"):
         _strategy(answering="secure", frac_bits=40, bound_bits=30)
 
@@ -736,13 +744,24 @@ def _truncate_secure(content: RecordDict) -> RecordDict:
     return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob[:-8]})})
 
 
-@pytest.mark.parametrize("phase", ["keys", "generate"])
-def test_secure_malformed_querier_or_key_reply_drops_only_that_node(phase: str) -> None:
-    _, spy, strategy, opened = _secure_run(3, mods=[_tamper(1, phase, _truncate_secure)])
+@pytest.mark.parametrize(
+    ("phase", "comparison"), [("keys", "dcf"), ("generate", "dcf"), ("sign", "drelu")]
+)
+def test_secure_malformed_querier_or_key_reply_drops_only_that_node(
+    phase: str, comparison: str
+) -> None:
+    _, spy, strategy, opened = _secure_run(
+        3, mods=[_tamper(1, phase, _truncate_secure)], comparison=comparison
+    )
     bad = 1001
     assert phase in strategy.dropped[1][bad]
     assert sorted(opened) == [1000, 1002]  # each answered by the other alone
-    assert all(e["phase"] not in ("step", "retrain") for e in spy.log[bad])
+    phases = _phases(spy, bad)
+    assert "retrain" not in phases
+    if phase == "sign":  # it answered step 1, then left at the first comparison
+        assert phases.count("step") == 1 and phases[-2:] == ["sign", "evaluate"]
+    else:
+        assert "step" not in phases
     for q in opened:
         ret = spy.one(q, "retrain")["msg"].content[PRIVHFL_KEY]
         assert PhaseConfig.from_record(ret).answerers == 1
