@@ -688,6 +688,8 @@ class PrivHFLClient:
             me = client_party(context.node_id)
             states: dict[str, bytes] = {}
             for e in request.entries:
+                if e.batch > self.max_answer:
+                    raise ClientInputError("a session holds more queries than this node answers")
                 qa = open_from(
                     keypair, e.sealed_seed, purpose=SEED_PURPOSE, binding=bind,
                     sender=client_party(e.querier), recipient=me,

@@ -6,6 +6,11 @@ sends are what ``generate`` makes from its model and data; each answerer's logit
 model's logits on exactly the query sets the server assigned it; the sum a querier receives is
 the sum of its answerers' rows; and the re-trained model is ``retrain`` on the queries with
 ``softmax(sum / T)`` — bit for bit (one torch thread, seeded).
+
+The secure arm (``answering="secure"``, DCF and the paper's DReLU) is checked against the
+plaintext arm run with the same seeds: equal soft labels within the fixed-point error, no query
+or logit in any message, no key, share or seed left in a client's state, and a malformed reply
+(keys, generate, step, sign) drops only the node that sent it.
 """
 
 from __future__ import annotations
