@@ -39,6 +39,10 @@ Usage::
     python benchmarks/width_accuracy.py --datasets fashion     # ~8 min
     python benchmarks/width_accuracy.py --report               # table + PNG of the saved runs
     python benchmarks/width_accuracy.py --quick                # seconds: smoke test
+    python benchmarks/width_accuracy.py --model cnn --rounds 15 --run-config sesa-privacy=2
+
+The CNN's two conv layers form a *pair* group of ``S² = 16`` shard pairs, so SESA needs
+``16 + T`` clients in every phase: at 20 users (18 per round) ``T`` must be at most 2.
 """
 
 from __future__ import annotations
@@ -85,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", action="store_true", help="only print and plot saved runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--tag", default="", help="suffix of the file names (e.g. u100)")
+    p.add_argument(
+        "--run-config",
+        action="append",
+        default=[],
+        help="more app settings, key=value (e.g. sesa-privacy=2 for the CNN)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.users, args.rounds, args.samples, args.test_size = 10, 2, 64, 500
@@ -181,7 +191,7 @@ def run_dataset(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "test-size": args.test_size,
         "seed": args.seed,
     }
-    config = {**app_run_config(), **overrides}
+    config = {**app_run_config(args.run_config), **overrides}
     print(f"\n##### {dataset} {args.model}: {args.users} users, {args.rounds} rounds #####")
     started = time.perf_counter()
     result = run_experiment(InProcessGrid(client_app, args.users, config), config)
