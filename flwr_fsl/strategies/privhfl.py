@@ -593,7 +593,11 @@ min_available_nodes, sampling_seed
             for (q, a), (run, deal) in sorted(active.items()):
                 if q in state.dropped or a in state.dropped:
                     continue
-                data = run.to_answerer(k, signs.get((q, a)))
+                try:
+                    data = run.to_answerer(k, signs.get((q, a)))
+                except ClientInputError as err:  # Q's deal (or sign share) for this step
+                    state.drop(q, f"step {k}: querier message: {err}")
+                    continue
                 entry = (
                     StepEntry(q, data, deal.sealed_seed, sa[q, a], run.batch)
                     if k == 1

@@ -15,6 +15,7 @@ or logit in any message, no key, share or seed left in a client's state, and a m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Any
@@ -44,6 +45,7 @@ from flwr_fsl.mods.privhfl import (
     read_logits,
     read_queries,
 )
+from flwr_fsl.mods.privhfl_secure import GenerateReply
 from flwr_fsl.strategies.privhfl import PrivHFL
 from flwr_fsl.submodel.queries import softmax
 from flwr_fsl.testing import InProcessGrid
@@ -775,3 +777,25 @@ def test_secure_malformed_querier_or_key_reply_drops_only_that_node(
 def test_secure_drelu_and_unknown_answering_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="answering"):
         _strategy(answering="homomorphic")
+
+
+def _bad_deal(content: RecordDict) -> RecordDict:
+    """A well-formed generate reply whose deal of step 2 is cut short (found only at step 2)."""
+    reply = GenerateReply.from_bytes(content.config_records["fsl.privhfl.secure"]["blob"])
+    sessions = tuple(
+        dataclasses.replace(s, messages=(*s.messages[:2], s.messages[2][:-8], *s.messages[3:]))
+        for s in reply.sessions
+    )
+    blob = GenerateReply(reply.batch, sessions).to_bytes()
+    return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob})})
+
+
+@pytest.mark.parametrize("comparison", ["dcf", "drelu"])
+def test_secure_malformed_deal_drops_only_that_querier(comparison: str) -> None:
+    _, spy, strategy, opened = _secure_run(
+        3, mods=[_tamper(1, "generate", _bad_deal)], comparison=comparison
+    )
+    bad = 1001
+    assert "step 2: querier message" in strategy.dropped[1][bad]
+    assert sorted(opened) == [1000, 1002]
+    assert "retrain" not in _phases(spy, bad)
