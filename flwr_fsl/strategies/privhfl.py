@@ -521,7 +521,12 @@ min_available_nodes, sampling_seed
             arch = architecture_from_bytes(reply.architecture)
             if arch.input_shape != self.image_shape or arch.num_outputs != self.num_classes:
                 raise ClientInputError("the advertised architecture does not fit the queries")
-            schedule(arch, 1)  # it must have an interactive op
+            try:
+                steps = schedule(arch, 1)  # it must have an interactive op ...
+            except ConfigurationError as err:
+                raise ClientInputError(f"the advertised architecture: {err}") from err
+            if cfg.relu == "drelu" and steps[1].kind == "compare":  # ... and a linear one first
+                raise ClientInputError("DReLU needs a linear layer before the first comparison")
             return reply.public_key, reply.architecture, arch
 
         keys = self._secure_send(

@@ -45,7 +45,15 @@ from flwr_fsl.mods.privhfl import (
     read_logits,
     read_queries,
 )
-from flwr_fsl.mods.privhfl_secure import GenerateReply
+from flwr_fsl.mods.privhfl_secure import GenerateReply, KeysReply
+from flwr_fsl.protocols.privhfl_flow import architecture_to_bytes
+from flwr_fsl.protocols.secure_inference import (
+    Architecture,
+    AvgPool2d,
+    Flatten,
+    Linear,
+    MaxPool2d,
+)
 from flwr_fsl.strategies.privhfl import PrivHFL
 from flwr_fsl.submodel.queries import softmax
 from flwr_fsl.testing import InProcessGrid
@@ -799,3 +807,22 @@ def test_secure_malformed_deal_drops_only_that_querier(comparison: str) -> None:
     assert "step 2: querier message" in strategy.dropped[1][bad]
     assert sorted(opened) == [1000, 1002]
     assert "retrain" not in _phases(spy, bad)
+
+
+@pytest.mark.parametrize("comparison", ["dcf", "drelu"])
+def test_secure_unfit_architecture_drops_that_answerer_at_keys(comparison: str) -> None:
+    # node 1001 advertises a pooling-first model: no interactive op (both) / a comparison
+    # before any linear layer (the paper's DReLU over messages)
+    local_only = (AvgPool2d(4), Flatten())  # 4 outputs, nothing interactive
+    compare_first = (MaxPool2d(2), Flatten(), Linear(16, CLASSES))
+    layers = local_only if comparison == "dcf" else compare_first
+    arch = architecture_to_bytes(Architecture(SHAPE, layers))
+
+    def unfit(content: RecordDict) -> RecordDict:
+        reply = KeysReply.from_bytes(content.config_records["fsl.privhfl.secure"]["blob"])
+        blob = KeysReply(reply.public_key, arch).to_bytes()
+        return RecordDict({"fsl.privhfl.secure": ConfigRecord({"blob": blob})})
+
+    _, _, strategy, opened = _secure_run(3, mods=[_tamper(1, "keys", unfit)], comparison=comparison)
+    assert "keys" in strategy.dropped[1][1001]
+    assert sorted(opened) == [1000, 1002]
