@@ -1,0 +1,1 @@
+"""privhfl-fmnist: PrivHFL (heterogeneous models learning through queries) in a Flower app."""

@@ -1,0 +1,130 @@
+"""examples/privhfl-fmnist on the in-process grid, tiny: both answering arms complete.
+
+- The ServerApp's ``main`` with the app's own run config (three architectures by
+  ``partition-id``, mixup queries, plaintext answering) on a few Fashion-MNIST images per
+  client: one round, nobody dropped, every node's accuracy recorded before (after its local
+  training) and after re-training, the architectures told apart, the report printed.
+- The secure arm (DCF comparison) of the same app against its plaintext arm with the same
+  seeds (so the same local models and queries): each querier's opened soft labels equal
+  softmax of the plaintext logit sums within the fixed-point error. MLP clients keep this
+  seconds-fast; every layer type and the CNNs through the secure flow, the DReLU arm and the
+  views of each party are covered by ``tests/strategies/test_privhfl.py`` (``-k secure``) and
+  ``tests/protocols/test_privhfl*.py``, not repeated here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Context
+
+from flwr_fsl.mods.privhfl import PrivHFLClient
+from flwr_fsl.testing import InProcessGrid
+from tests.prepared_data import require_prepared
+
+APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "privhfl-fmnist"
+TINY: dict[str, Any] = {
+    "samples-per-client": 40,
+    "test-size": 100,
+    "local-epochs": 1,
+    "retrain-epochs": 1,
+    "pool-size": 60,
+    "num-queries": 4,
+    "secure-queries": 4,
+}
+
+Example = tuple[ModuleType, ModuleType, ModuleType, ModuleType]
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[Example]:
+    require_prepared("fashion")
+    sys.path.insert(0, str(APP_DIR))
+    try:
+        from privhfl_fmnist import client_app, local, server_app, task
+
+        yield client_app, server_app, local, task
+    finally:
+        sys.path.remove(str(APP_DIR))
+
+
+def _config(local: ModuleType, **overrides: Any) -> dict[str, Any]:
+    return {**local.app_run_config(), **TINY, **overrides}
+
+
+def test_main_runs_and_records_accuracy_before_and_after(
+    example: Example, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client_app, server_app, local, _ = example
+    config = _config(local)
+    assert callable(server_app.main)
+    assert config["answering"] == "plaintext" and config["expansion"] == "mixup"
+    grid = InProcessGrid(client_app.app, 3, config)
+    report = server_app.run_experiment(grid, config)
+    out = capsys.readouterr().out
+    strategy = report.strategy
+    assert not strategy.failed_rounds and not strategy.dropped.get(1)
+    assert set(report.before) == set(report.after) == set(grid.get_node_ids())
+    assert all(0.0 <= a <= 1.0 for a in report.before.values())
+    assert sorted(report.arch.values()) == ["resnet10", "resnet8", "vgg7"]
+    assert all(0.0 <= a <= 1.0 for a in report.after.values())
+    phases = [t.phase for t in strategy.rounds[1].traffic]
+    assert {"generate", "answer", "retrain", "evaluate"} <= set(phases)
+    assert {"local", "evaluate-local"} <= set(phases)  # round 1 starts with local training
+    assert "vgg7" in out and "resnet8" in out and "resnet10" in out
+    assert "mean all" in out and "what each party learned (plaintext answering)" in out
+    assert "every query image" in out and "dropped: none" in out
+
+
+def test_settings_are_validated(example: Example) -> None:
+    _, _, local, task = example
+    for bad in ({"archs": "vgg7,lenet"}, {"answering": "fhe"}, {"num-queries": 10_000},
+                {"dataset": "cifar"}, {"fraction-answer": 0.0}):  # fmt: skip
+        with pytest.raises(ValueError, match="invalid run config"):
+            task.Settings.from_run_config(_config(local, **bad))
+    with pytest.raises(ValueError):
+        local.app_run_config(["no-such-key=1"])
+
+
+def test_secure_arm_soft_labels_equal_the_plaintext_arm(
+    example: Example, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client_app, server_app, local, _ = example
+    opened: dict[str, dict[int, np.ndarray]] = {"plaintext": {}, "secure": {}}
+
+    def spy(name: str, arm: str) -> None:
+        original = getattr(PrivHFLClient, name)
+
+        def wrapped(self: PrivHFLClient, msg: Any, context: Context, config: Any) -> Any:
+            x, soft = original(self, msg, context, config)
+            if soft is not None:
+                opened[arm][context.node_id] = soft
+            return x, soft
+
+        monkeypatch.setattr(PrivHFLClient, name, wrapped)
+
+    spy("_soft_labels", "plaintext")
+    spy("_secure_soft_labels", "secure")
+    reports = {}
+    for arm in ("plaintext", "secure"):
+        config = _config(local, archs="mlp", answering=arm)
+        grid = InProcessGrid(client_app.app, 3, config)
+        reports[arm] = server_app.run_experiment(grid, config)
+        assert not reports[arm].strategy.dropped.get(1), arm
+    assert set(reports["secure"].before) == set(reports["plaintext"].before)
+    # the same local models (same seeds, no answering yet)
+    assert reports["secure"].before == reports["plaintext"].before
+    assert sorted(opened["secure"]) == sorted(opened["plaintext"]) and len(opened["secure"]) == 3
+    for node, soft in opened["secure"].items():
+        plain = opened["plaintext"][node]
+        assert soft.shape == plain.shape == (4, 10)
+        np.testing.assert_allclose(soft, plain, atol=1e-4)
+    secure_phases = {t.phase for t in reports["secure"].strategy.rounds[1].traffic}
+    assert {"keys", "generate", "step-1", "retrain"} <= secure_phases
+    assert "answer" not in secure_phases
