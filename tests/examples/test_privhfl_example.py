@@ -1,15 +1,15 @@
 """examples/privhfl-fmnist on the in-process grid, tiny: both answering arms complete.
 
-- The ServerApp's ``main`` with the app's own run config (three architectures by
+- The ServerApp's ``run_experiment`` with the app's own run config (three architectures by
   ``partition-id``, mixup queries, plaintext answering) on a few Fashion-MNIST images per
   client: one round, nobody dropped, every node's accuracy recorded before (after its local
   training) and after re-training, the architectures told apart, the report printed.
-- The secure arm (DCF comparison) of the same app against its plaintext arm with the same
-  seeds (so the same local models and queries): each querier's opened soft labels equal
-  softmax of the plaintext logit sums within the fixed-point error. MLP clients keep this
-  seconds-fast; every layer type and the CNNs through the secure flow, the DReLU arm and the
-  views of each party are covered by ``tests/strategies/test_privhfl.py`` (``-k secure``) and
-  ``tests/protocols/test_privhfl*.py``, not repeated here.
+- The secure arm (DCF comparison, and the paper's DReLU) of the same app against its
+  plaintext arm with the same seeds (so the same local models and queries): each querier's
+  opened soft labels equal softmax of the plaintext logit sums within the fixed-point error.
+  MLP clients keep this seconds-fast; every layer type and the CNNs through the secure flow,
+  and the views of each party, are covered by ``tests/strategies/test_privhfl.py``
+  (``-k secure``) and ``tests/protocols/test_privhfl*.py``, not repeated here.
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def test_settings_are_validated(example: Example) -> None:
         local.app_run_config(["no-such-key=1"])
 
 
+@pytest.mark.parametrize("comparison", ["dcf", "drelu"])
 def test_secure_arm_soft_labels_equal_the_plaintext_arm(
-    example: Example, monkeypatch: pytest.MonkeyPatch
+    example: Example, monkeypatch: pytest.MonkeyPatch, comparison: str
 ) -> None:
     client_app, server_app, local, _ = example
     opened: dict[str, dict[int, np.ndarray]] = {"plaintext": {}, "secure": {}}
@@ -113,7 +114,7 @@ def test_secure_arm_soft_labels_equal_the_plaintext_arm(
     spy("_secure_soft_labels", "secure")
     reports = {}
     for arm in ("plaintext", "secure"):
-        config = _config(local, archs="mlp", answering=arm)
+        config = _config(local, archs="mlp", answering=arm, comparison=comparison)
         grid = InProcessGrid(client_app.app, 3, config)
         reports[arm] = server_app.run_experiment(grid, config)
         assert not reports[arm].strategy.dropped.get(1), arm
