@@ -129,6 +129,30 @@ def _assert_trained(run_id: str, status: str, logs: str, rounds: int = ROUNDS) -
     assert "secure aggregation with S1 failed" not in logs, logs[-4000:]
 
 
+def _open_sessions(log_text: str) -> int:
+    """Sessions S1's log shows opened and not (yet) closed."""
+    return len(re.findall(r"session \w+ opened", log_text)) - len(
+        re.findall(r"session \w+ closed", log_text)
+    )
+
+
+def _wait_until_only_leaked_sessions_are_open(
+    helper: dict[str, str], timeout_s: float = 60.0
+) -> None:
+    """Wait until the only sessions open on S1 are those of runs Ray killed (see RETRIES).
+
+    A run whose ServerApp process is stopped by Flower (a Ray start-up failure) cannot close
+    its session: it stays open on S1 until S1's idle expiry.
+    """
+    log = Path(helper["log"])
+    deadline = time.monotonic() + timeout_s
+    while _open_sessions(text := log.read_text()) > len(RETRIES):
+        assert time.monotonic() < deadline, (
+            f"a finished run left its S1 session open:\n{text[-3000:]}"
+        )
+        time.sleep(0.2)
+
+
 def test_one_helper_serves_runs_one_after_another_and_at_once(
     superlinks: tuple[dict[str, str], dict[str, str]], helper: dict[str, str]
 ) -> None:
@@ -137,6 +161,10 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
     # One after another through the same SuperLink and the same S1.
     for seed in (1, 2):
         _assert_trained(*_run(superlink, helper, seed))
+        # `flwr ls` may report the run finished a moment before its ServerApp process has closed
+        # its S1 session: wait for the close, so the next run's session is alone on S1.
+        _wait_until_only_leaked_sessions_are_open(helper)
+    sequential_retries = len(RETRIES)
     # Two at once, each through its own SuperLink, against the same S1. The second starts once
     # the first has opened a round on S1 (its Ray cluster is up): two Ray clusters booting at
     # the same instant on a 2-core machine can miss Ray's fixed 30 s raylet start-up wait. The
@@ -148,10 +176,11 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
     def submit(index: int, env: dict[str, str]) -> None:
         results[index] = _run(env, helper, 10 + index, rounds[index])
 
+    opened_before = Path(helper["log"]).read_text().count("round 1 opened")
     first = threading.Thread(target=submit, args=(0, superlink))
     first.start()
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while Path(helper["log"]).read_text().count("round 1 opened") < 3:
+    while Path(helper["log"]).read_text().count("round 1 opened") <= opened_before:
         assert first.is_alive() and time.monotonic() < deadline, (
             f"the first concurrent run did not open a round on S1: {results.get(0, ('', ''))[:2]}"
             f"\n{Path(helper['log']).read_text()[-3000:]}"
@@ -168,6 +197,10 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
     opened = [int(n) for n in re.findall(r"session \w+ opened \((\d+) open\)", helper_log)]
     runs = 4 + len(RETRIES)  # a resubmitted run opened a session of its own
     assert len(opened) == runs, helper_log[-4000:]  # one session per run
-    assert opened[0] == 1 and opened[1] == 1, helper_log[-4000:]  # sequential: each alone
-    assert 2 in opened[2:], helper_log[-4000:]  # the concurrent runs' sessions were open at once
-    assert helper_log.count("closed") >= runs, helper_log[-4000:]  # every run ended its session
+    # Sequential: each alone, apart from sessions of runs Ray killed before they could close.
+    sequential = 2 + sequential_retries
+    assert max(opened[:sequential]) <= 1 + sequential_retries, helper_log[-4000:]
+    # The concurrent runs' sessions were open at once.
+    assert max(opened[sequential:]) >= 2 + sequential_retries, helper_log[-4000:]
+    # Every run ended its session (a run Ray killed could not).
+    assert helper_log.count("closed") >= runs - len(RETRIES), helper_log[-4000:]
