@@ -13,7 +13,11 @@ import os
 import subprocess
 import sys
 import zipfile
+from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
 
 CACHE_ENV = "FLWR_FSL_CACHE"
 DEFAULT_CACHE = Path("~/.cache/flwr_fsl")
@@ -151,10 +155,31 @@ def atomic_savez(path: Path, **arrays: object) -> None:
     **arrays : object
         The arrays to store (numpy arrays; no object arrays).
     """
-    import numpy as np
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
         np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
+
+
+@lru_cache(maxsize=4)
+def load_image_split(
+    path: str, mtime_ns: int
+) -> tuple[NDArray[np.float32] | NDArray[np.int64], ...]:
+    """Load a prepared 28x28 image split once per process and file version (read-only arrays).
+
+    The ``.npz`` holds ``x_train``/``x_test`` as bytes and ``y_train``/``y_test``; images come
+    back as float32 ``byte / 256`` (in ``[0, 1)``), labels as int64. ``mtime_ns`` is only part
+    of the cache key, so a re-prepared file is read again. MNIST and Fashion-MNIST share it.
+    """
+    del mtime_ns
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = (
+            npz["x_train"].astype(np.float32) / np.float32(256.0),
+            npz["y_train"].astype(np.int64),
+            npz["x_test"].astype(np.float32) / np.float32(256.0),
+            npz["y_test"].astype(np.int64),
+        )
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays

@@ -29,14 +29,13 @@ import subprocess
 import tarfile
 import tempfile
 import zlib
-from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cache import atomic_savez, cache_dir, require_cached
+from ._cache import atomic_savez, cache_dir, load_image_split, require_cached
 
 __all__ = [
     "FASHION_CLASSES",
@@ -481,22 +480,6 @@ def prepare_fashion(root: Path | None = None, force: bool = False) -> Path:
     return out
 
 
-@lru_cache(maxsize=2)
-def _load_cached(path: str, mtime_ns: int) -> tuple[NDArray[np.float32] | NDArray[np.int64], ...]:
-    """Load and convert the ``.npz`` once per process and file version (read-only)."""
-    del mtime_ns  # part of the cache key only
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = (
-            npz["x_train"].astype(np.float32) / np.float32(256.0),
-            npz["y_train"].astype(np.int64),
-            npz["x_test"].astype(np.float32) / np.float32(256.0),
-            npz["y_test"].astype(np.int64),
-        )
-    for array in arrays:
-        array.setflags(write=False)
-    return arrays
-
-
 def load_fashion(
     root: Path | None = None,
 ) -> tuple[NDArray[np.float32], NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
@@ -522,5 +505,5 @@ def load_fashion(
     """
     path = require_cached(fashion_path(root), "fashion")
     resolved = path.resolve()
-    x_train, y_train, x_test, y_test = _load_cached(str(resolved), resolved.stat().st_mtime_ns)
+    x_train, y_train, x_test, y_test = load_image_split(str(resolved), resolved.stat().st_mtime_ns)
     return x_train, y_train, x_test, y_test  # type: ignore[return-value]
