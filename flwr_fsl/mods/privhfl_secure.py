@@ -133,6 +133,21 @@ def _ids_unique(ids: list[int], what: str) -> None:
         raise WireFormatError(f"{what}: repeated node id")
 
 
+def _write_node_bytes(w: Writer, entries: tuple[tuple[int, bytes], ...]) -> None:
+    w.count(len(entries))
+    for node, data in entries:
+        w.u64(node)
+        w.raw(data)
+
+
+def _read_node_bytes(r: Reader, node: str, what: str) -> tuple[tuple[int, bytes], ...]:
+    """Read ``(node id, bytes)`` entries; node ids must be distinct."""
+    n = r.count("entries", 12)
+    entries = tuple((r.u64(node), r.raw("data")) for _ in range(n))
+    _ids_unique([i for i, _ in entries], what)
+    return entries
+
+
 def binding(
     run_session: bytes, server_round: int, config: PrivHFLConfig, session: int
 ) -> RoundBinding:
@@ -370,20 +385,15 @@ class StepReply:
     def to_bytes(self) -> bytes:
         """Encode."""
         w = _start(K_STEP_REP)
-        w.count(len(self.entries))
-        for q, data in self.entries:
-            w.u64(q)
-            w.raw(data)
+        _write_node_bytes(w, self.entries)
         return w.payload()
 
     @classmethod
     def from_bytes(cls, data: object) -> StepReply:
         """Decode strictly (distinct querier ids)."""
         r = _open(data, K_STEP_REP, "a PrivHFL step reply")
-        n = r.count("entries", 12)
-        entries = tuple((r.u64("querier"), r.raw("data")) for _ in range(n))
+        entries = _read_node_bytes(r, "querier", "step reply")
         r.done()
-        _ids_unique([q for q, _ in entries], "step reply")
         return cls(entries)
 
 
@@ -402,10 +412,7 @@ class SignRequest:
         _write_config(w, self.config)
         w.u32(self.step)
         w.u32(self.session)
-        w.count(len(self.entries))
-        for a, data in self.entries:
-            w.u64(a)
-            w.raw(data)
+        _write_node_bytes(w, self.entries)
         return w.payload()
 
     @classmethod
@@ -414,12 +421,10 @@ class SignRequest:
         r = _open(data, K_SIGN_REQ, "a PrivHFL sign request")
         config = _read_config(r)
         step, session = r.u32("step"), r.u32("session")
-        n = r.count("entries", 12)
-        entries = tuple((r.u64("answerer"), r.raw("data")) for _ in range(n))
+        entries = _read_node_bytes(r, "answerer", "sign request")
         r.done()
         if step < 1 or not entries:
             raise WireFormatError("a sign request needs step >= 1 and at least one entry")
-        _ids_unique([a for a, _ in entries], "sign request")
         return cls(config, step, session, entries)
 
 
@@ -432,20 +437,15 @@ class SignReply:
     def to_bytes(self) -> bytes:
         """Encode."""
         w = _start(K_SIGN_REP)
-        w.count(len(self.entries))
-        for a, data in self.entries:
-            w.u64(a)
-            w.raw(data)
+        _write_node_bytes(w, self.entries)
         return w.payload()
 
     @classmethod
     def from_bytes(cls, data: object) -> SignReply:
         """Decode strictly (distinct answerer ids)."""
         r = _open(data, K_SIGN_REP, "a PrivHFL sign reply")
-        n = r.count("entries", 12)
-        entries = tuple((r.u64("answerer"), r.raw("data")) for _ in range(n))
+        entries = _read_node_bytes(r, "answerer", "sign reply")
         r.done()
-        _ids_unique([a for a, _ in entries], "sign reply")
         return cls(entries)
 
 
