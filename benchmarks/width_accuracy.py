@@ -62,7 +62,13 @@ sys.path.insert(0, str(APP_DIR))
 
 from width_mnist.client_app import app as client_app  # noqa: E402
 from width_mnist.local import app_run_config  # noqa: E402
-from width_mnist.server_app import LABELS, accuracy_rows, accuracy_table, run_experiment  # noqa: E402
+from width_mnist.server_app import (  # noqa: E402
+    LABELS,
+    accuracy_rows,
+    accuracy_table,
+    best,
+    run_experiment,
+)
 from width_mnist.task import Settings, client_data  # noqa: E402
 
 from flwr_fsl.submodel.width import CapacityMix  # noqa: E402
@@ -86,6 +92,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test-size", type=int, default=0, help="0 = all 10,000 test images")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--quick", action="store_true", help="6 users, 2 rounds, 64 samples")
+    p.add_argument(
+        "--engine",
+        default="flower",
+        choices=["flower", "batched"],
+        help="flower: the example's apps on the in-process grid; batched: its plaintext twin "
+        "(width_mnist.batched, MLP only), fast enough for hundreds of rounds at 100 users",
+    )
+    p.add_argument("--eval-every", type=int, default=1, help="batched: evaluate every K rounds")
+    p.add_argument("--threads", type=int, default=1, help="batched: torch threads")
     p.add_argument("--report", action="store_true", help="only print and plot saved runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--tag", default="", help="suffix of the file names (e.g. u100)")
@@ -100,6 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.users, args.rounds, args.samples, args.test_size = 10, 2, 64, 500
     if args.users < 2 or args.rounds < 1 or args.samples < 1 or args.test_size < 0:
         p.error("need --users >= 2, --rounds >= 1, --samples >= 1, --test-size >= 0")
+    if args.eval_every < 1 or args.threads < 1:
+        p.error("need --eval-every >= 1 and --threads >= 1")
+    if args.engine == "batched" and args.model != "mlp":
+        p.error("--engine batched covers the MLP only")
     return args
 
 
@@ -192,19 +211,30 @@ def run_dataset(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "seed": args.seed,
     }
     config = {**app_run_config(args.run_config), **overrides}
-    print(f"\n##### {dataset} {args.model}: {args.users} users, {args.rounds} rounds #####")
-    started = time.perf_counter()
-    result = run_experiment(InProcessGrid(client_app, args.users, config), config)
-    seconds = time.perf_counter() - started
-    rows = accuracy_rows(result.record)
-    initial = result.record.arms[0].initial_metrics.get("accuracy")
-    return {
+    print(
+        f"\n##### {dataset} {args.model}: {args.users} users, {args.rounds} rounds "
+        f"({args.engine}) #####",
+        flush=True,
+    )
+    saved = {
         "benchmark": "width_accuracy",
+        "engine": args.engine,
         "dataset": dataset,
         "model": args.model,
         "users": args.users,
         "rounds": args.rounds,
         "run_config": config,
+        "machine": f"{platform.machine()}, {platform.python_version()}",
+    }
+    started = time.perf_counter()
+    if args.engine == "batched":
+        return {**saved, **run_batched_dataset(args, config, started)}
+    result = run_experiment(InProcessGrid(client_app, args.users, config), config)
+    seconds = time.perf_counter() - started
+    rows = accuracy_rows(result.record)
+    initial = result.record.arms[0].initial_metrics.get("accuracy")
+    return {
+        **saved,
         "initial_accuracy": None if initial is None else 100 * initial,
         "rows": rows,
         "arm_seconds": {r.arm.key: r.record.seconds for r in result.runs},
@@ -212,7 +242,52 @@ def run_dataset(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
             r.arm.key: sorted(getattr(r.strategy, "failed_rounds", {})) for r in result.runs
         },
         "seconds": seconds,
-        "machine": f"{platform.machine()}, {platform.python_version()}",
+    }
+
+
+def run_batched_dataset(
+    args: argparse.Namespace, config: dict[str, Any], started: float
+) -> dict[str, Any]:
+    """Run the batched twin (``width_mnist.batched``); save the curves at every evaluation.
+
+    The partial file (``*.partial.json`` beside the result) lets a run cut short be reported.
+    """
+    import torch
+    from width_mnist.batched import run_batched
+
+    torch.set_num_threads(args.threads)
+    settings = Settings.from_run_config(config)
+    arms = [a for a in args.arms.split(",") if a]
+    partial = result_path(args.out, args.model, config["dataset"], args.tag)
+    partial = partial.with_suffix(".partial.json")
+
+    def rows_of(curves: dict[str, list[float | None]]) -> list[dict[str, Any]]:
+        rows = []
+        for arm, curve in curves.items():
+            top, at = best(curve)
+            final = next((v for v in reversed(curve) if v is not None), None)
+            rows.append(
+                {"arm": arm, "label": LABELS[arm], "final": final, "max": top,
+                 "max_round": at, "aggregated": len(curve), "curve": list(curve)}
+            )  # fmt: skip
+        return rows
+
+    def progress(rnd: int, run: Any) -> None:
+        line = "  ".join(f"{a} {c[-1]:.2f}" for a, c in run.curves.items())
+        print(f"round {rnd:>4} ({time.perf_counter() - started:>6.0f} s): {line}", flush=True)
+        snapshot = {"rows": rows_of(run.curves), "rounds_done": rnd,
+                    "seconds": time.perf_counter() - started}  # fmt: skip
+        partial.write_text(json.dumps(snapshot))
+
+    run = run_batched(settings, args.users, arms, args.eval_every, progress)
+    partial.unlink(missing_ok=True)
+    return {
+        "eval_every": args.eval_every,
+        "initial_accuracy": None,
+        "rows": rows_of(run.curves),
+        "arm_seconds": run.seconds,
+        "failed_rounds": {a: [] for a in arms},
+        "seconds": time.perf_counter() - started,
     }
 
 

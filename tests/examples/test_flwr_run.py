@@ -1,4 +1,4 @@
-"""Real ``flwr run``s on a tiny setting (Ray simulation): topk-mnist and secagg-mnist.
+"""Real ``flwr run``s on a tiny setting (Ray simulation): topk-mnist, secagg-mnist, width-mnist.
 
 The test starts its own local SuperLink (simulation mode, free ports, ``FLWR_HOME`` in a
 temporary folder) exactly as ``flwr run ... local`` would, submits the app with
@@ -88,3 +88,41 @@ def test_flwr_run_secagg_mnist_equals_flower_fedavg(
         np.testing.assert_allclose(secagg[name], fedavg[name], rtol=0, atol=SECAGG_ATOL)
         moved = max(moved, float(np.max(np.abs(fedavg[name]))))
     assert moved > 0, "the models are empty"
+
+
+WIDTH_APP = REPO / "examples" / "width-mnist"
+
+
+def test_flwr_run_width_mnist_sesa_and_fedavg_twin(
+    superlink: dict[str, str], tmp_path: Path
+) -> None:
+    """width-mnist under Ray: Flower's ``FedAvg``, ``full`` and SESA's four phases complete.
+
+    Six SuperNodes, all sampled: SESA with ``T = 1`` needs ``K + T = 5`` of them (four shards
+    per layer). ``full`` (``WidthFedAvg`` at rate 1) must equal Flower's ``FedAvg``; the SESA
+    model must have moved from the initial one.
+    """
+    results = tmp_path / "results"
+    run_id, status, logs = run_until_finished(
+        superlink,
+        "local",
+        [
+            str(WIDTH_APP),
+            "local",
+            "--run-config",
+            "num-server-rounds=1 max-client-samples=32 test-size=300 fraction-train=1.0 "
+            f"sesa-privacy=1 arms='fedavg,full,sesa' results-dir='{results}'",
+            "--federation-config",
+            "num-supernodes=6 client-resources-num-cpus=1",
+        ],
+        RUN_TIMEOUT_S,
+    )
+    assert status == "finished:completed", f"run {run_id} ended as {status!r}:\n{logs[-4000:]}"
+    assert "SESA over 6 of 6 sampled clients" in logs, logs[-4000:]
+    fedavg = np.load(results / "global-model-fedavg.npz")
+    full = np.load(results / "global-model-full.npz")
+    sesa = np.load(results / "global-model-sesa.npz")
+    for name in fedavg.files:
+        np.testing.assert_allclose(full[name], fedavg[name], rtol=0, atol=1e-6)
+        assert np.all(np.isfinite(sesa[name]))
+    assert max(float(np.max(np.abs(sesa[n] - fedavg[n]))) for n in fedavg.files) > 0
