@@ -41,6 +41,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,6 +77,8 @@ _TAG_SESA_CHOICE = 0x5E5A
 
 
 Model = dict[str, NDArray[np.float32]]
+Choice = Mapping[str, Any]
+"""A client's choice: hidden layer -> channels (width arms) or shard ids (SESA)."""
 
 
 @dataclass
@@ -217,9 +220,9 @@ class BatchedArm:
             rule, num_shards=settings.num_shards if rule == "shards" else None, seed=settings.seed
         )
 
-    def choices(self, server_round: int, clients: Sequence[int]) -> dict[int, object]:
+    def choices(self, server_round: int, clients: Sequence[int]) -> dict[int, Choice]:
         """Per client, its channels (width arms) or its secretly drawn shard choice (SESA)."""
-        out: dict[int, object] = {}
+        out: dict[int, Choice] = {}
         for c in clients:
             rate, key = self.rates[c], self.client_key(c)
             if self.name == "sesa":
@@ -233,14 +236,14 @@ class BatchedArm:
                 out[c] = self.rule.indices(self.widths, rate, server_round, key)
         return out
 
-    def hidden(self, choice: object) -> NDArray[np.int64]:
+    def hidden(self, choice: Choice) -> NDArray[np.int64]:
         """Return the hidden channels of a client's choice, in its narrow model's order."""
         if self.name == "sesa":
-            return self.layout.channels(choice)[self.hidden_name]  # type: ignore[arg-type]
-        return np.asarray(choice[self.hidden_name])  # type: ignore[index]
+            return self.layout.channels(choice)[self.hidden_name]
+        return np.asarray(choice[self.hidden_name])
 
     def train(
-        self, server_round: int, clients: Sequence[int], choices: Mapping[int, object], data: Data
+        self, server_round: int, clients: Sequence[int], choices: Mapping[int, Choice], data: Data
     ) -> dict[int, Model]:
         """Train every client's narrow model (batched by rate, ``chunk`` at a time)."""
         trained: dict[int, Model] = {}
@@ -255,7 +258,7 @@ class BatchedArm:
                 trained.update(zip(part, out, strict=True))
         return {c: trained[c] for c in clients}
 
-    def aggregate(self, choices: Mapping[int, object], trained: Mapping[int, Model]) -> None:
+    def aggregate(self, choices: Mapping[int, Choice], trained: Mapping[int, Model]) -> None:
         """Replace the global model by the round's count-weighted average (library code)."""
         model = self.model
         if self.name == "sesa":
@@ -265,8 +268,8 @@ class BatchedArm:
             clip = self.settings.sesa_clip
             for c, sub in trained.items():
                 choice = choices[c]
-                deltas = self.layout.shard_deltas(model, sub, choice)  # type: ignore[arg-type]
-                for g, ids, d, total in zip(self.layout.groups, self.layout.slots(choice),  # type: ignore[arg-type]
+                deltas = self.layout.shard_deltas(model, sub, choice)
+                for g, ids, d, total in zip(self.layout.groups, self.layout.slots(choice),
                                             deltas, totals, strict=True):  # fmt: skip
                     words = ShardVector(g.length, self.codec).encode(
                         np.clip(d, -clip, clip), 1.0, self.rng
@@ -281,7 +284,7 @@ class BatchedArm:
                 weights.append(weight)
             new = self.layout.apply(model, sums, weights)
         else:
-            layouts = {c: self.spec.layout(model, choices[c]) for c in trained}  # type: ignore[arg-type]
+            layouts = {c: self.spec.layout(model, choices[c]) for c in trained}
             size = next(iter(layouts.values())).size
             total_sums, counts = np.zeros((size, 1)), np.zeros(size)
             for c, sub in trained.items():
@@ -297,7 +300,7 @@ class BatchedArm:
         server_round: int,
         clients: Sequence[int],
         data: Data,
-        choices: Mapping[int, object] | None = None,
+        choices: Mapping[int, Choice] | None = None,
     ) -> None:
         """Run one round with ``clients`` (``choices`` overrides the drawn ones, for tests)."""
         chosen = dict(choices) if choices is not None else self.choices(server_round, clients)
