@@ -77,6 +77,8 @@ from flwr_fsl.testing import InProcessGrid  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 ALL_ARMS = "full,fedrolex,heterofl,random,shards,sesa"
 ANCHORS = {"full": 95.87, "sesa": 91.92, "fedrolex": 90.77}  # SESA notebooks, MNIST, max acc %
+# The batched twin sums the clients' F_p shard vectors in the clear (the value SESA decodes).
+BATCHED_SESA_LABEL = "SESA (F_p sum)"
 ORDER_CLAIM = ("fedrolex", "random", "heterofl")  # rolling >= random >= static
 
 
@@ -191,6 +193,8 @@ def curves_table(rows: list[dict[str, Any]], every: int) -> str:
     header = f"{'round':>5}" + "".join(f"  {r['arm']:>9}" for r in rows)
     lines = [header, "-" * len(header)]
     for rnd in shown:
+        if all(r["curve"][rnd - 1] is None for r in rows):
+            continue  # not evaluated in this round
         cells = []
         for r in rows:
             v = r["curve"][rnd - 1]
@@ -295,13 +299,20 @@ def report(runs: list[dict[str, Any]], png: Path) -> None:
     """Print the table of every run and draw the accuracy curves into ``png``."""
     for run in runs:
         rows = run["rows"]
+        batched = run.get("engine") == "batched"
+        for row in rows:
+            if batched and row["arm"] == "sesa":
+                row["label"] = BATCHED_SESA_LABEL
         print(
             f"\n== {run['dataset']} {run['model']}: {run['users']} users "
-            f"(fraction-train {run['run_config'].get('fraction-train')}), {run['rounds']} rounds, "
+            f"({'batched twin, ' if batched else ''}"
+            f"fraction-train {run['run_config'].get('fraction-train')}), {run['rounds']} rounds, "
             f"{run['run_config'].get('max-client-samples')} samples per client, "
             f"{run['seconds']:.0f} s =="
         )
-        print(curves_table(rows, max(1, run["rounds"] // 8)))
+        every = max(1, run["rounds"] // 8)
+        step = int(run.get("eval_every", 1))
+        print(curves_table(rows, max(step, every // step * step)))
         print()
         print(accuracy_table(rows))
         for line in claims(rows):
@@ -318,9 +329,10 @@ def report(runs: list[dict[str, Any]], png: Path) -> None:
     for ax, run in zip(axes, runs, strict=True):
         for row in run["rows"]:
             points = [(i + 1, v) for i, v in enumerate(row["curve"]) if v is not None]
-            ax.plot(*zip(*points, strict=True), label=LABELS.get(row["arm"], row["arm"]))
+            ax.plot(*zip(*points, strict=True), label=row["label"])
         ax.set_title(
             f"{run['dataset']} {run['model']}, {run['users']} users, capacities 1/0.5/0.25"
+            + (" (batched)" if run.get("engine") == "batched" else "")
         )
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy %")
