@@ -151,7 +151,10 @@ def claims(rows: list[dict[str, Any]]) -> list[str]:
     by_arm = {r["arm"]: r for r in rows}
     lines = []
     if all(a in by_arm for a in ORDER_CLAIM):
-        for name, value in (("max", lambda r: r["max"]), ("mean of the last 5 evaluations", _last5)):
+        for name, value in (
+            ("max", lambda r: r["max"]),
+            ("mean of the last 5 evaluations", _last5),
+        ):
             vals = [value(by_arm[a]) for a in ORDER_CLAIM]
             if None in vals:
                 continue
