@@ -55,6 +55,7 @@ from flwr_fsl.protocols.sesa_layout import SesaLayout
 from flwr_fsl.submodel.aggregate import accumulate_elements, apply_count_weighted
 from flwr_fsl.submodel.width import CapacityMix, WidthRule, WidthSpec, select_shards
 from width_mnist.client_app import train_seed
+from width_mnist.server_app import EXTRACTION
 from width_mnist.task import Settings, build_model, client_data, initial_state, test_data
 from width_mnist.task import test as test_fn
 
@@ -70,8 +71,8 @@ __all__ = [
 ]
 
 BATCHED_ARMS = ("full", "fedrolex", "heterofl", "random", "shards", "sesa")
-_RULES = {"full": "static", "fedrolex": "rolling", "heterofl": "static", "random": "random",
-          "shards": "shards"}  # fmt: skip
+# The arms' extraction rules, as the Flower arms use them ("full": everyone at rate 1).
+_RULES = {"full": "static", **EXTRACTION}
 _HIDDEN, _HEAD = "blocks.0.layer", "head"
 _TAG_SESA_CHOICE = 0x5E5A
 
@@ -215,10 +216,11 @@ class BatchedArm:
             PrimeField(),
         )  # fmt: skip
         self.rng = np.random.default_rng([settings.seed, _TAG_SESA_CHOICE])
-        rule = _RULES.get(name, "shards")
-        self.rule = WidthRule(
-            rule, num_shards=settings.num_shards if rule == "shards" else None, seed=settings.seed
-        )
+        self.rule: WidthRule | None = None  # SESA's clients draw their own shards
+        if name in _RULES:
+            rule = _RULES[name]
+            shards = settings.num_shards if rule == "shards" else None
+            self.rule = WidthRule(rule, num_shards=shards, seed=settings.seed)
 
     def choices(self, server_round: int, clients: Sequence[int]) -> dict[int, Choice]:
         """Per client, its channels (width arms) or its secretly drawn shard choice (SESA)."""
@@ -233,6 +235,7 @@ class BatchedArm:
                 sel = select_shards(width, self.settings.num_shards, rate, rng)
                 out[c] = {self.hidden_name: [int(s) for s in sel.shards]}
             else:
+                assert self.rule is not None
                 out[c] = self.rule.indices(self.widths, rate, server_round, key)
         return out
 
