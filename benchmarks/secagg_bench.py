@@ -26,7 +26,7 @@ Reported per arm: **client seconds** (mean per client over the round's four phas
 an outermost client mod around everything the ClientApp does), **server seconds** (the round's
 wall time minus the time inside the grid's push/pull, i.e. what the ServerApp itself spends),
 **bytes up/down per client** (protobuf size of each message's ``RecordDict``, Flower's own
-encoding, as :mod:`flwr_fsl.traffic` counts them; the grid's copying is neither party's time),
+encoding, as :mod:`flwr_fsl.core.traffic` counts them; the grid's copying is neither party's time),
 and the **largest error** against the plaintext weighted mean beside its bound: ours
 ``n 2^-24 / sum c + 2^-23`` (fixed point with 24 fractional bits, float32 result), legacy
 ``n Δ / sum d + max|x| sum_i |d_i / sum d - c_i / sum c|`` with ``Δ = 2 clip / 2^22`` (its
@@ -71,12 +71,12 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.crypto.prg import ctr_stream
 from flwr_fsl.mods import secagg_mod
 from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SecAggFedAvg
 from flwr_fsl.testing import InProcessGrid
-from flwr_fsl.traffic import content_bytes
 
 MIB = 1 << 20
 CLIP = 8.0

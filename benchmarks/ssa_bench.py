@@ -520,12 +520,12 @@ def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: i
     """One SSA round of ``clients`` clients through a real S1 process (see the docstring)."""
     import tempfile
 
+    from flwr_fsl.core.wireformat import MAX_MESSAGE_BYTES
     from flwr_fsl.crypto.channel import SealingKeyPair
     from flwr_fsl.helper import HelperClient
     from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
     from flwr_fsl.protocols.two_server import ClientUpload, LeadServer
     from flwr_fsl.testing.helper_process import HelperProcess
-    from flwr_fsl.wireformat import MAX_MESSAGE_BYTES
 
     m = 1 << log_m
     k = max(1, int(m * rate))

@@ -21,8 +21,8 @@ several width-extraction rules — by training the same model once per arm insid
 The harness is protocol-agnostic: an arm's strategy is any Flower
 :class:`~flwr.serverapp.strategy.Strategy` whose ``start`` has Flower's signature and calls
 ``evaluate_fn`` after each round (Flower's loop does). Its ``traffic`` (a list of
-:class:`~flwr_fsl.traffic.RoundTraffic`), ``dropped`` and ``failed_rounds`` are read when it has
-them, as :class:`~flwr_fsl.strategies.FedSubAvg` and its subclasses do; without ``traffic`` the
+:class:`~flwr_fsl.core.traffic.RoundTraffic`), ``dropped`` and ``failed_rounds`` are read when it
+has them, as :class:`~flwr_fsl.strategies.FedSubAvg` and its subclasses do; without ``traffic`` the
 byte columns read ``n/a``.
 
 **Bytes per client per round.** The phases of a round other than ``"evaluate"`` are its training
@@ -77,9 +77,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.run import Run
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ConfigurationError, FSLError
+from flwr_fsl.core.errors import ConfigurationError, FSLError
+from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.reporting import RunHistory, plot_histories, save_histories
-from flwr_fsl.traffic import RoundTraffic
 
 __all__ = [
     "EXPERIMENT_FORMAT",

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint
-from flwr_fsl.errors import ConfigurationError
 
 __all__ = [
     "ADDRESS_KEY",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.serverapp.strategy import Result
 
-from flwr_fsl.traffic import RoundTraffic
+from flwr_fsl.core.traffic import RoundTraffic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

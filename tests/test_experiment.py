@@ -17,7 +17,8 @@ from flwr.serverapp.strategy import FedAvg, Result
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.experiment import (
     Arm,
     ArmSetup,
@@ -35,7 +36,6 @@ from flwr_fsl.experiment import (
 from flwr_fsl.reporting import load_histories
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.testing import InProcessGrid
-from flwr_fsl.traffic import RoundTraffic
 from tests.flower_apps import MODEL, make_app, model_record
 
 NODES = 8

@@ -67,7 +67,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 
 __all__ = [
     "AD_MAGIC",

@@ -42,7 +42,7 @@ seed and the public part, which are pseudorandom and independent of ``alpha`` an
 only. A key is for one comparison: evaluating it at several points is fine (it is a function
 share), but the *mask* a protocol hides behind ``alpha`` must be used once.
 
-**Errors.** :class:`DCFKeyError` (a :class:`~flwr_fsl.errors.ClientInputError`, a
+**Errors.** :class:`DCFKeyError` (a :class:`~flwr_fsl.core.errors.ClientInputError`, a
 :class:`ValueError`) for any malformed key, public part or blob and keys that do not fit;
 plain :class:`ValueError` for bad arguments (alpha or a point outside the domain, bad beta).
 
@@ -68,8 +68,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels import dcf_kernels as _k
 from flwr_fsl.kernels.aes import BatchedAES
 

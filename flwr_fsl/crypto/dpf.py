@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels import dpf_kernels as _k
 
 __all__ = [

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.ring import Z2_64, Ring
-from flwr_fsl.errors import ConfigurationError
 
 
 class FixedPointOverflowError(ConfigurationError):
@@ -63,7 +63,7 @@ class FixedPoint:
     Raises
     ------
     ValueError
-        If an argument is out of range (a :class:`~flwr_fsl.errors.ConfigurationError`).
+        If an argument is out of range (a :class:`~flwr_fsl.core.errors.ConfigurationError`).
     FixedPointOverflowError
         If ``max_summands * ceil(max_abs * 2**frac_bits)`` exceeds the ring's signed range
         (``2**63 - 1`` for Z_2^64, ``(p - 1)/2`` for F_p).

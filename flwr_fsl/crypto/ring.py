@@ -36,10 +36,10 @@ Representation and the arguments that nothing overflows:
 
 Trusted values (a party's own data, a dealer's output) enter through :meth:`Ring.element`
 (``ValueError`` if not in range); material received from another party goes through
-:meth:`Ring.validate`, which raises :class:`~flwr_fsl.errors.ClientInputError` (drop that
+:meth:`Ring.validate`, which raises :class:`~flwr_fsl.core.errors.ClientInputError` (drop that
 client). Arithmetic methods assume canonical elements and do not re-check them, which keeps
 them O(1) passes over memory. Bad constructor arguments raise
-:class:`~flwr_fsl.errors.ConfigurationError`.
+:class:`~flwr_fsl.core.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.kernels import field as _fk
 from flwr_fsl.kernels.ring import matmul_wrap
 

@@ -4,8 +4,8 @@ Party-local, Flower-free building blocks for the protocols above (SSA, Bonawitz/
 SESA, PrivHFL). Every function that a party runs takes its ``party`` index; nothing here
 sends a message. Material received from another party is checked with
 :meth:`~flwr_fsl.crypto.ring.Ring.validate` and rejected with :class:`ShareError` (a
-:class:`~flwr_fsl.errors.ClientInputError`: drop that sender); too few shares to reconstruct is
-:class:`NotEnoughSharesError` (a :class:`~flwr_fsl.errors.RoundFailedError`).
+:class:`~flwr_fsl.core.errors.ClientInputError`: drop that sender); too few shares to reconstruct is
+:class:`NotEnoughSharesError` (a :class:`~flwr_fsl.core.errors.RoundFailedError`).
 
 Threat model: honest-but-curious parties; security statements below are per primitive.
 
@@ -77,9 +77,9 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.prg import SEED_BYTES, PRGStream
 from flwr_fsl.crypto.ring import PrimeField, Ring, WordSource, Z2k
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.kernels import field as _fk
 
 __all__ = [

@@ -13,18 +13,20 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   It is also a :class:`~flwr_fsl.protocols.two_server.SessionLostError`, which S0's
   :meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>` recovers from.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
-  (:mod:`flwr_fsl.helper.wire`); a decoder error, so a :class:`~flwr_fsl.errors.ClientInputError`.
+  (:mod:`flwr_fsl.helper.wire`); a decoder error, so a
+  :class:`~flwr_fsl.core.errors.ClientInputError`.
   Raised to S1 for a bad request (and turned into a :class:`HelperRequestError` answer) and to
   S0 for a bad response (turned into a :class:`HelperError`: the round fails).
 
-:class:`HelperError` is a :class:`~flwr_fsl.errors.RoundFailedError` (:mod:`flwr_fsl.errors`).
+:class:`HelperError` is a :class:`~flwr_fsl.core.errors.RoundFailedError`
+(:mod:`flwr_fsl.core.errors`).
 """
 
 from __future__ import annotations
 
-from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.protocols.two_server import SessionLostError
-from flwr_fsl.wireformat import WireFormatError
 
 __all__ = [
     "HelperError",

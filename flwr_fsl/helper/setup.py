@@ -15,8 +15,8 @@ loading any of this package's gRPC code):
   certificate (``flwr-fsl-helper --tls-cert/--tls-key``); set means TLS, unset plain gRPC.
 
 :func:`connect_helper` validates all of them once, before round 1, and raises
-:class:`~flwr_fsl.errors.ConfigurationError` naming the bad key; then it connects and checks S1's
-key against the pin. Each connection is one session on S1 (a fresh 16-byte id), so one
+:class:`~flwr_fsl.core.errors.ConfigurationError` naming the bad key; then it connects and checks
+S1's key against the pin. Each connection is one session on S1 (a fresh 16-byte id), so one
 long-running helper serves many runs, one after another or at once.
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper.connection import (
     HelperClient,
     HelperConnection,

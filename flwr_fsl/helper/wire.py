@@ -19,8 +19,8 @@ All integers are little-endian. Field types:
 * ``session``: exactly 16 raw bytes, the session id S0 drew for its run (S1 keeps every
   round, U-DPF key and PSR table per session, so one helper serves many runs at once).
 
-The field reader and writer are :mod:`flwr_fsl.wireformat`'s (one strict codec toolkit for every
-binary format); a plugged-in service registers its own kinds (128..255) with
+The field reader and writer are :mod:`flwr_fsl.core.wireformat`'s (one strict codec toolkit for
+every binary format); a plugged-in service registers its own kinds (128..255) with
 :func:`register_message`.
 
 Bodies:
@@ -68,9 +68,9 @@ from typing import ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.wireformat import MAX_ARRAY_NDIM, MAX_ITEMS, MAX_MESSAGE_BYTES, WireFormatError
-from flwr_fsl.wireformat import Reader as _Reader
-from flwr_fsl.wireformat import Writer as _Writer
+from flwr_fsl.core.wireformat import MAX_ARRAY_NDIM, MAX_ITEMS, MAX_MESSAGE_BYTES, WireFormatError
+from flwr_fsl.core.wireformat import Reader as _Reader
+from flwr_fsl.core.wireformat import Writer as _Writer
 
 __all__ = [
     "MAGIC",

@@ -17,8 +17,8 @@ of them need:
 - the reply's **weight** metric, under the key the strategy aggregates by: the server sends
   it as :data:`~flwr_fsl.records.WEIGHT_KEY_FIELD` in the train message's ``ConfigRecord``
   (default :data:`~flwr_fsl.records.DEFAULT_WEIGHT_KEY`), so both ends use one setting;
-- typed **state** in ``Context.state`` (:class:`StateSlot`): one protocol object per slot,
-  stored with the protocol's own versioned codec.
+- typed **state** in ``Context.state`` (:class:`~flwr_fsl.core.state.StateSlot`): one object per
+  slot, stored with the protocol's own versioned codec.
 
 Client exceptions become the error reply's reason, which S0 reads: the texts here name fields
 and checks, never an index, value or set size.
@@ -27,15 +27,13 @@ and checks, never an index, value or set size.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.crypto.channel import verify_fingerprint
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.pinning import pinned_fingerprint
 from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
 from flwr_fsl.protocols.ssa import SSAParams, SSAUpload
@@ -48,80 +46,9 @@ from flwr_fsl.records import (
 )
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
-__all__ = ["ProtocolMod", "SSARound", "StateSlot", "find_round", "weight_key_of"]
+__all__ = ["ProtocolMod", "SSARound", "find_round", "weight_key_of"]
 
-T = TypeVar("T")
-_SLOT_FIELD = "bytes"
 _DEFAULT_ACTION = "default"  # Flower's action of a bare "train" / "query" message type
-
-
-@dataclass(frozen=True)
-class StateSlot(Generic[T]):
-    """One typed value in ``Context.state``: its codec's bytes in a ``ConfigRecord``.
-
-    Parameters
-    ----------
-    name : str
-        The ``Context.state`` key (e.g. ``"fsl.ssa.client-state"``).
-    to_bytes : Callable[[T], bytes]
-        The value's encoder.
-    from_bytes : Callable[[bytes], T]
-        The strict decoder; it raises a :class:`~flwr_fsl.errors.ClientInputError` subclass on
-        malformed bytes.
-    """
-
-    name: str
-    to_bytes: Callable[[T], bytes]
-    from_bytes: Callable[[bytes], T]
-
-    def load(self, context: Context) -> T | None:
-        """Return the stored value, or None when the slot is absent or does not decode.
-
-        A slot that does not decode reads as empty (the protocol starts afresh) rather than
-        failing the client: only the decoder's :class:`ClientInputError` is caught, so a bug
-        is never mistaken for a corrupted slot.
-
-        Parameters
-        ----------
-        context : Context
-            The node's context.
-
-        Returns
-        -------
-        T or None
-            The decoded value.
-        """
-        record = context.state.config_records.get(self.name)
-        data = None if record is None else record.get(_SLOT_FIELD)
-        if not isinstance(data, bytes):
-            return None
-        try:
-            return self.from_bytes(data)
-        except ClientInputError:
-            return None
-
-    def store(self, context: Context, value: T) -> None:
-        """Replace the slot's value.
-
-        Parameters
-        ----------
-        context : Context
-            The node's context.
-        value : T
-            The value to keep.
-        """
-        context.state[self.name] = ConfigRecord({_SLOT_FIELD: self.to_bytes(value)})
-
-    def clear(self, context: Context) -> None:
-        """Remove the slot's value (no-op when absent).
-
-        Parameters
-        ----------
-        context : Context
-            The node's context.
-        """
-        if self.name in context.state:
-            del context.state[self.name]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
-from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot
+from flwr_fsl.core.state import StateSlot
+from flwr_fsl.mods.base import ProtocolMod, SSARound
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, make_query
 from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.protocols.ssa import SSAClientState, encode_round

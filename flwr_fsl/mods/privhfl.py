@@ -54,8 +54,8 @@ under :data:`~flwr_fsl.mods.privhfl_secure.SECURE_KEY` (:mod:`flwr_fsl.mods.priv
 the query set never leaves the querier and the querier opens only the sum of the answers.
 
 Malformed server input (a bad record, queries of the wrong shape, type or range, logits that do
-not match the stored queries) raises :class:`~flwr_fsl.errors.ClientInputError`: Flower turns it
-into an error reply and the server drops this client from the round. Error texts name the check,
+not match the stored queries) raises :class:`~flwr_fsl.core.errors.ClientInputError`: Flower turns
+it into an error reply and the server drops this client from the round. Error texts name the check,
 never a value.
 """
 
@@ -75,8 +75,8 @@ from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 from torch import nn
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
     penultimate_features,

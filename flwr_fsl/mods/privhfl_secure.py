@@ -5,7 +5,7 @@ The server (:class:`~flwr_fsl.strategies.privhfl.PrivHFL`) is the third computin
 :mod:`flwr_fsl.protocols.privhfl_flow` (schedule, deals, answerer state). What travels in a
 Flower message is one byte string under :data:`SECURE_KEY` (a ``ConfigRecord``
 ``{"blob": bytes}``) in one of the formats below (``b"PHFW"``, version ``u8`` 1, a kind
-``u8``, the fields, no trailing bytes; :mod:`flwr_fsl.wireformat` fields):
+``u8``, the fields, no trailing bytes; :mod:`flwr_fsl.core.wireformat` fields):
 
 ==============  ===============  ==========================================================
 phase           direction        content
@@ -42,19 +42,19 @@ unauthenticated: an active server could substitute them — outside the threat m
 round (:data:`KEY_SLOT`), the querier's sessions (:class:`QuerierState`) and the answerer's
 sessions (:class:`~flwr_fsl.protocols.privhfl_flow.AnswererState`, one per querier).
 
-Every decoder raises :class:`~flwr_fsl.wireformat.WireFormatError` (a
-:class:`~flwr_fsl.errors.ClientInputError`) on malformed bytes.
+Every decoder raises :class:`~flwr_fsl.core.wireformat.WireFormatError` (a
+:class:`~flwr_fsl.core.errors.ClientInputError`) on malformed bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.privhfl import PrivHFLConfig
 from flwr_fsl.protocols.sealing import RoundBinding
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "KEY_SLOT",

@@ -17,7 +17,7 @@ instance (e.g. the ``"union"`` and ``"rows"`` aggregations of
 stacks with :class:`~flwr_fsl.mods.PerturbedRows` in one ClientApp, in either order
 (``ClientApp(mods=[rows.mod, secagg_mod])``). A message of its own instance with an unknown
 phase, or a SecAgg record whose ``instance`` is not a valid name, is refused
-(:class:`~flwr_fsl.errors.ClientInputError`).
+(:class:`~flwr_fsl.core.errors.ClientInputError`).
 
 The round's secrets (two X25519 private keys, the self-mask seed, this client's own share)
 live in ``Context.state`` between the messages of one round and are replaced by the next
@@ -31,8 +31,8 @@ import logging
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.errors import ClientInputError
-from flwr_fsl.mods.base import StateSlot
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.state import StateSlot
 from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, decode_ids
 from flwr_fsl.protocols.secagg_vector import WeightedVector
 from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes

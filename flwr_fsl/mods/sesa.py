@@ -29,7 +29,7 @@ three itself (your function never sees them) and wraps your function in the thir
    computes ``ψ(α_i)`` and replies it.
 
 All other messages (evaluation, queries, train messages without the record) pass through.
-A malformed or inconsistent SESA message raises :class:`~flwr_fsl.errors.ClientInputError`
+A malformed or inconsistent SESA message raises :class:`~flwr_fsl.core.errors.ClientInputError`
 (Flower turns it into an error reply; the server drops the node). Error texts name checks,
 never a shard, value or weight.
 """
@@ -44,14 +44,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.state import StateSlot
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError, ConfigurationError
-from flwr_fsl.mods.base import StateSlot
 from flwr_fsl.mods.width import RATE_CONFIG_KEY, capacity_of
 from flwr_fsl.protocols.sesa import SesaClient, SesaError, SesaParams, ShardVector, decode_ids
 from flwr_fsl.protocols.sesa_layout import SesaLayout, check_selection, group_slots
 from flwr_fsl.submodel.width import select_shards
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "SESA_KEY",

@@ -53,9 +53,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError, ConfigurationError
-from flwr_fsl.mods.base import StateSlot
 from flwr_fsl.mods.secagg import record_instance, round_client, secagg_control, store_client
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector

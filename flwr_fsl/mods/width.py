@@ -30,7 +30,7 @@ other messages — evaluation, queries, plain train rounds — pass through unto
   it sent.
 
 The server chooses (and so knows) every client's channels; this mod hides nothing. Errors
-raise :class:`~flwr_fsl.errors.ClientInputError` (Flower turns them into an error reply, and
+raise :class:`~flwr_fsl.core.errors.ClientInputError` (Flower turns them into an error reply, and
 the server drops the node from the round with the text as the reason).
 """
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.submodel.width import CapacityMix, WidthAssignment, parse_rate
 
 __all__ = [

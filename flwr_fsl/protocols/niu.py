@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 
 __all__ = ["GammaQuantizer", "RowVector"]
 

@@ -114,14 +114,14 @@ numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-ad
 these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
-:class:`~flwr_fsl.errors.ClientInputError`): the driver drops that answerer's session and
+:class:`~flwr_fsl.core.errors.ClientInputError`): the driver drops that answerer's session and
 aggregates over the others (:func:`secure_predict`); a malformed message from ``Q``
 (:class:`QuerierMessageError`) or to ``Q`` from ``S`` (:class:`ServerMessageError`, a
-:class:`~flwr_fsl.errors.RoundFailedError`) fails the query. Bad settings raise
-:class:`~flwr_fsl.errors.ConfigurationError`.
+:class:`~flwr_fsl.core.errors.RoundFailedError`) fails the query. Bad settings raise
+:class:`~flwr_fsl.core.errors.ConfigurationError`.
 
 **Wire format** of every message (version 1): ``b"PHFL"``, version ``u8``, kind ``u8``, step
-``u64`` (the op label), array count ``u8``, arrays (:mod:`flwr_fsl.wireformat` ``array``
+``u64`` (the op label), array count ``u8``, arrays (:mod:`flwr_fsl.core.wireformat` ``array``
 fields, ``uint64`` only, shapes checked by the receiver against what the op expects), then a
 length-prefixed byte string (a DCF public part, or empty). No trailing bytes.
 """
@@ -141,6 +141,13 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import (
+    MAX_ARRAY_NDIM,
+    MAX_MESSAGE_BYTES,
+    Reader,
+    WireFormatError,
+)
 from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import SEED_BYTES, PRGStream
@@ -154,7 +161,6 @@ from flwr_fsl.crypto.sharing import (
     beaver_mul,
     truncate_local,
 )
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.secure_inference import (
     Architecture,
     Conv2d,
@@ -167,12 +173,6 @@ from flwr_fsl.protocols.secure_inference import (
     nhwc_patches,
     pool_windows,
     to_nhwc,
-)
-from flwr_fsl.wireformat import (
-    MAX_ARRAY_NDIM,
-    MAX_MESSAGE_BYTES,
-    Reader,
-    WireFormatError,
 )
 
 __all__ = [
@@ -1423,7 +1423,7 @@ def secure_predict(
     The parties exchange only bytes (every message goes through its codec and is counted in
     the transcript). Answerers may have different architectures with the same input shape and
     number of outputs. An answerer whose session fails with a
-    :class:`~flwr_fsl.errors.ClientInputError` (a malformed message) is dropped with the
+    :class:`~flwr_fsl.core.errors.ClientInputError` (a malformed message) is dropped with the
     reason and the others are aggregated.
 
     Parameters

@@ -12,7 +12,7 @@ the server talks to one client per message, so this module adds what a transport
   count ``u32`` and per layer a tag ``u8`` with its fields (``u32`` sizes, ``u8`` flags; a
   residual block holds two nested lists, at most :data:`MAX_DEPTH` deep). Strict: unknown
   tags, trailing bytes, shapes that do not chain raise
-  :class:`~flwr_fsl.wireformat.WireFormatError`.
+  :class:`~flwr_fsl.core.wireformat.WireFormatError`.
 * **Schedule** (:func:`schedule`): the architecture's walk cut into *steps*; each step is one
   interactive op (a linear layer or one batched comparison) followed by the local ops up to
   the next one. Step ``k`` is one server -> answerer message (the server's half of the op) and
@@ -46,8 +46,9 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.privhfl import (
     Answerer,
     PrivHFLConfig,
@@ -72,7 +73,6 @@ from flwr_fsl.protocols.secure_inference import (
     SecureModel,
     Shape,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "MAX_DEPTH",
@@ -593,7 +593,7 @@ class AnswererState:
 
     @classmethod
     def from_bytes(cls, data: object) -> AnswererState:
-        """Decode :meth:`to_bytes` strictly (:class:`~flwr_fsl.wireformat.WireFormatError`)."""
+        """Decode :meth:`to_bytes` strictly (:class:`~flwr_fsl.core.wireformat.WireFormatError`)."""
         r = Reader.versioned(data, _STATE_MAGIC, _VERSION, "a PrivHFL answerer state")
         session, batch, next_step = r.u32("session"), r.u32("batch"), r.u32("next step")
         op = r.u64("op")

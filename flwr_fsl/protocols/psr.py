@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
@@ -39,7 +40,6 @@ from flwr_fsl.protocols.ssa import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 _STATE_MAGIC = b"FSPQ"  # PSRClientState binary format (see its docstring)
 _STATE_VERSION = 1
@@ -291,7 +291,7 @@ class PSRClientState:
     client (e.g. in Flower's ``Context.state``).
 
     **Binary format v1** (:meth:`to_bytes`, :meth:`from_bytes`), fields of
-    :mod:`flwr_fsl.wireformat` in this order:
+    :mod:`flwr_fsl.core.wireformat` in this order:
 
     ==========  ==================================================================
     magic       4 raw bytes ``b"FSPQ"``

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream, prf_blocks
-from flwr_fsl.errors import ConfigurationError
 
 __all__ = ["PSUParams", "UnionReport", "client_vector", "reconstruct_union", "union_report"]
 

@@ -14,7 +14,7 @@ SSA upload      ``ssa``, client -> S1     master seed (16) || SHA-256(public par
 PSR query       ``psr-query``, client->S1 master seed (16) || SHA-256(public part) (32)
                                           || client's per-query X25519 public key (32)
 PSR answer      ``psr-answer``, S1->client  magic ``FSPA`` v1 + one array field
-                                          (:mod:`flwr_fsl.wireformat`; the answer rows)
+                                          (:mod:`flwr_fsl.core.wireformat`; the answer rows)
 ==============  ========================  ====================================================
 
 :func:`seal_for` / :func:`open_from` seal any other payload between two parties under the same
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.channel import (
     DIGEST_BYTES,
     KEY_BYTES,
@@ -54,7 +55,6 @@ from flwr_fsl.crypto.channel import (
     open_sealed,
     seal,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "HELPER",

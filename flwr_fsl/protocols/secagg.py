@@ -62,6 +62,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     OVERHEAD,
@@ -76,7 +77,6 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.crypto.prg import PRGStream, ctr_stream
 from flwr_fsl.crypto.ring import PrimeField
 from flwr_fsl.crypto.sharing import Shamir
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 
 __all__ = [
     "MAX_CLIENTS",

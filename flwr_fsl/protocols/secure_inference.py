@@ -7,7 +7,7 @@ answerer knows:
 * :class:`Architecture` — the *public* skeleton: the per-query input shape and a tuple of
   layers (:class:`Linear`, :class:`Conv2d`, :class:`ReLU`, :class:`MaxPool2d`,
   :class:`AvgPool2d`, :class:`GlobalAvgPool`, :class:`Flatten`, :class:`Residual`). Shapes are
-  inferred and checked once when it is built (:class:`~flwr_fsl.errors.ConfigurationError`
+  inferred and checked once when it is built (:class:`~flwr_fsl.core.errors.ConfigurationError`
   naming the layer otherwise). The server and the querier need it to take part in the
   protocol, so layer types, sizes and the number of comparisons are not secret.
 * :class:`SecureModel` — the architecture plus its weights (float arrays, one
@@ -45,7 +45,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
 
 __all__ = [
     "Architecture",

@@ -57,7 +57,7 @@ of ``ψ``, so it is as if it had never chosen shards. A client lost after sendin
 before ``ψ(α_i)`` (``U3 \ U4``) *is* aggregated — the other survivors hold its evaluations —
 and only its own evaluation of ``ψ`` is missing. Decoding needs ``|U4| ≥ K_max + T``, so up to
 ``D = N - (K_max + T)`` clients may drop in all; with fewer left at any step the round fails
-with :class:`TooFewSurvivorsError` (a :class:`~flwr_fsl.errors.RoundFailedError`). Clients
+with :class:`TooFewSurvivorsError` (a :class:`~flwr_fsl.core.errors.RoundFailedError`). Clients
 also refuse a ``U2`` or ``U3`` smaller than ``K_max + T``.
 
 **Threat model and leakage** (Theorem 4). Honest-but-curious server and clients; the server
@@ -116,12 +116,12 @@ implement). Online it uploads ``K_i d`` (``x``) plus ``d`` (``ψ``) words and do
 ``(1 × Σ_j K_j) @ (Σ_j K_j × d)`` product, ``O(N d)`` (Theorem 2). The server decodes with one
 ``(K × (K+T)) @ ((K+T) × d)`` product per group.
 
-**Wire formats** (little-endian, :mod:`flwr_fsl.wireformat`, version 1, every length checked
+**Wire formats** (little-endian, :mod:`flwr_fsl.core.wireformat`, version 1, every length checked
 before anything is allocated; field elements as ``u32`` words): parameters ``FSEP``, roster
 ``FSER``, id set ``FSEU``, offline bundle ``FSEB``, evaluation plaintext ``FSEI`` (sealed),
 masked update ``FSEX``, evaluation request ``FSED``, evaluation ``FSEE``, client state
 ``FSEC``. Every decoder raises :class:`SesaError` (a
-:class:`~flwr_fsl.errors.ClientInputError`: drop that client).
+:class:`~flwr_fsl.core.errors.ClientInputError`: drop that client).
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     OVERHEAD,
@@ -149,9 +151,7 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sharing import lagrange_matrix
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.sealing import RoundBinding, open_from, seal_for
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "MAX_CLIENTS",

@@ -52,6 +52,8 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
     DPFKeyError,
@@ -73,11 +75,9 @@ from flwr_fsl.crypto.hashing import (
     simple_hash,
 )
 from flwr_fsl.crypto.prg import random_seeds
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.protocols.dp import DistributedDP, clip_update
 from flwr_fsl.submodel.aggregate import count_weighted_mean
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
@@ -532,7 +532,7 @@ class SSAClientState:
     on the client (e.g. in Flower's ``Context.state``), never on the wire.
 
     **Binary format v1** (:meth:`to_bytes`, :meth:`from_bytes`), fields of
-    :mod:`flwr_fsl.wireformat` in this order:
+    :mod:`flwr_fsl.core.wireformat` in this order:
 
     ========  ====================================================================
     magic     4 raw bytes ``b"FSCS"``

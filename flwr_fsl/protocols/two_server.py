@@ -14,7 +14,7 @@ shares over the same clients:
 4. only then are S0's stored U-DPF keys moved to this round's, and the aggregate
    reconstructed.
 
-A round that fails raises :class:`~flwr_fsl.errors.RoundFailedError` (S1's own errors are of
+A round that fails raises :class:`~flwr_fsl.core.errors.RoundFailedError` (S1's own errors are of
 that kind too); the caller leaves the model unchanged and calls :meth:`LeadServer.abort`.
 Clients rejected by S1 are returned with S1's reason so the caller drops them from the round.
 
@@ -30,7 +30,7 @@ while S1 is down fail before any client trains.
 **S1's key.** S0 checks S1's public key against the pinned fingerprint before it opens a round
 on S1 whenever it has no verified key of the current session: at the first round, and after
 every lost session. A mismatch at the first contact is a bad setting
-(:class:`~flwr_fsl.errors.ConfigurationError`: the pin or the address is wrong, the run
+(:class:`~flwr_fsl.core.errors.ConfigurationError`: the pin or the address is wrong, the run
 stops before round 1). A mismatch after S1 was verified once in the run — S1 came back from a
 restart with another key file — is :class:`HelperKeyMismatchError`, a round failure: that
 round fails before any client is asked anything (no client ever seals material to an
@@ -64,10 +64,11 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 from flwr_fsl.crypto.channel import SealedBoxError, public_key_fingerprint, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
 from flwr_fsl.protocols.psr import PSRServer
 from flwr_fsl.protocols.ssa import (
@@ -80,7 +81,6 @@ from flwr_fsl.protocols.ssa import (
     reconstruct,
     same_layout,
 )
-from flwr_fsl.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",

@@ -1,6 +1,7 @@
 """Server-side strategies (Flower Message API), all on one round engine."""
 
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.strategies.secagg import SecAggFedAvg
@@ -9,7 +10,6 @@ from flwr_fsl.strategies.sesa import SesaFedAvg
 from flwr_fsl.strategies.sfsl import SFSLFedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.strategies.width import WidthFedAvg
-from flwr_fsl.traffic import RoundTraffic
 
 __all__ = [
     "FedSubAvg",

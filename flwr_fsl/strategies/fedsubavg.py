@@ -7,10 +7,10 @@ coordinates keep their value (Niu et al., Alg. 1 / App. C). On dense replies it 
 floating tensors; integer buffers (e.g. batch-norm counters) keep their dtype and are rounded,
 where Flower's FedAvg turns them into float64 means.
 
-Failure handling is the round engine's (:mod:`flwr_fsl.strategies.engine`): a reply that is an
+Failure handling is the round engine's (:mod:`flwr_fsl.core.engine`): a reply that is an
 error, arrives for another round, repeats a node, comes from a node that was not asked, lacks
 a valid weight or fails the codec's validation is dropped with a logged reason (kept in
-:attr:`~flwr_fsl.strategies.engine.PhasedStrategy.dropped`); the others are aggregated
+:attr:`~flwr_fsl.core.engine.PhasedStrategy.dropped`); the others are aggregated
 exactly as if it had never been sent. With no valid reply left the round returns no arrays
 and the global model stays unchanged.
 """
@@ -32,9 +32,9 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.records import decode_update
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.submodel import SubmodelUpdate
 from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_average
 
@@ -43,7 +43,7 @@ class FedSubAvg(PhasedStrategy):
     """Federated submodel averaging: a drop-in for Flower's ``FedAvg``.
 
     Takes the same arguments as :class:`flwr.serverapp.strategy.FedAvg`, plus
-    ``sampling_seed`` (:class:`~flwr_fsl.strategies.engine.PhasedStrategy`).
+    ``sampling_seed`` (:class:`~flwr_fsl.core.engine.PhasedStrategy`).
     """
 
     def round_config(

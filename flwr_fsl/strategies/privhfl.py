@@ -8,7 +8,7 @@ and has them answered by other clients, the **answerers**; it then re-trains on 
 with the aggregated predictions as soft labels plus its private data (Alg. 1). The client side
 is :class:`~flwr_fsl.mods.privhfl.PrivHFLClient`.
 
-A round is a sequence of phases of :class:`~flwr_fsl.strategies.engine.PhasedStrategy`
+A round is a sequence of phases of :class:`~flwr_fsl.core.engine.PhasedStrategy`
 (message types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
 
 1. ``local`` (``train``): every node that has no model yet — all of them in round 1 — trains
@@ -68,7 +68,7 @@ client's link; the public keys are relayed unauthenticated (honest-but-curious s
 **Failures.** A node whose reply is an error, late, malformed or out of range (queries of the
 wrong shape or count or beyond ``max_abs_input``; logits of the wrong shape, non-finite or
 beyond ``max_abs_logit``) is dropped from the round with the reason in
-:attr:`~flwr_fsl.strategies.engine.RoundState.dropped`: a dropped querier's queries are not
+:attr:`~flwr_fsl.core.engine.RoundState.dropped`: a dropped querier's queries are not
 answered, a dropped answerer's logits are not in any sum (each querier's sum holds the
 answerers that replied; the count goes with it). A querier left with no answer keeps its model
 this round.
@@ -89,8 +89,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models.privhfl import IMAGE_SHAPE
 from flwr_fsl.mods.privhfl import (
     LOGITS_KEY,
@@ -133,7 +134,6 @@ from flwr_fsl.protocols.privhfl_flow import (
     unheld_seed,
 )
 from flwr_fsl.protocols.secure_inference import Architecture
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES
 
 __all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
@@ -165,7 +165,7 @@ class PrivHFL(PhasedStrategy):
     ----------
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
 min_available_nodes, sampling_seed
-        As in :class:`~flwr_fsl.strategies.engine.PhasedStrategy` (``fraction_train`` samples
+        As in :class:`~flwr_fsl.core.engine.PhasedStrategy` (``fraction_train`` samples
         the queriers of a round).
     expansion : str
         ``"mixup"`` (the paper's), ``"cutmix"``, ``"cutout"``, ``"private"`` (query with the

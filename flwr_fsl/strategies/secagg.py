@@ -2,7 +2,7 @@
 
 A drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same knobs, same ``start``) for an
 unchanged ``@app.train`` behind :func:`~flwr_fsl.mods.secagg_mod`. Each round is four phases
-of the round engine (:class:`~flwr_fsl.strategies.engine.PhasedStrategy`), the protocol being
+of the round engine (:class:`~flwr_fsl.core.engine.PhasedStrategy`), the protocol being
 :mod:`flwr_fsl.protocols.secagg`:
 
 Every phase is a ``train`` message (the mod answers the control phases itself, so the
@@ -14,7 +14,7 @@ ClientApp needs no extra registered function):
 3. ``train``: the model and config (as ``FedAvg`` sends them) plus ``U2``; each client trains
    and replies only its masked vector (:class:`~flwr_fsl.protocols.secagg_vector.WeightedVector`:
    weighted update, weight, weighted train metrics), added to the running sum as it arrives
-   (:meth:`~flwr_fsl.strategies.engine.PhasedStrategy.stream`);
+   (:meth:`~flwr_fsl.core.engine.PhasedStrategy.stream`);
 4. ``unmask``: each survivor gets its mailbox and returns shares;
    the server removes the masks and applies ``w + sum c (w_i - w) / sum c``.
 
@@ -57,11 +57,11 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.protocols.secagg import SecAggParams, SecAggServer, encode_ids
 from flwr_fsl.protocols.secagg_vector import WeightedVector
 from flwr_fsl.records import SECAGG_KEY, read_masked_input, read_secagg_bytes
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 
 __all__ = ["SecAggFedAvg", "SecAggPhases"]
 

@@ -43,11 +43,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.engine import RoundState
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.protocols.dp import DistributedDP
 from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.submodel.layout import FlatLayout
@@ -146,7 +146,7 @@ class SecureFedSubAvg(FedSubAvg):
         """Run a round with the uploads streamed into SSA as they arrive.
 
         Under :meth:`start`, S0 relays and evaluates the uploads one chunk at a time
-        (:meth:`~flwr_fsl.strategies.engine.PhasedStrategy.stream`), so it never holds a
+        (:meth:`~flwr_fsl.core.engine.PhasedStrategy.stream`), so it never holds a
         round's uploads together; Flower's own loop (``configure_train`` /
         ``aggregate_train``) hands over all replies at once instead.
         """

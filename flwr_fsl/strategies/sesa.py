@@ -9,7 +9,7 @@ client side is :func:`~flwr_fsl.mods.sesa_mod` in front of a width-scalable ``@a
 (the same function :func:`~flwr_fsl.mods.width_mod` takes).
 
 A round is four ``train`` messages of the round engine
-(:class:`~flwr_fsl.strategies.engine.PhasedStrategy`), each carrying a :data:`SESA_KEY`
+(:class:`~flwr_fsl.core.engine.PhasedStrategy`), each carrying a :data:`SESA_KEY`
 record; the mod answers all but the third itself:
 
 1. ``advertise``: the round's parameters (``T``, the groups) and the layer structure; each
@@ -67,13 +67,13 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.mods.sesa import SESA_KEY
 from flwr_fsl.protocols.sesa import SesaParams, SesaServer, encode_ids
 from flwr_fsl.protocols.sesa_layout import SesaLayout
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 
 __all__ = ["SESA_KEY", "SesaFedAvg"]
 

@@ -51,14 +51,14 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.mods.sfsl import ROWS_INSTANCE, UNION_INSTANCE
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, reconstruct_union, union_report
 from flwr_fsl.protocols.secagg import SecAggParams, encode_ids, encode_rows
 from flwr_fsl.records import SECAGG_KEY, read_secagg_bytes
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.strategies.secagg import SecAggPhases
 
 __all__ = ["SFSLFedSubAvg", "psu_fields", "sfsl_layout"]

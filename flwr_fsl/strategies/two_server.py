@@ -39,7 +39,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.engine import RoundState
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.protocols.dp import DistributedDP, noise_std, suppress_small_counts
 from flwr_fsl.protocols.ssa import SSAParams
 from flwr_fsl.protocols.two_server import ClientUpload, HelperParty, LeadServer, SSARound
@@ -52,7 +53,6 @@ from flwr_fsl.records import (
     read_hint_upload,
     read_ssa_upload,
 )
-from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import Layout
 
@@ -211,9 +211,9 @@ class TwoServerAggregation:
         """Securely aggregate the round with S1; drop the clients S1 rejects.
 
         ``uploads`` may be a mapping or a stream (:meth:`PhasedStrategy.stream
-        <flwr_fsl.strategies.engine.PhasedStrategy.stream>`): S0 relays and evaluates them one
+        <flwr_fsl.core.engine.PhasedStrategy.stream>`): S0 relays and evaluates them one
         chunk at a time as they arrive. Returns None when no client is left. Raises
-        :class:`~flwr_fsl.errors.RoundFailedError` when the round fails (the engine then
+        :class:`~flwr_fsl.core.errors.RoundFailedError` when the round fails (the engine then
         calls :meth:`abort`).
         """
         stream = iter(uploads.items() if isinstance(uploads, Mapping) else uploads)

@@ -10,7 +10,7 @@ keep their value. The average goes through the platform's one count-weighted app
 (:func:`~flwr_fsl.submodel.aggregate.apply_count_weighted`) over each client's
 :class:`~flwr_fsl.submodel.layout.WidthLayout`.
 
-A round on the round engine (:class:`~flwr_fsl.strategies.engine.PhasedStrategy`):
+A round on the round engine (:class:`~flwr_fsl.core.engine.PhasedStrategy`):
 
 1. ``capacity`` (only with ``capacity="query"``, only for sampled nodes whose capacity is not
    known yet): a small ``train`` message the client mod answers from the node config
@@ -27,7 +27,7 @@ model at ``config["width-rate"]``.
 **Failures.** A reply that is an error, late, duplicated, not for the slice it was sent
 (digest), misshapen, missing or adding a tensor, not finite, without a valid
 ``num-examples``, or too large to sum safely drops that client with the reason in
-:attr:`~flwr_fsl.strategies.engine.PhasedStrategy.dropped`; the others are averaged exactly
+:attr:`~flwr_fsl.core.engine.PhasedStrategy.dropped`; the others are averaged exactly
 as if it had not been sampled. A capacity answer that is not a valid rate for the rule drops
 the node for the round and is not cached. Settings are checked in the constructor, the layer
 structure against the model (and the train config for the reserved ``width-rate`` key) in
@@ -62,9 +62,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.mods.width import RATE_CONFIG_KEY, WIDTH_KEY
-from flwr_fsl.strategies.engine import PhasedStrategy, RoundState
 from flwr_fsl.submodel.aggregate import (
     accumulate_elements,
     apply_count_weighted,
@@ -95,7 +95,7 @@ class WidthFedAvg(PhasedStrategy):
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
 min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
 train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
-        As in :class:`~flwr_fsl.strategies.engine.PhasedStrategy` (Flower's ``FedAvg``).
+        As in :class:`~flwr_fsl.core.engine.PhasedStrategy` (Flower's ``FedAvg``).
     extraction : {"rolling", "static", "random", "shards"}
         FedRolex's rolling window (default), HeteroFL's static prefix, random channels per
         client and round, or SESA's random shards (drawn by the server here: a plaintext

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, RoundFailedError
 from flwr_fsl.submodel.layout import ElementUpdate, FlatLayout, Layout
 from flwr_fsl.submodel.update import SubmodelUpdate
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 FORMAT_NAME = "flwr_fsl.submodel"

@@ -22,7 +22,7 @@ in :mod:`flwr_fsl.submodel.aggregate` is written against this interface only, so
 FedSubAvg, SSA and every later secure aggregator update the model through the same code.
 
 Errors: contents of a client's update or a client-chosen index set that are out of range,
-duplicated, misshapen or not finite raise :class:`~flwr_fsl.errors.ClientInputError` (drop
+duplicated, misshapen or not finite raise :class:`~flwr_fsl.core.errors.ClientInputError` (drop
 that client). A layout that does not match the model it is used with, or index sets a server
 built wrongly, raise :class:`ValueError` (a bug or a bad setting, not a client's fault).
 """
@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 __all__ = [
@@ -747,7 +747,7 @@ class WidthLayout:
             Put integer buffers in the element space too (see :meth:`FlatLayout.of`).
         from_client : bool
             The index sets came from a client (e.g. SESA's secret shard choice): raise
-            :class:`~flwr_fsl.errors.ClientInputError` on a bad one instead of ValueError.
+            :class:`~flwr_fsl.core.errors.ClientInputError` on a bad one instead of ValueError.
 
         Raises
         ------

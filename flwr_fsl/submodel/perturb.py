@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 
 __all__ = [
     "MemoStore",

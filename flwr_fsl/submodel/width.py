@@ -40,7 +40,7 @@ or draws a rate per client and round (their ``"dynamic"`` mode, :meth:`CapacityM
 
 :class:`WidthAssignment` is what the server tells one client in one round (rate, rule, kept
 channels per scaled layer); its strict versioned codec (:meth:`WidthAssignment.from_bytes`)
-rejects malformed bytes with a :class:`~flwr_fsl.wireformat.WireFormatError`.
+rejects malformed bytes with a :class:`~flwr_fsl.core.wireformat.WireFormatError`.
 
 Privacy: width extraction by itself hides nothing; under ``rolling``/``static``/``random``
 the server chooses (hence knows) every client's channels. SESA's secure aggregation builds
@@ -48,7 +48,7 @@ on ``shards`` (the client's choice stays secret there).
 
 Errors: a bad setting or a layer structure that does not fit the model raises
 :class:`ValueError`; bytes or index sets that came from a client raise
-:class:`~flwr_fsl.errors.ClientInputError`.
+:class:`~flwr_fsl.core.errors.ClientInputError`.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.submodel.layout import TensorSlice, WidthLayout
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
 
 __all__ = [
     "EXTRACTIONS",
@@ -765,7 +765,7 @@ class WidthSpec:
             Scaled layer name -> kept output channels (see :meth:`slices`).
         from_client : bool
             The index sets came from a client: a bad one raises
-            :class:`~flwr_fsl.errors.ClientInputError`.
+            :class:`~flwr_fsl.core.errors.ClientInputError`.
 
         Returns
         -------
@@ -913,7 +913,7 @@ class WidthAssignment:
     ------
     ValueError
         If a field is out of range (the decoder raises
-        :class:`~flwr_fsl.wireformat.WireFormatError` instead).
+        :class:`~flwr_fsl.core.wireformat.WireFormatError` instead).
     """
 
     server_round: int

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.dcf import (
     MMO_KEY_DCF,
@@ -24,7 +25,6 @@ from flwr_fsl.crypto.dcf import (
     generate_keys_batch,
     public_size,
 )
-from flwr_fsl.errors import ClientInputError
 
 U64 = np.uint64
 MASK = (1 << 64) - 1

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.ring import SESA_PRIME, Z2_64, PrimeField, Z2k
-from flwr_fsl.errors import ConfigurationError
 
 
 @given(st.lists(st.floats(-100, 100), min_size=1, max_size=50), st.integers(0, 2**32))

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, Z2_64, PrimeField, Ring, Z2k, is_prime
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 
 U64 = np.uint64
 

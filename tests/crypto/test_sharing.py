@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import Z2_64, PrimeField, Ring, Z2k
@@ -31,7 +32,6 @@ from flwr_fsl.crypto.sharing import (
     truncate_local,
     truncate_mask,
 )
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 
 U64 = np.uint64
 F = PrimeField()

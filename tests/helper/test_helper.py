@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
 from flwr_fsl.helper import (
     HelperError,
@@ -38,7 +39,6 @@ from flwr_fsl.protocols.sealing import (
     seal_udpf_hint,
 )
 from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, held_digest, reconstruct
-from flwr_fsl.wireformat import Writer
 
 M, K, WIDTH = 96, 8, 2
 SID = bytes(range(16))  # the session of every twin below (clients bind sealed material to it)

@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
-from flwr_fsl.errors import RoundFailedError
 from flwr_fsl.helper import (
     HelperClient,
     HelperError,

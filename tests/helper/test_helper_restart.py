@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from flwr.app import Context, Message
 
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.helper import (
     HelperClient,
     HelperLimits,

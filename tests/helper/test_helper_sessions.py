@@ -17,8 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.wireformat import Reader, Writer
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper import (
     HelperClient,
     HelperError,
@@ -32,7 +33,6 @@ from flwr_fsl.helper import (
 from flwr_fsl.helper.service import Method, Session
 from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
 from flwr_fsl.protocols.ssa import reconstruct
-from flwr_fsl.wireformat import Reader, Writer
 from tests.helper.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
 
 SID_A, SID_B = b"A" * 16, b"B" * 16

@@ -19,10 +19,11 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.mods import PrivateRows, ssa_mod, topk_mod
-from flwr_fsl.mods.base import ProtocolMod, SSARound, StateSlot, find_round, weight_key_of
+from flwr_fsl.mods.base import ProtocolMod, SSARound, find_round, weight_key_of
 from flwr_fsl.protocols.sealing import RoundBinding, open_ssa_upload
 from flwr_fsl.protocols.ssa import SSAClientState, SSAParams, SSAServer, encode_update, reconstruct
 from flwr_fsl.records import (

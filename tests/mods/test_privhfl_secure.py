@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.mods.privhfl_secure import (
     SEED_PURPOSE,
     AnswererInfo,
@@ -33,7 +34,6 @@ from flwr_fsl.mods.privhfl_secure import (
 )
 from flwr_fsl.protocols.privhfl import PrivHFLConfig
 from flwr_fsl.protocols.sealing import open_from, seal_for
-from flwr_fsl.wireformat import WireFormatError
 
 CFG = PrivHFLConfig(relu="dcf")
 RUN = bytes(range(16))

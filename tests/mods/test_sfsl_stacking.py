@@ -31,7 +31,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.mods import PerturbedRows, secagg_mod
 from flwr_fsl.mods.sfsl import SFSL_INSTANCES
 from flwr_fsl.records import SECAGG_KEY

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import RoundFailedError
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.helper.cli import _dp_policy, _parser, main
 from flwr_fsl.helper.errors import HelperRequestError

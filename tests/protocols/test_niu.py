@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.protocols.niu import RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union
 from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, SecAggServer
@@ -162,7 +162,7 @@ def test_quantized_rows_through_subset_secagg_stay_within_one_unit() -> None:
 
 
 def test_quantizer_settings_are_checked() -> None:
-    from flwr_fsl.errors import ConfigurationError
+    from flwr_fsl.core.errors import ConfigurationError
     from flwr_fsl.protocols.niu import GammaQuantizer
 
     with pytest.raises(ConfigurationError):

@@ -14,8 +14,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.protocols import privhfl
 from flwr_fsl.protocols.privhfl import (
     AGG_A,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.protocols.privhfl import (
     PrivHFLConfig,
     PrivHFLMessageError,
@@ -43,7 +44,6 @@ from flwr_fsl.protocols.secure_inference import (
     plaintext_forward,
     to_nhwc,
 )
-from flwr_fsl.wireformat import WireFormatError
 from tests.protocols.test_privhfl import LAYER_CASES, random_model, tiny_models
 
 CFG = PrivHFLConfig(relu="dcf")

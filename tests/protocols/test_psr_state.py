@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.protocols.psr import (
@@ -20,7 +21,6 @@ from flwr_fsl.protocols.psr import (
     make_query,
 )
 from flwr_fsl.protocols.ssa import SSAInputError, SSAParams
-from flwr_fsl.wireformat import Writer
 
 ANSWER_KEY = SealingKeyPair.from_private_bytes(bytes(range(32)))
 

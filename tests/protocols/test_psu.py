@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union, union_report
 from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, SecAggServer
 

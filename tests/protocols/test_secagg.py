@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import RoundFailedError
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.protocols.secagg import (
     SecAggClient,
     SecAggError,

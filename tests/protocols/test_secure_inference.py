@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.protocols.secure_inference import (
     Architecture,
     Conv2d,

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import OVERHEAD, SealingKeyPair, client_party
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sharing import interpolate, lagrange_matrix
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.protocols import sesa
 from flwr_fsl.protocols.sealing import open_from
 from flwr_fsl.protocols.sesa import (

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, SecAggServer
 from flwr_fsl.protocols.sesa_attack import (
     ClientUpdate,

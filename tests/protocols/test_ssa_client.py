@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.hashing import EMPTY, CuckooInsertionError
 from flwr_fsl.protocols.ssa import (
     _FIELD_TYPES,
@@ -27,7 +28,6 @@ from flwr_fsl.protocols.ssa import (
     place_indices,
     reconstruct,
 )
-from flwr_fsl.wireformat import Writer
 
 SEEDS = (bytes(range(16)), bytes(range(16, 32)))
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.helper import HelperService, HelperUnavailableError, InProcessHelper
 from flwr_fsl.helper.connection import HelperShare
 from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query

@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.strategies import FedSubAvg, PhasedStrategy, RoundState
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import make_app, model_record

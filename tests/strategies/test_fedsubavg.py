@@ -9,11 +9,11 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.mods import topk_mod
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.submodel import ARRAYS_KEY, HEADER_KEY
 from flwr_fsl.testing import InProcessGrid
-from flwr_fsl.traffic import content_bytes
 from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record, node_delta
 
 
@@ -298,7 +298,7 @@ def test_a_non_finite_aggregate_fails_the_round_and_keeps_the_model(
 ) -> None:
     # Bounded weights make this unreachable from clients; the check still guards the apply.
     import flwr_fsl.strategies.fedsubavg as fedsubavg
-    from flwr_fsl.errors import RoundFailedError
+    from flwr_fsl.core.errors import RoundFailedError
 
     real = fedsubavg.count_weighted_average
 
@@ -326,7 +326,7 @@ def test_a_non_finite_aggregate_fails_the_round_and_keeps_the_model(
 
 
 def test_max_weight_is_validated() -> None:
-    from flwr_fsl.errors import ConfigurationError
+    from flwr_fsl.core.errors import ConfigurationError
 
     for bad in (0, -1.0, float("inf"), 1e308):
         with pytest.raises(ConfigurationError, match="max_weight"):

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.models.privhfl import predict_logits, retrain, train_private
 from flwr_fsl.mods.privhfl import (

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.mods import secagg_mod
 from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SecAggFedAvg

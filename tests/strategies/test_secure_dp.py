@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.mods import ssa_mod, topk_mod

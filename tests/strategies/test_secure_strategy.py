@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.records import SSA_UPLOAD_KEY

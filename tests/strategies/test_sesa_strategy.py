@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.mods.sesa import SESA_KEY, SesaNodeState, sesa_mod
 from flwr_fsl.protocols.sesa_layout import SesaLayout
 from flwr_fsl.strategies.sesa import SesaFedAvg

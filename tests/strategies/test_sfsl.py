@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.mods import PerturbedRows
 from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SFSLFedSubAvg

@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from flwr_fsl.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.models.width import WidthMLP
 from flwr_fsl.mods import width_mod
 from flwr_fsl.mods.width import RATE_CONFIG_KEY, WIDTH_KEY, capacity_of

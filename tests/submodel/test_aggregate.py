@@ -116,7 +116,7 @@ def test_matches_per_coordinate_definition(case: tuple[int, list[SubmodelUpdate]
 
 
 def test_check_contribution_shares_float64s_range_among_the_round_s_clients() -> None:
-    from flwr_fsl.errors import ClientInputError
+    from flwr_fsl.core.errors import ClientInputError
     from flwr_fsl.submodel.aggregate import check_contribution
 
     def update(value: float, weight: float, counts: float | None = None) -> SubmodelUpdate:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import ClientInputError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, RoundFailedError
 from flwr_fsl.protocols.ssa import SSAResult
 from flwr_fsl.submodel import (
     ElementUpdate,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.errors import ClientInputError, ConfigurationError
 from flwr_fsl.submodel.perturb import (
     MemoStore,
     PermanentMemo,

@@ -19,7 +19,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.models.width import WidthCNN, WidthMLP
 from flwr_fsl.submodel.aggregate import accumulate_elements, apply_count_weighted
 from flwr_fsl.submodel.width import (
@@ -39,7 +40,6 @@ from flwr_fsl.submodel.width import (
     shards_for_rate,
     static_indices,
 )
-from flwr_fsl.wireformat import WireFormatError
 
 RATES = [1.0, 0.5, 0.25, 0.125, 0.0625, 0.3, 0.7]
 
@@ -537,7 +537,7 @@ def test_assignment_decoder_rejects_malformed_bytes() -> None:
         with pytest.raises(WireFormatError):
             WidthAssignment.from_bytes(data)
     # Field-level violations re-encoded through the raw writer.
-    from flwr_fsl.wireformat import Writer
+    from flwr_fsl.core.wireformat import Writer
 
     def encode(rnd: int, rate: np.ndarray, code: int, layers: list) -> bytes:  # type: ignore[type-arg]
         w = Writer()

@@ -14,7 +14,7 @@ With ``compare-plaintext = true`` it also trains plaintext :class:`~flwr_fsl.str
 bytes per client per round, time), what each party learns, the largest difference between the
 final tables, then this app's two sections: **bytes per client and round** of the secure run,
 the plaintext row-sparse run and a dense upload of the whole table (what ``FedAvg`` would send,
-sized with :func:`flwr_fsl.traffic.content_bytes`), and **what S0 saw** — in plaintext, each
+sized with :func:`flwr_fsl.core.traffic.content_bytes`), and **what S0 saw** — in plaintext, each
 client's word set (recorded from the replies it decoded); under SSA, only the per-row sums.
 
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`; the tests
@@ -48,6 +48,8 @@ from dpf_psr_newsgroups.task import (
     table_shape,
     test_documents,
 )
+from flwr_fsl.core.engine import RoundState
+from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.data import load_newsgroups
 from flwr_fsl.experiment import (
     Arm,
@@ -65,9 +67,7 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.strategies import FedSubAvg
-from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
-from flwr_fsl.traffic import content_bytes
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 LOSS = Metric("test loss", "loss", digits=4)

@@ -40,6 +40,8 @@ from flwr.serverapp import Grid, ServerApp
 from numpy.typing import NDArray
 
 from dpf_ssa_mnist.task import Net, Settings
+from flwr_fsl.core.engine import RoundState
+from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.data import mnist_test_split
 from flwr_fsl.experiment import (
     Arm,
@@ -58,10 +60,8 @@ from flwr_fsl.helper import (
 )
 from flwr_fsl.models import evaluate
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
-from flwr_fsl.strategies.engine import RoundState
 from flwr_fsl.submodel.layout import FlatLayout
 from flwr_fsl.submodel.update import SubmodelUpdate
-from flwr_fsl.traffic import content_bytes
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 SECURE_LEARNS = {
@@ -128,7 +128,7 @@ def dense_reply_bytes(arrays: ArrayRecord) -> int:
     """Return the wire bytes of one dense FedAvg reply of this model (arrays + two metrics).
 
     What a client of a dense run uploads per round, sized with Flower's encoding
-    (:func:`flwr_fsl.traffic.content_bytes`) exactly as the round engine counts a reply; used
+    (:func:`flwr_fsl.core.traffic.content_bytes`) exactly as the round engine counts a reply; used
     for the dense row when the dense arm is not trained (``compare-dense = false``).
     """
     metrics = MetricRecord({"train_loss": 0.0, "num-examples": 1})

@@ -23,9 +23,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_fsl.core.traffic import RoundTraffic, content_bytes
 from flwr_fsl.experiment import Arm, ArmSetup, Experiment, ExperimentResult, Metric
 from flwr_fsl.strategies import SecAggFedAvg
-from flwr_fsl.traffic import RoundTraffic, content_bytes
 from secagg_mnist.task import Net, load_test_data
 from secagg_mnist.task import test as test_fn
 
@@ -50,7 +50,7 @@ class MeteredFedAvg(FedAvg):
     """Flower's ``FedAvg``, unchanged, that also logs the bytes of its messages.
 
     The harness reads bytes per client from a strategy's ``traffic`` list
-    (:class:`~flwr_fsl.traffic.RoundTraffic`, the protobuf size of each message's content, as
+    (:class:`~flwr_fsl.core.traffic.RoundTraffic`, the protobuf size of each message's content, as
     ``SecAggFedAvg`` logs them); Flower's ``FedAvg`` keeps none, so this subclass records what
     ``configure_*`` sends and what ``aggregate_*`` receives. Sampling and aggregation are
     Flower's.

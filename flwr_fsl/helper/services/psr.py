@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.service import PARTY, Method, Session

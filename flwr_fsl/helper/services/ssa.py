@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.dpf import DPFKeyBatch
-from flwr_fsl.errors import ClientInputError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import RoundBudget

@@ -12,7 +12,7 @@ phases, each a call to :meth:`PhasedStrategy.send`::
 :meth:`~PhasedStrategy.send` is the one place that tags messages with the round, records the
 bytes each way, and drops a reply that is an error, late (another round), for another phase,
 a duplicate, from a node that was not asked, or that ``parse`` rejects with a
-:class:`~flwr_fsl.errors.ClientInputError` — each with its reason in
+:class:`~flwr_fsl.core.errors.ClientInputError` — each with its reason in
 :attr:`RoundState.dropped` — and shrinks :attr:`RoundState.survivors` to the nodes whose reply
 was accepted. A node that does not answer before the timeout is dropped the same way. A phase
 may send a different message to each node.
@@ -20,7 +20,7 @@ may send a different message to each node.
 :meth:`~PhasedStrategy.start` keeps the signature and :class:`~flwr.serverapp.strategy.Result`
 of Flower's ``Strategy.start``: per round it runs :meth:`~PhasedStrategy.train_round` and
 :meth:`~PhasedStrategy.evaluate_round`, then the centralized ``evaluate_fn``. A
-:class:`~flwr_fsl.errors.RoundFailedError` raised inside a round fails that round (logged,
+:class:`~flwr_fsl.core.errors.RoundFailedError` raised inside a round fails that round (logged,
 kept in :attr:`RoundState.failure`, :meth:`~PhasedStrategy.round_failed` called) and leaves
 the global model unchanged; the run goes on. Single-phase strategies also keep Flower's
 ``configure_train`` / ``aggregate_train`` pair (the default ``train_round`` is exactly those
@@ -50,8 +50,8 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.traffic import RoundTraffic, content_bytes
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.traffic import RoundTraffic, content_bytes
 
 __all__ = ["PhasedStrategy", "RoundState"]
 
@@ -348,7 +348,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             What the grid returned.
         parse : Callable[[int, RecordDict], T], optional
             Turns a reply's content into the phase's value; raises
-            :class:`~flwr_fsl.errors.ClientInputError` to drop the node (nothing broader is
+            :class:`~flwr_fsl.core.errors.ClientInputError` to drop the node (nothing broader is
             caught: a bug is not a bad client). Default: the content itself.
         shrink : bool
             False for phases whose failures do not remove a node from the round (evaluation):

@@ -13,7 +13,7 @@ allocated, so a short input with a huge declared length fails fast and cheaply:
 
 Formats built on it (the helper wire format :mod:`flwr_fsl.helper.wire`, the sealed PSR answer
 of :mod:`flwr_fsl.protocols.sealing`) add their own magic, version and kind. Every malformed
-input raises :class:`WireFormatError`, a :class:`~flwr_fsl.errors.ClientInputError`: bytes that
+input raises :class:`WireFormatError`, a :class:`~flwr_fsl.core.errors.ClientInputError`: bytes that
 came from one party are dropped with a reason, never crash the reader.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError
 
 __all__ = [
     "MAX_ARRAY_NDIM",
