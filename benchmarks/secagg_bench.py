@@ -73,8 +73,8 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.crypto.prg import ctr_stream
+from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.mods import secagg_mod
-from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SecAggFedAvg
 from flwr_fsl.testing import InProcessGrid
 

@@ -181,7 +181,21 @@ def is_submodel_reply(content: RecordDict) -> bool:
     return HEADER_KEY in content.config_records
 
 
-def _loader(record: ArrayRecord) -> Callable[[str], NDArray[np.generic]]:
+def array_loader(record: ArrayRecord) -> Callable[[str], NDArray[np.generic]]:
+    """Return a loader of ``record``'s arrays that turns any parse failure into a format error.
+
+    Parameters
+    ----------
+    record : ArrayRecord
+        A reply's array record.
+
+    Returns
+    -------
+    Callable[[str], NDArray]
+        ``load(key)``: the array (Flower loads ``.npy`` bytes with ``allow_pickle=False``); it
+        raises :class:`~flwr_fsl.submodel.codec.SubmodelFormatError` if they do not parse.
+    """
+
     def load(key: str) -> NDArray[np.generic]:
         try:
             return record[key].numpy()  # Flower loads .npy bytes with allow_pickle=False
@@ -221,63 +235,10 @@ def decode_update(
             raise SubmodelFormatError(f"missing ArrayRecord {ARRAYS_KEY!r}")
         record = content.array_records[ARRAYS_KEY]
         header = dict(content.config_records[HEADER_KEY])
-        return decode_parts(header, _loader(record), record.keys(), reference, weight)
+        return decode_parts(header, array_loader(record), record.keys(), reference, weight)
     if len(content.array_records) != 1:
         raise SubmodelFormatError(
             f"a dense reply needs exactly one ArrayRecord, got {len(content.array_records)}"
         )
     record = next(iter(content.array_records.values()))
-    return decode_dense(_loader(record), record.keys(), reference, weight)
-
-
-# -- Bonawitz SecAgg (``SecAggFedAvg`` / ``secagg_mod``) -------------------------------------
-# Every SecAgg message is a ``train`` message (so it reaches the mods in front of the user's
-# ``@app.train`` without another registered function) carrying one ConfigRecord under
-# SECAGG_KEY with ``phase`` (one of SECAGG_PHASES), ``params`` (``SecAggParams.to_bytes()``)
-# and the phase's fields. The masked input goes back as one uint64 Array under SECAGG_KEY in
-# the reply's ArrayRecord, and nothing else.
-SECAGG_KEY = "fsl.secagg"
-SECAGG_PHASES = ("advertise", "share", "train", "unmask")
-
-
-def read_secagg_bytes(content: RecordDict, field: str) -> bytes:
-    """Return the bytes ``field`` of the SecAgg ConfigRecord in ``content``.
-
-    Raises
-    ------
-    SubmodelFormatError
-        If the record or the field is missing or not bytes, or is over :data:`MAX_UPLOAD_BYTES`.
-    """
-    record = content.config_records.get(SECAGG_KEY)
-    value = None if record is None else record.get(field)
-    if not isinstance(value, bytes) or len(value) > MAX_UPLOAD_BYTES:
-        raise SubmodelFormatError(f"SecAgg message lacks the bytes field {field!r}")
-    return value
-
-
-def read_masked_input(content: RecordDict, length: int) -> NDArray[np.uint64]:
-    """Return the masked input of a SecAgg train reply (exactly ``length`` uint64 words).
-
-    Raises
-    ------
-    SubmodelFormatError
-        If the reply holds anything else, or the array has another dtype or shape.
-    """
-    if set(content.keys()) != {SECAGG_KEY} or SECAGG_KEY not in content.array_records:
-        raise SubmodelFormatError("a SecAgg reply must hold only its masked input")
-    record = content.array_records[SECAGG_KEY]
-    if list(record.keys()) != ["masked"]:
-        raise SubmodelFormatError("a SecAgg reply must hold only its masked input")
-    array = record["masked"]
-    # Checked before the bytes are parsed: nothing of another size is allocated.
-    if array.dtype != "uint64" or tuple(array.shape) != (length,):
-        raise SubmodelFormatError(f"the masked input must be {length} uint64 words")
-    words = _loader(record)("masked")
-    if words.dtype != np.uint64 or words.shape != (length,):
-        raise SubmodelFormatError(f"the masked input must be {length} uint64 words")
-    return words.astype(np.uint64, copy=False)
-
-
-def masked_input_record(masked: NDArray[np.uint64]) -> RecordDict:
-    """Return the SecAgg train reply: the masked input only."""
-    return RecordDict({SECAGG_KEY: ArrayRecord({"masked": Array(masked.astype(np.uint64))})})
+    return decode_dense(array_loader(record), record.keys(), reference, weight)

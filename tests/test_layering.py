@@ -6,7 +6,7 @@ Layers, top to bottom (a module may import its own layer and any lower one):
 6     ``research`` (reproductions of papers' attacks; nothing in the package imports it)
 5     ``strategies``, ``mods`` (the public import paths), ``records``, ``testing``,
       ``experiment``, ``core.engine`` / ``core.phases`` / ``core.state`` / ``core.traffic``, and
-      each family's Flower modules (``families/<f>/strategy*.py``, ``mod*.py``)
+      each family's Flower modules (``strategy*.py``, ``mod*.py``, ``records*.py``)
 4     ``helper`` (the second server S1: gRPC service, S0's connection)
 3     ``pinning`` and each family's Flower-free modules (``families/<f>/messages.py``,
       ``protocol.py``, ...): the parties of each protocol, testable without Flower
@@ -84,7 +84,7 @@ FAMILY_DEPENDS: dict[str, frozenset[str]] = {
 }
 """Which other families a family may import (``ssa`` also uses the platform's ``helper``)."""
 HELPER_SERVES = frozenset({"ssa"})
-_FLOWER_MODULE = re.compile(r"^(strategy|mod)(_\w+)?$|^\w+_(strategy|mod)$")
+_FLOWER_MODULE = re.compile(r"^(strategy|mod|records)(_\w+)?$|^\w+_(strategy|mod|records)$")
 
 
 def _modules() -> list[Path]:

@@ -8,7 +8,7 @@ Usage, around an unchanged ``@app.train`` that trains the model it receives::
 ``rows(context)`` returns the client's real row set ``S`` and a count per row (how many of its
 samples touch it). The mod owns the SecAgg instances ``"union"`` and ``"rows"``
 (:data:`SFSL_INSTANCES`): it answers their control phases
-(:func:`~flwr_fsl.mods.secagg.secagg_control`) and:
+(:func:`~flwr_fsl.families.secagg.mod.secagg_control`) and:
 
 * ``union`` train phase: its randomized Bloom filter of ``S`` (:func:`~flwr_fsl.protocols.psu.
   client_vector`), masked;
@@ -56,11 +56,11 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.mods.secagg import record_instance, round_client, secagg_control, store_client
+from flwr_fsl.families.secagg.mod import record_instance, round_client, secagg_control, store_client
+from flwr_fsl.families.secagg.protocol import decode_ids, decode_rows
+from flwr_fsl.families.secagg.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector
-from flwr_fsl.protocols.secagg import decode_ids, decode_rows
-from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
 from flwr_fsl.submodel.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
 
 __all__ = ["ROWS_INSTANCE", "SFSL_INSTANCES", "UNION_INSTANCE", "PerturbedRows", "RRChoice"]

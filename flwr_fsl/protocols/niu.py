@@ -6,7 +6,7 @@ union, :mod:`flwr_fsl.protocols.psu`); client ``i`` answers with a perturbed set
 ``S''_i ∩ S_i`` and uploads, for every row ``j`` of ``S''_i``, the row ``v_ij · Δ_ij`` and
 the count ``v_ij`` (the number of its samples touching ``j``): zero row and zero count for
 ``j`` not in ``S_i``. Secure aggregation over each row's participants ``C_j = {i : j in
-S''_i}`` (a *subset round* of :mod:`flwr_fsl.protocols.secagg`) gives the server
+S''_i}`` (a *subset round* of :mod:`flwr_fsl.families.secagg.protocol`) gives the server
 ``Σ_i v_ij Δ_ij`` and ``Σ_i v_ij`` per row, and the row moves by their quotient — every
 coordinate averaged over the samples that actually touched it (Niu App. C).
 

@@ -1,7 +1,7 @@
 """Private set union from Bloom filters and secure aggregation (Niu et al., Alg. 3, Eq. 1).
 
 Each chosen client encodes its real index set ``S_i`` (indices in ``[0, m)``) as one vector
-of ring words that secure aggregation (:mod:`flwr_fsl.protocols.secagg`) sums:
+of ring words that secure aggregation (:mod:`flwr_fsl.families.secagg.protocol`) sums:
 
 * a **Bloom filter** of ``beta`` positions and ``h`` keyed hash functions
   (``pos_k(j) = AES_key(j || k) mod beta``, the key public and fresh per round), where every

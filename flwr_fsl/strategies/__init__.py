@@ -2,9 +2,9 @@
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.traffic import RoundTraffic
+from flwr_fsl.families.secagg.strategy import SecAggFedAvg
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
-from flwr_fsl.strategies.secagg import SecAggFedAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
 from flwr_fsl.strategies.sesa import SesaFedAvg
 from flwr_fsl.strategies.sfsl import SFSLFedSubAvg

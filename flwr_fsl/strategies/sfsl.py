@@ -5,7 +5,7 @@ any number of dense tensors. A round, on the round engine, with
 :class:`~flwr_fsl.mods.sfsl.PerturbedRows` on the clients:
 
 1. **Private set union** (Alg. 3, ``union-*`` phases): a Bonawitz SecAgg round
-   (:class:`~flwr_fsl.strategies.secagg.SecAggPhases`) sums the clients' randomized Bloom
+   (:class:`~flwr_fsl.families.secagg.strategy.SecAggPhases`) sums the clients' randomized Bloom
    filters (:mod:`flwr_fsl.protocols.psu`; exact mode by default); the server opens the union
    ``U`` of their real row sets.
 2. **Perturbation** (Alg. 2, ``perturb``): each client answers with ``S''_i`` from permanent
@@ -54,12 +54,12 @@ from numpy.typing import NDArray
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.families.secagg.protocol import SecAggParams, encode_ids, encode_rows
+from flwr_fsl.families.secagg.records import SECAGG_KEY, read_secagg_bytes
+from flwr_fsl.families.secagg.strategy import SecAggPhases
 from flwr_fsl.mods.sfsl import ROWS_INSTANCE, UNION_INSTANCE
 from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
 from flwr_fsl.protocols.psu import PSUParams, reconstruct_union, union_report
-from flwr_fsl.protocols.secagg import SecAggParams, encode_ids, encode_rows
-from flwr_fsl.records import SECAGG_KEY, read_secagg_bytes
-from flwr_fsl.strategies.secagg import SecAggPhases
 
 __all__ = ["SFSLFedSubAvg", "psu_fields", "sfsl_layout"]
 

@@ -22,7 +22,7 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from flwr_fsl.experiment import load_experiment
-from flwr_fsl.records import SECAGG_KEY
+from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

@@ -32,9 +32,9 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.mods import PerturbedRows, secagg_mod
 from flwr_fsl.mods.sfsl import SFSL_INSTANCES
-from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SecAggFedAvg, SFSLFedSubAvg
 from flwr_fsl.submodel.perturb import PermanentMemo, RRParams
 from flwr_fsl.testing import InProcessGrid

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
 from flwr_fsl.protocols.niu import RowVector
 from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union
-from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, SecAggServer
 from flwr_fsl.submodel.perturb import PermanentMemo, RRParams, perturb_index_set
 
 CODEC = FixedPoint(frac_bits=24, max_abs=1e5, max_summands=100)

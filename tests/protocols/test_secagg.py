@@ -1,4 +1,4 @@
-"""Bonawitz SecAgg (flwr_fsl.protocols.secagg): exact sums under dropouts, clean failures,
+"""Bonawitz SecAgg (flwr_fsl.families.secagg.protocol): exact sums under dropouts, clean failures,
 the server's view, every decoder fuzzed and every client check exercised."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import RoundFailedError
-from flwr_fsl.protocols.secagg import (
+from flwr_fsl.families.secagg.protocol import (
     SecAggClient,
     SecAggError,
     SecAggParams,
@@ -384,7 +384,7 @@ def test_mutated_client_state_decodes_or_fails_cleanly(data: st.DataObject) -> N
 
 def test_words_at_positions_are_the_ctr_stream_words() -> None:
     from flwr_fsl.crypto.prg import ctr_stream
-    from flwr_fsl.protocols.secagg import _words_at
+    from flwr_fsl.families.secagg.protocol import _words_at
 
     key = os.urandom(16)
     full = ctr_stream(key, bytes(16), 1001)
@@ -411,7 +411,7 @@ def subset_round(
     x = {u: rng.integers(0, 2**64, rows[u].size, dtype=U64) for u in u2}
     for u in u2:
         # The shared rows travel as bytes: through their strict codec.
-        from flwr_fsl.protocols.secagg import decode_rows, encode_rows
+        from flwr_fsl.families.secagg.protocol import decode_rows, encode_rows
 
         wire = decode_rows(encode_rows(shared[u]), m)
         y = clients[u].masked_input(u2, x[u], rows=rows[u], shared_rows=wire)
@@ -506,7 +506,7 @@ def test_subset_row_checks() -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=300), st.integers(1, 50))
 def test_row_decoder_fuzz(blob: bytes, m: int) -> None:
-    from flwr_fsl.protocols.secagg import decode_rows
+    from flwr_fsl.families.secagg.protocol import decode_rows
 
     try:
         decode_rows(blob, m)

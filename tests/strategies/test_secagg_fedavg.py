@@ -9,8 +9,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.mods import secagg_mod
-from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SecAggFedAvg
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import MODEL, make_app, model_record

@@ -12,8 +12,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.mods import PerturbedRows
-from flwr_fsl.records import SECAGG_KEY
 from flwr_fsl.strategies import SFSLFedSubAvg
 from flwr_fsl.submodel.perturb import RRParams
 from flwr_fsl.testing import InProcessGrid

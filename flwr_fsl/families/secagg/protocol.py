@@ -1,7 +1,8 @@
 r"""Secure aggregation of Bonawitz et al. (CCS 2017), semi-honest, for one server and n clients.
 
 Flower-free: :class:`SecAggClient` and :class:`SecAggServer` exchange bytes (and one vector of
-ring words per client); :mod:`flwr_fsl.strategies.secagg` and :mod:`flwr_fsl.mods.secagg`
+ring words per client); :mod:`flwr_fsl.families.secagg.strategy` and
+:mod:`flwr_fsl.families.secagg.mod`
 carry them in Flower messages. The clients never talk to each other: everything is relayed by
 the server, and what one client sends another is sealed to the recipient
 (:func:`flwr_fsl.crypto.channel.seal`, HPKE with X25519 / AES-256-GCM from ``cryptography``).

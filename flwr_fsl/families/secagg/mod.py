@@ -6,7 +6,7 @@ messages whose SecAgg record names the phase, so they need no registered functio
 own and never reach your code). On the SecAgg ``train`` phase it runs your train
 function on the message (the SecAgg record sits beside its usual records), then replaces the
 reply by the masked vector of
-:class:`~flwr_fsl.protocols.secagg_vector.WeightedVector`: the weighted update, the weight
+:class:`~flwr_fsl.families.secagg.vector.WeightedVector`: the weighted update, the weight
 (``num-examples``, or the strategy's ``weighted_by_key``) and the weighted train metrics the
 strategy asked for. The reply carries nothing else: no arrays, no weight, no metric in the
 clear. Train messages without a SecAgg record, evaluation and other queries pass through.
@@ -33,9 +33,9 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.protocols.secagg import SecAggClient, SecAggParams, decode_ids
-from flwr_fsl.protocols.secagg_vector import WeightedVector
-from flwr_fsl.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
+from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, decode_ids
+from flwr_fsl.families.secagg.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
+from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = [
     "MODEL_INSTANCE",

@@ -3,7 +3,7 @@
 A drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same knobs, same ``start``) for an
 unchanged ``@app.train`` behind :func:`~flwr_fsl.mods.secagg_mod`. Each round is four phases
 of the round engine (:class:`~flwr_fsl.core.engine.PhasedStrategy`), the protocol being
-:mod:`flwr_fsl.protocols.secagg`:
+:mod:`flwr_fsl.families.secagg.protocol`:
 
 Every phase is a ``train`` message (the mod answers the control phases itself, so the
 ClientApp needs no extra registered function):
@@ -12,7 +12,7 @@ ClientApp needs no extra registered function):
 2. ``share``: the roster goes out, each client's shares for the
    others come back sealed to them and wait in the server's mailbox;
 3. ``train``: the model and config (as ``FedAvg`` sends them) plus ``U2``; each client trains
-   and replies only its masked vector (:class:`~flwr_fsl.protocols.secagg_vector.WeightedVector`:
+   and replies only its masked vector (:class:`~flwr_fsl.families.secagg.vector.WeightedVector`:
    weighted update, weight, weighted train metrics), added to the running sum as it arrives
    (:meth:`~flwr_fsl.core.engine.PhasedStrategy.stream`);
 4. ``unmask``: each survivor gets its mailbox and returns shares;
@@ -26,7 +26,7 @@ metric), who finished which phase, and sizes. It does not learn any client's upd
 (``num-examples``) or metrics: no reply carries them in the clear. ``t`` is
 ``reconstruction_threshold`` (a count, or a fraction of the sampled clients) — at least
 ``t`` clients must finish the round, or it fails with the model unchanged. Not covered: a
-server that deviates from the protocol (see :mod:`flwr_fsl.protocols.secagg`), federated
+server that deviates from the protocol (see :mod:`flwr_fsl.families.secagg.protocol`), federated
 evaluation (its replies are Flower's and carry ``num-examples``; use ``evaluate_fn``).
 
 **Failures.** A client that errs, times out or sends a malformed message is dropped at that
@@ -59,9 +59,9 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
-from flwr_fsl.protocols.secagg import SecAggParams, SecAggServer, encode_ids
-from flwr_fsl.protocols.secagg_vector import WeightedVector
-from flwr_fsl.records import SECAGG_KEY, read_masked_input, read_secagg_bytes
+from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer, encode_ids
+from flwr_fsl.families.secagg.records import SECAGG_KEY, read_masked_input, read_secagg_bytes
+from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = ["SecAggFedAvg", "SecAggPhases"]
 
@@ -72,7 +72,7 @@ class SecAggPhases:
 
     Every phase is a ``train`` message whose SecAgg record names the phase and the
     ``instance`` (so one round can run several aggregations, e.g. Niu's union and rows); the
-    client side is :func:`flwr_fsl.mods.secagg.secagg_control` (and the caller's own handler
+    client side is :func:`flwr_fsl.families.secagg.mod.secagg_control` (and the caller's own handler
     of the masked phase). Phase names in the round's traffic are the SecAgg phases, prefixed
     with the instance unless it is ``"model"``.
 
