@@ -2,7 +2,7 @@
 
 Run ``python benchmarks/niu_privacy_table.py [--clients N] [--rounds R] [--seed S] [--json PATH]``.
 For the five choices of probability parameters (CPP1..CPP5, ``p1 = p3``, ``p2 = p4``) it prints,
-from :class:`flwr_fsl.submodel.perturb.RRParams`:
+from :class:`flwr_fsl.families.sfsl.perturb.RRParams`:
 
 * ``p5``, ``p6`` (Pr[an index is kept | it is / is not real]) and ``ε1``, ``ε∞`` (Lemmas 1-2),
   which depend on the parameters only and must equal the paper's table;
@@ -28,7 +28,12 @@ import numpy as np
 
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.data import load_movielens
-from flwr_fsl.submodel.perturb import PermanentMemo, RRParams, perturb_index_set, theorem2_events
+from flwr_fsl.families.sfsl.perturb import (
+    PermanentMemo,
+    RRParams,
+    perturb_index_set,
+    theorem2_events,
+)
 
 CHOICES = {
     "CPP1": (1.0, 0.0),

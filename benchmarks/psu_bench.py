@@ -5,8 +5,8 @@ Run ``python benchmarks/psu_bench.py [--clients 20 40 60 80 100] [--domain 14353
 a domain of 143,534 goods IDs, exact mode (the identity map as the filter, FPR 0, no
 partitions, as they ran it), and per-client sets of ``--set-size`` random IDs (their union of
 100 clients reached 32,904 IDs, about 330 per client). For each client count it runs one full
-round of :mod:`flwr_fsl.families.secagg.protocol` with :func:`flwr_fsl.protocols.psu.client_vector`
-inputs in one process and reports
+round of :mod:`flwr_fsl.families.secagg.protocol` with
+:func:`flwr_fsl.families.sfsl.psu.client_vector` inputs in one process and reports
 
 * **bytes per client**, up and down, counted from the protocol messages themselves
   (advertisement, roster, sealed share bundle, the masked vector of ``m + 1`` 64-bit words,
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
-from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union
+from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union
 
 MIB = 1 << 20
 

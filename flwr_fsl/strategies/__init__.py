@@ -3,11 +3,11 @@
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.families.secagg.strategy import SecAggFedAvg
+from flwr_fsl.families.sfsl.strategy import SFSLFedSubAvg
 from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.strategies.secure import SecureFedSubAvg
 from flwr_fsl.strategies.sesa import SesaFedAvg
-from flwr_fsl.strategies.sfsl import SFSLFedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.strategies.width import WidthFedAvg
 

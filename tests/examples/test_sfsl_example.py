@@ -25,9 +25,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.experiment import ExperimentResult
+from flwr_fsl.families.sfsl.perturb import PermanentMemo
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.strategies import SFSLFedSubAvg
-from flwr_fsl.submodel.perturb import PermanentMemo
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

@@ -33,8 +33,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.data import load_movielens
+from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.run_config import settings_from_run_config
-from flwr_fsl.submodel.perturb import RRParams
 
 TABLE = "item_emb.weight"
 

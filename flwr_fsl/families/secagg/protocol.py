@@ -35,8 +35,8 @@ with fewer than ``t`` clients. The server learns ``sum_{u in U3} x_u``, the sets
 (who took part and who dropped when) and message sizes; a client learns the roster's public
 keys and ``U2``, ``U3``. Each ``y_u`` alone is uniform in ``Z_2^64`` given the server's view
 while some other client of ``U3`` is honest (its pair mask with ``u`` is unknown to the
-server; ``tests/protocols/test_secagg.py`` checks the view's uniformity and its independence of
-``x_u``). Not covered (as in Bonawitz's semi-honest variant): a server that *deviates* can tell
+server; ``tests/families/secagg/test_protocol.py`` checks the view's uniformity and its independence
+of ``x_u``). Not covered (as in Bonawitz's semi-honest variant): a server that *deviates* can tell
 one group of clients that ``v`` dropped and another that it survived and so collect both
 ``b_v`` and ``s_v`` shares (a client refuses only an inconsistent request of its own); the
 signatures and consistency-check round of the malicious-model protocol are not implemented.

@@ -33,12 +33,12 @@ from flwr.clientapp.typing import Mod
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.secagg.records import SECAGG_KEY
+from flwr_fsl.families.sfsl.mod import SFSL_INSTANCES
+from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams
 from flwr_fsl.mods import PerturbedRows, secagg_mod
-from flwr_fsl.mods.sfsl import SFSL_INSTANCES
 from flwr_fsl.strategies import SecAggFedAvg, SFSLFedSubAvg
-from flwr_fsl.submodel.perturb import PermanentMemo, RRParams
 from flwr_fsl.testing import InProcessGrid
-from tests.strategies.test_sfsl import MODEL, counts, real_rows, reference, row_delta
+from tests.families.sfsl.test_strategy import MODEL, counts, real_rows, reference, row_delta
 
 N = 5
 CPP = {"cpp1": RRParams.symmetric(1, 0), "cpp5": RRParams.symmetric(1, 1)}

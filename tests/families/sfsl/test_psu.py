@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
-from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union, union_report
+from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union, union_report
 
 
 def secure_sum(vectors: dict[int, np.ndarray], t: int = 2) -> np.ndarray:

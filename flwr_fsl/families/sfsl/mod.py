@@ -10,7 +10,7 @@ samples touch it). The mod owns the SecAgg instances ``"union"`` and ``"rows"``
 (:data:`SFSL_INSTANCES`): it answers their control phases
 (:func:`~flwr_fsl.families.secagg.mod.secagg_control`) and:
 
-* ``union`` train phase: its randomized Bloom filter of ``S`` (:func:`~flwr_fsl.protocols.psu.
+* ``union`` train phase: its randomized Bloom filter of ``S`` (:func:`~flwr_fsl.families.sfsl.psu.
   client_vector`), masked;
 * ``perturb``: ``S''`` over the union by randomized response, with the permanent answers kept
   in ``Context.state`` (and in ``memo_dir`` on disk when given, so a restarted client keeps
@@ -59,9 +59,10 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.mod import record_instance, round_client, secagg_control, store_client
 from flwr_fsl.families.secagg.protocol import decode_ids, decode_rows
 from flwr_fsl.families.secagg.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
-from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
-from flwr_fsl.protocols.psu import PSUParams, client_vector
-from flwr_fsl.submodel.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
+from flwr_fsl.families.sfsl.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
+from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
+from flwr_fsl.families.sfsl.psu import PSUParams, client_vector
+from flwr_fsl.families.sfsl.records import ROWS_INSTANCE, SFSL_INSTANCES, UNION_INSTANCE
 
 __all__ = ["ROWS_INSTANCE", "SFSL_INSTANCES", "UNION_INSTANCE", "PerturbedRows", "RRChoice"]
 
@@ -70,11 +71,6 @@ RRChoice = Callable[[ConfigRecord, Context], RRParams]
 """``rr(config, context)``: the randomized-response parameters of one training."""
 Session = str | bytes | int
 
-UNION_INSTANCE = "union"
-"""The SecAgg instance of the private set union (SFSL step 1)."""
-ROWS_INSTANCE = "rows"
-"""The SecAgg instance of the perturb phase and the count-weighted rows round (steps 2, 3)."""
-SFSL_INSTANCES = (UNION_INSTANCE, ROWS_INSTANCE)
 
 MEMO_SLOT = "fsl.sfsl.memo"
 _RR_SLOT = "fsl.sfsl.rr"  # per memo slot: the (p1, p2) its permanent answers were drawn with

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.submodel.perturb import (
+from flwr_fsl.families.sfsl.perturb import (
     MemoStore,
     PermanentMemo,
     RRParams,

@@ -2,11 +2,11 @@
 
 The model has one row table (an embedding, ``table``) whose rows clients touch privately, and
 any number of dense tensors. A round, on the round engine, with
-:class:`~flwr_fsl.mods.sfsl.PerturbedRows` on the clients:
+:class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` on the clients:
 
 1. **Private set union** (Alg. 3, ``union-*`` phases): a Bonawitz SecAgg round
    (:class:`~flwr_fsl.families.secagg.strategy.SecAggPhases`) sums the clients' randomized Bloom
-   filters (:mod:`flwr_fsl.protocols.psu`; exact mode by default); the server opens the union
+   filters (:mod:`flwr_fsl.families.sfsl.psu`; exact mode by default); the server opens the union
    ``U`` of their real row sets.
 2. **Perturbation** (Alg. 2, ``perturb``): each client answers with ``S''_i`` from permanent
    (memoized) and instantaneous randomized response over ``U``. The message carries the
@@ -22,10 +22,10 @@ any number of dense tensors. A round, on the round engine, with
 **Threat model and leakage.** One honest-but-curious server colluding with fewer than ``t``
 clients; semi-honest clients; everything relayed and sealed. The server learns the union ``U``
 (and, in Bloom mode, its false positives), every ``S''_i`` (ε-LDP per client: ``ε1`` per round,
-``ε∞`` over all rounds, :mod:`flwr_fsl.submodel.perturb`), and per row the participant set and
+``ε∞`` over all rounds, :mod:`flwr_fsl.families.sfsl.perturb`), and per row the participant set and
 the aggregate over it — a row with a single participant is that client's row in the clear
 (Theorem 2, Event 1). Clients learn ``U`` and, for their own rows, which other clients answered
-"yes". With ``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.submodel.perturb.RRParams` all ones)
+"yes". With ``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.families.sfsl.perturb.RRParams` all ones)
 every client uploads all of ``U`` and the round is as private as secure FL over ``U``
 (Theorem 3).
 """
@@ -57,9 +57,9 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.protocol import SecAggParams, encode_ids, encode_rows
 from flwr_fsl.families.secagg.records import SECAGG_KEY, read_secagg_bytes
 from flwr_fsl.families.secagg.strategy import SecAggPhases
-from flwr_fsl.mods.sfsl import ROWS_INSTANCE, UNION_INSTANCE
-from flwr_fsl.protocols.niu import GammaQuantizer, RowVector
-from flwr_fsl.protocols.psu import PSUParams, reconstruct_union, union_report
+from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
+from flwr_fsl.families.sfsl.psu import PSUParams, reconstruct_union, union_report
+from flwr_fsl.families.sfsl.records import ROWS_INSTANCE, UNION_INSTANCE
 
 __all__ = ["SFSLFedSubAvg", "psu_fields", "sfsl_layout"]
 

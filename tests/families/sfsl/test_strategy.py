@@ -13,9 +13,9 @@ from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.secagg.records import SECAGG_KEY
+from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.mods import PerturbedRows
 from flwr_fsl.strategies import SFSLFedSubAvg
-from flwr_fsl.submodel.perturb import RRParams
 from flwr_fsl.testing import InProcessGrid
 
 M, D = 40, 3

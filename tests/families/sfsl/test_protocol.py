@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
-from flwr_fsl.protocols.niu import RowVector
-from flwr_fsl.protocols.psu import PSUParams, client_vector, reconstruct_union
-from flwr_fsl.submodel.perturb import PermanentMemo, RRParams, perturb_index_set
+from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams, perturb_index_set
+from flwr_fsl.families.sfsl.protocol import RowVector
+from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union
 
 CODEC = FixedPoint(frac_bits=24, max_abs=1e5, max_summands=100)
 
@@ -121,7 +121,7 @@ def test_property_random_sets_and_dropouts(data: st.DataObject) -> None:
 
 
 def test_gamma_quantization_of_a_weighted_mean_is_unbiased() -> None:
-    from flwr_fsl.protocols.niu import GammaQuantizer
+    from flwr_fsl.families.sfsl.protocol import GammaQuantizer
 
     q = GammaQuantizer(levels=16, low=-1.0, high=1.0)
     rng = np.random.default_rng(7)
@@ -144,7 +144,7 @@ def test_gamma_quantization_of_a_weighted_mean_is_unbiased() -> None:
 
 
 def test_quantized_rows_through_subset_secagg_stay_within_one_unit() -> None:
-    from flwr_fsl.protocols.niu import GammaQuantizer
+    from flwr_fsl.families.sfsl.protocol import GammaQuantizer
 
     q = GammaQuantizer(levels=2**15, low=-4.0, high=4.0)
     layout = RowVector(np.arange(6), 2, FixedPoint(0, 1e9, 100), quantizer=q)
@@ -163,7 +163,7 @@ def test_quantized_rows_through_subset_secagg_stay_within_one_unit() -> None:
 
 def test_quantizer_settings_are_checked() -> None:
     from flwr_fsl.core.errors import ConfigurationError
-    from flwr_fsl.protocols.niu import GammaQuantizer
+    from flwr_fsl.families.sfsl.protocol import GammaQuantizer
 
     with pytest.raises(ConfigurationError):
         GammaQuantizer(1, 0.0, 1.0)

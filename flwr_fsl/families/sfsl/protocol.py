@@ -1,8 +1,8 @@
 """Count-weighted secure submodel averaging of Niu et al. (Alg. 1, lines 7-9 and 14-19).
 
 A round's questionnaire is the union ``U`` of the chosen clients' real row sets (private set
-union, :mod:`flwr_fsl.protocols.psu`); client ``i`` answers with a perturbed set ``S''_i``
-(:mod:`flwr_fsl.submodel.perturb`), downloads those rows, trains succinctly on
+union, :mod:`flwr_fsl.families.sfsl.psu`); client ``i`` answers with a perturbed set ``S''_i``
+(:mod:`flwr_fsl.families.sfsl.perturb`), downloads those rows, trains succinctly on
 ``S''_i ∩ S_i`` and uploads, for every row ``j`` of ``S''_i``, the row ``v_ij · Δ_ij`` and
 the count ``v_ij`` (the number of its samples touching ``j``): zero row and zero count for
 ``j`` not in ``S_i``. Secure aggregation over each row's participants ``C_j = {i : j in
@@ -20,7 +20,7 @@ client's row in the clear (Theorem 2's Event 1: probability ``p7``, which RR kee
 row whose owners all answered "no" while others answered "yes" aggregates to zero and tells
 the server those clients lack it (Event 2, ``p8``). Each client also learns, from the shared
 rows of its masked-input request, which other clients answered "yes" to the rows of its own
-``S''_i``. ``tests/protocols/test_niu.py`` shows the Event 1 exposure.
+``S''_i``. ``tests/families/sfsl/test_protocol.py`` shows the Event 1 exposure.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class GammaQuantizer:
     value ``x`` (clipped to the interval) maps to the level below or above it with
     probabilities that make ``E[z] = (x - low) / unit``. A count-weighted mean taken on the
     levels and then dequantized, ``(Σ v z / Σ v) · unit + low``, is an unbiased estimate of
-    ``Σ v x / Σ v`` (App. B; ``tests/protocols/test_niu.py`` checks it).
+    ``Σ v x / Σ v`` (App. B; ``tests/families/sfsl/test_protocol.py`` checks it).
 
     Raises
     ------

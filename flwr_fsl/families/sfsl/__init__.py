@@ -1,0 +1,8 @@
+"""Niu et al.'s secure federated submodel learning (SFSL) over Flower's Message API.
+
+``perturb`` (randomized-response index perturbation with RAPPOR memoization, Alg. 2), ``psu``
+(Bloom-filter private set union, Alg. 3), ``protocol`` (count-weighted row vectors and their
+quantizer, Alg. 1 / App. B-C), ``strategy``
+(:class:`~flwr_fsl.families.sfsl.strategy.SFSLFedSubAvg`) and ``mod``
+(:class:`~flwr_fsl.families.sfsl.mod.PerturbedRows`). Built on :mod:`flwr_fsl.families.secagg`.
+"""

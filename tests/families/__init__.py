@@ -1,0 +1,1 @@
+"""Tests of each protocol family, one folder per family (as flwr_fsl/families)."""

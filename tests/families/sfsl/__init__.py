@@ -1,0 +1,1 @@
+"""Tests of the SFSL family (Niu et al.)."""
