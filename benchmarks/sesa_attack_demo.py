@@ -3,7 +3,7 @@
 Run ``python benchmarks/sesa_attack_demo.py [--seed S] [--trials T] [--png PATH] [--json PATH]``
 (needs ``python -m flwr_fsl.data prepare mnist``). Every client takes one SGD step (lr 0.1) on
 its own MNIST example(s) with the width-extracted submodel of a fresh MLP 784-200-10 and
-uploads ``after - before``; :mod:`flwr_fsl.protocols.sesa_attack` builds what the server sees
+uploads ``after - before``; :mod:`flwr_fsl.research.sesa_attack` builds what the server sees
 and attacks it. Errors are relative L2 distances ``||x̂ - x|| / ||x||`` to the nearest true
 input. It prints:
 
@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flwr_fsl.data import load_mnist
-from flwr_fsl.protocols.sesa_attack import (
+from flwr_fsl.research.sesa_attack import (
     ClientUpdate,
     GlobalMLP,
     attack_exclusive,

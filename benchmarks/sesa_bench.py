@@ -20,7 +20,7 @@ group with ``K = 1`` that every user selects. Users fall in three capacity group
   ``(N × T) @ (T × K_i d)`` field product, ``O(N T K_i d)``, not the fast multipoint
   evaluation behind the theorem's ``O(N K_i d log²(K+T) log log(K+T))``: the table prints
   time per ``N K_i d`` and per ``N T K_i d`` word operation.
-* **A whole round** of ``N`` users through :class:`~flwr_fsl.protocols.sesa.SesaServer`
+* **A whole round** of ``N`` users through :class:`~flwr_fsl.families.sesa.protocol.SesaServer`
   (10% of the users lost: half after the offline phase, half after their masked update), with
   the shard length divided by a power of two so that the server's relay mailbox stays under
   ``--relay-mib`` (it holds ``N²`` sealed evaluations); the decoded per-shard sums are checked
@@ -42,9 +42,8 @@ import numpy as np
 
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.protocols import sesa
-from flwr_fsl.protocols.sealing import seal_for
-from flwr_fsl.protocols.sesa import (
+from flwr_fsl.families.sesa import protocol as sesa
+from flwr_fsl.families.sesa.protocol import (
     SesaClient,
     SesaGroup,
     SesaParams,
@@ -52,6 +51,7 @@ from flwr_fsl.protocols.sesa import (
     bundle_bytes,
     choose_shards,
 )
+from flwr_fsl.protocols.sealing import seal_for
 
 MIB = 1 << 20
 K = 4

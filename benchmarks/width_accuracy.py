@@ -82,7 +82,7 @@ from width_mnist.server_app import (  # noqa: E402
 )
 from width_mnist.task import Settings, client_data  # noqa: E402
 
-from flwr_fsl.submodel.width import CapacityMix  # noqa: E402
+from flwr_fsl.families.width.rules import CapacityMix  # noqa: E402
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"

@@ -3,7 +3,7 @@
 A model built at ``rate`` has every hidden layer ``ceil(rate * width)`` wide; the input and
 the classifier's outputs keep their full size. Its ``state_dict()`` has exactly the keys of
 the full model (``rate = 1``), with narrowed shapes, in forward order — so
-:meth:`flwr_fsl.submodel.width.WidthSpec.sequential` reads the layer structure off the full
+:meth:`flwr_fsl.families.width.rules.WidthSpec.sequential` reads the layer structure off the full
 model and a client's width slice loads into ``Net(rate)`` with ``load_state_dict``.
 
 As in HeteroFL (``models/conv.py``, ``modules.Scaler``):
@@ -36,7 +36,7 @@ __all__ = ["Scaler", "WidthCNN", "WidthMLP", "calibrate_batch_norm", "scaled_wid
 def scaled_width(width: int, rate: float) -> int:
     """``ceil(rate * width)``: a hidden layer's width in a model built at ``rate``.
 
-    The same number as :func:`flwr_fsl.submodel.width.local_width` with ``global_rate = 1``.
+    The same number as :func:`flwr_fsl.families.width.rules.local_width` with ``global_rate = 1``.
 
     Raises
     ------

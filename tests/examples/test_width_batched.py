@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flwr_fsl.mods.sesa import SesaNodeState
+from flwr_fsl.families.sesa.mod import SesaNodeState
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

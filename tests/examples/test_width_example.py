@@ -33,9 +33,9 @@ import torch
 from flwr.app import Context, RecordDict
 
 from flwr_fsl.experiment import load_experiment
-from flwr_fsl.mods.sesa import SesaNodeState
-from flwr_fsl.protocols.sesa_layout import SesaLayout
-from flwr_fsl.submodel.width import WidthRule
+from flwr_fsl.families.sesa.layout import SesaLayout
+from flwr_fsl.families.sesa.mod import SesaNodeState
+from flwr_fsl.families.width.rules import WidthRule
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

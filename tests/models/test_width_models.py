@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from flwr_fsl.families.width.rules import WidthRule, WidthSpec, local_width
 from flwr_fsl.models import evaluate, set_torch_threads, train_one
 from flwr_fsl.models.width import Scaler, WidthCNN, WidthMLP, calibrate_batch_norm, scaled_width
-from flwr_fsl.submodel.width import WidthRule, WidthSpec, local_width
 
 
 @pytest.fixture(autouse=True)

@@ -12,18 +12,19 @@ batched computation, so the long runs fit on this machine:
   tensors (Adam is elementwise, so it is one fresh Adam per client), batch order from
   :func:`torch.randperm` with each client's own seed
   (:func:`width_mnist.client_app.train_seed`), as :func:`width_mnist.task.train` draws it;
-- **extraction**: the index sets come from the library (:class:`flwr_fsl.submodel.width.WidthRule`
+- **extraction**: the index sets come from the library
+  (:class:`flwr_fsl.families.width.rules.WidthRule`
   for rolling / static / random / server-drawn shards; for ``sesa`` each client draws its
-  shards with :func:`~flwr_fsl.submodel.width.select_shards` from its own stream, as
+  shards with :func:`~flwr_fsl.families.width.rules.select_shards` from its own stream, as
   ``sesa_mod`` does from the operating system's);
 - **aggregation**: the library's own code. Width arms: each client's
   :meth:`~flwr_fsl.submodel.layout.WidthLayout.delta` accumulated and applied with
   :func:`~flwr_fsl.submodel.aggregate.apply_count_weighted`, as
   :class:`~flwr_fsl.strategies.WidthFedAvg` does. SESA: each client's clipped shard deltas are
-  encoded with :class:`~flwr_fsl.mods.sesa.ShardVector` (stochastic fixed point in
+  encoded with :class:`~flwr_fsl.families.sesa.mod.ShardVector` (stochastic fixed point in
   ``F_p``), summed in ``F_p`` and decoded and applied as
   :class:`~flwr_fsl.strategies.SesaFedAvg` does. The Lagrange coding is left out: its decoded
-  result *is* that ``F_p`` sum (exact, ``tests/protocols/test_sesa.py``), and the example's
+  result *is* that ``F_p`` sum (exact, ``tests/families/sesa/test_protocol.py``), and the example's
   test checks the Flower SESA arm against the same plaintext average.
 
 ``tests/examples/test_width_example.py`` checks a round of this twin against the Flower arms
@@ -50,10 +51,10 @@ from torch.nn import functional as F
 
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.mods.sesa import ShardVector
-from flwr_fsl.protocols.sesa_layout import SesaLayout
+from flwr_fsl.families.sesa.layout import SesaLayout
+from flwr_fsl.families.sesa.mod import ShardVector
+from flwr_fsl.families.width.rules import CapacityMix, WidthRule, WidthSpec, select_shards
 from flwr_fsl.submodel.aggregate import accumulate_elements, apply_count_weighted
-from flwr_fsl.submodel.width import CapacityMix, WidthRule, WidthSpec, select_shards
 from width_mnist.client_app import train_seed
 from width_mnist.server_app import EXTRACTION
 from width_mnist.task import Settings, build_model, client_data, initial_state, test_data

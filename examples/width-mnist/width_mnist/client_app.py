@@ -21,8 +21,8 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fsl.families.width.records import RATE_CONFIG_KEY
 from flwr_fsl.mods import sesa_mod, width_mod
-from flwr_fsl.mods.width import RATE_CONFIG_KEY
 from width_mnist.task import Settings, build_model, node_data
 from width_mnist.task import train as train_fn
 

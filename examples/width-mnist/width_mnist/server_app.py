@@ -41,8 +41,8 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.width.rules import CapacityMix
 from flwr_fsl.strategies import SesaFedAvg, WidthFedAvg
-from flwr_fsl.submodel.width import CapacityMix
 from width_mnist.task import (
     Settings,
     build_model,

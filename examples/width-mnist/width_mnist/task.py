@@ -36,10 +36,10 @@ from numpy.typing import NDArray
 from torch.nn import functional as F
 
 from flwr_fsl.data import load_fashion, load_mnist
+from flwr_fsl.families.width.rules import CapacityMix
 from flwr_fsl.models import evaluate, set_torch_threads
 from flwr_fsl.models.width import WidthCNN, WidthMLP, calibrate_batch_norm
 from flwr_fsl.run_config import settings_from_run_config
-from flwr_fsl.submodel.width import CapacityMix
 
 DATASETS = ("mnist", "fashion")
 MODELS = ("mlp", "cnn")

@@ -1,8 +1,8 @@
 r"""SESA: Lagrange-coded secure submodel aggregation (Sami & Güler, §IV), one server, N clients.
 
 Flower-free: :class:`SesaClient` and :class:`SesaServer` exchange bytes;
-:mod:`flwr_fsl.strategies.sesa` and :mod:`flwr_fsl.mods.sesa` carry them in Flower messages.
-Clients never talk to each other: what client ``i`` sends client ``j`` is sealed to ``j``
+:mod:`flwr_fsl.families.sesa.strategy` and :mod:`flwr_fsl.families.sesa.mod` carry them in Flower
+messages. Clients never talk to each other: what client ``i`` sends client ``j`` is sealed to ``j``
 (:func:`flwr_fsl.protocols.sealing.seal_for`, HPKE X25519 / AES-256-GCM from
 ``cryptography``) and relayed by the server. Arithmetic is in ``F_p``, ``p = 2^32 - 5``
 (:class:`~flwr_fsl.crypto.ring.PrimeField`; any prime below 2^32 for tests), vectorized over
@@ -75,7 +75,7 @@ honest client ``h`` is ``{ϕ_hk(α_t), φ_hk(α_t)}_{t ∈ 𝒯}`` and, with the
   ``β_1..β_K``) and by the coalition's own evaluations of the honest clients' terms, so it
   adds nothing beyond the aggregate.
 
-``tests/protocols/test_sesa.py`` checks the first exactly (a small field, every ``u``), and
+``tests/families/sesa/test_protocol.py`` checks the first exactly (a small field, every ``u``), and
 statistically at ``p = 2^32 - 5`` for the coalition's whole view of two different choices, and
 that the server's ``x`` are uniform. **What the server learns, by design:** per shard the sum
 of its contributors' vectors — with the count word of :class:`ShardVector`, the total weight

@@ -16,11 +16,12 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.families.width.mod import capacity_of
+from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
+from flwr_fsl.families.width.rules import CapacityMix, WidthAssignment, WidthRule
 from flwr_fsl.models.width import WidthMLP
 from flwr_fsl.mods import width_mod
-from flwr_fsl.mods.width import RATE_CONFIG_KEY, WIDTH_KEY, capacity_of
 from flwr_fsl.strategies import WidthFedAvg
-from flwr_fsl.submodel.width import CapacityMix, WidthAssignment, WidthRule
 from flwr_fsl.testing import InProcessGrid
 
 HIDDEN = (12, 8)

@@ -36,7 +36,7 @@ split into ``K`` equal shards, a client trains whole shards, and the server lear
 per-shard sums over the surviving clients that chose each shard (and, if the implementation
 averages per coordinate, their number), *not* who chose which shard. What
 :func:`attack_shards` still gets, stated precisely (each point is a test in
-``tests/protocols/test_sesa_attack.py``):
+``tests/research/test_sesa_attack.py``):
 
 1. **A shard chosen by exactly one surviving client is that client's update in the clear**:
    its rows are rank one, the ratio gives that client's ``x`` exactly (up to float error),

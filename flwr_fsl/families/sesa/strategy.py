@@ -4,7 +4,7 @@ Heterogeneous clients train random *shard* submodels of the global model — eve
 is split into ``S = num_shards`` shards and a client of capacity ``B`` picks ``B · S`` of them
 per layer, *secretly* — and the server learns, per shard, only the count-weighted average
 over the clients that chose it: neither which shards a client chose nor its values
-(:mod:`flwr_fsl.protocols.sesa`, shard groups :mod:`flwr_fsl.protocols.sesa_layout`). The
+(:mod:`flwr_fsl.families.sesa.protocol`, shard groups :mod:`flwr_fsl.families.sesa.layout`). The
 client side is :func:`~flwr_fsl.mods.sesa_mod` in front of a width-scalable ``@app.train``
 (the same function :func:`~flwr_fsl.mods.width_mod` takes).
 
@@ -21,7 +21,7 @@ record; the mod answers all but the third itself:
 4. ``decode``: each survivor gets ``U3``, every masked update and the evaluations addressed
    to it, and replies ``ψ(α_i)``; the server decodes the per-shard sums from any
    ``K_max + T`` of them and applies ``w += Σ c·Δ / Σ c`` shard by shard
-   (:meth:`~flwr_fsl.protocols.sesa_layout.SesaLayout.apply`, the platform's count-weighted
+   (:meth:`~flwr_fsl.families.sesa.layout.SesaLayout.apply`, the platform's count-weighted
    apply).
 
 **Threat model and leakage.** One honest-but-curious server (this ServerApp) that may collude
@@ -30,8 +30,8 @@ paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. The server 
 shard, the sum of ``c·Δ`` and of ``c`` over the survivors that chose it — so a shard exactly
 one survivor chose reveals that client's update of it — plus who finished which phase and
 each client's number of shards (message sizes). It learns nothing else about a client's
-choice or values (tests in ``tests/protocols/test_sesa.py``). Each client downloads the whole
-model (fetching only its shards would reveal them) and every other client's masked update.
+choice or values (tests in ``tests/families/sesa/test_protocol.py``). Each client downloads the
+whole model (fetching only its shards would reveal them) and every other client's masked update.
 Not covered: a deviating server or malicious clients (see the protocol module), federated
 evaluation replies (Flower's own, with ``num-examples``).
 
@@ -71,9 +71,9 @@ from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.mods.sesa import SESA_KEY
-from flwr_fsl.protocols.sesa import SesaParams, SesaServer, encode_ids
-from flwr_fsl.protocols.sesa_layout import SesaLayout
+from flwr_fsl.families.sesa.layout import SesaLayout
+from flwr_fsl.families.sesa.protocol import SesaParams, SesaServer, encode_ids
+from flwr_fsl.families.sesa.records import SESA_KEY
 
 __all__ = ["SESA_KEY", "SesaFedAvg"]
 

@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.wireformat import WireFormatError
-from flwr_fsl.models.width import WidthCNN, WidthMLP
-from flwr_fsl.submodel.aggregate import accumulate_elements, apply_count_weighted
-from flwr_fsl.submodel.width import (
+from flwr_fsl.families.width.rules import (
     RATE_LEVELS,
     CapacityMix,
     WidthAssignment,
@@ -40,6 +38,8 @@ from flwr_fsl.submodel.width import (
     shards_for_rate,
     static_indices,
 )
+from flwr_fsl.models.width import WidthCNN, WidthMLP
+from flwr_fsl.submodel.aggregate import accumulate_elements, apply_count_weighted
 
 RATES = [1.0, 0.5, 0.25, 0.125, 0.0625, 0.3, 0.7]
 

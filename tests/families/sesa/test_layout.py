@@ -1,4 +1,4 @@
-"""SESA shard groups (flwr_fsl.protocols.sesa_layout): every coordinate in exactly one group,
+"""SESA shard groups (flwr_fsl.families.sesa.layout): every coordinate in exactly one group,
 shard deltas read the narrow model's coordinates, apply is the count-weighted average, and
 client-chosen shard sets and descriptors are validated."""
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.protocols.sesa_layout import SesaLayout, check_selection, group_slots
+from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
 
 MLP = {
     "fc1.weight": np.arange(48, dtype=np.float32).reshape(8, 6),

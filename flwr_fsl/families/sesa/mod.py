@@ -2,24 +2,24 @@
 
 Put it in front of your ``@app.train`` (``ClientApp(mods=[sesa_mod])``), written as for
 :func:`~flwr_fsl.mods.width_mod`: build the model at ``config["width-rate"]``
-(:data:`~flwr_fsl.mods.width.RATE_CONFIG_KEY`), load the arrays you receive, train, reply
+(:data:`~flwr_fsl.families.width.mod.RATE_CONFIG_KEY`), load the arrays you receive, train, reply
 the trained arrays and ``num-examples``. The node's capacity comes from its node config
 ``width-rate`` (or the run config's ``width-mix`` by ``partition-id``), read by
-:func:`~flwr_fsl.mods.width.capacity_of`.
+:func:`~flwr_fsl.families.width.mod.capacity_of`.
 
 A SESA round is four ``train`` messages carrying a :data:`SESA_KEY` record; the mod answers
 three itself (your function never sees them) and wraps your function in the third
-(:mod:`flwr_fsl.protocols.sesa`):
+(:mod:`flwr_fsl.families.sesa.protocol`):
 
 1. ``advertise`` — the mod picks, *secretly* (operating-system randomness), ``B · S`` of the
-   ``S`` shards of every hidden layer (:func:`~flwr_fsl.submodel.width.select_shards`),
+   ``S`` shards of every hidden layer (:func:`~flwr_fsl.families.width.rules.select_shards`),
    keeps them in ``Context.state`` with a fresh X25519 key and seed, and replies the public
    key;
 2. ``offline`` — with the roster, it computes the selector and mask evaluations for every
    other client and replies them sealed to each;
 3. ``train`` — the message holds the *whole* global model (downloading only the chosen shards
    would tell the server which they are). The mod cuts out the narrow model its shards span
-   (:meth:`~flwr_fsl.protocols.sesa_layout.SesaLayout.width_layout`), puts it in the message
+   (:meth:`~flwr_fsl.families.sesa.layout.SesaLayout.width_layout`), puts it in the message
    in place of the global one, sets ``width-rate``, runs your function, checks the reply's
    shapes, and turns ``trained - global`` of each chosen shard into a fixed-point shard
    vector ``(c·Δ, c)`` (``c = num-examples / max-weight``, or 1 unweighted; each ``Δ``
@@ -48,10 +48,18 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.mods.width import RATE_CONFIG_KEY, capacity_of
-from flwr_fsl.protocols.sesa import SesaClient, SesaError, SesaParams, ShardVector, decode_ids
-from flwr_fsl.protocols.sesa_layout import SesaLayout, check_selection, group_slots
-from flwr_fsl.submodel.width import select_shards
+from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
+from flwr_fsl.families.sesa.protocol import (
+    SesaClient,
+    SesaError,
+    SesaParams,
+    ShardVector,
+    decode_ids,
+)
+from flwr_fsl.families.sesa.records import SESA_KEY, SESA_PHASES
+from flwr_fsl.families.width.mod import capacity_of
+from flwr_fsl.families.width.records import RATE_CONFIG_KEY
+from flwr_fsl.families.width.rules import select_shards
 
 __all__ = [
     "SESA_KEY",
@@ -63,9 +71,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SESA_KEY = "fsl.sesa"
-"""The ``ConfigRecord`` of the SESA protocol, in both directions."""
-SESA_PHASES = ("advertise", "offline", "train", "decode")
 _MAGIC = b"FSEN"
 _VERSION = 1
 _MAX_LAYERS = 256

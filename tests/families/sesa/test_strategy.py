@@ -11,9 +11,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.mods.sesa import SESA_KEY, SesaNodeState, sesa_mod
-from flwr_fsl.protocols.sesa_layout import SesaLayout
-from flwr_fsl.strategies.sesa import SesaFedAvg
+from flwr_fsl.families.sesa.layout import SesaLayout
+from flwr_fsl.families.sesa.mod import SesaNodeState, sesa_mod
+from flwr_fsl.families.sesa.records import SESA_KEY
+from flwr_fsl.families.sesa.strategy import SesaFedAvg
 from flwr_fsl.testing import InProcessGrid
 
 HIDDEN, INPUTS, OUTPUTS = 8, 6, 3

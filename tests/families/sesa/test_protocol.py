@@ -1,5 +1,5 @@
-"""SESA (flwr_fsl.protocols.sesa): exact per-shard sums in F_p under dropouts, clean failures,
-T-privacy of the selection (exactly on a small field, statistically on p = 2^32 - 5), the
+"""SESA (flwr_fsl.families.sesa.protocol): exact per-shard sums in F_p under dropouts, clean
+failures, T-privacy of the selection (exactly on a small field, statistically on p = 2^32 - 5), the
 server's view, message sizes vs Theorem 1, and every decoder fuzzed."""
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sharing import interpolate, lagrange_matrix
-from flwr_fsl.protocols import sesa
-from flwr_fsl.protocols.sealing import open_from
-from flwr_fsl.protocols.sesa import (
+from flwr_fsl.families.sesa import protocol as sesa
+from flwr_fsl.families.sesa.protocol import (
     PIECE_PURPOSE,
     SesaClient,
     SesaError,
@@ -37,6 +36,7 @@ from flwr_fsl.protocols.sesa import (
     mask_evaluations,
     selector_evaluations,
 )
+from flwr_fsl.protocols.sealing import open_from
 
 U64 = np.uint64
 

@@ -2,7 +2,7 @@
 
 Put it in front of your ``@app.train`` (``ClientApp(mods=[width_mod])``). The strategy sends
 each client only its *width slice* of the global model (HeteroFL / FedRolex / random /
-SESA-shard channels, :mod:`flwr_fsl.submodel.width`), shaped like the model built at the
+SESA-shard channels, :mod:`flwr_fsl.families.width.rules`), shaped like the model built at the
 client's rate. The only change your train function needs is to build the model at that rate::
 
     @app.train()
@@ -19,9 +19,9 @@ other messages — evaluation, queries, plain train rounds — pass through unto
   the node config's ``width-rate`` (a number in (0, 1] or HeteroFL's letter ``a``..``e``), or,
   for simulations where every node has the same node config, the rate of its
   ``partition-id`` in HeteroFL's fixed assignment of the run config's ``width-mix``
-  (e.g. ``"a1-b1-c1"``, :meth:`~flwr_fsl.submodel.width.CapacityMix.fixed`);
+  (e.g. ``"a1-b1-c1"``, :meth:`~flwr_fsl.families.width.rules.CapacityMix.fixed`);
 * ``phase = "train"``: decodes the round's
-  :class:`~flwr_fsl.submodel.width.WidthAssignment` (strict codec), writes its rate into the
+  :class:`~flwr_fsl.families.width.rules.WidthAssignment` (strict codec), writes its rate into the
   message's config as :data:`RATE_CONFIG_KEY` and runs your function (the width record stays
   beside the usual records; a train function that reads its usual keys ignores it). It checks
   that the reply's one ``ArrayRecord`` has exactly the tensors and shapes it received (a
@@ -40,7 +40,8 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.submodel.width import CapacityMix, WidthAssignment, parse_rate
+from flwr_fsl.families.width.records import RATE_CONFIG_KEY, RATE_NODE_CONFIG_KEY, WIDTH_KEY
+from flwr_fsl.families.width.rules import CapacityMix, WidthAssignment, parse_rate
 
 __all__ = [
     "MIX_RUN_CONFIG_KEY",
@@ -52,12 +53,6 @@ __all__ = [
     "width_mod",
 ]
 
-WIDTH_KEY = "fsl.width"
-"""The ``ConfigRecord`` of the width protocol, in both directions."""
-RATE_CONFIG_KEY = "width-rate"
-"""Where the train function finds its rate, in the message's config record."""
-RATE_NODE_CONFIG_KEY = "width-rate"
-"""Node config key of the node's capacity (``--node-config "width-rate=0.25"``)."""
 MIX_RUN_CONFIG_KEY = "width-mix"
 """Run config key of a fixed capacity mix assigned by ``partition-id`` (simulations)."""
 

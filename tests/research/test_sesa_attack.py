@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
-from flwr_fsl.protocols.sesa_attack import (
+from flwr_fsl.research.sesa_attack import (
     ClientUpdate,
     GlobalMLP,
     NaiveView,

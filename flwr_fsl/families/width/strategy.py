@@ -1,7 +1,7 @@
 """``WidthFedAvg``: FedRolex / HeteroFL / random / SESA-shard width extraction on the round engine.
 
 Clients of different capacity train narrower copies of the global model
-(:mod:`flwr_fsl.submodel.width`): each round, every sampled client gets only its width slice
+(:mod:`flwr_fsl.families.width.rules`): each round, every sampled client gets only its width slice
 — hidden layers narrowed to ``ceil(K * rate / global_rate)`` channels chosen by the
 ``extraction`` rule, input and output layers whole — and returns the slice trained. Each
 global coordinate becomes the mean over the clients that held it (FedRolex's default
@@ -14,11 +14,11 @@ A round on the round engine (:class:`~flwr_fsl.core.engine.PhasedStrategy`):
 
 1. ``capacity`` (only with ``capacity="query"``, only for sampled nodes whose capacity is not
    known yet): a small ``train`` message the client mod answers from the node config
-   (:func:`~flwr_fsl.mods.width.capacity_of`); the answer is cached per node for the run.
+   (:func:`~flwr_fsl.families.width.mod.capacity_of`); the answer is cached per node for the run.
    With ``capacity="dynamic"`` the server draws each client's rate per round from
    ``capacity_mix`` instead (FedRolex's and HeteroFL's "dynamic" mode, seeded).
 2. ``train``: per client, its narrow arrays, the usual config and a
-   :class:`~flwr_fsl.submodel.width.WidthAssignment` (rate, rule, kept channels; bytes are
+   :class:`~flwr_fsl.families.width.rules.WidthAssignment` (rate, rule, kept channels; bytes are
    counted per client). Replies stream into the running sums as they arrive.
 
 Client side: :func:`~flwr_fsl.mods.width_mod` in front of an ``@app.train`` that builds its
@@ -64,14 +64,8 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.mods.width import RATE_CONFIG_KEY, WIDTH_KEY
-from flwr_fsl.submodel.aggregate import (
-    accumulate_elements,
-    apply_count_weighted,
-    check_contribution,
-)
-from flwr_fsl.submodel.layout import ElementUpdate, WidthLayout
-from flwr_fsl.submodel.width import (
+from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
+from flwr_fsl.families.width.rules import (
     EXTRACTIONS,
     CapacityMix,
     Extraction,
@@ -81,6 +75,12 @@ from flwr_fsl.submodel.width import (
     assignment_of,
     shard_channels,
 )
+from flwr_fsl.submodel.aggregate import (
+    accumulate_elements,
+    apply_count_weighted,
+    check_contribution,
+)
+from flwr_fsl.submodel.layout import ElementUpdate, WidthLayout
 
 __all__ = ["WidthFedAvg"]
 

@@ -1,0 +1,1 @@
+"""Reproductions of the papers' attacks and experiments: nothing in the library imports them."""

@@ -1,0 +1,1 @@
+"""Tests of the width family (FedRolex / HeteroFL / random)."""
