@@ -2,8 +2,9 @@
 
 10 clients on Fashion-MNIST (default; ``--dataset mnist`` too), IID, each with its own
 architecture — VGG-7, ResNet-8 and ResNet-10 of :mod:`flwr_fsl.models.privhfl` assigned by
-partition id — run through the Flower workflow (:class:`~flwr_fsl.strategies.privhfl.PrivHFL` +
-:class:`~flwr_fsl.mods.privhfl.PrivHFLClient`) on the in-process grid, plaintext answering.
+partition id — run through the Flower workflow (:class:`~flwr_fsl.families.privhfl.strategy.PrivHFL`
++
+:class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient`) on the in-process grid, plaintext answering.
 
 The local models are trained once (the local phase: Adam by default — the paper uses SGD,
 but these BN-free residual networks train far slower with it, see
@@ -48,10 +49,10 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from flwr_fsl.data import load_fashion, load_mnist, partition_indices
+from flwr_fsl.families.privhfl.mod import PrivateData, PrivHFLClient
+from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.models.privhfl import build_model
-from flwr_fsl.mods.privhfl import PrivateData, PrivHFLClient
-from flwr_fsl.strategies.privhfl import PrivHFL
 from flwr_fsl.testing import InProcessGrid
 
 MODEL_SLOT = "fsl.privhfl.model"  # where PrivHFLClient keeps a node's weights

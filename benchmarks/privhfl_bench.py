@@ -10,8 +10,8 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    the 10 limb products below 2^64 grouped into 4 float64 GEMMs, exact while ``K < 2^19``).
 2. *DCF* — Gen and point evaluation per key (:mod:`flwr_fsl.crypto.dcf`, tau = 2 as the ReLU
    uses) at 32 and 40 bits, and sycret's ``LeFactory`` (Rust, fixed 32-bit domain) if installed.
-3. *Secure prediction* — :func:`flwr_fsl.protocols.privhfl.secure_predict` with one answerer on
-   an MLP (784-128-128-10, 28x28), a VGG-7-like CNN (six 3x3 convolutions of width w, 2w, 4w
+3. *Secure prediction* — :func:`flwr_fsl.families.privhfl.protocol.secure_predict` with one answerer
+   on an MLP (784-128-128-10, 28x28), a VGG-7-like CNN (six 3x3 convolutions of width w, 2w, 4w
    with max pooling, one linear layer; 32x32x3) and a ResNet-8-like CNN (a stem, three basic
    blocks of width w, 2w, 4w, global average pooling, one linear layer; 32x32x3), default
    ``w = 8`` (CPU-friendly; PrivHFL's VGG-7 is far wider), batch 1 and 256, the paper's DReLU
@@ -46,9 +46,14 @@ import torch
 from torch import nn
 
 from flwr_fsl.crypto import dcf
+from flwr_fsl.families.privhfl.inference import SecureModel, from_torch
+from flwr_fsl.families.privhfl.protocol import (
+    PrivHFLConfig,
+    SessionSeeds,
+    Transcript,
+    secure_predict,
+)
 from flwr_fsl.kernels.ring import matmul_wrap
-from flwr_fsl.protocols.privhfl import PrivHFLConfig, SessionSeeds, Transcript, secure_predict
-from flwr_fsl.protocols.secure_inference import SecureModel, from_torch
 
 U64 = np.uint64
 

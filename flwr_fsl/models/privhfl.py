@@ -41,8 +41,8 @@ of :data:`SECURE_LAYERS` — ``Linear``, ``Conv2d``, ``ReLU``, ``MaxPool2d``, ``
 ``shortcut`` are made of the same layers or ``Identity``). There is no batch norm (nothing to
 fold) and no adaptive pooling (the global average pool is an ``AvgPool2d`` with an explicit
 7x7 kernel). :func:`check_secure_evaluable` walks a model and names the first module outside
-that set, so the secure-inference core (:mod:`flwr_fsl.protocols.privhfl`) can refuse a model
-up front. Linear layers (convolution, fully connected, average pooling) map to Beaver matrix
+that set, so the secure-inference core (:mod:`flwr_fsl.families.privhfl.protocol`) can refuse a
+model up front. Linear layers (convolution, fully connected, average pooling) map to Beaver matrix
 products, ``ReLU`` to DReLU, ``MaxPool2d`` to a tree of comparisons and the residual add is
 local.
 
@@ -51,7 +51,7 @@ Inputs are ``(N, 1, 28, 28)`` float32 (:func:`as_images` reshapes ``(N, 28, 28)`
 :func:`train_private` (SGD with momentum on the private data, the paper's local phase) and
 :func:`retrain` (Adam on the query set with soft labels plus the private data, the paper's
 re-training phase, App. F); :func:`predict_logits` and :func:`penultimate_features` feed query
-selection (:mod:`flwr_fsl.submodel.queries`).
+selection (:mod:`flwr_fsl.families.privhfl.queries`).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Residual(nn.Module):
     def privhfl_residual(self) -> tuple[nn.Sequential, nn.Module | None]:
         """Return ``(body, shortcut)``, ``None`` for an identity shortcut.
 
-        The hook by which :func:`flwr_fsl.protocols.secure_inference.from_torch` recognises a
+        The hook by which :func:`flwr_fsl.families.privhfl.inference.from_torch` recognises a
         residual block.
         """
         return self.body, None if isinstance(self.shortcut, nn.Identity) else self.shortcut

@@ -51,6 +51,7 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.protocols.dp import DistributedDP
 from flwr_fsl.protocols.psr import encode_table
@@ -64,7 +65,6 @@ from flwr_fsl.records import (
     UDPF_FIELD,
     UDPF_HELD_FIELD,
 )
-from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation, read_upload
 from flwr_fsl.submodel.layout import RowLayout
 

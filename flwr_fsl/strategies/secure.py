@@ -45,10 +45,10 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.protocols.dp import DistributedDP
 from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.strategies.fedsubavg import FedSubAvg
 from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.submodel.layout import FlatLayout
 

@@ -8,7 +8,7 @@
   plaintext arm with the same seeds (so the same local models and queries): each querier's
   opened soft labels equal softmax of the plaintext logit sums within the fixed-point error.
   MLP clients keep this seconds-fast; every layer type and the CNNs through the secure flow,
-  and the views of each party, are covered by ``tests/strategies/test_privhfl.py``
+  and the views of each party, are covered by ``tests/families/privhfl/test_strategy.py``
   (``-k secure``) and ``tests/protocols/test_privhfl*.py``, not repeated here.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from flwr.app import Context
 
-from flwr_fsl.mods.privhfl import PrivHFLClient
+from flwr_fsl.families.privhfl.mod import PrivHFLClient
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

@@ -249,10 +249,10 @@ def test_features_and_logits_shapes() -> None:
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("relu", ["drelu", "dcf"])
 def test_the_secure_core_evaluates_each_architecture(name: str, relu: str) -> None:
-    # The models are what flwr_fsl.protocols.privhfl takes: from_torch converts them (residual
-    # blocks through Residual.privhfl_residual) and secure prediction equals plaintext.
-    from flwr_fsl.protocols.privhfl import PrivHFLConfig, secure_predict
-    from flwr_fsl.protocols.secure_inference import error_bound, from_torch, plaintext_forward
+    # The models are what flwr_fsl.families.privhfl.protocol takes: from_torch converts them
+    # (residual blocks through Residual.privhfl_residual) and secure prediction equals plaintext.
+    from flwr_fsl.families.privhfl.inference import error_bound, from_torch, plaintext_forward
+    from flwr_fsl.families.privhfl.protocol import PrivHFLConfig, secure_predict
 
     model = build_model(name, seed=0).eval()
     secure_model = from_torch(model, (1, 28, 28))

@@ -1,7 +1,7 @@
 """Hostile weights in secure mode (issue 8 item 6, the two-server path).
 
 In plaintext ``FedSubAvg`` S0 reads each reply's weight and drops one above ``max_weight``
-(``tests/strategies/test_fedsubavg.py``). In secure mode S0 never sees a weight: the client's
+(``tests/families/topk/test_strategy.py``). In secure mode S0 never sees a weight: the client's
 weight and every weighted value ``c * dw`` are fixed-point words bounded by the round's public
 ``max_abs``, which the client's own encoder enforces. A finite but huge ``num-examples`` (top-k
 mode) or per-row count (index mode) therefore makes that client's reply an error — dropped by

@@ -1,6 +1,6 @@
 """privhfl-fmnist: the ClientApp — one node of PrivHFL with its own architecture and data.
 
-There is no ``@app.train`` of the usual kind: :class:`~flwr_fsl.mods.privhfl.PrivHFLClient`
+There is no ``@app.train`` of the usual kind: :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient`
 registers PrivHFL's handlers (``train.privhfl``: local training and re-training,
 ``query.privhfl``: query generation and answering — plaintext, or the secure arm's keys,
 generate, step and sign phases — and ``evaluate.privhfl``). The app supplies only the node's
@@ -15,7 +15,7 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from flwr_fsl.mods.privhfl import PrivateData, PrivHFLClient
+from flwr_fsl.families.privhfl.mod import PrivateData, PrivHFLClient
 from privhfl_fmnist.task import Settings, model_for, node_data, partition_id
 
 

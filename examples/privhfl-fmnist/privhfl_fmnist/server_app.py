@@ -1,10 +1,11 @@
 """privhfl-fmnist: the ServerApp — PrivHFL's rounds and a per-client before/after report.
 
-:class:`~flwr_fsl.strategies.privhfl.PrivHFL` drives the phases of each round (the message
+:class:`~flwr_fsl.families.privhfl.strategy.PrivHFL` drives the phases of each round (the message
 types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
 
 1. ``local``: every node trains its own architecture on its private images, then evaluates it
-   (the *before* column: round 0 of :attr:`~flwr_fsl.strategies.privhfl.PrivHFL.node_metrics`);
+   (the *before* column: round 0 of
+   :attr:`~flwr_fsl.families.privhfl.strategy.PrivHFL.node_metrics`);
 2. ``generate``: each querier expands its private images into a pool (``expansion``: mixup by
    default) and selects ``num-queries`` (``secure-queries`` in the secure arm);
 3. answering: plaintext (``answer``: the queries go to the other nodes, their logits come back
@@ -29,8 +30,8 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models.privhfl import build_model
-from flwr_fsl.strategies.privhfl import PrivHFL
 from privhfl_fmnist.task import Settings
 
 LEARNS: dict[str, dict[str, str]] = {

@@ -21,11 +21,11 @@ from numpy.typing import NDArray
 from torch import nn
 
 from flwr_fsl.data import load_fashion, load_mnist, partition_indices
+from flwr_fsl.families.privhfl.mod import PrivateData
+from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
+from flwr_fsl.families.privhfl.strategy import ANSWERING, COMPARISONS
 from flwr_fsl.models.privhfl import ARCHITECTURES, build_model
-from flwr_fsl.mods.privhfl import PrivateData
 from flwr_fsl.run_config import settings_from_run_config
-from flwr_fsl.strategies.privhfl import ANSWERING, COMPARISONS
-from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES
 
 DATASETS = ("fashion", "mnist")
 

@@ -1,4 +1,4 @@
-"""Models for secure prediction (flwr_fsl.protocols.secure_inference): from_torch and the
+"""Models for secure prediction (flwr_fsl.families.privhfl.inference): from_torch and the
 float64 twin equal torch's forward (BatchNorm folded, residual blocks, pooling), layouts equal
 torch's unfold, tree max, shape inference and every validation error."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.protocols.secure_inference import (
+from flwr_fsl.families.privhfl.inference import (
     Architecture,
     Conv2d,
     Flatten,

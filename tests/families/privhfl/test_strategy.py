@@ -31,9 +31,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.models import set_torch_threads
-from flwr_fsl.models.privhfl import predict_logits, retrain, train_private
-from flwr_fsl.mods.privhfl import (
+from flwr_fsl.families.privhfl.flow import architecture_to_bytes
+from flwr_fsl.families.privhfl.inference import (
+    Architecture,
+    AvgPool2d,
+    Flatten,
+    Linear,
+    MaxPool2d,
+)
+from flwr_fsl.families.privhfl.messages import GenerateReply, KeysReply
+from flwr_fsl.families.privhfl.mod import (
     LOGITS_KEY,
     PRIVHFL_KEY,
     QUERIES_KEY,
@@ -45,17 +52,10 @@ from flwr_fsl.mods.privhfl import (
     read_logits,
     read_queries,
 )
-from flwr_fsl.mods.privhfl_secure import GenerateReply, KeysReply
-from flwr_fsl.protocols.privhfl_flow import architecture_to_bytes
-from flwr_fsl.protocols.secure_inference import (
-    Architecture,
-    AvgPool2d,
-    Flatten,
-    Linear,
-    MaxPool2d,
-)
-from flwr_fsl.strategies.privhfl import PrivHFL
-from flwr_fsl.submodel.queries import softmax
+from flwr_fsl.families.privhfl.queries import softmax
+from flwr_fsl.families.privhfl.strategy import PrivHFL
+from flwr_fsl.models import set_torch_threads
+from flwr_fsl.models.privhfl import predict_logits, retrain, train_private
 from flwr_fsl.testing import InProcessGrid
 
 SHAPE = (1, 8, 8)
@@ -620,7 +620,8 @@ def test_client_and_strategy_validate_settings() -> None:
         _strategy().configure_train(1, ArrayRecord(), ConfigRecord(), None)
 
 
-# -- secure answering (flwr_fsl.mods.privhfl_secure) ------------------------------------------
+# -- secure answering (flwr_fsl.families.privhfl.messages)
+# ------------------------------------------
 class _RecordingClient(PrivHFLClient):
     """Keeps the soft labels each querier opened (the test's window into the querier)."""
 

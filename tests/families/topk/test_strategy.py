@@ -297,7 +297,7 @@ def test_a_non_finite_aggregate_fails_the_round_and_keeps_the_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Bounded weights make this unreachable from clients; the check still guards the apply.
-    import flwr_fsl.strategies.fedsubavg as fedsubavg
+    import flwr_fsl.families.topk.strategy as fedsubavg
     from flwr_fsl.core.errors import RoundFailedError
 
     real = fedsubavg.count_weighted_average

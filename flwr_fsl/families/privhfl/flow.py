@@ -1,10 +1,10 @@
 """PrivHFL secure answering over a message transport: wire formats, schedule and party state.
 
-:mod:`flwr_fsl.protocols.privhfl` runs the three parties in one process (:func:`~flwr_fsl.
+:mod:`flwr_fsl.families.privhfl.protocol` runs the three parties in one process (:func:`~flwr_fsl.
 protocols.privhfl.secure_predict`). Over Flower a client may not survive between messages and
 the server talks to one client per message, so this module adds what a transport needs
-(Flower-free; the strategy and the mod in :mod:`flwr_fsl.strategies.privhfl` /
-:mod:`flwr_fsl.mods.privhfl` use it):
+(Flower-free; the strategy and the mod in :mod:`flwr_fsl.families.privhfl.strategy` /
+:mod:`flwr_fsl.families.privhfl.mod` use it):
 
 * **Architecture codec** (:func:`architecture_to_bytes`, :func:`architecture_from_bytes`):
   an answerer advertises its public layer structure; the querier and the server need it.
@@ -33,7 +33,7 @@ the server talks to one client per message, so this module adds what a transport
   holds, its share stack and a max-pool level's pending halves. Its weights are not in it
   (the mod rebuilds them from the stored model).
 
-**Threat model** as in :mod:`flwr_fsl.protocols.privhfl`; nothing here changes a view.
+**Threat model** as in :mod:`flwr_fsl.families.privhfl.protocol`; nothing here changes a view.
 """
 
 from __future__ import annotations
@@ -49,17 +49,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.protocols.privhfl import (
-    Answerer,
-    PrivHFLConfig,
-    PrivHFLMessageError,
-    QuerierMessageError,
-    QuerierSession,
-    ServerParty,
-    SessionSeeds,
-    _linear_geometry,
-)
-from flwr_fsl.protocols.secure_inference import (
+from flwr_fsl.families.privhfl.inference import (
     Architecture,
     AvgPool2d,
     Conv2d,
@@ -72,6 +62,16 @@ from flwr_fsl.protocols.secure_inference import (
     Residual,
     SecureModel,
     Shape,
+)
+from flwr_fsl.families.privhfl.protocol import (
+    Answerer,
+    PrivHFLConfig,
+    PrivHFLMessageError,
+    QuerierMessageError,
+    QuerierSession,
+    ServerParty,
+    SessionSeeds,
+    _linear_geometry,
 )
 
 __all__ = [
@@ -304,7 +304,7 @@ def schedule(architecture: Architecture, batch: int) -> tuple[Step, ...]:
     """Cut the secure evaluation of ``architecture`` on ``batch`` queries into steps.
 
     Step 0 is Π_Share and the local ops before the first interactive op; every later step is
-    one interactive op (in the order of :class:`~flwr_fsl.protocols.privhfl` ``_Session``)
+    one interactive op (in the order of :class:`~flwr_fsl.families.privhfl.protocol` ``_Session``)
     and the local ops after it; the last step's reply carries Π_Agg.
 
     Raises
@@ -356,7 +356,7 @@ def querier_messages(
     architecture : Architecture
         The answerer's architecture.
     encoded : numpy.ndarray
-        The encoded queries (:meth:`~flwr_fsl.protocols.privhfl.Querier.encode`).
+        The encoded queries (:meth:`~flwr_fsl.families.privhfl.protocol.Querier.encode`).
     seeds, session
         The session's seeds and number.
 
@@ -620,7 +620,7 @@ class AnswererState:
 def unheld_seed(first: bytes, second: bytes) -> bytes:
     """Return a stand-in for the session seed a party does not hold (never read by it).
 
-    :class:`~flwr_fsl.protocols.privhfl.SessionSeeds` wants all three seeds, distinct; the
+    :class:`~flwr_fsl.families.privhfl.protocol.SessionSeeds` wants all three seeds, distinct; the
     stand-in is a hash of the two held ones, so it differs from both.
     """
     return hashlib.sha256(b"privhfl-unheld-seed" + first + second).digest()[:SEED_BYTES]

@@ -1,4 +1,4 @@
-"""PrivHFL over a message transport (flwr_fsl.protocols.privhfl_flow): the architecture codec
+"""PrivHFL over a message transport (flwr_fsl.families.privhfl.flow): the architecture codec
 round-trips and is strict (fuzzed), the step schedule run with the answerer's state through its
 byte codec between every step gives the plaintext logits within the fixed-point bound (every
 layer type, torch models, several answerers summed), and malformed step messages raise a
@@ -13,15 +13,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import WireFormatError
-from flwr_fsl.protocols.privhfl import (
-    PrivHFLConfig,
-    PrivHFLMessageError,
-    Querier,
-    SessionSeeds,
-    agg_step,
-    server_aggregate,
-)
-from flwr_fsl.protocols.privhfl_flow import (
+from flwr_fsl.families.privhfl.flow import (
     AnswererState,
     ServerSession,
     answerer_open,
@@ -34,7 +26,7 @@ from flwr_fsl.protocols.privhfl_flow import (
     schedule,
     unheld_seed,
 )
-from flwr_fsl.protocols.secure_inference import (
+from flwr_fsl.families.privhfl.inference import (
     Architecture,
     Linear,
     ReLU,
@@ -44,7 +36,15 @@ from flwr_fsl.protocols.secure_inference import (
     plaintext_forward,
     to_nhwc,
 )
-from tests.protocols.test_privhfl import LAYER_CASES, random_model, tiny_models
+from flwr_fsl.families.privhfl.protocol import (
+    PrivHFLConfig,
+    PrivHFLMessageError,
+    Querier,
+    SessionSeeds,
+    agg_step,
+    server_aggregate,
+)
+from tests.families.privhfl.test_protocol import LAYER_CASES, random_model, tiny_models
 
 CFG = PrivHFLConfig(relu="dcf")
 

@@ -1,4 +1,4 @@
-"""The byte messages of PrivHFL's secure answering (flwr_fsl.mods.privhfl_secure): every one
+"""The byte messages of PrivHFL's secure answering (flwr_fsl.families.privhfl.messages): every one
 round-trips, every decoder is strict (wrong kind, version, truncation, trailing bytes, repeated
 node ids, bad settings) and fuzzed mutations either decode or raise a ClientInputError; the
 sealed seed opens only under the binding it was sealed with."""
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
-from flwr_fsl.mods.privhfl_secure import (
+from flwr_fsl.families.privhfl.messages import (
     SEED_PURPOSE,
     AnswererInfo,
     GenerateReply,
@@ -32,7 +32,7 @@ from flwr_fsl.mods.privhfl_secure import (
     StepRequest,
     binding,
 )
-from flwr_fsl.protocols.privhfl import PrivHFLConfig
+from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 from flwr_fsl.protocols.sealing import open_from, seal_for
 
 CFG = PrivHFLConfig(relu="dcf")

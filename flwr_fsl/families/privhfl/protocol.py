@@ -46,7 +46,7 @@ exact zero pattern, and the magnitude up to the factor ``r``: ``|x| <= |z| <=
 2^(62 - bound_bits) |x|`` in ring units. The first layer's signs are ``sign(W q + b)`` for
 queries ``q`` of ``Q``'s choice: a hyperplane oracle for the answerer's weights. The paper's
 claim (footnote 4: "masked intermediate values, rather than plain values") does not hold.
-``tests/protocols/test_privhfl.py`` recovers the signs exactly.
+``tests/families/privhfl/test_protocol.py`` recovers the signs exactly.
 
 **Leak-free comparison** (``relu="dcf"``; Boyle et al. EUROCRYPT'21 with a bounded input).
 With ``|x| < 2^l`` (``l = bound_bits``) let ``X = x + 2^l`` in ``[0, 2^(l+1))``: ``DReLU(x)`` is
@@ -98,7 +98,7 @@ methods are named after these steps (:class:`Answerer`, :class:`ServerParty`,
 units, ``2^24`` at ``f = 20``) with probability ``|v| 2^(2f) / 2^64`` per truncated product of
 real magnitude ``|v|`` — about ``2^-20`` for ``|v| = 16`` (:func:`~flwr_fsl.crypto.sharing.
 truncate_local`); deep networks on large batches will see a few such values (the benchmark
-counts them). Beyond that the result is within :func:`~flwr_fsl.protocols.secure_inference.
+counts them). Beyond that the result is within :func:`~flwr_fsl.families.privhfl.inference.
 error_bound` of plaintext.
 
 **Cost** (``python benchmarks/privhfl_bench.py``; CPU seconds of all three parties summed,
@@ -161,7 +161,7 @@ from flwr_fsl.crypto.sharing import (
     beaver_mul,
     truncate_local,
 )
-from flwr_fsl.protocols.secure_inference import (
+from flwr_fsl.families.privhfl.inference import (
     Architecture,
     Conv2d,
     Linear,

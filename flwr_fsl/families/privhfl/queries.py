@@ -50,7 +50,7 @@ inputs and ``seed``. Every random choice comes from ``numpy.random.default_rng(s
 
 **Privacy.** None here: a mixup, cutmix or cutout image shows its source images (App. G,
 Fig. 19). The pool never leaves the querier in the clear in the secure workflow: queries are
-secret-shared (:mod:`flwr_fsl.protocols.privhfl`).
+secret-shared (:mod:`flwr_fsl.families.privhfl.protocol`).
 """
 
 from __future__ import annotations

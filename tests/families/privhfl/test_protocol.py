@@ -1,5 +1,5 @@
-"""PrivHFL secure querying (flwr_fsl.protocols.privhfl): secure logits equal plaintext logits
-within the fixed-point error bound per layer type and end to end (hypothesis over shapes and
+"""PrivHFL secure querying (flwr_fsl.families.privhfl.protocol): secure logits equal plaintext
+logits within the fixed-point error bound per layer type and end to end (hypothesis over shapes and
 inputs, both comparisons), the paper's DReLU leak shown (the querier recovers every hidden
 sign), the DCF querier's view independent of the activations, the server's and answerer's
 views uniform, aggregation over answerers with dropping, the truncation-wrap rate, the strict
@@ -16,8 +16,23 @@ from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
-from flwr_fsl.protocols import privhfl
-from flwr_fsl.protocols.privhfl import (
+from flwr_fsl.families.privhfl import protocol as privhfl
+from flwr_fsl.families.privhfl.inference import (
+    Architecture,
+    AvgPool2d,
+    Conv2d,
+    Flatten,
+    GlobalAvgPool,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    Residual,
+    SecureModel,
+    error_bound,
+    from_torch,
+    plaintext_forward,
+)
+from flwr_fsl.families.privhfl.protocol import (
     AGG_A,
     AGG_S,
     DRELU_S,
@@ -35,21 +50,6 @@ from flwr_fsl.protocols.privhfl import (
     expect,
     secure_predict,
     softmax,
-)
-from flwr_fsl.protocols.secure_inference import (
-    Architecture,
-    AvgPool2d,
-    Conv2d,
-    Flatten,
-    GlobalAvgPool,
-    Linear,
-    MaxPool2d,
-    ReLU,
-    Residual,
-    SecureModel,
-    error_bound,
-    from_torch,
-    plaintext_forward,
 )
 
 U64 = np.uint64

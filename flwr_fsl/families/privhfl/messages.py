@@ -1,8 +1,8 @@
 """The messages and client state of PrivHFL's secure answering (``answering="secure"``).
 
-The server (:class:`~flwr_fsl.strategies.privhfl.PrivHFL`) is the third computing party of
-:mod:`flwr_fsl.protocols.privhfl`; every exchange runs through
-:mod:`flwr_fsl.protocols.privhfl_flow` (schedule, deals, answerer state). What travels in a
+The server (:class:`~flwr_fsl.families.privhfl.strategy.PrivHFL`) is the third computing party of
+:mod:`flwr_fsl.families.privhfl.protocol`; every exchange runs through
+:mod:`flwr_fsl.families.privhfl.flow` (schedule, deals, answerer state). What travels in a
 Flower message is one byte string under :data:`SECURE_KEY` (a ``ConfigRecord``
 ``{"blob": bytes}``) in one of the formats below (``b"PHFW"``, version ``u8`` 1, a kind
 ``u8``, the fields, no trailing bytes; :mod:`flwr_fsl.core.wireformat` fields):
@@ -12,7 +12,7 @@ phase           direction        content
 ==============  ===============  ==========================================================
 ``keys``        S -> node        :class:`KeysRequest`: the run's 16-byte session id
 ``keys``        node -> S        :class:`KeysReply`: a fresh X25519 public key, the node's
-                                 architecture (:func:`~flwr_fsl.protocols.privhfl_flow.
+                                 architecture (:func:`~flwr_fsl.families.privhfl.flow.
                                  architecture_to_bytes`)
 ``generate``    S -> Q           :class:`GenerateRequest`: settings, session number, per
                                  answerer: node id, public key, architecture, ``Sk_SQ``
@@ -40,7 +40,7 @@ unauthenticated: an active server could substitute them — outside the threat m
 
 **Client state** (bytes in ``Context.state``, strict codecs): the X25519 private key of the
 round (:data:`KEY_SLOT`), the querier's sessions (:class:`QuerierState`) and the answerer's
-sessions (:class:`~flwr_fsl.protocols.privhfl_flow.AnswererState`, one per querier).
+sessions (:class:`~flwr_fsl.families.privhfl.flow.AnswererState`, one per querier).
 
 Every decoder raises :class:`~flwr_fsl.core.wireformat.WireFormatError` (a
 :class:`~flwr_fsl.core.errors.ClientInputError`) on malformed bytes.
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.protocols.privhfl import PrivHFLConfig
+from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 from flwr_fsl.protocols.sealing import RoundBinding
 
 __all__ = [

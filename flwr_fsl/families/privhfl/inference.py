@@ -1,7 +1,7 @@
 """Models for secure prediction: public architectures, private weights, a plaintext twin.
 
-PrivHFL's secure querying (:mod:`flwr_fsl.protocols.privhfl`) evaluates an answerer's model on
-secret-shared queries. The model is split into what every party knows and what only the
+PrivHFL's secure querying (:mod:`flwr_fsl.families.privhfl.protocol`) evaluates an answerer's model
+on secret-shared queries. The model is split into what every party knows and what only the
 answerer knows:
 
 * :class:`Architecture` — the *public* skeleton: the per-query input shape and a tuple of

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.submodel.queries import (
+from flwr_fsl.families.privhfl.queries import (
     CUTOUT_RATIO,
     CUTOUT_SCALE,
     EXPANSIONS,

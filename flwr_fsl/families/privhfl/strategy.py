@@ -3,10 +3,10 @@
 Clients own different architectures (:mod:`flwr_fsl.models.privhfl`); there is no global model
 and no weight ever leaves a client. Knowledge moves through predictions: each round every
 sampled client, as a **querier**, expands its private images into a pool (mixup, cutmix,
-cutout, or the private images themselves: :mod:`flwr_fsl.submodel.queries`), selects queries,
-and has them answered by other clients, the **answerers**; it then re-trains on the queries
+cutout, or the private images themselves: :mod:`flwr_fsl.families.privhfl.queries`), selects
+queries, and has them answered by other clients, the **answerers**; it then re-trains on the queries
 with the aggregated predictions as soft labels plus its private data (Alg. 1). The client side
-is :class:`~flwr_fsl.mods.privhfl.PrivHFLClient`.
+is :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient`.
 
 A round is a sequence of phases of :class:`~flwr_fsl.core.engine.PhasedStrategy`
 (message types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
@@ -35,12 +35,12 @@ data as a querier does, without the others' knowledge).
 server in the clear. The server sees every query image (a mixup image shows its two source
 images, App. G), every answerer's logits on it and the sums.
 
-``answering="secure"`` runs :mod:`flwr_fsl.protocols.privhfl` with the server as the third
+``answering="secure"`` runs :mod:`flwr_fsl.families.privhfl.protocol` with the server as the third
 computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``) or the paper's
 DReLU (``comparison="drelu"``: the querier learns ``r x`` for every hidden activation of every
 answerer's model on its queries, and is online in every comparison). Phases 2-4 become
-(messages: :mod:`flwr_fsl.mods.privhfl_secure`; schedule and party state:
-:mod:`flwr_fsl.protocols.privhfl_flow`):
+(messages: :mod:`flwr_fsl.families.privhfl.messages`; schedule and party state:
+:mod:`flwr_fsl.families.privhfl.flow`):
 
 * ``keys`` (``query``): every answerer of the round makes a fresh X25519 key pair
   and replies its public key and its model's public architecture;
@@ -51,7 +51,7 @@ answerer's model on its queries, and is online in every comparison). Phases 2-4 
   layer or batched comparison), carrying the server's half of that op for every querier it
   answers (step 1 also the sealed ``Sk_QA`` and ``Sk_SA``); the answerer replies its half and
   keeps its share state as bytes in ``Context.state``; the server holds its share state
-  (:class:`~flwr_fsl.protocols.privhfl.ServerParty`) in memory for the round. The last reply
+  (:class:`~flwr_fsl.families.privhfl.protocol.ServerParty`) in memory for the round. The last reply
   carries Π_Agg's masked output share. Paper's DReLU: before each comparison step, a
   ``sign-k`` message to each querier with the server's ``drelu-z`` per session; the querier
   replies its sign shares (the answerer's first messages of the comparison ride on its reply
@@ -92,20 +92,14 @@ from flwr.supercore import log
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.models.privhfl import IMAGE_SHAPE
-from flwr_fsl.mods.privhfl import (
-    LOGITS_KEY,
-    PHASE_TYPES,
-    PRIVHFL_KEY,
-    QUERIES_KEY,
-    PhaseConfig,
-    logits_record,
-    node_seed,
-    queries_record,
-    read_logits,
-    read_queries,
+from flwr_fsl.families.privhfl.flow import (
+    ServerSession,
+    architecture_from_bytes,
+    schedule,
+    unheld_seed,
 )
-from flwr_fsl.mods.privhfl_secure import (
+from flwr_fsl.families.privhfl.inference import Architecture
+from flwr_fsl.families.privhfl.messages import (
     SECURE_KEY,
     AnswererInfo,
     GenerateReply,
@@ -120,21 +114,27 @@ from flwr_fsl.mods.privhfl_secure import (
     StepReply,
     StepRequest,
 )
-from flwr_fsl.protocols.privhfl import (
+from flwr_fsl.families.privhfl.protocol import (
     PrivHFLConfig,
     QuerierMessageError,
     SessionSeeds,
     agg_step,
     server_aggregate,
 )
-from flwr_fsl.protocols.privhfl_flow import (
-    ServerSession,
-    architecture_from_bytes,
-    schedule,
-    unheld_seed,
+from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
+from flwr_fsl.families.privhfl.records import (
+    LOGITS_KEY,
+    PHASE_TYPES,
+    PRIVHFL_KEY,
+    QUERIES_KEY,
+    PhaseConfig,
+    logits_record,
+    node_seed,
+    queries_record,
+    read_logits,
+    read_queries,
 )
-from flwr_fsl.protocols.secure_inference import Architecture
-from flwr_fsl.submodel.queries import EXPANSIONS, STRATEGIES
+from flwr_fsl.models.privhfl import IMAGE_SHAPE
 
 __all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
 
@@ -142,7 +142,7 @@ ANSWERING = ("plaintext", "secure")
 """The answering arms: queries and logits in the clear, or secret-shared (module docstring)."""
 COMPARISONS = ("dcf", "drelu")
 """The secure comparisons: the leak-free DCF one, or the paper's DReLU (its querier learns
-``r x`` for every hidden activation: :mod:`flwr_fsl.protocols.privhfl`)."""
+``r x`` for every hidden activation: :mod:`flwr_fsl.families.privhfl.protocol`)."""
 
 
 def _positive_int(name: str, value: int, low: int = 1) -> int:
@@ -177,7 +177,7 @@ min_available_nodes, sampling_seed
         fewer).
     selection : str
         ``"random"`` (Table 1's) or an active-learning strategy of
-        :data:`~flwr_fsl.submodel.queries.STRATEGIES`.
+        :data:`~flwr_fsl.families.privhfl.queries.STRATEGIES`.
     fraction_answer : float
         Fraction of the other trained nodes that answer each querier, in ``(0, 1]``.
     temperature : float
@@ -200,7 +200,7 @@ min_available_nodes, sampling_seed
         Secure arm: one of :data:`COMPARISONS`.
     frac_bits, bound_bits : int
         Secure arm: fixed-point fraction bits and comparison bound bits
-        (:class:`~flwr_fsl.protocols.privhfl.PrivHFLConfig`).
+        (:class:`~flwr_fsl.families.privhfl.protocol.PrivHFLConfig`).
     seed : int
         Seed of the per-node seeds and of the answerer draws.
 

@@ -1,0 +1,297 @@
+"""PrivHFL's Flower records: the keys, phases and array records its strategy and mod share.
+
+Every server message carries a ``ConfigRecord`` under :data:`PRIVHFL_KEY` (one
+:class:`PhaseConfig`, checked against the message type); queries and logits travel as single
+float32 arrays under :data:`QUERIES_KEY` and :data:`LOGITS_KEY`, read back with their shape,
+type and range checked (:func:`read_queries`, :func:`read_logits`). Malformed input raises
+:class:`~flwr_fsl.core.errors.ClientInputError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
+from flwr_fsl.models.privhfl import (
+    IMAGE_SHAPE,
+)
+
+__all__ = [
+    "ACTION",
+    "LOGITS_KEY",
+    "PHASE_TYPES",
+    "PRIVHFL_KEY",
+    "QUERIES_KEY",
+    "VERSION",
+    "PhaseConfig",
+    "logits_record",
+    "node_seed",
+    "queries_record",
+    "read_logits",
+    "read_queries",
+]
+
+PRIVHFL_KEY = "fsl.privhfl"
+"""``ConfigRecord`` of every server message: the phase and its settings."""
+QUERIES_KEY = "fsl.privhfl.queries"
+"""``ArrayRecord`` ``{"x": float32 (B, *image_shape)}``: a querier's queries."""
+LOGITS_KEY = "fsl.privhfl.logits"
+"""``ArrayRecord`` ``{"logits": float32 (B, classes)}``: an answer, or the sum sent back."""
+ACTION = "privhfl"
+"""The action of the three message types (``train.privhfl`` ...)."""
+VERSION = 1
+PHASE_TYPES: dict[str, str] = {
+    "local": f"train.{ACTION}",
+    "retrain": f"train.{ACTION}",
+    "generate": f"query.{ACTION}",
+    "answer": f"query.{ACTION}",
+    "keys": f"query.{ACTION}",
+    "step": f"query.{ACTION}",
+    "sign": f"query.{ACTION}",
+    "evaluate": f"evaluate.{ACTION}",
+}
+"""Phase -> the Flower message type it travels as."""
+
+
+# -- the phase record -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhaseConfig:
+    """The settings of one PrivHFL message (its :data:`PRIVHFL_KEY` record).
+
+    Every field is always present on the wire; a phase ignores the ones it does not use.
+
+    Attributes
+    ----------
+    phase : str
+        One of :data:`PHASE_TYPES`.
+    server_round : int
+        The round (>= 1); a retrain message must name the round of the stored queries.
+    seed : int
+        This node's seed for the phase, in ``[0, 2^63)``.
+    epochs, lr, batch_size : int, float, int
+        Training settings (``local`` / ``retrain``).
+    expansion, pool_size, num_queries, selection : str, int, int, str
+        Query generation (``generate``): one of
+        :data:`~flwr_fsl.families.privhfl.queries.EXPANSIONS`, the pool size, how many to select,
+        one of :data:`~flwr_fsl.families.privhfl.queries.STRATEGIES`.
+    temperature : float
+        Soft labels are ``softmax(sum of logits / temperature)`` (the paper: 1).
+    answerers : int
+        ``retrain``: how many answerers' logits the sum holds (0: re-train on private data).
+    optimizer : str
+        ``local``: ``"sgd"`` (the paper's) or ``"adam"``.
+    """
+
+    phase: str
+    server_round: int
+    seed: int
+    epochs: int = 1
+    lr: float = 0.01
+    batch_size: int = 32
+    expansion: str = "mixup"
+    pool_size: int = 1
+    num_queries: int = 1
+    selection: str = "random"
+    temperature: float = 1.0
+    answerers: int = 0
+    optimizer: str = "sgd"
+
+    _WIRE: ClassVar[dict[str, str]] = {
+        "server_round": "server-round",
+        "batch_size": "batch-size",
+        "pool_size": "pool-size",
+        "num_queries": "num-queries",
+    }
+    MAX_COUNT: ClassVar[int] = 10_000_000
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASE_TYPES:
+            raise ValueError(f"unknown PrivHFL phase {self.phase!r}")
+        ints = {
+            "server_round": (1, 1 << 31),
+            "seed": (0, (1 << 63) - 1),
+            "epochs": (0, 10_000),
+            "batch_size": (1, self.MAX_COUNT),
+            "pool_size": (1, self.MAX_COUNT),
+            "num_queries": (1, self.MAX_COUNT),
+            "answerers": (0, 1_000_000),
+        }
+        for name, (low, high) in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name} must be an int in [{low}, {high}]")
+        for name in ("lr", "temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number")
+            if not (math.isfinite(value) and 0 < value <= 1e6):
+                raise ValueError(f"{name} must be finite and in (0, 1e6]")
+        if self.expansion not in EXPANSIONS:
+            raise ValueError(f"expansion must be one of {EXPANSIONS}")
+        if self.selection not in STRATEGIES:
+            raise ValueError(f"selection must be one of {STRATEGIES}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError("optimizer must be 'sgd' or 'adam'")
+        if self.num_queries > self.pool_size:
+            raise ValueError("num_queries must not exceed pool_size")
+
+    @property
+    def message_type(self) -> str:
+        """The Flower message type of this phase."""
+        return PHASE_TYPES[self.phase]
+
+    def to_record(self) -> ConfigRecord:
+        """Return the wire record (every field, with its version)."""
+        out: dict[str, Any] = {"version": VERSION}
+        for f in fields(self):
+            out[self._WIRE.get(f.name, f.name)] = getattr(self, f.name)
+        return ConfigRecord(out)
+
+    @classmethod
+    def from_record(
+        cls, record: ConfigRecord | None, message_type: str | None = None
+    ) -> PhaseConfig:
+        """Read a :data:`PRIVHFL_KEY` record strictly.
+
+        Parameters
+        ----------
+        record : ConfigRecord or None
+            The record.
+        message_type : str, optional
+            The message's type; the phase must travel as it.
+
+        Raises
+        ------
+        ClientInputError
+            If the record is missing, has another version, a missing or unknown field, a
+            field of the wrong type or out of range, or a phase that does not match
+            ``message_type``.
+        """
+        if record is None:
+            raise ClientInputError("the message has no PrivHFL record")
+        names = {cls._WIRE.get(f.name, f.name): f.name for f in fields(cls)}
+        keys = set(record.keys())
+        if keys != set(names) | {"version"}:
+            raise ClientInputError("the PrivHFL record has missing or unknown fields")
+        version = record["version"]
+        if isinstance(version, bool) or version != VERSION:
+            raise ClientInputError("unsupported PrivHFL record version")
+        for wire, name in names.items():
+            value = record[wire]
+            expected: type | tuple[type, ...] = int
+            if name in ("phase", "expansion", "selection", "optimizer"):
+                expected = str
+            elif name in ("lr", "temperature"):
+                expected = (int, float)
+            if isinstance(value, bool) or not isinstance(value, expected):
+                raise ClientInputError(f"PrivHFL field {wire!r} has the wrong type")
+        try:
+            config = cls(**{name: record[wire] for wire, name in names.items()})  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ClientInputError(f"invalid PrivHFL record: {err}") from err
+        if message_type is not None and config.message_type != message_type:
+            raise ClientInputError("the PrivHFL phase does not match the message type")
+        return config
+
+
+# -- array records ----------------------------------------------------------------------------
+def _one_array(content: RecordDict, key: str, name: str) -> NDArray[Any]:
+    record = content.array_records.get(key)
+    if record is None:
+        raise ClientInputError(f"the message has no {key!r} ArrayRecord")
+    if list(record.keys()) != [name]:
+        raise ClientInputError(f"{key!r} must hold exactly one array named {name!r}")
+    array = record[name]
+    if array.dtype != "float32":
+        raise ClientInputError(f"{key!r} must be float32")
+    try:
+        value = array.numpy()
+    except (ValueError, TypeError, OSError, EOFError) as err:
+        raise ClientInputError(f"{key!r} does not decode") from err
+    if value.dtype != np.float32:
+        raise ClientInputError(f"{key!r} must be float32")
+    return value
+
+
+def _checked(value: NDArray[Any], key: str, max_abs: float) -> NDArray[np.float32]:
+    if not np.isfinite(value).all():
+        raise ClientInputError(f"{key!r} holds a non-finite value")
+    if value.size and float(np.abs(value).max()) > max_abs:
+        raise ClientInputError(f"{key!r} holds a value beyond its bound")
+    return value.astype(np.float32, copy=False)
+
+
+def queries_record(x: NDArray[np.floating]) -> ArrayRecord:
+    """Return the :data:`QUERIES_KEY` record for query images ``x``."""
+    return ArrayRecord({"x": Array(np.ascontiguousarray(x, dtype=np.float32))})
+
+
+def logits_record(z: NDArray[np.floating]) -> ArrayRecord:
+    """Return the :data:`LOGITS_KEY` record for logits ``z``."""
+    return ArrayRecord({"logits": Array(np.ascontiguousarray(z, dtype=np.float32))})
+
+
+def read_queries(
+    content: RecordDict,
+    max_count: int,
+    image_shape: tuple[int, ...] = IMAGE_SHAPE,
+    max_abs: float = 1e3,
+    count: int | None = None,
+) -> NDArray[np.float32]:
+    """Read query images strictly: float32 ``(B, *image_shape)``, ``1 <= B <= max_count``.
+
+    Parameters
+    ----------
+    content : RecordDict
+        A message's content with a :data:`QUERIES_KEY` record.
+    max_count : int
+        Most queries accepted.
+    image_shape : tuple[int, ...]
+        Shape of one image.
+    max_abs : float
+        Largest ``|pixel|``.
+    count : int, optional
+        The exact number expected.
+
+    Raises
+    ------
+    ClientInputError
+        If the record is missing or malformed, of another shape or count, or holds a
+        non-finite or out-of-range pixel.
+    """
+    x = _one_array(content, QUERIES_KEY, "x")
+    if x.ndim != 1 + len(image_shape) or tuple(x.shape[1:]) != tuple(image_shape):
+        raise ClientInputError(f"{QUERIES_KEY!r} must have shape (B, {image_shape})")
+    if not 1 <= len(x) <= max_count or (count is not None and len(x) != count):
+        raise ClientInputError(f"{QUERIES_KEY!r} holds an unexpected number of queries")
+    return _checked(x, QUERIES_KEY, max_abs)
+
+
+def read_logits(
+    content: RecordDict, rows: int, num_classes: int, max_abs: float = 1e4
+) -> NDArray[np.float32]:
+    """Read logits strictly: float32 ``(rows, num_classes)``, finite, ``|z| <= max_abs``.
+
+    Raises
+    ------
+    ClientInputError
+        If the record is missing, malformed, of another shape or out of range.
+    """
+    z = _one_array(content, LOGITS_KEY, "logits")
+    if z.shape != (rows, num_classes):
+        raise ClientInputError(f"{LOGITS_KEY!r} must have shape ({rows}, {num_classes})")
+    return _checked(z, LOGITS_KEY, max_abs)
+
+
+def node_seed(seed: int, server_round: int, node: int, phase: str) -> int:
+    """Return a per-node, per-round, per-phase seed in ``[0, 2^63)`` (SHA-256 of the values)."""
+    digest = hashlib.sha256(f"privhfl/{seed}/{server_round}/{node}/{phase}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1

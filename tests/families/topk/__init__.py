@@ -1,0 +1,1 @@
+"""Tests of the plaintext top-k family."""
