@@ -42,6 +42,7 @@ import numpy as np
 
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.crypto.sealing import seal_for
 from flwr_fsl.families.sesa import protocol as sesa
 from flwr_fsl.families.sesa.protocol import (
     SesaClient,
@@ -51,7 +52,6 @@ from flwr_fsl.families.sesa.protocol import (
     bundle_bytes,
     choose_shards,
 )
-from flwr_fsl.protocols.sealing import seal_for
 
 MIB = 1 << 20
 K = 4

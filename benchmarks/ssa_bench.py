@@ -2,14 +2,14 @@
 
 Run ``python benchmarks/ssa_bench.py [--quick] [--reps N] [--json PATH]``. For
 ``m in {2**10, 2**15, 2**20}`` (``--quick`` skips ``2**20``) and ``k/m in {1%, 5%, 10%, 30%}``
-it runs one client and both servers of :mod:`flwr_fsl.protocols.ssa` (count-weighted scalars,
-``tau = 2``, stash-less, ``η = 3``) and reports:
+it runs one client and both servers of :mod:`flwr_fsl.families.ssa.protocol` (count-weighted
+scalars, ``tau = 2``, stash-less, ``η = 3``) and reports:
 
-* **client encode** (:func:`~flwr_fsl.protocols.ssa.encode_update` with the round's simple
+* **client encode** (:func:`~flwr_fsl.families.ssa.protocol.encode_update` with the round's simple
   table already built), split into cuckoo placement, DPF Gen, and the rest (fixed-point
   payload, betas, serialization);
-* **each server per client** (:meth:`~flwr_fsl.protocols.ssa.SSAServer.add_client`: parse and
-  check the public part, derive root seeds, full-domain evaluate every bin, scatter-add into the
+* **each server per client** (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.add_client`: parse
+  and check the public part, derive root seeds, full-domain evaluate every bin, scatter-add into the
   share), split into evaluation, scatter (Cui's "aggregation") and the rest; the AES-only time
   of the same DPF AES calls (recorded in place, replayed alone with ``dpf_bench.replay_aes``)
   is the floor;
@@ -26,7 +26,7 @@ it runs one client and both servers of :mod:`flwr_fsl.protocols.ssa` (count-weig
 ``--scale N`` instead runs **one round of N clients through a real S1 process**
 (``python -m flwr_fsl.helper`` on a loopback port, started by the script) at ``m = 2**20``,
 ``k/m = 10%`` (``--scale-log-m``, ``--scale-rate`` change that): S0 is
-:class:`~flwr_fsl.protocols.two_server.LeadServer`, which relays the uploads to S1 in chunks
+:class:`~flwr_fsl.families.ssa.two_server.LeadServer`, which relays the uploads to S1 in chunks
 of ``--chunk-mib`` and evaluates each chunk's accepted clients before it reads the next. The
 clients' uploads are produced lazily: ``--distinct`` different updates are encoded once and
 each client id gets one of them with its own sealed seed (the servers' work per client is
@@ -79,7 +79,7 @@ from dpf_bench import record_aes, replay_aes  # noqa: E402
 
 from flwr_fsl.crypto import dpf  # noqa: E402
 from flwr_fsl.crypto.hashing import generate_hash_key, simple_hash  # noqa: E402
-from flwr_fsl.protocols import ssa  # noqa: E402
+from flwr_fsl.families.ssa import protocol as ssa  # noqa: E402
 
 try:
     from flwr_fsl.crypto.channel import OVERHEAD as SEAL_OVERHEAD
@@ -522,9 +522,9 @@ def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: i
 
     from flwr_fsl.core.wireformat import MAX_MESSAGE_BYTES
     from flwr_fsl.crypto.channel import SealingKeyPair
+    from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
+    from flwr_fsl.families.ssa.two_server import ClientUpload, LeadServer
     from flwr_fsl.helper import HelperClient
-    from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
-    from flwr_fsl.protocols.two_server import ClientUpload, LeadServer
     from flwr_fsl.testing.helper_process import HelperProcess
 
     m = 1 << log_m

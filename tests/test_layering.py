@@ -4,8 +4,8 @@ Layers, top to bottom (a module may import its own layer and any lower one):
 
 ====  =========================================================================================
 6     ``research`` (reproductions of papers' attacks; nothing in the package imports it)
-5     ``strategies``, ``mods`` (the public import paths), ``records``, ``testing``,
-      ``experiment``, ``core.engine`` / ``core.phases`` / ``core.state`` / ``core.traffic``, and
+5     ``strategies``, ``mods`` (the public import paths), ``testing``, ``experiment``,
+      ``core.engine`` / ``core.phases`` / ``core.records`` / ``core.state`` / ``core.traffic``, and
       each family's Flower modules (``strategy*.py``, ``mod*.py``, ``records*.py``)
 4     ``helper`` (the second server S1: gRPC service, S0's connection)
 3     ``pinning`` and each family's Flower-free modules (``families/<f>/messages.py``,
@@ -45,7 +45,6 @@ LAYERS: dict[str, int] = {
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
-    "protocols": 3,
     "pinning": 3,
     "families:free": 3,
     "helper": 4,
@@ -56,7 +55,7 @@ LAYERS: dict[str, int] = {
     "families:flower": 5,
     "strategies": 5,
     "mods": 5,
-    "records": 5,
+    "core.records": 5,
     "testing": 5,
     "experiment": 5,
     "research": 6,
@@ -64,7 +63,6 @@ LAYERS: dict[str, int] = {
 UTILITIES = frozenset({"data", "models", "reporting", "run_config"})
 UTILITY_MAY_IMPORT = frozenset({"core.errors", "core.traffic"})
 FLOWER_FREE = (
-    "protocols",
     "crypto",
     "kernels",
     "submodel",
@@ -79,7 +77,7 @@ FAMILY_DEPENDS: dict[str, frozenset[str]] = {
     "sfsl": frozenset({"secagg"}),
     "width": frozenset(),
     "sesa": frozenset({"width"}),
-    "ssa": frozenset(),
+    "ssa": frozenset({"topk"}),
     "privhfl": frozenset(),
 }
 """Which other families a family may import (``ssa`` also uses the platform's ``helper``)."""
@@ -261,7 +259,7 @@ def test_clients_seal_without_loading_the_helper_server() -> None:
     assert not loaded, f"importing flwr_fsl.mods loads the helper package: {loaded}"
 
 
-@pytest.mark.parametrize("module", ["flwr_fsl.protocols.ssa", "flwr_fsl.protocols.psr"])
+@pytest.mark.parametrize("module", ["flwr_fsl.families.ssa.protocol", "flwr_fsl.families.ssa.psr"])
 def test_protocols_load_neither_flower_nor_grpc(module: str) -> None:
     loaded = _loaded_after_import(module, ("grpc", "flwr.", "flwr_fsl.helper"))
     assert not loaded, f"importing {module} loads {loaded}"

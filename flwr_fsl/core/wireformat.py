@@ -12,7 +12,7 @@ allocated, so a short input with a huge declared length fails fast and cheaply:
 * a list: ``u32`` count (at most :data:`MAX_ITEMS`), then the items.
 
 Formats built on it (the helper wire format :mod:`flwr_fsl.helper.wire`, the sealed PSR answer
-of :mod:`flwr_fsl.protocols.sealing`) add their own magic, version and kind. Every malformed
+of :mod:`flwr_fsl.crypto.sealing`) add their own magic, version and kind. Every malformed
 input raises :class:`WireFormatError`, a :class:`~flwr_fsl.core.errors.ClientInputError`: bytes that
 came from one party are dropped with a reason, never crash the reader.
 """

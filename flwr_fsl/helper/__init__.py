@@ -1,7 +1,7 @@
 """The helper server S1 of the two-server protocols (Cui et al. 2023): service, gRPC, CLI, twin.
 
 S0 is the Flower ServerApp; S1 is this non-colluding second server. Clients seal S1's material
-to S1's pinned X25519 key (:mod:`flwr_fsl.protocols.sealing`), S0 relays it through a
+to S1's pinned X25519 key (:mod:`flwr_fsl.crypto.sealing`), S0 relays it through a
 :class:`HelperConnection` — :class:`HelperClient` (gRPC, to a ``flwr-fsl-helper`` process) or
 :class:`InProcessHelper` (simulation; same bytes through the same
 :class:`~flwr_fsl.helper.service.HelperService`).

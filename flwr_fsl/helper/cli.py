@@ -30,7 +30,7 @@ are refused up front, naming the flag. ``--workers`` calls run at once: give it 
 more than the runs S1 serves at the same time, so ``Health`` and the other runs never wait for
 a long ``AddClients``.
 
-**Differential privacy** (:mod:`flwr_fsl.protocols.dp`): ``--dp-noise-multiplier Z
+**Differential privacy** (:mod:`flwr_fsl.families.ssa.dp`): ``--dp-noise-multiplier Z
 --dp-clip-norm C --dp-max-weight W`` (all three, or none; ``--dp-delta`` for the logged
 account, default 1e-5) make S1 add Gaussian noise of std ``Z · Δ`` to its share of every round
 — ``Z`` is a floor, whatever S0 asks — and refuse rounds without DP parameters or with a clip
@@ -59,12 +59,12 @@ from pathlib import Path
 from types import FrameType
 
 from flwr_fsl.crypto.channel import SealedBoxError
+from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
-from flwr_fsl.protocols.dp import DistributedDP
 
 __all__ = ["main"]
 
@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         )
     dp = p.add_argument_group(
         "differential privacy",
-        "S1 adds Gaussian noise to its share of every round (flwr_fsl.protocols.dp); "
+        "S1 adds Gaussian noise to its share of every round (flwr_fsl.families.ssa.dp); "
         "give --dp-noise-multiplier, --dp-clip-norm and --dp-max-weight together",
     )
     dp.add_argument(

@@ -20,7 +20,7 @@ response or a pinned-key mismatch (:func:`verify_helper`).
 :func:`~flwr_fsl.helper.setup.connect_helper` creates it) and never re-creates it silently: after
 S1 restarts, its calls raise :class:`~flwr_fsl.helper.errors.HelperSessionLostError` until S0
 calls :meth:`~HelperConnection.open_session` again (what
-:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>` does, after forgetting
+:meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` does, after forgetting
 its stored U-DPF keys). :class:`HelperClient` replaces its gRPC channel after a call finds S1
 unreachable, so the first call after S1 is back connects at once instead of waiting out gRPC's
 reconnect backoff (up to two minutes).
@@ -48,6 +48,7 @@ from flwr_fsl.crypto.channel import (
     public_key_fingerprint,
     verify_fingerprint,
 )
+from flwr_fsl.families.ssa.two_server import HelperParty
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import (
     HelperError,
@@ -58,7 +59,6 @@ from flwr_fsl.helper.errors import (
 )
 from flwr_fsl.helper.service import SERVICE_NAME, HelperLimits, HelperService
 from flwr_fsl.pinning import TOKEN_FILE_KEY
-from flwr_fsl.protocols.two_server import HelperParty
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -117,7 +117,7 @@ class HelperShare(NamedTuple):
 class HelperConnection(HelperParty, Protocol):
     """What S0 can ask S1: the round calls of a ``HelperParty``, plus status and closing.
 
-    The round calls are :class:`~flwr_fsl.protocols.two_server.HelperParty`'s (see
+    The round calls are :class:`~flwr_fsl.families.ssa.two_server.HelperParty`'s (see
     :mod:`flwr_fsl.helper.services.ssa` for the round life cycle).
 
     A connection is one session on S1: every round-scoped call carries :attr:`session_id`.
@@ -371,7 +371,7 @@ class _Facade(abc.ABC):
         round_id : int
             An open round.
         table : numpy.ndarray
-            ``(m, value_width)`` uint64 (see :func:`flwr_fsl.protocols.psr.encode_table`).
+            ``(m, value_width)`` uint64 (see :func:`flwr_fsl.families.ssa.psr.encode_table`).
 
         Raises
         ------

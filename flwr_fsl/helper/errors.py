@@ -10,8 +10,8 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   per client and the round goes on without that client.
 * :class:`HelperSessionLostError` — a :class:`HelperRequestError` for a call naming a session S1
   does not hold (S1 restarted, the session expired or was closed): S1 kept nothing of the run.
-  It is also a :class:`~flwr_fsl.protocols.two_server.SessionLostError`, which S0's
-  :meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>` recovers from.
+  It is also a :class:`~flwr_fsl.families.ssa.two_server.SessionLostError`, which S0's
+  :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` recovers from.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
   (:mod:`flwr_fsl.helper.wire`); a decoder error, so a
   :class:`~flwr_fsl.core.errors.ClientInputError`.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.core.wireformat import WireFormatError
-from flwr_fsl.protocols.two_server import SessionLostError
+from flwr_fsl.families.ssa.two_server import SessionLostError
 
 __all__ = [
     "HelperError",

@@ -1,6 +1,7 @@
 """What one request may cost the helper server S1: limits checked before anything is allocated.
 
-A round's public parameters (:class:`~flwr_fsl.protocols.ssa.SSAParams`, a few hundred bytes)
+A round's public parameters (:class:`~flwr_fsl.families.ssa.protocol.SSAParams`, a few hundred
+bytes)
 decide how much memory and CPU S1 spends on it, so without limits one small ``OpenRound`` with
 a large ``domain_size`` or ``value_width`` drives S1 out of memory, and one ``AddClients`` with
 many clients holds S1 busy for minutes. :class:`HelperLimits` bounds both; every check runs on
@@ -13,8 +14,9 @@ sessions never notice.
 ``τ = w + count_weighted``, ``η`` = ``num_hashes``, ``σ`` = ``stash_size``, ``B`` bins,
 ``K = B + σ`` keys per client, ``P = (η + σ) m`` points one client's keys are evaluated on —
 a simple bin holds each index at most ``η`` times, a stash key covers all of ``[0, m)``),
-read off what S1 allocates in :class:`~flwr_fsl.protocols.ssa.SSAServer`,
-:func:`~flwr_fsl.protocols.ssa.simple_table_for`, :class:`~flwr_fsl.protocols.psr.PSRServer`
+read off what S1 allocates in :class:`~flwr_fsl.families.ssa.protocol.SSAServer`,
+:func:`~flwr_fsl.families.ssa.protocol.simple_table_for`,
+:class:`~flwr_fsl.families.ssa.psr.PSRServer`
 and the DPF evaluation they call (``S = 5 · 2**16``: its fixed level buffers)::
 
     held  = m τ                          the round's share (SSAServer)
@@ -54,7 +56,7 @@ example here; an operator raises them with the CLI flags (:mod:`flwr_fsl.helper.
 in-process S1 with ``InProcessHelper(limits=HelperLimits(...))``.
 
 **Differential privacy policy** (``HelperLimits.dp``, flags ``--dp-noise-multiplier``,
-``--dp-clip-norm``, ``--dp-max-weight``; :mod:`flwr_fsl.protocols.dp`). S1's noise is what
+``--dp-clip-norm``, ``--dp-max-weight``; :mod:`flwr_fsl.families.ssa.dp`). S1's noise is what
 protects the clients against S0, so S1 decides it, not S0: with a policy set, S1 refuses at
 ``OpenRound`` a round without DP parameters (its clients would not clip, so no noise could be
 calibrated) or one whose ``clip_norm`` / ``max_weight`` exceed S1's, and adds noise with
@@ -69,9 +71,9 @@ from dataclasses import dataclass, fields
 
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
+from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
+from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.helper.errors import HelperRequestError
-from flwr_fsl.protocols.dp import DistributedDP, check_headroom, noise_std
-from flwr_fsl.protocols.ssa import SSAParams
 
 __all__ = [
     "MAX_PARAMS_BYTES",

@@ -4,11 +4,11 @@ from flwr_fsl.core.state import StateSlot
 from flwr_fsl.families.secagg.mod import secagg_mod
 from flwr_fsl.families.sesa.mod import sesa_mod
 from flwr_fsl.families.sfsl.mod import PerturbedRows
+from flwr_fsl.families.ssa.index_mod import PrivateRows
+from flwr_fsl.families.ssa.mod import ssa_mod
+from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.topk.mod import topk_mod
 from flwr_fsl.families.width.mod import width_mod
-from flwr_fsl.mods.base import ProtocolMod, SSARound
-from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.mods.ssa import ssa_mod
 
 __all__ = [
     "PerturbedRows",

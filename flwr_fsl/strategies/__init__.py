@@ -5,11 +5,11 @@ from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.families.secagg.strategy import SecAggFedAvg
 from flwr_fsl.families.sesa.strategy import SesaFedAvg
 from flwr_fsl.families.sfsl.strategy import SFSLFedSubAvg
+from flwr_fsl.families.ssa.aggregation_strategy import SSASettings, TwoServerAggregation
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
+from flwr_fsl.families.ssa.strategy import SecureFedSubAvg
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.families.width.strategy import WidthFedAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
-from flwr_fsl.strategies.secure import SecureFedSubAvg
-from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 
 __all__ = [
     "FedSubAvg",

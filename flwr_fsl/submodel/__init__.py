@@ -1,8 +1,8 @@
 """What a client trains and sends, and how the server averages it: layouts, top-k, the codec.
 
 Everything here is numpy and Flower-free: :mod:`flwr_fsl.submodel.codec` defines the sparse
-wire format as a header plus named arrays, and :mod:`flwr_fsl.records` puts them into Flower
-records (``encode_update`` / ``decode_update`` live there).
+wire format as a header plus named arrays, and :mod:`flwr_fsl.families.ssa.records` puts them into
+Flower records (``encode_update`` / ``decode_update`` live there).
 """
 
 from __future__ import annotations

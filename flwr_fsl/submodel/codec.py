@@ -2,7 +2,8 @@
 
 This module is Flower-free: it turns a :class:`SubmodelUpdate` into a *header* (a dict of
 str/int/list values) and named *arrays* (numpy), and validates them back against the model.
-:mod:`flwr_fsl.records` puts the parts into a Flower message — the header as a ``ConfigRecord``,
+:mod:`flwr_fsl.families.ssa.records` puts the parts into a Flower message — the header as a
+``ConfigRecord``,
 the arrays as an ``ArrayRecord`` — and takes them out again (it also reads plain dense replies).
 
 A submodel reply carries two records next to the client's usual ``MetricRecord``:

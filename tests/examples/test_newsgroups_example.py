@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.protocol import SSAParams, encode_round
+from flwr_fsl.families.ssa.psr import make_query
 from flwr_fsl.helper import InProcessHelper
-from flwr_fsl.protocols.psr import make_query
-from flwr_fsl.protocols.ssa import SSAParams, encode_round
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
 

@@ -14,6 +14,30 @@ import pytest
 
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
+from flwr_fsl.crypto.sealing import (
+    RoundBinding,
+    open_psr_answer,
+    open_psr_query,
+    open_ssa_upload,
+    seal_psr_answer,
+    seal_psr_query,
+    seal_ssa_upload,
+    seal_udpf_hint,
+)
+from flwr_fsl.families.ssa.protocol import (
+    SSAParams,
+    SSAServer,
+    encode_update,
+    held_digest,
+    reconstruct,
+)
+from flwr_fsl.families.ssa.psr import (
+    PSRServer,
+    decode_answers,
+    decode_table,
+    encode_table,
+    make_query,
+)
 from flwr_fsl.helper import (
     HelperError,
     HelperLimits,
@@ -27,18 +51,6 @@ from flwr_fsl.helper import (
 from flwr_fsl.helper.connection import HelperConnection
 from flwr_fsl.helper.errors import WireFormatError
 from flwr_fsl.helper.service import Method
-from flwr_fsl.protocols.psr import PSRServer, decode_answers, decode_table, encode_table, make_query
-from flwr_fsl.protocols.sealing import (
-    RoundBinding,
-    open_psr_answer,
-    open_psr_query,
-    open_ssa_upload,
-    seal_psr_answer,
-    seal_psr_query,
-    seal_ssa_upload,
-    seal_udpf_hint,
-)
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, held_digest, reconstruct
 
 M, K, WIDTH = 96, 8, 2
 SID = bytes(range(16))  # the session of every twin below (clients bind sealed material to it)

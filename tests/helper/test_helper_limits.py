@@ -24,8 +24,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
+from flwr_fsl.families.ssa.protocol import (
+    SSAParams,
+    SSAServer,
+    encode_update,
+    parse_public_part,
+    reconstruct,
+)
+from flwr_fsl.families.ssa.psr import PSRServer, encode_table, make_query
+from flwr_fsl.families.ssa.two_server import LeadServer
 from flwr_fsl.helper import (
     HelperClient,
     HelperError,
@@ -43,16 +53,6 @@ from flwr_fsl.helper.limits import (
     upload_work,
 )
 from flwr_fsl.helper.services import ssa as ssa_service
-from flwr_fsl.protocols import sealing
-from flwr_fsl.protocols.psr import PSRServer, encode_table, make_query
-from flwr_fsl.protocols.ssa import (
-    SSAParams,
-    SSAServer,
-    encode_update,
-    parse_public_part,
-    reconstruct,
-)
-from flwr_fsl.protocols.two_server import LeadServer
 from flwr_fsl.testing.helper_process import HelperProcess
 from tests.helper.test_helper import (
     SID,

@@ -33,6 +33,10 @@ from flwr.app import Context, Message
 
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
+from flwr_fsl.families.ssa.protocol import can_send_hint
+from flwr_fsl.families.ssa.records import UDPF_HELD_FIELD
+from flwr_fsl.families.ssa.two_server import ClientUpload, LeadServer, SessionLostError
 from flwr_fsl.helper import (
     HelperClient,
     HelperLimits,
@@ -44,13 +48,18 @@ from flwr_fsl.helper import (
     wire,
 )
 from flwr_fsl.mods import ssa_mod, topk_mod
-from flwr_fsl.protocols.ssa import can_send_hint
-from flwr_fsl.protocols.two_server import ClientUpload, LeadServer, SessionLostError
-from flwr_fsl.records import UDPF_HELD_FIELD
 from flwr_fsl.strategies import SecureFedSubAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 from flwr_fsl.testing.helper_process import HelperProcess
+from tests.families.ssa.test_index_strategy import (
+    ROWS,
+    TABLE,
+    K,
+    client_rows,
+    initial,
+    make_index_app,
+    row_delta,
+)
 from tests.flower_apps import make_app, model_record
 from tests.helper.test_helper import (
     SID,
@@ -61,15 +70,6 @@ from tests.helper.test_helper import (
     make_params,
     twin,
     upload_for,
-)
-from tests.strategies.test_index_mode import (
-    ROWS,
-    TABLE,
-    K,
-    client_rows,
-    initial,
-    make_index_app,
-    row_delta,
 )
 
 NODES = 4

@@ -20,6 +20,8 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, Writer
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
+from flwr_fsl.families.ssa.protocol import reconstruct
 from flwr_fsl.helper import (
     HelperClient,
     HelperError,
@@ -31,8 +33,6 @@ from flwr_fsl.helper import (
     wire,
 )
 from flwr_fsl.helper.service import Method, Session
-from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
-from flwr_fsl.protocols.ssa import reconstruct
 from tests.helper.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
 
 SID_A, SID_B = b"A" * 16, b"B" * 16
@@ -43,7 +43,7 @@ def _aggregate(conn: InProcessHelper, round_id: int, seed: int) -> tuple[Any, An
     params = make_params(round_id)
     clients = make_clients(3, seed=seed)
     conn.open_round(round_id, params.to_bytes())
-    from flwr_fsl.protocols.ssa import SSAServer
+    from flwr_fsl.families.ssa.protocol import SSAServer
 
     s0 = SSAServer(params, 0)
     relay = []

@@ -8,7 +8,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.records import decode_update, encode_update
+from flwr_fsl.core.records import decode_update, encode_update
 from flwr_fsl.submodel import (
     ARRAYS_KEY,
     HEADER_KEY,

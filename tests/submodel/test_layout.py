@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, RoundFailedError
-from flwr_fsl.protocols.ssa import SSAResult
+from flwr_fsl.families.ssa.protocol import SSAResult
 from flwr_fsl.submodel import (
     ElementUpdate,
     Encoding,
@@ -888,7 +888,7 @@ def test_every_layout_satisfies_the_protocol() -> None:
 
 def test_submodel_package_loads_without_flower() -> None:
     code = (
-        "import sys, flwr_fsl.submodel, flwr_fsl.protocols.ssa\n"
+        "import sys, flwr_fsl.submodel, flwr_fsl.families.ssa.protocol\n"
         "assert 'flwr' not in sys.modules, 'flwr imported'\n"
         "from flwr_fsl.submodel import decode_parts\n"
         "assert 'flwr' not in sys.modules and callable(decode_parts)\n"

@@ -29,7 +29,7 @@ import numpy as np
 from flwr_fsl.crypto import dpf, prg
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import HashParams, cuckoo_hash, simple_hash
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update
+from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
 PATH = Path(__file__).with_name("frozen.json")
@@ -154,7 +154,7 @@ def fixedpoint_vectors() -> dict[str, Any]:
 
 def codec_vectors() -> dict[str, Any]:
     """The sparse codec's records (dense, coordinates, rows, counts), serialized canonically."""
-    from flwr_fsl.records import encode_update as encode_submodel
+    from flwr_fsl.core.records import encode_update as encode_submodel
 
     rng = np.random.default_rng(3)
     update = SubmodelUpdate(

@@ -4,8 +4,8 @@ The user's ``@app.train`` is ordinary matrix-factorisation SGD: it receives the 
 the item rows of its own ratings and its personal parameters, and returns the full item table.
 What differs between the two runs of the ServerApp is how the rows travel:
 
-- **secure** (index mode): :class:`~flwr_fsl.mods.index.PrivateRows` retrieves the user's
-  rows with two-server PSR in a ``query.psr`` phase (neither server learns which rows), fills
+- **secure** (index mode): :class:`~flwr_fsl.families.ssa.index_mod.PrivateRows` retrieves the
+  user's rows with two-server PSR in a ``query.psr`` phase (neither server learns which rows), fills
   them into an otherwise zero table for ``@app.train``, and uploads the changed rows as
   mega-elements with SSA — from the second round on as U-DPF hints, since the row set is fixed;
 - **plaintext** baseline: the train message carries the whole table, and ``@app.train``
@@ -41,8 +41,9 @@ from dpf_psr_movielens.task import (
     train_user,
     user_data,
 )
-from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.records import encode_update, find_ssa_round
+from flwr_fsl.core.records import encode_update
+from flwr_fsl.families.ssa.index_mod import PrivateRows
+from flwr_fsl.families.ssa.records import find_ssa_round
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
 USER_STATE = "movielens.user"

@@ -1,8 +1,8 @@
 """dpf-psr-movielens: the ServerApp — S0 of private retrieval and secure aggregation of rows.
 
 The ServerApp trains the item table of a matrix-factorisation recommender with
-:class:`~flwr_fsl.strategies.index.SecureRowFedSubAvg` (index mode, Cui et al. §4–§6): every
-round each client retrieves its item rows with two-server PSR, trains, and uploads the row
+:class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` (index mode, Cui et al. §4–§6):
+every round each client retrieves its item rows with two-server PSR, trains, and uploads the row
 deltas as mega-elements (``dim + 1`` values and a count word) through SSA; from its second
 round on, with an unchanged row set, only a U-DPF hint. S1 is a running ``flwr-fsl-helper`` when
 ``ssa-helper-address`` is set (its key pinned by ``ssa-helper-fingerprint`` or
@@ -39,6 +39,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import (
     HelperConnection,
     connect_helper,
@@ -47,7 +48,6 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.strategies import FedSubAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 
 RMSE = Metric("RMSE", "mse", source="evaluate", sqrt=True)
 UDPF = Metric("U-DPF", "udpf-clients", source="train", digits=0)  # clients that sent a hint

@@ -4,7 +4,8 @@ The client's ``@app.train`` is ordinary minibatch SGD: it receives the table, tr
 of its own words and the classifier rows, and returns the full table. What differs between the
 two runs of the ServerApp is how the rows travel:
 
-- **secure** (index mode): :class:`~flwr_fsl.mods.index.PrivateRows` retrieves the client's
+- **secure** (index mode): :class:`~flwr_fsl.families.ssa.index_mod.PrivateRows` retrieves the
+  client's
   rows with two-server PSR in a ``query.psr`` phase (neither server learns which words), fills
   them into an otherwise zero table for ``@app.train``, and uploads the changed rows as
   mega-elements with SSA — from the second round on as U-DPF hints, since the row set is fixed;
@@ -28,8 +29,9 @@ from dpf_psr_newsgroups.task import (
     table_shape,
     train_client,
 )
-from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.records import encode_update, find_ssa_round
+from flwr_fsl.core.records import encode_update
+from flwr_fsl.families.ssa.index_mod import PrivateRows
+from flwr_fsl.families.ssa.records import find_ssa_round
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
 

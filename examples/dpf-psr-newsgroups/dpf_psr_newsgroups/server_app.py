@@ -1,7 +1,7 @@
 """dpf-psr-newsgroups: the ServerApp — S0 of private retrieval and secure aggregation of words.
 
 The ServerApp trains the table of a bag-of-embeddings text classifier (word rows + classifier
-rows) with :class:`~flwr_fsl.strategies.index.SecureRowFedSubAvg` (index mode, Cui et al.
+rows) with :class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` (index mode, Cui et al.
 §4–§6): every round each client retrieves the rows of its words with two-server PSR, trains,
 and uploads the row deltas as mega-elements (``dim`` values and a count word) through SSA;
 from its second round on, with an unchanged row set, only a U-DPF hint. S1 is a running
@@ -59,6 +59,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import (
     HelperConnection,
     connect_helper,
@@ -67,7 +68,6 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.strategies import FedSubAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 LOSS = Metric("test loss", "loss", digits=4)

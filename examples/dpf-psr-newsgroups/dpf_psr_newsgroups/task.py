@@ -8,7 +8,8 @@ The classifier is a bag of embeddings (fastText-like): a document ``x`` with wor
 All parameters live in **one** table ``emb.weight`` of ``(V + C) x dim`` float32: rows
 ``0 .. V-1`` are the word embeddings ``e_w`` (word id = frequency rank in the training
 documents), rows ``V .. V+C-1`` the classifier rows ``W_c`` of the ``C`` newsgroups. In index
-mode only the table is federated (:class:`~flwr_fsl.strategies.index.SecureRowFedSubAvg`), so
+mode only the table is federated
+(:class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg`), so
 the head travels as ``C`` more rows of it: every client's row set holds the head rows; which
 *word* rows it holds is private.
 

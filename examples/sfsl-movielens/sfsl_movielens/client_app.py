@@ -50,10 +50,11 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.records import encode_update
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.families.sfsl.perturb import RRParams
+from flwr_fsl.families.ssa.records import find_ssa_round
 from flwr_fsl.mods import PerturbedRows, PrivateRows, secagg_mod
-from flwr_fsl.records import encode_update, find_ssa_round
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 from sfsl_movielens.task import (
     CPPS,

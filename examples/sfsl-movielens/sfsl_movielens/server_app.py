@@ -41,6 +41,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import (
     HelperConnection,
     connect_helper,
@@ -49,7 +50,6 @@ from flwr_fsl.helper import (
     verify_helper,
 )
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SFSLFedSubAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from sfsl_movielens.client_app import CPP_KEY, REPLY_KEY, TRAINING_ID
 from sfsl_movielens.task import TABLE, Settings, auc, initial_table, rr_params
 

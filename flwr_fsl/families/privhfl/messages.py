@@ -31,7 +31,7 @@ phase           direction        content
 ==============  ===============  ==========================================================
 
 **Seeds.** ``Sk_QA`` (querier-answerer) is drawn by ``Q`` and sealed to ``A``'s X25519 key
-(:func:`~flwr_fsl.protocols.sealing.seal_for`, purpose :data:`SEED_PURPOSE`, bound to the
+(:func:`~flwr_fsl.crypto.sealing.seal_for`, purpose :data:`SEED_PURPOSE`, bound to the
 run's session id, the round and the settings, sender and recipient node ids): ``S`` relays it
 and cannot open it. ``Sk_SQ`` and ``Sk_SA`` are the server's own seeds with each client: ``S``
 draws them and sends them on the client's link (the transport's TLS; the threat model is
@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
 from flwr_fsl.crypto.prg import SEED_BYTES
+from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
-from flwr_fsl.protocols.sealing import RoundBinding
 
 __all__ = [
     "KEY_SLOT",

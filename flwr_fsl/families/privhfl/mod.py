@@ -79,6 +79,7 @@ from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
+from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.families.privhfl.flow import (
     AnswererState,
     answerer_open,
@@ -131,7 +132,6 @@ from flwr_fsl.models.privhfl import (
     retrain,
     train_private,
 )
-from flwr_fsl.protocols.sealing import open_from, seal_for
 
 __all__ = [
     "ACTION",

@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from numpy.typing import NDArray
 
-from flwr_fsl.records import MAX_UPLOAD_BYTES, array_loader
+from flwr_fsl.core.records import MAX_UPLOAD_BYTES, array_loader
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
 __all__ = [

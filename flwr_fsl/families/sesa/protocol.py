@@ -3,7 +3,7 @@ r"""SESA: Lagrange-coded secure submodel aggregation (Sami & Güler, §IV), one 
 Flower-free: :class:`SesaClient` and :class:`SesaServer` exchange bytes;
 :mod:`flwr_fsl.families.sesa.strategy` and :mod:`flwr_fsl.families.sesa.mod` carry them in Flower
 messages. Clients never talk to each other: what client ``i`` sends client ``j`` is sealed to ``j``
-(:func:`flwr_fsl.protocols.sealing.seal_for`, HPKE X25519 / AES-256-GCM from
+(:func:`flwr_fsl.crypto.sealing.seal_for`, HPKE X25519 / AES-256-GCM from
 ``cryptography``) and relayed by the server. Arithmetic is in ``F_p``, ``p = 2^32 - 5``
 (:class:`~flwr_fsl.crypto.ring.PrimeField`; any prime below 2^32 for tests), vectorized over
 the shard vector with the numba field kernels (:mod:`flwr_fsl.kernels.field`).
@@ -150,8 +150,8 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
+from flwr_fsl.crypto.sealing import RoundBinding, open_from, seal_for
 from flwr_fsl.crypto.sharing import lagrange_matrix
-from flwr_fsl.protocols.sealing import RoundBinding, open_from, seal_for
 
 __all__ = [
     "MAX_CLIENTS",

@@ -32,7 +32,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
-from flwr_fsl.records import encode_update
+from flwr_fsl.core.records import encode_update
 from flwr_fsl.submodel import TopKConfig, sparsify
 
 RESIDUAL_KEY = "fsl.topk.residual"

@@ -34,7 +34,7 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import RoundFailedError
-from flwr_fsl.records import decode_update
+from flwr_fsl.core.records import decode_update
 from flwr_fsl.submodel import SubmodelUpdate
 from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_average
 

@@ -2,7 +2,7 @@
 
 ``SetModel`` gives S1 the round's table (public to both servers by design: it is the global
 model); ``PsrAnswer`` relays each client's public part and its sealed ``(master seed, hash,
-per-query answer key)``; S1 answers with :class:`~flwr_fsl.protocols.psr.PSRServer` and seals
+per-query answer key)``; S1 answers with :class:`~flwr_fsl.families.ssa.psr.PSRServer` and seals
 each answer to the client's per-query key under the round's binding (session, round, parameter
 digest), so S0 cannot combine it with its own answer. A client may query once per round; a
 malformed or replayed query is rejected for that client only.
@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.crypto import sealing
+from flwr_fsl.families.ssa.psr import PSRServer
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.service import PARTY, Method, Session
 from flwr_fsl.helper.services.ssa import SSARound, budget, claim, client_result, log_results
-from flwr_fsl.protocols import sealing
-from flwr_fsl.protocols.psr import PSRServer
 
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService

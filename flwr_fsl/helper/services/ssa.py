@@ -2,16 +2,16 @@
 
 Per round, S0 relays to S1 (every request carries the run's session id):
 
-1. ``OpenRound``: the round's public :class:`~flwr_fsl.protocols.ssa.SSAParams` (in a session
-   ``OpenSession`` created; an unknown session is refused with
+1. ``OpenRound``: the round's public :class:`~flwr_fsl.families.ssa.protocol.SSAParams` (in a
+   session ``OpenSession`` created; an unknown session is refused with
    :class:`~flwr_fsl.helper.errors.HelperSessionLostError`).
 2. ``AddClients`` (and ``AddClientHints`` in U-DPF rounds): each client's public part and its
    sealed ``(master seed, SHA-256(public part))``, bound to the session, the round and the
    SHA-256 of the parameters S1 opened the round with; S1 opens it, checks the hash and
-   evaluates the keys into its :class:`~flwr_fsl.protocols.ssa.SSAServer` share.
+   evaluates the keys into its :class:`~flwr_fsl.families.ssa.protocol.SSAServer` share.
 3. ``FinishRound``: S1's additive share of the aggregate and the ids of the clients in it (S0
    must aggregate exactly the same clients), or ``AbortRound``. In a DP round
-   (:mod:`flwr_fsl.protocols.dp`) S1 first adds its own Gaussian noise to the share, with the
+   (:mod:`flwr_fsl.families.ssa.dp`) S1 first adds its own Gaussian noise to the share, with the
    multiplier :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` chose at
    ``OpenRound`` (at least S1's ``--dp-noise-multiplier``, whatever S0 asks), and logs its
    running ``(ε, δ)`` account of the session: the guarantee against S0.
@@ -25,7 +25,7 @@ another session, round, parameter set or client, wrong key), a public part whose
 (client id -> keys, replaced when the client contributes again, dropped when a round with
 another hashing layout opens) and hands them to the next round's ``SSAServer`` as
 ``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and
-the digest of the keys it updates, :func:`~flwr_fsl.protocols.sealing.seal_udpf_hint`): S1
+the digest of the keys it updates, :func:`~flwr_fsl.crypto.sealing.seal_udpf_hint`): S1
 refuses a hint S0 altered or one made for keys other than those S1 holds for the client. Keys
 live only in memory, in the session: a restarted S1 holds no session, refuses the old one's
 calls (S0 then forgets its own stored keys, so clients send fresh keys), and a hint for keys it
@@ -50,20 +50,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
-from flwr_fsl.helper import wire
-from flwr_fsl.helper.errors import HelperRequestError
-from flwr_fsl.helper.limits import RoundBudget
-from flwr_fsl.helper.service import PARTY, Method, Session
-from flwr_fsl.protocols import sealing
-from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.families.ssa.dp import ZCDPAccountant, noise_std, noise_words
+from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
     SSAServer,
     held_digest,
     same_layout,
 )
+from flwr_fsl.helper import wire
+from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.helper.limits import RoundBudget
+from flwr_fsl.helper.service import PARTY, Method, Session
 
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.crypto.channel import SealingKeyPair, client_party
+from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.families.privhfl.messages import (
     SEED_PURPOSE,
     AnswererInfo,
@@ -33,7 +34,6 @@ from flwr_fsl.families.privhfl.messages import (
     binding,
 )
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
-from flwr_fsl.protocols.sealing import open_from, seal_for
 
 CFG = PrivHFLConfig(relu="dcf")
 RUN = bytes(range(16))

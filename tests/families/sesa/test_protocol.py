@@ -18,6 +18,7 @@ from flwr_fsl.crypto.channel import OVERHEAD, SealingKeyPair, client_party
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
+from flwr_fsl.crypto.sealing import open_from
 from flwr_fsl.crypto.sharing import interpolate, lagrange_matrix
 from flwr_fsl.families.sesa import protocol as sesa
 from flwr_fsl.families.sesa.protocol import (
@@ -36,7 +37,6 @@ from flwr_fsl.families.sesa.protocol import (
     mask_evaluations,
     selector_evaluations,
 )
-from flwr_fsl.protocols.sealing import open_from
 
 U64 = np.uint64
 

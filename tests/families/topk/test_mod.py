@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from flwr_fsl.core.records import decode_update
 from flwr_fsl.families.topk.mod import RESIDUAL_KEY
 from flwr_fsl.mods import topk_mod
-from flwr_fsl.records import decode_update
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.submodel import ARRAYS_KEY, HEADER_KEY, Encoding
 from flwr_fsl.testing import InProcessGrid

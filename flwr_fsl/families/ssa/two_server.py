@@ -41,15 +41,15 @@ For PSR, :meth:`LeadServer.answer_queries` answers each client's query on S0's c
 table, relays the valid ones to S1 and returns, per client, S0's answer in the clear and S1's
 answer sealed to the client.
 
-**Threat model and leakage** (see :mod:`flwr_fsl.protocols.ssa` and
-:mod:`flwr_fsl.protocols.psr`): two non-colluding semi-honest servers. S0 sees each client's
+**Threat model and leakage** (see :mod:`flwr_fsl.families.ssa.protocol` and
+:mod:`flwr_fsl.families.ssa.psr`): two non-colluding semi-honest servers. S0 sees each client's
 public key part and S0 master seed (pseudorandom given the index set), S1's material only
 sealed, S1's share (uniform on its own) and the reconstructed aggregate: per element the
 weighted sum and total weight of the clients that chose it. Nothing in this object reads a
 sealed blob.
 
-**Distributed DP** (:mod:`flwr_fsl.protocols.dp`): in a round whose parameters carry a
-:class:`~flwr_fsl.protocols.dp.DistributedDP`, S0 adds its own Gaussian noise to its share just
+**Distributed DP** (:mod:`flwr_fsl.families.ssa.dp`): in a round whose parameters carry a
+:class:`~flwr_fsl.families.ssa.dp.DistributedDP`, S0 adds its own Gaussian noise to its share just
 before reconstructing (S1 adds its own in ``FinishRound``), so S0 never sees the un-noised
 aggregate and S1 sees only an aggregate carrying S0's noise; :attr:`LeadServer.accountant`
 keeps the zCDP account of S0's noise (the guarantee against S1).
@@ -69,9 +69,8 @@ from flwr_fsl.core.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 from flwr_fsl.crypto.channel import SealedBoxError, public_key_fingerprint, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.protocols.dp import ZCDPAccountant, noise_std, noise_words
-from flwr_fsl.protocols.psr import PSRServer
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.families.ssa.dp import ZCDPAccountant, noise_std, noise_words
+from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
     SSAResult,
@@ -81,6 +80,7 @@ from flwr_fsl.protocols.ssa import (
     reconstruct,
     same_layout,
 )
+from flwr_fsl.families.ssa.psr import PSRServer
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",
@@ -375,7 +375,7 @@ class LeadServer:
         """Return the digest of the keys S0 holds for ``client`` (None: none), for its round.
 
         The client sends a U-DPF hint only when this equals its own keys' digest
-        (:func:`~flwr_fsl.protocols.ssa.can_send_hint`), so a hint is never applied to keys
+        (:func:`~flwr_fsl.families.ssa.protocol.can_send_hint`), so a hint is never applied to keys
         other than the ones it was made for.
         """
         keys = self.stored_keys.get(client)
@@ -583,7 +583,7 @@ class LeadServer:
             The round (its hashing; ``value_width`` = the table's row width).
         table : numpy.ndarray
             ``(m, value_width)`` uint64 ring words of the table
-            (:func:`flwr_fsl.protocols.psr.encode_table`).
+            (:func:`flwr_fsl.families.ssa.psr.encode_table`).
         queries : Mapping[int, ClientUpload]
             Client -> its PSR query.
 

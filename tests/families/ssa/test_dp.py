@@ -1,4 +1,4 @@
-"""Distributed DP for two-server SSA (:mod:`flwr_fsl.protocols.dp`): accounting known values,
+"""Distributed DP for two-server SSA (:mod:`flwr_fsl.families.ssa.dp`): accounting known values,
 sensitivity, validation, the CSPRNG Gaussian, client clipping, each server's noise (S0's in
 :class:`LeadServer`, S1's in ``FinishRound`` through the in-process twin, S1's floor whatever S0
 asks, S1's CLI flags) and the differencing attack with DP on."""
@@ -15,12 +15,8 @@ import pytest
 from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.helper import InProcessHelper
-from flwr_fsl.helper.cli import _dp_policy, _parser, main
-from flwr_fsl.helper.errors import HelperRequestError
-from flwr_fsl.helper.limits import HelperLimits
-from flwr_fsl.protocols import dp as dpmod
-from flwr_fsl.protocols.dp import (
+from flwr_fsl.families.ssa import dp as dpmod
+from flwr_fsl.families.ssa.dp import (
     DistributedDP,
     ZCDPAccountant,
     check_headroom,
@@ -34,10 +30,14 @@ from flwr_fsl.protocols.dp import (
     zcdp_rho,
     zcdp_to_epsilon,
 )
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, payload_words
-from flwr_fsl.protocols.two_server import LeadServer
+from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, payload_words
+from flwr_fsl.families.ssa.two_server import LeadServer
+from flwr_fsl.helper import InProcessHelper
+from flwr_fsl.helper.cli import _dp_policy, _parser, main
+from flwr_fsl.helper.errors import HelperRequestError
+from flwr_fsl.helper.limits import HelperLimits
+from tests.families.ssa.test_two_server import fresh_uploads
 from tests.helper.test_helper import SID, Client, _key, make_params
-from tests.protocols.test_two_server import fresh_uploads
 
 DP = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0, delta=1e-5)
 

@@ -1,26 +1,26 @@
 """Two-server SSA as a component a strategy holds: :class:`TwoServerAggregation`.
 
 The protocol logic — the order S0 and S1 aggregate in, their invariants, S0's PSR answers, the
-U-DPF stored keys — lives in the Flower-free :class:`~flwr_fsl.protocols.two_server.LeadServer`.
+U-DPF stored keys — lives in the Flower-free :class:`~flwr_fsl.families.ssa.two_server.LeadServer`.
 This module only connects it to Flower: the round's fields in the train message, parsing a
-reply into a :class:`~flwr_fsl.protocols.two_server.ClientUpload` (the engine drops a client
+reply into a :class:`~flwr_fsl.families.ssa.two_server.ClientUpload` (the engine drops a client
 whose reply does not parse), dropping the clients S1 rejects, and releasing S1's round when
 the round fails. :class:`~flwr_fsl.strategies.SecureFedSubAvg` (top-k coordinates) and
 :class:`~flwr_fsl.strategies.SecureRowFedSubAvg` (table rows) each hold one.
 
-With ``SSASettings.dp`` (:class:`~flwr_fsl.protocols.dp.DistributedDP`) every round's
+With ``SSASettings.dp`` (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`) every round's
 parameters carry the DP settings (clients clip, each server noises its share); the noisy
 aggregate is post-processed (elements with a small noisy count are left unchanged,
-:func:`~flwr_fsl.protocols.dp.suppress_small_counts`) and the run's ``(ε, δ)`` is logged after
+:func:`~flwr_fsl.families.ssa.dp.suppress_small_counts`) and the run's ``(ε, δ)`` is logged after
 every round and reported as the ``dp-epsilon`` metric.
 
 Every round is opened on S1 in :meth:`TwoServerAggregation.round_fields`, before any client is
 asked anything: a round while S1 is down fails there (model unchanged, nobody trains for
 nothing), and a restarted S1 is noticed there — S0 forgets its stored U-DPF keys before it
 announces which keys it holds (``fsl.udpf.held``), so clients send fresh keys instead of hints
-(:meth:`LeadServer.open <flwr_fsl.protocols.two_server.LeadServer.open>`). A restarted S1 that
+(:meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>`). A restarted S1 that
 comes back with a key other than the pinned one fails each round there
-(:class:`~flwr_fsl.protocols.two_server.HelperKeyMismatchError`, logged by the round engine
+(:class:`~flwr_fsl.families.ssa.two_server.HelperKeyMismatchError`, logged by the round engine
 with both fingerprints; the model is unchanged and no client is asked anything) until it is
 back with the pinned key; the run goes on.
 """
@@ -41,10 +41,9 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.protocols.dp import DistributedDP, noise_std, suppress_small_counts
-from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.protocols.two_server import ClientUpload, HelperParty, LeadServer, SSARound
-from flwr_fsl.records import (
+from flwr_fsl.families.ssa.dp import DistributedDP, noise_std, suppress_small_counts
+from flwr_fsl.families.ssa.protocol import SSAParams
+from flwr_fsl.families.ssa.records import (
     HELPER_KEY_FIELD,
     PARAMS_FIELD,
     SESSION_FIELD,
@@ -53,6 +52,7 @@ from flwr_fsl.records import (
     read_hint_upload,
     read_ssa_upload,
 )
+from flwr_fsl.families.ssa.two_server import ClientUpload, HelperParty, LeadServer, SSARound
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import Layout
 
@@ -75,7 +75,7 @@ class SSASettings:
     min_clients : int
         Minimum participation: a round with fewer accepted clients fails unreconstructed.
     dp : DistributedDP or None
-        Distributed differential privacy (:mod:`flwr_fsl.protocols.dp`): clients clip to
+        Distributed differential privacy (:mod:`flwr_fsl.families.ssa.dp`): clients clip to
         ``dp.clip_norm`` / ``dp.max_weight`` and each server adds noise of multiplier
         ``dp.noise_multiplier`` (> 0 here) to its share; None: no noise.
 
@@ -169,7 +169,7 @@ class TwoServerAggregation:
         RoundFailedError
             If S1 cannot be reached, refuses the round, or came back with a key that does
             not match the pinned fingerprint
-            (:class:`~flwr_fsl.protocols.two_server.HelperKeyMismatchError`): the round
+            (:class:`~flwr_fsl.families.ssa.two_server.HelperKeyMismatchError`): the round
             fails before any client is asked anything.
         ConfigurationError
             If S1's key has never matched the pinned fingerprint in this run.

@@ -4,7 +4,7 @@ A client's submodel is the set of rows of one table (e.g. item embeddings) its o
 touches — a private set. :class:`PrivateRows` keeps it private from both servers:
 
 1. **Retrieval** (``query.psr`` message): the client cuckoo-hashes its row indices and sends
-   PSR keys (:mod:`flwr_fsl.protocols.psr`); S0 answers in the clear, S1's answer comes
+   PSR keys (:mod:`flwr_fsl.families.ssa.psr`); S0 answers in the clear, S1's answer comes
    sealed to a per-query key of the client.
 2. **Training** (``train`` message): the mod adds the two answers to get its rows exactly,
    places them in a full-shape table (other rows zero: the client never sees them), calls the
@@ -12,10 +12,10 @@ touches — a private set. :class:`PrivateRows` keeps it private from both serve
    as mega-elements (row width + a count word), weighted by per-row counts.
 3. **U-DPF** (Cui §5): when the row set is the same as in the client's previous round, it sends
    only a hint that moves both servers' stored keys to the new values
-   (:func:`flwr_fsl.protocols.ssa.encode_round` decides). In a round with distributed DP the
+   (:func:`flwr_fsl.families.ssa.protocol.encode_round` decides). In a round with distributed DP the
    row deltas are clipped to the round's ``clip_norm`` (L2 over all the client's rows) and the
    per-row counts to ``max_weight`` before encoding, for fresh keys and hints alike
-   (:func:`~flwr_fsl.protocols.ssa.payload_words`).
+   (:func:`~flwr_fsl.families.ssa.protocol.payload_words`).
 
 Usage (the one line beside the mod registers the retrieval phase)::
 
@@ -26,9 +26,9 @@ Usage (the one line beside the mod registers the retrieval phase)::
 ``rows(context)`` returns the row indices, or ``(indices, counts)`` with a positive weight per
 row (e.g. how many local samples touch it; default: the reply's weight metric). At most the
 server's ``max_rows`` indices; the set size is public, the indices are not. Between the phases
-the client keeps its query (:class:`~flwr_fsl.protocols.psr.PSRClientState`) and its keys
-(:class:`~flwr_fsl.protocols.ssa.SSAClientState`) in ``Context.state``; the Flower plumbing is
-:class:`~flwr_fsl.mods.base.ProtocolMod`'s.
+the client keeps its query (:class:`~flwr_fsl.families.ssa.psr.PSRClientState`) and its keys
+(:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) in ``Context.state``; the Flower plumbing
+is :class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.mods.base import ProtocolMod, SSARound
-from flwr_fsl.protocols.psr import PSRClientState, decode_table, make_query
-from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
-from flwr_fsl.protocols.ssa import SSAClientState, encode_round
-from flwr_fsl.records import (
+from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
+from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
+from flwr_fsl.families.ssa.protocol import SSAClientState, encode_round
+from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
+from flwr_fsl.families.ssa.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
     PSR_UPLOAD_KEY,

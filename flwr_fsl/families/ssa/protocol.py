@@ -36,7 +36,7 @@ chosen clients' weighted updates and the sum of their weights — hence which in
 one client of the round chose, and with one client in a round, that client's whole index set.
 Run rounds with several clients where that matters; across rounds with known participation
 totals can be differenced, which :attr:`SSAParams.dp` (distributed differential privacy: each
-server noises its own share, :mod:`flwr_fsl.protocols.dp`) bounds.
+server noises its own share, :mod:`flwr_fsl.families.ssa.dp`) bounds.
 """
 
 from __future__ import annotations
@@ -75,13 +75,15 @@ from flwr_fsl.crypto.hashing import (
     simple_hash,
 )
 from flwr_fsl.crypto.prg import random_seeds
+from flwr_fsl.families.ssa.dp import DistributedDP, clip_update
 from flwr_fsl.kernels.ring import scatter_add_rows
-from flwr_fsl.protocols.dp import DistributedDP, clip_update
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
-_DP_VERSION = 2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.protocols.dp.DistributedDP`)
+_DP_VERSION = (
+    2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
+)
 _STATE_MAGIC = b"FSCS"  # SSAClientState binary format (see its docstring)
 _STATE_VERSION = 1
 
@@ -120,7 +122,7 @@ class SSAParams:
         evaluating), ``>= 1`` in U-DPF runs (the servers keep each client's keys so that its
         next hint can update them).
     dp : DistributedDP or None
-        Distributed differential privacy of the round (:mod:`flwr_fsl.protocols.dp`): clients
+        Distributed differential privacy of the round (:mod:`flwr_fsl.families.ssa.dp`): clients
         clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
         share. Requires ``count_weighted`` and ``max_weight * max(clip_norm, 1) <= max_abs``
         (a clipped client's payload words fit the codec).
@@ -443,7 +445,7 @@ def payload_words(
     Notes
     -----
     In a round with ``params.dp`` the update is clipped first
-    (:func:`~flwr_fsl.protocols.dp.clip_update`: L2 norm of all rows to ``clip_norm``, each
+    (:func:`~flwr_fsl.families.ssa.dp.clip_update`: L2 norm of all rows to ``clip_norm``, each
     weight to ``max_weight``), so every client path — fresh keys and U-DPF hints — clips.
     """
     v = np.asarray(values, dtype=np.float64)

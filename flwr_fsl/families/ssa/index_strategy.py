@@ -51,12 +51,15 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.families.topk.strategy import FedSubAvg
-from flwr_fsl.helper import HelperConnection
-from flwr_fsl.protocols.dp import DistributedDP
-from flwr_fsl.protocols.psr import encode_table
-from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.records import (
+from flwr_fsl.families.ssa.aggregation_strategy import (
+    SSASettings,
+    TwoServerAggregation,
+    read_upload,
+)
+from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.protocol import SSAParams
+from flwr_fsl.families.ssa.psr import encode_table
+from flwr_fsl.families.ssa.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
     PSR_QUERY_TYPE,
@@ -65,7 +68,8 @@ from flwr_fsl.records import (
     UDPF_FIELD,
     UDPF_HELD_FIELD,
 )
-from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation, read_upload
+from flwr_fsl.families.topk.strategy import FedSubAvg
+from flwr_fsl.helper import HelperConnection
 from flwr_fsl.submodel.layout import RowLayout
 
 
@@ -90,10 +94,10 @@ class SecureRowFedSubAvg(FedSubAvg):
     helper_fingerprint : str, optional
         Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
-        :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
+        :class:`~flwr_fsl.families.ssa.aggregation_strategy.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
     dp : DistributedDP, optional
-        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.protocols.dp`):
+        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
         clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
         with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
     **kwargs

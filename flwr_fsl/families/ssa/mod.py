@@ -7,10 +7,10 @@ Stack it outside :func:`~flwr_fsl.mods.topk_mod`::
 When the train message carries SSA round parameters (sent by
 :class:`~flwr_fsl.strategies.SecureFedSubAvg`), the mod takes the sparse update the inner mods
 produced, numbers its coordinates in the model's flat index space, and replaces the reply's
-arrays with DPF keys (:func:`flwr_fsl.protocols.ssa.encode_update`): the public part and S0's
-master seed in the clear, S1's master seed sealed to S1's pinned key. Messages without SSA
+arrays with DPF keys (:func:`flwr_fsl.families.ssa.protocol.encode_update`): the public part and
+S0's master seed in the clear, S1's master seed sealed to S1's pinned key. Messages without SSA
 parameters pass through untouched. The Flower plumbing is
-:class:`~flwr_fsl.mods.base.ProtocolMod`'s.
+:class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s.
 
 **Weights.** Each coordinate's payload is ``(c * dw, c)``: ``c`` is the per-index count the
 reply carries for that coordinate (a submodel update with ``counts``, as plaintext
@@ -19,9 +19,9 @@ strategy's weight key). The weight rides only in the payload's count word: the s
 carries no metrics in the clear, so S0 learns only each coordinate's total weight.
 
 In a round with distributed DP (the parameters carry a
-:class:`~flwr_fsl.protocols.dp.DistributedDP`), the encoder clips the update to the round's
+:class:`~flwr_fsl.families.ssa.dp.DistributedDP`), the encoder clips the update to the round's
 ``clip_norm`` (L2 over all chosen coordinates) and the weight to ``max_weight`` before
-encoding (:func:`~flwr_fsl.protocols.ssa.payload_words`).
+encoding (:func:`~flwr_fsl.families.ssa.protocol.payload_words`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from __future__ import annotations
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.mods.base import ProtocolMod, SSARound
-from flwr_fsl.protocols.ssa import encode_update
-from flwr_fsl.records import SSA_UPLOAD_KEY, decode_update
+from flwr_fsl.core.records import decode_update
+from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
+from flwr_fsl.families.ssa.protocol import encode_update
+from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.submodel.layout import FlatLayout
 from flwr_fsl.submodel.update import Encoding
 

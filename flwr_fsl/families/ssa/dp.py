@@ -2,17 +2,18 @@
 
 **Why.** Totals of rounds with known participation can be differenced: with fixed row sets, a
 round with everybody and one where a client dropped out give exactly that client's rows and
-weight (``tests/protocols/test_two_server.py``). Minimum participation does not prevent it;
+weight (``tests/families/ssa/test_two_server.py``). Minimum participation does not prevent it;
 noise does.
 
-**Threat model.** Two non-colluding semi-honest servers, as in :mod:`flwr_fsl.protocols.ssa`;
+**Threat model.** Two non-colluding semi-honest servers, as in
+:mod:`flwr_fsl.families.ssa.protocol`;
 semi-honest clients (they clip as told; a client that does not clip is outside the model, as
 one that forges keys is). The released quantity of a round is the reconstructed per-element
 vector ``(sums, counts)`` of shape ``(m, τ)``, ``τ = w + 1`` (``w`` the value width). Both
 servers see it: S0 reconstructs it, S1 sees it through the published model (and the PSR table
 it is given in index mode).
 
-**Mechanism.** When a round's :class:`~flwr_fsl.protocols.ssa.SSAParams` carry a
+**Mechanism.** When a round's :class:`~flwr_fsl.families.ssa.protocol.SSAParams` carry a
 :class:`DistributedDP`, each server adds independent Gaussian noise ``N(0, σ_b²)`` to every
 word of its own additive share before it is combined (S0 before ``reconstruct``, S1 in
 ``FinishRound`` before it returns its share), ``σ_b = z_b · Δ``, encoded on the ring's
@@ -27,7 +28,7 @@ trusting either server with the other's noise.
 in every round it could take part in) of the sequence of released aggregates, against *each*
 server separately, given that the *other* server adds its noise. Nothing beyond the aggregate
 is covered here (what each server sees besides it is pseudorandom, see
-:mod:`flwr_fsl.protocols.ssa`), nor collusion of the servers, nor clients that do not clip.
+:mod:`flwr_fsl.families.ssa.protocol`), nor collusion of the servers, nor clients that do not clip.
 
 **Sensitivity.** A client clips (:func:`clip_update`) its update to L2 norm ``C``
 (``clip_norm``) over all values of its chosen elements together, and each weight to at most

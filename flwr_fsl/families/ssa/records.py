@@ -23,28 +23,19 @@ row table the client's submodel is cut from).
 
 :func:`read_ssa_upload` validates types and sizes and raises
 :class:`~flwr_fsl.submodel.codec.SubmodelFormatError`; the keys themselves are checked by the
-protocol (:class:`~flwr_fsl.protocols.ssa.SSAInputError`).
+protocol (:class:`~flwr_fsl.families.ssa.protocol.SSAInputError`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from flwr.app import ConfigRecord, RecordDict
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-from numpy.typing import NDArray
-
-from flwr_fsl.protocols.sealing import RoundBinding
-from flwr_fsl.protocols.ssa import SSAParams
+from flwr_fsl.core.records import MAX_UPLOAD_BYTES
+from flwr_fsl.crypto.sealing import RoundBinding
+from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.submodel.codec import (
-    ARRAYS_KEY,
-    HEADER_KEY,
     SubmodelFormatError,
-    decode_dense,
-    decode_parts,
-    encode_parts,
 )
-from flwr_fsl.submodel.update import SubmodelUpdate
 
 PARAMS_FIELD = "fsl.ssa.params"
 HELPER_KEY_FIELD = "fsl.ssa.helper-key"
@@ -63,7 +54,6 @@ ANSWER1_FIELD = "fsl.psr.answer1"
 # message so client mods read the same weight the server aggregates with.
 WEIGHT_KEY_FIELD = "fsl.weight-key"
 DEFAULT_WEIGHT_KEY = "num-examples"
-MAX_UPLOAD_BYTES = 1 << 30
 
 
 def find_ssa_round(content: RecordDict) -> tuple[SSAParams, bytes, RoundBinding] | None:
@@ -99,7 +89,7 @@ def hint_upload_record(hint: bytes, sealed: bytes) -> ConfigRecord:
     """Build a U-DPF client's upload record: the hint and its binding sealed to S1.
 
     Both servers apply the same hint bytes; the sealed binding
-    (:func:`~flwr_fsl.protocols.sealing.seal_udpf_hint`) keeps S0 from altering S1's copy.
+    (:func:`~flwr_fsl.crypto.sealing.seal_udpf_hint`) keeps S0 from altering S1's copy.
     """
     return ConfigRecord({"hint": hint, "sealed": sealed})
 
@@ -152,93 +142,3 @@ def read_ssa_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> tuple[byt
 
 
 # ---- the sparse submodel codec (flwr_fsl.submodel.codec) inside a Flower message ----------------
-
-
-def encode_update(update: SubmodelUpdate) -> RecordDict:
-    """Encode a submodel update as the codec's two records (no metrics).
-
-    Parameters
-    ----------
-    update : SubmodelUpdate
-        The update (see :mod:`flwr_fsl.submodel.codec` for the format).
-
-    Returns
-    -------
-    RecordDict
-        ``{HEADER_KEY: ConfigRecord, ARRAYS_KEY: ArrayRecord}``.
-    """
-    header, arrays = encode_parts(update)
-    return RecordDict(
-        {
-            HEADER_KEY: ConfigRecord(header),
-            ARRAYS_KEY: ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-        }
-    )
-
-
-def is_submodel_reply(content: RecordDict) -> bool:
-    """Return True if ``content`` claims to be a submodel update (has the header record)."""
-    return HEADER_KEY in content.config_records
-
-
-def array_loader(record: ArrayRecord) -> Callable[[str], NDArray[np.generic]]:
-    """Return a loader of ``record``'s arrays that turns any parse failure into a format error.
-
-    Parameters
-    ----------
-    record : ArrayRecord
-        A reply's array record.
-
-    Returns
-    -------
-    Callable[[str], NDArray]
-        ``load(key)``: the array (Flower loads ``.npy`` bytes with ``allow_pickle=False``); it
-        raises :class:`~flwr_fsl.submodel.codec.SubmodelFormatError` if they do not parse.
-    """
-
-    def load(key: str) -> NDArray[np.generic]:
-        try:
-            return record[key].numpy()  # Flower loads .npy bytes with allow_pickle=False
-        except Exception as exc:  # any failure to parse the bytes is a format error
-            raise SubmodelFormatError(f"array {key!r} cannot be decoded: {exc}") from None
-
-    return load
-
-
-def decode_update(
-    content: RecordDict, reference: Mapping[str, NDArray[np.generic]], weight: float
-) -> SubmodelUpdate:
-    """Decode and validate a train reply against the global model it answers.
-
-    Parameters
-    ----------
-    content : RecordDict
-        The reply's content: a submodel update or a plain dense reply (one ``ArrayRecord`` of
-        full weights).
-    reference : Mapping[str, numpy.ndarray]
-        The global arrays the client received.
-    weight : float
-        The client's averaging weight (its sample count); finite and > 0.
-
-    Returns
-    -------
-    SubmodelUpdate
-        The validated update (dense replies become float64 deltas).
-
-    Raises
-    ------
-    SubmodelFormatError
-        If anything about the reply is malformed; the message names the offending part.
-    """
-    if is_submodel_reply(content):
-        if ARRAYS_KEY not in content.array_records:
-            raise SubmodelFormatError(f"missing ArrayRecord {ARRAYS_KEY!r}")
-        record = content.array_records[ARRAYS_KEY]
-        header = dict(content.config_records[HEADER_KEY])
-        return decode_parts(header, array_loader(record), record.keys(), reference, weight)
-    if len(content.array_records) != 1:
-        raise SubmodelFormatError(
-            f"a dense reply needs exactly one ArrayRecord, got {len(content.array_records)}"
-        )
-    record = next(iter(content.array_records.values()))
-    return decode_dense(array_loader(record), record.keys(), reference, weight)

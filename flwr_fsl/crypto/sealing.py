@@ -247,8 +247,8 @@ def seal_udpf_hint(
 
     The hint itself travels in the clear (both servers apply the same bytes); the sealed blob
     carries its SHA-256 and the digest of the keys it was made for
-    (:func:`~flwr_fsl.protocols.ssa.held_digest`), so S0 cannot alter S1's copy and S1 applies
-    the hint only to exactly those keys.
+    (:func:`~flwr_fsl.families.ssa.protocol.held_digest`), so S0 cannot alter S1's copy and S1
+    applies the hint only to exactly those keys.
 
     Returns
     -------

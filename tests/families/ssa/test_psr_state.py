@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.hashing import EMPTY
-from flwr_fsl.protocols.psr import (
+from flwr_fsl.families.ssa.protocol import SSAInputError, SSAParams
+from flwr_fsl.families.ssa.psr import (
     PSRClientState,
     PSRServer,
     decode_table,
     encode_table,
     make_query,
 )
-from flwr_fsl.protocols.ssa import SSAInputError, SSAParams
 
 ANSWER_KEY = SealingKeyPair.from_private_bytes(bytes(range(32)))
 

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.protocols.psr import (
+from flwr_fsl.families.ssa.protocol import SSAInputError, SSAParams, place_indices
+from flwr_fsl.families.ssa.psr import (
     PSRServer,
     decode_answers,
     decode_table,
     encode_table,
     make_query,
 )
-from flwr_fsl.protocols.ssa import SSAInputError, SSAParams, place_indices
 
 
 def _key(n: int) -> bytes:

@@ -7,7 +7,7 @@ weight and every weighted value ``c * dw`` are fixed-point words bounded by the 
 mode) or per-row count (index mode) therefore makes that client's reply an error — dropped by
 S0 with a reason that names no value — and the others are aggregated exactly, the model
 staying finite. (A client that builds its own keys is outside this model: see
-``tests/protocols/test_malicious_client.py``.)
+``tests/families/ssa/test_malicious_client.py``.)
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 from flwr.app import RecordDict
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.testing import InProcessGrid
+from tests.families.ssa import test_index_strategy as index_app
 from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record
-from tests.strategies import test_index_mode as index_app
 
 MAX_ABS = 1e3
 RATIO = 0.2

@@ -17,10 +17,11 @@ from flwr.clientapp.typing import Mod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.records import encode_update
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.mods import ssa_mod
-from flwr_fsl.records import SSA_UPLOAD_KEY, encode_update
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 from flwr_fsl.testing import InProcessGrid

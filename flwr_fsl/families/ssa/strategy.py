@@ -16,11 +16,11 @@ process (:mod:`flwr_fsl.helper`), reached through a :class:`~flwr_fsl.helper.Hel
    coordinate before division).
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients
-(:mod:`flwr_fsl.protocols.ssa`). S0 sees each client's public part, its own master seed and
+(:mod:`flwr_fsl.families.ssa.protocol`). S0 sees each client's public part, its own master seed and
 the reconstructed aggregate: per coordinate the weighted sum and the total weight of the
 clients that chose it. A reply carries no weight or metric in the clear (the weight rides in
 the payload's count word), so the total weights are not subset sums of numbers S0 knows
-(``tests/strategies/test_weight_leak.py``). S0 does not see which coordinates a single client
+(``tests/families/ssa/test_weight_leak.py``). S0 does not see which coordinates a single client
 chose or their values; rounds with fewer than ``min_clients`` accepted clients are not
 reconstructed. Federated evaluation replies are Flower's and carry ``num-examples``: prefer
 centralized evaluation (``evaluate_fn``) where the weights are private.
@@ -45,11 +45,11 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.families.ssa.aggregation_strategy import SSASettings, TwoServerAggregation
+from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
-from flwr_fsl.protocols.dp import DistributedDP
-from flwr_fsl.protocols.ssa import SSAParams
-from flwr_fsl.strategies.two_server import SSASettings, TwoServerAggregation
 from flwr_fsl.submodel.layout import FlatLayout
 
 
@@ -65,10 +65,10 @@ class SecureFedSubAvg(FedSubAvg):
     helper_fingerprint : str, optional
         Pinned fingerprint of S1's public key, checked by S0 (clients check their own).
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
-        :class:`~flwr_fsl.strategies.two_server.SSASettings` (``min_clients``: minimum
+        :class:`~flwr_fsl.families.ssa.aggregation_strategy.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
     dp : DistributedDP, optional
-        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.protocols.dp`):
+        Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
         clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
         with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
     **kwargs

@@ -2,7 +2,8 @@
 
 A client wants rows ``w[u]`` of a public-to-the-servers table ``w`` (e.g. the embedding rows of
 the items in its history) without either server learning which. It cuckoo-hashes its indices
-exactly as in :mod:`flwr_fsl.protocols.ssa` and, for bin ``b`` holding ``u``, makes a DPF with
+exactly as in :mod:`flwr_fsl.families.ssa.protocol` and, for bin ``b`` holding ``u``, makes a DPF
+with
 ``beta = 1`` at ``pos_b`` (dummy ``Gen(0, 0)`` keys for empty bins; a stash slot gets a key over
 all of ``[0, m)``). Server ``S_p`` answers bin ``b`` with ``sum_x Eval(k_p[b], x) * w[T[b][x]]``
 in Z_2^64 (``T`` the simple table), one row per key. The client adds the two answers: bin
@@ -29,8 +30,7 @@ from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.crypto.prg import random_seeds
-from flwr_fsl.kernels.ring import binned_inner_products
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.families.ssa.protocol import (
     Placement,
     SSAInputError,
     SSAParams,
@@ -40,6 +40,7 @@ from flwr_fsl.protocols.ssa import (
     place_indices,
     simple_table_for,
 )
+from flwr_fsl.kernels.ring import binned_inner_products
 
 _STATE_MAGIC = b"FSPQ"  # PSRClientState binary format (see its docstring)
 _STATE_VERSION = 1
@@ -49,7 +50,7 @@ def query_params(params: SSAParams) -> SSAParams:
     """Return the DPF layout of a PSR query for a round: ``tau = 1``, no count word, no DP.
 
     Retrieval releases nothing to the servers (the answers are shares), so the round's DP
-    settings (:mod:`flwr_fsl.protocols.dp`) do not apply to the query's keys.
+    settings (:mod:`flwr_fsl.families.ssa.dp`) do not apply to the query's keys.
     """
     from dataclasses import replace
 
@@ -316,7 +317,7 @@ class PSRClientState:
     slots : numpy.ndarray
         ``Placement.slots`` of the query.
     answer_key : SealingKeyPair
-        The per-query key pair from :func:`~flwr_fsl.protocols.sealing.seal_psr_query`.
+        The per-query key pair from :func:`~flwr_fsl.crypto.sealing.seal_psr_query`.
     counts : numpy.ndarray or None
         Optional per-row weights for the upload that follows.
     """

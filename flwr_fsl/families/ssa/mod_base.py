@@ -1,7 +1,8 @@
 """One base for the protocol client mods: dispatch, round, S1 pin, weight, ``Context.state``.
 
-A protocol's client mod (:data:`~flwr_fsl.mods.ssa.ssa_mod`,
-:class:`~flwr_fsl.mods.index.PrivateRows`) subclasses :class:`ProtocolMod` and implements only
+A protocol's client mod (:data:`~flwr_fsl.families.ssa.mod.ssa_mod`,
+:class:`~flwr_fsl.families.ssa.index_mod.PrivateRows`) subclasses :class:`ProtocolMod` and
+implements only
 its protocol steps (:meth:`ProtocolMod.on_train`, :meth:`ProtocolMod.on_query`); the protocol
 itself lives Flower-free in :mod:`flwr_fsl.protocols`. The base does the Flower plumbing all
 of them need:
@@ -11,12 +12,13 @@ of them need:
   :attr:`~ProtocolMod.queries` to :meth:`~ProtocolMod.on_query`; everything else (evaluate,
   other queries, plaintext train rounds) passes through to ``call_next`` untouched;
 - the **round**: SSA parameters, S1's key and the sealing binding, found in the message's
-  config records by :func:`flwr_fsl.records.find_ssa_round`, with the record they came in
-  (:class:`SSARound`); S1's key is checked against the fingerprint pinned in the run config
+  config records by :func:`flwr_fsl.families.ssa.records.find_ssa_round`, with the record they came
+  in (:class:`SSARound`); S1's key is checked against the fingerprint pinned in the run config
   (:func:`flwr_fsl.pinning.pinned_fingerprint`) before the mod sees the round;
 - the reply's **weight** metric, under the key the strategy aggregates by: the server sends
-  it as :data:`~flwr_fsl.records.WEIGHT_KEY_FIELD` in the train message's ``ConfigRecord``
-  (default :data:`~flwr_fsl.records.DEFAULT_WEIGHT_KEY`), so both ends use one setting;
+  it as :data:`~flwr_fsl.families.ssa.records.WEIGHT_KEY_FIELD` in the train message's
+  ``ConfigRecord``
+  (default :data:`~flwr_fsl.families.ssa.records.DEFAULT_WEIGHT_KEY`), so both ends use one setting;
 - typed **state** in ``Context.state`` (:class:`~flwr_fsl.core.state.StateSlot`): one object per
   slot, stored with the protocol's own versioned codec.
 
@@ -34,16 +36,16 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.crypto.channel import verify_fingerprint
-from flwr_fsl.pinning import pinned_fingerprint
-from flwr_fsl.protocols.sealing import RoundBinding, seal_ssa_upload
-from flwr_fsl.protocols.ssa import SSAParams, SSAUpload
-from flwr_fsl.records import (
+from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
+from flwr_fsl.families.ssa.protocol import SSAParams, SSAUpload
+from flwr_fsl.families.ssa.records import (
     DEFAULT_WEIGHT_KEY,
     PARAMS_FIELD,
     WEIGHT_KEY_FIELD,
     find_ssa_round,
     ssa_upload_record,
 )
+from flwr_fsl.pinning import pinned_fingerprint
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
 __all__ = ["ProtocolMod", "SSARound", "find_round", "weight_key_of"]
@@ -97,7 +99,9 @@ class SSARound:
 
 
 def find_round(content: RecordDict) -> SSARound | None:
-    """Return the round a message carries (:func:`~flwr_fsl.records.find_ssa_round`), if any.
+    """Return the round a message carries, if any.
+
+    The round is read by :func:`~flwr_fsl.families.ssa.records.find_ssa_round`.
 
     Parameters
     ----------
@@ -129,13 +133,14 @@ def weight_key_of(content: RecordDict) -> str:
     Parameters
     ----------
     content : RecordDict
-        The train message's content (:data:`~flwr_fsl.records.WEIGHT_KEY_FIELD` in one of its
-        config records).
+        The train message's content (:data:`~flwr_fsl.families.ssa.records.WEIGHT_KEY_FIELD` in one
+        of its config records).
 
     Returns
     -------
     str
-        The key, or :data:`~flwr_fsl.records.DEFAULT_WEIGHT_KEY` when the message names none.
+        The key, or :data:`~flwr_fsl.families.ssa.records.DEFAULT_WEIGHT_KEY` when the message names
+        none.
 
     Raises
     ------

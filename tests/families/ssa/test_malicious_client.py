@@ -1,7 +1,7 @@
 """Known gap, shown as an attack: what one client that ignores the protocol can do to SSA.
 
 The threat model is semi-honest clients. A client that builds its own DPF keys (instead of
-using :func:`~flwr_fsl.protocols.ssa.encode_update`) can give any element any payload in
+using :func:`~flwr_fsl.families.ssa.protocol.encode_update`) can give any element any payload in
 Z_2^64, negative count words included, and neither server can tell: they only evaluate keys
 they cannot open. Cui et al. §3.1 cite a sketching check (Boneh et al.) for this; it is not
 implemented (README, threat model). These tests pin down exactly what the README claims one
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import flwr_fsl.protocols.ssa as ssa
-from flwr_fsl.protocols.ssa import SSAParams, SSAServer, encode_update, reconstruct
+import flwr_fsl.families.ssa.protocol as ssa
+from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update, reconstruct
 
 PARAMS = SSAParams(
     round_id=1, domain_size=64, num_items=4, value_width=1, hash_key=bytes(range(16))

@@ -22,11 +22,16 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.mods import PrivateRows, ssa_mod, topk_mod
-from flwr_fsl.mods.base import ProtocolMod, SSARound, find_round, weight_key_of
-from flwr_fsl.protocols.sealing import RoundBinding, open_ssa_upload
-from flwr_fsl.protocols.ssa import SSAClientState, SSAParams, SSAServer, encode_update, reconstruct
-from flwr_fsl.records import (
+from flwr_fsl.crypto.sealing import RoundBinding, open_ssa_upload
+from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound, find_round, weight_key_of
+from flwr_fsl.families.ssa.protocol import (
+    SSAClientState,
+    SSAParams,
+    SSAServer,
+    encode_update,
+    reconstruct,
+)
+from flwr_fsl.families.ssa.records import (
     HELPER_KEY_FIELD,
     PARAMS_FIELD,
     SESSION_FIELD,
@@ -34,6 +39,7 @@ from flwr_fsl.records import (
     WEIGHT_KEY_FIELD,
     read_ssa_upload,
 )
+from flwr_fsl.mods import PrivateRows, ssa_mod, topk_mod
 from flwr_fsl.submodel.layout import FlatLayout
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import MODEL, model_record, node_delta

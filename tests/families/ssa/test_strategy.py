@@ -8,9 +8,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
-from flwr_fsl.records import SSA_UPLOAD_KEY
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record

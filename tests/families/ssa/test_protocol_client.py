@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.hashing import EMPTY, CuckooInsertionError
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.families.ssa.protocol import (
     _FIELD_TYPES,
     SSAClientState,
     SSAInputError,

@@ -10,10 +10,10 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.index_mod import PrivateRows
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
+from flwr_fsl.families.ssa.records import PSR_UPLOAD_KEY
 from flwr_fsl.helper import InProcessHelper
-from flwr_fsl.mods.index import PrivateRows
-from flwr_fsl.records import PSR_UPLOAD_KEY
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 
 ROWS, WIDTH, K = 40, 3, 6

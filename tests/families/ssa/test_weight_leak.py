@@ -24,9 +24,9 @@ import numpy as np
 from flwr.app import Context, Message
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.two_server import LeadServer, SSARound
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
-from flwr_fsl.protocols.two_server import LeadServer, SSARound
 from flwr_fsl.strategies import SecureFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import make_app, model_record

@@ -17,11 +17,8 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint
-from flwr_fsl.helper import HelperService, HelperUnavailableError, InProcessHelper
-from flwr_fsl.helper.connection import HelperShare
-from flwr_fsl.protocols.psr import PSRClientState, decode_table, encode_table, make_query
-from flwr_fsl.protocols.sealing import open_psr_answer, seal_psr_query
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query
+from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
     SSAResult,
@@ -29,7 +26,8 @@ from flwr_fsl.protocols.ssa import (
     encode_update,
     held_digest,
 )
-from flwr_fsl.protocols.two_server import (
+from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, encode_table, make_query
+from flwr_fsl.families.ssa.two_server import (
     ClientUpload,
     HelperKeyMismatchError,
     LeadServer,
@@ -37,6 +35,8 @@ from flwr_fsl.protocols.two_server import (
     TooFewClientsError,
     TwoServerError,
 )
+from flwr_fsl.helper import HelperService, HelperUnavailableError, InProcessHelper
+from flwr_fsl.helper.connection import HelperShare
 from tests.helper.test_helper import (
     WIDTH,
     Client,
@@ -702,7 +702,7 @@ def test_one_shot_round_keeps_no_keys_on_either_server() -> None:
 def test_relay_chunk_bytes_is_validated_and_an_unrelayable_upload_fails_the_round(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from flwr_fsl.protocols import two_server
+    from flwr_fsl.families.ssa import two_server
 
     for bad in (0, -1, True, 1.5, two_server.MAX_MESSAGE_BYTES):
         with pytest.raises(ValueError, match="relay_chunk_bytes"):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.crypto.dpf import DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
-from flwr_fsl.protocols.ssa import (
+from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
     SSAServer,

@@ -11,15 +11,14 @@ import pytest
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.dp import DistributedDP, clip_update, epsilon
+from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.mods import ssa_mod, topk_mod
-from flwr_fsl.protocols.dp import DistributedDP, clip_update, epsilon
 from flwr_fsl.strategies import SecureFedSubAvg, SSASettings
-from flwr_fsl.strategies.index import SecureRowFedSubAvg
 from flwr_fsl.testing import InProcessGrid
-from tests.flower_apps import MODEL, make_app, model_record
-from tests.strategies.test_index_mode import (
+from tests.families.ssa.test_index_strategy import (
     ROWS,
     TABLE,
     client_rows,
@@ -27,6 +26,7 @@ from tests.strategies.test_index_mode import (
     make_index_app,
     row_delta,
 )
+from tests.flower_apps import MODEL, make_app, model_record
 
 DP = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0, delta=1e-5)
 

@@ -1,0 +1,1 @@
+"""Tests of the two-server SSA / PSR family."""
