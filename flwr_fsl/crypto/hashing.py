@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.kernels import hashing as _kernels
 from flwr_fsl.kernels.aes import BatchedAES
 
@@ -117,8 +118,12 @@ _FIT_SMALL_LINES: tuple[tuple[float, float], ...] = (
 _MIN_SCALE_FACTOR = 1.1
 
 
-class CuckooInsertionError(RuntimeError):
+class CuckooInsertionError(RoundFailedError):
     """Cuckoo hashing could not place every index (evictions exhausted, stash full).
+
+    A :class:`~flwr_fsl.core.errors.RoundFailedError` (and so still a ``RuntimeError``): raised
+    while a client places its indices, it fails that client's upload (an error reply the server
+    drops with a reason), never the run.
 
     Attributes
     ----------
