@@ -142,7 +142,7 @@ def test_privhfl_round_trips() -> None:
     from flwr_fsl.mods import privhfl_secure as ps
     from flwr_fsl.protocols import privhfl, privhfl_flow
 
-    decoders = {
+    decoders: dict[str, Any] = {
         "keys-request": ps.KeysRequest,
         "keys-reply": ps.KeysReply,
         "generate-request": ps.GenerateRequest,

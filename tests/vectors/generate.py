@@ -351,7 +351,9 @@ def width_vectors() -> dict[str, Any]:
     from flwr_fsl.submodel.width import EXTRACTIONS, WidthAssignment
 
     layers = {"conv1": np.array([0, 3, 1], np.int64), "fc": np.array([7], np.int64)}
-    out = {e: WidthAssignment(3, 0.5, e, layers).to_bytes().hex() for e in EXTRACTIONS}
+    out: dict[str, Any] = {
+        e: WidthAssignment(3, 0.5, e, layers).to_bytes().hex() for e in EXTRACTIONS
+    }
     out["empty"] = WidthAssignment(2**32 - 1, 0.0625, "rolling").to_bytes().hex()
     return out
 
@@ -428,7 +430,7 @@ def privhfl_vectors() -> dict[str, Any]:
     cfg = privhfl.PrivHFLConfig(relu="drelu", frac_bits=20, bound_bits=40)
     run = _seed(330)
     arch = privhfl_flow.architecture_to_bytes(small)
-    messages = {
+    messages: dict[str, Any] = {
         "keys-request": ps.KeysRequest(run),
         "keys-reply": ps.KeysReply(_key(331).public_bytes, arch),
         "generate-request": ps.GenerateRequest(
