@@ -54,7 +54,7 @@ from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.errors import ConfigurationError
 from flwr_fsl.protocols.privhfl import PrivHFLConfig
 from flwr_fsl.protocols.sealing import RoundBinding
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 __all__ = [
     "KEY_SLOT",
@@ -81,7 +81,7 @@ SECURE_KEY = "fsl.privhfl.secure"
 KEY_SLOT = "fsl.privhfl.secure-key"
 SEED_PURPOSE = "privhfl-seed-qa"
 """Sealing purpose of ``Sk_QA``."""
-_MAGIC = b"PHFW"
+_MAGIC = register_magic(b"PHFW", "PrivHFL secure-answering messages (flwr_fsl.mods.privhfl_secure)")
 _VERSION = 1
 _PUBLIC_BYTES = 32
 _SESSION_ID_BYTES = 16

@@ -51,7 +51,7 @@ from flwr_fsl.mods.width import RATE_CONFIG_KEY, capacity_of
 from flwr_fsl.protocols.sesa import SesaClient, SesaError, SesaParams, ShardVector, decode_ids
 from flwr_fsl.protocols.sesa_layout import SesaLayout, check_selection, group_slots
 from flwr_fsl.submodel.width import select_shards
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 __all__ = [
     "SESA_KEY",
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 SESA_KEY = "fsl.sesa"
 """The ``ConfigRecord`` of the SESA protocol, in both directions."""
 SESA_PHASES = ("advertise", "offline", "train", "decode")
-_MAGIC = b"FSEN"
+_MAGIC = register_magic(b"FSEN", "SESA node state (flwr_fsl.mods.sesa)")
 _VERSION = 1
 _MAX_LAYERS = 256
 

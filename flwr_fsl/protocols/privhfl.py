@@ -173,6 +173,7 @@ from flwr_fsl.wireformat import (
     MAX_MESSAGE_BYTES,
     Reader,
     WireFormatError,
+    register_magic,
 )
 
 __all__ = [
@@ -231,7 +232,7 @@ KIND_NAMES = {
     AGG_S: "agg-S",
 }
 OFFLINE_KINDS = frozenset({MATMUL_DEAL, MATMUL_A, TRIPLE_DEAL, DCF_DEAL, DCF_RELAY})
-_MAGIC = b"PHFL"
+_MAGIC = register_magic(b"PHFL", "PrivHFL protocol message (flwr_fsl.protocols.privhfl)")
 _VERSION = 1
 _MAX_ARRAYS = 8
 

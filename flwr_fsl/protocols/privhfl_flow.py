@@ -72,7 +72,7 @@ from flwr_fsl.protocols.secure_inference import (
     SecureModel,
     Shape,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 __all__ = [
     "MAX_DEPTH",
@@ -91,8 +91,8 @@ __all__ = [
     "unheld_seed",
 ]
 
-_ARCH_MAGIC = b"PHAR"
-_STATE_MAGIC = b"PHAS"
+_ARCH_MAGIC = register_magic(b"PHAR", "PrivHFL architecture (flwr_fsl.protocols.privhfl_flow)")
+_STATE_MAGIC = register_magic(b"PHAS", "PrivHFL answerer state (flwr_fsl.protocols.privhfl_flow)")
 _VERSION = 1
 MAX_DEPTH = 8
 """Most nested residual levels in an architecture on the wire."""

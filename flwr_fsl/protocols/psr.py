@@ -39,9 +39,10 @@ from flwr_fsl.protocols.ssa import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
-_STATE_MAGIC = b"FSPQ"  # PSRClientState binary format (see its docstring)
+# PSRClientState binary format (see its docstring).
+_STATE_MAGIC = register_magic(b"FSPQ", "PSR client state (flwr_fsl.protocols.psr)")
 _STATE_VERSION = 1
 
 

@@ -54,7 +54,7 @@ from flwr_fsl.crypto.channel import (
     open_sealed,
     seal,
 )
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 __all__ = [
     "HELPER",
@@ -87,7 +87,10 @@ HELPER = "S1"
 """Sender/recipient name of the helper server."""
 MASTER_SEED_BYTES = 16
 _DIGEST_BYTES = 32
-_ANSWER_MAGIC = b"FSPA\x01"  # sealed PSR answer plaintext, v1: one wireformat array field
+# Sealed PSR answer plaintext, v1 (magic + version byte): one wireformat array field.
+_ANSWER_MAGIC = (
+    register_magic(b"FSPA", "sealed PSR answer plaintext (flwr_fsl.protocols.sealing)") + b"\x01"
+)
 
 
 @dataclass(frozen=True)

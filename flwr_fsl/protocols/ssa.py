@@ -77,12 +77,13 @@ from flwr_fsl.errors import ClientInputError
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.protocols.dp import DistributedDP, clip_update
 from flwr_fsl.submodel.aggregate import count_weighted_mean
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 _MAGIC = "flwr_fsl/ssa-params"
 _VERSION = 1
 _DP_VERSION = 2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.protocols.dp.DistributedDP`)
-_STATE_MAGIC = b"FSCS"  # SSAClientState binary format (see its docstring)
+# SSAClientState binary format (see its docstring).
+_STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.protocols.ssa)")
 _STATE_VERSION = 1
 
 

@@ -66,7 +66,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.errors import ClientInputError
 from flwr_fsl.submodel.layout import TensorSlice, WidthLayout
-from flwr_fsl.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.wireformat import Reader, WireFormatError, Writer, register_magic
 
 __all__ = [
     "EXTRACTIONS",
@@ -889,7 +889,7 @@ class WidthRule:
 
 # -- what a client is told -------------------------------------------------------------------
 
-_MAGIC = b"FSLW"
+_MAGIC = register_magic(b"FSLW", "width assignment (flwr_fsl.submodel.width)")
 _VERSION = 1
 _MAX_NAME = 256
 
