@@ -12,7 +12,14 @@ allocated, so a short input with a huge declared length fails fast and cheaply:
 * a list: ``u32`` count (at most :data:`MAX_ITEMS`), then the items.
 
 Formats built on it (the helper wire format :mod:`flwr_fsl.helper.wire`, the sealed PSR answer
-of :mod:`flwr_fsl.crypto.sealing`) add their own magic, version and kind. Every malformed
+of :mod:`flwr_fsl.crypto.sealing`) add their own magic, version and kind.
+
+**Format tags.** Every binary format of the package starts with a 4-byte magic, and every
+magic is declared once through :func:`register_magic` in the module that owns the format, so
+importing the package fills :data:`MAGICS` (magic -> the format and its module) and two
+formats can never share a tag (``tests/test_magics.py`` checks that no magic bypasses it).
+
+Every malformed
 input raises :class:`WireFormatError`, a :class:`~flwr_fsl.core.errors.ClientInputError`: bytes that
 came from one party are dropped with a reason, never crash the reader.
 """
@@ -29,12 +36,15 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError
 
 __all__ = [
+    "MAGICS",
+    "MAGIC_BYTES",
     "MAX_ARRAY_NDIM",
     "MAX_ITEMS",
     "MAX_MESSAGE_BYTES",
     "Reader",
     "WireFormatError",
     "Writer",
+    "register_magic",
 ]
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -57,6 +67,44 @@ _DTYPE_CODES = {(dt.kind, dt.itemsize): code for code, dt in _DTYPES.items()}
 
 class WireFormatError(ClientInputError):
     """Bytes are not a well-formed message of a binary format of this package."""
+
+
+MAGICS: dict[bytes, str] = {}
+"""Every registered format tag: 4-byte magic -> a short description naming format and module."""
+MAGIC_BYTES = 4
+"""Length of a format magic."""
+
+
+def register_magic(magic: bytes, name: str) -> bytes:
+    """Declare a format's 4-byte magic (once per process) and return it.
+
+    Parameters
+    ----------
+    magic : bytes
+        The tag, exactly :data:`MAGIC_BYTES` bytes.
+    name : str
+        What the format is and which module owns it, e.g.
+        ``"DPF key set (flwr_fsl.crypto.dpf)"``.
+
+    Returns
+    -------
+    bytes
+        ``magic``, so a module writes ``_MAGIC = register_magic(b"FDPF", "...")``.
+
+    Raises
+    ------
+    ValueError
+        If ``magic`` is not bytes of length 4, ``name`` is empty, or the magic is already
+        registered (two formats must never share a tag).
+    """
+    if not isinstance(magic, bytes) or len(magic) != MAGIC_BYTES:
+        raise ValueError(f"a format magic must be {MAGIC_BYTES} bytes, got {magic!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a format magic needs a description")
+    if magic in MAGICS:
+        raise ValueError(f"format magic {magic!r} is already registered for {MAGICS[magic]}")
+    MAGICS[magic] = name
+    return magic
 
 
 class Writer:

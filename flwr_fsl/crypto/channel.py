@@ -68,6 +68,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import register_magic
 
 __all__ = [
     "AD_MAGIC",
@@ -90,7 +91,7 @@ __all__ = [
 
 KEY_BYTES = 32
 """Bytes in an X25519 public (and raw private) key."""
-SEALED_MAGIC = b"FSSB"
+SEALED_MAGIC = register_magic(b"FSSB", "sealed box, HPKE blob (flwr_fsl.crypto.channel)")
 """First four bytes of every sealed blob."""
 SEALED_VERSION = 1
 """Blob format version written by :func:`seal` (and the only one :func:`open_sealed` reads)."""
@@ -98,7 +99,7 @@ SUITE_ID = 1
 """Suite byte: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM."""
 INFO_LABEL = b"flwr_fsl/sealed-box/v1\x00"
 """Domain-separation prefix of HPKE ``info``."""
-AD_MAGIC = b"FSAD\x02"
+AD_MAGIC = register_magic(b"FSAD", "sealed-box associated data (flwr_fsl.crypto.channel)") + b"\x02"
 SESSION_BYTES = 16
 """Length of a session id."""
 DIGEST_BYTES = 32

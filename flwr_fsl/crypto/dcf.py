@@ -69,6 +69,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dcf_kernels as _k
 from flwr_fsl.kernels.aes import BatchedAES
@@ -96,7 +97,7 @@ MMO_KEY_DCF = b"flwr_fsl/dcf/v1\x00"
 """Public fixed AES key of the DCF tree PRG (``H(y) = AES_K(y) ^ y`` with public tweaks)."""
 
 _U64 = np.uint64
-_MAGIC = b"FDCF"
+_MAGIC = register_magic(b"FDCF", "DCF key set: public part, key shares (flwr_fsl.crypto.dcf)")
 _VERSION = 1
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255

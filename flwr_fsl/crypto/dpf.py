@@ -73,6 +73,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dpf_kernels as _k
 
@@ -103,7 +104,9 @@ MAX_TAU = 1 << 20
 """Largest supported number of output words per point."""
 
 _U64 = np.uint64
-_MAGIC = b"FDPF"
+_MAGIC = register_magic(
+    b"FDPF", "DPF key set: public part, key shares, U-DPF hint (flwr_fsl.crypto.dpf)"
+)
 _VERSION = 2
 _KIND_PUBLIC, _KIND_KEYS, _KIND_HINT = 1, 2, 3
 _NO_PARTY = 255

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import (
     DIGEST_BYTES,
     KEY_BYTES,
@@ -87,7 +87,10 @@ HELPER = "S1"
 """Sender/recipient name of the helper server."""
 MASTER_SEED_BYTES = 16
 _DIGEST_BYTES = 32
-_ANSWER_MAGIC = b"FSPA\x01"  # sealed PSR answer plaintext, v1: one wireformat array field
+# Sealed PSR answer plaintext, v1 (magic + version byte): one wireformat array field.
+_ANSWER_MAGIC = (
+    register_magic(b"FSPA", "sealed PSR answer plaintext (flwr_fsl.crypto.sealing)") + b"\x01"
+)
 
 
 @dataclass(frozen=True)

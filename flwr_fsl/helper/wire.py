@@ -68,7 +68,13 @@ from typing import ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.wireformat import MAX_ARRAY_NDIM, MAX_ITEMS, MAX_MESSAGE_BYTES, WireFormatError
+from flwr_fsl.core.wireformat import (
+    MAX_ARRAY_NDIM,
+    MAX_ITEMS,
+    MAX_MESSAGE_BYTES,
+    WireFormatError,
+    register_magic,
+)
 from flwr_fsl.core.wireformat import Reader as _Reader
 from flwr_fsl.core.wireformat import Writer as _Writer
 
@@ -107,7 +113,7 @@ __all__ = [
     "register_message",
 ]
 
-MAGIC = b"FSHW"
+MAGIC = register_magic(b"FSHW", "helper wire message, S0 <-> S1 (flwr_fsl.helper.wire)")
 VERSION = 3  # v3: U-DPF hint items carry the client's sealed binding
 SESSION_BYTES = 16
 """Length of a session id: S0 draws one per run (per :class:`HelperConnection`)."""

@@ -1,4 +1,4 @@
-"""Known-answer vectors that freeze today's wire formats: DPF keys, SSA parameters, sparse codec.
+"""Known-answer vectors that freeze today's wire formats, one section per format family.
 
 ``python -m tests.vectors.generate`` writes ``tests/vectors/frozen.json`` from the code as it is;
 it refuses to overwrite the file unless ``--force`` is given. ``tests/test_frozen_vectors.py``
@@ -8,10 +8,27 @@ A changed vector means a format (or an algorithm behind a format) changed: keys 
 code would no longer interoperate. Do that only on purpose, with a version bump in the format
 and a line in the closing note saying why, then regenerate with ``--force``.
 
-Everything here is deterministic: DPF keys come from explicit root or master seeds, SSA uploads
-from explicit master seeds and a seeded rounding generator, hashing from a fixed key and a
-seeded cuckoo insertion order. The helper wire format (versioned separately, bumped on purpose
-when rounds were bound to sessions) and HPKE sealed boxes (randomized) are not frozen here.
+Everything here is deterministic: DPF and DCF keys come from explicit root or master seeds, SSA
+uploads and client states from explicit master seeds and a seeded rounding generator, hashing
+from a fixed key and a seeded cuckoo insertion order, X25519 keys from fixed 32-byte seeds.
+Messages that carry randomness (SecAgg and SESA shares, sealed blobs inside a message) are
+frozen as the encoding of a message object built from fixed field values: the same object must
+give the same bytes. Sections: DPF keys, PRG, hashing, SSA params and uploads, fixed point,
+the sparse codec; SecAgg (``FSAG``, ``FSAC``, ids, roster, shares, unmask, rows, masked
+inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX``/
+``FSED``/``FSEE``/``FSEC``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
+(``PHFL`` messages, ``PHAR`` architectures, ``PHAS`` answerer states, ``PHFW`` secure
+answering); DCF keys (``FDCF``); the helper wire format (``FSHW``, every built-in kind); the
+sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomized-response memo
+(``FSRR``); PSU and Niu vectors and SFSL memo scopes; SSA (``FSCS``) and PSR (``FSPQ``) client
+states.
+
+Sealed boxes (HPKE, randomized: fresh ephemeral key and nonce) cannot be regenerated. They are
+sealed once to recipient keys drawn from fixed seeds and stored under :data:`SEALED_KEY`
+(``--force`` keeps the stored ones; delete that key to seal new ones); the ``sealed-openings``
+section checks that today's code opens them to the same plaintexts (``FSPA`` answers, PSR
+queries, SSA uploads, U-DPF hints, :func:`~flwr_fsl.crypto.sealing.seal_for`) and that
+their header and overhead are as stored.
 """
 
 from __future__ import annotations
@@ -188,6 +205,579 @@ def codec_vectors() -> dict[str, Any]:
     return canonical
 
 
+# -- formats frozen before the module refactor (tags 100 and up) ------------------------------
+
+
+def _key(tag: int) -> Any:
+    """An X25519 key pair from a fixed 32-byte seed (X25519 clamps any 32 bytes)."""
+    from flwr_fsl.crypto.channel import SealingKeyPair
+
+    return SealingKeyPair.from_private_bytes(_seed(tag) + _seed(tag + 1000))
+
+
+def _blob(tag: int, size: int) -> bytes:
+    """``size`` fixed pseudo-random bytes standing for an opaque field (e.g. a sealed blob)."""
+    out = b""
+    counter = 0
+    while len(out) < size:
+        out += hashlib.sha256(f"flwr_fsl frozen blob {tag} {counter}".encode()).digest()
+        counter += 1
+    return out[:size]
+
+
+def secagg_vectors() -> dict[str, Any]:
+    """SecAgg (Bonawitz): params, ids, roster, share entries, unmask request/reply, rows,
+    client state, a deterministic masked input, and the weighted-vector encoding."""
+    from flwr_fsl.families.secagg import protocol as secagg
+    from flwr_fsl.families.secagg.vector import WeightedVector
+
+    params = secagg.SecAggParams(9, _seed(100), 2, 6)
+    keys = {node: (_key(110 + 2 * node), _key(111 + 2 * node)) for node in (3, 5, 8)}
+    roster = {n: (c.public_bytes, s.public_bytes) for n, (c, s) in keys.items()}
+    clients = {
+        n: secagg.SecAggClient(n, params, c, s, _seed(120 + n)) for n, (c, s) in keys.items()
+    }
+    fresh = clients[3].to_bytes()
+    for client in clients.values():
+        client.roster = dict(roster)  # as after share_keys (whose shares are randomized)
+        client.own_share = np.arange(secagg._LIMBS, dtype=np.uint64) * np.uint64(1000 + client.node)
+    x = np.arange(6, dtype=np.uint64) * np.uint64(2**40 + 7)
+    masked = clients[3].masked_input([3, 5, 8], x)
+    rows = np.array([0, 2, 5], np.int64)
+    subset = secagg.SecAggClient(5, params, *keys[5], _seed(125), dict(roster))
+    subset.own_share = np.zeros(secagg._LIMBS, np.uint64)
+    masked_rows = subset.masked_input(
+        [3, 5, 8], x[:3], rows=rows, shared_rows={3: np.array([2], np.int64)}
+    )
+    blobs = {5: _blob(101, secagg.SEALED_SHARE_BYTES), 8: _blob(102, secagg.SEALED_SHARE_BYTES)}
+    reply = secagg._unmask_reply_to_bytes(
+        {
+            5: bytes([0]) + np.arange(secagg._SEED_LIMBS, dtype="<u4").tobytes(),
+            8: bytes([1]) + np.arange(secagg._SK_LIMBS, dtype="<u4").tobytes(),
+        }
+    )
+    layout = WeightedVector(("w", "b"), ((2, 2), (3,)), ("acc",), 0.5, 10.0, 1.0, 16, 50)
+    model = {"w": np.zeros((2, 2), np.float32), "b": np.ones(3, np.float32)}
+    trained = {
+        "w": np.array([[0.1, -0.2], [0.7, 0.3]], np.float32),
+        "b": np.full(3, 1.25, np.float32),
+    }
+    encoded, clipped = layout.encode(model, trained, 3.0, {"acc": 0.75}, np.random.default_rng(7))
+    return {
+        "params": params.to_bytes().hex(),
+        "params-digest": params.digest.hex(),
+        "ids": secagg.encode_ids([8, 3, 2**64 - 1, 0]).hex(),
+        "advertise": clients[3].advertise().hex(),
+        "roster": secagg._roster_to_bytes(roster).hex(),
+        "share-entries": secagg._entries_to_bytes(blobs, secagg.SEALED_SHARE_BYTES).hex(),
+        "unmask-request": secagg.UnmaskRequest((3, 5, 8), blobs).to_bytes().hex(),
+        "unmask-reply": reply.hex(),
+        "rows": secagg.encode_rows({8: rows, 3: np.array([1], np.int64), 5: rows[:0]}).hex(),
+        "share-ad": secagg._share_ad(params, 3, 8).hex(),
+        "state-fresh": fresh.hex(),
+        "state-masked": _h(clients[3].to_bytes()),
+        "masked-input": _words(masked),
+        "masked-input-rows": _words(masked_rows),
+        "pair-mask": _words(secagg.pair_mask(params, keys[3][1].private_key, roster[8][1], 3, 8)),
+        "weighted-vector": [int(v) for v in encoded] + [clipped],
+    }
+
+
+def sesa_vectors() -> dict[str, Any]:
+    """SESA: params, ids, roster, piece, masked update, evaluation, request, client state,
+    the offline bundle's frame (sealed pieces opened), the node state and the shard vector."""
+    from flwr_fsl.crypto.channel import client_party
+    from flwr_fsl.crypto.fixedpoint import FixedPoint
+    from flwr_fsl.crypto.sealing import open_from
+    from flwr_fsl.families.sesa import protocol as sesa
+    from flwr_fsl.families.sesa.mod import SesaNodeState
+
+    params = sesa.SesaParams(4, _seed(200), 1, (sesa.SesaGroup(3, 2), sesa.SesaGroup(1, 3)))
+    keys = {n: _key(210 + n) for n in (1, 4, 6, 9)}
+    roster = {n: k.public_bytes for n, k in keys.items()}
+    client = sesa.SesaClient(4, params, ((0, 2), (0,)), keys[4], _seed(220))
+    fresh = client.to_bytes()
+    bundle = client.offline(sesa._roster_to_bytes(roster))
+    r = sesa._reader(bundle, sesa._M_BUNDLE, "bundle")
+    frame = [r.u32("groups"), r.u32("slots"), r.u32("slots"), r.count("peers", 12)]
+    pieces = []
+    for _ in range(frame[-1]):
+        peer, blob = r.u64("peer"), r.raw("blob")
+        plain = open_from(
+            keys[peer],
+            blob,
+            purpose=sesa.PIECE_PURPOSE,
+            binding=params.binding,
+            sender=client_party(4),
+            recipient=client_party(peer),
+        )
+        pieces.append([peer, len(blob), _h(plain)])
+    r.done()
+    updates = [
+        np.arange(2 * 2, dtype=np.uint64).reshape(2, 2) + np.uint64(5),
+        np.array([[7, 8, 9]], np.uint64),
+    ]
+    masked = client.masked_update([1, 4, 6, 9], updates)
+    node = SesaNodeState(client, 0.5, ("fc1", "fc2"), ((0, 2), (1,)))
+    words = [np.array([1, 2, 3], np.uint64), np.array([4, 5, 6, 7], np.uint64)]
+    phis = [np.array([11, 12], np.uint64), np.array([13], np.uint64)]
+    piece_masks = [
+        np.arange(4, dtype=np.uint64).reshape(2, 2) + np.uint64(20),
+        np.array([[30, 31, 32]], np.uint64),
+    ]
+    request = sesa._Request((1, 4), {1: b"x1", 4: b"x4"}, {1: b"sealed-from-1"})
+    shard = sesa.ShardVector(3, FixedPoint(8, 100.0, 10, ring=params.field))
+    return {
+        "params": params.to_bytes().hex(),
+        "ids": sesa.encode_ids([9, 1, 4]).hex(),
+        "roster": sesa._roster_to_bytes(roster).hex(),
+        "piece": sesa._encode_piece(4, 9, phis, piece_masks).hex(),
+        "masked": masked.hex(),
+        "evaluation": sesa._evaluation_to_bytes([np.array([1, 2], np.uint64), words[0]]).hex(),
+        "request": sesa._request_to_bytes(request).hex(),
+        "state-fresh": fresh.hex(),
+        "state-offline": _h(client.to_bytes()),
+        "bundle-frame": bundle[:5].hex() + ":" + ",".join(str(v) for v in frame),
+        "bundle-pieces": pieces,
+        "node-state": _h(node.to_bytes()),
+        "shard-vector": _words(
+            shard.encode(np.array([[0.5, -1.0, 2.0]]), 2.0, np.random.default_rng(4))
+        ),
+    }
+
+
+def width_vectors() -> dict[str, Any]:
+    """The width assignment a client is told (``FSLW``)."""
+    from flwr_fsl.families.width.rules import EXTRACTIONS, WidthAssignment
+
+    layers = {"conv1": np.array([0, 3, 1], np.int64), "fc": np.array([7], np.int64)}
+    out: dict[str, Any] = {
+        e: WidthAssignment(3, 0.5, e, layers).to_bytes().hex() for e in EXTRACTIONS
+    }
+    out["empty"] = WidthAssignment(2**32 - 1, 0.0625, "rolling").to_bytes().hex()
+    return out
+
+
+def _architecture() -> Any:
+    from flwr_fsl.families.privhfl.inference import (
+        Architecture,
+        AvgPool2d,
+        Conv2d,
+        Flatten,
+        GlobalAvgPool,
+        Linear,
+        MaxPool2d,
+        ReLU,
+        Residual,
+    )
+
+    return Architecture(
+        (1, 6, 6),
+        (
+            Conv2d(1, 2, 3, padding=1),
+            ReLU(),
+            Residual((Conv2d(2, 2, 3, padding=1, bias=False), ReLU()), ()),
+            MaxPool2d(2),
+            AvgPool2d(1, 1),
+            Flatten(),
+            Linear(18, 4),
+            ReLU(),
+            Linear(4, 3, bias=False),
+        ),
+    ), Architecture((2, 4, 4), (Conv2d(2, 3, 1), GlobalAvgPool(), Linear(3, 2)))
+
+
+def privhfl_vectors() -> dict[str, Any]:
+    """PrivHFL: one message per kind, the architecture codec, the answerer state, a querier's
+    deals from fixed seeds, and the secure-answering messages of the mod (``PHFW``)."""
+    from flwr_fsl.families.privhfl import flow as privhfl_flow
+    from flwr_fsl.families.privhfl import messages as ps
+    from flwr_fsl.families.privhfl import protocol as privhfl
+
+    out: dict[str, Any] = {}
+    for kind in sorted(privhfl.KIND_NAMES):
+        arrays = tuple(
+            np.arange(j + kind, dtype=np.uint64).reshape(-1) * np.uint64(2**33 + j)
+            for j in range(kind % 3)
+        )
+        if kind % 2:
+            arrays += (np.arange(6, dtype=np.uint64).reshape(2, 3),)
+        blob = _blob(300 + kind, kind % 4)
+        msg = privhfl.Message(kind, 1000 + kind, arrays, blob)
+        out[f"message-{privhfl.KIND_NAMES[kind]}"] = msg.to_bytes().hex()
+    deep, small = _architecture()
+    out["architecture"] = privhfl_flow.architecture_to_bytes(deep).hex()
+    out["architecture-gap"] = privhfl_flow.architecture_to_bytes(small).hex()
+    state = privhfl_flow.AnswererState(
+        2,
+        3,
+        4,
+        17,
+        _seed(310),
+        _seed(311),
+        [np.arange(6, dtype=np.uint64).reshape(3, 2), np.array([2**64 - 1], np.uint64)],
+        (np.array([1, 2], np.uint64), np.array([[3]], np.uint64)),
+    )
+    out["answerer-state"] = state.to_bytes().hex()
+    out["answerer-state-bare"] = (
+        privhfl_flow.AnswererState(0, 1, 1, 0, _seed(312), _seed(313)).to_bytes().hex()
+    )
+    seeds = privhfl.SessionSeeds(_seed(320), _seed(321), _seed(322))
+    config = privhfl.PrivHFLConfig(relu="dcf", frac_bits=12, bound_bits=30)
+    encoded = config.codec().encode_exact(np.linspace(-1, 1, 2 * 36).reshape(2, 1, 6, 6))
+    deals, ops = privhfl_flow.querier_messages(config, deep, encoded.astype(np.uint64), seeds, 5)
+    out["querier-deals"] = [_h(d) for d in deals] + [ops]
+    out["unheld-seed"] = privhfl_flow.unheld_seed(_seed(323), _seed(324)).hex()
+    cfg = privhfl.PrivHFLConfig(relu="drelu", frac_bits=20, bound_bits=40)
+    run = _seed(330)
+    arch = privhfl_flow.architecture_to_bytes(small)
+    messages: dict[str, Any] = {
+        "keys-request": ps.KeysRequest(run),
+        "keys-reply": ps.KeysReply(_key(331).public_bytes, arch),
+        "generate-request": ps.GenerateRequest(
+            cfg, 6, run, (ps.AnswererInfo(12, _key(333).public_bytes, arch, _seed(334)),)
+        ),
+        "generate-reply": ps.GenerateReply(
+            2, (ps.SessionDeal(12, _blob(335, 72), (b"share", b"", b"deal-1")),)
+        ),
+        "step-request-1": ps.StepRequest(
+            cfg, 1, 6, run, (ps.StepEntry(40, b"s-bytes", _blob(336, 72), _seed(337), 2),)
+        ),
+        "step-request-2": ps.StepRequest(
+            config, 2, 6, run, (ps.StepEntry(40, b"s2"), ps.StepEntry(41, b""))
+        ),
+        "step-reply": ps.StepReply(((40, b"a-bytes"), (41, b""))),
+        "sign-request": ps.SignRequest(cfg, 3, 6, ((12, b"z"),)),
+        "sign-reply": ps.SignReply(((12, b"sign"),)),
+        "retrain-request": ps.RetrainRequest(config, 6, b"agg-S"),
+        "querier-state": ps.QuerierState(
+            7, 6, 2, (ps.QuerierSessionState(12, _seed(338), _seed(339), arch, 99),)
+        ),
+    }
+    for name, message in messages.items():
+        out[f"secure-{name}"] = message.to_bytes().hex()
+    out["secure-binding"] = ps.binding(run, 7, cfg, 6).params_digest.hex()
+    return out
+
+
+def dcf_vectors() -> dict[str, Any]:
+    """DCF key shares and public parts from fixed master seeds (``FDCF``)."""
+    from flwr_fsl.crypto import dcf
+
+    out: dict[str, Any] = {}
+    cases = [
+        ("scalar-d8", [100], [5], 8),
+        ("tau2-d16", [7, 60000], [[1, 2], [2**64 - 1, 0]], 16),
+        ("d1", [1, 0], [9, 9], 1),
+    ]
+    for i, (name, alphas, betas, bits) in enumerate(cases):
+        k0, k1 = dcf.generate_keys_batch(
+            np.array(alphas, np.uint64),
+            np.array(betas, np.uint64),
+            bits,
+            master_seeds=(_seed(400 + 2 * i), _seed(401 + 2 * i)),
+        )
+        points = np.array([min(a + 1, (1 << bits) - 1) for a in alphas], np.uint64)
+        out[name] = {
+            "key0": k0.to_bytes().hex(),
+            "key1": k1.to_bytes().hex(),
+            "public": k0.public.to_bytes().hex(),
+            "paired0": _words(dcf.evaluate_paired(k0, points)),
+        }
+    return out
+
+
+def helper_wire_messages() -> dict[str, Any]:
+    """One helper wire message (``FSHW``) of every built-in kind, from fixed field values."""
+    from flwr_fsl.helper import wire
+
+    session = _seed(500)
+    items = (
+        wire.SealedItem(3, b"public-3", _blob(501, 40)),
+        wire.SealedItem(2**64 - 1, b"", b"s"),
+    )
+    return {
+        "HEALTH": wire.HealthRequest(),
+        "PUBLIC_KEY": wire.PublicKeyRequest(),
+        "OPEN_ROUND": wire.OpenRoundRequest(session, 7, b"params"),
+        "ADD_CLIENTS": wire.AddClientsRequest(session, 7, items),
+        "ADD_HINTS": wire.AddHintsRequest(
+            session, 7, (wire.HintItem(4, b"hint", _blob(502, 20)), wire.HintItem(5, b"", b""))
+        ),
+        "FINISH_ROUND": wire.FinishRoundRequest(session, 8),
+        "ABORT_ROUND": wire.AbortRoundRequest(session, 2**64 - 1),
+        "SET_MODEL": wire.SetModelRequest(
+            session, 7, np.arange(6, dtype=np.uint64).reshape(3, 2) * np.uint64(2**61)
+        ),
+        "PSR_ANSWER": wire.PsrAnswerRequest(session, 7, items[:1]),
+        "CLOSE_SESSION": wire.CloseSessionRequest(session),
+        "OPEN_SESSION": wire.OpenSessionRequest(session),
+        "OK": wire.OkResponse(),
+        "HEALTH_INFO": wire.HealthResponse(3, _key(503).public_bytes, (1, 7, 2**40)),
+        "PUBLIC_KEY_INFO": wire.PublicKeyResponse(_key(503).public_bytes),
+        "CLIENT_RESULTS": wire.ClientResultsResponse(
+            (wire.ClientResult(1, True, b""), wire.ClientResult(2, False, b"too late"))
+        ),
+        "SHARE": wire.ShareResponse((1, 2), np.array([[1, 2], [3, 2**64 - 1]], np.uint64)),
+        "ARRAY": wire.ArrayMessage(np.array([0.5, -2.0], np.float32)),
+    }
+
+
+def helper_wire_vectors() -> dict[str, Any]:
+    """Hex of every message of :func:`helper_wire_messages`."""
+    from flwr_fsl.helper import wire
+
+    return {name: wire.encode(m).hex() for name, m in helper_wire_messages().items()}
+
+
+def channel_vectors() -> dict[str, Any]:
+    """The sealed box's fixed parts (header, overhead, HPKE info label) and associated data."""
+    from flwr_fsl.crypto import channel
+
+    digest = hashlib.sha256(b"params").digest()
+    return {
+        "header": channel._HEADER.hex(),
+        "overhead": channel.OVERHEAD,
+        "info-label": channel.INFO_LABEL.hex(),
+        "ad-ssa": channel.associated_data(
+            purpose="ssa",
+            session=_seed(600),
+            round=3,
+            params_digest=digest,
+            sender=channel.client_party(12),
+            recipient="S1",
+        ).hex(),
+        "ad-unicode": channel.associated_data(
+            purpose="pürpose",
+            session=bytes(16),
+            round=2**64 - 1,
+            params_digest=bytes(32),
+            sender="S1",
+            recipient=channel.client_party(0),
+        ).hex(),
+        "fingerprint": channel.public_key_fingerprint(_key(601).public_bytes),
+        "public-key": _key(601).public_bytes.hex(),
+        "private-key": _key(601).private_bytes().hex(),
+    }
+
+
+SEALED_KEY = "sealed-ciphertexts"
+"""Top-level key of the stored sealed boxes: sealing is randomized, so they are made once and
+kept; :func:`sealed_opening_vectors` checks that today's code opens them to the same bytes."""
+_FRESH: dict[str, str] = {}
+
+
+def _binding() -> Any:
+    from flwr_fsl.crypto.sealing import RoundBinding
+
+    return RoundBinding.of(_seed(700), 11, b"round parameters")
+
+
+def _seal_fresh() -> dict[str, str]:
+    """Seal every case once (ephemeral keys and nonces are fresh: run only to (re)make them)."""
+    from flwr_fsl.crypto import channel, sealing
+
+    helper, client = _key(702), _key(704)
+    binding = _binding()
+    query, _ = sealing.seal_psr_query(
+        helper.public_bytes, binding=binding, client_id=5, public_part=b"pp", master_seed=_seed(706)
+    )
+    return {
+        "raw": channel.seal(
+            helper.public_bytes, b"fixed plaintext", associated_data=_raw_ad()
+        ).hex(),
+        "empty": channel.seal(helper.public_bytes, b"", associated_data=_raw_ad()).hex(),
+        "ssa-upload": sealing.seal_ssa_upload(
+            helper.public_bytes,
+            binding=binding,
+            client_id=5,
+            public_part=b"pp",
+            master_seed=_seed(705),
+        ).hex(),
+        "udpf-hint": sealing.seal_udpf_hint(
+            helper.public_bytes,
+            binding=binding,
+            client_id=5,
+            hint=b"hint",
+            held=hashlib.sha256(b"held").digest(),
+        ).hex(),
+        "psr-query": query.hex(),
+        "psr-answer": sealing.seal_psr_answer(
+            client.public_bytes,
+            np.array([[1, 2], [3, 2**64 - 1]], np.uint64),
+            binding=binding,
+            client_id=5,
+        ).hex(),
+        "seal-for": sealing.seal_for(
+            client.public_bytes,
+            b"client to client",
+            purpose="sesa-evaluations",
+            binding=binding,
+            sender=channel.client_party(6),
+            recipient=channel.client_party(5),
+        ).hex(),
+    }
+
+
+def _raw_ad() -> bytes:
+    from flwr_fsl.crypto import channel
+
+    return channel.associated_data(
+        purpose="frozen",
+        session=_seed(707),
+        round=1,
+        params_digest=bytes(32),
+        sender="S0",
+        recipient="S1",
+    )
+
+
+def sealed_ciphertexts() -> dict[str, str]:
+    """The stored sealed boxes (``frozen.json``), or new ones sealed once if none are stored."""
+    if PATH.exists():
+        stored = json.loads(PATH.read_text()).get(SEALED_KEY)
+        if stored:
+            return dict(stored)
+    if not _FRESH:
+        _FRESH.update(_seal_fresh())
+    return dict(_FRESH)
+
+
+def sealed_opening_vectors() -> dict[str, Any]:
+    """Open the stored sealed boxes with keys from fixed seeds: the plaintexts (raw, and what
+    each ``open_*`` returns), the header and the overhead."""
+    from flwr_fsl.crypto import channel, sealing
+
+    helper, client = _key(702), _key(704)
+    binding = _binding()
+    blobs = {name: bytes.fromhex(h) for name, h in sealed_ciphertexts().items()}
+
+    def ad(purpose: str, sender: str, recipient: str) -> bytes:
+        return channel.associated_data(
+            purpose=purpose, sender=sender, recipient=recipient, **binding.fields()
+        )
+
+    c5, c6 = channel.client_party(5), channel.client_party(6)
+    raw = {
+        "raw": channel.open_sealed(helper, blobs["raw"], associated_data=_raw_ad()),
+        "empty": channel.open_sealed(helper, blobs["empty"], associated_data=_raw_ad()),
+        "ssa-upload": channel.open_sealed(
+            helper, blobs["ssa-upload"], associated_data=ad(sealing.SSA, c5, "S1")
+        ),
+        "udpf-hint": channel.open_sealed(
+            helper, blobs["udpf-hint"], associated_data=ad(sealing.UDPF_HINT, c5, "S1")
+        ),
+        "psr-query": channel.open_sealed(
+            helper, blobs["psr-query"], associated_data=ad(sealing.PSR_QUERY, c5, "S1")
+        ),
+        "psr-answer": channel.open_sealed(
+            client, blobs["psr-answer"], associated_data=ad(sealing.PSR_ANSWER, "S1", c5)
+        ),
+        "seal-for": channel.open_sealed(
+            client, blobs["seal-for"], associated_data=ad("sesa-evaluations", c6, c5)
+        ),
+    }
+    seed, answer_key = sealing.open_psr_query(
+        helper, blobs["psr-query"], binding=binding, client_id=5, public_part=b"pp"
+    )
+    opened = {
+        "ssa-upload": sealing.open_ssa_upload(
+            helper, blobs["ssa-upload"], binding=binding, client_id=5, public_part=b"pp"
+        ).hex(),
+        "udpf-hint": sealing.open_udpf_hint(
+            helper, blobs["udpf-hint"], binding=binding, client_id=5, hint=b"hint"
+        ).hex(),
+        "psr-query": seed.hex() + ":" + answer_key.hex(),
+        "psr-answer": _words(
+            sealing.open_psr_answer(client, blobs["psr-answer"], binding=binding, client_id=5)
+        ),
+        "seal-for": sealing.open_from(
+            client,
+            blobs["seal-for"],
+            purpose="sesa-evaluations",
+            binding=binding,
+            sender=c6,
+            recipient=c5,
+        ).hex(),
+    }
+    out: dict[str, Any] = {}
+    for name, plain in raw.items():
+        blob = blobs[name]
+        out[name] = {
+            "plaintext": plain.hex(),
+            "header": blob[: len(channel._HEADER)].hex(),
+            "overhead": len(blob) - len(plain),
+            "opened": opened.get(name, plain.hex()),
+        }
+    out["binding-digest"] = binding.params_digest.hex()
+    return out
+
+
+def perturb_vectors() -> dict[str, Any]:
+    """The randomized-response memo (``FSRR``)."""
+    from flwr_fsl.families.sfsl.perturb import PermanentMemo
+
+    return {
+        "empty": PermanentMemo().to_bytes().hex(),
+        "memo": PermanentMemo(np.array([1, 4, 2**40]), np.array([0, 7])).to_bytes().hex(),
+    }
+
+
+def union_vectors() -> dict[str, Any]:
+    """PSU client vectors, Niu's row vector and SFSL's memo scope names."""
+    from flwr_fsl.crypto.fixedpoint import FixedPoint
+    from flwr_fsl.crypto.prg import PRGStream
+    from flwr_fsl.families.sfsl import mod as sfsl
+    from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
+    from flwr_fsl.families.sfsl.psu import PSUParams, client_vector
+
+    bloom = PSUParams(100, 64, 3, 4, _seed(800))
+    exact = PSUParams.exact(20)
+    rows = RowVector(np.array([2, 5, 9], np.int64), 2, FixedPoint(16, 1000.0, 10))
+    quantized = RowVector(
+        np.array([2, 5], np.int64), 2, FixedPoint(8, 1e6, 10), GammaQuantizer(16, -1.0, 1.0)
+    )
+    deltas = {5: np.array([0.5, -0.25]), 9: np.array([1.0, 2.0])}
+    return {
+        "psu-bloom": _words(client_vector(bloom, [3, 50, 99], PRGStream.from_seed(_seed(801)))),
+        "psu-exact": _words(client_vector(exact, [0, 19], PRGStream.from_seed(_seed(802)))),
+        "niu-rows": _words(rows.encode([5, 9], deltas, {5: 2, 9: 1.5}, np.random.default_rng(3))),
+        "niu-quantized": _words(
+            quantized.encode([5], {5: deltas[5]}, {5: 3}, np.random.default_rng(4))
+        ),
+        "sfsl-scopes": [sfsl._scope(s) for s in (None, b"\x00\x01", "run-1", 42)],
+    }
+
+
+def client_state_vectors() -> dict[str, Any]:
+    """SSA (``FSCS``) and PSR (``FSPQ``) client states from fixed seeds."""
+    from flwr_fsl.families.ssa.psr import PSRClientState, make_query
+
+    params = SSAParams(5, 64, 5, 2, _seed(900), stash_size=2)
+    indices = np.array([2, 9, 33, 60], dtype=np.int64)
+    _, state = encode_update(
+        params,
+        indices,
+        np.arange(8, dtype=np.float64).reshape(4, 2),
+        np.array([1.0, 2.0, 3.0, 0.5]),
+        rng=np.random.default_rng(6),
+        master_seeds=(_seed(901), _seed(902)),
+    )
+    query = make_query(
+        params, indices[:3], rng=np.random.default_rng(7), master_seeds=(_seed(903), _seed(904))
+    )
+    psr = PSRClientState(9, query.indices, query.placement.slots, _key(905))
+    counted = PSRClientState(
+        9, query.indices, query.placement.slots, _key(905), np.array([1.0, 2.5, 3.0])
+    )
+    return {
+        "ssa-state": _h(state.to_bytes()),
+        "psr-query-public": _h(query.upload.public_part),
+        "psr-state": psr.to_bytes().hex(),
+        "psr-state-counts": counted.to_bytes().hex(),
+    }
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -195,12 +785,24 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "ssa": ssa_vectors,
     "fixedpoint": fixedpoint_vectors,
     "codec": codec_vectors,
+    "secagg": secagg_vectors,
+    "sesa": sesa_vectors,
+    "width": width_vectors,
+    "privhfl": privhfl_vectors,
+    "dcf": dcf_vectors,
+    "helper-wire": helper_wire_vectors,
+    "channel": channel_vectors,
+    "sealed-openings": sealed_opening_vectors,
+    "perturb": perturb_vectors,
+    "union": union_vectors,
+    "client-state": client_state_vectors,
 }
 
 
 def compute() -> dict[str, Any]:
     """Compute every section's vectors from the current code (JSON-normalized)."""
-    data = {name: fn() for name, fn in SECTIONS.items()}
+    data: dict[str, Any] = {SEALED_KEY: sealed_ciphertexts()}
+    data.update((name, fn()) for name, fn in SECTIONS.items())
     return json.loads(json.dumps(data))
 
 

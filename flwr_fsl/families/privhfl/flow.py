@@ -47,7 +47,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.families.privhfl.inference import (
     Architecture,
@@ -91,8 +91,8 @@ __all__ = [
     "unheld_seed",
 ]
 
-_ARCH_MAGIC = b"PHAR"
-_STATE_MAGIC = b"PHAS"
+_ARCH_MAGIC = register_magic(b"PHAR", "PrivHFL architecture (flwr_fsl.families.privhfl.flow)")
+_STATE_MAGIC = register_magic(b"PHAS", "PrivHFL answerer state (flwr_fsl.families.privhfl.flow)")
 _VERSION = 1
 MAX_DEPTH = 8
 """Most nested residual levels in an architecture on the wire."""

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
@@ -81,7 +81,9 @@ SECURE_KEY = "fsl.privhfl.secure"
 KEY_SLOT = "fsl.privhfl.secure-key"
 SEED_PURPOSE = "privhfl-seed-qa"
 """Sealing purpose of ``Sk_QA``."""
-_MAGIC = b"PHFW"
+_MAGIC = register_magic(
+    b"PHFW", "PrivHFL secure-answering messages (flwr_fsl.families.privhfl.messages)"
+)
 _VERSION = 1
 _PUBLIC_BYTES = 32
 _SESSION_ID_BYTES = 16

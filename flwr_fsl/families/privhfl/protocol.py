@@ -147,6 +147,7 @@ from flwr_fsl.core.wireformat import (
     MAX_MESSAGE_BYTES,
     Reader,
     WireFormatError,
+    register_magic,
 )
 from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.fixedpoint import FixedPoint
@@ -231,7 +232,7 @@ KIND_NAMES = {
     AGG_S: "agg-S",
 }
 OFFLINE_KINDS = frozenset({MATMUL_DEAL, MATMUL_A, TRIPLE_DEAL, DCF_DEAL, DCF_RELAY})
-_MAGIC = b"PHFL"
+_MAGIC = register_magic(b"PHFL", "PrivHFL protocol message (flwr_fsl.families.privhfl.protocol)")
 _VERSION = 1
 _MAX_ARRAYS = 8
 

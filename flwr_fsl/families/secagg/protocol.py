@@ -64,6 +64,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     OVERHEAD,
@@ -113,6 +114,10 @@ SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _PURPOSE_SHARE = "secagg-share"
 _MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
 _KIND_SEED, _KIND_KEY = 0, 1
+_PARAMS_MAGIC = register_magic(
+    b"FSAG", "SecAgg round parameters (flwr_fsl.families.secagg.protocol)"
+)
+_STATE_MAGIC = register_magic(b"FSAC", "SecAgg client state (flwr_fsl.families.secagg.protocol)")
 
 
 class SecAggError(ClientInputError):
@@ -169,7 +174,7 @@ class SecAggParams:
     def to_bytes(self) -> bytes:
         """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
         return self._FORMAT.pack(
-            b"FSAG", VERSION, self.round_id, self.session, self.threshold, self.vector_length
+            _PARAMS_MAGIC, VERSION, self.round_id, self.session, self.threshold, self.vector_length
         )
 
     @classmethod
@@ -184,7 +189,7 @@ class SecAggParams:
         if not isinstance(data, bytes) or len(data) != cls._FORMAT.size:
             raise SecAggError(f"SecAgg parameters must be {cls._FORMAT.size} bytes")
         magic, version, round_id, session, threshold, length = cls._FORMAT.unpack(data)
-        if magic != b"FSAG" or version != VERSION:
+        if magic != _PARAMS_MAGIC or version != VERSION:
             raise SecAggError("not SecAgg parameters of version 1")
         try:
             return cls(round_id, session, threshold, length)
@@ -724,7 +729,7 @@ class SecAggClient:
         return b"".join(
             [
                 self._STATE.pack(
-                    b"FSAC",
+                    _STATE_MAGIC,
                     VERSION,
                     self.node,
                     self.c_key.private_bytes(),
@@ -746,7 +751,7 @@ class SecAggClient:
         if not isinstance(data, bytes) or len(data) < cls._STATE.size:
             raise SecAggError("SecAgg client state truncated")
         magic, version, node, c_sk, s_sk, seed, unmasked = cls._STATE.unpack_from(data)
-        if magic != b"FSAC" or version != VERSION or unmasked > 1:
+        if magic != _STATE_MAGIC or version != VERSION or unmasked > 1:
             raise SecAggError("not a SecAgg client state of version 1")
         at = cls._STATE.size
         size = SecAggParams._FORMAT.size

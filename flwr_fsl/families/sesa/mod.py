@@ -46,7 +46,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
 from flwr_fsl.families.sesa.protocol import (
@@ -71,7 +71,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"FSEN"
+_MAGIC = register_magic(b"FSEN", "SESA node state (flwr_fsl.families.sesa.mod)")
 _VERSION = 1
 _MAX_LAYERS = 256
 

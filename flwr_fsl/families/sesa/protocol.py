@@ -138,7 +138,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     OVERHEAD,
@@ -191,8 +191,17 @@ PIECE_PURPOSE = "sesa-evaluations"
 _SEED_BYTES = 16
 _WORD = np.dtype("<u4")
 
-_M_PARAMS, _M_ROSTER, _M_IDS, _M_BUNDLE = b"FSEP", b"FSER", b"FSEU", b"FSEB"
-_M_PIECE, _M_MASKED, _M_REQUEST, _M_EVAL, _M_STATE = b"FSEI", b"FSEX", b"FSED", b"FSEE", b"FSEC"
+_M_PARAMS = register_magic(b"FSEP", "SESA round parameters (flwr_fsl.families.sesa.protocol)")
+_M_ROSTER = register_magic(b"FSER", "SESA roster (flwr_fsl.families.sesa.protocol)")
+_M_IDS = register_magic(b"FSEU", "SESA client id set (flwr_fsl.families.sesa.protocol)")
+_M_BUNDLE = register_magic(b"FSEB", "SESA offline bundle (flwr_fsl.families.sesa.protocol)")
+_M_PIECE = register_magic(
+    b"FSEI", "SESA sealed evaluations plaintext (flwr_fsl.families.sesa.protocol)"
+)
+_M_MASKED = register_magic(b"FSEX", "SESA masked update (flwr_fsl.families.sesa.protocol)")
+_M_REQUEST = register_magic(b"FSED", "SESA evaluation request (flwr_fsl.families.sesa.protocol)")
+_M_EVAL = register_magic(b"FSEE", "SESA evaluation (flwr_fsl.families.sesa.protocol)")
+_M_STATE = register_magic(b"FSEC", "SESA client state (flwr_fsl.families.sesa.protocol)")
 
 
 class SesaError(ClientInputError):

@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.prg import PRGStream
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 _I64 = np.int64
-_MEMO_MAGIC = b"FSRR"
+_MEMO_MAGIC = register_magic(b"FSRR", "randomized-response memo (flwr_fsl.families.sfsl.perturb)")
 _MEMO_VERSION = 1
 MAX_MEMO_INDICES = 1 << 28
 """Most indices a decoded memo may hold (bounds what a corrupted state can allocate)."""

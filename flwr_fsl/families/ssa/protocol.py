@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
     DPFKeyError,
@@ -84,7 +84,8 @@ _VERSION = 1
 _DP_VERSION = (
     2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
 )
-_STATE_MAGIC = b"FSCS"  # SSAClientState binary format (see its docstring)
+# SSAClientState binary format (see its docstring).
+_STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.protocol)")
 _STATE_VERSION = 1
 
 

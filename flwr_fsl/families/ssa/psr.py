@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
@@ -42,7 +42,8 @@ from flwr_fsl.families.ssa.protocol import (
 )
 from flwr_fsl.kernels.ring import binned_inner_products
 
-_STATE_MAGIC = b"FSPQ"  # PSRClientState binary format (see its docstring)
+# PSRClientState binary format (see its docstring).
+_STATE_MAGIC = register_magic(b"FSPQ", "PSR client state (flwr_fsl.families.ssa.psr)")
 _STATE_VERSION = 1
 
 

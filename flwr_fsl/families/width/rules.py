@@ -65,7 +65,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.submodel.layout import TensorSlice, WidthLayout
 
 __all__ = [
@@ -889,7 +889,7 @@ class WidthRule:
 
 # -- what a client is told -------------------------------------------------------------------
 
-_MAGIC = b"FSLW"
+_MAGIC = register_magic(b"FSLW", "width assignment (flwr_fsl.families.width.rules)")
 _VERSION = 1
 _MAX_NAME = 256
 
