@@ -9,7 +9,7 @@
   opened soft labels equal softmax of the plaintext logit sums within the fixed-point error.
   MLP clients keep this seconds-fast; every layer type and the CNNs through the secure flow,
   and the views of each party, are covered by ``tests/families/privhfl/test_strategy.py``
-  (``-k secure``) and ``tests/protocols/test_privhfl*.py``, not repeated here.
+  (``-k secure``) and ``tests/families/privhfl/``, not repeated here.
 """
 
 from __future__ import annotations
