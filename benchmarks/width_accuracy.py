@@ -72,7 +72,6 @@ APP_DIR = REPO / "examples" / "width-mnist"
 sys.path.insert(0, str(APP_DIR))
 
 from width_mnist.client_app import app as client_app  # noqa: E402
-from width_mnist.local import app_run_config  # noqa: E402
 from width_mnist.server_app import (  # noqa: E402
     LABELS,
     accuracy_rows,
@@ -84,6 +83,7 @@ from width_mnist.task import Settings, client_data  # noqa: E402
 
 from flwr_fsl.families.width.rules import CapacityMix  # noqa: E402
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
+from flwr_fsl.testing.local import app_run_config  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 ALL_ARMS = "full,fedrolex,heterofl,random,shards,sesa"
@@ -228,7 +228,7 @@ def run_dataset(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "test-size": args.test_size,
         "seed": args.seed,
     }
-    config = {**app_run_config(args.run_config), **overrides}
+    config = {**app_run_config(APP_DIR, args.run_config), **overrides}
     print(
         f"\n##### {dataset} {args.model}: {args.users} users, {args.rounds} rounds "
         f"({args.engine}) #####",

@@ -312,17 +312,17 @@ def _fedavg_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     import torch
 
     from flwr_fsl.testing import InProcessGrid
+    from flwr_fsl.testing.local import app_run_config
 
     threads = torch.get_num_threads()  # the example's task module pins torch to 1 thread
     sys.path.insert(0, str(SECAGG_APP))
     try:
         from secagg_mnist.client_app import app as client_app
-        from secagg_mnist.local import app_run_config
         from secagg_mnist.server_app import run_experiment
         from secagg_mnist.task import Net
 
         # The app's pyproject defaults under the test's settings, as `flwr run` fuses them.
-        config = {**app_run_config(), **SECAGG_CONFIG, "compare-fedavg": True}
+        config = {**app_run_config(SECAGG_APP), **SECAGG_CONFIG, "compare-fedavg": True}
         torch.manual_seed(int(config["seed"]))  # as run_experiment seeds the initial model
         initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
         result = run_experiment(InProcessGrid(client_app, SECAGG_NODES, config), config)

@@ -26,6 +26,7 @@ from flwr.app import Context
 
 from flwr_fsl.families.privhfl.mod import PrivHFLClient
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.local import app_run_config
 from tests.prepared_data import require_prepared
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "privhfl-fmnist"
@@ -39,7 +40,7 @@ TINY: dict[str, Any] = {
     "secure-queries": 4,
 }
 
-Example = tuple[ModuleType, ModuleType, ModuleType, ModuleType]
+Example = tuple[ModuleType, ModuleType, ModuleType]
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +48,22 @@ def example() -> Iterator[Example]:
     require_prepared("fashion")
     sys.path.insert(0, str(APP_DIR))
     try:
-        from privhfl_fmnist import client_app, local, server_app, task
+        from privhfl_fmnist import client_app, server_app, task
 
-        yield client_app, server_app, local, task
+        yield client_app, server_app, task
     finally:
         sys.path.remove(str(APP_DIR))
 
 
-def _config(local: ModuleType, **overrides: Any) -> dict[str, Any]:
-    return {**local.app_run_config(), **TINY, **overrides}
+def _config(**overrides: Any) -> dict[str, Any]:
+    return {**app_run_config(APP_DIR), **TINY, **overrides}
 
 
 def test_main_runs_and_records_accuracy_before_and_after(
     example: Example, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    client_app, server_app, local, _ = example
-    config = _config(local)
+    client_app, server_app, _ = example
+    config = _config()
     assert callable(server_app.main)
     assert config["answering"] == "plaintext" and config["expansion"] == "mixup"
     grid = InProcessGrid(client_app.app, 3, config)
@@ -83,20 +84,20 @@ def test_main_runs_and_records_accuracy_before_and_after(
 
 
 def test_settings_are_validated(example: Example) -> None:
-    _, _, local, task = example
+    _, _, task = example
     for bad in ({"archs": "vgg7,lenet"}, {"answering": "fhe"}, {"num-queries": 10_000},
                 {"dataset": "cifar"}, {"fraction-answer": 0.0}):  # fmt: skip
         with pytest.raises(ValueError, match="invalid run config"):
-            task.Settings.from_run_config(_config(local, **bad))
+            task.Settings.from_run_config(_config(**bad))
     with pytest.raises(ValueError):
-        local.app_run_config(["no-such-key=1"])
+        app_run_config(APP_DIR, ["no-such-key=1"])
 
 
 @pytest.mark.parametrize("comparison", ["dcf", "drelu"])
 def test_secure_arm_soft_labels_equal_the_plaintext_arm(
     example: Example, monkeypatch: pytest.MonkeyPatch, comparison: str
 ) -> None:
-    client_app, server_app, local, _ = example
+    client_app, server_app, _ = example
     opened: dict[str, dict[int, np.ndarray]] = {"plaintext": {}, "secure": {}}
 
     def spy(name: str, arm: str) -> None:
@@ -114,7 +115,7 @@ def test_secure_arm_soft_labels_equal_the_plaintext_arm(
     spy("_secure_soft_labels", "secure")
     reports = {}
     for arm in ("plaintext", "secure"):
-        config = _config(local, archs="mlp", answering=arm, comparison=comparison)
+        config = _config(archs="mlp", answering=arm, comparison=comparison)
         grid = InProcessGrid(client_app.app, 3, config)
         reports[arm] = server_app.run_experiment(grid, config)
         assert not reports[arm].strategy.dropped.get(1), arm

@@ -24,6 +24,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr_fsl.experiment import load_experiment
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.local import app_run_config
 from tests.prepared_data import require_prepared
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "secagg-mnist"
@@ -37,7 +38,7 @@ TINY: dict[str, Any] = {
 }
 SECAGG_PHASES = {"advertise", "share", "train", "unmask"}
 
-Example = tuple[ModuleType, ModuleType, ModuleType]
+Example = tuple[ModuleType, ModuleType]
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,9 @@ def example() -> Iterator[Example]:
     require_prepared("mnist")
     sys.path.insert(0, str(APP_DIR))
     try:
-        from secagg_mnist import client_app, local, server_app
+        from secagg_mnist import client_app, server_app
 
-        yield client_app, server_app, local
+        yield client_app, server_app
     finally:
         sys.path.remove(str(APP_DIR))
 
@@ -55,9 +56,9 @@ def example() -> Iterator[Example]:
 def test_main_secagg_equals_fedavg_every_round(
     example: Example, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    client_app, server_app, local = example
+    client_app, server_app = example
     # The app's own defaults (pyproject.toml) with the tiny setting on top, as `flwr run` does.
-    config = {**local.app_run_config(), **TINY, "results-dir": str(tmp_path)}
+    config = {**app_run_config(APP_DIR), **TINY, "results-dir": str(tmp_path)}
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
     server_app.main(grid, context)
@@ -95,7 +96,7 @@ def test_main_secagg_equals_fedavg_every_round(
 
 
 def test_a_client_lost_in_the_secagg_train_phase_is_unmasked_away(example: Example) -> None:
-    client_app, server_app, _ = example
+    client_app, server_app = example
     # 4 clients, t = ceil(0.6 * 4) = 3: one may drop. Node 1001 trains, then its masked input
     # is lost on the way (FedAvg's plain train messages reach it as usual).
     config = {**TINY, "num-server-rounds": 1}

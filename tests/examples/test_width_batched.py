@@ -21,6 +21,7 @@ import pytest
 
 from flwr_fsl.families.sesa.mod import SesaNodeState
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.local import app_run_config
 from tests.prepared_data import require_prepared
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "width-mnist"
@@ -37,9 +38,9 @@ def app() -> Iterator[tuple[ModuleType, ...]]:
     require_prepared("mnist")
     sys.path.insert(0, str(APP_DIR))
     try:
-        from width_mnist import batched, client_app, local, server_app, task
+        from width_mnist import batched, client_app, server_app, task
 
-        yield batched, client_app, local, server_app, task
+        yield batched, client_app, server_app, task
     finally:
         sys.path.remove(str(APP_DIR))
 
@@ -49,9 +50,9 @@ def _initial(task: ModuleType) -> dict[str, np.ndarray]:
 
 
 def test_width_arms_equal_the_flower_arms(app: tuple[ModuleType, ...]) -> None:
-    batched, client_app, local, server_app, task = app
+    batched, client_app, server_app, task = app
     arms = ("full", "fedrolex", "heterofl", "random", "shards")
-    config = {**local.app_run_config(), **TINY, "arms": ",".join(arms)}
+    config = {**app_run_config(APP_DIR), **TINY, "arms": ",".join(arms)}
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     result = server_app.run_experiment(grid, config)
     settings = task.Settings.from_run_config(config)
@@ -77,8 +78,8 @@ def test_width_arms_equal_the_flower_arms(app: tuple[ModuleType, ...]) -> None:
 
 
 def test_sesa_arm_equals_the_flower_sesa_arm(app: tuple[ModuleType, ...]) -> None:
-    batched, client_app, local, server_app, task = app
-    config = {**local.app_run_config(), **TINY, "arms": "sesa", "num-server-rounds": 1}
+    batched, client_app, server_app, task = app
+    config = {**app_run_config(APP_DIR), **TINY, "arms": "sesa", "num-server-rounds": 1}
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     result = server_app.run_experiment(grid, config)
     settings = task.Settings.from_run_config(config)
@@ -110,14 +111,14 @@ def test_sesa_arm_equals_the_flower_sesa_arm(app: tuple[ModuleType, ...]) -> Non
 def test_sampling_is_shared_by_the_arms_and_checks_its_input(
     app: tuple[ModuleType, ...],
 ) -> None:
-    batched, _, local, _, task = app
-    settings = task.Settings.from_run_config({**local.app_run_config(), **TINY})
+    batched, _, _, task = app
+    settings = task.Settings.from_run_config({**app_run_config(APP_DIR), **TINY})
     first = batched.sampled_clients(settings, 100, 1)
     assert len(first) == 90 and first == batched.sampled_clients(settings, 100, 1)
     assert first != batched.sampled_clients(settings, 100, 2)
     with pytest.raises(ValueError, match="arm must be one of"):
         batched.BatchedArm("fedavg", settings, _initial(task), [1.0] * 10)
-    cnn = task.Settings.from_run_config({**local.app_run_config(), **TINY, "model": "cnn"})
+    cnn = task.Settings.from_run_config({**app_run_config(APP_DIR), **TINY, "model": "cnn"})
     with pytest.raises(ValueError, match="MLP only"):
         batched.run_batched(cnn, 10, ["full"])
     with pytest.raises(ValueError, match="distinct names"):

@@ -37,6 +37,7 @@ from flwr_fsl.families.sesa.layout import SesaLayout
 from flwr_fsl.families.sesa.mod import SesaNodeState
 from flwr_fsl.families.width.rules import WidthRule
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.local import app_run_config
 from tests.prepared_data import require_prepared
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "width-mnist"
@@ -51,7 +52,7 @@ TINY: dict[str, Any] = {
 }
 ALL_ARMS = "full,fedavg,fedrolex,heterofl,random,shards,sesa"
 
-Example = tuple[ModuleType, ModuleType, ModuleType, ModuleType]
+Example = tuple[ModuleType, ModuleType, ModuleType]
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +60,22 @@ def example() -> Iterator[Example]:
     require_prepared("mnist")
     sys.path.insert(0, str(APP_DIR))
     try:
-        from width_mnist import client_app, local, server_app, task
+        from width_mnist import client_app, server_app, task
 
-        yield client_app, server_app, local, task
+        yield client_app, server_app, task
     finally:
         sys.path.remove(str(APP_DIR))
 
 
-def _config(local: ModuleType, **overrides: Any) -> dict[str, Any]:
-    return {**local.app_run_config(), **TINY, **overrides}
+def _config(**overrides: Any) -> dict[str, Any]:
+    return {**app_run_config(APP_DIR), **TINY, **overrides}
 
 
 def test_main_runs_every_arm_and_full_equals_flower_fedavg(
     example: Example, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    client_app, server_app, local, _ = example
-    config = _config(local, arms=ALL_ARMS, **{"results-dir": str(tmp_path)})
+    client_app, server_app, _ = example
+    config = _config(arms=ALL_ARMS, **{"results-dir": str(tmp_path)})
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
     server_app.main(grid, context)
@@ -144,9 +145,9 @@ def _train_slice(task: ModuleType, client_app: ModuleType, settings: Any, sub: d
 
 
 def test_extraction_arms_equal_an_independent_plaintext_computation(example: Example) -> None:
-    client_app, server_app, local, task = example
+    client_app, server_app, task = example
     arms = ("fedrolex", "heterofl", "random", "shards")
-    config = _config(local, arms=",".join(arms), **{"test-size": 50})
+    config = _config(arms=",".join(arms), **{"test-size": 50})
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     result = server_app.run_experiment(grid, config)
     settings = task.Settings.from_run_config(config)
@@ -184,8 +185,8 @@ def test_extraction_arms_equal_an_independent_plaintext_computation(example: Exa
 def test_sesa_arm_equals_the_plaintext_average_over_the_secretly_chosen_shards(
     example: Example,
 ) -> None:
-    client_app, server_app, local, task = example
-    config = _config(local, arms="sesa", **{"num-server-rounds": 1, "test-size": 50})
+    client_app, server_app, task = example
+    config = _config(arms="sesa", **{"num-server-rounds": 1, "test-size": 50})
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     result = server_app.run_experiment(grid, config)
     settings = task.Settings.from_run_config(config)
@@ -234,7 +235,7 @@ def test_sesa_arm_equals_the_plaintext_average_over_the_secretly_chosen_shards(
 
 
 def test_settings_are_checked_with_the_key_named(example: Example) -> None:
-    _, _, _, task = example
+    _, _, task = example
     for key, value, words in (
         ("dataset", "cifar", "dataset must be one of"),
         ("model", "resnet", "model must be one of"),
@@ -255,7 +256,7 @@ def test_settings_are_checked_with_the_key_named(example: Example) -> None:
 
 
 def test_shard_partition_is_mcmahans_non_iid_split(example: Example) -> None:
-    _, _, _, task = example
+    _, _, task = example
     settings = task.Settings.from_run_config({"max-client-samples": 0})
     parts = [task.client_data(settings, pid, CLIENTS) for pid in range(CLIENTS)]
     sizes = [len(y) for _, y in parts]

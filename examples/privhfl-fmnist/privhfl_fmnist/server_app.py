@@ -17,7 +17,7 @@ types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
 
 :func:`run_experiment` runs it on any :class:`~flwr.serverapp.Grid` and prints each client's
 accuracy before and after, the bytes per phase, and what each party learned;
-``privhfl_fmnist.local`` and the test call it.
+``python -m flwr_fsl.testing.local`` (through ``main``) and the test call it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ prints accuracy, bytes per client and time per round, a summary, what the server
 arm and the largest difference between the two final models.
 
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`;
-``secagg_mnist.local``, the test and the notebook call it with an in-process grid.
+``python -m flwr_fsl.testing.local`` (through ``main``), the test and the
+notebook call it with an in-process grid.
 """
 
 from __future__ import annotations

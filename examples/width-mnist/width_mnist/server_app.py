@@ -20,7 +20,8 @@ each round (``fraction-train = 0.9``: 10% drop out), the same client data and tr
 After the harness's tables it prints :func:`accuracy_table` (final and best accuracy per arm,
 the order of the arms).
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`;
-``width_mnist.local``, the test, the notebook and ``benchmarks/width_accuracy.py`` call it.
+``python -m flwr_fsl.testing.local`` (through ``main``), the test, the notebook and
+``benchmarks/width_accuracy.py`` call it.
 """
 
 from __future__ import annotations
