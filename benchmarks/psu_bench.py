@@ -5,7 +5,7 @@ Run ``python benchmarks/psu_bench.py [--clients 20 40 60 80 100] [--domain 14353
 a domain of 143,534 goods IDs, exact mode (the identity map as the filter, FPR 0, no
 partitions, as they ran it), and per-client sets of ``--set-size`` random IDs (their union of
 100 clients reached 32,904 IDs, about 330 per client). For each client count it runs one full
-round of :mod:`flwr_fsl.families.secagg.protocol` with
+round of :func:`flwr_fsl.families.secagg.protocol.run_round` with
 :func:`flwr_fsl.families.sfsl.psu.client_vector` inputs in one process and reports
 
 * **bytes per client**, up and down, counted from the protocol messages themselves
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.protocol import SecAggParams, run_round
 from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union
 
 MIB = 1 << 20
@@ -46,54 +46,17 @@ def one_round(n: int, domain: int, set_size: int, seed: int, dropout: float) -> 
     psu = PSUParams.exact(domain)
     t = max(2, -(-6 * n // 10))
     params = SecAggParams(1, os.urandom(16), t, psu.vector_length)
-    server = SecAggServer(params)
-    client_s = server_s = 0.0
-    up = down = 0
-
-    def timed_client(fn):  # type: ignore[no-untyped-def]
-        nonlocal client_s
-        start = time.perf_counter()
-        out = fn()
-        client_s += time.perf_counter() - start
-        return out
-
-    def timed_server(fn):  # type: ignore[no-untyped-def]
-        nonlocal server_s
-        start = time.perf_counter()
-        out = fn()
-        server_s += time.perf_counter() - start
-        return out
-
-    clients = {u: timed_client(lambda u=u: SecAggClient(u, params)) for u in sets}
-    for u, c in clients.items():
-        ad = timed_client(c.advertise)
-        up += len(ad)
-        timed_server(lambda u=u, ad=ad: server.add_advertisement(u, ad))
-    roster = timed_server(server.roster)
-    down += n * len(roster)
-    for u, c in clients.items():
-        bundle = timed_client(lambda c=c: c.share_keys(roster))
-        up += len(bundle)
-        timed_server(lambda u=u, b=bundle: server.add_shares(u, b))
-    u2 = timed_server(server.sharers)
-    down += n * 8 * len(u2)
+    start = time.perf_counter()
+    inputs = {u: client_vector(psu, s) for u, s in sets.items()}
+    vectors_s = time.perf_counter() - start
     lost = set(list(sets)[: int(dropout * n)])
-    for u, c in clients.items():
-        if u in lost:
-            continue  # shared its keys, then went silent: the server unmasks it away
-        y = timed_client(lambda u=u, c=c: c.masked_input(u2, client_vector(psu, sets[u])))
-        up += y.nbytes
-        timed_server(lambda u=u, y=y: server.add_masked_input(u, y))
-    for u, c in clients.items():
-        if u in lost:
-            continue
-        request = timed_server(lambda u=u: server.unmask_request(u))
-        down += len(request)
-        reply = timed_client(lambda c=c, r=request: c.unmask(r))
-        up += len(reply)
-        timed_server(lambda u=u, r=reply: server.add_unmask(u, r))
-    total = timed_server(server.result)
-    union = timed_server(lambda: reconstruct_union(psu, total))
+    # Shared their keys, then went silent: the server unmasks them away.
+    out = run_round(inputs, params, dropouts={"mask": lost})
+    client_s = out.client_seconds + vectors_s
+    start = time.perf_counter()
+    union = reconstruct_union(psu, out.total)
+    server_s = out.server_seconds + time.perf_counter() - start
+    up, down = out.up_bytes, out.down_bytes
     kept = [s for u, s in sets.items() if u not in lost]
     exact = bool(np.array_equal(union, np.unique(np.concatenate(kept))))
     return {

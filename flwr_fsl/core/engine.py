@@ -51,11 +51,14 @@ from flwr.supercore import log
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.phases import Phase, PhaseBody
 from flwr_fsl.core.traffic import RoundTraffic, content_bytes
 
 __all__ = ["PhasedStrategy", "RoundState"]
 
 T = TypeVar("T")
+Req = TypeVar("Req", bound=PhaseBody)
+Rep = TypeVar("Rep", bound=PhaseBody)
 
 # How long sampling waits for ``min_available_nodes`` to connect before it re-checks.
 _WAIT_FOR_NODES_S = 1.0
@@ -546,6 +549,76 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         )
         return self.receive(state, phase, replies, parse, shrink=shrink)
 
+    def send_phase(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: Phase[Req, Rep],
+        requests: Mapping[int, Req],
+        *,
+        label: str | None = None,
+        accept: Callable[[int, Rep], object] | None = None,
+        timeout: float | None = None,
+        shrink: bool = True,
+    ) -> dict[int, Rep]:
+        """Send a typed :class:`~flwr_fsl.core.phases.Phase`; return the parsed replies.
+
+        :meth:`send` with the contents built by ``phase.build`` and the replies parsed by
+        ``phase.reply.from_record`` (a reply it rejects drops its node with the reason).
+
+        Parameters
+        ----------
+        grid : Grid
+            The Flower grid.
+        state : RoundState
+            The round.
+        phase : Phase
+            The exchange.
+        requests : Mapping[int, Req]
+            Node id -> its request (one object given to many nodes is encoded once).
+        label : str, optional
+            The traffic row and reply-matching key (default: the phase's name); distinct
+            labels let one round run the same phase for several instances.
+        accept : Callable[[int, Rep], object], optional
+            Called on each parsed reply before it is accepted (e.g. to add it to a protocol
+            server); a :class:`~flwr_fsl.core.errors.ClientInputError` it raises drops the node.
+        timeout, shrink
+            As in :meth:`send`.
+
+        Returns
+        -------
+        dict[int, Rep]
+            Node id -> parsed reply, for the accepted nodes.
+        """
+        return self.send(
+            grid, state, label or phase.name, _phase_contents(phase, requests),
+            phase.message_type, _reply_parser(phase, accept), timeout, shrink=shrink,
+        )  # fmt: skip
+
+    def stream_phase(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: Phase[Req, Rep],
+        requests: Mapping[int, Req],
+        *,
+        label: str | None = None,
+        accept: Callable[[int, Rep], object] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[tuple[int, Rep]]:
+        """Send a typed phase and yield each accepted reply as it arrives (:meth:`stream`).
+
+        Parameters are those of :meth:`send_phase`.
+
+        Yields
+        ------
+        tuple[int, Rep]
+            Node id and parsed reply, for each accepted node.
+        """
+        name = label or phase.name
+        messages = self.prepare(state, name, _phase_contents(phase, requests), phase.message_type)
+        yield from self.stream(grid, state, name, messages, _reply_parser(phase, accept), timeout)
+
     def phase_metrics(self, state: RoundState, phase: str = "train") -> MetricRecord:
         """Mean bytes per client of ``phase`` as metrics (down- and up-bytes-per-client)."""
         traffic = state.phase(phase)
@@ -725,6 +798,30 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                 f"{t.mean_down_bytes / 1e6:>11.4f} {t.mean_up_bytes / 1e6:>10.4f}"
             )
         return "\n".join(lines)
+
+
+def _reply_parser(
+    phase: Phase[Req, Rep], accept: Callable[[int, Rep], object] | None
+) -> Callable[[int, RecordDict], Rep]:
+    def parse(node: int, content: RecordDict) -> Rep:
+        reply = phase.parse_reply(content)
+        if accept is not None:
+            accept(node, reply)  # inside the engine's parse: its ClientInputError drops the node
+        return reply
+
+    return parse
+
+
+def _phase_contents(phase: Phase[Req, Rep], requests: Mapping[int, Req]) -> dict[int, RecordDict]:
+    # One content per distinct request object: shared requests are built and sized once.
+    built: dict[int, RecordDict] = {}
+    contents = {}
+    for node, request in requests.items():
+        key = id(request)
+        if key not in built:
+            built[key] = phase.build(request)
+        contents[node] = built[key]
+    return contents
 
 
 def _reply_problem(

@@ -19,6 +19,9 @@ stacks with :class:`~flwr_fsl.mods.PerturbedRows` in one ClientApp, in either or
 phase, or a SecAgg record whose ``instance`` is not a valid name, is refused
 (:class:`~flwr_fsl.core.errors.ClientInputError`).
 
+The mod is a :class:`~flwr_fsl.core.phases.PhaseMod` over SecAgg's four typed phases
+(:mod:`flwr_fsl.families.secagg.records`); :func:`secagg_mod` is its plain-function form.
+
 The round's secrets (two X25519 private keys, the self-mask seed, this client's own share)
 live in ``Context.state`` between the messages of one round and are replaced by the next
 round's. Error texts name the check that failed, never a value, an index or a weight.
@@ -27,18 +30,40 @@ round's. Error texts name the check that failed, never a value, an index or a we
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase, PhaseMod, phase_name
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, decode_ids
-from flwr_fsl.families.secagg.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
+from flwr_fsl.families.secagg.messages import SecAggSettings
+from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams
+from flwr_fsl.families.secagg.records import (
+    ADVERTISE,
+    MODEL_INSTANCE,
+    SECAGG_KEY,
+    SHARE,
+    TRAIN,
+    UNMASK,
+    AdvertiseReply,
+    AdvertiseRequest,
+    MaskedInputReply,
+    MaskedInputRequest,
+    ShareReply,
+    ShareRequest,
+    UnmaskReply,
+    UnmaskSharesRequest,
+    read_secagg_bytes,
+    record_instance,
+)
 from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = [
     "MODEL_INSTANCE",
+    "SecAggMod",
     "layout_from_config",
     "record_instance",
     "round_client",
@@ -49,9 +74,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MODEL_INSTANCE = "model"
-"""The SecAgg instance :func:`secagg_mod` answers (the one ``SecAggFedAvg`` runs)."""
-
 
 def _slot(instance: str) -> StateSlot[SecAggClient]:
     # One slot per aggregation of a round (Niu runs two: the union and the rows).
@@ -59,51 +81,45 @@ def _slot(instance: str) -> StateSlot[SecAggClient]:
     return StateSlot(name, SecAggClient.to_bytes, SecAggClient.from_bytes)
 
 
-def record_instance(record: ConfigRecord) -> str:
-    """Return the SecAgg instance a message's SecAgg record names (``"model"`` if none).
-
-    Raises
-    ------
-    ClientInputError
-        If the ``instance`` field is not a string that is a Python identifier.
-    """
-    instance = record.get("instance", MODEL_INSTANCE)
-    if not isinstance(instance, str) or not instance.isidentifier():
-        raise ClientInputError("the SecAgg record names no valid instance")
-    return instance
-
-
 def layout_from_config(record: ConfigRecord, shapes: dict[str, tuple[int, ...]]) -> WeightedVector:
     """Rebuild the round's :class:`WeightedVector` from the train message's SecAgg record.
 
+    Parameters
+    ----------
+    record : ConfigRecord
+        The SecAgg record of a ``train`` message (its ``settings`` field is decoded).
+    shapes : dict[str, tuple[int, ...]]
+        The shapes of the arrays the message carries.
+
+    Returns
+    -------
+    WeightedVector
+        The layout the server decodes the sum with.
+
     Raises
     ------
     ClientInputError
-        If a field is missing or of the wrong type, or the settings are invalid.
+        If the settings record is missing or malformed, or names an array the message does
+        not carry.
     """
+    return _layout(
+        SecAggSettings.from_bytes(read_secagg_bytes(RecordDict({SECAGG_KEY: record}), "settings")),
+        shapes,
+    )
+
+
+def _layout(settings: SecAggSettings, shapes: Mapping[str, tuple[int, ...]]) -> WeightedVector:
     try:
-        names = tuple(str(n) for n in record["names"])  # type: ignore[union-attr]
-        metrics = tuple(str(n) for n in record["metrics"])  # type: ignore[union-attr]
-        settings = {
-            k: record[k] for k in ("clip", "max-weight", "max-metric", "frac-bits", "max-clients")
-        }
-    except (KeyError, TypeError) as err:
-        raise ClientInputError("the SecAgg record lacks a layout field") from err
-    if any(n not in shapes for n in names):
-        raise ClientInputError("the SecAgg layout names an array the message does not carry")
-    try:
-        return WeightedVector(
-            names,
-            tuple(shapes[n] for n in names),
-            metrics,
-            float(settings["clip"]),  # type: ignore[arg-type]
-            float(settings["max-weight"]),  # type: ignore[arg-type]
-            float(settings["max-metric"]),  # type: ignore[arg-type]
-            int(settings["frac-bits"]),  # type: ignore[arg-type]
-            int(settings["max-clients"]),  # type: ignore[arg-type]
-        )
-    except (ValueError, TypeError) as err:
-        raise ClientInputError("the SecAgg layout settings are invalid") from err
+        return settings.layout(shapes)
+    except ConfigurationError as err:
+        raise ClientInputError(f"the SecAgg layout does not fit the message: {err}") from err
+
+
+def _load(context: Context, instance: str, params: SecAggParams) -> SecAggClient:
+    client = _slot(instance).load(context)
+    if client is None or client.params != params or client.node != context.node_id:
+        raise ClientInputError("no SecAgg state for this round (its key advertisement was lost)")
+    return client
 
 
 def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggParams]:
@@ -114,12 +130,9 @@ def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggPa
     ClientInputError
         If the message's parameters are malformed or the node holds no state for them.
     """
-    record = msg.content.config_records[SECAGG_KEY]
+    instance = record_instance(msg.content.config_records[SECAGG_KEY])
     params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
-    client = _slot(record_instance(record)).load(context)
-    if client is None or client.params != params or client.node != context.node_id:
-        raise ClientInputError("no SecAgg state for this round (its key advertisement was lost)")
-    return client, params
+    return _load(context, instance, params), params
 
 
 def store_client(msg: Message, context: Context, client: SecAggClient) -> None:
@@ -127,8 +140,113 @@ def store_client(msg: Message, context: Context, client: SecAggClient) -> None:
     _slot(record_instance(msg.content.config_records[SECAGG_KEY])).store(context, client)
 
 
-def _reply(msg: Message, **fields: bytes) -> Message:
-    return Message(RecordDict({SECAGG_KEY: ConfigRecord(dict(fields))}), reply_to=msg)
+# -- the control phases, for every instance ---------------------------------------------------
+def on_advertise(request: AdvertiseRequest, context: Context) -> AdvertiseReply:
+    """AdvertiseKeys: a fresh client for the round, its two public keys."""
+    client = SecAggClient(int(context.node_id), request.params)
+    _slot(request.instance).store(context, client)
+    return AdvertiseReply(client.advertise())
+
+
+def on_share(request: ShareRequest, context: Context) -> ShareReply:
+    """ShareKeys: the shares of this client's secrets, sealed to the roster."""
+    client = _load(context, request.instance, request.params)
+    bundle = client.share_keys(request.roster)
+    _slot(request.instance).store(context, client)
+    return ShareReply(bundle)
+
+
+def on_unmask(request: UnmaskSharesRequest, context: Context) -> UnmaskReply:
+    """Unmask: this client's shares of the survivors' seeds and the dropped clients' keys."""
+    client = _load(context, request.instance, request.params)
+    answer = client.unmask(request.request)
+    _slot(request.instance).store(context, client)
+    return UnmaskReply(answer)
+
+
+_CONTROL: dict[str, tuple[Phase[Any, Any], Callable[[Any, Context], Any]]] = {
+    ADVERTISE.name: (ADVERTISE, on_advertise),
+    SHARE.name: (SHARE, on_share),
+    UNMASK.name: (UNMASK, on_unmask),
+}
+
+
+def secagg_control(msg: Message, context: Context) -> Message | None:
+    """Answer a SecAgg control phase (advertise, share, unmask) of any instance.
+
+    Returns None for other messages (the masked phase is the caller's: it knows the vector).
+
+    Raises
+    ------
+    ClientInputError
+        If the SecAgg message is malformed or inconsistent with this node's state.
+    """
+    control = _CONTROL.get(phase_name(msg.content, SECAGG_KEY) or "")
+    if control is None:
+        return None
+    phase, handler = control
+    return Message(handler(phase.parse_request(msg.content), context).to_record(), reply_to=msg)
+
+
+class SecAggMod(PhaseMod):
+    """The client side of ``SecAggFedAvg`` (the module docstring) as a phase mod."""
+
+    family: ClassVar[str] = SECAGG_KEY
+    title: ClassVar[str] = "SecAgg"
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {
+        p.name: p for p in (ADVERTISE, SHARE, TRAIN, UNMASK)
+    }
+
+    def owns(self, content: RecordDict) -> bool:
+        """Only instance ``"model"``: other aggregations' messages go to their own mods."""
+        return record_instance(content.config_records[SECAGG_KEY]) == MODEL_INSTANCE
+
+    on_advertise = staticmethod(on_advertise)
+    on_share = staticmethod(on_share)
+    on_unmask = staticmethod(on_unmask)
+
+    @staticmethod
+    def on_train(
+        request: MaskedInputRequest, context: Context, train: Callable[[], Message]
+    ) -> MaskedInputReply | Message:
+        """MaskedInput: run the user's train function, mask its weighted update."""
+        client = _load(context, request.instance, request.params)
+        arrays = list(request.beside.array_records.values())
+        if len(arrays) != 1:
+            raise ClientInputError("a SecAgg train message must carry one ArrayRecord")
+        model = {k: a.numpy() for k, a in arrays[0].items()}
+        layout = _layout(request.settings, {k: tuple(v.shape) for k, v in model.items()})
+        if layout.length != request.params.vector_length:
+            raise ClientInputError("the SecAgg layout does not match the round's vector length")
+        # Extra records do not disturb a train function that reads its usual keys.
+        reply = train()
+        if reply.has_error():
+            return reply  # this client drops out of the round; its masks are removed in Unmask
+        content = reply.content
+        trained_records = list(content.array_records.values())
+        metric_records = list(content.metric_records.values())
+        if len(trained_records) != 1 or len(metric_records) != 1:
+            raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
+        metrics = metric_records[0]
+        weight_key = request.settings.weight_key
+        weight = metrics.get(weight_key)
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ClientInputError(f"the train reply lacks a numeric {weight_key!r}")
+        numbers = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        trained = {k: a.numpy() for k, a in trained_records[0].items()}
+        vector, clipped = layout.encode(model, trained, float(weight), numbers)
+        if clipped:
+            log.warning("secagg_mod: %d update coordinates clipped to the clipping range", clipped)
+        masked = client.masked_input(request.sharers, vector)
+        _slot(request.instance).store(context, client)
+        return MaskedInputReply(masked)
+
+
+_MOD = SecAggMod()
 
 
 def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -156,87 +274,4 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         inconsistent with this client's state, or a SecAgg record names no valid instance
         (Flower turns it into an error reply; the server drops the client from the round).
     """
-    record = msg.content.config_records.get(SECAGG_KEY)
-    if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
-        return call_next(msg, context)
-    if record_instance(record) != MODEL_INSTANCE:
-        return call_next(msg, context)  # another aggregation's message: its own mod answers
-    answer = secagg_control(msg, context)
-    if answer is not None:
-        return answer
-    if record.get("phase") == "train":
-        return _train(msg, context, call_next)
-    raise ClientInputError("unknown SecAgg phase")
-
-
-def secagg_control(msg: Message, context: Context) -> Message | None:
-    """Answer a SecAgg control phase (advertise, share, unmask) of any instance.
-
-    Returns None for other messages (the masked phase is the caller's: it knows the vector).
-
-    Raises
-    ------
-    ClientInputError
-        If the SecAgg message is malformed or inconsistent with this node's state.
-    """
-    record = msg.content.config_records.get(SECAGG_KEY)
-    if record is None:
-        return None
-    phase = record.get("phase")
-    if phase == "advertise":
-        params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
-        client = SecAggClient(int(context.node_id), params)
-        store_client(msg, context, client)
-        return _reply(msg, advertise=client.advertise())
-    if phase == "share":
-        client, _ = round_client(msg, context)
-        bundle = client.share_keys(read_secagg_bytes(msg.content, "roster"))
-        store_client(msg, context, client)
-        return _reply(msg, shares=bundle)
-    if phase == "unmask":
-        client, _ = round_client(msg, context)
-        answer = client.unmask(read_secagg_bytes(msg.content, "request"))
-        store_client(msg, context, client)
-        return _reply(msg, unmask=answer)
-    return None
-
-
-def _train(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    client, params = round_client(msg, context)
-    record = msg.content.config_records[SECAGG_KEY]
-    sharers, _ = decode_ids(read_secagg_bytes(msg.content, "sharers"))
-    weight_key = record.get("weight-key")
-    if not isinstance(weight_key, str):
-        raise ClientInputError("the SecAgg record lacks the weight key")
-    arrays = [r for r in msg.content.array_records.values()]
-    if len(arrays) != 1:
-        raise ClientInputError("a SecAgg train message must carry one ArrayRecord")
-    model = {k: a.numpy() for k, a in arrays[0].items()}
-    layout = layout_from_config(record, {k: tuple(v.shape) for k, v in model.items()})
-    if layout.length != params.vector_length:
-        raise ClientInputError("the SecAgg layout does not match the round's vector length")
-    # Extra records do not disturb a train function that reads its usual keys.
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply  # this client drops out of the round; its masks are removed in Unmask
-    content = reply.content
-    trained_records = list(content.array_records.values())
-    metric_records = list(content.metric_records.values())
-    if len(trained_records) != 1 or len(metric_records) != 1:
-        raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
-    metrics = metric_records[0]
-    weight = metrics.get(weight_key)
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise ClientInputError(f"the train reply lacks a numeric {weight_key!r}")
-    numbers = {
-        k: float(v)
-        for k, v in metrics.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    trained = {k: a.numpy() for k, a in trained_records[0].items()}
-    vector, clipped = layout.encode(model, trained, float(weight), numbers)
-    if clipped:
-        log.warning("secagg_mod: %d update coordinates clipped to the clipping range", clipped)
-    masked = client.masked_input(sharers, vector)
-    store_client(msg, context, client)
-    return Message(masked_input_record(masked), reply_to=msg)
+    return _MOD(msg, context, call_next)

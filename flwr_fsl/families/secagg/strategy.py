@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO
 from typing import Any
 
@@ -59,9 +59,20 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
-from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer, encode_ids
-from flwr_fsl.families.secagg.records import SECAGG_KEY, read_masked_input, read_secagg_bytes
-from flwr_fsl.families.secagg.vector import WeightedVector
+from flwr_fsl.families.secagg.messages import SecAggSettings
+from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.records import (
+    ADVERTISE,
+    MODEL_INSTANCE,
+    SHARE,
+    TRAIN,
+    UNMASK,
+    AdvertiseRequest,
+    MaskedInputReply,
+    MaskedInputRequest,
+    ShareRequest,
+    UnmaskSharesRequest,
+)
 
 __all__ = ["SecAggFedAvg", "SecAggPhases"]
 
@@ -70,29 +81,34 @@ __all__ = ["SecAggFedAvg", "SecAggPhases"]
 class SecAggPhases:
     """Bonawitz's phases on the round engine, for any vector: a component a strategy holds.
 
-    Every phase is a ``train`` message whose SecAgg record names the phase and the
-    ``instance`` (so one round can run several aggregations, e.g. Niu's union and rows); the
-    client side is :func:`flwr_fsl.families.secagg.mod.secagg_control` (and the caller's own handler
-    of the masked phase). Phase names in the round's traffic are the SecAgg phases, prefixed
-    with the instance unless it is ``"model"``.
+    Every phase is a typed :class:`~flwr_fsl.core.phases.Phase` of
+    :mod:`flwr_fsl.families.secagg.records`, sent with
+    :meth:`~flwr_fsl.core.engine.PhasedStrategy.send_phase`; its record names the
+    ``instance`` (so one round can run several aggregations, e.g. Niu's union and rows). The
+    client side is :func:`flwr_fsl.families.secagg.mod.secagg_control` (and the caller's own
+    handler of the masked phase). Phase names in the round's traffic are the SecAgg phases,
+    prefixed with the instance unless it is ``"model"``.
 
     Parameters
     ----------
     strategy : PhasedStrategy
-        The strategy whose :meth:`~PhasedStrategy.send` / :meth:`~PhasedStrategy.stream` run
-        the phases (drops, timeouts, traffic).
+        The strategy whose :meth:`~PhasedStrategy.send_phase` / :meth:`~PhasedStrategy.stream`
+        run the phases (drops, timeouts, traffic).
     instance : str
         The aggregation's name within a round.
     """
 
     strategy: PhasedStrategy
-    instance: str = "model"
+    instance: str = MODEL_INSTANCE
 
     def _phase(self, phase: str) -> str:
-        return phase if self.instance == "model" else f"{self.instance}-{phase}"
+        return phase if self.instance == MODEL_INSTANCE else f"{self.instance}-{phase}"
 
     def record(self, params: SecAggParams, phase: str, **fields: Any) -> ConfigRecord:
-        """Return the SecAgg record of one message: phase, instance, parameters, ``fields``."""
+        """Return the SecAgg record of one of the caller's own phases (e.g. SFSL's ``perturb``).
+
+        Phase, instance, parameters, then ``fields``: the layout of every SecAgg record.
+        """
         return ConfigRecord(
             {"phase": phase, "instance": self.instance, "params": params.to_bytes(), **fields}
         )
@@ -108,19 +124,32 @@ class SecAggPhases:
             If fewer than ``t`` clients are left after either phase (the round fails).
         """
         server = SecAggServer(params)
-        ad = RecordDict({SECAGG_KEY: self.record(params, "advertise")})
-        self.strategy.send(
-            grid, state, self._phase("advertise"), dict.fromkeys(nodes, ad), MessageType.TRAIN,
-            lambda n, c: server.add_advertisement(n, read_secagg_bytes(c, "advertise")),
+        self.strategy.send_phase(
+            grid, state, ADVERTISE, dict.fromkeys(nodes, AdvertiseRequest(params, self.instance)),
+            label=self._phase("advertise"),
+            accept=lambda n, reply: server.add_advertisement(n, reply.advertise),
         )  # fmt: skip
-        roster = RecordDict({SECAGG_KEY: self.record(params, "share", roster=server.roster())})
+        roster = ShareRequest(params, server.roster(), self.instance)
         members = [n for n in nodes if n in state.survivors]
-        self.strategy.send(
-            grid, state, self._phase("share"), dict.fromkeys(members, roster), MessageType.TRAIN,
-            lambda n, c: server.add_shares(n, read_secagg_bytes(c, "shares")),
+        self.strategy.send_phase(
+            grid, state, SHARE, dict.fromkeys(members, roster), label=self._phase("share"),
+            accept=lambda n, reply: server.add_shares(n, reply.shares),
         )  # fmt: skip
         server.sharers()
         return server
+
+    def train(
+        self, grid: Grid, state: RoundState, server: SecAggServer, request: MaskedInputRequest
+    ) -> None:
+        """Send the typed masked-input phase to ``U2``; add each reply to the sum as it arrives."""
+        asked = dict.fromkeys((n for n in server.sharers() if n in state.survivors), request)
+        stream = self.strategy.stream_phase(
+            grid, state, TRAIN, asked, label=self._phase(TRAIN.name),
+            # In the engine's parse: a vector of the wrong length (SecAggError) drops its node.
+            accept=lambda n, reply: server.add_masked_input(n, reply.masked),
+        )  # fmt: skip
+        for _ in stream:
+            pass
 
     def masked(
         self,
@@ -130,15 +159,19 @@ class SecAggPhases:
         contents: Mapping[int, RecordDict],
         phase: str = "train",
     ) -> None:
-        """Send the masked-input messages and add each reply to the sum as it arrives."""
+        """Send the caller's own masked-input messages; add each reply to the sum as it arrives.
+
+        For vectors other than :class:`WeightedVector` (SFSL's union and rows), whose train
+        messages carry the caller's own fields; the reply is the typed masked input.
+        """
         asked = {n: c for n, c in contents.items() if n in state.survivors}
         name = self._phase(phase)
         messages = self.strategy.prepare(state, name, asked, MessageType.TRAIN)
 
-        def parse(node: int, content: RecordDict) -> None:
-            rows = server.rows_of(node)
-            size = server.params.vector_length if rows is None else rows.size
-            server.add_masked_input(node, read_masked_input(content, size))
+        def parse(node: int, content: RecordDict) -> MaskedInputReply:
+            reply = TRAIN.parse_reply(content)
+            server.add_masked_input(node, reply.masked)  # SecAggError drops the node
+            return reply
 
         for _ in self.strategy.stream(grid, state, name, messages, parse):
             pass
@@ -152,16 +185,13 @@ class SecAggPhases:
             If too few survivors answer or the shares are inconsistent.
         """
         params = server.params
-        self.strategy.send(
-            grid, state, self._phase("unmask"),
-            {
-                n: RecordDict(
-                    {SECAGG_KEY: self.record(params, "unmask", request=server.unmask_request(n))}
-                )
-                for n in server.survivors
-            },
-            MessageType.TRAIN,
-            lambda n, c: server.add_unmask(n, read_secagg_bytes(c, "unmask")),
+        requests = {
+            n: UnmaskSharesRequest(params, server.unmask_request(n), self.instance)
+            for n in server.survivors
+        }
+        self.strategy.send_phase(
+            grid, state, UNMASK, requests, label=self._phase("unmask"),
+            accept=lambda n, reply: server.add_unmask(n, reply.unmask),
         )  # fmt: skip
         return server.result()
 
@@ -245,30 +275,21 @@ evaluate_metrics_aggr_fn, sampling_seed
             raise ConfigurationError(
                 f"reconstruction_threshold as a fraction must be in (0, 1], got {t}"
             )
-        if isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 2:
-            raise ConfigurationError(f"max_clients must be an int >= 2, got {max_clients!r}")
-        if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
-            raise ConfigurationError(f"frac_bits must be an int, got {frac_bits!r}")
-        metrics = tuple(train_metrics)
-        if any(not isinstance(m, str) or not m or m == weighted_by_key for m in metrics):
-            raise ConfigurationError("train_metrics must be metric names other than the weight")
         self.reconstruction_threshold = t
-        self.clipping_range = float(clipping_range)
-        self.max_metric = float(max_metric)
-        self.frac_bits = frac_bits
-        self.max_clients = max_clients
-        self.train_metrics = metrics
-        # Validates the fixed point for the largest round now, before round 1.
+        # Validated once, here, before round 1 (fixed-point overflow included); each round
+        # sends it with the model's array names as the train request's settings record.
         try:
-            WeightedVector(
-                ("w",), ((1,),), metrics, self.clipping_range, float(max_weight),
-                self.max_metric, frac_bits, max_clients,
+            self.settings = SecAggSettings(
+                tuple(train_metrics), weighted_by_key, clipping_range, self.max_weight,
+                max_metric, frac_bits, max_clients,
             )  # fmt: skip
         except ConfigurationError as err:
-            raise ConfigurationError(
-                f"SecAggFedAvg (clipping_range / max_weight / max_metric / frac_bits / "
-                f"max_clients): {err}"
-            ) from err
+            raise ConfigurationError(f"SecAggFedAvg: {err}") from err
+        self.clipping_range = self.settings.clip
+        self.max_metric = self.settings.max_metric
+        self.frac_bits = self.settings.frac_bits
+        self.max_clients = self.settings.max_clients
+        self.train_metrics = self.settings.metrics
         self.session = os.urandom(16)
 
     def threshold_for(self, sampled: int) -> int:
@@ -299,16 +320,8 @@ evaluate_metrics_aggr_fn, sampling_seed
             raise RoundFailedError(
                 f"{len(nodes)} clients sampled, max_clients is {self.max_clients}"
             )
-        layout = WeightedVector(
-            tuple(model),
-            tuple(tuple(v.shape) for v in model.values()),
-            self.train_metrics,
-            self.clipping_range,
-            self.max_weight,
-            self.max_metric,
-            self.frac_bits,
-            self.max_clients,
-        )
+        settings = replace(self.settings, names=tuple(model))
+        layout = settings.layout({k: tuple(v.shape) for k, v in model.items()})
         t = self.threshold_for(len(nodes))
         if len(nodes) < t:
             raise RoundFailedError(f"{len(nodes)} clients sampled, fewer than t = {t}")
@@ -316,31 +329,22 @@ evaluate_metrics_aggr_fn, sampling_seed
         state.protocol = params
         phases = SecAggPhases(self)
         server = phases.keys(grid, state, nodes, params)
-        # MaskedInput: the train message, streamed into the running sum.
-        train = RecordDict(
+        # MaskedInput: the train message (model and config as FedAvg sends them), streamed
+        # into the running sum.
+        beside = RecordDict(
             {
                 self.arrayrecord_key: arrays,
                 self.configrecord_key: ConfigRecord(
                     {**dict(config), "server-round": state.server_round}
                 ),
-                SECAGG_KEY: phases.record(
-                    params,
-                    "train",
-                    sharers=encode_ids(server.sharers()),
-                    names=list(layout.names),
-                    metrics=list(layout.metrics),
-                    clip=layout.clip,
-                    **{
-                        "max-weight": layout.max_weight,
-                        "max-metric": layout.max_metric,
-                        "frac-bits": layout.frac_bits,
-                        "max-clients": layout.max_clients,
-                        "weight-key": self.weighted_by_key,
-                    },
-                ),
             }
         )
-        phases.masked(grid, state, server, dict.fromkeys(server.sharers(), train))
+        phases.train(
+            grid,
+            state,
+            server,
+            MaskedInputRequest(params, server.sharers(), settings, beside=beside),
+        )
         survivors = server.survivors
         total = phases.unmask(grid, state, server)
         new, metrics, _ = layout.decode(total, model)

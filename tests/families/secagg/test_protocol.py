@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.families.secagg.protocol import (
     SecAggClient,
     SecAggError,
@@ -23,6 +22,7 @@ from flwr_fsl.families.secagg.protocol import (
     pair_mask,
     self_mask,
 )
+from flwr_fsl.families.secagg.protocol import run_round as secagg_round
 
 U64 = np.uint64
 
@@ -49,54 +49,24 @@ def run_round(
     view: dict | None = None,
     vectors: dict[int, np.ndarray] | None = None,
 ):  # type: ignore[no-untyped-def]
-    """One round; ``drop[phase]`` = clients silent from that phase on ('share', 'mask',
-    'unmask'). Each client's state goes through its byte codec between messages, as the mod
-    keeps it in ``Context.state``. Returns (the server's result or its RoundFailedError, the
+    """One round of the library driver; ``drop[phase]`` = clients silent from that phase on
+    ('share', 'mask', 'unmask'). Each client's state goes through its byte codec between
+    messages, as the mod keeps it in ``Context.state``. Returns (the server's result, the
     plaintext sum of U3's vectors, the server)."""
-    drop = {k: set(v) for k, v in (drop or {}).items()}
     rng = np.random.default_rng(seed)
     nodes = nodes or [1000 + 7 * i for i in range(n)]
     params = _params(t, m)
-    state = {u: SecAggClient(u, params).to_bytes() for u in nodes}
     x = vectors or {u: rng.integers(0, 2**64, m, dtype=U64) for u in nodes}
-    server = SecAggServer(params)
-
-    def step(u, action):  # type: ignore[no-untyped-def]
-        client = SecAggClient.from_bytes(state[u])
-        out = action(client)
-        state[u] = client.to_bytes()
-        return out
-
-    for u in nodes:
-        server.add_advertisement(u, step(u, lambda c: c.advertise()))
-    roster = server.roster()
-    gone = set(drop.get("share", set()))
-    for u in nodes:
-        if u not in gone:
-            server.add_shares(u, step(u, lambda c: c.share_keys(roster)))
-    u2 = server.sharers()
-    gone |= drop.get("mask", set())
-    masked = {}
-    for u in u2:
-        if u not in gone:
-            masked[u] = step(u, lambda c: c.masked_input(u2, x[u]))  # noqa: B023
-            server.add_masked_input(u, masked[u])
-    gone |= drop.get("unmask", set())
-    u3 = server.survivors
-    for u in u3:
-        if u not in gone:
-            request = server.unmask_request(u)
-            server.add_unmask(u, step(u, lambda c: c.unmask(request)))  # noqa: B023
+    out = secagg_round(x, params, dropouts=drop, persist=True)
     if view is not None:
-        clients = {u: SecAggClient.from_bytes(b) for u, b in state.items()}
-        view.update(params=params, clients=clients, x=x, y=masked, server=server, u3=u3)
+        view.update(
+            params=params, clients=out.clients, x=x, y=out.masked, server=out.server,
+            u3=out.survivors,
+        )  # fmt: skip
     expected = np.zeros(m, dtype=U64)
-    for u in u3:
+    for u in out.survivors:
         expected += x[u]
-    try:
-        return server.result(), expected, server
-    except RoundFailedError as err:
-        return err, expected, server
+    return out.total, expected, out.server
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.2, 0.3])
@@ -120,8 +90,8 @@ def test_dropouts_beyond_the_threshold_fail_cleanly() -> None:
     with pytest.raises(TooFewSurvivorsError, match="6 masked inputs"):
         run_round(n, t, m, nodes=nodes, drop={"mask": set(nodes[:4])})
     # Enough masked inputs, but four go silent in Unmask: 6 shares of each secret < t.
-    result, _, _ = run_round(n, t, m, nodes=nodes, drop={"unmask": set(nodes[:4])})
-    assert isinstance(result, TooFewSurvivorsError) and "shares" in str(result)
+    with pytest.raises(TooFewSurvivorsError, match="shares"):
+        run_round(n, t, m, nodes=nodes, drop={"unmask": set(nodes[:4])})
     # Too few share their keys: the server refuses before masked inputs.
     with pytest.raises(TooFewSurvivorsError):
         run_round(n, t, m, nodes=nodes, drop={"share": set(nodes[:4])})
@@ -393,36 +363,16 @@ def test_words_at_positions_are_the_ctr_stream_words() -> None:
     assert _words_at(key, np.zeros(0, np.int64), 1001).size == 0
 
 
-def subset_round(
-    rows: dict[int, np.ndarray], m: int, t: int, *, drop_after_share=(), drop_after_mask=()
-):  # type: ignore[no-untyped-def]
+def subset_round(rows: dict[int, np.ndarray], m: int, t: int, *, drop_after_mask=()):  # type: ignore[no-untyped-def]
+    """A subset round of the library driver (the shared rows through their strict codec)."""
     rng = np.random.default_rng(5)
     params = _params(t, m)
-    clients = {u: SecAggClient(u, params) for u in rows}
-    server = SecAggServer(params)
-    for u, c in clients.items():
-        server.add_advertisement(u, c.advertise())
-    roster = server.roster()
-    for u, c in clients.items():
-        if u not in drop_after_share:
-            server.add_shares(u, c.share_keys(roster))
-    u2 = server.sharers()
-    shared = server.assign_rows({u: rows[u] for u in u2})
-    x = {u: rng.integers(0, 2**64, rows[u].size, dtype=U64) for u in u2}
-    for u in u2:
-        # The shared rows travel as bytes: through their strict codec.
-        from flwr_fsl.families.secagg.protocol import decode_rows, encode_rows
-
-        wire = decode_rows(encode_rows(shared[u]), m)
-        y = clients[u].masked_input(u2, x[u], rows=rows[u], shared_rows=wire)
-        if u not in drop_after_mask:
-            server.add_masked_input(u, y)
-    for u in server.survivors:
-        server.add_unmask(u, clients[u].unmask(server.unmask_request(u)))
+    x = {u: rng.integers(0, 2**64, rows[u].size, dtype=U64) for u in sorted(rows)}
+    out = secagg_round(x, params, rows=rows, dropouts={"mask": set(drop_after_mask)}, persist=True)
     expected = np.zeros(m, dtype=U64)
-    for u in server.survivors:
+    for u in out.survivors:
         expected[rows[u]] += x[u]
-    return server, expected
+    return out.server, expected
 
 
 @settings(max_examples=25, deadline=None)

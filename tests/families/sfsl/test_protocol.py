@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.protocol import SecAggParams
+from flwr_fsl.families.secagg.protocol import run_round as secagg_round
 from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams, perturb_index_set
 from flwr_fsl.families.sfsl.protocol import RowVector
 from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union
@@ -35,24 +36,11 @@ def full_round(m: int, d: int, sets: dict[int, np.ndarray], rr: RRParams, drop=(
         counts[u] = {int(r): int(rng.integers(1, 20)) for r in kept}
     # Alg. 1 lines 7-9: one subset SecAgg round over the rows' participants.
     params = SecAggParams(1, os.urandom(16), 2, layout.length)
-    clients = {u: SecAggClient(u, params) for u in sets}
-    server = SecAggServer(params)
-    for u, c in clients.items():
-        server.add_advertisement(u, c.advertise())
-    roster = server.roster()
-    for u, c in clients.items():
-        server.add_shares(u, c.share_keys(roster))
-    u2 = server.sharers()
-    rows = {u: layout.positions(perturbed[u]) for u in u2}
-    shared = server.assign_rows(rows)
-    for u in u2:
-        x = layout.encode(perturbed[u], deltas[u], counts[u])
-        y = clients[u].masked_input(u2, x, rows=rows[u], shared_rows=shared[u])
-        if u not in drop:
-            server.add_masked_input(u, y)
-    for u in server.survivors:
-        server.add_unmask(u, clients[u].unmask(server.unmask_request(u)))
-    got_rows, mean, total = layout.decode(server.result())
+    rows = {u: layout.positions(perturbed[u]) for u in sets}
+    inputs = {u: layout.encode(perturbed[u], deltas[u], counts[u]) for u in sets}
+    out = secagg_round(inputs, params, rows=rows, dropouts={"mask": set(drop)})
+    server = out.server
+    got_rows, mean, total = layout.decode(out.total)
     # Plaintext count-weighted average over the survivors.
     num: dict[int, np.ndarray] = {}
     den: dict[int, float] = {}

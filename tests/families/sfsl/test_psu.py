@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.protocol import SecAggParams, run_round
 from flwr_fsl.families.sfsl.psu import PSUParams, client_vector, reconstruct_union, union_report
 
 
@@ -20,19 +20,7 @@ def secure_sum(vectors: dict[int, np.ndarray], t: int = 2) -> np.ndarray:
     """The vectors' sum through a full SecAgg round (no dropouts)."""
     length = next(iter(vectors.values())).size
     params = SecAggParams(1, os.urandom(16), t, length)
-    clients = {u: SecAggClient(u, params) for u in vectors}
-    server = SecAggServer(params)
-    for u, c in clients.items():
-        server.add_advertisement(u, c.advertise())
-    roster = server.roster()
-    for u, c in clients.items():
-        server.add_shares(u, c.share_keys(roster))
-    u2 = server.sharers()
-    for u, c in clients.items():
-        server.add_masked_input(u, c.masked_input(u2, vectors[u]))
-    for u, c in clients.items():
-        server.add_unmask(u, c.unmask(server.unmask_request(u)))
-    return server.result()
+    return run_round(vectors, params).total
 
 
 def test_exact_mode_recovers_the_union_exactly_through_secagg() -> None:

@@ -1,0 +1,1 @@
+"""Tests of ``flwr_fsl.core``: the round engine's typed phase contract."""
