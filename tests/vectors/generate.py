@@ -778,6 +778,26 @@ def client_state_vectors() -> dict[str, Any]:
     }
 
 
+def secagg_settings_vectors() -> dict[str, Any]:
+    """SecAgg's one versioned settings record (``FSAS``): defaults and a full set of fields."""
+    from flwr_fsl.families.secagg.messages import SecAggSettings
+
+    full = SecAggSettings(
+        names=("conv.weight", "fc.bias"),
+        metrics=("train_loss", "train_acc"),
+        weight_key="num-examples",
+        clip=4.0,
+        max_weight=1e5,
+        max_metric=1e3,
+        frac_bits=20,
+        max_clients=500,
+    )
+    return {
+        "default": SecAggSettings().to_bytes().hex(),
+        "full": full.to_bytes().hex(),
+    }
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -796,6 +816,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "perturb": perturb_vectors,
     "union": union_vectors,
     "client-state": client_state_vectors,
+    "secagg-settings": secagg_settings_vectors,
 }
 
 

@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = ["SETTINGS_MAGIC", "SETTINGS_VERSION", "SecAggSettings"]
 
-SETTINGS_MAGIC = b"FSAS"
+SETTINGS_MAGIC = register_magic(b"FSAS", "SecAgg settings (flwr_fsl.families.secagg.messages)")
 """First bytes of an encoded :class:`SecAggSettings`."""
 SETTINGS_VERSION = 1
 """The settings format's version."""
