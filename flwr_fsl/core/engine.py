@@ -54,7 +54,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFail
 from flwr_fsl.core.phases import Phase, PhaseBody
 from flwr_fsl.core.traffic import RoundTraffic, content_bytes
 
-__all__ = ["PhasedStrategy", "RoundState"]
+__all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
 
 T = TypeVar("T")
 Req = TypeVar("Req", bound=PhaseBody)
@@ -822,6 +822,61 @@ def _phase_contents(phase: Phase[Req, Rep], requests: Mapping[int, Req]) -> dict
             built[key] = phase.build(request)
         contents[node] = built[key]
     return contents
+
+
+class MultiPhaseStrategy(PhasedStrategy):
+    """A strategy whose round is several message phases, run by its own :meth:`train_round`.
+
+    Flower's ``configure_train`` / ``aggregate_train`` pair describes a round of one train
+    message and its replies; a multi-phase round (key advertisement before training, unmasking
+    after it, a retrieval phase first) cannot be split into that pair without skipping a step
+    or running it where a caller does not expect it. So the pair is refused with a
+    :class:`~flwr_fsl.core.errors.ConfigurationError` that names the strategy, its phases and
+    what to do instead, raised by the first call — before anything is sent. A Flower wrapper
+    or loop that drives the pair (Flower's DP strategy wrappers, a custom ``Strategy.start``)
+    therefore stops at round 1 with that message instead of running a partial protocol
+    (e.g. noise added to an aggregate whose clipping never ran). :meth:`start`,
+    ``configure_evaluate`` / ``aggregate_evaluate`` and ``summary`` work as in
+    :class:`PhasedStrategy`.
+    """
+
+    PHASES: tuple[str, ...] = ()
+    """The round's message phases, named in the refusal."""
+
+    def _refusal(self, method: str) -> ConfigurationError:
+        name = type(self).__name__
+        phases = ", ".join(self.PHASES) or "several phases"
+        return ConfigurationError(
+            f"{name}.{method} is not available: a {name} round is several message phases "
+            f"({phases}) that one configure_train/aggregate_train pair cannot carry. Run it with "
+            f"{name}.start(grid, initial_arrays, num_rounds, ...); Flower's strategy wrappers "
+            "(e.g. its DP wrappers) and loops that drive configure_train/aggregate_train "
+            "cannot wrap it"
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Refuse: the round has several phases (class docstring).
+
+        Raises
+        ------
+        ConfigurationError
+            Always, naming the strategy and its phases.
+        """
+        raise self._refusal("configure_train")
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Refuse: the round has several phases (class docstring).
+
+        Raises
+        ------
+        ConfigurationError
+            Always, naming the strategy and its phases.
+        """
+        raise self._refusal("aggregate_train")
 
 
 def _reply_problem(

@@ -79,17 +79,17 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
-from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.families.privhfl.flow import (
@@ -158,7 +158,7 @@ def _positive_float(name: str, value: float) -> float:
     return float(value)
 
 
-class PrivHFL(PhasedStrategy):
+class PrivHFL(MultiPhaseStrategy):
     """PrivHFL's rounds: local training, query generation, answering, re-training (module doc).
 
     Parameters
@@ -217,6 +217,8 @@ min_available_nodes, sampling_seed
         Round (0: after local training) -> node -> its evaluation metrics (``accuracy``,
         ``loss``, ``num-examples``, ``num-parameters``).
     """
+
+    PHASES = ("local", "generate", "answer", "retrain")
 
     def __init__(
         self,
@@ -345,13 +347,6 @@ min_available_nodes, sampling_seed
         return RecordDict({PRIVHFL_KEY: config.to_record(), **records})
 
     # -- Flower's single-phase pair is not how PrivHFL runs -----------------------------------
-    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
-        """Not available: a PrivHFL round is several phases; run it with :meth:`start`."""
-        raise NotImplementedError("PrivHFL runs its rounds in start() (several phases)")
-
-    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
-        """Not available: a PrivHFL round is several phases; run it with :meth:`start`."""
-        raise NotImplementedError("PrivHFL runs its rounds in start() (several phases)")
 
     def run(self, grid: Grid, num_rounds: int = 1, timeout: float = 3600) -> Result:
         """Run ``num_rounds`` PrivHFL iterations (``start`` with an empty model record)."""

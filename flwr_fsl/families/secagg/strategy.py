@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from logging import INFO
 from typing import Any
@@ -48,7 +48,6 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -57,7 +56,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.families.secagg.messages import SecAggSettings
 from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer
@@ -196,7 +195,7 @@ class SecAggPhases:
         return server.result()
 
 
-class SecAggFedAvg(PhasedStrategy):
+class SecAggFedAvg(MultiPhaseStrategy):
     """Flower ``FedAvg`` with Bonawitz secure aggregation of updates, weights and metrics.
 
     Parameters
@@ -231,6 +230,8 @@ evaluate_metrics_aggr_fn, sampling_seed
         If a setting is invalid or the fixed point could overflow (checked here, before round
         1, naming the setting).
     """
+
+    PHASES = ("advertise", "share", "train", "unmask")
 
     def __init__(
         self,
@@ -298,14 +299,6 @@ evaluate_metrics_aggr_fn, sampling_seed
         if isinstance(t, float):
             return max(2, math.ceil(t * sampled))
         return t
-
-    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
-        """Not available: a SecAgg round is four phases; run it with :meth:`start`."""
-        raise NotImplementedError("SecAggFedAvg runs its rounds in start() (four phases)")
-
-    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
-        """Not available: a SecAgg round is four phases; run it with :meth:`start`."""
-        raise NotImplementedError("SecAggFedAvg runs its rounds in start() (four phases)")
 
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from logging import INFO
 from typing import Any
 
@@ -59,7 +59,6 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -67,7 +66,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.ring import PrimeField
@@ -86,7 +85,7 @@ def _bytes(content: RecordDict, name: str) -> bytes:
     return value
 
 
-class SesaFedAvg(PhasedStrategy):
+class SesaFedAvg(MultiPhaseStrategy):
     """SESA secure submodel aggregation for width-scalable models (module docstring).
 
     Parameters
@@ -119,6 +118,8 @@ evaluate_metrics_aggr_fn, sampling_seed
     ConfigurationError
         If a setting is invalid or the fixed point could overflow ``F_p``.
     """
+
+    PHASES = ("advertise", "offline", "train", "decode")
 
     def __init__(
         self,
@@ -220,14 +221,6 @@ evaluate_metrics_aggr_fn, sampling_seed
         """
         self.layout_of({k: a.numpy() for k, a in initial_arrays.items()})
         return super().start(grid, initial_arrays, *args, **kwargs)
-
-    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
-        """Not available: a SESA round is four phases; run it with :meth:`start`."""
-        raise NotImplementedError("SesaFedAvg runs its rounds in start() (four phases)")
-
-    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
-        """Not available: a SESA round is four phases; run it with :meth:`start`."""
-        raise NotImplementedError("SesaFedAvg runs its rounds in start() (four phases)")
 
     def _record(self, params: SesaParams, phase: str, **fields: Any) -> RecordDict:
         return RecordDict(

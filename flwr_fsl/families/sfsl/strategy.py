@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
 from logging import INFO
 
 import numpy as np
@@ -42,7 +41,6 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -51,7 +49,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.protocol import SecAggParams, encode_ids, encode_rows
@@ -87,7 +85,7 @@ def sfsl_layout(
     return rows, rows.length + dense_size + 1
 
 
-class SFSLFedSubAvg(PhasedStrategy):
+class SFSLFedSubAvg(MultiPhaseStrategy):
     """Niu et al.'s secure federated submodel learning (module docstring).
 
     Parameters
@@ -122,6 +120,8 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
     ConfigurationError
         If a setting is invalid (checked here, before round 1).
     """
+
+    PHASES = ("union", "perturb", "rows")
 
     def __init__(
         self,
@@ -190,14 +190,6 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         self.max_clients = int(max_clients)
         self.session = os.urandom(16)
         self.reports: dict[int, dict[str, float]] = {}
-
-    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
-        """Not available: an SFSL round has many phases; run it with :meth:`start`."""
-        raise NotImplementedError("SFSLFedSubAvg runs its rounds in start()")
-
-    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
-        """Not available: an SFSL round has many phases; run it with :meth:`start`."""
-        raise NotImplementedError("SFSLFedSubAvg runs its rounds in start()")
 
     def _threshold(self, sampled: int) -> int:
         t = self.reconstruction_threshold

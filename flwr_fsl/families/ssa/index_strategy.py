@@ -3,13 +3,13 @@
 A client's submodel is the set of rows of one table (embedding rows of the items in its data).
 Each round, S0 (this strategy) and S1 (the helper) run, per sampled client:
 
-1. **PSR** (``query.psr`` message, inside ``configure_train``): the client sends PSR keys;
+1. **PSR** (``query.psr`` message, before training): the client sends PSR keys;
    S0 answers them itself and has S1 answer them (sealed to the client); the train message
    carries both answers, never the table.
 2. **Training and SSA**: the client trains on its rows and uploads the row deltas as
    mega-elements (``width + 1`` words with the count word) through SSA, or — when its row set
    is unchanged since its last round — a U-DPF hint that moves both servers' stored keys.
-3. ``aggregate_train`` reconstructs per row ``sum c*dw`` and ``sum c`` and applies the
+3. Both servers reconstruct per row ``sum c*dw`` and ``sum c`` and applies the
    count-weighted average to the table; rows nobody touched keep their value.
 
 The hash key is drawn once per run (U-DPF keys stay valid across rounds only under the same
@@ -33,7 +33,6 @@ with a reason (:attr:`dropped`); the others stay exact. If S1 fails, the round f
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from logging import INFO
 from typing import Any
 
@@ -41,7 +40,6 @@ import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -49,7 +47,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.core.engine import RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
@@ -73,7 +71,7 @@ from flwr_fsl.helper import HelperConnection
 from flwr_fsl.submodel.layout import RowLayout
 
 
-class SecureRowFedSubAvg(FedSubAvg):
+class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     """Index-mode federated submodel averaging of one row table (S0's side).
 
     A round is three phases: ``query.psr`` (retrieval) → ``train`` (per-client messages
@@ -109,6 +107,8 @@ class SecureRowFedSubAvg(FedSubAvg):
         If ``max_rows`` < 1 or another argument is out of range.
     """
 
+    PHASES = ("query.psr", "train")
+
     def __init__(
         self,
         helper: HelperConnection,
@@ -134,15 +134,6 @@ class SecureRowFedSubAvg(FedSubAvg):
         settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Not available: a round has a retrieval phase first; run it with :meth:`start`."""
-        raise NotImplementedError(
-            "SecureRowFedSubAvg runs several phases per round (query.psr, train): "
-            "use strategy.start(), which calls train_round()"
-        )
 
     def round_config(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

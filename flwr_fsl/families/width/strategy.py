@@ -45,7 +45,7 @@ historic update counts; the narrow classifier is averaged like every other tenso
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from logging import INFO, WARNING
 
 import numpy as np
@@ -53,7 +53,6 @@ from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
-    Message,
     MessageType,
     MetricRecord,
     RecordDict,
@@ -62,7 +61,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
-from flwr_fsl.core.engine import PhasedStrategy, RoundState
+from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
 from flwr_fsl.families.width.rules import (
@@ -87,7 +86,7 @@ __all__ = ["WidthFedAvg"]
 CAPACITY_MODES = ("query", "dynamic")
 
 
-class WidthFedAvg(PhasedStrategy):
+class WidthFedAvg(MultiPhaseStrategy):
     """FedAvg for heterogeneous clients by width extraction (rolling / static / random / shards).
 
     Parameters
@@ -131,6 +130,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
     rates : dict[int, dict[int, float]]
         Round -> node id -> the rate it trained at.
     """
+
+    PHASES = ("train with a per-client slice",)
 
     def __init__(
         self,
@@ -274,14 +275,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         return super().start(
             grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
         )
-
-    def configure_train(self, *args: object, **kwargs: object) -> Iterable[Message]:
-        """Not available: a round sends a different slice to each client; use :meth:`start`."""
-        raise NotImplementedError("WidthFedAvg runs its rounds in start() (per-client slices)")
-
-    def aggregate_train(self, *args: object, **kwargs: object) -> tuple[None, None]:
-        """Not available: a round sends a different slice to each client; use :meth:`start`."""
-        raise NotImplementedError("WidthFedAvg runs its rounds in start() (per-client slices)")
 
     # -- a round ---------------------------------------------------------------------------------
     def round_rates(self, grid: Grid, state: RoundState, nodes: list[int]) -> dict[int, float]:

@@ -616,7 +616,7 @@ def test_client_and_strategy_validate_settings() -> None:
     for kwargs in bad:
         with pytest.raises(ConfigurationError):
             _strategy(**kwargs)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ConfigurationError, match=r"PrivHFL.configure_train .*start"):
         _strategy().configure_train(1, ArrayRecord(), ConfigRecord(), None)
 
 

@@ -144,7 +144,7 @@ def test_settings_are_validated_before_round_one() -> None:
         SecAggFedAvg(max_weight=1e12, frac_bits=30)
     with pytest.raises(ConfigurationError, match="train_metrics"):
         SecAggFedAvg(train_metrics=("num-examples",))
-    with pytest.raises(NotImplementedError, match="start"):
+    with pytest.raises(ConfigurationError, match=r"advertise, share, train, unmask.*start"):
         SecAggFedAvg().configure_train(1, model_record(), ConfigRecord(), None)
 
 

@@ -488,9 +488,9 @@ def test_model_and_train_config_are_checked_before_round_1(
 
 
 def test_flower_pair_is_not_available() -> None:
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ConfigurationError, match=r"WidthFedAvg\.configure_train"):
         WidthFedAvg().configure_train(1, ArrayRecord(), ConfigRecord(), None)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ConfigurationError, match=r"WidthFedAvg\.aggregate_train"):
         WidthFedAvg().aggregate_train(1, [])
 
 
