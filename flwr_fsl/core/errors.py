@@ -21,7 +21,13 @@ had them, so existing ``except ValueError`` code keeps working.
 
 from __future__ import annotations
 
-__all__ = ["ClientInputError", "ConfigurationError", "FSLError", "RoundFailedError"]
+__all__ = [
+    "ClientInputError",
+    "ConfigurationError",
+    "FSLError",
+    "RoundFailedError",
+    "TooFewSurvivorsError",
+]
 
 
 class FSLError(Exception):
@@ -38,3 +44,11 @@ class RoundFailedError(FSLError, RuntimeError):
 
 class ConfigurationError(FSLError, ValueError):
     """A setting is invalid; raised before round 1 with the offending key in the message."""
+
+
+class TooFewSurvivorsError(RoundFailedError):
+    """Too few clients are left for the protocol's threshold: nothing can (or may) be decoded.
+
+    One class for every threshold protocol (SecAgg's ``t``, SESA's ``K_max + T``); the message
+    says which threshold and how many survived.
+    """

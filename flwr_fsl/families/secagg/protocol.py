@@ -66,7 +66,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.errors import (
+    ClientInputError,
+    ConfigurationError,
+    RoundFailedError,
+    TooFewSurvivorsError,
+)
 from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
@@ -129,10 +134,6 @@ _STATE_MAGIC = register_magic(b"FSAC", "SecAgg client state (flwr_fsl.families.s
 
 class SecAggError(ClientInputError):
     """A SecAgg message from one party is malformed or inconsistent: drop that party."""
-
-
-class TooFewSurvivorsError(RoundFailedError):
-    """Fewer than ``t`` clients are left: nothing can (or may) be reconstructed."""
 
 
 # ---------------------------------------------------------------------------------- params

@@ -137,7 +137,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.errors import (
+    ClientInputError,
+    ConfigurationError,
+    RoundFailedError,
+    TooFewSurvivorsError,
+)
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
@@ -206,10 +211,6 @@ _M_STATE = register_magic(b"FSEC", "SESA client state (flwr_fsl.families.sesa.pr
 
 class SesaError(ClientInputError):
     """A SESA message from one party is malformed or inconsistent: drop that party."""
-
-
-class TooFewSurvivorsError(RoundFailedError):
-    """Fewer than ``K_max + T`` clients are left: the aggregate cannot be decoded."""
 
 
 def _int(value: object, name: str, low: int, high: int) -> int:
