@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import flwr_fsl
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import MAGICS, register_magic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,10 +147,10 @@ def test_the_source_scan_can_fail(tmp_path: Path) -> None:
 
 
 def test_register_magic_refuses_duplicates_and_bad_lengths() -> None:
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ConfigurationError, match="already registered"):
         register_magic(b"FDPF", "a second DPF format")
     for bad in (b"ABC", b"ABCDE", b"", "ABCD"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             register_magic(bad, "bad")  # type: ignore[arg-type]
     assert b"ABC" not in MAGICS and b"ABCDE" not in MAGICS
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 
 __all__ = [
     "MAGICS",
@@ -93,16 +93,18 @@ def register_magic(magic: bytes, name: str) -> bytes:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``magic`` is not bytes of length 4, ``name`` is empty, or the magic is already
         registered (two formats must never share a tag).
     """
     if not isinstance(magic, bytes) or len(magic) != MAGIC_BYTES:
-        raise ValueError(f"a format magic must be {MAGIC_BYTES} bytes, got {magic!r}")
+        raise ConfigurationError(f"a format magic must be {MAGIC_BYTES} bytes, got {magic!r}")
     if not isinstance(name, str) or not name:
-        raise ValueError("a format magic needs a description")
+        raise ConfigurationError("a format magic needs a description")
     if magic in MAGICS:
-        raise ValueError(f"format magic {magic!r} is already registered for {MAGICS[magic]}")
+        raise ConfigurationError(
+            f"format magic {magic!r} is already registered for {MAGICS[magic]}"
+        )
     MAGICS[magic] = name
     return magic
 

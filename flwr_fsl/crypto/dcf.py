@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dcf_kernels as _k
@@ -396,24 +396,24 @@ def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
         try:
             flat = [int(v) % (1 << 64) for v in arr.reshape(-1)]
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} must be integers") from exc
+            raise ConfigurationError(f"{name} must be integers") from exc
         return np.array(flat, dtype=_U64).reshape(arr.shape)
     if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+        raise ConfigurationError(f"{name} must be integers, got dtype {arr.dtype}")
     return arr.astype(_U64)
 
 
 def _check_points(values: ArrayLike, domain_bits: int, name: str) -> NDArray[np.uint64]:
     arr = np.asarray(values)
     if arr.size and (arr.dtype == np.bool_ or arr.dtype.kind not in "iuO"):
-        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+        raise ConfigurationError(f"{name} must be integers, got dtype {arr.dtype}")
     if arr.size and arr.dtype.kind in "iO" and min(int(v) for v in arr.reshape(-1)) < 0:
-        raise ValueError(f"{name} must be non-negative")
+        raise ConfigurationError(f"{name} must be non-negative")
     if arr.size and arr.dtype == object and max(int(v) for v in arr.reshape(-1)) >= 1 << 64:
-        raise ValueError(f"{name} must be below 2**64")
+        raise ConfigurationError(f"{name} must be below 2**64")
     pts = np.ascontiguousarray(arr.astype(_U64).reshape(-1))
     if domain_bits < 64 and pts.size and int(pts.max()) >> domain_bits:
-        raise ValueError(f"every {name[:-1]} must be below 2**{domain_bits}")
+        raise ConfigurationError(f"every {name[:-1]} must be below 2**{domain_bits}")
     return pts
 
 
@@ -445,23 +445,27 @@ def generate_keys_batch(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is malformed or out of range.
     """
     if isinstance(domain_bits, bool) or not isinstance(domain_bits, int | np.integer):
-        raise ValueError(f"domain_bits must be an integer, got {domain_bits!r}")
+        raise ConfigurationError(f"domain_bits must be an integer, got {domain_bits!r}")
     if not 1 <= int(domain_bits) <= MAX_DOMAIN_BITS:
-        raise ValueError(f"domain_bits must be in [1, {MAX_DOMAIN_BITS}], got {domain_bits}")
+        raise ConfigurationError(
+            f"domain_bits must be in [1, {MAX_DOMAIN_BITS}], got {domain_bits}"
+        )
     n = int(domain_bits)
     a = _check_points(alphas, n, "alphas")
     if np.ndim(alphas) != 1:
-        raise ValueError(f"alphas must be 1-D, got shape {np.shape(alphas)}")
+        raise ConfigurationError(f"alphas must be 1-D, got shape {np.shape(alphas)}")
     m = a.shape[0]
     b = _as_u64(betas, "betas")
     if b.ndim == 1 and b.shape[0] == m:
         b = b.reshape(m, 1)
     if b.ndim != 2 or b.shape[0] != m or not 1 <= b.shape[1] <= MAX_TAU:
-        raise ValueError(f"betas must have shape ({m},) or ({m}, tau) with 1 <= tau <= {MAX_TAU}")
+        raise ConfigurationError(
+            f"betas must have shape ({m},) or ({m}, tau) with 1 <= tau <= {MAX_TAU}"
+        )
     b = np.ascontiguousarray(b)
     tau = b.shape[1]
     if master_seeds is None:
@@ -470,7 +474,7 @@ def generate_keys_batch(
         if len(master_seeds) != 2 or any(
             not isinstance(s, bytes) or len(s) != SEED_BYTES for s in master_seeds
         ):
-            raise ValueError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
+            raise ConfigurationError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
     nq = (tau + 1) // 2
@@ -534,14 +538,16 @@ def generate_keys(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is malformed or out of range.
     """
     if isinstance(alpha, bool) or not isinstance(alpha, int | np.integer):
-        raise ValueError(f"alpha must be an integer, got {alpha!r}")
+        raise ConfigurationError(f"alpha must be an integer, got {alpha!r}")
     bvec = _as_u64(np.asarray(beta, dtype=object) if isinstance(beta, int) else beta, "beta")
     if bvec.ndim > 1 or bvec.size == 0:
-        raise ValueError(f"beta must be an integer or a non-empty 1-D vector, got {bvec.shape}")
+        raise ConfigurationError(
+            f"beta must be an integer or a non-empty 1-D vector, got {bvec.shape}"
+        )
     alphas = np.array([int(alpha)], dtype=object)
     return generate_keys_batch(alphas, bvec.reshape(1, -1), domain_bits, master_seeds=master_seeds)
 
@@ -570,24 +576,24 @@ def evaluate_at_batch(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an index or point is out of range or the shapes differ.
     """
     if not isinstance(keys, DCFKeyBatch):
-        raise ValueError(f"keys must be a DCFKeyBatch, got {type(keys).__name__}")
+        raise ConfigurationError(f"keys must be a DCFKeyBatch, got {type(keys).__name__}")
     pub = keys.public
     n_bits = pub.domain_bits
     idx = np.asarray(key_indices)
     if idx.size and (idx.dtype.kind not in "iu" or int(idx.min()) < 0):
-        raise ValueError("key_indices must be non-negative integers")
+        raise ConfigurationError("key_indices must be non-negative integers")
     idx = np.ascontiguousarray(idx.astype(np.int64).reshape(-1))
     pts = _check_points(points, n_bits, "points")
     if np.ndim(points) > 1 or np.ndim(key_indices) > 1 or pts.shape != idx.shape:
-        raise ValueError(
+        raise ConfigurationError(
             f"key_indices and points must be 1-D of one length: {idx.shape} {pts.shape}"
         )
     if idx.size and int(idx.max()) >= pub.num_keys:
-        raise ValueError(f"key index out of range (batch has {pub.num_keys} keys)")
+        raise ConfigurationError(f"key index out of range (batch has {pub.num_keys} keys)")
     count = idx.shape[0]
     tau = pub.tau
     nq = (tau + 1) // 2
@@ -635,12 +641,12 @@ def evaluate_paired(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the number of points is not ``m`` or a point is outside the domain.
     """
     pts = np.asarray(points)
     if pts.ndim != 1 or pts.shape[0] != keys.num_keys:
-        raise ValueError(f"need one point per key ({keys.num_keys}), got shape {pts.shape}")
+        raise ConfigurationError(f"need one point per key ({keys.num_keys}), got shape {pts.shape}")
     return evaluate_at_batch(keys, np.arange(keys.num_keys, dtype=np.int64), pts)
 
 
@@ -661,10 +667,10 @@ def evaluate_at(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the batch does not hold exactly one key or a point is outside the domain.
     """
     if not isinstance(keys, DCFKeyBatch) or keys.num_keys != 1:
-        raise ValueError("evaluate_at needs a DCFKeyBatch of exactly one key")
+        raise ConfigurationError("evaluate_at needs a DCFKeyBatch of exactly one key")
     pts = np.asarray(points).reshape(-1)
     return evaluate_at_batch(keys, np.zeros(pts.shape[0], dtype=np.int64), pts)

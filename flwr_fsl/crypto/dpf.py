@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf_keys import (
     _GEN_CHUNK,
     _U64,
@@ -110,13 +111,15 @@ def _split_points(
 def _check_domain_bits(domain_bits: ArrayLike, m: int) -> NDArray[np.int64]:
     d = np.asarray(domain_bits)
     if d.dtype == np.bool_ or not np.issubdtype(d.dtype, np.integer):
-        raise ValueError(f"domain_bits must be integers, got dtype {d.dtype}")
+        raise ConfigurationError(f"domain_bits must be integers, got dtype {d.dtype}")
     if d.ndim == 0:
         d = np.full(m, int(d), dtype=np.int64)
     if d.shape != (m,):
-        raise ValueError(f"domain_bits must be a scalar or have shape ({m},), got {d.shape}")
+        raise ConfigurationError(
+            f"domain_bits must be a scalar or have shape ({m},), got {d.shape}"
+        )
     if m and (int(d.min()) < 0 or int(d.max()) > MAX_DOMAIN_BITS):
-        raise ValueError(f"domain_bits must be in [0, {MAX_DOMAIN_BITS}]")
+        raise ConfigurationError(f"domain_bits must be in [0, {MAX_DOMAIN_BITS}]")
     return d.astype(np.int64)
 
 
@@ -231,27 +234,27 @@ def generate_keys_batch(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an alpha is outside its domain, shapes disagree, values are not integers or a
         master seed is not 16 bytes.
     """
     a = _as_index(alphas, "alphas")
     if a.ndim != 1:
-        raise ValueError(f"alphas must be 1-D, got shape {a.shape}")
+        raise ConfigurationError(f"alphas must be 1-D, got shape {a.shape}")
     m = a.shape[0]
     b = _betas_matrix(betas, m)
     d = _check_domain_bits(domain_bits, m)
     e = _check_epoch(epoch)
     if m and np.any((d < 64) & (a >> np.minimum(d, 63).astype(_U64) != 0)):
-        raise ValueError("every alpha must be below 2**domain_bits")
+        raise ConfigurationError("every alpha must be below 2**domain_bits")
     if master_seeds is None:
         msk = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
     else:
         if len(master_seeds) != 2:
-            raise ValueError("master_seeds must be a pair of 16-byte seeds")
+            raise ConfigurationError("master_seeds must be a pair of 16-byte seeds")
         msk = (bytes(master_seeds[0]), bytes(master_seeds[1]))
         if any(len(s) != SEED_BYTES for s in msk):
-            raise ValueError(f"master seeds must be {SEED_BYTES} bytes each")
+            raise ConfigurationError(f"master seeds must be {SEED_BYTES} bytes each")
     root0 = derive_root_seeds(msk[0], m)
     root1 = derive_root_seeds(msk[1], m)
     pub = _gen_core(a, b, d, root0, root1, e)
@@ -291,28 +294,32 @@ def generate_keys(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is out of range or malformed (root seeds: :class:`DPFKeyError`).
     """
     if not isinstance(domain_bits, int | np.integer) or isinstance(domain_bits, bool):
-        raise ValueError(f"domain_bits must be an integer, got {domain_bits!r}")
+        raise ConfigurationError(f"domain_bits must be an integer, got {domain_bits!r}")
     if not isinstance(alpha, int | np.integer) or isinstance(alpha, bool):
-        raise ValueError(f"alpha must be an integer, got {alpha!r}")
+        raise ConfigurationError(f"alpha must be an integer, got {alpha!r}")
     if not 0 <= int(domain_bits) <= MAX_DOMAIN_BITS:
-        raise ValueError(f"domain_bits must be in [0, {MAX_DOMAIN_BITS}], got {domain_bits}")
+        raise ConfigurationError(
+            f"domain_bits must be in [0, {MAX_DOMAIN_BITS}], got {domain_bits}"
+        )
     if not 0 <= int(alpha) < 1 << int(domain_bits):
-        raise ValueError(f"alpha={alpha} is outside [0, 2**{domain_bits})")
+        raise ConfigurationError(f"alpha={alpha} is outside [0, 2**{domain_bits})")
     bvec = _as_u64(beta, "beta")
     if bvec.ndim > 1 or bvec.size == 0:
-        raise ValueError(f"beta must be an integer or a non-empty 1-D vector, got {bvec.shape}")
+        raise ConfigurationError(
+            f"beta must be an integer or a non-empty 1-D vector, got {bvec.shape}"
+        )
     bmat = bvec.reshape(1, -1)
     if bmat.shape[1] > MAX_TAU:
-        raise ValueError(f"tau must be at most {MAX_TAU}")
+        raise ConfigurationError(f"tau must be at most {MAX_TAU}")
     if root_seeds is None:
         r0, r1 = random_seeds(1), random_seeds(1)
     else:
         if len(root_seeds) != 2:
-            raise ValueError("root_seeds must be a pair of 16-byte seeds")
+            raise ConfigurationError("root_seeds must be a pair of 16-byte seeds")
         r0 = _seed_from_bytes(root_seeds[0], "root seed 0")
         r1 = _seed_from_bytes(root_seeds[1], "root seed 1")
     pub = _gen_core(
@@ -355,26 +362,26 @@ def evaluate_at_batch(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an index or point is out of range or the shapes differ.
     """
     pub = keys.public
     idx = _as_index(key_indices, "key_indices").astype(np.int64)
     pts = _as_index(points, "points")
     if idx.ndim != 1 or pts.shape != idx.shape:
-        raise ValueError(
+        raise ConfigurationError(
             f"key_indices and points must be 1-D of one length: {idx.shape} {pts.shape}"
         )
     n = idx.shape[0]
     if n and int(idx.max()) >= pub.num_keys:
-        raise ValueError(f"key index out of range (batch has {pub.num_keys} keys)")
+        raise ConfigurationError(f"key index out of range (batch has {pub.num_keys} keys)")
     tau = pub.tau
     out = np.empty((n, tau), dtype=_U64)
     if n == 0:
         return out
     d = pub.domain_bits.astype(np.int64)[idx]
     if np.any(pts >> d.astype(_U64) != 0):
-        raise ValueError("every point must be below 2**domain_bits of its key")
+        raise ConfigurationError("every point must be below 2**domain_bits of its key")
     tl_all = _tree_levels(pub.domain_bits, tau)
     path, gpos = _split_points(pts, d, tau)
     key_s = np.ascontiguousarray(idx)
@@ -535,7 +542,7 @@ def evaluate_batch(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``lengths`` or ``out`` has the wrong shape or range.
     """
     pub = keys.public
@@ -546,16 +553,16 @@ def evaluate_batch(
     else:
         npts = _as_index(lengths, "lengths").astype(np.int64)
         if npts.shape != (m,):
-            raise ValueError(f"lengths must have shape ({m},), got {npts.shape}")
+            raise ConfigurationError(f"lengths must have shape ({m},), got {npts.shape}")
         if m and np.any(npts > full):
-            raise ValueError("lengths must not exceed 2**domain_bits")
+            raise ConfigurationError("lengths must not exceed 2**domain_bits")
     offsets = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(npts, out=offsets[1:])
     total = int(offsets[-1])
     if out is None:
         out = np.empty((total, tau), dtype=_U64)
     elif out.dtype != _U64 or out.shape != (total, tau) or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous uint64 of shape ({total}, {tau})")
+        raise ConfigurationError(f"out must be C-contiguous uint64 of shape ({total}, {tau})")
     if total == 0:
         return out, offsets
     group = _group(tau)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds
 
@@ -127,9 +127,9 @@ def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
                 arr.shape
             )
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name} must contain integers") from exc
+            raise ConfigurationError(f"{name} must contain integers") from exc
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be integers in Z_2^64, got dtype {arr.dtype}")
+        raise ConfigurationError(f"{name} must be integers in Z_2^64, got dtype {arr.dtype}")
     return arr.astype(_U64)
 
 
@@ -140,20 +140,20 @@ def _as_index(values: ArrayLike, name: str) -> NDArray[np.uint64]:
         return np.zeros(arr.shape, dtype=_U64)
     if arr.dtype == object:
         if any(not isinstance(v, int | np.integer) or v < 0 or v >= 1 << 64 for v in arr.flat):
-            raise ValueError(f"{name} must be non-negative integers below 2**64")
+            raise ConfigurationError(f"{name} must be non-negative integers below 2**64")
         return arr.astype(_U64)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be integers, got dtype {arr.dtype}")
+        raise ConfigurationError(f"{name} must be integers, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.signedinteger) and arr.size and int(arr.min()) < 0:
-        raise ValueError(f"{name} must be non-negative")
+        raise ConfigurationError(f"{name} must be non-negative")
     return arr.astype(_U64)
 
 
 def _check_epoch(epoch: int) -> int:
     if not isinstance(epoch, int | np.integer) or isinstance(epoch, bool):
-        raise ValueError(f"epoch must be an integer, got {type(epoch).__name__}")
+        raise ConfigurationError(f"epoch must be an integer, got {type(epoch).__name__}")
     if not 0 <= int(epoch) < 1 << 64:
-        raise ValueError(f"epoch must be in [0, 2**64), got {epoch}")
+        raise ConfigurationError(f"epoch must be in [0, 2**64), got {epoch}")
     return int(epoch)
 
 
@@ -168,9 +168,9 @@ def _betas_matrix(betas: ArrayLike, m: int) -> NDArray[np.uint64]:
     if arr.ndim == 1:
         arr = arr.reshape(m, 1) if arr.shape[0] == m else arr
     if arr.ndim != 2 or arr.shape[0] != m:
-        raise ValueError(f"betas must have shape ({m},) or ({m}, tau), got {arr.shape}")
+        raise ConfigurationError(f"betas must have shape ({m},) or ({m}, tau), got {arr.shape}")
     if not 1 <= arr.shape[1] <= MAX_TAU:
-        raise ValueError(f"tau must be in [1, {MAX_TAU}], got {arr.shape[1]}")
+        raise ConfigurationError(f"tau must be in [1, {MAX_TAU}], got {arr.shape[1]}")
     return np.ascontiguousarray(arr)
 
 

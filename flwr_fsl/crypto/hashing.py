@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.kernels import hashing as _kernels
 from flwr_fsl.kernels.aes import BatchedAES
 
@@ -140,14 +140,14 @@ class CuckooInsertionError(RoundFailedError):
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     """Return ``value`` as an ``int`` in ``[low, high]`` or raise ``ValueError``."""
     if isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name} must be an integer, got a bool")
+        raise ConfigurationError(f"{name} must be an integer, got a bool")
     try:
         number = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}") from None
     if number < low or (high is not None and number > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bound}, got {number}")
+        raise ConfigurationError(f"{name} must be in {bound}, got {number}")
     return number
 
 
@@ -155,7 +155,7 @@ def _check_key(key: Any) -> bytes:
     """Return the hash key as ``bytes`` or raise ``ValueError``."""
     if not isinstance(key, bytes | bytearray) or len(key) != HASH_KEY_BYTES:
         length = len(key) if isinstance(key, bytes | bytearray) else type(key).__name__
-        raise ValueError(f"hash key must be {HASH_KEY_BYTES} bytes, got {length}")
+        raise ConfigurationError(f"hash key must be {HASH_KEY_BYTES} bytes, got {length}")
     return bytes(key)
 
 
@@ -235,21 +235,21 @@ def choose_scale_factor(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is out of range, or ``num_hashes != 3``.
     """
     num_items = _check_int("num_items", num_items, 1, _MAX_SCALE_ITEMS)
     _check_int("stash_size", stash_size, 0)
     _check_int("num_hashes", num_hashes, 1, _MAX_NUM_HASHES)
     if num_hashes != DEFAULT_NUM_HASHES:
-        raise ValueError(
+        raise ConfigurationError(
             f"scale factors are only fitted for num_hashes = 3, got {num_hashes}; "
             "pass scale_factor explicitly"
         )
     if isinstance(stat_security, bool) or not isinstance(stat_security, int | float):
-        raise ValueError(f"stat_security must be a number, got {stat_security!r}")
+        raise ConfigurationError(f"stat_security must be a number, got {stat_security!r}")
     if not 1 <= stat_security <= 128:
-        raise ValueError(f"stat_security must be in [1, 128], got {stat_security}")
+        raise ConfigurationError(f"stat_security must be in [1, 128], got {stat_security}")
     slope, _ = _fit_line(num_items)
     epsilon = _scale_factor_at_40(num_items) + (stat_security - DEFAULT_STAT_SECURITY) / slope
     return max(_MIN_SCALE_FACTOR, epsilon)
@@ -273,18 +273,18 @@ def num_bins_for(num_items: int, scale_factor: float) -> int:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``num_items < 0``, ``scale_factor`` is not a finite number ``>= 1``, or the result
         is ``2**32`` or more.
     """
     num_items = _check_int("num_items", num_items, 0)
     if isinstance(scale_factor, bool) or not isinstance(scale_factor, int | float):
-        raise ValueError(f"scale_factor must be a number, got {scale_factor!r}")
+        raise ConfigurationError(f"scale_factor must be a number, got {scale_factor!r}")
     if not (math.isfinite(scale_factor) and scale_factor >= 1.0):
-        raise ValueError(f"scale_factor must be a finite number >= 1, got {scale_factor}")
+        raise ConfigurationError(f"scale_factor must be a finite number >= 1, got {scale_factor}")
     num_bins = max(1, math.ceil(round(scale_factor * num_items, 9)))
     if num_bins > _MAX_NUM_BINS:
-        raise ValueError(f"{num_bins} bins is too many (at most {_MAX_NUM_BINS})")
+        raise ConfigurationError(f"{num_bins} bins is too many (at most {_MAX_NUM_BINS})")
     return num_bins
 
 
@@ -429,11 +429,15 @@ class SimpleTable:
     def __post_init__(self) -> None:
         offsets, items = self.bin_offsets, self.bin_items
         if offsets.dtype != np.int64 or items.dtype != np.int64:
-            raise ValueError("bin_offsets and bin_items must be int64")
+            raise ConfigurationError("bin_offsets and bin_items must be int64")
         if offsets.shape != (self.params.num_bins + 1,) or items.ndim != 1:
-            raise ValueError("bin_offsets must have shape (num_bins + 1,), bin_items be 1-D")
+            raise ConfigurationError(
+                "bin_offsets must have shape (num_bins + 1,), bin_items be 1-D"
+            )
         if offsets[0] != 0 or offsets[-1] != items.shape[0] or np.any(np.diff(offsets) < 0):
-            raise ValueError("bin_offsets must start at 0, not decrease, end at len(bin_items)")
+            raise ConfigurationError(
+                "bin_offsets must start at 0, not decrease, end at len(bin_items)"
+            )
 
     @property
     def num_bins(self) -> int:
@@ -533,11 +537,11 @@ class CuckooTable:
     def __post_init__(self) -> None:
         shape = (self.params.num_bins,)
         if self.items.shape != shape or self.hash_ids.shape != shape:
-            raise ValueError(f"items and hash_ids must have shape {shape}")
+            raise ConfigurationError(f"items and hash_ids must have shape {shape}")
         if self.stash.shape != (self.params.stash_size,):
-            raise ValueError(f"stash must have shape ({self.params.stash_size},)")
+            raise ConfigurationError(f"stash must have shape ({self.params.stash_size},)")
         if any(a.dtype != np.int64 for a in (self.items, self.hash_ids, self.stash)):
-            raise ValueError("items, hash_ids and stash must be int64")
+            raise ConfigurationError("items, hash_ids and stash must be int64")
 
     @property
     def occupied(self) -> NDArray[np.bool_]:
@@ -569,12 +573,12 @@ class CuckooTable:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the tables' parameters differ or an index is missing from its simple bin
             (e.g. a simple table built from a subset that lacks it).
         """
         if simple_table.params != self.params:
-            raise ValueError("cuckoo and simple table were built with different HashParams")
+            raise ConfigurationError("cuckoo and simple table were built with different HashParams")
         out = np.full(self.params.num_bins, EMPTY, dtype=np.int64)
         occupied = np.flatnonzero(self.occupied).astype(np.int64)
         out[occupied] = positions_in_bins(simple_table, occupied, self.items[occupied])
@@ -585,15 +589,15 @@ def _as_indices(indices: ArrayLike, domain_size: int, name: str = "indices") -> 
     """Return ``indices`` as a 1-D int64 array in ``[0, domain_size)`` or raise ``ValueError``."""
     array = np.asarray(indices)
     if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+        raise ConfigurationError(f"{name} must be 1-D, got shape {array.shape}")
     if array.size == 0:
         return np.empty(0, dtype=np.int64)
     if array.dtype.kind not in "iu":
-        raise ValueError(f"{name} must have an integer dtype, got {array.dtype}")
+        raise ConfigurationError(f"{name} must have an integer dtype, got {array.dtype}")
     low, high = array.min(), array.max()
     if low < 0 or high >= domain_size:
         bad = low if low < 0 else high
-        raise ValueError(f"{name} must be in [0, {domain_size}), found {int(bad)}")
+        raise ConfigurationError(f"{name} must be in [0, {domain_size}), found {int(bad)}")
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
@@ -708,10 +712,12 @@ def cuckoo_hash(
     max_evictions = _check_int("max_evictions", max_evictions, 0, 2**62)
     duplicated = np.flatnonzero(items[1:] == items[:-1])
     if duplicated.size:
-        raise ValueError(f"indices must be distinct, {int(items[duplicated[0]])} is repeated")
+        raise ConfigurationError(
+            f"indices must be distinct, {int(items[duplicated[0]])} is repeated"
+        )
     capacity = params.num_bins + params.stash_size
     if items.size > capacity:
-        raise ValueError(
+        raise ConfigurationError(
             f"{items.size} indices cannot fit into {params.num_bins} bins and a stash of "
             f"{params.stash_size}"
         )
@@ -762,7 +768,7 @@ def simple_hash(params: HashParams, indices: ArrayLike | None = None) -> SimpleT
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``indices`` are not distinct 1-D integers in ``[0, m)``.
     """
     if indices is None:
@@ -771,7 +777,9 @@ def simple_hash(params: HashParams, indices: ArrayLike | None = None) -> SimpleT
         items = np.sort(_as_indices(indices, params.domain_size))
         duplicated = np.flatnonzero(items[1:] == items[:-1])
         if duplicated.size:
-            raise ValueError(f"indices must be distinct, {int(items[duplicated[0]])} is repeated")
+            raise ConfigurationError(
+                f"indices must be distinct, {int(items[duplicated[0]])} is repeated"
+            )
     bin_offsets = np.zeros(params.num_bins + 1, dtype=np.int64)
     candidates = _candidate_bins(params, items, bin_offsets)
     np.cumsum(bin_offsets, out=bin_offsets)
@@ -806,13 +814,13 @@ def positions_in_bins(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the shapes differ, a bin is out of range, or an index is not in its bin.
     """
     bins_array = np.asarray(bins)
     indices_array = np.asarray(indices)
     if bins_array.shape != indices_array.shape:
-        raise ValueError(
+        raise ConfigurationError(
             f"bins and indices must have the same shape, got {bins_array.shape} and "
             f"{indices_array.shape}"
         )
@@ -826,7 +834,7 @@ def positions_in_bins(
         )
     )
     if missing != EMPTY:
-        raise ValueError(
+        raise ConfigurationError(
             f"index {int(flat_indices[missing])} is not in simple bin {int(flat_bins[missing])}"
         )
     return out.reshape(shape)

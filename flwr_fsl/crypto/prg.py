@@ -41,6 +41,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.kernels.aes import BLOCK_BYTES, BatchedAES
 
 __all__ = [
@@ -112,7 +113,7 @@ def _mmo_ciphers() -> MMOCiphers:
 def _check_blocks(blocks: NDArray[np.uint64], name: str) -> NDArray[np.uint64]:
     arr = np.asarray(blocks)
     if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] != 2:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be a uint64 array of shape (n, 2), got {arr.dtype} {arr.shape}"
         )
     return np.ascontiguousarray(arr)
@@ -121,7 +122,7 @@ def _check_blocks(blocks: NDArray[np.uint64], name: str) -> NDArray[np.uint64]:
 def _check_key(key: bytes, name: str) -> bytes:
     if not isinstance(key, bytes | bytearray) or len(key) != SEED_BYTES:
         got = len(key) if isinstance(key, bytes | bytearray) else type(key).__name__
-        raise ValueError(f"{name} must be {SEED_BYTES} bytes, got {got!r}")
+        raise ConfigurationError(f"{name} must be {SEED_BYTES} bytes, got {got!r}")
     return bytes(key)
 
 
@@ -214,18 +215,18 @@ def prf_blocks(key: bytes, counters: NDArray[np.uint64], tag: int) -> NDArray[np
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the key is not 16 bytes, counters are not 1-D non-negative integers, or the tag is
         out of range.
     """
     k = _check_key(key, "PRF key")
     c = np.asarray(counters)
     if c.ndim != 1 or not np.issubdtype(c.dtype, np.integer):
-        raise ValueError(f"counters must be a 1-D integer array, got {c.dtype} {c.shape}")
+        raise ConfigurationError(f"counters must be a 1-D integer array, got {c.dtype} {c.shape}")
     if c.size and np.issubdtype(c.dtype, np.signedinteger) and int(c.min()) < 0:
-        raise ValueError("counters must be non-negative")
+        raise ConfigurationError("counters must be non-negative")
     if not 0 <= int(tag) < 1 << 64:
-        raise ValueError(f"tag must be in [0, 2**64), got {tag}")
+        raise ConfigurationError(f"tag must be in [0, 2**64), got {tag}")
     blocks = np.empty((c.size, 2), dtype=_U64)
     blocks[:, 0] = c.astype(_U64)
     blocks[:, 1] = _U64(tag)
@@ -251,11 +252,11 @@ def derive_root_seeds(master_seed: bytes, count: int) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the master seed is not 16 bytes or ``count`` is negative.
     """
     if not isinstance(count, int | np.integer) or count < 0:
-        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+        raise ConfigurationError(f"count must be a non-negative integer, got {count!r}")
     seeds = prf_blocks(
         _check_key(master_seed, "master seed"), np.arange(int(count), dtype=_U64), TAG_ROOT_SEED
     )
@@ -278,11 +279,11 @@ def random_seeds(count: int) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``count`` is negative.
     """
     if not isinstance(count, int | np.integer) or count < 0:
-        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+        raise ConfigurationError(f"count must be a non-negative integer, got {count!r}")
     seeds = np.frombuffer(os.urandom(SEED_BYTES * count), dtype=_U64).reshape(count, 2).copy()
     seeds[:, 0] &= ~_U64(1)
     return seeds
@@ -307,13 +308,13 @@ def ctr_stream(key: bytes, nonce: bytes, n_words: int) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the key or nonce is not 16 bytes or ``n_words`` is negative.
     """
     k = _check_key(key, "CTR key")
     iv = _check_key(nonce, "CTR nonce")
     if not isinstance(n_words, int | np.integer) or n_words < 0:
-        raise ValueError(f"n_words must be a non-negative integer, got {n_words!r}")
+        raise ConfigurationError(f"n_words must be a non-negative integer, got {n_words!r}")
     nbytes = 8 * int(n_words)
     out = np.empty(nbytes + BLOCK_BYTES, dtype=np.uint8)
     if nbytes:
@@ -340,7 +341,7 @@ class PRGStream:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the key or nonce is not 16 bytes.
     """
 
@@ -372,13 +373,13 @@ class PRGStream:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the seed is not 16 bytes or ``index`` / ``tag`` is out of range.
         """
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
-            raise ValueError(f"index must be an integer, got {index!r}")
+            raise ConfigurationError(f"index must be an integer, got {index!r}")
         if not 0 <= int(index) < 1 << 64:
-            raise ValueError(f"index must be in [0, 2**64), got {index}")
+            raise ConfigurationError(f"index must be in [0, 2**64), got {index}")
         block = prf_blocks(_check_key(seed, "seed"), np.array([int(index)], dtype=_U64), tag)
         return cls(block.astype("<u8").tobytes())
 
@@ -407,11 +408,11 @@ class PRGStream:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If ``n_words`` is negative or not an integer.
         """
         if isinstance(n_words, bool) or not isinstance(n_words, int | np.integer) or n_words < 0:
-            raise ValueError(f"n_words must be a non-negative integer, got {n_words!r}")
+            raise ConfigurationError(f"n_words must be a non-negative integer, got {n_words!r}")
         n = int(n_words)
         raw = self._encryptor.update(bytes(8 * n))
         self._words_read += n

@@ -101,14 +101,14 @@ def is_prime(n: int) -> bool:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``n`` is not an integer in ``[0, 2^64)``.
     """
     if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise ValueError(f"is_prime needs an integer, got {n!r}")
+        raise ConfigurationError(f"is_prime needs an integer, got {n!r}")
     n = int(n)
     if not 0 <= n < 1 << 64:
-        raise ValueError(f"is_prime is deterministic for 0 <= n < 2^64, got {n}")
+        raise ConfigurationError(f"is_prime is deterministic for 0 <= n < 2^64, got {n}")
     if n < 2:
         return False
     for q in _MR_BASES:
@@ -134,7 +134,7 @@ def is_prime(n: int) -> bool:
 def _shape(shape: Shape) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, int | np.integer) else tuple(shape)
     if any(isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 0 for d in dims):
-        raise ValueError(f"shape must be non-negative integers, got {shape!r}")
+        raise ConfigurationError(f"shape must be non-negative integers, got {shape!r}")
     return tuple(int(d) for d in dims)
 
 
@@ -153,9 +153,11 @@ def _integer_array(values: ArrayLike, what: str) -> NDArray[np.integer]:
                 return obj.astype(_U64)
             if -(1 << 63) <= lo and hi < 1 << 63:
                 return obj.astype(np.int64)
-            raise ValueError(f"{what} must fit in 64 bits, got [{lo}, {hi}]")
+            raise ConfigurationError(f"{what} must fit in 64 bits, got [{lo}, {hi}]")
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"{what} must be integers (an int or uint numpy dtype), got {arr.dtype}")
+        raise ConfigurationError(
+            f"{what} must be integers (an int or uint numpy dtype), got {arr.dtype}"
+        )
     return arr
 
 
@@ -260,14 +262,14 @@ class Ring(ABC):
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If a value is not an integer or is out of range.
         """
         arr = _integer_array(values, "ring elements")
         if arr.size:
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.modulus:
-                raise ValueError(
+                raise ConfigurationError(
                     f"{self} elements must lie in [0, {self.modulus}), got [{lo}, {hi}]"
                 )
         return arr.astype(_U64, copy=False)
@@ -328,13 +330,15 @@ class Ring(ABC):
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the operands are not 2-D or their inner sizes differ.
         """
         x = np.ascontiguousarray(self._elements(a))
         y = np.ascontiguousarray(self._elements(b))
         if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[0]:
-            raise ValueError(f"matmul needs (m, k) @ (k, n) matrices, got {x.shape} @ {y.shape}")
+            raise ConfigurationError(
+                f"matmul needs (m, k) @ (k, n) matrices, got {x.shape} @ {y.shape}"
+            )
         return self._matmul(x, y)
 
     def sum(self, a: ArrayLike, axis: int | None = None) -> NDArray[np.uint64]:
@@ -449,7 +453,7 @@ class Z2k(Ring):
     def _sample(self, n: int, prg: WordSource) -> NDArray[np.uint64]:
         words = np.asarray(prg.words(n), dtype=_U64)
         if words.shape != (n,):
-            raise ValueError(f"word source returned shape {words.shape}, expected ({n},)")
+            raise ConfigurationError(f"word source returned shape {words.shape}, expected ({n},)")
         return self._wrap(words.copy())
 
     def encode_signed(self, values: ArrayLike) -> NDArray[np.uint64]:
@@ -469,14 +473,14 @@ class Z2k(Ring):
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the values are not integers or one is out of range.
         """
         arr = _integer_array(values, "signed values")
         if arr.size and not (arr.dtype == np.int64 and self.bits == 64):
             lo, hi = int(arr.min()), int(arr.max())
             if lo < -(1 << (self.bits - 1)) or hi > self.max_signed:
-                raise ValueError(
+                raise ConfigurationError(
                     f"signed values must lie in [-2^{self.bits - 1}, 2^{self.bits - 1}) to encode "
                     f"in {self}, got [{lo}, {hi}]"
                 )
@@ -586,13 +590,13 @@ class PrimeField(Ring):
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the exponent is negative or not an integer.
         """
         if isinstance(exponent, bool) or not isinstance(exponent, int | np.integer):
-            raise ValueError(f"exponent must be an integer, got {exponent!r}")
+            raise ConfigurationError(f"exponent must be an integer, got {exponent!r}")
         if not 0 <= int(exponent) < 1 << 64:
-            raise ValueError(f"exponent must be in [0, 2^64), got {exponent}")
+            raise ConfigurationError(f"exponent must be in [0, 2^64), got {exponent}")
         x = np.ascontiguousarray(self._elements(a))
         out = np.empty(x.size, dtype=_U64)
         _fk.pow_mod(x.reshape(-1), _U64(int(exponent)), self._p, out)
@@ -676,7 +680,9 @@ class PrimeField(Ring):
             n_words = (int(want / accept * 1.05) + 64) // 2
             words = np.asarray(prg.words(n_words), dtype=_U64)
             if words.shape != (n_words,):
-                raise ValueError(f"word source returned shape {words.shape}, expected ({n_words},)")
+                raise ConfigurationError(
+                    f"word source returned shape {words.shape}, expected ({n_words},)"
+                )
             cand = np.empty(2 * n_words, dtype=_U64)
             cand[0::2] = words & _U64(0xFFFFFFFF)
             cand[1::2] = words >> _U64(32)
@@ -701,14 +707,14 @@ class PrimeField(Ring):
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the values are not integers or one is out of range.
         """
         arr = _integer_array(values, "signed values")
         if arr.size:
             lo, hi = int(arr.min()), int(arr.max())
             if lo < -self.max_signed or hi > self.max_signed:
-                raise ValueError(
+                raise ConfigurationError(
                     f"signed values must satisfy |v| <= (p-1)/2 = {self.max_signed} to encode in "
                     f"{self}, got [{lo}, {hi}]"
                 )

@@ -128,11 +128,11 @@ class NotEnoughSharesError(RoundFailedError):
 
 def _check_int(value: object, name: str, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}")
     v = int(value)
     if v < low or (high is not None and v > high):
         bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {v}")
+        raise ConfigurationError(f"{name} must be {bound}, got {v}")
     return v
 
 
@@ -230,7 +230,9 @@ def additive_reconstruct(
 def _field_points(f: PrimeField, points: ArrayLike, name: str) -> NDArray[np.uint64]:
     arr = f.element(points)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of field elements, got shape {arr.shape}")
+        raise ConfigurationError(
+            f"{name} must be a 1-D array of field elements, got shape {arr.shape}"
+        )
     return np.ascontiguousarray(arr)
 
 
@@ -256,19 +258,21 @@ def lagrange_matrix(field: PrimeField, xs: ArrayLike, at: ArrayLike) -> NDArray[
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the points are not 1-D field elements or two nodes coincide.
     """
     if not isinstance(field, PrimeField):
-        raise ValueError(f"Lagrange interpolation needs a PrimeField, got {field}")
+        raise ConfigurationError(f"Lagrange interpolation needs a PrimeField, got {field}")
     nodes = _field_points(field, xs, "xs")
     targets = _field_points(field, at, "at")
     if nodes.size == 0:
-        raise ValueError("Lagrange interpolation needs at least one node")
+        raise ConfigurationError("Lagrange interpolation needs at least one node")
     out = np.empty((targets.size, nodes.size), dtype=_U64)
     bad = _fk.lagrange_matrix(nodes, targets, _U64(field.p), out)
     if bad >= 0:
-        raise ValueError(f"Lagrange nodes must be distinct; node {int(nodes[bad])} is repeated")
+        raise ConfigurationError(
+            f"Lagrange nodes must be distinct; node {int(nodes[bad])} is repeated"
+        )
     return out
 
 
@@ -296,13 +300,15 @@ def interpolate(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the shapes disagree, the nodes repeat, or a value is not a field element.
     """
     values = field.element(ys)
     coefficients = lagrange_matrix(field, xs, at)
     if values.ndim == 0 or values.shape[0] != coefficients.shape[1]:
-        raise ValueError(f"ys needs one row per node ({coefficients.shape[1]}), got {values.shape}")
+        raise ConfigurationError(
+            f"ys needs one row per node ({coefficients.shape[1]}), got {values.shape}"
+        )
     flat = values.reshape(values.shape[0], -1)
     return field.matmul(coefficients, flat).reshape((coefficients.shape[0], *values.shape[1:]))
 
@@ -505,15 +511,23 @@ class TripleShape:
         for name in ("a", "b"):
             dims = getattr(self, name)
             if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in dims):
-                raise ValueError(f"triple shape {name} must be non-negative ints, got {dims!r}")
+                raise ConfigurationError(
+                    f"triple shape {name} must be non-negative ints, got {dims!r}"
+                )
         if self.kind == "elementwise":
             if self.a != self.b:
-                raise ValueError(f"elementwise triple needs a and b of one shape, got {self}")
+                raise ConfigurationError(
+                    f"elementwise triple needs a and b of one shape, got {self}"
+                )
         elif self.kind == "matmul":
             if len(self.a) != 2 or len(self.b) != 2 or self.a[1] != self.b[0]:
-                raise ValueError(f"matmul triple needs (m, k) and (k, n) shapes, got {self}")
+                raise ConfigurationError(
+                    f"matmul triple needs (m, k) and (k, n) shapes, got {self}"
+                )
         else:
-            raise ValueError(f"triple kind must be 'elementwise' or 'matmul', got {self.kind!r}")
+            raise ConfigurationError(
+                f"triple kind must be 'elementwise' or 'matmul', got {self.kind!r}"
+            )
 
     @classmethod
     def elementwise(cls, shape: int | tuple[int, ...]) -> TripleShape:
@@ -552,7 +566,7 @@ class TruncationPairShare:
 
 def _require_z2k(ring: Ring, what: str) -> Z2k:
     if not isinstance(ring, Z2k):
-        raise ValueError(f"{what} is defined in Z_2^k, not in {ring}")
+        raise ConfigurationError(f"{what} is defined in Z_2^k, not in {ring}")
     return ring
 
 
@@ -610,10 +624,10 @@ class PartyRandomness:
         """Check the dealer's correction: required for the last party, refused for others."""
         if not self.receives_corrections:
             if correction is not None:
-                raise ValueError(f"party {self.party} derives its {what} share; no correction")
+                raise ShareError(f"party {self.party} derives its {what} share; no correction")
             return None
         if correction is None:
-            raise ValueError(f"party {self.party} (the last) needs the dealer's {what} correction")
+            raise ShareError(f"party {self.party} (the last) needs the dealer's {what} correction")
         try:
             return self.ring.validate(correction, f"{what} correction", shape)
         except ClientInputError as err:
@@ -929,12 +943,12 @@ def beaver_mask(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a shape does not match the triple.
     """
     xs, ys = ring.element(x), ring.element(y)
     if xs.shape != triple.a.shape or ys.shape != triple.b.shape:
-        raise ValueError(
+        raise ConfigurationError(
             f"operands {xs.shape}, {ys.shape} do not match the triple {triple.a.shape}, "
             f"{triple.b.shape}"
         )
@@ -966,13 +980,15 @@ def beaver_mul(
 
     Raises
     ------
-    ValueError
-        If a shape does not match the triple or ``party`` is negative.
+    ShareError
+        If an opened value's shape does not match the triple (it came from another party).
+    ConfigurationError
+        If ``party`` is negative.
     """
     i = _check_party(party)
     dd, ee = ring.element(d), ring.element(e)
     if dd.shape != triple.a.shape or ee.shape != triple.b.shape:
-        raise ValueError(f"opened d {dd.shape}, e {ee.shape} do not match the triple")
+        raise ShareError(f"opened d {dd.shape}, e {ee.shape} do not match the triple")
     z = ring.add(triple.c, ring.add(ring.mul(dd, triple.b), ring.mul(ee, triple.a)))
     return ring.add(z, ring.mul(dd, ee)) if i == 0 else z
 
@@ -1002,13 +1018,15 @@ def beaver_matmul(
 
     Raises
     ------
-    ValueError
-        If a shape does not match the triple or ``party`` is negative.
+    ShareError
+        If an opened value's shape does not match the triple (it came from another party).
+    ConfigurationError
+        If ``party`` is negative.
     """
     i = _check_party(party)
     dd, ee = ring.element(d), ring.element(e)
     if dd.shape != triple.a.shape or ee.shape != triple.b.shape or dd.ndim != 2:
-        raise ValueError(f"opened D {dd.shape}, E {ee.shape} do not match the matmul triple")
+        raise ShareError(f"opened D {dd.shape}, E {ee.shape} do not match the matmul triple")
     z = ring.add(triple.c, ring.add(ring.matmul(dd, triple.b), ring.matmul(triple.a, ee)))
     return ring.add(z, ring.matmul(dd, ee)) if i == 0 else z
 
@@ -1084,7 +1102,7 @@ def truncate_mask(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the ring is not Z_2^k, the shapes differ, or ``l`` is out of range.
     """
     z = _require_z2k(ring, "truncation")
@@ -1092,7 +1110,9 @@ def truncate_mask(
     bound = _check_bound(z, bound_bits, pair.frac_bits)
     x = z.element(share)
     if x.shape != pair.r.shape:
-        raise ValueError(f"share {x.shape} does not match the truncation pair {pair.r.shape}")
+        raise ConfigurationError(
+            f"share {x.shape} does not match the truncation pair {pair.r.shape}"
+        )
     c = z.add(x, pair.r)
     return z.add(c, _U64(1 << bound)) if i == 0 else c
 
@@ -1125,15 +1145,17 @@ def truncate_finish(
 
     Raises
     ------
-    ValueError
-        If the ring is not Z_2^k, the shapes differ, or ``l`` is out of range.
+    ShareError
+        If the opened value's shape differs from the pair's (it came from another party).
+    ConfigurationError
+        If the ring is not Z_2^k or ``l`` is out of range.
     """
     z = _require_z2k(ring, "truncation")
     i = _check_party(party)
     bound = _check_bound(z, bound_bits, pair.frac_bits)
     c = z.element(opened)
     if c.shape != pair.r.shape:
-        raise ValueError(f"opened c {c.shape} does not match the truncation pair {pair.r.shape}")
+        raise ShareError(f"opened c {c.shape} does not match the truncation pair {pair.r.shape}")
     out = z.neg(pair.r_shifted)
     if i != 0:
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf_keys import (
     _GEN_CHUNK,
     _U64,
@@ -89,10 +90,10 @@ def next_hint_batch(
     m, tau = pub.num_keys, pub.tau
     betas = _betas_matrix(new_betas, m)
     if betas.shape[1] != tau:
-        raise ValueError(f"new betas have tau={betas.shape[1]}, keys have tau={tau}")
+        raise ConfigurationError(f"new betas have tau={betas.shape[1]}, keys have tau={tau}")
     e = _check_epoch(epoch)
     if m and e <= int(pub.epochs.max()):
-        raise ValueError(f"epoch {e} is not newer than the keys' epochs")
+        raise ConfigurationError(f"epoch {e} is not newer than the keys' epochs")
     group = _group(tau)
     half_w = pub.leaf_words // 2
     w = 2 * half_w
@@ -156,11 +157,11 @@ def next_hint_batch(
         if alphas is not None:
             a = _as_index(alphas, "alphas")
             if a.shape != (m,):
-                raise ValueError(f"alphas must have shape ({m},), got {a.shape}")
+                raise ConfigurationError(f"alphas must have shape ({m},), got {a.shape}")
             if np.any(np.where(has, a >> _U64(1), _U64(0)) != path_bits) or np.any(
                 (~has) & (a != 0)
             ):
-                raise ValueError("alphas do not match the keys' points")
+                raise ConfigurationError("alphas do not match the keys' points")
             gpos = np.where(has, a & _U64(1), _U64(0)).astype(np.int64)
         else:
             u_old = sign * pub.cw_leaf + h_old[:, 0] - h_old[:, 1]
@@ -169,7 +170,7 @@ def next_hint_batch(
                 raise DPFKeyError("a key pair encodes a non-zero value at two points")
             unknown = has & ~nz.any(axis=1) & betas.any(axis=1)
             if unknown.any():
-                raise ValueError(
+                raise ConfigurationError(
                     f"{int(unknown.sum())} key(s) hold beta = 0, so the point's last bit is not "
                     "in the keys: pass alphas"
                 )

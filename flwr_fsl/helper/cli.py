@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
@@ -136,14 +137,16 @@ def _dp_policy(args: argparse.Namespace) -> DistributedDP | None:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If only some of the three flags are given, or a value is out of range.
     """
     given = [args.dp_noise_multiplier, args.dp_clip_norm, args.dp_max_weight]
     if all(v is None for v in given):
         return None
     if any(v is None for v in given):
-        raise ValueError("--dp-noise-multiplier, --dp-clip-norm and --dp-max-weight go together")
+        raise ConfigurationError(
+            "--dp-noise-multiplier, --dp-clip-norm and --dp-max-weight go together"
+        )
     return DistributedDP(
         args.dp_noise_multiplier, args.dp_clip_norm, args.dp_max_weight, args.dp_delta
     )
@@ -276,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         token = args.token_file.read_text().strip() if args.token_file else None
         if token == "":
-            raise ValueError(f"token file {args.token_file} is empty")
+            raise ConfigurationError(f"token file {args.token_file} is empty")
     except (SealedBoxError, ValueError, OSError) as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ import grpc
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import (
     SealedBoxError,
     SealingKeyPair,
@@ -142,7 +143,7 @@ class _Facade(abc.ABC):
         if session_id is None:
             session_id = os.urandom(wire.SESSION_BYTES)
         if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
-            raise ValueError(f"session_id must be {wire.SESSION_BYTES} bytes")
+            raise ConfigurationError(f"session_id must be {wire.SESSION_BYTES} bytes")
         self._session_id = session_id
         self._session_opened = False
 
@@ -569,11 +570,11 @@ class HelperClient(_Facade):
     ) -> None:
         self._init_session(session_id)
         if not isinstance(address, str) or not address:
-            raise ValueError("address must be a non-empty 'host:port' string")
+            raise ConfigurationError("address must be a non-empty 'host:port' string")
         if not timeout > 0:
-            raise ValueError(f"timeout must be > 0, got {timeout}")
+            raise ConfigurationError(f"timeout must be > 0, got {timeout}")
         if token is not None and (not isinstance(token, str) or not token):
-            raise ValueError("token must be a non-empty string")
+            raise ConfigurationError("token must be a non-empty string")
         self.address = address
         self.timeout = float(timeout)
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token is not None else None

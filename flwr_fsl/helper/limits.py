@@ -69,6 +69,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, fields
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
@@ -189,14 +190,16 @@ class HelperLimits:
 
     def __post_init__(self) -> None:
         if self.dp is not None and not isinstance(self.dp, DistributedDP):
-            raise ValueError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
+            raise ConfigurationError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
         for f in fields(self):
             if f.name == "dp":
                 continue
             value = getattr(self, f.name)
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise ValueError(f"{f.name} must be an integer in [1, {top}], got {value!r}")
+                raise ConfigurationError(
+                    f"{f.name} must be an integer in [1, {top}], got {value!r}"
+                )
 
     def check_participation(self, round_id: int, clients: int) -> None:
         """Refuse to finish a round with fewer than ``min_clients`` clients (none is harmless).

@@ -39,6 +39,7 @@ from typing import NoReturn
 
 import grpc
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import TOKEN_METADATA_KEY, grpc_options
 from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError
@@ -136,13 +137,13 @@ def start_server(
         If the address cannot be bound (port in use, bad host).
     """
     if not 0 <= port <= 65535:
-        raise ValueError(f"port must be in [0, 65535], got {port}")
+        raise ConfigurationError(f"port must be in [0, 65535], got {port}")
     if max_workers < 1:
-        raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        raise ConfigurationError(f"max_workers must be >= 1, got {max_workers}")
     if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
-        raise ValueError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
+        raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
     if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
-        raise ValueError("token must be a non-empty printable string")
+        raise ConfigurationError("token must be a non-empty printable string")
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _handler(service, name, token), request_deserializer=None, response_serializer=None

@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
@@ -193,16 +194,18 @@ class HelperService:
         limits: HelperLimits | None = None,
     ) -> None:
         if not isinstance(keypair, SealingKeyPair):
-            raise ValueError(f"keypair must be a SealingKeyPair, got {type(keypair).__name__}")
+            raise ConfigurationError(
+                f"keypair must be a SealingKeyPair, got {type(keypair).__name__}"
+            )
         if limits is not None and not isinstance(limits, HelperLimits):
-            raise ValueError(f"limits must be a HelperLimits, got {type(limits).__name__}")
+            raise ConfigurationError(f"limits must be a HelperLimits, got {type(limits).__name__}")
         for name, value in (("max_open_rounds", max_open_rounds), ("max_sessions", max_sessions)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int")
+                raise ConfigurationError(f"{name} must be an int")
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise ConfigurationError(f"{name} must be >= 1, got {value}")
         if not session_idle_s > 0:
-            raise ValueError(f"session_idle_s must be > 0, got {session_idle_s}")
+            raise ConfigurationError(f"session_idle_s must be > 0, got {session_idle_s}")
         self.keypair = keypair
         self.max_open_rounds = max_open_rounds
         self.max_sessions = max_sessions
@@ -226,13 +229,15 @@ class HelperService:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If one of its method names is already registered.
         """
         methods = dict(plugin.methods())
         taken = sorted(set(methods) & set(self._methods))
         if taken:
-            raise ValueError(f"service {plugin.name!r}: methods {taken} are already registered")
+            raise ConfigurationError(
+                f"service {plugin.name!r}: methods {taken} are already registered"
+            )
         self._methods.update(methods)
 
     @property

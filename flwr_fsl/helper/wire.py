@@ -68,6 +68,7 @@ from typing import ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import (
     MAX_ARRAY_NDIM,
     MAX_ITEMS,
@@ -530,16 +531,16 @@ def register_message(cls: type[M]) -> type[M]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the class has no ``KIND``, or its kind is out of range or already taken by
         another class.
     """
     kind = int(getattr(cls, "KIND", -1))
     if not 1 <= kind <= 255:
-        raise ValueError(f"{cls.__name__}.KIND must be in [1, 255], got {kind}")
+        raise ConfigurationError(f"{cls.__name__}.KIND must be in [1, 255], got {kind}")
     taken = _BY_KIND.get(kind)
     if taken is not None and taken is not cls:
-        raise ValueError(f"message kind {kind} is taken by {taken.__name__}")
+        raise ConfigurationError(f"message kind {kind} is taken by {taken.__name__}")
     _BY_KIND[kind] = cls
     return cls
 

@@ -17,6 +17,8 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
+
 BLOCK_BYTES = 16
 
 
@@ -35,13 +37,13 @@ class BatchedAES:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``key`` is not 16 bytes long.
     """
 
     def __init__(self, key: bytes) -> None:
         if not isinstance(key, bytes | bytearray) or len(key) != BLOCK_BYTES:
-            raise ValueError(f"AES-128 key must be {BLOCK_BYTES} bytes, got {len(key)!r}")
+            raise ConfigurationError(f"AES-128 key must be {BLOCK_BYTES} bytes, got {len(key)!r}")
         self._cipher = Cipher(algorithms.AES(bytes(key)), modes.ECB())
         # ECB has no chaining state: as long as only whole blocks go in, one context serves all
         # calls (nothing is ever buffered inside it).
@@ -62,15 +64,15 @@ class BatchedAES:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the arrays are not contiguous or their sizes do not match or are not a multiple
             of 16 bytes.
         """
         if not (blocks.flags.c_contiguous and out.flags.c_contiguous):
-            raise ValueError("blocks and out must be C-contiguous")
+            raise ConfigurationError("blocks and out must be C-contiguous")
         nbytes = blocks.nbytes
         if nbytes % BLOCK_BYTES or out.nbytes != nbytes:
-            raise ValueError(
+            raise ConfigurationError(
                 f"need equal byte sizes that are multiples of 16, got {nbytes} and {out.nbytes}"
             )
         if nbytes == 0:
@@ -99,15 +101,15 @@ class BatchedAES:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If an array is not contiguous, the size is not a multiple of 16, or ``out`` is
             too small.
         """
         if not (blocks.flags.c_contiguous and out.flags.c_contiguous):
-            raise ValueError("blocks and out must be C-contiguous")
+            raise ConfigurationError("blocks and out must be C-contiguous")
         nbytes = blocks.nbytes
         if nbytes % BLOCK_BYTES or out.nbytes < nbytes + BLOCK_BYTES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"need a multiple of 16 bytes and an output with 16 spare bytes, got {nbytes} "
                 f"and {out.nbytes}"
             )
@@ -133,12 +135,12 @@ class BatchedAES:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the lengths are wrong.
         """
         n = src.nbytes
         if n % BLOCK_BYTES or dst.nbytes < n + BLOCK_BYTES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"need a multiple of 16 bytes and 16 spare output bytes, got {n} and {dst.nbytes}"
             )
         if n:

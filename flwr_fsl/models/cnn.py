@@ -13,6 +13,8 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn import functional as F
 
+from flwr_fsl.core.errors import ConfigurationError
+
 
 def set_torch_threads(num_threads: int = 1) -> None:
     """Limit torch's intra-op threads (clients share few cores in simulation).
@@ -24,11 +26,11 @@ def set_torch_threads(num_threads: int = 1) -> None:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``num_threads < 1``.
     """
     if num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        raise ConfigurationError(f"num_threads must be >= 1, got {num_threads}")
     if torch.get_num_threads() != num_threads:
         torch.set_num_threads(num_threads)
 
@@ -48,7 +50,7 @@ class MnistCNN(nn.Module):
         super().__init__()
         c1, c2 = channels
         if c1 < 1 or c2 < 1 or num_classes < 2:
-            raise ValueError(f"invalid channels {channels} / num_classes {num_classes}")
+            raise ConfigurationError(f"invalid channels {channels} / num_classes {num_classes}")
         self.conv1 = nn.Conv2d(1, c1, kernel_size=5)
         self.conv2 = nn.Conv2d(c1, c2, kernel_size=5)
         self.fc = nn.Linear(c2 * 4 * 4, num_classes)
@@ -82,9 +84,9 @@ def _to_tensor(array: NDArray, dtype: torch.dtype) -> torch.Tensor:
 
 def _check_xy(x: NDArray, y: NDArray) -> None:
     if len(x) != len(y):
-        raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
+        raise ConfigurationError(f"x and y must have the same length, got {len(x)} and {len(y)}")
     if len(x) == 0:
-        raise ValueError("x and y must not be empty")
+        raise ConfigurationError("x and y must not be empty")
 
 
 def train_one(
@@ -125,12 +127,12 @@ def train_one(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is out of range or ``x``/``y`` do not match.
     """
     _check_xy(x, y)
     if epochs < 1 or batch_size < 1 or not lr > 0 or not 0 <= momentum < 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"need epochs >= 1, batch_size >= 1, lr > 0, 0 <= momentum < 1; got "
             f"epochs={epochs}, batch_size={batch_size}, lr={lr}, momentum={momentum}"
         )
@@ -183,12 +185,12 @@ def evaluate(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``x``/``y`` do not match or are empty.
     """
     _check_xy(x, y)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
     xt = _to_tensor(x, torch.float32)
     yt = _to_tensor(y, torch.long)

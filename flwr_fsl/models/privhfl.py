@@ -64,6 +64,8 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn import functional as F
 
+from flwr_fsl.core.errors import ConfigurationError
+
 __all__ = [
     "ARCHITECTURES",
     "IMAGE_SHAPE",
@@ -113,7 +115,7 @@ class Residual(nn.Module):
     def __init__(self, body: nn.Sequential, shortcut: nn.Module | None = None) -> None:
         super().__init__()
         if not isinstance(body, nn.Sequential) or len(body) == 0:
-            raise ValueError("body must be a non-empty nn.Sequential")
+            raise ConfigurationError("body must be a non-empty nn.Sequential")
         self.body = body
         self.shortcut = nn.Identity() if shortcut is None else shortcut
 
@@ -132,7 +134,7 @@ class Residual(nn.Module):
 
 def _check_int(name: str, value: int, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
     return value
 
 
@@ -252,7 +254,7 @@ def mlp(hidden: tuple[int, ...] = (128, 64), num_classes: int = 10) -> nn.Sequen
         The model.
     """
     if not hidden:
-        raise ValueError("hidden must name at least one layer width")
+        raise ConfigurationError("hidden must name at least one layer width")
     widths = [_check_int("hidden width", h, 1) for h in hidden]
     _check_int("num_classes", num_classes, 2)
     layers: list[nn.Module] = [nn.Flatten()]
@@ -292,11 +294,13 @@ def build_model(name: str, num_classes: int = 10, seed: int | None = None) -> nn
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``name`` is unknown.
     """
     if name not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}")
+        raise ConfigurationError(
+            f"unknown architecture {name!r}; choose one of {sorted(ARCHITECTURES)}"
+        )
     if seed is None:
         return ARCHITECTURES[name](num_classes=num_classes)
     with torch.random.fork_rng(devices=[]):
@@ -326,25 +330,27 @@ def check_secure_evaluable(model: nn.Module) -> None:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         Naming the first module that is not evaluable (e.g. ``BatchNorm2d``, ``Dropout``,
         ``AdaptiveAvgPool2d``, a custom module), a pooling layer with padding, dilation or
         ``ceil_mode``, or a convolution with groups/dilation/a padding mode other than zeros.
     """
     if not isinstance(model, nn.Sequential):
-        raise ValueError(f"the model must be an nn.Sequential, got {type(model).__name__}")
+        raise ConfigurationError(f"the model must be an nn.Sequential, got {type(model).__name__}")
     for layer in secure_layers(model):
         if type(layer) not in SECURE_LAYERS:
-            raise ValueError(f"{type(layer).__name__} cannot be evaluated securely")
+            raise ConfigurationError(f"{type(layer).__name__} cannot be evaluated securely")
         if isinstance(layer, nn.Conv2d) and (
             layer.groups != 1 or layer.dilation != (1, 1) or layer.padding_mode != "zeros"
         ):
-            raise ValueError("only plain Conv2d (groups 1, dilation 1, zero padding) is supported")
+            raise ConfigurationError(
+                "only plain Conv2d (groups 1, dilation 1, zero padding) is supported"
+            )
         if isinstance(layer, nn.MaxPool2d | nn.AvgPool2d):
             padding = layer.padding if isinstance(layer.padding, tuple) else (layer.padding,)
             dilation = getattr(layer, "dilation", 1)
             if any(p != 0 for p in padding) or layer.ceil_mode or dilation not in (1, (1, 1)):
-                raise ValueError(
+                raise ConfigurationError(
                     f"{type(layer).__name__} with padding, dilation or ceil_mode is not supported"
                 )
 
@@ -357,7 +363,7 @@ def as_images(x: NDArray[np.floating] | torch.Tensor) -> torch.Tensor:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         For any other shape.
     """
     if isinstance(x, torch.Tensor):
@@ -371,16 +377,18 @@ def as_images(x: NDArray[np.floating] | torch.Tensor) -> torch.Tensor:
         return t.unsqueeze(1)
     if t.ndim == 2 and t.shape[1] == int(np.prod(IMAGE_SHAPE)):
         return t.reshape(-1, *IMAGE_SHAPE)
-    raise ValueError(f"expected images (N, C, H, W), (N, H, W) or (N, 784), got {tuple(t.shape)}")
+    raise ConfigurationError(
+        f"expected images (N, C, H, W), (N, H, W) or (N, 784), got {tuple(t.shape)}"
+    )
 
 
 def _check_training(epochs: int, lr: float, batch_size: int) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+        raise ConfigurationError(f"epochs must be an int >= 0, got {epochs!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        raise ConfigurationError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if not (isinstance(lr, int | float) and np.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+        raise ConfigurationError(f"lr must be a finite number > 0, got {lr!r}")
 
 
 def _epochs(
@@ -454,18 +462,20 @@ def train_private(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an argument is out of range or ``x``/``y`` do not match.
     """
     _check_training(epochs, lr, batch_size)
     if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        raise ConfigurationError(f"momentum must be in [0, 1), got {momentum!r}")
     if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+        raise ConfigurationError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     xt = as_images(x)
     yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
     if len(xt) != len(yt) or len(xt) == 0:
-        raise ValueError(f"x and y must be non-empty and of one length: {len(xt)}, {len(yt)}")
+        raise ConfigurationError(
+            f"x and y must be non-empty and of one length: {len(xt)}, {len(yt)}"
+        )
     opt: torch.optim.Optimizer
     if optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -510,7 +520,7 @@ def retrain(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If shapes disagree, ``soft_labels`` are not probability vectors over the model's
         classes, or an argument is out of range.
     """
@@ -518,24 +528,24 @@ def retrain(
     xp = as_images(x_private)
     yp = torch.as_tensor(np.asarray(y_private), dtype=torch.long)
     if len(xp) != len(yp) or len(xp) == 0:
-        raise ValueError("x_private and y_private must be non-empty and of one length")
+        raise ConfigurationError("x_private and y_private must be non-empty and of one length")
     if (x_query is None) != (soft_labels is None):
-        raise ValueError("give both x_query and soft_labels, or neither")
+        raise ConfigurationError("give both x_query and soft_labels, or neither")
     with torch.no_grad():
         num_classes = int(model.eval()(xp[:1]).shape[1])
     if int(yp.min()) < 0 or int(yp.max()) >= num_classes:
-        raise ValueError(f"y_private must hold labels in [0, {num_classes})")
+        raise ConfigurationError(f"y_private must hold labels in [0, {num_classes})")
     targets = F.one_hot(yp, num_classes).to(torch.float32)
     x_all = xp
     if x_query is not None and soft_labels is not None:
         xq = as_images(x_query)
         soft = torch.as_tensor(np.asarray(soft_labels, dtype=np.float32))
         if soft.shape != (len(xq), num_classes):
-            raise ValueError(f"soft_labels must have shape {(len(xq), num_classes)}")
+            raise ConfigurationError(f"soft_labels must have shape {(len(xq), num_classes)}")
         if not bool(torch.isfinite(soft).all()) or bool((soft < 0).any()):
-            raise ValueError("soft_labels must be finite and non-negative")
+            raise ConfigurationError("soft_labels must be finite and non-negative")
         if not torch.allclose(soft.sum(1), torch.ones(len(soft)), atol=1e-4):
-            raise ValueError("each row of soft_labels must sum to 1")
+            raise ConfigurationError("each row of soft_labels must sum to 1")
         x_all = torch.cat([xp, xq])
         targets = torch.cat([targets, soft])
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -565,11 +575,11 @@ def penultimate_features(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``model`` is not a ``Sequential`` ending in ``nn.Linear``.
     """
     if not isinstance(model, nn.Sequential) or not isinstance(model[-1], nn.Linear):
-        raise ValueError("penultimate_features needs an nn.Sequential ending in nn.Linear")
+        raise ConfigurationError("penultimate_features needs an nn.Sequential ending in nn.Linear")
     _check_training(1, 1.0, batch_size)
     model.eval()
     trunk = model[:-1]

@@ -30,6 +30,8 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn import functional as F
 
+from flwr_fsl.core.errors import ConfigurationError
+
 __all__ = ["Scaler", "WidthCNN", "WidthMLP", "calibrate_batch_norm", "scaled_width"]
 
 
@@ -40,20 +42,20 @@ def scaled_width(width: int, rate: float) -> int:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``width < 1`` or ``rate`` is not in ``(0, 1]``.
     """
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be an int >= 1, got {width!r}")
+        raise ConfigurationError(f"width must be an int >= 1, got {width!r}")
     _check_rate(rate)
     return min(width, max(1, int(np.ceil(width * float(rate)))))
 
 
 def _check_rate(rate: float) -> float:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate <= 1.0:
-        raise ValueError(f"rate must be a number in (0, 1], got {rate!r}")
+        raise ConfigurationError(f"rate must be a number in (0, 1], got {rate!r}")
     if not math.isfinite(rate):
-        raise ValueError(f"rate must be finite, got {rate!r}")
+        raise ConfigurationError(f"rate must be finite, got {rate!r}")
     return float(rate)
 
 
@@ -97,7 +99,7 @@ class _Block(nn.Module):
 def _check_sizes(name: str, values: tuple[int, ...]) -> tuple[int, ...]:
     out = tuple(values)
     if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
-        raise ValueError(f"{name} must be a non-empty tuple of ints >= 1, got {values!r}")
+        raise ConfigurationError(f"{name} must be a non-empty tuple of ints >= 1, got {values!r}")
     return out
 
 
@@ -190,7 +192,7 @@ class WidthCNN(nn.Module):
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a size or the rate is invalid.
     """
 
@@ -207,7 +209,7 @@ class WidthCNN(nn.Module):
         self.rate = _check_rate(rate)
         full = _check_sizes("channels", channels)
         if len(full) != 2:
-            raise ValueError(f"channels must be two conv widths, got {channels!r}")
+            raise ConfigurationError(f"channels must be two conv widths, got {channels!r}")
         _check_sizes("num_classes / in_channels", (num_classes, in_channels))
         self.full_channels = full
         self.in_channels = in_channels
@@ -260,11 +262,11 @@ def calibrate_batch_norm(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``x`` is empty or ``batch_size < 1``.
     """
     if len(x) == 0 or batch_size < 1:
-        raise ValueError("need a non-empty x and batch_size >= 1")
+        raise ConfigurationError("need a non-empty x and batch_size >= 1")
     tracked = type(model)(rate=model.rate, track=True, **model.config)  # type: ignore[arg-type]
     tracked.load_state_dict(model.state_dict(), strict=False)
     tracked.train()

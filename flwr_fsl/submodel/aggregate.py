@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.submodel.layout import ElementUpdate, FlatLayout, Layout
 from flwr_fsl.submodel.update import SubmodelUpdate
 
@@ -81,18 +81,20 @@ def accumulate_elements(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``size``/``width`` are negative / < 1, or a part does not fit the element space.
     """
     if size < 0 or width < 1:
-        raise ValueError(f"element space needs size >= 0 and width >= 1, got {size}, {width}")
+        raise ConfigurationError(
+            f"element space needs size >= 0 and width >= 1, got {size}, {width}"
+        )
     sums = np.zeros((size, width))
     counts = np.zeros(size)
     for part in parts:
         if part.width != width:
-            raise ValueError(f"an update has width {part.width}, the layout {width}")
+            raise ConfigurationError(f"an update has width {part.width}, the layout {width}")
         if part.last >= size:
-            raise ValueError(f"an update's element {part.last} is outside [0, {size})")
+            raise ConfigurationError(f"an update's element {part.last} is outside [0, {size})")
         # Elements are unique within one part, so fancy-index += is exact; a run (a dense part)
         # is added through a slice. An overflow to inf is reported by the apply
         # (RoundFailedError), not as a warning.
@@ -145,9 +147,13 @@ def _touched_means(
     s = np.asarray(sums, np.float64)
     c = np.asarray(counts, np.float64)
     if s.ndim != 2 or c.shape != (s.shape[0],):
-        raise ValueError(f"sums must be (size, width) and counts (size,): {s.shape}, {c.shape}")
+        raise ConfigurationError(
+            f"sums must be (size, width) and counts (size,): {s.shape}, {c.shape}"
+        )
     if size is not None and s.shape != (size, width):
-        raise ValueError(f"sums have shape {s.shape}, the layout's space is {(size, width)}")
+        raise ConfigurationError(
+            f"sums have shape {s.shape}, the layout's space is {(size, width)}"
+        )
     if not (np.all(np.isfinite(s)) and np.all(np.isfinite(c))):
         raise RoundFailedError("the aggregated sums or counts are not finite")
     # C <= 0 means no (honest) client chose the element: secure aggregation reconstructs

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 FORMAT_NAME = "flwr_fsl.submodel"
@@ -199,7 +199,7 @@ def _check_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generi
 def _index_array(indices: NDArray[np.int64]) -> NDArray[np.unsignedinteger]:
     idx = np.asarray(indices)
     if idx.size and int(idx.min()) < 0:
-        raise ValueError("indices must be non-negative")
+        raise ConfigurationError("indices must be non-negative")
     small = not idx.size or int(idx.max()) < 2**32
     return np.ascontiguousarray(idx, np.uint32 if small else np.uint64)
 

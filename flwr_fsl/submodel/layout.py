@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 __all__ = [
@@ -74,7 +74,7 @@ class ElementUpdate:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the arrays' shapes disagree, a run starts below 0, or the indices are not strictly
         ascending and non-negative (layouts build these from validated updates; this guards
         against bugs).
@@ -87,19 +87,19 @@ class ElementUpdate:
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2:
-            raise ValueError(f"values must be (k, width), got {self.values.shape}")
+            raise ConfigurationError(f"values must be (k, width), got {self.values.shape}")
         k = self.values.shape[0]
         if self.counts.shape != (k,):
-            raise ValueError(f"counts must have shape ({k},), got {self.counts.shape}")
+            raise ConfigurationError(f"counts must have shape ({k},), got {self.counts.shape}")
         idx = self.index_array
         if idx is None:
             if self.start < 0:
-                raise ValueError(f"a run cannot start at {self.start}")
+                raise ConfigurationError(f"a run cannot start at {self.start}")
             return
         if idx.shape != (k,):
-            raise ValueError(f"indices must have shape ({k},), got {idx.shape}")
+            raise ConfigurationError(f"indices must have shape ({k},), got {idx.shape}")
         if k and (idx[0] < 0 or np.any(idx[1:] <= idx[:-1])):
-            raise ValueError("element indices must be non-negative and strictly ascending")
+            raise ConfigurationError("element indices must be non-negative and strictly ascending")
 
     @property
     def width(self) -> int:
@@ -179,10 +179,10 @@ def _check_ascending(indices: NDArray[np.int64], size: int) -> NDArray[np.int64]
     """Validate element indices handed to ``gather``/``write`` (a caller's, not a client's)."""
     idx = np.asarray(indices)
     if idx.ndim != 1 or not (np.issubdtype(idx.dtype, np.integer) or idx.size == 0):
-        raise ValueError(f"element indices must be a 1-D integer array, got {idx.shape}")
+        raise ConfigurationError(f"element indices must be a 1-D integer array, got {idx.shape}")
     idx = idx.astype(np.int64, copy=False)
     if idx.size and (idx[0] < 0 or idx[-1] >= size or np.any(idx[1:] <= idx[:-1])):
-        raise ValueError(f"element indices must be strictly ascending within [0, {size})")
+        raise ConfigurationError(f"element indices must be strictly ascending within [0, {size})")
     return idx
 
 
@@ -220,7 +220,7 @@ def _check_covered(update: SubmodelUpdate, names: tuple[str, ...]) -> None:
     """Reject floating tensors outside a flat space (integer buffers may lie outside it)."""
     for name, part in update.tensors.items():
         if name not in names and np.issubdtype(np.asarray(part.values).dtype, np.floating):
-            raise ValueError(f"{name!r} is not a floating tensor of the model")
+            raise ConfigurationError(f"{name!r} is not a floating tensor of the model")
 
 
 def _part_coordinates(
@@ -390,13 +390,13 @@ class FlatLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If ``name`` is not in the layout.
         """
         try:
             return self.offsets[self.names.index(name)]
         except ValueError:
-            raise ValueError(f"{name!r} is not a tensor of this layout") from None
+            raise ConfigurationError(f"{name!r} is not a tensor of this layout") from None
 
     def elements(self, update: SubmodelUpdate) -> ElementUpdate:
         """Map a (dense, coordinate or row) update onto flat coordinates.
@@ -430,14 +430,14 @@ class FlatLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the update touches a tensor outside the layout or uses row encoding.
         ClientInputError
             If a part does not fit its tensor.
         """
         for part in update.tensors.values():
             if part.encoding is Encoding.ROWS:
-                raise ValueError("row (mega-element) updates need the row layout, not flat")
+                raise ConfigurationError("row (mega-element) updates need the row layout, not flat")
         elements = self.elements(update)
         return elements.indices, elements.values[:, 0]
 
@@ -511,14 +511,14 @@ class FlatLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
             not ``(len(indices), 1)``.
         """
         idx = _check_ascending(indices, self.size)
         vals = np.asarray(values)
         if vals.shape != (idx.size, 1):
-            raise ValueError(f"values must have shape {(idx.size, 1)}, got {vals.shape}")
+            raise ConfigurationError(f"values must have shape {(idx.size, 1)}, got {vals.shape}")
         out = {name: np.array(value, copy=True, order="C") for name, value in arrays.items()}
         for i, lo, hi in self._segments(idx):  # C order: reshape(-1) below is a view
             target = out[self.names[i]]
@@ -546,7 +546,9 @@ class RowLayout:
 
     def __post_init__(self) -> None:
         if len(self.shape) != 2 or min(self.shape) < 1:
-            raise ValueError(f"a row table needs a 2-D shape with rows and columns: {self.shape}")
+            raise ConfigurationError(
+                f"a row table needs a 2-D shape with rows and columns: {self.shape}"
+            )
 
     @classmethod
     def of(cls, arrays: Mapping[str, NDArray[np.generic]], table: str) -> RowLayout:
@@ -554,14 +556,14 @@ class RowLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If ``table`` is not in ``arrays`` or is not a non-empty 2-D tensor.
         """
         if table not in arrays:
-            raise ValueError(f"the model has no tensor {table!r}")
+            raise ConfigurationError(f"the model has no tensor {table!r}")
         shape = tuple(np.shape(arrays[table]))
         if len(shape) != 2:
-            raise ValueError(f"{table!r} must be a 2-D table, got shape {shape}")
+            raise ConfigurationError(f"{table!r} must be a 2-D table, got shape {shape}")
         return cls(table, (int(shape[0]), int(shape[1])))
 
     @property
@@ -577,7 +579,9 @@ class RowLayout:
     def _table(self, arrays: Mapping[str, NDArray[np.generic]]) -> NDArray[np.generic]:
         table = np.asarray(arrays[self.table])
         if table.shape != self.shape:
-            raise ValueError(f"{self.table!r} has shape {table.shape}, the layout {self.shape}")
+            raise ConfigurationError(
+                f"{self.table!r} has shape {table.shape}, the layout {self.shape}"
+            )
         return table
 
     def elements(self, update: SubmodelUpdate) -> ElementUpdate:
@@ -585,7 +589,7 @@ class RowLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the update touches another tensor or sends the table as coordinates.
         ClientInputError
             If the part does not fit the table or the weight is not finite and > 0.
@@ -593,12 +597,12 @@ class RowLayout:
         weight = _check_weight(update)
         others = sorted(set(update.tensors) - {self.table})
         if others:
-            raise ValueError(f"the row layout covers only {self.table!r}, not {others}")
+            raise ConfigurationError(f"the row layout covers only {self.table!r}, not {others}")
         part = update.tensors.get(self.table)
         if part is None:
             return _finish(self.table, [], self.width)
         if part.encoding is Encoding.COORDINATES:
-            raise ValueError("coordinate updates need the flat layout, not rows")
+            raise ConfigurationError("coordinate updates need the flat layout, not rows")
         pos, vals, cnts = _part_coordinates(self.table, part, self.shape, weight)
         # Rows come back expanded to `width` coordinates each; keep one entry per row.
         rows: int | NDArray[np.int64] = 0 if pos is None else pos[:: self.width] // self.width
@@ -666,14 +670,16 @@ class RowLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
             not ``(len(indices), width)``.
         """
         idx = _check_ascending(indices, self.size)
         vals = np.asarray(values)
         if vals.shape != (idx.size, self.width):
-            raise ValueError(f"values must have shape {(idx.size, self.width)}, got {vals.shape}")
+            raise ConfigurationError(
+                f"values must have shape {(idx.size, self.width)}, got {vals.shape}"
+            )
         self._table(arrays)
         out = {name: np.array(value, copy=True) for name, value in arrays.items()}
         out[self.table][idx] = _cast(vals, out[self.table].dtype)
@@ -812,7 +818,9 @@ class WidthLayout:
     def _check_global(self, arrays: Mapping[str, NDArray[np.generic]]) -> None:
         for name, shape in self.shapes.items():
             if name not in arrays or tuple(np.shape(arrays[name])) != shape:
-                raise ValueError(f"{name!r}: the arrays do not match the global model's shape")
+                raise ConfigurationError(
+                    f"{name!r}: the arrays do not match the global model's shape"
+                )
 
     def _check_sub(self, sub_arrays: Mapping[str, NDArray[np.generic]], finite: bool) -> None:
         extra = sorted(set(sub_arrays) - set(self.shapes))

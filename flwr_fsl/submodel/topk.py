@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
 SCOPES = ("global", "per-tensor")
@@ -44,7 +45,7 @@ class TopKConfig:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the settings are inconsistent or out of range.
     """
 
@@ -56,13 +57,13 @@ class TopKConfig:
 
     def __post_init__(self) -> None:
         if (self.ratio is None) == (self.count is None):
-            raise ValueError("set exactly one of ratio and count")
+            raise ConfigurationError("set exactly one of ratio and count")
         if self.ratio is not None and not (0.0 < self.ratio <= 1.0):
-            raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+            raise ConfigurationError(f"ratio must be in (0, 1], got {self.ratio}")
         if self.count is not None and (isinstance(self.count, bool) or self.count < 1):
-            raise ValueError(f"count must be a positive integer, got {self.count}")
+            raise ConfigurationError(f"count must be a positive integer, got {self.count}")
         if self.scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
+            raise ConfigurationError(f"scope must be one of {SCOPES}, got {self.scope!r}")
 
     @property
     def is_dense(self) -> bool:
@@ -111,21 +112,21 @@ def sparsify(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a group is not in ``deltas`` or has no row axis, or residual shapes differ.
     """
     for name in config.groups:
         if name not in deltas:
-            raise ValueError(f"group {name!r} is not a tensor of the model")
+            raise ConfigurationError(f"group {name!r} is not a tensor of the model")
         if np.ndim(deltas[name]) < 1:
-            raise ValueError(f"group {name!r} has no row axis")
+            raise ConfigurationError(f"group {name!r} has no row axis")
     accumulated: dict[str, NDArray[np.generic]] = {}
     for name, delta in deltas.items():
         delta = np.asarray(delta)
         if config.error_feedback and residuals and name in residuals:
             residual = np.asarray(residuals[name])
             if residual.shape != delta.shape:
-                raise ValueError(f"residual for {name!r} has shape {residual.shape}")
+                raise ConfigurationError(f"residual for {name!r} has shape {residual.shape}")
             delta = delta + residual.astype(delta.dtype)
         accumulated[name] = delta
 

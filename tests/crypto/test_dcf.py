@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.dcf import (
     MMO_KEY_DCF,
@@ -358,40 +358,40 @@ def test_dataclass_validation() -> None:
 
 
 def test_argument_errors() -> None:
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys(0, 1, 0)
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys(0, 1, 65)
-    with pytest.raises(ValueError, match="below 2"):
+    with pytest.raises(ConfigurationError, match="below 2"):
         generate_keys(16, 1, 4)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         generate_keys(-1, 1, 4)
-    with pytest.raises(ValueError, match="alpha must be an integer"):
+    with pytest.raises(ConfigurationError, match="alpha must be an integer"):
         generate_keys(1.5, 1, 4)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="beta"):
+    with pytest.raises(ConfigurationError, match="beta"):
         generate_keys(1, [], 4)
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ConfigurationError, match="integers"):
         generate_keys(1, [0.5], 4)
-    with pytest.raises(ValueError, match="betas"):
+    with pytest.raises(ConfigurationError, match="betas"):
         generate_keys_batch([1, 2], [1, 2, 3], 4)
-    with pytest.raises(ValueError, match="1-D"):
+    with pytest.raises(ConfigurationError, match="1-D"):
         generate_keys_batch([[1]], [1], 4)
-    with pytest.raises(ValueError, match="master_seeds"):
+    with pytest.raises(ConfigurationError, match="master_seeds"):
         generate_keys_batch([1], [1], 4, master_seeds=(b"x" * 16,))  # type: ignore[arg-type]
     k0, _ = generate_keys(3, 1, 4)
-    with pytest.raises(ValueError, match="below 2"):
+    with pytest.raises(ConfigurationError, match="below 2"):
         evaluate_at(k0, [16])
-    with pytest.raises(ValueError, match="exactly one key"):
+    with pytest.raises(ConfigurationError, match="exactly one key"):
         evaluate_at(_batch()[0], [1])
-    with pytest.raises(ValueError, match="key index"):
+    with pytest.raises(ConfigurationError, match="key index"):
         evaluate_at_batch(k0, [1], [0])
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         evaluate_at_batch(k0, [-1], [0])
-    with pytest.raises(ValueError, match="one length"):
+    with pytest.raises(ConfigurationError, match="one length"):
         evaluate_at_batch(k0, [0, 0], [0])
-    with pytest.raises(ValueError, match="one point per key"):
+    with pytest.raises(ConfigurationError, match="one point per key"):
         evaluate_paired(k0, [0, 1])
-    with pytest.raises(ValueError, match="DCFKeyBatch"):
+    with pytest.raises(ConfigurationError, match="DCFKeyBatch"):
         evaluate_at_batch("k", [0], [0])  # type: ignore[arg-type]
     # Large Python ints in a 64-bit domain are taken exactly.
     k0, k1 = generate_keys(MASK, 9, 64)

@@ -7,6 +7,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import (
     DPFKey,
@@ -676,68 +677,68 @@ def test_dataclass_validation():
 
 
 def test_generate_argument_errors():
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ConfigurationError, match="outside"):
         generate_keys(8, 1, 3)
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ConfigurationError, match="outside"):
         generate_keys(-1, 1, 3)
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys(0, 1, 64)
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys(0, 1, 2.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ConfigurationError, match="alpha"):
         generate_keys(1.0, 1, 2)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="Z_2"):
+    with pytest.raises(ConfigurationError, match="Z_2"):
         generate_keys(0, 1.5, 2)
-    with pytest.raises(ValueError, match="beta"):
+    with pytest.raises(ConfigurationError, match="beta"):
         generate_keys(0, [[1, 2]], 2)
-    with pytest.raises(ValueError, match="beta"):
+    with pytest.raises(ConfigurationError, match="beta"):
         generate_keys(0, [], 2)
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ConfigurationError, match="integers"):
         generate_keys(0, ["a"], 2)
-    with pytest.raises(ValueError, match="root_seeds"):
+    with pytest.raises(ConfigurationError, match="root_seeds"):
         generate_keys(0, 1, 2, root_seeds=(bytes(16),))  # type: ignore[arg-type]
     with pytest.raises(DPFKeyError, match="bad control bits"):
         generate_keys(0, 1, 2, root_seeds=(b"\x01" + bytes(15), bytes(16)))
-    with pytest.raises(ValueError, match="epoch"):
+    with pytest.raises(ConfigurationError, match="epoch"):
         generate_keys(0, 1, 2, epoch=-1)
-    with pytest.raises(ValueError, match="below 2"):
+    with pytest.raises(ConfigurationError, match="below 2"):
         generate_keys_batch([4], [1], [2])
-    with pytest.raises(ValueError, match="1-D"):
+    with pytest.raises(ConfigurationError, match="1-D"):
         generate_keys_batch([[1]], [1], [2])
-    with pytest.raises(ValueError, match="betas"):
+    with pytest.raises(ConfigurationError, match="betas"):
         generate_keys_batch([1, 2], [1, 2, 3], 3)
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys_batch([1, 2], [1, 2], [3])
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys_batch([1, 2], [1, 2], [3, 70])
-    with pytest.raises(ValueError, match="domain_bits"):
+    with pytest.raises(ConfigurationError, match="domain_bits"):
         generate_keys_batch([1], [1], [3.0])
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         generate_keys_batch([-1], [1], 3)
-    with pytest.raises(ValueError, match="master_seeds"):
+    with pytest.raises(ConfigurationError, match="master_seeds"):
         generate_keys_batch([1], [1], 3, master_seeds=(bytes(16),))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ConfigurationError, match="16 bytes"):
         generate_keys_batch([1], [1], 3, master_seeds=(bytes(16), b"x"))
 
 
 def test_evaluate_argument_errors():
     k0, _ = generate_keys(1, 1, 3)
-    with pytest.raises(ValueError, match="below 2"):
+    with pytest.raises(ConfigurationError, match="below 2"):
         evaluate_at(k0, [8])
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         evaluate_at(k0, [-1])
-    with pytest.raises(ValueError, match="integers"):
+    with pytest.raises(ConfigurationError, match="integers"):
         evaluate_at(k0, [1.0])
     b = k0.as_batch()
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ConfigurationError, match="out of range"):
         evaluate_at_batch(b, [1], [0])
-    with pytest.raises(ValueError, match="one length"):
+    with pytest.raises(ConfigurationError, match="one length"):
         evaluate_at_batch(b, [0, 0], [0])
-    with pytest.raises(ValueError, match="lengths"):
+    with pytest.raises(ConfigurationError, match="lengths"):
         evaluate_batch(b, lengths=[9])
-    with pytest.raises(ValueError, match="lengths"):
+    with pytest.raises(ConfigurationError, match="lengths"):
         evaluate_batch(b, lengths=[1, 2])
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ConfigurationError, match="out"):
         evaluate_batch(b, out=np.empty((8, 2), U64))
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ConfigurationError, match="out"):
         evaluate_batch(b, out=np.empty((8, 1), np.int64))  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ def test_encode_refuses_bad_values(bad: list[float]) -> None:
     ],
 )
 def test_argument_validation(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         FixedPoint(**kwargs)
 
 

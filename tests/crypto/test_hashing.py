@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.hashing import (
     EMPTY,
     HASH_TAG,
@@ -218,24 +219,24 @@ def test_domain_bits(sizes: list[int], min_bits: int, expected: list[int]) -> No
 
 def test_simple_table_errors() -> None:
     params = HashParams(domain_size=20, num_bins=4, key=KEY)
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ConfigurationError, match="distinct"):
         simple_hash(params, [1, 2, 2])
-    with pytest.raises(ValueError, match=r"\[0, 20\)"):
+    with pytest.raises(ConfigurationError, match=r"\[0, 20\)"):
         simple_hash(params, [1, 20])
     table = simple_hash(params)
-    with pytest.raises(ValueError, match="bin"):
+    with pytest.raises(ConfigurationError, match="bin"):
         table.bin(4)
-    with pytest.raises(ValueError, match="min_bits"):
+    with pytest.raises(ConfigurationError, match="min_bits"):
         table.domain_bits(-1)
     offsets = np.array([0, 1, 1, 2, 3], dtype=np.int64)
     items = np.arange(3, dtype=np.int64)
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(ConfigurationError, match="int64"):
         SimpleTable(params, offsets.astype(np.int32), items)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ConfigurationError, match="shape"):
         SimpleTable(params, offsets[:-1], items)
-    with pytest.raises(ValueError, match="start at 0"):
+    with pytest.raises(ConfigurationError, match="start at 0"):
         SimpleTable(params, np.array([0, 2, 1, 2, 3], dtype=np.int64), items)
-    with pytest.raises(ValueError, match="start at 0"):
+    with pytest.raises(ConfigurationError, match="start at 0"):
         SimpleTable(params, offsets, items[:2])
 
 
@@ -401,25 +402,25 @@ def test_cuckoo_max_evictions_zero_stashes_instead_of_evicting() -> None:
 
 def test_cuckoo_input_errors() -> None:
     params = HashParams.for_items(100, 10, KEY)
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ConfigurationError, match="distinct"):
         cuckoo_hash([1, 5, 5], params)
-    with pytest.raises(ValueError, match="1-D"):
+    with pytest.raises(ConfigurationError, match="1-D"):
         cuckoo_hash([[1, 2]], params)
-    with pytest.raises(ValueError, match="integer dtype"):
+    with pytest.raises(ConfigurationError, match="integer dtype"):
         cuckoo_hash([1.0, 2.0], params)
-    with pytest.raises(ValueError, match=r"\[0, 100\), found -1"):
+    with pytest.raises(ConfigurationError, match=r"\[0, 100\), found -1"):
         cuckoo_hash([-1, 2], params)
-    with pytest.raises(ValueError, match=r"\[0, 100\), found 100"):
+    with pytest.raises(ConfigurationError, match=r"\[0, 100\), found 100"):
         cuckoo_hash([1, 100], params)
-    with pytest.raises(ValueError, match="cannot fit"):
+    with pytest.raises(ConfigurationError, match="cannot fit"):
         cuckoo_hash(np.arange(params.num_bins + 1), params)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ConfigurationError, match="seed"):
         cuckoo_hash([1], params, seed=-1)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ConfigurationError, match="seed"):
         cuckoo_hash([1], params, seed=True)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ConfigurationError, match="seed"):
         cuckoo_hash([1], params, seed="x")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_evictions"):
+    with pytest.raises(ConfigurationError, match="max_evictions"):
         cuckoo_hash([1], params, max_evictions=-1)
 
 
@@ -428,11 +429,11 @@ def test_cuckoo_table_validation() -> None:
     items = np.array([EMPTY, 2, EMPTY], dtype=np.int64)
     stash = np.array([EMPTY], dtype=np.int64)
     CuckooTable(params, items, items.copy(), stash)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ConfigurationError, match="shape"):
         CuckooTable(params, items[:2], items[:2], stash)
-    with pytest.raises(ValueError, match="stash"):
+    with pytest.raises(ConfigurationError, match="stash"):
         CuckooTable(params, items, items, stash[:0])
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(ConfigurationError, match="int64"):
         CuckooTable(params, items.astype(np.int32), items, stash)
 
 
@@ -457,19 +458,19 @@ def test_positions_errors() -> None:
     simple = simple_hash(params)
     x = 5
     wrong_bin = next(b for b in range(40) if b not in hash_bins(params, [x])[0])
-    with pytest.raises(ValueError, match=f"index {x} is not in simple bin {wrong_bin}"):
+    with pytest.raises(ConfigurationError, match=f"index {x} is not in simple bin {wrong_bin}"):
         positions_in_bins(simple, [wrong_bin], [x])
-    with pytest.raises(ValueError, match="same shape"):
+    with pytest.raises(ConfigurationError, match="same shape"):
         positions_in_bins(simple, [1, 2], [3])
-    with pytest.raises(ValueError, match=r"bins must be in \[0, 40\)"):
+    with pytest.raises(ConfigurationError, match=r"bins must be in \[0, 40\)"):
         positions_in_bins(simple, [40], [3])
     # A simple table of a subset lacks the client's index.
     subset = simple_hash(params, [1, 2, 3])
     table = cuckoo_hash([7], params, seed=0)
-    with pytest.raises(ValueError, match="index 7 is not in simple bin"):
+    with pytest.raises(ConfigurationError, match="index 7 is not in simple bin"):
         table.positions(subset)
     other = HashParams(domain_size=200, num_bins=40, key=_key(9))
-    with pytest.raises(ValueError, match="different HashParams"):
+    with pytest.raises(ConfigurationError, match="different HashParams"):
         table.positions(simple_hash(other))
 
 
@@ -515,7 +516,7 @@ def test_scale_factor_shape() -> None:
     ],
 )
 def test_scale_factor_errors(kwargs: dict[str, object], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         choose_scale_factor(**kwargs)  # type: ignore[arg-type]
 
 
@@ -525,11 +526,11 @@ def test_num_bins_for() -> None:
     assert num_bins_for(3, 1.25) == 4
     assert num_bins_for(0, 1.25) == 1
     for bad in (0.99, float("nan"), float("inf"), "1.2", True):
-        with pytest.raises(ValueError, match="scale_factor"):
+        with pytest.raises(ConfigurationError, match="scale_factor"):
             num_bins_for(10, bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_items"):
+    with pytest.raises(ConfigurationError, match="num_items"):
         num_bins_for(-1, 1.25)
-    with pytest.raises(ValueError, match="too many"):
+    with pytest.raises(ConfigurationError, match="too many"):
         num_bins_for(2**32, 1.25)
 
 
@@ -541,9 +542,9 @@ def test_hash_params_for_items() -> None:
     assert HashParams.for_items(10, 0, KEY).num_bins == 1
     assert "key" not in repr(params)
     assert params == HashParams.for_items(2**20, 2**17, bytearray(KEY))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_items"):
+    with pytest.raises(ConfigurationError, match="num_items"):
         HashParams.for_items(10, 11, KEY)
-    with pytest.raises(ValueError, match="num_hashes = 3"):
+    with pytest.raises(ConfigurationError, match="num_hashes = 3"):
         HashParams.for_items(10, 5, KEY, num_hashes=2)
 
 
@@ -565,14 +566,14 @@ def test_hash_params_for_items() -> None:
 def test_hash_params_errors(kwargs: dict[str, object], match: str) -> None:
     fields: dict[str, object] = {"domain_size": 10, "num_bins": 4, "key": KEY}
     fields.update(kwargs)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         HashParams(**fields)  # type: ignore[arg-type]
 
 
 def test_hash_bins_errors() -> None:
     params = HashParams(domain_size=10, num_bins=4, key=KEY)
-    with pytest.raises(ValueError, match="integer dtype"):
+    with pytest.raises(ConfigurationError, match="integer dtype"):
         hash_bins(params, np.array([True]))
-    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+    with pytest.raises(ConfigurationError, match=r"\[0, 10\)"):
         hash_bins(params, [10])
     assert hash_bins(params, []).shape == (0, 3)

@@ -6,6 +6,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import (
     MMO_KEY,
     MMO_KEY_LEFT,
@@ -75,9 +76,9 @@ def test_encrypt_view_into_matches():
     aes.encrypt_view_into(x.data.cast("B")[:48], out.data.cast("B"))
     assert np.array_equal(out[:3], aes.encrypt(x[:3]))
     aes.encrypt_view_into(x.data.cast("B")[:0], out.data.cast("B"))
-    with pytest.raises(ValueError, match="spare"):
+    with pytest.raises(ConfigurationError, match="spare"):
         aes.encrypt_view_into(x.data.cast("B"), out.data.cast("B")[:80])
-    with pytest.raises(ValueError, match="multiple of 16"):
+    with pytest.raises(ConfigurationError, match="multiple of 16"):
         aes.encrypt_view_into(x.data.cast("B")[:8], out.data.cast("B"))
 
 
@@ -90,22 +91,22 @@ def test_encrypt_into_aliasing_allowed():
 
 
 def test_batched_aes_errors():
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ConfigurationError, match="16 bytes"):
         BatchedAES(b"short")
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ConfigurationError, match="16 bytes"):
         BatchedAES("0123456789abcdef")  # type: ignore[arg-type]
     aes = BatchedAES(bytes(16))
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(ConfigurationError, match="contiguous"):
         aes.encrypt_into(np.zeros((4, 4), U64)[:, :2], np.zeros((4, 2), U64))
-    with pytest.raises(ValueError, match="multiples of 16"):
+    with pytest.raises(ConfigurationError, match="multiples of 16"):
         aes.encrypt_into(np.zeros(3, U64), np.zeros(3, U64))
-    with pytest.raises(ValueError, match="multiples of 16"):
+    with pytest.raises(ConfigurationError, match="multiples of 16"):
         aes.encrypt_into(np.zeros((2, 2), U64), np.zeros((3, 2), U64))
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(ConfigurationError, match="contiguous"):
         aes.encrypt_prefix_into(np.zeros((4, 4), U64)[:, :2], np.zeros((5, 2), U64))
-    with pytest.raises(ValueError, match="spare"):
+    with pytest.raises(ConfigurationError, match="spare"):
         aes.encrypt_prefix_into(np.zeros((2, 2), U64), np.zeros((2, 2), U64))
-    with pytest.raises(ValueError, match="spare"):
+    with pytest.raises(ConfigurationError, match="spare"):
         aes.encrypt_prefix_into(np.zeros(3, U64), np.zeros(10, U64))
     # Empty input is a no-op on both paths.
     aes.encrypt_into(np.zeros((0, 2), U64), np.zeros((0, 2), U64))
@@ -169,9 +170,9 @@ def test_mmo_keys_are_distinct_and_fixed():
 
 
 def test_mmo_errors():
-    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+    with pytest.raises(ConfigurationError, match=r"\(n, 2\)"):
         mmo_hash(np.zeros((3, 3), U64))
-    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+    with pytest.raises(ConfigurationError, match=r"\(n, 2\)"):
         mmo_prg(np.zeros((3, 2), np.int64))
 
 
@@ -195,21 +196,21 @@ def test_prf_matches_reference_and_root_seeds():
 
 
 def test_prf_errors():
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ConfigurationError, match="16 bytes"):
         prf_blocks(b"x", np.arange(3), 0)
-    with pytest.raises(ValueError, match="1-D integer"):
+    with pytest.raises(ConfigurationError, match="1-D integer"):
         prf_blocks(bytes(16), np.zeros((2, 2), np.int64), 0)
-    with pytest.raises(ValueError, match="1-D integer"):
+    with pytest.raises(ConfigurationError, match="1-D integer"):
         prf_blocks(bytes(16), np.zeros(2), 0)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         prf_blocks(bytes(16), np.array([-1]), 0)
-    with pytest.raises(ValueError, match="tag"):
+    with pytest.raises(ConfigurationError, match="tag"):
         prf_blocks(bytes(16), np.arange(2), 1 << 64)
-    with pytest.raises(ValueError, match="master seed"):
+    with pytest.raises(ConfigurationError, match="master seed"):
         derive_root_seeds(b"short", 2)
-    with pytest.raises(ValueError, match="count"):
+    with pytest.raises(ConfigurationError, match="count"):
         derive_root_seeds(bytes(16), -1)
-    with pytest.raises(ValueError, match="count"):
+    with pytest.raises(ConfigurationError, match="count"):
         random_seeds(-2)
 
 
@@ -235,11 +236,11 @@ def test_ctr_stream_matches_reference():
 
 
 def test_ctr_errors():
-    with pytest.raises(ValueError, match="CTR key"):
+    with pytest.raises(ConfigurationError, match="CTR key"):
         ctr_stream(b"k", bytes(16), 3)
-    with pytest.raises(ValueError, match="CTR nonce"):
+    with pytest.raises(ConfigurationError, match="CTR nonce"):
         ctr_stream(bytes(16), b"n", 3)
-    with pytest.raises(ValueError, match="n_words"):
+    with pytest.raises(ConfigurationError, match="n_words"):
         ctr_stream(bytes(16), bytes(16), -1)
 
 
@@ -271,21 +272,21 @@ def test_prg_stream_from_seed_is_keyed_by_the_prf():
 
 
 def test_prg_stream_errors():
-    with pytest.raises(ValueError, match="PRG key"):
+    with pytest.raises(ConfigurationError, match="PRG key"):
         PRGStream(b"short")
-    with pytest.raises(ValueError, match="PRG nonce"):
+    with pytest.raises(ConfigurationError, match="PRG nonce"):
         PRGStream(bytes(16), b"n")
-    with pytest.raises(ValueError, match="n_words"):
+    with pytest.raises(ConfigurationError, match="n_words"):
         PRGStream(bytes(16)).words(-1)
-    with pytest.raises(ValueError, match="n_words"):
+    with pytest.raises(ConfigurationError, match="n_words"):
         PRGStream(bytes(16)).words(True)
-    with pytest.raises(ValueError, match="index"):
+    with pytest.raises(ConfigurationError, match="index"):
         PRGStream.from_seed(bytes(16), -1)
-    with pytest.raises(ValueError, match="index"):
+    with pytest.raises(ConfigurationError, match="index"):
         PRGStream.from_seed(bytes(16), 2**64)
-    with pytest.raises(ValueError, match="index"):
+    with pytest.raises(ConfigurationError, match="index"):
         PRGStream.from_seed(bytes(16), 1.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ConfigurationError, match="seed"):
         PRGStream.from_seed(b"x", 0)
-    with pytest.raises(ValueError, match="tag"):
+    with pytest.raises(ConfigurationError, match="tag"):
         PRGStream.from_seed(bytes(16), 0, 2**64)

@@ -84,9 +84,9 @@ def test_additive_first_shares_do_not_depend_on_the_secret() -> None:
 @pytest.mark.parametrize("ring", [Z2_64, F], ids=_ids)
 def test_additive_errors(ring: Ring) -> None:
     ok = ring.zeros(3)
-    with pytest.raises(ValueError, match="n_parties"):
+    with pytest.raises(ConfigurationError, match="n_parties"):
         additive_share(ring, ok, 1, _prg(0))
-    with pytest.raises(ValueError, match="n_parties"):
+    with pytest.raises(ConfigurationError, match="n_parties"):
         additive_share(ring, ok, True, _prg(0))  # type: ignore[arg-type]
     with pytest.raises(ShareError, match="shape"):
         additive_reconstruct(ring, [ok, ring.zeros(4)])
@@ -276,19 +276,19 @@ def test_sesa_style_encode_then_decode() -> None:
 
 
 def test_lagrange_errors() -> None:
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ConfigurationError, match="distinct"):
         lagrange_matrix(F, [1, 2, 1], [0])
-    with pytest.raises(ValueError, match="at least one node"):
+    with pytest.raises(ConfigurationError, match="at least one node"):
         lagrange_matrix(F, [], [0])
-    with pytest.raises(ValueError, match="1-D"):
+    with pytest.raises(ConfigurationError, match="1-D"):
         lagrange_matrix(F, [[1, 2]], [0])
-    with pytest.raises(ValueError, match="PrimeField"):
+    with pytest.raises(ConfigurationError, match="PrimeField"):
         lagrange_matrix(Z2_64, [1, 2], [0])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="elements must lie"):
+    with pytest.raises(ConfigurationError, match="elements must lie"):
         lagrange_matrix(F, [1, F.p], [0])
-    with pytest.raises(ValueError, match="one row per node"):
+    with pytest.raises(ConfigurationError, match="one row per node"):
         interpolate(F, [1, 2], F.zeros((3, 2)), [0])
-    with pytest.raises(ValueError, match="one row per node"):
+    with pytest.raises(ConfigurationError, match="one row per node"):
         interpolate(F, [1], F.zeros(()), [0])
 
 
@@ -374,9 +374,9 @@ def test_seeded_input_sharing(ring: Ring, n: int) -> None:
     # Input shares and triples under one label come from separate streams.
     triple = dealer.triple_shares(TripleShape.elementwise((4, 3)), 5)[0]
     assert not np.array_equal(triple.a, shares[0])
-    with pytest.raises(ValueError, match="needs the dealer"):
+    with pytest.raises(ShareError, match="needs the dealer"):
         dealer.party(n - 1).input_share((4, 3), 5)
-    with pytest.raises(ValueError, match="no correction"):
+    with pytest.raises(ShareError, match="no correction"):
         dealer.party(0).input_share((4, 3), 5, message)
     with pytest.raises(ShareError, match="shape"):
         dealer.party(n - 1).input_share((4, 3), 5, message[:2])
@@ -405,25 +405,25 @@ def test_beaver_fixed_point_matmul_with_truncation() -> None:
 def test_beaver_errors() -> None:
     ring = Z2_64
     triple = Dealer.fresh(ring, 2).triple_shares(TripleShape.elementwise(3), 0)[0]
-    with pytest.raises(ValueError, match="do not match the triple"):
+    with pytest.raises(ConfigurationError, match="do not match the triple"):
         beaver_mask(ring, ring.zeros(4), ring.zeros(3), triple)
-    with pytest.raises(ValueError, match="do not match the triple"):
+    with pytest.raises(ShareError, match="do not match the triple"):
         beaver_mul(ring, 0, ring.zeros(4), ring.zeros(3), triple)
-    with pytest.raises(ValueError, match="party"):
+    with pytest.raises(ConfigurationError, match="party"):
         beaver_mul(ring, -1, ring.zeros(3), ring.zeros(3), triple)
     mt = Dealer.fresh(ring, 2).triple_shares(TripleShape.for_matmul(2, 3, 4), 0)[0]
-    with pytest.raises(ValueError, match="matmul triple"):
+    with pytest.raises(ShareError, match="matmul triple"):
         beaver_matmul(ring, 0, ring.zeros((3, 2)), ring.zeros((3, 4)), mt)
 
 
 def test_triple_shape_errors() -> None:
-    with pytest.raises(ValueError, match="one shape"):
+    with pytest.raises(ConfigurationError, match="one shape"):
         TripleShape("elementwise", (2,), (3,))
-    with pytest.raises(ValueError, match=r"\(m, k\) and \(k, n\)"):
+    with pytest.raises(ConfigurationError, match=r"\(m, k\) and \(k, n\)"):
         TripleShape.for_matmul(2, 3, 4).__class__("matmul", (2, 3), (4, 4))
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ConfigurationError, match="kind"):
         TripleShape("outer", (2,), (2,))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         TripleShape.elementwise(-1)
     assert TripleShape.elementwise(5).c == (5,)
     assert TripleShape.for_matmul(2, 3, 4).c == (2, 4)
@@ -449,9 +449,9 @@ def test_dealing_errors() -> None:
     with pytest.raises(ConfigurationError, match="Ring"):
         PartyRandomness(None, seeds[0], 0, 2)  # type: ignore[arg-type]
     first, last = PartyRandomness(Z2_64, seeds[0], 0, 2), PartyRandomness(Z2_64, seeds[1], 1, 2)
-    with pytest.raises(ValueError, match="no correction"):
+    with pytest.raises(ShareError, match="no correction"):
         first.triple(shape, 0, Z2_64.zeros(2))
-    with pytest.raises(ValueError, match="needs the dealer"):
+    with pytest.raises(ShareError, match="needs the dealer"):
         last.triple(shape, 0)
     # A malformed correction from the dealer is the dealer's fault: ShareError.
     with pytest.raises(ShareError, match="shape"):
@@ -460,7 +460,7 @@ def test_dealing_errors() -> None:
         last.triple(shape, 0, np.zeros(2, dtype=np.int64))
     with pytest.raises(ShareError, match="not an element"):
         PartyRandomness(F, seeds[1], 1, 2).triple(shape, 0, np.full(2, F.p, dtype=U64))
-    with pytest.raises(ValueError, match="index"):
+    with pytest.raises(ConfigurationError, match="index"):
         first.triple(shape, -1)
     # Seeds never show in a repr (logs).
     assert seeds[1].hex() not in repr(Dealer(Z2_64, seeds)) + repr(last)
@@ -583,29 +583,29 @@ def test_dealer_truncation_from_seeds_matches_the_simulation() -> None:
 
 def test_truncation_errors() -> None:
     share = Z2_64.zeros(3)
-    with pytest.raises(ValueError, match="Z_2\\^k"):
+    with pytest.raises(ConfigurationError, match="Z_2\\^k"):
         truncate_local(F, 0, F.zeros(3), 4)
-    with pytest.raises(ValueError, match="party"):
+    with pytest.raises(ConfigurationError, match="party"):
         truncate_local(Z2_64, 2, share, 4)
-    with pytest.raises(ValueError, match="frac_bits"):
+    with pytest.raises(ConfigurationError, match="frac_bits"):
         truncate_local(Z2_64, 0, share, 64)
-    with pytest.raises(ValueError, match="Z_2\\^k"):
+    with pytest.raises(ConfigurationError, match="Z_2\\^k"):
         Dealer.fresh(F, 2).truncation_pair((3,), 4, 0)
     pairs = Dealer.fresh(Z2_64, 2).truncation_pair_shares((3,), 8, 0)
-    with pytest.raises(ValueError, match="bound_bits"):
+    with pytest.raises(ConfigurationError, match="bound_bits"):
         truncate_mask(Z2_64, 0, share, pairs[0], 7)  # l < f
-    with pytest.raises(ValueError, match="bound_bits"):
+    with pytest.raises(ConfigurationError, match="bound_bits"):
         truncate_mask(Z2_64, 0, share, pairs[0], 63)  # l > k - 2
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(ConfigurationError, match="does not match"):
         truncate_mask(Z2_64, 0, Z2_64.zeros(4), pairs[0], 20)
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(ShareError, match="does not match"):
         truncate_finish(Z2_64, 0, Z2_64.zeros(4), pairs[0], 20)
-    with pytest.raises(ValueError, match="Z_2\\^k"):
+    with pytest.raises(ConfigurationError, match="Z_2\\^k"):
         truncate_finish(F, 0, F.zeros(3), pairs[0], 20)
-    with pytest.raises(ValueError, match="frac_bits"):
+    with pytest.raises(ConfigurationError, match="frac_bits"):
         Dealer.fresh(Z2k(16), 2).truncation_pair((3,), 16, 0)
     last = Dealer.fresh(Z2_64, 2).party(1)
     with pytest.raises(ShareError, match="shape"):
         last.truncation_pair((3,), 8, 0, Z2_64.zeros(2))
-    with pytest.raises(ValueError, match="needs the dealer"):
+    with pytest.raises(ShareError, match="needs the dealer"):
         last.truncation_pair((3,), 8, 0)

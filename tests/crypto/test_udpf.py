@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import (
     DPFKey,
     DPFKeyBatch,
@@ -132,7 +133,7 @@ def test_mixed_epoch_batch_survives_the_wire_and_updates_per_key():
     for j in range(m):
         assert np.array_equal(v0[off[j] : off[j + 1]] + v1[off[j] : off[j + 1]], want[j])
     # One hint (fresh epoch above every key's) for the whole mixed batch: back to one epoch.
-    with pytest.raises(ValueError, match="not newer"):
+    with pytest.raises(ConfigurationError, match="not newer"):
         next_hint_batch(r0, b1, betas, 2, alphas=alphas)
     hint = next_hint_batch(r0, b1, betas, 3, alphas=alphas)
     c0, c1 = update_batch(r0, hint, 3), update_batch(b1, hint, 3)
@@ -151,14 +152,14 @@ def test_alpha_needed_only_when_beta_was_zero():
     k0, k1 = generate_keys(5, 0, 4)
     hint = next_hint(k0, k1, 0, 1)  # zero stays zero: no alpha needed
     assert not np.any(evaluate(update(k0, hint, 1)) + evaluate(update(k1, hint, 1)))
-    with pytest.raises(ValueError, match="pass alphas"):
+    with pytest.raises(ConfigurationError, match="pass alphas"):
         next_hint(k0, k1, 3, 1)
     hint = next_hint(k0, k1, 3, 1, alpha=5)
     y = evaluate(update(k0, hint, 1)) + evaluate(update(k1, hint, 1))
     assert np.array_equal(y, point_function(5, np.array([3], U64), 4))
-    with pytest.raises(ValueError, match="do not match"):
+    with pytest.raises(ConfigurationError, match="do not match"):
         next_hint(k0, k1, 3, 1, alpha=9)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ConfigurationError, match="shape"):
         next_hint_batch(k0.as_batch(), k1.as_batch(), [3], 1, alphas=[5, 5])
     # Even tau: the whole point is on the tree path, beta = 0 is no problem.
     k0, k1 = generate_keys(5, [0, 0], 4)
@@ -188,13 +189,13 @@ def test_hint_is_pseudorandom_in_beta():
 
 def test_next_hint_errors():
     k0, k1 = generate_keys(3, [1, 2, 3], 12, epoch=4)
-    with pytest.raises(ValueError, match="not newer"):
+    with pytest.raises(ConfigurationError, match="not newer"):
         next_hint(k0, k1, [1, 1, 1], 4)
-    with pytest.raises(ValueError, match="epoch"):
+    with pytest.raises(ConfigurationError, match="epoch"):
         next_hint(k0, k1, [1, 1, 1], -1)
-    with pytest.raises(ValueError, match="epoch"):
+    with pytest.raises(ConfigurationError, match="epoch"):
         next_hint(k0, k1, [1, 1, 1], 1 << 64)
-    with pytest.raises(ValueError, match="tau"):
+    with pytest.raises(ConfigurationError, match="tau"):
         next_hint(k0, k1, [1, 1], 5)
     with pytest.raises(DPFKeyError, match="party 0"):
         next_hint(k1, k0, [1, 1, 1], 5)

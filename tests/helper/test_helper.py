@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
 from flwr_fsl.crypto.sealing import (
@@ -557,9 +558,9 @@ def test_malformed_response_is_a_helper_error(monkeypatch):
 
 
 def test_service_argument_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         HelperService(SealingKeyPair.generate(), max_open_rounds=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         HelperService(b"key")  # type: ignore[arg-type]
 
 

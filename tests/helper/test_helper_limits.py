@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
@@ -138,11 +138,11 @@ def refused_quietly(call: Callable[[], Any], match: str, monkeypatch: pytest.Mon
 def test_limits_are_validated():
     for f in fields(HelperLimits):
         for bad in (0, -1, True, 1.5, "8", 1 << 63):
-            with pytest.raises(ValueError, match=f.name):
+            with pytest.raises(ConfigurationError, match=f.name):
                 HelperLimits(**{f.name: bad})
-    with pytest.raises(ValueError, match="max_value_width"):
+    with pytest.raises(ConfigurationError, match="max_value_width"):
         HelperLimits(max_value_width=1 << 20)  # tau = width + 1 must fit a DPF
-    with pytest.raises(ValueError, match="limits must be a HelperLimits"):
+    with pytest.raises(ConfigurationError, match="limits must be a HelperLimits"):
         HelperService(SealingKeyPair.generate(), limits={"max_domain_size": 1})  # type: ignore[arg-type]
     assert twin().service.limits == HelperLimits()
     assert twin(HelperLimits(max_domain_size=7)).service.limits.max_domain_size == 7

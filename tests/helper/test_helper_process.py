@@ -9,6 +9,7 @@ import socket
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import (
     HelperClient,
@@ -132,9 +133,9 @@ def test_silent_peer_hits_the_deadline():
 
 
 def test_client_argument_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         HelperClient("")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         HelperClient("127.0.0.1:1", timeout=0)
     assert issubclass(HelperUnavailableError, HelperError)
 
@@ -260,7 +261,7 @@ def test_start_server_validation():
 
     service = HelperService(SealingKeyPair.generate())
     for kw in (dict(port=-1), dict(max_workers=0), dict(max_message_bytes=0), dict(token="")):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             start_server(service, **kw)
 
 

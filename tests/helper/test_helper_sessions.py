@@ -187,7 +187,7 @@ def test_round_limit_is_per_session() -> None:
 
 
 def test_session_id_is_validated() -> None:
-    with pytest.raises(ValueError, match="16 bytes"):
+    with pytest.raises(ConfigurationError, match="16 bytes"):
         InProcessHelper(session_id=b"short")
     assert InProcessHelper().session_id != InProcessHelper().session_id
 
@@ -266,7 +266,7 @@ def test_a_plugged_in_service_answers_through_both_transports() -> None:
         remote_b.close()
     finally:
         server.stop(None).wait()
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ConfigurationError, match="already registered"):
         service.register(EchoService())
 
 
@@ -275,7 +275,7 @@ def test_message_kinds_cannot_be_taken_twice() -> None:
     class Clash(wire.Message):
         KIND: ClassVar[int] = 200
 
-    with pytest.raises(ValueError, match="taken by EchoRequest"):
+    with pytest.raises(ConfigurationError, match="taken by EchoRequest"):
         wire.register_message(Clash)
 
 

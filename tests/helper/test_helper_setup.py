@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import (
     HelperError,
@@ -24,9 +25,9 @@ def test_pin_sources_in_order(tmp_path: Path) -> None:
     path = key.save(tmp_path / "s1.pem")
     assert pinned_fingerprint({"ssa-helper-fingerprint": "ab" * 32}) == "ab" * 32
     assert pinned_fingerprint({"ssa-helper-key-file": str(path)}) == key.fingerprint
-    with pytest.raises(ValueError, match="no pinned helper key"):
+    with pytest.raises(ConfigurationError, match="no pinned helper key"):
         pinned_fingerprint({})  # no default file yet
-    with pytest.raises(ValueError, match="absolute"):
+    with pytest.raises(ConfigurationError, match="absolute"):
         pinned_fingerprint({"ssa-helper-key-file": "s1.pem"})
 
 
@@ -44,7 +45,7 @@ def test_simulation_default_key_is_shared_by_s0_and_clients() -> None:
 
 
 def test_address_needs_a_pin_and_a_wrong_pin_fails() -> None:
-    with pytest.raises(ValueError, match="no pinned helper key"):
+    with pytest.raises(ConfigurationError, match="no pinned helper key"):
         connect_helper({"ssa-helper-address": "127.0.0.1:1"})
     with pytest.raises(HelperError):
         connect_helper({"ssa-helper-fingerprint": "00" * 32})
@@ -52,7 +53,7 @@ def test_address_needs_a_pin_and_a_wrong_pin_fails() -> None:
 
 def test_a_default_file_is_not_used_once_something_is_configured(tmp_path: Path) -> None:
     connect_helper({})[0].close()
-    with pytest.raises(ValueError, match="no pinned helper key"):
+    with pytest.raises(ConfigurationError, match="no pinned helper key"):
         pinned_fingerprint({"ssa-helper-address": "10.0.0.1:9500"})
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.models import MnistCNN, evaluate, set_torch_threads, train_one
 
 
@@ -76,13 +77,13 @@ def test_flower_arrayrecord_roundtrip() -> None:
 def test_argument_validation() -> None:
     model = MnistCNN()
     x, y = _toy(8)
-    with pytest.raises(ValueError, match="same length"):
+    with pytest.raises(ConfigurationError, match="same length"):
         train_one(model, x, y[:4])
-    with pytest.raises(ValueError, match="epochs"):
+    with pytest.raises(ConfigurationError, match="epochs"):
         train_one(model, x, y, epochs=0)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ConfigurationError, match="empty"):
         evaluate(model, x[:0], y[:0])
-    with pytest.raises(ValueError, match="num_threads"):
+    with pytest.raises(ConfigurationError, match="num_threads"):
         set_torch_threads(0)
-    with pytest.raises(ValueError, match="channels"):
+    with pytest.raises(ConfigurationError, match="channels"):
         MnistCNN(channels=(0, 4))

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.models.privhfl import (
     ARCHITECTURES,
@@ -101,7 +102,7 @@ def test_residual_is_body_plus_shortcut() -> None:
     proj = nn.Conv2d(2, 4, 1, stride=2)
     block = Residual(nn.Sequential(nn.Conv2d(2, 4, 3, stride=2, padding=1)), proj)
     assert torch.allclose(block(x), block.body(x) + proj(x))
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ConfigurationError, match="non-empty"):
         Residual(nn.Sequential())
 
 
@@ -121,7 +122,7 @@ def test_residual_is_body_plus_shortcut() -> None:
     ],
 )
 def test_check_secure_evaluable_refuses_other_layers(bad: nn.Module) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         check_secure_evaluable(bad)
 
 
@@ -144,12 +145,12 @@ def test_secure_layers_walks_residual_paths() -> None:
     ],
 )
 def test_builders_validate(builder, kwargs) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         builder(**kwargs)
 
 
 def test_build_model_unknown_name() -> None:
-    with pytest.raises(ValueError, match="unknown architecture"):
+    with pytest.raises(ConfigurationError, match="unknown architecture"):
         build_model("vgg16")
     assert set(ARCHITECTURES) == {"vgg7", "resnet8", "resnet10", "mlp"}
 
@@ -161,9 +162,9 @@ def test_as_images() -> None:
     ro = np.zeros((3, 28, 28), dtype=np.float32)
     ro.flags.writeable = False
     assert as_images(ro).shape == (3, 1, 28, 28)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         as_images(np.zeros((2, 783)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         as_images(np.float32(1.0))
 
 
@@ -192,9 +193,9 @@ def test_train_private_is_seeded_and_validates() -> None:
         {"momentum": 1.0},
         {"optimizer": "rmsprop"},
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             train_private(a, x, y, **kwargs)  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         train_private(a, x, y[:-1])
 
 
@@ -226,11 +227,11 @@ def test_retrain_validates_soft_labels() -> None:
         "nan": np.full((4, 3), np.nan, dtype=np.float32),
     }
     for soft in bad.values():
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             retrain(model, x, y, x[:4], soft, epochs=1)
-    with pytest.raises(ValueError, match="both"):
+    with pytest.raises(ConfigurationError, match="both"):
         retrain(model, x, y, x[:4], None)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(ConfigurationError, match="labels"):
         retrain(model, x, y + 5, None, None)
 
 
@@ -242,7 +243,7 @@ def test_features_and_logits_shapes() -> None:
         logits = predict_logits(model, x, batch_size=3)
         assert logits.shape == (10, 10) and logits.dtype == np.float32
         assert np.allclose(logits, model(as_images(x)).detach().numpy(), atol=1e-5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         penultimate_features(nn.Sequential(nn.Flatten(), nn.Linear(784, 2), nn.ReLU()), x)
 
 

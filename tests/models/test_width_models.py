@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.width.rules import WidthRule, WidthSpec, local_width
 from flwr_fsl.models import evaluate, set_torch_threads, train_one
 from flwr_fsl.models.width import Scaler, WidthCNN, WidthMLP, calibrate_batch_norm, scaled_width
@@ -96,7 +97,7 @@ def test_scaler_divides_hidden_activations_in_training_only() -> None:
     torch.testing.assert_close(mlp(x), head(torch.relu(layer(x) / 0.25)))
     mlp.eval()
     torch.testing.assert_close(mlp(x), head(torch.relu(layer(x))))
-    with pytest.raises(ValueError, match="rate"):
+    with pytest.raises(ConfigurationError, match="rate"):
         Scaler(0)
 
 
@@ -145,7 +146,7 @@ def test_calibrate_batch_norm_collects_the_datas_statistics() -> None:
         torch.testing.assert_close(calibrated(xt[:8]), calibrated(xt)[:8])
     mlp = calibrate_batch_norm(WidthMLP(0.5), x)  # no batch norm: an evaluation copy
     assert not mlp.training
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         calibrate_batch_norm(model, x[:0])
 
 
@@ -162,13 +163,13 @@ def test_narrow_models_train(cls) -> None:  # type: ignore[no-untyped-def]
 
 def test_constructor_validation() -> None:
     for bad in [0, -0.5, 1.5, float("nan"), True, "0.5"]:
-        with pytest.raises(ValueError, match="rate"):
+        with pytest.raises(ConfigurationError, match="rate"):
             WidthMLP(bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="rate"):
+        with pytest.raises(ConfigurationError, match="rate"):
             WidthCNN(bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="hidden"):
+    with pytest.raises(ConfigurationError, match="hidden"):
         WidthMLP(hidden=())
-    with pytest.raises(ValueError, match="channels"):
+    with pytest.raises(ConfigurationError, match="channels"):
         WidthCNN(channels=(8, 8, 8))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(ConfigurationError, match="width"):
         scaled_width(0, 0.5)

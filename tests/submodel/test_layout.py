@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import ClientInputError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.families.ssa.protocol import SSAResult
 from flwr_fsl.submodel import (
     ElementUpdate,
@@ -212,16 +212,16 @@ def test_flat_layout_skips_integer_buffers_and_flatten_update_keeps_its_contract
     rows = SubmodelUpdate(
         {"w": TensorUpdate(Encoding.ROWS, np.ones((1, 3), np.float32), np.array([0]))}
     )
-    with pytest.raises(ValueError, match="row layout"):
+    with pytest.raises(ConfigurationError, match="row layout"):
         layout.flatten_update(rows)
     # The generic element map expands a row into its coordinates, each with the row's weight.
     e = layout.elements(rows)
     assert e.indices.tolist() == [0, 1, 2] and e.counts.tolist() == [1.0, 1.0, 1.0]
     foreign = SubmodelUpdate({"x": TensorUpdate(Encoding.DENSE, np.zeros(2, np.float32))})
-    with pytest.raises(ValueError, match="not a floating tensor"):
+    with pytest.raises(ConfigurationError, match="not a floating tensor"):
         layout.elements(foreign)
     assert layout.offset("w") == 0
-    with pytest.raises(ValueError, match="not a tensor"):
+    with pytest.raises(ConfigurationError, match="not a tensor"):
         layout.offset("n")
 
 
@@ -311,19 +311,19 @@ def test_rows_on_a_scalar_and_bad_weights_are_client_errors() -> None:
 
 
 def test_element_update_guards_its_invariants() -> None:
-    with pytest.raises(ValueError, match="values must be"):
+    with pytest.raises(ConfigurationError, match="values must be"):
         ElementUpdate(np.zeros(1), np.ones(1), np.zeros(1, np.int64))
-    with pytest.raises(ValueError, match="counts must"):
+    with pytest.raises(ConfigurationError, match="counts must"):
         ElementUpdate(np.zeros((2, 1)), np.ones(3))
-    with pytest.raises(ValueError, match="indices must have shape"):
+    with pytest.raises(ConfigurationError, match="indices must have shape"):
         ElementUpdate(np.zeros((1, 1)), np.ones(1), np.zeros(2, np.int64))
-    with pytest.raises(ValueError, match="indices must have shape"):
+    with pytest.raises(ConfigurationError, match="indices must have shape"):
         ElementUpdate(np.zeros((1, 1)), np.ones(1), np.zeros((1, 1), np.int64))
-    with pytest.raises(ValueError, match="ascending"):
+    with pytest.raises(ConfigurationError, match="ascending"):
         ElementUpdate(np.zeros((2, 1)), np.ones(2), np.array([1, 0]))
-    with pytest.raises(ValueError, match="ascending"):
+    with pytest.raises(ConfigurationError, match="ascending"):
         ElementUpdate(np.zeros((2, 1)), np.ones(2), np.array([-1, 0]))
-    with pytest.raises(ValueError, match="cannot start"):
+    with pytest.raises(ConfigurationError, match="cannot start"):
         ElementUpdate(np.zeros((2, 1)), np.ones(2), None, -1)
     listed = ElementUpdate(np.zeros((2, 4)), np.ones(2), np.array([0, 3]))
     assert listed.width == 4 and listed.last == 3 and listed.where is listed.index_array
@@ -361,11 +361,11 @@ def test_gather_and_write_reject_bad_element_indices() -> None:
         np.array([-1]),
         np.zeros((1, 1)),
     ):
-        with pytest.raises(ValueError, match="element indices"):
+        with pytest.raises(ConfigurationError, match="element indices"):
             layout.gather(W, bad)
-        with pytest.raises(ValueError, match="element indices"):
+        with pytest.raises(ConfigurationError, match="element indices"):
             layout.write(W, bad, np.zeros((bad.shape[0], 1)))
-    with pytest.raises(ValueError, match="values must have shape"):
+    with pytest.raises(ConfigurationError, match="values must have shape"):
         layout.write(W, np.array([0, 1]), np.zeros(2))
 
 
@@ -421,12 +421,12 @@ def test_row_elements_rows_dense_and_errors() -> None:
     )
     assert dense.indices.tolist() == [0, 1, 2, 3] and dense.counts.tolist() == [3.0] * 4
     assert layout.elements(SubmodelUpdate({})).indices.size == 0
-    with pytest.raises(ValueError, match="covers only"):
+    with pytest.raises(ConfigurationError, match="covers only"):
         layout.elements(
             SubmodelUpdate({"fc": TensorUpdate(Encoding.DENSE, np.zeros(3, np.float32))})
         )
     coo = TensorUpdate(Encoding.COORDINATES, np.zeros(1, np.float32), np.array([0]))
-    with pytest.raises(ValueError, match="flat layout"):
+    with pytest.raises(ConfigurationError, match="flat layout"):
         layout.elements(SubmodelUpdate({"emb": coo}))
     dup = TensorUpdate(Encoding.ROWS, np.zeros((2, 2), np.float32), np.array([1, 1]))
     with pytest.raises(ClientInputError, match="more than once"):
@@ -435,11 +435,11 @@ def test_row_elements_rows_dense_and_errors() -> None:
 
 def test_row_layout_errors() -> None:
     model = {"emb": np.zeros((4, 2), np.float32), "v": np.zeros(3, np.float32)}
-    with pytest.raises(ValueError, match="no tensor"):
+    with pytest.raises(ConfigurationError, match="no tensor"):
         RowLayout.of(model, "nope")
-    with pytest.raises(ValueError, match="2-D table"):
+    with pytest.raises(ConfigurationError, match="2-D table"):
         RowLayout.of(model, "v")
-    with pytest.raises(ValueError, match="2-D shape"):
+    with pytest.raises(ConfigurationError, match="2-D shape"):
         RowLayout("emb", (0, 2))
     layout = RowLayout.of(model, "emb")
     for rows, match in [
@@ -459,11 +459,11 @@ def test_row_layout_errors() -> None:
     with pytest.raises(ClientInputError, match="NaN"):
         layout.scatter([0], np.array([[np.nan, 0.0]]))
     wrong = {"emb": np.zeros((5, 2), np.float32)}
-    with pytest.raises(ValueError, match="has shape"):
+    with pytest.raises(ConfigurationError, match="has shape"):
         layout.gather(wrong)
-    with pytest.raises(ValueError, match="has shape"):
+    with pytest.raises(ConfigurationError, match="has shape"):
         layout.write(wrong, np.array([0]), np.zeros((1, 2)))
-    with pytest.raises(ValueError, match="values must have shape"):
+    with pytest.raises(ConfigurationError, match="values must have shape"):
         layout.write(model, np.array([0]), np.zeros((1, 3)))
 
 
@@ -685,7 +685,7 @@ def test_width_coordinate_and_row_updates_land_on_global_coordinates() -> None:
     bad = TensorUpdate(Encoding.COORDINATES, np.zeros(1, np.float32), np.array([6]))
     with pytest.raises(ClientInputError, match="out of range"):
         layout.elements(SubmodelUpdate({"w": bad}))
-    with pytest.raises(ValueError, match="not a floating tensor"):
+    with pytest.raises(ConfigurationError, match="not a floating tensor"):
         layout.elements(SubmodelUpdate({"x": TensorUpdate(Encoding.DENSE, np.zeros(1))}))
 
 
@@ -752,7 +752,7 @@ def test_width_scatter_and_delta_reject_bad_submodels() -> None:
             layout.scatter(sub)
         with pytest.raises(ClientInputError, match=match):
             layout.delta(model, sub)
-    with pytest.raises(ValueError, match="global model's shape"):
+    with pytest.raises(ConfigurationError, match="global model's shape"):
         layout.extract({"w": np.zeros((5, 3), np.float32), "n": model["n"]})
     # The integer buffer is outside a float-only space: ignored by scatter and delta.
     assert set(layout.delta(model, {"w": good["w"]}).tensors) == {"w"}
@@ -847,32 +847,32 @@ def test_ssa_result_average_and_the_strategies_apply() -> None:
     new_rows = apply_count_weighted(table, rows, result.sums, result.counts)
     np.testing.assert_array_equal(new_rows["emb"], old_table)
     np.testing.assert_array_equal(new_rows["fc"], table["fc"])
-    with pytest.raises(ValueError, match="count-weighted"):
+    with pytest.raises(ConfigurationError, match="count-weighted"):
         SSAResult(sums, None).average()
 
 
 def test_apply_and_accumulate_error_paths() -> None:
     model = {"w": np.zeros(3, np.float32)}
     layout = FlatLayout.of(model)
-    with pytest.raises(ValueError, match="layout's space"):
+    with pytest.raises(ConfigurationError, match="layout's space"):
         apply_count_weighted(model, layout, np.zeros((4, 1)), np.zeros(4))
-    with pytest.raises(ValueError, match="sums must be"):
+    with pytest.raises(ConfigurationError, match="sums must be"):
         apply_count_weighted(model, layout, np.zeros(3), np.zeros(3))
-    with pytest.raises(ValueError, match="sums must be"):
+    with pytest.raises(ConfigurationError, match="sums must be"):
         apply_count_weighted(model, layout, np.zeros((3, 1)), np.zeros(2))
     with pytest.raises(RoundFailedError, match="not finite"):
         apply_count_weighted(model, layout, np.array([[np.inf], [0], [0]]), np.ones(3))
     with pytest.raises(RoundFailedError, match="not finite"):
         count_weighted_mean(np.zeros((3, 1)), np.array([1.0, np.nan, 1.0]))
-    with pytest.raises(ValueError, match="size >= 0"):
+    with pytest.raises(ConfigurationError, match="size >= 0"):
         accumulate_elements(-1, 1, [])
-    with pytest.raises(ValueError, match="width >= 1"):
+    with pytest.raises(ConfigurationError, match="width >= 1"):
         accumulate_elements(3, 0, [])
-    with pytest.raises(ValueError, match="width 2"):
+    with pytest.raises(ConfigurationError, match="width 2"):
         accumulate_elements(3, 1, [ElementUpdate(np.zeros((1, 2)), np.ones(1), np.array([0]))])
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ConfigurationError, match="outside"):
         accumulate_elements(3, 1, [ElementUpdate(np.zeros((1, 1)), np.ones(1), np.array([3]))])
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(ConfigurationError, match="outside"):
         accumulate_elements(3, 1, [ElementUpdate(np.zeros((2, 1)), np.ones(2), None, 2)])
     # Overflow of a client-chosen huge value is a failed round, not a crash or an inf model.
     huge = SubmodelUpdate({"w": TensorUpdate(Encoding.DENSE, np.full(3, 3e38, np.float32))}, 1e300)

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.submodel import Encoding, TopKConfig, sparsify
 
 
@@ -94,14 +95,14 @@ def test_without_error_feedback_nothing_is_carried() -> None:
     ],
 )
 def test_config_validation(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         TopKConfig(**kwargs)
 
 
 def test_bad_group_and_residual_shapes_raise() -> None:
-    with pytest.raises(ValueError, match="not a tensor"):
+    with pytest.raises(ConfigurationError, match="not a tensor"):
         sparsify({"w": np.ones(3)}, TopKConfig(ratio=0.5, groups=("emb",)))
-    with pytest.raises(ValueError, match="row axis"):
+    with pytest.raises(ConfigurationError, match="row axis"):
         sparsify({"w": np.ones(())}, TopKConfig(ratio=0.5, groups=("w",)))
-    with pytest.raises(ValueError, match="residual"):
+    with pytest.raises(ConfigurationError, match="residual"):
         sparsify({"w": np.ones(3)}, TopKConfig(ratio=0.5), {"w": np.ones(4)})

@@ -596,12 +596,12 @@ class _Plain:
 def _check_queries(architecture: Architecture, x: ArrayLike) -> NDArray[np.float64]:
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != len(architecture.input_shape) + 1 or arr.shape[1:] != architecture.input_shape:
-        raise ValueError(
+        raise ConfigurationError(
             f"queries must have shape (N, {', '.join(map(str, architecture.input_shape))}), "
             f"got {arr.shape}"
         )
     if not np.all(np.isfinite(arr)):
-        raise ValueError("queries hold NaN or inf")
+        raise ConfigurationError("queries hold NaN or inf")
     return arr
 
 

@@ -212,19 +212,19 @@ class PrivHFLClient:
         num_threads: int | None = None,
     ) -> None:
         if not callable(model_fn) or not callable(data_fn):
-            raise ValueError("model_fn and data_fn must be callables of the Context")
+            raise ConfigurationError("model_fn and data_fn must be callables of the Context")
         for name, value in (("num_classes", num_classes), ("max_answer", max_answer)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ConfigurationError(f"{name} must be an int >= 1, got {value!r}")
         if num_classes < 2:
-            raise ValueError("num_classes must be >= 2")
+            raise ConfigurationError("num_classes must be >= 2")
         if not image_shape or any(not isinstance(d, int) or d < 1 for d in image_shape):
-            raise ValueError(f"image_shape must be positive ints, got {image_shape!r}")
+            raise ConfigurationError(f"image_shape must be positive ints, got {image_shape!r}")
         for name, bound in (("max_abs_input", max_abs_input), ("max_abs_logit", max_abs_logit)):
             if not (isinstance(bound, int | float) and math.isfinite(bound) and bound > 0):
-                raise ValueError(f"{name} must be a finite number > 0")
+                raise ConfigurationError(f"{name} must be a finite number > 0")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError("num_threads must be None or an int >= 1")
+            raise ConfigurationError("num_threads must be None or an int >= 1")
         self.model_fn = model_fn
         self.data_fn = data_fn
         self.num_classes = num_classes
@@ -406,7 +406,7 @@ class PrivHFLClient:
                 raise ClientInputError("an answerer's architecture does not fit the queries")
         queries = self.generate(model, self._data(context), config)
         if float(np.abs(queries).max(initial=0.0)) >= cfg.max_input:
-            raise ValueError("the queries exceed the protocol's input range")
+            raise ConfigurationError("the queries exceed the protocol's input range")
         encoded = cfg.codec().encode(to_nhwc(queries.astype(np.float64)))  # Querier.encode
         bind = binding(request.run_session, config.server_round, cfg, request.session)
         me = client_party(context.node_id)
@@ -577,7 +577,7 @@ class PrivHFLClient:
         model = self._model(context)
         data = self._data(context)
         if data.x_eval is None or data.y_eval is None or len(data.x_eval) == 0:
-            raise ValueError("data_fn gave no evaluation data")
+            raise ConfigurationError("data_fn gave no evaluation data")
         logits = torch.from_numpy(predict_logits(model, data.x_eval))
         target = torch.as_tensor(np.asarray(data.y_eval), dtype=torch.long)
         loss = float(nn.functional.cross_entropy(logits, target))

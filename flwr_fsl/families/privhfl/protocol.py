@@ -360,27 +360,27 @@ class Message:
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
         if self.kind not in KIND_NAMES:
-            raise ValueError(f"unknown message kind {self.kind}")
+            raise ConfigurationError(f"unknown message kind {self.kind}")
         if len(self.arrays) > _MAX_ARRAYS:
-            raise ValueError(f"at most {_MAX_ARRAYS} arrays per message")
+            raise ConfigurationError(f"at most {_MAX_ARRAYS} arrays per message")
         # Fields as in the module docstring; array data joins as views: one copy in all.
         parts: list[bytes | memoryview] = [
             _MAGIC + struct.pack("<BBQB", _VERSION, self.kind, self.step, len(self.arrays))
         ]
         for a in self.arrays:
             if not isinstance(a, np.ndarray) or a.dtype != _U64:
-                raise ValueError("message arrays must be uint64")
+                raise ConfigurationError("message arrays must be uint64")
             if a.ndim > MAX_ARRAY_NDIM:
-                raise ValueError(f"message arrays have at most {MAX_ARRAY_NDIM} dimensions")
+                raise ConfigurationError(f"message arrays have at most {MAX_ARRAY_NDIM} dimensions")
             # A wireformat array field: dtype code 1 (uint64), ndim, dims, the data.
             parts.append(struct.pack(f"<BB{a.ndim}Q", 1, a.ndim, *a.shape))
             parts.append(np.ascontiguousarray(a, dtype="<u8").reshape(-1).view(np.uint8).data)
         if not isinstance(self.blob, bytes):
-            raise ValueError("the blob must be bytes")
+            raise ConfigurationError("the blob must be bytes")
         parts += [struct.pack("<I", len(self.blob)), self.blob]
         data = b"".join(parts)
         if len(data) > MAX_MESSAGE_BYTES:
-            raise ValueError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+            raise ConfigurationError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
         return data
 
     @classmethod
@@ -1196,7 +1196,9 @@ class Querier:
         """Fixed-point encode a batch in the protocol's layout (NHWC)."""
         x = np.asarray(queries, dtype=np.float64)
         if x.ndim != len(architecture.input_shape) + 1 or x.shape[1:] != architecture.input_shape:
-            raise ValueError(f"queries must be (N, *{architecture.input_shape}), got {x.shape}")
+            raise ConfigurationError(
+                f"queries must be (N, *{architecture.input_shape}), got {x.shape}"
+            )
         return self.codec.encode(to_nhwc(x))
 
     def finish(self, data: bytes, step: int, shape: tuple[int, int]) -> tuple[NDArray, tuple]:
@@ -1473,7 +1475,7 @@ def secure_predict(
     x = np.asarray(queries, dtype=np.float64)
     n = int(x.shape[0]) if x.ndim else 0
     if n < 1:
-        raise ValueError("queries must hold at least one query")
+        raise ConfigurationError("queries must hold at least one query")
     seeds = list(seeds) if seeds is not None else [SessionSeeds.fresh() for _ in models]
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")

@@ -62,6 +62,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
+
 __all__ = [
     "CUTOUT_RATIO",
     "CUTOUT_SCALE",
@@ -138,7 +140,7 @@ class QueryPool:
         """Return the sub-pool at ``indices`` (e.g. the output of :func:`select`)."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= len(self))):
-            raise ValueError("indices must be a 1-D array of pool positions")
+            raise ConfigurationError("indices must be a 1-D array of pool positions")
         return QueryPool(
             self.images[idx],
             self.first[idx],
@@ -169,11 +171,11 @@ class QueryPool:
         """
         y = np.asarray(labels)
         if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise ValueError("labels must be a 1-D integer array")
+            raise ConfigurationError("labels must be a 1-D integer array")
         if len(self) and max(int(self.first.max()), int(self.second.max())) >= len(y):
-            raise ValueError("labels is shorter than the private set the pool came from")
+            raise ConfigurationError("labels is shorter than the private set the pool came from")
         if y.size and (y.min() < 0 or y.max() >= num_classes):
-            raise ValueError(f"labels must lie in [0, {num_classes})")
+            raise ConfigurationError(f"labels must lie in [0, {num_classes})")
         out = np.zeros((len(self), num_classes), dtype=np.float64)
         rows = np.arange(len(self))
         np.add.at(out, (rows, y[self.first]), self.lam)
@@ -185,30 +187,30 @@ class QueryPool:
 def _images(x: NDArray[np.floating]) -> NDArray[np.float32]:
     a = np.asarray(x)
     if a.ndim < 3:
-        raise ValueError(f"x must be images (N, H, W) or (N, C, H, W), got shape {a.shape}")
+        raise ConfigurationError(f"x must be images (N, H, W) or (N, C, H, W), got shape {a.shape}")
     if a.shape[0] == 0:
-        raise ValueError("x must hold at least one image")
+        raise ConfigurationError("x must hold at least one image")
     if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
-        raise ValueError("x must hold finite floating-point pixels")
+        raise ConfigurationError("x must hold finite floating-point pixels")
     return a.astype(np.float32, copy=False)
 
 
 def _count(name: str, value: int, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
 
 
 def _lambdas(lambdas: tuple[float, ...] | list[float]) -> NDArray[np.float64]:
     lam = np.asarray(lambdas, dtype=np.float64)
     if lam.ndim != 1 or lam.size == 0 or not np.all((lam > 0) & (lam < 1)):
-        raise ValueError("lambdas must be a non-empty sequence of numbers in (0, 1)")
+        raise ConfigurationError("lambdas must be a non-empty sequence of numbers in (0, 1)")
     return lam
 
 
 def _pairs(n: int, count: int, rng: np.random.Generator) -> tuple[NDArray[np.int64], ...]:
     if n < 2:
-        raise ValueError("mixing needs at least two private images")
+        raise ConfigurationError("mixing needs at least two private images")
     i = rng.integers(0, n, size=count)
     j = rng.integers(0, n - 1, size=count)
     j = j + (j >= i)  # uniform over j != i
@@ -217,21 +219,21 @@ def _pairs(n: int, count: int, rng: np.random.Generator) -> tuple[NDArray[np.int
 
 def _probs(probs: NDArray[np.floating] | None) -> NDArray[np.float64]:
     if probs is None:
-        raise ValueError("this strategy needs the querier's class probabilities (probs)")
+        raise ConfigurationError("this strategy needs the querier's class probabilities (probs)")
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2 or p.shape[1] < 2:
-        raise ValueError(f"probs must be (pool size, classes >= 2), got shape {p.shape}")
+        raise ConfigurationError(f"probs must be (pool size, classes >= 2), got shape {p.shape}")
     if not np.isfinite(p).all() or (p < 0).any() or not np.allclose(p.sum(1), 1.0, atol=1e-4):
-        raise ValueError("each row of probs must be a probability vector")
+        raise ConfigurationError("each row of probs must be a probability vector")
     return p
 
 
 def _features(features: NDArray[np.floating] | None, name: str = "features") -> NDArray[np.float64]:
     if features is None:
-        raise ValueError(f"this strategy needs {name} (the querier's feature vectors)")
+        raise ConfigurationError(f"this strategy needs {name} (the querier's feature vectors)")
     f = np.asarray(features, dtype=np.float64)
     if f.ndim != 2 or not np.isfinite(f).all():
-        raise ValueError(f"{name} must be a finite 2-D array (points, dimensions)")
+        raise ConfigurationError(f"{name} must be a finite 2-D array (points, dimensions)")
     return f
 
 
@@ -242,7 +244,7 @@ def mixup(
     """Return ``lam * x_i + (1 - lam) * x_j`` (PrivHFL Eq. 1), broadcasting ``lam`` per image."""
     a, b = np.asarray(x_i, dtype=np.float32), np.asarray(x_j, dtype=np.float32)
     if a.shape != b.shape:
-        raise ValueError(f"x_i and x_j must have one shape, got {a.shape} and {b.shape}")
+        raise ConfigurationError(f"x_i and x_j must have one shape, got {a.shape} and {b.shape}")
     lam_arr = np.asarray(lam, dtype=np.float32)
     if lam_arr.ndim == 1:
         lam_arr = lam_arr.reshape((-1,) + (1,) * (a.ndim - 1))
@@ -377,12 +379,12 @@ def cutout_pool(
     size = _count("size", size)
     lo, hi = (float(s) for s in scale)
     if not 0.0 < lo <= hi <= 1.0:
-        raise ValueError(f"scale must satisfy 0 < lo <= hi <= 1, got {scale}")
+        raise ConfigurationError(f"scale must satisfy 0 < lo <= hi <= 1, got {scale}")
     r_lo, r_hi = (float(r) for r in ratio)
     if not 0.0 < r_lo <= r_hi or not math.isfinite(r_hi):
-        raise ValueError(f"ratio must satisfy 0 < lo <= hi, got {ratio}")
+        raise ConfigurationError(f"ratio must satisfy 0 < lo <= hi, got {ratio}")
     if not math.isfinite(value):
-        raise ValueError("value must be finite")
+        raise ConfigurationError("value must be finite")
     rng = np.random.default_rng(seed)
     first = rng.integers(0, len(images), size=size).astype(np.int64)
     height, width = images.shape[-2:]
@@ -432,15 +434,15 @@ def expand(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``method`` is unknown or an argument is invalid.
     """
     if method == "private":
         return private_pool(x)
     if method not in EXPANSIONS:
-        raise ValueError(f"unknown expansion {method!r}; choose one of {EXPANSIONS}")
+        raise ConfigurationError(f"unknown expansion {method!r}; choose one of {EXPANSIONS}")
     if size is None:
-        raise ValueError(f"expansion {method!r} needs a pool size")
+        raise ConfigurationError(f"expansion {method!r} needs a pool size")
     if method == "mixup":
         return mixup_pool(x, size, seed)
     if method == "cutmix":
@@ -453,9 +455,9 @@ def softmax(logits: NDArray[np.floating], temperature: float = 1.0) -> NDArray[n
     """Return the row-wise softmax of ``logits / temperature`` (shifted, so it never overflows)."""
     z = np.asarray(logits, dtype=np.float64)
     if z.ndim != 2 or not np.isfinite(z).all():
-        raise ValueError("logits must be a finite 2-D array")
+        raise ConfigurationError("logits must be a finite 2-D array")
     if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        raise ConfigurationError(f"temperature must be a finite number > 0, got {temperature!r}")
     z = z / temperature
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
@@ -486,7 +488,7 @@ def top_k(scores: NDArray[np.floating], k: int, largest: bool = True) -> NDArray
     s = np.asarray(scores, dtype=np.float64)
     k = _count("k", k)
     if s.ndim != 1 or k > s.size:
-        raise ValueError(f"need a 1-D score array of at least k = {k} entries")
+        raise ConfigurationError(f"need a 1-D score array of at least k = {k} entries")
     order = np.argsort(-s if largest else s, kind="stable")
     return np.asarray(order[:k], dtype=np.int64)
 
@@ -526,12 +528,12 @@ def greedy_k_center(
     f = _features(features)
     k = _count("k", k)
     if k > len(f):
-        raise ValueError(f"k = {k} exceeds the pool size {len(f)}")
+        raise ConfigurationError(f"k = {k} exceeds the pool size {len(f)}")
     nearest = np.full(len(f), np.inf)
     if existing is not None:
         e = _features(existing, "existing")
         if e.shape[1] != f.shape[1]:
-            raise ValueError("existing must have the pool's feature dimension")
+            raise ConfigurationError("existing must have the pool's feature dimension")
         for start in range(0, len(e), 1024):
             nearest = np.minimum(nearest, _distances(f, e[start : start + 1024]).min(axis=1))
     chosen: list[int] = []
@@ -572,7 +574,7 @@ def kmeans(
     f = _features(features)
     clusters = _count("clusters", clusters, 1)
     if clusters > len(f):
-        raise ValueError(f"clusters = {clusters} exceeds the number of points {len(f)}")
+        raise ConfigurationError(f"clusters = {clusters} exceeds the number of points {len(f)}")
     rng = np.random.default_rng(seed)
     centers = [f[int(rng.integers(0, len(f)))]]
     d2 = ((f - centers[0]) ** 2).sum(1)
@@ -641,7 +643,7 @@ def icd(
     f = _features(features)
     k = _count("k", k)
     if len(f) != len(gap) or k > len(gap):
-        raise ValueError("probs and features must describe one pool of at least k points")
+        raise ConfigurationError("probs and features must describe one pool of at least k points")
     if k == 0:
         return np.zeros(0, dtype=np.int64)
     labels = kmeans(f, min(clusters, len(f)), seed)
@@ -695,19 +697,21 @@ def select(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the strategy is unknown, ``k`` is out of range or an input it needs is missing or
         malformed.
     """
     pool_size = _count("pool_size", pool_size)
     k = _count("k", k)
     if k > pool_size:
-        raise ValueError(f"k = {k} exceeds the pool size {pool_size}")
+        raise ConfigurationError(f"k = {k} exceeds the pool size {pool_size}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown selection strategy {strategy!r}; choose one of {STRATEGIES}")
+        raise ConfigurationError(
+            f"unknown selection strategy {strategy!r}; choose one of {STRATEGIES}"
+        )
     for name, given in (("probs", probs), ("features", features)):
         if given is not None and len(np.asarray(given)) != pool_size:
-            raise ValueError(f"{name} must have one row per pool sample ({pool_size})")
+            raise ConfigurationError(f"{name} must have one row per pool sample ({pool_size})")
     if strategy == "random":
         rng = np.random.default_rng(seed)
         return np.sort(rng.choice(pool_size, size=k, replace=False)).astype(np.int64)

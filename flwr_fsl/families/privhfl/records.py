@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
 from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
@@ -114,7 +114,7 @@ class PhaseConfig:
 
     def __post_init__(self) -> None:
         if self.phase not in PHASE_TYPES:
-            raise ValueError(f"unknown PrivHFL phase {self.phase!r}")
+            raise ConfigurationError(f"unknown PrivHFL phase {self.phase!r}")
         ints = {
             "server_round": (1, 1 << 31),
             "seed": (0, (1 << 63) - 1),
@@ -127,21 +127,21 @@ class PhaseConfig:
         for name, (low, high) in ints.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an int in [{low}, {high}]")
+                raise ConfigurationError(f"{name} must be an int in [{low}, {high}]")
         for name in ("lr", "temperature"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number")
+                raise ConfigurationError(f"{name} must be a number")
             if not (math.isfinite(value) and 0 < value <= 1e6):
-                raise ValueError(f"{name} must be finite and in (0, 1e6]")
+                raise ConfigurationError(f"{name} must be finite and in (0, 1e6]")
         if self.expansion not in EXPANSIONS:
-            raise ValueError(f"expansion must be one of {EXPANSIONS}")
+            raise ConfigurationError(f"expansion must be one of {EXPANSIONS}")
         if self.selection not in STRATEGIES:
-            raise ValueError(f"selection must be one of {STRATEGIES}")
+            raise ConfigurationError(f"selection must be one of {STRATEGIES}")
         if self.optimizer not in ("sgd", "adam"):
-            raise ValueError("optimizer must be 'sgd' or 'adam'")
+            raise ConfigurationError("optimizer must be 'sgd' or 'adam'")
         if self.num_queries > self.pool_size:
-            raise ValueError("num_queries must not exceed pool_size")
+            raise ConfigurationError("num_queries must not exceed pool_size")
 
     @property
     def message_type(self) -> str:

@@ -310,13 +310,11 @@ min_available_nodes, sampling_seed
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ConfigurationError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = seed
-        # Every phase record is built once here, so a bad combination fails before round 1.
-        try:
-            self._phase("generate", 1, 0)
-            self._phase("local", 1, 0)
-            self._phase("retrain", 1, 0)
-        except ValueError as err:
-            raise ConfigurationError(f"PrivHFL settings: {err}") from err
+        # Every phase record is built once here, so a bad combination fails before round 1
+        # (PhaseConfig raises ConfigurationError naming the setting).
+        self._phase("generate", 1, 0)
+        self._phase("local", 1, 0)
+        self._phase("retrain", 1, 0)
         self.trained: set[int] = set()
         self.node_metrics: dict[int, dict[int, dict[str, float]]] = {}
 

@@ -239,7 +239,7 @@ class SesaLayout:
         try:
             spec = spec if spec is not None else WidthSpec.sequential(arrays)
             widths = spec.widths(arrays)
-        except ValueError as err:
+        except ConfigurationError as err:
             raise ConfigurationError(f"SESA layout: {err}") from err
         for name, width in widths.items():
             if width % s:
@@ -410,20 +410,20 @@ class SesaLayout:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the shapes do not match the groups.
         RoundFailedError
             If a sum or weight is not finite.
         """
         if len(sums) != len(self.groups) or len(weights) != len(self.groups):
-            raise ValueError("one sum and one weight block per group are needed")
+            raise ConfigurationError("one sum and one weight block per group are needed")
         flat_sums = np.zeros((self.flat.size, 1), dtype=np.float64)
         counts = np.zeros(self.flat.size, dtype=np.float64)
         for g, total, weight in zip(self.groups, sums, weights, strict=True):
             t = np.asarray(total, dtype=np.float64)
             w = np.asarray(weight, dtype=np.float64)
             if t.shape != g.coords.shape or w.shape != (g.shards,):
-                raise ValueError(f"group {g.descriptor}: sums {t.shape}, weights {w.shape}")
+                raise ConfigurationError(f"group {g.descriptor}: sums {t.shape}, weights {w.shape}")
             flat_sums[g.coords.reshape(-1), 0] = t.reshape(-1)
             counts[g.coords.reshape(-1)] = np.repeat(w, g.length)
         return apply_count_weighted(global_arrays, self.flat, flat_sums, counts)

@@ -105,10 +105,8 @@ class SSASettings:
                     f"dp.noise_multiplier must be > 0 (S0's noise protects the clients against "
                     f"S1), got {self.dp.noise_multiplier}"
                 )
-        try:
-            self.params(round_id=1, domain_size=64, num_items=1, value_width=1, hash_key=bytes(16))
-        except ValueError as err:
-            raise ConfigurationError(f"SSA settings: {err}") from None
+        # SSAParams raises ConfigurationError itself (naming the bad setting).
+        self.params(round_id=1, domain_size=64, num_items=1, value_width=1, hash_key=bytes(16))
 
     def params(self, **fields: Any) -> SSAParams:
         """Return the round's :class:`SSAParams` with these settings and ``fields``."""

@@ -99,6 +99,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
 
@@ -129,9 +130,9 @@ FALSE_POSITIVES = 1e-4
 
 def _positive_finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        raise ConfigurationError(f"{name} must be finite and > 0, got {value!r}")
     return float(value)
 
 
@@ -170,14 +171,14 @@ class DistributedDP:
     def __post_init__(self) -> None:
         z = self.noise_multiplier
         if isinstance(z, bool) or not isinstance(z, int | float):
-            raise ValueError(f"noise_multiplier must be a number, got {z!r}")
+            raise ConfigurationError(f"noise_multiplier must be a number, got {z!r}")
         if not (math.isfinite(z) and z >= 0):
-            raise ValueError(f"noise_multiplier must be finite and >= 0, got {z!r}")
+            raise ConfigurationError(f"noise_multiplier must be finite and >= 0, got {z!r}")
         _positive_finite("clip_norm", self.clip_norm)
         _positive_finite("max_weight", self.max_weight)
         d = self.delta
         if isinstance(d, bool) or not isinstance(d, int | float) or not 0 < d < 1:
-            raise ValueError(f"delta must be in (0, 1), got {d!r}")
+            raise ConfigurationError(f"delta must be in (0, 1), got {d!r}")
 
     def to_dict(self) -> dict[str, float]:
         """Return the fields as a JSON-ready dict (floats)."""
@@ -189,15 +190,17 @@ class DistributedDP:
 
         Raises
         ------
-        ValueError
-            If ``raw`` is not such a dict or a value is out of range.
+        ClientInputError
+            If ``raw`` is not such a dict or a value is not a number.
+        ConfigurationError
+            If a value is out of range (the dataclass's own checks).
         """
         names = {"noise_multiplier", "clip_norm", "max_weight", "delta"}
         if not isinstance(raw, dict) or set(raw) != names:
-            raise ValueError(f"dp must be an object with exactly the fields {sorted(names)}")
+            raise ClientInputError(f"dp must be an object with exactly the fields {sorted(names)}")
         for name, value in raw.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"dp field {name!r} must be a number")
+                raise ClientInputError(f"dp field {name!r} must be a number")
         return cls(**{k: float(v) for k, v in raw.items()})
 
 
@@ -222,11 +225,11 @@ def sensitivity(dp: DistributedDP, num_items: int, value_width: int, frac_bits: 
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``num_items``, ``value_width`` or ``frac_bits`` is out of range.
     """
     if num_items < 1 or value_width < 1 or frac_bits < 0:
-        raise ValueError("num_items and value_width must be >= 1 and frac_bits >= 0")
+        raise ConfigurationError("num_items and value_width must be >= 1 and frac_bits >= 0")
     k, tau = num_items, value_width + 1
     return dp.max_weight * math.sqrt(dp.clip_norm**2 + k) + 2.0**-frac_bits * math.sqrt(k * tau)
 
@@ -263,12 +266,14 @@ def zcdp_rho(noise_multiplier: float) -> float:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``noise_multiplier`` is negative or not finite.
     """
     z = float(noise_multiplier)
     if not (math.isfinite(z) and z >= 0):
-        raise ValueError(f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}")
+        raise ConfigurationError(
+            f"noise_multiplier must be finite and >= 0, got {noise_multiplier!r}"
+        )
     return math.inf if z == 0 else 1.0 / (2.0 * z * z)
 
 
@@ -277,13 +282,13 @@ def zcdp_to_epsilon(rho: float, delta: float) -> float:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``rho`` < 0 or ``delta`` is not in ``(0, 1)``.
     """
     if not rho >= 0:
-        raise ValueError(f"rho must be >= 0, got {rho!r}")
+        raise ConfigurationError(f"rho must be >= 0, got {rho!r}")
     if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        raise ConfigurationError(f"delta must be in (0, 1), got {delta!r}")
     if math.isinf(rho):
         return math.inf
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
@@ -308,11 +313,11 @@ def epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``rounds`` < 0 or another argument is out of range.
     """
     if rounds < 0:
-        raise ValueError(f"rounds must be >= 0, got {rounds}")
+        raise ConfigurationError(f"rounds must be >= 0, got {rounds}")
     if rounds == 0:
         return 0.0
     return zcdp_to_epsilon(rounds * zcdp_rho(noise_multiplier), delta)
@@ -436,13 +441,13 @@ def noise_words(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``sigma`` is negative or not finite.
     FixedPointOverflowError
         If the noise does not fit beside the aggregate (:func:`check_headroom`).
     """
     if not (math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma must be finite and >= 0, got {sigma!r}")
+        raise ConfigurationError(f"sigma must be finite and >= 0, got {sigma!r}")
     n = math.prod(shape)
     if sigma == 0 or n == 0:
         return np.zeros(shape, np.uint64)
@@ -491,11 +496,11 @@ def count_threshold_stds(num_elements: int, false_positives: float = FALSE_POSIT
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``false_positives`` is not in ``(0, 1)``.
     """
     if not 0 < false_positives < 1:
-        raise ValueError(f"false_positives must be in (0, 1), got {false_positives!r}")
+        raise ConfigurationError(f"false_positives must be in (0, 1), got {false_positives!r}")
     tail = false_positives / max(1, num_elements)
     return max(3.0, NormalDist().inv_cdf(1.0 - tail))
 

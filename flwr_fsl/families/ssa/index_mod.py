@@ -42,6 +42,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
@@ -128,10 +129,10 @@ class PrivateRows(ProtocolMod):
         """
         params = found.params
         if found.config.get(TABLE_FIELD) != self.table:
-            raise ValueError(f"the server's row table is {found.config.get(TABLE_FIELD)!r}")
+            raise ClientInputError(f"the server's row table is {found.config.get(TABLE_FIELD)!r}")
         query = _QUERY.load(context)
         if query is None or query.round_id != params.round_id:
-            raise ValueError("no retrieval state for this round (query.psr must come first)")
+            raise ClientInputError("no retrieval state for this round (query.psr must come first)")
         answer1 = open_psr_answer(
             query.answer_key,
             found.bytes_field(ANSWER1_FIELD),
@@ -152,7 +153,7 @@ class PrivateRows(ProtocolMod):
         ((_, trained_record),) = reply.content.array_records.items()
         trained = trained_record[self.table].numpy()
         if trained.shape != table.shape:
-            raise ValueError(f"the train reply changed the shape of {self.table!r}")
+            raise ConfigurationError(f"the train reply changed the shape of {self.table!r}")
         delta = trained[query.indices].astype(np.float64) - rows.astype(np.float64)
         udpf = found.config.get(UDPF_FIELD) is True
         held = _held(found.config.get(UDPF_HELD_FIELD))
@@ -188,9 +189,9 @@ class PrivateRows(ProtocolMod):
         indices = np.asarray(out[0], np.int64).reshape(-1)
         counts = np.asarray(out[1], np.float64)
         if counts.shape != indices.shape:
-            raise ValueError("rows() returned counts of another length than the indices")
+            raise ConfigurationError("rows() returned counts of another length than the indices")
         if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
-            raise ValueError("rows() returned counts that are not finite and > 0")
+            raise ConfigurationError("rows() returned counts that are not finite and > 0")
         return indices, counts
 
 

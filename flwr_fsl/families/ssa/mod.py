@@ -29,6 +29,7 @@ from __future__ import annotations
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.records import decode_update
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.ssa.protocol import encode_update
@@ -60,7 +61,9 @@ class SSAMod(ProtocolMod):
         params = found.params
         records = msg.content.array_records
         if len(records) != 1:
-            raise ValueError("ssa_mod expects one ArrayRecord (the model) in the train message")
+            raise ClientInputError(
+                "ssa_mod expects one ArrayRecord (the model) in the train message"
+            )
         received = {k: v.numpy() for k, v in next(iter(records.values())).items()}
         reply = call_next(msg, context)
         if reply.has_error():
@@ -68,15 +71,17 @@ class SSAMod(ProtocolMod):
         weight = self.reply_weight(msg, reply)[2]
         layout = FlatLayout.of(received)
         if layout.size != params.domain_size:  # both sizes are public
-            raise ValueError(f"model has {layout.size} coordinates, the round {params.domain_size}")
+            raise ClientInputError(
+                f"model has {layout.size} coordinates, the round {params.domain_size}"
+            )
         update = decode_update(reply.content, received, weight)
         if any(part.encoding is Encoding.ROWS for part in update.tensors.values()):
-            raise ValueError("row (mega-element) updates need index mode, not top-k SSA")
+            raise ConfigurationError("row (mega-element) updates need index mode, not top-k SSA")
         # Per-index counts where the reply has them, its weight elsewhere (FedSubAvg's rule).
         elements = layout.elements(update)
         indices, values, counts = elements.indices, elements.values, elements.counts
         if indices.size > params.num_items:
-            raise ValueError(
+            raise ConfigurationError(
                 f"the update touches more coordinates than the round allows "
                 f"(k={params.num_items}): stack topk_mod inside ssa_mod with the server's "
                 "topk-count"

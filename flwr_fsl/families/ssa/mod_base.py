@@ -35,6 +35,7 @@ from typing import ClassVar
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAUpload
@@ -223,7 +224,7 @@ class ProtocolMod:
 
         Raises
         ------
-        ValueError
+        ClientInputError
             If the message carries no round, or its action is not in :attr:`queries`.
         SealedBoxError
             If S1's key does not match the pinned fingerprint.
@@ -231,10 +232,10 @@ class ProtocolMod:
         _, _, action = msg.metadata.message_type.partition(".")
         name = action or _DEFAULT_ACTION
         if name not in self.queries:
-            raise ValueError(f"this mod answers no {msg.metadata.message_type!r} messages")
+            raise ClientInputError(f"this mod answers no {msg.metadata.message_type!r} messages")
         found = find_round(msg.content)
         if found is None:
-            raise ValueError("the query message carries no SSA round parameters")
+            raise ClientInputError("the query message carries no SSA round parameters")
         self.check_helper(found, context)
         return self.on_query(name, msg, context, found)
 
@@ -297,19 +298,19 @@ class ProtocolMod:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the reply has not exactly one MetricRecord with a positive finite weight.
         """
         key = weight_key_of(msg.content)
         metrics = list(reply.content.metric_records.items())
         if len(metrics) != 1 or key not in metrics[0][1]:
-            raise ValueError(f"the train reply needs one MetricRecord with {key!r}")
+            raise ConfigurationError(f"the train reply needs one MetricRecord with {key!r}")
         name, record = metrics[0]
         value = record[key]
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"the reply's {key!r} must be a number")
+            raise ConfigurationError(f"the reply's {key!r} must be a number")
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"the reply's {key!r} must be finite and > 0")
+            raise ConfigurationError(f"the reply's {key!r} must be finite and > 0")
         return name, record, float(value)
 
     @staticmethod

@@ -52,7 +52,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
@@ -161,20 +161,22 @@ class SSAParams:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+                raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
         if self.domain_size < 1 or self.value_width < 1:
-            raise ValueError("domain_size and value_width must be >= 1")
+            raise ConfigurationError("domain_size and value_width must be >= 1")
         if self.num_items > self.domain_size:
-            raise ValueError("num_items cannot exceed domain_size")
+            raise ConfigurationError("num_items cannot exceed domain_size")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         if self.dp is not None:
             if not isinstance(self.dp, DistributedDP):
-                raise ValueError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
+                raise ConfigurationError(
+                    f"dp must be a DistributedDP, got {type(self.dp).__name__}"
+                )
             if not self.count_weighted:
-                raise ValueError("dp needs count_weighted rounds")
+                raise ConfigurationError("dp needs count_weighted rounds")
             if self.dp.max_weight * max(self.dp.clip_norm, 1.0) > self.max_abs:
-                raise ValueError(
+                raise ConfigurationError(
                     f"dp max_weight * max(clip_norm, 1) = "
                     f"{self.dp.max_weight * max(self.dp.clip_norm, 1.0):g} exceeds "
                     f"max_abs={self.max_abs:g}: clipped payload words would not fit"
@@ -225,41 +227,43 @@ class SSAParams:
 
         Raises
         ------
-        ValueError
-            If the bytes are not a valid parameter set of this version.
+        SSAInputError
+            If the bytes are not a parameter set of this version (format, fields, types).
+        ConfigurationError
+            If a field's value is out of range (the dataclass's own checks).
         """
         try:
             # NaN/Infinity are not JSON numbers: reject them instead of letting them reach math.
             raw = json.loads(bytes(data).decode(), parse_constant=_reject_constant)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"SSA parameters are not valid JSON: {err}") from None
+            raise SSAInputError(f"SSA parameters are not valid JSON: {err}") from None
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
-            raise ValueError("not an SSA parameter set")
+            raise SSAInputError("not an SSA parameter set")
         version = raw.pop("version", None)
         if version not in (_VERSION, _DP_VERSION) or isinstance(version, bool):
-            raise ValueError(
+            raise SSAInputError(
                 f"unsupported SSA parameter version (expected {_VERSION} or {_DP_VERSION})"
             )
         expected = set(cls.__dataclass_fields__) - {"dp"}
         if version == _DP_VERSION:
             expected.add("dp")
         if set(raw) != expected:
-            raise ValueError(f"SSA parameter fields differ: {sorted(raw)}")
+            raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
         for name, value in raw.items():
             if not _FIELD_TYPES[name](value):
-                raise ValueError(f"SSA parameter {name!r} has the wrong type")
+                raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
-            raise ValueError("hash_key must be hex") from None
+            raise SSAInputError("hash_key must be hex") from None
         if "dp" in raw:
             raw["dp"] = DistributedDP.from_dict(raw["dp"])
         return cls(**raw)
 
 
 def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a valid parameter value")
+    raise SSAInputError(f"{name} is not a valid parameter value")
 
 
 def _is_int(v: object) -> bool:
@@ -378,11 +382,11 @@ def place_indices(
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     if idx.size > params.num_items:
-        raise ValueError(f"more indices than the round allows (k={params.num_items})")
+        raise ConfigurationError(f"more indices than the round allows (k={params.num_items})")
     if idx.size and (idx.min() < 0 or idx.max() >= params.domain_size):
-        raise ValueError(f"indices must be in [0, {params.domain_size})")
+        raise ConfigurationError(f"indices must be in [0, {params.domain_size})")
     if np.unique(idx).size != idx.size:
-        raise ValueError("indices must be distinct")
+        raise ConfigurationError("indices must be distinct")
     table = simple_table if simple_table is not None else simple_table_for(params)
     try:
         cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
@@ -436,7 +440,7 @@ def payload_words(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If shapes disagree or weights are not finite and > 0.
     FixedPointOverflowError
         If a payload word exceeds ``max_abs`` (the weight and each ``c * value`` are
@@ -453,17 +457,17 @@ def payload_words(
     if v.ndim == 1 and params.value_width == 1:
         v = v.reshape(-1, 1)
     if v.ndim != 2 or v.shape[1] != params.value_width:
-        raise ValueError(f"values must have shape (n, {params.value_width})")
+        raise ConfigurationError(f"values must have shape (n, {params.value_width})")
     if params.count_weighted:
         try:
             c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
         except ValueError:  # numpy's text would quote both lengths (the set size)
-            raise ValueError("weights must be one number or one per value row") from None
+            raise ConfigurationError("weights must be one number or one per value row") from None
         if c.size and (not np.all(np.isfinite(c)) or np.any(c <= 0)):
-            raise ValueError("weights must be finite and > 0")
+            raise ConfigurationError("weights must be finite and > 0")
         if params.dp is not None:
             if not np.all(np.isfinite(v)):
-                raise ValueError("update values must be finite")
+                raise ConfigurationError("update values must be finite")
             v, c = clip_update(v, c, params.dp)
         _check_weighted_bound(v, c, params.max_abs)
         v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
@@ -673,14 +677,14 @@ class SSAClientState:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the new round is not compatible with the stored keys.
         """
         if not same_layout(self.params, params) or params.epoch <= self.params.epoch:
-            raise ValueError("U-DPF needs the same hashing/layout and a larger epoch")
+            raise ConfigurationError("U-DPF needs the same hashing/layout and a larger epoch")
         payload = payload_words(params, values, weights, rng)
         if payload.shape[0] != self.indices.size:
-            raise ValueError("U-DPF rounds must update the same index set")
+            raise ConfigurationError("U-DPF rounds must update the same index set")
         betas = _betas(params, payload, self.placement.slots)
         hint = next_hint_batch(
             self.keys[0], self.keys[1], betas, params.epoch, alphas=self.placement.alphas
@@ -781,14 +785,14 @@ def encode_update(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the inputs do not fit the round.
     """
     table = simple_table if simple_table is not None else simple_table_for(params)
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     payload = payload_words(params, values, weights, rng)
     if payload.shape[0] != idx.size:
-        raise ValueError("the number of value rows differs from the number of indices")
+        raise ConfigurationError("the number of value rows differs from the number of indices")
     placement = place_indices(params, idx, table, rng)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
@@ -965,7 +969,7 @@ class SSAServer:
         previous_keys: dict[int, DPFKeyBatch] | None = None,
     ) -> None:
         if party not in (0, 1):
-            raise ValueError(f"party must be 0 or 1, got {party!r}")
+            raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
         self.params = params
         self.party = party
         self._table = simple_table_for(params)
@@ -1074,13 +1078,13 @@ class SSAResult:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the round was not count-weighted.
         RoundFailedError
             If the reconstructed sums or counts are not finite.
         """
         if self.counts is None:
-            raise ValueError("the round was not count-weighted")
+            raise ConfigurationError("the round was not count-weighted")
         return count_weighted_mean(self.sums, self.counts)
 
 
@@ -1091,13 +1095,13 @@ def reconstruct(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a share does not have shape ``(m, tau)``.
     """
     shape = (params.domain_size, params.tau)
     for s in (share0, share1):
         if np.shape(s) != shape:
-            raise ValueError(f"share must have shape {shape}, got {np.shape(s)}")
+            raise ConfigurationError(f"share must have shape {shape}, got {np.shape(s)}")
     total = params.fixed_point.decode(np.asarray(share0, np.uint64) + np.asarray(share1, np.uint64))
     if params.count_weighted:
         # Untouched elements reconstruct to exactly 0 (DPF correctness), so counts are exact.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, evaluate_batch, generate_keys_batch
@@ -73,7 +74,7 @@ def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the dtype is not float32 or float64.
     """
     a = np.asarray(rows)
@@ -83,7 +84,7 @@ def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:
         return np.ascontiguousarray(a).view(np.uint64)
     if a.dtype == np.float32:
         return np.ascontiguousarray(a).view(np.uint32).astype(np.uint64)
-    raise ValueError(f"encode_table takes float32 or float64 rows, got {a.dtype}")
+    raise ConfigurationError(f"encode_table takes float32 or float64 rows, got {a.dtype}")
 
 
 def decode_table(words: NDArray[np.uint64], dtype: type = np.float32) -> NDArray[np.floating]:
@@ -99,9 +100,9 @@ def decode_table(words: NDArray[np.uint64], dtype: type = np.float32) -> NDArray
         return w.view(np.float64)
     if np.dtype(dtype) == np.float32:
         if np.any(w >> np.uint64(32)):
-            raise ValueError("not a float32 table: high bits set")
+            raise SSAInputError("not a float32 table: high bits set")
         return w.astype(np.uint32).view(np.float32)
-    raise ValueError(f"unsupported dtype {dtype}")
+    raise ConfigurationError(f"unsupported dtype {dtype}")
 
 
 @dataclass
@@ -186,10 +187,10 @@ class PSRServer:
 
     def __init__(self, params: SSAParams, party: int, table: NDArray[np.uint64]) -> None:
         if party not in (0, 1):
-            raise ValueError(f"party must be 0 or 1, got {party!r}")
+            raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
         shape = (params.domain_size, params.value_width)
         if table.dtype != np.uint64 or table.shape != shape:
-            raise ValueError(
+            raise ConfigurationError(
                 f"table must be uint64 of shape {shape}, got {table.dtype} {table.shape}"
             )
         self.params = query_params(params)
@@ -272,12 +273,12 @@ def decode_rows(
 
     Raises
     ------
-    ValueError
+    SSAInputError
         If the answers' shapes differ or do not have one row per key.
     """
     a0, a1 = np.asarray(answer0, np.uint64), np.asarray(answer1, np.uint64)
     if a0.ndim != 2 or a0.shape != a1.shape or a0.shape[0] != slots.shape[0]:
-        raise ValueError("answers must have one row per key and equal shapes")
+        raise SSAInputError("answers must have one row per key and equal shapes")
     total = a0 + a1
     rows = np.zeros((num_indices, a0.shape[1]), np.uint64)
     used = slots != EMPTY

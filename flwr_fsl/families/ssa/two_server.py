@@ -293,13 +293,13 @@ class LeadServer:
         noise_stream: PRGStream | None = None,
     ) -> None:
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
-            raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
+            raise ConfigurationError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         if (
             isinstance(relay_chunk_bytes, bool)
             or not isinstance(relay_chunk_bytes, int)
             or not 1 <= relay_chunk_bytes <= MAX_MESSAGE_BYTES // 2
         ):
-            raise ValueError(
+            raise ConfigurationError(
                 f"relay_chunk_bytes must be an integer in [1, {MAX_MESSAGE_BYTES // 2}], "
                 f"got {relay_chunk_bytes!r}"
             )

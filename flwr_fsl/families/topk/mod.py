@@ -32,6 +32,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Message
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.records import encode_update
 from flwr_fsl.submodel import TopKConfig, sparsify
 
@@ -87,7 +88,9 @@ def topk_config(run_config: Mapping[str, Any], message: Message) -> TopKConfig |
 def _single_array_record(content: RecordDict, what: str) -> tuple[str, ArrayRecord]:
     records = content.array_records
     if len(records) != 1:
-        raise ValueError(f"topk_mod expects one ArrayRecord in the {what}, got {len(records)}")
+        # The train message is the server's (drop-worthy input); the reply is this app's own.
+        error = ClientInputError if what == "train message" else ConfigurationError
+        raise error(f"topk_mod expects one ArrayRecord in the {what}, got {len(records)}")
     return next(iter(records.items()))
 
 
@@ -111,7 +114,7 @@ def topk_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the settings are invalid or the reply's arrays do not match the received model.
     """
     if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
@@ -126,12 +129,12 @@ def topk_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
         return reply
     reply_key, trained_record = _single_array_record(reply.content, "train reply")
     if set(trained_record.keys()) != set(received):
-        raise ValueError("the train reply's arrays do not match the received model's names")
+        raise ConfigurationError("the train reply's arrays do not match the received model's names")
     deltas: dict[str, NDArray[np.generic]] = {}
     for name, array in trained_record.items():
         trained = array.numpy()
         if trained.shape != received[name].shape or trained.dtype != received[name].dtype:
-            raise ValueError(f"the train reply changed the shape or dtype of {name!r}")
+            raise ConfigurationError(f"the train reply changed the shape or dtype of {name!r}")
         deltas[name] = trained - received[name]
     session = _session(msg)
     residuals = _load_residuals(context, deltas, session) if config.error_feedback else None

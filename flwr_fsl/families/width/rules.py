@@ -64,7 +64,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.submodel.layout import TensorSlice, WidthLayout
 
@@ -127,12 +127,12 @@ def check_rate(rate: object, name: str = "rate", upper: float = 1.0) -> float:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``rate`` is not a finite real number in ``(0, upper]``.
     """
     real = isinstance(rate, numbers.Real) and not isinstance(rate, bool | np.bool_)
     if not (real and math.isfinite(float(rate)) and 0.0 < float(rate) <= upper):  # type: ignore[arg-type]
-        raise ValueError(f"{name} must be a number in (0, {upper}], got {rate!r}")
+        raise ConfigurationError(f"{name} must be a number in (0, {upper}], got {rate!r}")
     return float(rate)  # type: ignore[arg-type]
 
 
@@ -153,7 +153,7 @@ def parse_rate(value: object, name: str = "rate") -> float:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the value is neither a letter of :data:`RATE_LEVELS` nor a number in ``(0, 1]``.
     """
     if isinstance(value, str):
@@ -163,7 +163,7 @@ def parse_rate(value: object, name: str = "rate") -> float:
         try:
             value = float(text)
         except ValueError:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{name} must be a number in (0, 1] or one of {sorted(RATE_LEVELS)}, got {text!r}"
             ) from None
     return check_rate(value, name)
@@ -202,7 +202,7 @@ def local_width(width: int, rate: float, global_rate: float = 1.0) -> int:
 
 def _check_width(width: object, name: str = "width") -> int:
     if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {width!r}")
+        raise ConfigurationError(f"{name} must be an int >= 1, got {width!r}")
     return int(width)
 
 
@@ -210,7 +210,7 @@ def _check_local(width: int, local: int) -> tuple[int, int]:
     _check_width(width)
     _check_width(local, "local width")
     if local > width:
-        raise ValueError(f"local width {local} exceeds the layer's width {width}")
+        raise ConfigurationError(f"local width {local} exceeds the layer's width {width}")
     return int(width), int(local)
 
 
@@ -243,14 +243,14 @@ def rolling_indices(width: int, local: int, round_index: int) -> NDArray[np.int6
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a width is out of range or ``round_index`` is negative.
     """
     width, local = _check_local(width, local)
     if isinstance(round_index, bool) or not isinstance(round_index, int | np.integer):
-        raise ValueError(f"round_index must be an int, got {round_index!r}")
+        raise ConfigurationError(f"round_index must be an int, got {round_index!r}")
     if round_index < 0:
-        raise ValueError(f"round_index must be >= 0, got {round_index}")
+        raise ConfigurationError(f"round_index must be >= 0, got {round_index}")
     shift = int(round_index) % width
     # roll right by `shift`: position j holds (j - shift) mod K.
     return _frozen((np.arange(local, dtype=np.int64) - shift) % width)
@@ -287,7 +287,7 @@ def shards_for_rate(rate: float, num_shards: int) -> int:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``num_shards < 1``, ``rate`` is not in ``(0, 1]`` or ``rate * num_shards`` is not a
         whole number (SESA needs every capacity to be a multiple of ``B_min = 1 / S``).
     """
@@ -295,7 +295,7 @@ def shards_for_rate(rate: float, num_shards: int) -> int:
     r = check_rate(rate)
     count = round(r * s)
     if count < 1 or abs(r * s - count) > _RATE_TOLERANCE * s:
-        raise ValueError(
+        raise ConfigurationError(
             f"rate {r} is not a multiple of 1/num_shards = 1/{s}: a client must pick a whole "
             "number of shards"
         )
@@ -321,18 +321,18 @@ def shard_channels(width: int, num_shards: int, shard_ids: ArrayLike) -> NDArray
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``K`` is not a multiple of ``S`` or a shard id is out of range or repeated.
     """
     width = _check_width(width)
     s = _check_width(num_shards, "num_shards")
     if width % s:
-        raise ValueError(f"a layer of width {width} does not split into {s} equal shards")
+        raise ConfigurationError(f"a layer of width {width} does not split into {s} equal shards")
     ids = np.asarray(shard_ids)
     if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-        raise ValueError("shard ids must be a 1-D integer array")
+        raise ConfigurationError("shard ids must be a 1-D integer array")
     if np.any(ids < 0) or np.any(ids >= s) or np.unique(ids).size != ids.size:
-        raise ValueError(f"shard ids must be distinct and within [0, {s})")
+        raise ConfigurationError(f"shard ids must be distinct and within [0, {s})")
     size = width // s
     channels = ids.astype(np.int64)[:, None] * size + np.arange(size, dtype=np.int64)
     return _frozen(channels.reshape(-1))
@@ -420,7 +420,7 @@ class CapacityMix:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the tuples are empty, differ in length, or hold an invalid rate or weight.
     """
 
@@ -429,14 +429,16 @@ class CapacityMix:
 
     def __post_init__(self) -> None:
         if not self.rates or len(self.rates) != len(self.weights):
-            raise ValueError("a capacity mix needs as many weights as rates, at least one")
+            raise ConfigurationError("a capacity mix needs as many weights as rates, at least one")
         for r in self.rates:
             check_rate(r, "capacity mix rate")
         if len(set(self.rates)) != len(self.rates):
-            raise ValueError(f"capacity mix rates must be distinct, got {self.rates}")
+            raise ConfigurationError(f"capacity mix rates must be distinct, got {self.rates}")
         for w in self.weights:
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise ValueError(f"capacity mix weights must be ints >= 1, got {self.weights}")
+                raise ConfigurationError(
+                    f"capacity mix weights must be ints >= 1, got {self.weights}"
+                )
 
     @classmethod
     def parse(cls, text: str) -> CapacityMix:
@@ -444,17 +446,17 @@ class CapacityMix:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If a part is not a known letter followed by a positive integer.
         """
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"a capacity mix must be a string like 'a6-b10', got {text!r}")
+            raise ConfigurationError(f"a capacity mix must be a string like 'a6-b10', got {text!r}")
         rates: list[float] = []
         weights: list[int] = []
         for part in text.strip().lower().split("-"):
             letter, digits = part[:1], part[1:]
             if letter not in RATE_LEVELS or not digits.isdigit():
-                raise ValueError(
+                raise ConfigurationError(
                     f"capacity mix part {part!r} must be one of {sorted(RATE_LEVELS)} followed "
                     "by a weight, e.g. 'a6'"
                 )
@@ -562,7 +564,7 @@ class WidthSpec:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If there is no layer, a layer name repeats or a tensor belongs to two layers.
     """
 
@@ -572,13 +574,13 @@ class WidthSpec:
         layers = tuple(self.layers)
         object.__setattr__(self, "layers", layers)
         if not layers or not all(isinstance(layer, WidthLayer) for layer in layers):
-            raise ValueError("a width spec needs at least one WidthLayer")
+            raise ConfigurationError("a width spec needs at least one WidthLayer")
         names = [layer.name for layer in layers]
         if len(set(names)) != len(names):
-            raise ValueError(f"layer names must be unique, got {names}")
+            raise ConfigurationError(f"layer names must be unique, got {names}")
         tensors = [t for layer in layers for t in layer.tensors]
         if len(set(tensors)) != len(tensors):
-            raise ValueError("a tensor belongs to more than one layer")
+            raise ConfigurationError("a tensor belongs to more than one layer")
         for layer in layers:
             _check_width(layer.in_group, f"{layer.name}: in_group")
 
@@ -605,7 +607,7 @@ class WidthSpec:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If there is no weight, a 1-D floating tensor does not match its layer's width, or
             an input width is not a multiple of the previous output width.
         """
@@ -620,23 +622,25 @@ class WidthSpec:
             if len(shape) != 1 or not floating:
                 continue  # integer counters, scalars: kept whole
             if not drafts:
-                raise ValueError(f"{name!r} comes before any weight: not a sequential model")
+                raise ConfigurationError(
+                    f"{name!r} comes before any weight: not a sequential model"
+                )
             weight, wshape, vectors = drafts[-1]
             if shape[0] != wshape[0]:
-                raise ValueError(
+                raise ConfigurationError(
                     f"{name!r} has {shape[0]} entries, its layer {weight!r} {wshape[0]} "
                     "outputs: not a sequential model"
                 )
             vectors.append(name)
         if not drafts:
-            raise ValueError("the model has no weight tensor (2 or more axes)")
+            raise ConfigurationError("the model has no weight tensor (2 or more axes)")
         layers: list[WidthLayer] = []
         prev_out: int | None = None
         for i, (weight, shape, vectors) in enumerate(drafts):
             group = 1
             if prev_out is not None:
                 if shape[1] % prev_out:
-                    raise ValueError(
+                    raise ConfigurationError(
                         f"{weight!r} has {shape[1]} inputs, not a multiple of the previous "
                         f"layer's {prev_out} outputs"
                     )
@@ -664,7 +668,7 @@ class WidthSpec:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If a tensor is missing, a weight has fewer than two axes, a bias or extra is not
             ``(out,)``, or a layer's input width is not ``in_group`` times the previous
             layer's output width.
@@ -674,18 +678,20 @@ class WidthSpec:
         for layer in self.layers:
             for t in layer.tensors:
                 if t not in arrays:
-                    raise ValueError(f"layer {layer.name!r}: the model has no tensor {t!r}")
+                    raise ConfigurationError(f"layer {layer.name!r}: the model has no tensor {t!r}")
             shape = np.shape(arrays[layer.weight])
             if len(shape) < 2:
-                raise ValueError(f"layer {layer.name!r}: weight {layer.weight!r} is {shape}")
+                raise ConfigurationError(
+                    f"layer {layer.name!r}: weight {layer.weight!r} is {shape}"
+                )
             for t in layer.tensors[1:]:
                 if np.shape(arrays[t]) != (shape[0],):
-                    raise ValueError(
+                    raise ConfigurationError(
                         f"layer {layer.name!r}: {t!r} has shape {np.shape(arrays[t])}, "
                         f"expected ({shape[0]},)"
                     )
             if prev is not None and shape[1] != prev * layer.in_group:
-                raise ValueError(
+                raise ConfigurationError(
                     f"layer {layer.name!r}: {shape[1]} inputs != {prev} channels of the previous "
                     f"layer x in_group {layer.in_group}"
                 )
@@ -714,7 +720,7 @@ class WidthSpec:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the structure does not fit the model or the index sets name other layers.
         """
         self.widths(arrays)
@@ -732,7 +738,9 @@ class WidthSpec:
                 if out_idx.ndim != 1 or not (
                     np.issubdtype(out_idx.dtype, np.integer) or out_idx.size == 0
                 ):
-                    raise ValueError(f"{layer.name}: kept channels must be a 1-D integer array")
+                    raise ConfigurationError(
+                        f"{layer.name}: kept channels must be a 1-D integer array"
+                    )
                 out_idx = out_idx.astype(np.int64)
             out[layer.weight] = TensorSlice(out_idx, in_idx)
             if out_idx is not None:
@@ -806,7 +814,7 @@ class WidthRule:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If a setting is invalid (the message names it).
     """
 
@@ -817,16 +825,16 @@ class WidthRule:
 
     def __post_init__(self) -> None:
         if self.extraction not in EXTRACTIONS:
-            raise ValueError(
+            raise ConfigurationError(
                 f"extraction must be one of {list(EXTRACTIONS)}, got {self.extraction!r}"
             )
         check_rate(self.global_rate, "global_rate")
         if self.extraction == "shards":
             _check_width(self.num_shards, "num_shards")
         elif self.num_shards is not None:
-            raise ValueError("num_shards applies only to extraction='shards'")
+            raise ConfigurationError("num_shards applies only to extraction='shards'")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+            raise ConfigurationError(f"seed must be an int >= 0, got {self.seed!r}")
 
     def check_rate(self, rate: float) -> float:
         """Validate a client's capacity for this rule (and, for shards, its shard count).
@@ -864,12 +872,12 @@ class WidthRule:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             If the rate, the round or a width is invalid.
         """
         r = self.check_rate(rate)
         if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 1:
-            raise ValueError(f"server_round must be an int >= 1, got {server_round!r}")
+            raise ConfigurationError(f"server_round must be an int >= 1, got {server_round!r}")
         out: dict[str, NDArray[np.int64]] = {}
         for position, (name, width) in enumerate(widths.items()):
             k = local_width(width, r, self.global_rate)
@@ -923,21 +931,21 @@ class WidthAssignment:
 
     def __post_init__(self) -> None:
         if isinstance(self.server_round, bool) or not isinstance(self.server_round, int):
-            raise ValueError(f"server_round must be an int, got {self.server_round!r}")
+            raise ConfigurationError(f"server_round must be an int, got {self.server_round!r}")
         if not 1 <= self.server_round < 2**32:
-            raise ValueError(f"server_round must be in [1, 2^32), got {self.server_round}")
+            raise ConfigurationError(f"server_round must be in [1, 2^32), got {self.server_round}")
         check_rate(self.rate)
         if self.extraction not in EXTRACTIONS:
-            raise ValueError(f"unknown extraction {self.extraction!r}")
+            raise ConfigurationError(f"unknown extraction {self.extraction!r}")
         checked: dict[str, NDArray[np.int64]] = {}
         for name, idx in self.indices.items():
             if not isinstance(name, str) or not 0 < len(name.encode()) <= _MAX_NAME:
-                raise ValueError(f"layer names must be 1..{_MAX_NAME} bytes of text")
+                raise ConfigurationError(f"layer names must be 1..{_MAX_NAME} bytes of text")
             a = np.asarray(idx)
             if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-                raise ValueError(f"{name}: indices must be a non-empty 1-D integer array")
+                raise ConfigurationError(f"{name}: indices must be a non-empty 1-D integer array")
             if np.any(a < 0) or np.unique(a).size != a.size:
-                raise ValueError(f"{name}: indices must be distinct and non-negative")
+                raise ConfigurationError(f"{name}: indices must be distinct and non-negative")
             checked[name] = _frozen(a)
         object.__setattr__(self, "indices", checked)
 

@@ -175,10 +175,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             raise ConfigurationError(
                 f"extraction must be one of {list(EXTRACTIONS)}, got {extraction!r}"
             )
-        try:
-            self.rule = WidthRule(extraction, global_rate, num_shards, seed)
-        except ValueError as err:  # the message names global_rate / num_shards / seed
-            raise ConfigurationError(str(err)) from err
+        # WidthRule raises ConfigurationError naming global_rate / num_shards / seed.
+        self.rule = WidthRule(extraction, global_rate, num_shards, seed)
         if capacity not in CAPACITY_MODES:
             raise ConfigurationError(
                 f"capacity must be one of {list(CAPACITY_MODES)}, got {capacity!r}"
@@ -196,7 +194,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
                 )
                 for rate in mix.rates:
                     self.rule.check_rate(rate)
-            except ValueError as err:
+            except ConfigurationError as err:
                 raise ConfigurationError(f"capacity_mix: {err}") from err
             self.capacity_mix = mix
         elif capacity_mix is not None:
@@ -244,7 +242,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         try:
             spec = self.spec if self.spec is not None else WidthSpec.sequential(model)
             widths = spec.widths(model)
-        except ValueError as err:
+        except ConfigurationError as err:
             raise ConfigurationError(f"spec: {err}") from err
         if not widths:
             raise ConfigurationError("spec: the model has no scaled (hidden) layer")
@@ -252,7 +250,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             for layer, width in widths.items():
                 try:
                     shard_channels(width, self.rule.num_shards, [0])
-                except ValueError as err:
+                except ConfigurationError as err:
                     raise ConfigurationError(f"num_shards: layer {layer!r}: {err}") from err
         if train_config is not None and RATE_CONFIG_KEY in train_config:
             raise ConfigurationError(

@@ -196,7 +196,7 @@ def test_model_errors() -> None:
         SecureModel(no_bias, ((w, b),))
     with pytest.raises(ConfigurationError, match="Architecture"):
         SecureModel("arch", ())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="queries"):
+    with pytest.raises(ConfigurationError, match="queries"):
         plaintext_forward(SecureModel(arch, ((w, b),)), np.zeros((1, 4)))
 
 

@@ -619,9 +619,9 @@ def test_codec_refuses_bad_messages() -> None:
     int_array = good[:15] + b"\x02" + good[16:]  # dtype code 2 = int64
     with pytest.raises(PrivHFLMessageError, match="uint64"):
         Message.from_bytes(int_array)
-    with pytest.raises(ValueError, match="uint64"):
+    with pytest.raises(ConfigurationError, match="uint64"):
         Message(SHARE, 1, (np.ones(2, np.int64),)).to_bytes()  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ConfigurationError, match="kind"):
         Message(99, 1).to_bytes()
 
 
@@ -670,9 +670,9 @@ def test_configuration_errors() -> None:
         secure_predict([model, other], np.zeros((1, 6)))
     with pytest.raises(ConfigurationError, match="SessionSeeds"):
         secure_predict([model], np.zeros((1, 6)), seeds=[])
-    with pytest.raises(ValueError, match="queries"):
+    with pytest.raises(ConfigurationError, match="queries"):
         secure_predict([model], np.zeros((1, 5)))
-    with pytest.raises(ValueError, match="at least one query"):
+    with pytest.raises(ConfigurationError, match="at least one query"):
         secure_predict([model], np.zeros((0, 6)))
     with pytest.raises(FixedPointOverflowError):
         secure_predict([model], np.full((1, 6), 2.0**21))

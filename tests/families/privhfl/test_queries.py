@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.privhfl.queries import (
     CUTOUT_RATIO,
     CUTOUT_SCALE,
@@ -111,11 +112,11 @@ def test_mixed_labels_math() -> None:
         np.testing.assert_allclose(labels[n], expected)
         if y[pool.first[n]] == y[pool.second[n]]:
             assert labels[n].max() == pytest.approx(1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         pool.mixed_labels(y[:3], 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         pool.mixed_labels(y, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         pool.mixed_labels(y.astype(float), 4)  # type: ignore[arg-type]
 
 
@@ -186,9 +187,9 @@ def test_private_pool_and_expand() -> None:
         assert len(p) == (5 if method == "private" else 20)
         q = expand(x, method, 20, seed=1)
         assert np.array_equal(p.images, q.images)
-    with pytest.raises(ValueError, match="unknown expansion"):
+    with pytest.raises(ConfigurationError, match="unknown expansion"):
         expand(x, "gaussian", 10)
-    with pytest.raises(ValueError, match="pool size"):
+    with pytest.raises(ConfigurationError, match="pool size"):
         expand(x, "mixup")
 
 
@@ -196,9 +197,9 @@ def test_take() -> None:
     pool = mixup_pool(_images(4), 20, seed=0)
     sub = pool.take(np.array([3, 0, 3]))
     assert np.array_equal(sub.images[0], pool.images[3]) and sub.lam[1] == pool.lam[0]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         pool.take(np.array([20]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         pool.take(np.array([[0]]))
 
 
@@ -222,7 +223,7 @@ def test_take() -> None:
     ],
 )
 def test_expansion_validates(call, match: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         call()
 
 
@@ -237,11 +238,11 @@ def test_scores_by_hand() -> None:
     np.testing.assert_allclose(softmax(np.array([[2.0, 0.0]]), temperature=2.0)[0, 0],
                                math.e / (math.e + 1))  # fmt: skip
     for bad in (np.array([[0.5, 0.6]]), np.array([[1.0, -0.0001, 0.0001]]), np.ones(3) / 3):
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             entropy(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         softmax(np.array([[np.inf, 0.0]]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         softmax(np.zeros((1, 2)), temperature=0.0)
 
 
@@ -250,7 +251,7 @@ def test_top_k_ties_to_the_lower_index() -> None:
     assert top_k(s, 2).tolist() == [1, 2]
     assert top_k(s, 2, largest=False).tolist() == [0, 3]
     assert top_k(s, 0).size == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         top_k(s, 6)
 
 
@@ -323,7 +324,7 @@ def test_k_center_with_existing_centers() -> None:
     chosen = select("kcenter", 2, len(pool), features=pool, existing=existing)
     assert sorted(chosen.tolist()) == [5, 6]  # the far points, not those next to s^0
     assert chosen[0] == 5  # the farthest first
-    with pytest.raises(ValueError, match="dimension"):
+    with pytest.raises(ConfigurationError, match="dimension"):
         greedy_k_center(pool, 1, existing=np.zeros((2, 3)))
     # all points covered: still k distinct indices
     dup = np.zeros((4, 2))
@@ -390,7 +391,7 @@ def test_proportional_allocation(sizes: list[int], frac: float) -> None:
     ],
 )
 def test_select_validates(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         select(**kwargs)
 
 

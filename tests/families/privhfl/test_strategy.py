@@ -595,9 +595,9 @@ def test_client_refuses_retrain_inputs_that_do_not_fit() -> None:
 def test_client_and_strategy_validate_settings() -> None:
     for kwargs in ({"num_classes": 1}, {"max_answer": 0}, {"max_abs_input": -1.0},
                    {"image_shape": ()}, {"num_threads": 0}):  # fmt: skip
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             _client(**kwargs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         PrivHFLClient(_model, None)  # type: ignore[arg-type]
     bad = [
         {"expansion": "gauss"},

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import dp as dpmod
@@ -97,9 +97,9 @@ def test_accounting_known_values() -> None:
     assert account.rho == pytest.approx(0.5 + 0.125 + 2.0)
     assert account.epsilon(1e-5) == pytest.approx(zcdp_to_epsilon(2.625, 1e-5))
     assert "3 round(s)" in account.describe(1e-5)
-    with pytest.raises(ValueError, match="rounds"):
+    with pytest.raises(ConfigurationError, match="rounds"):
         epsilon(1.0, -1, 1e-5)
-    with pytest.raises(ValueError, match="delta"):
+    with pytest.raises(ConfigurationError, match="delta"):
         zcdp_to_epsilon(1.0, 1.0)
 
 
@@ -148,7 +148,7 @@ def test_the_sensitivity_bounds_a_clipped_clients_contribution() -> None:
 )
 def test_config_validation_names_the_field(kwargs: dict[str, Any], name: str) -> None:
     base: dict[str, Any] = {"noise_multiplier": 1.0, "clip_norm": 1.0, "max_weight": 1.0}
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ConfigurationError, match=name):
         DistributedDP(**{**base, **kwargs})
 
 
@@ -172,9 +172,9 @@ def test_params_with_dp_round_trip_and_strict_format() -> None:
     for blob in bad:
         with pytest.raises(ValueError):
             SSAParams.from_bytes(json.dumps(blob).encode())
-    with pytest.raises(ValueError, match="count_weighted"):
+    with pytest.raises(ConfigurationError, match="count_weighted"):
         make_params(1, dp=DP, count_weighted=False)
-    with pytest.raises(ValueError, match="max_abs"):
+    with pytest.raises(ConfigurationError, match="max_abs"):
         make_params(1, dp=DistributedDP(1.0, clip_norm=10.0, max_weight=200.0), max_abs=1e3)
 
 
@@ -217,7 +217,7 @@ def test_noise_words_have_std_sigma_on_the_fixed_point_grid() -> None:
     assert noise.std() == pytest.approx(2.5, rel=0.03)
     assert abs(noise.mean()) < 5 * 2.5 / math.sqrt(noise.size)
     assert not np.any(noise_words((4, 3), 0.0, fp))
-    with pytest.raises(ValueError, match="sigma"):
+    with pytest.raises(ConfigurationError, match="sigma"):
         noise_words((2,), -1.0, fp)
     with pytest.raises(FixedPointOverflowError, match="DP noise"):
         check_headroom(FixedPoint(frac_bits=40, max_abs=1e3, max_summands=10), 1e6)
@@ -347,7 +347,7 @@ def test_s1_policy_refuses_rounds_it_cannot_cover() -> None:
     helper.open_round(4, make_params(4, dp=DistributedDP(0.0, 0.5, 2.0)).to_bytes())
     assert HelperLimits(dp=policy).noise_multiplier(make_params(5, dp=DP)) == 1.0
     assert HelperLimits(dp=policy).noise_multiplier(make_params(5, dp=DP.__class__(3, 1, 1))) == 3
-    with pytest.raises(ValueError, match="DistributedDP"):
+    with pytest.raises(ConfigurationError, match="DistributedDP"):
         HelperLimits(dp=1.0)  # type: ignore[arg-type]
     # A LeadServer sees S1's refusal as a failed round.
     lead = LeadServer(twin(policy), min_clients=1)
@@ -363,7 +363,7 @@ def test_helper_cli_dp_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) 
     args = _parser().parse_args(["--key-file", key, *flags])
     assert _dp_policy(args) == DistributedDP(1.5, 0.5, 4.0, 1e-5)
     assert _dp_policy(_parser().parse_args(["--key-file", key])) is None
-    with pytest.raises(ValueError, match="go together"):
+    with pytest.raises(ConfigurationError, match="go together"):
         _dp_policy(_parser().parse_args(["--key-file", key, "--dp-clip-norm", "1"]))
     with pytest.raises(SystemExit):
         _parser().parse_args(["--key-file", key, "--dp-noise-multiplier", "-1"])

@@ -9,6 +9,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.index_mod import PrivateRows
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
@@ -191,7 +192,7 @@ def test_too_many_rows_is_a_client_error(key: SealingKeyPair) -> None:
 
 
 def test_constructor_validation(key: SealingKeyPair) -> None:
-    with pytest.raises(ValueError, match="max_rows"):
+    with pytest.raises(ConfigurationError, match="max_rows"):
         SecureRowFedSubAvg(InProcessHelper(keypair=key), "emb", 0)
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.protocol import (
@@ -145,7 +146,7 @@ def test_without_count_weighting_servers_get_plain_sums() -> None:
     expected[b] += 2
     np.testing.assert_allclose(result.sums[:, 0], expected, atol=1e-6)
     assert result.counts is None
-    with pytest.raises(ValueError, match="count-weighted"):
+    with pytest.raises(ConfigurationError, match="count-weighted"):
         result.average()
 
 
@@ -204,7 +205,7 @@ def test_stale_or_foreign_hints_are_rejected() -> None:
         SSAServer(p1, 0, {}).add_client_hint(0, hint1)
     with pytest.raises(SSAInputError, match="bad hint"):
         SSAServer(p1, 0, s0.keys).add_client_hint(0, hint1[:-3])
-    with pytest.raises(ValueError, match="larger epoch"):
+    with pytest.raises(ConfigurationError, match="larger epoch"):
         state.next_round(p1, np.ones(8), 1.0)
 
 
@@ -319,25 +320,25 @@ def test_params_round_trip_and_validation() -> None:
         b'{"format": "x"}',
         params.to_bytes().replace(b'"version": 1', b'"version": 2'),
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(SSAInputError):
             SSAParams.from_bytes(blob)
-    with pytest.raises(ValueError, match="num_items"):
+    with pytest.raises(ConfigurationError, match="num_items"):
         _params(num_items=300)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         _params(domain_size=0)
 
 
 def test_client_input_errors() -> None:
     params = _params()
-    with pytest.raises(ValueError, match="k=16"):
+    with pytest.raises(ConfigurationError, match="k=16"):
         encode_update(params, np.arange(17), np.ones((17, 2)))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ConfigurationError, match="shape"):
         encode_update(params, np.arange(3), np.ones((3, 3)))
-    with pytest.raises(ValueError, match="weights"):
+    with pytest.raises(ConfigurationError, match="weights"):
         encode_update(params, np.arange(3), np.ones((3, 2)), 0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         encode_update(params, np.array([1, 1]), np.ones((2, 2)))
-    with pytest.raises(ValueError, match="max_abs"):
+    with pytest.raises(FixedPointOverflowError, match="max_abs"):
         encode_update(params, np.arange(2), np.full((2, 2), 1e9))
 
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.hashing import EMPTY, CuckooInsertionError
 from flwr_fsl.families.ssa.protocol import (
@@ -286,10 +287,10 @@ def test_params_decoder_checks_types_of_every_field() -> None:
     params, _ = _state()
     raw = json.loads(params.to_bytes())
     for name, bad in [("domain_size", True), ("num_hashes", 3.0), ("count_weighted", 1)]:
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(SSAInputError, match=name):
             SSAParams.from_bytes(json.dumps({**raw, name: bad}).encode())
     for constant in (b"Infinity", b"NaN", b"-Infinity"):
-        with pytest.raises(ValueError, match="not a valid"):
+        with pytest.raises(SSAInputError, match="not a valid"):
             SSAParams.from_bytes(params.to_bytes().replace(b"10000.0", constant))
     # Integers are accepted for the float fields.
     assert SSAParams.from_bytes(json.dumps({**raw, "max_abs": 100}).encode()).max_abs == 100
@@ -308,10 +309,10 @@ def test_client_errors_name_no_index_value_or_set_size() -> None:
         (np.array([3, 4]), np.ones(3), ["3 "]),  # rows and indices differ in number
     ]
     for idx, values, secrets in cases:
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(ConfigurationError) as info:
             encode_update(params, idx, values, 1.0)
         assert not any(s in str(info.value) for s in secrets), str(info.value)
-    with pytest.raises(ValueError, match="one per value row") as info:
+    with pytest.raises(ConfigurationError, match="one per value row") as info:
         encode_update(params, np.array([3, 4, 5]), np.ones(3), np.ones(4))
     assert not any(c.isdigit() for c in str(info.value))
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.ssa.protocol import SSAInputError, SSAParams, place_indices
 from flwr_fsl.families.ssa.psr import (
     PSRServer,
@@ -78,11 +79,11 @@ def test_table_codec_round_trip_and_errors() -> None:
     np.testing.assert_array_equal(decode_table(encode_table(x), np.float32), x)
     y = np.array([np.pi, -1e300])
     np.testing.assert_array_equal(decode_table(encode_table(y), np.float64)[:, 0], y)
-    with pytest.raises(ValueError, match="float32 or float64"):
+    with pytest.raises(ConfigurationError, match="float32 or float64"):
         encode_table(np.arange(3))
-    with pytest.raises(ValueError, match="high bits"):
+    with pytest.raises(SSAInputError, match="high bits"):
         decode_table(np.array([[2**40]], np.uint64), np.float32)
-    with pytest.raises(ValueError, match="unsupported"):
+    with pytest.raises(ConfigurationError, match="unsupported"):
         decode_table(np.zeros((1, 1), np.uint64), np.int32)
 
 
@@ -95,11 +96,11 @@ def test_malformed_queries_and_tables_raise() -> None:
         server.answer(query.upload.public_part[:-5], query.upload.master_seeds[0])
     with pytest.raises(SSAInputError, match="master seed"):
         server.answer(query.upload.public_part, b"x")
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ConfigurationError, match="shape"):
         PSRServer(params, 0, encode_table(np.zeros((63, 2), np.float32)))
-    with pytest.raises(ValueError, match="party"):
+    with pytest.raises(ConfigurationError, match="party"):
         PSRServer(params, 2, words)
-    with pytest.raises(ValueError, match="one row per key"):
+    with pytest.raises(SSAInputError, match="one row per key"):
         decode_answers(query, np.zeros((1, 2), np.uint64), np.zeros((1, 2), np.uint64))
 
 

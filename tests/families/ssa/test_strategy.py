@@ -181,7 +181,7 @@ def test_client_that_drops_after_training_contributes_nothing(helper_key: Sealin
 
 
 def test_constructor_validation() -> None:
-    with pytest.raises(ValueError, match="topk_ratio"):
+    with pytest.raises(ConfigurationError, match="topk_ratio"):
         SecureFedSubAvg(InProcessHelper(), topk_ratio=0.0)
 
 

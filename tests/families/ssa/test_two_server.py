@@ -482,10 +482,10 @@ def test_helper_key_is_checked_against_the_pin_and_fetched_once() -> None:
     impostor = RecordingHelper(twin(keypair=SealingKeyPair.generate()))
     pinned = LeadServer(impostor, keypair.fingerprint)
     for _ in range(2):  # a mismatch is never cached as the key
-        with pytest.raises(ValueError, match="does not match"):
+        with pytest.raises(ConfigurationError, match="does not match"):
             pinned.helper_key()
     assert len(impostor.calls["public_key"]) == 2
-    with pytest.raises(ValueError, match="64 hex digits"):
+    with pytest.raises(ConfigurationError, match="64 hex digits"):
         LeadServer(impostor, "not-a-fingerprint").helper_key()
     # Without a pin S0 takes S1's key as announced (clients still check their own pin).
     assert LeadServer(impostor).helper_key() == impostor.inner.public_key()
@@ -564,7 +564,7 @@ def test_s1_rejections_below_the_minimum_leave_the_round_unreconstructed() -> No
 
 def test_min_clients_is_validated() -> None:
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError, match="min_clients"):
+        with pytest.raises(ConfigurationError, match="min_clients"):
             LeadServer(twin(), min_clients=bad)  # type: ignore[arg-type]
 
 
@@ -705,7 +705,7 @@ def test_relay_chunk_bytes_is_validated_and_an_unrelayable_upload_fails_the_roun
     from flwr_fsl.families.ssa import two_server
 
     for bad in (0, -1, True, 1.5, two_server.MAX_MESSAGE_BYTES):
-        with pytest.raises(ValueError, match="relay_chunk_bytes"):
+        with pytest.raises(ConfigurationError, match="relay_chunk_bytes"):
             LeadServer(twin(), relay_chunk_bytes=bad)  # type: ignore[arg-type]
     lead = LeadServer(twin(), min_clients=1)
     params = make_params(1, epoch=0)

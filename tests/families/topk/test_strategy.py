@@ -9,6 +9,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.mods import topk_mod
 from flwr_fsl.strategies import FedSubAvg
@@ -279,7 +280,7 @@ def test_traffic_accounting_matches_wire_sizes() -> None:
     ],
 )
 def test_constructor_validation(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigurationError, match=match):
         FedSubAvg(**kwargs)
 
 

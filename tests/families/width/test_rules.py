@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.families.width.rules import (
     RATE_LEVELS,
@@ -204,11 +204,11 @@ def test_local_width_is_the_official_formula_and_monotone(
 
 def test_shards_split_the_layer_into_equal_consecutive_blocks() -> None:
     np.testing.assert_array_equal(shard_channels(12, 4, [2, 0]), [6, 7, 8, 0, 1, 2])
-    with pytest.raises(ValueError, match="equal shards"):
+    with pytest.raises(ConfigurationError, match="equal shards"):
         shard_channels(10, 4, [0])
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ConfigurationError, match="distinct"):
         shard_channels(12, 4, [1, 1])
-    with pytest.raises(ValueError, match="within"):
+    with pytest.raises(ConfigurationError, match="within"):
         shard_channels(12, 4, [4])
 
 
@@ -237,13 +237,13 @@ def test_select_shards_is_uniform_over_subsets() -> None:
 
 
 def test_shards_need_whole_shard_counts() -> None:
-    with pytest.raises(ValueError, match="multiple of 1/num_shards"):
+    with pytest.raises(ConfigurationError, match="multiple of 1/num_shards"):
         shards_for_rate(0.3, 4)
-    with pytest.raises(ValueError, match="multiple of 1/num_shards"):
+    with pytest.raises(ConfigurationError, match="multiple of 1/num_shards"):
         WidthRule("shards", num_shards=4).indices({"h": 200}, 0.3, 1, 1)
-    with pytest.raises(ValueError, match="num_shards"):
+    with pytest.raises(ConfigurationError, match="num_shards"):
         WidthRule("shards")
-    with pytest.raises(ValueError, match="num_shards"):
+    with pytest.raises(ConfigurationError, match="num_shards"):
         WidthRule("rolling", num_shards=4)
 
 
@@ -266,7 +266,7 @@ def test_capacity_mix_parse_and_levels() -> None:
     assert mix.weights == (6, 10, 11, 18, 55)
     assert RATE_LEVELS == {"a": 1, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
     for bad in ["", "a", "x3", "a0", "a-1", "a1-a2", "a1.5", 7]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             CapacityMix.parse(bad)  # type: ignore[arg-type]
 
 
@@ -299,7 +299,7 @@ def test_capacity_mix_draw_is_seeded_with_the_mix_proportions() -> None:
 def test_parse_rate_accepts_numbers_and_letters() -> None:
     assert parse_rate("c") == 0.25 and parse_rate("0.5") == 0.5 and parse_rate(1) == 1.0
     for bad in ["z", "0", "-0.5", "1.5", "nan", True, None, float("inf")]:
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigurationError):
             parse_rate(bad)
 
 
@@ -321,26 +321,26 @@ def test_sequential_spec_of_the_width_models() -> None:
 
 def test_spec_rejects_structures_that_do_not_fit() -> None:
     model = _model()
-    with pytest.raises(ValueError, match="before any weight"):
+    with pytest.raises(ConfigurationError, match="before any weight"):
         WidthSpec.sequential({"b": np.zeros(3), "w": np.zeros((3, 3))})
-    with pytest.raises(ValueError, match="not a sequential model"):
+    with pytest.raises(ConfigurationError, match="not a sequential model"):
         WidthSpec.sequential({"w": np.zeros((3, 2)), "b": np.zeros(4)})
-    with pytest.raises(ValueError, match="not a multiple"):
+    with pytest.raises(ConfigurationError, match="not a multiple"):
         WidthSpec.sequential({"w": np.zeros((3, 2)), "v": np.zeros((2, 4))})
-    with pytest.raises(ValueError, match="no weight"):
+    with pytest.raises(ConfigurationError, match="no weight"):
         WidthSpec.sequential({"b": np.zeros(())})
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ConfigurationError, match="unique"):
         WidthSpec((WidthLayer("a", "l1.weight"), WidthLayer("a", "l2.weight")))
-    with pytest.raises(ValueError, match="more than one layer"):
+    with pytest.raises(ConfigurationError, match="more than one layer"):
         WidthSpec((WidthLayer("a", "l1.weight"), WidthLayer("b", "l1.weight")))
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ConfigurationError, match="at least one"):
         WidthSpec(())
     spec = WidthSpec((WidthLayer("a", "l1.weight", "l1.bias"), WidthLayer("b", "out.weight")))
-    with pytest.raises(ValueError, match="inputs"):
+    with pytest.raises(ConfigurationError, match="inputs"):
         spec.widths(model)  # out.weight has 6 inputs, l1 8 outputs
-    with pytest.raises(ValueError, match="no tensor"):
+    with pytest.raises(ConfigurationError, match="no tensor"):
         WidthSpec((WidthLayer("a", "nope"),)).widths(model)
-    with pytest.raises(ValueError, match="expected"):
+    with pytest.raises(ConfigurationError, match="expected"):
         WidthSpec((WidthLayer("a", "l1.weight", "l2.bias"),)).widths(model)
     spec = WidthSpec.sequential(model)
     with pytest.raises(ValueError, match="scaled layers"):
@@ -591,23 +591,23 @@ def test_assignment_decoder_fuzz(data: bytes, cut: int, flip: int) -> None:
 
 
 def test_argument_validation_names_the_setting() -> None:
-    with pytest.raises(ValueError, match="extraction"):
+    with pytest.raises(ConfigurationError, match="extraction"):
         WidthRule("roll")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="global_rate"):
+    with pytest.raises(ConfigurationError, match="global_rate"):
         WidthRule(global_rate=0)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ConfigurationError, match="seed"):
         WidthRule(seed=-1)
-    with pytest.raises(ValueError, match="rate"):
+    with pytest.raises(ConfigurationError, match="rate"):
         WidthRule(global_rate=0.5).indices({"h": 10}, 0.75, 1, 1)
-    with pytest.raises(ValueError, match="server_round"):
+    with pytest.raises(ConfigurationError, match="server_round"):
         WidthRule().indices({"h": 10}, 0.5, 0, 1)
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(ConfigurationError, match="width"):
         local_width(0, 0.5)
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(ConfigurationError, match="exceeds"):
         rolling_indices(4, 5, 0)
-    with pytest.raises(ValueError, match="round_index"):
+    with pytest.raises(ConfigurationError, match="round_index"):
         rolling_indices(4, 2, -1)
-    with pytest.raises(ValueError, match="local width"):
+    with pytest.raises(ConfigurationError, match="local width"):
         random_indices(4, 0, np.random.default_rng())
     assert math.isclose(sum(CapacityMix.parse("a1-b3").probabilities), 1.0)
 

@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.width.mod import capacity_of
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
 from flwr_fsl.families.width.rules import CapacityMix, WidthAssignment, WidthRule
@@ -546,5 +546,5 @@ def test_mod_rejects_malformed_width_records() -> None:
             dst_node_id=5,
             message_type="train",
         )
-        with pytest.raises(ValueError, match=reason):
+        with pytest.raises(ClientInputError, match=reason):
             width_mod(msg, _context(), inner)
