@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import load_movielens
 
 __all__ = [
@@ -135,18 +136,18 @@ def user_data(user: int, max_rows: int, test_fraction: float = 0.2, seed: int = 
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If ``user`` is not a MovieLens user or an argument is out of range.
     DataNotPreparedError
         If MovieLens has not been prepared (``python -m flwr_fsl.data prepare movielens``).
     """
     all_items, all_ratings, _ = _ratings_by_user()
     if not 0 <= user < len(all_items):
-        raise ValueError(f"user must be in [0, {len(all_items)}), got {user}")
+        raise ConfigurationError(f"user must be in [0, {len(all_items)}), got {user}")
     if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        raise ConfigurationError(f"max_rows must be >= 1, got {max_rows}")
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        raise ConfigurationError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = np.random.default_rng([seed, user])
     order = rng.permutation(len(all_items[user]))
     items, ratings = all_items[user][order], all_ratings[user][order]
@@ -245,15 +246,19 @@ def train_user(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If shapes disagree or an item is out of range.
     """
     if table.ndim != 2 or user.shape != (table.shape[1],):
-        raise ValueError(f"user parameters {user.shape} do not match the table {table.shape}")
+        raise ConfigurationError(
+            f"user parameters {user.shape} do not match the table {table.shape}"
+        )
     if items.shape != ratings.shape or (
         items.size and not 0 <= items.min() <= items.max() < len(table)
     ):
-        raise ValueError("items and ratings must have one shape and items must index the table")
+        raise ConfigurationError(
+            "items and ratings must have one shape and items must index the table"
+        )
     out = table.copy()
     rows = table[items].astype(np.float64)  # the user rates an item once: rows are distinct
     u = user.astype(np.float64)
