@@ -798,6 +798,27 @@ def secagg_settings_vectors() -> dict[str, Any]:
     }
 
 
+def sfsl_settings_vectors() -> dict[str, Any]:
+    """SFSL's one versioned settings record (``FSFL``): defaults, and quantized with PSU."""
+    from flwr_fsl.families.sfsl.messages import SFSLSettings
+    from flwr_fsl.families.sfsl.psu import PSUParams
+
+    full = SFSLSettings(
+        table="item_emb.weight",
+        weight_key="num-examples",
+        clip=4.0,
+        max_count=100.0,
+        frac_bits=20,
+        max_clients=500,
+        levels=2**15,
+        psu=PSUParams(1000, 1440, 10, 4, bytes(range(16))),
+    )
+    return {
+        "default": SFSLSettings("emb").to_bytes().hex(),
+        "full": full.to_bytes().hex(),
+    }
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -817,6 +838,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "union": union_vectors,
     "client-state": client_state_vectors,
     "secagg-settings": secagg_settings_vectors,
+    "sfsl-settings": sfsl_settings_vectors,
 }
 
 

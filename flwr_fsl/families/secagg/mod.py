@@ -64,7 +64,9 @@ from flwr_fsl.families.secagg.vector import WeightedVector
 __all__ = [
     "MODEL_INSTANCE",
     "SecAggMod",
+    "keep_client",
     "layout_from_config",
+    "load_client",
     "record_instance",
     "round_client",
     "secagg_control",
@@ -133,6 +135,22 @@ def round_client(msg: Message, context: Context) -> tuple[SecAggClient, SecAggPa
     instance = record_instance(msg.content.config_records[SECAGG_KEY])
     params = SecAggParams.from_bytes(read_secagg_bytes(msg.content, "params"))
     return _load(context, instance, params), params
+
+
+def load_client(context: Context, instance: str, params: SecAggParams) -> SecAggClient:
+    """Return this node's SecAgg state for ``instance`` of the round ``params`` name.
+
+    Raises
+    ------
+    ClientInputError
+        If the node holds no state for them (its key advertisement was lost).
+    """
+    return _load(context, instance, params)
+
+
+def keep_client(context: Context, instance: str, client: SecAggClient) -> None:
+    """Keep ``client`` as this node's state for ``instance``."""
+    _slot(instance).store(context, client)
 
 
 def store_client(msg: Message, context: Context, client: SecAggClient) -> None:

@@ -43,26 +43,49 @@ Error texts name checks, never rows, counts or values.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.secagg.mod import record_instance, round_client, secagg_control, store_client
-from flwr_fsl.families.secagg.protocol import decode_ids, decode_rows
-from flwr_fsl.families.secagg.records import SECAGG_KEY, masked_input_record, read_secagg_bytes
+from flwr_fsl.families.secagg.mod import (
+    keep_client,
+    load_client,
+    on_advertise,
+    on_share,
+    on_unmask,
+)
+from flwr_fsl.families.secagg.records import (
+    ADVERTISE,
+    SECAGG_KEY,
+    SHARE,
+    UNMASK,
+    MaskedInputReply,
+    record_instance,
+)
 from flwr_fsl.families.sfsl.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
-from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
-from flwr_fsl.families.sfsl.psu import PSUParams, client_vector
-from flwr_fsl.families.sfsl.records import ROWS_INSTANCE, SFSL_INSTANCES, UNION_INSTANCE
+from flwr_fsl.families.sfsl.protocol import rows_vector
+from flwr_fsl.families.sfsl.psu import client_vector
+from flwr_fsl.families.sfsl.records import (
+    PERTURB,
+    ROWS_INSTANCE,
+    ROWS_TRAIN,
+    SFSL_INSTANCES,
+    UNION_INSTANCE,
+    UNION_TRAIN,
+    PerturbReply,
+    PerturbRequest,
+    RowsInputRequest,
+    UnionInputRequest,
+)
 
 __all__ = ["ROWS_INSTANCE", "SFSL_INSTANCES", "UNION_INSTANCE", "PerturbedRows", "RRChoice"]
 
@@ -92,12 +115,6 @@ def _scope(session: Session | None) -> str:
 def _memo_slot(scope: str) -> StateSlot[PermanentMemo]:
     name = f"{MEMO_SLOT}.{scope}" if scope else MEMO_SLOT
     return StateSlot(name, PermanentMemo.to_bytes, PermanentMemo.from_bytes)
-
-
-def _indices(raw: bytes, what: str) -> NDArray[np.int64]:
-    if len(raw) % 8:
-        raise ClientInputError(f"{what} has a bad length")
-    return np.frombuffer(raw, dtype="<i8").astype(np.int64)
 
 
 @dataclass
@@ -189,57 +206,22 @@ class PerturbedRows:
             phase or does not fit this client's state, or a SecAgg record names no valid
             instance (the server drops this client from the round).
         """
-        record = msg.content.config_records.get(SECAGG_KEY)
-        if not msg.metadata.message_type.startswith(MessageType.TRAIN) or record is None:
-            return call_next(msg, context)
-        instance = record_instance(record)
-        if instance not in self.instances:
-            return call_next(msg, context)  # another aggregation's message (e.g. SecAggFedAvg)
-        answer = secagg_control(msg, context)
-        if answer is not None:
-            return answer
-        phase = record.get("phase")
-        if phase == "train" and instance == UNION_INSTANCE:
-            return self._union(msg, context, record)
-        if phase == "perturb" and instance == ROWS_INSTANCE:
-            return self._perturb(msg, context)
-        if phase == "train" and instance == ROWS_INSTANCE:
-            return self._train(msg, context, call_next, record)
-        raise ClientInputError("unknown SFSL phase")
+        union, rows = _UnionMod(self), _RowsMod(self)
+        return union(msg, context, lambda m, c: rows(m, c, call_next))
 
-    def _union(self, msg: Message, context: Context, record: ConfigRecord) -> Message:
-        client, params = round_client(msg, context)
-        try:
-            psu = PSUParams(
-                int(record["psu-domain"]),  # type: ignore[arg-type]
-                int(record["psu-length"]),  # type: ignore[arg-type]
-                int(record["psu-hashes"]),  # type: ignore[arg-type]
-                int(record["psu-partitions"]),  # type: ignore[arg-type]
-                bytes(record["psu-key"]),  # type: ignore[arg-type]
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ClientInputError("the PSU parameters are missing or invalid") from err
-        if psu.vector_length != params.vector_length:
-            raise ClientInputError("the PSU vector does not match the round's length")
-        real, _ = self._real(context)
-        sharers, _ = decode_ids(read_secagg_bytes(msg.content, "sharers"))
-        masked = client.masked_input(sharers, client_vector(psu, real))
-        store_client(msg, context, client)
-        return Message(masked_input_record(masked), reply_to=msg)
-
-    def _config(self, msg: Message) -> ConfigRecord:
-        config = msg.content.config_records.get(self.config_key)
+    def _config(self, beside: RecordDict) -> ConfigRecord:
+        config = beside.config_records.get(self.config_key)
         if config is None:
             raise ClientInputError(
                 f"the perturb message carries no train config {self.config_key!r}"
             )
         return config
 
-    def _rr(self, msg: Message, context: Context) -> RRParams:
+    def _rr(self, beside: RecordDict, context: Context) -> RRParams:
         if isinstance(self.rr, RRParams):
             return self.rr
         try:
-            params = self.rr(self._config(msg), context)
+            params = self.rr(self._config(beside), context)
         except ClientInputError:
             raise
         except (KeyError, TypeError, ValueError) as err:
@@ -248,10 +230,10 @@ class PerturbedRows:
             raise TypeError("rr(config, context) must return RRParams")
         return params
 
-    def _session(self, msg: Message) -> Session | None:
+    def _session(self, beside: RecordDict) -> Session | None:
         if self.session_key is None:
             return None
-        value = self._config(msg).get(self.session_key)
+        value = self._config(beside).get(self.session_key)
         if value is None:
             raise ClientInputError(f"the train config lacks the session key {self.session_key!r}")
         if isinstance(value, bool) or not isinstance(value, str | bytes | int):
@@ -260,14 +242,23 @@ class PerturbedRows:
             )
         return value
 
-    def _perturb(self, msg: Message, context: Context) -> Message:
-        union = _indices(read_secagg_bytes(msg.content, "union"), "the union")
-        rr = self._rr(msg, context)
-        scope = _scope(self._session(msg))
+    def on_union(self, request: UnionInputRequest, context: Context) -> MaskedInputReply:
+        """PSU: this client's randomized Bloom filter of ``S``, masked."""
+        client = load_client(context, UNION_INSTANCE, request.params)
+        assert request.settings.psu is not None  # the request's parser checked it
+        real, _ = self._real(context)
+        masked = client.masked_input(request.sharers, client_vector(request.settings.psu, real))
+        keep_client(context, UNION_INSTANCE, client)
+        return MaskedInputReply(masked)
+
+    def on_perturb(self, request: PerturbRequest, context: Context) -> PerturbReply:
+        """Alg. 2: ``S''`` over the union, the permanent answers kept per memo scope."""
+        rr = self._rr(request.beside, context)
+        scope = _scope(self._session(request.beside))
         slot = _memo_slot(scope)
         drawn = context.state.config_records.get(_RR_SLOT, ConfigRecord())
         permanent = [rr.p1, rr.p2]
-        if slot.name in drawn and list(drawn[slot.name]) != permanent:  # type: ignore[arg-type]
+        if slot.name in drawn and drawn.get(slot.name) != permanent:
             raise ClientInputError(
                 "the permanent probabilities p1, p2 changed within one memo scope "
                 "(its answers were drawn with others; use a new session)"
@@ -275,48 +266,31 @@ class PerturbedRows:
         real, _ = self._real(context)
         store = self._store(context, scope)
         memo = store.load() if store is not None else (slot.load(context) or PermanentMemo())
-        perturbed, memo = perturb_index_set(real, union, memo, rr)
+        perturbed, memo = perturb_index_set(real, request.union, memo, rr)
         slot.store(context, memo)
         drawn[slot.name] = permanent
         context.state[_RR_SLOT] = drawn
         if store is not None:
             store.save(memo)
-        content = RecordDict(
-            {SECAGG_KEY: ConfigRecord({"perturbed": perturbed.astype("<i8").tobytes()})}
-        )
-        return Message(content, reply_to=msg)
+        return PerturbReply(perturbed)
 
-    def _train(
-        self, msg: Message, context: Context, call_next: ClientAppCallable, record: ConfigRecord
-    ) -> Message:
-        client, params = round_client(msg, context)
-        perturbed = _indices(read_secagg_bytes(msg.content, "rows"), "the rows")
-        union = _indices(read_secagg_bytes(msg.content, "union"), "the union")
-        shared = decode_rows(read_secagg_bytes(msg.content, "shared"), params.vector_length)
-        sharers, _ = decode_ids(read_secagg_bytes(msg.content, "sharers"))
-        try:
-            codec = FixedPoint(
-                int(record["frac-bits"]),  # type: ignore[arg-type]
-                float(record["max-abs"]),  # type: ignore[arg-type]
-                int(record["max-clients"]),  # type: ignore[arg-type]
-            )
-            clip = float(record["clip"])  # type: ignore[arg-type]
-            levels = int(record["levels"])  # type: ignore[arg-type]
-            quantizer = None if levels == 0 else GammaQuantizer(levels, -clip, clip)
-            weight_key = str(record["weight-key"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise ClientInputError("the SFSL record's settings are missing or invalid") from err
-        arrays = list(msg.content.array_records.values())
+    def on_rows(
+        self, request: RowsInputRequest, context: Context, train: Callable[[], Message]
+    ) -> MaskedInputReply | Message:
+        """Alg. 1: run the user's train function on ``S''``, mask ``(v Δ, v)`` and ``(w Δ, w)``."""
+        client = load_client(context, ROWS_INSTANCE, request.params)
+        settings = request.settings
+        if settings.table != self.table:
+            raise ClientInputError("the SFSL settings name another row table")
+        arrays = list(request.beside.array_records.values())
         if len(arrays) != 1 or self.table not in arrays[0]:
             raise ClientInputError("the SFSL train message must carry the model with its table")
         model = {k: a.numpy() for k, a in arrays[0].items()}
-        table = model[self.table]
-        layout = RowVector(union, int(table.shape[1]), codec, quantizer)
-        dense = [k for k in model if k != self.table]
-        dense_size = sum(model[k].size for k in dense)
-        if layout.length + dense_size + 1 != params.vector_length:
+        dense_size = sum(v.size for k, v in model.items() if k != self.table)
+        layout, length = settings.layout(request.union, int(model[self.table].shape[1]), dense_size)
+        if length != request.params.vector_length:
             raise ClientInputError("the SFSL layout does not match the round's length")
-        reply = call_next(msg, context)
+        reply = train()
         if reply.has_error():
             return reply  # masks of a client that drops are removed in Unmask
         trained_records = list(reply.content.array_records.values())
@@ -324,37 +298,61 @@ class PerturbedRows:
         if len(trained_records) != 1 or len(metric_records) != 1:
             raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
         trained = {k: a.numpy() for k, a in trained_records[0].items()}
-        weight = metric_records[0].get(weight_key)
+        weight = metric_records[0].get(settings.weight_key)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise ClientInputError(f"the train reply lacks a positive {weight_key!r}")
-        if set(trained) != set(model) or any(trained[k].shape != model[k].shape for k in model):
-            raise ClientInputError("the train reply's arrays do not match the model")
-        real, counts = self._real(context)
-        kept = np.isin(real, perturbed)
-        deltas = {
-            int(r): np.clip(
-                trained[self.table][r].astype(np.float64) - table[r].astype(np.float64), -clip, clip
-            )
-            for r in real[kept]
-        }
-        row_words = layout.encode(
-            perturbed, deltas, dict(zip(real[kept].tolist(), counts[kept], strict=True))
+            raise ClientInputError(f"the train reply lacks a positive {settings.weight_key!r}")
+        vector, positions = rows_vector(
+            layout, self.table, settings.clip, request.rows, model, trained, float(weight),
+            self._real(context), length,
+        )  # fmt: skip
+        masked = client.masked_input(
+            request.sharers, vector, rows=positions, shared_rows=request.shared
         )
-        dense_delta = [
-            np.clip(
-                trained[k].astype(np.float64) - model[k].astype(np.float64), -clip, clip
-            ).reshape(-1)
-            * float(weight)
-            for k in dense
-        ]
-        dense_words = codec.encode(np.concatenate([*dense_delta, np.array([float(weight)])]))
-        positions = np.concatenate(
-            [
-                layout.positions(perturbed),
-                np.arange(layout.length, params.vector_length, dtype=np.int64),
-            ]
-        )
-        vector = np.concatenate([row_words, dense_words])
-        masked = client.masked_input(sharers, vector, rows=positions, shared_rows=shared)
-        store_client(msg, context, client)
-        return Message(masked_input_record(masked), reply_to=msg)
+        keep_client(context, ROWS_INSTANCE, client)
+        return MaskedInputReply(masked)
+
+
+class _InstanceMod(PhaseMod):
+    """One SFSL SecAgg instance as a phase mod (SecAgg's control phases and SFSL's own)."""
+
+    family: ClassVar[str] = SECAGG_KEY
+    title: ClassVar[str] = "SFSL"
+    instance: ClassVar[str]
+
+    def __init__(self, owner: PerturbedRows) -> None:
+        self.owner = owner
+
+    def owns(self, content: RecordDict) -> bool:
+        """Only this instance's messages (a malformed ``instance`` is refused)."""
+        return record_instance(content.config_records[SECAGG_KEY]) == self.instance
+
+    on_advertise = staticmethod(on_advertise)
+    on_share = staticmethod(on_share)
+    on_unmask = staticmethod(on_unmask)
+
+
+def _phases(*phases: Phase[Any, Any]) -> Mapping[str, Phase[Any, Any]]:
+    return {p.name: p for p in phases}
+
+
+class _UnionMod(_InstanceMod):
+    instance: ClassVar[str] = UNION_INSTANCE
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = _phases(ADVERTISE, SHARE, UNION_TRAIN, UNMASK)
+
+    def on_train(self, request: UnionInputRequest, context: Context) -> MaskedInputReply:
+        return self.owner.on_union(request, context)
+
+
+class _RowsMod(_InstanceMod):
+    instance: ClassVar[str] = ROWS_INSTANCE
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = _phases(
+        ADVERTISE, SHARE, PERTURB, ROWS_TRAIN, UNMASK
+    )
+
+    def on_perturb(self, request: PerturbRequest, context: Context) -> PerturbReply:
+        return self.owner.on_perturb(request, context)
+
+    def on_train(
+        self, request: RowsInputRequest, context: Context, train: Callable[[], Message]
+    ) -> MaskedInputReply | Message:
+        return self.owner.on_rows(request, context, train)

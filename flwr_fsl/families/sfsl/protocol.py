@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 
-__all__ = ["GammaQuantizer", "RowVector"]
+__all__ = ["GammaQuantizer", "RowVector", "check_perturbed", "rows_vector"]
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,31 @@ class RowVector:
             block[index[int(row)], self.width] = v
         return self.codec.encode(block.reshape(-1), rng)
 
+    def sums(self, total: NDArray[np.uint64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Line 9's operands per union row: ``(S, C)`` for the one count-weighted apply.
+
+        ``w += S / C`` where ``C > 0`` (:func:`flwr_fsl.submodel.aggregate.apply_count_weighted`)
+        gives every touched row its count-weighted mean update. A row counts as touched when
+        its total count is above half a fixed-point unit (elsewhere ``C = 0``). With a
+        quantizer the step is an affine map of the count-weighted mean *level*
+        (``(Σ v z / Σ v) · unit + low``, App. B), so the mean step goes out with unit counts
+        (``S / 1`` is exact): the apply adds exactly what :meth:`decode` returns.
+
+        Returns
+        -------
+        tuple
+            ``(|U|, d)`` sums and ``(|U|,)`` counts, rows in the order of ``union``.
+        """
+        values = self.codec.decode(total).reshape(self.union.size, self.width + 1)
+        count = values[:, self.width]
+        touched = count > 0.5 / self.codec.scale
+        sums = values[:, : self.width]
+        if self.quantizer is None:
+            return sums, np.where(touched, count, 0.0)
+        steps = np.zeros_like(sums)
+        steps[touched] = self.quantizer.dequantize(sums[touched] / count[touched, None])
+        return steps, touched.astype(np.float64)
+
     def decode(
         self, total: NDArray[np.uint64]
     ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
@@ -201,3 +226,88 @@ class RowVector:
         if self.quantizer is not None:
             mean = self.quantizer.dequantize(mean)
         return self.union[touched], mean, count[touched]
+
+
+def check_perturbed(rows: ArrayLike, union: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Check a client's ``S''``: strictly increasing rows of the union ``U``.
+
+    Raises
+    ------
+    ClientInputError
+        If it is longer than the union, not strictly increasing or names a row outside it.
+    """
+    r = np.asarray(rows, dtype=np.int64)
+    if r.ndim != 1 or r.size > union.size:
+        raise ClientInputError("the perturbed set has a bad length")
+    if r.size and (np.any(r[1:] <= r[:-1]) or not np.isin(r, union).all()):
+        raise ClientInputError("the perturbed set must be increasing rows of the union")
+    return r
+
+
+def rows_vector(
+    layout: RowVector,
+    table: str,
+    clip: float,
+    perturbed: NDArray[np.int64],
+    model: Mapping[str, NDArray[np.generic]],
+    trained: Mapping[str, NDArray[np.generic]],
+    weight: float,
+    real: tuple[NDArray[np.int64], NDArray[np.float64]],
+    vector_length: int,
+) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    r"""Return a client's rows-round input (Alg. 1 lines 16-19) and its positions ``R_i``.
+
+    ``(v_j Δ_j, v_j)`` for the rows ``j`` of ``S'' ∩ S`` (zero for ``S'' \ S``), then
+    ``(w Δ, w)`` for the dense tensors, every ``Δ`` clipped to ``[-clip, clip]``.
+
+    Parameters
+    ----------
+    layout : RowVector
+        The round's rows layout (its codec encodes the dense part too).
+    table : str
+        The row table's name.
+    clip : float
+        Largest ``|Δ|``.
+    perturbed : numpy.ndarray
+        ``S''``.
+    model, trained : Mapping[str, numpy.ndarray]
+        The submodel the client received and the one it trained (same names and shapes).
+    weight : float
+        The client's weight (``> 0``).
+    real : tuple
+        ``S`` (sorted) and one positive count per row.
+    vector_length : int
+        The round's vector length.
+
+    Raises
+    ------
+    ClientInputError
+        If the trained model does not match the received one, or a row or count is bad.
+    """
+    if set(trained) != set(model) or any(trained[k].shape != model[k].shape for k in model):
+        raise ClientInputError("the train reply's arrays do not match the model")
+    rows, counts = real
+    kept = np.isin(rows, perturbed)
+    base = model[table]
+    deltas = {
+        int(r): np.clip(
+            trained[table][r].astype(np.float64) - base[r].astype(np.float64), -clip, clip
+        )
+        for r in rows[kept]
+    }
+    row_words = layout.encode(
+        perturbed, deltas, dict(zip(rows[kept].tolist(), counts[kept], strict=True))
+    )
+    dense_delta = [
+        np.clip(trained[k].astype(np.float64) - model[k].astype(np.float64), -clip, clip).reshape(
+            -1
+        )
+        * float(weight)
+        for k in model
+        if k != table
+    ]
+    dense_words = layout.codec.encode(np.concatenate([*dense_delta, np.array([float(weight)])]))
+    positions = np.concatenate(
+        [layout.positions(perturbed), np.arange(layout.length, vector_length, dtype=np.int64)]
+    )
+    return np.concatenate([row_words, dense_words]), positions

@@ -4,6 +4,11 @@ The model has one row table (an embedding, ``table``) whose rows clients touch p
 any number of dense tensors. A round, on the round engine, with
 :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` on the clients:
 
+The round's orchestration is :class:`~flwr_fsl.families.sfsl.server.SFSLServer` (no Flower);
+this strategy is its transport: each of the server's asks goes out as a typed phase of
+:mod:`flwr_fsl.families.sfsl.records` through
+:meth:`~flwr_fsl.core.engine.PhasedStrategy.send_phase` (bad replies drop their node).
+
 1. **Private set union** (Alg. 3, ``union-*`` phases): a Bonawitz SecAgg round
    (:class:`~flwr_fsl.families.secagg.strategy.SecAggPhases`) sums the clients' randomized Bloom
    filters (:mod:`flwr_fsl.families.sfsl.psu`; exact mode by default); the server opens the union
@@ -33,56 +38,39 @@ every client uploads all of ``U`` and the round is as private as secure FL over 
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from logging import INFO
+from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
-from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.secagg.protocol import SecAggParams, encode_ids, encode_rows
-from flwr_fsl.families.secagg.records import SECAGG_KEY, read_secagg_bytes
-from flwr_fsl.families.secagg.strategy import SecAggPhases
-from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
-from flwr_fsl.families.sfsl.psu import PSUParams, reconstruct_union, union_report
-from flwr_fsl.families.sfsl.records import ROWS_INSTANCE, UNION_INSTANCE
+from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.phases import Phase
+from flwr_fsl.families.secagg.records import (
+    ADVERTISE,
+    SHARE,
+    UNMASK,
+    AdvertiseRequest,
+    ShareRequest,
+    UnmaskSharesRequest,
+)
+from flwr_fsl.families.sfsl.messages import UNION_INSTANCE, RowsAsk, SFSLSettings, UnionAsk
+from flwr_fsl.families.sfsl.records import (
+    PERTURB,
+    ROWS_TRAIN,
+    UNION_TRAIN,
+    PerturbRequest,
+    RowsInputRequest,
+    UnionInputRequest,
+)
+from flwr_fsl.families.sfsl.server import Accept, SFSLServer, psu_params
 
-__all__ = ["SFSLFedSubAvg", "psu_fields", "sfsl_layout"]
-
-
-def psu_fields(params: PSUParams) -> dict[str, int | bytes]:
-    """Return the PSU parameters as SecAgg record fields."""
-    return {
-        "psu-domain": params.domain_size,
-        "psu-length": params.bloom_length,
-        "psu-hashes": params.num_hashes,
-        "psu-partitions": params.num_partitions,
-        "psu-key": params.hash_key,
-    }
-
-
-def sfsl_layout(
-    union: NDArray[np.int64],
-    width: int,
-    dense_size: int,
-    codec: FixedPoint,
-    quantizer: GammaQuantizer | None = None,
-) -> tuple[RowVector, int]:
-    """Return the rows round's layout: union rows and counts, then the dense part and weight."""
-    rows = RowVector(union, width, codec, quantizer)
-    return rows, rows.length + dense_size + 1
+__all__ = ["SFSLFedSubAvg"]
 
 
 class SFSLFedSubAvg(MultiPhaseStrategy):
@@ -118,7 +106,8 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
     Raises
     ------
     ConfigurationError
-        If a setting is invalid (checked here, before round 1).
+        If a setting is invalid (checked here, before round 1: one
+        :class:`~flwr_fsl.families.sfsl.messages.SFSLSettings`).
     """
 
     PHASES = ("union", "perturb", "rows")
@@ -158,8 +147,6 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
             sampling_seed=sampling_seed,
             max_weight=max_count,
         )
-        if not isinstance(table, str) or not table:
-            raise ConfigurationError("table must name the model's row table")
         t = reconstruction_threshold
         if isinstance(t, bool) or not isinstance(t, int | float) or t <= 0:
             raise ConfigurationError("reconstruction_threshold must be an int >= 2 or in (0, 1]")
@@ -167,28 +154,28 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
             raise ConfigurationError("reconstruction_threshold must be an int >= 2 or in (0, 1]")
         if bloom_fpr is not None and not 0 < bloom_fpr < 1:
             raise ConfigurationError("bloom_fpr must be None (exact PSU) or in (0, 1)")
-        if not (math.isfinite(clip) and clip > 0):
-            raise ConfigurationError("clip must be finite and > 0")
-        try:
-            self.quantizer = (
-                None
-                if quantization_levels is None
-                else GammaQuantizer(quantization_levels, -float(clip), float(clip))
-            )
-            levels = 0 if quantization_levels is None else quantization_levels - 1
-            self.codec = FixedPoint(frac_bits, max_count * max(clip, 1.0, levels), max_clients)
-        except ConfigurationError as err:
-            raise ConfigurationError(
-                f"clip / max_count / frac_bits / max_clients / quantization_levels: {err}"
-            ) from err
+        if quantization_levels is not None and (
+            isinstance(quantization_levels, bool)
+            or not isinstance(quantization_levels, int)
+            or quantization_levels < 2
+        ):
+            raise ConfigurationError("quantization levels must be an int >= 2")
+        # Validated once, here, before round 1; each round sends it with its PSU parameters.
+        self.settings = SFSLSettings(
+            table, weighted_by_key, clip, max_count, frac_bits, max_clients,
+            0 if quantization_levels is None else quantization_levels,
+        )  # fmt: skip
+        self.server = SFSLServer(self.settings)
         self.table = table
         self.reconstruction_threshold = t
         self.bloom_fpr = bloom_fpr
         self.expected_union = int(expected_union)
         self.partitions = int(partitions)
-        self.clip = float(clip)
-        self.max_clients = int(max_clients)
-        self.session = os.urandom(16)
+        self.clip = self.settings.clip
+        self.max_clients = self.settings.max_clients
+        self.codec = self.settings.codec()
+        self.quantizer = self.settings.quantizer()
+        self.session = self.server.session
         self.reports: dict[int, dict[str, float]] = {}
 
     def _threshold(self, sampled: int) -> int:
@@ -198,12 +185,10 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Run PSU, perturbation and the count-weighted subset SecAgg round."""
+        """Run PSU, perturbation and the count-weighted subset SecAgg round (the server's)."""
         model = {k: a.numpy() for k, a in arrays.items()}
         if self.table not in model or model[self.table].ndim != 2:
             raise RoundFailedError(f"the model has no 2-D table {self.table!r}")
-        table = model[self.table]
-        m, width = table.shape
         state.model = model
         nodes = self.sample(state, grid)
         if not nodes:
@@ -211,130 +196,78 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         t = self._threshold(len(nodes))
         if not t <= len(nodes) <= self.max_clients:
             raise RoundFailedError(f"{len(nodes)} clients sampled for t = {t}")
-        # 1. Private set union.
-        if self.bloom_fpr is None:
-            psu = PSUParams.exact(m)
-        else:
-            psu = PSUParams.for_target(m, self.expected_union, self.bloom_fpr, self.partitions)
-        union_phases = SecAggPhases(self, UNION_INSTANCE)
-        union_params = SecAggParams(state.server_round, self.session, t, psu.vector_length)
-        server = union_phases.keys(grid, state, nodes, union_params)
-        record = union_phases.record(
-            union_params, "train", sharers=encode_ids(server.sharers()), **psu_fields(psu)
+        psu = psu_params(
+            int(model[self.table].shape[0]), self.bloom_fpr, self.expected_union, self.partitions
         )
-        union_phases.masked(
-            grid, state, server, dict.fromkeys(server.sharers(), RecordDict({SECAGG_KEY: record}))
-        )
-        total = union_phases.unmask(grid, state, server)
-        union = reconstruct_union(psu, total)
-        report = union_report(psu, total, union, len(server.survivors))
-        log(INFO, "SFSL: union of %d rows (FPR %.2e)", union.size, report.false_positive_rate)
-        # 2. Perturbation: each client's S'' over the union.
-        dense = [k for k in model if k != self.table]
-        dense_size = sum(model[k].size for k in dense)
-        layout, length = sfsl_layout(union, width, dense_size, self.codec, self.quantizer)
-        rows_phases = SecAggPhases(self, ROWS_INSTANCE)
-        rows_params = SecAggParams(state.server_round, self.session, t, length)
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
-        ask = RecordDict(
-            {
-                SECAGG_KEY: rows_phases.record(
-                    rows_params, "perturb", union=union.astype("<i8").tobytes()
-                ),
-                self.configrecord_key: train_config,
-            }
-        )
-        survivors = [n for n in nodes if n in state.survivors]
-        perturbed = self.send(
-            grid, state, "perturb", dict.fromkeys(survivors, ask), MessageType.TRAIN,
-            lambda n, c: _read_perturbed(c, union),
+        exchange = _FlowerExchange(self, grid, state, train_config)
+        result = self.server.run(exchange, model, nodes, state.server_round, t, psu)
+        log(
+            INFO, "SFSL: union of %d rows (FPR %.2e)",
+            result.union.size, result.report.false_positive_rate,
         )  # fmt: skip
-        # 3. Count-weighted subset SecAgg over each row's participants.
-        server = rows_phases.keys(grid, state, list(perturbed), rows_params)
-        u2 = server.sharers()
-        dense_positions = np.arange(layout.length, length, dtype=np.int64)
-        positions = {
-            u: np.concatenate([layout.positions(perturbed[u]), dense_positions]) for u in u2
-        }
-        shared = server.assign_rows(positions)
-        contents = {}
-        for u in u2:
-            sub = table.copy()
-            keep = np.zeros(m, dtype=bool)
-            keep[perturbed[u]] = True
-            sub[~keep] = 0  # the client sees only the rows of S''
-            arrays_u = ArrayRecord(
-                {k: Array(sub if k == self.table else np.asarray(v)) for k, v in model.items()}
-            )
-            contents[u] = RecordDict(
-                {
-                    self.arrayrecord_key: arrays_u,
-                    self.configrecord_key: train_config,
-                    SECAGG_KEY: rows_phases.record(
-                        rows_params,
-                        "train",
-                        sharers=encode_ids(u2),
-                        rows=perturbed[u].astype("<i8").tobytes(),
-                        shared=encode_rows(shared[u]),
-                        union=union.astype("<i8").tobytes(),
-                        table=self.table,
-                        clip=self.clip,
-                        **{
-                            "frac-bits": self.codec.frac_bits,
-                            "levels": 0 if self.quantizer is None else self.quantizer.levels,
-                            "max-abs": self.codec.max_abs,
-                            "max-clients": self.codec.max_summands,
-                            "weight-key": self.weighted_by_key,
-                        },
-                    ),
-                }
-            )
-        rows_phases.masked(grid, state, server, contents)
-        total = rows_phases.unmask(grid, state, server)
-        # Line 9: each row by its count-weighted mean; dense tensors by the weighted mean.
-        new = {k: np.asarray(v).copy() for k, v in model.items()}
-        touched, mean, _ = layout.decode(total[: layout.length])
-        updated = new[self.table].astype(np.float64)
-        updated[touched] += mean
-        values = self.codec.decode(total[layout.length :])
-        weight = float(values[-1])
-        if not weight > 0:
-            raise RoundFailedError("the aggregated weight is not positive")
-        at = 0
-        for k in dense:
-            size = model[k].size
-            step = values[at : at + size].reshape(model[k].shape) / weight
-            at += size
-            value = model[k].astype(np.float64) + step
-            if np.issubdtype(model[k].dtype, np.integer):
-                value = np.rint(value)
-            new[k] = value.astype(model[k].dtype)
-        if not np.all(np.isfinite(updated)):
-            raise RoundFailedError("the aggregated table is not finite")
-        new[self.table] = updated.astype(table.dtype)
         self.reports[state.server_round] = {
-            "union": float(union.size),
-            "fpr": report.false_positive_rate,
-            "rows-updated": float(touched.size),
+            "union": float(result.union.size),
+            "fpr": result.report.false_positive_rate,
+            "rows-updated": float(result.touched.size),
         }
         log(
-            INFO,
-            "SFSL: %d rows updated by %d clients (union %d)",
-            touched.size,
-            len(server.survivors),
-            union.size,
-        )
+            INFO, "SFSL: %d rows updated by %d clients (union %d)",
+            result.touched.size, len(result.clients), result.union.size,
+        )  # fmt: skip
         metrics = MetricRecord(
-            {"sfsl-clients": len(server.survivors), "union-size": int(union.size)}
+            {"sfsl-clients": len(result.clients), "union-size": int(result.union.size)}
         )
-        return ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}), metrics
+        return ArrayRecord({k: Array(np.asarray(v)) for k, v in result.model.items()}), metrics
 
 
-def _read_perturbed(content: RecordDict, union: NDArray[np.int64]) -> NDArray[np.int64]:
-    raw = read_secagg_bytes(content, "perturbed")
-    if len(raw) % 8 or len(raw) > 8 * union.size:
-        raise ClientInputError("the perturbed set has a bad length")
-    rows = np.frombuffer(raw, dtype="<i8").astype(np.int64)
-    if rows.size and (np.any(rows[1:] <= rows[:-1]) or not np.isin(rows, union).all()):
-        raise ClientInputError("the perturbed set must be increasing rows of the union")
-    return rows
+@dataclass
+class _FlowerExchange:
+    """The server's :data:`~flwr_fsl.families.sfsl.server.Exchange` over typed phases."""
+
+    strategy: SFSLFedSubAvg
+    grid: Grid
+    state: RoundState
+    config: ConfigRecord
+
+    def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
+        phase, field, make = self._route(label)
+        made: dict[int, Any] = {}  # one request per distinct ask: a shared one is encoded once
+        requests = {}
+        for node, ask in asks.items():
+            if id(ask) not in made:
+                made[id(ask)] = make(ask)
+            requests[node] = made[id(ask)]
+        replies = self.strategy.send_phase(
+            self.grid, self.state, phase, requests, label=label,
+            accept=lambda n, reply: accept(n, getattr(reply, field)),
+        )  # fmt: skip
+        return {n: getattr(r, field) for n, r in replies.items()}
+
+    def _route(self, label: str) -> tuple[Phase[Any, Any], str, Callable[[Any], Any]]:
+        """Return the phase of an ask's label, its reply's field and the ask -> request map."""
+        if label.endswith("-advertise"):
+            return ADVERTISE, "advertise", lambda a: AdvertiseRequest(a.params, a.instance)
+        if label.endswith("-share"):
+            return SHARE, "shares", lambda a: ShareRequest(a.params, a.body, a.instance)
+        if label.endswith("-unmask"):
+            return UNMASK, "unmask", lambda a: UnmaskSharesRequest(a.params, a.body, a.instance)
+        if label == "perturb":
+            beside = RecordDict({self.strategy.configrecord_key: self.config})
+            return PERTURB, "rows", lambda a: PerturbRequest(a.params, a.union, beside)
+        if label == f"{UNION_INSTANCE}-train":
+            return UNION_TRAIN, "masked", self._union
+        return ROWS_TRAIN, "masked", self._rows
+
+    @staticmethod
+    def _union(ask: UnionAsk) -> UnionInputRequest:
+        return UnionInputRequest(ask.params, ask.sharers, ask.settings)
+
+    def _rows(self, ask: RowsAsk) -> RowsInputRequest:
+        arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in ask.model.items()})
+        beside = RecordDict(
+            {self.strategy.arrayrecord_key: arrays, self.strategy.configrecord_key: self.config}
+        )
+        return RowsInputRequest(
+            ask.params, ask.sharers, ask.rows, ask.shared, ask.union, ask.settings, beside
+        )

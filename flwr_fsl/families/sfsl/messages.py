@@ -1,0 +1,283 @@
+"""SFSL's Flower-free messages: the one typed, versioned settings record and the round's asks.
+
+**Settings.** How the clients of one SFSL round build their vectors — the row table's name,
+the weight's metric key, the clip, the largest count, the fixed point, the quantizer and the
+round's PSU parameters — travel as one :class:`SFSLSettings` record (``settings`` field of the
+SecAgg ConfigRecord of the ``union`` and ``rows`` train messages) instead of twelve loose
+fields each end re-validated: the strategy builds and validates it once
+(:class:`~flwr_fsl.core.errors.ConfigurationError`), the client decodes it strictly
+(:class:`~flwr_fsl.core.wireformat.WireFormatError`, a
+:class:`~flwr_fsl.core.errors.ClientInputError`). Both ends derive the fixed point
+(:meth:`SFSLSettings.codec`) and the quantizer from it by the same formula.
+
+**Format** (little-endian, through :mod:`flwr_fsl.core.wireformat`): ``b"FSFL"``, version
+``u8`` (1), ``table``, ``weight_key`` (UTF-8 bytes), ``clip``, ``max_count`` (each the
+IEEE-754 binary64 bits as ``u64``), ``frac_bits`` (``u8``), ``max_clients`` (``u32``),
+``levels`` (``u32``, 0: no quantization), ``has_psu`` (``u8``, 0 or 1) and, when 1, the PSU
+parameters: ``domain_size``, ``bloom_length`` (``u64``), ``num_hashes``,
+``num_partitions`` (``u32``), ``hash_key`` (16 bytes); nothing after it.
+
+**Asks.** One round of :class:`~flwr_fsl.families.sfsl.server.SFSLServer` is a sequence of
+exchanges with the clients; the request of each is one of the frozen classes below
+(:class:`ControlAsk` for SecAgg's control phases of the ``union`` and ``rows`` instances,
+:class:`UnionAsk`, :class:`PerturbAsk`, :class:`RowsAsk`). The Flower layer carries them as
+the typed phases of :mod:`flwr_fsl.families.sfsl.records`; the in-process driver hands them
+to the clients directly.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.families.secagg.protocol import SecAggParams
+from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
+from flwr_fsl.families.sfsl.psu import PSUParams
+
+__all__ = [
+    "ROWS_INSTANCE",
+    "SETTINGS_MAGIC",
+    "SETTINGS_VERSION",
+    "SFSL_INSTANCES",
+    "UNION_INSTANCE",
+    "ControlAsk",
+    "PerturbAsk",
+    "RowsAsk",
+    "SFSLSettings",
+    "UnionAsk",
+]
+
+UNION_INSTANCE = "union"
+"""The SecAgg instance of the private set union (SFSL step 1)."""
+ROWS_INSTANCE = "rows"
+"""The SecAgg instance of the perturb phase and the count-weighted rows round (steps 2, 3)."""
+SFSL_INSTANCES = (UNION_INSTANCE, ROWS_INSTANCE)
+
+SETTINGS_MAGIC = register_magic(b"FSFL", "SFSL settings (flwr_fsl.families.sfsl.messages)")
+"""First bytes of an encoded :class:`SFSLSettings`."""
+SETTINGS_VERSION = 1
+"""The settings format's version."""
+_MAX_NAME_BYTES = 1024
+
+
+def _f64(value: float) -> int:
+    return int(struct.unpack("<Q", struct.pack("<d", value))[0])
+
+
+def _from_f64(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+@dataclass(frozen=True)
+class SFSLSettings:
+    """How one SFSL round's clients build their vectors (module docstring).
+
+    Parameters
+    ----------
+    table : str
+        The row table's name in the model.
+    weight_key : str
+        The train reply's metric that weights the dense tensors (``weighted_by_key``).
+    clip : float
+        Largest ``|Δ|`` per coordinate.
+    max_count : float
+        Largest per-row count and client weight.
+    frac_bits : int
+        Fixed-point fractional bits.
+    max_clients : int
+        Most clients per round (sizes the overflow bound).
+    levels : int
+        γ of the App. B quantizer over ``[-clip, clip]``; 0 (default) sends fixed point.
+    psu : PSUParams, optional
+        The round's PSU parameters (None until a round knows its table and hash key).
+
+    Raises
+    ------
+    ConfigurationError
+        If a setting is invalid or the round's fixed point could overflow (naming the setting).
+    """
+
+    table: str
+    weight_key: str = "num-examples"
+    clip: float = 8.0
+    max_count: float = 1e4
+    frac_bits: int = 24
+    max_clients: int = 1000
+    levels: int = 0
+    psu: PSUParams | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("table", "weight_key"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or len(value.encode()) > _MAX_NAME_BYTES:
+                what = "table must name the model's row table" if name == "table" else (
+                    "weighted_by_key must be a non-empty metric name"
+                )  # fmt: skip
+                raise ConfigurationError(what)
+        for name in ("clip", "max_count"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigurationError(f"{name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not (np.isfinite(self.clip) and self.clip > 0):
+            raise ConfigurationError("clip must be finite and > 0")
+        for name, high in (("frac_bits", 0xFF), ("max_clients", 0xFFFFFFFF), ("levels", 2**31)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+                raise ConfigurationError(f"{name} must be an int in [0, {high}], got {value!r}")
+        if self.psu is not None and not isinstance(self.psu, PSUParams):
+            raise ConfigurationError("psu must be PSUParams or None")
+        try:
+            self.quantizer()
+            self.codec()
+        except ConfigurationError as err:
+            raise ConfigurationError(
+                f"clip / max_count / frac_bits / max_clients / quantization_levels: {err}"
+            ) from err
+
+    def quantizer(self) -> GammaQuantizer | None:
+        """Return the App. B quantizer of the row updates (None: fixed point)."""
+        return None if self.levels == 0 else GammaQuantizer(self.levels, -self.clip, self.clip)
+
+    def codec(self) -> FixedPoint:
+        """Return the fixed point of every word: ``max_abs = max_count · max(clip, 1, γ - 1)``."""
+        top = 0 if self.levels == 0 else self.levels - 1
+        return FixedPoint(
+            self.frac_bits, self.max_count * max(self.clip, 1.0, top), self.max_clients
+        )
+
+    def layout(
+        self, union: NDArray[np.int64], width: int, dense_size: int
+    ) -> tuple[RowVector, int]:
+        """Return the rows round's layout: union rows and counts, then the dense part and weight.
+
+        Returns
+        -------
+        tuple[RowVector, int]
+            The rows' part and the whole vector's length.
+        """
+        rows = RowVector(union, width, self.codec(), self.quantizer())
+        return rows, rows.length + dense_size + 1
+
+    def to_bytes(self) -> bytes:
+        """Return the versioned record (module docstring)."""
+        w = Writer()
+        w.fixed(SETTINGS_MAGIC, len(SETTINGS_MAGIC))
+        w.u8(SETTINGS_VERSION)
+        w.raw(self.table.encode())
+        w.raw(self.weight_key.encode())
+        w.u64(_f64(self.clip))
+        w.u64(_f64(self.max_count))
+        w.u8(self.frac_bits)
+        w.u32(self.max_clients)
+        w.u32(self.levels)
+        w.u8(0 if self.psu is None else 1)
+        if self.psu is not None:
+            w.u64(self.psu.domain_size)
+            w.u64(self.psu.bloom_length)
+            w.u32(self.psu.num_hashes)
+            w.u32(self.psu.num_partitions)
+            w.fixed(self.psu.hash_key, 16)
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SFSLSettings:
+        """Strict decoder of :meth:`to_bytes`.
+
+        Raises
+        ------
+        WireFormatError
+            If the bytes are truncated, have trailing bytes, another magic or version, a name
+            that is not UTF-8, or settings (PSU parameters included) that do not validate.
+        """
+        r = Reader.versioned(data, SETTINGS_MAGIC, SETTINGS_VERSION, "SFSL settings")
+        table = _text(r, "table")
+        weight_key = _text(r, "weight key")
+        clip = _from_f64(r.u64("clip"))
+        max_count = _from_f64(r.u64("max count"))
+        frac_bits = r.u8("frac bits")
+        max_clients = r.u32("max clients")
+        levels = r.u32("levels")
+        has_psu = r.u8("psu flag")
+        if has_psu not in (0, 1):
+            raise WireFormatError("SFSL settings: the PSU flag must be 0 or 1")
+        try:
+            psu = None
+            if has_psu:
+                domain, length = r.u64("psu domain"), r.u64("psu length")
+                hashes, partitions = r.u32("psu hashes"), r.u32("psu partitions")
+                psu = PSUParams(domain, length, hashes, partitions, r.fixed(16, "psu key"))
+            r.done()
+            return cls(table, weight_key, clip, max_count, frac_bits, max_clients, levels, psu)
+        except ConfigurationError as err:
+            raise WireFormatError(f"invalid SFSL settings: {err}") from err
+
+
+def _text(reader: Reader, what: str) -> str:
+    raw = reader.raw(what)
+    if len(raw) > _MAX_NAME_BYTES:
+        raise WireFormatError(f"SFSL settings: {what} is too long")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise WireFormatError(f"SFSL settings: {what} is not UTF-8") from err
+
+
+@dataclass(frozen=True)
+class ControlAsk:
+    """A SecAgg control phase (advertise, share, unmask) of the ``union`` or ``rows`` instance.
+
+    ``body`` is the roster (share), this client's unmask request (unmask) or empty
+    (advertise); the reply is the SecAgg client's bytes.
+    """
+
+    instance: str
+    params: SecAggParams
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class UnionAsk:
+    """The PSU's masked input: ``U2`` and the round's settings (with its PSU parameters).
+
+    The reply is the masked Bloom filter (uint64 words).
+    """
+
+    params: SecAggParams
+    sharers: tuple[int, ...]
+    settings: SFSLSettings
+
+
+@dataclass(frozen=True)
+class PerturbAsk:
+    """Alg. 2: the union ``U`` (the rows round's parameters name the round).
+
+    The reply is ``S''``, strictly increasing rows of ``U``.
+    """
+
+    params: SecAggParams
+    union: NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RowsAsk:
+    """The rows round's masked input: the client's submodel and its subset SecAgg round.
+
+    ``model`` holds the table with only the rows of ``rows`` (``S''``; the others zero) and
+    the dense tensors. The reply is the masked vector at the client's positions.
+    """
+
+    params: SecAggParams
+    sharers: tuple[int, ...]
+    rows: NDArray[np.int64]
+    shared: Mapping[int, NDArray[np.int64]]
+    union: NDArray[np.int64]
+    settings: SFSLSettings
+    model: Mapping[str, NDArray[np.generic]] = field(default_factory=dict, compare=False)

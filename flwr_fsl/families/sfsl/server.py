@@ -1,0 +1,425 @@
+"""The SFSL round without Flower: :class:`SFSLServer` and the in-process driver :func:`run_round`.
+
+One round of Niu et al.'s secure federated submodel learning is four steps of the server:
+
+1. **PSU union** (Alg. 3): a Bonawitz SecAgg round (instance ``"union"``) sums the clients'
+   randomized Bloom filters (:mod:`flwr_fsl.families.sfsl.psu`); the server opens the union
+   ``U`` of their real row sets;
+2. **perturb** (Alg. 2): each survivor answers ``S''`` over ``U`` by randomized response;
+3. **count-weighted rows SecAgg** (Alg. 1): a subset SecAgg round (instance ``"rows"``) in
+   which client ``i`` contributes ``(v Δ, v)`` at the rows of ``S''_i`` and ``(w Δ, w)`` for the
+   dense tensors;
+4. **apply**: each touched row moves by ``Σ v Δ / Σ v`` and the dense tensors by the weighted
+   mean, both through the one count-weighted apply
+   (:func:`flwr_fsl.submodel.aggregate.apply_count_weighted`).
+
+The server never talks to a client itself: every message goes through an :data:`Exchange`,
+``exchange(label, {node: ask}, accept) -> {node: reply}``, which delivers the asks of one
+phase (:mod:`flwr_fsl.families.sfsl.messages`), calls ``accept(node, reply)`` on each reply
+(a :class:`~flwr_fsl.core.errors.ClientInputError` it raises drops that node, as does a
+client's own error or silence) and returns the accepted replies. The Flower strategy's exchange
+is :meth:`~flwr_fsl.core.engine.PhasedStrategy.send_phase` over the typed phases of
+:mod:`flwr_fsl.families.sfsl.records`; :func:`run_round` hands the asks to
+:class:`SFSLParty` objects in this process. Labels: ``union-advertise``, ``union-share``,
+``union-train``, ``union-unmask``, ``perturb``, ``rows-advertise``, ``rows-share``,
+``rows-train``, ``rows-unmask``.
+
+Threat model and leakage: :mod:`flwr_fsl.families.sfsl.strategy`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.sfsl.messages import (
+    ROWS_INSTANCE,
+    UNION_INSTANCE,
+    ControlAsk,
+    PerturbAsk,
+    RowsAsk,
+    SFSLSettings,
+    UnionAsk,
+)
+from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams, perturb_index_set
+from flwr_fsl.families.sfsl.protocol import RowVector, check_perturbed, rows_vector
+from flwr_fsl.families.sfsl.psu import (
+    PSUParams,
+    UnionReport,
+    client_vector,
+    reconstruct_union,
+    union_report,
+)
+from flwr_fsl.submodel.aggregate import apply_count_weighted
+from flwr_fsl.submodel.layout import FlatLayout, RowLayout
+
+__all__ = [
+    "Exchange",
+    "SFSLParty",
+    "SFSLResult",
+    "SFSLServer",
+    "psu_params",
+    "run_round",
+]
+
+Accept = Callable[[int, Any], object]
+Exchange = Callable[[str, Mapping[int, Any], Accept], dict[int, Any]]
+"""``exchange(label, {node: ask}, accept) -> {node: reply}`` (module docstring)."""
+
+
+def psu_params(
+    domain: int, bloom_fpr: float | None = None, expected_union: int = 10_000, partitions: int = 64
+) -> PSUParams:
+    """Return a round's PSU parameters: exact mode (``bloom_fpr`` None), else sized by Eq. (1)."""
+    if bloom_fpr is None:
+        return PSUParams.exact(domain)
+    return PSUParams.for_target(domain, expected_union, bloom_fpr, partitions)
+
+
+@dataclass(frozen=True)
+class SFSLResult:
+    """One round's outcome.
+
+    Attributes
+    ----------
+    model : dict[str, numpy.ndarray]
+        The new model (new arrays, model order, dtypes kept).
+    union : numpy.ndarray
+        ``U``.
+    report : UnionReport
+        The PSU's realized false-positive rate and false-negative bound.
+    touched : numpy.ndarray
+        The table rows that moved.
+    clients : tuple[int, ...]
+        The clients whose rows the aggregate holds (the rows round's survivors).
+    perturbed : dict[int, numpy.ndarray]
+        ``S''`` of every client that answered the perturb phase.
+    """
+
+    model: dict[str, NDArray[np.generic]]
+    union: NDArray[np.int64]
+    report: UnionReport
+    touched: NDArray[np.int64]
+    clients: tuple[int, ...]
+    perturbed: dict[int, NDArray[np.int64]] = field(default_factory=dict)
+
+
+@dataclass
+class SFSLServer:
+    """The server side of one SFSL round (module docstring), over an :data:`Exchange`.
+
+    Parameters
+    ----------
+    settings : SFSLSettings
+        The validated settings (its ``psu`` is set per round by :meth:`run`).
+    session : bytes
+        Binds the rounds' SecAgg parameters to this run (fresh random by default).
+    """
+
+    settings: SFSLSettings
+    session: bytes = field(default_factory=lambda: os.urandom(16))
+
+    # -- SecAgg sub-rounds ---------------------------------------------------------------
+    @staticmethod
+    def _keys(
+        exchange: Exchange, instance: str, nodes: Sequence[int], params: SecAggParams
+    ) -> tuple[SecAggServer, list[int]]:
+        server = SecAggServer(params)
+        ask = ControlAsk(instance, params)
+        answered = exchange(
+            f"{instance}-advertise", dict.fromkeys(nodes, ask), server.add_advertisement
+        )
+        roster = ControlAsk(instance, params, server.roster())
+        members = [n for n in nodes if n in answered]
+        shared = exchange(f"{instance}-share", dict.fromkeys(members, roster), server.add_shares)
+        server.sharers()
+        return server, [n for n in members if n in shared]
+
+    @staticmethod
+    def _unmask(
+        exchange: Exchange, instance: str, server: SecAggServer
+    ) -> tuple[NDArray[np.uint64], list[int]]:
+        params = server.params
+        asks = {n: ControlAsk(instance, params, server.unmask_request(n)) for n in server.survivors}
+        answered = exchange(f"{instance}-unmask", asks, server.add_unmask)
+        return server.result(), [n for n in server.survivors if n in answered]
+
+    # -- the four steps ------------------------------------------------------------------
+    def union(
+        self, exchange: Exchange, nodes: Sequence[int], params: SecAggParams, settings: SFSLSettings
+    ) -> tuple[NDArray[np.int64], UnionReport, list[int]]:
+        """Step 1, PSU: return ``U``, its report and the clients that finished the step."""
+        assert settings.psu is not None
+        server, alive = self._keys(exchange, UNION_INSTANCE, nodes, params)
+        ask = UnionAsk(params, server.sharers(), settings)
+        exchange(
+            f"{UNION_INSTANCE}-train",
+            dict.fromkeys((n for n in server.sharers() if n in alive), ask),
+            lambda n, words: server.add_masked_input(n, words),
+        )
+        total, alive = self._unmask(exchange, UNION_INSTANCE, server)
+        union = reconstruct_union(settings.psu, total)
+        return union, union_report(settings.psu, total, union, len(server.survivors)), alive
+
+    @staticmethod
+    def perturb(
+        exchange: Exchange, nodes: Sequence[int], params: SecAggParams, union: NDArray[np.int64]
+    ) -> dict[int, NDArray[np.int64]]:
+        """Step 2: every client's ``S''`` (a malformed one drops its client)."""
+        return exchange(
+            "perturb",
+            dict.fromkeys(nodes, PerturbAsk(params, union)),
+            lambda n, rows: check_perturbed(rows, union),
+        )
+
+    def rows(
+        self,
+        exchange: Exchange,
+        model: Mapping[str, NDArray[np.generic]],
+        perturbed: Mapping[int, NDArray[np.int64]],
+        params: SecAggParams,
+        layout: RowVector,
+        settings: SFSLSettings,
+    ) -> tuple[NDArray[np.uint64], tuple[int, ...]]:
+        """Step 3: the count-weighted subset SecAgg round; the sum and its clients."""
+        table = settings.table
+        server, alive = self._keys(exchange, ROWS_INSTANCE, list(perturbed), params)
+        u2 = server.sharers()
+        dense = np.arange(layout.length, params.vector_length, dtype=np.int64)
+        shared = server.assign_rows(
+            {u: np.concatenate([layout.positions(perturbed[u]), dense]) for u in u2}
+        )
+        asks = {}
+        for u in (n for n in u2 if n in alive):
+            sub = np.asarray(model[table]).copy()
+            keep = np.zeros(sub.shape[0], dtype=bool)
+            keep[perturbed[u]] = True
+            sub[~keep] = 0  # the client sees only the rows of S''
+            arrays = {k: sub if k == table else np.asarray(v) for k, v in model.items()}
+            asks[u] = RowsAsk(params, u2, perturbed[u], shared[u], layout.union, settings, arrays)
+        exchange(f"{ROWS_INSTANCE}-train", asks, lambda n, words: server.add_masked_input(n, words))
+        clients = server.survivors
+        total, _ = self._unmask(exchange, ROWS_INSTANCE, server)
+        return total, clients
+
+    def apply(
+        self,
+        model: Mapping[str, NDArray[np.generic]],
+        layout: RowVector,
+        total: NDArray[np.uint64],
+    ) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.int64]]:
+        """Step 4 (line 9): ``w += Σ c Δ / Σ c`` per touched row and for the dense tensors.
+
+        Raises
+        ------
+        RoundFailedError
+            If the aggregated weight is not positive or the result is not finite.
+        """
+        table = self.settings.table
+        dense = [k for k in model if k != table]
+        values = layout.codec.decode(total[layout.length :])
+        weight = float(values[-1])
+        if not weight > 0:
+            raise RoundFailedError("the aggregated weight is not positive")
+        rows = RowLayout.of(model, table)
+        sums, counts = layout.sums(total[: layout.length])
+        full_sums = np.zeros((rows.size, rows.width))
+        full_counts = np.zeros(rows.size)
+        full_sums[layout.union] = sums
+        full_counts[layout.union] = counts
+        new = apply_count_weighted(model, rows, full_sums, full_counts)
+        if not np.all(np.isfinite(new[table])):
+            raise RoundFailedError("the aggregated table is not finite")
+        shapes = tuple(tuple(np.shape(model[k])) for k in dense)
+        offsets = tuple(int(x) for x in np.cumsum([0, *[math.prod(s) for s in shapes]]))
+        flat = FlatLayout(tuple(dense), shapes, offsets)
+        new = apply_count_weighted(
+            new, flat, values[:-1].reshape(-1, 1), np.full(flat.size, weight)
+        )
+        return new, layout.union[full_counts[layout.union] > 0]
+
+    def run(
+        self,
+        exchange: Exchange,
+        model: Mapping[str, NDArray[np.generic]],
+        nodes: Sequence[int],
+        server_round: int,
+        threshold: int,
+        psu: PSUParams,
+    ) -> SFSLResult:
+        """One round: PSU union, perturb, count-weighted rows SecAgg, apply.
+
+        Raises
+        ------
+        RoundFailedError
+            If the model has no 2-D table, too few clients are left at a step
+            (:class:`~flwr_fsl.families.secagg.protocol.TooFewSurvivorsError`) or the
+            aggregate is invalid; the model is then unchanged.
+        """
+        table = self.settings.table
+        if table not in model or np.ndim(model[table]) != 2:
+            raise RoundFailedError(f"the model has no 2-D table {table!r}")
+        settings = replace(self.settings, psu=psu)
+        union_params = SecAggParams(server_round, self.session, threshold, psu.vector_length)
+        union, report, alive = self.union(exchange, nodes, union_params, settings)
+        _, width = np.shape(model[table])
+        dense_size = sum(int(np.size(model[k])) for k in model if k != table)
+        layout, length = settings.layout(union, int(width), dense_size)
+        rows_params = SecAggParams(server_round, self.session, threshold, length)
+        perturbed = self.perturb(exchange, alive, rows_params, union)
+        total, clients = self.rows(exchange, model, perturbed, rows_params, layout, settings)
+        new, touched = self.apply(model, layout, total)
+        return SFSLResult(new, union, report, touched, clients, dict(perturbed))
+
+
+# -- the in-process clients and driver ---------------------------------------------------------
+TrainFn = Callable[[dict[str, NDArray[np.generic]]], tuple[dict[str, NDArray[np.generic]], float]]
+"""``train(model) -> (trained model, weight)``."""
+
+
+@dataclass
+class SFSLParty:
+    """An in-process SFSL client: what :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` does.
+
+    Parameters
+    ----------
+    node : int
+        Its id.
+    rows : numpy.ndarray
+        ``S``, distinct table rows.
+    counts : numpy.ndarray
+        ``v > 0`` per row.
+    rr : RRParams
+        Its randomized-response probabilities.
+    train : Callable
+        ``train(model) -> (trained, weight)`` on the submodel it receives.
+    memo : PermanentMemo
+        Its permanent answers (kept across rounds).
+    """
+
+    node: int
+    rows: NDArray[np.int64]
+    counts: NDArray[np.float64]
+    rr: RRParams
+    train: TrainFn
+    memo: PermanentMemo = field(default_factory=PermanentMemo)
+    secagg: dict[str, SecAggClient] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        r = np.asarray(self.rows, dtype=np.int64)
+        c = np.asarray(self.counts, dtype=np.float64)
+        if r.shape != c.shape or r.ndim != 1 or np.unique(r).size != r.size:
+            raise ConfigurationError("rows must be distinct with one count per row")
+        order = np.argsort(r)
+        self.rows, self.counts = r[order], c[order]
+
+    def answer(self, label: str, ask: Any) -> Any:
+        """Answer one ask (module docstring of :mod:`flwr_fsl.families.sfsl.server`)."""
+        if isinstance(ask, ControlAsk):
+            if label.endswith("-advertise"):
+                self.secagg[ask.instance] = SecAggClient(self.node, ask.params)
+                return self.secagg[ask.instance].advertise()
+            client = self.secagg[ask.instance]
+            if label.endswith("-share"):
+                return client.share_keys(ask.body)
+            return client.unmask(ask.body)
+        if isinstance(ask, UnionAsk):
+            assert ask.settings.psu is not None
+            vector = client_vector(ask.settings.psu, self.rows)
+            return self.secagg[UNION_INSTANCE].masked_input(ask.sharers, vector)
+        if isinstance(ask, PerturbAsk):
+            perturbed, self.memo = perturb_index_set(self.rows, ask.union, self.memo, self.rr)
+            return perturbed
+        if isinstance(ask, RowsAsk):
+            table = ask.settings.table
+            layout, length = ask.settings.layout(
+                ask.union,
+                int(ask.model[table].shape[1]),
+                sum(int(v.size) for k, v in ask.model.items() if k != table),
+            )
+            if length != ask.params.vector_length:
+                raise ClientInputError("the SFSL layout does not match the round's length")
+            trained, weight = self.train({k: np.array(v) for k, v in ask.model.items()})
+            vector, positions = rows_vector(
+                layout, table, ask.settings.clip, ask.rows, dict(ask.model), trained, weight,
+                (self.rows, self.counts), length,
+            )  # fmt: skip
+            return self.secagg[ROWS_INSTANCE].masked_input(
+                ask.sharers, vector, rows=positions, shared_rows=ask.shared
+            )
+        raise ClientInputError(f"unknown SFSL ask {label!r}")
+
+
+def run_round(
+    model: Mapping[str, NDArray[np.generic]],
+    parties: Mapping[int, SFSLParty],
+    settings: SFSLSettings,
+    *,
+    server_round: int = 1,
+    threshold: int | None = None,
+    psu: PSUParams | None = None,
+    session: bytes | None = None,
+    dropped: dict[int, str] | None = None,
+    tamper: Callable[[str, int, Any], Any] | None = None,
+) -> SFSLResult:
+    """Drive one SFSL round in this process: the same steps and asks as the Flower strategy.
+
+    Parameters
+    ----------
+    model : Mapping[str, numpy.ndarray]
+        The global model (with the 2-D table ``settings.table``).
+    parties : Mapping[int, SFSLParty]
+        The round's clients.
+    settings : SFSLSettings
+        The round's settings.
+    server_round : int
+        The round number (binds the SecAgg parameters).
+    threshold : int, optional
+        SecAgg's ``t`` (default: ``max(2, ceil(0.6 n))``, the strategy's default).
+    psu : PSUParams, optional
+        Default: exact mode over the table's rows.
+    session : bytes, optional
+        SecAgg's session (default fresh random).
+    dropped : dict, optional
+        Filled with node -> reason for every client dropped (as the strategy logs it).
+    tamper : Callable[[str, int, Any], Any], optional
+        ``tamper(label, node, reply) -> reply``: a test's hook on every reply (a deviating
+        client); it may raise :class:`~flwr_fsl.core.errors.ClientInputError` to go silent.
+
+    Returns
+    -------
+    SFSLResult
+        The new model and the round's view.
+    """
+    drops = dropped if dropped is not None else {}
+
+    def exchange(label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
+        replies: dict[int, Any] = {}
+        for node, ask in asks.items():
+            try:
+                reply = parties[node].answer(label, ask)
+                if tamper is not None:
+                    reply = tamper(label, node, reply)
+                accept(node, reply)
+            except ClientInputError as err:
+                drops[node] = f"{label}: {err}"
+                continue
+            replies[node] = reply
+        return replies
+
+    nodes = list(parties)
+    t = threshold if threshold is not None else max(2, math.ceil(0.6 * len(nodes)))
+    table = np.asarray(model[settings.table])
+    server = SFSLServer(settings) if session is None else SFSLServer(settings, session)
+    return server.run(
+        exchange, model, nodes, server_round, t,
+        psu if psu is not None else psu_params(int(table.shape[0])),
+    )  # fmt: skip
