@@ -412,6 +412,8 @@ def self_mask(
     params: SecAggParams, seed: bytes, positions: NDArray[np.int64] | None = None
 ) -> NDArray[np.uint64]:
     """Return ``PRG(b_u)``, the self mask of seed ``b_u`` (or its words at ``positions``)."""
+    # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
+    # that would change every masked input (frozen vectors masked-input*, v1 format).
     return _words_at(seed, positions, params.vector_length)
 
 
