@@ -47,6 +47,7 @@ from flwr_fsl.crypto.hashing import (
 from flwr_fsl.crypto.prg import (
     PRGStream,
     ctr_stream,
+    ctr_words,
     derive_root_seeds,
     mmo_hash,
     mmo_prg,
@@ -122,6 +123,7 @@ __all__ = [
     "beaver_mul",
     "choose_scale_factor",
     "ctr_stream",
+    "ctr_words",
     "cuckoo_hash",
     "derive_root_seeds",
     "evaluate",

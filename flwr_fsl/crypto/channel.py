@@ -63,9 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.wireformat import register_magic
@@ -81,6 +82,7 @@ __all__ = [
     "SESSION_BYTES",
     "SealedBoxError",
     "SealingKeyPair",
+    "agree_key",
     "associated_data",
     "client_party",
     "open_sealed",
@@ -380,6 +382,52 @@ def verify_fingerprint(public: bytes, pinned: str) -> bytes:
             f"public key fingerprint {actual} does not match the pinned {expected}"
         )
     return bytes(public)
+
+
+def agree_key(
+    private: X25519PrivateKey, peer_public: bytes, *, salt: bytes, info: bytes, length: int = 16
+) -> bytes:
+    """Derive a key two parties share: HKDF-SHA256 of the X25519 secret ``X25519(private, peer)``.
+
+    Both ends get the same key from their own private key and the other's public key (e.g.
+    SecAgg's pair-mask seeds). ``salt`` and ``info`` bind it to its use (RFC 5869).
+
+    Parameters
+    ----------
+    private : X25519PrivateKey
+        This party's private key.
+    peer_public : bytes
+        The other party's raw 32-byte public key.
+    salt : bytes
+        HKDF salt (e.g. the digest of the round's parameters).
+    info : bytes
+        HKDF info: a domain label and whatever else the key is bound to.
+    length : int, optional
+        Key bytes, 1..8160 (default 16, an AES-128 key).
+
+    Returns
+    -------
+    bytes
+        ``length`` bytes.
+
+    Raises
+    ------
+    SealedBoxError
+        If the public key is not 32 bytes or is a low-order point (all-zero shared secret), an
+        argument has the wrong type, or ``length`` is out of range.
+    """
+    if not isinstance(private, X25519PrivateKey):
+        raise SealedBoxError(f"private must be an X25519PrivateKey, got {type(private).__name__}")
+    if not (isinstance(salt, bytes) and isinstance(info, bytes)):
+        raise SealedBoxError("salt and info must be bytes")
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 255 * 32:
+        raise SealedBoxError(f"length must be an int in [1, 8160], got {length!r}")
+    public = _public_key(peer_public)
+    try:
+        secret = private.exchange(public)
+    except ValueError as exc:  # all-zero shared secret: a low-order public key
+        raise SealedBoxError(f"key agreement failed (low-order public key): {exc}") from exc
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(secret)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -22,10 +22,12 @@
   counter ``i`` (a bin index) is the low word and a domain tag the high word (Cui §4: per-bin DPF
   root seeds from one master seed). AES is a PRP, hence a PRF for far fewer than 2^64 queries.
 * **CTR stream.** AES-128-CTR keystream as uint64 words, for masks and seeded randomness:
-  :func:`ctr_stream` for one draw, :class:`PRGStream` to read one keystream in successive draws
-  (ring/field sampling, seeded shares and Beaver triples). :meth:`PRGStream.from_seed` keys a
-  stream with ``PRF(seed, index || tag)``, so one shared seed yields independent streams for
-  independent uses (never two uses under one ``(tag, index)``).
+  :func:`ctr_stream` for one draw, :func:`ctr_words` for the words at given positions (random
+  access, e.g. the coordinates of a subset mask), :class:`PRGStream` to read one keystream in
+  successive draws (ring/field sampling, seeded shares and Beaver triples).
+  :meth:`PRGStream.from_seed` keys a stream with ``PRF(seed, index || tag)``, so one shared
+  seed yields independent streams for independent uses (never two uses under one
+  ``(tag, index)``).
 
 Seeds and blocks are numpy ``uint64`` arrays of shape ``(n, 2)``: word 0 holds bytes 0..7 of the
 block (little-endian), word 1 bytes 8..15.
@@ -39,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.kernels.aes import BLOCK_BYTES, BatchedAES
@@ -54,6 +56,7 @@ __all__ = [
     "MMOCiphers",
     "PRGStream",
     "ctr_stream",
+    "ctr_words",
     "derive_root_seeds",
     "mmo_hash",
     "mmo_prg",
@@ -321,6 +324,51 @@ def ctr_stream(key: bytes, nonce: bytes, n_words: int) -> NDArray[np.uint64]:
         enc = Cipher(algorithms.AES(k), modes.CTR(iv)).encryptor()
         enc.update_into(np.zeros(nbytes, dtype=np.uint8).data, out.data)
     return out[:nbytes].view(_U64)
+
+
+def ctr_words(key: bytes, positions: ArrayLike) -> NDArray[np.uint64]:
+    """Words at ``positions`` of the AES-128-CTR keystream under ``key`` and the zero nonce.
+
+    Random access into :func:`ctr_stream`: ``ctr_words(key, p)`` equals
+    ``ctr_stream(key, bytes(16), n)[p]`` for any ``n > max(p)``, without the words in between.
+    Word ``p`` is the ``p % 2``-th little-endian half of keystream block ``p // 2``, which is
+    ``AES_key(c)`` of the 128-bit big-endian counter block ``c = p // 2``; every block needed is
+    encrypted once, all in one batched AES call.
+
+    Parameters
+    ----------
+    key : bytes
+        16-byte AES key.
+    positions : array_like
+        1-D non-negative integer word positions, in any order (repeats allowed).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of shape ``(len(positions),)``.
+
+    Raises
+    ------
+    ValueError
+        If the key is not 16 bytes, or ``positions`` is not a 1-D array of non-negative
+        integers.
+    """
+    k = _check_key(key, "CTR key")
+    pos = np.asarray(positions)
+    if pos.ndim != 1 or not (pos.size == 0 or np.issubdtype(pos.dtype, np.integer)):
+        raise ValueError(f"positions must be a 1-D integer array, got {pos.dtype} {pos.shape}")
+    if pos.size == 0:
+        return np.zeros(0, dtype=_U64)
+    if np.issubdtype(pos.dtype, np.signedinteger) and int(pos.min()) < 0:
+        raise ValueError("positions must be non-negative")
+    words = pos.astype(_U64)
+    blocks = np.unique(words >> _U64(1))
+    counters = np.zeros((blocks.size, 2), dtype=">u8")  # bytes 8..15: the big-endian counter
+    counters[:, 1] = blocks
+    stream = np.empty((blocks.size, 2), dtype="<u8")
+    BatchedAES(k).encrypt_into(counters, stream)
+    halves = (words & _U64(1)).astype(np.intp)
+    return stream[np.searchsorted(blocks, words >> _U64(1)), halves].astype(_U64, copy=False)
 
 
 class PRGStream:

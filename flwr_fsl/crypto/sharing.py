@@ -827,8 +827,8 @@ class Dealer:
         """
         ring = self.ring
         parts = [self.party(i)._triple_parts(shape, label) for i in range(self.n_parties)]
-        a = ring.sum(np.stack([p[0] for p in parts]), axis=0)
-        b = ring.sum(np.stack([p[1] for p in parts]), axis=0)
+        a = additive_reconstruct(ring, [p[0] for p in parts])
+        b = additive_reconstruct(ring, [p[1] for p in parts])
         c = ring.mul(a, b) if shape.kind == "elementwise" else ring.matmul(a, b)
         for p in parts[:-1]:
             assert p[2] is not None
@@ -895,7 +895,7 @@ class Dealer:
         parts = [
             self.party(i)._truncation_parts(dims, frac_bits, label) for i in range(self.n_parties)
         ]
-        r = ring.sum(np.stack([p[0] for p in parts]), axis=0)
+        r = additive_reconstruct(ring, [p[0] for p in parts])
         fix = np.asarray(r >> _U64(frac_bits), dtype=_U64)
         for p in parts[:-1]:
             assert p[1] is not None

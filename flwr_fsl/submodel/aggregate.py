@@ -195,6 +195,8 @@ def apply_count_weighted(
     layout: Layout,
     sums: ArrayLike,
     counts: ArrayLike,
+    *,
+    finite: bool = False,
 ) -> dict[str, NDArray[np.generic]]:
     """Apply ``w[j] += S[j] / C[j]`` to every touched element of ``layout``.
 
@@ -212,6 +214,9 @@ def apply_count_weighted(
         ``(layout.size, layout.width)`` sums (plaintext or reconstructed).
     counts : array_like
         ``(layout.size,)`` counts.
+    finite : bool, optional
+        Also require every updated element (``w[j] + S[j] / C[j]`` in float64, before the
+        cast) to be finite, so a non-finite model or an overflow fails the round.
 
     Returns
     -------
@@ -223,11 +228,13 @@ def apply_count_weighted(
     ValueError
         If the shapes do not match the layout or the model.
     RoundFailedError
-        If ``sums`` or ``counts`` is not finite.
+        If ``sums`` or ``counts`` is not finite, or (``finite``) an updated element is not.
     """
     touched, means, _ = _touched_means(sums, counts, layout.size, layout.width)
-    current = layout.gather(global_arrays, touched)
-    return layout.write(global_arrays, touched, current + means)
+    updated = layout.gather(global_arrays, touched) + means
+    if finite and not np.all(np.isfinite(updated)):
+        raise RoundFailedError("an updated element of the model is not finite")
+    return layout.write(global_arrays, touched, updated)
 
 
 def count_weighted_average(

@@ -26,6 +26,7 @@ from flwr_fsl.crypto.channel import (
     OVERHEAD,
     SealedBoxError,
     SealingKeyPair,
+    agree_key,
     associated_data,
     client_party,
     open_sealed,
@@ -431,3 +432,61 @@ def test_key_file_errors(tmp_path):
     other.chmod(0o600)
     with pytest.raises(SealedBoxError, match="not an X25519"):
         SealingKeyPair.load(other)
+
+
+# ---- agree_key: X25519 (RFC 7748 6.1) then HKDF-SHA256 (an independent RFC 5869 reference) ----
+
+_ALICE = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
+_BOB = "5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb"
+_SHARED = "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"
+
+
+def _hkdf_ref(secret: bytes, salt: bytes, info: bytes, length: int) -> bytes:
+    prk = hmac.new(salt or bytes(32), secret, hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out, counter = out + block, counter + 1
+    return out[:length]
+
+
+def test_agree_key_known_answer():
+    alice = X25519PrivateKey.from_private_bytes(bytes.fromhex(_ALICE))
+    bob = X25519PrivateKey.from_private_bytes(bytes.fromhex(_BOB))
+    alice_pub, bob_pub = (SealingKeyPair(k).public_bytes for k in (alice, bob))
+    assert alice_pub.hex() == "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
+    salt, info = bytes(range(32)), b"flwr_fsl/test\x00" + struct.pack("<QQ", 3, 8)
+    for length in (16, 1, 32, 100):
+        want = _hkdf_ref(bytes.fromhex(_SHARED), salt, info, length)
+        assert agree_key(alice, bob_pub, salt=salt, info=info, length=length) == want
+        assert agree_key(bob, alice_pub, salt=salt, info=info, length=length) == want
+    assert agree_key(alice, bob_pub, salt=salt, info=info) == _hkdf_ref(
+        bytes.fromhex(_SHARED), salt, info, 16
+    )
+    assert agree_key(alice, bob_pub, salt=b"", info=info) == _hkdf_ref(
+        bytes.fromhex(_SHARED), b"", info, 16
+    )
+    # Salt and info both separate the keys.
+    assert agree_key(alice, bob_pub, salt=salt, info=info + b"x") != want[:16]
+    assert agree_key(alice, bob_pub, salt=bytes(32), info=info) != want[:16]
+
+
+def test_agree_key_errors():
+    key = X25519PrivateKey.generate()
+    peer = SealingKeyPair.generate().public_bytes
+    with pytest.raises(SealedBoxError, match="low-order"):
+        agree_key(key, bytes(32), salt=b"", info=b"")
+    with pytest.raises(SealedBoxError, match="32 bytes"):
+        agree_key(key, peer[:31], salt=b"", info=b"")
+    with pytest.raises(SealedBoxError, match="must be bytes"):
+        agree_key(key, "peer", salt=b"", info=b"")  # type: ignore[arg-type]
+    with pytest.raises(SealedBoxError, match="X25519PrivateKey"):
+        agree_key(SealingKeyPair.generate(), peer, salt=b"", info=b"")  # type: ignore[arg-type]
+    with pytest.raises(SealedBoxError, match="salt and info"):
+        agree_key(key, peer, salt="s", info=b"")  # type: ignore[arg-type]
+    with pytest.raises(SealedBoxError, match="salt and info"):
+        agree_key(key, peer, salt=b"", info=None)  # type: ignore[arg-type]
+    for length in (0, 8161, True, 16.0):
+        with pytest.raises(SealedBoxError, match="length"):
+            agree_key(key, peer, salt=b"", info=b"", length=length)  # type: ignore[arg-type]
+    assert len(agree_key(key, peer, salt=b"", info=b"", length=8160)) == 8160

@@ -15,6 +15,7 @@ from flwr_fsl.crypto.prg import (
     TAG_STREAM,
     PRGStream,
     ctr_stream,
+    ctr_words,
     derive_root_seeds,
     mmo_hash,
     mmo_prg,
@@ -242,6 +243,54 @@ def test_ctr_errors():
         ctr_stream(bytes(16), b"n", 3)
     with pytest.raises(ConfigurationError, match="n_words"):
         ctr_stream(bytes(16), bytes(16), -1)
+
+
+def test_ctr_words_known_answer():
+    # Word p is half p % 2 (little-endian) of AES_key(big-endian 128-bit counter p // 2).
+    key = bytes(range(16))
+    block0 = bytes.fromhex("c6a13b37878f5b826f4f8162a1c8d879")  # AES_key(0^128)
+    assert _aes_one(key, bytes(16)) == block0
+    got = ctr_words(key, np.array([1, 0, 2**40 + 1, 7], dtype=np.int64))
+    assert got.dtype == U64 and got.shape == (4,)
+    far = _aes_one(key, (2**39).to_bytes(16, "big"))
+    third = _aes_one(key, (3).to_bytes(16, "big"))
+    want = [block0[8:], block0[:8], far[8:], third[8:]]
+    assert got.tobytes() == b"".join(want)
+
+
+@given(st.binary(min_size=16, max_size=16), st.lists(st.integers(0, 300), max_size=40))
+def test_ctr_words_are_the_ctr_stream_at_positions(key, positions):
+    full = ctr_stream(key, bytes(16), 301)
+    for dtype in (np.int64, np.uint64, np.int32):
+        got = ctr_words(key, np.array(positions, dtype=dtype))
+        assert got.dtype == U64
+        np.testing.assert_array_equal(got, full[np.array(positions, dtype=np.int64)])
+    np.testing.assert_array_equal(ctr_words(key, positions), full[positions])  # a list too
+
+
+def test_ctr_words_large_and_empty_positions():
+    key = bytes(range(16, 32))
+    top = np.array([2**64 - 1, 2**64 - 2], dtype=U64)  # the last block below counter 2**63
+    last = _aes_one(key, (2**63 - 1).to_bytes(16, "big"))
+    assert ctr_words(key, top).tobytes() == last[8:] + last[:8]
+    for empty in ([], np.zeros(0, np.int64), np.zeros(0)):
+        out = ctr_words(key, empty)
+        assert out.dtype == U64 and out.shape == (0,)
+
+
+def test_ctr_words_errors():
+    with pytest.raises(ValueError, match="CTR key"):
+        ctr_words(b"k", [0])
+    with pytest.raises(ValueError, match="CTR key"):
+        ctr_words(bytes(15), [])
+    with pytest.raises(ValueError, match="non-negative"):
+        ctr_words(bytes(16), np.array([3, -1]))
+    with pytest.raises(ValueError, match="1-D integer"):
+        ctr_words(bytes(16), np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="1-D integer"):
+        ctr_words(bytes(16), np.zeros((2, 2), np.int64))
+    with pytest.raises(ValueError, match="1-D integer"):
+        ctr_words(bytes(16), 5)
 
 
 # ---------------------------------------------------------------- PRGStream

@@ -851,6 +851,24 @@ def test_ssa_result_average_and_the_strategies_apply() -> None:
         SSAResult(sums, None).average()
 
 
+def test_apply_finite_checks_the_updated_elements() -> None:
+    # finite=True fails on a non-finite model element or a float64 overflow it touches; an
+    # untouched non-finite element, or finite=False (the default), leaves it to the caller.
+    model = {"w": np.array([np.nan, 1.0, 1e308]), "n": np.array([2, 3], np.int64)}
+    layout = FlatLayout.of(model, include_integer=True)
+    sums, counts = np.array([[1.0], [1.0], [0.0], [1.5], [0.0]]), np.array([1.0, 1, 0, 1, 0])
+    new = apply_count_weighted(model, layout, sums, counts)
+    assert np.isnan(new["w"][0]) and new["w"][1] == 2.0
+    with pytest.raises(RoundFailedError, match="updated element"):
+        apply_count_weighted(model, layout, sums, counts, finite=True)
+    counts[0] = 0
+    new = apply_count_weighted(model, layout, sums, counts, finite=True)
+    assert np.isnan(new["w"][0]) and new["n"].tolist() == [4, 3]  # rint(3.5) = 4
+    huge = np.array([[0.0], [0.0], [1e308], [0.0], [0.0]])  # 1e308 + 1e308 overflows
+    with np.errstate(over="ignore"), pytest.raises(RoundFailedError, match="updated element"):
+        apply_count_weighted(model, layout, huge, np.array([0.0, 0, 1, 0, 0]), finite=True)
+
+
 def test_apply_and_accumulate_error_paths() -> None:
     model = {"w": np.zeros(3, np.float32)}
     layout = FlatLayout.of(model)

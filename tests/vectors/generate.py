@@ -228,6 +228,7 @@ def _blob(tag: int, size: int) -> bytes:
 def secagg_vectors() -> dict[str, Any]:
     """SecAgg (Bonawitz): params, ids, roster, share entries, unmask request/reply, rows,
     client state, a deterministic masked input, and the weighted-vector encoding."""
+    from flwr_fsl.crypto.channel import associated_data, client_party
     from flwr_fsl.families.secagg import protocol as secagg
     from flwr_fsl.families.secagg.vector import WeightedVector
 
@@ -273,7 +274,12 @@ def secagg_vectors() -> dict[str, Any]:
         "unmask-request": secagg.UnmaskRequest((3, 5, 8), blobs).to_bytes().hex(),
         "unmask-reply": reply.hex(),
         "rows": secagg.encode_rows({8: rows, 3: np.array([1], np.int64), 5: rows[:0]}).hex(),
-        "share-ad": secagg._share_ad(params, 3, 8).hex(),
+        "share-ad": associated_data(  # what seal_for binds a share from 3 to 8 to
+            purpose=secagg.SHARE_PURPOSE,
+            sender=client_party(3),
+            recipient=client_party(8),
+            **params.binding.fields(),
+        ).hex(),
         "state-fresh": fresh.hex(),
         "state-masked": _h(clients[3].to_bytes()),
         "masked-input": _words(masked),

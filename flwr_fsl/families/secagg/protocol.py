@@ -15,13 +15,16 @@ the server, and what one client sends another is sealed to the recipient
    a 16-byte self-mask seed ``b_u`` and splits ``s_u``'s 32-byte private key and ``b_u`` into
    Shamir shares with reconstruction threshold ``t`` over ``F_p`` (``p = 2^32 - 5``, secrets in
    3-byte limbs, party ``v`` at the point ``1 + position of v in U1``); the share for ``v`` is
-   sealed to ``c_v`` with associated data naming purpose, session, round, the parameter
-   digest, sender and recipient, so the server can neither read nor redirect it.
+   sealed to ``c_v`` (:func:`flwr_fsl.crypto.sealing.seal_for`) with associated data naming
+   purpose, session, round, the parameter digest, sender and recipient, so the server can
+   neither read nor redirect it.
    ``U2`` = senders.
 2. *MaskedInput* — the server sends ``U2``; ``u`` sends ``y_u = x_u + PRG(b_u) +
    sum_{v in U2, v != u} sign(u, v) PRG(s_uv)`` in ``Z_2^64``, where ``s_uv`` is
-   HKDF-SHA256 of ``X25519(s_u, s_v)`` bound to session, round and digest, ``PRG`` is
-   AES-128-CTR (:func:`flwr_fsl.crypto.prg.ctr_stream`) and ``sign(u, v) = +1`` if ``u < v``
+   HKDF-SHA256 of ``X25519(s_u, s_v)`` bound to session, round and digest
+   (:func:`flwr_fsl.crypto.channel.agree_key`), ``PRG`` is AES-128-CTR with the zero nonce
+   (:func:`flwr_fsl.crypto.prg.ctr_stream`; :func:`~flwr_fsl.crypto.prg.ctr_words` for the
+   words at given positions) and ``sign(u, v) = +1`` if ``u < v``
    else ``-1`` (so pair masks cancel in the sum). ``U3`` = senders.
 3. *Unmask* — the server sends every ``u in U3`` the set ``U3`` and the sealed shares addressed
    to ``u``; ``u`` checks ``U3 ⊆ U2``, ``u in U3``, ``|U3| >= t``, opens the shares and returns,
@@ -60,10 +63,7 @@ from functools import partial
 from typing import TypeVar
 
 import numpy as np
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import (
@@ -79,13 +79,12 @@ from flwr_fsl.crypto.channel import (
     SESSION_BYTES,
     SealedBoxError,
     SealingKeyPair,
-    associated_data,
+    agree_key,
     client_party,
-    open_sealed,
-    seal,
 )
-from flwr_fsl.crypto.prg import PRGStream, ctr_stream
+from flwr_fsl.crypto.prg import PRGStream, ctr_stream, ctr_words
 from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.crypto.sealing import RoundBinding, open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
 
 __all__ = [
@@ -123,7 +122,8 @@ _LIMBS = _SK_LIMBS + _SEED_LIMBS
 SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 """Sealed share plaintext: sender and recipient ids (u64 each), then the field elements."""
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
-_PURPOSE_SHARE = "secagg-share"
+SHARE_PURPOSE = "secagg-share"
+"""Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
 _MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
 _KIND_SEED, _KIND_KEY = 0, 1
 _PARAMS_MAGIC = register_magic(
@@ -208,6 +208,11 @@ class SecAggParams:
     def digest(self) -> bytes:
         """SHA-256 of :meth:`to_bytes` (bound into sealed shares and pair masks)."""
         return hashlib.sha256(self.to_bytes()).digest()
+
+    @property
+    def binding(self) -> RoundBinding:
+        """Session, round and :attr:`digest`: what every sealed share is bound to."""
+        return RoundBinding.of(self.session, self.round_id, self.to_bytes())
 
 
 # ---------------------------------------------------------------------------------- codecs
@@ -375,22 +380,8 @@ def _public(raw: bytes) -> X25519PublicKey:
 
 
 def _words_at(key: bytes, positions: NDArray[np.int64] | None, length: int) -> NDArray[np.uint64]:
-    """Return AES-128-CTR stream words (zero nonce): all ``length``, or those at ``positions``.
-
-    For positions, the CTR counter blocks holding them are encrypted directly (ECB on the
-    counter blocks is exactly the CTR keystream at those blocks).
-    """
-    if positions is None:
-        return ctr_stream(key, bytes(16), length)
-    pos = np.asarray(positions, dtype=np.int64)
-    if pos.size == 0:
-        return np.zeros(0, dtype=_U64)
-    blocks = np.unique(pos // 2)
-    counters = np.zeros((blocks.size, 2), dtype=">u8")  # the 128-bit big-endian counter block
-    counters[:, 1] = blocks.astype(_U64)
-    cipher = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    stream = np.frombuffer(cipher.update(counters.tobytes()), dtype=_U64).reshape(-1, 2)
-    return stream[np.searchsorted(blocks, pos // 2), pos % 2]
+    """Return AES-128-CTR stream words (zero nonce): all ``length``, or those at ``positions``."""
+    return ctr_stream(key, bytes(16), length) if positions is None else ctr_words(key, positions)
 
 
 def pair_mask(
@@ -410,16 +401,11 @@ def pair_mask(
     SecAggError
         If the peer key is not a usable X25519 public key (a low-order point).
     """
+    info = _MASK_INFO + struct.pack("<QQ", low, high) + params.session
     try:
-        secret = private.exchange(_public(peer_public))
-    except ValueError as err:
-        raise SecAggError("a mask key agreement failed (low-order public key)") from err
-    key = HKDF(
-        algorithm=hashes.SHA256(),
-        length=16,
-        salt=params.digest,
-        info=_MASK_INFO + struct.pack("<QQ", low, high) + params.session,
-    ).derive(secret)
+        key = agree_key(private, peer_public, salt=params.digest, info=info)
+    except SealedBoxError as err:
+        raise SecAggError(f"a mask key agreement failed: {err}") from err
     return _words_at(key, positions, params.vector_length)
 
 
@@ -427,6 +413,8 @@ def self_mask(
     params: SecAggParams, seed: bytes, positions: NDArray[np.int64] | None = None
 ) -> NDArray[np.uint64]:
     """Return ``PRG(b_u)``, the self mask of seed ``b_u`` (or its words at ``positions``)."""
+    # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
+    # that would change every masked input (frozen vectors masked-input*, v1 format).
     return _words_at(seed, positions, params.vector_length)
 
 
@@ -483,17 +471,6 @@ def decode_rows(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
     if at != len(data):
         raise SecAggError("row sets have trailing bytes")
     return out
-
-
-def _share_ad(params: SecAggParams, sender: int, recipient: int) -> bytes:
-    return associated_data(
-        purpose=_PURPOSE_SHARE,
-        session=params.session,
-        round=params.round_id,
-        params_digest=params.digest,
-        sender=client_party(sender),
-        recipient=client_party(recipient),
-    )
 
 
 # ---------------------------------------------------------------------------------- client
@@ -572,10 +549,13 @@ class SecAggClient:
             plaintext = (
                 struct.pack("<QQ", self.node, peer) + shares[position].astype("<u4").tobytes()
             )
-            sealed[peer] = seal(
+            sealed[peer] = seal_for(
                 entries[peer][0],
                 plaintext,
-                associated_data=_share_ad(self.params, self.node, peer),
+                purpose=SHARE_PURPOSE,
+                binding=self.params.binding,
+                sender=client_party(self.node),
+                recipient=client_party(peer),
             )
         self.roster = entries
         # The share a client keeps for itself is also needed in Unmask.
@@ -699,10 +679,16 @@ class SecAggClient:
             raise SecAggError("a relayed share comes from a client outside U2")
         self.unmasked = True
         shares: dict[int, NDArray[np.uint64]] = {self.node: self.own_share}
+        binding = self.params.binding
         for sender, blob in req.sealed_shares.items():
             try:
-                plain = open_sealed(
-                    self.c_key, blob, associated_data=_share_ad(self.params, sender, self.node)
+                plain = open_from(
+                    self.c_key,
+                    blob,
+                    purpose=SHARE_PURPOSE,
+                    binding=binding,
+                    sender=client_party(sender),
+                    recipient=client_party(self.node),
                 )
             except SealedBoxError:
                 continue  # the sender (or the relay) is at fault: contribute no share of it

@@ -11,7 +11,9 @@ checked)::
     [ c * metric_j, c * has_j ]  for every metric name j
 
 so the server decodes ``sum c (w_i - w)``, ``sum c`` and, per metric, ``sum c m_j / sum c has_j``
-(the weighted mean over the clients that reported it), exactly what Flower's ``FedAvg``
+(the weighted mean over the clients that reported it), and applies ``w + S / C`` with the one
+count-weighted apply (:func:`~flwr_fsl.submodel.aggregate.apply_count_weighted`, ``C = sum c``
+for every coordinate; integer arrays rounded to nearest): exactly what Flower's ``FedAvg``
 computes from the same replies, up to ``clients * 2**-frac_bits`` per coordinate before the
 division. ``clip`` bounds ``|w_i - w|`` per coordinate (Flower's SecAgg+ ``clipping_range``);
 an update inside it is unchanged.
@@ -28,6 +30,8 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.submodel.aggregate import apply_count_weighted
+from flwr_fsl.submodel.layout import FlatLayout
 
 __all__ = ["WeightedVector"]
 
@@ -165,19 +169,15 @@ class WeightedVector:
         total_weight = float(values[self.model_length])
         if not (math.isfinite(total_weight) and total_weight > 0):
             raise RoundFailedError("the aggregated weight is not positive")
-        new: dict[str, NDArray[np.generic]] = {}
-        at = 0
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            size = math.prod(shape)
-            old = np.asarray(model[name])
-            mean = values[at : at + size].reshape(shape) / total_weight
-            at += size
-            updated = old.astype(np.float64) + mean
-            if not np.all(np.isfinite(updated)):
-                raise RoundFailedError(f"the aggregate of {name!r} is not finite")
-            if np.issubdtype(old.dtype, np.integer):
-                updated = np.rint(updated)
-            new[name] = updated.astype(old.dtype)
+        # Every coordinate was updated by every survivor: C = sum c everywhere.
+        offsets = tuple(int(x) for x in np.cumsum([0, *[math.prod(s) for s in self.shapes]]))
+        new = apply_count_weighted(
+            {name: np.asarray(model[name]) for name in self.names},
+            FlatLayout(self.names, self.shapes, offsets),
+            values[: self.model_length].reshape(-1, 1),
+            np.full(self.model_length, total_weight),
+            finite=True,
+        )
         metrics: dict[str, float] = {}
         tail = values[self.model_length + 1 :]
         for j, key in enumerate(self.metrics):
