@@ -349,18 +349,20 @@ def ctr_words(key: bytes, positions: ArrayLike) -> NDArray[np.uint64]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If the key is not 16 bytes, or ``positions`` is not a 1-D array of non-negative
         integers.
     """
     k = _check_key(key, "CTR key")
     pos = np.asarray(positions)
     if pos.ndim != 1 or not (pos.size == 0 or np.issubdtype(pos.dtype, np.integer)):
-        raise ValueError(f"positions must be a 1-D integer array, got {pos.dtype} {pos.shape}")
+        raise ConfigurationError(
+            f"positions must be a 1-D integer array, got {pos.dtype} {pos.shape}"
+        )
     if pos.size == 0:
         return np.zeros(0, dtype=_U64)
     if np.issubdtype(pos.dtype, np.signedinteger) and int(pos.min()) < 0:
-        raise ValueError("positions must be non-negative")
+        raise ConfigurationError("positions must be non-negative")
     words = pos.astype(_U64)
     blocks = np.unique(words >> _U64(1))
     counters = np.zeros((blocks.size, 2), dtype=">u8")  # bytes 8..15: the big-endian counter

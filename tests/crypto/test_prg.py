@@ -279,17 +279,17 @@ def test_ctr_words_large_and_empty_positions():
 
 
 def test_ctr_words_errors():
-    with pytest.raises(ValueError, match="CTR key"):
+    with pytest.raises(ConfigurationError, match="CTR key"):
         ctr_words(b"k", [0])
-    with pytest.raises(ValueError, match="CTR key"):
+    with pytest.raises(ConfigurationError, match="CTR key"):
         ctr_words(bytes(15), [])
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ConfigurationError, match="non-negative"):
         ctr_words(bytes(16), np.array([3, -1]))
-    with pytest.raises(ValueError, match="1-D integer"):
+    with pytest.raises(ConfigurationError, match="1-D integer"):
         ctr_words(bytes(16), np.array([0.0, 1.0]))
-    with pytest.raises(ValueError, match="1-D integer"):
+    with pytest.raises(ConfigurationError, match="1-D integer"):
         ctr_words(bytes(16), np.zeros((2, 2), np.int64))
-    with pytest.raises(ValueError, match="1-D integer"):
+    with pytest.raises(ConfigurationError, match="1-D integer"):
         ctr_words(bytes(16), 5)
 
 
