@@ -31,7 +31,12 @@ from flwr_fsl.helper.errors import (
 from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import start_server
 from flwr_fsl.helper.service import HelperService
-from flwr_fsl.helper.setup import connect_helper, describe_helper, helper_settings
+from flwr_fsl.helper.setup import (
+    connect_helper,
+    describe_helper,
+    helper_settings,
+    secure_helper,
+)
 from flwr_fsl.pinning import default_key_file, pinned_fingerprint
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "describe_helper",
     "helper_settings",
     "pinned_fingerprint",
+    "secure_helper",
     "start_server",
     "verify_helper",
 ]

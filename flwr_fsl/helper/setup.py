@@ -17,12 +17,15 @@ loading any of this package's gRPC code):
 :func:`connect_helper` validates all of them once, before round 1, and raises
 :class:`~flwr_fsl.core.errors.ConfigurationError` naming the bad key; then it connects and checks
 S1's key against the pin. Each connection is one session on S1 (a fresh 16-byte id), so one
-long-running helper serves many runs, one after another or at once.
+long-running helper serves many runs, one after another or at once. :func:`secure_helper` is a
+ServerApp's whole S1 wiring: connect (or take a given connection), verify, say so, and close what
+it opened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ __all__ = [
     "describe_helper",
     "helper_settings",
     "load_or_create_key",
+    "secure_helper",
 ]
 
 SIMULATION_CAVEAT = (
@@ -246,3 +250,50 @@ def connect_helper(run_config: Mapping[str, Any]) -> tuple[HelperConnection, str
         connection.close()
         raise
     return connection, fingerprint
+
+
+@contextmanager
+def secure_helper(
+    run_config: Mapping[str, Any], helper: HelperConnection | None = None
+) -> Iterator[tuple[HelperConnection, str]]:
+    """S0's S1 for one run: connect or take ``helper``, verify the pin, close what it opened.
+
+    Without ``helper`` it connects as the run config says (:func:`connect_helper`) and prints
+    where S1 runs (:func:`describe_helper`); with one it checks that connection's key against
+    the run config's pin (:func:`~flwr_fsl.pinning.pinned_fingerprint`). Either way it then
+    prints ``S1: public key fingerprint <fp> (pinned, verified)`` and yields. On leaving (also
+    when the body raises) it closes the connection it opened, never the one it was given.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        The run config (keys in the module docstring).
+    helper : HelperConnection, optional
+        S1 to use instead of the one the run config names; not closed here.
+
+    Yields
+    ------
+    tuple[HelperConnection, str]
+        The connection and S1's verified fingerprint (for the secure strategies'
+        ``helper`` / ``helper_fingerprint``).
+
+    Raises
+    ------
+    ConfigurationError
+        If a helper key is invalid, naming it (before anything is yielded).
+    HelperError
+        If S1 is unreachable or its key does not match the pin (before anything is yielded).
+    """
+    if helper is None:
+        connection, fingerprint = connect_helper(run_config)
+    else:
+        connection, fingerprint = helper, pinned_fingerprint(run_config)
+        verify_helper(connection, fingerprint)
+    try:
+        if helper is None:
+            print(describe_helper(run_config), flush=True)
+        print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
+        yield connection, fingerprint
+    finally:
+        if helper is None:
+            connection.close()

@@ -40,13 +40,7 @@ from flwr_fsl.experiment import (
     sampling_kwargs,
 )
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
-from flwr_fsl.helper import (
-    HelperConnection,
-    connect_helper,
-    describe_helper,
-    pinned_fingerprint,
-    verify_helper,
-)
+from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg
 
 RMSE = Metric("RMSE", "mse", source="evaluate", sqrt=True)
@@ -124,61 +118,51 @@ def run_experiment(
         If an arm aggregated no client update in any round (e.g. every client failed).
     """
     settings = Settings.from_run_config(run_config)
-    if helper is None:
-        connection, fingerprint = connect_helper(run_config)
-        print(describe_helper(run_config), flush=True)
-    else:
-        connection, fingerprint = helper, pinned_fingerprint(run_config)
-        verify_helper(connection, fingerprint)
-    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
-    knobs = sampling_kwargs(settings)
-    compare = settings.compare_plaintext
-    table = initial_table(settings)
-    shape = f"max-rows {settings.max_rows}, table {table.shape}"
-    arms = [
-        Arm(
-            "secure",
-            "secure (PSR+SSA)",
-            lambda setup: SecureRowFedSubAvg(
-                connection,
-                TABLE,
-                settings.max_rows,
-                helper_fingerprint=fingerprint,
-                udpf=settings.ssa_udpf,
-                frac_bits=settings.ssa_frac_bits,
-                max_abs=settings.ssa_max_abs,
-                **knobs,
-            ),
-            learns=SECURE_LEARNS,
-            equivalent_to="plaintext" if compare else None,
-            description=shape,
-        )
-    ]
-    if compare:
-        arms.append(
+    with secure_helper(run_config, helper) as (connection, fingerprint):
+        knobs = sampling_kwargs(settings)
+        compare = settings.compare_plaintext
+        table = initial_table(settings)
+        shape = f"max-rows {settings.max_rows}, table {table.shape}"
+        arms = [
             Arm(
-                "plaintext",
-                "plaintext",
-                lambda setup: FedSubAvg(**knobs),
-                learns=PLAIN_LEARNS,
+                "secure",
+                "secure (PSR+SSA)",
+                lambda setup: SecureRowFedSubAvg(
+                    connection,
+                    TABLE,
+                    settings.max_rows,
+                    helper_fingerprint=fingerprint,
+                    udpf=settings.ssa_udpf,
+                    frac_bits=settings.ssa_frac_bits,
+                    max_abs=settings.ssa_max_abs,
+                    **knobs,
+                ),
+                learns=SECURE_LEARNS,
+                equivalent_to="plaintext" if compare else None,
                 description=shape,
             )
+        ]
+        if compare:
+            arms.append(
+                Arm(
+                    "plaintext",
+                    "plaintext",
+                    lambda setup: FedSubAvg(**knobs),
+                    learns=PLAIN_LEARNS,
+                    description=shape,
+                )
+            )
+        experiment = Experiment(
+            name="dpf-psr-movielens",
+            arms=arms,
+            initial_arrays=ArrayRecord({TABLE: Array(table)}),
+            num_rounds=settings.num_server_rounds,
+            sampling_seed=settings.seed,
+            run_config=run_config,
+            metrics=[RMSE, UDPF, MEAN_ONLY],
+            session_keys=[TRAINING_ID],  # clients start fresh personal parameters per arm
+            baseline="plaintext" if compare else "secure",
+            results_dir=settings.results_dir or None,
+            extras=lambda result: {"udpf_upload": udpf_upload(result.record.arm("secure"))},
         )
-    experiment = Experiment(
-        name="dpf-psr-movielens",
-        arms=arms,
-        initial_arrays=ArrayRecord({TABLE: Array(table)}),
-        num_rounds=settings.num_server_rounds,
-        sampling_seed=settings.seed,
-        run_config=run_config,
-        metrics=[RMSE, UDPF, MEAN_ONLY],
-        session_keys=[TRAINING_ID],  # clients start fresh personal parameters per arm
-        baseline="plaintext" if compare else "secure",
-        results_dir=settings.results_dir or None,
-        extras=lambda result: {"udpf_upload": udpf_upload(result.record.arm("secure"))},
-    )
-    try:
         return experiment.run(grid)
-    finally:
-        if helper is None:
-            connection.close()

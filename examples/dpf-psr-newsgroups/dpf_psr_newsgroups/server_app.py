@@ -60,13 +60,7 @@ from flwr_fsl.experiment import (
     sampling_kwargs,
 )
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
-from flwr_fsl.helper import (
-    HelperConnection,
-    connect_helper,
-    describe_helper,
-    pinned_fingerprint,
-    verify_helper,
-)
+from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
@@ -266,81 +260,71 @@ def run_experiment(
         If an arm aggregated no client update in any round (e.g. every client failed).
     """
     settings = Settings.from_run_config(run_config)
-    if helper is None:
-        connection, fingerprint = connect_helper(run_config)
-        print(describe_helper(run_config), flush=True)
-    else:
-        connection, fingerprint = helper, pinned_fingerprint(run_config)
-        verify_helper(connection, fingerprint)
-    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
-    knobs = sampling_kwargs(settings)
-    compare = settings.compare_plaintext
-    shape = table_shape(settings)
-    table = initial_table(settings)
-    test = test_documents(settings)
+    with secure_helper(run_config, helper) as (connection, fingerprint):
+        knobs = sampling_kwargs(settings)
+        compare = settings.compare_plaintext
+        shape = table_shape(settings)
+        table = initial_table(settings)
+        test = test_documents(settings)
 
-    def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        loss, accuracy = evaluate(arrays[TABLE].numpy(), test, shape)
-        return MetricRecord({"accuracy": accuracy, "loss": loss})
+        def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            loss, accuracy = evaluate(arrays[TABLE].numpy(), test, shape)
+            return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-    description = (
-        f"table {shape.num_words:,} words + {shape.num_classes} classes x {settings.dim}, "
-        f"max-rows {settings.max_rows}"
-    )
-    arms = [
-        Arm(
-            "secure",
-            "secure (PSR+SSA)",
-            lambda setup: SecureRowFedSubAvg(
-                connection,
-                TABLE,
-                settings.max_rows,
-                helper_fingerprint=fingerprint,
-                udpf=settings.ssa_udpf,
-                frac_bits=settings.ssa_frac_bits,
-                max_abs=settings.ssa_max_abs,
-                **knobs,
-            ),
-            learns=SECURE_LEARNS,
-            equivalent_to="plaintext" if compare else None,
-            description=description,
+        description = (
+            f"table {shape.num_words:,} words + {shape.num_classes} classes x {settings.dim}, "
+            f"max-rows {settings.max_rows}"
         )
-    ]
-    if compare:
-        arms.append(
+        arms = [
             Arm(
-                "plaintext",
-                "plaintext",
-                lambda setup: ObservedFedSubAvg(**knobs),
-                learns=PLAIN_LEARNS,
+                "secure",
+                "secure (PSR+SSA)",
+                lambda setup: SecureRowFedSubAvg(
+                    connection,
+                    TABLE,
+                    settings.max_rows,
+                    helper_fingerprint=fingerprint,
+                    udpf=settings.ssa_udpf,
+                    frac_bits=settings.ssa_frac_bits,
+                    max_abs=settings.ssa_max_abs,
+                    **knobs,
+                ),
+                learns=SECURE_LEARNS,
+                equivalent_to="plaintext" if compare else None,
                 description=description,
             )
+        ]
+        if compare:
+            arms.append(
+                Arm(
+                    "plaintext",
+                    "plaintext",
+                    lambda setup: ObservedFedSubAvg(**knobs),
+                    learns=PLAIN_LEARNS,
+                    description=description,
+                )
+            )
+        dense = dense_bytes(table)
+
+        def extras(result: ExperimentResult) -> dict[str, Any]:
+            plain = result.record.arm("plaintext") if compare else None
+            return {
+                "bytes": bytes_table(result.record.arm("secure"), plain, dense),
+                "dense_bytes": {"down": dense[0], "up": dense[1]},
+                "s0_view": s0_view(result, shape, table),
+            }
+
+        experiment = Experiment(
+            name="dpf-psr-newsgroups",
+            arms=arms,
+            initial_arrays=ArrayRecord({TABLE: Array(table)}),
+            num_rounds=settings.num_server_rounds,
+            sampling_seed=settings.seed,
+            run_config=run_config,
+            metrics=[ACCURACY, LOSS, UDPF],
+            evaluate_fn=global_evaluate,
+            baseline="plaintext" if compare else "secure",
+            results_dir=settings.results_dir or None,
+            extras=extras,
         )
-    dense = dense_bytes(table)
-
-    def extras(result: ExperimentResult) -> dict[str, Any]:
-        plain = result.record.arm("plaintext") if compare else None
-        return {
-            "bytes": bytes_table(result.record.arm("secure"), plain, dense),
-            "dense_bytes": {"down": dense[0], "up": dense[1]},
-            "s0_view": s0_view(result, shape, table),
-        }
-
-    experiment = Experiment(
-        name="dpf-psr-newsgroups",
-        arms=arms,
-        initial_arrays=ArrayRecord({TABLE: Array(table)}),
-        num_rounds=settings.num_server_rounds,
-        sampling_seed=settings.seed,
-        run_config=run_config,
-        metrics=[ACCURACY, LOSS, UDPF],
-        evaluate_fn=global_evaluate,
-        baseline="plaintext" if compare else "secure",
-        results_dir=settings.results_dir or None,
-        extras=extras,
-    )
-    try:
         return experiment.run(grid)
-    finally:
-        if helper is None:
-            connection.close()

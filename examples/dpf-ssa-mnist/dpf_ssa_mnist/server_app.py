@@ -51,13 +51,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
-from flwr_fsl.helper import (
-    HelperConnection,
-    connect_helper,
-    describe_helper,
-    pinned_fingerprint,
-    verify_helper,
-)
+from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.models import evaluate
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.submodel.layout import FlatLayout
@@ -282,100 +276,90 @@ def run_experiment(
         what S0 saw.
     """
     settings = Settings.from_run_config(run_config)
-    if helper is None:
-        connection, fingerprint = connect_helper(run_config)
-        print(describe_helper(run_config), flush=True)
-    else:
-        connection, fingerprint = helper, pinned_fingerprint(run_config)
-        verify_helper(connection, fingerprint)
-    print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
-    x_test, y_test = mnist_test_split(settings.test_size)
+    with secure_helper(run_config, helper) as (connection, fingerprint):
+        x_test, y_test = mnist_test_split(settings.test_size)
 
-    def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        model = Net()
-        model.load_state_dict(arrays.to_torch_state_dict())
-        loss, accuracy = evaluate(model, x_test, y_test)
-        return MetricRecord({"accuracy": accuracy, "loss": loss})
+        def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+            model = Net()
+            model.load_state_dict(arrays.to_torch_state_dict())
+            loss, accuracy = evaluate(model, x_test, y_test)
+            return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-    torch.manual_seed(settings.seed)  # the initial model of every arm
-    initial = ArrayRecord(Net().state_dict())
-    layout = FlatLayout.of(_numpy(initial))
-    k = topk_count(initial, settings.topk_ratio)
-    knobs = sampling_kwargs(settings)
-    compare = settings.compare_plaintext
-    arms = [
-        Arm(
-            "secure",
-            "secure (SSA)",
-            lambda setup: SecureFedSubAvg(
-                connection,
-                topk_ratio=settings.topk_ratio,  # it sets topk-count = k itself
-                helper_fingerprint=fingerprint,
-                frac_bits=settings.ssa_frac_bits,
-                max_abs=settings.ssa_max_abs,
-                **knobs,
-            ),
-            learns=SECURE_LEARNS,
-            equivalent_to="plaintext" if compare else None,
-            description=f"top-k {k} coordinates",
-        )
-    ]
-    if compare:
-        arms.append(
+        torch.manual_seed(settings.seed)  # the initial model of every arm
+        initial = ArrayRecord(Net().state_dict())
+        layout = FlatLayout.of(_numpy(initial))
+        k = topk_count(initial, settings.topk_ratio)
+        knobs = sampling_kwargs(settings)
+        compare = settings.compare_plaintext
+        arms = [
             Arm(
-                "plaintext",
-                "plaintext top-k",
-                lambda setup: ObservedFedSubAvg(**knobs),
-                learns=PLAIN_LEARNS,
-                train_config={"topk-count": k},  # the same k the secure arm uploads
+                "secure",
+                "secure (SSA)",
+                lambda setup: SecureFedSubAvg(
+                    connection,
+                    topk_ratio=settings.topk_ratio,  # it sets topk-count = k itself
+                    helper_fingerprint=fingerprint,
+                    frac_bits=settings.ssa_frac_bits,
+                    max_abs=settings.ssa_max_abs,
+                    **knobs,
+                ),
+                learns=SECURE_LEARNS,
+                equivalent_to="plaintext" if compare else None,
                 description=f"top-k {k} coordinates",
             )
-        )
-    dense = compare and settings.compare_dense
-    if dense:
-        arms.append(
-            Arm(
-                "dense",
-                "dense FedAvg",
-                lambda setup: FedSubAvg(**knobs),  # on dense replies: exactly FedAvg
-                learns=DENSE_LEARNS,
-                train_config={"topk-ratio": 1.0},  # topk_mod passes the dense reply through
-                description=f"all {layout.size} coordinates",
+        ]
+        if compare:
+            arms.append(
+                Arm(
+                    "plaintext",
+                    "plaintext top-k",
+                    lambda setup: ObservedFedSubAvg(**knobs),
+                    learns=PLAIN_LEARNS,
+                    train_config={"topk-count": k},  # the same k the secure arm uploads
+                    description=f"top-k {k} coordinates",
+                )
             )
+        dense = compare and settings.compare_dense
+        if dense:
+            arms.append(
+                Arm(
+                    "dense",
+                    "dense FedAvg",
+                    lambda setup: FedSubAvg(**knobs),  # on dense replies: exactly FedAvg
+                    learns=DENSE_LEARNS,
+                    train_config={"topk-ratio": 1.0},  # topk_mod passes the dense reply through
+                    description=f"all {layout.size} coordinates",
+                )
+            )
+        sized = dense_reply_bytes(initial)
+
+        def extras(result: ExperimentResult) -> dict[str, Any]:
+            record = result.record
+            return {
+                "upload": upload_table(
+                    record.arm("secure"),
+                    record.arm("plaintext") if compare else None,
+                    record.arm("dense") if dense else None,
+                    sized,
+                ),
+                "dense_reply_bytes": sized,
+                "s0_view": s0_view(result, layout),
+            }
+
+        experiment = Experiment(
+            name="dpf-ssa-mnist",
+            arms=arms,
+            initial_arrays=initial,
+            num_rounds=settings.num_server_rounds,
+            sampling_seed=settings.seed,
+            run_config=run_config,
+            metrics=[ACCURACY],
+            evaluate_fn=global_evaluate,
+            train_config={"lr": settings.lr},
+            session_keys=["topk-session"],  # topk_mod's error feedback starts afresh per arm
+            baseline="dense" if dense else "plaintext" if compare else "secure",
+            results_dir=settings.results_dir or None,
+            save_models=True,
+            extras=extras,
         )
-    sized = dense_reply_bytes(initial)
-
-    def extras(result: ExperimentResult) -> dict[str, Any]:
-        record = result.record
-        return {
-            "upload": upload_table(
-                record.arm("secure"),
-                record.arm("plaintext") if compare else None,
-                record.arm("dense") if dense else None,
-                sized,
-            ),
-            "dense_reply_bytes": sized,
-            "s0_view": s0_view(result, layout),
-        }
-
-    experiment = Experiment(
-        name="dpf-ssa-mnist",
-        arms=arms,
-        initial_arrays=initial,
-        num_rounds=settings.num_server_rounds,
-        sampling_seed=settings.seed,
-        run_config=run_config,
-        metrics=[ACCURACY],
-        evaluate_fn=global_evaluate,
-        train_config={"lr": settings.lr},
-        session_keys=["topk-session"],  # topk_mod's error feedback starts afresh per arm
-        baseline="dense" if dense else "plaintext" if compare else "secure",
-        results_dir=settings.results_dir or None,
-        save_models=True,
-        extras=extras,
-    )
-    try:
         return experiment.run(grid)
-    finally:
-        if helper is None:
-            connection.close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -42,13 +43,7 @@ from flwr_fsl.experiment import (
     sampling_kwargs,
 )
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
-from flwr_fsl.helper import (
-    HelperConnection,
-    connect_helper,
-    describe_helper,
-    pinned_fingerprint,
-    verify_helper,
-)
+from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SFSLFedSubAvg
 from sfsl_movielens.client_app import CPP_KEY, REPLY_KEY, TRAINING_ID
 from sfsl_movielens.task import TABLE, Settings, auc, initial_table, rr_params
@@ -231,16 +226,22 @@ def run_experiment(
     """
     settings = Settings.from_run_config(run_config)
     names = settings.arm_list
-    connection: HelperConnection | None = None
-    fingerprint = ""
-    if "ssa-psr" in names:
-        if helper is None:
-            connection, fingerprint = connect_helper(run_config)
-            print(describe_helper(run_config), flush=True)
-        else:
-            connection, fingerprint = helper, pinned_fingerprint(run_config)
-            verify_helper(connection, fingerprint)
-        print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
+    s1: AbstractContextManager[tuple[HelperConnection | None, str]] = (
+        secure_helper(run_config, helper) if "ssa-psr" in names else nullcontext((None, ""))
+    )
+    with s1 as (connection, fingerprint):
+        return _run(grid, run_config, settings, connection, fingerprint)
+
+
+def _run(
+    grid: Grid,
+    run_config: Mapping[str, Any],
+    settings: Settings,
+    connection: HelperConnection | None,
+    fingerprint: str,
+) -> ExperimentResult:
+    """Build the arms (``ssa-psr`` on ``connection``) and run the experiment."""
+    names = settings.arm_list
     knobs = sampling_kwargs(settings)
     table = initial_table(settings)
     shape = f"table {table.shape}, max-rows {settings.max_rows}"
@@ -329,8 +330,4 @@ def run_experiment(
         results_dir=settings.results_dir or None,
         extras=_extras,
     )
-    try:
-        return experiment.run(grid)
-    finally:
-        if helper is None and connection is not None:
-            connection.close()
+    return experiment.run(grid)
