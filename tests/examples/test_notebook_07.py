@@ -25,6 +25,9 @@ def test_privhfl_notebook_runs(kernel_name: str) -> None:
         assert re.search(rf"^{method}: 6 images", text, re.M), method
     # 2. the secure query equals the plaintext logits
     assert "within 1e-3: True" in text and "argmax equal: True" in text
+    # ... and so does the same query over the strategy's messages, without Flower
+    flow = r"over the messages \(keys, generate, step-1, \.\.\., retrain\): .*within 1e-3: True"
+    assert re.search(flow + r"; nodes dropped: 0$", text, re.M)
     # 3. the paper's DReLU gives the querier every clear hidden sign; DCF gives it nothing
     match = re.search(r"hidden values it recovers: (\d+)/(\d+)", text)
     assert match is not None and int(match.group(1)) == int(match.group(2)) > 0

@@ -3,8 +3,8 @@
 :mod:`flwr_fsl.families.privhfl.protocol` runs the three parties in one process (:func:`~flwr_fsl.
 protocols.privhfl.secure_predict`). Over Flower a client may not survive between messages and
 the server talks to one client per message, so this module adds what a transport needs
-(Flower-free; the strategy and the mod in :mod:`flwr_fsl.families.privhfl.strategy` /
-:mod:`flwr_fsl.families.privhfl.mod` use it):
+(Flower-free; the server and the clients of the secure arm in
+:mod:`flwr_fsl.families.privhfl.server` / :mod:`flwr_fsl.families.privhfl.client` use it):
 
 * **Architecture codec** (:func:`architecture_to_bytes`, :func:`architecture_from_bytes`):
   an answerer advertises its public layer structure; the querier and the server need it.

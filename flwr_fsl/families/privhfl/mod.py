@@ -65,7 +65,6 @@ never a value.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,40 +77,9 @@ from numpy.typing import NDArray
 from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.crypto.channel import SealingKeyPair, client_party
-from flwr_fsl.crypto.sealing import open_from, seal_for
-from flwr_fsl.families.privhfl.flow import (
-    AnswererState,
-    answerer_open,
-    answerer_step,
-    architecture_from_bytes,
-    architecture_to_bytes,
-    querier_messages,
-    querier_session,
-    querier_sign,
-    schedule,
-    unheld_seed,
-)
-from flwr_fsl.families.privhfl.inference import SecureModel, from_torch, to_nhwc
-from flwr_fsl.families.privhfl.messages import (
-    KEY_SLOT,
-    SECURE_KEY,
-    SEED_PURPOSE,
-    GenerateReply,
-    GenerateRequest,
-    KeysReply,
-    KeysRequest,
-    QuerierSessionState,
-    QuerierState,
-    RetrainRequest,
-    SessionDeal,
-    SignReply,
-    SignRequest,
-    StepReply,
-    StepRequest,
-    binding,
-)
-from flwr_fsl.families.privhfl.protocol import Querier, ServerMessageError, SessionSeeds, agg_step
+from flwr_fsl.families.privhfl.client import SecureAnswerer, SecureQuerier
+from flwr_fsl.families.privhfl.inference import SecureModel, from_torch
+from flwr_fsl.families.privhfl.messages import KEY_SLOT, SECURE_KEY, QuerierState
 from flwr_fsl.families.privhfl.queries import expand, select, softmax
 from flwr_fsl.families.privhfl.records import (
     ACTION,
@@ -373,139 +341,82 @@ class PrivHFLClient:
     def _reply(msg: Message, blob: bytes) -> Message:
         return Message(RecordDict({SECURE_KEY: ConfigRecord({"blob": blob})}), reply_to=msg)
 
+    def _answerer(self, context: Context, model: nn.Module) -> SecureAnswerer:
+        """Return the answerer's handlers with its stored key and sessions (``Context.state``)."""
+        keypair = sessions = None
+        record = context.state.config_records.get(KEY_SLOT)
+        if record is not None:
+            key_round, private = record.get("round"), record.get("private")
+            if not isinstance(key_round, int) or not isinstance(private, bytes):
+                raise ClientInputError("the stored key pair is malformed")
+            keypair = (key_round, private)
+        stored = context.state.config_records.get(_ASTATE_SLOT)
+        session_round = stored.get("round") if stored is not None else None
+        if stored is not None and isinstance(session_round, int):
+            states = {int(k): v for k, v in stored.items() if k != "round"}
+            sessions = (session_round, states)
+        return SecureAnswerer(
+            context.node_id, lambda: self._secure_model(model), max_answer=self.max_answer,
+            keypair=keypair, sessions=sessions,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def _querier(self, context: Context, stored: bool = True) -> SecureQuerier:
+        """Return the querier's handlers with its stored sessions (``Context.state``)."""
+        record = context.state.config_records.get(_QSTATE_SLOT) if stored else None
+        raw = record.get("state") if record is not None else None
+        return SecureQuerier(
+            context.node_id, num_classes=self.num_classes, image_shape=self.image_shape,
+            max_abs_logit=self.max_abs_logit,
+            state=QuerierState.from_bytes(raw) if isinstance(raw, bytes) else None,
+        )  # fmt: skip
+
     def _secure_keys(
         self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
     ) -> Message:
         """``keys``: a fresh X25519 key pair for the round; reply its public key and arch."""
-        KeysRequest.from_bytes(self._blob(msg))
-        keypair = SealingKeyPair.generate()
-        context.state[KEY_SLOT] = ConfigRecord(
-            {"private": keypair.private_bytes(), "round": config.server_round}
-        )
-        arch = architecture_to_bytes(self._secure_model(model).architecture)
-        return self._reply(msg, KeysReply(keypair.public_bytes, arch).to_bytes())
-
-    def _keypair(self, context: Context, server_round: int) -> SealingKeyPair:
-        record = context.state.config_records.get(KEY_SLOT)
-        if record is None or record.get("round") != server_round:
-            raise ClientInputError("no key pair of this round (the keys phase did not run)")
-        private = record.get("private")
-        if not isinstance(private, bytes):
-            raise ClientInputError("the stored key pair is malformed")
-        return SealingKeyPair.from_private_bytes(private)
+        answerer = self._answerer(context, model)
+        reply = answerer.on_keys(config.server_round, self._blob(msg))
+        assert answerer.keypair is not None
+        key_round, private = answerer.keypair
+        context.state[KEY_SLOT] = ConfigRecord({"private": private, "round": key_round})
+        return self._reply(msg, reply)
 
     def _secure_generate(
         self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
     ) -> Message:
         """``generate`` (secure): queries stay here; reply ``Sk_QA`` sealed, share, deals."""
-        request = GenerateRequest.from_bytes(self._blob(msg))
-        cfg = request.config
-        archs = [architecture_from_bytes(a.architecture) for a in request.answerers]
-        for arch in archs:
-            if arch.input_shape != self.image_shape or arch.num_outputs != self.num_classes:
-                raise ClientInputError("an answerer's architecture does not fit the queries")
-        queries = self.generate(model, self._data(context), config)
-        if float(np.abs(queries).max(initial=0.0)) >= cfg.max_input:
-            raise ConfigurationError("the queries exceed the protocol's input range")
-        encoded = cfg.codec().encode(to_nhwc(queries.astype(np.float64)))  # Querier.encode
-        bind = binding(request.run_session, config.server_round, cfg, request.session)
-        me = client_party(context.node_id)
-        deals, states = [], []
-        for info, arch in zip(request.answerers, archs, strict=True):
-            qa = os.urandom(16)
-            if qa == info.server_querier:
-                qa = os.urandom(16)
-            seeds = SessionSeeds(qa, unheld_seed(qa, info.server_querier), info.server_querier)
-            messages, ops = querier_messages(cfg, arch, encoded, seeds, request.session)
-            sealed = seal_for(
-                info.public_key, qa, purpose=SEED_PURPOSE, binding=bind, sender=me,
-                recipient=client_party(info.node),
-            )  # fmt: skip
-            deals.append(SessionDeal(info.node, sealed, tuple(messages)))
-            states.append(
-                QuerierSessionState(info.node, qa, info.server_querier, info.architecture, ops)
-            )
-        state = QuerierState(config.server_round, request.session, len(queries), tuple(states))
-        context.state[_QUERY_SLOT] = queries_record(queries)
+        querier = self._querier(context, stored=False)
+        reply = querier.on_generate(
+            config.server_round,
+            self._blob(msg),
+            lambda: self.generate(model, self._data(context), config),
+        )
+        assert querier.queries is not None and querier.state is not None
+        context.state[_QUERY_SLOT] = queries_record(querier.queries)
         context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
-        context.state[_QSTATE_SLOT] = ConfigRecord({"state": state.to_bytes()})
-        return self._reply(msg, GenerateReply(len(queries), tuple(deals)).to_bytes())
+        context.state[_QSTATE_SLOT] = ConfigRecord({"state": querier.state.to_bytes()})
+        return self._reply(msg, reply)
 
     def _secure_step(
         self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
     ) -> Message:
         """``step``: this answerer's half of step ``k`` of every querier's session."""
-        request = StepRequest.from_bytes(self._blob(msg))
-        cfg = request.config
-        secure = self._secure_model(model)
-        stored = context.state.config_records.get(_ASTATE_SLOT)
-        if request.step == 1:
-            keypair = self._keypair(context, config.server_round)
-            bind = binding(request.run_session, config.server_round, cfg, request.session)
-            me = client_party(context.node_id)
-            states: dict[str, bytes] = {}
-            for e in request.entries:
-                if e.batch > self.max_answer:
-                    raise ClientInputError("a session holds more queries than this node answers")
-                qa = open_from(
-                    keypair, e.sealed_seed, purpose=SEED_PURPOSE, binding=bind,
-                    sender=client_party(e.querier), recipient=me,
-                )  # fmt: skip
-                if len(qa) != 16 or qa == e.server_answerer:
-                    raise ClientInputError("the sealed seed is malformed")
-                st = answerer_open(cfg, secure, e.batch, qa, e.server_answerer, request.session)
-                states[str(e.querier)] = st.to_bytes()
-        else:
-            if stored is None or stored.get("round") != config.server_round:
-                raise ClientInputError("a step arrived but no session of this round is open")
-            named = {str(e.querier) for e in request.entries}
-            if not named <= set(stored.keys()) - {"round"}:
-                raise ClientInputError("the step names a session that is not open")
-            # A session left out was closed by the server (its querier left the round).
-            states = {k: v for k, v in stored.items() if k in named}  # type: ignore[misc]
-        replies = []
-        last = len(schedule(secure.architecture, 1)) - 1
-        for e in request.entries:
-            before = AnswererState.from_bytes(states[str(e.querier)])
-            after, reply = answerer_step(cfg, secure, before, request.step, e.data)
-            states[str(e.querier)] = after.to_bytes()
-            replies.append((e.querier, reply))
+        answerer = self._answerer(context, model)
+        reply = answerer.on_step(config.server_round, self._blob(msg))
         for slot in (KEY_SLOT, _ASTATE_SLOT):
             if slot in context.state:
                 del context.state[slot]  # the key opens step 1's seeds only
-        if request.step < last:  # after the last step nothing is kept
-            context.state[_ASTATE_SLOT] = ConfigRecord({"round": config.server_round, **states})
-        return self._reply(msg, StepReply(tuple(replies)).to_bytes())
+        if answerer.sessions is not None:  # after the last step nothing is kept
+            session_round, states = answerer.sessions
+            context.state[_ASTATE_SLOT] = ConfigRecord(
+                {"round": session_round, **{str(q): v for q, v in states.items()}}
+            )
+        return self._reply(msg, reply)
 
     def _secure_sign(self, msg: Message, context: Context, config: PhaseConfig) -> Message:
         """``sign`` (paper's DReLU): open ``z = r x`` of each session's comparison (the leak)."""
-        request = SignRequest.from_bytes(self._blob(msg))
-        stored = context.state.config_records.get(_QSTATE_SLOT)
-        raw = stored.get("state") if stored is not None else None
-        if not isinstance(raw, bytes):
-            raise ClientInputError("a sign request arrived but this node holds no session")
-        state = QuerierState.from_bytes(raw)
-        if state.server_round != config.server_round or request.session != state.session:
-            raise ClientInputError("the sign request is for another round's session")
-        mine = {s.node: s for s in state.sessions}
-        replies = []
-        for a, data in request.entries:
-            s = mine.get(a)
-            if s is None:
-                raise ClientInputError("the sign request names an unknown answerer")
-            seeds = SessionSeeds(
-                s.querier_answerer, unheld_seed(s.querier_answerer, s.server_querier),
-                s.server_querier,
-            )  # fmt: skip
-            arch = architecture_from_bytes(s.architecture)
-            try:
-                sign = querier_sign(
-                    request.config, arch, state.batch, seeds, state.session, request.step, data
-                )
-            except (ConfigurationError, ServerMessageError) as err:
-                raise ClientInputError(f"sign request: {err}") from err
-            replies.append((a, sign))
-        return self._reply(msg, SignReply(tuple(replies)).to_bytes())
+        querier = self._querier(context)
+        return self._reply(msg, querier.on_sign(config.server_round, self._blob(msg)))
 
     def _secure_soft_labels(
         self, msg: Message, context: Context, config: PhaseConfig
@@ -520,28 +431,9 @@ class PrivHFLClient:
         raw = stored.get("state") if stored is not None else None
         if x_query is None or not isinstance(raw, bytes):
             raise ClientInputError("soft labels arrived but this node holds no query set")
-        state = QuerierState.from_bytes(raw)
-        request = RetrainRequest.from_bytes(self._blob(msg))
-        if state.server_round != config.server_round or request.session != state.session:
-            raise ClientInputError("the aggregate is for another round's queries")
-        cfg = request.config
-        sessions = {}
-        for s in state.sessions:
-            arch = architecture_from_bytes(s.architecture)
-            seeds = SessionSeeds(
-                s.querier_answerer, unheld_seed(s.querier_answerer, s.server_querier),
-                s.server_querier,
-            )  # fmt: skip
-            sessions[s.node] = querier_session(cfg, arch, state.batch, seeds, state.session, s.ops)
-        querier = Querier(cfg, sessions)
-        querier.prepare_aggregation()
-        logits, included = querier.finish(
-            request.aggregate, agg_step(state.session), (state.batch, self.num_classes)
-        )
-        if len(included) != config.answerers:
-            raise ClientInputError("the aggregate's answerer count does not match the record")
-        if not np.isfinite(logits).all() or float(np.abs(logits).max()) > self.max_abs_logit:
-            raise ClientInputError("the opened logit sum is out of range")
+        querier = self._querier(context, stored=False)
+        querier.state = QuerierState.from_bytes(raw)
+        logits = querier.on_retrain(config.server_round, self._blob(msg), config.answerers)
         return x_query, softmax(logits, config.temperature)
 
     def generate(

@@ -77,11 +77,10 @@ this round.
 from __future__ import annotations
 
 import math
-import os
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -91,36 +90,8 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.families.privhfl.flow import (
-    ServerSession,
-    architecture_from_bytes,
-    schedule,
-    unheld_seed,
-)
-from flwr_fsl.families.privhfl.inference import Architecture
-from flwr_fsl.families.privhfl.messages import (
-    SECURE_KEY,
-    AnswererInfo,
-    GenerateReply,
-    GenerateRequest,
-    KeysReply,
-    KeysRequest,
-    RetrainRequest,
-    SessionDeal,
-    SignReply,
-    SignRequest,
-    StepEntry,
-    StepReply,
-    StepRequest,
-)
-from flwr_fsl.families.privhfl.protocol import (
-    PrivHFLConfig,
-    QuerierMessageError,
-    SessionSeeds,
-    agg_step,
-    server_aggregate,
-)
+from flwr_fsl.families.privhfl.messages import SECURE_KEY
+from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
 from flwr_fsl.families.privhfl.records import (
     LOGITS_KEY,
@@ -134,9 +105,12 @@ from flwr_fsl.families.privhfl.records import (
     read_logits,
     read_queries,
 )
+from flwr_fsl.families.privhfl.server import PrivHFLServer
 from flwr_fsl.models.privhfl import IMAGE_SHAPE
 
 __all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
+
+T = TypeVar("T")
 
 ANSWERING = ("plaintext", "secure")
 """The answering arms: queries and logits in the clear, or secret-shared (module docstring)."""
@@ -306,7 +280,12 @@ min_available_nodes, sampling_seed
             )
         except (ConfigurationError, ValueError, TypeError) as err:
             raise ConfigurationError(f"PrivHFL secure settings: {err}") from err
-        self._run_session = os.urandom(16)
+        self.secure_server = PrivHFLServer(
+            self.secure_config,
+            num_classes=self.num_classes,
+            image_shape=self.image_shape,
+            max_batch=self.num_queries,
+        )
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ConfigurationError(f"seed must be an int >= 0, got {seed!r}")
         self.seed = seed
@@ -470,17 +449,7 @@ min_available_nodes, sampling_seed
         )
         return sums
 
-    # -- secure answering -------------------------------------------------------------------
-    def _secure_send(
-        self,
-        grid: Grid,
-        state: RoundState,
-        phase: str,
-        contents: dict[int, RecordDict],
-        parse: Any,
-    ) -> dict[int, Any]:
-        return self.send(grid, state, phase, contents, PHASE_TYPES[phase.split("-")[0]], parse)
-
+    # -- secure answering (flwr_fsl.families.privhfl.server) --------------------------------
     @staticmethod
     def _secure_record(blob: bytes) -> dict[str, ConfigRecord]:
         return {SECURE_KEY: ConfigRecord({"blob": blob})}
@@ -500,199 +469,29 @@ min_available_nodes, sampling_seed
     ) -> dict[int, tuple[dict[str, Any], int]]:
         """Generate and answer securely (module docstring): per querier, the agg-S record."""
         r = state.server_round
-        cfg = self.secure_config
-        session = r & 0xFFFFFFFF
-        run_session = self._run_session
+
+        def exchange(
+            phase: str, requests: Mapping[int, bytes], parse: Callable[[int, bytes], T], /
+        ) -> dict[int, T]:
+            kind = phase.split("-")[0]
+            contents = {
+                n: self._content(self._phase(kind, r, n), **self._secure_record(blob))
+                for n, blob in requests.items()
+            }
+            return self.send(
+                grid, state, phase, contents, PHASE_TYPES[kind],
+                lambda n, c: parse(n, self._secure_blob(c)),
+            )  # fmt: skip
+
         candidates = sorted(n for n in self.trained if n not in state.dropped)
         plan = {q: self.answerers_for(r, q, candidates) for q in queriers}
-        involved = sorted({a for answer in plan.values() for a in answer})
-        # 1. keys: every answerer advertises a fresh X25519 key and its architecture.
-        keys_req = KeysRequest(run_session).to_bytes()
-
-        def parse_keys(_n: int, content: RecordDict) -> tuple[bytes, bytes, Architecture]:
-            reply = KeysReply.from_bytes(self._secure_blob(content))
-            arch = architecture_from_bytes(reply.architecture)
-            if arch.input_shape != self.image_shape or arch.num_outputs != self.num_classes:
-                raise ClientInputError("the advertised architecture does not fit the queries")
-            try:
-                steps = schedule(arch, 1)  # it must have an interactive op ...
-            except ConfigurationError as err:
-                raise ClientInputError(f"the advertised architecture: {err}") from err
-            if cfg.relu == "drelu" and steps[1].kind == "compare":  # ... and a linear one first
-                raise ClientInputError("DReLU needs a linear layer before the first comparison")
-            return reply.public_key, reply.architecture, arch
-
-        keys = self._secure_send(
-            grid, state, "keys",
-            {
-                n: self._content(self._phase("keys", r, n), **self._secure_record(keys_req))
-                for n in involved
-            },
-            parse_keys,
-        )  # fmt: skip
-        # 2. generate: each querier gets its answerers' keys, architectures and Sk_SQ.
-        sq: dict[tuple[int, int], bytes] = {}
-        requests = {}
-        asked: dict[int, tuple[AnswererInfo, ...]] = {}
-        for q in queriers:
-            answerers = [a for a in plan[q] if a in keys]
-            if q in state.dropped or not answerers:
-                continue
-            infos = []
-            for a in answerers:
-                sq[q, a] = os.urandom(SEED_BYTES)
-                infos.append(AnswererInfo(a, keys[a][0], keys[a][1], sq[q, a]))
-            asked[q] = tuple(infos)
-            gen = GenerateRequest(cfg, session, run_session, asked[q])
-            requests[q] = self._content(
-                self._phase("generate", r, q), **self._secure_record(gen.to_bytes())
-            )
-
-        def parse_generate(q: int, content: RecordDict) -> GenerateReply:
-            reply = GenerateReply.from_bytes(self._secure_blob(content))
-            wanted = {a.node for a in asked[q]}
-            if {s.node for s in reply.sessions} != wanted or reply.batch > self.num_queries:
-                raise ClientInputError("the generate reply names other answerers or too many")
-            for s in reply.sessions:
-                if len(s.messages) != len(schedule(keys[s.node][2], reply.batch)):
-                    raise ClientInputError("the generate reply has the wrong number of deals")
-            return reply
-
-        generated = self._secure_send(grid, state, "generate", requests, parse_generate)
-        # 3. the server's half of every session; step 0 takes the querier's share.
-        sessions: dict[tuple[int, int], tuple[ServerSession, SessionDeal]] = {}
-        sa: dict[tuple[int, int], bytes] = {}
-        for q, reply in generated.items():
-            for deal in reply.sessions:
-                a = deal.node
-                sa[q, a] = os.urandom(SEED_BYTES)
-                seeds = SessionSeeds(unheld_seed(sa[q, a], sq[q, a]), sa[q, a], sq[q, a])
-                try:
-                    run = ServerSession(cfg, keys[a][2], reply.batch, seeds, session, deal.messages)
-                except ClientInputError as err:
-                    state.drop(q, f"generate: querier message: {err}")
-                    break
-                sessions[q, a] = (run, deal)
-        # 4. the steps: one message per answerer and step, every session of it at once (and,
-        #    paper's DReLU, one message per querier and comparison step before it).
-        k = 1
-        while True:
-            active = {
-                key: v
-                for key, v in sessions.items()
-                if key[0] not in state.dropped
-                and key[1] not in state.dropped
-                and k < len(v[0].steps)
-            }
-            if not active:
-                break
-            signs = self._secure_signs(grid, state, k, session, active)
-            payloads: dict[int, list[StepEntry]] = {}
-            for (q, a), (run, deal) in sorted(active.items()):
-                if q in state.dropped or a in state.dropped:
-                    continue
-                try:
-                    data = run.to_answerer(k, signs.get((q, a)))
-                except ClientInputError as err:  # Q's deal (or sign share) for this step
-                    state.drop(q, f"step {k}: querier message: {err}")
-                    continue
-                entry = (
-                    StepEntry(q, data, deal.sealed_seed, sa[q, a], run.batch)
-                    if k == 1
-                    else StepEntry(q, data)
-                )
-                payloads.setdefault(a, []).append(entry)
-            contents = {}
-            sent: dict[int, set[int]] = {}
-            for a, entries in payloads.items():
-                entries = [e for e in entries if e.querier not in state.dropped]
-                if not entries or a in state.dropped:
-                    continue
-                sent[a] = {e.querier for e in entries}
-                req = StepRequest(cfg, k, session, run_session, tuple(entries))
-                contents[a] = self._content(
-                    self._phase("step", r, a), **self._secure_record(req.to_bytes())
-                )
-
-            def parse_step(
-                a: int, content: RecordDict, k: int = k, active: dict = active,
-                sent: dict[int, set[int]] = sent,
-            ) -> int:  # fmt: skip
-                reply = StepReply.from_bytes(self._secure_blob(content))
-                if {q for q, _ in reply.entries} != sent[a]:
-                    raise ClientInputError("the step reply names other sessions")
-                for q, data in reply.entries:
-                    active[q, a][0].from_answerer(k, data)
-                return len(reply.entries)
-
-            self._secure_send(grid, state, f"step-{k}", contents, parse_step)
-            k += 1
-        parts = {
-            key: run.part
-            for key, (run, _) in sessions.items()
-            if run.part is not None and key[1] not in state.dropped
+        answers = self.secure_server.query(r, plan, exchange, state.drop, state.dropped)
+        sums: dict[int, tuple[dict[str, Any], int]] = {
+            q: ({} if blob is None else self._secure_record(blob), count)
+            for q, (blob, count) in answers.items()
         }
-        # 5. Π_Agg: per querier, the masked sum over the answerers whose sessions finished.
-        sums: dict[int, tuple[dict[str, Any], int]] = {}
-        for q in generated:
-            if q in state.dropped:
-                continue
-            mine = {a: v for (p, a), v in parts.items() if p == q}
-            if not mine:
-                sums[q] = ({}, 0)
-                continue
-            agg = server_aggregate(mine, agg_step(session))
-            ret = RetrainRequest(cfg, session, agg)
-            sums[q] = (self._secure_record(ret.to_bytes()), len(mine))
         log(INFO, "round %s: %d query sets answered securely", r, len(sums))
         return sums
-
-    def _secure_signs(
-        self,
-        grid: Grid,
-        state: RoundState,
-        k: int,
-        session: int,
-        active: dict[tuple[int, int], tuple[ServerSession, SessionDeal]],
-    ) -> dict[tuple[int, int], bytes]:
-        """Paper's DReLU: ``S -> Q`` ``drelu-z`` of step ``k``, ``Q -> S`` the sign shares."""
-        r = state.server_round
-        asks: dict[int, list[tuple[int, bytes]]] = {}
-        for (q, a), (run, _) in sorted(active.items()):
-            if not run.needs_querier(k):
-                continue
-            try:
-                data = run.to_querier(k)
-            except QuerierMessageError as err:
-                state.drop(q, f"step {k}: querier message: {err}")
-                continue
-            except ClientInputError as err:  # the answerer's openings of step k - 1
-                state.drop(a, f"step {k - 1}: answerer message: {err}")
-                continue
-            asks.setdefault(q, []).append((a, data))
-        contents = {}
-        for q, entries in asks.items():
-            entries = [(a, d) for a, d in entries if a not in state.dropped]
-            if q in state.dropped or not entries:
-                continue
-            req = SignRequest(self.secure_config, k, session, tuple(entries))
-            contents[q] = self._content(
-                self._phase("sign", r, q), **self._secure_record(req.to_bytes())
-            )
-            asks[q] = entries
-        signs: dict[tuple[int, int], bytes] = {}
-
-        def parse_sign(q: int, content: RecordDict) -> int:
-            reply = SignReply.from_bytes(self._secure_blob(content))
-            if {a for a, _ in reply.entries} != {a for a, _ in asks[q]}:
-                raise ClientInputError("the sign reply names other sessions")
-            for a, data in reply.entries:
-                signs[q, a] = data
-            return len(reply.entries)
-
-        if contents:
-            self._secure_send(grid, state, f"sign-{k}", contents, parse_sign)
-        return signs
 
     # -- evaluation -------------------------------------------------------------------------
     def _eval_metrics(self, node: int, content: RecordDict) -> dict[str, float]:
