@@ -5,7 +5,8 @@ Layers, top to bottom (a module may import its own layer and any lower one):
 ====  =========================================================================================
 6     ``research`` (reproductions of papers' attacks; nothing in the package imports it)
 5     ``strategies``, ``mods`` (the public import paths), ``testing``, ``experiment``,
-      ``core.engine`` / ``core.phases`` / ``core.records`` / ``core.state`` / ``core.traffic``, and
+      ``core.engine`` / ``core.replies`` / ``core.phases`` / ``core.records`` / ``core.state`` /
+      ``core.traffic``, and
       each family's Flower modules (``strategy*.py``, ``mod*.py``, ``records*.py``)
 4     ``helper`` (the second server S1: gRPC service, S0's connection)
 3     ``pinning`` and each family's Flower-free modules (``families/<f>/messages.py``,
@@ -49,6 +50,7 @@ LAYERS: dict[str, int] = {
     "families:free": 3,
     "helper": 4,
     "core.engine": 5,
+    "core.replies": 5,
     "core.phases": 5,
     "core.state": 5,
     "core.traffic": 5,

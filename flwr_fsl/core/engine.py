@@ -16,6 +16,8 @@ a duplicate, from a node that was not asked, or that ``parse`` rejects with a
 :attr:`RoundState.dropped` — and shrinks :attr:`RoundState.survivors` to the nodes whose reply
 was accepted. A node that does not answer before the timeout is dropped the same way. A phase
 may send a different message to each node.
+The checks themselves and the pull loop behind :meth:`~PhasedStrategy.stream` live in
+:mod:`flwr_fsl.core.replies`; the methods here are the entry points strategies call or override.
 
 :meth:`~PhasedStrategy.start` keeps the signature and :class:`~flwr.serverapp.strategy.Result`
 of Flower's ``Strategy.start``: per round it runs :meth:`~PhasedStrategy.train_round` and
@@ -52,7 +54,14 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.phases import Phase, PhaseBody
-from flwr_fsl.core.traffic import RoundTraffic, content_bytes
+from flwr_fsl.core.replies import (
+    phase_contents,
+    prepare_messages,
+    receive_replies,
+    reply_parser,
+    stream_replies,
+)
+from flwr_fsl.core.traffic import RoundTraffic
 
 __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
 
@@ -311,24 +320,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         list[Message]
             The messages, ready for ``grid.send_and_receive``.
         """
-        sizes: dict[int, int] = {}
-        messages = []
-        for node, content in contents.items():
-            key = id(content)
-            if key not in sizes:
-                sizes[key] = content_bytes(content)
-            state.phase(phase).down_bytes[node] = sizes[key]
-            # Replies inherit the group id, so a reply to an earlier round is recognisable.
-            messages.append(
-                Message(
-                    content,
-                    dst_node_id=node,
-                    message_type=message_type,
-                    group_id=str(state.server_round),
-                )
-            )
-        state._asked[phase] = (message_type, set(contents))
-        return messages
+        return prepare_messages(state, phase, contents, message_type)
 
     def receive(
         self,
@@ -362,19 +354,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         dict[int, T]
             Node id -> parsed reply, for the accepted nodes (in reply order).
         """
-        asked = state._asked.get(phase, ("", set()))[1]
-        accepted: dict[int, T] = {}
-        seen: set[int] = set()
-        for reply in replies:
-            node, value, reason = self._check_reply(state, phase, reply, parse, asked, seen)
-            if reason is None:
-                accepted[node] = value  # type: ignore[assignment]
-                continue
-            # Two replies from one node: neither can be told to be the genuine one.
-            accepted.pop(node, None)
-            self._reject(state, node, f"{phase}: {reason}", shrink)
-        self._finish_phase(state, phase, asked, seen, list(accepted), shrink)
-        return accepted
+        return receive_replies(state, phase, replies, parse, shrink=shrink)
 
     def stream(
         self,
@@ -422,92 +402,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             If a node whose reply was already yielded replies again (the first reply may
             already be in the aggregate, so neither can be dropped any more).
         """
-        asked = state._asked.get(phase, ("", set()))[1]
-        pending = set(grid.push_messages(messages)) if messages else set()
-        del messages
-        wait = state.timeout if timeout is None else timeout
-        deadline = None if wait is None else time.monotonic() + wait
-        interval = float(getattr(grid, "pull_interval", 0.1))
-        synchronous = bool(getattr(grid, "synchronous", False))
-        pause: Callable[[float], None] = getattr(grid, "pause", time.sleep)
-        seen: set[int] = set()
-        yielded: list[int] = []
-        while pending:
-            replies = list(grid.pull_messages(pending))
-            pending.difference_update(r.metadata.reply_to_message_id for r in replies)
-            while replies:
-                reply = replies.pop(0)
-                node, value, reason = self._check_reply(state, phase, reply, parse, asked, seen)
-                del reply
-                if reason is None:
-                    yielded.append(node)
-                    yield node, value  # type: ignore[misc]
-                    continue
-                if node in yielded:
-                    raise RoundFailedError(
-                        f"{phase}: node {node} replied again after its reply was used: {reason}"
-                    )
-                self._reject(state, node, f"{phase}: {reason}", True)
-            if pending:
-                # A synchronous grid (InProcessGrid) had every reply it will ever have at once.
-                if synchronous or (deadline is not None and time.monotonic() >= deadline):
-                    break
-                pause(interval)
-        self._finish_phase(state, phase, asked, seen, yielded, True)
-
-    def _check_reply(
-        self,
-        state: RoundState,
-        phase: str,
-        reply: Message,
-        parse: Callable[[int, RecordDict], T] | None,
-        asked: set[int],
-        seen: set[int],
-    ) -> tuple[int, T | RecordDict | None, str | None]:
-        """Count a reply's bytes and check it: ``(node, parsed value, None)`` or a reason."""
-        message_type = state._asked.get(phase, ("", set()))[0]
-        node = reply.metadata.src_node_id
-        if reply.has_content():
-            traffic = state.phase(phase)
-            traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(reply.content)
-        reason = _reply_problem(state, reply, message_type, asked, seen)
-        if node in asked:
-            seen.add(node)
-        if reason is not None:
-            return node, None, reason
-        try:
-            return node, parse(node, reply.content) if parse else reply.content, None
-        except ClientInputError as err:
-            return node, None, str(err) or type(err).__name__
-
-    def _finish_phase(
-        self,
-        state: RoundState,
-        phase: str,
-        asked: set[int],
-        seen: set[int],
-        accepted: list[int],
-        shrink: bool,
-    ) -> None:
-        for node in asked - seen:
-            self._reject(state, node, f"{phase}: no reply before the timeout", shrink)
-        if shrink:
-            state.survivors = list(accepted)
-        log(
-            INFO,
-            "round %s %s: %d accepted, %d asked",
-            state.server_round,
-            phase,
-            len(accepted),
-            len(asked),
-        )
-
-    @staticmethod
-    def _reject(state: RoundState, node: int, reason: str, shrink: bool) -> None:
-        if shrink:
-            state.drop(node, reason)
-        else:
-            log(WARNING, "round %s: ignoring node %s: %s", state.server_round, node, reason)
+        replies = stream_replies(grid, state, phase, messages, parse, timeout)
+        del messages  # the generator pushes them and lets go; so does this frame
+        yield from replies
 
     def send(
         self,
@@ -591,8 +488,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             Node id -> parsed reply, for the accepted nodes.
         """
         return self.send(
-            grid, state, label or phase.name, _phase_contents(phase, requests),
-            phase.message_type, _reply_parser(phase, accept), timeout, shrink=shrink,
+            grid, state, label or phase.name, phase_contents(phase, requests),
+            phase.message_type, reply_parser(phase, accept), timeout, shrink=shrink,
         )  # fmt: skip
 
     def stream_phase(
@@ -616,8 +513,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             Node id and parsed reply, for each accepted node.
         """
         name = label or phase.name
-        messages = self.prepare(state, name, _phase_contents(phase, requests), phase.message_type)
-        yield from self.stream(grid, state, name, messages, _reply_parser(phase, accept), timeout)
+        messages = self.prepare(state, name, phase_contents(phase, requests), phase.message_type)
+        yield from self.stream(grid, state, name, messages, reply_parser(phase, accept), timeout)
 
     def phase_metrics(self, state: RoundState, phase: str = "train") -> MetricRecord:
         """Mean bytes per client of ``phase`` as metrics (down- and up-bytes-per-client)."""
@@ -800,30 +697,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         return "\n".join(lines)
 
 
-def _reply_parser(
-    phase: Phase[Req, Rep], accept: Callable[[int, Rep], object] | None
-) -> Callable[[int, RecordDict], Rep]:
-    def parse(node: int, content: RecordDict) -> Rep:
-        reply = phase.parse_reply(content)
-        if accept is not None:
-            accept(node, reply)  # inside the engine's parse: its ClientInputError drops the node
-        return reply
-
-    return parse
-
-
-def _phase_contents(phase: Phase[Req, Rep], requests: Mapping[int, Req]) -> dict[int, RecordDict]:
-    # One content per distinct request object: shared requests are built and sized once.
-    built: dict[int, RecordDict] = {}
-    contents = {}
-    for node, request in requests.items():
-        key = id(request)
-        if key not in built:
-            built[key] = phase.build(request)
-        contents[node] = built[key]
-    return contents
-
-
 class MultiPhaseStrategy(PhasedStrategy):
     """A strategy whose round is several message phases, run by its own :meth:`train_round`.
 
@@ -877,20 +750,3 @@ class MultiPhaseStrategy(PhasedStrategy):
             Always, naming the strategy and its phases.
         """
         raise self._refusal("aggregate_train")
-
-
-def _reply_problem(
-    state: RoundState, reply: Message, message_type: str, asked: set[int], seen: set[int]
-) -> str | None:
-    node = reply.metadata.src_node_id
-    if reply.has_error():
-        return f"client error: {reply.error.reason}"
-    if reply.metadata.group_id != str(state.server_round):
-        return f"late reply for round {reply.metadata.group_id!r}"
-    if node not in asked:
-        return "reply from a node that was not asked in this phase"
-    if reply.metadata.message_type != message_type:
-        return f"reply of type {reply.metadata.message_type!r} to a {message_type!r} message"
-    if node in seen:
-        return "second reply from the same node"
-    return None
