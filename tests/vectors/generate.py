@@ -295,6 +295,7 @@ def sesa_vectors() -> dict[str, Any]:
     from flwr_fsl.crypto.channel import client_party
     from flwr_fsl.crypto.fixedpoint import FixedPoint
     from flwr_fsl.crypto.sealing import open_from
+    from flwr_fsl.families.sesa import messages as sesa_messages
     from flwr_fsl.families.sesa import protocol as sesa
     from flwr_fsl.families.sesa.mod import SesaNodeState
 
@@ -304,7 +305,7 @@ def sesa_vectors() -> dict[str, Any]:
     client = sesa.SesaClient(4, params, ((0, 2), (0,)), keys[4], _seed(220))
     fresh = client.to_bytes()
     bundle = client.offline(sesa._roster_to_bytes(roster))
-    r = sesa._reader(bundle, sesa._M_BUNDLE, "bundle")
+    r = sesa_messages._reader(bundle, sesa_messages._M_BUNDLE, "bundle")
     frame = [r.u32("groups"), r.u32("slots"), r.u32("slots"), r.count("peers", 12)]
     pieces = []
     for _ in range(frame[-1]):
