@@ -229,6 +229,7 @@ def secagg_vectors() -> dict[str, Any]:
     """SecAgg (Bonawitz): params, ids, roster, share entries, unmask request/reply, rows,
     client state, a deterministic masked input, and the weighted-vector encoding."""
     from flwr_fsl.crypto.channel import associated_data, client_party
+    from flwr_fsl.families.secagg import messages as secagg_messages
     from flwr_fsl.families.secagg import protocol as secagg
     from flwr_fsl.families.secagg.vector import WeightedVector
 
@@ -241,12 +242,14 @@ def secagg_vectors() -> dict[str, Any]:
     fresh = clients[3].to_bytes()
     for client in clients.values():
         client.roster = dict(roster)  # as after share_keys (whose shares are randomized)
-        client.own_share = np.arange(secagg._LIMBS, dtype=np.uint64) * np.uint64(1000 + client.node)
+        client.own_share = np.arange(secagg_messages._LIMBS, dtype=np.uint64) * np.uint64(
+            1000 + client.node
+        )
     x = np.arange(6, dtype=np.uint64) * np.uint64(2**40 + 7)
     masked = clients[3].masked_input([3, 5, 8], x)
     rows = np.array([0, 2, 5], np.int64)
     subset = secagg.SecAggClient(5, params, *keys[5], _seed(125), dict(roster))
-    subset.own_share = np.zeros(secagg._LIMBS, np.uint64)
+    subset.own_share = np.zeros(secagg_messages._LIMBS, np.uint64)
     masked_rows = subset.masked_input(
         [3, 5, 8], x[:3], rows=rows, shared_rows={3: np.array([2], np.int64)}
     )
