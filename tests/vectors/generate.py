@@ -358,7 +358,7 @@ def sesa_vectors() -> dict[str, Any]:
 
 def width_vectors() -> dict[str, Any]:
     """The width assignment a client is told (``FSLW``)."""
-    from flwr_fsl.families.width.rules import EXTRACTIONS, WidthAssignment
+    from flwr_fsl.families.width.messages import EXTRACTIONS, WidthAssignment
 
     layers = {"conv1": np.array([0, 3, 1], np.int64), "fc": np.array([7], np.int64)}
     out: dict[str, Any] = {

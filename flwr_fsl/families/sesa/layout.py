@@ -1,7 +1,7 @@
 """Which model coordinates form SESA's shards: groups of equal-length shard vectors per layer.
 
 Flower-free; built on the width-extraction layer structure
-(:class:`~flwr_fsl.families.width.rules.WidthSpec`,
+(:class:`~flwr_fsl.families.width.spec.WidthSpec`,
 :func:`~flwr_fsl.families.width.rules.shard_channels`)
 and the platform's flat layout and count-weighted apply. Every hidden ("scaled") layer of
 width ``K_l`` is split into ``S = 1 / B_min`` shards of ``K_l / S`` consecutive channels; a
@@ -57,7 +57,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.sesa.messages import SesaGroup
-from flwr_fsl.families.width.rules import WidthSpec, shard_channels, shards_for_rate
+from flwr_fsl.families.width.rules import shard_channels, shards_for_rate
+from flwr_fsl.families.width.spec import WidthSpec
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout, WidthLayout
 
