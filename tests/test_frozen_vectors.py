@@ -131,7 +131,7 @@ def test_sesa_round_trips() -> None:
 
 
 def test_width_round_trips() -> None:
-    from flwr_fsl.families.width.rules import WidthAssignment
+    from flwr_fsl.families.width.messages import WidthAssignment
 
     for name in FROZEN["width"]:
         data = _hex("width", name)

@@ -6,7 +6,7 @@ scan below finds every magic literal, so a format that bypasses the registry —
 
 Excluded on purpose: ``flwr_fsl/data/fashion.py``'s ``_AR_MAGIC = b"!<arch>\\n"`` is the
 ``ar`` archive format of an external download (Fashion-MNIST's Debian package), not a format
-of ours; ``flwr_fsl/families/ssa/protocol.py``'s ``_MAGIC = "flwr_fsl/ssa-params"`` is a JSON
+of ours; ``flwr_fsl/families/ssa/messages.py``'s ``_MAGIC = "flwr_fsl/ssa-params"`` is a JSON
 ``"format"`` string (``SSAParams`` is JSON, not a binary format).
 """
 

@@ -21,7 +21,7 @@ from flwr_fsl.families.sesa import protocol as sesa
 from flwr_fsl.families.sfsl.perturb import PermanentMemo
 from flwr_fsl.families.ssa import psr
 from flwr_fsl.families.ssa.protocol import SSAInputError
-from flwr_fsl.families.width.rules import WidthAssignment
+from flwr_fsl.families.width.messages import WidthAssignment
 from flwr_fsl.helper import wire
 from tests.strict_codec import check_strict_decoder, strict_decoder_findings
 from tests.vectors import generate

@@ -229,6 +229,7 @@ def secagg_vectors() -> dict[str, Any]:
     """SecAgg (Bonawitz): params, ids, roster, share entries, unmask request/reply, rows,
     client state, a deterministic masked input, and the weighted-vector encoding."""
     from flwr_fsl.crypto.channel import associated_data, client_party
+    from flwr_fsl.families.secagg import messages as secagg_messages
     from flwr_fsl.families.secagg import protocol as secagg
     from flwr_fsl.families.secagg.vector import WeightedVector
 
@@ -241,12 +242,14 @@ def secagg_vectors() -> dict[str, Any]:
     fresh = clients[3].to_bytes()
     for client in clients.values():
         client.roster = dict(roster)  # as after share_keys (whose shares are randomized)
-        client.own_share = np.arange(secagg._LIMBS, dtype=np.uint64) * np.uint64(1000 + client.node)
+        client.own_share = np.arange(secagg_messages._LIMBS, dtype=np.uint64) * np.uint64(
+            1000 + client.node
+        )
     x = np.arange(6, dtype=np.uint64) * np.uint64(2**40 + 7)
     masked = clients[3].masked_input([3, 5, 8], x)
     rows = np.array([0, 2, 5], np.int64)
     subset = secagg.SecAggClient(5, params, *keys[5], _seed(125), dict(roster))
-    subset.own_share = np.zeros(secagg._LIMBS, np.uint64)
+    subset.own_share = np.zeros(secagg_messages._LIMBS, np.uint64)
     masked_rows = subset.masked_input(
         [3, 5, 8], x[:3], rows=rows, shared_rows={3: np.array([2], np.int64)}
     )
@@ -295,6 +298,7 @@ def sesa_vectors() -> dict[str, Any]:
     from flwr_fsl.crypto.channel import client_party
     from flwr_fsl.crypto.fixedpoint import FixedPoint
     from flwr_fsl.crypto.sealing import open_from
+    from flwr_fsl.families.sesa import messages as sesa_messages
     from flwr_fsl.families.sesa import protocol as sesa
     from flwr_fsl.families.sesa.mod import SesaNodeState
 
@@ -304,7 +308,7 @@ def sesa_vectors() -> dict[str, Any]:
     client = sesa.SesaClient(4, params, ((0, 2), (0,)), keys[4], _seed(220))
     fresh = client.to_bytes()
     bundle = client.offline(sesa._roster_to_bytes(roster))
-    r = sesa._reader(bundle, sesa._M_BUNDLE, "bundle")
+    r = sesa_messages._reader(bundle, sesa_messages._M_BUNDLE, "bundle")
     frame = [r.u32("groups"), r.u32("slots"), r.u32("slots"), r.count("peers", 12)]
     pieces = []
     for _ in range(frame[-1]):
@@ -354,7 +358,7 @@ def sesa_vectors() -> dict[str, Any]:
 
 def width_vectors() -> dict[str, Any]:
     """The width assignment a client is told (``FSLW``)."""
-    from flwr_fsl.families.width.rules import EXTRACTIONS, WidthAssignment
+    from flwr_fsl.families.width.messages import EXTRACTIONS, WidthAssignment
 
     layers = {"conv1": np.array([0, 3, 1], np.int64), "fc": np.array([7], np.int64)}
     out: dict[str, Any] = {

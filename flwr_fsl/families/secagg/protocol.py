@@ -46,14 +46,12 @@ signatures and consistency-check round of the malicious-model protocol are not i
 A wrong Shamir share from a deviating client is detected (shares beyond ``t`` must lie on the
 polynomial) and fails the round; it cannot be attributed to a client.
 
-**Wire formats** (all little-endian, version 1, each decoder checks every length first):
-``SecAggParams`` (:meth:`SecAggParams.to_bytes`), the advertisement (two 32-byte keys), the
-roster, the share bundle, the unmask request and reply — see each ``*_to_bytes`` function.
+**Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
+decoder checks every length first and raises :class:`SecAggError`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import time
@@ -72,20 +70,47 @@ from flwr_fsl.core.errors import (
     RoundFailedError,
     TooFewSurvivorsError,
 )
-from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto.channel import (
     KEY_BYTES,
-    OVERHEAD,
-    SESSION_BYTES,
     SealedBoxError,
     SealingKeyPair,
     agree_key,
     client_party,
 )
 from flwr_fsl.crypto.prg import PRGStream, ctr_stream, ctr_words
-from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.crypto.sealing import RoundBinding, open_from, seal_for
+from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.families.secagg.messages import (
+    _KIND_KEY,
+    _KIND_SEED,
+    _LIMB,
+    _SEED_BYTES,
+    _SEED_LIMBS,
+    _SK_LIMBS,
+    FIELD,
+    MAX_CLIENTS,
+    MAX_VECTOR_LENGTH,
+    SEALED_SHARE_BYTES,
+    SHARE_PLAINTEXT_BYTES,
+    SecAggError,
+    SecAggParams,
+    UnmaskRequest,
+    _check_id,
+    _check_rows,
+    _entries_from_bytes,
+    _entries_to_bytes,
+    _roster_from_bytes,
+    _roster_to_bytes,
+    _State,
+    _state_from_bytes,
+    _state_to_bytes,
+    _unmask_reply_from_bytes,
+    _unmask_reply_to_bytes,
+    decode_ids,
+    decode_rows,
+    encode_ids,
+    encode_rows,
+)
 
 __all__ = [
     "DROPOUT_PHASES",
@@ -107,247 +132,9 @@ __all__ = [
 
 _U64 = np.uint64
 _T = TypeVar("_T")
-VERSION = 1
-MAX_CLIENTS = 10_000
-"""Most clients one round may have (bounds every roster and bundle the decoders accept)."""
-MAX_VECTOR_LENGTH = 1 << 30
-"""Most ring words one client's vector may have."""
-FIELD = PrimeField()
-"""Shamir's field, ``p = 2^32 - 5``."""
-_LIMB = 3  # bytes of a secret per field element (2^24 < p)
-_SK_LIMBS = -(-KEY_BYTES // _LIMB)  # 11
-_SEED_BYTES = 16
-_SEED_LIMBS = -(-_SEED_BYTES // _LIMB)  # 6
-_LIMBS = _SK_LIMBS + _SEED_LIMBS
-SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
-"""Sealed share plaintext: sender and recipient ids (u64 each), then the field elements."""
-SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 SHARE_PURPOSE = "secagg-share"
 """Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
 _MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
-_KIND_SEED, _KIND_KEY = 0, 1
-_PARAMS_MAGIC = register_magic(
-    b"FSAG", "SecAgg round parameters (flwr_fsl.families.secagg.protocol)"
-)
-_STATE_MAGIC = register_magic(b"FSAC", "SecAgg client state (flwr_fsl.families.secagg.protocol)")
-
-
-class SecAggError(ClientInputError):
-    """A SecAgg message from one party is malformed or inconsistent: drop that party."""
-
-
-# ---------------------------------------------------------------------------------- params
-
-
-@dataclass(frozen=True)
-class SecAggParams:
-    """Public parameters of one SecAgg round, as both sides see them.
-
-    Parameters
-    ----------
-    round_id : int
-        The server round (bound into every sealed share and pair mask).
-    session : bytes
-        16 random bytes the server drew for the run (rounds of other runs never mix).
-    threshold : int
-        ``t``: shares needed to reconstruct a secret, and the fewest clients that may be left
-        at every step; ``t >= 2``.
-    vector_length : int
-        Ring words in each client's vector, ``1..MAX_VECTOR_LENGTH``.
-
-    Raises
-    ------
-    ConfigurationError
-        If a field is out of range.
-    """
-
-    round_id: int
-    session: bytes
-    threshold: int
-    vector_length: int
-
-    def __post_init__(self) -> None:
-        for name, value, low, high in (
-            ("round_id", self.round_id, 0, (1 << 64) - 1),
-            ("threshold", self.threshold, 2, MAX_CLIENTS),
-            ("vector_length", self.vector_length, 1, MAX_VECTOR_LENGTH),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigurationError(f"SecAgg {name} must be an int in [{low}, {high}]")
-        if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
-            raise ConfigurationError(f"SecAgg session must be {SESSION_BYTES} bytes")
-
-    _FORMAT = struct.Struct("<4sBQ16sIQ")
-
-    def to_bytes(self) -> bytes:
-        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
-        return self._FORMAT.pack(
-            _PARAMS_MAGIC, VERSION, self.round_id, self.session, self.threshold, self.vector_length
-        )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SecAggParams:
-        """Strict decoder of :meth:`to_bytes`.
-
-        Raises
-        ------
-        SecAggError
-            If the bytes are not exactly one version-1 parameter record or a field is invalid.
-        """
-        if not isinstance(data, bytes) or len(data) != cls._FORMAT.size:
-            raise SecAggError(f"SecAgg parameters must be {cls._FORMAT.size} bytes")
-        magic, version, round_id, session, threshold, length = cls._FORMAT.unpack(data)
-        if magic != _PARAMS_MAGIC or version != VERSION:
-            raise SecAggError("not SecAgg parameters of version 1")
-        try:
-            return cls(round_id, session, threshold, length)
-        except ConfigurationError as err:
-            raise SecAggError(str(err)) from err
-
-    @property
-    def digest(self) -> bytes:
-        """SHA-256 of :meth:`to_bytes` (bound into sealed shares and pair masks)."""
-        return hashlib.sha256(self.to_bytes()).digest()
-
-    @property
-    def binding(self) -> RoundBinding:
-        """Session, round and :attr:`digest`: what every sealed share is bound to."""
-        return RoundBinding.of(self.session, self.round_id, self.to_bytes())
-
-
-# ---------------------------------------------------------------------------------- codecs
-
-
-def _check_id(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise SecAggError("a client id must be an int")
-    if not 0 <= int(value) < 1 << 64:
-        raise SecAggError("a client id must be in [0, 2**64)")
-    return int(value)
-
-
-def encode_ids(ids: Iterable[int]) -> bytes:
-    """Encode a set of client ids: count (u32), then the sorted ids (u64 each)."""
-    values = sorted({_check_id(i) for i in ids})
-    return struct.pack("<I", len(values)) + np.asarray(values, dtype="<u8").tobytes()
-
-
-def _read_count(data: bytes, offset: int, entry: int, what: str) -> tuple[int, int]:
-    if len(data) < offset + 4:
-        raise SecAggError(f"{what} truncated")
-    (count,) = struct.unpack_from("<I", data, offset)
-    if count > MAX_CLIENTS:
-        raise SecAggError(f"{what} lists {count} entries, more than {MAX_CLIENTS}")
-    if len(data) < offset + 4 + count * entry:
-        raise SecAggError(f"{what} truncated")
-    return count, offset + 4
-
-
-def decode_ids(data: bytes, offset: int = 0, *, exact: bool = True) -> tuple[list[int], int]:
-    """Strict decoder of :func:`encode_ids`; returns the ids and the offset after them.
-
-    Raises
-    ------
-    SecAggError
-        If the bytes are truncated, too long (``exact``), list too many ids, or the ids are not
-        strictly increasing.
-    """
-    if not isinstance(data, bytes):
-        raise SecAggError("client ids must be bytes")
-    count, offset = _read_count(data, offset, 8, "client id list")
-    ids = np.frombuffer(data, dtype="<u8", count=count, offset=offset).astype(_U64)
-    end = offset + 8 * count
-    if exact and end != len(data):
-        raise SecAggError("client id list has trailing bytes")
-    if count > 1 and not np.all(ids[1:] > ids[:-1]):
-        raise SecAggError("client ids must be strictly increasing")
-    return [int(i) for i in ids], end
-
-
-def _roster_to_bytes(roster: Mapping[int, tuple[bytes, bytes]]) -> bytes:
-    parts = [struct.pack("<I", len(roster))]
-    for node in sorted(roster):
-        c_pk, s_pk = roster[node]
-        parts.append(struct.pack("<Q", node) + c_pk + s_pk)
-    return b"".join(parts)
-
-
-def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
-    if not isinstance(data, bytes):
-        raise SecAggError("the roster must be bytes")
-    entry = 8 + 2 * KEY_BYTES
-    count, offset = _read_count(data, 0, entry, "roster")
-    if offset + count * entry != len(data):
-        raise SecAggError("roster has trailing bytes")
-    roster: dict[int, tuple[bytes, bytes]] = {}
-    previous = -1
-    for k in range(count):
-        at = offset + k * entry
-        (node,) = struct.unpack_from("<Q", data, at)
-        if node <= previous:
-            raise SecAggError("roster ids must be strictly increasing")
-        previous = node
-        roster[node] = (
-            data[at + 8 : at + 8 + KEY_BYTES],
-            data[at + 8 + KEY_BYTES : at + entry],
-        )
-    return roster
-
-
-def _entries_to_bytes(entries: Mapping[int, bytes], size: int) -> bytes:
-    parts = [struct.pack("<I", len(entries))]
-    for node in sorted(entries):
-        if len(entries[node]) != size:
-            raise SecAggError(f"an entry must be {size} bytes")
-        parts.append(struct.pack("<Q", node) + entries[node])
-    return b"".join(parts)
-
-
-def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
-    if not isinstance(data, bytes):
-        raise SecAggError(f"{what} must be bytes")
-    count, offset = _read_count(data, 0, 8 + size, what)
-    if offset + count * (8 + size) != len(data):
-        raise SecAggError(f"{what} has trailing bytes")
-    out: dict[int, bytes] = {}
-    previous = -1
-    for k in range(count):
-        at = offset + k * (8 + size)
-        (node,) = struct.unpack_from("<Q", data, at)
-        if node <= previous:
-            raise SecAggError(f"{what} ids must be strictly increasing")
-        previous = node
-        out[node] = data[at + 8 : at + 8 + size]
-    return out
-
-
-@dataclass(frozen=True)
-class UnmaskRequest:
-    """What the server sends a survivor in the Unmask round.
-
-    Parameters
-    ----------
-    survivors : tuple of int
-        ``U3``, the clients whose masked input the server holds.
-    sealed_shares : dict[int, bytes]
-        Sender ``v in U2`` -> the sealed share ``v`` addressed to this client.
-    """
-
-    survivors: tuple[int, ...]
-    sealed_shares: dict[int, bytes] = field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        """``U3`` (:func:`encode_ids`), then the shares (count, then sender u64 + blob each)."""
-        return encode_ids(self.survivors) + _entries_to_bytes(
-            self.sealed_shares, SEALED_SHARE_BYTES
-        )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> UnmaskRequest:
-        """Strict decoder of :meth:`to_bytes` (raises :class:`SecAggError`)."""
-        survivors, offset = decode_ids(data, exact=False)
-        shares = _entries_from_bytes(data[offset:], SEALED_SHARE_BYTES, "sealed shares")
-        return cls(tuple(survivors), shares)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -416,61 +203,6 @@ def self_mask(
     # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
     # that would change every masked input (frozen vectors masked-input*, v1 format).
     return _words_at(seed, positions, params.vector_length)
-
-
-def _check_rows(rows: object, length: int, what: str) -> NDArray[np.int64]:
-    arr = np.asarray(rows)
-    if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
-        raise SecAggError(f"{what} must be a 1-D integer array")
-    out = arr.astype(np.int64)
-    if out.size and (out[0] < 0 or out[-1] >= length or np.any(out[1:] <= out[:-1])):
-        raise SecAggError(f"{what} must be strictly increasing positions in [0, {length})")
-    return out
-
-
-def encode_rows(rows: Mapping[int, NDArray[np.int64]]) -> bytes:
-    """Encode client -> positions.
-
-    Format: count (u32), then per client its id (u64), length (u64) and sorted positions
-    (u64 each).
-    """
-    parts = [struct.pack("<I", len(rows))]
-    for node in sorted(rows):
-        r = np.asarray(rows[node], dtype="<u8")
-        parts.append(struct.pack("<QQ", _check_id(node), r.size) + r.tobytes())
-    return b"".join(parts)
-
-
-def decode_rows(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
-    """Strict decoder of :func:`encode_rows` for a round of ``length`` positions.
-
-    Raises
-    ------
-    SecAggError
-        If the bytes are truncated or too long, a count is larger than the round or the
-        remaining bytes, ids are not increasing, or positions are not increasing in range.
-    """
-    if not isinstance(data, bytes):
-        raise SecAggError("row sets must be bytes")
-    count, at = _read_count(data, 0, 16, "row sets")
-    out: dict[int, NDArray[np.int64]] = {}
-    previous = -1
-    for _ in range(count):
-        if len(data) < at + 16:
-            raise SecAggError("row sets truncated")
-        node, size = struct.unpack_from("<QQ", data, at)
-        at += 16
-        if node <= previous or size > length or len(data) < at + 8 * size:
-            raise SecAggError("row sets are malformed")
-        previous = node
-        rows = np.frombuffer(data, dtype="<u8", count=size, offset=at)
-        if size and int(rows[-1]) >= length:
-            raise SecAggError("a row position is out of range")
-        out[node] = _check_rows(rows.astype(np.int64), length, "row positions")
-        at += 8 * size
-    if at != len(data):
-        raise SecAggError("row sets have trailing bytes")
-    return out
 
 
 # ---------------------------------------------------------------------------------- client
@@ -710,101 +442,47 @@ class SecAggClient:
         return _unmask_reply_to_bytes(out)
 
     # -- state between messages ---------------------------------------------------------
-    _STATE = struct.Struct("<4sBQ32s32s16sB")
 
     def to_bytes(self) -> bytes:
         """Return this client's secret state (keys, seed, roster, ``U2``, own share) as bytes.
 
-        It never leaves the client (``Context.state``); the format is
-        ``b"FSAC"``, version, node, both private keys, seed, params, roster, ``U2``, own share.
+        It never leaves the client (``Context.state``); the ``FSAC`` format is
+        :func:`~flwr_fsl.families.secagg.messages._state_to_bytes`.
         """
-        params = self.params.to_bytes()
-        own = b"" if self.own_share is None else self.own_share.astype("<u4").tobytes()
-        return b"".join(
-            [
-                self._STATE.pack(
-                    _STATE_MAGIC,
-                    VERSION,
-                    self.node,
-                    self.c_key.private_bytes(),
-                    self.s_key.private_bytes(),
-                    self.seed,
-                    int(self.unmasked),
-                ),
-                params,
-                struct.pack("<I", len(own)) + own,
-                struct.pack("<I", len(_roster_to_bytes(self.roster))),
-                _roster_to_bytes(self.roster),
-                encode_ids(self.sharers),
-            ]
+        return _state_to_bytes(
+            _State(
+                self.node,
+                self.c_key.private_bytes(),
+                self.s_key.private_bytes(),
+                self.seed,
+                self.params,
+                self.roster,
+                self.sharers,
+                self.own_share,
+                self.unmasked,
+            )
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SecAggClient:
         """Strict decoder of :meth:`to_bytes` (raises :class:`SecAggError`)."""
-        if not isinstance(data, bytes) or len(data) < cls._STATE.size:
-            raise SecAggError("SecAgg client state truncated")
-        magic, version, node, c_sk, s_sk, seed, unmasked = cls._STATE.unpack_from(data)
-        if magic != _STATE_MAGIC or version != VERSION or unmasked > 1:
-            raise SecAggError("not a SecAgg client state of version 1")
-        at = cls._STATE.size
-        size = SecAggParams._FORMAT.size
-        params = SecAggParams.from_bytes(data[at : at + size])
-        at += size
-        if len(data) < at + 4:
-            raise SecAggError("SecAgg client state truncated")
-        (own_len,) = struct.unpack_from("<I", data, at)
-        if own_len not in (0, 4 * _LIMBS) or len(data) < at + 4 + own_len + 4:
-            raise SecAggError("SecAgg client state has a bad own share")
-        own = np.frombuffer(data, dtype="<u4", count=own_len // 4, offset=at + 4).astype(_U64)
-        at += 4 + own_len
-        (roster_len,) = struct.unpack_from("<I", data, at)
-        at += 4
-        if len(data) < at + roster_len:
-            raise SecAggError("SecAgg client state truncated")
-        roster = _roster_from_bytes(data[at : at + roster_len]) if roster_len else {}
-        sharers, _ = decode_ids(data, at + roster_len)
+        st = _state_from_bytes(data)
         try:
-            c_key = SealingKeyPair.from_private_bytes(c_sk)
-            s_key = SealingKeyPair.from_private_bytes(s_sk)
+            c_key = SealingKeyPair.from_private_bytes(st.c_private)
+            s_key = SealingKeyPair.from_private_bytes(st.s_private)
         except ValueError as err:
             raise SecAggError("SecAgg client state holds a bad key") from err
         return cls(
-            node,
-            params,
+            st.node,
+            st.params,
             c_key,
             s_key,
-            seed,
-            roster,
-            tuple(sharers),
-            own if own_len else None,
-            bool(unmasked),
+            st.seed,
+            st.roster,
+            st.sharers,
+            st.own_share,
+            st.unmasked,
         )
-
-
-_UNMASK_ENTRY = 1 + 4 * max(_SK_LIMBS, _SEED_LIMBS)
-
-
-def _unmask_reply_to_bytes(entries: Mapping[int, bytes]) -> bytes:
-    return _entries_to_bytes(
-        {v: e + bytes(_UNMASK_ENTRY - len(e)) for v, e in entries.items()}, _UNMASK_ENTRY
-    )
-
-
-def _unmask_reply_from_bytes(data: bytes) -> dict[int, tuple[int, NDArray[np.uint64]]]:
-    out: dict[int, tuple[int, NDArray[np.uint64]]] = {}
-    for v, entry in _entries_from_bytes(data, _UNMASK_ENTRY, "unmask reply").items():
-        kind = entry[0]
-        limbs = {_KIND_SEED: _SEED_LIMBS, _KIND_KEY: _SK_LIMBS}.get(kind)
-        if limbs is None:
-            raise SecAggError("unmask reply has an unknown share kind")
-        if any(entry[1 + 4 * limbs :]):
-            raise SecAggError("unmask reply has non-zero padding")
-        share = np.frombuffer(entry, dtype="<u4", count=limbs, offset=1).astype(_U64)
-        if np.any(share >= FIELD.p):
-            raise SecAggError("unmask reply holds a value outside the field")
-        out[v] = (kind, share)
-    return out
 
 
 # ---------------------------------------------------------------------------------- server

@@ -37,8 +37,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.records import MAX_UPLOAD_BYTES, array_loader
-from flwr_fsl.families.secagg.messages import SecAggSettings
-from flwr_fsl.families.secagg.protocol import SecAggParams, decode_ids, encode_ids
+from flwr_fsl.families.secagg.messages import SecAggParams, SecAggSettings, decode_ids, encode_ids
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
 __all__ = [

@@ -1,14 +1,14 @@
 """Which model coordinates form SESA's shards: groups of equal-length shard vectors per layer.
 
 Flower-free; built on the width-extraction layer structure
-(:class:`~flwr_fsl.families.width.rules.WidthSpec`,
+(:class:`~flwr_fsl.families.width.spec.WidthSpec`,
 :func:`~flwr_fsl.families.width.rules.shard_channels`)
 and the platform's flat layout and count-weighted apply. Every hidden ("scaled") layer of
 width ``K_l`` is split into ``S = 1 / B_min`` shards of ``K_l / S`` consecutive channels; a
 client of capacity ``B`` picks ``B · S`` of them per hidden layer (uniformly, secretly:
 :func:`~flwr_fsl.families.width.rules.select_shards` with the OS's randomness) and trains the
 narrow model those channels span (:meth:`SesaLayout.width_layout`). Each floating coordinate
-of the model belongs to exactly one *group* (a :class:`~flwr_fsl.families.sesa.protocol.SesaGroup`
+of the model belongs to exactly one *group* (a :class:`~flwr_fsl.families.sesa.messages.SesaGroup`
 of the round), by the hidden layers whose channels index it:
 
 =========  ==================================================  ========  =====================
@@ -35,7 +35,7 @@ must be a multiple of ``S``). Coordinates are global flat indices
 (:class:`~flwr_fsl.submodel.layout.FlatLayout` of the floating tensors; integer buffers are
 not aggregated), ascending within a shard.
 
-Each group travels as :class:`~flwr_fsl.families.sesa.protocol.ShardVector` s (the shard's values
+Each group travels as :class:`~flwr_fsl.families.sesa.messages.ShardVector` s (the shard's values
 plus a count word); :meth:`SesaLayout.apply` turns the decoded per-shard sums into the new
 model with :func:`~flwr_fsl.submodel.aggregate.apply_count_weighted` — a coordinate moves by
 ``Σ c·Δ / Σ c`` over the clients whose shard held it, and shards nobody chose stay.
@@ -56,8 +56,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.families.sesa.protocol import SesaGroup
-from flwr_fsl.families.width.rules import WidthSpec, shard_channels, shards_for_rate
+from flwr_fsl.families.sesa.messages import SesaGroup
+from flwr_fsl.families.width.rules import shard_channels, shards_for_rate
+from flwr_fsl.families.width.spec import WidthSpec
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout, WidthLayout
 

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.secagg.protocol import SecAggParams
+from flwr_fsl.families.secagg.messages import SecAggParams
 from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
 from flwr_fsl.families.sfsl.psu import PSUParams
 

@@ -23,24 +23,15 @@ layer's outputs are kept whole. Which ``k`` channels is the *extraction rule*:
   :func:`select_shards` returns the shard ids and the channels; a SESA client draws them with
   OS randomness (``rng=None``) so that nobody else knows its choice.
 
-The *layer structure* (:class:`WidthSpec`, one :class:`WidthLayer` per layer) says which
-tensors of a torch ``Linear`` / ``Conv2d`` / ``BatchNorm`` state dict are a layer's weight,
-bias and per-channel extras (batch-norm scale and shift, running statistics) and how the
-channel axes chain (``in_group``: how many input features one channel of the previous layer
-spans, e.g. ``H * W`` after flattening a conv feature map). :meth:`WidthSpec.layout` turns a
-client's kept channels into the platform's :class:`~flwr_fsl.submodel.layout.WidthLayout`,
-whose element space is the global model's flat space, so the one count-weighted apply
-(:mod:`flwr_fsl.submodel.aggregate`) averages every coordinate over the clients holding it —
-FedRolex's and HeteroFL's ``combine`` with its default unweighted mean.
+The *layer structure* (:class:`WidthSpec`, :class:`WidthLayer`) is in
+:mod:`flwr_fsl.families.width.spec`; what the server tells one client in one round
+(:class:`WidthAssignment`, its ``FSLW`` codec, and the rule names :data:`EXTRACTIONS`) is in
+:mod:`flwr_fsl.families.width.messages`. This module re-exports both.
 
 Capacities: :data:`RATE_LEVELS` are HeteroFL's ``a..e`` (1, 1/2, 1/4, 1/8, 1/16).
 :class:`CapacityMix` parses a mix such as ``"a6-b10-c11-d18-e55"`` and either assigns rates to
 clients in fixed blocks (HeteroFL's and FedRolex's ``"fix"`` mode, :meth:`CapacityMix.fixed`)
 or draws a rate per client and round (their ``"dynamic"`` mode, :meth:`CapacityMix.draw`).
-
-:class:`WidthAssignment` is what the server tells one client in one round (rate, rule, kept
-channels per scaled layer); its strict versioned codec (:meth:`WidthAssignment.from_bytes`)
-rejects malformed bytes with a :class:`~flwr_fsl.core.wireformat.WireFormatError`.
 
 Privacy: width extraction by itself hides nothing; under ``rolling``/``static``/``random``
 the server chooses (hence knows) every client's channels. SESA's secure aggregation builds
@@ -53,20 +44,23 @@ Errors: a bad setting or a layer structure that does not fit the model raises
 
 from __future__ import annotations
 
-import hashlib
-import math
-import numbers
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
-from flwr_fsl.submodel.layout import TensorSlice, WidthLayout
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.families.width.messages import (
+    EXTRACTIONS,
+    Extraction,
+    WidthAssignment,
+    _check_width,
+    _frozen,
+    check_rate,
+)
+from flwr_fsl.families.width.spec import WidthLayer, WidthSpec
 
 __all__ = [
     "EXTRACTIONS",
@@ -90,10 +84,6 @@ __all__ = [
     "static_indices",
 ]
 
-Extraction = Literal["rolling", "static", "random", "shards"]
-EXTRACTIONS: tuple[Extraction, ...] = ("rolling", "static", "random", "shards")
-"""The extraction rules, in the order of their wire codes (1-based)."""
-
 RATE_LEVELS: dict[str, float] = {"a": 1.0, "b": 0.5, "c": 0.25, "d": 0.125, "e": 0.0625}
 """HeteroFL's / FedRolex's capacity levels (``model_split_rate``)."""
 
@@ -106,34 +96,6 @@ _RATE_TOLERANCE = 1e-9
 
 
 # -- rates and widths ------------------------------------------------------------------------
-
-
-def check_rate(rate: object, name: str = "rate", upper: float = 1.0) -> float:
-    """Return ``rate`` as a float after checking it is a real number in ``(0, upper]``.
-
-    Parameters
-    ----------
-    rate : object
-        The capacity.
-    name : str
-        What to call it in the error message.
-    upper : float
-        The largest allowed rate (the global model's rate).
-
-    Returns
-    -------
-    float
-        The rate.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``rate`` is not a finite real number in ``(0, upper]``.
-    """
-    real = isinstance(rate, numbers.Real) and not isinstance(rate, bool | np.bool_)
-    if not (real and math.isfinite(float(rate)) and 0.0 < float(rate) <= upper):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must be a number in (0, {upper}], got {rate!r}")
-    return float(rate)  # type: ignore[arg-type]
 
 
 def parse_rate(value: object, name: str = "rate") -> float:
@@ -200,24 +162,12 @@ def local_width(width: int, rate: float, global_rate: float = 1.0) -> int:
     return min(width, max(1, int(np.ceil(width * (r / g)))))
 
 
-def _check_width(width: object, name: str = "width") -> int:
-    if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 1:
-        raise ConfigurationError(f"{name} must be an int >= 1, got {width!r}")
-    return int(width)
-
-
 def _check_local(width: int, local: int) -> tuple[int, int]:
     _check_width(width)
     _check_width(local, "local width")
     if local > width:
         raise ConfigurationError(f"local width {local} exceeds the layer's width {width}")
     return int(width), int(local)
-
-
-def _frozen(values: NDArray[np.int64]) -> NDArray[np.int64]:
-    out = np.ascontiguousarray(values, dtype=np.int64)
-    out.flags.writeable = False
-    return out
 
 
 # -- index rules ---------------------------------------------------------------------------
@@ -510,290 +460,6 @@ class CapacityMix:
         return float(self.rates[int(rng.choice(len(self.rates), p=self.probabilities))])
 
 
-# -- layer structure ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WidthLayer:
-    """One layer of a width-scalable model and the tensors indexed by its output channels.
-
-    Attributes
-    ----------
-    name : str
-        The layer's name (keys the kept-channel index sets).
-    weight : str
-        Its weight tensor: ``(out, in)`` linear or ``(out, in, kh, kw)`` conv.
-    bias : str or None
-        Its bias ``(out,)``.
-    extras : tuple[str, ...]
-        Other ``(out,)`` tensors indexed by the layer's output channels: batch-norm weight and
-        bias (and running statistics where tracked).
-    scaled : bool
-        Whether the layer's outputs are narrowed (hidden layers). The last layer keeps its
-        outputs whole; so may any layer whose width must not change.
-    in_group : int
-        Input features per output channel of the previous layer (``H * W`` where a conv
-        feature map is flattened channel-major into a linear layer; 1 otherwise).
-    """
-
-    name: str
-    weight: str
-    bias: str | None = None
-    extras: tuple[str, ...] = ()
-    scaled: bool = True
-    in_group: int = 1
-
-    @property
-    def tensors(self) -> tuple[str, ...]:
-        """Every tensor of the layer: weight, bias, extras."""
-        return (self.weight, *((self.bias,) if self.bias else ()), *self.extras)
-
-
-@dataclass(frozen=True)
-class WidthSpec:
-    """The layer structure of a width-scalable model: layers in forward order, chained.
-
-    Layer ``l``'s input channels are layer ``l-1``'s output channels (each spanning
-    ``in_group`` input features); the first layer's inputs are kept whole. Tensors in no layer
-    are kept whole.
-
-    Attributes
-    ----------
-    layers : tuple[WidthLayer, ...]
-        The layers.
-
-    Raises
-    ------
-    ConfigurationError
-        If there is no layer, a layer name repeats or a tensor belongs to two layers.
-    """
-
-    layers: tuple[WidthLayer, ...]
-
-    def __post_init__(self) -> None:
-        layers = tuple(self.layers)
-        object.__setattr__(self, "layers", layers)
-        if not layers or not all(isinstance(layer, WidthLayer) for layer in layers):
-            raise ConfigurationError("a width spec needs at least one WidthLayer")
-        names = [layer.name for layer in layers]
-        if len(set(names)) != len(names):
-            raise ConfigurationError(f"layer names must be unique, got {names}")
-        tensors = [t for layer in layers for t in layer.tensors]
-        if len(set(tensors)) != len(tensors):
-            raise ConfigurationError("a tensor belongs to more than one layer")
-        for layer in layers:
-            _check_width(layer.in_group, f"{layer.name}: in_group")
-
-    @classmethod
-    def sequential(cls, arrays: Mapping[str, ArrayLike]) -> WidthSpec:
-        """Infer the structure of a plain feed-forward model from its state dict's order.
-
-        Every tensor with two or more axes starts a layer (its weight); each following 1-D
-        floating tensor of the layer's output width is its bias (the first) or an extra
-        (batch norm); other tensors (integer counters, scalars) are kept whole. A layer's
-        ``in_group`` is its input width over the previous layer's output width. Every layer
-        is scaled but the last. Works for MLPs and VGG-like CNNs (conv blocks, a flatten,
-        linear layers), e.g. :class:`flwr_fsl.models.width.WidthMLP` / ``WidthCNN``.
-
-        Parameters
-        ----------
-        arrays : Mapping[str, array_like]
-            The global model (its tensors in forward order, as ``state_dict()`` lists them).
-
-        Returns
-        -------
-        WidthSpec
-            The layers.
-
-        Raises
-        ------
-        ConfigurationError
-            If there is no weight, a 1-D floating tensor does not match its layer's width, or
-            an input width is not a multiple of the previous output width.
-        """
-        # Per layer: weight name, its shape, then its 1-D tensors (the first is the bias).
-        drafts: list[tuple[str, tuple[int, ...], list[str]]] = []
-        for name, value in arrays.items():
-            shape = tuple(int(d) for d in np.shape(value))
-            floating = np.issubdtype(np.asarray(value).dtype, np.floating)
-            if len(shape) >= 2:
-                drafts.append((name, shape, []))
-                continue
-            if len(shape) != 1 or not floating:
-                continue  # integer counters, scalars: kept whole
-            if not drafts:
-                raise ConfigurationError(
-                    f"{name!r} comes before any weight: not a sequential model"
-                )
-            weight, wshape, vectors = drafts[-1]
-            if shape[0] != wshape[0]:
-                raise ConfigurationError(
-                    f"{name!r} has {shape[0]} entries, its layer {weight!r} {wshape[0]} "
-                    "outputs: not a sequential model"
-                )
-            vectors.append(name)
-        if not drafts:
-            raise ConfigurationError("the model has no weight tensor (2 or more axes)")
-        layers: list[WidthLayer] = []
-        prev_out: int | None = None
-        for i, (weight, shape, vectors) in enumerate(drafts):
-            group = 1
-            if prev_out is not None:
-                if shape[1] % prev_out:
-                    raise ConfigurationError(
-                        f"{weight!r} has {shape[1]} inputs, not a multiple of the previous "
-                        f"layer's {prev_out} outputs"
-                    )
-                group = shape[1] // prev_out
-            layers.append(
-                WidthLayer(
-                    name=weight.removesuffix(".weight"),
-                    weight=weight,
-                    bias=vectors[0] if vectors else None,
-                    extras=tuple(vectors[1:]),
-                    scaled=i < len(drafts) - 1,
-                    in_group=group,
-                )
-            )
-            prev_out = shape[0]
-        return cls(tuple(layers))
-
-    @property
-    def scaled_layers(self) -> tuple[WidthLayer, ...]:
-        """The layers whose outputs are narrowed."""
-        return tuple(layer for layer in self.layers if layer.scaled)
-
-    def widths(self, arrays: Mapping[str, ArrayLike]) -> dict[str, int]:
-        """Check the structure against a model; return each scaled layer's global width.
-
-        Raises
-        ------
-        ConfigurationError
-            If a tensor is missing, a weight has fewer than two axes, a bias or extra is not
-            ``(out,)``, or a layer's input width is not ``in_group`` times the previous
-            layer's output width.
-        """
-        out: dict[str, int] = {}
-        prev: int | None = None
-        for layer in self.layers:
-            for t in layer.tensors:
-                if t not in arrays:
-                    raise ConfigurationError(f"layer {layer.name!r}: the model has no tensor {t!r}")
-            shape = np.shape(arrays[layer.weight])
-            if len(shape) < 2:
-                raise ConfigurationError(
-                    f"layer {layer.name!r}: weight {layer.weight!r} is {shape}"
-                )
-            for t in layer.tensors[1:]:
-                if np.shape(arrays[t]) != (shape[0],):
-                    raise ConfigurationError(
-                        f"layer {layer.name!r}: {t!r} has shape {np.shape(arrays[t])}, "
-                        f"expected ({shape[0]},)"
-                    )
-            if prev is not None and shape[1] != prev * layer.in_group:
-                raise ConfigurationError(
-                    f"layer {layer.name!r}: {shape[1]} inputs != {prev} channels of the previous "
-                    f"layer x in_group {layer.in_group}"
-                )
-            if layer.scaled:
-                out[layer.name] = int(shape[0])
-            prev = int(shape[0])
-        return out
-
-    def slices(
-        self, arrays: Mapping[str, ArrayLike], indices: Mapping[str, ArrayLike]
-    ) -> dict[str, TensorSlice]:
-        """Per tensor, the kept output / input channels of a client's width slice.
-
-        Parameters
-        ----------
-        arrays : Mapping[str, array_like]
-            The global model.
-        indices : Mapping[str, array_like]
-            Scaled layer name -> its kept output channels (any order; the narrow tensors
-            follow it). Every scaled layer must be given, no other.
-
-        Returns
-        -------
-        dict[str, TensorSlice]
-            For :meth:`WidthLayout.of`.
-
-        Raises
-        ------
-        ConfigurationError
-            If the structure does not fit the model or the index sets name other layers.
-        """
-        self.widths(arrays)
-        self._check_names(indices, ValueError)
-        out: dict[str, TensorSlice] = {}
-        prev: NDArray[np.int64] | None = None
-        for layer in self.layers:
-            in_idx = None
-            if prev is not None:
-                g = layer.in_group
-                in_idx = (prev[:, None] * g + np.arange(g, dtype=np.int64)).reshape(-1)
-            out_idx = None
-            if layer.scaled:
-                out_idx = np.asarray(indices[layer.name])
-                if out_idx.ndim != 1 or not (
-                    np.issubdtype(out_idx.dtype, np.integer) or out_idx.size == 0
-                ):
-                    raise ConfigurationError(
-                        f"{layer.name}: kept channels must be a 1-D integer array"
-                    )
-                out_idx = out_idx.astype(np.int64)
-            out[layer.weight] = TensorSlice(out_idx, in_idx)
-            if out_idx is not None:
-                for t in layer.tensors[1:]:
-                    out[t] = TensorSlice(out_idx)
-            prev = out_idx
-        return out
-
-    def _check_names(self, indices: Mapping[str, ArrayLike], error: type[ValueError]) -> None:
-        scaled = [layer.name for layer in self.scaled_layers]
-        if set(indices) != set(scaled):
-            raise error(
-                f"index sets must name exactly the scaled layers {scaled}, got {sorted(indices)}"
-            )
-
-    def layout(
-        self,
-        arrays: Mapping[str, NDArray[np.generic]],
-        indices: Mapping[str, ArrayLike],
-        *,
-        from_client: bool = False,
-    ) -> WidthLayout:
-        """Build the :class:`WidthLayout` of a client's width slice (kept channels per layer).
-
-        Parameters
-        ----------
-        arrays : Mapping[str, numpy.ndarray]
-            The global model.
-        indices : Mapping[str, array_like]
-            Scaled layer name -> kept output channels (see :meth:`slices`).
-        from_client : bool
-            The index sets came from a client: a bad one raises
-            :class:`~flwr_fsl.core.errors.ClientInputError`.
-
-        Returns
-        -------
-        WidthLayout
-            Its element space is the global model's flat space.
-
-        Raises
-        ------
-        ValueError or ClientInputError
-            If the structure does not fit the model or an index set is invalid.
-        """
-        error: type[ValueError] = ClientInputError if from_client else ValueError
-        self._check_names(indices, error)
-        for name in indices:
-            idx = np.asarray(indices[name])
-            if idx.ndim != 1 or not (np.issubdtype(idx.dtype, np.integer) or idx.size == 0):
-                raise error(f"{name}: kept channels must be a 1-D integer array")
-        return WidthLayout.of(arrays, self.slices(arrays, indices), from_client=from_client)
-
-
 # -- the rule of a run ---------------------------------------------------------------------
 
 
@@ -893,142 +559,6 @@ class WidthRule:
                 s = self.num_shards
                 out[name] = select_shards(width, s, r / self.global_rate, rng).channels  # type: ignore[arg-type]
         return out
-
-
-# -- what a client is told -------------------------------------------------------------------
-
-_MAGIC = register_magic(b"FSLW", "width assignment (flwr_fsl.families.width.rules)")
-_VERSION = 1
-_MAX_NAME = 256
-
-
-@dataclass(frozen=True, eq=False)
-class WidthAssignment:
-    """One client's width slice in one round: what the server tells it (versioned codec).
-
-    Attributes
-    ----------
-    server_round : int
-        The round (>= 1).
-    rate : float
-        The client's capacity this round (its model is built at this rate).
-    extraction : str
-        The rule that chose the channels (one of :data:`EXTRACTIONS`).
-    indices : dict[str, numpy.ndarray]
-        Scaled layer -> kept output channels (distinct non-negative int64).
-
-    Raises
-    ------
-    ValueError
-        If a field is out of range (the decoder raises
-        :class:`~flwr_fsl.core.wireformat.WireFormatError` instead).
-    """
-
-    server_round: int
-    rate: float
-    extraction: str
-    indices: dict[str, NDArray[np.int64]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.server_round, bool) or not isinstance(self.server_round, int):
-            raise ConfigurationError(f"server_round must be an int, got {self.server_round!r}")
-        if not 1 <= self.server_round < 2**32:
-            raise ConfigurationError(f"server_round must be in [1, 2^32), got {self.server_round}")
-        check_rate(self.rate)
-        if self.extraction not in EXTRACTIONS:
-            raise ConfigurationError(f"unknown extraction {self.extraction!r}")
-        checked: dict[str, NDArray[np.int64]] = {}
-        for name, idx in self.indices.items():
-            if not isinstance(name, str) or not 0 < len(name.encode()) <= _MAX_NAME:
-                raise ConfigurationError(f"layer names must be 1..{_MAX_NAME} bytes of text")
-            a = np.asarray(idx)
-            if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-                raise ConfigurationError(f"{name}: indices must be a non-empty 1-D integer array")
-            if np.any(a < 0) or np.unique(a).size != a.size:
-                raise ConfigurationError(f"{name}: indices must be distinct and non-negative")
-            checked[name] = _frozen(a)
-        object.__setattr__(self, "indices", checked)
-
-    @property
-    def widths(self) -> dict[str, int]:
-        """Kept width per scaled layer."""
-        return {name: int(idx.size) for name, idx in self.indices.items()}
-
-    def to_bytes(self) -> bytes:
-        """Encode: ``FSLW``, version, round u32, rate f64, rule u8, then (name, indices)s."""
-        w = Writer()
-        w.raw(_MAGIC)
-        w.u8(_VERSION)
-        w.u32(self.server_round)
-        w.array(np.asarray(self.rate, dtype=np.float64))
-        w.u8(EXTRACTIONS.index(self.extraction) + 1)
-        w.count(len(self.indices))
-        for name, idx in self.indices.items():
-            w.raw(name.encode())
-            w.array(idx)
-        return w.payload()
-
-    @classmethod
-    def from_bytes(cls, data: object) -> WidthAssignment:
-        """Decode strictly: every length, type and range checked; trailing bytes rejected.
-
-        Raises
-        ------
-        WireFormatError
-            If ``data`` is not a well-formed v1 width assignment.
-        """
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise WireFormatError("a width assignment must be bytes")
-        reader = Reader(bytes(data), 0)
-        if reader.raw("magic") != _MAGIC:
-            raise WireFormatError("not a width assignment")
-        version = reader.u8("version")
-        if version != _VERSION:
-            raise WireFormatError(f"unsupported width assignment version {version}")
-        server_round = reader.u32("round")
-        rate_arr = reader.array("rate")
-        if rate_arr.shape != () or rate_arr.dtype != np.float64:
-            raise WireFormatError("rate must be a float64 scalar")
-        code = reader.u8("extraction")
-        if not 1 <= code <= len(EXTRACTIONS):
-            raise WireFormatError(f"unknown extraction code {code}")
-        n = reader.count("layers", 4 + 2)
-        indices: dict[str, NDArray[np.int64]] = {}
-        for _ in range(n):
-            raw = reader.raw("layer name")
-            try:
-                name = raw.decode()
-            except UnicodeDecodeError:
-                raise WireFormatError("a layer name is not UTF-8") from None
-            if name in indices:
-                raise WireFormatError(f"layer {name!r} appears twice")
-            indices[name] = reader.vector(f"{name} indices", np.int64)
-        reader.done()
-        try:
-            return cls(server_round, float(rate_arr), EXTRACTIONS[code - 1], indices)
-        except ValueError as err:
-            raise WireFormatError(f"invalid width assignment: {err}") from err
-
-    @property
-    def digest(self) -> bytes:
-        """SHA-256 of :meth:`to_bytes` (a reply names the assignment it answers by it)."""
-        return hashlib.sha256(self.to_bytes()).digest()
-
-    def check_widths(self, widths: Mapping[str, int]) -> None:
-        """Check the index sets against the global widths of the scaled layers.
-
-        Raises
-        ------
-        ClientInputError
-            If the layers differ from ``widths`` or an index is out of range.
-        """
-        if list(self.indices) != list(widths):
-            raise ClientInputError(
-                f"the assignment names layers {list(self.indices)}, the model {list(widths)}"
-            )
-        for name, idx in self.indices.items():
-            if idx.size > widths[name] or int(idx.max()) >= widths[name]:
-                raise ClientInputError(f"{name}: an index is out of range [0, {widths[name]})")
 
 
 def assignment_of(

@@ -20,6 +20,7 @@ from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sealing import open_from
 from flwr_fsl.crypto.sharing import interpolate, lagrange_matrix
+from flwr_fsl.families.sesa import messages as sesa_messages
 from flwr_fsl.families.sesa import protocol as sesa
 from flwr_fsl.families.sesa.protocol import (
     PIECE_PURPOSE,
@@ -398,7 +399,7 @@ def test_coalition_view_of_an_honest_clients_offline_messages_is_independent_of_
 
 
 def _bundle_entries(bundle: bytes) -> dict[int, bytes]:
-    r = sesa._reader(bundle, sesa._M_BUNDLE, "bundle")
+    r = sesa_messages._reader(bundle, sesa_messages._M_BUNDLE, "bundle")
     groups = r.u32("groups")
     for _ in range(groups):
         r.u32("slots")

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.hashing import EMPTY, CuckooInsertionError
+from flwr_fsl.families.ssa.messages import _FIELD_TYPES
 from flwr_fsl.families.ssa.protocol import (
-    _FIELD_TYPES,
     SSAClientState,
     SSAInputError,
     SSAParams,

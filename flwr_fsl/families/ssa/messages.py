@@ -1,0 +1,383 @@
+"""SSA's byte formats: :class:`SSAParams` (JSON), the client upload and the client state.
+
+Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
+version 1, or 2 with a ``dp`` object) and is decoded strictly (:meth:`SSAParams.from_bytes`:
+every field's type checked, NaN and infinities rejected). :class:`SSAUpload` is what a client
+sends (the DPF keys' public part and one master seed per server); :class:`Placement` and the
+``FSCS`` client-state codec (:func:`_state_to_bytes`, the format table in
+:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) keep a client's keys between U-DPF
+rounds. The parties (client encoding, server share, reconstruction) are in
+:mod:`flwr_fsl.families.ssa.protocol`, which re-exports these names. Decoders raise
+:class:`SSAInputError` (a :class:`~flwr_fsl.core.errors.ClientInputError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
+from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, DPFPublicBatch
+from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.hashing import EMPTY, CuckooTable, HashParams
+from flwr_fsl.families.ssa.dp import DistributedDP
+
+__all__ = ["Placement", "SSAInputError", "SSAParams", "SSAUpload"]
+
+_MAGIC = "flwr_fsl/ssa-params"
+_VERSION = 1
+_DP_VERSION = (
+    2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
+)
+# SSAClientState binary format (see its docstring).
+_STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
+_STATE_VERSION = 1
+
+
+class SSAInputError(ClientInputError):
+    """A client's keys or hint do not fit the round (malformed, wrong shape, replayed)."""
+
+
+@dataclass(frozen=True)
+class SSAParams:
+    """Public parameters of one SSA (or PSR) round, known to clients and both servers.
+
+    Parameters
+    ----------
+    round_id : int
+        Round number (bound into the sealed channel; part of the public transcript).
+    domain_size : int
+        ``m``: number of elements (coordinates, or rows for mega-elements).
+    num_items : int
+        ``k``: elements per client (a client may choose fewer; unused bins are dummies).
+    value_width : int
+        Words per element's value: 1 for scalars, the row length for mega-elements.
+    hash_key : bytes
+        Fresh public 16-byte hash key of the round.
+    count_weighted : bool
+        Append a count word so the servers can divide by the chosen clients' total weight.
+    num_hashes, stash_size : int
+        Cuckoo ``η`` (default 3) and stash ``σ`` (default 0).
+    scale_factor : float or None
+        Cuckoo ``ε``; None chooses it for failure probability ``2**-40``.
+    frac_bits, max_abs, max_summands : int, float, int
+        Fixed-point format (see :class:`~flwr_fsl.crypto.fixedpoint.FixedPoint`); ``max_abs``
+        bounds every payload word (``c * dw`` and ``c``) of one client.
+    epoch : int
+        U-DPF epoch of this round's keys: 0 for one-shot keys (the servers drop them after
+        evaluating), ``>= 1`` in U-DPF runs (the servers keep each client's keys so that its
+        next hint can update them).
+    dp : DistributedDP or None
+        Distributed differential privacy of the round (:mod:`flwr_fsl.families.ssa.dp`): clients
+        clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
+        share. Requires ``count_weighted`` and ``max_weight * max(clip_norm, 1) <= max_abs``
+        (a clipped client's payload words fit the codec).
+
+    Raises
+    ------
+    ValueError
+        If a field is out of range.
+
+    Notes
+    -----
+    **JSON format.** :meth:`to_bytes` writes ``{"format": "flwr_fsl/ssa-params", "version": 1,
+    <every field but dp>}`` (sorted keys, hash key in hex) for a round without DP — byte for
+    byte the format from before DP existed — and ``"version": 2`` with an extra ``"dp"``
+    object (exactly ``noise_multiplier``, ``clip_norm``, ``max_weight``, ``delta``) for a
+    round with DP. :meth:`from_bytes` accepts exactly these two shapes.
+    """
+
+    round_id: int
+    domain_size: int
+    num_items: int
+    value_width: int
+    hash_key: bytes = field(repr=False)
+    count_weighted: bool = True
+    num_hashes: int = 3
+    stash_size: int = 0
+    scale_factor: float | None = None
+    frac_bits: int = 24
+    max_abs: float = 1e4
+    max_summands: int = 1000
+    epoch: int = 0
+    dp: DistributedDP | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.domain_size < 1 or self.value_width < 1:
+            raise ConfigurationError("domain_size and value_width must be >= 1")
+        if self.num_items > self.domain_size:
+            raise ConfigurationError("num_items cannot exceed domain_size")
+        self.hash_params  # noqa: B018 - validates hashing fields
+        self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
+        if self.dp is not None:
+            if not isinstance(self.dp, DistributedDP):
+                raise ConfigurationError(
+                    f"dp must be a DistributedDP, got {type(self.dp).__name__}"
+                )
+            if not self.count_weighted:
+                raise ConfigurationError("dp needs count_weighted rounds")
+            if self.dp.max_weight * max(self.dp.clip_norm, 1.0) > self.max_abs:
+                raise ConfigurationError(
+                    f"dp max_weight * max(clip_norm, 1) = "
+                    f"{self.dp.max_weight * max(self.dp.clip_norm, 1.0):g} exceeds "
+                    f"max_abs={self.max_abs:g}: clipped payload words would not fit"
+                )
+
+    @property
+    def tau(self) -> int:
+        """DPF output words per point: ``value_width`` (+1 count word when count-weighted)."""
+        return self.value_width + int(self.count_weighted)
+
+    @property
+    def fixed_point(self) -> FixedPoint:
+        """The fixed-point codec of payload words."""
+        return FixedPoint(self.frac_bits, self.max_abs, self.max_summands)
+
+    @property
+    def hash_params(self) -> HashParams:
+        """Cuckoo/simple hashing parameters (``B = ceil(ε k)`` bins)."""
+        return HashParams.for_items(
+            self.domain_size,
+            self.num_items,
+            self.hash_key,
+            num_hashes=self.num_hashes,
+            stash_size=self.stash_size,
+            scale_factor=self.scale_factor,
+        )
+
+    @property
+    def num_keys(self) -> int:
+        """DPF keys per client: ``B`` bins plus ``σ`` stash slots."""
+        return self.hash_params.num_bins + self.stash_size
+
+    def to_bytes(self) -> bytes:
+        """Serialize (canonical JSON; the hash key in hex)."""
+        fields: dict[str, object] = {
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dp"
+        }
+        fields["hash_key"] = self.hash_key.hex()
+        version = _VERSION
+        if self.dp is not None:
+            fields["dp"] = self.dp.to_dict()
+            version = _DP_VERSION
+        return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SSAParams:
+        """Parse :meth:`to_bytes` output strictly.
+
+        Raises
+        ------
+        SSAInputError
+            If the bytes are not a parameter set of this version (format, fields, types).
+        ConfigurationError
+            If a field's value is out of range (the dataclass's own checks).
+        """
+        try:
+            # NaN/Infinity are not JSON numbers: reject them instead of letting them reach math.
+            raw = json.loads(bytes(data).decode(), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise SSAInputError(f"SSA parameters are not valid JSON: {err}") from None
+        if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
+            raise SSAInputError("not an SSA parameter set")
+        version = raw.pop("version", None)
+        if version not in (_VERSION, _DP_VERSION) or isinstance(version, bool):
+            raise SSAInputError(
+                f"unsupported SSA parameter version (expected {_VERSION} or {_DP_VERSION})"
+            )
+        expected = set(cls.__dataclass_fields__) - {"dp"}
+        if version == _DP_VERSION:
+            expected.add("dp")
+        if set(raw) != expected:
+            raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
+        # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
+        for name, value in raw.items():
+            if not _FIELD_TYPES[name](value):
+                raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
+        try:
+            raw["hash_key"] = bytes.fromhex(raw["hash_key"])
+        except ValueError:
+            raise SSAInputError("hash_key must be hex") from None
+        if "dp" in raw:
+            raw["dp"] = DistributedDP.from_dict(raw["dp"])
+        return cls(**raw)
+
+
+def _reject_constant(name: str) -> None:
+    raise SSAInputError(f"{name} is not a valid parameter value")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+_FIELD_TYPES: dict[str, Callable[[object], bool]] = {
+    **dict.fromkeys(
+        (
+            "round_id",
+            "domain_size",
+            "num_items",
+            "value_width",
+            "num_hashes",
+            "stash_size",
+            "frac_bits",
+            "max_summands",
+            "epoch",
+        ),
+        _is_int,
+    ),
+    "hash_key": lambda v: isinstance(v, str),
+    "count_weighted": lambda v: isinstance(v, bool),
+    "scale_factor": lambda v: v is None or _is_number(v),
+    "max_abs": _is_number,
+    "dp": lambda v: isinstance(v, dict),
+}
+
+
+@dataclass
+class Placement:
+    """Where a client's indices went: the DPF points of all keys and each key's item slot.
+
+    Attributes
+    ----------
+    alphas : numpy.ndarray
+        ``(num_keys,)`` DPF points (0 for dummy keys).
+    slots : numpy.ndarray
+        ``(num_keys,)`` position in the client's index list of the element a key carries, or
+        ``EMPTY``.
+    cuckoo_table : CuckooTable or None
+        The client's cuckoo table (None when restored from stored state).
+    """
+
+    alphas: NDArray[np.uint64]
+    slots: NDArray[np.int64]
+    cuckoo_table: CuckooTable | None = None
+
+
+@dataclass
+class SSAUpload:
+    """What a client sends: the public part (to both servers) and one master seed per server.
+
+    Attributes
+    ----------
+    public_part : bytes
+        Serialized :class:`~flwr_fsl.crypto.dpf.DPFPublicBatch` of all ``B + σ`` keys.
+    master_seeds : tuple[bytes, bytes]
+        16-byte master seeds for S0 and S1 (S1's travels sealed).
+    """
+
+    public_part: bytes
+    master_seeds: tuple[bytes, bytes] = field(repr=False)
+
+    @property
+    def public_digest(self) -> bytes:
+        """SHA-256 of the public part (bound into S1's sealed material)."""
+        return hashlib.sha256(self.public_part).digest()
+
+
+def _state_to_bytes(
+    params: SSAParams,
+    indices: NDArray[np.int64],
+    placement: Placement,
+    keys: tuple[DPFKeyBatch, DPFKeyBatch],
+) -> bytes:
+    """``FSCS`` v1 (:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`'s docstring).
+
+    Raises
+    ------
+    ValueError
+        If the two key shares do not share one public part or parties are swapped.
+    """
+    k0, k1 = keys
+    public = k0.public.to_bytes()
+    if (k0.party, k1.party) != (0, 1) or k1.public.to_bytes() != public:
+        raise ValueError("the state's key shares are not S0's and S1's of the same keys")
+    w = Writer()
+    w.fixed(_STATE_MAGIC, len(_STATE_MAGIC))
+    w.u8(_STATE_VERSION)
+    w.raw(params.to_bytes())
+    w.array(np.asarray(indices, np.int64))
+    w.array(np.asarray(placement.alphas, np.uint64))
+    w.array(np.asarray(placement.slots, np.int64))
+    w.raw(public)
+    w.array(k0.root_seeds)
+    w.array(k1.root_seeds)
+    return w.payload()
+
+
+def _state_from_bytes(
+    data: bytes,
+) -> tuple[SSAParams, NDArray[np.int64], Placement, tuple[DPFKeyBatch, DPFKeyBatch]]:
+    """Strict decoder of :func:`_state_to_bytes` (raises :class:`SSAInputError`).
+
+    Every length is checked against the bytes left before anything is allocated, and the
+    fields are checked against each other and the stored round; the text of an error names
+    the failed check only, never a stored index, value or size (they are secret).
+    """
+    try:
+        r = Reader.versioned(data, _STATE_MAGIC, _STATE_VERSION, "an SSA client state")
+    except WireFormatError as err:
+        raise SSAInputError(str(err)) from None  # the header holds no secret
+    try:
+        raw_params = r.raw("params")
+        indices = r.vector("indices", np.int64)
+        alphas = r.vector("alphas", np.uint64)
+        slots = r.vector("slots", np.int64)
+        public_bytes = r.raw("public part")
+        seeds = (r.array_u64("S0's root seeds"), r.array_u64("S1's root seeds"))
+        r.done()
+    except WireFormatError:
+        raise SSAInputError("malformed SSA client state") from None
+    try:
+        params = SSAParams.from_bytes(raw_params)
+    except ValueError as err:
+        raise SSAInputError(f"SSA client state: bad round parameters: {err}") from None
+    try:
+        public = DPFPublicBatch.from_bytes(public_bytes)
+        keys = (DPFKeyBatch(0, seeds[0], public), DPFKeyBatch(1, seeds[1], public))
+    except DPFKeyError:
+        raise SSAInputError("SSA client state: malformed keys") from None
+    _check_state(params, indices, alphas, slots, public)
+    return params, indices, Placement(alphas, slots), keys
+
+
+def _check_state(
+    params: SSAParams,
+    indices: NDArray[np.int64],
+    alphas: NDArray[np.uint64],
+    slots: NDArray[np.int64],
+    public: DPFPublicBatch,
+) -> None:
+    """Check a decoded state's fields against each other and its round (cheap checks only)."""
+    n = indices.size
+    if n > params.num_items:
+        raise SSAInputError("SSA client state: more indices than its round allows")
+    if n and (indices.min() < 0 or indices.max() >= params.domain_size):
+        raise SSAInputError("SSA client state: an index is outside the round's domain")
+    if np.unique(indices).size != n:
+        raise SSAInputError("SSA client state: repeated indices")
+    num_keys = params.num_keys
+    if alphas.size != num_keys or slots.size != num_keys or public.num_keys != num_keys:
+        raise SSAInputError("SSA client state: key count differs from its round's")
+    if public.tau != params.tau or np.any(public.epochs != np.uint64(params.epoch)):
+        raise SSAInputError("SSA client state: keys do not match its round's tau or epoch")
+    if np.any(alphas >> public.domain_bits.astype(np.uint64) != 0):
+        raise SSAInputError("SSA client state: a DPF point lies outside its key's domain")
+    used = slots[slots != EMPTY]
+    # Every index is carried by exactly one key (a bin or a stash slot), as place_indices does.
+    if not np.array_equal(np.sort(used), np.arange(n)):
+        raise SSAInputError("SSA client state: slots do not place every index exactly once")
