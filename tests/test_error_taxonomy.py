@@ -34,7 +34,7 @@ BASELINE: dict[str, int] = {
     "testing/grid.py": 3,
     # Internal invariants: a bug if they fire, never a party's input or a setting.
     "families/sesa/layout.py": 1,  # SesaLayout.shard_deltas: the narrow model holds each group
-    "families/ssa/protocol.py": 1,  # SSAClientState.to_bytes: both key shares of one batch
+    "families/ssa/messages.py": 1,  # the SSAClientState codec: both key shares of one batch
     "core/phases.py": 1,  # Phase.build: a request type without its family record is a bug
 }
 
