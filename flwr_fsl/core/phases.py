@@ -15,7 +15,8 @@ and a client mod. A :class:`Phase` names one exchange once, for both ends:
 The server sends a phase with :meth:`PhasedStrategy.send_phase
 <flwr_fsl.core.engine.PhasedStrategy.send_phase>` (``{node: request} -> {node: reply}``; bad
 replies are dropped with a reason by the engine). The client side subclasses
-:class:`PhaseMod`, which reads the ``phase`` field, parses the request and calls
+:class:`PhaseMod`, which reads the ``phase`` field (:meth:`PhaseMod.phase_of`, which a family
+that names its phases otherwise overrides), parses the request and calls
 ``self.on_<name>(request, context)`` (plus a ``train()`` callable for ``runs_train`` phases);
 messages of other families, and of instances the mod does not own (:meth:`PhaseMod.owns`),
 pass through to the next mod untouched.
@@ -159,8 +160,35 @@ class PhaseMod:
         """
         return True
 
+    def phase_of(self, msg: Message, context: Context) -> Phase[Any, Any] | None:
+        """Return the phase a message is, or None to pass it through to the next mod.
+
+        The default reads the ``phase`` field of the family's record, for a message of one of
+        the phases' message types that this mod :meth:`owns`. A family whose messages name
+        their phase otherwise (SSA: by the message type and a field of the round's config
+        record, no family record) overrides it; it may refuse a message (raise a
+        :class:`~flwr_fsl.core.errors.ClientInputError`) before any handler runs.
+
+        Raises
+        ------
+        PhaseError
+            If a message of the family that this mod owns names no phase or an unknown one.
+        """
+        content = msg.content
+        # Evaluation and queries carry no phase of the family even if a record is there.
+        types = {p.message_type for p in self.phases.values()}
+        if msg.metadata.message_type not in types:
+            return None
+        if self.family not in content.config_records or not self.owns(content):
+            return None
+        name = phase_name(content, self.family)
+        phase = self.phases.get(name or "")
+        if phase is None or phase.name != name:
+            raise PhaseError(f"unknown {self.title or self.family} phase")
+        return phase
+
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        """Answer a phase message of the family; pass any other message through.
+        """Answer a phase message of the family (:meth:`phase_of`); pass any other through.
 
         Raises
         ------
@@ -169,17 +197,10 @@ class PhaseMod:
             request is malformed (Flower turns it into an error reply; the server drops
             this client from the round).
         """
-        content = msg.content
-        # Evaluation and queries carry no phase of the family even if a record is there.
-        types = {p.message_type for p in self.phases.values()}
-        if msg.metadata.message_type not in types:
-            return call_next(msg, context)
-        if self.family not in content.config_records or not self.owns(content):
-            return call_next(msg, context)
-        phase = self.phases.get(phase_name(content, self.family) or "")
+        phase = self.phase_of(msg, context)
         if phase is None:
-            raise PhaseError(f"unknown {self.title or self.family} phase")
-        request = phase.parse_request(content)
+            return call_next(msg, context)
+        request = phase.request.from_record(msg.content)
         handler: Callable[..., Any] = getattr(self, f"on_{phase.name}")
         if phase.runs_train:
             answer = handler(request, context, lambda: call_next(msg, context))

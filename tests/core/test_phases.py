@@ -195,6 +195,37 @@ def test_an_error_reply_of_the_train_function_is_returned_unchanged() -> None:
     assert reply.has_error() and reply.error.reason == "boom"
 
 
+class FieldMod(ToyMod):
+    """A family without a phase field: ``echo`` is a query carrying a ``text`` field."""
+
+    def phase_of(self, msg: Message, context: Context) -> Phase[Any, Any] | None:
+        if msg.metadata.message_type != "query.echo" or TOY not in msg.content:
+            return None
+        return ECHO
+
+
+def test_phase_of_recognises_a_phase_by_another_field() -> None:
+    msg, context = _message(RecordDict({TOY: ConfigRecord({"text": "ab"})}), "query.echo")
+    reply = FieldMod()(msg, context, _user_train)
+    assert Ping.from_record(reply.content) == Ping("AB")
+    assert reply.metadata.reply_to_message_id == msg.metadata.message_id
+    # Its phase_of passes the default's phase messages through (and vice versa).
+    msg, context = _message(ECHO.build(Ping("x")))
+    assert FieldMod()(msg, context, _user_train).content.config_records["out"]["v"] == "trained"
+    msg, context = _message(RecordDict({TOY: ConfigRecord({"text": "ab"})}), "query.echo")
+    assert ToyMod()(msg, context, _user_train).content.config_records["out"]["v"] == "trained"
+
+
+def test_the_default_phase_of_names_the_phase_or_passes_through() -> None:
+    msg, context = _message(ECHO.build(Ping("x")))
+    assert ToyMod().phase_of(msg, context) is ECHO
+    msg, context = _message(ECHO.build(Ping("x")), "evaluate")
+    assert ToyMod().phase_of(msg, context) is None
+    msg, context = _message(RecordDict({TOY: ConfigRecord({"phase": "nope"})}))
+    with pytest.raises(PhaseError, match=r"unknown fsl\.toy phase"):
+        ToyMod().phase_of(msg, context)
+
+
 # -- the SecAgg settings record -----------------------------------------------------------------
 SETTINGS = SecAggSettings(
     metrics=("train_loss", "acc"), names=("conv.weight", "fc.bias"), max_clients=300

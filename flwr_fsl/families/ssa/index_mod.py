@@ -28,21 +28,23 @@ row (e.g. how many local samples touch it; default: the reply's weight metric). 
 server's ``max_rows`` indices; the set size is public, the indices are not. Between the phases
 the client keeps its query (:class:`~flwr_fsl.families.ssa.psr.PSRClientState`) and its keys
 (:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) in ``Context.state``; the Flower plumbing
-is :class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s.
+is :class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s (a
+:class:`~flwr_fsl.core.phases.PhaseMod` over :data:`~flwr_fsl.families.ssa.records.PSR_QUERY`
+and :data:`~flwr_fsl.families.ssa.records.SSA_TRAIN`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.app import Array, ArrayRecord, Context, Message
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
@@ -51,11 +53,14 @@ from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
 from flwr_fsl.families.ssa.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
-    PSR_UPLOAD_KEY,
-    SSA_UPLOAD_KEY,
+    PSR_QUERY,
+    SSA_TRAIN,
     TABLE_FIELD,
     UDPF_FIELD,
     UDPF_HELD_FIELD,
+    PSRQueryReply,
+    RoundRequest,
+    UploadReply,
     hint_upload_record,
     ssa_upload_record,
 )
@@ -79,7 +84,10 @@ class PrivateRows(ProtocolMod):
 
     table: str
     rows: RowsFn
-    queries: ClassVar[frozenset[str]] = frozenset({"psr"})
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {
+        SSA_TRAIN.name: SSA_TRAIN,
+        PSR_QUERY.name: PSR_QUERY,
+    }
 
     def handles(self, found: SSARound) -> bool:
         """Index-mode rounds only (they name the row table)."""
@@ -96,8 +104,9 @@ class PrivateRows(ProtocolMod):
         """
         return self.answer_query(msg, context)
 
-    def on_query(self, name: str, msg: Message, context: Context, found: SSARound) -> Message:
+    def on_psr(self, request: RoundRequest, context: Context) -> PSRQueryReply:
         """Make the PSR query, keep what reading the answers needs, reply with the keys."""
+        found = request.round
         indices, counts = self._rows(context)
         psr = make_query(found.params, indices)
         sealed, answer_key = seal_psr_query(
@@ -114,11 +123,11 @@ class PrivateRows(ProtocolMod):
             ),
         )
         upload = ssa_upload_record(psr.upload.public_part, psr.upload.master_seeds[0], sealed)
-        return Message(RecordDict({PSR_UPLOAD_KEY: upload}), reply_to=msg)
+        return PSRQueryReply(upload)
 
     def on_train(
-        self, msg: Message, context: Context, call_next: ClientAppCallable, found: SSARound
-    ) -> Message:
+        self, request: RoundRequest, context: Context, train: Callable[[], Message]
+    ) -> UploadReply | Message:
         """Fill the retrieved rows in, train, upload the row updates (fresh keys or a hint).
 
         Raises
@@ -127,6 +136,7 @@ class PrivateRows(ProtocolMod):
             If the round's table is another, the retrieval state is missing or stale, the
             answers are malformed, or the train reply changes the table's shape.
         """
+        found = request.round
         params = found.params
         if found.config.get(TABLE_FIELD) != self.table:
             raise ClientInputError(f"the server's row table is {found.config.get(TABLE_FIELD)!r}")
@@ -140,16 +150,16 @@ class PrivateRows(ProtocolMod):
             client_id=int(context.node_id),
         )
         rows = decode_table(query.rows(params, found.bytes_field(ANSWER0_FIELD), answer1))
-        ((record_key, record),) = msg.content.array_records.items()
+        ((record_key, record),) = request.content.array_records.items()
         table = np.zeros((params.domain_size, params.value_width), np.float32)
         table[query.indices] = rows
         submodel = ArrayRecord(dict(record.items()))
         submodel[self.table] = Array(table)
-        msg.content[record_key] = submodel  # the user's train sees its rows in a full table
-        reply = call_next(msg, context)
+        request.content[record_key] = submodel  # the user's train sees its rows in a full table
+        reply = train()
         if reply.has_error():
             return reply
-        weight = self.reply_weight(msg, reply)[2]
+        weight = self.reply_weight(request.content, reply)[2]
         ((_, trained_record),) = reply.content.array_records.items()
         trained = trained_record[self.table].numpy()
         if trained.shape != table.shape:
@@ -180,7 +190,7 @@ class PrivateRows(ProtocolMod):
         else:
             upload = self.sealed_upload(out, found, context)
         # No metrics in the clear: the weight rides in the payload's count word only.
-        return Message(RecordDict({SSA_UPLOAD_KEY: upload}), reply_to=msg)
+        return UploadReply(upload)
 
     def _rows(self, context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64] | None]:
         out = self.rows(context)

@@ -10,7 +10,9 @@ produced, numbers its coordinates in the model's flat index space, and replaces 
 arrays with DPF keys (:func:`flwr_fsl.families.ssa.protocol.encode_update`): the public part and
 S0's master seed in the clear, S1's master seed sealed to S1's pinned key. Messages without SSA
 parameters pass through untouched. The Flower plumbing is
-:class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s.
+:class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s (a
+:class:`~flwr_fsl.core.phases.PhaseMod` with one phase,
+:data:`~flwr_fsl.families.ssa.records.SSA_TRAIN`).
 
 **Weights.** Each coordinate's payload is ``(c * dw, c)``: ``c`` is the per-index count the
 reply carries for that coordinate (a submodel update with ``counts``, as plaintext
@@ -26,14 +28,17 @@ encoding (:func:`~flwr_fsl.families.ssa.protocol.payload_words`).
 
 from __future__ import annotations
 
-from flwr.app import Context, Message, RecordDict
-from flwr.clientapp.typing import ClientAppCallable
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from flwr.app import Context, Message
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.records import decode_update
-from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
+from flwr_fsl.families.ssa.mod_base import ProtocolMod
 from flwr_fsl.families.ssa.protocol import encode_update
-from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
+from flwr_fsl.families.ssa.records import SSA_TRAIN, RoundRequest, UploadReply
 from flwr_fsl.submodel.layout import FlatLayout
 from flwr_fsl.submodel.update import Encoding
 
@@ -41,9 +46,11 @@ from flwr_fsl.submodel.update import Encoding
 class SSAMod(ProtocolMod):
     """Client mod: turn the train reply into SSA DPF keys for the two servers."""
 
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {SSA_TRAIN.name: SSA_TRAIN}
+
     def on_train(
-        self, msg: Message, context: Context, call_next: ClientAppCallable, found: SSARound
-    ) -> Message:
+        self, request: RoundRequest, context: Context, train: Callable[[], Message]
+    ) -> UploadReply | Message:
         """Train, then encode the (sparse) update as DPF keys over the flat model.
 
         Every coordinate is weighted by its per-index count when the reply carries counts,
@@ -58,17 +65,17 @@ class SSAMod(ProtocolMod):
             than the round allows, or a weight or weighted value exceeds the fixed-point
             range.
         """
-        params = found.params
-        records = msg.content.array_records
+        params = request.round.params
+        records = request.content.array_records
         if len(records) != 1:
             raise ClientInputError(
                 "ssa_mod expects one ArrayRecord (the model) in the train message"
             )
         received = {k: v.numpy() for k, v in next(iter(records.values())).items()}
-        reply = call_next(msg, context)
+        reply = train()
         if reply.has_error():
             return reply
-        weight = self.reply_weight(msg, reply)[2]
+        weight = self.reply_weight(request.content, reply)[2]
         layout = FlatLayout.of(received)
         if layout.size != params.domain_size:  # both sizes are public
             raise ClientInputError(
@@ -87,9 +94,8 @@ class SSAMod(ProtocolMod):
                 "topk-count"
             )
         upload, _ = encode_update(params, indices, values, counts)
-        upload_record = self.sealed_upload(upload, found, context)
         # No metrics in the clear: the weight rides in the payload's count word only.
-        return Message(RecordDict({SSA_UPLOAD_KEY: upload_record}), reply_to=msg)
+        return UploadReply(self.sealed_upload(upload, request.round, context))
 
 
 ssa_mod = SSAMod()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -17,9 +19,9 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.sealing import RoundBinding, open_ssa_upload
@@ -35,8 +37,10 @@ from flwr_fsl.families.ssa.records import (
     HELPER_KEY_FIELD,
     PARAMS_FIELD,
     SESSION_FIELD,
+    SSA_FAMILY,
     SSA_UPLOAD_KEY,
     WEIGHT_KEY_FIELD,
+    RoundRequest,
     read_ssa_upload,
 )
 from flwr_fsl.mods import PrivateRows, ssa_mod, topk_mod
@@ -69,31 +73,51 @@ def _round_config(params: SSAParams | None = None, **extra: Any) -> ConfigRecord
     return ConfigRecord({"server-round": 1, **fields, **extra})
 
 
+@dataclasses.dataclass(frozen=True)
+class Marked:
+    """A toy reply: the records to answer with."""
+
+    content: RecordDict
+
+    def to_record(self) -> RecordDict:
+        return self.content
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> Marked:
+        return cls(content)
+
+
+TRAIN: Phase[RoundRequest, Marked] = Phase(
+    SSA_FAMILY, "train", RoundRequest, Marked, runs_train=True
+)
+ECHO: Phase[RoundRequest, Marked] = Phase(
+    SSA_FAMILY, "echo", RoundRequest, Marked, message_type="query.echo"
+)
+
+
 class Recorder(ProtocolMod):
     """A toy protocol mod: records what the base hands it and answers with markers."""
 
-    queries = frozenset({"echo"})
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {"train": TRAIN, "echo": ECHO}
 
     def __init__(self, handles: bool = True) -> None:
-        self.calls: list[tuple[str, str, SSARound]] = []
+        self.calls: list[tuple[str, SSARound]] = []
         self._handles = handles
 
     def handles(self, found: SSARound) -> bool:
         return self._handles
 
     def on_train(
-        self, msg: Message, context: Context, call_next: ClientAppCallable, found: SSARound
-    ) -> Message:
-        self.calls.append(("train", msg.metadata.message_type, found))
-        reply = call_next(msg, context)
-        name, record, weight = self.reply_weight(msg, reply)
-        return Message(
-            RecordDict({name: record, "mod": MetricRecord({"weight": weight})}), reply_to=msg
-        )
+        self, request: RoundRequest, context: Context, train: Callable[[], Message]
+    ) -> Marked:
+        self.calls.append(("train", request.round))
+        reply = train()
+        name, record, weight = self.reply_weight(request.content, reply)
+        return Marked(RecordDict({name: record, "mod": MetricRecord({"weight": weight})}))
 
-    def on_query(self, name: str, msg: Message, context: Context, found: SSARound) -> Message:
-        self.calls.append(("query", name, found))
-        return Message(RecordDict({"mod": MetricRecord({"query": 1})}), reply_to=msg)
+    def on_echo(self, request: RoundRequest, context: Context) -> Marked:
+        self.calls.append(("query", request.round))
+        return Marked(RecordDict({"mod": MetricRecord({"query": 1})}))
 
 
 def _app(mod: ProtocolMod, metrics: dict[str, Any] | None = None) -> ClientApp:
@@ -138,7 +162,7 @@ def test_dispatch_on_message_type(message_type: str, handled: str | None) -> Non
     if handled is None:
         assert mod.calls == [] and "mod" not in reply.content  # passed through untouched
         return
-    ((kind, _, found),) = mod.calls
+    ((kind, found),) = mod.calls
     assert kind == handled and "mod" in reply.content
     assert found.params == _params() and found.helper_key == KEY.public_bytes
     assert found.binding == RoundBinding.of(SESSION, 3, _params().to_bytes())

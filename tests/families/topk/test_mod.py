@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.records import decode_update
-from flwr_fsl.families.topk.mod import RESIDUAL_KEY
+from flwr_fsl.families.topk.mod import RESIDUAL, RESIDUAL_KEY, Residual
 from flwr_fsl.mods import topk_mod
 from flwr_fsl.strategies import FedSubAvg
 from flwr_fsl.submodel import ARRAYS_KEY, HEADER_KEY, Encoding
@@ -67,10 +68,11 @@ def test_error_feedback_residual_lives_in_context_state() -> None:
             part = update.tensors.get(name)
             if part is not None:
                 sent[name].reshape(-1)[part.indices] += part.values
-    residual = grid.context(node).state[RESIDUAL_KEY]
+    stored = RESIDUAL.load(grid.context(node))
+    assert stored is not None and RESIDUAL.name == RESIDUAL_KEY
     for name in sent:
         np.testing.assert_allclose(
-            sent[name] + residual[name].numpy(), total[name], rtol=1e-5, atol=1e-5
+            sent[name] + stored.arrays[name], total[name], rtol=1e-5, atol=1e-5
         )
 
 
@@ -139,7 +141,9 @@ def test_a_new_session_starts_without_a_residual() -> None:
     grid = InProcessGrid(make_app([topk_mod]), 1, {"topk-ratio": 0.1})
     node = next(iter(grid.get_node_ids()))
     _train_once(grid, {"topk-session": "a"})
-    first = grid.context(node).state[RESIDUAL_KEY]["fc.bias"].numpy()
+    stored = RESIDUAL.load(grid.context(node))
+    assert stored is not None and stored.session == "a"
+    first = stored.arrays["fc.bias"]
     # Same session: the residual is carried; new session: it is not (as in round 1).
     carried = decode_update(_train_once(grid, {"topk-session": "a"}), MODEL, 1.0)
     fresh = decode_update(_train_once(grid, {"topk-session": "b"}), MODEL, 1.0)
@@ -153,3 +157,24 @@ def test_a_new_session_starts_without_a_residual() -> None:
         not np.array_equal(carried.tensors.get(n, p).values, p.values)
         for n, p in baseline.tensors.items()
     )
+
+
+def test_the_residual_round_trips_and_a_bad_slot_reads_as_empty() -> None:
+    arrays = {
+        "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "h": np.array([1.5], np.float16),
+        "s": np.float64(2.0).reshape(()),
+    }
+    data = Residual("sess", arrays).to_bytes()
+    back = Residual.from_bytes(data)
+    assert back.session == "sess" and list(back.arrays) == list(arrays)
+    for name, value in arrays.items():
+        assert back.arrays[name].dtype == value.dtype
+        np.testing.assert_array_equal(back.arrays[name], value)
+        assert back.arrays[name].flags.writeable
+    for bad in (data[:-1], data + b"\x00", data[:4] + b"\x09" + data[5:], b""):
+        with pytest.raises(ClientInputError):
+            Residual.from_bytes(bad)
+    context = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={})
+    context.state[RESIDUAL_KEY] = ConfigRecord({"bytes": data[:-3]})
+    assert RESIDUAL.load(context) is None  # corrupted: error feedback starts afresh
