@@ -829,6 +829,21 @@ def sfsl_settings_vectors() -> dict[str, Any]:
     }
 
 
+def topk_residual_vectors() -> dict[str, Any]:
+    """top-k's error-feedback state (``FSTK``): empty, and float32/float16/int64 tensors."""
+    from flwr_fsl.families.topk.mod import Residual
+
+    full = Residual(
+        "run-7",
+        {
+            "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3) / 4,
+            "emb": np.array([[0.5, -1.25]], dtype=np.float16),
+            "steps": np.array(3, dtype=np.int64),
+        },
+    )
+    return {"empty": Residual("").to_bytes().hex(), "full": full.to_bytes().hex()}
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -849,6 +864,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "client-state": client_state_vectors,
     "secagg-settings": secagg_settings_vectors,
     "sfsl-settings": sfsl_settings_vectors,
+    "topk-residual": topk_residual_vectors,
 }
 
 
