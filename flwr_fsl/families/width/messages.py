@@ -89,7 +89,7 @@ class WidthSettings:
         return w.payload()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> WidthSettings:
+    def from_bytes(cls, data: object) -> WidthSettings:
         """Strict decoder of :meth:`to_bytes`.
 
         Raises
