@@ -311,9 +311,13 @@ class SesaRoundServer:
         model: Mapping[str, NDArray[Any]],
         layout: SesaLayout,
         totals: Sequence[NDArray[np.uint64]],
+        codec: FixedPoint | None = None,
     ) -> Model:
-        """Decode the per-shard sums and apply ``w += Σ c·Δ / Σ c`` shard by shard."""
-        codec = self.settings.codec()
+        """Decode the per-shard sums and apply ``w += Σ c·Δ / Σ c`` shard by shard.
+
+        ``codec`` defaults to the settings' fixed point (the strategy passes its own).
+        """
+        codec = codec if codec is not None else self.settings.codec()
         sums, weights = [], []
         for group, total in zip(layout.groups, totals, strict=True):
             values = codec.decode(total)

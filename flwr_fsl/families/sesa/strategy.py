@@ -239,7 +239,7 @@ evaluate_metrics_aggr_fn, sampling_seed
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         exchange = _FlowerExchange(self, grid, state, arrays, train_config)
         totals, server = self.server.aggregate(exchange, model, nodes, params, layout)
-        new = self.server.apply(model, layout, totals)
+        new = self.server.apply(model, layout, totals, self.codec)
         survivors = server.survivors
         log(
             INFO,
