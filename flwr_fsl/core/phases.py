@@ -141,8 +141,9 @@ class PhaseMod:
     Subclasses set :attr:`phases` and define, per phase, ``on_<name>(request, context)``
     returning the reply object, or, for a ``runs_train`` phase,
     ``on_<name>(request, context, train)`` where ``train()`` runs the rest of the ClientApp on
-    the message; such a handler may return the train function's own :class:`Message` (an
-    error reply) instead of a reply object, and it is passed back unchanged.
+    the message (``train({key: record})`` first replaces those records of the message); such
+    a handler may return the train function's own :class:`Message` (an error reply) instead
+    of a reply object, and it is passed back unchanged.
 
     An instance is a Flower mod: ``ClientApp(mods=[MyMod()])``.
     """
@@ -203,7 +204,13 @@ class PhaseMod:
         request = phase.request.from_record(msg.content)
         handler: Callable[..., Any] = getattr(self, f"on_{phase.name}")
         if phase.runs_train:
-            answer = handler(request, context, lambda: call_next(msg, context))
+
+            def train(records: Mapping[str, Any] | None = None) -> Message:
+                for key, record in (records or {}).items():
+                    msg.content[key] = record  # e.g. the narrow model in place of the global
+                return call_next(msg, context)
+
+            answer = handler(request, context, train)
             if isinstance(answer, Message):
                 return answer
         else:

@@ -844,6 +844,39 @@ def topk_residual_vectors() -> dict[str, Any]:
     return {"empty": Residual("").to_bytes().hex(), "full": full.to_bytes().hex()}
 
 
+def width_settings_vectors() -> dict[str, Any]:
+    """The width family's one versioned settings record (``FSWS``): default and another key."""
+    from flwr_fsl.families.width.settings import WidthSettings
+
+    return {
+        "default": WidthSettings().to_bytes().hex(),
+        "full": WidthSettings("train-config").to_bytes().hex(),
+    }
+
+
+def sesa_settings_vectors() -> dict[str, Any]:
+    """SESA's one versioned settings record (``FSES``): defaults, and with a layer structure."""
+    from flwr_fsl.families.sesa.settings import SesaSettings
+
+    full = SesaSettings(
+        num_shards=4,
+        weighted=False,
+        weight_key="num-examples",
+        max_weight=100.0,
+        clip=4.0,
+        frac_bits=20,
+        max_clients=50,
+        config_key="config",
+        layers=("fc1", "fc2"),
+        widths=(8, 16),
+        groups=("node:fc1", "pair:fc2", "common"),
+    )
+    return {
+        "default": SesaSettings().to_bytes().hex(),
+        "full": full.to_bytes().hex(),
+    }
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -865,6 +898,8 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "secagg-settings": secagg_settings_vectors,
     "sfsl-settings": sfsl_settings_vectors,
     "topk-residual": topk_residual_vectors,
+    "width-settings": width_settings_vectors,
+    "sesa-settings": sesa_settings_vectors,
 }
 
 

@@ -28,6 +28,13 @@ three itself (your function never sees them) and wraps your function in the thir
 4. ``decode`` — from every survivor's masked update and the evaluations sealed to it, it
    computes ``ψ(α_i)`` and replies it.
 
+The four phases are the typed :class:`~flwr_fsl.core.phases.Phase` objects of
+:mod:`flwr_fsl.families.sesa.records`, answered by :class:`SesaMod`
+(a :class:`~flwr_fsl.core.phases.PhaseMod`); the round's settings arrive as one
+:class:`~flwr_fsl.families.sesa.messages.SesaSettings` record, and the client steps are the
+Flower-free ones of :mod:`flwr_fsl.families.sesa.server` (which :func:`~flwr_fsl.families.sesa.
+server.run_round` runs in process).
+
 All other messages (evaluation, queries, train messages without the record) pass through.
 A malformed or inconsistent SESA message raises :class:`~flwr_fsl.core.errors.ClientInputError`
 (Flower turns it into an error reply; the server drops the node). Error texts name checks,
@@ -36,40 +43,47 @@ never a shard, value or weight.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
-from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
-from flwr_fsl.families.sesa.protocol import (
-    SesaClient,
-    SesaError,
-    SesaParams,
-    ShardVector,
-    decode_ids,
+from flwr_fsl.families.sesa.protocol import SesaClient, SesaError, SesaParams, ShardVector
+from flwr_fsl.families.sesa.records import (
+    ADVERTISE,
+    DECODE,
+    OFFLINE,
+    SESA_KEY,
+    SESA_PHASES,
+    TRAIN,
+    AdvertiseReply,
+    AdvertiseRequest,
+    DecodeReply,
+    DecodeRequest,
+    MaskedUpdateReply,
+    MaskedUpdateRequest,
+    OfflineReply,
+    OfflineRequest,
 )
-from flwr_fsl.families.sesa.records import SESA_KEY, SESA_PHASES
+from flwr_fsl.families.sesa.server import choose_shards, masked_shard_update, narrow_model
 from flwr_fsl.families.width.mod import capacity_of
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY
-from flwr_fsl.families.width.rules import select_shards
 
 __all__ = [
     "SESA_KEY",
     "SESA_PHASES",
+    "SesaMod",
     "SesaNodeState",
-    "sesa_codec",
+    "ShardVector",
     "sesa_mod",
 ]
-
-log = logging.getLogger(__name__)
 
 _MAGIC = register_magic(b"FSEN", "SESA node state (flwr_fsl.families.sesa.mod)")
 _VERSION = 1
@@ -142,54 +156,88 @@ _SLOT: StateSlot[SesaNodeState] = StateSlot(
 )
 
 
-def _field(record: ConfigRecord, name: str, kind: type | tuple[type, ...]) -> object:
-    value = record.get(name)
-    if isinstance(value, bool) and kind is not bool:
-        raise ClientInputError(f"the SESA record lacks a valid {name!r}")
-    if not isinstance(value, kind):
-        raise ClientInputError(f"the SESA record lacks a valid {name!r}")
-    return value
-
-
-def _strings(record: ConfigRecord, name: str) -> list[str]:
-    value = record.get(name)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ClientInputError(f"the SESA record lacks a valid {name!r}")
-    return [str(v) for v in value]
-
-
-def sesa_codec(record: ConfigRecord, params: SesaParams) -> FixedPoint:
-    """Rebuild the round's fixed point from the train record (checked overflow bound).
-
-    Raises
-    ------
-    ClientInputError
-        If a setting is missing or the bound does not hold.
-    """
-    clip = _field(record, "clip", float)
-    frac_bits = _field(record, "frac-bits", int)
-    max_clients = _field(record, "max-clients", int)
-    try:
-        return FixedPoint(
-            frac_bits=int(frac_bits),  # type: ignore[call-overload]
-            max_abs=max(float(clip), 1.0),  # type: ignore[arg-type]
-            max_summands=int(max_clients),  # type: ignore[call-overload]
-            ring=params.field,
-        )
-    except ConfigurationError as err:
-        raise ClientInputError(f"the SESA fixed point settings are invalid: {err}") from err
-
-
-def _reply(msg: Message, **fields: bytes) -> Message:
-    return Message(RecordDict({SESA_KEY: ConfigRecord(dict(fields))}), reply_to=msg)
-
-
-def _round_state(record: ConfigRecord, context: Context) -> tuple[SesaNodeState, SesaParams]:
-    params = SesaParams.from_bytes(_field(record, "params", bytes))  # type: ignore[arg-type]
+def _round_state(context: Context, params: SesaParams) -> SesaNodeState:
     state = _SLOT.load(context)
     if state is None or state.client.params != params or state.client.node != context.node_id:
         raise ClientInputError("no SESA state for this round (its advertisement was lost)")
-    return state, params
+    return state
+
+
+class SesaMod(PhaseMod):
+    """The client side of ``SesaFedAvg`` (the module docstring) as a phase mod."""
+
+    family: ClassVar[str] = SESA_KEY
+    title: ClassVar[str] = "SESA"
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {
+        p.name: p for p in (ADVERTISE, OFFLINE, TRAIN, DECODE)
+    }
+
+    @staticmethod
+    def on_advertise(request: AdvertiseRequest, context: Context) -> AdvertiseReply:
+        """Pick this node's shards secretly; keep them with a fresh key; reply the public key."""
+        rate = capacity_of(context)
+        settings = request.settings
+        client, selection = choose_shards(int(context.node_id), request.params, settings, rate)
+        _SLOT.store(context, SesaNodeState(client, rate, settings.layers, selection))
+        return AdvertiseReply(client.advertise())
+
+    @staticmethod
+    def on_offline(request: OfflineRequest, context: Context) -> OfflineReply:
+        """Seal the selector and mask evaluations to every other client of the roster."""
+        state = _round_state(context, request.params)
+        bundle = state.client.offline(request.roster)
+        _SLOT.store(context, state)
+        return OfflineReply(bundle)
+
+    @staticmethod
+    def on_train(
+        request: MaskedUpdateRequest, context: Context, train: Callable[..., Message]
+    ) -> MaskedUpdateReply | Message:
+        """Train the narrow model the chosen shards span; reply its masked shard vectors."""
+        state = _round_state(context, request.params)
+        settings = request.settings
+        if settings.config_key not in request.beside.config_records:
+            raise ClientInputError("the SESA record names no config record of the message")
+        records = list(request.beside.array_records.values())
+        if len(records) != 1:
+            raise ClientInputError("a SESA train message must carry one ArrayRecord")
+        model = {k: a.numpy() for k, a in records[0].items()}
+        layout, narrow = narrow_model(request.params, settings, state.layers, state.choice, model)
+        sub = narrow.extract(model)
+        # The train function sees only the narrow model, and its rate in the train config.
+        request.beside.config_records[settings.config_key][RATE_CONFIG_KEY] = state.rate
+        array_key = next(iter(request.beside.array_records))
+        narrow_record = ArrayRecord({k: Array(np.asarray(v)) for k, v in sub.items()})
+        reply = train({array_key: narrow_record})
+        if reply.has_error():
+            return reply  # this client drops out; nobody uses its offline evaluations
+        trained_records = list(reply.content.array_records.values())
+        metric_records = list(reply.content.metric_records.values())
+        if len(trained_records) != 1 or len(metric_records) != 1:
+            raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
+        trained = {k: a.numpy() for k, a in trained_records[0].items()}
+        if {k: v.shape for k, v in trained.items()} != {k: v.shape for k, v in sub.items()}:
+            raise ClientInputError(
+                f"the train reply does not match the narrow model at rate {state.rate} "
+                f"(build the model from config[{RATE_CONFIG_KEY!r}])"
+            )
+        masked = masked_shard_update(
+            state.client, request.params, settings, request.sharers, layout, state.choice,
+            model, trained, metric_records[0].get(settings.weight_key),
+        )  # fmt: skip
+        _SLOT.store(context, state)
+        return MaskedUpdateReply(masked)
+
+    @staticmethod
+    def on_decode(request: DecodeRequest, context: Context) -> DecodeReply:
+        """Compute ``ψ(α_i)`` from the survivors' masked updates and the evaluations."""
+        state = _round_state(context, request.params)
+        evaluation = state.client.evaluate(request.request)
+        _SLOT.store(context, state)
+        return DecodeReply(evaluation)
+
+
+_MOD = SesaMod()
 
 
 def sesa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -216,131 +264,4 @@ def sesa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
         state; if the node has no valid capacity; or if the train reply does not match the
         narrow model it was given.
     """
-    record = msg.content.config_records.get(SESA_KEY)
-    if record is None or not msg.metadata.message_type.startswith(MessageType.TRAIN):
-        return call_next(msg, context)
-    phase = record.get("phase")
-    if phase == "advertise":
-        return _advertise(msg, record, context)
-    if phase == "offline":
-        state, _ = _round_state(record, context)
-        bundle = state.client.offline(_field(record, "roster", bytes))  # type: ignore[arg-type]
-        _SLOT.store(context, state)
-        return _reply(msg, bundle=bundle)
-    if phase == "train":
-        return _train(msg, record, context, call_next)
-    if phase == "decode":
-        state, _ = _round_state(record, context)
-        evaluation = state.client.evaluate(_field(record, "request", bytes))  # type: ignore[arg-type]
-        _SLOT.store(context, state)
-        return _reply(msg, evaluation=evaluation)
-    raise ClientInputError("unknown SESA phase")
-
-
-def _advertise(msg: Message, record: ConfigRecord, context: Context) -> Message:
-    params = SesaParams.from_bytes(_field(record, "params", bytes))  # type: ignore[arg-type]
-    layers = _strings(record, "layers")
-    descriptors = _strings(record, "groups")
-    widths = record.get("widths")
-    num_shards = _field(record, "num-shards", int)
-    if (
-        not isinstance(widths, list)
-        or len(widths) != len(layers)
-        or not all(isinstance(w, int) and not isinstance(w, bool) for w in widths)
-        or len(layers) > _MAX_LAYERS
-        or len(set(layers)) != len(layers)
-    ):
-        raise ClientInputError("the SESA record's layers and widths do not match")
-    rate = capacity_of(context)
-    s = int(num_shards)  # type: ignore[call-overload]
-    try:
-        picks = [select_shards(int(w), s, rate).shards for w in widths]
-    except ValueError as err:
-        raise ClientInputError(f"no SESA shard choice for this node: {err}") from err
-    selection = tuple(tuple(int(x) for x in p) for p in picks)
-    choice = check_selection(dict(zip(layers, selection, strict=True)), layers, s)
-    slots = group_slots(descriptors, s, choice)
-    if len(slots) != len(params.groups):
-        raise ClientInputError("the SESA record's groups do not match the round's parameters")
-    try:
-        client = SesaClient(int(context.node_id), params, slots)
-    except ConfigurationError as err:
-        raise ClientInputError(f"the SESA groups do not fit the round: {err}") from err
-    _SLOT.store(context, SesaNodeState(client, rate, tuple(layers), selection))
-    return _reply(msg, advertise=client.advertise())
-
-
-def _clip(deltas: Sequence[np.ndarray], clip: float) -> tuple[list[np.ndarray], int]:
-    out, clipped = [], 0
-    for d in deltas:
-        clipped += int(np.count_nonzero(np.abs(d) > clip))
-        out.append(np.clip(d, -clip, clip))
-    return out, clipped
-
-
-def _train(
-    msg: Message, record: ConfigRecord, context: Context, call_next: ClientAppCallable
-) -> Message:
-    state, params = _round_state(record, context)
-    sharers = decode_ids(_field(record, "sharers", bytes))  # type: ignore[arg-type]
-    config_key = _field(record, "config-key", str)
-    weight_key = _field(record, "weight-key", str)
-    weighted = _field(record, "weighted", bool)
-    max_weight = float(_field(record, "max-weight", float))  # type: ignore[arg-type]
-    clip = float(_field(record, "clip", float))  # type: ignore[arg-type]
-    num_shards = int(_field(record, "num-shards", int))  # type: ignore[call-overload]
-    if config_key not in msg.content.config_records:
-        raise ClientInputError("the SESA record names no config record of the message")
-    if not (np.isfinite(clip) and clip > 0 and np.isfinite(max_weight) and max_weight > 0):
-        raise ClientInputError("the SESA clipping range and max weight must be positive")
-    codec = sesa_codec(record, params)
-    records = list(msg.content.array_records.items())
-    if len(records) != 1:
-        raise ClientInputError("a SESA train message must carry one ArrayRecord")
-    array_key, global_record = records[0]
-    model = {k: a.numpy() for k, a in global_record.items()}
-    try:
-        layout = SesaLayout.of(model, num_shards)
-    except ConfigurationError as err:
-        raise ClientInputError(f"the global model does not split into SESA shards: {err}") from err
-    if layout.descriptors != tuple(_strings(record, "groups")) or layout.sesa_groups() != tuple(
-        params.groups
-    ):
-        raise ClientInputError("the global model's shard groups differ from the round's")
-    if tuple(layout.widths) != state.layers:
-        raise ClientInputError("the global model's hidden layers differ from the advertised ones")
-    narrow = layout.width_layout(model, state.choice)
-    sub = narrow.extract(model)
-    msg.content[array_key] = ArrayRecord({k: Array(np.asarray(v)) for k, v in sub.items()})
-    msg.content.config_records[str(config_key)][RATE_CONFIG_KEY] = state.rate
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply  # this client drops out; nobody uses its offline evaluations
-    trained_records = list(reply.content.array_records.values())
-    metric_records = list(reply.content.metric_records.values())
-    if len(trained_records) != 1 or len(metric_records) != 1:
-        raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
-    trained = {k: a.numpy() for k, a in trained_records[0].items()}
-    if {k: v.shape for k, v in trained.items()} != {k: v.shape for k, v in sub.items()}:
-        raise ClientInputError(
-            f"the train reply does not match the narrow model at rate {state.rate} "
-            f"(build the model from config[{RATE_CONFIG_KEY!r}])"
-        )
-    weight = 1.0
-    if weighted:
-        value = metric_records[0].get(str(weight_key))
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ClientInputError(f"the train reply lacks a numeric {weight_key!r}")
-        if not (np.isfinite(value) and 0 < value <= max_weight):
-            raise ClientInputError(f"{weight_key!r} must be in (0, max-weight]")
-        weight = float(value) / max_weight
-    deltas, clipped = _clip(layout.shard_deltas(model, trained, state.choice), clip)
-    if clipped:
-        log.warning("sesa_mod: %d update coordinates clipped to the clipping range", clipped)
-    updates = [
-        ShardVector(g.length, codec).encode(d, weight)
-        for g, d in zip(layout.groups, deltas, strict=True)
-    ]
-    masked = state.client.masked_update(sharers, updates)
-    _SLOT.store(context, state)
-    return _reply(msg, masked=masked)
+    return _MOD(msg, context, call_next)

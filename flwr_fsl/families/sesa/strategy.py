@@ -8,6 +8,13 @@ over the clients that chose it: neither which shards a client chose nor its valu
 client side is :func:`~flwr_fsl.mods.sesa_mod` in front of a width-scalable ``@app.train``
 (the same function :func:`~flwr_fsl.mods.width_mod` takes).
 
+The round's orchestration is :class:`~flwr_fsl.families.sesa.server.SesaRoundServer` (no
+Flower); this strategy is its transport: each of the server's asks goes out as a typed phase of
+:mod:`flwr_fsl.families.sesa.records` through
+:meth:`~flwr_fsl.core.engine.PhasedStrategy.send_phase` (bad replies drop their node). The
+settings travel as one :class:`~flwr_fsl.families.sesa.messages.SesaSettings` record, validated
+here once.
+
 A round is four ``train`` messages of the round engine
 (:class:`~flwr_fsl.core.engine.PhasedStrategy`), each carrying a :data:`SESA_KEY`
 record; the mod answers all but the third itself:
@@ -49,40 +56,35 @@ stay below ``(p - 1)/2``, which the constructor checks.
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.phases import Phase
 from flwr_fsl.families.sesa.layout import SesaLayout
-from flwr_fsl.families.sesa.protocol import SesaParams, SesaServer, encode_ids
-from flwr_fsl.families.sesa.records import SESA_KEY
+from flwr_fsl.families.sesa.records import (
+    ADVERTISE,
+    DECODE,
+    OFFLINE,
+    SESA_KEY,
+    TRAIN,
+    AdvertiseRequest,
+    DecodeRequest,
+    MaskedUpdateRequest,
+    OfflineRequest,
+)
+from flwr_fsl.families.sesa.server import Accept, SesaRoundServer, TrainAsk
+from flwr_fsl.families.sesa.settings import SesaSettings
 
 __all__ = ["SESA_KEY", "SesaFedAvg"]
-
-
-def _bytes(content: RecordDict, name: str) -> bytes:
-    record = content.config_records.get(SESA_KEY)
-    value = None if record is None else record.get(name)
-    if not isinstance(value, bytes):
-        raise ClientInputError(f"the SESA reply lacks the bytes field {name!r}")
-    return value
 
 
 class SesaFedAvg(MultiPhaseStrategy):
@@ -172,21 +174,20 @@ evaluate_metrics_aggr_fn, sampling_seed
             raise ConfigurationError(f"max_clients must be an int >= 2, got {max_clients!r}")
         if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
             raise ConfigurationError(f"frac_bits must be an int, got {frac_bits!r}")
+        # Validated once, here, before round 1; each round sends it with its layer structure.
+        self.settings = SesaSettings(
+            num_shards, weighted, weighted_by_key, float(max_weight), float(clipping_range),
+            frac_bits, max_clients, configrecord_key,
+        )  # fmt: skip
+        self.server = SesaRoundServer(self.settings)
         self.num_shards = num_shards
         self.privacy = t
         self.weighted = weighted
-        self.clipping_range = float(clipping_range)
+        self.clipping_range = self.settings.clip
         self.frac_bits = frac_bits
         self.max_clients = max_clients
-        try:
-            self.codec = FixedPoint(
-                frac_bits, max(self.clipping_range, 1.0), max_clients, PrimeField()
-            )
-        except ConfigurationError as err:
-            raise ConfigurationError(
-                f"SesaFedAvg (clipping_range / frac_bits / max_clients): {err}"
-            ) from err
-        self.session = os.urandom(16)
+        self.codec = self.settings.codec()
+        self.session = self.server.session
         self._layout: SesaLayout | None = None
         self._layout_key: tuple[object, ...] = ()
 
@@ -222,11 +223,6 @@ evaluate_metrics_aggr_fn, sampling_seed
         self.layout_of({k: a.numpy() for k, a in initial_arrays.items()})
         return super().start(grid, initial_arrays, *args, **kwargs)
 
-    def _record(self, params: SesaParams, phase: str, **fields: Any) -> RecordDict:
-        return RecordDict(
-            {SESA_KEY: ConfigRecord({"phase": phase, "params": params.to_bytes(), **fields})}
-        )
-
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -237,84 +233,14 @@ evaluate_metrics_aggr_fn, sampling_seed
         nodes = self.sample(state, grid)
         if not nodes:
             return None, None
-        if len(nodes) > self.max_clients:
-            raise RoundFailedError(
-                f"{len(nodes)} clients sampled, max_clients is {self.max_clients}"
-            )
         t = self.privacy_for(len(nodes))
-        params = SesaParams(state.server_round, self.session, t, layout.sesa_groups())
-        if len(nodes) < params.threshold:
-            raise RoundFailedError(
-                f"{len(nodes)} clients sampled, fewer than K_max + T = {params.threshold}"
-            )
+        params = self.server.params(layout, len(nodes), state.server_round, t)
         state.protocol = params
-        server = SesaServer(params)
-        advertise = self._record(
-            params,
-            "advertise",
-            groups=list(layout.descriptors),
-            layers=list(layout.widths),
-            widths=list(layout.widths.values()),
-            **{"num-shards": self.num_shards},
-        )
-        self.send(
-            grid, state, "advertise", dict.fromkeys(nodes, advertise), MessageType.TRAIN,
-            lambda n, c: server.add_advertisement(n, _bytes(c, "advertise")),
-        )  # fmt: skip
-        offline = self._record(params, "offline", roster=server.roster())
-        self.send(
-            grid, state, "offline", dict.fromkeys(state.survivors, offline), MessageType.TRAIN,
-            lambda n, c: server.add_bundle(n, _bytes(c, "bundle")),
-        )  # fmt: skip
-        sharers = server.sharers()
-        train = RecordDict(
-            {
-                self.arrayrecord_key: arrays,
-                self.configrecord_key: ConfigRecord(
-                    {**dict(config), "server-round": state.server_round}
-                ),
-                SESA_KEY: ConfigRecord(
-                    {
-                        "phase": "train",
-                        "params": params.to_bytes(),
-                        "sharers": encode_ids(sharers),
-                        "groups": list(layout.descriptors),
-                        "config-key": self.configrecord_key,
-                        "weight-key": self.weighted_by_key,
-                        "weighted": self.weighted,
-                        "max-weight": float(self.max_weight),
-                        "clip": self.clipping_range,
-                        "frac-bits": self.frac_bits,
-                        "max-clients": self.max_clients,
-                        "num-shards": self.num_shards,
-                    }
-                ),
-            }
-        )
-        messages = self.prepare(state, "train", dict.fromkeys(sharers, train), MessageType.TRAIN)
-        for _ in self.stream(
-            grid, state, "train", messages, lambda n, c: server.add_masked(n, _bytes(c, "masked"))
-        ):
-            pass
+        train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
+        exchange = _FlowerExchange(self, grid, state, arrays, train_config)
+        totals, server = self.server.aggregate(exchange, model, nodes, params, layout)
+        new = self.server.apply(model, layout, totals, self.codec)
         survivors = server.survivors
-        requests = {
-            n: self._record(params, "decode", request=server.evaluation_request(n))
-            for n in survivors
-        }
-        self.send(
-            grid, state, "decode", requests, MessageType.TRAIN,
-            lambda n, c: server.add_evaluation(n, _bytes(c, "evaluation")),
-        )  # fmt: skip
-        del requests
-        totals = server.result()
-        sums, weights = [], []
-        for group, total in zip(layout.groups, totals, strict=True):
-            values = self.codec.decode(total)
-            weight = values[:, group.length]
-            weight[weight < 0.5 / self.codec.scale] = 0.0
-            sums.append(values[:, : group.length])
-            weights.append(weight)
-        new = layout.apply(model, sums, weights)
         log(
             INFO,
             "aggregate_train: SESA over %d of %d sampled clients (T = %d, %d evaluations)",
@@ -331,3 +257,53 @@ evaluate_metrics_aggr_fn, sampling_seed
             }
         )
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}), metrics
+
+
+@dataclass
+class _FlowerExchange:
+    """The server's :data:`~flwr_fsl.families.sesa.server.Exchange` over typed phases."""
+
+    strategy: SesaFedAvg
+    grid: Grid
+    state: RoundState
+    arrays: ArrayRecord
+    config: ConfigRecord
+
+    def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
+        phase, field, make = self._route(label)
+        made: dict[int, Any] = {}  # one request per distinct ask: a shared one is encoded once
+        requests = {}
+        for node, ask in asks.items():
+            if id(ask) not in made:
+                made[id(ask)] = make(ask)
+            requests[node] = made[id(ask)]
+
+        def take(node: int, reply: Any) -> None:
+            accept(node, getattr(reply, field))
+
+        if phase is TRAIN:  # replies stream in as they arrive, as Flower's train round
+            replies = dict(
+                self.strategy.stream_phase(self.grid, self.state, phase, requests, accept=take)
+            )
+        else:
+            replies = self.strategy.send_phase(self.grid, self.state, phase, requests, accept=take)
+        return {n: getattr(r, field) for n, r in replies.items()}
+
+    def _route(self, label: str) -> tuple[Phase[Any, Any], str, Callable[[Any], Any]]:
+        """Return the phase of an ask's label, its reply's field and the ask -> request map."""
+        if label == "advertise":
+            return ADVERTISE, "advertise", lambda a: AdvertiseRequest(a.params, a.settings)
+        if label == "offline":
+            return OFFLINE, "bundle", lambda a: OfflineRequest(a.params, a.roster)
+        if label == "decode":
+            return DECODE, "evaluation", lambda a: DecodeRequest(a.params, a.request)
+        return TRAIN, "masked", self._train
+
+    def _train(self, ask: TrainAsk) -> MaskedUpdateRequest:
+        beside = RecordDict(
+            {
+                self.strategy.arrayrecord_key: self.arrays,
+                self.strategy.configrecord_key: self.config,
+            }
+        )
+        return MaskedUpdateRequest(ask.params, ask.sharers, ask.settings, beside)

@@ -21,13 +21,19 @@ other messages — evaluation, queries, plain train rounds — pass through unto
   ``partition-id`` in HeteroFL's fixed assignment of the run config's ``width-mix``
   (e.g. ``"a1-b1-c1"``, :meth:`~flwr_fsl.families.width.rules.CapacityMix.fixed`);
 * ``phase = "train"``: decodes the round's
-  :class:`~flwr_fsl.families.width.rules.WidthAssignment` (strict codec), writes its rate into the
-  message's config as :data:`RATE_CONFIG_KEY` and runs your function (the width record stays
+  :class:`~flwr_fsl.families.width.rules.WidthAssignment` and
+  :class:`~flwr_fsl.families.width.messages.WidthSettings` (strict codecs), writes the rate
+  into the message's config (the settings' ``config_key``) as :data:`RATE_CONFIG_KEY` and
+  runs your function (the width record stays
   beside the usual records; a train function that reads its usual keys ignores it). It checks
   that the reply's one ``ArrayRecord`` has exactly the tensors and shapes it received (a
   model built at the wrong rate is reported here, on the client, with the shapes), and adds a
   record naming the assignment's digest, by which the server matches the reply to the slice
   it sent.
+
+The two phases are :data:`~flwr_fsl.families.width.records.CAPACITY` and
+:data:`~flwr_fsl.families.width.records.TRAIN`, answered by :class:`WidthMod`, a
+:class:`~flwr_fsl.core.phases.PhaseMod`.
 
 The server chooses (and so knows) every client's channels; this mod hides nothing. Errors
 raise :class:`~flwr_fsl.core.errors.ClientInputError` (Flower turns them into an error reply, and
@@ -36,18 +42,33 @@ the server drops the node from the round with the text as the reason).
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.families.width.records import RATE_CONFIG_KEY, RATE_NODE_CONFIG_KEY, WIDTH_KEY
-from flwr_fsl.families.width.rules import CapacityMix, WidthAssignment, parse_rate
+from flwr_fsl.core.phases import Phase, PhaseMod
+from flwr_fsl.families.width.records import (
+    CAPACITY,
+    RATE_CONFIG_KEY,
+    RATE_NODE_CONFIG_KEY,
+    TRAIN,
+    WIDTH_KEY,
+    CapacityReply,
+    CapacityRequest,
+    WidthTrainReply,
+    WidthTrainRequest,
+)
+from flwr_fsl.families.width.rules import CapacityMix, parse_rate
 
 __all__ = [
     "MIX_RUN_CONFIG_KEY",
     "RATE_CONFIG_KEY",
     "RATE_NODE_CONFIG_KEY",
     "WIDTH_KEY",
+    "WidthMod",
     "capacity_of",
     "capacity_reply",
     "width_mod",
@@ -100,8 +121,62 @@ def capacity_of(context: Context) -> float:
 
 def capacity_reply(msg: Message, rate: float) -> Message:
     """Build the reply to a capacity request."""
-    record = ConfigRecord({"phase": "capacity", "rate": float(rate)})
-    return Message(RecordDict({WIDTH_KEY: record}), reply_to=msg)
+    return Message(CapacityReply(rate).to_record(), reply_to=msg)
+
+
+def _shapes(record: Any) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(array.shape) for name, array in record.items()}
+
+
+class WidthMod(PhaseMod):
+    """The client side of ``WidthFedAvg`` (the module docstring) as a phase mod."""
+
+    family: ClassVar[str] = WIDTH_KEY
+    title: ClassVar[str] = "width"
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {p.name: p for p in (CAPACITY, TRAIN)}
+
+    @staticmethod
+    def on_capacity(request: CapacityRequest, context: Context) -> CapacityReply:
+        """Answer the node's capacity (the train function is not called)."""
+        return CapacityReply(capacity_of(context))
+
+    @staticmethod
+    def on_train(
+        request: WidthTrainRequest, context: Context, train: Callable[[], Message]
+    ) -> WidthTrainReply | Message:
+        """Set the rate in the train config, run the train function, check its slice."""
+        config_key = request.settings.config_key
+        configs = request.beside.config_records
+        if config_key not in configs:
+            raise ClientInputError("the width record names no config record of the message")
+        arrays = list(request.beside.array_records.values())
+        if len(arrays) != 1:
+            raise ClientInputError("a width train message must carry one ArrayRecord")
+        sent = _shapes(arrays[0])
+        rate = request.assignment.rate
+        # The request's records are the message's own: the train function sees the rate.
+        configs[config_key][RATE_CONFIG_KEY] = rate
+        reply = train()
+        if reply.has_error():
+            return reply
+        trained = list(reply.content.array_records.values())
+        if len(trained) != 1:
+            raise ClientInputError("the train reply must hold exactly one ArrayRecord")
+        got = _shapes(trained[0])
+        if got != sent:
+            wrong = [
+                f"{n}: {got.get(n)} (expected {sent.get(n)})"
+                for n in sorted(set(got) | set(sent))
+                if got.get(n) != sent.get(n)
+            ]
+            raise ClientInputError(
+                f"the train reply does not match the width slice at rate {rate} "
+                f"(build the model from config[{RATE_CONFIG_KEY!r}]): {'; '.join(wrong[:4])}"
+            )
+        return WidthTrainReply(request.assignment.digest, reply.content)
+
+
+_MOD = WidthMod()
 
 
 def width_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -128,39 +203,4 @@ def width_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> M
         If the width record is malformed, the node has no valid capacity, or the train
         function's reply does not match the slice it was given.
     """
-    record = msg.content.config_records.get(WIDTH_KEY)
-    if record is None or not msg.metadata.message_type.startswith(MessageType.TRAIN):
-        return call_next(msg, context)
-    phase = record.get("phase")
-    if phase == "capacity":
-        return capacity_reply(msg, capacity_of(context))
-    if phase != "train":
-        raise ClientInputError("unknown width phase")
-    assignment = WidthAssignment.from_bytes(record.get("assignment"))
-    config_key = record.get("config-key")
-    if not isinstance(config_key, str) or config_key not in msg.content.config_records:
-        raise ClientInputError("the width record names no config record of the message")
-    arrays = list(msg.content.array_records.values())
-    if len(arrays) != 1:
-        raise ClientInputError("a width train message must carry one ArrayRecord")
-    sent = {name: tuple(array.shape) for name, array in arrays[0].items()}
-    msg.content.config_records[config_key][RATE_CONFIG_KEY] = assignment.rate
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply
-    trained = list(reply.content.array_records.values())
-    if len(trained) != 1:
-        raise ClientInputError("the train reply must hold exactly one ArrayRecord")
-    got = {name: tuple(array.shape) for name, array in trained[0].items()}
-    if got != sent:
-        wrong = [
-            f"{n}: {got.get(n)} (expected {sent.get(n)})"
-            for n in sorted(set(got) | set(sent))
-            if got.get(n) != sent.get(n)
-        ]
-        raise ClientInputError(
-            f"the train reply does not match the width slice at rate {assignment.rate} "
-            f"(build the model from config[{RATE_CONFIG_KEY!r}]): {'; '.join(wrong[:4])}"
-        )
-    reply.content[WIDTH_KEY] = ConfigRecord({"phase": "train", "digest": assignment.digest})
-    return reply
+    return _MOD(msg, context, call_next)

@@ -49,21 +49,22 @@ from collections.abc import Callable
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
+from flwr_fsl.families.width.records import (
+    CAPACITY,
+    RATE_CONFIG_KEY,
+    TRAIN,
+    CapacityReply,
+    CapacityRequest,
+    WidthTrainReply,
+    WidthTrainRequest,
+)
 from flwr_fsl.families.width.rules import (
     EXTRACTIONS,
     CapacityMix,
@@ -74,6 +75,7 @@ from flwr_fsl.families.width.rules import (
     assignment_of,
     shard_channels,
 )
+from flwr_fsl.families.width.settings import WidthSettings
 from flwr_fsl.submodel.aggregate import (
     accumulate_elements,
     apply_count_weighted,
@@ -205,6 +207,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             raise ConfigurationError(f"spec must be a WidthSpec, got {type(spec).__name__}")
         self.weighted = weighted
         self.spec = spec
+        # Validated once, here; every train message carries it (one versioned record).
+        self.settings = WidthSettings(configrecord_key)
         self.capacities: dict[int, float] = {}
         self.rates: dict[int, dict[int, float]] = {}
         self._widths: dict[str, int] = {}
@@ -283,27 +287,22 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             return {n: mix.draw(self.rule.seed, state.server_round, n) for n in nodes}
         unknown = [n for n in nodes if n not in self.capacities]
         if unknown:
-            request = RecordDict({WIDTH_KEY: ConfigRecord({"phase": "capacity"})})
-            answers = self.send(
-                grid, state, "capacity", dict.fromkeys(unknown, request), MessageType.TRAIN,
-                self._parse_capacity,
+            answers: dict[int, float] = {}
+
+            def accept(node: int, reply: CapacityReply) -> None:
+                try:
+                    answers[node] = self.rule.check_rate(reply.rate)
+                except ValueError as err:
+                    raise ClientInputError(f"capacity: {err}") from err
+
+            request = CapacityRequest()
+            self.send_phase(
+                grid, state, CAPACITY, dict.fromkeys(unknown, request), accept=accept
             )  # fmt: skip
             self.capacities.update(answers)
         # The phase shrank the survivors to the nodes it asked: add back the known ones.
         state.survivors = [n for n in nodes if n in self.capacities and n not in state.dropped]
         return {n: self.capacities[n] for n in state.survivors}
-
-    def _parse_capacity(self, _node: int, content: RecordDict) -> float:
-        record = content.config_records.get(WIDTH_KEY)
-        rate = None if record is None else record.get("rate")
-        if record is None or record.get("phase") != "capacity":
-            raise ClientInputError("the capacity reply has no width record (install width_mod)")
-        if isinstance(rate, bool) or not isinstance(rate, int | float):
-            raise ClientInputError("the capacity reply carries no numeric rate")
-        try:
-            return self.rule.check_rate(float(rate))
-        except ValueError as err:
-            raise ClientInputError(f"capacity: {err}") from err
 
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
@@ -322,25 +321,16 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         round_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         assignments: dict[int, WidthAssignment] = {}
         layouts: dict[int, WidthLayout] = {}
-        contents: dict[int, RecordDict] = {}
+        requests: dict[int, WidthTrainRequest] = {}
         for node, rate in rates.items():
             assignment = assignment_of(self.rule, self._widths, rate, state.server_round, node)
             layout = self.spec.layout(model, assignment.indices)
             narrow = {k: Array(np.ascontiguousarray(v)) for k, v in layout.extract(model).items()}
             assignments[node], layouts[node] = assignment, layout
-            contents[node] = RecordDict(
-                {
-                    self.arrayrecord_key: ArrayRecord(narrow),
-                    self.configrecord_key: round_config,
-                    WIDTH_KEY: ConfigRecord(
-                        {
-                            "phase": "train",
-                            "assignment": assignment.to_bytes(),
-                            "config-key": self.configrecord_key,
-                        }
-                    ),
-                }
+            beside = RecordDict(
+                {self.arrayrecord_key: ArrayRecord(narrow), self.configrecord_key: round_config}
             )
+            requests[node] = WidthTrainRequest(assignment, self.settings, beside)
         log(
             INFO,
             "round %s: %s clients by rate %s",
@@ -348,13 +338,14 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             self.rule.extraction,
             dict(sorted(Counter(rates.values()).items(), reverse=True)),
         )
+        parts: dict[int, tuple[ElementUpdate, RecordDict]] = {}
 
-        def parse(node: int, content: RecordDict) -> tuple[ElementUpdate, RecordDict]:
-            record = content.config_records.get(WIDTH_KEY)
-            if record is None or record.get("digest") != assignments[node].digest:
+        def accept(node: int, reply: WidthTrainReply) -> None:
+            if reply.digest != assignments[node].digest:
                 raise ClientInputError(
                     "the reply does not name this round's width assignment (install width_mod)"
                 )
+            content = reply.beside
             trained = list(content.array_records.values())
             if len(trained) != 1:
                 raise ClientInputError(f"expected one ArrayRecord, got {len(trained)}")
@@ -366,14 +357,15 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             update = layouts[node].delta(model, sub, weight if self.weighted else 1.0)
             check_contribution(update, self.max_weight, len(state.sampled))
             metrics = RecordDict(dict(content.metric_records))
-            return layouts[node].elements(update), metrics
+            parts[node] = (layouts[node].elements(update), metrics)
 
-        messages = self.prepare(state, "train", contents, MessageType.TRAIN)
-        del contents
+        stream = self.stream_phase(grid, state, TRAIN, requests, accept=accept)
+        del requests
         size = next(iter(layouts.values())).size if layouts else 0
         sums, counts = np.zeros((size, 1)), np.zeros(size)
         replies: list[RecordDict] = []
-        for _node, (part, reply_metrics) in self.stream(grid, state, "train", messages, parse):
+        for node, _reply in stream:
+            part, reply_metrics = parts.pop(node)
             s, c = accumulate_elements(size, 1, [part])
             sums += s
             counts += c

@@ -19,6 +19,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.width.mod import capacity_of
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY, WIDTH_KEY
 from flwr_fsl.families.width.rules import CapacityMix, WidthAssignment, WidthRule
+from flwr_fsl.families.width.settings import WidthSettings
 from flwr_fsl.models.width import WidthMLP
 from flwr_fsl.mods import width_mod
 from flwr_fsl.strategies import WidthFedAvg
@@ -533,12 +534,19 @@ def test_mod_rejects_malformed_width_records() -> None:
         raise AssertionError("not reached")
 
     good = WidthAssignment(1, 0.5, "rolling", {"h": np.array([0])}).to_bytes()
+    settings = WidthSettings("config").to_bytes()
     cases = [
         ({"phase": "other"}, "unknown width phase"),
-        ({"phase": "train", "assignment": b"junk", "config-key": "config"}, "truncated"),
-        ({"phase": "train", "assignment": "text", "config-key": "config"}, "must be bytes"),
-        ({"phase": "train", "assignment": good[:-2], "config-key": "config"}, "truncated"),
-        ({"phase": "train", "assignment": good, "config-key": "nope"}, "config record"),
+        ({"phase": "train", "assignment": b"junk", "settings": settings}, "truncated"),
+        ({"phase": "train", "assignment": "text", "settings": settings}, "must be bytes"),
+        ({"phase": "train", "assignment": good[:-2], "settings": settings}, "truncated"),
+        ({"phase": "train", "assignment": good}, "width settings must be bytes"),
+        ({"phase": "train", "assignment": good, "settings": settings[:-1]}, "truncated"),
+        ({"phase": "train", "assignment": good, "settings": settings + b"x"}, "trailing"),
+        (
+            {"phase": "train", "assignment": good, "settings": WidthSettings("nope").to_bytes()},
+            "config record",
+        ),
     ]
     for fields, reason in cases:
         msg = Message(
