@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES
+from flwr_fsl.families.privhfl.config import PrivHFLConfig, SessionSeeds
 from flwr_fsl.families.privhfl.inference import (
     Architecture,
     AvgPool2d,
@@ -63,16 +64,8 @@ from flwr_fsl.families.privhfl.inference import (
     SecureModel,
     Shape,
 )
-from flwr_fsl.families.privhfl.protocol import (
-    Answerer,
-    PrivHFLConfig,
-    PrivHFLMessageError,
-    QuerierMessageError,
-    QuerierSession,
-    ServerParty,
-    SessionSeeds,
-    _linear_geometry,
-)
+from flwr_fsl.families.privhfl.ops import Answerer, QuerierSession, ServerParty, _linear_geometry
+from flwr_fsl.families.privhfl.wire import PrivHFLMessageError, QuerierMessageError
 
 __all__ = [
     "MAX_DEPTH",

@@ -54,7 +54,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.crypto.sealing import RoundBinding
-from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
+from flwr_fsl.families.privhfl.config import PrivHFLConfig
 
 __all__ = [
     "KEY_SLOT",

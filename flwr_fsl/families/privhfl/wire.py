@@ -1,0 +1,288 @@
+"""The PHFL byte format of PrivHFL's three-party messages, their errors and their transcript.
+
+Every message the querier ``Q``, an answerer ``A`` and the server ``S`` exchange in secure
+querying (:mod:`flwr_fsl.families.privhfl.protocol`, the ops in
+:mod:`flwr_fsl.families.privhfl.ops`) is one :class:`Message`; :func:`expect` parses one and
+checks it is the message the receiver's op expects; :class:`Transcript` counts them.
+
+**Wire format** of every message (version 1): ``b"PHFL"``, version ``u8``, kind ``u8``, step
+``u64`` (the op label), array count ``u8``, arrays (:mod:`flwr_fsl.core.wireformat` ``array``
+fields, ``uint64`` only, shapes checked by the receiver against what the op expects), then a
+length-prefixed byte string (a DCF public part, or empty). No trailing bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import (
+    MAX_ARRAY_NDIM,
+    MAX_MESSAGE_BYTES,
+    Reader,
+    WireFormatError,
+    register_magic,
+)
+
+__all__ = [
+    "KIND_NAMES",
+    "OFFLINE_KINDS",
+    "Message",
+    "PrivHFLMessageError",
+    "QuerierMessageError",
+    "ServerMessageError",
+    "Transcript",
+    "expect",
+]
+
+_U64 = np.uint64
+
+# Message kinds and whether they can be sent before the query exists (offline).
+SHARE, MATMUL_DEAL, MATMUL_A, MATMUL_S = 1, 2, 3, 4
+DRELU_A, DRELU_S, DRELU_Q, TRIPLE_DEAL, BEAVER_A, BEAVER_S = 5, 6, 7, 8, 9, 10
+DCF_DEAL, DCF_RELAY, DCF_OPEN_A, DCF_OPEN_S = 11, 12, 13, 14
+AGG_A, AGG_S = 15, 16
+KIND_NAMES = {
+    SHARE: "share",
+    MATMUL_DEAL: "matmul-deal",
+    MATMUL_A: "matmul-E",
+    MATMUL_S: "matmul-F",
+    DRELU_A: "drelu-z0",
+    DRELU_S: "drelu-z",
+    DRELU_Q: "drelu-sign",
+    TRIPLE_DEAL: "triple-deal",
+    BEAVER_A: "beaver-A",
+    BEAVER_S: "beaver-S",
+    DCF_DEAL: "dcf-deal",
+    DCF_RELAY: "dcf-relay",
+    DCF_OPEN_A: "dcf-open-A",
+    DCF_OPEN_S: "dcf-open-S",
+    AGG_A: "agg-A",
+    AGG_S: "agg-S",
+}
+OFFLINE_KINDS = frozenset({MATMUL_DEAL, MATMUL_A, TRIPLE_DEAL, DCF_DEAL, DCF_RELAY})
+_MAGIC = register_magic(b"PHFL", "PrivHFL protocol message (flwr_fsl.families.privhfl.wire)")
+_VERSION = 1
+_MAX_ARRAYS = 8
+
+
+class PrivHFLMessageError(ClientInputError):
+    """A PrivHFL message is malformed, of the wrong kind or step, or has a wrong shape."""
+
+
+class QuerierMessageError(PrivHFLMessageError):
+    """A message dealt by the querier is malformed: its query fails (no answerer is blamed)."""
+
+
+class ServerMessageError(RoundFailedError):
+    """The querier got a malformed message from the server: the query fails loudly."""
+
+
+@dataclass(frozen=True, eq=False)
+class Message:
+    """One protocol message: kind, step (op label), uint64 arrays and an optional blob."""
+
+    kind: int
+    step: int
+    arrays: tuple[NDArray[np.uint64], ...] = ()
+    blob: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        """Serialize (format in the module docstring)."""
+        if self.kind not in KIND_NAMES:
+            raise ConfigurationError(f"unknown message kind {self.kind}")
+        if len(self.arrays) > _MAX_ARRAYS:
+            raise ConfigurationError(f"at most {_MAX_ARRAYS} arrays per message")
+        # Fields as in the module docstring; array data joins as views: one copy in all.
+        parts: list[bytes | memoryview] = [
+            _MAGIC + struct.pack("<BBQB", _VERSION, self.kind, self.step, len(self.arrays))
+        ]
+        for a in self.arrays:
+            if not isinstance(a, np.ndarray) or a.dtype != _U64:
+                raise ConfigurationError("message arrays must be uint64")
+            if a.ndim > MAX_ARRAY_NDIM:
+                raise ConfigurationError(f"message arrays have at most {MAX_ARRAY_NDIM} dimensions")
+            # A wireformat array field: dtype code 1 (uint64), ndim, dims, the data.
+            parts.append(struct.pack(f"<BB{a.ndim}Q", 1, a.ndim, *a.shape))
+            parts.append(np.ascontiguousarray(a, dtype="<u8").reshape(-1).view(np.uint8).data)
+        if not isinstance(self.blob, bytes):
+            raise ConfigurationError("the blob must be bytes")
+        parts += [struct.pack("<I", len(self.blob)), self.blob]
+        data = b"".join(parts)
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ConfigurationError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        return data
+
+    @classmethod
+    def from_bytes(cls, data: object) -> Message:
+        """Parse a message (any kind; :func:`expect` also checks kind, step and shapes).
+
+        Raises
+        ------
+        PrivHFLMessageError
+            If the bytes are not exactly one well-formed message.
+        """
+        try:
+            if isinstance(data, bytes | bytearray | memoryview) and len(data) > MAX_MESSAGE_BYTES:
+                raise PrivHFLMessageError(f"message exceeds {MAX_MESSAGE_BYTES} bytes")
+            r = Reader.versioned(data, _MAGIC, _VERSION, "PrivHFL message")
+            kind = r.u8("kind")
+            if kind not in KIND_NAMES:
+                raise PrivHFLMessageError(f"unknown PrivHFL message kind {kind}")
+            step = r.u64("step")
+            count = r.u8("array count")
+            if count > _MAX_ARRAYS:
+                raise PrivHFLMessageError(f"{count} arrays, at most {_MAX_ARRAYS}")
+            arrays = tuple(r.array_u64(f"array {i}") for i in range(count))
+            blob = r.raw("blob")
+            r.done()
+        except PrivHFLMessageError:
+            raise
+        except WireFormatError as err:
+            raise PrivHFLMessageError(str(err)) from err
+        return cls(kind, step, arrays, blob)
+
+
+def expect(
+    data: object,
+    kind: int,
+    step: int,
+    shapes: Sequence[tuple[int, ...]],
+    *,
+    blob: bool = False,
+    sender: str = "peer",
+) -> Message:
+    """Parse ``data`` and check it is the expected message of this op.
+
+    Parameters
+    ----------
+    data : bytes
+        The received message.
+    kind : int
+        Expected kind.
+    step : int
+        Expected op label.
+    shapes : sequence of tuple of int
+        Expected shape of each array, in order.
+    blob : bool, optional
+        Whether a non-empty blob is expected (else it must be empty).
+    sender : str, optional
+        Who sent it, for the error message.
+
+    Returns
+    -------
+    Message
+        The message.
+
+    Raises
+    ------
+    PrivHFLMessageError
+        If anything differs.
+    """
+    try:
+        msg = Message.from_bytes(data)
+        _check_expected(msg, kind, step, shapes, blob, sender)
+    except PrivHFLMessageError as err:
+        if sender == "querier":
+            raise QuerierMessageError(str(err)) from err
+        raise
+    return msg
+
+
+def _check_expected(
+    msg: Message,
+    kind: int,
+    step: int,
+    shapes: Sequence[tuple[int, ...]],
+    blob: bool,
+    sender: str,
+) -> None:
+    what = f"{KIND_NAMES[kind]} message from {sender}"
+    if msg.kind != kind:
+        raise PrivHFLMessageError(f"expected a {what}, got kind {KIND_NAMES[msg.kind]}")
+    if msg.step != step:
+        raise PrivHFLMessageError(f"{what} is for step {msg.step}, expected {step}")
+    got = [a.shape for a in msg.arrays]
+    if got != [tuple(s) for s in shapes]:
+        raise PrivHFLMessageError(f"{what} must carry arrays of shapes {list(shapes)}, got {got}")
+    if bool(msg.blob) != blob:
+        raise PrivHFLMessageError(f"{what} must {'' if blob else 'not '}carry a blob")
+
+
+class Transcript:
+    """What crossed between parties: sizes per kind and phase, per-party views, party times.
+
+    Parameters
+    ----------
+    keep_views : bool, optional
+        Keep every received message (decoded) per receiver, for view tests.
+    clock : callable, optional
+        The clock of :meth:`timed` (default ``time.perf_counter``; ``time.process_time``
+        measures CPU time, which other load on the machine does not inflate).
+    """
+
+    def __init__(
+        self, keep_views: bool = False, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.records: list[tuple[str, str, int, int]] = []
+        self.views: dict[str, list[Message]] = defaultdict(list)
+        self.keep_views = keep_views
+        self.clock = clock
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def record(self, sender: str, receiver: str, data: bytes) -> None:
+        """Count a message (and keep it, parsed, in the receiver's view).
+
+        Raises
+        ------
+        PrivHFLMessageError
+            If the bytes do not start like a message (a view also needs the whole message).
+        """
+        if len(data) < 6 or data[:4] != _MAGIC or data[5] not in KIND_NAMES:
+            raise PrivHFLMessageError("not a PrivHFL message")
+        self.records.append((sender, receiver, data[5], len(data)))
+        if self.keep_views:
+            self.views[receiver].append(Message.from_bytes(data))
+
+    @contextmanager
+    def timed(self, party: str) -> Iterator[None]:
+        """Add the time spent in the block to ``party``'s total."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self.seconds[party] += self.clock() - start
+
+    def bytes_total(self, phase: str | None = None) -> int:
+        """Total bytes, optionally only ``"offline"`` or ``"online"`` kinds."""
+        return sum(
+            n
+            for _, _, k, n in self.records
+            if phase is None or (k in OFFLINE_KINDS) == (phase == "offline")
+        )
+
+    def bytes_by_link(self) -> dict[str, int]:
+        """Bytes per ``"sender->receiver"`` link."""
+        out: dict[str, int] = defaultdict(int)
+        for s, r, _, n in self.records:
+            out[f"{s}->{r}"] += n
+        return dict(out)
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes per message kind."""
+        out: dict[str, int] = defaultdict(int)
+        for _, _, k, n in self.records:
+            out[KIND_NAMES[k]] += n
+        return dict(out)
+
+    def kinds_received(self, party: str) -> list[str]:
+        """Kinds of the messages ``party`` received, in order (needs ``keep_views``)."""
+        return [KIND_NAMES[m.kind] for m in self.views[party]]
