@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a CUDA build).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,examples,benchmarks]"
+	$(PY) -m pip install -q -e ".[torch,test,examples,benchmarks]"
 	touch $@
 
 install: $(STAMP)

@@ -265,3 +265,18 @@ def test_clients_seal_without_loading_the_helper_server() -> None:
 def test_protocols_load_neither_flower_nor_grpc(module: str) -> None:
     loaded = _loaded_after_import(module, ("grpc", "flwr.", "flwr_fsl.helper"))
     assert not loaded, f"importing {module} loads {loaded}"
+
+
+def test_the_library_imports_without_torch() -> None:
+    # torch is an extra (flwr_fsl[torch]): only the example models and PrivHFL's clients need it.
+    blocked = "import sys; sys.modules['torch'] = None\n"
+    library = (
+        "import flwr_fsl.strategies, flwr_fsl.mods, flwr_fsl.helper, flwr_fsl.models.mf\n"
+        "import flwr_fsl.families.sesa.strategy, flwr_fsl.families.sfsl.mod\n"
+    )
+    done = subprocess.run([sys.executable, "-c", blocked + library], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # The check can fail: a torch model does need torch.
+    model = "from flwr_fsl.models import MnistCNN\n"
+    done = subprocess.run([sys.executable, "-c", blocked + model], capture_output=True, text=True)
+    assert done.returncode != 0 and "torch" in done.stderr.splitlines()[-1]
