@@ -16,7 +16,6 @@ MAX_LINES = 800
 ALLOWED: dict[str, int] = {
     # Being split; lower when done (each ceiling is its line count when listed + 50).
     "flwr_fsl/families/privhfl/protocol.py": 1599,
-    "flwr_fsl/families/secagg/protocol.py": 975,
     "flwr_fsl/families/privhfl/inference.py": 911,
 }
 """Path (relative to the repository root) -> the most lines it may have for now."""
