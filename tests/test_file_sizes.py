@@ -14,8 +14,7 @@ PACKAGE = ROOT / "flwr_fsl"
 MAX_LINES = 800
 
 ALLOWED: dict[str, int] = {
-    # Being split; lower when done (each ceiling is its line count when listed + 50).
-    "flwr_fsl/families/secagg/protocol.py": 975,
+    # A file being split may be listed here with its ceiling (its line count + 50) until then.
 }
 """Path (relative to the repository root) -> the most lines it may have for now."""
 

@@ -3,9 +3,13 @@
 Little-endian fields, each length checked against the bytes actually left *before* anything is
 allocated, so a short input with a huge declared length fails fast and cheaply:
 
-* ``u8``, ``u32``, ``u64``;
+* ``u8``, ``u32``, ``u64``; ``f64``: the IEEE-754 binary64 bits (the bytes of a ``u64``);
 * ``bytes``: ``u32`` length, then the bytes; ``fixed(n)``: exactly ``n`` raw bytes;
-* ``ids``: ``u32`` count, then ``count`` ``u64``;
+  ``words(n, dtype)``: ``n`` raw little-endian elements (the count known from elsewhere);
+* ``ids``: ``u32`` count, then ``count`` ``u64`` (a *canonical* id set is sorted without
+  repeats, and its reader refuses ids that are not strictly increasing);
+* ``node_map``: ``u32`` count, then per entry a ``u64`` node id (strictly increasing) and the
+  entry: ``fixed(size)`` bytes, or a ``bytes`` field where the entries vary in size;
 * ``array``: dtype code ``u8`` (1 uint64, 2 int64, 3 float32, 4 float64, 5 uint8), ``ndim``
   ``u8`` (0..4), ``ndim`` ``u64`` dimensions, then the elements as raw little-endian C-order
   bytes;
@@ -21,13 +25,15 @@ formats can never share a tag (``tests/test_magics.py`` checks that no magic byp
 
 Every malformed
 input raises :class:`WireFormatError`, a :class:`~flwr_fsl.core.errors.ClientInputError`: bytes that
-came from one party are dropped with a reason, never crash the reader.
+came from one party are dropped with a reason, never crash the reader. A format that has its own
+:class:`~flwr_fsl.core.errors.ClientInputError` subclass passes it as ``error`` to
+:class:`Reader` and :class:`Writer`, which then raise that class instead.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -110,51 +116,85 @@ def register_magic(magic: bytes, name: str) -> bytes:
 
 
 class Writer:
-    """Append fields; :meth:`payload` returns the bytes."""
+    """Append fields; :meth:`payload` returns the bytes.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    error : type of ClientInputError
+        What a field that cannot be written raises (default :class:`WireFormatError`).
+    """
+
+    def __init__(self, error: type[ClientInputError] = WireFormatError) -> None:
         self.parts: list[bytes] = []
+        self.error = error
 
     def u8(self, v: int) -> None:
         """Append an unsigned byte."""
-        self.parts.append(struct.pack("<B", _check_uint(v, 0xFF, "u8")))
+        self.parts.append(struct.pack("<B", _check_uint(v, 0xFF, "u8", self.error)))
 
     def u32(self, v: int) -> None:
         """Append a u32."""
-        self.parts.append(struct.pack("<I", _check_uint(v, 0xFFFFFFFF, "u32")))
+        self.parts.append(struct.pack("<I", _check_uint(v, 0xFFFFFFFF, "u32", self.error)))
 
     def u64(self, v: int) -> None:
         """Append a u64."""
-        self.parts.append(struct.pack("<Q", _check_uint(v, _U64_MAX, "u64")))
+        self.parts.append(struct.pack("<Q", _check_uint(v, _U64_MAX, "u64", self.error)))
+
+    def f64(self, v: float) -> None:
+        """Append a float as its IEEE-754 binary64 bits."""
+        if isinstance(v, bool) or not isinstance(v, int | float | np.floating | np.integer):
+            raise self.error(f"f64 field must be a number, got {v!r}")
+        self.parts.append(struct.pack("<d", float(v)))
 
     def raw(self, b: bytes) -> None:
         """Append ``u32`` length then the bytes."""
         if not isinstance(b, bytes | bytearray | memoryview):
-            raise WireFormatError(f"expected bytes, got {type(b).__name__}")
+            raise self.error(f"expected bytes, got {type(b).__name__}")
         data = bytes(b)
         self.u32(len(data))
         self.parts.append(data)
 
-    def count(self, n: int) -> None:
-        """Append a list count (at most :data:`MAX_ITEMS`)."""
-        if n > MAX_ITEMS:
-            raise WireFormatError(f"{n} items exceed the limit of {MAX_ITEMS}")
+    def count(self, n: int, limit: int | None = MAX_ITEMS) -> None:
+        """Append a list count (at most ``limit``; ``None``: any ``u32``, the reader bounds it)."""
+        if limit is not None and n > limit:
+            raise self.error(f"{n} items, more than {limit}")
         self.u32(n)
 
-    def ids(self, ids: Sequence[int]) -> None:
-        """Append a list of u64 ids."""
-        self.count(len(ids))
-        for i in ids:
-            self.u64(i)
+    def ids(
+        self, ids: Iterable[int], *, canonical: bool = False, limit: int | None = MAX_ITEMS
+    ) -> None:
+        """Append a list of u64 ids: as given, or (``canonical``) sorted without repeats."""
+        values = [_check_uint(i, _U64_MAX, "id", self.error) for i in ids]
+        if canonical:
+            values = sorted(set(values))
+        self.count(len(values), limit)
+        self.parts.append(np.asarray(values, dtype="<u8").tobytes())
+
+    def node_map(
+        self, entries: Mapping[int, bytes], size: int | None, *, limit: int | None = MAX_ITEMS
+    ) -> None:
+        """Append node id -> bytes in id order (``size`` bytes each, or ``None``: ``bytes``)."""
+        nodes = sorted(_check_uint(n, _U64_MAX, "node id", self.error) for n in entries)
+        self.count(len(nodes), limit)
+        for node in nodes:
+            self.u64(node)
+            if size is None:
+                self.raw(entries[node])
+            else:
+                self.fixed(entries[node], size)
+
+    def words(self, values: object, dtype: str) -> None:
+        """Append the elements of ``values`` as raw ``dtype`` (e.g. ``"<u4"``), no count."""
+        self.parts.append(np.asarray(values, dtype=_word_dtype(dtype, self.error)).tobytes())
 
     def array(self, a: NDArray[np.generic]) -> None:
         """Append an array field (dtype code, ndim, shape, data)."""
         arr = np.asarray(a)
         code = _DTYPE_CODES.get((arr.dtype.kind, arr.dtype.itemsize))
         if code is None:
-            raise WireFormatError(f"unsupported array dtype {arr.dtype}")
+            raise self.error(f"unsupported array dtype {arr.dtype}")
         if arr.ndim > MAX_ARRAY_NDIM:
-            raise WireFormatError(f"array has {arr.ndim} dimensions, at most {MAX_ARRAY_NDIM}")
+            raise self.error(f"array has {arr.ndim} dimensions, at most {MAX_ARRAY_NDIM}")
         self.u8(code)
         self.u8(arr.ndim)
         for d in arr.shape:
@@ -164,7 +204,7 @@ class Writer:
     def fixed(self, b: bytes, n: int) -> None:
         """Append exactly ``n`` raw bytes."""
         if not isinstance(b, bytes | bytearray) or len(b) != n:
-            raise WireFormatError(f"expected exactly {n} bytes")
+            raise self.error(f"expected exactly {n} bytes")
         self.parts.append(bytes(b))
 
     def payload(self) -> bytes:
@@ -172,42 +212,72 @@ class Writer:
         return b"".join(self.parts)
 
 
-def _check_uint(v: int, top: int, name: str) -> int:
+def _check_uint(
+    v: object, top: int, name: str, error: type[ClientInputError] = WireFormatError
+) -> int:
     if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) <= top:
-        raise WireFormatError(f"{name} field must be an integer in [0, {top}], got {v!r}")
+        raise error(f"{name} field must be an integer in [0, {top}], got {v!r}")
     return int(v)
 
 
-class Reader:
-    """Read fields strictly from ``data`` from ``pos`` on; :meth:`done` rejects trailing bytes."""
+def _word_dtype(dtype: str, error: type[ClientInputError]) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.kind not in "uif" or dt != dt.newbyteorder("<"):
+        raise error(f"words must be a little-endian numeric dtype, got {dtype!r}")
+    return dt
 
-    def __init__(self, data: bytes, pos: int) -> None:
+
+class Reader:
+    """Read fields strictly from ``data`` from ``pos`` on; :meth:`done` rejects trailing bytes.
+
+    Parameters
+    ----------
+    data : bytes
+        The message.
+    pos : int
+        Where to start reading.
+    error : type of ClientInputError
+        What malformed input raises (default :class:`WireFormatError`).
+    """
+
+    def __init__(
+        self, data: bytes, pos: int = 0, error: type[ClientInputError] = WireFormatError
+    ) -> None:
         self.data = data
         self.pos = pos
+        self.error = error
 
     @classmethod
-    def versioned(cls, data: object, magic: bytes, version: int, what: str) -> Reader:
+    def versioned(
+        cls,
+        data: object,
+        magic: bytes,
+        version: int,
+        what: str,
+        error: type[ClientInputError] = WireFormatError,
+    ) -> Reader:
         """Start reading a ``magic + u8 version`` format; return the reader after the header.
 
         Raises
         ------
         WireFormatError
-            If ``data`` is not bytes, or the magic or version is not the expected one.
+            (or ``error``) If ``data`` is not bytes, or the magic or version is not the
+            expected one.
         """
         if not isinstance(data, bytes | bytearray | memoryview):
-            raise WireFormatError(f"{what} must be bytes")
+            raise error(f"{what} must be bytes")
         data = bytes(data)
         if data[: len(magic)] != magic:
-            raise WireFormatError(f"not {what}")
-        reader = cls(data, len(magic))
+            raise error(f"not {what}")
+        reader = cls(data, len(magic), error)
         found = reader.u8("version")
         if found != version:
-            raise WireFormatError(f"unsupported {what} version {found}")
+            raise error(f"unsupported {what} version {found}")
         return reader
 
     def _take(self, n: int, what: str) -> bytes:
-        if n > len(self.data) - self.pos:
-            raise WireFormatError(
+        if n < 0 or n > len(self.data) - self.pos:
+            raise self.error(
                 f"truncated message: {what} needs {n} bytes, {len(self.data) - self.pos} left"
             )
         out = self.data[self.pos : self.pos + n]
@@ -226,6 +296,10 @@ class Reader:
         """Read a u64."""
         return int(struct.unpack("<Q", self._take(8, what))[0])
 
+    def f64(self, what: str) -> float:
+        """Read a float from its IEEE-754 binary64 bits."""
+        return float(struct.unpack("<d", self._take(8, what))[0])
+
     def raw(self, what: str) -> bytes:
         """Read a length-prefixed byte string."""
         return self._take(self.u32(f"{what} length"), what)
@@ -234,28 +308,50 @@ class Reader:
         """Read exactly ``n`` raw bytes."""
         return self._take(n, what)
 
-    def count(self, what: str, min_item_bytes: int) -> int:
-        """Read a list count, checking it against the limit and the bytes left."""
+    def words(self, count: int, dtype: str, what: str) -> NDArray[Any]:
+        """Read ``count`` raw ``dtype`` elements (e.g. ``"<u4"``; bytes checked first)."""
+        dt = _word_dtype(dtype, self.error)
+        return np.frombuffer(self._take(count * dt.itemsize, what), dtype=dt)
+
+    def count(self, what: str, min_item_bytes: int, limit: int = MAX_ITEMS) -> int:
+        """Read a list count, checking it against ``limit`` and the bytes left."""
         n = self.u32(f"{what} count")
-        if n > MAX_ITEMS:
-            raise WireFormatError(f"{what}: {n} items exceed the limit of {MAX_ITEMS}")
+        if n > limit:
+            raise self.error(f"{what} lists {n} items, more than {limit}")
         if n * min_item_bytes > len(self.data) - self.pos:
-            raise WireFormatError(f"truncated message: {n} {what} declared, too few bytes")
+            raise self.error(f"truncated message: {n} {what} declared, too few bytes")
         return n
 
-    def ids(self, what: str) -> tuple[int, ...]:
-        """Read a list of u64 ids."""
-        n = self.count(what, 8)
-        return tuple(self.u64(what) for _ in range(n))
+    def ids(
+        self, what: str, *, increasing: bool = False, limit: int = MAX_ITEMS
+    ) -> tuple[int, ...]:
+        """Read a list of u64 ids (``increasing``: a canonical set, strictly increasing)."""
+        values = self.words(self.count(what, 8, limit), "<u8", what)
+        if increasing and values.size > 1 and not np.all(values[1:] > values[:-1]):
+            raise self.error(f"{what} ids must be strictly increasing")
+        return tuple(int(v) for v in values.tolist())
+
+    def node_map(self, what: str, size: int | None, *, limit: int = MAX_ITEMS) -> dict[int, bytes]:
+        """Read node id -> bytes, ids strictly increasing (``size`` bytes each, or ``None``)."""
+        n = self.count(what, 8 + (4 if size is None else size), limit)
+        out: dict[int, bytes] = {}
+        previous = -1
+        for _ in range(n):
+            node = self.u64(f"{what} id")
+            if node <= previous:
+                raise self.error(f"{what} ids must be strictly increasing")
+            previous = node
+            out[node] = self.raw(what) if size is None else self._take(size, what)
+        return out
 
     def array(self, what: str) -> NDArray[np.generic]:
         """Read an array field (size checked before allocating)."""
         code = self.u8(f"{what} dtype")
         if code not in _DTYPES:
-            raise WireFormatError(f"{what}: unknown dtype code {code}")
+            raise self.error(f"{what}: unknown dtype code {code}")
         ndim = self.u8(f"{what} ndim")
         if ndim > MAX_ARRAY_NDIM:
-            raise WireFormatError(f"{what}: {ndim} dimensions, at most {MAX_ARRAY_NDIM}")
+            raise self.error(f"{what}: {ndim} dimensions, at most {MAX_ARRAY_NDIM}")
         shape = tuple(self.u64(f"{what} shape") for _ in range(ndim))
         dtype = _DTYPES[code]
         size = 1
@@ -263,7 +359,7 @@ class Reader:
             size *= d
         nbytes = size * dtype.itemsize
         if nbytes > len(self.data) - self.pos:
-            raise WireFormatError(
+            raise self.error(
                 f"truncated message: {what} of shape {shape} needs {nbytes} bytes, "
                 f"{len(self.data) - self.pos} left"
             )
@@ -271,7 +367,7 @@ class Reader:
         for d in shape:
             extent *= max(d, 1)
         if extent * dtype.itemsize > MAX_MESSAGE_BYTES:  # also bounds empty arrays' shapes
-            raise WireFormatError(f"{what}: shape {shape} exceeds the message size limit")
+            raise self.error(f"{what}: shape {shape} exceeds the message size limit")
         raw = self._take(nbytes, what)
         return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
@@ -279,18 +375,18 @@ class Reader:
         """Read an array field that must be uint64."""
         arr = self.array(what)
         if arr.dtype != np.uint64:
-            raise WireFormatError(f"{what} must be a uint64 array, got {arr.dtype}")
+            raise self.error(f"{what} must be a uint64 array, got {arr.dtype}")
         return arr.astype(np.uint64, copy=False)
 
     def vector(self, what: str, dtype: type[np.generic]) -> NDArray[Any]:
         """Read an array field that must be 1-D of exactly ``dtype`` (e.g. ``np.int64``)."""
         arr = self.array(what)
         if arr.ndim != 1 or arr.dtype != np.dtype(dtype):
-            raise WireFormatError(f"{what} must be a 1-D {np.dtype(dtype)} array")
+            raise self.error(f"{what} must be a 1-D {np.dtype(dtype)} array")
         return arr
 
     def done(self) -> None:
         """Reject trailing bytes."""
         if self.pos != len(self.data):
             left = len(self.data) - self.pos
-            raise WireFormatError(f"{left} trailing bytes after the message")
+            raise self.error(f"{left} trailing bytes after the message")

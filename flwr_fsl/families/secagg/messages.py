@@ -5,10 +5,12 @@ The parties that produce and consume them are in :mod:`flwr_fsl.families.secagg.
 raises :class:`SecAggError` (a :class:`~flwr_fsl.core.errors.ClientInputError`), except
 :class:`SecAggSettings`', which raises :class:`~flwr_fsl.core.wireformat.WireFormatError`.
 
-**Round formats** (all little-endian, version 1): :class:`SecAggParams` (``FSAG``), client id
-sets (:func:`encode_ids`), the roster, the share bundle and unmask reply (id -> fixed-size
-entry lists), :class:`UnmaskRequest`, row sets (:func:`encode_rows`) and the client state
-(``FSAC``) — see each ``*_to_bytes`` function.
+**Round formats** (all little-endian, version 1, read and written through
+:mod:`flwr_fsl.core.wireformat` with :class:`SecAggError` as the error): :class:`SecAggParams`
+(``FSAG``), client id sets (:func:`encode_ids`, a canonical ``ids`` field), the roster, the
+share bundle and unmask reply (``node_map`` fields of fixed-size entries),
+:class:`UnmaskRequest`, row sets (:func:`encode_rows`) and the client state (``FSAC``) — see
+each ``*_to_bytes`` function.
 
 **Settings.** The masked-input (``train``) request tells the client how to build its vector
 (:class:`~flwr_fsl.families.secagg.vector.WeightedVector`): the model's array names in vector
@@ -28,7 +30,6 @@ bytes), ``clip``, ``max_weight``, ``max_metric`` (each the IEEE-754 binary64 bit
 from __future__ import annotations
 
 import hashlib
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -78,6 +79,7 @@ SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 """Sealed share plaintext: sender and recipient ids (u64 each), then the field elements."""
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _KIND_SEED, _KIND_KEY = 0, 1
+_PARAMS_BYTES = 4 + 1 + 8 + SESSION_BYTES + 4 + 8  # FSAG record: magic .. vector length
 _PARAMS_MAGIC = register_magic(
     b"FSAG", "SecAgg round parameters (flwr_fsl.families.secagg.messages)"
 )
@@ -207,7 +209,7 @@ class SecAggSettings:
                 w.raw(name.encode())
         w.raw(self.weight_key.encode())
         for value in (self.clip, self.max_weight, self.max_metric):
-            w.u64(struct.unpack("<Q", struct.pack("<d", value))[0])
+            w.f64(value)
         w.u8(self.frac_bits)
         w.u32(self.max_clients)
         return w.payload()
@@ -227,10 +229,7 @@ class SecAggSettings:
         for what in ("names", "metrics"):
             lists.append(tuple(_text(r, what) for _ in range(r.count(what, 4))))
         weight_key = _text(r, "weight key")
-        clip, max_weight, max_metric = (
-            struct.unpack("<d", struct.pack("<Q", r.u64(what)))[0]
-            for what in ("clip", "max weight", "max metric")
-        )
+        clip, max_weight, max_metric = (r.f64(w) for w in ("clip", "max weight", "max metric"))
         frac_bits = r.u8("frac bits")
         max_clients = r.u32("max clients")
         r.done()
@@ -294,13 +293,14 @@ class SecAggParams:
         if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
             raise ConfigurationError(f"SecAgg session must be {SESSION_BYTES} bytes")
 
-    _FORMAT = struct.Struct("<4sBQ16sIQ")
-
     def to_bytes(self) -> bytes:
         """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
-        return self._FORMAT.pack(
-            _PARAMS_MAGIC, VERSION, self.round_id, self.session, self.threshold, self.vector_length
-        )
+        w = _header(_PARAMS_MAGIC)
+        w.u64(self.round_id)
+        w.fixed(self.session, SESSION_BYTES)
+        w.u32(self.threshold)
+        w.u64(self.vector_length)
+        return w.payload()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SecAggParams:
@@ -311,11 +311,12 @@ class SecAggParams:
         SecAggError
             If the bytes are not exactly one version-1 parameter record or a field is invalid.
         """
-        if not isinstance(data, bytes) or len(data) != cls._FORMAT.size:
-            raise SecAggError(f"SecAgg parameters must be {cls._FORMAT.size} bytes")
-        magic, version, round_id, session, threshold, length = cls._FORMAT.unpack(data)
-        if magic != _PARAMS_MAGIC or version != VERSION:
-            raise SecAggError("not SecAgg parameters of version 1")
+        if not isinstance(data, bytes) or len(data) != _PARAMS_BYTES:
+            raise SecAggError(f"SecAgg parameters must be {_PARAMS_BYTES} bytes")
+        r = _reader(data, _PARAMS_MAGIC, "SecAgg parameters")
+        round_id, session = r.u64("round"), r.fixed(SESSION_BYTES, "session")
+        threshold, length = r.u32("threshold"), r.u64("vector length")
+        r.done()
         try:
             return cls(round_id, session, threshold, length)
         except ConfigurationError as err:
@@ -343,21 +344,27 @@ def _check_id(value: int) -> int:
     return int(value)
 
 
+def _header(magic: bytes) -> Writer:
+    w = Writer(SecAggError)
+    w.fixed(magic, 4)
+    w.u8(VERSION)
+    return w
+
+
+def _reader(data: bytes, magic: bytes, what: str) -> Reader:
+    return Reader.versioned(data, magic, VERSION, what, SecAggError)
+
+
+def _write_ids(w: Writer, ids: Iterable[int]) -> None:
+    # No count limit on the writer's side, as before: every decoder bounds it (MAX_CLIENTS).
+    w.ids([_check_id(i) for i in ids], canonical=True, limit=None)
+
+
 def encode_ids(ids: Iterable[int]) -> bytes:
     """Encode a set of client ids: count (u32), then the sorted ids (u64 each)."""
-    values = sorted({_check_id(i) for i in ids})
-    return struct.pack("<I", len(values)) + np.asarray(values, dtype="<u8").tobytes()
-
-
-def _read_count(data: bytes, offset: int, entry: int, what: str) -> tuple[int, int]:
-    if len(data) < offset + 4:
-        raise SecAggError(f"{what} truncated")
-    (count,) = struct.unpack_from("<I", data, offset)
-    if count > MAX_CLIENTS:
-        raise SecAggError(f"{what} lists {count} entries, more than {MAX_CLIENTS}")
-    if len(data) < offset + 4 + count * entry:
-        raise SecAggError(f"{what} truncated")
-    return count, offset + 4
+    w = Writer(SecAggError)
+    _write_ids(w, ids)
+    return w.payload()
 
 
 def decode_ids(data: bytes, offset: int = 0, *, exact: bool = True) -> tuple[list[int], int]:
@@ -371,70 +378,36 @@ def decode_ids(data: bytes, offset: int = 0, *, exact: bool = True) -> tuple[lis
     """
     if not isinstance(data, bytes):
         raise SecAggError("client ids must be bytes")
-    count, offset = _read_count(data, offset, 8, "client id list")
-    ids = np.frombuffer(data, dtype="<u8", count=count, offset=offset).astype(_U64)
-    end = offset + 8 * count
-    if exact and end != len(data):
-        raise SecAggError("client id list has trailing bytes")
-    if count > 1 and not np.all(ids[1:] > ids[:-1]):
-        raise SecAggError("client ids must be strictly increasing")
-    return [int(i) for i in ids], end
+    r = Reader(data, offset, SecAggError)
+    ids = r.ids("client id list", increasing=True, limit=MAX_CLIENTS)
+    if exact:
+        r.done()
+    return list(ids), r.pos
 
 
 def _roster_to_bytes(roster: Mapping[int, tuple[bytes, bytes]]) -> bytes:
-    parts = [struct.pack("<I", len(roster))]
-    for node in sorted(roster):
-        c_pk, s_pk = roster[node]
-        parts.append(struct.pack("<Q", node) + c_pk + s_pk)
-    return b"".join(parts)
+    w = Writer(SecAggError)
+    w.node_map({n: c_pk + s_pk for n, (c_pk, s_pk) in roster.items()}, 2 * KEY_BYTES, limit=None)
+    return w.payload()
 
 
 def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
-    if not isinstance(data, bytes):
-        raise SecAggError("the roster must be bytes")
-    entry = 8 + 2 * KEY_BYTES
-    count, offset = _read_count(data, 0, entry, "roster")
-    if offset + count * entry != len(data):
-        raise SecAggError("roster has trailing bytes")
-    roster: dict[int, tuple[bytes, bytes]] = {}
-    previous = -1
-    for k in range(count):
-        at = offset + k * entry
-        (node,) = struct.unpack_from("<Q", data, at)
-        if node <= previous:
-            raise SecAggError("roster ids must be strictly increasing")
-        previous = node
-        roster[node] = (
-            data[at + 8 : at + 8 + KEY_BYTES],
-            data[at + 8 + KEY_BYTES : at + entry],
-        )
-    return roster
+    keys = _entries_from_bytes(data, 2 * KEY_BYTES, "roster")
+    return {node: (both[:KEY_BYTES], both[KEY_BYTES:]) for node, both in keys.items()}
 
 
 def _entries_to_bytes(entries: Mapping[int, bytes], size: int) -> bytes:
-    parts = [struct.pack("<I", len(entries))]
-    for node in sorted(entries):
-        if len(entries[node]) != size:
-            raise SecAggError(f"an entry must be {size} bytes")
-        parts.append(struct.pack("<Q", node) + entries[node])
-    return b"".join(parts)
+    w = Writer(SecAggError)
+    w.node_map(entries, size, limit=None)
+    return w.payload()
 
 
 def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
     if not isinstance(data, bytes):
         raise SecAggError(f"{what} must be bytes")
-    count, offset = _read_count(data, 0, 8 + size, what)
-    if offset + count * (8 + size) != len(data):
-        raise SecAggError(f"{what} has trailing bytes")
-    out: dict[int, bytes] = {}
-    previous = -1
-    for k in range(count):
-        at = offset + k * (8 + size)
-        (node,) = struct.unpack_from("<Q", data, at)
-        if node <= previous:
-            raise SecAggError(f"{what} ids must be strictly increasing")
-        previous = node
-        out[node] = data[at + 8 : at + 8 + size]
+    r = Reader(data, 0, SecAggError)
+    out = r.node_map(what, size, limit=MAX_CLIENTS)
+    r.done()
     return out
 
 
@@ -455,16 +428,21 @@ class UnmaskRequest:
 
     def to_bytes(self) -> bytes:
         """``U3`` (:func:`encode_ids`), then the shares (count, then sender u64 + blob each)."""
-        return encode_ids(self.survivors) + _entries_to_bytes(
-            self.sealed_shares, SEALED_SHARE_BYTES
-        )
+        w = Writer(SecAggError)
+        _write_ids(w, self.survivors)
+        w.node_map(self.sealed_shares, SEALED_SHARE_BYTES, limit=None)
+        return w.payload()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
         """Strict decoder of :meth:`to_bytes` (raises :class:`SecAggError`)."""
-        survivors, offset = decode_ids(data, exact=False)
-        shares = _entries_from_bytes(data[offset:], SEALED_SHARE_BYTES, "sealed shares")
-        return cls(tuple(survivors), shares)
+        if not isinstance(data, bytes):
+            raise SecAggError("an unmask request must be bytes")
+        r = Reader(data, 0, SecAggError)
+        survivors = r.ids("client id list", increasing=True, limit=MAX_CLIENTS)
+        shares = r.node_map("sealed shares", SEALED_SHARE_BYTES, limit=MAX_CLIENTS)
+        r.done()
+        return cls(survivors, shares)
 
 
 def _check_rows(rows: object, length: int, what: str) -> NDArray[np.int64]:
@@ -483,11 +461,14 @@ def encode_rows(rows: Mapping[int, NDArray[np.int64]]) -> bytes:
     Format: count (u32), then per client its id (u64), length (u64) and sorted positions
     (u64 each).
     """
-    parts = [struct.pack("<I", len(rows))]
+    w = Writer(SecAggError)
+    w.count(len(rows), limit=None)
     for node in sorted(rows):
         r = np.asarray(rows[node], dtype="<u8")
-        parts.append(struct.pack("<QQ", _check_id(node), r.size) + r.tobytes())
-    return b"".join(parts)
+        w.u64(_check_id(node))
+        w.u64(r.size)
+        w.words(r, "<u8")
+    return w.payload()
 
 
 def decode_rows(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
@@ -501,24 +482,19 @@ def decode_rows(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
     """
     if not isinstance(data, bytes):
         raise SecAggError("row sets must be bytes")
-    count, at = _read_count(data, 0, 16, "row sets")
+    r = Reader(data, 0, SecAggError)
     out: dict[int, NDArray[np.int64]] = {}
     previous = -1
-    for _ in range(count):
-        if len(data) < at + 16:
-            raise SecAggError("row sets truncated")
-        node, size = struct.unpack_from("<QQ", data, at)
-        at += 16
-        if node <= previous or size > length or len(data) < at + 8 * size:
+    for _ in range(r.count("row sets", 16, MAX_CLIENTS)):
+        node, size = r.u64("row set id"), r.u64("row set length")
+        if node <= previous or size > length:
             raise SecAggError("row sets are malformed")
         previous = node
-        rows = np.frombuffer(data, dtype="<u8", count=size, offset=at)
+        rows = r.words(size, "<u8", "row positions")
         if size and int(rows[-1]) >= length:
             raise SecAggError("a row position is out of range")
         out[node] = _check_rows(rows.astype(np.int64), length, "row positions")
-        at += 8 * size
-    if at != len(data):
-        raise SecAggError("row sets have trailing bytes")
+    r.done()
     return out
 
 
@@ -562,58 +538,39 @@ class _State:
     unmasked: bool
 
 
-_STATE_FORMAT = struct.Struct("<4sBQ32s32s16sB")
-
-
 def _state_to_bytes(state: _State) -> bytes:
     """``b"FSAC"``, version, node, both private keys, seed, flag, params, own share, roster, U2."""
-    params = state.params.to_bytes()
-    own = b"" if state.own_share is None else state.own_share.astype("<u4").tobytes()
-    return b"".join(
-        [
-            _STATE_FORMAT.pack(
-                _STATE_MAGIC,
-                VERSION,
-                state.node,
-                state.c_private,
-                state.s_private,
-                state.seed,
-                int(state.unmasked),
-            ),
-            params,
-            struct.pack("<I", len(own)) + own,
-            struct.pack("<I", len(_roster_to_bytes(state.roster))),
-            _roster_to_bytes(state.roster),
-            encode_ids(state.sharers),
-        ]
-    )
+    w = _header(_STATE_MAGIC)
+    w.u64(state.node)
+    w.fixed(state.c_private, KEY_BYTES)
+    w.fixed(state.s_private, KEY_BYTES)
+    w.fixed(state.seed, _SEED_BYTES)
+    w.u8(int(state.unmasked))
+    w.fixed(state.params.to_bytes(), _PARAMS_BYTES)
+    w.raw(b"" if state.own_share is None else state.own_share.astype("<u4").tobytes())
+    w.raw(_roster_to_bytes(state.roster))
+    _write_ids(w, state.sharers)
+    return w.payload()
 
 
 def _state_from_bytes(data: bytes) -> _State:
     """Strict decoder of :func:`_state_to_bytes` (raises :class:`SecAggError`)."""
-    if not isinstance(data, bytes) or len(data) < _STATE_FORMAT.size:
-        raise SecAggError("SecAgg client state truncated")
-    magic, version, node, c_sk, s_sk, seed, unmasked = _STATE_FORMAT.unpack_from(data)
-    if magic != _STATE_MAGIC or version != VERSION or unmasked > 1:
-        raise SecAggError("not a SecAgg client state of version 1")
-    at = _STATE_FORMAT.size
-    size = SecAggParams._FORMAT.size
-    params = SecAggParams.from_bytes(data[at : at + size])
-    at += size
-    if len(data) < at + 4:
-        raise SecAggError("SecAgg client state truncated")
-    (own_len,) = struct.unpack_from("<I", data, at)
-    if own_len not in (0, 4 * _LIMBS) or len(data) < at + 4 + own_len + 4:
+    if not isinstance(data, bytes):
+        raise SecAggError("a SecAgg client state must be bytes")
+    r = _reader(data, _STATE_MAGIC, "a SecAgg client state")
+    node = r.u64("node")
+    c_sk, s_sk = r.fixed(KEY_BYTES, "c key"), r.fixed(KEY_BYTES, "s key")
+    seed = r.fixed(_SEED_BYTES, "seed")
+    unmasked = r.u8("unmasked flag")
+    if unmasked > 1:
+        raise SecAggError("a SecAgg client state has a bad flag")
+    params = SecAggParams.from_bytes(r.fixed(_PARAMS_BYTES, "params"))
+    own = r.raw("own share")
+    if len(own) not in (0, 4 * _LIMBS):
         raise SecAggError("SecAgg client state has a bad own share")
-    own = np.frombuffer(data, dtype="<u4", count=own_len // 4, offset=at + 4).astype(_U64)
-    at += 4 + own_len
-    (roster_len,) = struct.unpack_from("<I", data, at)
-    at += 4
-    if len(data) < at + roster_len:
-        raise SecAggError("SecAgg client state truncated")
-    roster = _roster_from_bytes(data[at : at + roster_len]) if roster_len else {}
-    sharers, _ = decode_ids(data, at + roster_len)
-    return _State(
-        node, c_sk, s_sk, seed, params, roster, tuple(sharers), own if own_len else None,
-        bool(unmasked),
-    )  # fmt: skip
+    roster_raw = r.raw("roster")
+    roster = _roster_from_bytes(roster_raw) if roster_raw else {}
+    sharers = r.ids("U2", increasing=True, limit=MAX_CLIENTS)
+    r.done()
+    own_share = np.frombuffer(own, dtype="<u4").astype(_U64) if own else None
+    return _State(node, c_sk, s_sk, seed, params, roster, sharers, own_share, bool(unmasked))

@@ -16,7 +16,6 @@ masked update ``FSEX``, evaluation request ``FSED``, evaluation ``FSEE``, client
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -262,28 +261,17 @@ def _reader(data: object, magic: bytes, what: str) -> Reader:
         raise SesaError(str(err)) from err
 
 
-def _header(magic: bytes) -> Writer:
-    w = Writer()
+def _header(magic: bytes, error: type[ClientInputError] = WireFormatError) -> Writer:
+    w = Writer(error)
     w.fixed(magic, 4)
     w.u8(VERSION)
     return w
 
 
-def _increasing(ids: Sequence[int], what: str) -> tuple[int, ...]:
-    if len(ids) > MAX_CLIENTS:
-        raise SesaError(f"{what} lists {len(ids)} clients, more than {MAX_CLIENTS}")
-    if any(b <= a for a, b in itertools.pairwise(ids)):
-        raise SesaError(f"{what} ids must be strictly increasing")
-    return tuple(ids)
-
-
 def encode_ids(ids: Iterable[int]) -> bytes:
     """``FSEU`` v1: a set of client ids (count u32, sorted u64 ids)."""
-    values = sorted({_check_id(i) for i in ids})
-    if len(values) > MAX_CLIENTS:
-        raise SesaError(f"more than {MAX_CLIENTS} client ids")
-    w = _header(_M_IDS)
-    w.ids(values)
+    w = _header(_M_IDS, SesaError)
+    w.ids([_check_id(i) for i in ids], canonical=True, limit=MAX_CLIENTS)
     return w.payload()
 
 
@@ -291,37 +279,29 @@ def decode_ids(data: bytes) -> tuple[int, ...]:
     """Strict decoder of :func:`encode_ids` (raises :class:`SesaError`)."""
     r = _reader(data, _M_IDS, "a SESA id set")
     try:
-        ids = r.ids("client ids")
+        ids = r.ids("client ids", increasing=True, limit=MAX_CLIENTS)
         r.done()
     except WireFormatError as err:
         raise SesaError(str(err)) from err
-    return _increasing(ids, "id set")
+    return ids
 
 
 def _roster_to_bytes(roster: Mapping[int, bytes]) -> bytes:
     w = _header(_M_ROSTER)
-    w.count(len(roster))
-    for node in sorted(roster):
-        w.u64(node)
-        w.fixed(roster[node], KEY_BYTES)
+    w.node_map(roster, KEY_BYTES)
     return w.payload()
 
 
 def _roster_from_bytes(data: bytes) -> dict[int, bytes]:
     r = _reader(data, _M_ROSTER, "a SESA roster")
     try:
-        n = r.count("roster", 8 + KEY_BYTES)
-        if n > MAX_CLIENTS:
-            raise SesaError(f"the roster lists {n} clients, more than {MAX_CLIENTS}")
-        entries = [(r.u64("id"), r.fixed(KEY_BYTES, "key")) for _ in range(n)]
+        roster = r.node_map("roster", KEY_BYTES, limit=MAX_CLIENTS)
         r.done()
     except WireFormatError as err:
         raise SesaError(str(err)) from err
-    _increasing([e[0] for e in entries], "roster")
-    keys = [e[1] for e in entries]
-    if len(set(keys)) != len(keys):
+    if len(set(roster.values())) != len(roster):
         raise SesaError("the roster repeats a public key")
-    return dict(entries)
+    return roster
 
 
 def _words_to_bytes(w: Writer, words: NDArray[np.uint64]) -> None:
@@ -478,7 +458,7 @@ def _request_to_bytes(req: _Request) -> bytes:
 def _request_from_bytes(data: bytes, node: int) -> _Request:
     r = _reader(data, _M_REQUEST, "a SESA evaluation request")
     try:
-        survivors = _increasing(r.ids("survivors"), "U3")
+        survivors = r.ids("U3", increasing=True, limit=MAX_CLIENTS)
         masked: dict[int, bytes] = {}
         pieces: dict[int, bytes] = {}
         for j in survivors:
@@ -569,7 +549,7 @@ def _state_from_bytes(data: bytes) -> _State:
         params = SesaParams.from_bytes(r.raw("params"))
         shards = tuple(r.ids("shards") for _ in params.groups)
         roster_raw = r.raw("roster")
-        sharers = _increasing(r.ids("U2"), "U2")
+        sharers = r.ids("U2", increasing=True, limit=MAX_CLIENTS)
         evaluated = r.u8("evaluated")
         r.done()
     except WireFormatError as err:

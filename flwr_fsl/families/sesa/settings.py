@@ -21,7 +21,6 @@ after it.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,14 +38,6 @@ SETTINGS_VERSION = 1
 """The settings format's version."""
 MAX_LAYERS = 256
 """Most hidden layers (and shard groups) a round may have."""
-
-
-def _f64(value: float) -> int:
-    return int(struct.unpack("<Q", struct.pack("<d", value))[0])
-
-
-def _from_f64(bits: int) -> float:
-    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
 
 
 def _int(value: object, what: str, low: int, high: int) -> int:
@@ -164,8 +155,8 @@ class SesaSettings:
         w.u8(int(self.weighted))
         w.raw(self.weight_key.encode())
         w.raw(self.config_key.encode())
-        w.u64(_f64(self.max_weight))
-        w.u64(_f64(self.clip))
+        w.f64(self.max_weight)
+        w.f64(self.clip)
         w.u8(self.frac_bits)
         w.u32(self.max_clients)
         w.count(len(self.layers))
@@ -194,8 +185,8 @@ class SesaSettings:
             raise WireFormatError("SESA settings: weighted must be 0 or 1")
         weight_key = read_text(r, "weight key", "SESA")
         config_key = read_text(r, "config key", "SESA")
-        max_weight = _from_f64(r.u64("max weight"))
-        clip = _from_f64(r.u64("clip"))
+        max_weight = r.f64("max weight")
+        clip = r.f64("clip")
         frac_bits = r.u8("frac bits")
         max_clients = r.u32("max clients")
         n = r.count("layers", 4 + 4)

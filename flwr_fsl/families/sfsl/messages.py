@@ -27,7 +27,6 @@ to the clients directly.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -65,14 +64,6 @@ SETTINGS_MAGIC = register_magic(b"FSFL", "SFSL settings (flwr_fsl.families.sfsl.
 SETTINGS_VERSION = 1
 """The settings format's version."""
 _MAX_NAME_BYTES = 1024
-
-
-def _f64(value: float) -> int:
-    return int(struct.unpack("<Q", struct.pack("<d", value))[0])
-
-
-def _from_f64(bits: int) -> float:
-    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
 
 
 @dataclass(frozen=True)
@@ -173,8 +164,8 @@ class SFSLSettings:
         w.u8(SETTINGS_VERSION)
         w.raw(self.table.encode())
         w.raw(self.weight_key.encode())
-        w.u64(_f64(self.clip))
-        w.u64(_f64(self.max_count))
+        w.f64(self.clip)
+        w.f64(self.max_count)
         w.u8(self.frac_bits)
         w.u32(self.max_clients)
         w.u32(self.levels)
@@ -200,8 +191,8 @@ class SFSLSettings:
         r = Reader.versioned(data, SETTINGS_MAGIC, SETTINGS_VERSION, "SFSL settings")
         table = _text(r, "table")
         weight_key = _text(r, "weight key")
-        clip = _from_f64(r.u64("clip"))
-        max_count = _from_f64(r.u64("max count"))
+        clip = r.f64("clip")
+        max_count = r.f64("max count")
         frac_bits = r.u8("frac bits")
         max_clients = r.u32("max clients")
         levels = r.u32("levels")
