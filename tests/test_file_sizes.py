@@ -32,3 +32,21 @@ def test_no_module_over_the_limit() -> None:
         if lines > limit:
             too_long.append(f"{rel}: {lines} lines (limit {limit})")
     assert not too_long, "split these modules into cohesive parts:\n" + "\n".join(too_long)
+
+
+SIZE_BUDGET_EXCEPTIONS = 56
+"""Functions over ruff's size budget (C901 complexity 10, PLR0913 8 arguments, PLR0915 50
+statements), each marked ``# noqa`` where it is defined: shrink this number, never raise it."""
+
+
+def test_size_budget_exceptions_do_not_grow() -> None:
+    marked = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "# noqa:" in line and any(c in line for c in ("C901", "PLR0913", "PLR0915"))
+    ]
+    assert len(marked) <= SIZE_BUDGET_EXCEPTIONS, (
+        f"{len(marked)} functions are exempt from the size budget (at most "
+        f"{SIZE_BUDGET_EXCEPTIONS}): split the new ones instead"
+    )

@@ -162,7 +162,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         :attr:`failed_rounds` are views of it).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
@@ -621,7 +621,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         state.fail(f"{type(error).__name__}: {error}")
         self.round_failed(state, error)
 
-    def start(
+    def start(  # noqa: C901
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,

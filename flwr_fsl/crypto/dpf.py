@@ -512,7 +512,7 @@ def _split_tasks(
         t = np.concatenate([t[~big], child_t])
 
 
-def evaluate_batch(
+def evaluate_batch(  # noqa: PLR0915
     keys: DPFKeyBatch,
     *,
     lengths: ArrayLike | None = None,

@@ -83,7 +83,7 @@ class WordSource(Protocol):
         ...
 
 
-def is_prime(n: int) -> bool:
+def is_prime(n: int) -> bool:  # noqa: C901
     """Deterministic primality test for ``0 <= n < 2^64`` (Miller–Rabin, 12 fixed bases).
 
     The first twelve primes 2..37 as witnesses decide primality correctly for every

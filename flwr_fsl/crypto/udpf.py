@@ -46,7 +46,7 @@ def _check_pair(k0: DPFKeyBatch, k1: DPFKeyBatch) -> None:
         raise DPFKeyError("the two shares have different public parts")
 
 
-def next_hint_batch(
+def next_hint_batch(  # noqa: C901, PLR0915
     k0: DPFKeyBatch,
     k1: DPFKeyBatch,
     new_betas: ArrayLike,

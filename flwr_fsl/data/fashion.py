@@ -130,7 +130,7 @@ def _read_exact(stream: Readable, size: int, what: str) -> bytes:
     return data
 
 
-def read_idx(
+def read_idx(  # noqa: C901
     stream: Readable,
     *,
     ndim: int,

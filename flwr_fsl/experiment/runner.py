@@ -237,7 +237,7 @@ class Experiment:
     timeout: float = 3600.0
     extras: Callable[[ExperimentResult], Mapping[str, Any] | None] | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         if not self.arms:
             raise ConfigurationError(f"experiment {self.name!r} has no arms")
         if self.num_rounds < 1:

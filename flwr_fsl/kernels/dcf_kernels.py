@@ -59,7 +59,7 @@ def gen_blocks(seeds: np.ndarray, n_blocks: int, out: np.ndarray) -> None:  # pr
 
 
 @njit(cache=True, nogil=True)
-def gen_level(
+def gen_level(  # noqa: C901, PLR0913
     inp: np.ndarray,
     enc: np.ndarray,
     n_blocks: int,
@@ -199,7 +199,7 @@ def eval_blocks(
 
 
 @njit(cache=True, nogil=True)
-def eval_level(
+def eval_level(  # noqa: PLR0913
     inp: np.ndarray,
     enc: np.ndarray,
     n_blocks: int,

@@ -91,7 +91,7 @@ def gen_init(
 
 
 @njit(cache=True, nogil=True)
-def gen_level(
+def gen_level(  # noqa: PLR0913
     enc_l: np.ndarray,
     enc_r: np.ndarray,
     seeds: np.ndarray,
@@ -179,7 +179,7 @@ def leaf_blocks_pair(
 
 
 @njit(cache=True, nogil=True)
-def leaf_correction(
+def leaf_correction(  # noqa: PLR0913
     enc: np.ndarray,
     blocks: np.ndarray,
     n: int,
@@ -225,7 +225,7 @@ def leaf_correction(
 
 
 @njit(cache=True, nogil=True)
-def fd_level(
+def fd_level(  # noqa: C901, PLR0913, PLR0915
     enc_l: np.ndarray,
     enc_r: np.ndarray,
     seeds_in: np.ndarray,
@@ -361,7 +361,7 @@ def fd_level(
 
 
 @njit(cache=True, nogil=True)
-def fd_leaves(
+def fd_leaves(  # noqa: C901, PLR0913
     enc: np.ndarray,
     blocks: np.ndarray,
     t_in: np.ndarray,
@@ -436,7 +436,7 @@ def fd_leaves(
 
 
 @njit(cache=True, nogil=True)
-def expand_nodes(
+def expand_nodes(  # noqa: PLR0913
     enc_l: np.ndarray,
     enc_r: np.ndarray,
     seeds: np.ndarray,
@@ -476,7 +476,7 @@ def expand_nodes(
 
 
 @njit(cache=True, nogil=True)
-def point_place(
+def point_place(  # noqa: PLR0913
     cand: np.ndarray,
     n: int,
     level: int,
@@ -521,7 +521,7 @@ def point_place(
 
 
 @njit(cache=True, nogil=True)
-def point_level(
+def point_level(  # noqa: PLR0913
     enc: np.ndarray,
     blocks: np.ndarray,
     n: int,
@@ -570,7 +570,7 @@ def point_leaf_blocks(
 
 
 @njit(cache=True, nogil=True)
-def point_leaves(
+def point_leaves(  # noqa: PLR0913
     enc: np.ndarray,
     blocks: np.ndarray,
     t_state: np.ndarray,
@@ -604,7 +604,7 @@ def point_leaves(
 
 
 @njit(cache=True, nogil=True)
-def pair_path_level(
+def pair_path_level(  # noqa: PLR0913
     enc_l: np.ndarray,
     enc_r: np.ndarray,
     seeds: np.ndarray,

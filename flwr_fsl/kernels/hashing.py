@@ -114,7 +114,7 @@ def reduce_to_bins(
 
 
 @njit(cache=True)
-def cuckoo_insert(
+def cuckoo_insert(  # noqa: C901
     candidates: NDArray[np.int64],
     max_evictions: np.int64,
     seed: np.uint64,

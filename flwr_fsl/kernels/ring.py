@@ -43,7 +43,7 @@ def binned_inner_products(
 
 
 @njit(cache=True, nogil=True)
-def matmul_wrap(
+def matmul_wrap(  # noqa: C901
     a: NDArray[np.uint64], b: NDArray[np.uint64], out: NDArray[np.uint64]
 ) -> None:  # pragma: no cover - compiled
     """``out = a @ b`` modulo 2^64 (uint64 wrap-around), ``a`` of shape (m, k), ``b`` (k, n).

@@ -207,7 +207,7 @@ def mse(
     return float(np.mean((pred - ratings) ** 2))
 
 
-def train_user(
+def train_user(  # noqa: PLR0913
     table: NDArray[np.float32],
     user: NDArray[np.float32],
     items: NDArray[np.int64],

@@ -421,7 +421,7 @@ def _epochs(
     return last
 
 
-def train_private(
+def train_private(  # noqa: PLR0913
     model: nn.Module,
     x: NDArray[np.floating],
     y: NDArray[np.integer],
@@ -484,7 +484,7 @@ def train_private(
     return _epochs(model, opt, xt, yt, epochs, batch_size, seed)
 
 
-def retrain(
+def retrain(  # noqa: PLR0913
     model: nn.Module,
     x_private: NDArray[np.floating],
     y_private: NDArray[np.integer],

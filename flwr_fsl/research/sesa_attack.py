@@ -213,7 +213,7 @@ def _usable(bias: F64, min_bias: float, reference: float | None = None) -> NDArr
     return np.flatnonzero(np.abs(bias) > min_bias * top).astype(np.int64)
 
 
-def consensus_inputs(
+def consensus_inputs(  # noqa: C901
     weight_rows: ArrayLike,
     bias: ArrayLike,
     *,
@@ -329,7 +329,7 @@ def attack_exclusive(view: NaiveView, *, min_bias: float = DEFAULT_MIN_BIAS) -> 
     return found
 
 
-def attack_peel(
+def attack_peel(  # noqa: C901, PLR0915
     view: NaiveView,
     model: GlobalMLP,
     *,

@@ -103,7 +103,7 @@ def _check_weight(weight: float) -> None:
         raise SubmodelFormatError(f"weight must be a finite number > 0, got {weight!r}")
 
 
-def decode_parts(
+def decode_parts(  # noqa: C901
     header: Mapping[str, Any],
     load: Callable[[str], NDArray[np.generic]],
     keys: Iterable[str],

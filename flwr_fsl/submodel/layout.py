@@ -224,7 +224,7 @@ def _check_covered(update: SubmodelUpdate, names: tuple[str, ...]) -> None:
             raise ConfigurationError(f"{name!r} is not a floating tensor of the model")
 
 
-def _part_coordinates(
+def _part_coordinates(  # noqa: C901
     name: str, part: TensorUpdate, shape: tuple[int, ...], weight: float
 ) -> tuple[NDArray[np.int64] | None, NDArray[np.generic], NDArray[np.float64] | float]:
     """One tensor part as (flat row-major positions within ``shape``, raw values, weights).

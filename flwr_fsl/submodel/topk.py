@@ -86,7 +86,7 @@ def _largest(scores: NDArray[np.floating], k: int) -> NDArray[np.int64]:
     return np.sort(order).astype(np.int64)
 
 
-def sparsify(
+def sparsify(  # noqa: C901, PLR0915
     deltas: Mapping[str, NDArray[np.generic]],
     config: TopKConfig,
     residuals: Mapping[str, NDArray[np.generic]] | None = None,

@@ -191,7 +191,7 @@ def _conv_out(size: int, k: int, stride: int, pad: int, where: str) -> int:
     return (size + 2 * pad - k) // stride + 1
 
 
-def _walk(
+def _walk(  # noqa: C901, PLR0915
     layers: Sequence[Layer], shape: Shape, visitor: Visitor | None, counter: list[int], where: str
 ) -> Shape:
     for i, layer in enumerate(layers):

@@ -171,7 +171,7 @@ def _flag(r: Reader, what: str) -> bool:
     return bool(v)
 
 
-def _read_layers(r: Reader, depth: int) -> tuple[Layer, ...]:
+def _read_layers(r: Reader, depth: int) -> tuple[Layer, ...]:  # noqa: C901
     if depth > MAX_DEPTH:
         raise WireFormatError(f"residual blocks nested deeper than {MAX_DEPTH}")
     n = r.u32("layer count")

@@ -404,7 +404,7 @@ def comparison_bound(model: SecureModel, x_abs_max: float) -> float:
 # --------------------------------------------------------------------------- from torch
 
 
-def from_torch(module: Any, input_shape: Sequence[int]) -> SecureModel:
+def from_torch(module: Any, input_shape: Sequence[int]) -> SecureModel:  # noqa: C901, PLR0915
     """Convert a plain ``torch.nn`` module into a :class:`SecureModel`.
 
     Supported: ``nn.Sequential`` (nested), ``Linear``, ``Conv2d`` (square kernel, equal
@@ -447,7 +447,7 @@ def from_torch(module: Any, input_shape: Sequence[int]) -> SecureModel:
             v = v[0]
         return int(v)
 
-    def convert(mod: Any) -> list[Layer]:
+    def convert(mod: Any) -> list[Layer]:  # noqa: C901, PLR0915
         out: list[Layer] = []
         children = list(mod) if isinstance(mod, nn.Sequential) else [mod]
         for child in children:

@@ -420,7 +420,7 @@ class _Session:
             return self.s.aggregate_part(msg)
 
 
-def secure_predict(
+def secure_predict(  # noqa: C901
     models: Sequence[SecureModel],
     queries: ArrayLike,
     config: PrivHFLConfig | None = None,

@@ -112,7 +112,7 @@ class PhaseConfig:
     }
     MAX_COUNT: ClassVar[int] = 10_000_000
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         if self.phase not in PHASE_TYPES:
             raise ConfigurationError(f"unknown PrivHFL phase {self.phase!r}")
         ints = {

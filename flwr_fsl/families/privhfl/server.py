@@ -125,7 +125,7 @@ class PrivHFLServer:
         self.run_session = os.urandom(16) if run_session is None else run_session
         self.sessions: dict[tuple[int, int], tuple[ServerSession, SessionDeal]] = {}
 
-    def query(
+    def query(  # noqa: C901, PLR0915
         self,
         server_round: int,
         plan: Mapping[int, Sequence[int]],
@@ -284,7 +284,7 @@ class PrivHFLServer:
             sums[q] = (RetrainRequest(cfg, session, agg).to_bytes(), len(mine))
         return sums
 
-    def _signs(
+    def _signs(  # noqa: C901
         self,
         k: int,
         session: int,
@@ -359,7 +359,7 @@ class SecureQueryResult:
     phases: list[str] = field(default_factory=list)
 
 
-def run_secure_query(
+def run_secure_query(  # noqa: C901, PLR0915
     config: PrivHFLConfig,
     models: Mapping[int, SecureModel | SecureAnswerer],
     queries: Mapping[int, NDArray[Any]],

@@ -194,7 +194,7 @@ min_available_nodes, sampling_seed
 
     PHASES = ("local", "generate", "answer", "retrain")
 
-    def __init__(
+    def __init__(  # noqa: C901, PLR0913
         self,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,

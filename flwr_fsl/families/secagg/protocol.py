@@ -291,7 +291,7 @@ class SecAggClient:
         self.own_share = shares[order.index(self.node)].copy()
         return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
 
-    def masked_input(
+    def masked_input(  # noqa: C901
         self,
         sharers: Sequence[int],
         vector: NDArray[np.uint64],
@@ -374,7 +374,7 @@ class SecAggClient:
         self.sharers = tuple(u2)
         return y
 
-    def unmask(self, request: bytes) -> bytes:
+    def unmask(self, request: bytes) -> bytes:  # noqa: C901
         """Round 3: this client's shares of ``b_v`` (``v in U3``) and of ``s_v`` (dropped).
 
         Parameters
@@ -677,7 +677,7 @@ class SecAggServer:
         for v, entry in entries.items():
             self._shares.setdefault(v, {})[node] = entry[1]
 
-    def result(self) -> NDArray[np.uint64]:
+    def result(self) -> NDArray[np.uint64]:  # noqa: C901
         """Reconstruct the secrets and return ``sum_{u in U3} x_u`` in ``Z_2^64``.
 
         Raises

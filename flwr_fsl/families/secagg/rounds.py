@@ -71,7 +71,7 @@ class RoundOutcome:
         return self.server.survivors
 
 
-def run_round(
+def run_round(  # noqa: C901, PLR0915
     inputs: Mapping[int, NDArray[np.uint64]],
     params: SecAggParams,
     *,

@@ -233,7 +233,7 @@ evaluate_metrics_aggr_fn, sampling_seed
 
     PHASES = ("advertise", "share", "train", "unmask")
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,

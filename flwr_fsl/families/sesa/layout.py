@@ -211,7 +211,7 @@ class SesaLayout:
     groups: tuple[ShardGroup, ...]
 
     @classmethod
-    def of(
+    def of(  # noqa: C901, PLR0915
         cls,
         arrays: Mapping[str, NDArray[np.generic]],
         num_shards: int,

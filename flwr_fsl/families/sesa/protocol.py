@@ -478,7 +478,7 @@ class SesaClient:
         self.sharers = u2
         return _masked_to_bytes(masked)
 
-    def evaluate(self, request: bytes) -> bytes:
+    def evaluate(self, request: bytes) -> bytes:  # noqa: C901
         """Round 3 (eq. 24): ``ψ(α_i) = Σ_{j ∈ U3} Σ_k x_jk ϕ_jk(α_i) + φ_jk(α_i)``.
 
         Parameters

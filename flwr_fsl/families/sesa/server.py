@@ -168,7 +168,7 @@ def _codec(settings: SesaSettings, params: SesaParams) -> FixedPoint:
         raise ClientInputError(f"the SESA fixed point settings are invalid: {err}") from err
 
 
-def masked_shard_update(
+def masked_shard_update(  # noqa: PLR0913
     client: SesaClient,
     params: SesaParams,
     settings: SesaSettings,

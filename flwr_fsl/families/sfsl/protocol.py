@@ -244,7 +244,7 @@ def check_perturbed(rows: ArrayLike, union: NDArray[np.int64]) -> NDArray[np.int
     return r
 
 
-def rows_vector(
+def rows_vector(  # noqa: PLR0913
     layout: RowVector,
     table: str,
     clip: float,

@@ -358,7 +358,7 @@ class SFSLParty:
         raise ClientInputError(f"unknown SFSL ask {label!r}")
 
 
-def run_round(
+def run_round(  # noqa: PLR0913
     model: Mapping[str, NDArray[np.generic]],
     parties: Mapping[int, SFSLParty],
     settings: SFSLSettings,

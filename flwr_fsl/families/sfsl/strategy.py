@@ -112,7 +112,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
 
     PHASES = ("union", "perturb", "rows")
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         table: str,
         fraction_train: float = 1.0,

@@ -109,7 +109,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
 
     PHASES = ("query.psr", "train")
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         helper: HelperConnection,
         table: str,

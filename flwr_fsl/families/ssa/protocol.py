@@ -538,7 +538,7 @@ def can_send_hint(
     )
 
 
-def encode_round(
+def encode_round(  # noqa: PLR0913
     params: SSAParams,
     indices: ArrayLike,
     values: ArrayLike,

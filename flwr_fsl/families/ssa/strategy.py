@@ -86,7 +86,7 @@ class SecureFedSubAvg(FedSubAvg):
         The secure-aggregation component (S0's party and its link to S1).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         helper: HelperConnection,
         topk_ratio: float,

@@ -135,7 +135,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
 
     PHASES = ("train with a per-client slice",)
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
@@ -304,7 +304,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         state.survivors = [n for n in nodes if n in self.capacities and n not in state.dropped]
         return {n: self.capacities[n] for n in state.survivors}
 
-    def train_round(
+    def train_round(  # noqa: C901, PLR0915
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Run one round (module docstring); None arrays when no client's slice came back."""
