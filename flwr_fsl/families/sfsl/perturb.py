@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.wireformat import register_magic
+from flwr_fsl.core.wireformat import Reader, Writer, register_magic
 from flwr_fsl.crypto.prg import PRGStream
 
 __all__ = [
@@ -162,12 +161,14 @@ class PermanentMemo:
 
     def to_bytes(self) -> bytes:
         """``b"FSRR"``, version, two u64 counts, then the sorted ``yes`` and ``no`` (i64 each)."""
-        return (
-            _MEMO_MAGIC
-            + struct.pack("<BQQ", _MEMO_VERSION, self.yes.size, self.no.size)
-            + self.yes.astype("<i8").tobytes()
-            + self.no.astype("<i8").tobytes()
-        )
+        w = Writer(ClientInputError)
+        w.fixed(_MEMO_MAGIC, len(_MEMO_MAGIC))
+        w.u8(_MEMO_VERSION)
+        w.u64(self.yes.size)
+        w.u64(self.no.size)
+        w.words(self.yes, "<i8")
+        w.words(self.no, "<i8")
+        return w.payload()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PermanentMemo:
@@ -180,16 +181,14 @@ class PermanentMemo:
             match the length, an index is negative, a list is not strictly increasing, or an
             index is both "yes" and "no".
         """
-        head = len(_MEMO_MAGIC) + struct.calcsize("<BQQ")
-        if not isinstance(data, bytes) or len(data) < head or data[:4] != _MEMO_MAGIC:
-            raise ClientInputError("not a randomized-response memo")
-        version, n_yes, n_no = struct.unpack_from("<BQQ", data, 4)
-        if version != _MEMO_VERSION:
-            raise ClientInputError("unsupported randomized-response memo version")
-        if n_yes + n_no > MAX_MEMO_INDICES or len(data) != head + 8 * (n_yes + n_no):
+        what = "randomized-response memo"
+        r = Reader.versioned(data, _MEMO_MAGIC, _MEMO_VERSION, what, ClientInputError)
+        n_yes, n_no = r.u64("memo yes count"), r.u64("memo no count")
+        if n_yes + n_no > MAX_MEMO_INDICES or len(r.data) - r.pos != 8 * (n_yes + n_no):
             raise ClientInputError("randomized-response memo has a bad length")
-        yes = np.frombuffer(data, "<i8", n_yes, head).astype(_I64)
-        no = np.frombuffer(data, "<i8", n_no, head + 8 * n_yes).astype(_I64)
+        yes = r.words(n_yes, "<i8", "memo yes").astype(_I64)
+        no = r.words(n_no, "<i8", "memo no").astype(_I64)
+        r.done()
         for arr in (yes, no):
             if arr.size and (arr[0] < 0 or np.any(arr[1:] <= arr[:-1])):
                 raise ClientInputError("randomized-response memo lists are not sorted indices")
