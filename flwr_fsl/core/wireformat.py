@@ -3,7 +3,7 @@
 Little-endian fields, each length checked against the bytes actually left *before* anything is
 allocated, so a short input with a huge declared length fails fast and cheaply:
 
-* ``u8``, ``u32``, ``u64``; ``f64``: the IEEE-754 binary64 bits (the bytes of a ``u64``);
+* ``u8``, ``u16``, ``u32``, ``u64``; ``f64``: the IEEE-754 binary64 bits (the bytes of a ``u64``);
 * ``bytes``: ``u32`` length, then the bytes; ``fixed(n)``: exactly ``n`` raw bytes;
   ``words(n, dtype)``: ``n`` raw little-endian elements (the count known from elsewhere);
 * ``ids``: ``u32`` count, then ``count`` ``u64`` (a *canonical* id set is sorted without
@@ -131,6 +131,10 @@ class Writer:
     def u8(self, v: int) -> None:
         """Append an unsigned byte."""
         self.parts.append(struct.pack("<B", _check_uint(v, 0xFF, "u8", self.error)))
+
+    def u16(self, v: int) -> None:
+        """Append a u16."""
+        self.parts.append(struct.pack("<H", _check_uint(v, 0xFFFF, "u16", self.error)))
 
     def u32(self, v: int) -> None:
         """Append a u32."""
@@ -287,6 +291,10 @@ class Reader:
     def u8(self, what: str) -> int:
         """Read an unsigned byte."""
         return int(self._take(1, what)[0])
+
+    def u16(self, what: str) -> int:
+        """Read a u16."""
+        return int(struct.unpack("<H", self._take(2, what))[0])
 
     def u32(self, what: str) -> int:
         """Read a u32."""

@@ -58,7 +58,6 @@ import hashlib
 import hmac
 import os
 import stat
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +68,7 @@ from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.core.wireformat import register_magic
+from flwr_fsl.core.wireformat import Writer, register_magic
 
 __all__ = [
     "AD_MAGIC",
@@ -102,11 +101,11 @@ SUITE_ID = 1
 INFO_LABEL = b"flwr_fsl/sealed-box/v1\x00"
 """Domain-separation prefix of HPKE ``info``."""
 AD_MAGIC = register_magic(b"FSAD", "sealed-box associated data (flwr_fsl.crypto.channel)") + b"\x02"
+"""Prefix (magic + version) of the canonical associated-data encoding."""
 SESSION_BYTES = 16
 """Length of a session id."""
 DIGEST_BYTES = 32
 """Length of a round-parameter digest (SHA-256)."""
-"""Prefix (magic + version) of the canonical associated-data encoding."""
 
 _HEADER = SEALED_MAGIC + bytes([SEALED_VERSION, SUITE_ID, 0, 0])
 _TAG_BYTES = 16
@@ -435,21 +434,22 @@ def agree_key(
 # ------------------------------------------------------------------------------------------------
 
 
-def _ad_text(name: str, value: str) -> bytes:
+def _ad_text(w: Writer, name: str, value: str) -> None:
     if not isinstance(value, str):
         raise SealedBoxError(f"{name} must be a str, got {type(value).__name__}")
     raw = value.encode("utf-8")
     if not 0 < len(raw) <= _MAX_AD_FIELD:
         raise SealedBoxError(f"{name} must be 1..{_MAX_AD_FIELD} UTF-8 bytes, got {len(raw)}")
-    return struct.pack("<H", len(raw)) + raw
+    w.u16(len(raw))
+    w.fixed(raw, len(raw))
 
 
-def _ad_int(name: str, value: int) -> bytes:
+def _ad_int(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SealedBoxError(f"{name} must be an int, got {type(value).__name__}")
     if not 0 <= value < 1 << 64:
         raise SealedBoxError(f"{name} must be in [0, 2**64), got {value}")
-    return struct.pack("<Q", value)
+    return value
 
 
 def _ad_fixed(name: str, value: bytes, size: int) -> bytes:
@@ -498,17 +498,15 @@ def associated_data(
         If a string is empty, not a str or longer than 1024 UTF-8 bytes, the session or digest
         has the wrong length, or the round is not an int in ``[0, 2**64)``.
     """
-    return b"".join(
-        [
-            AD_MAGIC,
-            _ad_text("purpose", purpose),
-            _ad_text("sender", sender),
-            _ad_text("recipient", recipient),
-            _ad_fixed("session", session, SESSION_BYTES),
-            _ad_int("round", round),
-            _ad_fixed("params digest", params_digest, DIGEST_BYTES),
-        ]
-    )
+    w = Writer(SealedBoxError)
+    w.fixed(AD_MAGIC, len(AD_MAGIC))  # magic and version byte
+    _ad_text(w, "purpose", purpose)
+    _ad_text(w, "sender", sender)
+    _ad_text(w, "recipient", recipient)
+    w.fixed(_ad_fixed("session", session, SESSION_BYTES), SESSION_BYTES)
+    w.u64(_ad_int("round", round))
+    w.fixed(_ad_fixed("params digest", params_digest, DIGEST_BYTES), DIGEST_BYTES)
+    return w.payload()
 
 
 def client_party(node_id: int) -> str:

@@ -27,6 +27,7 @@ def _le(*values: int, fmt: str = "Q") -> bytes:
 def test_scalar_fields_known_answers() -> None:
     w = Writer()
     w.u8(7)
+    w.u16(0x0A0B)
     w.u32(0x01020304)
     w.u64(2**64 - 1)
     w.f64(1.5)
@@ -34,11 +35,12 @@ def test_scalar_fields_known_answers() -> None:
     w.fixed(b"xyz", 3)
     data = w.payload()
     assert data == (
-        b"\x07" + b"\x04\x03\x02\x01" + b"\xff" * 8 + struct.pack("<d", 1.5)
+        b"\x07" + b"\x0b\x0a" + b"\x04\x03\x02\x01" + b"\xff" * 8 + struct.pack("<d", 1.5)
         + b"\x02\x00\x00\x00ab" + b"xyz"
     )  # fmt: skip
     r = Reader(data)
-    assert (r.u8("a"), r.u32("b"), r.u64("c"), r.f64("d")) == (7, 0x01020304, 2**64 - 1, 1.5)
+    assert (r.u8("a"), r.u16("h"), r.u32("b")) == (7, 0x0A0B, 0x01020304)
+    assert (r.u64("c"), r.f64("d")) == (2**64 - 1, 1.5)
     assert (r.raw("e"), r.fixed(3, "f")) == (b"ab", b"xyz")
     r.done()
 
@@ -221,6 +223,11 @@ def test_the_owner_error_class_is_raised() -> None:
         Writer(OwnError).ids(range(3), limit=2)
     with pytest.raises(OwnError):
         Writer(OwnError).u64(-1)
+    for bad in (-1, 0x10000, True):
+        with pytest.raises(OwnError, match="u16"):
+            Writer(OwnError).u16(bad)
+    with pytest.raises(OwnError, match="truncated"):
+        Reader(b"\x01", 0, OwnError).u16("h")
     with pytest.raises(OwnError):
         Writer(OwnError).fixed(b"a", 2)
     assert not issubclass(OwnError, WireFormatError)
