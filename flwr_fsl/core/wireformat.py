@@ -279,14 +279,19 @@ class Reader:
             raise error(f"unsupported {what} version {found}")
         return reader
 
-    def _take(self, n: int, what: str) -> bytes:
+    def _advance(self, n: int, what: str) -> int:
+        """Check that ``n`` bytes are left, step over them and return where they start."""
         if n < 0 or n > len(self.data) - self.pos:
             raise self.error(
                 f"truncated message: {what} needs {n} bytes, {len(self.data) - self.pos} left"
             )
-        out = self.data[self.pos : self.pos + n]
+        start = self.pos
         self.pos += n
-        return out
+        return start
+
+    def _take(self, n: int, what: str) -> bytes:
+        start = self._advance(n, what)
+        return self.data[start : self.pos]
 
     def u8(self, what: str) -> int:
         """Read an unsigned byte."""
@@ -317,9 +322,16 @@ class Reader:
         return self._take(n, what)
 
     def words(self, count: int, dtype: str, what: str) -> NDArray[Any]:
-        """Read ``count`` raw ``dtype`` elements (e.g. ``"<u4"``; bytes checked first)."""
+        """Read ``count`` raw ``dtype`` elements (e.g. ``"<u4"``; bytes checked first).
+
+        From ``bytes`` the result is a read-only view of the message (no copy: keys and rows
+        can be megabytes); from a mutable buffer it is a copy.
+        """
         dt = _word_dtype(dtype, self.error)
-        return np.frombuffer(self._take(count * dt.itemsize, what), dtype=dt)
+        start = self._advance(int(count) * dt.itemsize, what)
+        if isinstance(self.data, bytes):
+            return np.frombuffer(self.data, dtype=dt, count=int(count), offset=start)
+        return np.frombuffer(bytes(self.data[start : self.pos]), dtype=dt)
 
     def count(self, what: str, min_item_bytes: int, limit: int = MAX_ITEMS) -> int:
         """Read a list count, checking it against ``limit`` and the bytes left."""

@@ -60,7 +60,6 @@ anything is allocated; any other length, a non-canonical bit or a bad header fie
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.wireformat import register_magic
+from flwr_fsl.core.wireformat import Reader, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dcf_kernels as _k
 from flwr_fsl.kernels.aes import BatchedAES
@@ -101,7 +100,7 @@ _MAGIC = register_magic(b"FDCF", "DCF key set: public part, key shares (flwr_fsl
 _VERSION = 1
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255
-_HEADER = struct.Struct("<4sBBBBII8s")
+_HEADER_BYTES = 24  # magic, version, kind, party, domain_bits (u8 each), tau, m (u32), 8 zeros
 _CHUNK = 1 << 15  # keys (Gen) or points (Eval) per AES batch: 2-4 MiB buffers
 
 _AES = threading.local()
@@ -137,7 +136,7 @@ def public_size(domain_bits: int, tau: int, m: int = 1) -> int:
     int
         ``24 + m * (domain_bits * (17 + 8 tau) + 8 tau)``.
     """
-    return _HEADER.size + m * (domain_bits * (17 + 8 * tau) + 8 * tau)
+    return _HEADER_BYTES + m * (domain_bits * (17 + 8 * tau) + 8 * tau)
 
 
 def _check_geometry(domain_bits: object, tau: object) -> tuple[int, int]:
@@ -223,10 +222,7 @@ class DCFPublicBatch:
 
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
-        head = _HEADER.pack(
-            _MAGIC, _VERSION, _KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau,
-            self.num_keys, bytes(8),
-        )  # fmt: skip
+        head = _header(_KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau, self.num_keys)
         return b"".join([head, *self._body()])
 
     @classmethod
@@ -238,9 +234,8 @@ class DCFPublicBatch:
         DCFKeyError
             If the bytes are not exactly one well-formed public part.
         """
-        n, tau, m, _, off = _parse_header(data, _KIND_PUBLIC)
-        raw = data if isinstance(data, bytes) else bytes(data)  # type: ignore[call-overload]
-        return _parse_public_body(raw, off, n, tau, m)
+        r, n, tau, m, _ = _parse_header(data, _KIND_PUBLIC)
+        return _parse_public_body(r, n, tau, m)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DCFPublicBatch) and self.to_bytes() == other.to_bytes()
@@ -248,24 +243,38 @@ class DCFPublicBatch:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _parse_header(data: object, kind: int) -> tuple[int, int, int, int, int]:
+def _header(kind: int, party: int, domain_bits: int, tau: int, m: int) -> bytes:
+    """Return the 24-byte header (module docstring)."""
+    w = Writer(DCFKeyError)
+    w.fixed(_MAGIC, len(_MAGIC))
+    for byte in (_VERSION, kind, party, domain_bits):
+        w.u8(byte)
+    w.u32(tau)
+    w.u32(m)
+    w.fixed(bytes(8), 8)
+    return w.payload()
+
+
+def _parse_header(data: object, kind: int) -> tuple[Reader, int, int, int, int]:
     """Check magic, version, kind, geometry and the exact length of a blob.
 
-    Returns ``(domain_bits, tau, m, party, offset of the body)``.
+    Returns ``(reader at the body, domain_bits, tau, m, party)``.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DCFKeyError(f"a serialized DCF must be bytes, got {type(data).__name__}")
     raw = data if isinstance(data, bytes) else bytes(data)
-    if len(raw) < _HEADER.size:
-        raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER.size} bytes)")
-    magic, version, got_kind, party, n, tau, m, pad = _HEADER.unpack_from(raw, 0)
-    if magic != _MAGIC:
+    if len(raw) < _HEADER_BYTES:
+        raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER_BYTES} bytes)")
+    r = Reader(raw, 0, DCFKeyError)
+    if r.fixed(len(_MAGIC), "magic") != _MAGIC:
         raise DCFKeyError("not a DCF blob (bad magic)")
+    version, got_kind, party, n = (r.u8(what) for what in ("version", "kind", "party", "bits"))
+    tau, m = r.u32("tau"), r.u32("number of keys")
     if version != _VERSION:
         raise DCFKeyError(f"unsupported DCF format version {version}")
     if got_kind != kind:
         raise DCFKeyError(f"expected DCF blob kind {kind}, got {got_kind}")
-    if pad != bytes(8):
+    if r.fixed(8, "padding") != bytes(8):
         raise DCFKeyError("DCF header padding must be zero")
     n, tau = _check_geometry(n, tau)
     if kind == _KIND_PUBLIC and party != _NO_PARTY:
@@ -279,21 +288,20 @@ def _parse_header(data: object, kind: int) -> tuple[int, int, int, int, int]:
             f"DCF blob of {m} keys (domain_bits={n}, tau={tau}) must be {expected} bytes, got "
             f"{len(raw)}"
         )
-    return n, tau, m, party, _HEADER.size + seeds
+    return r, n, tau, m, party
 
 
-def _parse_public_body(raw: bytes, off: int, n: int, tau: int, m: int) -> DCFPublicBatch:
-    def take(count: int, dtype: str) -> NDArray[np.generic]:
-        nonlocal off
-        arr = np.frombuffer(raw, dtype=dtype, count=count, offset=off)
-        off += arr.nbytes
-        # A read-only view of the bytes where the byte order is native (no copy).
-        return arr.astype(np.dtype(dtype).newbyteorder("="), copy=False)
+def _words(r: Reader, count: int, dtype: str, what: str) -> NDArray[np.generic]:
+    """Return ``count`` words of the message, native byte order, as a read-only view."""
+    return r.words(count, dtype, what).astype(np.dtype(dtype).newbyteorder("="), copy=False)
 
-    cw_seeds = take(m * n * 2, "<u8").reshape(n, m, 2)
-    cw_values = take(m * n * tau, "<u8").reshape(n, m, tau)
-    cw_bits = take(m * n, "u1").reshape(n, m)
-    cw_final = take(m * tau, "<u8").reshape(m, tau)
+
+def _parse_public_body(r: Reader, n: int, tau: int, m: int) -> DCFPublicBatch:
+    cw_seeds = _words(r, m * n * 2, "<u8", "cw_seeds").reshape(n, m, 2)
+    cw_values = _words(r, m * n * tau, "<u8", "cw_values").reshape(n, m, tau)
+    cw_bits = _words(r, m * n, "u1", "cw_bits").reshape(n, m)
+    cw_final = _words(r, m * tau, "<u8", "cw_final").reshape(m, tau)
+    r.done()
     return DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)  # type: ignore[arg-type]
 
 
@@ -360,10 +368,7 @@ class DCFKeyBatch:
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
         p = self.public
-        head = _HEADER.pack(
-            _MAGIC, _VERSION, _KIND_KEYS, self.party, p.domain_bits, p.tau, p.num_keys,
-            bytes(8),
-        )  # fmt: skip
+        head = _header(_KIND_KEYS, self.party, p.domain_bits, p.tau, p.num_keys)
         return b"".join([head, self.root_seeds.astype("<u8").tobytes(), *p._body()])
 
     @classmethod
@@ -375,10 +380,9 @@ class DCFKeyBatch:
         DCFKeyError
             If the bytes are not exactly one well-formed key batch.
         """
-        n, tau, m, party, off = _parse_header(data, _KIND_KEYS)
-        raw = data if isinstance(data, bytes) else bytes(data)  # type: ignore[call-overload]
-        seeds = np.frombuffer(raw, "<u8", m * 2, _HEADER.size).astype(_U64).reshape(m, 2)
-        return cls(party, seeds, _parse_public_body(raw, off, n, tau, m))
+        r, n, tau, m, party = _parse_header(data, _KIND_KEYS)
+        seeds = r.words(m * 2, "<u8", "root seeds").astype(_U64).reshape(m, 2)
+        return cls(party, seeds, _parse_public_body(r, n, tau, m))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DCFKeyBatch) and self.to_bytes() == other.to_bytes()

@@ -96,6 +96,13 @@ def test_words_known_answer() -> None:
     r = Reader(w.payload())
     assert r.words(2, "<u4", "w").tolist() == [1, 2**32 - 1]
     r.done()
+    view = Reader(b"x" + w.payload(), 1).words(2, "<u4", "w")  # bytes: a read-only view
+    assert view.tolist() == [1, 2**32 - 1] and not view.flags.writeable
+    buf = bytearray(w.payload())
+    copy = Reader(buf).words(2, "<u4", "w")  # a mutable buffer: a copy
+    buf[0] = 9
+    assert copy.tolist() == [1, 2**32 - 1]
+    assert Reader(b"ab", 2).words(0, "<u8", "w").size == 0
     with pytest.raises(WireFormatError, match="little-endian"):
         Reader(b"").words(0, ">u4", "w")
     with pytest.raises(WireFormatError, match="little-endian"):
