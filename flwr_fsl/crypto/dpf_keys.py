@@ -33,7 +33,9 @@ per key set). A 16-byte header: ``b"FDPF"``, version 2, kind (1 public part, 2 k
   level ``i`` at bits ``2 * (i % 4)`` and ``2 * (i % 4) + 1`` of byte ``i // 4``; the unused
   high bits of the last byte must be 0.
 
-A hint carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header.
+A hint carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header. Every field is
+written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
+:class:`~flwr_fsl.core.wireformat.Reader` (each length checked before anything is allocated).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.wireformat import register_magic
+from flwr_fsl.core.wireformat import Reader, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds
 
 __all__ = [
@@ -73,17 +75,7 @@ _VERSION = 2
 _KIND_PUBLIC, _KIND_KEYS, _KIND_HINT = 1, 2, 3
 _NO_PARTY = 255
 _EPOCH_SHARED, _EPOCH_PER_KEY = 0, 1
-_HEADER = np.dtype(
-    [
-        ("magic", "S4"),
-        ("version", "u1"),
-        ("kind", "u1"),
-        ("party", "u1"),
-        ("zero", "u1"),
-        ("tau", "<u4"),
-        ("m", "<u4"),
-    ]
-)
+_HEADER_BYTES = 16  # magic, version, kind, party, zero (u8 each), tau, m (u32)
 _GEN_CHUNK = 8192  # keys per Gen chunk: 4 blocks each per level -> 512 KiB buffers
 
 
@@ -306,22 +298,19 @@ class DPFPublicBatch:
         m = self.num_keys
         shared = m >= 1 and bool(np.all(self.epochs == self.epochs[0]))
         epochs = self.epochs[:1] if shared else self.epochs
-        mode = _EPOCH_SHARED if shared else _EPOCH_PER_KEY
-        return b"".join(
-            [
-                bytes([mode]),
-                self.domain_bits.tobytes(),
-                bytes((-(1 + m)) % 8),
-                epochs.astype("<u8").tobytes(),
-                self.cw_leaf.astype("<u8").tobytes(),
-                self.cw_seeds.astype("<u8").tobytes(),
-                _pack_cw_bits(self.cw_bits),
-            ]
-        )
+        w = Writer(DPFKeyError)
+        w.u8(_EPOCH_SHARED if shared else _EPOCH_PER_KEY)
+        w.words(self.domain_bits, "u1")
+        w.fixed(bytes((-(1 + m)) % 8), (-(1 + m)) % 8)
+        for words in (epochs, self.cw_leaf, self.cw_seeds):
+            w.words(words, "<u8")
+        packed = _pack_cw_bits(self.cw_bits)
+        w.fixed(packed, len(packed))
+        return w.payload()
 
     def to_bytes(self) -> bytes:
         """Serialize (kind 1, see module docstring)."""
-        return _header(_KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys) + self._body()
+        return _header(_KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys).payload() + self._body()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DPFPublicBatch:
@@ -332,11 +321,8 @@ class DPFPublicBatch:
         DPFKeyError
             If the blob is truncated, too long, or any field is invalid.
         """
-        tau, m, _ = _parse_header(data, _KIND_PUBLIC)
-        pub, end = _parse_public_body(data, 16, tau, m)
-        if end != len(data):
-            raise DPFKeyError(f"public part: {len(data) - end} trailing bytes")
-        return pub
+        r, tau, m, _ = _parse_header(data, _KIND_PUBLIC)
+        return _parse_public_body(r, tau, m)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DPFPublicBatch) and self.to_bytes() == other.to_bytes()
@@ -583,8 +569,9 @@ class DPFKeyBatch:
     def to_bytes(self) -> bytes:
         """Serialize (kind 2: party, root seeds and public part)."""
         pub = self.public
-        head = _header(_KIND_KEYS, self.party, pub.tau, pub.num_keys)
-        return head + self.root_seeds.astype("<u8").tobytes() + pub._body()
+        w = _header(_KIND_KEYS, self.party, pub.tau, pub.num_keys)
+        w.words(self.root_seeds, "<u8")
+        return w.payload() + pub._body()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DPFKeyBatch:
@@ -595,14 +582,9 @@ class DPFKeyBatch:
         DPFKeyError
             If the blob is truncated, too long, or any field is invalid.
         """
-        tau, m, party = _parse_header(data, _KIND_KEYS)
-        end = 16 + 16 * m
-        if len(data) < end:
-            raise DPFKeyError(f"truncated key shares: {len(data)} bytes, need at least {end}")
-        seeds = np.frombuffer(data, dtype="<u8", count=2 * m, offset=16).astype(_U64)
-        pub, end = _parse_public_body(data, end, tau, m)
-        if end != len(data):
-            raise DPFKeyError(f"key shares: {len(data) - end} trailing bytes")
+        r, tau, m, party = _parse_header(data, _KIND_KEYS)
+        seeds = r.words(2 * m, "<u8", "root seeds").astype(_U64)
+        pub = _parse_public_body(r, tau, m)
         return cls(party=party, root_seeds=seeds.reshape(m, 2), public=pub)
 
     def __eq__(self, other: object) -> bool:
@@ -654,12 +636,10 @@ class UpdateHint:
 
     def to_bytes(self) -> bytes:
         """Serialize (kind 3)."""
-        m = self.cw_leaf.shape[0]
-        return (
-            _header(_KIND_HINT, _NO_PARTY, self.tau, m)
-            + np.array([self.epoch], dtype="<u8").tobytes()
-            + self.cw_leaf.astype("<u8").tobytes()
-        )
+        w = _header(_KIND_HINT, _NO_PARTY, self.tau, self.cw_leaf.shape[0])
+        w.u64(self.epoch)
+        w.words(self.cw_leaf, "<u8")
+        return w.payload()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UpdateHint:
@@ -670,13 +650,14 @@ class UpdateHint:
         DPFKeyError
             If the blob is truncated, too long or malformed.
         """
-        tau, m, _ = _parse_header(data, _KIND_HINT)
+        r, tau, m, _ = _parse_header(data, _KIND_HINT)
         w = _group(tau) * tau
-        need = 16 + 8 + 8 * m * w
-        if len(data) != need:
-            raise DPFKeyError(f"hint has {len(data)} bytes, expected {need}")
-        epoch = int(np.frombuffer(data, dtype="<u8", count=1, offset=16)[0])
-        leaf = np.frombuffer(data, dtype="<u8", count=m * w, offset=24).astype(_U64)
+        need = _HEADER_BYTES + 8 + 8 * m * w
+        if len(r.data) != need:
+            raise DPFKeyError(f"hint has {len(r.data)} bytes, expected {need}")
+        epoch = r.u64("epoch")
+        leaf = r.words(m * w, "<u8", "cw_leaf").astype(_U64)
+        r.done()
         return cls(epoch=epoch, tau=tau, cw_leaf=leaf.reshape(m, w))
 
     def __eq__(self, other: object) -> bool:
@@ -690,41 +671,40 @@ class UpdateHint:
 # ------------------------------------------------------------------------------------------------
 
 
-def _header(kind: int, party: int, tau: int, m: int) -> bytes:
-    head = np.zeros(1, dtype=_HEADER)
-    head["magic"] = _MAGIC
-    head["version"] = _VERSION
-    head["kind"] = kind
-    head["party"] = party
-    head["tau"] = tau
-    head["m"] = m
-    return head.tobytes()
+def _header(kind: int, party: int, tau: int, m: int) -> Writer:
+    """Return a writer holding the 16-byte header (module docstring)."""
+    w = Writer(DPFKeyError)
+    w.fixed(_MAGIC, len(_MAGIC))
+    for byte in (_VERSION, kind, party, 0):
+        w.u8(byte)
+    w.u32(tau)
+    w.u32(m)
+    return w
 
 
-def _parse_header(data: bytes, kind: int) -> tuple[int, int, int]:
-    """Check a blob's header; return ``(tau, m, party)``."""
+def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int]:
+    """Check a blob's header; return ``(reader at the body, tau, m, party)``."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DPFKeyError(f"expected bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) < _HEADER.itemsize:
-        raise DPFKeyError(f"truncated: {len(data)} bytes, header needs {_HEADER.itemsize}")
-    head = np.frombuffer(data, dtype=_HEADER, count=1)[0]
-    if bytes(head["magic"]) != _MAGIC:
+    r = Reader(bytes(data), 0, DPFKeyError)
+    if len(r.data) < _HEADER_BYTES:
+        raise DPFKeyError(f"truncated: {len(r.data)} bytes, header needs {_HEADER_BYTES}")
+    if r.fixed(len(_MAGIC), "magic") != _MAGIC:
         raise DPFKeyError("not a DPF blob (bad magic)")
-    if int(head["version"]) != _VERSION:
-        raise DPFKeyError(f"unsupported DPF format version {int(head['version'])}")
-    if int(head["kind"]) != kind:
-        raise DPFKeyError(f"wrong blob kind {int(head['kind'])}, expected {kind}")
-    party = int(head["party"])
+    version, got_kind, party, zero = (r.u8(what) for what in ("version", "kind", "party", "zero"))
+    tau, m = r.u32("tau"), r.u32("number of keys")
+    if version != _VERSION:
+        raise DPFKeyError(f"unsupported DPF format version {version}")
+    if got_kind != kind:
+        raise DPFKeyError(f"wrong blob kind {got_kind}, expected {kind}")
     want_party = kind == _KIND_KEYS
     if (want_party and party not in (0, 1)) or (not want_party and party != _NO_PARTY):
         raise DPFKeyError(f"bad party byte {party}")
-    if int(head["zero"]) != 0:
+    if zero != 0:
         raise DPFKeyError("reserved header byte is not zero")
-    tau = int(head["tau"])
     if not 1 <= tau <= MAX_TAU:
         raise DPFKeyError(f"tau must be in [1, {MAX_TAU}], got {tau}")
-    return tau, int(head["m"]), party
+    return r, tau, m, party
 
 
 def _pack_cw_bits(bits: NDArray[np.uint8]) -> bytes:
@@ -746,50 +726,31 @@ def _unpack_cw_bits(packed: NDArray[np.uint8], n_levels: int) -> NDArray[np.uint
     return np.ascontiguousarray(flat[:n_levels], dtype=np.uint8)
 
 
-def _need(data: bytes, end: int, what: str) -> None:
-    """Raise :class:`DPFKeyError` unless ``data`` reaches ``end`` (where ``what`` ends)."""
-    if len(data) < end:
-        raise DPFKeyError(f"truncated public part: {len(data)} bytes, {what} needs {end}")
-
-
-def _parse_public_body(data: bytes, off: int, tau: int, m: int) -> tuple[DPFPublicBatch, int]:
-    """Parse a public body starting at ``off``; return it and its end (== ``len(data)``)."""
+def _parse_public_body(r: Reader, tau: int, m: int) -> DPFPublicBatch:
+    """Parse a public body from ``r`` to the end of the message (module docstring)."""
     w = _group(tau) * tau
-    head_end = off + 1 + m + (-(1 + m)) % 8
-    _need(data, head_end, "epoch_mode and domain_bits")
-    mode = data[off]
+    mode = r.u8("epoch_mode")
     if mode not in (_EPOCH_SHARED, _EPOCH_PER_KEY):
         raise DPFKeyError(f"bad epoch_mode byte {mode}")
-    dbits = np.frombuffer(data, dtype=np.uint8, count=m, offset=off + 1).copy()
-    if any(data[off + 1 + m : head_end]):
+    dbits = r.words(m, "u1", "domain_bits").copy()
+    if any(r.fixed((-(1 + m)) % 8, "padding after domain_bits")):
         raise DPFKeyError("non-zero padding after domain_bits")
     if m and int(dbits.max()) > MAX_DOMAIN_BITS:
         raise DPFKeyError(f"wrong domain: domain_bits above {MAX_DOMAIN_BITS}")
     n_epochs = 1 if mode == _EPOCH_SHARED else m
-    off = head_end
-    _need(data, off + 8 * n_epochs, "epochs")
-    epochs = np.frombuffer(data, dtype="<u8", count=n_epochs, offset=off).astype(_U64)
-    off += 8 * n_epochs
+    epochs = r.words(n_epochs, "<u8", "epochs").astype(_U64)
     if mode == _EPOCH_SHARED:
         if m == 0:
             raise DPFKeyError("epoch_mode 0 (one shared epoch) needs at least one key")
         epochs = np.full(m, epochs[0], dtype=_U64)
     elif m and np.all(epochs == epochs[0]):
         raise DPFKeyError("epoch_mode 1 (per-key epochs) but all keys share one epoch")
-    _need(data, off + 8 * m * w, "cw_leaf")
-    leaf = np.frombuffer(data, dtype="<u8", count=m * w, offset=off).astype(_U64).reshape(m, w)
-    off += 8 * m * w
+    leaf = r.words(m * w, "<u8", "cw_leaf").astype(_U64).reshape(m, w)
     n_levels = int(_tree_levels(dbits, tau).sum())
-    _need(data, off + 16 * n_levels, "cw_seeds")
-    cw_seeds = np.frombuffer(data, dtype="<u8", count=2 * n_levels, offset=off).astype(_U64)
-    off += 16 * n_levels
-    n_packed = (n_levels + 3) // 4
-    end = off + n_packed
-    _need(data, end, "cw_bits")
-    if len(data) > end:
-        raise DPFKeyError(f"{len(data) - end} trailing bytes after the public part")
-    packed = np.frombuffer(data, dtype=np.uint8, count=n_packed, offset=off)
-    pub = DPFPublicBatch(
+    cw_seeds = r.words(2 * n_levels, "<u8", "cw_seeds").astype(_U64)
+    packed = r.words((n_levels + 3) // 4, "u1", "cw_bits")
+    r.done()
+    return DPFPublicBatch(
         tau=tau,
         domain_bits=dbits,
         epochs=epochs,
@@ -797,4 +758,3 @@ def _parse_public_body(data: bytes, off: int, tau: int, m: int) -> tuple[DPFPubl
         cw_bits=_unpack_cw_bits(packed, n_levels),
         cw_leaf=leaf,
     )
-    return pub, end
