@@ -38,6 +38,7 @@ _DP_VERSION = (
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
+_MAX_PARAMS_BYTES = 64 * 1024  # the JSON is a few hundred bytes
 
 
 class SSAInputError(ClientInputError):
@@ -183,11 +184,7 @@ class SSAParams:
         ConfigurationError
             If a field's value is out of range (the dataclass's own checks).
         """
-        try:
-            # NaN/Infinity are not JSON numbers: reject them instead of letting them reach math.
-            raw = json.loads(bytes(data).decode(), parse_constant=_reject_constant)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise SSAInputError(f"SSA parameters are not valid JSON: {err}") from None
+        raw = _load_json(data)
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
         version = raw.pop("version", None)
@@ -211,6 +208,30 @@ class SSAParams:
         if "dp" in raw:
             raw["dp"] = DistributedDP.from_dict(raw["dp"])
         return cls(**raw)
+
+
+def _load_json(data: object) -> object:
+    """Parse the parameters' JSON: bytes of bounded size, no NaN/Infinity, no repeated key."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise SSAInputError(f"SSA parameters must be bytes, got {type(data).__name__}")
+    if len(data) > _MAX_PARAMS_BYTES:
+        raise SSAInputError(f"SSA parameters exceed {_MAX_PARAMS_BYTES} bytes")
+    try:
+        # NaN/Infinity are not JSON numbers: reject them instead of letting them reach math.
+        return json.loads(
+            bytes(data).decode(), parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
+    except SSAInputError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # also over-long integers
+        raise SSAInputError(f"SSA parameters are not valid JSON: {err}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise SSAInputError("SSA parameters repeat a key")
+    return out
 
 
 def _reject_constant(name: str) -> None:

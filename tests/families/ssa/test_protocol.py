@@ -322,6 +322,19 @@ def test_params_round_trip_and_validation() -> None:
     ):
         with pytest.raises(SSAInputError):
             SSAParams.from_bytes(blob)
+    good = params.to_bytes()
+    for bad in (
+        "text",
+        None,
+        2**40,  # bytes(2**40) would allocate a terabyte
+        good + b" " * (64 * 1024),
+        good.replace(b'"round_id": ', b'"round_id": ' + b"1" * 5000),
+        good.replace(b'"scale_factor": null', b'"scale_factor": ' + b"[" * 30000),
+        good.replace(b"{", b'{"round_id": 7, ', 1),
+        good.replace(b'"max_abs": 10000.0', b'"max_abs": NaN'),
+    ):
+        with pytest.raises(SSAInputError):
+            SSAParams.from_bytes(bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="num_items"):
         _params(num_items=300)
     with pytest.raises(ConfigurationError):
