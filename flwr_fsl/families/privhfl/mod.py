@@ -56,6 +56,13 @@ under :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY`
 (:mod:`flwr_fsl.families.privhfl.messages`);
 the query set never leaves the querier and the querier opens only the sum of the answers.
 
+**Dispatch.** :class:`PrivHFLClient` is a :class:`~flwr_fsl.core.phases.PhaseMod` over
+:data:`~flwr_fsl.families.privhfl.records.PRIVHFL_PHASES`, the typed phases the strategy sends:
+:meth:`PrivHFLClient.phase_of` reads the phase from the :data:`PRIVHFL_KEY` record
+(:meth:`PhaseConfig.from_record`, checked against the message type) and each phase is answered by
+``on_<phase>(request, context)``. :meth:`PrivHFLClient.register` registers the three message
+types on a ``ClientApp``; the instance itself is also a mod that passes every other message on.
+
 Malformed server input (a bad record, queries of the wrong shape, type or range, logits that do
 not match the stored queries) raises :class:`~flwr_fsl.core.errors.ClientInputError`: Flower turns
 it into an error reply and the server drops this client from the round. Error texts name the check,
@@ -65,29 +72,33 @@ never a value.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from numpy.typing import NDArray
 from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.families.privhfl.client import SecureAnswerer, SecureQuerier
 from flwr_fsl.families.privhfl.inference import SecureModel, from_torch
-from flwr_fsl.families.privhfl.messages import KEY_SLOT, SECURE_KEY, QuerierState
+from flwr_fsl.families.privhfl.messages import KEY_SLOT, QuerierState
 from flwr_fsl.families.privhfl.queries import expand, select, softmax
 from flwr_fsl.families.privhfl.records import (
     ACTION,
     LOGITS_KEY,
     PHASE_TYPES,
     PRIVHFL_KEY,
+    PRIVHFL_PHASES,
     QUERIES_KEY,
     PhaseConfig,
+    PhaseReply,
+    PhaseRequest,
     logits_record,
     queries_record,
     read_logits,
@@ -121,6 +132,12 @@ _QUERY_SLOT = "fsl.privhfl.query-set"
 _QUERY_ROUND_SLOT = "fsl.privhfl.query-round"
 _QSTATE_SLOT = "fsl.privhfl.secure-querier"
 _ASTATE_SLOT = "fsl.privhfl.secure-answerer"
+_MESSAGE_TYPES = frozenset(PHASE_TYPES.values())
+
+
+def _no_record(msg: Message, context: Context) -> Message:
+    """End a registered function's chain: its message carried no PrivHFL record."""
+    raise ClientInputError("the message has no PrivHFL record")
 
 
 # -- the client -------------------------------------------------------------------------------
@@ -143,8 +160,11 @@ class PrivateData:
     y_eval: NDArray[Any] | None = None
 
 
-class PrivHFLClient:
+class PrivHFLClient(PhaseMod):
     """One node of PrivHFL: its own model and data, the querier and answerer roles.
+
+    A :class:`~flwr_fsl.core.phases.PhaseMod` over PrivHFL's phases (module docstring):
+    :meth:`register` puts it on a ``ClientApp`` as the three ``privhfl`` message types.
 
     Parameters
     ----------
@@ -166,6 +186,10 @@ class PrivHFLClient:
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
     """
+
+    family: ClassVar[str] = PRIVHFL_KEY
+    title: ClassVar[str] = "PrivHFL"
+    phases: ClassVar[Mapping[str, Phase[Any, Any]]] = PRIVHFL_PHASES
 
     def __init__(
         self,
@@ -208,6 +232,38 @@ class PrivHFLClient:
         app.query(ACTION)(self.query)
         app.evaluate(ACTION)(self.evaluate)
 
+    # -- dispatch (flwr_fsl.core.phases.PhaseMod) -------------------------------------------
+    def phase_of(self, msg: Message, context: Context) -> Phase[Any, Any] | None:
+        """Return the PrivHFL phase a message is (None: not a PrivHFL message, passed on).
+
+        A message of a ``privhfl`` type that carries a :data:`PRIVHFL_KEY` record is read by
+        :meth:`PhaseConfig.from_record` against its message type.
+
+        Raises
+        ------
+        ClientInputError
+            If the record is malformed, names an unknown phase or one of another message type.
+        """
+        message_type = msg.metadata.message_type
+        record = msg.content.config_records.get(PRIVHFL_KEY)
+        if message_type not in _MESSAGE_TYPES or record is None:
+            return None
+        if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        return self.phases[PhaseConfig.from_record(record, message_type).phase]
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Answer ``train.privhfl``: the ``local`` or the ``retrain`` phase."""
+        return self(msg, context, _no_record)
+
+    def query(self, msg: Message, context: Context) -> Message:
+        """Answer ``query.privhfl``: ``generate``, ``answer``, or ``keys``/``step``/``sign``."""
+        return self(msg, context, _no_record)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Answer ``evaluate.privhfl``: this node's model on its evaluation data."""
+        return self(msg, context, _no_record)
+
     # -- state ------------------------------------------------------------------------------
     def _model(self, context: Context, fresh: bool = False) -> nn.Module:
         model = self.model_fn(context)
@@ -226,45 +282,44 @@ class PrivHFLClient:
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         context.state[_MODEL_SLOT] = ArrayRecord(state)
 
-    def _config(self, msg: Message) -> PhaseConfig:
-        if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)
-        return PhaseConfig.from_record(
-            msg.content.config_records.get(PRIVHFL_KEY), msg.metadata.message_type
-        )
-
     def _data(self, context: Context) -> PrivateData:
         data = self.data_fn(context)
         if not isinstance(data, PrivateData):
             raise TypeError("data_fn must return a PrivateData")
         return data
 
-    # -- the registered functions -----------------------------------------------------------
-    def train(self, msg: Message, context: Context) -> Message:
-        """Answer ``train.privhfl``: the ``local`` or the ``retrain`` phase."""
-        config = self._config(msg)
+    # -- the phases -------------------------------------------------------------------------
+    def on_local(self, request: PhaseRequest, context: Context) -> PhaseReply:
+        """``local``: train a fresh model on the private data."""
+        config = request.config
         data = self._data(context)
-        if config.phase == "local":
-            model = self._model(context, fresh=True)
-            loss = train_private(
-                model, data.x_train, data.y_train, config.epochs, config.lr,
-                config.batch_size, config.seed, optimizer=config.optimizer,
-            )  # fmt: skip
+        model = self._model(context, fresh=True)
+        loss = train_private(
+            model, data.x_train, data.y_train, config.epochs, config.lr,
+            config.batch_size, config.seed, optimizer=config.optimizer,
+        )  # fmt: skip
+        return self._trained(context, model, data, loss)
+
+    def on_retrain(self, request: PhaseRequest, context: Context) -> PhaseReply:
+        """``retrain``: soft labels of the answers (plaintext or secure) plus private data."""
+        config = request.config
+        data = self._data(context)
+        model = self._model(context)
+        if request.secure is not None:
+            x_query, soft = self._secure_soft_labels(request, context, config)
         else:
-            model = self._model(context)
-            if SECURE_KEY in msg.content.config_records:
-                x_query, soft = self._secure_soft_labels(msg, context, config)
-            else:
-                x_query, soft = self._soft_labels(msg, context, config)
-            loss = retrain(
-                model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
-                config.batch_size, config.seed,
-            )  # fmt: skip
+            x_query, soft = self._soft_labels(request, context, config)
+        loss = retrain(
+            model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
+            config.batch_size, config.seed,
+        )  # fmt: skip
+        return self._trained(context, model, data, loss)
+
+    def _trained(
+        self, context: Context, model: nn.Module, data: PrivateData, loss: float
+    ) -> PhaseReply:
         self._store(context, model)
-        metrics = MetricRecord(
-            {"num-examples": len(data.x_train), "train-loss": float(np.nan_to_num(loss))}
-        )
-        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+        return PhaseReply.trained(len(data.x_train), float(np.nan_to_num(loss)))
 
     @staticmethod
     def _take_queries(
@@ -283,63 +338,50 @@ class PrivHFLClient:
         return stored["x"].numpy(), None
 
     def _soft_labels(
-        self, msg: Message, context: Context, config: PhaseConfig
+        self, request: PhaseRequest, context: Context, config: PhaseConfig
     ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
         x_query, _ = self._take_queries(context, config)
         if config.answerers == 0:
             return None, None
         if x_query is None:
             raise ClientInputError("soft labels arrived but this node holds no query set")
-        total = read_logits(msg.content, len(x_query), self.num_classes, self.max_abs_logit)
+        total = request.read_logits(len(x_query), self.num_classes, self.max_abs_logit)
         return x_query, softmax(total, config.temperature)
 
-    def query(self, msg: Message, context: Context) -> Message:
-        """Answer ``query.privhfl``: the ``generate`` or the ``answer`` phase."""
-        config = self._config(msg)
+    def on_generate(self, request: PhaseRequest, context: Context) -> PhaseReply:
+        """``generate``: build and keep the query set; reply it (plaintext) or the secure deals."""
+        config = request.config
         model = self._model(context)
-        if config.phase == "keys":
-            return self._secure_keys(msg, context, model, config)
-        if config.phase == "step":
-            return self._secure_step(msg, context, model, config)
-        if config.phase == "sign":
-            return self._secure_sign(msg, context, config)
-        if config.phase == "generate" and SECURE_KEY in msg.content.config_records:
-            return self._secure_generate(msg, context, model, config)
-        if config.phase == "answer":
-            x = read_queries(msg.content, self.max_answer, self.image_shape, self.max_abs_input)
-            logits = predict_logits(model, x)
-            return Message(RecordDict({LOGITS_KEY: logits_record(logits)}), reply_to=msg)
+        if request.secure is not None:
+            return self._secure_generate(request, context, model, config)
         data = self._data(context)
         queries = self.generate(model, data, config)
         context.state[_QUERY_SLOT] = queries_record(queries)
         context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
-        return Message(
-            RecordDict(
-                {
-                    QUERIES_KEY: queries_record(queries),
-                    "metrics": MetricRecord({"num-queries": len(queries)}),
-                }
-            ),
-            reply_to=msg,
-        )
+        return PhaseReply.query_set(queries)
+
+    def on_answer(self, request: PhaseRequest, context: Context) -> PhaseReply:
+        """``answer``: this node's logits on the queries it is sent."""
+        model = self._model(context)
+        x = request.read_queries(self.max_answer, self.image_shape, self.max_abs_input)
+        return PhaseReply.answer(predict_logits(model, x))
+
+    def on_evaluate(self, request: PhaseRequest, context: Context) -> PhaseReply:
+        """``evaluate``: this node's model on its evaluation data."""
+        model = self._model(context)
+        data = self._data(context)
+        if data.x_eval is None or data.y_eval is None or len(data.x_eval) == 0:
+            raise ConfigurationError("data_fn gave no evaluation data")
+        logits = torch.from_numpy(predict_logits(model, data.x_eval))
+        target = torch.as_tensor(np.asarray(data.y_eval), dtype=torch.long)
+        loss = float(nn.functional.cross_entropy(logits, target))
+        accuracy = float((logits.argmax(1) == target).float().mean())
+        params = sum(p.numel() for p in model.parameters())
+        return PhaseReply.evaluated(len(target), accuracy, loss, int(params))
 
     # -- secure answering (flwr_fsl.families.privhfl.messages) -----------------------------------
     def _secure_model(self, model: nn.Module) -> SecureModel:
         return from_torch(model.eval(), self.image_shape)
-
-    @staticmethod
-    def _blob(msg: Message) -> bytes:
-        record = msg.content.config_records.get(SECURE_KEY)
-        if record is None or list(record.keys()) != ["blob"]:
-            raise ClientInputError(f"{SECURE_KEY!r} must hold exactly one field 'blob'")
-        blob = record["blob"]
-        if not isinstance(blob, bytes):
-            raise ClientInputError(f"{SECURE_KEY!r} 'blob' must be bytes")
-        return blob
-
-    @staticmethod
-    def _reply(msg: Message, blob: bytes) -> Message:
-        return Message(RecordDict({SECURE_KEY: ConfigRecord({"blob": blob})}), reply_to=msg)
 
     def _answerer(self, context: Context, model: nn.Module) -> SecureAnswerer:
         """Return the answerer's handlers with its stored key and sessions (``Context.state``)."""
@@ -370,39 +412,35 @@ class PrivHFLClient:
             state=QuerierState.from_bytes(raw) if isinstance(raw, bytes) else None,
         )  # fmt: skip
 
-    def _secure_keys(
-        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
-    ) -> Message:
+    def on_keys(self, request: PhaseRequest, context: Context) -> PhaseReply:
         """``keys``: a fresh X25519 key pair for the round; reply its public key and arch."""
-        answerer = self._answerer(context, model)
-        reply = answerer.on_keys(config.server_round, self._blob(msg))
+        answerer = self._answerer(context, self._model(context))
+        reply = answerer.on_keys(request.config.server_round, request.blob())
         assert answerer.keypair is not None
         key_round, private = answerer.keypair
         context.state[KEY_SLOT] = ConfigRecord({"private": private, "round": key_round})
-        return self._reply(msg, reply)
+        return PhaseReply.sealed(reply)
 
     def _secure_generate(
-        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
-    ) -> Message:
+        self, request: PhaseRequest, context: Context, model: nn.Module, config: PhaseConfig
+    ) -> PhaseReply:
         """``generate`` (secure): queries stay here; reply ``Sk_QA`` sealed, share, deals."""
         querier = self._querier(context, stored=False)
         reply = querier.on_generate(
             config.server_round,
-            self._blob(msg),
+            request.blob(),
             lambda: self.generate(model, self._data(context), config),
         )
         assert querier.queries is not None and querier.state is not None
         context.state[_QUERY_SLOT] = queries_record(querier.queries)
         context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
         context.state[_QSTATE_SLOT] = ConfigRecord({"state": querier.state.to_bytes()})
-        return self._reply(msg, reply)
+        return PhaseReply.sealed(reply)
 
-    def _secure_step(
-        self, msg: Message, context: Context, model: nn.Module, config: PhaseConfig
-    ) -> Message:
+    def on_step(self, request: PhaseRequest, context: Context) -> PhaseReply:
         """``step``: this answerer's half of step ``k`` of every querier's session."""
-        answerer = self._answerer(context, model)
-        reply = answerer.on_step(config.server_round, self._blob(msg))
+        answerer = self._answerer(context, self._model(context))
+        reply = answerer.on_step(request.config.server_round, request.blob())
         for slot in (KEY_SLOT, _ASTATE_SLOT):
             if slot in context.state:
                 del context.state[slot]  # the key opens step 1's seeds only
@@ -411,15 +449,16 @@ class PrivHFLClient:
             context.state[_ASTATE_SLOT] = ConfigRecord(
                 {"round": session_round, **{str(q): v for q, v in states.items()}}
             )
-        return self._reply(msg, reply)
+        return PhaseReply.sealed(reply)
 
-    def _secure_sign(self, msg: Message, context: Context, config: PhaseConfig) -> Message:
+    def on_sign(self, request: PhaseRequest, context: Context) -> PhaseReply:
         """``sign`` (paper's DReLU): open ``z = r x`` of each session's comparison (the leak)."""
+        self._model(context)  # as every query phase: only a node with a model takes part
         querier = self._querier(context)
-        return self._reply(msg, querier.on_sign(config.server_round, self._blob(msg)))
+        return PhaseReply.sealed(querier.on_sign(request.config.server_round, request.blob()))
 
     def _secure_soft_labels(
-        self, msg: Message, context: Context, config: PhaseConfig
+        self, request: PhaseRequest, context: Context, config: PhaseConfig
     ) -> tuple[NDArray[np.float32] | None, NDArray[np.float64] | None]:
         """Open ``sum_j y_j`` from the server's ``agg-S`` with this querier's masks."""
         stored = context.state.config_records.get(_QSTATE_SLOT)
@@ -433,7 +472,7 @@ class PrivHFLClient:
             raise ClientInputError("soft labels arrived but this node holds no query set")
         querier = self._querier(context, stored=False)
         querier.state = QuerierState.from_bytes(raw)
-        logits = querier.on_retrain(config.server_round, self._blob(msg), config.answerers)
+        logits = querier.on_retrain(config.server_round, request.blob(), config.answerers)
         return x_query, softmax(logits, config.temperature)
 
     def generate(
@@ -462,25 +501,3 @@ class PrivHFLClient:
             existing=existing, seed=config.seed,
         )  # fmt: skip
         return np.ascontiguousarray(pool.images[chosen], dtype=np.float32)
-
-    def evaluate(self, msg: Message, context: Context) -> Message:
-        """Answer ``evaluate.privhfl``: this node's model on its evaluation data."""
-        self._config(msg)
-        model = self._model(context)
-        data = self._data(context)
-        if data.x_eval is None or data.y_eval is None or len(data.x_eval) == 0:
-            raise ConfigurationError("data_fn gave no evaluation data")
-        logits = torch.from_numpy(predict_logits(model, data.x_eval))
-        target = torch.as_tensor(np.asarray(data.y_eval), dtype=torch.long)
-        loss = float(nn.functional.cross_entropy(logits, target))
-        accuracy = float((logits.argmax(1) == target).float().mean())
-        params = sum(p.numel() for p in model.parameters())
-        metrics = MetricRecord(
-            {
-                "num-examples": len(target),
-                "accuracy": accuracy,
-                "loss": loss,
-                "num-parameters": int(params),
-            }
-        )
-        return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -3,8 +3,14 @@
 Every server message carries a ``ConfigRecord`` under :data:`PRIVHFL_KEY` (one
 :class:`PhaseConfig`, checked against the message type); queries and logits travel as single
 float32 arrays under :data:`QUERIES_KEY` and :data:`LOGITS_KEY`, read back with their shape,
-type and range checked (:func:`read_queries`, :func:`read_logits`). Malformed input raises
-:class:`~flwr_fsl.core.errors.ClientInputError`.
+type and range checked (:func:`read_queries`, :func:`read_logits`); the secure arm's protocol
+bytes travel as ``{"blob": bytes}`` under :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY`
+(:func:`secure_record`). Malformed input raises :class:`~flwr_fsl.core.errors.ClientInputError`.
+
+Each phase is a typed :class:`~flwr_fsl.core.phases.Phase` (:data:`PRIVHFL_PHASES`, one per
+name of :data:`PHASE_TYPES`, travelling as its message type) that both ends import: a request
+is a :class:`PhaseRequest` (the :class:`PhaseConfig` and the records the phase carries), a
+reply a :class:`PhaseReply` built by its constructor per phase.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.phases import Phase
+from flwr_fsl.families.privhfl.messages import SECURE_KEY
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
 from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
@@ -26,17 +34,31 @@ from flwr_fsl.models.privhfl import (
 
 __all__ = [
     "ACTION",
+    "ANSWER",
+    "EVALUATE",
+    "GENERATE",
+    "KEYS",
+    "LOCAL",
     "LOGITS_KEY",
     "PHASE_TYPES",
     "PRIVHFL_KEY",
+    "PRIVHFL_PHASES",
     "QUERIES_KEY",
+    "RETRAIN",
+    "SIGN",
+    "STEP",
     "VERSION",
     "PhaseConfig",
+    "PhaseReply",
+    "PhaseRequest",
+    "PrivHFLPhase",
     "logits_record",
     "node_seed",
     "queries_record",
     "read_logits",
     "read_queries",
+    "read_secure_blob",
+    "secure_record",
 ]
 
 PRIVHFL_KEY = "fsl.privhfl"
@@ -295,3 +317,197 @@ def node_seed(seed: int, server_round: int, node: int, phase: str) -> int:
     """Return a per-node, per-round, per-phase seed in ``[0, 2^63)`` (SHA-256 of the values)."""
     digest = hashlib.sha256(f"privhfl/{seed}/{server_round}/{node}/{phase}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+# -- the secure blob record -------------------------------------------------------------------
+def secure_record(blob: bytes) -> ConfigRecord:
+    """Return the :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY` record of ``blob``."""
+    return ConfigRecord({"blob": blob})
+
+
+def read_secure_blob(record: ConfigRecord | None, missing: str) -> bytes:
+    """Read a secure blob record strictly: exactly one bytes field ``blob``.
+
+    Raises
+    ------
+    ClientInputError
+        ``missing`` if the record is absent or has other fields; another text if the field
+        is not bytes.
+    """
+    if record is None or list(record.keys()) != ["blob"]:
+        raise ClientInputError(missing)
+    blob = record["blob"]
+    if not isinstance(blob, bytes):
+        raise ClientInputError(f"{SECURE_KEY!r} 'blob' must be bytes")
+    return blob
+
+
+# -- the typed phases -------------------------------------------------------------------------
+def _only(key: str, record: ArrayRecord | None) -> RecordDict:
+    return RecordDict({} if record is None else {key: record})
+
+
+@dataclass(frozen=True)
+class PhaseRequest:
+    """A PrivHFL request: the phase's :class:`PhaseConfig` and the records it carries.
+
+    ``queries`` (``answer``: :func:`queries_record`), ``logits`` (plaintext ``retrain``:
+    :func:`logits_record`) and ``secure`` (the secure arm's ``keys``, ``generate``, ``step``,
+    ``sign``, ``retrain``: :func:`secure_record`) are kept as records, as they came, and read
+    strictly by the client with its own bounds (:meth:`read_queries`, :meth:`read_logits`,
+    :meth:`blob`).
+    """
+
+    config: PhaseConfig
+    queries: ArrayRecord | None = None
+    logits: ArrayRecord | None = None
+    secure: ConfigRecord | None = None
+
+    def to_record(self) -> RecordDict:
+        """Return the message content: the phase record first, then the phase's records."""
+        records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {
+            PRIVHFL_KEY: self.config.to_record()
+        }
+        for key, record in (
+            (QUERIES_KEY, self.queries), (LOGITS_KEY, self.logits), (SECURE_KEY, self.secure)
+        ):  # fmt: skip
+            if record is not None:
+                records[key] = record
+        return RecordDict(records)
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> PhaseRequest:
+        """Parse a request (:meth:`PhaseConfig.from_record`; the other records as they are).
+
+        Raises
+        ------
+        ClientInputError
+            If the phase record is missing or malformed.
+        """
+        return cls(
+            PhaseConfig.from_record(content.config_records.get(PRIVHFL_KEY)),
+            content.array_records.get(QUERIES_KEY),
+            content.array_records.get(LOGITS_KEY),
+            content.config_records.get(SECURE_KEY),
+        )
+
+    def read_queries(
+        self, max_count: int, image_shape: tuple[int, ...], max_abs: float
+    ) -> NDArray[np.float32]:
+        """Return the queries to answer, read by :func:`read_queries` (ClientInputError)."""
+        return read_queries(_only(QUERIES_KEY, self.queries), max_count, image_shape, max_abs)
+
+    def read_logits(self, rows: int, num_classes: int, max_abs: float) -> NDArray[np.float32]:
+        """Return the logit sum, read by :func:`read_logits` (ClientInputError)."""
+        return read_logits(_only(LOGITS_KEY, self.logits), rows, num_classes, max_abs)
+
+    def blob(self) -> bytes:
+        """Return the secure arm's request bytes (ClientInputError if malformed)."""
+        return read_secure_blob(self.secure, f"{SECURE_KEY!r} must hold exactly one field 'blob'")
+
+
+@dataclass(frozen=True)
+class PhaseReply:
+    """A PrivHFL reply: its content, built by one constructor per phase.
+
+    The strategy reads a reply with its own bounds (:func:`read_queries`, :func:`read_logits`
+    on :attr:`content`, :meth:`blob`), so :meth:`from_record` keeps the content as it came.
+    """
+
+    content: RecordDict
+
+    def to_record(self) -> RecordDict:
+        """Return the reply's content."""
+        return self.content
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> PhaseReply:
+        """Wrap a reply content (read strictly by the strategy)."""
+        return cls(content)
+
+    @classmethod
+    def trained(cls, num_examples: int, train_loss: float) -> PhaseReply:
+        """``local`` / ``retrain``: ``num-examples`` and ``train-loss``."""
+        metrics = MetricRecord({"num-examples": num_examples, "train-loss": train_loss})
+        return cls(RecordDict({"metrics": metrics}))
+
+    @classmethod
+    def query_set(cls, queries: NDArray[np.floating]) -> PhaseReply:
+        """Plaintext ``generate``: the queries and their number."""
+        return cls(
+            RecordDict(
+                {
+                    QUERIES_KEY: queries_record(queries),
+                    "metrics": MetricRecord({"num-queries": len(queries)}),
+                }
+            )
+        )
+
+    @classmethod
+    def answer(cls, logits: NDArray[np.floating]) -> PhaseReply:
+        """``answer``: the logits on the queries."""
+        return cls(RecordDict({LOGITS_KEY: logits_record(logits)}))
+
+    @classmethod
+    def sealed(cls, blob: bytes) -> PhaseReply:
+        """Reply the secure arm's bytes."""
+        return cls(RecordDict({SECURE_KEY: secure_record(blob)}))
+
+    @classmethod
+    def evaluated(
+        cls, num_examples: int, accuracy: float, loss: float, num_parameters: int
+    ) -> PhaseReply:
+        """``evaluate``: this node's model on its evaluation data."""
+        metrics = MetricRecord(
+            {
+                "num-examples": num_examples,
+                "accuracy": accuracy,
+                "loss": loss,
+                "num-parameters": num_parameters,
+            }
+        )
+        return cls(RecordDict({"metrics": metrics}))
+
+    def blob(self) -> bytes:
+        """Return the secure arm's reply bytes (ClientInputError if malformed)."""
+        record = self.content.config_records.get(SECURE_KEY)
+        return read_secure_blob(record, f"the reply lacks the {SECURE_KEY!r} record")
+
+
+@dataclass(frozen=True)
+class PrivHFLPhase(Phase[PhaseRequest, PhaseReply]):
+    """A PrivHFL phase: its request content is built as it always was.
+
+    The phase record already names the phase (:class:`PhaseConfig`, after ``version``), so
+    :meth:`build` keeps the record's field order rather than moving ``phase`` first.
+    """
+
+    def build(self, request: PhaseRequest) -> RecordDict:
+        """Return the request's content (:meth:`PhaseRequest.to_record`).
+
+        Raises
+        ------
+        ValueError
+            If the request's config is of another phase (a bug, not bad input).
+        """
+        if request.config.phase != self.name:
+            raise ValueError(f"a {self.name} request carries a {request.config.phase} config")
+        return request.to_record()
+
+
+def _phase(name: str) -> PrivHFLPhase:
+    return PrivHFLPhase(PRIVHFL_KEY, name, PhaseRequest, PhaseReply, PHASE_TYPES[name])
+
+
+LOCAL = _phase("local")
+GENERATE = _phase("generate")
+ANSWER = _phase("answer")
+RETRAIN = _phase("retrain")
+EVALUATE = _phase("evaluate")
+KEYS = _phase("keys")
+STEP = _phase("step")
+SIGN = _phase("sign")
+PRIVHFL_PHASES: dict[str, PrivHFLPhase] = {
+    p.name: p for p in (LOCAL, GENERATE, ANSWER, RETRAIN, EVALUATE, KEYS, STEP, SIGN)
+}
+"""Phase name -> its :class:`PrivHFLPhase` (the names of :data:`PHASE_TYPES`)."""

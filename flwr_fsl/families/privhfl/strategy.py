@@ -9,7 +9,9 @@ with the aggregated predictions as soft labels plus its private data (Alg. 1). T
 is :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient`.
 
 A round is a sequence of phases of :class:`~flwr_fsl.core.engine.PhasedStrategy`
-(message types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
+(message types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``), each one of the
+typed phases of :mod:`flwr_fsl.families.privhfl.records` that the client mod dispatches on
+(:data:`~flwr_fsl.families.privhfl.records.PRIVHFL_PHASES`; requests built by ``Phase.build``):
 
 1. ``local`` (``train``): every node that has no model yet — all of them in round 1 — trains
    its own architecture on its private data (Alg. 1 lines 1-3). With ``evaluate_local`` the
@@ -90,20 +92,24 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.families.privhfl.messages import SECURE_KEY
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
 from flwr_fsl.families.privhfl.records import (
-    LOGITS_KEY,
-    PHASE_TYPES,
-    PRIVHFL_KEY,
-    QUERIES_KEY,
+    ANSWER,
+    EVALUATE,
+    GENERATE,
+    LOCAL,
+    PRIVHFL_PHASES,
+    RETRAIN,
     PhaseConfig,
+    PhaseRequest,
+    PrivHFLPhase,
     logits_record,
     node_seed,
     queries_record,
     read_logits,
     read_queries,
+    secure_record,
 )
 from flwr_fsl.families.privhfl.server import PrivHFLServer
 from flwr_fsl.models.privhfl import IMAGE_SHAPE
@@ -320,8 +326,22 @@ min_available_nodes, sampling_seed
             **extra,
         )
 
-    def _content(self, config: PhaseConfig, **records: Any) -> RecordDict:
-        return RecordDict({PRIVHFL_KEY: config.to_record(), **records})
+    def _send(
+        self,
+        grid: Grid,
+        state: RoundState,
+        phase: PrivHFLPhase,
+        requests: Mapping[int, PhaseRequest],
+        parse: Callable[[int, RecordDict], T],
+        *,
+        label: str | None = None,
+        shrink: bool = True,
+    ) -> dict[int, T]:
+        """Send a typed phase (its contents by ``phase.build``); return the parsed replies."""
+        contents = {n: phase.build(request) for n, request in requests.items()}
+        return self.send(
+            grid, state, label or phase.name, contents, phase.message_type, parse, shrink=shrink
+        )
 
     # -- Flower's single-phase pair is not how PrivHFL runs -----------------------------------
 
@@ -342,11 +362,8 @@ min_available_nodes, sampling_seed
         new = sorted(n for n in grid.get_node_ids() if n not in self.trained)
         if not new:
             return
-        contents = {n: self._content(self._phase("local", state.server_round, n)) for n in new}
-        done = self.send(
-            grid, state, "local", contents, PHASE_TYPES["local"], self._train_metrics,
-            shrink=False,
-        )  # fmt: skip
+        requests = {n: PhaseRequest(self._phase("local", state.server_round, n)) for n in new}
+        done = self._send(grid, state, LOCAL, requests, self._train_metrics, shrink=False)
         self.trained.update(done)
         if self.evaluate_local and done:
             self.node_metrics.setdefault(0, {}).update(
@@ -374,22 +391,20 @@ min_available_nodes, sampling_seed
             log(WARNING, "round %s: no trained querier", state.server_round)
             return None, None
         r = state.server_round
-        sums: dict[int, tuple[dict[str, Any], int]]
+        sums: dict[int, tuple[dict[str, Any], int]]  # querier -> (its PhaseRequest records, count)
         if self.expansion == "none":
             sums = dict.fromkeys(queriers, ({}, 0))
         elif self.answering == "secure":
             sums = self._secure_query(grid, state, queriers)
         else:
             sums = self._query(grid, state, queriers)
-        contents = {}
+        requests = {}
         for q, (records, count) in sums.items():
             if count == 0 and self.expansion != "none":
                 log(WARNING, "round %s: querier %s got no answer; its model is kept", r, q)
                 continue
-            contents[q] = self._content(self._phase("retrain", r, q, answerers=count), **records)
-        done = self.send(
-            grid, state, "retrain", contents, PHASE_TYPES["retrain"], self._train_metrics
-        )
+            requests[q] = PhaseRequest(self._phase("retrain", r, q, answerers=count), **records)
+        done = self._send(grid, state, RETRAIN, requests, self._train_metrics)
         metrics: dict[str, int | float | list[int] | list[float]] = {"queriers": len(done)}
         if done:
             weights = np.array([w for w, _ in done.values()])
@@ -403,27 +418,23 @@ min_available_nodes, sampling_seed
     ) -> dict[int, tuple[dict[str, Any], int]]:
         """Generate and answer (plaintext): per querier, the sum of logits and its count."""
         r = state.server_round
-        contents = {q: self._content(self._phase("generate", r, q)) for q in queriers}
-        queries = self.send(
-            grid, state, "generate", contents, PHASE_TYPES["generate"],
-            lambda _n, c: read_queries(
-                c, self.num_queries, self.image_shape, self.max_abs_input
-            ),
+        requests = {q: PhaseRequest(self._phase("generate", r, q)) for q in queriers}
+        queries = self._send(
+            grid, state, GENERATE, requests,
+            lambda _n, c: read_queries(c, self.num_queries, self.image_shape, self.max_abs_input),
         )  # fmt: skip
         candidates = sorted(n for n in self.trained if n not in state.dropped)
         answered_by: dict[int, list[int]] = {}
         for q in sorted(queries):
             for a in self.answerers_for(r, q, candidates):
                 answered_by.setdefault(a, []).append(q)
-        payloads: dict[int, RecordDict] = {}
+        payloads: dict[int, PhaseRequest] = {}
         for a, qs in answered_by.items():
             x = np.concatenate([queries[q] for q in qs])
-            payloads[a] = self._content(
-                self._phase("answer", r, a), **{QUERIES_KEY: queries_record(x)}
-            )
+            payloads[a] = PhaseRequest(self._phase("answer", r, a), queries=queries_record(x))
         rows = {a: sum(len(queries[q]) for q in qs) for a, qs in answered_by.items()}
-        answers = self.send(
-            grid, state, "answer", payloads, PHASE_TYPES["answer"],
+        answers = self._send(
+            grid, state, ANSWER, payloads,
             lambda n, c: read_logits(c, rows[n], self.num_classes, self.max_abs_logit),
         )  # fmt: skip
         sums: dict[int, tuple[dict[str, Any], int]] = {}
@@ -439,7 +450,7 @@ min_available_nodes, sampling_seed
         for q in queries:
             if q in state.dropped:
                 continue  # it failed as an answerer: it leaves the round
-            sums[q] = ({LOGITS_KEY: logits_record(totals[q])}, counts[q])
+            sums[q] = ({"logits": logits_record(totals[q])}, counts[q])
         log(
             INFO,
             "round %s: %d query sets answered by %d answerers",
@@ -450,20 +461,6 @@ min_available_nodes, sampling_seed
         return sums
 
     # -- secure answering (flwr_fsl.families.privhfl.server) --------------------------------
-    @staticmethod
-    def _secure_record(blob: bytes) -> dict[str, ConfigRecord]:
-        return {SECURE_KEY: ConfigRecord({"blob": blob})}
-
-    @staticmethod
-    def _secure_blob(content: RecordDict) -> bytes:
-        record = content.config_records.get(SECURE_KEY)
-        if record is None or list(record.keys()) != ["blob"]:
-            raise ClientInputError(f"the reply lacks the {SECURE_KEY!r} record")
-        blob = record["blob"]
-        if not isinstance(blob, bytes):
-            raise ClientInputError(f"{SECURE_KEY!r} 'blob' must be bytes")
-        return blob
-
     def _secure_query(
         self, grid: Grid, state: RoundState, queriers: list[int]
     ) -> dict[int, tuple[dict[str, Any], int]]:
@@ -471,23 +468,23 @@ min_available_nodes, sampling_seed
         r = state.server_round
 
         def exchange(
-            phase: str, requests: Mapping[int, bytes], parse: Callable[[int, bytes], T], /
+            label: str, requests: Mapping[int, bytes], parse: Callable[[int, bytes], T], /
         ) -> dict[int, T]:
-            kind = phase.split("-")[0]
-            contents = {
-                n: self._content(self._phase(kind, r, n), **self._secure_record(blob))
+            phase = PRIVHFL_PHASES[label.split("-")[0]]  # "step-3" is a step
+            payloads = {
+                n: PhaseRequest(self._phase(phase.name, r, n), secure=secure_record(blob))
                 for n, blob in requests.items()
             }
-            return self.send(
-                grid, state, phase, contents, PHASE_TYPES[kind],
-                lambda n, c: parse(n, self._secure_blob(c)),
+            return self._send(
+                grid, state, phase, payloads,
+                lambda n, c: parse(n, phase.parse_reply(c).blob()), label=label,
             )  # fmt: skip
 
         candidates = sorted(n for n in self.trained if n not in state.dropped)
         plan = {q: self.answerers_for(r, q, candidates) for q in queriers}
         answers = self.secure_server.query(r, plan, exchange, state.drop, state.dropped)
         sums: dict[int, tuple[dict[str, Any], int]] = {
-            q: ({} if blob is None else self._secure_record(blob), count)
+            q: ({} if blob is None else {"secure": secure_record(blob)}, count)
             for q, (blob, count) in answers.items()
         }
         log(INFO, "round %s: %d query sets answered securely", r, len(sums))
@@ -514,11 +511,10 @@ min_available_nodes, sampling_seed
     def _evaluate(
         self, grid: Grid, state: RoundState, phase: str, nodes: list[int]
     ) -> dict[int, dict[str, float]]:
-        contents = {n: self._content(self._phase("evaluate", state.server_round, n)) for n in nodes}
-        return self.send(
-            grid, state, phase, contents, PHASE_TYPES["evaluate"], self._eval_metrics,
-            shrink=False,
-        )  # fmt: skip
+        requests = {n: PhaseRequest(self._phase("evaluate", state.server_round, n)) for n in nodes}
+        return self._send(
+            grid, state, EVALUATE, requests, self._eval_metrics, label=phase, shrink=False
+        )
 
     def evaluate_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
