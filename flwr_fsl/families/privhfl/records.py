@@ -215,8 +215,10 @@ class PhaseConfig:
                 expected = (int, float)
             if isinstance(value, bool) or not isinstance(value, expected):
                 raise ClientInputError(f"PrivHFL field {wire!r} has the wrong type")
+        # Every value's type was checked above; the dataclass checks the ranges.
+        values: dict[str, Any] = {name: record[wire] for wire, name in names.items()}
         try:
-            config = cls(**{name: record[wire] for wire, name in names.items()})  # type: ignore[arg-type]
+            config = cls(**values)
         except ValueError as err:
             raise ClientInputError(f"invalid PrivHFL record: {err}") from err
         if message_type is not None and config.message_type != message_type:
