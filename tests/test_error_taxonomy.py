@@ -36,6 +36,7 @@ BASELINE: dict[str, int] = {
     "families/sesa/layout.py": 1,  # SesaLayout.shard_deltas: the narrow model holds each group
     "families/ssa/messages.py": 1,  # the SSAClientState codec: both key shares of one batch
     "core/phases.py": 1,  # Phase.build: a request type without its family record is a bug
+    "families/privhfl/records.py": 1,  # PrivHFLPhase.build: a config of another phase is a bug
 }
 
 

@@ -161,7 +161,7 @@ class Writer:
     def count(self, n: int, limit: int | None = MAX_ITEMS) -> None:
         """Append a list count (at most ``limit``; ``None``: any ``u32``, the reader bounds it)."""
         if limit is not None and n > limit:
-            raise self.error(f"{n} items, more than {limit}")
+            raise self.error(f"{n} items exceed the limit of {limit}")
         self.u32(n)
 
     def ids(
@@ -337,7 +337,7 @@ class Reader:
         """Read a list count, checking it against ``limit`` and the bytes left."""
         n = self.u32(f"{what} count")
         if n > limit:
-            raise self.error(f"{what} lists {n} items, more than {limit}")
+            raise self.error(f"{what}: {n} items exceed the limit of {limit}")
         if n * min_item_bytes > len(self.data) - self.pos:
             raise self.error(f"truncated message: {n} {what} declared, too few bytes")
         return n
