@@ -175,7 +175,9 @@ class PerturbedRows:
         r = np.asarray(rows, dtype=np.int64)
         c = np.asarray(counts, dtype=np.float64)
         if r.shape != c.shape or r.ndim != 1 or np.unique(r).size != r.size:
-            raise ValueError("rows(context) must return distinct rows and one count per row")
+            raise ConfigurationError(
+                "rows(context) must return distinct rows and one count per row"
+            )
         order = np.argsort(r)
         return r[order], c[order]
 

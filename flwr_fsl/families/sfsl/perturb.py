@@ -145,10 +145,10 @@ def theorem2_events(params: RRParams, n1: ArrayLike, n0: ArrayLike) -> tuple[NDA
 def _indices(values: ArrayLike, what: str) -> NDArray[np.int64]:
     arr = np.asarray(values)
     if arr.ndim != 1 or not (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"{what} must be a 1-D integer array")
+        raise ConfigurationError(f"{what} must be a 1-D integer array")
     out = np.unique(arr.astype(_I64))
     if out.size and out[0] < 0:
-        raise ValueError(f"{what} must be non-negative")
+        raise ConfigurationError(f"{what} must be non-negative")
     return out
 
 
@@ -278,7 +278,7 @@ def perturb_index_set(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an index set is not a 1-D array of non-negative integers.
     """
     s = _indices(real, "the real index set")

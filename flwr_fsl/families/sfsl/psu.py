@@ -155,7 +155,7 @@ class PSUParams:
 def _check_set(params: PSUParams, indices: ArrayLike) -> NDArray[np.int64]:
     s = np.unique(np.asarray(indices, dtype=np.int64))
     if s.size and (s[0] < 0 or s[-1] >= params.domain_size):
-        raise ValueError(f"indices must lie in [0, {params.domain_size})")
+        raise ConfigurationError(f"indices must lie in [0, {params.domain_size})")
     return s
 
 
@@ -174,7 +174,7 @@ def client_vector(
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         If an index is outside ``[0, m)``.
     """
     s = _check_set(params, indices)
