@@ -13,7 +13,8 @@ Layers, top to bottom (a module may import its own layer and any lower one):
       ``protocol.py``, ...): the parties of each protocol, testable without Flower
 2     ``submodel``, ``crypto`` (what a client sends; primitives)
 1     ``kernels`` (numba and batched AES hot loops)
-0     ``core.errors``, ``core.wireformat`` (the error taxonomy, the strict reader/writer)
+0     ``core.errors``, ``core.wireformat``, ``core.exchange`` (error taxonomy, strict codec,
+      the transport a Flower-free round server talks through)
 ====  =========================================================================================
 
 ``data``, ``models``, ``reporting``, ``run_config`` are utilities outside the stack: they import
@@ -43,6 +44,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flwr_fsl"
 LAYERS: dict[str, int] = {
     "core.errors": 0,
     "core.wireformat": 0,
+    "core.exchange": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -70,6 +72,7 @@ FLOWER_FREE = (
     "submodel",
     "core.errors",
     "core.wireformat",
+    "core.exchange",
     "pinning",
     "families:free",
 )

@@ -29,6 +29,7 @@ from flwr_fsl.submodel.update import SubmodelUpdate
 __all__ = [
     "MAX_UPLOAD_BYTES",
     "array_loader",
+    "bytes_field",
     "decode_update",
     "encode_update",
     "is_submodel_reply",
@@ -126,3 +127,28 @@ def decode_update(
         )
     record = next(iter(content.array_records.values()))
     return decode_dense(array_loader(record), record.keys(), reference, weight)
+
+
+def bytes_field(content: RecordDict, key: str, field: str) -> bytes | None:
+    """Return the bytes ``field`` of the ConfigRecord ``key`` in ``content``, if well formed.
+
+    Parameters
+    ----------
+    content : RecordDict
+        A message's content.
+    key : str
+        The family's record key (e.g. ``"fsl.secagg"``).
+    field : str
+        The field.
+
+    Returns
+    -------
+    bytes or None
+        The field; None when the record or the field is missing, is not bytes, or is over
+        :data:`MAX_UPLOAD_BYTES` (the family raises its own error naming the field).
+    """
+    record = content.config_records.get(key)
+    value = None if record is None else record.get(field)
+    if not isinstance(value, bytes) or len(value) > MAX_UPLOAD_BYTES:
+        return None
+    return value

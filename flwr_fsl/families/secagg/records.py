@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase
-from flwr_fsl.core.records import MAX_UPLOAD_BYTES, array_loader
+from flwr_fsl.core.records import array_loader, bytes_field
 from flwr_fsl.families.secagg.messages import SecAggParams, SecAggSettings, decode_ids, encode_ids
 from flwr_fsl.submodel.codec import SubmodelFormatError
 
@@ -284,9 +284,8 @@ def read_secagg_bytes(content: RecordDict, field: str) -> bytes:
     SubmodelFormatError
         If the record or the field is missing or not bytes, or is over :data:`MAX_UPLOAD_BYTES`.
     """
-    record = content.config_records.get(SECAGG_KEY)
-    value = None if record is None else record.get(field)
-    if not isinstance(value, bytes) or len(value) > MAX_UPLOAD_BYTES:
+    value = bytes_field(content, SECAGG_KEY, field)
+    if value is None:
         raise SubmodelFormatError(f"SecAgg message lacks the bytes field {field!r}")
     return value
 

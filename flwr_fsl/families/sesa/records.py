@@ -30,7 +30,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase
-from flwr_fsl.core.records import MAX_UPLOAD_BYTES
+from flwr_fsl.core.records import bytes_field
 from flwr_fsl.families.sesa.protocol import SesaParams, decode_ids, encode_ids
 from flwr_fsl.families.sesa.settings import SesaSettings
 
@@ -66,9 +66,8 @@ def read_sesa_bytes(content: RecordDict, name: str) -> bytes:
     ClientInputError
         If the record or the field is missing, not bytes, or over :data:`MAX_UPLOAD_BYTES`.
     """
-    record = content.config_records.get(SESA_KEY)
-    value = None if record is None else record.get(name)
-    if not isinstance(value, bytes) or len(value) > MAX_UPLOAD_BYTES:
+    value = bytes_field(content, SESA_KEY, name)
+    if value is None:
         raise ClientInputError(f"the SESA record lacks a valid {name!r}")
     return value
 

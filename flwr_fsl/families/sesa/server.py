@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.exchange import Exchange, local_exchange
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
 from flwr_fsl.families.sesa.protocol import SesaClient, SesaParams, SesaServer, ShardVector
@@ -61,9 +62,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Accept = Callable[[int, Any], object]
-Exchange = Callable[[str, Mapping[int, Any], Accept], dict[int, Any]]
-"""``exchange(label, {node: ask}, accept) -> {node: reply}`` (module docstring)."""
 Model = dict[str, NDArray[Any]]
 
 
@@ -469,20 +467,7 @@ def run_round(
     """
     drops = dropped if dropped is not None else {}
 
-    def exchange(label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
-        replies: dict[int, Any] = {}
-        for node, ask in asks.items():
-            try:
-                reply = parties[node].answer(label, ask)
-                if tamper is not None:
-                    reply = tamper(label, node, reply)
-                accept(node, reply)
-            except ClientInputError as err:
-                drops[node] = f"{label}: {err}"
-                continue
-            replies[node] = reply
-        return replies
-
+    exchange = local_exchange(parties, drops, tamper)
     nodes = list(parties)
     t = privacy if privacy is not None else max(1, len(nodes) // 2)
     server = SesaRoundServer(settings) if session is None else SesaRoundServer(settings, session)

@@ -68,6 +68,7 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.families.sesa.layout import SesaLayout
 from flwr_fsl.families.sesa.records import (
@@ -81,7 +82,7 @@ from flwr_fsl.families.sesa.records import (
     MaskedUpdateRequest,
     OfflineRequest,
 )
-from flwr_fsl.families.sesa.server import Accept, SesaRoundServer, TrainAsk
+from flwr_fsl.families.sesa.server import SesaRoundServer, TrainAsk
 from flwr_fsl.families.sesa.settings import SesaSettings
 
 __all__ = ["SESA_KEY", "SesaFedAvg"]
@@ -271,12 +272,7 @@ class _FlowerExchange:
 
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
-        made: dict[int, Any] = {}  # one request per distinct ask: a shared one is encoded once
-        requests = {}
-        for node, ask in asks.items():
-            if id(ask) not in made:
-                made[id(ask)] = make(ask)
-            requests[node] = made[id(ask)]
+        requests = encode_once(asks, make)  # a shared ask is encoded once
 
         def take(node: int, reply: Any) -> None:
             accept(node, getattr(reply, field))

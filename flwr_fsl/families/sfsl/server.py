@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.exchange import Exchange, local_exchange
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
 from flwr_fsl.families.sfsl.messages import (
     ROWS_INSTANCE,
@@ -69,10 +70,6 @@ __all__ = [
     "psu_params",
     "run_round",
 ]
-
-Accept = Callable[[int, Any], object]
-Exchange = Callable[[str, Mapping[int, Any], Accept], dict[int, Any]]
-"""``exchange(label, {node: ask}, accept) -> {node: reply}`` (module docstring)."""
 
 
 def psu_params(
@@ -401,20 +398,7 @@ def run_round(  # noqa: PLR0913
     """
     drops = dropped if dropped is not None else {}
 
-    def exchange(label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
-        replies: dict[int, Any] = {}
-        for node, ask in asks.items():
-            try:
-                reply = parties[node].answer(label, ask)
-                if tamper is not None:
-                    reply = tamper(label, node, reply)
-                accept(node, reply)
-            except ClientInputError as err:
-                drops[node] = f"{label}: {err}"
-                continue
-            replies[node] = reply
-        return replies
-
+    exchange = local_exchange(parties, drops, tamper)
     nodes = list(parties)
     t = threshold if threshold is not None else max(2, math.ceil(0.6 * len(nodes)))
     table = np.asarray(model[settings.table])

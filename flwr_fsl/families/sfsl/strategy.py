@@ -50,6 +50,7 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.families.secagg.records import (
     ADVERTISE,
@@ -68,7 +69,7 @@ from flwr_fsl.families.sfsl.records import (
     RowsInputRequest,
     UnionInputRequest,
 )
-from flwr_fsl.families.sfsl.server import Accept, SFSLServer, psu_params
+from flwr_fsl.families.sfsl.server import SFSLServer, psu_params
 
 __all__ = ["SFSLFedSubAvg"]
 
@@ -232,12 +233,7 @@ class _FlowerExchange:
 
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
-        made: dict[int, Any] = {}  # one request per distinct ask: a shared one is encoded once
-        requests = {}
-        for node, ask in asks.items():
-            if id(ask) not in made:
-                made[id(ask)] = make(ask)
-            requests[node] = made[id(ask)]
+        requests = encode_once(asks, make)  # a shared ask is encoded once
         replies = self.strategy.send_phase(
             self.grid, self.state, phase, requests, label=label,
             accept=lambda n, reply: accept(n, getattr(reply, field)),
