@@ -58,6 +58,7 @@ import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -114,6 +115,7 @@ __all__ = [
     "DROPOUT_PHASES",
     "MAX_CLIENTS",
     "MAX_VECTOR_LENGTH",
+    "MaskedWords",
     "RoundOutcome",
     "SecAggClient",
     "SecAggError",
@@ -485,6 +487,14 @@ class SecAggClient:
 # ---------------------------------------------------------------------------------- server
 
 
+@runtime_checkable
+class MaskedWords(Protocol):
+    """A masked input still in its message: it is parsed only at the size the server expects."""
+
+    def words(self, size: int) -> NDArray[np.uint64]:
+        """Return exactly ``size`` uint64 words (raise a ClientInputError subclass otherwise)."""
+
+
 @dataclass
 class SecAggServer:
     """The server's side of one round: collects each step, relays, reconstructs the sum.
@@ -626,15 +636,20 @@ class SecAggServer:
                 counts[self._rows[u]] += 1
         return counts
 
-    def add_masked_input(self, node: int, masked: NDArray[np.uint64]) -> None:
-        """Round 2: add a client's ``y_u`` to the running sum (raises :class:`SecAggError`)."""
+    def add_masked_input(self, node: int, masked: NDArray[np.uint64] | MaskedWords) -> None:
+        """Round 2: add a client's ``y_u`` to the running sum (raises :class:`SecAggError`).
+
+        ``masked`` is the vector, or a reply that yields its words only once told how many are
+        expected (:class:`MaskedWords`): a reply of another size is refused before its bytes
+        are parsed, so a client cannot make the server copy more than a round's vector.
+        """
         u2 = self.sharers()
         node = _check_id(node)
         if node not in u2 or node in self._survivors:
             raise SecAggError("masked input from a client outside U2, or twice")
-        y = np.asarray(masked)
         rows = None if self._rows is None else self._rows[node]
         size = self.params.vector_length if rows is None else rows.size
+        y = masked.words(size) if isinstance(masked, MaskedWords) else np.asarray(masked)
         if y.dtype != _U64 or y.shape != (size,):
             raise SecAggError(f"a masked input must be {size} uint64 words")
         if self._sum is None:

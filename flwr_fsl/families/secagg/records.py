@@ -58,7 +58,6 @@ __all__ = [
     "UnmaskReply",
     "UnmaskSharesRequest",
     "masked_input_record",
-    "read_masked_input",
     "read_secagg_bytes",
     "record_instance",
 ]
@@ -209,24 +208,53 @@ class MaskedInputRequest:
 
 @dataclass(frozen=True)
 class MaskedInputReply:
-    """The client's masked input ``y_u`` (uint64 words), and nothing else."""
+    """The client's masked input ``y_u`` (uint64 words), and nothing else.
 
-    masked: NDArray[np.uint64]
+    A client builds it from its vector (``masked``); the server's parsed reply keeps the
+    vector unparsed (``array``) until :meth:`words` is told its expected size, so a reply of
+    another size is refused from its metadata, before its bytes are copied.
+    """
+
+    masked: NDArray[np.uint64] | None = None
+    array: Array | None = field(default=None, repr=False, compare=False)
+
+    def words(self, size: int) -> NDArray[np.uint64]:
+        """Return exactly ``size`` uint64 words.
+
+        Raises
+        ------
+        SubmodelFormatError
+            If the reply holds another number of words.
+        """
+        if self.masked is not None:
+            words = np.asarray(self.masked)
+            if words.dtype != np.uint64 or words.shape != (size,):
+                raise SubmodelFormatError(f"the masked input must be {size} uint64 words")
+            return words
+        if self.array is None:
+            raise SubmodelFormatError("the reply holds no masked input")
+        return _load_masked(ArrayRecord({"masked": self.array}), size)
 
     def to_record(self) -> RecordDict:
         """Return the reply's content."""
+        if self.masked is None:
+            raise ValueError("a masked-input reply to send holds its vector")
         return masked_input_record(self.masked)
 
     @classmethod
     def from_record(cls, content: RecordDict) -> MaskedInputReply:
-        """Parse a reply: one 1-D uint64 array (its length is the server's to check).
+        """Parse a reply's shape: one 1-D uint64 array (its words are read by :meth:`words`).
 
         Raises
         ------
         SubmodelFormatError
             If the reply holds anything else, or the array has another dtype or shape.
         """
-        return cls(read_masked_input(content, None))
+        record = _masked_record(content)
+        array = record["masked"]
+        if array.dtype != "uint64" or len(tuple(array.shape)) != 1:
+            raise SubmodelFormatError("the masked input must be uint64 words")
+        return cls(array=array)
 
 
 @dataclass(frozen=True)
@@ -290,31 +318,23 @@ def read_secagg_bytes(content: RecordDict, field: str) -> bytes:
     return value
 
 
-def read_masked_input(content: RecordDict, length: int | None) -> NDArray[np.uint64]:
-    """Return the masked input of a SecAgg train reply (exactly ``length`` uint64 words).
-
-    ``length`` None accepts any 1-D uint64 array (the caller checks its length).
-
-    Raises
-    ------
-    SubmodelFormatError
-        If the reply holds anything else, or the array has another dtype or shape.
-    """
+def _masked_record(content: RecordDict) -> ArrayRecord:
     if set(content.keys()) != {SECAGG_KEY} or SECAGG_KEY not in content.array_records:
         raise SubmodelFormatError("a SecAgg reply must hold only its masked input")
     record = content.array_records[SECAGG_KEY]
     if list(record.keys()) != ["masked"]:
         raise SubmodelFormatError("a SecAgg reply must hold only its masked input")
+    return record
+
+
+def _load_masked(record: ArrayRecord, length: int) -> NDArray[np.uint64]:
     array = record["masked"]
     # Checked before the bytes are parsed: nothing of another size is allocated.
-    shape = tuple(array.shape)
-    expected = (length,) if length is not None else shape[:1]
-    what = "uint64 words" if length is None else f"{length} uint64 words"
-    if array.dtype != "uint64" or len(shape) != 1 or shape != expected:
-        raise SubmodelFormatError(f"the masked input must be {what}")
+    if array.dtype != "uint64" or tuple(array.shape) != (length,):
+        raise SubmodelFormatError(f"the masked input must be {length} uint64 words")
     words = array_loader(record)("masked")
-    if words.dtype != np.uint64 or words.shape != shape:
-        raise SubmodelFormatError(f"the masked input must be {what}")
+    if words.dtype != np.uint64 or words.shape != (length,):
+        raise SubmodelFormatError(f"the masked input must be {length} uint64 words")
     return words.astype(np.uint64, copy=False)
 
 

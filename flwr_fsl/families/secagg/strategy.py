@@ -145,7 +145,7 @@ class SecAggPhases:
         stream = self.strategy.stream_phase(
             grid, state, TRAIN, asked, label=self._phase(TRAIN.name),
             # In the engine's parse: a vector of the wrong length (SecAggError) drops its node.
-            accept=lambda n, reply: server.add_masked_input(n, reply.masked),
+            accept=server.add_masked_input,
         )  # fmt: skip
         for _ in stream:
             pass
@@ -169,7 +169,7 @@ class SecAggPhases:
 
         def parse(node: int, content: RecordDict) -> MaskedInputReply:
             reply = TRAIN.parse_reply(content)
-            server.add_masked_input(node, reply.masked)  # SecAggError drops the node
+            server.add_masked_input(node, reply)  # read at its expected size; errors drop
             return reply
 
         for _ in self.strategy.stream(grid, state, name, messages, parse):

@@ -234,14 +234,20 @@ class _FlowerExchange:
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
         requests = encode_once(asks, make)  # a shared ask is encoded once
+
+        # A masked input goes to SecAgg's server as the reply itself: it is read at the size
+        # the server expects for that client, never at the size the client claims.
+        def value(reply: Any) -> Any:
+            return reply if field is None else getattr(reply, field)
+
         replies = self.strategy.send_phase(
             self.grid, self.state, phase, requests, label=label,
-            accept=lambda n, reply: accept(n, getattr(reply, field)),
+            accept=lambda n, reply: accept(n, value(reply)),
         )  # fmt: skip
-        return {n: getattr(r, field) for n, r in replies.items()}
+        return {n: value(r) for n, r in replies.items()}
 
-    def _route(self, label: str) -> tuple[Phase[Any, Any], str, Callable[[Any], Any]]:
-        """Return the phase of an ask's label, its reply's field and the ask -> request map."""
+    def _route(self, label: str) -> tuple[Phase[Any, Any], str | None, Callable[[Any], Any]]:
+        """Return the phase of a label, its reply's field (None: the reply) and the request map."""
         if label.endswith("-advertise"):
             return ADVERTISE, "advertise", lambda a: AdvertiseRequest(a.params, a.instance)
         if label.endswith("-share"):
@@ -252,8 +258,8 @@ class _FlowerExchange:
             beside = RecordDict({self.strategy.configrecord_key: self.config})
             return PERTURB, "rows", lambda a: PerturbRequest(a.params, a.union, beside)
         if label == f"{UNION_INSTANCE}-train":
-            return UNION_TRAIN, "masked", self._union
-        return ROWS_TRAIN, "masked", self._rows
+            return UNION_TRAIN, None, self._union
+        return ROWS_TRAIN, None, self._rows
 
     @staticmethod
     def _union(ask: UnionAsk) -> UnionInputRequest:
