@@ -236,9 +236,10 @@ def check_perturbed(rows: ArrayLike, union: NDArray[np.int64]) -> NDArray[np.int
     ClientInputError
         If it is longer than the union, not strictly increasing or names a row outside it.
     """
-    r = np.asarray(rows, dtype=np.int64)
-    if r.ndim != 1 or r.size > union.size:
+    r = np.asarray(rows)
+    if r.ndim != 1 or r.size > union.size:  # before the copy below
         raise ClientInputError("the perturbed set has a bad length")
+    r = r.astype(np.int64)
     if r.size and (np.any(r[1:] <= r[:-1]) or not np.isin(r, union).all()):
         raise ClientInputError("the perturbed set must be increasing rows of the union")
     return r

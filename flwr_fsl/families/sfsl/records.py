@@ -163,7 +163,9 @@ class PerturbReply:
         raw = read_secagg_bytes(content, "perturbed")
         if len(raw) % 8:
             raise ClientInputError("the perturbed set has a bad length")
-        return cls(np.frombuffer(raw, dtype="<i8").astype(np.int64))
+        # A view of the message, not a copy: the server checks the length against the union
+        # (check_perturbed) before it makes anything of this size.
+        return cls(np.frombuffer(raw, dtype="<i8"))
 
 
 @dataclass(frozen=True)
