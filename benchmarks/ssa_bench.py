@@ -522,7 +522,8 @@ def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: i
 
     from flwr_fsl.core.wireformat import MAX_MESSAGE_BYTES
     from flwr_fsl.crypto.channel import SealingKeyPair
-    from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
+    from flwr_fsl.crypto.sealing import RoundBinding
+    from flwr_fsl.families.ssa.sealing import seal_ssa_upload
     from flwr_fsl.families.ssa.two_server import ClientUpload, LeadServer
     from flwr_fsl.helper import HelperClient
     from flwr_fsl.testing.helper_process import HelperProcess

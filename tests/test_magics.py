@@ -157,7 +157,7 @@ def test_register_magic_refuses_duplicates_and_bad_lengths() -> None:
 
 def test_fsad_keeps_its_version_byte() -> None:
     from flwr_fsl.crypto.channel import AD_MAGIC
-    from flwr_fsl.crypto.sealing import _ANSWER_MAGIC
+    from flwr_fsl.families.ssa.sealing import _ANSWER_MAGIC
 
     assert AD_MAGIC == b"FSAD\x02"
     assert _ANSWER_MAGIC == b"FSPA\x01"

@@ -15,16 +15,7 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
-from flwr_fsl.crypto.sealing import (
-    RoundBinding,
-    open_psr_answer,
-    open_psr_query,
-    open_ssa_upload,
-    seal_psr_answer,
-    seal_psr_query,
-    seal_ssa_upload,
-    seal_udpf_hint,
-)
+from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAServer,
@@ -38,6 +29,15 @@ from flwr_fsl.families.ssa.psr import (
     decode_table,
     encode_table,
     make_query,
+)
+from flwr_fsl.families.ssa.sealing import (
+    open_psr_answer,
+    open_psr_query,
+    open_ssa_upload,
+    seal_psr_answer,
+    seal_psr_query,
+    seal_ssa_upload,
+    seal_udpf_hint,
 )
 from flwr_fsl.helper import (
     HelperError,

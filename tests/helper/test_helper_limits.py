@@ -27,6 +27,7 @@ from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
+from flwr_fsl.families.ssa import sealing as ssa_sealing
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAServer,
@@ -79,7 +80,7 @@ def sealed_queries(params: SSAParams, ids: list[int], pub: bytes) -> list[tuple[
     out = []
     for cid in ids:
         q = make_query(params, [cid % M, (cid + 1) % M], rng=np.random.default_rng(cid))
-        sealed, _ = sealing.seal_psr_query(
+        sealed, _ = ssa_sealing.seal_psr_query(
             pub,
             binding=bind(params),
             client_id=cid,
@@ -379,7 +380,7 @@ def test_memory_formula_bounds_the_traced_peak_of_a_round(fields_):
             up, _ = encode_update(
                 params, rng.choice(m, k, replace=False), rng.uniform(-1, 1, (k, w)), 1.0, rng=rng
             )
-            sealed = sealing.seal_ssa_upload(
+            sealed = ssa_sealing.seal_ssa_upload(
                 kp.public_bytes,
                 binding=bind(params),
                 client_id=cid,

@@ -20,8 +20,9 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, Writer
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.crypto.sealing import RoundBinding, seal_ssa_upload
+from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import reconstruct
+from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.helper import (
     HelperClient,
     HelperError,

@@ -586,10 +586,11 @@ def _binding() -> Any:
 def _seal_fresh() -> dict[str, str]:
     """Seal every case once (ephemeral keys and nonces are fresh: run only to (re)make them)."""
     from flwr_fsl.crypto import channel, sealing
+    from flwr_fsl.families.ssa import sealing as ssa_sealing
 
     helper, client = _key(702), _key(704)
     binding = _binding()
-    query, _ = sealing.seal_psr_query(
+    query, _ = ssa_sealing.seal_psr_query(
         helper.public_bytes, binding=binding, client_id=5, public_part=b"pp", master_seed=_seed(706)
     )
     return {
@@ -597,14 +598,14 @@ def _seal_fresh() -> dict[str, str]:
             helper.public_bytes, b"fixed plaintext", associated_data=_raw_ad()
         ).hex(),
         "empty": channel.seal(helper.public_bytes, b"", associated_data=_raw_ad()).hex(),
-        "ssa-upload": sealing.seal_ssa_upload(
+        "ssa-upload": ssa_sealing.seal_ssa_upload(
             helper.public_bytes,
             binding=binding,
             client_id=5,
             public_part=b"pp",
             master_seed=_seed(705),
         ).hex(),
-        "udpf-hint": sealing.seal_udpf_hint(
+        "udpf-hint": ssa_sealing.seal_udpf_hint(
             helper.public_bytes,
             binding=binding,
             client_id=5,
@@ -612,7 +613,7 @@ def _seal_fresh() -> dict[str, str]:
             held=hashlib.sha256(b"held").digest(),
         ).hex(),
         "psr-query": query.hex(),
-        "psr-answer": sealing.seal_psr_answer(
+        "psr-answer": ssa_sealing.seal_psr_answer(
             client.public_bytes,
             np.array([[1, 2], [3, 2**64 - 1]], np.uint64),
             binding=binding,
@@ -657,6 +658,7 @@ def sealed_opening_vectors() -> dict[str, Any]:
     """Open the stored sealed boxes with keys from fixed seeds: the plaintexts (raw, and what
     each ``open_*`` returns), the header and the overhead."""
     from flwr_fsl.crypto import channel, sealing
+    from flwr_fsl.families.ssa import sealing as ssa_sealing
 
     helper, client = _key(702), _key(704)
     binding = _binding()
@@ -672,34 +674,34 @@ def sealed_opening_vectors() -> dict[str, Any]:
         "raw": channel.open_sealed(helper, blobs["raw"], associated_data=_raw_ad()),
         "empty": channel.open_sealed(helper, blobs["empty"], associated_data=_raw_ad()),
         "ssa-upload": channel.open_sealed(
-            helper, blobs["ssa-upload"], associated_data=ad(sealing.SSA, c5, "S1")
+            helper, blobs["ssa-upload"], associated_data=ad(ssa_sealing.SSA, c5, "S1")
         ),
         "udpf-hint": channel.open_sealed(
-            helper, blobs["udpf-hint"], associated_data=ad(sealing.UDPF_HINT, c5, "S1")
+            helper, blobs["udpf-hint"], associated_data=ad(ssa_sealing.UDPF_HINT, c5, "S1")
         ),
         "psr-query": channel.open_sealed(
-            helper, blobs["psr-query"], associated_data=ad(sealing.PSR_QUERY, c5, "S1")
+            helper, blobs["psr-query"], associated_data=ad(ssa_sealing.PSR_QUERY, c5, "S1")
         ),
         "psr-answer": channel.open_sealed(
-            client, blobs["psr-answer"], associated_data=ad(sealing.PSR_ANSWER, "S1", c5)
+            client, blobs["psr-answer"], associated_data=ad(ssa_sealing.PSR_ANSWER, "S1", c5)
         ),
         "seal-for": channel.open_sealed(
             client, blobs["seal-for"], associated_data=ad("sesa-evaluations", c6, c5)
         ),
     }
-    seed, answer_key = sealing.open_psr_query(
+    seed, answer_key = ssa_sealing.open_psr_query(
         helper, blobs["psr-query"], binding=binding, client_id=5, public_part=b"pp"
     )
     opened = {
-        "ssa-upload": sealing.open_ssa_upload(
+        "ssa-upload": ssa_sealing.open_ssa_upload(
             helper, blobs["ssa-upload"], binding=binding, client_id=5, public_part=b"pp"
         ).hex(),
-        "udpf-hint": sealing.open_udpf_hint(
+        "udpf-hint": ssa_sealing.open_udpf_hint(
             helper, blobs["udpf-hint"], binding=binding, client_id=5, hint=b"hint"
         ).hex(),
         "psr-query": seed.hex() + ":" + answer_key.hex(),
         "psr-answer": _words(
-            sealing.open_psr_answer(client, blobs["psr-answer"], binding=binding, client_id=5)
+            ssa_sealing.open_psr_answer(client, blobs["psr-answer"], binding=binding, client_id=5)
         ),
         "seal-for": sealing.open_from(
             client,

@@ -46,7 +46,6 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
-from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.ssa.protocol import SSAClientState, encode_round
 from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
@@ -64,6 +63,7 @@ from flwr_fsl.families.ssa.records import (
     hint_upload_record,
     ssa_upload_record,
 )
+from flwr_fsl.families.ssa.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 
 RowsFn = Callable[[Context], "NDArray[np.int64] | tuple[NDArray[np.int64], NDArray[np.float64]]"]
 _QUERY = StateSlot("fsl.psr.client-state", PSRClientState.to_bytes, PSRClientState.from_bytes)

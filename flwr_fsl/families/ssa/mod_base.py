@@ -41,7 +41,6 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.crypto.channel import verify_fingerprint
-from flwr_fsl.crypto.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.protocol import SSAUpload
 from flwr_fsl.families.ssa.records import (
     SSA_FAMILY,
@@ -50,6 +49,7 @@ from flwr_fsl.families.ssa.records import (
     ssa_upload_record,
     weight_key_of,
 )
+from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.pinning import pinned_fingerprint
 
 __all__ = ["ProtocolMod", "SSARound", "find_round", "weight_key_of"]

@@ -319,7 +319,7 @@ class PSRClientState:
     slots : numpy.ndarray
         ``Placement.slots`` of the query.
     answer_key : SealingKeyPair
-        The per-query key pair from :func:`~flwr_fsl.crypto.sealing.seal_psr_query`.
+        The per-query key pair from :func:`~flwr_fsl.families.ssa.sealing.seal_psr_query`.
     counts : numpy.ndarray or None
         Optional per-row weights for the upload that follows.
     """

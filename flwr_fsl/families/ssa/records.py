@@ -98,7 +98,7 @@ def hint_upload_record(hint: bytes, sealed: bytes) -> ConfigRecord:
     """Build a U-DPF client's upload record: the hint and its binding sealed to S1.
 
     Both servers apply the same hint bytes; the sealed binding
-    (:func:`~flwr_fsl.crypto.sealing.seal_udpf_hint`) keeps S0 from altering S1's copy.
+    (:func:`~flwr_fsl.families.ssa.sealing.seal_udpf_hint`) keeps S0 from altering S1's copy.
     """
     return ConfigRecord({"hint": hint, "sealed": sealed})
 

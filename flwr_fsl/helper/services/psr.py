@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.crypto import sealing
+from flwr_fsl.families.ssa import sealing as ssa_sealing
 from flwr_fsl.families.ssa.psr import PSRServer
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
@@ -85,7 +85,7 @@ class PSRService:
             payload = b""
             if reason is None:
                 try:
-                    seed, answer_key = sealing.open_psr_query(
+                    seed, answer_key = ssa_sealing.open_psr_query(
                         self.host.keypair,
                         item.sealed,
                         binding=state.binding,
@@ -93,7 +93,7 @@ class PSRService:
                         public_part=item.public_part,
                     )
                     answer = psr.answer(item.public_part, seed)
-                    payload = sealing.seal_psr_answer(
+                    payload = ssa_sealing.seal_psr_answer(
                         answer_key, answer, binding=state.binding, client_id=item.client_id
                     )
                 except ClientInputError as err:

@@ -25,7 +25,7 @@ another session, round, parameter set or client, wrong key), a public part whose
 (client id -> keys, replaced when the client contributes again, dropped when a round with
 another hashing layout opens) and hands them to the next round's ``SSAServer`` as
 ``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and
-the digest of the keys it updates, :func:`~flwr_fsl.crypto.sealing.seal_udpf_hint`): S1
+the digest of the keys it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1
 refuses a hint S0 altered or one made for keys other than those S1 holds for the client. Keys
 live only in memory, in the session: a restarted S1 holds no session, refuses the old one's
 calls (S0 then forgets its own stored keys, so clients send fresh keys), and a hint for keys it
@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
+from flwr_fsl.families.ssa import sealing as ssa_sealing
 from flwr_fsl.families.ssa.dp import ZCDPAccountant, noise_std, noise_words
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
@@ -201,7 +202,7 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    seed = sealing.open_ssa_upload(
+                    seed = ssa_sealing.open_ssa_upload(
                         self.host.keypair,
                         item.sealed,
                         binding=state.binding,
@@ -226,7 +227,7 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    held = sealing.open_udpf_hint(
+                    held = ssa_sealing.open_udpf_hint(
                         self.host.keypair,
                         item.sealed,
                         binding=state.binding,

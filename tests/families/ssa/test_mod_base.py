@@ -24,7 +24,7 @@ from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.crypto.sealing import RoundBinding, open_ssa_upload
+from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound, find_round, weight_key_of
 from flwr_fsl.families.ssa.protocol import (
     SSAClientState,
@@ -43,6 +43,7 @@ from flwr_fsl.families.ssa.records import (
     RoundRequest,
     read_ssa_upload,
 )
+from flwr_fsl.families.ssa.sealing import open_ssa_upload
 from flwr_fsl.mods import PrivateRows, ssa_mod, topk_mod
 from flwr_fsl.submodel.layout import FlatLayout
 from flwr_fsl.testing import InProcessGrid

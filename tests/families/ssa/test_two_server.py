@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair, public_key_fingerprint
-from flwr_fsl.crypto.sealing import open_psr_answer, seal_psr_query
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -27,6 +26,7 @@ from flwr_fsl.families.ssa.protocol import (
     held_digest,
 )
 from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, encode_table, make_query
+from flwr_fsl.families.ssa.sealing import open_psr_answer, seal_psr_query
 from flwr_fsl.families.ssa.two_server import (
     ClientUpload,
     HelperKeyMismatchError,
