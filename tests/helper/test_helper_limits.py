@@ -24,7 +24,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
-from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
 from flwr_fsl.families.ssa import sealing as ssa_sealing
@@ -105,8 +104,8 @@ class Tripwires:
             (PSRServer, "answer"),
             (SSAServer, "add_client"),
             (SSAServer, "add_client_hint"),
-            (sealing, "open_ssa_upload"),
-            (sealing, "open_psr_query"),
+            (ssa_sealing, "open_ssa_upload"),
+            (ssa_sealing, "open_psr_query"),
         ):
             monkeypatch.setattr(owner, name, self._wire(name))
 
