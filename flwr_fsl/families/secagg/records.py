@@ -237,8 +237,8 @@ class MaskedInputReply:
 
     def to_record(self) -> RecordDict:
         """Return the reply's content."""
-        if self.masked is None:
-            raise ValueError("a masked-input reply to send holds its vector")
+        if self.masked is None:  # a parsed reply: its array as it came
+            return RecordDict({SECAGG_KEY: ArrayRecord({"masked": self.array})})
         return masked_input_record(self.masked)
 
     @classmethod

@@ -40,3 +40,9 @@ def test_a_clients_own_vector_is_checked_too() -> None:
     assert reply.words(4).sum() == 4
     with pytest.raises(SubmodelFormatError, match="2 uint64 words"):
         reply.words(2)
+
+
+def test_a_parsed_reply_reencodes_as_it_came() -> None:
+    content = masked_input_record(np.arange(3, dtype=np.uint64))
+    again = MaskedInputReply.from_record(MaskedInputReply.from_record(content).to_record())
+    np.testing.assert_array_equal(again.words(3), np.arange(3, dtype=np.uint64))
