@@ -54,6 +54,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.phases import Phase, PhaseBody
+from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.core.replies import (
     phase_contents,
     prepare_messages,
@@ -213,6 +214,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         )
         self.sampling_seed = sampling_seed
         self.max_weight = float(max_weight)
+        self.privacy_account: PrivacyAccount | None = None
         self.rounds: dict[int, RoundState] = {}
         self._timeout = 3600.0
 
@@ -653,6 +655,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         for current in range(1, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", current, num_rounds)
+            if not self._spend_privacy(current):
+                break
             self.rounds.pop(current, None)  # a fresh state per run of start()
             state = self.round_state(current)
             try:
@@ -679,11 +683,44 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         if not result.arrays:
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        self.log_privacy()
         for line in io.StringIO(str(result)):
             log(INFO, "\t%s", line.strip("\n"))
         for line in self.traffic_table().splitlines():
             log(INFO, "%s", line)
         return result
+
+    # -- privacy budget -----------------------------------------------------------------------
+    def round_noise_multiplier(self) -> float | None:
+        """Effective noise multiplier of the next round's release (``None``: this run adds none).
+
+        Families with differential privacy override it; :meth:`start` spends it on
+        :attr:`privacy_account` before each round and stops the run when the budget would be
+        exceeded.
+        """
+        return None
+
+    def _spend_privacy(self, server_round: int) -> bool:
+        """Spend the next round on the account; False (and a log line) when the budget is out."""
+        account = self.privacy_account
+        z = self.round_noise_multiplier()
+        if account is None or z is None:
+            return True
+        reason = account.refusal(z)
+        if reason is not None:
+            log(WARNING, "stopping the run before round %s: %s", server_round, reason)
+            return False
+        # Spent before the round runs: a round that fails after the release still released.
+        account.spend(z)
+        return True
+
+    def log_privacy(self) -> None:
+        """Log the run's ``(ε, δ)``: from the account, or that no noise protects the release."""
+        account = self.privacy_account
+        if account is not None and self.round_noise_multiplier() is not None:
+            log(INFO, "Differential privacy of this run: %s", account.describe())
+        else:
+            log(INFO, "Differential privacy of this run: none (epsilon = inf: no noise is added)")
 
     def traffic_table(self) -> str:
         """Return the per-round communication summary as a text table (MB per client)."""

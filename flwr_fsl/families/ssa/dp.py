@@ -100,6 +100,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.crypto.discrete_gaussian import exponential
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
 
@@ -355,21 +356,6 @@ class ZCDPAccountant:
         )
 
 
-def _exponential(stream: PRGStream, n: int) -> NDArray[np.float64]:
-    """``n`` Exp(1) samples, ``-ln(u)`` with ``u`` refined 64 bits at a time below ``2^-64``."""
-    words = stream.words(n)
-    out = -np.log((words.astype(np.float64) + 0.5) * 2.0**-64)
-    zero = np.flatnonzero(words == 0)  # u < 2^-64 (probability 2^-64 each): go deeper
-    for i in zero:
-        extra = 0.0
-        w = 0
-        while w == 0:
-            extra += 64 * math.log(2.0)
-            w = int(stream.words(1)[0])
-        out[i] = extra - math.log((w + 0.5) * 2.0**-64)
-    return out
-
-
 def gaussian(n: int, stream: PRGStream | None = None) -> NDArray[np.float64]:
     """``n`` standard normal samples from a CSPRNG (Box–Muller on AES-CTR output).
 
@@ -388,7 +374,7 @@ def gaussian(n: int, stream: PRGStream | None = None) -> NDArray[np.float64]:
     """
     stream = stream if stream is not None else PRGStream.fresh()
     pairs = (n + 1) // 2
-    radius = np.sqrt(2.0 * _exponential(stream, pairs))
+    radius = np.sqrt(2.0 * exponential(stream, pairs))
     angle = (stream.words(pairs) >> np.uint64(11)).astype(np.float64) * (2.0 * math.pi * 2.0**-53)
     out = np.empty(2 * pairs)
     out[0::2] = radius * np.cos(angle)
