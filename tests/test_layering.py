@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "core.errors": 0,
     "core.wireformat": 0,
     "core.exchange": 0,
+    "core.privacy": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -73,6 +74,7 @@ FLOWER_FREE = (
     "core.errors",
     "core.wireformat",
     "core.exchange",
+    "core.privacy",
     "pinning",
     "families:free",
 )
