@@ -26,7 +26,7 @@ true ``x = z / r``.
 
 **Figures** (measured when this test was written; the DCF case is exact, not measured):
 
-* ``comparison="drelu"``: ``|x|`` exact (to the last fixed-point unit) for 25-28% of the
+* ``comparison="drelu"``: ``|x|`` exact (to the last fixed-point unit) for 23-29% of the
   hidden values (chance: the most frequent ``|x|``, one value in 1,440) and every sign right
   (chance: the majority sign, ~52%). Within a factor 2: ~63%, but the best constant guess in
   hindsight reaches ~60% on these activations, so that measure shows little. A query sent
@@ -292,7 +292,7 @@ def test_drelu_querier_factors_the_answerers_hidden_values() -> None:
     chance = _chance(truth)
     print(f"DReLU factoring: {got} vs chance {chance}")
     assert got["sign"] == 1.0  # every sign (the hyperplane oracle)
-    assert got["exact"] >= 0.15 > 20 * chance["exact"]  # measured 0.25-0.28; chance 1/1440
+    assert got["exact"] >= 0.15 > 20 * chance["exact"]  # measured 0.23-0.29; chance 1/1440
 
 
 def test_default_dcf_querier_sees_nothing_of_the_hidden_values() -> None:
@@ -404,4 +404,4 @@ def test_a_repeated_query_pins_the_magnitude() -> None:
     rate = float(np.mean(np.abs(np.array(guesses) - truth) <= 2))
     single = float(np.mean([factoring_guess(int(v)) for v in copies[0]] == truth))
     print(f"DReLU: |x| exact from one copy {single:.1%}; within two units from three {rate:.1%}")
-    assert rate >= 0.8 and rate > 2 * single
+    assert rate >= 0.75 and rate > 2 * single  # measured 0.875-0.93

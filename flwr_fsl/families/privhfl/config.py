@@ -40,8 +40,8 @@ class PrivHFLConfig:
         bound_bits)]`` (``2^22`` by default) and ``z`` an exact integer product: the sign of
         ``x`` exactly, and ``|x|`` is a divisor of ``|z|`` of at least ``|z| / 2^22``. Factoring
         ``z`` leaves a short list of candidates; the smallest is ``|x|`` to the last fixed-point
-        unit for about a quarter of the values and within a factor 2 for about 60%, and the
-        same query sent twice gives ``|x|`` to one unit for most values
+        unit for about a quarter of the values, and a query sent three times (``r`` is fresh
+        each time) pins ``|x|`` to within two units for about 90%
         (``tests/attacks/test_privhfl_drelu_factoring.py``). Both give the same outputs up to
         the fixed-point rounding (each comparison is exact).
     frac_bits : int

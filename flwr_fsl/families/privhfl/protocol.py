@@ -26,11 +26,11 @@ sign of every hidden pre-activation (and of every max-pool difference, i.e. whic
 element is largest) and the exact zero pattern, and ``|x|`` is a divisor of ``|z|`` in
 ``[|z| / 2^22, |z|]``: factoring ``z`` (trial division by the primes below ``2^22``) leaves a
 few dozen candidates, and the smallest is ``|x|`` to the last fixed-point unit for about a
-quarter of the hidden values and within a factor 2 for about 60%; a query sent twice (``r``
-fresh each time) pins ``|x|`` to one unit for most values. The first layer's signs are
-``sign(W q + b)`` for queries ``q`` of ``Q``'s choice: a hyperplane oracle for the answerer's
-weights. The paper's claim (footnote 4: "masked intermediate values, rather than plain
-values") does not hold. ``tests/families/privhfl/test_protocol.py`` recovers the signs exactly;
+quarter of the hidden values; a query sent three times (``r`` fresh each time) pins ``|x|`` to
+within two units for about 90%. The first layer's signs are ``sign(W q + b)`` for queries
+``q`` of ``Q``'s choice: a hyperplane oracle for the answerer's weights. The paper's claim
+(footnote 4: "masked intermediate values, rather than plain values") does not hold.
+``tests/families/privhfl/test_protocol.py`` recovers the signs exactly;
 ``tests/attacks/test_privhfl_drelu_factoring.py`` the magnitudes.
 
 **Message flow** (what a transport must carry; :class:`_Session` runs it in process; ``*``
