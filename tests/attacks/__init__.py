@@ -1,1 +1,1 @@
-"""Attack tests: a curious party drives the real protocol and tries to learn what it must not."""
+"""The curious server's attacks, one module per attack, run against the real strategies and mods."""
