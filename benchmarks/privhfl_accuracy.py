@@ -25,11 +25,20 @@ Each querier's queries are answered by the 9 other clients; the querier re-train
 Prints mean test accuracy over the clients and per architecture, bytes per client, time, and
 whether the ordering holds; writes ``results/privhfl_accuracy.json``.
 
+Query seeds (``--query-seeds``): ``own`` (default, since issue 20) — each querier expands and
+selects from a seed of its own, here an HMAC under a per-node ``PrivateData.query_key``
+derived from ``--seed`` so that runs repeat (a deployment leaves the key out, ``os.urandom``,
+or reads it from the node's own configuration); ``server`` —
+the behaviour before issue 20, the server's ``PhaseConfig.seed`` (which lets the server
+recompute every query's sources: ``tests/attacks/test_privhfl_query_seed.py``), for comparing
+accuracy.
+
 Usage::
 
     python benchmarks/privhfl_accuracy.py                     # ~10 minutes on 2 busy cores
     python benchmarks/privhfl_accuracy.py --quick             # seconds: smoke test
     python benchmarks/privhfl_accuracy.py --arms none,private,mixup,cutmix,cutout
+    python benchmarks/privhfl_accuracy.py --arms mixup --query-seeds server   # before issue 20
 """
 
 from __future__ import annotations
@@ -49,13 +58,21 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from flwr_fsl.data import load_fashion, load_mnist, partition_indices
-from flwr_fsl.families.privhfl.mod import PrivateData, PrivHFLClient
+from flwr_fsl.families.privhfl.mod import PhaseConfig, PrivateData, PrivHFLClient
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.models.privhfl import build_model
 from flwr_fsl.testing import InProcessGrid
 
 MODEL_SLOT = "fsl.privhfl.model"  # where PrivHFLClient keeps a node's weights
+
+
+class ServerSeededClient(PrivHFLClient):
+    """The query seeds before issue 20: the server's ``PhaseConfig.seed`` (for comparison)."""
+
+    def query_seed(self, context: Context, config: PhaseConfig, data: PrivateData) -> int:
+        """Return the server's seed of this ``generate`` request."""
+        return config.seed
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--test", type=int, default=2000, help="test images per evaluation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--query-seeds", choices=["own", "server"], default="own",
+        help="querier's own seeds (default) or the server's (before issue 20)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny settings (smoke test)")
     parser.add_argument("--out", type=Path, default=Path("results/privhfl_accuracy.json"))
     args = parser.parse_args(argv)
@@ -143,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         return build_model(arch(context), seed=args.seed * 1000 + pid)
 
     def data_fn(context: Context) -> PrivateData:
-        idx = parts[int(context.node_config["partition-id"])]
-        return PrivateData(x_train[idx].reshape(-1, 1, 28, 28), y_train[idx], xt, yt)
+        pid = int(context.node_config["partition-id"])
+        idx = parts[pid]
+        key = f"privhfl_accuracy benchmark, seed {args.seed}, node {pid}".encode()
+        return PrivateData(x_train[idx].reshape(-1, 1, 28, 28), y_train[idx], xt, yt, key)
 
     app = ClientApp()
-    PrivHFLClient(model_fn, data_fn, num_threads=1).register(app)
+    client = ServerSeededClient if args.query_seeds == "server" else PrivHFLClient
+    client(model_fn, data_fn, num_threads=1).register(app)
 
     def new_grid() -> InProcessGrid:
         return InProcessGrid(app, args.clients)
@@ -156,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         f"PrivHFL on {args.dataset}: {args.clients} clients x {args.per_client} private images, "
         f"architectures {archs} by partition id, {args.test} test images; local "
         f"{args.local_epochs} epochs ({args.local_optimizer}, lr {args.local_lr}), re-training "
-        f"{args.retrain_epochs} epochs (Adam), T = {args.temperature}",
+        f"{args.retrain_epochs} epochs (Adam), T = {args.temperature}, query seeds: "
+        f"{args.query_seeds}",
         flush=True,
     )
     t0 = time.perf_counter()

@@ -14,9 +14,11 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    on an MLP (784-128-128-10, 28x28), a VGG-7-like CNN (six 3x3 convolutions of width w, 2w, 4w
    with max pooling, one linear layer; 32x32x3) and a ResNet-8-like CNN (a stem, three basic
    blocks of width w, 2w, 4w, global average pooling, one linear layer; 32x32x3), default
-   ``w = 8`` (CPU-friendly; PrivHFL's VGG-7 is far wider), batch 1 and 256, the paper's DReLU
-   and the DCF comparison. Time is the sum of the three parties' compute (one process, one
-   core: the parties run one after another; no network), per query, in CPU seconds of the
+   ``w = 8`` (CPU-friendly; PrivHFL's VGG-7 is far wider), batch 1 and 256, the DCF comparison
+   (the default, ``PrivHFLConfig()``) and the paper's DReLU (``comparison="drelu"``, which
+   leaks every hidden value's sign and its magnitude up to a divisor to the querier). Time is
+   the sum of the three parties' compute (one process, one core: the parties run one after
+   another; no network), per query, in CPU seconds of the
    process (``time.process_time``: the machine is shared, and wall time counts other sessions'
    load; the JSON has wall and CPU time of each whole run); bytes are every message
    the codecs produce (Q<->S, S<->A), per query, and the part that needs the query (online).
@@ -219,10 +221,10 @@ def bench_dcf(quick: bool) -> dict[str, Any]:
 
 
 def run_secure(
-    model: SecureModel, x: np.ndarray, relu: str, chunk: int
+    model: SecureModel, x: np.ndarray, comparison: str, chunk: int
 ) -> tuple[np.ndarray, Transcript]:
     tr = Transcript(clock=CLOCK)
-    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    cfg = PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
     parts = []
     for session, lo in enumerate(range(0, x.shape[0], chunk)):
         res = secure_predict(
@@ -247,17 +249,17 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                 net(xt)
                 t_plain = best_of(lambda xt=xt, net=net: net(xt))
                 expected = net(xt).double().numpy()
-            for relu in args.variants:
-                chunk = args.dcf_chunk if relu == "dcf" else args.chunk
-                run_secure(model, x[:1], relu, chunk)  # warm-up (JIT, caches)
+            for comparison in args.variants:
+                chunk = args.dcf_chunk if comparison == "dcf" else args.chunk
+                run_secure(model, x[:1], comparison, chunk)  # warm-up (JIT, caches)
                 t0, c0 = time.perf_counter(), CLOCK()
-                logits, tr = run_secure(model, x.astype(np.float64), relu, chunk)
+                logits, tr = run_secure(model, x.astype(np.float64), comparison, chunk)
                 wall, cpu = time.perf_counter() - t0, CLOCK() - c0
                 err = np.abs(logits - expected)
                 row = {
                     "arch": name,
                     "width": args.width if name != "mlp" else None,
-                    "relu": relu,
+                    "comparison": comparison,
                     "batch": batch,
                     "chunk": min(chunk, batch),
                     "comparisons_per_query": counts["relus"],
@@ -277,8 +279,9 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                 }
                 out.append(row)
                 print(
-                    f"  {name:8s} {relu:5s} batch {batch:4d}: {row['s_per_query'] * 1e3:9.1f} "
-                    f"ms/query, {row['mb_per_query']:8.2f} MB/query",
+                    f"  {name:8s} {comparison:5s} batch {batch:4d}: "
+                    f"{row['s_per_query'] * 1e3:9.1f} ms/query, "
+                    f"{row['mb_per_query']:8.2f} MB/query",
                     flush=True,
                 )
     return out
@@ -315,7 +318,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="batch 1 and 16, smaller probes")
     parser.add_argument("--archs", default="mlp,vgg7,resnet8")
-    parser.add_argument("--variants", default="drelu,dcf")
+    parser.add_argument(
+        "--variants", default="dcf,drelu", help="comparisons: dcf (default), drelu (leaks)"
+    )
     parser.add_argument("--batches", default=None, help="comma list (default 1,256)")
     parser.add_argument("--width", type=int, default=8, help="base width of the CNNs")
     parser.add_argument("--chunk", type=int, default=64, help="queries per session (drelu)")
@@ -342,7 +347,7 @@ def main() -> None:
     print("secure prediction (one answerer; sum of the three parties' time, one core):")
     res["prediction"] = rows = bench_prediction(args)
     head = (
-        f"{'arch':8s} {'relu':5s} {'batch':>5s} {'cmp/q':>7s} {'ms/query':>9s} {'Q':>7s} "
+        f"{'arch':8s} {'cmp':5s} {'batch':>5s} {'cmp/q':>7s} {'ms/query':>9s} {'Q':>7s} "
         f"{'A':>7s} {'S':>7s} {'MB/q':>8s} {'online':>7s} {'plain ms/q':>10s} {'max err':>8s} "
         f"{'wrong':>5s} {'argmax':>6s}"
     )
@@ -350,7 +355,7 @@ def main() -> None:
     for r in rows:
         p = r["party_s_per_query"]
         print(
-            f"{r['arch']:8s} {r['relu']:5s} {r['batch']:5d} {r['comparisons_per_query']:7d} "
+            f"{r['arch']:8s} {r['comparison']:5s} {r['batch']:5d} {r['comparisons_per_query']:7d} "
             f"{r['s_per_query'] * 1e3:9.1f} {p.get('Q', 0) * 1e3:7.1f} {p.get('A0', 0) * 1e3:7.1f} "
             f"{p.get('S', 0) * 1e3:7.1f} {r['mb_per_query']:8.2f} {r['online_mb_per_query']:7.2f} "
             f"{r['plaintext_ms_per_query']:10.3f} {r['max_err']:8.1e} {r['wrong_logits']:5d} "

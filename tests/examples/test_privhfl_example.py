@@ -5,7 +5,8 @@
   client: one round, nobody dropped, every node's accuracy recorded before (after its local
   training) and after re-training, the architectures told apart, the report printed.
 - The secure arm (DCF comparison, and the paper's DReLU) of the same app against its
-  plaintext arm with the same seeds (so the same local models and queries): each querier's
+  plaintext arm with the same seeds (so the same local models; the same queries because each
+  node has its own ``privhfl-query-key`` in its node config): each querier's
   opened soft labels equal softmax of the plaintext logit sums within the fixed-point error.
   MLP clients keep this seconds-fast; every layer type and the CNNs through the secure flow,
   and the views of each party, are covered by ``tests/families/privhfl/test_strategy.py``
@@ -57,6 +58,11 @@ def example() -> Iterator[Example]:
 
 def _config(**overrides: Any) -> dict[str, Any]:
     return {**app_run_config(APP_DIR), **TINY, **overrides}
+
+
+def _keyed_node(i: int) -> dict[str, Any]:
+    """Node ``i``'s config with a query-seed key of its own (the server never sees it)."""
+    return {"partition-id": i, "num-partitions": 3, "privhfl-query-key": f"{i + 1:032x}"}
 
 
 def test_main_runs_and_records_accuracy_before_and_after(
@@ -116,7 +122,7 @@ def test_secure_arm_soft_labels_equal_the_plaintext_arm(
     reports = {}
     for arm in ("plaintext", "secure"):
         config = _config(archs="mlp", answering=arm, comparison=comparison)
-        grid = InProcessGrid(client_app.app, 3, config)
+        grid = InProcessGrid(client_app.app, 3, config, node_config_fn=_keyed_node)
         reports[arm] = server_app.run_experiment(grid, config)
         assert not reports[arm].strategy.dropped.get(1), arm
     assert set(reports["secure"].before) == set(reports["plaintext"].before)

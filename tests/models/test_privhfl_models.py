@@ -260,6 +260,6 @@ def test_the_secure_core_evaluates_each_architecture(name: str, relu: str) -> No
     x = np.random.default_rng(1).random((2, 1, 28, 28)).astype(np.float32)
     plain = plaintext_forward(secure_model, x)
     np.testing.assert_allclose(plain, model(torch.from_numpy(x)).detach().numpy(), atol=1e-4)
-    result = secure_predict([secure_model], x, PrivHFLConfig(relu=relu))  # type: ignore[arg-type]
+    result = secure_predict([secure_model], x, PrivHFLConfig(comparison=relu))  # type: ignore[arg-type]
     gap = float(np.abs(result.logits - plain).max())
     assert gap <= min(1e-3, error_bound(secure_model, 1.0))

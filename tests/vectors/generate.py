@@ -433,12 +433,12 @@ def privhfl_vectors() -> dict[str, Any]:
         privhfl_flow.AnswererState(0, 1, 1, 0, _seed(312), _seed(313)).to_bytes().hex()
     )
     seeds = privhfl.SessionSeeds(_seed(320), _seed(321), _seed(322))
-    config = privhfl.PrivHFLConfig(relu="dcf", frac_bits=12, bound_bits=30)
+    config = privhfl.PrivHFLConfig(comparison="dcf", frac_bits=12, bound_bits=30)
     encoded = config.codec().encode_exact(np.linspace(-1, 1, 2 * 36).reshape(2, 1, 6, 6))
     deals, ops = privhfl_flow.querier_messages(config, deep, encoded.astype(np.uint64), seeds, 5)
     out["querier-deals"] = [_h(d) for d in deals] + [ops]
     out["unheld-seed"] = privhfl_flow.unheld_seed(_seed(323), _seed(324)).hex()
-    cfg = privhfl.PrivHFLConfig(relu="drelu", frac_bits=20, bound_bits=40)
+    cfg = privhfl.PrivHFLConfig(comparison="drelu", frac_bits=20, bound_bits=40)
     run = _seed(330)
     arch = privhfl_flow.architecture_to_bytes(small)
     messages: dict[str, Any] = {

@@ -46,7 +46,8 @@ LEARNS: dict[str, dict[str, str]] = {
         "masked by randomness it does not hold (no query, no logit, no soft label)",
         "answerer": "masked words only (not the queries, not its own logits)",
         "querier": "the sum of its answerers' logits on its queries (DCF); with comparison = "
-        "'drelu' also r*x for every hidden activation of every answerer's model",
+        "'drelu' also r*x for every hidden activation of every answerer's model (every sign, "
+        "and the magnitude up to a divisor of r*x)",
     },
 }
 

@@ -19,7 +19,7 @@ the server talks to one client per message, so this module adds what a transport
   its reply (the answerer's half); the server finishes the op with the reply
   (:class:`ServerSession`). The answerer never holds a half-done op between messages.
   DCF comparison: the querier is offline from the deals to Π_Agg. The paper's DReLU
-  (``relu="drelu"``) needs ``Q`` inside every comparison: the answerer's reply to step ``k-1``
+  (``comparison="drelu"``) needs ``Q`` inside every comparison: the answerer's reply to step ``k-1``
   carries its first messages of comparison ``k`` (``drelu-z0``, ``beaver-A``: they need
   nothing from ``S``; the answerer re-derives them from its seeds at step ``k``), the server
   sends ``Q`` ``drelu-z`` and gets ``Q``'s sign share (:func:`querier_sign`: here ``Q`` learns
@@ -323,14 +323,14 @@ def _geometry(step: Step, batch: int) -> tuple:
 def _check_flow(config: PrivHFLConfig, steps: tuple[Step, ...]) -> None:
     if not isinstance(config, PrivHFLConfig):
         raise ConfigurationError("config must be a PrivHFLConfig")
-    if config.relu == "drelu" and steps[1].kind == "compare":
+    if config.comparison == "drelu" and steps[1].kind == "compare":
         raise ConfigurationError(
             "the paper's DReLU over messages needs a linear layer before the first comparison"
         )
 
 
 def _drelu_compare(config: PrivHFLConfig, step: Step) -> bool:
-    return config.relu == "drelu" and step.kind == "compare"
+    return config.comparison == "drelu" and step.kind == "compare"
 
 
 def querier_messages(
@@ -345,7 +345,7 @@ def querier_messages(
     Parameters
     ----------
     config : PrivHFLConfig
-        Settings (``relu="dcf"``).
+        Settings (``comparison="dcf"``).
     architecture : Architecture
         The answerer's architecture.
     encoded : numpy.ndarray
@@ -367,7 +367,7 @@ def querier_messages(
     for step in steps[1:]:
         if step.kind == "linear":
             out.append(q.deal_linear(step.args[0], _geometry(step, batch), step.args[2]))
-        elif config.relu == "dcf":
+        elif config.comparison == "dcf":
             out.append(q.deal_dcf(step.args[0]))
         else:
             out.append(q.deal_drelu(step.args[0]))
@@ -492,7 +492,7 @@ class ServerSession:
             return self.party.linear_mask(
                 step.args[0], _geometry(step, self.batch), self.messages[k]
             )
-        if self.config.relu == "drelu":
+        if self.config.comparison == "drelu":
             if sign is None:
                 raise ConfigurationError(f"step {k} needs the querier's sign share")
             return self.party.drelu_mask(sign)
@@ -520,7 +520,7 @@ class ServerSession:
             raise PrivHFLMessageError(f"answerer reply: {err}") from err
         if step.kind == "linear":
             self.party.linear_finish(msg, _geometry(step, self.batch), step.args[3])
-        elif self.config.relu == "dcf":
+        elif self.config.comparison == "dcf":
             self.party.dcf_finish(msg)
         else:
             if self._start is None:
@@ -670,7 +670,7 @@ def answerer_step(
     if step.kind == "linear":
         reply = a.linear_mask(step.args[0], step.args[1], _geometry(step, state.batch))
         a.linear_finish(data, step.args[3])
-    elif config.relu == "drelu":
+    elif config.comparison == "drelu":
         a.drelu_start()  # what step k-1's reply carried, re-derived from the seeds
         a.drelu_mask()
         a.drelu_finish(data)

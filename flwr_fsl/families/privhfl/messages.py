@@ -107,7 +107,7 @@ def _open(data: object, kind: int, what: str) -> Reader:
 
 
 def _write_config(w: Writer, config: PrivHFLConfig) -> None:
-    w.u8(_RELU[config.relu])
+    w.u8(_RELU[config.comparison])
     w.u8(config.frac_bits)
     w.u8(config.bound_bits)
 
@@ -118,7 +118,7 @@ def _read_config(r: Reader) -> PrivHFLConfig:
     if relu not in names:
         raise WireFormatError(f"unknown comparison code {relu}")
     try:
-        return PrivHFLConfig(relu=names[relu], frac_bits=frac, bound_bits=bound)  # type: ignore[arg-type]
+        return PrivHFLConfig(comparison=names[relu], frac_bits=frac, bound_bits=bound)  # type: ignore[arg-type]
     except (ConfigurationError, ValueError, TypeError) as err:
         raise WireFormatError(f"invalid settings: {err}") from err
 

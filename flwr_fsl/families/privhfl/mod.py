@@ -56,6 +56,18 @@ under :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY`
 (:mod:`flwr_fsl.families.privhfl.messages`);
 the query set never leaves the querier and the querier opens only the sum of the answers.
 
+**Query seeds are the querier's own.** The pool (which private images a mixup query mixes,
+with which ``lam``; the cutmix boxes, the cutout rectangles) and the random selection come
+from a seed the querier draws itself (:meth:`PrivHFLClient.query_seed`): 8 bytes of
+``os.urandom`` per ``generate`` by default, or, for reproducible runs, HMAC-SHA256 under the
+node's own :attr:`PrivateData.query_key` (from ``data_fn``, e.g. read from its node config) of
+its node id, the round and the server's phase seed. The server's ``seed`` field never
+decides the queries, so a server that knows a node's data size — or even its data, as with a
+public partition in simulation — cannot recompute the query set
+(``tests/attacks/test_privhfl_query_seed.py``). A ``query_key`` written into the ClientApp's
+code is known to whoever built the app (in a Flower deployment, usually the server's side):
+read it from the node's own configuration instead.
+
 **Dispatch.** :class:`PrivHFLClient` is a :class:`~flwr_fsl.core.phases.PhaseMod` over
 :data:`~flwr_fsl.families.privhfl.records.PRIVHFL_PHASES`, the typed phases the strategy sends:
 :meth:`PrivHFLClient.phase_of` reads the phase from the :data:`PRIVHFL_KEY` record
@@ -71,9 +83,12 @@ never a value.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -135,6 +150,9 @@ _ASTATE_SLOT = "fsl.privhfl.secure-answerer"
 _MESSAGE_TYPES = frozenset(PHASE_TYPES.values())
 
 
+_QUERY_SEED_LABEL = b"flwr_fsl/privhfl/query-seed/v1/"
+
+
 def _no_record(msg: Message, context: Context) -> Message:
     """End a registered function's chain: its message carried no PrivHFL record."""
     raise ClientInputError("the message has no PrivHFL record")
@@ -152,12 +170,28 @@ class PrivateData:
         and int labels — the source of its query pool.
     x_eval, y_eval : numpy.ndarray, optional
         Evaluation data (e.g. the test set) for ``evaluate.privhfl``.
+    query_key : bytes, optional
+        A secret of this node (at least 16 bytes) from which its query seeds are derived
+        (:meth:`PrivHFLClient.query_seed`), for repeatable query sets; read it from the node's
+        own configuration, never from the app's code or run config (which the server's side
+        writes). None (default): every query set comes from a fresh ``os.urandom`` seed.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``query_key`` is neither None nor bytes of at least 16 bytes.
     """
 
     x_train: NDArray[Any]
     y_train: NDArray[Any]
     x_eval: NDArray[Any] | None = None
     y_eval: NDArray[Any] | None = None
+    query_key: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        key = self.query_key
+        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
+            raise ConfigurationError("query_key must be bytes of at least 16 bytes (a node secret)")
 
 
 class PrivHFLClient(PhaseMod):
@@ -355,7 +389,7 @@ class PrivHFLClient(PhaseMod):
         if request.secure is not None:
             return self._secure_generate(request, context, model, config)
         data = self._data(context)
-        queries = self.generate(model, data, config)
+        queries = self.generate(model, data, config, seed=self.query_seed(context, config, data))
         context.state[_QUERY_SLOT] = queries_record(queries)
         context.state[_QUERY_ROUND_SLOT] = ConfigRecord({"round": config.server_round})
         return PhaseReply.query_set(queries)
@@ -429,7 +463,7 @@ class PrivHFLClient(PhaseMod):
         reply = querier.on_generate(
             config.server_round,
             request.blob(),
-            lambda: self.generate(model, self._data(context), config),
+            lambda: self._generate_own(context, model, config),
         )
         assert querier.queries is not None and querier.state is not None
         context.state[_QUERY_SLOT] = queries_record(querier.queries)
@@ -475,17 +509,40 @@ class PrivHFLClient(PhaseMod):
         logits = querier.on_retrain(config.server_round, request.blob(), config.answerers)
         return x_query, softmax(logits, config.temperature)
 
+    def query_seed(self, context: Context, config: PhaseConfig, data: PrivateData) -> int:
+        """Return this node's seed of query expansion and selection for a ``generate`` request.
+
+        Without a :attr:`PrivateData.query_key`: 63 bits of ``os.urandom``, fresh per call.
+        With one: HMAC-SHA256 under the key of the node id, the round and the server's phase
+        seed (the server knows those, not the key). The server's seed alone never decides the
+        queries.
+        """
+        if data.query_key is None:
+            return int.from_bytes(os.urandom(8), "big") >> 1
+        message = f"{context.node_id}/{config.server_round}/{config.seed}".encode()
+        digest = hmac.new(data.query_key, _QUERY_SEED_LABEL + message, hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "big") >> 1
+
+    def _generate_own(
+        self, context: Context, model: nn.Module, config: PhaseConfig
+    ) -> NDArray[np.float32]:
+        """Make the query set from this node's data with its own seed (:meth:`query_seed`)."""
+        data = self._data(context)
+        return self.generate(model, data, config, seed=self.query_seed(context, config, data))
+
     def generate(
-        self, model: nn.Module, data: PrivateData, config: PhaseConfig
+        self, model: nn.Module, data: PrivateData, config: PhaseConfig, *, seed: int
     ) -> NDArray[np.float32]:
         """Expand the private images, select ``num_queries`` of the pool, return them.
 
+        ``seed`` is the querier's own (:meth:`query_seed`), never the server's: it decides
+        the pool (pairs and ``lam`` of mixup, boxes of cutmix and cutout) and the selection.
         Active-learning strategies use this node's own model: softmax probabilities for
         entropy / margin / least confidence / ICD, penultimate features for k-center (with the
         private images' features as the existing centers) and ICD.
         """
         x = np.asarray(data.x_train, dtype=np.float32).reshape(-1, *self.image_shape)
-        pool = expand(x, config.expansion, config.pool_size, config.seed)
+        pool = expand(x, config.expansion, config.pool_size, seed)
         k = min(config.num_queries, len(pool))
         probs = features = existing = None
         if config.selection in ("entropy", "margin", "least_confidence", "icd"):
@@ -498,6 +555,6 @@ class PrivHFLClient(PhaseMod):
                 existing = penultimate_features(model, x)
         chosen = select(
             config.selection, k, len(pool), probs=probs, features=features,
-            existing=existing, seed=config.seed,
+            existing=existing, seed=seed,
         )  # fmt: skip
         return np.ascontiguousarray(pool.images[chosen], dtype=np.float32)

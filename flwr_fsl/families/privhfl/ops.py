@@ -27,15 +27,17 @@ The product has ``2f`` fractional bits; both truncate locally (SecureML,
 :func:`~flwr_fsl.crypto.sharing.truncate_local`) and ``A`` adds the encoded bias. Average
 pooling has public weights, so it is local: window sums times ``round(2^f / k^2)``, truncated.
 
-**Π_DReLU, the paper's variant** (``relu="drelu"``; Fig. 4). ``A`` and ``S`` draw a positive
+**Π_DReLU, the paper's variant** (``comparison="drelu"``; Fig. 4). ``A`` and ``S`` draw a positive
 ``r`` *per value* from ``Sk_SA`` (uniform in ``[1, 2^(62 - bound_bits)]``) and set ``[z]_b =
 r [x]_b``; ``A -> S: [z]_0 - delta`` (``delta`` from ``Sk_QA``), ``S -> Q: [z]_0 - delta +
 [z]_1``; ``Q`` adds ``delta``, reads ``z = r x`` as a signed integer (``|r x| < 2^62``: the sign
-survives) and sends ``S`` ``DReLU(z) - delta'`` (``A``'s share is ``delta'`` from ``Sk_QA``).
-``ReLU(x) = x * DReLU(x)`` is then one elementwise Beaver product with a triple ``Q`` deals
-(:class:`~flwr_fsl.crypto.sharing.Dealer`, :func:`~flwr_fsl.crypto.sharing.beaver_mul`).
+survives, and so does the exact product, whose divisors give ``|x|`` away: the leak stated in
+:class:`~flwr_fsl.families.privhfl.config.PrivHFLConfig`) and sends ``S`` ``DReLU(z) -
+delta'`` (``A``'s share is ``delta'`` from ``Sk_QA``). ``ReLU(x) = x * DReLU(x)`` is then one
+elementwise Beaver product with a triple ``Q`` deals (:class:`~flwr_fsl.crypto.sharing.Dealer`,
+:func:`~flwr_fsl.crypto.sharing.beaver_mul`).
 
-**Leak-free comparison** (``relu="dcf"``; Boyle et al. EUROCRYPT'21 with a bounded input).
+**Leak-free comparison** (``comparison="dcf"``; Boyle et al. EUROCRYPT'21 with a bounded input).
 With ``|x| < 2^l`` (``l = bound_bits``) let ``X = x + 2^l`` in ``[0, 2^(l+1))``: ``DReLU(x)`` is
 bit ``l`` of ``X``. ``Q`` (the dealer) draws a mask ``r = r_0 + r_1`` with ``r_0`` from
 ``Sk_QA`` and ``r_1`` from ``Sk_SQ`` (no message), and deals one DCF

@@ -16,14 +16,22 @@ the paper's Π_DReLU, the leak-free DCF comparison, max pooling, Π_Agg), the PH
 format (:mod:`~flwr_fsl.families.privhfl.wire`); this module has the querier
 (:class:`Querier`) and the in-process driver :func:`secure_predict`, and re-exports the rest.
 
-**Leak of the paper's variant (documented and tested).** ``Q`` learns ``z = r x`` for *every*
-comparison input ``x`` of the answerer's model on ``Q``'s own query: the sign of every hidden
-pre-activation (and of every max-pool difference, i.e. which window element is largest), the
-exact zero pattern, and the magnitude up to the factor ``r``: ``|x| <= |z| <=
-2^(62 - bound_bits) |x|`` in ring units. The first layer's signs are ``sign(W q + b)`` for
-queries ``q`` of ``Q``'s choice: a hyperplane oracle for the answerer's weights. The paper's
-claim (footnote 4: "masked intermediate values, rather than plain values") does not hold.
-``tests/families/privhfl/test_protocol.py`` recovers the signs exactly.
+**Comparison: DCF by default; the paper's DReLU leaks (documented and tested).** The default
+(``PrivHFLConfig().comparison == "dcf"``) compares with one distributed comparison function per
+value: ``Q`` receives only ``agg-S``. With ``comparison="drelu"`` (the paper's Π_DReLU, an
+explicit choice) ``Q`` learns ``z = r x`` for *every* comparison input ``x`` of the answerer's
+model on ``Q``'s own query, with ``r`` uniform in ``[1, 2^(62 - bound_bits)]`` (``2^22`` by
+default) and ``z`` the exact integer product (``|r x| < 2^62``, no wrap). So ``Q`` learns the
+sign of every hidden pre-activation (and of every max-pool difference, i.e. which window
+element is largest) and the exact zero pattern, and ``|x|`` is a divisor of ``|z|`` in
+``[|z| / 2^22, |z|]``: factoring ``z`` (trial division by the primes below ``2^22``) leaves a
+few dozen candidates, and the smallest is ``|x|`` to the last fixed-point unit for about a
+quarter of the hidden values; a query sent three times (``r`` fresh each time) pins ``|x|`` to
+within two units for about 90%. The first layer's signs are ``sign(W q + b)`` for queries
+``q`` of ``Q``'s choice: a hyperplane oracle for the answerer's weights. The paper's claim
+(footnote 4: "masked intermediate values, rather than plain values") does not hold.
+``tests/families/privhfl/test_protocol.py`` recovers the signs exactly;
+``tests/attacks/test_privhfl_drelu_factoring.py`` the magnitudes.
 
 **Message flow** (what a transport must carry; :class:`_Session` runs it in process; ``*``
 = can be sent before the query exists). Π_Share: ``Q -> S`` share. Per linear layer: ``Q -> S``
@@ -88,7 +96,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.ring import Z2_64
-from flwr_fsl.families.privhfl.config import PrivHFLConfig, SessionSeeds
+from flwr_fsl.families.privhfl.config import COMPARISONS, PrivHFLConfig, SessionSeeds
 from flwr_fsl.families.privhfl.inference import (
     Architecture,
     Conv2d,
@@ -146,6 +154,7 @@ from flwr_fsl.families.privhfl.wire import (  # noqa: F401
 )
 
 __all__ = [
+    "COMPARISONS",
     "KIND_NAMES",
     "Answerer",
     "Message",
@@ -326,7 +335,7 @@ class _Session:
     def _compare(self, n: int) -> None:
         """ReLU of the current value (``n`` elements) with the configured comparison."""
         A, S = self.name_a, "S"
-        if self.config.relu == "drelu":
+        if self.config.comparison == "drelu":
             with self.tr.timed("Q"):
                 deal = self.q.deal_drelu(n)
             deal = self.send("Q", S, deal)
@@ -446,7 +455,10 @@ def secure_predict(  # noqa: C901
     queries : array_like
         ``(N, *input_shape)`` float queries (NCHW for images), ``|x| <= config.max_input``.
     config : PrivHFLConfig, optional
-        Settings (default: the paper's DReLU, 20 fractional bits).
+        Settings (default ``PrivHFLConfig()``: the leak-free DCF comparison, 20 fractional
+        bits). ``PrivHFLConfig(comparison="drelu")`` is the paper's faster comparison, which
+        tells the querier ``z = r x`` of every hidden value of every answerer's model on its
+        queries (sign exactly, magnitude up to a divisor of ``z``: the module docstring).
     seeds : sequence of SessionSeeds, optional
         One per answerer; fresh random seeds by default.
     session : int, optional
@@ -454,7 +466,8 @@ def secure_predict(  # noqa: C901
     transcript : Transcript, optional
         Where to count messages (a new one by default).
     record_leak : bool, optional
-        Keep the values the querier learns in the paper's DReLU (``result.learned``).
+        Keep the values the querier learns with ``comparison="drelu"`` (``result.learned``;
+        nothing with the DCF comparison).
     tamper : callable, optional
         Test hook ``(sender, receiver, kind, bytes) -> bytes`` applied to every message.
 

@@ -50,7 +50,10 @@ inputs and ``seed``. Every random choice comes from ``numpy.random.default_rng(s
 
 **Privacy.** None here: a mixup, cutmix or cutout image shows its source images (App. G,
 Fig. 19). The pool never leaves the querier in the clear in the secure workflow: queries are
-secret-shared (:mod:`flwr_fsl.families.privhfl.protocol`).
+secret-shared (:mod:`flwr_fsl.families.privhfl.protocol`). The ``seed`` decides every pair,
+``lam``, box and selected index: whoever knows it and the number of private images knows
+which images each query mixes, so the Flower client passes a seed of its own
+(:meth:`~flwr_fsl.families.privhfl.mod.PrivHFLClient.query_seed`), never the server's.
 """
 
 from __future__ import annotations

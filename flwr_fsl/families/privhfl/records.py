@@ -97,7 +97,10 @@ class PhaseConfig:
     server_round : int
         The round (>= 1); a retrain message must name the round of the stored queries.
     seed : int
-        This node's seed for the phase, in ``[0, 2^63)``.
+        The server's seed for this node and phase, in ``[0, 2^63)``: training initialisation
+        and shuffling (``local``, ``retrain``). It does not decide a ``generate``'s queries:
+        the querier draws its own seed (:meth:`~flwr_fsl.families.privhfl.mod.PrivHFLClient.
+        query_seed`), so the server cannot recompute the query set.
     epochs, lr, batch_size : int, float, int
         Training settings (``local`` / ``retrain``).
     expansion, pool_size, num_queries, selection : str, int, int, str

@@ -172,7 +172,9 @@ class PrivHFLServer:
                 steps = schedule(arch, 1)  # it must have an interactive op ...
             except ConfigurationError as err:
                 raise ClientInputError(f"the advertised architecture: {err}") from err
-            if cfg.relu == "drelu" and steps[1].kind == "compare":  # ... and a linear one first
+            if (
+                cfg.comparison == "drelu" and steps[1].kind == "compare"
+            ):  # ... and a linear one first
                 raise ClientInputError("DReLU needs a linear layer before the first comparison")
             return reply.public_key, reply.architecture, arch
 

@@ -18,7 +18,8 @@ typed phases of :mod:`flwr_fsl.families.privhfl.records` that the client mod dis
    models are then evaluated (kept as round 0 of :attr:`PrivHFL.node_metrics`: the *local
    baseline*);
 2. ``generate`` (``query``): the sampled queriers build their query sets (``expansion``,
-   ``pool_size``, ``num_queries``, ``selection``; each node its own seed);
+   ``pool_size``, ``num_queries``, ``selection``), each from a seed it draws itself and the
+   server never sees (:meth:`~flwr_fsl.families.privhfl.mod.PrivHFLClient.query_seed`);
 3. ``answer`` (``query``): each querier's queries go to ``fraction_answer`` of the other
    trained nodes (at least one, a seeded draw per querier and round — Alg. 1's ``C``); an
    answerer gets every query set it answers in one message and returns its logits;
@@ -38,9 +39,11 @@ server in the clear. The server sees every query image (a mixup image shows its 
 images, App. G), every answerer's logits on it and the sums.
 
 ``answering="secure"`` runs :mod:`flwr_fsl.families.privhfl.protocol` with the server as the third
-computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``) or the paper's
-DReLU (``comparison="drelu"``: the querier learns ``r x`` for every hidden activation of every
-answerer's model on its queries, and is online in every comparison). Phases 2-4 become
+computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``, the default) or,
+by explicit choice, the paper's DReLU (``comparison="drelu"``: the querier learns ``z = r x``
+for every hidden activation of every answerer's model on its queries — every sign, and the
+magnitude up to a divisor of ``z``: :class:`~flwr_fsl.families.privhfl.config.PrivHFLConfig` —
+and is online in every comparison). Phases 2-4 become
 (messages: :mod:`flwr_fsl.families.privhfl.messages`; schedule and party state:
 :mod:`flwr_fsl.families.privhfl.flow`):
 
@@ -92,6 +95,7 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.families.privhfl.config import COMPARISONS
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
 from flwr_fsl.families.privhfl.records import (
@@ -120,9 +124,6 @@ T = TypeVar("T")
 
 ANSWERING = ("plaintext", "secure")
 """The answering arms: queries and logits in the clear, or secret-shared (module docstring)."""
-COMPARISONS = ("dcf", "drelu")
-"""The secure comparisons: the leak-free DCF one, or the paper's DReLU (its querier learns
-``r x`` for every hidden activation: :mod:`flwr_fsl.families.privhfl.protocol`)."""
 
 
 def _positive_int(name: str, value: int, low: int = 1) -> int:
@@ -177,12 +178,15 @@ min_available_nodes, sampling_seed
     answering : str
         One of :data:`ANSWERING`.
     comparison : str
-        Secure arm: one of :data:`COMPARISONS`.
+        Secure arm: ``"dcf"`` (default, leak-free) or ``"drelu"`` (the paper's; leaks every
+        hidden value's sign and its magnitude up to a divisor to the querier:
+        :class:`~flwr_fsl.families.privhfl.config.PrivHFLConfig`).
     frac_bits, bound_bits : int
         Secure arm: fixed-point fraction bits and comparison bound bits
         (:class:`~flwr_fsl.families.privhfl.protocol.PrivHFLConfig`).
     seed : int
-        Seed of the per-node seeds and of the answerer draws.
+        Seed of the per-node training seeds and of the answerer draws (not of the queries:
+        each querier draws its own).
 
     Raises
     ------
@@ -280,7 +284,7 @@ min_available_nodes, sampling_seed
             raise ConfigurationError(f"comparison must be one of {COMPARISONS}, got {comparison!r}")
         try:
             self.secure_config = PrivHFLConfig(
-                relu="dcf" if comparison == "dcf" else "drelu",
+                comparison="dcf" if comparison == "dcf" else "drelu",  # the Literal type
                 frac_bits=frac_bits,
                 bound_bits=bound_bits,
             )

@@ -46,7 +46,7 @@ from flwr_fsl.families.privhfl.protocol import (
 )
 from tests.families.privhfl.test_protocol import LAYER_CASES, random_model, tiny_models
 
-CFG = PrivHFLConfig(relu="dcf")
+CFG = PrivHFLConfig(comparison="dcf")
 
 
 def run_flow(
@@ -110,7 +110,7 @@ INTERACTIVE = sorted(c for c in LAYER_CASES if "avgpool" not in c)
 @pytest.mark.parametrize("case", INTERACTIVE)
 def test_every_layer_type_through_the_flow_matches_plaintext(case: str, relu: str) -> None:
     arch = LAYER_CASES[case]
-    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    cfg = PrivHFLConfig(comparison=relu)  # type: ignore[arg-type]
     if relu == "drelu" and schedule(arch, 1)[1].kind == "compare":
         with pytest.raises(ConfigurationError, match="linear layer before"):
             run_flow(
@@ -156,7 +156,7 @@ def test_heterogeneous_torch_models_sum_through_the_flow(relu: str) -> None:
     nets = tiny_models()
     models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "cnn", "resnet")]
     x = np.random.default_rng(2).uniform(0, 1, (4, 1, 8, 8))
-    logits, included, _ = run_flow(models, x, cfg=PrivHFLConfig(relu=relu))  # type: ignore[arg-type]
+    logits, included, _ = run_flow(models, x, cfg=PrivHFLConfig(comparison=relu))  # type: ignore[arg-type]
     plain = sum(plaintext_forward(m, x) for m in models)
     assert included == (0, 1, 2)
     assert np.max(np.abs(logits - plain)) <= sum(error_bound(m, 1.0) for m in models)
@@ -167,7 +167,7 @@ def test_malformed_step_message_drops_only_that_answerer(relu: str) -> None:
     nets = tiny_models()
     models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "mlp")]
     x = np.random.default_rng(2).uniform(0, 1, (2, 1, 8, 8))
-    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    cfg = PrivHFLConfig(comparison=relu)  # type: ignore[arg-type]
     logits, included, dropped = run_flow(models, x, tamper_step=2, cfg=cfg)
     assert included == (1,) and set(dropped) == {0}
     assert np.max(np.abs(logits - plaintext_forward(models[1], x))) <= error_bound(models[1], 1.0)

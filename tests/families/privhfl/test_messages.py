@@ -35,7 +35,7 @@ from flwr_fsl.families.privhfl.messages import (
 )
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig
 
-CFG = PrivHFLConfig(relu="dcf")
+CFG = PrivHFLConfig(comparison="dcf")
 RUN = bytes(range(16))
 
 
@@ -50,7 +50,7 @@ def _examples() -> list[Any]:
         StepRequest(CFG, 2, 3, RUN, (StepEntry(5, b"data"), StepEntry(6, b""))),
         StepReply(((5, b"reply"), (6, b""))),
         RetrainRequest(CFG, 3, b"agg"),
-        SignRequest(PrivHFLConfig(relu="drelu"), 2, 3, ((7, b"z"), (9, b""))),
+        SignRequest(PrivHFLConfig(comparison="drelu"), 2, 3, ((7, b"z"), (9, b""))),
         SignReply(((7, b"sign"),)),
         QuerierState(1, 1, 4, (QuerierSessionState(7, b"q" * 16, b"s" * 16, b"arch", 12),)),
     ]

@@ -17,10 +17,10 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import recorddict_to_proto
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import PhaseMod
 from flwr_fsl.families.privhfl.messages import SECURE_KEY
-from flwr_fsl.families.privhfl.mod import PrivHFLClient
+from flwr_fsl.families.privhfl.mod import PrivateData, PrivHFLClient
 from flwr_fsl.families.privhfl.records import (
     LOGITS_KEY,
     PHASE_TYPES,
@@ -181,3 +181,33 @@ def test_a_non_privhfl_message_passes_through(message_type: str, content: Record
     reply = _client()(msg, _context(), call_next)
     assert seen == [msg] and seen[0].content is content
     assert reply.content.metric_records["metrics"]["next"] == 1
+
+
+# -- the querier's own query seed --------------------------------------------------------------
+def _private(key: bytes | None = None) -> PrivateData:
+    return PrivateData(np.zeros((2, *SHAPE), np.float32), np.zeros(2, np.int64), query_key=key)
+
+
+def test_query_seed_is_fresh_without_a_key_and_keyed_with_one() -> None:
+    config = PhaseConfig("generate", 2, 7)
+    context, client = _context(), _client()
+    seeds = {client.query_seed(context, config, _private()) for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= s < 2**63 for s in seeds)  # os.urandom each time
+    keyed = _private(b"k" * 16)
+    seed = client.query_seed(context, config, keyed)
+    assert seed == client.query_seed(context, config, keyed)  # repeatable with the node's key
+    other_node = Context(1, 1001, {"partition-id": 1}, RecordDict(), {})
+    changed = [
+        client.query_seed(other_node, config, keyed),
+        client.query_seed(context, PhaseConfig("generate", 3, 7), keyed),
+        client.query_seed(context, PhaseConfig("generate", 2, 8), keyed),
+        client.query_seed(context, config, _private(b"j" * 16)),
+    ]
+    assert len({seed, *changed}) == 5
+    assert seed != config.seed  # never the server's seed
+
+
+@pytest.mark.parametrize("key", [b"short", "a string key of 16+", 12345])
+def test_query_key_is_checked(key: Any) -> None:
+    with pytest.raises(ConfigurationError, match="query_key"):
+        _private(key)

@@ -74,7 +74,7 @@ def check_close(
     model: SecureModel, x: np.ndarray, relu: str, seed: int = 0
 ) -> privhfl.PredictionResult:
     rng = np.random.default_rng(seed)
-    res = secure_predict([model], x, PrivHFLConfig(relu=relu), seeds=seeds_from(rng))
+    res = secure_predict([model], x, PrivHFLConfig(comparison=relu), seeds=seeds_from(rng))
     plain = plaintext_forward(model, x)
     bound = error_bound(model, float(np.max(np.abs(x))))
     assert res.included == (0,) and not res.dropped
@@ -126,11 +126,11 @@ def test_relu_and_maxpool_exact_on_the_grid(relu: str) -> None:
     """On values already on the fixed-point grid, comparisons are exact (zero and ties too)."""
     vals = np.array([-3.0, -1.0, -(2.0**-20), 0.0, 2.0**-20, 0.5, 1.0, 7.25, -7.25, 2.0**19])
     model = SecureModel(Architecture((10,), (ReLU(),)), ())
-    res = secure_predict([model], vals[None, :], PrivHFLConfig(relu=relu))
+    res = secure_predict([model], vals[None, :], PrivHFLConfig(comparison=relu))
     assert np.array_equal(res.logits[0], np.maximum(vals, 0))
     grid = np.array([[[1, 1, -2, 5], [1, 0, 5, -9], [-4, -4, -3, -3], [-4, -4, -3, -8]]], float)
     pool = SecureModel(Architecture((1, 4, 4), (MaxPool2d(2), Flatten())), ())
-    res = secure_predict([pool], grid[None], PrivHFLConfig(relu=relu))
+    res = secure_predict([pool], grid[None], PrivHFLConfig(comparison=relu))
     assert np.array_equal(res.logits[0], [1, 5, -4, -3])
 
 
@@ -200,8 +200,64 @@ def test_random_cnns_match_plaintext(relu: str, case, seed: int) -> None:  # typ
 def test_relu_on_arbitrary_values(values: list[float], relu: str) -> None:
     x = np.array(values)[None, :]
     model = SecureModel(Architecture((x.shape[1],), (ReLU(),)), ())
-    res = secure_predict([model], x, PrivHFLConfig(relu=relu))
+    res = secure_predict([model], x, PrivHFLConfig(comparison=relu))
     assert np.max(np.abs(res.logits - np.maximum(x, 0))) <= 2.0**-20
+
+
+@given(
+    values=st.lists(
+        st.integers(-(2**39) + 1, 2**39 - 1) | st.sampled_from([0, 1, -1]), min_size=4, max_size=36
+    )
+)
+@settings(max_examples=25, derandomize=True)
+def test_dcf_and_drelu_compute_the_same_relu_and_max(values: list[int]) -> None:
+    """The default (DCF) and the paper's DReLU compute the same function, bit for bit: on any
+    fixed-point input within the bound, ReLU and max pooling (a tree of comparisons) return
+    exactly ``max(x, 0)`` and the window maximum with either, so the default changes no
+    output (the logits then differ only by the local truncation's rounding, next test)."""
+    x = np.array(values, dtype=np.float64) * 2.0**-20  # on the grid: every comparison exact
+    relu = SecureModel(Architecture((len(x),), (ReLU(),)), ())
+    side = int(np.sqrt(len(x)))
+    pool = SecureModel(Architecture((1, side, side), (MaxPool2d(2), Flatten())), ())
+    image = x[: side * side].reshape(1, 1, side, side)
+    out = {}
+    for comparison in VARIANTS:
+        cfg = PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
+        out[comparison] = (
+            secure_predict([relu], x[None, :], cfg).logits,
+            secure_predict([pool], image, cfg).logits if side >= 2 else None,
+        )
+    assert np.array_equal(out["dcf"][0], out["drelu"][0])
+    assert np.array_equal(out["dcf"][0][0], np.maximum(x, 0))
+    if side >= 2:
+        assert np.array_equal(out["dcf"][1], out["drelu"][1])
+        assert np.array_equal(out["dcf"][1], plaintext_forward(pool, image))
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+def test_dcf_and_drelu_give_the_same_predictions(name: str) -> None:
+    """End to end, the two comparisons' logits agree within the fixed-point error bound and
+    every prediction (argmax) is the same: accuracy does not change with the default."""
+    net, shape = tiny_models()[name]
+    model = from_torch(net.eval(), shape)
+    x = np.random.default_rng(11).uniform(0, 1, (32, *shape))
+    logits = {
+        c: secure_predict([model], x, PrivHFLConfig(comparison=c)).logits  # type: ignore[arg-type]
+        for c in VARIANTS
+    }
+    bound = error_bound(model, 1.0)
+    assert np.max(np.abs(logits["dcf"] - logits["drelu"])) <= 2 * bound
+    assert np.array_equal(logits["dcf"].argmax(1), logits["drelu"].argmax(1))
+    assert np.array_equal(logits["dcf"].argmax(1), plaintext_forward(model, x).argmax(1))
+
+
+def test_the_default_comparison_is_dcf() -> None:
+    """``PrivHFLConfig()`` and ``secure_predict`` without a config use the leak-free DCF:
+    the querier receives only ``agg-S``."""
+    assert PrivHFLConfig().comparison == "dcf"
+    tr = Transcript(keep_views=True)
+    secure_predict([first_layer_model()], np.zeros((2, 6)), transcript=tr, record_leak=True)
+    assert tr.kinds_received("Q") == ["agg-S"]
 
 
 # ---------------------------------------------------------------- end to end from torch
@@ -276,7 +332,10 @@ def test_torch_models_end_to_end(name: str, relu: str) -> None:
         expected = net(x).double().numpy()
     model = from_torch(net, shape)
     res = secure_predict(
-        [model], x.numpy(), PrivHFLConfig(relu=relu), seeds=seeds_from(np.random.default_rng(1))
+        [model],
+        x.numpy(),
+        PrivHFLConfig(comparison=relu),
+        seeds=seeds_from(np.random.default_rng(1)),
     )
     # float32 torch vs float64 twin: 1e-5; fixed point: the bound.
     assert np.max(np.abs(res.logits - expected)) <= error_bound(model, 1.0) + 1e-5
@@ -292,7 +351,7 @@ def test_heterogeneous_answerers_aggregate_to_the_sum(relu: str) -> None:
     models = [from_torch(nets[k][0].eval(), (1, 8, 8)) for k in ("mlp", "cnn", "resnet")]
     x = np.random.default_rng(2).uniform(0, 1, (4, 1, 8, 8))
     res = secure_predict(
-        models, x, PrivHFLConfig(relu=relu), seeds=seeds_from(np.random.default_rng(3), 3)
+        models, x, PrivHFLConfig(comparison=relu), seeds=seeds_from(np.random.default_rng(3), 3)
     )
     plain = sum(plaintext_forward(m, x) for m in models)
     assert res.included == (0, 1, 2)
@@ -327,7 +386,7 @@ def test_paper_drelu_leaks_every_hidden_sign_and_magnitude_to_the_querier() -> N
     net, shape = tiny_models()["cnn"]
     model = from_torch(net.eval(), shape)
     x = np.random.default_rng(6).uniform(0, 1, (4, *shape))
-    cfg = PrivHFLConfig(relu="drelu")
+    cfg = PrivHFLConfig(comparison="drelu")
     res = secure_predict([model], x, cfg, record_leak=True)
     hidden: list[np.ndarray] = []
     plaintext_forward(model, x, record=hidden)
@@ -365,7 +424,11 @@ def test_querier_view_dcf_is_independent_of_hidden_signs_paper_is_not() -> None:
         for sign in (1.0, -1.0):
             tr = Transcript(keep_views=True)
             res = secure_predict(
-                [first_layer_model(sign)], x, PrivHFLConfig(relu=relu), seeds=seeds, transcript=tr
+                [first_layer_model(sign)],
+                x,
+                PrivHFLConfig(comparison=relu),
+                seeds=seeds,
+                transcript=tr,
             )
             assert np.array_equal(res.logits, np.tile([1.0, -2.0, 0.5], (8, 1)))
             views[relu, sign] = [m.to_bytes() for m in tr.views["Q"]]
@@ -427,7 +490,7 @@ def test_server_and_answerer_views_are_uniform_and_independent_of_the_secrets(re
         secure_predict(
             [m],
             x,
-            PrivHFLConfig(relu=relu),
+            PrivHFLConfig(comparison=relu),
             seeds=seeds_from(np.random.default_rng(10 + i)),
             transcript=tr,
         )
@@ -447,7 +510,7 @@ def test_view_check_detects_the_querier_leak() -> None:
         res = secure_predict(
             [first_layer_model(sign)],
             x,
-            PrivHFLConfig(relu="drelu"),
+            PrivHFLConfig(comparison="drelu"),
             transcript=tr,
             record_leak=True,
         )
@@ -514,14 +577,24 @@ def test_malformed_answerer_session_is_dropped(target, relu: str, how: str) -> N
     model = from_torch(net.eval(), shape)
     x = np.random.default_rng(13).uniform(0, 1, (3, *shape))
     res = secure_predict(
-        [model, model], x, PrivHFLConfig(relu=relu), tamper=_tamper(target, BAD[how])
+        [model, model], x, PrivHFLConfig(comparison=relu), tamper=_tamper(target, BAD[how])
     )
     assert res.included == (0,) and set(res.dropped) == {1}
     assert np.max(np.abs(res.logits - plaintext_forward(model, x))) <= error_bound(model, 1.0)
 
 
-@pytest.mark.parametrize("kind", [SHARE, MATMUL_DEAL, privhfl.TRIPLE_DEAL, DRELU_S])
-def test_malformed_querier_or_server_message_fails_the_query(kind: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "comparison"),
+    [
+        (SHARE, "dcf"),
+        (MATMUL_DEAL, "dcf"),
+        (privhfl.DCF_DEAL, "dcf"),
+        (SHARE, "drelu"),
+        (privhfl.TRIPLE_DEAL, "drelu"),
+        (DRELU_S, "drelu"),
+    ],
+)
+def test_malformed_querier_or_server_message_fails_the_query(kind: int, comparison: str) -> None:
     net, shape = tiny_models()["mlp"]
     model = from_torch(net.eval(), shape)
     x = np.zeros((2, *shape))
@@ -529,7 +602,10 @@ def test_malformed_querier_or_server_message_fails_the_query(kind: int) -> None:
     expected = ServerMessageError if kind == DRELU_S else QuerierMessageError
     with pytest.raises(expected):
         secure_predict(
-            [model, model], x, tamper=_tamper((sender, receiver, kind), BAD["truncated"])
+            [model, model],
+            x,
+            PrivHFLConfig(comparison=comparison),  # type: ignore[arg-type]
+            tamper=_tamper((sender, receiver, kind), BAD["truncated"]),
         )
 
 
@@ -568,13 +644,13 @@ def test_dcf_public_part_of_the_wrong_geometry_drops_the_session() -> None:
         secure_predict(
             [model],
             x,
-            PrivHFLConfig(relu="dcf"),
+            PrivHFLConfig(comparison="dcf"),
             tamper=_tamper(("Q", "S", privhfl.DCF_DEAL), shrink),
         )
     res = secure_predict(
         [model, model],
         x,
-        PrivHFLConfig(relu="dcf"),
+        PrivHFLConfig(comparison="dcf"),
         tamper=_tamper(("S", "A1", privhfl.DCF_RELAY), shrink),
     )
     assert res.included == (0,) and "DCF public part" in res.dropped[1]
@@ -648,7 +724,8 @@ def test_fuzzed_messages_parse_or_raise_client_input_error(data) -> None:  # typ
 
 def test_configuration_errors() -> None:
     for kwargs in [
-        {"relu": "gc"},
+        {"comparison": "gc"},
+        {"comparison": "relu"},
         {"frac_bits": 0},
         {"frac_bits": 29},
         {"bound_bits": 20},
@@ -712,7 +789,11 @@ def test_querier_learns_only_the_sum_of_the_answerers_logits() -> None:
     for pair in (([1.0, 2.0, 3.0], [0.5, 0.5, 0.5]), ([0.0, 0.0, 0.0], [1.5, 2.5, 3.5])):
         tr = Transcript(keep_views=True)
         res = secure_predict(
-            [with_bias(b) for b in pair], x, PrivHFLConfig(relu="dcf"), seeds=seeds, transcript=tr
+            [with_bias(b) for b in pair],
+            x,
+            PrivHFLConfig(comparison="dcf"),
+            seeds=seeds,
+            transcript=tr,
         )
         assert np.array_equal(res.logits, np.tile([1.5, 2.5, 3.5], (4, 1)))
         assert tr.kinds_received("Q") == ["agg-S"]

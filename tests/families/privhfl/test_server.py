@@ -67,7 +67,7 @@ def _plain(nets: dict[int, torch.nn.Sequential], q: int, x: np.ndarray, without:
 def test_driver_equals_the_plaintext_answers(relu: str, parties: tuple) -> None:
     nets, queries = parties
     models = _models(nets)
-    result = run_secure_query(PrivHFLConfig(relu=relu), models, queries)  # type: ignore[arg-type]
+    result = run_secure_query(PrivHFLConfig(comparison=relu), models, queries)  # type: ignore[arg-type]
     assert not result.dropped
     assert sorted(result.soft_labels) == [0, 1] and result.answerers == {0: 2, 1: 2}
     for q, x in queries.items():
@@ -93,7 +93,7 @@ def _corrupt(phase: str, node: int) -> Callable[[str, int, bytes], bytes]:
 def test_corrupted_answerer_reply_drops_only_that_answerer(relu: str, parties: tuple) -> None:
     nets, queries = parties
     models = _models(nets)
-    cfg = PrivHFLConfig(relu=relu)  # type: ignore[arg-type]
+    cfg = PrivHFLConfig(comparison=relu)  # type: ignore[arg-type]
     result = run_secure_query(cfg, models, queries, relay=_corrupt("step-2", 2))
     assert list(result.dropped) == [2] and result.dropped[2].startswith("step-2: ")
     assert result.answerers == {0: 1, 1: 1}  # each answered by the other alone
@@ -107,7 +107,7 @@ def test_corrupted_answerer_reply_drops_only_that_answerer(relu: str, parties: t
 def test_corrupted_querier_reply_drops_only_that_querier(parties: tuple) -> None:
     nets, queries = parties
     result = run_secure_query(
-        PrivHFLConfig(relu="dcf"), _models(nets), queries, relay=_corrupt("generate", 1)
+        PrivHFLConfig(comparison="dcf"), _models(nets), queries, relay=_corrupt("generate", 1)
     )
     assert list(result.dropped) == [1] and result.dropped[1].startswith("generate: ")
     # a dropped node leaves the round: it answers nobody either
@@ -120,7 +120,7 @@ def test_client_input_error_drops_the_client_with_the_engines_reason(parties: tu
     nets, queries = parties
     models: dict[int, SecureModel | SecureAnswerer] = dict(_models(nets))
     models[0] = SecureAnswerer(0, _models(nets)[0], max_answer=BATCH - 1)
-    result = run_secure_query(PrivHFLConfig(relu="dcf"), models, queries, plan={1: [0, 2]})
+    result = run_secure_query(PrivHFLConfig(comparison="dcf"), models, queries, plan={1: [0, 2]})
     assert result.dropped == {
         0: "step-1: client error: ClientInputError: "
         "a session holds more queries than this node answers"
@@ -133,7 +133,7 @@ def test_client_input_error_drops_the_client_with_the_engines_reason(parties: tu
 def test_a_querier_left_without_answerers_gets_none(parties: tuple) -> None:
     nets, queries = parties
     result = run_secure_query(
-        PrivHFLConfig(relu="dcf"), _models(nets), queries, plan={0: [2], 1: [0, 2]},
+        PrivHFLConfig(comparison="dcf"), _models(nets), queries, plan={0: [2], 1: [0, 2]},
         relay=_corrupt("keys", 2),
     )  # fmt: skip
     assert list(result.dropped) == [2] and result.dropped[2].startswith("keys: ")
@@ -143,7 +143,7 @@ def test_a_querier_left_without_answerers_gets_none(parties: tuple) -> None:
 
 def test_driver_refuses_inconsistent_parties(parties: tuple) -> None:
     nets, queries = parties
-    cfg = PrivHFLConfig(relu="dcf")
+    cfg = PrivHFLConfig(comparison="dcf")
     with pytest.raises(ConfigurationError, match="querier"):
         run_secure_query(cfg, _models(nets), {})
     with pytest.raises(ConfigurationError, match="image shape"):
@@ -157,6 +157,6 @@ def test_the_strategy_runs_the_same_server() -> None:
     strategy = PrivHFL(answering="secure", comparison="drelu", num_classes=CLASSES)
     server = strategy.secure_server
     assert isinstance(server, PrivHFLServer)
-    assert server.config is strategy.secure_config and server.config.relu == "drelu"
+    assert server.config is strategy.secure_config and server.config.comparison == "drelu"
     assert server.num_classes == CLASSES and server.max_batch == strategy.num_queries
     assert len(server.run_session) == 16
