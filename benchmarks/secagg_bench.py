@@ -208,6 +208,7 @@ def run_ours(setting: Setting) -> tuple[NDArray[np.float64], MeteredGrid, Clock,
         max_weight=MAX_WEIGHT,
         train_metrics=(),
         frac_bits=FRAC_BITS,
+        weighted=True,  # the legacy workflow weights by num-examples: the same settings
     )
     initial = ArrayRecord({"x": Array(np.zeros(setting.length, dtype=np.float32))})
     start = time.perf_counter()

@@ -234,7 +234,7 @@ SETTINGS = SecAggSettings(
 
 def test_settings_round_trip() -> None:
     data = SETTINGS.to_bytes()
-    assert data.startswith(SETTINGS_MAGIC + b"\x01")
+    assert data.startswith(SETTINGS_MAGIC + b"\x02")  # unit weights: version 2
     assert SecAggSettings.from_bytes(data) == SETTINGS
     layout = SETTINGS.layout({"conv.weight": (2, 3), "fc.bias": (4,)})
     assert (layout.names, layout.length) == (("conv.weight", "fc.bias"), 6 + 4 + 1 + 4)
@@ -252,7 +252,7 @@ def test_settings_decoder_rejects_every_truncation_and_trailing_bytes() -> None:
 def test_settings_decoder_rejects_bad_magic_version_text_and_values() -> None:
     data = SETTINGS.to_bytes()
     with pytest.raises(WireFormatError, match="version"):
-        SecAggSettings.from_bytes(data[:4] + b"\x02" + data[5:])
+        SecAggSettings.from_bytes(data[:4] + b"\x03" + data[5:])
     with pytest.raises(WireFormatError, match="not SecAgg settings"):
         SecAggSettings.from_bytes(b"XXXX" + data[4:])
     with pytest.raises(WireFormatError):
@@ -260,9 +260,10 @@ def test_settings_decoder_rejects_bad_magic_version_text_and_values() -> None:
     bad_utf8 = data.replace(b"fc.bias", b"fc.bia\xff")
     with pytest.raises(WireFormatError, match="UTF-8"):
         SecAggSettings.from_bytes(bad_utf8)
-    # Well-formed bytes whose settings do not validate: max_clients 1 (the last u32).
+    # Well-formed bytes whose settings do not validate: max_clients 1 (the u32 before the
+    # version-2 flags weighted and dp).
     with pytest.raises(WireFormatError, match="max_clients"):
-        SecAggSettings.from_bytes(data[:-4] + struct.pack("<I", 1))
+        SecAggSettings.from_bytes(data[:-6] + struct.pack("<I", 1) + data[-2:])
     # A NaN clipping range.
     nan = struct.pack("<d", float("nan"))
     clip_at = data.index(struct.pack("<d", SETTINGS.clip))
@@ -277,6 +278,6 @@ def test_settings_are_validated_at_construction() -> None:
     with pytest.raises(ConfigurationError, match="names"):
         SecAggSettings(names=("w", "w"))
     with pytest.raises(ConfigurationError, match="max_clients"):
-        SecAggSettings(max_weight=1e12, frac_bits=30)
+        SecAggSettings(max_weight=1e12, frac_bits=30, weighted=True)
     with pytest.raises(ConfigurationError, match="frac_bits"):
         SecAggSettings(frac_bits=True)  # type: ignore[arg-type]

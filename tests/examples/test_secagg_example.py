@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, Message, RecordDict
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.experiment import load_experiment
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.testing import InProcessGrid
@@ -58,7 +59,11 @@ def test_main_secagg_equals_fedavg_every_round(
 ) -> None:
     client_app, server_app = example
     # The app's own defaults (pyproject.toml) with the tiny setting on top, as `flwr run` does.
-    config = {**app_run_config(APP_DIR), **TINY, "results-dir": str(tmp_path)}
+    # With compare-weighted, SecAggFedAvg(weighted=True) trains too: the partitions have equal
+    # sizes (64 images each), so unit and sample weights give the same model.
+    config = {
+        **app_run_config(APP_DIR), **TINY, "results-dir": str(tmp_path), "compare-weighted": True,
+    }  # fmt: skip
     grid = InProcessGrid(client_app.app, CLIENTS, config)
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
     server_app.main(grid, context)
@@ -66,7 +71,9 @@ def test_main_secagg_equals_fedavg_every_round(
 
     record = load_experiment(tmp_path / "secagg-mnist.json")
     fedavg, secagg = record.arm("fedavg"), record.arm("secagg")
-    assert [a.key for a in record.arms] == ["fedavg", "secagg"]
+    assert [a.key for a in record.arms] == ["fedavg", "secagg", "secagg-weighted"]
+    weighted = record.arm("secagg-weighted")
+    assert weighted.max_abs_diff is not None and weighted.max_abs_diff < 1e-5
     for arm in (fedavg, secagg):
         assert arm.aggregated_rounds == list(range(1, ROUNDS + 1))
         assert all(r.failed is None and not r.dropped for r in arm.rounds)
@@ -86,9 +93,8 @@ def test_main_secagg_equals_fedavg_every_round(
         assert a.server_metrics["accuracy"] == pytest.approx(
             b.server_metrics["accuracy"], abs=0.005
         )
-        assert a.train_metrics["train_loss"] == pytest.approx(
-            b.train_metrics["train_loss"], abs=1e-5
-        )
+        # FedAvg reads every client's train_loss; SecAggFedAvg asks for no train metric.
+        assert "train_loss" in a.train_metrics and "train_loss" not in b.train_metrics
     assert secagg.rounds[-1].train_metrics["secagg-clients"] == CLIENTS
     # The harness printed its tables.
     assert "final acc %" in out and "SecAggFedAvg" in out and "max |SecAggFedAvg - FedAvg|" in out
@@ -114,3 +120,14 @@ def test_a_client_lost_in_the_secagg_train_phase_is_unmasked_away(example: Examp
     assert secagg.result.train_metrics_clientapp[1]["secagg-clients"] == 3
     # FedAvg averaged four clients, SecAgg three: not the same model.
     assert secagg.record.max_abs_diff is not None and secagg.record.max_abs_diff > 1e-4
+
+
+def test_federated_evaluation_needs_the_run_configs_opt_in(example: Example) -> None:
+    client_app, server_app = example
+    config = {**TINY, "num-server-rounds": 1, "fraction-evaluate": 1.0, "compare-fedavg": False}
+    grid = InProcessGrid(client_app.app, 3, config)
+    with pytest.raises(ConfigurationError, match="plaintext_evaluation=True"):
+        server_app.run_experiment(grid, config)
+    result = server_app.run_experiment(grid, {**config, "plaintext-evaluation": True})
+    secagg = result.arm("secagg")
+    assert secagg.result.evaluate_metrics_clientapp  # the clients' metrics, in the clear

@@ -791,7 +791,13 @@ def client_state_vectors() -> dict[str, Any]:
 
 
 def secagg_settings_vectors() -> dict[str, Any]:
-    """SecAgg's one versioned settings record (``FSAS``): defaults and a full set of fields."""
+    """SecAgg's one versioned settings record (``FSAS``): defaults and a full set of fields.
+
+    ``full`` and ``v1-default`` are sample-weighted without DP: version 1, the bytes every
+    SecAgg round carried before unit weights (``default`` before issue 20 is ``v1-default``).
+    ``default`` (unit weights) and ``dp`` are version 2.
+    """
+    from flwr_fsl.families.secagg.dp import SecAggDP
     from flwr_fsl.families.secagg.messages import SecAggSettings
 
     full = SecAggSettings(
@@ -803,10 +809,22 @@ def secagg_settings_vectors() -> dict[str, Any]:
         max_metric=1e3,
         frac_bits=20,
         max_clients=500,
+        weighted=True,
+    )
+    dp = SecAggSettings(
+        names=("conv.weight", "fc.bias"),
+        metrics=(),
+        clip=4.0,
+        max_metric=10.0,
+        frac_bits=20,
+        max_clients=500,
+        dp=SecAggDP(noise_multiplier=1.1, clip_norm=2.0),
     )
     return {
         "default": SecAggSettings().to_bytes().hex(),
         "full": full.to_bytes().hex(),
+        "v1-default": SecAggSettings(weighted=True).to_bytes().hex(),
+        "dp": dp.to_bytes().hex(),
     }
 
 

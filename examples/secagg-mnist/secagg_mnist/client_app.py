@@ -4,9 +4,10 @@ The ``@app.train`` and ``@app.evaluate`` functions are those of any Flower PyTor
 receive the full model and return the full trained weights, ``train_loss`` and
 ``num-examples``. ``secagg_mod`` answers the protocol's control phases (key advertisement, key
 sharing, unmasking) itself and, on the SecAgg train phase, replaces the reply by one masked
-vector of uint64 words holding ``num-examples * (w_i - w)``, ``num-examples`` and
-``num-examples * train_loss``. Plain train messages (no SecAgg record: the FedAvg arm) and
-evaluation pass through untouched, so one ClientApp serves both arms of the comparison.
+vector of uint64 words holding ``w_i - w`` and the weight 1 (``num-examples * (w_i - w)`` and
+``num-examples`` with ``weighted = true``); ``train_loss`` stays on the client. Plain train
+messages (no SecAgg record: the FedAvg arm) and evaluation pass through untouched, so one
+ClientApp serves every arm of the comparison.
 """
 
 from __future__ import annotations

@@ -5,9 +5,14 @@ sample (:class:`flwr_fsl.experiment.Experiment`): first with Flower's own
 :class:`~flwr.serverapp.strategy.FedAvg` (plaintext: the server reads every client's trained
 model, ``num-examples`` and ``train_loss``), then with :class:`~flwr_fsl.strategies.SecAggFedAvg`
 (four phases per round; the server learns only the sum over the clients that finished). The
-clients train the same way in both arms, so the two models agree up to SecAgg's fixed point. It
-prints accuracy, bytes per client and time per round, a summary, what the server learns in each
-arm and the largest difference between the two final models.
+clients train the same way in both arms. SecAggFedAvg's default counts every client 1
+(``weighted = false``: its total reveals only how many finished), which equals FedAvg's
+sample-weighted mean when the partitions have equal sizes (the default IID split); then the
+two models agree up to SecAgg's fixed point. ``weighted = true`` uses Flower's sample weights
+(and leaks every client's ``num-examples`` over rounds); ``compare-weighted = true`` adds that
+arm beside the default one. It prints accuracy, bytes per client and time per round, a summary,
+what the server learns in each arm and the largest difference between each SecAgg model and
+FedAvg's.
 
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`;
 ``python -m flwr_fsl.testing.local`` (through ``main``), the test and the
@@ -16,7 +21,7 @@ notebook call it with an in-process grid.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -33,8 +38,13 @@ from secagg_mnist.task import test as test_fn
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 FEDAVG_LEARNS = {"server": "each client's full trained model, num-examples and train_loss"}
 SECAGG_LEARNS = {
-    "server": "only the sum over the clients that finished (the new model, their total "
-    "num-examples, their mean train_loss), who finished each phase, message sizes",
+    "server": "only the sum over the clients that finished (the new model, how many they "
+    "are), who finished each phase, message sizes",
+}
+SECAGG_WEIGHTED_LEARNS = {
+    "server": "the sum over the clients that finished (the new model, their total "
+    "num-examples: over rounds, each client's num-examples), who finished each phase, "
+    "message sizes",
 }
 EVALUATE_LEARNS = "each evaluating client's eval metrics and num-examples (not masked)"
 
@@ -162,12 +172,25 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
     }
     t = reconstruction_threshold(cfg.get("reconstruction-threshold", 0.6))
     clip = float(cfg.get("clipping-range", 8.0))
+    weighted = bool(cfg.get("weighted", False))
+    # Federated evaluation hands the server each evaluated client's metrics and num-examples:
+    # SecAggFedAvg refuses fraction-evaluate > 0 unless the run config accepts the leak.
+    plaintext_evaluation = bool(cfg.get("plaintext-evaluation", False))
 
     def fedavg(setup: ArmSetup) -> FedAvg:
         return MeteredFedAvg(**knobs)
 
-    def secagg(setup: ArmSetup) -> SecAggFedAvg:
-        return SecAggFedAvg(**knobs, reconstruction_threshold=t, clipping_range=clip)
+    def secagg_arm(weights: bool) -> Callable[[ArmSetup], SecAggFedAvg]:
+        def make(setup: ArmSetup) -> SecAggFedAvg:
+            return SecAggFedAvg(
+                **knobs,
+                reconstruction_threshold=t,
+                clipping_range=clip,
+                weighted=weights,
+                plaintext_evaluation=plaintext_evaluation,
+            )
+
+        return make
 
     def learns(base: Mapping[str, str]) -> dict[str, str]:
         if fraction_evaluate <= 0:
@@ -180,12 +203,24 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         Arm(
             "secagg",
             "SecAggFedAvg",
-            secagg,
-            learns=learns(SECAGG_LEARNS),
+            secagg_arm(weighted),
+            learns=learns(SECAGG_WEIGHTED_LEARNS if weighted else SECAGG_LEARNS),
             equivalent_to="fedavg" if compare else None,
-            description=f"t = {t_text}, clipping range {clip:g}",
+            description=f"t = {t_text}, clipping range {clip:g}, "
+            + ("sample weights" if weighted else "unit weights"),
         )
     ]
+    if bool(cfg.get("compare-weighted", False)) and not weighted:
+        arms.append(
+            Arm(
+                "secagg-weighted",
+                "SecAggFedAvg(weighted=True)",
+                secagg_arm(True),
+                learns=learns(SECAGG_WEIGHTED_LEARNS),
+                equivalent_to="fedavg" if compare else None,
+                description=f"t = {t_text}, clipping range {clip:g}, sample weights",
+            )
+        )
     if compare:
         arms.insert(0, Arm("fedavg", "FedAvg", fedavg, learns=learns(FEDAVG_LEARNS)))
     torch.manual_seed(seed)  # the same initial model for every arm

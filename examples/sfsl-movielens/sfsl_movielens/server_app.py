@@ -82,7 +82,10 @@ LEARNS = {
         "S0": "per row the round's weighted sum and total weight (no client weight)",
         "S1": "the round's public parameters and pseudorandom key material",
     },
-    "secagg": {"server": "the sum over the clients that finished (the new model) only"},
+    "secagg": {
+        "server": "the sum over the clients that finished (the new model; with weighted=True "
+        "their total num-examples, each client's over rounds)"
+    },
 }
 
 app = ServerApp()
@@ -276,7 +279,12 @@ def _run(
         )
 
     def secagg(setup: ArmSetup) -> Strategy:
+        # Sample weights (to equal the fedavg arm) and federated evaluation (every arm's AUC)
+        # are SecAggFedAvg's two documented opt-in leaks; its defaults are unit weights and
+        # no federated evaluation.
         return SecAggFedAvg(
+            weighted=True,
+            plaintext_evaluation=knobs["fraction_evaluate"] > 0,
             evaluate_metrics_aggr_fn=evaluate_metrics,
             reconstruction_threshold=settings.secagg_threshold,
             clipping_range=settings.clip,

@@ -22,14 +22,19 @@ it strictly (:class:`~flwr_fsl.core.wireformat.WireFormatError`, a
 :class:`~flwr_fsl.core.errors.ClientInputError`).
 
 **Settings format** (little-endian, through :mod:`flwr_fsl.core.wireformat`): ``b"FSAS"``, version
-``u8`` (1), ``names`` (list of UTF-8 byte strings), ``metrics`` (same), ``weight_key`` (UTF-8
+``u8`` (1 or 2), ``names`` (list of UTF-8 byte strings), ``metrics`` (same), ``weight_key`` (UTF-8
 bytes), ``clip``, ``max_weight``, ``max_metric`` (each the IEEE-754 binary64 bits as ``u64``),
-``frac_bits`` (``u8``), ``max_clients`` (``u32``); nothing after it.
+``frac_bits`` (``u8``), ``max_clients`` (``u32``); version 2 then has ``weighted`` (``u8``, 0 or
+1) and ``dp`` (``u8`` 0, or 1 followed by ``noise_multiplier`` and ``clip_norm`` as binary64);
+nothing after it. Version 1 (written before unit weights and DP existed) is sample-weighted
+without DP, and is still what :meth:`SecAggSettings.to_bytes` writes for exactly those settings
+(``weighted=True``, no ``dp``), byte for byte as before; every other setting is version 2.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +46,13 @@ from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_m
 from flwr_fsl.crypto.channel import KEY_BYTES, OVERHEAD, SESSION_BYTES
 from flwr_fsl.crypto.ring import PrimeField
 from flwr_fsl.crypto.sealing import RoundBinding
+from flwr_fsl.families.secagg.dp import (
+    SecAggDP,
+    check_headroom,
+    client_sigma,
+    effective_noise_multiplier,
+    sensitivity,
+)
 from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = [
@@ -92,8 +104,10 @@ class SecAggError(ClientInputError):
 
 SETTINGS_MAGIC = register_magic(b"FSAS", "SecAgg settings (flwr_fsl.families.secagg.messages)")
 """First bytes of an encoded :class:`SecAggSettings`."""
-SETTINGS_VERSION = 1
-"""The settings format's version."""
+SETTINGS_VERSION = 2
+"""The settings format's newest version (1 is still read, and written for weighted, no dp)."""
+_SETTINGS_V1 = 1
+_NUM_EXAMPLES = "num-examples"
 _MAX_NAME_BYTES = 1024  # an array or metric name; Flower's keys are far shorter
 
 
@@ -131,12 +145,18 @@ class SecAggSettings:
         Most clients summed (sizes the overflow bound).
     names : tuple of str
         The model's arrays in vector order (empty until a round knows its model).
+    weighted : bool
+        Weight each client by ``weight_key`` (bounded by ``max_weight``); ``False`` (the
+        default): every client counts 1.
+    dp : SecAggDP, optional
+        Distributed DP inside the vector (:mod:`flwr_fsl.families.secagg.dp`).
 
     Raises
     ------
     ConfigurationError
-        If a setting is invalid or the sum of ``max_clients`` vectors could overflow (naming
-        the setting).
+        If a setting is invalid, a train metric is ``num-examples``, or the sum of
+        ``max_clients`` vectors (with their noise, for the longest vector) could overflow
+        (naming the setting).
     """
 
     metrics: tuple[str, ...] = ("train_loss",)
@@ -147,6 +167,8 @@ class SecAggSettings:
     frac_bits: int = 24
     max_clients: int = 1000
     names: tuple[str, ...] = ()
+    weighted: bool = False
+    dp: SecAggDP | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight_key, str) or not self.weight_key:
@@ -157,7 +179,9 @@ class SecAggSettings:
             raise ConfigurationError(
                 "train_metrics must be metric names other than the weight"
             ) from err
-        if self.weight_key in metrics:
+        if self.weight_key in metrics or _NUM_EXAMPLES in metrics:
+            # num-examples is what the weight hides: a client never averages it as a metric
+            # (the mean over changing survivors gives each client's by least squares).
             raise ConfigurationError("train_metrics must be metric names other than the weight")
         object.__setattr__(self, "metrics", metrics)
         object.__setattr__(self, "names", _names(self.names, "names"))
@@ -173,12 +197,46 @@ class SecAggSettings:
                 raise ConfigurationError(f"{name} must be a number, got {value!r}")
             object.__setattr__(self, name, float(value))
         try:
-            self.layout({"w": (1,)}, ("w",))  # the fixed point of the largest round
+            self._check_headroom(self.layout({"w": (1,)}, ("w",)))
         except ConfigurationError as err:
             raise ConfigurationError(
                 f"SecAgg settings (clipping_range / max_weight / max_metric / frac_bits / "
-                f"max_clients): {err}"
+                f"max_clients / dp): {err}"
             ) from err
+
+    def _check_headroom(self, probe: WeightedVector) -> None:
+        """Check the noise of the longest vector at the smallest ``t`` (2) fits (with dp).
+
+        ``probe`` (the layout of the largest round) already checked the fixed point; ``weighted``
+        and ``dp`` were type-checked by it too.
+        """
+        if self.dp is None:
+            return
+        codec = probe.codec
+        longest = sensitivity(
+            self.dp, probe.weight_bound, len(self.metrics), self.max_metric, self.frac_bits,
+            MAX_VECTOR_LENGTH,
+        )  # fmt: skip
+        check_headroom(
+            math.ceil(codec.max_abs * codec.scale),
+            client_sigma(self.dp, longest, 2),
+            self.max_clients,
+        )
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The effective noise multiplier a round under these settings promises (0: no dp).
+
+        :func:`~flwr_fsl.families.secagg.dp.effective_noise_multiplier` for the worst round
+        the settings allow; the strategy accounts it and a client checks it against its floor.
+        """
+        if self.dp is None:
+            return 0.0
+        base = sensitivity(
+            self.dp, 1.0 if not self.weighted else self.max_weight, len(self.metrics),
+            self.max_metric, self.frac_bits, 0,
+        )  # fmt: skip
+        return effective_noise_multiplier(self.dp, base, self.max_clients, MAX_VECTOR_LENGTH)
 
     def layout(
         self, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None = None
@@ -195,14 +253,20 @@ class SecAggSettings:
             raise ConfigurationError("the SecAgg layout names an array the model does not have")
         return WeightedVector(
             order, tuple(tuple(shapes[n]) for n in order), self.metrics, self.clip,
-            self.max_weight, self.max_metric, self.frac_bits, self.max_clients,
+            self.max_weight, self.max_metric, self.frac_bits, self.max_clients, self.weighted,
+            self.dp,
         )  # fmt: skip
+
+    @property
+    def version(self) -> int:
+        """The format version :meth:`to_bytes` writes: 1 for weighted without dp, else 2."""
+        return _SETTINGS_V1 if (self.weighted and self.dp is None) else SETTINGS_VERSION
 
     def to_bytes(self) -> bytes:
         """Return the versioned record (module docstring)."""
         w = Writer()
         w.fixed(SETTINGS_MAGIC, len(SETTINGS_MAGIC))
-        w.u8(SETTINGS_VERSION)
+        w.u8(self.version)
         for names in (self.names, self.metrics):
             w.count(len(names))
             for name in names:
@@ -212,6 +276,12 @@ class SecAggSettings:
             w.f64(value)
         w.u8(self.frac_bits)
         w.u32(self.max_clients)
+        if self.version >= 2:
+            w.u8(int(self.weighted))
+            w.u8(int(self.dp is not None))
+            if self.dp is not None:
+                w.f64(self.dp.noise_multiplier)
+                w.f64(self.dp.clip_norm)
         return w.payload()
 
     @classmethod
@@ -224,7 +294,10 @@ class SecAggSettings:
             If the bytes are truncated, have trailing bytes, another magic or version, a name
             that is not UTF-8, or settings that do not validate.
         """
-        r = Reader.versioned(data, SETTINGS_MAGIC, SETTINGS_VERSION, "SecAgg settings")
+        r = _settings_reader(data)
+        version = r.u8("version")
+        if version not in (_SETTINGS_V1, SETTINGS_VERSION):
+            raise WireFormatError(f"unsupported SecAgg settings version {version}")
         lists = []
         for what in ("names", "metrics"):
             lists.append(tuple(_text(r, what) for _ in range(r.count(what, 4))))
@@ -232,14 +305,39 @@ class SecAggSettings:
         clip, max_weight, max_metric = (r.f64(w) for w in ("clip", "max weight", "max metric"))
         frac_bits = r.u8("frac bits")
         max_clients = r.u32("max clients")
-        r.done()
+        weighted, dp = True, None
         try:
-            return cls(
+            if version >= 2:
+                weighted, has_dp = _flag(r, "weighted"), _flag(r, "dp")
+                if has_dp:
+                    dp = SecAggDP(r.f64("noise multiplier"), r.f64("clip norm"))
+            r.done()
+            settings = cls(
                 lists[1], weight_key, clip, max_weight, max_metric, frac_bits, max_clients,
-                lists[0],
+                lists[0], weighted, dp,
             )  # fmt: skip
         except ConfigurationError as err:
             raise WireFormatError(f"invalid SecAgg settings: {err}") from err
+        if settings.version != version:  # one encoding per setting: v2 never carries v1's
+            raise WireFormatError("SecAgg settings: version 2 carries weighted settings with dp")
+        return settings
+
+
+def _settings_reader(data: object) -> Reader:
+    """Return a reader after the settings' magic (the caller reads the version: 1 or 2)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireFormatError("SecAgg settings must be bytes")
+    raw = bytes(data)
+    if raw[: len(SETTINGS_MAGIC)] != SETTINGS_MAGIC:
+        raise WireFormatError("not SecAgg settings")
+    return Reader(raw, len(SETTINGS_MAGIC))
+
+
+def _flag(reader: Reader, what: str) -> bool:
+    value = reader.u8(what)
+    if value > 1:
+        raise WireFormatError(f"SecAgg settings: {what} must be 0 or 1")
+    return bool(value)
 
 
 def _text(reader: Reader, what: str) -> str:

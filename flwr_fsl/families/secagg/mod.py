@@ -6,10 +6,19 @@ messages whose SecAgg record names the phase, so they need no registered functio
 own and never reach your code). On the SecAgg ``train`` phase it runs your train
 function on the message (the SecAgg record sits beside its usual records), then replaces the
 reply by the masked vector of
-:class:`~flwr_fsl.families.secagg.vector.WeightedVector`: the weighted update, the weight
-(``num-examples``, or the strategy's ``weighted_by_key``) and the weighted train metrics the
-strategy asked for. The reply carries nothing else: no arrays, no weight, no metric in the
-clear. Train messages without a SecAgg record, evaluation and other queries pass through.
+:class:`~flwr_fsl.families.secagg.vector.WeightedVector`: the (weighted) update, the weight
+and the (weighted) train metrics the strategy asked for. The reply carries nothing else: no
+arrays, no weight, no metric in the clear. Train messages without a SecAgg record, evaluation
+and other queries pass through.
+
+**What the client accepts.** By default the weight is 1. A key-weighted round
+(``weighted=True``) uses ``num-examples`` or a metric the node config lists under
+``fsl-weight-keys`` (:func:`flwr_fsl.core.privacy.check_weight_key`); any other key makes the
+client refuse the round, naming the key. The client computes the noise the settings promise
+itself (0 without ``dp``) and refuses a round below its node-config floor
+``fsl-min-noise-multiplier`` (default 0 for SecAgg: DP is opt-in). With ``dp`` it clips its
+update and adds its discrete Gaussian noise to every word before masking
+(:mod:`flwr_fsl.families.secagg.dp`). Both checks run before your train function.
 
 The mod owns the SecAgg ``instance`` ``"model"`` (SecAggFedAvg's). SecAgg messages of another
 instance (e.g. the ``"union"`` and ``"rows"`` aggregations of
@@ -38,6 +47,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod, phase_name
+from flwr_fsl.core.privacy import check_noise_floor, check_weight_key, node_noise_floor
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.families.secagg.messages import SecAggSettings
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams
@@ -236,6 +246,13 @@ class SecAggMod(PhaseMod):
         layout = _layout(request.settings, {k: tuple(v.shape) for k, v in model.items()})
         if layout.length != request.params.vector_length:
             raise ClientInputError("the SecAgg layout does not match the round's vector length")
+        settings = request.settings
+        # The client's own floors, before its data is touched (ConfigurationError: refused).
+        if settings.weighted:
+            check_weight_key(settings.weight_key, context.node_config)
+        check_noise_floor(
+            settings.noise_multiplier, node_noise_floor(context.node_config, 0.0), what="SecAgg"
+        )
         # Extra records do not disturb a train function that reads its usual keys.
         reply = train()
         if reply.has_error():
@@ -246,10 +263,12 @@ class SecAggMod(PhaseMod):
         if len(trained_records) != 1 or len(metric_records) != 1:
             raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
         metrics = metric_records[0]
-        weight_key = request.settings.weight_key
-        weight = metrics.get(weight_key)
-        if isinstance(weight, bool) or not isinstance(weight, int | float):
-            raise ClientInputError(f"the train reply lacks a numeric {weight_key!r}")
+        weight = 1.0
+        if settings.weighted:
+            value = metrics.get(settings.weight_key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ClientInputError(f"the train reply lacks a numeric {settings.weight_key!r}")
+            weight = float(value)
         numbers = {
             k: float(v)
             for k, v in metrics.items()
@@ -259,6 +278,7 @@ class SecAggMod(PhaseMod):
         vector, clipped = layout.encode(model, trained, float(weight), numbers)
         if clipped:
             log.warning("secagg_mod: %d update coordinates clipped to the clipping range", clipped)
+        vector = layout.add_noise(vector, request.params.threshold)  # unchanged without dp
         masked = client.masked_input(request.sharers, vector)
         _slot(request.instance).store(context, client)
         return MaskedInputReply(masked)

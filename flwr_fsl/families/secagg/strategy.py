@@ -21,13 +21,24 @@ ClientApp needs no extra registered function):
 **Threat model and leakage.** One honest-but-curious server (this ServerApp) that may collude
 with fewer than ``t`` clients; honest-but-curious clients; no client-to-client channel (shares
 are sealed to their recipient and relayed). The server learns the sum over the clients that
-finished (the new model, the total weight ``sum c``, the weighted mean of each secure train
-metric), who finished which phase, and sizes. It does not learn any client's update, weight
-(``num-examples``) or metrics: no reply carries them in the clear. ``t`` is
-``reconstruction_threshold`` (a count, or a fraction of the sampled clients) — at least
-``t`` clients must finish the round, or it fails with the model unchanged. Not covered: a
-server that deviates from the protocol (see :mod:`flwr_fsl.families.secagg.protocol`), federated
-evaluation (its replies are Flower's and carry ``num-examples``; use ``evaluate_fn``).
+finished (the new model, the weight word ``sum c``, the mean of each secure train metric), who
+finished which phase, and sizes; no reply carries a client's update, weight or metrics in the
+clear. ``t`` is ``reconstruction_threshold`` (a count, or a fraction of the sampled clients) —
+at least ``t`` clients must finish the round, or it fails with the model unchanged.
+
+**Over many rounds.** A sum is one equation per round; the server chooses who takes part, so
+anything a client contributes *unchanged* round after round is recovered by least squares
+over the rounds. By default (``weighted=False``) every client's weight is 1 and the weight word
+is the number of survivors, which the server knows: nothing to solve for. With
+``weighted=True`` (Flower's sample weights) the totals give every client's ``num-examples``
+exactly (``tests/attacks/test_secagg_weights.py``); a train metric that a client reports
+unchanged across rounds is recovered the same way (``tests/attacks/test_secagg_metrics.py``).
+``dp=SecAggDP(...)`` (:mod:`flwr_fsl.families.secagg.dp`) puts distributed discrete Gaussian
+noise on every word and accounts it against ``privacy_budget``. Federated evaluation would
+hand the server every evaluated client's metrics and ``num-examples`` in the clear: it is off
+(``fraction_evaluate=0.0``) and refused unless ``plaintext_evaluation=True``; evaluate on the
+server (``start(..., evaluate_fn=...)``). Not covered: a server that deviates from the protocol
+(see :mod:`flwr_fsl.families.secagg.protocol`).
 
 **Failures.** A client that errs, times out or sends a malformed message is dropped at that
 phase with a logged reason; clients dropped after sharing are recovered in Unmask. Fewer than
@@ -40,7 +51,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -58,6 +69,8 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget, refuse_plaintext_evaluation
+from flwr_fsl.families.secagg.dp import SecAggDP
 from flwr_fsl.families.secagg.messages import SecAggSettings
 from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer
 from flwr_fsl.families.secagg.records import (
@@ -73,7 +86,7 @@ from flwr_fsl.families.secagg.records import (
     UnmaskSharesRequest,
 )
 
-__all__ = ["SecAggFedAvg", "SecAggPhases"]
+__all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases"]
 
 
 @dataclass
@@ -200,11 +213,30 @@ class SecAggFedAvg(MultiPhaseStrategy):
 
     Parameters
     ----------
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
-min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
-evaluate_metrics_aggr_fn, sampling_seed
+    fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
+arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         As in :class:`flwr.serverapp.strategy.FedAvg` (train metrics are aggregated inside
         the secure vector, so there is no ``train_metrics_aggr_fn``).
+    fraction_evaluate : float
+        Default 0.0 (Flower's is 1.0): federated evaluation replies are Flower's, with each
+        client's metrics and ``num-examples`` in the clear. A value > 0 is refused unless
+        ``plaintext_evaluation=True``; evaluate on the server with ``evaluate_fn`` instead.
+    weighted_by_key : str
+        The metric a client weights by when ``weighted=True`` (default ``num-examples``; a
+        client uses another key only if its node config lists it under ``fsl-weight-keys``).
+    weighted : bool
+        ``False`` (default): every survivor counts 1 (the plain mean of the updates; the
+        weight word reveals only how many survived). ``True``: Flower's sample weights, whose
+        totals over rounds give every client's ``num-examples`` to the server (documented leak,
+        ``tests/attacks/test_secagg_weights.py``).
+    plaintext_evaluation : bool
+        Accept Flower's federated evaluation (``fraction_evaluate > 0``) and its leak.
+    dp : SecAggDP, optional
+        Distributed DP: each client clips and adds discrete Gaussian noise to its masked
+        vector (:mod:`flwr_fsl.families.secagg.dp`). Off by default.
+    privacy_budget : PrivacyBudget, optional
+        With ``dp``: the run stops before a round that would exceed it; every run logs its
+        ``(ε, δ)`` (without a budget too).
     reconstruction_threshold : int or float
         ``t``: shares needed to unmask, and the fewest clients that may finish a round. An int
         ``>= 2``, or a fraction in ``(0, 1]`` of the sampled clients (rounded up, at least 2).
@@ -215,8 +247,11 @@ evaluate_metrics_aggr_fn, sampling_seed
     max_weight : float
         Largest ``weighted_by_key`` a client may use (sizes the fixed point). Default 1e5.
     train_metrics : sequence of str
-        Train metrics averaged securely (weighted by ``weighted_by_key`` over the clients that
-        report them); others never leave the client. Default ``("train_loss",)``.
+        Train metrics averaged securely (over the clients that report them, weighted as the
+        update is); others never leave the client. Default ``()``: none. A metric a client
+        reports nearly unchanged round after round is recovered by least squares over the
+        rounds' means (``tests/attacks/test_secagg_metrics.py``), so naming one (e.g.
+        ``("train_loss",)``) is a documented leak; ``num-examples`` is refused.
     max_metric : float
         Largest ``|metric|``. Default 1e3.
     frac_bits : int
@@ -236,7 +271,7 @@ evaluate_metrics_aggr_fn, sampling_seed
     def __init__(  # noqa: PLR0913
         self,
         fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
+        fraction_evaluate: float = 0.0,
         min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -248,12 +283,21 @@ evaluate_metrics_aggr_fn, sampling_seed
         reconstruction_threshold: int | float = 0.6,
         clipping_range: float = 8.0,
         max_weight: float = 1e5,
-        train_metrics: Sequence[str] = ("train_loss",),
+        train_metrics: Sequence[str] = (),
         max_metric: float = 1e3,
         frac_bits: int = 24,
         max_clients: int = 1000,
         sampling_seed: int | None = None,
+        weighted: bool = False,
+        plaintext_evaluation: bool = False,
+        dp: SecAggDP | None = None,
+        privacy_budget: PrivacyBudget | None = None,
     ) -> None:
+        refuse_plaintext_evaluation("SecAggFedAvg", fraction_evaluate, plaintext_evaluation)
+        if privacy_budget is not None and dp is None:
+            raise ConfigurationError("SecAggFedAvg: privacy_budget needs dp=SecAggDP(...)")
+        if privacy_budget is not None and not isinstance(privacy_budget, PrivacyBudget):
+            raise ConfigurationError("SecAggFedAvg: privacy_budget must be a PrivacyBudget")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -282,7 +326,7 @@ evaluate_metrics_aggr_fn, sampling_seed
         try:
             self.settings = SecAggSettings(
                 tuple(train_metrics), weighted_by_key, clipping_range, self.max_weight,
-                max_metric, frac_bits, max_clients,
+                max_metric, frac_bits, max_clients, weighted=weighted, dp=dp,
             )  # fmt: skip
         except ConfigurationError as err:
             raise ConfigurationError(f"SecAggFedAvg: {err}") from err
@@ -291,7 +335,26 @@ evaluate_metrics_aggr_fn, sampling_seed
         self.frac_bits = self.settings.frac_bits
         self.max_clients = self.settings.max_clients
         self.train_metrics = self.settings.metrics
+        self.weighted = self.settings.weighted
+        self.plaintext_evaluation = bool(plaintext_evaluation)
+        self.dp = dp
+        self._noise_multiplier: float | None = None
+        if dp is not None:
+            self.privacy_account = PrivacyAccount(privacy_budget)
+            self._noise_multiplier = self.settings.noise_multiplier
+            if self.train_metrics:
+                log(
+                    WARNING,
+                    "SecAggFedAvg: with dp, each train metric word adds max_metric=%g to the "
+                    "sensitivity (and so to the noise on the model); pass train_metrics=() or "
+                    "a small max_metric",
+                    self.max_metric,
+                )
         self.session = os.urandom(16)
+
+    def round_noise_multiplier(self) -> float | None:
+        """Return the effective ``z`` of a round's release with ``dp`` (``None`` without it)."""
+        return self._noise_multiplier
 
     def threshold_for(self, sampled: int) -> int:
         """Return ``t`` for a round that sampled ``sampled`` clients."""
@@ -340,7 +403,7 @@ evaluate_metrics_aggr_fn, sampling_seed
         )
         survivors = server.survivors
         total = phases.unmask(grid, state, server)
-        new, metrics, _ = layout.decode(total, model)
+        new, metrics, _ = layout.decode(total, model, count=len(survivors))
         log(
             INFO,
             "aggregate_train: SecAgg over %d of %d sampled clients (t = %d)",

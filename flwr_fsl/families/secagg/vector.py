@@ -17,6 +17,18 @@ for every coordinate; integer arrays rounded to nearest): exactly what Flower's 
 computes from the same replies, up to ``clients * 2**-frac_bits`` per coordinate before the
 division. ``clip`` bounds ``|w_i - w|`` per coordinate (Flower's SecAgg+ ``clipping_range``);
 an update inside it is unchanged.
+
+**Unit weights.** With ``weighted=False`` (what ``SecAggFedAvg`` uses by default) every client's
+weight ``c`` is 1: the weight word of the sum is the number of survivors, which the server knows
+anyway, and the result is the plain mean of the survivors' updates. The fixed point is then
+sized with a weight bound of 1.
+
+**Distributed DP.** With ``dp`` (:class:`~flwr_fsl.families.secagg.dp.SecAggDP`) a client also
+clips its update to L2 norm ``dp.clip_norm``, clips (instead of refusing) its weight and metrics
+to their bounds, and :meth:`WeightedVector.add_noise` adds discrete Gaussian noise to every word
+before masking (:mod:`flwr_fsl.families.secagg.dp`). :meth:`WeightedVector.decode` then divides
+by the survivor count when the weights are units (exact, and known to the server) and by the
+noisy weight word otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +42,14 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.families.secagg.dp import (
+    SecAggDP,
+    add_noise,
+    check_headroom,
+    client_sigma,
+    sensitivity,
+)
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout
 
@@ -58,11 +78,16 @@ class WeightedVector:
         Fixed-point fractional bits.
     max_clients : int
         Most clients summed (sizes the overflow bound).
+    weighted : bool
+        Whether clients weight by a metric (``max_weight`` bounds it) or each counts 1.
+    dp : SecAggDP, optional
+        Distributed DP settings (module docstring).
 
     Raises
     ------
     ConfigurationError
-        If a setting is out of range or the sum of ``max_clients`` vectors could overflow.
+        If a setting is out of range or the sum of ``max_clients`` vectors (with their noise)
+        could overflow.
     """
 
     names: tuple[str, ...]
@@ -73,6 +98,8 @@ class WeightedVector:
     max_metric: float
     frac_bits: int
     max_clients: int
+    weighted: bool = True
+    dp: SecAggDP | None = None
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.shapes) or len(set(self.names)) != len(self.names):
@@ -86,14 +113,72 @@ class WeightedVector:
         ):
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigurationError(f"{name} must be finite and > 0, got {value!r}")
-        largest = max(self.max_weight * max(self.clip, self.max_metric), self.max_weight)
-        FixedPoint(self.frac_bits, largest, self.max_clients)  # raises when it could overflow
+        if not isinstance(self.weighted, bool):
+            raise ConfigurationError("weighted must be a bool")
+        if self.dp is not None and not isinstance(self.dp, SecAggDP):
+            raise ConfigurationError("dp must be a SecAggDP or None")
+        codec = self.codec  # raises when the sum could overflow
+        if self.dp is not None:
+            check_headroom(
+                math.ceil(codec.max_abs * codec.scale), self.noise_sigma(2), self.max_clients
+            )
+
+    @property
+    def weight_bound(self) -> float:
+        """``W``: the largest weight a client uses (``max_weight``, or 1 for unit weights)."""
+        return self.max_weight if self.weighted else 1.0
 
     @property
     def codec(self) -> FixedPoint:
         """The fixed point every entry uses."""
-        largest = max(self.max_weight * max(self.clip, self.max_metric), self.max_weight)
+        w = self.weight_bound
+        largest = max(w * max(self.clip, self.max_metric), w)
         return FixedPoint(self.frac_bits, largest, self.max_clients)
+
+    @property
+    def sensitivity(self) -> float:
+        """``Δ`` of one client's encoded vector in integer units (needs :attr:`dp`).
+
+        Raises
+        ------
+        ConfigurationError
+            If the layout has no ``dp``.
+        """
+        if self.dp is None:
+            raise ConfigurationError("the SecAgg layout has no dp settings")
+        return sensitivity(
+            self.dp, self.weight_bound, len(self.metrics), self.max_metric, self.frac_bits,
+            self.length,
+        )  # fmt: skip
+
+    def noise_sigma(self, threshold: int) -> float:
+        """Each client's noise std ``z Δ / sqrt(t)`` in integer units (0 without :attr:`dp`)."""
+        if self.dp is None:
+            return 0.0
+        return client_sigma(self.dp, self.sensitivity, threshold)
+
+    def add_noise(
+        self, words: NDArray[np.uint64], threshold: int, stream: PRGStream | None = None
+    ) -> NDArray[np.uint64]:
+        """Return an encoded vector plus this client's share of the DP noise (every word).
+
+        Parameters
+        ----------
+        words : numpy.ndarray
+            The output of :meth:`encode`.
+        threshold : int
+            The round's ``t`` (SecAgg refuses to decode fewer survivors).
+        stream : PRGStream, optional
+            The randomness (tests pass a keyed one); fresh ``os.urandom`` by default.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``words`` unchanged without :attr:`dp`; noised words otherwise.
+        """
+        if self.dp is None:
+            return words
+        return add_noise(words, self.noise_sigma(threshold), stream)
 
     @property
     def model_length(self) -> int:
@@ -115,14 +200,42 @@ class WeightedVector:
     ) -> tuple[NDArray[np.uint64], int]:
         """Return a client's vector and how many coordinates were clipped.
 
+        With :attr:`dp` the update is also clipped to L2 norm ``dp.clip_norm`` and the weight
+        and metrics are clipped to their bounds instead of refused; without :attr:`weighted`
+        the weight must be 1.
+
         Raises
         ------
         ClientInputError
             If the trained arrays do not match the layout, or the weight or a metric is not
             finite or out of range (the texts name the key, never a value).
         """
-        if not (math.isfinite(weight) and 0 < weight <= self.max_weight):
-            raise ClientInputError("the weight must be finite, > 0 and at most max_weight")
+        weight = self._weight(weight)
+        parts, clipped = self._update(model, trained, weight)
+        parts.append(np.array([weight]))
+        parts.append(self._tail(metrics, weight))
+        flat = np.concatenate(parts)
+        return self.codec.encode(flat, rng), clipped
+
+    def _weight(self, weight: float) -> float:
+        """Return the weight as encoded: checked, and clipped to its bound under :attr:`dp`."""
+        if not (math.isfinite(weight) and weight > 0):
+            raise ClientInputError("the weight must be finite and > 0")
+        if not self.weighted and weight != 1.0:
+            raise ClientInputError("an unweighted SecAgg vector takes the weight 1")
+        if weight > self.weight_bound:
+            if self.dp is None:
+                raise ClientInputError("the weight must be finite, > 0 and at most max_weight")
+            weight = self.weight_bound
+        return weight
+
+    def _update(
+        self,
+        model: Mapping[str, NDArray[np.generic]],
+        trained: Mapping[str, NDArray[np.generic]],
+        weight: float,
+    ) -> tuple[list[NDArray[np.float64]], int]:
+        """``weight · clip(w_i - w)`` per array (L2-clipped too under :attr:`dp`), clip count."""
         parts = []
         clipped = 0
         for name, shape in zip(self.names, self.shapes, strict=True):
@@ -140,24 +253,52 @@ class WeightedVector:
             parts.append(np.clip(delta, -self.clip, self.clip) * weight)
         if set(trained) - set(self.names):
             raise ClientInputError("the reply has arrays the model does not have")
-        parts.append(np.array([weight]))
+        if self.dp is not None:
+            norm = math.sqrt(sum(float(np.dot(p, p)) for p in parts)) / weight
+            if norm > self.dp.clip_norm:
+                parts = [p * (self.dp.clip_norm / norm) for p in parts]
+        return parts, clipped
+
+    def _tail(self, metrics: Mapping[str, float], weight: float) -> NDArray[np.float64]:
+        """``(weight · m_j, weight · has_j)`` per metric (clipped to ``max_metric`` under dp)."""
         tail = []
         for key in self.metrics:
             value = metrics.get(key)
             if value is None:
                 tail += [0.0, 0.0]
                 continue
-            if not (math.isfinite(value) and abs(value) <= self.max_metric):
+            if not math.isfinite(value):
                 raise ClientInputError(f"metric {key!r} must be finite with |x| <= max_metric")
+            if abs(value) > self.max_metric:
+                if self.dp is None:
+                    raise ClientInputError(f"metric {key!r} must be finite with |x| <= max_metric")
+                value = math.copysign(self.max_metric, value)
             tail += [weight * value, weight]
-        parts.append(np.asarray(tail, dtype=np.float64))
-        flat = np.concatenate(parts)
-        return self.codec.encode(flat, rng), clipped
+        return np.asarray(tail, dtype=np.float64)
 
     def decode(
-        self, total: NDArray[np.uint64], model: Mapping[str, NDArray[np.generic]]
+        self,
+        total: NDArray[np.uint64],
+        model: Mapping[str, NDArray[np.generic]],
+        count: int | None = None,
     ) -> tuple[dict[str, NDArray[np.generic]], dict[str, float], float]:
         """Turn the sum of the survivors' vectors into the new model, metrics and total weight.
+
+        Parameters
+        ----------
+        total : numpy.ndarray
+            The unmasked sum.
+        model : Mapping[str, numpy.ndarray]
+            The model the round started from.
+        count : int, optional
+            How many vectors the sum holds (the survivors, known to the server). With unit
+            weights it is the divisor (equal to the weight word without :attr:`dp`, and
+            noise-free with it); otherwise the decoded weight word is.
+
+        Returns
+        -------
+        tuple
+            The new model, the metrics' means and the decoded weight word.
 
         Raises
         ------
@@ -167,7 +308,8 @@ class WeightedVector:
         """
         values = self.codec.decode(total)
         total_weight = float(values[self.model_length])
-        if not (math.isfinite(total_weight) and total_weight > 0):
+        divisor = float(count) if (count is not None and not self.weighted) else total_weight
+        if not (math.isfinite(divisor) and divisor > 0):
             raise RoundFailedError("the aggregated weight is not positive")
         # Every coordinate was updated by every survivor: C = sum c everywhere.
         offsets = tuple(int(x) for x in np.cumsum([0, *[math.prod(s) for s in self.shapes]]))
@@ -175,7 +317,7 @@ class WeightedVector:
             {name: np.asarray(model[name]) for name in self.names},
             FlatLayout(self.names, self.shapes, offsets),
             values[: self.model_length].reshape(-1, 1),
-            np.full(self.model_length, total_weight),
+            np.full(self.model_length, divisor),
             finite=True,
         )
         metrics: dict[str, float] = {}

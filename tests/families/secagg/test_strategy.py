@@ -23,24 +23,35 @@ def _phase(msg: Message) -> str | None:
     return None if record is None else str(record["phase"])
 
 
-def _fedavg(num_nodes: int, rounds: int = 1, drop=None):  # type: ignore[no-untyped-def]
-    grid = InProcessGrid(make_app(), num_nodes, drop_nodes=drop)
+def _unit_weight(msg, context, call_next):  # type: ignore[no-untyped-def]
+    # Flower's FedAvg with every client's weight 1: what SecAggFedAvg computes by default.
+    reply = call_next(msg, context)
+    if reply.has_content() and reply.content.metric_records:
+        for record in reply.content.metric_records.values():
+            record["num-examples"] = 1
+    return reply
+
+
+def _fedavg(num_nodes: int, rounds: int = 1, drop=None, unit: bool = True):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(make_app([_unit_weight] if unit else []), num_nodes, drop_nodes=drop)
     return FedAvg(min_available_nodes=num_nodes, fraction_evaluate=0.0).start(
         grid=grid, initial_arrays=model_record(), num_rounds=rounds
     )
 
 
-def _secagg(num_nodes: int, rounds: int = 1, drop=None, mods=(), **kwargs):  # type: ignore[no-untyped-def]
-    grid = InProcessGrid(make_app([*mods, secagg_mod]), num_nodes, drop_nodes=drop)
+def _secagg(num_nodes: int, rounds: int = 1, drop=None, mods=(), node_config=None, **kwargs):  # type: ignore[no-untyped-def]
+    grid = InProcessGrid(
+        make_app([*mods, secagg_mod]), num_nodes, drop_nodes=drop, node_config_fn=node_config
+    )
     kwargs.setdefault("train_metrics", ("train-loss",))
-    strategy = SecAggFedAvg(min_available_nodes=num_nodes, fraction_evaluate=0.0, **kwargs)
+    strategy = SecAggFedAvg(min_available_nodes=num_nodes, **kwargs)
     result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
     return strategy, result, grid
 
 
-def test_equals_flower_fedavg_with_the_same_train_function() -> None:
-    strategy, secure, _ = _secagg(5, rounds=2)
-    plain = _fedavg(5, rounds=2)
+def test_weighted_equals_flower_fedavg_with_the_same_train_function() -> None:
+    strategy, secure, _ = _secagg(5, rounds=2, weighted=True)
+    plain = _fedavg(5, rounds=2, unit=False)
     assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}}
     for name in FLOATS:
         np.testing.assert_allclose(
@@ -54,6 +65,21 @@ def test_equals_flower_fedavg_with_the_same_train_function() -> None:
             plain.train_metrics_clientapp[rnd]["train-loss"], abs=1e-6
         )
         assert secure.train_metrics_clientapp[rnd]["secagg-clients"] == 5
+
+
+def test_default_is_the_plain_mean_of_the_survivors_updates() -> None:
+    # Unit weights: FedAvg with every num-examples set to 1 (the clients' are 10, 20, ...).
+    strategy, secure, _ = _secagg(5, rounds=2)
+    plain = _fedavg(5, rounds=2)
+    weighted = _fedavg(5, rounds=2, unit=False)
+    assert strategy.failed_rounds == {} and not strategy.weighted
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+    assert not np.allclose(secure.arrays["fc.bias"].numpy(), weighted.arrays["fc.bias"].numpy())
+    for rnd in (1, 2):  # the plain mean of the train losses 0..4
+        assert secure.train_metrics_clientapp[rnd]["train-loss"] == pytest.approx(2.0, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +167,8 @@ def test_settings_are_validated_before_round_one() -> None:
     with pytest.raises(ConfigurationError, match="reconstruction_threshold"):
         SecAggFedAvg(reconstruction_threshold=1.5)
     with pytest.raises(ConfigurationError, match="max_clients"):
-        SecAggFedAvg(max_weight=1e12, frac_bits=30)
+        SecAggFedAvg(max_weight=1e12, frac_bits=30, weighted=True)
+    SecAggFedAvg(max_weight=1e12, frac_bits=30)  # unit weights: max_weight sizes nothing
     with pytest.raises(ConfigurationError, match="train_metrics"):
         SecAggFedAvg(train_metrics=("num-examples",))
     with pytest.raises(ConfigurationError, match=r"advertise, share, train, unmask.*start"):

@@ -195,7 +195,7 @@ def test_stacked_mods_serve_secagg_and_sfsl_on_the_same_nodes(outer: str) -> Non
     seen: dict[str, dict[int, Any]] = {}
     grid = InProcessGrid(_app(mods, seen), N)
     # Dense SecAgg first: FedAvg of the whole model, weights 10 (pid + 1).
-    secagg = SecAggFedAvg(min_available_nodes=N, fraction_evaluate=0.0, train_metrics=())
+    secagg = SecAggFedAvg(min_available_nodes=N, train_metrics=(), weighted=True)
     dense = secagg.start(grid=grid, initial_arrays=_initial(), num_rounds=1)
     assert secagg.failed_rounds == {} and secagg.dropped == {1: {}}
     weights = np.array([10.0 * (p + 1) for p in range(N)])
