@@ -72,8 +72,8 @@ class Run:
     views: list[RoundView]
 
 
-def _app(examples: Sequence[int]) -> ClientApp:
-    app = ClientApp(mods=[sesa_mod])
+def _app(examples: Sequence[int], mods: Sequence[Any] = ()) -> ClientApp:
+    app = ClientApp(mods=[*mods, sesa_mod])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -95,6 +95,12 @@ def _app(examples: Sequence[int]) -> ClientApp:
             reply_to=msg,
         )
 
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        metrics = MetricRecord({"accuracy": 0.5, "num-examples": int(examples[pid])})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
     return app
 
 
@@ -105,16 +111,18 @@ def run_rounds(
     rounds: int,
     fraction_train: float,
     seed: int = 0,
+    mods: Sequence[Any] = (),
     **strategy_kwargs: Any,
 ) -> Run:
     """Run ``rounds`` SESA rounds on ``len(rates)`` nodes; return the server's recorded view.
 
     ``strategy_kwargs`` go to :class:`SesaFedAvg` (left out: the library defaults, except the
-    sampling knobs, ``max_weight = 100`` and ``max_clients = 64``).
+    sampling knobs, ``max_weight = 100`` and ``max_clients = 64``); ``mods`` run before
+    ``sesa_mod`` (a spy).
     """
     n = len(rates)
     grid = InProcessGrid(
-        _app(examples),
+        _app(examples, mods),
         n,
         node_config_fn=lambda i: {"partition-id": i, "num-partitions": n, "width-rate": rates[i]},
     )

@@ -33,14 +33,19 @@ record; the mod answers all but the third itself:
 
 **Threat model and leakage.** One honest-but-curious server (this ServerApp) that may collude
 with up to ``T`` clients (``privacy``: a count, or a fraction of the sampled clients — the
-paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. The server learns, per
-shard, the sum of ``c·Δ`` and of ``c`` over the survivors that chose it — so a shard exactly
-one survivor chose reveals that client's update of it — plus who finished which phase and
-each client's number of shards (message sizes). It learns nothing else about a client's
-choice or values (tests in ``tests/families/sesa/test_protocol.py``). Each client downloads the
-whole model (fetching only its shards would reveal them) and every other client's masked update.
-Not covered: a deviating server or malicious clients (see the protocol module), federated
-evaluation replies (Flower's own, with ``num-examples``).
+paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. At the defaults
+(``weighted=False``, ``fraction_evaluate=0.0``) the server learns, per shard, the sum of
+``Δ`` over the survivors that chose it and how many they are — so a shard exactly one
+survivor chose reveals that client's update of it (unattributed), and within one round the
+counts shift the odds of who chose which (measured in
+``tests/attacks/test_sesa_shard_least_squares.py``: no round's assignment decoded, nothing
+accumulated over rounds, since each round's choice is fresh) — plus who finished which phase
+and each client's number of shards (message sizes; public by design). It learns nothing else
+about a client's choice or values (tests in ``tests/families/sesa/test_protocol.py``). Each
+client downloads the whole model (fetching only its shards would reveal them) and every other
+client's masked update. ``weighted=True`` and ``plaintext_evaluation=True`` leak more (their
+parameters; ``docs/families/sesa.md``). Not covered: a deviating server or malicious clients
+(see the protocol module).
 
 **Failures.** A client that errs, times out or sends a malformed message is dropped at that
 phase with a logged reason. Lost before ``train`` replies: left out of the aggregate; lost
