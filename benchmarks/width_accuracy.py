@@ -52,6 +52,16 @@ Usage::
         --rounds 250 --eval-every 5 --arms full,fedrolex,heterofl,random,sesa --tag u100_batched
     python benchmarks/width_accuracy.py --report --tag u100_batched
 
+Issue 20 (privacy by default) made ``SesaFedAvg``'s default ``weighted=False`` (each client
+counts 1); the old default is the ``sesa-weighted`` arm (``weighted=True``, which leaks who
+chose which shard: ``tests/attacks/test_sesa_weights_subset_sum.py``). Side by side::
+
+    python benchmarks/width_accuracy.py --arms sesa,sesa-weighted --rounds 10 --tag weights
+
+At this scale every client holds 600 images (3,000 per client before the cap, under McMahan's
+split and the Dirichlet one alike), so the two weightings compute the same average up to
+fixed-point rounding; the arms still differ by their clients' OS-random shard choices.
+
 The CNN's two conv layers form a *pair* group of ``S² = 16`` shard pairs, so SESA needs
 ``16 + T`` clients in every phase: at 20 users (18 per round) ``T`` must be at most 2.
 """
@@ -164,7 +174,13 @@ def claims(rows: list[dict[str, Any]]) -> list[str]:
                 f"{vals[0]:.2f} / {vals[1]:.2f} / {vals[2]:.2f} -> "
                 f"{'holds' if holds else 'does not hold'}"
             )
-    pairs = [("sesa", "full"), ("fedrolex", "full"), ("sesa", "fedrolex"), ("shards", "sesa")]
+    pairs = [
+        ("sesa", "full"),
+        ("fedrolex", "full"),
+        ("sesa", "fedrolex"),
+        ("shards", "sesa"),
+        ("sesa", "sesa-weighted"),
+    ]
     for a, b in pairs:
         if a in by_arm and b in by_arm and by_arm[a]["max"] is not None:
             gap = by_arm[a]["max"] - by_arm[b]["max"]

@@ -892,7 +892,9 @@ def sesa_settings_vectors() -> dict[str, Any]:
         groups=("node:fc1", "pair:fc2", "common"),
     )
     return {
-        "default": SesaSettings().to_bytes().hex(),
+        # The record with v1's defaults as they were frozen: issue 20 made weighted=False the
+        # default (a default, not the format: "full" freezes weighted=0's bytes).
+        "default": SesaSettings(weighted=True).to_bytes().hex(),
         "full": full.to_bytes().hex(),
     }
 

@@ -15,7 +15,11 @@ each round (``fraction-train = 0.9``: 10% drop out), the same client data and tr
   the clear (the plaintext twin of SESA's selection);
 - ``sesa``: :class:`~flwr_fsl.strategies.SesaFedAvg` — each client picks its shards secretly,
   and the server decodes only per-shard sums (Lagrange-coded secure aggregation over
-  ``F_p``, ``T`` = ``sesa-privacy`` of the sampled clients).
+  ``F_p``, ``T`` = ``sesa-privacy`` of the sampled clients); every client counts 1 (the
+  default);
+- ``sesa-weighted`` (not in the default arms): the same with ``weighted=True`` (each client
+  weighted by ``num-examples``), the option that leaks who chose which shard
+  (``tests/attacks/test_sesa_weights_subset_sum.py``), for its accuracy beside ``sesa``.
 
 After the harness's tables it prints :func:`accuracy_table` (final and best accuracy per arm,
 the order of the arms).
@@ -63,6 +67,7 @@ LABELS = {
     "random": "random",
     "shards": "shards (plaintext)",
     "sesa": "SESA (secure)",
+    "sesa-weighted": "SESA weighted (leaks)",
 }
 EXTRACTION = {"fedrolex": "rolling", "heterofl": "static", "random": "random", "shards": "shards"}
 PLAINTEXT = "each client's rate, channels (the server chose them) and trained slice"
@@ -77,6 +82,11 @@ LEARNS = {
         "server": "per shard, the sum and the count of the survivors' updates that chose it "
         "(a shard one survivor chose is that client's update); each client's number of shards "
         "(message sizes); not which shards a client chose",
+        "T colluding clients": "nothing about an honest client's choice or update",
+    },
+    "sesa-weighted": {
+        "server": "every client's num-examples (least squares over rounds) and, through "
+        "subset sums of the per-shard weights, who chose which shard in most rounds",
         "T colluding clients": "nothing about an honest client's choice or update",
     },
 }
@@ -198,16 +208,20 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
 
         return factory
 
-    def sesa(setup: ArmSetup) -> Strategy:
-        return SesaFedAvg(
-            **knobs,
-            num_shards=settings.num_shards,
-            privacy=settings.privacy,
-            weighted=False,  # FedRolex's unweighted mean, as the plaintext arms
-            clipping_range=settings.sesa_clip,
-            frac_bits=settings.sesa_frac_bits,
-            max_clients=settings.sesa_max_clients,
-        )
+    def secure(weighted: bool) -> Callable[[ArmSetup], Strategy]:
+        def factory(setup: ArmSetup) -> Strategy:
+            return SesaFedAvg(
+                **knobs,
+                num_shards=settings.num_shards,
+                privacy=settings.privacy,
+                # False (the default): FedRolex's unweighted mean, as the plaintext arms.
+                weighted=weighted,
+                clipping_range=settings.sesa_clip,
+                frac_bits=settings.sesa_frac_bits,
+                max_clients=settings.sesa_max_clients,
+            )
+
+        return factory
 
     mix = CapacityMix.parse(settings.width_mix)
     groups = "/".join(f"{r:g}" for r in mix.rates)
@@ -219,10 +233,12 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         "sesa": f"rates {groups} ({settings.width_mix}), S = {settings.num_shards}, "
         f"T = {t_text}, {settings.sesa_frac_bits} fractional bits in F_p",
     }
+    descriptions["sesa-weighted"] = descriptions["sesa"] + ", weighted by num-examples"
     factories: dict[str, Callable[[ArmSetup], Strategy]] = {
         "full": full,
         "fedavg": fedavg,
-        "sesa": sesa,
+        "sesa": secure(weighted=False),
+        "sesa-weighted": secure(weighted=True),
         **{key: width(rule) for key, rule in EXTRACTION.items()},
     }
     arms = []

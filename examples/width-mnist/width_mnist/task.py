@@ -44,11 +44,13 @@ from flwr_fsl.run_config import settings_from_run_config
 DATASETS = ("mnist", "fashion")
 MODELS = ("mlp", "cnn")
 PARTITIONINGS = ("shards", "iid", "dirichlet")
-ARMS = ("full", "fedavg", "fedrolex", "heterofl", "random", "shards", "sesa")
+ARMS = ("full", "fedavg", "fedrolex", "heterofl", "random", "shards", "sesa", "sesa-weighted")
 """The arms: ``full`` (every client at rate 1, the target), ``fedavg`` (Flower's own
 ``FedAvg``, the twin of ``full``), ``fedrolex`` / ``heterofl`` / ``random`` / ``shards``
-(width extraction in plaintext: rolling, static, random channels, server-drawn SESA shards)
-and ``sesa`` (SESA's secure aggregation, shards chosen secretly by the clients)."""
+(width extraction in plaintext: rolling, static, random channels, server-drawn SESA shards),
+``sesa`` (SESA's secure aggregation, shards chosen secretly by the clients; every client
+counts 1, the default) and ``sesa-weighted`` (the same, weighted by ``num-examples``: the
+option whose count words leak who chose which shard)."""
 
 # Clients share few cores in simulation: one torch thread per ClientApp.
 set_torch_threads(1)

@@ -22,9 +22,10 @@ three itself (your function never sees them) and wraps your function in the thir
    (:meth:`~flwr_fsl.families.sesa.layout.SesaLayout.width_layout`), puts it in the message
    in place of the global one, sets ``width-rate``, runs your function, checks the reply's
    shapes, and turns ``trained - global`` of each chosen shard into a fixed-point shard
-   vector ``(c·Δ, c)`` (``c = num-examples / max-weight``, or 1 unweighted; each ``Δ``
-   clipped to the strategy's clipping range) in ``F_p``, masked: the reply is the masked
-   update only — no arrays, no weight, no metric in the clear;
+   vector ``(c·Δ, c)`` (``c = 1`` by default; ``weight / max-weight`` when the strategy
+   asks for weights; each ``Δ`` clipped to the strategy's clipping range) in ``F_p``,
+   masked: the reply is the masked update only — no arrays, no weight, no metric in the
+   clear;
 4. ``decode`` — from every survivor's masked update and the evaluations sealed to it, it
    computes ``ψ(α_i)`` and replies it.
 
@@ -34,6 +35,12 @@ The four phases are the typed :class:`~flwr_fsl.core.phases.Phase` objects of
 :class:`~flwr_fsl.families.sesa.messages.SesaSettings` record, and the client steps are the
 Flower-free ones of :mod:`flwr_fsl.families.sesa.server` (which :func:`~flwr_fsl.families.sesa.
 server.run_round` runs in process).
+
+**Weights.** A round that asks for weights (``weighted``) names the metric to use; the mod
+accepts only ``num-examples`` or a metric its own node config lists in ``fsl-weight-keys``
+(comma-separated, :func:`~flwr_fsl.core.privacy.check_weight_key`) and otherwise refuses the
+round at ``advertise`` and ``train``, naming the key. Weighted rounds leak each client's weight
+and, through it, who chose which shard (:class:`~flwr_fsl.families.sesa.strategy.SesaFedAvg`).
 
 All other messages (evaluation, queries, train messages without the record) pass through.
 A malformed or inconsistent SESA message raises :class:`~flwr_fsl.core.errors.ClientInputError`
@@ -53,6 +60,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase, PhaseMod
+from flwr_fsl.core.privacy import check_weight_key
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.families.sesa.protocol import SesaClient, SesaError, SesaParams, ShardVector
@@ -73,6 +81,7 @@ from flwr_fsl.families.sesa.records import (
     OfflineRequest,
 )
 from flwr_fsl.families.sesa.server import choose_shards, masked_shard_update, narrow_model
+from flwr_fsl.families.sesa.settings import SesaSettings
 from flwr_fsl.families.width.mod import capacity_of
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY
 
@@ -163,6 +172,12 @@ def _round_state(context: Context, params: SesaParams) -> SesaNodeState:
     return state
 
 
+def _check_weight(settings: SesaSettings, context: Context) -> None:
+    """Refuse a weighted round whose weight key this node's config does not allow."""
+    if settings.weighted:
+        check_weight_key(settings.weight_key, context.node_config)
+
+
 class SesaMod(PhaseMod):
     """The client side of ``SesaFedAvg`` (the module docstring) as a phase mod."""
 
@@ -177,6 +192,7 @@ class SesaMod(PhaseMod):
         """Pick this node's shards secretly; keep them with a fresh key; reply the public key."""
         rate = capacity_of(context)
         settings = request.settings
+        _check_weight(settings, context)
         client, selection = choose_shards(int(context.node_id), request.params, settings, rate)
         _SLOT.store(context, SesaNodeState(client, rate, settings.layers, selection))
         return AdvertiseReply(client.advertise())
@@ -196,6 +212,7 @@ class SesaMod(PhaseMod):
         """Train the narrow model the chosen shards span; reply its masked shard vectors."""
         state = _round_state(context, request.params)
         settings = request.settings
+        _check_weight(settings, context)
         if settings.config_key not in request.beside.config_records:
             raise ClientInputError("the SESA record names no config record of the message")
         records = list(request.beside.array_records.values())
@@ -263,5 +280,8 @@ def sesa_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
         If a SESA message is malformed, has an unknown phase, or does not fit this node's
         state; if the node has no valid capacity; or if the train reply does not match the
         narrow model it was given.
+    ConfigurationError
+        If the round asks for a weight key this node's config does not allow
+        (``fsl-weight-keys``; ``num-examples`` is always allowed).
     """
     return _MOD(msg, context, call_next)

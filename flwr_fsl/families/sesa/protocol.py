@@ -79,8 +79,10 @@ honest client ``h`` is ``{ϕ_hk(α_t), φ_hk(α_t)}_{t ∈ 𝒯}`` and, with the
 statistically at ``p = 2^32 - 5`` for the coalition's whole view of two different choices, and
 that the server's ``x`` are uniform. **What the server learns, by design:** per shard the sum
 of its contributors' vectors — with the count word of :class:`ShardVector`, the total weight
-of the clients that chose it, which is part of the aggregate: the server divides by it (the
-platform's count-weighted average, Niu App. C) and knows it. So **a shard that exactly one
+of the clients that chose it (their number at the strategy's default unit weights), which is
+part of the aggregate: the server divides by it (the platform's count-weighted average, Niu
+App. C) and knows it. Per-client weights fixed across rounds would let it decode who chose
+which shard (``tests/attacks/test_sesa_weights_subset_sum.py``). So **a shard that exactly one
 surviving client chose reveals that client's update of it** (and its weight), and a shard
 nobody chose is visible as such; both are properties of the per-shard aggregate the paper
 releases, not of the coding (shown in the tests). The server also learns ``U1..U4`` and each

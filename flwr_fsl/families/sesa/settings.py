@@ -62,7 +62,9 @@ class SesaSettings:
     num_shards : int
         ``S``: shards per hidden layer.
     weighted : bool
-        Weight each client by ``weight_key`` over ``max_weight`` (else 1).
+        Weight each client by ``weight_key`` over ``max_weight`` (default False: every client
+        counts 1; a weighted count word leaks, see :class:`~flwr_fsl.families.sesa.strategy.
+        SesaFedAvg`).
     weight_key : str
         The train reply's metric that is the client's weight (``weighted_by_key``).
     max_weight : float
@@ -91,7 +93,7 @@ class SesaSettings:
     """
 
     num_shards: int = 4
-    weighted: bool = True
+    weighted: bool = False
     weight_key: str = "num-examples"
     max_weight: float = 1000.0
     clip: float = 8.0

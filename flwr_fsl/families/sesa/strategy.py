@@ -33,14 +33,19 @@ record; the mod answers all but the third itself:
 
 **Threat model and leakage.** One honest-but-curious server (this ServerApp) that may collude
 with up to ``T`` clients (``privacy``: a count, or a fraction of the sampled clients — the
-paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. The server learns, per
-shard, the sum of ``c·Δ`` and of ``c`` over the survivors that chose it — so a shard exactly
-one survivor chose reveals that client's update of it — plus who finished which phase and
-each client's number of shards (message sizes). It learns nothing else about a client's
-choice or values (tests in ``tests/families/sesa/test_protocol.py``). Each client downloads the
-whole model (fetching only its shards would reveal them) and every other client's masked update.
-Not covered: a deviating server or malicious clients (see the protocol module), federated
-evaluation replies (Flower's own, with ``num-examples``).
+paper's ``T = N/2`` is ``privacy=0.5``); honest-but-curious clients. At the defaults
+(``weighted=False``, ``fraction_evaluate=0.0``) the server learns, per shard, the sum of
+``Δ`` over the survivors that chose it and how many they are — so a shard exactly one
+survivor chose reveals that client's update of it (unattributed), and within one round the
+counts shift the odds of who chose which (measured in
+``tests/attacks/test_sesa_shard_least_squares.py``: no round's assignment decoded, nothing
+accumulated over rounds, since each round's choice is fresh) — plus who finished which phase
+and each client's number of shards (message sizes; public by design). It learns nothing else
+about a client's choice or values (tests in ``tests/families/sesa/test_protocol.py``). Each
+client downloads the whole model (fetching only its shards would reveal them) and every other
+client's masked update. ``weighted=True`` and ``plaintext_evaluation=True`` leak more (their
+parameters; ``docs/families/sesa.md``). Not covered: a deviating server or malicious clients
+(see the protocol module).
 
 **Failures.** A client that errs, times out or sends a malformed message is dropped at that
 phase with a logged reason. Lost before ``train`` replies: left out of the aggregate; lost
@@ -70,6 +75,7 @@ from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
+from flwr_fsl.core.privacy import refuse_plaintext_evaluation
 from flwr_fsl.families.sesa.layout import SesaLayout
 from flwr_fsl.families.sesa.records import (
     ADVERTISE,
@@ -104,8 +110,14 @@ evaluate_metrics_aggr_fn, sampling_seed
         ``T``, the colluding clients tolerated: an int ``>= 1``, or a fraction in ``(0, 1)``
         of the sampled clients (rounded down, at least 1). Default 0.5 (the paper's N/2).
     weighted : bool
-        Weight each client by ``weighted_by_key`` (``num-examples``) over ``max_weight``;
-        False: an unweighted mean over each shard's clients (FedRolex's). Default True.
+        False (default): every contributing client counts 1 — an unweighted mean over each
+        shard's clients (FedRolex's); a shard's count word is then how many survivors chose
+        it. True: weight each client by ``weighted_by_key`` (``num-examples``, or a metric
+        the client's node config allows in ``fsl-weight-keys``) over ``max_weight`` — a
+        documented leak: over rounds with changing survivors the server recovers every
+        client's weight from the totals and decodes each shard's count word as a subset sum
+        of known weights, i.e. who chose which shard
+        (``tests/attacks/test_sesa_weights_subset_sum.py``).
     max_weight : float
         Largest ``weighted_by_key`` a client may report. Default 1000.
     clipping_range : float
@@ -115,11 +127,17 @@ evaluate_metrics_aggr_fn, sampling_seed
         Fixed-point fractional bits. Default 16.
     max_clients : int
         Most clients per round (sizes the overflow bound). Default 1000.
+    plaintext_evaluation : bool
+        Allow federated evaluation (``fraction_evaluate > 0``), whose replies carry every
+        evaluated client's metrics and ``num-examples`` in the clear. Default False:
+        ``fraction_evaluate`` defaults to 0.0 and a value above it is refused; evaluate on
+        the server instead (``strategy.start(..., evaluate_fn=...)``).
 
     Raises
     ------
     ConfigurationError
-        If a setting is invalid or the fixed point could overflow ``F_p``.
+        If a setting is invalid, the fixed point could overflow ``F_p``, or
+        ``fraction_evaluate > 0`` without ``plaintext_evaluation=True``.
     """
 
     PHASES = ("advertise", "offline", "train", "decode")
@@ -127,7 +145,7 @@ evaluate_metrics_aggr_fn, sampling_seed
     def __init__(  # noqa: PLR0913
         self,
         fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
+        fraction_evaluate: float = 0.0,
         min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -138,13 +156,17 @@ evaluate_metrics_aggr_fn, sampling_seed
         *,
         num_shards: int = 4,
         privacy: int | float = 0.5,
-        weighted: bool = True,
+        weighted: bool = False,
         max_weight: float = 1000.0,
         clipping_range: float = 8.0,
         frac_bits: int = 16,
         max_clients: int = 1000,
         sampling_seed: int | None = None,
+        plaintext_evaluation: bool = False,
     ) -> None:
+        if not isinstance(plaintext_evaluation, bool):
+            raise ConfigurationError("plaintext_evaluation must be a bool")
+        refuse_plaintext_evaluation("SesaFedAvg", fraction_evaluate, plaintext_evaluation)
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,

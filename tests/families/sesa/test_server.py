@@ -21,7 +21,8 @@ MODEL = {
     "fc2.bias": np.full(OUTPUTS, 0.5, np.float32),
 }
 RATES = [1.0, 0.5, 0.25, 0.5, 0.25, 1.0, 0.25]
-SETTINGS = SesaSettings(num_shards=4, max_weight=100.0, frac_bits=20, max_clients=50)
+# weighted=True (not the default): the Flower-free round also carries per-client weights.
+SETTINGS = SesaSettings(num_shards=4, weighted=True, max_weight=100.0, frac_bits=20, max_clients=50)
 
 
 def _delta(node: int, name: str, shape: tuple[int, ...]) -> np.ndarray:

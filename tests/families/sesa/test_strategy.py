@@ -110,7 +110,7 @@ def _run(n: int, drop=None, mods=(), rounds: int = 1, model=None, **kwargs):  # 
     return strategy, result, grid
 
 
-def _reference(grid: InProcessGrid, nodes: list[int], weighted: bool = True, model=None) -> dict:  # type: ignore[no-untyped-def]
+def _reference(grid: InProcessGrid, nodes: list[int], weighted: bool = False, model=None) -> dict:  # type: ignore[no-untyped-def]
     """Plaintext count-weighted average over each coordinate's holders, from each client's
     (secret) choice read out of its Context.state and its deterministic delta."""
     model = MODEL if model is None else model
@@ -172,10 +172,53 @@ def test_two_hidden_layers_pair_blocks_equal_the_plaintext_average() -> None:
     _assert_close(result, _reference(grid, list(grid.get_node_ids()), model=DEEP))
 
 
-def test_unweighted_mean_over_each_shards_clients() -> None:
-    strategy, result, grid = _run(6, weighted=False, privacy=2)
+def test_weighted_mean_over_each_shards_clients_when_asked() -> None:
+    # Not the default (a documented leak: tests/attacks/test_sesa_weights_subset_sum.py).
+    strategy, result, grid = _run(6, weighted=True, privacy=2)
     assert strategy.failed_rounds == {}
-    _assert_close(result, _reference(grid, list(grid.get_node_ids()), weighted=False))
+    _assert_close(result, _reference(grid, list(grid.get_node_ids()), weighted=True))
+
+
+def test_defaults_are_unit_weights_and_no_federated_evaluation() -> None:
+    strategy = SesaFedAvg()
+    assert strategy.weighted is False and strategy.settings.weighted is False
+    assert strategy.fraction_evaluate == 0.0
+    with pytest.raises(ConfigurationError, match="evaluate_fn"):
+        SesaFedAvg(fraction_evaluate=0.5)
+    assert SesaFedAvg(fraction_evaluate=0.5, plaintext_evaluation=True).fraction_evaluate == 0.5
+
+
+def test_a_weight_key_the_node_does_not_allow_makes_it_refuse_the_round() -> None:
+    # The train replies carry "num-examples" only; a server asking for "train_loss" is refused
+    # by every client at advertise (naming the key), and the round fails with the model kept.
+    strategy, result, _ = _run(6, weighted=True, weighted_by_key="train_loss", privacy=2)
+    assert strategy.failed_rounds
+    assert set(strategy.dropped[1]) == set(range(1000, 1006))
+    assert all("train_loss" in why and "advertise" in why for why in strategy.dropped[1].values())
+    for name, value in MODEL.items():
+        np.testing.assert_array_equal(result.arrays[name].numpy(), value)
+
+
+def test_a_weight_key_the_node_config_allows_is_used() -> None:
+    app = _app()
+    grid = InProcessGrid(
+        app,
+        6,
+        node_config_fn=lambda i: {
+            "partition-id": i,
+            "num-partitions": 6,
+            "width-rate": RATES[i],
+            "fsl-weight-keys": "num-examples, samples",
+        },
+    )
+    strategy = SesaFedAvg(
+        num_shards=4, min_available_nodes=6, sampling_seed=1, weighted=True,
+        weighted_by_key="samples", max_weight=100.0, frac_bits=20, max_clients=50, privacy=2,
+    )  # fmt: skip
+    # The reply has no "samples" metric: the clients accept the key, then drop at train.
+    strategy.start(grid=grid, initial_arrays=_record(MODEL), num_rounds=1)
+    reasons = strategy.dropped[1].values()
+    assert reasons and all("train:" in why and "samples" in why for why in reasons)
 
 
 @pytest.mark.parametrize(
