@@ -55,7 +55,8 @@ __all__ = [
 
 _I64 = np.int64
 _MEMO_MAGIC = register_magic(b"FSRR", "randomized-response memo (flwr_fsl.families.sfsl.perturb)")
-_MEMO_VERSION = 1
+_MEMO_VERSION = 2
+_LEGACY_MEMO_VERSION = 1
 MAX_MEMO_INDICES = 1 << 28
 """Most indices a decoded memo may hold (bounds what a corrupted state can allocate)."""
 
@@ -154,20 +155,33 @@ def _indices(values: ArrayLike, what: str) -> NDArray[np.int64]:
 
 @dataclass
 class PermanentMemo:
-    """A client's memoized permanent answers: the indices answered "yes" and "no" so far."""
+    """A client's memoized permanent answers: the indices answered "yes" and "no" so far.
+
+    ``drawn`` is the ``(p1, p2)`` the answers were drawn with (None: not recorded, a version-1
+    memo or an empty one): ``ε∞`` holds only while every answer of one memo comes from the same
+    ``p1, p2``, so a client refuses to extend a memo with others.
+    """
 
     yes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, _I64))
     no: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, _I64))
+    drawn: tuple[float, float] | None = None
 
     def to_bytes(self) -> bytes:
-        """``b"FSRR"``, version, two u64 counts, then the sorted ``yes`` and ``no`` (i64 each)."""
+        """``b"FSRR"``, version, two u64 counts, the sorted ``yes`` and ``no`` (i64 each).
+
+        Version 2 (when :attr:`drawn` is set) appends ``p1, p2`` (``f64`` each); a memo
+        without them is written as version 1, byte for byte as before.
+        """
         w = Writer(ClientInputError)
         w.fixed(_MEMO_MAGIC, len(_MEMO_MAGIC))
-        w.u8(_MEMO_VERSION)
+        w.u8(_LEGACY_MEMO_VERSION if self.drawn is None else _MEMO_VERSION)
         w.u64(self.yes.size)
         w.u64(self.no.size)
         w.words(self.yes, "<i8")
         w.words(self.no, "<i8")
+        if self.drawn is not None:
+            w.f64(self.drawn[0])
+            w.f64(self.drawn[1])
         return w.payload()
 
     @classmethod
@@ -182,19 +196,27 @@ class PermanentMemo:
             index is both "yes" and "no".
         """
         what = "randomized-response memo"
-        r = Reader.versioned(data, _MEMO_MAGIC, _MEMO_VERSION, what, ClientInputError)
+        raw = bytes(data) if isinstance(data, bytes | bytearray | memoryview) else b""
+        version = _MEMO_VERSION if raw[len(_MEMO_MAGIC) : len(_MEMO_MAGIC) + 1] != b"\x01" else 1
+        r = Reader.versioned(data, _MEMO_MAGIC, version, what, ClientInputError)
         n_yes, n_no = r.u64("memo yes count"), r.u64("memo no count")
-        if n_yes + n_no > MAX_MEMO_INDICES or len(r.data) - r.pos != 8 * (n_yes + n_no):
+        tail = 0 if version == _LEGACY_MEMO_VERSION else 16
+        if n_yes + n_no > MAX_MEMO_INDICES or len(r.data) - r.pos != 8 * (n_yes + n_no) + tail:
             raise ClientInputError("randomized-response memo has a bad length")
         yes = r.words(n_yes, "<i8", "memo yes").astype(_I64)
         no = r.words(n_no, "<i8", "memo no").astype(_I64)
+        drawn = None
+        if tail:
+            drawn = (r.f64("memo p1"), r.f64("memo p2"))
+            if not all(0.0 <= p <= 1.0 for p in drawn):
+                raise ClientInputError("randomized-response memo has probabilities outside [0, 1]")
         r.done()
         for arr in (yes, no):
             if arr.size and (arr[0] < 0 or np.any(arr[1:] <= arr[:-1])):
                 raise ClientInputError("randomized-response memo lists are not sorted indices")
         if np.intersect1d(yes, no).size:
             raise ClientInputError("randomized-response memo answers an index both ways")
-        return cls(yes, no)
+        return cls(yes, no, drawn)
 
 
 class MemoStore:
@@ -280,7 +302,14 @@ def perturb_index_set(
     ------
     ConfigurationError
         If an index set is not a 1-D array of non-negative integers.
+    ClientInputError
+        If the memo's answers were drawn with other permanent probabilities ``p1, p2``.
     """
+    if memo.drawn is not None and memo.drawn != (params.p1, params.p2):
+        raise ClientInputError(
+            "the permanent probabilities p1, p2 changed within one memo scope "
+            "(its answers were drawn with others; use a new session or memo)"
+        )
     s = _indices(real, "the real index set")
     u = _indices(union, "the union")
     prg = prg or PRGStream.fresh()
@@ -292,4 +321,4 @@ def perturb_index_set(
     no = np.union1d(memo.no, new[~says_yes])
     in_yes = np.isin(u, yes, assume_unique=True)
     keep = np.where(in_yes, _coins(prg, u.size, params.p3), _coins(prg, u.size, params.p4))
-    return u[keep], PermanentMemo(yes, no)
+    return u[keep], PermanentMemo(yes, no, (float(params.p1), float(params.p2)))
