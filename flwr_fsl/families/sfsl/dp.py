@@ -435,10 +435,16 @@ def union_from_counts(
 
 @dataclass(frozen=True)
 class RowsRound:
-    """What a client knows of its rows round: ``t``, the sharers ``U2`` and its shared positions.
+    """What a client knows of its rows round: the settings it encodes with and its peers.
 
     Parameters
     ----------
+    table : str
+        The row table's name.
+    clip : float
+        Largest ``|Δ|`` per coordinate.
+    dp : SFSLDP or None
+        The round's DP settings (None: the paper's noiseless vector).
     threshold : int
         SecAgg's ``t``.
     sharers : int
@@ -447,6 +453,9 @@ class RowsRound:
         Peer -> the positions it shares with this client.
     """
 
+    table: str
+    clip: float
+    dp: SFSLDP | None
     threshold: int
     sharers: int
     shared: Mapping[int, NDArray[np.int64]]
@@ -459,7 +468,6 @@ def _words_set(k: int, width: int, dense_size: int) -> int:
 
 def noisy_rows_vector(
     layout: RowVector,
-    clip: float,
     perturbed: NDArray[np.int64],
     deltas: tuple[Mapping[int, NDArray[np.float64]], NDArray[np.float64]],
     real: tuple[NDArray[np.int64], NDArray[np.float64]],
@@ -473,8 +481,6 @@ def noisy_rows_vector(
     ----------
     layout : RowVector
         The round's rows layout (its codec encodes the dense part too).
-    clip : float
-        Largest ``|Δ|`` per coordinate (applied before the L2 clip).
     perturbed : numpy.ndarray
         ``S''`` (sorted rows of ``U``).
     deltas : tuple
@@ -486,13 +492,15 @@ def noisy_rows_vector(
     dp : SFSLDP
         The round's DP settings.
     rows_round : RowsRound
-        ``t``, ``n`` and the shared positions (for each row's ``t_j``).
+        The per-coordinate clip (applied before the L2 clip), ``t``, ``n`` and the shared
+        positions (for each row's ``t_j``).
 
     Returns
     -------
     numpy.ndarray
         The words of the rows of ``S''`` then of the dense part (weight last).
     """
+    clip = rows_round.clip
     rows, counts = real
     row_deltas, dense = deltas
     width = layout.width
@@ -621,18 +629,15 @@ def union_input(
     return noisy_union_vector(psu.domain_size, rows, dp, frac_bits, threshold)
 
 
-def rows_input(  # noqa: PLR0913
+def rows_input(
     layout: RowVector,
-    table: str,
-    clip: float,
+    rows_round: RowsRound,
     perturbed: NDArray[np.int64],
     model: Mapping[str, NDArray[np.generic]],
     trained: Mapping[str, NDArray[np.generic]],
     weight: float,
     real: tuple[NDArray[np.int64], NDArray[np.float64]],
     vector_length: int,
-    dp: SFSLDP | None,
-    rows_round: RowsRound,
 ) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """Return a client's rows-round words and positions ``R_i``: Alg. 1's, or with DP noise.
 
@@ -644,9 +649,10 @@ def rows_input(  # noqa: PLR0913
     ClientInputError
         If the trained model does not match the received one or a delta is not finite.
     """
+    table, dp = rows_round.table, rows_round.dp
     if dp is None:
         return rows_vector(
-            layout, table, clip, perturbed, model, trained, weight, real, vector_length
+            layout, table, rows_round.clip, perturbed, model, trained, weight, real, vector_length
         )
     if set(trained) != set(model) or any(trained[k].shape != model[k].shape for k in model):
         raise ClientInputError("the train reply's arrays do not match the model")
@@ -662,9 +668,7 @@ def rows_input(  # noqa: PLR0913
     dense = np.concatenate(parts) if parts else np.zeros(0)
     if not (np.all(np.isfinite(dense)) and all(np.all(np.isfinite(d)) for d in deltas.values())):
         raise ClientInputError("a trained row or tensor is not finite")
-    words = noisy_rows_vector(
-        layout, clip, perturbed, (deltas, dense), real, weight, dp, rows_round
-    )
+    words = noisy_rows_vector(layout, perturbed, (deltas, dense), real, weight, dp, rows_round)
     positions = np.concatenate(
         [layout.positions(perturbed), np.arange(layout.length, vector_length, dtype=np.int64)]
     )

@@ -400,11 +400,13 @@ class PerturbedRows:
             weight = float(value)
         else:
             counts = np.ones(rows.size)
-        vector, positions = rows_input(
-            layout, self.table, settings.clip, request.rows, model, trained, weight,
-            (rows, counts), length, settings.dp,
-            RowsRound(request.params.threshold, len(request.sharers), request.shared),
+        peers = RowsRound(
+            self.table, settings.clip, settings.dp, request.params.threshold,
+            len(request.sharers), request.shared,
         )  # fmt: skip
+        vector, positions = rows_input(
+            layout, peers, request.rows, model, trained, weight, (rows, counts), length
+        )
         masked = client.masked_input(
             request.sharers, vector, rows=positions, shared_rows=request.shared
         )

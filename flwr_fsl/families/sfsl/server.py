@@ -438,12 +438,15 @@ class SFSLParty:
             self._check_floor(ask.settings)
             trained, weight = self.train({k: np.array(v) for k, v in ask.model.items()})
             weighted = ask.settings.weighted
+            settings = ask.settings
+            peers = RowsRound(
+                table, settings.clip, settings.dp, ask.params.threshold, len(ask.sharers),
+                ask.shared,
+            )  # fmt: skip
+            real = (self.rows, self.counts if weighted else np.ones(self.rows.size))
             vector, positions = rows_input(
-                layout, table, ask.settings.clip, ask.rows, dict(ask.model), trained,
-                weight if weighted else 1.0,
-                (self.rows, self.counts if weighted else np.ones(self.rows.size)), length,
-                ask.settings.dp,
-                RowsRound(ask.params.threshold, len(ask.sharers), ask.shared),
+                layout, peers, ask.rows, dict(ask.model), trained,
+                weight if weighted else 1.0, real, length,
             )  # fmt: skip
             return self.secagg[ROWS_INSTANCE].masked_input(
                 ask.sharers, vector, rows=positions, shared_rows=ask.shared
