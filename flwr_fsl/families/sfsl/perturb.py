@@ -6,19 +6,28 @@ real index sets, from private set union) with two layers of randomized response:
 
 * **permanent** (memoized, RAPPOR-style): the first time ``j`` is asked, the client answers
   "yes" with probability ``p1`` if ``j`` is in its real set ``S`` and ``p2`` otherwise, and
-  remembers the answer (``Y`` = yes, ``N`` = no) for the rest of the run (and across restarts
-  with :class:`MemoStore`), so repeated rounds cannot average the noise away;
+  remembers the answer (``Y`` = yes, ``N`` = no) for the memo's lifetime (the client's, by
+  default: :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` keeps it in a
+  :class:`MemoStore` under the node's state folder), so repeated rounds cannot average the
+  noise away;
 * **instantaneous**, every round: ``j`` enters the perturbed set ``S''`` with probability
   ``p3`` if ``j in Y`` and ``p4`` otherwise.
 
 So ``Pr[j in S'' | j in S] = p5 = p1 (p3 - p4) + p4`` and ``Pr[j in S'' | j not in S] = p6 =
 p2 (p3 - p4) + p4``. The client downloads and uploads the rows of ``S''``: real rows it did
-not keep get no update, rows of ``S'' \ S`` get a zero update (Alg. 1), so a row's presence
-in the upload is the only thing the server sees of the client's set, and it is ε-LDP:
+not keep get no update, rows of ``S'' \ S`` get a zero update (Alg. 1). The perturbed set
+``S''`` is ε-LDP:
 
 * one round: ``ε1 = ln max(p5/p6, p6/p5, (1-p5)/(1-p6), (1-p6)/(1-p5))`` (Lemma 2);
-* any number of rounds is at most the permanent layer's ``ε∞`` — the same formula with
-  ``p1, p2`` (Lemma 1), because every round is a function of the memoized answer.
+* any number of rounds *of one memo* is at most the permanent layer's ``ε∞`` — the same
+  formula with ``p1, p2`` (Lemma 1), because every round is a function of the memoized answer.
+  A new memo (a new run of a client whose memo is not persisted, another session scope) draws
+  new answers: ``k`` memos give up to ``k·ε∞``.
+
+These bound what ``S''`` reveals, **not** what the round's aggregates reveal: Niu's per-row
+sums over changing participants (and the union of the real sets) decode every client's real
+rows whatever ``p1..p4`` (``tests/attacks/test_sfsl_*``); the aggregates are protected by the
+distributed DP of :mod:`flwr_fsl.families.sfsl.dp`, which the strategy runs by default.
 
 A ratio whose numerator and denominator are both 0 concerns an output that never happens and
 is left out; one with a zero denominator only is ``inf`` (no deniability). Theorem 2's
