@@ -136,9 +136,8 @@ def main() -> None:
     )
     print(f"p5, p6 (to 0.1%) and eps1, eps_inf (to 2 decimals) equal the paper's: {exact}")
     print(
-        "eps1 and eps_inf bound what the perturbed sets S'' reveal (eps_inf: over the rounds of "
-        "one "
-        "memo), not the rows round's exact per-row sums, which over rounds with changing "
+        "eps1 and eps_inf bound what the perturbed sets S'' reveal (eps_inf: over the rounds "
+        "of one memo), not the rows round's exact per-row sums, which over rounds with changing "
         "participants decode the real sets at any CPP (tests/attacks/test_sfsl_*); "
         "SFSLFedSubAvg's default adds distributed DP (docs/families/sfsl.md)"
     )
