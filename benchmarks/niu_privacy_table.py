@@ -5,7 +5,8 @@ For the five choices of probability parameters (CPP1..CPP5, ``p1 = p3``, ``p2 = 
 from :class:`flwr_fsl.families.sfsl.perturb.RRParams`:
 
 * ``p5``, ``p6`` (Pr[an index is kept | it is / is not real]) and ``ε1``, ``ε∞`` (Lemmas 1-2),
-  which depend on the parameters only and must equal the paper's table;
+  which depend on the parameters only and must equal the paper's table (they bound the
+  perturbed sets only, not the aggregates: ``docs/families/sfsl.md``);
 * Theorem 2's ``p7`` and ``p8``, which depend on how many chosen clients have each index: the
   paper averages them over the indices of 100 Taobao users' union, which is not public. Here the
   same average is taken over ``--clients`` MovieLens-100k users drawn at random (real index set
@@ -134,6 +135,12 @@ def main() -> None:
         for r in rows
     )
     print(f"p5, p6 (to 0.1%) and eps1, eps_inf (to 2 decimals) equal the paper's: {exact}")
+    print(
+        "eps1 and eps_inf bound what the perturbed sets S'' reveal (eps_inf: over the rounds "
+        "of one memo), not the rows round's exact per-row sums, which over rounds with changing "
+        "participants decode the real sets at any CPP (tests/attacks/test_sfsl_*); "
+        "SFSLFedSubAvg's default adds distributed DP (docs/families/sfsl.md)"
+    )
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"clients": args.clients, "union": int(union.size), "rows": rows}))

@@ -20,12 +20,18 @@ The computation has two sides so that secure aggregators reuse the second:
 
 :func:`count_weighted_average` (plaintext FedSubAvg) is accumulate + apply over the model's
 flat layout, integer buffers included.
+
+**Noisy counts.** Under differential privacy (SSA's servers, SFSL's clients) the reconstructed
+``S`` and ``C`` carry noise, and an element nobody touched reconstructs to ``(noise, noise)``:
+:func:`suppress_small_counts` post-processes them (elements whose noisy count is below
+:func:`count_threshold_stds` noise stds count as untouched) before the apply.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -35,14 +41,20 @@ from flwr_fsl.submodel.layout import ElementUpdate, FlatLayout, Layout
 from flwr_fsl.submodel.update import SubmodelUpdate
 
 __all__ = [
+    "FALSE_POSITIVES",
     "AggregationStats",
     "accumulate",
     "accumulate_elements",
     "apply_count_weighted",
     "check_contribution",
+    "count_threshold_stds",
     "count_weighted_average",
     "count_weighted_mean",
+    "suppress_small_counts",
 ]
+
+FALSE_POSITIVES = 1e-4
+"""Expected number of untouched elements per round whose noisy count passes the threshold."""
 
 
 @dataclass(frozen=True)
@@ -318,3 +330,61 @@ def check_contribution(update: SubmodelUpdate, max_weight: float, num_clients: i
             peak = float(np.max(np.abs(values.astype(np.float64, copy=False))))
             if peak * weight > bound:
                 raise ClientInputError(f"{name}: weighted values are too large to aggregate")
+
+
+def count_threshold_stds(num_elements: int, false_positives: float = FALSE_POSITIVES) -> float:
+    """Return the count threshold ``t``, in noise stds, for ``num_elements`` elements.
+
+    ``num_elements`` pure-noise counts pass it ``false_positives`` times on average:
+    ``t = Φ^-1(1 - false_positives / num_elements)``, at least 3.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``false_positives`` is not in ``(0, 1)``.
+    """
+    if not 0 < false_positives < 1:
+        raise ConfigurationError(f"false_positives must be in (0, 1), got {false_positives!r}")
+    tail = false_positives / max(1, num_elements)
+    return max(3.0, NormalDist().inv_cdf(1.0 - tail))
+
+
+def suppress_small_counts(
+    sums: NDArray[np.float64],
+    counts: NDArray[np.float64],
+    sigma_total: float | NDArray[np.float64],
+    stds: float | None = None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64], float | NDArray[np.float64]]:
+    """Post-process a noisy aggregate: elements with a small noisy count count as untouched.
+
+    Without this, an element no client chose reconstructs to ``(noise, noise)`` and
+    ``sums / counts`` is noise over noise. Post-processing of a DP release costs no privacy.
+
+    Parameters
+    ----------
+    sums : numpy.ndarray
+        ``(m, w)`` noisy sums.
+    counts : numpy.ndarray
+        ``(m,)`` noisy counts.
+    sigma_total : float or numpy.ndarray
+        Std of the noise on one count word: one number for every element (SSA:
+        ``sqrt(σ_0² + σ_1²)``), or ``(m,)`` per element (SFSL: each row's sum has its own
+        contributors).
+    stds : float, optional
+        Threshold in units of ``sigma_total``; :func:`count_threshold_stds` of ``m`` by
+        default.
+
+    Returns
+    -------
+    tuple
+        Sums and counts with both zeroed where ``counts <= stds · sigma_total``, and that
+        threshold (a float for a scalar ``sigma_total``, else ``(m,)``).
+    """
+    if stds is None:
+        stds = count_threshold_stds(counts.size)
+    if np.ndim(sigma_total) == 0:
+        threshold: float | NDArray[np.float64] = max(0.0, stds * float(sigma_total))
+    else:
+        threshold = np.maximum(0.0, stds * np.asarray(sigma_total, dtype=np.float64))
+    keep = counts > threshold
+    return np.where(keep[:, None], sums, 0.0), np.where(keep, counts, 0.0), threshold

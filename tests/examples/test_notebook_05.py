@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.examples.test_notebooks import NOTEBOOKS, run_notebook
 from tests.examples.test_notebooks import kernel_name as kernel_name  # the fixture
 from tests.prepared_data import require_prepared
@@ -59,6 +61,11 @@ def test_sfsl_notebook_runs(kernel_name: str) -> None:
     (gap,) = _float(r"max \|aggregate update - that client's own update\| = (\S+)", text)
     assert gap < 1e-5
     assert re.search(r"fake ones: rows that moved: 0 ", text)
+    # 6. The defaults: distributed DP, one Gaussian round at z = 1 per round, accounted.
+    match = re.search(r"after (\d+) rounds \(epsilon, delta\) = \((\S+), 1e-05\)", text)
+    assert match is not None and int(match.group(1)) == 2
+    assert float(match.group(2)) == pytest.approx(7.08, abs=0.01)
+    assert "noise multiplier per round 1.000" in text
     images = [
         out
         for cell in nb.cells
@@ -67,4 +74,4 @@ def test_sfsl_notebook_runs(kernel_name: str) -> None:
         if "image/png" in out.get("data", {})
     ]
     assert len(images) == 1, "the plot cell must display an image"
-    assert re.search(r"final AUC: fedavg \S+, fedsubavg \S+, sfsl-cpp1", text)
+    assert re.search(r"final AUC: fedavg \S+, fedsubavg \S+, sfsl-cpp1.*, sfsl-dp \S+", text)

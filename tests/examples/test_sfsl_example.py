@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.experiment import ExperimentResult
 from flwr_fsl.families.sfsl.perturb import PermanentMemo
@@ -199,19 +200,22 @@ def test_each_sfsl_arm_keeps_its_own_memo(
         for arm, session in sessions.items():  # every memo answers the whole union once
             memo = _memo(client_app, grid, node, session)
             np.testing.assert_array_equal(np.union1d(memo.yes, memo.no), union, err_msg=arm)
-        # Five scoped memos and no unscoped one.
+        # One scoped memo per SFSL arm (the five CPPs and sfsl-dp) and no unscoped one.
         slots = [k for k in context.state.config_records if k.startswith("fsl.sfsl.memo")]
-        assert len(slots) == 5 and "fsl.sfsl.memo" not in slots
+        assert len(slots) == len(task.SFSL_ARMS) == 6 and "fsl.sfsl.memo" not in slots
         assert client_app.perturbed_rows.memo(context) is None
 
 
 def test_stock_sfsl_strategy_uses_the_run_configs_cpp(example: Example) -> None:
     # The library's SFSLFedSubAvg sends the train config with the perturb phase; with no
     # `sfsl-cpp` in it the clients use the run config's, in the memo of the given training id.
+    # (The paper's protocol, whose union is exact; this ClientApp accepts it: noise floor 0.)
     task, client_app, _ = example
     config = _config(**{"sfsl-cpp": "cpp5", "num-server-rounds": 1})
     grid = InProcessGrid(client_app.app, USERS, config)
-    strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS, fraction_evaluate=0.0)
+    strategy = SFSLFedSubAvg(
+        task.TABLE, min_available_nodes=USERS, fraction_evaluate=0.0, dp=None, weighted=True
+    )
     initial = task.initial_table(task.Settings.from_run_config(config))
     strategy.start(
         grid=grid,
@@ -231,7 +235,7 @@ def test_a_training_without_its_id_is_refused(example: Example) -> None:
     task, client_app, _ = example
     config = _config(**{"num-server-rounds": 1})
     grid = InProcessGrid(client_app.app, USERS, config)
-    strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS, fraction_evaluate=0.0)
+    strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS)  # the defaults (DP)
     initial = task.initial_table(task.Settings.from_run_config(config))
     strategy.start(
         grid=grid, initial_arrays=ArrayRecord({task.TABLE: Array(initial)}), num_rounds=1
@@ -258,6 +262,14 @@ def test_comparison_table_has_every_arm_and_its_epsilons(
     assert eps["sfsl-cpp2"] == ("2.02", "2.71")  # ln(p5/p6) with p5 = 113/128, p6 = 15/128
     assert eps["sfsl-cpp5"] == ("0.00", "0.00")
     assert eps["fedavg"] == eps["secagg"] == ("n/a", "n/a")
+    assert eps["sfsl-dp"] == eps["sfsl-cpp2"]  # the run config's CPP
+    # The aggregates' DP: none for the paper's arms; the DP arm spent 2 rounds at z = 1.
+    dp = {r["arm"]: r["dp_eps"] for r in rows}
+    assert dp["sfsl-cpp1"] == dp["sfsl-cpp5"] == "inf" and dp["fedavg"] == "n/a"
+    assert float(dp["sfsl-dp"]) == pytest.approx(
+        PrivacyAccount(None, noise_multipliers=[1.0] * ROUNDS).epsilon(), abs=0.01
+    )
+    assert "sfsl-dp" in text
     by_arm = {r["arm"]: r for r in rows}
     # Row-sparse plaintext uploads are far smaller than the dense table; SSA/PSR downloads
     # two PSR answers instead of the table.

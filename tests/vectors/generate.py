@@ -729,9 +729,11 @@ def perturb_vectors() -> dict[str, Any]:
     """The randomized-response memo (``FSRR``)."""
     from flwr_fsl.families.sfsl.perturb import PermanentMemo
 
+    drawn = PermanentMemo(np.array([1, 4, 2**40]), np.array([0, 7]), (15 / 16, 1 / 16))
     return {
         "empty": PermanentMemo().to_bytes().hex(),
         "memo": PermanentMemo(np.array([1, 4, 2**40]), np.array([0, 7])).to_bytes().hex(),
+        "memo-v2": drawn.to_bytes().hex(),  # issue 20: the memo records its p1, p2
     }
 
 
@@ -830,6 +832,7 @@ def secagg_settings_vectors() -> dict[str, Any]:
 
 def sfsl_settings_vectors() -> dict[str, Any]:
     """SFSL's one versioned settings record (``FSFL``): defaults, and quantized with PSU."""
+    from flwr_fsl.families.sfsl.dp import SFSLDP
     from flwr_fsl.families.sfsl.messages import SFSLSettings
     from flwr_fsl.families.sfsl.psu import PSUParams
 
@@ -843,9 +846,18 @@ def sfsl_settings_vectors() -> dict[str, Any]:
         levels=2**15,
         psu=PSUParams(1000, 1440, 10, 4, bytes(range(16))),
     )
+    # Version 2 (issue 20): unweighted, and with the distributed-DP settings.
+    dp = SFSLSettings(
+        table="item_emb.weight",
+        weighted=False,
+        dp=SFSLDP(noise_multiplier=1.5, clip_norm=0.5, count_clip=2.0, max_rows=48),
+        psu=PSUParams.exact(1000),
+    )
     return {
         "default": SFSLSettings("emb").to_bytes().hex(),
         "full": full.to_bytes().hex(),
+        "v2-unweighted": SFSLSettings("emb", weighted=False).to_bytes().hex(),
+        "v2-dp": dp.to_bytes().hex(),
     }
 
 

@@ -19,7 +19,8 @@ arm              train message -> reply
 The library mods stack: each answers the SecAgg messages of its own ``instance`` and passes
 the others on — :class:`~flwr_fsl.mods.PerturbedRows` the ``"union"`` / ``"rows"``
 aggregations of ``SFSLFedSubAvg``, :func:`~flwr_fsl.mods.secagg_mod` the ``"model"`` one of
-``SecAggFedAvg``. One ``PerturbedRows`` serves the five CPPs: ``SFSLFedSubAvg`` sends the
+``SecAggFedAvg``. One ``PerturbedRows`` serves the five CPPs and the DP arm (it accepts the
+paper's noiseless rounds: ``noise_floor=0.0``): ``SFSLFedSubAvg`` sends the
 round's train config with the perturb phase, :func:`choose_rr` reads the arm's CPP from it
 (``sfsl-cpp``; the run config's when the server names none), and ``session_key =
 "training-id"`` (the harness's per-arm session id) gives every arm its own memo of permanent
@@ -106,7 +107,19 @@ def choose_rr(config: ConfigRecord, context: Context) -> RRParams:
 
 
 ssa_rows = PrivateRows(TABLE, rows=client_rows)
-perturbed_rows = PerturbedRows(TABLE, rows=client_rows, rr=choose_rr, session_key=TRAINING_ID)
+# A comparison app: it serves the paper's noiseless arms (sfsl-cpp1..5) beside the DP defaults
+# (sfsl-dp), so its clients accept rounds without noise (noise_floor=0.0; a deployed client
+# keeps the default floor 1.0 and refuses them), and every arm is its own training with its own
+# memo scope (session_key), which outlives no run (persist_memo=False; a deployment keeps one
+# scope, persisted for the client's lifetime by default).
+perturbed_rows = PerturbedRows(
+    TABLE,
+    rows=client_rows,
+    rr=choose_rr,
+    session_key=TRAINING_ID,
+    noise_floor=0.0,
+    persist_memo=False,
+)
 
 
 def timing_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -8,18 +8,24 @@ the same initial table, the same clients each round, fresh personal parameters p
   up) — exactly FedAvg (every coordinate averaged over every client by ``num-examples``), with
   the round engine's byte log, which Flower's ``FedAvg`` does not keep;
 - ``fedsubavg``: the same strategy on row-sparse replies of the user's rows (count 1 each);
-- ``sfsl-cpp1`` ... ``sfsl-cpp5``: Niu et al.'s secure federated submodel learning,
-  :class:`~flwr_fsl.strategies.SFSLFedSubAvg` + ``PerturbedRows`` on the clients; the arm's
-  train config names its CPP (``sfsl-cpp``), which the strategy sends with the perturb phase;
+- ``sfsl-cpp1`` ... ``sfsl-cpp5``: Niu et al.'s secure federated submodel learning as the
+  paper specifies it (``SFSLFedSubAvg(dp=None, weighted=True)``, the library's default before
+  issue 20), + ``PerturbedRows`` on the clients; the arm's train config names its CPP
+  (``sfsl-cpp``), which the strategy sends with the perturb phase;
+- ``sfsl-dp``: :class:`~flwr_fsl.strategies.SFSLFedSubAvg` at its defaults since issue 20
+  (distributed DP, unit weights, a run budget; the run config's ``sfsl-dp-*`` settings) with
+  the run config's CPP;
 - ``ssa-psr``: Cui et al.'s two-server index mode, ``SecureRowFedSubAvg`` + ``PrivateRows``
   (S1 in-process unless ``ssa-helper-address`` names a running ``flwr-fsl-helper``);
 - ``secagg``: dense Bonawitz secure aggregation, ``SecAggFedAvg`` + ``secagg_mod``.
 
-Evaluation is federated, since the personal parameters stay on the clients: every round each
+Evaluation is federated (``plaintext_evaluation=True`` on the secure strategies: a measurement
+channel, the same in every arm), since the personal parameters stay on the clients: every round each
 client reports its held-out MSE and the predicted and true ratings of its held-out ratings;
 :func:`evaluate_metrics` pools them into the rating-weighted MSE and one AUC over all of them
 (a rating >= ``positive-rating`` is a positive). After the harness's tables it prints
-:func:`comparison_table`: metric, bytes, time, ε and what the server learns, one row per arm.
+:func:`comparison_table`: metric, bytes, time, the randomized response's ε, the DP ``(ε, δ)`` of
+the aggregates and what the server learns, one row per arm.
 """
 
 from __future__ import annotations
@@ -34,14 +40,17 @@ from flwr.app import Array, ArrayRecord, Context, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.experiment import (
     Arm,
+    ArmRun,
     ArmSetup,
     Experiment,
     ExperimentResult,
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.sfsl.dp import SFSLDP
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SFSLFedSubAvg
@@ -62,7 +71,8 @@ LABELS = {
 SERVER_LEARNS = {
     "fedavg": "each client's update (and row set)",
     "fedsubavg": "each client's update (and row set)",
-    "sfsl": "union, each client's ε-LDP perturbed set, per-row aggregates",
+    "sfsl": "union, each client's ε-LDP perturbed set, exact per-row aggregates",
+    "sfsl-dp": "each client's ε-LDP perturbed set, (ε, δ)-DP noisy union and per-row sums",
     "ssa-psr": "aggregate only (two non-colluding servers)",
     "secagg": "aggregate only",
 }
@@ -74,9 +84,15 @@ LEARNS = {
     "fedsubavg": {"server": "each user's row set (the items it rated) and its row deltas"},
     "sfsl": {
         "server": "the union of the clients' row sets; each client's perturbed set S'' "
-        "(ε-LDP: ε1 per round, ε∞ over all rounds); per row its participants and the "
-        "count-weighted aggregate over them (a row with one participant is that row in the clear)",
+        "(ε-LDP: ε1 per round, ε∞ over its memo's lifetime); per row its participants and the "
+        "exact count-weighted aggregate over them, which over rounds with changing participants "
+        "decodes every client's rows (tests/attacks/test_sfsl_*)",
         "clients": "the union; for their own rows of S'', which other clients hold them too",
+    },
+    "sfsl-dp": {
+        "server": "each client's perturbed set S'' (ε-LDP); who took part; the noisy union and "
+        "per-row noisy sums, (ε, δ)-DP over the run (logged every round, stopped at its budget)",
+        "clients": "the noisy union; for their own rows of S'', which other clients hold them too",
     },
     "ssa-psr": {
         "S0": "per row the round's weighted sum and total weight (no client weight)",
@@ -127,11 +143,25 @@ def evaluate_metrics(contents: list[RecordDict], weight_key: str) -> MetricRecor
     return out
 
 
-def _epsilons(arm: str) -> tuple[float | None, float | None]:
-    if not arm.startswith("sfsl-"):
+def _family(arm: str) -> str:
+    """Return the key of an arm's LEARNS entry: ``sfsl`` for the paper's CPP arms."""
+    return arm if arm == "sfsl-dp" or not arm.startswith("sfsl-") else "sfsl"
+
+
+def _epsilons(run: ArmRun) -> tuple[float | None, float | None]:
+    """Return the randomized response's ``ε1, ε∞`` of an SFSL arm (its train config's CPP)."""
+    if not run.arm.key.startswith("sfsl-"):
         return None, None
-    rr = rr_params(arm.removeprefix("sfsl-"))
+    rr = rr_params(str(run.arm.train_config[CPP_KEY]))
     return rr.epsilon_one_round, rr.epsilon_permanent
+
+
+def _dp_epsilon(run: ArmRun) -> str:
+    """Return the DP ``ε`` the aggregates of an SFSL arm spent (``inf`` without noise)."""
+    if not run.arm.key.startswith("sfsl-"):
+        return "n/a"
+    account = getattr(run.strategy, "privacy_account", None)
+    return "inf" if account is None else f"{account.epsilon():.2f}"
 
 
 def _eps(value: float | None) -> str:
@@ -151,12 +181,13 @@ def comparison_table(result: ExperimentResult) -> tuple[str, list[dict[str, Any]
     evaluation's download of the whole table, the same in every arm, is not included),
     server seconds per round (outside the grid: S0's own work, and S1's for ``ssa-psr``),
     client seconds per round (mean per client, every training message of the round, mods
-    included), ε1 and ε∞ of the CPP, and what the server learns.
+    included), ε1 and ε∞ of the CPP, the ε (at δ = 1e-5) of the aggregates' DP over the run
+    (``inf``: no noise, the per-row sums are exact) and what the server learns.
     """
     rows = []
     for run in result.runs:
         record, key = run.record, run.arm.key
-        eps1, eps_inf = _epsilons(key)
+        eps1, eps_inf = _epsilons(run)
         server = [s for r in record.rounds if (s := r.server_seconds) is not None]
         rows.append(
             {
@@ -169,13 +200,15 @@ def comparison_table(result: ExperimentResult) -> tuple[str, list[dict[str, Any]
                 "client_s": _mean([CLIENT_S.value(r) for r in record.rounds]),
                 "eps1": eps1,
                 "eps_inf": eps_inf,
-                "learns": SERVER_LEARNS["sfsl" if key.startswith("sfsl-") else key],
+                "dp_eps": _dp_epsilon(run),
+                "learns": SERVER_LEARNS[_family(key)],
             }
         )
     width = max(len("arm"), *(len(r["arm"]) for r in rows))
     header = (
         f"{'arm':<{width}}  {'AUC':>6}  {'MSE':>6}  {'down B/cl/rd':>12}  {'up B/cl/rd':>12}"
-        f"  {'server s/rd':>11}  {'client s/rd':>11}  {'ε1':>5}  {'ε∞':>5}  server learns"
+        f"  {'server s/rd':>11}  {'client s/rd':>11}  {'ε1':>5}  {'ε∞':>5}  {'DP ε':>5}"
+        "  server learns"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -183,7 +216,7 @@ def comparison_table(result: ExperimentResult) -> tuple[str, list[dict[str, Any]
             f"{r['arm']:<{width}}  {_num(r['auc'], '.4f'):>6}  {_num(r['mse'], '.4f'):>6}"
             f"  {_num(r['down_bytes'], ',.0f'):>12}  {_num(r['up_bytes'], ',.0f'):>12}"
             f"  {_num(r['server_s'], '.3f'):>11}  {_num(r['client_s'], '.3f'):>11}"
-            f"  {_eps(r['eps1']):>5}  {_eps(r['eps_inf']):>5}  {r['learns']}"
+            f"  {_eps(r['eps1']):>5}  {_eps(r['eps_inf']):>5}  {r['dp_eps']:>5}  {r['learns']}"
         )
     # JSON has no infinity: the epsilons are saved as their printed text.
     saved = [{**r, "eps1": _eps(r["eps1"]), "eps_inf": _eps(r["eps_inf"])} for r in rows]
@@ -252,17 +285,33 @@ def _run(
     def fedsubavg(setup: ArmSetup) -> Strategy:
         return FedSubAvg(evaluate_metrics_aggr_fn=evaluate_metrics, **knobs)
 
-    def sfsl(setup: ArmSetup) -> Strategy:
+    def sfsl(setup: ArmSetup, paper: bool = True) -> Strategy:
+        # The paper's protocol (the library's default before issue 20), or today's defaults.
+        privacy: dict[str, Any] = {"dp": None, "weighted": True}
+        if not paper:
+            privacy = {
+                "dp": SFSLDP(
+                    noise_multiplier=settings.sfsl_dp_noise_multiplier,
+                    clip_norm=settings.sfsl_dp_clip_norm,
+                    max_rows=settings.sfsl_dp_max_rows,
+                ),
+                "privacy_budget": PrivacyBudget(settings.sfsl_dp_epsilon, 1e-5),
+            }
         strategy = SFSLFedSubAvg(
             TABLE,
             reconstruction_threshold=settings.sfsl_threshold,
             clip=settings.clip,
             frac_bits=settings.sfsl_frac_bits,
+            plaintext_evaluation=True,  # the pooled AUC needs the clients' evaluate replies
+            **privacy,
             **knobs,
         )
         # SFSLFedSubAvg takes no evaluate_metrics_aggr_fn argument; FedAvg keeps it here.
         strategy.evaluate_metrics_aggr_fn = evaluate_metrics
         return strategy
+
+    def sfsl_dp(setup: ArmSetup) -> Strategy:
+        return sfsl(setup, paper=False)
 
     def ssa_psr(setup: ArmSetup) -> Strategy:
         assert connection is not None
@@ -303,6 +352,13 @@ def _run(
             factory, config = fedsubavg, {REPLY_KEY: "dense"}
         elif name == "fedsubavg":
             factory, config = fedsubavg, {REPLY_KEY: "rows"}
+        elif name == "sfsl-dp":
+            rr = rr_params(settings.sfsl_cpp)
+            factory, config = sfsl_dp, {CPP_KEY: settings.sfsl_cpp}
+            description = (
+                f"{shape}, RR keep {rr.p1:g}, flip {rr.p2:g}, DP z "
+                f"{settings.sfsl_dp_noise_multiplier:g}, epsilon <= {settings.sfsl_dp_epsilon:g}"
+            )
         elif name.startswith("sfsl-"):
             cpp = name.removeprefix("sfsl-")
             keep, flip = rr_params(cpp).p1, rr_params(cpp).p2
@@ -319,7 +375,7 @@ def _run(
                 name,
                 LABELS.get(name, name),
                 factory,
-                learns=LEARNS["sfsl" if name.startswith("sfsl-") else name],
+                learns=LEARNS[_family(name)],
                 train_config=config,
                 equivalent_to=equivalent if equivalent in names else None,
                 description=description,

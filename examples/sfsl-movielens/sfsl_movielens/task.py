@@ -17,7 +17,9 @@ public bound ``max-rows`` by a seeded choice that does not change between rounds
 only on the ratings of those items (in Niu et al.'s SFSL: of those it kept in its perturbed
 set ``S''``).
 
-The arms' names, the five client privacy preferences (CPPs) of Niu et al.'s Table V and the
+The arms' names (``sfsl-cpp1`` ... ``sfsl-cpp5``: Niu et al.'s protocol as the paper specifies
+it, the library's default before issue 20; ``sfsl-dp``: the library's defaults since, with
+distributed DP), the five client privacy preferences (CPPs) of Niu et al.'s Table V and the
 AUC on held-out ratings (a rating of at least ``positive-rating`` is a positive, the predicted
 rating is the score) are defined here too.
 """
@@ -75,7 +77,7 @@ CPPS: dict[str, tuple[float, float]] = {
     "cpp4": (3 / 4, 1 / 4),
     "cpp5": (1.0, 1.0),
 }
-SFSL_ARMS = tuple(f"sfsl-{name}" for name in CPPS)
+SFSL_ARMS = (*(f"sfsl-{name}" for name in CPPS), "sfsl-dp")
 ARMS = ("fedavg", "fedsubavg", *SFSL_ARMS, "ssa-psr", "secagg")
 
 
@@ -118,6 +120,10 @@ class Settings:
     sfsl_threshold: float = 0.6
     sfsl_frac_bits: int = 24
     sfsl_cpp: str = "cpp2"
+    sfsl_dp_noise_multiplier: float = 1.0
+    sfsl_dp_clip_norm: float = 1.0
+    sfsl_dp_max_rows: int = 32
+    sfsl_dp_epsilon: float = 20.0
     secagg_threshold: float = 0.6
     secagg_frac_bits: int = 24
     ssa_udpf: bool = True
@@ -161,6 +167,13 @@ class Settings:
             problems.append("ssa-max-abs must be > 0")
         if self.sfsl_cpp not in CPPS:
             problems.append(f"sfsl-cpp must be one of {', '.join(CPPS)}")
+        if not (
+            self.sfsl_dp_noise_multiplier > 0
+            and self.sfsl_dp_clip_norm > 0
+            and self.sfsl_dp_max_rows >= 1
+            and self.sfsl_dp_epsilon > 0
+        ):
+            problems.append("the sfsl-dp-* settings must be > 0")
         arms = self.arm_list
         unknown = [a for a in arms if a not in ARMS]
         if not arms or unknown or len(set(arms)) != len(arms):

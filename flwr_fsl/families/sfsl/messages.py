@@ -11,11 +11,18 @@ fields each end re-validated: the strategy builds and validates it once
 (:meth:`SFSLSettings.codec`) and the quantizer from it by the same formula.
 
 **Format** (little-endian, through :mod:`flwr_fsl.core.wireformat`): ``b"FSFL"``, version
-``u8`` (1), ``table``, ``weight_key`` (UTF-8 bytes), ``clip``, ``max_count`` (each the
+``u8`` (1 or 2), ``table``, ``weight_key`` (UTF-8 bytes), ``clip``, ``max_count`` (each the
 IEEE-754 binary64 bits as ``u64``), ``frac_bits`` (``u8``), ``max_clients`` (``u32``),
 ``levels`` (``u32``, 0: no quantization), ``has_psu`` (``u8``, 0 or 1) and, when 1, the PSU
 parameters: ``domain_size``, ``bloom_length`` (``u64``), ``num_hashes``,
-``num_partitions`` (``u32``), ``hash_key`` (16 bytes); nothing after it.
+``num_partitions`` (``u32``), ``hash_key`` (16 bytes). Version 1 ends there (Niu's protocol
+as the paper specifies it: count-weighted, no noise). Version 2 (issue 20) goes on with
+``weighted`` (``u8``, 0 or 1) and ``has_dp`` (``u8``, 0 or 1) and, when 1, the
+:class:`~flwr_fsl.families.sfsl.dp.SFSLDP` settings: ``noise_multiplier``, ``clip_norm``,
+``count_clip`` (``f64``), ``max_rows`` (``u32``); nothing after it. A record whose settings
+are version 1's (``weighted`` and no DP) is written as version 1, so those bytes are unchanged
+and a version-1 client still reads them; any other is version 2, which a version-1 client
+refuses rather than misreads.
 
 **Asks.** One round of :class:`~flwr_fsl.families.sfsl.server.SFSLServer` is a sequence of
 exchanges with the clients; the request of each is one of the frozen classes below
@@ -37,6 +44,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.messages import SecAggParams
+from flwr_fsl.families.sfsl.dp import SFSLDP
 from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
 from flwr_fsl.families.sfsl.psu import PSUParams
 
@@ -61,8 +69,8 @@ SFSL_INSTANCES = (UNION_INSTANCE, ROWS_INSTANCE)
 
 SETTINGS_MAGIC = register_magic(b"FSFL", "SFSL settings (flwr_fsl.families.sfsl.messages)")
 """First bytes of an encoded :class:`SFSLSettings`."""
-SETTINGS_VERSION = 1
-"""The settings format's version."""
+SETTINGS_VERSION = 2
+"""The settings format's newest version (1 is still written and read, module docstring)."""
 _MAX_NAME_BYTES = 1024
 
 
@@ -88,6 +96,12 @@ class SFSLSettings:
         γ of the App. B quantizer over ``[-clip, clip]``; 0 (default) sends fixed point.
     psu : PSUParams, optional
         The round's PSU parameters (None until a round knows its table and hash key).
+    weighted : bool
+        True (the paper, and version 1): per-row counts from the client's data and the dense
+        weight from ``weight_key``; False: every contributing client counts 1.
+    dp : SFSLDP, optional
+        Distributed DP of the round (:mod:`flwr_fsl.families.sfsl.dp`); None: the paper's
+        noiseless protocol (whose counts leak, ``tests/attacks/``).
 
     Raises
     ------
@@ -103,6 +117,8 @@ class SFSLSettings:
     max_clients: int = 1000
     levels: int = 0
     psu: PSUParams | None = None
+    weighted: bool = True
+    dp: SFSLDP | None = None
 
     def __post_init__(self) -> None:
         for name in ("table", "weight_key"):
@@ -125,13 +141,56 @@ class SFSLSettings:
                 raise ConfigurationError(f"{name} must be an int in [0, {high}], got {value!r}")
         if self.psu is not None and not isinstance(self.psu, PSUParams):
             raise ConfigurationError("psu must be PSUParams or None")
+        self._check_codec()
+
+    def _check_codec(self) -> None:
+        if not isinstance(self.weighted, bool):
+            raise ConfigurationError("weighted must be a bool")
         try:
             self.quantizer()
-            self.codec()
+            codec = self.codec()
         except ConfigurationError as err:
             raise ConfigurationError(
                 f"clip / max_count / frac_bits / max_clients / quantization_levels: {err}"
             ) from err
+        if self.dp is not None:
+            self._check_dp(self.dp, codec)
+
+    def _check_dp(self, dp: SFSLDP, codec: FixedPoint) -> None:
+        if not isinstance(dp, SFSLDP):
+            raise ConfigurationError("dp must be SFSLDP or None")
+        if self.levels:
+            raise ConfigurationError(
+                "quantization_levels needs dp=None (quantized levels are not clipped the way "
+                "the noise needs)"
+            )
+        if self.psu is not None and not self.psu.exact_mode:
+            raise ConfigurationError(
+                "bloom_fpr needs dp=None: with DP the union is a noisy count per table row "
+                "(exact mode)"
+            )
+        if dp.count_clip > self.max_count:
+            raise ConfigurationError("dp count_clip must be at most max_count")
+        if dp.count_clip * max(dp.clip_norm, 1.0) > codec.max_abs:
+            raise ConfigurationError("dp count_clip * clip_norm exceeds the fixed point's range")
+        dp.check_headroom(codec.max_abs, self.frac_bits, self.max_clients)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``z`` the round promises (0: no noise)."""
+        return 0.0 if self.dp is None else self.dp.noise_multiplier
+
+    def union_length(self) -> int:
+        """Words of the union round's vector: Alg. 3's filter, or one count per row with DP.
+
+        Raises
+        ------
+        ConfigurationError
+            If the settings carry no PSU parameters yet.
+        """
+        if self.psu is None:
+            raise ConfigurationError("the settings carry no PSU parameters")
+        return self.psu.vector_length if self.dp is None else self.psu.domain_size
 
     def quantizer(self) -> GammaQuantizer | None:
         """Return the App. B quantizer of the row updates (None: fixed point)."""
@@ -158,10 +217,11 @@ class SFSLSettings:
         return rows, rows.length + dense_size + 1
 
     def to_bytes(self) -> bytes:
-        """Return the versioned record (module docstring)."""
+        """Return the versioned record (module docstring): version 1 when it says all."""
+        legacy = self.weighted and self.dp is None
         w = Writer()
         w.fixed(SETTINGS_MAGIC, len(SETTINGS_MAGIC))
-        w.u8(SETTINGS_VERSION)
+        w.u8(1 if legacy else SETTINGS_VERSION)
         w.raw(self.table.encode())
         w.raw(self.weight_key.encode())
         w.f64(self.clip)
@@ -176,6 +236,14 @@ class SFSLSettings:
             w.u32(self.psu.num_hashes)
             w.u32(self.psu.num_partitions)
             w.fixed(self.psu.hash_key, 16)
+        if not legacy:
+            w.u8(int(self.weighted))
+            w.u8(0 if self.dp is None else 1)
+            if self.dp is not None:
+                w.f64(self.dp.noise_multiplier)
+                w.f64(self.dp.clip_norm)
+                w.f64(self.dp.count_clip)
+                w.u32(self.dp.max_rows)
         return w.payload()
 
     @classmethod
@@ -188,7 +256,8 @@ class SFSLSettings:
             If the bytes are truncated, have trailing bytes, another magic or version, a name
             that is not UTF-8, or settings (PSU parameters included) that do not validate.
         """
-        r = Reader.versioned(data, SETTINGS_MAGIC, SETTINGS_VERSION, "SFSL settings")
+        version = _version(data)
+        r = Reader.versioned(data, SETTINGS_MAGIC, version, "SFSL settings")
         table = _text(r, "table")
         weight_key = _text(r, "weight key")
         clip = r.f64("clip")
@@ -205,10 +274,34 @@ class SFSLSettings:
                 domain, length = r.u64("psu domain"), r.u64("psu length")
                 hashes, partitions = r.u32("psu hashes"), r.u32("psu partitions")
                 psu = PSUParams(domain, length, hashes, partitions, r.fixed(16, "psu key"))
+            weighted, dp = (True, None) if version == 1 else _privacy(r)
             r.done()
-            return cls(table, weight_key, clip, max_count, frac_bits, max_clients, levels, psu)
+            return cls(
+                table, weight_key, clip, max_count, frac_bits, max_clients, levels, psu,
+                weighted, dp,
+            )  # fmt: skip
         except ConfigurationError as err:
             raise WireFormatError(f"invalid SFSL settings: {err}") from err
+
+
+def _version(data: object) -> int:
+    """Return the record's version (1 or 2) from its header; the reader checks the rest."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        head = bytes(data[: len(SETTINGS_MAGIC) + 1])
+        if len(head) == len(SETTINGS_MAGIC) + 1 and head[-1] in (1, SETTINGS_VERSION):
+            return head[-1]
+    return SETTINGS_VERSION
+
+
+def _privacy(r: Reader) -> tuple[bool, SFSLDP | None]:
+    """Version 2's tail: ``weighted`` and the DP settings."""
+    weighted, has_dp = r.u8("weighted"), r.u8("dp flag")
+    if weighted not in (0, 1) or has_dp not in (0, 1):
+        raise WireFormatError("SFSL settings: the weighted and dp flags must be 0 or 1")
+    if not has_dp:
+        return bool(weighted), None
+    z, clip_norm, count_clip = r.f64("dp noise"), r.f64("dp clip norm"), r.f64("dp count clip")
+    return bool(weighted), SFSLDP(z, clip_norm, count_clip, r.u32("dp max rows"))
 
 
 def _text(reader: Reader, what: str) -> str:

@@ -11,13 +11,33 @@ samples touch it). The mod owns the SecAgg instances ``"union"`` and ``"rows"``
 (:func:`~flwr_fsl.families.secagg.mod.secagg_control`) and:
 
 * ``union`` train phase: its randomized Bloom filter of ``S`` (:func:`~flwr_fsl.families.sfsl.psu.
-  client_vector`), masked;
+  client_vector`), or with DP its noisy row indicator
+  (:func:`~flwr_fsl.families.sfsl.dp.noisy_union_vector`), masked;
 * ``perturb``: ``S''`` over the union by randomized response, with the permanent answers kept
-  in ``Context.state`` (and in ``memo_dir`` on disk when given, so a restarted client keeps
-  them; a corrupted memo file is an error, never a fresh start);
+  for the client's lifetime (below);
 * ``rows`` train phase: runs your train function on the model with only the rows of ``S''``
   (others zero), then uploads, masked, ``(v_j Δ_j, v_j)`` for ``j in S'' ∩ S``, zero for
-  ``S'' \ S``, and ``(w Δ, w)`` for the dense tensors.
+  ``S'' \ S``, and ``(w Δ, w)`` for the dense tensors — with DP clipped, count-scaled and
+  with its noise on every word (:func:`~flwr_fsl.families.sfsl.dp.noisy_rows_vector`).
+
+**What the client checks** (a refused round drops this client with one line naming the check):
+the round's noise multiplier (0 for the paper's noiseless protocol) must be at least the
+client's floor — ``noise_floor=`` if given, else the node config's ``fsl-min-noise-multiplier``
+(:data:`~flwr_fsl.core.privacy.NODE_MIN_NOISE_KEY`), else the family default 1.0: a default
+client refuses the paper's rounds (``SFSLFedSubAvg(dp=None)``) until its operator lowers the
+floor. A weighted round (``weighted=True``) may use as weight only ``num-examples`` or a metric
+the node config's ``fsl-weight-keys`` allows.
+
+**Memo lifetime.** ``ε∞`` bounds what the server learns from one memo of permanent answers,
+however many rounds use it — so the memo must live as long as the client. By default it is
+kept on disk under the node's state folder, ``$FLWR_HOME/fsl/sfsl-memo/node-<node id>.rr``
+(``FLWR_HOME`` defaults to ``~/.flwr``, as in Flower; the node config's ``fsl-sfsl-memo-dir``
+or ``memo_dir=`` names another folder), so a new run of the same SuperNode reuses its answers
+and ``ε∞`` holds across runs. A SuperNode's node id follows its public key, so it is stable
+across restarts of a deployed node; in a simulation node ids are fresh per run, so there the
+scope is the run. A memo records the ``p1, p2`` it was drawn with and a client refuses other
+ones for it; a corrupted memo file is an error, never a fresh start. ``persist_memo=False``
+keeps the memo in ``Context.state`` only (one run: ``ε∞`` then holds per run, not per client).
 
 SecAgg messages of other instances (``"model"``: :class:`~flwr_fsl.strategies.SecAggFedAvg`)
 pass through, so ``ClientApp(mods=[rows.mod, secagg_mod])`` serves both strategies.
@@ -43,6 +63,7 @@ Error texts name checks, never rows, counts or values.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +76,11 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
+from flwr_fsl.core.privacy import (
+    check_noise_floor,
+    check_weight_key,
+    node_noise_floor,
+)
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.families.secagg.mod import (
     keep_client,
@@ -71,9 +97,9 @@ from flwr_fsl.families.secagg.records import (
     MaskedInputReply,
     record_instance,
 )
+from flwr_fsl.families.sfsl.dp import DEFAULT_NOISE_MULTIPLIER, RowsRound, rows_input, union_input
+from flwr_fsl.families.sfsl.messages import SFSLSettings
 from flwr_fsl.families.sfsl.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
-from flwr_fsl.families.sfsl.protocol import rows_vector
-from flwr_fsl.families.sfsl.psu import client_vector
 from flwr_fsl.families.sfsl.records import (
     PERTURB,
     ROWS_INSTANCE,
@@ -87,7 +113,15 @@ from flwr_fsl.families.sfsl.records import (
     UnionInputRequest,
 )
 
-__all__ = ["ROWS_INSTANCE", "SFSL_INSTANCES", "UNION_INSTANCE", "PerturbedRows", "RRChoice"]
+__all__ = [
+    "NODE_MEMO_DIR_KEY",
+    "ROWS_INSTANCE",
+    "SFSL_INSTANCES",
+    "UNION_INSTANCE",
+    "PerturbedRows",
+    "RRChoice",
+    "default_memo_dir",
+]
 
 RowsFn = Callable[[Context], tuple[NDArray[np.int64], NDArray[np.float64]]]
 RRChoice = Callable[[ConfigRecord, Context], RRParams]
@@ -97,6 +131,25 @@ Session = str | bytes | int
 
 MEMO_SLOT = "fsl.sfsl.memo"
 _RR_SLOT = "fsl.sfsl.rr"  # per memo slot: the (p1, p2) its permanent answers were drawn with
+NODE_MEMO_DIR_KEY = "fsl-sfsl-memo-dir"
+"""Node-config key: the folder of this node's randomized-response memos (module docstring)."""
+
+
+def default_memo_dir(node_config: Mapping[str, object]) -> Path:
+    """Return the folder of a node's memos: ``fsl-sfsl-memo-dir``, else under ``FLWR_HOME``.
+
+    Raises
+    ------
+    ConfigurationError
+        If the node config's value is not a non-empty string.
+    """
+    raw = node_config.get(NODE_MEMO_DIR_KEY)
+    if raw is not None:
+        if not isinstance(raw, str) or not raw:
+            raise ConfigurationError(f"node config {NODE_MEMO_DIR_KEY} must be a folder path")
+        return Path(raw).expanduser()
+    home = Path(os.environ.get("FLWR_HOME", "~/.flwr")).expanduser()
+    return home / "fsl" / "sfsl-memo"
 
 
 def _scope(session: Session | None) -> str:
@@ -131,7 +184,14 @@ class PerturbedRows:
         This client's randomized-response probabilities ``p1..p4``, or a function of the
         perturb message's train config and the node's context that returns them.
     memo_dir : str or Path, optional
-        Where to keep the permanent answers across restarts (one file per node and scope).
+        Where to keep the permanent answers (one file per node and scope); default
+        :func:`default_memo_dir` (module docstring).
+    persist_memo : bool
+        True (default): keep the memo on disk for the client's lifetime; False: in
+        ``Context.state`` only (``ε∞`` then holds per run).
+    noise_floor : float, optional
+        The smallest noise multiplier this client accepts; default the node config's
+        ``fsl-min-noise-multiplier``, else 1.0 (the family default).
     session_key : str, optional
         A train-config entry whose value scopes the memo (module docstring). A perturb
         message whose config lacks it is refused.
@@ -151,6 +211,8 @@ class PerturbedRows:
     memo_dir: str | Path | None = None
     session_key: str | None = None
     config_key: str = "config"
+    persist_memo: bool = True
+    noise_floor: float | None = None
 
     instances: ClassVar[tuple[str, ...]] = SFSL_INSTANCES
 
@@ -169,6 +231,24 @@ class PerturbedRows:
             raise ConfigurationError("PerturbedRows: session_key must be a non-empty str or None")
         if not isinstance(self.config_key, str) or not self.config_key:
             raise ConfigurationError("PerturbedRows: config_key must be a non-empty str")
+        if not isinstance(self.persist_memo, bool):
+            raise ConfigurationError("PerturbedRows: persist_memo must be a bool")
+        if self.noise_floor is not None:
+            node_noise_floor({}, self.noise_floor)  # a number >= 0, or ConfigurationError
+
+    def _floor(self, context: Context) -> float:
+        if self.noise_floor is not None:
+            return float(self.noise_floor)
+        return node_noise_floor(context.node_config, DEFAULT_NOISE_MULTIPLIER)
+
+    def _check_round(self, settings: SFSLSettings, context: Context) -> None:
+        """Refuse a round below this client's noise floor or with a weight key it disallows."""
+        try:
+            check_noise_floor(settings.noise_multiplier, self._floor(context), what="SFSL")
+            if settings.weighted:
+                check_weight_key(settings.weight_key, context.node_config)
+        except ConfigurationError as err:
+            raise ClientInputError(str(err)) from err
 
     def _real(self, context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         rows, counts = self.rows(context)
@@ -182,15 +262,20 @@ class PerturbedRows:
         return r[order], c[order]
 
     def _store(self, context: Context, scope: str) -> MemoStore | None:
-        if self.memo_dir is None:
+        if not self.persist_memo:
             return None
+        folder = (
+            Path(self.memo_dir) if self.memo_dir is not None
+            else default_memo_dir(context.node_config)
+        )  # fmt: skip
         name = f"node-{int(context.node_id)}" + (f".{scope}" if scope else "")
-        return MemoStore(Path(self.memo_dir) / f"{name}.rr")
+        return MemoStore(folder / f"{name}.rr")
 
     def memo(self, context: Context, session: Session | None = None) -> PermanentMemo | None:
         """Return the permanent answers this node keeps for ``session`` (None: no scope).
 
-        Reads ``memo_dir`` when set, else ``Context.state``; None when there is no memo yet.
+        Reads the memo file (``persist_memo``), else ``Context.state``; None when there is no
+        memo yet.
         """
         scope = _scope(session)
         store = self._store(context, scope)
@@ -247,9 +332,14 @@ class PerturbedRows:
     def on_union(self, request: UnionInputRequest, context: Context) -> MaskedInputReply:
         """PSU: this client's randomized Bloom filter of ``S``, masked."""
         client = load_client(context, UNION_INSTANCE, request.params)
-        assert request.settings.psu is not None  # the request's parser checked it
+        settings = request.settings
+        assert settings.psu is not None  # the request's parser checked it
+        self._check_round(settings, context)
         real, _ = self._real(context)
-        masked = client.masked_input(request.sharers, client_vector(request.settings.psu, real))
+        vector = union_input(
+            settings.psu, real, settings.dp, settings.frac_bits, request.params.threshold
+        )
+        masked = client.masked_input(request.sharers, vector)
         keep_client(context, UNION_INSTANCE, client)
         return MaskedInputReply(masked)
 
@@ -284,6 +374,7 @@ class PerturbedRows:
         settings = request.settings
         if settings.table != self.table:
             raise ClientInputError("the SFSL settings name another row table")
+        self._check_round(settings, context)
         arrays = list(request.beside.array_records.values())
         if len(arrays) != 1 or self.table not in arrays[0]:
             raise ClientInputError("the SFSL train message must carry the model with its table")
@@ -300,13 +391,22 @@ class PerturbedRows:
         if len(trained_records) != 1 or len(metric_records) != 1:
             raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
         trained = {k: a.numpy() for k, a in trained_records[0].items()}
-        weight = metric_records[0].get(settings.weight_key)
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise ClientInputError(f"the train reply lacks a positive {settings.weight_key!r}")
-        vector, positions = rows_vector(
-            layout, self.table, settings.clip, request.rows, model, trained, float(weight),
-            self._real(context), length,
+        rows, counts = self._real(context)
+        weight = 1.0
+        if settings.weighted:
+            value = metric_records[0].get(settings.weight_key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ClientInputError(f"the train reply lacks a positive {settings.weight_key!r}")
+            weight = float(value)
+        else:
+            counts = np.ones(rows.size)
+        peers = RowsRound(
+            self.table, settings.clip, settings.dp, request.params.threshold,
+            len(request.sharers), request.shared,
         )  # fmt: skip
+        vector, positions = rows_input(
+            layout, peers, request.rows, model, trained, weight, (rows, counts), length
+        )
         masked = client.masked_input(
             request.sharers, vector, rows=positions, shared_rows=request.shared
         )

@@ -6,19 +6,28 @@ real index sets, from private set union) with two layers of randomized response:
 
 * **permanent** (memoized, RAPPOR-style): the first time ``j`` is asked, the client answers
   "yes" with probability ``p1`` if ``j`` is in its real set ``S`` and ``p2`` otherwise, and
-  remembers the answer (``Y`` = yes, ``N`` = no) for the rest of the run (and across restarts
-  with :class:`MemoStore`), so repeated rounds cannot average the noise away;
+  remembers the answer (``Y`` = yes, ``N`` = no) for the memo's lifetime (the client's, by
+  default: :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` keeps it in a
+  :class:`MemoStore` under the node's state folder), so repeated rounds cannot average the
+  noise away;
 * **instantaneous**, every round: ``j`` enters the perturbed set ``S''`` with probability
   ``p3`` if ``j in Y`` and ``p4`` otherwise.
 
 So ``Pr[j in S'' | j in S] = p5 = p1 (p3 - p4) + p4`` and ``Pr[j in S'' | j not in S] = p6 =
 p2 (p3 - p4) + p4``. The client downloads and uploads the rows of ``S''``: real rows it did
-not keep get no update, rows of ``S'' \ S`` get a zero update (Alg. 1), so a row's presence
-in the upload is the only thing the server sees of the client's set, and it is ε-LDP:
+not keep get no update, rows of ``S'' \ S`` get a zero update (Alg. 1). The perturbed set
+``S''`` is ε-LDP:
 
 * one round: ``ε1 = ln max(p5/p6, p6/p5, (1-p5)/(1-p6), (1-p6)/(1-p5))`` (Lemma 2);
-* any number of rounds is at most the permanent layer's ``ε∞`` — the same formula with
-  ``p1, p2`` (Lemma 1), because every round is a function of the memoized answer.
+* any number of rounds *of one memo* is at most the permanent layer's ``ε∞`` — the same
+  formula with ``p1, p2`` (Lemma 1), because every round is a function of the memoized answer.
+  A new memo (a new run of a client whose memo is not persisted, another session scope) draws
+  new answers: ``k`` memos give up to ``k·ε∞``.
+
+These bound what ``S''`` reveals, **not** what the round's aggregates reveal: Niu's per-row
+sums over changing participants (and the union of the real sets) decode every client's real
+rows whatever ``p1..p4`` (``tests/attacks/test_sfsl_*``); the aggregates are protected by the
+distributed DP of :mod:`flwr_fsl.families.sfsl.dp`, which the strategy runs by default.
 
 A ratio whose numerator and denominator are both 0 concerns an output that never happens and
 is left out; one with a zero denominator only is ``inf`` (no deniability). Theorem 2's
@@ -55,7 +64,8 @@ __all__ = [
 
 _I64 = np.int64
 _MEMO_MAGIC = register_magic(b"FSRR", "randomized-response memo (flwr_fsl.families.sfsl.perturb)")
-_MEMO_VERSION = 1
+_MEMO_VERSION = 2
+_LEGACY_MEMO_VERSION = 1
 MAX_MEMO_INDICES = 1 << 28
 """Most indices a decoded memo may hold (bounds what a corrupted state can allocate)."""
 
@@ -154,20 +164,33 @@ def _indices(values: ArrayLike, what: str) -> NDArray[np.int64]:
 
 @dataclass
 class PermanentMemo:
-    """A client's memoized permanent answers: the indices answered "yes" and "no" so far."""
+    """A client's memoized permanent answers: the indices answered "yes" and "no" so far.
+
+    ``drawn`` is the ``(p1, p2)`` the answers were drawn with (None: not recorded, a version-1
+    memo or an empty one): ``ε∞`` holds only while every answer of one memo comes from the same
+    ``p1, p2``, so a client refuses to extend a memo with others.
+    """
 
     yes: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, _I64))
     no: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, _I64))
+    drawn: tuple[float, float] | None = None
 
     def to_bytes(self) -> bytes:
-        """``b"FSRR"``, version, two u64 counts, then the sorted ``yes`` and ``no`` (i64 each)."""
+        """``b"FSRR"``, version, two u64 counts, the sorted ``yes`` and ``no`` (i64 each).
+
+        Version 2 (when :attr:`drawn` is set) appends ``p1, p2`` (``f64`` each); a memo
+        without them is written as version 1, byte for byte as before.
+        """
         w = Writer(ClientInputError)
         w.fixed(_MEMO_MAGIC, len(_MEMO_MAGIC))
-        w.u8(_MEMO_VERSION)
+        w.u8(_LEGACY_MEMO_VERSION if self.drawn is None else _MEMO_VERSION)
         w.u64(self.yes.size)
         w.u64(self.no.size)
         w.words(self.yes, "<i8")
         w.words(self.no, "<i8")
+        if self.drawn is not None:
+            w.f64(self.drawn[0])
+            w.f64(self.drawn[1])
         return w.payload()
 
     @classmethod
@@ -182,19 +205,27 @@ class PermanentMemo:
             index is both "yes" and "no".
         """
         what = "randomized-response memo"
-        r = Reader.versioned(data, _MEMO_MAGIC, _MEMO_VERSION, what, ClientInputError)
+        raw = bytes(data) if isinstance(data, bytes | bytearray | memoryview) else b""
+        version = _MEMO_VERSION if raw[len(_MEMO_MAGIC) : len(_MEMO_MAGIC) + 1] != b"\x01" else 1
+        r = Reader.versioned(data, _MEMO_MAGIC, version, what, ClientInputError)
         n_yes, n_no = r.u64("memo yes count"), r.u64("memo no count")
-        if n_yes + n_no > MAX_MEMO_INDICES or len(r.data) - r.pos != 8 * (n_yes + n_no):
+        tail = 0 if version == _LEGACY_MEMO_VERSION else 16
+        if n_yes + n_no > MAX_MEMO_INDICES or len(r.data) - r.pos != 8 * (n_yes + n_no) + tail:
             raise ClientInputError("randomized-response memo has a bad length")
         yes = r.words(n_yes, "<i8", "memo yes").astype(_I64)
         no = r.words(n_no, "<i8", "memo no").astype(_I64)
+        drawn = None
+        if tail:
+            drawn = (r.f64("memo p1"), r.f64("memo p2"))
+            if not all(0.0 <= p <= 1.0 for p in drawn):
+                raise ClientInputError("randomized-response memo has probabilities outside [0, 1]")
         r.done()
         for arr in (yes, no):
             if arr.size and (arr[0] < 0 or np.any(arr[1:] <= arr[:-1])):
                 raise ClientInputError("randomized-response memo lists are not sorted indices")
         if np.intersect1d(yes, no).size:
             raise ClientInputError("randomized-response memo answers an index both ways")
-        return cls(yes, no)
+        return cls(yes, no, drawn)
 
 
 class MemoStore:
@@ -280,7 +311,14 @@ def perturb_index_set(
     ------
     ConfigurationError
         If an index set is not a 1-D array of non-negative integers.
+    ClientInputError
+        If the memo's answers were drawn with other permanent probabilities ``p1, p2``.
     """
+    if memo.drawn is not None and memo.drawn != (params.p1, params.p2):
+        raise ClientInputError(
+            "the permanent probabilities p1, p2 changed within one memo scope "
+            "(its answers were drawn with others; use a new session or memo)"
+        )
     s = _indices(real, "the real index set")
     u = _indices(union, "the union")
     prg = prg or PRGStream.fresh()
@@ -292,4 +330,4 @@ def perturb_index_set(
     no = np.union1d(memo.no, new[~says_yes])
     in_yes = np.isin(u, yes, assume_unique=True)
     keep = np.where(in_yes, _coins(prg, u.size, params.p3), _coins(prg, u.size, params.p4))
-    return u[keep], PermanentMemo(yes, no)
+    return u[keep], PermanentMemo(yes, no, (float(params.p1), float(params.p2)))

@@ -117,7 +117,7 @@ class UnionInputRequest:
         params = _header(content, UNION_INSTANCE)
         sharers, _ = decode_ids(read_secagg_bytes(content, "sharers"))
         settings = SFSLSettings.from_bytes(read_secagg_bytes(content, "settings"))
-        if settings.psu is None or settings.psu.vector_length != params.vector_length:
+        if settings.psu is None or settings.union_length() != params.vector_length:
             raise ClientInputError("the PSU vector does not match the round's length")
         return cls(params, tuple(sharers), settings)
 

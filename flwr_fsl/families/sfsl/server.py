@@ -13,6 +13,12 @@ One round of Niu et al.'s secure federated submodel learning is four steps of th
    mean, both through the one count-weighted apply
    (:func:`flwr_fsl.submodel.aggregate.apply_count_weighted`).
 
+With DP (``settings.dp``, the strategy's default; :mod:`flwr_fsl.families.sfsl.dp`) step 1
+sums noisy per-row holder counts instead of the filter and keeps the rows above a threshold,
+step 3 carries each client's noise on every word and is unmasked only when every row kept
+enough of its participants (:func:`~flwr_fsl.families.sfsl.dp.short_rows`), and step 4
+suppresses the rows whose noisy count is small before the apply.
+
 The server never talks to a client itself: every message goes through an :data:`Exchange`,
 ``exchange(label, {node: ask}, accept) -> {node: reply}``, which delivers the asks of one
 phase (:mod:`flwr_fsl.families.sfsl.messages`), calls ``accept(node, reply)`` on each reply
@@ -33,6 +39,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -40,7 +47,17 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Exchange, local_exchange
+from flwr_fsl.core.privacy import check_noise_floor
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.sfsl.dp import (
+    UNION_THRESHOLD_STDS,
+    RowsRound,
+    noisy_row_sums,
+    rows_input,
+    short_rows,
+    union_from_counts,
+    union_input,
+)
 from flwr_fsl.families.sfsl.messages import (
     ROWS_INSTANCE,
     UNION_INSTANCE,
@@ -51,11 +68,10 @@ from flwr_fsl.families.sfsl.messages import (
     UnionAsk,
 )
 from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams, perturb_index_set
-from flwr_fsl.families.sfsl.protocol import RowVector, check_perturbed, rows_vector
+from flwr_fsl.families.sfsl.protocol import RowVector, check_perturbed
 from flwr_fsl.families.sfsl.psu import (
     PSUParams,
     UnionReport,
-    client_vector,
     reconstruct_union,
     union_report,
 )
@@ -70,6 +86,9 @@ __all__ = [
     "psu_params",
     "run_round",
 ]
+
+_UNION_FPR = 1.0 - NormalDist().cdf(UNION_THRESHOLD_STDS)
+"""With DP: the chance that a row nobody holds passes the union's threshold."""
 
 
 def psu_params(
@@ -99,6 +118,10 @@ class SFSLResult:
         The clients whose rows the aggregate holds (the rows round's survivors).
     perturbed : dict[int, numpy.ndarray]
         ``S''`` of every client that answered the perturb phase.
+    released_sums, released_counts : numpy.ndarray, optional
+        What the rows round released per union row (in ``union`` order): the value sums
+        ``(|U|, d)`` and the counts ``(|U|,)``, before any post-processing (the server's view;
+        noisy with DP).
     """
 
     model: dict[str, NDArray[np.generic]]
@@ -107,6 +130,19 @@ class SFSLResult:
     touched: NDArray[np.int64]
     clients: tuple[int, ...]
     perturbed: dict[int, NDArray[np.int64]] = field(default_factory=dict)
+    released_sums: NDArray[np.float64] | None = None
+    released_counts: NDArray[np.float64] | None = None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows round's outcome the apply needs."""
+
+    total: NDArray[np.uint64]
+    clients: tuple[int, ...]
+    alive: NDArray[np.int64]
+    t_rows: NDArray[np.int64]
+    threshold: int
 
 
 @dataclass
@@ -162,9 +198,17 @@ class SFSLServer:
             dict.fromkeys((n for n in server.sharers() if n in alive), ask),
             lambda n, words: server.add_masked_input(n, words),
         )
+        survivors = len(server.survivors)
         total, alive = self._unmask(exchange, UNION_INSTANCE, server)
+        if settings.dp is not None:
+            union, _ = union_from_counts(
+                total, settings.dp, settings.frac_bits, params.threshold, survivors
+            )
+            # Rows held by few clients are left out by design: no false-negative bound.
+            report = UnionReport(int(union.size), int(union.size), _UNION_FPR, 1.0, total.size)
+            return union, report, alive
         union = reconstruct_union(settings.psu, total)
-        return union, union_report(settings.psu, total, union, len(server.survivors)), alive
+        return union, union_report(settings.psu, total, union, survivors), alive
 
     @staticmethod
     def perturb(
@@ -185,8 +229,14 @@ class SFSLServer:
         params: SecAggParams,
         layout: RowVector,
         settings: SFSLSettings,
-    ) -> tuple[NDArray[np.uint64], tuple[int, ...]]:
-        """Step 3: the count-weighted subset SecAgg round; the sum and its clients."""
+    ) -> _Rows:
+        """Step 3: the count-weighted subset SecAgg round; the sum and its clients.
+
+        Raises
+        ------
+        RoundFailedError
+            With DP, if a row kept fewer than its ``t_j`` participants (before unmasking).
+        """
         table = settings.table
         server, alive = self._keys(exchange, ROWS_INSTANCE, list(perturbed), params)
         u2 = server.sharers()
@@ -204,30 +254,57 @@ class SFSLServer:
             asks[u] = RowsAsk(params, u2, perturbed[u], shared[u], layout.union, settings, arrays)
         exchange(f"{ROWS_INSTANCE}-train", asks, lambda n, words: server.add_masked_input(n, words))
         clients = server.survivors
+        _, kept, t_rows = short_rows(perturbed, u2, clients, layout.union, params.threshold)
+        short = (kept > 0) & (kept < t_rows)
+        if settings.dp is not None and np.any(short):
+            raise RoundFailedError(
+                f"{int(short.sum())} row(s) kept fewer participants than their noise counts on "
+                "(DP): not unmasked"
+            )
         total, _ = self._unmask(exchange, ROWS_INSTANCE, server)
-        return total, clients
+        return _Rows(total, clients, kept, t_rows, params.threshold)
 
     def apply(
         self,
         model: Mapping[str, NDArray[np.generic]],
         layout: RowVector,
-        total: NDArray[np.uint64],
+        rows_round: _Rows,
+        released: dict[str, NDArray[np.float64]] | None = None,
     ) -> tuple[dict[str, NDArray[np.generic]], NDArray[np.int64]]:
         """Step 4 (line 9): ``w += Σ c Δ / Σ c`` per touched row and for the dense tensors.
+
+        With DP the rows (and the weight) whose noisy count is small are left unchanged
+        (:func:`~flwr_fsl.families.sfsl.dp.noisy_row_sums`). ``released`` is filled with the
+        per-row sums and counts the round released (``"sums"``, ``"counts"``).
 
         Raises
         ------
         RoundFailedError
-            If the aggregated weight is not positive or the result is not finite.
+            If the aggregated weight is not positive (without DP) or the result is not finite.
         """
         table = self.settings.table
         dense = [k for k in model if k != table]
+        total = rows_round.total
         values = layout.codec.decode(total[layout.length :])
         weight = float(values[-1])
-        if not weight > 0:
-            raise RoundFailedError("the aggregated weight is not positive")
+        dp = self.settings.dp
+        released = released if released is not None else {}
+        if dp is None:
+            if not weight > 0:
+                raise RoundFailedError("the aggregated weight is not positive")
+            sums, counts = layout.sums(total[: layout.length])
+            words = layout.codec.decode(total[: layout.length])
+            words = words.reshape(layout.union.size, layout.width + 1)
+            released["sums"], released["counts"] = words[:, : layout.width], words[:, -1]
+        else:
+            noisy = noisy_row_sums(
+                layout, total, dp, rows_round.alive, rows_round.t_rows,
+                len(rows_round.clients), rows_round.threshold, self.settings.weighted,
+            )  # fmt: skip
+            sums, counts, weight = noisy.sums, noisy.counts, noisy.dense_weight
+            values = np.concatenate([noisy.dense_sum, [weight]])
+            released["sums"], released["counts"] = noisy.released_sums, noisy.released_counts
         rows = RowLayout.of(model, table)
-        sums, counts = layout.sums(total[: layout.length])
         full_sums = np.zeros((rows.size, rows.width))
         full_counts = np.zeros(rows.size)
         full_sums[layout.union] = sums
@@ -238,9 +315,10 @@ class SFSLServer:
         shapes = tuple(tuple(np.shape(model[k])) for k in dense)
         offsets = tuple(int(x) for x in np.cumsum([0, *[math.prod(s) for s in shapes]]))
         flat = FlatLayout(tuple(dense), shapes, offsets)
-        new = apply_count_weighted(
-            new, flat, values[:-1].reshape(-1, 1), np.full(flat.size, weight)
-        )
+        if weight > 0:  # with DP, a suppressed weight leaves the dense tensors unchanged
+            new = apply_count_weighted(
+                new, flat, values[:-1].reshape(-1, 1), np.full(flat.size, weight)
+            )
         return new, layout.union[full_counts[layout.union] > 0]
 
     def run(
@@ -265,16 +343,21 @@ class SFSLServer:
         if table not in model or np.ndim(model[table]) != 2:
             raise RoundFailedError(f"the model has no 2-D table {table!r}")
         settings = replace(self.settings, psu=psu)
-        union_params = SecAggParams(server_round, self.session, threshold, psu.vector_length)
+        # With DP the union vector is one noisy count per table row (exact mode).
+        union_params = SecAggParams(server_round, self.session, threshold, settings.union_length())
         union, report, alive = self.union(exchange, nodes, union_params, settings)
         _, width = np.shape(model[table])
         dense_size = sum(int(np.size(model[k])) for k in model if k != table)
         layout, length = settings.layout(union, int(width), dense_size)
         rows_params = SecAggParams(server_round, self.session, threshold, length)
         perturbed = self.perturb(exchange, alive, rows_params, union)
-        total, clients = self.rows(exchange, model, perturbed, rows_params, layout, settings)
-        new, touched = self.apply(model, layout, total)
-        return SFSLResult(new, union, report, touched, clients, dict(perturbed))
+        rows_round = self.rows(exchange, model, perturbed, rows_params, layout, settings)
+        released: dict[str, NDArray[np.float64]] = {}
+        new, touched = self.apply(model, layout, rows_round, released)
+        return SFSLResult(
+            new, union, report, touched, rows_round.clients, dict(perturbed),
+            released.get("sums"), released.get("counts"),
+        )  # fmt: skip
 
 
 # -- the in-process clients and driver ---------------------------------------------------------
@@ -300,6 +383,9 @@ class SFSLParty:
         ``train(model) -> (trained, weight)`` on the submodel it receives.
     memo : PermanentMemo
         Its permanent answers (kept across rounds).
+    noise_floor : float
+        The smallest noise multiplier it accepts (the mod's node-config floor); 0 (default)
+        accepts the paper's noiseless rounds, as in-process tests and benchmarks need.
     """
 
     node: int
@@ -309,6 +395,7 @@ class SFSLParty:
     train: TrainFn
     memo: PermanentMemo = field(default_factory=PermanentMemo)
     secagg: dict[str, SecAggClient] = field(default_factory=dict)
+    noise_floor: float = 0.0
 
     def __post_init__(self) -> None:
         r = np.asarray(self.rows, dtype=np.int64)
@@ -329,8 +416,12 @@ class SFSLParty:
                 return client.share_keys(ask.body)
             return client.unmask(ask.body)
         if isinstance(ask, UnionAsk):
-            assert ask.settings.psu is not None
-            vector = client_vector(ask.settings.psu, self.rows)
+            settings = ask.settings
+            assert settings.psu is not None
+            self._check_floor(settings)
+            vector = union_input(
+                settings.psu, self.rows, settings.dp, settings.frac_bits, ask.params.threshold
+            )
             return self.secagg[UNION_INSTANCE].masked_input(ask.sharers, vector)
         if isinstance(ask, PerturbAsk):
             perturbed, self.memo = perturb_index_set(self.rows, ask.union, self.memo, self.rr)
@@ -344,15 +435,29 @@ class SFSLParty:
             )
             if length != ask.params.vector_length:
                 raise ClientInputError("the SFSL layout does not match the round's length")
+            self._check_floor(ask.settings)
             trained, weight = self.train({k: np.array(v) for k, v in ask.model.items()})
-            vector, positions = rows_vector(
-                layout, table, ask.settings.clip, ask.rows, dict(ask.model), trained, weight,
-                (self.rows, self.counts), length,
+            weighted = ask.settings.weighted
+            settings = ask.settings
+            peers = RowsRound(
+                table, settings.clip, settings.dp, ask.params.threshold, len(ask.sharers),
+                ask.shared,
+            )  # fmt: skip
+            real = (self.rows, self.counts if weighted else np.ones(self.rows.size))
+            vector, positions = rows_input(
+                layout, peers, ask.rows, dict(ask.model), trained,
+                weight if weighted else 1.0, real, length,
             )  # fmt: skip
             return self.secagg[ROWS_INSTANCE].masked_input(
                 ask.sharers, vector, rows=positions, shared_rows=ask.shared
             )
         raise ClientInputError(f"unknown SFSL ask {label!r}")
+
+    def _check_floor(self, settings: SFSLSettings) -> None:
+        try:
+            check_noise_floor(settings.noise_multiplier, self.noise_floor, what="SFSL")
+        except ConfigurationError as err:
+            raise ClientInputError(str(err)) from err
 
 
 def run_round(  # noqa: PLR0913

@@ -24,15 +24,31 @@ this strategy is its transport: each of the server's asks goes out as a typed ph
    ``(w_i Δ_i, w_i)`` for the dense part (``w_i`` = ``num-examples``); each table row moves by
    ``Σ v Δ / Σ v`` over its participants, the dense tensors by the weighted mean.
 
+**Defaults (issue 20).** ``dp=SFSLDP()``: every client adds discrete Gaussian noise inside its
+masked vectors — the union becomes noisy per-row holder counts, the rows round's value and count
+words carry noise — and the server moves only rows whose noisy count is large
+(:mod:`flwr_fsl.families.sfsl.dp`, ``z = 1``); the run's ``(ε, δ)`` is accounted and logged
+every round, and the run stops before a round that would exceed ``privacy_budget`` (default
+``ε = 20`` at ``δ = 1e-5``: 10 rounds at ``z = 1``). ``weighted=False``: every contributing
+client counts 1 (per-row counts and the dense weight). ``fraction_evaluate=0.0``: federated
+evaluation would hand the server each client's metrics and ``num-examples`` in the clear, so a
+value > 0 needs ``plaintext_evaluation=True`` (else evaluate on the server with
+``evaluate_fn``). **Niu's protocol as the paper specifies it** is ``dp=None, weighted=True``
+(clients accept it only with a noise floor of 0 in their node config).
+
 **Threat model and leakage.** One honest-but-curious server colluding with fewer than ``t``
-clients; semi-honest clients; everything relayed and sealed. The server learns the union ``U``
-(and, in Bloom mode, its false positives), every ``S''_i`` (ε-LDP per client: ``ε1`` per round,
-``ε∞`` over all rounds, :mod:`flwr_fsl.families.sfsl.perturb`), and per row the participant set and
-the aggregate over it — a row with a single participant is that client's row in the clear
-(Theorem 2, Event 1). Clients learn ``U`` and, for their own rows, which other clients answered
-"yes". With ``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.families.sfsl.perturb.RRParams` all ones)
-every client uploads all of ``U`` and the round is as private as secure FL over ``U``
-(Theorem 3).
+clients; semi-honest clients; everything relayed and sealed. At the defaults the server learns
+every ``S''_i`` (ε-LDP per client: ``ε1`` per round, ``ε∞`` over the memo's lifetime — the
+client's, :mod:`flwr_fsl.families.sfsl.mod`), who took part, and ``(ε, δ)``-DP releases: the
+noisy union and per row the noisy sums over its participants. With ``dp=None`` (the paper) it
+learns the exact union ``U`` (and, in Bloom mode, its false positives) and per row the exact
+aggregate over its participants: over rounds with changing participants a least-squares solve
+per row gives every client's counts, the zero pattern of the value sums and the unions decode
+every client's real rows, whatever the randomized response (``tests/attacks/test_sfsl_*``), and
+a row with a single participant is that client's row in the clear (Theorem 2, Event 1).
+Clients learn ``U`` and, for their own rows, which other clients answered "yes". With
+``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.families.sfsl.perturb.RRParams` all ones) every
+client uploads all of ``U`` (Theorem 3) — which, without DP, still releases the per-row sums.
 """
 
 from __future__ import annotations
@@ -52,6 +68,7 @@ from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
+from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget, refuse_plaintext_evaluation
 from flwr_fsl.families.secagg.records import (
     ADVERTISE,
     SHARE,
@@ -60,6 +77,7 @@ from flwr_fsl.families.secagg.records import (
     ShareRequest,
     UnmaskSharesRequest,
 )
+from flwr_fsl.families.sfsl.dp import DEFAULT_BUDGET, SFSLDP
 from flwr_fsl.families.sfsl.messages import UNION_INSTANCE, RowsAsk, SFSLSettings, UnionAsk
 from flwr_fsl.families.sfsl.records import (
     PERTURB,
@@ -81,9 +99,25 @@ class SFSLFedSubAvg(MultiPhaseStrategy):
     ----------
     table : str
         The row table's name in the model.
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
-min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
-        As in :class:`flwr.serverapp.strategy.FedAvg`.
+    fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
+weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
+        As in :class:`flwr.serverapp.strategy.FedAvg` (``weighted_by_key`` is used only with
+        ``weighted=True``).
+    fraction_evaluate : float
+        Default 0.0; a value > 0 needs ``plaintext_evaluation=True``.
+    weighted : bool
+        False (default): every contributing client counts 1; True: per-row counts from the
+        clients' data and the dense weight from ``weighted_by_key`` (Niu's count weighting;
+        a client uses only ``num-examples`` or a key its node config allows).
+    dp : SFSLDP or None
+        Distributed DP (default ``SFSLDP()``: ``z = 1``, ``C = W = 1``, ``k = 32``); None runs
+        the paper's noiseless protocol, whose aggregates leak the clients' rows over rounds.
+    privacy_budget : PrivacyBudget or None
+        The run's ``(ε, δ)`` ceiling (default ``ε = 20``, ``δ = 1e-5``): the run stops before a
+        round that would exceed it. None accounts and logs without stopping. Ignored without DP.
+    plaintext_evaluation : bool
+        Accept federated evaluation (its replies carry metrics and ``num-examples`` in the
+        clear). Default False.
     reconstruction_threshold : int or float
         ``t`` of both SecAgg rounds (count, or fraction of the sampled clients). Default 0.6.
     bloom_fpr : float or None
@@ -103,6 +137,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
     quantization_levels : int, optional
         γ of Niu's App. B stochastic quantization of the row updates over
         ``[-clip, clip]`` (the paper used 2^15); None (default) sends them in fixed point.
+        Needs ``dp=None``, as does ``bloom_fpr``.
 
     Raises
     ------
@@ -117,7 +152,7 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         self,
         table: str,
         fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
+        fraction_evaluate: float = 0.0,
         min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -135,7 +170,18 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         max_clients: int = 1000,
         quantization_levels: int | None = None,
         sampling_seed: int | None = None,
+        weighted: bool = False,
+        dp: SFSLDP | None = SFSLDP(),  # noqa: B008 (frozen: one shared default is safe)
+        privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
+        plaintext_evaluation: bool = False,
     ) -> None:
+        refuse_plaintext_evaluation("SFSLFedSubAvg", fraction_evaluate, plaintext_evaluation)
+        if not isinstance(weighted, bool):
+            raise ConfigurationError("weighted must be a bool")
+        if dp is not None and not isinstance(dp, SFSLDP):
+            raise ConfigurationError("dp must be SFSLDP or None")
+        if privacy_budget is not None and not isinstance(privacy_budget, PrivacyBudget):
+            raise ConfigurationError("privacy_budget must be PrivacyBudget or None")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -164,8 +210,17 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         # Validated once, here, before round 1; each round sends it with its PSU parameters.
         self.settings = SFSLSettings(
             table, weighted_by_key, clip, max_count, frac_bits, max_clients,
-            0 if quantization_levels is None else quantization_levels,
+            0 if quantization_levels is None else quantization_levels, None, weighted, dp,
         )  # fmt: skip
+        if dp is not None and bloom_fpr is not None:
+            raise ConfigurationError(
+                "bloom_fpr needs dp=None: with DP the union is a noisy count per table row"
+            )
+        self.weighted = weighted
+        self.dp = dp
+        self.plaintext_evaluation = plaintext_evaluation
+        # Every round is spent before it runs (the engine), whether a client took part or not.
+        self.privacy_account = None if dp is None else PrivacyAccount(privacy_budget)
         self.server = SFSLServer(self.settings)
         self.table = table
         self.reconstruction_threshold = t
@@ -178,6 +233,12 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
         self.quantizer = self.settings.quantizer()
         self.session = self.server.session
         self.reports: dict[int, dict[str, float]] = {}
+
+    def round_noise_multiplier(self) -> float | None:
+        """Return the round's effective ``z`` (``1/sqrt(2ρ)``, both releases); None without DP."""
+        if self.dp is None:
+            return None
+        return self.dp.round_noise_multiplier(self.settings.frac_bits, self.settings.max_clients)
 
     def _threshold(self, sampled: int) -> int:
         t = self.reconstruction_threshold
@@ -216,6 +277,8 @@ min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, samplin
             INFO, "SFSL: %d rows updated by %d clients (union %d)",
             result.touched.size, len(result.clients), result.union.size,
         )  # fmt: skip
+        if self.privacy_account is not None:
+            log(INFO, "SFSL: differential privacy so far: %s", self.privacy_account.describe())
         metrics = MetricRecord(
             {"sfsl-clients": len(result.clients), "union-size": int(result.union.size)}
         )

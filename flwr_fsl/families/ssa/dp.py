@@ -93,7 +93,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -103,6 +102,13 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.discrete_gaussian import exponential
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
+
+# The count post-processing is the one of every family with noisy counts (re-exported here).
+from flwr_fsl.submodel.aggregate import (
+    FALSE_POSITIVES,
+    count_threshold_stds,
+    suppress_small_counts,
+)
 
 __all__ = [
     "FALSE_POSITIVES",
@@ -124,9 +130,6 @@ __all__ = [
 
 NOISE_CLIP_STDS = 64.0
 """Noise samples are clipped to ``+-64 sigma`` (probability below ``e^-2000``): no word wraps."""
-
-FALSE_POSITIVES = 1e-4
-"""Expected number of untouched elements per round whose noisy count passes the threshold."""
 
 
 def _positive_finite(name: str, value: object) -> float:
@@ -472,56 +475,3 @@ def clip_update(
         # Float rounding may leave the norm a hair above C; shrink by one ulp-scale step.
         v = v * (1.0 - 1e-12)
     return v, np.minimum(np.asarray(weights, np.float64), dp.max_weight)
-
-
-def count_threshold_stds(num_elements: int, false_positives: float = FALSE_POSITIVES) -> float:
-    """Return the count threshold ``t``, in noise stds, for ``num_elements`` elements.
-
-    ``num_elements`` pure-noise counts pass it ``false_positives`` times on average:
-    ``t = Φ^-1(1 - false_positives / num_elements)``, at least 3.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``false_positives`` is not in ``(0, 1)``.
-    """
-    if not 0 < false_positives < 1:
-        raise ConfigurationError(f"false_positives must be in (0, 1), got {false_positives!r}")
-    tail = false_positives / max(1, num_elements)
-    return max(3.0, NormalDist().inv_cdf(1.0 - tail))
-
-
-def suppress_small_counts(
-    sums: NDArray[np.float64],
-    counts: NDArray[np.float64],
-    sigma_total: float,
-    stds: float | None = None,
-) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
-    """Post-process a noisy aggregate: elements with a small noisy count count as untouched.
-
-    Without this, an element no client chose reconstructs to ``(noise, noise)`` and
-    ``sums / counts`` is noise over noise. Post-processing of a DP release costs no privacy.
-
-    Parameters
-    ----------
-    sums : numpy.ndarray
-        ``(m, w)`` noisy sums.
-    counts : numpy.ndarray
-        ``(m,)`` noisy counts.
-    sigma_total : float
-        Std of the noise on one count word (``sqrt(σ_0² + σ_1²)``).
-    stds : float, optional
-        Threshold in units of ``sigma_total``; :func:`count_threshold_stds` of ``m`` by
-        default.
-
-    Returns
-    -------
-    tuple[numpy.ndarray, numpy.ndarray, float]
-        Sums and counts with both zeroed where ``counts <= stds · sigma_total``, and that
-        threshold.
-    """
-    if stds is None:
-        stds = count_threshold_stds(counts.size)
-    threshold = max(0.0, stds * sigma_total)
-    keep = counts > threshold
-    return np.where(keep[:, None], sums, 0.0), np.where(keep, counts, 0.0), threshold

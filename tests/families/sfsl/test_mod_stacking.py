@@ -38,7 +38,15 @@ from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams
 from flwr_fsl.mods import PerturbedRows, secagg_mod
 from flwr_fsl.strategies import SecAggFedAvg, SFSLFedSubAvg
 from flwr_fsl.testing import InProcessGrid
-from tests.families.sfsl.test_strategy import MODEL, counts, real_rows, reference, row_delta
+from tests.families.sfsl.test_strategy import (
+    MODEL,
+    PAPER,
+    counts,
+    paper_grid,
+    real_rows,
+    reference,
+    row_delta,
+)
 
 N = 5
 CPP = {"cpp1": RRParams.symmetric(1, 0), "cpp5": RRParams.symmetric(1, 1)}
@@ -97,7 +105,9 @@ def _initial() -> ArrayRecord:
 
 
 def _sfsl(grid: InProcessGrid, **train_config: Any) -> tuple[SFSLFedSubAvg, Any]:
-    strategy = SFSLFedSubAvg("emb", min_available_nodes=N, fraction_evaluate=0.0, max_count=100.0)
+    strategy = SFSLFedSubAvg(
+        "emb", min_available_nodes=N, fraction_evaluate=0.0, max_count=100.0, **PAPER
+    )
     result = strategy.start(
         grid=grid,
         initial_arrays=_initial(),
@@ -193,7 +203,7 @@ def test_stacked_mods_serve_secagg_and_sfsl_on_the_same_nodes(outer: str) -> Non
     rows = PerturbedRows("emb", rows=_rows, rr=CPP["cpp1"])
     mods: list[Mod] = [rows.mod, secagg_mod] if outer == "PerturbedRows" else [secagg_mod, rows.mod]
     seen: dict[str, dict[int, Any]] = {}
-    grid = InProcessGrid(_app(mods, seen), N)
+    grid = paper_grid(_app(mods, seen), N)
     # Dense SecAgg first: FedAvg of the whole model, weights 10 (pid + 1).
     secagg = SecAggFedAvg(min_available_nodes=N, train_metrics=(), weighted=True)
     dense = secagg.start(grid=grid, initial_arrays=_initial(), num_rounds=1)
@@ -223,7 +233,7 @@ def test_stacked_mods_serve_secagg_and_sfsl_on_the_same_nodes(outer: str) -> Non
 def test_the_perturb_phase_carries_the_rounds_train_config() -> None:
     seen: dict[str, dict[int, Any]] = {}
     rows = PerturbedRows("emb", rows=_rows, rr=_choose)
-    grid = InProcessGrid(_app([rows.mod], seen), N)
+    grid = paper_grid(_app([rows.mod], seen), N)
     strategy, _ = _sfsl(grid, cpp="cpp1", lr=0.5)
     assert strategy.failed_rounds == {}
     for pid in range(N):
@@ -235,7 +245,7 @@ def test_the_perturb_phase_carries_the_rounds_train_config() -> None:
 def test_rr_per_training_and_one_memo_per_session() -> None:
     seen: dict[str, dict[int, Any]] = {}
     rows = PerturbedRows("emb", rows=_rows, rr=_choose, session_key="training-id")
-    grid = InProcessGrid(_app([rows.mod], seen), N)
+    grid = paper_grid(_app([rows.mod], seen), N)
     union = _union()
 
     def memo(node: int, session: str) -> PermanentMemo:
@@ -261,7 +271,7 @@ def test_a_sessions_permanent_answers_persist_and_stay_in_it(tmp_path: Path) -> 
     # COIN: each union row is answered "yes" by a fair permanent coin and S'' = the "yes" set.
     seen: dict[str, dict[int, Any]] = {}
     rows = PerturbedRows("emb", rows=_rows, rr=_choose, session_key="training-id")
-    grid = InProcessGrid(_app([rows.mod], seen), N)
+    grid = paper_grid(_app([rows.mod], seen), N)
     runs = {}
     for session in ("a", "b", "a"):
         _sfsl(grid, cpp="coin", **{"training-id": session})
@@ -276,13 +286,13 @@ def test_a_sessions_permanent_answers_persist_and_stay_in_it(tmp_path: Path) -> 
         "emb", rows=_rows, rr=_choose, session_key="training-id", memo_dir=tmp_path
     )
     before: dict[str, dict[int, Any]] = {}
-    grid = InProcessGrid(_app([on_disk.mod], before), N)
+    grid = paper_grid(_app([on_disk.mod], before), N)
     _sfsl(grid, cpp="coin", **{"training-id": "a"})
     _sfsl(grid, cpp="coin", **{"training-id": "b"})
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) == 2 * N and all(f.startswith("node-") and f.endswith(".rr") for f in files)
     after: dict[str, dict[int, Any]] = {}
-    _sfsl(InProcessGrid(_app([on_disk.mod], after), N), cpp="coin", **{"training-id": "b"})
+    _sfsl(paper_grid(_app([on_disk.mod], after), N), cpp="coin", **{"training-id": "b"})
     for pid in range(N):
         np.testing.assert_array_equal(after["perturbed"][pid], before["perturbed"][pid])
 
@@ -290,7 +300,7 @@ def test_a_sessions_permanent_answers_persist_and_stay_in_it(tmp_path: Path) -> 
 @pytest.mark.parametrize("session_key", [None, "training-id"])
 def test_p1_p2_cannot_change_within_one_memo_scope(session_key: str | None) -> None:
     rows = PerturbedRows("emb", rows=_rows, rr=_choose, session_key=session_key)
-    grid = InProcessGrid(_app([rows.mod], {}), N)
+    grid = paper_grid(_app([rows.mod], {}), N)
     strategy, _ = _sfsl(grid, cpp="cpp1", **{"training-id": "a"})
     assert strategy.failed_rounds == {}
     strategy, result = _sfsl(grid, cpp="cpp5", **{"training-id": "a"})
@@ -307,7 +317,7 @@ def test_p1_p2_cannot_change_within_one_memo_scope(session_key: str | None) -> N
 
 def test_a_perturb_message_without_the_session_or_a_usable_config_is_refused() -> None:
     rows = PerturbedRows("emb", rows=_rows, rr=_choose, session_key="training-id")
-    grid = InProcessGrid(_app([rows.mod], {}), N)
+    grid = paper_grid(_app([rows.mod], {}), N)
     strategy, _ = _sfsl(grid, cpp="cpp1")  # no training-id
     assert all("session key 'training-id'" in why for why in strategy.dropped[1].values())
     assert len(strategy.dropped[1]) == N

@@ -1,10 +1,16 @@
 """SFSLFedSubAvg + PerturbedRows on the in-process grid: PSU, randomized response and the
 count-weighted subset SecAgg round give the plaintext count-weighted average over the rows
-each client really uploaded; dropouts; memo persistence; what the server sees."""
+each client really uploaded; dropouts; memo persistence; what the server sees.
+
+These run Niu's protocol as the paper specifies it (:data:`PAPER`: ``dp=None,
+weighted=True``), which clients accept only with a noise floor of 0 (:func:`paper_grid`); the
+DP defaults are in ``test_dp.py`` and ``tests/attacks/``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +25,21 @@ from flwr_fsl.strategies import SFSLFedSubAvg
 from flwr_fsl.testing import InProcessGrid
 
 M, D = 40, 3
+PAPER = {"dp": None, "weighted": True}
+"""Niu's protocol as specified (no noise, count-weighted): the strategy's explicit option."""
+PAPER_NODE = {"fsl-min-noise-multiplier": 0.0}
+"""A client that accepts the paper's noiseless rounds (node config)."""
+
+
+def paper_grid(app: ClientApp, n: int, **kwargs: Any) -> InProcessGrid:
+    """An in-process grid whose nodes accept noiseless rounds (floor 0)."""
+
+    def node(i: int) -> dict[str, Any]:
+        return {"partition-id": i, "num-partitions": n, **PAPER_NODE}
+
+    return InProcessGrid(app, n, node_config_fn=node, **kwargs)
+
+
 MODEL = {"emb": np.zeros((M, D), np.float32), "fc": np.ones(5, np.float32)}
 
 
@@ -74,9 +95,9 @@ def make_app(rr: RRParams, seen: dict[int, np.ndarray], memo_dir: Path | None = 
 
 def run(rr: RRParams, n: int = 5, drop=None, memo_dir=None, **kwargs):  # type: ignore[no-untyped-def]
     seen: dict[int, np.ndarray] = {}
-    grid = InProcessGrid(make_app(rr, seen, memo_dir), n, drop_nodes=drop)
+    grid = paper_grid(make_app(rr, seen, memo_dir), n, drop_nodes=drop)
     strategy = SFSLFedSubAvg(
-        "emb", min_available_nodes=n, fraction_evaluate=0.0, max_count=100.0, **kwargs
+        "emb", min_available_nodes=n, fraction_evaluate=0.0, max_count=100.0, **PAPER, **kwargs
     )
     initial = ArrayRecord({k: Array(v.copy()) for k, v in MODEL.items()})
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
