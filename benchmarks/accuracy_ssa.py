@@ -4,6 +4,15 @@ Acceptance check of issue 4: ``examples/dpf-ssa-mnist`` reaches the same test ac
 plaintext top-k run with the same seed — the final accuracies differ by at most 0.3 points
 after 20 rounds.
 
+Issue 20 changed the secure strategy's defaults: every client now counts 1 per coordinate it
+chose (unit weights), where it counted its ``num-examples`` before (sample weights; still
+``SecureFedSubAvg(weighted=True)``, run-config ``ssa-weighted = true``). ``--defaults both``
+(the default) trains the experiment under each and prints the accuracy curves side by side:
+the accuracy cost of the new default. The plaintext top-k arm of each run weights as its
+secure arm (the bar compares those), so "old" plaintext is ``FedSubAvg`` as before. With IID
+partitions every client has the same ``num-examples`` and both defaults give the same model;
+``--partitioning dirichlet`` gives the clients unequal sizes.
+
 It runs the example's own code — its ``ClientApp`` (``mods=[ssa_mod, topk_mod]``) and its
 ServerApp experiment (:func:`dpf_ssa_mnist.server_app.run_experiment`: ``SecureFedSubAvg``
 with S1 as the in-process twin, then plaintext ``FedSubAvg`` with the same top-k count) — in
@@ -17,6 +26,8 @@ Usage::
 
     python benchmarks/accuracy_ssa.py                 # 20 rounds, the example's defaults
     python benchmarks/accuracy_ssa.py --quick         # 3 rounds, capped data: smoke test
+    python benchmarks/accuracy_ssa.py --partitioning dirichlet --clients 20 --rounds 10 \
+        --fraction-train 0.25 --test-size 2000       # unit vs sample weights, unequal clients
 
 The same experiment through Flower's simulation engine is printed at the end (``flwr run``).
 """
@@ -55,6 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-client-samples", type=int, default=0, help="0 = whole partition")
     p.add_argument("--test-size", type=int, default=0, help="0 = all 10,000 test images")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--defaults",
+        choices=["old", "new", "both"],
+        default="both",
+        help="old: sample weights (weighted=True); new: unit weights (the default now)",
+    )
+    p.add_argument("--partitioning", choices=["iid", "dirichlet"], default="iid")
+    p.add_argument("--dirichlet-alpha", type=float, default=0.5)
     p.add_argument("--quick", action="store_true", help="3 rounds, 300 samples per client")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / OUT_NAME)
     p.add_argument("--plot", action="store_true", help="also save histories and a plot")
@@ -81,10 +100,11 @@ def flwr_run_command(run_config: dict[str, Any], clients: int) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; return the exit status."""
-    args = parse_args(argv)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+RUNS = {"new": False, "old": True}  # --defaults -> ssa-weighted
+
+
+def train(args: argparse.Namespace, weighted: bool) -> tuple[Any, dict[str, Any], float]:
+    """Run the example's experiment (secure + plaintext top-k) with one weighting."""
     with tempfile.TemporaryDirectory(prefix="accuracy-ssa-") as tmp:
         run_config: dict[str, Any] = {
             "num-server-rounds": args.rounds,
@@ -92,30 +112,80 @@ def main(argv: list[str] | None = None) -> int:
             "max-client-samples": args.max_client_samples,
             "test-size": args.test_size,
             "seed": args.seed,
+            "partitioning": args.partitioning,
+            "dirichlet-alpha": args.dirichlet_alpha,
             "compare-plaintext": True,
+            "compare-dense": False,
+            "ssa-weighted": weighted,
             "ssa-helper-key-file": str(Path(tmp) / "s1.pem"),
         }
         if args.plot:
-            run_config["results-dir"] = str(args.out.parent / "accuracy_ssa")
+            suffix = "old" if weighted else "new"
+            run_config["results-dir"] = str(args.out.parent / f"accuracy_ssa_{suffix}")
         grid = InProcessGrid(client_app, args.clients, run_config)
         started = time.perf_counter()
         result = run_experiment(grid, run_config)
-        elapsed = time.perf_counter() - started
-    secure, plain = result.arm("secure"), result.arm("plaintext")
-    acc_s, acc_p = secure.record.final(ACCURACY), plain.record.final(ACCURACY)
-    if acc_s is None or acc_p is None:
-        print("no final accuracy reported", file=sys.stderr)
-        return 1
-    diff = acc_s - acc_p  # ACCURACY is in percent: the difference is in points
-    passed = abs(diff) <= BAR_POINTS and not any(r.failed for r in secure.record.rounds)
-    print(
-        f"\nbar: |final acc secure - plaintext| = {abs(diff):.2f} points "
-        f"(<= {BAR_POINTS}) after {args.rounds} rounds: {'PASS' if passed else 'FAIL'}"
-    )
-    command_config = {k: v for k, v in run_config.items() if k != "ssa-helper-key-file"}
+        return result, run_config, time.perf_counter() - started
+
+
+def side_by_side(results: dict[str, Any]) -> None:
+    """Print each round's accuracy of every run's secure and plaintext arms."""
+    columns = [(name, arm) for name in results for arm in ("secure", "plaintext")]
+    labels = {"new": "unit weights (new)", "old": "sample weights (old)"}
+    print("\naccuracy % per round (secure / plaintext top-k, each weighting as its run)")
+    print(f"{'round':>5}  " + "  ".join(f"{labels[n][:12] + ' ' + a:>22}" for n, a in columns))
+    rounds = max(len(r.arm("secure").record.rounds) for r in results.values())
+    for index in range(rounds):
+        cells = []
+        for name, arm in columns:
+            record = results[name].arm(arm).record
+            value = ACCURACY.value(record.rounds[index]) if index < len(record.rounds) else None
+            cells.append(f"{'n/a' if value is None else f'{value:.2f}':>22}")
+        print(f"{index + 1:>5}  " + "  ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; return the exit status."""
+    args = parse_args(argv)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    names = list(RUNS) if args.defaults == "both" else [args.defaults]
+    results, configs, seconds = {}, {}, {}
+    for name in names:
+        results[name], configs[name], seconds[name] = train(args, RUNS[name])
+    side_by_side(results)
+    passed, summary = True, {}
+    for name in names:
+        secure, plain = results[name].arm("secure"), results[name].arm("plaintext")
+        acc_s, acc_p = secure.record.final(ACCURACY), plain.record.final(ACCURACY)
+        if acc_s is None or acc_p is None:
+            print(f"{name}: no final accuracy reported", file=sys.stderr)
+            return 1
+        diff = acc_s - acc_p  # ACCURACY is in percent: the difference is in points
+        ok = abs(diff) <= BAR_POINTS and not any(r.failed for r in secure.record.rounds)
+        passed &= ok
+        summary[name] = {
+            "weighted": RUNS[name],
+            "final_accuracy_secure": acc_s,
+            "final_accuracy_plaintext": acc_p,
+            "final_accuracy_difference_points": diff,
+            "max_abs_model_diff": secure.record.max_abs_diff,
+            "bar_passed": ok,
+            "total_seconds": seconds[name],
+            "experiment": results[name].record.to_dict(),
+        }
+        print(
+            f"{name} ({'sample' if RUNS[name] else 'unit'} weights): final acc secure "
+            f"{acc_s:.2f}%, plaintext {acc_p:.2f}%; bar |secure - plaintext| = {abs(diff):.2f} "
+            f"points (<= {BAR_POINTS}) after {args.rounds} rounds: {'PASS' if ok else 'FAIL'} "
+            f"({seconds[name]:.0f} s)"
+        )
+    if len(names) == 2:
+        cost = summary["new"]["final_accuracy_secure"] - summary["old"]["final_accuracy_secure"]
+        print(f"new - old defaults, final secure accuracy: {cost:+.2f} points")
+    command_config = {k: v for k, v in configs[names[0]].items() if k != "ssa-helper-key-file"}
     command_config["ssa-helper-key-file"] = "$FLWR_HOME/dpf-ssa-mnist-s1.pem"
     command = flwr_run_command(command_config, args.clients)
-    print(f"total {elapsed:.0f} s; the same experiment on Flower's simulation engine:\n  {command}")
+    print(f"the same experiment on Flower's simulation engine:\n  {command}")
     doc = {
         "benchmark": "accuracy_ssa",
         "bar": {
@@ -129,17 +199,16 @@ def main(argv: list[str] | None = None) -> int:
             "max_client_samples": args.max_client_samples,
             "test_size": args.test_size,
             "seed": args.seed,
+            "partitioning": args.partitioning,
+            "dirichlet_alpha": args.dirichlet_alpha,
             "quick": args.quick,
             "grid": "flwr_fsl.testing.InProcessGrid",
             "helper": "InProcessHelper",
             "python": platform.python_version(),
             "machine": platform.machine(),
         },
-        "final_accuracy_difference_points": diff,
-        "max_abs_model_diff": secure.record.max_abs_diff,
-        "experiment": result.record.to_dict(),
+        "runs": summary,
         "flwr_run_command": command,
-        "total_seconds": elapsed,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

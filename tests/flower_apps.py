@@ -55,6 +55,19 @@ def make_app(mods: list[Mod] | None = None) -> ClientApp:
     return app
 
 
+def unit_weight_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Set the train reply's ``num-examples`` to 1 (put it outside ``topk_mod``).
+
+    Plaintext ``FedSubAvg`` on such replies is what a secure strategy with unit weights (its
+    default) computes: every client that chose a coordinate counts 1.
+    """
+    reply = call_next(msg, context)
+    if msg.metadata.message_type == "train" and reply.has_content():
+        for record in reply.content.metric_records.values():
+            record["num-examples"] = 1
+    return reply
+
+
 def corrupt_mod(target_pid: int, corrupt: Callable[[RecordDict], RecordDict]) -> Mod:
     """A mod (put it outermost) that rewrites one node's train reply content."""
 

@@ -18,6 +18,8 @@ __all__ = [
     "least_squares_per_client",
     "membership_accuracy",
     "subset_sum",
+    "subset_sum_index",
+    "summand_generators",
 ]
 
 
@@ -36,6 +38,43 @@ def subset_sum(
         for combo in combinations(range(n), size):
             if abs(sum(weights[i] for i in combo) - total) <= tolerance:
                 found.append(combo)
+    return found
+
+
+def subset_sum_index(
+    weights: Sequence[float], *, decimals: int = 6
+) -> dict[float, list[tuple[int, ...]]]:
+    """Every non-empty subset of ``weights`` (index tuples) by its sum rounded to ``decimals``.
+
+    The table form of :func:`subset_sum` for decoding many totals against the same weights
+    (one round's count words): a total maps to a single subset exactly when it decodes.
+    """
+    table: dict[float, list[tuple[int, ...]]] = {}
+    for size in range(1, len(weights) + 1):
+        for combo in combinations(range(len(weights)), size):
+            key = round(sum(weights[i] for i in combo), decimals)
+            table.setdefault(key, []).append(combo)
+    return table
+
+
+def summand_generators(totals: Sequence[float], *, tolerance: float = 1e-6) -> list[float]:
+    """The fewest summands whose subset sums explain ``totals``, smallest first (greedy).
+
+    Released totals that are subset sums of unknown per-client numbers (count words of one
+    round: sums of the weights of the clients that chose an element) give those numbers back:
+    the smallest total is one of them, and each next total that no subset of the numbers
+    found so far explains is another. Exact when every number shows up alone or is needed to
+    explain some total (a coordinate only one client chose gives that client's weight).
+    """
+    found: list[float] = []
+    sums = np.zeros(1)  # subset sums of ``found`` (the empty one included)
+    for total in sorted(set(float(t) for t in totals if t > tolerance)):
+        if np.min(np.abs(sums - total)) <= tolerance:
+            continue
+        found.append(total)
+        sums = np.unique(np.concatenate([sums, sums + total]))
+        if sums.size > 1 << 20:  # more than 20 summands: not a round's weights
+            break
     return found
 
 

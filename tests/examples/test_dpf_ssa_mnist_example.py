@@ -137,3 +137,18 @@ def test_without_the_dense_arm_the_dense_row_is_one_sized_reply(
     assert cells[:3] == [f"{sized:,}", "n/a", "100.0%"]
     secure_up = result.arm("secure").record.mean("up_bytes")
     assert _row(out, "secure (SSA): DPF keys of the top-k")[2] == f"{secure_up / sized:.1%}"
+
+
+def test_client_evaluation_needs_the_explicit_opt_in(
+    example: tuple[ModuleType, ModuleType],
+) -> None:
+    # Federated evaluation would hand S0 each client's metrics and num-examples in the clear:
+    # the secure arm refuses it at construction unless ssa-plaintext-evaluation = true.
+    from flwr_fsl.core.errors import ConfigurationError
+
+    tiny = {"num-server-rounds": 1, "compare-plaintext": False, "fraction-evaluate": 1.0}
+    with pytest.raises(ConfigurationError, match="plaintext_evaluation=True"):
+        run(example, **tiny)
+    result = run(example, **tiny, **{"ssa-plaintext-evaluation": True, "ssa-weighted": True})
+    rnd = result.arm("secure").record.rounds[0]
+    assert rnd.failed is None and rnd.evaluate_metrics, rnd  # the clients' metrics, in clear

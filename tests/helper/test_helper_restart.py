@@ -132,7 +132,7 @@ def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path
         frac_bits=32,
         max_abs=1e3,
         min_available_nodes=NODES,
-        fraction_evaluate=0.0,
+        weighted=True,  # per-row counts, as plaintext_table weights them
     )
     tables: dict[int, np.ndarray] = {}
 

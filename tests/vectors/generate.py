@@ -38,6 +38,7 @@ import hashlib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import numpy as np
 from flwr_fsl.crypto import dpf, prg
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import HashParams, cuckoo_hash, simple_hash
+from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
@@ -135,27 +137,33 @@ def ssa_vectors() -> dict[str, Any]:
         "topk": SSAParams(1, 1000, 30, 1, _seed(50)),
         "rows": SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, epoch=7),
         "plain": SSAParams(3, 2**20, 100, 1, _seed(52), count_weighted=False, scale_factor=1.5),
+        # Version 4 (issue 20): unit weights, without and with DP.
+        "unit": SSAParams(1, 1000, 30, 1, _seed(50), weighted=False),
+        "unit-dp": SSAParams(
+            2, 1000, 30, 1, _seed(50), weighted=False, dp=DistributedDP(1.5, 2.0, 1.0, 1e-6)
+        ),
     }
     for name, params in param_sets.items():
         out[f"params-{name}"] = params.to_bytes().hex()
-    params = param_sets["rows"]
-    indices = np.array([2, 9, 33, 60], dtype=np.int64)
-    values = np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1
-    upload, _ = encode_update(
-        params,
-        indices,
-        values,
-        np.array([1.0, 2.0, 3.0, 0.5]),
-        rng=np.random.default_rng(5),
-        master_seeds=(_seed(53), _seed(54)),
-    )
-    out["upload-public"] = _h(upload.public_part)
-    shares = []
-    for party in (0, 1):
-        server = SSAServer(params, party)
-        server.add_client(11, upload.public_part, upload.master_seeds[party])
-        shares.append(_words(server.share()))
-    out["shares"] = shares
+    rows = param_sets["rows"]
+    for suffix, params in (("", rows), ("-unit", replace(rows, weighted=False))):
+        indices = np.array([2, 9, 33, 60], dtype=np.int64)
+        values = np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1
+        upload, _ = encode_update(
+            params,
+            indices,
+            values,
+            np.array([1.0, 2.0, 3.0, 0.5]),  # the count words of a weighted round
+            rng=np.random.default_rng(5),
+            master_seeds=(_seed(53), _seed(54)),
+        )
+        out[f"upload-public{suffix}"] = _h(upload.public_part)
+        shares = []
+        for party in (0, 1):
+            server = SSAServer(params, party)
+            server.add_client(11, upload.public_part, upload.master_seeds[party])
+            shares.append(_words(server.share()))
+        out[f"shares{suffix}"] = shares
     return out
 
 

@@ -15,7 +15,10 @@ With ``compare-plaintext = true`` it also trains plaintext :class:`~flwr_fsl.str
 held-out ratings, U-DPF clients, bytes per client per round (PSR + train phases), time — the
 summary, what each party learns, the largest difference between the final tables, and the
 secure arm's train upload in fresh-key rounds vs U-DPF rounds. Evaluation is federated (the
-personal user parameters never leave the clients).
+personal user parameters never leave the clients), which the secure arm accepts only because
+the run config opts in (``ssa-plaintext-evaluation = true``): each evaluated user's test MSE and
+rating count reach S0 in the clear. Each user counts 1 per item row it updated (its per-row
+counts are 1 anyway: one rating per item).
 
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`; the tests
 call it with :class:`~flwr_fsl.testing.InProcessGrid`.
@@ -47,7 +50,8 @@ RMSE = Metric("RMSE", "mse", source="evaluate", sqrt=True)
 UDPF = Metric("U-DPF", "udpf-clients", source="train", digits=0)  # clients that sent a hint
 MEAN_ONLY = Metric("mean-only RMSE", "mean-only-mse", source="evaluate", sqrt=True)
 SECURE_LEARNS = {
-    "S0": "per row the round's weighted sum and total weight (no client weight)",
+    "S0": "per row the round's sum and how many users updated it; each evaluated user's "
+    "test MSE and rating count (client-side evaluation, opted in)",
     "S1": "the round's public parameters and pseudorandom key material",
 }
 PLAIN_LEARNS = {"server": "each user's row set (the items it rated) and its row deltas"}
@@ -135,6 +139,7 @@ def run_experiment(
                     udpf=settings.ssa_udpf,
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
+                    plaintext_evaluation=settings.ssa_plaintext_evaluation,
                     **knobs,
                 ),
                 learns=SECURE_LEARNS,

@@ -82,6 +82,7 @@ class Settings:
     ssa_helper_ca_file: str = ""
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e4
+    ssa_plaintext_evaluation: bool = True
     compare_plaintext: bool = True
     results_dir: str = ""
 

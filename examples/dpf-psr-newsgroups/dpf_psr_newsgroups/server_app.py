@@ -24,6 +24,7 @@ call it with :class:`~flwr_fsl.testing.InProcessGrid`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -67,8 +68,12 @@ ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 LOSS = Metric("test loss", "loss", digits=4)
 UDPF = Metric("U-DPF", "udpf-clients", source="train", digits=0)  # clients that sent a hint
 SECURE_LEARNS = {
-    "S0": "per row the round's weighted sum and total weight (no client weight, no word set)",
+    "S0": "per row the round's sum and how many clients used it (no count, no word set)",
     "S1": "the round's public parameters and pseudorandom key material",
+}
+WEIGHTED_LEARNS = {
+    **SECURE_LEARNS,
+    "S0": "per row the round's weighted sum and the sum of the clients' counts (ssa-weighted)",
 }
 PLAIN_LEARNS = {"server": "each client's word set (its rows), per-word counts and deltas"}
 
@@ -84,6 +89,14 @@ def main(grid: Grid, context: Context) -> None:
 class ObservedFedSubAvg(FedSubAvg):
     """Plaintext ``FedSubAvg`` that keeps what the server read: each client's row ids.
 
+    Parameters
+    ----------
+    unit_weights : bool
+        Average as the secure arm does by default: every client counts 1 in each row it sent
+        (the counts are still read and recorded, as a plaintext server would).
+    **kwargs
+        ``FedSubAvg``'s arguments.
+
     Attributes
     ----------
     seen_rows : dict[int, dict[int, numpy.ndarray]]
@@ -92,8 +105,9 @@ class ObservedFedSubAvg(FedSubAvg):
         Round -> node -> the counts the reply sent with those rows.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, unit_weights: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.unit_weights = unit_weights
         self.seen_rows: dict[int, dict[int, NDArray[np.int64]]] = {}
         self.seen_counts: dict[int, dict[int, NDArray[np.float64]]] = {}
 
@@ -117,6 +131,10 @@ class ObservedFedSubAvg(FedSubAvg):
                     seen[node] = np.array(part.indices, np.int64)
                     if part.counts is not None:
                         counts[node] = np.array(part.counts, np.float64)
+            if self.unit_weights:  # every client counts 1, as in the secure arm
+                for node, (update, content) in valid.items():
+                    tensors = {k: replace(t, counts=None) for k, t in update.tensors.items()}
+                    valid[node] = (replace(update, tensors=tensors, weight=1.0), content)
         return valid
 
 
@@ -224,8 +242,8 @@ def s0_view(result: ExperimentResult, shape: Shape, initial: NDArray[np.float32]
     secure = result.arm("secure")
     touched = np.any(secure.arrays[TABLE][: shape.num_words] != initial[: shape.num_words], axis=1)
     print(
-        f"  secure     every round: per row the weighted sum and total weight over the round's "
-        f"clients — over the run {int(touched.sum()):,} of {shape.num_words:,} word rows "
+        f"  secure     every round: per row the sum and how many of the round's clients used it "
+        f"— over the run {int(touched.sum()):,} of {shape.num_words:,} word rows "
         "(the union) changed; no client's word set, count or delta",
         flush=True,
     )
@@ -287,9 +305,10 @@ def run_experiment(
                     udpf=settings.ssa_udpf,
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
+                    weighted=settings.ssa_weighted,
                     **knobs,
                 ),
-                learns=SECURE_LEARNS,
+                learns=SECURE_LEARNS if not settings.ssa_weighted else WEIGHTED_LEARNS,
                 equivalent_to="plaintext" if compare else None,
                 description=description,
             )
@@ -299,7 +318,9 @@ def run_experiment(
                 Arm(
                     "plaintext",
                     "plaintext",
-                    lambda setup: ObservedFedSubAvg(**knobs),
+                    lambda setup: ObservedFedSubAvg(
+                        unit_weights=not settings.ssa_weighted, **knobs
+                    ),
                     learns=PLAIN_LEARNS,
                     description=description,
                 )

@@ -73,6 +73,7 @@ class Settings:
     ssa_helper_ca_file: str = ""
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e5
+    ssa_weighted: bool = False
     compare_plaintext: bool = True
     results_dir: str = ""
 

@@ -8,11 +8,18 @@ only the aggregate is reconstructed. S1 is a running ``flwr-fsl-helper`` when
 twin (:class:`~flwr_fsl.helper.InProcessHelper`, the same bytes as over gRPC) with the key pair
 in ``ssa-helper-key-file``.
 
+Accuracy is measured on the server (``evaluate_fn``: the MNIST test set); federated evaluation
+is off (``fraction-evaluate = 0.0``) and the secure arm refuses it unless
+``ssa-plaintext-evaluation = true``, since its replies carry each client's metrics and
+``num-examples`` in the clear. Clients count 1 per coordinate they chose (unit weights);
+``ssa-weighted = true`` weights them by ``num-examples`` instead.
+
 With ``compare-plaintext = true`` it also trains the two plaintext baselines from the same
 initial model and client sample (:class:`flwr_fsl.experiment.Experiment`): plaintext
-:class:`~flwr_fsl.strategies.FedSubAvg` with the same top-k ``k`` (the model secure aggregation
-must reproduce) and, with ``compare-dense = true``, dense FedAvg (``FedSubAvg`` on the clients'
-unchanged dense replies: ``topk-ratio = 1.0`` in the train config). It prints the harness's
+:class:`~flwr_fsl.strategies.FedSubAvg` with the same top-k ``k`` and the same weighting (the
+model secure aggregation must reproduce) and, with ``compare-dense = true``, dense FedAvg
+(``FedSubAvg`` on the clients' unchanged dense replies, weighted by ``num-examples``:
+``topk-ratio = 1.0`` in the train config). It prints the harness's
 tables (accuracy, bytes per client per round and time per round and arm, the summary against
 dense, what each party learns, the largest difference between the secure and plaintext top-k
 models), then this app's two sections: **upload per client and round** of each arm, measured
@@ -59,8 +66,13 @@ from flwr_fsl.submodel.update import SubmodelUpdate
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 SECURE_LEARNS = {
-    "S0": "per coordinate the round's weighted sum and total weight (no client weight)",
+    "S0": "per coordinate the round's sum and how many clients chose it (not which)",
     "S1": "the round's public parameters and pseudorandom key material",
+}
+WEIGHTED_LEARNS = {
+    **SECURE_LEARNS,
+    "S0": "per coordinate the round's weighted sum and total weight: with ssa-weighted, "
+    "every client's num-examples and who chose what (as subset sums)",
 }
 PLAIN_LEARNS = {"server": "each client's top-k coordinates, their values and num-examples"}
 DENSE_LEARNS = {"server": "each client's whole update (every coordinate) and num-examples"}
@@ -77,6 +89,14 @@ def main(grid: Grid, context: Context) -> None:
 class ObservedFedSubAvg(FedSubAvg):
     """Plaintext ``FedSubAvg`` that keeps what the server read of each client's update.
 
+    Parameters
+    ----------
+    unit_weights : bool
+        Average as the secure arm does by default: every client counts 1 (its
+        ``num-examples`` is still read and recorded, as a plaintext server would).
+    **kwargs
+        ``FedSubAvg``'s arguments.
+
     Attributes
     ----------
     seen : dict[int, dict[int, tuple[numpy.ndarray, float]]]
@@ -84,9 +104,15 @@ class ObservedFedSubAvg(FedSubAvg):
         the ``num-examples`` it sent: what a plaintext server holds about that client.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, unit_weights: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.unit_weights = unit_weights
         self.seen: dict[int, dict[int, tuple[NDArray[np.int64], float]]] = {}
+
+    def weight_of(self, content: RecordDict) -> float:
+        """Return the reply's ``num-examples`` (checked), or 1 with ``unit_weights``."""
+        weight = super().weight_of(content)
+        return 1.0 if self.unit_weights else weight
 
     def receive(
         self,
@@ -102,9 +128,10 @@ class ObservedFedSubAvg(FedSubAvg):
         if phase == "train":
             layout = FlatLayout.of(state.model)
             seen = self.seen.setdefault(state.server_round, {})
-            for node, (update, _) in valid.items():
+            for node, (update, content) in valid.items():
                 assert isinstance(update, SubmodelUpdate)
-                seen[node] = (layout.elements(update).indices.copy(), float(update.weight))
+                sent = super().weight_of(content)  # what the reply told the server
+                seen[node] = (layout.elements(update).indices.copy(), sent)
         return valid
 
 
@@ -242,12 +269,11 @@ def s0_view(result: ExperimentResult, layout: FlatLayout) -> dict[str, Any]:
     touched = None if fraction is None else round(fraction * layout.size)
     _say(
         "secure",
-        f"per coordinate only the round's weighted sum and total weight: "
+        f"per coordinate only the round's sum and how many clients chose it: "
         f"{_bytes(touched)} of {layout.size:,} coordinates touched. From each client "
         f"{_bytes(first.up_bytes)} B of pseudorandom DPF keys, of a size fixed by the round's "
         "public parameters: no client's coordinates, values or num-examples (a coordinate "
-        "only one client chose reveals that client's value and weight, not which client it "
-        "is)",
+        "only one client chose reveals that client's value, not which client it is)",
     )
     out["secure"] = {"touched": touched, "up_bytes_per_client": first.up_bytes}
     return out
@@ -301,9 +327,11 @@ def run_experiment(
                     helper_fingerprint=fingerprint,
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
+                    weighted=settings.ssa_weighted,
+                    plaintext_evaluation=settings.ssa_plaintext_evaluation,
                     **knobs,
                 ),
-                learns=SECURE_LEARNS,
+                learns=SECURE_LEARNS if not settings.ssa_weighted else WEIGHTED_LEARNS,
                 equivalent_to="plaintext" if compare else None,
                 description=f"top-k {k} coordinates",
             )
@@ -313,7 +341,9 @@ def run_experiment(
                 Arm(
                     "plaintext",
                     "plaintext top-k",
-                    lambda setup: ObservedFedSubAvg(**knobs),
+                    lambda setup: ObservedFedSubAvg(
+                        unit_weights=not settings.ssa_weighted, **knobs
+                    ),
                     learns=PLAIN_LEARNS,
                     train_config={"topk-count": k},  # the same k the secure arm uploads
                     description=f"top-k {k} coordinates",

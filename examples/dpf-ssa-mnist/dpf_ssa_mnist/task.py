@@ -51,6 +51,8 @@ class Settings:
     ssa_helper_ca_file: str = ""
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e5
+    ssa_weighted: bool = False
+    ssa_plaintext_evaluation: bool = False
     compare_plaintext: bool = True
     compare_dense: bool = True
     results_dir: str = ""

@@ -324,6 +324,9 @@ def _run(
             frac_bits=settings.ssa_frac_bits,
             max_abs=settings.ssa_max_abs,
             evaluate_metrics_aggr_fn=evaluate_metrics,
+            # Every arm is compared on federated evaluation (the personal parameters stay on
+            # the clients): the secure arm opts in, its evaluate replies reach S0 in the clear.
+            plaintext_evaluation=settings.fraction_evaluate > 0,
             **knobs,
         )
 

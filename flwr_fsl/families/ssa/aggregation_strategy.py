@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.privacy import refuse_plaintext_evaluation
 from flwr_fsl.families.ssa.dp import DistributedDP, noise_std, suppress_small_counts
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.records import (
@@ -59,7 +60,7 @@ from flwr_fsl.submodel.layout import Layout
 TrainMetrics = Callable[[list[RecordDict], RoundState, float], MetricRecord]
 Uploads = Mapping[int, ClientUpload] | Iterable[tuple[int, ClientUpload]]
 
-__all__ = ["SSASettings", "TwoServerAggregation", "read_upload"]
+__all__ = ["SSASettings", "TwoServerAggregation", "read_upload", "secure_flower_kwargs"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ class SSASettings:
         Distributed differential privacy (:mod:`flwr_fsl.families.ssa.dp`): clients clip to
         ``dp.clip_norm`` / ``dp.max_weight`` and each server adds noise of multiplier
         ``dp.noise_multiplier`` (> 0 here) to its share; None: no noise.
+    weighted : bool
+        False (default): unit weights, every client's count word is 1 (``SSAParams.weighted``);
+        True: the strategy's ``weighted_by_key`` (or per-element counts) as the weight.
 
     Raises
     ------
@@ -91,6 +95,7 @@ class SSASettings:
     num_hashes: int = 3
     min_clients: int = 2
     dp: DistributedDP | None = None
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
@@ -117,8 +122,56 @@ class SSASettings:
             frac_bits=self.frac_bits,
             max_abs=self.max_abs,
             dp=self.dp,
+            weighted=self.weighted,
             **fields,
         )
+
+
+def secure_flower_kwargs(
+    strategy: str, weighted: bool, plaintext_evaluation: bool, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Check an SSA strategy's weighting and evaluation arguments; return Flower's with defaults.
+
+    Federated evaluation defaults to off (``fraction_evaluate=0.0``): evaluate replies carry
+    every client's metrics and ``num-examples`` in the clear. A ``fraction_evaluate > 0`` is
+    refused unless ``plaintext_evaluation``
+    (:func:`flwr_fsl.core.privacy.refuse_plaintext_evaluation`).
+
+    Parameters
+    ----------
+    strategy : str
+        The strategy's class name (for the messages).
+    weighted : bool
+        The strategy's ``weighted`` argument.
+    plaintext_evaluation : bool
+        The strategy's opt-in to federated evaluation in the clear.
+    kwargs : dict
+        The Flower ``FedAvg`` arguments given to the strategy.
+
+    Returns
+    -------
+    dict
+        ``kwargs`` with ``fraction_evaluate`` defaulting to 0.0.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``weighted`` or ``plaintext_evaluation`` is not a bool, ``weighted_by_key`` is set
+        while ``weighted`` is False (it would have no effect), or federated evaluation is asked
+        for without ``plaintext_evaluation=True``.
+    """
+    for name, value in (("weighted", weighted), ("plaintext_evaluation", plaintext_evaluation)):
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"{strategy}: {name} must be a bool, got {value!r}")
+    key = kwargs.get("weighted_by_key")
+    if not weighted and key is not None and key != "num-examples":
+        raise ConfigurationError(
+            f"{strategy}: weighted_by_key={key!r} is used only with weighted=True (by default "
+            "every client counts 1 and no metric is read)"
+        )
+    out = {"fraction_evaluate": 0.0, **kwargs}
+    refuse_plaintext_evaluation(strategy, out["fraction_evaluate"], plaintext_evaluation)
+    return out
 
 
 def read_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> ClientUpload:
@@ -162,6 +215,9 @@ class TwoServerAggregation:
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
         """Open the round on S1 and return what every client needs (parameters, S1's key, session).
 
+        A weighted round also names its weight key (:data:`WEIGHT_KEY_FIELD`); a round with
+        unit weights names none (clients read no metric).
+
         Raises
         ------
         RoundFailedError
@@ -181,12 +237,14 @@ class TwoServerAggregation:
                 "session re-opened; stored U-DPF keys forgotten, clients send fresh keys",
                 params.round_id,
             )
-        return {
+        fields: dict[str, Any] = {
             PARAMS_FIELD: params.to_bytes(),
             HELPER_KEY_FIELD: self.lead.helper_key(),
             SESSION_FIELD: self.lead.session_id,
-            WEIGHT_KEY_FIELD: weight_key,
         }
+        if params.weighted:
+            fields[WEIGHT_KEY_FIELD] = weight_key
+        return fields
 
     def parser(
         self, params: SSAParams, accept_hints: bool

@@ -9,7 +9,8 @@ touches — a private set. :class:`PrivateRows` keeps it private from both serve
 2. **Training** (``train`` message): the mod adds the two answers to get its rows exactly,
    places them in a full-shape table (other rows zero: the client never sees them), calls the
    user's unchanged ``@app.train`` function, and uploads the changed rows with two-server SSA
-   as mega-elements (row width + a count word), weighted by per-row counts.
+   as mega-elements (row width + a count word): the count word is 1 per row by default (unit
+   weights), the per-row count in a weighted round.
 3. **U-DPF** (Cui §5): when the row set is the same as in the client's previous round, it sends
    only a hint that moves both servers' stored keys to the new values
    (:func:`flwr_fsl.families.ssa.protocol.encode_round` decides). In a round with distributed DP the
@@ -24,11 +25,13 @@ Usage (the one line beside the mod registers the retrieval phase)::
     app.query("psr")(rows.query)
 
 ``rows(context)`` returns the row indices, or ``(indices, counts)`` with a positive weight per
-row (e.g. how many local samples touch it; default: the reply's weight metric). At most the
-server's ``max_rows`` indices; the set size is public, the indices are not. Between the phases
-the client keeps its query (:class:`~flwr_fsl.families.ssa.psr.PSRClientState`) and its keys
-(:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) in ``Context.state``; the Flower plumbing
-is :class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s (a
+row (e.g. how many local samples touch it; default: the reply's weight metric), used only in
+rounds of a ``weighted=True`` strategy (unit weights otherwise: every row's count word is 1).
+At most the server's ``max_rows`` indices; the set size is public, the indices are not.
+Between the phases the client keeps its query
+(:class:`~flwr_fsl.families.ssa.psr.PSRClientState`) and its keys
+(:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) in ``Context.state``; the Flower
+plumbing is :class:`~flwr_fsl.families.ssa.mod_base.ProtocolMod`'s (a
 :class:`~flwr_fsl.core.phases.PhaseMod` over :data:`~flwr_fsl.families.ssa.records.PSR_QUERY`
 and :data:`~flwr_fsl.families.ssa.records.SSA_TRAIN`).
 """
@@ -156,10 +159,11 @@ class PrivateRows(ProtocolMod):
         submodel = ArrayRecord(dict(record.items()))
         submodel[self.table] = Array(table)
         request.content[record_key] = submodel  # the user's train sees its rows in a full table
+        self.check_weight_key(request, context)  # refuse before training
         reply = train()
         if reply.has_error():
             return reply
-        weight = self.reply_weight(request.content, reply)[2]
+        weight = self.round_weight(request, reply, context)
         ((_, trained_record),) = reply.content.array_records.items()
         trained = trained_record[self.table].numpy()
         if trained.shape != table.shape:

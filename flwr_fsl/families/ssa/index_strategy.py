@@ -20,8 +20,10 @@ they stay as in the initial model.
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients.
 Neither server learns which rows a client retrieves or updates, nor its row values; both see
 public parameters and the reconstructed aggregate (per row the weighted sum and total weight
-of the clients that updated it; replies carry no weight in the clear, and rounds with fewer
-than ``min_clients`` accepted clients are not reconstructed). S0 sees S1's PSR answers only
+of the clients that updated it: by default, ``weighted=False``, the number of clients; replies
+carry no weight in the clear, and rounds with fewer than ``min_clients`` accepted clients are
+not reconstructed). Federated evaluation is off by default and needs
+``plaintext_evaluation=True`` (its replies are in the clear). S0 sees S1's PSR answers only
 sealed to the client. A U-DPF hint instead of fresh keys tells both servers that the client's
 row set is unchanged since its last accepted round.
 
@@ -53,6 +55,7 @@ from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
     TwoServerAggregation,
     read_upload,
+    secure_flower_kwargs,
 )
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
@@ -98,13 +101,23 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
         clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
         with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+    weighted : bool
+        False (default): every row a client updates counts 1. True: weighted by the clients'
+        per-row counts (``PrivateRows(rows=...)``) or ``weighted_by_key``; S0 then reconstructs
+        sums of those weights per row.
+    plaintext_evaluation : bool
+        Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
+        evaluated client's metrics and ``num-examples`` in the clear. Default False.
     **kwargs
-        Flower ``FedAvg`` arguments and ``sampling_seed``.
+        Flower ``FedAvg`` arguments and ``sampling_seed``; ``fraction_evaluate`` defaults to
+        0.0.
 
     Raises
     ------
     ConfigurationError
-        If ``max_rows`` < 1 or another argument is out of range.
+        If ``max_rows`` < 1 or another argument is out of range, ``fraction_evaluate > 0``
+        without ``plaintext_evaluation=True``, or ``weighted_by_key`` is given without
+        ``weighted=True``.
     """
 
     PHASES = ("query.psr", "train")
@@ -124,14 +137,19 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         num_hashes: int = 3,
         min_clients: int = 2,
         dp: DistributedDP | None = None,
+        weighted: bool = False,
+        plaintext_evaluation: bool = False,
         **kwargs: Any,
     ) -> None:
         if max_rows < 1:
             raise ConfigurationError(f"max_rows must be >= 1, got {max_rows}")
+        kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
         self.table, self.max_rows = table, max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
+        settings = SSASettings(
+            frac_bits, max_abs, stash_size, num_hashes, min_clients, dp, weighted=weighted
+        )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 

@@ -1,12 +1,12 @@
 """SSA's byte formats: :class:`SSAParams` (JSON), the client upload and the client state.
 
 Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
-version 1, or 2 with a ``dp`` object) and is decoded strictly (:meth:`SSAParams.from_bytes`:
-every field's type checked, NaN and infinities rejected). :class:`SSAUpload` is what a client
-sends (the DPF keys' public part and one master seed per server); :class:`Placement` and the
-``FSCS`` client-state codec (:func:`_state_to_bytes`, the format table in
-:class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) keep a client's keys between U-DPF
-rounds. The parties (client encoding, server share, reconstruction) are in
+version 1, 2 with a ``dp`` object, or 4 with ``"weighted": false``) and is decoded strictly
+(:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
+:class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
+server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
+format table in :class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) keep a client's keys
+between U-DPF rounds. The parties (client encoding, server share, reconstruction) are in
 :mod:`flwr_fsl.families.ssa.protocol`, which re-exports these names. Decoders raise
 :class:`SSAInputError` (a :class:`~flwr_fsl.core.errors.ClientInputError`).
 """
@@ -35,6 +35,9 @@ _VERSION = 1
 _DP_VERSION = (
     2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
 )
+# Version 1's fields plus "weighted" (bool; written only when false, unit weights) and, optionally,
+# version 2's "dp" object. (Version 3 is left to the run scope of DP rounds.)
+_WEIGHTING_VERSION = 4
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
@@ -74,6 +77,13 @@ class SSAParams:
         U-DPF epoch of this round's keys: 0 for one-shot keys (the servers drop them after
         evaluating), ``>= 1`` in U-DPF runs (the servers keep each client's keys so that its
         next hint can update them).
+    weighted : bool
+        With ``count_weighted``: True, each client's count word ``c`` is its weight (sample
+        count or per-element counts, the format's meaning before version 4); False, ``c = 1``
+        for every element a client contributes (unit weights), so a count word is the number
+        of clients that chose the element, not a sum of their weights. Clients enforce it
+        (:func:`~flwr_fsl.families.ssa.protocol.payload_words`); the strategies default to
+        False.
     dp : DistributedDP or None
         Distributed differential privacy of the round (:mod:`flwr_fsl.families.ssa.dp`): clients
         clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
@@ -91,7 +101,11 @@ class SSAParams:
     <every field but dp>}`` (sorted keys, hash key in hex) for a round without DP — byte for
     byte the format from before DP existed — and ``"version": 2`` with an extra ``"dp"``
     object (exactly ``noise_multiplier``, ``clip_norm``, ``max_weight``, ``delta``) for a
-    round with DP. :meth:`from_bytes` accepts exactly these two shapes.
+    round with DP. A round with ``weighted=False`` is written as ``"version": 4``: version 1's
+    fields plus ``"weighted": false`` and, with DP, the ``"dp"`` object; a decoder of versions
+    1 and 2 refuses it (a client that cannot keep unit weights does not take part).
+    :meth:`from_bytes` accepts exactly these shapes (version 4 only with ``"weighted": false``,
+    so each parameter set has one encoding); versions 1 and 2 mean ``weighted=True``.
     """
 
     round_id: int
@@ -108,6 +122,7 @@ class SSAParams:
     max_summands: int = 1000
     epoch: int = 0
     dp: DistributedDP | None = None
+    weighted: bool = True
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -118,6 +133,8 @@ class SSAParams:
             raise ConfigurationError("domain_size and value_width must be >= 1")
         if self.num_items > self.domain_size:
             raise ConfigurationError("num_items cannot exceed domain_size")
+        if not isinstance(self.weighted, bool):
+            raise ConfigurationError(f"weighted must be a bool, got {self.weighted!r}")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         if self.dp is not None:
@@ -164,13 +181,16 @@ class SSAParams:
     def to_bytes(self) -> bytes:
         """Serialize (canonical JSON; the hash key in hex)."""
         fields: dict[str, object] = {
-            k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dp"
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("dp", "weighted")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
         if self.dp is not None:
             fields["dp"] = self.dp.to_dict()
             version = _DP_VERSION
+        if not self.weighted:  # weighted rounds keep the bytes of versions 1 and 2
+            fields["weighted"] = False
+            version = _WEIGHTING_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
@@ -187,20 +207,15 @@ class SSAParams:
         raw = _load_json(data)
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
-        version = raw.pop("version", None)
-        if version not in (_VERSION, _DP_VERSION) or isinstance(version, bool):
-            raise SSAInputError(
-                f"unsupported SSA parameter version (expected {_VERSION} or {_DP_VERSION})"
-            )
-        expected = set(cls.__dataclass_fields__) - {"dp"}
-        if version == _DP_VERSION:
-            expected.add("dp")
+        expected = _expected_fields(raw.pop("version", None), "dp" in raw)
         if set(raw) != expected:
             raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
         for name, value in raw.items():
             if not _FIELD_TYPES[name](value):
                 raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
+        if raw.get("weighted") is True:
+            raise SSAInputError("version 4 SSA parameters carry weighted=false only")
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
@@ -208,6 +223,19 @@ class SSAParams:
         if "dp" in raw:
             raw["dp"] = DistributedDP.from_dict(raw["dp"])
         return cls(**raw)
+
+
+def _expected_fields(version: object, has_dp: bool) -> set[str]:
+    """Return the JSON fields of :class:`SSAParams` at ``version`` (``has_dp``: "dp" is there)."""
+    versions = (_VERSION, _DP_VERSION, _WEIGHTING_VERSION)
+    if version not in versions or isinstance(version, bool):
+        raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
+    expected = set(SSAParams.__dataclass_fields__) - {"dp", "weighted"}
+    if version == _DP_VERSION or (version == _WEIGHTING_VERSION and has_dp):
+        expected.add("dp")
+    if version == _WEIGHTING_VERSION:
+        expected.add("weighted")
+    return expected
 
 
 def _load_json(data: object) -> object:
@@ -263,6 +291,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     ),
     "hash_key": lambda v: isinstance(v, str),
     "count_weighted": lambda v: isinstance(v, bool),
+    "weighted": lambda v: isinstance(v, bool),
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),

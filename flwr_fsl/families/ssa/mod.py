@@ -14,11 +14,14 @@ parameters pass through untouched. The Flower plumbing is
 :class:`~flwr_fsl.core.phases.PhaseMod` with one phase,
 :data:`~flwr_fsl.families.ssa.records.SSA_TRAIN`).
 
-**Weights.** Each coordinate's payload is ``(c * dw, c)``: ``c`` is the per-index count the
-reply carries for that coordinate (a submodel update with ``counts``, as plaintext
+**Weights.** Each coordinate's payload is ``(c * dw, c)``. By default (the strategy's
+``weighted=False``) ``c = 1``: the count word S0 reconstructs is the number of clients that
+chose the coordinate. In a weighted round ``c`` is the per-index count the reply carries for
+that coordinate (a submodel update with ``counts``, as plaintext
 :class:`~flwr_fsl.strategies.FedSubAvg` uses them), else the reply's ``num-examples`` (the
-strategy's weight key). The weight rides only in the payload's count word: the secure reply
-carries no metrics in the clear, so S0 learns only each coordinate's total weight.
+strategy's weight key, used only if it is ``num-examples`` or the node config allows it,
+:meth:`~flwr_fsl.families.ssa.mod_base.ProtocolMod.check_weight_key`). The weight rides only
+in the payload's count word: the secure reply carries no metrics in the clear.
 
 In a round with distributed DP (the parameters carry a
 :class:`~flwr_fsl.families.ssa.dp.DistributedDP`), the encoder clips the update to the round's
@@ -53,9 +56,10 @@ class SSAMod(ProtocolMod):
     ) -> UploadReply | Message:
         """Train, then encode the (sparse) update as DPF keys over the flat model.
 
-        Every coordinate is weighted by its per-index count when the reply carries counts,
-        by the reply's weight (``num-examples``) otherwise: the same weights plaintext
-        ``FedSubAvg`` averages by.
+        With unit weights (the default) every coordinate's count word is 1; in a weighted
+        round each coordinate is weighted by its per-index count when the reply carries
+        counts, by the reply's weight (``num-examples``) otherwise: the same weights
+        plaintext ``FedSubAvg`` averages by.
 
         Raises
         ------
@@ -72,10 +76,11 @@ class SSAMod(ProtocolMod):
                 "ssa_mod expects one ArrayRecord (the model) in the train message"
             )
         received = {k: v.numpy() for k, v in next(iter(records.values())).items()}
+        self.check_weight_key(request, context)  # refuse before training
         reply = train()
         if reply.has_error():
             return reply
-        weight = self.reply_weight(request.content, reply)[2]
+        weight = self.round_weight(request, reply, context)
         layout = FlatLayout.of(received)
         if layout.size != params.domain_size:  # both sizes are public
             raise ClientInputError(

@@ -18,10 +18,15 @@ lives Flower-free in :mod:`flwr_fsl.families.ssa.protocol`. The dispatch is
   came in (:class:`SSARound`, the request's ``round``); S1's key is checked against the
   fingerprint pinned in the run config (:func:`flwr_fsl.pinning.pinned_fingerprint`) before
   the mod sees the round;
-- the reply's **weight** metric, under the key the strategy aggregates by: the server sends
-  it as :data:`~flwr_fsl.families.ssa.records.WEIGHT_KEY_FIELD` in the train message's
-  ``ConfigRecord`` (default :data:`~flwr_fsl.families.ssa.records.DEFAULT_WEIGHT_KEY`), so
-  both ends use one setting (:meth:`ProtocolMod.reply_weight`);
+- the client's **weight**: 1 in a round with unit weights (``SSAParams.weighted`` False, the
+  strategies' default: the reply's metrics are not read); in a weighted round the reply's
+  metric under the key the strategy aggregates by, which the server sends as
+  :data:`~flwr_fsl.families.ssa.records.WEIGHT_KEY_FIELD` in the train message's
+  ``ConfigRecord`` (default :data:`~flwr_fsl.families.ssa.records.DEFAULT_WEIGHT_KEY`). The
+  client uses only ``num-examples`` or a key its own node config allows
+  (:data:`~flwr_fsl.core.privacy.NODE_WEIGHT_KEYS_KEY`): a round naming another key is
+  refused before training, the error naming the key (:meth:`ProtocolMod.check_weight_key`,
+  :meth:`ProtocolMod.round_weight`);
 - typed **state** in ``Context.state`` (:class:`~flwr_fsl.core.state.StateSlot`): one object per
   slot, stored with the protocol's own versioned codec.
 
@@ -40,10 +45,12 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
+from flwr_fsl.core.privacy import check_weight_key
 from flwr_fsl.crypto.channel import verify_fingerprint
 from flwr_fsl.families.ssa.protocol import SSAUpload
 from flwr_fsl.families.ssa.records import (
     SSA_FAMILY,
+    RoundRequest,
     SSARound,
     find_round,
     ssa_upload_record,
@@ -164,6 +171,53 @@ class ProtocolMod(PhaseMod):
             If the run config pins no key and no default key file exists.
         """
         verify_fingerprint(found.helper_key, pinned_fingerprint(context.run_config))
+
+    @staticmethod
+    def check_weight_key(request: RoundRequest, context: Context) -> None:
+        """Refuse a weighted round whose weight key this client's node config does not allow.
+
+        Call it before training. Rounds with unit weights name no key and pass.
+
+        Raises
+        ------
+        ConfigurationError
+            If the round is weighted by a key other than ``num-examples`` that the node config
+            (:data:`~flwr_fsl.core.privacy.NODE_WEIGHT_KEYS_KEY`) does not list; one line
+            naming the key.
+        SubmodelFormatError
+            If the weight-key field is malformed.
+        """
+        if request.round.params.weighted:
+            check_weight_key(weight_key_of(request.content), context.node_config)
+
+    def round_weight(self, request: RoundRequest, reply: Message, context: Context) -> float:
+        """Return the client's weight for this round: 1 with unit weights, else the reply's.
+
+        Parameters
+        ----------
+        request : RoundRequest
+            The train request (its round says whether it is weighted and by which key).
+        reply : Message
+            The inner train reply.
+        context : Context
+            The node's context (its node config allows weight keys).
+
+        Returns
+        -------
+        float
+            1.0 in a round with unit weights (the reply's metrics are not read); else the
+            reply's metric under the round's weight key (:meth:`reply_weight`).
+
+        Raises
+        ------
+        ConfigurationError
+            If the key is not allowed (:meth:`check_weight_key`) or the reply has no valid
+            weight.
+        """
+        if not request.round.params.weighted:
+            return 1.0
+        self.check_weight_key(request, context)
+        return self.reply_weight(request.content, reply)[2]
 
     @staticmethod
     def reply_weight(msg: Message | RecordDict, reply: Message) -> tuple[str, MetricRecord, float]:

@@ -11,8 +11,9 @@ adaptive per-bin domains, mega-elements and count-weighting):
    ``u`` the client makes a DPF key pair pointing at ``pos_b`` (rank of ``u`` in simple bin
    ``b``) over ``ceil(log2 |simple bin b|)`` bits with value the fixed-point payload of ``u``;
    empty bins get dummy keys ``Gen(0, 0)`` of the same shape; a stash slot gets a key over
-   the whole domain. The payload of ``u`` is ``(c * dw_u, c)`` with count-weighting (``c`` the
-   client's sample count or a per-row count) or ``dw_u`` without.
+   the whole domain. The payload of ``u`` is ``(c * dw_u, c)`` with count-weighting (``c = 1``
+   with unit weights, :attr:`SSAParams.weighted` False; else the client's sample count or a
+   per-row count) or ``dw_u`` without.
 3. The client sends the public part of all keys (identical for both servers) and one 16-byte
    master seed per server; root seeds are ``PRF(msk_b, j)``.
 4. Each server full-domain-evaluates every bin, scatters bin ``b``'s outputs to the indices
@@ -32,8 +33,9 @@ sketching, not implemented). Each server alone sees its master seed and the publ
 pseudorandom and independent of the client's indices and values; their sizes depend only on
 public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
 reveals to both servers, by design of count-weighted averaging: per index the sum of the
-chosen clients' weighted updates and the sum of their weights — hence which indices at least
-one client of the round chose, and with one client in a round, that client's whole index set.
+chosen clients' weighted updates and the sum of their weights (unit weights: how many chose
+it) — hence which indices at least one client of the round chose, and with one client in a
+round, that client's whole index set.
 Run rounds with several clients where that matters; across rounds with known participation
 totals can be differenced, which :attr:`SSAParams.dp` (distributed differential privacy: each
 server noises its own share, :mod:`flwr_fsl.families.ssa.dp`) bounds.
@@ -199,7 +201,8 @@ def payload_words(
     values : array_like
         ``(n, value_width)`` (or ``(n,)`` when the width is 1) update values.
     weights : array_like or float
-        The client's weight ``c`` (sample count) or one weight per element.
+        The client's weight ``c`` (sample count) or one weight per element; ignored in a
+        round with ``params.weighted`` False, where every element's ``c`` is 1.
     rng : numpy.random.Generator, optional
         Stochastic-rounding randomness.
 
@@ -219,9 +222,10 @@ def payload_words(
 
     Notes
     -----
-    In a round with ``params.dp`` the update is clipped first
-    (:func:`~flwr_fsl.families.ssa.dp.clip_update`: L2 norm of all rows to ``clip_norm``, each
-    weight to ``max_weight``), so every client path — fresh keys and U-DPF hints — clips.
+    Unit weights (``params.weighted`` False) and, in a round with ``params.dp``, clipping
+    are applied here, so every client path (fresh keys and U-DPF hints) obeys them. Clipping
+    is :func:`~flwr_fsl.families.ssa.dp.clip_update` (L2 norm of all rows to ``clip_norm``,
+    each weight to ``max_weight``).
     """
     v = np.asarray(values, dtype=np.float64)
     if v.ndim == 1 and params.value_width == 1:
@@ -229,6 +233,8 @@ def payload_words(
     if v.ndim != 2 or v.shape[1] != params.value_width:
         raise ConfigurationError(f"values must have shape (n, {params.value_width})")
     if params.count_weighted:
+        if not params.weighted:  # unit weights: the count word counts clients, not samples
+            weights = 1.0
         try:
             c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
         except ValueError:  # numpy's text would quote both lengths (the set size)

@@ -17,13 +17,19 @@ process (:mod:`flwr_fsl.helper`), reached through a :class:`~flwr_fsl.helper.Hel
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients
 (:mod:`flwr_fsl.families.ssa.protocol`). S0 sees each client's public part, its own master seed and
-the reconstructed aggregate: per coordinate the weighted sum and the total weight of the
-clients that chose it. A reply carries no weight or metric in the clear (the weight rides in
-the payload's count word), so the total weights are not subset sums of numbers S0 knows
-(``tests/families/ssa/test_weight_leak.py``). S0 does not see which coordinates a single client
-chose or their values; rounds with fewer than ``min_clients`` accepted clients are not
-reconstructed. Federated evaluation replies are Flower's and carry ``num-examples``: prefer
-centralized evaluation (``evaluate_fn``) where the weights are private.
+the reconstructed aggregate: per coordinate the sum and the count word over the clients that
+chose it. By default (``weighted=False``) every client counts 1, so a count word is how many
+clients chose the coordinate, not which; a coordinate one client chose gives S0 that client's
+value, not its name. A reply carries no weight or metric in the clear. With ``weighted=True``
+the count word is a sum of the clients' weights (``weighted_by_key``), which S0 can recover
+from the counts and decode as subset sums (``tests/attacks/test_ssa_weight_recovery.py``,
+``tests/attacks/test_ssa_count_subset_sum.py``). Federated evaluation is off by default
+(``fraction_evaluate=0.0``; a value > 0 needs ``plaintext_evaluation=True``): its replies are
+Flower's and carry ``num-examples`` and metrics in the clear — evaluate on the server
+(``evaluate_fn``). Across rounds, top-k sets that stay the same from round to round can be
+decoded by least squares over the count words with the participation S0 chose
+(``tests/attacks/test_ssa_topk_cross_round.py``; distributed DP bounds it). Rounds with fewer
+than ``min_clients`` accepted clients are not reconstructed.
 
 **Failures.** A malformed, late, duplicated or unsolicited reply, or one S1 rejects, drops that
 client with a logged reason (:attr:`dropped`); the others are aggregated exactly. If S1 cannot
@@ -45,7 +51,11 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
-from flwr_fsl.families.ssa.aggregation_strategy import SSASettings, TwoServerAggregation
+from flwr_fsl.families.ssa.aggregation_strategy import (
+    SSASettings,
+    TwoServerAggregation,
+    secure_flower_kwargs,
+)
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
@@ -71,14 +81,24 @@ class SecureFedSubAvg(FedSubAvg):
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
         clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
         with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+    weighted : bool
+        False (default): every client's count word is 1 (the average over the clients that
+        chose a coordinate, each counting once). True: weighted by ``weighted_by_key``
+        (default ``num-examples``) or the reply's per-index counts, as plaintext ``FedSubAvg``;
+        S0 can then recover the weights and decode who chose what (see the module docstring).
+    plaintext_evaluation : bool
+        Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
+        evaluated client's metrics and ``num-examples`` in the clear. Default False.
     **kwargs
         Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
-        ``sampling_seed``.
+        ``sampling_seed``; ``fraction_evaluate`` defaults to 0.0.
 
     Raises
     ------
     ConfigurationError
-        If ``topk_ratio`` or an SSA setting is out of range.
+        If ``topk_ratio`` or an SSA setting is out of range, ``fraction_evaluate > 0`` without
+        ``plaintext_evaluation=True``, or ``weighted_by_key`` is given without
+        ``weighted=True``.
 
     Attributes
     ----------
@@ -98,23 +118,30 @@ class SecureFedSubAvg(FedSubAvg):
         num_hashes: int = 3,
         min_clients: int = 2,
         dp: DistributedDP | None = None,
+        weighted: bool = False,
+        plaintext_evaluation: bool = False,
         **kwargs: Any,
     ) -> None:
         if not 0.0 < topk_ratio <= 1.0:
             raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
+        kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
+        settings = SSASettings(
+            frac_bits, max_abs, stash_size, num_hashes, min_clients, dp, weighted=weighted
+        )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
 
     def summary(self) -> None:
         """Log the configuration."""
         super().summary()
+        settings = self.aggregation.settings
         log(
             INFO,
-            "\t└──> SSA: top-k ratio %s, %s fractional bits",
+            "\t└──> SSA: top-k ratio %s, %s fractional bits, %s",
             self.topk_ratio,
-            self.aggregation.settings.frac_bits,
+            settings.frac_bits,
+            f"weighted by {self.weighted_by_key!r}" if settings.weighted else "unit weights",
         )
 
     def round_config(

@@ -68,12 +68,15 @@ def initial() -> ArrayRecord:
     return ArrayRecord({"emb": Array(TABLE.copy()), "local": Array(np.ones(2, np.float32))})
 
 
-def expected_after(rounds: int, nodes: int, fixed: bool) -> np.ndarray:
+def expected_after(rounds: int, nodes: int, fixed: bool, weighted: bool = False) -> np.ndarray:
+    """Plaintext count-weighted rows: per-row counts (weighted) or 1 per client (unit weights)."""
     table = TABLE.astype(np.float64)
     for rnd in range(1, rounds + 1):
         num, den = np.zeros_like(table), np.zeros(ROWS)
         for pid in range(nodes):
             idx, counts = client_rows(pid, rnd, fixed)
+            if not weighted:
+                counts = np.ones_like(counts)
             num[idx] += counts[:, None] * row_delta(pid, rnd, idx).astype(np.float32)
             den[idx] += counts
         touched = den > 0
@@ -87,7 +90,7 @@ def key() -> SealingKeyPair:
     return SealingKeyPair.generate()
 
 
-def _run(key, fixed, rounds=3, nodes=4, udpf=True, mods=(), seen=None, helper=None):  # type: ignore[no-untyped-def]
+def _run(key, fixed, rounds=3, nodes=4, udpf=True, mods=(), seen=None, helper=None, weighted=False):  # type: ignore[no-untyped-def]
     grid = InProcessGrid(
         make_index_app(fixed, seen, mods), nodes, {"ssa-helper-fingerprint": key.fingerprint}
     )
@@ -99,16 +102,20 @@ def _run(key, fixed, rounds=3, nodes=4, udpf=True, mods=(), seen=None, helper=No
         frac_bits=32,
         max_abs=1e3,
         min_available_nodes=nodes,
-        fraction_evaluate=0.0,
+        weighted=weighted,
     )
     return strategy, strategy.start(grid=grid, initial_arrays=initial(), num_rounds=rounds)
 
 
+@pytest.mark.parametrize("weighted", [False, True], ids=["unit-weights", "per-row-counts"])
 @pytest.mark.parametrize("fixed", [False, True])
-def test_rows_average_equals_plaintext_count_weighted(key: SealingKeyPair, fixed: bool) -> None:
-    strategy, result = _run(key, fixed)
+def test_rows_average_equals_plaintext_count_weighted(
+    key: SealingKeyPair, fixed: bool, weighted: bool
+) -> None:
+    strategy, result = _run(key, fixed, weighted=weighted)
     assert strategy.failed_rounds == {} and all(not d for d in strategy.dropped.values())
-    np.testing.assert_allclose(result.arrays["emb"].numpy(), expected_after(3, 4, fixed), atol=1e-6)
+    expected = expected_after(3, 4, fixed, weighted)
+    np.testing.assert_allclose(result.arrays["emb"].numpy(), expected, atol=1e-6)
     np.testing.assert_array_equal(result.arrays["local"].numpy(), np.ones(2))
     udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2, 3)]
     assert udpf == ([0, 4, 4] if fixed else [0, 0, 0])

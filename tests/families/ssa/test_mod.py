@@ -5,7 +5,9 @@ many local samples touched the coordinate). Plaintext :class:`~flwr_fsl.strategi
 averages each coordinate by those counts; ``ssa_mod`` must put the same count into each
 coordinate's payload ``(c * dw, c)`` — not the reply's ``num-examples`` — so that the secure
 aggregate equals the plaintext one. Replies without counts are weighted by ``num-examples``
-in both. A row (mega-element) update is refused by the top-k mod (index mode carries rows).
+in both. That is ``SecureFedSubAvg(weighted=True)``; by default (unit weights) every count word
+is 1 whatever the reply carries, which equals plaintext ``FedSubAvg`` on replies of weight 1
+without counts. A row (mega-element) update is refused by the top-k mod (index mode carries rows).
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ FLOATS = [name for name, value in MODEL.items() if value.dtype == np.float32]
 
 
 def client_update(seed: int, pid: int, server_round: int, mode: str) -> SubmodelUpdate:
-    """One client's coordinate-sparse update: per-index counts (``counts``) or none."""
+    """One client's coordinate-sparse update: per-index counts (``counts``) or none.
+
+    ``mode`` ``"unit"``: no counts and weight 1 (what unit weights make of any reply).
+    """
     rng = np.random.default_rng([seed, pid, server_round])
     tensors = {}
     for name in FLOATS:
@@ -46,7 +51,7 @@ def client_update(seed: int, pid: int, server_round: int, mode: str) -> Submodel
         tensors[name] = TensorUpdate(
             Encoding.COORDINATES, values, idx, counts if with_counts else None
         )
-    return SubmodelUpdate(tensors, weight=float(10 * (pid + 1)))
+    return SubmodelUpdate(tensors, weight=1.0 if mode == "unit" else float(10 * (pid + 1)))
 
 
 def sparse_app(mods: list[Mod], seed: int, mode: str) -> ClientApp:
@@ -66,14 +71,22 @@ def sparse_app(mods: list[Mod], seed: int, mode: str) -> ClientApp:
 
 
 def secure_and_plain(
-    seed: int, mode: str, rounds: int = 2
+    seed: int, mode: str, rounds: int = 2, *, weighted: bool = True, plain_mode: str = ""
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], SecureFedSubAvg]:
-    """Final float tensors of SecureFedSubAvg + ssa_mod and of plaintext FedSubAvg."""
+    """Final float tensors of SecureFedSubAvg + ssa_mod and of plaintext FedSubAvg.
+
+    The plaintext clients reply in ``plain_mode`` (default: ``mode``).
+    """
     key = SealingKeyPair.generate()
     run_config = {"ssa-helper-fingerprint": key.fingerprint}
     knobs = {"min_available_nodes": NODES, "fraction_evaluate": 0.0}
     secure = SecureFedSubAvg(
-        InProcessHelper(keypair=key), topk_ratio=RATIO, frac_bits=32, max_abs=1e3, **knobs
+        InProcessHelper(keypair=key),
+        topk_ratio=RATIO,
+        frac_bits=32,
+        max_abs=1e3,
+        weighted=weighted,
+        **knobs,
     )
     got = secure.start(
         grid=InProcessGrid(sparse_app([ssa_mod], seed, mode), NODES, run_config),
@@ -81,7 +94,7 @@ def secure_and_plain(
         num_rounds=rounds,
     )
     plain = FedSubAvg(**knobs).start(
-        grid=InProcessGrid(sparse_app([], seed, mode), NODES, {}),
+        grid=InProcessGrid(sparse_app([], seed, plain_mode or mode), NODES, {}),
         initial_arrays=model_record(),
         num_rounds=rounds,
     )
@@ -107,6 +120,19 @@ def test_per_index_counts_weight_the_secure_aggregate_as_in_plaintext() -> None:
 @given(st.integers(0, 2**31), st.sampled_from(["counts", "none", "mixed"]))
 def test_secure_equals_plaintext_with_counts_without_and_mixed(seed: int, mode: str) -> None:
     secure, plain, strategy = secure_and_plain(seed, mode, rounds=1)
+    assert strategy.failed_rounds == {}
+    for name in FLOATS:
+        np.testing.assert_allclose(secure[name], plain[name], atol=1e-6, err_msg=name)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), st.sampled_from(["counts", "none", "mixed"]))
+def test_unit_weights_by_default_ignore_counts_and_num_examples(seed: int, mode: str) -> None:
+    # Default SecureFedSubAvg: every client counts 1 per coordinate, whatever counts or
+    # num-examples its reply carries: plaintext FedSubAvg on the same updates with weight 1.
+    secure, plain, strategy = secure_and_plain(
+        seed, mode, rounds=1, weighted=False, plain_mode="unit"
+    )
     assert strategy.failed_rounds == {}
     for name in FLOATS:
         np.testing.assert_allclose(secure[name], plain[name], atol=1e-6, err_msg=name)

@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase
+from flwr_fsl.core.privacy import NODE_WEIGHT_KEYS_KEY
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.sealing import RoundBinding
@@ -263,11 +264,27 @@ def test_bad_weight_metric_is_an_error(metrics: dict[str, Any], reason: str) -> 
     assert reply.has_error() and reason in reply.error.reason
 
 
-def test_ssa_mod_weights_by_the_configured_key_end_to_end() -> None:
-    """ssa_mod's upload, opened by both servers, carries the configured weight as counts."""
+def _allowing(keys: str) -> Callable[[int], dict[str, Any]]:
+    """Node configs whose weight-key allow-list (``fsl-weight-keys``) is ``keys``."""
+    return lambda i: {"partition-id": i, "num-partitions": 3, NODE_WEIGHT_KEYS_KEY: keys}
+
+
+@pytest.mark.parametrize(
+    ("weighted", "allowed", "expected"),
+    [
+        (True, "samples", 4.0),  # the server's key, allowed by the node config
+        (True, "", None),  # the server's key, not allowed: the client refuses
+        (False, "", 1.0),  # unit weights: no key read, every count word is 1
+    ],
+)
+def test_ssa_mod_weights_by_the_configured_key_end_to_end(
+    weighted: bool, allowed: str, expected: float | None
+) -> None:
+    """ssa_mod's upload, opened by both servers, carries the round's weight as counts."""
     layout = FlatLayout.of(MODEL)
-    params = _params(layout.size, 6)
+    params = dataclasses.replace(_params(layout.size, 6), weighted=weighted)
     app = ClientApp(mods=[ssa_mod, topk_mod])
+    trained: list[int] = []
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -279,13 +296,22 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end() -> None:
             for n, a in arrays.items()
         }
         metrics = MetricRecord({"samples": 4, "num-examples": 1000})
+        trained.append(1)
         return Message(RecordDict({"arrays": ArrayRecord(new), "metrics": metrics}), reply_to=msg)
 
-    grid = InProcessGrid(app, 1, {**PIN, "topk-error-feedback": False})
+    run_config = {**PIN, "topk-error-feedback": False}
+    grid = InProcessGrid(app, 1, run_config, node_config_fn=_allowing(allowed))
     node = next(iter(grid.get_node_ids()))
     config = _round_config(params, **{WEIGHT_KEY_FIELD: "samples", "topk-count": 6})
     msg = Message(RecordDict({"arrays": model_record(), "config": config}), node, "train")
     (reply,) = grid.send_and_receive([msg])
+    if expected is None:  # refused before training, in one line naming the key
+        assert reply.has_error() and not trained
+        assert "weight key 'samples'" in reply.error.reason and NODE_WEIGHT_KEYS_KEY in (
+            reply.error.reason
+        )
+        assert "\n" not in reply.error.reason.strip()
+        return
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     assert set(reply.content.keys()) == {SSA_UPLOAD_KEY}  # the weight is in the payload only
     public, seed0, sealed = read_ssa_upload(reply.content)
@@ -297,7 +323,7 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end() -> None:
     result = reconstruct(params, servers[0].share(), servers[1].share())
     assert result.counts is not None
     touched = np.flatnonzero(result.counts)
-    assert touched.size == 6 and np.allclose(result.counts[touched], 4.0)
+    assert touched.size == 6 and np.allclose(result.counts[touched], expected)
     delta = np.concatenate(
         [node_delta(0, 1, n, v.shape).ravel() for n, v in MODEL.items() if v.dtype == np.float32]
     )
@@ -324,7 +350,8 @@ def _weighted_app(mods: list[Any]) -> ClientApp:
 
 
 def test_secure_round_weights_by_the_strategy_key() -> None:
-    """weighted_by_key='samples' on the server: ssa_mod weights by 'samples' too."""
+    """weighted_by_key='samples' on the server (weighted=True, and the clients' node config
+    allows 'samples'): ssa_mod weights by 'samples' too."""
     from flwr_fsl.helper import InProcessHelper
     from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 
@@ -337,9 +364,13 @@ def test_secure_round_weights_by_the_strategy_key() -> None:
         frac_bits=32,
         max_abs=1e3,
         weighted_by_key="samples",
+        weighted=True,
+    )
+    grid = InProcessGrid(
+        _weighted_app([ssa_mod, topk_mod]), 3, run_config, node_config_fn=_allowing("samples")
     )
     got = secure.start(
-        grid=InProcessGrid(_weighted_app([ssa_mod, topk_mod]), 3, run_config),
+        grid=grid,
         initial_arrays=model_record(),
         num_rounds=1,
     )

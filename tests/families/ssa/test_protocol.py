@@ -418,3 +418,47 @@ def test_payload_bound_is_exactly_max_abs_and_never_warns(value: float, weight: 
     assert not clearly_out
     decoded = params.fixed_point.decode(words)
     np.testing.assert_allclose(decoded[0], [value * weight, 0.0, weight], atol=2.0**-15)
+
+
+# ---- unit weights (issue 20): SSAParams version 4 --------------------------------------------
+
+
+def test_unit_weight_params_are_version_4_and_weighted_keeps_the_old_bytes() -> None:
+    import json
+
+    weighted = _params(epoch=2)
+    assert json.loads(weighted.to_bytes())["version"] == 1  # byte for byte as before
+    unit = replace(weighted, weighted=False)
+    raw = json.loads(unit.to_bytes())
+    assert raw["version"] == 4 and raw["weighted"] is False
+    assert SSAParams.from_bytes(unit.to_bytes()) == unit
+    for bad in (
+        {**raw, "weighted": True},  # one encoding per parameter set: true is version 1/2
+        {**raw, "weighted": 0},
+        {k: v for k, v in raw.items() if k != "weighted"},  # version 4 without the flag
+        {**raw, "version": 1},  # version 1 has no such field (an old decoder refuses it too)
+        {**raw, "version": 3},
+    ):
+        with pytest.raises(SSAInputError):
+            SSAParams.from_bytes(json.dumps(bad).encode())
+    with pytest.raises(ConfigurationError, match="weighted"):
+        _params(weighted=1)
+
+
+def test_unit_weights_put_one_in_every_count_word_whatever_the_weights() -> None:
+    params = _params(weighted=False)
+    values = np.array([[0.5, -1.0], [2.0, 0.25]])
+    for weights in (7.0, np.array([3.0, 40.0])):
+        words = payload_words(params, values, weights)
+        decoded = params.fixed_point.decode(words)
+        np.testing.assert_allclose(decoded[:, 2], [1.0, 1.0])
+        np.testing.assert_allclose(decoded[:, :2], values, atol=1e-6)
+    # Two clients on one element: the count word says how many, the sum is theirs unweighted.
+    servers = [SSAServer(params, b) for b in (0, 1)]
+    for cid, (value, weight) in enumerate(((1.0, 5.0), (3.0, 500.0))):
+        upload, _ = encode_update(params, [9], [[value, value]], weight)
+        for b in (0, 1):
+            servers[b].add_client(cid, upload.public_part, upload.master_seeds[b])
+    result = reconstruct(params, servers[0].share(), servers[1].share())
+    assert result.counts is not None and result.counts[9] == pytest.approx(2.0)
+    np.testing.assert_allclose(result.average()[9], [2.0, 2.0], atol=1e-6)

@@ -13,7 +13,7 @@ from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.testing import InProcessGrid
-from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record
+from tests.flower_apps import MODEL, corrupt_mod, make_app, model_record, unit_weight_mod
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def helper_key() -> SealingKeyPair:
     return SealingKeyPair.generate()
 
 
-def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2):  # type: ignore[no-untyped-def]
+def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2, weighted=False):  # type: ignore[no-untyped-def]
     run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
     grid = InProcessGrid(make_app([*mods, ssa_mod, topk_mod]), num_nodes, run_config)
     helper = helper or InProcessHelper(keypair=key)
@@ -32,14 +32,16 @@ def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2):  #
         min_available_nodes=num_nodes,
         frac_bits=32,
         max_abs=1e3,
+        weighted=weighted,
     )
     result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
     return strategy, result, grid
 
 
-def _plaintext_run(k: int, rounds: int = 2, num_nodes: int = 4, drop=None):  # type: ignore[no-untyped-def]
+def _plaintext_run(k: int, rounds: int = 2, num_nodes: int = 4, drop=None, weighted=False):  # type: ignore[no-untyped-def]
+    """Plaintext top-k FedSubAvg: weighted by num-examples, or every client 1 (the default)."""
     grid = InProcessGrid(
-        make_app([topk_mod]),
+        make_app([topk_mod] if weighted else [unit_weight_mod, topk_mod]),
         num_nodes,
         {"topk-count": k, "topk-error-feedback": False},
         drop_nodes=drop,
@@ -53,9 +55,12 @@ def _k(ratio: float) -> int:
     return int(np.ceil(ratio * m))
 
 
-def test_secure_round_equals_plaintext_topk_fedsubavg(helper_key: SealingKeyPair) -> None:
-    strategy, secure, _ = _secure_run(helper_key)
-    plain = _plaintext_run(_k(0.2))
+@pytest.mark.parametrize("weighted", [False, True], ids=["unit-weights", "num-examples"])
+def test_secure_round_equals_plaintext_topk_fedsubavg(
+    helper_key: SealingKeyPair, weighted: bool
+) -> None:
+    strategy, secure, _ = _secure_run(helper_key, weighted=weighted)
+    plain = _plaintext_run(_k(0.2), weighted=weighted)
     assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}}
     for name, value in MODEL.items():
         if value.dtype == np.float32:

@@ -7,7 +7,8 @@ weight and every weighted value ``c * dw`` are fixed-point words bounded by the 
 mode) or per-row count (index mode) therefore makes that client's reply an error — dropped by
 S0 with a reason that names no value — and the others are aggregated exactly, the model
 staying finite. (A client that builds its own keys is outside this model: see
-``tests/families/ssa/test_malicious_client.py``.)
+``tests/families/ssa/test_malicious_client.py``.) That is with ``weighted=True``; with unit
+weights (the default) the client's weight is never read and a huge one changes nothing.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_topk_a_huge_num_examples_drops_that_client_and_the_rest_stays_exact(
         min_available_nodes=4,
         frac_bits=32,
         max_abs=MAX_ABS,
-        fraction_evaluate=0.0,
+        weighted=True,
     )
     secure = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2)
     bad = list(grid.get_node_ids())[bad_pid]
@@ -112,7 +113,7 @@ def test_index_mode_huge_per_row_counts_drop_that_client_and_the_rest_stays_exac
         frac_bits=32,
         max_abs=MAX_ABS,
         min_available_nodes=4,
-        fraction_evaluate=0.0,
+        weighted=True,
     )
     result = strategy.start(grid=grid, initial_arrays=index_app.initial(), num_rounds=2)
     bad = list(grid.get_node_ids())[bad_pid]
@@ -133,3 +134,19 @@ def test_index_mode_huge_per_row_counts_drop_that_client_and_the_rest_stays_exac
     got = result.arrays["emb"].numpy()
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, table, atol=1e-6)
+
+
+def test_unit_weights_never_read_a_huge_num_examples() -> None:
+    key = SealingKeyPair.generate()
+    mods = [ssa_mod, corrupt_mod(1, _weight(1e308)), topk_mod]
+    run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
+    strategy = SecureFedSubAvg(
+        InProcessHelper(keypair=key), topk_ratio=RATIO, min_available_nodes=4, max_abs=MAX_ABS
+    )
+    result = strategy.start(
+        grid=InProcessGrid(make_app(mods), 4, run_config),
+        initial_arrays=model_record(),
+        num_rounds=1,
+    )
+    assert strategy.failed_rounds == {} and strategy.dropped == {1: {}}
+    assert all(np.all(np.isfinite(result.arrays[n].numpy())) for n in MODEL)
