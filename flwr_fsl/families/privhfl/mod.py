@@ -29,8 +29,9 @@ types, ranges, the phase matching the message type). Phases:
 phase         message type           what the client does / replies
 ============  =====================  ===============================================================
 ``local``     ``train.privhfl``      train a fresh model on the private data (SGD as the paper,
-                                     or Adam; the local phase, the baseline) -> ``num-examples``,
-                                     ``train-loss``
+                                     or Adam; the local phase, the baseline) -> nothing (an
+                                     empty reply; ``num-examples``, ``train-loss`` only with
+                                     ``report_train_metrics=True``)
 ``generate``  ``query.privhfl``      expand (mixup / cutmix / cutout / private), select
                                      ``num-queries`` (random / active learning on its own model),
                                      keep them -> the queries under :data:`QUERIES_KEY`
@@ -38,7 +39,7 @@ phase         message type           what the client does / replies
                                      :data:`QUERIES_KEY`) -> under :data:`LOGITS_KEY`
 ``retrain``   ``train.privhfl``      softmax(sum of the answerers' logits / T) as soft labels,
                                      Adam on queries + private data (``answerers = 0``: private
-                                     data only) -> ``num-examples``, ``train-loss``
+                                     data only) -> nothing (as ``local``)
 ``evaluate``  ``evaluate.privhfl``   its own model on its evaluation data -> ``num-examples``,
                                      ``accuracy``, ``loss``, ``num-parameters``
 ``keys``      ``query.privhfl``      secure arm: fresh X25519 key, architecture
@@ -46,15 +47,22 @@ phase         message type           what the client does / replies
 ``sign``      ``query.privhfl``      secure arm, paper's DReLU: the querier's sign shares
 ============  =====================  ===============================================================
 
-**Answering.** In the plaintext arm queries and logits cross the server in the clear, so the
-server sees every query image (mixup images show their source images, PrivHFL App. G) and every
-answerer's predictions on them. In the secure arm (``answering="secure"`` on the strategy) the
+**Answering.** In the secure arm (``answering="secure"`` on the strategy, its default) the
 ``generate`` reply, the ``answer`` phase and the ``retrain`` message are replaced by the
 secret-shared protocol: phases ``keys``, ``step`` and (paper's DReLU) ``sign``
 (``query.privhfl``) and byte messages
 under :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY`
 (:mod:`flwr_fsl.families.privhfl.messages`);
 the query set never leaves the querier and the querier opens only the sum of the answers.
+In the plaintext arm (``answering="plaintext"``, only by explicit choice) queries and logits
+cross the server in the clear, so the server sees every query image (mixup images show their
+source images, PrivHFL App. G) and every answerer's predictions on them.
+
+**Training replies carry nothing by default.** PrivHFL has no aggregate, so the server has no
+use for a node's number of private images or its training loss: the ``local`` and ``retrain``
+replies are empty unless the node opts in with ``report_train_metrics=True`` (then the round's
+train metrics hold the example-weighted mean ``train-loss`` of the nodes that reported). The
+``evaluate`` reply does carry its metrics: there is no server-side model to evaluate instead.
 
 **Query seeds are the querier's own.** The pool (which private images a mixup query mixes,
 with which ``lam``; the cutmix boxes, the cutout rectangles) and the random selection come
@@ -219,13 +227,16 @@ class PrivHFLClient(PhaseMod):
         Largest ``|logit sum|`` accepted in a retrain message.
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
+    report_train_metrics : bool
+        Reply ``num-examples`` and ``train-loss`` to ``local`` and ``retrain`` (False, the
+        default: an empty reply; the server does not need them, module docstring).
     """
 
     family: ClassVar[str] = PRIVHFL_KEY
     title: ClassVar[str] = "PrivHFL"
     phases: ClassVar[Mapping[str, Phase[Any, Any]]] = PRIVHFL_PHASES
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         model_fn: Callable[[Context], nn.Module],
         data_fn: Callable[[Context], PrivateData],
@@ -236,6 +247,7 @@ class PrivHFLClient(PhaseMod):
         max_abs_input: float = 1e3,
         max_abs_logit: float = 1e6,
         num_threads: int | None = None,
+        report_train_metrics: bool = False,
     ) -> None:
         if not callable(model_fn) or not callable(data_fn):
             raise ConfigurationError("model_fn and data_fn must be callables of the Context")
@@ -251,6 +263,8 @@ class PrivHFLClient(PhaseMod):
                 raise ConfigurationError(f"{name} must be a finite number > 0")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ConfigurationError("num_threads must be None or an int >= 1")
+        if not isinstance(report_train_metrics, bool):
+            raise ConfigurationError("report_train_metrics must be a bool")
         self.model_fn = model_fn
         self.data_fn = data_fn
         self.num_classes = num_classes
@@ -259,6 +273,7 @@ class PrivHFLClient(PhaseMod):
         self.max_abs_input = float(max_abs_input)
         self.max_abs_logit = float(max_abs_logit)
         self.num_threads = num_threads
+        self.report_train_metrics = report_train_metrics
 
     def register(self, app: ClientApp) -> None:
         """Register :meth:`train`, :meth:`query` and :meth:`evaluate` on ``app`` (``privhfl``)."""
@@ -353,6 +368,8 @@ class PrivHFLClient(PhaseMod):
         self, context: Context, model: nn.Module, data: PrivateData, loss: float
     ) -> PhaseReply:
         self._store(context, model)
+        if not self.report_train_metrics:
+            return PhaseReply.done()
         return PhaseReply.trained(len(data.x_train), float(np.nan_to_num(loss)))
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""PrivHFL (plaintext answering) end to end on the in-process grid, against an independent replay.
+"""PrivHFL end to end on the in-process grid: the plaintext arm against an independent replay.
 
 A spy mod records, per node, every message it receives, its model before the message and its
 reply. The replay then re-derives each phase from those records alone: the queries a querier
@@ -11,6 +11,12 @@ The secure arm (``answering="secure"``, DCF and the paper's DReLU) is checked ag
 plaintext arm run with the same seeds: equal soft labels within the fixed-point error, no query
 or logit in any message, no key, share or seed left in a client's state, and a malformed reply
 (keys, generate, step, sign) drops only the node that sent it.
+
+The default (``PrivHFL()``: secure answering, DCF; ``PrivHFLClient()``: empty train replies) is
+run end to end once, on the tiny models, and its whole server view is checked
+(:func:`test_the_server_view_at_default`). The other tests name ``answering="plaintext"``
+(``_strategy``) unless their point is the secure arm: the plaintext arm is the one a replay can
+check bit for bit, and it is seconds faster.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from hypothesis import HealthCheck, given, settings
@@ -145,6 +151,7 @@ def _grid(
 
 def _strategy(**kwargs: Any) -> PrivHFL:
     settings_: dict[str, Any] = {
+        "answering": "plaintext",  # not the default: named, the secure tests override it
         "pool_size": 60,
         "num_queries": 20,
         "local_epochs": 3,
@@ -330,14 +337,18 @@ def test_queries_carry_the_others_knowledge() -> None:
 
 def test_what_crosses_the_server() -> None:
     # Weights never leave a client: replies carry only queries, logits and metrics. In the
-    # plaintext arm the server does see the query images (the documented leak).
+    # plaintext arm (answering="plaintext", a non-default option) the server does see the
+    # query images (the documented leak).
     grid, spy = _grid(3)
     strategy = _strategy(expansion="private", num_queries=20)
+    assert strategy.answering == "plaintext"
     strategy.run(grid, num_rounds=1)
     for node in grid.get_node_ids():
         for entry in spy.log[node]:
             keys = set(entry["reply"].content.keys())
             assert keys <= {QUERIES_KEY, LOGITS_KEY, "metrics"}, keys
+            if entry["phase"] in ("local", "retrain"):  # the default client reports nothing
+                assert len(entry["reply"].content) == 0
         gen = spy.one(node, "generate")
         x = gen["reply"].content[QUERIES_KEY]["x"].numpy()
         private = _data(grid.context(node)).x_train
@@ -609,7 +620,8 @@ def test_client_refuses_retrain_inputs_that_do_not_fit() -> None:
 
 def test_client_and_strategy_validate_settings() -> None:
     for kwargs in ({"num_classes": 1}, {"max_answer": 0}, {"max_abs_input": -1.0},
-                   {"image_shape": ()}, {"num_threads": 0}):  # fmt: skip
+                   {"image_shape": ()}, {"num_threads": 0},
+                   {"report_train_metrics": 1}):  # fmt: skip
         with pytest.raises(ConfigurationError):
             _client(**kwargs)
     with pytest.raises(ConfigurationError):
@@ -661,6 +673,65 @@ def _secure_run(
     strategy = _strategy(answering="secure", num_queries=6, pool_size=30, **kwargs)
     strategy.run(grid, num_rounds=1)
     return grid, spy, strategy, dict(_RecordingClient.opened)
+
+
+def test_the_server_view_at_default() -> None:
+    # PrivHFL() and PrivHFLClient() as they come (secure answering, DCF; train replies empty),
+    # two rounds on the tiny models: every querier opens its soft labels and re-trains, and
+    # the server's whole view (every message it sent, every reply) holds no array — no query
+    # image, no logit, no weight — and no metric but the evaluate replies' (there is no
+    # server-side model to evaluate instead: docs/families/privhfl.md).
+    _RecordingClient.opened = {}
+    client = _RecordingClient(_model, _data, num_classes=CLASSES, image_shape=SHAPE)
+    grid, spy = _grid(3, client=client)
+    strategy = PrivHFL(
+        pool_size=30, num_queries=3, local_epochs=1, retrain_epochs=1, num_classes=CLASSES,
+        image_shape=SHAPE, min_available_nodes=3, seed=3,
+    )  # fmt: skip
+    assert strategy.answering == "secure" and strategy.secure_config.comparison == "dcf"
+    result = strategy.run(grid, num_rounds=2)
+    assert not any(strategy.dropped.values()) and not strategy.failed_rounds
+    nodes = grid.get_node_ids()
+    assert sorted(_RecordingClient.opened) == sorted(nodes)
+    for node in nodes:
+        phases = _phases(spy, node)
+        assert phases.count("local") == 1 and phases.count("retrain") == 2, phases
+        assert "answer" not in phases and "keys" in phases
+        for e in spy.log[node]:
+            for content in (e["msg"].content, e["reply"].content):
+                assert not content.array_records, (node, e["phase"])
+            reply = e["reply"].content
+            if e["phase"] in ("local", "retrain"):
+                assert len(reply) == 0, (node, e["phase"])  # no num-examples, no train-loss
+            elif e["phase"] == "evaluate":
+                (metrics,) = reply.metric_records.values()
+                assert set(metrics) == {"num-examples", "accuracy", "loss", "num-parameters"}
+            else:
+                assert not reply.metric_records, (node, e["phase"])
+    for rnd in (1, 2):
+        assert set(result.train_metrics_clientapp[rnd]) == {"queriers", "answers-per-querier"}
+        assert result.train_metrics_clientapp[rnd]["queriers"] == 3
+
+
+def test_a_client_may_report_its_train_metrics() -> None:
+    # report_train_metrics=True: local and retrain replies carry num-examples and train-loss,
+    # and the round's train metrics their example-weighted mean; a reply that reports but
+    # lacks the loss drops that node.
+    def no_loss(content: RecordDict) -> RecordDict:
+        return RecordDict({"metrics": MetricRecord({"num-examples": 24})})
+
+    grid, spy = _grid(3, client=_client(report_train_metrics=True),
+                      mods=[_tamper(2, "retrain", no_loss)])  # fmt: skip
+    strategy = _strategy(expansion="none", evaluate_local=False, fraction_evaluate=0.0)
+    result = strategy.run(grid, num_rounds=1)
+    for node in grid.get_node_ids():
+        for phase in ("local", "retrain") if node != 1002 else ("local",):  # (1002: tampered)
+            (metrics,) = spy.one(node, phase)["reply"].content.metric_records.values()
+            assert metrics["num-examples"] == 24 and math.isfinite(metrics["train-loss"])
+    assert "train-loss" in strategy.dropped[1][1002]
+    losses = [spy.one(n, "retrain")["reply"].content["metrics"]["train-loss"] for n in (1000, 1001)]
+    assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(np.mean(losses))
+    assert result.train_metrics_clientapp[1]["queriers"] == 2
 
 
 @pytest.mark.parametrize(
