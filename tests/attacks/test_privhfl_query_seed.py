@@ -17,7 +17,7 @@ hide. Now the querier draws its own seed
 nodes with 24 private images each, a mixup pool of 45, 10 random queries per querier and
 round, 3 rounds: 120 queries. The attacker reads only the server's view (the records it sent,
 the replies it got), and is handed each node's number of private images: a default client's
-``local`` reply no longer carries its ``num-examples`` (``report_train_metrics=False``), but a
+``local`` reply no longer carries its ``num-examples`` (``privhfl-report-train-metrics``), but a
 server may know it anyway (a public partition scheme, as in simulation), and a stronger
 attacker makes the default's figure safer. The old client reports it, as every client did
 before issue 20, and the attacker reads it there. The scorer decodes each query's true
@@ -43,7 +43,13 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
 
-from flwr_fsl.families.privhfl.mod import PRIVHFL_KEY, PhaseConfig, PrivateData, PrivHFLClient
+from flwr_fsl.families.privhfl.mod import (
+    PRIVHFL_KEY,
+    REPORT_TRAIN_METRICS_KEY,
+    PhaseConfig,
+    PrivateData,
+    PrivHFLClient,
+)
 from flwr_fsl.families.privhfl.queries import MIXUP_LAMBDAS, expand, select
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
@@ -99,11 +105,8 @@ def _data(context: Context) -> PrivateData:
 
 
 class ServerSeededClient(PrivHFLClient):
-    """The behaviour before issue 20: the query seed is the server's ``PhaseConfig.seed``, and
-    the ``local`` reply reports ``num-examples`` (``report_train_metrics=True``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, report_train_metrics=True, **kwargs)
+    """The behaviour before issue 20: the query seed is the server's ``PhaseConfig.seed`` (and
+    the ``local`` reply reports ``num-examples``: :func:`_run` opts its nodes in)."""
 
     def query_seed(self, context: Context, config: PhaseConfig, data: PrivateData) -> int:
         return config.seed
@@ -185,7 +188,10 @@ def _run(client_type: type[PrivHFLClient], known_size: int | None = None) -> tup
     sets = QuerySets()
     app = ClientApp(mods=[sets])
     client_type(_model, _data, num_classes=CLASSES, image_shape=SHAPE).register(app)
-    grid = ServerViewGrid(app, NODES)
+    old = client_type is ServerSeededClient  # every client reported num-examples before
+    grid = ServerViewGrid(
+        app, NODES, node_config_fn=lambda i: {"partition-id": i, REPORT_TRAIN_METRICS_KEY: old}
+    )
     strategy = PrivHFL(
         expansion="mixup", selection="random", pool_size=45,
         num_queries=QUERIES, local_epochs=1, retrain_epochs=1, num_classes=CLASSES,

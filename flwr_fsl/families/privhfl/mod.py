@@ -30,8 +30,8 @@ phase         message type           what the client does / replies
 ============  =====================  ===============================================================
 ``local``     ``train.privhfl``      train a fresh model on the private data (SGD as the paper,
                                      or Adam; the local phase, the baseline) -> nothing (an
-                                     empty reply; ``num-examples``, ``train-loss`` only with
-                                     ``report_train_metrics=True``)
+                                     empty reply; ``num-examples``, ``train-loss`` only if the
+                                     node config opts in: :data:`REPORT_TRAIN_METRICS_KEY`)
 ``generate``  ``query.privhfl``      expand (mixup / cutmix / cutout / private), select
                                      ``num-queries`` (random / active learning on its own model),
                                      keep them -> the queries under :data:`QUERIES_KEY`
@@ -60,9 +60,12 @@ source images, PrivHFL App. G) and every answerer's predictions on them.
 
 **Training replies carry nothing by default.** PrivHFL has no aggregate, so the server has no
 use for a node's number of private images or its training loss: the ``local`` and ``retrain``
-replies are empty unless the node opts in with ``report_train_metrics=True`` (then the round's
-train metrics hold the example-weighted mean ``train-loss`` of the nodes that reported). The
-``evaluate`` reply does carry its metrics: there is no server-side model to evaluate instead.
+replies are empty unless the node opts in through its own node config,
+``privhfl-report-train-metrics = true`` (:data:`REPORT_TRAIN_METRICS_KEY`; then the round's
+train metrics hold the example-weighted mean ``train-loss`` of the nodes that reported) — the
+node's config, not the ClientApp's code or the run config, which the server's side writes in a
+deployment. The ``evaluate`` reply does carry its metrics: there is no server-side model to
+evaluate instead.
 
 **Query seeds are the querier's own.** The pool (which private images a mixup query mixes,
 with which ``lam``; the cutmix boxes, the cutout rectangles) and the random selection come
@@ -141,6 +144,7 @@ __all__ = [
     "PHASE_TYPES",
     "PRIVHFL_KEY",
     "QUERIES_KEY",
+    "REPORT_TRAIN_METRICS_KEY",
     "PhaseConfig",
     "PrivHFLClient",
     "PrivateData",
@@ -148,6 +152,7 @@ __all__ = [
     "queries_record",
     "read_logits",
     "read_queries",
+    "reports_train_metrics",
 ]
 
 _MODEL_SLOT = "fsl.privhfl.model"
@@ -164,6 +169,38 @@ _QUERY_SEED_LABEL = b"flwr_fsl/privhfl/query-seed/v1/"
 def _no_record(msg: Message, context: Context) -> Message:
     """End a registered function's chain: its message carried no PrivHFL record."""
     raise ClientInputError("the message has no PrivHFL record")
+
+
+REPORT_TRAIN_METRICS_KEY = "privhfl-report-train-metrics"
+"""Node-config key: true to reply ``num-examples`` and ``train-loss`` to ``local``/``retrain``."""
+
+
+def reports_train_metrics(node_config: Mapping[str, object]) -> bool:
+    """Return whether this node reports its training metrics (:data:`REPORT_TRAIN_METRICS_KEY`).
+
+    Parameters
+    ----------
+    node_config : Mapping[str, object]
+        The node's own configuration (``Context.node_config``).
+
+    Returns
+    -------
+    bool
+        The key's value: a bool, or the string ``"true"`` / ``"false"``; False if absent.
+
+    Raises
+    ------
+    ConfigurationError
+        If the value is anything else (the message names the key).
+    """
+    value = node_config.get(REPORT_TRAIN_METRICS_KEY, False)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"node config {REPORT_TRAIN_METRICS_KEY} must be true or false, got {value!r}"
+        )
+    return value
 
 
 # -- the client -------------------------------------------------------------------------------
@@ -227,16 +264,17 @@ class PrivHFLClient(PhaseMod):
         Largest ``|logit sum|`` accepted in a retrain message.
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
-    report_train_metrics : bool
-        Reply ``num-examples`` and ``train-loss`` to ``local`` and ``retrain`` (False, the
-        default: an empty reply; the server does not need them, module docstring).
+
+    A node reports ``num-examples`` and ``train-loss`` in its ``local`` and ``retrain``
+    replies only if its own node config sets :data:`REPORT_TRAIN_METRICS_KEY` to true
+    (:func:`reports_train_metrics`); by default the replies are empty (module docstring).
     """
 
     family: ClassVar[str] = PRIVHFL_KEY
     title: ClassVar[str] = "PrivHFL"
     phases: ClassVar[Mapping[str, Phase[Any, Any]]] = PRIVHFL_PHASES
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         model_fn: Callable[[Context], nn.Module],
         data_fn: Callable[[Context], PrivateData],
@@ -247,7 +285,6 @@ class PrivHFLClient(PhaseMod):
         max_abs_input: float = 1e3,
         max_abs_logit: float = 1e6,
         num_threads: int | None = None,
-        report_train_metrics: bool = False,
     ) -> None:
         if not callable(model_fn) or not callable(data_fn):
             raise ConfigurationError("model_fn and data_fn must be callables of the Context")
@@ -263,8 +300,6 @@ class PrivHFLClient(PhaseMod):
                 raise ConfigurationError(f"{name} must be a finite number > 0")
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ConfigurationError("num_threads must be None or an int >= 1")
-        if not isinstance(report_train_metrics, bool):
-            raise ConfigurationError("report_train_metrics must be a bool")
         self.model_fn = model_fn
         self.data_fn = data_fn
         self.num_classes = num_classes
@@ -273,7 +308,6 @@ class PrivHFLClient(PhaseMod):
         self.max_abs_input = float(max_abs_input)
         self.max_abs_logit = float(max_abs_logit)
         self.num_threads = num_threads
-        self.report_train_metrics = report_train_metrics
 
     def register(self, app: ClientApp) -> None:
         """Register :meth:`train`, :meth:`query` and :meth:`evaluate` on ``app`` (``privhfl``)."""
@@ -368,7 +402,7 @@ class PrivHFLClient(PhaseMod):
         self, context: Context, model: nn.Module, data: PrivateData, loss: float
     ) -> PhaseReply:
         self._store(context, model)
-        if not self.report_train_metrics:
+        if not reports_train_metrics(context.node_config):
             return PhaseReply.done()
         return PhaseReply.trained(len(data.x_train), float(np.nan_to_num(loss)))
 

@@ -434,8 +434,8 @@ class PhaseReply:
     def trained(cls, num_examples: int, train_loss: float) -> PhaseReply:
         """``local`` / ``retrain`` of a client that reports them: ``num-examples``, ``train-loss``.
 
-        Only with ``PrivHFLClient(report_train_metrics=True)``; by default a client replies
-        :meth:`done`.
+        Only where the node's own config opts in (``privhfl-report-train-metrics``); by
+        default a client replies :meth:`done`.
         """
         metrics = MetricRecord({"num-examples": num_examples, "train-loss": train_loss})
         return cls(RecordDict({"metrics": metrics}))

@@ -77,8 +77,10 @@ accuracy benchmark and the replay tests use it.
 **Training replies.** The ``local`` and ``retrain`` replies of a default
 :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient` are empty: PrivHFL has no aggregate to
 weight, so the server has no use for a node's number of private images or its training loss.
-A client built with ``report_train_metrics=True`` replies both; the round's train metrics then
-hold their example-weighted mean ``train-loss`` (only over the nodes that reported).
+A node whose own node config sets ``privhfl-report-train-metrics = true``
+(:data:`~flwr_fsl.families.privhfl.mod.REPORT_TRAIN_METRICS_KEY`) replies both; the round's
+train metrics then hold their example-weighted mean ``train-loss`` (over the nodes that
+reported).
 
 **Failures.** A node whose reply is an error, late, malformed or out of range (queries of the
 wrong shape or count or beyond ``max_abs_input``; logits of the wrong shape, non-finite or
@@ -426,7 +428,7 @@ min_available_nodes, sampling_seed
         metrics: dict[str, int | float | list[int] | list[float]] = {"queriers": len(done)}
         if done:
             metrics["answers-per-querier"] = float(np.mean([sums[q][1] for q in done]))
-        reported = [m for m in done.values() if m is not None]  # report_train_metrics=True
+        reported = [m for m in done.values() if m is not None]  # nodes that opted in
         if reported:
             weights = np.array([w for w, _ in reported])
             losses = np.array([loss for _, loss in reported])

@@ -50,6 +50,7 @@ from flwr_fsl.families.privhfl.mod import (
     LOGITS_KEY,
     PRIVHFL_KEY,
     QUERIES_KEY,
+    REPORT_TRAIN_METRICS_KEY,
     PhaseConfig,
     PrivateData,
     PrivHFLClient,
@@ -57,6 +58,7 @@ from flwr_fsl.families.privhfl.mod import (
     queries_record,
     read_logits,
     read_queries,
+    reports_train_metrics,
 )
 from flwr_fsl.families.privhfl.queries import softmax
 from flwr_fsl.families.privhfl.strategy import PrivHFL
@@ -620,8 +622,7 @@ def test_client_refuses_retrain_inputs_that_do_not_fit() -> None:
 
 def test_client_and_strategy_validate_settings() -> None:
     for kwargs in ({"num_classes": 1}, {"max_answer": 0}, {"max_abs_input": -1.0},
-                   {"image_shape": ()}, {"num_threads": 0},
-                   {"report_train_metrics": 1}):  # fmt: skip
+                   {"image_shape": ()}, {"num_threads": 0}):  # fmt: skip
         with pytest.raises(ConfigurationError):
             _client(**kwargs)
     with pytest.raises(ConfigurationError):
@@ -713,25 +714,39 @@ def test_the_server_view_at_default() -> None:
         assert result.train_metrics_clientapp[rnd]["queriers"] == 3
 
 
-def test_a_client_may_report_its_train_metrics() -> None:
-    # report_train_metrics=True: local and retrain replies carry num-examples and train-loss,
-    # and the round's train metrics their example-weighted mean; a reply that reports but
-    # lacks the loss drops that node.
+def test_a_node_may_report_its_train_metrics() -> None:
+    # A node whose own node config opts in (privhfl-report-train-metrics = true) replies
+    # num-examples and train-loss to local and retrain, and the round's train metrics hold
+    # their example-weighted mean; a reply that reports but lacks the loss drops that node.
+    # Here nodes 1000-1002 opt in (as a bool and as the strings), 1003 does not.
     def no_loss(content: RecordDict) -> RecordDict:
         return RecordDict({"metrics": MetricRecord({"num-examples": 24})})
 
-    grid, spy = _grid(3, client=_client(report_train_metrics=True),
-                      mods=[_tamper(2, "retrain", no_loss)])  # fmt: skip
+    opt_in: dict[int, Any] = {0: True, 1: "true", 2: "TRUE", 3: "false"}
+    spy = Spy()
+    app = ClientApp(mods=[spy, _tamper(2, "retrain", no_loss)])
+    _client().register(app)
+    grid = InProcessGrid(
+        app, 4, node_config_fn=lambda i: {"partition-id": i, REPORT_TRAIN_METRICS_KEY: opt_in[i]}
+    )
     strategy = _strategy(expansion="none", evaluate_local=False, fraction_evaluate=0.0)
     result = strategy.run(grid, num_rounds=1)
-    for node in grid.get_node_ids():
+    for node in (1000, 1001, 1002):
         for phase in ("local", "retrain") if node != 1002 else ("local",):  # (1002: tampered)
             (metrics,) = spy.one(node, phase)["reply"].content.metric_records.values()
             assert metrics["num-examples"] == 24 and math.isfinite(metrics["train-loss"])
+    assert all(len(spy.one(1003, p)["reply"].content) == 0 for p in ("local", "retrain"))
     assert "train-loss" in strategy.dropped[1][1002]
     losses = [spy.one(n, "retrain")["reply"].content["metrics"]["train-loss"] for n in (1000, 1001)]
     assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(np.mean(losses))
-    assert result.train_metrics_clientapp[1]["queriers"] == 2
+    assert result.train_metrics_clientapp[1]["queriers"] == 3
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0, None])
+def test_a_bad_report_setting_is_refused_naming_the_key(value: Any) -> None:
+    assert not reports_train_metrics({})
+    with pytest.raises(ConfigurationError, match=REPORT_TRAIN_METRICS_KEY):
+        reports_train_metrics({REPORT_TRAIN_METRICS_KEY: value})
 
 
 @pytest.mark.parametrize(
