@@ -119,6 +119,7 @@ def strategy_for(args: argparse.Namespace, expansion: str) -> PrivHFL:
         min_train_nodes=args.clients,
         min_evaluate_nodes=args.clients,
         expansion=expansion,
+        answering="plaintext",  # not the default (secure): thousands of CNN queries per arm
         pool_size=max(args.pool, queries),
         num_queries=queries,
         selection="random",

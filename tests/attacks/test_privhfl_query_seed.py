@@ -11,13 +11,18 @@ hide. Now the querier draws its own seed
 (:meth:`~flwr_fsl.families.privhfl.mod.PrivHFLClient.query_seed`: ``os.urandom`` by default).
 
 **Setting.** The real :class:`~flwr_fsl.families.privhfl.strategy.PrivHFL` strategy
-(``answering="secure"``, its default DCF comparison) and
+(its defaults: ``answering="secure"``, the DCF comparison) and
 :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient` at its defaults on an
 :class:`~flwr_fsl.testing.InProcessGrid` that records what the server sends and receives: 4
 nodes with 24 private images each, a mixup pool of 45, 10 random queries per querier and
 round, 3 rounds: 120 queries. The attacker reads only the server's view (the records it sent,
-the replies it got). The scorer decodes each query's true ``(i, j, lam)`` from the querier's
-query images against its private images (the attacker sees neither).
+the replies it got), and is handed each node's number of private images: a default client's
+``local`` reply no longer carries its ``num-examples`` (``privhfl-report-train-metrics``), but a
+server may know it anyway (a public partition scheme, as in simulation), and a stronger
+attacker makes the default's figure safer. The old client reports it, as every client did
+before issue 20, and the attacker reads it there. The scorer decodes each query's true
+``(i, j, lam)`` from the querier's query images against its private images (the attacker sees
+neither).
 
 **Figures.** Default: the server names the right pair for 0-2 of the 120 queries (chance: one
 pair in ``24 * 23 / 2 = 276`` per query, 0.43 expected; the test allows 5, which chance
@@ -38,7 +43,13 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
 
-from flwr_fsl.families.privhfl.mod import PRIVHFL_KEY, PhaseConfig, PrivateData, PrivHFLClient
+from flwr_fsl.families.privhfl.mod import (
+    PRIVHFL_KEY,
+    REPORT_TRAIN_METRICS_KEY,
+    PhaseConfig,
+    PrivateData,
+    PrivHFLClient,
+)
 from flwr_fsl.families.privhfl.queries import MIXUP_LAMBDAS, expand, select
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
@@ -94,7 +105,8 @@ def _data(context: Context) -> PrivateData:
 
 
 class ServerSeededClient(PrivHFLClient):
-    """The behaviour before issue 20: the query seed is the server's ``PhaseConfig.seed``."""
+    """The behaviour before issue 20: the query seed is the server's ``PhaseConfig.seed`` (and
+    the ``local`` reply reports ``num-examples``: :func:`_run` opts its nodes in)."""
 
     def query_seed(self, context: Context, config: PhaseConfig, data: PrivateData) -> int:
         return config.seed
@@ -121,11 +133,14 @@ def _canonical(i: int, j: int, lam: float) -> Query:
 
 
 # -- the attacker: the server's view only -----------------------------------------------------
-def server_guess(view: list[tuple[Message, Message]]) -> dict[tuple[int, int], list[Query]]:
+def server_guess(
+    view: list[tuple[Message, Message]], known_size: int | None = None
+) -> dict[tuple[int, int], list[Query]]:
     """Per (round, querier): the queries a server predicts from the seed it sent.
 
-    It reads each node's ``num-examples`` from its local-phase reply, and each ``generate``
-    record it sent; it re-runs the querier's expansion and selection on placeholder images.
+    It reads each node's ``num-examples`` from its local-phase reply where the reply carries
+    it, else takes ``known_size`` (its outside knowledge), and each ``generate`` record it
+    sent; it re-runs the querier's expansion and selection on placeholder images.
     """
     sizes: dict[int, int] = {}
     guesses: dict[tuple[int, int], list[Query]] = {}
@@ -133,10 +148,13 @@ def server_guess(view: list[tuple[Message, Message]]) -> dict[tuple[int, int], l
         config = PhaseConfig.from_record(msg.content.config_records[PRIVHFL_KEY])
         node = msg.metadata.dst_node_id
         if config.phase == "local" and not reply.has_error():
-            metrics = next(iter(reply.content.metric_records.values()))
-            sizes[node] = int(metrics["num-examples"])
+            metrics = list(reply.content.metric_records.values())
+            if metrics:
+                sizes[node] = int(metrics[0]["num-examples"])
         if config.phase == "generate":
-            placeholders = np.zeros((sizes[node], *SHAPE), dtype=np.float32)
+            size = sizes.get(node, known_size)
+            assert size is not None, "the attacker must know the node's data size"
+            placeholders = np.zeros((size, *SHAPE), dtype=np.float32)
             pool = expand(placeholders, config.expansion, config.pool_size, config.seed)
             k = min(config.num_queries, len(pool))
             chosen = select(config.selection, k, len(pool), seed=config.seed)
@@ -165,22 +183,25 @@ def decode_query(query: np.ndarray, private: np.ndarray) -> Query:
     return best[1]
 
 
-def _run(client_type: type[PrivHFLClient]) -> tuple[int, int, int]:
+def _run(client_type: type[PrivHFLClient], known_size: int | None = None) -> tuple[int, int, int]:
     """Run the rounds; return (queries, pairs the server named right, pair and lam right)."""
     sets = QuerySets()
     app = ClientApp(mods=[sets])
     client_type(_model, _data, num_classes=CLASSES, image_shape=SHAPE).register(app)
-    grid = ServerViewGrid(app, NODES)
+    old = client_type is ServerSeededClient  # every client reported num-examples before
+    grid = ServerViewGrid(
+        app, NODES, node_config_fn=lambda i: {"partition-id": i, REPORT_TRAIN_METRICS_KEY: old}
+    )
     strategy = PrivHFL(
-        answering="secure", expansion="mixup", selection="random", pool_size=45,
+        expansion="mixup", selection="random", pool_size=45,
         num_queries=QUERIES, local_epochs=1, retrain_epochs=1, num_classes=CLASSES,
         image_shape=SHAPE, min_available_nodes=NODES, fraction_evaluate=0.0,
         evaluate_local=False,
     )  # fmt: skip
-    assert strategy.secure_config.comparison == "dcf"
+    assert strategy.answering == "secure" and strategy.secure_config.comparison == "dcf"
     strategy.run(grid, num_rounds=ROUNDS)
     assert not any(strategy.dropped.values()), strategy.dropped
-    guesses = server_guess(grid.view)
+    guesses = server_guess(grid.view, known_size)
     assert set(guesses) == set(sets.sets)
     total = pair_hits = exact_hits = 0
     for (rnd, node), queries in sets.sets.items():
@@ -194,7 +215,7 @@ def _run(client_type: type[PrivHFLClient]) -> tuple[int, int, int]:
 
 
 def test_server_cannot_recompute_the_mixup_at_default() -> None:
-    total, pairs, exact = _run(PrivHFLClient)
+    total, pairs, exact = _run(PrivHFLClient, known_size=PRIVATE)  # (not in its replies)
     assert total == ROUNDS * NODES * QUERIES
     chance = total / PAIRS
     print(f"default: server names {pairs}/{total} pairs, {exact} with lam (chance {chance:.2f})")

@@ -1,16 +1,19 @@
 """examples/privhfl-fmnist on the in-process grid, tiny: both answering arms complete.
 
 - The ServerApp's ``run_experiment`` with the app's own run config (three architectures by
-  ``partition-id``, mixup queries, plaintext answering) on a few Fashion-MNIST images per
-  client: one round, nobody dropped, every node's accuracy recorded before (after its local
-  training) and after re-training, the architectures told apart, the report printed.
-- The secure arm (DCF comparison, and the paper's DReLU) of the same app against its
+  ``partition-id``, mixup queries) on a few Fashion-MNIST images per client, with
+  ``answering = "plaintext"`` named (the app's default is ``"secure"``; a secure query costs
+  each CNN answerer tens of MB, and this test's point is the report): one round, nobody
+  dropped, every node's accuracy recorded before (after its local training) and after
+  re-training, the architectures told apart, the report printed.
+- The app's default arm (secure answering, DCF comparison), and the paper's DReLU, against its
   plaintext arm with the same seeds (so the same local models; the same queries because each
   node has its own ``privhfl-query-key`` in its node config): each querier's
   opened soft labels equal softmax of the plaintext logit sums within the fixed-point error.
   MLP clients keep this seconds-fast; every layer type and the CNNs through the secure flow,
   and the views of each party, are covered by ``tests/families/privhfl/test_strategy.py``
-  (``-k secure``) and ``tests/families/privhfl/``, not repeated here.
+  (``-k secure``, and ``test_the_server_view_at_default``) and ``tests/families/privhfl/``,
+  not repeated here.
 """
 
 from __future__ import annotations
@@ -69,9 +72,9 @@ def test_main_runs_and_records_accuracy_before_and_after(
     example: Example, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client_app, server_app, _ = example
-    config = _config()
+    config = _config(answering="plaintext")  # not the default (docstring)
     assert callable(server_app.main)
-    assert config["answering"] == "plaintext" and config["expansion"] == "mixup"
+    assert config["expansion"] == "mixup"
     grid = InProcessGrid(client_app.app, 3, config)
     report = server_app.run_experiment(grid, config)
     out = capsys.readouterr().out
@@ -87,6 +90,15 @@ def test_main_runs_and_records_accuracy_before_and_after(
     assert "vgg7" in out and "resnet8" in out and "resnet10" in out
     assert "mean all" in out and "what each party learned (plaintext answering)" in out
     assert "every query image" in out and "dropped: none" in out
+
+
+def test_the_app_defaults_to_secure_answering(example: Example) -> None:
+    _, _, task = example
+    defaults = app_run_config(APP_DIR)
+    assert defaults["answering"] == "secure" and defaults["comparison"] == "dcf"
+    settings = task.Settings.from_run_config(defaults)
+    assert settings == task.Settings()  # pyproject and the dataclass agree
+    assert settings.queries == settings.secure_queries
 
 
 def test_settings_are_validated(example: Example) -> None:
@@ -121,14 +133,18 @@ def test_secure_arm_soft_labels_equal_the_plaintext_arm(
     spy("_secure_soft_labels", "secure")
     reports = {}
     for arm in ("plaintext", "secure"):
-        config = _config(archs="mlp", answering=arm, comparison=comparison)
+        # the secure arm with DCF is the app's default run config (tiny sizes, MLP clients)
+        arm_settings = {"answering": arm} if arm == "plaintext" else {}
+        config = _config(archs="mlp", comparison=comparison, **arm_settings)
+        assert config["answering"] == arm
         grid = InProcessGrid(client_app.app, 3, config, node_config_fn=_keyed_node)
         reports[arm] = server_app.run_experiment(grid, config)
         assert not reports[arm].strategy.dropped.get(1), arm
     assert set(reports["secure"].before) == set(reports["plaintext"].before)
     # the same local models (same seeds, no answering yet)
     assert reports["secure"].before == reports["plaintext"].before
-    assert sorted(opened["secure"]) == sorted(opened["plaintext"]) and len(opened["secure"]) == 3
+    # fraction-train = 0.2 and min_train_nodes = 2: two of the three nodes query
+    assert sorted(opened["secure"]) == sorted(opened["plaintext"]) and len(opened["secure"]) == 2
     for node, soft in opened["secure"].items():
         plain = opened["plaintext"][node]
         assert soft.shape == plain.shape == (4, 10)

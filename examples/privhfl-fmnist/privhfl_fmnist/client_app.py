@@ -2,8 +2,8 @@
 
 There is no ``@app.train`` of the usual kind: :class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient`
 registers PrivHFL's handlers (``train.privhfl``: local training and re-training,
-``query.privhfl``: query generation and answering — plaintext, or the secure arm's keys,
-generate, step and sign phases — and ``evaluate.privhfl``). The app supplies only the node's
+``query.privhfl``: query generation and answering — the secure arm's keys, generate, step and
+sign phases by default, or plaintext — and ``evaluate.privhfl``). The app supplies only the node's
 model (:func:`~privhfl_fmnist.task.model_for`, architecture by ``partition-id``) and data
 (:func:`~privhfl_fmnist.task.node_data`). The node's trained weights stay in its
 ``Context.state``; no weight ever leaves it.

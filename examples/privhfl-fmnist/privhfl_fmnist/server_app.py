@@ -8,10 +8,11 @@ types ``train.privhfl``, ``query.privhfl``, ``evaluate.privhfl``):
    :attr:`~flwr_fsl.families.privhfl.strategy.PrivHFL.node_metrics`);
 2. ``generate``: each querier expands its private images into a pool (``expansion``: mixup by
    default) and selects ``num-queries`` (``secure-queries`` in the secure arm);
-3. answering: plaintext (``answer``: the queries go to the other nodes, their logits come back
-   through the server, which sums them per querier) or secure (``keys``, ``generate``,
-   ``step-1`` ... ``step-K``: the server is the third computing party of the 3-party protocol,
-   comparisons by DCF keys or the paper's DReLU);
+3. answering: secure, the default (``keys``, ``generate``, ``step-1`` ... ``step-K``: the
+   server is the third computing party of the 3-party protocol, comparisons by DCF keys or
+   the paper's DReLU), or, with ``answering = "plaintext"``, in the clear (``answer``: the
+   queries go to the other nodes, their logits come back through the server, which sums them
+   per querier — the server sees every query image and every answer);
 4. ``retrain``: each querier re-trains on ``softmax(sum of the answerers' logits / T)`` plus
    its private data, then every node evaluates its model (the *after* column).
 

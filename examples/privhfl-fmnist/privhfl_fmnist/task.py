@@ -49,10 +49,10 @@ class Settings:
     selection: str = "random"
     pool_size: int = 2000
     num_queries: int = 500
-    answering: str = "plaintext"
+    answering: str = "secure"
     comparison: str = "dcf"
     secure_queries: int = 2
-    fraction_train: float = 1.0
+    fraction_train: float = 0.2
     fraction_answer: float = 1.0
     retrain_epochs: int = 3
     temperature: float = 1.0
@@ -79,7 +79,7 @@ class Settings:
             problems.append(f"expansion must be one of {', '.join(EXPANSIONS)}")
         if self.selection not in STRATEGIES:
             problems.append(f"selection must be one of {', '.join(STRATEGIES)}")
-        if not 1 <= self.queries <= self.pool_size:
+        if not all(1 <= q <= self.pool_size for q in (self.num_queries, self.secure_queries)):
             problems.append("num-queries / secure-queries must be in [1, pool-size]")
         if self.answering not in ANSWERING:
             problems.append(f"answering must be one of {', '.join(ANSWERING)}")

@@ -29,8 +29,9 @@ types, ranges, the phase matching the message type). Phases:
 phase         message type           what the client does / replies
 ============  =====================  ===============================================================
 ``local``     ``train.privhfl``      train a fresh model on the private data (SGD as the paper,
-                                     or Adam; the local phase, the baseline) -> ``num-examples``,
-                                     ``train-loss``
+                                     or Adam; the local phase, the baseline) -> nothing (an
+                                     empty reply; ``num-examples``, ``train-loss`` only if the
+                                     node config opts in: :data:`REPORT_TRAIN_METRICS_KEY`)
 ``generate``  ``query.privhfl``      expand (mixup / cutmix / cutout / private), select
                                      ``num-queries`` (random / active learning on its own model),
                                      keep them -> the queries under :data:`QUERIES_KEY`
@@ -38,7 +39,7 @@ phase         message type           what the client does / replies
                                      :data:`QUERIES_KEY`) -> under :data:`LOGITS_KEY`
 ``retrain``   ``train.privhfl``      softmax(sum of the answerers' logits / T) as soft labels,
                                      Adam on queries + private data (``answerers = 0``: private
-                                     data only) -> ``num-examples``, ``train-loss``
+                                     data only) -> nothing (as ``local``)
 ``evaluate``  ``evaluate.privhfl``   its own model on its evaluation data -> ``num-examples``,
                                      ``accuracy``, ``loss``, ``num-parameters``
 ``keys``      ``query.privhfl``      secure arm: fresh X25519 key, architecture
@@ -46,15 +47,25 @@ phase         message type           what the client does / replies
 ``sign``      ``query.privhfl``      secure arm, paper's DReLU: the querier's sign shares
 ============  =====================  ===============================================================
 
-**Answering.** In the plaintext arm queries and logits cross the server in the clear, so the
-server sees every query image (mixup images show their source images, PrivHFL App. G) and every
-answerer's predictions on them. In the secure arm (``answering="secure"`` on the strategy) the
+**Answering.** In the secure arm (``answering="secure"`` on the strategy, its default) the
 ``generate`` reply, the ``answer`` phase and the ``retrain`` message are replaced by the
 secret-shared protocol: phases ``keys``, ``step`` and (paper's DReLU) ``sign``
 (``query.privhfl``) and byte messages
 under :data:`~flwr_fsl.families.privhfl.messages.SECURE_KEY`
 (:mod:`flwr_fsl.families.privhfl.messages`);
 the query set never leaves the querier and the querier opens only the sum of the answers.
+In the plaintext arm (``answering="plaintext"``, only by explicit choice) queries and logits
+cross the server in the clear, so the server sees every query image (mixup images show their
+source images, PrivHFL App. G) and every answerer's predictions on them.
+
+**Training replies carry nothing by default.** PrivHFL has no aggregate, so the server has no
+use for a node's number of private images or its training loss: the ``local`` and ``retrain``
+replies are empty unless the node opts in through its own node config,
+``privhfl-report-train-metrics = true`` (:data:`REPORT_TRAIN_METRICS_KEY`; then the round's
+train metrics hold the example-weighted mean ``train-loss`` of the nodes that reported) — the
+node's config, not the ClientApp's code or the run config, which the server's side writes in a
+deployment. The ``evaluate`` reply does carry its metrics: there is no server-side model to
+evaluate instead.
 
 **Query seeds are the querier's own.** The pool (which private images a mixup query mixes,
 with which ``lam``; the cutmix boxes, the cutout rectangles) and the random selection come
@@ -133,6 +144,7 @@ __all__ = [
     "PHASE_TYPES",
     "PRIVHFL_KEY",
     "QUERIES_KEY",
+    "REPORT_TRAIN_METRICS_KEY",
     "PhaseConfig",
     "PrivHFLClient",
     "PrivateData",
@@ -140,6 +152,7 @@ __all__ = [
     "queries_record",
     "read_logits",
     "read_queries",
+    "reports_train_metrics",
 ]
 
 _MODEL_SLOT = "fsl.privhfl.model"
@@ -156,6 +169,38 @@ _QUERY_SEED_LABEL = b"flwr_fsl/privhfl/query-seed/v1/"
 def _no_record(msg: Message, context: Context) -> Message:
     """End a registered function's chain: its message carried no PrivHFL record."""
     raise ClientInputError("the message has no PrivHFL record")
+
+
+REPORT_TRAIN_METRICS_KEY = "privhfl-report-train-metrics"
+"""Node-config key: true to reply ``num-examples`` and ``train-loss`` to ``local``/``retrain``."""
+
+
+def reports_train_metrics(node_config: Mapping[str, object]) -> bool:
+    """Return whether this node reports its training metrics (:data:`REPORT_TRAIN_METRICS_KEY`).
+
+    Parameters
+    ----------
+    node_config : Mapping[str, object]
+        The node's own configuration (``Context.node_config``).
+
+    Returns
+    -------
+    bool
+        The key's value: a bool, or the string ``"true"`` / ``"false"``; False if absent.
+
+    Raises
+    ------
+    ConfigurationError
+        If the value is anything else (the message names the key).
+    """
+    value = node_config.get(REPORT_TRAIN_METRICS_KEY, False)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"node config {REPORT_TRAIN_METRICS_KEY} must be true or false, got {value!r}"
+        )
+    return value
 
 
 # -- the client -------------------------------------------------------------------------------
@@ -219,6 +264,10 @@ class PrivHFLClient(PhaseMod):
         Largest ``|logit sum|`` accepted in a retrain message.
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
+
+    A node reports ``num-examples`` and ``train-loss`` in its ``local`` and ``retrain``
+    replies only if its own node config sets :data:`REPORT_TRAIN_METRICS_KEY` to true
+    (:func:`reports_train_metrics`); by default the replies are empty (module docstring).
     """
 
     family: ClassVar[str] = PRIVHFL_KEY
@@ -353,6 +402,8 @@ class PrivHFLClient(PhaseMod):
         self, context: Context, model: nn.Module, data: PrivateData, loss: float
     ) -> PhaseReply:
         self._store(context, model)
+        if not reports_train_metrics(context.node_config):
+            return PhaseReply.done()
         return PhaseReply.trained(len(data.x_train), float(np.nan_to_num(loss)))
 
     @staticmethod

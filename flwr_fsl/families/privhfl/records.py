@@ -432,9 +432,22 @@ class PhaseReply:
 
     @classmethod
     def trained(cls, num_examples: int, train_loss: float) -> PhaseReply:
-        """``local`` / ``retrain``: ``num-examples`` and ``train-loss``."""
+        """``local`` / ``retrain`` of a client that reports them: ``num-examples``, ``train-loss``.
+
+        Only where the node's own config opts in (``privhfl-report-train-metrics``); by
+        default a client replies :meth:`done`.
+        """
         metrics = MetricRecord({"num-examples": num_examples, "train-loss": train_loss})
         return cls(RecordDict({"metrics": metrics}))
+
+    @classmethod
+    def done(cls) -> PhaseReply:
+        """``local`` / ``retrain`` (the default): an empty content, only that training ran.
+
+        PrivHFL has no aggregate to weight, so the server needs neither the node's number of
+        private images nor its training loss.
+        """
+        return cls(RecordDict())
 
     @classmethod
     def query_set(cls, queries: NDArray[np.floating]) -> PhaseReply:

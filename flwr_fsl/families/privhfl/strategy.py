@@ -34,11 +34,8 @@ evaluation data; per-node results are in :attr:`PrivHFL.node_metrics`.
 settings: the *equal-effort local baseline* (the models see as many optimizer steps on private
 data as a querier does, without the others' knowledge).
 
-**Answering.** ``answering="plaintext"`` is the baseline arm: queries and logits cross the
-server in the clear. The server sees every query image (a mixup image shows its two source
-images, App. G), every answerer's logits on it and the sums.
-
-``answering="secure"`` runs :mod:`flwr_fsl.families.privhfl.protocol` with the server as the third
+**Answering.** ``answering="secure"``, the default, runs
+:mod:`flwr_fsl.families.privhfl.protocol` with the server as the third
 computing party ``S`` and the leak-free DCF comparison (``comparison="dcf"``, the default) or,
 by explicit choice, the paper's DReLU (``comparison="drelu"``: the querier learns ``z = r x``
 for every hidden activation of every answerer's model on its queries — every sign, and the
@@ -69,6 +66,21 @@ and protocol words each masked by randomness it does not hold (no query image, n
 soft label; tested). The answerers see masked words only; the querier learns only the sum of
 its answerers' logits. ``Sk_SQ`` and ``Sk_SA`` are drawn by the server and sent on each
 client's link; the public keys are relayed unauthenticated (honest-but-curious server).
+
+``answering="plaintext"``, only by explicit choice, is the baseline arm and **leaks**: queries
+and logits cross the server in the clear, so the server sees every query image (a mixup image
+shows its two private source images, App. G), every answerer's logits on it and the sums
+(``tests/families/privhfl/test_strategy.py::test_what_crosses_the_server``). It is much
+cheaper (a query costs a CNN answerer tens of MB of protocol words in the secure arm), so the
+accuracy benchmark and the replay tests use it.
+
+**Training replies.** The ``local`` and ``retrain`` replies of a default
+:class:`~flwr_fsl.families.privhfl.mod.PrivHFLClient` are empty: PrivHFL has no aggregate to
+weight, so the server has no use for a node's number of private images or its training loss.
+A node whose own node config sets ``privhfl-report-train-metrics = true``
+(:data:`~flwr_fsl.families.privhfl.mod.REPORT_TRAIN_METRICS_KEY`) replies both; the round's
+train metrics then hold their example-weighted mean ``train-loss`` (over the nodes that
+reported).
 
 **Failures.** A node whose reply is an error, late, malformed or out of range (queries of the
 wrong shape or count or beyond ``max_abs_input``; logits of the wrong shape, non-finite or
@@ -176,7 +188,8 @@ min_available_nodes, sampling_seed
     evaluate_local : bool
         Evaluate every model after its local phase (round 0 of :attr:`node_metrics`).
     answering : str
-        One of :data:`ANSWERING`.
+        One of :data:`ANSWERING`: ``"secure"`` (default) or ``"plaintext"`` (the server sees
+        every query image and every answer: module docstring).
     comparison : str
         Secure arm: ``"dcf"`` (default, leak-free) or ``"drelu"`` (the paper's; leaks every
         hidden value's sign and its magnitude up to a divisor to the querier:
@@ -230,7 +243,7 @@ min_available_nodes, sampling_seed
         max_abs_input: float = 1e3,
         max_abs_logit: float = 1e4,
         evaluate_local: bool = True,
-        answering: str = "plaintext",
+        answering: str = "secure",
         comparison: str = "dcf",
         frac_bits: int = 20,
         bound_bits: int = 40,
@@ -354,7 +367,10 @@ min_available_nodes, sampling_seed
         return self.start(grid, ArrayRecord(), num_rounds=num_rounds, timeout=timeout)
 
     # -- the phases -------------------------------------------------------------------------
-    def _train_metrics(self, node: int, content: RecordDict) -> tuple[float, float]:
+    def _train_metrics(self, node: int, content: RecordDict) -> tuple[float, float] | None:
+        """Read a train reply: None if empty (the default client), else weight and loss."""
+        if len(content) == 0:
+            return None
         weight = self.weight_of(content)
         loss = next(iter(content.metric_records.values())).get("train-loss")
         if isinstance(loss, bool) or not isinstance(loss, int | float) or not math.isfinite(loss):
@@ -411,10 +427,12 @@ min_available_nodes, sampling_seed
         done = self._send(grid, state, RETRAIN, requests, self._train_metrics)
         metrics: dict[str, int | float | list[int] | list[float]] = {"queriers": len(done)}
         if done:
-            weights = np.array([w for w, _ in done.values()])
-            losses = np.array([loss for _, loss in done.values()])
-            metrics["train-loss"] = float((weights * losses).sum() / weights.sum())
             metrics["answers-per-querier"] = float(np.mean([sums[q][1] for q in done]))
+        reported = [m for m in done.values() if m is not None]  # nodes that opted in
+        if reported:
+            weights = np.array([w for w, _ in reported])
+            losses = np.array([loss for _, loss in reported])
+            metrics["train-loss"] = float((weights * losses).sum() / weights.sum())
         return None, MetricRecord(metrics)
 
     def _query(

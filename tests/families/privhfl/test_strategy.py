@@ -1,4 +1,4 @@
-"""PrivHFL (plaintext answering) end to end on the in-process grid, against an independent replay.
+"""PrivHFL end to end on the in-process grid: the plaintext arm against an independent replay.
 
 A spy mod records, per node, every message it receives, its model before the message and its
 reply. The replay then re-derives each phase from those records alone: the queries a querier
@@ -11,6 +11,12 @@ The secure arm (``answering="secure"``, DCF and the paper's DReLU) is checked ag
 plaintext arm run with the same seeds: equal soft labels within the fixed-point error, no query
 or logit in any message, no key, share or seed left in a client's state, and a malformed reply
 (keys, generate, step, sign) drops only the node that sent it.
+
+The default (``PrivHFL()``: secure answering, DCF; ``PrivHFLClient()``: empty train replies) is
+run end to end once, on the tiny models, and its whole server view is checked
+(:func:`test_the_server_view_at_default`). The other tests name ``answering="plaintext"``
+(``_strategy``) unless their point is the secure arm: the plaintext arm is the one a replay can
+check bit for bit, and it is seconds faster.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from hypothesis import HealthCheck, given, settings
@@ -44,6 +50,7 @@ from flwr_fsl.families.privhfl.mod import (
     LOGITS_KEY,
     PRIVHFL_KEY,
     QUERIES_KEY,
+    REPORT_TRAIN_METRICS_KEY,
     PhaseConfig,
     PrivateData,
     PrivHFLClient,
@@ -51,6 +58,7 @@ from flwr_fsl.families.privhfl.mod import (
     queries_record,
     read_logits,
     read_queries,
+    reports_train_metrics,
 )
 from flwr_fsl.families.privhfl.queries import softmax
 from flwr_fsl.families.privhfl.strategy import PrivHFL
@@ -145,6 +153,7 @@ def _grid(
 
 def _strategy(**kwargs: Any) -> PrivHFL:
     settings_: dict[str, Any] = {
+        "answering": "plaintext",  # not the default: named, the secure tests override it
         "pool_size": 60,
         "num_queries": 20,
         "local_epochs": 3,
@@ -330,14 +339,18 @@ def test_queries_carry_the_others_knowledge() -> None:
 
 def test_what_crosses_the_server() -> None:
     # Weights never leave a client: replies carry only queries, logits and metrics. In the
-    # plaintext arm the server does see the query images (the documented leak).
+    # plaintext arm (answering="plaintext", a non-default option) the server does see the
+    # query images (the documented leak).
     grid, spy = _grid(3)
     strategy = _strategy(expansion="private", num_queries=20)
+    assert strategy.answering == "plaintext"
     strategy.run(grid, num_rounds=1)
     for node in grid.get_node_ids():
         for entry in spy.log[node]:
             keys = set(entry["reply"].content.keys())
             assert keys <= {QUERIES_KEY, LOGITS_KEY, "metrics"}, keys
+            if entry["phase"] in ("local", "retrain"):  # the default client reports nothing
+                assert len(entry["reply"].content) == 0
         gen = spy.one(node, "generate")
         x = gen["reply"].content[QUERIES_KEY]["x"].numpy()
         private = _data(grid.context(node)).x_train
@@ -661,6 +674,79 @@ def _secure_run(
     strategy = _strategy(answering="secure", num_queries=6, pool_size=30, **kwargs)
     strategy.run(grid, num_rounds=1)
     return grid, spy, strategy, dict(_RecordingClient.opened)
+
+
+def test_the_server_view_at_default() -> None:
+    # PrivHFL() and PrivHFLClient() as they come (secure answering, DCF; train replies empty),
+    # two rounds on the tiny models: every querier opens its soft labels and re-trains, and
+    # the server's whole view (every message it sent, every reply) holds no array — no query
+    # image, no logit, no weight — and no metric but the evaluate replies' (there is no
+    # server-side model to evaluate instead: docs/families/privhfl.md).
+    _RecordingClient.opened = {}
+    client = _RecordingClient(_model, _data, num_classes=CLASSES, image_shape=SHAPE)
+    grid, spy = _grid(3, client=client)
+    strategy = PrivHFL(
+        pool_size=30, num_queries=3, local_epochs=1, retrain_epochs=1, num_classes=CLASSES,
+        image_shape=SHAPE, min_available_nodes=3, seed=3,
+    )  # fmt: skip
+    assert strategy.answering == "secure" and strategy.secure_config.comparison == "dcf"
+    result = strategy.run(grid, num_rounds=2)
+    assert not any(strategy.dropped.values()) and not strategy.failed_rounds
+    nodes = grid.get_node_ids()
+    assert sorted(_RecordingClient.opened) == sorted(nodes)
+    for node in nodes:
+        phases = _phases(spy, node)
+        assert phases.count("local") == 1 and phases.count("retrain") == 2, phases
+        assert "answer" not in phases and "keys" in phases
+        for e in spy.log[node]:
+            for content in (e["msg"].content, e["reply"].content):
+                assert not content.array_records, (node, e["phase"])
+            reply = e["reply"].content
+            if e["phase"] in ("local", "retrain"):
+                assert len(reply) == 0, (node, e["phase"])  # no num-examples, no train-loss
+            elif e["phase"] == "evaluate":
+                (metrics,) = reply.metric_records.values()
+                assert set(metrics) == {"num-examples", "accuracy", "loss", "num-parameters"}
+            else:
+                assert not reply.metric_records, (node, e["phase"])
+    for rnd in (1, 2):
+        assert set(result.train_metrics_clientapp[rnd]) == {"queriers", "answers-per-querier"}
+        assert result.train_metrics_clientapp[rnd]["queriers"] == 3
+
+
+def test_a_node_may_report_its_train_metrics() -> None:
+    # A node whose own node config opts in (privhfl-report-train-metrics = true) replies
+    # num-examples and train-loss to local and retrain, and the round's train metrics hold
+    # their example-weighted mean; a reply that reports but lacks the loss drops that node.
+    # Here nodes 1000-1002 opt in (as a bool and as the strings), 1003 does not.
+    def no_loss(content: RecordDict) -> RecordDict:
+        return RecordDict({"metrics": MetricRecord({"num-examples": 24})})
+
+    opt_in: dict[int, Any] = {0: True, 1: "true", 2: "TRUE", 3: "false"}
+    spy = Spy()
+    app = ClientApp(mods=[spy, _tamper(2, "retrain", no_loss)])
+    _client().register(app)
+    grid = InProcessGrid(
+        app, 4, node_config_fn=lambda i: {"partition-id": i, REPORT_TRAIN_METRICS_KEY: opt_in[i]}
+    )
+    strategy = _strategy(expansion="none", evaluate_local=False, fraction_evaluate=0.0)
+    result = strategy.run(grid, num_rounds=1)
+    for node in (1000, 1001, 1002):
+        for phase in ("local", "retrain") if node != 1002 else ("local",):  # (1002: tampered)
+            (metrics,) = spy.one(node, phase)["reply"].content.metric_records.values()
+            assert metrics["num-examples"] == 24 and math.isfinite(metrics["train-loss"])
+    assert all(len(spy.one(1003, p)["reply"].content) == 0 for p in ("local", "retrain"))
+    assert "train-loss" in strategy.dropped[1][1002]
+    losses = [spy.one(n, "retrain")["reply"].content["metrics"]["train-loss"] for n in (1000, 1001)]
+    assert result.train_metrics_clientapp[1]["train-loss"] == pytest.approx(np.mean(losses))
+    assert result.train_metrics_clientapp[1]["queriers"] == 3
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0.0, None])
+def test_a_bad_report_setting_is_refused_naming_the_key(value: Any) -> None:
+    assert not reports_train_metrics({})
+    with pytest.raises(ConfigurationError, match=REPORT_TRAIN_METRICS_KEY):
+        reports_train_metrics({REPORT_TRAIN_METRICS_KEY: value})
 
 
 @pytest.mark.parametrize(
