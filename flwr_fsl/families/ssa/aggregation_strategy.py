@@ -251,9 +251,9 @@ class TwoServerAggregation:
     ) -> Callable[[int, RecordDict], ClientUpload]:
         """Return the engine's ``parse`` for the round's uploads (record and keys).
 
-        A secure reply carries no weight or metric in the clear: each client's weight rides
-        in the count word of its payload, so S0 learns only per-element total weights (see
-        the module docstring). Anything else in the reply is ignored.
+        A secure reply carries no weight or metric in the clear: each client's weight (1 by
+        default, ``SSAParams.weighted``) rides in the count word of its payload, so S0 learns
+        only per-element count words. Anything else in the reply is ignored.
         """
 
         def parse(node: int, content: RecordDict) -> ClientUpload:

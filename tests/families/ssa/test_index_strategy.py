@@ -203,6 +203,28 @@ def test_constructor_validation(key: SealingKeyPair) -> None:
         SecureRowFedSubAvg(InProcessHelper(keypair=key), "emb", 0)
 
 
+def test_index_clients_refuse_a_weight_key_their_node_config_does_not_allow(
+    key: SealingKeyPair,
+) -> None:
+    seen: dict = {}
+    grid = InProcessGrid(make_index_app(True, seen), 3, {"ssa-helper-fingerprint": key.fingerprint})
+    strategy = SecureRowFedSubAvg(
+        InProcessHelper(keypair=key),
+        "emb",
+        K,
+        min_available_nodes=3,
+        weighted=True,
+        weighted_by_key="train_loss",
+    )
+    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    assert not seen  # refused before the user's train ran
+    reasons = list(strategy.dropped[1].values())
+    assert len(reasons) == 3 and all("weight key 'train_loss'" in r for r in reasons), reasons
+    np.testing.assert_array_equal(result.arrays["emb"].numpy(), TABLE)
+    with pytest.raises(ConfigurationError, match="plaintext_evaluation"):
+        SecureRowFedSubAvg(InProcessHelper(keypair=key), "emb", K, fraction_evaluate=0.5)
+
+
 def test_plaintext_train_messages_pass_through(key: SealingKeyPair) -> None:
     grid = InProcessGrid(make_index_app(False), 1, {"ssa-helper-fingerprint": key.fingerprint})
     node = next(iter(grid.get_node_ids()))

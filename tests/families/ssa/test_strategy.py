@@ -188,6 +188,17 @@ def test_client_that_drops_after_training_contributes_nothing(helper_key: Sealin
 def test_constructor_validation() -> None:
     with pytest.raises(ConfigurationError, match="topk_ratio"):
         SecureFedSubAvg(InProcessHelper(), topk_ratio=0.0)
+    # Issue 20: no federated evaluation unless asked for explicitly; unit weights by default.
+    helper = InProcessHelper()
+    assert SecureFedSubAvg(helper, topk_ratio=0.1).fraction_evaluate == 0.0
+    with pytest.raises(ConfigurationError, match="evaluate_fn"):
+        SecureFedSubAvg(helper, topk_ratio=0.1, fraction_evaluate=1.0)
+    opted = SecureFedSubAvg(
+        helper, topk_ratio=0.1, fraction_evaluate=1.0, plaintext_evaluation=True
+    )
+    assert opted.fraction_evaluate == 1.0 and not opted.aggregation.settings.weighted
+    with pytest.raises(ConfigurationError, match="weighted"):
+        SecureFedSubAvg(helper, topk_ratio=0.1, weighted=1)  # type: ignore[arg-type]
 
 
 def test_helper_view_has_no_index_or_value_in_the_clear(helper_key: SealingKeyPair) -> None:
