@@ -1,10 +1,11 @@
 """SSA's byte formats: :class:`SSAParams` (JSON), the client upload and the client state.
 
 Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
-version 1, or 2 with a ``dp`` object) and is decoded strictly (:meth:`SSAParams.from_bytes`:
-every field's type checked, NaN and infinities rejected). :class:`SSAUpload` is what a client
-sends (the DPF keys' public part and one master seed per server); :class:`Placement` and the
-``FSCS`` client-state codec (:func:`_state_to_bytes`, the format table in
+version 1, 2 with a ``dp`` object, or 3 with ``dp`` and a ``run`` object) and is decoded
+strictly (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities
+rejected). :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master
+seed per server); :class:`Placement` and the ``FSCS`` client-state codec
+(:func:`_state_to_bytes`, the format table in
 :class:`~flwr_fsl.families.ssa.protocol.SSAClientState`) keep a client's keys between U-DPF
 rounds. The parties (client encoding, server share, reconstruction) are in
 :mod:`flwr_fsl.families.ssa.protocol`, which re-exports these names. Decoders raise
@@ -17,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,7 +28,7 @@ from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_m
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import EMPTY, CuckooTable, HashParams
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 
 __all__ = ["Placement", "SSAInputError", "SSAParams", "SSAUpload"]
 
@@ -35,6 +37,7 @@ _VERSION = 1
 _DP_VERSION = (
     2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
 )
+_RUN_VERSION = 3  # version 2 plus a "run" object (:class:`~flwr_fsl.families.ssa.dp.RunScope`)
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
@@ -79,6 +82,9 @@ class SSAParams:
         clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
         share. Requires ``count_weighted`` and ``max_weight * max(clip_norm, 1) <= max_abs``
         (a clipped client's payload words fit the codec).
+    run : RunScope or None
+        The run a DP round counts against and its budget (S1 keys its privacy account by the
+        run id; clients check it against their own Flower run id). Only with ``dp``.
 
     Raises
     ------
@@ -91,7 +97,9 @@ class SSAParams:
     <every field but dp>}`` (sorted keys, hash key in hex) for a round without DP — byte for
     byte the format from before DP existed — and ``"version": 2`` with an extra ``"dp"``
     object (exactly ``noise_multiplier``, ``clip_norm``, ``max_weight``, ``delta``) for a
-    round with DP. :meth:`from_bytes` accepts exactly these two shapes.
+    round with DP, and ``"version": 3`` with ``"dp"`` and a ``"run"`` object (exactly ``id``,
+    or ``id``, ``epsilon`` and ``delta``) for a DP round that names its run.
+    :meth:`from_bytes` accepts exactly these three shapes.
     """
 
     round_id: int
@@ -108,6 +116,7 @@ class SSAParams:
     max_summands: int = 1000
     epoch: int = 0
     dp: DistributedDP | None = None
+    run: RunScope | None = None
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -120,6 +129,10 @@ class SSAParams:
             raise ConfigurationError("num_items cannot exceed domain_size")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
+        self._check_privacy()
+
+    def _check_privacy(self) -> None:
+        """Check ``dp`` and ``run`` (types, count words, payload bound, run only with dp)."""
         if self.dp is not None:
             if not isinstance(self.dp, DistributedDP):
                 raise ConfigurationError(
@@ -133,6 +146,11 @@ class SSAParams:
                     f"{self.dp.max_weight * max(self.dp.clip_norm, 1.0):g} exceeds "
                     f"max_abs={self.max_abs:g}: clipped payload words would not fit"
                 )
+        if self.run is not None:
+            if not isinstance(self.run, RunScope):
+                raise ConfigurationError(f"run must be a RunScope, got {type(self.run).__name__}")
+            if self.dp is None:
+                raise ConfigurationError("run (the DP account's run) needs dp")
 
     @property
     def tau(self) -> int:
@@ -164,13 +182,16 @@ class SSAParams:
     def to_bytes(self) -> bytes:
         """Serialize (canonical JSON; the hash key in hex)."""
         fields: dict[str, object] = {
-            k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dp"
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("dp", "run")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
         if self.dp is not None:
             fields["dp"] = self.dp.to_dict()
             version = _DP_VERSION
+        if self.run is not None:
+            fields["run"] = self.run.to_dict()
+            version = _RUN_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
@@ -188,13 +209,16 @@ class SSAParams:
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
         version = raw.pop("version", None)
-        if version not in (_VERSION, _DP_VERSION) or isinstance(version, bool):
+        if version not in (_VERSION, _DP_VERSION, _RUN_VERSION) or isinstance(version, bool):
             raise SSAInputError(
-                f"unsupported SSA parameter version (expected {_VERSION} or {_DP_VERSION})"
+                f"unsupported SSA parameter version (expected {_VERSION}, {_DP_VERSION} or "
+                f"{_RUN_VERSION})"
             )
-        expected = set(cls.__dataclass_fields__) - {"dp"}
-        if version == _DP_VERSION:
+        expected = set(cls.__dataclass_fields__) - {"dp", "run"}
+        if version in (_DP_VERSION, _RUN_VERSION):
             expected.add("dp")
+        if version == _RUN_VERSION:
+            expected.add("run")
         if set(raw) != expected:
             raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
@@ -205,9 +229,16 @@ class SSAParams:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
             raise SSAInputError("hash_key must be hex") from None
-        if "dp" in raw:
-            raw["dp"] = DistributedDP.from_dict(raw["dp"])
-        return cls(**raw)
+        return cls(**_nested(raw))
+
+
+def _nested(raw: dict[str, Any]) -> dict[str, Any]:
+    """Decode the ``dp`` and ``run`` objects of a parameter set in place (strictly)."""
+    if "dp" in raw:
+        raw["dp"] = DistributedDP.from_dict(raw["dp"])
+    if "run" in raw:
+        raw["run"] = RunScope.from_dict(raw["run"])
+    return raw
 
 
 def _load_json(data: object) -> object:
@@ -266,6 +297,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),
+    "run": lambda v: isinstance(v, dict),
 }
 
 

@@ -45,8 +45,9 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.families.ssa.aggregation_strategy import SSASettings, TwoServerAggregation
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
@@ -69,8 +70,14 @@ class SecureFedSubAvg(FedSubAvg):
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
     dp : DistributedDP, optional
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
-        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
-        with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Off by
+        default in top-k mode (every run logs that no noise is added). Start S1 with the
+        matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+    privacy_budget : PrivacyBudget or None
+        The run's budget when ``dp`` is set (default
+        :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET`, ``ε = 20`` at ``δ = 1e-5``): the
+        run stops before a round that would exceed it; S1 refuses such rounds too. None:
+        account without stopping.
     **kwargs
         Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
         ``sampling_seed``.
@@ -98,14 +105,18 @@ class SecureFedSubAvg(FedSubAvg):
         num_hashes: int = 3,
         min_clients: int = 2,
         dp: DistributedDP | None = None,
+        privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         **kwargs: Any,
     ) -> None:
         if not 0.0 < topk_ratio <= 1.0:
             raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
-        settings = SSASettings(frac_bits, max_abs, stash_size, num_hashes, min_clients, dp)
+        settings = SSASettings(
+            frac_bits, max_abs, stash_size, num_hashes, min_clients, dp, privacy_budget
+        )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
+        self.privacy_account = self.aggregation.privacy_account
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -125,7 +136,8 @@ class SecureFedSubAvg(FedSubAvg):
         if layout.size == 0:
             raise ConfigurationError("the model has no floating tensors to aggregate")
         k = min(layout.size, math.ceil(self.topk_ratio * layout.size))
-        params = self.aggregation.settings.params(
+        params = self.aggregation.round_params(
+            grid,
             round_id=state.server_round,
             domain_size=layout.size,
             num_items=k,
@@ -177,6 +189,14 @@ class SecureFedSubAvg(FedSubAvg):
         except RoundFailedError as err:  # Flower's own loop may drive this method
             self.fail_round(state, err)
             return None, None
+
+    def round_noise_multiplier(self) -> float | None:
+        """Each server's noise multiplier of every round (None: DP off, no noise)."""
+        return self.aggregation.noise_multiplier()
+
+    def privacy_stop_reason(self) -> str | None:
+        """S1's refusal of a round past its own account of this run (the run then stops)."""
+        return self.aggregation.helper_refusal
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release the round on S1."""
