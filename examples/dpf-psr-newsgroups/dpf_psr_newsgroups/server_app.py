@@ -59,6 +59,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.dp import dp_options
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg
@@ -233,6 +234,15 @@ def s0_view(result: ExperimentResult, shape: Shape, initial: NDArray[np.float32]
     return out
 
 
+def privacy_line(result: ExperimentResult) -> str:
+    """Print and return the secure arm's ``(ε, δ)`` (or that it added no noise)."""
+    strategy = result.arm("secure").strategy
+    assert isinstance(strategy, SecureRowFedSubAvg)
+    line = strategy.aggregation.describe_privacy()
+    print(f"\nsecure arm, {line}", flush=True)
+    return line
+
+
 def run_experiment(
     grid: Grid, run_config: Mapping[str, Any], helper: HelperConnection | None = None
 ) -> ExperimentResult:
@@ -287,6 +297,11 @@ def run_experiment(
                     udpf=settings.ssa_udpf,
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
+                    **dp_options(
+                        settings.ssa_dp_noise_multiplier,
+                        settings.ssa_dp_clip_norm,
+                        budget_epsilon=settings.ssa_dp_budget_epsilon,
+                    ),
                     **knobs,
                 ),
                 learns=SECURE_LEARNS,
@@ -312,6 +327,7 @@ def run_experiment(
                 "bytes": bytes_table(result.record.arm("secure"), plain, dense),
                 "dense_bytes": {"down": dense[0], "up": dense[1]},
                 "s0_view": s0_view(result, shape, table),
+                "privacy": privacy_line(result),
             }
 
         experiment = Experiment(

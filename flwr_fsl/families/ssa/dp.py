@@ -139,6 +139,7 @@ __all__ = [
     "check_headroom",
     "clip_update",
     "count_threshold_stds",
+    "dp_options",
     "epsilon",
     "gaussian",
     "noise_std",
@@ -318,6 +319,52 @@ class RunScope:
                     raise ClientInputError(f"run field {name!r} must be a number")
             budget = PrivacyBudget(float(raw["epsilon"]), float(raw["delta"]))
         return cls(raw["id"], budget)
+
+
+def dp_options(
+    noise_multiplier: float,
+    clip_norm: float = 1.0,
+    max_weight: float = 1.0,
+    budget_epsilon: float = DEFAULT_BUDGET.epsilon,
+    delta: float = DEFAULT_DELTA,
+) -> dict[str, Any]:
+    """Return the SSA strategies' ``dp`` and ``privacy_budget`` arguments from plain numbers.
+
+    For run-config knobs (the examples' ``ssa-dp-*`` keys).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``; 0 turns DP off (``dp=None``: the documented leaks return, and index-mode
+        clients refuse such rounds unless their node config lowers ``fsl-min-noise-multiplier``).
+    clip_norm, max_weight : float
+        ``C`` and ``W`` of :class:`DistributedDP`.
+    budget_epsilon : float
+        The run's budget ``ε`` at ``delta``; 0 accounts without a budget.
+    delta : float
+        ``δ`` of the budget and of the reported ``(ε, δ)``.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{"dp": DistributedDP | None, "privacy_budget": PrivacyBudget | None}``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a value is out of range (naming it).
+    """
+    if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float):
+        raise ConfigurationError(f"noise_multiplier must be a number, got {noise_multiplier!r}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ConfigurationError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}")
+    if noise_multiplier == 0:
+        return {"dp": None, "privacy_budget": None}
+    dp = DistributedDP(float(noise_multiplier), clip_norm, max_weight, delta)
+    if not budget_epsilon >= 0:
+        raise ConfigurationError(f"budget_epsilon must be >= 0, got {budget_epsilon!r}")
+    budget = PrivacyBudget(budget_epsilon, delta) if budget_epsilon > 0 else None
+    return {"dp": dp, "privacy_budget": budget}
 
 
 def sensitivity(dp: DistributedDP, num_items: int, value_width: int, frac_bits: int) -> float:
