@@ -233,8 +233,9 @@ class HelperLimits:
         Raises
         ------
         HelperRequestError
-            If S1 has a DP policy and the round has no DP parameters or asks clients to clip
-            to more than S1 allows (naming the flag), or the noise does not fit the ring.
+            If S1 has a DP policy and the round has no DP parameters, asks for less noise
+            than S1's floor or asks clients to clip to more than S1 allows (naming the flag),
+            or the noise does not fit the ring.
         """
         rid, policy = params.round_id, self.dp
         if params.dp is None:

@@ -25,7 +25,11 @@ carry no weight in the clear, and rounds with fewer than ``min_clients`` accepte
 not reconstructed). Federated evaluation is off by default and needs
 ``plaintext_evaluation=True`` (its replies are in the clear). S0 sees S1's PSR answers only
 sealed to the client. A U-DPF hint instead of fresh keys tells both servers that the client's
-row set is unchanged since its last accepted round.
+row set is unchanged since its last accepted round. Because a client's rows are fixed by its
+data, exact per-row totals over rounds of changing participation would give every client's row
+set by least squares; so DP noise is on by default here (``dp``, ``privacy_budget``: each
+server noises its share, the run stops at its budget, S1 keeps its own account of the run and
+clients refuse rounds below their noise floor; :mod:`flwr_fsl.families.ssa.dp`).
 
 **Failures.** A client whose query, keys or hint are malformed, or that S1 rejects, is dropped
 with a reason (:attr:`dropped`); the others stay exact. If S1 fails, the round fails loudly
