@@ -31,8 +31,18 @@ Usage::
     python benchmarks/accuracy_ssa.py --quick         # 3 rounds, capped data: smoke test
     python benchmarks/accuracy_ssa.py --partitioning dirichlet --clients 20 --rounds 10 \
         --fraction-train 0.25 --test-size 2000       # unit vs sample weights, unequal clients
+    python benchmarks/accuracy_ssa.py --index         # index mode: DP off vs the DP default
 
 The same experiment through Flower's simulation engine is printed at the end (``flwr run``).
+
+**Index mode** (``--index``, issue 20): ``examples/dpf-psr-movielens`` (PSR + row SSA, U-DPF;
+``--users`` users, all training every round) twice from the same table and seeds — with the old
+defaults (no DP: ``ssa-dp-noise-multiplier = 0`` on S0, node config
+``fsl-min-noise-multiplier = 0`` on the clients) and with the new ones (DP on: ``z = 1``, clip
+norm 1, weights clipped to 1, budget ``ε = 20`` at ``δ = 1e-5``, which stops the run after 10
+rounds) — and prints per round the held-out RMSE of both, the share of rows the DP run updated
+(rows whose noisy count passed the threshold) and its ``ε``; writes
+``results/accuracy_ssa_index.json``.
 """
 
 from __future__ import annotations
@@ -63,7 +73,7 @@ OUT_NAME = "accuracy_ssa.json"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=None, help="default 20 (--index: 12)")
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--fraction-train", type=float, default=0.5)
     p.add_argument("--max-client-samples", type=int, default=0, help="0 = whole partition")
@@ -80,9 +90,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="3 rounds, 300 samples per client")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / OUT_NAME)
     p.add_argument("--plot", action="store_true", help="also save histories and a plot")
+    p.add_argument("--index", action="store_true", help="index mode: DP off vs the DP default")
+    p.add_argument("--users", type=int, default=100, help="--index: MovieLens users (<= 943)")
     args = p.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 12 if args.index else 20
     if args.quick:
         args.rounds, args.max_client_samples, args.test_size = 3, 300, 2000
+    if args.index and args.out == REPO / "benchmarks" / "results" / OUT_NAME:
+        args.out = args.out.with_name("accuracy_ssa_index.json")
     return args
 
 
@@ -101,6 +117,95 @@ def flwr_run_command(run_config: dict[str, Any], clients: int) -> str:
         "flwr run examples/dpf-ssa-mnist local --stream --federation-config "
         f'"num-supernodes={clients} client-resources-num-cpus=1" --run-config "{" ".join(items)}"'
     )
+
+
+def index_main(args: argparse.Namespace) -> int:
+    """Index mode: the MovieLens example with DP off (old defaults) and on (new); side by side."""
+    from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
+    from flwr_fsl.crypto.channel import SealingKeyPair
+    from flwr_fsl.helper import InProcessHelper
+
+    sys.path.insert(0, str(REPO / "examples" / "dpf-psr-movielens"))
+    from dpf_psr_movielens.client_app import app as movielens_app
+    from dpf_psr_movielens.server_app import RMSE
+    from dpf_psr_movielens.server_app import run_experiment as movielens_experiment
+
+    users = args.users
+
+    def no_floor(i: int) -> dict[str, Any]:
+        return {"partition-id": i, "num-partitions": users, NODE_MIN_NOISE_KEY: 0.0}
+
+    key = SealingKeyPair.generate()
+    base: dict[str, Any] = {
+        "num-server-rounds": args.rounds,
+        "min-nodes": users,
+        "seed": args.seed,
+        "compare-plaintext": False,
+        "ssa-helper-fingerprint": key.fingerprint,
+    }
+    setups = {
+        "old": ({**base, "ssa-dp-noise-multiplier": 0.0}, no_floor),
+        "new": (base, None),
+    }
+    records: dict[str, Any] = {}
+    started = time.perf_counter()
+    for name, (config, node_config) in setups.items():
+        grid = InProcessGrid(movielens_app, users, config, node_config_fn=node_config)
+        result = movielens_experiment(grid, config, helper=InProcessHelper(keypair=key))
+        records[name] = result.record.arm("secure")
+    elapsed = time.perf_counter() - started
+    old, new = records["old"], records["new"]
+    rows = []
+    print(f"\nindex mode, dpf-psr-movielens, {users} users, all training every round:")
+    print(
+        f"{'round':>5}  {'RMSE old (no DP)':>16}  {'RMSE new (DP)':>13}  "
+        f"{'rows updated (DP)':>17}  {'epsilon (DP)':>12}"
+    )
+    new_rounds = {r.server_round: r for r in new.rounds}
+    for r in old.rounds:
+        n = new_rounds.get(r.server_round)
+        rmse_new = RMSE.value(n) if n is not None else None
+        touched = n.train_metrics.get("touched-fraction") if n is not None else None
+        eps = n.train_metrics.get("dp-epsilon") if n is not None else None
+        rows.append(
+            {
+                "round": r.server_round,
+                "rmse_old": RMSE.value(r),
+                "rmse_new": rmse_new,
+                "rows_updated_new": touched,
+                "epsilon_new": eps,
+            }
+        )
+        print(
+            f"{r.server_round:>5}  {_num(RMSE.value(r), 4):>16}  {_num(rmse_new, 4):>13}  "
+            f"{_pct(touched):>17}  {_num(eps, 2):>12}"
+        )
+    final_old, final_new = old.final(RMSE), new.final(RMSE)
+    print(
+        f"final RMSE: old defaults (no DP) {_num(final_old, 4)} after "
+        f"{len(old.aggregated_rounds)} rounds; new defaults (DP) {_num(final_new, 4)} after "
+        f"{len(new.aggregated_rounds)} rounds (its budget stops it); total {elapsed:.0f} s"
+    )
+    doc = {
+        "benchmark": "accuracy_ssa_index",
+        "setup": {"users": users, "rounds": args.rounds, "seed": args.seed},
+        "rounds": rows,
+        "final_rmse": {"old": final_old, "new": final_new},
+        "experiment": {"old": old.to_dict(), "new": new.to_dict()},
+        "total_seconds": elapsed,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 RUNS = {"new": False, "old": True}  # --defaults -> ssa-weighted
@@ -151,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status."""
     args = parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.WARNING)
+    if args.index:
+        return index_main(args)
     names = list(RUNS) if args.defaults == "both" else [args.defaults]
     results, configs, seconds = {}, {}, {}
     for name in names:

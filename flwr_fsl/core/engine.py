@@ -700,8 +700,19 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         """
         return None
 
+    def privacy_stop_reason(self) -> str | None:
+        """Why the run must stop though its account allows a round (e.g. SSA's S1 refused one).
+
+        :meth:`start` then stops the run instead of failing every later round (None: go on).
+        """
+        return None
+
     def _spend_privacy(self, server_round: int) -> bool:
         """Spend the next round on the account; False (and a log line) when the budget is out."""
+        stop = self.privacy_stop_reason()
+        if stop is not None:
+            log(WARNING, "stopping the run before round %s: %s", server_round, stop)
+            return False
         account = self.privacy_account
         z = self.round_noise_multiplier()
         if account is None or z is None:

@@ -33,9 +33,17 @@ a long ``AddClients``.
 **Differential privacy** (:mod:`flwr_fsl.families.ssa.dp`): ``--dp-noise-multiplier Z
 --dp-clip-norm C --dp-max-weight W`` (all three, or none; ``--dp-delta`` for the logged
 account, default 1e-5) make S1 add Gaussian noise of std ``Z · Δ`` to its share of every round
-— ``Z`` is a floor, whatever S0 asks — and refuse rounds without DP parameters or with a clip
-norm or weight bound above ``C`` / ``W``. S1 logs its running ``(ε, δ)`` account per session
-(the guarantee against S0).
+and refuse rounds without DP parameters, with a noise multiplier below ``Z`` (a floor: S1 never
+accepts less) or with a clip norm or weight bound above ``C`` / ``W``. Without them S1 adds
+the noise each DP round asks for.
+
+**Privacy accounts** (:mod:`flwr_fsl.helper.accounts`): S1 keeps its own account of every
+run's DP rounds (the guarantee against S0), keyed by the run id the round's parameters name
+(S0 sends the Flower run id; clients check it), in ``--state-dir`` (default
+``$FLWR_HOME/fsl/helper-state``, ``FLWR_HOME`` defaulting to ``~/.flwr``), one file per run,
+so a restart or a new session resumes it. S1 refuses a round that would take a run past the
+budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
+(``--dp-budget-delta``, default 1e-5) whatever S0 announces.
 
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
 address cannot be bound.
@@ -51,6 +59,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -59,6 +68,7 @@ from pathlib import Path
 from types import FrameType
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
@@ -67,7 +77,7 @@ from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
 
-__all__ = ["main"]
+__all__ = ["default_state_dir", "main"]
 
 _PROG = "flwr-fsl-helper"
 _MIB = 1 << 20
@@ -152,6 +162,30 @@ def _dp_policy(args: argparse.Namespace) -> DistributedDP | None:
     )
 
 
+def default_state_dir() -> Path:
+    """Return S1's default state directory, ``$FLWR_HOME/fsl/helper-state`` (``~/.flwr``)."""
+    home = Path(os.environ.get("FLWR_HOME", "~/.flwr")).expanduser()
+    return (home / "fsl" / "helper-state").resolve()
+
+
+def _dp_budget(args: argparse.Namespace) -> PrivacyBudget | None:
+    """Return S1's ceiling from ``--dp-budget-epsilon`` / ``--dp-budget-delta`` (None: none).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``--dp-budget-delta`` is given without ``--dp-budget-epsilon`` or is not in (0, 1).
+    """
+    if args.dp_budget_epsilon is None:
+        if args.dp_budget_delta is not None:
+            raise ConfigurationError("--dp-budget-delta needs --dp-budget-epsilon")
+        return None
+    delta = DEFAULT_DELTA if args.dp_budget_delta is None else args.dp_budget_delta
+    if not 0 < delta < 1:
+        raise ConfigurationError(f"--dp-budget-delta must be in (0, 1), got {delta:g}")
+    return PrivacyBudget(args.dp_budget_epsilon, delta)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=_PROG,
@@ -229,6 +263,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DELTA",
         help="delta of the (epsilon, delta) S1 logs (default 1e-5)",
     )
+    dp.add_argument(
+        "--dp-budget-epsilon",
+        type=_dp_float("--dp-budget-epsilon", positive=True),
+        metavar="EPS",
+        help="S1's ceiling on every run's epsilon: it refuses a round past it, whatever "
+        "budget S0 announces (default: none; S1 still enforces the run's announced budget)",
+    )
+    dp.add_argument(
+        "--dp-budget-delta",
+        type=_dp_float("--dp-budget-delta", positive=True),
+        metavar="DELTA",
+        help="delta of --dp-budget-epsilon (default 1e-5)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where S1 keeps each run's privacy account, so restarts and new sessions resume "
+        "it (default $FLWR_HOME/fsl/helper-state, FLWR_HOME defaulting to ~/.flwr)",
+    )
     p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -274,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             limits=HelperLimits(
                 **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()},
                 dp=_dp_policy(args),
+                dp_budget=_dp_budget(args),
             ),
+            state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         token = args.token_file.read_text().strip() if args.token_file else None
@@ -293,8 +349,16 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
             flush=True,
         )
+    ceiling = service.limits.dp_budget
+    if ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
+            f"{ceiling.delta:g}",
+            flush=True,
+        )
     if args.print_fingerprint:
         return 0
+    print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
     try:
         server, port = start_server(
             service,

@@ -12,7 +12,9 @@ Errors (all :class:`~flwr_fsl.helper.errors.HelperError`):
 refused, deadline, closed connection) — fail the round and keep the global model;
 :class:`~flwr_fsl.helper.errors.HelperRequestError` when S1 refused the call (same message
 from both transports), :class:`~flwr_fsl.helper.errors.HelperSessionLostError` when it refused
-it because it does not hold the connection's session (S1 restarted, or the session expired);
+it because it does not hold the connection's session (S1 restarted, or the session expired),
+:class:`~flwr_fsl.helper.errors.HelperBudgetExhaustedError` when it refused a round past the
+run's privacy budget;
 plain :class:`~flwr_fsl.helper.errors.HelperError` for an S1 internal error, a malformed
 response or a pinned-key mismatch (:func:`verify_helper`).
 
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import abc
 import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import grpc
@@ -52,6 +56,7 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.families.ssa.two_server import HelperParty
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import (
+    HelperBudgetExhaustedError,
     HelperError,
     HelperRequestError,
     HelperSessionLostError,
@@ -458,6 +463,15 @@ def _rejections(
 # ------------------------------------------------------------------------------------------------
 
 
+_REFUSALS: dict[grpc.StatusCode, type[HelperRequestError]] = {
+    grpc.StatusCode.NOT_FOUND: HelperSessionLostError,
+    grpc.StatusCode.FAILED_PRECONDITION: HelperBudgetExhaustedError,
+    grpc.StatusCode.INVALID_ARGUMENT: HelperRequestError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: HelperRequestError,
+}
+"""gRPC status of a refused call -> the error S0 raises (the in-process twin raises the same)."""
+
+
 class InProcessHelper(_Facade):
     """S1 in this process, reached through exactly the bytes the gRPC server would get.
 
@@ -472,6 +486,11 @@ class InProcessHelper(_Facade):
     limits : HelperLimits, optional
         What one round may cost a new service (:mod:`flwr_fsl.helper.limits`; the defaults by
         default; ignored when ``service`` is given).
+    state_dir : Path, optional
+        Where a new service keeps its per-run privacy accounts
+        (:mod:`flwr_fsl.helper.accounts`); a temporary directory of this object by default
+        (ignored when ``service`` is given). Give the same path to a new twin to resume the
+        accounts, as a restarted ``flwr-fsl-helper --state-dir`` does.
 
     Attributes
     ----------
@@ -486,8 +505,16 @@ class InProcessHelper(_Facade):
         keypair: SealingKeyPair | None = None,
         session_id: bytes | None = None,
         limits: HelperLimits | None = None,
+        state_dir: Path | None = None,
     ) -> None:
-        self.service = service or HelperService(keypair or SealingKeyPair.generate(), limits=limits)
+        if service is None:
+            if state_dir is None:
+                self._state = tempfile.TemporaryDirectory(prefix="flwr-fsl-s1-")
+                state_dir = Path(self._state.name)
+            service = HelperService(
+                keypair or SealingKeyPair.generate(), limits=limits, state_dir=state_dir
+            )
+        self.service = service
         self._init_session(session_id)
         self._closed = False
 
@@ -498,6 +525,8 @@ class InProcessHelper(_Facade):
             return self.service.handle(method, bytes(body))
         except HelperSessionLostError as err:
             raise HelperSessionLostError(str(err)) from None
+        except HelperBudgetExhaustedError as err:
+            raise HelperBudgetExhaustedError(str(err)) from None
         except HelperRequestError as err:
             raise HelperRequestError(str(err)) from None
         except Exception as err:  # same surface as the gRPC transport's INTERNAL status
@@ -606,8 +635,9 @@ class HelperClient(_Facade):
                 raise HelperUnavailableError(
                     f"S1 at {self.address} unreachable ({code.name}): {details}"
                 ) from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise HelperSessionLostError(details or code.name) from None
+            refused = _REFUSALS.get(code)
+            if refused is not None:
+                raise refused(details or code.name) from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 hint = "a wrong" if self._metadata else "no"
                 raise HelperError(
@@ -615,8 +645,6 @@ class HelperClient(_Facade):
                     f"got {hint} token; set {TOKEN_FILE_KEY} in the run config to the file "
                     f"holding the token S1 was started with ({details})"
                 ) from None
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                raise HelperRequestError(details or code.name) from None
             raise HelperError(f"S1 call {method} failed ({code.name}): {details}") from None
         except ValueError as err:  # grpc raises this on a closed channel
             raise HelperUnavailableError(f"connection to S1 at {self.address}: {err}") from None

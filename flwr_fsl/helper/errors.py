@@ -12,6 +12,10 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   does not hold (S1 restarted, the session expired or was closed): S1 kept nothing of the run.
   It is also a :class:`~flwr_fsl.families.ssa.two_server.SessionLostError`, which S0's
   :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` recovers from.
+* :class:`HelperBudgetExhaustedError` — a :class:`HelperRequestError` for a round S1 refuses
+  because it would take the run past a privacy budget (the run's, or S1's own ceiling,
+  :mod:`flwr_fsl.helper.accounts`). It is also a
+  :class:`~flwr_fsl.core.privacy.PrivacyBudgetExhaustedError`: S0 stops the run.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
   (:mod:`flwr_fsl.helper.wire`); a decoder error, so a
   :class:`~flwr_fsl.core.errors.ClientInputError`.
@@ -25,10 +29,12 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
 from __future__ import annotations
 
 from flwr_fsl.core.errors import RoundFailedError
+from flwr_fsl.core.privacy import PrivacyBudgetExhaustedError
 from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.families.ssa.two_server import SessionLostError
 
 __all__ = [
+    "HelperBudgetExhaustedError",
     "HelperError",
     "HelperRequestError",
     "HelperSessionLostError",
@@ -51,3 +57,7 @@ class HelperUnavailableError(HelperError, ConnectionError):
 
 class HelperSessionLostError(HelperRequestError, SessionLostError):
     """S1 does not hold the call's session (restarted, expired or closed): re-open it."""
+
+
+class HelperBudgetExhaustedError(HelperRequestError, PrivacyBudgetExhaustedError):
+    """S1 refuses a round past the run's privacy budget or its own ceiling: stop the run."""

@@ -59,9 +59,12 @@ in-process S1 with ``InProcessHelper(limits=HelperLimits(...))``.
 ``--dp-clip-norm``, ``--dp-max-weight``; :mod:`flwr_fsl.families.ssa.dp`). S1's noise is what
 protects the clients against S0, so S1 decides it, not S0: with a policy set, S1 refuses at
 ``OpenRound`` a round without DP parameters (its clients would not clip, so no noise could be
-calibrated) or one whose ``clip_norm`` / ``max_weight`` exceed S1's, and adds noise with
-multiplier ``max(S1's, the round's)`` — even if the round asks for none. Without a policy S1
-adds the noise a DP round asks for.
+calibrated), one whose ``clip_norm`` / ``max_weight`` exceed S1's, and one whose noise
+multiplier is below S1's (S1 never accepts less noise than its floor, and never silently adds
+more than the round says, so both servers' accounts and the clients' checks see one ``z``).
+Without a policy S1 adds the noise a DP round asks for. ``dp_budget`` (``--dp-budget-epsilon``,
+``--dp-budget-delta``) is S1's ceiling on every run's privacy account
+(:mod:`flwr_fsl.helper.accounts`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from collections.abc import Iterable, Set
 from dataclasses import dataclass, fields
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
@@ -171,6 +175,9 @@ class HelperLimits:
         S1's differential-privacy policy (``--dp-noise-multiplier``, ``--dp-clip-norm``,
         ``--dp-max-weight``; see the module docstring): its noise multiplier is a floor, its
         clip norm and weight bound are the most a round may ask clients to clip to.
+    dp_budget : PrivacyBudget or None (default: None)
+        S1's ceiling on every run's privacy account (``--dp-budget-epsilon``,
+        ``--dp-budget-delta``): S1 refuses a round past it whatever budget S0 announces.
 
     Raises
     ------
@@ -187,12 +194,17 @@ class HelperLimits:
     max_round_work: int = 1 << 35
     min_clients: int = 2
     dp: DistributedDP | None = None
+    dp_budget: PrivacyBudget | None = None
 
     def __post_init__(self) -> None:
         if self.dp is not None and not isinstance(self.dp, DistributedDP):
             raise ConfigurationError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
+        if self.dp_budget is not None and not isinstance(self.dp_budget, PrivacyBudget):
+            raise ConfigurationError(
+                f"dp_budget must be a PrivacyBudget, got {type(self.dp_budget).__name__}"
+            )
         for f in fields(self):
-            if f.name == "dp":
+            if f.name in ("dp", "dp_budget"):
                 continue
             value = getattr(self, f.name)
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
@@ -221,8 +233,9 @@ class HelperLimits:
         Raises
         ------
         HelperRequestError
-            If S1 has a DP policy and the round has no DP parameters or asks clients to clip
-            to more than S1 allows (naming the flag), or the noise does not fit the ring.
+            If S1 has a DP policy and the round has no DP parameters, asks for less noise
+            than S1's floor or asks clients to clip to more than S1 allows (naming the flag),
+            or the noise does not fit the ring.
         """
         rid, policy = params.round_id, self.dp
         if params.dp is None:
@@ -243,7 +256,11 @@ class HelperLimits:
                         f"round {rid}: dp {name} {value:g} exceeds S1's {limit:g} "
                         f"(flwr-fsl-helper {flag}): S1's noise would not cover it"
                     )
-            z = max(z, policy.noise_multiplier)
+            if z < policy.noise_multiplier:
+                raise HelperRequestError(
+                    f"round {rid}: dp noise_multiplier {z:g} is below S1's floor "
+                    f"{policy.noise_multiplier:g} (flwr-fsl-helper --dp-noise-multiplier)"
+                )
         sigma = noise_std(params.dp, params.num_items, params.value_width, params.frac_bits, z)
         try:
             check_headroom(params.fixed_point, sigma)

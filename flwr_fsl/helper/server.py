@@ -18,7 +18,9 @@ is plain, unauthenticated gRPC.
 Status codes: a refused call (:class:`~flwr_fsl.helper.errors.HelperRequestError`) is
 ``INVALID_ARGUMENT`` with the reason as details, except a call naming a session S1 does not hold
 (:class:`~flwr_fsl.helper.errors.HelperSessionLostError`: S1 restarted, or the session expired
-or was closed), which is ``NOT_FOUND``; an unexpected exception in S1 is ``INTERNAL``
+or was closed), which is ``NOT_FOUND``, and a round refused for the run's privacy budget
+(:class:`~flwr_fsl.helper.errors.HelperBudgetExhaustedError`), which is
+``FAILED_PRECONDITION``; an unexpected exception in S1 is ``INTERNAL``
 (logged with its traceback on S1). :class:`~flwr_fsl.helper.connection.HelperClient` maps them
 back to the same exceptions the in-process twin raises.
 
@@ -42,7 +44,11 @@ import grpc
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import TOKEN_METADATA_KEY, grpc_options
-from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError
+from flwr_fsl.helper.errors import (
+    HelperBudgetExhaustedError,
+    HelperRequestError,
+    HelperSessionLostError,
+)
 from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 
 __all__ = ["TOKEN_METADATA_KEY", "format_address", "start_server"]
@@ -79,6 +85,9 @@ def _handler(
         except HelperSessionLostError as err:
             log.warning("%s refused: %s", method, err)
             _abort(context, grpc.StatusCode.NOT_FOUND, str(err))
+        except HelperBudgetExhaustedError as err:
+            log.warning("%s refused: %s", method, err)
+            _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
         except HelperRequestError as err:
             log.warning("%s refused: %s", method, err)
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -35,6 +35,11 @@ round's memory (a formula over the public parameters), ``AddClients``, ``AddClie
 evaluated; a round over a limit is refused with a
 :class:`~flwr_fsl.helper.errors.HelperRequestError` naming the limit and its CLI flag.
 
+**Privacy accounts.** S1's account of each run's DP rounds (its noise: the guarantee against S0)
+belongs to the run, not the session, and lives in ``state_dir`` when one is given
+(:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session, a replayed one
+or a restarted S1 resumes it, and S1 refuses rounds past the run's budget or its own ceiling.
+
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
 included); the only lock shared across sessions guards the session table and is held for a
 dictionary lookup, never during a service call. So a long ``AddClients`` delays only later
@@ -63,11 +68,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import wire
+from flwr_fsl.helper.accounts import RunAccounts
 from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
 from flwr_fsl.helper.limits import HelperLimits
 
@@ -175,6 +182,9 @@ class HelperService:
         The services; by default SSA and PSR (:func:`default_plugins`).
     limits : HelperLimits, optional
         What one round may cost (:mod:`flwr_fsl.helper.limits`); the defaults by default.
+    state_dir : Path, optional
+        Where the per-run privacy accounts are kept (:mod:`flwr_fsl.helper.accounts`); None
+        keeps them in memory (they then last as long as this object).
 
     Raises
     ------
@@ -192,6 +202,7 @@ class HelperService:
         session_idle_s: float = 6 * 3600.0,
         plugins: Iterable[HelperPlugin] | None = None,
         limits: HelperLimits | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         if not isinstance(keypair, SealingKeyPair):
             raise ConfigurationError(
@@ -211,6 +222,7 @@ class HelperService:
         self.max_sessions = max_sessions
         self.session_idle_s = float(session_idle_s)
         self.limits = limits if limits is not None else HelperLimits()
+        self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
         self._sessions: dict[bytes, Session] = {}
         self._sessions_lock = threading.Lock()
         self._methods: dict[str, Method] = {

@@ -3,7 +3,9 @@
 :class:`HelperProcess` starts ``python -m flwr_fsl.helper`` on a free loopback port, waits until
 it prints its address and fingerprint, and stops it with SIGTERM. The child is the same program
 an operator runs as ``flwr-fsl-helper``; extra CLI flags (limits, ``--min-clients``) pass
-through unchanged.
+through unchanged. Its privacy accounts go to ``state_dir`` (``--state-dir``): a fresh
+temporary directory unless given, so tests never share the operator's default one; give the
+same ``state_dir`` to a restarted process to resume the accounts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +39,9 @@ class HelperProcess:
         More ``flwr-fsl-helper`` flags, e.g. ``("--max-clients-per-round", "5000")``.
     log_level : str
         The child's ``--log-level`` (default ``WARNING``).
+    state_dir : Path, optional
+        The child's ``--state-dir`` (its per-run privacy accounts); a new temporary directory
+        by default.
 
     Raises
     ------
@@ -56,12 +62,17 @@ class HelperProcess:
         log_file: Path,
         extra_args: Sequence[str] = (),
         log_level: str = "WARNING",
+        state_dir: Path | None = None,
     ) -> None:
         self.log_file = log_file
+        if state_dir is None:
+            state_dir = Path(tempfile.mkdtemp(prefix="flwr-fsl-s1-state-"))
+        self.state_dir = state_dir
         self._log = open(log_file, "wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "flwr_fsl.helper", "--host", "127.0.0.1", "--port", "0"]
-        cmd += ["--key-file", str(key_file), "--log-level", log_level, *extra_args]
+        cmd += ["--key-file", str(key_file), "--log-level", log_level]
+        cmd += ["--state-dir", str(state_dir), *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stdout: list[str] = []

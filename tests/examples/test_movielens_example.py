@@ -16,11 +16,18 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.experiment import ExperimentFailedError
 from flwr_fsl.helper import InProcessHelper, default_key_file
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
+
+
+def no_floor(nodes: int):  # type: ignore[no-untyped-def]
+    """... and on the clients: node config accepting rounds without noise."""
+    return lambda i: {"partition-id": i, "num-partitions": nodes, NODE_MIN_NOISE_KEY: 0.0}
+
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "dpf-psr-movielens"
 USERS = 3
@@ -50,8 +57,9 @@ def test_secure_table_equals_plaintext_and_udpf_in_round_2(
         "min-nodes": USERS,
         "ssa-helper-fingerprint": key.fingerprint,
         "ssa-frac-bits": 32,
+        "ssa-dp-noise-multiplier": 0.0,  # exact tables: DP off on S0 ...
     }
-    grid = InProcessGrid(client_app.app, USERS, config)
+    grid = InProcessGrid(client_app.app, USERS, config, node_config_fn=no_floor(USERS))
     result = server_app.run_experiment(grid, config, helper=InProcessHelper(keypair=key))
     secure, plain = result.arm("secure"), result.arm("plaintext")
     assert [r.arm.key for r in result.runs] == ["secure", "plaintext"]

@@ -20,12 +20,19 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.protocol import SSAParams, encode_round
 from flwr_fsl.families.ssa.psr import make_query
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.testing import InProcessGrid
 from tests.prepared_data import require_prepared
+
+
+def no_floor(nodes: int):  # type: ignore[no-untyped-def]
+    """... and on the clients: node config accepting rounds without noise."""
+    return lambda i: {"partition-id": i, "num-partitions": nodes, NODE_MIN_NOISE_KEY: 0.0}
+
 
 APP_DIR = Path(__file__).resolve().parents[2] / "examples" / "dpf-psr-newsgroups"
 CLIENTS = 3
@@ -70,8 +77,9 @@ def test_secure_equals_plaintext_and_udpf_in_round_2(
         "num-server-rounds": 2,
         "min-nodes": CLIENTS,
         "ssa-helper-fingerprint": key.fingerprint,
+        "ssa-dp-noise-multiplier": 0.0,  # exact tables: DP off on S0 ...
     }
-    grid = InProcessGrid(client_app.app, CLIENTS, config)
+    grid = InProcessGrid(client_app.app, CLIENTS, config, node_config_fn=no_floor(CLIENTS))
     result = server_app.run_experiment(grid, config, helper=InProcessHelper(keypair=key))
     secure, plain = result.arm("secure"), result.arm("plaintext")
     assert secure.strategy.failed_rounds == {}

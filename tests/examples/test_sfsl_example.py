@@ -123,9 +123,15 @@ def test_equivalent_arms_compute_the_same_model(
     # Row-count-weighted averages of the same real rows (count 1 per user): SFSL with keep = 1
     # (CPP1: S'' = S; CPP5: S'' = U, the rows of U \ S go up as zero with count 0) and SSA/PSR
     # equal FedSubAvg up to their fixed point (24 fractional bits).
-    for arm in ("sfsl-cpp1", "sfsl-cpp5", "ssa-psr"):
+    for arm in ("sfsl-cpp1", "sfsl-cpp5"):
         np.testing.assert_allclose(table[arm], table["fedsubavg"], atol=1e-6, err_msg=arm)
         assert result.arm(arm).record.max_abs_diff < 1e-6
+    # SSA/PSR runs with index mode's default DP (z = 1): with four users no row's noisy count
+    # passes the threshold, so every row keeps its initial value.
+    ssa = result.arm("ssa-psr").strategy
+    assert ssa.round_noise_multiplier() == 1.0  # type: ignore[attr-defined]
+    initial = task.initial_table(task.Settings.from_run_config(_config()))
+    np.testing.assert_array_equal(table["ssa-psr"], initial)
     # Dense SecAgg is FedAvg on the whole table (each coordinate over every client by weight).
     np.testing.assert_allclose(table["secagg"], table["fedavg"], atol=1e-6)
     # FedAvg dilutes a row's update by the clients that do not hold it: another model.

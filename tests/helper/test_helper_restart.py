@@ -58,6 +58,7 @@ from tests.families.ssa.test_index_strategy import (
     client_rows,
     initial,
     make_index_app,
+    no_floor,
     row_delta,
 )
 from tests.flower_apps import make_app, model_record
@@ -121,12 +122,16 @@ def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path
     helper = HelperClient(procs[0].address, timeout=60)
     messages = Messages()
     grid = InProcessGrid(
-        make_index_app(True, mods=(messages,)), NODES, {"ssa-helper-fingerprint": fingerprint}
+        make_index_app(True, mods=(messages,)),
+        NODES,
+        {"ssa-helper-fingerprint": fingerprint},
+        node_config_fn=no_floor(NODES),
     )
     strategy = SecureRowFedSubAvg(
         helper,
         "emb",
         K,
+        dp=None,  # exact tables: DP off on both ends
         udpf=True,
         helper_fingerprint=fingerprint,
         frac_bits=32,

@@ -44,10 +44,11 @@ from typing import Any
 
 import numpy as np
 
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto import dpf, prg
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import HashParams, cuckoo_hash, simple_hash
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
 
@@ -130,6 +131,10 @@ def hashing_vectors() -> dict[str, Any]:
     }
 
 
+_DP = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0)
+_RUN = RunScope("42", PrivacyBudget(20.0))
+
+
 def ssa_vectors() -> dict[str, Any]:
     """SSAParams encodings, one client's upload and both servers' shares."""
     out: dict[str, Any] = {}
@@ -137,11 +142,17 @@ def ssa_vectors() -> dict[str, Any]:
         "topk": SSAParams(1, 1000, 30, 1, _seed(50)),
         "rows": SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, epoch=7),
         "plain": SSAParams(3, 2**20, 100, 1, _seed(52), count_weighted=False, scale_factor=1.5),
-        # Version 4 (issue 20): unit weights, without and with DP.
+        # Version 4 (issue 20): unit weights, without and with DP, and with DP naming its run.
         "unit": SSAParams(1, 1000, 30, 1, _seed(50), weighted=False),
         "unit-dp": SSAParams(
             2, 1000, 30, 1, _seed(50), weighted=False, dp=DistributedDP(1.5, 2.0, 1.0, 1e-6)
         ),
+        "unit-dp-run": SSAParams(
+            7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN, weighted=False
+        ),
+        # Version 2 (a "dp" object) and version 3 ("dp" and the run's "run" object).
+        "rows-dp": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP),
+        "rows-dp-run": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN),
     }
     for name, params in param_sets.items():
         out[f"params-{name}"] = params.to_bytes().hex()

@@ -14,11 +14,12 @@ With ``compare-plaintext = true`` it also trains plaintext :class:`~flwr_fsl.str
 (:class:`flwr_fsl.experiment.Experiment`) and prints the harness's tables — RMSE on the users'
 held-out ratings, U-DPF clients, bytes per client per round (PSR + train phases), time — the
 summary, what each party learns, the largest difference between the final tables, and the
-secure arm's train upload in fresh-key rounds vs U-DPF rounds. Evaluation is federated (the
-personal user parameters never leave the clients), which the secure arm accepts only because
-the run config opts in (``ssa-plaintext-evaluation = true``): each evaluated user's test MSE and
-rating count reach S0 in the clear. Each user counts 1 per item row it updated (its per-row
-counts are 1 anyway: one rating per item).
+secure arm's train upload in fresh-key rounds vs U-DPF rounds, and the secure run's ``(ε, δ)``
+(DP is on by default in index mode: ``ssa-dp-*`` keys; the run stops at its budget).
+Evaluation is federated (the personal user parameters never leave the clients), which the
+secure arm accepts only because the run config opts in (``ssa-plaintext-evaluation = true``):
+each evaluated user's test MSE and rating count reach S0 in the clear. Each user counts 1 per
+item row it updated (its per-row counts are 1 anyway: one rating per item).
 
 :func:`run_experiment` is the whole experiment on any :class:`~flwr.serverapp.Grid`; the tests
 call it with :class:`~flwr_fsl.testing.InProcessGrid`.
@@ -42,6 +43,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.dp import dp_options
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg
@@ -92,6 +94,15 @@ def udpf_upload(record: ArmRecord) -> dict[str, Any]:
     return out
 
 
+def privacy_line(result: ExperimentResult) -> str:
+    """Print and return the secure arm's ``(ε, δ)`` (or that it added no noise)."""
+    strategy = result.arm("secure").strategy
+    assert isinstance(strategy, SecureRowFedSubAvg)
+    line = strategy.aggregation.describe_privacy()
+    print(f"\nsecure arm, {line}", flush=True)
+    return line
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f}"
 
@@ -140,6 +151,11 @@ def run_experiment(
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
                     plaintext_evaluation=settings.ssa_plaintext_evaluation,
+                    **dp_options(
+                        settings.ssa_dp_noise_multiplier,
+                        settings.ssa_dp_clip_norm,
+                        budget_epsilon=settings.ssa_dp_budget_epsilon,
+                    ),
                     **knobs,
                 ),
                 learns=SECURE_LEARNS,
@@ -168,6 +184,9 @@ def run_experiment(
             session_keys=[TRAINING_ID],  # clients start fresh personal parameters per arm
             baseline="plaintext" if compare else "secure",
             results_dir=settings.results_dir or None,
-            extras=lambda result: {"udpf_upload": udpf_upload(result.record.arm("secure"))},
+            extras=lambda result: {
+                "udpf_upload": udpf_upload(result.record.arm("secure")),
+                "privacy": privacy_line(result),
+            },
         )
         return experiment.run(grid)

@@ -60,6 +60,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.dp import dp_options
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.strategies import FedSubAvg
@@ -251,6 +252,15 @@ def s0_view(result: ExperimentResult, shape: Shape, initial: NDArray[np.float32]
     return out
 
 
+def privacy_line(result: ExperimentResult) -> str:
+    """Print and return the secure arm's ``(ε, δ)`` (or that it added no noise)."""
+    strategy = result.arm("secure").strategy
+    assert isinstance(strategy, SecureRowFedSubAvg)
+    line = strategy.aggregation.describe_privacy()
+    print(f"\nsecure arm, {line}", flush=True)
+    return line
+
+
 def run_experiment(
     grid: Grid, run_config: Mapping[str, Any], helper: HelperConnection | None = None
 ) -> ExperimentResult:
@@ -306,6 +316,11 @@ def run_experiment(
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
                     weighted=settings.ssa_weighted,
+                    **dp_options(
+                        settings.ssa_dp_noise_multiplier,
+                        settings.ssa_dp_clip_norm,
+                        budget_epsilon=settings.ssa_dp_budget_epsilon,
+                    ),
                     **knobs,
                 ),
                 learns=SECURE_LEARNS if not settings.ssa_weighted else WEIGHTED_LEARNS,
@@ -333,6 +348,7 @@ def run_experiment(
                 "bytes": bytes_table(result.record.arm("secure"), plain, dense),
                 "dense_bytes": {"down": dense[0], "up": dense[1]},
                 "s0_view": s0_view(result, shape, table),
+                "privacy": privacy_line(result),
             }
 
         experiment = Experiment(

@@ -74,6 +74,9 @@ class Settings:
     ssa_frac_bits: int = 24
     ssa_max_abs: float = 1e5
     ssa_weighted: bool = False
+    ssa_dp_noise_multiplier: float = 1.0
+    ssa_dp_clip_norm: float = 1.0
+    ssa_dp_budget_epsilon: float = 20.0
     compare_plaintext: bool = True
     results_dir: str = ""
 
@@ -99,6 +102,10 @@ class Settings:
             problems.append("max-rows must be >= 1")
         if not 1 <= self.ssa_frac_bits <= 40 or not self.ssa_max_abs > 0:
             problems.append("ssa-frac-bits must be in [1, 40], ssa-max-abs > 0")
+        if not (self.ssa_dp_noise_multiplier >= 0 and self.ssa_dp_budget_epsilon >= 0):
+            problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
+        if not self.ssa_dp_clip_norm > 0:
+            problems.append("ssa-dp-clip-norm must be > 0")
         if problems:
             raise ValueError("invalid run config: " + "; ".join(problems))
 

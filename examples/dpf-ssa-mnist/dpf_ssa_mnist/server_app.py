@@ -58,6 +58,7 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.dp import dp_options
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.models import evaluate
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
@@ -279,6 +280,20 @@ def s0_view(result: ExperimentResult, layout: FlatLayout) -> dict[str, Any]:
     return out
 
 
+def privacy_line(result: ExperimentResult) -> str:
+    """Print and return the secure arm's ``(ε, δ)``, or that it added no noise at all.
+
+    Top-k mode keeps DP opt-in (``ssa-dp-noise-multiplier``): without it the line says that no
+    noise is added and both servers see every coordinate's exact sum and count (weighted sum and
+    total weight with ``ssa-weighted = true``).
+    """
+    strategy = result.arm("secure").strategy
+    assert isinstance(strategy, SecureFedSubAvg)
+    line = strategy.aggregation.describe_privacy()
+    print(f"\nsecure arm, {line}", flush=True)
+    return line
+
+
 def run_experiment(
     grid: Grid, run_config: Mapping[str, Any], helper: HelperConnection | None = None
 ) -> ExperimentResult:
@@ -329,6 +344,11 @@ def run_experiment(
                     max_abs=settings.ssa_max_abs,
                     weighted=settings.ssa_weighted,
                     plaintext_evaluation=settings.ssa_plaintext_evaluation,
+                    **dp_options(
+                        settings.ssa_dp_noise_multiplier,
+                        settings.ssa_dp_clip_norm,
+                        budget_epsilon=settings.ssa_dp_budget_epsilon,
+                    ),
                     **knobs,
                 ),
                 learns=SECURE_LEARNS if not settings.ssa_weighted else WEIGHTED_LEARNS,
@@ -374,6 +394,7 @@ def run_experiment(
                 ),
                 "dense_reply_bytes": sized,
                 "s0_view": s0_view(result, layout),
+                "privacy": privacy_line(result),
             }
 
         experiment = Experiment(

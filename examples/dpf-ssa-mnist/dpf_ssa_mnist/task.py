@@ -53,6 +53,9 @@ class Settings:
     ssa_max_abs: float = 1e5
     ssa_weighted: bool = False
     ssa_plaintext_evaluation: bool = False
+    ssa_dp_noise_multiplier: float = 0.0
+    ssa_dp_clip_norm: float = 1.0
+    ssa_dp_budget_epsilon: float = 20.0
     compare_plaintext: bool = True
     compare_dense: bool = True
     results_dir: str = ""
@@ -75,6 +78,10 @@ class Settings:
             problems.append("max-client-samples and test-size must be >= 0")
         if not 0.0 < self.topk_ratio <= 1.0:
             problems.append("topk-ratio must be in (0, 1]")
+        if not (self.ssa_dp_noise_multiplier >= 0 and self.ssa_dp_budget_epsilon >= 0):
+            problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
+        if not self.ssa_dp_clip_norm > 0:
+            problems.append("ssa-dp-clip-norm must be > 0")
         if problems:
             raise ValueError("invalid run config: " + "; ".join(problems))
 

@@ -9,10 +9,16 @@ the round fails. :class:`~flwr_fsl.strategies.SecureFedSubAvg` (top-k coordinate
 :class:`~flwr_fsl.strategies.SecureRowFedSubAvg` (table rows) each hold one.
 
 With ``SSASettings.dp`` (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`) every round's
-parameters carry the DP settings (clients clip, each server noises its share); the noisy
-aggregate is post-processed (elements with a small noisy count are left unchanged,
-:func:`~flwr_fsl.families.ssa.dp.suppress_small_counts`) and the run's ``(ε, δ)`` is logged after
-every round and reported as the ``dp-epsilon`` metric.
+parameters carry the DP settings (clients clip, each server noises its share) and the run
+(:class:`~flwr_fsl.families.ssa.dp.RunScope`: the Flower run id and ``SSASettings.budget``, by
+which S1 keeps its own account); the noisy aggregate is post-processed (elements with a small
+noisy count are left unchanged, :func:`~flwr_fsl.families.ssa.dp.suppress_small_counts`).
+:attr:`TwoServerAggregation.privacy_account` is the run's
+:class:`~flwr_fsl.core.privacy.PrivacyAccount` (the strategy's, which the round engine spends
+before each round and stops the run with); its ``(ε, δ)`` is logged after every round and
+reported as the ``dp-epsilon`` metric. When S1 refuses a round past its own account of the run
+(:class:`~flwr_fsl.core.privacy.PrivacyBudgetExhaustedError`), :attr:`helper_refusal` keeps why
+and the strategy stops the run before the next round.
 
 Every round is opened on S1 in :meth:`TwoServerAggregation.round_fields`, before any client is
 asked anything: a round while S1 is down fails there (model unchanged, nobody trains for
@@ -36,13 +42,26 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.privacy import refuse_plaintext_evaluation
-from flwr_fsl.families.ssa.dp import DistributedDP, noise_std, suppress_small_counts
+from flwr_fsl.core.privacy import (
+    DEFAULT_DELTA,
+    PrivacyAccount,
+    PrivacyBudget,
+    PrivacyBudgetExhaustedError,
+    refuse_plaintext_evaluation,
+)
+from flwr_fsl.families.ssa.dp import (
+    DEFAULT_BUDGET,
+    DistributedDP,
+    RunScope,
+    noise_std,
+    suppress_small_counts,
+)
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.records import (
     HELPER_KEY_FIELD,
@@ -79,6 +98,11 @@ class SSASettings:
         Distributed differential privacy (:mod:`flwr_fsl.families.ssa.dp`): clients clip to
         ``dp.clip_norm`` / ``dp.max_weight`` and each server adds noise of multiplier
         ``dp.noise_multiplier`` (> 0 here) to its share; None: no noise.
+    budget : PrivacyBudget or None
+        The run's privacy budget (default :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET`,
+        used only with ``dp``): S0 stops the run before a round that would exceed it, and S1
+        (told it in every round's parameters) refuses such a round; None accounts without
+        stopping. Its ``delta`` must equal ``dp.delta``.
     weighted : bool
         False (default): unit weights, every client's count word is 1 (``SSAParams.weighted``);
         True: the strategy's ``weighted_by_key`` (or per-element counts) as the weight.
@@ -95,6 +119,7 @@ class SSASettings:
     num_hashes: int = 3
     min_clients: int = 2
     dp: DistributedDP | None = None
+    budget: PrivacyBudget | None = DEFAULT_BUDGET
     weighted: bool = False
 
     def __post_init__(self) -> None:
@@ -109,6 +134,16 @@ class SSASettings:
                 raise ConfigurationError(
                     f"dp.noise_multiplier must be > 0 (S0's noise protects the clients against "
                     f"S1), got {self.dp.noise_multiplier}"
+                )
+        if self.budget is not None:
+            if not isinstance(self.budget, PrivacyBudget):
+                raise ConfigurationError(
+                    f"privacy_budget must be a PrivacyBudget or None, got {self.budget!r}"
+                )
+            if self.dp is not None and self.dp.delta != self.budget.delta:
+                raise ConfigurationError(
+                    f"dp.delta {self.dp.delta:g} differs from privacy_budget.delta "
+                    f"{self.budget.delta:g}: give both the same delta"
                 )
         # SSAParams raises ConfigurationError itself (naming the bad setting).
         self.params(round_id=1, domain_size=64, num_items=1, value_width=1, hash_key=bytes(16))
@@ -211,6 +246,42 @@ class TwoServerAggregation:
     ) -> None:
         self.settings = settings or SSASettings()
         self.lead = LeadServer(helper, helper_fingerprint, self.settings.min_clients)
+        dp = self.settings.dp
+        delta = dp.delta if dp is not None else DEFAULT_DELTA
+        self.privacy_account = PrivacyAccount(
+            self.settings.budget if dp is not None else None, delta=delta
+        )
+        self.helper_refusal: str | None = None
+
+    def noise_multiplier(self) -> float | None:
+        """Return the ``z`` of every round (each server's noise; None: no DP)."""
+        return None if self.settings.dp is None else self.settings.dp.noise_multiplier
+
+    def round_params(self, grid: Grid, **fields: Any) -> SSAParams:
+        """Return the round's :class:`SSAParams`; a DP round names its run (run id, budget)."""
+        run = None
+        if self.settings.dp is not None:
+            run = RunScope(str(grid.run.run_id), self.settings.budget)
+        return self.settings.params(run=run, **fields)
+
+    def describe_privacy(self) -> str:
+        """One line: the run's ``(ε, δ)`` against each server, or that no noise is added."""
+        z = self.noise_multiplier()
+        if z is None:
+            seen = "weighted sum and total weight" if self.settings.weighted else "sum and count"
+            return (
+                "differential privacy: off -- no noise is added (epsilon = inf): both servers "
+                f"see every element's exact {seen}"
+            )
+        account = self.privacy_account
+        budget = self.settings.budget
+        limit = "no budget" if budget is None else f"budget epsilon = {budget.epsilon:g}"
+        return (
+            f"differential privacy: (epsilon, delta) = ({account.epsilon():.3g}, "
+            f"{account.delta:g}) against each server (S0 by S1's noise, S1 by S0's) after "
+            f"{account.rounds} round(s) at noise multiplier {z:g} ({limit}; S1 keeps its own "
+            "account of the run)"
+        )
 
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
         """Open the round on S1 and return what every client needs (parameters, S1's key, session).
@@ -229,7 +300,11 @@ class TwoServerAggregation:
             If S1's key has never matched the pinned fingerprint in this run.
         """
         losses = len(self.lead.session_losses)
-        self.lead.open(params)
+        try:
+            self.lead.open(params)
+        except PrivacyBudgetExhaustedError as err:
+            self.helper_refusal = f"S1 refused round {params.round_id}: {err}"
+            raise
         if len(self.lead.session_losses) > losses:
             log(
                 WARNING,
@@ -278,10 +353,14 @@ class TwoServerAggregation:
             log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
             self.abort(state)
             return None
-        if isinstance(uploads, Mapping):
-            outcome = self.lead.aggregate(params, uploads)  # checks participation up front
-        else:
-            outcome = self.lead.aggregate(params, itertools.chain([first], stream))
+        try:
+            if isinstance(uploads, Mapping):
+                outcome = self.lead.aggregate(params, uploads)  # checks participation up front
+            else:
+                outcome = self.lead.aggregate(params, itertools.chain([first], stream))
+        except PrivacyBudgetExhaustedError as err:
+            self.helper_refusal = f"S1 refused round {params.round_id}: {err}"
+            raise
         for node, reason in outcome.rejected.items():
             state.drop(node, f"rejected by S1: {reason}")
         state.survivors = list(outcome.accepted)
@@ -336,8 +415,8 @@ class TwoServerAggregation:
         metrics = train_metrics([], state, float(np.count_nonzero(counts)) / layout.size)
         metrics["udpf-clients"] = outcome.hinted
         if params.dp is not None:
-            metrics["dp-epsilon"] = self.lead.accountant.epsilon(params.dp.delta)
-            metrics["dp-delta"] = params.dp.delta
+            metrics["dp-epsilon"] = self.privacy_account.epsilon()
+            metrics["dp-delta"] = self.privacy_account.delta
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
 
     def _release(
@@ -353,7 +432,6 @@ class TwoServerAggregation:
         sigma = noise_std(dp, params.num_items, params.value_width, params.frac_bits)
         # Both servers add at least sigma (S1 may add more): the count noise std is >= this.
         sums, counts, threshold = suppress_small_counts(sums, counts, math.sqrt(2) * sigma)
-        account = self.lead.accountant
         log(
             INFO,
             "aggregate_train: DP round %s: noise std %.4g per word and server, %d elements "
@@ -362,7 +440,7 @@ class TwoServerAggregation:
             sigma,
             int(np.count_nonzero(counts)),
             threshold,
-            account.describe(dp.delta),
+            self.privacy_account.describe(),
         )
         return sums, counts
 

@@ -53,16 +53,37 @@ update. The count word is what makes ``k`` appear: revealing per-element weights
 Cuckoo stash slots and dummy bins change nothing: they reconstruct to zero outside the chosen
 elements.
 
-**Accounting.** The Gaussian mechanism with sensitivity ``Δ`` and noise ``σ = z Δ`` is
-``ρ``-zero-concentrated DP with ``ρ = Δ² / (2σ²) = 1 / (2 z²)`` (Bun & Steinke 2016, Prop.
-1.6); zCDP composes additively, so ``T`` rounds give ``ρ_T = Σ_t 1/(2 z_t²)`` (``T / (2z²)``
-for a fixed ``z``), and ``ρ``-zCDP implies ``(ε, δ)``-DP with
+**Accounting.** The Gaussian mechanism with sensitivity ``Δ`` and noise ``σ = z Δ`` is the
+round's release, recorded by its noise multiplier ``z`` in a
+:class:`~flwr_fsl.core.privacy.PrivacyAccount` (Rényi DP composed by Google's ``dp-accounting``,
+Mironov 2017): S0's strategy keeps the account of S0's noise (the guarantee against S1) and
+S1 keeps, on disk and per run, the account of its own noise (the guarantee against S0,
+:mod:`flwr_fsl.helper.services.ssa`). Both servers add noise of the round's ``z`` (S1 refuses
+a round below its own floor instead of silently adding more), so the two accounts list the
+same ``z`` and one ``(ε, δ)`` holds against each server separately. Every round counts,
+whether the client took part or not (no amplification by sampling is claimed: the sampling
+is S0's and S0 is one of the adversaries). A run's :class:`~flwr_fsl.core.privacy.PrivacyBudget`
+(``privacy_budget=`` of the strategies, :data:`DEFAULT_BUDGET` by default) stops the run at
+S0 before a round that would exceed it, and S1 refuses such a round too.
 
-    ε = ρ_T + 2 sqrt(ρ_T ln(1/δ))                  (Bun & Steinke 2016, Prop. 1.3).
+The zero-concentrated-DP bound (Bun & Steinke 2016, Prop. 1.6 and 1.3), used before, is kept
+as a cross-check (:func:`zcdp_rho`, :func:`zcdp_to_epsilon`, :func:`epsilon`): ``ρ = 1/(2 z²)``
+per round, ``ρ_T = Σ_t ρ_t``, and ``ε = ρ_T + 2 sqrt(ρ_T ln(1/δ))``; the RDP figure is never
+larger (``tests/core/test_privacy.py``, ``tests/families/ssa/test_dp.py``).
 
-Every round counts, whether the client took part or not (no amplification by sampling is
-claimed: the sampling is S0's and S0 is one of the adversaries). :class:`ZCDPAccountant` keeps
-``ρ_T``; the strategy logs ``(ε, δ)`` after every round and S1 logs its own account.
+**Defaults.** Index mode (:class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg`)
+runs with :data:`INDEX_MODE_DP` (``z = 1``, ``C = 1``, ``W = 1``) and :data:`DEFAULT_BUDGET`
+(``ε = 20`` at ``δ = 1e-5``: 10 rounds at ``z = 1``) unless told otherwise, because its
+rows are fixed by the clients' data and per-row counts over rounds of changing participation
+decode who holds which row by least squares
+(``tests/attacks/test_ssa_index_row_least_squares.py``); its clients refuse a round promising
+less than :data:`INDEX_MODE_NOISE_FLOOR` (node config ``fsl-min-noise-multiplier``). Top-k
+mode keeps DP opt-in (:data:`TOPK_MODE_NOISE_FLOOR` = 0).
+
+A DP round's parameters name its run (:class:`RunScope`: the Flower run id and the run's
+budget), which is what S1 keys its account by; clients check the run id against their own
+Flower run before they answer, and their sealed material is bound to the parameters' hash,
+so S0 can neither move a client's material into a fresh account nor replay it past the budget.
 
 **Rounding and sampling.** Each noise word is ``rint(σ · g · 2^f)`` on the ring's signed
 fixed-point grid, ``g`` standard normal. The share already holds grid integers, so adding a
@@ -99,6 +120,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
 from flwr_fsl.crypto.discrete_gaussian import exponential
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
@@ -111,13 +133,19 @@ from flwr_fsl.submodel.aggregate import (
 )
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "FALSE_POSITIVES",
+    "INDEX_MODE_DP",
+    "INDEX_MODE_NOISE_FLOOR",
+    "MAX_RUN_ID_CHARS",
     "NOISE_CLIP_STDS",
+    "TOPK_MODE_NOISE_FLOOR",
     "DistributedDP",
-    "ZCDPAccountant",
+    "RunScope",
     "check_headroom",
     "clip_update",
     "count_threshold_stds",
+    "dp_options",
     "epsilon",
     "gaussian",
     "noise_std",
@@ -130,6 +158,18 @@ __all__ = [
 
 NOISE_CLIP_STDS = 64.0
 """Noise samples are clipped to ``+-64 sigma`` (probability below ``e^-2000``): no word wraps."""
+
+DEFAULT_BUDGET = PrivacyBudget(epsilon=20.0, delta=DEFAULT_DELTA)
+"""A DP run's budget unless told otherwise: ``ε = 20`` at ``δ = 1e-5`` (10 rounds at ``z = 1``)."""
+
+INDEX_MODE_NOISE_FLOOR = 1.0
+"""Smallest noise multiplier an index-mode client accepts unless its node config says otherwise."""
+
+TOPK_MODE_NOISE_FLOOR = 0.0
+"""Smallest noise multiplier a top-k client accepts unless its node config says otherwise."""
+
+MAX_RUN_ID_CHARS = 128
+"""Longest run id a DP round may name (S1 keys its account file by it)."""
 
 
 def _positive_finite(name: str, value: object) -> float:
@@ -148,8 +188,9 @@ class DistributedDP:
     ----------
     noise_multiplier : float
         ``z``: each server's noise std is ``z · Δ`` (:func:`noise_std`). 0 asks for no noise
-        (clients still clip); S1 may enforce a larger floor (``flwr-fsl-helper
-        --dp-noise-multiplier``).
+        (clients still clip); S1 refuses a round below its floor (``flwr-fsl-helper
+        --dp-noise-multiplier``), a client one below its own (node config
+        ``fsl-min-noise-multiplier``).
     clip_norm : float
         ``C``: a client's update is clipped to this L2 norm over all its chosen elements'
         values.
@@ -206,6 +247,127 @@ class DistributedDP:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ClientInputError(f"dp field {name!r} must be a number")
         return cls(**{k: float(v) for k, v in raw.items()})
+
+
+INDEX_MODE_DP = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0)
+"""Index mode's default DP settings: ``z = 1``, update clipped to L2 norm 1, weights to 1."""
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """The run a DP round's release counts against, and that run's budget (public).
+
+    S1 keeps its privacy account per run id (on disk), so neither a new session nor a restart
+    of S1 resets it; clients check :attr:`run_id` against their own Flower run id.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's identifier (S0 sends the Flower run id): 1 to :data:`MAX_RUN_ID_CHARS`
+        printable ASCII characters.
+    budget : PrivacyBudget, optional
+        The run's budget as S0 announces it (S1 refuses rounds past it, and past its own
+        ceiling); None: the run accounts without a budget.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``run_id`` is empty, too long or not printable ASCII, or ``budget`` is not a
+        :class:`~flwr_fsl.core.privacy.PrivacyBudget`.
+    """
+
+    run_id: str
+    budget: PrivacyBudget | None = None
+
+    def __post_init__(self) -> None:
+        rid = self.run_id
+        if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_RUN_ID_CHARS:
+            raise ConfigurationError(
+                f"run_id must be a str of 1 to {MAX_RUN_ID_CHARS} characters, got {rid!r}"
+            )
+        if not (rid.isascii() and rid.isprintable()):
+            raise ConfigurationError("run_id must be printable ASCII")
+        if self.budget is not None and not isinstance(self.budget, PrivacyBudget):
+            raise ConfigurationError(f"budget must be a PrivacyBudget, got {self.budget!r}")
+
+    def to_dict(self) -> dict[str, str | float]:
+        """Return ``{"id": ...}`` plus ``epsilon`` and ``delta`` when there is a budget."""
+        out: dict[str, str | float] = {"id": self.run_id}
+        if self.budget is not None:
+            out["epsilon"] = float(self.budget.epsilon)
+            out["delta"] = float(self.budget.delta)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> RunScope:
+        """Parse :meth:`to_dict` output strictly.
+
+        Raises
+        ------
+        ClientInputError
+            If ``raw`` is not such a dict (exactly ``id``, or ``id``, ``epsilon`` and
+            ``delta``) or a field has the wrong type.
+        ConfigurationError
+            If a value is out of range (the dataclasses' own checks).
+        """
+        if not isinstance(raw, dict) or set(raw) not in ({"id"}, {"id", "epsilon", "delta"}):
+            raise ClientInputError("run must be an object with id (and epsilon, delta)")
+        if not isinstance(raw["id"], str):
+            raise ClientInputError("run id must be a string")
+        budget = None
+        if "epsilon" in raw:
+            for name in ("epsilon", "delta"):
+                value = raw[name]
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ClientInputError(f"run field {name!r} must be a number")
+            budget = PrivacyBudget(float(raw["epsilon"]), float(raw["delta"]))
+        return cls(raw["id"], budget)
+
+
+def dp_options(
+    noise_multiplier: float,
+    clip_norm: float = 1.0,
+    max_weight: float = 1.0,
+    budget_epsilon: float = DEFAULT_BUDGET.epsilon,
+    delta: float = DEFAULT_DELTA,
+) -> dict[str, Any]:
+    """Return the SSA strategies' ``dp`` and ``privacy_budget`` arguments from plain numbers.
+
+    For run-config knobs (the examples' ``ssa-dp-*`` keys).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``; 0 turns DP off (``dp=None``: the documented leaks return, and index-mode
+        clients refuse such rounds unless their node config lowers ``fsl-min-noise-multiplier``).
+    clip_norm, max_weight : float
+        ``C`` and ``W`` of :class:`DistributedDP`.
+    budget_epsilon : float
+        The run's budget ``ε`` at ``delta``; 0 accounts without a budget.
+    delta : float
+        ``δ`` of the budget and of the reported ``(ε, δ)``.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{"dp": DistributedDP | None, "privacy_budget": PrivacyBudget | None}``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a value is out of range (naming it).
+    """
+    if isinstance(noise_multiplier, bool) or not isinstance(noise_multiplier, int | float):
+        raise ConfigurationError(f"noise_multiplier must be a number, got {noise_multiplier!r}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise ConfigurationError(f"noise_multiplier must be >= 0, got {noise_multiplier!r}")
+    if noise_multiplier == 0:
+        return {"dp": None, "privacy_budget": None}
+    dp = DistributedDP(float(noise_multiplier), clip_norm, max_weight, delta)
+    if not budget_epsilon >= 0:
+        raise ConfigurationError(f"budget_epsilon must be >= 0, got {budget_epsilon!r}")
+    budget = PrivacyBudget(budget_epsilon, delta) if budget_epsilon > 0 else None
+    return {"dp": dp, "privacy_budget": budget}
 
 
 def sensitivity(dp: DistributedDP, num_items: int, value_width: int, frac_bits: int) -> float:
@@ -325,38 +487,6 @@ def epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
     if rounds == 0:
         return 0.0
     return zcdp_to_epsilon(rounds * zcdp_rho(noise_multiplier), delta)
-
-
-@dataclass
-class ZCDPAccountant:
-    """Running zCDP account of the rounds one server's noise protected.
-
-    Attributes
-    ----------
-    rho : float
-        ``ρ_T``: the sum of every released round's ``1/(2 z²)``.
-    rounds : int
-        Released rounds.
-    """
-
-    rho: float = 0.0
-    rounds: int = 0
-
-    def add(self, noise_multiplier: float) -> None:
-        """Account one released round with noise multiplier ``z``."""
-        self.rho += zcdp_rho(noise_multiplier)
-        self.rounds += 1
-
-    def epsilon(self, delta: float) -> float:
-        """Return ``ε`` of the rounds so far for this ``δ`` (0 before any round)."""
-        return 0.0 if self.rounds == 0 else zcdp_to_epsilon(self.rho, delta)
-
-    def describe(self, delta: float) -> str:
-        """One log line: rounds, ``ρ`` and ``(ε, δ)``."""
-        return (
-            f"{self.rounds} round(s), rho={self.rho:.4g}: "
-            f"(epsilon, delta) = ({self.epsilon(delta):.4g}, {delta:.3g})"
-        )
 
 
 def gaussian(n: int, stream: PRGStream | None = None) -> NDArray[np.float64]:

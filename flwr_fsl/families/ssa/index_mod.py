@@ -24,6 +24,12 @@ Usage (the one line beside the mod registers the retrieval phase)::
     app = ClientApp(mods=[rows.mod])
     app.query("psr")(rows.query)
 
+**Promised noise.** The client refuses a round (retrieval and training alike) whose DP noise
+multiplier is below its floor: node config ``fsl-min-noise-multiplier``, default
+:data:`~flwr_fsl.families.ssa.dp.INDEX_MODE_NOISE_FLOOR` (1.0, the index-mode strategy's
+default), so a server that turns DP off or lowers it gets no answer unless the client's
+operator lowers the floor too (:meth:`~flwr_fsl.families.ssa.mod_base.ProtocolMod.check_privacy`).
+
 ``rows(context)`` returns the row indices, or ``(indices, counts)`` with a positive weight per
 row (e.g. how many local samples touch it; default: the reply's weight metric), used only in
 rounds of a ``weighted=True`` strategy (unit weights otherwise: every row's count word is 1).
@@ -49,6 +55,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
+from flwr_fsl.families.ssa.dp import INDEX_MODE_NOISE_FLOOR
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.ssa.protocol import SSAClientState, encode_round
 from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
@@ -91,6 +98,7 @@ class PrivateRows(ProtocolMod):
         SSA_TRAIN.name: SSA_TRAIN,
         PSR_QUERY.name: PSR_QUERY,
     }
+    noise_floor: ClassVar[float] = INDEX_MODE_NOISE_FLOOR
 
     def handles(self, found: SSARound) -> bool:
         """Index-mode rounds only (they name the row table)."""

@@ -25,7 +25,11 @@ carry no weight in the clear, and rounds with fewer than ``min_clients`` accepte
 not reconstructed). Federated evaluation is off by default and needs
 ``plaintext_evaluation=True`` (its replies are in the clear). S0 sees S1's PSR answers only
 sealed to the client. A U-DPF hint instead of fresh keys tells both servers that the client's
-row set is unchanged since its last accepted round.
+row set is unchanged since its last accepted round. Because a client's rows are fixed by its
+data, exact per-row totals over rounds of changing participation would give every client's row
+set by least squares; so DP noise is on by default here (``dp``, ``privacy_budget``: each
+server noises its share, the run stops at its budget, S1 keeps its own account of the run and
+clients refuse rounds below their noise floor; :mod:`flwr_fsl.families.ssa.dp`).
 
 **Failures.** A client whose query, keys or hint are malformed, or that S1 rejects, is dropped
 with a reason (:attr:`dropped`); the others stay exact. If S1 fails, the round fails loudly
@@ -51,13 +55,14 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
     TwoServerAggregation,
     read_upload,
     secure_flower_kwargs,
 )
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, INDEX_MODE_DP, DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.psr import encode_table
 from flwr_fsl.families.ssa.records import (
@@ -97,14 +102,24 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
         :class:`~flwr_fsl.families.ssa.aggregation_strategy.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
-    dp : DistributedDP, optional
+    dp : DistributedDP or None
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
-        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
-        with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. **On by
+        default** (:data:`~flwr_fsl.families.ssa.dp.INDEX_MODE_DP`: ``z = 1``, clip norm 1,
+        weights clipped to 1): a client's rows are fixed by its data, and exact per-row counts
+        over rounds of changing participation decode who holds which row
+        (``tests/attacks/test_ssa_index_row_least_squares.py``). ``None`` turns it off (that
+        leak returns; the clients must also lower their node-config floor
+        ``fsl-min-noise-multiplier`` to 0, or they refuse every round). Start S1 with the
+        matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+    privacy_budget : PrivacyBudget or None
+        The run's budget (default :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET`, ``ε = 20``
+        at ``δ = 1e-5``: 10 rounds at ``z = 1``): the run stops before a round that would
+        exceed it; S1 refuses such rounds too. None: account without stopping.
     weighted : bool
         False (default): every row a client updates counts 1. True: weighted by the clients'
-        per-row counts (``PrivateRows(rows=...)``) or ``weighted_by_key``; S0 then reconstructs
-        sums of those weights per row.
+        per-row counts (``PrivateRows(rows=...)``) or ``weighted_by_key`` (with DP, clipped to
+        ``dp.max_weight``); S0 then reconstructs sums of those weights per row.
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
@@ -136,7 +151,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         stash_size: int = 0,
         num_hashes: int = 3,
         min_clients: int = 2,
-        dp: DistributedDP | None = None,
+        dp: DistributedDP | None = INDEX_MODE_DP,
+        privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
         **kwargs: Any,
@@ -148,9 +164,17 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         self.table, self.max_rows = table, max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
         settings = SSASettings(
-            frac_bits, max_abs, stash_size, num_hashes, min_clients, dp, weighted=weighted
+            frac_bits,
+            max_abs,
+            stash_size,
+            num_hashes,
+            min_clients,
+            dp,
+            privacy_budget,
+            weighted=weighted,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
+        self.privacy_account = self.aggregation.privacy_account
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 
     def round_config(
@@ -160,7 +184,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         table = state.model[self.table]
         if table.ndim != 2 or table.dtype != np.float32:
             raise ConfigurationError(f"table {self.table!r} must be a 2-D float32 tensor")
-        params = self.aggregation.settings.params(
+        params = self.aggregation.round_params(
+            grid,
             round_id=state.server_round,
             domain_size=table.shape[0],
             num_items=min(self.max_rows, table.shape[0]),
@@ -236,6 +261,14 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         # Phase 3: secure aggregation with S1.
         layout = RowLayout.of(state.model, self.table)
         return self.aggregation.apply(state, params, uploads, layout, self.train_metrics)
+
+    def round_noise_multiplier(self) -> float | None:
+        """Each server's noise multiplier of every round (None: DP off, no noise)."""
+        return self.aggregation.noise_multiplier()
+
+    def privacy_stop_reason(self) -> str | None:
+        """S1's refusal of a round past its own account of this run (the run then stops)."""
+        return self.aggregation.helper_refusal
 
     def round_failed(self, state: RoundState, error: Exception) -> None:
         """Release the round on S1."""

@@ -1,7 +1,8 @@
 """SSA's byte formats: :class:`SSAParams` (JSON), the client upload and the client state.
 
 Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
-version 1, 2 with a ``dp`` object, or 4 with ``"weighted": false``) and is decoded strictly
+version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, or 4 with
+``"weighted": false`` and, optionally, ``dp`` and ``run``) and is decoded strictly
 (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
 :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
 server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
@@ -17,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,7 +28,7 @@ from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_m
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError, DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import EMPTY, CuckooTable, HashParams
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 
 __all__ = ["Placement", "SSAInputError", "SSAParams", "SSAUpload"]
 
@@ -35,8 +37,9 @@ _VERSION = 1
 _DP_VERSION = (
     2  # the same JSON plus a "dp" object (:class:`~flwr_fsl.families.ssa.dp.DistributedDP`)
 )
-# Version 1's fields plus "weighted" (bool; written only when false, unit weights) and, optionally,
-# version 2's "dp" object. (Version 3 is left to the run scope of DP rounds.)
+_RUN_VERSION = 3  # version 2 plus a "run" object (:class:`~flwr_fsl.families.ssa.dp.RunScope`)
+# Version 1's fields plus "weighted" (bool; written only when false, unit weights) and,
+# optionally, version 2's "dp" object and, with it, version 3's "run" object.
 _WEIGHTING_VERSION = 4
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
@@ -89,6 +92,9 @@ class SSAParams:
         clip to its ``clip_norm`` / ``max_weight`` and each server adds Gaussian noise to its
         share. Requires ``count_weighted`` and ``max_weight * max(clip_norm, 1) <= max_abs``
         (a clipped client's payload words fit the codec).
+    run : RunScope or None
+        The run a DP round counts against and its budget (S1 keys its privacy account by the
+        run id; clients check it against their own Flower run id). Only with ``dp``.
 
     Raises
     ------
@@ -101,11 +107,14 @@ class SSAParams:
     <every field but dp>}`` (sorted keys, hash key in hex) for a round without DP — byte for
     byte the format from before DP existed — and ``"version": 2`` with an extra ``"dp"``
     object (exactly ``noise_multiplier``, ``clip_norm``, ``max_weight``, ``delta``) for a
-    round with DP. A round with ``weighted=False`` is written as ``"version": 4``: version 1's
-    fields plus ``"weighted": false`` and, with DP, the ``"dp"`` object; a decoder of versions
-    1 and 2 refuses it (a client that cannot keep unit weights does not take part).
-    :meth:`from_bytes` accepts exactly these shapes (version 4 only with ``"weighted": false``,
-    so each parameter set has one encoding); versions 1 and 2 mean ``weighted=True``.
+    round with DP, and ``"version": 3`` with ``"dp"`` and a ``"run"`` object (exactly ``id``,
+    or ``id``, ``epsilon`` and ``delta``) for a DP round that names its run. A round with
+    ``weighted=False`` is written as ``"version": 4``: version 1's fields plus
+    ``"weighted": false`` and, with DP, the ``"dp"`` object and, when it names its run, the
+    ``"run"`` object; a decoder of versions 1 to 3 refuses it (a client that cannot keep unit
+    weights does not take part). :meth:`from_bytes` accepts exactly these shapes (version 4
+    only with ``"weighted": false``, so each parameter set has one encoding); versions 1 to 3
+    mean ``weighted=True``.
     """
 
     round_id: int
@@ -122,6 +131,7 @@ class SSAParams:
     max_summands: int = 1000
     epoch: int = 0
     dp: DistributedDP | None = None
+    run: RunScope | None = None
     weighted: bool = True
 
     def __post_init__(self) -> None:
@@ -137,6 +147,10 @@ class SSAParams:
             raise ConfigurationError(f"weighted must be a bool, got {self.weighted!r}")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
+        self._check_privacy()
+
+    def _check_privacy(self) -> None:
+        """Check ``dp`` and ``run`` (types, count words, payload bound, run only with dp)."""
         if self.dp is not None:
             if not isinstance(self.dp, DistributedDP):
                 raise ConfigurationError(
@@ -150,6 +164,11 @@ class SSAParams:
                     f"{self.dp.max_weight * max(self.dp.clip_norm, 1.0):g} exceeds "
                     f"max_abs={self.max_abs:g}: clipped payload words would not fit"
                 )
+        if self.run is not None:
+            if not isinstance(self.run, RunScope):
+                raise ConfigurationError(f"run must be a RunScope, got {type(self.run).__name__}")
+            if self.dp is None:
+                raise ConfigurationError("run (the DP account's run) needs dp")
 
     @property
     def tau(self) -> int:
@@ -181,14 +200,19 @@ class SSAParams:
     def to_bytes(self) -> bytes:
         """Serialize (canonical JSON; the hash key in hex)."""
         fields: dict[str, object] = {
-            k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("dp", "weighted")
+            k: getattr(self, k)
+            for k in self.__dataclass_fields__
+            if k not in ("dp", "run", "weighted")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
         if self.dp is not None:
             fields["dp"] = self.dp.to_dict()
             version = _DP_VERSION
-        if not self.weighted:  # weighted rounds keep the bytes of versions 1 and 2
+        if self.run is not None:
+            fields["run"] = self.run.to_dict()
+            version = _RUN_VERSION
+        if not self.weighted:  # weighted rounds keep the bytes of versions 1 to 3
             fields["weighted"] = False
             version = _WEIGHTING_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
@@ -207,7 +231,7 @@ class SSAParams:
         raw = _load_json(data)
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
-        expected = _expected_fields(raw.pop("version", None), "dp" in raw)
+        expected = _expected_fields(raw.pop("version", None), "dp" in raw, "run" in raw)
         if set(raw) != expected:
             raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
@@ -220,19 +244,33 @@ class SSAParams:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
             raise SSAInputError("hash_key must be hex") from None
-        if "dp" in raw:
-            raw["dp"] = DistributedDP.from_dict(raw["dp"])
-        return cls(**raw)
+        return cls(**_nested(raw))
 
 
-def _expected_fields(version: object, has_dp: bool) -> set[str]:
-    """Return the JSON fields of :class:`SSAParams` at ``version`` (``has_dp``: "dp" is there)."""
-    versions = (_VERSION, _DP_VERSION, _WEIGHTING_VERSION)
+def _nested(raw: dict[str, Any]) -> dict[str, Any]:
+    """Decode the ``dp`` and ``run`` objects of a parameter set in place (strictly)."""
+    if "dp" in raw:
+        raw["dp"] = DistributedDP.from_dict(raw["dp"])
+    if "run" in raw:
+        raw["run"] = RunScope.from_dict(raw["run"])
+    return raw
+
+
+def _expected_fields(version: object, has_dp: bool, has_run: bool) -> set[str]:
+    """Return the JSON fields of :class:`SSAParams` at ``version``.
+
+    ``has_dp`` / ``has_run``: the "dp" / "run" objects are there (optional in version 4 only).
+    """
+    versions = (_VERSION, _DP_VERSION, _RUN_VERSION, _WEIGHTING_VERSION)
     if version not in versions or isinstance(version, bool):
         raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
-    expected = set(SSAParams.__dataclass_fields__) - {"dp", "weighted"}
-    if version == _DP_VERSION or (version == _WEIGHTING_VERSION and has_dp):
+    if version == _WEIGHTING_VERSION and has_run and not has_dp:
+        raise SSAInputError("version 4 SSA parameters carry a run object only with dp")
+    expected = set(SSAParams.__dataclass_fields__) - {"dp", "run", "weighted"}
+    if version in (_DP_VERSION, _RUN_VERSION) or (version == _WEIGHTING_VERSION and has_dp):
         expected.add("dp")
+    if version == _RUN_VERSION or (version == _WEIGHTING_VERSION and has_run):
+        expected.add("run")
     if version == _WEIGHTING_VERSION:
         expected.add("weighted")
     return expected
@@ -295,6 +333,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),
+    "run": lambda v: isinstance(v, dict),
 }
 
 

@@ -18,6 +18,11 @@ lives Flower-free in :mod:`flwr_fsl.families.ssa.protocol`. The dispatch is
   came in (:class:`SSARound`, the request's ``round``); S1's key is checked against the
   fingerprint pinned in the run config (:func:`flwr_fsl.pinning.pinned_fingerprint`) before
   the mod sees the round;
+- the **promised noise**: the round's DP noise multiplier (0 without DP) must reach the
+  client's floor, node config ``fsl-min-noise-multiplier`` (default :attr:`ProtocolMod.noise_floor`:
+  0 in top-k mode, 1 in index mode), and a DP round must name this client's own Flower run
+  (S1 keeps its privacy account by that run id); otherwise the mod refuses the round with one
+  line naming the key or field (:meth:`ProtocolMod.check_privacy`), before anything is sent;
 - the client's **weight**: 1 in a round with unit weights (``SSAParams.weighted`` False, the
   strategies' default: the reply's metrics are not read); in a weighted round the reply's
   metric under the key the strategy aggregates by, which the server sends as
@@ -45,8 +50,9 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
-from flwr_fsl.core.privacy import check_weight_key
+from flwr_fsl.core.privacy import check_noise_floor, check_weight_key, node_noise_floor
 from flwr_fsl.crypto.channel import verify_fingerprint
+from flwr_fsl.families.ssa.dp import TOPK_MODE_NOISE_FLOOR
 from flwr_fsl.families.ssa.protocol import SSAUpload
 from flwr_fsl.families.ssa.records import (
     SSA_FAMILY,
@@ -82,6 +88,8 @@ class ProtocolMod(PhaseMod):
     family: ClassVar[str] = SSA_FAMILY
     title: ClassVar[str] = "SSA"
     phases: ClassVar[Mapping[str, Phase[Any, Any]]] = {}
+    noise_floor: ClassVar[float] = TOPK_MODE_NOISE_FLOOR
+    """The client's noise floor when its node config sets none (:meth:`check_privacy`)."""
 
     def mod(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         """Client mod: the instance itself (:meth:`phase_of` says what it answers).
@@ -125,6 +133,7 @@ class ProtocolMod(PhaseMod):
         else:
             return None
         self.check_helper(found, context)
+        self.check_privacy(found, context)
         return phase
 
     def answer_query(self, msg: Message, context: Context) -> Message:
@@ -171,6 +180,33 @@ class ProtocolMod(PhaseMod):
             If the run config pins no key and no default key file exists.
         """
         verify_fingerprint(found.helper_key, pinned_fingerprint(context.run_config))
+
+    def check_privacy(self, found: SSARound, context: Context) -> None:
+        """Refuse a round that promises less noise than this client accepts, or another run.
+
+        The round's noise multiplier (0 without DP) must be at least the node-config floor
+        ``fsl-min-noise-multiplier`` (default :attr:`noise_floor`), and a DP round must name
+        this client's own Flower run (:attr:`~flwr_fsl.families.ssa.dp.RunScope.run_id`): S1
+        accounts the round's noise under that id, so a round naming another run would spend
+        another account.
+
+        Raises
+        ------
+        ConfigurationError
+            If the round is below the floor (naming the node-config key) or names another
+            run; malformed node config (naming the key).
+        """
+        params = found.params
+        floor = node_noise_floor(context.node_config, self.noise_floor)
+        z = 0.0 if params.dp is None else params.dp.noise_multiplier
+        check_noise_floor(z, floor, what=f"the {self.title} round's")
+        if params.dp is not None:
+            named = None if params.run is None else params.run.run_id
+            if named != str(context.run_id):
+                raise ConfigurationError(
+                    f"the {self.title} round's DP account names run {named!r}, not this "
+                    f"client's run {context.run_id}; refusing the round"
+                )
 
     @staticmethod
     def check_weight_key(request: RoundRequest, context: Context) -> None:

@@ -56,7 +56,7 @@ def query_params(params: SSAParams) -> SSAParams:
     """
     from dataclasses import replace
 
-    return replace(params, value_width=1, count_weighted=False, epoch=0, dp=None)
+    return replace(params, value_width=1, count_weighted=False, epoch=0, dp=None, run=None)
 
 
 def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:

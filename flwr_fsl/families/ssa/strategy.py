@@ -51,12 +51,13 @@ from flwr.supercore import log
 
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
     TwoServerAggregation,
     secure_flower_kwargs,
 )
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
@@ -79,8 +80,14 @@ class SecureFedSubAvg(FedSubAvg):
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
     dp : DistributedDP, optional
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
-        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Start S1
-        with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Off by
+        default in top-k mode (every run logs that no noise is added). Start S1 with the
+        matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+    privacy_budget : PrivacyBudget or None
+        The run's budget when ``dp`` is set (default
+        :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET`, ``ε = 20`` at ``δ = 1e-5``): the
+        run stops before a round that would exceed it; S1 refuses such rounds too. None:
+        account without stopping.
     weighted : bool
         False (default): every client's count word is 1 (the average over the clients that
         chose a coordinate, each counting once). True: weighted by ``weighted_by_key``
@@ -118,6 +125,7 @@ class SecureFedSubAvg(FedSubAvg):
         num_hashes: int = 3,
         min_clients: int = 2,
         dp: DistributedDP | None = None,
+        privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
         **kwargs: Any,
@@ -128,9 +136,17 @@ class SecureFedSubAvg(FedSubAvg):
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio
         settings = SSASettings(
-            frac_bits, max_abs, stash_size, num_hashes, min_clients, dp, weighted=weighted
+            frac_bits,
+            max_abs,
+            stash_size,
+            num_hashes,
+            min_clients,
+            dp,
+            privacy_budget,
+            weighted=weighted,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
+        self.privacy_account = self.aggregation.privacy_account
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -152,7 +168,8 @@ class SecureFedSubAvg(FedSubAvg):
         if layout.size == 0:
             raise ConfigurationError("the model has no floating tensors to aggregate")
         k = min(layout.size, math.ceil(self.topk_ratio * layout.size))
-        params = self.aggregation.settings.params(
+        params = self.aggregation.round_params(
+            grid,
             round_id=state.server_round,
             domain_size=layout.size,
             num_items=k,
@@ -204,6 +221,14 @@ class SecureFedSubAvg(FedSubAvg):
         except RoundFailedError as err:  # Flower's own loop may drive this method
             self.fail_round(state, err)
             return None, None
+
+    def round_noise_multiplier(self) -> float | None:
+        """Each server's noise multiplier of every round (None: DP off, no noise)."""
+        return self.aggregation.noise_multiplier()
+
+    def privacy_stop_reason(self) -> str | None:
+        """S1's refusal of a round past its own account of this run (the run then stops)."""
+        return self.aggregation.helper_refusal
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release the round on S1."""

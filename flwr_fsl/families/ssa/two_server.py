@@ -51,8 +51,9 @@ sealed blob.
 **Distributed DP** (:mod:`flwr_fsl.families.ssa.dp`): in a round whose parameters carry a
 :class:`~flwr_fsl.families.ssa.dp.DistributedDP`, S0 adds its own Gaussian noise to its share just
 before reconstructing (S1 adds its own in ``FinishRound``), so S0 never sees the un-noised
-aggregate and S1 sees only an aggregate carrying S0's noise; :attr:`LeadServer.accountant`
-keeps the zCDP account of S0's noise (the guarantee against S1).
+aggregate and S1 sees only an aggregate carrying S0's noise. The account of S0's noise (the
+guarantee against S1) is the strategy's run-level
+:class:`~flwr_fsl.core.privacy.PrivacyAccount`, spent before each round; S1 keeps its own.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from flwr_fsl.core.wireformat import MAX_ITEMS, MAX_MESSAGE_BYTES
 from flwr_fsl.crypto.channel import SealedBoxError, public_key_fingerprint, verify_fingerprint
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.families.ssa.dp import ZCDPAccountant, noise_std, noise_words
+from flwr_fsl.families.ssa.dp import noise_std, noise_words
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -274,8 +275,6 @@ class LeadServer:
     ----------
     stored_keys : dict[int, DPFKeyBatch]
         Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
-    accountant : ZCDPAccountant
-        zCDP account of the DP rounds S0 reconstructed with its own noise added.
     session_losses : list[int]
         Rounds at whose opening S0 found that S1 had lost the session (and so forgot its
         stored U-DPF keys), in order.
@@ -314,7 +313,6 @@ class LeadServer:
         self._helper_key: bytes | None = None
         self._open: set[int] = set()
         self.noise_stream = noise_stream
-        self.accountant = ZCDPAccountant()
         self.session_losses: list[int] = []
         self.key_mismatches: list[int] = []
         self._key_verified = False  # S1's key matched the pin once in this run
@@ -529,7 +527,6 @@ class LeadServer:
             # protects the clients against S1 (S1's noise protects them against S0).
             sigma = noise_std(params.dp, params.num_items, params.value_width, params.frac_bits)
             share0 += noise_words(shape, sigma, params.fixed_point, self.noise_stream)
-            self.accountant.add(params.dp.noise_multiplier)
         result = reconstruct(params, share0, share1.share)
         return SSARound(result, accepted, rejected, len(hinted & set(accepted)))
 

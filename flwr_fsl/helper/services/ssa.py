@@ -11,10 +11,12 @@ Per round, S0 relays to S1 (every request carries the run's session id):
    evaluates the keys into its :class:`~flwr_fsl.families.ssa.protocol.SSAServer` share.
 3. ``FinishRound``: S1's additive share of the aggregate and the ids of the clients in it (S0
    must aggregate exactly the same clients), or ``AbortRound``. In a DP round
-   (:mod:`flwr_fsl.families.ssa.dp`) S1 first adds its own Gaussian noise to the share, with the
-   multiplier :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` chose at
-   ``OpenRound`` (at least S1's ``--dp-noise-multiplier``, whatever S0 asks), and logs its
-   running ``(ε, δ)`` account of the session: the guarantee against S0.
+   (:mod:`flwr_fsl.families.ssa.dp`) S1 first spends the round on its own account of the run
+   (:mod:`flwr_fsl.helper.accounts`: per run id, on disk, refused past the run's budget or
+   S1's ceiling — checked already at ``OpenRound``), then adds its own Gaussian noise to the
+   share with the round's multiplier (never below S1's ``--dp-noise-multiplier``:
+   :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` refuses such a round) and
+   logs the run's ``(ε, δ)``: the guarantee against S0.
 
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
@@ -50,10 +52,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.families.ssa import sealing as ssa_sealing
-from flwr_fsl.families.ssa.dp import ZCDPAccountant, noise_std, noise_words
+from flwr_fsl.families.ssa.dp import noise_std, noise_words
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -179,6 +182,9 @@ class SSAService:
         if params.round_id != rid:
             raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
         account = self.host.limits.open_round(params)  # before anything is allocated
+        if account.noise_multiplier is not None:
+            # Refused here, before any client is asked anything, if the run's account is out.
+            self.host.accounts.check(params, session.session_id, account.noise_multiplier)
         stored = self._stored(session)
         if stored.layout is not None and not same_layout(stored.layout, params):
             stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
@@ -262,7 +268,13 @@ class SSAService:
         share = state.ssa.share()
         z = budget(state).noise_multiplier
         if z is not None and clients:
-            self._add_noise(session, state, share, z)
+            try:
+                spent = self.host.accounts.spend(state.params, session.session_id, z)
+            except HelperRequestError:
+                session.close_round(rid)  # the run is out of budget: S1 releases nothing
+                log.warning("round %d refused: the run's privacy budget is spent", rid)
+                raise
+            self._add_noise(state, share, z, spent)
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
         stored.layout = state.params
@@ -271,23 +283,22 @@ class SSAService:
         return wire.ShareResponse(clients, share)
 
     def _add_noise(
-        self, session: Session, state: SSARound, share: NDArray[np.uint64], z: float
+        self, state: SSARound, share: NDArray[np.uint64], z: float, account: PrivacyAccount
     ) -> None:
-        """Add S1's DP noise to ``share`` in place, account it and log the session's (ε, δ)."""
+        """Add S1's DP noise to ``share`` in place and log the run's (ε, δ) (already spent)."""
         p = state.params
         assert p.dp is not None  # noise_multiplier is None for rounds without DP
         sigma = noise_std(p.dp, p.num_items, p.value_width, p.frac_bits, z)
         share += noise_words(share.shape, sigma, p.fixed_point)
-        account: ZCDPAccountant = session.data.setdefault("dp", ZCDPAccountant())
-        account.add(z)
-        delta = self.host.limits.dp.delta if self.host.limits.dp is not None else p.dp.delta
+        run = "its session" if p.run is None else f"run {p.run.run_id}"
         log.info(
             "round %d: S1 added DP noise (noise multiplier %.4g, std %.4g per word); "
-            "S1's account against S0: %s",
+            "S1's account of %s against S0: %s",
             p.round_id,
             z,
             sigma,
-            account.describe(delta),
+            run,
+            account.describe(),
         )
 
     def _abort_round(

@@ -1,7 +1,8 @@
-"""Distributed DP for two-server SSA (:mod:`flwr_fsl.families.ssa.dp`): accounting known values,
-sensitivity, validation, the CSPRNG Gaussian, client clipping, each server's noise (S0's in
-:class:`LeadServer`, S1's in ``FinishRound`` through the in-process twin, S1's floor whatever S0
-asks, S1's CLI flags) and the differencing attack with DP on."""
+"""Distributed DP for two-server SSA (:mod:`flwr_fsl.families.ssa.dp`): the zCDP cross-check
+formulas against the RDP account in use, sensitivity, validation, the run scope in the
+parameters, the CSPRNG Gaussian, client clipping, each server's noise (S0's in
+:class:`LeadServer`, S1's in ``FinishRound`` through the in-process twin, S1 refusing a round
+below its floor, S1's CLI flags) and the differencing attack with DP on."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget
 from flwr_fsl.crypto.discrete_gaussian import exponential
 from flwr_fsl.crypto.fixedpoint import FixedPoint, FixedPointOverflowError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import dp as dpmod
 from flwr_fsl.families.ssa.dp import (
     DistributedDP,
-    ZCDPAccountant,
+    RunScope,
     check_headroom,
     clip_update,
     epsilon,
@@ -34,7 +36,7 @@ from flwr_fsl.families.ssa.dp import (
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, payload_words
 from flwr_fsl.families.ssa.two_server import LeadServer
 from flwr_fsl.helper import InProcessHelper
-from flwr_fsl.helper.cli import _dp_policy, _parser, main
+from flwr_fsl.helper.cli import _dp_budget, _dp_policy, _parser, default_state_dir, main
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import HelperLimits
 from tests.families.ssa.test_two_server import fresh_uploads
@@ -90,14 +92,15 @@ def test_accounting_known_values() -> None:
     assert epsilon(2.0, 0, 1e-5) == 0.0
     assert zcdp_rho(2.0) == 0.125 and math.isinf(zcdp_rho(0.0))
     assert math.isinf(zcdp_to_epsilon(math.inf, 1e-5))
-    account = ZCDPAccountant()
-    assert account.epsilon(1e-5) == 0.0
+    # The account in use (RDP, dp-accounting) never exceeds the zCDP conversion of the same
+    # rounds, and is within its slack: the formula above is the cross-check.
+    account = PrivacyAccount()
+    assert account.epsilon() == 0.0
     for z in (1.0, 2.0, 0.5):
-        account.add(z)
-    assert account.rounds == 3
-    assert account.rho == pytest.approx(0.5 + 0.125 + 2.0)
-    assert account.epsilon(1e-5) == pytest.approx(zcdp_to_epsilon(2.625, 1e-5))
-    assert "3 round(s)" in account.describe(1e-5)
+        account.spend(z)
+    assert account.rounds == 3 and "3 round(s)" in account.describe()
+    zcdp = zcdp_to_epsilon(0.5 + 0.125 + 2.0, 1e-5)
+    assert 0.6 * zcdp < account.epsilon() <= zcdp
     with pytest.raises(ConfigurationError, match="rounds"):
         epsilon(1.0, -1, 1e-5)
     with pytest.raises(ConfigurationError, match="delta"):
@@ -177,6 +180,36 @@ def test_params_with_dp_round_trip_and_strict_format() -> None:
         make_params(1, dp=DP, count_weighted=False)
     with pytest.raises(ConfigurationError, match="max_abs"):
         make_params(1, dp=DistributedDP(1.0, clip_norm=10.0, max_weight=200.0), max_abs=1e3)
+
+
+def test_params_naming_their_run_are_version_3_and_strict() -> None:
+    scope = RunScope("4242", PrivacyBudget(20.0, 1e-5))
+    params = make_params(1, dp=DP, run=scope)
+    raw = json.loads(params.to_bytes())
+    assert raw["version"] == 3 and raw["run"] == {"id": "4242", "epsilon": 20.0, "delta": 1e-5}
+    assert SSAParams.from_bytes(params.to_bytes()) == params
+    bare = make_params(1, dp=DP, run=RunScope("r"))
+    assert json.loads(bare.to_bytes())["run"] == {"id": "r"}
+    assert SSAParams.from_bytes(bare.to_bytes()) == bare
+    bad = [
+        {**raw, "version": 2},  # a run object in version 2
+        {k: v for k, v in raw.items() if k != "run"},  # version 3 without run
+        {**raw, "run": {"id": "1", "epsilon": 20.0}},  # budget without delta
+        {**raw, "run": {**raw["run"], "extra": 1}},
+        {**raw, "run": {**raw["run"], "id": 7}},
+        {**raw, "run": {**raw["run"], "id": ""}},
+        {**raw, "run": {**raw["run"], "id": "x" * 129}},
+        {**raw, "run": {**raw["run"], "epsilon": -1.0}},
+        {**raw, "run": {**raw["run"], "delta": True}},
+        {**raw, "run": "4242"},
+    ]
+    for blob in bad:
+        with pytest.raises((ClientInputError, ConfigurationError)):
+            SSAParams.from_bytes(json.dumps(blob).encode())
+    with pytest.raises(ConfigurationError, match="needs dp"):
+        make_params(1, run=RunScope("1"))
+    with pytest.raises(ConfigurationError, match="printable"):
+        RunScope("a\nb")
 
 
 # ---- sampling and noise words -------------------------------------------------------------------
@@ -304,24 +337,22 @@ def test_reconstruction_is_plaintext_plus_both_servers_noise() -> None:
     assert noise1.std() == pytest.approx(sigma, rel=0.1)
     assert noise0.std() == pytest.approx(sigma, rel=0.1)
     assert abs(np.corrcoef(noise0.ravel(), noise1.ravel())[0, 1]) < 0.1  # independent
-    assert lead.accountant.rounds == 1 and lead.accountant.rho == pytest.approx(0.5)
 
 
-def test_s1_adds_its_noise_even_when_s0_asks_for_none() -> None:
-    # The round asks for clipping but noise multiplier 0: S0 adds nothing. S1, started with a
-    # policy (flwr-fsl-helper --dp-noise-multiplier 2 ...), adds its own floor anyway.
+def test_s1_refuses_a_round_asking_for_less_noise_than_its_floor() -> None:
+    # The round asks for noise multiplier 0 (or 1): S1, started with a policy
+    # (flwr-fsl-helper --dp-noise-multiplier 2 ...), never accepts less than its floor, and
+    # never silently adds more than the round says either: it refuses the round.
     policy = DistributedDP(2.0, clip_norm=1.0, max_weight=1.0)
-    asked = DistributedDP(0.0, clip_norm=1.0, max_weight=1.0)
-    params = dp_params(1, asked)
-    clients = clients_of(params.domain_size, params.num_items, params.value_width, 3)
-    lead = LeadServer(twin(policy), min_clients=1)
-    result = lead.aggregate(params, fresh_uploads(params, clients, lead.helper_key())).result
-    sums, counts = clipped_plaintext(params, clients)
-    assert result.counts is not None
-    noise = np.concatenate([result.sums - sums, (result.counts - counts)[:, None]], axis=1)
-    sigma1 = noise_std(asked, params.num_items, params.value_width, params.frac_bits, 2.0)
-    assert noise.std() == pytest.approx(sigma1, rel=0.1)  # S1's noise only
-    assert not np.array_equal(result.counts, counts)
+    for asked in (0.0, 1.0):
+        params = dp_params(1, DistributedDP(asked, clip_norm=1.0, max_weight=1.0))
+        clients = clients_of(params.domain_size, params.num_items, params.value_width, 3)
+        lead = LeadServer(twin(policy), min_clients=1)
+        with pytest.raises(HelperRequestError, match="below S1's floor 2"):
+            lead.aggregate(params, fresh_uploads(params, clients, lead.helper_key()))
+    # At its floor or above, S1 adds what the round asks.
+    params = dp_params(2, DistributedDP(3.0, clip_norm=1.0, max_weight=1.0))
+    assert HelperLimits(dp=policy).noise_multiplier(params) == 3.0
 
 
 def test_without_a_policy_s1_adds_what_the_round_asks_and_nothing_without_dp() -> None:
@@ -333,7 +364,6 @@ def test_without_a_policy_s1_adds_what_the_round_asks_and_nothing_without_dp() -
     for c in clients:
         plain_counts[c.idx] += c.weight
     assert np.array_equal(result.counts, plain_counts)  # no DP: exact as before
-    assert lead.accountant.rounds == 0
 
 
 def test_s1_policy_refuses_rounds_it_cannot_cover() -> None:
@@ -345,7 +375,9 @@ def test_s1_policy_refuses_rounds_it_cannot_cover() -> None:
         helper.open_round(2, make_params(2, dp=DistributedDP(1.0, 1.5, 1.0)).to_bytes())
     with pytest.raises(HelperRequestError, match="--dp-max-weight"):
         helper.open_round(3, make_params(3, dp=DistributedDP(1.0, 1.0, 3.0)).to_bytes())
-    helper.open_round(4, make_params(4, dp=DistributedDP(0.0, 0.5, 2.0)).to_bytes())
+    with pytest.raises(HelperRequestError, match="--dp-noise-multiplier"):
+        helper.open_round(4, make_params(4, dp=DistributedDP(0.0, 0.5, 2.0)).to_bytes())
+    helper.open_round(7, make_params(7, dp=DistributedDP(1.0, 0.5, 2.0)).to_bytes())
     assert HelperLimits(dp=policy).noise_multiplier(make_params(5, dp=DP)) == 1.0
     assert HelperLimits(dp=policy).noise_multiplier(make_params(5, dp=DP.__class__(3, 1, 1))) == 3
     with pytest.raises(ConfigurationError, match="DistributedDP"):
@@ -374,6 +406,18 @@ def test_helper_cli_dp_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) 
     assert "DP noise on every round: noise multiplier >= 2" in capsys.readouterr().out
     assert main(argv + dp_flags[:2]) == 2
     assert main(argv + dp_flags + ["--dp-delta", "1.5"]) == 2
+    # S1's budget ceiling per run, and where it keeps the accounts.
+    ceiling = _parser().parse_args(["--key-file", key, "--dp-budget-epsilon", "8"])
+    assert _dp_budget(ceiling) == PrivacyBudget(8.0, 1e-5)
+    both = ["--dp-budget-epsilon", "8", "--dp-budget-delta", "1e-6"]
+    assert _dp_budget(_parser().parse_args(["--key-file", key, *both])) == PrivacyBudget(8, 1e-6)
+    assert _dp_budget(_parser().parse_args(["--key-file", key])) is None
+    with pytest.raises(ConfigurationError, match="needs --dp-budget-epsilon"):
+        _dp_budget(_parser().parse_args(["--key-file", key, "--dp-budget-delta", "1e-6"]))
+    assert main([*argv, "--dp-budget-epsilon", "8"]) == 0
+    assert "DP budget ceiling per run: epsilon <= 8" in capsys.readouterr().out
+    assert main([*argv, "--dp-budget-epsilon", "8", "--dp-budget-delta", "2"]) == 2
+    assert default_state_dir().name == "helper-state"
 
 
 # ---- the differencing attack with DP on ---------------------------------------------------------
@@ -381,22 +425,29 @@ def test_helper_cli_dp_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) 
 
 def test_differencing_two_rounds_with_dp_is_bounded_as_the_accounting_predicts() -> None:
     # Counterpart of test_known_leak_differencing_two_rounds_reveals_a_dropped_clients_rows:
-    # the same attack by S0, which knows its own noise — here S0 adds none (noise multiplier 0
-    # asked) so S0's view is exactly the aggregate plus S1's noise. S1 adds its floor z.
+    # the same attack by S0, which knows its own noise (it recomputes it from its own noise
+    # stream and subtracts it), so S0's view is exactly the aggregate plus S1's noise.
     z = 0.1
-    policy = DistributedDP(z, clip_norm=1.0, max_weight=1.0)
-    asked = DistributedDP(0.0, clip_norm=1.0, max_weight=1.0)
+    dp = DistributedDP(z, clip_norm=1.0, max_weight=1.0)
     m, k = 1000, 100
-    lead = LeadServer(twin(policy), min_clients=2)
+    lead = LeadServer(twin(dp), min_clients=2, noise_stream=stream(9))
+    own = stream(9)  # S0's own randomness, replayed
     clients = clients_of(m, k, 1, 4, seed=5)
-    p1 = dp_params(1, asked, domain_size=m, num_items=k, value_width=1)
-    p2 = dp_params(2, asked, domain_size=m, num_items=k, value_width=1)
+    p1 = dp_params(1, dp, domain_size=m, num_items=k, value_width=1)
+    p2 = dp_params(2, dp, domain_size=m, num_items=k, value_width=1)
     pub = lead.helper_key()
-    everyone = lead.aggregate(p1, fresh_uploads(p1, clients, pub)).result.counts
+    sigma = noise_std(dp, k, 1, p1.frac_bits)
+
+    def s0_view(params: SSAParams, uploads: Any) -> np.ndarray:
+        counts = lead.aggregate(params, uploads).result.counts
+        assert counts is not None
+        mine = noise_words((m, params.tau), sigma, params.fixed_point, own)
+        return counts - params.fixed_point.decode(mine)[:, -1]
+
+    everyone = s0_view(p1, fresh_uploads(p1, clients, pub))
     dropped = clients[2]
     rest = [c for c in clients if c is not dropped]
-    without = lead.aggregate(p2, fresh_uploads(p2, rest, pub, epoch_seed=1)).result.counts
-    assert everyone is not None and without is not None
+    without = s0_view(p2, fresh_uploads(p2, rest, pub, epoch_seed=1))
     difference = everyone - without
     chosen = np.zeros(m, bool)
     chosen[dropped.idx] = True
@@ -404,8 +455,7 @@ def test_differencing_two_rounds_with_dp_is_bounded_as_the_accounting_predicts()
     assert set(np.flatnonzero(difference).tolist()) != set(dropped.idx.tolist())
     # The attacker's best per-element test between N(0, 2 s^2) and N(W, 2 s^2) thresholds at
     # W/2; its balanced accuracy is Phi(W / (2 sqrt(2) s)) with s = S1's noise std.
-    s = noise_std(policy, k, 1, p1.frac_bits)
-    predicted = 0.5 * (1 + math.erf(1.0 / (2 * math.sqrt(2) * s) / math.sqrt(2)))
+    predicted = 0.5 * (1 + math.erf(1.0 / (2 * math.sqrt(2) * sigma) / math.sqrt(2)))
     guess = difference > 0.5
     balanced = 0.5 * (np.mean(guess[chosen]) + np.mean(~guess[~chosen]))
     assert 0.55 < predicted < 0.75

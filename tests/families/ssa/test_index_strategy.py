@@ -1,4 +1,9 @@
-"""Index mode: PSR retrieval + SSA of rows + U-DPF through the Flower layer (in-process S1)."""
+"""Index mode: PSR retrieval + SSA of rows + U-DPF through the Flower layer (in-process S1).
+
+Index mode adds DP noise by default; the tests here that compare with the plaintext average turn
+it off on both ends (``dp=None`` on S0, node config ``fsl-min-noise-multiplier = 0`` on the
+clients, :func:`no_floor`), as a user who accepts the documented leak would.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.index_mod import PrivateRows
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
@@ -64,6 +70,11 @@ def make_index_app(fixed_rows: bool, seen: dict | None = None, mods=()) -> Clien
     return app
 
 
+def no_floor(nodes: int):  # type: ignore[no-untyped-def]
+    """Node configs of clients that accept rounds without DP noise (floor 0)."""
+    return lambda i: {"partition-id": i, "num-partitions": nodes, NODE_MIN_NOISE_KEY: 0.0}
+
+
 def initial() -> ArrayRecord:
     return ArrayRecord({"emb": Array(TABLE.copy()), "local": Array(np.ones(2, np.float32))})
 
@@ -92,12 +103,16 @@ def key() -> SealingKeyPair:
 
 def _run(key, fixed, rounds=3, nodes=4, udpf=True, mods=(), seen=None, helper=None, weighted=False):  # type: ignore[no-untyped-def]
     grid = InProcessGrid(
-        make_index_app(fixed, seen, mods), nodes, {"ssa-helper-fingerprint": key.fingerprint}
+        make_index_app(fixed, seen, mods),
+        nodes,
+        {"ssa-helper-fingerprint": key.fingerprint},
+        node_config_fn=no_floor(nodes),
     )
     strategy = SecureRowFedSubAvg(
         helper or InProcessHelper(keypair=key),
         "emb",
         K,
+        dp=None,  # exact averages: DP off on both ends
         udpf=udpf,
         frac_bits=32,
         max_abs=1e3,

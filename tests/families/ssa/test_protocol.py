@@ -445,6 +445,39 @@ def test_unit_weight_params_are_version_4_and_weighted_keeps_the_old_bytes() -> 
         _params(weighted=1)
 
 
+def test_every_weighting_dp_and_run_combination_has_one_encoding() -> None:
+    """Versions 1-3 are weighted rounds (none, dp, dp + run); 4 is unit weights with either."""
+    import json
+
+    from flwr_fsl.core.privacy import PrivacyBudget
+    from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
+
+    dp = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0)
+    run = RunScope("7", PrivacyBudget(20.0))
+    expected = {
+        (True, None, None): 1,
+        (True, dp, None): 2,
+        (True, dp, run): 3,
+        (False, None, None): 4,
+        (False, dp, None): 4,
+        (False, dp, run): 4,
+    }
+    for (weighted, dp_, run_), version in expected.items():
+        params = _params(weighted=weighted, dp=dp_, run=run_)
+        raw = json.loads(params.to_bytes())
+        assert raw["version"] == version
+        assert ("dp" in raw, "run" in raw) == (dp_ is not None, run_ is not None)
+        assert SSAParams.from_bytes(params.to_bytes()) == params
+    raw = json.loads(_params(weighted=False, dp=dp, run=run).to_bytes())
+    for bad in (
+        {k: v for k, v in raw.items() if k != "dp"},  # a run only with dp, in every version
+        {**raw, "version": 3},  # version 3 has no weighted field
+        {k: v for k, v in raw.items() if k != "weighted"},
+    ):
+        with pytest.raises(SSAInputError):
+            SSAParams.from_bytes(json.dumps(bad).encode())
+
+
 def test_unit_weights_put_one_in_every_count_word_whatever_the_weights() -> None:
     params = _params(weighted=False)
     values = np.array([[0.5, -1.0], [2.0, 0.25]])

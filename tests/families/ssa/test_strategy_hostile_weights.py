@@ -103,13 +103,19 @@ def test_index_mode_huge_per_row_counts_drop_that_client_and_the_rest_stays_exac
 
     monkeypatch.setattr(index_app, "client_rows", rows)  # what make_index_app's clients use
     key = SealingKeyPair.generate()
+    # DP off on both ends: with DP (index mode's default) the weights are clipped to
+    # max_weight before encoding, so a huge count could not reach the codec's bound.
     grid = InProcessGrid(
-        index_app.make_index_app(True), 4, {"ssa-helper-fingerprint": key.fingerprint}
+        index_app.make_index_app(True),
+        4,
+        {"ssa-helper-fingerprint": key.fingerprint},
+        node_config_fn=index_app.no_floor(4),
     )
     strategy = SecureRowFedSubAvg(
         InProcessHelper(keypair=key),
         "emb",
         index_app.K,
+        dp=None,
         frac_bits=32,
         max_abs=MAX_ABS,
         min_available_nodes=4,
