@@ -39,7 +39,7 @@ class RoundBinding:
     Parameters
     ----------
     session : bytes
-        The 16-byte session id S0 drew for its run (``helper.session_id``; sent to clients in
+        The 16-byte session id S1 drew for the run (``helper.session_id``; sent to clients in
         the train config as ``fsl.ssa.session``).
     round_id : int
         The server round.

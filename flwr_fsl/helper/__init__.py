@@ -6,11 +6,14 @@ to S1's pinned X25519 key (:mod:`flwr_fsl.crypto.sealing`), S0 relays it through
 :class:`InProcessHelper` (simulation; same bytes through the same
 :class:`~flwr_fsl.helper.service.HelperService`).
 
-**Threat model.** Two non-colluding semi-honest servers. S0 relays but cannot read or alter
-S1's material (HPKE AEAD bound to session, round, round parameters, purpose and parties, plus a
-hash of the public part); S1 learns only public parameters, pseudorandom key material, the
-client ids of a round and its own additive share of the aggregate. Each S0 connection is one
-session, so one helper process serves many runs. See :mod:`flwr_fsl.helper.service`.
+**Threat model.** Two non-colluding servers; anyone on the network may call S1. S0 relays but
+cannot read or alter S1's material (HPKE AEAD bound to session, round, round parameters,
+purpose and parties, plus a hash of the public part); S1 learns only public parameters,
+pseudorandom key material, the client ids of a round and its own additive share of the
+aggregate. Each S0 connection is one session (an id and a secret S1 draws), so one helper
+process serves many runs; ``flwr-fsl-helper`` requires an access token by default, and a session
+answers only to its secret. See :mod:`flwr_fsl.helper.service` and
+:mod:`flwr_fsl.helper.server`.
 """
 
 from flwr_fsl.helper.connection import (
@@ -22,6 +25,7 @@ from flwr_fsl.helper.connection import (
     verify_helper,
 )
 from flwr_fsl.helper.errors import (
+    HelperAuthError,
     HelperError,
     HelperRequestError,
     HelperSessionLostError,
@@ -40,6 +44,7 @@ from flwr_fsl.helper.setup import (
 from flwr_fsl.pinning import default_key_file, pinned_fingerprint
 
 __all__ = [
+    "HelperAuthError",
     "HelperClient",
     "HelperConnection",
     "HelperError",

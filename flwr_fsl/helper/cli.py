@@ -15,9 +15,21 @@ file is created with mode 0600; without it, a missing file is an error), prints:
 picked) and serves until SIGINT or SIGTERM, then stops gracefully and exits 0. Pin the
 fingerprint in the run config of S0 (which checks it with
 :func:`~flwr_fsl.helper.connection.verify_helper`) and hand it to clients out of band.
-``--print-fingerprint`` prints the fingerprint of the key file and exits. ``--tls-cert`` and
-``--tls-key`` serve TLS; ``--token-file`` requires a shared access token on every call (S0
-passes both to :class:`~flwr_fsl.helper.connection.HelperClient`).
+``--print-fingerprint`` prints the fingerprint of the key file and exits.
+
+**Authentication** (on by default; :mod:`flwr_fsl.helper.server`). Every call but ``Health``
+and ``PublicKey`` must carry an access token: ``--token-file PATH`` names it (file content,
+stripped; mode 0600), otherwise S1 uses ``<state-dir>/token``, creating it (a random 256-bit
+token, mode 0600) on first start, and prints::
+
+    flwr-fsl-helper: access token file <path>
+
+S0 passes it with the run-config key ``ssa-helper-token-file`` (the absolute path of a copy of
+that file on S0's machine). ``--insecure`` serves without a token unless ``--token-file`` is
+given. ``--tls-cert`` and ``--tls-key`` serve TLS (S0 sets ``ssa-helper-ca-file``); on a
+non-loopback ``--host`` they are required, since the token and the session secrets would
+otherwise travel in clear, unless ``--insecure`` is given. Each session's calls also carry the
+secret S1 returned when S0 opened it (:mod:`flwr_fsl.helper.service`).
 
 **Limits** (:mod:`flwr_fsl.helper.limits`; a round over one is refused before S1 allocates
 anything, with an error naming the flag): ``--max-domain`` (``domain_size``), ``--max-width``
@@ -45,13 +57,13 @@ so a restart or a new session resumes it. S1 refuses a round that would take a r
 budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
 (``--dp-budget-delta``, default 1e-5) whatever S0 announces.
 
-Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
-address cannot be bound.
+Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key or token file, 1 when
+the address cannot be bound.
 
-**Threat model.** As :mod:`flwr_fsl.helper.service`. The key file is S1's only secret: keep
-it readable by S1's user only (the loader refuses group/other access). The gRPC port is
-plain, unauthenticated gRPC unless TLS and a token are enabled: otherwise bind it where only
-S0 can reach it.
+**Threat model.** As :mod:`flwr_fsl.helper.service`. The key file and the token file are S1's
+secrets: keep them readable by S1's user only (the loaders refuse group/other access). Without
+``--insecure``, a caller without the token reaches only ``Health`` and ``PublicKey``; a caller
+with it cannot touch another S0's session (each has its own secret).
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ import argparse
 import logging
 import math
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -72,12 +85,16 @@ from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
+from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
 
-__all__ = ["default_state_dir", "main"]
+__all__ = ["TOKEN_FILE_NAME", "default_state_dir", "main"]
+
+TOKEN_FILE_NAME = "token"
+"""The access token's file in ``--state-dir`` when ``--token-file`` is not given."""
 
 _PROG = "flwr-fsl-helper"
 _MIB = 1 << 20
@@ -186,6 +203,87 @@ def _dp_budget(args: argparse.Namespace) -> PrivacyBudget | None:
     return PrivacyBudget(args.dp_budget_epsilon, delta)
 
 
+def read_token(path: Path) -> str:
+    """Read an access token file (content stripped; readable by its owner only).
+
+    Raises
+    ------
+    ConfigurationError
+        If the file is empty, not printable text, or readable by group or others.
+    OSError
+        If it cannot be read.
+    """
+    if path.stat().st_mode & 0o077:
+        raise ConfigurationError(
+            f"token file {path} is accessible by group or others: chmod 600 {path}"
+        )
+    token = path.read_text(encoding="utf-8", errors="replace").strip()
+    if not token or not token.isprintable():
+        raise ConfigurationError(f"token file {path} is empty or not printable text")
+    return token
+
+
+def _access_token(args: argparse.Namespace, state_dir: Path) -> tuple[str | None, Path | None]:
+    """Return S1's access token and its file (None, None with ``--insecure`` and no file).
+
+    Without ``--token-file`` the token is ``<state_dir>/token``, created (random, 0600) when
+    missing.
+
+    Raises
+    ------
+    ConfigurationError
+        If the token file is unusable (:func:`read_token`).
+    OSError
+        If it cannot be read or created.
+    """
+    if args.token_file is not None:
+        return read_token(args.token_file), args.token_file
+    if args.insecure:
+        return None, None
+    path = state_dir / TOKEN_FILE_NAME
+    if not path.exists():
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+        print(f"{_PROG}: created access token file {path}", flush=True)
+    return read_token(path), path
+
+
+def _print_policy(service: HelperService) -> None:
+    """Print S1's DP floor and budget ceiling, if set."""
+    policy = service.limits.dp
+    if policy is not None:
+        print(
+            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
+            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
+            flush=True,
+        )
+    ceiling = service.limits.dp_budget
+    if ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
+            f"{ceiling.delta:g}",
+            flush=True,
+        )
+
+
+def _print_token(token_file: Path | None) -> None:
+    """Print where the access token is and how S0 passes it (or that there is none)."""
+    if token_file is not None:
+        print(f"{_PROG}: access token file {token_file}", flush=True)
+        print(
+            f"{_PROG}: S0 passes it with ssa-helper-token-file = <absolute path of a copy of "
+            "that file on S0's machine>",
+            flush=True,
+        )
+    else:
+        print(
+            f"{_PROG}: WARNING: --insecure: no access token, any caller may open sessions",
+            flush=True,
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=_PROG,
@@ -288,7 +386,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-file",
         type=Path,
-        help="require this shared access token (file content, stripped) on every call",
+        help="the access token every call but Health/PublicKey must carry (file content, "
+        "stripped; mode 0600); default <state-dir>/token, created on first start; S0 sets "
+        "ssa-helper-token-file to a copy of it",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve without an access token (unless --token-file is given: then allow it over "
+        "plain gRPC on a non-loopback --host); anyone who reaches the port can open sessions",
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
@@ -333,32 +439,29 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
-        token = args.token_file.read_text().strip() if args.token_file else None
-        if token == "":
-            raise ConfigurationError(f"token file {args.token_file} is empty")
+        if tls is None and not args.insecure and not is_loopback(args.host):
+            raise ConfigurationError(
+                f"--host {args.host} is not loopback: the access token and session secrets "
+                "would travel in clear; serve TLS (--tls-cert, --tls-key) or pass --insecure"
+            )
+        if args.token_file is not None:
+            read_token(args.token_file)  # fail before anything starts
     except (SealedBoxError, ValueError, OSError) as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)
         return 2
     if created:
         print(f"{_PROG}: created key file {args.key_file}", flush=True)
     print(f"{_PROG}: public key fingerprint {keypair.fingerprint}", flush=True)
-    policy = service.limits.dp
-    if policy is not None:
-        print(
-            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
-            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
-            flush=True,
-        )
-    ceiling = service.limits.dp_budget
-    if ceiling is not None:
-        print(
-            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
-            f"{ceiling.delta:g}",
-            flush=True,
-        )
+    _print_policy(service)
     if args.print_fingerprint:
         return 0
     print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
+    try:
+        token, token_file = _access_token(args, service.accounts.state_dir or default_state_dir())
+    except (ValueError, OSError) as err:
+        print(f"{_PROG}: error: {err}", file=sys.stderr)
+        return 2
+    _print_token(token_file)
     try:
         server, port = start_server(
             service,
@@ -368,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             max_message_bytes=args.max_message_mib << 20,
             tls=tls,
             token=token,
+            insecure=args.insecure,
         )
     except (OSError, ValueError) as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)

@@ -18,10 +18,16 @@ run's privacy budget;
 plain :class:`~flwr_fsl.helper.errors.HelperError` for an S1 internal error, a malformed
 response or a pinned-key mismatch (:func:`verify_helper`).
 
+**Sessions.** ``OpenSession`` returns the session id S1 drew and the session's secret; the
+connection keeps both and sends the secret with every later call (gRPC metadata
+``x-flwr-fsl-session-secret``; the in-process twin passes it to
+:meth:`HelperService.handle <flwr_fsl.helper.service.HelperService.handle>`, the same check).
+:attr:`~_Facade.session_id` is what S0 sends clients; the secret never leaves S0.
+
 **Restarts of S1.** A connection opens its session before its first round (or when
 :func:`~flwr_fsl.helper.setup.connect_helper` creates it) and never re-creates it silently: after
 S1 restarts, its calls raise :class:`~flwr_fsl.helper.errors.HelperSessionLostError` until S0
-calls :meth:`~HelperConnection.open_session` again (what
+calls :meth:`~HelperConnection.open_session` again — a new session, with a new id (what
 :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` does, after forgetting
 its stored U-DPF keys). :class:`HelperClient` replaces its gRPC channel after a call finds S1
 unreachable, so the first call after S1 is back connects at once instead of waiting out gRPC's
@@ -29,15 +35,19 @@ reconnect backoff (up to two minutes).
 
 **Threat model.** As :mod:`flwr_fsl.helper.service`: S0 relays clients' sealed material it
 cannot read or alter; what S0 receives from S1 is S1's additive share (random on its own) and
-answers sealed to clients. S0 authenticates S1 by its pinned public-key fingerprint.
+answers sealed to clients. S0 authenticates S1 by its pinned public-key fingerprint; S1
+authenticates S0 by the access token and each session by its secret.
+:class:`HelperClient` logs a warning when it would send the token or session secrets in clear
+(no TLS) to a non-loopback address.
 """
 
 from __future__ import annotations
 
 import abc
-import os
+import ipaddress
+import logging
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -56,6 +66,7 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.families.ssa.two_server import HelperParty
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import (
+    HelperAuthError,
     HelperBudgetExhaustedError,
     HelperError,
     HelperRequestError,
@@ -68,19 +79,25 @@ from flwr_fsl.pinning import TOKEN_FILE_KEY
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "SECRET_METADATA_KEY",
     "TOKEN_METADATA_KEY",
     "HelperClient",
     "HelperConnection",
     "HelperHealth",
     "HelperShare",
     "InProcessHelper",
+    "is_loopback",
     "verify_helper",
 ]
 
 DEFAULT_TIMEOUT_S = 300.0
 """Default per-call deadline of :class:`HelperClient` (seconds)."""
 TOKEN_METADATA_KEY = "x-flwr-fsl-token"
-"""gRPC metadata key carrying the optional shared access token."""
+"""gRPC metadata key carrying the shared access token."""
+SECRET_METADATA_KEY = "x-flwr-fsl-session-secret"
+"""gRPC metadata key carrying the session's secret (hex)."""
+
+log = logging.getLogger("flwr_fsl.helper")
 
 M = TypeVar("M", bound=wire.Message)
 
@@ -95,13 +112,10 @@ class HelperHealth:
         Wire format version S1 speaks.
     fingerprint : str
         Hex SHA-256 of S1's public key.
-    open_rounds : tuple[int, ...]
-        Rounds currently open on S1.
     """
 
     protocol_version: int
     fingerprint: str
-    open_rounds: tuple[int, ...]
 
 
 class HelperShare(NamedTuple):
@@ -142,26 +156,26 @@ class _Facade(abc.ABC):
     """Shared request building and response checking of both transports."""
 
     _session_id: bytes = b""
-    _session_opened: bool = False
-
-    def _init_session(self, session_id: bytes | None) -> None:
-        if session_id is None:
-            session_id = os.urandom(wire.SESSION_BYTES)
-        if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
-            raise ConfigurationError(f"session_id must be {wire.SESSION_BYTES} bytes")
-        self._session_id = session_id
-        self._session_opened = False
+    _secret: bytes = b""
+    _session_live: bool = False
 
     @property
     def session_id(self) -> bytes:
-        """The 16-byte session id of this connection (clients bind sealed material to it)."""
+        """The 16-byte id S1 drew for this connection's session (clients bind material to it).
+
+        Reading it before any session was opened opens one (:meth:`open_session`). After
+        :meth:`open_session` (e.g. once S1 lost the session) it is the new session's id.
+        """
+        if not self._session_id:
+            self.open_session()
         return self._session_id
 
     def open_session(self) -> None:
-        """Start this connection's session on S1 now (otherwise its first round starts it).
+        """Start a new session on S1 now (otherwise the first round or :attr:`session_id` does).
 
-        Also the way back after :class:`HelperSessionLostError`: S1 creates the session anew
-        (empty: no rounds, no stored keys). Calling it while S1 holds the session is harmless.
+        S1 draws the session's id and secret; the connection keeps both. Also the way back
+        after :class:`HelperSessionLostError`: the new session is empty (no rounds, no stored
+        keys) and has a new id. A session this connection still holds is closed first.
 
         Raises
         ------
@@ -170,8 +184,16 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        self._call("OpenSession", wire.OpenSessionRequest(self.session_id), wire.OkResponse)
-        self._session_opened = True
+        if self._session_live:
+            self._close_session_quietly()
+        r = self._call("OpenSession", wire.OpenSessionRequest(), wire.SessionInfoResponse)
+        self._session_id, self._secret, self._session_live = r.session, r.secret, True
+
+    def _sid(self) -> bytes:
+        """The current session's id for a round call (which never opens a session)."""
+        if not self._session_id:
+            raise HelperRequestError("unknown session: none was opened on this connection")
+        return self._session_id
 
     def close_session(self) -> None:
         """End this connection's session on S1: S1 drops its rounds and stored keys.
@@ -179,14 +201,18 @@ class _Facade(abc.ABC):
         Raises
         ------
         HelperRequestError
-            If S1 does not know the session (never opened a round, or already closed).
+            If no session was opened, or S1 does not know it (already closed or lost).
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        self._session_opened = False
-        self._call("CloseSession", wire.CloseSessionRequest(self.session_id), wire.OkResponse)
+        if not self._session_id:
+            raise HelperRequestError("no session was opened on this connection")
+        self._session_live = False
+        self._call("CloseSession", wire.CloseSessionRequest(self._session_id), wire.OkResponse)
 
     def _close_session_quietly(self) -> None:
+        if not self._session_live:
+            return
         try:
             self.close_session()
         except HelperError:  # never opened a round, already gone, or S1 unreachable
@@ -201,7 +227,11 @@ class _Facade(abc.ABC):
             body = wire.encode(request)
         except WireFormatError as err:
             raise HelperRequestError(f"cannot encode {method} request: {err}") from None
-        response = self._transport(method, body)
+        try:
+            response = self._transport(method, body)
+        except HelperSessionLostError:
+            self._session_live = False  # keep the id: later calls fail until open_session()
+            raise
         try:
             return wire.decode(response, expected)
         except WireFormatError as err:
@@ -213,7 +243,7 @@ class _Facade(abc.ABC):
         Returns
         -------
         HelperHealth
-            Wire version, key fingerprint, open rounds.
+            Wire version and key fingerprint (S1 says nothing about sessions or rounds).
 
         Raises
         ------
@@ -225,7 +255,7 @@ class _Facade(abc.ABC):
             fp = public_key_fingerprint(r.public_key)
         except SealedBoxError as err:
             raise HelperError(f"S1 announced a malformed public key: {err}") from None
-        return HelperHealth(r.protocol_version, fp, r.open_rounds)
+        return HelperHealth(r.protocol_version, fp)
 
     def public_key(self) -> bytes:
         """Return S1's raw 32-byte X25519 public key.
@@ -251,7 +281,8 @@ class _Facade(abc.ABC):
             ``SSAParams.to_bytes()``.
 
         The connection's first round opens its session first (:meth:`open_session`); a later
-        one does not, so a restarted S1 is noticed rather than papered over.
+        one does not (not even after a lost session), so a restarted S1 is noticed rather than
+        papered over.
 
         Raises
         ------
@@ -263,10 +294,10 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        if not self._session_opened:
+        if not self._session_id:
             self.open_session()
         self._call(
-            "OpenRound", wire.OpenRoundRequest(self.session_id, round_id, params), wire.OkResponse
+            "OpenRound", wire.OpenRoundRequest(self._sid(), round_id, params), wire.OkResponse
         )
 
     def add_clients(
@@ -297,7 +328,7 @@ class _Facade(abc.ABC):
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in uploads))
         r = self._call(
-            "AddClients", wire.AddClientsRequest(self.session_id, round_id, items), _Results
+            "AddClients", wire.AddClientsRequest(self._sid(), round_id, items), _Results
         )
         return _rejections(r, items)
 
@@ -327,7 +358,7 @@ class _Facade(abc.ABC):
         """
         items = _unique(tuple(wire.HintItem(int(c), h, s) for c, h, s in hints))
         r = self._call(
-            "AddClientHints", wire.AddHintsRequest(self.session_id, round_id, items), _Results
+            "AddClientHints", wire.AddHintsRequest(self._sid(), round_id, items), _Results
         )
         return _rejections(r, items)
 
@@ -353,7 +384,7 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         r = self._call(
-            "FinishRound", wire.FinishRoundRequest(self.session_id, round_id), wire.ShareResponse
+            "FinishRound", wire.FinishRoundRequest(self._sid(), round_id), wire.ShareResponse
         )
         return HelperShare(r.client_ids, r.share)
 
@@ -367,7 +398,7 @@ class _Facade(abc.ABC):
         HelperUnavailableError
             If S1 cannot be reached.
         """
-        self._call("AbortRound", wire.AbortRoundRequest(self.session_id, round_id), wire.OkResponse)
+        self._call("AbortRound", wire.AbortRoundRequest(self._sid(), round_id), wire.OkResponse)
 
     def set_model(self, round_id: int, table: NDArray[np.uint64]) -> None:
         """Give S1 the table that the round's PSR queries are answered from.
@@ -391,7 +422,7 @@ class _Facade(abc.ABC):
         if arr.dtype != np.uint64:
             raise HelperRequestError(f"PSR table must be uint64, got {arr.dtype}")
         self._call(
-            "SetModel", wire.SetModelRequest(self.session_id, round_id, arr), wire.OkResponse
+            "SetModel", wire.SetModelRequest(self._sid(), round_id, arr), wire.OkResponse
         )
 
     def psr_answer(
@@ -422,7 +453,7 @@ class _Facade(abc.ABC):
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in queries))
         r = self._call(
-            "PsrAnswer", wire.PsrAnswerRequest(self.session_id, round_id, items), _Results
+            "PsrAnswer", wire.PsrAnswerRequest(self._sid(), round_id, items), _Results
         )
         _check_clients(r, items)
         return {res.client_id: (res.payload if res.ok else res.reason) for res in r.results}
@@ -464,6 +495,7 @@ def _rejections(
 
 
 _REFUSALS: dict[grpc.StatusCode, type[HelperRequestError]] = {
+    grpc.StatusCode.PERMISSION_DENIED: HelperAuthError,
     grpc.StatusCode.NOT_FOUND: HelperSessionLostError,
     grpc.StatusCode.FAILED_PRECONDITION: HelperBudgetExhaustedError,
     grpc.StatusCode.INVALID_ARGUMENT: HelperRequestError,
@@ -481,8 +513,9 @@ class InProcessHelper(_Facade):
         The service to call; a new one with ``keypair`` (or a fresh key) by default.
     keypair : SealingKeyPair, optional
         Key pair of a new service (ignored when ``service`` is given).
-    session_id : bytes, optional
-        This connection's 16-byte session id; a fresh random one by default.
+    session_ids : callable, optional
+        How a new service draws session ids (``HelperService(session_ids=...)``; random by
+        default; ignored when ``service`` is given). Tests pass a deterministic one.
     limits : HelperLimits, optional
         What one round may cost a new service (:mod:`flwr_fsl.helper.limits`; the defaults by
         default; ignored when ``service`` is given).
@@ -503,7 +536,7 @@ class InProcessHelper(_Facade):
         service: HelperService | None = None,
         *,
         keypair: SealingKeyPair | None = None,
-        session_id: bytes | None = None,
+        session_ids: Callable[[], bytes] | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
     ) -> None:
@@ -512,17 +545,21 @@ class InProcessHelper(_Facade):
                 self._state = tempfile.TemporaryDirectory(prefix="flwr-fsl-s1-")
                 state_dir = Path(self._state.name)
             service = HelperService(
-                keypair or SealingKeyPair.generate(), limits=limits, state_dir=state_dir
+                keypair or SealingKeyPair.generate(),
+                limits=limits,
+                state_dir=state_dir,
+                session_ids=session_ids,
             )
         self.service = service
-        self._init_session(session_id)
         self._closed = False
 
     def _transport(self, method: str, body: bytes) -> bytes:
         if self._closed:
             raise HelperUnavailableError("the in-process helper is closed")
         try:
-            return self.service.handle(method, bytes(body))
+            return self.service.handle(method, bytes(body), self._secret or None)
+        except HelperAuthError as err:
+            raise HelperAuthError(str(err)) from None
         except HelperSessionLostError as err:
             raise HelperSessionLostError(str(err)) from None
         except HelperBudgetExhaustedError as err:
@@ -540,6 +577,25 @@ class InProcessHelper(_Facade):
         if not self._closed:
             self._close_session_quietly()
         self._closed = True
+
+
+def is_loopback(host: str) -> bool:
+    """Return whether ``host`` is a loopback address (``localhost``, ``127.0.0.0/8``, ``::1``).
+
+    Any other name, a wildcard (``0.0.0.0``, ``::``) or a private address is not loopback.
+    """
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_of(address: str) -> str:
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
 
 
 def grpc_options(max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -577,15 +633,15 @@ class HelperClient(_Facade):
     root_certificates : bytes, optional
         PEM CA certificate(s) to verify S1's TLS certificate with; enables TLS.
     token : str, optional
-        Shared access token S1 was started with (``--token-file``).
-    session_id : bytes, optional
-        This connection's 16-byte session id; a fresh random one by default.
+        Access token S1 was started with (``--token-file``, or the one it generated).
+
+    Without ``root_certificates`` to a non-loopback address, a warning is logged: the token
+    and the session secrets travel in clear.
 
     Raises
     ------
-    ValueError
-        If ``address`` is empty, ``timeout`` is not positive, ``token`` is empty or
-        ``session_id`` is not 16 bytes.
+    ConfigurationError
+        If ``address`` is empty, ``timeout`` is not positive or ``token`` is empty.
     """
 
     def __init__(
@@ -595,9 +651,7 @@ class HelperClient(_Facade):
         timeout: float = DEFAULT_TIMEOUT_S,
         root_certificates: bytes | None = None,
         token: str | None = None,
-        session_id: bytes | None = None,
     ) -> None:
-        self._init_session(session_id)
         if not isinstance(address, str) or not address:
             raise ConfigurationError("address must be a non-empty 'host:port' string")
         if not timeout > 0:
@@ -606,9 +660,24 @@ class HelperClient(_Facade):
             raise ConfigurationError("token must be a non-empty string")
         self.address = address
         self.timeout = float(timeout)
-        self._metadata = ((TOKEN_METADATA_KEY, token),) if token is not None else None
+        self._token = token
         self._root_certificates = root_certificates
+        if root_certificates is None and not is_loopback(_host_of(address)):
+            log.warning(
+                "S1 at %s is not on loopback and reached over plain gRPC (no TLS): %s travel "
+                "in clear; set ssa-helper-ca-file (flwr-fsl-helper --tls-cert/--tls-key)",
+                address,
+                "the access token and session secrets" if token is not None else "session secrets",
+            )
         self._channel: grpc.Channel | None = self._new_channel()
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        out: tuple[tuple[str, str], ...] = ()
+        if self._token is not None:
+            out += ((TOKEN_METADATA_KEY, self._token),)
+        if self._secret:
+            out += ((SECRET_METADATA_KEY, self._secret.hex()),)
+        return out
 
     def _new_channel(self) -> grpc.Channel:
         if self._root_certificates is None:
@@ -622,7 +691,7 @@ class HelperClient(_Facade):
         channel: grpc.Channel = self._channel
         call = channel.unary_unary(f"/{SERVICE_NAME}/{method}")
         try:
-            response = call(body, timeout=self.timeout, metadata=self._metadata)
+            response = call(body, timeout=self.timeout, metadata=self._metadata() or None)
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
             details = err.details() if isinstance(err, grpc.Call) else str(err)
@@ -639,8 +708,8 @@ class HelperClient(_Facade):
             if refused is not None:
                 raise refused(details or code.name) from None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                hint = "a wrong" if self._metadata else "no"
-                raise HelperError(
+                hint = "a wrong" if self._token is not None else "no"
+                raise HelperAuthError(
                     f"S1 at {self.address} refused the call: it requires an access token and "
                     f"got {hint} token; set {TOKEN_FILE_KEY} in the run config to the file "
                     f"holding the token S1 was started with ({details})"

@@ -12,6 +12,9 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   does not hold (S1 restarted, the session expired or was closed): S1 kept nothing of the run.
   It is also a :class:`~flwr_fsl.families.ssa.two_server.SessionLostError`, which S0's
   :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` recovers from.
+* :class:`HelperAuthError` — a :class:`HelperRequestError` for a call S1 refused because it
+  lacks the access token S1 requires, or names a session without that session's secret
+  (gRPC ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``). S1 changed nothing.
 * :class:`HelperBudgetExhaustedError` — a :class:`HelperRequestError` for a round S1 refuses
   because it would take the run past a privacy budget (the run's, or S1's own ceiling,
   :mod:`flwr_fsl.helper.accounts`). It is also a
@@ -34,6 +37,7 @@ from flwr_fsl.core.wireformat import WireFormatError
 from flwr_fsl.families.ssa.two_server import SessionLostError
 
 __all__ = [
+    "HelperAuthError",
     "HelperBudgetExhaustedError",
     "HelperError",
     "HelperRequestError",
@@ -57,6 +61,10 @@ class HelperUnavailableError(HelperError, ConnectionError):
 
 class HelperSessionLostError(HelperRequestError, SessionLostError):
     """S1 does not hold the call's session (restarted, expired or closed): re-open it."""
+
+
+class HelperAuthError(HelperRequestError):
+    """S1 refused a call for a missing or wrong access token or session secret (nothing changed)."""
 
 
 class HelperBudgetExhaustedError(HelperRequestError, PrivacyBudgetExhaustedError):

@@ -10,10 +10,16 @@ and ``PsrAnswer`` plus ``OpenSession`` and ``CloseSession`` (every method regist
 ``grpc.max_send_message_length`` and ``grpc.max_receive_message_length`` to
 :data:`~flwr_fsl.helper.wire.MAX_MESSAGE_BYTES` (512 MiB) by default.
 
-Options: TLS (``tls=(key PEM, certificate PEM)``; S0 passes the CA certificate to
-:class:`~flwr_fsl.helper.connection.HelperClient`) and a shared access token sent as metadata
-``x-flwr-fsl-token`` (a missing or wrong token is ``UNAUTHENTICATED``). Without them the port
-is plain, unauthenticated gRPC.
+**Authentication** (on by default). ``start_server`` needs an access ``token`` unless called
+with ``insecure=True``: every call but ``Health`` and ``PublicKey`` (health checks and key
+pinning, which say nothing about sessions) must carry it as metadata ``x-flwr-fsl-token``
+(constant-time compare; missing or wrong is ``UNAUTHENTICATED``). Each session's calls must
+also carry the session's secret (metadata ``x-flwr-fsl-session-secret``, hex; checked by
+:meth:`HelperService.handle <flwr_fsl.helper.service.HelperService.handle>`, wrong or missing is
+``PERMISSION_DENIED``). A token on a non-loopback address without TLS (``tls=(key PEM,
+certificate PEM)``; S0 passes the CA certificate to
+:class:`~flwr_fsl.helper.connection.HelperClient`) is refused at start unless ``insecure``:
+it, and the session secrets, would travel in clear.
 
 Status codes: a refused call (:class:`~flwr_fsl.helper.errors.HelperRequestError`) is
 ``INVALID_ARGUMENT`` with the reason as details, except a call naming a session S1 does not hold
@@ -24,11 +30,12 @@ or was closed), which is ``NOT_FOUND``, and a round refused for the run's privac
 (logged with its traceback on S1). :class:`~flwr_fsl.helper.connection.HelperClient` maps them
 back to the same exceptions the in-process twin raises.
 
-**Threat model.** As :mod:`flwr_fsl.helper.service`. Client material is protected end to end
-by the sealed channel whatever the transport; the S0–S1 link carries S1's share and public data.
-Without TLS and a token, anyone who reaches the port can open, fill or abort rounds (S0 detects
-foreign clients through the returned client ids, but not a denial of service): bind it to
-loopback or a private network, or enable both options.
+**Threat model.** As :mod:`flwr_fsl.helper.service`, which says what a caller with and without
+the token or a session's secret can do. Client material is protected end to end by the sealed
+channel whatever the transport; the S0–S1 link carries S1's share, public data, the token and
+the session secrets: serve TLS unless S1 listens on loopback (the start refuses otherwise,
+unless ``insecure``). With ``insecure=True`` and no token, anyone who reaches the port can open
+sessions of their own (never call another's), up to the service's limits.
 """
 
 from __future__ import annotations
@@ -43,15 +50,31 @@ import grpc
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.helper import wire
-from flwr_fsl.helper.connection import TOKEN_METADATA_KEY, grpc_options
+from flwr_fsl.helper.connection import (
+    SECRET_METADATA_KEY,
+    TOKEN_METADATA_KEY,
+    grpc_options,
+    is_loopback,
+)
 from flwr_fsl.helper.errors import (
+    HelperAuthError,
     HelperBudgetExhaustedError,
     HelperRequestError,
     HelperSessionLostError,
 )
 from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 
-__all__ = ["TOKEN_METADATA_KEY", "format_address", "start_server"]
+__all__ = [
+    "PUBLIC_METHODS",
+    "SECRET_METADATA_KEY",
+    "TOKEN_METADATA_KEY",
+    "format_address",
+    "is_loopback",
+    "start_server",
+]
+
+PUBLIC_METHODS = frozenset({"Health", "PublicKey"})
+"""Methods served without the access token (they reveal S1's version and public key only)."""
 
 log = logging.getLogger("flwr_fsl.helper")
 
@@ -61,6 +84,16 @@ def format_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+def _secret_of(context: grpc.ServicerContext) -> bytes | None:
+    sent = dict(context.invocation_metadata()).get(SECRET_METADATA_KEY)
+    if not isinstance(sent, str):
+        return None
+    try:
+        return bytes.fromhex(sent)
+    except ValueError:
+        return None
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
@@ -74,14 +107,16 @@ def _handler(
     expected = token.encode() if token is not None else None
 
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-        if expected is not None:
+        if expected is not None and method not in PUBLIC_METHODS:
             sent = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY, "")
             given = sent.encode() if isinstance(sent, str) else bytes(sent)
             if not hmac.compare_digest(given, expected):
                 log.warning("%s refused: missing or wrong access token", method)
                 _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong access token")
         try:
-            return service.handle(method, request)
+            return service.handle(method, request, _secret_of(context))
+        except HelperAuthError as err:
+            _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(err))
         except HelperSessionLostError as err:
             log.warning("%s refused: %s", method, err)
             _abort(context, grpc.StatusCode.NOT_FOUND, str(err))
@@ -111,6 +146,7 @@ def start_server(
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
     tls: tuple[bytes, bytes] | None = None,
     token: str | None = None,
+    insecure: bool = False,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``service`` over gRPC.
 
@@ -130,8 +166,12 @@ def start_server(
     tls : tuple[bytes, bytes], optional
         ``(private key PEM, certificate chain PEM)``: serve TLS instead of plain gRPC.
     token : str, optional
-        Shared access token: calls without metadata ``x-flwr-fsl-token`` equal to it are
-        refused with ``UNAUTHENTICATED`` (send it only over TLS or a private network).
+        Shared access token: calls (but ``Health`` and ``PublicKey``) without metadata
+        ``x-flwr-fsl-token`` equal to it are refused with ``UNAUTHENTICATED``. Required
+        unless ``insecure``.
+    insecure : bool (default: False)
+        Allow serving without a token, and a token over plain gRPC on a non-loopback
+        address.
 
     Returns
     -------
@@ -140,8 +180,9 @@ def start_server(
 
     Raises
     ------
-    ValueError
-        If an argument is out of range.
+    ConfigurationError
+        If an argument is out of range, no token is given without ``insecure``, or a token
+        would travel in clear to a non-loopback address without ``insecure``.
     OSError
         If the address cannot be bound (port in use, bad host).
     """
@@ -153,6 +194,15 @@ def start_server(
         raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
     if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
         raise ConfigurationError("token must be a non-empty printable string")
+    if token is None and not insecure:
+        raise ConfigurationError(
+            "S1 needs an access token (or insecure=True / --insecure to serve every caller)"
+        )
+    if token is not None and tls is None and not insecure and not is_loopback(host):
+        raise ConfigurationError(
+            f"the access token would travel in clear to {host}: serve TLS (--tls-cert, "
+            "--tls-key), bind a loopback address, or pass --insecure"
+        )
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _handler(service, name, token), request_deserializer=None, response_serializer=None

@@ -8,21 +8,30 @@ protocol is a :class:`HelperPlugin` in its own file that registers its methods
 PrivHFL computing party) is one new file registered the same way (and its own wire kinds,
 :func:`flwr_fsl.helper.wire.register_message`).
 
-**Sessions.** Every round-scoped request carries a 16-byte session id that S0 drew for its run
-(one per :class:`~flwr_fsl.helper.connection.HelperConnection`). Everything S1 keeps — open and
-closed rounds, stored U-DPF keys, PSR tables — lives in that session, so one long-running
-``flwr-fsl-helper`` serves many runs, one after another and at once, and round ids of different
-runs never collide. A session is created only by ``OpenSession`` (what
-:func:`~flwr_fsl.helper.setup.connect_helper` sends, so it spans the whole run; a connection
-also sends it before its first ``OpenRound``), ends with ``CloseSession`` (a connection's
-``close()``), and is dropped after ``session_idle_s`` without a call; at most ``max_sessions``
-exist at once (a new one beyond that is refused, after expired ones are dropped) and each has
-at most ``max_open_rounds`` open rounds. Sessions live in memory only: any other call naming a
-session S1 does not hold — after a restart of S1, an expiry or a close — is refused with
+**Sessions.** Every round-scoped request carries a 16-byte session id, and beside it the
+session's 32-byte secret. Both are drawn by S1 (``os.urandom``) when S0 calls ``OpenSession``
+(what :func:`~flwr_fsl.helper.setup.connect_helper` sends, so a session spans the whole run; a
+connection also sends it before its first ``OpenRound``) and returned to that caller only; S0
+sends the id, never the secret, to clients (they bind their sealed material to it). Every later
+call naming the session must carry the secret (compared in constant time); a missing or wrong
+one is refused with :class:`~flwr_fsl.helper.errors.HelperAuthError` before the session is
+touched (not even its idle clock), so knowing a session id — every client of the run does —
+opens nothing. Session ids are single-use: S0 cannot name the id of a new session, so sealed
+material bound to a closed session never opens in another one (a replay after
+close-and-reopen fails per client), and the last :data:`RETIRED_SESSIONS` closed or expired
+ids are remembered for a clear error. Everything S1 keeps — open and closed rounds, stored
+U-DPF keys, PSR tables — lives in the session, so one long-running ``flwr-fsl-helper`` serves
+many runs, one after another and at once, and round ids of different runs never collide. A
+session ends with ``CloseSession`` (a connection's ``close()``) and is dropped after
+``session_idle_s`` without a call; at most ``max_sessions`` exist at once (a new one beyond
+that is refused, after expired ones are dropped) and each has at most ``max_open_rounds`` open
+rounds. Sessions live in memory only: any other call naming a session S1 does not hold —
+after a restart of S1, an expiry or a close — is refused with
 :class:`~flwr_fsl.helper.errors.HelperSessionLostError`, so S0 learns that S1 lost the run's
-rounds and U-DPF keys instead of a round silently starting on an empty session. Calls of
-different sessions run concurrently (one lock per session); calls of one session are
-serialized. ``Health`` and ``PublicKey`` take no session lock.
+rounds and U-DPF keys instead of a round silently starting on an empty session; S0 then opens
+a *new* session (a new id: clients get it with the next round). Calls of different sessions
+run concurrently (one lock per session); calls of one session are serialized. ``Health`` and
+``PublicKey`` take no session lock and say nothing about sessions.
 
 :meth:`HelperService.handle` is the one entry point, so the gRPC server
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
@@ -37,7 +46,7 @@ evaluated; a round over a limit is refused with a
 
 **Privacy accounts.** S1's account of each run's DP rounds (its noise: the guarantee against S0)
 belongs to the run, not the session, and lives in ``state_dir`` when one is given
-(:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session, a replayed one
+(:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session of the run
 or a restarted S1 resumes it, and S1 refuses rounds past the run's budget or its own ceiling.
 
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
@@ -52,20 +61,37 @@ state raises :class:`~flwr_fsl.helper.errors.HelperRequestError` for the whole c
 client's bad material is never an exception: services report it per client and leave S1's
 state for the other clients unchanged.
 
-**Threat model and leakage.** Two non-colluding semi-honest servers. What S1 learns is stated
-per service; across sessions S1 learns only which sessions exist and when they call. The S0–S1
-link carries shares and public data; enable TLS and the access token
-(:mod:`flwr_fsl.helper.server`) or keep it on a private network. An unauthenticated caller can at
-most create sessions up to ``max_sessions``, each with up to ``max_open_rounds`` rounds of at
-most ``max_round_bytes`` (plus the keys of at most ``max_clients_per_round`` clients per round
-and the U-DPF keys the session stores), which is why deployments should set the token.
+**Threat model and leakage.** Two non-colluding servers, either of which may deviate, and
+anyone on the network may call S1. What S1 learns is stated per service; across sessions S1
+learns only which sessions exist and when they call. Who may do what (the gRPC layer,
+:mod:`flwr_fsl.helper.server`, adds the access token in front of every method but ``Health``
+and ``PublicKey``):
+
+* anyone reaching the port: ``Health`` (S1's wire version and public key: nothing about
+  sessions or rounds) and ``PublicKey``; nothing else without the token
+  (``tests/attacks/test_helper_outsider.py``);
+* a holder of the token (another run's S0, say) and anyone who knows a session id (every
+  client of that run): opens sessions of its own, but cannot call any method of another
+  session — add items or hints, finish or abort rounds, set a table, answer queries, close it
+  (``tests/attacks/test_helper_outsider.py``);
+* the S0 of a session: cannot reopen a closed session id or make sealed material of one
+  session open in another (``tests/attacks/test_helper_replay.py``); a new session resumes the
+  run's privacy account rather than starting a fresh one (see below).
+
+A caller with the token (or any caller of an S1 started with ``--insecure``) can still create
+sessions up to ``max_sessions``, each with up to ``max_open_rounds`` rounds of at most
+``max_round_bytes`` (plus the keys of at most ``max_clients_per_round`` clients per round and
+the U-DPF keys the session stores): a denial of service, not a leak.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +101,17 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.accounts import RunAccounts
-from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
+from flwr_fsl.helper.errors import (
+    HelperAuthError,
+    HelperRequestError,
+    HelperSessionLostError,
+    WireFormatError,
+)
 from flwr_fsl.helper.limits import HelperLimits
 
 __all__ = [
     "PARTY",
+    "RETIRED_SESSIONS",
     "SERVICE_NAME",
     "HelperLimits",
     "HelperPlugin",
@@ -92,6 +124,8 @@ SERVICE_NAME = "flwr_fsl.helper.v1.Helper"
 """Fully qualified gRPC service name."""
 PARTY = 1
 """S1 is party 1 of every two-party protocol."""
+RETIRED_SESSIONS = 4096
+"""How many closed or expired session ids S1 remembers (for a clear error; ids never repeat)."""
 
 log = logging.getLogger("flwr_fsl.helper")
 
@@ -103,7 +137,9 @@ class Session:
     Attributes
     ----------
     session_id : bytes
-        The 16-byte id S0 drew.
+        The 16-byte id S1 drew.
+    secret : bytes
+        The 32-byte secret S1 drew; only the S0 that opened the session knows it.
     rounds : dict[int, Any]
         Open rounds: round id -> the owning service's round state.
     closed : set[int]
@@ -115,6 +151,7 @@ class Session:
     """
 
     session_id: bytes
+    secret: bytes = field(default=b"", repr=False)
     rounds: dict[int, Any] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     data: dict[str, Any] = field(default_factory=dict)
@@ -185,6 +222,9 @@ class HelperService:
     state_dir : Path, optional
         Where the per-run privacy accounts are kept (:mod:`flwr_fsl.helper.accounts`); None
         keeps them in memory (they then last as long as this object).
+    session_ids : callable, optional
+        Draws a new session's 16-byte id; 16 bytes of ``os.urandom`` by default. Tests pass a
+        deterministic one; a drawn id that S1 holds or has retired is refused.
 
     Raises
     ------
@@ -203,7 +243,10 @@ class HelperService:
         plugins: Iterable[HelperPlugin] | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
+        session_ids: Callable[[], bytes] | None = None,
     ) -> None:
+        if session_ids is not None and not callable(session_ids):
+            raise ConfigurationError("session_ids must be a callable returning 16 bytes")
         if not isinstance(keypair, SealingKeyPair):
             raise ConfigurationError(
                 f"keypair must be a SealingKeyPair, got {type(keypair).__name__}"
@@ -224,6 +267,8 @@ class HelperService:
         self.limits = limits if limits is not None else HelperLimits()
         self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
         self._sessions: dict[bytes, Session] = {}
+        self._retired: OrderedDict[bytes, str] = OrderedDict()
+        self._draw_id = session_ids or (lambda: os.urandom(wire.SESSION_BYTES))
         self._sessions_lock = threading.Lock()
         self._methods: dict[str, Method] = {
             "Health": Method(wire.HealthRequest, self._health, needs_session=False),
@@ -267,8 +312,8 @@ class HelperService:
         """Hex SHA-256 of :attr:`public_key` (what operators pin in the run config)."""
         return self.keypair.fingerprint
 
-    def handle(self, method: str, request: bytes) -> bytes:
-        """Run one call: decode the request, update state, encode the response.
+    def handle(self, method: str, request: bytes, secret: bytes | None = None) -> bytes:
+        """Run one call: decode the request, check its session secret, update state, answer.
 
         Parameters
         ----------
@@ -276,6 +321,9 @@ class HelperService:
             A registered method name (the gRPC method name).
         request : bytes
             The wire-encoded request of that method.
+        secret : bytes, optional
+            The secret of the session the request names (what ``OpenSession`` returned);
+            ignored by session-less methods and ``OpenSession``.
 
         Returns
         -------
@@ -288,7 +336,8 @@ class HelperService:
             If the method is unknown, the request is malformed (any
             :class:`~flwr_fsl.helper.errors.WireFormatError`) or is refused in the current
             state; :class:`~flwr_fsl.helper.errors.HelperSessionLostError` if it names a
-            session S1 does not hold.
+            session S1 does not hold; :class:`~flwr_fsl.helper.errors.HelperAuthError` if
+            ``secret`` is not that session's (the session is left untouched).
         """
         entry = self._methods.get(method)
         if entry is None:
@@ -299,7 +348,10 @@ class HelperService:
             raise HelperRequestError(f"malformed {method} request: {err}") from None
         if not entry.needs_session:
             return wire.encode(entry.handler(None, message))
-        session = self._session(message.session, create=entry.creates_session)  # type: ignore[attr-defined]
+        if entry.creates_session:
+            session = self._new_session()
+        else:
+            session = self._session(message.session, secret)  # type: ignore[attr-defined]
         with session.lock:
             try:
                 response = entry.handler(session, message)
@@ -309,31 +361,51 @@ class HelperService:
 
     # --------------------------------------------------------------------------------------------
 
-    def _session(self, session_id: bytes, *, create: bool) -> Session:
+    def _session(self, session_id: bytes, secret: bytes | None) -> Session:
         with self._sessions_lock:
             session = self._sessions.get(session_id)
-            if session is not None:
-                # Touched under the sessions lock, so a concurrent _expire_idle cannot drop a
-                # session between this lookup and the call taking its lock.
-                session.last_used = time.monotonic()
-                return session
-            if not create:
-                raise HelperSessionLostError("unknown session (closed, expired, or S1 restarted)")
+            if session is None:
+                why = self._retired.get(session_id, "closed, expired, or S1 restarted")
+                raise HelperSessionLostError(f"unknown session ({why})")
+            if not isinstance(secret, bytes) or not hmac.compare_digest(secret, session.secret):
+                log.warning("session %s: call refused, wrong secret", session_id.hex()[:8])
+                raise HelperAuthError(
+                    "wrong or missing session secret: only the S0 that opened a session may call it"
+                )
+            # Touched under the sessions lock, so a concurrent _expire_idle cannot drop a
+            # session between this lookup and the call taking its lock.
+            session.last_used = time.monotonic()
+            return session
+
+    def _new_session(self) -> Session:
+        with self._sessions_lock:
             self._expire_idle()
             if len(self._sessions) >= self.max_sessions:
                 raise HelperRequestError(
                     f"{len(self._sessions)} sessions are open (limit {self.max_sessions})"
                 )
-            session = Session(session_id)
+            session_id = self._draw_id()
+            if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
+                raise HelperRequestError("S1 drew a malformed session id")
+            if session_id in self._sessions or session_id in self._retired:
+                raise HelperRequestError("S1 drew a session id it has used before")
+            session = Session(session_id, os.urandom(wire.SECRET_BYTES))
             self._sessions[session_id] = session
             log.info("session %s opened (%d open)", session_id.hex()[:8], len(self._sessions))
             return session
+
+    def _retire(self, session_id: bytes, why: str) -> None:
+        """Forget a session for good, remembering its id (bounded) for a clear error."""
+        self._sessions.pop(session_id, None)
+        self._retired[session_id] = why
+        while len(self._retired) > RETIRED_SESSIONS:
+            self._retired.popitem(last=False)
 
     def _expire_idle(self) -> None:
         now = time.monotonic()
         for sid, session in list(self._sessions.items()):
             if now - session.last_used > self.session_idle_s and not session.lock.locked():
-                del self._sessions[sid]
+                self._retire(sid, "expired: idle too long")
                 log.warning(
                     "session %s expired after %.0f s idle", sid.hex()[:8], now - session.last_used
                 )
@@ -344,21 +416,19 @@ class HelperService:
             return len(self._sessions)
 
     def _health(self, _: Session | None, __: wire.Message) -> wire.Message:
-        with self._sessions_lock:
-            sessions = list(self._sessions.values())
-        open_rounds = tuple(sorted(r for s in sessions for r in list(s.rounds)))
-        return wire.HealthResponse(wire.VERSION, self.public_key, open_rounds)
+        return wire.HealthResponse(wire.VERSION, self.public_key)
 
     def _public_key(self, _: Session | None, __: wire.Message) -> wire.Message:
         return wire.PublicKeyResponse(self.public_key)
 
     def _open_session(self, session: Session | None, _: wire.Message) -> wire.Message:
-        return wire.OkResponse()  # created (or found) by the dispatcher
+        assert session is not None  # created by the dispatcher
+        return wire.SessionInfoResponse(session.session_id, session.secret)
 
     def _close_session(self, session: Session | None, _: wire.Message) -> wire.Message:
         assert session is not None
         with self._sessions_lock:
-            self._sessions.pop(session.session_id, None)
+            self._retire(session.session_id, "closed; session ids are single-use")
         log.info("session %s closed", session.session_id.hex()[:8])
         return wire.OkResponse()
 

@@ -9,15 +9,18 @@ loading any of this package's gRPC code):
   ``flwr-fsl-helper``); required with an address;
 - ``ssa-helper-key-file``: absolute path of S1's key file (simulation: the in-process S1 uses
   and creates it, simulated clients pin its public key);
-- ``ssa-helper-token-file``: absolute path of a file holding the access token S1 was started
-  with (``flwr-fsl-helper --token-file``); sent as gRPC metadata on every call;
+- ``ssa-helper-token-file``: absolute path of a file holding S1's access token (a copy of the
+  file ``flwr-fsl-helper`` prints: ``--token-file``, or the ``<state-dir>/token`` it generated);
+  sent as gRPC metadata on every call. Required unless S1 runs with ``--insecure``;
 - ``ssa-helper-ca-file``: absolute path of the PEM CA certificate that signed S1's TLS
   certificate (``flwr-fsl-helper --tls-cert/--tls-key``); set means TLS, unset plain gRPC.
 
 :func:`connect_helper` validates all of them once, before round 1, and raises
 :class:`~flwr_fsl.core.errors.ConfigurationError` naming the bad key; then it connects and checks
-S1's key against the pin. Each connection is one session on S1 (a fresh 16-byte id), so one
-long-running helper serves many runs, one after another or at once. :func:`secure_helper` is a
+S1's key against the pin. Each connection is one session on S1 (a 16-byte id and a 32-byte
+secret S1 draws; the secret stays in S0), so one long-running helper serves many runs, one after
+another or at once. A token sent without TLS to a non-loopback address is logged as a warning
+(:class:`~flwr_fsl.helper.connection.HelperClient`). :func:`secure_helper` is a
 ServerApp's whole S1 wiring: connect (or take a given connection), verify, say so, and close what
 it opened.
 """

@@ -3,7 +3,7 @@
 Every gRPC request and response body (and a sealed PSR answer's plaintext) is one message::
 
     magic  b"FSHW"   4 bytes
-    version          u8   (2; v1 had no session ids)
+    version          u8   (4; v1 had no session ids, v3 let S0 name its session)
     kind             u8   (:class:`Kind`)
     reserved         u16  (0)
     body             kind-specific fields, then nothing: trailing bytes are an error
@@ -16,8 +16,11 @@ All integers are little-endian. Field types:
 * ``array``: dtype code ``u8`` (1 uint64, 2 int64, 3 float32, 4 float64, 5 uint8), ``ndim`` ``u8``
   (0..4), ``ndim`` ``u64`` dimensions, then the elements as raw little-endian C-order bytes;
 * ``items``: ``u32`` count, then per item the fields listed;
-* ``session``: exactly 16 raw bytes, the session id S0 drew for its run (S1 keeps every
-  round, U-DPF key and PSR table per session, so one helper serves many runs at once).
+* ``session``: exactly 16 raw bytes, the session id S1 drew for the run in ``OPEN_SESSION``
+  (S1 keeps every round, U-DPF key and PSR table per session, so one helper serves many runs
+  at once). The session's 32-byte secret is not in any body: it travels beside the body
+  (gRPC metadata ``x-flwr-fsl-session-secret``, an argument of
+  :meth:`HelperService.handle <flwr_fsl.helper.service.HelperService.handle>` in process).
 
 The field reader and writer are :mod:`flwr_fsl.core.wireformat`'s (one strict codec toolkit for
 every binary format); a plugged-in service registers its own kinds (128..255) with
@@ -38,14 +41,16 @@ ABORT_ROUND (7)        session, round ``u64``
 SET_MODEL (8)          session, round ``u64``, table ``array`` (uint64, 2-d)
 PSR_ANSWER (9)         session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
 CLOSE_SESSION (10)     session
-OPEN_SESSION (11)      session
+OPEN_SESSION (11)      empty (S1 draws the session id and its secret)
 OK (64)                empty
-HEALTH_INFO (65)       protocol version ``u32``, public key ``bytes`` (32), open rounds ``ids``
+HEALTH_INFO (65)       protocol version ``u32``, public key ``bytes`` (32) (nothing about
+                       sessions or rounds: ``Health`` needs no token)
 PUBLIC_KEY_INFO (66)   public key ``bytes`` (32)
 CLIENT_RESULTS (67)    items (client ``u64``, status ``u8`` 0 ok / 1 rejected, payload ``bytes``:
                        empty or a sealed answer when ok, the UTF-8 reason when rejected)
 SHARE (68)             contributing clients ``ids``, share ``array`` (uint64, ``(m, tau)``)
 ARRAY (69)             ``array`` (the plaintext of a sealed PSR answer)
+SESSION_INFO (70)      session, secret (exactly 32 raw bytes): the answer to ``OPEN_SESSION``
 =====================  ==========================================================================
 
 **Limits.** A message is at most :data:`MAX_MESSAGE_BYTES` (512 MiB, the gRPC message limit
@@ -84,6 +89,7 @@ __all__ = [
     "MAX_ARRAY_NDIM",
     "MAX_ITEMS",
     "MAX_MESSAGE_BYTES",
+    "SECRET_BYTES",
     "SESSION_BYTES",
     "VERSION",
     "AbortRoundRequest",
@@ -106,6 +112,7 @@ __all__ = [
     "PublicKeyRequest",
     "PublicKeyResponse",
     "SealedItem",
+    "SessionInfoResponse",
     "SetModelRequest",
     "ShareResponse",
     "WireFormatError",
@@ -115,9 +122,11 @@ __all__ = [
 ]
 
 MAGIC = register_magic(b"FSHW", "helper wire message, S0 <-> S1 (flwr_fsl.helper.wire)")
-VERSION = 3  # v3: U-DPF hint items carry the client's sealed binding
+VERSION = 4  # v4: S1 draws session ids and secrets (SESSION_INFO); HEALTH_INFO lists no rounds
 SESSION_BYTES = 16
-"""Length of a session id: S0 draws one per run (per :class:`HelperConnection`)."""
+"""Length of a session id: S1 draws one per ``OPEN_SESSION`` (one per run)."""
+SECRET_BYTES = 32
+"""Length of a session secret: every later call of the session must carry it."""
 _HEADER = struct.Struct("<4sBBH")
 
 
@@ -141,6 +150,7 @@ class Kind(IntEnum):
     CLIENT_RESULTS = 67
     SHARE = 68
     ARRAY = 69
+    SESSION_INFO = 70
 
 
 # ------------------------------------------------------------------------------------------------
@@ -237,17 +247,29 @@ def _read_session(r: _Reader) -> bytes:
 
 @dataclass(frozen=True)
 class OpenSessionRequest(Message):
-    """Start a session (a run) before its first round; S1 keeps it until closed or idle."""
+    """Start a new session (a run); S1 draws its id and secret and keeps it until closed or idle."""
 
     KIND: ClassVar[Kind] = Kind.OPEN_SESSION
+
+
+@dataclass(frozen=True)
+class SessionInfoResponse(Message):
+    """A new session: the id S1 drew (clients bind sealed material to it) and its secret.
+
+    Only S0 gets the secret; every later call of the session must carry it.
+    """
+
+    KIND: ClassVar[Kind] = Kind.SESSION_INFO
     session: bytes
+    secret: bytes = field(repr=False)
 
     def _write(self, w: _Writer) -> None:
         _write_session(w, self.session)
+        w.fixed(self.secret, SECRET_BYTES)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(_read_session(r))
+        return cls(_read_session(r), r.fixed(SECRET_BYTES, "session secret"))
 
 
 @dataclass(frozen=True)
@@ -406,21 +428,19 @@ class OkResponse(Message):
 
 @dataclass(frozen=True)
 class HealthResponse(Message):
-    """S1's status: wire protocol version, public key and open rounds."""
+    """S1's status: wire protocol version and public key (nothing about sessions or rounds)."""
 
     KIND: ClassVar[Kind] = Kind.HEALTH_INFO
     protocol_version: int
     public_key: bytes
-    open_rounds: tuple[int, ...]
 
     def _write(self, w: _Writer) -> None:
         w.u32(self.protocol_version)
         w.raw(self.public_key)
-        w.ids(self.open_rounds)
 
     @classmethod
     def _read(cls, r: _Reader) -> Message:
-        return cls(r.u32("protocol version"), r.raw("public key"), r.ids("open rounds"))
+        return cls(r.u32("protocol version"), r.raw("public key"))
 
 
 @dataclass(frozen=True)
@@ -517,6 +537,7 @@ _BY_KIND: dict[int, type[Message]] = {
         ClientResultsResponse,
         ShareResponse,
         ArrayMessage,
+        SessionInfoResponse,
     )
 }
 

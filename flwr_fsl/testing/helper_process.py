@@ -2,8 +2,11 @@
 
 :class:`HelperProcess` starts ``python -m flwr_fsl.helper`` on a free loopback port, waits until
 it prints its address and fingerprint, and stops it with SIGTERM. The child is the same program
-an operator runs as ``flwr-fsl-helper``; extra CLI flags (limits, ``--min-clients``) pass
-through unchanged. Its privacy accounts go to ``state_dir`` (``--state-dir``): a fresh
+an operator runs as ``flwr-fsl-helper``; extra CLI flags (limits, ``--min-clients``,
+``--insecure``, ``--token-file``) pass through unchanged. By default the child generates its
+access token in ``state_dir`` (:attr:`HelperProcess.token`; :meth:`HelperProcess.client` is a
+:class:`~flwr_fsl.helper.HelperClient` that sends it); a restarted process given the same
+``state_dir`` keeps the token. Its privacy accounts go to ``state_dir`` (``--state-dir``): a fresh
 temporary directory unless given, so tests never share the operator's default one; give the
 same ``state_dir`` to a restarted process to resume the accounts.
 """
@@ -20,6 +23,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr_fsl.helper.connection import HelperClient
 
 __all__ = ["HelperProcess"]
 
@@ -54,6 +61,10 @@ class HelperProcess:
         ``host:port`` the child listens on.
     fingerprint : str
         The fingerprint of S1's public key, as the child printed it.
+    token_file : Path or None
+        The access token file the child printed (None with ``--insecure`` and no token file).
+    token : str or None
+        Its content.
     """
 
     def __init__(
@@ -79,6 +90,8 @@ class HelperProcess:
         threading.Thread(target=self._pump, daemon=True).start()
         self.fingerprint = ""
         self.address = ""
+        self.token_file: Path | None = None
+        self.token: str | None = None
         while not self.address:
             try:
                 line = self.lines.get(timeout=READY_TIMEOUT_S)
@@ -90,8 +103,24 @@ class HelperProcess:
                 raise RuntimeError(f"helper exited; log:\n{log_file.read_text()}")
             if "public key fingerprint" in line:
                 self.fingerprint = line.rsplit(" ", 1)[1]
+            if ": access token file " in line:
+                self.token_file = Path(line.split(": access token file ", 1)[1])
+                self.token = self.token_file.read_text().strip()
             if "listening on" in line:
                 self.address = line.rsplit(" ", 1)[1]
+
+    def client(self, timeout: float = 60.0) -> HelperClient:
+        """Return a new gRPC connection to this S1 that sends its access token."""
+        from flwr_fsl.helper.connection import HelperClient
+
+        return HelperClient(self.address, timeout=timeout, token=self.token)
+
+    def run_config(self) -> dict[str, str]:
+        """Return S0's run-config keys for this S1 (address, pinned fingerprint, token file)."""
+        config = {"ssa-helper-address": self.address, "ssa-helper-fingerprint": self.fingerprint}
+        if self.token_file is not None:
+            config["ssa-helper-token-file"] = str(self.token_file.resolve())
+        return config
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None

@@ -5,8 +5,10 @@ refusal, the wire format (known answer, round trips, every malformed request) an
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,11 +59,27 @@ M, K, WIDTH = 96, 8, 2
 SID = bytes(range(16))  # the session of every twin below (clients bind sealed material to it)
 
 
+def fixed_ids(*ids: bytes) -> Callable[[], bytes]:
+    """A deterministic session-id drawer for a test S1: ``ids`` in order, then random ones."""
+    it = iter(ids)
+    return lambda: next(it, None) or os.urandom(16)
+
+
+def open_rounds(helper: InProcessHelper | HelperService) -> tuple[int, ...]:
+    """The rounds open on an in-process S1, over all its sessions (``Health`` no longer says)."""
+    service = helper.service if isinstance(helper, InProcessHelper) else helper
+    with service._sessions_lock:
+        sessions = list(service._sessions.values())
+    return tuple(sorted(r for s in sessions for r in s.rounds))
+
+
 def twin(*args: Any, **kwargs: Any) -> InProcessHelper:
     # These tests exercise round mechanics with as few as one client; S1's minimum
     # participation has its own tests (test_s1_refuses_a_round_below_its_minimum).
+    # S1 draws session ids; this one draws SID first, so material bound to SID opens.
     kwargs.setdefault("limits", HelperLimits(min_clients=1))
-    return InProcessHelper(*args, session_id=SID, **kwargs)
+    kwargs.setdefault("session_ids", fixed_ids(SID))
+    return InProcessHelper(*args, **kwargs)
 
 
 def bind(params: SSAParams | int, session: bytes = SID) -> RoundBinding:
@@ -136,7 +154,9 @@ def hint_for(
     return client.cid, hint, sealed
 
 
-def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed: int = 0):
+def upload_for(
+    params: SSAParams, client: Client, helper_pub: bytes, epoch_seed: int = 0, session: bytes = SID
+):
     upload, client.state = encode_update(
         params,
         client.idx,
@@ -147,7 +167,7 @@ def upload_for(params: SSAParams, client: Client, helper_pub: bytes, epoch_seed:
     )
     sealed = seal_ssa_upload(
         helper_pub,
-        binding=bind(params),
+        binding=bind(params, session),
         client_id=client.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
@@ -187,6 +207,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     # ---- round 1: PSR, then SSA with fresh keys (and bad clients) -----------------------------
     p1 = make_params(1)
     conn.open_round(1, p1.to_bytes())
+    sid = conn.session_id  # S1 drew it: clients bind their sealed material to it
     rows = np.random.default_rng(7).normal(size=(M, WIDTH)).astype(np.float32)
     table = encode_table(rows)
     conn.set_model(1, table)
@@ -201,7 +222,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
         )
         sealed, keys[c.cid] = seal_psr_query(
             pub,
-            binding=bind(1),
+            binding=bind(1, sid),
             client_id=c.cid,
             public_part=q.upload.public_part,
             master_seed=q.upload.master_seeds[1],
@@ -217,7 +238,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     for c in clients:
         sealed_answer = answers[c.cid]
         assert isinstance(sealed_answer, bytes)
-        a1 = open_psr_answer(keys[c.cid], sealed_answer, binding=bind(1), client_id=c.cid)
+        a1 = open_psr_answer(keys[c.cid], sealed_answer, binding=bind(1, sid), client_id=c.cid)
         a0 = s0_psr.answer(queries[c.cid].upload.public_part, queries[c.cid].upload.master_seeds[0])
         retrieved[c.cid] = decode_table(decode_answers(queries[c.cid], a0, a1), np.float32)
     out["psr_rows"] = retrieved
@@ -226,7 +247,7 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     s0 = SSAServer(p1, 0)
     good, relay = [], []
     for c in clients:
-        upload, sealed = upload_for(p1, c, pub)
+        upload, sealed = upload_for(p1, c, pub, session=sid)
         good.append((c.cid, upload))
         relay.append((c.cid, upload.public_part, sealed))
     u0, s_0 = relay[0][1], relay[0][2]
@@ -254,7 +275,8 @@ def run_scenario(conn: HelperConnection) -> dict[str, Any]:
     hints = []
     for c in clients:
         c.values = c.values * -2.0
-        item = hint_for(p2, c, conn.public_key(), rng=np.random.default_rng([1, c.cid]))
+        rng = np.random.default_rng([1, c.cid])
+        item = hint_for(p2, c, conn.public_key(), rng=rng, binding=bind(p2, sid))
         hints.append(item)
         s0_2.add_client_hint(c.cid, item[1])
     hints.append((77, hints[0][1], hints[0][2]))  # client 0's hint and seal, relabelled as 77
@@ -346,7 +368,7 @@ def test_refused_calls(transcript):
     assert "bad round parameters" in e["bad params"]
     assert "no PSR table" in e["no table"]
     assert "bad PSR table" in e["bad table"]
-    assert t["health"].open_rounds == () and t["health_after"].open_rounds == ()
+    assert t["health"] == t["health_after"]  # version and key only: nothing about rounds
 
 
 def test_public_part_altered_by_s0_is_caught_by_the_hash():
@@ -408,7 +430,8 @@ def test_duplicate_ids_in_one_request():
         helper.add_clients(1, [item, item])
     # A raw request with the duplicate (S0 bypassing the facade): the second is rejected.
     body = wire.encode(wire.AddClientsRequest(SID, 1, (wire.SealedItem(*item),) * 2))
-    resp = wire.decode(helper.service.handle("AddClients", body), wire.ClientResultsResponse)
+    raw = helper.service.handle("AddClients", body, helper._secret)
+    resp = wire.decode(raw, wire.ClientResultsResponse)
     assert [r.ok for r in resp.results] == [True, False]
     assert "already submitted" in resp.results[1].reason
     ids, share = helper.finish_round(1)  # HelperShare is a named tuple
@@ -424,7 +447,7 @@ def test_too_many_open_rounds_and_abort():
         helper.open_round(3, make_params(3).to_bytes())
     helper.abort_round(1)
     helper.open_round(3, make_params(3).to_bytes())
-    assert helper.health().open_rounds == (2, 3)
+    assert open_rounds(helper) == (2, 3)
     with pytest.raises(HelperRequestError, match="already finished or aborted"):
         helper.abort_round(1)
     with pytest.raises(HelperRequestError, match="already opened"):
@@ -545,13 +568,16 @@ def test_internal_error_is_a_helper_error_not_a_request_error(monkeypatch):
 
 def test_malformed_response_is_a_helper_error(monkeypatch):
     helper = twin()
-    monkeypatch.setattr(helper.service, "handle", lambda method, body: _hdr(0x40))
+    helper.open_session()
+    monkeypatch.setattr(helper.service, "handle", lambda method, body, secret=None: _hdr(0x40))
     with pytest.raises(HelperError, match="malformed Health response"):
         helper.health()
     monkeypatch.setattr(
         helper.service,
         "handle",
-        lambda method, body: wire.encode(wire.ClientResultsResponse((wire.ClientResult(1, True),))),
+        lambda method, body, secret=None: wire.encode(
+            wire.ClientResultsResponse((wire.ClientResult(1, True),))
+        ),
     )
     with pytest.raises(HelperError, match="other clients"):
         helper.add_clients(1, [])
@@ -569,9 +595,13 @@ def test_service_argument_validation():
 
 @pytest.fixture
 def service():
-    svc = HelperService(SealingKeyPair.generate())
-    svc.handle("OpenSession", wire.encode(wire.OpenSessionRequest(SID)))  # only it creates one
-    svc.handle("OpenRound", wire.encode(wire.OpenRoundRequest(SID, 1, make_params(1).to_bytes())))
+    svc = HelperService(SealingKeyPair.generate(), session_ids=fixed_ids(SID))
+    info = wire.decode(
+        svc.handle("OpenSession", wire.encode(wire.OpenSessionRequest())), wire.SessionInfoResponse
+    )  # only it creates one; S1 draws the id
+    assert info.session == SID
+    opening = wire.encode(wire.OpenRoundRequest(SID, 1, make_params(1).to_bytes()))
+    svc.handle("OpenRound", opening, info.secret)
     return svc
 
 
@@ -683,7 +713,10 @@ def test_wire_known_answer():
         wire.AbortRoundRequest(SID, 6),
         wire.PsrAnswerRequest(SID, 7, (wire.SealedItem(1, b"p", b"s"),)),
         wire.OkResponse(),
-        wire.HealthResponse(1, bytes(32), (1, 2)),
+        wire.HealthResponse(1, bytes(32)),
+        wire.OpenSessionRequest(),
+        wire.SessionInfoResponse(SID, bytes(range(32))),
+        wire.CloseSessionRequest(SID),
         wire.PublicKeyResponse(bytes(32)),
         wire.ClientResultsResponse(
             (wire.ClientResult(1, True, b"x"), wire.ClientResult(2, False, b"no"))
@@ -821,7 +854,7 @@ def test_health_answers_while_a_call_holds_the_lock():
     helper = twin()
     helper.open_round(1, make_params(1).to_bytes())
     with helper.service._sessions[SID].lock:  # as during a long AddClients
-        assert helper.health().open_rounds == (1,)
+        assert open_rounds(helper) == (1,)
         assert helper.public_key() == helper.service.public_key
         # Another run's session is not blocked by this one's long call.
         other = InProcessHelper(helper.service)
@@ -860,7 +893,7 @@ def test_s1_refuses_a_round_below_its_minimum() -> None:
     params = make_params(1)
     with pytest.raises(HelperRequestError, match="minimum participation 2"):
         first_round(helper, params, make_clients(1))
-    assert helper.health().open_rounds == ()
+    assert open_rounds(helper) == ()
     with pytest.raises(HelperRequestError):
         helper.open_round(1, params.to_bytes())  # the round can never be reopened
     # Two clients: the round finishes.

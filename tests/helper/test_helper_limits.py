@@ -60,9 +60,11 @@ from tests.helper.test_helper import (
     M,
     bind,
     expected_sums,
+    fixed_ids,
     hint_for,
     make_clients,
     make_params,
+    open_rounds,
     sealed_uploads,
     upload_for,
 )
@@ -72,7 +74,7 @@ P = make_params(1)  # M=96 rows, K=8 items, width 2 (tau 3), 3 hashes, no stash
 
 
 def twin(limits: HelperLimits | None = None, **kw: Any) -> InProcessHelper:
-    return InProcessHelper(session_id=SID, limits=limits, **kw)
+    return InProcessHelper(session_ids=fixed_ids(SID), limits=limits, **kw)
 
 
 def sealed_queries(params: SSAParams, ids: list[int], pub: bytes) -> list[tuple[int, bytes, bytes]]:
@@ -204,10 +206,10 @@ def test_over_limit_open_round_is_refused_before_allocating(limits, fields_, mat
     helper = twin(limits)
     params = make_params(1, **fields_)
     refused_quietly(lambda: helper.open_round(1, params.to_bytes()), match, monkeypatch)
-    assert helper.health().open_rounds == ()
+    assert open_rounds(helper) == ()
     # The session is intact: the same round id opens once the parameters fit.
     helper.open_round(1, make_params(1, domain_size=32, num_items=4, value_width=1).to_bytes())
-    assert helper.health().open_rounds == (1,)
+    assert open_rounds(helper) == (1,)
 
 
 def test_long_parameter_bytes_are_not_parsed(monkeypatch):
@@ -342,9 +344,9 @@ def test_s0_sees_a_clear_error_and_the_round_fails_cleanly():
     lead = LeadServer(helper)
     with pytest.raises(RoundFailedError, match="domain_size 96 exceeds S1's limit 64"):
         lead.open(P)
-    assert helper.health().open_rounds == ()
+    assert open_rounds(helper) == ()
     lead.open(make_params(1, domain_size=64, num_items=4))
-    assert helper.health().open_rounds == (1,)
+    assert open_rounds(helper) == (1,)
 
 
 # ---- the memory formula against the peak S1 really reaches ---------------------------------------
@@ -466,7 +468,7 @@ def test_random_open_round_sizes_succeed_or_fail_cleanly(fields_: dict[str, Any]
             helper.open_round(1, body)
         except HelperRequestError as err:
             assert str(err)
-            assert helper.health().open_rounds == ()
+            assert open_rounds(helper) == ()
         else:
             params = SSAParams.from_bytes(body)
             assert 8 * round_words(params) <= SMALL.max_round_bytes
@@ -488,8 +490,8 @@ def helper_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelperP
 
 
 def test_limits_through_the_real_process(helper_process: HelperProcess) -> None:
-    client = HelperClient(helper_process.address, timeout=60)
-    other = HelperClient(helper_process.address, timeout=60)
+    client = helper_process.client(timeout=60)
+    other = helper_process.client(timeout=60)
     try:
         for fields_, match in (
             ({"domain_size": 1 << 40}, "domain_size 1099511627776 exceeds .*--max-domain"),
@@ -497,7 +499,8 @@ def test_limits_through_the_real_process(helper_process: HelperProcess) -> None:
         ):
             with pytest.raises(HelperRequestError, match=match):
                 client.open_round(1, make_params(1, **fields_).to_bytes())
-        assert client.health().open_rounds == ()
+        with pytest.raises(HelperRequestError, match="round 1 is not open"):
+            client.finish_round(1)  # refused rounds were never opened
         # S1 is healthy: this session and another run full rounds right after.
         for conn in (client, other):
             result, sums, counts = _aggregate(conn, 1, seed=3)  # type: ignore[arg-type]
@@ -587,16 +590,16 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
     monkeypatch.setattr(SSAServer, "add_client", slow_add)
     server = None
     if transport == "grpc":
-        server, port = start_server(service, "127.0.0.1", 0, max_workers=3)
+        server, port = start_server(service, "127.0.0.1", 0, max_workers=3, token="t0ken")
 
-        def connect(sid: bytes) -> Any:
-            return HelperClient(f"127.0.0.1:{port}", timeout=120, session_id=sid)
+        def connect() -> Any:
+            return HelperClient(f"127.0.0.1:{port}", timeout=120, token="t0ken")
     else:
 
-        def connect(sid: bytes) -> Any:
-            return InProcessHelper(service, session_id=sid)
+        def connect() -> Any:
+            return InProcessHelper(service)
 
-    a, b = connect(b"a" * 16), connect(b"b" * 16)
+    a, b = connect(), connect()
     outcome: dict[str, Any] = {}
 
     def run_a() -> None:
@@ -611,8 +614,8 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
     thread.start()
     try:
         assert started.wait(120), "session A never reached its key evaluation"
-        health = b.health()
-        assert 7 in health.open_rounds  # A's round is open, its AddClients still running
+        b.health()  # answers while A's call holds A's session lock
+        assert 7 in open_rounds(service)  # A's round is open, its AddClients still running
         assert b.public_key() == service.public_key
         result, sums, _ = _aggregate(b, 1, seed=2)  # B: open, add 3 clients, finish
         np.testing.assert_allclose(result.sums, sums, atol=1e-5)
@@ -632,7 +635,7 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
 
 def test_refused_calls_over_grpc_are_request_errors_not_internal():
     service = HelperService(SealingKeyPair.generate(), limits=HelperLimits(max_domain_size=64))
-    server, port = start_server(service, "127.0.0.1", 0)
+    server, port = start_server(service, "127.0.0.1", 0, insecure=True)
     client = HelperClient(f"127.0.0.1:{port}", timeout=60)
     try:
         with pytest.raises(HelperRequestError, match="--max-domain") as info:

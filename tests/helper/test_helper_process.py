@@ -12,6 +12,7 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.helper import (
+    HelperAuthError,
     HelperClient,
     HelperError,
     HelperRequestError,
@@ -21,7 +22,7 @@ from flwr_fsl.helper import (
 )
 from flwr_fsl.helper.cli import main
 from flwr_fsl.testing.helper_process import HelperProcess
-from tests.helper.test_helper import SID, make_params, run_scenario
+from tests.helper.test_helper import make_params, run_scenario
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,8 @@ def _free_port() -> int:
 
 
 def test_process_matches_the_in_process_twin(helper_process, key_file):
-    client = HelperClient(helper_process.address, timeout=120, session_id=SID)
-    twin = InProcessHelper(keypair=SealingKeyPair.load(key_file), session_id=SID)
+    client = helper_process.client(timeout=120)
+    twin = InProcessHelper(keypair=SealingKeyPair.load(key_file))
     try:
         assert helper_process.fingerprint == SealingKeyPair.load(key_file).fingerprint
         assert verify_helper(client, helper_process.fingerprint) == twin.public_key()
@@ -80,7 +81,7 @@ def test_process_matches_the_in_process_twin(helper_process, key_file):
 
 
 def test_large_messages_pass_the_grpc_limit(helper_process):
-    client = HelperClient(helper_process.address, timeout=120)
+    client = helper_process.client(timeout=120)
     try:
         # 8 MiB (over gRPC's 4 MiB default): delivered, then refused by S1's parameter parser.
         with pytest.raises(HelperRequestError, match="bad round parameters"):
@@ -90,7 +91,7 @@ def test_large_messages_pass_the_grpc_limit(helper_process):
 
 
 def test_refused_call_over_grpc_is_a_request_error(helper_process):
-    client = HelperClient(helper_process.address, timeout=60)
+    client = helper_process.client(timeout=60)
     try:
         with pytest.raises(HelperRequestError, match="unknown session"):
             client.finish_round(12345)
@@ -244,9 +245,13 @@ def test_tls_and_token():
         with pytest.raises(HelperRequestError, match="unknown session"):
             clients["good"].finish_round(3)
         for name, said in (("no token", "got no token"), ("wrong token", "got a wrong token")):
-            with pytest.raises(HelperError, match=f"requires an access token and {said}") as info:
-                clients[name].public_key()
-            assert not isinstance(info.value, HelperRequestError)
+            # Health and PublicKey need no token (health checks, key pinning) ...
+            assert clients[name].public_key() == kp.public_bytes
+            # ... every other call does.
+            with pytest.raises(
+                HelperAuthError, match=f"requires an access token and {said}"
+            ) as info:
+                clients[name].open_session()
             assert "ssa-helper-token-file" in str(info.value)
         with pytest.raises(HelperUnavailableError):
             clients["plain"].health()
@@ -262,7 +267,11 @@ def test_start_server_validation():
     service = HelperService(SealingKeyPair.generate())
     for kw in (dict(port=-1), dict(max_workers=0), dict(max_message_bytes=0), dict(token="")):
         with pytest.raises(ConfigurationError):
-            start_server(service, **kw)
+            start_server(service, insecure=True, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="needs an access token"):
+        start_server(service)
+    with pytest.raises(ConfigurationError, match="travel in clear to 0.0.0.0"):
+        start_server(service, "0.0.0.0", 0, token="t")
 
 
 def test_cli_tls_and_token_arguments(tmp_path, capsys):

@@ -24,17 +24,27 @@ from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import reconstruct
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.helper import (
+    HelperAuthError,
     HelperClient,
     HelperError,
     HelperRequestError,
     HelperService,
+    HelperSessionLostError,
     InProcessHelper,
     connect_helper,
     start_server,
     wire,
 )
 from flwr_fsl.helper.service import Method, Session
-from tests.helper.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
+from tests.helper.test_helper import (
+    WIDTH,
+    M,
+    expected_sums,
+    fixed_ids,
+    make_clients,
+    make_params,
+    upload_for,
+)
 
 SID_A, SID_B = b"A" * 16, b"B" * 16
 
@@ -69,18 +79,19 @@ def _aggregate(conn: InProcessHelper, round_id: int, seed: int) -> tuple[Any, An
 
 def test_two_sessions_reuse_round_ids_without_interfering() -> None:
     service = HelperService(SealingKeyPair.generate())
-    a = InProcessHelper(service, session_id=SID_A)
-    b = InProcessHelper(service, session_id=SID_B)
+    a = InProcessHelper(service)
+    b = InProcessHelper(service)
     for round_id in (1, 2):  # the same round ids in both runs, interleaved
         for conn, seed in ((a, round_id), (b, 10 + round_id)):
             result, sums, counts = _aggregate(conn, round_id, seed)
             np.testing.assert_allclose(result.sums, sums, atol=1e-5)
             np.testing.assert_allclose(result.counts, counts, atol=1e-5)
     assert service.session_count() == 2
+    closed = a.session_id
     a.close()
     assert service.session_count() == 1
-    with pytest.raises(HelperRequestError, match="unknown session"):
-        InProcessHelper(service, session_id=SID_A).finish_round(3)
+    with pytest.raises(HelperSessionLostError, match="closed; session ids are single-use"):
+        service.handle("FinishRound", wire.encode(wire.FinishRoundRequest(closed, 3)), a._secret)
     b.close()
     assert service.session_count() == 0
 
@@ -91,7 +102,7 @@ def test_sessions_run_concurrently() -> None:
 
     def run(session: bytes, seed: int) -> None:
         try:
-            conn = InProcessHelper(service, session_id=session)
+            conn = InProcessHelper(service)
             for round_id in range(1, 4):
                 result, sums, _ = _aggregate(conn, round_id, seed + round_id)
                 np.testing.assert_allclose(result.sums, sums, atol=1e-5)
@@ -109,9 +120,9 @@ def test_sessions_run_concurrently() -> None:
 
 
 def test_a_blob_from_one_run_does_not_open_in_another() -> None:
-    service = HelperService(SealingKeyPair.generate())
-    a = InProcessHelper(service, session_id=SID_A)
-    b = InProcessHelper(service, session_id=SID_B)
+    service = HelperService(SealingKeyPair.generate(), session_ids=fixed_ids(SID_A, SID_B))
+    a = InProcessHelper(service)
+    b = InProcessHelper(service)
     params = make_params(1)
     c = make_clients(1)[0]
     a.open_round(1, params.to_bytes())
@@ -131,7 +142,7 @@ def test_a_blob_from_one_run_does_not_open_in_another() -> None:
 
 def test_s1_rejects_material_sealed_for_other_round_parameters() -> None:
     # S0 shows the clients one parameter set and S1 another: the digest in the AD catches it.
-    conn = InProcessHelper(session_id=SID_A)
+    conn = InProcessHelper(session_ids=fixed_ids(SID_A))
     shown, opened = make_params(1), make_params(1, max_summands=49)
     conn.open_round(1, opened.to_bytes())
     c = make_clients(1)[0]
@@ -147,9 +158,9 @@ def test_s1_rejects_material_sealed_for_other_round_parameters() -> None:
 
 
 def test_udpf_keys_are_per_session() -> None:
-    service = HelperService(SealingKeyPair.generate())
-    a = InProcessHelper(service, session_id=SID_A)
-    b = InProcessHelper(service, session_id=SID_B)
+    service = HelperService(SealingKeyPair.generate(), session_ids=fixed_ids(SID_A, SID_B))
+    a = InProcessHelper(service)
+    b = InProcessHelper(service)
     _aggregate(a, 1, seed=1)
     assert service._sessions[SID_A].data["ssa"].keys
     b.open_round(1, make_params(1).to_bytes())
@@ -162,7 +173,7 @@ def test_session_limits_and_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None
     service = HelperService(SealingKeyPair.generate(), max_sessions=2, session_idle_s=60)
     clock = [1000.0]
     monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
-    conns = [InProcessHelper(service, session_id=bytes([i]) * 16) for i in range(3)]
+    conns = [InProcessHelper(service) for i in range(3)]
     conns[0].open_round(1, make_params(1).to_bytes())
     conns[1].open_round(1, make_params(1).to_bytes())
     with pytest.raises(HelperRequestError, match="limit 2"):
@@ -179,18 +190,38 @@ def test_session_limits_and_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_round_limit_is_per_session() -> None:
     service = HelperService(SealingKeyPair.generate(), max_open_rounds=1)
-    a = InProcessHelper(service, session_id=SID_A)
-    b = InProcessHelper(service, session_id=SID_B)
+    a = InProcessHelper(service)
+    b = InProcessHelper(service)
     a.open_round(1, make_params(1).to_bytes())
     b.open_round(1, make_params(1).to_bytes())  # another run's round does not count
     with pytest.raises(HelperRequestError, match="limit 1"):
         a.open_round(2, make_params(2).to_bytes())
 
 
-def test_session_id_is_validated() -> None:
-    with pytest.raises(ConfigurationError, match="16 bytes"):
-        InProcessHelper(session_id=b"short")
-    assert InProcessHelper().session_id != InProcessHelper().session_id
+def test_s1_draws_session_ids_and_secrets() -> None:
+    service = HelperService(SealingKeyPair.generate())
+    a, b = InProcessHelper(service), InProcessHelper(service)
+    assert len(a.session_id) == 16 and a.session_id != b.session_id
+    assert len(a._secret) == 32 and a._secret != b._secret
+    # A drawer that repeats an id (never os.urandom) is refused, not a shared session.
+    repeat = HelperService(SealingKeyPair.generate(), session_ids=lambda: SID_A)
+    InProcessHelper(repeat).open_session()
+    with pytest.raises(HelperRequestError, match="used before"):
+        InProcessHelper(repeat).open_session()
+    with pytest.raises(HelperRequestError, match="malformed session id"):
+        InProcessHelper(session_ids=lambda: b"short").open_session()
+    with pytest.raises(ConfigurationError, match="session_ids"):
+        HelperService(SealingKeyPair.generate(), session_ids=b"x")  # type: ignore[arg-type]
+
+
+def test_reopening_replaces_the_session_and_closes_the_old_one() -> None:
+    service = HelperService(SealingKeyPair.generate())
+    conn = InProcessHelper(service)
+    first = conn.session_id
+    conn.open_session()
+    assert conn.session_id != first and service.session_count() == 1
+    with pytest.raises(HelperSessionLostError, match="closed"):
+        conn._transport("CloseSession", wire.encode(wire.CloseSessionRequest(first)))
 
 
 # ---- a plugged-in service ----------------------------------------------------------------------
@@ -238,7 +269,7 @@ class EchoService:
     name = "echo"
 
     def methods(self) -> Mapping[str, Method]:
-        return {"Echo": Method(EchoRequest, self._echo, creates_session=True)}
+        return {"Echo": Method(EchoRequest, self._echo)}
 
     @staticmethod
     def _echo(session: Session | None, message: EchoRequest) -> wire.Message:
@@ -255,14 +286,20 @@ def _echo(conn: InProcessHelper | HelperClient, value: int) -> int:
 def test_a_plugged_in_service_answers_through_both_transports() -> None:
     service = HelperService(SealingKeyPair.generate())
     service.register(EchoService())
-    twin_a = InProcessHelper(service, session_id=SID_A)
+    twin_a = InProcessHelper(service)
     assert _echo(twin_a, 5) == 5 and _echo(twin_a, 2) == 7
-    server, port = start_server(service, "127.0.0.1", 0)
+    server, port = start_server(service, "127.0.0.1", 0, token="t")
     try:
-        remote_b = HelperClient(f"127.0.0.1:{port}", timeout=30, session_id=SID_B)
-        remote_a = HelperClient(f"127.0.0.1:{port}", timeout=30, session_id=SID_A)
+        remote_b = HelperClient(f"127.0.0.1:{port}", timeout=30, token="t")
+        remote_a = HelperClient(f"127.0.0.1:{port}", timeout=30, token="t")
         assert _echo(remote_b, 1) == 1  # its own session
-        assert _echo(remote_a, 1) == 8  # the twin's session, same state over gRPC
+        # The twin's session id alone opens nothing over gRPC either ...
+        remote_a._session_id = twin_a.session_id
+        with pytest.raises(HelperAuthError, match="session secret"):
+            _echo(remote_a, 1)
+        # ... with its secret it is the same state.
+        remote_a._secret, remote_a._session_live = twin_a._secret, True
+        assert _echo(remote_a, 1) == 8
         remote_a.close()
         remote_b.close()
     finally:

@@ -45,6 +45,7 @@ from tests.helper.test_helper import (
     hint_for,
     make_clients,
     make_params,
+    open_rounds,
     twin,
     upload_for,
 )
@@ -83,7 +84,7 @@ class RecordingHelper:
         return self.finish(share) if self.finish else share
 
     def open_rounds(self) -> tuple[int, ...]:
-        return self.inner.health().open_rounds
+        return open_rounds(self.inner)
 
 
 def client_upload(upload: SSAUpload, sealed: bytes) -> ClientUpload:
@@ -172,7 +173,7 @@ def test_aggregate_equals_plaintext_count_weighted_sums(case) -> None:  # type: 
     assert_matches(params, outcome.result, clients)
     # Every accepted client's keys are stored for U-DPF; the round is closed on S1.
     assert set(lead.stored_keys) == {c.cid for c in clients}
-    assert lead.helper.health().open_rounds == ()
+    assert open_rounds(lead.helper) == ()
 
 
 # ---- 2. a client S1 rejects ---------------------------------------------------------------------
@@ -527,7 +528,7 @@ def test_s1_back_with_another_key_fails_each_opening_until_the_pinned_key_is_bac
     lead.open(make_params(4))
     assert lead.helper_key() == key.public_bytes
     assert lead.session_losses == [2, 4] and lead.key_mismatches == [2, 3]
-    assert inner.health().open_rounds == (4,)
+    assert open_rounds(inner) == (4,)
 
 
 # ---- minimum participation (issue 8, item 2) ----------------------------------------------------
