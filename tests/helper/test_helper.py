@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -175,11 +175,13 @@ def upload_for(
     return upload, sealed
 
 
-def sealed_uploads(params: SSAParams, clients: list, pub: bytes) -> list[tuple[int, bytes, bytes]]:
+def sealed_uploads(
+    params: SSAParams, clients: list, pub: bytes, session: bytes = SID
+) -> list[tuple[int, bytes, bytes]]:
     """``(client id, public part, sealed S1 material)`` of each client's fresh keys."""
     out = []
     for c in clients:
-        upload, sealed = upload_for(params, c, pub)
+        upload, sealed = upload_for(params, c, pub, session=session)
         out.append((c.cid, upload.public_part, sealed))
     return out
 
@@ -869,7 +871,8 @@ def test_random_corruptions_only_raise_wire_errors():
         wire.AddHintsRequest(SID, 2, (wire.HintItem(3, b"hint", b"sealed"),)),
         wire.SetModelRequest(SID, 1, np.arange(6, dtype=np.uint64).reshape(3, 2)),
         wire.ShareResponse((1, 2), np.arange(4, dtype=np.uint64).reshape(2, 2)),
-        wire.HealthResponse(1, bytes(32), (4,)),
+        wire.HealthResponse(1, bytes(32)),
+        wire.SessionInfoResponse(SID, bytes(32)),
         wire.ClientResultsResponse((wire.ClientResult(1, False, b"why"),)),
         wire.ArrayMessage(np.arange(3, dtype=np.float32)),
     ]

@@ -12,20 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
-from flwr_fsl.helper import HelperClient, HelperLimits, InProcessHelper
+from flwr_fsl.helper import HelperLimits, InProcessHelper
 from flwr_fsl.helper.accounts import ACCOUNTS_DIR
 from flwr_fsl.helper.errors import HelperBudgetExhaustedError
 from flwr_fsl.testing import InProcessGrid
 from flwr_fsl.testing.helper_process import HelperProcess
 from tests.families.ssa.test_index_strategy import K, initial, make_index_app
-from tests.helper.test_helper import SID, make_clients, make_params, sealed_uploads
+from tests.helper.test_helper import SID, fixed_ids, make_clients, make_params, sealed_uploads
 
 DP = DistributedDP(1.0, clip_norm=1.0, max_weight=1.0)
 # z = 1: three rounds spend epsilon 9.01, a fourth would spend 10.73.
@@ -40,37 +39,53 @@ def dp_round(round_id: int, run: RunScope | None = RUN):  # type: ignore[no-unty
 
 def twin(state_dir: Path | None, **kwargs: object) -> InProcessHelper:
     limits = kwargs.pop("limits", HelperLimits(min_clients=1))
-    return InProcessHelper(session_id=SID, limits=limits, state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
+    return InProcessHelper(
+        session_ids=fixed_ids(SID),
+        limits=limits,  # type: ignore[arg-type]
+        state_dir=state_dir,
+        **kwargs,  # type: ignore[arg-type]
+    )
 
 
-def test_replays_into_a_reopened_session_spend_the_run_until_s1_refuses(tmp_path: Path) -> None:
+def test_replays_into_a_reopened_session_are_refused_and_the_run_keeps_its_account(
+    tmp_path: Path,
+) -> None:
+    # Issue 21: S0 used to close its session and re-open it under the same id, so S1 forgot
+    # the closed rounds and the same sealed uploads opened again (fresh noise each time). S1
+    # now draws every session id: the reopened session has another one, and uploads sealed
+    # to the first never open in it.
     helper = twin(tmp_path)
     params = dp_round(1)
     clients = make_clients(3)
-    uploads = sealed_uploads(params, clients, helper.public_key())
+    uploads = sealed_uploads(params, clients, helper.public_key())  # bound to SID
+    helper.open_round(1, params.to_bytes())
+    assert helper.session_id == SID
+    assert helper.add_clients(1, uploads) == {}
+    helper.finish_round(1)
+    helper.close_session()
     helper.open_session()
-    shares = []
-    for replay in range(3):
-        # S0 closes the session and re-opens it under the same id: S1 forgets the session's
-        # closed rounds, so the same round, with the same sealed uploads, opens again.
-        helper.open_round(1, params.to_bytes())
-        assert helper.add_clients(1, uploads) == {}
-        shares.append(helper.finish_round(1).share)
-        helper.close()
-        helper = InProcessHelper(helper.service, session_id=SID)
+    assert helper.session_id != SID
+    helper.open_round(1, params.to_bytes())
+    rejected = helper.add_clients(1, uploads)
+    assert sorted(rejected) == [c.cid for c in clients]
+    assert all("authentication" in why for why in rejected.values())
+    helper.abort_round(1)
+    assert helper.service.accounts.rounds("run:7") == [1.0]
+    # Honest rounds of the same run in new sessions spend the run's account, whatever the
+    # session: two more rounds at z = 1, then S1 refuses.
+    for rid in (2, 3):
         helper.open_session()
-        assert helper.service.accounts.rounds("run:7") == [1.0] * (replay + 1)
-    assert not np.array_equal(shares[0], shares[1])  # fresh noise each time ...
-    # ... but only three times: the run's account is spent, whatever the session.
+        p = dp_round(rid)
+        helper.open_round(rid, p.to_bytes())
+        fresh = sealed_uploads(p, clients, helper.public_key(), session=helper.session_id)
+        assert helper.add_clients(rid, fresh) == {}
+        helper.finish_round(rid)
+    assert helper.service.accounts.rounds("run:7") == [1.0] * 3
+    helper.open_session()
     with pytest.raises(HelperBudgetExhaustedError, match=r"the run's budget.*budget 10"):
-        helper.open_round(1, params.to_bytes())
-    # A new session (another id) of the same run is refused too.
-    other = InProcessHelper(helper.service, session_id=bytes(16))
-    other.open_session()
-    with pytest.raises(HelperBudgetExhaustedError):
-        other.open_round(2, dp_round(2).to_bytes())
+        helper.open_round(4, dp_round(4).to_bytes())
     # Another run has its own account.
-    other.open_round(3, dp_round(3, RunScope("8", BUDGET)).to_bytes())
+    helper.open_round(5, dp_round(5, RunScope("8", BUDGET)).to_bytes())
 
 
 def test_s1_refuses_at_finish_when_concurrent_rounds_overrun_the_budget(tmp_path: Path) -> None:
@@ -89,7 +104,7 @@ def test_s1_refuses_at_finish_when_concurrent_rounds_overrun_the_budget(tmp_path
     with pytest.raises(HelperBudgetExhaustedError, match="budget 10"):
         helper.finish_round(4)
     assert helper.service.accounts.rounds("run:7") == [1.0] * 3
-    assert 4 not in helper.service._session(SID, create=False).rounds
+    assert 4 not in helper.service._sessions[SID].rounds
 
 
 def test_the_operator_ceiling_caps_any_announced_budget(tmp_path: Path) -> None:
@@ -154,7 +169,7 @@ def test_the_real_helper_process_keeps_the_runs_account_across_a_restart(tmp_pat
             make_index_app(True), NODES, {"ssa-helper-fingerprint": proc.fingerprint}
         )
         strategy = SecureRowFedSubAvg(
-            HelperClient(proc.address, timeout=60),
+            proc.client(timeout=60),
             "emb",
             K,
             helper_fingerprint=proc.fingerprint,

@@ -270,7 +270,7 @@ def test_start_server_validation():
             start_server(service, insecure=True, **kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="needs an access token"):
         start_server(service)
-    with pytest.raises(ConfigurationError, match="travel in clear to 0.0.0.0"):
+    with pytest.raises(ConfigurationError, match=r"travel in clear to 0\.0\.0\.0"):
         start_server(service, "0.0.0.0", 0, token="t")
 
 
@@ -281,7 +281,18 @@ def test_cli_tls_and_token_arguments(tmp_path, capsys):
     assert info.value.code == 2
     empty = tmp_path / "token"
     empty.write_text("\n")
+    empty.chmod(0o600)
     assert main(["--key-file", str(path), "--token-file", str(empty)]) == 2
     assert "empty" in capsys.readouterr().err
+    readable = tmp_path / "readable-token"
+    readable.write_text("s3cret\n")
+    readable.chmod(0o644)
+    assert main(["--key-file", str(path), "--token-file", str(readable)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    # A token (the default) over plain gRPC on a non-loopback address is refused at start.
+    state = ["--state-dir", str(tmp_path / "state")]
+    assert main(["--key-file", str(path), "--host", "0.0.0.0", *state]) == 2
+    assert "not loopback" in capsys.readouterr().err
+    assert not (tmp_path / "state" / "token").exists()  # refused before generating one
     missing = ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k2.pem")]
     assert main(["--key-file", str(path), *missing]) == 2

@@ -38,7 +38,6 @@ from flwr_fsl.families.ssa.protocol import can_send_hint
 from flwr_fsl.families.ssa.records import UDPF_HELD_FIELD
 from flwr_fsl.families.ssa.two_server import ClientUpload, LeadServer, SessionLostError
 from flwr_fsl.helper import (
-    HelperClient,
     HelperLimits,
     HelperRequestError,
     HelperService,
@@ -63,8 +62,8 @@ from tests.families.ssa.test_index_strategy import (
 )
 from tests.flower_apps import make_app, model_record
 from tests.helper.test_helper import (
-    SID,
     Client,
+    bind,
     expected_sums,
     hint_for,
     make_clients,
@@ -120,7 +119,7 @@ def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path
     procs = [HelperProcess(key_file, tmp_path / "s1-first.log")]
     port = procs[0].address.rsplit(":", 1)[1]
     fingerprint = procs[0].fingerprint
-    helper = HelperClient(procs[0].address, timeout=60)
+    helper = procs[0].client(timeout=60)
     messages = Messages()
     grid = InProcessGrid(
         make_index_app(True, mods=(messages,)),
@@ -148,7 +147,14 @@ def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path
             procs[-1].proc.kill()
             procs[-1].stop()
         if rnd == 3:  # ... and comes back on the same port with the same key file
-            procs.append(HelperProcess(key_file, tmp_path / "s1-second.log", ("--port", port)))
+            procs.append(  # the same state dir: the same access token
+                HelperProcess(
+                    key_file,
+                    tmp_path / "s1-second.log",
+                    ("--port", port),
+                    state_dir=procs[0].state_dir,
+                )
+            )
             assert procs[-1].address.endswith(f":{port}")
             assert procs[-1].fingerprint == fingerprint
 
@@ -195,7 +201,7 @@ def test_first_call_after_a_restart_reaches_s1_at_once(tmp_path: Path) -> None:
     SealingKeyPair.generate().save(key_file)
     first = HelperProcess(key_file, tmp_path / "a.log")
     port = first.address.rsplit(":", 1)[1]
-    client = HelperClient(first.address, timeout=30)
+    client = first.client(timeout=30)
     try:
         client.open_round(1, make_params(1).to_bytes())
         first.proc.kill()
@@ -203,7 +209,9 @@ def test_first_call_after_a_restart_reaches_s1_at_once(tmp_path: Path) -> None:
         for _ in range(4):  # a few failed calls: the old channel's backoff grows
             with pytest.raises(HelperUnavailableError):
                 client.health()
-        with HelperProcess(key_file, tmp_path / "b.log", ("--port", port)):
+        with HelperProcess(
+            key_file, tmp_path / "b.log", ("--port", port), state_dir=first.state_dir
+        ):
             client.health()  # the first call succeeds
             # The old session is gone, and S1 says so (gRPC NOT_FOUND), not "round not open".
             with pytest.raises(HelperSessionLostError, match="S1 restarted"):
@@ -242,16 +250,20 @@ def _client_round(
     """What each client sends after S0 opened the round: a hint only against announced keys."""
     params = make_params(round_id)
     lead.open(params)
+    binding = bind(params, lead.session_id)  # S1 drew the session id; clients bind to it
     uploads: dict[int, ClientUpload] = {}
     hints = 0
     for c in clients:
         c.values = np.random.default_rng([round_id, c.cid]).uniform(-1, 1, c.values.shape)
         if can_send_hint(c.state, params, c.idx, lead.held(c.cid)):
-            _, hint, sealed = hint_for(params, c, pub, rng=np.random.default_rng(c.cid))
+            rng = np.random.default_rng(c.cid)
+            _, hint, sealed = hint_for(params, c, pub, rng=rng, binding=binding)
             uploads[c.cid] = ClientUpload(hint=hint, sealed=sealed)
             hints += 1
         else:
-            upload, sealed = upload_for(params, c, pub, epoch_seed=round_id)
+            upload, sealed = upload_for(
+                params, c, pub, epoch_seed=round_id, session=lead.session_id
+            )
             uploads[c.cid] = ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
         lead.check_upload(params, c.cid, uploads[c.cid], accept_hints=True)
     return uploads, hints
@@ -266,7 +278,7 @@ def _assert_exact(lead: LeadServer, round_id: int, uploads: dict, clients: list[
 
 
 def test_lead_server_forgets_keys_when_s1_lost_the_session_and_nobody_is_excluded() -> None:
-    helper = RestartableHelper(session_id=SID, limits=HelperLimits(min_clients=1))
+    helper = RestartableHelper(limits=HelperLimits(min_clients=1))
     lead = LeadServer(helper, min_clients=2)
     pub = lead.helper_key()
     clients = make_clients(3)
@@ -290,7 +302,7 @@ def test_lead_server_forgets_keys_when_s1_lost_the_session_and_nobody_is_exclude
 
 
 def test_a_session_lost_mid_round_fails_that_round_and_the_next_one_recovers() -> None:
-    helper = RestartableHelper(session_id=SID, limits=HelperLimits(min_clients=1))
+    helper = RestartableHelper(limits=HelperLimits(min_clients=1))
     lead = LeadServer(helper)
     pub = lead.helper_key()
     clients = make_clients(3)
@@ -315,18 +327,25 @@ def test_session_lost_is_the_same_error_on_both_transports(tmp_path: Path) -> No
     key_file = tmp_path / "s1.pem"
     key.save(key_file)
     service = HelperService(key)
-    local = InProcessHelper(service, session_id=SID)
+    local = InProcessHelper(service)
     with HelperProcess(key_file, tmp_path / "s1.log") as proc:
-        remote = HelperClient(proc.address, timeout=30, session_id=SID)
+        remote = proc.client(timeout=30)
         for conn in (local, remote):
-            with pytest.raises(HelperSessionLostError, match="unknown session") as info:
-                conn.finish_round(1)
-            assert isinstance(info.value, HelperRequestError)  # callers that caught it still do
-            assert isinstance(info.value, SessionLostError)
             conn.open_round(1, make_params(1).to_bytes())  # a connection opens its session
             conn.close_session()
-            with pytest.raises(HelperSessionLostError):
+            with pytest.raises(HelperSessionLostError, match="unknown session") as info:
                 conn.abort_round(1)
+            assert isinstance(info.value, HelperRequestError)  # callers that caught it still do
+            assert isinstance(info.value, SessionLostError)
+            # The connection does not paper over the loss: its next round fails the same way,
+            # until S0 opens a new session (a new id).
+            with pytest.raises(HelperSessionLostError):
+                conn.open_round(2, make_params(2).to_bytes())
+            lost = conn.session_id
+            conn.open_session()
+            assert conn.session_id != lost
+            conn.open_round(2, make_params(2).to_bytes())
+            conn.abort_round(2)
         remote.close()
     local.close()
     # OpenRound does not create a session behind S0's back: only OpenSession does.

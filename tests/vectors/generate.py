@@ -540,15 +540,16 @@ def helper_wire_messages() -> dict[str, Any]:
         ),
         "PSR_ANSWER": wire.PsrAnswerRequest(session, 7, items[:1]),
         "CLOSE_SESSION": wire.CloseSessionRequest(session),
-        "OPEN_SESSION": wire.OpenSessionRequest(session),
+        "OPEN_SESSION": wire.OpenSessionRequest(),
         "OK": wire.OkResponse(),
-        "HEALTH_INFO": wire.HealthResponse(3, _key(503).public_bytes, (1, 7, 2**40)),
+        "HEALTH_INFO": wire.HealthResponse(3, _key(503).public_bytes),
         "PUBLIC_KEY_INFO": wire.PublicKeyResponse(_key(503).public_bytes),
         "CLIENT_RESULTS": wire.ClientResultsResponse(
             (wire.ClientResult(1, True, b""), wire.ClientResult(2, False, b"too late"))
         ),
         "SHARE": wire.ShareResponse((1, 2), np.array([[1, 2], [3, 2**64 - 1]], np.uint64)),
         "ARRAY": wire.ArrayMessage(np.array([0.5, -2.0], np.float32)),
+        "SESSION_INFO": wire.SessionInfoResponse(session, _blob(504, 32)),
     }
 
 

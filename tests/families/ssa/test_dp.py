@@ -40,7 +40,7 @@ from flwr_fsl.helper.cli import _dp_budget, _dp_policy, _parser, default_state_d
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import HelperLimits
 from tests.families.ssa.test_two_server import fresh_uploads
-from tests.helper.test_helper import SID, Client, _key, make_params
+from tests.helper.test_helper import SID, Client, _key, fixed_ids, make_params
 
 DP = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0, delta=1e-5)
 
@@ -50,7 +50,9 @@ def stream(seed: int) -> PRGStream:
 
 
 def twin(policy: DistributedDP | None = None) -> InProcessHelper:
-    return InProcessHelper(session_id=SID, limits=HelperLimits(min_clients=1, dp=policy))
+    return InProcessHelper(
+        session_ids=fixed_ids(SID), limits=HelperLimits(min_clients=1, dp=policy)
+    )
 
 
 def clients_of(m: int, k: int, width: int, n: int, seed: int = 0) -> list[Client]:
