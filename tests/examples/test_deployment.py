@@ -2,7 +2,9 @@
 
 A fixture helper starts, on free loopback ports and in a temporary ``FLWR_HOME``:
 
-- optionally ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned),
+- optionally ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned)
+  and the access token it generates on first start (S0 gets its file as
+  ``ssa-helper-token-file``, as an operator would pass it),
 - ``flower-superlink --insecure`` (the ServerApp runs under it),
 - N ``flower-supernode --insecure`` with ``partition-id=i num-partitions=N``,
 
@@ -90,6 +92,7 @@ class Deployment:
     logs: Path
     helper_address: str = ""  # empty when started without S1
     fingerprint: str = ""
+    token_file: str = ""  # the access token file S1 generated and printed
 
 
 def _wait_for(what: str, ready: Any, procs: list[subprocess.Popen[bytes]], log: Path) -> None:
@@ -157,6 +160,8 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
                 "--key-file",
                 str(tmp_path / "s1" / "s1.pem"),
                 "--generate-key",
+                "--state-dir",
+                str(tmp_path / "s1" / "state"),
             )
         start(
             "superlink",
@@ -192,6 +197,9 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
             assert found, log_file.read_text()
             deployment.helper_address = f"127.0.0.1:{helper_port}"
             deployment.fingerprint = found.group(1)
+            token = re.search(r"access token file (\S+)", log_file.read_text())
+            assert token, log_file.read_text()
+            deployment.token_file = token.group(1)
         _wait_for("flower-superlink", lambda: healthy(link_port), procs, logs)
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "deploy"\n\n'
@@ -270,6 +278,7 @@ def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_pat
         **RUN_CONFIG,
         "ssa-helper-address": deployment.helper_address,
         "ssa-helper-fingerprint": deployment.fingerprint,
+        "ssa-helper-token-file": deployment.token_file,
         "results-dir": str(results),
     }
     run_id, status, logs = run_until_finished(

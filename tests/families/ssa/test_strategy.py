@@ -232,9 +232,9 @@ def test_helper_view_has_no_index_or_value_in_the_clear(helper_key: SealingKeyPa
     received: list[bytes] = []
     handle = service.handle
 
-    def spy(method: str, request: bytes) -> bytes:
+    def spy(method: str, request: bytes, secret: bytes | None = None) -> bytes:
         received.append(bytes(request))
-        return handle(method, request)
+        return handle(method, request, secret)
 
     service.handle = spy  # type: ignore[method-assign]
     grid = InProcessGrid(app, 2, {"ssa-helper-fingerprint": helper_key.fingerprint})
