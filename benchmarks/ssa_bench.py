@@ -554,7 +554,7 @@ def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: i
         key_file = Path(tmp) / "s1.pem"
         SealingKeyPair.generate().save(key_file)
         with HelperProcess(key_file, Path(tmp) / "s1.log") as s1:
-            conn = HelperClient(s1.address, timeout=900)
+            conn = HelperClient(s1.address, timeout=900, token=s1.token)
             timed = _TimedHelper(conn)
             lead = LeadServer(timed, s1.fingerprint, relay_chunk_bytes=chunk_mib << 20)
             pub = lead.helper_key()
