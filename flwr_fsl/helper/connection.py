@@ -190,7 +190,7 @@ class _Facade(abc.ABC):
         self._session_id, self._secret, self._session_live = r.session, r.secret, True
 
     def _sid(self) -> bytes:
-        """The current session's id for a round call (which never opens a session)."""
+        """Return the current session's id for a round call (which never opens a session)."""
         if not self._session_id:
             raise HelperRequestError("unknown session: none was opened on this connection")
         return self._session_id
