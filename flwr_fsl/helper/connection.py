@@ -327,9 +327,7 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in uploads))
-        r = self._call(
-            "AddClients", wire.AddClientsRequest(self._sid(), round_id, items), _Results
-        )
+        r = self._call("AddClients", wire.AddClientsRequest(self._sid(), round_id, items), _Results)
         return _rejections(r, items)
 
     def add_client_hints(
@@ -421,9 +419,7 @@ class _Facade(abc.ABC):
         arr = np.asarray(table)
         if arr.dtype != np.uint64:
             raise HelperRequestError(f"PSR table must be uint64, got {arr.dtype}")
-        self._call(
-            "SetModel", wire.SetModelRequest(self._sid(), round_id, arr), wire.OkResponse
-        )
+        self._call("SetModel", wire.SetModelRequest(self._sid(), round_id, arr), wire.OkResponse)
 
     def psr_answer(
         self, round_id: int, queries: Iterable[tuple[int, bytes, bytes]]
@@ -452,9 +448,7 @@ class _Facade(abc.ABC):
             If S1 cannot be reached.
         """
         items = _unique(tuple(wire.SealedItem(int(c), p, s) for c, p, s in queries))
-        r = self._call(
-            "PsrAnswer", wire.PsrAnswerRequest(self._sid(), round_id, items), _Results
-        )
+        r = self._call("PsrAnswer", wire.PsrAnswerRequest(self._sid(), round_id, items), _Results)
         _check_clients(r, items)
         return {res.client_id: (res.payload if res.ok else res.reason) for res in r.results}
 
