@@ -183,7 +183,10 @@ class Method:
     """One registered method: its request type, its handler and whether it opens a session.
 
     The handler gets the call's :class:`Session` (None for session-less methods) and the
-    decoded request, and returns the response message.
+    decoded request, and returns the response message. A ``creates_session`` method gets a new
+    session (id and secret drawn by S1; the handler must return them to the caller, as
+    ``OpenSession`` does); any other session method gets the session its request names, only
+    when the call carries that session's secret.
     """
 
     request: type[wire.Message]

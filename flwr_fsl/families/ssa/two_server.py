@@ -23,7 +23,8 @@ only ``OpenSession`` creates a session, so a restarted S1 answers every call of 
 with :class:`SessionLostError`. :meth:`LeadServer.open` — which strategies call before any
 client is asked anything in a round — handles that: S0 forgets its own stored U-DPF keys (S1's
 are gone; :meth:`LeadServer.held` then announces none, so clients send fresh keys instead of
-hints), re-opens the session, re-fetches S1's public key and checks it against the pinned
+hints), opens a new session (a new id S1 draws; strategies send clients the current id every
+round), re-fetches S1's public key and checks it against the pinned
 fingerprint, and only then opens the round. A restart costs one round of fresh keys; rounds
 while S1 is down fail before any client trains.
 
