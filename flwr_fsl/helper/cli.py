@@ -45,6 +45,15 @@ so a restart or a new session resumes it. S1 refuses a round that would take a r
 budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
 (``--dp-budget-delta``, default 1e-5) whatever S0 announces.
 
+**Client identities** (:mod:`flwr_fsl.crypto.identity`): ``--enrollment FILE`` names the
+enrollment list, one client Ed25519 public key per line (``<64 hex digits> [label]``, ``#``
+comments); S1 accepts SSA uploads and U-DPF hints only when signed by one of them, once per
+round, and counts distinct enrolled signers for ``--min-clients``. It is required unless
+``--open-enrollment`` is given (insecure: any signer is accepted, so a deviating S0 can invent
+clients; for tests and trusted setups). Each client node makes its key and prints its line with
+``flwr-fsl-identity KEYFILE --generate --label NAME`` (``python -m flwr_fsl.crypto.identity``)
+and passes the key file's path to its SuperNode as ``--node-config fsl-signing-key=...``.
+
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key file, 1 when the
 address cannot be bound.
 
@@ -70,6 +79,7 @@ from types import FrameType
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
+from flwr_fsl.crypto.identity import Enrollment, load_enrollment
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.limits import HelperLimits
@@ -186,11 +196,36 @@ def _dp_budget(args: argparse.Namespace) -> PrivacyBudget | None:
     return PrivacyBudget(args.dp_budget_epsilon, delta)
 
 
+def _enrollment(args: argparse.Namespace) -> Enrollment | None:
+    """Return S1's enrollment from ``--enrollment`` / ``--open-enrollment`` (None: neither).
+
+    Raises
+    ------
+    ConfigurationError
+        If both are given, or the file is unreadable or malformed (naming the line).
+    """
+    if args.enrollment is not None and args.open_enrollment:
+        raise ConfigurationError("--enrollment and --open-enrollment exclude each other")
+    if args.open_enrollment:
+        return Enrollment.open()
+    return None if args.enrollment is None else load_enrollment(args.enrollment)
+
+
+_ENROLLMENT_EPILOG = (
+    "client identities: S1 accepts SSA uploads only when signed by a client key on the "
+    "--enrollment list. Each client node makes its key and prints its enrollment line with "
+    "'flwr-fsl-identity KEYFILE --generate --label NAME' (or 'python -m "
+    "flwr_fsl.crypto.identity ...') and gives the key file to its SuperNode as "
+    "--node-config 'fsl-signing-key=\"/abs/path/KEYFILE\"'."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=_PROG,
         description="Helper server S1 of flwr_fsl's two-server secure submodel aggregation "
         "and private submodel retrieval (Cui et al. 2023).",
+        epilog=_ENROLLMENT_EPILOG,
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9500, help="TCP port, 0 = any free (default 9500)")
@@ -283,6 +318,18 @@ def _parser() -> argparse.ArgumentParser:
         help="where S1 keeps each run's privacy account, so restarts and new sessions resume "
         "it (default $FLWR_HOME/fsl/helper-state, FLWR_HOME defaulting to ~/.flwr)",
     )
+    p.add_argument(
+        "--enrollment",
+        type=Path,
+        metavar="FILE",
+        help="enrollment list of client Ed25519 public keys, one '<hex key> [label]' per line "
+        "(required unless --open-enrollment)",
+    )
+    p.add_argument(
+        "--open-enrollment",
+        action="store_true",
+        help="INSECURE: accept any client signing key (a deviating S0 can then invent clients)",
+    )
     p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -319,6 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     try:
+        enrollment = _enrollment(args)
+        if enrollment is None and not args.print_fingerprint:
+            raise ConfigurationError(
+                "--enrollment FILE is required (the client keys S1 accepts); pass "
+                "--open-enrollment to accept any signer (insecure)"
+            )
         keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
         service = HelperService(
             keypair,
@@ -331,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
                 dp_budget=_dp_budget(args),
             ),
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
+            enrollment=enrollment,
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         token = args.token_file.read_text().strip() if args.token_file else None
@@ -358,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         )
     if args.print_fingerprint:
         return 0
+    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
     print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
     try:
         server, port = start_server(

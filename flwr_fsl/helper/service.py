@@ -40,6 +40,13 @@ belongs to the run, not the session, and lives in ``state_dir`` when one is give
 (:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session, a replayed one
 or a restarted S1 resumes it, and S1 refuses rounds past the run's budget or its own ceiling.
 
+**Client identities.** S1 accepts SSA uploads and U-DPF hints only when signed by a key on its
+enrollment list (``enrollment``, :class:`~flwr_fsl.crypto.identity.Enrollment`;
+``flwr-fsl-helper --enrollment FILE``), and counts distinct enrolled signers for its minimum
+participation (:mod:`flwr_fsl.helper.services.ssa`), so S0 cannot invent clients. Open
+enrollment (any signer; ``--open-enrollment``, the in-process twin, and this class's default)
+does not stop a deviating S0 from inventing clients: it makes keys itself.
+
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
 included); the only lock shared across sessions guards the session table and is held for a
 dictionary lookup, never during a service call. So a long ``AddClients`` delays only later
@@ -73,6 +80,7 @@ from typing import Any, Protocol
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.identity import Enrollment
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.accounts import RunAccounts
 from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
@@ -185,11 +193,15 @@ class HelperService:
     state_dir : Path, optional
         Where the per-run privacy accounts are kept (:mod:`flwr_fsl.helper.accounts`); None
         keeps them in memory (they then last as long as this object).
+    enrollment : Enrollment, optional
+        The client signing keys S1 accepts (:mod:`flwr_fsl.crypto.identity`); open
+        enrollment (any signer, insecure against a deviating S0) by default.
 
     Raises
     ------
     ValueError
         If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`,
+        ``enrollment`` is not an :class:`~flwr_fsl.crypto.identity.Enrollment`,
         ``limits`` is not a :class:`HelperLimits`, or two plugins register the same method.
     """
 
@@ -203,7 +215,13 @@ class HelperService:
         plugins: Iterable[HelperPlugin] | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
+        enrollment: Enrollment | None = None,
     ) -> None:
+        if enrollment is not None and not isinstance(enrollment, Enrollment):
+            raise ConfigurationError(
+                f"enrollment must be an Enrollment, got {type(enrollment).__name__}"
+            )
+        self.enrollment = enrollment if enrollment is not None else Enrollment.open()
         if not isinstance(keypair, SealingKeyPair):
             raise ConfigurationError(
                 f"keypair must be a SealingKeyPair, got {type(keypair).__name__}"

@@ -171,7 +171,7 @@ def test_cli_port_in_use(tmp_path, capsys):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        assert main(["--key-file", str(path), "--port", str(port)]) == 1
+        assert main(["--key-file", str(path), "--open-enrollment", "--port", str(port)]) == 1
     assert "cannot bind" in capsys.readouterr().err
 
 
@@ -180,8 +180,8 @@ def test_cli_bad_arguments(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--key-file", str(path), "--max-message-mib", "0"])
     assert info.value.code == 2
-    assert main(["--key-file", str(path), "--max-open-rounds", "0"]) == 2
-    assert main(["--key-file", str(path), "--port", "70000"]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--max-open-rounds", "0"]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--port", "70000"]) == 2
 
 
 # ---- TLS and access token (in-process gRPC server) ----------------------------------------------
@@ -272,7 +272,7 @@ def test_cli_tls_and_token_arguments(tmp_path, capsys):
     assert info.value.code == 2
     empty = tmp_path / "token"
     empty.write_text("\n")
-    assert main(["--key-file", str(path), "--token-file", str(empty)]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--token-file", str(empty)]) == 2
     assert "empty" in capsys.readouterr().err
     missing = ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k2.pem")]
-    assert main(["--key-file", str(path), *missing]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", *missing]) == 2

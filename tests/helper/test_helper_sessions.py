@@ -34,7 +34,15 @@ from flwr_fsl.helper import (
     wire,
 )
 from flwr_fsl.helper.service import Method, Session
-from tests.helper.test_helper import WIDTH, M, expected_sums, make_clients, make_params, upload_for
+from tests.helper.test_helper import (
+    WIDTH,
+    M,
+    expected_sums,
+    make_clients,
+    make_params,
+    signer_of,
+    upload_for,
+)
 
 SID_A, SID_B = b"A" * 16, b"B" * 16
 
@@ -57,6 +65,7 @@ def _aggregate(conn: InProcessHelper, round_id: int, seed: int) -> tuple[Any, An
             client_id=c.cid,
             public_part=upload.public_part,
             master_seed=upload.master_seeds[1],
+            signer=signer_of(c.cid),
         )
         s0.add_client(c.cid, upload.public_part, upload.master_seeds[0])
         relay.append((c.cid, upload.public_part, sealed))
@@ -123,6 +132,7 @@ def test_a_blob_from_one_run_does_not_open_in_another() -> None:
         client_id=c.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(c.cid),
     )
     rejected = b.add_clients(1, [(c.cid, upload.public_part, sealed_for_a)])
     assert "authentication" in rejected[c.cid]
@@ -142,6 +152,7 @@ def test_s1_rejects_material_sealed_for_other_round_parameters() -> None:
         client_id=c.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(c.cid),
     )
     assert "authentication" in conn.add_clients(1, [(c.cid, upload.public_part, sealed)])[c.cid]
 

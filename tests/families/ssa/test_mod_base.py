@@ -316,7 +316,9 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end(
     assert set(reply.content.keys()) == {SSA_UPLOAD_KEY}  # the weight is in the payload only
     public, seed0, sealed = read_ssa_upload(reply.content)
     binding = RoundBinding.of(SESSION, params.round_id, params.to_bytes())
-    seed1 = open_ssa_upload(KEY, sealed, binding=binding, client_id=node, public_part=public)
+    seed1 = open_ssa_upload(
+        KEY, sealed, binding=binding, client_id=node, public_part=public
+    ).master_seed
     servers = [SSAServer(params, b) for b in (0, 1)]
     servers[0].add_client(node, public, seed0)
     servers[1].add_client(node, public, seed1)
