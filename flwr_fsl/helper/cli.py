@@ -43,7 +43,10 @@ run's DP rounds (the guarantee against S0), keyed by the run id the round's para
 ``$FLWR_HOME/fsl/helper-state``, ``FLWR_HOME`` defaulting to ``~/.flwr``), one file per run,
 so a restart or a new session resumes it. S1 refuses a round that would take a run past the
 budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
-(``--dp-budget-delta``, default 1e-5) whatever S0 announces.
+(``--dp-budget-delta``, default 1e-5) whatever S0 announces. ``--dp-client-budget-epsilon E``
+(``--dp-client-budget-delta``) caps each enrolled client's own account across all runs
+(:mod:`flwr_fsl.helper.client_accounts`, in the same state directory): a client a DP round
+would take past it is refused for that round, so a fresh run is no fresh budget.
 
 **Client identities** (:mod:`flwr_fsl.crypto.identity`): ``--enrollment FILE`` names the
 enrollment list, one client Ed25519 public key per line (``<64 hex digits> [label]``, ``#``
@@ -178,22 +181,26 @@ def default_state_dir() -> Path:
     return (home / "fsl" / "helper-state").resolve()
 
 
-def _dp_budget(args: argparse.Namespace) -> PrivacyBudget | None:
+def _dp_budget(args: argparse.Namespace, prefix: str = "dp_budget") -> PrivacyBudget | None:
     """Return S1's ceiling from ``--dp-budget-epsilon`` / ``--dp-budget-delta`` (None: none).
+
+    ``prefix="dp_client_budget"`` reads ``--dp-client-budget-epsilon`` / ``-delta`` instead.
 
     Raises
     ------
     ConfigurationError
-        If ``--dp-budget-delta`` is given without ``--dp-budget-epsilon`` or is not in (0, 1).
+        If the delta flag is given without the epsilon flag or is not in (0, 1).
     """
-    if args.dp_budget_epsilon is None:
-        if args.dp_budget_delta is not None:
-            raise ConfigurationError("--dp-budget-delta needs --dp-budget-epsilon")
+    epsilon, delta = getattr(args, f"{prefix}_epsilon"), getattr(args, f"{prefix}_delta")
+    flag = "--" + prefix.replace("_", "-")
+    if epsilon is None:
+        if delta is not None:
+            raise ConfigurationError(f"{flag}-delta needs {flag}-epsilon")
         return None
-    delta = DEFAULT_DELTA if args.dp_budget_delta is None else args.dp_budget_delta
+    delta = DEFAULT_DELTA if delta is None else delta
     if not 0 < delta < 1:
-        raise ConfigurationError(f"--dp-budget-delta must be in (0, 1), got {delta:g}")
-    return PrivacyBudget(args.dp_budget_epsilon, delta)
+        raise ConfigurationError(f"{flag}-delta must be in (0, 1), got {delta:g}")
+    return PrivacyBudget(epsilon, delta)
 
 
 def _enrollment(args: argparse.Namespace) -> Enrollment | None:
@@ -306,6 +313,19 @@ def _parser() -> argparse.ArgumentParser:
         "budget S0 announces (default: none; S1 still enforces the run's announced budget)",
     )
     dp.add_argument(
+        "--dp-client-budget-epsilon",
+        type=_dp_float("--dp-client-budget-epsilon", positive=True),
+        metavar="EPS",
+        help="S1's ceiling on every enrolled client's own epsilon across all runs: it refuses "
+        "(per client) one a DP round would take past it (default: none)",
+    )
+    dp.add_argument(
+        "--dp-client-budget-delta",
+        type=_dp_float("--dp-client-budget-delta", positive=True),
+        metavar="DELTA",
+        help="delta of --dp-client-budget-epsilon (default 1e-5)",
+    )
+    dp.add_argument(
         "--dp-budget-delta",
         type=_dp_float("--dp-budget-delta", positive=True),
         metavar="DELTA",
@@ -339,6 +359,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
+
+
+def _announce_dp(service: HelperService) -> None:
+    """Print S1's DP policy and ceilings (one line each, only those that are set)."""
+    policy = service.limits.dp
+    if policy is not None:
+        print(
+            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
+            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
+            flush=True,
+        )
+    ceiling = service.limits.dp_budget
+    if ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
+            f"{ceiling.delta:g}",
+            flush=True,
+        )
+    client_ceiling = service.limits.dp_client_budget
+    if client_ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per enrolled client, across runs: epsilon <= "
+            f"{client_ceiling.epsilon:g} at delta {client_ceiling.delta:g}",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
@@ -382,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
                 **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()},
                 dp=_dp_policy(args),
                 dp_budget=_dp_budget(args),
+                dp_client_budget=_dp_budget(args, "dp_client_budget"),
             ),
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
             enrollment=enrollment,
@@ -396,20 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     if created:
         print(f"{_PROG}: created key file {args.key_file}", flush=True)
     print(f"{_PROG}: public key fingerprint {keypair.fingerprint}", flush=True)
-    policy = service.limits.dp
-    if policy is not None:
-        print(
-            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
-            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
-            flush=True,
-        )
-    ceiling = service.limits.dp_budget
-    if ceiling is not None:
-        print(
-            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
-            f"{ceiling.delta:g}",
-            flush=True,
-        )
+    _announce_dp(service)
     if args.print_fingerprint:
         return 0
     print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)

@@ -39,6 +39,8 @@ evaluated; a round over a limit is refused with a
 belongs to the run, not the session, and lives in ``state_dir`` when one is given
 (:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session, a replayed one
 or a restarted S1 resumes it, and S1 refuses rounds past the run's budget or its own ceiling.
+Each enrolled client also has an account across runs (:attr:`HelperService.client_accounts`,
+:mod:`flwr_fsl.helper.client_accounts`), capped by S1's per-client ceiling when one is set.
 
 **Client identities.** S1 accepts SSA uploads and U-DPF hints only when signed by a key on its
 enrollment list (``enrollment``, :class:`~flwr_fsl.crypto.identity.Enrollment`;
@@ -83,6 +85,7 @@ from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.identity import Enrollment
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.accounts import RunAccounts
+from flwr_fsl.helper.client_accounts import ClientAccounts
 from flwr_fsl.helper.errors import HelperRequestError, HelperSessionLostError, WireFormatError
 from flwr_fsl.helper.limits import HelperLimits
 
@@ -241,6 +244,7 @@ class HelperService:
         self.session_idle_s = float(session_idle_s)
         self.limits = limits if limits is not None else HelperLimits()
         self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
+        self.client_accounts = ClientAccounts(state_dir, self.limits.dp_client_budget)
         self._sessions: dict[bytes, Session] = {}
         self._sessions_lock = threading.Lock()
         self._methods: dict[str, Method] = {

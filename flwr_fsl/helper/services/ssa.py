@@ -27,6 +27,12 @@ U-DPF keys S1 holds for that client id. S1's minimum participation
 (:meth:`~flwr_fsl.helper.limits.HelperLimits.check_participation`) counts the round's distinct
 accepted signers: S0 cannot reach it with invented clients.
 
+**Per-client privacy accounts** (:mod:`flwr_fsl.helper.client_accounts`): every DP round S1
+returns a share of is also spent on each accepted signer's own account, across runs and
+sessions; with S1's per-client ceiling (``--dp-client-budget-epsilon``) a client whose account
+the round would take past it is refused per client at ``AddClients`` / ``AddClientHints``. A
+fresh Flower run therefore resets no client's budget at S1.
+
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
 (altered by S0), malformed keys, a stale hint or a client id already submitted in the round
@@ -295,6 +301,9 @@ class SSAService:
                 f"signer {signer.hex()[:16]}... is not the one that signed the U-DPF keys S1 "
                 f"holds for client {client_id}"
             )
+        z = budget(state).noise_multiplier
+        if z is not None:  # a DP round: the client's own account across runs
+            return self.host.client_accounts.refusal(signer, z)
         return None
 
     def _finish_round(
@@ -321,6 +330,7 @@ class SSAService:
                 session.close_round(rid)  # the run is out of budget: S1 releases nothing
                 log.warning("round %d refused: the run's privacy budget is spent", rid)
                 raise
+            self._spend_clients(session, state, z)
             self._add_noise(state, share, z, spent)
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
@@ -329,6 +339,24 @@ class SSAService:
         session.close_round(rid)
         log.info("round %d finished with %d clients", rid, len(clients))
         return wire.ShareResponse(clients, share)
+
+    def _spend_clients(self, session: Session, state: SSARound, z: float) -> None:
+        """Spend the round on each accepted client's own account.
+
+        A client admitted at ``AddClients`` may have gone past S1's per-client ceiling since
+        (in another session): then the whole round is refused.
+
+        Raises
+        ------
+        HelperRequestError
+            If a client's account would now exceed the ceiling (the round is dropped).
+        """
+        accounts = self.host.client_accounts
+        late = [r for r in (accounts.refusal(k, z) for k in state.signers) if r is not None]
+        if late:
+            session.close_round(state.params.round_id)
+            raise HelperRequestError(f"round {state.params.round_id} refused: {late[0]}")
+        accounts.spend(state.signers, z)
 
     def _add_noise(
         self, state: SSARound, share: NDArray[np.uint64], z: float, account: PrivacyAccount
