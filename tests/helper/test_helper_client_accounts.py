@@ -12,7 +12,7 @@ import pytest
 from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
-from flwr_fsl.helper import HelperLimits, HelperService, InProcessHelper
+from flwr_fsl.helper import HelperLimits, HelperRequestError, HelperService, InProcessHelper
 from flwr_fsl.helper.cli import main
 from flwr_fsl.helper.client_accounts import CLIENT_ACCOUNTS_DIR
 from tests.helper.test_helper import SID, make_clients, make_params, sealed_uploads, signer_of
@@ -83,3 +83,26 @@ def test_cli_client_budget_flags(tmp_path: Path, capsys) -> None:  # type: ignor
     assert "ceiling per enrolled client, across runs: epsilon <= 8" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*base, "--dp-client-budget-epsilon", "-1"])
+
+
+def test_a_client_overrun_between_admission_and_finish_drops_the_round(tmp_path: Path) -> None:
+    # Two open rounds admit the same client while its account holds two rounds (as two
+    # sessions could); the first to finish spends the third; the second is refused at
+    # FinishRound and spends nothing, on the client's account or the run's.
+    key = SealingKeyPair.generate()
+    shared = service(tmp_path, key)
+    a = make_clients(1)[0]
+    first = InProcessHelper(shared, session_id=SID)
+    for rid in (1, 2):
+        assert run_round(first, "A", rid, [a]) == {}
+    x = InProcessHelper(shared, session_id=SID)  # rounds 3 and 4 open at once
+    p3 = make_params(3, dp=DP, run=RunScope("A", GENEROUS), epoch=0)
+    p4 = make_params(4, dp=DP, run=RunScope("A", GENEROUS), epoch=0)
+    for p in (p3, p4):
+        x.open_round(p.round_id, p.to_bytes())
+        assert x.add_clients(p.round_id, sealed_uploads(p, [a], x.public_key())) == {}
+    x.finish_round(3)
+    with pytest.raises(HelperRequestError, match="per-client ceiling"):
+        x.finish_round(4)
+    assert shared.client_accounts.rounds(signer_of(a.cid).public_bytes) == [1.0] * 3
+    assert shared.accounts.rounds("run:A") == [1.0] * 3  # the refused round spent nothing

@@ -324,13 +324,14 @@ class SSAService:
         share = state.ssa.share()
         z = budget(state).noise_multiplier
         if z is not None and clients:
+            self._check_clients(session, state, z)  # before the run's account is touched
             try:
                 spent = self.host.accounts.spend(state.params, session.session_id, z)
             except HelperRequestError:
                 session.close_round(rid)  # the run is out of budget: S1 releases nothing
                 log.warning("round %d refused: the run's privacy budget is spent", rid)
                 raise
-            self._spend_clients(session, state, z)
+            self.host.client_accounts.spend(state.signers, z)
             self._add_noise(state, share, z, spent)
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
@@ -340,11 +341,11 @@ class SSAService:
         log.info("round %d finished with %d clients", rid, len(clients))
         return wire.ShareResponse(clients, share)
 
-    def _spend_clients(self, session: Session, state: SSARound, z: float) -> None:
-        """Spend the round on each accepted client's own account.
+    def _check_clients(self, session: Session, state: SSARound, z: float) -> None:
+        """Refuse the round if an accepted client's own account can no longer take it.
 
         A client admitted at ``AddClients`` may have gone past S1's per-client ceiling since
-        (in another session): then the whole round is refused.
+        (in another session); then nothing is spent and no share is returned.
 
         Raises
         ------
@@ -356,7 +357,6 @@ class SSAService:
         if late:
             session.close_round(state.params.round_id)
             raise HelperRequestError(f"round {state.params.round_id} refused: {late[0]}")
-        accounts.spend(state.signers, z)
 
     def _add_noise(
         self, state: SSARound, share: NDArray[np.uint64], z: float, account: PrivacyAccount
