@@ -79,6 +79,7 @@ from dpf_bench import record_aes, replay_aes  # noqa: E402
 
 from flwr_fsl.crypto import dpf  # noqa: E402
 from flwr_fsl.crypto.hashing import generate_hash_key, simple_hash  # noqa: E402
+from flwr_fsl.crypto.identity import SigningIdentity  # noqa: E402
 from flwr_fsl.families.ssa import protocol as ssa  # noqa: E402
 
 try:
@@ -569,6 +570,7 @@ def run_scale(clients: int, log_m: int, rate: float, distinct: int, chunk_mib: i
                         client_id=cid,
                         public_part=upload.public_part,
                         master_seed=upload.master_seeds[1],
+                        signer=SigningIdentity.generate(),  # S1 runs with open enrollment
                     )
                     yield cid, ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
 

@@ -1,4 +1,4 @@
-"""Cryptographic primitives: AES PRG/PRF/stream, DPFs, hashing, rings and sharing, fixed point."""
+"""Cryptographic primitives: AES PRG/PRF/stream, DPFs, hashing, rings, sharing, Ed25519 keys."""
 
 from flwr_fsl.crypto.channel import (
     SealedBoxError,

@@ -25,8 +25,10 @@ is bound to the SHA-256 of the round's parameters, run included: S0 cannot move 
 material into another run's account, and replaying it spends the run's account until S1
 refuses. A DP round without a run (a Flower-free caller) is accounted under its session id.
 A deviating S0 that also controls the SuperLink can start a new Flower run, which has a fresh
-account at both servers: a budget is per run. An announced budget is S0's word; S1's ceiling
-is the operator's (deviating servers are issue 21's subject).
+account at both servers: a budget is per run. S1's per-client accounts close that
+(:mod:`flwr_fsl.helper.client_accounts`, ``--dp-client-budget-epsilon``): each enrolled client's
+account spans every run, so a fresh run is no fresh budget for the same clients. An announced
+budget is S0's word; S1's ceiling is the operator's.
 """
 
 from __future__ import annotations

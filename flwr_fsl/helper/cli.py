@@ -55,7 +55,19 @@ run's DP rounds (the guarantee against S0), keyed by the run id the round's para
 ``$FLWR_HOME/fsl/helper-state``, ``FLWR_HOME`` defaulting to ``~/.flwr``), one file per run,
 so a restart or a new session resumes it. S1 refuses a round that would take a run past the
 budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
-(``--dp-budget-delta``, default 1e-5) whatever S0 announces.
+(``--dp-budget-delta``, default 1e-5) whatever S0 announces. ``--dp-client-budget-epsilon E``
+(``--dp-client-budget-delta``) caps each enrolled client's own account across all runs
+(:mod:`flwr_fsl.helper.client_accounts`, in the same state directory): a client a DP round
+would take past it is refused for that round, so a fresh run is no fresh budget.
+
+**Client identities** (:mod:`flwr_fsl.crypto.identity`): ``--enrollment FILE`` names the
+enrollment list, one client Ed25519 public key per line (``<64 hex digits> [label]``, ``#``
+comments); S1 accepts SSA uploads and U-DPF hints only when signed by one of them, once per
+round, and counts distinct enrolled signers for ``--min-clients``. It is required unless
+``--open-enrollment`` is given (insecure: any signer is accepted, so a deviating S0 can invent
+clients; for tests and trusted setups). Each client node makes its key and prints its line with
+``flwr-fsl-identity KEYFILE --generate --label NAME`` (``python -m flwr_fsl.crypto.identity``)
+and passes the key file's path to its SuperNode as ``--node-config fsl-signing-key=...``.
 
 Exit codes: 0 after a clean stop, 2 for bad arguments or an unusable key or token file, 1 when
 the address cannot be bound.
@@ -83,6 +95,7 @@ from types import FrameType
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
+from flwr_fsl.crypto.identity import Enrollment, load_enrollment
 from flwr_fsl.families.ssa.dp import DistributedDP
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import is_loopback
@@ -185,22 +198,50 @@ def default_state_dir() -> Path:
     return (home / "fsl" / "helper-state").resolve()
 
 
-def _dp_budget(args: argparse.Namespace) -> PrivacyBudget | None:
+def _dp_budget(args: argparse.Namespace, prefix: str = "dp_budget") -> PrivacyBudget | None:
     """Return S1's ceiling from ``--dp-budget-epsilon`` / ``--dp-budget-delta`` (None: none).
+
+    ``prefix="dp_client_budget"`` reads ``--dp-client-budget-epsilon`` / ``-delta`` instead.
 
     Raises
     ------
     ConfigurationError
-        If ``--dp-budget-delta`` is given without ``--dp-budget-epsilon`` or is not in (0, 1).
+        If the delta flag is given without the epsilon flag or is not in (0, 1).
     """
-    if args.dp_budget_epsilon is None:
-        if args.dp_budget_delta is not None:
-            raise ConfigurationError("--dp-budget-delta needs --dp-budget-epsilon")
+    epsilon, delta = getattr(args, f"{prefix}_epsilon"), getattr(args, f"{prefix}_delta")
+    flag = "--" + prefix.replace("_", "-")
+    if epsilon is None:
+        if delta is not None:
+            raise ConfigurationError(f"{flag}-delta needs {flag}-epsilon")
         return None
-    delta = DEFAULT_DELTA if args.dp_budget_delta is None else args.dp_budget_delta
+    delta = DEFAULT_DELTA if delta is None else delta
     if not 0 < delta < 1:
-        raise ConfigurationError(f"--dp-budget-delta must be in (0, 1), got {delta:g}")
-    return PrivacyBudget(args.dp_budget_epsilon, delta)
+        raise ConfigurationError(f"{flag}-delta must be in (0, 1), got {delta:g}")
+    return PrivacyBudget(epsilon, delta)
+
+
+def _enrollment(args: argparse.Namespace) -> Enrollment | None:
+    """Return S1's enrollment from ``--enrollment`` / ``--open-enrollment`` (None: neither).
+
+    Raises
+    ------
+    ConfigurationError
+        If both are given, or the file is unreadable or malformed (naming the line).
+    """
+    if args.enrollment is not None and args.open_enrollment:
+        raise ConfigurationError("--enrollment and --open-enrollment exclude each other")
+    if args.open_enrollment:
+        return Enrollment.open()
+    return None if args.enrollment is None else load_enrollment(args.enrollment)
+
+
+_ENROLLMENT_EPILOG = (
+    "client identities: S1 accepts SSA uploads only when signed by a client key on the "
+    "--enrollment list. Each client node makes its key and prints its enrollment line with "
+    "'flwr-fsl-identity KEYFILE --generate --label NAME' (or 'python -m "
+    "flwr_fsl.crypto.identity ...') and gives the key file to its SuperNode as "
+    "--node-config 'fsl-signing-key=\"/abs/path/KEYFILE\"'."
+)
 
 
 def read_token(path: Path) -> str:
@@ -250,24 +291,6 @@ def _access_token(args: argparse.Namespace, state_dir: Path) -> tuple[str | None
     return read_token(path), path
 
 
-def _print_policy(service: HelperService) -> None:
-    """Print S1's DP floor and budget ceiling, if set."""
-    policy = service.limits.dp
-    if policy is not None:
-        print(
-            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
-            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
-            flush=True,
-        )
-    ceiling = service.limits.dp_budget
-    if ceiling is not None:
-        print(
-            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
-            f"{ceiling.delta:g}",
-            flush=True,
-        )
-
-
 def _print_token(token_file: Path | None) -> None:
     """Print where the access token is and how S0 passes it (or that there is none)."""
     if token_file is not None:
@@ -289,6 +312,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=_PROG,
         description="Helper server S1 of flwr_fsl's two-server secure submodel aggregation "
         "and private submodel retrieval (Cui et al. 2023).",
+        epilog=_ENROLLMENT_EPILOG,
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9500, help="TCP port, 0 = any free (default 9500)")
@@ -369,6 +393,19 @@ def _parser() -> argparse.ArgumentParser:
         "budget S0 announces (default: none; S1 still enforces the run's announced budget)",
     )
     dp.add_argument(
+        "--dp-client-budget-epsilon",
+        type=_dp_float("--dp-client-budget-epsilon", positive=True),
+        metavar="EPS",
+        help="S1's ceiling on every enrolled client's own epsilon across all runs: it refuses "
+        "(per client) one a DP round would take past it (default: none)",
+    )
+    dp.add_argument(
+        "--dp-client-budget-delta",
+        type=_dp_float("--dp-client-budget-delta", positive=True),
+        metavar="DELTA",
+        help="delta of --dp-client-budget-epsilon (default 1e-5)",
+    )
+    dp.add_argument(
         "--dp-budget-delta",
         type=_dp_float("--dp-budget-delta", positive=True),
         metavar="DELTA",
@@ -380,6 +417,18 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="where S1 keeps each run's privacy account, so restarts and new sessions resume "
         "it (default $FLWR_HOME/fsl/helper-state, FLWR_HOME defaulting to ~/.flwr)",
+    )
+    p.add_argument(
+        "--enrollment",
+        type=Path,
+        metavar="FILE",
+        help="enrollment list of client Ed25519 public keys, one '<hex key> [label]' per line "
+        "(required unless --open-enrollment)",
+    )
+    p.add_argument(
+        "--open-enrollment",
+        action="store_true",
+        help="INSECURE: accept any client signing key (a deviating S0 can then invent clients)",
     )
     p.add_argument("--tls-cert", type=Path, help="serve TLS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
@@ -398,6 +447,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p
+
+
+def _announce_dp(service: HelperService) -> None:
+    """Print S1's DP policy and ceilings (one line each, only those that are set)."""
+    policy = service.limits.dp
+    if policy is not None:
+        print(
+            f"{_PROG}: DP noise on every round: noise multiplier >= {policy.noise_multiplier:g}, "
+            f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
+            flush=True,
+        )
+    ceiling = service.limits.dp_budget
+    if ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
+            f"{ceiling.delta:g}",
+            flush=True,
+        )
+    client_ceiling = service.limits.dp_client_budget
+    if client_ceiling is not None:
+        print(
+            f"{_PROG}: DP budget ceiling per enrolled client, across runs: epsilon <= "
+            f"{client_ceiling.epsilon:g} at delta {client_ceiling.delta:g}",
+            flush=True,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
@@ -425,6 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     try:
+        enrollment = _enrollment(args)
+        if enrollment is None and not args.print_fingerprint:
+            raise ConfigurationError(
+                "--enrollment FILE is required (the client keys S1 accepts); pass "
+                "--open-enrollment to accept any signer (insecure)"
+            )
         keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
         service = HelperService(
             keypair,
@@ -435,8 +515,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
                 **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()},
                 dp=_dp_policy(args),
                 dp_budget=_dp_budget(args),
+                dp_client_budget=_dp_budget(args, "dp_client_budget"),
             ),
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
+            enrollment=enrollment,
         )
         tls = (args.tls_key.read_bytes(), args.tls_cert.read_bytes()) if args.tls_cert else None
         if tls is None and not args.insecure and not is_loopback(args.host):
@@ -452,9 +534,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     if created:
         print(f"{_PROG}: created key file {args.key_file}", flush=True)
     print(f"{_PROG}: public key fingerprint {keypair.fingerprint}", flush=True)
-    _print_policy(service)
+    _announce_dp(service)
     if args.print_fingerprint:
         return 0
+    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
     print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
     try:
         token, token_file = _access_token(args, service.accounts.state_dir or default_state_dir())

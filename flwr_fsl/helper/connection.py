@@ -63,6 +63,7 @@ from flwr_fsl.crypto.channel import (
     public_key_fingerprint,
     verify_fingerprint,
 )
+from flwr_fsl.crypto.identity import Enrollment
 from flwr_fsl.families.ssa.two_server import HelperParty
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import (
@@ -519,6 +520,9 @@ class InProcessHelper(_Facade):
         (ignored when ``service`` is given). Give the same path to a new twin to resume the
         accounts, as a restarted ``flwr-fsl-helper --state-dir`` does.
 
+    A new service has **open enrollment** (any client signing key is accepted,
+    :mod:`flwr_fsl.crypto.identity`): S1 inside S0's process is no separate party anyway.
+
     Attributes
     ----------
     service : HelperService
@@ -543,6 +547,7 @@ class InProcessHelper(_Facade):
                 limits=limits,
                 state_dir=state_dir,
                 session_ids=session_ids,
+                enrollment=Enrollment.open(),  # S1 in S0's process: no separation anyway
             )
         self.service = service
         self._closed = False

@@ -64,7 +64,8 @@ multiplier is below S1's (S1 never accepts less noise than its floor, and never 
 more than the round says, so both servers' accounts and the clients' checks see one ``z``).
 Without a policy S1 adds the noise a DP round asks for. ``dp_budget`` (``--dp-budget-epsilon``,
 ``--dp-budget-delta``) is S1's ceiling on every run's privacy account
-(:mod:`flwr_fsl.helper.accounts`).
+(:mod:`flwr_fsl.helper.accounts`); ``dp_client_budget`` (``--dp-client-budget-epsilon``) its
+ceiling on every enrolled client's account across runs (:mod:`flwr_fsl.helper.client_accounts`).
 """
 
 from __future__ import annotations
@@ -178,6 +179,10 @@ class HelperLimits:
     dp_budget : PrivacyBudget or None (default: None)
         S1's ceiling on every run's privacy account (``--dp-budget-epsilon``,
         ``--dp-budget-delta``): S1 refuses a round past it whatever budget S0 announces.
+    dp_client_budget : PrivacyBudget or None (default: None)
+        S1's ceiling on every client's own account across runs
+        (``--dp-client-budget-epsilon``, ``--dp-client-budget-delta``): S1 refuses, per
+        client, one whose account a DP round would take past it.
 
     Raises
     ------
@@ -195,16 +200,19 @@ class HelperLimits:
     min_clients: int = 2
     dp: DistributedDP | None = None
     dp_budget: PrivacyBudget | None = None
+    dp_client_budget: PrivacyBudget | None = None
 
     def __post_init__(self) -> None:
         if self.dp is not None and not isinstance(self.dp, DistributedDP):
             raise ConfigurationError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
-        if self.dp_budget is not None and not isinstance(self.dp_budget, PrivacyBudget):
-            raise ConfigurationError(
-                f"dp_budget must be a PrivacyBudget, got {type(self.dp_budget).__name__}"
-            )
+        for name in ("dp_budget", "dp_client_budget"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, PrivacyBudget):
+                raise ConfigurationError(
+                    f"{name} must be a PrivacyBudget, got {type(value).__name__}"
+                )
         for f in fields(self):
-            if f.name in ("dp", "dp_budget"):
+            if f.name in ("dp", "dp_budget", "dp_client_budget"):
                 continue
             value = getattr(self, f.name)
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT

@@ -48,6 +48,15 @@ evaluated; a round over a limit is refused with a
 belongs to the run, not the session, and lives in ``state_dir`` when one is given
 (:mod:`flwr_fsl.helper.accounts`, :attr:`HelperService.accounts`): a new session of the run
 or a restarted S1 resumes it, and S1 refuses rounds past the run's budget or its own ceiling.
+Each enrolled client also has an account across runs (:attr:`HelperService.client_accounts`,
+:mod:`flwr_fsl.helper.client_accounts`), capped by S1's per-client ceiling when one is set.
+
+**Client identities.** S1 accepts SSA uploads and U-DPF hints only when signed by a key on its
+enrollment list (``enrollment``, :class:`~flwr_fsl.crypto.identity.Enrollment`;
+``flwr-fsl-helper --enrollment FILE``), and counts distinct enrolled signers for its minimum
+participation (:mod:`flwr_fsl.helper.services.ssa`), so S0 cannot invent clients. Open
+enrollment (any signer; ``--open-enrollment``, the in-process twin, and this class's default)
+does not stop a deviating S0 from inventing clients: it makes keys itself.
 
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
 included); the only lock shared across sessions guards the session table and is held for a
@@ -99,8 +108,10 @@ from typing import Any, Protocol
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.identity import Enrollment
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.accounts import RunAccounts
+from flwr_fsl.helper.client_accounts import ClientAccounts
 from flwr_fsl.helper.errors import (
     HelperAuthError,
     HelperRequestError,
@@ -228,15 +239,19 @@ class HelperService:
     session_ids : callable, optional
         Draws a new session's 16-byte id; 16 bytes of ``os.urandom`` by default. Tests pass a
         deterministic one; a drawn id that S1 holds or has retired is refused.
+    enrollment : Enrollment, optional
+        The client signing keys S1 accepts (:mod:`flwr_fsl.crypto.identity`); open
+        enrollment (any signer, insecure against a deviating S0) by default.
 
     Raises
     ------
     ValueError
         If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`,
+        ``enrollment`` is not an :class:`~flwr_fsl.crypto.identity.Enrollment`,
         ``limits`` is not a :class:`HelperLimits`, or two plugins register the same method.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         keypair: SealingKeyPair,
         *,
@@ -247,9 +262,15 @@ class HelperService:
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
         session_ids: Callable[[], bytes] | None = None,
+        enrollment: Enrollment | None = None,
     ) -> None:
         if session_ids is not None and not callable(session_ids):
             raise ConfigurationError("session_ids must be a callable returning 16 bytes")
+        if enrollment is not None and not isinstance(enrollment, Enrollment):
+            raise ConfigurationError(
+                f"enrollment must be an Enrollment, got {type(enrollment).__name__}"
+            )
+        self.enrollment = enrollment if enrollment is not None else Enrollment.open()
         if not isinstance(keypair, SealingKeyPair):
             raise ConfigurationError(
                 f"keypair must be a SealingKeyPair, got {type(keypair).__name__}"
@@ -269,6 +290,7 @@ class HelperService:
         self.session_idle_s = float(session_idle_s)
         self.limits = limits if limits is not None else HelperLimits()
         self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
+        self.client_accounts = ClientAccounts(state_dir, self.limits.dp_client_budget)
         self._sessions: dict[bytes, Session] = {}
         self._retired: OrderedDict[bytes, str] = OrderedDict()
         self._draw_id = session_ids or (lambda: os.urandom(wire.SESSION_BYTES))

@@ -63,8 +63,9 @@ __all__ = [
 SIMULATION_CAVEAT = (
     "S1 runs in-process: this demonstrates the protocol, not the separation of the two servers"
     " -- S1 shares S0's process and reads its key from a file S0 can read, so here S0 could see"
-    " everything S1 sees. For two real parties run flwr-fsl-helper elsewhere and set"
-    " ssa-helper-address."
+    " everything S1 sees, and S1 accepts any client signing key (open enrollment), so it cannot"
+    " tell invented clients from real ones. For two real parties run flwr-fsl-helper elsewhere"
+    " with --enrollment and set ssa-helper-address."
 )
 
 _MAX_SECRET_FILE_BYTES = 64 * 1024

@@ -8,7 +8,9 @@ access token in ``state_dir`` (:attr:`HelperProcess.token`; :meth:`HelperProcess
 :class:`~flwr_fsl.helper.HelperClient` that sends it); a restarted process given the same
 ``state_dir`` keeps the token. Its privacy accounts go to ``state_dir`` (``--state-dir``): a fresh
 temporary directory unless given, so tests never share the operator's default one; give the
-same ``state_dir`` to a restarted process to resume the accounts.
+same ``state_dir`` to a restarted process to resume the accounts. Client signing keys: the
+child reads ``enrollment`` (``--enrollment``) when given, else runs with ``--open-enrollment``
+(any signer; tests of round mechanics).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class HelperProcess:
     state_dir : Path, optional
         The child's ``--state-dir`` (its per-run privacy accounts); a new temporary directory
         by default.
+    enrollment : Path, optional
+        The child's ``--enrollment`` list of client keys; ``--open-enrollment`` by default.
 
     Raises
     ------
@@ -74,6 +78,7 @@ class HelperProcess:
         extra_args: Sequence[str] = (),
         log_level: str = "WARNING",
         state_dir: Path | None = None,
+        enrollment: Path | None = None,
     ) -> None:
         self.log_file = log_file
         if state_dir is None:
@@ -83,7 +88,9 @@ class HelperProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "flwr_fsl.helper", "--host", "127.0.0.1", "--port", "0"]
         cmd += ["--key-file", str(key_file), "--log-level", log_level]
-        cmd += ["--state-dir", str(state_dir), *extra_args]
+        cmd += ["--state-dir", str(state_dir)]
+        cmd += ["--open-enrollment"] if enrollment is None else ["--enrollment", str(enrollment)]
+        cmd += list(extra_args)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.stdout: list[str] = []

@@ -4,9 +4,12 @@ A fixture helper starts, on free loopback ports and in a temporary ``FLWR_HOME``
 
 - optionally ``flwr-fsl-helper`` (S1) with a fresh key pair (its printed fingerprint is pinned)
   and the access token it generates on first start (S0 gets its file as
-  ``ssa-helper-token-file``, as an operator would pass it),
+  ``ssa-helper-token-file``, as an operator would pass it), and ``--enrollment`` listing one
+  fresh Ed25519 signing key per SuperNode (``flwr-fsl-identity --generate`` makes each and
+  prints its line),
 - ``flower-superlink --insecure`` (the ServerApp runs under it),
-- N ``flower-supernode --insecure`` with ``partition-id=i num-partitions=N``,
+- N ``flower-supernode --insecure`` with ``partition-id=i num-partitions=N`` (and, with S1,
+  ``fsl-signing-key=<its key file>``),
 
 and a ``deploy`` federation in ``config.toml``. Each test submits an app with ``flwr run ...
 deploy --format json`` (2 rounds, every node trains each round, tiny data), polls ``flwr ls``
@@ -147,6 +150,7 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
     try:
         link_port = free_port()
         helper_port, helper_log = 0, None
+        signing = _node_keys(tmp_path, nodes, env) if helper else {}
         if helper:
             (tmp_path / "s1").mkdir(mode=0o700)
             helper_port = free_port()
@@ -162,6 +166,8 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
                 "--generate-key",
                 "--state-dir",
                 str(tmp_path / "s1" / "state"),
+                "--enrollment",
+                str(tmp_path / "enrollment.txt"),
             )
         start(
             "superlink",
@@ -185,7 +191,7 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
                 "--port",
                 str(free_port()),
                 "--node-config",
-                f"partition-id={pid} num-partitions={nodes}",
+                f"partition-id={pid} num-partitions={nodes}{signing.get(pid, '')}",
             )
         deployment = Deployment(env, logs)
         if helper_log is not None:
@@ -209,6 +215,27 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
     finally:
         for proc in reversed(procs):
             stop(proc)
+
+
+def _node_keys(tmp_path: Path, nodes: int, env: dict[str, str]) -> dict[int, str]:
+    """Make one signing key per SuperNode and S1's enrollment list; return node-config tails."""
+    keys = tmp_path / "identity"
+    keys.mkdir(mode=0o700)
+    lines, tails = [], {}
+    for pid in range(nodes):
+        path = keys / f"node-{pid}.pem"
+        cmd = [sys.executable, "-m", "flwr_fsl.crypto.identity", str(path), "--generate"]
+        out = subprocess.run(
+            [*cmd, "--label", f"node-{pid}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        lines.append(out.stdout.strip())
+        tails[pid] = f' fsl-signing-key="{path}"'
+    (tmp_path / "enrollment.txt").write_text("# S1's enrolled clients\n" + "\n".join(lines) + "\n")
+    return tails
 
 
 @pytest.fixture
@@ -293,6 +320,11 @@ def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_pat
     # S0 talked to the helper process, not to an in-process twin.
     assert f"S1: flwr-fsl-helper at {deployment.helper_address}" in logs, logs[-4000:]
     assert not re.search(r"WARNING: .*: round \d+ failed", logs), logs[-4000:]
+    # S1 accepted only the enrolled SuperNodes' signed uploads, and rejected none of them.
+    s1_log = (deployment.logs / "helper.log").read_text()
+    assert "client enrollment: 2 enrolled client keys" in s1_log, s1_log[-4000:]
+    assert "AddClients round 1: 2 accepted, 0 rejected" in s1_log, s1_log[-4000:]
+    assert "rejected:" not in s1_log, s1_log[-4000:]
     # Every round aggregated through S1; no round failed, no reply was dropped.
     record = load_experiment(results / "dpf-ssa-mnist.json").arm("secure")
     assert record.aggregated_rounds == list(range(1, ROUNDS + 1))

@@ -17,6 +17,7 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Writer
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, associated_data, seal
+from flwr_fsl.crypto.identity import SigningIdentity
 from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
@@ -91,6 +92,13 @@ def _key(n: int) -> bytes:
     return hashlib.sha256(n.to_bytes(8, "little")).digest()[:16]
 
 
+def signer_of(client_id: int) -> SigningIdentity:
+    """A client's fixed Ed25519 signing key (the tests' clients are enrolled by id)."""
+    return SigningIdentity.from_private_bytes(
+        hashlib.sha256(b"test client %d" % client_id).digest()
+    )
+
+
 def make_params(round_id: int, **kw: Any) -> SSAParams:
     base = dict(
         round_id=round_id,
@@ -149,7 +157,12 @@ def hint_for(
     held = held_digest(client.state.keys[0])  # the keys the hint updates (before it does)
     hint = client.state.next_round(params, client.values, client.weight, rng=rng)
     sealed = seal_udpf_hint(
-        helper_pub, binding=binding or bind(params), client_id=client.cid, hint=hint, held=held
+        helper_pub,
+        binding=binding or bind(params),
+        client_id=client.cid,
+        hint=hint,
+        held=held,
+        signer=signer_of(client.cid),
     )
     return client.cid, hint, sealed
 
@@ -171,6 +184,7 @@ def upload_for(
         client_id=client.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(client.cid),
     )
     return upload, sealed
 
@@ -400,7 +414,12 @@ def test_malformed_keys_with_a_matching_hash_are_rejected():
     helper.open_round(1, params.to_bytes())
     garbage = b"FDPF" + bytes(40)
     sealed = seal_ssa_upload(
-        pub, binding=bind(1), client_id=5, public_part=garbage, master_seed=bytes(16)
+        pub,
+        binding=bind(1),
+        client_id=5,
+        public_part=garbage,
+        master_seed=bytes(16),
+        signer=signer_of(5),
     )
     rej = helper.add_clients(1, [(5, garbage, sealed)])
     assert rej[5].startswith("SSAInputError: malformed public part")
@@ -512,6 +531,7 @@ def test_psr_errors_are_per_client():
         client_id=5,
         public_part=q.upload.public_part,
         master_seed=q.upload.master_seeds[1],
+        signer=signer_of(5),
     )
     garbage = b"FDPF" + bytes(40)
     bad_keys, _ = seal_psr_query(
@@ -788,10 +808,16 @@ def test_sealing_round_trips_and_bindings():
     s1 = SealingKeyPair.generate()
     public, seed = b"public part", bytes(range(16))
     blob = seal_ssa_upload(
-        s1.public_bytes, binding=bind(3), client_id=4, public_part=public, master_seed=seed
+        s1.public_bytes,
+        binding=bind(3),
+        client_id=4,
+        public_part=public,
+        master_seed=seed,
+        signer=signer_of(4),
     )
-    assert len(blob) == 48 + 56
-    assert open_ssa_upload(s1, blob, binding=bind(3), client_id=4, public_part=public) == seed
+    assert len(blob) == 101 + 48 + 56
+    opened = open_ssa_upload(s1, blob, binding=bind(3), client_id=4, public_part=public)
+    assert opened.master_seed == seed and opened.signer == signer_of(4).public_bytes
     for kw in (
         dict(binding=bind(4), client_id=4, public_part=public),
         dict(binding=bind(3), client_id=5, public_part=public),
@@ -819,7 +845,12 @@ def test_sealing_rejects_bad_inputs():
     s1 = SealingKeyPair.generate()
     with pytest.raises(SealedBoxError, match="master seed"):
         seal_ssa_upload(
-            s1.public_bytes, binding=bind(1), client_id=1, public_part=b"", master_seed=b"x"
+            s1.public_bytes,
+            binding=bind(1),
+            client_id=1,
+            public_part=b"",
+            master_seed=b"x",
+            signer=signer_of(1),
         )
     with pytest.raises(SealedBoxError, match="public part must be bytes"):
         seal_ssa_upload(
@@ -828,11 +859,15 @@ def test_sealing_rejects_bad_inputs():
             client_id=1,
             public_part="p",  # type: ignore[arg-type]
             master_seed=bytes(16),
+            signer=signer_of(1),
         )
     ad = associated_data(purpose="ssa", sender="client:1", recipient="S1", **bind(1).fields())
     short = seal(s1.public_bytes, bytes(47), associated_data=ad)
-    with pytest.raises(SealedBoxError, match="47 bytes, expected 48"):
+    with pytest.raises(SealedBoxError, match="not a signed layout"):
         open_ssa_upload(s1, short, binding=bind(1), client_id=1, public_part=b"")
+    unsigned = seal(s1.public_bytes, bytes(48), associated_data=ad)  # v1: the bare body
+    with pytest.raises(SealedBoxError, match="unsigned"):
+        open_ssa_upload(s1, unsigned, binding=bind(1), client_id=1, public_part=b"")
     key = SealingKeyPair.generate()
     ad = associated_data(
         purpose="psr-answer", sender="S1", recipient="client:1", **bind(1).fields()
@@ -916,5 +951,12 @@ def test_s1_applies_a_hint_only_to_the_keys_it_was_sealed_for() -> None:
     first_round(helper, make_params(1), [c])
     helper.open_round(2, p2.to_bytes())
     hint = c.state.next_round(p2, c.values, c.weight)
-    wrong = seal_udpf_hint(pub, binding=bind(p2), client_id=c.cid, hint=hint, held=bytes(32))
+    wrong = seal_udpf_hint(
+        pub,
+        binding=bind(p2),
+        client_id=c.cid,
+        hint=hint,
+        held=bytes(32),
+        signer=signer_of(c.cid),
+    )
     assert "S1 holds other keys" in helper.add_client_hints(2, [(c.cid, hint, wrong)])[c.cid]

@@ -66,6 +66,7 @@ from tests.helper.test_helper import (
     make_params,
     open_rounds,
     sealed_uploads,
+    signer_of,
     upload_for,
 )
 from tests.helper.test_helper_sessions import _aggregate
@@ -387,6 +388,7 @@ def test_memory_formula_bounds_the_traced_peak_of_a_round(fields_):
                 client_id=cid,
                 public_part=up.public_part,
                 master_seed=up.master_seeds[1],
+                signer=signer_of(cid),
             )
             uploads.append((cid, up.public_part, sealed))
         queries = sealed_queries(params, [1, 2], kp.public_bytes)

@@ -172,7 +172,7 @@ def test_cli_port_in_use(tmp_path, capsys):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        assert main(["--key-file", str(path), "--port", str(port)]) == 1
+        assert main(["--key-file", str(path), "--open-enrollment", "--port", str(port)]) == 1
     assert "cannot bind" in capsys.readouterr().err
 
 
@@ -181,8 +181,8 @@ def test_cli_bad_arguments(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["--key-file", str(path), "--max-message-mib", "0"])
     assert info.value.code == 2
-    assert main(["--key-file", str(path), "--max-open-rounds", "0"]) == 2
-    assert main(["--key-file", str(path), "--port", "70000"]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--max-open-rounds", "0"]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--port", "70000"]) == 2
 
 
 # ---- TLS and access token (in-process gRPC server) ----------------------------------------------
@@ -282,17 +282,17 @@ def test_cli_tls_and_token_arguments(tmp_path, capsys):
     empty = tmp_path / "token"
     empty.write_text("\n")
     empty.chmod(0o600)
-    assert main(["--key-file", str(path), "--token-file", str(empty)]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--token-file", str(empty)]) == 2
     assert "empty" in capsys.readouterr().err
     readable = tmp_path / "readable-token"
     readable.write_text("s3cret\n")
     readable.chmod(0o644)
-    assert main(["--key-file", str(path), "--token-file", str(readable)]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--token-file", str(readable)]) == 2
     assert "chmod 600" in capsys.readouterr().err
     # A token (the default) over plain gRPC on a non-loopback address is refused at start.
     state = ["--state-dir", str(tmp_path / "state")]
-    assert main(["--key-file", str(path), "--host", "0.0.0.0", *state]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", "--host", "0.0.0.0", *state]) == 2
     assert "not loopback" in capsys.readouterr().err
     assert not (tmp_path / "state" / "token").exists()  # refused before generating one
     missing = ["--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k2.pem")]
-    assert main(["--key-file", str(path), *missing]) == 2
+    assert main(["--key-file", str(path), "--open-enrollment", *missing]) == 2

@@ -57,6 +57,7 @@ def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
         "--generate-key",
         "--token-file",
         str(token),
+        "--open-enrollment",  # simulation nodes make their keys on first use, unenrolled
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -43,6 +43,7 @@ from tests.helper.test_helper import (
     fixed_ids,
     make_clients,
     make_params,
+    signer_of,
     upload_for,
 )
 
@@ -67,6 +68,7 @@ def _aggregate(conn: InProcessHelper, round_id: int, seed: int) -> tuple[Any, An
             client_id=c.cid,
             public_part=upload.public_part,
             master_seed=upload.master_seeds[1],
+            signer=signer_of(c.cid),
         )
         s0.add_client(c.cid, upload.public_part, upload.master_seeds[0])
         relay.append((c.cid, upload.public_part, sealed))
@@ -134,6 +136,7 @@ def test_a_blob_from_one_run_does_not_open_in_another() -> None:
         client_id=c.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(c.cid),
     )
     rejected = b.add_clients(1, [(c.cid, upload.public_part, sealed_for_a)])
     assert "authentication" in rejected[c.cid]
@@ -153,6 +156,7 @@ def test_s1_rejects_material_sealed_for_other_round_parameters() -> None:
         client_id=c.cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(c.cid),
     )
     assert "authentication" in conn.add_clients(1, [(c.cid, upload.public_part, sealed)])[c.cid]
 

@@ -28,7 +28,12 @@ sealed once to recipient keys drawn from fixed seeds and stored under :data:`SEA
 (``--force`` keeps the stored ones; delete that key to seal new ones); the ``sealed-openings``
 section checks that today's code opens them to the same plaintexts (``FSPA`` answers, PSR
 queries, SSA uploads, U-DPF hints, :func:`~flwr_fsl.crypto.sealing.seal_for`) and that
-their header and overhead are as stored.
+their header and overhead are as stored. Issue 21 signed the SSA upload and the U-DPF hint
+(``FSSG`` v1 inside the sealed plaintext): the stored unsigned ``ssa-upload`` / ``udpf-hint``
+boxes still open at the channel level and are now *refused* by their ``open_*`` (their
+``opened`` says so), and ``ssa-upload-v2`` / ``udpf-hint-v2`` (signed with a fixed Ed25519
+key; missing names are sealed once and added, stored ones are kept) open to seed or held
+digest plus the signer.
 """
 
 from __future__ import annotations
@@ -603,6 +608,12 @@ def _binding() -> Any:
     return RoundBinding.of(_seed(700), 11, b"round parameters")
 
 
+def _signer() -> Any:
+    from flwr_fsl.crypto.identity import SigningIdentity
+
+    return SigningIdentity.from_private_bytes(hashlib.sha256(_seed(708)).digest())
+
+
 def _seal_fresh() -> dict[str, str]:
     """Seal every case once (ephemeral keys and nonces are fresh: run only to (re)make them)."""
     from flwr_fsl.crypto import channel, sealing
@@ -610,6 +621,13 @@ def _seal_fresh() -> dict[str, str]:
 
     helper, client = _key(702), _key(704)
     binding = _binding()
+
+    def unsigned(purpose: str, body: bytes) -> str:  # the v1 layout: the bare body
+        ad = channel.associated_data(
+            purpose=purpose, sender=channel.client_party(5), recipient="S1", **binding.fields()
+        )
+        return channel.seal(helper.public_bytes, body, associated_data=ad).hex()
+
     query, _ = ssa_sealing.seal_psr_query(
         helper.public_bytes, binding=binding, client_id=5, public_part=b"pp", master_seed=_seed(706)
     )
@@ -618,19 +636,26 @@ def _seal_fresh() -> dict[str, str]:
             helper.public_bytes, b"fixed plaintext", associated_data=_raw_ad()
         ).hex(),
         "empty": channel.seal(helper.public_bytes, b"", associated_data=_raw_ad()).hex(),
-        "ssa-upload": ssa_sealing.seal_ssa_upload(
+        "ssa-upload": unsigned(ssa_sealing.SSA, _seed(705) + hashlib.sha256(b"pp").digest()),
+        "udpf-hint": unsigned(
+            ssa_sealing.UDPF_HINT,
+            hashlib.sha256(b"hint").digest() + hashlib.sha256(b"held").digest(),
+        ),
+        "ssa-upload-v2": ssa_sealing.seal_ssa_upload(
             helper.public_bytes,
             binding=binding,
             client_id=5,
             public_part=b"pp",
             master_seed=_seed(705),
+            signer=_signer(),
         ).hex(),
-        "udpf-hint": ssa_sealing.seal_udpf_hint(
+        "udpf-hint-v2": ssa_sealing.seal_udpf_hint(
             helper.public_bytes,
             binding=binding,
             client_id=5,
             hint=b"hint",
             held=hashlib.sha256(b"held").digest(),
+            signer=_signer(),
         ).hex(),
         "psr-query": query.hex(),
         "psr-answer": ssa_sealing.seal_psr_answer(
@@ -665,13 +690,12 @@ def _raw_ad() -> bytes:
 
 def sealed_ciphertexts() -> dict[str, str]:
     """The stored sealed boxes (``frozen.json``), or new ones sealed once if none are stored."""
+    stored: dict[str, str] = {}
     if PATH.exists():
-        stored = json.loads(PATH.read_text()).get(SEALED_KEY)
-        if stored:
-            return dict(stored)
+        stored = dict(json.loads(PATH.read_text()).get(SEALED_KEY) or {})
     if not _FRESH:
         _FRESH.update(_seal_fresh())
-    return dict(_FRESH)
+    return {**_FRESH, **stored} if set(_FRESH) - set(stored) else stored
 
 
 def sealed_opening_vectors() -> dict[str, Any]:
@@ -699,6 +723,12 @@ def sealed_opening_vectors() -> dict[str, Any]:
         "udpf-hint": channel.open_sealed(
             helper, blobs["udpf-hint"], associated_data=ad(ssa_sealing.UDPF_HINT, c5, "S1")
         ),
+        "ssa-upload-v2": channel.open_sealed(
+            helper, blobs["ssa-upload-v2"], associated_data=ad(ssa_sealing.SSA, c5, "S1")
+        ),
+        "udpf-hint-v2": channel.open_sealed(
+            helper, blobs["udpf-hint-v2"], associated_data=ad(ssa_sealing.UDPF_HINT, c5, "S1")
+        ),
         "psr-query": channel.open_sealed(
             helper, blobs["psr-query"], associated_data=ad(ssa_sealing.PSR_QUERY, c5, "S1")
         ),
@@ -712,13 +742,25 @@ def sealed_opening_vectors() -> dict[str, Any]:
     seed, answer_key = ssa_sealing.open_psr_query(
         helper, blobs["psr-query"], binding=binding, client_id=5, public_part=b"pp"
     )
+    upload = ssa_sealing.open_ssa_upload(
+        helper, blobs["ssa-upload-v2"], binding=binding, client_id=5, public_part=b"pp"
+    )
+    hint = ssa_sealing.open_udpf_hint(
+        helper, blobs["udpf-hint-v2"], binding=binding, client_id=5, hint=b"hint"
+    )
+
+    def refused(open_v1: Any, blob: bytes, **kw: Any) -> str:
+        try:
+            open_v1(helper, blob, binding=binding, client_id=5, **kw)
+        except channel.SealedBoxError as err:
+            return f"refused: {err}"
+        raise AssertionError("an unsigned v1 box opened")
+
     opened = {
-        "ssa-upload": ssa_sealing.open_ssa_upload(
-            helper, blobs["ssa-upload"], binding=binding, client_id=5, public_part=b"pp"
-        ).hex(),
-        "udpf-hint": ssa_sealing.open_udpf_hint(
-            helper, blobs["udpf-hint"], binding=binding, client_id=5, hint=b"hint"
-        ).hex(),
+        "ssa-upload": refused(ssa_sealing.open_ssa_upload, blobs["ssa-upload"], public_part=b"pp"),
+        "udpf-hint": refused(ssa_sealing.open_udpf_hint, blobs["udpf-hint"], hint=b"hint"),
+        "ssa-upload-v2": upload.master_seed.hex() + ":" + upload.signer.hex(),
+        "udpf-hint-v2": hint.held.hex() + ":" + hint.signer.hex(),
         "psr-query": seed.hex() + ":" + answer_key.hex(),
         "psr-answer": _words(
             ssa_sealing.open_psr_answer(client, blobs["psr-answer"], binding=binding, client_id=5)

@@ -197,6 +197,7 @@ class PrivateRows(ProtocolMod):
                 client_id=int(context.node_id),
                 hint=out,
                 held=held,
+                signer=self.signer(context),
             )
             upload = hint_upload_record(out, sealed)
         else:

@@ -32,6 +32,16 @@ lives Flower-free in :mod:`flwr_fsl.families.ssa.protocol`. The dispatch is
   (:data:`~flwr_fsl.core.privacy.NODE_WEIGHT_KEYS_KEY`): a round naming another key is
   refused before training, the error naming the key (:meth:`ProtocolMod.check_weight_key`,
   :meth:`ProtocolMod.round_weight`);
+- the client's **identity**: every SSA upload and U-DPF hint binding sealed to S1 is signed
+  with the node's Ed25519 key (:mod:`flwr_fsl.crypto.identity`), so S1 counts only clients on
+  its enrollment list and S0 cannot invent any. The key file is the node config's
+  ``fsl-signing-key`` (an absolute path; the file must exist), else
+  ``$FLWR_HOME/fsl/identity/node-<node id>.pem``, created on first use (enroll its public key:
+  ``flwr-fsl-identity <path>`` prints the line). :meth:`ProtocolMod.signer` loads it when the
+  first SSA round arrives, before anything is trained or sent, and a bad key refuses the round
+  with one line naming ``fsl-signing-key``. Flower's SuperNode authentication key cannot serve:
+  it is an ECDSA key the ClientApp never sees (see :mod:`flwr_fsl.crypto.identity`). PSR
+  queries are not signed (:mod:`flwr_fsl.families.ssa.sealing` says why);
 - typed **state** in ``Context.state`` (:class:`~flwr_fsl.core.state.StateSlot`): one object per
   slot, stored with the protocol's own versioned codec.
 
@@ -52,6 +62,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.core.privacy import check_noise_floor, check_weight_key, node_noise_floor
 from flwr_fsl.crypto.channel import verify_fingerprint
+from flwr_fsl.crypto.identity import SigningIdentity, node_identity
 from flwr_fsl.families.ssa.dp import TOPK_MODE_NOISE_FLOOR
 from flwr_fsl.families.ssa.protocol import SSAUpload
 from flwr_fsl.families.ssa.records import (
@@ -134,6 +145,7 @@ class ProtocolMod(PhaseMod):
             return None
         self.check_helper(found, context)
         self.check_privacy(found, context)
+        self.signer(context)  # a bad fsl-signing-key refuses the round before anything runs
         return phase
 
     def answer_query(self, msg: Message, context: Context) -> Message:
@@ -180,6 +192,18 @@ class ProtocolMod(PhaseMod):
             If the run config pins no key and no default key file exists.
         """
         verify_fingerprint(found.helper_key, pinned_fingerprint(context.run_config))
+
+    @staticmethod
+    def signer(context: Context) -> SigningIdentity:
+        """Return this node's Ed25519 signing key (node config ``fsl-signing-key``).
+
+        Raises
+        ------
+        ConfigurationError
+            If ``fsl-signing-key`` is malformed, names a missing file, or its file is too
+            permissive or no Ed25519 key; one line naming the key.
+        """
+        return node_identity(context.node_config, int(context.node_id))
 
     def check_privacy(self, found: SSARound, context: Context) -> None:
         """Refuse a round that promises less noise than this client accepts, or another run.
@@ -289,9 +313,9 @@ class ProtocolMod(PhaseMod):
             raise ConfigurationError(f"the reply's {key!r} must be finite and > 0")
         return name, record, float(value)
 
-    @staticmethod
-    def sealed_upload(upload: SSAUpload, found: SSARound, context: Context) -> ConfigRecord:
-        """Seal S1's master seed to S1 and build the upload record for S0.
+    @classmethod
+    def sealed_upload(cls, upload: SSAUpload, found: SSARound, context: Context) -> ConfigRecord:
+        """Seal S1's master seed to S1, signed with the node's key; build S0's upload record.
 
         Parameters
         ----------
@@ -313,5 +337,6 @@ class ProtocolMod(PhaseMod):
             client_id=int(context.node_id),
             public_part=upload.public_part,
             master_seed=upload.master_seeds[1],
+            signer=cls.signer(context),
         )
         return ssa_upload_record(upload.public_part, upload.master_seeds[0], sealed)

@@ -10,12 +10,34 @@ another. Three messages of the two-server protocols:
 ==============  ========================  ====================================================
 message         associated data           plaintext
 ==============  ========================  ====================================================
-SSA upload      ``ssa``, client -> S1     master seed (16) || SHA-256(public part) (32)
+SSA upload      ``ssa``, client -> S1     signed (below), body: master seed (16)
+                                          || SHA-256(public part) (32)
+U-DPF hint      ``udpf-hint``, client->S1 signed (below), body: SHA-256(hint) (32)
+                                          || digest of the keys it updates (32)
 PSR query       ``psr-query``, client->S1 master seed (16) || SHA-256(public part) (32)
                                           || client's per-query X25519 public key (32)
 PSR answer      ``psr-answer``, S1->client  magic ``FSPA`` v1 + one array field
                                           (:mod:`flwr_fsl.core.wireformat`; the answer rows)
 ==============  ========================  ====================================================
+
+**Signed plaintexts** (v2 of the SSA upload and the U-DPF hint binding; v1 was the bare body,
+which S1 now refuses): magic ``FSSG``, version byte 1, the client's raw Ed25519 public key (32),
+its signature (64), then the body (fixed length per purpose)::
+
+    b"FSSG" 0x01 || signer (32) || signature (64) || body
+
+The signature (:mod:`flwr_fsl.crypto.identity`, purpose ``ssa`` or ``udpf-hint``) covers
+``u32-be len(AD) || AD || body``: the channel's associated data — purpose, client id (sender),
+S1 (recipient), session, round and parameter digest — and the body. It sits *inside* the sealed
+plaintext, so S0 never sees who signed; S1 checks the signer against its enrollment list
+(:class:`~flwr_fsl.crypto.identity.Enrollment`). :func:`decode_signed` is the strict decoder
+(lengths only); :func:`open_ssa_upload` / :func:`open_udpf_hint` verify the signature.
+
+**Why PSR queries are not signed.** Retrieval privacy does not depend on who asks: a PSR query
+reveals nothing about any other client (S1 answers it from the table S0 itself supplied), and
+a query S0 invents only retrieves rows of S0's own table, which S0 already has. S1 counts no
+PSR participant toward anything (its minimum participation counts SSA uploads), so an invented
+query gains S0 nothing but S1's work, which S1's limits bound.
 
 Sealing itself, :class:`~flwr_fsl.crypto.sealing.RoundBinding` and the generic
 :func:`~flwr_fsl.crypto.sealing.seal_for` / :func:`~flwr_fsl.crypto.sealing.open_from` are
@@ -24,20 +46,27 @@ the platform's (:mod:`flwr_fsl.crypto.sealing`).
 The public part of the client's DPF keys travels in the clear through S0 (S0 needs the same
 bytes); the hash inside the sealed plaintext lets S1 detect any change S0 makes to it.
 
-**Threat model.** Two non-colluding semi-honest servers; S0 relays everything. S0 cannot read
+**Threat model.** Two non-colluding servers; S0 relays everything and may deviate. S0 cannot read
 a client's S1 master seed or S1's answers (so it cannot add S1's answer to its own and recover
 the retrieved rows), cannot alter the public part or the sealed bytes, and cannot move
-material to another run, round, parameter set, client or purpose undetected. S1 learns its
-master seed and the public part — pseudorandom by DPF security — and the answer it computes itself.
+material to another run, round, parameter set, client or purpose undetected. S0 cannot make
+an SSA upload or hint S1 accepts as an enrolled client's without that client's signing key
+(it cannot invent clients), and does not learn which key signed. S1 learns its master seed and
+the public part — pseudorandom by DPF security —, the signer's public key (the client's
+enrolled identity) and the answer it computes itself.
 
 **Errors.** Every failure raises :class:`~flwr_fsl.crypto.channel.SealedBoxError` (a
-:class:`ValueError`), with a message naming the cause class (authentication, length, hash).
+:class:`ValueError`), with a message naming the cause class (authentication, length, hash,
+unsigned v1 layout), or :class:`~flwr_fsl.crypto.identity.SignatureError` for a signature
+that does not verify; both are :class:`~flwr_fsl.core.errors.ClientInputError`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import struct
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,6 +81,12 @@ from flwr_fsl.crypto.channel import (
     open_sealed,
     seal,
 )
+from flwr_fsl.crypto.identity import (
+    PUBLIC_KEY_BYTES,
+    SIGNATURE_BYTES,
+    SigningIdentity,
+    verify,
+)
 from flwr_fsl.crypto.sealing import RoundBinding
 
 __all__ = [
@@ -61,6 +96,11 @@ __all__ = [
     "PSR_QUERY",
     "SSA",
     "UDPF_HINT",
+    "OpenedHint",
+    "OpenedUpload",
+    "SignedPlaintext",
+    "decode_signed",
+    "encode_signed",
     "open_psr_answer",
     "open_psr_query",
     "open_ssa_upload",
@@ -87,6 +127,124 @@ _DIGEST_BYTES = 32
 _ANSWER_MAGIC = (
     register_magic(b"FSPA", "sealed PSR answer plaintext (flwr_fsl.families.ssa.sealing)") + b"\x01"
 )
+
+# Signed sealed plaintext, v2 of the SSA upload / U-DPF hint (v1: the bare body).
+_SIGNED_MAGIC = (
+    register_magic(b"FSSG", "signed sealed plaintext (flwr_fsl.families.ssa.sealing)") + b"\x01"
+)
+_SIGNED_HEADER = len(_SIGNED_MAGIC) + PUBLIC_KEY_BYTES + SIGNATURE_BYTES
+_UPLOAD_BODY = MASTER_SEED_BYTES + _DIGEST_BYTES
+_HINT_BODY = 2 * _DIGEST_BYTES
+
+
+@dataclass(frozen=True)
+class SignedPlaintext:
+    """A decoded signed plaintext: the signer's public key, its signature and the body."""
+
+    signer: bytes
+    signature: bytes = field(repr=False)
+    body: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class OpenedUpload:
+    """What S1 gets from an SSA upload: its master seed and the (verified) signer."""
+
+    master_seed: bytes = field(repr=False)
+    signer: bytes
+
+
+@dataclass(frozen=True)
+class OpenedHint:
+    """What S1 gets from a U-DPF hint binding: the held-keys digest and the (verified) signer."""
+
+    held: bytes = field(repr=False)
+    signer: bytes
+
+
+def _signed_message(ad: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(ad)) + ad + body
+
+
+def encode_signed(signer: SigningIdentity, purpose: str, ad: bytes, body: bytes) -> bytes:
+    """Return the signed plaintext of ``body`` for a channel with associated data ``ad``.
+
+    Parameters
+    ----------
+    signer : SigningIdentity
+        The client's Ed25519 key.
+    purpose : str
+        The channel's purpose (:data:`SSA` or :data:`UDPF_HINT`); also the signature's.
+    ad : bytes
+        The channel's associated data.
+    body : bytes
+        The purpose's body.
+
+    Returns
+    -------
+    bytes
+        ``FSSG 0x01 || signer || signature || body``.
+
+    Raises
+    ------
+    SealedBoxError
+        If ``signer`` is not a :class:`~flwr_fsl.crypto.identity.SigningIdentity`.
+    """
+    if not isinstance(signer, SigningIdentity):
+        raise SealedBoxError(f"signer must be a SigningIdentity, got {type(signer).__name__}")
+    signature = signer.sign(purpose, _signed_message(ad, body))
+    return _SIGNED_MAGIC + signer.public_bytes + signature + body
+
+
+def decode_signed(plaintext: bytes, body_size: int) -> SignedPlaintext:
+    """Strictly decode a signed plaintext (lengths and version; the signature is not checked).
+
+    Parameters
+    ----------
+    plaintext : bytes
+        An opened plaintext.
+    body_size : int
+        The purpose's exact body length.
+
+    Returns
+    -------
+    SignedPlaintext
+        The signer, signature and body.
+
+    Raises
+    ------
+    SealedBoxError
+        If the plaintext is not bytes, is an unsigned (v1) body, has another magic or
+        version, or has the wrong length.
+    """
+    if not isinstance(plaintext, bytes | bytearray):
+        raise SealedBoxError("a sealed plaintext must be bytes")
+    data = bytes(plaintext)
+    if len(data) == body_size and data[:4] != _SIGNED_MAGIC[:4]:
+        raise SealedBoxError("unsigned (v1) sealed material: S1 requires a client signature")
+    if data[: len(_SIGNED_MAGIC) - 1] != _SIGNED_MAGIC[:-1]:
+        raise SealedBoxError("sealed plaintext is not a signed layout (bad magic)")
+    if data[len(_SIGNED_MAGIC) - 1 : len(_SIGNED_MAGIC)] != _SIGNED_MAGIC[-1:]:
+        raise SealedBoxError("signed sealed plaintext of an unknown version")
+    if len(data) != _SIGNED_HEADER + body_size:
+        raise SealedBoxError(
+            f"signed sealed plaintext has {len(data)} bytes, expected {_SIGNED_HEADER + body_size}"
+        )
+    at = len(_SIGNED_MAGIC)
+    return SignedPlaintext(
+        data[at : at + PUBLIC_KEY_BYTES],
+        data[at + PUBLIC_KEY_BYTES : _SIGNED_HEADER],
+        data[_SIGNED_HEADER:],
+    )
+
+
+def _open_signed(
+    keypair: SealingKeyPair, sealed: bytes, purpose: str, ad: bytes, body_size: int
+) -> SignedPlaintext:
+    """Open, decode and verify a signed sealed message; return it (signature checked)."""
+    signed = decode_signed(open_sealed(keypair, sealed, associated_data=ad), body_size)
+    verify(signed.signer, purpose, _signed_message(ad, signed.body), signed.signature)
+    return signed
 
 
 def _digest(public_part: bytes) -> bytes:
@@ -116,8 +274,9 @@ def seal_ssa_upload(
     client_id: int,
     public_part: bytes,
     master_seed: bytes,
+    signer: SigningIdentity,
 ) -> bytes:
-    """Client side: seal S1's master seed, bound to the public part, round and client.
+    """Client side: seal S1's master seed, bound to the public part, round and client, signed.
 
     Parameters
     ----------
@@ -131,11 +290,13 @@ def seal_ssa_upload(
         The public part of the client's DPF keys (sent in the clear beside the blob).
     master_seed : bytes
         The 16-byte master seed for S1.
+    signer : SigningIdentity
+        The client's Ed25519 key (its public key is on S1's enrollment list).
 
     Returns
     -------
     bytes
-        The sealed blob (48 + 56 bytes).
+        The sealed blob (101 + 48 + 56 bytes).
 
     Raises
     ------
@@ -145,7 +306,8 @@ def seal_ssa_upload(
     ad = associated_data(
         purpose=SSA, sender=client_party(client_id), recipient=HELPER, **binding.fields()
     )
-    return seal(helper_public, _seed(master_seed) + _digest(public_part), associated_data=ad)
+    body = _seed(master_seed) + _digest(public_part)
+    return seal(helper_public, encode_signed(signer, SSA, ad, body), associated_data=ad)
 
 
 def open_ssa_upload(
@@ -155,8 +317,11 @@ def open_ssa_upload(
     binding: RoundBinding,
     client_id: int,
     public_part: bytes,
-) -> bytes:
-    """S1 side: open an SSA upload and check it was made for this public part.
+) -> OpenedUpload:
+    """S1 side: open an SSA upload, check its signature and that it was made for this public part.
+
+    Whether the signer is enrolled is the caller's check (S1's
+    :class:`~flwr_fsl.crypto.identity.Enrollment`).
 
     Parameters
     ----------
@@ -173,37 +338,46 @@ def open_ssa_upload(
 
     Returns
     -------
-    bytes
-        The 16-byte master seed.
+    OpenedUpload
+        The 16-byte master seed and the signer's public key.
 
     Raises
     ------
     SealedBoxError
-        If the blob fails authentication (other round, client, purpose or key; tampered), has
-        the wrong length, or the public part's hash differs.
+        If the blob fails authentication (other round, client, purpose or key; tampered), is
+        unsigned or malformed (:func:`decode_signed`), or the public part's hash differs.
+    SignatureError
+        If the signature does not verify.
     """
     ad = associated_data(
         purpose=SSA, sender=client_party(client_id), recipient=HELPER, **binding.fields()
     )
-    plaintext = open_sealed(keypair, sealed, associated_data=ad)
-    _check_binding(plaintext, public_part, MASTER_SEED_BYTES + _DIGEST_BYTES)
-    return plaintext[:MASTER_SEED_BYTES]
+    signed = _open_signed(keypair, sealed, SSA, ad, _UPLOAD_BODY)
+    _check_binding(signed.body, public_part, _UPLOAD_BODY)
+    return OpenedUpload(signed.body[:MASTER_SEED_BYTES], signed.signer)
 
 
 def seal_udpf_hint(
-    helper_public: bytes, *, binding: RoundBinding, client_id: int, hint: bytes, held: bytes
+    helper_public: bytes,
+    *,
+    binding: RoundBinding,
+    client_id: int,
+    hint: bytes,
+    held: bytes,
+    signer: SigningIdentity,
 ) -> bytes:
     """Client side: bind a U-DPF hint, and the keys it updates, for S1.
 
     The hint itself travels in the clear (both servers apply the same bytes); the sealed blob
     carries its SHA-256 and the digest of the keys it was made for
     (:func:`~flwr_fsl.families.ssa.protocol.held_digest`), so S0 cannot alter S1's copy and S1
-    applies the hint only to exactly those keys.
+    applies the hint only to exactly those keys. Signed by ``signer`` (the client's Ed25519
+    key; S1 applies the hint only if it is the key that signed the keys S1 holds).
 
     Returns
     -------
     bytes
-        The sealed blob (64 + 56 bytes).
+        The sealed blob (101 + 64 + 56 bytes).
 
     Raises
     ------
@@ -215,33 +389,35 @@ def seal_udpf_hint(
     ad = associated_data(
         purpose=UDPF_HINT, sender=client_party(client_id), recipient=HELPER, **binding.fields()
     )
-    return seal(helper_public, _digest(hint) + bytes(held), associated_data=ad)
+    body = _digest(hint) + bytes(held)
+    return seal(helper_public, encode_signed(signer, UDPF_HINT, ad, body), associated_data=ad)
 
 
 def open_udpf_hint(
     keypair: SealingKeyPair, sealed: bytes, *, binding: RoundBinding, client_id: int, hint: bytes
-) -> bytes:
-    """S1 side: check a relayed hint against the client's sealed binding.
+) -> OpenedHint:
+    """S1 side: check a relayed hint against the client's signed sealed binding.
 
     Returns
     -------
-    bytes
-        The 32-byte digest of the keys the hint updates (S1 compares it with its own).
+    OpenedHint
+        The 32-byte digest of the keys the hint updates (S1 compares it with its own) and the
+        signer's public key (S1 compares it with the signer of those keys).
 
     Raises
     ------
     SealedBoxError
-        If the blob fails authentication, has the wrong length, or the hint was altered.
+        If the blob fails authentication, is unsigned or malformed, or the hint was altered.
+    SignatureError
+        If the signature does not verify.
     """
     ad = associated_data(
         purpose=UDPF_HINT, sender=client_party(client_id), recipient=HELPER, **binding.fields()
     )
-    plaintext = open_sealed(keypair, sealed, associated_data=ad)
-    if len(plaintext) != 2 * _DIGEST_BYTES:
-        raise SealedBoxError(f"sealed plaintext has {len(plaintext)} bytes, expected 64")
-    if not hmac.compare_digest(plaintext[:_DIGEST_BYTES], _digest(hint)):
+    signed = _open_signed(keypair, sealed, UDPF_HINT, ad, _HINT_BODY)
+    if not hmac.compare_digest(signed.body[:_DIGEST_BYTES], _digest(hint)):
         raise SealedBoxError("hint does not match the sealed hash (altered in transit)")
-    return plaintext[_DIGEST_BYTES:]
+    return OpenedHint(signed.body[_DIGEST_BYTES:], signed.signer)
 
 
 def seal_psr_query(

@@ -18,26 +18,42 @@ Per round, S0 relays to S1 (every request carries the run's session id):
    :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` refuses such a round) and
    logs the run's ``(ε, δ)``: the guarantee against S0.
 
+**Client identities** (:mod:`flwr_fsl.crypto.identity`): every upload and hint binding is
+signed inside its sealed plaintext by the client's Ed25519 key. S1 refuses, per client, an
+unsigned (v1) or badly signed one, a signer not on its enrollment list
+(``HelperService.enrollment``), a signer already accepted in this round under any client id
+(one contribution per enrolled client), and a hint whose signer is not the one that signed the
+U-DPF keys S1 holds for that client id. S1's minimum participation
+(:meth:`~flwr_fsl.helper.limits.HelperLimits.check_participation`) counts the round's distinct
+accepted signers: S0 cannot reach it with invented clients.
+
+**Per-client privacy accounts** (:mod:`flwr_fsl.helper.client_accounts`): every DP round S1
+returns a share of is also spent on each accepted signer's own account, across runs and
+sessions; with S1's per-client ceiling (``--dp-client-budget-epsilon``) a client whose account
+the round would take past it is refused per client at ``AddClients`` / ``AddClientHints``. A
+fresh Flower run therefore resets no client's budget at S1.
+
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
 (altered by S0), malformed keys, a stale hint or a client id already submitted in the round
 (duplicate or replay) is reported for that client only and leaves S1's share unchanged.
 
-**U-DPF** (Cui §5): the session keeps every client's latest DPF key batch across rounds
-(client id -> keys, replaced when the client contributes again, dropped when a round with
-another hashing layout opens) and hands them to the next round's ``SSAServer`` as
-``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and
-the digest of the keys it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1
-refuses a hint S0 altered or one made for keys other than those S1 holds for the client. Keys
-live only in memory, in the session: a restarted S1 holds no session, refuses the old one's
-calls (S0 then forgets its own stored keys, so clients send fresh keys), and a hint for keys it
-does not hold is rejected for that client.
+**U-DPF** (Cui §5): the session keeps every client's latest DPF key batch across rounds (client id
+-> keys and the signer of the keys, replaced when the client contributes again, dropped when a round
+with another hashing layout opens) and hands them to the next round's ``SSAServer`` as
+``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and the
+digest of the keys it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1 refuses a
+hint S0 altered or one made for keys other than those S1 holds for the client. Keys live only in
+memory, in the session: a restarted S1 holds no session, refuses the old one's calls (S0 then
+forgets its own stored keys, so clients send fresh keys), and a hint for keys it does not hold is
+rejected for that client.
 
-**Threat model and leakage.** Two non-colluding semi-honest servers. S0 relays but cannot read
-or alter S1's material. S1 learns the public parameters, each client's public part and S1
-master seed (pseudorandom and independent of the client's indices and values by DPF security),
-which client ids took part, and its own share of the aggregate — an additive share, uniformly
-random on its own.
+**Threat model and leakage.** Two non-colluding servers. S0 relays but cannot read or alter S1's
+material, and (with an enrollment list) cannot invent a client S1 counts or reuse one client's
+signed material under another id (``tests/attacks/test_helper_sybil.py``). S1 learns the public
+parameters, each client's public part and S1 master seed (pseudorandom and independent of the
+client's indices and values by DPF security), which client ids and enrolled signers took part, and
+its own share of the aggregate — an additive share, uniformly random on its own.
 """
 
 from __future__ import annotations
@@ -92,12 +108,15 @@ class SSARound:
     ssa: SSAServer
     submitted: set[int] = field(default_factory=set)
     extras: dict[str, Any] = field(default_factory=dict)
+    signers: dict[bytes, int] = field(default_factory=dict)
+    """Signer public key -> the client id it was accepted under in this round."""
 
 
 @dataclass
 class _StoredKeys:
     keys: dict[int, DPFKeyBatch] = field(default_factory=dict)
     layout: SSAParams | None = None
+    signers: dict[int, bytes] = field(default_factory=dict)  # client id -> signer of its keys
 
 
 def budget(state: SSARound) -> RoundBudget:
@@ -188,6 +207,7 @@ class SSAService:
         stored = self._stored(session)
         if stored.layout is not None and not same_layout(stored.layout, params):
             stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
+            stored.signers.clear()
             stored.layout = None
         binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
         ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
@@ -208,14 +228,17 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    seed = ssa_sealing.open_ssa_upload(
+                    opened = ssa_sealing.open_ssa_upload(
                         self.host.keypair,
                         item.sealed,
                         binding=state.binding,
                         client_id=item.client_id,
                         public_part=item.public_part,
                     )
-                    state.ssa.add_client(item.client_id, item.public_part, seed)
+                    reason = self._signer_refused(state, item.client_id, opened.signer)
+                    if reason is None:
+                        state.ssa.add_client(item.client_id, item.public_part, opened.master_seed)
+                        state.signers[opened.signer] = item.client_id
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
@@ -233,23 +256,55 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    held = ssa_sealing.open_udpf_hint(
+                    opened = ssa_sealing.open_udpf_hint(
                         self.host.keypair,
                         item.sealed,
                         binding=state.binding,
                         client_id=item.client_id,
                         hint=item.hint,
                     )
-                    mine = self._stored(session).keys.get(item.client_id)
-                    if mine is None or not hmac.compare_digest(held, held_digest(mine)):
+                    stored = self._stored(session)
+                    mine = stored.keys.get(item.client_id)
+                    if mine is None or not hmac.compare_digest(opened.held, held_digest(mine)):
                         # S1's own check: never apply a hint to keys it was not made for.
                         raise SSAInputError("stale hint: S1 holds other keys for this client")
-                    state.ssa.add_client_hint(item.client_id, item.hint)
+                    reason = self._signer_refused(
+                        state, item.client_id, opened.signer, stored.signers.get(item.client_id)
+                    )
+                    if reason is None:
+                        state.ssa.add_client_hint(item.client_id, item.hint)
+                        state.signers[opened.signer] = item.client_id
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
         log_results("AddClientHints", rid, results)
         return wire.ClientResultsResponse(tuple(results))
+
+    def _signer_refused(
+        self, state: SSARound, client_id: int, signer: bytes, holder: bytes | None = None
+    ) -> str | None:
+        """Return why S1 refuses a (verified) signer for ``client_id``, or None.
+
+        ``holder`` is the signer of the U-DPF keys S1 holds for the client (hints only).
+        """
+        reason = self.host.enrollment.check(signer)
+        if reason is not None:
+            return reason
+        other = state.signers.get(signer)
+        if other is not None:
+            return (
+                f"signer {signer.hex()[:16]}... already signed for client {other} in round "
+                f"{state.params.round_id} (one contribution per enrolled client)"
+            )
+        if holder is not None and not hmac.compare_digest(holder, signer):
+            return (
+                f"signer {signer.hex()[:16]}... is not the one that signed the U-DPF keys S1 "
+                f"holds for client {client_id}"
+            )
+        z = budget(state).noise_multiplier
+        if z is not None:  # a DP round: the client's own account across runs
+            return self.host.client_accounts.refusal(signer, z)
+        return None
 
     def _finish_round(
         self, session: Session | None, message: wire.FinishRoundRequest
@@ -258,29 +313,50 @@ class SSAService:
         rid = message.round_id
         state: SSARound = session.round(rid)
         clients = tuple(sorted(state.ssa.clients))
+        signers = len(set(state.signers))  # distinct accepted (enrolled) signers
         try:
-            self.host.limits.check_participation(rid, len(clients))
+            self.host.limits.check_participation(rid, min(signers, len(clients)))
         except HelperRequestError:
             # Too few clients: S1 drops the round (and its keys) rather than help isolate one.
             session.close_round(rid)
-            log.warning("round %d refused: %d clients is below the minimum", rid, len(clients))
+            log.warning("round %d refused: %d enrolled signers is below the minimum", rid, signers)
             raise
         share = state.ssa.share()
         z = budget(state).noise_multiplier
         if z is not None and clients:
+            self._check_clients(session, state, z)  # before the run's account is touched
             try:
                 spent = self.host.accounts.spend(state.params, session.session_id, z)
             except HelperRequestError:
                 session.close_round(rid)  # the run is out of budget: S1 releases nothing
                 log.warning("round %d refused: the run's privacy budget is spent", rid)
                 raise
+            self.host.client_accounts.spend(state.signers, z)
             self._add_noise(state, share, z, spent)
         stored = self._stored(session)
         stored.keys.update(state.ssa.keys)
+        stored.signers.update((cid, signer) for signer, cid in state.signers.items())
         stored.layout = state.params
         session.close_round(rid)
         log.info("round %d finished with %d clients", rid, len(clients))
         return wire.ShareResponse(clients, share)
+
+    def _check_clients(self, session: Session, state: SSARound, z: float) -> None:
+        """Refuse the round if an accepted client's own account can no longer take it.
+
+        A client admitted at ``AddClients`` may have gone past S1's per-client ceiling since
+        (in another session); then nothing is spent and no share is returned.
+
+        Raises
+        ------
+        HelperRequestError
+            If a client's account would now exceed the ceiling (the round is dropped).
+        """
+        accounts = self.host.client_accounts
+        late = [r for r in (accounts.refusal(k, z) for k in state.signers) if r is not None]
+        if late:
+            session.close_round(state.params.round_id)
+            raise HelperRequestError(f"round {state.params.round_id} refused: {late[0]}")
 
     def _add_noise(
         self, state: SSARound, share: NDArray[np.uint64], z: float, account: PrivacyAccount

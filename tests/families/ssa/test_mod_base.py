@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +26,7 @@ from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.privacy import NODE_WEIGHT_KEYS_KEY
 from flwr_fsl.core.state import StateSlot
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.identity import NODE_SIGNING_KEY, SigningIdentity, node_identity
 from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound, find_round, weight_key_of
 from flwr_fsl.families.ssa.protocol import (
@@ -214,6 +216,26 @@ def test_unpinned_helper_key_is_refused_before_the_protocol_runs() -> None:
         assert mod.calls == []
 
 
+def test_bad_signing_key_is_refused_before_the_protocol_runs(tmp_path: Path) -> None:
+    loose = SigningIdentity.generate().save(tmp_path / "loose.pem")
+    loose.chmod(0o644)
+    for value in ("relative.pem", str(tmp_path / "absent.pem"), str(loose)):
+        mod = Recorder()
+        config = {NODE_SIGNING_KEY: value}
+        grid = InProcessGrid(_app(mod), 1, PIN, node_config_fn=lambda i, c=config: c)
+        reply = _send(grid, "train", _round_config())
+        assert reply.has_error() and NODE_SIGNING_KEY in reply.error.reason
+        assert "\n" not in reply.error.reason.strip()
+        assert mod.calls == []
+    # A good key is loaded; the round goes on.
+    good = SigningIdentity.generate().save(tmp_path / "good.pem")
+    mod = Recorder()
+    config = {NODE_SIGNING_KEY: str(good)}
+    grid = InProcessGrid(_app(mod), 1, PIN, node_config_fn=lambda i: config)
+    assert not _send(grid, "train", _round_config()).has_error()
+    assert [c[0] for c in mod.calls] == ["train"]
+
+
 def test_malformed_round_fields_are_an_error() -> None:
     mod = Recorder()
     config = _round_config()
@@ -316,7 +338,10 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end(
     assert set(reply.content.keys()) == {SSA_UPLOAD_KEY}  # the weight is in the payload only
     public, seed0, sealed = read_ssa_upload(reply.content)
     binding = RoundBinding.of(SESSION, params.round_id, params.to_bytes())
-    seed1 = open_ssa_upload(KEY, sealed, binding=binding, client_id=node, public_part=public)
+    opened = open_ssa_upload(KEY, sealed, binding=binding, client_id=node, public_part=public)
+    seed1 = opened.master_seed
+    # Signed with the node's own key (no fsl-signing-key: the default one under FLWR_HOME).
+    assert opened.signer == node_identity({}, node).public_bytes
     servers = [SSAServer(params, b) for b in (0, 1)]
     servers[0].add_client(node, public, seed0)
     servers[1].add_client(node, public, seed1)
