@@ -222,7 +222,7 @@ def _start_refused(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[s
     if not key_file.exists():
         SealingKeyPair.generate().save(key_file)
     cmd = [sys.executable, "-m", "flwr_fsl.helper", "--key-file", str(key_file), "--port", "0"]
-    cmd += ["--state-dir", str(tmp_path / "state"), *flags]
+    cmd += ["--state-dir", str(tmp_path / "state"), "--open-enrollment", *flags]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 

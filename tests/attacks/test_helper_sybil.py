@@ -73,8 +73,11 @@ def open_s1(s1_key: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield proc
 
 
-def _connect(proc: HelperProcess, session: bytes) -> HelperClient:
-    return HelperClient(proc.address, timeout=60, session_id=session)
+def _connect(proc: HelperProcess) -> HelperClient:
+    """S0's authenticated connection with its session open (S1 draws the session id)."""
+    conn = proc.client()
+    conn.open_session()
+    return conn
 
 
 def _zero_upload(
@@ -119,9 +122,10 @@ def _victim(params: SSAParams, pub: bytes, session: bytes) -> tuple[Client, tupl
     return victim, item, seed0
 
 
-def _attack(proc: HelperProcess, session: bytes) -> tuple[dict[int, str], int]:
+def _attack(proc: HelperProcess) -> tuple[dict[int, str], int]:
     """Run the sybil round; return S1's rejections and how many victim rows S0 recovered."""
-    conn = _connect(proc, session)
+    conn = _connect(proc)
+    session = conn.session_id
     try:
         pub = conn.public_key()
         params = make_params(1)
@@ -151,21 +155,21 @@ def _attack(proc: HelperProcess, session: bytes) -> tuple[dict[int, str], int]:
 def test_invented_client_is_refused_and_the_round_with_one_real_client_fails(
     enrolled: HelperProcess,
 ) -> None:
-    rejected, recovered = _attack(enrolled, b"sybil-enrolled-1")
+    rejected, recovered = _attack(enrolled)
     assert set(rejected) == {SYBIL}
     assert "is not enrolled at S1" in rejected[SYBIL]
     assert recovered == 0  # chance baseline: no share, nothing about the victim's rows
 
 
 def test_open_enrollment_keeps_the_leak(open_s1: HelperProcess) -> None:
-    rejected, recovered = _attack(open_s1, b"sybil-open-0001x")
+    rejected, recovered = _attack(open_s1)
     assert rejected == {}
     assert recovered == make_params(1).num_items  # every victim row, exactly
 
 
 def test_a_real_clients_material_under_a_second_id_is_refused(enrolled: HelperProcess) -> None:
-    session = b"sybil-enrolled-2"
-    conn = _connect(enrolled, session)
+    conn = _connect(enrolled)
+    session = conn.session_id
     try:
         pub = conn.public_key()
         params = make_params(1)
@@ -193,8 +197,8 @@ def test_one_enrolled_key_signs_for_one_client_per_round(enrolled: HelperProcess
     model minimum participation protects; ``tests/helper/test_helper_identity.py`` shows a
     minimum of 3 refusing the same relay).
     """
-    session = b"sybil-enrolled-3"
-    conn = _connect(enrolled, session)
+    conn = _connect(enrolled)
+    session = conn.session_id
     try:
         pub = conn.public_key()
         params = make_params(1)

@@ -15,7 +15,7 @@ from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 from flwr_fsl.helper import HelperLimits, HelperRequestError, HelperService, InProcessHelper
 from flwr_fsl.helper.cli import main
 from flwr_fsl.helper.client_accounts import CLIENT_ACCOUNTS_DIR
-from tests.helper.test_helper import SID, make_clients, make_params, sealed_uploads, signer_of
+from tests.helper.test_helper import make_clients, make_params, sealed_uploads, signer_of
 
 DP = DistributedDP(1.0, clip_norm=1.0, max_weight=1.0)
 # z = 1: three rounds spend epsilon 9.01 at delta 1e-5, a fourth would spend 10.73.
@@ -31,7 +31,9 @@ def service(state_dir: Path, key: SealingKeyPair, ceiling: PrivacyBudget | None 
 def run_round(helper: InProcessHelper, run: str, rid: int, clients: list) -> dict[int, str]:  # type: ignore[type-arg]
     params = make_params(rid, dp=DP, run=RunScope(run, GENEROUS), epoch=0)
     helper.open_round(rid, params.to_bytes())
-    rejected = helper.add_clients(rid, sealed_uploads(params, clients, helper.public_key()))
+    rejected = helper.add_clients(
+        rid, sealed_uploads(params, clients, helper.public_key(), helper.session_id)
+    )
     helper.finish_round(rid)
     return rejected
 
@@ -39,7 +41,7 @@ def run_round(helper: InProcessHelper, run: str, rid: int, clients: list) -> dic
 def test_a_fresh_run_is_no_fresh_budget_for_a_client(tmp_path: Path) -> None:
     key = SealingKeyPair.generate()
     a, b, c = make_clients(3)
-    helper = InProcessHelper(service(tmp_path, key), session_id=SID)
+    helper = InProcessHelper(service(tmp_path, key))
     for rid in (1, 2, 3):  # a and b spend three rounds (eps 9.01) in run A; c one
         assert run_round(helper, "A", rid, [a, b, c] if rid == 1 else [a, b]) == {}
     accounts = helper.service.client_accounts
@@ -48,7 +50,7 @@ def test_a_fresh_run_is_no_fresh_budget_for_a_client(tmp_path: Path) -> None:
     assert 9.0 < accounts.epsilon(signer_of(a.cid).public_bytes, 1e-5) < 9.1
     # S0 starts a fresh run (new run id, a budget of its choosing); S1 restarted (sessions lost)
     # on the same state directory in between.
-    again = InProcessHelper(service(tmp_path, key), session_id=SID)
+    again = InProcessHelper(service(tmp_path, key))
     rejected = run_round(again, "B", 1, [a, b, c])
     assert set(rejected) == {a.cid, b.cid}
     assert "per-client ceiling (flwr-fsl-helper --dp-client-budget-epsilon)" in rejected[a.cid]
@@ -57,9 +59,7 @@ def test_a_fresh_run_is_no_fresh_budget_for_a_client(tmp_path: Path) -> None:
 
 
 def test_without_a_ceiling_s1_keeps_the_accounts_and_refuses_nobody(tmp_path: Path) -> None:
-    helper = InProcessHelper(
-        service(tmp_path, SealingKeyPair.generate(), ceiling=None), session_id=SID
-    )
+    helper = InProcessHelper(service(tmp_path, SealingKeyPair.generate(), ceiling=None))
     clients = make_clients(2)
     for rid in range(1, 6):
         assert run_round(helper, "A", rid, clients) == {}
@@ -69,7 +69,7 @@ def test_without_a_ceiling_s1_keeps_the_accounts_and_refuses_nobody(tmp_path: Pa
     # Rounds without DP spend nothing.
     plain = make_params(6)
     helper.open_round(6, plain.to_bytes())
-    helper.add_clients(6, sealed_uploads(plain, clients, helper.public_key()))
+    helper.add_clients(6, sealed_uploads(plain, clients, helper.public_key(), helper.session_id))
     helper.finish_round(6)
     assert len(helper.service.client_accounts.rounds(signer_of(clients[0].cid).public_bytes)) == 5
 
@@ -92,15 +92,15 @@ def test_a_client_overrun_between_admission_and_finish_drops_the_round(tmp_path:
     key = SealingKeyPair.generate()
     shared = service(tmp_path, key)
     a = make_clients(1)[0]
-    first = InProcessHelper(shared, session_id=SID)
+    first = InProcessHelper(shared)
     for rid in (1, 2):
         assert run_round(first, "A", rid, [a]) == {}
-    x = InProcessHelper(shared, session_id=SID)  # rounds 3 and 4 open at once
+    x = InProcessHelper(shared)  # rounds 3 and 4 open at once
     p3 = make_params(3, dp=DP, run=RunScope("A", GENEROUS), epoch=0)
     p4 = make_params(4, dp=DP, run=RunScope("A", GENEROUS), epoch=0)
     for p in (p3, p4):
         x.open_round(p.round_id, p.to_bytes())
-        assert x.add_clients(p.round_id, sealed_uploads(p, [a], x.public_key())) == {}
+        assert x.add_clients(p.round_id, sealed_uploads(p, [a], x.public_key(), x.session_id)) == {}
     x.finish_round(3)
     with pytest.raises(HelperRequestError, match="per-client ceiling"):
         x.finish_round(4)

@@ -21,6 +21,7 @@ from tests.helper.test_helper import (
     SID,
     bind,
     first_round,
+    fixed_ids,
     hint_for,
     make_clients,
     make_params,
@@ -39,8 +40,9 @@ def enrolled_twin(min_clients: int = 1) -> InProcessHelper:
         SealingKeyPair.generate(),
         limits=HelperLimits(min_clients=min_clients),
         enrollment=ENROLLED,
+        session_ids=fixed_ids(SID),
     )
-    return InProcessHelper(service, session_id=SID)
+    return InProcessHelper(service)
 
 
 def _signed_by(
