@@ -1,0 +1,140 @@
+"""Numba loops of the verifiable DPF's leaf proofs (:mod:`flwr_fsl.crypto.vdpf`).
+
+A leaf's proof is ``pi(x, blk) = H(x, blk) ^ t * cs`` with ``blk`` the leaf's 128-bit block
+*with its control bit ``t`` in bit 0* (the layout of :mod:`flwr_fsl.kernels.dpf_kernels`) and
+``H(x, blk)`` four fixed-key AES-MMO blocks under
+:data:`~flwr_fsl.crypto.prg.MMO_KEY_PROOF`: block ``q`` hashes
+``(blk_lo ^ (q << 1), blk_hi ^ alpha^q * x)``, where ``alpha^q * x`` is ``x`` doubled ``q`` times
+in GF(2^64) (polynomial ``x^64 + x^4 + x^3 + x + 1``). The tweak differences of two points
+``x1 != x2`` are ``alpha^q * (x1 ^ x2)``, pairwise distinct over ``q``, so no XOR shift of a seed
+maps all four blocks of one point onto another's (a plain ``(q, x)`` tweak would: the MMO
+hash of ``s ^ T`` then only depends on ``s ^ T``).
+
+The drivers lay out AES inputs (:func:`gen_proof_inputs`, :func:`fd_proof_inputs`), encrypt
+them in one batched call, and finish the MMO feed-forward here (:func:`gen_proof_words`,
+:func:`fd_proof_finish`). Conventions as in :mod:`flwr_fsl.kernels.dpf_kernels`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ZERO = np.uint64(0)
+ONE = np.uint64(1)
+TWO = np.uint64(2)
+CLEAR = ~np.uint64(1)
+TOP = np.uint64(63)
+REDUCE = np.uint64(0x1B)
+BLOCKS = 4  # AES blocks (2 words each) of one leaf proof
+
+
+@njit(cache=True, nogil=True)
+def _dbl(x: np.uint64) -> np.uint64:  # pragma: no cover - numba
+    """Multiply by ``alpha`` in GF(2^64) (shift left, reduce by ``x^4 + x^3 + x + 1``)."""
+    return (x << ONE) ^ (REDUCE & (ZERO - (x >> TOP)))
+
+
+@njit(cache=True, nogil=True)
+def _write_inputs(
+    lo_word: np.uint64, hi_word: np.uint64, x: np.uint64, out: np.ndarray, row: int
+) -> None:  # pragma: no cover - numba
+    """Write the four AES inputs of ``H(x, (lo_word, hi_word))`` at ``out[row:row + 4]``."""
+    tweak = x
+    for q in range(BLOCKS):
+        out[row + q, 0] = lo_word ^ (np.uint64(q) << ONE)
+        out[row + q, 1] = hi_word ^ tweak
+        tweak = _dbl(tweak)
+
+
+@njit(cache=True, nogil=True)
+def gen_proof_inputs(
+    n: int, seeds: np.ndarray, order: np.ndarray, lo: int, alphas: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Proof-hash inputs of both parties' leaf blocks at ``alpha`` (``seeds[2 * i + b]``)."""
+    for i in range(n):
+        x = alphas[order[lo + i]]
+        for b in range(2):
+            k = 2 * i + b
+            _write_inputs(seeds[k, 0], seeds[k, 1], x, out, BLOCKS * k)
+
+
+@njit(cache=True, nogil=True)
+def gen_proof_words(
+    enc: np.ndarray, inputs: np.ndarray, n: int, order: np.ndarray, lo: int, cw_proof: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` of each key of the chunk."""
+    for i in range(n):
+        j = order[lo + i]
+        for q in range(BLOCKS):
+            r0 = BLOCKS * (2 * i) + q
+            r1 = BLOCKS * (2 * i + 1) + q
+            for w in range(2):
+                h0 = enc[r0, w] ^ inputs[r0, w]
+                h1 = enc[r1, w] ^ inputs[r1, w]
+                cw_proof[j, 2 * q + w] = h0 ^ h1
+
+
+@njit(cache=True, nogil=True)
+def fd_proof_inputs(  # noqa: PLR0913
+    conv: np.ndarray,
+    t_in: np.ndarray,
+    lo: int,
+    hi: int,
+    tasks_i: np.ndarray,
+    key_first: np.ndarray,
+    epochs: np.ndarray,
+    half_w: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Proof-hash inputs of every leaf of a full-domain chunk (one point per leaf).
+
+    ``conv`` holds the chunk's conversion inputs (``half_w`` blocks per leaf, the first one
+    ``(s ^ 2, s_hi ^ epoch)`` with bit 0 cleared) and ``t_in`` the leaves' control bits, as
+    :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` reads them; the leaf block is rebuilt from
+    them (so the proof does not depend on the U-DPF epoch). ``key_first[key]`` is the key's
+    first global output point, so a leaf's point inside its key is ``tasks_i[k, 3] -
+    key_first[key] + i``.
+    """
+    pos = 0
+    for k in range(lo, hi):
+        key = tasks_i[k, 0]
+        e = epochs[key]
+        nl = 1 << tasks_i[k, 2]
+        x0 = np.uint64(tasks_i[k, 3] - key_first[key])
+        for i in range(nl):
+            leaf = pos + i
+            c = leaf * half_w
+            lo_word = ((conv[c, 0] ^ TWO) & CLEAR) | np.uint64(t_in[leaf])
+            _write_inputs(lo_word, conv[c, 1] ^ e, x0 + np.uint64(i), out, BLOCKS * leaf)
+        pos += nl
+
+
+@njit(cache=True, nogil=True)
+def fd_proof_finish(  # noqa: PLR0913
+    enc: np.ndarray,
+    inputs: np.ndarray,
+    t_in: np.ndarray,
+    lo: int,
+    hi: int,
+    tasks_i: np.ndarray,
+    cw_proof: np.ndarray,
+    proofs: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """``proofs[point] = H(x, blk) ^ t * cs`` for every leaf below its task's point limit."""
+    pos = 0
+    for k in range(lo, hi):
+        key = tasks_i[k, 0]
+        nl = 1 << tasks_i[k, 2]
+        first = tasks_i[k, 3]
+        n_keep = min(nl, tasks_i[k, 4] - first)
+        for i in range(max(n_keep, 0)):
+            leaf = pos + i
+            mask = ZERO - np.uint64(t_in[leaf])
+            row = BLOCKS * leaf
+            p = first + i
+            for q in range(BLOCKS):
+                for w in range(2):
+                    h = enc[row + q, w] ^ inputs[row + q, w]
+                    proofs[p, 2 * q + w] = h ^ (cw_proof[key, 2 * q + w] & mask)
+        pos += nl
