@@ -534,7 +534,7 @@ def _split_tasks(
         t = np.concatenate([t[~big], child_t])
 
 
-def evaluate_batch(  # noqa: PLR0915
+def evaluate_batch(  # noqa: C901, PLR0915
     keys: DPFKeyBatch,
     *,
     lengths: ArrayLike | None = None,

@@ -36,8 +36,8 @@ per key set). A 16-byte header: ``b"FDPF"``, version 2, kind (1 public part, 2 k
 **Version 3** (verifiable keys, :mod:`flwr_fsl.crypto.vdpf`): the same header with version 3
 and the same body followed by ``cw_proof`` (m*8 u64: each key's 64-byte proof correction word
 ``cs``); public parts and key shares without ``cw_proof`` keep writing version 2, byte for byte.
-A hint (always version 2) carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header. Every field is
-written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
+A hint (always version 2) carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header.
+Every field is written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
 :class:`~flwr_fsl.core.wireformat.Reader` (each length checked before anything is allocated).
 """
 

@@ -111,7 +111,7 @@ def fd_proof_inputs(  # noqa: PLR0913
 
 
 @njit(cache=True, nogil=True)
-def fd_proof_finish(  # noqa: PLR0913
+def fd_proof_finish(
     enc: np.ndarray,
     inputs: np.ndarray,
     t_in: np.ndarray,
