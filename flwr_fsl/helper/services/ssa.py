@@ -155,6 +155,8 @@ class SSAService:
             "OpenRound": Method(wire.OpenRoundRequest, self._open_round),
             "AddClients": Method(wire.AddClientsRequest, self._add_clients),
             "AddClientHints": Method(wire.AddHintsRequest, self._add_hints),
+            "AddCheckedClients": Method(wire.AddCheckedRequest, self._add_checked),
+            "AddCheckedHints": Method(wire.AddCheckedHintsRequest, self._add_checked),
             "FinishRound": Method(wire.FinishRoundRequest, self._finish_round),
             "AbortRound": Method(wire.AbortRoundRequest, self._abort_round),
         }
@@ -201,6 +203,7 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        _refuse_unchecked(state, "AddClients")
         ids = (item.client_id for item in message.uploads)
         budget(state).admit("AddClients", state.submitted, ids, query=False)
         results = []
@@ -208,24 +211,85 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    seed = ssa_sealing.open_ssa_upload(
-                        self.host.keypair,
-                        item.sealed,
-                        binding=state.binding,
-                        client_id=item.client_id,
-                        public_part=item.public_part,
-                    )
-                    state.ssa.add_client(item.client_id, item.public_part, seed)
+                    self._add_upload(state, item.client_id, item.public_part, item.sealed)
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
         log_results("AddClients", rid, results)
         return wire.ClientResultsResponse(tuple(results))
 
+    def _add_upload(
+        self, state: SSARound, client: int, public: bytes, sealed: bytes, expect: bytes | None = None
+    ) -> bytes | None:
+        """Open one client's sealed seed and add its fresh keys (checked against ``expect``)."""
+        seed = ssa_sealing.open_ssa_upload(
+            self.host.keypair, sealed, binding=state.binding, client_id=client, public_part=public
+        )
+        return state.ssa.add_client(client, public, seed, expect)
+
+    def _add_hint(
+        self,
+        session: Session,
+        state: SSARound,
+        client: int,
+        hint: bytes,
+        sealed: bytes,
+        expect: bytes | None = None,
+    ) -> bytes | None:
+        """Open one client's sealed hint binding and apply its hint (checked against ``expect``)."""
+        held = ssa_sealing.open_udpf_hint(
+            self.host.keypair, sealed, binding=state.binding, client_id=client, hint=hint
+        )
+        mine = self._stored(session).keys.get(client)
+        if mine is None or not hmac.compare_digest(held, held_digest(mine)):
+            # S1's own check: never apply a hint to keys it was not made for.
+            raise SSAInputError("stale hint: S1 holds other keys for this client")
+        return state.ssa.add_client_hint(client, hint, expect)
+
+    def _add_checked(
+        self, session: Session | None, message: wire.AddCheckedRequest
+    ) -> wire.Message:
+        """A checked round's uploads or hints, each with S0's key-check digest.
+
+        S1 evaluates each client's keys, compares its own digest with S0's and adds the client
+        only if they are equal; an accepted client's result carries S1's digest (S0 drops any
+        client whose S1 digest differs from its own), a rejected one the reason.
+        """
+        assert session is not None
+        rid = message.round_id
+        state: SSARound = session.round(rid)
+        name = "AddCheckedHints" if isinstance(message, wire.AddCheckedHintsRequest) else (
+            "AddCheckedClients"
+        )
+        if not state.params.verify:
+            raise HelperRequestError(f"round {rid} does not check keys: use AddClients")
+        ids = (item.client_id for item in message.items)
+        budget(state).admit(name, state.submitted, ids, query=False)
+        results = []
+        for item in message.items:
+            reason = claim(state.submitted, item.client_id, rid)
+            digest: bytes | None = None
+            if reason is None:
+                try:
+                    if name == "AddCheckedHints":
+                        digest = self._add_hint(
+                            session, state, item.client_id, item.body, item.sealed, item.digest
+                        )
+                    else:
+                        digest = self._add_upload(
+                            state, item.client_id, item.body, item.sealed, item.digest
+                        )
+                except ClientInputError as err:
+                    reason = f"{type(err).__name__}: {err}"
+            results.append(client_result(item.client_id, reason, digest or b""))
+        log_results(name, rid, results)
+        return wire.ClientResultsResponse(tuple(results))
+
     def _add_hints(self, session: Session | None, message: wire.AddHintsRequest) -> wire.Message:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        _refuse_unchecked(state, "AddClientHints")
         ids = (item.client_id for item in message.hints)
         budget(state).admit("AddClientHints", state.submitted, ids, query=False)
         results = []
@@ -233,18 +297,7 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    held = ssa_sealing.open_udpf_hint(
-                        self.host.keypair,
-                        item.sealed,
-                        binding=state.binding,
-                        client_id=item.client_id,
-                        hint=item.hint,
-                    )
-                    mine = self._stored(session).keys.get(item.client_id)
-                    if mine is None or not hmac.compare_digest(held, held_digest(mine)):
-                        # S1's own check: never apply a hint to keys it was not made for.
-                        raise SSAInputError("stale hint: S1 holds other keys for this client")
-                    state.ssa.add_client_hint(item.client_id, item.hint)
+                    self._add_hint(session, state, item.client_id, item.hint, item.sealed)
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
@@ -309,3 +362,18 @@ class SSAService:
         session.close_round(message.round_id)
         log.warning("round %d aborted", message.round_id)
         return wire.OkResponse()
+
+
+def _refuse_unchecked(state: SSARound, method: str) -> None:
+    """Refuse an unchecked upload call in a round that checks every client's keys.
+
+    Raises
+    ------
+    HelperRequestError
+        If the round's parameters carry ``verify`` (S0 must relay its digests).
+    """
+    if state.params.verify:
+        raise HelperRequestError(
+            f"round {state.params.round_id} checks every client's keys: {method} without "
+            "S0's key-check digests is refused (use AddCheckedClients / AddCheckedHints)"
+        )
