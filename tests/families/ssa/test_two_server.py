@@ -44,10 +44,15 @@ from tests.helper.test_helper import (
     expected_sums,
     hint_for,
     make_clients,
-    make_params,
     twin,
     upload_for,
 )
+from tests.helper.test_helper import make_params as _unchecked_params
+
+
+def make_params(round_id: int, **kw: Any) -> SSAParams:
+    """The helper tests' round with the key check on (the default of ``SSAParams``)."""
+    return _unchecked_params(round_id, **{"verify": True, **kw})
 
 
 class RecordingHelper:
