@@ -122,19 +122,25 @@ def fd_proof_finish(
     proofs: np.ndarray,
 ) -> None:  # pragma: no cover - numba
     """``proofs[point] = H(x, blk) ^ t * cs`` for every leaf below its task's point limit."""
+    ew = enc.reshape(-1)
+    iw = inputs.reshape(-1)
+    pw = proofs.reshape(-1)
+    cw = cw_proof.reshape(-1)
+    words = np.uint64(2 * BLOCKS)
     pos = 0
     for k in range(lo, hi):
-        key = tasks_i[k, 0]
+        key = np.uint64(tasks_i[k, 0])
         nl = 1 << tasks_i[k, 2]
         first = tasks_i[k, 3]
         n_keep = min(nl, tasks_i[k, 4] - first)
+        cbase = key * words
+        # Unsigned flat indices (no wraparound selects in the hot loop).
         for i in range(max(n_keep, 0)):
-            leaf = pos + i
+            leaf = np.uint64(pos + i)
             mask = ZERO - np.uint64(t_in[leaf])
-            row = BLOCKS * leaf
-            p = first + i
-            for q in range(BLOCKS):
-                for w in range(2):
-                    h = enc[row + q, w] ^ inputs[row + q, w]
-                    proofs[p, 2 * q + w] = h ^ (cw_proof[key, 2 * q + w] & mask)
+            src = leaf * words
+            dst = np.uint64(first + i) * words
+            for w in range(2 * BLOCKS):
+                uw = np.uint64(w)
+                pw[dst + uw] = ew[src + uw] ^ iw[src + uw] ^ (cw[cbase + uw] & mask)
         pos += nl

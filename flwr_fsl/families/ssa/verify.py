@@ -84,7 +84,9 @@ def checks_counts(params: SSAParams) -> bool:
 
 def key_domain_bits_checked(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
     """Return each key's domain bits with room for its dummy slot (bins, then stash slots)."""
-    bins = np.array([max(1, int(n).bit_length()) for n in table.bin_sizes], np.int64)
+    # bit_length(n) (room for n + 1 points), at least 1; exact for bins below 2**52 elements.
+    sizes = np.maximum(table.bin_sizes.astype(np.int64), 1)
+    bins = np.floor(np.log2(sizes)).astype(np.int64) + 1
     stash = max(1, int(params.domain_size).bit_length())
     return np.concatenate([bins, np.full(params.stash_size, stash, np.int64)])
 
@@ -138,6 +140,7 @@ class KeyCheck:
         np.cumsum(lengths, out=self.offsets[1:])
         self.counts = checks_counts(params)
         self.one = one_word(params) if self.counts else np.uint64(0)
+        self._proofs: NDArray[np.uint64] | None = None
 
     def evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes]:
         """Evaluate a client's keys; return their output shares and this server's digest.
@@ -149,8 +152,9 @@ class KeyCheck:
         """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
-        total = int(self.offsets[-1])
-        proofs = np.empty((total, PROOF_WORDS), np.uint64)
+        if self._proofs is None:  # one buffer per round, reused for every client
+            self._proofs = np.empty((int(self.offsets[-1]), PROOF_WORDS), np.uint64)
+        proofs = self._proofs
         values, _ = evaluate_batch(keys, lengths=self.lengths, proofs=proofs)
         return values, self.digest(values, proofs)
 
@@ -162,7 +166,8 @@ class KeyCheck:
             sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
-        h.update(proofs.astype("<u8", copy=False).tobytes())
+        # Hashed in place (no copy of the P x 64 bytes): little-endian words on every platform.
+        h.update(np.ascontiguousarray(proofs, dtype="<u8"))
         return h.digest()
 
 
