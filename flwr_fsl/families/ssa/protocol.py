@@ -711,9 +711,7 @@ class SSAServer:
             return self._check.evaluate(keys)
         return evaluate_batch(keys, lengths=self._lengths)[0], None
 
-    def _accumulate(
-        self, client_id: int, keys: DPFKeyBatch, expect: bytes | None
-    ) -> bytes | None:
+    def _accumulate(self, client_id: int, keys: DPFKeyBatch, expect: bytes | None) -> bytes | None:
         values, digest = self._evaluate(keys)
         if expect is not None and not same_digest(digest, expect):
             raise SSAInputError(

@@ -189,8 +189,11 @@ class HelperParty(Protocol):
     def add_checked(
         self, round_id: int, items: Iterable[tuple[int, bytes, bytes, bytes]], *, hints: bool
     ) -> dict[int, str | bytes]:
-        """Relay ``(client, public part or hint, sealed, S0's key-check digest)`` of a checked
-        round; return per client S1's digest (accepted) or S1's reason (rejected)."""
+        """Relay a checked round's uploads with S0's key-check digests.
+
+        ``items`` are ``(client, public part or hint, sealed, S0's digest)``; returns per
+        client S1's digest (accepted) or S1's reason (rejected).
+        """
         ...
 
     def finish_round(self, round_id: int) -> HelperShareLike:

@@ -219,7 +219,12 @@ class SSAService:
         return wire.ClientResultsResponse(tuple(results))
 
     def _add_upload(
-        self, state: SSARound, client: int, public: bytes, sealed: bytes, expect: bytes | None = None
+        self,
+        state: SSARound,
+        client: int,
+        public: bytes,
+        sealed: bytes,
+        expect: bytes | None = None,
     ) -> bytes | None:
         """Open one client's sealed seed and add its fresh keys (checked against ``expect``)."""
         seed = ssa_sealing.open_ssa_upload(
@@ -249,7 +254,7 @@ class SSAService:
     def _add_checked(
         self, session: Session | None, message: wire.AddCheckedRequest
     ) -> wire.Message:
-        """A checked round's uploads or hints, each with S0's key-check digest.
+        """Add a checked round's uploads or hints, each with S0's key-check digest.
 
         S1 evaluates each client's keys, compares its own digest with S0's and adds the client
         only if they are equal; an accepted client's result carries S1's digest (S0 drops any
@@ -258,8 +263,10 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
-        name = "AddCheckedHints" if isinstance(message, wire.AddCheckedHintsRequest) else (
-            "AddCheckedClients"
+        name = (
+            "AddCheckedHints"
+            if isinstance(message, wire.AddCheckedHintsRequest)
+            else ("AddCheckedClients")
         )
         if not state.params.verify:
             raise HelperRequestError(f"round {rid} does not check keys: use AddClients")

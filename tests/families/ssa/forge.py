@@ -43,9 +43,7 @@ def honest_plan(params: SSAParams, indices: np.ndarray, values: np.ndarray) -> P
     """The points and payload words an honest client with these indices and values uses."""
     placement = place_indices(params, indices)
     payload = payload_words(params, values, 1.0)
-    return Plan(
-        placement.alphas.copy(), _betas(params, payload, placement.slots), placement.slots
-    )
+    return Plan(placement.alphas.copy(), _betas(params, payload, placement.slots), placement.slots)
 
 
 def real_key(plan: Plan) -> int:

@@ -192,9 +192,10 @@ def test_verify_false_is_the_unchecked_round_and_old_params_mean_it() -> None:
     assert raw["version"] == 5 and raw["verify"] is True
     assert SSAParams.from_bytes(checked.to_bytes()) == checked
     plain = replace(checked, verify=False)
-    assert json.loads(plain.to_bytes())["version"] == 4 and not SSAParams.from_bytes(
-        plain.to_bytes()
-    ).verify
+    assert (
+        json.loads(plain.to_bytes())["version"] == 4
+        and not SSAParams.from_bytes(plain.to_bytes()).verify
+    )
     for bad in ({**raw, "verify": False}, {**raw, "version": 4}):
         with pytest.raises(SSAInputError):
             SSAParams.from_bytes(json.dumps(bad).encode())
