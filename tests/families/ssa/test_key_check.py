@@ -26,7 +26,7 @@ from flwr_fsl.families.ssa.protocol import (
 from flwr_fsl.families.ssa.two_server import LeadServer
 from tests.families.ssa import forge
 from tests.families.ssa.test_two_server import assert_matches, fresh_uploads
-from tests.helper.test_helper import K, M, WIDTH, bind, make_clients, make_params, twin
+from tests.helper.test_helper import WIDTH, K, M, bind, make_clients, make_params, twin
 
 
 def unit_params(round_id: int = 1, **kw: object) -> SSAParams:
@@ -143,7 +143,7 @@ def test_value_words_are_not_checked_a_huge_value_with_count_one_passes() -> Non
     count=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_honest_keys_always_pass_and_aggregate_exactly(  # noqa: PLR0913
+def test_honest_keys_always_pass_and_aggregate_exactly(
     m: int, k: int, width: int, stash: int, weighted: bool, count: bool, seed: int
 ) -> None:
     k = min(k, m)

@@ -292,6 +292,8 @@ def test_hint_s0_has_no_keys_for_is_rejected_by_s0_and_never_relayed() -> None:
     helper, lead, clients, p2, uploads = _two_rounds_setup()
     del lead.stored_keys[clients[0].cid]  # S0 lost a client's keys that S1 still holds
     outcome = lead.aggregate(p2, uploads)
+    relayed = [i[0] for call in helper.calls["add_checked"] if call[0] == 2 for i in call[1]]
+    assert clients[0].cid not in relayed
     assert clients[0].cid in outcome.rejected
     assert "rejected by S0" in outcome.rejected[clients[0].cid]
     assert clients[0].cid not in outcome.accepted
