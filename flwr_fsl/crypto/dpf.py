@@ -26,10 +26,24 @@ format) is in :mod:`flwr_fsl.crypto.dpf_keys`, Cui's U-DPF hints and updates
 (:func:`next_hint_batch`, :func:`update_batch`) in :mod:`flwr_fsl.crypto.udpf`; this module
 re-exports both, so ``from flwr_fsl.crypto.dpf import DPFKeyBatch, update_batch`` keeps working.
 
-**Threat model.** Semi-honest servers that do not collude; a client may be malicious only in
-that it can send malformed keys, which the decoders reject with :class:`DPFKeyError` (this
-module does not verify that a well-formed key encodes a point function: that is a sketching
-protocol's job, Cui §3.1). Each server alone sees its root seed and the public part; both are
+**Verifiable keys** (issue 21; de Castro & Polychroniadou, "Lightweight, Maliciously Secure
+Verifiable Function Secret Sharing", Eurocrypt 2022): with ``verifiable=True`` (even ``tau``
+only: no early termination, so one leaf is one point) each key carries a 64-byte proof
+correction word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` over the two parties' leaf blocks
+*with their control bits*, and :func:`evaluate_batch` (``proofs=``) returns each evaluated
+point's ``H(x, blk_x) ^ t_x * cs`` in the same pass (:mod:`flwr_fsl.kernels.vdpf_kernels`).
+For an honest key pair the two parties' proofs are equal at every point (equal blocks off
+``alpha``; at ``alpha`` ``cs`` corrects one side onto the other); a pair that differs at two
+points must find ``H(x1, a) ^ H(x1, b) = H(x2, c) ^ H(x2, d)`` for 512-bit ``H``, or a
+collision. Hashing the control bit matters: with equal seeds and different control bits at
+many leaves a key is nonzero there and ``cs = 0`` would pass. U-DPF hints change only the leaf
+correction word, so updated keys stay covered. Which points are checked is the caller's choice
+(the evaluated ``lengths``); the SSA servers' use of it is :mod:`flwr_fsl.families.ssa.verify`.
+
+**Threat model.** Semi-honest servers that do not collude; a client may send malformed keys,
+which the decoders reject with :class:`DPFKeyError`; a well-formed *plain* key is not verified
+to encode a point function; a verifiable key's proofs are, against a client that builds its
+keys however it likes (not the value it puts at its point: that needs a range proof). Each server alone sees its root seed and the public part; both are
 pseudorandom and independent of ``alpha`` and ``beta`` (BGI16 Thm. 3.3 with AES-MMO modelled as
 a PRG): the server learns only what is public by design — ``domain_bits``, ``tau`` and the
 epoch. A U-DPF hint (§5) is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)`` at
@@ -651,7 +665,7 @@ def evaluate_batch(  # noqa: C901, PLR0915
         _k.fd_leaves(
             enc_l, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )
-        if proofs is not None:
+        if proofs is not None and pub.cw_proof is not None:
             _vk.fd_proof_inputs(src, t_src, lo, hi, tasks_i, key_first, pub.epochs, half_w, p_in)
             aes.proof.encrypt_prefix_into(p_in[: _vk.BLOCKS * n], p_enc)  # n: chunk's leaves
             _vk.fd_proof_finish(p_enc, p_in, t_src, lo, hi, tasks_i, pub.cw_proof, proofs)

@@ -26,10 +26,12 @@ rounds send only a hint (a new leaf correction word per bin, ``B * tau`` words) 
 servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
 :meth:`SSAServer.add_client_hint`).
 
-**Threat model and leakage.** Two non-colluding, semi-honest servers; semi-honest clients
-(a client may send malformed keys: they are rejected with :class:`SSAInputError`; a
-well-formed key that does not encode a point function is not detected — that needs Cui's
-sketching, not implemented). Each server alone sees its master seed and the public part,
+**Threat model and leakage.** Two non-colluding, semi-honest servers. Malformed keys are
+rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verify`, the
+default) both servers also check every client's keys — one point per key, a dummy slot for
+empty bins, the count word exactly 1 with unit weights — and drop a client that fails
+(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified: value
+words are not range-checked). Each server alone sees its master seed and the public part,
 pseudorandom and independent of the client's indices and values; their sizes depend only on
 public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
 reveals to both servers, by design of count-weighted averaging: per index the sum of the

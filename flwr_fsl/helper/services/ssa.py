@@ -18,6 +18,12 @@ Per round, S0 relays to S1 (every request carries the run's session id):
    :meth:`~flwr_fsl.helper.limits.HelperLimits.noise_multiplier` refuses such a round) and
    logs the run's ``(ε, δ)``: the guarantee against S0.
 
+**Checked rounds** (``SSAParams.verify``, the default; :mod:`flwr_fsl.families.ssa.verify`):
+S0 relays with ``AddCheckedClients`` / ``AddCheckedHints`` instead, each item carrying S0's
+key-check digest; S1 evaluates, adds the client only if its own digest is equal, and answers
+its digest (S0 drops a client whose S1 digest differs). S1 refuses ``AddClients`` and
+``AddClientHints`` in such a round, so S0 cannot skip the check on S1's side.
+
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
 (altered by S0), malformed keys, a stale hint or a client id already submitted in the round
