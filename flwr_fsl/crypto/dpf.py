@@ -46,8 +46,9 @@ to encode a point function; a verifiable key's proofs are, against a client that
 keys however it likes (not the value it puts at its point: that needs a range proof). Each
 server alone sees its root seed and the public part; both are pseudorandom and independent
 of ``alpha`` and ``beta`` (BGI16 Thm. 3.3 with AES-MMO modelled as a PRG; a proof word is a
-hash of both parties' leaf blocks, which neither server holds): the server learns only what is public by design — ``domain_bits``, ``tau`` and the
-epoch. A U-DPF hint (§5) is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)`` at
+hash masked by the other party's leaf block at ``alpha``, which the server does not hold): the
+server learns only what is public by design — ``domain_bits``, ``tau`` and the epoch. A U-DPF
+hint (§5) is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)`` at
 a new epoch ``e``; its security needs every epoch to be used once per key pair, which
 :func:`update` and :func:`next_hint` enforce (epochs strictly increase).
 
