@@ -167,7 +167,7 @@ class KeyCheck:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
         # Hashed in place (no copy of the P x 64 bytes): little-endian words on every platform.
-        h.update(np.ascontiguousarray(proofs, dtype="<u8"))
+        h.update(np.ascontiguousarray(proofs, dtype="<u8").data)
         return h.digest()
 
 
