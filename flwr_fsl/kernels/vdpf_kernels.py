@@ -144,3 +144,32 @@ def fd_proof_finish(
                 uw = np.uint64(w)
                 pw[dst + uw] = ew[src + uw] ^ iw[src + uw] ^ (cw[cbase + uw] & mask)
         pos += nl
+
+
+@njit(cache=True, nogil=True)
+def scatter_bins(
+    share: np.ndarray,
+    bin_items: np.ndarray,
+    bin_offsets: np.ndarray,
+    values: np.ndarray,
+    sign: int,
+) -> None:  # pragma: no cover - numba
+    """``share[item] += sign * values[point]`` for every bin's real points, skipping dummy slots.
+
+    Bin ``b``'s items are ``bin_items[bin_offsets[b]:bin_offsets[b + 1]]`` and its evaluated
+    points (in ``values``) are those ranks followed by its dummy slot, so bin ``b``'s first
+    point is row ``bin_offsets[b] + b``. Only the first ``share.shape[1]`` words of a point
+    are added (a padding word, if any, is dropped). ``sign`` is 1 or -1.
+    """
+    tau = share.shape[1]
+    neg = sign < 0
+    for b in range(bin_offsets.shape[0] - 1):
+        start = bin_offsets[b]
+        for j in range(bin_offsets[b + 1] - start):
+            row = bin_items[start + j]
+            p = start + b + j
+            for t in range(tau):
+                v = values[p, t]
+                if neg:
+                    v = ZERO - v
+                share[row, t] += v

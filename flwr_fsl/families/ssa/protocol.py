@@ -94,9 +94,9 @@ from flwr_fsl.families.ssa.verify import (
     key_lengths_checked,
     one_word,
     same_digest,
-    scatter_items,
 )
 from flwr_fsl.kernels.ring import scatter_add_rows
+from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 
 
@@ -595,10 +595,9 @@ class SSAServer:
         self.party = party
         self._table = simple_table_for(params)
         self._lengths = _key_lengths(params, self._table)
-        # A checked round's shares have one discard row (index m) for the dummy slots.
+        # A checked round's shares have one discard row (index m): the stash keys' dummy slot.
         rows = params.domain_size + int(params.verify)
         self._share = np.zeros((rows, params.tau), np.uint64)
-        self._items = scatter_items(params, self._table) if params.verify else None
         self._check = KeyCheck(params, party, self._lengths) if params.verify else None
         self._previous = dict(previous_keys or {})
         self._clients: dict[int, None] = {}  # insertion-ordered set
@@ -627,13 +626,10 @@ class SSAServer:
 
         Parameters
         ----------
-        client_id : int
-            The client.
-        public_part, master_seed : bytes
-            Its keys' public part and this server's master seed.
+        client_id, public_part, master_seed
+            The client, its keys' public part and this server's master seed.
         expect : bytes, optional
-            Checked rounds: the other server's key-check digest; the client is rejected
-            (nothing added) unless this server's digest equals it.
+            Checked rounds: the other server's digest; unless equal, nothing is added.
 
         Returns
         -------
@@ -681,8 +677,7 @@ class SSAServer:
     def discard(self, client_id: int) -> None:
         """S0: take a client added since :meth:`forget_recent` back out of the share.
 
-        S0 adds a chunk's clients before S1 checks them; a client S1 rejects (or whose digest
-        S1 reports differently) is discarded so both shares keep the same clients.
+        S0 adds a chunk's clients before S1 checks them; one S1 rejects is discarded.
 
         Raises
         ------
@@ -730,14 +725,20 @@ class SSAServer:
 
     def _scatter(self, values: NDArray[np.uint64], negate: bool = False) -> None:
         """Add (or subtract) a client's evaluated shares to the share rows they belong to."""
-        if negate:
-            values = np.uint64(0) - values
         n_bin = self._lengths[: self._table.num_bins].sum()
-        items = self._table.bin_items if self._items is None else self._items
-        scatter_add_rows(self._share, items, values[:n_bin])
+        table = self._table
+        if self.params.verify:  # skips each bin's dummy slot
+            scatter_bins(
+                self._share, table.bin_items, table.bin_offsets, values, -1 if negate else 1
+            )
+        else:
+            part = np.uint64(0) - values[:n_bin] if negate else values[:n_bin]
+            scatter_add_rows(self._share, table.bin_items, part)
         if self.params.stash_size:
             stash = values[n_bin:].reshape(self.params.stash_size, -1, values.shape[1])
             summed = stash.sum(axis=0, dtype=np.uint64)
+            if negate:
+                summed = np.uint64(0) - summed
             self._share[: summed.shape[0]] += summed[:, : self.params.tau]
 
 

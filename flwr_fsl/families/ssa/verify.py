@@ -21,9 +21,10 @@ Each server evaluates a client's keys once, computing in the same pass every eva
 leaf proof ``pi_x = H(x, blk_x) ^ t_x * cs`` (equal at both servers, for every point, exactly
 when the key pair differs at no more than one point), and sums each key's count words over its
 evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
-(:func:`client_digest`) is SHA-256 over a domain tag, the key-check version, the normalized
-count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every key's count is exactly 1) and
-all the proofs in point order. The two servers' digests of an honest client are equal, so
+(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version), all the
+proofs in point order (64 bytes each; computed in segments of about 2**16 points so the buffer
+stays small) and the normalized count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
+key's count is exactly 1). The two servers' digests of an honest client are equal, so
 exchanging them tells neither anything new; one that differs drops the client at both.
 
 **What this verifies** (a client that passes, against servers following the protocol):
@@ -55,7 +56,7 @@ import hmac
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch
+from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, DPFPublicBatch, evaluate_batch
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 
@@ -69,7 +70,6 @@ __all__ = [
     "key_lengths_checked",
     "one_word",
     "same_digest",
-    "scatter_items",
 ]
 
 DIGEST_BYTES = 32
@@ -105,18 +105,48 @@ def dummy_alphas(params: SSAParams, table: SimpleTable) -> NDArray[np.uint64]:
     ).astype(np.uint64)
 
 
-def scatter_items(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
-    """Return the share row of every evaluated bin point: its element, ``m`` for dummy slots.
-
-    The servers' shares get one discard row ``m`` that dummy slots land in.
-    """
-    ends = table.bin_offsets[1:]
-    return np.insert(table.bin_items, ends, params.domain_size).astype(np.int64)
-
-
 def one_word(params: SSAParams) -> np.uint64:
     """Return the fixed-point encoding of 1.0 (the count word of every checked point)."""
     return np.uint64(params.fixed_point.encode(np.ones((1, 1)))[0, 0])
+
+
+_SEGMENT_POINTS = 1 << 16
+"""Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
+this many points, so the proof buffer stays small (4 MiB) however large the round."""
+
+
+def _segments(lengths: NDArray[np.int64]) -> list[tuple[int, int]]:
+    """Split keys into consecutive ranges of at most ``_SEGMENT_POINTS`` points.
+
+    A single key larger than that (e.g. a stash key) is a range of its own.
+    """
+    out: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for j, n in enumerate(lengths.tolist()):
+        if acc and acc + n > _SEGMENT_POINTS:
+            out.append((start, j))
+            start, acc = j, 0
+        acc += n
+    if lengths.shape[0]:
+        out.append((start, lengths.shape[0]))
+    return out
+
+
+def _key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
+    """Keys ``lo..hi-1`` of a batch as a batch of their own (same party, same words)."""
+    pub = keys.public
+    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
+    assert pub.cw_proof is not None
+    part = DPFPublicBatch(
+        tau=pub.tau,
+        domain_bits=pub.domain_bits[lo:hi],
+        epochs=pub.epochs[lo:hi],
+        cw_seeds=pub.cw_seeds[a:b],
+        cw_bits=pub.cw_bits[a:b],
+        cw_leaf=pub.cw_leaf[lo:hi],
+        cw_proof=pub.cw_proof[lo:hi],
+    )
+    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
 
 
 class KeyCheck:
@@ -140,10 +170,15 @@ class KeyCheck:
         np.cumsum(lengths, out=self.offsets[1:])
         self.counts = checks_counts(params)
         self.one = one_word(params) if self.counts else np.uint64(0)
-        self._proofs: NDArray[np.uint64] | None = None
+        self.segments = _segments(lengths)
+        most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
+        self._proofs = np.empty((most, PROOF_WORDS), np.uint64)  # reused for every client
 
     def evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes]:
         """Evaluate a client's keys; return their output shares and this server's digest.
+
+        The digest is SHA-256 over the tag, every evaluated point's proof in point order, and
+        (unit weights) the normalized per-key count sums (module docstring).
 
         Raises
         ------
@@ -152,23 +187,20 @@ class KeyCheck:
         """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
-        if self._proofs is None:  # one buffer per round, reused for every client
-            self._proofs = np.empty((int(self.offsets[-1]), PROOF_WORDS), np.uint64)
-        proofs = self._proofs
-        values, _ = evaluate_batch(keys, lengths=self.lengths, proofs=proofs)
-        return values, self.digest(values, proofs)
-
-    def digest(self, values: NDArray[np.uint64], proofs: NDArray[np.uint64]) -> bytes:
-        """Return this server's digest of evaluated shares and proofs (module docstring)."""
+        values = np.empty((int(self.offsets[-1]), keys.public.tau), np.uint64)
         h = hashlib.sha256(_TAG)
+        for lo, hi in self.segments:
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            proofs = self._proofs[: b - a]
+            part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
+            evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
+            h.update(proofs.data)  # little-endian uint64 words, hashed in place
         if self.counts:
             col = self.params.tau - 1  # the count word (padding, if any, comes after it)
             sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
-        # Hashed in place (no copy of the P x 64 bytes): little-endian words on every platform.
-        h.update(np.ascontiguousarray(proofs, dtype="<u8").data)
-        return h.digest()
+        return values, h.digest()
 
 
 def client_digest(
