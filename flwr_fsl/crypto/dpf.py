@@ -668,9 +668,10 @@ def evaluate_batch(  # noqa: C901, PLR0915
             enc_l, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )
         if proofs is not None and pub.cw_proof is not None:
-            _vk.fd_proof_inputs(src, t_src, lo, hi, tasks_i, key_first, pub.epochs, half_w, p_in)
+            chunk_tasks = tasks_i[lo:hi]
+            _vk.fd_proof_inputs(src, t_src, chunk_tasks, key_first, pub.epochs, half_w, p_in)
             aes.proof.encrypt_prefix_into(p_in[: _vk.BLOCKS * n], p_enc)  # n: chunk's leaves
-            _vk.fd_proof_finish(p_enc, p_in, t_src, lo, hi, tasks_i, pub.cw_proof, proofs)
+            _vk.fd_proof_finish(p_enc, p_in, t_src, chunk_tasks, pub.cw_proof, proofs)
     return out, offsets
 
 

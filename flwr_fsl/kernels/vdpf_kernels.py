@@ -76,11 +76,9 @@ def gen_proof_words(
 
 
 @njit(cache=True, nogil=True)
-def fd_proof_inputs(  # noqa: PLR0913
+def fd_proof_inputs(
     conv: np.ndarray,
     t_in: np.ndarray,
-    lo: int,
-    hi: int,
     tasks_i: np.ndarray,
     key_first: np.ndarray,
     epochs: np.ndarray,
@@ -94,10 +92,10 @@ def fd_proof_inputs(  # noqa: PLR0913
     :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` reads them; the leaf block is rebuilt from
     them (so the proof does not depend on the U-DPF epoch). ``key_first[key]`` is the key's
     first global output point, so a leaf's point inside its key is ``tasks_i[k, 3] -
-    key_first[key] + i``.
+    key_first[key] + i``. ``tasks_i`` holds the chunk's tasks only.
     """
     pos = 0
-    for k in range(lo, hi):
+    for k in range(tasks_i.shape[0]):
         key = tasks_i[k, 0]
         e = epochs[key]
         nl = 1 << tasks_i[k, 2]
@@ -115,20 +113,21 @@ def fd_proof_finish(
     enc: np.ndarray,
     inputs: np.ndarray,
     t_in: np.ndarray,
-    lo: int,
-    hi: int,
     tasks_i: np.ndarray,
     cw_proof: np.ndarray,
     proofs: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """``proofs[point] = H(x, blk) ^ t * cs`` for every leaf below its task's point limit."""
+    """``proofs[point] = H(x, blk) ^ t * cs`` for every leaf below its task's point limit.
+
+    ``tasks_i`` holds the chunk's tasks only.
+    """
     ew = enc.reshape(-1)
     iw = inputs.reshape(-1)
     pw = proofs.reshape(-1)
     cw = cw_proof.reshape(-1)
     words = np.uint64(2 * BLOCKS)
     pos = 0
-    for k in range(lo, hi):
+    for k in range(tasks_i.shape[0]):
         key = np.uint64(tasks_i[k, 0])
         nl = 1 << tasks_i[k, 2]
         first = tasks_i[k, 3]
