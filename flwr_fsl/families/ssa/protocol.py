@@ -346,6 +346,7 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
         "num_hashes",
         "stash_size",
         "scale_factor",
+        "verify",  # checked rounds need verifiable keys with dummy slots
     )
     return all(getattr(a, k) == getattr(b, k) for k in keep)
 
