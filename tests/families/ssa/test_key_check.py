@@ -203,3 +203,18 @@ def test_verify_false_is_the_unchecked_round_and_old_params_mean_it() -> None:
     upload, _ = encode_update(plain, np.arange(3), np.ones((3, WIDTH)))
     with pytest.raises(SSAInputError, match="the round needs"):
         SSAServer(checked, 0).add_client(1, upload.public_part, upload.master_seeds[0])
+
+
+def test_s1_refuses_unchecked_uploads_in_a_checked_round_and_vice_versa() -> None:
+    from flwr_fsl.helper import HelperRequestError
+
+    helper = twin()
+    checked, unchecked = unit_params(1), unit_params(2, verify=False)
+    honest = make_clients(1)
+    for params in (checked, unchecked):
+        helper.open_round(params.round_id, params.to_bytes())
+    upload = fresh_uploads(checked, honest, helper.public_key())[honest[0].cid]
+    with pytest.raises(HelperRequestError, match="checks every client's keys"):
+        helper.add_clients(1, [(honest[0].cid, upload.public_part, upload.sealed)])
+    with pytest.raises(HelperRequestError, match="does not check keys"):
+        helper.add_checked(2, [(honest[0].cid, b"", b"", bytes(32))], hints=False)
