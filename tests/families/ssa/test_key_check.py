@@ -30,7 +30,7 @@ from tests.helper.test_helper import WIDTH, K, M, bind, make_clients, make_param
 
 
 def unit_params(round_id: int = 1, **kw: object) -> SSAParams:
-    return make_params(round_id, weighted=False, epoch=0, verify=True, **kw)
+    return make_params(round_id, **{"weighted": False, "epoch": 0, "verify": True, **kw})
 
 
 def _forgery(params: SSAParams, name: str) -> tuple[forge.Plan, forge.Tamper | None]:
