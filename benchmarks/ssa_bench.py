@@ -23,6 +23,12 @@ scalars, ``tau = 2``, stash-less, ``η = 3``) and reports:
   count word; the ``τ = 1`` variant without count-weighting is measured too), and beside the
   trivial protocol (a full-length additive share, ``m · 64 τ`` bits, to each server).
 
+**Key check (issue 21)**: first of all, a table of one client's round with the servers' key
+check off and on (``SSAParams.verify``; unit weights, so the count check runs too), at
+``k/m in {1%, 10%}`` of every size: client encode, each server's time per client, bytes
+client -> S0 (and the 32-byte digest each way between the servers); ``--check-only`` stops
+after it. The Cui tables below measure the unchecked round (Cui's semi-honest protocol).
+
 ``--scale N`` instead runs **one round of N clients through a real S1 process**
 (``python -m flwr_fsl.helper`` on a loopback port, started by the script) at ``m = 2**20``,
 ``k/m = 10%`` (``--scale-log-m``, ``--scale-rate`` change that): S0 is
@@ -66,7 +72,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
@@ -216,7 +222,10 @@ class Cell:
         return self.bytes_s0_tau1 / (self.formula2_tau1_bits / 8)
 
 
-def make_params(m: int, k: int, count_weighted: bool = True) -> ssa.SSAParams:
+def make_params(
+    m: int, k: int, count_weighted: bool = True, verify: bool = False, weighted: bool = True
+) -> ssa.SSAParams:
+    """Return a cell's round: Cui's semi-honest protocol (``verify=False``) unless asked."""
     return ssa.SSAParams(
         round_id=1,
         domain_size=m,
@@ -224,6 +233,8 @@ def make_params(m: int, k: int, count_weighted: bool = True) -> ssa.SSAParams:
         value_width=1,
         hash_key=generate_hash_key(),
         count_weighted=count_weighted,
+        verify=verify,
+        weighted=weighted,
     )
 
 
@@ -334,6 +345,78 @@ def run_cell(log_m: int, rate: float, reps: int, rng: np.random.Generator) -> Ce
     return cell
 
 
+def run_check_cost(log_m: int, rate: float, reps: int, rng: np.random.Generator) -> dict:
+    """Key check cost (issue 21): the same client's round with ``verify`` off and on.
+
+    Unit weights (the strategies' default, so the count check runs too), ``tau = 2``. Times
+    are medians of ``reps`` runs: client encode, and per server the whole per-client work of
+    a checked round (evaluation with the leaf proofs, count sums, digest, scatter; S1 also
+    compares with S0's digest). Bytes: the public part plus the 16-byte S0 master seed, and
+    the 32-byte digest each way between S0 and S1.
+    """
+    m = 1 << log_m
+    k = max(1, round(rate * m))
+    row: dict[str, Any] = {"log_m": log_m, "rate": rate, "k": k}
+    indices, values, _ = client_inputs(m, k, rng)
+    base = make_params(m, k, weighted=False)  # one hash key: the same bins both ways
+    for verify in (False, True):
+        params = replace(base, verify=verify)
+        table = ssa.simple_table_for(params)
+        upload, _ = ssa.encode_update(params, indices, values, rng=rng, simple_table=table)
+
+        def encode(p: ssa.SSAParams = params, t: Any = table) -> Any:
+            return ssa.encode_update(p, indices, values, simple_table=t)
+
+        enc = median([_timed(encode) for _ in range(reps)])
+        public = upload.public_part
+        digest = ssa.SSAServer(params, 0).add_client(1, public, upload.master_seeds[0])
+        per_server = []
+        for party in (0, 1):
+            expect = digest if party == 1 else None
+            times = []
+            # One server per round, many clients: per-round buffers are not per-client cost.
+            server = ssa.SSAServer(params, party)
+            seed = upload.master_seeds[party]
+            add = server.add_client
+            add(0, public, seed, expect)  # untimed first client
+            for rep in range(reps):
+                times.append(
+                    _timed(lambda a=add, c=rep + 1, p=public, sd=seed, e=expect: a(c, p, sd, e))
+                )
+            per_server.append(median(times))
+        tag = "checked" if verify else "unchecked"
+        row[f"{tag}_encode_s"] = enc
+        row[f"{tag}_s0_s"], row[f"{tag}_s1_s"] = per_server
+        row[f"{tag}_bytes_s0"] = len(upload.public_part) + SEED_BYTES
+        row[f"{tag}_bytes_s0_s1"] = 0 if not verify else 2 * 32
+    return row
+
+
+def print_check_cost(rows: list[dict]) -> None:
+    """Print the key check's cost beside the unchecked round (same client, same run)."""
+    print(
+        "\nKey check (issue 21): one client, unit weights, tau = 2, one core; unchecked -> checked"
+    )
+    head = (
+        f"{'m':>6} {'k/m':>5} | {'encode ms':>17} | {'S0 per client ms':>17} | "
+        f"{'S1 per client ms':>17} | {'client->S0 KiB':>17} | S0<->S1 B"
+    )
+    print(head)
+    print("-" * len(head))
+
+    def pair(r: dict, key: str, scale: float = 1e3) -> str:
+        a, b = r[f"unchecked_{key}"] * scale, r[f"checked_{key}"] * scale
+        return f"{a:.1f} -> {b:.1f} ({b / a:.2f}x)"
+
+    for r in rows:
+        print(
+            f"{'2^' + str(r['log_m']):>6} {_pct(r['rate']):>5} | {pair(r, 'encode_s'):>17} | "
+            f"{pair(r, 's0_s'):>17} | {pair(r, 's1_s'):>17} | "
+            f"{pair(r, 'bytes_s0', 1 / 1024):>17} | "
+            f"{r['checked_bytes_s0_s1']}"
+        )
+
+
 def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
@@ -343,8 +426,8 @@ def _timed(fn: Callable[[], Any]) -> float:
 def warm_up() -> None:
     """Compile / load every numba kernel on a tiny round (not timed)."""
     rng = np.random.default_rng(0)
-    for cw in (True, False):
-        params = make_params(256, 16, count_weighted=cw)
+    for cw, verify in ((True, False), (False, False), (True, True)):
+        params = make_params(256, 16, count_weighted=cw, verify=verify, weighted=not verify)
         idx, vals, w = client_inputs(256, 16, rng)
         upload, _ = ssa.encode_update(params, idx, vals, w, rng=rng)
         shares = []
@@ -354,7 +437,7 @@ def warm_up() -> None:
             shares.append(server.share())
         result = ssa.reconstruct(params, shares[0], shares[1])
         expect = np.zeros(256)
-        expect[idx] = vals * (w if cw else 1.0)
+        expect[idx] = vals * (w if cw and params.weighted else 1.0)
         assert np.allclose(result.sums[:, 0], expect, atol=1e-5), "SSA round does not reconstruct"
 
 
@@ -634,6 +717,17 @@ class _TimedHelper:
         finally:
             self.seconds += time.perf_counter() - start
 
+    def add_checked(self, round_id: int, items: Any, *, hints: bool) -> dict[int, Any]:
+        rows = list(items)
+        self.requests += 1
+        self.relayed += sum(len(p) + len(s) + len(d) for _, p, s, d in rows)
+        start = time.perf_counter()
+        try:
+            out: dict[int, Any] = self.inner.add_checked(round_id, rows, hints=hints)
+            return out
+        finally:
+            self.seconds += time.perf_counter() - start
+
     def finish_round(self, round_id: int) -> Any:
         start = time.perf_counter()
         try:
@@ -690,6 +784,9 @@ def main() -> None:
     parser.add_argument("--scale-rate", type=float, default=0.10, help="--scale: k/m (0.10)")
     parser.add_argument("--distinct", type=int, default=4, help="--scale: distinct updates (4)")
     parser.add_argument("--chunk-mib", type=int, default=64, help="--scale: relay chunk (64)")
+    parser.add_argument(
+        "--check-only", action="store_true", help="only the key check's cost table (issue 21)"
+    )
     args = parser.parse_args()
     if args.scale is not None:
         row = run_scale(
@@ -708,8 +805,17 @@ def main() -> None:
     machine = platform.processor() or platform.machine()
     warm_up()
     rng = np.random.default_rng(2023)
+    sizes = SIZES[:-1] if args.quick else SIZES
+    check_rows = [
+        run_check_cost(log_m, rate, max(1, min(args.reps, 3)), rng)
+        for log_m in sizes
+        for rate in (0.01, 0.10)
+    ]
+    print_check_cost(check_rows)
+    if args.check_only:
+        return
     cells = []
-    for log_m in SIZES[:-1] if args.quick else SIZES:
+    for log_m in sizes:
         reps = max(1, min(args.reps, 3) if log_m >= 20 else args.reps)
         for rate in RATES:
             cells.append(run_cell(log_m, rate, reps, rng))
@@ -730,6 +836,7 @@ def main() -> None:
         "cui_table5": {f"2^{a} {_pct(b)}": v for (a, b), v in CUI_TABLE5.items()},
         "cui_table6_mib": {f"2^{a} {_pct(b)}": v for (a, b), v in CUI_TABLE6.items()},
         "cui_table6_secagg_mib": {f"2^{a}": v for a, v in CUI_TABLE6_SECAGG.items()},
+        "key_check": check_rows,
     }
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

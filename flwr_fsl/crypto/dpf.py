@@ -26,13 +26,29 @@ format) is in :mod:`flwr_fsl.crypto.dpf_keys`, Cui's U-DPF hints and updates
 (:func:`next_hint_batch`, :func:`update_batch`) in :mod:`flwr_fsl.crypto.udpf`; this module
 re-exports both, so ``from flwr_fsl.crypto.dpf import DPFKeyBatch, update_batch`` keeps working.
 
-**Threat model.** Semi-honest servers that do not collude; a client may be malicious only in
-that it can send malformed keys, which the decoders reject with :class:`DPFKeyError` (this
-module does not verify that a well-formed key encodes a point function: that is a sketching
-protocol's job, Cui §3.1). Each server alone sees its root seed and the public part; both are
-pseudorandom and independent of ``alpha`` and ``beta`` (BGI16 Thm. 3.3 with AES-MMO modelled as
-a PRG): the server learns only what is public by design — ``domain_bits``, ``tau`` and the
-epoch. A U-DPF hint (§5) is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)`` at
+**Verifiable keys** (issue 21; de Castro & Polychroniadou, "Lightweight, Maliciously Secure
+Verifiable Function Secret Sharing", Eurocrypt 2022): with ``verifiable=True`` (even ``tau``
+only: no early termination, so one leaf is one point) each key carries a 64-byte proof
+correction word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` over the two parties' leaf blocks
+*with their control bits*, and :func:`evaluate_batch` (``proofs=``) returns each evaluated
+point's ``H(x, blk_x) ^ t_x * cs`` in the same pass (:mod:`flwr_fsl.kernels.vdpf_kernels`).
+For an honest key pair the two parties' proofs are equal at every point (equal blocks off
+``alpha``; at ``alpha`` ``cs`` corrects one side onto the other); a pair that differs at two
+points must find ``H(x1, a) ^ H(x1, b) = H(x2, c) ^ H(x2, d)`` for 512-bit ``H``, or a
+collision. Hashing the control bit matters: with equal seeds and different control bits at
+many leaves a key is nonzero there and ``cs = 0`` would pass. U-DPF hints change only the leaf
+correction word, so updated keys stay covered. Which points are checked is the caller's choice
+(the evaluated ``lengths``); the SSA servers' use of it is :mod:`flwr_fsl.families.ssa.verify`.
+
+**Threat model.** Semi-honest servers that do not collude; a client may send malformed keys,
+which the decoders reject with :class:`DPFKeyError`; a well-formed *plain* key is not verified
+to encode a point function; a verifiable key's proofs are, against a client that builds its
+keys however it likes (not the value it puts at its point: that needs a range proof). Each
+server alone sees its root seed and the public part; both are pseudorandom and independent
+of ``alpha`` and ``beta`` (BGI16 Thm. 3.3 with AES-MMO modelled as a PRG; a proof word is a
+hash masked by the other party's leaf block at ``alpha``, which the server does not hold): the
+server learns only what is public by design — ``domain_bits``, ``tau`` and the epoch. A U-DPF
+hint (§5) is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)`` at
 a new epoch ``e``; its security needs every epoch to be used once per key pair, which
 :func:`update` and :func:`next_hint` enforce (epochs strictly increase).
 
@@ -52,6 +68,7 @@ from flwr_fsl.crypto.dpf_keys import (
     _U64,
     MAX_DOMAIN_BITS,
     MAX_TAU,
+    PROOF_WORDS,
     DPFKey,
     DPFKeyBatch,
     DPFKeyError,
@@ -69,6 +86,7 @@ from flwr_fsl.crypto.dpf_keys import (
 from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
 from flwr_fsl.crypto.udpf import next_hint, next_hint_batch, update, update_batch
 from flwr_fsl.kernels import dpf_kernels as _k
+from flwr_fsl.kernels import vdpf_kernels as _vk
 
 __all__ = [
     "MAX_DOMAIN_BITS",
@@ -135,8 +153,13 @@ def _gen_core(
     root0: NDArray[np.uint64],
     root1: NDArray[np.uint64],
     epoch: int,
+    proof: bool = False,
 ) -> DPFPublicBatch:
-    """Generate the public part of ``m`` keys for the given root seeds (validated inputs)."""
+    """Generate the public part of ``m`` keys for the given root seeds (validated inputs).
+
+    With ``proof`` (even ``tau`` only) each key also gets its verifiable-DPF proof correction
+    word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` (:mod:`flwr_fsl.kernels.vdpf_kernels`).
+    """
     m, tau = betas.shape
     group = _group(tau)
     half_w = group * tau // 2
@@ -164,6 +187,10 @@ def _gen_core(
     conv = np.empty((2 * chunk * half_w, 2), dtype=_U64)
     conv_enc = np.empty((2 * chunk * half_w + 1, 2), dtype=_U64)
     state_t = np.empty((chunk, 2), dtype=np.uint8)
+    cw_proof = np.empty((m, PROOF_WORDS), dtype=_U64) if proof else None
+    if proof:
+        p_in = np.empty((2 * chunk * _vk.BLOCKS, 2), dtype=_U64)
+        p_enc = np.empty((2 * chunk * _vk.BLOCKS + 1, 2), dtype=_U64)
     for lo in range(0, m, chunk):
         n = min(chunk, m - lo)
         _k.gen_init(order, lo, n, root0, root1, state_t, seeds)
@@ -187,6 +214,10 @@ def _gen_core(
                 cw_seeds,
                 cw_bits,
             )
+        if cw_proof is not None:
+            _vk.gen_proof_inputs(n, seeds, order, lo, alphas, p_in)
+            aes.proof.encrypt_prefix_into(p_in[: 2 * n * _vk.BLOCKS], p_enc)
+            _vk.gen_proof_words(p_enc, p_in, n, order, lo, cw_proof)
         _k.leaf_blocks_pair(n, seeds, epochs, order, lo, half_w, conv)
         nb = 2 * n * half_w
         aes.value.encrypt_prefix_into(conv[:nb], conv_enc)
@@ -198,6 +229,7 @@ def _gen_core(
         cw_seeds=cw_seeds,
         cw_bits=cw_bits,
         cw_leaf=cw_leaf,
+        cw_proof=cw_proof,
     )
 
 
@@ -208,6 +240,7 @@ def generate_keys_batch(
     *,
     master_seeds: tuple[bytes, bytes] | None = None,
     epoch: int = 0,
+    verifiable: bool = False,
 ) -> tuple[DPFKeyBatch, DPFKeyBatch]:
     """Generate ``m`` DPF key pairs at once (e.g. one per cuckoo bin).
 
@@ -226,6 +259,9 @@ def generate_keys_batch(
         The two 16-byte master seeds; fresh random ones from the OS by default.
     epoch : int, optional
         Initial U-DPF epoch (default 0).
+    verifiable : bool, optional
+        Add each key's proof correction word (de Castro–Polychroniadou verifiable DPF,
+        :mod:`flwr_fsl.crypto.vdpf`); needs an even ``tau`` (no early termination).
 
     Returns
     -------
@@ -235,8 +271,8 @@ def generate_keys_batch(
     Raises
     ------
     ConfigurationError
-        If an alpha is outside its domain, shapes disagree, values are not integers or a
-        master seed is not 16 bytes.
+        If an alpha is outside its domain, shapes disagree, values are not integers, a
+        master seed is not 16 bytes, or ``verifiable`` keys get an odd ``tau``.
     """
     a = _as_index(alphas, "alphas")
     if a.ndim != 1:
@@ -257,7 +293,9 @@ def generate_keys_batch(
             raise ConfigurationError(f"master seeds must be {SEED_BYTES} bytes each")
     root0 = derive_root_seeds(msk[0], m)
     root1 = derive_root_seeds(msk[1], m)
-    pub = _gen_core(a, b, d, root0, root1, e)
+    if verifiable and b.shape[1] % 2:
+        raise ConfigurationError("verifiable keys need an even tau (no early termination)")
+    pub = _gen_core(a, b, d, root0, root1, e, proof=verifiable)
     return (
         DPFKeyBatch(party=0, root_seeds=root0, public=pub),
         DPFKeyBatch(party=1, root_seeds=root1, public=pub),
@@ -512,11 +550,12 @@ def _split_tasks(
         t = np.concatenate([t[~big], child_t])
 
 
-def evaluate_batch(  # noqa: PLR0915
+def evaluate_batch(  # noqa: C901, PLR0915
     keys: DPFKeyBatch,
     *,
     lengths: ArrayLike | None = None,
     out: NDArray[np.uint64] | None = None,
+    proofs: NDArray[np.uint64] | None = None,
 ) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """Full-domain evaluation of every key of a batch (keys may have different domains).
 
@@ -532,6 +571,10 @@ def evaluate_batch(  # noqa: PLR0915
         length, at most ``2**domain_bits``); default: the whole domain.
     out : numpy.ndarray, optional
         Preallocated ``(P, tau)`` uint64 output to fill (``P`` = total points).
+    proofs : numpy.ndarray, optional
+        Verifiable keys only: a ``(P, PROOF_WORDS)`` uint64 array that receives every
+        point's leaf proof ``H(x, blk) ^ t * cs`` (:mod:`flwr_fsl.crypto.vdpf`), computed in
+        the same pass (the same chunks, one more batched AES call per chunk).
 
     Returns
     -------
@@ -563,6 +606,8 @@ def evaluate_batch(  # noqa: PLR0915
         out = np.empty((total, tau), dtype=_U64)
     elif out.dtype != _U64 or out.shape != (total, tau) or not out.flags.c_contiguous:
         raise ConfigurationError(f"out must be C-contiguous uint64 of shape ({total}, {tau})")
+    if proofs is not None:
+        _check_proofs_out(pub, proofs, total)
     if total == 0:
         return out, offsets
     group = _group(tau)
@@ -591,6 +636,10 @@ def evaluate_batch(  # noqa: PLR0915
     enc_r = np.empty((cap + 1, 2), dtype=_U64)
     t_a = np.empty(cap, dtype=np.uint8)
     t_b = np.empty(cap, dtype=np.uint8)
+    if proofs is not None:
+        p_in = np.empty((_vk.BLOCKS * cap, 2), dtype=_U64)
+        p_enc = np.empty((_vk.BLOCKS * cap + 1, 2), dtype=_U64)
+        key_first = np.ascontiguousarray(offsets[:-1])
     flat = out.reshape(-1)
     aes = _mmo_ciphers()
     left, right, value = (
@@ -618,7 +667,21 @@ def evaluate_batch(  # noqa: PLR0915
         _k.fd_leaves(
             enc_l, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )
+        if proofs is not None and pub.cw_proof is not None:
+            chunk_tasks = tasks_i[lo:hi]
+            _vk.fd_proof_inputs(src, t_src, chunk_tasks, key_first, pub.epochs, half_w, p_in)
+            aes.proof.encrypt_prefix_into(p_in[: _vk.BLOCKS * n], p_enc)  # n: chunk's leaves
+            _vk.fd_proof_finish(p_enc, p_in, t_src, chunk_tasks, pub.cw_proof, proofs)
     return out, offsets
+
+
+def _check_proofs_out(pub: DPFPublicBatch, proofs: NDArray[np.uint64], total: int) -> None:
+    """Check the ``proofs`` output of :func:`evaluate_batch` and that the keys are verifiable."""
+    if pub.cw_proof is None:
+        raise ConfigurationError("proofs need verifiable keys (with proof correction words)")
+    shape = (total, PROOF_WORDS)
+    if proofs.dtype != _U64 or proofs.shape != shape or not proofs.flags.c_contiguous:
+        raise ConfigurationError(f"proofs must be C-contiguous uint64 of shape {shape}")
 
 
 def evaluate(key: DPFKey) -> NDArray[np.uint64]:

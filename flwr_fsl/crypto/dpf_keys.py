@@ -33,8 +33,11 @@ per key set). A 16-byte header: ``b"FDPF"``, version 2, kind (1 public part, 2 k
   level ``i`` at bits ``2 * (i % 4)`` and ``2 * (i % 4) + 1`` of byte ``i // 4``; the unused
   high bits of the last byte must be 0.
 
-A hint carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header. Every field is
-written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
+**Version 3** (verifiable keys, :mod:`flwr_fsl.crypto.vdpf`): the same header with version 3
+and the same body followed by ``cw_proof`` (m*8 u64: each key's 64-byte proof correction word
+``cs``); public parts and key shares without ``cw_proof`` keep writing version 2, byte for byte.
+A hint (always version 2) carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header.
+Every field is written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
 :class:`~flwr_fsl.core.wireformat.Reader` (each length checked before anything is allocated).
 """
 
@@ -54,6 +57,7 @@ from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds
 __all__ = [
     "MAX_DOMAIN_BITS",
     "MAX_TAU",
+    "PROOF_WORDS",
     "DPFKey",
     "DPFKeyBatch",
     "DPFKeyError",
@@ -72,6 +76,9 @@ _MAGIC = register_magic(
     b"FDPF", "DPF key set: public part, key shares, U-DPF hint (flwr_fsl.crypto.dpf_keys)"
 )
 _VERSION = 2
+_PROOF_VERSION = 3  # version 2 plus each key's proof correction word (verifiable DPF)
+PROOF_WORDS = 8
+"""uint64 words of one verifiable-DPF proof correction word / per-leaf proof (4 AES blocks)."""
 _KIND_PUBLIC, _KIND_KEYS, _KIND_HINT = 1, 2, 3
 _NO_PARTY = 255
 _EPOCH_SHARED, _EPOCH_PER_KEY = 0, 1
@@ -190,6 +197,9 @@ class DPFPublicBatch:
         ``(L,)`` uint8 control-bit corrections (bit 0 left, bit 1 right).
     cw_leaf : numpy.ndarray
         ``(m, W)`` uint64 leaf correction words, ``W = group * tau`` (see module docstring).
+    cw_proof : numpy.ndarray or None
+        ``(m, PROOF_WORDS)`` uint64 proof correction words of verifiable keys
+        (:mod:`flwr_fsl.crypto.vdpf`; only with even ``tau``), or None (plain keys).
 
     Raises
     ------
@@ -203,6 +213,7 @@ class DPFPublicBatch:
     cw_seeds: NDArray[np.uint64]
     cw_bits: NDArray[np.uint8]
     cw_leaf: NDArray[np.uint64]
+    cw_proof: NDArray[np.uint64] | None = None
     level_offsets: NDArray[np.int64] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,6 +242,10 @@ class DPFPublicBatch:
             ("cw_bits", self.cw_bits, (n_levels,), np.uint8),
             ("cw_leaf", self.cw_leaf, (m, w), np.uint64),
         ]
+        if self.cw_proof is not None:
+            if int(tau) % 2:
+                raise DPFKeyError("verifiable keys (cw_proof) need an even tau")
+            checks.append(("cw_proof", self.cw_proof, (m, PROOF_WORDS), np.uint64))
         for name, arr, shape, dtype in checks:
             if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.shape != shape:
                 got = (arr.dtype, arr.shape) if isinstance(arr, np.ndarray) else type(arr)
@@ -268,6 +283,7 @@ class DPFPublicBatch:
             cw_seeds=self.cw_seeds[lo:hi].copy(),
             cw_bits=self.cw_bits[lo:hi].copy(),
             cw_leaf=self.cw_leaf[j].copy(),
+            cw_proof=None if self.cw_proof is None else self.cw_proof[j].copy(),
         )
 
     @classmethod
@@ -284,6 +300,9 @@ class DPFPublicBatch:
         tau = parts[0].tau
         if any(p.tau != tau for p in parts):
             raise DPFKeyError("cannot mix keys with different tau")
+        proofs = [p.cw_proof for p in parts]
+        if any(q is None for q in proofs) and any(q is not None for q in proofs):
+            raise DPFKeyError("cannot mix verifiable and plain keys")
         return cls(
             tau=tau,
             domain_bits=np.concatenate([p.domain_bits for p in parts]),
@@ -291,7 +310,13 @@ class DPFPublicBatch:
             cw_seeds=np.concatenate([p.cw_seeds for p in parts]),
             cw_bits=np.concatenate([p.cw_bits for p in parts]),
             cw_leaf=np.concatenate([p.cw_leaf for p in parts]),
+            cw_proof=None if proofs[0] is None else np.concatenate(proofs),  # type: ignore[arg-type]
         )
+
+    @property
+    def version(self) -> int:
+        """Wire format version: 3 for verifiable keys (with ``cw_proof``), else 2."""
+        return _VERSION if self.cw_proof is None else _PROOF_VERSION
 
     def _body(self) -> bytes:
         """Serialize the public body (everything after the header; see module docstring)."""
@@ -306,11 +331,14 @@ class DPFPublicBatch:
             w.words(words, "<u8")
         packed = _pack_cw_bits(self.cw_bits)
         w.fixed(packed, len(packed))
+        if self.cw_proof is not None:
+            w.words(self.cw_proof, "<u8")
         return w.payload()
 
     def to_bytes(self) -> bytes:
         """Serialize (kind 1, see module docstring)."""
-        return _header(_KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys).payload() + self._body()
+        head = _header(_KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys, self.version)
+        return head.payload() + self._body()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DPFPublicBatch:
@@ -321,8 +349,8 @@ class DPFPublicBatch:
         DPFKeyError
             If the blob is truncated, too long, or any field is invalid.
         """
-        r, tau, m, _ = _parse_header(data, _KIND_PUBLIC)
-        return _parse_public_body(r, tau, m)
+        r, tau, m, _, version = _parse_header(data, _KIND_PUBLIC)
+        return _parse_public_body(r, tau, m, version)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DPFPublicBatch) and self.to_bytes() == other.to_bytes()
@@ -348,6 +376,8 @@ class DPFPublicKey:
         ``(levels,)`` uint8 control-bit corrections (bit 0 left, bit 1 right).
     cw_leaf : numpy.ndarray
         ``(W,)`` uint64 leaf correction word.
+    cw_proof : numpy.ndarray or None
+        ``(PROOF_WORDS,)`` uint64 proof correction word of a verifiable key, or None.
 
     Raises
     ------
@@ -361,6 +391,7 @@ class DPFPublicKey:
     cw_seeds: NDArray[np.uint64]
     cw_bits: NDArray[np.uint8]
     cw_leaf: NDArray[np.uint64]
+    cw_proof: NDArray[np.uint64] | None = None
 
     def __post_init__(self) -> None:
         self.as_batch()  # validates
@@ -391,6 +422,7 @@ class DPFPublicKey:
             cw_seeds=self.cw_seeds,
             cw_bits=self.cw_bits,
             cw_leaf=leaf.reshape(1, -1),
+            cw_proof=None if self.cw_proof is None else np.asarray(self.cw_proof).reshape(1, -1),
         )
 
     def to_bytes(self) -> bytes:
@@ -569,7 +601,7 @@ class DPFKeyBatch:
     def to_bytes(self) -> bytes:
         """Serialize (kind 2: party, root seeds and public part)."""
         pub = self.public
-        w = _header(_KIND_KEYS, self.party, pub.tau, pub.num_keys)
+        w = _header(_KIND_KEYS, self.party, pub.tau, pub.num_keys, pub.version)
         w.words(self.root_seeds, "<u8")
         return w.payload() + pub._body()
 
@@ -582,9 +614,9 @@ class DPFKeyBatch:
         DPFKeyError
             If the blob is truncated, too long, or any field is invalid.
         """
-        r, tau, m, party = _parse_header(data, _KIND_KEYS)
+        r, tau, m, party, version = _parse_header(data, _KIND_KEYS)
         seeds = r.words(2 * m, "<u8", "root seeds").astype(_U64)
-        pub = _parse_public_body(r, tau, m)
+        pub = _parse_public_body(r, tau, m, version)
         return cls(party=party, root_seeds=seeds.reshape(m, 2), public=pub)
 
     def __eq__(self, other: object) -> bool:
@@ -650,7 +682,9 @@ class UpdateHint:
         DPFKeyError
             If the blob is truncated, too long or malformed.
         """
-        r, tau, m, _ = _parse_header(data, _KIND_HINT)
+        r, tau, m, _, version = _parse_header(data, _KIND_HINT)
+        if version != _VERSION:
+            raise DPFKeyError(f"unsupported hint format version {version}")
         w = _group(tau) * tau
         need = _HEADER_BYTES + 8 + 8 * m * w
         if len(r.data) != need:
@@ -671,19 +705,19 @@ class UpdateHint:
 # ------------------------------------------------------------------------------------------------
 
 
-def _header(kind: int, party: int, tau: int, m: int) -> Writer:
+def _header(kind: int, party: int, tau: int, m: int, version: int = _VERSION) -> Writer:
     """Return a writer holding the 16-byte header (module docstring)."""
     w = Writer(DPFKeyError)
     w.fixed(_MAGIC, len(_MAGIC))
-    for byte in (_VERSION, kind, party, 0):
+    for byte in (version, kind, party, 0):
         w.u8(byte)
     w.u32(tau)
     w.u32(m)
     return w
 
 
-def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int]:
-    """Check a blob's header; return ``(reader at the body, tau, m, party)``."""
+def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int, int]:
+    """Check a blob's header; return ``(reader at the body, tau, m, party, version)``."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DPFKeyError(f"expected bytes, got {type(data).__name__}")
     r = Reader(bytes(data), 0, DPFKeyError)
@@ -693,7 +727,7 @@ def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int]:
         raise DPFKeyError("not a DPF blob (bad magic)")
     version, got_kind, party, zero = (r.u8(what) for what in ("version", "kind", "party", "zero"))
     tau, m = r.u32("tau"), r.u32("number of keys")
-    if version != _VERSION:
+    if version not in (_VERSION, _PROOF_VERSION):
         raise DPFKeyError(f"unsupported DPF format version {version}")
     if got_kind != kind:
         raise DPFKeyError(f"wrong blob kind {got_kind}, expected {kind}")
@@ -704,7 +738,7 @@ def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int]:
         raise DPFKeyError("reserved header byte is not zero")
     if not 1 <= tau <= MAX_TAU:
         raise DPFKeyError(f"tau must be in [1, {MAX_TAU}], got {tau}")
-    return r, tau, m, party
+    return r, tau, m, party, version
 
 
 def _pack_cw_bits(bits: NDArray[np.uint8]) -> bytes:
@@ -726,7 +760,7 @@ def _unpack_cw_bits(packed: NDArray[np.uint8], n_levels: int) -> NDArray[np.uint
     return np.ascontiguousarray(flat[:n_levels], dtype=np.uint8)
 
 
-def _parse_public_body(r: Reader, tau: int, m: int) -> DPFPublicBatch:
+def _parse_public_body(r: Reader, tau: int, m: int, version: int = _VERSION) -> DPFPublicBatch:
     """Parse a public body from ``r`` to the end of the message (module docstring)."""
     w = _group(tau) * tau
     mode = r.u8("epoch_mode")
@@ -749,6 +783,9 @@ def _parse_public_body(r: Reader, tau: int, m: int) -> DPFPublicBatch:
     n_levels = int(_tree_levels(dbits, tau).sum())
     cw_seeds = r.words(2 * n_levels, "<u8", "cw_seeds").astype(_U64)
     packed = r.words((n_levels + 3) // 4, "u1", "cw_bits")
+    proof = None
+    if version == _PROOF_VERSION:
+        proof = r.words(m * PROOF_WORDS, "<u8", "cw_proof").astype(_U64).reshape(m, PROOF_WORDS)
     r.done()
     return DPFPublicBatch(
         tau=tau,
@@ -757,4 +794,5 @@ def _parse_public_body(r: Reader, tau: int, m: int) -> DPFPublicBatch:
         cw_seeds=cw_seeds.reshape(n_levels, 2),
         cw_bits=_unpack_cw_bits(packed, n_levels),
         cw_leaf=leaf,
+        cw_proof=proof,
     )

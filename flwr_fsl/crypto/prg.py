@@ -49,6 +49,7 @@ from flwr_fsl.kernels.aes import BLOCK_BYTES, BatchedAES
 __all__ = [
     "MMO_KEY",
     "MMO_KEY_LEFT",
+    "MMO_KEY_PROOF",
     "MMO_KEY_RIGHT",
     "SEED_BYTES",
     "TAG_ROOT_SEED",
@@ -76,6 +77,9 @@ MMO_KEY_LEFT = b"flwr_fsl/mmo/v2L"
 MMO_KEY_RIGHT = b"flwr_fsl/mmo/v2R"
 """Public fixed AES key of the DPF tree's right child: ``right = AES_{K_R}(x) ^ x``."""
 
+MMO_KEY_PROOF = b"flwr_fsl/vdpf/v1"
+"""Public fixed AES key of the verifiable DPF's leaf proof hash (:mod:`flwr_fsl.crypto.vdpf`)."""
+
 TAG_ROOT_SEED = 0x746F6F722D667064  # b"dpf-root" little-endian
 """High-word domain tag of the PRF when it derives DPF root seeds from a master seed."""
 
@@ -94,6 +98,8 @@ class MMOCiphers(NamedTuple):
     """Under :data:`MMO_KEY_RIGHT`: right children of the DPF tree."""
     value: BatchedAES
     """Under :data:`MMO_KEY`: :func:`mmo_hash` and the DPF leaf conversion."""
+    proof: BatchedAES
+    """Under :data:`MMO_KEY_PROOF`: the verifiable DPF's per-leaf proof hash."""
 
 
 # One set per thread: a ``cryptography`` cipher context (and BatchedAES's scratch buffer) must not
@@ -103,11 +109,14 @@ _MMO = threading.local()
 
 
 def _mmo_ciphers() -> MMOCiphers:
-    """Return this thread's fixed-key AES objects (left, right, value) of the MMO PRG."""
+    """Return this thread's fixed-key AES objects (left, right, value, proof) of the MMO PRG."""
     ciphers: MMOCiphers | None = getattr(_MMO, "ciphers", None)
     if ciphers is None:
         ciphers = MMOCiphers(
-            BatchedAES(MMO_KEY_LEFT), BatchedAES(MMO_KEY_RIGHT), BatchedAES(MMO_KEY)
+            BatchedAES(MMO_KEY_LEFT),
+            BatchedAES(MMO_KEY_RIGHT),
+            BatchedAES(MMO_KEY),
+            BatchedAES(MMO_KEY_PROOF),
         )
         _MMO.ciphers = ciphers
     return ciphers

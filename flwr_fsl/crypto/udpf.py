@@ -262,6 +262,7 @@ def update_batch(keys: DPFKeyBatch, hint: UpdateHint, epoch: int) -> DPFKeyBatch
         cw_seeds=pub.cw_seeds,
         cw_bits=pub.cw_bits,
         cw_leaf=hint.cw_leaf.copy(),
+        cw_proof=pub.cw_proof,  # leaf seeds do not change: a verifiable key stays verifiable
     )
     return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds, public=new_pub)
 

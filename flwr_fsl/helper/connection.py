@@ -361,6 +361,42 @@ class _Facade(abc.ABC):
         )
         return _rejections(r, items)
 
+    def add_checked(
+        self, round_id: int, items: Iterable[tuple[int, bytes, bytes, bytes]], *, hints: bool
+    ) -> dict[int, str | bytes]:
+        """Relay a checked round's uploads (or U-DPF hints) with S0's key-check digests.
+
+        Parameters
+        ----------
+        round_id : int
+            An open round whose parameters carry ``verify``.
+        items : iterable of (int, bytes, bytes, bytes)
+            ``(client_id, public part or hint, sealed, S0's digest)``.
+        hints : bool
+            True for U-DPF hints, False for fresh uploads.
+
+        Returns
+        -------
+        dict[int, str | bytes]
+            Client id -> S1's digest (bytes) when S1 accepted it, else S1's reason (str).
+
+        Raises
+        ------
+        HelperRequestError
+            If the round is not open, does not check keys, or the request is malformed.
+        HelperUnavailableError
+            If S1 cannot be reached.
+        """
+        checked = tuple(wire.CheckedItem(int(c), b, s, d) for c, b, s, d in items)
+        if len({it.client_id for it in checked}) != len(checked):
+            raise HelperRequestError("duplicate client ids in one request")
+        kind = wire.AddCheckedHintsRequest if hints else wire.AddCheckedRequest
+        method = "AddCheckedHints" if hints else "AddCheckedClients"
+        r = self._call(method, kind(self.session_id, round_id, checked), _Results)
+        if [res.client_id for res in r.results] != [it.client_id for it in checked]:
+            raise HelperError("S1 answered for other clients than it was asked about")
+        return {res.client_id: res.payload if res.ok else res.reason for res in r.results}
+
     def finish_round(self, round_id: int) -> HelperShare:
         """Close a round and fetch S1's share.
 

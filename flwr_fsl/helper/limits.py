@@ -96,6 +96,11 @@ MAX_PARAMS_BYTES = 4096
 _KEY_WORDS = 32  # per-key bookkeeping of one evaluation: seeds, lengths, offsets, tasks
 _EVAL_SCRATCH = 5 << 16  # evaluate_batch's four (2**15 + 1, 2) level buffers and control bits
 _HASH_CHUNK = 1 << 14  # simple hashing encrypts (2**14, η, 2)-word blocks at a time
+_PROOF_WORDS = 8  # a checked round's leaf proof per evaluated point (kernels.vdpf_kernels)
+# Work of a checked point's proof in words of evaluation: ssa_bench measures a checked client at
+# about 2.3x an unchecked one at tau = 2 (4 more AES blocks and a hash per point), i.e. +3 words.
+_PROOF_WORK = 3
+_PROOF_SEGMENT = 1 << 16  # points per proof segment (flwr_fsl.families.ssa.verify)
 _MAX_DOMAIN = 1 << 62  # the hashing layer's own maximum
 _MAX_WIDTH = MAX_TAU - 1  # tau = width + count word must fit a DPF
 _MAX_COUNT = 1 << 62
@@ -122,8 +127,12 @@ def round_words(params: SSAParams, *, table: bool = False) -> int:
     keys = bins + sigma
     points = (eta + sigma) * m
     held = m * tau + eta * m + bins + 1 + keys
+    ktau = params.key_tau
+    if params.verify:  # key check: the proof buffer (one segment, or a stash key), a discard row
+        segment = max(_PROOF_SEGMENT, m + 1 if sigma else 0)
+        held += segment * _PROOF_WORDS + tau
     build = (1 + 2 * eta) * m + 2 * eta * min(m, _HASH_CHUNK)
-    evaluate = points * tau + (m * tau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
+    evaluate = points * ktau + (m * ktau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
     finish = 2 * m * tau
     peak = max(build, evaluate, finish)
     if table:
@@ -134,8 +143,13 @@ def round_words(params: SSAParams, *, table: bool = False) -> int:
 
 
 def upload_work(params: SSAParams) -> int:
-    """Words S1 evaluates for one client's keys (fresh or U-DPF): ``P τ``."""
-    return (params.num_hashes + params.stash_size) * params.domain_size * params.tau
+    """Words S1 evaluates for one client's keys (fresh or U-DPF): ``P τ`` (and P proofs).
+
+    In a checked round each of the ``P`` points also gets a leaf proof, counted as
+    ``_PROOF_WORK`` words of work (measured, see the constant).
+    """
+    per_point = params.key_tau + (_PROOF_WORK if params.verify else 0)
+    return (params.num_hashes + params.stash_size) * params.domain_size * per_point
 
 
 def query_work(params: SSAParams) -> int:

@@ -42,6 +42,11 @@ SET_MODEL (8)          session, round ``u64``, table ``array`` (uint64, 2-d)
 PSR_ANSWER (9)         session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
 CLOSE_SESSION (10)     session
 OPEN_SESSION (11)      empty (S1 draws the session id and its secret)
+ADD_CHECKED (24)       session, round ``u64``, items (client ``u64``, public, sealed, digest
+                       ``bytes``): :class:`AddCheckedRequest`, a checked round's uploads with
+                       S0's key-check digest (:mod:`flwr_fsl.families.ssa.verify`); S1 answers
+                       CLIENT_RESULTS with its own digest as the payload of each accepted client
+ADD_CHECKED_HINTS (25) the same with U-DPF hints in place of public parts
 OK (64)                empty
 HEALTH_INFO (65)       protocol version ``u32``, public key ``bytes`` (32) (nothing about
                        sessions or rounds: ``Health`` needs no token)
@@ -93,9 +98,12 @@ __all__ = [
     "SESSION_BYTES",
     "VERSION",
     "AbortRoundRequest",
+    "AddCheckedHintsRequest",
+    "AddCheckedRequest",
     "AddClientsRequest",
     "AddHintsRequest",
     "ArrayMessage",
+    "CheckedItem",
     "ClientResult",
     "ClientResultsResponse",
     "CloseSessionRequest",
@@ -144,6 +152,8 @@ class Kind(IntEnum):
     PSR_ANSWER = 9
     CLOSE_SESSION = 10
     OPEN_SESSION = 11
+    ADD_CHECKED = 24
+    ADD_CHECKED_HINTS = 25
     OK = 64
     HEALTH_INFO = 65
     PUBLIC_KEY_INFO = 66
@@ -646,3 +656,57 @@ def decode(data: bytes, expected: type[M]) -> M:
     message = cls._read(r)
     r.done()
     return message  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------------
+# Checked rounds (issue 21): uploads travel with S0's key-check digest
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckedItem:
+    """One client's upload (public part, or U-DPF hint) with S0's key-check digest."""
+
+    client_id: int
+    body: bytes = field(repr=False)
+    sealed: bytes = field(repr=False)
+    digest: bytes = field(repr=False)
+
+
+@register_message
+@dataclass(frozen=True)
+class AddCheckedRequest(Message):
+    """Relay a checked round's SSA uploads with S0's key-check digests."""
+
+    KIND: ClassVar[Kind] = Kind.ADD_CHECKED
+    session: bytes
+    round_id: int
+    items: tuple[CheckedItem, ...]
+
+    def _write(self, w: _Writer) -> None:
+        _write_session(w, self.session)
+        w.u64(self.round_id)
+        w.count(len(self.items))
+        for it in self.items:
+            w.u64(it.client_id)
+            w.raw(it.body)
+            w.raw(it.sealed)
+            w.raw(it.digest)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Message:
+        session, round_id = _read_session(r), r.u64("round")
+        n = r.count("items", 20)
+        items = tuple(
+            CheckedItem(r.u64("client id"), r.raw("body"), r.raw("sealed"), r.raw("digest"))
+            for _ in range(n)
+        )
+        return cls(session, round_id, items)
+
+
+@register_message
+@dataclass(frozen=True)
+class AddCheckedHintsRequest(AddCheckedRequest):
+    """Relay a checked round's U-DPF hints with S0's key-check digests."""
+
+    KIND: ClassVar[Kind] = Kind.ADD_CHECKED_HINTS

@@ -576,7 +576,13 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
     real_add = SSAServer.add_client
     spins = [0]
 
-    def slow_add(self: SSAServer, client_id: int, public_part: bytes, seed: bytes) -> None:
+    def slow_add(
+        self: SSAServer,
+        client_id: int,
+        public_part: bytes,
+        seed: bytes,
+        expect: bytes | None = None,
+    ) -> bytes | None:
         # S1's side of session A's round only (_aggregate runs S0's SSAServer too).
         if self.party == 1 and self.params.round_id == 7 and not started.is_set():
             keys = DPFKeyBatch.from_master_seed(
@@ -587,7 +593,7 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
             while not release.is_set() and time.monotonic() < deadline:
                 evaluate_batch(keys)
                 spins[0] += 1
-        real_add(self, client_id, public_part, seed)
+        return real_add(self, client_id, public_part, seed, expect)
 
     monkeypatch.setattr(SSAServer, "add_client", slow_add)
     server = None

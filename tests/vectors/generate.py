@@ -112,6 +112,21 @@ def dpf_vectors() -> dict[str, Any]:
         "hint": hint.to_bytes().hex(),
         "updated0": _h(moved.to_bytes()),
     }
+    # Format version 3 (issue 21): verifiable keys with proof correction words, their leaf
+    # proofs (equal at both parties) and a U-DPF update that keeps them.
+    v0, v1 = dpf.generate_keys_batch(
+        alphas, betas, bits, master_seeds=(_seed(22), _seed(23)), verifiable=True
+    )
+    proofs = np.empty((int(v0.public.num_points.sum()), dpf.PROOF_WORDS), np.uint64)
+    vhint = dpf.next_hint_batch(v0, v1, betas + np.uint64(10), 1, alphas=alphas)
+    out["verifiable-batch"] = {
+        "key0": v0.to_bytes().hex(),
+        "key1": v1.to_bytes().hex(),
+        "eval0": _words(dpf.evaluate_batch(v0, proofs=proofs)[0]),
+        "proofs": _words(proofs),
+        "hint": vhint.to_bytes().hex(),
+        "updated0": _h(dpf.update_batch(v0, vhint, 1).to_bytes()),
+    }
     return out
 
 
@@ -143,7 +158,8 @@ _RUN = RunScope("42", PrivacyBudget(20.0))
 def ssa_vectors() -> dict[str, Any]:
     """SSAParams encodings, one client's upload and both servers' shares."""
     out: dict[str, Any] = {}
-    param_sets = {
+    # Versions 1 to 4: the unchecked rounds (verify=False), byte for byte as before issue 21.
+    unchecked = {
         "topk": SSAParams(1, 1000, 30, 1, _seed(50)),
         "rows": SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, epoch=7),
         "plain": SSAParams(3, 2**20, 100, 1, _seed(52), count_weighted=False, scale_factor=1.5),
@@ -159,10 +175,19 @@ def ssa_vectors() -> dict[str, Any]:
         "rows-dp": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP),
         "rows-dp-run": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN),
     }
+    param_sets = {name: replace(p, verify=False) for name, p in unchecked.items()}
+    # Version 5 (issue 21): the servers check every client's keys (the default).
+    param_sets.update(
+        {f"checked-{name}": unchecked[name] for name in ("topk", "unit", "unit-dp-run")}
+    )
     for name, params in param_sets.items():
         out[f"params-{name}"] = params.to_bytes().hex()
     rows = param_sets["rows"]
-    for suffix, params in (("", rows), ("-unit", replace(rows, weighted=False))):
+    for suffix, params in (
+        ("", rows),
+        ("-unit", replace(rows, weighted=False)),
+        ("-checked-unit", replace(rows, weighted=False, verify=True)),
+    ):
         indices = np.array([2, 9, 33, 60], dtype=np.int64)
         values = np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1
         upload, _ = encode_update(
@@ -555,6 +580,12 @@ def helper_wire_messages() -> dict[str, Any]:
         "SHARE": wire.ShareResponse((1, 2), np.array([[1, 2], [3, 2**64 - 1]], np.uint64)),
         "ARRAY": wire.ArrayMessage(np.array([0.5, -2.0], np.float32)),
         "SESSION_INFO": wire.SessionInfoResponse(session, _blob(504, 32)),
+        "ADD_CHECKED": wire.AddCheckedRequest(
+            session, 7, (wire.CheckedItem(3, b"public-3", _blob(504, 40), _blob(505, 32)),)
+        ),
+        "ADD_CHECKED_HINTS": wire.AddCheckedHintsRequest(
+            session, 7, (wire.CheckedItem(4, b"hint", b"", b""),)
+        ),
     }
 
 
@@ -829,16 +860,19 @@ def client_state_vectors() -> dict[str, Any]:
     """SSA (``FSCS``) and PSR (``FSPQ``) client states from fixed seeds."""
     from flwr_fsl.families.ssa.psr import PSRClientState, make_query
 
-    params = SSAParams(5, 64, 5, 2, _seed(900), stash_size=2)
+    params = SSAParams(5, 64, 5, 2, _seed(900), stash_size=2, verify=False)
     indices = np.array([2, 9, 33, 60], dtype=np.int64)
-    _, state = encode_update(
-        params,
-        indices,
-        np.arange(8, dtype=np.float64).reshape(4, 2),
-        np.array([1.0, 2.0, 3.0, 0.5]),
-        rng=np.random.default_rng(6),
-        master_seeds=(_seed(901), _seed(902)),
-    )
+    states = [
+        encode_update(
+            p,
+            indices,
+            np.arange(8, dtype=np.float64).reshape(4, 2),
+            np.array([1.0, 2.0, 3.0, 0.5]),
+            rng=np.random.default_rng(6),
+            master_seeds=(_seed(901), _seed(902)),
+        )[1]
+        for p in (params, replace(params, verify=True))  # checked keys (issue 21)
+    ]
     query = make_query(
         params, indices[:3], rng=np.random.default_rng(7), master_seeds=(_seed(903), _seed(904))
     )
@@ -847,7 +881,8 @@ def client_state_vectors() -> dict[str, Any]:
         9, query.indices, query.placement.slots, _key(905), np.array([1.0, 2.5, 3.0])
     )
     return {
-        "ssa-state": _h(state.to_bytes()),
+        "ssa-state": _h(states[0].to_bytes()),
+        "ssa-state-checked": _h(states[1].to_bytes()),
         "psr-query-public": _h(query.upload.public_part),
         "psr-state": psr.to_bytes().hex(),
         "psr-state-counts": counted.to_bytes().hex(),

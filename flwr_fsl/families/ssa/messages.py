@@ -1,8 +1,9 @@
 """SSA's byte formats: :class:`SSAParams` (JSON), the client upload and the client state.
 
 Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
-version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, or 4 with
-``"weighted": false`` and, optionally, ``dp`` and ``run``) and is decoded strictly
+version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, 4 with
+``"weighted": false`` and, optionally, ``dp`` and ``run``, or 5 with ``"verify": true`` and,
+optionally, ``"weighted": false``, ``dp`` and ``run``) and is decoded strictly
 (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
 :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
 server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
@@ -41,6 +42,9 @@ _RUN_VERSION = 3  # version 2 plus a "run" object (:class:`~flwr_fsl.families.ss
 # Version 1's fields plus "weighted" (bool; written only when false, unit weights) and,
 # optionally, version 2's "dp" object and, with it, version 3's "run" object.
 _WEIGHTING_VERSION = 4
+# Version 4's shape ("weighted" written only when false) plus "verify": true: the servers check
+# every client's keys (:mod:`flwr_fsl.families.ssa.verify`). Versions 1 to 4 mean verify=False.
+_VERIFY_VERSION = 5
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
@@ -95,6 +99,12 @@ class SSAParams:
     run : RunScope or None
         The run a DP round counts against and its budget (S1 keys its privacy account by the
         run id; clients check it against their own Flower run id). Only with ``dp``.
+    verify : bool
+        Both servers check every client's keys (default True;
+        :mod:`flwr_fsl.families.ssa.verify`): verifiable DPF keys (at most one nonzero point
+        per key), a dummy slot per bin, and with unit weights every key's count word exactly 1;
+        a client that fails is dropped by both. False: the unchecked keys of versions 1 to 4
+        (for comparison, e.g. ``benchmarks/ssa_bench.py``).
 
     Raises
     ------
@@ -114,7 +124,10 @@ class SSAParams:
     ``"run"`` object; a decoder of versions 1 to 3 refuses it (a client that cannot keep unit
     weights does not take part). :meth:`from_bytes` accepts exactly these shapes (version 4
     only with ``"weighted": false``, so each parameter set has one encoding); versions 1 to 3
-    mean ``weighted=True``.
+    mean ``weighted=True``. A round with ``verify=True`` (the default) is written as
+    ``"version": 5``: version 4's shape (``"weighted": false`` only with unit weights, ``dp`` and
+    ``run`` when set) plus ``"verify": true``; versions 1 to 4 mean ``verify=False``, and their
+    decoders refuse version 5 (a party that cannot check keys does not take part).
     """
 
     round_id: int
@@ -133,6 +146,7 @@ class SSAParams:
     dp: DistributedDP | None = None
     run: RunScope | None = None
     weighted: bool = True
+    verify: bool = True
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -143,8 +157,9 @@ class SSAParams:
             raise ConfigurationError("domain_size and value_width must be >= 1")
         if self.num_items > self.domain_size:
             raise ConfigurationError("num_items cannot exceed domain_size")
-        if not isinstance(self.weighted, bool):
-            raise ConfigurationError(f"weighted must be a bool, got {self.weighted!r}")
+        for flag in ("weighted", "verify"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigurationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         self._check_privacy()
@@ -176,6 +191,15 @@ class SSAParams:
         return self.value_width + int(self.count_weighted)
 
     @property
+    def key_tau(self) -> int:
+        """Words per point of the clients' DPF keys (``tau``, padded to even when verified).
+
+        With ``verify`` and an odd ``tau`` the keys carry one zero padding word per point:
+        verifiable keys never use early termination.
+        """
+        return self.tau + int(self.verify and self.tau % 2 == 1)
+
+    @property
     def fixed_point(self) -> FixedPoint:
         """The fixed-point codec of payload words."""
         return FixedPoint(self.frac_bits, self.max_abs, self.max_summands)
@@ -202,7 +226,7 @@ class SSAParams:
         fields: dict[str, object] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("dp", "run", "weighted")
+            if k not in ("dp", "run", "weighted", "verify")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
@@ -215,6 +239,9 @@ class SSAParams:
         if not self.weighted:  # weighted rounds keep the bytes of versions 1 to 3
             fields["weighted"] = False
             version = _WEIGHTING_VERSION
+        if self.verify:
+            fields["verify"] = True
+            version = _VERIFY_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
@@ -231,7 +258,9 @@ class SSAParams:
         raw = _load_json(data)
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
-        expected = _expected_fields(raw.pop("version", None), "dp" in raw, "run" in raw)
+        expected = _expected_fields(
+            raw.pop("version", None), "dp" in raw, "run" in raw, "weighted" in raw
+        )
         if set(raw) != expected:
             raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
@@ -239,7 +268,10 @@ class SSAParams:
             if not _FIELD_TYPES[name](value):
                 raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
         if raw.get("weighted") is True:
-            raise SSAInputError("version 4 SSA parameters carry weighted=false only")
+            raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
+        if raw.get("verify") is False:
+            raise SSAInputError("version 5 SSA parameters carry verify=true only")
+        raw.setdefault("verify", False)  # versions 1 to 4: unchecked keys
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
@@ -256,23 +288,29 @@ def _nested(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _expected_fields(version: object, has_dp: bool, has_run: bool) -> set[str]:
+def _expected_fields(
+    version: object, has_dp: bool, has_run: bool, has_weighted: bool = False
+) -> set[str]:
     """Return the JSON fields of :class:`SSAParams` at ``version``.
 
-    ``has_dp`` / ``has_run``: the "dp" / "run" objects are there (optional in version 4 only).
+    ``has_dp`` / ``has_run``: the "dp" / "run" objects are there (optional in versions 4 and
+    5 only); ``has_weighted``: the "weighted" field is there (optional in version 5 only).
     """
-    versions = (_VERSION, _DP_VERSION, _RUN_VERSION, _WEIGHTING_VERSION)
+    versions = (_VERSION, _DP_VERSION, _RUN_VERSION, _WEIGHTING_VERSION, _VERIFY_VERSION)
     if version not in versions or isinstance(version, bool):
         raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
-    if version == _WEIGHTING_VERSION and has_run and not has_dp:
-        raise SSAInputError("version 4 SSA parameters carry a run object only with dp")
-    expected = set(SSAParams.__dataclass_fields__) - {"dp", "run", "weighted"}
-    if version in (_DP_VERSION, _RUN_VERSION) or (version == _WEIGHTING_VERSION and has_dp):
+    late = version in (_WEIGHTING_VERSION, _VERIFY_VERSION)
+    if late and has_run and not has_dp:
+        raise SSAInputError(f"version {version} SSA parameters carry a run object only with dp")
+    expected = set(SSAParams.__dataclass_fields__) - {"dp", "run", "weighted", "verify"}
+    if version in (_DP_VERSION, _RUN_VERSION) or (late and has_dp):
         expected.add("dp")
-    if version == _RUN_VERSION or (version == _WEIGHTING_VERSION and has_run):
+    if version == _RUN_VERSION or (late and has_run):
         expected.add("run")
-    if version == _WEIGHTING_VERSION:
+    if version == _WEIGHTING_VERSION or (version == _VERIFY_VERSION and has_weighted):
         expected.add("weighted")
+    if version == _VERIFY_VERSION:
+        expected.add("verify")
     return expected
 
 
@@ -330,6 +368,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "hash_key": lambda v: isinstance(v, str),
     "count_weighted": lambda v: isinstance(v, bool),
     "weighted": lambda v: isinstance(v, bool),
+    "verify": lambda v: isinstance(v, bool),
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),
@@ -462,7 +501,7 @@ def _check_state(
     num_keys = params.num_keys
     if alphas.size != num_keys or slots.size != num_keys or public.num_keys != num_keys:
         raise SSAInputError("SSA client state: key count differs from its round's")
-    if public.tau != params.tau or np.any(public.epochs != np.uint64(params.epoch)):
+    if public.tau != params.key_tau or np.any(public.epochs != np.uint64(params.epoch)):
         raise SSAInputError("SSA client state: keys do not match its round's tau or epoch")
     if np.any(alphas >> public.domain_bits.astype(np.uint64) != 0):
         raise SSAInputError("SSA client state: a DPF point lies outside its key's domain")

@@ -26,10 +26,12 @@ rounds send only a hint (a new leaf correction word per bin, ``B * tau`` words) 
 servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
 :meth:`SSAServer.add_client_hint`).
 
-**Threat model and leakage.** Two non-colluding, semi-honest servers; semi-honest clients
-(a client may send malformed keys: they are rejected with :class:`SSAInputError`; a
-well-formed key that does not encode a point function is not detected — that needs Cui's
-sketching, not implemented). Each server alone sees its master seed and the public part,
+**Threat model and leakage.** Two non-colluding, semi-honest servers. Malformed keys are
+rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verify`, the
+default) both servers also check every client's keys — one point per key, a dummy slot for
+empty bins, the count word exactly 1 with unit weights — and drop a client that fails
+(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified: value
+words are not range-checked). Each server alone sees its master seed and the public part,
 pseudorandom and independent of the client's indices and values; their sizes depend only on
 public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
 reveals to both servers, by design of count-weighted averaging: per index the sum of the
@@ -66,7 +68,6 @@ from flwr_fsl.crypto.dpf import (
     next_hint_batch,
     update_batch,
 )
-from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.crypto.hashing import (
     EMPTY,
     CuckooInsertionError,
@@ -76,7 +77,6 @@ from flwr_fsl.crypto.hashing import (
     simple_hash,
 )
 from flwr_fsl.crypto.prg import random_seeds
-from flwr_fsl.families.ssa.dp import clip_update
 from flwr_fsl.families.ssa.messages import (
     Placement,
     SSAInputError,
@@ -85,7 +85,18 @@ from flwr_fsl.families.ssa.messages import (
     _state_from_bytes,
     _state_to_bytes,
 )
+from flwr_fsl.families.ssa.payload import payload_words
+from flwr_fsl.families.ssa.verify import (
+    KeyCheck,
+    checks_counts,
+    dummy_alphas,
+    key_domain_bits_checked,
+    key_lengths_checked,
+    one_word,
+    same_digest,
+)
 from flwr_fsl.kernels.ring import scatter_add_rows
+from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 
 
@@ -102,8 +113,14 @@ def simple_table_for(params: SSAParams) -> SimpleTable:
 def key_domain_bits(
     params: SSAParams, simple_table: SimpleTable | None = None
 ) -> NDArray[np.int64]:
-    """Return the public domain size (bits) of every key: per bin, then the stash slots."""
+    """Return the public domain size (bits) of every key: per bin, then the stash slots.
+
+    A checked round (``params.verify``) leaves room for every key's dummy slot
+    (:func:`~flwr_fsl.families.ssa.verify.key_domain_bits_checked`).
+    """
     table = simple_table if simple_table is not None else simple_table_for(params)
+    if params.verify:
+        return key_domain_bits_checked(params, table)
     stash_bits = max(1, math.ceil(math.log2(params.domain_size))) if params.domain_size > 1 else 1
     return np.concatenate(
         [table.domain_bits(min_bits=1), np.full(params.stash_size, stash_bits, np.int64)]
@@ -111,6 +128,8 @@ def key_domain_bits(
 
 
 def _key_lengths(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
+    if params.verify:
+        return key_lengths_checked(params, table)
     return np.concatenate(
         [table.bin_sizes, np.full(params.stash_size, params.domain_size, np.int64)]
     )
@@ -183,107 +202,9 @@ def place_indices(
     stash_items = cuckoo.stash[stash_used]
     alphas[num_bins:][stash_used] = stash_items.astype(np.uint64)
     slots[num_bins:][stash_used] = order[np.searchsorted(sorted_idx, stash_items)]
+    if params.verify:  # every unused key points at its dummy slot
+        alphas[slots == EMPTY] = dummy_alphas(params, table)[slots == EMPTY]
     return Placement(alphas, slots, cuckoo)
-
-
-def payload_words(
-    params: SSAParams,
-    values: ArrayLike,
-    weights: ArrayLike | float,
-    rng: np.random.Generator | None = None,
-) -> NDArray[np.uint64]:
-    """Fixed-point payload rows ``(c * value, c)`` (or ``value``) of a client's elements.
-
-    Parameters
-    ----------
-    params : SSAParams
-        The round.
-    values : array_like
-        ``(n, value_width)`` (or ``(n,)`` when the width is 1) update values.
-    weights : array_like or float
-        The client's weight ``c`` (sample count) or one weight per element; ignored in a
-        round with ``params.weighted`` False, where every element's ``c`` is 1.
-    rng : numpy.random.Generator, optional
-        Stochastic-rounding randomness.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(n, tau)`` uint64.
-
-    Raises
-    ------
-    ConfigurationError
-        If shapes disagree or weights are not finite and > 0.
-    FixedPointOverflowError
-        If a payload word exceeds ``max_abs`` (the weight and each ``c * value`` are
-        checked before any product is formed, so a huge weight raises this, not a numpy
-        overflow warning).
-
-    Notes
-    -----
-    Unit weights (``params.weighted`` False) and, in a round with ``params.dp``, clipping
-    are applied here, so every client path (fresh keys and U-DPF hints) obeys them. Clipping
-    is :func:`~flwr_fsl.families.ssa.dp.clip_update` (L2 norm of all rows to ``clip_norm``,
-    each weight to ``max_weight``).
-    """
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim == 1 and params.value_width == 1:
-        v = v.reshape(-1, 1)
-    if v.ndim != 2 or v.shape[1] != params.value_width:
-        raise ConfigurationError(f"values must have shape (n, {params.value_width})")
-    if params.count_weighted:
-        if not params.weighted:  # unit weights: the count word counts clients, not samples
-            weights = 1.0
-        try:
-            c = np.broadcast_to(np.asarray(weights, dtype=np.float64), (v.shape[0],))
-        except ValueError:  # numpy's text would quote both lengths (the set size)
-            raise ConfigurationError("weights must be one number or one per value row") from None
-        if c.size and (not np.all(np.isfinite(c)) or np.any(c <= 0)):
-            raise ConfigurationError("weights must be finite and > 0")
-        if params.dp is not None:
-            if not np.all(np.isfinite(v)):
-                raise ConfigurationError("update values must be finite")
-            v, c = clip_update(v, c, params.dp)
-        _check_weighted_bound(v, c, params.max_abs)
-        v = np.concatenate([v * c[:, None], c[:, None]], axis=1)
-    try:
-        return params.fixed_point.encode(v, rng)
-    except FixedPointOverflowError:
-        # The codec's text quotes the offending value: a client's secret.
-        raise _payload_overflow(params.max_abs) from None
-
-
-def _payload_overflow(max_abs: float) -> FixedPointOverflowError:
-    """Return the error for a payload word out of range (its text quotes no value: a secret)."""
-    return FixedPointOverflowError(f"a payload word is NaN, inf or exceeds max_abs={max_abs}")
-
-
-def _check_weighted_bound(
-    values: NDArray[np.float64], weights: NDArray[np.float64], max_abs: float
-) -> None:
-    """Check ``|c| <= max_abs`` and ``|c * value| <= max_abs`` without computing ``c * value``.
-
-    A finite but huge weight (``num-examples = 1e308``) times a value overflows float64 to
-    inf (numpy warns on the client); comparing ``|value|`` with ``max_abs / c`` instead
-    decides the same bound with no arithmetic that can overflow: ``c`` is checked first to
-    be finite and in ``(0, max_abs]``, so ``max_abs / c >= 1`` is finite. (Float rounding
-    may leave a product a hair above the bound; the fixed-point encoder, which checks every
-    word again, rejects it then.)
-
-    Raises
-    ------
-    FixedPointOverflowError
-        If a weight or a weighted value exceeds ``max_abs``, or a value is NaN or inf.
-    """
-    if weights.size and float(np.max(weights)) > max_abs:
-        raise _payload_overflow(max_abs)
-    if values.size:
-        limit = max_abs / weights  # >= 1 and finite: 0 < c <= max_abs was checked
-        with np.errstate(invalid="ignore"):  # NaN compares False, and is rejected below
-            inside = np.abs(values) <= limit[:, None]
-        if not np.all(inside):
-            raise _payload_overflow(max_abs)
 
 
 @dataclass
@@ -425,6 +346,7 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
         "num_hashes",
         "stash_size",
         "scale_factor",
+        "verify",  # checked rounds need verifiable keys with dummy slots
     )
     return all(getattr(a, k) == getattr(b, k) for k in keep)
 
@@ -432,9 +354,11 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
 def _betas(
     params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
-    betas = np.zeros((params.num_keys, params.tau), np.uint64)
+    betas = np.zeros((params.num_keys, params.key_tau), np.uint64)
     used = slots != EMPTY
-    betas[used] = payload[slots[used]]
+    betas[used, : params.tau] = payload[slots[used]]
+    if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
+        betas[~used, params.tau - 1] = one_word(params)
     return betas
 
 
@@ -491,6 +415,7 @@ def encode_update(
         key_domain_bits(params, table),
         master_seeds=master_seeds,
         epoch=params.epoch,
+        verifiable=params.verify,
     )
     upload = SSAUpload(k0.public.to_bytes(), master_seeds)
     return upload, SSAClientState(params, idx, placement, (k0, k1))
@@ -617,8 +542,11 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
 def _check_public(params: SSAParams, public: DPFPublicBatch) -> None:
     if public.num_keys != params.num_keys:
         raise SSAInputError(f"{public.num_keys} keys, the round needs {params.num_keys}")
-    if public.tau != params.tau:
-        raise SSAInputError(f"tau {public.tau}, the round needs {params.tau}")
+    if public.tau != params.key_tau:
+        raise SSAInputError(f"tau {public.tau}, the round needs {params.key_tau}")
+    if (public.cw_proof is not None) != params.verify:
+        need = "verifiable keys (with proof words)" if params.verify else "plain keys"
+        raise SSAInputError(f"the round needs {need}")
     if not np.array_equal(public.domain_bits.astype(np.int64), key_domain_bits(params)):
         raise SSAInputError("key domains differ from the round's simple table")
     if np.any(public.epochs != np.uint64(params.epoch)):
@@ -627,6 +555,11 @@ def _check_public(params: SSAParams, public: DPFPublicBatch) -> None:
 
 class SSAServer:
     """One server's side of an SSA round: evaluate every client's keys and add them up.
+
+    In a checked round (``params.verify``, :mod:`flwr_fsl.families.ssa.verify`) adding a client
+    also returns this server's key-check digest; given the other server's digest
+    (``expect``) a client whose digest differs is rejected before anything is added, and
+    :meth:`discard` takes a client added earlier back out (S0 adds first, S1 checks second).
 
     Parameters
     ----------
@@ -663,9 +596,13 @@ class SSAServer:
         self.party = party
         self._table = simple_table_for(params)
         self._lengths = _key_lengths(params, self._table)
-        self._share = np.zeros((params.domain_size, params.tau), np.uint64)
+        # A checked round's shares have one discard row (index m): the stash keys' dummy slot.
+        rows = params.domain_size + int(params.verify)
+        self._share = np.zeros((rows, params.tau), np.uint64)
+        self._check = KeyCheck(params, party, self._lengths) if params.verify else None
         self._previous = dict(previous_keys or {})
         self._clients: dict[int, None] = {}  # insertion-ordered set
+        self._recent: dict[int, DPFKeyBatch] = {}  # added since forget_recent (for discard)
         self.keys: dict[int, DPFKeyBatch] = {}
 
     @property
@@ -683,14 +620,28 @@ class SSAServer:
         """Whether added clients' keys are kept for U-DPF (epoch >= 1)."""
         return self.params.epoch >= 1
 
-    def add_client(self, client_id: int, public_part: bytes, master_seed: bytes) -> None:
+    def add_client(
+        self, client_id: int, public_part: bytes, master_seed: bytes, expect: bytes | None = None
+    ) -> bytes | None:
         """Evaluate a client's fresh keys and add them to this server's share.
+
+        Parameters
+        ----------
+        client_id, public_part, master_seed
+            The client, its keys' public part and this server's master seed.
+        expect : bytes, optional
+            Checked rounds: the other server's digest; unless equal, nothing is added.
+
+        Returns
+        -------
+        bytes or None
+            This server's key-check digest (None in a round without checks).
 
         Raises
         ------
         SSAInputError
-            If the client was already added this round or its keys are malformed; the share
-            is unchanged then.
+            If the client was already added this round, its keys are malformed or fail the
+            key check; the share is unchanged then.
         """
         self._check_new(client_id)
         public = parse_public_part(self.params, public_part)
@@ -698,16 +649,20 @@ class SSAServer:
             keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
         except DPFKeyError as err:
             raise SSAInputError(f"bad master seed: {err}") from None
-        self._accumulate(client_id, keys)
+        return self._accumulate(client_id, keys, expect)
 
-    def add_client_hint(self, client_id: int, hint: bytes) -> None:
+    def add_client_hint(
+        self, client_id: int, hint: bytes, expect: bytes | None = None
+    ) -> bytes | None:
         """U-DPF round: update a client's stored keys with its hint and add them.
+
+        ``expect`` and the return value as in :meth:`add_client`.
 
         Raises
         ------
         SSAInputError
-            If there are no stored keys for the client, the hint is malformed or stale, or
-            the client was already added this round.
+            If there are no stored keys for the client, the hint is malformed or stale, the
+            updated keys fail the key check, or the client was already added this round.
         """
         self._check_new(client_id)
         if client_id not in self._previous:
@@ -718,28 +673,74 @@ class SSAServer:
         except (DPFKeyError, ValueError) as err:
             raise SSAInputError(f"bad hint: {err}") from None
         _check_public(self.params, keys.public)
-        self._accumulate(client_id, keys)
+        return self._accumulate(client_id, keys, expect)
+
+    def discard(self, client_id: int) -> None:
+        """S0: take a client added since :meth:`forget_recent` back out of the share.
+
+        S0 adds a chunk's clients before S1 checks them; one S1 rejects is discarded.
+
+        Raises
+        ------
+        ConfigurationError
+            If the client was not added since the last :meth:`forget_recent`.
+        """
+        keys = self._recent.pop(client_id, None)
+        if keys is None:
+            raise ConfigurationError(f"client {client_id} was not added in this chunk")
+        self._scatter(self._evaluate(keys)[0], negate=True)
+        del self._clients[client_id]
+        self.keys.pop(client_id, None)
+
+    def forget_recent(self) -> None:
+        """Stop remembering the clients added since the last call (their places are final)."""
+        self._recent.clear()
 
     def share(self) -> NDArray[np.uint64]:
         """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""
-        return self._share.copy()
+        return self._share[: self.params.domain_size].copy()
 
     def _check_new(self, client_id: int) -> None:
         if client_id in self._clients:
             raise SSAInputError(f"client {client_id} already contributed to this round")
 
-    def _accumulate(self, client_id: int, keys: DPFKeyBatch) -> None:
-        values, _ = evaluate_batch(keys, lengths=self._lengths)
-        num_bin_points = self._table.bin_items.shape[0]
-        scatter_add_rows(self._share, self._table.bin_items, values[:num_bin_points])
-        if self.params.stash_size:
-            stash = values[num_bin_points:].reshape(
-                self.params.stash_size, self.params.domain_size, self.params.tau
+    def _evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes | None]:
+        if self._check is not None:
+            return self._check.evaluate(keys)
+        return evaluate_batch(keys, lengths=self._lengths)[0], None
+
+    def _accumulate(self, client_id: int, keys: DPFKeyBatch, expect: bytes | None) -> bytes | None:
+        values, digest = self._evaluate(keys)
+        if expect is not None and not same_digest(digest, expect):
+            raise SSAInputError(
+                "key check failed: the servers' digests differ (a key with more than one "
+                "point, or a count word other than 1)"
             )
-            self._share += stash.sum(axis=0, dtype=np.uint64)
+        self._scatter(values)
         self._clients[client_id] = None
+        if self.party == 0:  # only S0, which adds before S1 checks, ever discards
+            self._recent[client_id] = keys
         if self.keeps_keys:
             self.keys[client_id] = keys
+        return digest
+
+    def _scatter(self, values: NDArray[np.uint64], negate: bool = False) -> None:
+        """Add (or subtract) a client's evaluated shares to the share rows they belong to."""
+        n_bin = self._lengths[: self._table.num_bins].sum()
+        table = self._table
+        if self.params.verify:  # skips each bin's dummy slot
+            scatter_bins(
+                self._share, table.bin_items, table.bin_offsets, values, -1 if negate else 1
+            )
+        else:
+            part = np.uint64(0) - values[:n_bin] if negate else values[:n_bin]
+            scatter_add_rows(self._share, table.bin_items, part)
+        if self.params.stash_size:
+            stash = values[n_bin:].reshape(self.params.stash_size, -1, values.shape[1])
+            summed = stash.sum(axis=0, dtype=np.uint64)
+            if negate:
+                summed = np.uint64(0) - summed
+            self._share[: summed.shape[0]] += summed[:, : self.params.tau]
 
 
 @dataclass

@@ -51,12 +51,17 @@ _STATE_VERSION = 1
 def query_params(params: SSAParams) -> SSAParams:
     """Return the DPF layout of a PSR query for a round: ``tau = 1``, no count word, no DP.
 
+    Queries are not checked (``verify=False``): a malformed query only garbles the querying
+    client's own answer, which is a sum of rows of the model it may read anyway.
+
     Retrieval releases nothing to the servers (the answers are shares), so the round's DP
     settings (:mod:`flwr_fsl.families.ssa.dp`) do not apply to the query's keys.
     """
     from dataclasses import replace
 
-    return replace(params, value_width=1, count_weighted=False, epoch=0, dp=None, run=None)
+    return replace(
+        params, value_width=1, count_weighted=False, epoch=0, dp=None, run=None, verify=False
+    )
 
 
 def encode_table(rows: ArrayLike) -> NDArray[np.uint64]:

@@ -6,17 +6,22 @@ public key, and the clients' stored key shares for U-DPF. A strategy hands it th
 uploads of a round; the lead server runs the round in the one order that keeps both servers'
 shares over the same clients:
 
-1. S1 evaluates first: S0 relays every upload (public part + the sealed S1 material, or a
-   U-DPF hint) and gets back the clients S1 rejected;
-2. S0 evaluates exactly the clients S1 accepted; if S0 cannot evaluate one of them, S0 and S1
-   disagree about a client's keys and the round fails (the shares would not add up);
+1. S0 evaluates first, per relay chunk: a client whose keys S0 cannot evaluate is rejected
+   by S0 and not relayed; in a checked round (``SSAParams.verify``, the default;
+   :mod:`flwr_fsl.families.ssa.verify`) S0 computes each client's key-check digest;
+2. S0 relays the others (public part + the sealed S1 material, or a U-DPF hint, and S0's
+   digest): S1 evaluates, adds a client only if its own digest equals S0's, and returns its
+   digest or its reason; S0 takes every client S1 rejected, or whose S1 digest differs from
+   its own, back out of its share (:meth:`SSAServer.discard
+   <flwr_fsl.families.ssa.protocol.SSAServer.discard>`), so a client that fails the key check
+   is dropped by both servers with a reason and the others stay exact;
 3. S1's share must list exactly S0's clients and have the round's shape, or the round fails;
 4. only then are S0's stored U-DPF keys moved to this round's, and the aggregate
    reconstructed.
 
 A round that fails raises :class:`~flwr_fsl.core.errors.RoundFailedError` (S1's own errors are of
 that kind too); the caller leaves the model unchanged and calls :meth:`LeadServer.abort`.
-Clients rejected by S1 are returned with S1's reason so the caller drops them from the round.
+Clients rejected by either server are returned with the reason so the caller drops them.
 
 **S1 restarts.** S1 keeps a run's session (open rounds, stored U-DPF keys) in memory only, and
 only ``OpenSession`` creates a session, so a restarted S1 answers every call of the old session
@@ -83,6 +88,7 @@ from flwr_fsl.families.ssa.protocol import (
     same_layout,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
+from flwr_fsl.families.ssa.verify import same_digest
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",
@@ -179,6 +185,16 @@ class HelperParty(Protocol):
         self, round_id: int, hints: Iterable[tuple[int, bytes, bytes]]
     ) -> dict[int, str]:
         """Relay ``(client, hint, sealed binding)``; return the rejected clients' reasons."""
+        ...
+
+    def add_checked(
+        self, round_id: int, items: Iterable[tuple[int, bytes, bytes, bytes]], *, hints: bool
+    ) -> dict[int, str | bytes]:
+        """Relay a checked round's uploads with S0's key-check digests.
+
+        ``items`` are ``(client, public part or hint, sealed, S0's digest)``; returns per
+        client S1's digest (accepted) or S1's reason (rejected).
+        """
         ...
 
     def finish_round(self, round_id: int) -> HelperShareLike:
@@ -539,33 +555,77 @@ class LeadServer:
         rejected: dict[int, str],
         hinted: set[int],
     ) -> None:
-        """S1 evaluates one chunk of uploads first, then S0 exactly the clients S1 accepted."""
-        fresh = [(c, u.public_part, u.sealed) for c, u in chunk if u.hint is None]
-        hints = [(c, u.hint, u.sealed) for c, u in chunk if u.hint is not None]
-        now: dict[int, str] = {}
-        if fresh:
-            now.update(self.helper.add_clients(params.round_id, fresh))
-        if hints:
-            now.update(self.helper.add_client_hints(params.round_id, hints))
-        rejected.update(now)
+        """S0 evaluates one chunk first, S1 second; S0 takes back every client S1 rejects.
+
+        In a checked round (``params.verify``) S0's key-check digest of each client travels
+        with its upload: S1 adds a client only if its own digest is equal and returns it; S0
+        drops any client whose S1 digest differs from its own (then S1 added a client S0 did
+        not, and the round fails at :meth:`aggregate`'s client-list check). A client S0
+        cannot evaluate is rejected by S0 and never relayed.
+        """
+        digests: dict[int, bytes | None] = {}
+        relay: list[tuple[int, ClientUpload]] = []
         for client, upload in chunk:
+            try:
+                if upload.hint is not None:
+                    digests[client] = server0.add_client_hint(client, upload.hint)
+                else:
+                    digests[client] = server0.add_client(
+                        client, upload.public_part, upload.master_seed
+                    )
+            except ClientInputError as err:
+                rejected[client] = f"rejected by S0: {err}"
+                if upload.hint is not None:
+                    self.stored_keys.pop(client, None)  # send fresh keys next time
+                continue
+            relay.append((client, upload))
+        now = self._relay(params, relay, digests)
+        for client, upload in relay:
             if client in now:
+                server0.discard(client)
                 if upload.hint is not None:
                     # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
                     # client is told to send fresh keys next time instead of being dropped
                     # round after round.
                     self.stored_keys.pop(client, None)
+            elif upload.hint is not None:
+                hinted.add(client)
+        server0.forget_recent()
+        rejected.update(now)
+
+    def _relay(
+        self,
+        params: SSAParams,
+        relay: list[tuple[int, ClientUpload]],
+        digests: Mapping[int, bytes | None],
+    ) -> dict[int, str]:
+        """Relay the clients S0 added to S1; return those S1 rejected (or checked otherwise)."""
+        fresh = [(c, u) for c, u in relay if u.hint is None]
+        hints = [(c, u) for c, u in relay if u.hint is not None]
+        now: dict[int, str] = {}
+        if not params.verify:
+            if fresh:
+                rows = [(c, u.public_part, u.sealed) for c, u in fresh]
+                now.update(self.helper.add_clients(params.round_id, rows))
+            if hints:
+                rows = [(c, u.hint or b"", u.sealed) for c, u in hints]
+                now.update(self.helper.add_client_hints(params.round_id, rows))
+            return now
+        for group, is_hint in ((fresh, False), (hints, True)):
+            if not group:
                 continue
-            try:
-                if upload.hint is not None:
-                    server0.add_client_hint(client, upload.hint)
-                    hinted.add(client)
-                else:
-                    server0.add_client(client, upload.public_part, upload.master_seed)
-            except ClientInputError as err:
-                raise TwoServerError(
-                    f"S0 rejected client {client} that S1 accepted: {err}"
-                ) from err
+            items = [
+                (c, (u.hint or b"") if is_hint else u.public_part, u.sealed, digests[c] or b"")
+                for c, u in group
+            ]
+            answers = self.helper.add_checked(params.round_id, items, hints=is_hint)
+            for client, _ in group:
+                answer = answers.get(client, "S1 returned no answer")
+                if isinstance(answer, str):
+                    now[client] = f"rejected by S1: {answer}"
+                elif not same_digest(answer, digests[client]):
+                    now[client] = "key check failed: S1's digest differs from S0's"
+        return now
 
     def answer_queries(
         self,

@@ -33,6 +33,12 @@ sessions; with S1's per-client ceiling (``--dp-client-budget-epsilon``) a client
 the round would take past it is refused per client at ``AddClients`` / ``AddClientHints``. A
 fresh Flower run therefore resets no client's budget at S1.
 
+**Checked rounds** (``SSAParams.verify``, the default; :mod:`flwr_fsl.families.ssa.verify`):
+S0 relays with ``AddCheckedClients`` / ``AddCheckedHints`` instead, each item carrying S0's
+key-check digest; S1 evaluates, adds the client only if its own digest is equal, and answers
+its digest (S0 drops a client whose S1 digest differs). S1 refuses ``AddClients`` and
+``AddClientHints`` in such a round, so S0 cannot skip the check on S1's side.
+
 **Per-client failures never fail a round**: a sealed blob that does not open (tampered, from
 another session, round, parameter set or client, wrong key), a public part whose hash differs
 (altered by S0), malformed keys, a stale hint or a client id already submitted in the round
@@ -88,12 +94,24 @@ from flwr_fsl.helper.service import PARTY, Method, Session
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService
 
-__all__ = ["BUDGET", "SSARound", "SSAService", "budget", "client_result", "log_results"]
+__all__ = [
+    "BUDGET",
+    "SSARound",
+    "SSAService",
+    "SignerRefusedError",
+    "budget",
+    "client_result",
+    "log_results",
+]
 
 log = logging.getLogger("flwr_fsl.helper")
 
 BUDGET = "helper.budget"
 """``SSARound.extras`` key of the round's :class:`~flwr_fsl.helper.limits.RoundBudget`."""
+
+
+class SignerRefusedError(ClientInputError):
+    """S1 refuses a client's verified signer: unknown, reused in the round, or not the holder's."""
 
 
 @dataclass
@@ -174,6 +192,8 @@ class SSAService:
             "OpenRound": Method(wire.OpenRoundRequest, self._open_round),
             "AddClients": Method(wire.AddClientsRequest, self._add_clients),
             "AddClientHints": Method(wire.AddHintsRequest, self._add_hints),
+            "AddCheckedClients": Method(wire.AddCheckedRequest, self._add_checked),
+            "AddCheckedHints": Method(wire.AddCheckedHintsRequest, self._add_checked),
             "FinishRound": Method(wire.FinishRoundRequest, self._finish_round),
             "AbortRound": Method(wire.AbortRoundRequest, self._abort_round),
         }
@@ -221,6 +241,7 @@ class SSAService:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        _refuse_unchecked(state, "AddClients")
         ids = (item.client_id for item in message.uploads)
         budget(state).admit("AddClients", state.submitted, ids, query=False)
         results = []
@@ -228,27 +249,125 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    opened = ssa_sealing.open_ssa_upload(
-                        self.host.keypair,
-                        item.sealed,
-                        binding=state.binding,
-                        client_id=item.client_id,
-                        public_part=item.public_part,
-                    )
-                    reason = self._signer_refused(state, item.client_id, opened.signer)
-                    if reason is None:
-                        state.ssa.add_client(item.client_id, item.public_part, opened.master_seed)
-                        state.signers[opened.signer] = item.client_id
+                    self._add_upload(state, item.client_id, item.public_part, item.sealed)
+                except SignerRefusedError as err:
+                    reason = str(err)
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
         log_results("AddClients", rid, results)
         return wire.ClientResultsResponse(tuple(results))
 
+    def _add_upload(
+        self,
+        state: SSARound,
+        client: int,
+        public: bytes,
+        sealed: bytes,
+        expect: bytes | None = None,
+    ) -> bytes | None:
+        """Open one client's sealed seed, check its signer and add its fresh keys.
+
+        The keys are checked against S0's digest ``expect`` in a checked round.
+
+        Raises
+        ------
+        ClientInputError
+            If the material does not open, its signer is refused (:class:`SignerRefusedError`)
+            or the keys are malformed or fail the key check.
+        """
+        opened = ssa_sealing.open_ssa_upload(
+            self.host.keypair, sealed, binding=state.binding, client_id=client, public_part=public
+        )
+        reason = self._signer_refused(state, client, opened.signer)
+        if reason is not None:
+            raise SignerRefusedError(reason)
+        digest = state.ssa.add_client(client, public, opened.master_seed, expect)
+        state.signers[opened.signer] = client
+        return digest
+
+    def _add_hint(
+        self,
+        session: Session,
+        state: SSARound,
+        client: int,
+        hint: bytes,
+        sealed: bytes,
+        expect: bytes | None = None,
+    ) -> bytes | None:
+        """Open one client's sealed hint binding, check its signer and apply its hint.
+
+        The updated keys are checked against S0's digest ``expect`` in a checked round.
+
+        Raises
+        ------
+        ClientInputError
+            If the binding does not open or is stale, its signer is refused
+            (:class:`SignerRefusedError`) or the hint is malformed or fails the key check.
+        """
+        opened = ssa_sealing.open_udpf_hint(
+            self.host.keypair, sealed, binding=state.binding, client_id=client, hint=hint
+        )
+        stored = self._stored(session)
+        mine = stored.keys.get(client)
+        if mine is None or not hmac.compare_digest(opened.held, held_digest(mine)):
+            # S1's own check: never apply a hint to keys it was not made for.
+            raise SSAInputError("stale hint: S1 holds other keys for this client")
+        reason = self._signer_refused(state, client, opened.signer, stored.signers.get(client))
+        if reason is not None:
+            raise SignerRefusedError(reason)
+        digest = state.ssa.add_client_hint(client, hint, expect)
+        state.signers[opened.signer] = client
+        return digest
+
+    def _add_checked(
+        self, session: Session | None, message: wire.AddCheckedRequest
+    ) -> wire.Message:
+        """Add a checked round's uploads or hints, each with S0's key-check digest.
+
+        S1 evaluates each client's keys, compares its own digest with S0's and adds the client
+        only if they are equal; an accepted client's result carries S1's digest (S0 drops any
+        client whose S1 digest differs from its own), a rejected one the reason.
+        """
+        assert session is not None
+        rid = message.round_id
+        state: SSARound = session.round(rid)
+        name = (
+            "AddCheckedHints"
+            if isinstance(message, wire.AddCheckedHintsRequest)
+            else ("AddCheckedClients")
+        )
+        if not state.params.verify:
+            raise HelperRequestError(f"round {rid} does not check keys: use AddClients")
+        ids = (item.client_id for item in message.items)
+        budget(state).admit(name, state.submitted, ids, query=False)
+        results = []
+        for item in message.items:
+            reason = claim(state.submitted, item.client_id, rid)
+            digest: bytes | None = None
+            if reason is None:
+                try:
+                    if name == "AddCheckedHints":
+                        digest = self._add_hint(
+                            session, state, item.client_id, item.body, item.sealed, item.digest
+                        )
+                    else:
+                        digest = self._add_upload(
+                            state, item.client_id, item.body, item.sealed, item.digest
+                        )
+                except SignerRefusedError as err:
+                    reason = str(err)
+                except ClientInputError as err:
+                    reason = f"{type(err).__name__}: {err}"
+            results.append(client_result(item.client_id, reason, digest or b""))
+        log_results(name, rid, results)
+        return wire.ClientResultsResponse(tuple(results))
+
     def _add_hints(self, session: Session | None, message: wire.AddHintsRequest) -> wire.Message:
         assert session is not None
         rid = message.round_id
         state: SSARound = session.round(rid)
+        _refuse_unchecked(state, "AddClientHints")
         ids = (item.client_id for item in message.hints)
         budget(state).admit("AddClientHints", state.submitted, ids, query=False)
         results = []
@@ -256,24 +375,9 @@ class SSAService:
             reason = claim(state.submitted, item.client_id, rid)
             if reason is None:
                 try:
-                    opened = ssa_sealing.open_udpf_hint(
-                        self.host.keypair,
-                        item.sealed,
-                        binding=state.binding,
-                        client_id=item.client_id,
-                        hint=item.hint,
-                    )
-                    stored = self._stored(session)
-                    mine = stored.keys.get(item.client_id)
-                    if mine is None or not hmac.compare_digest(opened.held, held_digest(mine)):
-                        # S1's own check: never apply a hint to keys it was not made for.
-                        raise SSAInputError("stale hint: S1 holds other keys for this client")
-                    reason = self._signer_refused(
-                        state, item.client_id, opened.signer, stored.signers.get(item.client_id)
-                    )
-                    if reason is None:
-                        state.ssa.add_client_hint(item.client_id, item.hint)
-                        state.signers[opened.signer] = item.client_id
+                    self._add_hint(session, state, item.client_id, item.hint, item.sealed)
+                except SignerRefusedError as err:
+                    reason = str(err)
                 except ClientInputError as err:
                     reason = f"{type(err).__name__}: {err}"
             results.append(client_result(item.client_id, reason))
@@ -385,3 +489,18 @@ class SSAService:
         session.close_round(message.round_id)
         log.warning("round %d aborted", message.round_id)
         return wire.OkResponse()
+
+
+def _refuse_unchecked(state: SSARound, method: str) -> None:
+    """Refuse an unchecked upload call in a round that checks every client's keys.
+
+    Raises
+    ------
+    HelperRequestError
+        If the round's parameters carry ``verify`` (S0 must relay its digests).
+    """
+    if state.params.verify:
+        raise HelperRequestError(
+            f"round {state.params.round_id} checks every client's keys: {method} without "
+            "S0's key-check digests is refused (use AddCheckedClients / AddCheckedHints)"
+        )

@@ -1,16 +1,18 @@
-"""Known gap, shown as an attack: what one client that ignores the protocol can do to SSA.
+"""What one client that ignores the protocol can still do to SSA, with the servers' key check.
 
-The threat model is semi-honest clients. A client that builds its own DPF keys (instead of
-using :func:`~flwr_fsl.families.ssa.protocol.encode_update`) can give any element any payload in
-Z_2^64, negative count words included, and neither server can tell: they only evaluate keys
-they cannot open. Cui et al. §3.1 cite a sketching check (Boneh et al.) for this; it is not
-implemented (README, threat model). These tests pin down exactly what the README claims one
-such client can do, so the statement stays true: erase an honest client's update at an
-element (its sum and count cancel to zero, so the element looks untouched), or wrap a sum.
-If a well-formedness check is added, these tests must change with the README.
+A client that builds its own DPF keys (instead of using
+:func:`~flwr_fsl.families.ssa.protocol.encode_update`) chooses every payload word in Z_2^64.
+Both servers check every key (:mod:`flwr_fsl.families.ssa.verify`, on by default): one point
+per key and, with unit weights (the default), a count word of exactly 1. These tests pin down
+what that leaves, as docs/families/ssa.md says: erasing an honest client's update needs a
+negative count, which the check catches with unit weights but not with ``weighted=True`` (the
+count is a weight then, its range unchecked); wrapping a sum with a huge value word and count 1
+passes in both (value words are not range-checked).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,44 +20,74 @@ import pytest
 import flwr_fsl.families.ssa.protocol as ssa
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update, reconstruct
 
-PARAMS = SSAParams(
-    round_id=1, domain_size=64, num_items=4, value_width=1, hash_key=bytes(range(16))
+UNIT = SSAParams(
+    round_id=1,
+    domain_size=64,
+    num_items=4,
+    value_width=1,
+    hash_key=bytes(range(16)),
+    weighted=False,
 )
+WEIGHTED = replace(UNIT, weighted=True)
 
 
-def _aggregate(uploads: list[ssa.SSAUpload]) -> ssa.SSAResult:
-    servers = [SSAServer(PARAMS, party) for party in (0, 1)]
+def _aggregate(params: SSAParams, uploads: list[ssa.SSAUpload]) -> tuple[ssa.SSAResult, set[int]]:
+    """Both servers with the key check: S0's digest goes to S1, which adds only if equal."""
+    servers = [SSAServer(params, party) for party in (0, 1)]
+    dropped = set()
     for client, upload in enumerate(uploads):
-        for party, server in enumerate(servers):
-            server.add_client(client, upload.public_part, upload.master_seeds[party])
-    return reconstruct(PARAMS, servers[0].share(), servers[1].share())
+        digest = servers[0].add_client(client, upload.public_part, upload.master_seeds[0])
+        try:
+            servers[1].add_client(client, upload.public_part, upload.master_seeds[1], digest)
+        except ssa.SSAInputError:
+            servers[0].discard(client)
+            dropped.add(client)
+    return reconstruct(params, servers[0].share(), servers[1].share()), dropped
 
 
-def _crafted(monkeypatch: pytest.MonkeyPatch, index: int, words: np.ndarray) -> ssa.SSAUpload:
+def _crafted(
+    monkeypatch: pytest.MonkeyPatch, params: SSAParams, index: int, words: np.ndarray
+) -> ssa.SSAUpload:
     """Keys a malicious client makes for one element with payload words of its choosing."""
     with monkeypatch.context() as patch:
         patch.setattr(ssa, "payload_words", lambda *_a, **_k: words.reshape(1, -1))
-        upload, _ = encode_update(PARAMS, [index], [[0.0]], 1.0)
+        upload, _ = encode_update(params, [index], [[0.0]], 1.0)
     return upload
 
 
-def test_known_gap_one_client_can_erase_an_honest_update(monkeypatch: pytest.MonkeyPatch) -> None:
-    honest, _ = encode_update(PARAMS, [5, 9], [[0.5], [0.25]], 3.0)
-    baseline = _aggregate([honest])
-    assert baseline.counts is not None and baseline.counts[5] == 3.0
-    # The negation in the ring of the honest client's words at element 5 (sum 1.5, count 3).
-    honest_words = PARAMS.fixed_point.encode(np.array([[1.5, 3.0]]))
-    attack = _crafted(monkeypatch, 5, (np.uint64(0) - honest_words).astype(np.uint64))
-    result = _aggregate([honest, attack])  # both servers accept the crafted keys
+def _negated(params: SSAParams, sums: float, count: float) -> np.ndarray:
+    words = params.fixed_point.encode(np.array([[sums, count]]))
+    return (np.uint64(0) - words).astype(np.uint64)
+
+
+def test_erasing_an_honest_update_is_caught_with_unit_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    honest, _ = encode_update(UNIT, [5, 9], [[0.5], [0.25]])
+    attack = _crafted(monkeypatch, UNIT, 5, _negated(UNIT, 0.5, 1.0))  # count word -1
+    result, dropped = _aggregate(UNIT, [honest, attack])
+    assert dropped == {1}
+    assert result.counts is not None and result.counts[5] == 1.0 and result.sums[5, 0] == 0.5
+
+
+def test_known_gap_weighted_rounds_do_not_check_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    honest, _ = encode_update(WEIGHTED, [5, 9], [[0.5], [0.25]], 3.0)
+    attack = _crafted(monkeypatch, WEIGHTED, 5, _negated(WEIGHTED, 1.5, 3.0))
+    result, dropped = _aggregate(WEIGHTED, [honest, attack])
+    assert dropped == set()  # one point per key holds; the weight's range is not checked
     assert result.counts is not None
     assert result.counts[5] == 0.0 and result.sums[5, 0] == 0.0  # element 5 looks untouched
     assert result.counts[9] == 3.0  # elements the attacker did not target are exact
 
 
-def test_known_gap_one_client_can_wrap_a_sum(monkeypatch: pytest.MonkeyPatch) -> None:
-    honest, _ = encode_update(PARAMS, [5], [[0.5]], 1.0)
-    one = PARAMS.fixed_point.encode(np.array([[1.0]]))[0, 0]
+@pytest.mark.parametrize("params", [UNIT, WEIGHTED], ids=["unit", "weighted"])
+def test_known_gap_one_client_can_wrap_a_sum(
+    monkeypatch: pytest.MonkeyPatch, params: SSAParams
+) -> None:
+    honest, _ = encode_update(params, [5], [[0.5]], 1.0)
+    one = params.fixed_point.encode(np.array([[1.0]]))[0, 0]
     huge = np.array([[1 << 62, one]], dtype=np.uint64)  # a sum far outside max_abs, count 1
-    result = _aggregate([honest, _crafted(monkeypatch, 5, huge)])
+    result, dropped = _aggregate(params, [honest, _crafted(monkeypatch, params, 5, huge)])
+    assert dropped == set()
     assert result.counts is not None and result.counts[5] == 2.0
-    assert abs(result.sums[5, 0]) > 1e6 * PARAMS.max_abs  # accepted, and garbage
+    assert abs(result.sums[5, 0]) > 1e6 * params.max_abs  # accepted, and garbage

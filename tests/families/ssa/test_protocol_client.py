@@ -183,7 +183,7 @@ def _inconsistent_cases() -> dict[str, tuple[Any, str]]:
             "tau or epoch",
         ),
         "params of another width": (
-            {"params": replace(params, value_width=3).to_bytes()},
+            {"params": replace(params, value_width=4).to_bytes()},
             "tau or epoch",
         ),
         "params not JSON": ({"params": b"{"}, "bad round parameters"),

@@ -378,6 +378,11 @@ class _RecordingHelper(InProcessHelper):
         self.events.append(f"relay {len(uploads)}")
         return super().add_clients(round_id, uploads)
 
+    def add_checked(self, round_id, items, *, hints):  # type: ignore[no-untyped-def]
+        items = list(items)  # a checked round (the default) relays with S0's digests
+        self.events.append(f"relay {len(items)}")
+        return super().add_checked(round_id, items, hints=hints)
+
 
 def test_uploads_are_relayed_to_s1_as_they_arrive(helper_key: SealingKeyPair) -> None:
     # Issue 8 item 8, S0's side: under start(), S0 relays (and evaluates) each chunk of uploads

@@ -44,11 +44,16 @@ from tests.helper.test_helper import (
     expected_sums,
     hint_for,
     make_clients,
-    make_params,
     open_rounds,
     twin,
     upload_for,
 )
+from tests.helper.test_helper import make_params as _unchecked_params
+
+
+def make_params(round_id: int, **kw: Any) -> SSAParams:
+    """The helper tests' round with the key check on (the default of ``SSAParams``)."""
+    return _unchecked_params(round_id, **{"verify": True, **kw})
 
 
 class RecordingHelper:
@@ -72,9 +77,9 @@ class RecordingHelper:
         if not callable(attr):  # session_id
             return attr
 
-        def call(*args: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name].append(args)
-            return attr(*args)
+            return attr(*args, **kwargs)
 
         return call
 
@@ -255,39 +260,44 @@ def test_inconsistent_share_from_s1_fails_the_round(lie, message) -> None:  # ty
     assert helper.open_rounds() == ()
 
 
-def test_client_s1_accepts_but_s0_cannot_evaluate_fails_the_round() -> None:
+def test_client_s0_cannot_evaluate_is_never_relayed_and_the_others_stay_exact() -> None:
+    # S0 evaluates first: a client whose keys S0 cannot use is rejected by S0 and never reaches
+    # S1, so both shares hold the same clients.
     helper = RecordingHelper(twin())
     lead = LeadServer(helper, min_clients=1)
     clients = make_clients(3)
     p1, p2 = make_params(1), make_params(2)
     lead.aggregate(p1, fresh_uploads(p1, clients, lead.helper_key()))
-    before = stored_snapshot(lead)
     uploads = fresh_uploads(p2, clients, lead.helper_key(), epoch_seed=1)
     bad = clients[2].cid
-    # S1's sealed material is intact, so S1 accepts; S0's own master seed is one byte short.
+    # S1's sealed material is intact; S0's own master seed is one byte short.
     uploads[bad] = replace(uploads[bad], master_seed=uploads[bad].master_seed[:15])
-    with pytest.raises(TwoServerError, match=f"S0 rejected client {bad} that S1 accepted"):
-        lead.aggregate(p2, uploads)
-    assert stored_snapshot(lead) == before
-    assert helper.calls["finish_round"] == [(1,)]  # round 2 never finished on S1
-    assert helper.open_rounds() == (2,)
-    assert lead.abort(2) is None
-    assert helper.calls["abort_round"] == [(2,)]
+    outcome = lead.aggregate(p2, uploads)
+    assert list(outcome.rejected) == [bad] and "rejected by S0" in outcome.rejected[bad]
+    assert outcome.accepted == [c.cid for c in clients[:2]]
+    relayed = [i[0] for call in helper.calls["add_checked"] if call[0] == 2 for i in call[1]]
+    assert bad not in relayed
+    assert_matches(p2, outcome.result, clients[:2])
+    lead.open(make_params(3))
+    assert helper.open_rounds() == (3,)
+    assert lead.abort(3) is None
+    assert helper.calls["abort_round"] == [(3,)]
     assert helper.open_rounds() == ()
     # Released once: a second abort, and an abort of a round never opened, do not reach S1.
-    assert lead.abort(2) is None
+    assert lead.abort(3) is None
     assert lead.abort(42) is None
-    assert helper.calls["abort_round"] == [(2,)]
+    assert helper.calls["abort_round"] == [(3,)]
 
 
-def test_hint_s1_accepts_but_s0_has_no_keys_for_fails_the_round() -> None:
+def test_hint_s0_has_no_keys_for_is_rejected_by_s0_and_never_relayed() -> None:
     helper, lead, clients, p2, uploads = _two_rounds_setup()
     del lead.stored_keys[clients[0].cid]  # S0 lost a client's keys that S1 still holds
-    before = stored_snapshot(lead)
-    with pytest.raises(TwoServerError, match="that S1 accepted"):
-        lead.aggregate(p2, uploads)
-    assert stored_snapshot(lead) == before
-    assert lead.abort(2) is None and helper.calls["abort_round"] == [(2,)]
+    outcome = lead.aggregate(p2, uploads)
+    relayed = [i[0] for call in helper.calls["add_checked"] if call[0] == 2 for i in call[1]]
+    assert clients[0].cid not in relayed
+    assert clients[0].cid in outcome.rejected
+    assert "rejected by S0" in outcome.rejected[clients[0].cid]
+    assert clients[0].cid not in outcome.accepted
 
 
 def test_s1_failure_leaves_the_round_for_abort() -> None:
@@ -347,7 +357,8 @@ def test_udpf_hints_aggregate_to_the_plaintext_of_the_new_values() -> None:
     kept = clients[:3]
     assert r2.hinted == 2  # accepted hints only
     assert r2.accepted == [c.cid for c in kept]
-    assert list(r2.rejected) == [broken.cid] and "altered" in r2.rejected[broken.cid]
+    # S0 evaluates first: it cannot parse the truncated hint, so S1 never sees it.
+    assert list(r2.rejected) == [broken.cid] and "bad hint" in r2.rejected[broken.cid]
     assert_matches(p2, r2.result, kept)
     sums, counts = expected_sums(kept)  # the same check through the helper tests' oracle
     np.testing.assert_allclose(r2.result.sums, sums, atol=1e-6)
@@ -619,14 +630,14 @@ def test_uploads_are_relayed_in_chunks_and_s0_consumes_them_one_chunk_at_a_time(
     uploads = fresh_uploads(params, clients, lead.helper_key())
     pulled: list[int] = []
     pulled_at_call: list[int] = []
-    inner_add = recorder.inner.add_clients
+    inner_add = recorder.inner.add_checked
 
-    def add_clients(round_id: int, items: Any) -> dict[int, str]:
+    def add_checked(round_id: int, items: Any, *, hints: bool) -> dict[int, str | bytes]:
         items = list(items)
         pulled_at_call.append(len(pulled))
-        return inner_add(round_id, items)
+        return inner_add(round_id, items, hints=hints)
 
-    recorder.inner.add_clients = add_clients  # type: ignore[method-assign]
+    recorder.inner.add_checked = add_checked  # type: ignore[method-assign]
 
     def stream() -> Any:
         for cid, upload in uploads.items():
@@ -664,7 +675,7 @@ def test_chunked_relay_equals_one_request_with_rejections_and_hints_across_chunk
             sealed[-1] ^= 1
             uploads[bad] = replace(uploads[bad], sealed=bytes(sealed))
         outcome = lead.aggregate(p2, uploads)
-        calls = len(recorder.calls["add_clients"]) + len(recorder.calls["add_client_hints"])
+        calls = len(recorder.calls["add_checked"])
         results.append((calls, outcome))
         good = [c for c in clients if c.cid not in (clients[1].cid, clients[5].cid)]
         assert sorted(outcome.rejected) == [clients[1].cid, clients[5].cid]
@@ -696,7 +707,9 @@ def test_one_shot_round_keeps_no_keys_on_either_server() -> None:
         lead.check_upload(p2, clients[0].cid, hint, accept_hints=True)
     # S1 kept none either: it refuses the hint for keys it does not hold.
     lead.open(p2)
-    rejected = lead.helper.add_client_hints(2, [(clients[0].cid, hint.hint, hint.sealed)])
+    rejected = lead.helper.add_checked(
+        2, [(clients[0].cid, hint.hint, hint.sealed, bytes(32))], hints=True
+    )
     assert "S1 holds other keys" in rejected[clients[0].cid]
 
 

@@ -1,0 +1,223 @@
+"""Both servers check a client's SSA keys: one point per key, count word exactly 1 (issue 21).
+
+In a round with :attr:`SSAParams.verify <flwr_fsl.families.ssa.messages.SSAParams.verify>`
+(the default) every client key is a *verifiable* DPF key (de Castro & Polychroniadou,
+"Lightweight, Maliciously Secure Verifiable Function Secret Sharing", Eurocrypt 2022;
+:mod:`flwr_fsl.kernels.vdpf_kernels`) and the layout leaves no key without a point:
+
+* **Dummy slots.** Simple bin ``b`` with ``n_b`` elements gets a key over
+  ``bit_length(n_b)`` bits (room for ``n_b + 1`` points) and the servers evaluate ``n_b + 1``
+  points: ranks ``0..n_b-1`` are the bin's elements, point ``n_b`` is the bin's *dummy slot*,
+  discarded when scattering. A stash key covers ``m + 1`` points, its dummy slot at ``m``. A
+  real bin points at its element's rank, an empty bin (or stash slot) at its dummy slot.
+* **Padding.** With an odd ``tau`` (early termination would put two points under one leaf seed,
+  and the proof then bounds nonzero *pairs*) the keys carry one extra zero word per point
+  (:attr:`SSAParams.key_tau`), which the servers ignore: early termination is never used for
+  checked keys.
+* **Count word.** With unit weights (``count_weighted`` and not ``weighted``) every key's point
+  carries the count word exactly ``1`` (in fixed point), real or dummy.
+
+Each server evaluates a client's keys once, computing in the same pass every evaluated point's
+leaf proof ``pi_x = H(x, blk_x) ^ t_x * cs`` (equal at both servers, for every point, exactly
+when the key pair differs at no more than one point), and sums each key's count words over its
+evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
+(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version), all the
+proofs in point order (64 bytes each; computed in segments of about 2**16 points so the buffer
+stays small) and the normalized count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
+key's count is exactly 1). The two servers' digests of an honest client are equal, so
+exchanging them tells neither anything new; one that differs drops the client at both.
+
+**What this verifies** (a client that passes, against servers following the protocol):
+every key pair is nonzero at no more than one evaluated point (soundness: a forgery needs
+``H(x1, a) ^ H(x1, b) = H(x2, c) ^ H(x2, d)`` for 512-bit ``H``, or a collision); with unit
+weights, that point's count word is exactly 1 — so per element, a client adds 0 or 1 per key
+that can reach it; a forged count (0, 2, 2**63, a negative count to erase an honest client, a
+value with count 0 in a dummy bin) is caught.
+
+**What it does not verify.** The *value words* of a point: a per-word range check on
+secret-shared Z_2^64 values is a range proof (Boneh et al.'s sketches work over a field; over
+Z_2^64 random linear checks are sound with probability 1/2 per error of high 2-adic valuation),
+not implemented: a client's value words within or beyond the fixed-point bound stay unchecked,
+and one client can still move an element's sum arbitrarily (an average ``-1.1e9`` against an
+honest ``0.01``; DP clipping, too, binds honest clients only). Cui et al.'s functionality for
+malicious clients also lets a corrupted client choose any ``w in G^k``. Nor does it check that
+a client used at most ``k`` real slots or placed an element once: a client may point all ``B``
+bins at real slots and reach one element from each of its ``eta`` candidate bins and every
+stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
+not the default) the count word is a weight: only the one-point property is checked, the
+weight's range is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, DPFPublicBatch, evaluate_batch
+from flwr_fsl.crypto.hashing import SimpleTable
+from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
+
+__all__ = [
+    "DIGEST_BYTES",
+    "KeyCheck",
+    "checks_counts",
+    "client_digest",
+    "dummy_alphas",
+    "key_domain_bits_checked",
+    "key_lengths_checked",
+    "one_word",
+    "same_digest",
+]
+
+DIGEST_BYTES = 32
+"""Bytes of a key-check digest (SHA-256)."""
+_TAG = b"flwr_fsl/ssa-key-check/v1\x00"
+
+
+def checks_counts(params: SSAParams) -> bool:
+    """Return True if the round checks every key's count word is exactly 1 (unit weights)."""
+    return params.verify and params.count_weighted and not params.weighted
+
+
+def key_domain_bits_checked(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
+    """Return each key's domain bits with room for its dummy slot (bins, then stash slots)."""
+    # bit_length(n) (room for n + 1 points), at least 1; exact for bins below 2**52 elements.
+    sizes = np.maximum(table.bin_sizes.astype(np.int64), 1)
+    bins = np.floor(np.log2(sizes)).astype(np.int64) + 1
+    stash = max(1, int(params.domain_size).bit_length())
+    return np.concatenate([bins, np.full(params.stash_size, stash, np.int64)])
+
+
+def key_lengths_checked(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
+    """Return each key's evaluated points: its bin's ranks and the dummy slot."""
+    return np.concatenate(
+        [table.bin_sizes + 1, np.full(params.stash_size, params.domain_size + 1, np.int64)]
+    )
+
+
+def dummy_alphas(params: SSAParams, table: SimpleTable) -> NDArray[np.uint64]:
+    """Return every key's dummy slot: ``n_b`` for bin ``b``, ``m`` for a stash slot."""
+    return np.concatenate(
+        [table.bin_sizes, np.full(params.stash_size, params.domain_size, np.int64)]
+    ).astype(np.uint64)
+
+
+def one_word(params: SSAParams) -> np.uint64:
+    """Return the fixed-point encoding of 1.0 (the count word of every checked point)."""
+    return np.uint64(params.fixed_point.encode(np.ones((1, 1)))[0, 0])
+
+
+_SEGMENT_POINTS = 1 << 16
+"""Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
+this many points, so the proof buffer stays small (4 MiB) however large the round."""
+
+
+def _segments(lengths: NDArray[np.int64]) -> list[tuple[int, int]]:
+    """Split keys into consecutive ranges of at most ``_SEGMENT_POINTS`` points.
+
+    A single key larger than that (e.g. a stash key) is a range of its own.
+    """
+    out: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for j, n in enumerate(lengths.tolist()):
+        if acc and acc + n > _SEGMENT_POINTS:
+            out.append((start, j))
+            start, acc = j, 0
+        acc += n
+    if lengths.shape[0]:
+        out.append((start, lengths.shape[0]))
+    return out
+
+
+def _key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
+    """Keys ``lo..hi-1`` of a batch as a batch of their own (same party, same words)."""
+    pub = keys.public
+    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
+    assert pub.cw_proof is not None
+    part = DPFPublicBatch(
+        tau=pub.tau,
+        domain_bits=pub.domain_bits[lo:hi],
+        epochs=pub.epochs[lo:hi],
+        cw_seeds=pub.cw_seeds[a:b],
+        cw_bits=pub.cw_bits[a:b],
+        cw_leaf=pub.cw_leaf[lo:hi],
+        cw_proof=pub.cw_proof[lo:hi],
+    )
+    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
+
+
+class KeyCheck:
+    """One server's key check of one client: evaluation with proofs, count sums, digest.
+
+    Parameters
+    ----------
+    params : SSAParams
+        A round with ``verify``.
+    party : int
+        0 or 1.
+    lengths : numpy.ndarray
+        :func:`key_lengths_checked` of the round.
+    """
+
+    def __init__(self, params: SSAParams, party: int, lengths: NDArray[np.int64]) -> None:
+        self.params = params
+        self.party = party
+        self.lengths = lengths
+        self.offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
+        self.counts = checks_counts(params)
+        self.one = one_word(params) if self.counts else np.uint64(0)
+        self.segments = _segments(lengths)
+        most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
+        self._proofs = np.empty((most, PROOF_WORDS), np.uint64)  # reused for every client
+
+    def evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes]:
+        """Evaluate a client's keys; return their output shares and this server's digest.
+
+        The digest is SHA-256 over the tag, every evaluated point's proof in point order, and
+        (unit weights) the normalized per-key count sums (module docstring).
+
+        Raises
+        ------
+        SSAInputError
+            If the keys are not verifiable (no proof correction words).
+        """
+        if keys.public.cw_proof is None:
+            raise SSAInputError("keys carry no proof words, the round checks every key")
+        values = np.empty((int(self.offsets[-1]), keys.public.tau), np.uint64)
+        h = hashlib.sha256(_TAG)
+        for lo, hi in self.segments:
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            proofs = self._proofs[: b - a]
+            part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
+            evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
+            h.update(proofs.data)  # little-endian uint64 words, hashed in place
+        if self.counts:
+            col = self.params.tau - 1  # the count word (padding, if any, comes after it)
+            sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)
+            norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
+            h.update(norm.astype("<u8").tobytes())
+        return values, h.digest()
+
+
+def client_digest(
+    params: SSAParams, party: int, keys: DPFKeyBatch, lengths: NDArray[np.int64]
+) -> bytes:
+    """Return a server's key-check digest of one client's keys (convenience for tests).
+
+    Raises
+    ------
+    SSAInputError
+        If the keys are not verifiable.
+    """
+    return KeyCheck(params, party, lengths).evaluate(keys)[1]
+
+
+def same_digest(a: bytes | None, b: bytes | None) -> bool:
+    """Constant-time digest comparison (False when either is missing or malformed)."""
+    if a is None or b is None or len(a) != DIGEST_BYTES or len(b) != DIGEST_BYTES:
+        return False
+    return hmac.compare_digest(a, b)

@@ -1,0 +1,174 @@
+"""Numba loops of the verifiable DPF's leaf proofs (:mod:`flwr_fsl.crypto.vdpf`).
+
+A leaf's proof is ``pi(x, blk) = H(x, blk) ^ t * cs`` with ``blk`` the leaf's 128-bit block
+*with its control bit ``t`` in bit 0* (the layout of :mod:`flwr_fsl.kernels.dpf_kernels`) and
+``H(x, blk)`` four fixed-key AES-MMO blocks under
+:data:`~flwr_fsl.crypto.prg.MMO_KEY_PROOF`: block ``q`` hashes
+``(blk_lo ^ (q << 1), blk_hi ^ alpha^q * x)``, where ``alpha^q * x`` is ``x`` doubled ``q`` times
+in GF(2^64) (polynomial ``x^64 + x^4 + x^3 + x + 1``). The tweak differences of two points
+``x1 != x2`` are ``alpha^q * (x1 ^ x2)``, pairwise distinct over ``q``, so no XOR shift of a seed
+maps all four blocks of one point onto another's (a plain ``(q, x)`` tweak would: the MMO
+hash of ``s ^ T`` then only depends on ``s ^ T``).
+
+The drivers lay out AES inputs (:func:`gen_proof_inputs`, :func:`fd_proof_inputs`), encrypt
+them in one batched call, and finish the MMO feed-forward here (:func:`gen_proof_words`,
+:func:`fd_proof_finish`). Conventions as in :mod:`flwr_fsl.kernels.dpf_kernels`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ZERO = np.uint64(0)
+ONE = np.uint64(1)
+TWO = np.uint64(2)
+CLEAR = ~np.uint64(1)
+TOP = np.uint64(63)
+REDUCE = np.uint64(0x1B)
+BLOCKS = 4  # AES blocks (2 words each) of one leaf proof
+
+
+@njit(cache=True, nogil=True)
+def _dbl(x: np.uint64) -> np.uint64:  # pragma: no cover - numba
+    """Multiply by ``alpha`` in GF(2^64) (shift left, reduce by ``x^4 + x^3 + x + 1``)."""
+    return (x << ONE) ^ (REDUCE & (ZERO - (x >> TOP)))
+
+
+@njit(cache=True, nogil=True)
+def _write_inputs(
+    lo_word: np.uint64, hi_word: np.uint64, x: np.uint64, out: np.ndarray, row: int
+) -> None:  # pragma: no cover - numba
+    """Write the four AES inputs of ``H(x, (lo_word, hi_word))`` at ``out[row:row + 4]``."""
+    tweak = x
+    for q in range(BLOCKS):
+        out[row + q, 0] = lo_word ^ (np.uint64(q) << ONE)
+        out[row + q, 1] = hi_word ^ tweak
+        tweak = _dbl(tweak)
+
+
+@njit(cache=True, nogil=True)
+def gen_proof_inputs(
+    n: int, seeds: np.ndarray, order: np.ndarray, lo: int, alphas: np.ndarray, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Proof-hash inputs of both parties' leaf blocks at ``alpha`` (``seeds[2 * i + b]``)."""
+    for i in range(n):
+        x = alphas[order[lo + i]]
+        for b in range(2):
+            k = 2 * i + b
+            _write_inputs(seeds[k, 0], seeds[k, 1], x, out, BLOCKS * k)
+
+
+@njit(cache=True, nogil=True)
+def gen_proof_words(
+    enc: np.ndarray, inputs: np.ndarray, n: int, order: np.ndarray, lo: int, cw_proof: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` of each key of the chunk."""
+    for i in range(n):
+        j = order[lo + i]
+        for q in range(BLOCKS):
+            r0 = BLOCKS * (2 * i) + q
+            r1 = BLOCKS * (2 * i + 1) + q
+            for w in range(2):
+                h0 = enc[r0, w] ^ inputs[r0, w]
+                h1 = enc[r1, w] ^ inputs[r1, w]
+                cw_proof[j, 2 * q + w] = h0 ^ h1
+
+
+@njit(cache=True, nogil=True)
+def fd_proof_inputs(
+    conv: np.ndarray,
+    t_in: np.ndarray,
+    tasks_i: np.ndarray,
+    key_first: np.ndarray,
+    epochs: np.ndarray,
+    half_w: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Proof-hash inputs of every leaf of a full-domain chunk (one point per leaf).
+
+    ``conv`` holds the chunk's conversion inputs (``half_w`` blocks per leaf, the first one
+    ``(s ^ 2, s_hi ^ epoch)`` with bit 0 cleared) and ``t_in`` the leaves' control bits, as
+    :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` reads them; the leaf block is rebuilt from
+    them (so the proof does not depend on the U-DPF epoch). ``key_first[key]`` is the key's
+    first global output point, so a leaf's point inside its key is ``tasks_i[k, 3] -
+    key_first[key] + i``. ``tasks_i`` holds the chunk's tasks only.
+    """
+    pos = 0
+    for k in range(tasks_i.shape[0]):
+        key = tasks_i[k, 0]
+        e = epochs[key]
+        nl = 1 << tasks_i[k, 2]
+        x0 = np.uint64(tasks_i[k, 3] - key_first[key])
+        for i in range(nl):
+            leaf = pos + i
+            c = leaf * half_w
+            lo_word = ((conv[c, 0] ^ TWO) & CLEAR) | np.uint64(t_in[leaf])
+            _write_inputs(lo_word, conv[c, 1] ^ e, x0 + np.uint64(i), out, BLOCKS * leaf)
+        pos += nl
+
+
+@njit(cache=True, nogil=True)
+def fd_proof_finish(
+    enc: np.ndarray,
+    inputs: np.ndarray,
+    t_in: np.ndarray,
+    tasks_i: np.ndarray,
+    cw_proof: np.ndarray,
+    proofs: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """``proofs[point] = H(x, blk) ^ t * cs`` for every leaf below its task's point limit.
+
+    ``tasks_i`` holds the chunk's tasks only.
+    """
+    ew = enc.reshape(-1)
+    iw = inputs.reshape(-1)
+    pw = proofs.reshape(-1)
+    cw = cw_proof.reshape(-1)
+    words = np.uint64(2 * BLOCKS)
+    pos = 0
+    for k in range(tasks_i.shape[0]):
+        key = np.uint64(tasks_i[k, 0])
+        nl = 1 << tasks_i[k, 2]
+        first = tasks_i[k, 3]
+        n_keep = min(nl, tasks_i[k, 4] - first)
+        cbase = key * words
+        # Unsigned flat indices (no wraparound selects in the hot loop).
+        for i in range(max(n_keep, 0)):
+            leaf = np.uint64(pos + i)
+            mask = ZERO - np.uint64(t_in[leaf])
+            src = leaf * words
+            dst = np.uint64(first + i) * words
+            for w in range(2 * BLOCKS):
+                uw = np.uint64(w)
+                pw[dst + uw] = ew[src + uw] ^ iw[src + uw] ^ (cw[cbase + uw] & mask)
+        pos += nl
+
+
+@njit(cache=True, nogil=True)
+def scatter_bins(
+    share: np.ndarray,
+    bin_items: np.ndarray,
+    bin_offsets: np.ndarray,
+    values: np.ndarray,
+    sign: int,
+) -> None:  # pragma: no cover - numba
+    """``share[item] += sign * values[point]`` for every bin's real points, skipping dummy slots.
+
+    Bin ``b``'s items are ``bin_items[bin_offsets[b]:bin_offsets[b + 1]]`` and its evaluated
+    points (in ``values``) are those ranks followed by its dummy slot, so bin ``b``'s first
+    point is row ``bin_offsets[b] + b``. Only the first ``share.shape[1]`` words of a point
+    are added (a padding word, if any, is dropped). ``sign`` is 1 or -1.
+    """
+    tau = share.shape[1]
+    neg = sign < 0
+    for b in range(bin_offsets.shape[0] - 1):
+        start = bin_offsets[b]
+        for j in range(bin_offsets[b + 1] - start):
+            row = bin_items[start + j]
+            p = start + b + j
+            for t in range(tau):
+                v = values[p, t]
+                if neg:
+                    v = ZERO - v
+                share[row, t] += v
