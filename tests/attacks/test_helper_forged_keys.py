@@ -28,9 +28,9 @@ from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import SSAParams, encode_update
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.two_server import ClientUpload, LeadServer
-from flwr_fsl.helper import HelperClient
 from flwr_fsl.testing.helper_process import HelperProcess
 from tests.families.ssa import forge
+from tests.helper.test_helper import signer_of
 
 TARGET, HONEST = 5, 0.01
 
@@ -68,6 +68,7 @@ def _honest(params: SSAParams, lead: LeadServer, cid: int) -> ClientUpload:
         client_id=cid,
         public_part=upload.public_part,
         master_seed=upload.master_seeds[1],
+        signer=signer_of(cid),
     )
     return ClientUpload(upload.public_part, upload.master_seeds[0], sealed)
 
@@ -94,7 +95,7 @@ def _forged(params: SSAParams, lead: LeadServer, attempt: str) -> ClientUpload:
 
 
 def _round(helper: HelperProcess, params: SSAParams, attempt: str) -> tuple[float, dict]:
-    client = HelperClient(helper.address, timeout=120)
+    client = helper.client(timeout=120)
     try:
         lead = LeadServer(client, helper_fingerprint=helper.fingerprint, min_clients=1)
         lead.open(params)

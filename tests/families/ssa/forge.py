@@ -26,6 +26,7 @@ from flwr_fsl.families.ssa.protocol import (
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.two_server import ClientUpload
 from flwr_fsl.families.ssa.verify import one_word
+from tests.helper.test_helper import signer_of
 
 Tamper = Callable[[DPFPublicBatch], DPFPublicBatch]
 
@@ -123,5 +124,6 @@ def forged_upload(
         client_id=client_id,
         public_part=public,
         master_seed=msk[1],
+        signer=signer_of(client_id),
     )
     return ClientUpload(public, msk[0], sealed), public
