@@ -49,6 +49,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from flwr.supercore import log
 from numpy.typing import NDArray
 
@@ -212,11 +213,15 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
+        self.check_overrides()
         self.sampling_seed = sampling_seed
         self.max_weight = float(max_weight)
         self.privacy_account: PrivacyAccount | None = None
         self.rounds: dict[int, RoundState] = {}
         self._timeout = 3600.0
+
+    def check_overrides(self) -> None:
+        """Refuse, at construction, overrides of methods this strategy never calls (none here)."""
 
     # -- views of the round states ------------------------------------------------------------
     @property
@@ -603,12 +608,29 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         aggregate: Callable[[list[RecordDict], str], MetricRecord],
         contents: list[RecordDict],
     ) -> MetricRecord:
-        """Aggregate the clients' metrics; inconsistent ones are skipped, not fatal.
+        """Aggregate the clients' metrics as ``FedAvg`` does; inconsistent ones are refused.
 
-        Flower's ``aggregate_metricrecords`` raises when one client sends a metric as a list
-        and another as a number (or lists of other lengths). Such input comes from clients,
-        so it must not end the run: the round keeps its model and reports no client metrics.
+        Flower's ``FedAvg`` checks that every reply's MetricRecord has the same keys before it
+        averages (its ``aggregate_metricrecords`` would otherwise divide a metric that only
+        some clients report by every client's weight: a true mean of 1.0 reported as 0.5)
+        and raises ``InconsistentMessageReplies``, which ends the run. The same check runs
+        here, but the key set is client input, so it must not end the run: the round keeps
+        its model and reports no client metrics, with a warning naming the keys. The same
+        holds when Flower's aggregation raises (a metric a list in one reply and a number in
+        another, or lists of other lengths).
         """
+        key_sets = [
+            frozenset(k for r in c.metric_records.values() for k in r.keys()) for c in contents
+        ]
+        if len(set(key_sets)) > 1:
+            differ = sorted(set().union(*key_sets) - frozenset.intersection(*key_sets))
+            log(
+                WARNING,
+                "client metrics not aggregated: the replies' MetricRecords have different keys "
+                "(%s reported by some clients only; FedAvg raises InconsistentMessageReplies)",
+                differ,
+            )
+            return MetricRecord()
         try:
             return aggregate(contents, self.weighted_by_key)
         except (TypeError, ValueError) as err:
@@ -640,7 +662,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         an aggregate (Flower would leave it empty).
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
+        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
         self.summary()
+        log(INFO, "")
         self._timeout = float(timeout)
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
@@ -763,6 +787,30 @@ class MultiPhaseStrategy(PhasedStrategy):
 
     PHASES: tuple[str, ...] = ()
     """The round's message phases, named in the refusal."""
+
+    def check_overrides(self) -> None:
+        """Refuse a subclass that overrides ``configure_train`` or ``aggregate_train``.
+
+        Overriding them is the customization pattern of Flower's docs (e.g. a per-round
+        learning rate added in ``configure_train``), but a multi-phase round never calls them:
+        the override would be silently ignored. Override :meth:`train_round` (or
+        :meth:`round_config` where the strategy has it), or pass ``train_config`` to
+        :meth:`start`.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``type(self)`` overrides either method.
+        """
+        for method in ("configure_train", "aggregate_train"):
+            if getattr(type(self), method) is not getattr(MultiPhaseStrategy, method):
+                name = type(self).__name__
+                raise ConfigurationError(
+                    f"{name} overrides {method}, which a {name} round never calls: its round "
+                    f"is several message phases ({', '.join(self.PHASES) or 'several'}) run by "
+                    "train_round. Override train_round instead, or pass per-run settings "
+                    "through start(..., train_config=...)"
+                )
 
     def _refusal(self, method: str) -> ConfigurationError:
         name = type(self).__name__
