@@ -71,7 +71,9 @@ def strategy_cls(request: pytest.FixtureRequest) -> Callable[..., Any]:
     name = request.param
     reason = EXPECTED_DIFFERENCES.get((request.node.originalname, name))
     if reason is not None:
-        request.applymarker(pytest.mark.xfail(reason=reason, raises=ConfigurationError, strict=True))
+        request.applymarker(
+            pytest.mark.xfail(reason=reason, raises=ConfigurationError, strict=True)
+        )
     return DROP_INS[name]
 
 

@@ -97,7 +97,9 @@ def test_aggregate_fit_server_learning_rate_and_momentum(strategy_cls: type) -> 
 
 def test_aggregate_fit_with_scalar_weights(strategy_cls: type) -> None:
     """Test aggregate with scalar-shaped weights."""
-    strategy = strategy_cls(server_learning_rate=1.0 + 1e-9) if strategy_cls is FedAvgM else strategy_cls()
+    strategy = (
+        strategy_cls(server_learning_rate=1.0 + 1e-9) if strategy_cls is FedAvgM else strategy_cls()
+    )
     strategy.current_arrays = ArrayRecord([np.array(0.0)])
     replies = [
         create_mock_reply(ArrayRecord([np.array(1.0)]), num_examples=1),

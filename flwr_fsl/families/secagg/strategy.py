@@ -211,6 +211,17 @@ class SecAggPhases:
 class SecAggFedAvg(MultiPhaseStrategy):
     """Flower ``FedAvg`` with Bonawitz secure aggregation of updates, weights and metrics.
 
+    Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, S1-S8; Flower's strategy
+    tests run against it in ``tests/flower_upstream/`` with these as expected failures):
+    ``configure_train`` / ``aggregate_train`` raise (a round is four phases), a subclass
+    overriding either is refused at construction, and Flower's DP wrappers stop at round 1
+    (S1); privacy defaults ``fraction_evaluate=0.0`` (S2), unit weights (S3) and no train
+    metric (S4; named metrics are scalar means, ``train_metrics_aggr_fn`` is refused);
+    Flower's DP accountant refuses it: use ``dp`` and ``privacy_budget`` (S5); the fixed
+    point's limits drop a client or fail the round with a reason naming the limit, and
+    ``summary()`` logs them (S6); the average is ``FedAvg``'s up to the fixed point (S7); a
+    bad reply drops its client at that phase (S8).
+
     Parameters
     ----------
     fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes, \

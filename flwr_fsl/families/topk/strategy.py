@@ -45,8 +45,24 @@ from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_avera
 class FedSubAvg(PhasedStrategy):
     """Federated submodel averaging: a drop-in for Flower's ``FedAvg``.
 
-    Takes the same arguments as :class:`flwr.serverapp.strategy.FedAvg`, plus
-    ``sampling_seed`` (:class:`~flwr_fsl.core.engine.PhasedStrategy`).
+    Takes :class:`flwr.serverapp.strategy.FedAvg`'s arguments in its order with its defaults,
+    plus the keyword-only ``sampling_seed`` and ``max_weight``
+    (:class:`~flwr_fsl.core.engine.PhasedStrategy`). On dense replies it is ``FedAvg``
+    (the same arithmetic and dtypes) whoever drives it, including Flower's own
+    ``Strategy.start``, its DP wrappers and direct calls of :meth:`aggregate_train`; Flower's
+    Message-API strategy tests pass against it (``tests/flower_upstream/``).
+
+    Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, F1-F9): a bad reply
+    drops that client with a logged reason instead of raising (F1); integer tensors keep
+    their dtype, rounded (F2); Flower's DP accountant refuses it (its check wants
+    ``FedAvg.aggregate_train``; count weighting of sparse replies voids its calibration) and
+    the DP wrappers hold for dense replies only (F3); replies whose metric keys differ give
+    no client metrics that round, with a warning, instead of raising (F4); a reply missing a
+    tensor is kept, the tensor averaged over the replies that have it (F5); the default
+    metric aggregation adds ``down-bytes-per-client``, ``up-bytes-per-client`` and
+    ``touched-fraction`` (F6); sparse replies to a round it did not configure are skipped
+    (F7); a weight above ``max_weight`` drops the client (F8); ``Result.arrays`` is the
+    initial model when no round aggregated (F9).
     """
 
     def round_config(
