@@ -34,6 +34,7 @@ from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.mods import topk_mod
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg
 from flwr_fsl.testing import InProcessGrid
 from tests.flower_apps import MODEL, make_app, model_record
@@ -96,3 +97,20 @@ def test_flowers_accountant_takes_fedavg_and_refuses_both_drop_ins(cls: Any) -> 
     for inner in (FedSubAvg(), SecAggFedAvg()):
         with pytest.raises(ValueError, match=r"FedAvg\.aggregate_train"):
             cls(inner, 1.0, 1.0, N, accountant=_accountant())
+
+
+def test_sparse_replies_under_a_dp_wrapper_are_refused_not_silently_miscalibrated() -> None:
+    # Client-side wrapper + topk_mod: each sparse reply is dropped with the reason (the noise
+    # z*C/n would be n times too small for a coordinate one client moved).
+    grid = InProcessGrid(make_app([topk_mod, fixedclipping_mod]), N, run_config={"topk-ratio": 0.1})
+    inner = FedSubAvg(min_available_nodes=N, fraction_evaluate=0.0)
+    strategy = DifferentialPrivacyClientSideFixedClipping(inner, 1.0, 10.0, N)
+    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    assert len(inner.dropped[1]) == N and 1 not in result.train_metrics_clientapp
+    assert all("calibrated to FedAvg's average" in r for r in inner.dropped[1].values())
+    # Server-side wrapper + topk_mod: Flower's own clipping raises on the sparse arrays.
+    grid = InProcessGrid(make_app([topk_mod]), N, run_config={"topk-ratio": 0.1})
+    inner = FedSubAvg(min_available_nodes=N, fraction_evaluate=0.0)
+    server = DifferentialPrivacyServerSideFixedClipping(inner, 1.0, 10.0, N)
+    with pytest.raises(ValueError, match="broadcast"):
+        server.start(grid=grid, initial_arrays=model_record(), num_rounds=1)

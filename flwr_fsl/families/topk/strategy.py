@@ -33,6 +33,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from flwr.supercore import log
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import PhasedStrategy, RoundState
@@ -40,6 +41,14 @@ from flwr_fsl.core.errors import ClientInputError, RoundFailedError
 from flwr_fsl.core.records import array_loader, decode_update, is_submodel_reply
 from flwr_fsl.submodel import SubmodelUpdate
 from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_average
+
+_DP_SPARSE = (
+    "a sparse (top-k) reply in a round run under Flower's DP wrapper (its 'clipping_norm' is in "
+    "the train config): the wrapper's noise is calibrated to FedAvg's average over every sampled "
+    "client (sensitivity C/n), but a sparse reply's coordinates are averaged over the clients "
+    "that sent them, where one client can move a coordinate by C; send dense replies (no "
+    "topk_mod) under Flower's DP wrappers"
+)
 
 
 class FedSubAvg(PhasedStrategy):
@@ -55,15 +64,23 @@ class FedSubAvg(PhasedStrategy):
     Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, F1-F9): a bad reply
     drops that client with a logged reason instead of raising (F1); integer tensors keep
     their dtype, rounded (F2); Flower's DP accountant refuses it (its check wants
-    ``FedAvg.aggregate_train``; count weighting of sparse replies voids its calibration) and
-    the DP wrappers hold for dense replies only (F3); replies whose metric keys differ give
-    no client metrics that round, with a warning, instead of raising (F4); a reply missing a
-    tensor is kept, the tensor averaged over the replies that have it (F5); the default
-    metric aggregation adds ``down-bytes-per-client``, ``up-bytes-per-client`` and
-    ``touched-fraction`` (F6); sparse replies to a round it did not configure are skipped
-    (F7); a weight above ``max_weight`` drops the client (F8); ``Result.arrays`` is the
-    initial model when no round aggregated (F9).
+    ``FedAvg.aggregate_train``; count weighting of sparse replies voids its calibration), and
+    under Flower's DP wrappers only dense replies are taken: a sparse reply is dropped with
+    the reason under the client-side wrappers, Flower's server-side clipping raises on it
+    (F3); replies whose metric keys differ give no client metrics that round, with a
+    warning, instead of raising (F4); a reply missing a tensor is kept, the tensor averaged
+    over the replies that have it (F5); the default metric aggregation adds
+    ``down-bytes-per-client``, ``up-bytes-per-client`` and ``touched-fraction`` (F6);
+    sparse replies to a round it did not configure are skipped (F7); a weight above
+    ``max_weight`` drops the client (F8); ``Result.arrays`` is the initial model when no
+    round aggregated (F9).
     """
+
+    @property
+    def _dp_wrapped_rounds(self) -> set[int]:
+        """Rounds whose train config carried Flower's DP wrapper's clipping norm."""
+        rounds: set[int] = vars(self).setdefault("_dp_rounds", set())
+        return rounds
 
     def round_config(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -80,6 +97,8 @@ class FedSubAvg(PhasedStrategy):
         if not nodes:
             return []
         state.model = {name: array.numpy() for name, array in arrays.items()}
+        if KEY_CLIPPING_NORM in config:  # Flower's client-side DP wrapper drives this round
+            self._dp_wrapped_rounds.add(server_round)
         try:
             round_config = self.round_config(state, arrays, config, grid)
         except RoundFailedError as err:  # e.g. S1 unreachable: nobody trains for nothing
@@ -103,7 +122,11 @@ class FedSubAvg(PhasedStrategy):
         if "train" not in state._asked:
             return self.aggregate_unconfigured(state, list(replies))
 
+        dense_only = server_round in self._dp_wrapped_rounds
+
         def parse(_node: int, content: RecordDict) -> tuple[SubmodelUpdate, RecordDict]:
+            if dense_only and is_submodel_reply(content):
+                raise ClientInputError(_DP_SPARSE)
             update = decode_update(content, state.model, self.weight_of(content))
             check_contribution(update, self.max_weight, len(state.sampled))
             return update, content
