@@ -54,16 +54,17 @@ from flwr.supercore import log
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.core.phases import Phase, PhaseBody
+from flwr_fsl.core.phases import Phase, PhaseBody, refuse_uncalled_overrides
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.core.replies import (
+    aggregate_client_metrics,
     phase_contents,
     prepare_messages,
     receive_replies,
     reply_parser,
     stream_replies,
 )
-from flwr_fsl.core.traffic import RoundTraffic
+from flwr_fsl.core.traffic import RoundTraffic, traffic_table
 
 __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
 
@@ -221,7 +222,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         self._timeout = 3600.0
 
     def check_overrides(self) -> None:
-        """Refuse, at construction, overrides of methods this strategy never calls (none here)."""
+        """Refuse, at construction, overrides of methods this strategy never calls (none)."""
 
     # -- views of the round states ------------------------------------------------------------
     @property
@@ -608,34 +609,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         aggregate: Callable[[list[RecordDict], str], MetricRecord],
         contents: list[RecordDict],
     ) -> MetricRecord:
-        """Aggregate the clients' metrics as ``FedAvg`` does; inconsistent ones are refused.
+        """Aggregate as ``FedAvg``; inconsistent keys give ``{}`` and a warning, not a raise.
 
-        Flower's ``FedAvg`` checks that every reply's MetricRecord has the same keys before it
-        averages (its ``aggregate_metricrecords`` would otherwise divide a metric that only
-        some clients report by every client's weight: a true mean of 1.0 reported as 0.5)
-        and raises ``InconsistentMessageReplies``, which ends the run. The same check runs
-        here, but the key set is client input, so it must not end the run: the round keeps
-        its model and reports no client metrics, with a warning naming the keys. The same
-        holds when Flower's aggregation raises (a metric a list in one reply and a number in
-        another, or lists of other lengths).
+        See :func:`~flwr_fsl.core.replies.aggregate_client_metrics`.
         """
-        key_sets = [
-            frozenset(k for r in c.metric_records.values() for k in r.keys()) for c in contents
-        ]
-        if len(set(key_sets)) > 1:
-            differ = sorted(set().union(*key_sets) - frozenset.intersection(*key_sets))
-            log(
-                WARNING,
-                "client metrics not aggregated: the replies' MetricRecords have different keys "
-                "(%s reported by some clients only; FedAvg raises InconsistentMessageReplies)",
-                differ,
-            )
-            return MetricRecord()
-        try:
-            return aggregate(contents, self.weighted_by_key)
-        except (TypeError, ValueError) as err:
-            log(WARNING, "client metrics not aggregated (inconsistent across replies): %s", err)
-            return MetricRecord()
+        return aggregate_client_metrics(aggregate, contents, self.weighted_by_key)
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release what the failed round holds (override: e.g. abort it on a helper)."""
@@ -708,10 +686,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
         self.log_privacy()
-        for line in io.StringIO(str(result)):
+        log(INFO, "\nFinal results:\n")
+        for line in [*io.StringIO(str(result)), *self.traffic_table().splitlines()]:
             log(INFO, "\t%s", line.strip("\n"))
-        for line in self.traffic_table().splitlines():
-            log(INFO, "%s", line)
         return result
 
     # -- privacy budget -----------------------------------------------------------------------
@@ -759,14 +736,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
 
     def traffic_table(self) -> str:
         """Return the per-round communication summary as a text table (MB per client)."""
-        header = f"{'round':>5} {'phase':<9} {'clients':>7} {'down MB/cl':>11} {'up MB/cl':>10}"
-        lines = ["Communication per round (mean per client):", header]
-        for t in self.traffic:
-            lines.append(
-                f"{t.server_round:>5} {t.phase:<9} {len(t.down_bytes):>7} "
-                f"{t.mean_down_bytes / 1e6:>11.4f} {t.mean_up_bytes / 1e6:>10.4f}"
-            )
-        return "\n".join(lines)
+        return traffic_table(self.traffic)
 
 
 class MultiPhaseStrategy(PhasedStrategy):
@@ -789,28 +759,9 @@ class MultiPhaseStrategy(PhasedStrategy):
     """The round's message phases, named in the refusal."""
 
     def check_overrides(self) -> None:
-        """Refuse a subclass that overrides ``configure_train`` or ``aggregate_train``.
-
-        Overriding them is the customization pattern of Flower's docs (e.g. a per-round
-        learning rate added in ``configure_train``), but a multi-phase round never calls them:
-        the override would be silently ignored. Override :meth:`train_round` (or
-        :meth:`round_config` where the strategy has it), or pass ``train_config`` to
-        :meth:`start`.
-
-        Raises
-        ------
-        ConfigurationError
-            If ``type(self)`` overrides either method.
-        """
-        for method in ("configure_train", "aggregate_train"):
-            if getattr(type(self), method) is not getattr(MultiPhaseStrategy, method):
-                name = type(self).__name__
-                raise ConfigurationError(
-                    f"{name} overrides {method}, which a {name} round never calls: its round "
-                    f"is several message phases ({', '.join(self.PHASES) or 'several'}) run by "
-                    "train_round. Override train_round instead, or pass per-run settings "
-                    "through start(..., train_config=...)"
-                )
+        """Refuse overriding the pair (:func:`~flwr_fsl.core.phases.refuse_uncalled_overrides`)."""
+        methods = ("configure_train", "aggregate_train")
+        refuse_uncalled_overrides(type(self), MultiPhaseStrategy, methods, self.PHASES)
 
     def _refusal(self, method: str) -> ConfigurationError:
         name = type(self).__name__

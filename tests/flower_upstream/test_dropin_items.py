@@ -237,7 +237,12 @@ def test_8_start_logs_flowers_start_up_lines(caplog: pytest.LogCaptureFixture) -
         FedSubAvg(min_available_nodes=3, fraction_evaluate=0.0).start(
             InProcessGrid(make_app(), 3), model_record(), num_rounds=1
         )
-    for line in ("Starting FedSubAvg strategy:", "Number of rounds: 1", "ConfigRecord (train)"):
+    for line in (
+        "Starting FedSubAvg strategy:",
+        "Number of rounds: 1",
+        "ConfigRecord (train)",
+        "Final results:",
+    ):
         assert line in caplog.text
 
 
