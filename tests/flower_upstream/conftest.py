@@ -11,6 +11,7 @@ strategy's docstring. ``FedSubAvg`` has no entry: Flower's tests pass against it
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -19,12 +20,15 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg
 
-#: The classes the tests run with: Flower's (baseline) and the drop-ins.
+#: The classes the tests run with: Flower's (baseline) and the drop-ins. The last one is
+#: SecAggFedAvg with its evaluation privacy default (S2) opted out of, to show that S2 is the
+#: only reason for the evaluation tests' differences.
 DROP_INS: dict[str, Callable[..., Any]] = {
     "FedAvgM": FedAvgM,
     "FedAvg": FedAvg,
     "FedSubAvg": FedSubAvg,
     "SecAggFedAvg": SecAggFedAvg,
+    "SecAggFedAvg-plaintext-evaluation": partial(SecAggFedAvg, plaintext_evaluation=True),
 }
 
 _PHASES = (
@@ -38,21 +42,21 @@ _EVAL = (
     "(a privacy default of issue 20, tests/attacks/test_secagg_*; docs/dropin.md, S2)"
 )
 
+_FIT_TESTS = (
+    "test_aggregate_fit_using_near_one_server_lr_and_no_momentum",
+    "test_aggregate_fit_server_learning_rate_and_momentum",
+    "test_aggregate_fit_with_scalar_weights",
+    "test_fedavg_num_fit_clients_20_available",
+    "test_fedavg_num_fit_clients_19_available",
+    "test_fedavg_num_fit_clients_10_available",
+    "test_fedavg_num_fit_clients_minimum",
+    "test_inplace_aggregate_fit_equivalence",
+)
+
 #: (test name, class name) -> why the test cannot pass with that class.
 EXPECTED_DIFFERENCES: dict[tuple[str, str], str] = {
-    **{
-        (test, "SecAggFedAvg"): _PHASES
-        for test in (
-            "test_aggregate_fit_using_near_one_server_lr_and_no_momentum",
-            "test_aggregate_fit_server_learning_rate_and_momentum",
-            "test_aggregate_fit_with_scalar_weights",
-            "test_fedavg_num_fit_clients_20_available",
-            "test_fedavg_num_fit_clients_19_available",
-            "test_fedavg_num_fit_clients_10_available",
-            "test_fedavg_num_fit_clients_minimum",
-            "test_inplace_aggregate_fit_equivalence",
-        )
-    },
+    **{(test, "SecAggFedAvg-plaintext-evaluation"): _PHASES for test in _FIT_TESTS},
+    **{(test, "SecAggFedAvg"): _PHASES for test in _FIT_TESTS},
     **{
         (test, "SecAggFedAvg"): _EVAL
         for test in (
