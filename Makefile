@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED := 1
 # `flwr run` starts `flower-superlink` from PATH: put the venv's scripts first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install data test demo demo-topk lint bench-accuracy clean
+.PHONY: install data test test-flower-min demo demo-topk lint bench-accuracy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ lint: $(STAMP)
 
 test: $(STAMP) $(DATA_STAMP) lint
 	$(PY) -m pytest -q
+
+# The lower end of the supported Flower range (pyproject.toml): its wheel's `flwr` package ahead of
+# the installed one on PYTHONPATH (same dependencies), for the drop-in, strategy and core tests.
+FLWR_MIN := 1.38.0
+test-flower-min: $(STAMP)
+	rm -rf .cache/flwr-$(FLWR_MIN) && mkdir -p .cache/flwr-$(FLWR_MIN)
+	$(PY) -m pip download -q --no-deps -d .cache/flwr-$(FLWR_MIN) "flwr==$(FLWR_MIN)"
+	$(PY) -m zipfile -e .cache/flwr-$(FLWR_MIN)/flwr-$(FLWR_MIN)-py3-none-any.whl .cache/flwr-$(FLWR_MIN)/site
+	PYTHONPATH=$(CURDIR)/.cache/flwr-$(FLWR_MIN)/site:$(CURDIR) $(PY) -m pytest -q \
+	    tests/flower_upstream tests/core tests/families tests/submodel tests/testing
 
 # The flagship: top-k 10% through two-server secure aggregation; S1 runs in-process with a key
 # kept in $(FLWR_HOME) (clients pin it from the same file in simulation).

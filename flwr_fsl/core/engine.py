@@ -49,20 +49,22 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from flwr.supercore import log
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
-from flwr_fsl.core.phases import Phase, PhaseBody
+from flwr_fsl.core.phases import Phase, PhaseBody, refuse_uncalled_overrides
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.core.replies import (
+    aggregate_client_metrics,
     phase_contents,
     prepare_messages,
     receive_replies,
     reply_parser,
     stream_replies,
 )
-from flwr_fsl.core.traffic import RoundTraffic
+from flwr_fsl.core.traffic import RoundTraffic, traffic_table
 
 __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
 
@@ -212,11 +214,15 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
         )
+        self.check_overrides()
         self.sampling_seed = sampling_seed
         self.max_weight = float(max_weight)
         self.privacy_account: PrivacyAccount | None = None
         self.rounds: dict[int, RoundState] = {}
         self._timeout = 3600.0
+
+    def check_overrides(self) -> None:
+        """Refuse, at construction, overrides of methods this strategy never calls (none)."""
 
     # -- views of the round states ------------------------------------------------------------
     @property
@@ -603,17 +609,11 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         aggregate: Callable[[list[RecordDict], str], MetricRecord],
         contents: list[RecordDict],
     ) -> MetricRecord:
-        """Aggregate the clients' metrics; inconsistent ones are skipped, not fatal.
+        """Aggregate as ``FedAvg``; inconsistent keys give ``{}`` and a warning, not a raise.
 
-        Flower's ``aggregate_metricrecords`` raises when one client sends a metric as a list
-        and another as a number (or lists of other lengths). Such input comes from clients,
-        so it must not end the run: the round keeps its model and reports no client metrics.
+        See :func:`~flwr_fsl.core.replies.aggregate_client_metrics`.
         """
-        try:
-            return aggregate(contents, self.weighted_by_key)
-        except (TypeError, ValueError) as err:
-            log(WARNING, "client metrics not aggregated (inconsistent across replies): %s", err)
-            return MetricRecord()
+        return aggregate_client_metrics(aggregate, contents, self.weighted_by_key)
 
     def round_failed(self, state: RoundState, error: RoundFailedError) -> None:
         """Release what the failed round holds (override: e.g. abort it on a helper)."""
@@ -640,7 +640,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         an aggregate (Flower would leave it empty).
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
+        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
         self.summary()
+        log(INFO, "")
         self._timeout = float(timeout)
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
@@ -684,10 +686,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
         self.log_privacy()
-        for line in io.StringIO(str(result)):
+        log(INFO, "\nFinal results:\n")
+        for line in [*io.StringIO(str(result)), *self.traffic_table().splitlines()]:
             log(INFO, "\t%s", line.strip("\n"))
-        for line in self.traffic_table().splitlines():
-            log(INFO, "%s", line)
         return result
 
     # -- privacy budget -----------------------------------------------------------------------
@@ -735,14 +736,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
 
     def traffic_table(self) -> str:
         """Return the per-round communication summary as a text table (MB per client)."""
-        header = f"{'round':>5} {'phase':<9} {'clients':>7} {'down MB/cl':>11} {'up MB/cl':>10}"
-        lines = ["Communication per round (mean per client):", header]
-        for t in self.traffic:
-            lines.append(
-                f"{t.server_round:>5} {t.phase:<9} {len(t.down_bytes):>7} "
-                f"{t.mean_down_bytes / 1e6:>11.4f} {t.mean_up_bytes / 1e6:>10.4f}"
-            )
-        return "\n".join(lines)
+        return traffic_table(self.traffic)
 
 
 class MultiPhaseStrategy(PhasedStrategy):
@@ -763,6 +757,11 @@ class MultiPhaseStrategy(PhasedStrategy):
 
     PHASES: tuple[str, ...] = ()
     """The round's message phases, named in the refusal."""
+
+    def check_overrides(self) -> None:
+        """Refuse overriding the pair (:func:`~flwr_fsl.core.phases.refuse_uncalled_overrides`)."""
+        methods = ("configure_train", "aggregate_train")
+        refuse_uncalled_overrides(type(self), MultiPhaseStrategy, methods, self.PHASES)
 
     def _refusal(self, method: str) -> ConfigurationError:
         name = type(self).__name__

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 
 __all__ = ["PHASE_FIELD", "Phase", "PhaseBody", "PhaseError", "PhaseMod", "phase_name"]
 
@@ -216,3 +216,40 @@ class PhaseMod:
         else:
             answer = handler(request, context)
         return Message(answer.to_record(), reply_to=msg)
+
+
+def refuse_uncalled_overrides(
+    cls: type, base: type, methods: tuple[str, ...], phases: tuple[str, ...]
+) -> None:
+    """Refuse a strategy class that overrides methods its multi-phase round never calls.
+
+    Overriding ``configure_train`` / ``aggregate_train`` is the customization pattern of
+    Flower's docs (e.g. a per-round learning rate added in ``configure_train``), but a round of
+    several phases is run by ``train_round`` and never calls them: the override would be
+    silently ignored. Checked at construction.
+
+    Parameters
+    ----------
+    cls : type
+        The class being instantiated.
+    base : type
+        The class whose versions of ``methods`` are the only ones allowed.
+    methods : tuple of str
+        The methods the round never calls.
+    phases : tuple of str
+        The round's phases (named in the message).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``cls`` overrides one of ``methods``, naming it and what to do instead.
+    """
+    for method in methods:
+        if getattr(cls, method) is not getattr(base, method):
+            name = cls.__name__
+            raise ConfigurationError(
+                f"{name} overrides {method}, which a {name} round never calls: its round is "
+                f"several message phases ({', '.join(phases) or 'several'}) run by "
+                "train_round. Override train_round instead, or pass per-run settings through "
+                "start(..., train_config=...)"
+            )

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, TypeVar
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the engine imports this module; RoundState is only an annot
     from flwr_fsl.core.engine import RoundState
 
 __all__ = [
+    "aggregate_client_metrics",
     "check_reply",
     "finish_phase",
     "phase_contents",
@@ -247,3 +248,49 @@ def _reply_problem(
     if node in seen:
         return "second reply from the same node"
     return None
+
+
+def aggregate_client_metrics(
+    aggregate: Callable[[list[RecordDict], str], MetricRecord],
+    contents: list[RecordDict],
+    weighted_by_key: str,
+) -> MetricRecord:
+    """Aggregate the replies' metrics as ``FedAvg`` does; inconsistent ones are refused.
+
+    Flower's ``FedAvg`` checks that every reply's MetricRecord has the same keys before it
+    averages (its ``aggregate_metricrecords`` would otherwise divide a metric that only some
+    clients report by every client's weight: a true mean of 1.0 reported as 0.5) and raises
+    ``InconsistentMessageReplies``, which ends the run. The same check runs here, but the key
+    set is client input, so it must not end the run: the result is an empty record, with a
+    warning naming the keys. The same holds when ``aggregate`` raises (a metric a list in one
+    reply and a number in another, or lists of other lengths).
+
+    Parameters
+    ----------
+    aggregate : Callable[[list[RecordDict], str], MetricRecord]
+        The strategy's ``train_metrics_aggr_fn`` or ``evaluate_metrics_aggr_fn``.
+    contents : list[RecordDict]
+        The accepted replies' contents.
+    weighted_by_key : str
+        The weight's metric name.
+
+    Returns
+    -------
+    MetricRecord
+        The aggregate, or an empty record when the replies disagree.
+    """
+    key_sets = [frozenset(k for r in c.metric_records.values() for k in r.keys()) for c in contents]
+    if len(set(key_sets)) > 1:
+        differ = sorted(frozenset().union(*key_sets) - frozenset.intersection(*key_sets))
+        log(
+            WARNING,
+            "client metrics not aggregated: the replies' MetricRecords have different keys "
+            "(%s reported by some clients only; FedAvg raises InconsistentMessageReplies)",
+            differ,
+        )
+        return MetricRecord()
+    try:
+        return aggregate(contents, weighted_by_key)
+    except (TypeError, ValueError) as err:
+        log(WARNING, "client metrics not aggregated (inconsistent across replies): %s", err)
+        return MetricRecord()

@@ -60,3 +60,15 @@ class RoundTraffic:
     def mean_up_bytes(self) -> float:
         """Mean bytes received per replying node (0.0 if none)."""
         return sum(self.up_bytes.values()) / len(self.up_bytes) if self.up_bytes else 0.0
+
+
+def traffic_table(traffic: list[RoundTraffic]) -> str:
+    """Return the per-round communication summary of ``traffic`` as a text table (MB/client)."""
+    header = f"{'round':>5} {'phase':<9} {'clients':>7} {'down MB/cl':>11} {'up MB/cl':>10}"
+    lines = ["Communication per round (mean per client):", header]
+    for t in traffic:
+        lines.append(
+            f"{t.server_round:>5} {t.phase:<9} {len(t.down_bytes):>7} "
+            f"{t.mean_down_bytes / 1e6:>11.4f} {t.mean_up_bytes / 1e6:>10.4f}"
+        )
+    return "\n".join(lines)

@@ -30,7 +30,8 @@ Indices are ``uint32`` when every index is below 2^32 (so a top-k coordinate cos
 with a float32 value), else ``uint64``. Values are deltas against the arrays the client
 received. (Version 1 sent int64 indices; this is version 2.) Parameters not listed were not
 touched. A reply without the header is a plain Flower reply: exactly one ``ArrayRecord`` of
-full weights with the global model's keys, shapes and dtypes, turned into dense deltas.
+full weights with the global model's shapes (every tensor or some; any real number dtype),
+turned into dense deltas.
 :func:`decode_parts` (and :func:`decode_dense` for a plain reply) check all of this and raise
 :class:`SubmodelFormatError` (one error type, one reason string) on anything else; nothing is
 unpickled (the Flower layer loads arrays with ``allow_pickle=False``).
@@ -196,6 +197,28 @@ def _check_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generi
         raise SubmodelFormatError(f"{name}: values contain NaN or inf")
 
 
+def _check_dense_values(name: str, values: NDArray[np.generic], ref: NDArray[np.generic]) -> None:
+    """Check a dense reply's tensor: any real number dtype for a numeric tensor, as FedAvg.
+
+    Flower's ``FedAvg`` averages a float64 reply into a float32 model (and the reverse); so does
+    a dense reply here. Sparse parts keep the strict check (:func:`_check_values`).
+    """
+    numeric = (np.integer, np.floating)
+    if values.dtype == ref.dtype:
+        _check_values(name, values, ref)
+        return
+    if (
+        not (
+            any(np.issubdtype(values.dtype, k) for k in numeric)
+            and any(np.issubdtype(ref.dtype, k) for k in numeric)
+        )
+        or values.dtype == np.bool_
+    ):
+        raise SubmodelFormatError(f"{name}: dtype {values.dtype} != model dtype {ref.dtype}")
+    if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+        raise SubmodelFormatError(f"{name}: values contain NaN or inf")
+
+
 def _index_array(indices: NDArray[np.int64]) -> NDArray[np.unsignedinteger]:
     idx = np.asarray(indices)
     if idx.size and int(idx.min()) < 0:
@@ -264,7 +287,7 @@ def decode_dense(
     reference: Mapping[str, NDArray[np.generic]],
     weight: float,
 ) -> SubmodelUpdate:
-    """Decode a plain dense reply (full weights, the model's keys) into float64 deltas.
+    """Decode a plain dense reply (full weights, some or all of the model's keys) into deltas.
 
     Parameters
     ----------
@@ -285,21 +308,29 @@ def decode_dense(
     Raises
     ------
     SubmodelFormatError
-        If the keys, a dtype or a shape differ from the model's, or values are not finite.
+        If the reply holds no tensor of the model or one it does not have, a shape differs
+        from the model's, a dtype is not a real number type, or values are not finite. A
+        tensor the reply leaves out is not updated by this client (not counted for it); a
+        float64 reply to a float32 tensor (or the reverse) is averaged as FedAvg does.
     """
     _check_weight(weight)
     present = set(keys)
-    if present != set(reference):
-        missing, extra = set(reference) - present, present - set(reference)
+    extra = present - set(reference)
+    if extra or not present:
         raise SubmodelFormatError(
-            f"dense reply keys differ from the model: missing {sorted(missing)}, "
+            f"dense reply keys differ from the model: missing {sorted(set(reference))}, "
             f"unknown {sorted(extra)}"
+            if not present
+            else f"dense reply keys differ from the model: unknown {sorted(extra)}"
         )
     tensors: dict[str, TensorUpdate] = {}
     for name, ref in reference.items():
+        if name not in present:
+            continue  # not updated by this client: its coordinates are not counted (FedAvg's
+            # replies must agree on keys; a submodel reply may leave a tensor out)
         ref = np.asarray(ref)
         values = load(name)
-        _check_values(name, values, ref)
+        _check_dense_values(name, values, ref)
         if values.shape != ref.shape:
             raise SubmodelFormatError(f"{name}: shape {values.shape} != model shape {ref.shape}")
         # Deltas in float64 so that averaging dense replies reproduces FedAvg closely.

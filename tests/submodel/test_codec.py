@@ -202,8 +202,10 @@ def test_bad_weight_raises(weight: object) -> None:
         ({"w": np.zeros(2, np.float32), "x": np.zeros(1, np.float32)}, "unknown"),
         ({}, "missing"),
         ({"w": np.zeros(3, np.float32)}, "shape"),
-        ({"w": np.zeros(2, np.float64)}, "dtype"),
+        ({"w": np.zeros(2, np.bool_)}, "dtype"),
+        ({"w": np.zeros(2, np.complex64)}, "dtype"),
         ({"w": np.array([np.nan, 0], np.float32)}, "NaN"),
+        ({"w": np.array([np.nan, 0], np.float64)}, "NaN"),
     ],
 )
 def test_malformed_dense_reply_raises(arrays: dict, match: str) -> None:

@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
@@ -269,6 +269,7 @@ class SecAggMod(PhaseMod):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ClientInputError(f"the train reply lacks a numeric {settings.weight_key!r}")
             weight = float(value)
+        _check_named_metrics(settings.metrics, metrics)
         numbers = {
             k: float(v)
             for k, v in metrics.items()
@@ -282,6 +283,22 @@ class SecAggMod(PhaseMod):
         masked = client.masked_input(request.sharers, vector)
         _slot(request.instance).store(context, client)
         return MaskedInputReply(masked)
+
+
+def _check_named_metrics(names: tuple[str, ...], metrics: MetricRecord) -> None:
+    """Refuse a named train metric that is not a number (e.g. a per-class list), loudly.
+
+    Raises
+    ------
+    ClientInputError
+        Naming the metric (never its value): the client leaves the round with that reason.
+    """
+    for key in names:
+        value = metrics.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ClientInputError(
+                f"train metric {key!r} is not a number; SecAgg averages scalar metrics only"
+            )
 
 
 _MOD = SecAggMod()

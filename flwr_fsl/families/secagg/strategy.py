@@ -211,12 +211,28 @@ class SecAggPhases:
 class SecAggFedAvg(MultiPhaseStrategy):
     """Flower ``FedAvg`` with Bonawitz secure aggregation of updates, weights and metrics.
 
+    Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, S1-S8; Flower's strategy
+    tests run against it in ``tests/flower_upstream/`` with these as expected failures):
+    ``configure_train`` / ``aggregate_train`` raise (a round is four phases), a subclass
+    overriding either is refused at construction, and Flower's DP wrappers stop at round 1
+    (S1); privacy defaults ``fraction_evaluate=0.0`` (S2), unit weights (S3) and no train
+    metric (S4; named metrics are scalar means, ``train_metrics_aggr_fn`` is refused);
+    Flower's DP accountant refuses it: use ``dp`` and ``privacy_budget`` (S5); the fixed
+    point's limits drop a client or fail the round with a reason naming the limit, and
+    ``summary()`` logs them (S6); the average is ``FedAvg``'s up to the fixed point (S7); a
+    bad reply drops its client at that phase (S8).
+
     Parameters
     ----------
     fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
 arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
-        As in :class:`flwr.serverapp.strategy.FedAvg` (train metrics are aggregated inside
-        the secure vector, so there is no ``train_metrics_aggr_fn``).
+        As in :class:`flwr.serverapp.strategy.FedAvg`, in FedAvg's positional order; every
+        argument after ``evaluate_metrics_aggr_fn`` is keyword-only.
+    train_metrics_aggr_fn : None
+        FedAvg's 9th argument, kept so positions match; a value is refused
+        (:class:`~flwr_fsl.core.errors.ConfigurationError`): train metrics are averaged
+        inside the secure vector (the metrics of ``train_metrics``, weighted as the update,
+        over the clients that report them), so no function of the clients' records can run.
     fraction_evaluate : float
         Default 0.0 (Flower's is 1.0): federated evaluation replies are Flower's, with each
         client's metrics and ``num-examples`` in the clear. A value > 0 is refused unless
@@ -278,6 +294,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         weighted_by_key: str = "num-examples",
         arrayrecord_key: str = "arrays",
         configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         *,
         reconstruction_threshold: int | float = 0.6,
@@ -293,6 +310,12 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         dp: SecAggDP | None = None,
         privacy_budget: PrivacyBudget | None = None,
     ) -> None:
+        if train_metrics_aggr_fn is not None:
+            raise ConfigurationError(
+                "SecAggFedAvg: train_metrics_aggr_fn is not supported: the server never sees a "
+                "client's train metrics, only the secure weighted mean of the metrics named in "
+                "train_metrics=(...) (FedAvg's default aggregation); leave it None"
+            )
         refuse_plaintext_evaluation("SecAggFedAvg", fraction_evaluate, plaintext_evaluation)
         if privacy_budget is not None and dp is None:
             raise ConfigurationError("SecAggFedAvg: privacy_budget needs dp=SecAggDP(...)")
@@ -351,6 +374,32 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
                     self.max_metric,
                 )
         self.session = os.urandom(16)
+
+    def summary(self) -> None:
+        """Log FedAvg's summary, then SecAgg's settings and the limits that drop a client."""
+        super().summary()
+        log(INFO, "\t└──> SecAgg:")
+        log(
+            INFO,
+            "\t\t├── weights: %s; train metrics averaged securely: %s",
+            f"{self.weighted_by_key!r} (at most max_weight={self.max_weight:g})"
+            if self.weighted
+            else "every survivor counts 1",
+            list(self.train_metrics) or "none (train_metrics=())",
+        )
+        log(
+            INFO,
+            "\t\t├── a client is dropped whole if a named metric is not a number or exceeds "
+            "|max_metric|=%g; each update coordinate is clipped to +-%g",
+            self.max_metric,
+            self.clipping_range,
+        )
+        log(
+            INFO,
+            "\t\t└── t = %s, at most %d clients",
+            self.reconstruction_threshold,
+            self.max_clients,
+        )
 
     def round_noise_multiplier(self) -> float | None:
         """Return the effective ``z`` of a round's release with ``dp`` (``None`` without it)."""

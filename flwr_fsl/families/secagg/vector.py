@@ -225,7 +225,10 @@ class WeightedVector:
             raise ClientInputError("an unweighted SecAgg vector takes the weight 1")
         if weight > self.weight_bound:
             if self.dp is None:
-                raise ClientInputError("the weight must be finite, > 0 and at most max_weight")
+                raise ClientInputError(
+                    f"the weight exceeds max_weight = {self.max_weight:g} (the client is dropped "
+                    "from the round; raise SecAggFedAvg(max_weight=...))"
+                )
             weight = self.weight_bound
         return weight
 
@@ -271,7 +274,11 @@ class WeightedVector:
                 raise ClientInputError(f"metric {key!r} must be finite with |x| <= max_metric")
             if abs(value) > self.max_metric:
                 if self.dp is None:
-                    raise ClientInputError(f"metric {key!r} must be finite with |x| <= max_metric")
+                    raise ClientInputError(
+                        f"metric {key!r} exceeds max_metric = {self.max_metric:g} in absolute "
+                        "value (the client is dropped from the round; raise "
+                        "SecAggFedAvg(max_metric=...))"
+                    )
                 value = math.copysign(self.max_metric, value)
             tail += [weight * value, weight]
         return np.asarray(tail, dtype=np.float64)

@@ -299,18 +299,17 @@ def test_a_non_finite_aggregate_fails_the_round_and_keeps_the_model(
 ) -> None:
     # Bounded weights make this unreachable from clients; the check still guards the apply.
     import flwr_fsl.families.topk.strategy as fedsubavg
-    from flwr_fsl.core.errors import RoundFailedError
 
-    real = fedsubavg.count_weighted_average
+    real = fedsubavg.fedavg_dense  # these replies are dense: FedAvg's average
 
-    def overflowing(model, updates):  # type: ignore[no-untyped-def]
+    def overflowing(contents, weights, model):  # type: ignore[no-untyped-def]
         if not calls:
             calls.append(1)
-            raise RoundFailedError("the aggregated sums or counts are not finite")
-        return real(model, updates)
+            return None  # "the dense average is not finite"
+        return real(contents, weights, model)
 
     calls: list[int] = []
-    monkeypatch.setattr(fedsubavg, "count_weighted_average", overflowing)
+    monkeypatch.setattr(fedsubavg, "fedavg_dense", overflowing)
     grid = InProcessGrid(make_app(), 3)
     strategy = FedSubAvg(min_available_nodes=3)
     seen: dict[int, dict[str, np.ndarray]] = {}
