@@ -101,7 +101,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -229,8 +229,6 @@ class HelperService:
         Sessions that may exist at once.
     session_idle_s : float (default: 6 hours)
         A session without a call for this long is dropped (with its rounds and keys).
-    plugins : iterable of HelperPlugin, optional
-        The services; by default SSA and PSR (:func:`default_plugins`).
     limits : HelperLimits, optional
         What one round may cost (:mod:`flwr_fsl.helper.limits`); the defaults by default.
     state_dir : Path, optional
@@ -248,17 +246,16 @@ class HelperService:
     ValueError
         If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`,
         ``enrollment`` is not an :class:`~flwr_fsl.crypto.identity.Enrollment`,
-        ``limits`` is not a :class:`HelperLimits`, or two plugins register the same method.
+        or ``limits`` is not a :class:`HelperLimits`.
     """
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         keypair: SealingKeyPair,
         *,
         max_open_rounds: int = 4,
         max_sessions: int = 64,
         session_idle_s: float = 6 * 3600.0,
-        plugins: Iterable[HelperPlugin] | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
         session_ids: Callable[[], bytes] | None = None,
@@ -303,7 +300,7 @@ class HelperService:
             ),
             "CloseSession": Method(wire.CloseSessionRequest, self._close_session),
         }
-        for plugin in default_plugins(self) if plugins is None else plugins:
+        for plugin in default_plugins(self):  # SSA and PSR; add others with register()
             self.register(plugin)
 
     def register(self, plugin: HelperPlugin) -> None:
