@@ -28,6 +28,7 @@ import grpc
 import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.protocol import SSAServer
 from flwr_fsl.families.ssa.two_server import LeadServer, SSARound
 from flwr_fsl.helper import HelperClient, HelperRequestError, HelperSessionLostError, wire
 from flwr_fsl.mods import ssa_mod, topk_mod
@@ -63,7 +64,12 @@ def _honest_round(proc: HelperProcess, helper: HelperClient) -> tuple[Any, list,
     assert strategy.failed_rounds == {} and len(seen) == 1
     params, uploads, session = seen[0]
     assert len(uploads) == NODES and all(u.hint is None for u in uploads.values())
-    relay = [(cid, u.public_part, u.sealed) for cid, u in sorted(uploads.items())]
+    # S0's own key-check digest of each upload: what a checked round's relay carries.
+    s0 = SSAServer(params, 0)
+    relay = [
+        (cid, u.public_part, u.sealed, s0.add_client(cid, u.public_part, u.master_seed))
+        for cid, u in sorted(uploads.items())
+    ]
     return params, relay, session
 
 
@@ -100,8 +106,9 @@ def test_replays_after_close_and_reopen_give_s0_no_share(tmp_path: Path) -> None
                 assert helper.session_id not in sessions
                 sessions.add(helper.session_id)
                 helper.open_round(rid, params.to_bytes())
-                rejected = helper.add_clients(rid, relay)
-                assert sorted(rejected) == [cid for cid, _, _ in relay]
+                answers = helper.add_checked(rid, relay, hints=False)
+                rejected = {c: why for c, why in answers.items() if isinstance(why, str)}
+                assert sorted(rejected) == [cid for cid, _, _, _ in relay]
                 assert all("authentication" in why for why in rejected.values()), rejected
                 ids, _ = helper.finish_round(rid)  # a share over nobody: nothing of anyone
                 shares += bool(ids)

@@ -323,7 +323,7 @@ def test_secure_deployment_equals_plaintext_topk(deployment: Deployment, tmp_pat
     # S1 accepted only the enrolled SuperNodes' signed uploads, and rejected none of them.
     s1_log = (deployment.logs / "helper.log").read_text()
     assert "client enrollment: 2 enrolled client keys" in s1_log, s1_log[-4000:]
-    assert "AddClients round 1: 2 accepted, 0 rejected" in s1_log, s1_log[-4000:]
+    assert "AddCheckedClients round 1: 2 accepted, 0 rejected" in s1_log, s1_log[-4000:]
     assert "rejected:" not in s1_log, s1_log[-4000:]
     # Every round aggregated through S1; no round failed, no reply was dropped.
     record = load_experiment(results / "dpf-ssa-mnist.json").arm("secure")
