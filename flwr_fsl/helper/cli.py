@@ -55,8 +55,9 @@ run's DP rounds (the guarantee against S0), keyed by the run id the round's para
 ``$FLWR_HOME/fsl/helper-state``, ``FLWR_HOME`` defaulting to ``~/.flwr``), one file per run,
 so a restart or a new session resumes it. S1 refuses a round that would take a run past the
 budget S0 announces for it, or past S1's own ceiling ``--dp-budget-epsilon E``
-(``--dp-budget-delta``, default 1e-5) whatever S0 announces. ``--dp-client-budget-epsilon E``
-(``--dp-client-budget-delta``) caps each enrolled client's own account across all runs
+(``--dp-budget-delta``; default ``ε = 20`` at ``δ = 1e-5``, the strategies' default budget)
+whatever S0 announces. ``--dp-client-budget-epsilon E`` (``--dp-client-budget-delta``; the
+same default) caps each enrolled client's own account across all runs
 (:mod:`flwr_fsl.helper.client_accounts`, in the same state directory): a client a DP round
 would take past it is refused for that round, so a fresh run is no fresh budget.
 
@@ -93,10 +94,10 @@ from pathlib import Path
 from types import FrameType
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyBudget
+from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.crypto.identity import Enrollment, load_enrollment
-from flwr_fsl.families.ssa.dp import DistributedDP
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.limits import HelperLimits
@@ -198,23 +199,23 @@ def default_state_dir() -> Path:
     return (home / "fsl" / "helper-state").resolve()
 
 
-def _dp_budget(args: argparse.Namespace, prefix: str = "dp_budget") -> PrivacyBudget | None:
-    """Return S1's ceiling from ``--dp-budget-epsilon`` / ``--dp-budget-delta`` (None: none).
+def _dp_budget(args: argparse.Namespace, prefix: str = "dp_budget") -> PrivacyBudget:
+    """Return S1's ceiling from ``--dp-budget-epsilon`` / ``--dp-budget-delta``.
 
     ``prefix="dp_client_budget"`` reads ``--dp-client-budget-epsilon`` / ``-delta`` instead.
+    Unset, the ceiling is :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET` (``ε = 20`` at
+    ``δ = 1e-5``, what the strategies announce by default): a deviating S0 that announces a
+    larger budget, or starts a fresh run for the same clients, gets no more from S1.
 
     Raises
     ------
     ConfigurationError
-        If the delta flag is given without the epsilon flag or is not in (0, 1).
+        If the delta is not in (0, 1).
     """
     epsilon, delta = getattr(args, f"{prefix}_epsilon"), getattr(args, f"{prefix}_delta")
     flag = "--" + prefix.replace("_", "-")
-    if epsilon is None:
-        if delta is not None:
-            raise ConfigurationError(f"{flag}-delta needs {flag}-epsilon")
-        return None
-    delta = DEFAULT_DELTA if delta is None else delta
+    epsilon = DEFAULT_BUDGET.epsilon if epsilon is None else epsilon
+    delta = DEFAULT_BUDGET.delta if delta is None else delta
     if not 0 < delta < 1:
         raise ConfigurationError(f"{flag}-delta must be in (0, 1), got {delta:g}")
     return PrivacyBudget(epsilon, delta)
@@ -390,14 +391,16 @@ def _parser() -> argparse.ArgumentParser:
         type=_dp_float("--dp-budget-epsilon", positive=True),
         metavar="EPS",
         help="S1's ceiling on every run's epsilon: it refuses a round past it, whatever "
-        "budget S0 announces (default: none; S1 still enforces the run's announced budget)",
+        "budget S0 announces (default 20, the strategies' default budget; S1 also enforces "
+        "the run's announced budget)",
     )
     dp.add_argument(
         "--dp-client-budget-epsilon",
         type=_dp_float("--dp-client-budget-epsilon", positive=True),
         metavar="EPS",
         help="S1's ceiling on every enrolled client's own epsilon across all runs: it refuses "
-        "(per client) one a DP round would take past it (default: none)",
+        "(per client) one a DP round would take past it (default 20: a fresh run is no "
+        "fresh budget)",
     )
     dp.add_argument(
         "--dp-client-budget-delta",

@@ -77,8 +77,11 @@ def test_without_a_ceiling_s1_keeps_the_accounts_and_refuses_nobody(tmp_path: Pa
 def test_cli_client_budget_flags(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     key = SealingKeyPair.generate().save(tmp_path / "s1.pem")
     base = ["--key-file", str(key), "--print-fingerprint"]
-    assert main([*base, "--dp-client-budget-delta", "1e-6"]) == 2
-    assert "--dp-client-budget-delta needs --dp-client-budget-epsilon" in capsys.readouterr().err
+    # Unset, both ceilings are the strategies' default budget (epsilon 20).
+    assert main([*base, "--dp-client-budget-delta", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "ceiling per enrolled client, across runs: epsilon <= 20 at delta 1e-06" in out
+    assert "DP budget ceiling per run: epsilon <= 20 at delta 1e-05" in out
     assert main([*base, "--dp-client-budget-epsilon", "8"]) == 0
     assert "ceiling per enrolled client, across runs: epsilon <= 8" in capsys.readouterr().out
     with pytest.raises(SystemExit):

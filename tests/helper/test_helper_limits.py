@@ -27,6 +27,7 @@ from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch
 from flwr_fsl.families.ssa import sealing as ssa_sealing
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAServer,
@@ -532,7 +533,12 @@ def _limits_of(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 
 def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
-    assert _limits_of([], monkeypatch, tmp_path) == HelperLimits()
+    # The CLI's defaults are the library's, plus S1's DP ceilings (per run and per client:
+    # the strategies' default budget, so a deviating S0 gets no more from a real S1); the
+    # in-process S1 of simulation has none (it is no separate party).
+    assert _limits_of([], monkeypatch, tmp_path) == replace(
+        HelperLimits(), dp_budget=DEFAULT_BUDGET, dp_client_budget=DEFAULT_BUDGET
+    )
     flags = [
         "--max-domain", "5000", "--max-width", "17", "--max-items", "300",
         "--max-round-mib", "64", "--max-clients-per-round", "9", "--max-round-gwords", "2",

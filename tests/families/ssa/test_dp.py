@@ -413,9 +413,10 @@ def test_helper_cli_dp_flags(tmp_path: Any, capsys: pytest.CaptureFixture[str]) 
     assert _dp_budget(ceiling) == PrivacyBudget(8.0, 1e-5)
     both = ["--dp-budget-epsilon", "8", "--dp-budget-delta", "1e-6"]
     assert _dp_budget(_parser().parse_args(["--key-file", key, *both])) == PrivacyBudget(8, 1e-6)
-    assert _dp_budget(_parser().parse_args(["--key-file", key])) is None
-    with pytest.raises(ConfigurationError, match="needs --dp-budget-epsilon"):
-        _dp_budget(_parser().parse_args(["--key-file", key, "--dp-budget-delta", "1e-6"]))
+    # Unset: the strategies' default budget, so an announced larger one gets no more from S1.
+    assert _dp_budget(_parser().parse_args(["--key-file", key])) == PrivacyBudget(20.0, 1e-5)
+    only_delta = ["--key-file", key, "--dp-budget-delta", "1e-6"]
+    assert _dp_budget(_parser().parse_args(only_delta)) == PrivacyBudget(20.0, 1e-6)
     assert main([*argv, "--dp-budget-epsilon", "8"]) == 0
     assert "DP budget ceiling per run: epsilon <= 8" in capsys.readouterr().out
     assert main([*argv, "--dp-budget-epsilon", "8", "--dp-budget-delta", "2"]) == 2
