@@ -550,6 +550,8 @@ def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
         max_round_bytes=64 << 20,
         max_clients_per_round=9,
         max_round_work=2 << 30,
+        dp_budget=DEFAULT_BUDGET,
+        dp_client_budget=DEFAULT_BUDGET,
     )
     capsys.readouterr()
     key = str(tmp_path / "k.pem")
