@@ -60,6 +60,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -75,6 +76,7 @@ __all__ = [
     "DIGEST_BYTES",
     "INFO_LABEL",
     "KEY_BYTES",
+    "MAX_KEY_FILE_BYTES",
     "OVERHEAD",
     "SEALED_MAGIC",
     "SEALED_VERSION",
@@ -86,8 +88,10 @@ __all__ = [
     "client_party",
     "open_sealed",
     "public_key_fingerprint",
+    "read_private_pem",
     "seal",
     "verify_fingerprint",
+    "write_private_pem",
 ]
 
 KEY_BYTES = 32
@@ -246,35 +250,9 @@ class SealingKeyPair:
         SealedBoxError
             If the file exists and ``overwrite`` is false, or it cannot be written.
         """
-        target = Path(path)
-        pem = self.private_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
+        return write_private_pem(
+            self.private_key, path, overwrite=overwrite, what="key file", error=SealedBoxError
         )
-        # Not overwriting: O_EXCL on the target itself (no race with another writer).
-        # Overwriting: write a private temporary file, then atomically rename it over the target.
-        dest = target.with_name(f".{target.name}.{os.getpid()}.tmp") if overwrite else target
-        try:
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError as exc:
-            raise SealedBoxError(
-                f"key file {str(target)!r} exists; pass overwrite=True to replace it"
-            ) from exc
-        except OSError as exc:
-            raise SealedBoxError(f"cannot write key file {str(target)!r}: {exc}") from exc
-        try:
-            try:
-                os.write(fd, pem)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if overwrite:
-                os.replace(dest, target)
-        except OSError as exc:
-            _unlink_quietly(dest)
-            raise SealedBoxError(f"cannot write key file {str(target)!r}: {exc}") from exc
-        return target
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SealingKeyPair:
@@ -296,35 +274,127 @@ class SealingKeyPair:
             If the file is missing or unreadable, is readable or writable by group or others
             (POSIX), or does not hold an unencrypted X25519 private key.
         """
-        source = Path(path)
-        try:
-            info = source.stat()
-            data = source.read_bytes()
-        except OSError as exc:
-            raise SealedBoxError(f"cannot read key file {str(source)!r}: {exc}") from exc
-        if os.name == "posix" and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise SealedBoxError(
-                f"key file {str(source)!r} has mode {stat.S_IMODE(info.st_mode):04o}: it must "
-                "not be accessible by group or others (chmod 600)"
-            )
-        try:
-            key = serialization.load_pem_private_key(data, password=None)
-        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-            raise SealedBoxError(
-                f"key file {str(source)!r} is not an unencrypted PKCS#8 PEM private key"
-            ) from exc
+        key = read_private_pem(path, what="key file", error=SealedBoxError)
         if not isinstance(key, X25519PrivateKey):
             raise SealedBoxError(
-                f"key file {str(source)!r} holds a {type(key).__name__}, not an X25519 key"
+                f"key file {str(Path(path))!r} holds a {type(key).__name__}, not an X25519 key"
             )
         return cls(key)
 
 
-def _unlink_quietly(path: Path) -> None:
+MAX_KEY_FILE_BYTES = 64 * 1024
+"""A private-key PEM file larger than this is refused before it is read."""
+
+
+def write_private_pem(
+    private_key: Any,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool,
+    what: str,
+    error: type[Exception],
+) -> Path:
+    """Write ``private_key`` as unencrypted PKCS#8 PEM to a file with mode 0600.
+
+    Not overwriting: ``O_EXCL`` on the target itself (no race with another writer).
+    Overwriting: a private temporary file, then an atomic rename over the target.
+
+    Parameters
+    ----------
+    private_key : a ``cryptography`` private key
+        The key to write.
+    path : str or PathLike
+        Destination file; its directory must exist.
+    overwrite : bool
+        Replace an existing file; without it an existing file is an error.
+    what : str
+        What the file is, for messages (``"key file"``, ``"signing key file"``).
+    error : type of Exception
+        The exception raised on failure.
+
+    Returns
+    -------
+    Path
+        The path written.
+
+    Raises
+    ------
+    Exception
+        ``error``, if the file exists (and ``overwrite`` is false) or cannot be written.
+    """
+    target = Path(path)
+    pem = private_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    dest = target.with_name(f".{target.name}.{os.getpid()}.tmp") if overwrite else target
     try:
-        path.unlink()
-    except OSError:
-        pass
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise error(f"{what} {str(target)!r} exists; pass overwrite=True to replace it") from None
+    except OSError as exc:
+        raise error(f"cannot write {what} {str(target)!r}: {exc}") from None
+    try:
+        try:
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(dest, target)
+    except OSError as exc:
+        try:
+            dest.unlink()
+        except OSError:
+            pass
+        raise error(f"cannot write {what} {str(target)!r}: {exc}") from None
+    return target
+
+
+def read_private_pem(path: str | os.PathLike[str], *, what: str, error: type[Exception]) -> Any:
+    """Read an unencrypted PKCS#8 PEM private key from a file only its owner can access.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The key file.
+    what : str
+        What the file is, for messages.
+    error : type of Exception
+        The exception raised on failure.
+
+    Returns
+    -------
+    a ``cryptography`` private key
+        The key, of whatever type the file holds (the caller checks the type).
+
+    Raises
+    ------
+    Exception
+        ``error``, if the file is missing or unreadable, larger than
+        :data:`MAX_KEY_FILE_BYTES`, accessible by group or others (POSIX), or not an
+        unencrypted PKCS#8 PEM private key.
+    """
+    source = Path(path)
+    try:
+        info = source.stat()
+        if info.st_size > MAX_KEY_FILE_BYTES:
+            raise error(f"{what} {str(source)!r} is too large")
+        data = source.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {what} {str(source)!r}: {exc}") from None
+    if os.name == "posix" and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise error(
+            f"{what} {str(source)!r} has mode {stat.S_IMODE(info.st_mode):04o}: it must "
+            "not be accessible by group or others (chmod 600)"
+        )
+    try:
+        return serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise error(
+            f"{what} {str(source)!r} is not an unencrypted PKCS#8 PEM private key"
+        ) from None
 
 
 def public_key_fingerprint(public: bytes) -> str:

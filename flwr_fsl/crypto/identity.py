@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import stat
 import struct
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -63,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -71,6 +70,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.crypto.channel import read_private_pem, write_private_pem
 
 __all__ = [
     "DOMAIN",
@@ -113,7 +113,6 @@ MAX_ENROLLED = 100_000
 MAX_LABEL_CHARS = 64
 _HEX_KEY = re.compile(r"[0-9a-fA-F]{64}")
 _LABEL = re.compile(r"[A-Za-z0-9._:@/+\-]{1,64}")
-_MAX_KEY_FILE_BYTES = 64 * 1024
 
 
 class SignatureError(ClientInputError):
@@ -285,38 +284,13 @@ class SigningIdentity:
         ConfigurationError
             If the file exists (and ``overwrite`` is false) or cannot be written.
         """
-        target = Path(path)
-        pem = self.private_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
+        return write_private_pem(
+            self.private_key,
+            path,
+            overwrite=overwrite,
+            what="signing key file",
+            error=ConfigurationError,
         )
-        dest = target.with_name(f".{target.name}.{os.getpid()}.tmp") if overwrite else target
-        try:
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise ConfigurationError(f"signing key file {str(target)!r} exists") from None
-        except OSError as err:
-            raise ConfigurationError(
-                f"cannot write signing key file {str(target)!r}: {err}"
-            ) from None
-        try:
-            try:
-                os.write(fd, pem)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if overwrite:
-                os.replace(dest, target)
-        except OSError as err:
-            try:
-                dest.unlink()
-            except OSError:
-                pass
-            raise ConfigurationError(
-                f"cannot write signing key file {str(target)!r}: {err}"
-            ) from None
-        return target
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SigningIdentity:
@@ -328,30 +302,11 @@ class SigningIdentity:
             If the file is missing, unreadable, larger than 64 KiB, accessible by group or
             others (POSIX), or does not hold an unencrypted Ed25519 private key.
         """
-        source = Path(path)
-        try:
-            info = source.stat()
-            if info.st_size > _MAX_KEY_FILE_BYTES:
-                raise ConfigurationError(f"signing key file {str(source)!r} is too large")
-            data = source.read_bytes()
-        except OSError as err:
-            raise ConfigurationError(
-                f"cannot read signing key file {str(source)!r}: {err}"
-            ) from None
-        if os.name == "posix" and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigurationError(
-                f"signing key file {str(source)!r} has mode {stat.S_IMODE(info.st_mode):04o}: it "
-                "must not be accessible by group or others (chmod 600)"
-            )
-        try:
-            key = serialization.load_pem_private_key(data, password=None)
-        except (ValueError, TypeError, UnsupportedAlgorithm):
-            raise ConfigurationError(
-                f"signing key file {str(source)!r} is not an unencrypted PKCS#8 PEM private key"
-            ) from None
+        key = read_private_pem(path, what="signing key file", error=ConfigurationError)
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigurationError(
-                f"signing key file {str(source)!r} holds a {type(key).__name__}, not an Ed25519 key"
+                f"signing key file {str(Path(path))!r} holds a {type(key).__name__}, not an "
+                "Ed25519 key"
             )
         return cls(key)
 
