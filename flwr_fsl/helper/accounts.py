@@ -41,10 +41,60 @@ from flwr_fsl.core.privacy import DEFAULT_DELTA, PrivacyAccount, PrivacyBudget
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.helper.errors import HelperBudgetExhaustedError
 
-__all__ = ["ACCOUNTS_DIR", "RunAccounts"]
+__all__ = ["ACCOUNTS_DIR", "NoiseLedger", "RunAccounts"]
 
 ACCOUNTS_DIR = "dp-accounts"
 """Sub-directory of S1's state directory holding one account file per run."""
+
+
+class NoiseLedger:
+    """Noise multipliers spent per account key, in files under one directory or in memory.
+
+    The storage both of S1's account kinds use (per run, :class:`RunAccounts`; per client key,
+    :class:`~flwr_fsl.helper.client_accounts.ClientAccounts`). Not locked: callers hold their
+    own lock around a check and its spend.
+
+    Parameters
+    ----------
+    state_dir : Path, optional
+        S1's state directory; None keeps the accounts in memory.
+    subdir : str
+        Sub-directory of ``state_dir`` holding one file per key (its SHA-256).
+    """
+
+    def __init__(self, state_dir: Path | None, subdir: str) -> None:
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.subdir = subdir
+        self._memory: dict[str, list[float]] = {}
+
+    def path(self, key: str) -> Path | None:
+        """Return the file of account ``key`` (None without a state directory)."""
+        if self.state_dir is None:
+            return None
+        name = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return self.state_dir / self.subdir / f"{name}.json"
+
+    def rounds(self, key: str) -> list[float]:
+        """Return the noise multipliers account ``key`` has spent, in order."""
+        path = self.path(key)
+        if path is None:
+            return list(self._memory.get(key, []))
+        return PrivacyAccount(path=path).noise_multipliers if path.exists() else []
+
+    def append(self, key: str, z: float) -> list[float]:
+        """Spend one round at ``z`` on account ``key`` (persisted); return its rounds."""
+        path = self.path(key)
+        if path is None:
+            self._memory.setdefault(key, []).append(z)
+            return list(self._memory[key])
+        account = PrivacyAccount(path=path)
+        account.spend(z)
+        return account.noise_multipliers
+
+    def epsilon(self, key: str, delta: float = DEFAULT_DELTA) -> float:
+        """``ε`` at ``delta`` that account ``key`` has spent (0 before any round)."""
+        rounds = self.rounds(key)
+        return PrivacyAccount(delta=delta, noise_multipliers=rounds).epsilon() if rounds else 0.0
 
 
 class RunAccounts:
@@ -59,9 +109,9 @@ class RunAccounts:
     """
 
     def __init__(self, state_dir: Path | None = None, ceiling: PrivacyBudget | None = None) -> None:
-        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.ledger = NoiseLedger(state_dir, ACCOUNTS_DIR)
+        self.state_dir = self.ledger.state_dir
         self.ceiling = ceiling
-        self._memory: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -73,17 +123,11 @@ class RunAccounts:
 
     def path(self, key: str) -> Path | None:
         """Return the file of account ``key`` (None without a state directory)."""
-        if self.state_dir is None:
-            return None
-        name = hashlib.sha256(key.encode()).hexdigest()[:32]
-        return self.state_dir / ACCOUNTS_DIR / f"{name}.json"
+        return self.ledger.path(key)
 
     def rounds(self, key: str) -> list[float]:
         """Return the noise multipliers account ``key`` has spent, in order."""
-        path = self.path(key)
-        if path is None:
-            return list(self._memory.get(key, []))
-        return PrivacyAccount(path=path).noise_multipliers if path.exists() else []
+        return self.ledger.rounds(key)
 
     def _budgets(self, params: SSAParams) -> list[tuple[PrivacyBudget, str]]:
         out = []
@@ -132,14 +176,7 @@ class RunAccounts:
             reason = self._refusal(params, key, z)
             if reason is not None:
                 raise HelperBudgetExhaustedError(reason)
-            path = self.path(key)
-            if path is None:
-                self._memory.setdefault(key, []).append(z)
-                rounds = list(self._memory[key])
-            else:
-                account = PrivacyAccount(path=path)
-                account.spend(z)
-                rounds = account.noise_multipliers
+            rounds = self.ledger.append(key, z)
         budgets = self._budgets(params)
         if not budgets:
             delta = params.dp.delta if params.dp is not None else DEFAULT_DELTA
@@ -149,5 +186,4 @@ class RunAccounts:
 
     def epsilon(self, key: str, delta: float = DEFAULT_DELTA) -> float:
         """``ε`` at ``delta`` that account ``key`` has spent (``inf`` after a ``z = 0`` round)."""
-        rounds = self.rounds(key)
-        return PrivacyAccount(delta=delta, noise_multipliers=rounds).epsilon() if rounds else 0.0
+        return self.ledger.epsilon(key, delta)

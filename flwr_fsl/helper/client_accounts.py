@@ -23,12 +23,12 @@ kept too, but S0 can then make keys at will: they bind nothing.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget
+from flwr_fsl.helper.accounts import NoiseLedger
 
 __all__ = ["CLIENT_ACCOUNTS_DIR", "ClientAccounts"]
 
@@ -49,24 +49,23 @@ class ClientAccounts:
     """
 
     def __init__(self, state_dir: Path | None = None, ceiling: PrivacyBudget | None = None) -> None:
-        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.ledger = NoiseLedger(state_dir, CLIENT_ACCOUNTS_DIR)
+        self.state_dir = self.ledger.state_dir
         self.ceiling = ceiling
-        self._memory: dict[bytes, list[float]] = {}
         self._lock = threading.Lock()
+
+    @staticmethod
+    def key(signer: bytes) -> str:
+        """Return the account key of a client signing key."""
+        return f"client:{bytes(signer).hex()}"
 
     def path(self, signer: bytes) -> Path | None:
         """Return the file of ``signer``'s account (None without a state directory)."""
-        if self.state_dir is None:
-            return None
-        name = hashlib.sha256(b"client:" + bytes(signer)).hexdigest()[:32]
-        return self.state_dir / CLIENT_ACCOUNTS_DIR / f"{name}.json"
+        return self.ledger.path(self.key(signer))
 
     def rounds(self, signer: bytes) -> list[float]:
         """Return the noise multipliers ``signer``'s account has spent, in order."""
-        path = self.path(signer)
-        if path is None:
-            return list(self._memory.get(bytes(signer), []))
-        return PrivacyAccount(path=path).noise_multipliers if path.exists() else []
+        return self.ledger.rounds(self.key(signer))
 
     def refusal(self, signer: bytes, z: float) -> str | None:
         """Return why one more round at ``z`` would take ``signer`` past S1's ceiling, or None."""
@@ -86,14 +85,8 @@ class ClientAccounts:
         """Spend one round at ``z`` on each signer's account (persisted before returning)."""
         with self._lock:
             for signer in signers:
-                path = self.path(signer)
-                if path is None:
-                    self._memory.setdefault(bytes(signer), []).append(z)
-                else:
-                    account = PrivacyAccount(path=path)
-                    account.spend(z)
+                self.ledger.append(self.key(signer), z)
 
     def epsilon(self, signer: bytes, delta: float) -> float:
         """``ε`` at ``delta`` that ``signer``'s account has spent (0 before any round)."""
-        rounds = self.rounds(signer)
-        return PrivacyAccount(delta=delta, noise_multipliers=rounds).epsilon() if rounds else 0.0
+        return self.ledger.epsilon(self.key(signer), delta)
