@@ -461,20 +461,16 @@ def _announce_dp(service: HelperService) -> None:
             f"clip norm <= {policy.clip_norm:g}, max weight <= {policy.max_weight:g}",
             flush=True,
         )
-    ceiling = service.limits.dp_budget
-    if ceiling is not None:
-        print(
-            f"{_PROG}: DP budget ceiling per run: epsilon <= {ceiling.epsilon:g} at delta "
-            f"{ceiling.delta:g}",
-            flush=True,
-        )
-    client_ceiling = service.limits.dp_client_budget
-    if client_ceiling is not None:
-        print(
-            f"{_PROG}: DP budget ceiling per enrolled client, across runs: epsilon <= "
-            f"{client_ceiling.epsilon:g} at delta {client_ceiling.delta:g}",
-            flush=True,
-        )
+    for what, ceiling in (
+        ("per run", service.limits.dp_budget),
+        ("per enrolled client, across runs", service.limits.dp_client_budget),
+    ):
+        if ceiling is not None:
+            print(
+                f"{_PROG}: DP budget ceiling {what}: epsilon <= {ceiling.epsilon:g} at delta "
+                f"{ceiling.delta:g}",
+                flush=True,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
