@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
@@ -53,6 +53,11 @@ class InProcessGrid(Grid):
     drop_nodes : Callable[[int, Message], bool], optional
         Fault injection for tests: if it returns True for ``(node_id, message)`` the node's
         reply is lost (as if the node went offline after receiving the message).
+    tamper_replies : Callable[[int, Message, Message], Sequence[Message]], optional
+        Fault injection for tests: called with ``(node_id, request, reply)`` for every reply
+        (after ``drop_nodes``); the server receives the returned messages instead, in order
+        (none: the reply is lost; two: a duplicate or a stale reply). See
+        :mod:`flwr_fsl.testing.faults`.
 
     Raises
     ------
@@ -72,6 +77,7 @@ class InProcessGrid(Grid):
         node_config_fn: Callable[[int], UserConfig] | None = None,
         run_id: int = 1,
         drop_nodes: Callable[[int, Message], bool] | None = None,
+        tamper_replies: Callable[[int, Message, Message], Sequence[Message]] | None = None,
     ) -> None:
         if num_nodes <= 0:
             raise ValueError(f"num_nodes must be positive, got {num_nodes}")
@@ -79,6 +85,7 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config or {})
         self._drop_nodes = drop_nodes
+        self._tamper_replies = tamper_replies
         self._node_ids = [1000 + i for i in range(num_nodes)]
         make_config = node_config_fn or (lambda i: {"partition-id": i, "num-partitions": num_nodes})
         self._contexts = {
@@ -92,7 +99,7 @@ class InProcessGrid(Grid):
             for i, node_id in enumerate(self._node_ids)
         }
         self._message_counter = itertools.count(1)
-        self._replies: dict[str, Message] = {}
+        self._replies: dict[str, list[Message]] = {}
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = _SERVER_NODE_ID
         TaskIdentity.task_id = 1
@@ -134,13 +141,18 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_message_id"] = msg_id
             ids.append(msg_id)
             reply = self._deliver(msg)
-            if reply is not None:
-                self._replies[msg_id] = reply
+            if reply is None:
+                continue
+            replies = [reply]
+            if self._tamper_replies is not None:
+                replies = list(self._tamper_replies(msg.metadata.dst_node_id, msg, reply))
+            if replies:
+                self._replies[msg_id] = replies
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Return (and forget) the replies to the given message ids that exist."""
-        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+        return [r for i in message_ids if i in self._replies for r in self._replies.pop(i)]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
