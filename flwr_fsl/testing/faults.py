@@ -29,6 +29,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.app.error import Error
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.phases import PHASE_FIELD
 from flwr_fsl.testing.grid import _copy_content
 
@@ -80,7 +81,7 @@ def _rewrite_bytes(content: RecordDict, change: Callable[[bytes], bytes]) -> Rec
     out = _copy_content(content)
     where = largest_bytes(out)
     if where is None:
-        raise ValueError("the reply holds no bytes to corrupt")
+        raise ConfigurationError("the reply holds no bytes to corrupt")
     kind, key, name = where
     if kind == "config":
         record = out.config_records[key]
@@ -141,11 +142,11 @@ class ReplyFault:
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
-            raise ValueError(f"kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+            raise ConfigurationError(f"kind must be one of {FAULT_KINDS}, got {self.kind!r}")
         if (self.phase is None) != (self.family is None):
-            raise ValueError("phase and family go together")
+            raise ConfigurationError("phase and family go together")
         if self.kind == "wrong" and self.rewrite is None:
-            raise ValueError('kind "wrong" needs rewrite')
+            raise ConfigurationError('kind "wrong" needs rewrite')
 
     def matches(self, node_id: int, request: Message) -> bool:
         """Whether a request to ``node_id`` is one this fault watches."""

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.testing import InProcessGrid
 from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault, largest_bytes
 from tests.testing.test_grid import _app
@@ -76,10 +77,10 @@ def test_wrong_rewrites_the_content() -> None:
 
 
 def test_bad_arguments_and_no_bytes() -> None:
-    with pytest.raises(ValueError, match="kind"):
+    with pytest.raises(ConfigurationError, match="kind"):
         ReplyFault(BAD, "melt")
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ConfigurationError, match="family"):
         ReplyFault(BAD, "flip", phase="x")
-    with pytest.raises(ValueError, match="rewrite"):
+    with pytest.raises(ConfigurationError, match="rewrite"):
         ReplyFault(BAD, "wrong")
     assert largest_bytes(RecordDict()) is None
