@@ -80,8 +80,7 @@ class ServerViewGrid(InProcessGrid):
         sent = list(messages)
         ids = list(super().push_messages(sent))
         for msg, msg_id in zip(sent, ids, strict=True):
-            reply = self._replies.get(msg_id)
-            if reply is not None:
+            for reply in self._replies.get(msg_id, []):
                 self.view.append((msg, reply))
         return ids
 

@@ -365,7 +365,7 @@ class _OneReplyPerPull(InProcessGrid):
     def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
         ids = [i for i in message_ids if i in self._replies][:1]
         self.events.append(f"pull {len(ids)}")
-        return [self._replies.pop(i) for i in ids]
+        return [r for i in ids for r in self._replies.pop(i)]
 
 
 class _RecordingHelper(InProcessHelper):
