@@ -599,6 +599,11 @@ class SSAServer:
         # A checked round's shares have one discard row (index m): the stash keys' dummy slot.
         rows = params.domain_size + int(params.verify)
         self._share = np.zeros((rows, params.tau), np.uint64)
+        # Clients' evaluated shares are summed here in key/bin order (a contiguous add) and
+        # scattered into ``_share`` once, when the share is read: one random scatter per
+        # round instead of one per client (issue 26). Allocated with the first client.
+        self._pending: NDArray[np.uint64] | None = None
+        self._buffer: NDArray[np.uint64] | None = None
         self._check = KeyCheck(params, party, self._lengths) if params.verify else None
         self._previous = dict(previous_keys or {})
         self._clients: dict[int, None] = {}  # insertion-ordered set
@@ -688,7 +693,10 @@ class SSAServer:
         keys = self._recent.pop(client_id, None)
         if keys is None:
             raise ConfigurationError(f"client {client_id} was not added in this chunk")
-        self._scatter(self._evaluate(keys)[0], negate=True)
+        values = self._evaluate(keys)[0]
+        if self._pending is None:  # the share was read since the client was added
+            self._pending = np.zeros_like(values)
+        np.subtract(self._pending, values, out=self._pending)
         del self._clients[client_id]
         self.keys.pop(client_id, None)
 
@@ -698,6 +706,9 @@ class SSAServer:
 
     def share(self) -> NDArray[np.uint64]:
         """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""
+        if self._pending is not None:
+            self._scatter(self._pending)
+            self._pending = None
         return self._share[: self.params.domain_size].copy()
 
     def _check_new(self, client_id: int) -> None:
@@ -705,9 +716,14 @@ class SSAServer:
             raise SSAInputError(f"client {client_id} already contributed to this round")
 
     def _evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes | None]:
+        # One evaluation buffer per server, reused: its values are added to ``_pending``
+        # (or subtracted from it) before the next client is evaluated.
+        shape = (int(self._lengths.sum()), keys.public.tau)
+        if self._buffer is None or self._buffer.shape != shape:
+            self._buffer = np.empty(shape, np.uint64)
         if self._check is not None:
-            return self._check.evaluate(keys)
-        return evaluate_batch(keys, lengths=self._lengths)[0], None
+            return self._check.evaluate(keys, out=self._buffer)
+        return evaluate_batch(keys, lengths=self._lengths, out=self._buffer)[0], None
 
     def _accumulate(self, client_id: int, keys: DPFKeyBatch, expect: bytes | None) -> bytes | None:
         values, digest = self._evaluate(keys)
@@ -716,7 +732,10 @@ class SSAServer:
                 "key check failed: the servers' digests differ (a key with more than one "
                 "point, or a count word other than 1)"
             )
-        self._scatter(values)
+        if self._pending is None:
+            self._pending = values.copy()
+        else:
+            np.add(self._pending, values, out=self._pending)
         self._clients[client_id] = None
         if self.party == 0:  # only S0, which adds before S1 checks, ever discards
             self._recent[client_id] = keys
@@ -724,22 +743,17 @@ class SSAServer:
             self.keys[client_id] = keys
         return digest
 
-    def _scatter(self, values: NDArray[np.uint64], negate: bool = False) -> None:
-        """Add (or subtract) a client's evaluated shares to the share rows they belong to."""
+    def _scatter(self, values: NDArray[np.uint64]) -> None:
+        """Add evaluated shares (in key order, summed over clients) to their share rows."""
         n_bin = self._lengths[: self._table.num_bins].sum()
         table = self._table
         if self.params.verify:  # skips each bin's dummy slot
-            scatter_bins(
-                self._share, table.bin_items, table.bin_offsets, values, -1 if negate else 1
-            )
+            scatter_bins(self._share, table.bin_items, table.bin_offsets, values, 1)
         else:
-            part = np.uint64(0) - values[:n_bin] if negate else values[:n_bin]
-            scatter_add_rows(self._share, table.bin_items, part)
+            scatter_add_rows(self._share, table.bin_items, values[:n_bin])
         if self.params.stash_size:
             stash = values[n_bin:].reshape(self.params.stash_size, -1, values.shape[1])
             summed = stash.sum(axis=0, dtype=np.uint64)
-            if negate:
-                summed = np.uint64(0) - summed
             self._share[: summed.shape[0]] += summed[:, : self.params.tau]
 
 

@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from numpy.typing import NDArray
@@ -149,6 +151,10 @@ def _key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
     return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
 
 
+_HASH_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fsl-digest")
+"""The digest threads every server in the process shares (threads start on first use)."""
+
+
 class KeyCheck:
     """One server's key check of one client: evaluation with proofs, count sums, digest.
 
@@ -172,10 +178,19 @@ class KeyCheck:
         self.one = one_word(params) if self.counts else np.uint64(0)
         self.segments = _segments(lengths)
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
-        self._proofs = np.empty((most, PROOF_WORDS), np.uint64)  # reused for every client
+        # Two proof buffers, reused for every client: segment j+1 is evaluated into one while
+        # a worker thread hashes segment j from the other (hashlib releases the GIL).
+        self._proofs = (
+            np.empty((most, PROOF_WORDS), np.uint64),
+            np.empty((most, PROOF_WORDS), np.uint64),
+        )
 
-    def evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes]:
+    def evaluate(
+        self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None
+    ) -> tuple[NDArray[np.uint64], bytes]:
         """Evaluate a client's keys; return their output shares and this server's digest.
+
+        ``out``, if given, is a reused ``(points, tau)`` uint64 buffer the shares go into.
 
         The digest is SHA-256 over the tag, every evaluated point's proof in point order, and
         (unit weights) the normalized per-key count sums (module docstring).
@@ -187,14 +202,23 @@ class KeyCheck:
         """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
-        values = np.empty((int(self.offsets[-1]), keys.public.tau), np.uint64)
+        shape = (int(self.offsets[-1]), keys.public.tau)
+        values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
         h = hashlib.sha256(_TAG)
-        for lo, hi in self.segments:
-            a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            proofs = self._proofs[: b - a]
-            part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
-            evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
-            h.update(proofs.data)  # little-endian uint64 words, hashed in place
+        hashing: Future[None] | None = None
+        try:
+            for j, (lo, hi) in enumerate(self.segments):
+                a, b = int(self.offsets[lo]), int(self.offsets[hi])
+                proofs = self._proofs[j % 2][: b - a]
+                part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
+                evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
+                if hashing is not None:
+                    hashing.result()  # segment j-1 hashed: its buffer is free, order is kept
+                # Little-endian uint64 words, hashed in place.
+                hashing = _HASH_POOL.submit(h.update, proofs.data)
+        finally:
+            if hashing is not None:
+                hashing.result()
         if self.counts:
             col = self.params.tau - 1  # the count word (padding, if any, comes after it)
             sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)

@@ -497,3 +497,33 @@ def test_unit_weights_put_one_in_every_count_word_whatever_the_weights() -> None
     result = reconstruct(params, servers[0].share(), servers[1].share())
     assert result.counts is not None and result.counts[9] == pytest.approx(2.0)
     np.testing.assert_allclose(result.average()[9], [2.0, 2.0], atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rounds(), st.booleans(), st.data())
+def test_share_read_at_any_time_and_discards_equal_one_scatter_per_client(  # type: ignore[no-untyped-def]
+    case, verify: bool, data: st.DataObject
+) -> None:
+    # The server sums clients' evaluated shares in bin order and scatters once per read (issue
+    # 26): reading the share between clients, or discarding a client S1 refused, must give
+    # exactly what adding each kept client on its own gives.
+    params, clients, rng = case
+    params = replace(params, verify=verify)
+    uploads = [encode_update(params, i, v, w, rng=rng)[0] for i, v, w in clients]
+    ref = SSAServer(params, 0)
+    kept = data.draw(st.lists(st.booleans(), min_size=len(uploads), max_size=len(uploads)))
+    for cid, (upload, keep) in enumerate(zip(uploads, kept, strict=True)):
+        if keep:
+            solo = SSAServer(params, 0)
+            solo.add_client(cid, upload.public_part, upload.master_seeds[0])
+            ref._share[: params.domain_size] += solo.share()
+    server = SSAServer(params, 0)
+    for cid, (upload, keep) in enumerate(zip(uploads, kept, strict=True)):
+        server.add_client(cid, upload.public_part, upload.master_seeds[0])
+        if data.draw(st.booleans()):
+            server.share()  # a read in the middle flushes the pending sum
+        if not keep:
+            server.discard(cid)
+        server.forget_recent()
+    np.testing.assert_array_equal(server.share(), ref.share())
+    assert server.clients == tuple(c for c, k in enumerate(kept) if k)
