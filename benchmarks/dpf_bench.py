@@ -106,12 +106,13 @@ def replay_aes(sizes: list[int]) -> float:
 
 
 def record_aes(fn: Callable[[], Any]) -> RecordingAES:
-    """Run ``fn`` once with every DPF AES call (left, right, value ciphers) recorded."""
+    """Run ``fn`` once with every DPF AES call (left, right, value, proof ciphers) recorded."""
     ciphers = _mmo_ciphers()
     rec = RecordingAES(ciphers.value)
     left = RecordingAES(ciphers.left, rec.sizes, rec._clock)
     right = RecordingAES(ciphers.right, rec.sizes, rec._clock)
-    recorders = MMOCiphers(left, right, rec)  # type: ignore[arg-type]
+    proof = RecordingAES(ciphers.proof, rec.sizes, rec._clock)
+    recorders = MMOCiphers(left, right, rec, proof)  # type: ignore[arg-type]
     original = dpf._mmo_ciphers
     dpf._mmo_ciphers = lambda: recorders
     try:
