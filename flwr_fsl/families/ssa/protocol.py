@@ -50,9 +50,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -70,11 +69,7 @@ from flwr_fsl.crypto.dpf import (
 )
 from flwr_fsl.crypto.hashing import (
     EMPTY,
-    CuckooInsertionError,
-    HashParams,
     SimpleTable,
-    cuckoo_hash,
-    simple_hash,
 )
 from flwr_fsl.crypto.prg import random_seeds
 from flwr_fsl.families.ssa.messages import (
@@ -86,127 +81,21 @@ from flwr_fsl.families.ssa.messages import (
     _state_to_bytes,
 )
 from flwr_fsl.families.ssa.payload import payload_words
+from flwr_fsl.families.ssa.placement import (
+    key_domain_bits,
+    key_lengths,
+    place_indices,
+    simple_table_for,
+)
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
-    dummy_alphas,
-    key_domain_bits_checked,
-    key_lengths_checked,
     one_word,
     same_digest,
 )
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
-
-
-@lru_cache(maxsize=8)
-def _simple_table_cached(params: HashParams) -> SimpleTable:
-    return simple_hash(params)
-
-
-def simple_table_for(params: SSAParams) -> SimpleTable:
-    """Return the round's simple table of all ``m`` indices (cached per hashing parameters)."""
-    return _simple_table_cached(params.hash_params)
-
-
-def key_domain_bits(
-    params: SSAParams, simple_table: SimpleTable | None = None
-) -> NDArray[np.int64]:
-    """Return the public domain size (bits) of every key: per bin, then the stash slots.
-
-    A checked round (``params.verify``) leaves room for every key's dummy slot
-    (:func:`~flwr_fsl.families.ssa.verify.key_domain_bits_checked`).
-    """
-    table = simple_table if simple_table is not None else simple_table_for(params)
-    if params.verify:
-        return key_domain_bits_checked(params, table)
-    stash_bits = max(1, math.ceil(math.log2(params.domain_size))) if params.domain_size > 1 else 1
-    return np.concatenate(
-        [table.domain_bits(min_bits=1), np.full(params.stash_size, stash_bits, np.int64)]
-    )
-
-
-def _key_lengths(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
-    if params.verify:
-        return key_lengths_checked(params, table)
-    return np.concatenate(
-        [table.bin_sizes, np.full(params.stash_size, params.domain_size, np.int64)]
-    )
-
-
-def place_indices(
-    params: SSAParams,
-    indices: ArrayLike,
-    simple_table: SimpleTable | None = None,
-    rng: np.random.Generator | None = None,
-) -> Placement:
-    """Cuckoo-hash a client's indices and compute every key's DPF point.
-
-    Parameters
-    ----------
-    params : SSAParams
-        The round.
-    indices : array_like
-        The client's distinct element indices (at most ``k``) in ``[0, m)``.
-    simple_table : SimpleTable, optional
-        The round's simple table (computed if omitted).
-    rng : numpy.random.Generator, optional
-        Eviction randomness.
-
-    Returns
-    -------
-    Placement
-        Points and slots of all ``B + σ`` keys.
-
-    Raises
-    ------
-    ValueError
-        If there are more than ``k`` indices, duplicates, or indices out of range.
-    CuckooInsertionError
-        If cuckoo insertion fails (probability about 2**-40 for the default ε).
-
-    Notes
-    -----
-    The error texts name no index and no set size: a client's exception text reaches S0
-    (Flower sends it as the error reply's reason), and both are the client's secret.
-    """
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if idx.size > params.num_items:
-        raise ConfigurationError(f"more indices than the round allows (k={params.num_items})")
-    if idx.size and (idx.min() < 0 or idx.max() >= params.domain_size):
-        raise ConfigurationError(f"indices must be in [0, {params.domain_size})")
-    # One sort serves the distinctness check and the slot lookup below (np.unique's hash
-    # path costs ~20 ms at k = 105k).
-    order = np.argsort(idx, kind="stable")
-    sorted_idx = idx[order]
-    if np.any(sorted_idx[1:] == sorted_idx[:-1]):
-        raise ConfigurationError("indices must be distinct")
-    table = simple_table if simple_table is not None else simple_table_for(params)
-    try:
-        cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
-    except CuckooInsertionError as err:
-        # The hashing layer's text names the homeless index; keep it out of the reply.
-        raise CuckooInsertionError(
-            "cuckoo hashing failed for this index set: use a larger scale_factor or "
-            "stash_size, or a new hash key",
-            err.index,
-        ) from None
-    positions = cuckoo.positions(table)
-    num_bins = params.hash_params.num_bins
-    alphas = np.zeros(params.num_keys, np.uint64)
-    slots = np.full(params.num_keys, EMPTY, np.int64)
-    occupied = cuckoo.occupied
-    alphas[:num_bins][occupied] = positions[occupied].astype(np.uint64)
-    # Slot lookup through the distinct indices, sorted once (k log k, no per-item Python).
-    slots[:num_bins][occupied] = order[np.searchsorted(sorted_idx, cuckoo.items[occupied])]
-    stash_used = cuckoo.stash != EMPTY
-    stash_items = cuckoo.stash[stash_used]
-    alphas[num_bins:][stash_used] = stash_items.astype(np.uint64)
-    slots[num_bins:][stash_used] = order[np.searchsorted(sorted_idx, stash_items)]
-    if params.verify:  # every unused key points at its dummy slot
-        alphas[slots == EMPTY] = dummy_alphas(params, table)[slots == EMPTY]
-    return Placement(alphas, slots, cuckoo)
 
 
 @dataclass
@@ -597,7 +486,7 @@ class SSAServer:
         self.params = params
         self.party = party
         self._table = simple_table_for(params)
-        self._lengths = _key_lengths(params, self._table)
+        self._lengths = key_lengths(params, self._table)
         # A checked round's shares have one discard row (index m): the stash keys' dummy slot.
         rows = params.domain_size + int(params.verify)
         self._share = np.zeros((rows, params.tau), np.uint64)
@@ -702,9 +591,17 @@ class SSAServer:
         del self._clients[client_id]
         self.keys.pop(client_id, None)
 
-    def forget_recent(self) -> None:
-        """Stop remembering the clients added since the last call (their places are final)."""
-        self._recent.clear()
+    def forget_recent(self, clients: Iterable[int] | None = None) -> None:
+        """Stop remembering clients added since the last call (their places are final).
+
+        ``clients`` names which (default: all of them): S0 settles one relayed chunk while
+        the next one's clients are still waiting for S1's verdicts.
+        """
+        if clients is None:
+            self._recent.clear()
+        else:
+            for client in clients:
+                self._recent.pop(client, None)
 
     def share(self) -> NDArray[np.uint64]:
         """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""

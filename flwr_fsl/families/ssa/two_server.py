@@ -65,6 +65,7 @@ guarantee against S1) is the strategy's run-level
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -480,11 +481,11 @@ class LeadServer:
     ) -> SSARound:
         """Securely aggregate a round's uploads with S1 (opens the round if needed).
 
-        Uploads are relayed to S1 in chunks of at most :attr:`relay_chunk_bytes`, and S0
-        evaluates each chunk's accepted clients before the next chunk is read, so a round's
-        cost on either server is ``O(m τ)`` words plus one chunk however many clients it has
-        (plus every client's keys in U-DPF rounds, which the protocol must keep). Given an
-        iterator, S0 never holds more than one chunk of uploads.
+        Uploads are relayed to S1 in chunks of at most :attr:`relay_chunk_bytes`: S0 evaluates
+        a chunk, relays it, and evaluates the next chunk while S1 evaluates the relayed one,
+        so a round's cost on either server is ``O(m τ)`` words plus two chunks however many
+        clients it has (plus every client's keys in U-DPF rounds, which the protocol must
+        keep). Given an iterator, S0 never holds more than two chunks of uploads.
 
         Parameters
         ----------
@@ -514,10 +515,7 @@ class LeadServer:
             uploads = uploads.items()
         self.open(params)
         server0 = SSAServer(params, 0, previous_keys=self.stored_keys)
-        rejected: dict[int, str] = {}
-        hinted: set[int] = set()
-        for chunk in _relay_chunks(uploads, self.relay_chunk_bytes):
-            self._aggregate_chunk(params, server0, chunk, rejected, hinted)
+        rejected, hinted = self._aggregate_chunks(params, server0, uploads)
         accepted = list(server0.clients)
         if len(accepted) < self.min_clients:
             # Nothing is reconstructed: S0 does not even ask S1 for its share.
@@ -547,15 +545,39 @@ class LeadServer:
         result = reconstruct(params, share0, share1.share)
         return SSARound(result, accepted, rejected, len(hinted & set(accepted)))
 
-    def _aggregate_chunk(
+    def _aggregate_chunks(
         self,
         params: SSAParams,
         server0: SSAServer,
+        uploads: Iterable[tuple[int, ClientUpload]],
+    ) -> tuple[dict[int, str], set[int]]:
+        """Run every relay chunk through both servers; return the rejected and hinted clients.
+
+        S1 evaluates chunk i (the relay runs in a thread) while S0 evaluates chunk i + 1, so
+        both servers work at once (issue 26). One relay is in flight at a time, and a chunk's
+        verdicts are settled before the next chunk is relayed.
+        """
+        rejected: dict[int, str] = {}
+        hinted: set[int] = set()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsl-relay") as relays:
+            in_flight: tuple[Future[dict[int, str]], list[tuple[int, ClientUpload]]] | None
+            in_flight = None
+            for chunk in _relay_chunks(uploads, self.relay_chunk_bytes):
+                relay, digests = self._evaluate_chunk(server0, chunk, rejected)
+                if in_flight is not None:
+                    self._settle_chunk(server0, *in_flight, rejected, hinted)
+                in_flight = (relays.submit(self._relay, params, relay, digests), relay)
+            if in_flight is not None:
+                self._settle_chunk(server0, *in_flight, rejected, hinted)
+        return rejected, hinted
+
+    def _evaluate_chunk(
+        self,
+        server0: SSAServer,
         chunk: list[tuple[int, ClientUpload]],
         rejected: dict[int, str],
-        hinted: set[int],
-    ) -> None:
-        """S0 evaluates one chunk first, S1 second; S0 takes back every client S1 rejects.
+    ) -> tuple[list[tuple[int, ClientUpload]], dict[int, bytes | None]]:
+        """S0 evaluates one chunk first; return the clients to relay and S0's digests.
 
         In a checked round (``params.verify``) S0's key-check digest of each client travels
         with its upload: S1 adds a client only if its own digest is equal and returns it; S0
@@ -579,7 +601,18 @@ class LeadServer:
                     self.stored_keys.pop(client, None)  # send fresh keys next time
                 continue
             relay.append((client, upload))
-        now = self._relay(params, relay, digests)
+        return relay, digests
+
+    def _settle_chunk(
+        self,
+        server0: SSAServer,
+        verdicts: Future[dict[int, str]],
+        relay: list[tuple[int, ClientUpload]],
+        rejected: dict[int, str],
+        hinted: set[int],
+    ) -> None:
+        """S0 takes back every client of a relayed chunk that S1 rejected."""
+        now = verdicts.result()
         for client, upload in relay:
             if client in now:
                 server0.discard(client)
@@ -590,7 +623,7 @@ class LeadServer:
                     self.stored_keys.pop(client, None)
             elif upload.hint is not None:
                 hinted.add(client)
-        server0.forget_recent()
+        server0.forget_recent([client for client, _ in relay])
         rejected.update(now)
 
     def _relay(

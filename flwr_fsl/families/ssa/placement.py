@@ -1,0 +1,139 @@
+"""Where a client's SSA indices go: cuckoo placement and every key's DPF point and domain.
+
+Both servers and every client of a round compute the same simple table of all ``m`` indices
+(:func:`simple_table_for`, cached per hashing parameters); a client cuckoo-hashes its own
+indices into those bins (:func:`place_indices`), and the table fixes each key's public domain
+(:func:`key_domain_bits`) and the points the servers evaluate (:func:`key_lengths`).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto.hashing import (
+    EMPTY,
+    CuckooInsertionError,
+    HashParams,
+    SimpleTable,
+    cuckoo_hash,
+    simple_hash,
+)
+from flwr_fsl.families.ssa.messages import Placement, SSAParams
+from flwr_fsl.families.ssa.verify import dummy_alphas, key_domain_bits_checked, key_lengths_checked
+
+__all__ = ["key_domain_bits", "key_lengths", "place_indices", "simple_table_for"]
+
+
+@lru_cache(maxsize=8)
+def _simple_table_cached(params: HashParams) -> SimpleTable:
+    return simple_hash(params)
+
+
+def simple_table_for(params: SSAParams) -> SimpleTable:
+    """Return the round's simple table of all ``m`` indices (cached per hashing parameters)."""
+    return _simple_table_cached(params.hash_params)
+
+
+def key_domain_bits(
+    params: SSAParams, simple_table: SimpleTable | None = None
+) -> NDArray[np.int64]:
+    """Return the public domain size (bits) of every key: per bin, then the stash slots.
+
+    A checked round (``params.verify``) leaves room for every key's dummy slot
+    (:func:`~flwr_fsl.families.ssa.verify.key_domain_bits_checked`).
+    """
+    table = simple_table if simple_table is not None else simple_table_for(params)
+    if params.verify:
+        return key_domain_bits_checked(params, table)
+    stash_bits = max(1, math.ceil(math.log2(params.domain_size))) if params.domain_size > 1 else 1
+    return np.concatenate(
+        [table.domain_bits(min_bits=1), np.full(params.stash_size, stash_bits, np.int64)]
+    )
+
+
+def key_lengths(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
+    """Return how many points the servers evaluate per key (bins, then stash slots)."""
+    if params.verify:
+        return key_lengths_checked(params, table)
+    return np.concatenate(
+        [table.bin_sizes, np.full(params.stash_size, params.domain_size, np.int64)]
+    )
+
+
+def place_indices(
+    params: SSAParams,
+    indices: ArrayLike,
+    simple_table: SimpleTable | None = None,
+    rng: np.random.Generator | None = None,
+) -> Placement:
+    """Cuckoo-hash a client's indices and compute every key's DPF point.
+
+    Parameters
+    ----------
+    params : SSAParams
+        The round.
+    indices : array_like
+        The client's distinct element indices (at most ``k``) in ``[0, m)``.
+    simple_table : SimpleTable, optional
+        The round's simple table (computed if omitted).
+    rng : numpy.random.Generator, optional
+        Eviction randomness.
+
+    Returns
+    -------
+    Placement
+        Points and slots of all ``B + σ`` keys.
+
+    Raises
+    ------
+    ValueError
+        If there are more than ``k`` indices, duplicates, or indices out of range.
+    CuckooInsertionError
+        If cuckoo insertion fails (probability about 2**-40 for the default ε).
+
+    Notes
+    -----
+    The error texts name no index and no set size: a client's exception text reaches S0
+    (Flower sends it as the error reply's reason), and both are the client's secret.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size > params.num_items:
+        raise ConfigurationError(f"more indices than the round allows (k={params.num_items})")
+    if idx.size and (idx.min() < 0 or idx.max() >= params.domain_size):
+        raise ConfigurationError(f"indices must be in [0, {params.domain_size})")
+    # One sort serves the distinctness check and the slot lookup below (np.unique's hash
+    # path costs ~20 ms at k = 105k).
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    if np.any(sorted_idx[1:] == sorted_idx[:-1]):
+        raise ConfigurationError("indices must be distinct")
+    table = simple_table if simple_table is not None else simple_table_for(params)
+    try:
+        cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
+    except CuckooInsertionError as err:
+        # The hashing layer's text names the homeless index; keep it out of the reply.
+        raise CuckooInsertionError(
+            "cuckoo hashing failed for this index set: use a larger scale_factor or "
+            "stash_size, or a new hash key",
+            err.index,
+        ) from None
+    positions = cuckoo.positions(table)
+    num_bins = params.hash_params.num_bins
+    alphas = np.zeros(params.num_keys, np.uint64)
+    slots = np.full(params.num_keys, EMPTY, np.int64)
+    occupied = cuckoo.occupied
+    alphas[:num_bins][occupied] = positions[occupied].astype(np.uint64)
+    # Slot lookup through the distinct indices, sorted once (k log k, no per-item Python).
+    slots[:num_bins][occupied] = order[np.searchsorted(sorted_idx, cuckoo.items[occupied])]
+    stash_used = cuckoo.stash != EMPTY
+    stash_items = cuckoo.stash[stash_used]
+    alphas[num_bins:][stash_used] = stash_items.astype(np.uint64)
+    slots[num_bins:][stash_used] = order[np.searchsorted(sorted_idx, stash_items)]
+    if params.verify:  # every unused key points at its dummy slot
+        alphas[slots == EMPTY] = dummy_alphas(params, table)[slots == EMPTY]
+    return Placement(alphas, slots, cuckoo)
