@@ -261,7 +261,9 @@ evaluate_metrics_aggr_fn, sampling_seed
         state.protocol = params
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         exchange = _FlowerExchange(self, grid, state, arrays, train_config)
-        totals, server = self.server.aggregate(exchange, model, nodes, params, layout)
+        totals, server = self.server.aggregate(
+            exchange, model, nodes, params, layout, drop=state.drop
+        )
         new = self.server.apply(model, layout, totals, self.codec)
         survivors = server.survivors
         log(
@@ -294,7 +296,8 @@ class _FlowerExchange:
 
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
-        requests = encode_once(asks, make)  # a shared ask is encoded once
+        alive = set(self.state.survivors)  # the engine's survivors: one set per round
+        requests = encode_once({n: a for n, a in asks.items() if n in alive}, make)
 
         def take(node: int, reply: Any) -> None:
             accept(node, getattr(reply, field))
@@ -324,4 +327,4 @@ class _FlowerExchange:
                 self.strategy.configrecord_key: self.config,
             }
         )
-        return MaskedUpdateRequest(ask.params, ask.sharers, ask.settings, beside)
+        return MaskedUpdateRequest(ask.params, ask.sharers, ask.settings, beside, ask.mailbox)

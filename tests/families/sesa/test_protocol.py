@@ -585,7 +585,7 @@ def test_server_rejects_out_of_protocol_messages() -> None:
         server.add_bundle(2, view["bundles"][2])
     with pytest.raises(SesaError, match="outside U3"):
         server.add_evaluation(1, b"")
-    wrong_slots = sesa._masked_to_bytes([np.zeros((2, 3), U64)])
+    wrong_slots = sesa._masked_to_bytes([np.zeros((2, 3), U64)], server.params)
     with pytest.raises(SesaError, match="slots differ"):
         server.add_masked(1, wrong_slots)
     for u in nodes:
@@ -615,7 +615,8 @@ def test_message_sizes_match_theorem_1() -> None:
         words = slots * (40 + 1) + 1 * (3 + 1)  # ϕ and φ per slot and group
         per_piece = 5 + 16 + 4 + 2 * 4 + 4 * words  # header, ids, counts, words
         assert len(bundle) == 5 + 4 + 8 + 4 + (n - 1) * (12 + per_piece + OVERHEAD)
-        assert len(view["masked"][0]) == 5 + 4 + 8 + 4 * (slots * 40 + 3)
+        # FSEX v2: header, round digest, empty complaint, group count and slots, words.
+        assert len(view["masked"][0]) == 5 + 32 + 4 + 4 + 8 + 4 * (slots * 40 + 3)
         evaluation = sesa._evaluation_to_bytes([np.zeros(40, U64), np.zeros(3, U64)])
         assert len(evaluation) == 5 + 4 * (40 + 3)
         # Each piece's payload is what Theorem 1 counts: 4 bytes per word.
