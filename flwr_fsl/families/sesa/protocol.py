@@ -558,6 +558,7 @@ class SesaServer:
     _masked: dict[int, bytes] = field(default_factory=dict)
     _closed: bool = False
     _complaints: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
     _evaluations: dict[int, list[NDArray[np.uint64]]] = field(default_factory=dict)
 
     def add_advertisement(self, node: int, public_key: bytes) -> None:
@@ -724,6 +725,11 @@ class SesaServer:
     def result(self, *, check: bool = True) -> list[NDArray[np.uint64]]:
         """Decode ``ψ`` and return, per group, the ``(K, d)`` per-shard sums over ``U3`` (eq. 28).
 
+        With ``K_max + T + 2`` or more evaluations, one that does not lie on the polynomial all
+        the others lie on is attributed: its sender lands in :attr:`rejected` and the rest
+        decode (two different single exclusions cannot both fit: their polynomials would
+        share ``K_max + T`` points).
+
         Parameters
         ----------
         check : bool, optional
@@ -734,12 +740,32 @@ class SesaServer:
         TooFewSurvivorsError
             If fewer than ``K_max + T`` evaluations arrived.
         RoundFailedError
-            If the evaluations are inconsistent (a deviating client).
+            If the evaluations are inconsistent and no single one can be blamed.
         """
         self._need(len(self._evaluations), "evaluations")
+        u4 = self.evaluators
+        out = self._decode(u4, check)
+        if out is not None:
+            return out
+        if len(u4) >= self.params.threshold + 2:
+            fits = [(j, self._decode(tuple(x for x in u4 if x != j), True)) for j in u4]
+            found = [(j, o) for j, o in fits if o is not None]
+            if len(found) == 1:
+                j, decoded = found[0]
+                del self._evaluations[j]
+                self.rejected[j] = (
+                    "decode: its evaluation does not lie on the polynomial all others lie on"
+                )
+                return decoded
+        raise RoundFailedError(
+            f"SESA evaluations of {list(u4)} do not lie on one polynomial: a client deviated "
+            "(not attributable: fewer than K_max + T + 2 evaluations or several deviate)"
+        )
+
+    def _decode(self, u4: tuple[int, ...], check: bool) -> list[NDArray[np.uint64]] | None:
+        """Interpolate from the first ``K + T`` of ``u4``; None if a later one disagrees."""
         assert self._roster is not None
         order = sorted(self._roster)
-        u4 = self.evaluators
         positions = np.asarray([order.index(j) for j in u4], dtype=np.int64)
         f = self.params.field
         out = []
@@ -754,9 +780,7 @@ class SesaServer:
             if check and len(u4) > need:
                 extra = np.stack([self._evaluations[j][g] for j in u4[need:]])
                 if not np.array_equal(decoded[grp.shards :], extra):
-                    raise RoundFailedError(
-                        "SESA evaluations do not lie on one polynomial: a client deviated"
-                    )
+                    return None
             out.append(decoded[: grp.shards])
         return out
 

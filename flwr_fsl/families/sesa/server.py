@@ -333,6 +333,10 @@ class SesaRoundServer:
         server.keep(exchange("decode", asks, server.add_evaluation))
         del asks
         totals = server.result()
+        for node, reason in server.rejected.items():
+            log.warning("SESA round %d: client %d excluded: %s", params.round_id, node, reason)
+            if drop is not None:
+                drop(node, reason)
         check_plausible(
             params.groups, totals, _codec(settings, params), server.contributors(),
             settings.clip, weighted=settings.weighted,
