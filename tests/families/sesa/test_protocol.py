@@ -464,8 +464,9 @@ def test_a_shard_chosen_by_one_survivor_reveals_its_update() -> None:
 
 
 def test_an_inconsistent_evaluation_fails_the_round_instead_of_corrupting_it() -> None:
+    # K + T = 3 and 4 evaluations: one is checked, nobody can be blamed: the round fails.
     params = _params(1, [(2, 3)])
-    nodes = list(range(5))  # K + T = 3 < 5 evaluations: two are checked
+    nodes = list(range(4))
     choices = _random_choices(params, nodes, np.random.default_rng(4))
     result, _, server = run_round(params, choices)
     assert isinstance(result, list)
@@ -475,6 +476,22 @@ def test_an_inconsistent_evaluation_fails_the_round_instead_of_corrupting_it() -
     with pytest.raises(RoundFailedError, match="one polynomial"):
         server.result()
     assert isinstance(server.result(check=False), list)
+
+
+def test_one_inconsistent_evaluation_among_k_plus_t_plus_two_is_attributed() -> None:
+    # K + T = 3 and 5 evaluations: the one off the polynomial is the only single exclusion
+    # that leaves the other four on one polynomial; the sums decode exactly without it.
+    params = _params(1, [(2, 3)])
+    nodes = list(range(5))
+    choices = _random_choices(params, nodes, np.random.default_rng(4))
+    result, _, server = run_round(params, choices)
+    assert isinstance(result, list)
+    bad = server._evaluations[nodes[2]][0].copy()
+    bad[0] = (bad[0] + 1) % SESA_PRIME
+    server._evaluations[nodes[2]][0] = bad
+    again = server.result()
+    assert set(server.rejected) == {nodes[2]}
+    assert all(np.array_equal(a, b) for a, b in zip(again, result, strict=True))
 
 
 def test_clients_refuse_out_of_order_repeated_or_inconsistent_requests() -> None:
