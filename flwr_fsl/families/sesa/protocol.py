@@ -127,7 +127,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -642,7 +642,7 @@ class SesaServer:
         self._masked[node] = masked
         self._complaints[node] = complaint
 
-    def keep(self, nodes: Sequence[int]) -> None:
+    def keep(self, nodes: Iterable[int]) -> None:
         """Keep only ``nodes`` at the open step (the engine's survivors): forget the others.
 
         Before ``U2`` closes it forgets bundles, before ``U3`` closes masked updates, after
