@@ -604,7 +604,10 @@ class AnswererState:
             flat = r.array_u64("share")
             if flat.ndim != 1 or flat.size != math.prod(shape):
                 raise WireFormatError("answerer state: array size does not match its shape")
-            arrays.append(flat.reshape(shape))  # every dimension fits: no ValueError
+            try:  # numpy refuses shapes whose non-zero dimensions multiply too far
+                arrays.append(flat.reshape(shape))
+            except ValueError as err:
+                raise WireFormatError(f"answerer state: impossible array shape: {err}") from err
         r.done()
         pool = (arrays[depth], arrays[depth + 1]) if has_pool else None
         return cls(session, batch, next_step, op, qa, sa, arrays[:depth], pool)

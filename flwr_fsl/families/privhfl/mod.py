@@ -261,7 +261,9 @@ class PrivHFLClient(PhaseMod):
     max_abs_input : float
         Largest ``|pixel|`` accepted in a query.
     max_abs_logit : float
-        Largest ``|logit sum|`` accepted in a retrain message.
+        Largest ``|logit sum|`` accepted in a retrain message (default ``1e4``, the strategy's
+        bound on a plaintext sum; a secure sum beyond it fails that query, reported to the
+        server, and the node re-trains on its private data only).
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
 
@@ -283,7 +285,7 @@ class PrivHFLClient(PhaseMod):
         image_shape: tuple[int, ...] = IMAGE_SHAPE,
         max_answer: int = 100_000,
         max_abs_input: float = 1e3,
-        max_abs_logit: float = 1e6,
+        max_abs_logit: float = 1e4,
         num_threads: int | None = None,
     ) -> None:
         if not callable(model_fn) or not callable(data_fn):
