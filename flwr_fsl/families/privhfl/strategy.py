@@ -403,7 +403,8 @@ min_available_nodes, sampling_seed
         if not new:
             return
         requests = {n: PhaseRequest(self._phase("local", state.server_round, n)) for n in new}
-        done = self._send(grid, state, LOCAL, requests, self._train_metrics, shrink=False)
+        # A node whose local phase fails is dropped from this round (it tries again next round).
+        done = self._send(grid, state, LOCAL, requests, self._train_metrics)
         self.trained.update(done)
         if self.evaluate_local and done:
             self.node_metrics.setdefault(0, {}).update(
