@@ -198,7 +198,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         **dict.fromkeys(FAULT_KINDS, "dropped"),
         **dict.fromkeys(NO_BYTES, "n/a"),
         "replay": "harmless",
-    },  # fmt: skip
+    },
     # evaluation replies never remove a node (their problems are logged); no model changes
     "evaluate": {**dict.fromkeys(FAULT_KINDS, "harmless"), **dict.fromkeys(NO_BYTES, "n/a")},
 }
