@@ -15,8 +15,8 @@ Messages that carry randomness (SecAgg and SESA shares, sealed blobs inside a me
 frozen as the encoding of a message object built from fixed field values: the same object must
 give the same bytes. Sections: DPF keys, PRG, hashing, SSA params and uploads, fixed point,
 the sparse codec; SecAgg (``FSAG``, ``FSAC``, ids, roster, shares, unmask, rows, masked
-inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX``/
-``FSED``/``FSEE``/``FSEC``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
+inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX`` v2/
+``FSED``/``FSEE``/``FSEC``/``FSEM``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
 (``PHFL`` messages, ``PHAR`` architectures, ``PHAS`` answerer states, ``PHFW`` secure
 answering); DCF keys (``FDCF``); the helper wire format (``FSHW``, every built-in kind); the
 sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomized-response memo

@@ -88,7 +88,11 @@ beyond ``max_abs_logit``) is dropped from the round with the reason in
 :attr:`~flwr_fsl.core.engine.RoundState.dropped`: a dropped querier's queries are not
 answered, a dropped answerer's logits are not in any sum (each querier's sum holds the
 answerers that replied; the count goes with it). A querier left with no answer keeps its model
-this round.
+this round. A node whose ``local`` phase fails is dropped for that round (it tries again in the
+next). With secure answering, a querier whose opened sum is out of range (an answerer's
+corrupted step reply, which the masked sum cannot pin on one answerer) is not dropped: its
+query fails, recorded in :attr:`PrivHFL.failed_queries` naming it and its answerers, and it
+re-trains on its private data only.
 """
 
 from __future__ import annotations

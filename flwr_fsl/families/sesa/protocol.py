@@ -90,8 +90,8 @@ client's number of shards ``K_i`` (from message sizes), not which ones. Clients 
 roster's public keys, ``U2``, ``U3`` and every ``x`` (uniform). Not defended: a server that
 deviates (e.g. sends different ``U3`` to different clients; clients only refuse a ``U3`` that
 is not a subset of ``U2`` holding themselves or is too small), and malicious clients, which can
-add anything to any shard's sum (a selector that is not a unit vector at the ``β``) — only
-evaluations inconsistent with one polynomial are detected.
+add to any shard's sum (a selector that is not a unit vector at the ``β``) — what one can do is
+bounded by :mod:`~flwr_fsl.families.sesa.attribution` (complaints, bounds, round binding).
 
 **Dimension choices** (the paper leaves them loose):
 

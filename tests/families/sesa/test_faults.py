@@ -190,6 +190,9 @@ WRONG: dict[str, Callable[[RecordDict], RecordDict]] = {
 EXPECTED = {
     "advertise": dict.fromkeys(FAULT_KINDS, "dropped"),
     "offline": dict.fromkeys(FAULT_KINDS, "dropped"),
+    # "duplicate": train streams its replies; the engine fails the round when a node whose
+    # reply was already used replies again (core/replies.py; "dropped" if the engine ever
+    # drops that node instead: SESA then leaves it out of U3)
     "train": {**dict.fromkeys(FAULT_KINDS, "dropped"), "duplicate": "failed", "wrong": "failed"},
     "decode": dict.fromkeys(FAULT_KINDS, "dropped"),
 }
@@ -206,7 +209,12 @@ def test_one_faulty_node_costs_only_itself(phase: str, kind: str) -> None:
     assert fault.applied == 1
     # A node lost at decode sent its masked update first: it is aggregated (Theorem 3).
     aggregated = ALL if phase == "decode" else HONEST
-    assert run.verdict(aggregated) == EXPECTED[phase][kind], run.strategy.dropped[2]
+    verdict = run.verdict(aggregated)
+    expected = EXPECTED[phase][kind]
+    if (phase, kind) == ("train", "duplicate"):  # the engine's choice (core/replies.py)
+        assert verdict in ("failed", "dropped"), run.strategy.dropped[2]
+    else:
+        assert verdict == expected, run.strategy.dropped[2]
 
 
 @pytest.mark.parametrize("flipped", [1, 3, 9])
