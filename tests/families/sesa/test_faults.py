@@ -296,3 +296,42 @@ def test_the_masked_update_format_is_versioned_and_bound_to_the_round() -> None:
     assert sm._read_masked(data, p1)[1] == (5,)
     with pytest.raises(sm.SesaError, match="another round"):
         sm._read_masked(data, p2)
+
+
+def _complain_about(*senders: int) -> Callable[[RecordDict], RecordDict]:
+    """Rewrite a masked update (FSEX v2) to carry a complaint naming ``senders``."""
+
+    def change(value: bytes) -> bytes:
+        ids = sorted(senders)
+        head = 5 + 32  # magic, version, the round's parameter digest
+        assert value[head : head + 4] == bytes(4)  # the honest complaint was empty
+        named = len(ids).to_bytes(4, "little") + b"".join(i.to_bytes(8, "little") for i in ids)
+        return value[:head] + named + value[head + 4 :]
+
+    return _rewrite("masked", change)
+
+
+def test_a_lying_complaint_about_one_sender_excludes_that_sender_only() -> None:
+    # The bound of the complaint rule, end to end: the server cannot check a complaint, so a
+    # lie naming one honest sender costs that sender (and nothing else); the round stays exact
+    # over everyone else, the liar included.
+    fault = ReplyFault(
+        FAULTY, "wrong", family=SESA_KEY, phase="train", occurrence=1,
+        rewrite=_complain_about(1005),
+    )  # fmt: skip
+    run = Run(fault)
+    assert set(run.strategy.dropped[2]) == {1005}
+    assert f"client(s) [{FAULTY}]" in run.strategy.dropped[2][1005]
+    assert 2 not in run.strategy.failed_rounds
+    assert run.exact(2, [n for n in ALL if n != 1005]) and run.exact(3, ALL)
+
+
+def test_a_complaint_naming_several_senders_excludes_only_the_complainer() -> None:
+    fault = ReplyFault(
+        FAULTY, "wrong", family=SESA_KEY, phase="train", occurrence=1,
+        rewrite=_complain_about(1000, 1005),
+    )  # fmt: skip
+    run = Run(fault)
+    assert run.verdict() == "dropped"
+    assert set(run.strategy.dropped[2]) == {FAULTY}
+    assert "only the complainer" in run.strategy.dropped[2][FAULTY]
