@@ -215,7 +215,12 @@ def test_one_faulty_node_costs_only_itself(phase: str, kind: str) -> None:
     run = Run(hook)
     assert hook.hits and fault.applied, "the fault never applied"  # type: ignore[attr-defined]
     verdict = run.verdict(rnd)
-    assert verdict == expected, (run.strategy.dropped, run.strategy.failed_queries)
+    allowed = {expected}
+    if kind == "duplicate" or (phase, kind) == ("retrain", "stale"):
+        # an identical second reply (a duplicate; last round's empty retrain reply): this
+        # engine drops the node, an engine that takes identical replies once makes it harmless
+        allowed |= {"harmless"}
+    assert verdict in allowed, (run.strategy.dropped, run.strategy.failed_queries)
 
 
 def test_a_flipped_bit_in_an_answerers_step_reply_never_drops_the_querier() -> None:
