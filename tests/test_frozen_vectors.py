@@ -105,6 +105,7 @@ def test_secagg_round_trips() -> None:
 
 
 def test_sesa_round_trips() -> None:
+    from flwr_fsl.families.sesa import messages as sesa_messages
     from flwr_fsl.families.sesa import protocol as sesa
 
     params = sesa.SesaParams.from_bytes(_hex("sesa", "params"))
@@ -114,7 +115,12 @@ def test_sesa_round_trips() -> None:
     roster = _hex("sesa", "roster")
     assert sesa._roster_to_bytes(sesa._roster_from_bytes(roster)) == roster
     masked = _hex("sesa", "masked")
-    assert sesa._masked_to_bytes(sesa._masked_from_bytes(masked, params)) == masked
+    words, complaint = sesa._read_masked(masked, params)
+    assert complaint == (6,)
+    assert sesa._masked_to_bytes(words, params, complaint) == masked
+    mailbox = _hex("sesa", "mailbox")
+    entries = sesa_messages.mailbox_from_bytes(mailbox, params)
+    assert sesa_messages.mailbox_to_bytes(entries) == mailbox
     evaluation = _hex("sesa", "evaluation")
     psi = [np.array([1, 2], np.uint64), np.array([1, 2, 3], np.uint64)]
     assert sesa._evaluation_to_bytes(psi) == evaluation

@@ -15,8 +15,8 @@ Messages that carry randomness (SecAgg and SESA shares, sealed blobs inside a me
 frozen as the encoding of a message object built from fixed field values: the same object must
 give the same bytes. Sections: DPF keys, PRG, hashing, SSA params and uploads, fixed point,
 the sparse codec; SecAgg (``FSAG``, ``FSAC``, ids, roster, shares, unmask, rows, masked
-inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX``/
-``FSED``/``FSEE``/``FSEC``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
+inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX`` v2/
+``FSED``/``FSEE``/``FSEC``/``FSEM``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
 (``PHFL`` messages, ``PHAR`` architectures, ``PHAS`` answerer states, ``PHFW`` secure
 answering); DCF keys (``FDCF``); the helper wire format (``FSHW``, every built-in kind); the
 sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomized-response memo
@@ -376,7 +376,7 @@ def sesa_vectors() -> dict[str, Any]:
         np.arange(2 * 2, dtype=np.uint64).reshape(2, 2) + np.uint64(5),
         np.array([[7, 8, 9]], np.uint64),
     ]
-    masked = client.masked_update([1, 4, 6, 9], updates)
+    masked = client.masked_update([1, 4, 6, 9], updates, complaint=[6])
     node = SesaNodeState(client, 0.5, ("fc1", "fc2"), ((0, 2), (1,)))
     words = [np.array([1, 2, 3], np.uint64), np.array([4, 5, 6, 7], np.uint64)]
     phis = [np.array([11, 12], np.uint64), np.array([13], np.uint64)]
@@ -392,6 +392,9 @@ def sesa_vectors() -> dict[str, Any]:
         "roster": sesa._roster_to_bytes(roster).hex(),
         "piece": sesa._encode_piece(4, 9, phis, piece_masks).hex(),
         "masked": masked.hex(),
+        "mailbox": sesa_messages.mailbox_to_bytes(
+            {1: ((2, 1), b"sealed-from-1"), 9: ((1, 1), b"sealed-from-9")}
+        ).hex(),
         "evaluation": sesa._evaluation_to_bytes([np.array([1, 2], np.uint64), words[0]]).hex(),
         "request": sesa._request_to_bytes(request).hex(),
         "state-fresh": fresh.hex(),

@@ -69,7 +69,17 @@ from flwr_fsl.families.privhfl.messages import (
 )
 from flwr_fsl.families.privhfl.protocol import Querier, ServerMessageError, SessionSeeds, agg_step
 
-__all__ = ["SecureAnswerer", "SecureQuerier"]
+__all__ = ["QueryFailedError", "SecureAnswerer", "SecureQuerier"]
+
+
+class QueryFailedError(ClientInputError):
+    """The opened logit sum is out of range: the query failed, not through the querier.
+
+    The sum mixes every answerer's session, so the querier cannot tell which answerer (or the
+    relay) deviated; it reports the failure and re-trains on its private data only
+    (:meth:`SecureQuerier.on_retrain`), and the server records the failed query naming the
+    querier and its answerers without dropping anyone.
+    """
 
 
 def _seeds(s: QuerierSessionState) -> SessionSeeds:
@@ -292,7 +302,8 @@ class SecureQuerier:
 
         ``answerers`` is the count the server says is in the sum. Returns the logit sum
         (``batch x num_classes``); the soft labels are ``softmax(sum / T)``. The sessions are
-        used once: :attr:`state` is cleared.
+        used once: :attr:`state` is cleared. A sum out of range (not finite or beyond
+        ``max_abs_logit``) raises :class:`QueryFailedError`: a failed query, not a bad querier.
         """
         state, self.state = self.state, None
         if state is None:
@@ -315,5 +326,5 @@ class SecureQuerier:
         if len(included) != answerers:
             raise ClientInputError("the aggregate's answerer count does not match the record")
         if not np.isfinite(logits).all() or float(np.abs(logits).max()) > self.max_abs_logit:
-            raise ClientInputError("the opened logit sum is out of range")
+            raise QueryFailedError("the opened logit sum is out of range")
         return logits

@@ -599,12 +599,15 @@ class AnswererState:
         arrays = []
         for _ in range(depth + 2 * has_pool):
             shape = r.ids("shape")
-            if len(shape) > 5:
-                raise WireFormatError("answerer state: array of more than 5 dimensions")
+            if len(shape) > 5 or any(d > _MAX_DIM for d in shape):
+                raise WireFormatError("answerer state: more than 5 dimensions or one too large")
             flat = r.array_u64("share")
             if flat.ndim != 1 or flat.size != math.prod(shape):
                 raise WireFormatError("answerer state: array size does not match its shape")
-            arrays.append(flat.reshape(shape))
+            try:  # numpy refuses shapes whose non-zero dimensions multiply too far
+                arrays.append(flat.reshape(shape))
+            except ValueError as err:
+                raise WireFormatError(f"answerer state: impossible array shape: {err}") from err
         r.done()
         pool = (arrays[depth], arrays[depth + 1]) if has_pool else None
         return cls(session, batch, next_step, op, qa, sa, arrays[:depth], pool)

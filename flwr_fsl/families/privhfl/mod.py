@@ -111,7 +111,7 @@ from torch import nn
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
-from flwr_fsl.families.privhfl.client import SecureAnswerer, SecureQuerier
+from flwr_fsl.families.privhfl.client import QueryFailedError, SecureAnswerer, SecureQuerier
 from flwr_fsl.families.privhfl.inference import SecureModel, from_torch
 from flwr_fsl.families.privhfl.messages import KEY_SLOT, QuerierState
 from flwr_fsl.families.privhfl.queries import expand, select, softmax
@@ -261,7 +261,9 @@ class PrivHFLClient(PhaseMod):
     max_abs_input : float
         Largest ``|pixel|`` accepted in a query.
     max_abs_logit : float
-        Largest ``|logit sum|`` accepted in a retrain message.
+        Largest ``|logit sum|`` accepted in a retrain message (default ``1e4``, the strategy's
+        bound on a plaintext sum; a secure sum beyond it fails that query, reported to the
+        server, and the node re-trains on its private data only).
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
 
@@ -283,7 +285,7 @@ class PrivHFLClient(PhaseMod):
         image_shape: tuple[int, ...] = IMAGE_SHAPE,
         max_answer: int = 100_000,
         max_abs_input: float = 1e3,
-        max_abs_logit: float = 1e6,
+        max_abs_logit: float = 1e4,
         num_threads: int | None = None,
     ) -> None:
         if not callable(model_fn) or not callable(data_fn):
@@ -388,15 +390,20 @@ class PrivHFLClient(PhaseMod):
         config = request.config
         data = self._data(context)
         model = self._model(context)
+        failed = None
         if request.secure is not None:
-            x_query, soft = self._secure_soft_labels(request, context, config)
+            try:
+                x_query, soft = self._secure_soft_labels(request, context, config)
+            except QueryFailedError as err:  # not this node's fault: report it, use no labels
+                x_query, soft, failed = None, None, str(err)
         else:
             x_query, soft = self._soft_labels(request, context, config)
         loss = retrain(
             model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
             config.batch_size, config.seed,
         )  # fmt: skip
-        return self._trained(context, model, data, loss)
+        reply = self._trained(context, model, data, loss)
+        return reply if failed is None else reply.with_query_failure(failed)
 
     def _trained(
         self, context: Context, model: nn.Module, data: PrivateData, loss: float

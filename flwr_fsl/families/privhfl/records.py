@@ -44,6 +44,7 @@ __all__ = [
     "PRIVHFL_KEY",
     "PRIVHFL_PHASES",
     "QUERIES_KEY",
+    "QUERY_FAILED_KEY",
     "RETRAIN",
     "SIGN",
     "STEP",
@@ -57,11 +58,14 @@ __all__ = [
     "queries_record",
     "read_logits",
     "read_queries",
+    "read_query_failure",
     "read_secure_blob",
     "secure_record",
 ]
 
 PRIVHFL_KEY = "fsl.privhfl"
+QUERY_FAILED_KEY = "fsl.privhfl.query-failed"
+"""``ConfigRecord`` of a ``retrain`` reply whose query failed (field ``reason``); absent else."""
 """``ConfigRecord`` of every server message: the phase and its settings."""
 QUERIES_KEY = "fsl.privhfl.queries"
 """``ArrayRecord`` ``{"x": float32 (B, *image_shape)}``: a querier's queries."""
@@ -486,6 +490,12 @@ class PhaseReply:
         )
         return cls(RecordDict({"metrics": metrics}))
 
+    def with_query_failure(self, reason: str) -> PhaseReply:
+        """Return this ``retrain`` reply with the querier's report that its query failed."""
+        content = RecordDict(dict(self.content))
+        content[QUERY_FAILED_KEY] = ConfigRecord({"reason": reason[:200]})
+        return PhaseReply(content)
+
     def blob(self) -> bytes:
         """Return the secure arm's reply bytes (ClientInputError if malformed)."""
         record = self.content.config_records.get(SECURE_KEY)
@@ -529,3 +539,20 @@ PRIVHFL_PHASES: dict[str, PrivHFLPhase] = {
     p.name: p for p in (LOCAL, GENERATE, ANSWER, RETRAIN, EVALUATE, KEYS, STEP, SIGN)
 }
 """Phase name -> its :class:`PrivHFLPhase` (the names of :data:`PHASE_TYPES`)."""
+
+
+def read_query_failure(content: RecordDict) -> tuple[str | None, RecordDict]:
+    """Split a ``retrain`` reply: the querier's failure report (or None) and the rest.
+
+    Raises
+    ------
+    ClientInputError
+        If the report is not one ``reason`` string.
+    """
+    record = content.config_records.get(QUERY_FAILED_KEY)
+    if record is None:
+        return None, content
+    reason = record.get("reason")
+    if len(record) != 1 or not isinstance(reason, str):
+        raise ClientInputError(f"{QUERY_FAILED_KEY!r} must hold one string field 'reason'")
+    return reason, RecordDict({k: v for k, v in content.items() if k != QUERY_FAILED_KEY})

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto.prg import SEED_BYTES
-from flwr_fsl.families.privhfl.client import SecureAnswerer, SecureQuerier
+from flwr_fsl.families.privhfl.client import QueryFailedError, SecureAnswerer, SecureQuerier
 from flwr_fsl.families.privhfl.flow import (
     ServerSession,
     architecture_from_bytes,
@@ -66,9 +66,28 @@ from flwr_fsl.families.privhfl.protocol import (
 )
 from flwr_fsl.families.privhfl.queries import softmax
 
-__all__ = ["Exchange", "PrivHFLServer", "SecureQueryResult", "run_secure_query"]
+__all__ = [
+    "Exchange",
+    "PrivHFLServer",
+    "SecureQueryResult",
+    "failed_query_reason",
+    "run_secure_query",
+]
 
 T = TypeVar("T")
+
+
+def failed_query_reason(querier: int, answerers: Sequence[int], why: str) -> str:
+    """Return why a secure query failed, naming the querier and every answerer in its sum.
+
+    Π_Agg opens only the sum of the answerers' logits, so an out-of-range sum cannot be
+    pinned on one answerer (nor, by the server, told from a querier that lies about it): the
+    query fails, nobody is dropped, and the querier re-trains on its private data only.
+    """
+    return (
+        f"the query of client {querier} failed ({why}): one of its answerers {list(answerers)} "
+        f"or client {querier} itself deviated (the sum cannot tell which); nobody is dropped"
+    )
 
 
 class Exchange(Protocol):
@@ -349,6 +368,9 @@ class SecureQueryResult:
         Querier -> how many answerers are in its sum (0: no answer; it is not in the others).
     dropped : dict[int, str]
         Node -> why it left the round (the first reason), as the Flower strategy records it.
+    failed_queries : dict[int, str]
+        Querier -> why its query failed (its opened sum out of range: one of its answerers
+        deviated, which the sum cannot tell); the querier stays in the round.
     phases : list[str]
         The phases exchanged, in order (``keys``, ``generate``, ``step-k``, ``sign-k``,
         ``retrain``).
@@ -358,6 +380,7 @@ class SecureQueryResult:
     logits: dict[int, NDArray[np.float64]] = field(default_factory=dict)
     answerers: dict[int, int] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
+    failed_queries: dict[int, str] = field(default_factory=dict)
     phases: list[str] = field(default_factory=list)
 
 
@@ -479,6 +502,10 @@ def run_secure_query(  # noqa: C901, PLR0915
             continue
         try:
             logits = queriers[q].on_retrain(server_round, request, count)
+        except QueryFailedError as err:
+            suspects = [a for a in plan[q] if a not in dropped]
+            result.failed_queries[q] = failed_query_reason(q, suspects, str(err))
+            continue
         except ClientInputError as err:
             drop(q, f"retrain: client error: {type(err).__name__}: {err}")
             continue

@@ -88,7 +88,11 @@ beyond ``max_abs_logit``) is dropped from the round with the reason in
 :attr:`~flwr_fsl.core.engine.RoundState.dropped`: a dropped querier's queries are not
 answered, a dropped answerer's logits are not in any sum (each querier's sum holds the
 answerers that replied; the count goes with it). A querier left with no answer keeps its model
-this round.
+this round. A node whose ``local`` phase fails is dropped for that round (it tries again in the
+next). With secure answering, a querier whose opened sum is out of range (an answerer's
+corrupted step reply, which the masked sum cannot pin on one answerer) is not dropped: its
+query fails, recorded in :attr:`PrivHFL.failed_queries` naming it and its answerers, and it
+re-trains on its private data only.
 """
 
 from __future__ import annotations
@@ -125,9 +129,10 @@ from flwr_fsl.families.privhfl.records import (
     queries_record,
     read_logits,
     read_queries,
+    read_query_failure,
     secure_record,
 )
-from flwr_fsl.families.privhfl.server import PrivHFLServer
+from flwr_fsl.families.privhfl.server import PrivHFLServer, failed_query_reason
 from flwr_fsl.models.privhfl import IMAGE_SHAPE
 
 __all__ = ["ANSWERING", "COMPARISONS", "PrivHFL"]
@@ -318,6 +323,8 @@ min_available_nodes, sampling_seed
         self._phase("local", 1, 0)
         self._phase("retrain", 1, 0)
         self.trained: set[int] = set()
+        # round -> querier -> why its secure query failed; querier -> its answerers this round
+        self.failed_queries: dict[int, dict[int, str]] = {}
         self.node_metrics: dict[int, dict[int, dict[str, float]]] = {}
 
     # -- messages ---------------------------------------------------------------------------
@@ -377,13 +384,31 @@ min_available_nodes, sampling_seed
             raise ClientInputError("the train reply lacks a finite 'train-loss'")
         return weight, float(loss)
 
+    def _retrain_reply(
+        self, state: RoundState
+    ) -> Callable[[int, RecordDict], tuple[float, float] | None]:
+        """Return the ``retrain`` parser: a querier's failed query is recorded, not dropped."""
+
+        def parse(node: int, content: RecordDict) -> tuple[float, float] | None:
+            why, rest = read_query_failure(content)
+            if why is not None:
+                plan: dict[int, list[int]] = getattr(self, "_answerers", {})
+                suspects = [a for a in plan.get(node, []) if a not in state.dropped]
+                reason = failed_query_reason(node, suspects, why)
+                self.failed_queries.setdefault(state.server_round, {})[node] = reason
+                log(WARNING, "round %s: %s", state.server_round, reason)
+            return self._train_metrics(node, rest)
+
+        return parse
+
     def local(self, grid: Grid, state: RoundState) -> None:
         """Train every node that has no model yet (the local phase) and evaluate it."""
         new = sorted(n for n in grid.get_node_ids() if n not in self.trained)
         if not new:
             return
         requests = {n: PhaseRequest(self._phase("local", state.server_round, n)) for n in new}
-        done = self._send(grid, state, LOCAL, requests, self._train_metrics, shrink=False)
+        # A node whose local phase fails is dropped from this round (it tries again next round).
+        done = self._send(grid, state, LOCAL, requests, self._train_metrics)
         self.trained.update(done)
         if self.evaluate_local and done:
             self.node_metrics.setdefault(0, {}).update(
@@ -424,8 +449,10 @@ min_available_nodes, sampling_seed
                 log(WARNING, "round %s: querier %s got no answer; its model is kept", r, q)
                 continue
             requests[q] = PhaseRequest(self._phase("retrain", r, q, answerers=count), **records)
-        done = self._send(grid, state, RETRAIN, requests, self._train_metrics)
+        done = self._send(grid, state, RETRAIN, requests, self._retrain_reply(state))
         metrics: dict[str, int | float | list[int] | list[float]] = {"queriers": len(done)}
+        if self.failed_queries.get(r):
+            metrics["failed-queries"] = len(self.failed_queries[r])
         if done:
             metrics["answers-per-querier"] = float(np.mean([sums[q][1] for q in done]))
         reported = [m for m in done.values() if m is not None]  # nodes that opted in
@@ -504,6 +531,7 @@ min_available_nodes, sampling_seed
 
         candidates = sorted(n for n in self.trained if n not in state.dropped)
         plan = {q: self.answerers_for(r, q, candidates) for q in queriers}
+        self._answerers = {q: list(a) for q, a in plan.items()}
         answers = self.secure_server.query(r, plan, exchange, state.drop, state.dropped)
         sums: dict[int, tuple[dict[str, Any], int]] = {
             q: ({} if blob is None else {"secure": secure_record(blob)}, count)

@@ -8,9 +8,11 @@ names it always exported). :class:`ShardVector` is the fixed-point encoding of a
 **Wire formats** (little-endian, :mod:`flwr_fsl.core.wireformat`, version 1, every length checked
 before anything is allocated; field elements as ``u32`` words): parameters ``FSEP``, roster
 ``FSER``, id set ``FSEU``, offline bundle ``FSEB``, evaluation plaintext ``FSEI`` (sealed),
-masked update ``FSEX``, evaluation request ``FSED``, evaluation ``FSEE``, client state
-``FSEC``. Every decoder raises :class:`SesaError` (a
-:class:`~flwr_fsl.core.errors.ClientInputError`: drop that client).
+masked update ``FSEX`` (version 2: bound to the round's parameter digest, carrying the
+client's complaint), evaluation request ``FSED``, evaluation ``FSEE``, client state ``FSEC``,
+relayed mailbox ``FSEM`` (the sealed evaluations addressed to a client, sent with ``train``).
+Every decoder raises :class:`SesaError` (a :class:`~flwr_fsl.core.errors.ClientInputError`:
+drop that client).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sealing import RoundBinding
 
 __all__ = [
+    "MASKED_VERSION",
     "MAX_CLIENTS",
     "MAX_GROUPS",
     "MAX_LENGTH",
@@ -43,6 +46,8 @@ __all__ = [
     "bundle_bytes",
     "decode_ids",
     "encode_ids",
+    "mailbox_from_bytes",
+    "mailbox_to_bytes",
 ]
 
 _U64 = np.uint64
@@ -69,6 +74,9 @@ _M_MASKED = register_magic(b"FSEX", "SESA masked update (flwr_fsl.families.sesa.
 _M_REQUEST = register_magic(b"FSED", "SESA evaluation request (flwr_fsl.families.sesa.messages)")
 _M_EVAL = register_magic(b"FSEE", "SESA evaluation (flwr_fsl.families.sesa.messages)")
 _M_STATE = register_magic(b"FSEC", "SESA client state (flwr_fsl.families.sesa.messages)")
+_M_MAILBOX = register_magic(b"FSEM", "SESA relayed mailbox (flwr_fsl.families.sesa.messages)")
+MASKED_VERSION = 2
+"""Version of the ``FSEX`` masked update (2: bound to the round's parameters, with a complaint)."""
 
 
 class SesaError(ClientInputError):
@@ -254,9 +262,9 @@ def _check_id(value: object) -> int:
     return int(value)
 
 
-def _reader(data: object, magic: bytes, what: str) -> Reader:
+def _reader(data: object, magic: bytes, what: str, version: int = VERSION) -> Reader:
     try:
-        return Reader.versioned(data, magic, VERSION, what)
+        return Reader.versioned(data, magic, version, what)
     except WireFormatError as err:
         raise SesaError(str(err)) from err
 
@@ -394,8 +402,20 @@ def bundle_bytes(params: SesaParams, roster_size: int, slots: Sequence[int]) -> 
     return 5 + 4 + 4 * len(params.groups) + 4 + (roster_size - 1) * (8 + 4 + piece)
 
 
-def _masked_to_bytes(masked: Sequence[NDArray[np.uint64]]) -> bytes:
-    w = _header(_M_MASKED)
+def _masked_to_bytes(
+    masked: Sequence[NDArray[np.uint64]], params: SesaParams, complaint: Iterable[int] = ()
+) -> bytes:
+    """``FSEX`` v2: the round's parameter digest, the complaint, ``K_i`` per group, the words.
+
+    The digest binds the masked update to its round (a replay from another round or run is
+    refused by the server, never decoded); the complaint is the sorted set of senders whose
+    sealed evaluations did not open for this client (:mod:`flwr_fsl.families.sesa.attribution`).
+    """
+    w = Writer()
+    w.fixed(_M_MASKED, 4)
+    w.u8(MASKED_VERSION)
+    w.fixed(params.digest, 32)
+    w.ids([_check_id(i) for i in complaint], canonical=True, limit=MAX_CLIENTS)
     w.u32(len(masked))
     for x in masked:
         w.u32(x.shape[0])
@@ -404,10 +424,21 @@ def _masked_to_bytes(masked: Sequence[NDArray[np.uint64]]) -> bytes:
     return w.payload()
 
 
-def _masked_from_bytes(
+def _read_masked(
     data: bytes, params: SesaParams, slots: Sequence[int] | None = None
-) -> list[NDArray[np.uint64]]:
-    r = _reader(data, _M_MASKED, "a SESA masked update")
+) -> tuple[list[NDArray[np.uint64]], tuple[int, ...]]:
+    """Strict decoder of :func:`_masked_to_bytes`: the masked words and the complaint.
+
+    Raises :class:`SesaError` if the bytes are malformed, bound to another round's parameters,
+    or their slots differ from ``slots``.
+    """
+    r = _reader(data, _M_MASKED, "a SESA masked update", MASKED_VERSION)
+    try:
+        if r.fixed(32, "round digest") != params.digest:
+            raise SesaError("the masked update is bound to another round (a replay)")
+        complaint = r.ids("complaint", increasing=True, limit=MAX_CLIENTS)
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
     counts = _slot_counts(r, params, "masked update")
     if slots is not None and tuple(counts) != tuple(slots):
         raise SesaError("the masked update's slots differ from the offline bundle's")
@@ -419,6 +450,44 @@ def _masked_from_bytes(
         r.done()
     except WireFormatError as err:
         raise SesaError(str(err)) from err
+    return out, complaint
+
+
+def _masked_from_bytes(
+    data: bytes, params: SesaParams, slots: Sequence[int] | None = None
+) -> list[NDArray[np.uint64]]:
+    """Return the masked words of :func:`_read_masked`."""
+    return _read_masked(data, params, slots)[0]
+
+
+def mailbox_to_bytes(entries: Mapping[int, tuple[Sequence[int], bytes]]) -> bytes:
+    """``FSEM`` v1: sender u64 -> (``K_i`` per group as u32, then its sealed evaluations)."""
+    w = _header(_M_MAILBOX, SesaError)
+    body = {
+        _check_id(j): np.asarray(slots, dtype="<u4").tobytes() + blob
+        for j, (slots, blob) in entries.items()
+    }
+    w.node_map(body, None, limit=MAX_CLIENTS)
+    return w.payload()
+
+
+def mailbox_from_bytes(data: bytes, params: SesaParams) -> dict[int, tuple[tuple[int, ...], bytes]]:
+    """Strict decoder of :func:`mailbox_to_bytes` (raises :class:`SesaError`)."""
+    r = _reader(data, _M_MAILBOX, "a SESA mailbox")
+    head = 4 * len(params.groups)
+    try:
+        raw = r.node_map("mailbox", None, limit=MAX_CLIENTS)
+        r.done()
+    except WireFormatError as err:
+        raise SesaError(str(err)) from err
+    out = {}
+    for j, entry in raw.items():
+        if len(entry) < head:
+            raise SesaError("a SESA mailbox entry is truncated")
+        slots = tuple(int(k) for k in np.frombuffer(entry[:head], dtype="<u4"))
+        if not all(1 <= k <= g.shards for k, g in zip(slots, params.groups, strict=True)):
+            raise SesaError("a SESA mailbox entry has slot counts out of range")
+        out[j] = (slots, entry[head:])
     return out
 
 

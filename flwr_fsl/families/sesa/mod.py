@@ -80,7 +80,12 @@ from flwr_fsl.families.sesa.records import (
     OfflineReply,
     OfflineRequest,
 )
-from flwr_fsl.families.sesa.server import choose_shards, masked_shard_update, narrow_model
+from flwr_fsl.families.sesa.server import (
+    check_mailbox,
+    choose_shards,
+    masked_shard_update,
+    narrow_model,
+)
 from flwr_fsl.families.sesa.settings import SesaSettings
 from flwr_fsl.families.width.mod import capacity_of
 from flwr_fsl.families.width.records import RATE_CONFIG_KEY
@@ -219,6 +224,7 @@ class SesaMod(PhaseMod):
         if len(records) != 1:
             raise ClientInputError("a SESA train message must carry one ArrayRecord")
         model = {k: a.numpy() for k, a in records[0].items()}
+        complaint = check_mailbox(state.client, request.sharers, request.mailbox)
         layout, narrow = narrow_model(request.params, settings, state.layers, state.choice, model)
         sub = narrow.extract(model)
         # The train function sees only the narrow model, and its rate in the train config.
@@ -240,7 +246,7 @@ class SesaMod(PhaseMod):
             )
         masked = masked_shard_update(
             state.client, request.params, settings, request.sharers, layout, state.choice,
-            model, trained, metric_records[0].get(settings.weight_key),
+            model, trained, metric_records[0].get(settings.weight_key), complaint,
         )  # fmt: skip
         _SLOT.store(context, state)
         return MaskedUpdateReply(masked)

@@ -90,8 +90,8 @@ client's number of shards ``K_i`` (from message sizes), not which ones. Clients 
 roster's public keys, ``U2``, ``U3`` and every ``x`` (uniform). Not defended: a server that
 deviates (e.g. sends different ``U3`` to different clients; clients only refuse a ``U3`` that
 is not a subset of ``U2`` holding themselves or is too small), and malicious clients, which can
-add anything to any shard's sum (a selector that is not a unit vector at the ``β``) — only
-evaluations inconsistent with one polynomial are detected.
+add to any shard's sum (a selector that is not a unit vector at the ``β``) — what one can do is
+bounded by :mod:`~flwr_fsl.families.sesa.attribution` (complaints, bounds, round binding).
 
 **Dimension choices** (the paper leaves them loose):
 
@@ -127,18 +127,19 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError, TooFewSurvivorsError
-from flwr_fsl.crypto.channel import KEY_BYTES, SealedBoxError, SealingKeyPair, client_party
+from flwr_fsl.crypto.channel import KEY_BYTES, SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.crypto.sealing import open_from, seal_for
+from flwr_fsl.crypto.sealing import seal_for
 from flwr_fsl.crypto.sharing import lagrange_matrix
+from flwr_fsl.families.sesa.attribution import PIECE_PURPOSE, open_piece, resolve_complaints
+from flwr_fsl.families.sesa.coding import mask_evaluations, selector_evaluations
 from flwr_fsl.families.sesa.messages import (
     _SEED_BYTES,
     MAX_CLIENTS,
@@ -152,13 +153,14 @@ from flwr_fsl.families.sesa.messages import (
     _bundle_from_bytes,
     _bundle_to_bytes,
     _check_id,
-    _decode_piece,
+    _decode_piece,  # noqa: F401  (re-exported)
     _encode_piece,
     _evaluation_from_bytes,
     _evaluation_to_bytes,
     _int,
     _masked_from_bytes,
     _masked_to_bytes,
+    _read_masked,
     _Request,
     _request_from_bytes,
     _request_to_bytes,
@@ -170,6 +172,7 @@ from flwr_fsl.families.sesa.messages import (
     bundle_bytes,
     decode_ids,
     encode_ids,
+    mailbox_to_bytes,
 )
 
 __all__ = [
@@ -196,8 +199,6 @@ __all__ = [
 _U64 = np.uint64
 TAG_SESA = 0x6B736D2D61736573  # b"sesa-msk" little-endian
 """PRF domain tag of the streams a client's masks and coefficients are drawn from."""
-PIECE_PURPOSE = "sesa-evaluations"
-"""Sealing purpose of the evaluations one client sends another (relayed by the server)."""
 
 
 def choose_shards(shards: int, count: int) -> tuple[int, ...]:
@@ -223,72 +224,6 @@ def choose_shards(shards: int, count: int) -> tuple[int, ...]:
     k = _int(shards, "shards", 1, MAX_SHARDS)
     c = _int(count, "shards per client", 1, k)
     return tuple(sorted(secrets.SystemRandom().sample(range(k), c)))
-
-
-# ---------------------------------------------------------------------------------- coding
-
-
-def selector_evaluations(
-    field: PrimeField,
-    basis: NDArray[np.uint64],
-    chosen: Sequence[int],
-    u: NDArray[np.uint64],
-) -> NDArray[np.uint64]:
-    """``ϕ_k(α_j)`` for every slot ``k`` and evaluation point ``j`` (eq. 21).
-
-    Parameters
-    ----------
-    field : PrimeField
-        ``F_p``.
-    basis : numpy.ndarray
-        ``(J, K+T)``: ``basis[j, n] = L_n(α_j)`` (:func:`~flwr_fsl.crypto.sharing.lagrange_matrix`
-        through ``β``).
-    chosen : sequence of int
-        The shard ``s_k`` of each slot (0-based, ``< K``).
-    u : numpy.ndarray
-        ``(K_i, T)`` uniform coefficients ``u_{k, K+1..K+T}``.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(J, K_i)``: ``L_{s_k}(α_j) + Σ_n u_kn L_{K+n}(α_j)``.
-    """
-    t = u.shape[1]
-    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
-    return field.add(basis[:, list(chosen)], field.matmul(extra, np.ascontiguousarray(u.T)))
-
-
-def mask_evaluations(
-    field: PrimeField,
-    basis: NDArray[np.uint64],
-    chosen: Sequence[int],
-    r: NDArray[np.uint64],
-    v: NDArray[np.uint64],
-) -> NDArray[np.uint64]:
-    """``φ_k(α_j)`` for every slot ``k`` and point ``j`` (eq. 22), one field product.
-
-    Parameters
-    ----------
-    field : PrimeField
-        ``F_p``.
-    basis : numpy.ndarray
-        ``(J, K+T)`` Lagrange basis values at the points.
-    chosen : sequence of int
-        The shard of each slot.
-    r : numpy.ndarray
-        ``(K_i, d)`` masks.
-    v : numpy.ndarray
-        ``(T, K_i, d)`` uniform vectors at the extra points.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(J, K_i, d)``: ``r_k L_{s_k}(α_j) + Σ_n v_kn L_{K+n}(α_j)``.
-    """
-    t, slots, d = v.shape
-    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
-    out = field.matmul(extra, v.reshape(t, slots * d)).reshape(-1, slots, d)
-    return field.add(out, field.mul(basis[:, list(chosen)][:, :, None], r[None, :, :]))
 
 
 @dataclass(frozen=True)
@@ -437,7 +372,12 @@ class SesaClient:
         self.roster = entries
         return _bundle_to_bytes(self.slots, sealed)
 
-    def masked_update(self, sharers: Sequence[int], updates: Sequence[NDArray[np.uint64]]) -> bytes:
+    def masked_update(
+        self,
+        sharers: Sequence[int],
+        updates: Sequence[NDArray[np.uint64]],
+        complaint: Sequence[int] = (),
+    ) -> bytes:
         """Round 2 (eq. 23): ``x_ik = ḡ_{i,s_k} - r_ik`` for every slot of every group.
 
         Parameters
@@ -447,6 +387,9 @@ class SesaClient:
         updates : sequence of numpy.ndarray
             Per group, ``(K_i, d)`` field elements: the update of each chosen shard, in slot
             order (e.g. :meth:`ShardVector.encode`).
+        complaint : sequence of int
+            The members of ``U2`` whose sealed evaluations did not open for this client
+            (:func:`~flwr_fsl.families.sesa.attribution.unopened`).
 
         Returns
         -------
@@ -478,9 +421,9 @@ class SesaClient:
             r = _draws(self.params, self.seed, g, k, full=False).r
             masked.append(f.sub(vec, r))
         self.sharers = u2
-        return _masked_to_bytes(masked)
+        return _masked_to_bytes(masked, self.params, complaint)
 
-    def evaluate(self, request: bytes) -> bytes:  # noqa: C901
+    def evaluate(self, request: bytes) -> bytes:
         """Round 3 (eq. 24): ``ψ(α_i) = Σ_{j ∈ U3} Σ_k x_jk ϕ_jk(α_i) + φ_jk(α_i)``.
 
         Parameters
@@ -511,7 +454,6 @@ class SesaClient:
         if len(u3) < self.params.threshold:
             raise SesaError(f"U3 is smaller than K_max + T = {self.params.threshold}")
         f = self.params.field
-        binding = self.params.binding
         order = sorted(self.roster)
         me = order.index(self.node)
         xs: list[list[NDArray[np.uint64]]] = [[] for _ in self.params.groups]
@@ -525,18 +467,7 @@ class SesaClient:
                     raise SesaError("the relayed masked update of this client is not its own")
                 pieces = self._own_evaluations(me)
             else:
-                try:
-                    plain = open_from(
-                        self.key,
-                        req.pieces[j],
-                        purpose=PIECE_PURPOSE,
-                        binding=binding,
-                        sender=client_party(j),
-                        recipient=client_party(self.node),
-                    )
-                except SealedBoxError as err:
-                    raise SesaError(f"the evaluations from client {j} do not open") from err
-                pieces = _decode_piece(plain, self.params, j, self.node, slots)
+                pieces = open_piece(self.key, self.params, j, self.node, req.pieces[j], slots)
             for g, (phi, mask) in enumerate(pieces):
                 xs[g].append(x[g])
                 coefs[g].append(phi)
@@ -626,6 +557,8 @@ class SesaServer:
     _sharers: tuple[int, ...] | None = None
     _masked: dict[int, bytes] = field(default_factory=dict)
     _closed: bool = False
+    _complaints: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
     _evaluations: dict[int, list[NDArray[np.uint64]]] = field(default_factory=dict)
 
     def add_advertisement(self, node: int, public_key: bytes) -> None:
@@ -705,8 +638,47 @@ class SesaServer:
         node = _check_id(node)
         if node not in u2 or node in self._masked or self._closed:
             raise SesaError("a masked update from a client outside U2, twice or too late")
-        _masked_from_bytes(masked, self.params, self._slots[node])
+        _, complaint = _read_masked(masked, self.params, self._slots[node])
         self._masked[node] = masked
+        self._complaints[node] = complaint
+
+    def keep(self, nodes: Iterable[int]) -> None:
+        """Keep only ``nodes`` at the open step (the engine's survivors): forget the others.
+
+        Before ``U2`` closes it forgets bundles, before ``U3`` closes masked updates, after
+        it evaluations.
+        """
+        kept = set(nodes)
+        if self._sharers is None:
+            for gone in set(self._slots) - kept:
+                del self._slots[gone]
+                for box in self._mailbox.values():
+                    box.pop(gone, None)
+        elif not self._closed:
+            for gone in set(self._masked) - kept:
+                del self._masked[gone], self._complaints[gone]
+        else:
+            for gone in set(self._evaluations) - kept:
+                del self._evaluations[gone]
+
+    def mailbox(self, node: int) -> bytes:
+        """Return the ``FSEM`` pieces the others of ``U2`` sealed to ``node`` (for ``train``)."""
+        box = self._mailbox.get(node, {})
+        return mailbox_to_bytes({j: (self._slots[j], box[j]) for j in self.sharers() if j != node})
+
+    def settle(self) -> dict[int, str]:
+        """Close round 2: exclude by the complaints (module :mod:`.attribution`); node -> reason.
+
+        Raises
+        ------
+        TooFewSurvivorsError
+            If fewer than ``K_max + T`` masked updates are left.
+        """
+        excluded = resolve_complaints(self._complaints, list(self._masked))
+        self.keep([j for j in self._masked if j not in excluded])
+        self._need(len(self._masked), "masked updates after the complaints")
+        self._closed = True
+        return excluded
 
     @property
     def survivors(self) -> tuple[int, ...]:
@@ -753,6 +725,11 @@ class SesaServer:
     def result(self, *, check: bool = True) -> list[NDArray[np.uint64]]:
         """Decode ``ψ`` and return, per group, the ``(K, d)`` per-shard sums over ``U3`` (eq. 28).
 
+        With ``K_max + T + 2`` or more evaluations, one that does not lie on the polynomial all
+        the others lie on is attributed: its sender lands in :attr:`rejected` and the rest
+        decode (two different single exclusions cannot both fit: their polynomials would
+        share ``K_max + T`` points).
+
         Parameters
         ----------
         check : bool, optional
@@ -763,12 +740,32 @@ class SesaServer:
         TooFewSurvivorsError
             If fewer than ``K_max + T`` evaluations arrived.
         RoundFailedError
-            If the evaluations are inconsistent (a deviating client).
+            If the evaluations are inconsistent and no single one can be blamed.
         """
         self._need(len(self._evaluations), "evaluations")
+        u4 = self.evaluators
+        out = self._decode(u4, check)
+        if out is not None:
+            return out
+        if len(u4) >= self.params.threshold + 2:
+            fits = [(j, self._decode(tuple(x for x in u4 if x != j), True)) for j in u4]
+            found = [(j, o) for j, o in fits if o is not None]
+            if len(found) == 1:
+                j, decoded = found[0]
+                del self._evaluations[j]
+                self.rejected[j] = (
+                    "decode: its evaluation does not lie on the polynomial all others lie on"
+                )
+                return decoded
+        raise RoundFailedError(
+            f"SESA evaluations of {list(u4)} do not lie on one polynomial: a client deviated "
+            "(not attributable: fewer than K_max + T + 2 evaluations or several deviate)"
+        )
+
+    def _decode(self, u4: tuple[int, ...], check: bool) -> list[NDArray[np.uint64]] | None:
+        """Interpolate from the first ``K + T`` of ``u4``; None if a later one disagrees."""
         assert self._roster is not None
         order = sorted(self._roster)
-        u4 = self.evaluators
         positions = np.asarray([order.index(j) for j in u4], dtype=np.int64)
         f = self.params.field
         out = []
@@ -783,9 +780,7 @@ class SesaServer:
             if check and len(u4) > need:
                 extra = np.stack([self._evaluations[j][g] for j in u4[need:]])
                 if not np.array_equal(decoded[grp.shards :], extra):
-                    raise RoundFailedError(
-                        "SESA evaluations do not lie on one polynomial: a client deviated"
-                    )
+                    return None
             out.append(decoded[: grp.shards])
         return out
 

@@ -11,8 +11,9 @@ phase          request fields (besides phase/params)            reply (one bytes
 ``advertise``  ``settings`` (:class:`SesaSettings`)             ``advertise``: a public key
 ``offline``    ``roster``                                       ``bundle``: the sealed
                                                                 evaluations
-``train``      ``sharers`` (``U2``), ``settings``, beside the   ``masked``: the masked
-               whole global model and the train config          shard vectors
+``train``      ``sharers`` (``U2``), ``settings``, ``mailbox``  ``masked``: the masked
+               (the pieces sealed to the client), beside the    shard vectors and the
+               whole global model and the train config          complaint
 ``decode``     ``request`` (``U3``, masked updates, mailbox)    ``evaluation``: ``ψ(α_i)``
 =============  ==============================================  ============================
 
@@ -163,12 +164,17 @@ class MaskedUpdateRequest:
     sharers: tuple[int, ...]
     settings: SesaSettings
     beside: RecordDict = field(default_factory=RecordDict, compare=False)
+    mailbox: bytes = b""
 
     def to_record(self) -> RecordDict:
-        """Return the request's content."""
+        """Return the request's content (``mailbox`` only when there is one)."""
         content = RecordDict(dict(self.beside))
+        extra = {"mailbox": self.mailbox} if self.mailbox else {}
         content[SESA_KEY] = _request(
-            self.params, sharers=encode_ids(self.sharers), settings=self.settings.to_bytes()
+            self.params,
+            sharers=encode_ids(self.sharers),
+            settings=self.settings.to_bytes(),
+            **extra,
         )
         return content
 
@@ -178,8 +184,10 @@ class MaskedUpdateRequest:
         params = _params(content)
         sharers = decode_ids(read_sesa_bytes(content, "sharers"))
         settings = SesaSettings.from_bytes(read_sesa_bytes(content, "settings"))
+        record = content.config_records.get(SESA_KEY)
+        mailbox = read_sesa_bytes(content, "mailbox") if record and "mailbox" in record else b""
         beside = RecordDict({k: v for k, v in content.items() if k != SESA_KEY})
-        return cls(params, tuple(sharers), settings, beside)
+        return cls(params, tuple(sharers), settings, beside, mailbox)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Exchange, local_exchange
 from flwr_fsl.crypto.fixedpoint import FixedPoint
+from flwr_fsl.families.sesa.attribution import check_plausible, unopened
 from flwr_fsl.families.sesa.layout import SesaLayout, check_selection, group_slots
 from flwr_fsl.families.sesa.protocol import SesaClient, SesaParams, SesaServer, ShardVector
 from flwr_fsl.families.sesa.settings import SesaSettings
@@ -54,6 +55,7 @@ __all__ = [
     "SesaResult",
     "SesaRoundServer",
     "TrainAsk",
+    "check_mailbox",
     "choose_shards",
     "masked_shard_update",
     "narrow_model",
@@ -83,12 +85,13 @@ class OfflineAsk:
 
 @dataclass(frozen=True)
 class TrainAsk:
-    """``train``: ``U2``, the settings and the whole global model."""
+    """``train``: ``U2``, the settings, the whole global model and the client's mailbox."""
 
     params: SesaParams
     sharers: tuple[int, ...]
     settings: SesaSettings
     model: Mapping[str, NDArray[Any]]
+    mailbox: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,12 @@ def masked_shard_update(  # noqa: PLR0913
     model: Mapping[str, NDArray[Any]],
     trained: Mapping[str, NDArray[Any]],
     weight: object,
+    complaint: Sequence[int] = (),
 ) -> bytes:
     """Encode ``trained - model`` of the chosen shards as ``(c·Δ, c)`` in ``F_p``, masked.
 
-    ``weight`` is the reply's ``weight_key`` metric (ignored unless ``settings.weighted``).
+    ``weight`` is the reply's ``weight_key`` metric (ignored unless ``settings.weighted``);
+    ``complaint`` the senders whose sealed evaluations did not open (:func:`check_mailbox`).
 
     Raises
     ------
@@ -205,7 +210,20 @@ def masked_shard_update(  # noqa: PLR0913
         ShardVector(g.length, codec).encode(d, c)
         for g, d in zip(layout.groups, deltas, strict=True)
     ]
-    return client.masked_update(sharers, updates)
+    return client.masked_update(sharers, updates, complaint)
+
+
+def check_mailbox(client: SesaClient, sharers: Sequence[int], mailbox: bytes) -> tuple[int, ...]:
+    """Open the pieces relayed with ``train``; return the complaint (empty mailbox: none).
+
+    Raises
+    ------
+    ClientInputError
+        If the mailbox itself is malformed (the server's message).
+    """
+    if not mailbox:
+        return ()
+    return unopened(client.node, client.key, client.params, sharers, mailbox)
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -281,13 +299,19 @@ class SesaRoundServer:
         nodes: Sequence[int],
         params: SesaParams,
         layout: SesaLayout,
+        drop: Callable[[int, str], None] | None = None,
     ) -> tuple[list[NDArray[np.uint64]], SesaServer]:
         """Run the four exchanges; return the per-group sums in ``F_p`` and the protocol server.
+
+        After each exchange only the nodes it returned (the engine's survivors) go on: a node
+        dropped at any phase is never asked again and never aggregated. Clients the complaints
+        exclude (:mod:`~flwr_fsl.families.sesa.attribution`) are reported to ``drop``.
 
         Raises
         ------
         RoundFailedError
-            If too few clients are left at a phase or the evaluations are inconsistent.
+            If too few clients are left at a phase, the evaluations are inconsistent or the
+            decoded sums lie outside their bounds.
         """
         settings = self.round_settings(layout)
         server = SesaServer(params)
@@ -295,14 +319,29 @@ class SesaRoundServer:
         answered = exchange("advertise", dict.fromkeys(nodes, advertise), server.add_advertisement)
         offline = OfflineAsk(params, server.roster())
         members = [n for n in nodes if n in answered]
-        exchange("offline", dict.fromkeys(members, offline), server.add_bundle)
+        server.keep(exchange("offline", dict.fromkeys(members, offline), server.add_bundle))
         sharers = server.sharers()
-        train = TrainAsk(params, sharers, settings, model)
-        exchange("train", dict.fromkeys(sharers, train), server.add_masked)
+        asks: dict[int, Any] = {
+            n: TrainAsk(params, sharers, settings, model, server.mailbox(n)) for n in sharers
+        }
+        server.keep(exchange("train", asks, server.add_masked))
+        for node, reason in server.settle().items():
+            log.warning("SESA round %d: client %d excluded: %s", params.round_id, node, reason)
+            if drop is not None:
+                drop(node, f"train: {reason}")
         asks = {n: DecodeAsk(params, server.evaluation_request(n)) for n in server.survivors}
-        exchange("decode", asks, server.add_evaluation)
+        server.keep(exchange("decode", asks, server.add_evaluation))
         del asks
-        return server.result(), server
+        totals = server.result()
+        for node, reason in server.rejected.items():
+            log.warning("SESA round %d: client %d excluded: %s", params.round_id, node, reason)
+            if drop is not None:
+                drop(node, reason)
+        check_plausible(
+            params.groups, totals, _codec(settings, params), server.contributors(),
+            settings.clip, weighted=settings.weighted,
+        )  # fmt: skip
+        return totals, server
 
     def apply(
         self,
@@ -333,6 +372,7 @@ class SesaRoundServer:
         server_round: int,
         t: int,
         layout: SesaLayout | None = None,
+        drop: Callable[[int, str], None] | None = None,
     ) -> SesaResult:
         """One round: parameters, the four exchanges, decode and apply.
 
@@ -348,7 +388,7 @@ class SesaRoundServer:
             layout if layout is not None else SesaLayout.of(dict(model), self.settings.num_shards)
         )
         params = self.params(layout, len(nodes), server_round, t)
-        totals, server = self.aggregate(exchange, model, nodes, params, layout)
+        totals, server = self.aggregate(exchange, model, nodes, params, layout, drop)
         new = self.apply(model, layout, totals)
         return SesaResult(new, params, server.survivors, server.evaluators)
 
@@ -408,6 +448,7 @@ class SesaParty:
                 ask.params, ask.settings, self.layers, self.choice, ask.model
             )
             sub = narrow.extract(dict(ask.model))
+            complaint = check_mailbox(client, ask.sharers, ask.mailbox)
             trained, weight = self.train({k: np.array(v) for k, v in sub.items()})
             if {k: np.shape(v) for k, v in trained.items()} != {k: v.shape for k, v in sub.items()}:
                 raise ClientInputError(
@@ -415,7 +456,7 @@ class SesaParty:
                 )
             return masked_shard_update(
                 client, ask.params, ask.settings, ask.sharers, layout, self.choice, ask.model,
-                trained, weight,
+                trained, weight, complaint,
             )  # fmt: skip
         if isinstance(ask, DecodeAsk):
             return self._client(ask.params).evaluate(ask.request)
@@ -471,4 +512,4 @@ def run_round(
     nodes = list(parties)
     t = privacy if privacy is not None else max(1, len(nodes) // 2)
     server = SesaRoundServer(settings) if session is None else SesaRoundServer(settings, session)
-    return server.run(exchange, model, nodes, server_round, t)
+    return server.run(exchange, model, nodes, server_round, t, drop=drops.__setitem__)

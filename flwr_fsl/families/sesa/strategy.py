@@ -48,9 +48,17 @@ parameters; ``docs/families/sesa.md``). Not covered: a deviating server or malic
 (see the protocol module).
 
 **Failures.** A client that errs, times out or sends a malformed message is dropped at that
-phase with a logged reason. Lost before ``train`` replies: left out of the aggregate; lost
-after: aggregated (the others hold its evaluations). Fewer than ``K_max + T`` clients left at
-any phase, or inconsistent evaluations, fail the round with the model unchanged.
+phase with a logged reason, and only the engine's survivors (:attr:`RoundState.survivors`) go
+on to the next phase: a node dropped at any phase (a duplicated reply included) is never sent
+``train`` and never aggregated. Lost before ``train`` replies: left out of the aggregate; lost
+after: aggregated (the others hold its evaluations). A client whose sealed evaluations do not
+open for a recipient (corrupted, or replayed from another round) is excluded on that
+recipient's complaint, consistently for everyone; a masked update bound to another round is
+refused; one evaluation off the polynomial is attributed when ``K_max + T + 2`` arrived
+(:mod:`~flwr_fsl.families.sesa.attribution`). Fewer than ``K_max + T`` clients left at any
+phase, unattributable inconsistent evaluations, or decoded sums outside their bounds (a count
+word beyond the survivors, a coordinate beyond ``clipping_range`` × its count) fail the round
+with the model unchanged.
 
 **Fixed point.** Each coordinate travels as ``c·Δ`` with ``c = num-examples / max_weight``
 (``weighted=True``; 1 otherwise) and ``Δ`` clipped to ``clipping_range``, at ``frac_bits``
@@ -261,7 +269,9 @@ evaluate_metrics_aggr_fn, sampling_seed
         state.protocol = params
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         exchange = _FlowerExchange(self, grid, state, arrays, train_config)
-        totals, server = self.server.aggregate(exchange, model, nodes, params, layout)
+        totals, server = self.server.aggregate(
+            exchange, model, nodes, params, layout, drop=state.drop
+        )
         new = self.server.apply(model, layout, totals, self.codec)
         survivors = server.survivors
         log(
@@ -294,7 +304,8 @@ class _FlowerExchange:
 
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
-        requests = encode_once(asks, make)  # a shared ask is encoded once
+        alive = set(self.state.survivors)  # the engine's survivors: one set per round
+        requests = encode_once({n: a for n, a in asks.items() if n in alive}, make)
 
         def take(node: int, reply: Any) -> None:
             accept(node, getattr(reply, field))
@@ -305,7 +316,8 @@ class _FlowerExchange:
             )
         else:
             replies = self.strategy.send_phase(self.grid, self.state, phase, requests, accept=take)
-        return {n: getattr(r, field) for n, r in replies.items()}
+        alive = set(self.state.survivors)  # a node the engine dropped after accept: not kept
+        return {n: getattr(r, field) for n, r in replies.items() if n in alive}
 
     def _route(self, label: str) -> tuple[Phase[Any, Any], str, Callable[[Any], Any]]:
         """Return the phase of an ask's label, its reply's field and the ask -> request map."""
@@ -324,4 +336,4 @@ class _FlowerExchange:
                 self.strategy.configrecord_key: self.config,
             }
         )
-        return MaskedUpdateRequest(ask.params, ask.sharers, ask.settings, beside)
+        return MaskedUpdateRequest(ask.params, ask.sharers, ask.settings, beside, ask.mailbox)

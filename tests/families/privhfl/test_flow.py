@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.wireformat import WireFormatError
+from flwr_fsl.core.wireformat import WireFormatError, Writer
 from flwr_fsl.families.privhfl.flow import (
     AnswererState,
     ServerSession,
@@ -230,6 +230,27 @@ def test_fuzzed_architecture_and_state_parse_or_raise(noise: bytes, at: int) -> 
                 decode(mutated)
             except ClientInputError:
                 pass
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6), st.integers(0, 5))
+def test_fuzzed_state_shapes_raise_client_input_errors_only(dims: list[int], zero: int) -> None:
+    # Issue 24: a shape word of 2**62 or more on an empty array made numpy's reshape raise
+    # ValueError (2 of 20,000 fuzz cases); every bad shape is now a WireFormatError.
+    shape = list(dims)
+    shape[zero % len(shape)] = 0  # an empty array: any other dimension passes the size check
+    empty = np.zeros(0, dtype=np.uint64)
+    data = AnswererState(1, 2, 1, 0, bytes(16), bytes(16), [empty]).to_bytes()
+    w = Writer()
+    w.array(empty)
+    head = len(data) - len(w.payload()) - 12  # the shape: count u32 and one u64 id
+    new = len(shape).to_bytes(4, "little") + b"".join(d.to_bytes(8, "little") for d in shape)
+    mutated = data[:head] + new + data[head + 12 :]
+    try:
+        back = AnswererState.from_bytes(mutated)
+    except ClientInputError:
+        return
+    assert back.stack[0].shape == tuple(shape) and max(shape) <= 1 << 20
 
 
 def test_state_round_trips_with_pool_and_residual_stacks() -> None:

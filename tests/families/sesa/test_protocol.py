@@ -464,8 +464,9 @@ def test_a_shard_chosen_by_one_survivor_reveals_its_update() -> None:
 
 
 def test_an_inconsistent_evaluation_fails_the_round_instead_of_corrupting_it() -> None:
+    # K + T = 3 and 4 evaluations: one is checked, nobody can be blamed: the round fails.
     params = _params(1, [(2, 3)])
-    nodes = list(range(5))  # K + T = 3 < 5 evaluations: two are checked
+    nodes = list(range(4))
     choices = _random_choices(params, nodes, np.random.default_rng(4))
     result, _, server = run_round(params, choices)
     assert isinstance(result, list)
@@ -475,6 +476,22 @@ def test_an_inconsistent_evaluation_fails_the_round_instead_of_corrupting_it() -
     with pytest.raises(RoundFailedError, match="one polynomial"):
         server.result()
     assert isinstance(server.result(check=False), list)
+
+
+def test_one_inconsistent_evaluation_among_k_plus_t_plus_two_is_attributed() -> None:
+    # K + T = 3 and 5 evaluations: the one off the polynomial is the only single exclusion
+    # that leaves the other four on one polynomial; the sums decode exactly without it.
+    params = _params(1, [(2, 3)])
+    nodes = list(range(5))
+    choices = _random_choices(params, nodes, np.random.default_rng(4))
+    result, _, server = run_round(params, choices)
+    assert isinstance(result, list)
+    bad = server._evaluations[nodes[2]][0].copy()
+    bad[0] = (bad[0] + 1) % SESA_PRIME
+    server._evaluations[nodes[2]][0] = bad
+    again = server.result()
+    assert set(server.rejected) == {nodes[2]}
+    assert all(np.array_equal(a, b) for a, b in zip(again, result, strict=True))
 
 
 def test_clients_refuse_out_of_order_repeated_or_inconsistent_requests() -> None:
@@ -585,7 +602,7 @@ def test_server_rejects_out_of_protocol_messages() -> None:
         server.add_bundle(2, view["bundles"][2])
     with pytest.raises(SesaError, match="outside U3"):
         server.add_evaluation(1, b"")
-    wrong_slots = sesa._masked_to_bytes([np.zeros((2, 3), U64)])
+    wrong_slots = sesa._masked_to_bytes([np.zeros((2, 3), U64)], server.params)
     with pytest.raises(SesaError, match="slots differ"):
         server.add_masked(1, wrong_slots)
     for u in nodes:
@@ -615,7 +632,8 @@ def test_message_sizes_match_theorem_1() -> None:
         words = slots * (40 + 1) + 1 * (3 + 1)  # ϕ and φ per slot and group
         per_piece = 5 + 16 + 4 + 2 * 4 + 4 * words  # header, ids, counts, words
         assert len(bundle) == 5 + 4 + 8 + 4 + (n - 1) * (12 + per_piece + OVERHEAD)
-        assert len(view["masked"][0]) == 5 + 4 + 8 + 4 * (slots * 40 + 3)
+        # FSEX v2: header, round digest, empty complaint, group count and slots, words.
+        assert len(view["masked"][0]) == 5 + 32 + 4 + 4 + 8 + 4 * (slots * 40 + 3)
         evaluation = sesa._evaluation_to_bytes([np.zeros(40, U64), np.zeros(3, U64)])
         assert len(evaluation) == 5 + 4 * (40 + 3)
         # Each piece's payload is what Theorem 1 counts: 4 bytes per word.

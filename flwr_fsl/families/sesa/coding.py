@@ -1,0 +1,80 @@
+"""SESA's coding steps (Sami & Güler eqs. 21–22): a client's selector and mask evaluations.
+
+Flower-free field arithmetic that :class:`~flwr_fsl.families.sesa.protocol.SesaClient` runs when
+it builds its offline evaluations (and its own evaluation at decode); re-exported by
+:mod:`flwr_fsl.families.sesa.protocol`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.crypto.ring import PrimeField
+
+__all__ = ["mask_evaluations", "selector_evaluations"]
+
+
+def selector_evaluations(
+    field: PrimeField,
+    basis: NDArray[np.uint64],
+    chosen: Sequence[int],
+    u: NDArray[np.uint64],
+) -> NDArray[np.uint64]:
+    """``ϕ_k(α_j)`` for every slot ``k`` and evaluation point ``j`` (eq. 21).
+
+    Parameters
+    ----------
+    field : PrimeField
+        ``F_p``.
+    basis : numpy.ndarray
+        ``(J, K+T)``: ``basis[j, n] = L_n(α_j)`` (:func:`~flwr_fsl.crypto.sharing.lagrange_matrix`
+        through ``β``).
+    chosen : sequence of int
+        The shard ``s_k`` of each slot (0-based, ``< K``).
+    u : numpy.ndarray
+        ``(K_i, T)`` uniform coefficients ``u_{k, K+1..K+T}``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(J, K_i)``: ``L_{s_k}(α_j) + Σ_n u_kn L_{K+n}(α_j)``.
+    """
+    t = u.shape[1]
+    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
+    return field.add(basis[:, list(chosen)], field.matmul(extra, np.ascontiguousarray(u.T)))
+
+
+def mask_evaluations(
+    field: PrimeField,
+    basis: NDArray[np.uint64],
+    chosen: Sequence[int],
+    r: NDArray[np.uint64],
+    v: NDArray[np.uint64],
+) -> NDArray[np.uint64]:
+    """``φ_k(α_j)`` for every slot ``k`` and point ``j`` (eq. 22), one field product.
+
+    Parameters
+    ----------
+    field : PrimeField
+        ``F_p``.
+    basis : numpy.ndarray
+        ``(J, K+T)`` Lagrange basis values at the points.
+    chosen : sequence of int
+        The shard of each slot.
+    r : numpy.ndarray
+        ``(K_i, d)`` masks.
+    v : numpy.ndarray
+        ``(T, K_i, d)`` uniform vectors at the extra points.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(J, K_i, d)``: ``r_k L_{s_k}(α_j) + Σ_n v_kn L_{K+n}(α_j)``.
+    """
+    t, slots, d = v.shape
+    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
+    out = field.matmul(extra, v.reshape(t, slots * d)).reshape(-1, slots, d)
+    return field.add(out, field.mul(basis[:, list(chosen)][:, :, None], r[None, :, :]))
