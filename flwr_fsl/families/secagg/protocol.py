@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -567,8 +567,15 @@ class SecAggServer:
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
 
-    def sharers(self) -> tuple[int, ...]:
+    def sharers(self, among: Collection[int] | None = None) -> tuple[int, ...]:
         """Close round 1 and return ``U2``, the clients whose shares were all received.
+
+        Parameters
+        ----------
+        among : Collection[int], optional
+            When closing: the clients still in the round (the round engine's survivors); the
+            shares of any other sender (e.g. one dropped after its shares were taken) are
+            discarded, so ``U2`` never holds a client the round dropped.
 
         Raises
         ------
@@ -578,6 +585,11 @@ class SecAggServer:
         if self._sharers is None:
             if self._roster is None:
                 raise RoundFailedError("sharers asked before the roster")
+            if among is not None:
+                keep = set(among)
+                for box in self._mailbox.values():
+                    for sender in [s for s in box if s not in keep]:
+                        del box[sender]
             senders = {s for box in self._mailbox.values() for s in box}
             self._need(len(senders), "clients that shared their keys")
             self._sharers = tuple(sorted(senders))
@@ -711,17 +723,18 @@ class SecAggServer:
         for v in u2:
             holders = self._shares.get(v, {})
             if len(holders) < self.params.threshold:
-                raise TooFewSurvivorsError(
-                    f"{len(holders)} shares of a client's secret, the threshold is "
-                    f"t = {self.params.threshold}"
-                )
+                raise TooFewSurvivorsError(self._short_reason(v, holders))
             parties = sorted(holders)
             try:
                 secret = scheme.reconstruct(
                     [order.index(p) for p in parties], [holders[p] for p in parties]
                 )
             except ClientInputError as err:
-                raise RoundFailedError(f"SecAgg unmask failed: {err}") from err
+                raise RoundFailedError(
+                    f"SecAgg unmask failed for client {v}'s secret: {err}; either {v} dealt "
+                    f"inconsistent shares or one of its holders {parties} returned a wrong one "
+                    "(the server cannot tell which)"
+                ) from err
             if v in self._survivors:
                 rows_v = None if self._rows is None else self._rows[v]
                 seed_mask = self_mask(self.params, _unlimbs(secret, _SEED_BYTES), rows_v)
@@ -756,6 +769,21 @@ class SecAggServer:
                 else:
                     total[where] += mask
         return total
+
+    def _short_reason(self, v: int, holders: Mapping[int, object]) -> str:
+        """Why ``v``'s secret lacks shares; a holder that skipped ``v``'s share blames ``v``."""
+        answered = {h for box in self._shares.values() for h in box}
+        refused = sorted(answered - set(holders) - {v})
+        text = (
+            f"{len(holders)} shares of client {v}'s secret, the threshold is "
+            f"t = {self.params.threshold}"
+        )
+        if refused:
+            text += (
+                f"; client {v}'s sealed shares did not open for {refused} (client {v} sent "
+                "shares that do not open, or the relay changed them)"
+            )
+        return text
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:

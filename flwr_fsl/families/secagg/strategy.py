@@ -86,7 +86,7 @@ from flwr_fsl.families.secagg.records import (
     UnmaskSharesRequest,
 )
 
-__all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases"]
+__all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases", "unattributed"]
 
 
 @dataclass
@@ -147,7 +147,7 @@ class SecAggPhases:
             grid, state, SHARE, dict.fromkeys(members, roster), label=self._phase("share"),
             accept=lambda n, reply: server.add_shares(n, reply.shares),
         )  # fmt: skip
-        server.sharers()
+        server.sharers(among=state.survivors)  # one survivors set: the engine's
         return server
 
     def train(
@@ -206,6 +206,14 @@ class SecAggPhases:
             accept=lambda n, reply: server.add_unmask(n, reply.unmask),
         )  # fmt: skip
         return server.result()
+
+
+def unattributed(survivors: Sequence[int]) -> str:
+    """The reason's tail when a decoded sum breaks its bounds: any survivor may be the cause."""
+    return (
+        f"one of the survivors {sorted(survivors)} sent a masked input not made for this round "
+        "(replayed or corrupted); the sum cannot tell which, so nothing is applied"
+    )
 
 
 class SecAggFedAvg(MultiPhaseStrategy):
@@ -452,7 +460,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         )
         survivors = server.survivors
         total = phases.unmask(grid, state, server)
-        new, metrics, _ = layout.decode(total, model, count=len(survivors))
+        try:
+            new, metrics, _ = layout.decode(total, model, count=len(survivors), threshold=t)
+        except RoundFailedError as err:
+            raise RoundFailedError(f"{err}; {unattributed(survivors)}") from err
         log(
             INFO,
             "aggregate_train: SecAgg over %d of %d sampled clients (t = %d)",
