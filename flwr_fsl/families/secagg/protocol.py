@@ -1,11 +1,9 @@
 r"""Secure aggregation of Bonawitz et al. (CCS 2017), semi-honest, for one server and n clients.
 
 Flower-free: :class:`SecAggClient` and :class:`SecAggServer` exchange bytes (and one vector of
-ring words per client); :mod:`flwr_fsl.families.secagg.strategy` and
-:mod:`flwr_fsl.families.secagg.mod`
-carry them in Flower messages. The clients never talk to each other: everything is relayed by
-the server, and what one client sends another is sealed to the recipient
-(:func:`flwr_fsl.crypto.channel.seal`, HPKE with X25519 / AES-256-GCM from ``cryptography``).
+ring words per client); ``secagg.strategy`` and ``secagg.mod`` carry them in Flower messages.
+Clients never talk to each other: the server relays, and what one client sends another is
+sealed to the recipient (:func:`flwr_fsl.crypto.channel.seal`, HPKE X25519 / AES-256-GCM).
 
 **Rounds** (Bonawitz et al. Fig. 4, without the consistency check of the malicious model):
 
@@ -16,16 +14,13 @@ the server, and what one client sends another is sealed to the recipient
    Shamir shares with reconstruction threshold ``t`` over ``F_p`` (``p = 2^32 - 5``, secrets in
    3-byte limbs, party ``v`` at the point ``1 + position of v in U1``); the share for ``v`` is
    sealed to ``c_v`` (:func:`flwr_fsl.crypto.sealing.seal_for`) with associated data naming
-   purpose, session, round, the parameter digest, sender and recipient, so the server can
-   neither read nor redirect it.
-   ``U2`` = senders.
+   purpose, session, round, parameter digest, sender and recipient. ``U2`` = senders.
 2. *MaskedInput* — the server sends ``U2``; ``u`` sends ``y_u = x_u + PRG(b_u) +
    sum_{v in U2, v != u} sign(u, v) PRG(s_uv)`` in ``Z_2^64``, where ``s_uv`` is
    HKDF-SHA256 of ``X25519(s_u, s_v)`` bound to session, round and digest
    (:func:`flwr_fsl.crypto.channel.agree_key`), ``PRG`` is AES-128-CTR with the zero nonce
-   (:func:`flwr_fsl.crypto.prg.ctr_stream`; :func:`~flwr_fsl.crypto.prg.ctr_words` for the
-   words at given positions) and ``sign(u, v) = +1`` if ``u < v``
-   else ``-1`` (so pair masks cancel in the sum). ``U3`` = senders.
+   (:func:`flwr_fsl.crypto.prg.ctr_stream`, or :func:`~flwr_fsl.crypto.prg.ctr_words` at given
+   positions) and ``sign(u, v) = +1`` if ``u < v`` else ``-1``. ``U3`` = senders.
 3. *Unmask* — the server sends every ``u in U3`` the set ``U3`` and the sealed shares addressed
    to ``u``; ``u`` checks ``U3 ⊆ U2``, ``u in U3``, ``|U3| >= t``, opens the shares and returns,
    for each ``v in U3``, its share of ``b_v`` and, for each ``v in U2 \ U3`` (dropped after
@@ -35,16 +30,16 @@ the server, and what one client sends another is sealed to the recipient
 
 **Threat model and leakage.** Honest-but-curious server and clients; the server may collude
 with fewer than ``t`` clients. The server learns ``sum_{u in U3} x_u``, the sets ``U1..U4``
-(who took part and who dropped when) and message sizes; a client learns the roster's public
-keys and ``U2``, ``U3``. Each ``y_u`` alone is uniform in ``Z_2^64`` given the server's view
-while some other client of ``U3`` is honest (its pair mask with ``u`` is unknown to the
-server; ``tests/families/secagg/test_protocol.py`` checks the view's uniformity and its independence
-of ``x_u``). Not covered (as in Bonawitz's semi-honest variant): a server that *deviates* can tell
-one group of clients that ``v`` dropped and another that it survived and so collect both
-``b_v`` and ``s_v`` shares (a client refuses only an inconsistent request of its own); the
-signatures and consistency-check round of the malicious-model protocol are not implemented.
-A wrong Shamir share from a deviating client is detected (shares beyond ``t`` must lie on the
-polynomial) and fails the round; it cannot be attributed to a client.
+and message sizes; a client learns the roster's public keys and ``U2``, ``U3``. Each ``y_u``
+alone is uniform in ``Z_2^64`` given the server's view while some other client of ``U3`` is
+honest (``tests/families/secagg/test_protocol.py``). Not covered (Bonawitz's semi-honest
+variant): a *deviating* server can tell some clients that ``v`` dropped and others that it
+survived and so collect both of ``v``'s secrets; no signatures or consistency round.
+**Faulty clients** (``docs/families/secagg.md``): masks are fresh per round (new keys, new
+``b_u``, pair keys bound to session, round and digest), so a masked input replayed from another
+round never cancels and the decoded sum breaks its plausibility bounds (the strategy's decode);
+a share that does not open is skipped by its recipient and blamed on its sender; shares off
+the polynomial fail the round naming the dealer and its holders (who lied is unknown).
 
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
@@ -677,6 +672,18 @@ class SecAggServer:
         """``U3``: the clients whose masked input is in the sum."""
         return tuple(sorted(self._survivors))
 
+    def check_survivors(self, kept: Collection[int]) -> None:
+        """Raise RoundFailedError if a client of ``U3`` (in the sum) is not in ``kept``.
+
+        A node dropped after its input was added (e.g. a stale reply, then a second one) left
+        an input in the sum that the round no longer counts: it cannot be taken out.
+        """
+        if extra := sorted(self._survivors - set(kept)):
+            raise RoundFailedError(
+                f"the masked input of {extra} is in the sum but the round dropped the client "
+                "afterwards (a second reply): the sum cannot be used"
+            )
+
     def unmask_request(self, node: int) -> bytes:
         """Round 3: ``U3`` and the sealed shares addressed to ``node`` from ``U2``.
 
@@ -772,12 +779,9 @@ class SecAggServer:
 
     def _short_reason(self, v: int, holders: Mapping[int, object]) -> str:
         """Why ``v``'s secret lacks shares; a holder that skipped ``v``'s share blames ``v``."""
-        answered = {h for box in self._shares.values() for h in box}
-        refused = sorted(answered - set(holders) - {v})
-        text = (
-            f"{len(holders)} shares of client {v}'s secret, the threshold is "
-            f"t = {self.params.threshold}"
-        )
+        refused = sorted({h for box in self._shares.values() for h in box} - set(holders) - {v})
+        text = f"{len(holders)} shares of client {v}'s secret, the threshold is t = "
+        text += str(self.params.threshold)
         if refused:
             text += (
                 f"; client {v}'s sealed shares did not open for {refused} (client {v} sent "

@@ -85,8 +85,9 @@ from flwr_fsl.families.secagg.records import (
     ShareRequest,
     UnmaskSharesRequest,
 )
+from flwr_fsl.families.secagg.vector import unattributed
 
-__all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases", "unattributed"]
+__all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases"]
 
 
 @dataclass
@@ -162,6 +163,7 @@ class SecAggPhases:
         )  # fmt: skip
         for _ in stream:
             pass
+        server.check_survivors(state.survivors)
 
     def masked(
         self,
@@ -187,6 +189,7 @@ class SecAggPhases:
 
         for _ in self.strategy.stream(grid, state, name, messages, parse):
             pass
+        server.check_survivors(state.survivors)
 
     def unmask(self, grid: Grid, state: RoundState, server: SecAggServer) -> NDArray[np.uint64]:
         """Unmask with the survivors and return the sum of their vectors.
@@ -206,14 +209,6 @@ class SecAggPhases:
             accept=lambda n, reply: server.add_unmask(n, reply.unmask),
         )  # fmt: skip
         return server.result()
-
-
-def unattributed(survivors: Sequence[int]) -> str:
-    """The reason's tail when a decoded sum breaks its bounds: any survivor may be the cause."""
-    return (
-        f"one of the survivors {sorted(survivors)} sent a masked input not made for this round "
-        "(replayed or corrupted); the sum cannot tell which, so nothing is applied"
-    )
 
 
 class SecAggFedAvg(MultiPhaseStrategy):

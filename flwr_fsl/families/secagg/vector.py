@@ -34,7 +34,7 @@ noisy weight word otherwise.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +54,15 @@ from flwr_fsl.families.secagg.dp import (
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout
 
-__all__ = ["WeightedVector"]
+__all__ = ["WeightedVector", "unattributed"]
+
+
+def unattributed(survivors: Sequence[int]) -> str:
+    """Return the tail of a failure reason for a sum outside its bounds (any survivor)."""
+    return (
+        f"one of the survivors {sorted(survivors)} sent a masked input not made for this round "
+        "(replayed or corrupted); the sum cannot tell which, so nothing is applied"
+    )
 
 
 @dataclass(frozen=True)
@@ -296,9 +304,7 @@ class WeightedVector:
             units += math.ceil(NOISE_CLIP_STDS * self.noise_sigma(max(int(threshold), 1)))
         return count * units / self.codec.scale
 
-    def check_bounds(
-        self, values: NDArray[np.float64], count: int, threshold: int = 2
-    ) -> None:
+    def check_bounds(self, values: NDArray[np.float64], count: int, threshold: int = 2) -> None:
         """Refuse a decoded sum that ``count`` vectors built as told cannot have.
 
         An honest client's weight ``c`` is in ``(0, W]`` (``W`` = :attr:`weight_bound`; exactly
