@@ -123,13 +123,9 @@ def check_rows_sum(
     if not np.all((count >= low - row_eps) & (count <= alive * top + row_eps)):
         raise _outside(f"a row count is not in [0, its participants x {top:g}]", survivors)
     reach = np.maximum(count, 0.0) + row_eps
-    if layout.quantizer is not None and dp is None:
-        ok = np.all(rows[:, :width] >= -row_eps[:, None])
-    else:
-        ok = True
-    if not (
-        ok and np.all(np.abs(rows[:, :width]) <= per_count * reach[:, None] + row_eps[:, None])
-    ):
+    words = rows[:, :width]
+    ok = layout.quantizer is None or dp is not None or bool(np.all(words >= -row_eps[:, None]))
+    if not (ok and np.all(np.abs(words) <= per_count * reach[:, None] + row_eps[:, None])):
         raise _outside("a row's update words exceed clip x its count", survivors)
     weight = float(dense[-1])
     if dp is None and not settings.weighted:

@@ -192,7 +192,7 @@ def _verdict(strategy: SFSLFedSubAvg, models: dict, uploaded: dict, phase: str) 
     for drops in strategy.dropped.values():
         assert set(drops) <= {BAD}, f"honest node dropped: {strategy.dropped}"
     assert set(strategy.failed_rounds) <= {FAULT_ROUND}, strategy.failed_rounds
-    members = dict.fromkeys(range(1, ROUNDS + 1), list(range(NODES)))
+    members = {rnd: list(range(NODES)) for rnd in range(1, ROUNDS + 1)}
     if FAULT_ROUND in strategy.failed_rounds:
         assert strategy.failed_rounds[FAULT_ROUND]
         for name in MODEL:
