@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import (
@@ -68,12 +68,12 @@ from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     SealedBoxError,
     SealingKeyPair,
-    agree_key,
     client_party,
 )
-from flwr_fsl.crypto.prg import PRGStream, ctr_stream, ctr_words
+from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.families.secagg.masks import pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
@@ -105,6 +105,7 @@ from flwr_fsl.families.secagg.messages import (
     encode_ids,
     encode_rows,
 )
+from flwr_fsl.families.secagg.replay import ReplayGuard
 
 __all__ = [
     "DROPOUT_PHASES",
@@ -128,7 +129,6 @@ __all__ = [
 _U64 = np.uint64
 SHARE_PURPOSE = "secagg-share"
 """Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
-_MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -158,45 +158,6 @@ def _public(raw: bytes) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(raw)
     except ValueError as err:
         raise SecAggError("not an X25519 public key") from err
-
-
-def _words_at(key: bytes, positions: NDArray[np.int64] | None, length: int) -> NDArray[np.uint64]:
-    """Return AES-128-CTR stream words (zero nonce): all ``length``, or those at ``positions``."""
-    return ctr_stream(key, bytes(16), length) if positions is None else ctr_words(key, positions)
-
-
-def pair_mask(
-    params: SecAggParams,
-    private: X25519PrivateKey,
-    peer_public: bytes,
-    low: int,
-    high: int,
-    positions: NDArray[np.int64] | None = None,
-) -> NDArray[np.uint64]:
-    """``PRG(s_uv)`` for the pair ``{low, high}`` (both ends, and the server, agree on it).
-
-    With ``positions``, only the words at those positions of the same stream.
-
-    Raises
-    ------
-    SecAggError
-        If the peer key is not a usable X25519 public key (a low-order point).
-    """
-    info = _MASK_INFO + struct.pack("<QQ", low, high) + params.session
-    try:
-        key = agree_key(private, peer_public, salt=params.digest, info=info)
-    except SealedBoxError as err:
-        raise SecAggError(f"a mask key agreement failed: {err}") from err
-    return _words_at(key, positions, params.vector_length)
-
-
-def self_mask(
-    params: SecAggParams, seed: bytes, positions: NDArray[np.int64] | None = None
-) -> NDArray[np.uint64]:
-    """Return ``PRG(b_u)``, the self mask of seed ``b_u`` (or its words at ``positions``)."""
-    # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
-    # that would change every masked input (frozen vectors masked-input*, v1 format).
-    return _words_at(seed, positions, params.vector_length)
 
 
 # ---------------------------------------------------------------------------------- client
@@ -504,9 +465,13 @@ class SecAggServer:
     ----------
     params : SecAggParams
         The round.
+    guard : ReplayGuard, optional
+        The strategy's memory of earlier rounds' replies: a repeat is refused (the client
+        dropped) before it is used (:mod:`flwr_fsl.families.secagg.replay`).
     """
 
     params: SecAggParams
+    guard: ReplayGuard | None = None
     _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     _roster: dict[int, tuple[bytes, bytes]] | None = None
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
@@ -528,6 +493,7 @@ class SecAggServer:
         seen = {k for pair in self._keys.values() for k in pair}
         if c_pk == s_pk or c_pk in seen or s_pk in seen or node in self._keys:
             raise SecAggError("an advertisement repeats a public key or a client")
+        self._fresh("advertisement", advertisement)
         self._keys[node] = (c_pk, s_pk)
 
     def roster(self) -> bytes:
@@ -559,6 +525,7 @@ class SecAggServer:
         sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
         if set(sealed) != set(self._roster) - {node}:
             raise SecAggError("a share bundle must address every other roster member once")
+        self._fresh("share bundle", bundle)
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
 
@@ -659,6 +626,7 @@ class SecAggServer:
         y = masked.words(size) if isinstance(masked, MaskedWords) else np.asarray(masked)
         if y.dtype != _U64 or y.shape != (size,):
             raise SecAggError(f"a masked input must be {size} uint64 words")
+        self._fresh("masked input", y.tobytes())
         if self._sum is None:
             self._sum = np.zeros(self.params.vector_length, dtype=_U64)
         if rows is None:
@@ -703,6 +671,7 @@ class SecAggServer:
         if node not in self._survivors or any(node in s for s in self._shares.values()):
             raise SecAggError("unmask reply from a client outside U3, or twice")
         entries = _unmask_reply_from_bytes(reply)
+        self._fresh("unmask reply", reply)
         u2 = set(self.sharers())
         for v, (kind, _share) in entries.items():
             expected = _KIND_SEED if v in self._survivors else _KIND_KEY
@@ -788,6 +757,10 @@ class SecAggServer:
                 "shares that do not open, or the relay changed them)"
             )
         return text
+
+    def _fresh(self, what: str, data: bytes) -> None:
+        if self.guard is not None:
+            self.guard.check(self.params.session, self.params.round_id, what, data)
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:

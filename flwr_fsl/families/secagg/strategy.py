@@ -85,6 +85,7 @@ from flwr_fsl.families.secagg.records import (
     ShareRequest,
     UnmaskSharesRequest,
 )
+from flwr_fsl.families.secagg.replay import ReplayGuard
 from flwr_fsl.families.secagg.vector import unattributed
 
 __all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases"]
@@ -109,10 +110,13 @@ class SecAggPhases:
         run the phases (drops, timeouts, traffic).
     instance : str
         The aggregation's name within a round.
+    guard : ReplayGuard, optional
+        The strategy's memory of earlier rounds' replies (a replay drops its client).
     """
 
     strategy: PhasedStrategy
     instance: str = MODEL_INSTANCE
+    guard: ReplayGuard | None = None
 
     def _phase(self, phase: str) -> str:
         return phase if self.instance == MODEL_INSTANCE else f"{self.instance}-{phase}"
@@ -136,7 +140,7 @@ class SecAggPhases:
         TooFewSurvivorsError
             If fewer than ``t`` clients are left after either phase (the round fails).
         """
-        server = SecAggServer(params)
+        server = SecAggServer(params, self.guard)
         self.strategy.send_phase(
             grid, state, ADVERTISE, dict.fromkeys(nodes, AdvertiseRequest(params, self.instance)),
             label=self._phase("advertise"),
@@ -377,6 +381,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
                     self.max_metric,
                 )
         self.session = os.urandom(16)
+        self.replay_guard = ReplayGuard()
 
     def summary(self) -> None:
         """Log FedAvg's summary, then SecAgg's settings and the limits that drop a client."""
@@ -435,7 +440,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
             raise RoundFailedError(f"{len(nodes)} clients sampled, fewer than t = {t}")
         params = SecAggParams(state.server_round, self.session, t, layout.length)
         state.protocol = params
-        phases = SecAggPhases(self)
+        phases = SecAggPhases(self, guard=self.replay_guard)
         server = phases.keys(grid, state, nodes, params)
         # MaskedInput: the train message (model and config as FedAvg sends them), streamed
         # into the running sum.

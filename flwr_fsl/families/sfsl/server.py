@@ -50,6 +50,7 @@ from flwr_fsl.core.exchange import Exchange, local_exchange
 from flwr_fsl.core.privacy import check_noise_floor
 from flwr_fsl.crypto.discrete_gaussian import per_client_sigma
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.replay import ReplayGuard
 from flwr_fsl.families.sfsl.bounds import check_rows_sum, check_union_counts
 from flwr_fsl.families.sfsl.dp import (
     UNION_THRESHOLD_STDS,
@@ -157,17 +158,20 @@ class SFSLServer:
         The validated settings (its ``psu`` is set per round by :meth:`run`).
     session : bytes
         Binds the rounds' SecAgg parameters to this run (fresh random by default).
+    guard : ReplayGuard
+        Digests of earlier rounds' SecAgg replies: a replayed one drops its client
+        (:mod:`flwr_fsl.families.secagg.replay`).
     """
 
     settings: SFSLSettings
     session: bytes = field(default_factory=lambda: os.urandom(16))
+    guard: ReplayGuard = field(default_factory=ReplayGuard, repr=False)
 
     # -- SecAgg sub-rounds ---------------------------------------------------------------
-    @staticmethod
     def _keys(
-        exchange: Exchange, instance: str, nodes: Sequence[int], params: SecAggParams
+        self, exchange: Exchange, instance: str, nodes: Sequence[int], params: SecAggParams
     ) -> tuple[SecAggServer, list[int]]:
-        server = SecAggServer(params)
+        server = SecAggServer(params, self.guard)
         ask = ControlAsk(instance, params)
         answered = exchange(
             f"{instance}-advertise", dict.fromkeys(nodes, ask), server.add_advertisement

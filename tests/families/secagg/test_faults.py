@@ -15,10 +15,11 @@ The issue's reproduction (a round-1 masked input re-tagged for round 2, accepted
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from flwr_fsl.families.secagg.messages import _unmask_reply_from_bytes, _unmask_reply_to_bytes
 from flwr_fsl.families.secagg.records import SECAGG_KEY
@@ -81,30 +82,27 @@ WRONG = {
     "unmask": _config_bytes("unmask", _wrong_share),
 }
 
-# phase -> fault -> verdict. "duplicate"/"stale" in the streamed train phase: the engine fails
-# the round (a second reply after the first was summed); core/replies may later ignore an
-# identical duplicate instead, which the test accepts as harmless.
+# phase -> fault -> verdict. A reply replayed from round 1 (``replay``, or ``stale``: first) is
+# refused by the strategy's ReplayGuard before it is used: its client is dropped.
+# ``duplicate`` in the streamed train phase: the engine fails the round (a second reply after
+# the first was summed); core/replies may later ignore an identical duplicate instead, which
+# the test accepts as harmless.
 VERDICTS: dict[str, dict[str, str]] = {
     "advertise": dict.fromkeys(FAULT_KINDS, "dropped"),
-    "share": {**dict.fromkeys(FAULT_KINDS, "dropped"), "replay": "failed", "wrong": "harmless"},
+    "share": {**dict.fromkeys(FAULT_KINDS, "dropped"), "wrong": "harmless"},
     "train": {
         **dict.fromkeys(FAULT_KINDS, "dropped"),
         "duplicate": "failed|harmless",
-        "replay": "failed",
-        "stale": "failed",
         "wrong": "failed",
     },
-    "unmask": {
-        **dict.fromkeys(FAULT_KINDS, "dropped"),
-        "replay": "failed",
-        "stale": "failed",
-        "wrong": "failed",
-    },
+    "unmask": {**dict.fromkeys(FAULT_KINDS, "dropped"), "wrong": "failed"},
 }
 CASES = [(phase, kind) for phase in VERDICTS for kind in FAULT_KINDS]
 
 
-def _run(fault: ReplyFault | None, **kwargs: object) -> tuple[SecAggFedAvg, dict[int, dict]]:
+def _run(
+    fault: Callable[..., Any] | None, **kwargs: object
+) -> tuple[SecAggFedAvg, dict[int, dict]]:
     grid = InProcessGrid(make_app([secagg_mod]), NODES, tamper_replies=fault)
     strategy = SecAggFedAvg(min_available_nodes=NODES, reconstruction_threshold=3, **kwargs)
     models: dict[int, dict[str, np.ndarray]] = {}
@@ -172,13 +170,37 @@ def test_fault(phase: str, kind: str) -> None:
     )  # fmt: skip
 
 
+def _altered(fault: ReplyFault) -> Callable[[int, Message, Message], list[Message]]:
+    """The replay, with one bit of its first word flipped (so it is not the same bytes)."""
+
+    def tamper(node: int, request: Message, reply: Message) -> list[Message]:
+        out = list(fault(node, request, reply))
+        if fault.applied and node == BAD and out and out[0].has_content():
+            content = out[0].content
+            record = content.array_records.get(SECAGG_KEY)
+            if record is not None and "masked" in record and not getattr(tamper, "done", False):
+                words = record["masked"].numpy().copy()
+                words[0] ^= np.uint64(1)
+                content[SECAGG_KEY] = ArrayRecord({"masked": Array(words)})
+                tamper.done = True  # type: ignore[attr-defined]
+        return out
+
+    return tamper
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["unit", "weighted"])
 def test_replayed_masked_input_never_applied(weighted: bool) -> None:
     # Issue 24: a round-1 masked input re-tagged for round 2 was applied silently 8 of 20
-    # times. Masks are fresh per round, so it unmasks to uniform words: every run must fail.
-    for _ in range(10):
+    # times. Now the same bytes are refused as a replay (dropped), and a replay changed by
+    # one bit unmasks to uniform words (masks are fresh per round) that break the sum's
+    # bounds: the round fails. Never applied, over many runs.
+    for _ in range(6):
         fault = ReplyFault(BAD, "replay", family=SECAGG_KEY, phase="train", occurrence=1)
         strategy, models = _run(fault, weighted=weighted)
+        assert _verdict(strategy, models, "train") == "dropped"
+        assert "replay" in strategy.dropped[FAULT_ROUND][BAD]
+        fault = ReplyFault(BAD, "replay", family=SECAGG_KEY, phase="train", occurrence=1)
+        strategy, models = _run(_altered(fault), weighted=weighted)
         assert _verdict(strategy, models, "train") == "failed"
         assert "outside its bounds" in strategy.failed_rounds[FAULT_ROUND]
         assert str(BAD) in strategy.failed_rounds[FAULT_ROUND]  # every survivor is named
