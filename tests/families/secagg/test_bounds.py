@@ -89,9 +89,19 @@ def test_replay_guard_refuses_earlier_rounds_replies_only() -> None:
         ReplayGuard(keep=0)
 
 
-def _round(t: int, nodes: list[int], corrupt: dict[int, set[int]]) -> SecAggServer:
-    """A round in which ``corrupt[sender]`` lists the recipients of its shares that fail."""
-    params = SecAggParams(3, b"\x01" * 16, t, 8)
+def _round(
+    t: int,
+    nodes: list[int],
+    corrupt: dict[int, set[int]],
+    round_id: int = 3,
+    masked: dict[int, np.ndarray] | None = None,
+) -> SecAggServer:
+    """A round in which ``corrupt[sender]`` lists the recipients of its shares that fail.
+
+    ``masked`` collects every client's ``y_u``; a value already there is sent instead (a
+    replay of another round's masked input).
+    """
+    params = SecAggParams(round_id, b"\x01" * 16, t, 8)
     clients = {u: SecAggClient(u, params) for u in nodes}
     server = SecAggServer(params)
     for u, c in clients.items():
@@ -101,7 +111,10 @@ def _round(t: int, nodes: list[int], corrupt: dict[int, set[int]]) -> SecAggServ
         server.add_shares(u, c.share_keys(roster))
     u2 = server.sharers()
     for u in nodes:
-        server.add_masked_input(u, clients[u].masked_input(u2, np.full(8, u, dtype=U64)))
+        y = clients[u].masked_input(u2, np.full(8, u, dtype=U64))
+        if masked is not None:
+            y = masked.setdefault(u, y)
+        server.add_masked_input(u, y)
     for u in nodes:
         request = UnmaskRequest.from_bytes(server.unmask_request(u))
         for sender, victims in corrupt.items():
@@ -122,3 +135,16 @@ def test_bad_shares_blame_their_sender_never_the_recipients() -> None:
     server = _round(3, nodes, {2: {1, 3, 4, 5, 6}})
     with pytest.raises(TooFewSurvivorsError, match=r"client 2's sealed shares did not open"):
         server.result()
+
+
+def test_a_masked_input_of_another_round_never_cancels() -> None:
+    # Fresh keys and seeds per round, pair keys bound to session, round and digest: client 2's
+    # round-3 masked input replayed in round 4 leaves uniform words in the sum.
+    nodes = [1, 2, 3, 4]
+    earlier: dict[int, np.ndarray] = {}
+    _round(3, nodes, {}, round_id=3, masked=earlier)
+    replay = {2: earlier[2]}
+    total = _round(3, nodes, {}, round_id=4, masked=replay).result()
+    error = (total - np.full(8, sum(nodes), dtype=U64)).view(np.int64)
+    # not a small shift: each word is uniform in Z_2^64 (below 2^40 with chance 2^-23)
+    assert np.count_nonzero(np.abs(error) > 2**40) >= 6
