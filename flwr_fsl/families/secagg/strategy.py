@@ -40,9 +40,12 @@ hand the server every evaluated client's metrics and ``num-examples`` in the cle
 server (``start(..., evaluate_fn=...)``). Not covered: a server that deviates from the protocol
 (see :mod:`flwr_fsl.families.secagg.protocol`).
 
-**Failures.** A client that errs, times out or sends a malformed message is dropped at that
-phase with a logged reason; clients dropped after sharing are recovered in Unmask. Fewer than
-``t`` clients left at any phase, or inconsistent shares, fail the round (model unchanged).
+**Failures.** A client that errs, times out or sends a malformed message, or replays a reply
+of an earlier round (:mod:`flwr_fsl.families.secagg.replay`), is dropped at that phase with a
+logged reason; clients dropped after sharing are recovered in Unmask. Fewer than ``t`` clients
+left at any phase, inconsistent shares, or a decoded sum outside its plausibility bounds
+(:meth:`~flwr_fsl.families.secagg.vector.WeightedVector.check_bounds`: a masked input not made
+for this round, which the server cannot attribute) fail the round (model unchanged).
 """
 
 from __future__ import annotations

@@ -49,6 +49,11 @@ a row with a single participant is that client's row in the clear (Theorem 2, Ev
 Clients learn ``U`` and, for their own rows, which other clients answered "yes". With
 ``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.families.sfsl.perturb.RRParams` all ones) every
 client uploads all of ``U`` (Theorem 3) — which, without DP, still releases the per-row sums.
+
+**Faulty clients.** A bad or replayed reply drops its client at that phase (SecAgg's replay
+guard, :mod:`flwr_fsl.families.secagg.replay`); a decoded rows sum (or DP union) outside its
+plausibility bounds (:mod:`flwr_fsl.families.sfsl.bounds`) fails the round with the model
+unchanged, naming every survivor; a client deviating within the bounds is not detected.
 """
 
 from __future__ import annotations
