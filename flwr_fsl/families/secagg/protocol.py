@@ -73,6 +73,7 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.families.secagg.attribution import find_liar
 from flwr_fsl.families.secagg.masks import pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
@@ -480,6 +481,7 @@ class SecAggServer:
     _survivors: set[int] = field(default_factory=set)
     _shares: dict[int, dict[int, NDArray[np.uint64]]] = field(default_factory=dict)
     _rows: dict[int, NDArray[np.int64]] | None = None
+    excluded: dict[int, str] = field(default_factory=dict)  # Unmask liars (attribution.py)
 
     def add_advertisement(self, node: int, advertisement: bytes) -> None:
         """Round 0: take a client's two public keys (raises :class:`SecAggError`)."""
@@ -696,6 +698,11 @@ class SecAggServer:
         scheme = _shamir(self.params, len(order))
         total = self._sum.copy()
         u2 = self.sharers()
+        liar = find_liar(scheme, order, self._shares)
+        if liar is not None:  # one holder's shares break several secrets: ignore them
+            for box in self._shares.values():
+                box.pop(liar, None)
+            self.excluded[liar] = "its Unmask shares are off the polynomial of several secrets"
         for v in u2:
             holders = self._shares.get(v, {})
             if len(holders) < self.params.threshold:

@@ -215,7 +215,10 @@ class SecAggPhases:
             grid, state, UNMASK, requests, label=self._phase("unmask"),
             accept=lambda n, reply: server.add_unmask(n, reply.unmask),
         )  # fmt: skip
-        return server.result()
+        total = server.result()
+        for node, reason in server.excluded.items():  # its input stays in the sum
+            state.drop(node, f"{self._phase('unmask')}: {reason}")
+        return total
 
 
 class SecAggFedAvg(MultiPhaseStrategy):

@@ -189,7 +189,12 @@ class SFSLServer:
         params = server.params
         asks = {n: ControlAsk(instance, params, server.unmask_request(n)) for n in server.survivors}
         answered = exchange(f"{instance}-unmask", asks, server.add_unmask)
-        return server.result(), [n for n in server.survivors if n in answered]
+        total = server.result()
+        drop = getattr(exchange, "drop", None)
+        for node, reason in server.excluded.items():  # its input stays in this sum
+            if callable(drop):
+                drop(node, f"{instance}-unmask: {reason}")
+        return total, [n for n in server.survivors if n in answered and n not in server.excluded]
 
     # -- the four steps ------------------------------------------------------------------
     def union(

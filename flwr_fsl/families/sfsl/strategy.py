@@ -314,6 +314,10 @@ class _FlowerExchange:
         )  # fmt: skip
         return {n: value(r) for n, r in replies.items()}
 
+    def drop(self, node: int, reason: str) -> None:
+        """Drop a node the protocol found lying after its phase (e.g. wrong Unmask shares)."""
+        self.state.drop(node, reason)
+
     def _route(self, label: str) -> tuple[Phase[Any, Any], str | None, Callable[[Any], Any]]:
         """Return the phase of a label, its reply's field (None: the reply) and the request map."""
         if label.endswith("-advertise"):

@@ -9,7 +9,13 @@ import pytest
 
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError, TooFewSurvivorsError
 from flwr_fsl.families.secagg.dp import SecAggDP
-from flwr_fsl.families.secagg.messages import SecAggError, SecAggParams, UnmaskRequest
+from flwr_fsl.families.secagg.messages import (
+    SecAggError,
+    SecAggParams,
+    UnmaskRequest,
+    _unmask_reply_from_bytes,
+    _unmask_reply_to_bytes,
+)
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggServer
 from flwr_fsl.families.secagg.replay import ReplayGuard
 from flwr_fsl.families.secagg.vector import WeightedVector
@@ -95,11 +101,13 @@ def _round(
     corrupt: dict[int, set[int]],
     round_id: int = 3,
     masked: dict[int, np.ndarray] | None = None,
+    liar: tuple[int, set[int]] | None = None,
 ) -> SecAggServer:
     """A round in which ``corrupt[sender]`` lists the recipients of its shares that fail.
 
     ``masked`` collects every client's ``y_u``; a value already there is sent instead (a
-    replay of another round's masked input).
+    replay of another round's masked input). ``liar = (h, dealers)``: holder ``h`` returns a
+    wrong share of each of these dealers' secrets.
     """
     params = SecAggParams(round_id, b"\x01" * 16, t, 8)
     clients = {u: SecAggClient(u, params) for u in nodes}
@@ -122,7 +130,17 @@ def _round(
                 blob = bytearray(request.sealed_shares[sender])
                 blob[-1] ^= 1
                 request.sealed_shares[sender] = bytes(blob)
-        server.add_unmask(u, clients[u].unmask(request.to_bytes()))
+        reply = clients[u].unmask(request.to_bytes())
+        if liar is not None and u == liar[0]:
+            entries = _unmask_reply_from_bytes(reply)
+            out = {}
+            for v, (kind, share) in entries.items():
+                share = share.copy()
+                if v in liar[1]:
+                    share[0] = (share[0] + 1) % (2**32 - 5)
+                out[v] = bytes([kind]) + share.astype("<u4").tobytes()
+            reply = _unmask_reply_to_bytes(out)
+        server.add_unmask(u, reply)
     return server
 
 
@@ -148,3 +166,21 @@ def test_a_masked_input_of_another_round_never_cancels() -> None:
     error = (total - np.full(8, sum(nodes), dtype=U64)).view(np.int64)
     # not a small shift: each word is uniform in Z_2^64 (below 2^40 with chance 2^-23)
     assert np.count_nonzero(np.abs(error) > 2**40) >= 6
+
+
+def test_a_holder_that_returns_wrong_shares_is_blamed_alone() -> None:
+    nodes = [1, 2, 3, 4, 5, 6]
+    total = np.full(8, sum(nodes), dtype=U64)
+    # Wrong shares of several dealers' secrets: only the holder can have lied. Its shares are
+    # ignored, it is named, and the sum (its own input included) is exact.
+    server = _round(3, nodes, {}, liar=(4, {1, 2, 3, 5, 6}))
+    np.testing.assert_array_equal(server.result(), total)
+    assert list(server.excluded) == [4]
+    server = _round(3, nodes, {}, liar=(4, {2, 5}))
+    np.testing.assert_array_equal(server.result(), total)
+    assert list(server.excluded) == [4]
+    # One dealer's secret only: the dealer or the holder lied; the round fails naming both.
+    server = _round(3, nodes, {}, liar=(4, {2}))
+    with pytest.raises(RoundFailedError, match=r"either 2 dealt .* holders \[1, 2, 3, 4, 5, 6\]"):
+        server.result()
+    assert server.excluded == {}
