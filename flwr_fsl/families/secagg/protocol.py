@@ -39,7 +39,7 @@ survived and so collect both of ``v``'s secrets; no signatures or consistency ro
 ``b_u``, pair keys bound to session, round and digest), so a masked input replayed from another
 round never cancels and the decoded sum breaks its plausibility bounds (the strategy's decode);
 a share that does not open is skipped by its recipient and blamed on its sender; shares off
-the polynomial fail the round naming the dealer and its holders (who lied is unknown).
+the polynomial blame their holder when it broke several secrets, else fail naming both.
 
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
