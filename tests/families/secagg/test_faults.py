@@ -98,6 +98,13 @@ VERDICTS: dict[str, dict[str, str]] = {
     # wrong: 1002's shares of every secret are off their polynomials: it alone is blamed.
     "unmask": dict.fromkeys(FAULT_KINDS, "dropped"),
 }
+# How the engine treats a second reply of a node (duplicate, or the fresh reply after a stale
+# one) is core/replies' business (issue 24 item 7): dropping the node and ignoring the identical
+# copy are both acceptable, so "harmless" (exact over all) is accepted beside the verdict here.
+for _verdicts in VERDICTS.values():
+    for _kind in ("duplicate", "stale"):
+        if "harmless" not in _verdicts[_kind]:
+            _verdicts[_kind] += "|harmless"
 CASES = [(phase, kind) for phase in VERDICTS for kind in FAULT_KINDS]
 
 
