@@ -245,7 +245,7 @@ def test_rows_phase_bad_input_never_applied(kind: str) -> None:
     # Issue 24: SFSL's rows phase applied shifted words (2.62 off) and a replay (5.48 off).
     # Now a replay is refused as such (its client dropped, the rest exact) and shifted words
     # break the rows sum's bounds (the round fails), every time.
-    for _ in range(4):
+    for _ in range(2):
         fault = InstanceFault(
             BAD, kind, family=SECAGG_KEY, phase="train", occurrence=1, rewrite=_shift_words,
             instance="rows",
