@@ -1,11 +1,9 @@
 r"""Secure aggregation of Bonawitz et al. (CCS 2017), semi-honest, for one server and n clients.
 
 Flower-free: :class:`SecAggClient` and :class:`SecAggServer` exchange bytes (and one vector of
-ring words per client); :mod:`flwr_fsl.families.secagg.strategy` and
-:mod:`flwr_fsl.families.secagg.mod`
-carry them in Flower messages. The clients never talk to each other: everything is relayed by
-the server, and what one client sends another is sealed to the recipient
-(:func:`flwr_fsl.crypto.channel.seal`, HPKE with X25519 / AES-256-GCM from ``cryptography``).
+ring words per client); ``secagg.strategy`` and ``secagg.mod`` carry them in Flower messages.
+Clients never talk to each other: the server relays, and what one client sends another is
+sealed to the recipient (:func:`flwr_fsl.crypto.channel.seal`, HPKE X25519 / AES-256-GCM).
 
 **Rounds** (Bonawitz et al. Fig. 4, without the consistency check of the malicious model):
 
@@ -16,16 +14,13 @@ the server, and what one client sends another is sealed to the recipient
    Shamir shares with reconstruction threshold ``t`` over ``F_p`` (``p = 2^32 - 5``, secrets in
    3-byte limbs, party ``v`` at the point ``1 + position of v in U1``); the share for ``v`` is
    sealed to ``c_v`` (:func:`flwr_fsl.crypto.sealing.seal_for`) with associated data naming
-   purpose, session, round, the parameter digest, sender and recipient, so the server can
-   neither read nor redirect it.
-   ``U2`` = senders.
+   purpose, session, round, parameter digest, sender and recipient. ``U2`` = senders.
 2. *MaskedInput* — the server sends ``U2``; ``u`` sends ``y_u = x_u + PRG(b_u) +
    sum_{v in U2, v != u} sign(u, v) PRG(s_uv)`` in ``Z_2^64``, where ``s_uv`` is
    HKDF-SHA256 of ``X25519(s_u, s_v)`` bound to session, round and digest
    (:func:`flwr_fsl.crypto.channel.agree_key`), ``PRG`` is AES-128-CTR with the zero nonce
-   (:func:`flwr_fsl.crypto.prg.ctr_stream`; :func:`~flwr_fsl.crypto.prg.ctr_words` for the
-   words at given positions) and ``sign(u, v) = +1`` if ``u < v``
-   else ``-1`` (so pair masks cancel in the sum). ``U3`` = senders.
+   (:func:`flwr_fsl.crypto.prg.ctr_stream`, or :func:`~flwr_fsl.crypto.prg.ctr_words` at given
+   positions) and ``sign(u, v) = +1`` if ``u < v`` else ``-1``. ``U3`` = senders.
 3. *Unmask* — the server sends every ``u in U3`` the set ``U3`` and the sealed shares addressed
    to ``u``; ``u`` checks ``U3 ⊆ U2``, ``u in U3``, ``|U3| >= t``, opens the shares and returns,
    for each ``v in U3``, its share of ``b_v`` and, for each ``v in U2 \ U3`` (dropped after
@@ -35,16 +30,16 @@ the server, and what one client sends another is sealed to the recipient
 
 **Threat model and leakage.** Honest-but-curious server and clients; the server may collude
 with fewer than ``t`` clients. The server learns ``sum_{u in U3} x_u``, the sets ``U1..U4``
-(who took part and who dropped when) and message sizes; a client learns the roster's public
-keys and ``U2``, ``U3``. Each ``y_u`` alone is uniform in ``Z_2^64`` given the server's view
-while some other client of ``U3`` is honest (its pair mask with ``u`` is unknown to the
-server; ``tests/families/secagg/test_protocol.py`` checks the view's uniformity and its independence
-of ``x_u``). Not covered (as in Bonawitz's semi-honest variant): a server that *deviates* can tell
-one group of clients that ``v`` dropped and another that it survived and so collect both
-``b_v`` and ``s_v`` shares (a client refuses only an inconsistent request of its own); the
-signatures and consistency-check round of the malicious-model protocol are not implemented.
-A wrong Shamir share from a deviating client is detected (shares beyond ``t`` must lie on the
-polynomial) and fails the round; it cannot be attributed to a client.
+and message sizes; a client learns the roster's public keys and ``U2``, ``U3``. Each ``y_u``
+alone is uniform in ``Z_2^64`` given the server's view while some other client of ``U3`` is
+honest (``tests/families/secagg/test_protocol.py``). Not covered (Bonawitz's semi-honest
+variant): a *deviating* server can tell some clients that ``v`` dropped and others that it
+survived and so collect both of ``v``'s secrets; no signatures or consistency round.
+**Faulty clients** (``docs/families/secagg.md``): masks are fresh per round (new keys, new
+``b_u``, pair keys bound to session, round and digest), so a masked input replayed from another
+round never cancels and the decoded sum breaks its plausibility bounds (the strategy's decode);
+a share that does not open is skipped by its recipient and blamed on its sender; shares off
+the polynomial blame their holder when it broke several secrets, else fail naming both.
 
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
@@ -56,12 +51,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import (
@@ -73,12 +68,13 @@ from flwr_fsl.crypto.channel import (
     KEY_BYTES,
     SealedBoxError,
     SealingKeyPair,
-    agree_key,
     client_party,
 )
-from flwr_fsl.crypto.prg import PRGStream, ctr_stream, ctr_words
+from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.families.secagg.attribution import find_liar
+from flwr_fsl.families.secagg.masks import pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
@@ -110,6 +106,7 @@ from flwr_fsl.families.secagg.messages import (
     encode_ids,
     encode_rows,
 )
+from flwr_fsl.families.secagg.replay import ReplayGuard
 
 __all__ = [
     "DROPOUT_PHASES",
@@ -133,7 +130,6 @@ __all__ = [
 _U64 = np.uint64
 SHARE_PURPOSE = "secagg-share"
 """Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
-_MASK_INFO = b"flwr_fsl/secagg/pair-mask/v1\x00"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -163,45 +159,6 @@ def _public(raw: bytes) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(raw)
     except ValueError as err:
         raise SecAggError("not an X25519 public key") from err
-
-
-def _words_at(key: bytes, positions: NDArray[np.int64] | None, length: int) -> NDArray[np.uint64]:
-    """Return AES-128-CTR stream words (zero nonce): all ``length``, or those at ``positions``."""
-    return ctr_stream(key, bytes(16), length) if positions is None else ctr_words(key, positions)
-
-
-def pair_mask(
-    params: SecAggParams,
-    private: X25519PrivateKey,
-    peer_public: bytes,
-    low: int,
-    high: int,
-    positions: NDArray[np.int64] | None = None,
-) -> NDArray[np.uint64]:
-    """``PRG(s_uv)`` for the pair ``{low, high}`` (both ends, and the server, agree on it).
-
-    With ``positions``, only the words at those positions of the same stream.
-
-    Raises
-    ------
-    SecAggError
-        If the peer key is not a usable X25519 public key (a low-order point).
-    """
-    info = _MASK_INFO + struct.pack("<QQ", low, high) + params.session
-    try:
-        key = agree_key(private, peer_public, salt=params.digest, info=info)
-    except SealedBoxError as err:
-        raise SecAggError(f"a mask key agreement failed: {err}") from err
-    return _words_at(key, positions, params.vector_length)
-
-
-def self_mask(
-    params: SecAggParams, seed: bytes, positions: NDArray[np.int64] | None = None
-) -> NDArray[np.uint64]:
-    """Return ``PRG(b_u)``, the self mask of seed ``b_u`` (or its words at ``positions``)."""
-    # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
-    # that would change every masked input (frozen vectors masked-input*, v1 format).
-    return _words_at(seed, positions, params.vector_length)
 
 
 # ---------------------------------------------------------------------------------- client
@@ -509,9 +466,13 @@ class SecAggServer:
     ----------
     params : SecAggParams
         The round.
+    guard : ReplayGuard, optional
+        The strategy's memory of earlier rounds' replies: a repeat is refused (the client
+        dropped) before it is used (:mod:`flwr_fsl.families.secagg.replay`).
     """
 
     params: SecAggParams
+    guard: ReplayGuard | None = None
     _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     _roster: dict[int, tuple[bytes, bytes]] | None = None
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
@@ -520,6 +481,7 @@ class SecAggServer:
     _survivors: set[int] = field(default_factory=set)
     _shares: dict[int, dict[int, NDArray[np.uint64]]] = field(default_factory=dict)
     _rows: dict[int, NDArray[np.int64]] | None = None
+    excluded: dict[int, str] = field(default_factory=dict)  # Unmask liars (attribution.py)
 
     def add_advertisement(self, node: int, advertisement: bytes) -> None:
         """Round 0: take a client's two public keys (raises :class:`SecAggError`)."""
@@ -533,6 +495,7 @@ class SecAggServer:
         seen = {k for pair in self._keys.values() for k in pair}
         if c_pk == s_pk or c_pk in seen or s_pk in seen or node in self._keys:
             raise SecAggError("an advertisement repeats a public key or a client")
+        self._fresh("advertisement", advertisement)
         self._keys[node] = (c_pk, s_pk)
 
     def roster(self) -> bytes:
@@ -564,11 +527,19 @@ class SecAggServer:
         sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
         if set(sealed) != set(self._roster) - {node}:
             raise SecAggError("a share bundle must address every other roster member once")
+        self._fresh("share bundle", bundle)
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
 
-    def sharers(self) -> tuple[int, ...]:
+    def sharers(self, among: Collection[int] | None = None) -> tuple[int, ...]:
         """Close round 1 and return ``U2``, the clients whose shares were all received.
+
+        Parameters
+        ----------
+        among : Collection[int], optional
+            When closing: the clients still in the round (the round engine's survivors); the
+            shares of any other sender (e.g. one dropped after its shares were taken) are
+            discarded, so ``U2`` never holds a client the round dropped.
 
         Raises
         ------
@@ -578,6 +549,11 @@ class SecAggServer:
         if self._sharers is None:
             if self._roster is None:
                 raise RoundFailedError("sharers asked before the roster")
+            if among is not None:
+                keep = set(among)
+                for box in self._mailbox.values():
+                    for sender in [s for s in box if s not in keep]:
+                        del box[sender]
             senders = {s for box in self._mailbox.values() for s in box}
             self._need(len(senders), "clients that shared their keys")
             self._sharers = tuple(sorted(senders))
@@ -652,6 +628,7 @@ class SecAggServer:
         y = masked.words(size) if isinstance(masked, MaskedWords) else np.asarray(masked)
         if y.dtype != _U64 or y.shape != (size,):
             raise SecAggError(f"a masked input must be {size} uint64 words")
+        self._fresh("masked input", y.tobytes())
         if self._sum is None:
             self._sum = np.zeros(self.params.vector_length, dtype=_U64)
         if rows is None:
@@ -664,6 +641,18 @@ class SecAggServer:
     def survivors(self) -> tuple[int, ...]:
         """``U3``: the clients whose masked input is in the sum."""
         return tuple(sorted(self._survivors))
+
+    def check_survivors(self, kept: Collection[int]) -> None:
+        """Raise RoundFailedError if a client of ``U3`` (in the sum) is not in ``kept``.
+
+        A node dropped after its input was added (e.g. a stale reply, then a second one) left
+        an input in the sum that the round no longer counts: it cannot be taken out.
+        """
+        if extra := sorted(self._survivors - set(kept)):
+            raise RoundFailedError(
+                f"the masked input of {extra} is in the sum but the round dropped the client "
+                "afterwards (a second reply): the sum cannot be used"
+            )
 
     def unmask_request(self, node: int) -> bytes:
         """Round 3: ``U3`` and the sealed shares addressed to ``node`` from ``U2``.
@@ -684,6 +673,7 @@ class SecAggServer:
         if node not in self._survivors or any(node in s for s in self._shares.values()):
             raise SecAggError("unmask reply from a client outside U3, or twice")
         entries = _unmask_reply_from_bytes(reply)
+        self._fresh("unmask reply", reply)
         u2 = set(self.sharers())
         for v, (kind, _share) in entries.items():
             expected = _KIND_SEED if v in self._survivors else _KIND_KEY
@@ -708,20 +698,26 @@ class SecAggServer:
         scheme = _shamir(self.params, len(order))
         total = self._sum.copy()
         u2 = self.sharers()
+        liar = find_liar(scheme, order, self._shares)
+        if liar is not None:  # one holder's shares break several secrets: ignore them
+            for box in self._shares.values():
+                box.pop(liar, None)
+            self.excluded[liar] = "its Unmask shares are off the polynomial of several secrets"
         for v in u2:
             holders = self._shares.get(v, {})
             if len(holders) < self.params.threshold:
-                raise TooFewSurvivorsError(
-                    f"{len(holders)} shares of a client's secret, the threshold is "
-                    f"t = {self.params.threshold}"
-                )
+                raise TooFewSurvivorsError(self._short_reason(v, holders))
             parties = sorted(holders)
             try:
                 secret = scheme.reconstruct(
                     [order.index(p) for p in parties], [holders[p] for p in parties]
                 )
             except ClientInputError as err:
-                raise RoundFailedError(f"SecAgg unmask failed: {err}") from err
+                raise RoundFailedError(
+                    f"SecAgg unmask failed for client {v}'s secret: {err}; either {v} dealt "
+                    f"inconsistent shares or one of its holders {parties} returned a wrong one "
+                    "(the server cannot tell which)"
+                ) from err
             if v in self._survivors:
                 rows_v = None if self._rows is None else self._rows[v]
                 seed_mask = self_mask(self.params, _unlimbs(secret, _SEED_BYTES), rows_v)
@@ -756,6 +752,22 @@ class SecAggServer:
                 else:
                     total[where] += mask
         return total
+
+    def _short_reason(self, v: int, holders: Mapping[int, object]) -> str:
+        """Why ``v``'s secret lacks shares; a holder that skipped ``v``'s share blames ``v``."""
+        refused = sorted({h for box in self._shares.values() for h in box} - set(holders) - {v})
+        text = f"{len(holders)} shares of client {v}'s secret, the threshold is t = "
+        text += str(self.params.threshold)
+        if refused:
+            text += (
+                f"; client {v}'s sealed shares did not open for {refused} (client {v} sent "
+                "shares that do not open, or the relay changed them)"
+            )
+        return text
+
+    def _fresh(self, what: str, data: bytes) -> None:
+        if self.guard is not None:
+            self.guard.check(self.params.session, self.params.round_id, what, data)
 
     def _need(self, count: int, what: str) -> None:
         if count < self.params.threshold:

@@ -335,7 +335,20 @@ def _load_masked(record: ArrayRecord, length: int) -> NDArray[np.uint64]:
     words = array_loader(record)("masked")
     if words.dtype != np.uint64 or words.shape != (length,):
         raise SubmodelFormatError(f"the masked input must be {length} uint64 words")
+    if len(array.data) != _npy_header_bytes(array.data) + 8 * length:
+        raise SubmodelFormatError("the masked input has bytes after its words")
     return words.astype(np.uint64, copy=False)
+
+
+def _npy_header_bytes(data: bytes) -> int:
+    """Bytes of the ``.npy`` header that precedes an array's data (it was parsed already)."""
+    # .npy: 6 magic bytes, major and minor version, then the header length (u16 in version 1,
+    # u32 after) and the header itself.
+    if len(data) < 12:
+        raise SubmodelFormatError("the masked input's array header is truncated")
+    if data[6] == 1:
+        return 10 + int.from_bytes(data[8:10], "little")
+    return 12 + int.from_bytes(data[8:12], "little")
 
 
 def masked_input_record(masked: NDArray[np.uint64]) -> RecordDict:

@@ -40,9 +40,12 @@ hand the server every evaluated client's metrics and ``num-examples`` in the cle
 server (``start(..., evaluate_fn=...)``). Not covered: a server that deviates from the protocol
 (see :mod:`flwr_fsl.families.secagg.protocol`).
 
-**Failures.** A client that errs, times out or sends a malformed message is dropped at that
-phase with a logged reason; clients dropped after sharing are recovered in Unmask. Fewer than
-``t`` clients left at any phase, or inconsistent shares, fail the round (model unchanged).
+**Failures.** A client that errs, times out or sends a malformed message, or replays a reply
+of an earlier round (:mod:`flwr_fsl.families.secagg.replay`), is dropped at that phase with a
+logged reason; clients dropped after sharing are recovered in Unmask. Fewer than ``t`` clients
+left at any phase, inconsistent shares, or a decoded sum outside its plausibility bounds
+(:meth:`~flwr_fsl.families.secagg.vector.WeightedVector.check_bounds`: a masked input not made
+for this round, which the server cannot attribute) fail the round (model unchanged).
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ from flwr_fsl.families.secagg.records import (
     ShareRequest,
     UnmaskSharesRequest,
 )
+from flwr_fsl.families.secagg.replay import ReplayGuard
+from flwr_fsl.families.secagg.vector import unattributed
 
 __all__ = ["SecAggDP", "SecAggFedAvg", "SecAggPhases"]
 
@@ -108,10 +113,13 @@ class SecAggPhases:
         run the phases (drops, timeouts, traffic).
     instance : str
         The aggregation's name within a round.
+    guard : ReplayGuard, optional
+        The strategy's memory of earlier rounds' replies (a replay drops its client).
     """
 
     strategy: PhasedStrategy
     instance: str = MODEL_INSTANCE
+    guard: ReplayGuard | None = None
 
     def _phase(self, phase: str) -> str:
         return phase if self.instance == MODEL_INSTANCE else f"{self.instance}-{phase}"
@@ -135,7 +143,7 @@ class SecAggPhases:
         TooFewSurvivorsError
             If fewer than ``t`` clients are left after either phase (the round fails).
         """
-        server = SecAggServer(params)
+        server = SecAggServer(params, self.guard)
         self.strategy.send_phase(
             grid, state, ADVERTISE, dict.fromkeys(nodes, AdvertiseRequest(params, self.instance)),
             label=self._phase("advertise"),
@@ -147,7 +155,7 @@ class SecAggPhases:
             grid, state, SHARE, dict.fromkeys(members, roster), label=self._phase("share"),
             accept=lambda n, reply: server.add_shares(n, reply.shares),
         )  # fmt: skip
-        server.sharers()
+        server.sharers(among=state.survivors)  # one survivors set: the engine's
         return server
 
     def train(
@@ -162,6 +170,7 @@ class SecAggPhases:
         )  # fmt: skip
         for _ in stream:
             pass
+        server.check_survivors(state.survivors)
 
     def masked(
         self,
@@ -187,6 +196,7 @@ class SecAggPhases:
 
         for _ in self.strategy.stream(grid, state, name, messages, parse):
             pass
+        server.check_survivors(state.survivors)
 
     def unmask(self, grid: Grid, state: RoundState, server: SecAggServer) -> NDArray[np.uint64]:
         """Unmask with the survivors and return the sum of their vectors.
@@ -205,7 +215,10 @@ class SecAggPhases:
             grid, state, UNMASK, requests, label=self._phase("unmask"),
             accept=lambda n, reply: server.add_unmask(n, reply.unmask),
         )  # fmt: skip
-        return server.result()
+        total = server.result()
+        for node, reason in server.excluded.items():  # its input stays in the sum
+            state.drop(node, f"{self._phase('unmask')}: {reason}")
+        return total
 
 
 class SecAggFedAvg(MultiPhaseStrategy):
@@ -374,6 +387,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
                     self.max_metric,
                 )
         self.session = os.urandom(16)
+        self.replay_guard = ReplayGuard()
 
     def summary(self) -> None:
         """Log FedAvg's summary, then SecAgg's settings and the limits that drop a client."""
@@ -432,7 +446,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
             raise RoundFailedError(f"{len(nodes)} clients sampled, fewer than t = {t}")
         params = SecAggParams(state.server_round, self.session, t, layout.length)
         state.protocol = params
-        phases = SecAggPhases(self)
+        phases = SecAggPhases(self, guard=self.replay_guard)
         server = phases.keys(grid, state, nodes, params)
         # MaskedInput: the train message (model and config as FedAvg sends them), streamed
         # into the running sum.
@@ -452,7 +466,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         )
         survivors = server.survivors
         total = phases.unmask(grid, state, server)
-        new, metrics, _ = layout.decode(total, model, count=len(survivors))
+        try:
+            new, metrics, _ = layout.decode(total, model, count=len(survivors), threshold=t)
+        except RoundFailedError as err:
+            raise RoundFailedError(f"{err}; {unattributed(survivors)}") from err
         log(
             INFO,
             "aggregate_train: SecAgg over %d of %d sampled clients (t = %d)",

@@ -34,7 +34,7 @@ noisy weight word otherwise.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +44,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFail
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.secagg.dp import (
+    NOISE_CLIP_STDS,
     SecAggDP,
     add_noise,
     check_headroom,
@@ -53,7 +54,15 @@ from flwr_fsl.families.secagg.dp import (
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout
 
-__all__ = ["WeightedVector"]
+__all__ = ["WeightedVector", "unattributed"]
+
+
+def unattributed(survivors: Sequence[int]) -> str:
+    """Return the tail of a failure reason for a sum outside its bounds (any survivor)."""
+    return (
+        f"one of the survivors {sorted(survivors)} sent a masked input not made for this round "
+        "(replayed or corrupted); the sum cannot tell which, so nothing is applied"
+    )
 
 
 @dataclass(frozen=True)
@@ -283,11 +292,78 @@ class WeightedVector:
             tail += [weight * value, weight]
         return np.asarray(tail, dtype=np.float64)
 
+    def slack(self, count: int, threshold: int = 2) -> float:
+        """Largest error of one decoded word of a sum of ``count`` honest vectors (real units).
+
+        Each client's stochastic rounding moves a word by less than one fixed-point unit and,
+        with :attr:`dp`, its noise by at most ``ceil(64 σ_c)`` units (the noise is clipped
+        there, :func:`~flwr_fsl.families.secagg.dp.add_noise`).
+        """
+        units = 1.0
+        if self.dp is not None:
+            units += math.ceil(NOISE_CLIP_STDS * self.noise_sigma(max(int(threshold), 1)))
+        return count * units / self.codec.scale
+
+    def check_bounds(self, values: NDArray[np.float64], count: int, threshold: int = 2) -> None:
+        """Refuse a decoded sum that ``count`` vectors built as told cannot have.
+
+        An honest client's weight ``c`` is in ``(0, W]`` (``W`` = :attr:`weight_bound`; exactly
+        1 with unit weights), each update word in ``[-clip c, clip c]`` and each metric pair
+        ``(c m, c has)`` with ``|m| <= max_metric``, ``has`` in ``{0, 1}``. So the sum has a
+        total weight ``C`` in ``(0, count W]`` (``count`` with unit weights), every update word
+        within ``clip · C``, every metric word within ``max_metric`` times its ``has`` word,
+        itself in ``[0, C]`` — each up to :meth:`slack`. A masked input not made for this
+        round (a replay from another round, a corrupted vector) unmasks to words uniform in
+        ``Z_2^64`` and lands outside these bounds except with a chance of about
+        ``(bound / 2^64)`` per word. A client that deviates *within* the bounds is not caught.
+
+        Raises
+        ------
+        RoundFailedError
+            Naming the first bound the sum breaks.
+        """
+        if count < 1:
+            raise RoundFailedError("no vector in the sum")
+        eps = self.slack(count, threshold)
+        n = self.model_length
+        weight = float(values[n])
+        if self.weighted:
+            top = count * self.weight_bound
+            if not -eps <= weight <= top + eps:
+                raise RoundFailedError(
+                    f"the aggregate is outside its bounds: total weight {weight:.6g} is not in "
+                    f"[0, {count} survivors x max_weight {self.weight_bound:g}]"
+                )
+        elif not abs(weight - count) <= eps:
+            raise RoundFailedError(
+                f"the aggregate is outside its bounds: total weight {weight:.6g} is not the "
+                f"{count} survivors' unit weights"
+            )
+        reach = max(weight, 0.0) + eps
+        update = np.abs(values[:n])
+        if n and not float(np.max(update)) <= self.clip * reach + eps:
+            raise RoundFailedError(
+                f"the aggregate is outside its bounds: an update word {float(np.max(update)):.6g}"
+                f" exceeds clipping_range {self.clip:g} x total weight {weight:.6g}"
+            )
+        tail = values[n + 1 :].reshape(-1, 2)
+        has = tail[:, 1]
+        if tail.size and not (
+            np.all(has >= -eps)
+            and np.all(has <= reach)
+            and np.all(np.abs(tail[:, 0]) <= self.max_metric * (np.maximum(has, 0.0) + eps) + eps)
+        ):
+            raise RoundFailedError(
+                "the aggregate is outside its bounds: a train metric's words exceed max_metric x "
+                "their weight"
+            )
+
     def decode(
         self,
         total: NDArray[np.uint64],
         model: Mapping[str, NDArray[np.generic]],
         count: int | None = None,
+        threshold: int = 2,
     ) -> tuple[dict[str, NDArray[np.generic]], dict[str, float], float]:
         """Turn the sum of the survivors' vectors into the new model, metrics and total weight.
 
@@ -300,7 +376,11 @@ class WeightedVector:
         count : int, optional
             How many vectors the sum holds (the survivors, known to the server). With unit
             weights it is the divisor (equal to the weight word without :attr:`dp`, and
-            noise-free with it); otherwise the decoded weight word is.
+            noise-free with it); otherwise the decoded weight word is. Given, the sum is
+            checked against its bounds first (:meth:`check_bounds`).
+        threshold : int
+            The round's ``t`` (sizes the noise allowance with :attr:`dp`; 2, the largest
+            noise, when unknown).
 
         Returns
         -------
@@ -310,10 +390,12 @@ class WeightedVector:
         Raises
         ------
         RoundFailedError
-            If the total weight is not positive or the result is not finite (the round fails
-            and the model stays as it was).
+            If the sum is outside its bounds, the total weight is not positive or the result
+            is not finite (the round fails and the model stays as it was).
         """
         values = self.codec.decode(total)
+        if count is not None:
+            self.check_bounds(values, count, threshold)
         total_weight = float(values[self.model_length])
         divisor = float(count) if (count is not None and not self.weighted) else total_weight
         if not (math.isfinite(divisor) and divisor > 0):

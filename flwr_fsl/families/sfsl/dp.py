@@ -451,6 +451,9 @@ class RowsRound:
         ``n = |U2|``.
     shared : Mapping[int, numpy.ndarray]
         Peer -> the positions it shares with this client.
+    max_count : float
+        Without DP: the largest count and weight a client may send (the settings'
+        ``max_count``; the server's bounds assume it, :mod:`flwr_fsl.families.sfsl.bounds`).
     """
 
     table: str
@@ -459,6 +462,7 @@ class RowsRound:
     threshold: int
     sharers: int
     shared: Mapping[int, NDArray[np.int64]]
+    max_count: float = math.inf
 
 
 def _words_set(k: int, width: int, dense_size: int) -> int:
@@ -651,6 +655,11 @@ def rows_input(
     """
     table, dp = rows_round.table, rows_round.dp
     if dp is None:
+        if not (weight <= rows_round.max_count and np.all(real[1] <= rows_round.max_count)):
+            raise ClientInputError(
+                f"a count or the weight exceeds max_count = {rows_round.max_count:g} (the "
+                "client leaves the round; raise SFSLFedSubAvg(max_count=...))"
+            )
         return rows_vector(
             layout, table, rows_round.clip, perturbed, model, trained, weight, real, vector_length
         )

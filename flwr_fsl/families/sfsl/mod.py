@@ -402,7 +402,7 @@ class PerturbedRows:
             counts = np.ones(rows.size)
         peers = RowsRound(
             self.table, settings.clip, settings.dp, request.params.threshold,
-            len(request.sharers), request.shared,
+            len(request.sharers), request.shared, settings.max_count,
         )  # fmt: skip
         vector, positions = rows_input(
             layout, peers, request.rows, model, trained, weight, (rows, counts), length

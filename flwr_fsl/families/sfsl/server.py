@@ -48,7 +48,10 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Exchange, local_exchange
 from flwr_fsl.core.privacy import check_noise_floor
+from flwr_fsl.crypto.discrete_gaussian import per_client_sigma
 from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
+from flwr_fsl.families.secagg.replay import ReplayGuard
+from flwr_fsl.families.sfsl.bounds import check_rows_sum, check_union_counts
 from flwr_fsl.families.sfsl.dp import (
     UNION_THRESHOLD_STDS,
     RowsRound,
@@ -155,17 +158,20 @@ class SFSLServer:
         The validated settings (its ``psu`` is set per round by :meth:`run`).
     session : bytes
         Binds the rounds' SecAgg parameters to this run (fresh random by default).
+    guard : ReplayGuard
+        Digests of earlier rounds' SecAgg replies: a replayed one drops its client
+        (:mod:`flwr_fsl.families.secagg.replay`).
     """
 
     settings: SFSLSettings
     session: bytes = field(default_factory=lambda: os.urandom(16))
+    guard: ReplayGuard = field(default_factory=ReplayGuard, repr=False)
 
     # -- SecAgg sub-rounds ---------------------------------------------------------------
-    @staticmethod
     def _keys(
-        exchange: Exchange, instance: str, nodes: Sequence[int], params: SecAggParams
+        self, exchange: Exchange, instance: str, nodes: Sequence[int], params: SecAggParams
     ) -> tuple[SecAggServer, list[int]]:
-        server = SecAggServer(params)
+        server = SecAggServer(params, self.guard)
         ask = ControlAsk(instance, params)
         answered = exchange(
             f"{instance}-advertise", dict.fromkeys(nodes, ask), server.add_advertisement
@@ -173,7 +179,7 @@ class SFSLServer:
         roster = ControlAsk(instance, params, server.roster())
         members = [n for n in nodes if n in answered]
         shared = exchange(f"{instance}-share", dict.fromkeys(members, roster), server.add_shares)
-        server.sharers()
+        server.sharers(among=shared)  # a node the exchange refused is not in U2
         return server, [n for n in members if n in shared]
 
     @staticmethod
@@ -183,7 +189,12 @@ class SFSLServer:
         params = server.params
         asks = {n: ControlAsk(instance, params, server.unmask_request(n)) for n in server.survivors}
         answered = exchange(f"{instance}-unmask", asks, server.add_unmask)
-        return server.result(), [n for n in server.survivors if n in answered]
+        total = server.result()
+        drop = getattr(exchange, "drop", None)
+        for node, reason in server.excluded.items():  # its input stays in this sum
+            if callable(drop):
+                drop(node, f"{instance}-unmask: {reason}")
+        return total, [n for n in server.survivors if n in answered and n not in server.excluded]
 
     # -- the four steps ------------------------------------------------------------------
     def union(
@@ -193,17 +204,21 @@ class SFSLServer:
         assert settings.psu is not None
         server, alive = self._keys(exchange, UNION_INSTANCE, nodes, params)
         ask = UnionAsk(params, server.sharers(), settings)
-        exchange(
+        accepted = exchange(
             f"{UNION_INSTANCE}-train",
             dict.fromkeys((n for n in server.sharers() if n in alive), ask),
             lambda n, words: server.add_masked_input(n, words),
         )
+        server.check_survivors(accepted)
         survivors = len(server.survivors)
+        members = server.survivors
         total, alive = self._unmask(exchange, UNION_INSTANCE, server)
         if settings.dp is not None:
-            union, _ = union_from_counts(
+            union, cut = union_from_counts(
                 total, settings.dp, settings.frac_bits, params.threshold, survivors
             )
+            counts = total.view(np.int64).astype(np.float64) / 2.0**settings.frac_bits
+            check_union_counts(counts, cut / UNION_THRESHOLD_STDS, members)
             # Rows held by few clients are left out by design: no false-negative bound.
             report = UnionReport(int(union.size), int(union.size), _UNION_FPR, 1.0, total.size)
             return union, report, alive
@@ -252,7 +267,10 @@ class SFSLServer:
             sub[~keep] = 0  # the client sees only the rows of S''
             arrays = {k: sub if k == table else np.asarray(v) for k, v in model.items()}
             asks[u] = RowsAsk(params, u2, perturbed[u], shared[u], layout.union, settings, arrays)
-        exchange(f"{ROWS_INSTANCE}-train", asks, lambda n, words: server.add_masked_input(n, words))
+        accepted = exchange(
+            f"{ROWS_INSTANCE}-train", asks, lambda n, words: server.add_masked_input(n, words)
+        )
+        server.check_survivors(accepted)
         clients = server.survivors
         _, kept, t_rows = short_rows(perturbed, u2, clients, layout.union, params.threshold)
         short = (kept > 0) & (kept < t_rows)
@@ -285,6 +303,10 @@ class SFSLServer:
         table = self.settings.table
         dense = [k for k in model if k != table]
         total = rows_round.total
+        check_rows_sum(
+            layout, layout.codec.decode(total), self.settings, rows_round.alive,
+            rows_round.clients, self._noise(layout, rows_round, total.size - layout.length),
+        )  # fmt: skip
         values = layout.codec.decode(total[layout.length :])
         weight = float(values[-1])
         dp = self.settings.dp
@@ -320,6 +342,25 @@ class SFSLServer:
                 new, flat, values[:-1].reshape(-1, 1), np.full(flat.size, weight)
             )
         return new, layout.union[full_counts[layout.union] > 0]
+
+    def _noise(
+        self, layout: RowVector, rows_round: _Rows, dense_words: int
+    ) -> tuple[NDArray[np.float64], float] | None:
+        """With DP: the std of each row's summed noise and of the dense part's (real units)."""
+        dp = self.settings.dp
+        if dp is None:
+            return None
+        k = dp.rows_k(layout.union.size)
+        scale = layout.codec.scale
+        sigma = dp.rows_sigma(k, layout.codec.frac_bits, k * (layout.width + 1) + dense_words)
+        rows = np.array(
+            [
+                per_client_sigma(sigma, max(int(t), 1)) * math.sqrt(int(a)) / scale
+                for a, t in zip(rows_round.alive, rows_round.t_rows, strict=True)
+            ]
+        )
+        each = per_client_sigma(sigma, max(rows_round.threshold, 1))
+        return rows, each * math.sqrt(len(rows_round.clients)) / scale
 
     def run(
         self,
@@ -441,7 +482,7 @@ class SFSLParty:
             settings = ask.settings
             peers = RowsRound(
                 table, settings.clip, settings.dp, ask.params.threshold, len(ask.sharers),
-                ask.shared,
+                ask.shared, settings.max_count,
             )  # fmt: skip
             real = (self.rows, self.counts if weighted else np.ones(self.rows.size))
             vector, positions = rows_input(

@@ -49,6 +49,11 @@ a row with a single participant is that client's row in the clear (Theorem 2, Ev
 Clients learn ``U`` and, for their own rows, which other clients answered "yes". With
 ``p1 = p2 = p3 = p4 = 1`` (:meth:`~flwr_fsl.families.sfsl.perturb.RRParams` all ones) every
 client uploads all of ``U`` (Theorem 3) — which, without DP, still releases the per-row sums.
+
+**Faulty clients.** A bad or replayed reply drops its client at that phase (SecAgg's replay
+guard, :mod:`flwr_fsl.families.secagg.replay`); a decoded rows sum (or DP union) outside its
+plausibility bounds (:mod:`flwr_fsl.families.sfsl.bounds`) fails the round with the model
+unchanged, naming every survivor; a client deviating within the bounds is not detected.
 """
 
 from __future__ import annotations
@@ -308,6 +313,10 @@ class _FlowerExchange:
             accept=lambda n, reply: accept(n, value(reply)),
         )  # fmt: skip
         return {n: value(r) for n, r in replies.items()}
+
+    def drop(self, node: int, reason: str) -> None:
+        """Drop a node the protocol found lying after its phase (e.g. wrong Unmask shares)."""
+        self.state.drop(node, reason)
 
     def _route(self, label: str) -> tuple[Phase[Any, Any], str | None, Callable[[Any], Any]]:
         """Return the phase of a label, its reply's field (None: the reply) and the request map."""

@@ -354,7 +354,7 @@ def test_mutated_client_state_decodes_or_fails_cleanly(data: st.DataObject) -> N
 
 def test_words_at_positions_are_the_ctr_stream_words() -> None:
     from flwr_fsl.crypto.prg import ctr_stream
-    from flwr_fsl.families.secagg.protocol import _words_at
+    from flwr_fsl.families.secagg.masks import _words_at
 
     key = os.urandom(16)
     full = ctr_stream(key, bytes(16), 1001)
