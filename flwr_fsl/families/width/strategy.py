@@ -58,6 +58,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.records import array_loader
 from flwr_fsl.families.width.records import (
     CAPACITY,
     RATE_CONFIG_KEY,
@@ -358,7 +359,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         if len(trained) != 1:
             raise ClientInputError(f"expected one ArrayRecord, got {len(trained)}")
         weight = self.weight_of(content)
-        sub = {name: array.numpy() for name, array in trained[0].items()}
+        load = array_loader(trained[0])  # bytes that do not parse drop the client
+        sub = {name: load(name) for name in trained[0].keys()}
         for name in layout.base.names:
             if name in sub and not np.issubdtype(sub[name].dtype, np.floating):
                 raise ClientInputError(f"{name}: expected floating values")
