@@ -98,11 +98,14 @@ def _run(fault: ReplyFault | None = None, silent: str | None = None):  # type: i
 
 @pytest.fixture(scope="module")
 def references():  # type: ignore[no-untyped-def]
-    return {
+    refs = {
         "clean": _run()[1],
         "capacity": _run(silent="capacity")[1],
         "train": _run(silent="train")[1],
     }
+    for a, b in (("clean", "capacity"), ("clean", "train"), ("capacity", "train")):
+        assert not np.allclose(refs[a]["head.weight"], refs[b]["head.weight"])  # they differ
+    return refs
 
 
 def _close(got: dict, want: dict) -> None:  # type: ignore[type-arg]
