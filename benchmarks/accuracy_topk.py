@@ -16,6 +16,7 @@ Usage::
     python benchmarks/accuracy_topk.py                  # the full run (50 rounds, 7 configs)
     python benchmarks/accuracy_topk.py --quick          # 3 rounds, 20 clients, smoke test
     python benchmarks/accuracy_topk.py --configs dense,topk10-ef --rounds 20
+    python benchmarks/accuracy_topk.py --defaults old   # FedSubAvg without clipping_range
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def run_config(
         min_train_nodes=args.per_round,
         min_evaluate_nodes=0,
         min_available_nodes=args.clients,
+        clipping_range=None if args.defaults == "old" else 8.0,
     )
     train_config = ConfigRecord(
         {
@@ -176,6 +178,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plot", action="store_true", help="also write a .png beside --out")
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 3 rounds, 20 clients, 5 per round"
+    )
+    parser.add_argument(
+        "--defaults",
+        choices=["old", "new"],
+        default="new",
+        help="new: FedSubAvg's clipping_range=8 (issue 24); old: no clipping (before it)",
     )
     args = parser.parse_args(argv)
     if args.quick:

@@ -10,8 +10,8 @@ phases, each a call to :meth:`PhasedStrategy.send`::
         return aggregate(uploads)
 
 :meth:`~PhasedStrategy.send` is the one place that tags messages with the round, records the
-bytes each way, and drops a reply that is an error, late (another round), for another phase,
-a duplicate, from a node that was not asked, or that ``parse`` rejects with a
+bytes each way, and drops a node whose reply is an error, late (another round), for another
+phase, two different replies, from a node that was not asked, or that ``parse`` rejects with a
 :class:`~flwr_fsl.core.errors.ClientInputError` — each with its reason in
 :attr:`RoundState.dropped` — and shrinks :attr:`RoundState.survivors` to the nodes whose reply
 was accepted. A node that does not answer before the timeout is dropped the same way. A phase
@@ -113,6 +113,9 @@ class RoundState:
     protocol: Any = None
     # phase -> (message type, node -> None) of what was sent, to recognise unsolicited replies.
     _asked: dict[str, tuple[str, set[int]]] = field(default_factory=dict, repr=False)
+    # Sent messages' metadata and message id -> destination (error replies' node; replies.py).
+    _sent: list[Any] = field(default_factory=list, repr=False)
+    _targets: dict[str, int] = field(default_factory=dict, repr=False)
 
     def phase(self, phase: str) -> RoundTraffic:
         """Return the traffic of ``phase`` (created empty if the phase has not run)."""
@@ -375,7 +378,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     ) -> Iterator[tuple[int, T]]:
         """Push a phase's messages and yield each accepted, parsed reply as it arrives.
 
-        The same checks as :meth:`receive`, one reply at a time, so the caller can process
+        The same checks as :meth:`receive`, one pull at a time, so the caller can process
         (and free) each reply before the next is pulled: a round's uploads never have to be in
         memory together. When the generator is exhausted, nodes that did not reply are dropped
         and the survivors are the nodes yielded.
@@ -404,11 +407,6 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         tuple[int, T]
             Node id and parsed reply, for each accepted node.
 
-        Raises
-        ------
-        RoundFailedError
-            If a node whose reply was already yielded replies again (the first reply may
-            already be in the aggregate, so neither can be dropped any more).
         """
         replies = stream_replies(grid, state, phase, messages, parse, timeout)
         del messages  # the generator pushes them and lets go; so does this frame

@@ -4,26 +4,47 @@ Split out of :mod:`flwr_fsl.core.engine`, whose :class:`~flwr_fsl.core.engine.Ph
 methods ``prepare`` / ``receive`` / ``stream`` / ``send_phase`` / ``stream_phase`` delegate here
 (they stay the overridable entry points). This module holds the part that must be the same for
 every strategy: tagging each message with its round and counting the bytes each way
-(:func:`prepare_messages`), and checking every reply — an error, late (another round), for
-another phase, a duplicate, from a node that was not asked, or rejected by ``parse`` with a
-:class:`~flwr_fsl.core.errors.ClientInputError` — before it is accepted
-(:func:`check_reply`), both for a whole phase at once (:func:`receive_replies`) and one reply
-at a time (:func:`stream_replies`). Rejected nodes are dropped with their reason in
+(:func:`prepare_messages`), and checking every reply before it is accepted, both for a whole
+phase at once (:func:`receive_replies`) and one pull at a time (:func:`stream_replies`).
+Rejected nodes are dropped with their reason in
 :attr:`RoundState.dropped <flwr_fsl.core.engine.RoundState.dropped>`.
+
+**Which reply is a node's answer.** Each reply is counted for a node
+(:func:`reply_node`: its source, or for the SuperLink's own error replies the node its
+request went to) and checked against the round and phase: an error reply, a reply tagged
+for another round, of another message type, or from a node that was not asked is not an
+answer. Such a reply blocks nothing: the node's valid reply is still taken when it comes, and
+the node is dropped with that reason only if none does (a node that was not asked is dropped
+at once). Among a node's replies that pass the checks:
+
+- identical replies (one content, sent twice: a duplicate) are taken once; harmless;
+- different replies to one request (equivocation: a stale or replayed reply beside the fresh
+  one) drop the node: neither can be told to be the genuine one, and keeping either could
+  put a stale update into the aggregate;
+- the one reply taken is parsed (``parse``); a :class:`~flwr_fsl.core.errors.ClientInputError`
+  drops the node with the reason.
+
+Streamed phases sort each pull whole before parsing any of it, so a duplicate or an
+equivocation inside a pull costs at most that node; a Flower grid forgets a request once a
+reply to it came, so no later pull brings another reply of it (were one to come, it is ignored:
+the reply taken first may already be in the aggregate). A duplicated reply never fails a round.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, TypeVar
 
 from flwr.app import Message, MetricRecord, RecordDict
+from flwr.common.serde import recorddict_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from flwr_fsl.core.errors import ClientInputError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.core.phases import Phase, PhaseBody
 from flwr_fsl.core.traffic import content_bytes
 
@@ -32,12 +53,11 @@ if TYPE_CHECKING:  # the engine imports this module; RoundState is only an annot
 
 __all__ = [
     "aggregate_client_metrics",
-    "check_reply",
-    "finish_phase",
     "phase_contents",
     "prepare_messages",
     "receive_replies",
     "reject",
+    "reply_node",
     "reply_parser",
     "stream_replies",
 ]
@@ -72,6 +92,8 @@ def prepare_messages(
             )
         )
     state._asked[phase] = (message_type, set(contents))
+    # Their ids are set when the grid pushes them: reply_node maps error replies back.
+    state._sent.extend(m.metadata for m in messages)
     return messages
 
 
@@ -86,20 +108,17 @@ def receive_replies(
     """Validate a phase's replies; drop the bad ones with a reason; shrink the survivors.
 
     The body of :meth:`PhasedStrategy.receive <flwr_fsl.core.engine.PhasedStrategy.receive>`,
-    which documents it.
+    which documents it; the rules for several replies of one node are the module's.
     """
-    asked = state._asked.get(phase, ("", set()))[1]
+    book = _ReplyBook(state, phase, shrink)
     accepted: dict[int, T] = {}
-    seen: set[int] = set()
-    for reply in replies:
-        node, value, reason = check_reply(state, phase, reply, parse, asked, seen)
+    for node, reply in book.sort(list(replies)):
+        value, reason = _parsed(node, reply, parse)
         if reason is None:
             accepted[node] = value  # type: ignore[assignment]
-            continue
-        # Two replies from one node: neither can be told to be the genuine one.
-        accepted.pop(node, None)
-        reject(state, node, f"{phase}: {reason}", shrink)
-    finish_phase(state, phase, asked, seen, list(accepted), shrink)
+        else:
+            reject(state, node, f"{phase}: {reason}", shrink)
+    book.finish(list(accepted))
     return accepted
 
 
@@ -114,9 +133,12 @@ def stream_replies(
     """Push a phase's messages and yield each accepted, parsed reply as it arrives.
 
     The body of :meth:`PhasedStrategy.stream <flwr_fsl.core.engine.PhasedStrategy.stream>`,
-    which documents it.
+    which documents it. Each pull is sorted whole (:class:`_ReplyBook`) before any of its
+    replies is parsed, so two replies of one node in one pull are told apart before either
+    reaches the caller; a node's request leaves the pending set with its first reply, so a
+    later pull cannot bring another reply of it from a Flower grid.
     """
-    asked = state._asked.get(phase, ("", set()))[1]
+    book = _ReplyBook(state, phase, True)
     pending = set(grid.push_messages(messages)) if messages else set()
     del messages
     wait = state.timeout if timeout is None else timeout
@@ -124,78 +146,146 @@ def stream_replies(
     interval = float(getattr(grid, "pull_interval", 0.1))
     synchronous = bool(getattr(grid, "synchronous", False))
     pause: Callable[[float], None] = getattr(grid, "pause", time.sleep)
-    seen: set[int] = set()
     yielded: list[int] = []
     while pending:
         replies = list(grid.pull_messages(pending))
         pending.difference_update(r.metadata.reply_to_message_id for r in replies)
-        while replies:
-            reply = replies.pop(0)
-            node, value, reason = check_reply(state, phase, reply, parse, asked, seen)
+        batch = book.sort(replies)
+        del replies
+        while batch:
+            node, reply = batch.pop(0)
+            value, reason = _parsed(node, reply, parse)
             del reply
             if reason is None:
                 yielded.append(node)
                 yield node, value  # type: ignore[misc]
-                continue
-            if node in yielded:
-                raise RoundFailedError(
-                    f"{phase}: node {node} replied again after its reply was used: {reason}"
-                )
-            reject(state, node, f"{phase}: {reason}", True)
+            else:
+                reject(state, node, f"{phase}: {reason}", True)
         if pending:
             # A synchronous grid (InProcessGrid) had every reply it will ever have at once.
             if synchronous or (deadline is not None and time.monotonic() >= deadline):
                 break
             pause(interval)
-    finish_phase(state, phase, asked, seen, yielded, True)
+    book.finish(yielded)
 
 
-def check_reply(
-    state: RoundState,
-    phase: str,
-    reply: Message,
-    parse: Callable[[int, RecordDict], T] | None,
-    asked: set[int],
-    seen: set[int],
-) -> tuple[int, T | RecordDict | None, str | None]:
-    """Count a reply's bytes and check it: ``(node, parsed value, None)`` or a reason."""
-    message_type = state._asked.get(phase, ("", set()))[0]
-    node = reply.metadata.src_node_id
-    if reply.has_content():
-        traffic = state.phase(phase)
-        traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(reply.content)
-    reason = _reply_problem(state, reply, message_type, asked, seen)
-    if node in asked:
-        seen.add(node)
-    if reason is not None:
-        return node, None, reason
+def _parsed(
+    node: int, reply: Message, parse: Callable[[int, RecordDict], T] | None
+) -> tuple[T | RecordDict | None, str | None]:
+    """Parse one reply that passed the checks: ``(value, None)`` or ``(None, reason)``."""
     try:
-        return node, parse(node, reply.content) if parse else reply.content, None
+        return (parse(node, reply.content) if parse else reply.content), None
     except ClientInputError as err:
-        return node, None, str(err) or type(err).__name__
+        return None, str(err) or type(err).__name__
 
 
-def finish_phase(
-    state: RoundState,
-    phase: str,
-    asked: set[int],
-    seen: set[int],
-    accepted: list[int],
-    shrink: bool,
-) -> None:
-    """Drop the asked nodes that never replied; the survivors become ``accepted``."""
-    for node in asked - seen:
-        reject(state, node, f"{phase}: no reply before the timeout", shrink)
-    if shrink:
-        state.survivors = list(accepted)
-    log(
-        INFO,
-        "round %s %s: %d accepted, %d asked",
-        state.server_round,
-        phase,
-        len(accepted),
-        len(asked),
-    )
+def reply_node(state: RoundState, reply: Message) -> int:
+    """Return the node a reply answers for.
+
+    A Flower error reply that the SuperLink makes for a node that did not answer ("Node
+    Unavailable", "Reply Message Unavailable") carries the SuperLink's own node id (1) as its
+    source; it is counted for the node its request was sent to, found by
+    ``reply_to_message_id`` among this round's messages. Any other reply counts for its
+    ``src_node_id``.
+
+    Parameters
+    ----------
+    state : RoundState
+        The round (its sent messages' metadata).
+    reply : Message
+        A reply.
+
+    Returns
+    -------
+    int
+        The node id.
+    """
+    src = reply.metadata.src_node_id
+    if reply.has_error():
+        target = state._targets.get(reply.metadata.reply_to_message_id)
+        if target is None:  # ids are set when the grid pushed: index them once, lazily
+            for meta in state._sent:
+                if meta.message_id:
+                    state._targets[meta.message_id] = meta.dst_node_id
+            target = state._targets.get(reply.metadata.reply_to_message_id)
+        return src if target is None else target
+    return src
+
+
+@dataclass
+class _ReplyBook:
+    """One phase's bookkeeping of which node answered, and how (the module's rules)."""
+
+    state: RoundState
+    phase: str
+    shrink: bool
+    asked: set[int] = field(init=False)
+    message_type: str = field(init=False)
+    taken: set[int] = field(default_factory=set)  # nodes whose one reply went to parsing
+    refused: dict[int, str] = field(default_factory=dict)  # asked nodes' failed tag checks
+
+    def __post_init__(self) -> None:
+        self.message_type, self.asked = self.state._asked.get(self.phase, ("", set()))
+
+    def sort(self, replies: list[Message]) -> list[tuple[int, Message]]:
+        """Check one pull's replies; return each new node's one reply, in arrival order."""
+        valid: dict[int, list[Message]] = {}
+        for reply in replies:
+            node = reply_node(self.state, reply)
+            if reply.has_content():
+                traffic = self.state.phase(self.phase)
+                traffic.up_bytes[node] = traffic.up_bytes.get(node, 0) + content_bytes(
+                    reply.content
+                )
+            reason = _reply_problem(self.state, node, reply, self.message_type, self.asked)
+            if reason is not None and node in self.asked:
+                # Not this request's answer: it blocks nothing; it is the node's reason to be
+                # dropped only if no valid reply of it comes.
+                self.refused.setdefault(node, reason)
+                log(WARNING, "round %s %s: node %s: ignoring a reply: %s",
+                    self.state.server_round, self.phase, node, reason)  # fmt: skip
+            elif reason is not None:
+                reject(self.state, node, f"{self.phase}: {reason}", self.shrink)
+            elif node in self.taken:
+                log(WARNING, "round %s %s: node %s: ignoring a reply after the one taken",
+                    self.state.server_round, self.phase, node)  # fmt: skip
+            else:
+                valid.setdefault(node, []).append(reply)
+        out = []
+        for node, group in valid.items():
+            self.taken.add(node)
+            if len(group) > 1 and len({_digest(r.content) for r in group}) > 1:
+                reject(self.state, node, f"{self.phase}: {len(group)} different replies to "
+                       "one request (equivocation: neither can be told to be the genuine one)",
+                       self.shrink)  # fmt: skip
+                continue
+            if len(group) > 1:
+                log(INFO, "round %s %s: node %s: %d identical replies taken once",
+                    self.state.server_round, self.phase, node, len(group))  # fmt: skip
+            out.append((node, group[0]))
+        return out
+
+    def finish(self, accepted: list[int]) -> None:
+        """Drop the asked nodes that gave no valid reply; the survivors become ``accepted``."""
+        for node in self.asked - self.taken:
+            reason = self.refused.get(node, "no reply before the timeout")
+            reject(self.state, node, f"{self.phase}: {reason}", self.shrink)
+        if self.shrink:
+            self.state.survivors = list(accepted)
+        log(
+            INFO,
+            "round %s %s: %d accepted, %d asked",
+            self.state.server_round,
+            self.phase,
+            len(accepted),
+            len(self.asked),
+        )
+
+
+def _digest(content: RecordDict) -> bytes:
+    """SHA-256 of a content's deterministic protobuf encoding (equal contents, equal digest)."""
+    encoded = recorddict_to_proto(content).SerializeToString(deterministic=True)
+    return hashlib.sha256(encoded).digest()
 
 
 def reject(state: RoundState, node: int, reason: str, shrink: bool) -> None:
@@ -234,9 +324,9 @@ def phase_contents(phase: Phase[Req, Rep], requests: Mapping[int, Req]) -> dict[
 
 
 def _reply_problem(
-    state: RoundState, reply: Message, message_type: str, asked: set[int], seen: set[int]
+    state: RoundState, node: int, reply: Message, message_type: str, asked: set[int]
 ) -> str | None:
-    node = reply.metadata.src_node_id
+    """Why a reply is not an answer to this phase's request to ``node`` (None: it is)."""
     if reply.has_error():
         return f"client error: {reply.error.reason}"
     if reply.metadata.group_id != str(state.server_round):
@@ -245,8 +335,6 @@ def _reply_problem(
         return "reply from a node that was not asked in this phase"
     if reply.metadata.message_type != message_type:
         return f"reply of type {reply.metadata.message_type!r} to a {message_type!r} message"
-    if node in seen:
-        return "second reply from the same node"
     return None
 
 

@@ -29,8 +29,9 @@ flat layout, integer buffers included.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -46,7 +47,9 @@ __all__ = [
     "accumulate",
     "accumulate_elements",
     "apply_count_weighted",
+    "check_clipping_range",
     "check_contribution",
+    "clip_update",
     "count_threshold_stds",
     "count_weighted_average",
     "count_weighted_mean",
@@ -330,6 +333,83 @@ def check_contribution(update: SubmodelUpdate, max_weight: float, num_clients: i
             peak = float(np.max(np.abs(values.astype(np.float64, copy=False))))
             if peak * weight > bound:
                 raise ClientInputError(f"{name}: weighted values are too large to aggregate")
+
+
+def check_clipping_range(clipping_range: float | None) -> float | None:
+    """Validate a plaintext strategy's ``clipping_range`` (the secure strategies' name and rule).
+
+    Parameters
+    ----------
+    clipping_range : float or None
+        Largest change of one coordinate a client's update may make; None: no bound.
+
+    Returns
+    -------
+    float or None
+        The bound as a float.
+
+    Raises
+    ------
+    ConfigurationError
+        If it is not None and not a finite number > 0.
+    """
+    if clipping_range is None:
+        return None
+    number = isinstance(clipping_range, int | float) and not isinstance(clipping_range, bool)
+    if not (number and math.isfinite(clipping_range) and clipping_range > 0):
+        raise ConfigurationError(f"clipping_range must be finite and > 0, got {clipping_range!r}")
+    return float(clipping_range)
+
+
+def clip_update(
+    update: SubmodelUpdate,
+    clip: float | None,
+    model: Mapping[str, NDArray[np.generic]] | None = None,
+) -> int:
+    """Clip each coordinate of a client's delta update to ``[-clip, clip]``, in place.
+
+    What the secure strategies' client mods do before masking (``clipping_range``), done by a
+    plaintext server on what it received. Only floating tensors are clipped (integer buffers
+    such as batch-norm counters are not deltas of a bounded step); a tensor counts as integer
+    when ``model``'s tensor of that name is.
+
+    Parameters
+    ----------
+    update : SubmodelUpdate
+        A decoded client update (deltas).
+    clip : float or None
+        The bound; None clips nothing (non-finite values still raise).
+    model : Mapping[str, numpy.ndarray], optional
+        The global model, for the tensors' dtypes.
+
+    Returns
+    -------
+    int
+        How many coordinates were clipped.
+
+    Raises
+    ------
+    ClientInputError
+        If a value is not finite: a non-finite update drops the client, it is never clipped.
+    """
+    clipped = 0
+    for name, part in list(update.tensors.items()):
+        values = part.values
+        if not np.issubdtype(values.dtype, np.number):
+            continue
+        if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+            raise ClientInputError(f"{name}: the update is not finite")
+        ref = None if model is None else model.get(name)
+        integer = ref is not None and not np.issubdtype(np.asarray(ref).dtype, np.floating)
+        if clip is None or integer or not np.issubdtype(values.dtype, np.floating):
+            continue
+        over = np.abs(values) > clip
+        count = int(np.count_nonzero(over))
+        if count:
+            clipped_values = np.clip(values, -clip, clip).astype(values.dtype, copy=False)
+            update.tensors[name] = replace(part, values=clipped_values)
+            clipped += count
+    return clipped
 
 
 def count_threshold_stds(num_elements: int, false_positives: float = FALSE_POSITIVES) -> float:

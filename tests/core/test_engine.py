@@ -129,32 +129,39 @@ def _reply(request: Message, x: object = 1, *, src: int | None = None) -> Messag
 
 def test_receive_drops_each_kind_of_bad_reply_with_its_reason() -> None:
     strategy = FedSubAvg()
-    nodes = [11, 12, 13, 14, 15, 16]
+    nodes = [11, 12, 13, 14, 15, 16, 17, 18]
     state, sent = _state_with(strategy, nodes)
     by_node = {m.metadata.dst_node_id: m for m in sent}
     late = _reply(by_node[11])
     late.metadata.group_id = "4"
     other_phase = _reply(by_node[12])
     other_phase.metadata.__dict__["_message_type"] = "train"
+    stale = _reply(by_node[18], 5)
+    stale.metadata.group_id = "4"
     replies = [
         late,
         other_phase,
         _reply(by_node[13]),
-        _reply(by_node[13]),  # a duplicate: node 13 is dropped whole
+        _reply(by_node[13]),  # a duplicate (the same content twice): taken once
         _reply(by_node[14], "not an int"),
         _reply(by_node[15], src=999),  # a node nobody asked
         # node 16 never answers
+        _reply(by_node[17], 1),
+        _reply(by_node[17], 2),  # two different answers: node 17 is dropped whole
+        stale,  # another round's reply first does not block node 18's valid one
+        _reply(by_node[18], 3),
     ]
     got = strategy.receive(state, "p", replies, lambda _n, c: _number(c))
-    assert got == {}
+    assert got == {13: 1, 18: 3}
     reasons = state.dropped
     assert "late reply" in reasons[11]
     assert "type 'train'" in reasons[12]
-    assert "second reply" in reasons[13]
     assert "x must be an int" in reasons[14]
     assert "not asked" in reasons[999]
     assert "no reply" in reasons[15] and "no reply" in reasons[16]
-    assert state.survivors == []
+    assert "2 different replies" in reasons[17]
+    assert set(reasons) == {11, 12, 14, 15, 16, 17, 999}
+    assert state.survivors == [13, 18]
 
 
 def test_a_bug_in_parse_is_not_mistaken_for_a_bad_client() -> None:
@@ -180,7 +187,9 @@ def test_error_reply_reason_reaches_dropped() -> None:
 
 @given(
     st.lists(
-        st.sampled_from(["ok", "bad", "missing", "duplicate", "error"]), min_size=1, max_size=12
+        st.sampled_from(["ok", "bad", "missing", "duplicate", "equivocate", "error"]),
+        min_size=1,
+        max_size=12,
     )
 )
 def test_survivors_and_dropped_partition_the_asked_nodes(kinds: list[str]) -> None:
@@ -195,11 +204,11 @@ def test_survivors_and_dropped_partition_the_asked_nodes(kinds: list[str]) -> No
             replies.append(Message(Error(code=1, reason="boom"), reply_to=msg))
             continue
         replies.append(_reply(msg, "x" if kind == "bad" else 7))
-        if kind == "duplicate":
-            replies.append(_reply(msg, 7))
+        if kind in ("duplicate", "equivocate"):
+            replies.append(_reply(msg, 7 if kind == "duplicate" else 8))
     random.Random(len(kinds)).shuffle(replies)  # order of arrival must not matter
     got = strategy.receive(state, "p", replies, lambda _n, c: _number(c))
-    good = {n for n, k in zip(nodes, kinds, strict=True) if k == "ok"}
+    good = {n for n, k in zip(nodes, kinds, strict=True) if k in ("ok", "duplicate")}
     assert set(got) == good == set(state.survivors)
     assert set(state.dropped) == set(nodes) - good
     assert all(v == 7 for v in got.values())

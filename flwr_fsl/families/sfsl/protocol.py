@@ -283,30 +283,29 @@ def rows_vector(  # noqa: PLR0913
     Raises
     ------
     ClientInputError
-        If the trained model does not match the received one, or a row or count is bad.
+        If the trained model does not match the received one, a row or count is bad, or a
+        delta is not finite (never clipped: the client leaves the round).
     """
     if set(trained) != set(model) or any(trained[k].shape != model[k].shape for k in model):
         raise ClientInputError("the train reply's arrays do not match the model")
     rows, counts = real
     kept = np.isin(rows, perturbed)
     base = model[table]
-    deltas = {
-        int(r): np.clip(
-            trained[table][r].astype(np.float64) - base[r].astype(np.float64), -clip, clip
-        )
+    raw = {
+        int(r): trained[table][r].astype(np.float64) - base[r].astype(np.float64)
         for r in rows[kept]
     }
+    dense_raw = [
+        trained[k].astype(np.float64) - model[k].astype(np.float64) for k in model if k != table
+    ]
+    if not all(np.all(np.isfinite(d)) for d in [*raw.values(), *dense_raw]):
+        # Clipping would turn ±inf into ±clip: a non-finite update leaves the round instead.
+        raise ClientInputError("a trained row or tensor is not finite")
+    deltas = {r: np.clip(d, -clip, clip) for r, d in raw.items()}
     row_words = layout.encode(
         perturbed, deltas, dict(zip(rows[kept].tolist(), counts[kept], strict=True))
     )
-    dense_delta = [
-        np.clip(trained[k].astype(np.float64) - model[k].astype(np.float64), -clip, clip).reshape(
-            -1
-        )
-        * float(weight)
-        for k in model
-        if k != table
-    ]
+    dense_delta = [np.clip(d, -clip, clip).reshape(-1) * float(weight) for d in dense_raw]
     dense_words = layout.codec.encode(np.concatenate([*dense_delta, np.array([float(weight)])]))
     positions = np.concatenate(
         [layout.positions(perturbed), np.arange(layout.length, vector_length, dtype=np.int64)]

@@ -17,7 +17,7 @@ and the global model stays unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 
 import numpy as np
@@ -40,7 +40,12 @@ from flwr_fsl.core.engine import PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, RoundFailedError
 from flwr_fsl.core.records import array_loader, decode_update, is_submodel_reply
 from flwr_fsl.submodel import SubmodelUpdate
-from flwr_fsl.submodel.aggregate import check_contribution, count_weighted_average
+from flwr_fsl.submodel.aggregate import (
+    check_clipping_range,
+    check_contribution,
+    clip_update,
+    count_weighted_average,
+)
 
 _DP_SPARSE = (
     "a sparse (top-k) reply in a round run under Flower's DP wrapper (its 'clipping_norm' is in "
@@ -61,7 +66,7 @@ class FedSubAvg(PhasedStrategy):
     ``Strategy.start``, its DP wrappers and direct calls of :meth:`aggregate_train`; Flower's
     Message-API strategy tests pass against it (``tests/flower_upstream/``).
 
-    Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, F1-F9): a bad reply
+    Differences from ``FedAvg`` (each reasoned in ``docs/dropin.md``, F1-F10): a bad reply
     drops that client with a logged reason instead of raising (F1); integer tensors keep
     their dtype, rounded (F2); Flower's DP accountant refuses it (its check wants
     ``FedAvg.aggregate_train``; count weighting of sparse replies voids its calibration), and
@@ -73,8 +78,52 @@ class FedSubAvg(PhasedStrategy):
     ``down-bytes-per-client``, ``up-bytes-per-client`` and ``touched-fraction`` (F6);
     sparse replies to a round it did not configure are skipped (F7); a weight above
     ``max_weight`` drops the client (F8); ``Result.arrays`` is the initial model when no
-    round aggregated (F9).
+    round aggregated (F9); each coordinate's change is clipped to ``clipping_range``, a
+    non-finite one drops the client (F10).
+
+    Parameters
+    ----------
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, \
+min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key, \
+train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
+        As in :class:`~flwr_fsl.core.engine.PhasedStrategy` (Flower's ``FedAvg``).
+    clipping_range : float or None
+        Largest change of one coordinate a reply may make against the model this strategy
+        sent (the secure strategies' setting and default, 8): a larger finite change is
+        clipped to it (logged per client; what SecAgg's client mod does before masking), a
+        non-finite value drops the client. None: no bound (``FedAvg``'s arithmetic exactly).
+        Replies to rounds this strategy did not configure have no model to clip against.
+
+    Raises
+    ------
+    ConfigurationError
+        If a setting is invalid (the message names it).
     """
+
+    def __init__(  # noqa: PLR0913
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+        *,
+        sampling_seed: int | None = None,
+        max_weight: float = 1e9,
+        clipping_range: float | None = 8.0,
+    ) -> None:
+        super().__init__(
+            fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+            min_available_nodes, weighted_by_key, arrayrecord_key, configrecord_key,
+            train_metrics_aggr_fn, evaluate_metrics_aggr_fn,
+            sampling_seed=sampling_seed, max_weight=max_weight,
+        )  # fmt: skip
+        self.clipping_range = check_clipping_range(clipping_range)
 
     @property
     def _dp_wrapped_rounds(self) -> set[int]:
@@ -128,7 +177,12 @@ class FedSubAvg(PhasedStrategy):
             if dense_only and is_submodel_reply(content):
                 raise ClientInputError(_DP_SPARSE)
             update = decode_update(content, state.model, self.weight_of(content))
+            clipped = clip_update(update, self.clipping_range, state.model)
             check_contribution(update, self.max_weight, len(state.sampled))
+            if clipped:
+                log(INFO, "node %s: %d coordinates clipped to clipping_range", _node, clipped)
+                if not is_submodel_reply(content):
+                    content = clip_dense(content, state.model, self.clipping_range)
             return update, content
 
         valid = self.receive(state, "train", replies, parse)
@@ -227,6 +281,36 @@ def _check_dense_reply(content: RecordDict, shapes: dict[str, tuple[int, ...]]) 
             raise ClientInputError(f"{name}: values contain NaN or inf")
         if shapes.setdefault(name, value.shape) != value.shape:
             raise ClientInputError(f"{name}: shape {value.shape} differs from other replies'")
+
+
+def clip_dense(
+    content: RecordDict, model: Mapping[str, NDArray[np.generic]], clip: float | None
+) -> RecordDict:
+    """Return a dense reply with each floating coordinate within ``clip`` of the model's.
+
+    Coordinates already within the bound keep their exact value (``FedAvg``'s arithmetic on
+    them is unchanged); integer tensors are left alone (see
+    :func:`~flwr_fsl.submodel.aggregate.clip_update`).
+    """
+    key, record = next(iter(content.array_records.items()))
+    if clip is None:
+        return content
+    arrays: dict[str, Array] = {}
+    for name in record.keys():
+        value = record[name].numpy()
+        ref = model.get(name)
+        if ref is None or not np.issubdtype(np.asarray(ref).dtype, np.floating):
+            arrays[name] = record[name]
+            continue
+        base = np.asarray(ref, np.float64)
+        delta = value.astype(np.float64) - base
+        over = np.abs(delta) > clip
+        arrays[name] = Array(
+            np.where(over, base + np.sign(delta) * clip, value).astype(value.dtype)
+        )
+    out = RecordDict(dict(content.items()))
+    out[key] = ArrayRecord(arrays)
+    return out
 
 
 def fedavg_dense(

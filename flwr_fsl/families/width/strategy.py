@@ -47,15 +47,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
+from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.records import array_loader
 from flwr_fsl.families.width.records import (
     CAPACITY,
     RATE_CONFIG_KEY,
@@ -79,9 +82,12 @@ from flwr_fsl.families.width.settings import WidthSettings
 from flwr_fsl.submodel.aggregate import (
     accumulate_elements,
     apply_count_weighted,
+    check_clipping_range,
     check_contribution,
+    clip_update,
 )
 from flwr_fsl.submodel.layout import ElementUpdate, WidthLayout
+from flwr_fsl.submodel.update import SubmodelUpdate
 
 __all__ = ["WidthFedAvg"]
 
@@ -119,6 +125,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
     spec : WidthSpec, optional
         The model's layer structure; default: inferred from the initial arrays
         (:meth:`WidthSpec.sequential`).
+    clipping_range : float or None
+        Largest change of one coordinate a client's slice may make (the secure strategies'
+        setting and default, 8): larger finite changes are clipped to it, a non-finite
+        value drops the client; None: no bound.
 
     Raises
     ------
@@ -158,6 +168,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         spec: WidthSpec | None = None,
         sampling_seed: int | None = None,
         max_weight: float = 1e9,
+        clipping_range: float | None = 8.0,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
@@ -207,6 +218,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
             raise ConfigurationError(f"spec must be a WidthSpec, got {type(spec).__name__}")
         self.weighted = weighted
         self.spec = spec
+        self.clipping_range = check_clipping_range(clipping_range)
         # Validated once, here; every train message carries it (one versioned record).
         self.settings = WidthSettings(configrecord_key)
         self.capacities: dict[int, float] = {}
@@ -304,21 +316,15 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
         state.survivors = [n for n in nodes if n in self.capacities and n not in state.dropped]
         return {n: self.capacities[n] for n in state.survivors}
 
-    def train_round(  # noqa: C901, PLR0915
-        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Run one round (module docstring); None arrays when no client's slice came back."""
-        if not self._widths:
-            self.prepare_model(arrays, None)
+    def slice_requests(
+        self,
+        state: RoundState,
+        model: dict[str, NDArray[Any]],
+        rates: dict[int, float],
+        round_config: ConfigRecord,
+    ) -> tuple[dict[int, WidthAssignment], dict[int, WidthLayout], dict[int, WidthTrainRequest]]:
+        """Each node's width assignment, layout and train request (its slice of ``model``)."""
         assert self.spec is not None
-        model = {name: array.numpy() for name, array in arrays.items()}
-        state.model = model
-        nodes = self.sample(state, grid)
-        if not nodes:
-            return None, None
-        rates = self.round_rates(grid, state, nodes)
-        self.rates[state.server_round] = dict(rates)
-        round_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         assignments: dict[int, WidthAssignment] = {}
         layouts: dict[int, WidthLayout] = {}
         requests: dict[int, WidthTrainRequest] = {}
@@ -331,6 +337,55 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
                 {self.arrayrecord_key: ArrayRecord(narrow), self.configrecord_key: round_config}
             )
             requests[node] = WidthTrainRequest(assignment, self.settings, beside)
+        return assignments, layouts, requests
+
+    def slice_update(
+        self,
+        state: RoundState,
+        model: dict[str, NDArray[Any]],
+        layout: WidthLayout,
+        node: int,
+        content: RecordDict,
+    ) -> SubmodelUpdate:
+        """Check a node's trained slice and return its bounded delta update.
+
+        Raises
+        ------
+        ClientInputError
+            If the reply is malformed, its weight invalid, a value not finite, or the update
+            could overflow the round's sums (finite changes are clipped to ``clipping_range``).
+        """
+        trained = list(content.array_records.values())
+        if len(trained) != 1:
+            raise ClientInputError(f"expected one ArrayRecord, got {len(trained)}")
+        weight = self.weight_of(content)
+        load = array_loader(trained[0])  # bytes that do not parse drop the client
+        sub = {name: load(name) for name in trained[0].keys()}
+        for name in layout.base.names:
+            if name in sub and not np.issubdtype(sub[name].dtype, np.floating):
+                raise ClientInputError(f"{name}: expected floating values")
+        update = layout.delta(model, sub, weight if self.weighted else 1.0)
+        clipped = clip_update(update, self.clipping_range)
+        check_contribution(update, self.max_weight, len(state.sampled))
+        if clipped:
+            log(INFO, "node %s: %d coordinates clipped to clipping_range", node, clipped)
+        return update
+
+    def train_round(
+        self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Run one round (module docstring); None arrays when no client's slice came back."""
+        if not self._widths:
+            self.prepare_model(arrays, None)
+        model = {name: array.numpy() for name, array in arrays.items()}
+        state.model = model
+        nodes = self.sample(state, grid)
+        if not nodes:
+            return None, None
+        rates = self.round_rates(grid, state, nodes)
+        self.rates[state.server_round] = dict(rates)
+        round_config = ConfigRecord({**dict(config), "server-round": state.server_round})
+        assignments, layouts, requests = self.slice_requests(state, model, rates, round_config)
         log(
             INFO,
             "round %s: %s clients by rate %s",
@@ -345,18 +400,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn, sampling_seed, max_weight
                 raise ClientInputError(
                     "the reply does not name this round's width assignment (install width_mod)"
                 )
-            content = reply.beside
-            trained = list(content.array_records.values())
-            if len(trained) != 1:
-                raise ClientInputError(f"expected one ArrayRecord, got {len(trained)}")
-            weight = self.weight_of(content)
-            sub = {name: array.numpy() for name, array in trained[0].items()}
-            for name in layouts[node].base.names:
-                if name in sub and not np.issubdtype(sub[name].dtype, np.floating):
-                    raise ClientInputError(f"{name}: expected floating values")
-            update = layouts[node].delta(model, sub, weight if self.weighted else 1.0)
-            check_contribution(update, self.max_weight, len(state.sampled))
-            metrics = RecordDict(dict(content.metric_records))
+            update = self.slice_update(state, model, layouts[node], node, reply.beside)
+            metrics = RecordDict(dict(reply.beside.metric_records))
             parts[node] = (layouts[node].elements(update), metrics)
 
         stream = self.stream_phase(grid, state, TRAIN, requests, accept=accept)
