@@ -216,11 +216,15 @@ class SSAService:
         self.host.limits.check_params_bytes(len(message.params))
         try:
             params = SSAParams.from_bytes(message.params)
-        except (ValueError, TypeError) as err:
+            if params.round_id != rid:
+                raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
+            account = self.host.limits.open_round(params)  # before anything is allocated
+        except HelperRequestError:
+            raise
+        except (ValueError, TypeError, ArithmeticError) as err:
+            # The decoder names the field; a value that only fails S1's own arithmetic (noise,
+            # memory) is still the caller's bad parameter, never an internal error.
             raise HelperRequestError(f"bad round parameters: {err}") from None
-        if params.round_id != rid:
-            raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
-        account = self.host.limits.open_round(params)  # before anything is allocated
         if account.noise_multiplier is not None:
             # Refused here, before any client is asked anything, if the run's account is out.
             self.host.accounts.check(params, session.session_id, account.noise_multiplier)
