@@ -51,7 +51,7 @@ _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.
 _STATE_VERSION = 1
 _MAX_PARAMS_BYTES = 64 * 1024  # the JSON is a few hundred bytes
 _MAX_PARAM_INT = 1 << 62  # largest integer (and float) a parameter set may carry
-MAX_SCALE_FACTOR = float(1 << 20)
+MAX_SCALE_FACTOR = float(1 << 40)
 """Largest cuckoo ``scale_factor`` a decoded parameter set may carry (real ones are 1.2-2)."""
 
 
