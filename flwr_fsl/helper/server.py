@@ -80,8 +80,8 @@ __all__ = [
     "SECRET_METADATA_KEY",
     "TOKEN_METADATA_KEY",
     "format_address",
-    "peer_host",
     "is_loopback",
+    "peer_host",
     "start_server",
 ]
 
@@ -159,6 +159,38 @@ def _handler(
     return handle
 
 
+def _check_server_args(
+    port: int,
+    max_message_bytes: int,
+    token: str | None,
+    tls: tuple[bytes, bytes] | None,
+    insecure: bool,
+    host: str,
+) -> None:
+    """Check :func:`start_server`'s transport arguments.
+
+    Raises
+    ------
+    ConfigurationError
+        As :func:`start_server` says.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"port must be in [0, 65535], got {port}")
+    if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
+        raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
+    if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
+        raise ConfigurationError("token must be a non-empty printable string")
+    if token is None and not insecure:
+        raise ConfigurationError(
+            "S1 needs an access token (or insecure=True / --insecure to serve every caller)"
+        )
+    if token is not None and tls is None and not insecure and not is_loopback(host):
+        raise ConfigurationError(
+            f"the access token would travel in clear to {host}: serve TLS (--tls-cert, "
+            "--tls-key), bind a loopback address, or pass --insecure"
+        )
+
+
 def start_server(
     service: HelperService,
     host: str = "127.0.0.1",
@@ -212,26 +244,12 @@ def start_server(
     OSError
         If the address cannot be bound (port in use, bad host).
     """
-    if not 0 <= port <= 65535:
-        raise ConfigurationError(f"port must be in [0, 65535], got {port}")
+    _check_server_args(port, max_message_bytes, token, tls, insecure, host)
     if max_workers is None:
         max_workers = service.quota.call_threads
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ConfigurationError(f"max_workers must be an integer >= 1, got {max_workers!r}")
     service.max_calls = max_workers
-    if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
-        raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
-    if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
-        raise ConfigurationError("token must be a non-empty printable string")
-    if token is None and not insecure:
-        raise ConfigurationError(
-            "S1 needs an access token (or insecure=True / --insecure to serve every caller)"
-        )
-    if token is not None and tls is None and not insecure and not is_loopback(host):
-        raise ConfigurationError(
-            f"the access token would travel in clear to {host}: serve TLS (--tls-cert, "
-            "--tls-key), bind a loopback address, or pass --insecure"
-        )
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _handler(service, name, token), request_deserializer=None, response_serializer=None

@@ -26,8 +26,9 @@ session ends with ``CloseSession`` (a connection's ``close()``) and is dropped a
 ``session_idle_s`` without a call (``round_idle_s`` while it has an open round); at most
 ``max_sessions`` exist at once, at most ``max_sessions_per_peer`` from one address (a new one
 beyond evicts the idlest idle session, or is refused) and each has at most
-``max_open_rounds`` open rounds (:class:`~flwr_fsl.helper.quota.ServiceLimits`). Sessions live in memory only: any other call naming a session S1 does not hold —
-after a restart of S1, an expiry or a close — is refused with
+``max_open_rounds`` open rounds (:class:`~flwr_fsl.helper.quota.ServiceLimits`). Sessions
+live in memory only: any other call naming a session S1 does not hold — after a restart of
+S1, an expiry, an eviction or a close — is refused with
 :class:`~flwr_fsl.helper.errors.HelperSessionLostError`, so S0 learns that S1 lost the run's
 rounds and U-DPF keys instead of a round silently starting on an empty session; S0 then opens
 a *new* session (a new id: clients get it with the next round). Calls of different sessions
@@ -295,7 +296,7 @@ class HelperService:
         or a round at ``limits.max_round_bytes`` would not fit ``quota.max_session_bytes``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the three overrides keep the pre-quota keywords working
         self,
         keypair: SealingKeyPair,
         *,
