@@ -43,7 +43,7 @@ are refused up front, naming the flag.
 **Resources** (:mod:`flwr_fsl.helper.quota`; a call over one is refused, ``RESOURCE_EXHAUSTED``,
 naming the flag, before S1 allocates anything): ``--max-memory-mib`` (S1's memory budget over
 all sessions, default 8192), ``--max-session-mib`` (one session, default 2048),
-``--session-reserve-mib`` (guaranteed to every open session, default 256),
+``--session-reserve-mib`` (guaranteed to every open session, default 64),
 ``--max-sessions`` (default 64), ``--max-sessions-per-peer`` (from one address, default 16),
 ``--max-open-rounds`` (per session, default 4), ``--max-calls-per-session`` (running or
 queued, default 2), ``--session-idle-s`` (a session without a call and without an open round

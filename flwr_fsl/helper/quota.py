@@ -90,12 +90,14 @@ class ServiceLimits:
     max_session_bytes : int (default: 2 GiB)
         What one session may hold (``--max-session-mib``); at least the largest round
         (:attr:`HelperLimits.max_round_bytes <flwr_fsl.helper.limits.HelperLimits>`).
-    session_reserve_bytes : int (default: 256 MiB)
-        Memory guaranteed to every open session (``--session-reserve-mib``).
+    session_reserve_bytes : int (default: 64 MiB)
+        Memory guaranteed to every open session (``--session-reserve-mib``); the defaults
+        keep half the budget for reserves of a full table (64 x 64 MiB), half shared.
     max_sessions : int (default: 64)
         Sessions at once (``--max-sessions``).
     max_sessions_per_peer : int (default: 16)
-        Sessions at once from one network address (``--max-sessions-per-peer``).
+        Sessions at once from one network address (``--max-sessions-per-peer``); at most
+        ``max_sessions`` (a larger value is lowered to it).
     max_open_rounds : int (default: 4)
         Rounds open at once in one session (``--max-open-rounds``).
     max_calls_per_session : int (default: 2)
@@ -105,20 +107,22 @@ class ServiceLimits:
         (``--session-idle-s``).
     round_idle_s : float (default: 3600)
         A session with an open round is dropped after this long without a call
-        (``--round-idle-s``); at least ``session_idle_s``.
+        (``--round-idle-s``); at least ``session_idle_s`` (a smaller value is raised to it).
     evict_idle_s : float (default: 30)
         A session idle this long (no call running, no open round) may be evicted for a new
-        one when the table is full (``--evict-idle-s``); at most ``session_idle_s``.
+        one when the table is full (``--evict-idle-s``); at most ``session_idle_s`` (a larger
+        value is lowered to it).
 
     Raises
     ------
     ConfigurationError
-        If a value is out of range (naming the field), or the fields disagree.
+        If a value is out of range (naming the field), or the reserve exceeds the session
+        limit or the session limit the budget.
     """
 
     max_memory_bytes: int = 8 * _GIB
     max_session_bytes: int = 2 * _GIB
-    session_reserve_bytes: int = 256 * _MIB
+    session_reserve_bytes: int = 64 * _MIB
     max_sessions: int = 64
     max_sessions_per_peer: int = 16
     max_open_rounds: int = 4
@@ -138,12 +142,15 @@ class ServiceLimits:
                 raise ConfigurationError(
                     f"{f.name} must be an integer in [1, 2**62], got {value!r}"
                 )
+        # Lowering one setting alone works: these follow it (documented per field).
+        object.__setattr__(
+            self, "max_sessions_per_peer", min(self.max_sessions_per_peer, self.max_sessions)
+        )
+        object.__setattr__(self, "round_idle_s", max(self.round_idle_s, self.session_idle_s))
+        object.__setattr__(self, "evict_idle_s", min(self.evict_idle_s, self.session_idle_s))
         for small, large in (
             ("session_reserve_bytes", "max_session_bytes"),
             ("max_session_bytes", "max_memory_bytes"),
-            ("max_sessions_per_peer", "max_sessions"),
-            ("session_idle_s", "round_idle_s"),
-            ("evict_idle_s", "session_idle_s"),
         ):
             if getattr(self, small) > getattr(self, large):
                 raise ConfigurationError(

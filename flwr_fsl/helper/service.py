@@ -637,12 +637,8 @@ def _quota(
         over["max_open_rounds"] = max_open_rounds
     if max_sessions is not None:
         over["max_sessions"] = max_sessions
-        over["max_sessions_per_peer"] = min(quota.max_sessions_per_peer, max_sessions)
     if session_idle_s is not None:
         over["session_idle_s"] = session_idle_s
-        if isinstance(session_idle_s, int | float) and session_idle_s > 0:
-            over["round_idle_s"] = max(quota.round_idle_s, session_idle_s)
-            over["evict_idle_s"] = min(quota.evict_idle_s, session_idle_s)
     return replace(quota, **over) if over else quota
 
 
