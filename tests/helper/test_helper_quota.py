@@ -1,4 +1,4 @@
-"""S1's resource limits for every caller (issue 24 item 6; :mod:`flwr_fsl.helper.quota`), in process.
+"""S1's resource limits for every caller (issue 24 item 6, :mod:`flwr_fsl.helper.quota`).
 
 The issue's reproductions, each turned into a test: a flood of ``OpenRound`` calls grew S1 by
 ~166 MB per open round (now: refused before allocating, with ``RESOURCE_EXHAUSTED``, once the
@@ -22,7 +22,6 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.families.ssa.protocol import SSAServer, encode_update, parse_public_part
-from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.helper import (
     HelperLimits,
     HelperRequestError,
@@ -34,7 +33,7 @@ from flwr_fsl.helper import (
 )
 from flwr_fsl.helper.quota import MemoryLedger, ServiceLimits, key_bytes
 from flwr_fsl.helper.services.ssa import STORED_KEYS
-from tests.helper.test_helper import make_clients, make_params, signer_of, upload_for
+from tests.helper.test_helper import make_clients, make_params, upload_for
 from tests.helper.test_helper_sessions import _aggregate
 
 MIB = 1 << 20
@@ -214,7 +213,7 @@ def test_a_request_is_charged_while_it_runs() -> None:
     )
     conn = InProcessHelper(svc)
     conn.open_round(1, make_params(1).to_bytes())
-    with pytest.raises(HelperResourceError, match="AddClients request .*--max-session-mib"):
+    with pytest.raises(HelperResourceError, match=r"AddClients request .*--max-session-mib"):
         conn.add_clients(1, [(10, b"\0" * (3 * MIB), b"\0" * 64)])
     assert conn.add_clients(1, [(10, b"\0" * 64, b"\0" * 64)])  # small: rejected per client
     charges = svc.memory._charges[conn.session_id]
@@ -282,7 +281,7 @@ def test_idle_sessions_cannot_lock_new_runs_out(monkeypatch: pytest.MonkeyPatch)
     for i in range(64):  # from 4 addresses: one address holds at most 16
         _open(svc, f"ipv4:10.0.0.{i % 4}")
     assert svc.session_count() == 64
-    with pytest.raises(HelperResourceError, match="64 sessions are open .*--max-sessions"):
+    with pytest.raises(HelperResourceError, match=r"64 sessions are open .*--max-sessions"):
         _open(svc, "ipv4:10.0.1.1")  # none idle long enough to evict yet
     clock[0] += 31  # every idle session may now be evicted for a new run
     fresh = InProcessHelper(svc)
@@ -301,7 +300,7 @@ def test_one_address_holds_at_most_its_share(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
     svc = service(max_sessions=8, max_sessions_per_peer=3)
     flood = [_open(svc, "ipv4:10.9.9.9") for _ in range(3)]
-    with pytest.raises(HelperResourceError, match="from ipv4:10.9.9.9 .*per-peer"):
+    with pytest.raises(HelperResourceError, match=r"from ipv4:10\.9\.9\.9 .*per-peer"):
         _open(svc, "ipv4:10.9.9.9")
     others = [_open(svc, f"ipv4:10.0.0.{i}") for i in range(5)]  # other addresses still fit
     assert svc.session_count() == 8
