@@ -11,8 +11,10 @@ locked every new run out for the six-hour idle timeout (now: idle sessions are e
 
 from __future__ import annotations
 
+import re
 import threading
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from flwr_fsl.helper import (
     InProcessHelper,
     wire,
 )
+from flwr_fsl.helper import cli as helper_cli
 from flwr_fsl.helper.quota import MemoryLedger, ServiceLimits, key_bytes
 from flwr_fsl.helper.services.ssa import STORED_KEYS
 from tests.helper.test_helper import make_clients, make_params, upload_for
@@ -330,3 +333,68 @@ def test_an_open_round_keeps_its_session_past_the_idle_time(
     with pytest.raises(HelperRequestError):
         InProcessHelper(svc).open_session()
         training.abort_round(2)
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+
+def _quota_of(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ServiceLimits:
+    seen: dict[str, Any] = {}
+
+    class Recording(HelperService):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.update(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(helper_cli, "HelperService", Recording)
+    key = str(tmp_path / "k.pem")
+    assert helper_cli.main(["--key-file", key, "--generate-key", "--print-fingerprint", *argv]) == 0
+    quota: ServiceLimits = seen["quota"]
+    return quota
+
+
+def test_cli_resource_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _quota_of([], monkeypatch, tmp_path) == ServiceLimits()
+    flags = [
+        "--max-memory-mib", "4096", "--max-session-mib", "1024", "--session-reserve-mib", "32",
+        "--max-sessions", "10", "--max-sessions-per-peer", "3", "--max-open-rounds", "2",
+        "--max-calls-per-session", "3", "--session-idle-s", "120", "--round-idle-s", "900",
+        "--evict-idle-s", "15.5",
+    ]  # fmt: skip
+    assert _quota_of(flags, monkeypatch, tmp_path) == ServiceLimits(
+        max_memory_bytes=4096 * MIB,
+        max_session_bytes=1024 * MIB,
+        session_reserve_bytes=32 * MIB,
+        max_sessions=10,
+        max_sessions_per_peer=3,
+        max_open_rounds=2,
+        max_calls_per_session=3,
+        session_idle_s=120.0,
+        round_idle_s=900.0,
+        evict_idle_s=15.5,
+    )
+    capsys.readouterr()
+    key = str(tmp_path / "k.pem")
+    for flag, bad in (
+        ("--max-memory-mib", "0"),
+        ("--max-session-mib", "lots"),
+        ("--max-sessions-per-peer", "-1"),
+        ("--max-calls-per-session", "1.5"),
+        ("--session-idle-s", "nan"),
+        ("--round-idle-s", "0"),
+        ("--evict-idle-s", "inf"),
+        ("--workers", "0"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            helper_cli.main(["--key-file", key, "--open-enrollment", flag, bad])
+        assert info.value.code == 2
+        assert f"argument {flag}:" in capsys.readouterr().err
+    for argv, named in (
+        (["--session-reserve-mib", "4096"], "--session-reserve-mib .* --max-session-mib"),
+        (["--max-memory-mib", "1024"], "--max-session-mib .* --max-memory-mib"),
+        (["--max-session-mib", "512"], "--max-round-mib"),  # a 1 GiB round could never open
+    ):
+        assert helper_cli.main(["--key-file", key, "--open-enrollment", *argv]) == 2
+        assert re.search(named, capsys.readouterr().err), argv
