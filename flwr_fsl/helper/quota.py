@@ -23,9 +23,11 @@ take of it:
   without a call for ``session_idle_s`` (``--session-idle-s``, default 5 minutes) is dropped;
   one with an open round keeps up to ``round_idle_s`` (``--round-idle-s``, default 1 hour)
   since its last call, so a run whose clients train for a while keeps its round. When the
-  table (or the peer's share) is full, a new session evicts the idlest *idle* session — no
-  call running, no open round, idle for at least ``evict_idle_s`` (``--evict-idle-s``) — so
-  idle callers cannot lock new runs out; an evicted run's S0 gets
+  table (or the peer's share) is full, a new session evicts an *idle* session — no call
+  running, no open round, idle for at least ``evict_idle_s`` (``--evict-idle-s``) — one that
+  never opened a round first, else the idlest — so idle callers cannot lock new runs out; a
+  new session whose memory reserve does not fit evicts only sessions that never opened a
+  round (never a run under way). An evicted run's S0 gets
   :class:`~flwr_fsl.helper.errors.HelperSessionLostError` and opens a new session.
 * **Calls.** A session runs one call at a time (its lock) and queues at most
   ``max_calls_per_session - 1`` more (``--max-calls-per-session``); a call beyond is refused

@@ -114,7 +114,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -269,9 +269,6 @@ class HelperService:
     ----------
     keypair : SealingKeyPair
         S1's X25519 key pair (clients seal to its public key).
-    max_open_rounds, max_sessions, session_idle_s : int, int, float, optional
-        Override these fields of ``quota`` (rounds open at once in one session, sessions at
-        once, idle time before a session without an open round is dropped).
     quota : ServiceLimits, optional
         What all sessions together and each one may hold (:mod:`flwr_fsl.helper.quota`);
         the defaults by default.
@@ -296,13 +293,10 @@ class HelperService:
         or a round at ``limits.max_round_bytes`` would not fit ``quota.max_session_bytes``.
     """
 
-    def __init__(  # noqa: PLR0913 - the three overrides keep the pre-quota keywords working
+    def __init__(
         self,
         keypair: SealingKeyPair,
         *,
-        max_open_rounds: int | None = None,
-        max_sessions: int | None = None,
-        session_idle_s: float | None = None,
         quota: ServiceLimits | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
@@ -323,7 +317,9 @@ class HelperService:
         if limits is not None and not isinstance(limits, HelperLimits):
             raise ConfigurationError(f"limits must be a HelperLimits, got {type(limits).__name__}")
         self.keypair = keypair
-        self.quota = _quota(quota, max_open_rounds, max_sessions, session_idle_s)
+        if quota is not None and not isinstance(quota, ServiceLimits):
+            raise ConfigurationError(f"quota must be a ServiceLimits, got {type(quota).__name__}")
+        self.quota = quota if quota is not None else ServiceLimits()
         self.limits = limits if limits is not None else HelperLimits()
         if self.limits.max_round_bytes > self.quota.max_session_bytes:
             raise ConfigurationError(
@@ -517,12 +513,13 @@ class HelperService:
                 raise HelperRequestError("S1 drew a malformed session id")
             if session_id in self._sessions or session_id in self._retired:
                 raise HelperRequestError("S1 drew a session id it has used before")
-            while True:  # the new session's guaranteed memory: evict idle ones until it fits
+            while True:  # the new session's guaranteed memory: evict unused ones until it fits
                 try:
                     self.memory.open(session_id)
                     break
                 except HelperResourceError:
-                    if not self._evict_idlest(list(self._sessions.values())):
+                    unused = [s for s in self._sessions.values() if not (s.rounds or s.closed)]
+                    if not self._evict_idlest(unused):
                         raise
             session = Session(session_id, os.urandom(wire.SECRET_BYTES), peer=peer)
             session.ledger = self.memory
@@ -550,19 +547,22 @@ class HelperService:
             sessions.remove(evicted)
 
     def _evict_idlest(self, sessions: list[Session]) -> Session | None:
-        """Retire the idlest evictable session among ``sessions`` (None if there is none).
+        """Retire the first evictable session among ``sessions`` (None if there is none).
 
         Evictable: no call running or waiting, no open round, idle ``evict_idle_s`` or more.
+        Sessions that never opened a round (idle callers) go first, then the idlest: a run
+        under way between two rounds is evicted only when no idle caller is left. (A new
+        session's memory reserve evicts only sessions that never opened a round.)
         """
         now = time.monotonic()
         idle = [
-            (t, s)
+            (not (s.rounds or s.closed), t, s)
             for s in sessions
             if not s.rounds and (t := s.idle_for(now)) is not None and t >= self.quota.evict_idle_s
         ]
         if not idle:
             return None
-        t, victim = max(idle, key=lambda pair: pair[0])
+        _, t, victim = max(idle, key=lambda entry: entry[:2])
         self._retire(victim.session_id, "evicted: idle while S1's session table was full")
         log.warning("session %s evicted after %.0f s idle", victim.session_id.hex()[:8], t)
         return victim
@@ -614,32 +614,6 @@ class HelperService:
             self._retire(session.session_id, "closed; session ids are single-use")
         log.info("session %s closed", session.session_id.hex()[:8])
         return wire.OkResponse()
-
-
-def _quota(
-    quota: ServiceLimits | None,
-    max_open_rounds: int | None,
-    max_sessions: int | None,
-    session_idle_s: float | None,
-) -> ServiceLimits:
-    """Return ``quota`` (the defaults if None) with the given fields overridden.
-
-    Raises
-    ------
-    ConfigurationError
-        If ``quota`` is not a :class:`ServiceLimits` or an override is out of range.
-    """
-    if quota is not None and not isinstance(quota, ServiceLimits):
-        raise ConfigurationError(f"quota must be a ServiceLimits, got {type(quota).__name__}")
-    quota = quota if quota is not None else ServiceLimits()
-    over: dict[str, Any] = {}
-    if max_open_rounds is not None:
-        over["max_open_rounds"] = max_open_rounds
-    if max_sessions is not None:
-        over["max_sessions"] = max_sessions
-    if session_idle_s is not None:
-        over["session_idle_s"] = session_idle_s
-    return replace(quota, **over) if over else quota
 
 
 def default_plugins(service: HelperService) -> list[HelperPlugin]:

@@ -177,23 +177,27 @@ def vm_bytes(helper: HelperProcess, field: str = "VmSize:") -> int:
 def run_flood(helper: HelperProcess) -> dict[str, Any]:
     """Run the honest run beside the flood; return what both saw (module docstring)."""
     honest = helper.client(timeout=120)
-    honest.open_session()  # the honest run is under way when the flood starts
+    outcome: dict[str, Any] = {"honest": []}
+
+    def honest_round(rid: int) -> None:
+        result, sums, _ = _aggregate(honest, rid, seed=rid)  # type: ignore[arg-type]
+        outcome["honest"].append(float(np.max(np.abs(result.sums - sums))))
+
+    honest_round(1)  # the honest run is under way when the flood starts
     rss_before, vm_before = helper.rss_bytes(), vm_bytes(helper)
     flood = Flood(helper)
     threads = [threading.Thread(target=flood.health)]
     threads += [threading.Thread(target=flood.cpu, args=(k,)) for k in range(CPU_FLOODERS)]
     for t in threads:
         t.start()
-    outcome: dict[str, Any] = {"honest": []}
     try:
         while len(flood.add_seconds) < CPU_FLOODERS and not flood.errors:
             time.sleep(0.1)  # every CPU flooder is under way
         flood.memory()
         flood.sessions()
         rss_flooded, vm_flooded = helper.rss_bytes(), vm_bytes(helper)
-        for rid in range(1, HONEST_ROUNDS + 1):
-            result, sums, _ = _aggregate(honest, rid, seed=rid)  # type: ignore[arg-type]
-            outcome["honest"].append(float(np.max(np.abs(result.sums - sums))))
+        for rid in range(2, HONEST_ROUNDS + 1):
+            honest_round(rid)
     finally:
         flood.stop.set()
         for t in threads:

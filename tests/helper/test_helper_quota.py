@@ -313,6 +313,34 @@ def test_one_address_holds_at_most_its_share(monkeypatch: pytest.MonkeyPatch) ->
     assert all(s in svc._sessions for s in others)
 
 
+def test_idle_callers_are_evicted_before_a_run_between_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
+    svc = service(
+        max_sessions=8,
+        max_memory_bytes=48 * MIB,
+        max_session_bytes=32 * MIB,
+        session_reserve_bytes=16 * MIB,
+        limits=HelperLimits(max_round_bytes=16 * MIB),
+    )
+    run = InProcessHelper(svc)
+    _aggregate(run, 1, seed=1)  # a run under way, now between two rounds
+    clock[0] += 10
+    idle_caller = _open(svc, "ipv4:10.0.0.9")  # opened, never used
+    clock[0] += 40  # both idle past evict_idle_s; the run for longer
+    _open(svc, "ipv4:10.0.0.8")
+    _open(svc, "ipv4:10.0.0.7")  # a 4th reserve of 16 MiB does not fit: the idle caller goes
+    assert idle_caller not in svc._sessions and run.session_id in svc._sessions
+    clock[0] += 10
+    with pytest.raises(HelperResourceError, match="new session"):
+        _open(svc, "ipv4:10.0.0.6")  # only unused sessions give up their reserve for it ...
+    assert run.session_id in svc._sessions  # ... never a run under way
+    result, sums, _ = _aggregate(run, 2, seed=2)
+    np.testing.assert_allclose(result.sums, sums, atol=1e-5)
+
+
 def test_an_open_round_keeps_its_session_past_the_idle_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

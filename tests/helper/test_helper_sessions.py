@@ -36,6 +36,7 @@ from flwr_fsl.helper import (
     start_server,
     wire,
 )
+from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.service import Method, Session
 from tests.helper.test_helper import (
     WIDTH,
@@ -176,7 +177,9 @@ def test_udpf_keys_are_per_session() -> None:
 
 def test_session_limits_and_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
     """A full table evicts the idlest session without an open round; one with a round stays."""
-    service = HelperService(SealingKeyPair.generate(), max_sessions=2, session_idle_s=60)
+    service = HelperService(
+        SealingKeyPair.generate(), quota=ServiceLimits(max_sessions=2, session_idle_s=60)
+    )
     clock = [1000.0]
     monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
     conns = [InProcessHelper(service) for i in range(3)]
@@ -202,7 +205,7 @@ def test_session_limits_and_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_round_limit_is_per_session() -> None:
-    service = HelperService(SealingKeyPair.generate(), max_open_rounds=1)
+    service = HelperService(SealingKeyPair.generate(), quota=ServiceLimits(max_open_rounds=1))
     a = InProcessHelper(service)
     b = InProcessHelper(service)
     a.open_round(1, make_params(1).to_bytes())
