@@ -443,20 +443,7 @@ class HelperService:
             session = self._new_session(peer or "local")
         else:
             session = self._session(message.session, secret)  # type: ignore[attr-defined]
-        with self._sessions_lock:  # the session's share of S1's threads
-            if session.calls >= self.quota.max_calls_per_session:
-                raise HelperResourceError(
-                    f"{session.calls} calls of this session are running or waiting (limit "
-                    f"{self.quota.max_calls_per_session}, flwr-fsl-helper "
-                    "--max-calls-per-session): S0 calls S1 one call at a time"
-                )
-            if self.max_calls is not None and self._running >= self.max_calls:
-                raise HelperResourceError(
-                    f"S1 is busy: {self._running} session calls are running or waiting "
-                    "(flwr-fsl-helper --workers); try again"
-                )
-            session.calls += 1
-            self._running += 1
+        self._admit(session, fresh=entry.creates_session)
         key = ("call", next(self._call_ids))
         try:
             # The request's bytes and what was decoded from them, until the call ends.
@@ -474,6 +461,35 @@ class HelperService:
         return wire.encode(response)
 
     # --------------------------------------------------------------------------------------------
+
+    def _admit(self, session: Session, *, fresh: bool) -> None:
+        """Count a call against its session's and S1's share of threads, or refuse it.
+
+        Raises
+        ------
+        HelperResourceError
+            If the session already has ``max_calls_per_session`` calls running or waiting,
+            or S1 ``max_calls`` (a ``fresh`` session is then dropped again).
+        """
+        with self._sessions_lock:
+            reason = None
+            if session.calls >= self.quota.max_calls_per_session:
+                reason = (
+                    f"{session.calls} calls of this session are running or waiting (limit "
+                    f"{self.quota.max_calls_per_session}, flwr-fsl-helper "
+                    "--max-calls-per-session): S0 calls S1 one call at a time"
+                )
+            elif self.max_calls is not None and self._running >= self.max_calls:
+                reason = (
+                    f"S1 is busy: {self._running} session calls are running or waiting "
+                    "(flwr-fsl-helper --workers); try again"
+                )
+            if reason is not None:
+                if fresh:
+                    self._retire(session.session_id, "refused: S1 was busy")
+                raise HelperResourceError(reason)
+            session.calls += 1
+            self._running += 1
 
     def _session(self, session_id: bytes, secret: bytes | None) -> Session:
         with self._sessions_lock:

@@ -426,3 +426,38 @@ def test_cli_resource_flags(
     ):
         assert helper_cli.main(["--key-file", key, "--open-enrollment", *argv]) == 2
         assert re.search(named, capsys.readouterr().err), argv
+
+
+def test_a_busy_s1_refuses_session_calls_beyond_its_workers_but_not_health(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    svc = service()
+    svc.max_calls = 1  # what start_server(max_workers=1) / --workers 1 sets
+    conn = InProcessHelper(svc)
+    params = make_params(1)
+    conn.open_round(1, params.to_bytes())
+    inside, release = threading.Event(), threading.Event()
+    real_add = SSAServer.add_client
+
+    def blocking(self: SSAServer, *args: Any, **kw: Any) -> Any:
+        inside.set()
+        release.wait(60)
+        return real_add(self, *args, **kw)
+
+    monkeypatch.setattr(SSAServer, "add_client", blocking)
+    client = make_clients(1)[0]
+    up, sealed = upload_for(params, client, conn.public_key(), session=conn.session_id)
+    thread = threading.Thread(
+        target=conn.add_clients, args=(1, [(client.cid, up.public_part, sealed)])
+    )
+    thread.start()
+    try:
+        assert inside.wait(60)
+        sessions = svc.session_count()
+        with pytest.raises(HelperResourceError, match=r"S1 is busy: .*--workers"):
+            InProcessHelper(svc).open_session()
+        assert svc.session_count() == sessions  # the refused new session is not kept
+        assert conn.health().protocol_version == wire.VERSION
+    finally:
+        release.set()
+        thread.join(60)
