@@ -540,11 +540,11 @@ class HelperService:
             session = Session(session_id, os.urandom(wire.SECRET_BYTES), peer=peer)
             session.ledger = self.memory
             self._sessions[session_id] = session
-            log.info(
-                "session %s opened from %s (%d open)",
+            log.info(  # "session <id> opened (<n> open)": operators' and tests' grep
+                "session %s opened (%d open) from %s",
                 session_id.hex()[:8],
-                peer,
                 len(self._sessions),
+                peer,
             )
             return session
 
