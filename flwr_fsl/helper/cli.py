@@ -38,9 +38,19 @@ share, hashing table, one client's evaluation, PSR table), ``--max-clients-per-r
 ``--max-round-gwords`` (work of one round over all its clients, in ``2**30`` words), and
 ``--min-clients`` (S1's own minimum participation, default 2: it returns no share of a round
 with fewer clients, so S0 alone cannot isolate one). Bad values
-are refused up front, naming the flag. ``--workers`` calls run at once: give it at least one
-more than the runs S1 serves at the same time, so ``Health`` and the other runs never wait for
-a long ``AddClients``.
+are refused up front, naming the flag.
+
+**Resources** (:mod:`flwr_fsl.helper.quota`; a call over one is refused, ``RESOURCE_EXHAUSTED``,
+naming the flag, before S1 allocates anything): ``--max-memory-mib`` (S1's memory budget over
+all sessions, default 8192), ``--max-session-mib`` (one session, default 2048),
+``--session-reserve-mib`` (guaranteed to every open session, default 64),
+``--max-sessions`` (default 64), ``--max-sessions-per-peer`` (from one address, default 16),
+``--max-open-rounds`` (per session, default 4), ``--max-calls-per-session`` (running or
+queued, default 2), ``--session-idle-s`` (a session without a call and without an open round
+is dropped after it, default 300), ``--round-idle-s`` (with an open round, default 3600) and
+``--evict-idle-s`` (an idle session may be evicted for a new one when the table is full,
+default 30). ``--workers`` (default: one thread per call the sessions may make) caps the
+session calls at once; ``Health`` and ``PublicKey`` have threads of their own.
 
 **Differential privacy** (:mod:`flwr_fsl.families.ssa.dp`): ``--dp-noise-multiplier Z
 --dp-clip-norm C --dp-max-weight W`` (all three, or none; ``--dp-delta`` for the logged
@@ -101,6 +111,7 @@ from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.limits import HelperLimits
+from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
 from flwr_fsl.helper.setup import load_or_create_key
@@ -114,6 +125,41 @@ _PROG = "flwr-fsl-helper"
 _MIB = 1 << 20
 _GWORDS = 1 << 30
 _DEFAULT_LIMITS = HelperLimits()
+
+# flag -> (ServiceLimits field, unit the flag counts in (0: seconds, a float), help text)
+_QUOTA_FLAGS: dict[str, tuple[str, int, str]] = {
+    "--max-memory-mib": ("max_memory_bytes", _MIB, "S1's memory budget over all sessions, MiB"),
+    "--max-session-mib": ("max_session_bytes", _MIB, "memory one session may hold, MiB"),
+    "--session-reserve-mib": (
+        "session_reserve_bytes",
+        _MIB,
+        "memory guaranteed to every open session, MiB",
+    ),
+    "--max-sessions": ("max_sessions", 1, "sessions (runs) served at once"),
+    "--max-sessions-per-peer": ("max_sessions_per_peer", 1, "sessions at once from one address"),
+    "--max-open-rounds": ("max_open_rounds", 1, "rounds open at once per session"),
+    "--max-calls-per-session": (
+        "max_calls_per_session",
+        1,
+        "calls of one session running or queued at once",
+    ),
+    "--session-idle-s": (
+        "session_idle_s",
+        0,
+        "drop a session without an open round after this many seconds without a call",
+    ),
+    "--round-idle-s": (
+        "round_idle_s",
+        0,
+        "drop a session with an open round after this many seconds without a call",
+    ),
+    "--evict-idle-s": (
+        "evict_idle_s",
+        0,
+        "a session idle this long (no open round) may be evicted when the table is full",
+    ),
+}
+_DEFAULT_QUOTA = ServiceLimits()
 
 # flag -> (HelperLimits field, unit the flag counts in, help text)
 _LIMIT_FLAGS: dict[str, tuple[str, int, str]] = {
@@ -145,7 +191,7 @@ _LIMIT_FLAGS: dict[str, tuple[str, int, str]] = {
 
 
 def _limit_type(flag: str, unit: int) -> Callable[[str], int]:
-    field = _LIMIT_FLAGS[flag][0]
+    field = (_LIMIT_FLAGS.get(flag) or _QUOTA_FLAGS[flag])[0]
     top = 1 << 62 if field != "max_value_width" else (1 << 20) - 2
 
     def parse(text: str) -> int:
@@ -158,6 +204,33 @@ def _limit_type(flag: str, unit: int) -> Callable[[str], int]:
         return value * unit
 
     return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text}")
+    return value
+
+
+def _quota(args: argparse.Namespace) -> ServiceLimits:
+    """Return S1's resource limits from the flags.
+
+    Raises
+    ------
+    ConfigurationError
+        If they disagree (a reserve above the session limit, ...), naming the flags.
+    """
+    try:
+        return ServiceLimits(**{f: getattr(args, f) for f, _, _ in _QUOTA_FLAGS.values()})
+    except ConfigurationError as err:
+        text = str(err)
+        for flag, (field, _, _) in _QUOTA_FLAGS.items():
+            text = text.replace(field, flag)
+        raise ConfigurationError(text) from None
 
 
 def _dp_float(flag: str, *, positive: bool) -> Callable[[str], float]:
@@ -324,18 +397,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-fingerprint", action="store_true", help="print the key's fingerprint and exit"
     )
-    p.add_argument("--workers", type=int, default=4, help="gRPC worker threads (default 4)")
     p.add_argument(
-        "--max-open-rounds", type=int, default=4, help="rounds open at once per run (default 4)"
-    )
-    p.add_argument(
-        "--max-sessions", type=int, default=64, help="runs (sessions) served at once (default 64)"
-    )
-    p.add_argument(
-        "--session-idle-s",
-        type=float,
-        default=6 * 3600.0,
-        help="drop a session after this many seconds without a call (default 6 h)",
+        "--workers",
+        type=_limit_type("--max-open-rounds", 1),
+        default=None,
+        help="session calls running or queued at once (default: --max-sessions times "
+        "--max-calls-per-session); Health and PublicKey have threads of their own",
     )
     p.add_argument(
         "--max-message-mib",
@@ -343,6 +410,21 @@ def _parser() -> argparse.ArgumentParser:
         default=wire.MAX_MESSAGE_BYTES >> 20,
         help=f"gRPC message size limit in MiB (default and maximum {wire.MAX_MESSAGE_BYTES >> 20})",
     )
+    quota = p.add_argument_group(
+        "resources", "what all sessions together and each one may hold (flwr_fsl.helper.quota)"
+    )
+    for flag, (field, unit, text) in _QUOTA_FLAGS.items():
+        default = getattr(_DEFAULT_QUOTA, field)
+        quota.add_argument(
+            flag,
+            dest=field,
+            type=_seconds if unit == 0 else _limit_type(flag, unit),
+            default=default,
+            metavar="S" if unit == 0 else "N",
+            help=f"{text} (default {default:g})"
+            if unit == 0
+            else f"{text} (default {default // unit})",
+        )
     limits = p.add_argument_group(
         "limits", "what one round may cost S1 (checked before it is allocated)"
     )
@@ -507,9 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         keypair, created = load_or_create_key(args.key_file, generate=args.generate_key)
         service = HelperService(
             keypair,
-            max_open_rounds=args.max_open_rounds,
-            max_sessions=args.max_sessions,
-            session_idle_s=args.session_idle_s,
+            quota=_quota(args),
             limits=HelperLimits(
                 **{field: getattr(args, field) for field, _, _ in _LIMIT_FLAGS.values()},
                 dp=_dp_policy(args),

@@ -71,6 +71,7 @@ from flwr_fsl.helper.errors import (
     HelperBudgetExhaustedError,
     HelperError,
     HelperRequestError,
+    HelperResourceError,
     HelperSessionLostError,
     HelperUnavailableError,
     WireFormatError,
@@ -530,7 +531,7 @@ _REFUSALS: dict[grpc.StatusCode, type[HelperRequestError]] = {
     grpc.StatusCode.NOT_FOUND: HelperSessionLostError,
     grpc.StatusCode.FAILED_PRECONDITION: HelperBudgetExhaustedError,
     grpc.StatusCode.INVALID_ARGUMENT: HelperRequestError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: HelperRequestError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: HelperResourceError,
 }
 """gRPC status of a refused call -> the error S0 raises (the in-process twin raises the same)."""
 
@@ -599,6 +600,8 @@ class InProcessHelper(_Facade):
             raise HelperSessionLostError(str(err)) from None
         except HelperBudgetExhaustedError as err:
             raise HelperBudgetExhaustedError(str(err)) from None
+        except HelperResourceError as err:
+            raise HelperResourceError(str(err)) from None
         except HelperRequestError as err:
             raise HelperRequestError(str(err)) from None
         except Exception as err:  # same surface as the gRPC transport's INTERNAL status

@@ -19,6 +19,10 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   because it would take the run past a privacy budget (the run's, or S1's own ceiling,
   :mod:`flwr_fsl.helper.accounts`). It is also a
   :class:`~flwr_fsl.core.privacy.PrivacyBudgetExhaustedError`: S0 stops the run.
+* :class:`HelperResourceError` — a :class:`HelperRequestError` for a call S1 refused because
+  it would take a session or S1 past a resource limit (memory, sessions, calls;
+  :mod:`flwr_fsl.helper.quota`; gRPC ``RESOURCE_EXHAUSTED``). S1 changed nothing; the same
+  call may succeed once other rounds or sessions have ended.
 * :class:`WireFormatError` — bytes that do not parse as the helper wire format
   (:mod:`flwr_fsl.helper.wire`); a decoder error, so a
   :class:`~flwr_fsl.core.errors.ClientInputError`.
@@ -41,6 +45,7 @@ __all__ = [
     "HelperBudgetExhaustedError",
     "HelperError",
     "HelperRequestError",
+    "HelperResourceError",
     "HelperSessionLostError",
     "HelperUnavailableError",
     "WireFormatError",
@@ -69,3 +74,7 @@ class HelperAuthError(HelperRequestError):
 
 class HelperBudgetExhaustedError(HelperRequestError, PrivacyBudgetExhaustedError):
     """S1 refuses a round past the run's privacy budget or its own ceiling: stop the run."""
+
+
+class HelperResourceError(HelperRequestError):
+    """S1 refused a call that would exceed a resource limit (memory, sessions, calls)."""

@@ -26,9 +26,18 @@ Status codes: a refused call (:class:`~flwr_fsl.helper.errors.HelperRequestError
 (:class:`~flwr_fsl.helper.errors.HelperSessionLostError`: S1 restarted, or the session expired
 or was closed), which is ``NOT_FOUND``, and a round refused for the run's privacy budget
 (:class:`~flwr_fsl.helper.errors.HelperBudgetExhaustedError`), which is
-``FAILED_PRECONDITION``; an unexpected exception in S1 is ``INTERNAL``
+``FAILED_PRECONDITION``, and a call over a resource limit
+(:class:`~flwr_fsl.helper.errors.HelperResourceError`, :mod:`flwr_fsl.helper.quota`), which
+is ``RESOURCE_EXHAUSTED``; an unexpected exception in S1 is ``INTERNAL``
 (logged with its traceback on S1). :class:`~flwr_fsl.helper.connection.HelperClient` maps them
 back to the same exceptions the in-process twin raises.
+
+**Threads.** The server has a thread for every call the sessions may run or queue at once
+(:attr:`ServiceLimits.call_threads <flwr_fsl.helper.quota.ServiceLimits.call_threads>`, or
+``max_workers``) plus :data:`~flwr_fsl.helper.quota.RESERVED_THREADS`; the service refuses
+a session's call beyond its share at once instead of queueing it, so ``Health`` and
+``PublicKey`` always find a free thread, however long other calls run. The caller's address
+(its host) is passed on for the per-address session limit.
 
 **Threat model.** As :mod:`flwr_fsl.helper.service`, which says what a caller with and without
 the token or a session's secret can do. Client material is protected end to end by the sealed
@@ -60,8 +69,10 @@ from flwr_fsl.helper.errors import (
     HelperAuthError,
     HelperBudgetExhaustedError,
     HelperRequestError,
+    HelperResourceError,
     HelperSessionLostError,
 )
+from flwr_fsl.helper.quota import RESERVED_THREADS
 from flwr_fsl.helper.service import SERVICE_NAME, HelperService
 
 __all__ = [
@@ -70,6 +81,7 @@ __all__ = [
     "TOKEN_METADATA_KEY",
     "format_address",
     "is_loopback",
+    "peer_host",
     "start_server",
 ]
 
@@ -96,6 +108,13 @@ def _secret_of(context: grpc.ServicerContext) -> bytes | None:
         return None
 
 
+def peer_host(peer: str) -> str:
+    """Return the host of a gRPC peer string (``ipv4:1.2.3.4:5678`` -> ``ipv4:1.2.3.4``)."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        return peer.rsplit(":", 1)[0]
+    return peer or "unknown"
+
+
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
     context.abort(code, details)
     raise AssertionError("grpc context.abort returned")  # pragma: no cover
@@ -114,7 +133,7 @@ def _handler(
                 log.warning("%s refused: missing or wrong access token", method)
                 _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong access token")
         try:
-            return service.handle(method, request, _secret_of(context))
+            return service.handle(method, request, _secret_of(context), peer_host(context.peer()))
         except HelperAuthError as err:
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, str(err))
         except HelperSessionLostError as err:
@@ -123,6 +142,9 @@ def _handler(
         except HelperBudgetExhaustedError as err:
             log.warning("%s refused: %s", method, err)
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except HelperResourceError as err:
+            log.warning("%s refused: %s", method, err)
+            _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except HelperRequestError as err:
             log.warning("%s refused: %s", method, err)
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -137,12 +159,44 @@ def _handler(
     return handle
 
 
+def _check_server_args(
+    port: int,
+    max_message_bytes: int,
+    token: str | None,
+    tls: tuple[bytes, bytes] | None,
+    insecure: bool,
+    host: str,
+) -> None:
+    """Check :func:`start_server`'s transport arguments.
+
+    Raises
+    ------
+    ConfigurationError
+        As :func:`start_server` says.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigurationError(f"port must be in [0, 65535], got {port}")
+    if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
+        raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
+    if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
+        raise ConfigurationError("token must be a non-empty printable string")
+    if token is None and not insecure:
+        raise ConfigurationError(
+            "S1 needs an access token (or insecure=True / --insecure to serve every caller)"
+        )
+    if token is not None and tls is None and not insecure and not is_loopback(host):
+        raise ConfigurationError(
+            f"the access token would travel in clear to {host}: serve TLS (--tls-cert, "
+            "--tls-key), bind a loopback address, or pass --insecure"
+        )
+
+
 def start_server(
     service: HelperService,
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    max_workers: int = 4,
+    max_workers: int | None = None,
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
     tls: tuple[bytes, bytes] | None = None,
     token: str | None = None,
@@ -158,9 +212,13 @@ def start_server(
         Interface to bind.
     port : int (default: 0)
         TCP port; 0 picks a free one (the bound port is returned).
-    max_workers : int (default: 4)
-        gRPC worker threads: how many calls run at once (calls of one session are serialized
-        by its lock; other sessions and ``Health`` need a free worker).
+    max_workers : int, optional
+        Threads for session calls (running, or waiting for their session's lock); by default
+        one for every call the sessions may make at once
+        (:attr:`~flwr_fsl.helper.quota.ServiceLimits.call_threads`). The server has
+        :data:`~flwr_fsl.helper.quota.RESERVED_THREADS` more, which session calls never
+        hold, so ``Health`` never waits for them; a session call beyond ``max_workers`` at
+        once is refused (``RESOURCE_EXHAUSTED``), never queued.
     max_message_bytes : int (default: 512 MiB)
         gRPC send/receive message limit.
     tls : tuple[bytes, bytes], optional
@@ -186,23 +244,12 @@ def start_server(
     OSError
         If the address cannot be bound (port in use, bad host).
     """
-    if not 0 <= port <= 65535:
-        raise ConfigurationError(f"port must be in [0, 65535], got {port}")
-    if max_workers < 1:
-        raise ConfigurationError(f"max_workers must be >= 1, got {max_workers}")
-    if not 0 < max_message_bytes <= wire.MAX_MESSAGE_BYTES:
-        raise ConfigurationError(f"max_message_bytes must be in (0, {wire.MAX_MESSAGE_BYTES}]")
-    if token is not None and (not isinstance(token, str) or not token or not token.isprintable()):
-        raise ConfigurationError("token must be a non-empty printable string")
-    if token is None and not insecure:
-        raise ConfigurationError(
-            "S1 needs an access token (or insecure=True / --insecure to serve every caller)"
-        )
-    if token is not None and tls is None and not insecure and not is_loopback(host):
-        raise ConfigurationError(
-            f"the access token would travel in clear to {host}: serve TLS (--tls-cert, "
-            "--tls-key), bind a loopback address, or pass --insecure"
-        )
+    _check_server_args(port, max_message_bytes, token, tls, insecure, host)
+    if max_workers is None:
+        max_workers = service.quota.call_threads
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        raise ConfigurationError(f"max_workers must be an integer >= 1, got {max_workers!r}")
+    service.max_calls = max_workers
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _handler(service, name, token), request_deserializer=None, response_serializer=None
@@ -210,7 +257,9 @@ def start_server(
         for name in service.methods
     }
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flwr-fsl-helper"),
+        ThreadPoolExecutor(
+            max_workers=max_workers + RESERVED_THREADS, thread_name_prefix="flwr-fsl-helper"
+        ),
         handlers=[grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)],
         options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)],
     )

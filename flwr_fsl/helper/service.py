@@ -23,10 +23,12 @@ ids are remembered for a clear error. Everything S1 keeps — open and closed ro
 U-DPF keys, PSR tables — lives in the session, so one long-running ``flwr-fsl-helper`` serves
 many runs, one after another and at once, and round ids of different runs never collide. A
 session ends with ``CloseSession`` (a connection's ``close()``) and is dropped after
-``session_idle_s`` without a call; at most ``max_sessions`` exist at once (a new one beyond
-that is refused, after expired ones are dropped) and each has at most ``max_open_rounds`` open
-rounds. Sessions live in memory only: any other call naming a session S1 does not hold —
-after a restart of S1, an expiry or a close — is refused with
+``session_idle_s`` without a call (``round_idle_s`` while it has an open round); at most
+``max_sessions`` exist at once, at most ``max_sessions_per_peer`` from one address (a new one
+beyond evicts the idlest idle session, or is refused) and each has at most
+``max_open_rounds`` open rounds (:class:`~flwr_fsl.helper.quota.ServiceLimits`). Sessions
+live in memory only: any other call naming a session S1 does not hold — after a restart of
+S1, an expiry, an eviction or a close — is refused with
 :class:`~flwr_fsl.helper.errors.HelperSessionLostError`, so S0 learns that S1 lost the run's
 rounds and U-DPF keys instead of a round silently starting on an empty session; S0 then opens
 a *new* session (a new id: clients get it with the next round). Calls of different sessions
@@ -36,6 +38,12 @@ run concurrently (one lock per session); calls of one session are serialized. ``
 :meth:`HelperService.handle` is the one entry point, so the gRPC server
 (:mod:`flwr_fsl.helper.server`) and the in-process twin
 (:class:`~flwr_fsl.helper.connection.InProcessHelper`) run byte-identical code paths.
+
+**Resources** (:mod:`flwr_fsl.helper.quota`, ``quota``). What all sessions together and
+each one may hold: S1's memory budget (every open round, stored key and running request is
+charged to its session before it is allocated; a session keeps a guaranteed reserve), the
+session table and each session's calls. A call over one of them is refused with
+:class:`~flwr_fsl.helper.errors.HelperResourceError` (gRPC ``RESOURCE_EXHAUSTED``).
 
 **Limits.** What one round may cost S1 is bounded by :class:`~flwr_fsl.helper.limits.HelperLimits`
 (``limits``): ``OpenRound`` and ``SetModel`` check the domain, width, number of items and the
@@ -61,9 +69,10 @@ does not stop a deviating S0 from inventing clients: it makes keys itself.
 **Locking.** Each session has one lock, held for the whole of its calls (key evaluation
 included); the only lock shared across sessions guards the session table and is held for a
 dictionary lookup, never during a service call. So a long ``AddClients`` delays only later
-calls of its own session (S0 calls one at a time anyway); other sessions' calls and
-``Health``/``PublicKey`` proceed, limited only by the gRPC worker threads
-(``flwr-fsl-helper --workers``: that many calls run at once) and CPU cores.
+calls of its own session (S0 calls one at a time anyway; at most ``max_calls_per_session``
+may run or wait at once); other sessions' calls and ``Health``/``PublicKey`` proceed: the
+gRPC server has a thread for every call the sessions may make plus threads only session-less
+calls can use (:data:`~flwr_fsl.helper.quota.RESERVED_THREADS`).
 
 **Errors.** A malformed request, an unknown method, session or round, or a call in the wrong
 state raises :class:`~flwr_fsl.helper.errors.HelperRequestError` for the whole call. A single
@@ -88,14 +97,17 @@ and ``PublicKey``):
   run's privacy account rather than starting a fresh one (see below).
 
 A caller with the token (or any caller of an S1 started with ``--insecure``) can still create
-sessions up to ``max_sessions``, each with up to ``max_open_rounds`` rounds of at most
-``max_round_bytes`` (plus the keys of at most ``max_clients_per_round`` clients per round and
-the U-DPF keys the session stores): a denial of service, not a leak.
+sessions up to ``max_sessions_per_peer`` per address and use memory up to S1's budget minus
+the other open sessions' reserves, and it slows other runs by sharing the cores; it cannot
+take an open session's reserve, grow S1 past its budget, hold up ``Health`` or keep idle
+sessions that lock new runs out (:mod:`flwr_fsl.helper.quota`;
+``tests/helper/test_helper_quota.py``).
 """
 
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import os
 import threading
@@ -115,10 +127,12 @@ from flwr_fsl.helper.client_accounts import ClientAccounts
 from flwr_fsl.helper.errors import (
     HelperAuthError,
     HelperRequestError,
+    HelperResourceError,
     HelperSessionLostError,
     WireFormatError,
 )
 from flwr_fsl.helper.limits import HelperLimits
+from flwr_fsl.helper.quota import MemoryLedger, ServiceLimits
 
 __all__ = [
     "PARTY",
@@ -128,6 +142,7 @@ __all__ = [
     "HelperPlugin",
     "HelperService",
     "Method",
+    "ServiceLimits",
     "Session",
 ]
 
@@ -159,6 +174,12 @@ class Session:
         Per-service state that outlives a round (e.g. stored U-DPF keys), keyed by service.
     last_used : float
         Monotonic time of the last call (for idle expiry).
+    peer : str
+        The network address that opened it (``"local"`` in process).
+    calls : int
+        Its calls running or waiting for its lock now.
+    ledger : MemoryLedger or None
+        S1's memory account (:meth:`charge` and :meth:`release` go to it).
     """
 
     session_id: bytes
@@ -168,6 +189,29 @@ class Session:
     data: dict[str, Any] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    peer: str = "local"
+    calls: int = 0
+    ledger: MemoryLedger | None = field(default=None, repr=False)
+
+    def charge(self, key: Any, nbytes: int, what: str, *, check: bool = True) -> None:
+        """Charge ``nbytes`` for ``key`` to this session before allocating them.
+
+        Raises
+        ------
+        HelperResourceError
+            If the session or S1 would exceed its memory limit (nothing charged).
+        """
+        if self.ledger is not None:
+            self.ledger.charge(self.session_id, key, nbytes, what, check=check)
+
+    def release(self, key: Any) -> None:
+        """Drop the charge ``key`` (its memory was freed)."""
+        if self.ledger is not None:
+            self.ledger.release(self.session_id, key)
+
+    def idle_for(self, now: float) -> float | None:
+        """Return how long it has been idle (None while a call runs or waits)."""
+        return None if self.calls or self.lock.locked() else now - self.last_used
 
     def round(self, round_id: int) -> Any:
         """Return an open round's state.
@@ -187,6 +231,8 @@ class Session:
         """Drop an open round for good (it can never be reopened in this session)."""
         del self.rounds[round_id]
         self.closed.add(round_id)
+        self.release(("round", round_id))
+        self.release(("round-keys", round_id))
 
 
 @dataclass(frozen=True)
@@ -223,12 +269,9 @@ class HelperService:
     ----------
     keypair : SealingKeyPair
         S1's X25519 key pair (clients seal to its public key).
-    max_open_rounds : int (default: 4)
-        Rounds that may be open at once in one session.
-    max_sessions : int (default: 64)
-        Sessions that may exist at once.
-    session_idle_s : float (default: 6 hours)
-        A session without a call for this long is dropped (with its rounds and keys).
+    quota : ServiceLimits, optional
+        What all sessions together and each one may hold (:mod:`flwr_fsl.helper.quota`);
+        the defaults by default.
     limits : HelperLimits, optional
         What one round may cost (:mod:`flwr_fsl.helper.limits`); the defaults by default.
     state_dir : Path, optional
@@ -246,16 +289,15 @@ class HelperService:
     ValueError
         If an argument is out of range, ``keypair`` is not a :class:`SealingKeyPair`,
         ``enrollment`` is not an :class:`~flwr_fsl.crypto.identity.Enrollment`,
-        or ``limits`` is not a :class:`HelperLimits`.
+        ``limits`` is not a :class:`HelperLimits`, ``quota`` not a :class:`ServiceLimits`,
+        or a round at ``limits.max_round_bytes`` would not fit ``quota.max_session_bytes``.
     """
 
     def __init__(
         self,
         keypair: SealingKeyPair,
         *,
-        max_open_rounds: int = 4,
-        max_sessions: int = 64,
-        session_idle_s: float = 6 * 3600.0,
+        quota: ServiceLimits | None = None,
         limits: HelperLimits | None = None,
         state_dir: Path | None = None,
         session_ids: Callable[[], bytes] | None = None,
@@ -274,18 +316,22 @@ class HelperService:
             )
         if limits is not None and not isinstance(limits, HelperLimits):
             raise ConfigurationError(f"limits must be a HelperLimits, got {type(limits).__name__}")
-        for name, value in (("max_open_rounds", max_open_rounds), ("max_sessions", max_sessions)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigurationError(f"{name} must be an int")
-            if value < 1:
-                raise ConfigurationError(f"{name} must be >= 1, got {value}")
-        if not session_idle_s > 0:
-            raise ConfigurationError(f"session_idle_s must be > 0, got {session_idle_s}")
         self.keypair = keypair
-        self.max_open_rounds = max_open_rounds
-        self.max_sessions = max_sessions
-        self.session_idle_s = float(session_idle_s)
+        if quota is not None and not isinstance(quota, ServiceLimits):
+            raise ConfigurationError(f"quota must be a ServiceLimits, got {type(quota).__name__}")
+        self.quota = quota if quota is not None else ServiceLimits()
         self.limits = limits if limits is not None else HelperLimits()
+        if self.limits.max_round_bytes > self.quota.max_session_bytes:
+            raise ConfigurationError(
+                f"max_round_bytes ({self.limits.max_round_bytes}) exceeds max_session_bytes "
+                f"({self.quota.max_session_bytes}): no such round could open "
+                "(flwr-fsl-helper --max-round-mib, --max-session-mib)"
+            )
+        self.memory = MemoryLedger(self.quota)
+        self.max_calls: int | None = None  # session calls at once (set by start_server)
+        self._running = 0
+        self._call_ids = itertools.count()
+        self._next_sweep = 0.0
         self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
         self.client_accounts = ClientAccounts(state_dir, self.limits.dp_client_budget)
         self._sessions: dict[bytes, Session] = {}
@@ -320,6 +366,21 @@ class HelperService:
         self._methods.update(methods)
 
     @property
+    def max_open_rounds(self) -> int:
+        """Rounds open at once in one session (``quota.max_open_rounds``)."""
+        return self.quota.max_open_rounds
+
+    @property
+    def max_sessions(self) -> int:
+        """Sessions at once (``quota.max_sessions``)."""
+        return self.quota.max_sessions
+
+    @property
+    def session_idle_s(self) -> float:
+        """Idle time before a session without an open round is dropped."""
+        return self.quota.session_idle_s
+
+    @property
     def methods(self) -> dict[str, type[wire.Message]]:
         """GRPC method name -> request message type, for every registered method."""
         return {name: m.request for name, m in self._methods.items()}
@@ -334,7 +395,9 @@ class HelperService:
         """Hex SHA-256 of :attr:`public_key` (what operators pin in the run config)."""
         return self.keypair.fingerprint
 
-    def handle(self, method: str, request: bytes, secret: bytes | None = None) -> bytes:
+    def handle(
+        self, method: str, request: bytes, secret: bytes | None = None, peer: str | None = None
+    ) -> bytes:
         """Run one call: decode the request, check its session secret, update state, answer.
 
         Parameters
@@ -346,6 +409,9 @@ class HelperService:
         secret : bytes, optional
             The secret of the session the request names (what ``OpenSession`` returned);
             ignored by session-less methods and ``OpenSession``.
+        peer : str, optional
+            The caller's network address (its host, without the port), for the per-address
+            session limit; ``"local"`` by default.
 
         Returns
         -------
@@ -359,7 +425,9 @@ class HelperService:
             :class:`~flwr_fsl.helper.errors.WireFormatError`) or is refused in the current
             state; :class:`~flwr_fsl.helper.errors.HelperSessionLostError` if it names a
             session S1 does not hold; :class:`~flwr_fsl.helper.errors.HelperAuthError` if
-            ``secret`` is not that session's (the session is left untouched).
+            ``secret`` is not that session's (the session is left untouched);
+            :class:`~flwr_fsl.helper.errors.HelperResourceError` if it would exceed a
+            resource limit (:mod:`flwr_fsl.helper.quota`; nothing changed).
         """
         entry = self._methods.get(method)
         if entry is None:
@@ -370,18 +438,58 @@ class HelperService:
             raise HelperRequestError(f"malformed {method} request: {err}") from None
         if not entry.needs_session:
             return wire.encode(entry.handler(None, message))
+        self._sweep()
         if entry.creates_session:
-            session = self._new_session()
+            session = self._new_session(peer or "local")
         else:
             session = self._session(message.session, secret)  # type: ignore[attr-defined]
-        with session.lock:
-            try:
-                response = entry.handler(session, message)
-            finally:
-                session.last_used = time.monotonic()  # idle time counts from a call's end
+        self._admit(session, fresh=entry.creates_session)
+        key = ("call", next(self._call_ids))
+        try:
+            # The request's bytes and what was decoded from them, until the call ends.
+            session.charge(key, 2 * len(request), f"this {method} request")
+            with session.lock:
+                try:
+                    response = entry.handler(session, message)
+                finally:
+                    session.last_used = time.monotonic()  # idle time counts from a call's end
+        finally:
+            session.release(key)
+            with self._sessions_lock:
+                session.calls -= 1
+                self._running -= 1
         return wire.encode(response)
 
     # --------------------------------------------------------------------------------------------
+
+    def _admit(self, session: Session, *, fresh: bool) -> None:
+        """Count a call against its session's and S1's share of threads, or refuse it.
+
+        Raises
+        ------
+        HelperResourceError
+            If the session already has ``max_calls_per_session`` calls running or waiting,
+            or S1 ``max_calls`` (a ``fresh`` session is then dropped again).
+        """
+        with self._sessions_lock:
+            reason = None
+            if session.calls >= self.quota.max_calls_per_session:
+                reason = (
+                    f"{session.calls} calls of this session are running or waiting (limit "
+                    f"{self.quota.max_calls_per_session}, flwr-fsl-helper "
+                    "--max-calls-per-session): S0 calls S1 one call at a time"
+                )
+            elif self.max_calls is not None and self._running >= self.max_calls:
+                reason = (
+                    f"S1 is busy: {self._running} session calls are running or waiting "
+                    "(flwr-fsl-helper --workers); try again"
+                )
+            if reason is not None:
+                if fresh:
+                    self._retire(session.session_id, "refused: S1 was busy")
+                raise HelperResourceError(reason)
+            session.calls += 1
+            self._running += 1
 
     def _session(self, session_id: bytes, secret: bytes | None) -> Session:
         with self._sessions_lock:
@@ -399,38 +507,107 @@ class HelperService:
             session.last_used = time.monotonic()
             return session
 
-    def _new_session(self) -> Session:
+    def _new_session(self, peer: str) -> Session:
+        quota = self.quota
         with self._sessions_lock:
             self._expire_idle()
-            if len(self._sessions) >= self.max_sessions:
-                raise HelperRequestError(
-                    f"{len(self._sessions)} sessions are open (limit {self.max_sessions})"
-                )
+            self._make_room(
+                list(self._sessions.values()),
+                quota.max_sessions,
+                f"{len(self._sessions)} sessions are open (limit {quota.max_sessions}, "
+                "flwr-fsl-helper --max-sessions)",
+            )
+            mine = [s for s in self._sessions.values() if s.peer == peer]
+            self._make_room(
+                mine,
+                quota.max_sessions_per_peer,
+                f"{len(mine)} sessions are open from {peer} (limit {quota.max_sessions_per_peer}"
+                ", flwr-fsl-helper --max-sessions-per-peer)",
+            )
             session_id = self._draw_id()
             if not isinstance(session_id, bytes) or len(session_id) != wire.SESSION_BYTES:
                 raise HelperRequestError("S1 drew a malformed session id")
             if session_id in self._sessions or session_id in self._retired:
                 raise HelperRequestError("S1 drew a session id it has used before")
-            session = Session(session_id, os.urandom(wire.SECRET_BYTES))
+            while True:  # the new session's guaranteed memory: evict unused ones until it fits
+                try:
+                    self.memory.open(session_id)
+                    break
+                except HelperResourceError:
+                    unused = [s for s in self._sessions.values() if not (s.rounds or s.closed)]
+                    if not self._evict_idlest(unused):
+                        raise
+            session = Session(session_id, os.urandom(wire.SECRET_BYTES), peer=peer)
+            session.ledger = self.memory
             self._sessions[session_id] = session
-            log.info("session %s opened (%d open)", session_id.hex()[:8], len(self._sessions))
+            log.info(  # "session <id> opened (<n> open)": operators' and tests' grep
+                "session %s opened (%d open) from %s",
+                session_id.hex()[:8],
+                len(self._sessions),
+                peer,
+            )
             return session
+
+    def _make_room(self, sessions: list[Session], limit: int, why: str) -> None:
+        """Evict the idlest idle sessions of ``sessions`` until fewer than ``limit`` remain.
+
+        Raises
+        ------
+        HelperResourceError
+            If no more of them may be evicted (``why``).
+        """
+        while len(sessions) >= limit:
+            evicted = self._evict_idlest(sessions)
+            if evicted is None:
+                raise HelperResourceError(f"{why}; none is idle enough to make room")
+            sessions.remove(evicted)
+
+    def _evict_idlest(self, sessions: list[Session]) -> Session | None:
+        """Retire the first evictable session among ``sessions`` (None if there is none).
+
+        Evictable: no call running or waiting, no open round, idle ``evict_idle_s`` or more.
+        Sessions that never opened a round (idle callers) go first, then the idlest: a run
+        under way between two rounds is evicted only when no idle caller is left. (A new
+        session's memory reserve evicts only sessions that never opened a round.)
+        """
+        now = time.monotonic()
+        idle = [
+            (not (s.rounds or s.closed), t, s)
+            for s in sessions
+            if not s.rounds and (t := s.idle_for(now)) is not None and t >= self.quota.evict_idle_s
+        ]
+        if not idle:
+            return None
+        _, t, victim = max(idle, key=lambda entry: entry[:2])
+        self._retire(victim.session_id, "evicted: idle while S1's session table was full")
+        log.warning("session %s evicted after %.0f s idle", victim.session_id.hex()[:8], t)
+        return victim
+
+    def _sweep(self) -> None:
+        """Expire idle sessions at most once a second (frees their memory)."""
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + 1.0
+            with self._sessions_lock:
+                self._expire_idle()
 
     def _retire(self, session_id: bytes, why: str) -> None:
         """Forget a session for good, remembering its id (bounded) for a clear error."""
         self._sessions.pop(session_id, None)
+        self.memory.close(session_id)
         self._retired[session_id] = why
         while len(self._retired) > RETIRED_SESSIONS:
             self._retired.popitem(last=False)
 
     def _expire_idle(self) -> None:
+        """Drop sessions idle past ``session_idle_s`` (``round_idle_s`` with an open round)."""
         now = time.monotonic()
         for sid, session in list(self._sessions.items()):
-            if now - session.last_used > self.session_idle_s and not session.lock.locked():
+            idle = session.idle_for(now)
+            limit = self.quota.round_idle_s if session.rounds else self.quota.session_idle_s
+            if idle is not None and idle > limit:
                 self._retire(sid, "expired: idle too long")
-                log.warning(
-                    "session %s expired after %.0f s idle", sid.hex()[:8], now - session.last_used
-                )
+                log.warning("session %s expired after %.0f s idle", sid.hex()[:8], idle)
 
     def session_count(self) -> int:
         """Return the number of sessions S1 holds now."""

@@ -139,12 +139,19 @@ class HelperProcess:
 
     def peak_rss_bytes(self) -> int | None:
         """Return the child's peak resident memory (Linux ``VmHWM``), or None if unknown."""
+        return self._status_bytes("VmHWM:")
+
+    def rss_bytes(self) -> int | None:
+        """Return the child's resident memory now (Linux ``VmRSS``), or None if unknown."""
+        return self._status_bytes("VmRSS:")
+
+    def _status_bytes(self, field: str) -> int | None:
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
         except OSError:
             return None
         for line in status.splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
         return None
 

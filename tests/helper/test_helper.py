@@ -54,6 +54,7 @@ from flwr_fsl.helper import (
 )
 from flwr_fsl.helper.connection import HelperConnection
 from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.service import Method
 
 M, K, WIDTH = 96, 8, 2
@@ -464,7 +465,7 @@ def test_duplicate_ids_in_one_request():
 
 
 def test_too_many_open_rounds_and_abort():
-    helper = twin(HelperService(SealingKeyPair.generate(), max_open_rounds=2))
+    helper = twin(HelperService(SealingKeyPair.generate(), quota=ServiceLimits(max_open_rounds=2)))
     helper.open_round(1, make_params(1).to_bytes())
     helper.open_round(2, make_params(2).to_bytes())
     with pytest.raises(HelperRequestError, match="limit 2"):
@@ -610,7 +611,7 @@ def test_malformed_response_is_a_helper_error(monkeypatch):
 
 def test_service_argument_validation():
     with pytest.raises(ConfigurationError):
-        HelperService(SealingKeyPair.generate(), max_open_rounds=0)
+        ServiceLimits(max_open_rounds=0)
     with pytest.raises(ConfigurationError):
         HelperService(b"key")  # type: ignore[arg-type]
 

@@ -29,6 +29,7 @@ from flwr_fsl.helper import (
 from flwr_fsl.helper.cli import TOKEN_FILE_NAME, _access_token, _parser
 from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.service import RETIRED_SESSIONS
 from tests.helper.test_helper import SID, fixed_ids, make_clients, make_params, sealed_uploads
 
@@ -80,7 +81,7 @@ def test_clients_get_the_id_never_the_secret() -> None:
 def test_closed_and_expired_ids_are_remembered_boundedly(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
     monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
-    service = HelperService(SealingKeyPair.generate(), session_idle_s=10)
+    service = HelperService(SealingKeyPair.generate(), quota=ServiceLimits(session_idle_s=10))
     a, b = InProcessHelper(service), InProcessHelper(service)
     a.open_session()
     b.open_session()

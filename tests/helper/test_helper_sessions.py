@@ -28,6 +28,7 @@ from flwr_fsl.helper import (
     HelperClient,
     HelperError,
     HelperRequestError,
+    HelperResourceError,
     HelperService,
     HelperSessionLostError,
     InProcessHelper,
@@ -35,6 +36,7 @@ from flwr_fsl.helper import (
     start_server,
     wire,
 )
+from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.service import Method, Session
 from tests.helper.test_helper import (
     WIDTH,
@@ -174,26 +176,36 @@ def test_udpf_keys_are_per_session() -> None:
 
 
 def test_session_limits_and_idle_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
-    service = HelperService(SealingKeyPair.generate(), max_sessions=2, session_idle_s=60)
+    """A full table evicts the idlest session without an open round; one with a round stays."""
+    service = HelperService(
+        SealingKeyPair.generate(), quota=ServiceLimits(max_sessions=2, session_idle_s=60)
+    )
     clock = [1000.0]
     monkeypatch.setattr("flwr_fsl.helper.service.time.monotonic", lambda: clock[0])
     conns = [InProcessHelper(service) for i in range(3)]
     conns[0].open_round(1, make_params(1).to_bytes())
     conns[1].open_round(1, make_params(1).to_bytes())
-    with pytest.raises(HelperRequestError, match="limit 2"):
+    with pytest.raises(HelperResourceError, match="limit 2"):  # none idle: nothing evicted
         conns[2].open_round(1, make_params(1).to_bytes())
     clock[0] += 30
     conns[1].health()  # session-less: does not refresh anything
-    conns[1].abort_round(1)  # refreshes session 1
-    clock[0] += 45  # session 0 idle 75 s > 60 s, session 1 idle 45 s
-    conns[2].open_round(1, make_params(1).to_bytes())  # expires session 0, then fits
+    conns[1].abort_round(1)  # refreshes session 1, which now has no open round
+    clock[0] += 45  # session 0: idle 75 s > 60 s, but keeps its open round; session 1: 45 s
+    conns[2].open_round(1, make_params(1).to_bytes())  # evicts session 1 (idle >= 30 s)
     assert service.session_count() == 2
-    with pytest.raises(HelperRequestError, match="unknown session"):
-        conns[0].finish_round(1)
+    with pytest.raises(HelperSessionLostError, match="evicted"):
+        conns[1].finish_round(1)
+    conns[0].abort_round(1)  # session 0 is still there
+    clock[0] += 61  # now idle without a round past session_idle_s: expired by the next call
+    conns[2].abort_round(1)
+    clock[0] += 2
+    conns[2].health()
+    with pytest.raises(HelperSessionLostError, match="expired"):
+        conns[0].open_round(2, make_params(2).to_bytes())
 
 
 def test_round_limit_is_per_session() -> None:
-    service = HelperService(SealingKeyPair.generate(), max_open_rounds=1)
+    service = HelperService(SealingKeyPair.generate(), quota=ServiceLimits(max_open_rounds=1))
     a = InProcessHelper(service)
     b = InProcessHelper(service)
     a.open_round(1, make_params(1).to_bytes())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ _VERIFY_VERSION = 5
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
 _MAX_PARAMS_BYTES = 64 * 1024  # the JSON is a few hundred bytes
+_MAX_PARAM_INT = 1 << 62  # largest integer (and float) a parameter set may carry
+MAX_SCALE_FACTOR = float(1 << 40)
+"""Largest cuckoo ``scale_factor`` a decoded parameter set may carry (real ones are 1.2-2)."""
 
 
 class SSAInputError(ClientInputError):
@@ -173,6 +177,8 @@ class SSAParams:
                 )
             if not self.count_weighted:
                 raise ConfigurationError("dp needs count_weighted rounds")
+            if self.num_items < 1:
+                raise ConfigurationError("dp needs num_items >= 1 (its sensitivity is per item)")
             if self.dp.max_weight * max(self.dp.clip_norm, 1.0) > self.max_abs:
                 raise ConfigurationError(
                     f"dp max_weight * max(clip_norm, 1) = "
@@ -267,6 +273,7 @@ class SSAParams:
         for name, value in raw.items():
             if not _FIELD_TYPES[name](value):
                 raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
+            _check_range(name, value)
         if raw.get("weighted") is True:
             raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
         if raw.get("verify") is False:
@@ -277,6 +284,34 @@ class SSAParams:
         except ValueError:
             raise SSAInputError("hash_key must be hex") from None
         return cls(**_nested(raw))
+
+
+def _check_range(name: str, value: object) -> None:
+    """Refuse a number no round can use before it reaches arithmetic (naming the field).
+
+    Integers must lie in ``[0, 2**62]``; ``scale_factor`` in ``[1, MAX_SCALE_FACTOR]``; every
+    other float (``max_abs``, the ``dp`` and ``run`` numbers) must be finite, ``>= 0`` and at
+    most ``2**62``. Finer bounds are the dataclasses' own checks. Objects are checked field by
+    field (``dp.noise_multiplier``), so no huge or infinite value (JSON ``1e999`` parses as
+    infinity) overflows deeper down.
+
+    Raises
+    ------
+    SSAInputError
+        Naming the field and the range.
+    """
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _check_range(f"{name}.{key}", inner)
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    top = MAX_SCALE_FACTOR if name == "scale_factor" else float(_MAX_PARAM_INT)
+    low = 1.0 if name == "scale_factor" else 0.0
+    if isinstance(value, int) and not low <= value <= _MAX_PARAM_INT:
+        raise SSAInputError(f"SSA parameter {name!r} must be an integer in [0, 2**62]")
+    if isinstance(value, float) and not (math.isfinite(value) and low <= value <= top):
+        raise SSAInputError(f"SSA parameter {name!r} must be a finite number in [{low:g}, {top:g}]")
 
 
 def _nested(raw: dict[str, Any]) -> dict[str, Any]:

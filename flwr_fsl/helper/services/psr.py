@@ -62,10 +62,20 @@ class PSRService:
         shape = (state.params.domain_size, state.params.value_width)
         if message.table.shape != shape:  # before charging: the error names the real problem
             raise HelperRequestError(f"bad PSR table: shape {message.table.shape}, need {shape}")
-        budget(state).add_table()
+        account = budget(state)
+        before = account.memory
+        account.add_table()
+        rid = message.round_id
+        try:  # S1's memory budget, before the table is kept
+            session.charge(("round", rid), account.memory, f"round {rid}'s PSR table")
+        except HelperRequestError:
+            account.memory = before
+            raise
         try:
             state.extras[_TABLE] = PSRServer(state.params, PARTY, message.table)
         except ValueError as err:
+            account.memory = before
+            session.charge(("round", rid), before, "", check=False)
             raise HelperRequestError(f"bad PSR table: {err}") from None
         state.extras[_QUERIED] = set()
         return wire.OkResponse()

@@ -89,6 +89,7 @@ from flwr_fsl.families.ssa.protocol import (
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import RoundBudget
+from flwr_fsl.helper.quota import key_bytes
 from flwr_fsl.helper.service import PARTY, Method, Session
 
 if TYPE_CHECKING:
@@ -100,12 +101,15 @@ __all__ = [
     "SSAService",
     "SignerRefusedError",
     "budget",
+    "charge_keys",
     "client_result",
     "log_results",
 ]
 
 log = logging.getLogger("flwr_fsl.helper")
 
+STORED_KEYS = ("stored-keys",)
+"""The memory charge of the U-DPF keys a session keeps across rounds."""
 BUDGET = "helper.budget"
 """``SSARound.extras`` key of the round's :class:`~flwr_fsl.helper.limits.RoundBudget`."""
 
@@ -216,21 +220,32 @@ class SSAService:
         self.host.limits.check_params_bytes(len(message.params))
         try:
             params = SSAParams.from_bytes(message.params)
-        except (ValueError, TypeError) as err:
+            if params.round_id != rid:
+                raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
+            account = self.host.limits.open_round(params)  # before anything is allocated
+        except HelperRequestError:
+            raise
+        except (ValueError, TypeError, ArithmeticError) as err:
+            # The decoder names the field; a value that only fails S1's own arithmetic (noise,
+            # memory) is still the caller's bad parameter, never an internal error.
             raise HelperRequestError(f"bad round parameters: {err}") from None
-        if params.round_id != rid:
-            raise HelperRequestError(f"parameters are for round {params.round_id}, not {rid}")
-        account = self.host.limits.open_round(params)  # before anything is allocated
         if account.noise_multiplier is not None:
             # Refused here, before any client is asked anything, if the run's account is out.
             self.host.accounts.check(params, session.session_id, account.noise_multiplier)
+        # S1's memory budget, before the share and hashing table are allocated.
+        session.charge(("round", rid), account.memory, f"round {rid}")
         stored = self._stored(session)
         if stored.layout is not None and not same_layout(stored.layout, params):
             stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
             stored.signers.clear()
             stored.layout = None
+            session.release(STORED_KEYS)
         binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
-        ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
+        try:
+            ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
+        except BaseException:
+            session.release(("round", rid))
+            raise
         session.rounds[rid] = SSARound(params, binding, ssa, extras={BUDGET: account})
         log.info("round %d opened (m=%d, k=%d)", rid, params.domain_size, params.num_items)
         return wire.OkResponse()
@@ -242,8 +257,9 @@ class SSAService:
         rid = message.round_id
         state: SSARound = session.round(rid)
         _refuse_unchecked(state, "AddClients")
-        ids = (item.client_id for item in message.uploads)
+        ids = [item.client_id for item in message.uploads]
         budget(state).admit("AddClients", state.submitted, ids, query=False)
+        charge_keys(session, state, ids)
         results = []
         for item in message.uploads:
             reason = claim(state.submitted, item.client_id, rid)
@@ -339,8 +355,9 @@ class SSAService:
         )
         if not state.params.verify:
             raise HelperRequestError(f"round {rid} does not check keys: use AddClients")
-        ids = (item.client_id for item in message.items)
+        ids = [item.client_id for item in message.items]
         budget(state).admit(name, state.submitted, ids, query=False)
+        charge_keys(session, state, ids)
         results = []
         for item in message.items:
             reason = claim(state.submitted, item.client_id, rid)
@@ -368,8 +385,9 @@ class SSAService:
         rid = message.round_id
         state: SSARound = session.round(rid)
         _refuse_unchecked(state, "AddClientHints")
-        ids = (item.client_id for item in message.hints)
+        ids = [item.client_id for item in message.hints]
         budget(state).admit("AddClientHints", state.submitted, ids, query=False)
+        charge_keys(session, state, ids)
         results = []
         for item in message.hints:
             reason = claim(state.submitted, item.client_id, rid)
@@ -442,6 +460,8 @@ class SSAService:
         stored.signers.update((cid, signer) for signer, cid in state.signers.items())
         stored.layout = state.params
         session.close_round(rid)
+        # Moved from the round's charge (already allocated): recorded, never refused.
+        session.charge(STORED_KEYS, len(stored.keys) * key_bytes(stored.layout), "", check=False)
         log.info("round %d finished with %d clients", rid, len(clients))
         return wire.ShareResponse(clients, share)
 
@@ -489,6 +509,27 @@ class SSAService:
         session.close_round(message.round_id)
         log.warning("round %d aborted", message.round_id)
         return wire.OkResponse()
+
+
+def charge_keys(session: Session, state: SSARound, client_ids: list[int]) -> None:
+    """Charge the U-DPF keys a request's new clients leave on S1, before evaluating any.
+
+    One-shot rounds (epoch 0) free each client's keys once evaluated: nothing is charged.
+
+    Raises
+    ------
+    HelperResourceError
+        If the session or S1 would exceed its memory limit (nothing charged).
+    """
+    if state.params.epoch < 1:
+        return
+    clients = len(state.submitted | set(client_ids))
+    rid = state.params.round_id
+    session.charge(
+        ("round-keys", rid),
+        clients * key_bytes(state.params),
+        f"the U-DPF keys of round {rid}'s {clients} clients",
+    )
 
 
 def _refuse_unchecked(state: SSARound, method: str) -> None:
