@@ -24,9 +24,13 @@ and the DPF evaluation they call (``S = 5 · 2**16``: its fixed level buffers)::
           [+ m w]                        the PSR table, once SetModel gave one
     peak  = max( (1 + 2η) m              building the simple table: all indices, their η
                  + 2η min(m, 2**14),     candidate bins, a scratch array, AES blocks
-                 P τ + [σ>0] m τ         evaluating one client's keys (AddClients or a hint;
-                 + 32 K + S,             one client at a time) and summing its stash slots
-                 2 m τ,                  FinishRound: the share's copy and its response
+                 P τ [+ P τ] + [σ>0] m τ evaluating clients' keys (AddClients or a hint;
+                 + 32 K + S,             one client at a time into one reused buffer; if
+                                         ``8 P τ`` <= 64 MiB, their sum in key order,
+                                         scattered into the share when it is read) and
+                                         summing their stash slots
+                 max(2 m τ, [P τ]),      FinishRound: the deferred sum's scatter, then the
+                                         share's copy and its response
                  [P + K w + [σ>0] m w    answering one PSR query: selectors, answer rows,
                   + 32 K + S] )          stash products (with a table)
 
@@ -49,9 +53,9 @@ and separately queries) within ``max_clients_per_round`` — before any client i
 S1 evaluates some 3–5·10^7 words/s per core here, so the default ``2**35`` is 10–20 minutes
 of one core per round.
 
-The defaults allow ``m = 2**20`` single-coordinate rounds (~125 MiB, ~133 MiB with PSR; 2730
+The defaults allow ``m = 2**20`` single-coordinate rounds (~194 MiB, ~202 MiB with PSR; 2730
 clients with a query and an upload each), embedding tables like MovieLens' (~74k rows × 64:
-~151 MiB, ~187 MiB with PSR; 1190 such clients), ``m = 2**23`` at width 1, and every test and
+~161 MiB, ~197 MiB with PSR; 1190 such clients), ``m = 2**23`` at width 1, and every test and
 example here; an operator raises them with the CLI flags (:mod:`flwr_fsl.helper.cli`), the
 in-process S1 with ``InProcessHelper(limits=HelperLimits(...))``.
 
@@ -78,7 +82,7 @@ from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
-from flwr_fsl.families.ssa.protocol import SSAParams
+from flwr_fsl.families.ssa.protocol import DEFERRED_SCATTER_MAX_BYTES, SSAParams
 from flwr_fsl.helper.errors import HelperRequestError
 
 __all__ = [
@@ -128,12 +132,16 @@ def round_words(params: SSAParams, *, table: bool = False) -> int:
     points = (eta + sigma) * m
     held = m * tau + eta * m + bins + 1 + keys
     ktau = params.key_tau
-    if params.verify:  # key check: the proof buffer (one segment, or a stash key), a discard row
+    if params.verify:  # key check: two proof buffers (one segment, or a stash key), discard row
         segment = max(_PROOF_SEGMENT, m + 1 if sigma else 0)
-        held += segment * _PROOF_WORDS + tau
+        held += 2 * segment * _PROOF_WORDS + tau
     build = (1 + 2 * eta) * m + 2 * eta * min(m, _HASH_CHUNK)
-    evaluate = points * ktau + (m * ktau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
-    finish = 2 * m * tau
+    # While clients are added: the reused evaluation buffer and, up to 64 MiB, the clients'
+    # summed shares in key order (scattered into the share when it is read, then freed).
+    evaluated = (points + (keys if params.verify else 0)) * ktau  # a checked key's dummy slot
+    deferred = evaluated if 8 * evaluated <= DEFERRED_SCATTER_MAX_BYTES else 0
+    evaluate = evaluated + deferred + (m * ktau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
+    finish = max(2 * m * tau, deferred)
     peak = max(build, evaluate, finish)
     if table:
         held += m * w

@@ -97,6 +97,11 @@ from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 
+DEFERRED_SCATTER_MAX_BYTES = 64 << 20
+"""A server sums clients' evaluated shares in key order and scatters them once per read when
+that sum takes at most this many bytes (``m = 2**20`` single words: 48 MiB); a larger round
+scatters each client's shares as they come and holds no such sum."""
+
 
 @dataclass
 class SSAClientState:
@@ -492,7 +497,9 @@ class SSAServer:
         self._share = np.zeros((rows, params.tau), np.uint64)
         # Clients' evaluated shares are summed here in key/bin order (a contiguous add) and
         # scattered into ``_share`` once, when the share is read: one random scatter per
-        # round instead of one per client (issue 26). Allocated with the first client.
+        # round instead of one per client (issue 26). Allocated with the first client; a
+        # round too large for it scatters per client (DEFERRED_SCATTER_MAX_BYTES).
+        self._defer = 8 * int(self._lengths.sum()) * params.key_tau <= DEFERRED_SCATTER_MAX_BYTES
         self._pending: NDArray[np.uint64] | None = None
         self._buffer: NDArray[np.uint64] | None = None
         self._check = KeyCheck(params, party, self._lengths) if params.verify else None
@@ -585,9 +592,12 @@ class SSAServer:
         if keys is None:
             raise ConfigurationError(f"client {client_id} was not added in this chunk")
         values = self._evaluate(keys)[0]
-        if self._pending is None:  # the share was read since the client was added
+        if not self._defer:
+            self._scatter(np.uint64(0) - values)
+        elif self._pending is None:  # the share was read since the client was added
             self._pending = np.zeros_like(values)
-        np.subtract(self._pending, values, out=self._pending)
+        if self._pending is not None:
+            np.subtract(self._pending, values, out=self._pending)
         del self._clients[client_id]
         self.keys.pop(client_id, None)
 
@@ -605,6 +615,7 @@ class SSAServer:
 
     def share(self) -> NDArray[np.uint64]:
         """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""
+        self._buffer = None  # the round is ending: its evaluation buffer is not kept
         if self._pending is not None:
             self._scatter(self._pending)
             self._pending = None
@@ -631,7 +642,9 @@ class SSAServer:
                 "key check failed: the servers' digests differ (a key with more than one "
                 "point, or a count word other than 1)"
             )
-        if self._pending is None:
+        if not self._defer:
+            self._scatter(values)
+        elif self._pending is None:
             self._pending = values.copy()
         else:
             np.add(self._pending, values, out=self._pending)

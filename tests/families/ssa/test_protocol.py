@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
+from flwr_fsl.families.ssa import protocol as ssa_protocol
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -500,10 +501,21 @@ def test_unit_weights_put_one_in_every_count_word_whatever_the_weights() -> None
 
 
 @settings(max_examples=25, deadline=None)
-@given(rounds(), st.booleans(), st.data())
+@given(rounds(), st.booleans(), st.booleans(), st.data())
 def test_share_read_at_any_time_and_discards_equal_one_scatter_per_client(  # type: ignore[no-untyped-def]
-    case, verify: bool, data: st.DataObject
+    case, verify: bool, defer: bool, data: st.DataObject
 ) -> None:
+    saved = ssa_protocol.DEFERRED_SCATTER_MAX_BYTES
+    ssa_protocol.DEFERRED_SCATTER_MAX_BYTES = (
+        saved if defer else 0
+    )  # a large round: no deferred sum
+    try:
+        _share_read_at_any_time(case, verify, data)
+    finally:
+        ssa_protocol.DEFERRED_SCATTER_MAX_BYTES = saved
+
+
+def _share_read_at_any_time(case, verify: bool, data: st.DataObject) -> None:  # type: ignore[no-untyped-def]
     # The server sums clients' evaluated shares in bin order and scatters once per read (issue
     # 26): reading the share between clients, or discarding a client S1 refused, must give
     # exactly what adding each kept client on its own gives.
