@@ -153,7 +153,8 @@ def test_check_federation_names_the_setting_and_the_minimum() -> None:
 
 
 # -- run-level checks on a real grid ------------------------------------------------------------
-def _counting_app(calls: list[int], fail: bool = False) -> ClientApp:
+def counting_app(calls: list[int], fail: bool = False) -> ClientApp:
+    """A ClientApp that records each call's node id in ``calls`` (and fails if ``fail``)."""
     app = ClientApp()
 
     @app.train()
@@ -183,7 +184,7 @@ def test_impossible_sampling_is_refused_before_any_client_is_called(
     kwargs: dict[str, Any], match: str
 ) -> None:
     calls: list[int] = []
-    grid = InProcessGrid(_counting_app(calls), 3)
+    grid = InProcessGrid(counting_app(calls), 3)
     strategy = FedSubAvg(**kwargs)
     with pytest.raises(ConfigurationError, match=match):
         strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
@@ -193,7 +194,7 @@ def test_impossible_sampling_is_refused_before_any_client_is_called(
 @pytest.mark.parametrize(("num_rounds", "timeout"), [(1.5, 10.0), (-1, 10.0), (1, 0.0), (1, "x")])
 def test_bad_start_arguments(num_rounds: Any, timeout: Any) -> None:
     calls: list[int] = []
-    grid = InProcessGrid(_counting_app(calls), 2)
+    grid = InProcessGrid(counting_app(calls), 2)
     with pytest.raises(ConfigurationError, match=r"num_rounds|timeout"):
         FedSubAvg().start(
             grid=grid, initial_arrays=model_record(), num_rounds=num_rounds, timeout=timeout
@@ -203,7 +204,7 @@ def test_bad_start_arguments(num_rounds: Any, timeout: Any) -> None:
 
 def test_run_where_every_client_fails_raises_run_failed() -> None:
     calls: list[int] = []
-    grid = InProcessGrid(_counting_app(calls, fail=True), 3)
+    grid = InProcessGrid(counting_app(calls, fail=True), 3)
     strategy = FedSubAvg(fraction_evaluate=0.0)
     with pytest.raises(RunFailedError, match="no round produced a result") as err:
         strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2)
@@ -216,7 +217,7 @@ def test_run_where_every_client_fails_raises_run_failed() -> None:
 def test_run_without_training_is_not_a_failure() -> None:
     # fraction_train=0: an evaluation-only run samples no client for training.
     calls: list[int] = []
-    grid = InProcessGrid(_counting_app(calls), 2)
+    grid = InProcessGrid(counting_app(calls), 2)
     FedSubAvg(fraction_train=0.0, fraction_evaluate=0.0).start(
         grid=grid, initial_arrays=model_record(), num_rounds=1
     )
