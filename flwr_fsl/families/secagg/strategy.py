@@ -415,7 +415,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         return self._noise_multiplier
 
     def round_minimum(self, sampled: int) -> tuple[int, str]:
-        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked before round 1)."""
+        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked up front)."""
         return self.threshold_for(sampled), "reconstruction_threshold"
 
     def threshold_for(self, sampled: int) -> int:

@@ -80,6 +80,7 @@ from flwr_fsl.families.secagg.records import (
 )
 from flwr_fsl.families.sfsl.dp import DEFAULT_BUDGET, SFSLDP
 from flwr_fsl.families.sfsl.messages import UNION_INSTANCE, RowsAsk, SFSLSettings, UnionAsk
+from flwr_fsl.families.sfsl.psu import MAX_FILTER
 from flwr_fsl.families.sfsl.records import (
     PERTURB,
     ROWS_TRAIN,
@@ -88,7 +89,6 @@ from flwr_fsl.families.sfsl.records import (
     RowsInputRequest,
     UnionInputRequest,
 )
-from flwr_fsl.families.sfsl.psu import MAX_FILTER
 from flwr_fsl.families.sfsl.server import SFSLServer, psu_params
 
 __all__ = ["SFSLFedSubAvg"]
@@ -269,7 +269,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         return super().start(grid, initial_arrays, *args, **kwargs)
 
     def round_minimum(self, sampled: int) -> tuple[int, str]:
-        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked before round 1)."""
+        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked up front)."""
         return self._threshold(sampled), "reconstruction_threshold"
 
     def _threshold(self, sampled: int) -> int:

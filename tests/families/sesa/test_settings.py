@@ -60,7 +60,7 @@ def test_federation_below_k_max_plus_t_is_refused_before_any_client_trains() -> 
     calls: list[int] = []
     grid = InProcessGrid(counting_app(calls), 5)
     strategy = SesaFedAvg(num_shards=4, privacy=2)  # K_max + T = 6 > 5 nodes
-    with pytest.raises(ConfigurationError, match="privacy.*at least 6"):
+    with pytest.raises(ConfigurationError, match=r"privacy.*at least 6"):
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),

@@ -87,7 +87,7 @@ def test_threshold_above_the_round_sample_is_refused_before_any_client_trains() 
     calls: list[int] = []
     grid = InProcessGrid(counting_app(calls), 3)
     strategy = SFSLFedSubAvg("emb.weight", reconstruction_threshold=4)
-    with pytest.raises(ConfigurationError, match="reconstruction_threshold.*at least 4"):
+    with pytest.raises(ConfigurationError, match=r"reconstruction_threshold.*at least 4"):
         strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
     assert calls == []
 
