@@ -16,7 +16,8 @@ BAD: list[tuple[str, Any, dict[str, Any]]] = [
     ("capacity", "always", {}),
     ("capacity", None, {}),
     ("capacity_mix", None, {"capacity": "dynamic"}),
-    ("capacity_mix", "a1-b1", {"capacity": "dynamic"}),
+    ("capacity_mix", "z1", {"capacity": "dynamic"}),
+    ("capacity_mix", "", {"capacity": "dynamic"}),
     ("capacity_mix", 5, {"capacity": "dynamic"}),
     ("capacity_mix", "a1-e1", {}),  # only with capacity='dynamic'
     ("global_rate", math.nan, {}),
