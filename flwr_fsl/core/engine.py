@@ -649,7 +649,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         if state.failure is not None:
             new_arrays, metrics = None, None
         if state.sampled or state.failure is not None:  # round -> why it produced nothing
-            produced = new_arrays is not None or metrics is not None
+            produced = bool(state.survivors) and (new_arrays is not None or metrics is not None)
             attempted[current] = None if produced else (state.failure or "no client answered")
         if new_arrays is not None:
             result.arrays = arrays = new_arrays

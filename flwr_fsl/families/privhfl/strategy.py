@@ -391,6 +391,10 @@ min_available_nodes, sampling_seed
                 self._evaluate(grid, state, "evaluate-local", sorted(done))
             )
 
+    def round_minimum(self, sampled: int) -> tuple[int, str] | None:
+        """Return 2 with query expansion: a querier needs an answerer (checked up front)."""
+        return None if self.expansion == "none" else (2, "expansion (a querier and an answerer)")
+
     def answerers_for(self, server_round: int, querier: int, candidates: list[int]) -> list[int]:
         """Return the answerers of ``querier`` this round: a seeded draw from ``candidates``."""
         others = sorted(n for n in candidates if n != querier)
