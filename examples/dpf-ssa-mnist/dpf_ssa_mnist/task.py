@@ -13,6 +13,7 @@ from typing import Any
 
 from flwr.app import Context
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import SCHEMES, MnistClientSplit, mnist_client_split
 from flwr_fsl.models import MnistCNN, set_torch_threads
 from flwr_fsl.run_config import settings_from_run_config
@@ -82,8 +83,12 @@ class Settings:
             problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
         if not self.ssa_dp_clip_norm > 0:
             problems.append("ssa-dp-clip-norm must be > 0")
+        if not self.dirichlet_alpha > 0:
+            problems.append("dirichlet-alpha must be > 0")
+        if self.seed < 0:
+            problems.append("seed must be >= 0")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
@@ -91,8 +96,8 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)
 
