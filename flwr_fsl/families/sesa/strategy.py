@@ -212,11 +212,16 @@ evaluate_metrics_aggr_fn, sampling_seed
         self._layout: SesaLayout | None = None
         self._layout_key: tuple[object, ...] = ()
 
-    def round_minimum(self, sampled: int) -> tuple[int, str] | None:
-        """Return ``K_max + T`` for ``sampled`` clients (once :meth:`start` knows the model)."""
-        if self._layout is None:
-            return None
-        k_max = max(g.shards for g in self._layout.sesa_groups())
+    def round_minimum(self, sampled: int) -> tuple[int, str]:
+        """Return ``K_max + T`` for ``sampled`` clients, checked before round 1.
+
+        Before :meth:`start` has seen the model, ``K_max`` is taken as ``num_shards`` (every
+        model with a hidden layer has a group of ``S`` shards; a pair group has ``S²``), a
+        lower bound that :meth:`start` tightens.
+        """
+        k_max = self.num_shards
+        if self._layout is not None:
+            k_max = max(g.shards for g in self._layout.sesa_groups())
         return k_max + self.privacy_for(sampled), "privacy (T) with num_shards (K_max + T)"
 
     def privacy_for(self, sampled: int) -> int:
