@@ -11,19 +11,16 @@ for a number (``True`` is an ``int`` in Python), and a string is never converted
 :class:`~flwr_fsl.core.engine.PhasedStrategy` and by :class:`~flwr_fsl.experiment.Experiment`
 for Flower's own strategies), and :func:`check_federation` refuses, before round 1, a
 federation too small for the sampling or for a protocol's minimum (SecAgg's ``t``, SESA's
-``K_max + T``).
+``K_max + T``). Flower-free: the layers below the engine (privacy, families' settings) use
+it too.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import time
 from collections.abc import Callable, Collection
-from logging import INFO
 from typing import Any
-
-from flwr.supercore import log
 
 from flwr_fsl.core.errors import ConfigurationError
 
@@ -41,11 +38,7 @@ __all__ = [
     "check_str",
     "check_threshold",
     "sample_size",
-    "wait_for_nodes",
 ]
-
-# How long waiting for nodes to connect sleeps before it re-checks.
-WAIT_FOR_NODES_S = 1.0
 
 
 def _is_int(value: object) -> bool:
@@ -292,20 +285,3 @@ def check_federation(
             f"of {num_nodes} nodes (fraction_train={fraction_train:g}, "
             f"min_train_nodes={min_train}): raise the federation size or lower {setting}"
         )
-
-
-def wait_for_nodes(grid: Any, count: int, timeout: float) -> list[int]:
-    """Return the grid's node ids once ``count`` are connected, or after ``timeout`` seconds.
-
-    A grid whose ``synchronous`` attribute is true (the in-process grid) has all its nodes
-    already and is not waited for. The caller decides what too few nodes mean.
-    """
-    nodes = list(grid.get_node_ids())
-    deadline = time.monotonic() + timeout
-    while len(nodes) < count and not getattr(grid, "synchronous", False):
-        if time.monotonic() >= deadline:
-            break
-        log(INFO, "Waiting for nodes to connect: %d of %d", len(nodes), count)
-        time.sleep(WAIT_FOR_NODES_S)
-        nodes = list(grid.get_node_ids())
-    return nodes

@@ -58,7 +58,6 @@ from flwr_fsl.core.checks import (
     check_real,
     check_sampling,
     check_str,
-    wait_for_nodes,
 )
 from flwr_fsl.core.errors import (
     ClientInputError,
@@ -76,7 +75,7 @@ from flwr_fsl.core.replies import (
     reply_parser,
     stream_replies,
 )
-from flwr_fsl.core.rounds import RoundState
+from flwr_fsl.core.rounds import RoundState, wait_for_nodes
 from flwr_fsl.core.traffic import RoundTraffic, traffic_table
 
 __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]

@@ -1,13 +1,15 @@
 """One server round's state: :class:`RoundState` (sampled, survivors, dropped, traffic, failure).
 
 The round engine (:mod:`flwr_fsl.core.engine`) creates one per round and re-exports it;
-:mod:`flwr_fsl.core.replies` fills it as replies are checked.
+:mod:`flwr_fsl.core.replies` fills it as replies are checked. :func:`wait_for_nodes` is the
+engine's (and the experiment's) bounded wait for nodes to connect.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from logging import ERROR, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,10 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.traffic import RoundTraffic
 
-__all__ = ["RoundState"]
+__all__ = ["RoundState", "wait_for_nodes"]
+
+# How long waiting for nodes to connect sleeps before it re-checks.
+WAIT_FOR_NODES_S = 1.0
 
 
 @dataclass
@@ -78,3 +83,20 @@ class RoundState:
         if self.failure is None:
             self.failure = reason
         log(ERROR, "round %s failed (%s); the global model is unchanged", self.server_round, reason)
+
+
+def wait_for_nodes(grid: Any, count: int, timeout: float) -> list[int]:
+    """Return the grid's node ids once ``count`` are connected, or after ``timeout`` seconds.
+
+    A grid whose ``synchronous`` attribute is true (the in-process grid) has all its nodes
+    already and is not waited for. The caller decides what too few nodes mean.
+    """
+    nodes = list(grid.get_node_ids())
+    deadline = time.monotonic() + timeout
+    while len(nodes) < count and not getattr(grid, "synchronous", False):
+        if time.monotonic() >= deadline:
+            break
+        log(INFO, "Waiting for nodes to connect: %d of %d", len(nodes), count)
+        time.sleep(WAIT_FOR_NODES_S)
+        nodes = list(grid.get_node_ids())
+    return nodes

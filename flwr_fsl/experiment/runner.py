@@ -20,9 +20,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
-from flwr_fsl.core.checks import check_federation, check_int, wait_for_nodes
+from flwr_fsl.core.checks import check_federation, check_int
 from flwr_fsl.core.engine import PhasedStrategy
 from flwr_fsl.core.errors import ConfigurationError, RunFailedError
+from flwr_fsl.core.rounds import wait_for_nodes
 from flwr_fsl.experiment.grid import _MeteredGrid, _RoundClock, round_bytes
 from flwr_fsl.experiment.records import (
     EVALUATE_PHASE,
