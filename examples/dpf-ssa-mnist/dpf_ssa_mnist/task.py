@@ -45,6 +45,7 @@ class Settings:
     max_client_samples: int = 0
     test_size: int = 0
     topk_ratio: float = 0.1
+    topk_error_feedback: bool = True  # read by topk_mod on the clients; checked here too
     ssa_helper_address: str = ""
     ssa_helper_fingerprint: str = ""
     ssa_helper_key_file: str = ""
@@ -83,6 +84,10 @@ class Settings:
             problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
         if not self.ssa_dp_clip_norm > 0:
             problems.append("ssa-dp-clip-norm must be > 0")
+        if not 1 <= self.ssa_frac_bits <= 40:
+            problems.append("ssa-frac-bits must be in [1, 40]")
+        if not self.ssa_max_abs > 0:
+            problems.append("ssa-max-abs must be > 0")
         if not self.dirichlet_alpha > 0:
             problems.append("dirichlet-alpha must be > 0")
         if self.seed < 0:
