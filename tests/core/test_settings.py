@@ -221,3 +221,62 @@ def test_run_without_training_is_not_a_failure() -> None:
     FedSubAvg(fraction_train=0.0, fraction_evaluate=0.0).start(
         grid=grid, initial_arrays=model_record(), num_rounds=1
     )
+
+
+# -- experiments: every arm is built and checked before the first arm trains -----------------
+def _experiment(arms: list[Any]) -> Any:
+    from flwr_fsl.experiment import Experiment
+
+    return Experiment(
+        name="settings", arms=arms, initial_arrays=model_record(), num_rounds=1, sampling_seed=0
+    )
+
+
+def test_a_bad_last_arm_is_refused_before_the_first_arm_trains() -> None:
+    from flwr_fsl.experiment import Arm
+    from flwr_fsl.strategies import SecAggFedAvg
+
+    calls: list[int] = []
+    grid = InProcessGrid(counting_app(calls), 3)
+    arms = [
+        Arm("plain", "FedSubAvg", lambda setup: FedSubAvg(fraction_evaluate=0.0)),
+        Arm("secure", "SecAggFedAvg", lambda setup: SecAggFedAvg(clipping_range=math.nan)),
+    ]
+    with pytest.raises(ConfigurationError, match=r"arm 'secure'.*clipping_range"):
+        _experiment(arms).run(grid)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"fraction_train": 1.5}, "fraction_train"),
+        ({"fraction_train": "0.5"}, "fraction_train"),
+        ({"min_available_nodes": 4}, "min_available_nodes=4"),
+        ({"min_train_nodes": 4}, "min_train_nodes=4"),
+    ],
+)
+def test_flowers_own_strategy_with_impossible_sampling_is_refused_not_a_hang(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    from flwr.serverapp.strategy import FedAvg
+
+    from flwr_fsl.experiment import Arm
+
+    calls: list[int] = []
+    grid = InProcessGrid(counting_app(calls), 3)
+    arms = [Arm("fedavg", "FedAvg", lambda setup: FedAvg(**kwargs))]
+    with pytest.raises(ConfigurationError, match=match):
+        _experiment(arms).run(grid)
+    assert calls == []
+
+
+def test_an_arm_whose_every_client_fails_is_reported_then_the_experiment_fails() -> None:
+    from flwr_fsl.experiment import Arm, ExperimentFailedError
+
+    calls: list[int] = []
+    grid = InProcessGrid(counting_app(calls, fail=True), 2)
+    arms = [Arm("plain", "FedSubAvg", lambda setup: FedSubAvg(fraction_evaluate=0.0))]
+    with pytest.raises(ExperimentFailedError, match="FedSubAvg"):
+        _experiment(arms).run(grid)
+    assert len(calls) == 2
