@@ -67,3 +67,23 @@ def test_federation_below_k_max_plus_t_is_refused_before_any_client_trains() -> 
             num_rounds=1,
         )
     assert calls == []
+
+
+def test_an_experiment_refuses_a_sesa_arm_too_big_for_the_federation_before_any_arm() -> None:
+    # issue 23: width-mnist at 6 nodes failed SESA only after four other arms had trained.
+    from flwr_fsl.experiment import Arm, Experiment
+    from flwr_fsl.strategies import FedSubAvg
+    from tests.flower_apps import model_record
+
+    calls: list[int] = []
+    grid = InProcessGrid(counting_app(calls), 5)
+    arms = [
+        Arm("plain", "FedSubAvg", lambda setup: FedSubAvg(fraction_evaluate=0.0)),
+        Arm("sesa", "SesaFedAvg", lambda setup: SesaFedAvg(num_shards=4, privacy=0.5)),
+    ]
+    experiment = Experiment(
+        name="sesa-size", arms=arms, initial_arrays=model_record(), num_rounds=1, sampling_seed=0
+    )
+    with pytest.raises(ConfigurationError, match=r"arm 'sesa'.*at least 6 clients"):
+        experiment.run(grid)
+    assert calls == []
