@@ -61,6 +61,9 @@ class RoundState:
     protocol: Any = None
     # phase -> (message type, node -> None) of what was sent, to recognise unsolicited replies.
     _asked: dict[str, tuple[str, set[int]]] = field(default_factory=dict, repr=False)
+    # Sent messages' metadata and message id -> destination (error replies' node; replies.py).
+    _sent: list[Any] = field(default_factory=list, repr=False)
+    _targets: dict[str, int] = field(default_factory=dict, repr=False)
 
     def phase(self, phase: str) -> RoundTraffic:
         """Return the traffic of ``phase`` (created empty if the phase has not run)."""
