@@ -6,19 +6,21 @@ Layers, top to bottom (a module may import its own layer and any lower one):
 6     ``research`` (reproductions of papers' attacks; nothing in the package imports it)
 5     ``strategies``, ``mods`` (the public import paths), ``testing``, ``experiment``,
       ``core.engine`` / ``core.replies`` / ``core.phases`` / ``core.records`` / ``core.state`` /
-      ``core.traffic``, and
+      ``core.rounds`` / ``core.traffic``, and
       each family's Flower modules (``strategy*.py``, ``mod*.py``, ``records*.py``)
 4     ``helper`` (the second server S1: gRPC service, S0's connection)
 3     ``pinning`` and each family's Flower-free modules (``families/<f>/messages.py``,
       ``protocol.py``, ...): the parties of each protocol, testable without Flower
 2     ``submodel``, ``crypto`` (what a client sends; primitives)
 1     ``kernels`` (numba and batched AES hot loops)
-0     ``core.errors``, ``core.wireformat``, ``core.exchange`` (error taxonomy, strict codec,
-      the transport a Flower-free round server talks through)
+0     ``core.errors``, ``core.wireformat``, ``core.exchange``, ``core.privacy``,
+      ``core.checks`` (error taxonomy, strict codec, the transport a Flower-free round server
+      talks through, privacy accounting, argument checks)
 ====  =========================================================================================
 
 ``data``, ``models``, ``reporting``, ``run_config`` are utilities outside the stack: they import
-only ``core.errors``, ``core.traffic`` and each other, and any layer may use them.
+only ``core.errors``, ``core.checks``, ``core.traffic`` and each other, and any layer may use
+them.
 
 Families (``flwr_fsl/families/<f>``) import the platform and their declared dependencies only
 (:data:`FAMILY_DEPENDS`); a family's strategy never imports a client mod (both read the record
@@ -46,6 +48,7 @@ LAYERS: dict[str, int] = {
     "core.wireformat": 0,
     "core.exchange": 0,
     "core.privacy": 0,
+    "core.checks": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -56,6 +59,7 @@ LAYERS: dict[str, int] = {
     "core.replies": 5,
     "core.phases": 5,
     "core.state": 5,
+    "core.rounds": 5,
     "core.traffic": 5,
     "families:flower": 5,
     "strategies": 5,
@@ -66,7 +70,7 @@ LAYERS: dict[str, int] = {
     "research": 6,
 }
 UTILITIES = frozenset({"data", "models", "reporting", "run_config"})
-UTILITY_MAY_IMPORT = frozenset({"core.errors", "core.traffic"})
+UTILITY_MAY_IMPORT = frozenset({"core.errors", "core.checks", "core.traffic"})
 FLOWER_FREE = (
     "crypto",
     "kernels",
@@ -75,6 +79,7 @@ FLOWER_FREE = (
     "core.wireformat",
     "core.exchange",
     "core.privacy",
+    "core.checks",
     "pinning",
     "families:free",
 )

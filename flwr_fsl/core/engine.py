@@ -41,19 +41,30 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from typing import Any, TypeVar
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from flwr.supercore import log
-from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.checks import (
+    check_callable,
+    check_federation,
+    check_int,
+    check_optional_int,
+    check_real,
+    check_sampling,
+    check_str,
+)
+from flwr_fsl.core.errors import (
+    ClientInputError,
+    ConfigurationError,
+    RoundFailedError,
+    RunFailedError,
+)
 from flwr_fsl.core.phases import Phase, PhaseBody, refuse_uncalled_overrides
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.core.replies import (
@@ -64,6 +75,7 @@ from flwr_fsl.core.replies import (
     reply_parser,
     stream_replies,
 )
+from flwr_fsl.core.rounds import RoundState, wait_for_nodes
 from flwr_fsl.core.traffic import RoundTraffic, traffic_table
 
 __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
@@ -71,73 +83,6 @@ __all__ = ["MultiPhaseStrategy", "PhasedStrategy", "RoundState"]
 T = TypeVar("T")
 Req = TypeVar("Req", bound=PhaseBody)
 Rep = TypeVar("Rep", bound=PhaseBody)
-
-# How long sampling waits for ``min_available_nodes`` to connect before it re-checks.
-_WAIT_FOR_NODES_S = 1.0
-
-
-@dataclass
-class RoundState:
-    """Everything one server round knows about its clients.
-
-    Attributes
-    ----------
-    server_round : int
-        The round number (1-based).
-    timeout : float
-        Seconds a phase waits for replies (``start``'s ``timeout``).
-    sampled : list[int]
-        Nodes sampled for training this round.
-    survivors : list[int]
-        Nodes whose reply to the latest phase was accepted (shrinks phase by phase).
-    traffic : list[RoundTraffic]
-        Bytes per node, one entry per phase, in the order the phases ran.
-    dropped : dict[int, str]
-        Node id -> why it left the round (its first reason is kept).
-    failure : str or None
-        Why the round failed (the model was left unchanged), or None.
-    model : dict[str, numpy.ndarray]
-        The global model the round started from (what clients' deltas refer to).
-    protocol : Any
-        The protocol's own per-round object (e.g. the round's ``SSAParams``), or None.
-    """
-
-    server_round: int
-    timeout: float = 3600.0
-    sampled: list[int] = field(default_factory=list)
-    survivors: list[int] = field(default_factory=list)
-    traffic: list[RoundTraffic] = field(default_factory=list)
-    dropped: dict[int, str] = field(default_factory=dict)
-    failure: str | None = None
-    model: dict[str, NDArray[np.generic]] = field(default_factory=dict, repr=False)
-    protocol: Any = None
-    # phase -> (message type, node -> None) of what was sent, to recognise unsolicited replies.
-    _asked: dict[str, tuple[str, set[int]]] = field(default_factory=dict, repr=False)
-    # Sent messages' metadata and message id -> destination (error replies' node; replies.py).
-    _sent: list[Any] = field(default_factory=list, repr=False)
-    _targets: dict[str, int] = field(default_factory=dict, repr=False)
-
-    def phase(self, phase: str) -> RoundTraffic:
-        """Return the traffic of ``phase`` (created empty if the phase has not run)."""
-        for t in self.traffic:
-            if t.phase == phase:
-                return t
-        traffic = RoundTraffic(self.server_round, phase)
-        self.traffic.append(traffic)
-        return traffic
-
-    def drop(self, node: int, reason: str) -> None:
-        """Remove ``node`` from the round with a logged reason (the first reason is kept)."""
-        self.dropped.setdefault(node, reason)
-        if node in self.survivors:
-            self.survivors.remove(node)
-        log(WARNING, "round %s: dropping node %s: %s", self.server_round, node, reason)
-
-    def fail(self, reason: str) -> None:
-        """Mark the round failed: its result is discarded and the model stays unchanged."""
-        if self.failure is None:
-            self.failure = reason
-        log(ERROR, "round %s failed (%s); the global model is unchanged", self.server_round, reason)
 
 
 class PhasedStrategy(FedAvg):
@@ -159,7 +104,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     Raises
     ------
     ConfigurationError
-        If a fraction is outside [0, 1], a minimum is negative or ``weighted_by_key`` is empty.
+        If an argument has the wrong type or range (a fraction not a number in [0, 1], a
+        minimum not an int >= 0, a key not a non-empty string, an aggregation function not
+        callable, ``sampling_seed`` not an int or None, ``max_weight`` not finite in
+        (0, 1e300]); the message names the argument (:mod:`flwr_fsl.core.checks`).
 
     Attributes
     ----------
@@ -184,39 +132,24 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         sampling_seed: int | None = None,
         max_weight: float = 1e9,
     ) -> None:
-        for name, value in (
-            ("fraction_train", fraction_train),
-            ("fraction_evaluate", fraction_evaluate),
-        ):
-            if not 0.0 <= value <= 1.0:
-                raise ConfigurationError(f"{name} must be in [0, 1], got {value}")
-        for name, count in (
-            ("min_train_nodes", min_train_nodes),
-            ("min_evaluate_nodes", min_evaluate_nodes),
-            ("min_available_nodes", min_available_nodes),
-        ):
-            if count < 0:
-                raise ConfigurationError(f"{name} must be >= 0, got {count}")
-        if not weighted_by_key:
-            raise ConfigurationError("weighted_by_key must be a non-empty metric name")
-        if sampling_seed is not None and isinstance(sampling_seed, bool):
-            raise ConfigurationError("sampling_seed must be an int or None")
-        finite = isinstance(max_weight, int | float) and math.isfinite(max_weight)
-        if not (finite and 0 < max_weight <= 1e300):
-            # Bounded well below float64's range so the sum of many clients' weights is finite.
-            raise ConfigurationError(f"max_weight must be in (0, 1e300], got {max_weight!r}")
+        # Every argument is checked here, before round 1, by name (flwr_fsl.core.checks).
+        sampling = check_sampling(
+            fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+            min_available_nodes,
+        )  # fmt: skip
+        keys = {"weighted_by_key": weighted_by_key, "arrayrecord_key": arrayrecord_key}
+        for name, key in {**keys, "configrecord_key": configrecord_key}.items():
+            check_str(name, key)
+        check_callable("train_metrics_aggr_fn", train_metrics_aggr_fn)
+        check_callable("evaluate_metrics_aggr_fn", evaluate_metrics_aggr_fn)
+        sampling_seed = check_optional_int("sampling_seed", sampling_seed)
+        # Bounded well below float64's range so the sum of many clients' weights is finite.
+        max_weight = check_real("max_weight", max_weight, 0.0, 1e300, low_open=True)
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_train_nodes=min_train_nodes,
-            min_evaluate_nodes=min_evaluate_nodes,
-            min_available_nodes=min_available_nodes,
-            weighted_by_key=weighted_by_key,
-            arrayrecord_key=arrayrecord_key,
-            configrecord_key=configrecord_key,
-            train_metrics_aggr_fn=train_metrics_aggr_fn,
+            *sampling, weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+            configrecord_key=configrecord_key, train_metrics_aggr_fn=train_metrics_aggr_fn,
             evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn,
-        )
+        )  # fmt: skip
         self.check_overrides()
         self.sampling_seed = sampling_seed
         self.max_weight = float(max_weight)
@@ -288,10 +221,10 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         all_nodes = list(grid.get_node_ids())
         size = max(int(len(all_nodes) * fraction), min_nodes)
         needed = max(self.min_available_nodes, size)
-        while len(all_nodes) < needed:
-            log(INFO, "Waiting for nodes to connect: %d of %d", len(all_nodes), needed)
-            time.sleep(_WAIT_FOR_NODES_S)
-            all_nodes = list(grid.get_node_ids())
+        if len(all_nodes) < needed:
+            all_nodes = wait_for_nodes(grid, needed, state.timeout)
+            if len(all_nodes) < needed:  # nodes left since start's check: fail, do not hang
+                raise RoundFailedError(f"{len(all_nodes)} nodes connected, {needed} needed")
         rng: random.Random | Any = random  # Flower's behaviour without a seed
         if self.sampling_seed is not None:
             r = state.server_round
@@ -621,7 +554,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         state.fail(f"{type(error).__name__}: {error}")
         self.round_failed(state, error)
 
-    def start(  # noqa: C901
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
@@ -636,12 +569,26 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         Same signature and :class:`~flwr.serverapp.strategy.Result` as Flower's
         ``Strategy.start``; ``result.arrays`` is the initial model when no round produced
         an aggregate (Flower would leave it empty).
+
+        Raises
+        ------
+        ConfigurationError
+            Before round 1: ``num_rounds`` or ``timeout`` is invalid, or the federation is
+            too small for the sampling or the protocol (:meth:`check_federation`).
+        RunFailedError
+            After the final results are logged, if clients were sampled but no round produced
+            a result (every round failed or no client answered): the ServerApp ends non-zero
+            instead of "completed" with an untrained model (``err.result`` is the Result).
         """
+        num_rounds = check_int("num_rounds", num_rounds, 0)
+        self._timeout = check_real("timeout", timeout, 0.0, low_open=True)
         log(INFO, "Starting %s strategy:", type(self).__name__)
         log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
         self.summary()
         log(INFO, "")
-        self._timeout = float(timeout)
+        if num_rounds:
+            self.check_federation(grid)
+        attempted: dict[int, str | None] = {}  # round that sampled -> failure (None: result)
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         result = Result()
@@ -657,29 +604,8 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             log(INFO, "[ROUND %s/%s]", current, num_rounds)
             if not self._spend_privacy(current):
                 break
-            self.rounds.pop(current, None)  # a fresh state per run of start()
-            state = self.round_state(current)
-            try:
-                new_arrays, metrics = self.train_round(grid, state, arrays, train_config)
-            except RoundFailedError as err:
-                self.fail_round(state, err)
-                new_arrays, metrics = None, None
-            if state.failure is not None:
-                new_arrays, metrics = None, None
-            if new_arrays is not None:
-                result.arrays = arrays = new_arrays
-            if metrics is not None:
-                log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
-                result.train_metrics_clientapp[current] = metrics
-            evaluated = self.evaluate_round(grid, state, arrays, evaluate_config)
-            if evaluated is not None:
-                log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluated)
-                result.evaluate_metrics_clientapp[current] = evaluated
-            if evaluate_fn:
-                res = evaluate_fn(current, arrays)
-                log(INFO, "\t└──> MetricRecord: %s", res)
-                if res is not None:
-                    result.evaluate_metrics_serverapp[current] = res
+            configs = (train_config, evaluate_config)
+            arrays = self._run_round(grid, current, arrays, configs, evaluate_fn, result, attempted)
         if not result.arrays:
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
@@ -687,7 +613,73 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
         log(INFO, "\nFinal results:\n")
         for line in [*io.StringIO(str(result)), *self.traffic_table().splitlines()]:
             log(INFO, "\t%s", line.strip("\n"))
+        if attempted and all(reason is not None for reason in attempted.values()):
+            reasons = "; ".join(f"round {r}: {why}" for r, why in attempted.items())
+            raise RunFailedError(
+                f"{type(self).__name__}: no round produced a result, the model is untrained "
+                f"({reasons})",
+                result,
+            )
         return result
+
+    def _run_round(
+        self,
+        grid: Grid,
+        current: int,
+        arrays: ArrayRecord,
+        configs: tuple[ConfigRecord, ConfigRecord],
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+        result: Result,
+        attempted: dict[int, str | None],
+    ) -> ArrayRecord:
+        """Run round ``current`` of :meth:`start`; return the global arrays after it."""
+        self.rounds.pop(current, None)  # a fresh state per run of start()
+        state = self.round_state(current)
+        try:
+            new_arrays, metrics = self.train_round(grid, state, arrays, configs[0])
+        except RoundFailedError as err:
+            self.fail_round(state, err)
+            new_arrays, metrics = None, None
+        if state.failure is not None:
+            new_arrays, metrics = None, None
+        if state.sampled or state.failure is not None:  # round -> why it produced nothing
+            produced = bool(state.survivors) and (new_arrays is not None or metrics is not None)
+            attempted[current] = None if produced else (state.failure or "no client answered")
+        if new_arrays is not None:
+            result.arrays = arrays = new_arrays
+        if metrics is not None:
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
+            result.train_metrics_clientapp[current] = metrics
+        evaluated = self.evaluate_round(grid, state, arrays, configs[1])
+        if evaluated is not None:
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluated)
+            result.evaluate_metrics_clientapp[current] = evaluated
+        if evaluate_fn:
+            res = evaluate_fn(current, arrays)
+            log(INFO, "\t└──> MetricRecord: %s", res)
+            if res is not None:
+                result.evaluate_metrics_serverapp[current] = res
+        return arrays
+
+    def round_minimum(self, sampled: int) -> tuple[int, str] | None:
+        """Return the fewest clients a round of ``sampled`` needs, and the setting that says so.
+
+        None: no minimum. Threshold protocols override it (SecAgg's ``t``, SESA's ``K_max + T``)
+        so :meth:`check_federation` refuses a federation on which every round would fail.
+        """
+        return None
+
+    def check_federation(self, grid: Grid) -> None:
+        """Wait (at most ``timeout``) for ``min_available_nodes``; refuse a too small federation.
+
+        Raises
+        ------
+        ConfigurationError
+            If fewer than ``min_available_nodes`` nodes connected, a round would sample more
+            nodes than are connected, or fewer than :meth:`round_minimum` (naming the setting).
+        """
+        nodes = wait_for_nodes(grid, self.min_available_nodes, self._timeout)
+        check_federation(self, len(nodes), self.round_minimum)
 
     # -- privacy budget -----------------------------------------------------------------------
     def round_noise_multiplier(self) -> float | None:

@@ -13,6 +13,10 @@ one of three kinds, which tell a server what to do with it:
 * :class:`ConfigurationError` — a setting is invalid. Raised once, before round 1, naming the
   bad key.
 
+One run-level outcome sits beside them: :class:`RunFailedError`, raised by a strategy's
+``start`` after its last round when no round aggregated anything (every round failed or no
+client ever answered), so a run that trained nothing ends failed instead of "completed".
+
 Strategies and the helper server catch :class:`ClientInputError` (and the round kind at the
 round boundary) and nothing broader, so a bug is never mistaken for a bad client. The concrete
 classes keep :class:`ValueError` / :class:`ConnectionError` as second bases where they always
@@ -26,6 +30,7 @@ __all__ = [
     "ConfigurationError",
     "FSLError",
     "RoundFailedError",
+    "RunFailedError",
     "TooFewSurvivorsError",
 ]
 
@@ -52,3 +57,23 @@ class TooFewSurvivorsError(RoundFailedError):
     One class for every threshold protocol (SecAgg's ``t``, SESA's ``K_max + T``); the message
     says which threshold and how many survived.
     """
+
+
+class RunFailedError(FSLError, RuntimeError):
+    """No round of the run aggregated anything: the run ends failed, not "completed".
+
+    Raised by :meth:`flwr_fsl.core.engine.PhasedStrategy.start` after its last round (the
+    final results are logged first). A ServerApp that lets it propagate ends non-zero.
+
+    Parameters
+    ----------
+    message : str
+        Why (the rounds and their failures).
+    result : Any
+        The :class:`~flwr.serverapp.strategy.Result` the run produced (the initial model and
+        whatever metrics were collected), for callers that want to report it.
+    """
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result

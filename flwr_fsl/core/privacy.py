@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flwr_fsl.core.checks import check_bool, check_fraction
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 
 __all__ = [
@@ -377,8 +378,11 @@ def refuse_plaintext_evaluation(
     Raises
     ------
     ConfigurationError
-        If ``fraction_evaluate > 0`` without ``plaintext_evaluation=True``.
+        If ``fraction_evaluate`` is not a fraction, ``plaintext_evaluation`` not a bool, or
+        ``fraction_evaluate > 0`` without ``plaintext_evaluation=True``.
     """
+    fraction_evaluate = check_fraction("fraction_evaluate", fraction_evaluate)
+    check_bool("plaintext_evaluation", plaintext_evaluation)
     if fraction_evaluate > 0 and not plaintext_evaluation:
         raise ConfigurationError(
             f"{strategy}: fraction_evaluate={fraction_evaluate:g} would send every evaluated "

@@ -20,7 +20,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.checks import check_federation, check_int
+from flwr_fsl.core.engine import PhasedStrategy
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
+from flwr_fsl.core.rounds import wait_for_nodes
 from flwr_fsl.experiment.grid import _MeteredGrid, _RoundClock, round_bytes
 from flwr_fsl.experiment.records import (
     EVALUATE_PHASE,
@@ -276,11 +279,17 @@ class Experiment:
 
         Raises
         ------
+        ConfigurationError
+            Before any arm trains: an arm's strategy refuses its settings or cannot run on
+            the grid's nodes (every arm is built and checked first).
         ExperimentFailedError
             If an arm aggregated no round (raised after printing and saving).
         """
         nonce = f"{time.time_ns():x}"
-        runs = [self._run_arm(grid, arm, f"{self.name}/{arm.key}@{nonce}") for arm in self.arms]
+        # Every arm's strategy is built and checked before the first arm trains: a bad setting
+        # of the last arm must not cost the earlier arms' training.
+        built = [self._build_arm(grid, arm, f"{self.name}/{arm.key}@{nonce}") for arm in self.arms]
+        runs = [self._run_arm(grid, arm, strategy, setup) for arm, strategy, setup in built]
         for run in runs:
             other = run.arm.equivalent_to
             if other is not None:
@@ -313,10 +322,29 @@ class Experiment:
             )
         return result
 
-    def _run_arm(self, grid: Grid, arm: Arm, session: str) -> ArmRun:
+    def _build_arm(self, grid: Grid, arm: Arm, session: str) -> tuple[Arm, Strategy, ArmSetup]:
+        """Build an arm's strategy and check it against the federation (before any arm trains).
+
+        Raises
+        ------
+        ConfigurationError
+            If the strategy refuses its settings, samples with another seed, or cannot run
+            on the grid's nodes (:func:`~flwr_fsl.core.checks.check_federation`).
+        """
         setup = ArmSetup({**self.run_config, **arm.overrides}, self.sampling_seed, session)
-        strategy = arm.strategy(setup)
+        try:
+            strategy = arm.strategy(setup)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"arm {arm.key!r}: {err}") from err
         _reseed_sampling(strategy, self.sampling_seed)
+        try:
+            _check_federation(strategy, grid, self.timeout)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"arm {arm.key!r}: {err}") from err
+        return arm, strategy, setup
+
+    def _run_arm(self, grid: Grid, arm: Arm, strategy: Strategy, setup: ArmSetup) -> ArmRun:
+        session = setup.session
         sessions = dict.fromkeys(self.session_keys, session)
         train_config = ConfigRecord({**self.train_config, **arm.train_config, **sessions})
         evaluate_config = ConfigRecord({**self.evaluate_config, **arm.evaluate_config, **sessions})
@@ -327,15 +355,19 @@ class Experiment:
         detail = f", {arm.description}" if arm.description else ""
         print(f"\n=== {arm.label}: {self.num_rounds} rounds{detail} ===", flush=True)
         started = time.perf_counter()
-        result = strategy.start(
-            grid=_MeteredGrid(grid, clock),
-            initial_arrays=initial,
-            num_rounds=self.num_rounds,
-            timeout=self.timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=clock.wrap(self.evaluate_fn),
-        )
+        try:
+            result = strategy.start(
+                grid=_MeteredGrid(grid, clock),
+                initial_arrays=initial,
+                num_rounds=self.num_rounds,
+                timeout=self.timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=clock.wrap(self.evaluate_fn),
+            )
+        except RunFailedError as err:  # reported with the other arms, then run() raises
+            print(f"WARNING: {arm.label}: {err}", flush=True)
+            result = err.result if isinstance(err.result, Result) else Result(arrays=initial)
         seconds = time.perf_counter() - started
         record = self._arm_record(arm, strategy, result, clock, seconds)
         for line in _warnings(record):
@@ -402,6 +434,24 @@ class Experiment:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+def _check_federation(strategy: Strategy, grid: Grid, timeout: float) -> None:
+    """Check an arm's sampling (and protocol minimum) against the grid's nodes, before round 1.
+
+    A :class:`~flwr_fsl.core.engine.PhasedStrategy` checks itself
+    (:meth:`~flwr_fsl.core.engine.PhasedStrategy.check_federation`); Flower's own strategies
+    (``FedAvg`` and its kin, which check nothing and would wait forever for nodes that do not
+    exist) get the same sampling check on their ``FedAvg`` knobs.
+    """
+    if isinstance(strategy, PhasedStrategy):
+        strategy.check_federation(grid)
+        return
+    knobs = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes")
+    if not all(hasattr(strategy, k) for k in (*knobs, "min_available_nodes")):
+        return
+    minimum = check_int("min_available_nodes", strategy.min_available_nodes, 0)  # type: ignore[attr-defined]
+    check_federation(strategy, len(wait_for_nodes(grid, minimum, timeout)))
+
+
 def max_abs_difference(a: Mapping[str, NDArray[Any]], b: Mapping[str, NDArray[Any]]) -> float:
     """Return ``max |a - b|`` over all tensors of two models with the same names and shapes.
 

@@ -26,6 +26,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import RunFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.two_server import LeadServer, SSARound
 from flwr_fsl.helper import InProcessHelper
@@ -193,11 +194,14 @@ def run_topk(
     node_config: Mapping[str, Any] | None = None,
     train_loss: Callable[[int, int], float] | None = None,
     error_feedback: bool = False,
+    run_fails: bool = False,
     **strategy_kwargs: Any,
 ) -> tuple[S0View, SecureFedSubAvg]:
     """Run ``SecureFedSubAvg`` + ``ssa_mod`` with an in-process S1; return S0's view.
 
     ``error_feedback`` is ``topk_mod``'s setting (the README's drop-in turns it on).
+    ``run_fails``: every round is expected to produce nothing, so ``start`` raises
+    :class:`~flwr_fsl.core.errors.RunFailedError` (asserted here).
     ``strategy_kwargs`` go to :class:`SecureFedSubAvg` (its defaults otherwise, except the
     fixed-point range: ``max_abs = 1e6`` so every ``weight * value`` fits).
     """
@@ -232,7 +236,12 @@ def run_topk(
 
     lead.aggregate = spy  # type: ignore[method-assign]
     initial = ArrayRecord({k: Array(np.asarray(v).copy()) for k, v in model.items()})
-    strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+    try:
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+        assert not run_fails, "the run was expected to fail (no round produced a result)"
+    except RunFailedError:
+        if not run_fails:
+            raise
     view.replies = grid.received
     for reply in grid.received:
         if reply.metadata.message_type == "evaluate" and reply.has_content():

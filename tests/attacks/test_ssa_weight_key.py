@@ -38,7 +38,9 @@ def train_loss(pid: int, server_round: int) -> float:
     return round(0.4 + 0.1371 * pid + 0.0519 * server_round + 0.000113 * pid * pid, 6)
 
 
-def _run(node_config: dict[str, str] | None = None) -> tuple[S0View, SecureFedSubAvg]:
+def _run(
+    node_config: dict[str, str] | None = None, run_fails: bool = False
+) -> tuple[S0View, SecureFedSubAvg]:
     return run_topk(
         distinct_weights(CLIENTS, seed=4),
         rounds=ROUNDS,
@@ -50,11 +52,12 @@ def _run(node_config: dict[str, str] | None = None) -> tuple[S0View, SecureFedSu
         train_loss=train_loss,
         weighted=True,
         weighted_by_key="train_loss",
+        run_fails=run_fails,
     )
 
 
 def test_clients_refuse_a_weight_key_their_node_config_does_not_allow() -> None:
-    view, strategy = _run()
+    view, strategy = _run(run_fails=True)  # no round trains: start raises RunFailedError
     assert not view.metrics  # refused before training: no client trained
     assert not view.rounds  # nothing was aggregated, so no count word exists
     for rnd in range(1, ROUNDS + 1):

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from flwr_fsl.core.errors import RunFailedError
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.experiment import ExperimentResult
@@ -243,9 +244,10 @@ def test_a_training_without_its_id_is_refused(example: Example) -> None:
     grid = InProcessGrid(client_app.app, USERS, config)
     strategy = SFSLFedSubAvg(task.TABLE, min_available_nodes=USERS)  # the defaults (DP)
     initial = task.initial_table(task.Settings.from_run_config(config))
-    strategy.start(
-        grid=grid, initial_arrays=ArrayRecord({task.TABLE: Array(initial)}), num_rounds=1
-    )
+    with pytest.raises(RunFailedError):  # no round produced a result
+        strategy.start(
+            grid=grid, initial_arrays=ArrayRecord({task.TABLE: Array(initial)}), num_rounds=1
+        )
     assert 1 in strategy.failed_rounds
     assert len(strategy.dropped[1]) == USERS
     assert all("training-id" in reason for reason in strategy.dropped[1].values())

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.models.mf import (
     TABLE,
     UserData,
@@ -111,8 +112,10 @@ class Settings:
             problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
         if not self.ssa_dp_clip_norm > 0:
             problems.append("ssa-dp-clip-norm must be > 0")
+        if self.seed < 0:
+            problems.append("seed must be >= 0")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
@@ -120,7 +123,7 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)

@@ -13,6 +13,7 @@ from typing import Any
 
 from flwr.app import Context
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import SCHEMES, MnistClientSplit, mnist_client_split
 from flwr_fsl.models import MnistCNN, set_torch_threads
 from flwr_fsl.run_config import settings_from_run_config
@@ -44,6 +45,7 @@ class Settings:
     max_client_samples: int = 0
     test_size: int = 0
     topk_ratio: float = 0.1
+    topk_error_feedback: bool = True  # read by topk_mod on the clients; checked here too
     ssa_helper_address: str = ""
     ssa_helper_fingerprint: str = ""
     ssa_helper_key_file: str = ""
@@ -82,8 +84,16 @@ class Settings:
             problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
         if not self.ssa_dp_clip_norm > 0:
             problems.append("ssa-dp-clip-norm must be > 0")
+        if not 1 <= self.ssa_frac_bits <= 40:
+            problems.append("ssa-frac-bits must be in [1, 40]")
+        if not self.ssa_max_abs > 0:
+            problems.append("ssa-max-abs must be > 0")
+        if not self.dirichlet_alpha > 0:
+            problems.append("dirichlet-alpha must be > 0")
+        if self.seed < 0:
+            problems.append("seed must be >= 0")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> Settings:
@@ -91,8 +101,8 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)
 

@@ -20,6 +20,7 @@ from flwr.app import Context
 from numpy.typing import NDArray
 from torch import nn
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import load_fashion, load_mnist, partition_indices
 from flwr_fsl.families.privhfl.mod import PrivateData
 from flwr_fsl.families.privhfl.queries import EXPANSIONS, STRATEGIES
@@ -96,7 +97,7 @@ class Settings:
         if self.seed < 0:
             problems.append("seed must be >= 0")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @property
     def arch_list(self) -> list[str]:
@@ -114,8 +115,8 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)
 

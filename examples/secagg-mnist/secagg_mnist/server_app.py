@@ -29,8 +29,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_fsl.core.checks import check_threshold
 from flwr_fsl.core.traffic import RoundTraffic, content_bytes
 from flwr_fsl.experiment import Arm, ArmSetup, Experiment, ExperimentResult, Metric
+from flwr_fsl.models.mnist_task import task_settings
+from flwr_fsl.run_config import config_value
 from flwr_fsl.strategies import SecAggFedAvg
 from secagg_mnist.task import Net, load_test_data
 from secagg_mnist.task import test as test_fn
@@ -124,16 +127,17 @@ def reconstruction_threshold(value: Any) -> int | float:
 
     Raises
     ------
-    ValueError
-        If the value is not a number.
+    ConfigurationError
+        If the value is neither (the message names the key).
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"reconstruction-threshold must be a number, got {value!r}")
-    return value
+    return check_threshold("reconstruction-threshold", value, min_count=2)
 
 
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResult:
     """Train with FedAvg (with ``compare-fedavg``) and SecAggFedAvg; print and save both.
+
+    Every run-config key is checked first, and every arm's strategy is built before the
+    first arm trains, so a bad setting is refused (naming the key) before any client trains.
 
     Parameters
     ----------
@@ -146,10 +150,36 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
     -------
     ExperimentResult
         Arms ``"fedavg"`` (with ``compare-fedavg``) and ``"secagg"``.
+
+    Raises
+    ------
+    ConfigurationError
+        If a run-config key is bad (named) or the federation is too small for the sampling.
     """
     cfg = run_config
-    seed = int(cfg.get("seed", 42))
-    x_test, y_test = load_test_data(int(cfg.get("test-size", 0)))
+    task = task_settings(cfg)  # the clients' keys (local-epochs, lr, partitioning, ...)
+    seed = task.seed
+    num_rounds = config_value(cfg, "num-server-rounds", 5, low=1)
+    fraction_evaluate = config_value(cfg, "fraction-evaluate", 0.0, low=0.0, high=1.0)
+    # SecAgg needs at least 2 clients per round (t >= 2): both arms sample at least 2.
+    min_nodes = config_value(cfg, "min-nodes", 2, low=2)
+    knobs = {
+        "fraction_train": config_value(cfg, "fraction-train", 0.5, low=0.0, high=1.0),
+        "fraction_evaluate": fraction_evaluate,
+        "min_train_nodes": min_nodes,
+        "min_evaluate_nodes": 1,
+        "min_available_nodes": min_nodes,
+    }
+    t = reconstruction_threshold(cfg.get("reconstruction-threshold", 0.6))
+    clip = config_value(cfg, "clipping-range", 8.0, low=0.0, low_open=True)
+    weighted = config_value(cfg, "weighted", False)
+    # Federated evaluation hands the server each evaluated client's metrics and num-examples:
+    # SecAggFedAvg refuses fraction-evaluate > 0 unless the run config accepts the leak.
+    plaintext_evaluation = config_value(cfg, "plaintext-evaluation", False)
+    compare = config_value(cfg, "compare-fedavg", True)
+    compare_weighted = config_value(cfg, "compare-weighted", False)
+    results_dir = config_value(cfg, "results-dir", "")
+    x_test, y_test = load_test_data(task.test_size)
 
     def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Evaluate the global model on the MNIST test set."""
@@ -157,25 +187,6 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, accuracy = test_fn(model, x_test, y_test)
         return MetricRecord({"accuracy": accuracy, "loss": loss})
-
-    fraction_evaluate = float(cfg.get("fraction-evaluate", 0.0))
-    # SecAgg needs at least 2 clients per round (t >= 2): both arms sample at least 2.
-    min_nodes = int(cfg.get("min-nodes", 2))
-    if min_nodes < 2:
-        raise ValueError(f"min-nodes must be >= 2 (SecAgg's t is at least 2), got {min_nodes}")
-    knobs = {
-        "fraction_train": float(cfg.get("fraction-train", 0.5)),
-        "fraction_evaluate": fraction_evaluate,
-        "min_train_nodes": min_nodes,
-        "min_evaluate_nodes": 1,
-        "min_available_nodes": min_nodes,
-    }
-    t = reconstruction_threshold(cfg.get("reconstruction-threshold", 0.6))
-    clip = float(cfg.get("clipping-range", 8.0))
-    weighted = bool(cfg.get("weighted", False))
-    # Federated evaluation hands the server each evaluated client's metrics and num-examples:
-    # SecAggFedAvg refuses fraction-evaluate > 0 unless the run config accepts the leak.
-    plaintext_evaluation = bool(cfg.get("plaintext-evaluation", False))
 
     def fedavg(setup: ArmSetup) -> FedAvg:
         return MeteredFedAvg(**knobs)
@@ -197,7 +208,6 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
             return dict(base)
         return {**base, "server (evaluate)": EVALUATE_LEARNS}
 
-    compare = bool(cfg.get("compare-fedavg", True))
     t_text = f"{t:.0%} of the sampled clients" if isinstance(t, float) else f"{t} clients"
     arms = [
         Arm(
@@ -210,7 +220,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
             + ("sample weights" if weighted else "unit weights"),
         )
     ]
-    if bool(cfg.get("compare-weighted", False)) and not weighted:
+    if compare_weighted and not weighted:
         arms.append(
             Arm(
                 "secagg-weighted",
@@ -228,12 +238,12 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         name="secagg-mnist",
         arms=arms,
         initial_arrays=ArrayRecord(Net().state_dict()),
-        num_rounds=int(cfg.get("num-server-rounds", 5)),
+        num_rounds=num_rounds,
         sampling_seed=seed,
         run_config=cfg,
         metrics=[ACCURACY],
         evaluate_fn=global_evaluate,
-        train_config={"lr": float(cfg.get("lr", 0.05))},
-        results_dir=str(cfg.get("results-dir", "")) or None,
+        train_config={"lr": task.lr},
+        results_dir=results_dir or None,
         save_models=True,
     ).run(grid)

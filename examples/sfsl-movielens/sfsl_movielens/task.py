@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.models.mf import (
     TABLE,
@@ -167,19 +168,22 @@ class Settings:
             problems.append("ssa-max-abs must be > 0")
         if self.sfsl_cpp not in CPPS:
             problems.append(f"sfsl-cpp must be one of {', '.join(CPPS)}")
-        if not (
-            self.sfsl_dp_noise_multiplier > 0
-            and self.sfsl_dp_clip_norm > 0
-            and self.sfsl_dp_max_rows >= 1
-            and self.sfsl_dp_epsilon > 0
+        for name, value in (
+            ("sfsl-dp-noise-multiplier", self.sfsl_dp_noise_multiplier),
+            ("sfsl-dp-clip-norm", self.sfsl_dp_clip_norm),
+            ("sfsl-dp-max-rows", self.sfsl_dp_max_rows),
+            ("sfsl-dp-epsilon", self.sfsl_dp_epsilon),
         ):
-            problems.append("the sfsl-dp-* settings must be > 0")
+            if not value > 0:
+                problems.append(f"{name} must be > 0")
+        if self.seed < 0:
+            problems.append("seed must be >= 0")
         arms = self.arm_list
         unknown = [a for a in arms if a not in ARMS]
         if not arms or unknown or len(set(arms)) != len(arms):
             problems.append(f"arms must be distinct names from {', '.join(ARMS)}")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @property
     def arm_list(self) -> list[str]:
@@ -192,8 +196,8 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)
 

@@ -14,6 +14,8 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_fsl.experiment import Arm, ArmSetup, Experiment, Metric
+from flwr_fsl.models.mnist_task import task_settings
+from flwr_fsl.run_config import config_value
 from flwr_fsl.strategies import FedSubAvg
 from topk_mnist.task import Net, load_test_data
 from topk_mnist.task import test as test_fn
@@ -27,8 +29,17 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Run the dense baseline (optional) and the top-k run; print the comparison."""
     cfg = context.run_config
-    seed = int(cfg.get("seed", 42))
-    x_test, y_test = load_test_data(int(cfg.get("test-size", 0)))
+    # Every key is checked here, naming it, before any client trains.
+    task = task_settings(cfg)  # the clients' keys (local-epochs, lr, partitioning, ...)
+    seed = task.seed
+    num_rounds = config_value(cfg, "num-server-rounds", 5, low=1)
+    fraction_train = config_value(cfg, "fraction-train", 0.5, low=0.0, high=1.0)
+    fraction_evaluate = config_value(cfg, "fraction-evaluate", 0.2, low=0.0, high=1.0)
+    ratio = config_value(cfg, "topk-ratio", 1.0, low=0.0, high=1.0, low_open=True)
+    feedback = config_value(cfg, "topk-error-feedback", True)
+    compare = config_value(cfg, "compare-dense", True)
+    results_dir = config_value(cfg, "results-dir", "")
+    x_test, y_test = load_test_data(task.test_size)
 
     def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Evaluate the global model on the MNIST test set."""
@@ -39,15 +50,13 @@ def main(grid: Grid, context: Context) -> None:
 
     def fedsubavg(setup: ArmSetup) -> FedSubAvg:
         return FedSubAvg(
-            fraction_train=float(cfg.get("fraction-train", 0.5)),
-            fraction_evaluate=float(cfg.get("fraction-evaluate", 0.2)),
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
             min_train_nodes=1,
             min_evaluate_nodes=1,
             min_available_nodes=1,
         )
 
-    ratio = float(cfg.get("topk-ratio", 1.0))
-    feedback = bool(cfg.get("topk-error-feedback", True))
     dense = Arm(
         "dense",
         "dense",
@@ -65,14 +74,14 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(seed)  # the same initial model for every arm
     Experiment(
         name="topk-mnist",
-        arms=[dense, topk] if bool(cfg.get("compare-dense", True)) else [topk],
+        arms=[dense, topk] if compare else [topk],
         initial_arrays=ArrayRecord(Net().state_dict()),
-        num_rounds=int(cfg.get("num-server-rounds", 5)),
+        num_rounds=num_rounds,
         sampling_seed=seed,
         run_config=cfg,
         metrics=[ACCURACY],
         evaluate_fn=global_evaluate,
-        train_config={"lr": float(cfg.get("lr", 0.05))},
+        train_config={"lr": task.lr},
         session_keys=["topk-session"],  # error feedback starts afresh per arm
-        results_dir=str(cfg.get("results-dir", "")) or None,
+        results_dir=results_dir or None,
     ).run(grid)

@@ -35,6 +35,7 @@ from flwr.app import Context
 from numpy.typing import NDArray
 from torch.nn import functional as F
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import load_fashion, load_mnist
 from flwr_fsl.families.width.rules import CapacityMix
 from flwr_fsl.models import evaluate, set_torch_threads
@@ -132,8 +133,10 @@ class Settings:
         unknown = [a for a in arms if a not in ARMS]
         if not arms or unknown or len(set(arms)) != len(arms):
             problems.append(f"arms must be distinct names from {', '.join(ARMS)}")
+        if self.seed < 0:
+            problems.append("seed must be >= 0")
         if problems:
-            raise ValueError("invalid run config: " + "; ".join(problems))
+            raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
     @property
     def arm_list(self) -> list[str]:
@@ -156,8 +159,8 @@ class Settings:
 
         Raises
         ------
-        ValueError
-            If a value has the wrong type or is out of range.
+        ConfigurationError
+            If a value has the wrong type or is out of range (the message names the key).
         """
         return settings_from_run_config(cls, run_config)
 

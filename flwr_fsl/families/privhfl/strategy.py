@@ -109,6 +109,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
+from flwr_fsl.core.checks import check_bool
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.privhfl.config import COMPARISONS
@@ -296,7 +297,7 @@ min_available_nodes, sampling_seed
         self.image_shape = tuple(image_shape)
         self.max_abs_input = _positive_float("max_abs_input", max_abs_input)
         self.max_abs_logit = _positive_float("max_abs_logit", max_abs_logit)
-        self.evaluate_local = bool(evaluate_local)
+        self.evaluate_local = check_bool("evaluate_local", evaluate_local)
         self.answering = answering
         if comparison not in COMPARISONS:
             raise ConfigurationError(f"comparison must be one of {COMPARISONS}, got {comparison!r}")
@@ -414,6 +415,10 @@ min_available_nodes, sampling_seed
             self.node_metrics.setdefault(0, {}).update(
                 self._evaluate(grid, state, "evaluate-local", sorted(done))
             )
+
+    def round_minimum(self, sampled: int) -> tuple[int, str] | None:
+        """Return 2 with query expansion: a querier needs an answerer (checked up front)."""
+        return None if self.expansion == "none" else (2, "expansion (a querier and an answerer)")
 
     def answerers_for(self, server_round: int, querier: int, candidates: list[int]) -> list[int]:
         """Return the answerers of ``querier`` this round: a seeded draw from ``candidates``."""

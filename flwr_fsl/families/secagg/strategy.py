@@ -70,6 +70,13 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
+from flwr_fsl.core.checks import (
+    check_bool,
+    check_instance,
+    check_int,
+    check_real,
+    check_threshold,
+)
 from flwr_fsl.core.engine import MultiPhaseStrategy, PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget, refuse_plaintext_evaluation
@@ -347,15 +354,17 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
             sampling_seed=sampling_seed,
             max_weight=max_weight,
         )
-        t = reconstruction_threshold
-        if isinstance(t, bool) or not isinstance(t, int | float):
-            raise ConfigurationError("reconstruction_threshold must be an int or a float")
-        if isinstance(t, int) and t < 2:
-            raise ConfigurationError(f"reconstruction_threshold must be >= 2, got {t}")
-        if isinstance(t, float) and not 0.0 < t <= 1.0:
-            raise ConfigurationError(
-                f"reconstruction_threshold as a fraction must be in (0, 1], got {t}"
-            )
+        t = check_threshold("reconstruction_threshold", reconstruction_threshold, min_count=2)
+        check_real("clipping_range", clipping_range, 0.0, low_open=True)
+        check_real("max_metric", max_metric, 0.0, low_open=True)
+        check_int("frac_bits", frac_bits, 0)
+        check_int("max_clients", max_clients, 2)
+        check_bool("weighted", weighted)
+        check_instance("dp", dp, SecAggDP)
+        if isinstance(train_metrics, str | bytes) or not all(
+            isinstance(m, str) for m in train_metrics
+        ):
+            raise ConfigurationError("train_metrics must be a sequence of metric names")
         self.reconstruction_threshold = t
         # Validated once, here, before round 1 (fixed-point overflow included); each round
         # sends it with the model's array names as the train request's settings record.
@@ -418,6 +427,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
     def round_noise_multiplier(self) -> float | None:
         """Return the effective ``z`` of a round's release with ``dp`` (``None`` without it)."""
         return self._noise_multiplier
+
+    def round_minimum(self, sampled: int) -> tuple[int, str]:
+        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked up front)."""
+        return self.threshold_for(sampled), "reconstruction_threshold"
 
     def threshold_for(self, sampled: int) -> int:
         """Return ``t`` for a round that sampled ``sampled`` clients."""

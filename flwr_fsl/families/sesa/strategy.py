@@ -79,12 +79,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from flwr_fsl.core.checks import check_bool, check_int, check_real, check_threshold
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.privacy import refuse_plaintext_evaluation
 from flwr_fsl.families.sesa.layout import SesaLayout
+from flwr_fsl.families.sesa.messages import MAX_CLIENTS, MAX_SHARDS
 from flwr_fsl.families.sesa.records import (
     ADVERTISE,
     DECODE,
@@ -188,23 +190,19 @@ evaluate_metrics_aggr_fn, sampling_seed
             sampling_seed=sampling_seed,
             max_weight=max_weight,
         )
-        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-            raise ConfigurationError(f"num_shards must be an int >= 1, got {num_shards!r}")
-        t = privacy
-        if isinstance(t, bool) or not isinstance(t, int | float):
-            raise ConfigurationError("privacy must be an int or a float")
-        if isinstance(t, int) and t < 1:
-            raise ConfigurationError(f"privacy (T) must be >= 1, got {t}")
-        if isinstance(t, float) and not 0.0 < t < 1.0:
-            raise ConfigurationError(f"privacy as a fraction must be in (0, 1), got {t}")
-        if not isinstance(weighted, bool):
-            raise ConfigurationError("weighted must be a bool")
-        if not (math.isfinite(clipping_range) and clipping_range > 0):
-            raise ConfigurationError(f"clipping_range must be finite and > 0, got {clipping_range}")
-        if isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 2:
-            raise ConfigurationError(f"max_clients must be an int >= 2, got {max_clients!r}")
-        if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
-            raise ConfigurationError(f"frac_bits must be an int, got {frac_bits!r}")
+        check_int("num_shards", num_shards, 1, MAX_SHARDS)
+        t = check_threshold("privacy", privacy, min_count=1, high_open=True)
+        if isinstance(t, int) and t > MAX_SHARDS:
+            raise ConfigurationError(f"privacy (T) must be at most {MAX_SHARDS}, got {t}")
+        check_bool("weighted", weighted)
+        check_real("clipping_range", clipping_range, 0.0, low_open=True)
+        check_int("max_clients", max_clients, 2, MAX_CLIENTS)
+        check_int("frac_bits", frac_bits, 0)
+        if isinstance(t, int) and num_shards + t > max_clients:
+            raise ConfigurationError(
+                f"privacy (T) = {t} with num_shards = {num_shards} needs at least K_max + T = "
+                f"{num_shards + t} clients per round, more than max_clients = {max_clients}"
+            )
         # Validated once, here, before round 1; each round sends it with its layer structure.
         self.settings = SesaSettings(
             num_shards, weighted, weighted_by_key, float(max_weight), float(clipping_range),
@@ -221,6 +219,18 @@ evaluate_metrics_aggr_fn, sampling_seed
         self.session = self.server.session
         self._layout: SesaLayout | None = None
         self._layout_key: tuple[object, ...] = ()
+
+    def round_minimum(self, sampled: int) -> tuple[int, str]:
+        """Return ``K_max + T`` for ``sampled`` clients, checked before round 1.
+
+        Before :meth:`start` has seen the model, ``K_max`` is taken as ``num_shards`` (every
+        model with a hidden layer has a group of ``S`` shards; a pair group has ``S²``), a
+        lower bound that :meth:`start` tightens.
+        """
+        k_max = self.num_shards
+        if self._layout is not None:
+            k_max = max(g.shards for g in self._layout.sesa_groups())
+        return k_max + self.privacy_for(sampled), "privacy (T) with num_shards (K_max + T)"
 
     def privacy_for(self, sampled: int) -> int:
         """Return ``T`` for a round that sampled ``sampled`` clients."""

@@ -69,6 +69,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from flwr_fsl.core.checks import check_int, check_optional_int, check_real, check_threshold
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Accept, encode_once
@@ -84,6 +85,7 @@ from flwr_fsl.families.secagg.records import (
 )
 from flwr_fsl.families.sfsl.dp import DEFAULT_BUDGET, SFSLDP
 from flwr_fsl.families.sfsl.messages import UNION_INSTANCE, RowsAsk, SFSLSettings, UnionAsk
+from flwr_fsl.families.sfsl.psu import MAX_FILTER
 from flwr_fsl.families.sfsl.records import (
     PERTURB,
     ROWS_TRAIN,
@@ -95,6 +97,29 @@ from flwr_fsl.families.sfsl.records import (
 from flwr_fsl.families.sfsl.server import SFSLServer, psu_params
 
 __all__ = ["SFSLFedSubAvg"]
+
+
+def _check_psu_knobs(bloom_fpr: float | None, expected_union: int, partitions: int) -> None:
+    """Check the PSU knobs by name, before round 1 (:func:`psu_params` uses them per round).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``bloom_fpr`` is not None or a number in (0, 1), ``expected_union`` or
+        ``partitions`` is not an int in ``[1, MAX_FILTER]``, or the Bloom filter they size
+        would exceed ``MAX_FILTER`` words.
+    """
+    if bloom_fpr is not None:
+        check_real("bloom_fpr", bloom_fpr, 0.0, 1.0, low_open=True, high_open=True)
+    union = check_int("expected_union", expected_union, 1, MAX_FILTER)
+    check_int("partitions", partitions, 1, MAX_FILTER)
+    if bloom_fpr is not None:
+        length = math.ceil(-union * math.log(bloom_fpr) / math.log(2) ** 2)
+        if length > MAX_FILTER:
+            raise ConfigurationError(
+                f"expected_union={union} at bloom_fpr={bloom_fpr:g} needs a Bloom filter of "
+                f"{length} words, more than {MAX_FILTER}"
+            )
 
 
 class SFSLFedSubAvg(MultiPhaseStrategy):
@@ -181,6 +206,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         plaintext_evaluation: bool = False,
     ) -> None:
         refuse_plaintext_evaluation("SFSLFedSubAvg", fraction_evaluate, plaintext_evaluation)
+        check_real("max_count", max_count, 0.0, 1e300, low_open=True)  # the engine's max_weight
         if not isinstance(weighted, bool):
             raise ConfigurationError("weighted must be a bool")
         if dp is not None and not isinstance(dp, SFSLDP):
@@ -199,19 +225,9 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
             sampling_seed=sampling_seed,
             max_weight=max_count,
         )
-        t = reconstruction_threshold
-        if isinstance(t, bool) or not isinstance(t, int | float) or t <= 0:
-            raise ConfigurationError("reconstruction_threshold must be an int >= 2 or in (0, 1]")
-        if (isinstance(t, int) and t < 2) or (isinstance(t, float) and t > 1):
-            raise ConfigurationError("reconstruction_threshold must be an int >= 2 or in (0, 1]")
-        if bloom_fpr is not None and not 0 < bloom_fpr < 1:
-            raise ConfigurationError("bloom_fpr must be None (exact PSU) or in (0, 1)")
-        if quantization_levels is not None and (
-            isinstance(quantization_levels, bool)
-            or not isinstance(quantization_levels, int)
-            or quantization_levels < 2
-        ):
-            raise ConfigurationError("quantization levels must be an int >= 2")
+        t = check_threshold("reconstruction_threshold", reconstruction_threshold, min_count=2)
+        _check_psu_knobs(bloom_fpr, expected_union, partitions)
+        check_optional_int("quantization_levels", quantization_levels, 2)
         # Validated once, here, before round 1; each round sends it with its PSU parameters.
         self.settings = SFSLSettings(
             table, weighted_by_key, clip, max_count, frac_bits, max_clients,
@@ -244,6 +260,22 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         if self.dp is None:
             return None
         return self.dp.round_noise_multiplier(self.settings.frac_bits, self.settings.max_clients)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Any:
+        """Check that the model has the 2-D ``table``, then run ``start`` (same signature).
+
+        Raises
+        ------
+        ConfigurationError
+            If the initial model has no 2-D tensor named ``table`` (before round 1).
+        """
+        if self.table not in initial_arrays or len(initial_arrays[self.table].shape) != 2:
+            raise ConfigurationError(f"table: the model has no 2-D tensor {self.table!r}")
+        return super().start(grid, initial_arrays, *args, **kwargs)
+
+    def round_minimum(self, sampled: int) -> tuple[int, str]:
+        """Return ``t`` for ``sampled`` clients: the fewest a round needs (checked up front)."""
+        return self._threshold(sampled), "reconstruction_threshold"
 
     def _threshold(self, sampled: int) -> int:
         t = self.reconstruction_threshold

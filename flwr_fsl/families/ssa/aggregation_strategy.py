@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
+from flwr_fsl.core.checks import check_bool, check_int, check_real, check_str
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.privacy import (
@@ -123,6 +124,12 @@ class SSASettings:
     weighted: bool = False
 
     def __post_init__(self) -> None:
+        # Types first, by name; SSAParams below checks the ranges.
+        check_int("frac_bits", self.frac_bits, 0)
+        check_real("max_abs", self.max_abs, 0.0, low_open=True)
+        check_int("stash_size", self.stash_size, 0)
+        check_int("num_hashes", self.num_hashes, 1)
+        check_bool("weighted", self.weighted)
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
             raise ConfigurationError(f"min_clients must be an integer, got {self.min_clients!r}")
         if self.min_clients < 1:
@@ -160,6 +167,26 @@ class SSASettings:
             weighted=self.weighted,
             **fields,
         )
+
+
+def check_helper(helper: object, helper_fingerprint: object) -> None:
+    """Refuse, by name, a ``helper`` that is not an S1 connection or a bad fingerprint.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``helper`` lacks :class:`HelperParty`'s methods (e.g. an address string was
+        passed: connect first with :func:`flwr_fsl.helper.connect_helper`), or
+        ``helper_fingerprint`` is neither None nor a non-empty string.
+    """
+    needed = ("public_key", "open_session", "open_round")
+    if not all(callable(getattr(helper, name, None)) for name in needed):
+        raise ConfigurationError(
+            f"helper must be a connection to S1 (HelperConnection or InProcessHelper), got "
+            f"{type(helper).__name__}"
+        )
+    if helper_fingerprint is not None:
+        check_str("helper_fingerprint", helper_fingerprint)
 
 
 def secure_flower_kwargs(

@@ -53,12 +53,14 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from flwr_fsl.core.checks import check_bool, check_int, check_real, check_str
 from flwr_fsl.core.engine import MultiPhaseStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
     TwoServerAggregation,
+    check_helper,
     read_upload,
     secure_flower_kwargs,
 )
@@ -157,8 +159,11 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         plaintext_evaluation: bool = False,
         **kwargs: Any,
     ) -> None:
-        if max_rows < 1:
-            raise ConfigurationError(f"max_rows must be >= 1, got {max_rows}")
+        check_helper(helper, helper_fingerprint)
+        check_str("table", table)
+        check_int("max_rows", max_rows, 1)
+        check_bool("udpf", udpf)
+        check_real("psr_timeout", psr_timeout, 0.0, low_open=True)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
         self.table, self.max_rows = table, max_rows

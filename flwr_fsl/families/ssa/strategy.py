@@ -49,12 +49,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from flwr_fsl.core.checks import check_real
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.families.ssa.aggregation_strategy import (
     SSASettings,
     TwoServerAggregation,
+    check_helper,
     secure_flower_kwargs,
 )
 from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
@@ -130,8 +132,8 @@ class SecureFedSubAvg(FedSubAvg):
         plaintext_evaluation: bool = False,
         **kwargs: Any,
     ) -> None:
-        if not 0.0 < topk_ratio <= 1.0:
-            raise ConfigurationError(f"topk_ratio must be in (0, 1], got {topk_ratio}")
+        check_real("topk_ratio", topk_ratio, 0.0, 1.0, low_open=True)
+        check_helper(helper, helper_fingerprint)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
         self.topk_ratio = topk_ratio

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RunFailedError
 from flwr_fsl.families.privhfl.flow import architecture_to_bytes
 from flwr_fsl.families.privhfl.inference import (
     Architecture,
@@ -458,7 +458,8 @@ def test_querier_without_answers_keeps_its_model() -> None:
     # its model (no retrain message) and 1001 leaves the round.
     grid, spy = _grid(2, mods=[_tamper(1, "answer", _bad_logits("nan"))])
     strategy = _strategy(expansion="mixup")
-    strategy.run(grid, num_rounds=1)
+    with pytest.raises(RunFailedError):  # the only round retrained nobody: the run failed
+        strategy.run(grid, num_rounds=1)
     assert all(e["phase"] != "retrain" for e in spy.log[1000])
     assert "answer" in strategy.dropped[1][1001]
 

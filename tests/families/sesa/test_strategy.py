@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RunFailedError
 from flwr_fsl.families.sesa.layout import SesaLayout
 from flwr_fsl.families.sesa.mod import SesaNodeState, sesa_mod
 from flwr_fsl.families.sesa.records import SESA_KEY
@@ -106,7 +106,10 @@ def _run(n: int, drop=None, mods=(), rounds: int = 1, model=None, **kwargs):  # 
         num_shards=4, min_available_nodes=n, fraction_evaluate=0.0, sampling_seed=1, **kwargs
     )
     initial = _record(MODEL if model is None else model)
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+    try:
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds)
+    except RunFailedError as err:  # every round failed: the run fails; callers assert the rounds
+        result = err.result
     return strategy, result, grid
 
 
@@ -216,7 +219,8 @@ def test_a_weight_key_the_node_config_allows_is_used() -> None:
         weighted_by_key="samples", max_weight=100.0, frac_bits=20, max_clients=50, privacy=2,
     )  # fmt: skip
     # The reply has no "samples" metric: the clients accept the key, then drop at train.
-    strategy.start(grid=grid, initial_arrays=_record(MODEL), num_rounds=1)
+    with pytest.raises(RunFailedError):  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=_record(MODEL), num_rounds=1)
     reasons = strategy.dropped[1].values()
     assert reasons and all("train:" in why and "samples" in why for why in reasons)
 

@@ -31,7 +31,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RunFailedError
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.families.sfsl.mod import SFSL_INSTANCES
 from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams
@@ -108,12 +108,15 @@ def _sfsl(grid: InProcessGrid, **train_config: Any) -> tuple[SFSLFedSubAvg, Any]
     strategy = SFSLFedSubAvg(
         "emb", min_available_nodes=N, fraction_evaluate=0.0, max_count=100.0, **PAPER
     )
-    result = strategy.start(
-        grid=grid,
-        initial_arrays=_initial(),
-        num_rounds=1,
-        train_config=ConfigRecord(train_config),
-    )
+    try:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=_initial(),
+            num_rounds=1,
+            train_config=ConfigRecord(train_config),
+        )
+    except RunFailedError as err:  # every round failed: the run fails; callers assert the rounds
+        result = err.result
     return strategy, result
 
 

@@ -144,7 +144,7 @@ def test_settings_that_do_not_validate_are_refused_on_the_wire() -> None:
         ({"clip": float("inf")}, "clip"),
         ({"frac_bits": 60}, "frac_bits"),
         ({"max_count": 1e12}, "max_count"),
-        ({"quantization_levels": 1}, "quantization levels"),
+        ({"quantization_levels": 1}, "quantization_levels"),
         ({"weighted_by_key": ""}, "weighted_by_key"),
     ],
 )

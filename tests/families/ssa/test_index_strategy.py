@@ -14,7 +14,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.index_mod import PrivateRows
@@ -190,7 +190,9 @@ def test_helper_failure_leaves_the_table_unchanged(key: SealingKeyPair) -> None:
     strategy._helper_key = key.public_bytes
     helper.close()
     grid = InProcessGrid(make_index_app(False), 2, {"ssa-helper-fingerprint": key.fingerprint})
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    result = failed.value.result
     assert "HelperUnavailableError" in strategy.failed_rounds[1]
     np.testing.assert_array_equal(result.arrays["emb"].numpy(), TABLE)
 
@@ -204,7 +206,9 @@ def test_too_many_rows_is_a_client_error(key: SealingKeyPair) -> None:
         min_available_nodes=2,
         fraction_evaluate=0.0,
     )
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    result = failed.value.result
     assert all("k=2" in r for r in strategy.dropped[1].values())
     # Issue 8 item 4: Flower forwards the client's exception text to S0; it names only the
     # public k, never the client's row indices or how many rows it has.
@@ -231,7 +235,9 @@ def test_index_clients_refuse_a_weight_key_their_node_config_does_not_allow(
         weighted=True,
         weighted_by_key="train_loss",
     )
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    result = failed.value.result
     assert not seen  # refused before the user's train ran
     reasons = list(strategy.dropped[1].values())
     assert len(reasons) == 3 and all("weight key 'train_loss'" in r for r in reasons), reasons

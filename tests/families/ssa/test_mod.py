@@ -13,12 +13,14 @@ without counts. A row (mega-element) update is refused by the top-k mod (index m
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import RunFailedError
 from flwr_fsl.core.records import encode_update
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
@@ -153,7 +155,8 @@ def test_a_row_update_is_refused_by_the_topk_mod() -> None:
         InProcessHelper(keypair=key), topk_ratio=RATIO, min_available_nodes=2, min_clients=1
     )
     grid = InProcessGrid(app, 2, {"ssa-helper-fingerprint": key.fingerprint})
-    strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError):  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
     reasons = list(strategy.dropped[1].values())
     assert len(reasons) == 2 and all("index mode" in r for r in reasons), reasons
 

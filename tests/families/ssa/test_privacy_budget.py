@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flwr.supercore.run import Run
 
+from flwr_fsl.core.errors import RunFailedError
 from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY, PrivacyAccount, PrivacyBudget
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, INDEX_MODE_DP, DistributedDP
@@ -122,7 +123,9 @@ def test_default_index_clients_refuse_a_round_without_noise(key: SealingKeyPair)
     # S0 turns DP off (z = 0 promised). Every default index-mode client refuses the round at
     # its retrieval phase, naming its node-config key; nothing is aggregated.
     grid, strategy, _ = index_run(key, dp=None)
-    result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    result = failed.value.result
     reasons = list(strategy.dropped[1].values())
     assert len(reasons) == NODES
     for reason in reasons:
@@ -164,7 +167,8 @@ def test_clients_refuse_a_dp_round_that_names_another_run(key: SealingKeyPair) -
     # S0 names run 99 (S1 would account the round there); the clients are in run 1.
     grid, strategy, _ = index_run(key)
     grid.set_run(Run.create_empty(99))
-    strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
+    with pytest.raises(RunFailedError):  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=initial(), num_rounds=1)
     reasons = list(strategy.dropped[1].values())
     assert len(reasons) == NODES
     assert all("names run '99', not this client's run 1" in r for r in reasons)

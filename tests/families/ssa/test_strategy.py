@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
@@ -161,7 +161,9 @@ def test_client_refuses_an_unpinned_helper_key(helper_key: SealingKeyPair) -> No
         make_app([ssa_mod, topk_mod]), 2, {"ssa-helper-fingerprint": helper_key.fingerprint}
     )
     strategy = SecureFedSubAvg(impostor, topk_ratio=0.2)
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    result = failed.value.result
     assert all("fingerprint" in r for r in strategy.dropped[1].values())
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)
@@ -307,7 +309,9 @@ def test_a_round_below_minimum_participation_fails_unreconstructed(
     grid = InProcessGrid(make_app([corrupt_mod(0, boom), ssa_mod, topk_mod]), 3, run_config)
     helper = InProcessHelper(keypair=helper_key)
     strategy = SecureFedSubAvg(helper, topk_ratio=0.2, min_available_nodes=3, min_clients=3)
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    result = failed.value.result
     assert "minimum participation is 3" in strategy.failed_rounds[1]
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)
@@ -332,7 +336,9 @@ def test_s1_refuses_a_one_client_round_even_if_s0_would_run_it(
         fraction_evaluate=0.0,
         min_clients=1,
     )
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    result = failed.value.result
     assert "S1's minimum participation 2" in strategy.failed_rounds[1]
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.dp import DistributedDP, clip_update, epsilon
@@ -78,7 +78,9 @@ def test_s1_with_a_dp_policy_refuses_a_run_without_dp(key: SealingKeyPair) -> No
     grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 3, run_config)
     helper = InProcessHelper(keypair=key, limits=HelperLimits(dp=DP))
     strategy = SecureFedSubAvg(helper, topk_ratio=0.2, min_available_nodes=3)
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    result = failed.value.result
     assert "--dp-noise-multiplier" in strategy.failed_rounds[1]
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)

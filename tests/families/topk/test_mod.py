@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, RunFailedError
 from flwr_fsl.core.records import decode_update
 from flwr_fsl.families.topk.mod import RESIDUAL, RESIDUAL_KEY, Residual
 from flwr_fsl.mods import topk_mod
@@ -97,7 +97,9 @@ def test_bad_settings_fail_the_client_and_the_server_drops_it(
 ) -> None:
     grid = InProcessGrid(make_app([topk_mod]), 2, run_config)
     strategy = FedSubAvg()
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=1)
+    result = failed.value.result
     assert len(strategy.dropped[1]) == 2
     assert all(reason in r for r in strategy.dropped[1].values())
     for name, value in MODEL.items():

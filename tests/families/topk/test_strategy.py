@@ -9,7 +9,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.core.traffic import content_bytes
 from flwr_fsl.mods import topk_mod
 from flwr_fsl.strategies import FedSubAvg
@@ -213,7 +213,9 @@ def test_no_valid_reply_leaves_model_unchanged() -> None:
     mods = [corrupt_mod(0, nan_all), corrupt_mod(1, nan_all)]
     grid = InProcessGrid(make_app(mods), 2)
     strategy = FedSubAvg()
-    result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2)
+    with pytest.raises(RunFailedError) as failed:  # no round produced a result
+        strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=2)
+    result = failed.value.result
     assert len(strategy.dropped[1]) == 2
     for name, value in MODEL.items():
         np.testing.assert_array_equal(result.arrays[name].numpy(), value)
