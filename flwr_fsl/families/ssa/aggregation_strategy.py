@@ -219,8 +219,9 @@ def secure_flower_kwargs(
     ------
     ConfigurationError
         If ``weighted`` or ``plaintext_evaluation`` is not a bool, ``weighted_by_key`` is set
-        while ``weighted`` is False (it would have no effect), or federated evaluation is asked
-        for without ``plaintext_evaluation=True``.
+        while ``weighted`` is False (it would have no effect), ``clipping_range`` is given (it
+        would have no effect), or federated evaluation is asked for without
+        ``plaintext_evaluation=True``.
     """
     for name, value in (("weighted", weighted), ("plaintext_evaluation", plaintext_evaluation)):
         if not isinstance(value, bool):
@@ -230,6 +231,13 @@ def secure_flower_kwargs(
         raise ConfigurationError(
             f"{strategy}: weighted_by_key={key!r} is used only with weighted=True (by default "
             "every client counts 1 and no metric is read)"
+        )
+    if "clipping_range" in kwargs:
+        # FedSubAvg's plaintext clip never runs here: the clients' fixed-point encoding
+        # refuses any value beyond max_abs instead.
+        raise ConfigurationError(
+            f"{strategy}: clipping_range does not apply to secure aggregation; each value is "
+            "bounded by max_abs (clients refuse larger ones)"
         )
     out = {"fraction_evaluate": 0.0, **kwargs}
     refuse_plaintext_evaluation(strategy, out["fraction_evaluate"], plaintext_evaluation)

@@ -38,6 +38,7 @@ COMMON: list[tuple[str, Any]] = [
     ("sampling_seed", "x"),
     ("fraction_train", "0.5"),
     ("min_train_nodes", 1.5),
+    ("clipping_range", 8.0),  # FedSubAvg's plaintext clip: no effect on secure aggregation
 ]
 TOPK: list[tuple[str, Any]] = [
     ("topk_ratio", 0.0),
