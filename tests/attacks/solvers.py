@@ -100,6 +100,19 @@ def least_squares_per_client(
     return solution
 
 
+def identifiable_clients(participation: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """``(clients,)``: whose contribution the releases determine (``e_j`` in the row space).
+
+    Two clients that were always released together, for example, are not identifiable:
+    least squares splits their sum between them.
+    """
+    rank = np.linalg.matrix_rank(participation)
+    eye = np.eye(participation.shape[1])
+    return np.array(
+        [np.linalg.matrix_rank(np.vstack([participation, e])) == rank for e in eye], dtype=bool
+    )
+
+
 def membership_accuracy(
     estimate: NDArray[np.float64], truth: NDArray[np.bool_], threshold: float = 0.5
 ) -> float:

@@ -30,6 +30,7 @@ from tests.attacks import sfsl_setup as sfsl
 from tests.attacks.sfsl_setup import own_flwr_home as own_flwr_home  # autouse fixture
 from tests.attacks.solvers import (
     chance_membership_accuracy,
+    identifiable_clients,
     least_squares_per_client,
     membership_accuracy,
 )
@@ -53,11 +54,20 @@ def test_the_paper_protocol_leaks_every_clients_rows(cpp: str) -> None:
     assert len(view.results) == sfsl.ROUNDS and strategy.failed_rounds == {}
     truth = sfsl.truth()
     right = (count_attack(view) > 0.5) == truth
-    # Every pair the releases cover is decoded exactly. A holder whose permanent answer is
+    # Every pair the releases determine is decoded exactly. A holder whose permanent answer is
     # "no" may never upload the row (CPP2: 1/16 of its rows, each then in S'' with p = 1/16
-    # per round); that pair is called "not a holder", so the total is 100% in most runs.
-    assert right[view.observed()].all()
-    assert right.mean() >= 0.98
+    # per round); that pair is called "not a holder". In some runs (about 1 in 7) two clients
+    # were released together in every round a row was: their split is not determined, and
+    # least squares gives each half.
+    determined = np.zeros_like(truth)
+    for row in range(sfsl.ROWS):
+        participation, _, _ = view.observations(row)
+        if participation.size:
+            determined[:, row] = identifiable_clients(participation)
+    covered = view.observed()
+    assert right[covered & determined].all()
+    assert (covered & ~determined).sum() <= 0.05 * truth.size  # 0-6 of 200 pairs in 25 runs
+    assert right.mean() >= 0.97
 
 
 def test_at_defaults_the_attack_is_at_chance() -> None:
