@@ -33,7 +33,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.phases import PHASE_FIELD
 from flwr_fsl.testing.grid import _copy_content
 
-__all__ = ["FAULT_KINDS", "ReplyFault", "largest_bytes"]
+__all__ = ["FAULT_KINDS", "ReplyFault", "largest_bytes", "rewrite_config_bytes"]
 
 FAULT_KINDS = (
     "drop",
@@ -94,6 +94,26 @@ def _rewrite_bytes(content: RecordDict, change: Callable[[bytes], bytes]) -> Rec
         new = Array(dtype=old.dtype, shape=old.shape, stype=old.stype, data=change(old.data))
         out[key] = ArrayRecord({**{n: a for n, a in arrays.items()}, name: new})
     return out
+
+
+def rewrite_config_bytes(
+    key: str, name: str, change: Callable[[bytes], bytes]
+) -> Callable[[RecordDict], RecordDict]:
+    """Return a ``"wrong"`` rewrite: ``change`` applied to bytes field ``name`` of record ``key``.
+
+    The family's tests build their format-valid but wrong replies with it (a shifted word, a
+    swapped key, a share of another secret).
+    """
+
+    def rewrite(content: RecordDict) -> RecordDict:
+        record = content.config_records[key]
+        value = record[name]
+        if not isinstance(value, bytes):
+            raise ConfigurationError(f"{key}.{name} holds no bytes")
+        content[key] = ConfigRecord({**dict(record), name: change(value)})
+        return content
+
+    return rewrite
 
 
 @dataclass

@@ -84,3 +84,16 @@ def test_bad_arguments_and_no_bytes() -> None:
     with pytest.raises(ConfigurationError, match="rewrite"):
         ReplyFault(BAD, "wrong")
     assert largest_bytes(RecordDict()) is None
+
+
+def test_rewrite_config_bytes_changes_one_field_and_refuses_a_non_bytes_one() -> None:
+    from flwr.app import ConfigRecord
+
+    from flwr_fsl.testing.faults import rewrite_config_bytes
+
+    content = RecordDict({"fsl.x": ConfigRecord({"phase": "train", "body": b"\x01\x02"})})
+    out = rewrite_config_bytes("fsl.x", "body", lambda b: b[::-1])(content)
+    assert out.config_records["fsl.x"]["body"] == b"\x02\x01"
+    assert out.config_records["fsl.x"]["phase"] == "train"
+    with pytest.raises(ConfigurationError, match=r"fsl\.x\.phase"):
+        rewrite_config_bytes("fsl.x", "phase", lambda b: b)(content)

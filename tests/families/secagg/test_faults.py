@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from flwr_fsl.families.secagg.messages import _unmask_reply_from_bytes, _unmask_reply_to_bytes
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.mods import secagg_mod
 from flwr_fsl.strategies import SecAggFedAvg
 from flwr_fsl.testing import InProcessGrid
-from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault
+from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault, rewrite_config_bytes
 from tests.flower_apps import MODEL, make_app, model_record, node_delta
 
 NODES = 6
@@ -34,19 +34,6 @@ BAD = 1002
 FAULT_ROUND = 2
 ROUNDS = 3
 FLOATS = [k for k, v in MODEL.items() if v.dtype == np.float32]
-
-
-def _config_bytes(
-    name: str, change: Callable[[bytes], bytes]
-) -> Callable[[RecordDict], RecordDict]:
-    def rewrite(content: RecordDict) -> RecordDict:
-        record = content.config_records[SECAGG_KEY]
-        value = record[name]
-        assert isinstance(value, bytes)
-        content[SECAGG_KEY] = ConfigRecord({**dict(record), name: change(value)})
-        return content
-
-    return rewrite
 
 
 def _swap_keys(ad: bytes) -> bytes:
@@ -76,10 +63,10 @@ def _shift_words(content: RecordDict) -> RecordDict:
 
 
 WRONG = {
-    "advertise": _config_bytes("advertise", _swap_keys),
-    "share": _config_bytes("shares", _flip_last),
+    "advertise": rewrite_config_bytes(SECAGG_KEY, "advertise", _swap_keys),
+    "share": rewrite_config_bytes(SECAGG_KEY, "shares", _flip_last),
     "train": _shift_words,
-    "unmask": _config_bytes("unmask", _wrong_share),
+    "unmask": rewrite_config_bytes(SECAGG_KEY, "unmask", _wrong_share),
 }
 
 # phase -> fault -> verdict. A reply replayed from round 1 (``replay``, or ``stale``: first) is

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.families.sesa import messages as sm
@@ -26,7 +26,7 @@ from flwr_fsl.families.sesa.mod import SesaNodeState, sesa_mod
 from flwr_fsl.families.sesa.records import SESA_KEY
 from flwr_fsl.families.sesa.strategy import SesaFedAvg
 from flwr_fsl.testing import InProcessGrid
-from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault
+from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault, rewrite_config_bytes
 
 HIDDEN, INPUTS, OUTPUTS, N, FAULTY = 8, 4, 3, 10, 1003
 MODEL = {
@@ -145,17 +145,6 @@ def _add_to_word(value: bytes, index: int, amount: int) -> bytes:
     return words.astype("<u4").tobytes()
 
 
-def _rewrite(name: str, change: Callable[[bytes], bytes]) -> Callable[[RecordDict], RecordDict]:
-    def rewrite(content: RecordDict) -> RecordDict:
-        record = content.config_records[SESA_KEY]
-        value = record[name]
-        assert isinstance(value, bytes)
-        content[SESA_KEY] = ConfigRecord({**dict(record), name: change(value)})
-        return content
-
-    return rewrite
-
-
 def _corrupt_pieces(count: int) -> Callable[[bytes], bytes]:
     """Flip one byte in the sealed evaluations for the first ``count`` recipients."""
 
@@ -177,14 +166,18 @@ def _corrupt_pieces(count: int) -> Callable[[bytes], bytes]:
 # The "wrong" reply of each phase: format-valid, wrong content.
 WRONG: dict[str, Callable[[RecordDict], RecordDict]] = {
     # another public key: the node then refuses the roster that lacks its own key
-    "advertise": _rewrite("advertise", lambda v: b"\x07" * len(v)),
+    "advertise": rewrite_config_bytes(SESA_KEY, "advertise", lambda v: b"\x07" * len(v)),
     # one sealed evaluation corrupted: its recipient complains, the sender is excluded
-    "offline": _rewrite("bundle", _corrupt_pieces(1)),
+    "offline": rewrite_config_bytes(SESA_KEY, "bundle", _corrupt_pieces(1)),
     # x of the output bias (the last group: 3 values and the count word) shifted by 2^28 in
     # its first value: the decoded sum (+256 at 20 fractional bits) leaves clip x count = 80
-    "train": _rewrite("masked", lambda v: v[:-16] + _add_to_word(v[-16:], 0, 1 << 28)),
+    "train": rewrite_config_bytes(
+        SESA_KEY, "masked", lambda v: v[:-16] + _add_to_word(v[-16:], 0, 1 << 28)
+    ),
     # psi shifted in one word: it leaves the polynomial the other 9 evaluations lie on
-    "decode": _rewrite("evaluation", lambda v: v[:5] + _add_to_word(v[5:], 0, 12345)),
+    "decode": rewrite_config_bytes(
+        SESA_KEY, "evaluation", lambda v: v[:5] + _add_to_word(v[5:], 0, 12345)
+    ),
 }
 
 # phase -> kind -> expected verdict of round 2
@@ -233,7 +226,7 @@ def test_corrupted_sealed_evaluations_drop_their_sender_only(flipped: int) -> No
     # Issue 24: 1 flipped piece dropped 1 honest client, 3 dropped 2, 9 failed the round.
     fault = ReplyFault(
         FAULTY, "wrong", family=SESA_KEY, phase="offline", occurrence=1,
-        rewrite=_rewrite("bundle", _corrupt_pieces(flipped)),
+        rewrite=rewrite_config_bytes(SESA_KEY, "bundle", _corrupt_pieces(flipped)),
     )  # fmt: skip
     run = Run(fault)
     assert run.verdict() == "dropped"
@@ -353,7 +346,7 @@ def _complain_about(*senders: int) -> Callable[[RecordDict], RecordDict]:
         named = len(ids).to_bytes(4, "little") + b"".join(i.to_bytes(8, "little") for i in ids)
         return value[:head] + named + value[head + 4 :]
 
-    return _rewrite("masked", change)
+    return rewrite_config_bytes(SESA_KEY, "masked", change)
 
 
 def test_a_lying_complaint_about_one_sender_excludes_that_sender_only() -> None:

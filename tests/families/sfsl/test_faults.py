@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from flwr_fsl.families.secagg.messages import _unmask_reply_from_bytes, _unmask_reply_to_bytes
 from flwr_fsl.families.secagg.records import SECAGG_KEY
 from flwr_fsl.families.sfsl.dp import SFSLDP
 from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.strategies import SFSLFedSubAvg
-from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault
+from flwr_fsl.testing.faults import FAULT_KINDS, ReplyFault, rewrite_config_bytes
 from tests.families.sfsl.test_strategy import (
     MODEL,
     PAPER,
@@ -74,19 +74,6 @@ class InstanceFault(ReplyFault):
         )
 
 
-def _config_bytes(
-    name: str, change: Callable[[bytes], bytes]
-) -> Callable[[RecordDict], RecordDict]:
-    def rewrite(content: RecordDict) -> RecordDict:
-        record = content.config_records[SECAGG_KEY]
-        value = record[name]
-        assert isinstance(value, bytes)
-        content[SECAGG_KEY] = ConfigRecord({**dict(record), name: change(value)})
-        return content
-
-    return rewrite
-
-
 def _wrong_share(reply: bytes) -> bytes:
     out = {}
     for v, (kind, share) in _unmask_reply_from_bytes(reply).items():
@@ -104,11 +91,13 @@ def _shift_words(content: RecordDict) -> RecordDict:
 
 
 WRONG: dict[str, Callable[[RecordDict], RecordDict]] = {
-    "advertise": _config_bytes("advertise", lambda ad: ad[32:] + ad[:32]),
-    "share": _config_bytes("shares", lambda b: b[:-1] + bytes([b[-1] ^ 1])),
+    "advertise": rewrite_config_bytes(SECAGG_KEY, "advertise", lambda ad: ad[32:] + ad[:32]),
+    "share": rewrite_config_bytes(SECAGG_KEY, "shares", lambda b: b[:-1] + bytes([b[-1] ^ 1])),
     "train": _shift_words,
-    "unmask": _config_bytes("unmask", _wrong_share),
-    "perturb": _config_bytes("perturbed", lambda rows: b""),  # a valid S'': the empty set
+    "unmask": rewrite_config_bytes(SECAGG_KEY, "unmask", _wrong_share),
+    "perturb": rewrite_config_bytes(
+        SECAGG_KEY, "perturbed", lambda rows: b""
+    ),  # a valid S'': the empty set
 }
 
 
