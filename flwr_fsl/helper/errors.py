@@ -10,11 +10,13 @@ One hierarchy for the whole :mod:`flwr_fsl.helper` package, so a strategy can ca
   per client and the round goes on without that client.
 * :class:`HelperSessionLostError` — a :class:`HelperRequestError` for a call naming a session S1
   does not hold (S1 restarted, the session expired or was closed): S1 kept nothing of the run.
+  A call naming a live session without its secret gets the same answer (gRPC ``NOT_FOUND``), so
+  a session id tells its holder nothing, not even whether the session is live.
   It is also a :class:`~flwr_fsl.families.ssa.two_server.SessionLostError`, which S0's
   :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` recovers from.
 * :class:`HelperAuthError` — a :class:`HelperRequestError` for a call S1 refused because it
-  lacks the access token S1 requires, or names a session without that session's secret
-  (gRPC ``UNAUTHENTICATED`` / ``PERMISSION_DENIED``). S1 changed nothing.
+  lacks the access token S1 requires (gRPC ``UNAUTHENTICATED``; ``PERMISSION_DENIED`` is mapped
+  to it too). S1 changed nothing.
 * :class:`HelperBudgetExhaustedError` — a :class:`HelperRequestError` for a round S1 refuses
   because it would take the run past a privacy budget (the run's, or S1's own ceiling,
   :mod:`flwr_fsl.helper.accounts`). It is also a

@@ -16,15 +16,17 @@ pinning, which say nothing about sessions) must carry it as metadata ``x-flwr-fs
 (constant-time compare; missing or wrong is ``UNAUTHENTICATED``). Each session's calls must
 also carry the session's secret (metadata ``x-flwr-fsl-session-secret``, hex; checked by
 :meth:`HelperService.handle <flwr_fsl.helper.service.HelperService.handle>`, wrong or missing is
-``PERMISSION_DENIED``). A token on a non-loopback address without TLS (``tls=(key PEM,
+answered as an id S1 does not hold, ``NOT_FOUND``, so the id alone does not tell a live session
+from a dead one). A token on a non-loopback address without TLS (``tls=(key PEM,
 certificate PEM)``; S0 passes the CA certificate to
 :class:`~flwr_fsl.helper.connection.HelperClient`) is refused at start unless ``insecure``:
 it, and the session secrets, would travel in clear.
 
 Status codes: a refused call (:class:`~flwr_fsl.helper.errors.HelperRequestError`) is
 ``INVALID_ARGUMENT`` with the reason as details, except a call naming a session S1 does not hold
-(:class:`~flwr_fsl.helper.errors.HelperSessionLostError`: S1 restarted, or the session expired
-or was closed), which is ``NOT_FOUND``, and a round refused for the run's privacy budget
+(:class:`~flwr_fsl.helper.errors.HelperSessionLostError`: S1 restarted, the session expired or was
+closed, or the call lacks its secret), which is ``NOT_FOUND``, and a round refused for the run's
+privacy budget
 (:class:`~flwr_fsl.helper.errors.HelperBudgetExhaustedError`), which is
 ``FAILED_PRECONDITION``, and a call over a resource limit
 (:class:`~flwr_fsl.helper.errors.HelperResourceError`, :mod:`flwr_fsl.helper.quota`), which

@@ -8,18 +8,20 @@ protocol is a :class:`HelperPlugin` in its own file that registers its methods
 PrivHFL computing party) is one new file registered the same way (and its own wire kinds,
 :func:`flwr_fsl.helper.wire.register_message`).
 
-**Sessions.** Every round-scoped request carries a 16-byte session id, and beside it the
-session's 32-byte secret. Both are drawn by S1 (``os.urandom``) when S0 calls ``OpenSession``
-(what :func:`~flwr_fsl.helper.setup.connect_helper` sends, so a session spans the whole run; a
-connection also sends it before its first ``OpenRound``) and returned to that caller only; S0
-sends the id, never the secret, to clients (they bind their sealed material to it). Every later
-call naming the session must carry the secret (compared in constant time); a missing or wrong
-one is refused with :class:`~flwr_fsl.helper.errors.HelperAuthError` before the session is
-touched (not even its idle clock), so knowing a session id — every client of the run does —
-opens nothing. Session ids are single-use: S0 cannot name the id of a new session, so sealed
-material bound to a closed session never opens in another one (a replay after
-close-and-reopen fails per client), and the last :data:`RETIRED_SESSIONS` closed or expired
-ids are remembered for a clear error. Everything S1 keeps — open and closed rounds, stored
+**Sessions.** Every round-scoped request carries a 16-byte session id, and beside it the session's
+32-byte secret. Both are drawn by S1 (``os.urandom``) when S0 calls ``OpenSession`` (what
+:func:`~flwr_fsl.helper.setup.connect_helper` sends, so a session spans the whole run; a connection
+also sends it before its first ``OpenRound``) and returned to that caller only; S0 sends the id,
+never the secret, to clients (they bind their sealed material to it). Every later call naming the
+session must carry the secret (compared in constant time); a missing or wrong one is refused before
+the session is touched (not even its idle clock), with the answer S1 gives for an id it does not
+hold (:class:`~flwr_fsl.helper.errors.HelperSessionLostError`, "unknown session"), so knowing a
+session id — every client of the run does — opens nothing and does not even tell whether the session
+is live. Session ids are single-use: S0 cannot name the id of a new session, so sealed material
+bound to a closed session never opens in another one (a replay after close-and-reopen fails per
+client), and the last :data:`RETIRED_SESSIONS` closed or expired ids are remembered for a clear
+error (why it ended, said only to a caller holding its secret).
+Everything S1 keeps — open and closed rounds, stored
 U-DPF keys, PSR tables — lives in the session, so one long-running ``flwr-fsl-helper`` serves
 many runs, one after another and at once, and round ids of different runs never collide. A
 session ends with ``CloseSession`` (a connection's ``close()``) and is dropped after
@@ -106,6 +108,7 @@ sessions that lock new runs out (:mod:`flwr_fsl.helper.quota`;
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import itertools
 import logging
@@ -125,7 +128,6 @@ from flwr_fsl.helper import wire
 from flwr_fsl.helper.accounts import RunAccounts
 from flwr_fsl.helper.client_accounts import ClientAccounts
 from flwr_fsl.helper.errors import (
-    HelperAuthError,
     HelperRequestError,
     HelperResourceError,
     HelperSessionLostError,
@@ -152,6 +154,15 @@ PARTY = 1
 """S1 is party 1 of every two-party protocol."""
 RETIRED_SESSIONS = 4096
 """How many closed or expired session ids S1 remembers (for a clear error; ids never repeat)."""
+
+_UNKNOWN_SECRET = bytes(32)
+"""Compared against when a call names no live session (the answer takes the same path)."""
+
+
+def _digest(secret: bytes) -> bytes:
+    """Return what S1 keeps of a retired session's secret: enough to recognise its owner."""
+    return hashlib.sha256(b"flwr-fsl retired session\x00" + secret).digest()
+
 
 log = logging.getLogger("flwr_fsl.helper")
 
@@ -335,7 +346,8 @@ class HelperService:
         self.accounts = RunAccounts(state_dir, self.limits.dp_budget)
         self.client_accounts = ClientAccounts(state_dir, self.limits.dp_client_budget)
         self._sessions: dict[bytes, Session] = {}
-        self._retired: OrderedDict[bytes, str] = OrderedDict()
+        # Retired id -> (why it ended, SHA-256 of its secret): the reason goes only to its owner.
+        self._retired: OrderedDict[bytes, tuple[str, bytes]] = OrderedDict()
         self._draw_id = session_ids or (lambda: os.urandom(wire.SESSION_BYTES))
         self._sessions_lock = threading.Lock()
         self._methods: dict[str, Method] = {
@@ -424,8 +436,8 @@ class HelperService:
             If the method is unknown, the request is malformed (any
             :class:`~flwr_fsl.helper.errors.WireFormatError`) or is refused in the current
             state; :class:`~flwr_fsl.helper.errors.HelperSessionLostError` if it names a
-            session S1 does not hold; :class:`~flwr_fsl.helper.errors.HelperAuthError` if
-            ``secret`` is not that session's (the session is left untouched);
+            session S1 does not hold or ``secret`` is not that session's (one answer for
+            both; the session is left untouched);
             :class:`~flwr_fsl.helper.errors.HelperResourceError` if it would exceed a
             resource limit (:mod:`flwr_fsl.helper.quota`; nothing changed).
         """
@@ -492,20 +504,27 @@ class HelperService:
             self._running += 1
 
     def _session(self, session_id: bytes, secret: bytes | None) -> Session:
+        given = secret if isinstance(secret, bytes) else b""
         with self._sessions_lock:
             session = self._sessions.get(session_id)
-            if session is None:
-                why = self._retired.get(session_id, "closed, expired, or S1 restarted")
-                raise HelperSessionLostError(f"unknown session ({why})")
-            if not isinstance(secret, bytes) or not hmac.compare_digest(secret, session.secret):
+            # Compared even for an unknown id, so the answer's timing says nothing either.
+            expected = session.secret if session is not None else _UNKNOWN_SECRET
+            if session is not None and hmac.compare_digest(given, expected):
+                # Touched under the sessions lock, so a concurrent _expire_idle cannot drop
+                # a session between this lookup and the call taking its lock.
+                session.last_used = time.monotonic()
+                return session
+            hmac.compare_digest(given, expected)
+            if session is not None:
                 log.warning("session %s: call refused, wrong secret", session_id.hex()[:8])
-                raise HelperAuthError(
-                    "wrong or missing session secret: only the S0 that opened a session may call it"
-                )
-            # Touched under the sessions lock, so a concurrent _expire_idle cannot drop a
-            # session between this lookup and the call taking its lock.
-            session.last_used = time.monotonic()
-            return session
+            # One answer for a live id with a wrong secret and for an id S1 does not hold, so
+            # the id alone tells its holder nothing, not even whether the session is live;
+            # why a session ended is said only to the caller holding its secret.
+            retired = self._retired.get(session_id)
+            why = "closed, expired, or S1 restarted"
+            if retired is not None and hmac.compare_digest(_digest(given), retired[1]):
+                why = retired[0]
+            raise HelperSessionLostError(f"unknown session ({why})")
 
     def _new_session(self, peer: str) -> Session:
         quota = self.quota
@@ -593,9 +612,10 @@ class HelperService:
 
     def _retire(self, session_id: bytes, why: str) -> None:
         """Forget a session for good, remembering its id (bounded) for a clear error."""
-        self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
         self.memory.close(session_id)
-        self._retired[session_id] = why
+        owner = _digest(session.secret) if session is not None else b""
+        self._retired[session_id] = (why, owner)
         while len(self._retired) > RETIRED_SESSIONS:
             self._retired.popitem(last=False)
 

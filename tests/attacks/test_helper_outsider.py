@@ -11,7 +11,8 @@ Here the attacker speaks raw wire bytes over gRPC (:func:`raw_call`), as anyone 
 can, to a real S1 process started with its defaults (a generated access token); the victim is an
 honest S0 (:class:`~flwr_fsl.helper.HelperClient`) in the middle of an SSA round. The stated
 baseline: whatever the attacker sends, every call naming the victim's session is refused
-(``UNAUTHENTICATED`` without the token, ``PERMISSION_DENIED`` without the session's secret), and
+(``UNAUTHENTICATED`` without the token; without the session's secret, ``NOT_FOUND`` with the very
+answer an id S1 never issued gets, so the id does not even tell whether the session is live), and
 the victim's round then aggregates exactly its clients, all of them. Also: ``--insecure`` is
 what it takes to serve without a token, a token over plain gRPC on a non-loopback address is
 refused at start, and ``Health`` answers the same bytes whatever sessions and rounds exist.
@@ -129,9 +130,9 @@ def _finish_exactly(victim: HelperClient, clients: list, uploads: list) -> None:
             os.urandom(32),
             grpc.StatusCode.UNAUTHENTICATED,
         ),
-        ("another run's S0 (token)", "TOKEN", None, grpc.StatusCode.PERMISSION_DENIED),
-        ("token and a wrong secret", "TOKEN", os.urandom(32), grpc.StatusCode.PERMISSION_DENIED),
-        ("token and a malformed secret", "TOKEN", b"\x01", grpc.StatusCode.PERMISSION_DENIED),
+        ("another run's S0 (token)", "TOKEN", None, grpc.StatusCode.NOT_FOUND),
+        ("token and a wrong secret", "TOKEN", os.urandom(32), grpc.StatusCode.NOT_FOUND),
+        ("token and a malformed secret", "TOKEN", b"\x01", grpc.StatusCode.NOT_FOUND),
     ],
 )
 def test_an_outsider_knowing_the_session_id_is_refused_everything(
@@ -144,6 +145,12 @@ def test_an_outsider_knowing_the_session_id_is_refused_everything(
         for method, message in forged_calls(victim.session_id, clients[0].cid).items():
             code, details = raw_call(s1.address, method, message, token=token, secret=secret)
             assert code == refused, (who, method, code, details)
+            # Liveness oracle: the live id answers exactly as an id S1 never issued.
+            other = forged_calls(os.urandom(16), clients[0].cid)[method]
+            assert raw_call(s1.address, method, other, token=token, secret=secret) == (
+                code,
+                details,
+            ), (who, method)
         # Its own session is all a token holder gets; it cannot reach the victim's from it.
         if token is not None:
             code, body = raw_call(s1.address, "OpenSession", wire.OpenSessionRequest(), token=token)
@@ -152,7 +159,7 @@ def test_an_outsider_knowing_the_session_id_is_refused_everything(
             assert own.session != victim.session_id
             forged = forged_calls(victim.session_id, clients[0].cid)["FinishRound"]
             code, _ = raw_call(s1.address, "FinishRound", forged, token=token, secret=own.secret)
-            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert code == grpc.StatusCode.NOT_FOUND
         # The victim's round is untouched: every client's real upload is taken, sums exact.
         _finish_exactly(victim, clients, uploads)
     finally:
@@ -210,7 +217,7 @@ def test_serving_without_a_token_takes_insecure(tmp_path: Path) -> None:
             # ... but still not touch another's: the session secret guards it.
             for method, message in forged_calls(victim.session_id, clients[0].cid).items():
                 code, _ = raw_call(proc.address, method, message)
-                assert code == grpc.StatusCode.PERMISSION_DENIED, method
+                assert code == grpc.StatusCode.NOT_FOUND, method
             _finish_exactly(victim, clients, uploads)
         finally:
             conn.close()

@@ -8,6 +8,7 @@ validates its run-config keys once, naming the bad key.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import reconstruct
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.helper import (
-    HelperAuthError,
     HelperClient,
     HelperError,
     HelperRequestError,
@@ -311,7 +311,7 @@ def test_a_plugged_in_service_answers_through_both_transports() -> None:
         assert _echo(remote_b, 1) == 1  # its own session
         # The twin's session id alone opens nothing over gRPC either ...
         remote_a._session_id = twin_a.session_id
-        with pytest.raises(HelperAuthError, match="session secret"):
+        with pytest.raises(HelperSessionLostError, match="unknown session"):
             _echo(remote_a, 1)
         # ... with its secret it is the same state.
         remote_a._secret, remote_a._session_live = twin_a._secret, True
@@ -400,3 +400,29 @@ def test_connect_helper_reaches_a_token_protected_s1(flwr_home: Path) -> None:
 def test_shapes_stay_consistent() -> None:
     # The module's round constants agree with the shared SSA test fixtures.
     assert make_params(1).domain_size == M and make_params(1).value_width == WIDTH
+
+
+def test_a_session_id_alone_tells_nothing_about_the_session() -> None:
+    # Issue 21's liveness oracle: without the secret, a live id, a closed id and an id S1 never
+    # issued get one answer; why a session ended is said only to the caller holding its secret.
+    service = HelperService(SealingKeyPair.generate())
+    live, closed = InProcessHelper(service), InProcessHelper(service)
+    live.open_round(1, make_params(1).to_bytes())
+    closed.open_round(1, make_params(1).to_bytes())
+    closed_id, closed_secret = closed.session_id, closed._secret
+    closed.close()
+    answers = set()
+    for sid in (live.session_id, closed_id, os.urandom(16)):
+        for secret in (None, b"", os.urandom(32), closed_secret if sid != closed_id else None):
+            request = wire.encode(wire.FinishRoundRequest(sid, 1))
+            with pytest.raises(HelperSessionLostError) as err:
+                service.handle("FinishRound", request, secret)
+            answers.add((type(err.value), str(err.value)))
+    unknown = "unknown session (closed, expired, or S1 restarted)"
+    assert answers == {(HelperSessionLostError, unknown)}
+    request = wire.encode(wire.FinishRoundRequest(closed_id, 1))
+    with pytest.raises(HelperSessionLostError, match="single-use"):
+        service.handle("FinishRound", request, closed_secret)
+    ids, _ = live.finish_round(1)  # the live session was not touched by any of it
+    assert ids == ()
+    live.close()
