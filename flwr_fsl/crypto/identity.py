@@ -20,7 +20,8 @@ no signature of this package is a valid signature of any other protocol's raw me
 **Key files.** Unencrypted PKCS#8 PEM, written atomically with mode 0600 (a private temporary
 file renamed over the target, or ``O_EXCL`` on the target), and refused on load when the group
 or others can access them (POSIX). :func:`load_or_create_identity` creates a missing file (the
-client's default key, ``$FLWR_HOME/fsl/identity/node-<node id>.pem``); an explicit path given in
+client's default key, ``$FLWR_HOME/fsl/identity/partition-<partition-id>.pem``, or
+``node-<node id>.pem`` without a partition); an explicit path given in
 the node config (``fsl-signing-key``) must already exist (:func:`node_identity`).
 
 **Enrollment list format** (:data:`ENROLLMENT_FORMAT`), defined here once; the parser
@@ -76,6 +77,7 @@ __all__ = [
     "DOMAIN",
     "ENROLLMENT_FORMAT",
     "NODE_SIGNING_KEY",
+    "PARTITION_KEY",
     "PUBLIC_KEY_BYTES",
     "SIGNATURE_BYTES",
     "Enrollment",
@@ -100,6 +102,8 @@ PRIVATE_KEY_BYTES = 32
 DOMAIN = b"flwr-fsl/identity/v1\x00"
 """Prefix of every signed input (:func:`signing_input`)."""
 NODE_SIGNING_KEY = "fsl-signing-key"
+PARTITION_KEY = "partition-id"
+"""The node-config key of a node's data partition (Flower's simulation sets it per node)."""
 """Node-config key: absolute path of the client's Ed25519 key file (PKCS#8 PEM, mode 0600)."""
 
 ENROLLMENT_FORMAT = (
@@ -343,14 +347,21 @@ def load_or_create_identity(path: Path) -> tuple[SigningIdentity, bool]:
     return identity, True
 
 
-def default_identity_path(node_id: int, environ: Mapping[str, str] | None = None) -> Path:
-    """Return a node's default key file, ``$FLWR_HOME/fsl/identity/node-<node_id>.pem``.
+def default_identity_path(
+    node_id: int, environ: Mapping[str, str] | None = None, partition_id: int | None = None
+) -> Path:
+    """Return a node's default key file under ``$FLWR_HOME/fsl/identity/``.
 
+    ``partition-<partition_id>.pem`` when the node config names its data partition (a
+    simulation's nodes get new random node ids every run, but keep their partition, so their
+    keys — and S1's per-client privacy accounts, kept per key — stay the same from run to run
+    instead of piling up), else ``node-<node_id>.pem`` (a SuperNode's id follows its own key).
     ``FLWR_HOME`` defaults to ``~/.flwr``.
     """
     env = os.environ if environ is None else environ
     home = Path(env.get("FLWR_HOME", "~/.flwr")).expanduser()
-    return home / "fsl" / "identity" / f"node-{int(node_id)}.pem"
+    name = f"node-{int(node_id)}" if partition_id is None else f"partition-{int(partition_id)}"
+    return home / "fsl" / "identity" / f"{name}.pem"
 
 
 _CACHE: dict[Path, SigningIdentity] = {}
@@ -362,7 +373,8 @@ def node_identity(node_config: Mapping[str, Any], node_id: int) -> SigningIdenti
     ``fsl-signing-key`` (:data:`NODE_SIGNING_KEY`), when set, is the absolute path of an
     existing key file (the operator enrolled its public key; a missing file is an error, never
     silently replaced by a fresh unenrolled key). When unset, the node's default key
-    (:func:`default_identity_path`) is used and created on first use; its public key must then
+    (:func:`default_identity_path`: by its ``partition-id`` when the node config has one, else
+    by its node id) is used and created on first use; its public key must then
     be enrolled at S1 (``flwr-fsl-identity <path>`` prints the line). Loaded keys are cached
     per path for the life of the process.
 
@@ -386,7 +398,10 @@ def node_identity(node_config: Mapping[str, Any], node_id: int) -> SigningIdenti
     """
     value = node_config.get(NODE_SIGNING_KEY)
     if value is None:
-        path = default_identity_path(node_id)
+        partition = node_config.get(PARTITION_KEY)
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            partition = None  # no (usable) partition: the node id names the key
+        path = default_identity_path(node_id, partition_id=partition)
     else:
         if not isinstance(value, str) or not value or not Path(value).is_absolute():
             raise ConfigurationError(

@@ -153,6 +153,13 @@ def test_node_identity_from_node_config(tmp_path: Path, monkeypatch: pytest.Monk
     default = tmp_path / "home" / "fsl" / "identity" / "node-42.pem"
     assert SigningIdentity.load(default).public_bytes == made.public_bytes
     assert node_identity({}, 42) is made  # cached
+    # A simulation's node: new random ids every run, one key per partition all the same.
+    first = node_identity({"partition-id": 3}, 1234)
+    assert node_identity({"partition-id": 3}, 98765).public_bytes == first.public_bytes
+    assert (tmp_path / "home" / "fsl" / "identity" / "partition-3.pem").exists()
+    assert not (tmp_path / "home" / "fsl" / "identity" / "node-1234.pem").exists()
+    for unusable in (True, -1, "3", 2.0):  # not a partition number: the node id names it
+        assert node_identity({"partition-id": unusable}, 42) is made
     explicit = SigningIdentity.generate().save(tmp_path / "mine.pem")
     assert (
         node_identity({NODE_SIGNING_KEY: str(explicit)}, 42).public_bytes

@@ -36,7 +36,8 @@ lives Flower-free in :mod:`flwr_fsl.families.ssa.protocol`. The dispatch is
   with the node's Ed25519 key (:mod:`flwr_fsl.crypto.identity`), so S1 counts only clients on
   its enrollment list and S0 cannot invent any. The key file is the node config's
   ``fsl-signing-key`` (an absolute path; the file must exist), else
-  ``$FLWR_HOME/fsl/identity/node-<node id>.pem``, created on first use (enroll its public key:
+  ``$FLWR_HOME/fsl/identity/partition-<partition-id>.pem`` (``node-<node id>.pem`` without a
+  ``partition-id``), created on first use (enroll its public key:
   ``flwr-fsl-identity <path>`` prints the line). :meth:`ProtocolMod.signer` loads it when the
   first SSA round arrives, before anything is trained or sent, and a bad key refuses the round
   with one line naming ``fsl-signing-key``. Flower's SuperNode authentication key cannot serve:

@@ -340,8 +340,8 @@ def test_ssa_mod_weights_by_the_configured_key_end_to_end(
     binding = RoundBinding.of(SESSION, params.round_id, params.to_bytes())
     opened = open_ssa_upload(KEY, sealed, binding=binding, client_id=node, public_part=public)
     seed1 = opened.master_seed
-    # Signed with the node's own key (no fsl-signing-key: the default one under FLWR_HOME).
-    assert opened.signer == node_identity({}, node).public_bytes
+    # Signed with the node's own key (no fsl-signing-key: the default one, by partition).
+    assert opened.signer == node_identity({"partition-id": 0}, node).public_bytes
     servers = [SSAServer(params, b) for b in (0, 1)]
     servers[0].add_client(node, public, seed0)
     servers[1].add_client(node, public, seed1)
