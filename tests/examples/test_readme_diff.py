@@ -1,12 +1,13 @@
-"""The README's drop-in diffs, applied as printed to an app written like ``flwr new``'s, run.
+"""The drop-in diffs of the README and the docs, applied as printed to a ``flwr new``-like app, run.
 
 ``tests/examples/quickstart`` is a PyTorch Message-API app in the shape Flower's template has
 (``ClientApp()``, ``FedAvg(fraction_train=...)``, ``strategy.start(...)``, run config in
-``pyproject.toml``). The test reads the ```diff blocks of README.md's drop-in section, applies
-them with a small strict patcher (every removed line must be found, context lines anchor the
-additions) and runs the patched app on the in-process grid: first top-k (FedSubAvg +
-topk_mod), then the private version (SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the
-fingerprint the README's pyproject line asks for). A README edit that no longer applies or
+``pyproject.toml``). Each test reads the ```diff blocks of one "Drop-in" section (README.md's
+top-k one, and one per family page in ``docs/families/``), applies them with a small strict
+patcher (every removed line must be found, context lines anchor the additions) and runs the
+patched app on the in-process grid: top-k (FedSubAvg + topk_mod), the private version
+(SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the fingerprint the page's pyproject line
+asks for), SecAgg, width extraction and SESA. A README or docs edit that no longer applies or
 runs fails here.
 """
 
@@ -38,15 +39,19 @@ APP_FILES = {
 }
 
 
+def section_diffs(page: str, heading: str) -> list[str]:
+    """Return the ```diff blocks of one ``## heading`` section of a page (README or docs)."""
+    text = (REPO / page).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```diff\n(.*?)```", text[start : end if end > 0 else None], flags=re.S)
+
+
 def readme_diffs() -> tuple[list[str], list[str]]:
-    """Return the diff blocks of the top-k drop-in and of "make it private", in order."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("Starting from the app `flwr new` generates")
-    private = text.index("### …and make it private", start)
-    end = text.index("\n## ", private)
-    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
-    split = len(re.findall(r"```diff\n", text[start:private]))
-    return blocks[:split], blocks[split:]
+    """Return the diff blocks of the top-k drop-in (README) and of "make it private" (SSA page)."""
+    topk = section_diffs("README.md", "Drop-in: turn Flower's PyTorch app into a top-k submodel app")
+    private = section_diffs("docs/families/ssa.md", "Drop-in: make top-k private (two servers)")
+    return topk, private
 
 
 def apply_diff(root: Path, block: str) -> None:
@@ -127,7 +132,17 @@ def test_topk_then_private_diffs_apply_and_run(
     app_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     topk, private = readme_diffs()
-    assert len(topk) == 3 and len(private) == 3, "the README's drop-in section changed shape"
+    assert len(topk) == 3 and len(private) == 3, "a top-k drop-in section changed shape"
+    # The top-k page shows the README's diff (with more settings in comments): both apply.
+    docs_topk = section_diffs(
+        "docs/families/topk.md", "Drop-in: top-k submodels on Flower's PyTorch app"
+    )
+    assert len(docs_topk) == 3, "docs/families/topk.md's drop-in section changed shape"
+    for block in docs_topk:
+        apply_diff(app_dir, block)
+    run_app(app_dir)
+    shutil.rmtree(app_dir)
+    shutil.copytree(TEMPLATE, app_dir)
     unpatched = run_app(app_dir)
     assert unpatched.exists()
 
@@ -162,11 +177,10 @@ def test_the_patcher_refuses_a_diff_that_does_not_match(app_dir: Path) -> None:
 def test_secagg_diff_applies_to_the_unchanged_app_and_runs(
     app_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    text = (REPO / "README.md").read_text()
-    start = text.index("## Drop-in: secure aggregation for plain FedAvg")
-    end = text.index("\n## ", start + 1)
-    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
-    assert len(blocks) == 2, "the README's SecAgg drop-in section changed shape"
+    blocks = section_diffs(
+        "docs/families/secagg.md", "Drop-in: secure aggregation for plain FedAvg"
+    )
+    assert len(blocks) == 2, "docs/families/secagg.md's drop-in section changed shape"
     plain = run_app(app_dir)
     for block in blocks:
         apply_diff(app_dir, block)
@@ -178,3 +192,28 @@ def test_secagg_diff_applies_to_the_unchanged_app_and_runs(
     # The same training, averaged in secret: the same model up to the fixed point.
     for name, value in torch.load(plain).items():
         torch.testing.assert_close(torch.load(secure)[name], value, atol=1e-5, rtol=0)
+
+
+def test_width_diff_applies_and_runs(app_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocks = section_diffs("docs/families/width.md", "Drop-in: clients of different capacity")
+    assert len(blocks) == 3, "docs/families/width.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        model_path = run_app(app_dir)
+    assert "Starting WidthFedAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    state = torch.load(model_path)
+    assert state["blocks.0.layer.weight"].shape == (16, 20)  # the full model comes back
+
+
+def test_sesa_diff_applies_and_runs(app_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocks = section_diffs("docs/families/sesa.md", "Drop-in: secure shards")
+    assert len(blocks) == 3, "docs/families/sesa.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        model_path = run_app(app_dir, num_nodes=8)
+    assert "Starting SesaFedAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    assert torch.load(model_path)["blocks.0.layer.weight"].shape == (16, 20)
