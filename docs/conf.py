@@ -12,7 +12,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 project = "flwr_fsl"
 author = "flwr_fsl contributors"
-copyright = "flwr_fsl contributors"  # noqa: A001
+copyright = "flwr_fsl contributors"
 release = "0.1.0"
 
 extensions = [

@@ -49,7 +49,8 @@ def section_diffs(page: str, heading: str) -> list[str]:
 
 def readme_diffs() -> tuple[list[str], list[str]]:
     """Return the diff blocks of the top-k drop-in (README) and of "make it private" (SSA page)."""
-    topk = section_diffs("README.md", "Drop-in: turn Flower's PyTorch app into a top-k submodel app")
+    heading = "Drop-in: turn Flower's PyTorch app into a top-k submodel app"
+    topk = section_diffs("README.md", heading)
     private = section_diffs("docs/families/ssa.md", "Drop-in: make top-k private (two servers)")
     return topk, private
 
