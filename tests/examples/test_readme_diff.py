@@ -218,3 +218,20 @@ def test_sesa_diff_applies_and_runs(app_dir: Path, caplog: pytest.LogCaptureFixt
     assert "Starting SesaFedAvg strategy" in caplog.text
     assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
     assert torch.load(model_path)["blocks.0.layer.weight"].shape == (16, 20)
+
+
+def test_sfsl_diff_applies_and_runs(
+    app_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))  # the clients' memo files
+    blocks = section_diffs("docs/families/sfsl.md", "Drop-in: a private row table on one server")
+    assert len(blocks) == 2, "docs/families/sfsl.md's drop-in section changed shape"
+    plain = run_app(app_dir, num_nodes=5)
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        secure = run_app(app_dir, num_nodes=5)
+    assert "Starting SFSLFedSubAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    before, after = torch.load(plain), torch.load(secure)
+    assert before.keys() == after.keys()
