@@ -235,3 +235,18 @@ def test_sfsl_diff_applies_and_runs(
     assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
     before, after = torch.load(plain), torch.load(secure)
     assert before.keys() == after.keys()
+
+
+def test_privhfl_diff_applies_and_runs(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    heading = "Drop-in: heterogeneous models that share knowledge, not weights"
+    blocks = section_diffs("docs/families/privhfl.md", heading)
+    assert len(blocks) == 2, "docs/families/privhfl.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        run_app(app_dir)
+    assert "Starting PrivHFL strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    assert "accuracy" in capsys.readouterr().out  # node_metrics printed
