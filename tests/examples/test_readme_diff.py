@@ -39,6 +39,18 @@ APP_FILES = {
 }
 
 
+# Every family page's drop-in section, by family: the tests below apply each one.
+DROPIN_SECTIONS = {
+    "topk": "Drop-in: top-k submodels on Flower's PyTorch app",
+    "ssa": "Drop-in: make top-k private (two servers)",
+    "secagg": "Drop-in: secure aggregation for plain FedAvg",
+    "sfsl": "Drop-in: a private row table on one server",
+    "width": "Drop-in: clients of different capacity",
+    "sesa": "Drop-in: secure shards",
+    "privhfl": "Drop-in: heterogeneous models that share knowledge, not weights",
+}
+
+
 def section_diffs(page: str, heading: str) -> list[str]:
     """Return the ```diff blocks of one ``## heading`` section of a page (README or docs)."""
     text = (REPO / page).read_text()
@@ -250,3 +262,13 @@ def test_privhfl_diff_applies_and_runs(
     assert "Starting PrivHFL strategy" in caplog.text
     assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
     assert "accuracy" in capsys.readouterr().out  # node_metrics printed
+
+
+def test_every_family_page_has_a_tested_dropin_section() -> None:
+    families = sorted(p.name for p in (REPO / "flwr_fsl" / "families").iterdir() if p.is_dir())
+    families = [
+        f for f in families if (REPO / "flwr_fsl" / "families" / f / "__init__.py").exists()
+    ]
+    assert sorted(DROPIN_SECTIONS) == families
+    for family, heading in DROPIN_SECTIONS.items():
+        assert section_diffs(f"docs/families/{family}.md", heading), family
