@@ -15,13 +15,13 @@ export PYTHONUNBUFFERED := 1
 # `flwr run` starts `flower-superlink` from PATH: put the venv's scripts first.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install data test test-flower-min demo demo-topk lint bench-accuracy clean
+.PHONY: install data test test-flower-min demo demo-topk lint docs bench-accuracy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a CUDA build).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[torch,test,examples,benchmarks]"
+	$(PY) -m pip install -q -e ".[torch,test,examples,benchmarks,docs]"
 	touch $@
 
 install: $(STAMP)
@@ -66,8 +66,15 @@ demo-topk: $(STAMP) $(DATA_STAMP)
 	$(VENV)/bin/flwr run examples/topk-mnist local --stream \
 	    --federation-config "num-supernodes=10 client-resources-num-cpus=1"
 
+# The documentation site (docs/, Sphinx + furo + myst-nb) into docs/_build/html; every warning is
+# an error. Notebooks render with the outputs stored in them (nothing is executed).
+docs: $(STAMP)
+	rm -rf docs/_build/html docs/_build/doctrees
+	$(VENV)/bin/sphinx-build -b html -W --keep-going -q docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 bench-accuracy: $(STAMP) $(DATA_STAMP)
 	$(PY) benchmarks/accuracy_topk.py
 
 clean:
-	rm -rf $(VENV) .cache .flwr .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .flwr .pytest_cache .mypy_cache .ruff_cache docs/_build

@@ -1,12 +1,13 @@
-"""The README's drop-in diffs, applied as printed to an app written like ``flwr new``'s, run.
+"""The drop-in diffs of the README and the docs, applied as printed to a ``flwr new``-like app, run.
 
 ``tests/examples/quickstart`` is a PyTorch Message-API app in the shape Flower's template has
 (``ClientApp()``, ``FedAvg(fraction_train=...)``, ``strategy.start(...)``, run config in
-``pyproject.toml``). The test reads the ```diff blocks of README.md's drop-in section, applies
-them with a small strict patcher (every removed line must be found, context lines anchor the
-additions) and runs the patched app on the in-process grid: first top-k (FedSubAvg +
-topk_mod), then the private version (SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the
-fingerprint the README's pyproject line asks for). A README edit that no longer applies or
+``pyproject.toml``). Each test reads the ```diff blocks of one "Drop-in" section (README.md's
+top-k one, and one per family page in ``docs/families/``), applies them with a small strict
+patcher (every removed line must be found, context lines anchor the additions) and runs the
+patched app on the in-process grid: top-k (FedSubAvg + topk_mod), the private version
+(SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the fingerprint the page's pyproject line
+asks for), SecAgg, width extraction and SESA. A README or docs edit that no longer applies or
 runs fails here.
 """
 
@@ -38,15 +39,32 @@ APP_FILES = {
 }
 
 
+# Every family page's drop-in section, by family: the tests below apply each one.
+DROPIN_SECTIONS = {
+    "topk": "Drop-in: top-k submodels on Flower's PyTorch app",
+    "ssa": "Drop-in: make top-k private (two servers)",
+    "secagg": "Drop-in: secure aggregation for plain FedAvg",
+    "sfsl": "Drop-in: a private row table on one server",
+    "width": "Drop-in: clients of different capacity",
+    "sesa": "Drop-in: secure shards",
+    "privhfl": "Drop-in: heterogeneous models that share knowledge, not weights",
+}
+
+
+def section_diffs(page: str, heading: str) -> list[str]:
+    """Return the ```diff blocks of one ``## heading`` section of a page (README or docs)."""
+    text = (REPO / page).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```diff\n(.*?)```", text[start : end if end > 0 else None], flags=re.S)
+
+
 def readme_diffs() -> tuple[list[str], list[str]]:
-    """Return the diff blocks of the top-k drop-in and of "make it private", in order."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("Starting from the app `flwr new` generates")
-    private = text.index("### …and make it private", start)
-    end = text.index("\n## ", private)
-    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
-    split = len(re.findall(r"```diff\n", text[start:private]))
-    return blocks[:split], blocks[split:]
+    """Return the diff blocks of the top-k drop-in (README) and of "make it private" (SSA page)."""
+    heading = "Drop-in: turn Flower's PyTorch app into a top-k submodel app"
+    topk = section_diffs("README.md", heading)
+    private = section_diffs("docs/families/ssa.md", "Drop-in: make top-k private (two servers)")
+    return topk, private
 
 
 def apply_diff(root: Path, block: str) -> None:
@@ -127,7 +145,17 @@ def test_topk_then_private_diffs_apply_and_run(
     app_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     topk, private = readme_diffs()
-    assert len(topk) == 3 and len(private) == 3, "the README's drop-in section changed shape"
+    assert len(topk) == 3 and len(private) == 3, "a top-k drop-in section changed shape"
+    # The top-k page shows the README's diff (with more settings in comments): both apply.
+    docs_topk = section_diffs(
+        "docs/families/topk.md", "Drop-in: top-k submodels on Flower's PyTorch app"
+    )
+    assert len(docs_topk) == 3, "docs/families/topk.md's drop-in section changed shape"
+    for block in docs_topk:
+        apply_diff(app_dir, block)
+    run_app(app_dir)
+    shutil.rmtree(app_dir)
+    shutil.copytree(TEMPLATE, app_dir)
     unpatched = run_app(app_dir)
     assert unpatched.exists()
 
@@ -162,11 +190,10 @@ def test_the_patcher_refuses_a_diff_that_does_not_match(app_dir: Path) -> None:
 def test_secagg_diff_applies_to_the_unchanged_app_and_runs(
     app_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    text = (REPO / "README.md").read_text()
-    start = text.index("## Drop-in: secure aggregation for plain FedAvg")
-    end = text.index("\n## ", start + 1)
-    blocks = re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
-    assert len(blocks) == 2, "the README's SecAgg drop-in section changed shape"
+    blocks = section_diffs(
+        "docs/families/secagg.md", "Drop-in: secure aggregation for plain FedAvg"
+    )
+    assert len(blocks) == 2, "docs/families/secagg.md's drop-in section changed shape"
     plain = run_app(app_dir)
     for block in blocks:
         apply_diff(app_dir, block)
@@ -178,3 +205,70 @@ def test_secagg_diff_applies_to_the_unchanged_app_and_runs(
     # The same training, averaged in secret: the same model up to the fixed point.
     for name, value in torch.load(plain).items():
         torch.testing.assert_close(torch.load(secure)[name], value, atol=1e-5, rtol=0)
+
+
+def test_width_diff_applies_and_runs(app_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocks = section_diffs("docs/families/width.md", "Drop-in: clients of different capacity")
+    assert len(blocks) == 3, "docs/families/width.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        model_path = run_app(app_dir)
+    assert "Starting WidthFedAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    state = torch.load(model_path)
+    assert state["blocks.0.layer.weight"].shape == (16, 20)  # the full model comes back
+
+
+def test_sesa_diff_applies_and_runs(app_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocks = section_diffs("docs/families/sesa.md", "Drop-in: secure shards")
+    assert len(blocks) == 3, "docs/families/sesa.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        model_path = run_app(app_dir, num_nodes=8)
+    assert "Starting SesaFedAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    assert torch.load(model_path)["blocks.0.layer.weight"].shape == (16, 20)
+
+
+def test_sfsl_diff_applies_and_runs(
+    app_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))  # the clients' memo files
+    blocks = section_diffs("docs/families/sfsl.md", "Drop-in: a private row table on one server")
+    assert len(blocks) == 2, "docs/families/sfsl.md's drop-in section changed shape"
+    plain = run_app(app_dir, num_nodes=5)
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        secure = run_app(app_dir, num_nodes=5)
+    assert "Starting SFSLFedSubAvg strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    before, after = torch.load(plain), torch.load(secure)
+    assert before.keys() == after.keys()
+
+
+def test_privhfl_diff_applies_and_runs(
+    app_dir: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    heading = "Drop-in: heterogeneous models that share knowledge, not weights"
+    blocks = section_diffs("docs/families/privhfl.md", heading)
+    assert len(blocks) == 2, "docs/families/privhfl.md's drop-in section changed shape"
+    for block in blocks:
+        apply_diff(app_dir, block)
+    with caplog.at_level(logging.INFO):
+        run_app(app_dir)
+    assert "Starting PrivHFL strategy" in caplog.text
+    assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+    assert "accuracy" in capsys.readouterr().out  # node_metrics printed
+
+
+def test_every_family_page_has_a_tested_dropin_section() -> None:
+    families = sorted(p.name for p in (REPO / "flwr_fsl" / "families").iterdir() if p.is_dir())
+    families = [
+        f for f in families if (REPO / "flwr_fsl" / "families" / f / "__init__.py").exists()
+    ]
+    assert sorted(DROPIN_SECTIONS) == families
+    for family, heading in DROPIN_SECTIONS.items():
+        assert section_diffs(f"docs/families/{family}.md", heading), family
