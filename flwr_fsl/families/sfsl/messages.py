@@ -30,6 +30,12 @@ exchanges with the clients; the request of each is one of the frozen classes bel
 :class:`UnionAsk`, :class:`PerturbAsk`, :class:`RowsAsk`). The Flower layer carries them as
 the typed phases of :mod:`flwr_fsl.families.sfsl.records`; the in-process driver hands them
 to the clients directly.
+
+**Sparse download.** The rows ask carries the table's rows of ``S''`` only, in the order of
+``rows`` (:func:`submodel_download`), not the whole table with zeros elsewhere: Niu et al.'s
+download saving (§VI, Fig. 5a). The server already knows ``S''`` (the client answered it), so
+the smaller message tells it nothing new. The client puts the rows back into a table of the
+full shape, zeros elsewhere (:func:`expand_download`), which is what its train function sees.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.families.secagg.messages import SecAggParams
@@ -59,6 +65,8 @@ __all__ = [
     "RowsAsk",
     "SFSLSettings",
     "UnionAsk",
+    "expand_download",
+    "submodel_download",
 ]
 
 UNION_INSTANCE = "union"
@@ -354,8 +362,9 @@ class PerturbAsk:
 class RowsAsk:
     """The rows round's masked input: the client's submodel and its subset SecAgg round.
 
-    ``model`` holds the table with only the rows of ``rows`` (``S''``; the others zero) and
-    the dense tensors. The reply is the masked vector at the client's positions.
+    ``model`` holds the table's rows of ``rows`` (``S''``) only, in that order
+    (:func:`submodel_download`), and the dense tensors. The reply is the masked vector at the
+    client's positions.
     """
 
     params: SecAggParams
@@ -365,3 +374,77 @@ class RowsAsk:
     union: NDArray[np.int64]
     settings: SFSLSettings
     model: Mapping[str, NDArray[np.generic]] = field(default_factory=dict, compare=False)
+
+
+MAX_TABLE_BYTES = 1 << 31
+"""The largest table a client rebuilds from a sparse download (its rows x width x item size)."""
+
+
+def submodel_download(
+    model: Mapping[str, NDArray[np.generic]], table: str, rows: NDArray[np.int64]
+) -> dict[str, NDArray[np.generic]]:
+    """Return what a client of ``S'' = rows`` downloads: those table rows and the dense tensors.
+
+    Parameters
+    ----------
+    model : Mapping[str, numpy.ndarray]
+        The global model, with the 2-D row table ``table``.
+    table : str
+        The row table's name.
+    rows : numpy.ndarray
+        The client's perturbed set ``S''`` (distinct table rows).
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        The model with ``table`` replaced by ``model[table][rows]`` (``len(rows)`` rows).
+    """
+    return {k: np.asarray(v)[rows] if k == table else np.asarray(v) for k, v in model.items()}
+
+
+def expand_download(
+    download: Mapping[str, NDArray[np.generic]],
+    table: str,
+    rows: NDArray[np.int64],
+    table_rows: int,
+) -> dict[str, NDArray[np.generic]]:
+    """Return the model a client trains on: its downloaded rows in a full-shape table.
+
+    Parameters
+    ----------
+    download : Mapping[str, numpy.ndarray]
+        What the client received (:func:`submodel_download`).
+    table : str
+        The row table's name.
+    rows : numpy.ndarray
+        The client's ``S''``, in the order of the downloaded rows.
+    table_rows : int
+        The table's number of rows (the round's PSU domain).
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        The model, the table of ``table_rows`` rows holding the downloaded ones at ``rows``
+        and zeros elsewhere.
+
+    Raises
+    ------
+    ClientInputError
+        If the download's table is not ``len(rows)`` rows of a 2-D table, a row lies outside
+        the table, or the table would exceed :data:`MAX_TABLE_BYTES`.
+    """
+    part = download.get(table)
+    if part is None or part.ndim != 2 or part.shape[0] != rows.size:
+        raise ClientInputError(
+            f"the download's {table!r} must be the {rows.size} rows of S'' (got "
+            f"{None if part is None else part.shape})"
+        )
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= table_rows):
+        raise ClientInputError(f"a row of S'' lies outside the table's {table_rows} rows")
+    if table_rows * part.shape[1] * part.itemsize > MAX_TABLE_BYTES:
+        raise ClientInputError(
+            f"a table of {table_rows} rows x {part.shape[1]} is over {MAX_TABLE_BYTES} bytes"
+        )
+    full = np.zeros((table_rows, part.shape[1]), dtype=part.dtype)
+    full[rows] = part
+    return {k: full if k == table else v for k, v in download.items()}

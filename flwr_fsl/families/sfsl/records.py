@@ -200,6 +200,8 @@ class RowsInputRequest:
         shared = decode_rows(read_secagg_bytes(content, "shared"), params.vector_length)
         sharers, _ = decode_ids(read_secagg_bytes(content, "sharers"))
         settings = SFSLSettings.from_bytes(read_secagg_bytes(content, "settings"))
+        if settings.psu is None:  # its domain is the table's size the client rebuilds
+            raise ClientInputError("the rows request's settings lack the round's PSU domain")
         return cls(params, tuple(sharers), rows, shared, union, settings, _beside(content))
 
 
