@@ -36,6 +36,11 @@ to the clients directly.
 download saving (§VI, Fig. 5a). The server already knows ``S''`` (the client answered it), so
 the smaller message tells it nothing new. The client puts the rows back into a table of the
 full shape, zeros elsewhere (:func:`expand_download`), which is what its train function sees.
+Beside it, the subset SecAgg round tells the client, per peer ``v``, the positions it shares
+with ``v`` (``R_u ∩ R_v``); a row is ``width + 1`` consecutive positions and the union's rows
+are consecutive too, so these sets are a few runs: :func:`encode_shared_runs` writes each as
+``(start, length)`` runs instead of one 8-byte word per position (at 100 users under CPP5,
+~3 kB instead of 13.7 MB per client).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from numpy.typing import NDArray
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.fixedpoint import FixedPoint
-from flwr_fsl.families.secagg.messages import SecAggParams
+from flwr_fsl.families.secagg.messages import MAX_CLIENTS, SecAggParams
 from flwr_fsl.families.sfsl.dp import SFSLDP
 from flwr_fsl.families.sfsl.protocol import GammaQuantizer, RowVector
 from flwr_fsl.families.sfsl.psu import PSUParams
@@ -65,6 +70,8 @@ __all__ = [
     "RowsAsk",
     "SFSLSettings",
     "UnionAsk",
+    "decode_shared_runs",
+    "encode_shared_runs",
     "expand_download",
     "submodel_download",
 ]
@@ -448,3 +455,72 @@ def expand_download(
     full = np.zeros((table_rows, part.shape[1]), dtype=part.dtype)
     full[rows] = part
     return {k: full if k == table else v for k, v in download.items()}
+
+
+def encode_shared_runs(shared: Mapping[int, NDArray[np.int64]]) -> bytes:
+    """Encode peer -> the sorted, distinct positions a client shares with it, as runs.
+
+    Format (little-endian, :mod:`flwr_fsl.core.wireformat`): the number of peers (``u32``),
+    then per peer in increasing id order its id (``u64``), its number of runs (``u32``) and
+    each run's ``start`` and ``length`` (``u64`` each): runs increasing, each at least one
+    position long, none touching the next (so every set has one encoding).
+    """
+    w = Writer()
+    w.count(len(shared), limit=MAX_CLIENTS)
+    for peer in sorted(shared):
+        positions = np.asarray(shared[peer], dtype=np.int64)
+        if positions.ndim != 1 or np.any(np.diff(positions) < 1) or np.any(positions < 0):
+            raise ConfigurationError("shared positions must be sorted, distinct and >= 0")
+        w.u64(int(peer))
+        if positions.size == 0:
+            w.count(0, limit=None)
+            continue
+        breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+        starts = positions[np.concatenate(([0], breaks))]
+        ends = positions[np.concatenate((breaks - 1, [positions.size - 1]))] + 1
+        w.count(int(starts.size), limit=None)
+        runs = np.empty(2 * starts.size, dtype="<u8")
+        runs[0::2], runs[1::2] = starts, ends - starts
+        w.words(runs, "<u8")
+    return w.payload()
+
+
+def decode_shared_runs(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
+    """Strict decoder of :func:`encode_shared_runs` for a vector of ``length`` positions.
+
+    Every run is checked before anything is allocated: a peer's positions number at most
+    ``length`` (so a few bytes cannot make the client allocate more than an honest list).
+
+    Raises
+    ------
+    WireFormatError
+        If the bytes are truncated or too long, peer ids are not increasing, or a run is
+        empty, out of range, not increasing or touches the previous one.
+    """
+    if not isinstance(data, bytes):
+        raise WireFormatError("the shared runs must be bytes")
+    r = Reader(data)
+    out: dict[int, NDArray[np.int64]] = {}
+    previous = -1
+    for _ in range(r.count("peers", 12, MAX_CLIENTS)):
+        peer = r.u64("peer id")
+        if peer <= previous:
+            raise WireFormatError("the shared runs' peer ids must be strictly increasing")
+        previous = peer
+        raw = r.words(2 * r.count("runs", 16, length), "<u8", "runs")
+        if np.any(raw > length):  # before any signed arithmetic on the words
+            raise WireFormatError("a shared run lies outside the vector")
+        runs = raw.astype(np.int64)
+        starts, sizes = runs[0::2], runs[1::2]
+        ends = starts + sizes
+        if runs.size and (
+            np.any(sizes < 1) or int(ends[-1]) > length or np.any(starts[1:] <= ends[:-1])
+        ):
+            raise WireFormatError("the shared runs are empty, out of range or not increasing")
+        total = int(sizes.sum()) if runs.size else 0
+        if total > length:
+            raise WireFormatError("the shared runs cover more positions than the vector has")
+        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
+        out[peer] = np.arange(total, dtype=np.int64) + offsets
+    r.done()
+    return out

@@ -4,7 +4,8 @@ The rows round's train message carries ``model[table][S'']`` (not the whole tabl
 elsewhere), the client's train function still sees a full-shape table with those rows at
 ``S''`` and zeros elsewhere, and the round's result is unchanged (``test_strategy.py``). The
 codec's two functions are checked on their own: a round trip over hypothesis-chosen tables and
-sets, and every refusal of a download that does not fit.
+sets, and every refusal of a download that does not fit. The subset SecAgg's shared positions
+travel as runs (:func:`encode_shared_runs`): round trips, strict refusals, and the size.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import ClientInputError
-from flwr_fsl.families.sfsl.messages import MAX_TABLE_BYTES, expand_download, submodel_download
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.wireformat import WireFormatError
+from flwr_fsl.families.secagg.protocol import encode_rows
+from flwr_fsl.families.sfsl.messages import (
+    MAX_TABLE_BYTES,
+    decode_shared_runs,
+    encode_shared_runs,
+    expand_download,
+    submodel_download,
+)
 from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.strategies import SFSLFedSubAvg
 from tests.families.sfsl.test_strategy import MODEL, PAPER, D, M, make_app, paper_grid, real_rows
@@ -103,3 +112,72 @@ def test_a_download_that_does_not_fit_is_refused(
     download = {"b": np.zeros(2)} if table is None else {"t": table, "b": np.zeros(2)}
     with pytest.raises(ClientInputError, match=match):
         expand_download(download, "t", rows, table_rows)
+
+
+@st.composite
+def _shared(draw: st.DrawFn) -> tuple[dict[int, np.ndarray], int]:
+    length = draw(st.integers(1, 200))
+    peers = draw(st.lists(st.integers(0, 2**40), unique=True, max_size=6))
+    out = {}
+    for peer in peers:
+        mask = draw(st.lists(st.booleans(), min_size=length, max_size=length))
+        out[peer] = np.flatnonzero(mask).astype(np.int64)
+    return out, length
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_shared())
+def test_shared_runs_round_trip(case: tuple[dict[int, np.ndarray], int]) -> None:
+    shared, length = case
+    data = encode_shared_runs(shared)
+    back = decode_shared_runs(data, length)
+    assert sorted(back) == sorted(shared)
+    for peer, positions in shared.items():
+        np.testing.assert_array_equal(back[peer], positions)
+    # Canonical: one encoding per set, and never larger than the word list plus 4 bytes a peer.
+    assert encode_shared_runs(back) == data
+    assert len(data) <= len(encode_rows(shared)) + 4 * len(shared) + 4 or any(
+        np.any(np.diff(p) > 1) for p in shared.values()
+    )
+
+
+def _runs(*peers: tuple[int, list[tuple[int, int]]]) -> bytes:
+    out = len(peers).to_bytes(4, "little")
+    for peer, runs in peers:
+        out += peer.to_bytes(8, "little") + len(runs).to_bytes(4, "little")
+        for start, size in runs:
+            out += start.to_bytes(8, "little") + size.to_bytes(8, "little")
+    return out
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        (_runs((1, [(0, 0)])), "empty"),
+        (_runs((1, [(8, 3)])), "out of range"),
+        (_runs((1, [(8, 1)]), (1, [])), "strictly increasing"),
+        (_runs((2, []), (1, [])), "strictly increasing"),
+        (_runs((1, [(0, 2), (2, 2)])), "not increasing"),  # touching: not canonical
+        (_runs((1, [(4, 2), (0, 2)])), "not increasing"),
+        (_runs((1, [(2**63, 1)])), "outside the vector"),
+        (_runs((1, [(0, 2**64 - 1)])), "outside the vector"),
+        (_runs((1, [(0, 3)]))[:-1], "truncated"),
+        (_runs((1, [(0, 3)])) + b"\x00", "trailing|too long|left"),
+        ((20_000).to_bytes(4, "little"), "exceed the limit"),
+    ],
+)
+def test_shared_runs_refusals(data: bytes, match: str) -> None:
+    with pytest.raises(WireFormatError, match=match):
+        decode_shared_runs(data, 10)
+
+
+def test_shared_runs_of_whole_rows_are_a_few_words() -> None:
+    # CPP5 at 100 users: every client shares all 962 union rows (18 positions each) with each
+    # of its 99 peers; positions consecutive, so one run per peer instead of 17,316 words.
+    positions = np.arange(962 * 18, dtype=np.int64)
+    shared = {peer: positions for peer in range(99)}
+    runs, words = encode_shared_runs(shared), encode_rows(shared)
+    assert len(runs) == 4 + 99 * (8 + 4 + 16)
+    assert len(words) > 13_000_000 and len(runs) < 3_000
+    with pytest.raises(ConfigurationError, match="sorted"):
+        encode_shared_runs({1: np.array([3, 2])})
