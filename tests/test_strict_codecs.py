@@ -18,6 +18,7 @@ from flwr_fsl.families.privhfl import messages as ps
 from flwr_fsl.families.privhfl import protocol as privhfl
 from flwr_fsl.families.secagg import protocol as secagg
 from flwr_fsl.families.sesa import protocol as sesa
+from flwr_fsl.families.sfsl.messages import decode_shared_runs
 from flwr_fsl.families.sfsl.perturb import PermanentMemo
 from flwr_fsl.families.ssa import psr
 from flwr_fsl.families.ssa.protocol import SSAInputError
@@ -164,6 +165,13 @@ CASES: dict[str, Case] = {
         _hex("secagg", "rows"),
         lambda b: secagg.decode_rows(b, _SECAGG_LENGTH),
         secagg.SecAggError,
+        None,
+        None,
+    ),
+    "sfsl-shared-runs": (
+        _hex("sfsl-shared-runs", "runs"),
+        lambda b: decode_shared_runs(b, FROZEN["sfsl-shared-runs"]["length"]),
+        WireFormatError,
         None,
         None,
     ),

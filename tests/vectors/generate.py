@@ -961,6 +961,18 @@ def sfsl_settings_vectors() -> dict[str, Any]:
     }
 
 
+def sfsl_shared_runs_vectors() -> dict[str, Any]:
+    """SFSL's shared positions per peer as runs: rows of 3 positions, a gap, one empty peer."""
+    from flwr_fsl.families.sfsl.messages import encode_shared_runs
+
+    shared = {
+        4: np.array([0, 1, 2, 6, 7, 8, 9, 10, 11], np.int64),
+        9: np.array([5], np.int64),
+        12: np.zeros(0, np.int64),
+    }
+    return {"runs": encode_shared_runs(shared).hex(), "length": 12}
+
+
 def topk_residual_vectors() -> dict[str, Any]:
     """top-k's error-feedback state (``FSTK``): empty, and float32/float16/int64 tensors."""
     from flwr_fsl.families.topk.mod import Residual
@@ -1031,6 +1043,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "client-state": client_state_vectors,
     "secagg-settings": secagg_settings_vectors,
     "sfsl-settings": sfsl_settings_vectors,
+    "sfsl-shared-runs": sfsl_shared_runs_vectors,
     "topk-residual": topk_residual_vectors,
     "width-settings": width_settings_vectors,
     "sesa-settings": sesa_settings_vectors,

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
@@ -98,7 +98,7 @@ from flwr_fsl.families.secagg.records import (
     record_instance,
 )
 from flwr_fsl.families.sfsl.dp import DEFAULT_NOISE_MULTIPLIER, RowsRound, rows_input, union_input
-from flwr_fsl.families.sfsl.messages import SFSLSettings
+from flwr_fsl.families.sfsl.messages import SFSLSettings, expand_download
 from flwr_fsl.families.sfsl.perturb import MemoStore, PermanentMemo, RRParams, perturb_index_set
 from flwr_fsl.families.sfsl.records import (
     PERTURB,
@@ -367,7 +367,7 @@ class PerturbedRows:
         return PerturbReply(perturbed)
 
     def on_rows(
-        self, request: RowsInputRequest, context: Context, train: Callable[[], Message]
+        self, request: RowsInputRequest, context: Context, train: Callable[..., Message]
     ) -> MaskedInputReply | Message:
         """Alg. 1: run the user's train function on ``S''``, mask ``(v Δ, v)`` and ``(w Δ, w)``."""
         client = load_client(context, ROWS_INSTANCE, request.params)
@@ -375,15 +375,23 @@ class PerturbedRows:
         if settings.table != self.table:
             raise ClientInputError("the SFSL settings name another row table")
         self._check_round(settings, context)
-        arrays = list(request.beside.array_records.values())
-        if len(arrays) != 1 or self.table not in arrays[0]:
+        records = request.beside.array_records
+        if len(records) != 1 or self.table not in next(iter(records.values())):
             raise ClientInputError("the SFSL train message must carry the model with its table")
-        model = {k: a.numpy() for k, a in arrays[0].items()}
+        key, download = next(iter(records.items()))
+        assert settings.psu is not None  # the request's parser checked it
+        # The message holds the rows of S'' only; the train function sees the full table.
+        model = expand_download(
+            {k: a.numpy() for k, a in download.items()},
+            self.table,
+            request.rows,
+            settings.psu.domain_size,
+        )
         dense_size = sum(v.size for k, v in model.items() if k != self.table)
         layout, length = settings.layout(request.union, int(model[self.table].shape[1]), dense_size)
         if length != request.params.vector_length:
             raise ClientInputError("the SFSL layout does not match the round's length")
-        reply = train()
+        reply = train({key: ArrayRecord({k: Array(np.asarray(v)) for k, v in model.items()})})
         if reply.has_error():
             return reply  # masks of a client that drops are removed in Unmask
         trained_records = list(reply.content.array_records.values())
@@ -455,6 +463,6 @@ class _RowsMod(_InstanceMod):
         return self.owner.on_perturb(request, context)
 
     def on_train(
-        self, request: RowsInputRequest, context: Context, train: Callable[[], Message]
+        self, request: RowsInputRequest, context: Context, train: Callable[..., Message]
     ) -> MaskedInputReply | Message:
         return self.owner.on_rows(request, context, train)

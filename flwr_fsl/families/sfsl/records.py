@@ -39,9 +39,7 @@ from flwr_fsl.core.phases import Phase
 from flwr_fsl.families.secagg.protocol import (
     SecAggParams,
     decode_ids,
-    decode_rows,
     encode_ids,
-    encode_rows,
 )
 from flwr_fsl.families.secagg.records import (
     SECAGG_KEY,
@@ -54,6 +52,8 @@ from flwr_fsl.families.sfsl.messages import (
     SFSL_INSTANCES,
     UNION_INSTANCE,
     SFSLSettings,
+    decode_shared_runs,
+    encode_shared_runs,
 )
 
 __all__ = [
@@ -186,7 +186,7 @@ class RowsInputRequest:
         content[SECAGG_KEY] = _request(
             ROWS_INSTANCE, self.params,
             sharers=encode_ids(self.sharers), rows=_rows_bytes(self.rows),
-            shared=encode_rows(self.shared), union=_rows_bytes(self.union),
+            shared_runs=encode_shared_runs(self.shared), union=_rows_bytes(self.union),
             settings=self.settings.to_bytes(),
         )  # fmt: skip
         return content
@@ -197,9 +197,11 @@ class RowsInputRequest:
         params = _header(content, ROWS_INSTANCE)
         rows = _indices(read_secagg_bytes(content, "rows"), "the rows")
         union = _indices(read_secagg_bytes(content, "union"), "the union")
-        shared = decode_rows(read_secagg_bytes(content, "shared"), params.vector_length)
+        shared = decode_shared_runs(read_secagg_bytes(content, "shared_runs"), params.vector_length)
         sharers, _ = decode_ids(read_secagg_bytes(content, "sharers"))
         settings = SFSLSettings.from_bytes(read_secagg_bytes(content, "settings"))
+        if settings.psu is None:  # its domain is the table's size the client rebuilds
+            raise ClientInputError("the rows request's settings lack the round's PSU domain")
         return cls(params, tuple(sharers), rows, shared, union, settings, _beside(content))
 
 

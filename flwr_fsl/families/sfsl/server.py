@@ -69,6 +69,8 @@ from flwr_fsl.families.sfsl.messages import (
     RowsAsk,
     SFSLSettings,
     UnionAsk,
+    expand_download,
+    submodel_download,
 )
 from flwr_fsl.families.sfsl.perturb import PermanentMemo, RRParams, perturb_index_set
 from flwr_fsl.families.sfsl.protocol import RowVector, check_perturbed
@@ -261,11 +263,7 @@ class SFSLServer:
         )
         asks = {}
         for u in (n for n in u2 if n in alive):
-            sub = np.asarray(model[table]).copy()
-            keep = np.zeros(sub.shape[0], dtype=bool)
-            keep[perturbed[u]] = True
-            sub[~keep] = 0  # the client sees only the rows of S''
-            arrays = {k: sub if k == table else np.asarray(v) for k, v in model.items()}
+            arrays = submodel_download(model, table, perturbed[u])  # the rows of S'' only
             asks[u] = RowsAsk(params, u2, perturbed[u], shared[u], layout.union, settings, arrays)
         accepted = exchange(
             f"{ROWS_INSTANCE}-train", asks, lambda n, words: server.add_masked_input(n, words)
@@ -469,15 +467,17 @@ class SFSLParty:
             return perturbed
         if isinstance(ask, RowsAsk):
             table = ask.settings.table
+            assert ask.settings.psu is not None
+            model = expand_download(ask.model, table, ask.rows, ask.settings.psu.domain_size)
             layout, length = ask.settings.layout(
                 ask.union,
-                int(ask.model[table].shape[1]),
-                sum(int(v.size) for k, v in ask.model.items() if k != table),
+                int(model[table].shape[1]),
+                sum(int(v.size) for k, v in model.items() if k != table),
             )
             if length != ask.params.vector_length:
                 raise ClientInputError("the SFSL layout does not match the round's length")
             self._check_floor(ask.settings)
-            trained, weight = self.train({k: np.array(v) for k, v in ask.model.items()})
+            trained, weight = self.train({k: np.array(v) for k, v in model.items()})
             weighted = ask.settings.weighted
             settings = ask.settings
             peers = RowsRound(
@@ -486,7 +486,7 @@ class SFSLParty:
             )  # fmt: skip
             real = (self.rows, self.counts if weighted else np.ones(self.rows.size))
             vector, positions = rows_input(
-                layout, peers, ask.rows, dict(ask.model), trained,
+                layout, peers, ask.rows, model, trained,
                 weight if weighted else 1.0, real, length,
             )  # fmt: skip
             return self.secagg[ROWS_INSTANCE].masked_input(

@@ -55,7 +55,13 @@ def row_delta(pid: int, row: int) -> np.ndarray:
     return np.random.default_rng([pid, row]).normal(size=D)
 
 
-def make_app(rr: RRParams, seen: dict[int, np.ndarray], memo_dir: Path | None = None) -> ClientApp:
+def make_app(
+    rr: RRParams,
+    seen: dict[int, np.ndarray],
+    memo_dir: Path | None = None,
+    outer: tuple[Any, ...] = (),
+    inner: tuple[Any, ...] = (),
+) -> ClientApp:
     def rows(context: Context):  # type: ignore[no-untyped-def]
         pid = int(context.node_config["partition-id"])
         return real_rows(pid), counts(pid)
@@ -71,7 +77,7 @@ def make_app(rr: RRParams, seen: dict[int, np.ndarray], memo_dir: Path | None = 
             )
         return reply
 
-    app = ClientApp(mods=[spy, mod.mod])
+    app = ClientApp(mods=[*outer, spy, mod.mod, *inner])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
