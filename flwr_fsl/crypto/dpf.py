@@ -626,9 +626,14 @@ def evaluate_batch(  # noqa: C901, PLR0915
     tasks_i = np.ascontiguousarray(tasks_i[order])
     seeds = np.ascontiguousarray(seeds[order])
     t = np.ascontiguousarray(t[order])
-    cost = np.left_shift(np.int64(1), tasks_i[:, 2]) * per_leaf
+    # Subtree skipping: a task costs only the leaves that hold a point below its limit (a bin
+    # padded to a power of two evaluates its real points; no level holds more nodes).
+    full_leaves = np.left_shift(np.int64(1), tasks_i[:, 2])
+    kept = np.minimum(full_leaves, (tasks_i[:, 4] - tasks_i[:, 3] + group - 1) // group)
+    cost = kept * per_leaf
     bounds = _k.chunk_bounds(cost, _FD_BUDGET)
     cap = int(max(np.add.reduceat(cost, bounds[:-1]).max(), 2)) if len(bounds) > 1 else 2
+    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)
     buf_b = np.empty((cap + 1, 2), dtype=_U64)
@@ -650,7 +655,9 @@ def evaluate_batch(  # noqa: C901, PLR0915
     # Byte views taken once: slicing a memoryview is far cheaper than re-viewing arrays per call.
     mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
     mv_l, mv_r = enc_l.data.cast("B"), enc_r.data.cast("B")
-    common = (tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)
+    common = (
+        tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w, group
+    )
     fd_level = _k.fd_level
     for c in range(len(bounds) - 1):
         lo, hi = int(bounds[c]), int(bounds[c + 1])
