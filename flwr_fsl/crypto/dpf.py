@@ -656,7 +656,15 @@ def evaluate_batch(  # noqa: C901, PLR0915
     mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
     mv_l, mv_r = enc_l.data.cast("B"), enc_r.data.cast("B")
     common = (
-        tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w, group
+        tasks_i,
+        seeds,
+        t,
+        pub.level_offsets,
+        pub.cw_seeds,
+        pub.cw_bits,
+        pub.epochs,
+        half_w,
+        group,
     )
     fd_level = _k.fd_level
     for c in range(len(bounds) - 1):

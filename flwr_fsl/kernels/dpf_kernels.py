@@ -226,7 +226,7 @@ def leaf_correction(  # noqa: PLR0913
 
 @njit(cache=True, nogil=True)
 def needed_leaves(h: int, first: int, limit: int, group: int) -> int:  # pragma: no cover - numba
-    """Leaves of a height-``h`` task that hold a point in ``[first, limit)`` (``group`` per leaf)."""
+    """Leaves of a height-``h`` task holding a point in ``[first, limit)`` (``group`` a leaf)."""
     return min(1 << h, (limit - first + group - 1) // group)
 
 
