@@ -21,9 +21,11 @@ Each server evaluates a client's keys once, computing in the same pass every eva
 leaf proof ``pi_x = H(x, blk_x) ^ t_x * cs`` (equal at both servers, for every point, exactly
 when the key pair differs at no more than one point), and sums each key's count words over its
 evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
-(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version), all the
-proofs in point order (64 bytes each; computed in segments of about 2**16 points so the buffer
-stays small) and the normalized count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
+(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version, 2), the
+SHA-256 of each segment's proofs in segment order (a segment: consecutive keys of about 2**16
+points, fixed by the round's lengths; 64 bytes a point, in point order; segments are evaluated
+and hashed on several threads, :mod:`flwr_fsl.families.ssa.evaluation`) and the normalized
+count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
 key's count is exactly 1). The two servers' digests of an honest client are equal, so
 exchanging them tells neither anything new; one that differs drops the client at both.
 
@@ -52,14 +54,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, DPFPublicBatch, evaluate_batch
+from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch
 from flwr_fsl.crypto.hashing import SimpleTable
+from flwr_fsl.families.ssa.evaluation import key_range, resolve_threads, run_ranges, segments
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 
 __all__ = [
@@ -76,7 +78,7 @@ __all__ = [
 
 DIGEST_BYTES = 32
 """Bytes of a key-check digest (SHA-256)."""
-_TAG = b"flwr_fsl/ssa-key-check/v1\x00"
+_TAG = b"flwr_fsl/ssa-key-check/v2\x00"
 
 
 def checks_counts(params: SSAParams) -> bool:
@@ -114,45 +116,8 @@ def one_word(params: SSAParams) -> np.uint64:
 
 _SEGMENT_POINTS = 1 << 16
 """Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
-this many points, so the proof buffer stays small (4 MiB) however large the round."""
-
-
-def _segments(lengths: NDArray[np.int64]) -> list[tuple[int, int]]:
-    """Split keys into consecutive ranges of at most ``_SEGMENT_POINTS`` points.
-
-    A single key larger than that (e.g. a stash key) is a range of its own.
-    """
-    out: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for j, n in enumerate(lengths.tolist()):
-        if acc and acc + n > _SEGMENT_POINTS:
-            out.append((start, j))
-            start, acc = j, 0
-        acc += n
-    if lengths.shape[0]:
-        out.append((start, lengths.shape[0]))
-    return out
-
-
-def _key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
-    """Keys ``lo..hi-1`` of a batch as a batch of their own (same party, same words)."""
-    pub = keys.public
-    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
-    assert pub.cw_proof is not None
-    part = DPFPublicBatch(
-        tau=pub.tau,
-        domain_bits=pub.domain_bits[lo:hi],
-        epochs=pub.epochs[lo:hi],
-        cw_seeds=pub.cw_seeds[a:b],
-        cw_bits=pub.cw_bits[a:b],
-        cw_leaf=pub.cw_leaf[lo:hi],
-        cw_proof=pub.cw_proof[lo:hi],
-    )
-    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
-
-
-_HASH_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fsl-digest")
-"""The digest threads every server in the process shares (threads start on first use)."""
+this many points (:func:`~flwr_fsl.families.ssa.evaluation.segments`), so each proof buffer stays
+small (4 MiB) however large the round; the digest hashes each segment's proofs on its own."""
 
 
 class KeyCheck:
@@ -166,24 +131,29 @@ class KeyCheck:
         0 or 1.
     lengths : numpy.ndarray
         :func:`key_lengths_checked` of the round.
+    threads : int, optional
+        Threads evaluating (and hashing) segments at once
+        (:mod:`flwr_fsl.families.ssa.evaluation`; default: its :func:`default_threads`).
     """
 
-    def __init__(self, params: SSAParams, party: int, lengths: NDArray[np.int64]) -> None:
+    def __init__(
+        self, params: SSAParams, party: int, lengths: NDArray[np.int64], threads: int | None = None
+    ) -> None:
         self.params = params
         self.party = party
         self.lengths = lengths
+        self.threads = resolve_threads(threads)
         self.offsets = np.zeros(lengths.shape[0] + 1, np.int64)
         np.cumsum(lengths, out=self.offsets[1:])
         self.counts = checks_counts(params)
         self.one = one_word(params) if self.counts else np.uint64(0)
-        self.segments = _segments(lengths)
+        self.segments = segments(lengths, _SEGMENT_POINTS)
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
-        # Two proof buffers, reused for every client: segment j+1 is evaluated into one while
-        # a worker thread hashes segment j from the other (hashlib releases the GIL).
-        self._proofs = (
-            np.empty((most, PROOF_WORDS), np.uint64),
-            np.empty((most, PROOF_WORDS), np.uint64),
-        )
+        # One proof buffer per thread, reused for every client: a segment takes a free one,
+        # evaluates its proofs into it and hashes them (hashlib releases the GIL).
+        self._free: queue.SimpleQueue[NDArray[np.uint64]] = queue.SimpleQueue()
+        for _ in range(min(self.threads, max(len(self.segments), 1))):
+            self._free.put(np.empty((most, PROOF_WORDS), np.uint64))
 
     def evaluate(
         self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None
@@ -192,8 +162,9 @@ class KeyCheck:
 
         ``out``, if given, is a reused ``(points, tau)`` uint64 buffer the shares go into.
 
-        The digest is SHA-256 over the tag, every evaluated point's proof in point order, and
-        (unit weights) the normalized per-key count sums (module docstring).
+        The digest is SHA-256 over the tag, the SHA-256 of each segment's proofs (in point
+        order) in segment order, and (unit weights) the normalized per-key count sums (module
+        docstring); it does not depend on the thread count.
 
         Raises
         ------
@@ -204,24 +175,28 @@ class KeyCheck:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
         values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
-        h = hashlib.sha256(_TAG)
-        hashing: Future[None] | None = None
-        try:
-            for j, (lo, hi) in enumerate(self.segments):
-                a, b = int(self.offsets[lo]), int(self.offsets[hi])
-                proofs = self._proofs[j % 2][: b - a]
-                part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
+        sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
+        col = self.params.tau - 1  # the count word (padding, if any, comes after it)
+
+        def segment(j: int) -> bytes:
+            lo, hi = self.segments[j]
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            buf = self._free.get()
+            try:
+                proofs = buf[: b - a]
+                part = key_range(keys, lo, hi)
                 evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
-                if hashing is not None:
-                    hashing.result()  # segment j-1 hashed: its buffer is free, order is kept
-                # Little-endian uint64 words, hashed in place.
-                hashing = _HASH_POOL.submit(h.update, proofs.data)
-        finally:
-            if hashing is not None:
-                hashing.result()
-        if self.counts:
-            col = self.params.tau - 1  # the count word (padding, if any, comes after it)
-            sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)
+                if sums is not None:
+                    starts = self.offsets[lo:hi] - a
+                    sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
+                return hashlib.sha256(proofs.data).digest()  # little-endian words, in place
+            finally:
+                self._free.put(buf)
+
+        h = hashlib.sha256(_TAG)
+        for digest in run_ranges(segment, len(self.segments), self.threads):
+            h.update(digest)
+        if sums is not None:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
         return values, h.digest()
