@@ -67,7 +67,7 @@ def _worker(log_m: int, rate: float, clients: int, verify: bool, cores: int) -> 
         one_round()  # untimed: a long-running server has its round buffers' pages already
         out[f"s{party}_ms"] = 1e3 * one_round()
         floor = aes_floor(
-            lambda p=party: ssa.SSAServer(params, p).add_client(
+            lambda p=party: ssa.SSAServer(params, p, threads=1).add_client(
                 0, uploads[0].public_part, uploads[0].master_seeds[p]
             )
         )

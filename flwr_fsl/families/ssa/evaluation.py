@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
+from flwr_fsl.crypto.dpf import DPFKeyBatch
 
 __all__ = [
     "THREADS_ENV",
@@ -112,19 +112,9 @@ def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
 
 def key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
     """Keys ``lo..hi-1`` of a batch as a batch of their own (same party, same words; views)."""
-    pub = keys.public
-    if (lo, hi) == (0, pub.num_keys):
+    if (lo, hi) == (0, keys.public.num_keys):
         return keys
-    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
-    part = DPFPublicBatch(
-        tau=pub.tau,
-        domain_bits=pub.domain_bits[lo:hi],
-        epochs=pub.epochs[lo:hi],
-        cw_seeds=pub.cw_seeds[a:b],
-        cw_bits=pub.cw_bits[a:b],
-        cw_leaf=pub.cw_leaf[lo:hi],
-        cw_proof=None if pub.cw_proof is None else pub.cw_proof[lo:hi],
-    )
+    part = keys.public.key_slice(lo, hi)
     return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
 
 

@@ -45,9 +45,24 @@ def key_domain_bits(
     """Return the public domain size (bits) of every key: per bin, then the stash slots.
 
     A checked round (``params.verify``) leaves room for every key's dummy slot
-    (:func:`~flwr_fsl.families.ssa.verify.key_domain_bits_checked`).
+    (:func:`~flwr_fsl.families.ssa.verify.key_domain_bits_checked`). With the round's own
+    simple table (omitted, or the one :func:`simple_table_for` returns) the result is computed
+    once per round and cached (read-only): every client's encode and every server's check of
+    a client's public part needs it.
     """
-    table = simple_table if simple_table is not None else simple_table_for(params)
+    if simple_table is None or simple_table is simple_table_for(params):
+        return _key_domain_bits_cached(params)
+    return _key_domain_bits(params, simple_table)
+
+
+@lru_cache(maxsize=8)
+def _key_domain_bits_cached(params: SSAParams) -> NDArray[np.int64]:
+    bits = _key_domain_bits(params, simple_table_for(params))
+    bits.flags.writeable = False
+    return bits
+
+
+def _key_domain_bits(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
     if params.verify:
         return key_domain_bits_checked(params, table)
     stash_bits = max(1, math.ceil(math.log2(params.domain_size))) if params.domain_size > 1 else 1
