@@ -82,3 +82,12 @@ def test_threads_default_from_environment(monkeypatch: pytest.MonkeyPatch) -> No
         SSAServer(make_params(1), 0)
     monkeypatch.delenv(evaluation.THREADS_ENV)
     assert evaluation.default_threads() >= 1
+
+
+def test_lead_server_threads_reach_s0() -> None:
+    from flwr_fsl.families.ssa.two_server import LeadServer
+
+    assert LeadServer(twin(), min_clients=1, threads=2).threads == 2
+    assert LeadServer(twin(), min_clients=1).threads is None  # SSAServer's default
+    with pytest.raises(ConfigurationError, match="threads"):
+        LeadServer(twin(), min_clients=1, threads=0)
