@@ -103,6 +103,7 @@ __all__ = [
     "evaluate_batch",
     "generate_keys",
     "generate_keys_batch",
+    "key_range",
     "next_hint",
     "next_hint_batch",
     "update",
@@ -688,6 +689,39 @@ def evaluate_batch(  # noqa: C901, PLR0915
             aes.proof.encrypt_prefix_into(p_in[: _vk.BLOCKS * n], p_enc)  # n: chunk's leaves
             _vk.fd_proof_finish(p_enc, p_in, t_src, chunk_tasks, pub.cw_proof, proofs)
     return out, offsets
+
+
+def key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
+    """Return keys ``lo..hi-1`` of a batch as a batch of their own: views, not validated again.
+
+    The batch was validated when it was built, so a consecutive range of its keys is valid
+    too (a server evaluates one client's keys in many ranges; re-checking each would cost a
+    second parse).
+
+    Raises
+    ------
+    DPFKeyError
+        If ``0 <= lo <= hi <= num_keys`` does not hold.
+    """
+    pub = keys.public
+    if not 0 <= lo <= hi <= pub.num_keys:
+        raise DPFKeyError(f"key range [{lo}, {hi}) outside [0, {pub.num_keys})")
+    if (lo, hi) == (0, pub.num_keys):
+        return keys
+    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
+    part = object.__new__(DPFPublicBatch)
+    for name, value in (
+        ("tau", pub.tau),
+        ("domain_bits", pub.domain_bits[lo:hi]),
+        ("epochs", pub.epochs[lo:hi]),
+        ("cw_seeds", pub.cw_seeds[a:b]),
+        ("cw_bits", pub.cw_bits[a:b]),
+        ("cw_leaf", pub.cw_leaf[lo:hi]),
+        ("cw_proof", None if pub.cw_proof is None else pub.cw_proof[lo:hi]),
+        ("level_offsets", pub.level_offsets[lo : hi + 1] - a),
+    ):
+        object.__setattr__(part, name, value)
+    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
 
 
 def _check_proofs_out(pub: DPFPublicBatch, proofs: NDArray[np.uint64], total: int) -> None:

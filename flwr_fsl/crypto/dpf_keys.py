@@ -263,38 +263,6 @@ class DPFPublicBatch:
         """Number of keys ``m``."""
         return int(self.domain_bits.shape[0])
 
-    def key_slice(self, lo: int, hi: int) -> DPFPublicBatch:
-        """Return keys ``lo..hi-1`` as a batch of their own: views, not validated again.
-
-        This batch was validated when it was built; a consecutive range of its keys is then
-        valid too, so the range skips :meth:`__post_init__` (a server evaluates a client's keys
-        in many ranges, and re-checking every range would cost as much as a second parse).
-
-        Raises
-        ------
-        DPFKeyError
-            If ``0 <= lo <= hi <= num_keys`` does not hold.
-        """
-        if not 0 <= lo <= hi <= self.num_keys:
-            raise DPFKeyError(f"key range [{lo}, {hi}) outside [0, {self.num_keys})")
-        if (lo, hi) == (0, self.num_keys):
-            return self
-        a, b = int(self.level_offsets[lo]), int(self.level_offsets[hi])
-        part = object.__new__(DPFPublicBatch)
-        fields = {
-            "tau": self.tau,
-            "domain_bits": self.domain_bits[lo:hi],
-            "epochs": self.epochs[lo:hi],
-            "cw_seeds": self.cw_seeds[a:b],
-            "cw_bits": self.cw_bits[a:b],
-            "cw_leaf": self.cw_leaf[lo:hi],
-            "cw_proof": None if self.cw_proof is None else self.cw_proof[lo:hi],
-            "level_offsets": self.level_offsets[lo : hi + 1] - a,
-        }
-        for name, value in fields.items():
-            object.__setattr__(part, name, value)
-        return part
-
     @property
     def leaf_words(self) -> int:
         """Words ``W`` of one leaf correction word."""

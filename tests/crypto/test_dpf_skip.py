@@ -71,14 +71,14 @@ def test_padded_bins_cost_aes_blocks_for_their_points_only(monkeypatch):
     assert box[0] < 0.62 * full
 
 
-def test_key_slice_is_a_view_that_evaluates_like_its_keys():
+def test_key_range_is_a_view_that_evaluates_like_its_keys():
     (k0, _), _ = _keys(1, 20, 2, True)
     whole, off = evaluate_batch(k0)
-    part = k0.public.key_slice(5, 12)
+    sub = dpf.key_range(k0, 5, 12)
+    part = sub.public
     assert part.num_keys == 7 and np.shares_memory(part.cw_seeds, k0.public.cw_seeds)
-    sub = dpf.DPFKeyBatch(party=0, root_seeds=k0.root_seeds[5:12], public=part)
     vals, _ = evaluate_batch(sub)
     assert np.array_equal(vals, whole[off[5] : off[12]])
-    assert k0.public.key_slice(0, 20) is k0.public
+    assert dpf.key_range(k0, 0, 20) is k0
     with pytest.raises(DPFKeyError):
-        k0.public.key_slice(3, 21)
+        dpf.key_range(k0, 3, 21)

@@ -64,6 +64,7 @@ from flwr_fsl.crypto.dpf import (
     UpdateHint,
     evaluate_batch,
     generate_keys_batch,
+    key_range,
     next_hint_batch,
     update_batch,
 )
@@ -72,7 +73,6 @@ from flwr_fsl.crypto.hashing import (
     SimpleTable,
 )
 from flwr_fsl.crypto.prg import random_seeds
-from flwr_fsl.families.ssa.evaluation import key_range, resolve_threads, run_ranges, segments
 from flwr_fsl.families.ssa.messages import (
     Placement,
     SSAInputError,
@@ -92,7 +92,10 @@ from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
     one_word,
+    resolve_threads,
+    run_ranges,
     same_digest,
+    segments,
 )
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.kernels.vdpf_kernels import scatter_bins
@@ -471,7 +474,7 @@ class SSAServer:
         Client id -> this server's key shares from the previous epoch (U-DPF mode).
     threads : int, optional
         Threads that evaluate a client's keys (in key ranges) and add them up
-        (:mod:`flwr_fsl.families.ssa.evaluation`); default: ``FLWR_FSL_SSA_THREADS``, else
+        (:func:`~flwr_fsl.families.ssa.verify.run_ranges`); default: ``FLWR_FSL_SSA_THREADS``, else
         every core this process may run on. The share and digests do not depend on it.
 
     Raises

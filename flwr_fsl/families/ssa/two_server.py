@@ -78,7 +78,6 @@ from flwr_fsl.crypto.channel import SealedBoxError, public_key_fingerprint, veri
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa.dp import noise_std, noise_words
-from flwr_fsl.families.ssa.evaluation import resolve_threads
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -90,7 +89,7 @@ from flwr_fsl.families.ssa.protocol import (
     same_layout,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
-from flwr_fsl.families.ssa.verify import same_digest
+from flwr_fsl.families.ssa.verify import resolve_threads, same_digest
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",

@@ -24,7 +24,7 @@ evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
 (:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version, 2), the
 SHA-256 of each segment's proofs in segment order (a segment: consecutive keys of about 2**16
 points, fixed by the round's lengths; 64 bytes a point, in point order; segments are evaluated
-and hashed on several threads, :mod:`flwr_fsl.families.ssa.evaluation`) and the normalized
+and hashed on several threads: :func:`run_ranges`) and the normalized
 count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
 key's count is exactly 1). The two servers' digests of an honest client are equal, so
 exchanging them tells neither anything new; one that differs drops the client at both.
@@ -48,37 +48,53 @@ bins at real slots and reach one element from each of its ``eta`` candidate bins
 stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
 not the default) the count word is a weight: only the one-point property is checked, the
 weight's range is not.
+
+**Threads** (issue 26). Both servers evaluate a client's keys in key ranges on ``threads``
+threads (:class:`~flwr_fsl.families.ssa.protocol.SSAServer`'s argument; default the
+environment variable ``FLWR_FSL_SSA_THREADS``, else every core the process may use;
+:func:`run_ranges`): the shares and the digest do not depend on the thread count.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
-from flwr_fsl.families.ssa.evaluation import key_range, resolve_threads, run_ranges, segments
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 
 __all__ = [
     "DIGEST_BYTES",
+    "THREADS_ENV",
     "KeyCheck",
     "checks_counts",
     "client_digest",
+    "default_threads",
     "dummy_alphas",
     "key_domain_bits_checked",
     "key_lengths_checked",
     "one_word",
+    "resolve_threads",
+    "run_ranges",
     "same_digest",
+    "segments",
 ]
 
 DIGEST_BYTES = 32
 """Bytes of a key-check digest (SHA-256)."""
 _TAG = b"flwr_fsl/ssa-key-check/v2\x00"
+_T = TypeVar("_T")
 
 
 def checks_counts(params: SSAParams) -> bool:
@@ -114,9 +130,104 @@ def one_word(params: SSAParams) -> np.uint64:
     return np.uint64(params.fixed_point.encode(np.ones((1, 1)))[0, 0])
 
 
+# ------------------------------------------------------------------------------------------------
+# Threads (issue 26). A client's keys are split into consecutive key ranges (:func:`segments`),
+# each one :func:`~flwr_fsl.crypto.dpf.evaluate_batch` call into its rows of the server's reused
+# buffer. With ``threads >= 2`` the ranges run on a process-wide pool: the numba kernels
+# (``nogil``), ``cryptography``'s batched AES and ``hashlib`` release the GIL; with one thread
+# they run in the caller, in order. The ranges and every output (share, digest) do not depend
+# on the thread count.
+# ------------------------------------------------------------------------------------------------
+
+THREADS_ENV = "FLWR_FSL_SSA_THREADS"
+"""Environment variable with the SSA servers' default evaluation thread count."""
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def default_threads() -> int:
+    """Return ``FLWR_FSL_SSA_THREADS`` if set, else the cores this process may run on.
+
+    Raises
+    ------
+    ConfigurationError
+        If the variable is set to anything but an integer ``>= 1``.
+    """
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{THREADS_ENV} must be an integer >= 1, got {raw!r}"
+            ) from None
+        if value < 1:
+            raise ConfigurationError(f"{THREADS_ENV} must be an integer >= 1, got {raw!r}")
+        return value
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)  # pragma: no cover - platforms without affinity
+
+
+def resolve_threads(threads: int | None) -> int:
+    """Validate a ``threads`` argument (None: :func:`default_threads`).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``threads`` is not an integer ``>= 1`` (naming the argument).
+    """
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:
+        raise ConfigurationError(f"threads must be an integer >= 1, got {threads!r}")
+    return int(threads)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """Return the process-wide pool with ``threads`` workers (made on first use, then kept)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-ssa-eval")
+            _POOLS[threads] = pool
+        return pool
+
+
+def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
+    """Split keys into consecutive ranges of at most ``points`` evaluated points.
+
+    A single key larger than that (e.g. a stash key) is a range of its own.
+    """
+    out: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for j, n in enumerate(lengths.tolist()):
+        if acc and acc + n > points:
+            out.append((start, j))
+            start, acc = j, 0
+        acc += n
+    if lengths.shape[0]:
+        out.append((start, lengths.shape[0]))
+    return out
+
+
+def run_ranges(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
+    """Run ``work(0) .. work(count - 1)`` on ``threads`` threads; return results in order.
+
+    Every call has finished when this returns or raises (the first error is re-raised after
+    all of them are done, so no call still writes into a buffer the caller reuses).
+    """
+    if threads <= 1 or count <= 1:
+        return [work(j) for j in range(count)]
+    futures: list[Future[_T]] = [_pool(threads).submit(work, j) for j in range(count)]
+    wait(futures)
+    return [f.result() for f in futures]
+
+
 _SEGMENT_POINTS = 1 << 16
 """Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
-this many points (:func:`~flwr_fsl.families.ssa.evaluation.segments`), so each proof buffer stays
+this many points (:func:`segments`), so each proof buffer stays
 small (4 MiB) however large the round; the digest hashes each segment's proofs on its own."""
 
 
@@ -133,7 +244,7 @@ class KeyCheck:
         :func:`key_lengths_checked` of the round.
     threads : int, optional
         Threads evaluating (and hashing) segments at once
-        (:mod:`flwr_fsl.families.ssa.evaluation`; default: its :func:`default_threads`).
+        (default: :func:`default_threads`).
     """
 
     def __init__(

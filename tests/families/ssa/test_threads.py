@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.families.ssa import evaluation, protocol, verify
+from flwr_fsl.families.ssa import protocol, verify
 from flwr_fsl.families.ssa.protocol import SSAInputError, SSAServer, encode_update
 from tests.families.ssa import forge
 from tests.families.ssa.test_key_check import FORGERIES, _forgery, _s1_seed
@@ -75,13 +75,13 @@ def test_threads_argument_is_checked(bad: object) -> None:
 
 
 def test_threads_default_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(evaluation.THREADS_ENV, "3")
+    monkeypatch.setenv(verify.THREADS_ENV, "3")
     assert SSAServer(make_params(1), 0).threads == 3
-    monkeypatch.setenv(evaluation.THREADS_ENV, "zero")
-    with pytest.raises(ConfigurationError, match=evaluation.THREADS_ENV):
+    monkeypatch.setenv(verify.THREADS_ENV, "zero")
+    with pytest.raises(ConfigurationError, match=verify.THREADS_ENV):
         SSAServer(make_params(1), 0)
-    monkeypatch.delenv(evaluation.THREADS_ENV)
-    assert evaluation.default_threads() >= 1
+    monkeypatch.delenv(verify.THREADS_ENV)
+    assert verify.default_threads() >= 1
 
 
 def test_lead_server_threads_reach_s0() -> None:
