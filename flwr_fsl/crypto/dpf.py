@@ -561,7 +561,8 @@ def evaluate_batch(  # noqa: C901, PLR0915
     """Full-domain evaluation of every key of a batch (keys may have different domains).
 
     Levels of many keys are expanded together, one AES call per fixed key and level, in
-    cache-sized chunks.
+    cache-sized chunks. With ``lengths``, subtrees holding no point below a key's length are
+    skipped (a key padded to a power of two costs AES blocks for its evaluated points only).
 
     Parameters
     ----------
