@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,12 @@ class RecordingAES:
 
     The left, right and value ciphers of the MMO PRG share one ``sizes`` list (in call order)
     and one time accumulator (``clock``), so the replay repeats every AES call of the run.
+    One lock serializes the calls: the recorders replace every thread's ciphers, and one
+    ``BatchedAES`` context must not be used by two threads at once (the SSA servers evaluate
+    on several threads); floors are recorded on one thread where timing in place matters.
     """
+
+    _lock = threading.Lock()
 
     def __init__(
         self, inner: BatchedAES, sizes: list[int] | None = None, clock: list[float] | None = None
@@ -70,24 +76,27 @@ class RecordingAES:
 
     def encrypt_prefix_into(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Time and record one no-copy call."""
-        t = time.perf_counter()
-        self.inner.encrypt_prefix_into(blocks, out)
-        self.seconds += time.perf_counter() - t
-        self.sizes.append(blocks.nbytes // 16)
+        with self._lock:
+            t = time.perf_counter()
+            self.inner.encrypt_prefix_into(blocks, out)
+            self.seconds += time.perf_counter() - t
+            self.sizes.append(blocks.nbytes // 16)
 
     def encrypt_view_into(self, src: memoryview, dst: memoryview) -> None:
         """Time and record one raw-bytes call."""
-        t = time.perf_counter()
-        self.inner.encrypt_view_into(src, dst)
-        self.seconds += time.perf_counter() - t
-        self.sizes.append(src.nbytes // 16)
+        with self._lock:
+            t = time.perf_counter()
+            self.inner.encrypt_view_into(src, dst)
+            self.seconds += time.perf_counter() - t
+            self.sizes.append(src.nbytes // 16)
 
     def encrypt_into(self, blocks: np.ndarray, out: np.ndarray) -> None:
         """Time and record one copying call."""
-        t = time.perf_counter()
-        self.inner.encrypt_into(blocks, out)
-        self.seconds += time.perf_counter() - t
-        self.sizes.append(blocks.nbytes // 16)
+        with self._lock:
+            t = time.perf_counter()
+            self.inner.encrypt_into(blocks, out)
+            self.seconds += time.perf_counter() - t
+            self.sizes.append(blocks.nbytes // 16)
 
 
 def replay_aes(sizes: list[int]) -> float:

@@ -102,6 +102,7 @@ SIZES = (10, 15, 20)
 RATES = (0.01, 0.05, 0.10, 0.30)
 BAR_LOG_M, BAR_RATE = 20, 0.10
 BAR_ENCODE_S, BAR_SERVER_S, BAR_BYTES_REL = 0.3, 1.0, 0.10
+BAR_ENCODE_26_S = 0.040  # issue 26's client encode target
 
 # Cui et al. 2023, Table 5 (seconds; k/m in {10%, 20%, 30%}) as given in our copy of the paper.
 # Some entries look misplaced there: Eval gives 7.532 s both at 2^10/30% and at 2^20/10%, and
@@ -556,6 +557,11 @@ def bars(cells: list[Cell]) -> list[tuple[str, bool, str]]:
             f"client encode <= {BAR_ENCODE_S} s (m = 2^20, k/m = 10%)",
             bar.encode_s <= BAR_ENCODE_S,
             f"{bar.encode_s:.3f} s",
+        ),
+        (
+            f"client encode <= {BAR_ENCODE_26_S * 1e3:.0f} ms (issue 26; m = 2^20, k/m = 10%)",
+            bar.encode_s <= BAR_ENCODE_26_S,
+            f"{bar.encode_s * 1e3:.1f} ms (AES-only {bar.aes_client['replay_s'] * 1e3:.1f} ms)",
         ),
         (
             f"each server <= {BAR_SERVER_S} s per client",

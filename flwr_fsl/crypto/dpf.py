@@ -103,6 +103,7 @@ __all__ = [
     "evaluate_batch",
     "generate_keys",
     "generate_keys_batch",
+    "key_range",
     "next_hint",
     "next_hint_batch",
     "update",
@@ -560,7 +561,8 @@ def evaluate_batch(  # noqa: C901, PLR0915
     """Full-domain evaluation of every key of a batch (keys may have different domains).
 
     Levels of many keys are expanded together, one AES call per fixed key and level, in
-    cache-sized chunks.
+    cache-sized chunks. With ``lengths``, subtrees holding no point below a key's length are
+    skipped (a key padded to a power of two costs AES blocks for its evaluated points only).
 
     Parameters
     ----------
@@ -626,9 +628,14 @@ def evaluate_batch(  # noqa: C901, PLR0915
     tasks_i = np.ascontiguousarray(tasks_i[order])
     seeds = np.ascontiguousarray(seeds[order])
     t = np.ascontiguousarray(t[order])
-    cost = np.left_shift(np.int64(1), tasks_i[:, 2]) * per_leaf
+    # Subtree skipping: a task costs only the leaves that hold a point below its limit (a bin
+    # padded to a power of two evaluates its real points; no level holds more nodes).
+    full_leaves = np.left_shift(np.int64(1), tasks_i[:, 2])
+    kept = np.minimum(full_leaves, (tasks_i[:, 4] - tasks_i[:, 3] + group - 1) // group)
+    cost = kept * per_leaf
     bounds = _k.chunk_bounds(cost, _FD_BUDGET)
     cap = int(max(np.add.reduceat(cost, bounds[:-1]).max(), 2)) if len(bounds) > 1 else 2
+    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)
     buf_b = np.empty((cap + 1, 2), dtype=_U64)
@@ -650,7 +657,17 @@ def evaluate_batch(  # noqa: C901, PLR0915
     # Byte views taken once: slicing a memoryview is far cheaper than re-viewing arrays per call.
     mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
     mv_l, mv_r = enc_l.data.cast("B"), enc_r.data.cast("B")
-    common = (tasks_i, seeds, t, pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, half_w)
+    common = (
+        tasks_i,
+        seeds,
+        t,
+        pub.level_offsets,
+        pub.cw_seeds,
+        pub.cw_bits,
+        pub.epochs,
+        half_w,
+        group,
+    )
     fd_level = _k.fd_level
     for c in range(len(bounds) - 1):
         lo, hi = int(bounds[c]), int(bounds[c + 1])
@@ -673,6 +690,39 @@ def evaluate_batch(  # noqa: C901, PLR0915
             aes.proof.encrypt_prefix_into(p_in[: _vk.BLOCKS * n], p_enc)  # n: chunk's leaves
             _vk.fd_proof_finish(p_enc, p_in, t_src, chunk_tasks, pub.cw_proof, proofs)
     return out, offsets
+
+
+def key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
+    """Return keys ``lo..hi-1`` of a batch as a batch of their own: views, not validated again.
+
+    The batch was validated when it was built, so a consecutive range of its keys is valid
+    too (a server evaluates one client's keys in many ranges; re-checking each would cost a
+    second parse).
+
+    Raises
+    ------
+    DPFKeyError
+        If ``0 <= lo <= hi <= num_keys`` does not hold.
+    """
+    pub = keys.public
+    if not 0 <= lo <= hi <= pub.num_keys:
+        raise DPFKeyError(f"key range [{lo}, {hi}) outside [0, {pub.num_keys})")
+    if (lo, hi) == (0, pub.num_keys):
+        return keys
+    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
+    part = object.__new__(DPFPublicBatch)
+    for name, value in (
+        ("tau", pub.tau),
+        ("domain_bits", pub.domain_bits[lo:hi]),
+        ("epochs", pub.epochs[lo:hi]),
+        ("cw_seeds", pub.cw_seeds[a:b]),
+        ("cw_bits", pub.cw_bits[a:b]),
+        ("cw_leaf", pub.cw_leaf[lo:hi]),
+        ("cw_proof", None if pub.cw_proof is None else pub.cw_proof[lo:hi]),
+        ("level_offsets", pub.level_offsets[lo : hi + 1] - a),
+    ):
+        object.__setattr__(part, name, value)
+    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
 
 
 def _check_proofs_out(pub: DPFPublicBatch, proofs: NDArray[np.uint64], total: int) -> None:

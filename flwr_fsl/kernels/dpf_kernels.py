@@ -225,6 +225,12 @@ def leaf_correction(  # noqa: PLR0913
 
 
 @njit(cache=True, nogil=True)
+def needed_leaves(h: int, first: int, limit: int, group: int) -> int:  # pragma: no cover - numba
+    """Leaves of a height-``h`` task holding a point in ``[first, limit)`` (``group`` a leaf)."""
+    return min(1 << h, (limit - first + group - 1) // group)
+
+
+@njit(cache=True, nogil=True)
 def fd_level(  # noqa: C901, PLR0913, PLR0915
     enc_l: np.ndarray,
     enc_r: np.ndarray,
@@ -244,6 +250,7 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
     cw_bits: np.ndarray,
     epochs: np.ndarray,
     half_w: int,
+    group: int,
 ) -> int:  # pragma: no cover - numba
     """Expand chunk level ``level`` (``-1``: only load roots) and return the new node count.
 
@@ -255,6 +262,13 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
     ``max_h - h`` so that all of them reach their leaves together. Children of active nodes are
     written in order, then the roots of tasks joining at ``level + 1``. At the last level the
     output holds conversion blocks (``half_w`` per leaf) instead of seeds.
+
+    Subtree skipping: a task keeps only the nodes whose subtree holds a point below its limit
+    (:func:`needed_leaves` leaves; ``ceil(L / 2**(h - d))`` nodes at depth ``d``), so a bin
+    padded to a power of two costs AES blocks for its real points only. A pair whose right
+    child is not needed is still written whole: the next task's nodes (written later, at the
+    same position) overwrite the spare child, so ``blocks_out``/``t_out`` need one node (at
+    the last level ``half_w`` blocks) of room past the count returned.
     """
     last = level + 1 == max_h
     el = enc_l.reshape(-1)
@@ -288,7 +302,11 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
             pos_out += 1
             continue
         depth = level - start
-        nn = 1 << depth
+        # Needed leaves, then the needed parents at ``depth`` and children at ``depth + 1``.
+        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) // group)
+        sh = h - depth
+        nn = (lv + (1 << sh) - 1) >> sh
+        nc = (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
         idx = level_off[key] + tasks_i[k, 1] + depth
         # Corrections with the control-bit correction in bit 0 (cw seeds have bit 0 clear).
         scw1 = cw_seeds[idx, 1]
@@ -355,7 +373,7 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
                 bo[b + ONE] = el[a + ONE] ^ c1
                 bo[b + TWO] = er[a] ^ s0 ^ (cr0 & mask)
                 bo[b + THREE] = er[a + ONE] ^ c1
-        pos_out += 2 * nn
+        pos_out += nc
         pos_in += nn
     return pos_out
 
@@ -378,7 +396,8 @@ def fd_leaves(  # noqa: C901, PLR0913
     """Convert the chunk's leaves: ``y = (-1)^party * (H(s) + t * CW_leaf)`` into ``out``.
 
     Leaf ``i`` of a task covers points ``first + group * i ..`` (``tau`` words each); words at or
-    past the task's point limit are dropped.
+    past the task's point limit are dropped. A task has :func:`needed_leaves` leaves in the
+    chunk (subtrees past its limit were skipped).
     """
     width = 2 * half_w
     ew = enc.reshape(-1)
@@ -387,7 +406,7 @@ def fd_leaves(  # noqa: C901, PLR0913
     pos = 0
     for k in range(lo, hi):
         key = tasks_i[k, 0]
-        nl = 1 << tasks_i[k, 2]
+        nl = needed_leaves(tasks_i[k, 2], tasks_i[k, 3], tasks_i[k, 4], group)
         ow0 = tasks_i[k, 3] * tau
         lim_w = tasks_i[k, 4] * tau
         n_full = min(nl, (lim_w - ow0) // width)  # leaves whose words all fit

@@ -98,7 +98,7 @@ def fd_proof_inputs(
     for k in range(tasks_i.shape[0]):
         key = tasks_i[k, 0]
         e = epochs[key]
-        nl = 1 << tasks_i[k, 2]
+        nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
         x0 = np.uint64(tasks_i[k, 3] - key_first[key])
         for i in range(nl):
             leaf = pos + i
@@ -129,9 +129,9 @@ def fd_proof_finish(
     pos = 0
     for k in range(tasks_i.shape[0]):
         key = np.uint64(tasks_i[k, 0])
-        nl = 1 << tasks_i[k, 2]
+        nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
         first = tasks_i[k, 3]
-        n_keep = min(nl, tasks_i[k, 4] - first)
+        n_keep = nl
         cbase = key * words
         # Unsigned flat indices (no wraparound selects in the hot loop).
         for i in range(max(n_keep, 0)):

@@ -64,6 +64,7 @@ from flwr_fsl.crypto.dpf import (
     UpdateHint,
     evaluate_batch,
     generate_keys_batch,
+    key_range,
     next_hint_batch,
     update_batch,
 )
@@ -91,11 +92,17 @@ from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
     one_word,
+    resolve_threads,
+    run_ranges,
     same_digest,
+    segments,
 )
 from flwr_fsl.kernels.ring import scatter_add_rows
 from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
+
+_RANGE_POINTS = 1 << 18
+"""Points per key range of an unchecked round's evaluation (one range per thread task)."""
 
 DEFERRED_SCATTER_MAX_BYTES = 64 << 20
 """A server sums clients' evaluated shares in key order and scatters them once per read when
@@ -465,11 +472,15 @@ class SSAServer:
         0 for S0, 1 for S1.
     previous_keys : dict[int, DPFKeyBatch], optional
         Client id -> this server's key shares from the previous epoch (U-DPF mode).
+    threads : int, optional
+        Threads that evaluate a client's keys (in key ranges) and add them up
+        (:func:`~flwr_fsl.families.ssa.verify.run_ranges`); default: ``FLWR_FSL_SSA_THREADS``, else
+        every core this process may run on. The share and digests do not depend on it.
 
     Raises
     ------
-    ValueError
-        If ``party`` is not 0 or 1.
+    ConfigurationError
+        If ``party`` is not 0 or 1 or ``threads`` is not an integer >= 1.
 
     Attributes
     ----------
@@ -485,11 +496,14 @@ class SSAServer:
         params: SSAParams,
         party: int,
         previous_keys: dict[int, DPFKeyBatch] | None = None,
+        *,
+        threads: int | None = None,
     ) -> None:
         if party not in (0, 1):
             raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
         self.params = params
         self.party = party
+        self.threads = resolve_threads(threads)
         self._table = simple_table_for(params)
         self._lengths = key_lengths(params, self._table)
         # A checked round's shares have one discard row (index m): the stash keys' dummy slot.
@@ -502,7 +516,12 @@ class SSAServer:
         self._defer = 8 * int(self._lengths.sum()) * params.key_tau <= DEFERRED_SCATTER_MAX_BYTES
         self._pending: NDArray[np.uint64] | None = None
         self._buffer: NDArray[np.uint64] | None = None
-        self._check = KeyCheck(params, party, self._lengths) if params.verify else None
+        self._check = (
+            KeyCheck(params, party, self._lengths, self.threads) if params.verify else None
+        )
+        self._ranges = segments(self._lengths, _RANGE_POINTS)
+        self._row_offsets = np.zeros(self._lengths.shape[0] + 1, np.int64)
+        np.cumsum(self._lengths, out=self._row_offsets[1:])
         self._previous = dict(previous_keys or {})
         self._clients: dict[int, None] = {}  # insertion-ordered set
         self._recent: dict[int, DPFKeyBatch] = {}  # added since forget_recent (for discard)
@@ -597,7 +616,7 @@ class SSAServer:
         elif self._pending is None:  # the share was read since the client was added
             self._pending = np.zeros_like(values)
         if self._pending is not None:
-            np.subtract(self._pending, values, out=self._pending)
+            self._add_to_pending(values, -1)
         del self._clients[client_id]
         self.keys.pop(client_id, None)
 
@@ -633,7 +652,29 @@ class SSAServer:
             self._buffer = np.empty(shape, np.uint64)
         if self._check is not None:
             return self._check.evaluate(keys, out=self._buffer)
-        return evaluate_batch(keys, lengths=self._lengths, out=self._buffer)[0], None
+        values = self._buffer
+        offsets = self._row_offsets
+
+        def one_range(j: int) -> None:
+            lo, hi = self._ranges[j]
+            rows = values[int(offsets[lo]) : int(offsets[hi])]
+            evaluate_batch(key_range(keys, lo, hi), lengths=self._lengths[lo:hi], out=rows)
+
+        run_ranges(one_range, len(self._ranges), self.threads)
+        return values, None
+
+    def _add_to_pending(self, values: NDArray[np.uint64], sign: int) -> None:
+        """``pending += sign * values`` (row slices on the server's threads)."""
+        pending = self._pending
+        assert pending is not None
+        bounds = np.linspace(0, values.shape[0], self.threads + 1).astype(np.int64)
+        op = np.add if sign > 0 else np.subtract
+
+        def one_slice(j: int) -> None:
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            op(pending[a:b], values[a:b], out=pending[a:b])
+
+        run_ranges(one_slice, self.threads, self.threads)
 
     def _accumulate(self, client_id: int, keys: DPFKeyBatch, expect: bytes | None) -> bytes | None:
         values, digest = self._evaluate(keys)
@@ -647,7 +688,7 @@ class SSAServer:
         elif self._pending is None:
             self._pending = values.copy()
         else:
-            np.add(self._pending, values, out=self._pending)
+            self._add_to_pending(values, 1)
         self._clients[client_id] = None
         if self.party == 0:  # only S0, which adds before S1 checks, ever discards
             self._recent[client_id] = keys

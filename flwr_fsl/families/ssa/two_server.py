@@ -89,7 +89,7 @@ from flwr_fsl.families.ssa.protocol import (
     same_layout,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
-from flwr_fsl.families.ssa.verify import same_digest
+from flwr_fsl.families.ssa.verify import resolve_threads, same_digest
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",
@@ -281,11 +281,14 @@ class LeadServer:
     noise_stream : PRGStream, optional
         Randomness of S0's DP noise (tests); a fresh ``os.urandom``-keyed stream per round by
         default.
+    threads : int, optional
+        S0's evaluation threads (:class:`~flwr_fsl.families.ssa.protocol.SSAServer`); default
+        ``FLWR_FSL_SSA_THREADS``, else every core. S1's: the helper's environment.
 
     Raises
     ------
     ValueError
-        If ``min_clients`` < 1 or ``relay_chunk_bytes`` is out of range.
+        If ``min_clients`` < 1 or ``relay_chunk_bytes`` or ``threads`` is out of range.
     ConfigurationError
         If ``helper_fingerprint`` is not a SHA-256 fingerprint (64 hex digits).
 
@@ -308,7 +311,9 @@ class LeadServer:
         min_clients: int = 2,
         relay_chunk_bytes: int = DEFAULT_RELAY_CHUNK_BYTES,
         noise_stream: PRGStream | None = None,
+        threads: int | None = None,
     ) -> None:
+        self.threads = None if threads is None else resolve_threads(threads)
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise ConfigurationError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         if (
@@ -514,7 +519,7 @@ class LeadServer:
                 )
             uploads = uploads.items()
         self.open(params)
-        server0 = SSAServer(params, 0, previous_keys=self.stored_keys)
+        server0 = SSAServer(params, 0, previous_keys=self.stored_keys, threads=self.threads)
         rejected, hinted = self._aggregate_chunks(params, server0, uploads)
         accepted = list(server0.clients)
         if len(accepted) < self.min_clients:

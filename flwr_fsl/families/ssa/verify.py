@@ -21,9 +21,11 @@ Each server evaluates a client's keys once, computing in the same pass every eva
 leaf proof ``pi_x = H(x, blk_x) ^ t_x * cs`` (equal at both servers, for every point, exactly
 when the key pair differs at no more than one point), and sums each key's count words over its
 evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
-(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version), all the
-proofs in point order (64 bytes each; computed in segments of about 2**16 points so the buffer
-stays small) and the normalized count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
+(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version, 2), the
+SHA-256 of each segment's proofs in segment order (a segment: consecutive keys of about 2**16
+points, fixed by the round's lengths; 64 bytes a point, in point order; segments are evaluated
+and hashed on several threads: :func:`run_ranges`) and the normalized
+count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
 key's count is exactly 1). The two servers' digests of an honest client are equal, so
 exchanging them tells neither anything new; one that differs drops the client at both.
 
@@ -46,6 +48,11 @@ bins at real slots and reach one element from each of its ``eta`` candidate bins
 stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
 not the default) the count word is a weight: only the one-point property is checked, the
 weight's range is not.
+
+**Threads** (issue 26). Both servers evaluate a client's keys in key ranges on ``threads``
+threads (:class:`~flwr_fsl.families.ssa.protocol.SSAServer`'s argument; default the
+environment variable ``FLWR_FSL_SSA_THREADS``, else every core the process may use;
+:func:`run_ranges`): the shares and the digest do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -53,30 +60,41 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, DPFPublicBatch, evaluate_batch
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 
 __all__ = [
     "DIGEST_BYTES",
+    "THREADS_ENV",
     "KeyCheck",
     "checks_counts",
     "client_digest",
+    "default_threads",
     "dummy_alphas",
     "key_domain_bits_checked",
     "key_lengths_checked",
     "one_word",
+    "resolve_threads",
+    "run_ranges",
     "same_digest",
+    "segments",
 ]
 
 DIGEST_BYTES = 32
 """Bytes of a key-check digest (SHA-256)."""
-_TAG = b"flwr_fsl/ssa-key-check/v1\x00"
+_TAG = b"flwr_fsl/ssa-key-check/v2\x00"
+_T = TypeVar("_T")
 
 
 def checks_counts(params: SSAParams) -> bool:
@@ -112,20 +130,80 @@ def one_word(params: SSAParams) -> np.uint64:
     return np.uint64(params.fixed_point.encode(np.ones((1, 1)))[0, 0])
 
 
-_SEGMENT_POINTS = 1 << 16
-"""Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
-this many points, so the proof buffer stays small (4 MiB) however large the round."""
+# ------------------------------------------------------------------------------------------------
+# Threads (issue 26). A client's keys are split into consecutive key ranges (:func:`segments`),
+# each one :func:`~flwr_fsl.crypto.dpf.evaluate_batch` call into its rows of the server's reused
+# buffer. With ``threads >= 2`` the ranges run on a process-wide pool: the numba kernels
+# (``nogil``), ``cryptography``'s batched AES and ``hashlib`` release the GIL; with one thread
+# they run in the caller, in order. The ranges and every output (share, digest) do not depend
+# on the thread count.
+# ------------------------------------------------------------------------------------------------
+
+THREADS_ENV = "FLWR_FSL_SSA_THREADS"
+"""Environment variable with the SSA servers' default evaluation thread count."""
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def _segments(lengths: NDArray[np.int64]) -> list[tuple[int, int]]:
-    """Split keys into consecutive ranges of at most ``_SEGMENT_POINTS`` points.
+def default_threads() -> int:
+    """Return ``FLWR_FSL_SSA_THREADS`` if set, else the cores this process may run on.
+
+    Raises
+    ------
+    ConfigurationError
+        If the variable is set to anything but an integer ``>= 1``.
+    """
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{THREADS_ENV} must be an integer >= 1, got {raw!r}"
+            ) from None
+        if value < 1:
+            raise ConfigurationError(f"{THREADS_ENV} must be an integer >= 1, got {raw!r}")
+        return value
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)  # pragma: no cover - platforms without affinity
+
+
+def resolve_threads(threads: int | None) -> int:
+    """Validate a ``threads`` argument (None: :func:`default_threads`).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``threads`` is not an integer ``>= 1`` (naming the argument).
+    """
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:
+        raise ConfigurationError(f"threads must be an integer >= 1, got {threads!r}")
+    return int(threads)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """Return the process-wide pool with ``threads`` workers (made on first use, then kept)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-ssa-eval")
+            _POOLS[threads] = pool
+        return pool
+
+
+def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
+    """Split keys into consecutive ranges of at most ``points`` evaluated points.
 
     A single key larger than that (e.g. a stash key) is a range of its own.
     """
     out: list[tuple[int, int]] = []
     start, acc = 0, 0
     for j, n in enumerate(lengths.tolist()):
-        if acc and acc + n > _SEGMENT_POINTS:
+        if acc and acc + n > points:
             out.append((start, j))
             start, acc = j, 0
         acc += n
@@ -134,25 +212,23 @@ def _segments(lengths: NDArray[np.int64]) -> list[tuple[int, int]]:
     return out
 
 
-def _key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
-    """Keys ``lo..hi-1`` of a batch as a batch of their own (same party, same words)."""
-    pub = keys.public
-    a, b = int(pub.level_offsets[lo]), int(pub.level_offsets[hi])
-    assert pub.cw_proof is not None
-    part = DPFPublicBatch(
-        tau=pub.tau,
-        domain_bits=pub.domain_bits[lo:hi],
-        epochs=pub.epochs[lo:hi],
-        cw_seeds=pub.cw_seeds[a:b],
-        cw_bits=pub.cw_bits[a:b],
-        cw_leaf=pub.cw_leaf[lo:hi],
-        cw_proof=pub.cw_proof[lo:hi],
-    )
-    return DPFKeyBatch(party=keys.party, root_seeds=keys.root_seeds[lo:hi], public=part)
+def run_ranges(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
+    """Run ``work(0) .. work(count - 1)`` on ``threads`` threads; return results in order.
+
+    Every call has finished when this returns or raises (the first error is re-raised after
+    all of them are done, so no call still writes into a buffer the caller reuses).
+    """
+    if threads <= 1 or count <= 1:
+        return [work(j) for j in range(count)]
+    futures: list[Future[_T]] = [_pool(threads).submit(work, j) for j in range(count)]
+    wait(futures)
+    return [f.result() for f in futures]
 
 
-_HASH_POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="fsl-digest")
-"""The digest threads every server in the process shares (threads start on first use)."""
+_SEGMENT_POINTS = 1 << 16
+"""Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
+this many points (:func:`segments`), so each proof buffer stays
+small (4 MiB) however large the round; the digest hashes each segment's proofs on its own."""
 
 
 class KeyCheck:
@@ -166,24 +242,29 @@ class KeyCheck:
         0 or 1.
     lengths : numpy.ndarray
         :func:`key_lengths_checked` of the round.
+    threads : int, optional
+        Threads evaluating (and hashing) segments at once
+        (default: :func:`default_threads`).
     """
 
-    def __init__(self, params: SSAParams, party: int, lengths: NDArray[np.int64]) -> None:
+    def __init__(
+        self, params: SSAParams, party: int, lengths: NDArray[np.int64], threads: int | None = None
+    ) -> None:
         self.params = params
         self.party = party
         self.lengths = lengths
+        self.threads = resolve_threads(threads)
         self.offsets = np.zeros(lengths.shape[0] + 1, np.int64)
         np.cumsum(lengths, out=self.offsets[1:])
         self.counts = checks_counts(params)
         self.one = one_word(params) if self.counts else np.uint64(0)
-        self.segments = _segments(lengths)
+        self.segments = segments(lengths, _SEGMENT_POINTS)
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
-        # Two proof buffers, reused for every client: segment j+1 is evaluated into one while
-        # a worker thread hashes segment j from the other (hashlib releases the GIL).
-        self._proofs = (
-            np.empty((most, PROOF_WORDS), np.uint64),
-            np.empty((most, PROOF_WORDS), np.uint64),
-        )
+        # One proof buffer per thread, reused for every client: a segment takes a free one,
+        # evaluates its proofs into it and hashes them (hashlib releases the GIL).
+        self._free: queue.SimpleQueue[NDArray[np.uint64]] = queue.SimpleQueue()
+        for _ in range(min(self.threads, max(len(self.segments), 1))):
+            self._free.put(np.empty((most, PROOF_WORDS), np.uint64))
 
     def evaluate(
         self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None
@@ -192,8 +273,9 @@ class KeyCheck:
 
         ``out``, if given, is a reused ``(points, tau)`` uint64 buffer the shares go into.
 
-        The digest is SHA-256 over the tag, every evaluated point's proof in point order, and
-        (unit weights) the normalized per-key count sums (module docstring).
+        The digest is SHA-256 over the tag, the SHA-256 of each segment's proofs (in point
+        order) in segment order, and (unit weights) the normalized per-key count sums (module
+        docstring); it does not depend on the thread count.
 
         Raises
         ------
@@ -204,24 +286,28 @@ class KeyCheck:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
         values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
-        h = hashlib.sha256(_TAG)
-        hashing: Future[None] | None = None
-        try:
-            for j, (lo, hi) in enumerate(self.segments):
-                a, b = int(self.offsets[lo]), int(self.offsets[hi])
-                proofs = self._proofs[j % 2][: b - a]
-                part = keys if (lo, hi) == (0, keys.public.num_keys) else _key_range(keys, lo, hi)
+        sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
+        col = self.params.tau - 1  # the count word (padding, if any, comes after it)
+
+        def segment(j: int) -> bytes:
+            lo, hi = self.segments[j]
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            buf = self._free.get()
+            try:
+                proofs = buf[: b - a]
+                part = key_range(keys, lo, hi)
                 evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
-                if hashing is not None:
-                    hashing.result()  # segment j-1 hashed: its buffer is free, order is kept
-                # Little-endian uint64 words, hashed in place.
-                hashing = _HASH_POOL.submit(h.update, proofs.data)
-        finally:
-            if hashing is not None:
-                hashing.result()
-        if self.counts:
-            col = self.params.tau - 1  # the count word (padding, if any, comes after it)
-            sums = np.add.reduceat(values[:, col], self.offsets[:-1]).astype(np.uint64)
+                if sums is not None:
+                    starts = self.offsets[lo:hi] - a
+                    sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
+                return hashlib.sha256(proofs.data).digest()  # little-endian words, in place
+            finally:
+                self._free.put(buf)
+
+        h = hashlib.sha256(_TAG)
+        for digest in run_ranges(segment, len(self.segments), self.threads):
+            h.update(digest)
+        if sums is not None:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
         return values, h.digest()
