@@ -220,10 +220,18 @@ class DCFPublicBatch:
             for a in (self.cw_seeds, self.cw_values, self.cw_bits, self.cw_final)
         ]
 
+    def to_parts(self) -> tuple[bytes | memoryview, ...]:
+        """Return the serialization as buffers (header, then views of the fields), no copy.
+
+        ``b"".join(parts)`` is :meth:`to_bytes`; a caller that embeds the public part in a
+        larger message joins these parts with its own fields (one copy in all).
+        """
+        head = _header(_KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau, self.num_keys)
+        return (head, *self._body())
+
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
-        head = _header(_KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau, self.num_keys)
-        return b"".join([head, *self._body()])
+        return b"".join(self.to_parts())
 
     @classmethod
     def from_bytes(cls, data: object) -> DCFPublicBatch:
@@ -262,7 +270,9 @@ def _parse_header(data: object, kind: int) -> tuple[Reader, int, int, int, int]:
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DCFKeyError(f"a serialized DCF must be bytes, got {type(data).__name__}")
-    raw = data if isinstance(data, bytes) else bytes(data)
+    # bytes and read-only views are parsed in place (the fields become read-only views).
+    readonly = isinstance(data, memoryview) and data.readonly and data.format == "B"
+    raw = data if isinstance(data, bytes) or readonly else bytes(data)
     if len(raw) < _HEADER_BYTES:
         raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER_BYTES} bytes)")
     r = Reader(raw, 0, DCFKeyError)

@@ -455,7 +455,7 @@ class Answerer(_Evaluator):
 
 
 def _dcf_keys(
-    blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
+    blob: bytes | memoryview, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
     try:
         return _dcf_keys_checked(blob, party, seed, label, n, config)
@@ -466,7 +466,7 @@ def _dcf_keys(
 
 
 def _dcf_keys_checked(
-    blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
+    blob: bytes | memoryview, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
     """Rebuild a party's DCF keys: root seeds from its seed with ``Q``, the dealt public part."""
     try:
@@ -736,7 +736,7 @@ class QuerierSession:
             r & _U64((1 << l_bits) - 1), betas, l_bits, master_seeds=(msk[0], msk[1])
         )
         corr = (_RING.sub(q, q0), _RING.sub(_RING.mul(r, q), rq0))
-        return Message(DCF_DEAL, label, corr, k0.public.to_bytes()).to_bytes()
+        return Message(DCF_DEAL, label, corr, k0.public.to_parts()).to_bytes()
 
     def aggregation_mask(self) -> NDArray[np.uint64]:
         """``r_j`` of Π_Agg for this session (advances the label like the other parties)."""

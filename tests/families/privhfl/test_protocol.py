@@ -485,7 +485,7 @@ def test_server_and_answerer_views_are_uniform_and_independent_of_the_secrets(re
         model.architecture, tuple((-w, -b if b is not None else None) for w, b in model.params)
     )
     views = []
-    for i, (m, x) in enumerate(((model, np.zeros((8, *shape))), (flipped, np.ones((8, *shape))))):
+    for i, (m, x) in enumerate(((model, np.zeros((12, *shape))), (flipped, np.ones((12, *shape))))):
         tr = Transcript(keep_views=True)
         secure_predict(
             [m],
