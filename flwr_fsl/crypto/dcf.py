@@ -63,6 +63,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -275,7 +276,8 @@ def _parse_header(data: object, kind: int) -> tuple[Reader, int, int, int, int]:
     raw = data if isinstance(data, bytes) or readonly else bytes(data)
     if len(raw) < _HEADER_BYTES:
         raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER_BYTES} bytes)")
-    r = Reader(raw, 0, DCFKeyError)
+    # A read-only memoryview reads like bytes (Reader.words then returns views of it).
+    r = Reader(cast(bytes, raw), 0, DCFKeyError)
     if r.fixed(len(_MAGIC), "magic") != _MAGIC:
         raise DCFKeyError("not a DCF blob (bad magic)")
     version, got_kind, party, n = (r.u8(what) for what in ("version", "kind", "party", "bits"))

@@ -95,6 +95,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import MAX_MESSAGE_BYTES
+from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.ring import Z2_64
 from flwr_fsl.families.privhfl.config import COMPARISONS, PrivHFLConfig, SessionSeeds
 from flwr_fsl.families.privhfl.inference import (
@@ -171,6 +173,7 @@ __all__ = [
     "Transcript",
     "agg_step",
     "expect",
+    "max_batch",
     "secure_predict",
     "server_aggregate",
     "softmax",
@@ -570,3 +573,103 @@ def _deliver(
     except PrivHFLMessageError:
         pass  # a tampered message is still delivered: the receiver must reject it
     return data
+
+
+# ------------------------------------------------------------------------- message sizes
+
+_MESSAGE_OVERHEAD = 4096  # headers of a message and of its arrays and DCF part, generously
+
+
+class _Sizer:
+    """Largest per-query and fixed byte counts of any one message of a session."""
+
+    def __init__(self, config: PrivHFLConfig) -> None:
+        self.config = config
+        self.per_query = 0  # bytes per query of the largest batch-dependent message
+        self.fixed = 0  # largest message that does not grow with the batch (E = M + a)
+
+    def _msg(self, per_query: int) -> None:
+        self.per_query = max(self.per_query, per_query)
+
+    def linear(self, layer: Linear | Conv2d, index: int, shape_in: Shape, shape_out: Shape) -> None:
+        rows, inner, outs = _linear_geometry(layer, 1, shape_in, shape_out)
+        self._msg(8 * rows * outs)  # matmul-deal: [c]_1
+        self._msg(8 * int(np.prod(shape_in)))  # matmul-F
+        self.fixed = max(self.fixed, 8 * inner * outs)  # matmul-E
+
+    def _compare(self, count: int) -> None:
+        if self.config.comparison == "dcf":
+            per_key = dcf.public_size(self.config.bound_bits, 2, 2) - dcf.public_size(
+                self.config.bound_bits, 2, 1
+            )
+            self._msg(count * (16 + per_key))  # dcf-deal: two correction words and the key
+        else:
+            self._msg(count * 16)  # beaver openings: two words
+
+    def relu(self, shape: Shape) -> None:
+        self._compare(int(np.prod(shape)))
+
+    def maxpool(self, layer: MaxPool2d, shape_in: Shape, shape_out: Shape) -> None:
+        self._compare((layer.kernel_size**2 // 2) * int(np.prod(shape_out)))
+
+    def avgpool(self, kernel: int, stride: int, shape_in: Shape, shape_out: Shape) -> None:
+        pass
+
+    def flatten(self, shape_in: Shape, shape_out: Shape) -> None:
+        pass
+
+    def residual_begin(self, shape: Shape) -> None:
+        pass
+
+    def residual_swap(self, shape: Shape) -> None:
+        pass
+
+    def residual_end(self, shape: Shape) -> None:
+        pass
+
+
+def max_batch(
+    architecture: Architecture,
+    config: PrivHFLConfig | None = None,
+    limit: int = MAX_MESSAGE_BYTES,
+) -> int:
+    """Largest number of queries per session whose every message stays under ``limit`` bytes.
+
+    The batch-dependent messages are the input share, each linear layer's ``[c]_1`` and
+    ``F``, and each comparison round's deal (DCF: ``l (17 + 16) + 32`` bytes per comparison,
+    1352 at ``l = 40``; the paper's DReLU: the two Beaver openings, 16 bytes). Drivers cut
+    a larger batch into sessions of at most this size (``benchmarks/privhfl_bench.py`` does
+    by default).
+
+    Parameters
+    ----------
+    architecture : Architecture
+        The answerer's public architecture.
+    config : PrivHFLConfig, optional
+        Settings (the comparison and ``bound_bits`` size the deals).
+    limit : int, optional
+        The message size limit (default the wire format's 512 MiB).
+
+    Returns
+    -------
+    int
+        The batch size, at least 1.
+
+    Raises
+    ------
+    ConfigurationError
+        If even one query, or the masked weights of a layer, exceed ``limit``.
+    """
+    cfg = config if config is not None else PrivHFLConfig()
+    if not isinstance(architecture, Architecture):
+        raise ConfigurationError("architecture must be an Architecture")
+    sizer = _Sizer(cfg)
+    sizer._msg(8 * int(np.prod(architecture.input_shape)))  # the input share
+    architecture.walk(sizer)
+    room = int(limit) - _MESSAGE_OVERHEAD
+    if sizer.fixed > room or sizer.per_query > room:
+        raise ConfigurationError(
+            f"one query of this architecture needs a message of "
+            f"{max(sizer.fixed, sizer.per_query)} bytes, over the {limit}-byte limit"
+        )
+    return max(1, room // max(sizer.per_query, 1))

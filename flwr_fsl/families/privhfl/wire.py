@@ -103,6 +103,10 @@ class Message:
     arrays: tuple[NDArray[np.uint64], ...] = ()
     blob: bytes | memoryview | tuple[bytes | memoryview, ...] = b""
 
+    def blob_buffer(self) -> bytes | memoryview:
+        """Return the blob as one buffer (a parsed message's read-only view; parts joined)."""
+        return b"".join(self.blob) if isinstance(self.blob, tuple) else self.blob
+
     def blob_bytes(self) -> int:
         """Length of the blob in bytes."""
         parts = self.blob if isinstance(self.blob, tuple) else (self.blob,)
