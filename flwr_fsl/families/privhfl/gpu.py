@@ -31,11 +31,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.crypto.ring import Z2_64
+from flwr_fsl.kernels.ring import matmul_wrap  # numba only: importable without cryptography
 
 __all__ = [
     "GPU_MIN_MACS",
     "MAX_INNER",
+    "cpu_matmul",
     "limb_matmul",
     "matmul_device",
     "ring_matmul",
@@ -186,4 +187,15 @@ def ring_matmul(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint
         device = _decide()
         if device != "cpu":
             return limb_matmul(a, b, device)
-    return Z2_64.matmul(a, b)
+    return cpu_matmul(a, b)
+
+
+def cpu_matmul(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """Return ``a @ b`` in ``Z_2^64`` with the numba kernel (what ``Z2_64.matmul`` runs)."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ConfigurationError(
+            f"matmul needs (m, k) @ (k, n) matrices, got {a.shape} @ {b.shape}"
+        )
+    out = np.empty((a.shape[0], b.shape[1]), dtype=_U64)
+    matmul_wrap(np.ascontiguousarray(a, dtype=_U64), np.ascontiguousarray(b, dtype=_U64), out)
+    return out
