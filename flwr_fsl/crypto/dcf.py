@@ -203,7 +203,8 @@ class DCFPublicBatch:
         object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
         if m and int(bits.max()) > 3:
             raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
-        if m and np.any(self.cw_seeds[:, :, 0] & _U64(1)):
+        low = 0 if np.little_endian else 7  # the byte of word 0 that holds its bit 0
+        if m and int(np.bitwise_or.reduce(self.cw_seeds.view(np.uint8)[:, :, low], axis=None)) & 1:
             raise DCFKeyError("seed corrections must have bit 0 clear")
 
     @property

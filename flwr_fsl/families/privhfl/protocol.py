@@ -482,7 +482,8 @@ def secure_predict(  # noqa: C901
     Raises
     ------
     ConfigurationError
-        If the models do not fit together or a setting is invalid.
+        If the models do not fit together, a setting is invalid, or there are more queries
+        than :func:`max_batch` allows in one session.
     NoAnswerError
         If every answerer's session failed.
     QuerierMessageError
@@ -502,6 +503,7 @@ def secure_predict(  # noqa: C901
     n = int(x.shape[0]) if x.ndim else 0
     if n < 1:
         raise ConfigurationError("queries must hold at least one query")
+    _check_batch(archs, cfg, n)
     seeds = list(seeds) if seeds is not None else [SessionSeeds.fresh() for _ in models]
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
@@ -555,6 +557,16 @@ def secure_predict(  # noqa: C901
         else {}
     )
     return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
+
+
+def _check_batch(archs: Sequence[Architecture], cfg: PrivHFLConfig, n: int) -> None:
+    """Refuse more queries than one session's messages can carry (before any work)."""
+    largest = min(max_batch(a, cfg) for a in archs)
+    if n > largest:
+        raise ConfigurationError(
+            f"{n} queries exceed this session's largest batch {largest} (a message would pass "
+            f"the {MAX_MESSAGE_BYTES}-byte limit): split them into sessions (max_batch)"
+        )
 
 
 def agg_step(session: int) -> int:
