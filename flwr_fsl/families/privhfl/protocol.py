@@ -75,9 +75,11 @@ widths 64-128-256 (229,376 comparisons with each ReLU after its max pool, 315,39
 858 MB before, same run), against PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session
 holds at most :func:`max_batch` queries (every message under 512 MiB: 6 at width 64). The
 DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``),
-dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation 0.7 us per key and party at 40 bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the
-numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on
-these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
+dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation 0.7 us per key and party at 40
+bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the numba kernel
+(:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on these
+layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU; on a
+GPU, :mod:`~flwr_fsl.families.privhfl.gpu` runs that trick exactly with torch.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.core.errors.ClientInputError`): the driver drops that answerer's session and
