@@ -102,7 +102,8 @@ _VERSION = 1
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255
 _HEADER_BYTES = 24  # magic, version, kind, party, domain_bits (u8 each), tau, m (u32), 8 zeros
-_CHUNK = 1 << 15  # keys (Gen) or points (Eval) per AES batch: 2-4 MiB buffers
+_CHUNK = 1 << 15  # points per AES batch in Eval: 2-4 MiB buffers
+_GEN_CHUNK = 1 << 12  # keys per AES batch in Gen: 2 x 512 KiB buffers stay in L2 (~8% less)
 
 _AES = threading.local()
 
@@ -501,7 +502,7 @@ def generate_keys_batch(
     cw_bits = np.empty((n, m), dtype=np.uint8)
     cw_final = np.empty((m, tau), dtype=_U64)
     aes = _cipher()
-    chunk = min(_CHUNK, max(m, 1))
+    chunk = min(_GEN_CHUNK, max(m, 1))
     inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
     for lo in range(0, m, chunk):
