@@ -71,7 +71,7 @@ DCF: MLP 784-128-128-10 0.1 / 1.7 ms, 0.05 / 0.83 MB; VGG-7-like of widths 8-16-
 (39,424 comparisons per query) 7.5 / 305 ms, 2.95 / 107 MB (online 2.40 / 0.82 MB);
 ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB (figures from before ReLU moved after max pooling). At
 widths 64-128-256 (229,376 comparisons with each ReLU after its max pool, 315,392 before;
-``--width 64 --batches 16``, under load) the DCF takes 2.16 s and 625 MB per query (3.64 s and
+``--width 64 --batches 12``, under load) the DCF takes 1.74 s and 625 MB per query (3.40 s and
 858 MB before, same run), against PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session
 holds at most :func:`max_batch` queries (every message under 512 MiB: 6 at width 64). The
 DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``),
