@@ -23,8 +23,11 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    load; the JSON has wall and CPU time of each whole run); bytes are every message
    the codecs produce (Q<->S, S<->A), per query, and the part that needs the query (online).
    Batches are processed in chunks of ``--chunk`` queries (``--dcf-chunk`` for the DCF, whose
-   keys take ~1.3 kB per comparison): each chunk is a session of its own, so the masked
-   weights ``E`` are sent once per chunk. Plaintext is torch's float32 forward on the same
+   keys take ~1.3 kB per comparison; both default to the largest session whose every message
+   fits the 512 MiB limit, :func:`~flwr_fsl.families.privhfl.protocol.max_batch`, at most 64):
+   each chunk is a session of its own, so the masked weights ``E`` are sent once per chunk.
+   With ``--width 64`` and the DCF it prints the issue-26 target line (<= 0.5 s per query at
+   batch >= 256, PASS/FAIL). Plaintext is torch's float32 forward on the same
    batch (one thread). "max err" is ``max |secure - torch|``; "wrong" counts logits more than
    0.01 off (a SecureML truncation wrap, probability ``|v| / 2^64`` per truncated product).
 
@@ -53,6 +56,7 @@ from flwr_fsl.families.privhfl.protocol import (
     PrivHFLConfig,
     SessionSeeds,
     Transcript,
+    max_batch,
     secure_predict,
 )
 from flwr_fsl.kernels.ring import matmul_wrap
@@ -60,6 +64,8 @@ from flwr_fsl.kernels.ring import matmul_wrap
 U64 = np.uint64
 
 
+AUTO_CHUNK_CAP = 64  # queries per session at most when the chunk is derived (memory)
+TARGET_S = 0.5  # issue 26: VGG-7 at widths 64-128-256, DCF, <= 0.5 s per query at batch >= 256
 CLOCK = time.process_time  # CPU seconds: other sessions' load on a shared machine does not count
 
 
@@ -251,6 +257,9 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                 expected = net(xt).double().numpy()
             for comparison in args.variants:
                 chunk = args.dcf_chunk if comparison == "dcf" else args.chunk
+                if chunk <= 0:  # auto: the largest session whose messages fit the size limit
+                    cfg = PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
+                    chunk = min(max_batch(model.architecture, cfg), AUTO_CHUNK_CAP)
                 run_secure(model, x[:1], comparison, chunk)  # warm-up (JIT, caches)
                 t0, c0 = time.perf_counter(), CLOCK()
                 logits, tr = run_secure(model, x.astype(np.float64), comparison, chunk)
@@ -323,8 +332,12 @@ def main() -> None:
     )
     parser.add_argument("--batches", default=None, help="comma list (default 1,256)")
     parser.add_argument("--width", type=int, default=8, help="base width of the CNNs")
-    parser.add_argument("--chunk", type=int, default=64, help="queries per session (drelu)")
-    parser.add_argument("--dcf-chunk", type=int, default=8, help="queries per session (dcf)")
+    parser.add_argument(
+        "--chunk", type=int, default=0, help="queries per session (drelu); 0: derived (max_batch)"
+    )
+    parser.add_argument(
+        "--dcf-chunk", type=int, default=0, help="queries per session (dcf); 0: derived"
+    )
     parser.add_argument("--no-micro", action="store_true", help="skip the matmul and DCF tables")
     parser.add_argument("--json", default="benchmarks/results/privhfl_bench.json")
     args = parser.parse_args()
@@ -361,6 +374,14 @@ def main() -> None:
             f"{r['plaintext_ms_per_query']:10.3f} {r['max_err']:8.1e} {r['wrong_logits']:5d} "
             f"{r['argmax_agree']:6.1%}"
         )
+    for r in rows:
+        if r["arch"] == "vgg7" and r["comparison"] == "dcf" and r["width"] == 64:
+            ok = r["s_per_query"] <= TARGET_S and r["batch"] >= 256
+            print(
+                f"target VGG-7 64-128-256 DCF <= {TARGET_S} s/query at batch >= 256: "
+                f"{r['s_per_query']:.3f} s/query at batch {r['batch']} (chunk {r['chunk']}): "
+                f"{'PASS' if ok else 'FAIL'}"
+            )
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))

@@ -324,12 +324,14 @@ class Reader:
     def words(self, count: int, dtype: str, what: str) -> NDArray[Any]:
         """Read ``count`` raw ``dtype`` elements (e.g. ``"<u4"``; bytes checked first).
 
-        From ``bytes`` the result is a read-only view of the message (no copy: keys and rows
-        can be megabytes); from a mutable buffer it is a copy.
+        From ``bytes`` or a read-only ``memoryview`` the result is a read-only view of the
+        message (no copy: keys and rows can be megabytes); from a mutable buffer it is a copy.
         """
         dt = _word_dtype(dtype, self.error)
         start = self._advance(int(count) * dt.itemsize, what)
-        if isinstance(self.data, bytes):
+        if isinstance(self.data, bytes) or (
+            isinstance(self.data, memoryview) and self.data.readonly
+        ):
             return np.frombuffer(self.data, dtype=dt, count=int(count), offset=start)
         return np.frombuffer(bytes(self.data[start : self.pos]), dtype=dt)
 

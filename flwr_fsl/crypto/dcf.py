@@ -63,6 +63,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -101,7 +102,8 @@ _VERSION = 1
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255
 _HEADER_BYTES = 24  # magic, version, kind, party, domain_bits (u8 each), tau, m (u32), 8 zeros
-_CHUNK = 1 << 15  # keys (Gen) or points (Eval) per AES batch: 2-4 MiB buffers
+_CHUNK = 1 << 12  # points per AES batch in Eval (256 KiB buffers; ~10% less than 1 << 15)
+_GEN_CHUNK = 1 << 12  # keys per AES batch in Gen: 2 x 512 KiB buffers stay in L2 (~8% less)
 
 _AES = threading.local()
 
@@ -202,7 +204,8 @@ class DCFPublicBatch:
         object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
         if m and int(bits.max()) > 3:
             raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
-        if m and np.any(self.cw_seeds[:, :, 0] & _U64(1)):
+        low = 0 if np.little_endian else 7  # the byte of word 0 that holds its bit 0
+        if m and int(np.bitwise_or.reduce(self.cw_seeds.view(np.uint8)[:, :, low], axis=None)) & 1:
             raise DCFKeyError("seed corrections must have bit 0 clear")
 
     @property
@@ -220,10 +223,18 @@ class DCFPublicBatch:
             for a in (self.cw_seeds, self.cw_values, self.cw_bits, self.cw_final)
         ]
 
+    def to_parts(self) -> tuple[bytes | memoryview, ...]:
+        """Return the serialization as buffers (header, then views of the fields), no copy.
+
+        ``b"".join(parts)`` is :meth:`to_bytes`; a caller that embeds the public part in a
+        larger message joins these parts with its own fields (one copy in all).
+        """
+        head = _header(_KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau, self.num_keys)
+        return (head, *self._body())
+
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
-        head = _header(_KIND_PUBLIC, _NO_PARTY, self.domain_bits, self.tau, self.num_keys)
-        return b"".join([head, *self._body()])
+        return b"".join(self.to_parts())
 
     @classmethod
     def from_bytes(cls, data: object) -> DCFPublicBatch:
@@ -262,10 +273,13 @@ def _parse_header(data: object, kind: int) -> tuple[Reader, int, int, int, int]:
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DCFKeyError(f"a serialized DCF must be bytes, got {type(data).__name__}")
-    raw = data if isinstance(data, bytes) else bytes(data)
+    # bytes and read-only views are parsed in place (the fields become read-only views).
+    readonly = isinstance(data, memoryview) and data.readonly and data.format == "B"
+    raw = data if isinstance(data, bytes) or readonly else bytes(data)
     if len(raw) < _HEADER_BYTES:
         raise DCFKeyError(f"DCF blob too short for its header ({len(raw)} < {_HEADER_BYTES} bytes)")
-    r = Reader(raw, 0, DCFKeyError)
+    # A read-only memoryview reads like bytes (Reader.words then returns views of it).
+    r = Reader(cast(bytes, raw), 0, DCFKeyError)
     if r.fixed(len(_MAGIC), "magic") != _MAGIC:
         raise DCFKeyError("not a DCF blob (bad magic)")
     version, got_kind, party, n = (r.u8(what) for what in ("version", "kind", "party", "bits"))
@@ -488,7 +502,7 @@ def generate_keys_batch(
     cw_bits = np.empty((n, m), dtype=np.uint8)
     cw_final = np.empty((m, tau), dtype=_U64)
     aes = _cipher()
-    chunk = min(_CHUNK, max(m, 1))
+    chunk = min(_GEN_CHUNK, max(m, 1))
     inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
     for lo in range(0, m, chunk):

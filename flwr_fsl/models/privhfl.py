@@ -382,6 +382,41 @@ def as_images(x: NDArray[np.floating] | torch.Tensor) -> torch.Tensor:
     )
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Return the torch device of a ``device`` setting, checked before any work starts.
+
+    ``"auto"`` is CUDA when ``torch.cuda.is_available()``, else the CPU; ``"cpu"``; ``"cuda"``
+    or ``"cuda:N"`` (a GPU that must exist: never silently the CPU).
+
+    Raises
+    ------
+    ConfigurationError
+        If the value is not one of these, or names a GPU this machine does not have.
+    """
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise ConfigurationError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    name = device.strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigurationError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
+    if not torch.cuda.is_available():
+        raise ConfigurationError(f"device {device!r}: CUDA is not available on this machine")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ConfigurationError(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return torch.device(name)
+
+
 def _check_training(epochs: int, lr: float, batch_size: int) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ConfigurationError(f"epochs must be an int >= 0, got {epochs!r}")
@@ -401,12 +436,14 @@ def _epochs(
     seed: int,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> float:
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # the CPU draws the order on any device
+    device = next(model.parameters()).device
+    x, target = x.to(device), target.to(device)
     model.train()
     last = float("nan")
     for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
-        total = 0.0
+        order = torch.randperm(len(x), generator=generator).to(device)
+        total = torch.zeros((), dtype=torch.float64, device=device)  # no sync per batch
         for start in range(0, len(x), batch_size):
             idx = order[start : start + batch_size]
             optimizer.zero_grad(set_to_none=True)
@@ -414,10 +451,10 @@ def _epochs(
             loss = F.cross_entropy(model(x[idx]), target[idx])
             loss.backward()
             optimizer.step()
-            total += float(loss.detach()) * len(idx)
+            total += loss.detach().double() * len(idx)
         if scheduler is not None:
             scheduler.step()
-        last = total / len(x)
+        last = float(total) / len(x)
     return last
 
 
@@ -431,6 +468,7 @@ def train_private(  # noqa: PLR0913
     seed: int = 0,
     momentum: float = 0.9,
     optimizer: str = "sgd",
+    device: str | torch.device = "auto",
 ) -> float:
     """Train ``model`` in place on a client's private data (PrivHFL's local phase).
 
@@ -454,6 +492,9 @@ def train_private(  # noqa: PLR0913
         Seed of the shuffling.
     optimizer : str
         ``"sgd"`` or ``"adam"``.
+    device : str or torch.device
+        Where to train (:func:`resolve_device`: ``"auto"`` is CUDA when available); the
+        model is moved back to the device it came from afterwards.
 
     Returns
     -------
@@ -476,12 +517,26 @@ def train_private(  # noqa: PLR0913
         raise ConfigurationError(
             f"x and y must be non-empty and of one length: {len(xt)}, {len(yt)}"
         )
+    dev = resolve_device(device)
+    home = _device_of(model)
+    model.to(dev)
     opt: torch.optim.Optimizer
     if optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=lr)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    return _epochs(model, opt, xt, yt, epochs, batch_size, seed)
+    try:
+        return _epochs(model, opt, xt, yt, epochs, batch_size, seed)
+    finally:
+        model.to(home)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return (
+        next(model.parameters()).device
+        if any(True for _ in model.parameters())
+        else (torch.device("cpu"))
+    )
 
 
 def retrain(  # noqa: PLR0913
@@ -494,6 +549,7 @@ def retrain(  # noqa: PLR0913
     lr: float = 2e-3,
     batch_size: int = 64,
     seed: int = 0,
+    device: str | torch.device = "auto",
 ) -> float:
     """Re-train ``model`` in place on (query, soft label) pairs plus the private data.
 
@@ -512,6 +568,8 @@ def retrain(  # noqa: PLR0913
         to re-train on the private data alone (the equal-effort local baseline).
     epochs, lr, batch_size, seed : int, float, int, int
         Adam settings and the shuffling seed.
+    device : str or torch.device
+        Where to train (:func:`resolve_device`); the model returns to its device afterwards.
 
     Returns
     -------
@@ -525,14 +583,16 @@ def retrain(  # noqa: PLR0913
         classes, or an argument is out of range.
     """
     _check_training(epochs, lr, batch_size)
+    dev = resolve_device(device)
     xp = as_images(x_private)
     yp = torch.as_tensor(np.asarray(y_private), dtype=torch.long)
     if len(xp) != len(yp) or len(xp) == 0:
         raise ConfigurationError("x_private and y_private must be non-empty and of one length")
     if (x_query is None) != (soft_labels is None):
         raise ConfigurationError("give both x_query and soft_labels, or neither")
+    home = _device_of(model)
     with torch.no_grad():
-        num_classes = int(model.eval()(xp[:1]).shape[1])
+        num_classes = int(model.eval()(xp[:1].to(home)).shape[1])
     if int(yp.min()) < 0 or int(yp.max()) >= num_classes:
         raise ConfigurationError(f"y_private must hold labels in [0, {num_classes})")
     targets = F.one_hot(yp, num_classes).to(torch.float32)
@@ -548,23 +608,31 @@ def retrain(  # noqa: PLR0913
             raise ConfigurationError("each row of soft_labels must sum to 1")
         x_all = torch.cat([xp, xq])
         targets = torch.cat([targets, soft])
+    model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, epochs // 2), gamma=0.1)
-    return _epochs(model, optimizer, x_all, targets, epochs, batch_size, seed, scheduler)
+    try:
+        return _epochs(model, optimizer, x_all, targets, epochs, batch_size, seed, scheduler)
+    finally:
+        model.to(home)
 
 
 @torch.no_grad()
 def predict_logits(
     model: nn.Module, x: NDArray[np.floating], batch_size: int = 512
 ) -> NDArray[np.float32]:
-    """Return ``model``'s logits on ``x`` as float32 ``(N, classes)`` (evaluation mode)."""
+    """Return ``model``'s logits on ``x`` as float32 ``(N, classes)`` (evaluation mode).
+
+    Runs where the model is (its parameters' device).
+    """
     _check_training(1, 1.0, batch_size)
     model.eval()
+    dev = _device_of(model)
     xt = as_images(x)
-    parts = [model(xt[s : s + batch_size]) for s in range(0, len(xt), batch_size)]
+    parts = [model(xt[s : s + batch_size].to(dev)) for s in range(0, len(xt), batch_size)]
     if not parts:
         return np.zeros((0, 0), dtype=np.float32)
-    return torch.cat(parts).numpy().astype(np.float32)
+    return torch.cat(parts).cpu().numpy().astype(np.float32)
 
 
 @torch.no_grad()

@@ -114,6 +114,7 @@ def test_chunking_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     ref = generate_keys_batch(alphas, alphas, 20, master_seeds=msk)
     ref_y = evaluate_paired(ref[0], points)
     monkeypatch.setattr(dcf, "_CHUNK", 8)
+    monkeypatch.setattr(dcf, "_GEN_CHUNK", 8)
     small = generate_keys_batch(alphas, alphas, 20, master_seeds=msk)
     assert small[0] == ref[0] and small[1] == ref[1]
     assert np.array_equal(evaluate_paired(small[0], points), ref_y)

@@ -191,6 +191,17 @@ def _conv_out(size: int, k: int, stride: int, pad: int, where: str) -> int:
     return (size + 2 * pad - k) // stride + 1
 
 
+def _pool_follows(layers: Sequence[Layer], i: int) -> bool:
+    """Whether a :class:`MaxPool2d` follows the ReLU at ``layers[i]`` (it is visited after it).
+
+    ``max(ReLU(a), ReLU(b)) = ReLU(max(a, b))`` (ReLU is monotone), so ``ReLU, MaxPool2d`` is
+    evaluated as ``MaxPool2d, ReLU``: ``k^2`` times fewer ReLU comparisons, the same result.
+    Every walker (secure parties, the Flower schedule, the plaintext twin, the bounds) sees
+    this order.
+    """
+    return i + 1 < len(layers) and isinstance(layers[i + 1], MaxPool2d)
+
+
 def _walk(  # noqa: C901, PLR0915
     layers: Sequence[Layer], shape: Shape, visitor: Visitor | None, counter: list[int], where: str
 ) -> Shape:
@@ -221,7 +232,7 @@ def _walk(  # noqa: C901, PLR0915
             counter[0] += 1
         elif isinstance(layer, ReLU):
             out = shape
-            if visitor is not None:
+            if visitor is not None and not _pool_follows(layers, i):
                 visitor.relu(shape)
         elif isinstance(layer, MaxPool2d | AvgPool2d):
             if len(shape) != 3:
@@ -231,6 +242,8 @@ def _walk(  # noqa: C901, PLR0915
             if visitor is not None:
                 if isinstance(layer, MaxPool2d):
                     visitor.maxpool(layer, shape, out)
+                    if i and isinstance(layers[i - 1], ReLU):  # ReLU after pooling: equal, cheaper
+                        visitor.relu(out)
                 else:
                     visitor.avgpool(k, s, shape, out)
         elif isinstance(layer, GlobalAvgPool):

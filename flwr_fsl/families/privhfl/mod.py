@@ -134,6 +134,7 @@ from flwr_fsl.models.privhfl import (
     IMAGE_SHAPE,
     penultimate_features,
     predict_logits,
+    resolve_device,
     retrain,
     train_private,
 )
@@ -267,6 +268,13 @@ class PrivHFLClient(PhaseMod):
     num_threads : int, optional
         torch intra-op threads to use (None: leave torch's setting).
 
+    Attribute :attr:`device` (settable: ``client.device = "cpu"``) is where local training and
+    re-training run: ``"auto"`` (default: CUDA when ``torch.cuda.is_available()``, else the
+    CPU), ``"cpu"`` or ``"cuda[:N]"``, checked when set, i.e. before round 1
+    (:func:`~flwr_fsl.models.privhfl.resolve_device`: a GPU that is not there is a
+    :class:`~flwr_fsl.core.errors.ConfigurationError`). The model is kept, and answers, on
+    the CPU.
+
     A node reports ``num-examples`` and ``train-loss`` in its ``local`` and ``retrain``
     replies only if its own node config sets :data:`REPORT_TRAIN_METRICS_KEY` to true
     (:func:`reports_train_metrics`); by default the replies are empty (module docstring).
@@ -310,6 +318,16 @@ class PrivHFLClient(PhaseMod):
         self.max_abs_input = float(max_abs_input)
         self.max_abs_logit = float(max_abs_logit)
         self.num_threads = num_threads
+        self.device = "auto"
+
+    @property
+    def device(self) -> torch.device:
+        """Where local training and re-training run (set ``"auto"``, ``"cpu"``, ``"cuda[:N]"``)."""
+        return self._device
+
+    @device.setter
+    def device(self, value: str | torch.device) -> None:
+        self._device = resolve_device(value)
 
     def register(self, app: ClientApp) -> None:
         """Register :meth:`train`, :meth:`query` and :meth:`evaluate` on ``app`` (``privhfl``)."""
@@ -381,7 +399,7 @@ class PrivHFLClient(PhaseMod):
         model = self._model(context, fresh=True)
         loss = train_private(
             model, data.x_train, data.y_train, config.epochs, config.lr,
-            config.batch_size, config.seed, optimizer=config.optimizer,
+            config.batch_size, config.seed, optimizer=config.optimizer, device=self.device,
         )  # fmt: skip
         return self._trained(context, model, data, loss)
 
@@ -400,7 +418,7 @@ class PrivHFLClient(PhaseMod):
             x_query, soft = self._soft_labels(request, context, config)
         loss = retrain(
             model, data.x_train, data.y_train, x_query, soft, config.epochs, config.lr,
-            config.batch_size, config.seed,
+            config.batch_size, config.seed, device=self.device,
         )  # fmt: skip
         reply = self._trained(context, model, data, loss)
         return reply if failed is None else reply.with_query_failure(failed)

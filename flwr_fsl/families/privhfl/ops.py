@@ -81,6 +81,7 @@ from flwr_fsl.crypto.sharing import (
     truncate_local,
 )
 from flwr_fsl.families.privhfl.config import PrivHFLConfig, SessionSeeds
+from flwr_fsl.families.privhfl.gpu import ring_matmul
 from flwr_fsl.families.privhfl.inference import (
     Architecture,
     Conv2d,
@@ -383,7 +384,7 @@ class Answerer(_Evaluator):
         msg = expect(data, MATMUL_S, self.label, [self.top.shape], sender="server")
         c0 = _RING.random((rows, outs), stream)
         x_minus_b = _RING.add(self.top, _RING.validate(msg.arrays[0], "F"))
-        y = _RING.sub(_RING.matmul(_patches(x_minus_b, layer), self._weights[index][0]), c0)
+        y = _RING.sub(ring_matmul(_patches(x_minus_b, layer), self._weights[index][0]), c0)
         y = self._truncate(y)
         bias = self._weights[index][1]
         if bias is not None:
@@ -429,7 +430,7 @@ class Answerer(_Evaluator):
         x = self.top.reshape(-1)
         n = x.shape[0]
         msg = expect(relay, DCF_RELAY, label, [], blob=True, sender="server")
-        keys = _dcf_keys(msg.blob, 0, self._dealer_seed, label, n, self.config)
+        keys = _dcf_keys(msg.blob_buffer(), 0, self._dealer_seed, label, n, self.config)
         stream = self._dcf_masks(n, label)
         r0 = _RING.random((n,), stream)
         q0 = _RING.random((n,), stream)
@@ -455,7 +456,7 @@ class Answerer(_Evaluator):
 
 
 def _dcf_keys(
-    blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
+    blob: bytes | memoryview, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
     try:
         return _dcf_keys_checked(blob, party, seed, label, n, config)
@@ -466,7 +467,7 @@ def _dcf_keys(
 
 
 def _dcf_keys_checked(
-    blob: bytes, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
+    blob: bytes | memoryview, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
     """Rebuild a party's DCF keys: root seeds from its seed with ``Q``, the dealt public part."""
     try:
@@ -537,7 +538,7 @@ class ServerParty(_Evaluator):
         layer, b, c1 = self._pending.pop("matmul")
         _, inner, outs = geometry
         msg = expect(data, MATMUL_A, self.label, [(inner, outs)], sender="answerer")
-        y = _RING.sub(_RING.matmul(_patches(b, layer), msg.arrays[0]), c1)
+        y = _RING.sub(ring_matmul(_patches(b, layer), msg.arrays[0]), c1)
         self.stack[-1] = self._truncate(y).reshape(_batched(self.batch, shape_out))
 
     # Π_DReLU (paper)
@@ -579,7 +580,7 @@ class ServerParty(_Evaluator):
         x = self.top.reshape(-1)
         n = x.shape[0]
         msg = expect(deal, DCF_DEAL, label, [(n,), (n,)], blob=True, sender="querier")
-        keys = _dcf_keys(msg.blob, 1, self._dealer_seed, label, n, self.config)
+        keys = _dcf_keys(msg.blob_buffer(), 1, self._dealer_seed, label, n, self.config)
         r1 = _RING.random((n,), self._dcf_masks(n, label))
         opened = _RING.add(x, r1)
         self._pending["dcf"] = {
@@ -690,7 +691,7 @@ class QuerierSession:
         a = _RING.random((inner, outs), a_stream)
         c0 = _RING.random((rows, outs), a_stream)
         b = _RING.random(_batched(self.batch, shape_in), _stream(self._sq, label, TAG_MATMUL))
-        c1 = _RING.sub(_RING.matmul(_patches(b, layer), a), c0)
+        c1 = _RING.sub(ring_matmul(_patches(b, layer), a), c0)
         return Message(MATMUL_DEAL, label, (c1,)).to_bytes()
 
     def deal_drelu(self, n: int) -> bytes:
@@ -736,7 +737,7 @@ class QuerierSession:
             r & _U64((1 << l_bits) - 1), betas, l_bits, master_seeds=(msk[0], msk[1])
         )
         corr = (_RING.sub(q, q0), _RING.sub(_RING.mul(r, q), rq0))
-        return Message(DCF_DEAL, label, corr, k0.public.to_bytes()).to_bytes()
+        return Message(DCF_DEAL, label, corr, k0.public.to_parts()).to_bytes()
 
     def aggregation_mask(self) -> NDArray[np.uint64]:
         """``r_j`` of Π_Agg for this session (advances the label like the other parties)."""

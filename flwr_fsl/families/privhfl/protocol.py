@@ -69,13 +69,17 @@ error_bound` of plaintext.
 one core of a shared 2-core machine, no network). Per query at batch 256, the paper's DReLU /
 DCF: MLP 784-128-128-10 0.1 / 1.7 ms, 0.05 / 0.83 MB; VGG-7-like of widths 8-16-32 on 32x32x3
 (39,424 comparisons per query) 7.5 / 305 ms, 2.95 / 107 MB (online 2.40 / 0.82 MB);
-ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB. At widths 64-128-256 (315,392 comparisons; ``--width
-64 --batches 1,32``) 85-108 ms / 2.5 s and 24-33 MB / 865 MB per query, against PrivHFL's 1.03 s
-and 66.6 MB for VGG-7 (Table 3). The DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per
-comparison (1336 at ``l = 40``), dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation
-0.7 us per key and party at 40 bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the
-numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on
-these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU.
+ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB (figures from before ReLU moved after max pooling). At
+widths 64-128-256 (229,376 comparisons with each ReLU after its max pool, 315,392 before;
+``--width 64 --batches 12``, under load) the DCF takes 1.74 s and 625 MB per query (3.40 s and
+858 MB before, same run), against PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session
+holds at most :func:`max_batch` queries (every message under 512 MiB: 6 at width 64). The
+DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``),
+dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation 0.7 us per key and party at 40
+bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the numba kernel
+(:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on these
+layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU; on a
+GPU, :mod:`~flwr_fsl.families.privhfl.gpu` runs that trick exactly with torch.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.core.errors.ClientInputError`): the driver drops that answerer's session and
@@ -95,6 +99,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.wireformat import MAX_MESSAGE_BYTES
+from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.ring import Z2_64
 from flwr_fsl.families.privhfl.config import COMPARISONS, PrivHFLConfig, SessionSeeds
 from flwr_fsl.families.privhfl.inference import (
@@ -171,6 +177,7 @@ __all__ = [
     "Transcript",
     "agg_step",
     "expect",
+    "max_batch",
     "secure_predict",
     "server_aggregate",
     "softmax",
@@ -479,7 +486,8 @@ def secure_predict(  # noqa: C901
     Raises
     ------
     ConfigurationError
-        If the models do not fit together or a setting is invalid.
+        If the models do not fit together, a setting is invalid, or there are more queries
+        than :func:`max_batch` allows in one session.
     NoAnswerError
         If every answerer's session failed.
     QuerierMessageError
@@ -499,6 +507,7 @@ def secure_predict(  # noqa: C901
     n = int(x.shape[0]) if x.ndim else 0
     if n < 1:
         raise ConfigurationError("queries must hold at least one query")
+    _check_batch(archs, cfg, n)
     seeds = list(seeds) if seeds is not None else [SessionSeeds.fresh() for _ in models]
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
@@ -554,6 +563,16 @@ def secure_predict(  # noqa: C901
     return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
 
 
+def _check_batch(archs: Sequence[Architecture], cfg: PrivHFLConfig, n: int) -> None:
+    """Refuse more queries than one session's messages can carry (before any work)."""
+    largest = min(max_batch(a, cfg) for a in archs)
+    if n > largest:
+        raise ConfigurationError(
+            f"{n} queries exceed this session's largest batch {largest} (a message would pass "
+            f"the {MAX_MESSAGE_BYTES}-byte limit): split them into sessions (max_batch)"
+        )
+
+
 def agg_step(session: int) -> int:
     """Return the step of the server's ``agg-S`` message (op 0: no other op uses it)."""
     return session << 32
@@ -570,3 +589,103 @@ def _deliver(
     except PrivHFLMessageError:
         pass  # a tampered message is still delivered: the receiver must reject it
     return data
+
+
+# ------------------------------------------------------------------------- message sizes
+
+_MESSAGE_OVERHEAD = 4096  # headers of a message and of its arrays and DCF part, generously
+
+
+class _Sizer:
+    """Largest per-query and fixed byte counts of any one message of a session."""
+
+    def __init__(self, config: PrivHFLConfig) -> None:
+        self.config = config
+        self.per_query = 0  # bytes per query of the largest batch-dependent message
+        self.fixed = 0  # largest message that does not grow with the batch (E = M + a)
+
+    def _msg(self, per_query: int) -> None:
+        self.per_query = max(self.per_query, per_query)
+
+    def linear(self, layer: Linear | Conv2d, index: int, shape_in: Shape, shape_out: Shape) -> None:
+        rows, inner, outs = _linear_geometry(layer, 1, shape_in, shape_out)
+        self._msg(8 * rows * outs)  # matmul-deal: [c]_1
+        self._msg(8 * int(np.prod(shape_in)))  # matmul-F
+        self.fixed = max(self.fixed, 8 * inner * outs)  # matmul-E
+
+    def _compare(self, count: int) -> None:
+        if self.config.comparison == "dcf":
+            per_key = dcf.public_size(self.config.bound_bits, 2, 2) - dcf.public_size(
+                self.config.bound_bits, 2, 1
+            )
+            self._msg(count * (16 + per_key))  # dcf-deal: two correction words and the key
+        else:
+            self._msg(count * 16)  # beaver openings: two words
+
+    def relu(self, shape: Shape) -> None:
+        self._compare(int(np.prod(shape)))
+
+    def maxpool(self, layer: MaxPool2d, shape_in: Shape, shape_out: Shape) -> None:
+        self._compare((layer.kernel_size**2 // 2) * int(np.prod(shape_out)))
+
+    def avgpool(self, kernel: int, stride: int, shape_in: Shape, shape_out: Shape) -> None:
+        pass
+
+    def flatten(self, shape_in: Shape, shape_out: Shape) -> None:
+        pass
+
+    def residual_begin(self, shape: Shape) -> None:
+        pass
+
+    def residual_swap(self, shape: Shape) -> None:
+        pass
+
+    def residual_end(self, shape: Shape) -> None:
+        pass
+
+
+def max_batch(
+    architecture: Architecture,
+    config: PrivHFLConfig | None = None,
+    limit: int = MAX_MESSAGE_BYTES,
+) -> int:
+    """Largest number of queries per session whose every message stays under ``limit`` bytes.
+
+    The batch-dependent messages are the input share, each linear layer's ``[c]_1`` and
+    ``F``, and each comparison round's deal (DCF: ``l (17 + 16) + 32`` bytes per comparison,
+    1352 at ``l = 40``; the paper's DReLU: the two Beaver openings, 16 bytes). Drivers cut
+    a larger batch into sessions of at most this size (``benchmarks/privhfl_bench.py`` does
+    by default).
+
+    Parameters
+    ----------
+    architecture : Architecture
+        The answerer's public architecture.
+    config : PrivHFLConfig, optional
+        Settings (the comparison and ``bound_bits`` size the deals).
+    limit : int, optional
+        The message size limit (default the wire format's 512 MiB).
+
+    Returns
+    -------
+    int
+        The batch size, at least 1.
+
+    Raises
+    ------
+    ConfigurationError
+        If even one query, or the masked weights of a layer, exceed ``limit``.
+    """
+    cfg = config if config is not None else PrivHFLConfig()
+    if not isinstance(architecture, Architecture):
+        raise ConfigurationError("architecture must be an Architecture")
+    sizer = _Sizer(cfg)
+    sizer._msg(8 * int(np.prod(architecture.input_shape)))  # the input share
+    architecture.walk(sizer)
+    room = int(limit) - _MESSAGE_OVERHEAD
+    if sizer.fixed > room or sizer.per_query > room:
+        raise ConfigurationError(
+            f"one query of this architecture needs a message of "
+            f"{max(sizer.fixed, sizer.per_query)} bytes, over the {limit}-byte limit"
+        )
+    return max(1, room // max(sizer.per_query, 1))

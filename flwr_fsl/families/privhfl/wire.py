@@ -13,6 +13,7 @@ length-prefixed byte string (a DCF public part, or empty). No trailing bytes.
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from collections import defaultdict
@@ -88,12 +89,28 @@ class ServerMessageError(RoundFailedError):
 
 @dataclass(frozen=True, eq=False)
 class Message:
-    """One protocol message: kind, step (op label), uint64 arrays and an optional blob."""
+    """One protocol message: kind, step (op label), uint64 arrays and an optional blob.
+
+    Zero-copy: :meth:`to_bytes` writes every array and the blob with one join (the blob may be
+    given as a tuple of buffers, e.g. a DCF public part's header and fields, so it is never
+    assembled on its own), and :meth:`from_bytes` returns read-only views of the message: the
+    arrays are ``numpy.frombuffer`` views and the blob a ``memoryview`` slice (a DCF public
+    part of hundreds of megabytes is then copied once per hop, by the sender's join).
+    """
 
     kind: int
     step: int
     arrays: tuple[NDArray[np.uint64], ...] = ()
-    blob: bytes = b""
+    blob: bytes | memoryview | tuple[bytes | memoryview, ...] = b""
+
+    def blob_buffer(self) -> bytes | memoryview:
+        """Return the blob as one buffer (a parsed message's read-only view; parts joined)."""
+        return b"".join(self.blob) if isinstance(self.blob, tuple) else self.blob
+
+    def blob_bytes(self) -> int:
+        """Length of the blob in bytes."""
+        parts = self.blob if isinstance(self.blob, tuple) else (self.blob,)
+        return sum(memoryview(p).nbytes for p in parts)
 
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
@@ -105,6 +122,7 @@ class Message:
         parts: list[bytes | memoryview] = [
             _MAGIC + struct.pack("<BBQB", _VERSION, self.kind, self.step, len(self.arrays))
         ]
+        size = len(parts[0])
         for a in self.arrays:
             if not isinstance(a, np.ndarray) or a.dtype != _U64:
                 raise ConfigurationError("message arrays must be uint64")
@@ -113,17 +131,23 @@ class Message:
             # A wireformat array field: dtype code 1 (uint64), ndim, dims, the data.
             parts.append(struct.pack(f"<BB{a.ndim}Q", 1, a.ndim, *a.shape))
             parts.append(np.ascontiguousarray(a, dtype="<u8").reshape(-1).view(np.uint8).data)
-        if not isinstance(self.blob, bytes):
-            raise ConfigurationError("the blob must be bytes")
-        parts += [struct.pack("<I", len(self.blob)), self.blob]
-        data = b"".join(parts)
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise ConfigurationError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-        return data
+            size += 2 + 8 * a.ndim + a.nbytes
+        blob = self.blob if isinstance(self.blob, tuple) else (self.blob,)
+        if not all(isinstance(p, bytes | memoryview) for p in blob):
+            raise ConfigurationError("the blob must be bytes (or a tuple of byte buffers)")
+        length = self.blob_bytes()
+        size += 4 + length
+        if size > MAX_MESSAGE_BYTES:  # checked before the join allocates
+            raise ConfigurationError(f"message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
+        parts += [struct.pack("<I", length), *blob]
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: object) -> Message:
         """Parse a message (any kind; :func:`expect` also checks kind, step and shapes).
+
+        The arrays and the blob are read-only views of ``data`` when it is ``bytes`` (copies
+        otherwise, so a mutable buffer changed later cannot change them).
 
         Raises
         ------
@@ -141,14 +165,39 @@ class Message:
             count = r.u8("array count")
             if count > _MAX_ARRAYS:
                 raise PrivHFLMessageError(f"{count} arrays, at most {_MAX_ARRAYS}")
-            arrays = tuple(r.array_u64(f"array {i}") for i in range(count))
-            blob = r.raw("blob")
+            arrays = tuple(_array_view(r, f"array {i}") for i in range(count))
+            length = r.u32("blob length")
+            start = r.pos
+            if length > len(r.data) - start:
+                raise PrivHFLMessageError(
+                    f"truncated message: blob needs {length} bytes, {len(r.data) - start} left"
+                )
+            r.pos = start + length
+            blob = memoryview(r.data)[start : start + length]
             r.done()
         except PrivHFLMessageError:
             raise
         except WireFormatError as err:
             raise PrivHFLMessageError(str(err)) from err
-        return cls(kind, step, arrays, blob)
+        return cls(kind, step, arrays, blob.toreadonly())
+
+
+def _array_view(r: Reader, what: str) -> NDArray[np.uint64]:
+    """Read a wireformat ``uint64`` array field as a read-only view of the message (no copy)."""
+    code = r.u8(f"{what} dtype")
+    if code != 1:
+        raise PrivHFLMessageError(f"{what} must be a uint64 array (dtype code 1), got {code}")
+    ndim = r.u8(f"{what} ndim")
+    if ndim > MAX_ARRAY_NDIM:
+        raise PrivHFLMessageError(f"{what}: {ndim} dimensions, at most {MAX_ARRAY_NDIM}")
+    shape = tuple(r.u64(f"{what} shape") for _ in range(ndim))
+    extent = 1
+    for d in shape:
+        extent *= max(d, 1)
+    if extent * 8 > MAX_MESSAGE_BYTES:  # also bounds empty arrays' shapes
+        raise PrivHFLMessageError(f"{what}: shape {shape} exceeds the message size limit")
+    words = r.words(math.prod(shape), "<u8", what)
+    return words.astype(_U64, copy=False).reshape(shape)
 
 
 def expect(

@@ -131,10 +131,19 @@ class Run:
 
 
 def _flip_deep(content: RecordDict) -> RecordDict:
-    """One bit flipped deep inside the secure reply's blob (format-valid, wrong words)."""
+    """One bit flipped deep inside the secure reply's blob (format-valid, wrong words).
+
+    In a querier's deals (which hold DCF public parts) the bit is bit 1 of the last DCF's
+    first seed correction (level 0, which every evaluation of that key applies): the key
+    evaluates to garbage. Elsewhere it is bit 0 of the byte at 95% of the blob.
+    """
     record = content.config_records[SECURE]
     blob = bytearray(record["blob"])  # type: ignore[arg-type]
-    blob[int(len(blob) * 0.95)] ^= 0x01
+    dcf_at = blob.rfind(b"FDCF")
+    if dcf_at >= 0:
+        blob[dcf_at + 24] ^= 0x02  # after the 24-byte DCF header: cw_seeds[0, 0, 0]
+    else:
+        blob[int(len(blob) * 0.95)] ^= 0x01
     content[SECURE] = ConfigRecord({**dict(record), "blob": bytes(blob)})
     return content
 

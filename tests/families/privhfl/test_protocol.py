@@ -485,7 +485,7 @@ def test_server_and_answerer_views_are_uniform_and_independent_of_the_secrets(re
         model.architecture, tuple((-w, -b if b is not None else None) for w, b in model.params)
     )
     views = []
-    for i, (m, x) in enumerate(((model, np.zeros((8, *shape))), (flipped, np.ones((8, *shape))))):
+    for i, (m, x) in enumerate(((model, np.zeros((12, *shape))), (flipped, np.ones((12, *shape))))):
         tr = Transcript(keep_views=True)
         secure_predict(
             [m],
@@ -799,3 +799,40 @@ def test_querier_learns_only_the_sum_of_the_answerers_logits() -> None:
         assert tr.kinds_received("Q") == ["agg-S"]
         views.append(tr.views["Q"][0].to_bytes())
     assert views[0] == views[1]
+
+
+@pytest.mark.parametrize("relu", VARIANTS)
+def test_max_batch_keeps_every_message_under_the_limit(relu: str) -> None:
+    """A session of max_batch(limit) queries sends no message over limit; the default limit
+    (512 MiB) allows 6 queries of VGG-7 at widths 64-128-256 with the DCF."""
+    net, shape = tiny_models()["cnn"]
+    model = from_torch(net.eval(), shape)
+    cfg = PrivHFLConfig(comparison=relu)
+    room = (1 << 40) - 4096  # so large that the floor recovers the exact bytes per query
+    per_query = room // privhfl.max_batch(model.architecture, cfg, limit=1 << 40)
+    limit = 4096 + 3 * per_query
+    batch = privhfl.max_batch(model.architecture, cfg, limit=limit)
+    assert batch == 3
+    tr = Transcript()
+    x = np.random.default_rng(5).uniform(-1, 1, (batch, *shape))
+    secure_predict([model], x, cfg, transcript=tr)
+    assert max(size for *_, size in tr.records) <= limit
+    with pytest.raises(ConfigurationError, match="message"):
+        privhfl.max_batch(model.architecture, cfg, limit=5000)
+    big = privhfl.max_batch(model.architecture, cfg)
+    with pytest.raises(ConfigurationError, match="split them into sessions"):
+        secure_predict([model], np.zeros((big + 1, *shape)), cfg)
+
+
+def test_max_batch_of_vgg7_at_width_64() -> None:
+    layers: list[nn.Module] = []
+    cin = 3
+    for w in (64, 128, 256):
+        layers += [nn.Conv2d(cin, w, 3, padding=1), nn.ReLU(), nn.Conv2d(w, w, 3, padding=1)]
+        layers += [nn.ReLU(), nn.MaxPool2d(2)]
+        cin = w
+    net = nn.Sequential(*layers, nn.Flatten(), nn.Linear(256 * 16, 10)).eval()
+    arch = from_torch(net, (3, 32, 32)).architecture
+    assert arch.counts()["relus"] == 229_376  # 315,392 with each ReLU before its max pool
+    assert privhfl.max_batch(arch) == 6
+    assert privhfl.max_batch(arch, PrivHFLConfig(comparison="drelu")) == 511
