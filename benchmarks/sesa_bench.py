@@ -101,7 +101,7 @@ def per_user(n: int, slots: int, repeats: int) -> dict[str, float]:
         for j in range(1, n):
             k_j = caps[j]
             xs[j] = sesa._masked_to_bytes(
-                [f.random((k_j, SHARD_WORDS), prg), f.random((1, BIAS_WORDS), prg)]
+                [f.random((k_j, SHARD_WORDS), prg), f.random((1, BIAS_WORDS), prg)], params
             )
             plain = sesa._encode_piece(
                 j,
@@ -225,6 +225,100 @@ def whole_round(n: int, relay_mib: float, seed: int) -> dict[str, float]:
         "exact": exact,
         "server_s": server_s,
         "client_s_mean": client_s / n,
+    }
+
+
+def _flower_app(seed: int):  # type: ignore[no-untyped-def]
+    """Return a ClientApp: ``sesa_mod`` before a synthetic one-step trainer of the narrow MLP.
+
+    The trainer adds a small deterministic delta (the secure round's cost does not depend on
+    how the update was found; a real MNIST step would add the same time to every arm).
+    """
+    from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from flwr_fsl.mods import sesa_mod
+
+    app = ClientApp(mods=[sesa_mod])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        rng = np.random.default_rng([seed, pid])
+        arrays = msg.content["arrays"]
+        new = {
+            k: a.numpy() + (0.01 * rng.standard_normal(a.shape)).astype(np.float32)
+            for k, a in arrays.items()
+        }
+        reply = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in new.items()}),
+                "metrics": MetricRecord({"num-examples": 600}),
+            }
+        )
+        return Message(reply, reply_to=msg)
+
+    return app
+
+
+def flower_round(n: int, seed: int = 0) -> dict[str, float]:
+    """One secure SESA round of ``n`` users through Flower (``SesaFedAvg`` + ``sesa_mod``).
+
+    :class:`~flwr_fsl.testing.InProcessGrid` (every message crosses as Flower's protobuf
+    encoding), MLP 784-200-10, ``S = 4``, ``T = n/2``, capacities as :func:`capacities`; every
+    user is sampled and none drops. Returns the wall time, this process's peak RSS and the
+    traffic; run it in a fresh process for a clean peak.
+    """
+    import resource
+
+    from flwr.app import Array, ArrayRecord
+
+    from flwr_fsl.families.sesa.strategy import SesaFedAvg
+    from flwr_fsl.testing import InProcessGrid
+
+    caps = capacities(n)
+    rng = np.random.default_rng(seed)
+    model = {
+        "fc1.weight": (0.05 * rng.standard_normal((NODES, INPUTS))).astype(np.float32),
+        "fc1.bias": np.zeros(NODES, np.float32),
+        "fc2.weight": (0.05 * rng.standard_normal((OUTPUTS, NODES))).astype(np.float32),
+        "fc2.bias": np.zeros(OUTPUTS, np.float32),
+    }
+    grid = InProcessGrid(
+        _flower_app(seed),
+        n,
+        node_config_fn=lambda i: {
+            "partition-id": i,
+            "num-partitions": n,
+            "width-rate": caps[i] / K,
+        },
+    )
+    strategy = SesaFedAvg(
+        num_shards=K, privacy=0.5, min_available_nodes=n, fraction_evaluate=0.0, sampling_seed=seed
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
+        num_rounds=1,
+    )
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    state = strategy.round_state(1)
+    traffic = {
+        t.phase: (sum(t.down_bytes.values()) / MIB, sum(t.up_bytes.values()) / MIB)
+        for t in state.traffic
+    }
+    return {
+        "n": n,
+        "T": n // 2,
+        "seconds": seconds,
+        "peak_rss_mib": peak / 1024,
+        "rss_before_mib": before / 1024,
+        "aggregated": len(state.survivors),
+        "traffic_mib": traffic,
+        "loadavg": open("/proc/loadavg").read().split()[:3],
     }
 
 

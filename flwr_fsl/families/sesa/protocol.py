@@ -552,7 +552,7 @@ class SesaServer:
     params: SesaParams
     _keys: dict[int, bytes] = field(default_factory=dict)
     _roster: dict[int, bytes] | None = None
-    _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    _mailbox: dict[int, dict[int, memoryview]] = field(default_factory=dict)  # views: no copy
     _slots: dict[int, tuple[int, ...]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _masked: dict[int, bytes] = field(default_factory=dict)
@@ -703,7 +703,7 @@ class SesaServer:
             raise SesaError("an evaluation request for a client outside U3")
         u3 = self.survivors
         box = self._mailbox.get(node, {})
-        req = _Request(u3, self._masked, {j: box[j] for j in u3 if j != node})
+        req = _Request(u3, self._masked, {j: bytes(box[j]) for j in u3 if j != node})
         return _request_to_bytes(req)
 
     def add_evaluation(self, node: int, evaluation: bytes) -> None:
