@@ -149,7 +149,8 @@ evaluate_metrics_aggr_fn, sampling_seed
         (:meth:`relay_batch`), so the server holds one batch of them beside its mailbox, not
         ``O(N² K d)`` more. At this default, rounds of up to 20 clients of MLP 784-200-10 at
         ``S = 4`` go at once and 100 go in batches of 4; on a real deployment the batches of
-        the ``train`` phase train one after another, so raise it where memory allows.
+        the ``offline`` and ``train`` phases compute one after another, so raise it where
+        the server's memory allows.
 
     Raises
     ------
