@@ -27,11 +27,10 @@ adds a suffix to the file names (a run at another scale).
 
 The default scale (20 users, 18 per round, 40 rounds) is what fits in about eight minutes per
 data set on two shared cores: the SESA arm's secure aggregation took ~0.4 s per client and round
-at 20 clients here; at 100 users ``benchmarks/sesa_bench.py`` measured 0.7–4.1 s of offline
-work per user (1, 2, 4 shards) plus 0.4–0.5 s for ψ, and 15–60 MiB of offline upload per user —
-about 4 minutes and 3 GiB of relayed messages per round for 90 clients, far beyond this
-machine. ``--users 100`` runs the paper's population (drop ``sesa`` from ``--arms`` to keep it
-affordable).
+at 20 clients here; at 100 users one secure round through Flower took 1,074 s and 5.6 GiB
+peak on two cores shared by seven processes (``benchmarks/sesa_bench.py``; 3.4 GiB uploaded
+offline, 10.5 GiB relayed down) — it fits, but hundreds of rounds do not. ``--users 100``
+runs the paper's population (drop ``sesa`` from ``--arms`` to keep it affordable).
 
 ``--engine batched`` runs the MLP arms on the example's plaintext twin
 (:mod:`width_mnist.batched`: the sampled clients trained side by side, the library's
