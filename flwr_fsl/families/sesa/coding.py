@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.crypto.ring import PrimeField
-from flwr_fsl.kernels.field_coding import mask_evaluations_mod
+from flwr_fsl.kernels.field import mask_evaluations_mod
 
 __all__ = ["mask_evaluations", "selector_evaluations"]
 
@@ -59,7 +59,7 @@ def mask_evaluations(
 
     Per slot, the ``(J × (T+1)) @ ((T+1) × d)`` product of ``[L_{K+n}(α_j) | L_{s_k}(α_j)]``
     with ``[v_k; r_k]``, computed by the numba kernel
-    :func:`~flwr_fsl.kernels.field_coding.mask_evaluations_mod` in one pass (no broadcast
+    :func:`~flwr_fsl.kernels.field.mask_evaluations_mod` in one pass (no broadcast
     ``(J, K_i, d)`` temporaries).
 
     Parameters

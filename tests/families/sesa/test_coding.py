@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from flwr_fsl.crypto.ring import SESA_PRIME, PrimeField
 from flwr_fsl.crypto.sharing import lagrange_matrix
 from flwr_fsl.families.sesa.coding import mask_evaluations
-from flwr_fsl.kernels.field_coding import TILE
+from flwr_fsl.kernels.field import TILE
 from tests.families.sesa.test_protocol import _params, _random_choices, run_round
 
 U64 = np.uint64
