@@ -27,9 +27,9 @@ adds a suffix to the file names (a run at another scale).
 
 The default scale (20 users, 18 per round, 40 rounds) is what fits in about eight minutes per
 data set on two shared cores: the SESA arm's secure aggregation took ~0.4 s per client and round
-at 20 clients here; at 100 users one secure round through Flower took 653 s (223 s of CPU)
-and 5.75 GiB peak on two cores shared by seven processes (``benchmarks/sesa_bench.py``; 3.4 GiB
-uploaded offline, 10.5 GiB relayed down) — it fits, but hundreds of rounds do not. ``--users 100``
+at 20 clients here; at 100 users one secure round through Flower took 208 s (193 s of CPU)
+and 5.75 GiB peak on two lightly loaded cores (``benchmarks/sesa_bench.py``; 3.4 GiB uploaded
+offline, 10.5 GiB relayed down) — it fits, but hundreds of rounds do not. ``--users 100``
 runs the paper's population (drop ``sesa`` from ``--arms`` to keep it affordable).
 
 ``--engine batched`` runs the MLP arms on the example's plaintext twin
