@@ -27,16 +27,18 @@ adds a suffix to the file names (a run at another scale).
 
 The default scale (20 users, 18 per round, 40 rounds) is what fits in about eight minutes per
 data set on two shared cores: the SESA arm's secure aggregation took ~0.4 s per client and round
-at 20 clients here; at 100 users ``benchmarks/sesa_bench.py`` measured 0.7–4.1 s of offline
-work per user (1, 2, 4 shards) plus 0.4–0.5 s for ψ, and 15–60 MiB of offline upload per user —
-about 4 minutes and 3 GiB of relayed messages per round for 90 clients, far beyond this
-machine. ``--users 100`` runs the paper's population (drop ``sesa`` from ``--arms`` to keep it
-affordable).
+at 20 clients here; at 100 users one secure round through Flower took 208 s (193 s of CPU)
+and 5.75 GiB peak on two lightly loaded cores (``benchmarks/sesa_bench.py``; 3.4 GiB uploaded
+offline, 10.5 GiB relayed down) — it fits, but hundreds of rounds do not. ``--users 100``
+runs the paper's population (drop ``sesa`` from ``--arms`` to keep it affordable).
 
 ``--engine batched`` runs the MLP arms on the example's plaintext twin
 (:mod:`width_mnist.batched`: the sampled clients trained side by side, the library's
 extraction rules and aggregation; the SESA arm sums the clients' fixed-point shard vectors in
 ``F_p`` — the value SESA's decoding yields — without the Lagrange coding).
+``--secure-sesa`` puts the real protocol back into that arm (every round one in-process SESA
+round over the trained clients: ``flwr_fsl.families.sesa.server.run_round``, ``T`` =
+``sesa-privacy`` of them), at the secure round's cost (``benchmarks/sesa_bench.py``).
 ``tests/examples/test_width_batched.py`` checks it against the Flower arms round for round. It
 makes the paper's scale affordable: 100 users, 250 rounds, five arms in 75–85 minutes per data
 set on one core (``--eval-every 5 --threads 1``, two data sets side by side).
@@ -51,6 +53,8 @@ Usage::
     python benchmarks/width_accuracy.py --engine batched --datasets mnist --users 100 \
         --rounds 250 --eval-every 5 --arms full,fedrolex,heterofl,random,sesa --tag u100_batched
     python benchmarks/width_accuracy.py --report --tag u100_batched
+    python benchmarks/width_accuracy.py --engine batched --datasets mnist --users 100 \
+        --rounds 1 --arms sesa --secure-sesa --tag u100_secure     # the secure arm, one round
 
 Issue 20 (privacy by default) made ``SesaFedAvg``'s default ``weighted=False`` (each client
 counts 1); the old default is the ``sesa-weighted`` arm (``weighted=True``, which leaks who
@@ -124,6 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--eval-every", type=int, default=1, help="batched: evaluate every K rounds")
     p.add_argument("--threads", type=int, default=1, help="batched: torch threads")
+    p.add_argument(
+        "--secure-sesa",
+        action="store_true",
+        help="batched: aggregate the sesa arm through the real SESA protocol (keys, sealed "
+        "Lagrange evaluations, masked updates, decoding) instead of the plaintext F_p twin",
+    )
     p.add_argument("--report", action="store_true", help="only print and plot saved runs")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--tag", default="", help="suffix of the file names (e.g. u100)")
@@ -257,6 +267,7 @@ def run_dataset(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "model": args.model,
         "users": args.users,
         "rounds": args.rounds,
+        "secure_sesa": bool(args.secure_sesa),
         "run_config": config,
         "machine": f"{platform.machine()}, {platform.python_version()}",
     }
@@ -313,7 +324,9 @@ def run_batched_dataset(
                     "seconds": time.perf_counter() - started}  # fmt: skip
         partial.write_text(json.dumps(snapshot))
 
-    run = run_batched(settings, args.users, arms, args.eval_every, progress)
+    run = run_batched(
+        settings, args.users, arms, args.eval_every, progress, secure_sesa=args.secure_sesa
+    )
     partial.unlink(missing_ok=True)
     return {
         "eval_every": args.eval_every,
@@ -331,7 +344,7 @@ def report(runs: list[dict[str, Any]], png: Path) -> None:
         rows = run["rows"]
         batched = run.get("engine") == "batched"
         for row in rows:
-            if batched and row["arm"] == "sesa":
+            if batched and row["arm"] == "sesa" and not run.get("secure_sesa"):
                 row["label"] = BATCHED_SESA_LABEL
         print(
             f"\n== {run['dataset']} {run['model']}: {run['users']} users "

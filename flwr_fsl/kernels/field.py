@@ -17,6 +17,13 @@ does that. Conventions and the overflow argument every kernel relies on:
   smaller than the old ``lo``, and then ``hi`` gains 1. So ``hi <= k`` never overflows, and at
   the end ``S mod p = ((hi mod p) * (2^64 mod p) + lo mod p) mod p``, where the product is
   ``< p^2 < 2^64`` and the sum ``< 2p``. One division per output entry, none per term.
+* **SESA's mask evaluations in one pass.** :func:`mask_evaluations_mod` computes
+  ``out[j, k, w] = sel[j, k] r[k, w] + Σ_t extra[j, t] v[t, k, w]`` (Sami & Güler eq. 22 at
+  every point: per slot the ``(J × (T+1)) @ ((T+1) × d)`` product) with the same 128-bit
+  accumulation, without the broadcast ``sel ⊗ r`` or a second ``(J, K_i, d)`` array, over
+  tiles of :data:`TILE` words so the accumulators stay in the first-level cache while the
+  ``T + 1`` operand rows stream through (the untiled loop re-read accumulators of the whole
+  shard length from memory for every term).
 """
 
 from __future__ import annotations
@@ -162,3 +169,46 @@ def lagrange_matrix(
         for j in range(k):
             out[i, j] = (((pre[j] * suf[j + 1]) % p) * inverses[j]) % p
     return -1
+
+
+# -- SESA offline coding ------------------------------------------------------------------------
+TILE = 512
+"""Words per tile (two accumulator rows of 4 KiB each)."""
+
+
+@njit(cache=True, nogil=True)
+def mask_evaluations_mod(
+    extra: NDArray[np.uint64],
+    sel: NDArray[np.uint64],
+    v: NDArray[np.uint64],
+    r: NDArray[np.uint64],
+    p: np.uint64,
+    two64_mod_p: np.uint64,
+    out: NDArray[np.uint64],
+) -> None:  # pragma: no cover - compiled
+    """``out[j, k] = sel[j, k] r[k] + Σ_t extra[j, t] v[t, k]`` mod ``p`` (module docstring).
+
+    Shapes: ``extra`` (J, T), ``sel`` (J, K), ``v`` (T, K, d), ``r`` (K, d), ``out`` (J, K, d);
+    every input a canonical element ``< p < 2^32``.
+    """
+    n_points, terms = extra.shape
+    slots = sel.shape[1]
+    d = r.shape[1]
+    lo = np.empty(TILE, dtype=np.uint64)
+    hi = np.empty(TILE, dtype=np.uint64)
+    for k in range(slots):
+        for w0 in range(0, d, TILE):
+            width = min(TILE, d - w0)
+            for j in range(n_points):
+                x = sel[j, k]
+                for w in range(width):
+                    lo[w] = x * r[k, w0 + w]  # < 2^64: the first term needs no carry
+                    hi[w] = _ZERO
+                for t in range(terms):
+                    x = extra[j, t]
+                    for w in range(width):
+                        s = lo[w] + x * v[t, k, w0 + w]
+                        hi[w] += np.uint64(s < lo[w])  # the carry out of the low word
+                        lo[w] = s
+                for w in range(width):
+                    out[j, k, w0 + w] = ((hi[w] % p) * two64_mod_p % p + lo[w] % p) % p

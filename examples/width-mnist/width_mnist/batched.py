@@ -187,6 +187,12 @@ class BatchedArm:
         in Flower; the partition id by default).
     chunk : int
         Most clients trained in one batch (small batches stay in cache).
+    secure : bool
+        ``sesa`` only: aggregate through the real SESA protocol
+        (:func:`flwr_fsl.families.sesa.server.run_round`: keys, sealed Lagrange evaluations,
+        masked updates, ``ψ`` and decoding, in process, ``T`` = ``sesa-privacy`` of the
+        clients) instead of the twin's plain ``F_p`` sum. Same shard choices and training;
+        the sums decode to the same value up to the fixed point's stochastic rounding.
     """
 
     def __init__(
@@ -197,12 +203,14 @@ class BatchedArm:
         rates: Sequence[float],
         client_key: Callable[[int], int] | None = None,
         chunk: int = 8,
+        secure: bool = False,
     ) -> None:
         if name not in BATCHED_ARMS:
             raise ValueError(f"arm must be one of {BATCHED_ARMS}, got {name!r}")
         if chunk < 1:
             raise ValueError("chunk must be >= 1")
         self.name = name
+        self.secure = secure and name == "sesa"
         self.settings = settings
         self.model = model
         self.rates = list(rates) if name != "full" else [1.0] * len(rates)
@@ -308,7 +316,39 @@ class BatchedArm:
     ) -> None:
         """Run one round with ``clients`` (``choices`` overrides the drawn ones, for tests)."""
         chosen = dict(choices) if choices is not None else self.choices(server_round, clients)
-        self.aggregate(chosen, self.train(server_round, clients, chosen, data))
+        trained = self.train(server_round, clients, chosen, data)
+        if self.secure and choices is None:
+            self.secure_aggregate(server_round, trained)
+        else:
+            self.aggregate(chosen, trained)
+
+    def secure_aggregate(self, server_round: int, trained: Mapping[int, Model]) -> None:
+        """Replace the global model through one real SESA round over ``trained``'s clients.
+
+        Each client is a :class:`~flwr_fsl.families.sesa.server.SesaParty` whose shard draw
+        uses the stream :meth:`choices` used (so it picks the shards it trained) and whose
+        ``train`` returns its trained narrow model.
+        """
+        from flwr_fsl.families.sesa.server import SesaParty, run_round
+        from flwr_fsl.families.sesa.settings import SesaSettings
+
+        parties = {}
+        for c, sub in trained.items():
+            key = self.client_key(c)
+            rng = np.random.default_rng([self.settings.seed, _TAG_SESA_CHOICE, server_round, key])
+            parties[c + 1] = SesaParty(
+                c + 1, self.rates[c], lambda _narrow, sub=sub: (dict(sub), 1.0), rng
+            )
+        settings = SesaSettings(
+            num_shards=self.settings.num_shards,
+            clip=self.settings.sesa_clip,
+            frac_bits=self.settings.sesa_frac_bits,
+            max_clients=self.settings.sesa_max_clients,
+        )
+        privacy = self.settings.privacy
+        t = max(1, int(privacy * len(parties))) if isinstance(privacy, float) else privacy
+        result = run_round(self.model, parties, settings, server_round=server_round, privacy=t)
+        self.model = {k: np.asarray(v, dtype=np.float32) for k, v in result.model.items()}
 
 
 @dataclass
@@ -351,6 +391,7 @@ def run_batched(
     eval_every: int = 1,
     progress: Callable[[int, BatchedRun], None] | None = None,
     chunk: int = 8,
+    secure_sesa: bool = False,
 ) -> BatchedRun:
     """Run every arm for ``settings.num_server_rounds`` rounds; return their accuracy curves.
 
@@ -371,6 +412,9 @@ def run_batched(
         Called with ``(round, run so far)`` after every evaluation (e.g. to save it).
     chunk : int
         Most clients trained in one batch.
+    secure_sesa : bool
+        Run the ``sesa`` arm's aggregation through the real SESA protocol
+        (:meth:`BatchedArm.secure_aggregate`) instead of the plain ``F_p`` sum.
 
     Returns
     -------
@@ -394,7 +438,7 @@ def run_batched(
     initial = {k: v.numpy().astype(np.float32)
                for k, v in initial_state("mlp", settings.seed).items()}  # fmt: skip
     runners = [BatchedArm(a, settings, {k: v.copy() for k, v in initial.items()}, rates,
-                          chunk=chunk) for a in arms]  # fmt: skip
+                          chunk=chunk, secure=secure_sesa) for a in arms]  # fmt: skip
     result = BatchedRun(curves={a: [] for a in arms}, seconds=dict.fromkeys(arms, 0.0), models={})
     rounds = settings.num_server_rounds
     for rnd in range(1, rounds + 1):

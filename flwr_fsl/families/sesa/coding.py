@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.kernels.field import mask_evaluations_mod
 
 __all__ = ["mask_evaluations", "selector_evaluations"]
 
@@ -54,7 +55,12 @@ def mask_evaluations(
     r: NDArray[np.uint64],
     v: NDArray[np.uint64],
 ) -> NDArray[np.uint64]:
-    """``φ_k(α_j)`` for every slot ``k`` and point ``j`` (eq. 22), one field product.
+    """``φ_k(α_j)`` for every slot ``k`` and point ``j`` (eq. 22), one fused field product.
+
+    Per slot, the ``(J × (T+1)) @ ((T+1) × d)`` product of ``[L_{K+n}(α_j) | L_{s_k}(α_j)]``
+    with ``[v_k; r_k]``, computed by the numba kernel
+    :func:`~flwr_fsl.kernels.field.mask_evaluations_mod` in one pass (no broadcast
+    ``(J, K_i, d)`` temporaries).
 
     Parameters
     ----------
@@ -75,6 +81,17 @@ def mask_evaluations(
         ``(J, K_i, d)``: ``r_k L_{s_k}(α_j) + Σ_n v_kn L_{K+n}(α_j)``.
     """
     t, slots, d = v.shape
-    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :])
-    out = field.matmul(extra, v.reshape(t, slots * d)).reshape(-1, slots, d)
-    return field.add(out, field.mul(basis[:, list(chosen)][:, :, None], r[None, :, :]))
+    extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :], dtype=np.uint64)
+    sel = np.ascontiguousarray(basis[:, list(chosen)], dtype=np.uint64)
+    out = np.empty((basis.shape[0], slots, d), dtype=np.uint64)
+    p = np.uint64(field.p)
+    mask_evaluations_mod(
+        extra,
+        sel,
+        np.ascontiguousarray(v, dtype=np.uint64),
+        np.ascontiguousarray(r, dtype=np.uint64),
+        p,
+        np.uint64((1 << 64) % field.p),
+        out,
+    )
+    return out

@@ -460,7 +460,7 @@ def _masked_from_bytes(
     return _read_masked(data, params, slots)[0]
 
 
-def mailbox_to_bytes(entries: Mapping[int, tuple[Sequence[int], bytes]]) -> bytes:
+def mailbox_to_bytes(entries: Mapping[int, tuple[Sequence[int], bytes | memoryview]]) -> bytes:
     """``FSEM`` v1: sender u64 -> (``K_i`` per group as u32, then its sealed evaluations)."""
     w = _header(_M_MAILBOX, SesaError)
     body = {
@@ -556,12 +556,17 @@ def _bundle_to_bytes(slots: Sequence[int], sealed: Sequence[tuple[int, bytes]]) 
     return w.payload()
 
 
-def _bundle_from_bytes(data: bytes, params: SesaParams) -> tuple[tuple[int, ...], dict[int, bytes]]:
+def _bundle_from_bytes(
+    data: bytes, params: SesaParams
+) -> tuple[tuple[int, ...], dict[int, memoryview]]:
     """Strict decoder of :func:`_bundle_to_bytes`: ``K_i`` per group and recipient -> blob.
 
     Every blob must have the sealed size of the announced slots, and no recipient may repeat.
+    The blobs are read-only views into the bundle (no copy: a server's mailbox holds ``N²``
+    of them, and the bundle's bytes are then kept once, by the views).
     """
     r = _reader(data, _M_BUNDLE, "a SESA offline bundle")
+    view = memoryview(r.data)
     slots = _slot_counts(r, params, "bundle")
     size = _piece_size(params, slots) + OVERHEAD
     try:
@@ -569,10 +574,11 @@ def _bundle_from_bytes(data: bytes, params: SesaParams) -> tuple[tuple[int, ...]
         sealed = {}
         for _ in range(n):
             peer = r.u64("recipient")
-            blob = r.raw("sealed evaluations")
-            if len(blob) != size or peer in sealed:
+            length = r.u32("sealed evaluations length")
+            if length != size or peer in sealed:
                 raise SesaError("a sealed evaluation has the wrong size or is repeated")
-            sealed[peer] = blob
+            r.fixed(length, "sealed evaluations")  # bounds-checked; the view is kept
+            sealed[peer] = view[r.pos - length : r.pos]
         r.done()
     except WireFormatError as err:
         raise SesaError(str(err)) from err

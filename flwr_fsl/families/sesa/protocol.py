@@ -110,10 +110,11 @@ bounded by :mod:`~flwr_fsl.families.sesa.attribution` (complaints, bounds, round
   the platform's count-weighted averaging.
 
 **Costs** (Theorems 1–2; ``G`` groups, words of 4 bytes on the wire). Offline, client ``i``
-uploads ``N - 1`` sealed evaluations of ``Σ_g K_i (d + 1)`` words each (``O(N K_i d)``) and
-computes them as one ``(N × T) @ (T × K_i d)`` field product — ``O(N K_i T d)`` operations
-(Theorem 2's ``O(N K_i d log² ...)`` assumes fast multipoint evaluation, which this does not
-implement). Online it uploads ``K_i d`` (``x``) plus ``d`` (``ψ``) words and downloads every
+uploads ``N - 1`` sealed evaluations of ``Σ_g K_i (d + 1)`` words each (``O(N K_i d)``), computed
+as one fused ``(N × (T+1)) @ ((T+1) × d)`` product per slot (:mod:`.coding`): ``N T K_i d``
+multiply-adds, not Theorem 2's fast multipoint evaluation — fewer than its bound
+``N K_i d log²(K+T) log log(K+T)`` while ``T`` < ~150 (0.6× at N = 100; ``sesa_bench.py``).
+Online it uploads ``K_i d`` (``x``) plus ``d`` (``ψ``) words and downloads every
 ``x`` (``Σ_j K_j d``) and its ``N - 1`` evaluations; computing ``ψ(α_i)`` is one
 ``(1 × Σ_j K_j) @ (Σ_j K_j × d)`` product, ``O(N d)`` (Theorem 2). The server decodes with one
 ``(K × (K+T)) @ ((K+T) × d)`` product per group.
@@ -552,7 +553,7 @@ class SesaServer:
     params: SesaParams
     _keys: dict[int, bytes] = field(default_factory=dict)
     _roster: dict[int, bytes] | None = None
-    _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    _mailbox: dict[int, dict[int, memoryview]] = field(default_factory=dict)  # views: no copy
     _slots: dict[int, tuple[int, ...]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _masked: dict[int, bytes] = field(default_factory=dict)
@@ -703,7 +704,7 @@ class SesaServer:
             raise SesaError("an evaluation request for a client outside U3")
         u3 = self.survivors
         box = self._mailbox.get(node, {})
-        req = _Request(u3, self._masked, {j: box[j] for j in u3 if j != node})
+        req = _Request(u3, self._masked, {j: bytes(box[j]) for j in u3 if j != node})
         return _request_to_bytes(req)
 
     def add_evaluation(self, node: int, evaluation: bytes) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ __all__ = [
     "AdvertiseAsk",
     "DecodeAsk",
     "Exchange",
+    "LazyAsks",
     "OfflineAsk",
     "SesaParty",
     "SesaResult",
@@ -227,6 +228,43 @@ def check_mailbox(client: SesaClient, sharers: Sequence[int], mailbox: bytes) ->
 
 
 # -- the server ----------------------------------------------------------------------------------
+class LazyAsks(Mapping[int, Any]):
+    """Node -> ask, each built by ``make(node)`` when it is looked up (and not kept).
+
+    The relays of a round (a client's mailbox, its evaluation request) are ``O(N K d)`` words
+    per client; building them lazily lets an exchange send them in batches, so no more than a
+    batch of them is in memory at once instead of ``O(N² K d)``. Each lookup builds a new
+    object: hold the asks of a batch while they are encoded (the engine's ``encode_once``
+    shares requests by object identity).
+
+    Parameters
+    ----------
+    nodes : Sequence[int]
+        The nodes, in order.
+    make : Callable[[int], Any]
+        Node -> its ask.
+    """
+
+    def __init__(self, nodes: Sequence[int], make: Callable[[int], Any]) -> None:
+        self._nodes = tuple(nodes)
+        self._members = frozenset(self._nodes)
+        self._make = make
+
+    def __getitem__(self, node: int) -> Any:
+        if node not in self._members:
+            raise KeyError(node)
+        return self._make(node)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._members
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
 @dataclass(frozen=True)
 class SesaResult:
     """One round's outcome.
@@ -321,15 +359,17 @@ class SesaRoundServer:
         members = [n for n in nodes if n in answered]
         server.keep(exchange("offline", dict.fromkeys(members, offline), server.add_bundle))
         sharers = server.sharers()
-        asks: dict[int, Any] = {
-            n: TrainAsk(params, sharers, settings, model, server.mailbox(n)) for n in sharers
-        }
+        # The train and decode asks carry each client's mailbox (O(N K d) words each): they
+        # are built when the exchange reaches their node, never all at once (O(N² K d)).
+        asks: Mapping[int, Any] = LazyAsks(
+            sharers, lambda n: TrainAsk(params, sharers, settings, model, server.mailbox(n))
+        )
         server.keep(exchange("train", asks, server.add_masked))
         for node, reason in server.settle().items():
             log.warning("SESA round %d: client %d excluded: %s", params.round_id, node, reason)
             if drop is not None:
                 drop(node, f"train: {reason}")
-        asks = {n: DecodeAsk(params, server.evaluation_request(n)) for n in server.survivors}
+        asks = LazyAsks(server.survivors, lambda n: DecodeAsk(params, server.evaluation_request(n)))
         server.keep(exchange("decode", asks, server.add_evaluation))
         del asks
         totals = server.result()

@@ -86,7 +86,7 @@ from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.privacy import refuse_plaintext_evaluation
 from flwr_fsl.families.sesa.layout import SesaLayout
-from flwr_fsl.families.sesa.messages import MAX_CLIENTS, MAX_SHARDS
+from flwr_fsl.families.sesa.messages import MAX_CLIENTS, MAX_SHARDS, SesaParams
 from flwr_fsl.families.sesa.records import (
     ADVERTISE,
     DECODE,
@@ -142,6 +142,15 @@ evaluate_metrics_aggr_fn, sampling_seed
         evaluated client's metrics and ``num-examples`` in the clear. Default False:
         ``fraction_evaluate`` defaults to 0.0 and a value above it is refused; evaluate on
         the server instead (``strategy.start(..., evaluate_fn=...)``).
+    relay_mib : float
+        Most MiB of relayed SESA messages in flight at once (default 512). The offline
+        uploads, the ``train`` mailboxes and the evaluation requests are ``O(N K d)`` words
+        per client; a phase whose clients would exceed this goes out in batches that fit
+        (:meth:`relay_batch`), so the server holds one batch of them beside its mailbox, not
+        ``O(N² K d)`` more. At this default, rounds of up to 20 clients of MLP 784-200-10 at
+        ``S = 4`` go at once and 100 go in batches of 4; on a real deployment the batches of
+        the ``offline`` and ``train`` phases compute one after another, so raise it where
+        the server's memory allows.
 
     Raises
     ------
@@ -173,6 +182,7 @@ evaluate_metrics_aggr_fn, sampling_seed
         max_clients: int = 1000,
         sampling_seed: int | None = None,
         plaintext_evaluation: bool = False,
+        relay_mib: float = 512.0,
     ) -> None:
         if not isinstance(plaintext_evaluation, bool):
             raise ConfigurationError("plaintext_evaluation must be a bool")
@@ -195,6 +205,8 @@ evaluate_metrics_aggr_fn, sampling_seed
         if isinstance(t, int) and t > MAX_SHARDS:
             raise ConfigurationError(f"privacy (T) must be at most {MAX_SHARDS}, got {t}")
         check_bool("weighted", weighted)
+        check_real("relay_mib", relay_mib, 0.0, low_open=True)
+        self.relay_mib = float(relay_mib)
         check_real("clipping_range", clipping_range, 0.0, low_open=True)
         check_int("max_clients", max_clients, 2, MAX_CLIENTS)
         check_int("frac_bits", frac_bits, 0)
@@ -231,6 +243,21 @@ evaluate_metrics_aggr_fn, sampling_seed
         if self._layout is not None:
             k_max = max(g.shards for g in self._layout.sesa_groups())
         return k_max + self.privacy_for(sampled), "privacy (T) with num_shards (K_max + T)"
+
+    def relay_batch(self, state: RoundState) -> int:
+        """Return how many clients one batch of a relay phase may address (``relay_mib``).
+
+        A client's offline upload, mailbox and evaluation request are each at most
+        ``2 · N · Σ_g K_g (d_g + 1)`` words of 4 bytes (its sealed evaluations for, or from,
+        every other client, and every masked update); a batch holds as many clients as fit in
+        ``relay_mib``, at least one.
+        """
+        params = state.protocol
+        if not isinstance(params, SesaParams):
+            return max(1, len(state.survivors))
+        words = sum(g.shards * (g.length + 1) for g in params.groups)
+        per_client = 8 * max(1, len(state.survivors)) * words + 4096
+        return max(1, int(self.relay_mib * (1 << 20)) // per_client)
 
     def privacy_for(self, sampled: int) -> int:
         """Return ``T`` for a round that sampled ``sampled`` clients."""
@@ -315,19 +342,33 @@ class _FlowerExchange:
     def __call__(self, label: str, asks: Mapping[int, Any], accept: Accept) -> dict[int, Any]:
         phase, field, make = self._route(label)
         alive = set(self.state.survivors)  # the engine's survivors: one set per round
-        requests = encode_once({n: a for n, a in asks.items() if n in alive}, make)
+        nodes = [n for n in asks if n in alive]
+        size = len(nodes) if label == "advertise" else self.strategy.relay_batch(self.state)
+        replies: dict[int, Any] = {}
+        accepted: set[int] = set()
 
         def take(node: int, reply: Any) -> None:
             accept(node, getattr(reply, field))
 
-        if phase is TRAIN:  # replies stream in as they arrive, as Flower's train round
-            replies = dict(
-                self.strategy.stream_phase(self.grid, self.state, phase, requests, accept=take)
-            )
-        else:
-            replies = self.strategy.send_phase(self.grid, self.state, phase, requests, accept=take)
+        # Batches of at most relay_mib of relayed bytes (one batch at small N): the asks of a
+        # batch are built, encoded, sent and let go before the next batch's are built.
+        for start in range(0, len(nodes), max(1, size)):
+            batch = {n: asks[n] for n in nodes[start : start + size]}
+            requests = encode_once(batch, make)
+            del batch
+            if phase is TRAIN:  # replies stream in as they arrive, as Flower's train round
+                got = dict(
+                    self.strategy.stream_phase(self.grid, self.state, phase, requests, accept=take)
+                )
+            else:
+                got = self.strategy.send_phase(self.grid, self.state, phase, requests, accept=take)
+            del requests
+            accepted.update(self.state.survivors)  # the engine's survivors of this batch
+            replies.update({n: getattr(r, field) for n, r in got.items()})
+        # Each batch left the engine's survivors at its own accepted nodes: the phase's are all.
+        self.state.survivors = [n for n in nodes if n in accepted and n not in self.state.dropped]
         alive = set(self.state.survivors)  # a node the engine dropped after accept: not kept
-        return {n: getattr(r, field) for n, r in replies.items() if n in alive}
+        return {n: r for n, r in replies.items() if n in alive}
 
     def _route(self, label: str) -> tuple[Phase[Any, Any], str, Callable[[Any], Any]]:
         """Return the phase of an ask's label, its reply's field and the ask -> request map."""

@@ -374,3 +374,39 @@ def test_a_sesa_message_without_round_state_is_refused() -> None:
     msg.content.config_records[SESA_KEY]["phase"] = "unknown"
     with pytest.raises(ClientInputError, match="unknown SESA phase"):
         sesa_mod(msg, context, lambda m, c: m)
+
+
+def _relay_mib_for(batch: int, n: int) -> float:
+    """``relay_mib`` at which ``SesaFedAvg.relay_batch`` gives ``batch`` clients of ``n``."""
+    words = sum(g.shards * (g.length + 1) for g in SesaLayout.of(MODEL, 4).sesa_groups())
+    return batch * (8 * n * words + 4096) / (1 << 20)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize(
+    "phase, lost, aggregated",
+    [("offline", {1001}, False), ("train", {1002}, False), ("decode", {1003, 1004}, True)],
+)
+def test_relays_in_batches_give_the_same_round(
+    batch: int, phase: str, lost: set[int], aggregated: bool
+) -> None:
+    # relay_mib small enough that the offline, train and decode phases go out `batch` clients
+    # at a time: the same survivors, drops and plaintext average as one batch.
+    def drop(node: int, msg: Message) -> bool:
+        return node in lost and _phase(msg) == phase
+
+    mib = _relay_mib_for(batch, 10)
+    strategy, result, grid = _run(10, drop=drop, privacy=3, relay_mib=mib)
+    state = strategy.round_state(1)
+    assert strategy.relay_batch(state) == batch
+    assert strategy.failed_rounds == {}
+    assert set(strategy.dropped[1]) == lost
+    nodes = [n for n in grid.get_node_ids() if aggregated or n not in lost]
+    _assert_close(result, _reference(grid, nodes))
+    assert result.train_metrics_clientapp[1]["sesa-clients"] == len(nodes)
+    assert len(state.phase("decode").down_bytes) == 10 - (0 if aggregated else 1)
+
+
+def test_relay_mib_is_checked() -> None:
+    with pytest.raises(ConfigurationError, match="relay_mib"):
+        SesaFedAvg(relay_mib=0)
