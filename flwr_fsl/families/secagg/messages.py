@@ -39,9 +39,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import KEY_BYTES, OVERHEAD, SESSION_BYTES
 from flwr_fsl.crypto.ring import PrimeField
@@ -53,6 +54,7 @@ from flwr_fsl.families.secagg.dp import (
     effective_noise_multiplier,
     sensitivity,
 )
+from flwr_fsl.families.secagg.graph import check_neighbours, neighbourhoods
 from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = [
@@ -92,6 +94,9 @@ SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _KIND_SEED, _KIND_KEY = 0, 1
 _PARAMS_BYTES = 4 + 1 + 8 + SESSION_BYTES + 4 + 8  # FSAG record: magic .. vector length
+_PARAMS_V2 = 2  # FSAG with neighbours
+_PARAMS_V2_BYTES = _PARAMS_BYTES + 4
+_STATE_V2 = 2  # FSAC whose parameters are version 2
 _PARAMS_MAGIC = register_magic(
     b"FSAG", "SecAgg round parameters (flwr_fsl.families.secagg.messages)"
 )
@@ -368,6 +373,11 @@ class SecAggParams:
         at every step; ``t >= 2``.
     vector_length : int
         Ring words in each client's vector, ``1..MAX_VECTOR_LENGTH``.
+    neighbours : int, optional
+        ``k`` of SecAgg+'s mask graph (:mod:`flwr_fsl.families.secagg.graph`): each client
+        masks with and shares to ``k`` neighbours; ``None`` (default): the complete graph.
+        Written as format version 2 (a ``u32`` after the length); ``None`` writes version 1,
+        byte for byte as before.
 
     Raises
     ------
@@ -379,6 +389,7 @@ class SecAggParams:
     session: bytes
     threshold: int
     vector_length: int
+    neighbours: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, low, high in (
@@ -390,14 +401,24 @@ class SecAggParams:
                 raise ConfigurationError(f"SecAgg {name} must be an int in [{low}, {high}]")
         if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
             raise ConfigurationError(f"SecAgg session must be {SESSION_BYTES} bytes")
+        check_neighbours(self.neighbours, self.threshold)
+        if self.neighbours is not None and self.neighbours > MAX_CLIENTS:
+            raise ConfigurationError(f"SecAgg neighbours must be at most {MAX_CLIENTS}")
 
     def to_bytes(self) -> bytes:
-        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
-        w = _header(_PARAMS_MAGIC)
+        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64).
+
+        Version 2 (only with ``neighbours``) then has ``neighbours`` (u32).
+        """
+        w = Writer(SecAggError)
+        w.fixed(_PARAMS_MAGIC, 4)
+        w.u8(VERSION if self.neighbours is None else _PARAMS_V2)
         w.u64(self.round_id)
         w.fixed(self.session, SESSION_BYTES)
         w.u32(self.threshold)
         w.u64(self.vector_length)
+        if self.neighbours is not None:
+            w.u32(self.neighbours)
         return w.payload()
 
     @classmethod
@@ -409,14 +430,17 @@ class SecAggParams:
         SecAggError
             If the bytes are not exactly one version-1 parameter record or a field is invalid.
         """
-        if not isinstance(data, bytes) or len(data) != _PARAMS_BYTES:
-            raise SecAggError(f"SecAgg parameters must be {_PARAMS_BYTES} bytes")
-        r = _reader(data, _PARAMS_MAGIC, "SecAgg parameters")
+        if not isinstance(data, bytes) or len(data) not in (_PARAMS_BYTES, _PARAMS_V2_BYTES):
+            raise SecAggError(f"SecAgg parameters must be {_PARAMS_BYTES} bytes (or 4 more)")
+        v2 = len(data) == _PARAMS_V2_BYTES
+        what = "SecAgg parameters"
+        r = Reader.versioned(data, _PARAMS_MAGIC, _PARAMS_V2 if v2 else VERSION, what, SecAggError)
         round_id, session = r.u64("round"), r.fixed(SESSION_BYTES, "session")
         threshold, length = r.u32("threshold"), r.u64("vector length")
+        neighbours = r.u32("neighbours") if v2 else None
         r.done()
         try:
-            return cls(round_id, session, threshold, length)
+            return cls(round_id, session, threshold, length, neighbours)
         except ConfigurationError as err:
             raise SecAggError(str(err)) from err
 
@@ -621,6 +645,39 @@ def _unmask_reply_from_bytes(data: bytes) -> dict[int, tuple[int, NDArray[np.uin
     return out
 
 
+# Secrets as field elements: 3 bytes each (2^24 < p), little-endian.
+
+
+def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
+    padded = secret + bytes(count * _LIMB - len(secret))
+    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
+    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
+
+
+def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
+    if np.any(values >= 1 << (8 * _LIMB)):
+        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
+    v = values.astype(_U64)
+    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
+    return raw.astype(np.uint8).tobytes()[:length]
+
+
+def _graph(
+    params: SecAggParams, roster: Mapping[int, tuple[bytes, bytes]]
+) -> Mapping[int, frozenset[int]]:
+    """Return the round's mask graph (``graph``): every roster member's neighbours."""
+    return neighbourhoods(
+        params.to_bytes(), _roster_to_bytes(roster), tuple(roster), params.neighbours
+    )
+
+
+def _public(raw: bytes) -> X25519PublicKey:
+    try:
+        return X25519PublicKey.from_public_bytes(raw)
+    except ValueError as err:
+        raise SecAggError("not an X25519 public key") from err
+
+
 @dataclass(frozen=True)
 class _State:
     """What a :class:`~flwr_fsl.families.secagg.protocol.SecAggClient` keeps between messages."""
@@ -638,13 +695,19 @@ class _State:
 
 def _state_to_bytes(state: _State) -> bytes:
     """``b"FSAC"``, version, node, both private keys, seed, flag, params, own share, roster, U2."""
-    w = _header(_STATE_MAGIC)
+    v2 = state.params.neighbours is not None
+    w = Writer(SecAggError)
+    w.fixed(_STATE_MAGIC, 4)
+    w.u8(_STATE_V2 if v2 else VERSION)
     w.u64(state.node)
     w.fixed(state.c_private, KEY_BYTES)
     w.fixed(state.s_private, KEY_BYTES)
     w.fixed(state.seed, _SEED_BYTES)
     w.u8(int(state.unmasked))
-    w.fixed(state.params.to_bytes(), _PARAMS_BYTES)
+    if v2:  # version 2: the parameters' own version 2, length-prefixed
+        w.raw(state.params.to_bytes())
+    else:
+        w.fixed(state.params.to_bytes(), _PARAMS_BYTES)
     w.raw(b"" if state.own_share is None else state.own_share.astype("<u4").tobytes())
     w.raw(_roster_to_bytes(state.roster))
     _write_ids(w, state.sharers)
@@ -655,14 +718,18 @@ def _state_from_bytes(data: bytes) -> _State:
     """Strict decoder of :func:`_state_to_bytes` (raises :class:`SecAggError`)."""
     if not isinstance(data, bytes):
         raise SecAggError("a SecAgg client state must be bytes")
-    r = _reader(data, _STATE_MAGIC, "a SecAgg client state")
+    v2 = data[4:5] == bytes([_STATE_V2])
+    what = "a SecAgg client state"
+    r = Reader.versioned(data, _STATE_MAGIC, _STATE_V2 if v2 else VERSION, what, SecAggError)
     node = r.u64("node")
     c_sk, s_sk = r.fixed(KEY_BYTES, "c key"), r.fixed(KEY_BYTES, "s key")
     seed = r.fixed(_SEED_BYTES, "seed")
     unmasked = r.u8("unmasked flag")
     if unmasked > 1:
         raise SecAggError("a SecAgg client state has a bad flag")
-    params = SecAggParams.from_bytes(r.fixed(_PARAMS_BYTES, "params"))
+    params = SecAggParams.from_bytes(r.raw("params") if v2 else r.fixed(_PARAMS_BYTES, "params"))
+    if v2 and params.neighbours is None:
+        raise SecAggError("a version-2 SecAgg client state must hold version-2 parameters")
     own = r.raw("own share")
     if len(own) not in (0, 4 * _LIMBS):
         raise SecAggError("SecAgg client state has a bad own share")

@@ -56,7 +56,6 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import (
@@ -78,7 +77,6 @@ from flwr_fsl.families.secagg.masks import pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
-    _LIMB,
     _SEED_BYTES,
     _SEED_LIMBS,
     _SK_LIMBS,
@@ -94,11 +92,15 @@ from flwr_fsl.families.secagg.messages import (
     _check_rows,
     _entries_from_bytes,
     _entries_to_bytes,
+    _graph,
+    _limbs,
+    _public,
     _roster_from_bytes,
     _roster_to_bytes,
     _State,
     _state_from_bytes,
     _state_to_bytes,
+    _unlimbs,
     _unmask_reply_from_bytes,
     _unmask_reply_to_bytes,
     decode_ids,
@@ -135,30 +137,9 @@ SHARE_PURPOSE = "secagg-share"
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
-    padded = secret + bytes(count * _LIMB - len(secret))
-    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
-    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
-
-
-def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
-    if np.any(values >= 1 << (8 * _LIMB)):
-        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
-    v = values.astype(_U64)
-    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
-    return raw.astype(np.uint8).tobytes()[:length]
-
-
 def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
     # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
     return Shamir.for_parties(FIELD, params.threshold - 1, roster_size)
-
-
-def _public(raw: bytes) -> X25519PublicKey:
-    try:
-        return X25519PublicKey.from_public_bytes(raw)
-    except ValueError as err:
-        raise SecAggError("not an X25519 public key") from err
 
 
 # ---------------------------------------------------------------------------------- client
@@ -189,6 +170,14 @@ class SecAggClient:
     def advertise(self) -> bytes:
         """Round 0: ``c_pk || s_pk`` (64 bytes)."""
         return self.c_key.public_bytes + self.s_key.public_bytes
+
+    def neighbours(self) -> frozenset[int]:
+        """``N(u)``: whom this client masks with and shares to (the rest of the roster by default).
+
+        Recomputed from the roster (:mod:`flwr_fsl.families.secagg.graph`), never taken from
+        the server.
+        """
+        return _graph(self.params, self.roster)[self.node] if self.roster else frozenset()
 
     def share_keys(self, roster: bytes) -> bytes:
         """Round 1: check the roster and return the sealed shares for everyone else in it.
@@ -221,6 +210,9 @@ class SecAggClient:
             raise SecAggError(
                 f"the roster has fewer clients than the threshold t = {self.params.threshold}"
             )
+        near = _graph(self.params, entries)[self.node]
+        if len(near) + 1 < self.params.threshold:
+            raise SecAggError("this client has fewer neighbours than the threshold allows")
         order = sorted(entries)
         scheme = _shamir(self.params, len(order))
         secrets = np.concatenate(
@@ -232,7 +224,7 @@ class SecAggClient:
         shares = scheme.share(secrets, PRGStream.fresh())
         sealed: dict[int, bytes] = {}
         for position, peer in enumerate(order):
-            if peer == self.node:
+            if peer not in near:  # SecAgg+: shares go to N(u) only (all others by default)
                 continue
             plaintext = (
                 struct.pack("<QQ", self.node, peer) + shares[position].astype("<u4").tobytes()
@@ -296,15 +288,19 @@ class SecAggClient:
             raise SecAggError("masked input was already sent for this round")
         if self.node not in u2 or not set(u2) <= set(self.roster):
             raise SecAggError("U2 must hold this client and lie in the roster")
-        if len(u2) < self.params.threshold:
-            raise SecAggError(f"U2 is smaller than the threshold t = {self.params.threshold}")
+        near = self.neighbours()
+        if len(({self.node} | near) & set(u2)) < self.params.threshold:
+            raise SecAggError(
+                f"U2 holds fewer than the threshold t = {self.params.threshold} of this "
+                "client's neighbourhood"
+            )
         length = self.params.vector_length
         mine = None if rows is None else _check_rows(rows, length, "this client's rows")
         shared = dict(shared_rows or {})
         if mine is None and shared:
             raise SecAggError("shared rows given for a full-vector round")
-        if not set(shared) <= set(u2) - {self.node}:
-            raise SecAggError("shared rows name a client outside U2")
+        if not set(shared) <= set(u2) & near:
+            raise SecAggError("shared rows name a client outside U2 or not a neighbour")
         x = np.asarray(vector)
         size = length if mine is None else mine.size
         if x.dtype != _U64 or x.shape != (size,):
@@ -312,7 +308,7 @@ class SecAggClient:
         y = x + self_mask(self.params, self.seed, mine)
         private = self.s_key.private_key
         for v in u2:
-            if v == self.node:
+            if v not in near:  # itself, or not a neighbour (SecAgg+): no pair mask
                 continue
             low, high = min(self.node, v), max(self.node, v)
             if mine is None:
@@ -361,10 +357,15 @@ class SecAggClient:
             raise SecAggError("unmask was already answered for this round")
         if self.node not in u3 or not u3 <= set(self.sharers):
             raise SecAggError("U3 must hold this client and lie in U2")
-        if len(u3) < self.params.threshold:
-            raise SecAggError(f"U3 is smaller than the threshold t = {self.params.threshold}")
-        if not set(req.sealed_shares) <= set(self.sharers) - {self.node}:
-            raise SecAggError("a relayed share comes from a client outside U2")
+        near = self.neighbours()
+        if len(({self.node} | near) & u3) < self.params.threshold:
+            # Else too few of its pair masks stay in the sum: b_u alone would unmask x_u.
+            raise SecAggError(
+                f"U3 holds fewer than the threshold t = {self.params.threshold} of this "
+                "client's neighbourhood"
+            )
+        if not set(req.sealed_shares) <= set(self.sharers) & near:
+            raise SecAggError("a relayed share comes from a client outside U2 or its neighbours")
         self.unmasked = True
         shares: dict[int, NDArray[np.uint64]] = {self.node: self.own_share}
         binding = self.params.binding
@@ -475,6 +476,7 @@ class SecAggServer:
     guard: ReplayGuard | None = None
     _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     _roster: dict[int, tuple[bytes, bytes]] | None = None
+    _near: Mapping[int, frozenset[int]] = field(default_factory=dict)
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _sum: NDArray[np.uint64] | None = None
@@ -509,7 +511,13 @@ class SecAggServer:
         if self._roster is None:
             self._need(len(self._keys), "advertised keys")
             self._roster = dict(sorted(self._keys.items()))
+            self._near = _graph(self.params, self._roster)
         return _roster_to_bytes(self._roster)
+
+    @property
+    def graph(self) -> Mapping[int, frozenset[int]]:
+        """The round's mask graph, ``u -> N(u)`` (empty before :meth:`roster`)."""
+        return self._near
 
     def add_shares(self, node: int, bundle: bytes) -> None:
         """Round 1: take a client's sealed shares, one for every other roster member.
@@ -525,8 +533,8 @@ class SecAggServer:
         if node not in self._roster or any(node in box for box in self._mailbox.values()):
             raise SecAggError("shares from a client outside the roster, or twice")
         sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
-        if set(sealed) != set(self._roster) - {node}:
-            raise SecAggError("a share bundle must address every other roster member once")
+        if set(sealed) != self._near[node]:
+            raise SecAggError("a share bundle must address each of the client's neighbours once")
         self._fresh("share bundle", bundle)
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
@@ -592,6 +600,8 @@ class SecAggServer:
         order = sorted(checked)
         for a, u in enumerate(order):
             for v in order[a + 1 :]:
+                if v not in self._near[u]:
+                    continue  # SecAgg+: no pair mask between non-neighbours
                 both = np.intersect1d(checked[u], checked[v], assume_unique=True)
                 if both.size:
                     shared[u][v] = both
@@ -677,7 +687,7 @@ class SecAggServer:
         u2 = set(self.sharers())
         for v, (kind, _share) in entries.items():
             expected = _KIND_SEED if v in self._survivors else _KIND_KEY
-            if v not in u2 or kind != expected:
+            if v not in u2 or kind != expected or (v != node and v not in self._near[node]):
                 raise SecAggError("unmask reply holds a share the server did not ask for")
         for v, entry in entries.items():
             self._shares.setdefault(v, {})[node] = entry[1]
@@ -732,7 +742,7 @@ class SecAggServer:
                 raise RoundFailedError("a reconstructed mask key is not a key") from err
             if dropped.public_bytes != self._roster[v][1]:
                 raise RoundFailedError("a reconstructed mask key does not match its public key")
-            for u in self._survivors:
+            for u in self._survivors & self._near[v]:
                 # u holds sign(u, v) PRG(s_uv) for the dropped v: remove it.
                 low, high = min(u, v), max(u, v)
                 if self._rows is None:
