@@ -53,6 +53,7 @@ __all__ = [
     "harary",
     "isolation_probability",
     "neighbourhoods",
+    "round_threshold",
     "split_bound",
     "suggested_neighbours",
 ]
@@ -166,3 +167,21 @@ def split_bound(n: int, k: int, fraction: float) -> float:
     ``(n fraction^(k/2))^2``.
     """
     return min(1.0, (n * fraction ** (k // 2)) ** 2)
+
+
+def round_threshold(
+    threshold: int | float, sampled: int, neighbours: int | None
+) -> tuple[int, int | None]:
+    """Return a round's ``t`` and the ``neighbours`` its parameters carry.
+
+    ``neighbours`` applies only when the graph would be sparse (``k < sampled - 1``; else the
+    round is the complete graph and its parameters stay version 1). A fractional ``t`` is a
+    fraction of the shares each client deals: Flower's ``num_shares = k + 1`` when sparse (at
+    most ``k``), else of the sampled clients; at least 2 either way.
+    """
+    sparse = neighbours is not None and neighbours < sampled - 1
+    if not isinstance(threshold, float):
+        return threshold, neighbours if sparse else None
+    if neighbours is not None and sparse:
+        return min(neighbours, max(2, math.ceil(threshold * (neighbours + 1)))), neighbours
+    return max(2, math.ceil(threshold * sampled)), None

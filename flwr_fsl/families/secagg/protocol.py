@@ -130,6 +130,10 @@ __all__ = [
 ]
 
 _U64 = np.uint64
+_SPARSE_SUBSET = (
+    "a subset round needs the complete mask graph: with neighbours, a position's holders "
+    "need not be neighbours and a lone holder's word would be unmasked by its own seed"
+)
 SHARE_PURPOSE = "secagg-share"
 """Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
 
@@ -296,6 +300,8 @@ class SecAggClient:
             )
         length = self.params.vector_length
         mine = None if rows is None else _check_rows(rows, length, "this client's rows")
+        if mine is not None and len(near) < len(self.roster) - 1:
+            raise SecAggError(_SPARSE_SUBSET)
         shared = dict(shared_rows or {})
         if mine is None and shared:
             raise SecAggError("shared rows given for a full-vector round")
@@ -593,6 +599,8 @@ class SecAggServer:
             raise SecAggError("rows assigned twice or after masked inputs")
         if set(rows) != set(u2):
             raise SecAggError("rows must be assigned to exactly the clients of U2")
+        if any(len(near) < len(self._near) - 1 for near in self._near.values()):
+            raise SecAggError(_SPARSE_SUBSET)
         length = self.params.vector_length
         checked = {u: _check_rows(r, length, "assigned rows") for u, r in rows.items()}
         self._rows = checked
