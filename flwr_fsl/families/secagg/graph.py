@@ -25,11 +25,17 @@ such a server can only *grind*: try rosters (sybil keys) until the hash isolates
 try isolates a given honest victim with probability :func:`isolation_probability`
 ``= C(s, k) / C(n - 1, k)`` (``s`` adversarial clients, sybils and clients it drops alike,
 among the victim's ``n - 1`` possible neighbours); ``G`` tries succeed with probability at
-most ``G`` times that, times the number of victims (:func:`grinding_bound`). At
-``k = 2 ceil(log2 n)`` with a third of 1,000 clients adversarial one try succeeds with
-probability below ``10^-9`` per victim; at ``k = 2`` it is about ``1/9``
-(``tests/attacks/test_secagg_isolation.py``). A commit-then-reveal seed would remove grinding
-altogether at the cost of one more round trip; it is not implemented. Beyond isolation, the
+most ``G`` times that, times the number of honest victims (:func:`grinding_bound`). With a
+third of 1,000 clients adversarial: at Bell et al.'s ``k = 2 ceil(log2 n) = 20`` one try
+isolates a given victim with probability below ``10^-9``, but ``2^20`` tries isolate *some*
+honest client with probability up to about 14%; ``k = 46`` keeps ``2^40`` tries below
+``2^-20``; at ``k = 2`` one try succeeds with probability about ``1/9`` per victim and the
+server then reads the victim's input exactly (``tests/attacks/test_secagg_isolation.py``).
+So size ``k`` for the grinding a server could afford, or keep the default complete graph,
+under which no sybil set short of all other clients isolates anyone. A commit-then-reveal
+seed (clients commit to a nonce when advertising and reveal it after the roster is fixed)
+would remove grinding and restore Bell et al.'s bound, at the cost of one more round trip; it
+is not implemented. Beyond isolation, the
 surviving honest clients' induced subgraph may split into components (then the server
 learns each component's sum, not one client's): in ``H(k, n)`` that needs two runs of at
 least ``k/2`` adversarial clients in ring order (:func:`split_bound`).
