@@ -34,7 +34,9 @@ without DP, and is still what :meth:`SecAggSettings.to_bytes` writes for exactly
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -94,6 +96,10 @@ SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _KIND_SEED, _KIND_KEY = 0, 1
 _PARAMS_BYTES = 4 + 1 + 8 + SESSION_BYTES + 4 + 8  # FSAG record: magic .. vector length
+_SPARSE_SUBSET = (
+    "a subset round needs the complete mask graph: with neighbours, a position's holders "
+    "need not be neighbours and a lone holder's word would be unmasked by its own seed"
+)
 _PARAMS_V2 = 2  # FSAG with neighbours
 _PARAMS_V2_BYTES = _PARAMS_BYTES + 4
 _STATE_V2 = 2  # FSAC whose parameters are version 2
@@ -519,18 +525,37 @@ def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
 
 
 def _entries_to_bytes(entries: Mapping[int, bytes], size: int) -> bytes:
-    w = Writer(SecAggError)
-    w.node_map(entries, size, limit=None)
-    return w.payload()
+    """Write the ``node_map`` field of fixed-size entries (``u32`` count, ``u64`` id, entry).
+
+    Byte for byte :meth:`~flwr_fsl.core.wireformat.Writer.node_map`, built in one join (the
+    roster of 1,000 clients is written and read once per client, issue 26).
+    """
+    nodes = sorted(_check_id(n) for n in entries)
+    if any(not isinstance(entries[n], bytes) or len(entries[n]) != size for n in nodes):
+        raise SecAggError(f"expected exactly {size} bytes")
+    pack = struct.Struct("<Q").pack
+    return struct.pack("<I", len(nodes)) + b"".join(pack(n) + entries[n] for n in nodes)
 
 
 def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
-    if not isinstance(data, bytes):
-        raise SecAggError(f"{what} must be bytes")
-    r = Reader(data, 0, SecAggError)
-    out = r.node_map(what, size, limit=MAX_CLIENTS)
-    r.done()
-    return out
+    """Strict decoder of :func:`_entries_to_bytes` (ids strictly increasing, exact length)."""
+    if not isinstance(data, bytes) or len(data) < 4:
+        raise SecAggError(f"{what} must be bytes with a count")
+    n = int.from_bytes(data[:4], "little")
+    if n > MAX_CLIENTS:
+        raise SecAggError(f"{what}: {n} items exceed the limit of {MAX_CLIENTS}")
+    step = 8 + size
+    if len(data) != 4 + n * step:
+        raise SecAggError(f"truncated message or trailing bytes: {n} {what} entries declared")
+    ids = np.frombuffer(data, dtype="<u8", count=n * step // 8, offset=4) if size % 8 == 0 else None
+    nodes = (
+        ids[:: step // 8].tolist()
+        if ids is not None
+        else [int.from_bytes(data[4 + k * step : 12 + k * step], "little") for k in range(n)]
+    )
+    if any(b <= a for a, b in itertools.pairwise(nodes)):
+        raise SecAggError(f"{what} ids must be strictly increasing")
+    return {node: data[12 + k * step : 4 + (k + 1) * step] for k, node in enumerate(nodes)}
 
 
 @dataclass(frozen=True)
@@ -663,12 +688,14 @@ def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
 
 
 def _graph(
-    params: SecAggParams, roster: Mapping[int, tuple[bytes, bytes]]
+    params: SecAggParams, roster: Mapping[int, tuple[bytes, bytes]], raw: bytes | None = None
 ) -> Mapping[int, frozenset[int]]:
-    """Return the round's mask graph (``graph``): every roster member's neighbours."""
-    return neighbourhoods(
-        params.to_bytes(), _roster_to_bytes(roster), tuple(roster), params.neighbours
-    )
+    """Return the round's mask graph (``graph``): every roster member's neighbours.
+
+    ``raw`` is the roster's bytes when at hand (else they are written again).
+    """
+    raw = _roster_to_bytes(roster) if raw is None else raw
+    return neighbourhoods(params.to_bytes(), raw, tuple(roster), params.neighbours)
 
 
 def _public(raw: bytes) -> X25519PublicKey:

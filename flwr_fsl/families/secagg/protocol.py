@@ -73,13 +73,14 @@ from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.crypto.sharing import Shamir
 from flwr_fsl.families.secagg.attribution import find_liar
-from flwr_fsl.families.secagg.masks import pair_mask, self_mask
+from flwr_fsl.families.secagg.masks import add_streams, pair_key, pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
     _SEED_BYTES,
     _SEED_LIMBS,
     _SK_LIMBS,
+    _SPARSE_SUBSET,
     FIELD,
     MAX_CLIENTS,
     MAX_VECTOR_LENGTH,
@@ -108,7 +109,7 @@ from flwr_fsl.families.secagg.messages import (
     encode_ids,
     encode_rows,
 )
-from flwr_fsl.families.secagg.replay import ReplayGuard
+from flwr_fsl.families.secagg.replay import ReplayGuard, fingerprint
 
 __all__ = [
     "DROPOUT_PHASES",
@@ -130,10 +131,6 @@ __all__ = [
 ]
 
 _U64 = np.uint64
-_SPARSE_SUBSET = (
-    "a subset round needs the complete mask graph: with neighbours, a position's holders "
-    "need not be neighbours and a lone holder's word would be unmasked by its own seed"
-)
 SHARE_PURPOSE = "secagg-share"
 """Purpose of a sealed Shamir share (:func:`~flwr_fsl.crypto.sealing.seal_for`)."""
 
@@ -170,18 +167,20 @@ class SecAggClient:
     sharers: tuple[int, ...] = ()
     own_share: NDArray[np.uint64] | None = field(default=None, repr=False)
     unmasked: bool = False
+    _hood: frozenset[int] | None = field(default=None, repr=False, compare=False)
 
     def advertise(self) -> bytes:
         """Round 0: ``c_pk || s_pk`` (64 bytes)."""
         return self.c_key.public_bytes + self.s_key.public_bytes
 
     def neighbours(self) -> frozenset[int]:
-        """``N(u)``: whom this client masks with and shares to (the rest of the roster by default).
+        """``N(u)``: whom this client masks with and shares to (all others by default).
 
-        Recomputed from the roster (:mod:`flwr_fsl.families.secagg.graph`), never taken from
-        the server.
+        Derived from the roster (:mod:`flwr_fsl.families.secagg.graph`), never the server's.
         """
-        return _graph(self.params, self.roster)[self.node] if self.roster else frozenset()
+        if self._hood is None and self.roster:
+            self._hood = _graph(self.params, self.roster)[self.node]
+        return self._hood or frozenset()
 
     def share_keys(self, roster: bytes) -> bytes:
         """Round 1: check the roster and return the sealed shares for everyone else in it.
@@ -214,7 +213,7 @@ class SecAggClient:
             raise SecAggError(
                 f"the roster has fewer clients than the threshold t = {self.params.threshold}"
             )
-        near = _graph(self.params, entries)[self.node]
+        near = self._hood = _graph(self.params, entries, roster)[self.node]
         if len(near) + 1 < self.params.threshold:
             raise SecAggError("this client has fewer neighbours than the threshold allows")
         order = sorted(entries)
@@ -311,22 +310,24 @@ class SecAggClient:
         size = length if mine is None else mine.size
         if x.dtype != _U64 or x.shape != (size,):
             raise SecAggError(f"the vector must be {size} uint64 words")
-        y = x + self_mask(self.params, self.seed, mine)
         private = self.s_key.private_key
-        for v in u2:
-            if v not in near:  # itself, or not a neighbour (SecAgg+): no pair mask
-                continue
+        peers = [v for v in u2 if v in near]  # SecAgg+: pair masks with neighbours only
+        if mine is None:  # full vector: every mask added chunk by chunk (masks.add_streams)
+            y = x.copy()
+            add_streams(y, [(self.seed, False)] + [
+                (pair_key(self.params, private, self.roster[v][1], *sorted((self.node, v))),
+                 v < self.node) for v in peers])  # fmt: skip
+            self.sharers = tuple(u2)
+            return y
+        y = x + self_mask(self.params, self.seed, mine)
+        for v in peers:
             low, high = min(self.node, v), max(self.node, v)
-            if mine is None:
-                where: slice | NDArray[np.int64] = slice(None)
-                positions = None
-            else:
-                positions = _check_rows(shared.get(v, np.zeros(0, np.int64)), length, "rows")
-                where = np.searchsorted(mine, positions)
-                if positions.size and not np.array_equal(
-                    mine[np.minimum(where, mine.size - 1)], positions
-                ):
-                    raise SecAggError("shared rows are not a subset of this client's rows")
+            positions = _check_rows(shared.get(v, np.zeros(0, np.int64)), length, "rows")
+            where = np.searchsorted(mine, positions)
+            if positions.size and not np.array_equal(
+                mine[np.minimum(where, mine.size - 1)], positions
+            ):
+                raise SecAggError("shared rows are not a subset of this client's rows")
             mask = pair_mask(self.params, private, self.roster[v][1], low, high, positions)
             if self.node < v:
                 y[where] += mask
@@ -483,6 +484,7 @@ class SecAggServer:
     _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     _roster: dict[int, tuple[bytes, bytes]] | None = None
     _near: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    _raw: bytes = b""  # the roster's bytes
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _sum: NDArray[np.uint64] | None = None
@@ -517,8 +519,9 @@ class SecAggServer:
         if self._roster is None:
             self._need(len(self._keys), "advertised keys")
             self._roster = dict(sorted(self._keys.items()))
-            self._near = _graph(self.params, self._roster)
-        return _roster_to_bytes(self._roster)
+            self._raw = _roster_to_bytes(self._roster)
+            self._near = _graph(self.params, self._roster, self._raw)
+        return self._raw
 
     @property
     def graph(self) -> Mapping[int, frozenset[int]]:
@@ -646,7 +649,7 @@ class SecAggServer:
         y = masked.words(size) if isinstance(masked, MaskedWords) else np.asarray(masked)
         if y.dtype != _U64 or y.shape != (size,):
             raise SecAggError(f"a masked input must be {size} uint64 words")
-        self._fresh("masked input", y.tobytes())
+        self._fresh("masked input", fingerprint(y))
         if self._sum is None:
             self._sum = np.zeros(self.params.vector_length, dtype=_U64)
         if rows is None:
@@ -721,6 +724,8 @@ class SecAggServer:
             for box in self._shares.values():
                 box.pop(liar, None)
             self.excluded[liar] = "its Unmask shares are off the polynomial of several secrets"
+        index = {p: i for i, p in enumerate(order)}
+        streams: list[tuple[bytes, bool]] = []  # full round: (key, subtract), added at the end
         for v in u2:
             holders = self._shares.get(v, {})
             if len(holders) < self.params.threshold:
@@ -728,7 +733,7 @@ class SecAggServer:
             parties = sorted(holders)
             try:
                 secret = scheme.reconstruct(
-                    [order.index(p) for p in parties], [holders[p] for p in parties]
+                    [index[p] for p in parties], [holders[p] for p in parties]
                 )
             except ClientInputError as err:
                 raise RoundFailedError(
@@ -737,12 +742,11 @@ class SecAggServer:
                     "(the server cannot tell which)"
                 ) from err
             if v in self._survivors:
-                rows_v = None if self._rows is None else self._rows[v]
-                seed_mask = self_mask(self.params, _unlimbs(secret, _SEED_BYTES), rows_v)
-                if rows_v is None:
-                    total -= seed_mask
+                if self._rows is None:
+                    streams.append((_unlimbs(secret, _SEED_BYTES), True))
                 else:
-                    total[rows_v] -= seed_mask
+                    seed = _unlimbs(secret, _SEED_BYTES)
+                    total[self._rows[v]] -= self_mask(self.params, seed, self._rows[v])
                 continue
             try:
                 dropped = SealingKeyPair.from_private_bytes(_unlimbs(secret, KEY_BYTES))
@@ -753,22 +757,20 @@ class SecAggServer:
             for u in self._survivors & self._near[v]:
                 # u holds sign(u, v) PRG(s_uv) for the dropped v: remove it.
                 low, high = min(u, v), max(u, v)
-                if self._rows is None:
-                    where: slice | NDArray[np.int64] = slice(None)
-                    positions = None
-                else:
-                    positions = np.intersect1d(self._rows[u], self._rows[v], assume_unique=True)
-                    where = positions
                 try:
-                    mask = pair_mask(
-                        self.params, dropped.private_key, self._roster[u][1], low, high, positions
-                    )
+                    key = pair_key(self.params, dropped.private_key, self._roster[u][1], low, high)
                 except SecAggError as err:
                     raise RoundFailedError(str(err)) from err
+                if self._rows is None:
+                    streams.append((key, u < v))
+                    continue
+                where = np.intersect1d(self._rows[u], self._rows[v], assume_unique=True)
+                mask = self_mask(self.params, key, where)  # PRG(s_uv) at those positions
                 if u < v:
                     total[where] -= mask
                 else:
                     total[where] += mask
+        add_streams(total, streams)
         return total
 
     def _short_reason(self, v: int, holders: Mapping[int, object]) -> str:
