@@ -39,6 +39,8 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
@@ -49,6 +51,7 @@ from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_m
 from flwr_fsl.crypto.channel import KEY_BYTES, OVERHEAD, SESSION_BYTES
 from flwr_fsl.crypto.ring import PrimeField
 from flwr_fsl.crypto.sealing import RoundBinding
+from flwr_fsl.crypto.sharing import Shamir
 from flwr_fsl.families.secagg.dp import (
     SecAggDP,
     check_headroom,
@@ -68,6 +71,7 @@ __all__ = [
     "SETTINGS_VERSION",
     "SHARE_PLAINTEXT_BYTES",
     "VERSION",
+    "MaskedWords",
     "SecAggError",
     "SecAggParams",
     "SecAggSettings",
@@ -485,7 +489,10 @@ def _reader(data: bytes, magic: bytes, what: str) -> Reader:
 
 def _write_ids(w: Writer, ids: Iterable[int]) -> None:
     # No count limit on the writer's side, as before: every decoder bounds it (MAX_CLIENTS).
-    w.ids([_check_id(i) for i in ids], canonical=True, limit=None)
+    # Writer.ids(canonical=True)'s bytes (count, sorted distinct u64 ids) in one numpy write.
+    values = sorted({_check_id(i) for i in ids})
+    w.count(len(values), None)
+    w.words(values, "<u8")
 
 
 def encode_ids(ids: Iterable[int]) -> bytes:
@@ -558,6 +565,14 @@ def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
     return {node: data[12 + k * step : 4 + (k + 1) * step] for k, node in enumerate(nodes)}
 
 
+@runtime_checkable
+class MaskedWords(Protocol):
+    """A masked input still in its message: it is parsed only at the size the server expects."""
+
+    def words(self, size: int) -> NDArray[np.uint64]:
+        """Return exactly ``size`` uint64 words (raise a ClientInputError subclass otherwise)."""
+
+
 @dataclass(frozen=True)
 class UnmaskRequest:
     """What the server sends a survivor in the Unmask round.
@@ -577,8 +592,7 @@ class UnmaskRequest:
         """``U3`` (:func:`encode_ids`), then the shares (count, then sender u64 + blob each)."""
         w = Writer(SecAggError)
         _write_ids(w, self.survivors)
-        w.node_map(self.sealed_shares, SEALED_SHARE_BYTES, limit=None)
-        return w.payload()
+        return w.payload() + _entries_to_bytes(self.sealed_shares, SEALED_SHARE_BYTES)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
@@ -703,6 +717,16 @@ def _public(raw: bytes) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(raw)
     except ValueError as err:
         raise SecAggError("not an X25519 public key") from err
+
+
+@lru_cache(maxsize=16)
+def _shamir_of(threshold: int, roster_size: int) -> Shamir:
+    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
+    return Shamir.for_parties(FIELD, threshold - 1, roster_size)
+
+
+def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
+    return _shamir_of(params.threshold, roster_size)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ round never cancels and the decoded sum breaks its plausibility bounds (the stra
 a share that does not open is skipped by its recipient and blamed on its sender; shares off
 the polynomial blame their holder when it broke several secrets, else fail naming both.
 
+**SecAgg+** (``params.neighbours = k``, Bell et al.): every "other client" above reads "each
+of the ``k`` neighbours" of :mod:`flwr_fsl.families.secagg.graph` (bounds and threat model there).
+
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
 :func:`run_round` and :class:`RoundOutcome` live in :mod:`flwr_fsl.families.secagg.rounds`
@@ -53,7 +56,6 @@ import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,7 +73,6 @@ from flwr_fsl.crypto.channel import (
 )
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
-from flwr_fsl.crypto.sharing import Shamir
 from flwr_fsl.families.secagg.attribution import find_liar
 from flwr_fsl.families.secagg.masks import add_streams, pair_key, pair_mask, self_mask
 from flwr_fsl.families.secagg.messages import (
@@ -81,11 +82,11 @@ from flwr_fsl.families.secagg.messages import (
     _SEED_LIMBS,
     _SK_LIMBS,
     _SPARSE_SUBSET,
-    FIELD,
     MAX_CLIENTS,
     MAX_VECTOR_LENGTH,
     SEALED_SHARE_BYTES,
     SHARE_PLAINTEXT_BYTES,
+    MaskedWords,
     SecAggError,
     SecAggParams,
     UnmaskRequest,
@@ -98,6 +99,7 @@ from flwr_fsl.families.secagg.messages import (
     _public,
     _roster_from_bytes,
     _roster_to_bytes,
+    _shamir,
     _State,
     _state_from_bytes,
     _state_to_bytes,
@@ -138,11 +140,6 @@ SHARE_PURPOSE = "secagg-share"
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
-    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
-    return Shamir.for_parties(FIELD, params.threshold - 1, roster_size)
-
-
 # ---------------------------------------------------------------------------------- client
 
 
@@ -178,8 +175,8 @@ class SecAggClient:
 
         Derived from the roster (:mod:`flwr_fsl.families.secagg.graph`), never the server's.
         """
-        if self._hood is None and self.roster:
-            self._hood = _graph(self.params, self.roster)[self.node]
+        if self._hood is None and self.roster:  # the roster kept is the neighbourhood
+            self._hood = frozenset(self.roster) - {self.node}
         return self._hood or frozenset()
 
     def share_keys(self, roster: bytes) -> bytes:
@@ -240,7 +237,8 @@ class SecAggClient:
                 sender=client_party(self.node),
                 recipient=client_party(peer),
             )
-        self.roster = entries
+        # Only the neighbourhood's keys are kept (all of them for the complete graph).
+        self.roster = {v: entries[v] for v in sorted(near | {self.node})}
         # The share a client keeps for itself is also needed in Unmask.
         self.own_share = shares[order.index(self.node)].copy()
         return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
@@ -289,7 +287,8 @@ class SecAggClient:
         if self.sharers:
             # A second y_u under another U2 would differ from the first by pair masks.
             raise SecAggError("masked input was already sent for this round")
-        if self.node not in u2 or not set(u2) <= set(self.roster):
+        complete = self.params.neighbours is None  # else only neighbours' ids are known
+        if self.node not in u2 or (complete and not set(u2) <= set(self.roster)):
             raise SecAggError("U2 must hold this client and lie in the roster")
         near = self.neighbours()
         if len(({self.node} | near) & set(u2)) < self.params.threshold:
@@ -299,7 +298,7 @@ class SecAggClient:
             )
         length = self.params.vector_length
         mine = None if rows is None else _check_rows(rows, length, "this client's rows")
-        if mine is not None and len(near) < len(self.roster) - 1:
+        if mine is not None and not complete:
             raise SecAggError(_SPARSE_SUBSET)
         shared = dict(shared_rows or {})
         if mine is None and shared:
@@ -452,14 +451,6 @@ class SecAggClient:
 # ---------------------------------------------------------------------------------- server
 
 
-@runtime_checkable
-class MaskedWords(Protocol):
-    """A masked input still in its message: it is parsed only at the size the server expects."""
-
-    def words(self, size: int) -> NDArray[np.uint64]:
-        """Return exactly ``size`` uint64 words (raise a ClientInputError subclass otherwise)."""
-
-
 @dataclass
 class SecAggServer:
     """The server's side of one round: collects each step, relays, reconstructs the sum.
@@ -485,6 +476,8 @@ class SecAggServer:
     _roster: dict[int, tuple[bytes, bytes]] | None = None
     _near: Mapping[int, frozenset[int]] = field(default_factory=dict)
     _raw: bytes = b""  # the roster's bytes
+    _dealt: set[int] = field(default_factory=set)  # whose share bundle was taken
+    _dealt_unmask: set[int] = field(default_factory=set)  # whose unmask reply was taken
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _sum: NDArray[np.uint64] | None = None
@@ -539,12 +532,13 @@ class SecAggServer:
         if self._roster is None or self._sharers is not None:
             raise SecAggError("shares outside the ShareKeys round")
         node = _check_id(node)
-        if node not in self._roster or any(node in box for box in self._mailbox.values()):
+        if node not in self._roster or node in self._dealt:
             raise SecAggError("shares from a client outside the roster, or twice")
         sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
         if set(sealed) != self._near[node]:
             raise SecAggError("a share bundle must address each of the client's neighbours once")
         self._fresh("share bundle", bundle)
+        self._dealt.add(node)
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
 
@@ -602,7 +596,7 @@ class SecAggServer:
             raise SecAggError("rows assigned twice or after masked inputs")
         if set(rows) != set(u2):
             raise SecAggError("rows must be assigned to exactly the clients of U2")
-        if any(len(near) < len(self._near) - 1 for near in self._near.values()):
+        if self.params.neighbours is not None:
             raise SecAggError(_SPARSE_SUBSET)
         length = self.params.vector_length
         checked = {u: _check_rows(r, length, "assigned rows") for u, r in rows.items()}
@@ -691,10 +685,11 @@ class SecAggServer:
     def add_unmask(self, node: int, reply: bytes) -> None:
         """Round 3: take a survivor's shares (raises :class:`SecAggError`)."""
         node = _check_id(node)
-        if node not in self._survivors or any(node in s for s in self._shares.values()):
+        if node not in self._survivors or node in self._dealt_unmask:
             raise SecAggError("unmask reply from a client outside U3, or twice")
         entries = _unmask_reply_from_bytes(reply)
         self._fresh("unmask reply", reply)
+        self._dealt_unmask.add(node)
         u2 = set(self.sharers())
         for v, (kind, _share) in entries.items():
             expected = _KIND_SEED if v in self._survivors else _KIND_KEY
