@@ -33,9 +33,9 @@ import os
 import numpy as np
 
 from flwr_fsl.families.secagg.graph import grinding_bound, isolation_probability
-from flwr_fsl.families.secagg.masks import pair_mask, self_mask
-from flwr_fsl.families.secagg.messages import _SEED_BYTES, _unlimbs
-from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer, _shamir
+from flwr_fsl.families.secagg.masks import _shamir, _unlimbs, pair_mask, self_mask
+from flwr_fsl.families.secagg.messages import _SEED_BYTES
+from flwr_fsl.families.secagg.protocol import SecAggClient, SecAggParams, SecAggServer
 
 U64 = np.uint64
 HONEST = list(range(1, 21))

@@ -5,7 +5,9 @@ Both are AES-128-CTR streams with the zero nonce (:func:`flwr_fsl.crypto.prg.ctr
 ``X25519(s_u, s_v)`` with the round's parameter digest as salt and the pair and session in
 its info (:func:`flwr_fsl.crypto.channel.agree_key`): bound to the run, the round and the
 vector, so a masked input of another round never cancels. ``b_u`` is fresh every round.
-Re-exported by :mod:`flwr_fsl.families.secagg.protocol`.
+Re-exported by :mod:`flwr_fsl.families.secagg.protocol`. Also here: the secrets behind the
+masks (``b_u`` and the mask key) as Shamir field elements, 3 bytes a limb (``2^24 < p``), and
+the round's Shamir scheme (cached per ``t`` and roster size).
 
 :func:`add_streams` adds (or subtracts) many such full-length streams to one vector in place,
 chunk by chunk (32 Ki words), so each keystream chunk is added while it is still in cache and
@@ -18,15 +20,20 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from numpy.typing import NDArray
 
+from flwr_fsl.core.errors import RoundFailedError
 from flwr_fsl.crypto.channel import SealedBoxError, agree_key
 from flwr_fsl.crypto.prg import ctr_stream, ctr_words
-from flwr_fsl.families.secagg.messages import SecAggError, SecAggParams
+from flwr_fsl.crypto.sharing import Shamir
+from flwr_fsl.families.secagg.messages import _LIMB, FIELD, SecAggError, SecAggParams
+
+_U64 = np.uint64
 
 __all__ = ["add_streams", "pair_key", "pair_mask", "self_mask"]
 
@@ -123,3 +130,27 @@ def self_mask(
     # b_u keys the CTR stream as is, not through PRGStream.from_seed's PRF(seed, index || tag):
     # that would change every masked input (frozen vectors masked-input*, v1 format).
     return _words_at(seed, positions, params.vector_length)
+
+
+def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
+    padded = secret + bytes(count * _LIMB - len(secret))
+    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
+    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
+
+
+def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
+    if np.any(values >= 1 << (8 * _LIMB)):
+        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
+    v = values.astype(_U64)
+    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
+    return raw.astype(np.uint8).tobytes()[:length]
+
+
+@lru_cache(maxsize=16)
+def _shamir_of(threshold: int, roster_size: int) -> Shamir:
+    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
+    return Shamir.for_parties(FIELD, threshold - 1, roster_size)
+
+
+def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
+    return _shamir_of(params.threshold, roster_size)

@@ -39,19 +39,18 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError, ConfigurationError, RoundFailedError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.channel import KEY_BYTES, OVERHEAD, SESSION_BYTES
 from flwr_fsl.crypto.ring import PrimeField
 from flwr_fsl.crypto.sealing import RoundBinding
-from flwr_fsl.crypto.sharing import Shamir
 from flwr_fsl.families.secagg.dp import (
     SecAggDP,
     check_headroom,
@@ -100,10 +99,7 @@ SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _KIND_SEED, _KIND_KEY = 0, 1
 _PARAMS_BYTES = 4 + 1 + 8 + SESSION_BYTES + 4 + 8  # FSAG record: magic .. vector length
-_SPARSE_SUBSET = (
-    "a subset round needs the complete mask graph: with neighbours, a position's holders "
-    "need not be neighbours and a lone holder's word would be unmasked by its own seed"
-)
+_SPARSE_SUBSET = "a subset round needs the complete mask graph (a lone holder is unmasked)"
 _PARAMS_V2 = 2  # FSAG with neighbours
 _PARAMS_V2_BYTES = _PARAMS_BYTES + 4
 _STATE_V2 = 2  # FSAC whose parameters are version 2
@@ -416,6 +412,11 @@ class SecAggParams:
             raise ConfigurationError(f"SecAgg neighbours must be at most {MAX_CLIENTS}")
 
     def to_bytes(self) -> bytes:
+        """Return :attr:`encoded` (computed once: a round uses it for every mask and share)."""
+        return self.encoded
+
+    @cached_property
+    def encoded(self) -> bytes:
         """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64).
 
         Version 2 (only with ``neighbours``) then has ``neighbours`` (u32).
@@ -454,12 +455,12 @@ class SecAggParams:
         except ConfigurationError as err:
             raise SecAggError(str(err)) from err
 
-    @property
+    @cached_property
     def digest(self) -> bytes:
         """SHA-256 of :meth:`to_bytes` (bound into sealed shares and pair masks)."""
         return hashlib.sha256(self.to_bytes()).digest()
 
-    @property
+    @cached_property
     def binding(self) -> RoundBinding:
         """Session, round and :attr:`digest`: what every sealed share is bound to."""
         return RoundBinding.of(self.session, self.round_id, self.to_bytes())
@@ -469,6 +470,8 @@ class SecAggParams:
 
 
 def _check_id(value: int) -> int:
+    if type(value) is int and 0 <= value < 1 << 64:  # the common case, first
+        return value
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise SecAggError("a client id must be an int")
     if not 0 <= int(value) < 1 << 64:
@@ -524,6 +527,32 @@ def _roster_to_bytes(roster: Mapping[int, tuple[bytes, bytes]]) -> bytes:
     w = Writer(SecAggError)
     w.node_map({n: c_pk + s_pk for n, (c_pk, s_pk) in roster.items()}, 2 * KEY_BYTES, limit=None)
     return w.payload()
+
+
+def _roster_index(data: bytes) -> tuple[list[int], dict[int, int], NDArray[np.uint8]]:
+    """Parse a roster without a bytes object per key: ids, id -> row, ``(n, 64)`` key bytes.
+
+    Checks what :func:`_roster_from_bytes` checks (count, length, increasing ids).
+    """
+    if not isinstance(data, bytes) or len(data) < 4:
+        raise SecAggError("roster must be bytes with a count")
+    n = int.from_bytes(data[:4], "little")
+    step = 8 + 2 * KEY_BYTES
+    if n > MAX_CLIENTS or len(data) != 4 + n * step:
+        raise SecAggError(f"roster: bad count {n} or length {len(data)}")
+    rows = np.frombuffer(data, dtype=np.uint8, offset=4).reshape(n, step)
+    ids = rows[:, :8].copy().view("<u8").reshape(n)
+    if n > 1 and not np.all(ids[1:] > ids[:-1]):
+        raise SecAggError("roster ids must be strictly increasing")
+    order = ids.tolist()
+    return order, {u: i for i, u in enumerate(order)}, rows[:, 8:]
+
+
+def _repeats(keys: NDArray[np.uint8]) -> bool:
+    """Whether any two of the ``2n`` 32-byte public keys in ``(n, 64)`` rows are equal."""
+    flat = np.ascontiguousarray(keys).reshape(-1, KEY_BYTES).view("<u8")  # (2n, 4) words
+    ranked = flat[np.lexsort(flat.T[::-1])]
+    return bool(np.any(np.all(ranked[1:] == ranked[:-1], axis=1)))
 
 
 def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
@@ -684,31 +713,18 @@ def _unmask_reply_from_bytes(data: bytes) -> dict[int, tuple[int, NDArray[np.uin
     return out
 
 
-# Secrets as field elements: 3 bytes each (2^24 < p), little-endian.
-
-
-def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
-    padded = secret + bytes(count * _LIMB - len(secret))
-    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
-    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
-
-
-def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
-    if np.any(values >= 1 << (8 * _LIMB)):
-        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
-    v = values.astype(_U64)
-    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
-    return raw.astype(np.uint8).tobytes()[:length]
-
-
 def _graph(
-    params: SecAggParams, roster: Mapping[int, tuple[bytes, bytes]], raw: bytes | None = None
+    params: SecAggParams,
+    roster: Mapping[int, tuple[bytes, bytes]] | Sequence[int],
+    raw: bytes | None = None,
 ) -> Mapping[int, frozenset[int]]:
     """Return the round's mask graph (``graph``): every roster member's neighbours.
 
-    ``raw`` is the roster's bytes when at hand (else they are written again).
+    ``raw`` is the roster's bytes when at hand (then ``roster`` may be its ids only).
     """
-    raw = _roster_to_bytes(roster) if raw is None else raw
+    if raw is None:
+        assert isinstance(roster, Mapping)
+        raw = _roster_to_bytes(roster)
     return neighbourhoods(params.to_bytes(), raw, tuple(roster), params.neighbours)
 
 
@@ -717,16 +733,6 @@ def _public(raw: bytes) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(raw)
     except ValueError as err:
         raise SecAggError("not an X25519 public key") from err
-
-
-@lru_cache(maxsize=16)
-def _shamir_of(threshold: int, roster_size: int) -> Shamir:
-    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
-    return Shamir.for_parties(FIELD, threshold - 1, roster_size)
-
-
-def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
-    return _shamir_of(params.threshold, roster_size)
 
 
 @dataclass(frozen=True)

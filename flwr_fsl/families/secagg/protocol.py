@@ -41,8 +41,7 @@ round never cancels and the decoded sum breaks its plausibility bounds (the stra
 a share that does not open is skipped by its recipient and blamed on its sender; shares off
 the polynomial blame their holder when it broke several secrets, else fail naming both.
 
-**SecAgg+** (``params.neighbours = k``, Bell et al.): every "other client" above reads "each
-of the ``k`` neighbours" of :mod:`flwr_fsl.families.secagg.graph` (bounds and threat model there).
+**SecAgg+** (``neighbours = k``): "others" above are ``k`` neighbours (:mod:`.graph`, bounds).
 
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
@@ -74,7 +73,15 @@ from flwr_fsl.crypto.channel import (
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.families.secagg.attribution import find_liar
-from flwr_fsl.families.secagg.masks import add_streams, pair_key, pair_mask, self_mask
+from flwr_fsl.families.secagg.masks import (
+    _limbs,
+    _shamir,
+    _unlimbs,
+    add_streams,
+    pair_key,
+    pair_mask,
+    self_mask,
+)
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
@@ -95,15 +102,14 @@ from flwr_fsl.families.secagg.messages import (
     _entries_from_bytes,
     _entries_to_bytes,
     _graph,
-    _limbs,
     _public,
-    _roster_from_bytes,
+    _repeats,
+    _roster_from_bytes,  # noqa: F401 (re-exported: tests/test_frozen_vectors.py)
+    _roster_index,
     _roster_to_bytes,
-    _shamir,
     _State,
     _state_from_bytes,
     _state_to_bytes,
-    _unlimbs,
     _unmask_reply_from_bytes,
     _unmask_reply_to_bytes,
     decode_ids,
@@ -171,10 +177,7 @@ class SecAggClient:
         return self.c_key.public_bytes + self.s_key.public_bytes
 
     def neighbours(self) -> frozenset[int]:
-        """``N(u)``: whom this client masks with and shares to (all others by default).
-
-        Derived from the roster (:mod:`flwr_fsl.families.secagg.graph`), never the server's.
-        """
+        """``N(u)``: whom it masks with and shares to (the roster's hash, never the server's)."""
         if self._hood is None and self.roster:  # the roster kept is the neighbourhood
             self._hood = frozenset(self.roster) - {self.node}
         return self._hood or frozenset()
@@ -200,20 +203,23 @@ class SecAggClient:
         """
         if self.roster:
             raise SecAggError("the shares were already made for this round")
-        entries = _roster_from_bytes(roster)
-        if entries.get(self.node) != (self.c_key.public_bytes, self.s_key.public_bytes):
+        order, at, keys = _roster_index(roster)  # ids, id -> row, (n, 64) key bytes
+        mine = self.c_key.public_bytes + self.s_key.public_bytes
+        if self.node not in at or keys[at[self.node]].tobytes() != mine:
             raise SecAggError("the roster does not hold this client's own public keys")
-        keys = [k for pair in entries.values() for k in pair]
-        if len(set(keys)) != len(keys):
+        if _repeats(keys):
             raise SecAggError("the roster repeats a public key")
-        if len(entries) < self.params.threshold:
+        if len(order) < self.params.threshold:
             raise SecAggError(
                 f"the roster has fewer clients than the threshold t = {self.params.threshold}"
             )
-        near = self._hood = _graph(self.params, entries, roster)[self.node]
+        near = self._hood = _graph(self.params, order, roster)[self.node]
+        entries = {  # only the neighbourhood's keys are ever used (and kept)
+            v: (keys[at[v], :KEY_BYTES].tobytes(), keys[at[v], KEY_BYTES:].tobytes())
+            for v in sorted(near | {self.node})
+        }
         if len(near) + 1 < self.params.threshold:
             raise SecAggError("this client has fewer neighbours than the threshold allows")
-        order = sorted(entries)
         scheme = _shamir(self.params, len(order))
         secrets = np.concatenate(
             [
@@ -237,10 +243,9 @@ class SecAggClient:
                 sender=client_party(self.node),
                 recipient=client_party(peer),
             )
-        # Only the neighbourhood's keys are kept (all of them for the complete graph).
-        self.roster = {v: entries[v] for v in sorted(near | {self.node})}
+        self.roster = entries  # the neighbourhood's keys (everyone's for the complete graph)
         # The share a client keeps for itself is also needed in Unmask.
-        self.own_share = shares[order.index(self.node)].copy()
+        self.own_share = shares[at[self.node]].copy()
         return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
 
     def masked_input(  # noqa: C901
@@ -660,8 +665,8 @@ class SecAggServer:
     def check_survivors(self, kept: Collection[int]) -> None:
         """Raise RoundFailedError if a client of ``U3`` (in the sum) is not in ``kept``.
 
-        A node dropped after its input was added (e.g. a stale reply, then a second one) left
-        an input in the sum that the round no longer counts: it cannot be taken out.
+        A node dropped after its input was added (a stale reply, then a second one) left an
+        input in the sum that the round no longer counts: it cannot be taken out.
         """
         if extra := sorted(self._survivors - set(kept)):
             raise RoundFailedError(
