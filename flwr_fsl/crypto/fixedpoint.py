@@ -143,10 +143,12 @@ class FixedPoint:
                 f"value {float(np.max(np.abs(x)))} exceeds max_abs={self.max_abs}"
             )
         rng = rng if rng is not None else np.random.default_rng()
+        # The same arithmetic as ``low + (u < x·2^f - low)``, with fewer temporaries.
         scaled = x * self.scale
         low = np.floor(scaled)
-        rounded = low + (rng.random(size=x.shape) < (scaled - low))
-        return self.ring.encode_signed(rounded.astype(np.int64))
+        np.subtract(scaled, low, out=scaled)
+        low += rng.random(size=x.shape) < scaled
+        return self.ring.encode_signed(low.astype(np.int64))
 
     def encode_exact(self, values: ArrayLike) -> NDArray[np.uint64]:
         """Encode with round-to-nearest (deterministic), e.g. for public model weights."""

@@ -283,6 +283,7 @@ def secagg_vectors() -> dict[str, Any]:
     from flwr_fsl.families.secagg.vector import WeightedVector
 
     params = secagg.SecAggParams(9, _seed(100), 2, 6)
+    sparse = secagg.SecAggParams(9, _seed(100), 2, 6, neighbours=2)
     keys = {node: (_key(110 + 2 * node), _key(111 + 2 * node)) for node in (3, 5, 8)}
     roster = {n: (c.public_bytes, s.public_bytes) for n, (c, s) in keys.items()}
     clients = {
@@ -338,6 +339,9 @@ def secagg_vectors() -> dict[str, Any]:
         "masked-input-rows": _words(masked_rows),
         "pair-mask": _words(secagg.pair_mask(params, keys[3][1].private_key, roster[8][1], 3, 8)),
         "weighted-vector": [int(v) for v in encoded] + [clipped],
+        # SecAgg+ (issue 26): FSAG / FSAC version 2, only with neighbours.
+        "params-v2": sparse.to_bytes().hex(),
+        "state-fresh-v2": secagg.SecAggClient(3, sparse, *keys[3], _seed(123)).to_bytes().hex(),
     }
 
 

@@ -34,11 +34,16 @@ without DP, and is still what :meth:`SecAggSettings.to_bytes` writes for exactly
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
@@ -53,6 +58,7 @@ from flwr_fsl.families.secagg.dp import (
     effective_noise_multiplier,
     sensitivity,
 )
+from flwr_fsl.families.secagg.graph import check_neighbours, neighbourhoods
 from flwr_fsl.families.secagg.vector import WeightedVector
 
 __all__ = [
@@ -64,6 +70,7 @@ __all__ = [
     "SETTINGS_VERSION",
     "SHARE_PLAINTEXT_BYTES",
     "VERSION",
+    "MaskedWords",
     "SecAggError",
     "SecAggParams",
     "SecAggSettings",
@@ -92,6 +99,10 @@ SHARE_PLAINTEXT_BYTES = 16 + 4 * _LIMBS
 SEALED_SHARE_BYTES = SHARE_PLAINTEXT_BYTES + OVERHEAD
 _KIND_SEED, _KIND_KEY = 0, 1
 _PARAMS_BYTES = 4 + 1 + 8 + SESSION_BYTES + 4 + 8  # FSAG record: magic .. vector length
+_SPARSE_SUBSET = "a subset round needs the complete mask graph (a lone holder is unmasked)"
+_PARAMS_V2 = 2  # FSAG with neighbours
+_PARAMS_V2_BYTES = _PARAMS_BYTES + 4
+_STATE_V2 = 2  # FSAC whose parameters are version 2
 _PARAMS_MAGIC = register_magic(
     b"FSAG", "SecAgg round parameters (flwr_fsl.families.secagg.messages)"
 )
@@ -368,6 +379,11 @@ class SecAggParams:
         at every step; ``t >= 2``.
     vector_length : int
         Ring words in each client's vector, ``1..MAX_VECTOR_LENGTH``.
+    neighbours : int, optional
+        ``k`` of SecAgg+'s mask graph (:mod:`flwr_fsl.families.secagg.graph`): each client
+        masks with and shares to ``k`` neighbours; ``None`` (default): the complete graph.
+        Written as format version 2 (a ``u32`` after the length); ``None`` writes version 1,
+        byte for byte as before.
 
     Raises
     ------
@@ -379,6 +395,7 @@ class SecAggParams:
     session: bytes
     threshold: int
     vector_length: int
+    neighbours: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, low, high in (
@@ -390,14 +407,29 @@ class SecAggParams:
                 raise ConfigurationError(f"SecAgg {name} must be an int in [{low}, {high}]")
         if not isinstance(self.session, bytes) or len(self.session) != SESSION_BYTES:
             raise ConfigurationError(f"SecAgg session must be {SESSION_BYTES} bytes")
+        check_neighbours(self.neighbours, self.threshold)
+        if self.neighbours is not None and self.neighbours > MAX_CLIENTS:
+            raise ConfigurationError(f"SecAgg neighbours must be at most {MAX_CLIENTS}")
 
     def to_bytes(self) -> bytes:
-        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64)."""
-        w = _header(_PARAMS_MAGIC)
+        """Return :attr:`encoded` (computed once: a round uses it for every mask and share)."""
+        return self.encoded
+
+    @cached_property
+    def encoded(self) -> bytes:
+        """``b"FSAG"``, version, round (u64), session (16), threshold (u32), length (u64).
+
+        Version 2 (only with ``neighbours``) then has ``neighbours`` (u32).
+        """
+        w = Writer(SecAggError)
+        w.fixed(_PARAMS_MAGIC, 4)
+        w.u8(VERSION if self.neighbours is None else _PARAMS_V2)
         w.u64(self.round_id)
         w.fixed(self.session, SESSION_BYTES)
         w.u32(self.threshold)
         w.u64(self.vector_length)
+        if self.neighbours is not None:
+            w.u32(self.neighbours)
         return w.payload()
 
     @classmethod
@@ -409,23 +441,26 @@ class SecAggParams:
         SecAggError
             If the bytes are not exactly one version-1 parameter record or a field is invalid.
         """
-        if not isinstance(data, bytes) or len(data) != _PARAMS_BYTES:
-            raise SecAggError(f"SecAgg parameters must be {_PARAMS_BYTES} bytes")
-        r = _reader(data, _PARAMS_MAGIC, "SecAgg parameters")
+        if not isinstance(data, bytes) or len(data) not in (_PARAMS_BYTES, _PARAMS_V2_BYTES):
+            raise SecAggError(f"SecAgg parameters must be {_PARAMS_BYTES} bytes (or 4 more)")
+        v2 = len(data) == _PARAMS_V2_BYTES
+        what = "SecAgg parameters"
+        r = Reader.versioned(data, _PARAMS_MAGIC, _PARAMS_V2 if v2 else VERSION, what, SecAggError)
         round_id, session = r.u64("round"), r.fixed(SESSION_BYTES, "session")
         threshold, length = r.u32("threshold"), r.u64("vector length")
+        neighbours = r.u32("neighbours") if v2 else None
         r.done()
         try:
-            return cls(round_id, session, threshold, length)
+            return cls(round_id, session, threshold, length, neighbours)
         except ConfigurationError as err:
             raise SecAggError(str(err)) from err
 
-    @property
+    @cached_property
     def digest(self) -> bytes:
         """SHA-256 of :meth:`to_bytes` (bound into sealed shares and pair masks)."""
         return hashlib.sha256(self.to_bytes()).digest()
 
-    @property
+    @cached_property
     def binding(self) -> RoundBinding:
         """Session, round and :attr:`digest`: what every sealed share is bound to."""
         return RoundBinding.of(self.session, self.round_id, self.to_bytes())
@@ -435,6 +470,8 @@ class SecAggParams:
 
 
 def _check_id(value: int) -> int:
+    if type(value) is int and 0 <= value < 1 << 64:  # the common case, first
+        return value
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise SecAggError("a client id must be an int")
     if not 0 <= int(value) < 1 << 64:
@@ -455,7 +492,10 @@ def _reader(data: bytes, magic: bytes, what: str) -> Reader:
 
 def _write_ids(w: Writer, ids: Iterable[int]) -> None:
     # No count limit on the writer's side, as before: every decoder bounds it (MAX_CLIENTS).
-    w.ids([_check_id(i) for i in ids], canonical=True, limit=None)
+    # Writer.ids(canonical=True)'s bytes (count, sorted distinct u64 ids) in one numpy write.
+    values = sorted({_check_id(i) for i in ids})
+    w.count(len(values), None)
+    w.words(values, "<u8")
 
 
 def encode_ids(ids: Iterable[int]) -> bytes:
@@ -489,24 +529,77 @@ def _roster_to_bytes(roster: Mapping[int, tuple[bytes, bytes]]) -> bytes:
     return w.payload()
 
 
+def _roster_index(data: bytes) -> tuple[list[int], dict[int, int], NDArray[np.uint8]]:
+    """Parse a roster without a bytes object per key: ids, id -> row, ``(n, 64)`` key bytes.
+
+    Checks what :func:`_roster_from_bytes` checks (count, length, increasing ids).
+    """
+    if not isinstance(data, bytes) or len(data) < 4:
+        raise SecAggError("roster must be bytes with a count")
+    n = int.from_bytes(data[:4], "little")
+    step = 8 + 2 * KEY_BYTES
+    if n > MAX_CLIENTS or len(data) != 4 + n * step:
+        raise SecAggError(f"roster: bad count {n} or length {len(data)}")
+    rows = np.frombuffer(data, dtype=np.uint8, offset=4).reshape(n, step)
+    ids = rows[:, :8].copy().view("<u8").reshape(n)
+    if n > 1 and not np.all(ids[1:] > ids[:-1]):
+        raise SecAggError("roster ids must be strictly increasing")
+    order = ids.tolist()
+    return order, {u: i for i, u in enumerate(order)}, rows[:, 8:]
+
+
+def _repeats(keys: NDArray[np.uint8]) -> bool:
+    """Whether any two of the ``2n`` 32-byte public keys in ``(n, 64)`` rows are equal."""
+    flat = np.ascontiguousarray(keys).reshape(-1, KEY_BYTES).view("<u8")  # (2n, 4) words
+    ranked = flat[np.lexsort(flat.T[::-1])]
+    return bool(np.any(np.all(ranked[1:] == ranked[:-1], axis=1)))
+
+
 def _roster_from_bytes(data: bytes) -> dict[int, tuple[bytes, bytes]]:
     keys = _entries_from_bytes(data, 2 * KEY_BYTES, "roster")
     return {node: (both[:KEY_BYTES], both[KEY_BYTES:]) for node, both in keys.items()}
 
 
 def _entries_to_bytes(entries: Mapping[int, bytes], size: int) -> bytes:
-    w = Writer(SecAggError)
-    w.node_map(entries, size, limit=None)
-    return w.payload()
+    """Write the ``node_map`` field of fixed-size entries (``u32`` count, ``u64`` id, entry).
+
+    Byte for byte :meth:`~flwr_fsl.core.wireformat.Writer.node_map`, built in one join (the
+    roster of 1,000 clients is written and read once per client, issue 26).
+    """
+    nodes = sorted(_check_id(n) for n in entries)
+    if any(not isinstance(entries[n], bytes) or len(entries[n]) != size for n in nodes):
+        raise SecAggError(f"expected exactly {size} bytes")
+    pack = struct.Struct("<Q").pack
+    return struct.pack("<I", len(nodes)) + b"".join(pack(n) + entries[n] for n in nodes)
 
 
 def _entries_from_bytes(data: bytes, size: int, what: str) -> dict[int, bytes]:
-    if not isinstance(data, bytes):
-        raise SecAggError(f"{what} must be bytes")
-    r = Reader(data, 0, SecAggError)
-    out = r.node_map(what, size, limit=MAX_CLIENTS)
-    r.done()
-    return out
+    """Strict decoder of :func:`_entries_to_bytes` (ids strictly increasing, exact length)."""
+    if not isinstance(data, bytes) or len(data) < 4:
+        raise SecAggError(f"{what} must be bytes with a count")
+    n = int.from_bytes(data[:4], "little")
+    if n > MAX_CLIENTS:
+        raise SecAggError(f"{what}: {n} items exceed the limit of {MAX_CLIENTS}")
+    step = 8 + size
+    if len(data) != 4 + n * step:
+        raise SecAggError(f"truncated message or trailing bytes: {n} {what} entries declared")
+    ids = np.frombuffer(data, dtype="<u8", count=n * step // 8, offset=4) if size % 8 == 0 else None
+    nodes = (
+        ids[:: step // 8].tolist()
+        if ids is not None
+        else [int.from_bytes(data[4 + k * step : 12 + k * step], "little") for k in range(n)]
+    )
+    if any(b <= a for a, b in itertools.pairwise(nodes)):
+        raise SecAggError(f"{what} ids must be strictly increasing")
+    return {node: data[12 + k * step : 4 + (k + 1) * step] for k, node in enumerate(nodes)}
+
+
+@runtime_checkable
+class MaskedWords(Protocol):
+    """A masked input still in its message: it is parsed only at the size the server expects."""
+
+    def words(self, size: int) -> NDArray[np.uint64]:
+        """Return exactly ``size`` uint64 words (raise a ClientInputError subclass otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -528,8 +621,7 @@ class UnmaskRequest:
         """``U3`` (:func:`encode_ids`), then the shares (count, then sender u64 + blob each)."""
         w = Writer(SecAggError)
         _write_ids(w, self.survivors)
-        w.node_map(self.sealed_shares, SEALED_SHARE_BYTES, limit=None)
-        return w.payload()
+        return w.payload() + _entries_to_bytes(self.sealed_shares, SEALED_SHARE_BYTES)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnmaskRequest:
@@ -621,6 +713,28 @@ def _unmask_reply_from_bytes(data: bytes) -> dict[int, tuple[int, NDArray[np.uin
     return out
 
 
+def _graph(
+    params: SecAggParams,
+    roster: Mapping[int, tuple[bytes, bytes]] | Sequence[int],
+    raw: bytes | None = None,
+) -> Mapping[int, frozenset[int]]:
+    """Return the round's mask graph (``graph``): every roster member's neighbours.
+
+    ``raw`` is the roster's bytes when at hand (then ``roster`` may be its ids only).
+    """
+    if raw is None:
+        assert isinstance(roster, Mapping)
+        raw = _roster_to_bytes(roster)
+    return neighbourhoods(params.to_bytes(), raw, tuple(roster), params.neighbours)
+
+
+def _public(raw: bytes) -> X25519PublicKey:
+    try:
+        return X25519PublicKey.from_public_bytes(raw)
+    except ValueError as err:
+        raise SecAggError("not an X25519 public key") from err
+
+
 @dataclass(frozen=True)
 class _State:
     """What a :class:`~flwr_fsl.families.secagg.protocol.SecAggClient` keeps between messages."""
@@ -638,13 +752,19 @@ class _State:
 
 def _state_to_bytes(state: _State) -> bytes:
     """``b"FSAC"``, version, node, both private keys, seed, flag, params, own share, roster, U2."""
-    w = _header(_STATE_MAGIC)
+    v2 = state.params.neighbours is not None
+    w = Writer(SecAggError)
+    w.fixed(_STATE_MAGIC, 4)
+    w.u8(_STATE_V2 if v2 else VERSION)
     w.u64(state.node)
     w.fixed(state.c_private, KEY_BYTES)
     w.fixed(state.s_private, KEY_BYTES)
     w.fixed(state.seed, _SEED_BYTES)
     w.u8(int(state.unmasked))
-    w.fixed(state.params.to_bytes(), _PARAMS_BYTES)
+    if v2:  # version 2: the parameters' own version 2, length-prefixed
+        w.raw(state.params.to_bytes())
+    else:
+        w.fixed(state.params.to_bytes(), _PARAMS_BYTES)
     w.raw(b"" if state.own_share is None else state.own_share.astype("<u4").tobytes())
     w.raw(_roster_to_bytes(state.roster))
     _write_ids(w, state.sharers)
@@ -655,14 +775,18 @@ def _state_from_bytes(data: bytes) -> _State:
     """Strict decoder of :func:`_state_to_bytes` (raises :class:`SecAggError`)."""
     if not isinstance(data, bytes):
         raise SecAggError("a SecAgg client state must be bytes")
-    r = _reader(data, _STATE_MAGIC, "a SecAgg client state")
+    v2 = data[4:5] == bytes([_STATE_V2])
+    what = "a SecAgg client state"
+    r = Reader.versioned(data, _STATE_MAGIC, _STATE_V2 if v2 else VERSION, what, SecAggError)
     node = r.u64("node")
     c_sk, s_sk = r.fixed(KEY_BYTES, "c key"), r.fixed(KEY_BYTES, "s key")
     seed = r.fixed(_SEED_BYTES, "seed")
     unmasked = r.u8("unmasked flag")
     if unmasked > 1:
         raise SecAggError("a SecAgg client state has a bad flag")
-    params = SecAggParams.from_bytes(r.fixed(_PARAMS_BYTES, "params"))
+    params = SecAggParams.from_bytes(r.raw("params") if v2 else r.fixed(_PARAMS_BYTES, "params"))
+    if v2 and params.neighbours is None:
+        raise SecAggError("a version-2 SecAgg client state must hold version-2 parameters")
     own = r.raw("own share")
     if len(own) not in (0, 4 * _LIMBS):
         raise SecAggError("SecAgg client state has a bad own share")

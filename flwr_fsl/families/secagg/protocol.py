@@ -41,6 +41,8 @@ round never cancels and the decoded sum breaks its plausibility bounds (the stra
 a share that does not open is skipped by its recipient and blamed on its sender; shares off
 the polynomial blame their holder when it broke several secrets, else fail naming both.
 
+**SecAgg+** (``neighbours = k``): "others" above are ``k`` neighbours (:mod:`.graph`, bounds).
+
 **Wire formats**: :mod:`flwr_fsl.families.secagg.messages` (all little-endian, version 1, each
 decoder checks every length first and raises :class:`SecAggError`). **In-process round**:
 :func:`run_round` and :class:`RoundOutcome` live in :mod:`flwr_fsl.families.secagg.rounds`
@@ -53,10 +55,8 @@ import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import (
@@ -72,21 +72,28 @@ from flwr_fsl.crypto.channel import (
 )
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.sealing import open_from, seal_for
-from flwr_fsl.crypto.sharing import Shamir
 from flwr_fsl.families.secagg.attribution import find_liar
-from flwr_fsl.families.secagg.masks import pair_mask, self_mask
+from flwr_fsl.families.secagg.masks import (
+    _limbs,
+    _shamir,
+    _unlimbs,
+    add_streams,
+    pair_key,
+    pair_mask,
+    self_mask,
+)
 from flwr_fsl.families.secagg.messages import (
     _KIND_KEY,
     _KIND_SEED,
-    _LIMB,
     _SEED_BYTES,
     _SEED_LIMBS,
     _SK_LIMBS,
-    FIELD,
+    _SPARSE_SUBSET,
     MAX_CLIENTS,
     MAX_VECTOR_LENGTH,
     SEALED_SHARE_BYTES,
     SHARE_PLAINTEXT_BYTES,
+    MaskedWords,
     SecAggError,
     SecAggParams,
     UnmaskRequest,
@@ -94,7 +101,11 @@ from flwr_fsl.families.secagg.messages import (
     _check_rows,
     _entries_from_bytes,
     _entries_to_bytes,
-    _roster_from_bytes,
+    _graph,
+    _public,
+    _repeats,
+    _roster_from_bytes,  # noqa: F401 (re-exported: tests/test_frozen_vectors.py)
+    _roster_index,
     _roster_to_bytes,
     _State,
     _state_from_bytes,
@@ -106,7 +117,7 @@ from flwr_fsl.families.secagg.messages import (
     encode_ids,
     encode_rows,
 )
-from flwr_fsl.families.secagg.replay import ReplayGuard
+from flwr_fsl.families.secagg.replay import ReplayGuard, fingerprint
 
 __all__ = [
     "DROPOUT_PHASES",
@@ -135,32 +146,6 @@ SHARE_PURPOSE = "secagg-share"
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _limbs(secret: bytes, count: int) -> NDArray[np.uint64]:
-    padded = secret + bytes(count * _LIMB - len(secret))
-    raw = np.frombuffer(padded, dtype=np.uint8).reshape(count, _LIMB).astype(_U64)
-    return raw[:, 0] | (raw[:, 1] << _U64(8)) | (raw[:, 2] << _U64(16))
-
-
-def _unlimbs(values: NDArray[np.uint64], length: int) -> bytes:
-    if np.any(values >= 1 << (8 * _LIMB)):
-        raise RoundFailedError("a reconstructed secret is out of range: the shares are wrong")
-    v = values.astype(_U64)
-    raw = np.stack([(v >> _U64(8 * k)) & _U64(0xFF) for k in range(_LIMB)], axis=1)
-    return raw.astype(np.uint8).tobytes()[:length]
-
-
-def _shamir(params: SecAggParams, roster_size: int) -> Shamir:
-    # Shamir's ``threshold`` is the polynomial degree: t shares reconstruct.
-    return Shamir.for_parties(FIELD, params.threshold - 1, roster_size)
-
-
-def _public(raw: bytes) -> X25519PublicKey:
-    try:
-        return X25519PublicKey.from_public_bytes(raw)
-    except ValueError as err:
-        raise SecAggError("not an X25519 public key") from err
-
-
 # ---------------------------------------------------------------------------------- client
 
 
@@ -185,10 +170,17 @@ class SecAggClient:
     sharers: tuple[int, ...] = ()
     own_share: NDArray[np.uint64] | None = field(default=None, repr=False)
     unmasked: bool = False
+    _hood: frozenset[int] | None = field(default=None, repr=False, compare=False)
 
     def advertise(self) -> bytes:
         """Round 0: ``c_pk || s_pk`` (64 bytes)."""
         return self.c_key.public_bytes + self.s_key.public_bytes
+
+    def neighbours(self) -> frozenset[int]:
+        """``N(u)``: whom it masks with and shares to (the roster's hash, never the server's)."""
+        if self._hood is None and self.roster:  # the roster kept is the neighbourhood
+            self._hood = frozenset(self.roster) - {self.node}
+        return self._hood or frozenset()
 
     def share_keys(self, roster: bytes) -> bytes:
         """Round 1: check the roster and return the sealed shares for everyone else in it.
@@ -211,17 +203,23 @@ class SecAggClient:
         """
         if self.roster:
             raise SecAggError("the shares were already made for this round")
-        entries = _roster_from_bytes(roster)
-        if entries.get(self.node) != (self.c_key.public_bytes, self.s_key.public_bytes):
+        order, at, keys = _roster_index(roster)  # ids, id -> row, (n, 64) key bytes
+        mine = self.c_key.public_bytes + self.s_key.public_bytes
+        if self.node not in at or keys[at[self.node]].tobytes() != mine:
             raise SecAggError("the roster does not hold this client's own public keys")
-        keys = [k for pair in entries.values() for k in pair]
-        if len(set(keys)) != len(keys):
+        if _repeats(keys):
             raise SecAggError("the roster repeats a public key")
-        if len(entries) < self.params.threshold:
+        if len(order) < self.params.threshold:
             raise SecAggError(
                 f"the roster has fewer clients than the threshold t = {self.params.threshold}"
             )
-        order = sorted(entries)
+        near = self._hood = _graph(self.params, order, roster)[self.node]
+        entries = {  # only the neighbourhood's keys are ever used (and kept)
+            v: (keys[at[v], :KEY_BYTES].tobytes(), keys[at[v], KEY_BYTES:].tobytes())
+            for v in sorted(near | {self.node})
+        }
+        if len(near) + 1 < self.params.threshold:
+            raise SecAggError("this client has fewer neighbours than the threshold allows")
         scheme = _shamir(self.params, len(order))
         secrets = np.concatenate(
             [
@@ -232,7 +230,7 @@ class SecAggClient:
         shares = scheme.share(secrets, PRGStream.fresh())
         sealed: dict[int, bytes] = {}
         for position, peer in enumerate(order):
-            if peer == self.node:
+            if peer not in near:  # SecAgg+: shares go to N(u) only (all others by default)
                 continue
             plaintext = (
                 struct.pack("<QQ", self.node, peer) + shares[position].astype("<u4").tobytes()
@@ -245,9 +243,9 @@ class SecAggClient:
                 sender=client_party(self.node),
                 recipient=client_party(peer),
             )
-        self.roster = entries
+        self.roster = entries  # the neighbourhood's keys (everyone's for the complete graph)
         # The share a client keeps for itself is also needed in Unmask.
-        self.own_share = shares[order.index(self.node)].copy()
+        self.own_share = shares[at[self.node]].copy()
         return _entries_to_bytes(sealed, SEALED_SHARE_BYTES)
 
     def masked_input(  # noqa: C901
@@ -294,37 +292,46 @@ class SecAggClient:
         if self.sharers:
             # A second y_u under another U2 would differ from the first by pair masks.
             raise SecAggError("masked input was already sent for this round")
-        if self.node not in u2 or not set(u2) <= set(self.roster):
+        complete = self.params.neighbours is None  # else only neighbours' ids are known
+        if self.node not in u2 or (complete and not set(u2) <= set(self.roster)):
             raise SecAggError("U2 must hold this client and lie in the roster")
-        if len(u2) < self.params.threshold:
-            raise SecAggError(f"U2 is smaller than the threshold t = {self.params.threshold}")
+        near = self.neighbours()
+        if len(({self.node} | near) & set(u2)) < self.params.threshold:
+            raise SecAggError(
+                f"U2 holds fewer than the threshold t = {self.params.threshold} of this "
+                "client's neighbourhood"
+            )
         length = self.params.vector_length
         mine = None if rows is None else _check_rows(rows, length, "this client's rows")
+        if mine is not None and not complete:
+            raise SecAggError(_SPARSE_SUBSET)
         shared = dict(shared_rows or {})
         if mine is None and shared:
             raise SecAggError("shared rows given for a full-vector round")
-        if not set(shared) <= set(u2) - {self.node}:
-            raise SecAggError("shared rows name a client outside U2")
+        if not set(shared) <= set(u2) & near:
+            raise SecAggError("shared rows name a client outside U2 or not a neighbour")
         x = np.asarray(vector)
         size = length if mine is None else mine.size
         if x.dtype != _U64 or x.shape != (size,):
             raise SecAggError(f"the vector must be {size} uint64 words")
-        y = x + self_mask(self.params, self.seed, mine)
         private = self.s_key.private_key
-        for v in u2:
-            if v == self.node:
-                continue
+        peers = [v for v in u2 if v in near]  # SecAgg+: pair masks with neighbours only
+        if mine is None:  # full vector: every mask added chunk by chunk (masks.add_streams)
+            y = x.copy()
+            add_streams(y, [(self.seed, False)] + [
+                (pair_key(self.params, private, self.roster[v][1], *sorted((self.node, v))),
+                 v < self.node) for v in peers])  # fmt: skip
+            self.sharers = tuple(u2)
+            return y
+        y = x + self_mask(self.params, self.seed, mine)
+        for v in peers:
             low, high = min(self.node, v), max(self.node, v)
-            if mine is None:
-                where: slice | NDArray[np.int64] = slice(None)
-                positions = None
-            else:
-                positions = _check_rows(shared.get(v, np.zeros(0, np.int64)), length, "rows")
-                where = np.searchsorted(mine, positions)
-                if positions.size and not np.array_equal(
-                    mine[np.minimum(where, mine.size - 1)], positions
-                ):
-                    raise SecAggError("shared rows are not a subset of this client's rows")
+            positions = _check_rows(shared.get(v, np.zeros(0, np.int64)), length, "rows")
+            where = np.searchsorted(mine, positions)
+            if positions.size and not np.array_equal(
+                mine[np.minimum(where, mine.size - 1)], positions
+            ):
+                raise SecAggError("shared rows are not a subset of this client's rows")
             mask = pair_mask(self.params, private, self.roster[v][1], low, high, positions)
             if self.node < v:
                 y[where] += mask
@@ -361,10 +368,15 @@ class SecAggClient:
             raise SecAggError("unmask was already answered for this round")
         if self.node not in u3 or not u3 <= set(self.sharers):
             raise SecAggError("U3 must hold this client and lie in U2")
-        if len(u3) < self.params.threshold:
-            raise SecAggError(f"U3 is smaller than the threshold t = {self.params.threshold}")
-        if not set(req.sealed_shares) <= set(self.sharers) - {self.node}:
-            raise SecAggError("a relayed share comes from a client outside U2")
+        near = self.neighbours()
+        if len(({self.node} | near) & u3) < self.params.threshold:
+            # Else too few of its pair masks stay in the sum: b_u alone would unmask x_u.
+            raise SecAggError(
+                f"U3 holds fewer than the threshold t = {self.params.threshold} of this "
+                "client's neighbourhood"
+            )
+        if not set(req.sealed_shares) <= set(self.sharers) & near:
+            raise SecAggError("a relayed share comes from a client outside U2 or its neighbours")
         self.unmasked = True
         shares: dict[int, NDArray[np.uint64]] = {self.node: self.own_share}
         binding = self.params.binding
@@ -444,14 +456,6 @@ class SecAggClient:
 # ---------------------------------------------------------------------------------- server
 
 
-@runtime_checkable
-class MaskedWords(Protocol):
-    """A masked input still in its message: it is parsed only at the size the server expects."""
-
-    def words(self, size: int) -> NDArray[np.uint64]:
-        """Return exactly ``size`` uint64 words (raise a ClientInputError subclass otherwise)."""
-
-
 @dataclass
 class SecAggServer:
     """The server's side of one round: collects each step, relays, reconstructs the sum.
@@ -475,6 +479,10 @@ class SecAggServer:
     guard: ReplayGuard | None = None
     _keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
     _roster: dict[int, tuple[bytes, bytes]] | None = None
+    _near: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    _raw: bytes = b""  # the roster's bytes
+    _dealt: set[int] = field(default_factory=set)  # whose share bundle was taken
+    _dealt_unmask: set[int] = field(default_factory=set)  # whose unmask reply was taken
     _mailbox: dict[int, dict[int, bytes]] = field(default_factory=dict)
     _sharers: tuple[int, ...] | None = None
     _sum: NDArray[np.uint64] | None = None
@@ -509,7 +517,14 @@ class SecAggServer:
         if self._roster is None:
             self._need(len(self._keys), "advertised keys")
             self._roster = dict(sorted(self._keys.items()))
-        return _roster_to_bytes(self._roster)
+            self._raw = _roster_to_bytes(self._roster)
+            self._near = _graph(self.params, self._roster, self._raw)
+        return self._raw
+
+    @property
+    def graph(self) -> Mapping[int, frozenset[int]]:
+        """The round's mask graph, ``u -> N(u)`` (empty before :meth:`roster`)."""
+        return self._near
 
     def add_shares(self, node: int, bundle: bytes) -> None:
         """Round 1: take a client's sealed shares, one for every other roster member.
@@ -522,12 +537,13 @@ class SecAggServer:
         if self._roster is None or self._sharers is not None:
             raise SecAggError("shares outside the ShareKeys round")
         node = _check_id(node)
-        if node not in self._roster or any(node in box for box in self._mailbox.values()):
+        if node not in self._roster or node in self._dealt:
             raise SecAggError("shares from a client outside the roster, or twice")
         sealed = _entries_from_bytes(bundle, SEALED_SHARE_BYTES, "share bundle")
-        if set(sealed) != set(self._roster) - {node}:
-            raise SecAggError("a share bundle must address every other roster member once")
+        if set(sealed) != self._near[node]:
+            raise SecAggError("a share bundle must address each of the client's neighbours once")
         self._fresh("share bundle", bundle)
+        self._dealt.add(node)
         for recipient, blob in sealed.items():
             self._mailbox.setdefault(recipient, {})[node] = blob
 
@@ -585,6 +601,8 @@ class SecAggServer:
             raise SecAggError("rows assigned twice or after masked inputs")
         if set(rows) != set(u2):
             raise SecAggError("rows must be assigned to exactly the clients of U2")
+        if self.params.neighbours is not None:
+            raise SecAggError(_SPARSE_SUBSET)
         length = self.params.vector_length
         checked = {u: _check_rows(r, length, "assigned rows") for u, r in rows.items()}
         self._rows = checked
@@ -592,6 +610,8 @@ class SecAggServer:
         order = sorted(checked)
         for a, u in enumerate(order):
             for v in order[a + 1 :]:
+                if v not in self._near[u]:
+                    continue  # SecAgg+: no pair mask between non-neighbours
                 both = np.intersect1d(checked[u], checked[v], assume_unique=True)
                 if both.size:
                     shared[u][v] = both
@@ -628,7 +648,7 @@ class SecAggServer:
         y = masked.words(size) if isinstance(masked, MaskedWords) else np.asarray(masked)
         if y.dtype != _U64 or y.shape != (size,):
             raise SecAggError(f"a masked input must be {size} uint64 words")
-        self._fresh("masked input", y.tobytes())
+        self._fresh("masked input", fingerprint(y))
         if self._sum is None:
             self._sum = np.zeros(self.params.vector_length, dtype=_U64)
         if rows is None:
@@ -645,8 +665,8 @@ class SecAggServer:
     def check_survivors(self, kept: Collection[int]) -> None:
         """Raise RoundFailedError if a client of ``U3`` (in the sum) is not in ``kept``.
 
-        A node dropped after its input was added (e.g. a stale reply, then a second one) left
-        an input in the sum that the round no longer counts: it cannot be taken out.
+        A node dropped after its input was added (a stale reply, then a second one) left an
+        input in the sum that the round no longer counts: it cannot be taken out.
         """
         if extra := sorted(self._survivors - set(kept)):
             raise RoundFailedError(
@@ -670,14 +690,15 @@ class SecAggServer:
     def add_unmask(self, node: int, reply: bytes) -> None:
         """Round 3: take a survivor's shares (raises :class:`SecAggError`)."""
         node = _check_id(node)
-        if node not in self._survivors or any(node in s for s in self._shares.values()):
+        if node not in self._survivors or node in self._dealt_unmask:
             raise SecAggError("unmask reply from a client outside U3, or twice")
         entries = _unmask_reply_from_bytes(reply)
         self._fresh("unmask reply", reply)
+        self._dealt_unmask.add(node)
         u2 = set(self.sharers())
         for v, (kind, _share) in entries.items():
             expected = _KIND_SEED if v in self._survivors else _KIND_KEY
-            if v not in u2 or kind != expected:
+            if v not in u2 or kind != expected or (v != node and v not in self._near[node]):
                 raise SecAggError("unmask reply holds a share the server did not ask for")
         for v, entry in entries.items():
             self._shares.setdefault(v, {})[node] = entry[1]
@@ -703,6 +724,8 @@ class SecAggServer:
             for box in self._shares.values():
                 box.pop(liar, None)
             self.excluded[liar] = "its Unmask shares are off the polynomial of several secrets"
+        index = {p: i for i, p in enumerate(order)}
+        streams: list[tuple[bytes, bool]] = []  # full round: (key, subtract), added at the end
         for v in u2:
             holders = self._shares.get(v, {})
             if len(holders) < self.params.threshold:
@@ -710,7 +733,7 @@ class SecAggServer:
             parties = sorted(holders)
             try:
                 secret = scheme.reconstruct(
-                    [order.index(p) for p in parties], [holders[p] for p in parties]
+                    [index[p] for p in parties], [holders[p] for p in parties]
                 )
             except ClientInputError as err:
                 raise RoundFailedError(
@@ -719,12 +742,11 @@ class SecAggServer:
                     "(the server cannot tell which)"
                 ) from err
             if v in self._survivors:
-                rows_v = None if self._rows is None else self._rows[v]
-                seed_mask = self_mask(self.params, _unlimbs(secret, _SEED_BYTES), rows_v)
-                if rows_v is None:
-                    total -= seed_mask
+                if self._rows is None:
+                    streams.append((_unlimbs(secret, _SEED_BYTES), True))
                 else:
-                    total[rows_v] -= seed_mask
+                    seed = _unlimbs(secret, _SEED_BYTES)
+                    total[self._rows[v]] -= self_mask(self.params, seed, self._rows[v])
                 continue
             try:
                 dropped = SealingKeyPair.from_private_bytes(_unlimbs(secret, KEY_BYTES))
@@ -732,25 +754,23 @@ class SecAggServer:
                 raise RoundFailedError("a reconstructed mask key is not a key") from err
             if dropped.public_bytes != self._roster[v][1]:
                 raise RoundFailedError("a reconstructed mask key does not match its public key")
-            for u in self._survivors:
+            for u in self._survivors & self._near[v]:
                 # u holds sign(u, v) PRG(s_uv) for the dropped v: remove it.
                 low, high = min(u, v), max(u, v)
-                if self._rows is None:
-                    where: slice | NDArray[np.int64] = slice(None)
-                    positions = None
-                else:
-                    positions = np.intersect1d(self._rows[u], self._rows[v], assume_unique=True)
-                    where = positions
                 try:
-                    mask = pair_mask(
-                        self.params, dropped.private_key, self._roster[u][1], low, high, positions
-                    )
+                    key = pair_key(self.params, dropped.private_key, self._roster[u][1], low, high)
                 except SecAggError as err:
                     raise RoundFailedError(str(err)) from err
+                if self._rows is None:
+                    streams.append((key, u < v))
+                    continue
+                where = np.intersect1d(self._rows[u], self._rows[v], assume_unique=True)
+                mask = self_mask(self.params, key, where)  # PRG(s_uv) at those positions
                 if u < v:
                     total[where] -= mask
                 else:
                     total[where] += mask
+        add_streams(total, streams)
         return total
 
     def _short_reason(self, v: int, holders: Mapping[int, object]) -> str:

@@ -25,6 +25,10 @@ finished (the new model, the weight word ``sum c``, the mean of each secure trai
 finished which phase, and sizes; no reply carries a client's update, weight or metrics in the
 clear. ``t`` is ``reconstruction_threshold`` (a count, or a fraction of the sampled clients) —
 at least ``t`` clients must finish the round, or it fails with the model unchanged.
+``neighbours=k`` (SecAgg+, Bell et al.; Flower's ``num_shares = k + 1``) masks and shares
+with ``k`` neighbours per client in a graph every client derives from the roster's hash
+(:mod:`flwr_fsl.families.secagg.graph`, its threat model and bounds there); default ``None``:
+the complete graph.
 
 **Over many rounds.** A sum is one equation per round; the server chooses who takes part, so
 anything a client contributes *unchanged* round after round is recovered by least squares
@@ -50,7 +54,6 @@ for this round, which the server cannot attribute) fail the round (model unchang
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -81,6 +84,7 @@ from flwr_fsl.core.engine import MultiPhaseStrategy, PhasedStrategy, RoundState
 from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget, refuse_plaintext_evaluation
 from flwr_fsl.families.secagg.dp import SecAggDP
+from flwr_fsl.families.secagg.graph import check_neighbours, round_threshold
 from flwr_fsl.families.secagg.messages import SecAggSettings
 from flwr_fsl.families.secagg.protocol import SecAggParams, SecAggServer
 from flwr_fsl.families.secagg.records import (
@@ -294,6 +298,16 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         Fixed-point fractional bits. Default 24.
     max_clients : int
         Most clients per round (sizes the overflow bound). Default 1000.
+    neighbours : int, optional
+        SecAgg+'s ``k`` (Flower's ``num_shares = k + 1``): an even int ``>= 2``; each client
+        masks with and Shamir-shares to ``k`` neighbours of a Harary graph whose ring order
+        hashes the roster (:mod:`flwr_fsl.families.secagg.graph`), so client work and
+        messages grow with ``k``, not with the clients. ``t`` then counts over the
+        neighbourhood (an int ``<= k``, or a fraction of ``k + 1``), and a dropped client is
+        recovered when ``t`` of its neighbours survive. Default ``None``: the complete graph
+        (every pair masks; strongest against isolation, quadratic cost). For hundreds of
+        clients use about ``2 log2 n``
+        (:func:`~flwr_fsl.families.secagg.graph.suggested_neighbours`).
 
     Raises
     ------
@@ -329,6 +343,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         plaintext_evaluation: bool = False,
         dp: SecAggDP | None = None,
         privacy_budget: PrivacyBudget | None = None,
+        neighbours: int | None = None,
     ) -> None:
         if train_metrics_aggr_fn is not None:
             raise ConfigurationError(
@@ -365,6 +380,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
             isinstance(m, str) for m in train_metrics
         ):
             raise ConfigurationError("train_metrics must be a sequence of metric names")
+        try:
+            self.neighbours = check_neighbours(neighbours, t if isinstance(t, int) else None)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"SecAggFedAvg: {err}") from err
         self.reconstruction_threshold = t
         # Validated once, here, before round 1 (fixed-point overflow included); each round
         # sends it with the model's array names as the train request's settings record.
@@ -419,9 +438,10 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         )
         log(
             INFO,
-            "\t\t└── t = %s, at most %d clients",
+            "\t\t└── t = %s, at most %d clients, mask graph: %s",
             self.reconstruction_threshold,
             self.max_clients,
+            "complete" if self.neighbours is None else f"{self.neighbours} neighbours (SecAgg+)",
         )
 
     def round_noise_multiplier(self) -> float | None:
@@ -434,10 +454,7 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
 
     def threshold_for(self, sampled: int) -> int:
         """Return ``t`` for a round that sampled ``sampled`` clients."""
-        t = self.reconstruction_threshold
-        if isinstance(t, float):
-            return max(2, math.ceil(t * sampled))
-        return t
+        return round_threshold(self.reconstruction_threshold, sampled, self.neighbours)[0]
 
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
@@ -457,7 +474,8 @@ arrayrecord_key, configrecord_key, evaluate_metrics_aggr_fn, sampling_seed
         t = self.threshold_for(len(nodes))
         if len(nodes) < t:
             raise RoundFailedError(f"{len(nodes)} clients sampled, fewer than t = {t}")
-        params = SecAggParams(state.server_round, self.session, t, layout.length)
+        k = round_threshold(self.reconstruction_threshold, len(nodes), self.neighbours)[1]
+        params = SecAggParams(state.server_round, self.session, t, layout.length, k)
         state.protocol = params
         phases = SecAggPhases(self, guard=self.replay_guard)
         server = phases.keys(grid, state, nodes, params)

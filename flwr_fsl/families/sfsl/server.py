@@ -368,8 +368,13 @@ class SFSLServer:
         server_round: int,
         threshold: int,
         psu: PSUParams,
+        *,
+        neighbours: int | None = None,
     ) -> SFSLResult:
         """One round: PSU union, perturb, count-weighted rows SecAgg, apply.
+
+        ``neighbours`` (SecAgg+'s ``k``) makes the full-vector union round's mask graph
+        sparse; the rows round is a subset round and keeps the complete graph.
 
         Raises
         ------
@@ -383,7 +388,9 @@ class SFSLServer:
             raise RoundFailedError(f"the model has no 2-D table {table!r}")
         settings = replace(self.settings, psu=psu)
         # With DP the union vector is one noisy count per table row (exact mode).
-        union_params = SecAggParams(server_round, self.session, threshold, settings.union_length())
+        union_params = SecAggParams(
+            server_round, self.session, threshold, settings.union_length(), neighbours
+        )
         union, report, alive = self.union(exchange, nodes, union_params, settings)
         _, width = np.shape(model[table])
         dense_size = sum(int(np.size(model[k])) for k in model if k != table)
@@ -512,6 +519,7 @@ def run_round(  # noqa: PLR0913
     session: bytes | None = None,
     dropped: dict[int, str] | None = None,
     tamper: Callable[[str, int, Any], Any] | None = None,
+    neighbours: int | None = None,
 ) -> SFSLResult:
     """Drive one SFSL round in this process: the same steps and asks as the Flower strategy.
 
@@ -536,6 +544,8 @@ def run_round(  # noqa: PLR0913
     tamper : Callable[[str, int, Any], Any], optional
         ``tamper(label, node, reply) -> reply``: a test's hook on every reply (a deviating
         client); it may raise :class:`~flwr_fsl.core.errors.ClientInputError` to go silent.
+    neighbours : int, optional
+        SecAgg+'s ``k`` for the union round (:meth:`SFSLServer.run`).
 
     Returns
     -------
@@ -551,5 +561,5 @@ def run_round(  # noqa: PLR0913
     server = SFSLServer(settings) if session is None else SFSLServer(settings, session)
     return server.run(
         exchange, model, nodes, server_round, t,
-        psu if psu is not None else psu_params(int(table.shape[0])),
+        psu if psu is not None else psu_params(int(table.shape[0])), neighbours=neighbours,
     )  # fmt: skip

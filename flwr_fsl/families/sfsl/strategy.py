@@ -75,6 +75,7 @@ from flwr_fsl.core.errors import ConfigurationError, RoundFailedError
 from flwr_fsl.core.exchange import Accept, encode_once
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.privacy import PrivacyAccount, PrivacyBudget, refuse_plaintext_evaluation
+from flwr_fsl.families.secagg.graph import check_neighbours, round_threshold
 from flwr_fsl.families.secagg.records import (
     ADVERTISE,
     SHARE,
@@ -168,6 +169,12 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         γ of Niu's App. B stochastic quantization of the row updates over
         ``[-clip, clip]`` (the paper used 2^15); None (default) sends them in fixed point.
         Needs ``dp=None``, as does ``bloom_fpr``.
+    neighbours : int, optional
+        SecAgg+'s ``k`` for the full-vector union round (as ``SecAggFedAvg``'s
+        ``neighbours``, :mod:`flwr_fsl.families.secagg.graph`): an even int ``>= 2``, and
+        ``t`` then counts over the neighbourhood. The rows round keeps the complete graph: a
+        row's few holders need not be neighbours, and a lone holder would be unmasked.
+        Default ``None``: the complete graph in both rounds.
 
     Raises
     ------
@@ -204,6 +211,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         dp: SFSLDP | None = SFSLDP(),  # noqa: B008 (frozen: one shared default is safe)
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         plaintext_evaluation: bool = False,
+        neighbours: int | None = None,
     ) -> None:
         refuse_plaintext_evaluation("SFSLFedSubAvg", fraction_evaluate, plaintext_evaluation)
         check_real("max_count", max_count, 0.0, 1e300, low_open=True)  # the engine's max_weight
@@ -245,6 +253,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         self.server = SFSLServer(self.settings)
         self.table = table
         self.reconstruction_threshold = t
+        self.neighbours = check_neighbours(neighbours, t if isinstance(t, int) else None)
         self.bloom_fpr = bloom_fpr
         self.expected_union = int(expected_union)
         self.partitions = int(partitions)
@@ -278,8 +287,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         return self._threshold(sampled), "reconstruction_threshold"
 
     def _threshold(self, sampled: int) -> int:
-        t = self.reconstruction_threshold
-        return max(2, math.ceil(t * sampled)) if isinstance(t, float) else t
+        return round_threshold(self.reconstruction_threshold, sampled, self.neighbours)[0]
 
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
@@ -300,7 +308,8 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         )
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         exchange = _FlowerExchange(self, grid, state, train_config)
-        result = self.server.run(exchange, model, nodes, state.server_round, t, psu)
+        k = round_threshold(self.reconstruction_threshold, len(nodes), self.neighbours)[1]
+        result = self.server.run(exchange, model, nodes, state.server_round, t, psu, neighbours=k)
         log(
             INFO, "SFSL: union of %d rows (FPR %.2e)",
             result.union.size, result.report.false_positive_rate,

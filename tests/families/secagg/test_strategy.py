@@ -215,3 +215,23 @@ def test_a_control_message_replayed_from_an_earlier_round_is_refused() -> None:
     assert strategy.failed_rounds == {}
     assert set(strategy.dropped[2]) == {1000}
     assert "no SecAgg state for this round" in strategy.dropped[2][1000]  # the client refused
+
+
+@pytest.mark.parametrize("lost", [0, 1])
+def test_neighbours_give_fedavg_over_a_sparse_mask_graph(lost: int) -> None:
+    # 9 clients, neighbours=4 (sparse: 4 < 8), t = ceil(0.6 * 5) = 3 over each neighbourhood;
+    # one client lost after sharing is recovered from its neighbours' shares.
+    gone = {1000 + i for i in range(lost)}
+
+    def drop(node: int, msg: Message) -> bool:
+        return node in gone and _phase(msg) == "train"
+
+    strategy, secure, _ = _secagg(9, drop=drop, neighbours=4)
+    assert strategy.failed_rounds == {} and strategy.neighbours == 4
+    plain = _fedavg(9, drop=lambda node, msg: node in gone)
+    for name in FLOATS:
+        np.testing.assert_allclose(
+            secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+        )
+    # (The server refuses any share bundle not addressed to exactly the 4 neighbours.)
+    assert strategy.threshold_for(9) == 3

@@ -232,8 +232,8 @@ def _run(
     if seen is not None:
         run = sfsl.server.run
 
-        def spy(*args: Any) -> SFSLResult:
-            seen.append(run(*args))
+        def spy(*args: Any, **kwargs: Any) -> SFSLResult:
+            seen.append(run(*args, **kwargs))
             return seen[-1]
 
         sfsl.server.run = spy  # type: ignore[method-assign]

@@ -151,3 +151,19 @@ def test_settings_that_do_not_validate_are_refused_on_the_wire() -> None:
 def test_the_strategy_validates_its_settings_once(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         SFSLFedSubAvg("emb", **kwargs)
+
+
+def test_neighbours_sparsify_the_union_round_and_keep_the_average() -> None:
+    # 5 clients, neighbours=2: the union round masks on a ring; the rows round (a subset
+    # round) keeps the complete graph. Same average as the complete graph.
+    rr = RRParams.symmetric(1, 0)
+    out = run_round(MODEL, _parties(rr), SETTINGS, threshold=2, neighbours=2)
+    emb, fc = reference(range(N), {p: real_rows(p) for p in range(N)})
+    np.testing.assert_allclose(out.model["emb"], emb, atol=1e-5)
+    np.testing.assert_allclose(out.model["fc"], fc, atol=1e-5)
+
+
+@pytest.mark.parametrize(("k", "t"), [(3, 0.6), (4, 5), (1, 0.6)])
+def test_sfsl_neighbours_are_validated_before_round_one(k: int, t: float) -> None:
+    with pytest.raises(ConfigurationError, match=r"neighbours|reconstruction_threshold"):
+        SFSLFedSubAvg("emb", neighbours=k, reconstruction_threshold=t)
