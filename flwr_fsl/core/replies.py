@@ -329,7 +329,7 @@ _FLOWER_REASON = re.compile(r"<class '([^']+)'>:<'(.*)'>", re.DOTALL)
 _RAY_MESSAGE = "occurred. Message: "
 
 
-def client_error_line(reason: str, limit: int = 300) -> str:
+def client_error_line(reason: str | None, limit: int = 300) -> str:
     """Return a client's error reply reason as one line: the exception and its message.
 
     Flower reports a ClientApp's exception as ``<class 'pkg.Error'>:<'message'>``; under
@@ -350,6 +350,7 @@ def client_error_line(reason: str, limit: int = 300) -> str:
     str
         One line.
     """
+    reason = reason or ""
     match = _FLOWER_REASON.fullmatch(reason.strip())
     kind, text = (match.group(1).rsplit(".", 1)[-1], match.group(2)) if match else ("", reason)
     if _RAY_MESSAGE in text:  # Ray's traceback: the class is lost, the message is last

@@ -351,7 +351,10 @@ class Experiment:
         initial = ArrayRecord(
             {k: Array(np.array(v.numpy())) for k, v in self.initial_arrays.items()}
         )
-        clock = _RoundClock(initial)
+        # A PhasedStrategy prints its own progress line per round; Flower's get one here.
+        clock = _RoundClock(
+            initial, None if isinstance(strategy, PhasedStrategy) else self.num_rounds
+        )
         detail = f", {arm.description}" if arm.description else ""
         print(f"\n=== {arm.label}: {self.num_rounds} rounds{detail} ===", flush=True)
         started = time.perf_counter()
