@@ -447,3 +447,21 @@ def test_tables_fit_120_columns_with_long_labels_and_three_metrics() -> None:
     for text in (round_table(record, metrics), summary_table(record, metrics), learns_text(record)):
         widest = max(map(len, text.splitlines()))
         assert widest <= 120, text
+
+
+def test_log_level_quiets_flower_inside_the_run_and_restores_it() -> None:
+    import logging
+
+    from flwr_fsl.core.errors import ConfigurationError
+    from flwr_fsl.experiment import flower_log_level
+
+    flwr_logger = logging.getLogger("flwr")
+    before = flwr_logger.level
+    with flower_log_level({"log-level": "warning"}):
+        assert flwr_logger.level == logging.WARNING
+        assert logging.getLogger("ray").level == logging.WARNING
+    assert flwr_logger.level == before
+    with flower_log_level({}):  # no key, no default: unchanged
+        assert flwr_logger.level == before
+    with pytest.raises(ConfigurationError, match="log-level"), flower_log_level({"log-level": 5}):
+        pass

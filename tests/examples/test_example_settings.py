@@ -104,6 +104,7 @@ RANGE: dict[str, list[Any]] = {
     "secagg-threshold": [0.0, 1.5],
     "secagg-frac-bits": [-1],
     "global-mean": [math.inf],
+    "log-level": ["loud"],
 }
 # Per example, where a key's range differs (PrivHFL may skip local training).
 RANGE_FOR: dict[str, dict[str, list[Any]]] = {"privhfl-fmnist": {"local-epochs": [-1]}}
