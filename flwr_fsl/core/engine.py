@@ -612,9 +612,7 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
                 break
             configs, began = (train_config, evaluate_config), time.time()
             arrays = self._run_round(grid, current, arrays, configs, evaluate_fn, result, attempted)
-            report_round(
-                self.rounds[current], num_rounds, result, time.time() - began, self.progress
-            )
+            report_round(self.rounds[current], num_rounds, result, began, self.progress)
         if not result.arrays:
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
