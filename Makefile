@@ -17,10 +17,17 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install data test test-flower-min demo demo-topk lint bench-accuracy clean
 
+# CPU torch on any machine (a bare `torch` from PyPI on Linux is the multi-GB CUDA build):
+# Linux and Windows take the +cpu build, first from the configured sources (e.g. a local wheel
+# folder), else from PyTorch's CPU index; macOS wheels are CPU-only as published.
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a CUDA build).
-	$(PY) -m pip install -q torch==2.13.0
+	if [ "$$(uname -s)" = Darwin ]; then $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	else $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; fi
 	$(PY) -m pip install -q -e ".[torch,test,examples,benchmarks]"
 	touch $@
 
