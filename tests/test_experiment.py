@@ -441,12 +441,18 @@ def test_tables_fit_120_columns_with_long_labels_and_three_metrics() -> None:
     arms = [
         ArmRecord(key, f"{key}: a rather long arm label, weighted", rounds=rounds, seconds=9e3,
                   learns={"server": "the sum of every update " * 8}, initial_metrics=server)
-        for key in ("dense", "sesa-weighted")
+        for key in ("dense", "plaintext-top-k")
     ]  # fmt: skip
-    record = ExperimentRecord("wide", arms, baseline="dense")
-    for text in (round_table(record, metrics), summary_table(record, metrics), learns_text(record)):
-        widest = max(map(len, text.splitlines()))
-        assert widest <= 120, text
+    for baseline in ("dense", "plaintext-top-k"):
+        record = ExperimentRecord("wide", arms, baseline=baseline)
+        for text in (
+            round_table(record, metrics),
+            summary_table(record, metrics),
+            learns_text(record),
+        ):
+            widest = max(map(len, text.splitlines()))
+            assert widest <= 120, text
+        assert f"up vs {baseline[:9]}" in summary_table(record, metrics)
 
 
 def test_log_level_quiets_flower_inside_the_run_and_restores_it() -> None:

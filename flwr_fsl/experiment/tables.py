@@ -130,10 +130,13 @@ def summary_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> s
         if relative:
             header += f"  {'d ' + headline.title:>{max(8, len(headline.title) + 2)}}"
     header += f"  {'down/cl':>9}  {'up/cl':>9}"
-    share_title = f"up vs {base.key}" if base is not None else ""
+    share_title = f"up vs {_label(base.key, 10)}" if base is not None else ""
     if relative:
         header += f"  {share_title:>{max(8, len(share_title))}}"
-    header += f"  {'eval down':>9}  {'rounds':>6}  {'srv s':>7}  {'grid s':>6}  {'total s':>7}"
+    # The grid-seconds column goes first when a long baseline name would widen the table.
+    grid = len(header) + 45 <= MAX_WIDTH
+    header += f"  {'eval down':>9}  {'rounds':>6}  {'srv s':>7}"
+    header += f"  {'grid s':>6}  {'total s':>7}" if grid else f"  {'total s':>7}"
     lines = [header, "-" * len(header)]
     for arm in record.arms:
         row = f"{_label(arm.label):<{width}}"
@@ -152,11 +155,10 @@ def summary_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> s
             row += f"  {share:>{max(8, len(share_title))}}"
         server = _mean(s for r in arm.rounds if (s := r.server_seconds) is not None)
         done = f"{len(arm.aggregated_rounds)}/{len(arm.rounds)}"
-        row += (
-            f"  {_bytes(arm.mean('eval_down_bytes')):>9}  {done:>6}"
-            f"  {_fmt(server, '.2f'):>7}  {_fmt(arm.mean('grid_seconds'), '.2f'):>6}"
-            f"  {arm.seconds:>7.1f}"
-        )
+        row += f"  {_bytes(arm.mean('eval_down_bytes')):>9}  {done:>6}  {_fmt(server, '.2f'):>7}"
+        if grid:
+            row += f"  {_fmt(arm.mean('grid_seconds'), '.2f'):>6}"
+        row += f"  {arm.seconds:>7.1f}"
         lines.append(row)
     return "\n".join(lines)
 
