@@ -430,7 +430,12 @@ def test_tables_fit_120_columns_with_long_labels_and_three_metrics() -> None:
     from flwr_fsl.experiment import ArmRecord, ExperimentRecord, Metric, RoundRecord
     from flwr_fsl.experiment.tables import learns_text, round_table, summary_table
 
-    metrics = [Metric("acc %", "accuracy", scale=100), Metric("loss", "loss"), Metric("f1", "f1")]
+    metrics = [
+        Metric("acc %", "accuracy", scale=100),
+        Metric("loss", "loss"),
+        Metric("f1", "f1"),
+        Metric("client s", "f1"),
+    ]
     server = {"accuracy": 0.9, "loss": 0.3, "f1": 0.8}
     rounds = [
         RoundRecord(r, server_metrics=server, clients=100, down_bytes=123_456_789.0,

@@ -39,6 +39,10 @@ HEADLINE_KEYS = ("accuracy", "acc", "rmse", "loss", "eval-loss", "train-loss")
 """Metric keys shown, first found first (else the record's first key)."""
 
 
+MAX_PHASES_TEXT = 40
+"""Longest phase chain written out; a longer one is summarized (count, first..last)."""
+
+
 def progress_enabled(setting: bool | None = None) -> bool:
     """Return whether to print progress lines.
 
@@ -147,7 +151,10 @@ class RoundProgress:
         """Return the line (no newline)."""
         parts = [f"round {self.server_round}/{self.num_rounds}"]
         if self.phases:
-            parts.append(">".join(self.phases))
+            chain = ">".join(self.phases)
+            if len(chain) > MAX_PHASES_TEXT:  # e.g. SFSL's ten phases
+                chain = f"{len(self.phases)} phases {self.phases[0]}..{self.phases[-1]}"
+            parts.append(chain)
         if self.sampled:
             parts.append(f"{self.survivors}/{self.sampled} clients")
         if self.down_bytes or self.up_bytes:

@@ -44,7 +44,8 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
 
     Columns: the metrics, training-phase bytes per client down and up, clients sampled,
     replies dropped ("drops"), wall and server seconds, and a note for rounds that failed or changed
-    nothing. Round 0 (the initial model) is shown when a server metric reported it.
+    nothing. To stay within :data:`MAX_WIDTH`, labels are cut first, then the server seconds
+    are left out. Round 0 (the initial model) is shown when a server metric reported it.
 
     Parameters
     ----------
@@ -58,21 +59,24 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
     str
         The table (no trailing newline).
     """
-    width = _label_width(record)
     mwidths = [max(7, len(m.title)) for m in metrics]
+    # Labels give way first, then the server-seconds column.
+    fixed = 7 + sum(w + 2 for w in mwidths) + 2 * 11 + 9 + 7 + 9 + len("  no aggregate")
+    server = MAX_WIDTH - fixed - 8 >= 8
+    width = max(8, min(_label_width(record), MAX_WIDTH - fixed - (8 if server else 0)))
     header = f"{'round':>5}  {'arm':<{width}}" + "".join(
         f"  {m.title:>{w}}" for m, w in zip(metrics, mwidths, strict=True)
     )
     header += (
         f"  {'down/cl':>9}  {'up/cl':>9}  {'clients':>7}  {'drops':>5}"
-        f"  {'round s':>7}  {'srv s':>6}  note"
+        f"  {'round s':>7}" + (f"  {'srv s':>6}" if server else "") + "  note"
     )
     lines = [header, "-" * len(header)]
     server_metrics = [m for m in metrics if m.source == "server"]
     for arm in record.arms:
         if arm.initial_metrics and server_metrics:
             initial = RoundRecord(0, server_metrics=arm.initial_metrics)
-            row = f"{0:>5}  {_label(arm.label):<{width}}" + "".join(
+            row = f"{0:>5}  {_label(arm.label, width):<{width}}" + "".join(
                 f"  {_fmt(m.value(initial), f'.{m.digits}f'):>{w}}"
                 for m, w in zip(metrics, mwidths, strict=True)
             )
@@ -85,15 +89,16 @@ def round_table(record: ExperimentRecord, metrics: Sequence[Metric] = ()) -> str
             if r is None:
                 continue
             note = "failed" if r.failed else ("" if r.aggregated else "no aggregate")
-            row = f"{rnd:>5}  {_label(arm.label):<{width}}" + "".join(
+            row = f"{rnd:>5}  {_label(arm.label, width):<{width}}" + "".join(
                 f"  {_fmt(m.value(r), f'.{m.digits}f'):>{w}}"
                 for m, w in zip(metrics, mwidths, strict=True)
             )
             row += (
                 f"  {_bytes(r.down_bytes):>9}  {_bytes(r.up_bytes):>9}"
                 f"  {_fmt(r.clients, 'd'):>7}  {len(r.dropped):>5}  {_fmt(r.seconds, '.1f'):>7}"
-                f"  {_fmt(r.server_seconds, '.1f'):>6}  {note}"
             )
+            row += f"  {_fmt(r.server_seconds, '.1f'):>6}" if server else ""
+            row += f"  {note}"
             lines.append(row.rstrip())
     return "\n".join(lines)
 

@@ -61,3 +61,9 @@ def test_line_and_headline() -> None:
     )
     failed = RoundProgress(1, 1, [], failure="TooFewClientsError: 1 left\nmore").line()
     assert failed == "round 1/1  FAILED: TooFewClientsError: 1 left"
+
+
+def test_a_long_phase_chain_is_summarized() -> None:
+    phases = [f"union-{p}" for p in ("advertise", "share", "train", "unmask")] + ["perturb"]
+    line = RoundProgress(1, 2, phases, 6, 6).line()
+    assert line == "round 1/2  5 phases union-advertise..perturb  6/6 clients"
