@@ -4,8 +4,8 @@ Issue 23: width-mnist at 6 nodes failed SESA only after four other arms had trai
 threshold protocol now says, before any client is asked anything, which setting needs how many
 clients per round and how many nodes the grid has: SecAgg's and SFSL's
 ``reconstruction_threshold``, SESA's ``K_max + T`` (``tests/families/sesa/test_settings.py``),
-PrivHFL's answerer (a querier needs another client) and SSA's ``min_clients`` (S0's, or an
-in-process S1's higher one).
+PrivHFL's answerer (a querier needs another client) and SSA's ``min_clients`` (S0's; S1
+enforces its own at round time, ``tests/families/ssa/test_strategy.py``).
 """
 
 from __future__ import annotations
@@ -48,20 +48,11 @@ def _ssa() -> Any:
     return SecureFedSubAvg(helper, 0.1, min_clients=4)
 
 
-def _ssa_s1() -> Any:
-    from flwr_fsl.helper import HelperLimits, InProcessHelper
-    from flwr_fsl.strategies import SecureFedSubAvg
-
-    helper = InProcessHelper(limits=HelperLimits(min_clients=5))
-    return SecureFedSubAvg(helper, 0.1)
-
-
 CASES: list[tuple[str, Callable[[], Any], int, str]] = [
     ("secagg", _secagg, 3, r"reconstruction_threshold needs at least 4 clients.* of 3 nodes"),
     ("sfsl", _sfsl, 3, r"reconstruction_threshold needs at least 4 clients.* of 3 nodes"),
     ("privhfl", _privhfl, 1, r"expansion .*needs at least 2 clients.* of 1 nodes"),
     ("ssa", _ssa, 3, r"min_clients needs at least 4 clients.* of 3 nodes"),
-    ("ssa-s1", _ssa_s1, 3, r"S1's min_clients .*needs at least 5 clients.* of 3 nodes"),
 ]
 
 

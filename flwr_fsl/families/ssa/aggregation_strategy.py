@@ -282,7 +282,6 @@ class TwoServerAggregation:
     ) -> None:
         self.settings = settings or SSASettings()
         self.lead = LeadServer(helper, helper_fingerprint, self.settings.min_clients)
-        self._helper = helper
         note_in_process(helper)  # the simulation caveat, once per process
         dp = self.settings.dp
         delta = dp.delta if dp is not None else DEFAULT_DELTA
@@ -294,16 +293,10 @@ class TwoServerAggregation:
     def round_minimum(self) -> tuple[int, str]:
         """Return the fewest clients a round needs and the setting that decides it.
 
-        S0's ``min_clients``; when S1 is the in-process twin and its own minimum
-        (``HelperLimits.min_clients``, ``flwr-fsl-helper --min-clients``) is higher, that one.
-        A remote S1's minimum is not known before round 1 (it refuses the round then).
+        S0's ``min_clients``. S1's own minimum (``flwr-fsl-helper --min-clients``) is S1's to
+        enforce at round time, whatever S0 checks.
         """
-        need, setting = self.settings.min_clients, "min_clients"
-        limits = getattr(getattr(self._helper, "service", None), "limits", None)
-        s1_min = getattr(limits, "min_clients", 0)
-        if isinstance(s1_min, int) and s1_min > need:
-            need, setting = s1_min, "S1's min_clients (HelperLimits.min_clients)"
-        return need, setting
+        return self.settings.min_clients, "min_clients"
 
     def noise_multiplier(self) -> float | None:
         """Return the ``z`` of every round (each server's noise; None: no DP)."""

@@ -229,7 +229,7 @@ class SecureFedSubAvg(FedSubAvg):
         return self.aggregation.noise_multiplier()
 
     def round_minimum(self, sampled: int) -> tuple[int, str]:
-        """Return ``min_clients`` (or an in-process S1's higher one), checked before round 1."""
+        """Return ``min_clients``, checked before round 1."""
         return self.aggregation.round_minimum()
 
     def privacy_stop_reason(self) -> str | None:
