@@ -17,10 +17,17 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install data test test-flower-min demo demo-topk lint docs bench-accuracy clean
 
+# CPU torch on any machine (a bare `torch` from PyPI on Linux is the multi-GB CUDA build):
+# Linux and Windows take the +cpu build, first from the configured sources (e.g. a local wheel
+# folder), else from PyTorch's CPU index; macOS wheels are CPU-only as published.
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: the CPU build on local disk (a bare `torch` pulls a CUDA build).
-	$(PY) -m pip install -q torch==2.13.0
+	if [ "$$(uname -s)" = Darwin ]; then $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	else $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(PY) -m pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url "$(TORCH_CPU_INDEX)"; fi
 	$(PY) -m pip install -q -e ".[torch,test,examples,benchmarks,docs]"
 	touch $@
 
@@ -54,15 +61,29 @@ test-flower-min: $(STAMP)
 	$(PY) -m zipfile -e .cache/flwr-$(FLWR_MIN)/flwr-$(FLWR_MIN)-py3-none-any.whl .cache/flwr-$(FLWR_MIN)/site
 	PYTHONPATH=$(CURDIR)/.cache/flwr-$(FLWR_MIN)/site:$(CURDIR) $(PY) -m pytest -q $(FLWR_MIN_TESTS)
 
+# `flwr run ... local` starts a background SuperLink when none is running. The demos note the
+# SuperLinks running before, and on exit (also on Ctrl-C or failure) stop only the ones that
+# appeared since, by process id (the [f] keeps this shell's own command line from matching).
+define STOP_NEW_SUPERLINKS
+superlinks() { pgrep -f '[f]lower-superlink .*--simulation' | tr '\n' ' ' || true; }; \
+before=" $$(superlinks) "; \
+stop_new() { for pid in $$(superlinks); do case "$$before" in *" $$pid "*) ;; *) \
+  kill -TERM -- "-$$pid" 2>/dev/null || kill -TERM "$$pid" 2>/dev/null; \
+  echo "make: stopped the SuperLink this demo started (pid $$pid)";; esac; done; }; \
+trap stop_new EXIT; trap 'exit 130' INT TERM
+endef
+
 # The flagship: top-k 10% through two-server secure aggregation; S1 runs in-process with a key
 # kept in $(FLWR_HOME) (clients pin it from the same file in simulation).
 demo: $(STAMP) $(DATA_STAMP)
 	mkdir -p "$(FLWR_HOME)"
+	@$(STOP_NEW_SUPERLINKS); \
 	$(VENV)/bin/flwr run examples/dpf-ssa-mnist local --stream \
 	    --federation-config "num-supernodes=10 client-resources-num-cpus=1" \
 	    --run-config "ssa-helper-key-file='$(FLWR_HOME)/dpf-ssa-mnist-s1.pem'"
 
 demo-topk: $(STAMP) $(DATA_STAMP)
+	@$(STOP_NEW_SUPERLINKS); \
 	$(VENV)/bin/flwr run examples/topk-mnist local --stream \
 	    --federation-config "num-supernodes=10 client-resources-num-cpus=1"
 

@@ -57,6 +57,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 REPO = Path(__file__).resolve().parents[1]
 APP_DIR = REPO / "examples" / "dpf-ssa-mnist"
 sys.path.insert(0, str(APP_DIR))
@@ -149,7 +151,7 @@ def index_main(args: argparse.Namespace) -> int:
     }
     records: dict[str, Any] = {}
     started = time.perf_counter()
-    for name, (config, node_config) in setups.items():
+    for name, (config, node_config) in tqdm(setups.items(), desc="defaults", unit="run"):
         grid = InProcessGrid(movielens_app, users, config, node_config_fn=node_config)
         result = movielens_experiment(grid, config, helper=InProcessHelper(keypair=key))
         records[name] = result.record.arm("secure")

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from tqdm import tqdm
 
 from flwr_fsl.data import load_mnist, partition_indices
 from flwr_fsl.models import MnistCNN, evaluate, set_torch_threads, train_one
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     histories: list[RunHistory] = []
     timings: dict[str, float] = {}
-    for name in args.configs:
+    for name in tqdm(args.configs, desc="configs", unit="config"):
         history, elapsed = run_config(CONFIGS[name], args, data, parts)
         histories.append(history)
         timings[name] = elapsed

@@ -56,6 +56,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 from flwr.clientapp import ClientApp
 from torch import nn
+from tqdm import tqdm
 
 from flwr_fsl.data import load_fashion, load_mnist, partition_indices
 from flwr_fsl.families.privhfl.mod import PhaseConfig, PrivateData, PrivHFLClient
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "local": {**summarize(local_metrics, arch_of, archs), "queries": 0, "seconds": 0.0}
     }
     print(f"local phase + evaluation: {time.perf_counter() - t0:.1f} s", flush=True)
-    for arm in arms:
+    for arm in tqdm(arms, desc="arms", unit="arm"):
         t = time.perf_counter()
         grid = new_grid()
         for n in grid.get_node_ids():

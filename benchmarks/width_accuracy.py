@@ -81,6 +81,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 REPO = Path(__file__).resolve().parents[1]
 APP_DIR = REPO / "examples" / "width-mnist"
 sys.path.insert(0, str(APP_DIR))
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     flwr_logger.addFilter(lambda r: "fraction_evaluate is set to 0.0" not in r.getMessage())
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        for dataset in args.datasets:
+        for dataset in tqdm(args.datasets, desc="datasets", unit="dataset"):
             run = run_dataset(args, dataset)
             path = result_path(args.out, args.model, dataset, args.tag)
             if args.quick:

@@ -424,3 +424,55 @@ def test_round_bytes_conserves_bytes_and_ignores_how_the_log_is_split(
             *traffic[1:],
         ]
         assert round_bytes(split, 1) == (phases, clients, down, up)  # integer sums: exact
+
+
+def test_tables_fit_120_columns_with_long_labels_and_three_metrics() -> None:
+    from flwr_fsl.experiment import ArmRecord, ExperimentRecord, Metric, RoundRecord
+    from flwr_fsl.experiment.tables import learns_text, round_table, summary_table
+
+    metrics = [
+        Metric("acc %", "accuracy", scale=100),
+        Metric("loss", "loss"),
+        Metric("f1", "f1"),
+        Metric("client s", "f1"),
+    ]
+    server = {"accuracy": 0.9, "loss": 0.3, "f1": 0.8}
+    rounds = [
+        RoundRecord(r, server_metrics=server, clients=100, down_bytes=123_456_789.0,
+                    up_bytes=9_876_543.0, eval_down_bytes=1e9, aggregated=r % 2 == 0,
+                    seconds=1234.5, grid_seconds=12.0)
+        for r in range(1, 4)
+    ]  # fmt: skip
+    arms = [
+        ArmRecord(key, f"{key}: a rather long arm label, weighted", rounds=rounds, seconds=9e3,
+                  learns={"server": "the sum of every update " * 8}, initial_metrics=server)
+        for key in ("dense", "plaintext-top-k")
+    ]  # fmt: skip
+    for baseline in ("dense", "plaintext-top-k"):
+        record = ExperimentRecord("wide", arms, baseline=baseline)
+        for text in (
+            round_table(record, metrics),
+            summary_table(record, metrics),
+            learns_text(record),
+        ):
+            widest = max(map(len, text.splitlines()))
+            assert widest <= 120, text
+        assert f"up vs {baseline[:9]}" in summary_table(record, metrics)
+
+
+def test_log_level_quiets_flower_inside_the_run_and_restores_it() -> None:
+    import logging
+
+    from flwr_fsl.core.errors import ConfigurationError
+    from flwr_fsl.experiment import flower_log_level
+
+    flwr_logger = logging.getLogger("flwr")
+    before = flwr_logger.level
+    with flower_log_level({"log-level": "warning"}):
+        assert flwr_logger.level == logging.WARNING
+        assert logging.getLogger("ray").level == logging.WARNING
+    assert flwr_logger.level == before
+    with flower_log_level({}):  # no key, no default: unchanged
+        assert flwr_logger.level == before
+    with pytest.raises(ConfigurationError, match="log-level"), flower_log_level({"log-level": 5}):
+        pass

@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "core.exchange": 0,
     "core.privacy": 0,
     "core.checks": 0,
+    "core.progress": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -80,6 +81,7 @@ FLOWER_FREE = (
     "core.exchange",
     "core.privacy",
     "core.checks",
+    "core.progress",
     "pinning",
     "families:free",
 )

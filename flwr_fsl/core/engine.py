@@ -67,6 +67,7 @@ from flwr_fsl.core.errors import (
 )
 from flwr_fsl.core.phases import Phase, PhaseBody, refuse_uncalled_overrides
 from flwr_fsl.core.privacy import PrivacyAccount
+from flwr_fsl.core.progress import report_round
 from flwr_fsl.core.replies import (
     aggregate_client_metrics,
     phase_contents,
@@ -114,7 +115,12 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
     rounds : dict[int, RoundState]
         Round number -> its state (:attr:`traffic`, :attr:`dropped` and
         :attr:`failed_rounds` are views of it).
+    progress : bool or None
+        One line per round on stdout (:mod:`flwr_fsl.core.progress`); None: on unless
+        ``FLWR_FSL_PROGRESS=0``.
     """
+
+    progress: bool | None = None
 
     def __init__(  # noqa: PLR0913
         self,
@@ -604,8 +610,9 @@ train_metrics_aggr_fn, evaluate_metrics_aggr_fn
             log(INFO, "[ROUND %s/%s]", current, num_rounds)
             if not self._spend_privacy(current):
                 break
-            configs = (train_config, evaluate_config)
+            configs, began = (train_config, evaluate_config), time.time()
             arrays = self._run_round(grid, current, arrays, configs, evaluate_fn, result, attempted)
+            report_round(self.rounds[current], num_rounds, result, began, self.progress)
         if not result.arrays:
             result.arrays = initial_arrays
         log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)

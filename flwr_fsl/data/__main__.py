@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-dir",
         type=Path,
         default=None,
-        help="cache folder (default: $FLWR_FSL_CACHE or ~/.cache/flwr_fsl)",
+        help="cache folder (default: $FLWR_FSL_CACHE, else <clone>/.cache/data from a clone, "
+        "else ~/.cache/flwr_fsl)",
     )
     prep.add_argument("--force", action="store_true", help="rebuild existing .npz files")
     sub.add_parser("where", help="print the cache folder")

@@ -21,6 +21,20 @@ from numpy.typing import NDArray
 
 CACHE_ENV = "FLWR_FSL_CACHE"
 DEFAULT_CACHE = Path("~/.cache/flwr_fsl")
+CLONE_CACHE = Path(".cache") / "data"
+"""The cache folder inside a clone, relative to its root: the one ``make data`` prepares."""
+
+
+def clone_root() -> Path | None:
+    """Return the root of the source clone this package is imported from, or None.
+
+    A clone (an editable install or ``PYTHONPATH=<clone>``) has the package folder next to the
+    ``Makefile`` and ``pyproject.toml`` that ``make data`` runs from; an installed wheel has
+    not.
+    """
+    root = Path(__file__).resolve().parents[2]
+    marks = (root / "Makefile", root / "pyproject.toml", root / "flwr_fsl" / "__init__.py")
+    return root if all(p.is_file() for p in marks) else None
 
 
 class DataNotPreparedError(FileNotFoundError):
@@ -30,13 +44,22 @@ class DataNotPreparedError(FileNotFoundError):
 def cache_dir() -> Path:
     """Return the data cache folder.
 
+    One folder for ``make``, the scripts, the notebooks and the benchmarks: ``make data``
+    prepares ``<clone>/.cache/data``, and that is also where everything run from the clone
+    looks when ``$FLWR_FSL_CACHE`` is unset.
+
     Returns
     -------
     Path
-        ``$FLWR_FSL_CACHE`` if set and not empty, else ``~/.cache/flwr_fsl`` (not created).
+        ``$FLWR_FSL_CACHE`` if set and not empty; else ``<clone>/.cache/data`` when the
+        package is imported from a source clone (:func:`clone_root`); else
+        ``~/.cache/flwr_fsl``. Not created.
     """
     value = os.environ.get(CACHE_ENV, "")
-    return Path(value).expanduser() if value else DEFAULT_CACHE.expanduser()
+    if value:
+        return Path(value).expanduser()
+    root = clone_root()
+    return root / CLONE_CACHE if root is not None else DEFAULT_CACHE.expanduser()
 
 
 def require_cached(path: Path, name: str) -> Path:

@@ -58,6 +58,7 @@ Usage (inside ``@app.main``)::
 """
 
 from flwr_fsl.experiment.grid import round_bytes
+from flwr_fsl.experiment.logs import LOG_LEVEL_KEY, flower_log_level
 from flwr_fsl.experiment.records import (
     EXPERIMENT_FORMAT,
     Arm,
@@ -81,6 +82,7 @@ from flwr_fsl.experiment.tables import learns_text, round_table, summary_table
 
 __all__ = [
     "EXPERIMENT_FORMAT",
+    "LOG_LEVEL_KEY",
     "Arm",
     "ArmRecord",
     "ArmRun",
@@ -92,6 +94,7 @@ __all__ = [
     "Metric",
     "PhaseBytes",
     "RoundRecord",
+    "flower_log_level",
     "learns_text",
     "load_experiment",
     "max_abs_difference",

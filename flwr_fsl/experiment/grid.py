@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from flwr_fsl.core.progress import RoundProgress, headline_metric
 from flwr_fsl.core.traffic import RoundTraffic
 from flwr_fsl.experiment.records import EVALUATE_PHASE, PhaseBytes, _mean
 
@@ -63,9 +64,15 @@ def round_bytes(
 
 # -- instrumentation --------------------------------------------------------------------------
 class _RoundClock:
-    """Round boundaries from ``evaluate_fn`` calls; grid time accumulated per round."""
+    """Round boundaries from ``evaluate_fn`` calls; grid time accumulated per round.
 
-    def __init__(self, initial: ArrayRecord) -> None:
+    With ``progress_rounds`` set (a strategy whose rounds print no progress line of their
+    own: Flower's ``FedAvg`` and kin), each round's line is printed here
+    (:mod:`flwr_fsl.core.progress`: round, server metric, seconds).
+    """
+
+    def __init__(self, initial: ArrayRecord, progress_rounds: int | None = None) -> None:
+        self.progress_rounds = progress_rounds
         self.boundary = time.perf_counter()
         self.grid = 0.0
         self.previous: ArrayRecord = initial
@@ -85,13 +92,21 @@ class _RoundClock:
                 # Flower's loop passes the same object on when a round aggregated nothing.
                 self.changed[server_round] = arrays is not self.previous
             self.previous = arrays
+            metrics = None
             try:
-                return evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+                metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+                return metrics
             finally:
                 self.boundary = time.perf_counter()
                 self.grid = 0.0
                 if server_round > 0:
                     self.eval_seconds[server_round] = self.boundary - entered
+                    if self.progress_rounds is not None:
+                        RoundProgress(
+                            server_round, self.progress_rounds, [],
+                            metric=headline_metric(metrics),
+                            seconds=self.seconds[server_round] + self.eval_seconds[server_round],
+                        ).emit()  # fmt: skip
 
         return timed_evaluate
 

@@ -25,6 +25,7 @@ from flwr_fsl.core.engine import PhasedStrategy
 from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.core.rounds import wait_for_nodes
 from flwr_fsl.experiment.grid import _MeteredGrid, _RoundClock, round_bytes
+from flwr_fsl.experiment.logs import flower_log_level
 from flwr_fsl.experiment.records import (
     EVALUATE_PHASE,
     Arm,
@@ -288,8 +289,11 @@ class Experiment:
         nonce = f"{time.time_ns():x}"
         # Every arm's strategy is built and checked before the first arm trains: a bad setting
         # of the last arm must not cost the earlier arms' training.
-        built = [self._build_arm(grid, arm, f"{self.name}/{arm.key}@{nonce}") for arm in self.arms]
-        runs = [self._run_arm(grid, arm, strategy, setup) for arm, strategy, setup in built]
+        with flower_log_level(self.run_config):  # the run config's log-level, if it has one
+            built = [
+                self._build_arm(grid, arm, f"{self.name}/{arm.key}@{nonce}") for arm in self.arms
+            ]
+            runs = [self._run_arm(grid, arm, strategy, setup) for arm, strategy, setup in built]
         for run in runs:
             other = run.arm.equivalent_to
             if other is not None:
@@ -351,7 +355,10 @@ class Experiment:
         initial = ArrayRecord(
             {k: Array(np.array(v.numpy())) for k, v in self.initial_arrays.items()}
         )
-        clock = _RoundClock(initial)
+        # A PhasedStrategy prints its own progress line per round; Flower's get one here.
+        clock = _RoundClock(
+            initial, None if isinstance(strategy, PhasedStrategy) else self.num_rounds
+        )
         detail = f", {arm.description}" if arm.description else ""
         print(f"\n=== {arm.label}: {self.num_rounds} rounds{detail} ===", flush=True)
         started = time.perf_counter()

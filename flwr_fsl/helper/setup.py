@@ -27,6 +27,7 @@ it opened.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
     "describe_helper",
     "helper_settings",
     "load_or_create_key",
+    "note_in_process",
     "secure_helper",
 ]
 
@@ -296,8 +298,37 @@ def secure_helper(
     try:
         if helper is None:
             print(describe_helper(run_config), flush=True)
+            if isinstance(connection, InProcessHelper):
+                _CAVEAT_SHOWN.add(SIMULATION_CAVEAT)  # said: the strategy need not repeat it
         print(f"S1: public key fingerprint {fingerprint} (pinned, verified)", flush=True)
         yield connection, fingerprint
     finally:
         if helper is None:
             connection.close()
+
+
+_CAVEAT_SHOWN: set[str] = set()
+
+
+def note_in_process(helper: object) -> bool:
+    """Log the in-process caveat once per process when ``helper`` is an in-process S1.
+
+    An app that builds ``SecureFedSubAvg(helper=InProcessHelper(), ...)`` itself (rather
+    than through :func:`secure_helper`, which prints it) is told once that S1 here is no
+    separate party (:data:`SIMULATION_CAVEAT`). The SSA strategies call it.
+
+    Parameters
+    ----------
+    helper : object
+        The strategy's S1 connection.
+
+    Returns
+    -------
+    bool
+        Whether the caveat was logged now.
+    """
+    if not isinstance(helper, InProcessHelper) or SIMULATION_CAVEAT in _CAVEAT_SHOWN:
+        return False
+    _CAVEAT_SHOWN.add(SIMULATION_CAVEAT)
+    logging.getLogger(__name__).warning("%s", SIMULATION_CAVEAT)
+    return True

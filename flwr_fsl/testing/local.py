@@ -105,7 +105,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         flwr_logger.setLevel(logging.WARNING)
         # FedAvg's note that client-side evaluation is off (several apps' default) is expected.
         flwr_logger.addFilter(lambda r: "fraction_evaluate is set to 0.0" not in r.getMessage())
-    run_app(args.app_dir, args.clients, app_run_config(args.app_dir, args.run_config))
+    config = app_run_config(args.app_dir, args.run_config)
+    if args.verbose and "log-level" in config:  # the examples' key (flwr_fsl.experiment.logs)
+        config["log-level"] = "info"
+    run_app(args.app_dir, args.clients, config)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import pytest
 
 from flwr_fsl.data import (
     DataNotPreparedError,
+    _cache,
     cache_dir,
     load_mnist,
     load_movielens,
@@ -149,7 +150,33 @@ def test_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLWR_FSL_CACHE", str(tmp_path))
     assert cache_dir() == tmp_path
     monkeypatch.delenv("FLWR_FSL_CACHE")
+    # From this clone the default is the folder `make data` prepares (the Makefile's
+    # FLWR_FSL_CACHE), so scripts and benchmarks run after `make test` find the data.
+    clone = Path(__file__).resolve().parents[2]
+    assert cache_dir() == clone / ".cache" / "data"
+    assert "FLWR_FSL_CACHE ?= $(CURDIR)/.cache/data" in (clone / "Makefile").read_text()
+    monkeypatch.setattr(_cache, "clone_root", lambda: None)  # an installed wheel
     assert cache_dir() == Path("~/.cache/flwr_fsl").expanduser()
+
+
+def test_a_script_without_the_variable_finds_what_make_data_prepared(tmp_path: Path) -> None:
+    # A copy of the package laid out as a clone: its default cache is <clone>/.cache/data.
+    import shutil
+    import subprocess
+    import sys
+
+    clone = tmp_path / "clone"
+    shutil.copytree(Path(_cache.__file__).resolve().parents[1], clone / "flwr_fsl",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    (clone / "Makefile").write_text("export FLWR_FSL_CACHE ?= $(CURDIR)/.cache/data\n")
+    (clone / "pyproject.toml").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in {"FLWR_FSL_CACHE", "PYTHONPATH"}}
+    code = "from flwr_fsl.data import cache_dir; print(cache_dir())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env={**env, "PYTHONPATH": str(clone)},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(out.stdout.strip()) == clone / ".cache" / "data"
 
 
 def test_cli_prepare_uses_cached_wheel(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -104,6 +104,7 @@ RANGE: dict[str, list[Any]] = {
     "secagg-threshold": [0.0, 1.5],
     "secagg-frac-bits": [-1],
     "global-mean": [math.inf],
+    "log-level": ["loud"],
 }
 # Per example, where a key's range differs (PrivHFL may skip local training).
 RANGE_FOR: dict[str, dict[str, list[Any]]] = {"privhfl-fmnist": {"local-epochs": [-1]}}
@@ -180,3 +181,18 @@ def test_bad_run_config_value_is_refused_before_any_client(
 def test_every_example_is_covered() -> None:
     found = {p.parent.name for p in EXAMPLES.glob("*/pyproject.toml")}
     assert found == set(APPS)
+
+
+def test_width_mnist_at_six_nodes_fails_before_any_arm_trains_naming_the_minimum(
+    server_apps: dict[str, Any],
+) -> None:
+    # Issue 23: SESA needs K_max + T = 4 + 2 = 6 of the 5 clients a round samples (0.9 x 6);
+    # it used to fail after four other arms had trained.
+    require_prepared("mnist")
+    config = app_run_config(EXAMPLES / "width-mnist")
+    calls: list[int] = []
+    grid = InProcessGrid(_refusing_app(calls), 6, config)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    with pytest.raises(ConfigurationError, match=r"arm 'sesa'.*at least 6 clients.*5 of 6 nodes"):
+        server_apps["width-mnist"].main(grid, context)
+    assert calls == []

@@ -118,7 +118,8 @@ def test_flwr_run_width_mnist_sesa_and_fedavg_twin(
         RUN_TIMEOUT_S,
     )
     assert status == "finished:completed", f"run {run_id} ended as {status!r}:\n{logs[-4000:]}"
-    assert "SESA over 6 of 6 sampled clients" in logs, logs[-4000:]
+    # The progress line (quiet log by default): SESA's four phases over 6 of 6 clients.
+    assert "round 1/1  advertise>offline>train>decode  6/6 clients" in logs, logs[-4000:]
     fedavg = np.load(results / "global-model-fedavg.npz")
     full = np.load(results / "global-model-full.npz")
     sesa = np.load(results / "global-model-sesa.npz")

@@ -102,7 +102,7 @@ def _submit(
 ) -> tuple[str, str, str]:
     run_config = (
         f"num-server-rounds={rounds} max-client-samples=200 test-size=300 fraction-train=1.0 "
-        f"compare-plaintext=false seed={seed} "
+        f"compare-plaintext=false seed={seed} log-level='info' "  # its INFO lines are read
         f"ssa-helper-address='{helper['address']}' "
         f"ssa-helper-fingerprint='{helper['fingerprint']}' "
         f"ssa-helper-token-file='{helper['token_file']}'"

@@ -31,6 +31,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from flwr_fsl.experiment import flower_log_level
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models.privhfl import build_model
 from privhfl_fmnist.task import Settings
@@ -58,7 +59,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run ``num-server-rounds`` PrivHFL iterations and print the report."""
-    run_experiment(grid, context.run_config)
+    with flower_log_level(context.run_config):  # quiet unless log-level asks for more
+        run_experiment(grid, context.run_config)
 
 
 @dataclass

@@ -74,6 +74,7 @@ from flwr_fsl.families.ssa.records import (
     read_ssa_upload,
 )
 from flwr_fsl.families.ssa.two_server import ClientUpload, HelperParty, LeadServer, SSARound
+from flwr_fsl.helper.setup import note_in_process
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import Layout
 
@@ -281,12 +282,21 @@ class TwoServerAggregation:
     ) -> None:
         self.settings = settings or SSASettings()
         self.lead = LeadServer(helper, helper_fingerprint, self.settings.min_clients)
+        note_in_process(helper)  # the simulation caveat, once per process
         dp = self.settings.dp
         delta = dp.delta if dp is not None else DEFAULT_DELTA
         self.privacy_account = PrivacyAccount(
             self.settings.budget if dp is not None else None, delta=delta
         )
         self.helper_refusal: str | None = None
+
+    def round_minimum(self) -> tuple[int, str]:
+        """Return the fewest clients a round needs and the setting that decides it.
+
+        S0's ``min_clients``. S1's own minimum (``flwr-fsl-helper --min-clients``) is S1's to
+        enforce at round time, whatever S0 checks.
+        """
+        return self.settings.min_clients, "min_clients"
 
     def noise_multiplier(self) -> float | None:
         """Return the ``z`` of every round (each server's noise; None: no DP)."""

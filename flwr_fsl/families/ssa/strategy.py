@@ -228,6 +228,10 @@ class SecureFedSubAvg(FedSubAvg):
         """Each server's noise multiplier of every round (None: DP off, no noise)."""
         return self.aggregation.noise_multiplier()
 
+    def round_minimum(self, sampled: int) -> tuple[int, str]:
+        """Return ``min_clients``, checked before round 1."""
+        return self.aggregation.round_minimum()
+
     def privacy_stop_reason(self) -> str | None:
         """S1's refusal of a round past its own account of this run (the run then stops)."""
         return self.aggregation.helper_refusal

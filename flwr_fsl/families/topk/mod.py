@@ -38,6 +38,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from numpy.typing import NDArray
 
+from flwr_fsl.core.checks import check_bool, check_choice, check_int, check_real, check_str
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase, PhaseMod
 from flwr_fsl.core.records import encode_update
@@ -45,6 +46,7 @@ from flwr_fsl.core.state import StateSlot
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.submodel import TopKConfig, sparsify
 from flwr_fsl.submodel.codec import HEADER_KEY
+from flwr_fsl.submodel.topk import SCOPES
 
 __all__ = [
     "RESIDUAL",
@@ -85,8 +87,8 @@ def topk_config(run_config: Mapping[str, Any], message: Message | RecordDict) ->
 
     Raises
     ------
-    ValueError
-        If the settings are invalid.
+    ConfigurationError
+        If a setting is invalid; the message names its key (``topk-ratio``, ...).
     """
     content = message.content if isinstance(message, Message) else message
     settings = {k: run_config[k] for k in _KEYS if k in run_config}
@@ -102,12 +104,13 @@ def topk_config(run_config: Mapping[str, Any], message: Message | RecordDict) ->
         ratio, count = (ratio, None) if overridden == "topk-ratio" else (None, count)
     if ratio is None and count is None:
         return None
-    groups = str(settings.get("topk-groups", "") or "")
+    # Each value checked by its key (a client's own run config may be wrong too).
+    groups = check_str("topk-groups", settings.get("topk-groups", "") or "", empty=True)
     config = TopKConfig(
-        ratio=None if ratio is None else float(ratio),
-        count=None if count is None else int(count),
-        scope=str(settings.get("topk-scope", "global")),
-        error_feedback=bool(settings.get("topk-error-feedback", True)),
+        ratio=None if ratio is None else check_real("topk-ratio", ratio, 0, 1, low_open=True),
+        count=None if count is None else check_int("topk-count", count, 1),
+        scope=check_choice("topk-scope", settings.get("topk-scope", "global"), SCOPES),
+        error_feedback=check_bool("topk-error-feedback", settings.get("topk-error-feedback", True)),
         groups=tuple(g.strip() for g in groups.split(",") if g.strip()),
     )
     return None if config.is_dense else config
