@@ -509,12 +509,12 @@ class HelperService:
             session = self._sessions.get(session_id)
             # Compared even for an unknown id, so the answer's timing says nothing either.
             expected = session.secret if session is not None else _UNKNOWN_SECRET
-            if session is not None and hmac.compare_digest(given, expected):
+            matches = hmac.compare_digest(given, expected)
+            if session is not None and matches:
                 # Touched under the sessions lock, so a concurrent _expire_idle cannot drop
                 # a session between this lookup and the call taking its lock.
                 session.last_used = time.monotonic()
                 return session
-            hmac.compare_digest(given, expected)
             if session is not None:
                 log.warning("session %s: call refused, wrong secret", session_id.hex()[:8])
             # One answer for a live id with a wrong secret and for an id S1 does not hold, so
