@@ -485,11 +485,14 @@ def encode_shared_runs(shared: Mapping[int, NDArray[np.int64]]) -> bytes:
     return w.payload()
 
 
-def decode_shared_runs(data: bytes, length: int) -> dict[int, NDArray[np.int64]]:
+def decode_shared_runs(
+    data: bytes, length: int, max_peers: int = MAX_CLIENTS
+) -> dict[int, NDArray[np.int64]]:
     """Strict decoder of :func:`encode_shared_runs` for a vector of ``length`` positions.
 
-    Every run is checked before anything is allocated: a peer's positions number at most
-    ``length`` (so a few bytes cannot make the client allocate more than an honest list).
+    Every run is checked before anything is allocated: at most ``max_peers`` peers (the
+    round's other sharers), each with at most ``length`` positions, so a few bytes cannot make
+    the client allocate more than the largest honest list.
 
     Raises
     ------
@@ -502,7 +505,7 @@ def decode_shared_runs(data: bytes, length: int) -> dict[int, NDArray[np.int64]]
     r = Reader(data)
     out: dict[int, NDArray[np.int64]] = {}
     previous = -1
-    for _ in range(r.count("peers", 12, MAX_CLIENTS)):
+    for _ in range(r.count("peers", 12, max_peers)):
         peer = r.u64("peer id")
         if peer <= previous:
             raise WireFormatError("the shared runs' peer ids must be strictly increasing")

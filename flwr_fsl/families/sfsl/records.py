@@ -197,8 +197,10 @@ class RowsInputRequest:
         params = _header(content, ROWS_INSTANCE)
         rows = _indices(read_secagg_bytes(content, "rows"), "the rows")
         union = _indices(read_secagg_bytes(content, "union"), "the union")
-        shared = decode_shared_runs(read_secagg_bytes(content, "shared_runs"), params.vector_length)
         sharers, _ = decode_ids(read_secagg_bytes(content, "sharers"))
+        shared = decode_shared_runs(  # peers: the other sharers at most
+            read_secagg_bytes(content, "shared_runs"), params.vector_length, len(sharers)
+        )
         settings = SFSLSettings.from_bytes(read_secagg_bytes(content, "settings"))
         if settings.psu is None:  # its domain is the table's size the client rebuilds
             raise ClientInputError("the rows request's settings lack the round's PSU domain")

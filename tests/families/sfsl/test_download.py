@@ -171,6 +171,14 @@ def test_shared_runs_refusals(data: bytes, match: str) -> None:
         decode_shared_runs(data, 10)
 
 
+def test_shared_runs_name_no_more_peers_than_the_round_has() -> None:
+    # Three peers of whole-vector runs: 60 bytes that would expand to 3 x length positions.
+    data = _runs((1, [(0, 10)]), (2, [(0, 10)]), (3, [(0, 10)]))
+    assert len(decode_shared_runs(data, 10, max_peers=3)) == 3
+    with pytest.raises(WireFormatError, match="exceed the limit of 2"):
+        decode_shared_runs(data, 10, max_peers=2)
+
+
 def test_shared_runs_of_whole_rows_are_a_few_words() -> None:
     # CPP5 at 100 users: every client shares all 962 union rows (18 positions each) with each
     # of its 99 peers; positions consecutive, so one run per peer instead of 17,316 words.
