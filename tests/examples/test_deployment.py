@@ -282,7 +282,7 @@ def _plaintext_reference() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
         from dpf_ssa_mnist.task import Net, Settings
 
         settings = Settings.from_run_config(RUN_CONFIG)
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(settings.task.seed)
         initial = {k: v.detach().numpy().copy() for k, v in Net().state_dict().items()}
         key = SealingKeyPair.generate()
         config = {

@@ -30,7 +30,7 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     server_round = int(config.get("server-round", 0))  # type: ignore[arg-type]
     x_train, y_train, _, _ = client_data(context)
-    seed = client_seed(settings.seed, server_round, int(context.node_config["partition-id"]))
+    seed = client_seed(settings.task.seed, server_round, int(context.node_config["partition-id"]))
     torch.manual_seed(seed)
     model = Net()
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
@@ -38,9 +38,9 @@ def train(msg: Message, context: Context) -> Message:
         model,
         x_train,
         y_train,
-        epochs=settings.local_epochs,
-        lr=float(config.get("lr", settings.lr)),  # type: ignore[arg-type]
-        batch_size=settings.batch_size,
+        epochs=settings.task.local_epochs,
+        lr=float(config.get("lr", settings.task.lr)),  # type: ignore[arg-type]
+        batch_size=settings.task.batch_size,
         seed=seed,
     )
     metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(x_train)})

@@ -318,7 +318,7 @@ def run_experiment(
     """
     settings = Settings.from_run_config(run_config)
     with secure_helper(run_config, helper) as (connection, fingerprint):
-        x_test, y_test = mnist_test_split(settings.test_size)
+        x_test, y_test = mnist_test_split(settings.task.test_size)
 
         def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             model = Net()
@@ -326,7 +326,7 @@ def run_experiment(
             loss, accuracy = evaluate(model, x_test, y_test)
             return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-        torch.manual_seed(settings.seed)  # the initial model of every arm
+        torch.manual_seed(settings.task.seed)  # the initial model of every arm
         initial = ArrayRecord(Net().state_dict())
         layout = FlatLayout.of(_numpy(initial))
         k = topk_count(initial, settings.topk_ratio)
@@ -402,11 +402,11 @@ def run_experiment(
             arms=arms,
             initial_arrays=initial,
             num_rounds=settings.num_server_rounds,
-            sampling_seed=settings.seed,
+            sampling_seed=settings.task.seed,
             run_config=run_config,
             metrics=[ACCURACY],
             evaluate_fn=global_evaluate,
-            train_config={"lr": settings.lr},
+            train_config={"lr": settings.task.lr},
             session_keys=["topk-session"],  # topk_mod's error feedback starts afresh per arm
             baseline="dense" if dense else "plaintext" if compare else "secure",
             results_dir=settings.results_dir or None,

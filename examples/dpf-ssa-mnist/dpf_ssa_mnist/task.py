@@ -1,21 +1,23 @@
 """dpf-ssa-mnist: the model, the run settings and a client's data.
 
-The MNIST glue (partitioning, train/validation split, sample caps) is
-:func:`flwr_fsl.data.mnist_client_split`; the CNN and its training loop are
-:mod:`flwr_fsl.models`. This module only reads the run config.
+The MNIST task (its training and data keys, the partitioning, the CNN and its training loop) is
+:mod:`flwr_fsl.models.mnist_task`, shared with ``topk-mnist`` and ``secagg-mnist``; this module
+reads only this app's own keys (rounds, sampling, top-k, SSA) and nests the task's
+:class:`~flwr_fsl.models.mnist_task.TaskSettings` as ``Settings.task``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flwr.app import Context
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.data import SCHEMES, MnistClientSplit, mnist_client_split
+from flwr_fsl.data import MnistClientSplit, mnist_client_split
 from flwr_fsl.models import MnistCNN, set_torch_threads
+from flwr_fsl.models.mnist_task import TaskSettings, task_settings
 from flwr_fsl.run_config import settings_from_run_config
 
 Net = MnistCNN
@@ -29,21 +31,15 @@ class Settings:
     """The app's run config (``[tool.flwr.app.config]``), typed and checked.
 
     Missing keys take the defaults below (``flwr.simulation.run_simulation`` and in-process
-    tests pass a partial run config).
+    tests pass a partial run config). The task's keys (``local-epochs``, ``lr``, ``batch-size``,
+    ``partitioning``, ``dirichlet-alpha``, ``seed``, ``max-client-samples``, ``test-size``) are
+    read and checked by :func:`~flwr_fsl.models.mnist_task.task_settings` into :attr:`task`.
     """
 
     num_server_rounds: int = 5
     fraction_train: float = 0.5
     fraction_evaluate: float = 0.0
     min_nodes: int = 2
-    local_epochs: int = 1
-    lr: float = 0.05
-    batch_size: int = 32
-    partitioning: str = "iid"
-    dirichlet_alpha: float = 0.5
-    seed: int = 42
-    max_client_samples: int = 0
-    test_size: int = 0
     topk_ratio: float = 0.1
     topk_error_feedback: bool = True  # read by topk_mod on the clients; checked here too
     ssa_helper_address: str = ""
@@ -61,6 +57,7 @@ class Settings:
     compare_plaintext: bool = True
     compare_dense: bool = True
     results_dir: str = ""
+    task: TaskSettings = field(default_factory=TaskSettings)
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,12 +69,6 @@ class Settings:
             problems.append("fraction-evaluate must be in [0, 1]")
         if self.min_nodes < 1:
             problems.append("min-nodes must be >= 1")
-        if self.local_epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            problems.append("local-epochs and batch-size must be >= 1, lr > 0")
-        if self.partitioning not in SCHEMES:
-            problems.append(f"partitioning must be one of {SCHEMES}")
-        if self.max_client_samples < 0 or self.test_size < 0:
-            problems.append("max-client-samples and test-size must be >= 0")
         if not 0.0 < self.topk_ratio <= 1.0:
             problems.append("topk-ratio must be in (0, 1]")
         if not (self.ssa_dp_noise_multiplier >= 0 and self.ssa_dp_budget_epsilon >= 0):
@@ -88,10 +79,6 @@ class Settings:
             problems.append("ssa-frac-bits must be in [1, 40]")
         if not self.ssa_max_abs > 0:
             problems.append("ssa-max-abs must be > 0")
-        if not self.dirichlet_alpha > 0:
-            problems.append("dirichlet-alpha must be > 0")
-        if self.seed < 0:
-            problems.append("seed must be >= 0")
         if problems:
             raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
@@ -104,7 +91,7 @@ class Settings:
         ConfigurationError
             If a value has the wrong type or is out of range (the message names the key).
         """
-        return settings_from_run_config(cls, run_config)
+        return replace(settings_from_run_config(cls, run_config), task=task_settings(run_config))
 
 
 def client_data(context: Context) -> MnistClientSplit:
@@ -122,25 +109,25 @@ def client_data(context: Context) -> MnistClientSplit:
 
     Raises
     ------
-    ValueError
-        If the node config lacks the partition keys or the settings are invalid.
+    ConfigurationError
+        If the node config lacks the partition keys or a task key is invalid (named).
     """
     try:
         partition_id = int(context.node_config["partition-id"])
         num_partitions = int(context.node_config["num-partitions"])
     except KeyError as err:
-        raise ValueError(
+        raise ConfigurationError(
             f"node config needs partition-id and num-partitions (missing {err}); start the "
             'SuperNode with --node-config "partition-id=0 num-partitions=2"'
         ) from None
-    settings = Settings.from_run_config(context.run_config)
+    task = task_settings(context.run_config)
     return mnist_client_split(
         partition_id,
         num_partitions,
-        partitioning=settings.partitioning,
-        alpha=settings.dirichlet_alpha,
-        seed=settings.seed,
-        max_samples=settings.max_client_samples,
+        partitioning=task.partitioning,
+        alpha=task.dirichlet_alpha,
+        seed=task.seed,
+        max_samples=task.max_client_samples,
     )
 
 
