@@ -7,6 +7,7 @@ ends here (exact comparison), as in ``test_index_strategy.py``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,15 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY, PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.families.ssa.mixed import DENSE_PART, clamp_rows, part_key
 from flwr_fsl.families.ssa.mixed_mod import PrivateTables
 from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.helper import InProcessHelper
+from flwr_fsl.helper.accounts import ACCOUNTS_DIR
 from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.helper_process import HelperProcess
 
 ITEMS, GENRES, WIDTH_I, WIDTH_G = 30, 7, 3, 2
 RNG = np.random.default_rng(0)
@@ -325,3 +328,64 @@ def test_constructor_settings(key: SealingKeyPair) -> None:
     with pytest.raises(ConfigurationError, match="dense_width"):
         SecureRowFedSubAvg(helper, spec(), dense_width=0)
     assert DENSE_PART not in spec().names
+
+
+def test_through_a_real_helper_process_exact_and_dp_accounts(tmp_path: Path) -> None:
+    """S1 as a real ``flwr-fsl-helper`` process: the round shape needs no helper change.
+
+    Without DP the result is the plaintext one; with the default DP (z = 1 per part) S1 keeps
+    one ledger entry per part (3 per round) and S0's account, which spends ``z / sqrt(3)`` per
+    round, gives the same epsilon.
+    """
+    key_file = tmp_path / "s1.pem"
+    SealingKeyPair.generate().save(key_file)
+    state = tmp_path / "state"
+    model, tables = initial(), spec()
+    with HelperProcess(key_file, tmp_path / "s1.log", state_dir=state) as proc:
+        grid = InProcessGrid(
+            make_app(tables),
+            4,
+            {"ssa-helper-fingerprint": proc.fingerprint},
+            node_config_fn=lambda i: {
+                "partition-id": i,
+                "num-partitions": 4,
+                NODE_MIN_NOISE_KEY: 0.0,
+            },
+        )
+        exact = SecureRowFedSubAvg(
+            proc.client(timeout=60),
+            tables,
+            helper_fingerprint=proc.fingerprint,
+            dp=None,
+            frac_bits=32,
+            max_abs=1e3,
+            min_available_nodes=4,
+        )
+        result = exact.start(
+            grid=grid,
+            initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
+            num_rounds=2,
+        )
+        assert exact.failed_rounds == {}
+        want = expected(model, tables, 2, 4)
+        for name in ("item", "genre", "mlp.w", "mlp.b"):
+            np.testing.assert_allclose(result.arrays[name].numpy(), want[name], atol=1e-5)
+        noisy = SecureRowFedSubAvg(
+            proc.client(timeout=60),
+            tables,
+            helper_fingerprint=proc.fingerprint,
+            min_available_nodes=4,
+        )
+        dp_grid = InProcessGrid(make_app(tables), 4, {"ssa-helper-fingerprint": proc.fingerprint})
+        noisy.start(
+            grid=dp_grid,
+            initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
+            num_rounds=2,
+        )
+        assert noisy.failed_rounds == {} and sorted(noisy.rounds) == [1, 2]
+    files = list((state / ACCOUNTS_DIR).iterdir())
+    assert len(files) == 1
+    ledger = PrivacyAccount.decode(files[0].read_bytes())
+    assert ledger == [1.0] * 6  # S1: one round at z = 1 per part
+    s1 = PrivacyAccount(noise_multipliers=ledger)
+    assert noisy.privacy_account.epsilon() == pytest.approx(s1.epsilon(), rel=1e-6)
