@@ -67,7 +67,7 @@ def key_bytes(domain: int, max_rows: int, dim: int) -> tuple[int, int]:
     return len(upload.public_part), len(make_query(params, rows).upload.public_part)
 
 
-def test_secure_equals_plaintext_and_udpf_in_round_2(
+def test_secure_equals_plaintext_with_the_dense_head(
     example: tuple[ModuleType, ModuleType, ModuleType],
 ) -> None:
     task, client_app, server_app = example
@@ -107,12 +107,13 @@ def test_secure_equals_plaintext_and_udpf_in_round_2(
     dense = result.record.extra["dense_bytes"]
     assert dense["up"] > 4 * shape.rows * settings.dim
     assert result.record.extra["s0_view"]["plaintext_sets"]
-    # key_bytes predicts what the tiny run measured, up to the seeds and Flower's framing.
+    # key_bytes predicts what the tiny run measured, up to the seeds and Flower's framing, and
+    # up to 2% for the per-bin DPF domains, which follow the run's random hash key.
     ssa, psr = key_bytes(shape.rows, settings.max_rows, settings.dim)
     # The train upload: the table's keys plus the dense head's (20 chunks of dim = 16).
-    head_ssa = dense_key_bytes(shape.num_classes, settings.dim)
-    assert ssa + head_ssa < first.phases["train"].up_bytes < ssa + head_ssa + 2_000
-    assert psr < first.phases["psr"].up_bytes < psr + 1_000
+    ssa += dense_key_bytes(shape.num_classes, settings.dim)
+    assert 0.98 * ssa < first.phases["train"].up_bytes < 1.02 * ssa + 2_000
+    assert 0.98 * psr < first.phases["psr"].up_bytes < 1.02 * psr + 1_000
 
 
 def dense_key_bytes(chunks: int, width: int) -> int:
