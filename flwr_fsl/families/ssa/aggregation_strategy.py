@@ -396,7 +396,7 @@ class TwoServerAggregation:
         first = next(stream, None)
         if first is None:
             log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
-            self.abort(state)
+            self.abort(state, [params.round_id])  # a mixed round's part has its own id
             return None
         try:
             if isinstance(uploads, Mapping):
