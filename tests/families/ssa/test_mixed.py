@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY, PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
@@ -542,3 +542,30 @@ def test_dense_chunks_round_trip_and_parts_apply() -> None:
     np.testing.assert_array_equal(out["item"], model["item"])
     with pytest.raises(ConfigurationError, match="no dense"):
         DenseChunks.of(model, (), 4)
+
+
+def test_more_parts_than_s1_open_rounds_fails_the_round_loudly(key: SealingKeyPair) -> None:
+    """Five parts (four tables + dense) against S1's default of 4 open rounds per session."""
+    specs = tuple(TableSpec(f"t{j}", 2) for j in range(4))
+    model = {f"t{j}": np.ones((4, 2), np.float32) for j in range(4)}
+    model["dense"] = np.ones(3, np.float32)
+    tables = ModelTables(specs)
+    private = PrivateTables(tables, rows=lambda ctx: {"t0": np.array([0])})
+    app = ClientApp(mods=[private.mod])
+    app.query("psr")(private.query)
+    grid = InProcessGrid(
+        app,
+        2,
+        {"ssa-helper-fingerprint": key.fingerprint},
+        node_config_fn=lambda i: {"partition-id": i, "num-partitions": 2, NODE_MIN_NOISE_KEY: 0.0},
+    )
+    strategy = SecureRowFedSubAvg(
+        InProcessHelper(keypair=key), tables, dp=None, min_available_nodes=2
+    )
+    initial_arrays = ArrayRecord({k: Array(v) for k, v in model.items()})
+    with pytest.raises(RunFailedError):
+        strategy.start(grid=grid, initial_arrays=initial_arrays, num_rounds=2)
+    assert set(strategy.failed_rounds) == {1, 2}
+    # Round 2's parts are S1 rounds 6-10: the fifth cannot open; round 1's four were released.
+    assert "rounds are open (limit 4)" in strategy.failed_rounds[2]
+    assert "[6, 7, 8, 9]" in strategy.failed_rounds[2]
