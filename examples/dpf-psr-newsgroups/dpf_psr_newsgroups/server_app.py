@@ -254,7 +254,7 @@ def privacy_line(result: ExperimentResult) -> str:
     """Print and return the secure arm's ``(ε, δ)`` (or that it added no noise)."""
     strategy = result.arm("secure").strategy
     assert isinstance(strategy, SecureRowFedSubAvg)
-    line = strategy.aggregation.describe_privacy()
+    line = strategy.describe_privacy()
     print(f"\nsecure arm, {line}", flush=True)
     return line
 
