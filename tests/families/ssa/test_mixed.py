@@ -316,6 +316,8 @@ def test_constructor_settings(key: SealingKeyPair) -> None:
     mixed = SecureRowFedSubAvg(helper, spec())
     assert mixed.mixed is not None and mixed.mixed.num_parts == 3 and not mixed.udpf
     assert mixed.round_noise_multiplier() == pytest.approx(1 / np.sqrt(3))
+    assert "noise multiplier 1 on each of 3 parts (one round at 0.577)" in mixed.describe_privacy()
+    assert "parts" not in single.describe_privacy()
     dense_off = SecureRowFedSubAvg(helper, spec(), dense=False)
     assert dense_off.mixed is not None and dense_off.mixed.num_parts == 2
     one_plus_dense = SecureRowFedSubAvg(helper, "emb", 4, dense=True)
