@@ -1,7 +1,10 @@
-"""``SFSLFedSubAvg``: Niu et al.'s secure federated submodel learning on one table (Alg. 1-3).
+"""``SFSLFedSubAvg``: Niu et al.'s secure federated submodel learning (Alg. 1-3).
 
 The model has one row table (an embedding, ``table``) whose rows clients touch privately, and
-any number of dense tensors. A round, on the round engine, with
+any number of dense tensors — or several tables, some derived from others by a public row map
+(``table=ModelTables(...)``, Niu §VI's goods and categories): they are packed into one virtual
+table and the derived sets follow from the perturbed ones
+(:mod:`flwr_fsl.families.sfsl.tables`). A round, on the round engine, with
 :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` on the clients:
 
 The round's orchestration is :class:`~flwr_fsl.families.sfsl.server.SFSLServer` (no Flower);
