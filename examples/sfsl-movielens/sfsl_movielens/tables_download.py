@@ -97,9 +97,9 @@ def client_app(tables: ModelTables, max_rows: int, rr: RRParams) -> ClientApp:
         real = tables.client_rows({"item_emb": user_items(user, max_rows)})
         step = np.random.default_rng(user)
         for name, idx in real.items():
-            arrays[name][idx] += (0.01 * step.normal(size=(idx.size, arrays[name].shape[1]))).astype(
-                np.float32
-            )
+            arrays[name][idx] += (
+                0.01 * step.normal(size=(idx.size, arrays[name].shape[1]))
+            ).astype(np.float32)
         for name in ("mlp.0.weight", "mlp.0.bias", "mlp.1.weight", "mlp.1.bias"):
             arrays[name] += np.float32(0.001)
         content = RecordDict(
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         f"load {os.getloadavg()[0]:.1f}"
     )
     secagg = next((r["down"] for r in rows if r["arm"] == "secagg"), None)
-    print(f"{'arm':<10} {'down B/cl/rd':>13} {'vs secagg':>10} {'up B/cl/rd':>11} {'union':>6} {'s/rd':>6}")
+    print(
+        f"{'arm':<10} {'down B/cl/rd':>13} {'vs secagg':>10} {'up B/cl/rd':>11} {'union':>6} {'s/rd':>6}"
+    )
     for r in rows:
         ratio = f"{r['down'] / secagg:.0%}" if secagg else "n/a"
         print(

@@ -298,7 +298,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
             model = {k: a.numpy() for k, a in initial_arrays.items()}
             packing = TablePacking.of(self.tables, model)
             self.settings = replace(self.settings, table=packing.name)
-            self.server = SFSLServer(self.settings, self.session, packing=packing)
+            self.server.settings, self.server.packing = self.settings, packing
             return super().start(grid, initial_arrays, *args, **kwargs)
         if self.table not in initial_arrays or len(initial_arrays[self.table].shape) != 2:
             raise ConfigurationError(f"table: the model has no 2-D tensor {self.table!r}")
