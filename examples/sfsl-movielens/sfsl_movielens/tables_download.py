@@ -77,7 +77,7 @@ def build(dim: int, hidden: int, max_rows: int) -> tuple[ModelTables, dict[str, 
 
 
 def user_items(user: int, max_rows: int) -> np.ndarray:
-    """The user's row set: the items of its training ratings (``flwr_fsl.models.mf``)."""
+    """Return the user's row set: its training ratings' items (``flwr_fsl.models.mf``)."""
     return np.asarray(mf.user_data(user, max_rows).rows, dtype=np.int64)
 
 
@@ -114,7 +114,7 @@ def client_app(tables: ModelTables, max_rows: int, rr: RRParams) -> ClientApp:
 
 
 def strategy(arm: str, tables: ModelTables, users: int) -> Any:
-    """The arm's strategy (every sampled client each round)."""
+    """Return the arm's strategy (every sampled client each round)."""
     if arm == "secagg":
         return SecAggFedAvg(min_available_nodes=users, fraction_evaluate=0.0)
     paper = {} if arm == "sfsl-dp" else {"dp": None, "weighted": True}
@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     secagg = next((r["down"] for r in rows if r["arm"] == "secagg"), None)
     print(
-        f"{'arm':<10} {'down B/cl/rd':>13} {'vs secagg':>10} {'up B/cl/rd':>11} {'union':>6} {'s/rd':>6}"
+        f"{'arm':<10} {'down B/cl/rd':>13} {'vs secagg':>10} {'up B/cl/rd':>11} "
+        f"{'union':>6} {'s/rd':>6}"
     )
     for r in rows:
         ratio = f"{r['down'] / secagg:.0%}" if secagg else "n/a"
