@@ -18,9 +18,7 @@ client's real rows and the dense layers): bytes do not depend on it.
 
 Run (from the repository root, with the data prepared)::
 
-    python -m sfsl_movielens.tables_download --users 100 --rounds 2
-
-with ``examples/sfsl-movielens`` on ``PYTHONPATH``.
+    python examples/sfsl-movielens/sfsl_movielens/tables_download.py --users 100 --rounds 2
 """
 
 from __future__ import annotations
@@ -44,6 +42,10 @@ from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 from flwr_fsl.testing import InProcessGrid
 
 ARMS = ("sfsl-cpp2", "sfsl-cpp5", "sfsl-dp", "secagg")
+PARTS = {"train": "train", "perturb": "perturb"}
+"""Download parts by phase: the train messages (SFSL: union-train + rows-train, whose rows ask
+carries the submodel, the union and the shared runs), the perturb ask (the union) and the
+SecAgg key phases (advertise, share, unmask: the roster, the peers' encrypted shares)."""
 CPP = {"sfsl-cpp2": RRParams.symmetric(15 / 16, 1 / 16), "sfsl-cpp5": RRParams.symmetric(1, 1)}
 
 
@@ -138,6 +140,7 @@ def run_arm(arm: str, users: int, rounds: int, dim: int, hidden: int, max_rows: 
     seconds = time.perf_counter() - start
     down: dict[tuple[int, int], int] = {}
     up: dict[tuple[int, int], int] = {}
+    parts: dict[str, float] = {}
     for t in strat.traffic:
         if t.phase.startswith("evaluate"):
             continue
@@ -145,6 +148,8 @@ def run_arm(arm: str, users: int, rounds: int, dim: int, hidden: int, max_rows: 
             down[(t.server_round, n)] = down.get((t.server_round, n), 0) + b
         for n, b in t.up_bytes.items():
             up[(t.server_round, n)] = up.get((t.server_round, n), 0) + b
+        part = PARTS.get(t.phase.rsplit("-", 1)[-1], "keys")
+        parts[part] = parts.get(part, 0.0) + sum(t.down_bytes.values())
     reports = getattr(strat, "reports", {})
     union = np.mean([r["union"] for r in reports.values()]) if reports else float("nan")
     model_bytes = sum(v.nbytes for v in model.values())
@@ -156,6 +161,7 @@ def run_arm(arm: str, users: int, rounds: int, dim: int, hidden: int, max_rows: 
         "model": model_bytes,
         "seconds": seconds / rounds,
         "failed": len(getattr(strat, "failed_rounds", {})),
+        "parts": {k: v / max(len(down), 1) for k, v in parts.items()},
     }
 
 
@@ -189,6 +195,13 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{r['arm']:<10} {r['down']:>13,.0f} {ratio:>10} {r['up']:>11,.0f} "
             f"{r['union']:>6.0f} {r['seconds']:>6.1f}" + (" FAILED" if r["failed"] else "")
+        )
+    print("download by part (B per client and round): train messages / perturb ask / SecAgg keys")
+    for r in rows:
+        p = r["parts"]
+        print(
+            f"{r['arm']:<10} {p.get('train', 0):>10,.0f} {p.get('perturb', 0):>10,.0f} "
+            f"{p.get('keys', 0):>10,.0f}"
         )
 
 
