@@ -362,7 +362,7 @@ class UserCTR:
     dropped: int
 
 
-def ctr_samples(  # noqa: PLR0913
+def ctr_samples(
     items: NDArray[np.int64],
     ratings: NDArray[np.float32],
     timestamps: NDArray[np.int64],

@@ -15,11 +15,13 @@ layers on top.
 
 **As a submodel.** :data:`ITEM_TABLE` is the primary table: a client's rows are its training
 items (:attr:`flwr_fsl.data.UserCTR.rows`). :data:`GENRE_TABLE` is derived: its rows are the
-genres of those items, through the public item -> genre map (:func:`genre_rows`;
-:func:`model_tables` states it as a :class:`flwr_fsl.submodel.tables.ModelTables` where that
-module exists). Every other tensor (attention and MLP weights) is dense. Training is plain SGD
-without weight decay, so a client changes exactly the rows of its items and their genres
-(rows outside stay bit-for-bit equal): row-sparse uploads lose nothing.
+genres of those items, through the public item -> genre map (:func:`genre_rows`; the
+``recsys-movielens`` app states it as a :class:`flwr_fsl.submodel.tables.ModelTables`, which a
+utility module may not import). Every other
+tensor (attention and MLP weights) is dense. Training is Adam with fresh state each call and no
+weight decay: a row whose gradient is zero in every step keeps its value bit for bit, so a
+client changes only the rows of its items and their genres and row-sparse uploads lose
+nothing.
 
 Weights travel as a ``{name: numpy array}`` dict (``ArrayRecord(model.state_dict())`` names);
 :func:`train_samples` trains a copy, :func:`predict` scores samples and :func:`auc` is the
@@ -48,7 +50,6 @@ __all__ = [
     "auc",
     "genre_rows",
     "initial_arrays",
-    "model_tables",
     "predict",
     "train_samples",
 ]
@@ -116,7 +117,7 @@ class DINConfig:
             raise ConfigurationError("genre_indptr/genre_indices are not a CSR item -> genre map")
 
 
-class DINModel(nn.Module):  # type: ignore[misc]
+class DINModel(nn.Module):
     """The DIN-like CTR model (see the module docstring).
 
     Parameters
@@ -146,6 +147,8 @@ class DINModel(nn.Module):  # type: ignore[misc]
             genres = config.genre_indices[config.genre_indptr[i] : config.genre_indptr[i + 1]]
             pad[i, : genres.size] = genres
             mask[i, : genres.size] = 1.0 / max(1, genres.size)
+        self.genre_pad: torch.Tensor
+        self.genre_weight: torch.Tensor
         self.register_buffer("genre_pad", torch.from_numpy(pad), persistent=False)
         self.register_buffer("genre_weight", torch.from_numpy(mask), persistent=False)
 
@@ -202,7 +205,7 @@ def initial_arrays(config: DINConfig, seed: int, init_std: float = 0.1) -> dict[
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
 
-def train_samples(  # noqa: PLR0913
+def train_samples(
     config: DINConfig,
     arrays: Mapping[str, NDArray[Any]],
     samples: CTRSamples,
@@ -297,41 +300,20 @@ def auc(labels: NDArray[Any], scores: NDArray[Any]) -> float:
 
 
 def genre_rows(config: DINConfig, item_rows: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Return the sorted genre rows derived from item rows (the public map; many-to-many)."""
-    parts = [
-        config.genre_indices[config.genre_indptr[i] : config.genre_indptr[i + 1]]
-        for i in np.asarray(item_rows, np.int64)
-    ]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    """Return the sorted genre rows derived from item rows (the public map; many-to-many).
 
-
-def model_tables(config: DINConfig, max_rows: int) -> Any:
-    """Return the model as :class:`flwr_fsl.submodel.tables.ModelTables`.
-
-    The item table is primary (at most ``max_rows`` rows per client); the genre table is
-    derived from it through the public item -> genre map (at most every genre); the attention
-    and MLP weights are dense.
+    The same rows as ``RowMap(config.genre_indptr, config.genre_indices).derive(item_rows)``
+    (:mod:`flwr_fsl.submodel.tables`; the app's ``model_tables`` builds that spec).
 
     Raises
     ------
     ConfigurationError
-        If ``max_rows`` < 1.
-    ImportError
-        If this checkout has no :mod:`flwr_fsl.submodel.tables` yet.
+        If an item row is out of range.
     """
-    if max_rows < 1:
-        raise ConfigurationError(f"max_rows must be >= 1, got {max_rows}")
-    import importlib
-
-    tables = importlib.import_module("flwr_fsl.submodel.tables")
-    row_map = tables.RowMap(
-        np.asarray(config.genre_indptr, np.int64), np.asarray(config.genre_indices, np.int64)
-    )
-    return tables.ModelTables(
-        (
-            tables.TableSpec(ITEM_TABLE, max_rows),
-            tables.TableSpec(
-                GENRE_TABLE, config.num_genres, derived_from=ITEM_TABLE, row_map=row_map
-            ),
-        )
-    )
+    rows = np.asarray(item_rows, np.int64)
+    if rows.size and not 0 <= rows.min() <= rows.max() < config.num_items:
+        raise ConfigurationError(f"item rows must be in [0, {config.num_items})")
+    parts = [
+        config.genre_indices[config.genre_indptr[i] : config.genre_indptr[i + 1]] for i in rows
+    ]
+    return np.unique(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)

@@ -4,8 +4,9 @@
 fresh state each round, so only the rows of the user's items and their genres move). What it
 returns depends on the arm (the ``upload`` key of the train config):
 
-- ``"dense"`` (FedAvg): every tensor's delta, dense, weight 1 — :class:`~flwr_fsl.strategies.FedSubAvg`
-  on dense replies is unit-weighted FedAvg;
+- ``"dense"`` (FedAvg): every tensor's delta, dense —
+  :class:`~flwr_fsl.strategies.FedSubAvg` on dense replies is FedAvg (weighted by
+  ``num-examples``);
 - ``"rows"`` (plaintext FedSubAvg): the item rows and genre rows it trained as row-sparse
   deltas (count 1 each) and the dense tensors' deltas;
 - ``"model"`` (the secure arms): the whole trained model; the client mods turn it into the
@@ -60,7 +61,7 @@ def row_update(
             tensors[name] = TensorUpdate(Encoding.ROWS, delta[idx], idx, counts)
         else:
             tensors[name] = TensorUpdate(Encoding.DENSE, delta)
-    return SubmodelUpdate(tensors, weight=1.0)
+    return SubmodelUpdate(tensors)
 
 
 @app.train()
@@ -94,7 +95,7 @@ def train(msg: Message, context: Context) -> Message:
             k: TensorUpdate(Encoding.DENSE, (v - received[k]).astype(np.float32))
             for k, v in trained.items()
         }
-        update = SubmodelUpdate(deltas, weight=1.0)
+        update = SubmodelUpdate(deltas)
     content = encode_update(update)
     content["metrics"] = metrics
     return Message(content, reply_to=msg)

@@ -95,7 +95,7 @@ def _plain_arms(settings: Settings, knobs: Mapping[str, Any]) -> dict[str, Arm]:
     def secagg(setup: ArmSetup) -> SecAggFedAvg:
         return SecAggFedAvg(
             **knobs,
-            reconstruction_threshold=settings.reconstruction_threshold,
+            reconstruction_threshold=settings.secagg_threshold,
             clipping_range=settings.clipping_range,
         )
 
@@ -123,12 +123,14 @@ def _plain_arms(settings: Settings, knobs: Mapping[str, Any]) -> dict[str, Arm]:
             secagg,
             learns=LEARNS["secagg"],
             train_config={UPLOAD_KEY: "model"},
-            description=f"t = {settings.reconstruction_threshold:.0%} of the sampled users",
+            description=f"t = {settings.secagg_threshold:.0%} of the sampled users",
         ),
     }
 
 
-def secure_arms(settings: Settings, knobs: Mapping[str, Any]) -> tuple[dict[str, Arm], list[NotRun]]:
+def secure_arms(
+    settings: Settings, knobs: Mapping[str, Any]
+) -> tuple[dict[str, Arm], list[NotRun]]:
     """Return the arms of the mixed-model protocols this checkout has, and those it lacks."""
     missing = []
     for key in ("ssa", "sfsl-cpp2", "sfsl-cpp4"):

@@ -34,6 +34,7 @@ from flwr_fsl.data import (
 )
 from flwr_fsl.models.din import GENRE_TABLE, ITEM_TABLE, DINConfig, genre_rows
 from flwr_fsl.run_config import settings_from_run_config
+from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 
 __all__ = [
     "ALL_ARMS",
@@ -42,6 +43,7 @@ __all__ = [
     "Settings",
     "din_config",
     "held_out_samples",
+    "model_tables",
     "settings_config",
     "settings_ctr",
     "user_ctr",
@@ -77,7 +79,7 @@ class Settings:
     lr: float = 0.01
     batch_size: int = 32
     seed: int = 42
-    reconstruction_threshold: float = 0.6
+    secagg_threshold: float = 0.6
     clipping_range: float = 8.0
     results_dir: str = ""
 
@@ -100,8 +102,8 @@ class Settings:
             problems.append("local-epochs and batch-size must be >= 1, lr > 0")
         if not 0.0 < self.test_fraction < 1.0 or self.init_std < 0 or self.seed < 0:
             problems.append("test-fraction must be in (0, 1), init-std and seed >= 0")
-        if not 0.0 < self.reconstruction_threshold <= 1.0 or not self.clipping_range > 0:
-            problems.append("reconstruction-threshold must be in (0, 1], clipping-range > 0")
+        if not 0.0 < self.secagg_threshold <= 1.0 or not self.clipping_range > 0:
+            problems.append("secagg-threshold must be in (0, 1], clipping-range > 0")
         if problems:
             raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
@@ -196,4 +198,27 @@ def held_out_samples(settings: Settings) -> CTRSamples:
         np.concatenate([p.items for p in parts]),
         np.concatenate([p.history for p in parts]),
         np.concatenate([p.labels for p in parts]),
+    )
+
+
+def model_tables(config: DINConfig, max_rows: int) -> ModelTables:
+    """Return the model as :class:`~flwr_fsl.submodel.tables.ModelTables`.
+
+    The item table is primary (at most ``max_rows`` rows per client); the genre table is
+    derived from it through the public item -> genre map (at most every genre); the attention
+    and MLP weights are dense.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``max_rows`` < 1.
+    """
+    row_map = RowMap(
+        np.asarray(config.genre_indptr, np.int64), np.asarray(config.genre_indices, np.int64)
+    )
+    return ModelTables(
+        (
+            TableSpec(ITEM_TABLE, max_rows),
+            TableSpec(GENRE_TABLE, config.num_genres, derived_from=ITEM_TABLE, row_map=row_map),
+        )
     )
