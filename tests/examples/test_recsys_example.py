@@ -18,6 +18,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY as NO_FLOOR
 from flwr_fsl.testing import InProcessGrid
 from tests.examples.test_notebooks import NOTEBOOKS, run_notebook
 from tests.examples.test_notebooks import kernel_name as kernel_name  # the fixture
@@ -48,11 +49,17 @@ def test_arms_train_and_touch_only_held_rows(
         "num-users": USERS,
         "num-server-rounds": 2,
         "fraction-train": 1.0,
-        "arms": "fedavg,fedsubavg,secagg,ssa,sfsl-cpp2,sfsl-cpp4",
+        "arms": "fedavg,fedsubavg,secagg,ssa,sfsl-cpp2,sfsl-cpp4",  # ssa-dp: nothing passes at 4
     }
-    result = server_app.run_experiment(InProcessGrid(client_app.app, USERS, config), config)
+    grid = InProcessGrid(
+        client_app.app,
+        USERS,
+        config,
+        node_config_fn=lambda i: {"partition-id": i, "num-partitions": USERS, NO_FLOOR: 0.0},
+    )
+    result = server_app.run_experiment(grid, config)
     keys = [r.arm.key for r in result.runs]
-    assert keys[:3] == ["fedavg", "fedsubavg", "secagg"]
+    assert keys[:4] == ["fedavg", "fedsubavg", "secagg", "ssa"]
     settings = task.Settings.from_run_config(config)
     held = [task.user_rows(settings, u) for u in range(USERS)]
     initial = result.runs[0].record  # the same start for every arm
@@ -61,16 +68,17 @@ def test_arms_train_and_touch_only_held_rows(
         assert all(r.aggregated for r in run.record.rounds), run.arm.key
         assert run.record.rounds[-1].server_metrics["auc"] > 0.5
     start = server_app.initial_arrays(task.settings_config(settings), settings.seed)
-    for table in (task.ITEM_TABLE, task.GENRE_TABLE):
-        rows = set(np.concatenate([h[table] for h in held]).tolist())
-        moved = np.flatnonzero(
-            np.any(result.arm("fedsubavg").arrays[table] != start[table], axis=1)
-        )
-        assert set(moved.tolist()) <= rows and moved.size > 0
+    for arm in ("fedsubavg", "ssa"):
+        for table in (task.ITEM_TABLE, task.GENRE_TABLE):
+            rows = set(np.concatenate([h[table] for h in held]).tolist())
+            moved = np.flatnonzero(np.any(result.arm(arm).arrays[table] != start[table], axis=1))
+            assert set(moved.tolist()) <= rows and moved.size > 0, (arm, table)
     rows = {r["key"]: r for r in result.record.extra["comparison"]}
     # Row-sparse uploads are a fraction of the dense ones; SecAgg's words are 64-bit.
     assert rows["fedsubavg"]["up_bytes"] < 0.5 * rows["fedavg"]["up_bytes"]
     assert rows["secagg"]["up_bytes"] > rows["fedavg"]["up_bytes"]
+    # The two-server arm downloads only its rows (PSR answers) and the dense tensors.
+    assert rows["ssa"]["down_bytes"] < rows["fedavg"]["down_bytes"]
     out = capsys.readouterr().out
     for skipped in result.record.extra["not_run"]:
         assert f"{skipped['key']:<12} not run: " in out

@@ -10,7 +10,10 @@ returns depends on the arm (the ``upload`` key of the train config):
 - ``"rows"`` (plaintext FedSubAvg): the item rows and genre rows it trained as row-sparse
   deltas (count 1 each) and the dense tensors' deltas;
 - ``"model"`` (the secure arms): the whole trained model; the client mods turn it into the
-  protocol's upload (``secagg_mod``: one masked vector of the whole model).
+  protocol's upload (``secagg_mod``: one masked vector of the whole model;
+  :class:`~flwr_fsl.families.ssa.mixed_mod.PrivateTables`: the user retrieves its item and
+  genre rows by two-server PSR in a ``query.psr`` phase, trains on them, and uploads each
+  table's rows and the dense tensors as separate SSA parts).
 
 The client's rows of each table come from :func:`recsys_movielens.task.user_rows` (its
 training items; the genres through the public item -> genre map). Evaluation is centralized
@@ -19,31 +22,68 @@ training items; the genres through the public item -> genre map). Evaluation is 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.records import encode_update
+from flwr_fsl.families.ssa.mixed_mod import PrivateTables
 from flwr_fsl.models.din import train_samples
 from flwr_fsl.mods import secagg_mod
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
-from recsys_movielens.task import Settings, settings_config, settings_ctr, user_rows
+from recsys_movielens.task import (
+    ITEM_TABLE,
+    Settings,
+    model_tables,
+    settings_config,
+    settings_ctr,
+    user_rows,
+)
 
 UPLOAD_KEY = "upload"
 UPLOADS = ("dense", "rows", "model")
 
 torch.set_num_threads(1)  # one client per core: the simulation runs many side by side
 
-app = ClientApp(mods=[secagg_mod])
-
 
 def _user(context: Context) -> tuple[int, Settings]:
     return int(context.node_config["partition-id"]), Settings.from_run_config(context.run_config)
+
+
+def _client_rows(context: Context) -> dict[str, tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    """Return the user's item rows, count 1 each (its genre rows follow by the public map)."""
+    user, settings = _user(context)
+    rows = settings_ctr(settings, user).rows
+    return {ITEM_TABLE: (rows, np.ones(rows.size))}
+
+
+@lru_cache(maxsize=4)
+def private_tables(max_rows: int) -> PrivateTables:
+    """Return the client side of the ``ssa`` arms for a run's ``max-rows`` (S0's spec too)."""
+    config = settings_config(Settings())  # the row map and the genre count only
+    return PrivateTables(model_tables(config, max_rows), rows=_client_rows)
+
+
+def tables_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """:class:`PrivateTables`' mod for this run's table spec (other messages pass through)."""
+    max_rows = Settings.from_run_config(context.run_config).max_rows
+    return private_tables(max_rows).mod(msg, context, call_next)
+
+
+app = ClientApp(mods=[tables_mod, secagg_mod])
+
+
+@app.query("psr")
+def query(msg: Message, context: Context) -> Message:
+    """Answer the retrieval phase of the ``ssa`` arms with PSR keys for the user's rows."""
+    return private_tables(Settings.from_run_config(context.run_config).max_rows).query(msg, context)
 
 
 def row_update(

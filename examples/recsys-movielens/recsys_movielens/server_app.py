@@ -14,10 +14,17 @@ round, client and server seconds per round, and what each party learns. Arms (ru
   deltas (count-weighted per row) and the dense deltas up;
 - ``secagg``: :class:`~flwr_fsl.strategies.SecAggFedAvg` — Bonawitz secure aggregation of the
   whole model's delta (unit weights);
-- ``ssa``: Cui et al.'s two-server PSR + SSA on the mixed model (both tables and the dense
-  tensors in one secure round) and ``sfsl-cpp2`` / ``sfsl-cpp4``: Niu et al.'s SFSL at
-  perturbation settings CPP2 / CPP4 — run only where this checkout has their multi-table
-  APIs; otherwise the table prints them as "not run: <reason>".
+- ``ssa``: Cui et al.'s two-server PSR + SSA on the mixed model
+  (:class:`~flwr_fsl.strategies.SecureRowFedSubAvg` with the app's ``ModelTables``: the item
+  rows, the genre rows derived from them and the dense tensors as three SSA parts of one
+  round; S1 in-process unless ``ssa-helper-address`` names a running ``flwr-fsl-helper``),
+  without DP as in the paper — its clients must accept noiseless rounds (node config
+  ``fsl-min-noise-multiplier = 0``; the benchmark sets it); ``ssa-dp``: the same at the
+  library's DP default (``ssa-dp-*`` keys; ``ssa-dp-budget-epsilon = 0`` accounts the run's
+  ``(ε, δ)`` without stopping it);
+- ``sfsl-cpp2`` / ``sfsl-cpp4``: Niu et al.'s SFSL at perturbation settings CPP2 / CPP4 — run
+  only where this checkout has its multi-table API; otherwise the table prints them as
+  "not run: <reason>".
 
 Times come from the in-process grid: "client s" is the round's time inside the grid divided
 by the clients of the round (clients run one after another in one process, so it is one
@@ -28,6 +35,7 @@ round (S0's own work, including S1 where there is one).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +43,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.experiment import (
     Arm,
     ArmRecord,
@@ -44,14 +53,17 @@ from flwr_fsl.experiment import (
     Metric,
     sampling_kwargs,
 )
+from flwr_fsl.families.ssa.dp import dp_options
+from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.models.din import auc, initial_arrays, predict
-from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg
+from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SecureRowFedSubAvg
 from recsys_movielens.client_app import UPLOAD_KEY
 from recsys_movielens.task import (
     GENRE_TABLE,
     ITEM_TABLE,
     Settings,
     held_out_samples,
+    model_tables,
     settings_config,
 )
 
@@ -65,6 +77,16 @@ LEARNS = {
     "secagg": {
         "server": "only the sum of the finishing users' whole-model deltas and how many "
         "finished; who finished each phase, message sizes"
+    },
+    "ssa": {
+        "S0": "per row of each table the round's sum and count over the users that updated "
+        "it, the dense sum; which users replied, message sizes (fixed by max-rows)",
+        "S1": "the round's public parameters and pseudorandom key material",
+    },
+    "ssa-dp": {
+        "S0": "the same sums and counts, each part noised by both servers ((eps, delta)-DP "
+        "per the run's account); which users replied, message sizes",
+        "S1": "the round's public parameters and pseudorandom key material",
     },
 }
 
@@ -128,21 +150,79 @@ def _plain_arms(settings: Settings, knobs: Mapping[str, Any]) -> dict[str, Arm]:
     }
 
 
-def secure_arms(
-    settings: Settings, knobs: Mapping[str, Any]
-) -> tuple[dict[str, Arm], list[NotRun]]:
-    """Return the arms of the mixed-model protocols this checkout has, and those it lacks."""
-    missing = []
-    for key in ("ssa", "sfsl-cpp2", "sfsl-cpp4"):
-        if key in settings.arm_keys:
-            family = "Cui SSA/PSR" if key == "ssa" else "Niu SFSL"
-            missing.append(
-                NotRun(key, f"{family} on a mixed model (two tables + dense) is not in this build")
+class FreshSessionRows(SecureRowFedSubAvg):
+    """``SecureRowFedSubAvg`` that opens a new S1 session when it starts.
+
+    Two arms of one experiment share the helper connection; each numbers its S1 rounds from
+    1, so each needs its own session (S1 refuses a round id it has already opened).
+    """
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        """Open a fresh session on S1, then train as ``SecureRowFedSubAvg``."""
+        self.aggregation.lead.helper.open_session()
+        return super().start(*args, **kwargs)
+
+
+def _ssa_arms(
+    settings: Settings, knobs: Mapping[str, Any], helper: HelperConnection, fingerprint: str
+) -> dict[str, Arm]:
+    """Cui et al.'s PSR + SSA on the mixed model: the paper's (no DP) and the library default."""
+    tables = model_tables(settings_config(settings), settings.max_rows)
+
+    def make(dp: bool) -> Callable[[ArmSetup], SecureRowFedSubAvg]:
+        noise = settings.ssa_dp_noise_multiplier if dp else 0.0
+        options = dp_options(
+            noise, settings.ssa_dp_clip_norm, budget_epsilon=settings.ssa_dp_budget_epsilon
+        )
+
+        def build(setup: ArmSetup) -> SecureRowFedSubAvg:
+            return FreshSessionRows(
+                helper,
+                tables,
+                helper_fingerprint=fingerprint,
+                frac_bits=settings.ssa_frac_bits,
+                max_abs=settings.ssa_max_abs,
+                **options,
+                **knobs,
             )
-    return {}, missing
+
+        return build
+
+    parts = f"PSR + SSA, parts: item rows <= {settings.max_rows}, genre rows, dense"
+    return {
+        "ssa": Arm(
+            "ssa",
+            "SSA/PSR",
+            make(dp=False),
+            learns=LEARNS["ssa"],
+            train_config={UPLOAD_KEY: "model"},
+            description=parts + ", no DP (the paper's setting)",
+        ),
+        "ssa-dp": Arm(
+            "ssa-dp",
+            "SSA/PSR+DP",
+            make(dp=True),
+            learns=LEARNS["ssa-dp"],
+            train_config={UPLOAD_KEY: "model"},
+            description=parts + f", DP z = {settings.ssa_dp_noise_multiplier:g} per part",
+        ),
+    }
 
 
-def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResult:
+def secure_arms(settings: Settings) -> list[NotRun]:
+    """Return the requested arms of protocols this checkout lacks, with the reason."""
+    missing = []
+    for key in ("sfsl-cpp2", "sfsl-cpp4"):
+        if key in settings.arm_keys:
+            missing.append(
+                NotRun(key, "Niu SFSL on a mixed model (two tables + dense) is not in this build")
+            )
+    return missing
+
+
+def run_experiment(
+    grid: Grid, run_config: Mapping[str, Any], helper: HelperConnection | None = None
+) -> ExperimentResult:
     """Train every arm of ``arms``; print the harness's tables and :func:`comparison_table`.
 
     Parameters
@@ -151,6 +231,9 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         The grid (Flower's in a ServerApp, or :class:`flwr_fsl.testing.InProcessGrid`).
     run_config : Mapping[str, Any]
         The run config (``[tool.flwr.app.config]`` keys).
+    helper : HelperConnection, optional
+        S1 of the ``ssa`` arms instead of the one the run config names (its key must match
+        the clients' pin); not closed here.
 
     Returns
     -------
@@ -167,6 +250,21 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
     """
     settings = Settings.from_run_config(run_config)
     knobs = sampling_kwargs(settings)
+    available = _plain_arms(settings, knobs)
+    not_run = secure_arms(settings)
+    needs_helper = any(k.startswith("ssa") for k in settings.arm_keys)
+    with secure_helper(run_config, helper) if needs_helper else nullcontext() as pair:
+        if pair is not None:
+            available.update(_ssa_arms(settings, knobs, *pair))
+        arms = [available[k] for k in settings.arm_keys if k in available]
+        if not arms:
+            raise ConfigurationError("arms: none of the requested arms can run in this build")
+        return _experiment(settings, run_config, arms, not_run).run(grid)
+
+
+def _experiment(
+    settings: Settings, run_config: Mapping[str, Any], arms: list[Arm], not_run: list[NotRun]
+) -> Experiment:
     config = settings_config(settings)
     held_out = held_out_samples(settings)
 
@@ -177,16 +275,8 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
         return MetricRecord({"auc": auc(y, p), "logloss": logloss})
 
-    available = _plain_arms(settings, knobs)
-    secure, not_run = secure_arms(settings, knobs)
-    available.update(secure)
-    arms = [available[k] for k in settings.arm_keys if k in available]
-    if not arms:
-        from flwr_fsl.core.errors import ConfigurationError
-
-        raise ConfigurationError("arms: none of the requested arms can run in this build")
     initial = initial_arrays(config, settings.seed, settings.init_std)
-    experiment = Experiment(
+    return Experiment(
         name="recsys-movielens",
         arms=arms,
         initial_arrays=ArrayRecord({k: Array(v) for k, v in initial.items()}),
@@ -199,11 +289,13 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> ExperimentResul
         results_dir=settings.results_dir or None,
         extras=lambda result: _extras(result, not_run),
     )
-    return experiment.run(grid)
 
 
 def _extras(result: ExperimentResult, not_run: list[NotRun]) -> dict[str, Any]:
     rows = comparison_rows(result)
+    for row, run in zip(rows, result.runs, strict=True):
+        if isinstance(run.strategy, SecureRowFedSubAvg):
+            row["privacy"] = run.strategy.aggregation.describe_privacy()
     print("\n" + comparison_table(rows, not_run), flush=True)
     return {"comparison": rows, "not_run": [{"key": n.key, "reason": n.reason} for n in not_run]}
 
@@ -281,6 +373,8 @@ def comparison_table(rows: list[dict[str, Any]], not_run: list[NotRun]) -> str:
     lines.append("what each party learns:")
     for row in rows:
         lines.append(f"  {row['label']}: {row['learns']}")
+        if row.get("privacy"):
+            lines.append(f"    {row['privacy']}")
     return "\n".join(lines)
 
 

@@ -50,7 +50,7 @@ __all__ = [
     "user_rows",
 ]
 
-ALL_ARMS = ("fedavg", "fedsubavg", "secagg", "ssa", "sfsl-cpp2", "sfsl-cpp4")
+ALL_ARMS = ("fedavg", "fedsubavg", "secagg", "ssa", "ssa-dp", "sfsl-cpp2", "sfsl-cpp4")
 """Every arm :func:`recsys_movielens.server_app.run_experiment` knows, in its order."""
 
 
@@ -81,6 +81,16 @@ class Settings:
     seed: int = 42
     secagg_threshold: float = 0.6
     clipping_range: float = 8.0
+    ssa_helper_address: str = ""
+    ssa_helper_fingerprint: str = ""
+    ssa_helper_key_file: str = ""
+    ssa_helper_token_file: str = ""
+    ssa_helper_ca_file: str = ""
+    ssa_frac_bits: int = 24
+    ssa_max_abs: float = 1e4
+    ssa_dp_noise_multiplier: float = 1.0
+    ssa_dp_clip_norm: float = 1.0
+    ssa_dp_budget_epsilon: float = 0.0
     results_dir: str = ""
 
     def __post_init__(self) -> None:
@@ -104,6 +114,12 @@ class Settings:
             problems.append("test-fraction must be in (0, 1), init-std and seed >= 0")
         if not 0.0 < self.secagg_threshold <= 1.0 or not self.clipping_range > 0:
             problems.append("secagg-threshold must be in (0, 1], clipping-range > 0")
+        if not 1 <= self.ssa_frac_bits <= 40 or not self.ssa_max_abs > 0:
+            problems.append("ssa-frac-bits must be in [1, 40], ssa-max-abs > 0")
+        if not (self.ssa_dp_noise_multiplier >= 0 and self.ssa_dp_budget_epsilon >= 0):
+            problems.append("ssa-dp-noise-multiplier and ssa-dp-budget-epsilon must be >= 0")
+        if not self.ssa_dp_clip_norm > 0:
+            problems.append("ssa-dp-clip-norm must be > 0")
         if problems:
             raise ConfigurationError("invalid run config: " + "; ".join(problems))
 
