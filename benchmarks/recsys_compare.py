@@ -22,7 +22,7 @@ per round and bytes per client per round, one bar per arm).
 
 Usage::
 
-    python benchmarks/recsys_compare.py              # 100 users, 30 per round, 10 rounds
+    python benchmarks/recsys_compare.py              # 300 users, 30 per round, 20 rounds
     python benchmarks/recsys_compare.py --quick      # seconds: 6 users, 2 rounds, no ssa-dp
     python benchmarks/recsys_compare.py --arms fedavg,fedsubavg --rounds 20
     python benchmarks/recsys_compare.py --run-config "pooling='mean' dim=16"
@@ -62,9 +62,9 @@ FL_ARMS = ("fedavg", "secagg")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--users", type=int, default=100, help="clients = MovieLens users 0..N-1")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--fraction-train", type=float, default=0.3)
+    p.add_argument("--users", type=int, default=300, help="clients = MovieLens users 0..N-1")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--fraction-train", type=float, default=0.1)
     p.add_argument("--arms", default=None, help="comma list (default: all; --quick: no ssa-dp)")
     p.add_argument("--run-config", default="", help="extra key=value overrides of the app")
     p.add_argument("--quick", action="store_true", help="6 users, all per round, 2 rounds")
