@@ -57,6 +57,15 @@ that sees ``k`` of them of the same client gets up to ``k·ε∞``. Scope by ses
 the trainings must be independent (e.g. an experiment comparing privacy levels); a deployment
 that wants the lifetime bound keeps one scope (no ``session_key``).
 
+**Several tables** (:mod:`flwr_fsl.families.sfsl.tables`). Give ``table`` a
+:class:`~flwr_fsl.submodel.tables.ModelTables` (the same public spec as the strategy's) and
+let ``rows(context)`` return ``{primary table: (rows, counts)}`` (or ``{table: rows}``, counts
+1; a bare ``(rows, counts)`` still means the only primary table). The client's union input and
+its perturbed answer hold its *primary* rows only (each table cut to its ``max_rows``, the rows
+of largest count); the server derives the derived tables' ``S''`` from the perturbed primary
+rows by the public maps, and the client checks that it did. The train function sees the
+unpacked model (every table at its own shape, rows outside ``S''`` zero).
+
 Error texts name checks, never rows, counts or values.
 """
 
@@ -112,6 +121,8 @@ from flwr_fsl.families.sfsl.records import (
     RowsInputRequest,
     UnionInputRequest,
 )
+from flwr_fsl.families.sfsl.tables import TablePacking
+from flwr_fsl.submodel.tables import ModelTables
 
 __all__ = [
     "NODE_MEMO_DIR_KEY",
@@ -123,7 +134,8 @@ __all__ = [
     "default_memo_dir",
 ]
 
-RowsFn = Callable[[Context], tuple[NDArray[np.int64], NDArray[np.float64]]]
+RowsFn = Callable[[Context], Any]
+"""``rows(context)``: ``(rows, counts)``; several tables: ``{primary table: (rows, counts)}``."""
 RRChoice = Callable[[ConfigRecord, Context], RRParams]
 """``rr(config, context)``: the randomized-response parameters of one training."""
 Session = str | bytes | int
@@ -131,6 +143,7 @@ Session = str | bytes | int
 
 MEMO_SLOT = "fsl.sfsl.memo"
 _RR_SLOT = "fsl.sfsl.rr"  # per memo slot: the (p1, p2) its permanent answers were drawn with
+_TABLES_SLOT = "fsl.sfsl.tables"  # several tables: the round's packed name (union -> perturb)
 NODE_MEMO_DIR_KEY = "fsl-sfsl-memo-dir"
 """Node-config key: the folder of this node's randomized-response memos (module docstring)."""
 
@@ -176,10 +189,11 @@ class PerturbedRows:
 
     Parameters
     ----------
-    table : str
-        The row table's name in the model.
-    rows : Callable[[Context], tuple]
-        The real row set ``S`` and a positive count per row.
+    table : str or ModelTables
+        The row table's name in the model, or the model's tables (module docstring).
+    rows : Callable[[Context], object]
+        The real row set ``S`` and a positive count per row; with several tables a mapping
+        ``{primary table: (rows, counts) or rows}``.
     rr : RRParams or Callable[[ConfigRecord, Context], RRParams]
         This client's randomized-response probabilities ``p1..p4``, or a function of the
         perturb message's train config and the node's context that returns them.
@@ -205,7 +219,7 @@ class PerturbedRows:
         If a setting is invalid.
     """
 
-    table: str
+    table: str | ModelTables
     rows: RowsFn
     rr: RRParams | RRChoice
     memo_dir: str | Path | None = None
@@ -217,8 +231,12 @@ class PerturbedRows:
     instances: ClassVar[tuple[str, ...]] = SFSL_INSTANCES
 
     def __post_init__(self) -> None:
-        if not isinstance(self.table, str) or not self.table:
-            raise ConfigurationError("PerturbedRows: table must name the model's row table")
+        if not isinstance(self.table, ModelTables) and (
+            not isinstance(self.table, str) or not self.table
+        ):
+            raise ConfigurationError(
+                "PerturbedRows: table must name the model's row table or be ModelTables"
+            )
         if not callable(self.rows):
             raise ConfigurationError("PerturbedRows: rows must be a function of the Context")
         if not isinstance(self.rr, RRParams) and not callable(self.rr):
@@ -249,6 +267,36 @@ class PerturbedRows:
                 check_weight_key(settings.weight_key, context.node_config)
         except ConfigurationError as err:
             raise ClientInputError(str(err)) from err
+
+    def _packing(self, name: str) -> TablePacking | None:
+        """Return the round's packing (several tables), None for one table; check the name."""
+        if isinstance(self.table, ModelTables):
+            return TablePacking.from_name(name, self.table)
+        if name != self.table:
+            raise ClientInputError("the SFSL settings name another row table")
+        return None
+
+    def _primary(
+        self, context: Context, packing: TablePacking
+    ) -> dict[str, tuple[NDArray[np.int64], NDArray[np.float64]]]:
+        value = self.rows(context)
+        if not isinstance(value, Mapping):
+            if len(packing.tables.primary) != 1:
+                raise ConfigurationError(
+                    "rows(context) must return {primary table: rows} with several primary tables"
+                )
+            value = {packing.tables.primary[0]: value}
+        return packing.primary_rows(value)
+
+    def _virtual(
+        self, context: Context, packing: TablePacking | None
+    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Return the real rows of the union and perturb phases (primary, virtual, sorted)."""
+        if packing is None:
+            return self._real(context)
+        primary = self._primary(context, packing)
+        rows = packing.to_virtual({n: r for n, (r, _) in primary.items()})
+        return rows, np.ones(rows.size)
 
     def _real(self, context: Context) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         rows, counts = self.rows(context)
@@ -335,7 +383,10 @@ class PerturbedRows:
         settings = request.settings
         assert settings.psu is not None  # the request's parser checked it
         self._check_round(settings, context)
-        real, _ = self._real(context)
+        packing = self._packing(settings.table)
+        if packing is not None:  # the perturb phase has no settings: keep the round's name
+            context.state[_TABLES_SLOT] = ConfigRecord({"name": settings.table})
+        real, _ = self._virtual(context, packing)
         vector = union_input(
             settings.psu, real, settings.dp, settings.frac_bits, request.params.threshold
         )
@@ -355,10 +406,11 @@ class PerturbedRows:
                 "the permanent probabilities p1, p2 changed within one memo scope "
                 "(its answers were drawn with others; use a new session)"
             )
-        real, _ = self._real(context)
+        packing, union = self._perturb_domain(request.union, context)
+        real, _ = self._virtual(context, packing)
         store = self._store(context, scope)
         memo = store.load() if store is not None else (slot.load(context) or PermanentMemo())
-        perturbed, memo = perturb_index_set(real, request.union, memo, rr)
+        perturbed, memo = perturb_index_set(real, union, memo, rr)
         slot.store(context, memo)
         drawn[slot.name] = permanent
         context.state[_RR_SLOT] = drawn
@@ -366,32 +418,50 @@ class PerturbedRows:
             store.save(memo)
         return PerturbReply(perturbed)
 
+    def _perturb_domain(
+        self, union: NDArray[np.int64], context: Context
+    ) -> tuple[TablePacking | None, NDArray[np.int64]]:
+        """Several tables: the round's packing and the union's primary rows (else the union)."""
+        if not isinstance(self.table, ModelTables):
+            return None, union
+        record = context.state.config_records.get(_TABLES_SLOT)
+        name = None if record is None else record.get("name")
+        if not isinstance(name, str):
+            raise ClientInputError("a perturb message before the round's union phase")
+        packing = TablePacking.from_name(name, self.table)
+        return packing, union[packing.primary_mask(union)]
+
     def on_rows(
         self, request: RowsInputRequest, context: Context, train: Callable[..., Message]
     ) -> MaskedInputReply | Message:
         """Alg. 1: run the user's train function on ``S''``, mask ``(v Δ, v)`` and ``(w Δ, w)``."""
         client = load_client(context, ROWS_INSTANCE, request.params)
         settings = request.settings
-        if settings.table != self.table:
-            raise ClientInputError("the SFSL settings name another row table")
+        packing = self._packing(settings.table)
+        table = settings.table
         self._check_round(settings, context)
         records = request.beside.array_records
-        if len(records) != 1 or self.table not in next(iter(records.values())):
+        if len(records) != 1 or table not in next(iter(records.values())):
             raise ClientInputError("the SFSL train message must carry the model with its table")
         key, download = next(iter(records.items()))
         assert settings.psu is not None  # the request's parser checked it
+        if packing is not None:
+            if packing.rows != settings.psu.domain_size:
+                raise ClientInputError("the SFSL round's domain is not its tables' rows")
+            packing.check_extended(request.rows)
         # The message holds the rows of S'' only; the train function sees the full table.
         model = expand_download(
             {k: a.numpy() for k, a in download.items()},
-            self.table,
+            table,
             request.rows,
             settings.psu.domain_size,
         )
-        dense_size = sum(v.size for k, v in model.items() if k != self.table)
-        layout, length = settings.layout(request.union, int(model[self.table].shape[1]), dense_size)
+        dense_size = sum(v.size for k, v in model.items() if k != table)
+        layout, length = settings.layout(request.union, int(model[table].shape[1]), dense_size)
         if length != request.params.vector_length:
             raise ClientInputError("the SFSL layout does not match the round's length")
-        reply = train({key: ArrayRecord({k: Array(np.asarray(v)) for k, v in model.items()})})
+        shown = model if packing is None else packing.unpack(model)
+        reply = train({key: ArrayRecord({k: Array(np.asarray(v)) for k, v in shown.items()})})
         if reply.has_error():
             return reply  # masks of a client that drops are removed in Unmask
         trained_records = list(reply.content.array_records.values())
@@ -399,7 +469,11 @@ class PerturbedRows:
         if len(trained_records) != 1 or len(metric_records) != 1:
             raise ClientInputError("the train reply must hold one ArrayRecord and one MetricRecord")
         trained = {k: a.numpy() for k, a in trained_records[0].items()}
-        rows, counts = self._real(context)
+        if packing is None:
+            rows, counts = self._real(context)
+        else:
+            trained = packing.pack(trained)
+            rows, counts = packing.real_rows(self._primary(context, packing))
         weight = 1.0
         if settings.weighted:
             value = metric_records[0].get(settings.weight_key)
@@ -409,7 +483,7 @@ class PerturbedRows:
         else:
             counts = np.ones(rows.size)
         peers = RowsRound(
-            self.table, settings.clip, settings.dp, request.params.threshold,
+            table, settings.clip, settings.dp, request.params.threshold,
             len(request.sharers), request.shared, settings.max_count,
         )  # fmt: skip
         vector, positions = rows_input(

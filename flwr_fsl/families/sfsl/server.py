@@ -80,6 +80,7 @@ from flwr_fsl.families.sfsl.psu import (
     reconstruct_union,
     union_report,
 )
+from flwr_fsl.families.sfsl.tables import TablePacking
 from flwr_fsl.submodel.aggregate import apply_count_weighted
 from flwr_fsl.submodel.layout import FlatLayout, RowLayout
 
@@ -163,11 +164,20 @@ class SFSLServer:
     guard : ReplayGuard
         Digests of earlier rounds' SecAgg replies: a replayed one drops its client
         (:mod:`flwr_fsl.families.secagg.replay`).
+    packing : TablePacking, optional
+        Several tables (:mod:`flwr_fsl.families.sfsl.tables`): the round runs on the packed
+        model (``settings.table`` is then :attr:`TablePacking.name`), the union and every
+        ``S''`` are extended by the derived tables' public maps, and the result is unpacked.
     """
 
     settings: SFSLSettings
     session: bytes = field(default_factory=lambda: os.urandom(16))
     guard: ReplayGuard = field(default_factory=ReplayGuard, repr=False)
+    packing: TablePacking | None = None
+
+    def __post_init__(self) -> None:
+        if self.packing is not None and self.settings.table != self.packing.name:
+            raise ConfigurationError("settings.table must be the packing's virtual table name")
 
     # -- SecAgg sub-rounds ---------------------------------------------------------------
     def _keys(
@@ -223,20 +233,35 @@ class SFSLServer:
             check_union_counts(counts, cut / UNION_THRESHOLD_STDS, members)
             # Rows held by few clients are left out by design: no false-negative bound.
             report = UnionReport(int(union.size), int(union.size), _UNION_FPR, 1.0, total.size)
-            return union, report, alive
+            return self._extend(union), report, alive
         union = reconstruct_union(settings.psu, total)
-        return union, union_report(settings.psu, total, union, survivors), alive
+        report = union_report(settings.psu, total, union, survivors)
+        return self._extend(union), report, alive
 
-    @staticmethod
+    def _extend(self, rows: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Several tables: the derived rows of ``rows``' primary rows replace its derived ones."""
+        return rows if self.packing is None else self.packing.extend(rows)
+
     def perturb(
-        exchange: Exchange, nodes: Sequence[int], params: SecAggParams, union: NDArray[np.int64]
+        self,
+        exchange: Exchange,
+        nodes: Sequence[int],
+        params: SecAggParams,
+        union: NDArray[np.int64],
     ) -> dict[int, NDArray[np.int64]]:
-        """Step 2: every client's ``S''`` (a malformed one drops its client)."""
-        return exchange(
+        """Step 2: every client's ``S''`` (a malformed one drops its client).
+
+        With several tables a client answers its primary rows only (a subset of the union's
+        primary rows) and the server derives the rest: ``S''`` is then
+        :meth:`TablePacking.extend` of the answer, a function of the perturbed primary rows.
+        """
+        asked = union if self.packing is None else union[self.packing.primary_mask(union)]
+        answers = exchange(
             "perturb",
             dict.fromkeys(nodes, PerturbAsk(params, union)),
-            lambda n, rows: check_perturbed(rows, union),
+            lambda n, rows: check_perturbed(rows, asked),
         )
+        return {n: self._extend(np.asarray(rows, dtype=np.int64)) for n, rows in answers.items()}
 
     def rows(
         self,
@@ -383,6 +408,26 @@ class SFSLServer:
             (:class:`~flwr_fsl.families.secagg.protocol.TooFewSurvivorsError`) or the
             aggregate is invalid; the model is then unchanged.
         """
+        if self.packing is not None:
+            order = tuple(model)
+            try:
+                packed = self.packing.pack(model)
+            except (KeyError, ValueError) as err:
+                raise RoundFailedError(f"the model does not fit the table spec: {err}") from err
+            result = self._run(exchange, packed, nodes, server_round, threshold, psu, neighbours)
+            return replace(result, model=self.packing.unpack(result.model, order))
+        return self._run(exchange, model, nodes, server_round, threshold, psu, neighbours)
+
+    def _run(
+        self,
+        exchange: Exchange,
+        model: Mapping[str, NDArray[np.generic]],
+        nodes: Sequence[int],
+        server_round: int,
+        threshold: int,
+        psu: PSUParams,
+        neighbours: int | None,
+    ) -> SFSLResult:
         table = self.settings.table
         if table not in model or np.ndim(model[table]) != 2:
             raise RoundFailedError(f"the model has no 2-D table {table!r}")
@@ -432,6 +477,9 @@ class SFSLParty:
     noise_floor : float
         The smallest noise multiplier it accepts (the mod's node-config floor); 0 (default)
         accepts the paper's noiseless rounds, as in-process tests and benchmarks need.
+    packing : TablePacking, optional
+        Several tables: ``rows`` and ``counts`` are then its *primary* rows as virtual rows
+        (:meth:`TablePacking.to_virtual`); ``train`` sees the unpacked model.
     """
 
     node: int
@@ -442,6 +490,7 @@ class SFSLParty:
     memo: PermanentMemo = field(default_factory=PermanentMemo)
     secagg: dict[str, SecAggClient] = field(default_factory=dict)
     noise_floor: float = 0.0
+    packing: TablePacking | None = None
 
     def __post_init__(self) -> None:
         r = np.asarray(self.rows, dtype=np.int64)
@@ -470,7 +519,10 @@ class SFSLParty:
             )
             return self.secagg[UNION_INSTANCE].masked_input(ask.sharers, vector)
         if isinstance(ask, PerturbAsk):
-            perturbed, self.memo = perturb_index_set(self.rows, ask.union, self.memo, self.rr)
+            union = ask.union
+            if self.packing is not None:  # perturb the primary rows only; the server derives
+                union = union[self.packing.primary_mask(union)]
+            perturbed, self.memo = perturb_index_set(self.rows, union, self.memo, self.rr)
             return perturbed
         if isinstance(ask, RowsAsk):
             table = ask.settings.table
@@ -484,14 +536,17 @@ class SFSLParty:
             if length != ask.params.vector_length:
                 raise ClientInputError("the SFSL layout does not match the round's length")
             self._check_floor(ask.settings)
-            trained, weight = self.train({k: np.array(v) for k, v in model.items()})
+            trained, weight = self._train(model, ask.rows)
             weighted = ask.settings.weighted
             settings = ask.settings
             peers = RowsRound(
                 table, settings.clip, settings.dp, ask.params.threshold, len(ask.sharers),
                 ask.shared, settings.max_count,
             )  # fmt: skip
-            real = (self.rows, self.counts if weighted else np.ones(self.rows.size))
+            rows, counts = self.rows, self.counts
+            if self.packing is not None:
+                rows, counts = self.packing.real_of_virtual(rows, counts)
+            real = (rows, counts if weighted else np.ones(rows.size))
             vector, positions = rows_input(
                 layout, peers, ask.rows, model, trained,
                 weight if weighted else 1.0, real, length,
@@ -500,6 +555,16 @@ class SFSLParty:
                 ask.sharers, vector, rows=positions, shared_rows=ask.shared
             )
         raise ClientInputError(f"unknown SFSL ask {label!r}")
+
+    def _train(
+        self, model: dict[str, NDArray[np.generic]], rows: NDArray[np.int64]
+    ) -> tuple[dict[str, NDArray[np.generic]], float]:
+        """Run ``train`` on the model (unpacked with several tables), return it packed."""
+        if self.packing is None:
+            return self.train({k: np.array(v) for k, v in model.items()})
+        self.packing.check_extended(rows)
+        trained, weight = self.train(self.packing.unpack(model))
+        return self.packing.pack(trained), weight
 
     def _check_floor(self, settings: SFSLSettings) -> None:
         try:
@@ -520,6 +585,7 @@ def run_round(  # noqa: PLR0913
     dropped: dict[int, str] | None = None,
     tamper: Callable[[str, int, Any], Any] | None = None,
     neighbours: int | None = None,
+    packing: TablePacking | None = None,
 ) -> SFSLResult:
     """Drive one SFSL round in this process: the same steps and asks as the Flower strategy.
 
@@ -546,6 +612,8 @@ def run_round(  # noqa: PLR0913
         client); it may raise :class:`~flwr_fsl.core.errors.ClientInputError` to go silent.
     neighbours : int, optional
         SecAgg+'s ``k`` for the union round (:meth:`SFSLServer.run`).
+    packing : TablePacking, optional
+        Several tables (:class:`SFSLServer`); ``settings.table`` is replaced by its name.
 
     Returns
     -------
@@ -557,9 +625,15 @@ def run_round(  # noqa: PLR0913
     exchange = local_exchange(parties, drops, tamper)
     nodes = list(parties)
     t = threshold if threshold is not None else max(2, math.ceil(0.6 * len(nodes)))
-    table = np.asarray(model[settings.table])
-    server = SFSLServer(settings) if session is None else SFSLServer(settings, session)
+    if packing is not None:
+        settings = replace(settings, table=packing.name)
+        domain = packing.rows
+    else:
+        domain = int(np.shape(model[settings.table])[0])
+    server = SFSLServer(
+        settings, session if session is not None else os.urandom(16), packing=packing
+    )
     return server.run(
         exchange, model, nodes, server_round, t,
-        psu if psu is not None else psu_params(int(table.shape[0])), neighbours=neighbours,
+        psu if psu is not None else psu_params(domain), neighbours=neighbours,
     )  # fmt: skip

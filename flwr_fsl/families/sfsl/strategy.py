@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO
 from typing import Any
 
@@ -96,6 +96,8 @@ from flwr_fsl.families.sfsl.records import (
     UnionInputRequest,
 )
 from flwr_fsl.families.sfsl.server import SFSLServer, psu_params
+from flwr_fsl.families.sfsl.tables import TablePacking
+from flwr_fsl.submodel.tables import ModelTables
 
 __all__ = ["SFSLFedSubAvg"]
 
@@ -128,8 +130,11 @@ class SFSLFedSubAvg(MultiPhaseStrategy):
 
     Parameters
     ----------
-    table : str
-        The row table's name in the model.
+    table : str or ModelTables
+        The row table's name in the model, or several tables
+        (:class:`~flwr_fsl.submodel.tables.ModelTables`, derived tables included): the round
+        then runs on the packed model (:mod:`flwr_fsl.families.sfsl.tables`); the clients'
+        mods take the same spec.
     fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes, \
 weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         As in :class:`flwr.serverapp.strategy.FedAvg` (``weighted_by_key`` is used only with
@@ -187,7 +192,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
 
     def __init__(  # noqa: PLR0913
         self,
-        table: str,
+        table: str | ModelTables,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 0.0,
         min_train_nodes: int = 2,
@@ -237,8 +242,12 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         _check_psu_knobs(bloom_fpr, expected_union, partitions)
         check_optional_int("quantization_levels", quantization_levels, 2)
         # Validated once, here, before round 1; each round sends it with its PSU parameters.
+        if not isinstance(table, str | ModelTables):
+            raise ConfigurationError("table must be a table name or ModelTables")
+        self.tables = table if isinstance(table, ModelTables) else None
+        name = table.names[0] if isinstance(table, ModelTables) else table  # until start()
         self.settings = SFSLSettings(
-            table, weighted_by_key, clip, max_count, frac_bits, max_clients,
+            name, weighted_by_key, clip, max_count, frac_bits, max_clients,
             0 if quantization_levels is None else quantization_levels, None, weighted, dp,
         )  # fmt: skip
         if dp is not None and bloom_fpr is not None:
@@ -251,7 +260,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         # Every round is spent before it runs (the engine), whether a client took part or not.
         self.privacy_account = None if dp is None else PrivacyAccount(privacy_budget)
         self.server = SFSLServer(self.settings)
-        self.table = table
+        self.table = name
         self.reconstruction_threshold = t
         self.neighbours = check_neighbours(neighbours, t if isinstance(t, int) else None)
         self.bloom_fpr = bloom_fpr
@@ -273,11 +282,21 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Any:
         """Check that the model has the 2-D ``table``, then run ``start`` (same signature).
 
+        With several tables the spec is checked against the initial model and the round's
+        packing (:class:`~flwr_fsl.families.sfsl.tables.TablePacking`) is fixed here.
+
         Raises
         ------
         ConfigurationError
-            If the initial model has no 2-D tensor named ``table`` (before round 1).
+            If the initial model has no 2-D tensor named ``table`` or does not fit the
+            tables (before round 1).
         """
+        if self.tables is not None:
+            model = {k: a.numpy() for k, a in initial_arrays.items()}
+            packing = TablePacking.of(self.tables, model)
+            self.settings = replace(self.settings, table=packing.name)
+            self.server = SFSLServer(self.settings, self.session, packing=packing)
+            return super().start(grid, initial_arrays, *args, **kwargs)
         if self.table not in initial_arrays or len(initial_arrays[self.table].shape) != 2:
             raise ConfigurationError(f"table: the model has no 2-D tensor {self.table!r}")
         return super().start(grid, initial_arrays, *args, **kwargs)
@@ -294,7 +313,8 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Run PSU, perturbation and the count-weighted subset SecAgg round (the server's)."""
         model = {k: a.numpy() for k, a in arrays.items()}
-        if self.table not in model or model[self.table].ndim != 2:
+        packing = self.server.packing
+        if packing is None and (self.table not in model or model[self.table].ndim != 2):
             raise RoundFailedError(f"the model has no 2-D table {self.table!r}")
         state.model = model
         nodes = self.sample(state, grid)
@@ -303,9 +323,8 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
         t = self._threshold(len(nodes))
         if not t <= len(nodes) <= self.max_clients:
             raise RoundFailedError(f"{len(nodes)} clients sampled for t = {t}")
-        psu = psu_params(
-            int(model[self.table].shape[0]), self.bloom_fpr, self.expected_union, self.partitions
-        )
+        domain = packing.rows if packing is not None else int(model[self.table].shape[0])
+        psu = psu_params(domain, self.bloom_fpr, self.expected_union, self.partitions)
         train_config = ConfigRecord({**dict(config), "server-round": state.server_round})
         exchange = _FlowerExchange(self, grid, state, train_config)
         k = round_threshold(self.reconstruction_threshold, len(nodes), self.neighbours)[1]
