@@ -68,7 +68,7 @@ def test_arms_train_and_touch_only_held_rows(
         assert all(r.aggregated for r in run.record.rounds), run.arm.key
         assert run.record.rounds[-1].server_metrics["auc"] > 0.5
     start = server_app.initial_arrays(task.settings_config(settings), settings.seed)
-    for arm in ("fedsubavg", "ssa"):
+    for arm in ("fedsubavg", "ssa", "sfsl-cpp2"):
         for table in (task.ITEM_TABLE, task.GENRE_TABLE):
             rows = set(np.concatenate([h[table] for h in held]).tolist())
             moved = np.flatnonzero(np.any(result.arm(arm).arrays[table] != start[table], axis=1))
@@ -79,6 +79,10 @@ def test_arms_train_and_touch_only_held_rows(
     assert rows["secagg"]["up_bytes"] > rows["fedavg"]["up_bytes"]
     # The two-server arm downloads only its rows (PSR answers) and the dense tensors.
     assert rows["ssa"]["down_bytes"] < rows["fedavg"]["down_bytes"]
+    # SFSL sends each user only the rows of its perturbed set and the dense tensors.
+    for cpp in ("sfsl-cpp2", "sfsl-cpp4"):
+        assert rows[cpp]["down_bytes"] < rows["secagg"]["down_bytes"], cpp
+    assert {"sfsl-cpp2", "sfsl-cpp4"} <= set(keys)
     out = capsys.readouterr().out
     for skipped in result.record.extra["not_run"]:
         assert f"{skipped['key']:<12} not run: " in out

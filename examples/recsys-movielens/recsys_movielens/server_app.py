@@ -22,9 +22,12 @@ round, client and server seconds per round, and what each party learns. Arms (ru
   ``fsl-min-noise-multiplier = 0``; the benchmark sets it); ``ssa-dp``: the same at the
   library's DP default (``ssa-dp-*`` keys; ``ssa-dp-budget-epsilon = 0`` accounts the run's
   ``(ε, δ)`` without stopping it);
-- ``sfsl-cpp2`` / ``sfsl-cpp4``: Niu et al.'s SFSL at perturbation settings CPP2 / CPP4 — run
-  only where this checkout has its multi-table API; otherwise the table prints them as
-  "not run: <reason>".
+- ``sfsl-cpp2`` / ``sfsl-cpp4``: Niu et al.'s SFSL as the paper specifies it
+  (:class:`~flwr_fsl.strategies.SFSLFedSubAvg` with the app's ``ModelTables``, ``dp=None``,
+  ``weighted=True``) at the client privacy preferences CPP2 / CPP4 (Table V): PSU of the item
+  sets, randomized response, the genre rows derived from the perturbed item rows, one secure
+  count-weighted aggregation of all tables and the dense tensors. Where this checkout lacks the
+  several-table SFSL API the table prints them as "not run: <reason>".
 
 Times come from the in-process grid: "client s" is the round's time inside the grid divided
 by the clients of the round (clients run one after another in one process, so it is one
@@ -34,6 +37,7 @@ round (S0's own work, including S1 where there is one).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -56,9 +60,10 @@ from flwr_fsl.experiment import (
 from flwr_fsl.families.ssa.dp import dp_options
 from flwr_fsl.helper import HelperConnection, secure_helper
 from flwr_fsl.models.din import auc, initial_arrays, predict
-from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SecureRowFedSubAvg
-from recsys_movielens.client_app import UPLOAD_KEY
+from flwr_fsl.strategies import FedSubAvg, SecAggFedAvg, SecureRowFedSubAvg, SFSLFedSubAvg
+from recsys_movielens.client_app import CPP_KEY, SESSION_KEY, UPLOAD_KEY
 from recsys_movielens.task import (
+    CPPS,
     GENRE_TABLE,
     ITEM_TABLE,
     Settings,
@@ -82,6 +87,12 @@ LEARNS = {
         "S0": "per row of each table the round's sum and count over the users that updated "
         "it, the dense sum; which users replied, message sizes (fixed by max-rows)",
         "S1": "the round's public parameters and pseudorandom key material",
+    },
+    "sfsl": {
+        "server": "the union of the users' item sets; each user's perturbed item set S'' "
+        "(eps-LDP randomized response; its genre rows follow from S'' by the public map); "
+        "per row the exact sum and count over the users that uploaded it; the dense sum; who "
+        "finished each phase"
     },
     "ssa-dp": {
         "S0": "the same sums and counts, each part noised by both servers ((eps, delta)-DP "
@@ -209,15 +220,44 @@ def _ssa_arms(
     }
 
 
-def secure_arms(settings: Settings) -> list[NotRun]:
+def _sfsl_arms(settings: Settings, knobs: Mapping[str, Any]) -> dict[str, Arm]:
+    """Niu et al.'s SFSL on the mixed model, as the paper specifies it, at CPP2 and CPP4."""
+    tables = model_tables(settings_config(settings), settings.max_rows)
+
+    def build(setup: ArmSetup) -> SFSLFedSubAvg:
+        return SFSLFedSubAvg(
+            tables,
+            reconstruction_threshold=settings.secagg_threshold,
+            clip=settings.clipping_range,
+            dp=None,  # the paper's protocol (the library's default adds distributed DP)
+            weighted=True,
+            **knobs,
+        )
+
+    arms = {}
+    for cpp, (keep, flip) in CPPS.items():
+        arms[f"sfsl-{cpp}"] = Arm(
+            f"sfsl-{cpp}",
+            f"SFSL {cpp.upper()}",
+            build,
+            learns=LEARNS["sfsl"],
+            train_config={UPLOAD_KEY: "model", CPP_KEY: cpp},
+            description=f"randomized response keep {keep:g}, flip {flip:g}; no DP (the paper)",
+        )
+    return arms
+
+
+def missing_arms(settings: Settings) -> list[NotRun]:
     """Return the requested arms of protocols this checkout lacks, with the reason."""
-    missing = []
-    for key in ("sfsl-cpp2", "sfsl-cpp4"):
-        if key in settings.arm_keys:
-            missing.append(
-                NotRun(key, "Niu SFSL on a mixed model (two tables + dense) is not in this build")
-            )
-    return missing
+    try:
+        importlib.import_module("flwr_fsl.families.sfsl.tables")
+    except ImportError:
+        return [
+            NotRun(k, "Niu SFSL on a mixed model (two tables + dense) is not in this build")
+            for k in settings.arm_keys
+            if k.startswith("sfsl-")
+        ]
+    return []
 
 
 def run_experiment(
@@ -251,7 +291,9 @@ def run_experiment(
     settings = Settings.from_run_config(run_config)
     knobs = sampling_kwargs(settings)
     available = _plain_arms(settings, knobs)
-    not_run = secure_arms(settings)
+    not_run = missing_arms(settings)
+    if not not_run:
+        available.update(_sfsl_arms(settings, knobs))
     needs_helper = any(k.startswith("ssa") for k in settings.arm_keys)
     with secure_helper(run_config, helper) if needs_helper else nullcontext() as pair:
         if pair is not None:
@@ -284,6 +326,7 @@ def _experiment(
         sampling_seed=settings.seed,
         run_config=run_config,
         metrics=[AUC, LOGLOSS],
+        session_keys=[SESSION_KEY],  # SFSL's memo of permanent answers: one per arm
         evaluate_fn=evaluate,
         baseline=arms[0].key,
         results_dir=settings.results_dir or None,
@@ -387,6 +430,6 @@ __all__ = [
     "arm_row",
     "comparison_rows",
     "comparison_table",
+    "missing_arms",
     "run_experiment",
-    "secure_arms",
 ]

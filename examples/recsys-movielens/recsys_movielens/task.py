@@ -38,6 +38,7 @@ from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 
 __all__ = [
     "ALL_ARMS",
+    "CPPS",
     "GENRE_TABLE",
     "ITEM_TABLE",
     "Settings",
@@ -52,6 +53,10 @@ __all__ = [
 
 ALL_ARMS = ("fedavg", "fedsubavg", "secagg", "ssa", "ssa-dp", "sfsl-cpp2", "sfsl-cpp4")
 """Every arm :func:`recsys_movielens.server_app.run_experiment` knows, in its order."""
+
+CPPS: dict[str, tuple[float, float]] = {"cpp2": (15 / 16, 1 / 16), "cpp4": (3 / 4, 1 / 4)}
+"""Niu et al.'s client privacy preferences (Table V) of the SFSL arms: ``(keep, flip)`` of
+``RRParams.symmetric`` (``p1 = p3 = keep``, ``p2 = p4 = flip``)."""
 
 
 @dataclass(frozen=True)
