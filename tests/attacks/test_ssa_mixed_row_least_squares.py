@@ -19,8 +19,9 @@ subtracts its own noise.
   the global majority class and the per-row majority (:func:`per_row_chance`: the derived
   table's rows are popular, and row popularity is what the released model shows anyway):
   83.3% for ``item``, 75.0% for ``genre``. Measured over 15 runs: ``item`` 71.3% mean (sd 6.1,
-  max 79.2), ``genre`` 62.0% mean (sd 6.4, max 71.3); each bound sits about 2.7 sd above its
-  mean (the servers' noise is unseeded CSPRNG output).
+  max 79.2), ``genre`` 62.0% mean (sd 6.4, max 71.3). The test asserts the mean of 3 runs
+  (sd about 3.6): each bound sits more than 4.5 of those sd above the measured mean (the
+  servers' noise is unseeded CSPRNG output).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tests.attacks.solvers import (
 CLIENTS, ITEMS, GENRES, HELD = 8, 12, 10, 2
 ROUNDS = 30
 MARGIN = 0.05
+RUNS = 3  # the default-settings decoder is judged on its mean over 3 runs
 GENRE_OF = RowMap.from_lists(
     [np.random.default_rng([11, i]).choice(GENRES, 1 + i % 2, replace=False) for i in range(ITEMS)]
 )
@@ -188,8 +190,10 @@ def test_without_dp_least_squares_decodes_every_table(monkeypatch: pytest.Monkey
 
 
 def test_at_default_settings_each_table_is_at_chance(monkeypatch: pytest.MonkeyPatch) -> None:
-    out = attack(dp_on=True, monkeypatch=monkeypatch)
-    # 3 parts per round at z = 1 each: the default budget (epsilon 20) allows 3 rounds.
-    assert out["rounds"] == 3 and out["epsilon"] <= 20.0, out
-    assert out["item"] <= out["item-chance"] + MARGIN, out
-    assert out["genre"] <= out["genre-chance"] + MARGIN, out
+    runs = [attack(dp_on=True, monkeypatch=monkeypatch) for _ in range(RUNS)]
+    for out in runs:
+        # 3 parts per round at z = 1 each: the default budget (epsilon 20) allows 3 rounds.
+        assert out["rounds"] == 3 and out["epsilon"] <= 20.0, out
+    for name in ("item", "genre"):
+        mean = float(np.mean([out[name] for out in runs]))
+        assert mean <= runs[0][f"{name}-chance"] + MARGIN, (name, mean, runs)

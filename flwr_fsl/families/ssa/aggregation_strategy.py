@@ -309,8 +309,11 @@ class TwoServerAggregation:
             run = RunScope(str(grid.run.run_id), self.settings.budget)
         return self.settings.params(run=run, **fields)
 
-    def describe_privacy(self) -> str:
-        """One line: the run's ``(ε, δ)`` against each server, or that no noise is added."""
+    def describe_privacy(self, parts: int = 1) -> str:
+        """One line: the run's ``(ε, δ)`` against each server, or that no noise is added.
+
+        ``parts``: releases per round (a mixed round's parts, each noised at ``z``).
+        """
         z = self.noise_multiplier()
         if z is None:
             seen = "weighted sum and total weight" if self.settings.weighted else "sum and count"
@@ -320,12 +323,15 @@ class TwoServerAggregation:
             )
         account = self.privacy_account
         budget = self.settings.budget
+        each = ""
+        if parts > 1:
+            each = f" on each of {parts} parts (one round at {z / math.sqrt(parts):.3g})"
         limit = "no budget" if budget is None else f"budget epsilon = {budget.epsilon:g}"
         return (
             f"differential privacy: (epsilon, delta) = ({account.epsilon():.3g}, "
             f"{account.delta:g}) against each server (S0 by S1's noise, S1 by S0's) after "
-            f"{account.rounds} round(s) at noise multiplier {z:g} ({limit}; S1 keeps its own "
-            "account of the run)"
+            f"{account.rounds} round(s) at noise multiplier {z:g}{each} ({limit}; S1 keeps its "
+            "own account of the run)"
         )
 
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
@@ -396,7 +402,7 @@ class TwoServerAggregation:
         first = next(stream, None)
         if first is None:
             log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
-            self.abort(state)
+            self.abort(state, [params.round_id])  # a mixed round's part has its own id
             return None
         try:
             if isinstance(uploads, Mapping):

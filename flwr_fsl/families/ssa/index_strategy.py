@@ -331,6 +331,10 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         z = self.aggregation.noise_multiplier()
         return z if self.mixed is None else self.mixed.effective_noise_multiplier(z)
 
+    def describe_privacy(self) -> str:
+        """One line: the run's ``(ε, δ)`` against each server (a mixed round's parts named)."""
+        return self.aggregation.describe_privacy(1 if self.mixed is None else self.mixed.num_parts)
+
     def round_minimum(self, sampled: int) -> tuple[int, str]:
         """Return ``min_clients``, checked before round 1."""
         return self.aggregation.round_minimum()

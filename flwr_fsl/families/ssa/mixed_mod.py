@@ -101,7 +101,10 @@ class PrivateTables(ProtocolMod):
     Parameters
     ----------
     tables : ModelTables
-        The model's row tables (the same public spec as the server's, row maps included).
+        The model's row tables (the same names, order and row maps as the server's; each
+        table's bound comes with the round's parameters, so the client's ``max_rows`` values
+        are not read). Single-table rounds (a table name on the server) are
+        :class:`~flwr_fsl.families.ssa.index_mod.PrivateRows`'s: this mod passes them through.
     rows : Callable[[Context], ...]
         This round's rows of each primary table: ``{name: indices}`` or
         ``{name: (indices, counts)}``; a bare array or tuple for the one primary table.
