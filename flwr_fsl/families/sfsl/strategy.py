@@ -1,7 +1,10 @@
-"""``SFSLFedSubAvg``: Niu et al.'s secure federated submodel learning on one table (Alg. 1-3).
+"""``SFSLFedSubAvg``: Niu et al.'s secure federated submodel learning (Alg. 1-3).
 
 The model has one row table (an embedding, ``table``) whose rows clients touch privately, and
-any number of dense tensors. A round, on the round engine, with
+any number of dense tensors — or several tables, some derived from others by a public row map
+(``table=ModelTables(...)``, Niu §VI's goods and categories): they are packed into one virtual
+table and the derived sets follow from the perturbed ones
+(:mod:`flwr_fsl.families.sfsl.tables`). A round, on the round engine, with
 :class:`~flwr_fsl.families.sfsl.mod.PerturbedRows` on the clients:
 
 The round's orchestration is :class:`~flwr_fsl.families.sfsl.server.SFSLServer` (no Flower);
@@ -295,7 +298,7 @@ weighted_by_key, arrayrecord_key, configrecord_key, sampling_seed
             model = {k: a.numpy() for k, a in initial_arrays.items()}
             packing = TablePacking.of(self.tables, model)
             self.settings = replace(self.settings, table=packing.name)
-            self.server = SFSLServer(self.settings, self.session, packing=packing)
+            self.server.settings, self.server.packing = self.settings, packing
             return super().start(grid, initial_arrays, *args, **kwargs)
         if self.table not in initial_arrays or len(initial_arrays[self.table].shape) != 2:
             raise ConfigurationError(f"table: the model has no 2-D tensor {self.table!r}")
