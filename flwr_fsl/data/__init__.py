@@ -15,7 +15,17 @@ from ._cache import CACHE_ENV, DataNotPreparedError, cache_dir
 from .clients import MnistClientSplit, mnist_client_split, mnist_test_split
 from .fashion import fashion_path, load_fashion, prepare_fashion
 from .mnist import load_mnist, mnist_path, prepare_mnist
-from .movielens import MovieLens, load_movielens, movielens_path, prepare_movielens
+from .movielens import (
+    CTRSamples,
+    MovieLens,
+    MovieLensGenres,
+    UserCTR,
+    ctr_samples,
+    load_movielens,
+    load_movielens_genres,
+    movielens_path,
+    prepare_movielens,
+)
 from .newsgroups import (
     BagOfWords,
     Newsgroups,
@@ -38,15 +48,20 @@ __all__ = [
     "PREPARERS",
     "SCHEMES",
     "BagOfWords",
+    "CTRSamples",
     "DataNotPreparedError",
     "MnistClientSplit",
     "MovieLens",
+    "MovieLensGenres",
     "Newsgroups",
+    "UserCTR",
     "cache_dir",
+    "ctr_samples",
     "fashion_path",
     "load_fashion",
     "load_mnist",
     "load_movielens",
+    "load_movielens_genres",
     "load_newsgroups",
     "mnist_client_split",
     "mnist_path",

@@ -1,6 +1,7 @@
 """Models shared by examples, notebooks and benchmarks: small torch models, the MovieLens MF task.
 
-The torch models (:mod:`.cnn`, :mod:`.width`, :mod:`.privhfl`, :mod:`.mnist_task`) need the
+The torch models (:mod:`.cnn`, :mod:`.width`, :mod:`.privhfl`, :mod:`.mnist_task`, :mod:`.din` —
+the DIN-like CTR model of ``examples/recsys-movielens``) need the
 ``torch`` extra (``pip install "flwr_fsl[torch]"``); :mod:`.mf` is numpy only. The names below
 are loaded on first use, so importing :mod:`flwr_fsl.models.mf` does not import torch.
 

@@ -17,13 +17,14 @@ from flwr_fsl.data import (
     cache_dir,
     load_mnist,
     load_movielens,
+    load_movielens_genres,
     partition_indices,
     prepare_mnist,
     prepare_movielens,
 )
 from flwr_fsl.data import __main__ as cli
 from flwr_fsl.data.mnist import MNIST_MEMBER, restricted_loads
-from flwr_fsl.data.movielens import MOVIELENS_MEMBER, parse_inter
+from flwr_fsl.data.movielens import ITEMS_MEMBER, MOVIELENS_MEMBER, parse_inter
 from tests.prepared_data import require_prepared
 
 # ---------------------------------------------------------------- restricted unpickler
@@ -56,6 +57,15 @@ def test_restricted_unpickler_rejects_other_globals(payload: object) -> None:
 def _fake_wheel(path: Path, member: str, data: bytes) -> None:
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(member, data)
+
+
+def _fake_recbole(path: Path) -> None:
+    """A recbole wheel with the ratings and the item file (genres)."""
+    items = "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
+    items += "".join(f"{i}\tMovie {i}\t1995\tDrama Comedy\n" for i in range(1, 1700))
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(MOVIELENS_MEMBER, INTER.encode())
+        archive.writestr(ITEMS_MEMBER, items.encode())
 
 
 def _fake_mnist_pickle(rng: np.random.Generator, sizes: tuple[int, int, int]) -> bytes:
@@ -132,11 +142,14 @@ def test_parse_inter_rejects_malformed(text: str) -> None:
 def test_prepare_and_load_movielens_from_wheel(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _fake_wheel(wheels / "recbole-1.2.1-py3-none-any.whl", MOVIELENS_MEMBER, INTER.encode())
+    _fake_recbole(wheels / "recbole-1.2.1-py3-none-any.whl")
     prepare_movielens(tmp_path)
     data = load_movielens(tmp_path)
     np.testing.assert_array_equal(data.user_ids, [2, 1, 0, 2])
     assert data.num_items == 4
+    genres = load_movielens_genres(tmp_path)
+    assert genres.names == ("Comedy", "Drama") and len(genres.indptr) == data.num_items + 1
+    np.testing.assert_array_equal(genres.of(0), [0, 1])
 
 
 def test_missing_cache_raises_clear_error(tmp_path: Path) -> None:
@@ -182,7 +195,7 @@ def test_a_script_without_the_variable_finds_what_make_data_prepared(tmp_path: P
 def test_cli_prepare_uses_cached_wheel(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    _fake_wheel(wheels / "recbole-1.2.1-py3-none-any.whl", MOVIELENS_MEMBER, INTER.encode())
+    _fake_recbole(wheels / "recbole-1.2.1-py3-none-any.whl")
     assert cli.main(["prepare", "movielens", "--cache-dir", str(tmp_path)]) == 0
     assert cli.main(["prepare", "movielens", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

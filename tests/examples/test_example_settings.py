@@ -35,6 +35,7 @@ APPS: dict[str, tuple[str, str]] = {  # example -> (package, dataset it needs pr
     "dpf-psr-movielens": ("dpf_psr_movielens", "movielens"),
     "dpf-psr-newsgroups": ("dpf_psr_newsgroups", "newsgroups"),
     "sfsl-movielens": ("sfsl_movielens", "movielens"),
+    "recsys-movielens": ("recsys_movielens", "movielens"),
 }
 NODES = 3
 

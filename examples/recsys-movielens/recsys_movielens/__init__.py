@@ -1,0 +1,1 @@
+"""recsys-movielens: a DIN-like CTR model on MovieLens-100k, one comparison of FL protocols."""
