@@ -106,7 +106,9 @@ def test_a_flat_round_still_refuses_rows() -> None:
 
 
 def _model(rng: np.random.Generator, widths: list[int], rows: list[int], rest: int):  # type: ignore[no-untyped-def]
-    model = {f"g{i}": rng.normal(size=(r, w)) for i, (w, r) in enumerate(zip(widths, rows))}
+    model = {
+        f"g{i}": rng.normal(size=(r, w)) for i, (w, r) in enumerate(zip(widths, rows, strict=True))
+    }
     model["rest"] = rng.normal(size=rest)
     return model
 
