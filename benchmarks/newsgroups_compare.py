@@ -81,19 +81,25 @@ ARMS = ("dense", "topk-mega", "secure-topk-mega", "index", "index-nodp")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--vocab", type=int, default=2000, help="embedding rows V (most frequent)")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--max-rows", type=int, default=512, help="index mode: rows per client")
-    p.add_argument("--ratio", type=float, default=0.1, help="top-k ratio r")
+    p.add_argument(
+        "--ratios",
+        default="0.01,0.05,0.1,0.3",
+        help="top-k ratios r of the two top-k arms (Table 8's compression rates)",
+    )
     p.add_argument("--test-docs", type=int, default=3000)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--quick", action="store_true", help="2 rounds, 4 clients, V=300, 300 docs")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     args = p.parse_args(argv)
+    args.ratio_list = [float(r) for r in args.ratios.split(",") if r.strip()]
     if args.quick:
+        args.ratio_list = args.ratio_list[-1:]
         args.rounds, args.clients, args.vocab, args.max_rows, args.test_docs = 2, 4, 300, 128, 300
     return args
 
@@ -173,7 +179,9 @@ def unit_weight(msg: Message, context: Context, call_next: ClientAppCallable) ->
     return reply
 
 
-def _arm(name: str, args: argparse.Namespace, settings: Settings, key: SealingKeyPair):  # type: ignore[no-untyped-def]
+def _arm(
+    name: str, args: argparse.Namespace, settings: Settings, key: SealingKeyPair, ratio: float
+):  # type: ignore[no-untyped-def]
     """Return (strategy, ClientApp, clock, node config, initial arrays) of one arm."""
     clock = ClientClock()
     table = initial_table(settings)
@@ -193,7 +201,7 @@ def _arm(name: str, args: argparse.Namespace, settings: Settings, key: SealingKe
     if name == "secure-topk-mega":
         strategy = SecureFedSubAvg(
             helper,
-            args.ratio,
+            ratio,
             helper_fingerprint=key.fingerprint,
             groups=(EMB,),
             **common,
@@ -221,14 +229,16 @@ def _arm(name: str, args: argparse.Namespace, settings: Settings, key: SealingKe
     return strategy, app, clock, node, packed
 
 
-def run_arm(name: str, args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    """Run one arm; return its row (accuracy, bytes, times)."""
+def run_arm(
+    name: str, args: argparse.Namespace, settings: Settings, ratio: float = 1.0
+) -> dict[str, Any]:
+    """Run one arm (top-k arms at ``ratio``); return its row (accuracy, bytes, times)."""
     key = SealingKeyPair.generate()
-    strategy, app, clock, node, initial = _arm(name, args, settings, key)
+    strategy, app, clock, node, initial = _arm(name, args, settings, key, ratio)
     config = {
         **run_config(settings),
         "ssa-helper-fingerprint": key.fingerprint,
-        "topk-ratio": args.ratio,
+        "topk-ratio": ratio,
         "topk-groups": EMB,
     }
     if name in ("dense", "index", "index-nodp", "secure-topk-mega"):
@@ -248,6 +258,7 @@ def run_arm(name: str, args: argparse.Namespace, settings: Settings) -> dict[str
     up = sum(sum(t.up_bytes.values()) for t in traffic) / per
     return {
         "arm": name,
+        "ratio": ratio,
         "accuracy": acc,
         "loss": loss,
         "down_bytes": down,
@@ -258,7 +269,7 @@ def run_arm(name: str, args: argparse.Namespace, settings: Settings) -> dict[str
     }
 
 
-def padding_bytes(args: argparse.Namespace, settings: Settings) -> dict[str, int]:
+def padding_bytes(args: argparse.Namespace, settings: Settings, ratio: float) -> dict[str, int]:
     """One client's first top-k update encoded as one padded instance vs one per width."""
     rng = np.random.default_rng(args.seed)
     table = initial_table(settings)
@@ -268,10 +279,10 @@ def padding_bytes(args: argparse.Namespace, settings: Settings) -> dict[str, int
     words = shape.num_words
     model = {EMB: table[:words], HEAD: table[words:]}
     delta = {EMB: trained[:words] - table[:words], HEAD: trained[words:] - table[words:]}
-    update, _ = sparsify(delta, TopKConfig(ratio=args.ratio, groups=(EMB,), error_feedback=False))
+    update, _ = sparsify(delta, TopKConfig(ratio=ratio, groups=(EMB,), error_feedback=False))
     layout = MegaLayout.of(model, (EMB,))
     sizes = layout.group_sizes()
-    k_rows, k_rest = (min(n, math.ceil(args.ratio * n)) for n in (sizes[EMB], sizes[""]))
+    k_rows, k_rest = (min(n, math.ceil(ratio * n)) for n in (sizes[EMB], sizes[""]))
 
     def upload(m: int, k: int, width: int, idx: Any, vals: Any) -> int:
         params = SSAParams(1, m, k, width, rng.bytes(16), weighted=False, max_abs=1e5)
@@ -294,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = table_shape(settings)
     print(
         f"20 Newsgroups: V={shape.num_words} words x dim {args.dim}, head {shape.num_classes} x "
-        f"{args.dim}; {args.clients} clients (Dirichlet), {args.rounds} rounds, top-k r="
-        f"{args.ratio}, index max-rows={args.max_rows}, {args.test_docs or 'all'} test docs"
+        f"{args.dim}; {args.clients} clients (Dirichlet), {args.rounds} rounds, top-k r in "
+        f"{args.ratio_list}, index max-rows={args.max_rows}, {args.test_docs or 'all'} test docs"
     )
     for pid in range(args.clients):  # load and cache the data before any arm is timed
         client_data(pid, args.clients, settings)
@@ -304,29 +315,31 @@ def main(argv: list[str] | None = None) -> int:
     for name in [a.strip() for a in args.arms.split(",") if a.strip()]:
         if name not in ARMS:
             raise SystemExit(f"unknown arm {name!r}; arms: {', '.join(ARMS)}")
-        rows.append(run_arm(name, args, settings))
-        r = rows[-1]
+        for ratio in args.ratio_list if "topk" in name else [1.0]:
+            rows.append(run_arm(name, args, settings, ratio))
+            _print_row(rows[-1])
+    pads = [padding_bytes(args, settings, r) for r in args.ratio_list]
+    for ratio, pad in zip(args.ratio_list, pads, strict=True):
         print(
-            f"  {r['arm']:<17} acc {r['accuracy']:.3f}  down {r['down_bytes'] / 1e3:9.1f} kB  "
-            f"up {r['up_bytes'] / 1e3:8.1f} kB  client {r['client_s'] * 1e3:7.1f} ms  "
-            f"server {r['server_s'] * 1e3:7.1f} ms/round  failed rounds {r['failed_rounds']}",
-            flush=True,
+            f"secure top-k upload of one client at r={ratio} ({pad['k_rows']} rows + "
+            f"{pad['k_coords']} head coordinates): one padded instance "
+            f"{pad['padded'] / 1e3:.1f} kB, one instance per width {pad['per_width'] / 1e3:.1f} kB"
         )
-    pad = padding_bytes(args, settings)
-    print(
-        f"secure top-k upload of one client ({pad['k_rows']} rows + {pad['k_coords']} head "
-        f"coordinates): one padded instance {pad['padded'] / 1e3:.1f} kB, one instance per "
-        f"width {pad['per_width'] / 1e3:.1f} kB"
-    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps(
-                {"args": vars(args) | {"out": str(args.out)}, "rows": rows, "padding": pad},
-                indent=1,
-            )
-        )
+        meta = {k: str(v) for k, v in vars(args).items()}
+        args.out.write_text(json.dumps({"args": meta, "rows": rows, "padding": pads}, indent=1))
     return 0
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    label = r["arm"] + (f" r={r['ratio']}" if "topk" in r["arm"] else "")
+    print(
+        f"  {label:<24} acc {r['accuracy']:.3f}  down {r['down_bytes'] / 1e3:9.1f} kB  "
+        f"up {r['up_bytes'] / 1e3:8.1f} kB  client {r['client_s'] * 1e3:7.1f} ms  "
+        f"server {r['server_s'] * 1e3:7.1f} ms/round  failed rounds {r['failed_rounds']}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
