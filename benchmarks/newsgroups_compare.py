@@ -9,6 +9,9 @@ mean of its words' embeddings, logits = head x vector; word embeddings start at 
 Arms (same clients, data, local training, rounds and seed):
 
 - ``dense``: FedAvg (``FedSubAvg`` on dense replies, weighted by ``num-examples``);
+  both plaintext arms run with ``clipping_range=None`` (no per-coordinate clip, as the
+  secure arms: with error feedback a head coordinate's change exceeds FedSubAvg's default
+  clip of 8, which would make plaintext differ from secure);
 - ``topk-mega``: plaintext top-k with mega-elements (``topk_mod``, ``topk-groups=emb.weight``:
   ``ceil(r * V)`` embedding rows by L1 norm plus ``ceil(r * C * dim)`` head coordinates; unit
   weights, error feedback on);
@@ -193,11 +196,13 @@ def _arm(
         "partition-id": i,
         "num-partitions": args.clients,
     }
+    # Plaintext arms without FedSubAvg's default per-coordinate clip (8.0): the secure arms
+    # have none (values bounded by max_abs), and error feedback makes head changes exceed 8.
     if name == "dense":
-        return FedSubAvg(**common), split_app([clock.mod]), clock, node, split
+        return FedSubAvg(clipping_range=None, **common), split_app([clock.mod]), clock, node, split
     if name == "topk-mega":
         app = split_app([clock.mod, unit_weight, topk_mod])
-        return FedSubAvg(**common), app, clock, node, split
+        return FedSubAvg(clipping_range=None, **common), app, clock, node, split
     if name == "secure-topk-mega":
         strategy = SecureFedSubAvg(
             helper,
@@ -253,7 +258,8 @@ def run_arm(
     shape = table_shape(settings)
     loss, acc = evaluate(table, test_documents(settings), shape)
     traffic = strategy.traffic
-    per = max(1, args.rounds * args.clients)
+    rounds_run = len({t.server_round for t in traffic if t.phase == "train"})
+    per = max(1, rounds_run * args.clients)  # a DP run may stop early (privacy budget)
     down = sum(sum(t.down_bytes.values()) for t in traffic) / per
     up = sum(sum(t.up_bytes.values()) for t in traffic) / per
     return {
@@ -264,7 +270,8 @@ def run_arm(
         "down_bytes": down,
         "up_bytes": up,
         "client_s": clock.seconds / per,
-        "server_s": (wall - clock.seconds) / max(1, args.rounds),
+        "server_s": (wall - clock.seconds) / max(1, rounds_run),
+        "rounds": rounds_run,
         "failed_rounds": len(strategy.failed_rounds),
     }
 
@@ -337,7 +344,8 @@ def _print_row(r: dict[str, Any]) -> None:
     print(
         f"  {label:<24} acc {r['accuracy']:.3f}  down {r['down_bytes'] / 1e3:9.1f} kB  "
         f"up {r['up_bytes'] / 1e3:8.1f} kB  client {r['client_s'] * 1e3:7.1f} ms  "
-        f"server {r['server_s'] * 1e3:7.1f} ms/round  failed rounds {r['failed_rounds']}",
+        f"server {r['server_s'] * 1e3:7.1f} ms/round  rounds {r['rounds']} "
+        f"(failed {r['failed_rounds']})",
         flush=True,
     )
 
