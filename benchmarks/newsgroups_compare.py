@@ -18,9 +18,10 @@ Arms (same clients, data, local training, rounds and seed):
 - ``secure-topk-mega``: the same through two-server SSA (``SecureFedSubAvg(groups=...)``,
   ``ssa_mod``, in-process S1; one SSA instance, every key ``dim + 1`` words, head coordinates
   zero-padded); it must reach ``topk-mega``'s accuracy up to fixed-point error;
-- ``index``: index mode (``SecureRowFedSubAvg``, PSR + row SSA, U-DPF hints) with the
-  existing **single-table** layout: the head travels as ``C`` more rows of the table
-  (``examples/dpf-psr-newsgroups``); at its defaults (distributed DP, ``z = 1``) and
+- ``index``: index mode as ``examples/dpf-psr-newsgroups`` runs it (``SecureRowFedSubAvg``
+  over :func:`model_tables`: PSR + row SSA for each client's ``max-rows`` word rows, the head
+  a dense part of the same two-server round — the mixed rounds of issue 22 item 1, fresh keys
+  every round), at its defaults (distributed DP, ``z = 1``, budget ``ε = 20``) and
   ``index-nodp`` (DP off, node floor 0).
 
 Columns: test accuracy after the last round; download and upload bytes per client per round
@@ -54,11 +55,13 @@ sys.path.insert(0, str(REPO))
 
 import dpf_psr_newsgroups.client_app as index_client  # noqa: E402
 from dpf_psr_newsgroups.task import (  # noqa: E402
+    HEAD,
     TABLE,
     Settings,
     client_data,
     evaluate,
-    initial_table,
+    initial_model,
+    model_tables,
     table_shape,
     test_documents,
     train_client,
@@ -77,7 +80,7 @@ from flwr_fsl.submodel import TopKConfig, sparsify  # noqa: E402
 from flwr_fsl.submodel.mega_layout import MegaLayout  # noqa: E402
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
 
-EMB, HEAD = "emb.weight", "head.weight"
+EMB = TABLE
 ARMS = ("dense", "topk-mega", "secure-topk-mega", "index", "index-nodp")
 
 
@@ -154,10 +157,10 @@ def split_app(mods: list[Mod]) -> ClientApp:
         )
         data = client_data(pid, num, settings)
         arrays = msg.content.array_records["arrays"]
-        table = np.concatenate([arrays[EMB].numpy(), arrays[HEAD].numpy()])
         rnd = int(msg.content["config"].get("server-round", 0))  # type: ignore[arg-type]
-        trained, loss = train_client(
-            table,
+        trained, head, loss = train_client(
+            arrays[EMB].numpy(),
+            arrays[HEAD].numpy(),
             data,
             table_shape(settings),
             epochs=settings.local_epochs,
@@ -165,8 +168,7 @@ def split_app(mods: list[Mod]) -> ClientApp:
             batch_size=settings.batch_size,
             seed=settings.seed * 1_000_003 + 1000 * rnd + pid,
         )
-        words = table_shape(settings).num_words
-        out = ArrayRecord({EMB: Array(trained[:words]), HEAD: Array(trained[words:])})
+        out = ArrayRecord({EMB: Array(trained), HEAD: Array(head)})
         metrics = MetricRecord({"train-loss": loss, "num-examples": len(data.docs)})
         return Message(RecordDict({"arrays": out, "metrics": metrics}), reply_to=msg)
 
@@ -187,9 +189,7 @@ def _arm(
 ):  # type: ignore[no-untyped-def]
     """Return (strategy, ClientApp, clock, node config, initial arrays) of one arm."""
     clock = ClientClock()
-    table = initial_table(settings)
-    words = table_shape(settings).num_words
-    split = ArrayRecord({EMB: Array(table[:words]), HEAD: Array(table[words:])})
+    split = ArrayRecord({k: Array(v) for k, v in initial_model(settings).items()})
     helper = InProcessHelper(keypair=key)
     common: dict[str, Any] = {"min_available_nodes": args.clients, "fraction_evaluate": 0.0}
     node: Callable[[int], dict[str, Any]] = lambda i: {  # noqa: E731
@@ -212,12 +212,10 @@ def _arm(
             **common,
         )
         return strategy, split_app([clock.mod, ssa_mod, topk_mod]), clock, node, split
-    packed = ArrayRecord({TABLE: Array(table)})
     nodp = name == "index-nodp"
     strategy = SecureRowFedSubAvg(
         helper,
-        TABLE,
-        settings.max_rows,
+        model_tables(settings),  # the word table; the head is a dense part of the round
         helper_fingerprint=key.fingerprint,
         **({"dp": None} if nodp else {}),
         **common,
@@ -228,10 +226,10 @@ def _arm(
             return {"partition-id": i, "num-partitions": args.clients, NODE_MIN_NOISE_KEY: 0.0}
 
     # The example's ClientApp (PrivateRows mod, its train and query.psr), clock outermost.
-    app = ClientApp(mods=[clock.mod, index_client.rows.mod])
+    app = ClientApp(mods=[clock.mod, index_client.rows.mod])  # PrivateTables
     app.train()(index_client.train)
     app.query("psr")(index_client.query)
-    return strategy, app, clock, node, packed
+    return strategy, app, clock, node, split
 
 
 def run_arm(
@@ -254,9 +252,7 @@ def run_arm(
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=args.rounds)
     wall = time.perf_counter() - start
     arrays = {k: v.numpy() for k, v in result.arrays.items()}
-    table = np.concatenate([arrays[EMB], arrays[HEAD]]) if HEAD in arrays else arrays[TABLE]
-    shape = table_shape(settings)
-    loss, acc = evaluate(table, test_documents(settings), shape)
+    loss, acc = evaluate(arrays[EMB], arrays[HEAD], test_documents(settings), table_shape(settings))
     traffic = strategy.traffic
     rounds_run = len({t.server_round for t in traffic if t.phase == "train"})
     per = max(1, rounds_run * args.clients)  # a DP run may stop early (privacy budget)
@@ -279,13 +275,19 @@ def run_arm(
 def padding_bytes(args: argparse.Namespace, settings: Settings, ratio: float) -> dict[str, int]:
     """One client's first top-k update encoded as one padded instance vs one per width."""
     rng = np.random.default_rng(args.seed)
-    table = initial_table(settings)
-    shape = table_shape(settings)
+    model = initial_model(settings)
     data = client_data(0, args.clients, settings)
-    trained, _ = train_client(table, data, shape, epochs=1, lr=settings.lr, batch_size=32, seed=1)
-    words = shape.num_words
-    model = {EMB: table[:words], HEAD: table[words:]}
-    delta = {EMB: trained[:words] - table[:words], HEAD: trained[words:] - table[words:]}
+    emb, head, _ = train_client(
+        model[EMB],
+        model[HEAD],
+        data,
+        table_shape(settings),
+        epochs=1,
+        lr=settings.lr,
+        batch_size=32,
+        seed=1,
+    )
+    delta = {EMB: emb - model[EMB], HEAD: head - model[HEAD]}
     update, _ = sparsify(delta, TopKConfig(ratio=ratio, groups=(EMB,), error_feedback=False))
     layout = MegaLayout.of(model, (EMB,))
     sizes = layout.group_sizes()
