@@ -37,9 +37,9 @@ GROUPS = ("conv.weight", "emb.weight")  # rows of width 20 and 4; fc.bias as coo
 RATIO = 0.3
 
 
-def _secure(groups: tuple[str, ...] = GROUPS, rounds: int = 2):  # type: ignore[no-untyped-def]
+def _secure(groups: tuple[str, ...] = GROUPS, rounds: int = 2, feedback: bool = False):  # type: ignore[no-untyped-def]
     key = SealingKeyPair.generate()
-    run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
+    run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": feedback}
     grid = InProcessGrid(make_app([ssa_mod, topk_mod]), 4, run_config)
     strategy = SecureFedSubAvg(
         InProcessHelper(keypair=key),
@@ -53,21 +53,23 @@ def _secure(groups: tuple[str, ...] = GROUPS, rounds: int = 2):  # type: ignore[
     return strategy, strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
 
 
-def _plain(groups: tuple[str, ...] = GROUPS, rounds: int = 2):  # type: ignore[no-untyped-def]
+def _plain(groups: tuple[str, ...] = GROUPS, rounds: int = 2, feedback: bool = False):  # type: ignore[no-untyped-def]
     run_config = {
         "topk-ratio": RATIO,
         "topk-groups": ",".join(groups),
-        "topk-error-feedback": False,
+        "topk-error-feedback": feedback,
     }
     grid = InProcessGrid(make_app([unit_weight_mod, topk_mod]), 4, run_config)
-    strategy = FedSubAvg(min_available_nodes=4)
+    # No per-coordinate clip (FedSubAvg's default 8.0): the secure strategy has none.
+    strategy = FedSubAvg(min_available_nodes=4, clipping_range=None)
     return strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
 
 
-def test_secure_mega_elements_equal_plaintext_topk_with_the_same_groups() -> None:
-    strategy, secure = _secure()
-    plain = _plain()
-    assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}}
+@pytest.mark.parametrize("feedback", [False, True], ids=["no-error-feedback", "error-feedback"])
+def test_secure_mega_elements_equal_plaintext_topk_with_the_same_groups(feedback: bool) -> None:
+    strategy, secure = _secure(rounds=3, feedback=feedback)
+    plain = _plain(rounds=3, feedback=feedback)
+    assert strategy.failed_rounds == {} and strategy.dropped == {1: {}, 2: {}, 3: {}}
     changed = 0
     for name, value in MODEL.items():
         got = secure.arrays[name].numpy()
