@@ -185,10 +185,11 @@ class SecureFedSubAvg(FedSubAvg):
         settings = self.aggregation.settings
         log(
             INFO,
-            "\t└──> SSA: top-k ratio %s, %s fractional bits, %s",
+            "\t└──> SSA: top-k ratio %s, %s fractional bits, %s%s",
             self.topk_ratio,
             settings.frac_bits,
             f"weighted by {self.weighted_by_key!r}" if settings.weighted else "unit weights",
+            f", mega-element rows of {', '.join(self.groups)}" if self.groups else "",
         )
 
     def layout(self, model: Mapping[str, NDArray[np.generic]]) -> FlatLayout | MegaLayout:
