@@ -33,6 +33,7 @@ from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.strategies import SecureFedSubAvg
 from flwr_fsl.submodel.layout import FlatLayout
+from flwr_fsl.submodel.mega_layout import MegaLayout
 from flwr_fsl.testing import InProcessGrid
 
 DeltaFn = Callable[[int, int, NDArray[np.float32]], NDArray[np.float32]]
@@ -119,7 +120,7 @@ class RecordingGrid(InProcessGrid):
         return replies
 
 
-def _truth_mod(view: S0View, layout: FlatLayout) -> Callable[..., Message]:
+def _truth_mod(view: S0View, layout: FlatLayout | MegaLayout) -> Callable[..., Message]:
     """A client-side spy between ``ssa_mod`` and ``topk_mod``: records the sparse update."""
     from flwr_fsl.core.records import decode_update
 
@@ -146,14 +147,19 @@ def attack_app(
     delta: DeltaFn,
     model: Mapping[str, NDArray[np.float32]],
     train_loss: Callable[[int, int], float] | None = None,
+    groups: tuple[str, ...] = (),
 ) -> ClientApp:
     """A ClientApp with ``[ssa_mod, truth spy, topk_mod]`` whose train adds ``delta``.
+
+    With ``groups`` (``SecureFedSubAvg(groups=...)``) the spy records mega-element ids
+    (:class:`~flwr_fsl.submodel.mega_layout.MegaLayout`), the element space S0 sees.
 
     Train and evaluate replies report the client's ``num-examples`` (its weight) as Flower
     apps do; train also reports a ``train_loss`` (``train_loss(pid, round)``).
     """
     layout = FlatLayout.of(dict(model))
-    app = ClientApp(mods=[ssa_mod, _truth_mod(view, layout), topk_mod])
+    spy_layout = MegaLayout.of(dict(model), groups) if groups else layout
+    app = ClientApp(mods=[ssa_mod, _truth_mod(view, spy_layout), topk_mod])
     loss = train_loss or (lambda pid, rnd: 0.1 + 0.01 * pid + 0.001 * rnd)
 
     @app.train()
@@ -211,7 +217,7 @@ def run_topk(
     view = S0View(nodes=view_nodes)
     extra = dict(node_config or {})
     grid = RecordingGrid(
-        attack_app(view, weights, delta, model, train_loss),
+        attack_app(view, weights, delta, model, train_loss, strategy_kwargs.get("groups", ())),
         n,
         {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": error_feedback},
         node_config_fn=lambda i: {"partition-id": i, "num-partitions": n, **extra},

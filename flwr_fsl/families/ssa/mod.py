@@ -14,6 +14,12 @@ parameters pass through untouched. The Flower plumbing is
 :class:`~flwr_fsl.core.phases.PhaseMod` with one phase,
 :data:`~flwr_fsl.families.ssa.records.SSA_TRAIN`).
 
+**Mega-elements.** A round that names ``topk-groups`` in its train config
+(:class:`~flwr_fsl.strategies.SecureFedSubAvg` with ``groups``) numbers the update over a
+:class:`~flwr_fsl.submodel.mega_layout.MegaLayout`: each chosen row of a grouped tensor is one
+element (one DPF key of ``width + 1`` words), each chosen coordinate elsewhere one element
+zero-padded to the same width. The layout's size and width must equal the round's.
+
 **Weights.** Each coordinate's payload is ``(c * dw, c)``. By default (the strategy's
 ``weighted=False``) ``c = 1``: the count word S0 reconstructs is the number of clients that
 chose the coordinate. In a weighted round ``c`` is the per-index count the reply carries for
@@ -34,8 +40,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 from flwr.app import Context, Message
+from numpy.typing import NDArray
 
+from flwr_fsl.core.checks import check_str
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.records import decode_update
@@ -43,6 +52,7 @@ from flwr_fsl.families.ssa.mod_base import ProtocolMod
 from flwr_fsl.families.ssa.protocol import encode_update
 from flwr_fsl.families.ssa.records import SSA_TRAIN, RoundRequest, UploadReply
 from flwr_fsl.submodel.layout import FlatLayout
+from flwr_fsl.submodel.mega_layout import MegaLayout
 from flwr_fsl.submodel.update import Encoding
 
 
@@ -64,10 +74,10 @@ class SSAMod(ProtocolMod):
         Raises
         ------
         ValueError
-            If the message has not one model ``ArrayRecord``, the model's size is not the
-            round's, the update uses row (mega-element) encoding, selects more coordinates
-            than the round allows, or a weight or weighted value exceeds the fixed-point
-            range.
+            If the message has not one model ``ArrayRecord``, the model's element space is
+            not the round's, the update uses row (mega-element) encoding in a round without
+            ``topk-groups``, selects more elements than the round allows, or a weight or
+            weighted value exceeds the fixed-point range.
         """
         params = request.round.params
         records = request.content.array_records
@@ -81,14 +91,20 @@ class SSAMod(ProtocolMod):
         if reply.has_error():
             return reply
         weight = self.round_weight(request, reply, context)
-        layout = FlatLayout.of(received)
-        if layout.size != params.domain_size:  # both sizes are public
-            raise ClientInputError(
-                f"model has {layout.size} coordinates, the round {params.domain_size}"
+        layout = round_layout(request, received)
+        if layout.size != params.domain_size or layout.width != params.value_width:
+            raise ClientInputError(  # both shapes are public
+                f"the model's element space is {layout.size} x {layout.width}, the round's "
+                f"{params.domain_size} x {params.value_width}"
             )
         update = decode_update(reply.content, received, weight)
-        if any(part.encoding is Encoding.ROWS for part in update.tensors.values()):
-            raise ConfigurationError("row (mega-element) updates need index mode, not top-k SSA")
+        if not isinstance(layout, MegaLayout) and any(
+            part.encoding is Encoding.ROWS for part in update.tensors.values()
+        ):
+            raise ConfigurationError(
+                "row (mega-element) updates need the round's topk-groups (SecureFedSubAvg "
+                "groups=...) or index mode"
+            )
         # Per-index counts where the reply has them, its weight elsewhere (FedSubAvg's rule).
         elements = layout.elements(update)
         indices, values, counts = elements.indices, elements.values, elements.counts
@@ -103,7 +119,30 @@ class SSAMod(ProtocolMod):
         return UploadReply(self.sealed_upload(upload, request.round, context))
 
 
+def round_layout(
+    request: RoundRequest, received: Mapping[str, NDArray[np.generic]]
+) -> FlatLayout | MegaLayout:
+    """Return the round's element space: mega-elements if the round names ``topk-groups``.
+
+    The groups come from the train message's ``ConfigRecord`` (where
+    :class:`~flwr_fsl.strategies.SecureFedSubAvg` puts them for ``topk_mod`` too); the run
+    config's own ``topk-groups`` do not count, so a client never uses a layout the server
+    did not announce.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``topk-groups`` is malformed or names no floating tensor of the model.
+    """
+    names: list[str] = []
+    for record in request.content.config_records.values():
+        if "topk-groups" in record:
+            raw = check_str("topk-groups", record["topk-groups"], empty=True)
+            names = [g.strip() for g in raw.split(",") if g.strip()]
+    return MegaLayout.of(received, names) if names else FlatLayout.of(received)
+
+
 ssa_mod = SSAMod()
 """The mod instance to stack: ``ClientApp(mods=[ssa_mod, topk_mod])``."""
 
-__all__ = ["SSAMod", "ssa_mod"]
+__all__ = ["SSAMod", "round_layout", "ssa_mod"]

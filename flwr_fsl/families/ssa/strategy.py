@@ -41,13 +41,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
+from numpy.typing import NDArray
 
 from flwr_fsl.core.checks import check_real
 from flwr_fsl.core.engine import RoundState
@@ -64,6 +66,24 @@ from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.submodel.layout import FlatLayout
+from flwr_fsl.submodel.mega_layout import MegaLayout
+
+
+def _check_groups(groups: object) -> tuple[str, ...]:
+    """Return ``groups`` as a tuple of distinct tensor names (checked by name).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``groups`` is not a tuple or list of distinct non-empty names without commas.
+    """
+    if not isinstance(groups, tuple | list) or not all(
+        isinstance(g, str) and g and "," not in g for g in groups
+    ):
+        raise ConfigurationError(f"groups must be a tuple of tensor names, got {groups!r}")
+    if len(set(groups)) != len(groups):
+        raise ConfigurationError(f"groups names a tensor twice: {groups!r}")
+    return tuple(groups)
 
 
 class SecureFedSubAvg(FedSubAvg):
@@ -98,6 +118,13 @@ class SecureFedSubAvg(FedSubAvg):
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
+    groups : tuple[str, ...]
+        Tensors sent as whole rows (mega-elements, Cui §6 and §7.4): rows ranked by L1 norm,
+        ``ceil(topk_ratio * rows)`` per group, and ``ceil(topk_ratio * rest)`` single
+        coordinates of the other tensors, all in one SSA instance over a
+        :class:`~flwr_fsl.submodel.mega_layout.MegaLayout` (every key ``width + 1`` words,
+        ``width`` the widest row; narrower elements zero-padded). The servers learn the
+        public sizes only (``m``, ``k``, ``width``). Default: none (flat coordinates).
     **kwargs
         Flower ``FedAvg`` arguments (fractions, minimum nodes, keys, metric aggregation) and
         ``sampling_seed``; ``fraction_evaluate`` defaults to 0.0.
@@ -130,9 +157,11 @@ class SecureFedSubAvg(FedSubAvg):
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
+        groups: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
         check_real("topk_ratio", topk_ratio, 0.0, 1.0, low_open=True)
+        self.groups = _check_groups(groups)
         check_helper(helper, helper_fingerprint)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
@@ -156,32 +185,67 @@ class SecureFedSubAvg(FedSubAvg):
         settings = self.aggregation.settings
         log(
             INFO,
-            "\t└──> SSA: top-k ratio %s, %s fractional bits, %s",
+            "\t└──> SSA: top-k ratio %s, %s fractional bits, %s%s",
             self.topk_ratio,
             settings.frac_bits,
             f"weighted by {self.weighted_by_key!r}" if settings.weighted else "unit weights",
+            f", mega-element rows of {', '.join(self.groups)}" if self.groups else "",
         )
+
+    def layout(self, model: Mapping[str, NDArray[np.generic]]) -> FlatLayout | MegaLayout:
+        """Return the round's element space: flat coordinates, or mega-elements with ``groups``.
+
+        Raises
+        ------
+        ConfigurationError
+            If a group is not a floating tensor of the model with rows.
+        """
+        if self.groups:
+            return MegaLayout.of(model, self.groups)
+        return FlatLayout.of(model)
+
+    def round_items(self, layout: FlatLayout | MegaLayout) -> int:
+        """Return ``k``, the elements one client may send this round (public).
+
+        Flat: ``ceil(topk_ratio * m)``. Mega-elements: per group ``ceil(topk_ratio * rows)``
+        plus ``ceil(topk_ratio * coordinates)`` of the other tensors, exactly what
+        ``topk_mod`` keeps at ``topk-ratio`` with these ``topk-groups``.
+        """
+        if isinstance(layout, MegaLayout):
+            sizes = layout.group_sizes().values()
+            return sum(min(n, math.ceil(self.topk_ratio * n)) for n in sizes)
+        return min(layout.size, math.ceil(self.topk_ratio * layout.size))
 
     def round_config(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> ConfigRecord:
-        """FedAvg's train config plus the round's SSA parameters, S1's key and ``topk-count``."""
-        layout = FlatLayout.of(state.model)
+        """FedAvg's train config plus the round's SSA parameters, S1's key and the top-k keys.
+
+        Flat rounds send ``topk-count = k``; rounds with ``groups`` send ``topk-ratio``,
+        ``topk-groups`` and ``topk-scope = "global"`` (the client's ``topk_mod`` then keeps
+        exactly :meth:`round_items` elements).
+        """
+        layout = self.layout(state.model)
         if layout.size == 0:
             raise ConfigurationError("the model has no floating tensors to aggregate")
-        k = min(layout.size, math.ceil(self.topk_ratio * layout.size))
+        k = self.round_items(layout)
         params = self.aggregation.round_params(
             grid,
             round_id=state.server_round,
             domain_size=layout.size,
             num_items=k,
-            value_width=1,
+            value_width=layout.width,
             hash_key=os.urandom(16),  # fresh per round: top-k sets change every round
             max_summands=max(1, len(list(grid.get_node_ids()))),
         )
         state.protocol = params
         out = super().round_config(state, arrays, config, grid)
-        out["topk-count"] = k
+        if self.groups:
+            out["topk-ratio"] = float(self.topk_ratio)
+            out["topk-groups"] = ",".join(self.groups)
+            out["topk-scope"] = "global"
+        else:
+            out["topk-count"] = k
         for key, value in self.aggregation.round_fields(params, self.weighted_by_key).items():
             out[key] = value
         return out
@@ -203,7 +267,7 @@ class SecureFedSubAvg(FedSubAvg):
         parse = self.aggregation.parser(params, accept_hints=False)
         uploads = self.stream(grid, state, "train", messages, parse)
         return self.aggregation.apply(
-            state, params, uploads, FlatLayout.of(state.model), self.train_metrics
+            state, params, uploads, self.layout(state.model), self.train_metrics
         )
 
     def aggregate_train(
@@ -218,7 +282,7 @@ class SecureFedSubAvg(FedSubAvg):
         uploads = self.receive(state, "train", replies, parse)
         try:
             return self.aggregation.apply(
-                state, params, uploads, FlatLayout.of(state.model), self.train_metrics
+                state, params, uploads, self.layout(state.model), self.train_metrics
             )
         except RoundFailedError as err:  # Flower's own loop may drive this method
             self.fail_round(state, err)
