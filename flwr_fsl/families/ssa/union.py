@@ -1,4 +1,4 @@
-"""Cui's basic protocol with a private set union (Cui et al. §6): PSU first, then SSA over the union.
+"""Cui's basic protocol (Cui et al. §6): a private set union first, then SSA over the union.
 
 The default SSA round runs over the whole element space ``[0, m)``: every server evaluates
 every client's keys over all ``m`` elements and reveals no more than the aggregate. With
@@ -243,7 +243,7 @@ class UnionRound:
 
     @classmethod
     def of(cls, domain_size: int, union: ArrayLike, limit: int) -> UnionRound:
-        """The round's union, or the full domain when ``|U| > limit`` (a client lied).
+        """Return the round's union, or the full domain when ``|U| > limit`` (a client lied).
 
         Raises
         ------
@@ -275,7 +275,7 @@ class UnionRound:
         return pos[inside], inside
 
     def params(self, base: SSAParams) -> SSAParams:
-        """The SSA round over ``[0, |U|)`` (``num_items`` capped at ``|U|``).
+        """Return the SSA round over ``[0, |U|)`` (``num_items`` capped at ``|U|``).
 
         Raises
         ------
@@ -376,7 +376,7 @@ def _psu_phase(
     return union
 
 
-def run_basic_round(  # noqa: C901
+def run_basic_round(
     params: SSAParams,
     clients: Mapping[int, ClientSet],
     union: str = "off",
