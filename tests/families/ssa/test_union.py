@@ -192,5 +192,5 @@ def test_bad_inputs_are_refused_by_name() -> None:
         UnionParty(psu, 2)
     with pytest.raises(ConfigurationError, match="empty"):
         UnionRound.of(16, [], 4).params(params(16, 2))
-    with pytest.raises(ConfigurationError, match="psu.domain_size"):
+    with pytest.raises(ConfigurationError, match=r"psu\.domain_size"):
         run_basic_round(params(16, 2), {}, "psu", PSUParams.exact(8))
