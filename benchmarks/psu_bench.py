@@ -46,6 +46,7 @@ import numpy as np
 from flwr_fsl.crypto.psu import PSUParams, client_vector, reconstruct_union
 from flwr_fsl.families.secagg.protocol import SecAggParams, run_round
 from flwr_fsl.families.ssa.aggregation_strategy import SSASettings
+from flwr_fsl.families.ssa.placement import key_domain_bits
 from flwr_fsl.families.ssa.union import ClientSet, run_basic_round
 
 MIB = 1 << 20
@@ -115,6 +116,7 @@ def union_arms(m: int, n: int, k: int, width: int, overlap: str, seed: int) -> l
         ("psu bloom", "psu", bloom),
     ):
         out = run_basic_round(params, clients, union, psu, rng=rng)
+        ssa = out.ssa_params
         up = sum(out.up_lead.values()) + sum(out.up_helper.values())
         rows.append(
             {
@@ -124,6 +126,7 @@ def union_arms(m: int, n: int, k: int, width: int, overlap: str, seed: int) -> l
                 "overlap": overlap,
                 "arm": arm,
                 "union": m if out.union is None else out.union.size,
+                "key_bits": 0 if ssa is None else int(key_domain_bits(ssa).max()),
                 "up_kib_per_client": up / n / 1024,
                 "down_union_kib": out.down_union / 1024,
                 "s0_s": out.server_seconds["S0"] + out.server_seconds["reconstruct"],
@@ -146,7 +149,7 @@ def ssa_union_table(args: argparse.Namespace) -> None:
         f"load {os.getloadavg()[0]:.2f}"
     )
     header = (
-        f"{'m':>7} {'overlap':>8} {'arm':>10} {'|U|':>6} {'up KiB/cl':>10} {'x def':>6} "
+        f"{'m':>7} {'overlap':>8} {'arm':>10} {'|U|':>6} {'bits':>5} {'up KiB/cl':>10} {'x def':>6} "
         f"{'down KiB':>9} {'S0 s':>7} {'S1 s':>7} {'x def':>6}"
     )
     print(header)
@@ -157,7 +160,7 @@ def ssa_union_table(args: argparse.Namespace) -> None:
             for row in union_arms(m, args.union_clients, args.k, args.width, overlap, args.seed):
                 rows.append(row)
                 print(
-                    f"{m:>7} {overlap:>8} {row['arm']:>10} {row['union']:>6} "
+                    f"{m:>7} {overlap:>8} {row['arm']:>10} {row['union']:>6} {row['key_bits']:>5} "
                     f"{row['up_kib_per_client']:>10.1f} {row['up_ratio']:>6.2f} "
                     f"{row['down_union_kib']:>9.1f} {row['s0_s']:>7.3f} {row['s1_s']:>7.3f} "
                     f"{row['server_ratio']:>6.3f}"

@@ -334,6 +334,8 @@ class BasicRound:
         Each server's time (PSU adds and opening, SSA evaluation) and ``reconstruct``.
     dropped : dict[int, str]
         Clients dropped with the reason.
+    ssa_params : SSAParams or None
+        The SSA round that ran (over ``[0, |U|)`` with the PSU; None if the union was empty).
     """
 
     result: SSAResult
@@ -343,6 +345,7 @@ class BasicRound:
     down_union: int = 0
     server_seconds: dict[str, float] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)
+    ssa_params: SSAParams | None = None
 
 
 def _psu_phase(
@@ -432,6 +435,7 @@ def run_basic_round(
         if out.union.size == 0:
             return out
         round_params = out.union.params(params)
+    out.ssa_params = round_params
     servers = (SSAServer(round_params, 0, threads=1), SSAServer(round_params, 1, threads=1))
     for cid, client in clients.items():
         if cid in out.dropped:
