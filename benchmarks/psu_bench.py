@@ -149,8 +149,8 @@ def ssa_union_table(args: argparse.Namespace) -> None:
         f"load {os.getloadavg()[0]:.2f}"
     )
     header = (
-        f"{'m':>7} {'overlap':>8} {'arm':>10} {'|U|':>6} {'bits':>5} {'up KiB/cl':>10} {'x def':>6} "
-        f"{'down KiB':>9} {'S0 s':>7} {'S1 s':>7} {'x def':>6}"
+        f"{'m':>7} {'overlap':>8} {'arm':>10} {'|U|':>6} {'bits':>5} {'up KiB/cl':>10} "
+        f"{'x def':>6} {'down KiB':>9} {'S0 s':>7} {'S1 s':>7} {'x def':>6}"
     )
     print(header)
     print("-" * len(header))
