@@ -26,7 +26,8 @@ Writes JSON (default ``benchmarks/results/psu_bench.json``).
 additive shares, then SSA over the union only: :mod:`flwr_fsl.families.ssa.union`) with the
 default SSA round over ``[0, m)``, on the same clients, for element sets that overlap fully
 (every client holds the same ``k`` rows), partly (drawn from a pool of ``4k`` popular rows) or
-hardly (uniform over ``[0, m)``). Per arm: the union size, upload per client (PSU vector + SSA
+hardly (uniform over ``[0, m)``). Per arm: the union size, the largest key's domain bits
+(``bits``, Cui's ``log Θ``, 9 -> 5 in their experiments), upload per client (PSU vector + SSA
 keys, to S0 and S1 together), the union each client downloads, each server's time for the
 round (PSU sums and opening, SSA evaluation; one thread) and the ratios to the default. The PSU
 costs one more message round (clients -> servers -> clients) before SSA. ``--domains``,
@@ -40,6 +41,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +103,7 @@ def union_clients(
     }
 
 
-def union_arms(m: int, n: int, k: int, width: int, overlap: str, seed: int) -> list[dict]:
+def union_arms(m: int, n: int, k: int, width: int, overlap: str, seed: int) -> list[dict[str, Any]]:
     """One round of each arm (default, PSU exact, PSU Bloom) on the same clients."""
     rng = np.random.default_rng(seed)
     clients = union_clients(m, n, k, width, overlap, rng)
