@@ -111,7 +111,7 @@ def union_arms(m: int, n: int, k: int, width: int, overlap: str, seed: int) -> l
         round_id=1, domain_size=m, num_items=k, value_width=width, hash_key=os.urandom(16)
     )
     bloom = PSUParams.for_target(m, n * k, 1e-6, max(1, m // 1024))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for arm, union, psu in (
         ("default", "off", None),
         ("psu exact", "psu", PSUParams.exact(m)),
