@@ -32,6 +32,7 @@ from flwr_fsl.submodel.layout import (
     TensorSlice,
     WidthLayout,
 )
+from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 from flwr_fsl.submodel.topk import TopKConfig, sparsify
 from flwr_fsl.submodel.update import Encoding, SubmodelUpdate, TensorUpdate
 
@@ -44,9 +45,12 @@ __all__ = [
     "Encoding",
     "FlatLayout",
     "Layout",
+    "ModelTables",
     "RowLayout",
+    "RowMap",
     "SubmodelFormatError",
     "SubmodelUpdate",
+    "TableSpec",
     "TensorSlice",
     "TensorUpdate",
     "TopKConfig",

@@ -252,6 +252,49 @@ def apply_count_weighted(
     return layout.write(global_arrays, touched, updated)
 
 
+def apply_count_weighted_parts(
+    global_arrays: Mapping[str, NDArray[np.generic]],
+    parts: Sequence[tuple[Layout, ArrayLike, ArrayLike]],
+    *,
+    finite: bool = False,
+) -> dict[str, NDArray[np.generic]]:
+    """Apply :func:`apply_count_weighted` for several parts of one model at once.
+
+    A mixed model's round aggregates each part (a row table, the dense tensors) in its own
+    element space; every part's touched elements move by ``S[j] / C[j]`` of that part, and
+    elements no part touched keep their value. The parts' layouts must cover disjoint tensors
+    (each part is applied to the original values of its own tensors).
+
+    Parameters
+    ----------
+    global_arrays : Mapping[str, numpy.ndarray]
+        The model the deltas are relative to (not modified).
+    parts : Sequence[tuple[Layout, array_like, array_like]]
+        Per part its layout, ``(size, width)`` sums and ``(size,)`` counts.
+    finite : bool, optional
+        As in :func:`apply_count_weighted`.
+
+    Returns
+    -------
+    dict[str, numpy.ndarray]
+        The new model (new arrays, model order).
+
+    Raises
+    ------
+    ValueError
+        As :func:`apply_count_weighted` (shapes that do not fit a part's layout).
+    RoundFailedError
+        As :func:`apply_count_weighted`.
+    """
+    out = {k: np.array(v, copy=True) for k, v in global_arrays.items()}
+    for layout, sums, counts in parts:
+        new = apply_count_weighted(global_arrays, layout, sums, counts, finite=finite)
+        for name, array in new.items():
+            if not np.array_equal(array, global_arrays[name], equal_nan=True):
+                out[name] = array
+    return out
+
+
 def count_weighted_average(
     global_arrays: Mapping[str, NDArray[np.generic]], updates: Sequence[SubmodelUpdate]
 ) -> tuple[dict[str, NDArray[np.generic]], AggregationStats]:

@@ -1,19 +1,21 @@
 """dpf-psr-newsgroups: the ServerApp — S0 of private retrieval and secure aggregation of words.
 
-The ServerApp trains the table of a bag-of-embeddings text classifier (word rows + classifier
-rows) with :class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` (index mode, Cui et al.
-§4–§6): every round each client retrieves the rows of its words with two-server PSR, trains,
-and uploads the row deltas as mega-elements (``dim`` values and a count word) through SSA;
-from its second round on, with an unchanged row set, only a U-DPF hint. S1 is a running
+The ServerApp trains a bag-of-embeddings text classifier (a word table and a dense classifier
+head) with :class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` (index mode, Cui et
+al. §4–§6, a mixed round): every round each client retrieves the rows of its words with
+two-server PSR, trains, and uploads the row deltas as mega-elements (``dim`` values and a count
+word) through SSA, and the head's delta as the dense part of the same two-server round. S1 is a
+running
 ``flwr-fsl-helper`` when ``ssa-helper-address`` is set, else an in-process twin (as in
 ``examples/dpf-psr-movielens``).
 
 With ``compare-plaintext = true`` it also trains plaintext :class:`~flwr_fsl.strategies.FedSubAvg`
-(the whole table down, the same rows' deltas up) from the same table and client sample
+(the whole model down, the same rows' deltas and the head up) from the same model and client
+sample
 (:class:`flwr_fsl.experiment.Experiment`) and prints the harness's tables (test accuracy,
 bytes per client per round, time), what each party learns, the largest difference between the
 final tables, then this app's two sections: **bytes per client and round** of the secure run,
-the plaintext row-sparse run and a dense upload of the whole table (what ``FedAvg`` would send,
+the plaintext row-sparse run and a dense upload of the whole model (what ``FedAvg`` would send,
 sized with :func:`flwr_fsl.core.traffic.content_bytes`), and **what S0 saw** — in plaintext, each
 client's word set (recorded from the replies it decoded); under SSA, only the per-row sums.
 
@@ -41,11 +43,13 @@ from flwr.serverapp import Grid, ServerApp
 from numpy.typing import NDArray
 
 from dpf_psr_newsgroups.task import (
+    HEAD,
     TABLE,
     Settings,
     Shape,
     evaluate,
-    initial_table,
+    initial_model,
+    model_tables,
     table_shape,
     test_documents,
 )
@@ -67,9 +71,9 @@ from flwr_fsl.strategies import FedSubAvg
 
 ACCURACY = Metric("acc %", "accuracy", scale=100, digits=2)
 LOSS = Metric("test loss", "loss", digits=4)
-UDPF = Metric("U-DPF", "udpf-clients", source="train", digits=0)  # clients that sent a hint
 SECURE_LEARNS = {
-    "S0": "per row the round's sum and how many clients used it (no count, no word set)",
+    "S0": "per row the round's sum and how many clients used it (no count, no word set); "
+    "the head's sum over the round's clients",
     "S1": "the round's public parameters and pseudorandom key material",
 }
 WEIGHTED_LEARNS = {
@@ -139,13 +143,13 @@ class ObservedFedSubAvg(FedSubAvg):
         return valid
 
 
-def dense_bytes(table: NDArray[np.float32]) -> tuple[int, int]:
-    """Return the wire bytes of a dense round per client: the whole table down and up.
+def dense_bytes(model: Mapping[str, NDArray[np.float32]]) -> tuple[int, int]:
+    """Return the wire bytes of a dense round per client: the whole model down and up.
 
-    Down is a train message (the table and a round config), up a ``FedAvg`` reply (the
-    trained table and its two metrics), both sized as Flower encodes them.
+    Down is a train message (the model and a round config), up a ``FedAvg`` reply (the
+    trained model and its two metrics), both sized as Flower encodes them.
     """
-    arrays = ArrayRecord({TABLE: Array(table)})
+    arrays = ArrayRecord({k: Array(v) for k, v in model.items()})
     config = ConfigRecord({"server-round": 1})
     metrics = MetricRecord({"train-loss": 0.0, "num-examples": 1})
     down = content_bytes(RecordDict({"arrays": arrays, "config": config}))
@@ -162,13 +166,12 @@ def bytes_table(
 ) -> dict[str, Any]:
     """Print and return bytes per client per round: SSA/PSR, plaintext row-sparse, dense."""
     rows: list[tuple[str, float | None, float | None]] = [
-        ("secure: PSR + SSA (fresh keys, round 1)", *_first_round(secure)),
-        ("secure: PSR + U-DPF hints (later rounds)", *_later_rounds(secure)),
+        ("secure: PSR + SSA (round 1)", *_first_round(secure)),
         ("secure: mean over the rounds", secure.mean("up_bytes"), secure.mean("down_bytes")),
     ]
     if plain is not None:
         rows.append(("plaintext: row-sparse up, table down", *_means(plain)))
-    rows.append(("dense FedAvg: the whole table both ways", float(dense[1]), float(dense[0])))
+    rows.append(("dense FedAvg: the whole model both ways", float(dense[1]), float(dense[0])))
     print(
         f"\n{'bytes per client and round':<42}  {'up B':>12}  {'down B':>12}  "
         f"{'up vs dense':>11}  {'down vs dense':>13}",
@@ -193,11 +196,6 @@ def _means(record: ArmRecord) -> tuple[float | None, float | None]:
 def _first_round(record: ArmRecord) -> tuple[float | None, float | None]:
     first = record.rounds[0] if record.rounds else None
     return (first.up_bytes, first.down_bytes) if first is not None else (None, None)
-
-
-def _later_rounds(record: ArmRecord) -> tuple[float | None, float | None]:
-    later = ArmRecord(record.key, record.label, rounds=record.rounds[1:])
-    return later.mean("up_bytes"), later.mean("down_bytes")
 
 
 def _telling_words(
@@ -241,7 +239,7 @@ def s0_view(result: ExperimentResult, shape: Shape, initial: NDArray[np.float32]
             print(f"             node {node}: {text}", flush=True)
         out["plaintext_sets"] = {str(n): len(r) for n, r in seen.items()}
     secure = result.arm("secure")
-    touched = np.any(secure.arrays[TABLE][: shape.num_words] != initial[: shape.num_words], axis=1)
+    touched = np.any(secure.arrays[TABLE] != initial, axis=1)
     print(
         f"  secure     every round: per row the sum and how many of the round's clients used it "
         f"— over the run {int(touched.sum()):,} of {shape.num_words:,} word rows "
@@ -256,7 +254,7 @@ def privacy_line(result: ExperimentResult) -> str:
     """Print and return the secure arm's ``(ε, δ)`` (or that it added no noise)."""
     strategy = result.arm("secure").strategy
     assert isinstance(strategy, SecureRowFedSubAvg)
-    line = strategy.aggregation.describe_privacy()
+    line = strategy.describe_privacy()
     print(f"\nsecure arm, {line}", flush=True)
     return line
 
@@ -292,16 +290,16 @@ def run_experiment(
         knobs = sampling_kwargs(settings)
         compare = settings.compare_plaintext
         shape = table_shape(settings)
-        table = initial_table(settings)
+        model = initial_model(settings)
         test = test_documents(settings)
 
         def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-            loss, accuracy = evaluate(arrays[TABLE].numpy(), test, shape)
+            loss, accuracy = evaluate(arrays[TABLE].numpy(), arrays[HEAD].numpy(), test, shape)
             return MetricRecord({"accuracy": accuracy, "loss": loss})
 
         description = (
-            f"table {shape.num_words:,} words + {shape.num_classes} classes x {settings.dim}, "
-            f"max-rows {settings.max_rows}"
+            f"table {shape.num_words:,} words x {settings.dim} + dense head "
+            f"{shape.num_classes} x {settings.dim}, max-rows {settings.max_rows}"
         )
         arms = [
             Arm(
@@ -309,10 +307,8 @@ def run_experiment(
                 "secure (PSR+SSA)",
                 lambda setup: SecureRowFedSubAvg(
                     connection,
-                    TABLE,
-                    settings.max_rows,
+                    model_tables(settings),  # the word table; the head is dense (dense=True)
                     helper_fingerprint=fingerprint,
-                    udpf=settings.ssa_udpf,
                     frac_bits=settings.ssa_frac_bits,
                     max_abs=settings.ssa_max_abs,
                     weighted=settings.ssa_weighted,
@@ -340,25 +336,25 @@ def run_experiment(
                     description=description,
                 )
             )
-        dense = dense_bytes(table)
+        dense = dense_bytes(model)
 
         def extras(result: ExperimentResult) -> dict[str, Any]:
             plain = result.record.arm("plaintext") if compare else None
             return {
                 "bytes": bytes_table(result.record.arm("secure"), plain, dense),
                 "dense_bytes": {"down": dense[0], "up": dense[1]},
-                "s0_view": s0_view(result, shape, table),
+                "s0_view": s0_view(result, shape, model[TABLE]),
                 "privacy": privacy_line(result),
             }
 
         experiment = Experiment(
             name="dpf-psr-newsgroups",
             arms=arms,
-            initial_arrays=ArrayRecord({TABLE: Array(table)}),
+            initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
             num_rounds=settings.num_server_rounds,
             sampling_seed=settings.seed,
             run_config=run_config,
-            metrics=[ACCURACY, LOSS, UDPF],
+            metrics=[ACCURACY, LOSS],
             evaluate_fn=global_evaluate,
             baseline="plaintext" if compare else "secure",
             results_dir=settings.results_dir or None,

@@ -5,21 +5,20 @@ The classifier is a bag of embeddings (fastText-like): a document ``x`` with wor
 
     h(x) = sum_w a_w e_w / sum_w a_w,   a_w = log(1 + n_w),   logits = W h(x)
 
-All parameters live in **one** table ``emb.weight`` of ``(V + C) x dim`` float32: rows
-``0 .. V-1`` are the word embeddings ``e_w`` (word id = frequency rank in the training
-documents), rows ``V .. V+C-1`` the classifier rows ``W_c`` of the ``C`` newsgroups. In index
-mode only the table is federated
-(:class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg`), so
-the head travels as ``C`` more rows of it: every client's row set holds the head rows; which
-*word* rows it holds is private.
+The model is two tensors: the table ``emb.weight`` of ``V x dim`` float32 word embeddings
+``e_w`` (word id = frequency rank in the training documents) and the classifier
+``head.weight`` of ``C x dim`` (the rows ``W_c`` of the ``C`` newsgroups). In index mode the
+table is one row table and the head a dense tensor of the same secure round
+(:class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` with
+:func:`model_tables`: PSR + row SSA for the words, dense SSA for the head); which *word* rows a
+client holds is private.
 
-A client's row set is fixed across rounds (so U-DPF hints apply from its second round on): its
-words, without the ``stop-words`` most frequent ones of the vocabulary (a public stop list),
-ranked by how many of its documents contain them (ties: the more frequent word first), cut to
-the public bound ``max-rows - C``, plus the ``C`` head rows. Its documents keep only those
-words. Each row's averaging weight (count) is the number of the client's documents that use
-it (for a head row: all of them). Word embeddings start at zero (a word no client trained adds
-nothing to a document's vector), the head rows at ``N(0, init-std)``.
+A client's row set is fixed across rounds: its words, without the ``stop-words`` most frequent
+ones of the vocabulary (a public stop list), ranked by how many of its documents contain them
+(ties: the more frequent word first), cut to the public bound ``max-rows``. Its documents keep
+only those words. Each row's averaging weight (count) is the number of the client's documents
+that use it. Word embeddings start at zero (a word no client trained adds nothing to a
+document's vector), the head at ``N(0, init-std)``.
 
 Training is minibatch SGD on the summed cross-entropy; evaluation is centralized on the test
 documents (the servers hold the model; the clients' row sets are what is private).
@@ -39,8 +38,10 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.data import load_newsgroups, newsgroups_clients
 from flwr_fsl.data.newsgroups import BagOfWords
 from flwr_fsl.run_config import settings_from_run_config
+from flwr_fsl.submodel.tables import ModelTables
 
 TABLE = "emb.weight"
+HEAD = "head.weight"
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,6 @@ class Settings:
     max_rows: int = 2048
     test_docs: int = 0
     seed: int = 42
-    ssa_udpf: bool = True
     ssa_helper_address: str = ""
     ssa_helper_fingerprint: str = ""
     ssa_helper_key_file: str = ""
@@ -125,19 +125,23 @@ class Settings:
 
 
 class Shape(NamedTuple):
-    """The table's layout: ``num_words`` word rows, then ``num_classes`` head rows."""
+    """The model's layout: ``num_words`` word rows in the table, ``num_classes`` head rows."""
 
     num_words: int
     num_classes: int
 
     @property
     def rows(self) -> int:
-        """Rows of the table."""
-        return self.num_words + self.num_classes
+        """Rows of the table (the words)."""
+        return self.num_words
 
-    def head(self) -> NDArray[np.int64]:
-        """Row ids of the classifier rows."""
-        return np.arange(self.num_words, self.rows, dtype=np.int64)
+
+def model_tables(settings: Settings) -> ModelTables:
+    """Return the model's row tables: the word table, ``max-rows`` rows per client.
+
+    The head (every other tensor) is dense.
+    """
+    return ModelTables.single(TABLE, settings.max_rows)
 
 
 def table_shape(settings: Settings) -> Shape:
@@ -168,9 +172,9 @@ class ClientData(NamedTuple):
     Attributes
     ----------
     rows : numpy.ndarray
-        Sorted row ids: its chosen words, then the head rows (at most ``max_rows``), int64.
+        Sorted row ids of its chosen words (at most ``max_rows``), int64.
     counts : numpy.ndarray
-        Averaging weight of each row: documents using the word (head rows: all documents).
+        Averaging weight of each row: documents using the word.
     docs : BagOfWords
         Its training documents, restricted to the chosen words.
     words : int
@@ -190,15 +194,13 @@ def client_data(partition_id: int, num_partitions: int, settings: Settings) -> C
     Raises
     ------
     ValueError
-        If ``partition_id`` is out of range or ``max-rows`` leaves no room for a word.
+        If ``partition_id`` is out of range.
     DataNotPreparedError
         If 20 Newsgroups has not been prepared.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id must be in [0, {num_partitions}), got {partition_id}")
     shape = table_shape(settings)
-    if settings.max_rows <= shape.num_classes:
-        raise ValueError(f"max-rows must exceed the {shape.num_classes} head rows")
     parts = newsgroups_clients(
         num_partitions, partitioning=settings.partitioning, alpha=settings.alpha, seed=settings.seed
     )
@@ -209,24 +211,24 @@ def client_data(partition_id: int, num_partitions: int, settings: Settings) -> C
     df[: settings.stop_words] = 0
     candidates = np.flatnonzero(df)
     ranked = candidates[np.lexsort((candidates, -df[candidates]))]
-    words = np.sort(ranked[: settings.max_rows - shape.num_classes])
+    words = np.sort(ranked[: settings.max_rows])
     keep = np.zeros(load_newsgroups().num_words, bool)
     keep[words] = True
-    rows = np.concatenate([words, shape.head()]).astype(np.int64)
-    counts = np.concatenate([df[words], np.full(shape.num_classes, len(bag))]).astype(np.float64)
+    rows = words.astype(np.int64)
+    counts = df[words].astype(np.float64)
     out = ClientData(rows, counts, restrict(bag, keep), used)
     for array in (out.rows, out.counts):
         array.setflags(write=False)
     return out
 
 
-def initial_table(settings: Settings) -> NDArray[np.float32]:
-    """Return the initial table: zero word rows, ``N(0, init-std)`` head rows (seeded)."""
+def initial_model(settings: Settings) -> dict[str, NDArray[np.float32]]:
+    """Return the initial model: zero word rows, an ``N(0, init-std)`` head (seeded)."""
     shape = table_shape(settings)
     table = np.zeros((shape.rows, settings.dim), np.float32)
     rng = np.random.default_rng([settings.seed, 0])
-    table[shape.num_words :] = rng.normal(0.0, settings.init_std, (shape.num_classes, settings.dim))
-    return table
+    head = rng.normal(0.0, settings.init_std, (shape.num_classes, settings.dim))
+    return {TABLE: table, HEAD: head.astype(np.float32)}
 
 
 def _weights(bag: BagOfWords) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -249,11 +251,11 @@ def doc_vectors(
     return out
 
 
-def evaluate(table: NDArray[np.floating], bag: BagOfWords, shape: Shape) -> tuple[float, float]:
-    """Return the mean cross-entropy and the accuracy of the table on ``bag``."""
-    logits = doc_vectors(table, bag, shape.num_words) @ table[shape.num_words :].T.astype(
-        np.float64
-    )
+def evaluate(
+    table: NDArray[np.floating], head: NDArray[np.floating], bag: BagOfWords, shape: Shape
+) -> tuple[float, float]:
+    """Return the mean cross-entropy and the accuracy of the model on ``bag``."""
+    logits = doc_vectors(table, bag, shape.num_words) @ head.T.astype(np.float64)
     logits -= logits.max(axis=1, keepdims=True)
     log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     loss = float(-np.mean(log_p[np.arange(len(bag)), bag.labels]))
@@ -275,6 +277,7 @@ def test_documents(settings: Settings) -> BagOfWords:
 
 def train_client(
     table: NDArray[np.float32],
+    head: NDArray[np.float32],
     data: ClientData,
     shape: Shape,
     *,
@@ -282,16 +285,18 @@ def train_client(
     lr: float,
     batch_size: int,
     seed: int,
-) -> tuple[NDArray[np.float32], float]:
-    """Train the client's rows with minibatch SGD on the summed cross-entropy.
+) -> tuple[NDArray[np.float32], NDArray[np.float32], float]:
+    """Train the client's word rows and the head with minibatch SGD on the summed cross-entropy.
 
-    Only the rows of ``data.rows`` change (its words and the head rows).
+    Only the rows of ``data.rows`` change in the table.
 
     Parameters
     ----------
     table : numpy.ndarray
-        The ``(V + C, dim)`` table (not modified; a trained copy is returned). Rows outside
+        The ``(V, dim)`` table (not modified; a trained copy is returned). Rows outside
         ``data.rows`` are not read.
+    head : numpy.ndarray
+        The ``(C, dim)`` classifier (not modified; a trained copy is returned).
     data : ClientData
         The client's documents and rows.
     shape : Shape
@@ -302,7 +307,7 @@ def train_client(
     Returns
     -------
     tuple
-        ``(trained_table, mean loss of the last epoch)``.
+        ``(trained_table, trained_head, mean loss of the last epoch)``.
 
     Raises
     ------
@@ -311,11 +316,11 @@ def train_client(
     """
     if table.ndim != 2 or table.shape[0] != shape.rows:
         raise ValueError(f"the table has shape {table.shape}, expected ({shape.rows}, dim)")
-    words = data.rows[: data.rows.size - shape.num_classes]
+    words = data.rows
     local = np.full(shape.rows, -1, np.int64)
     local[words] = np.arange(words.size)
     emb = table[words].astype(np.float64)
-    head = table[shape.num_words :].astype(np.float64)
+    head = head.astype(np.float64)
     bag = data.docs
     _, weight = _weights(bag)
     entry_word = local[bag.words]
@@ -351,5 +356,4 @@ def train_client(
         loss /= max(1, n)
     out = table.copy()
     out[words] = emb.astype(np.float32)
-    out[shape.num_words :] = head.astype(np.float32)
-    return out, loss
+    return out, head.astype(np.float32), loss

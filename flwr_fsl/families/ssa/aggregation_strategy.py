@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -75,7 +75,7 @@ from flwr_fsl.families.ssa.records import (
 )
 from flwr_fsl.families.ssa.two_server import ClientUpload, HelperParty, LeadServer, SSARound
 from flwr_fsl.helper.setup import note_in_process
-from flwr_fsl.submodel.aggregate import apply_count_weighted
+from flwr_fsl.submodel.aggregate import apply_count_weighted_parts
 from flwr_fsl.submodel.layout import Layout
 
 TrainMetrics = Callable[[list[RecordDict], RoundState, float], MetricRecord]
@@ -309,8 +309,11 @@ class TwoServerAggregation:
             run = RunScope(str(grid.run.run_id), self.settings.budget)
         return self.settings.params(run=run, **fields)
 
-    def describe_privacy(self) -> str:
-        """One line: the run's ``(ε, δ)`` against each server, or that no noise is added."""
+    def describe_privacy(self, parts: int = 1) -> str:
+        """One line: the run's ``(ε, δ)`` against each server, or that no noise is added.
+
+        ``parts``: releases per round (a mixed round's parts, each noised at ``z``).
+        """
         z = self.noise_multiplier()
         if z is None:
             seen = "weighted sum and total weight" if self.settings.weighted else "sum and count"
@@ -320,12 +323,15 @@ class TwoServerAggregation:
             )
         account = self.privacy_account
         budget = self.settings.budget
+        each = ""
+        if parts > 1:
+            each = f" on each of {parts} parts (one round at {z / math.sqrt(parts):.3g})"
         limit = "no budget" if budget is None else f"budget epsilon = {budget.epsilon:g}"
         return (
             f"differential privacy: (epsilon, delta) = ({account.epsilon():.3g}, "
             f"{account.delta:g}) against each server (S0 by S1's noise, S1 by S0's) after "
-            f"{account.rounds} round(s) at noise multiplier {z:g} ({limit}; S1 keeps its own "
-            "account of the run)"
+            f"{account.rounds} round(s) at noise multiplier {z:g}{each} ({limit}; S1 keeps its "
+            "own account of the run)"
         )
 
     def round_fields(self, params: SSAParams, weight_key: str) -> dict[str, Any]:
@@ -396,7 +402,7 @@ class TwoServerAggregation:
         first = next(stream, None)
         if first is None:
             log(WARNING, "aggregate_train: no valid reply; the global model is unchanged")
-            self.abort(state)
+            self.abort(state, [params.round_id])  # a mixed round's part has its own id
             return None
         try:
             if isinstance(uploads, Mapping):
@@ -448,18 +454,62 @@ class TwoServerAggregation:
         RoundFailedError
             If the secure aggregation fails (the model is unchanged).
         """
-        outcome = self.aggregate(state, params, uploads)
-        if outcome is None:
-            return None, None
-        counts = outcome.result.counts
-        assert counts is not None  # every round of this component is count-weighted
-        sums = outcome.result.sums
-        if params.dp is not None:
-            sums, counts = self._release(state, params, sums, counts)
-        new_arrays = apply_count_weighted(state.model, layout, sums, counts)
-        metrics = train_metrics([], state, float(np.count_nonzero(counts)) / layout.size)
-        metrics["udpf-clients"] = outcome.hinted
-        if params.dp is not None:
+        return self.apply_parts(state, [(params, uploads, layout)], train_metrics)
+
+    def apply_parts(
+        self,
+        state: RoundState,
+        parts: Sequence[tuple[SSAParams, Uploads, Layout]],
+        train_metrics: TrainMetrics,
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate several parts of one model (each its own SSA round) and apply them at once.
+
+        A mixed index-mode round (:mod:`flwr_fsl.families.ssa.mixed`) has one part per row table
+        plus one for the dense tensors; each is aggregated with S1 as its own round, released
+        (DP post-processing per part) and the model is updated by one count-weighted apply
+        over all parts (:func:`~flwr_fsl.submodel.aggregate.apply_count_weighted_parts`).
+        :meth:`apply` is the one-part case.
+
+        Parameters
+        ----------
+        state : RoundState
+            The round (its ``model`` is what the deltas refer to).
+        parts : Sequence[tuple[SSAParams, uploads, Layout]]
+            Per part its round parameters, the parsed uploads and its element space.
+        train_metrics : Callable
+            As in :meth:`apply`.
+
+        Returns
+        -------
+        tuple[ArrayRecord | None, MetricRecord | None]
+            The new model and metrics, or ``(None, None)`` when a part has nobody left.
+
+        Raises
+        ------
+        RoundFailedError
+            If a part's secure aggregation fails (the model is unchanged).
+        """
+        released: list[tuple[Layout, NDArray[np.float64], NDArray[np.float64]]] = []
+        hinted, survivors = 0, None
+        for params, uploads, layout in parts:
+            outcome = self.aggregate(state, params, uploads)
+            if outcome is None:
+                return None, None
+            counts = outcome.result.counts
+            assert counts is not None  # every round of this component is count-weighted
+            sums = outcome.result.sums
+            if params.dp is not None:
+                sums, counts = self._release(state, params, sums, counts)
+            released.append((layout, sums, counts))
+            hinted += outcome.hinted
+            accepted = set(outcome.accepted)
+            survivors = accepted if survivors is None else survivors & accepted
+        state.survivors = sorted(survivors or ())
+        new_arrays = apply_count_weighted_parts(state.model, released)
+        touched = sum(int(np.count_nonzero(c)) for _, _, c in released)
+        metrics = train_metrics([], state, float(touched) / sum(lay.size for lay, _, _ in released))
+        metrics["udpf-clients"] = hinted
+        if self.settings.dp is not None:
             metrics["dp-epsilon"] = self.privacy_account.epsilon()
             metrics["dp-delta"] = self.privacy_account.delta
         return ArrayRecord({k: Array(np.asarray(v)) for k, v in new_arrays.items()}), metrics
@@ -489,8 +539,13 @@ class TwoServerAggregation:
         )
         return sums, counts
 
-    def abort(self, state: RoundState) -> None:
-        """Release the round on S1 (after a failure, or when nobody is left)."""
-        problem = self.lead.abort(state.server_round)
-        if problem is not None:
-            log(WARNING, "could not abort round %s on S1: %s", state.server_round, problem)
+    def abort(self, state: RoundState, round_ids: Iterable[int] | None = None) -> None:
+        """Release the round on S1 (after a failure, or when nobody is left).
+
+        ``round_ids``: the S1 rounds to release (a mixed round has one per part); default the
+        Flower round's own id.
+        """
+        for round_id in [state.server_round] if round_ids is None else round_ids:
+            problem = self.lead.abort(round_id)
+            if problem is not None:
+                log(WARNING, "could not abort round %s on S1: %s", round_id, problem)

@@ -13,9 +13,18 @@ Each round, S0 (this strategy) and S1 (the helper) run, per sampled client:
    count-weighted average to the table; rows nobody touched keep their value.
 
 The hash key is drawn once per run (U-DPF keys stay valid across rounds only under the same
-hashing); the row-set size ``max_rows`` is public. Tensors other than the table are not
-federated in this mode (clients may keep personal parameters, e.g. user embeddings, locally):
-they stay as in the initial model.
+hashing); the row-set size ``max_rows`` is public. With one table named by a string, tensors
+other than the table are not federated (clients may keep personal parameters, e.g. user
+embeddings, locally): they stay as in the initial model.
+
+**Several tables and dense layers** (``table=ModelTables(...)``,
+:mod:`flwr_fsl.submodel.tables`): each table is its own part with its own ``max_rows``, PSR
+retrieval and row SSA; a derived table's rows are computed by the client from its primary rows
+with the public row map and retrieved and aggregated the same way; the dense tensors (every
+other floating tensor) are one more part, aggregated through the same S1 session as dense SSA
+(``dense=True``, the default with ``ModelTables``). One count-weighted apply updates all
+parts. :mod:`flwr_fsl.families.ssa.mixed_strategy` runs these rounds (no U-DPF; each part
+spends the privacy budget of one round).
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients.
 Neither server learns which rows a client retrieves or updates, nor its row values; both see
@@ -65,6 +74,7 @@ from flwr_fsl.families.ssa.aggregation_strategy import (
     secure_flower_kwargs,
 )
 from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, INDEX_MODE_DP, DistributedDP
+from flwr_fsl.families.ssa.mixed_strategy import MixedRounds
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.psr import encode_table
 from flwr_fsl.families.ssa.records import (
@@ -79,6 +89,7 @@ from flwr_fsl.families.ssa.records import (
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.submodel.layout import RowLayout
+from flwr_fsl.submodel.tables import ModelTables, TableSpec
 
 
 class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
@@ -91,12 +102,25 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     ----------
     helper : HelperConnection
         Connection to S1.
-    table : str
-        Name of the row table (a float32 2-D tensor) in the model's ``ArrayRecord``.
-    max_rows : int
-        Public bound ``k`` on a client's row-set size.
-    udpf : bool
-        Accept U-DPF hints (clients send them when their row set is unchanged).
+    table : str or ModelTables
+        Name of the row table (a float32 2-D tensor) in the model's ``ArrayRecord``, or the
+        model's row tables (:class:`~flwr_fsl.submodel.tables.ModelTables`: several tables, each
+        with its own ``max_rows``, derived tables with their public row maps).
+    max_rows : int, optional
+        Public bound ``k`` on a client's row-set size (with a table name; with ``ModelTables``
+        each table carries its own and this must be None).
+    dense : bool, optional
+        Federate the dense tensors (every floating tensor that is not a table) through the same
+        two-server round. Default: False with a table name (the single-table behaviour: other
+        tensors stay as initialised, e.g. personal parameters), True with ``ModelTables`` (a
+        model of tables plus layers trains as a whole).
+    dense_width : int, optional
+        Coordinates per dense element (default: the widest table's row width); each element
+        carries one count word, which under DP adds to the sensitivity.
+    udpf : bool, optional
+        Accept U-DPF hints (clients send them when their row set is unchanged). Default True for
+        one table without dense tensors; mixed rounds (several parts) take no hints, and
+        ``udpf=True`` with them is refused.
     psr_timeout : float
         Seconds to wait for the retrieval replies.
     helper_fingerprint : str, optional
@@ -132,7 +156,9 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     Raises
     ------
     ConfigurationError
-        If ``max_rows`` < 1 or another argument is out of range, ``fraction_evaluate > 0``
+        If ``max_rows`` < 1 or another argument is out of range, ``max_rows`` is given with
+        ``ModelTables`` or missing with a table name, ``udpf=True`` with a mixed round,
+        ``fraction_evaluate > 0``
         without ``plaintext_evaluation=True``, or ``weighted_by_key`` is given without
         ``weighted=True``.
     """
@@ -142,10 +168,12 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     def __init__(  # noqa: PLR0913
         self,
         helper: HelperConnection,
-        table: str,
-        max_rows: int,
+        table: str | ModelTables,
+        max_rows: int | None = None,
         *,
-        udpf: bool = True,
+        dense: bool | None = None,
+        dense_width: int | None = None,
+        udpf: bool | None = None,
         psr_timeout: float = 3600.0,
         helper_fingerprint: str | None = None,
         frac_bits: int = 24,
@@ -160,13 +188,27 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         **kwargs: Any,
     ) -> None:
         check_helper(helper, helper_fingerprint)
-        check_str("table", table)
-        check_int("max_rows", max_rows, 1)
+        tables, dense = _tables(table, max_rows, dense)
+        if dense_width is not None:
+            check_int("dense_width", dense_width, 1)
+        self.mixed = (
+            None
+            if len(tables.tables) == 1 and not dense
+            else MixedRounds(tables, dense, dense_width)
+        )
+        if udpf is None:
+            udpf = self.mixed is None
         check_bool("udpf", udpf)
+        if udpf and self.mixed is not None:
+            raise ConfigurationError(
+                "udpf: U-DPF needs one part per round (one table, dense=False); mixed rounds "
+                "send fresh keys"
+            )
         check_real("psr_timeout", psr_timeout, 0.0, low_open=True)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
-        self.table, self.max_rows = table, max_rows
+        self.tables = tables
+        self.table, self.max_rows = tables.tables[0].name, tables.tables[0].max_rows
         self.udpf, self.psr_timeout = udpf, psr_timeout
         settings = SSASettings(
             frac_bits,
@@ -181,6 +223,17 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self.privacy_account = self.aggregation.privacy_account
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
+
+    @property
+    def hash_key(self) -> bytes:
+        """The run's cuckoo hash key (drawn once per run)."""
+        return self._hash_key
+
+    def base_round_config(
+        self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> ConfigRecord:
+        """Return ``FedSubAvg``'s round config (the fields every round carries)."""
+        return super().round_config(state, arrays, config, grid)
 
     def round_config(
         self, state: RoundState, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -213,6 +266,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Run retrieval (PSR), training on each client's rows, secure aggregation of rows."""
         state.model = {name: array.numpy() for name, array in arrays.items()}
+        if self.mixed is not None:
+            return self.mixed.train_round(self, grid, state, arrays, config)
         if self.table not in state.model:
             raise ConfigurationError(f"the model has no tensor {self.table!r}")
         nodes = self.sample(state, grid)
@@ -268,8 +323,17 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         return self.aggregation.apply(state, params, uploads, layout, self.train_metrics)
 
     def round_noise_multiplier(self) -> float | None:
-        """Each server's noise multiplier of every round (None: DP off, no noise)."""
-        return self.aggregation.noise_multiplier()
+        """Each server's noise multiplier of every round (None: DP off, no noise).
+
+        A mixed round releases one Gaussian mechanism per part at ``z`` each: its one-round
+        equivalent ``z / sqrt(parts)`` is what the account spends.
+        """
+        z = self.aggregation.noise_multiplier()
+        return z if self.mixed is None else self.mixed.effective_noise_multiplier(z)
+
+    def describe_privacy(self) -> str:
+        """One line: the run's ``(ε, δ)`` against each server (a mixed round's parts named)."""
+        return self.aggregation.describe_privacy(1 if self.mixed is None else self.mixed.num_parts)
 
     def round_minimum(self, sampled: int) -> tuple[int, str]:
         """Return ``min_clients``, checked before round 1."""
@@ -280,5 +344,27 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         return self.aggregation.helper_refusal
 
     def round_failed(self, state: RoundState, error: Exception) -> None:
-        """Release the round on S1."""
-        self.aggregation.abort(state)
+        """Release the round on S1 (every part's round in a mixed round)."""
+        if self.mixed is not None:
+            self.mixed.abort(self, state)
+        else:
+            self.aggregation.abort(state)
+
+
+def _tables(
+    table: str | ModelTables, max_rows: int | None, dense: bool | None
+) -> tuple[ModelTables, bool]:
+    """Return the model's tables and whether dense tensors are federated (see the class)."""
+    if isinstance(table, ModelTables):
+        if max_rows is not None:
+            raise ConfigurationError(
+                "max_rows: with ModelTables each TableSpec carries its own max_rows"
+            )
+        return table, True if dense is None else check_bool("dense", dense)
+    check_str("table", table)
+    if max_rows is None:
+        raise ConfigurationError("max_rows: give the public bound on a client's rows")
+    check_int("max_rows", max_rows, 1)
+    return ModelTables((TableSpec(table, max_rows),)), bool(
+        False if dense is None else check_bool("dense", dense)
+    )
