@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -58,8 +59,10 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.crypto import channel
+from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.psu import PSUParams, client_vector, reconstruct_union
+from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAResult,
@@ -78,8 +81,13 @@ __all__ = [
     "UnionShare",
     "check_union_option",
     "helper_vector",
+    "open_psu_seed",
     "open_union",
+    "psu_binding",
+    "psu_params_from_bytes",
+    "psu_params_to_bytes",
     "run_basic_round",
+    "seal_psu_seed",
     "share_set",
 ]
 
@@ -88,6 +96,12 @@ UNION_OPTIONS = ("off", "psu")
 
 SEED_BYTES = 16
 _TAG_UNION = 0x6E6F696E752D7573  # b"su-union" little-endian: the helper share's PRG stream
+PSU_SEED = "psu-seed"
+"""Purpose of a client's PSU seed sealed to S1 (:func:`seal_psu_seed`)."""
+SEALED_SEED_BYTES = SEED_BYTES + channel.OVERHEAD
+"""Length of a sealed PSU seed (a blob of any other length is refused before opening)."""
+_PARAMS = struct.Struct("<4sBQQBQ16s")  # magic, version, m, beta, h, P, hash key
+_PARAMS_MAGIC, _PARAMS_VERSION = b"FSPU", 1
 
 
 class UnionInputError(ClientInputError):
@@ -118,6 +132,83 @@ def helper_vector(psu: PSUParams, seed: bytes) -> NDArray[np.uint64]:
     if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
         raise UnionInputError(f"the helper's PSU share must be a {SEED_BYTES}-byte seed")
     return PRGStream.from_seed(seed, tag=_TAG_UNION).words(psu.vector_length)
+
+
+def psu_params_to_bytes(psu: PSUParams) -> bytes:
+    """Encode a round's PSU parameters (v1: magic, version, ``m``, ``beta``, ``h``, ``P``, key)."""
+    return _PARAMS.pack(
+        _PARAMS_MAGIC,
+        _PARAMS_VERSION,
+        psu.domain_size,
+        psu.bloom_length,
+        psu.num_hashes,
+        psu.num_partitions,
+        psu.hash_key,
+    )
+
+
+def psu_params_from_bytes(data: bytes) -> PSUParams:
+    """Decode :func:`psu_params_to_bytes` strictly (exact length, magic, version, ranges).
+
+    Raises
+    ------
+    UnionInputError
+        If the bytes are not v1 PSU parameters or a field is out of range.
+    """
+    if not isinstance(data, bytes) or len(data) != _PARAMS.size:
+        raise UnionInputError(f"PSU parameters must be {_PARAMS.size} bytes")
+    magic, version, m, beta, h, parts, key = _PARAMS.unpack(data)
+    if magic != _PARAMS_MAGIC or version != _PARAMS_VERSION:
+        raise UnionInputError("not v1 PSU parameters (bad magic or version)")
+    try:
+        return PSUParams(m, beta, h, parts, key)
+    except ConfigurationError as err:
+        raise UnionInputError(str(err)) from None
+
+
+def psu_binding(session: bytes, round_id: int, psu: PSUParams) -> RoundBinding:
+    """Return what a round's sealed PSU seeds are bound to: session, round, the PSU parameters."""
+    return RoundBinding.of(session, round_id, psu_params_to_bytes(psu))
+
+
+def seal_psu_seed(
+    helper_public: bytes, *, binding: RoundBinding, client_id: int, seed: bytes
+) -> bytes:
+    """Client side: seal S1's 16-byte PSU seed to S1, bound to the round (:func:`psu_binding`).
+
+    Raises
+    ------
+    SealedBoxError
+        If an argument is malformed.
+    """
+    if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
+        raise SealedBoxError(f"the PSU seed must be {SEED_BYTES} bytes")
+    ad = channel.associated_data(
+        purpose=PSU_SEED, sender=client_party(client_id), recipient="S1", **binding.fields()
+    )
+    return channel.seal(helper_public, seed, associated_data=ad)
+
+
+def open_psu_seed(
+    keypair: SealingKeyPair, sealed: bytes, *, binding: RoundBinding, client_id: int
+) -> bytes:
+    """S1 side: open a client's sealed PSU seed (length checked before opening).
+
+    Raises
+    ------
+    SealedBoxError
+        If the blob has the wrong length, does not open under this binding and client, or
+        holds anything but 16 bytes.
+    """
+    if not isinstance(sealed, bytes) or len(sealed) != SEALED_SEED_BYTES:
+        raise SealedBoxError(f"a sealed PSU seed is {SEALED_SEED_BYTES} bytes")
+    ad = channel.associated_data(
+        purpose=PSU_SEED, sender=client_party(client_id), recipient="S1", **binding.fields()
+    )
+    seed = channel.open_sealed(keypair, sealed, associated_data=ad)
+    if len(seed) != SEED_BYTES:
+        raise SealedBoxError(f"the PSU seed must be {SEED_BYTES} bytes")
+    return seed
 
 
 @dataclass(frozen=True)
