@@ -81,11 +81,13 @@ __all__ = [
     "UnionShare",
     "check_union_option",
     "helper_vector",
+    "lead_share_from_bytes",
     "open_psu_seed",
     "open_union",
     "psu_binding",
     "psu_params_from_bytes",
     "psu_params_to_bytes",
+    "read_union",
     "run_basic_round",
     "seal_psu_seed",
     "share_set",
@@ -102,6 +104,18 @@ SEALED_SEED_BYTES = SEED_BYTES + channel.OVERHEAD
 """Length of a sealed PSU seed (a blob of any other length is refused before opening)."""
 _PARAMS = struct.Struct("<4sBQQBQ16s")  # magic, version, m, beta, h, P, hash key
 _PARAMS_MAGIC, _PARAMS_VERSION = b"FSPU", 1
+
+# Flower fields of a strategy round with ``union="psu"`` (index mode, one table).
+PSU_QUERY_TYPE = "query.psu"
+"""The PSU phase's message type (before ``query.psr``)."""
+PSU_PARAMS_FIELD = "fsl.union.psu"
+"""Config field: the round's PSU parameters (:func:`psu_params_to_bytes`)."""
+UNION_FIELD = "fsl.union.rows"
+"""Config field of the PSR and train messages: the opened union (sorted int64, little-endian)."""
+PSU_UPLOAD_KEY = "fsl.union.share"
+"""Reply record of ``query.psu``: ``lead`` (S0's share, uint64 LE) and ``sealed`` (S1's seed)."""
+NODE_ALLOW_UNION_KEY = "fsl-allow-union"
+"""Node config: a client answers ``query.psu`` only if this is true (default false)."""
 
 
 class UnionInputError(ClientInputError):
@@ -209,6 +223,44 @@ def open_psu_seed(
     if len(seed) != SEED_BYTES:
         raise SealedBoxError(f"the PSU seed must be {SEED_BYTES} bytes")
     return seed
+
+
+def lead_share_from_bytes(psu: PSUParams, data: object) -> NDArray[np.uint64]:
+    """S0 side: a client's PSU share to S0 from its reply bytes (length checked first).
+
+    Raises
+    ------
+    UnionInputError
+        If ``data`` is not ``8 * psu.vector_length`` bytes.
+    """
+    if not isinstance(data, bytes) or len(data) != 8 * psu.vector_length:
+        raise UnionInputError(f"S0's PSU share must be {psu.vector_length} uint64 words")
+    return np.frombuffer(data, "<u8").astype(np.uint64)
+
+
+def read_union(psu_bytes: object, union_bytes: object) -> UnionRound:
+    """Client side: the round's union from its config fields, checked strictly.
+
+    Raises
+    ------
+    UnionInputError
+        If the parameters are malformed, or the union is not a non-empty, strictly ascending
+        list of at most ``m`` int64 in ``[0, m)``.
+    """
+    if not isinstance(psu_bytes, bytes):
+        raise UnionInputError(f"{PSU_PARAMS_FIELD!r} must be bytes")
+    m = psu_params_from_bytes(psu_bytes).domain_size
+    if (
+        not isinstance(union_bytes, bytes)
+        or not union_bytes
+        or len(union_bytes) % 8
+        or len(union_bytes) // 8 > m
+    ):
+        raise UnionInputError(f"{UNION_FIELD!r} must hold 1 to {m} int64 words")
+    u = np.frombuffer(union_bytes, "<i8").astype(np.int64)
+    if u[0] < 0 or u[-1] >= m or np.any(np.diff(u) <= 0):
+        raise UnionInputError(f"the union must be strictly ascending in [0, {m})")
+    return UnionRound(m, u)
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ class PsuTotalResponse(wire.Message):
         total = r.array("total")
         if total.dtype != np.uint64 or total.ndim != 1:
             raise WireFormatError("the PSU total must be a 1-d uint64 array")
-        return cls(tuple(results), total)
+        return cls(tuple(results), total.astype(np.uint64, copy=False))
 
 
 class PSUService:
