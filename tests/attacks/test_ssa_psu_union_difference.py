@@ -8,15 +8,18 @@ participants. The decoder (the one of ``test_sfsl_union_group_testing.py``) mark
 rest "holder" iff they were never ruled out. In index mode a client's rows are fixed by its
 data, so the same sets are tested every round.
 
-**Leak at the option** (``union="psu"``): the curious servers' view is the real PSU of
-:mod:`flwr_fsl.families.ssa.union` (each client's two shares, the servers' sums, the opened
-union) over the rows of ``test_ssa_index_row_least_squares.py`` (8 clients holding 2 of 12
-rows each, 4 sampled per round, 30 rounds): at least 95% of (client, row) pairs decoded
-(the participation is seeded; over 40 participation seeds 99.1% mean, sd 1.2, min 94.8%;
-chance is 83.3%, always guessing "not held"). The exact, noise-free union is
-released whether or not DP noises the aggregate: the option gives up the DP protection of
-row sets that index mode has by default. Not yet driven through Flower: the strategies do not
-have the option yet (this test runs the PSU phase that they would run, in one process).
+**Leak at the option** (``SecureRowFedSubAvg(union="psu")``): the real strategy and
+``PrivateRows`` on ``InProcessGrid`` with the in-process S1 (its ``PsuSum``), the clients opted
+in (node config ``fsl-allow-union = true``), over the rows of
+``test_ssa_index_row_least_squares.py`` (8 clients holding 2 of 12 rows each, 4 sampled per
+round). S0 records each round's PSU participants and the union it opened. DP stays on: the
+exact, noise-free union is released whatever noise the aggregate gets, so DP's protection of
+row sets is given up. At ``z = 3`` (clip 1, weights 1; the default budget ε = 20 then allows
+30 rounds) the decoder gets at least 95% of (client, row) pairs (the test's sampling seed 11:
+99.0%; over 40 sampling seeds 98.5% mean, sd 1.9, min 93.8%); at the default ``z = 1`` the
+budget stops the run after 10 rounds and it gets 90.0% (40 seeds, sd 4.5, min 81.3%, max
+99.0%). Chance is 83.3% (always guessing "not held"); more rounds, or a larger ``z``, only add
+tests.
 
 **Defaults** (no PSU phase; index mode's DP on): the real
 :class:`~flwr_fsl.families.ssa.index_strategy.SecureRowFedSubAvg` on ``InProcessGrid`` as a
@@ -28,17 +31,20 @@ chance plus 10 points (measured over 6 runs: 80.4% mean, sd 2.8, max 84.4%, agai
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from flwr_fsl.crypto.channel import SealingKeyPair
-from flwr_fsl.crypto.psu import PSUParams
-from flwr_fsl.families.ssa import two_server
+from flwr_fsl.families.ssa import index_strategy, two_server
+from flwr_fsl.families.ssa.dp import INDEX_MODE_DP
+from flwr_fsl.families.ssa.index_mod import PrivateRows
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
-from flwr_fsl.families.ssa.union import UnionParty, open_union, share_set
+from flwr_fsl.families.ssa.union import NODE_ALLOW_UNION_KEY
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.testing import InProcessGrid
 from tests.attacks.solvers import chance_membership_accuracy
@@ -52,7 +58,6 @@ from tests.attacks.test_ssa_index_row_least_squares import (
     client_app,
 )
 
-SAMPLED = CLIENTS // 2
 MARGIN = 0.10
 
 
@@ -74,21 +79,63 @@ def group_testing(rounds: list[tuple[list[int], np.ndarray]]) -> np.ndarray:
     return holder | (maybe & ~negative)
 
 
-def psu_view(seed: int) -> list[tuple[list[int], np.ndarray]]:
-    """The servers' view of ROUNDS rounds of the PSU phase: participants and opened union."""
-    rng = np.random.default_rng(seed)
-    psu = PSUParams.exact(ROWS)
-    view = []
-    for _ in range(ROUNDS):
-        members = sorted(rng.choice(CLIENTS, SAMPLED, replace=False).tolist())
-        lead, helper = UnionParty(psu, 0), UnionParty(psu, 1)
-        for c in members:
-            share = share_set(psu, HOLDS[c])
-            lead.add(c, share.lead_vector)
-            helper.add(c, share.helper_seed)
+def psu_client_app() -> ClientApp:
+    """The attack's clients (``client_app``'s rows and training) answering ``query.psu`` too."""
+    rows = PrivateRows("emb", rows=lambda ctx: HOLDS[int(ctx.node_config["partition-id"])])
+    app = ClientApp(mods=[rows.mod])
+    app.query("psr")(rows.query)
+    app.query("psu")(rows.query_psu)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        table = msg.content["arrays"]["emb"].numpy()
+        table[HOLDS[int(context.node_config["partition-id"])]] += np.float32(0.01)
+        arrays = ArrayRecord({"emb": Array(table)})
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})})
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def psu_view(
+    monkeypatch: pytest.MonkeyPatch, seed: int, z: float = 1.0
+) -> list[tuple[list[int], np.ndarray]]:
+    """A curious S0 running the real strategy with ``union="psu"`` (DP on, its defaults).
+
+    It records, per round, the participants of the PSU phase and the union it opened (what S0
+    legitimately holds: it opens the union itself and announces it to the clients).
+    """
+    key = SealingKeyPair.generate()
+    grid = InProcessGrid(
+        psu_client_app(),
+        CLIENTS,
+        {"ssa-helper-fingerprint": key.fingerprint},
+        lambda i: {"partition-id": i, "num-partitions": CLIENTS, NODE_ALLOW_UNION_KEY: True},
+    )
+    strategy = SecureRowFedSubAvg(
+        InProcessHelper(keypair=key),
+        "emb",
+        2,
+        fraction_train=0.5,
+        min_available_nodes=CLIENTS,
+        sampling_seed=seed,
+        union="psu",
+        dp=replace(INDEX_MODE_DP, noise_multiplier=z),
+    )
+    real_phase = index_strategy.psu_phase
+    view: list[tuple[list[int], np.ndarray]] = []
+    nodes: list[int] = []
+
+    def recorded(*args: Any) -> Any:
+        union, kept = real_phase(*args)
         present = np.zeros(ROWS, bool)
-        present[open_union(psu, lead.total, helper.total)] = True
-        view.append((members, present))
+        present[union.union] = True
+        view.append(([nodes.index(n) for n in kept], present))
+        return union, kept
+
+    monkeypatch.setattr(index_strategy, "psu_phase", recorded)
+    nodes.extend(grid.get_node_ids())
+    strategy.start(grid, ArrayRecord({"emb": Array(np.zeros((ROWS, WIDTH), np.float32))}), ROUNDS)
     return view
 
 
@@ -135,8 +182,12 @@ def default_view(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], np.nd
     return [([nodes.index(n) for n in members], support) for members, support in views.values()]
 
 
-def test_at_the_psu_option_union_differences_decode_every_clients_rows() -> None:
-    accuracy = float(np.mean(group_testing(psu_view(seed=11)) == TRUTH))
+def test_at_the_psu_option_union_differences_decode_every_clients_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    view = psu_view(monkeypatch, seed=11, z=3.0)
+    assert len(view) == ROUNDS  # DP on at z = 3: the default budget allows the 30 rounds
+    accuracy = float(np.mean(group_testing(view) == TRUTH))
     chance = chance_membership_accuracy(TRUTH)
     assert chance == pytest.approx(1 - 2 / ROWS)
     assert accuracy >= 0.95 > chance + MARGIN, accuracy

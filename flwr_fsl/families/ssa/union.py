@@ -58,6 +58,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.wireformat import register_magic
 from flwr_fsl.crypto import channel
 from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
@@ -103,7 +104,8 @@ PSU_SEED = "psu-seed"
 SEALED_SEED_BYTES = SEED_BYTES + channel.OVERHEAD
 """Length of a sealed PSU seed (a blob of any other length is refused before opening)."""
 _PARAMS = struct.Struct("<4sBQQBQ16s")  # magic, version, m, beta, h, P, hash key
-_PARAMS_MAGIC, _PARAMS_VERSION = b"FSPU", 1
+_PARAMS_MAGIC = register_magic(b"FSPU", "PSU parameters of a union round (ssa/union.py)")
+_PARAMS_VERSION = 1
 
 # Flower fields of a strategy round with ``union="psu"`` (index mode, one table).
 PSU_QUERY_TYPE = "query.psu"
