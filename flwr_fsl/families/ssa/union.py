@@ -104,7 +104,9 @@ PSU_SEED = "psu-seed"
 SEALED_SEED_BYTES = SEED_BYTES + channel.OVERHEAD
 """Length of a sealed PSU seed (a blob of any other length is refused before opening)."""
 _PARAMS = struct.Struct("<4sBQQBQ16s")  # magic, version, m, beta, h, P, hash key
-_PARAMS_MAGIC = register_magic(b"FSPU", "PSU parameters of a union round (ssa/union.py)")
+_PARAMS_MAGIC = register_magic(
+    b"FSPU", "PSU parameters of a union round (flwr_fsl.families.ssa.union)"
+)
 _PARAMS_VERSION = 1
 
 # Flower fields of a strategy round with ``union="psu"`` (index mode, one table).
