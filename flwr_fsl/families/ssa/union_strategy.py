@@ -26,7 +26,6 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from flwr_fsl.core.engine import RoundState
-from flwr_fsl.core.errors import ClientInputError
 from flwr_fsl.crypto.psu import PSUParams
 from flwr_fsl.families.ssa.records import HELPER_KEY_FIELD, SESSION_FIELD, TABLE_FIELD
 from flwr_fsl.families.ssa.union import (
@@ -142,19 +141,11 @@ def apply_over_union(
     union: UnionRound,
     result: tuple[ArrayRecord | None, MetricRecord | None],
 ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-    """Write the aggregate over the union's rows back into the full table.
-
-    Raises
-    ------
-    ClientInputError
-        Never for a well-formed result (the union's rows have the right shape).
-    """
+    """Write the aggregate over the union's rows (``(|U|, width)``) back into the full table."""
     arrays, metrics = result
     if arrays is None:
         return arrays, metrics
     rows = arrays[table].numpy()
-    if rows.shape != (union.size, full.shape[1]):
-        raise ClientInputError(f"the union's aggregate has shape {rows.shape}")
     out = np.array(full, copy=True)
     out[union.union] = rows
     arrays[table] = Array(out)
