@@ -653,8 +653,9 @@ class HelperService:
 
 
 def default_plugins(service: HelperService) -> list[HelperPlugin]:
-    """Return the built-in services (SSA and PSR) bound to ``service``'s key and limits."""
+    """Return the built-in services (SSA, PSR, PSU) bound to ``service``'s key and limits."""
     from flwr_fsl.helper.services.psr import PSRService
+    from flwr_fsl.helper.services.psu import PSUService
     from flwr_fsl.helper.services.ssa import SSAService
 
-    return [SSAService(service), PSRService(service)]
+    return [SSAService(service), PSRService(service), PSUService(service)]

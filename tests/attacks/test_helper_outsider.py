@@ -31,14 +31,19 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.psu import PSUParams
 from flwr_fsl.families.ssa.protocol import SSAServer, reconstruct
+from flwr_fsl.families.ssa.union import psu_params_to_bytes
 from flwr_fsl.helper import HelperClient, HelperSessionLostError, wire
 from flwr_fsl.helper.connection import SECRET_METADATA_KEY, TOKEN_METADATA_KEY
 from flwr_fsl.helper.service import SERVICE_NAME
+from flwr_fsl.helper.services.psu import PsuSumRequest, SeedItem
 from flwr_fsl.testing.helper_process import HelperProcess
 from tests.helper.test_helper import expected_sums, make_clients, make_params, upload_for
 
 CLIENTS = 3
+
+PSU_PARAMS = psu_params_to_bytes(PSUParams.exact(96))
 
 
 def raw_call(
@@ -74,6 +79,7 @@ def forged_calls(session: bytes, cid: int) -> dict[str, wire.Message]:
         "AbortRound": wire.AbortRoundRequest(session, 1),
         "SetModel": wire.SetModelRequest(session, 1, table),
         "PsrAnswer": wire.PsrAnswerRequest(session, 1, (wire.SealedItem(cid, b"p", b"s"),)),
+        "PsuSum": PsuSumRequest(session, 1, PSU_PARAMS, (SeedItem(cid, b"s" * 72),)),
         "OpenRound": wire.OpenRoundRequest(session, 2, make_params(2).to_bytes()),
         "CloseSession": wire.CloseSessionRequest(session),
     }

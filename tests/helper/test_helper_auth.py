@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.crypto.psu import PSUParams
+from flwr_fsl.families.ssa.union import psu_params_to_bytes
 from flwr_fsl.helper import (
     HelperClient,
     HelperService,
@@ -30,7 +32,10 @@ from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.errors import WireFormatError
 from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.service import RETIRED_SESSIONS
+from flwr_fsl.helper.services.psu import PsuSumRequest, SeedItem
 from tests.helper.test_helper import SID, fixed_ids, make_clients, make_params, sealed_uploads
+
+PSU_PARAMS = psu_params_to_bytes(PSUParams.exact(96))
 
 
 def _requests(session: bytes, cid: int) -> dict[str, wire.Message]:
@@ -42,6 +47,7 @@ def _requests(session: bytes, cid: int) -> dict[str, wire.Message]:
         "AbortRound": wire.AbortRoundRequest(session, 1),
         "SetModel": wire.SetModelRequest(session, 1, np.zeros((96, 2), np.uint64)),
         "PsrAnswer": wire.PsrAnswerRequest(session, 1, (wire.SealedItem(cid, b"p", b"s"),)),
+        "PsuSum": PsuSumRequest(session, 1, PSU_PARAMS, (SeedItem(cid, b"s" * 72),)),
         "CloseSession": wire.CloseSessionRequest(session),
     }
 

@@ -30,6 +30,7 @@ from flwr_fsl.helper import (
     wire,
 )
 from flwr_fsl.helper.errors import WireFormatError
+from flwr_fsl.helper.services.psu import PsuSumRequest, SeedItem
 
 SERVICE = HelperService(SealingKeyPair.generate())
 SID = bytes(range(16))
@@ -48,6 +49,7 @@ SAMPLES: list[wire.Message] = [
     wire.AbortRoundRequest(SID, 3),
     wire.AddCheckedRequest(SID, 3, (wire.CheckedItem(1, b"b", b"s", b"d" * 32),)),
     wire.AddCheckedHintsRequest(SID, 3, (wire.CheckedItem(1, b"b", b"s", b"d" * 32),)),
+    PsuSumRequest(SID, 3, b"p" * 50, (SeedItem(1, b"s" * 72),)),
 ]
 METHODS = sorted(SERVICE.methods)
 

@@ -23,6 +23,13 @@ Usage (the one line beside the mod registers the retrieval phase)::
     rows = PrivateRows("item_emb.weight", rows=lambda context: my_item_ids(context))
     app = ClientApp(mods=[rows.mod])
     app.query("psr")(rows.query)
+    app.query("psu")(rows.query_psu)  # only for a strategy with union="psu"
+
+**Union first** (``SecureRowFedSubAvg(union="psu")``, Cui's basic protocol): a ``query.psu``
+message before ``query.psr`` asks for the client's PSU share (:meth:`query_psu`): S0's part in
+full, S1's as a seed sealed to S1. The client answers only if its node config sets
+``fsl-allow-union = true`` (the union is opened exactly, even with DP on). The PSR and train
+messages then carry the union: the client queries and uploads its rows' positions in it.
 
 **Promised noise.** The client refuses a round (retrieval and training alike) whose DP noise
 multiplier is below its floor: node config ``fsl-min-noise-multiplier``, default
@@ -49,12 +56,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.phases import Phase
 from flwr_fsl.core.state import StateSlot
+from flwr_fsl.crypto.channel import verify_fingerprint
+from flwr_fsl.crypto.psu import PSUParams
 from flwr_fsl.families.ssa.dp import INDEX_MODE_NOISE_FLOOR
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.ssa.protocol import SSAClientState, encode_round
@@ -62,7 +71,9 @@ from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
 from flwr_fsl.families.ssa.records import (
     ANSWER0_FIELD,
     ANSWER1_FIELD,
+    HELPER_KEY_FIELD,
     PSR_QUERY,
+    SESSION_FIELD,
     SSA_TRAIN,
     TABLE_FIELD,
     UDPF_FIELD,
@@ -74,6 +85,20 @@ from flwr_fsl.families.ssa.records import (
     ssa_upload_record,
 )
 from flwr_fsl.families.ssa.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
+from flwr_fsl.families.ssa.union import (
+    NODE_ALLOW_UNION_KEY,
+    PSU_PARAMS_FIELD,
+    PSU_UPLOAD_KEY,
+    UNION_FIELD,
+    UnionInputError,
+    UnionRound,
+    psu_binding,
+    psu_params_from_bytes,
+    read_union,
+    seal_psu_seed,
+    share_set,
+)
+from flwr_fsl.pinning import pinned_fingerprint
 
 RowsFn = Callable[[Context], "NDArray[np.int64] | tuple[NDArray[np.int64], NDArray[np.float64]]"]
 _QUERY = StateSlot("fsl.psr.client-state", PSRClientState.to_bytes, PSRClientState.from_bytes)
@@ -115,10 +140,49 @@ class PrivateRows(ProtocolMod):
         """
         return self.answer_query(msg, context)
 
+    def query_psu(self, msg: Message, context: Context) -> Message:
+        """Flower handler of ``query.psu``: this client's PSU share (``union="psu"`` rounds).
+
+        Raises
+        ------
+        ConfigurationError
+            If the node config does not set ``fsl-allow-union = true``.
+        SealedBoxError
+            If S1's key does not match the pinned fingerprint.
+        UnionInputError
+            If the message's PSU fields are malformed or the rows are out of range.
+        """
+        if context.node_config.get(NODE_ALLOW_UNION_KEY) is not True:
+            raise ConfigurationError(
+                f"a union='psu' round opens the union of the clients' rows; this client "
+                f"answers it only with node config {NODE_ALLOW_UNION_KEY} = true"
+            )
+        config = next(iter(msg.content.config_records.values()), ConfigRecord())
+        helper_key, session = config.get(HELPER_KEY_FIELD), config.get(SESSION_FIELD)
+        psu_bytes, rnd = config.get(PSU_PARAMS_FIELD), config.get("server-round")
+        if not isinstance(psu_bytes, bytes) or not isinstance(helper_key, bytes):
+            raise UnionInputError("the query.psu message carries no PSU round")
+        if not isinstance(session, bytes) or not isinstance(rnd, int) or isinstance(rnd, bool):
+            raise UnionInputError("the query.psu message carries no session or round")
+        verify_fingerprint(helper_key, pinned_fingerprint(context.run_config))
+        psu: PSUParams = psu_params_from_bytes(psu_bytes)
+        share = share_set(psu, self._rows(context)[0])
+        binding = psu_binding(session, rnd, psu)
+        sealed = seal_psu_seed(
+            helper_key, binding=binding, client_id=int(context.node_id), seed=share.helper_seed
+        )
+        lead = share.lead_vector.astype("<u8").tobytes()
+        reply = ConfigRecord({"lead": lead, "sealed": sealed})
+        return Message(RecordDict({PSU_UPLOAD_KEY: reply}), reply_to=msg)
+
     def on_psr(self, request: RoundRequest, context: Context) -> PSRQueryReply:
         """Make the PSR query, keep what reading the answers needs, reply with the keys."""
         found = request.round
         indices, counts = self._rows(context)
+        union = _union(found.config)
+        if union is not None:  # query the rows' positions in the union (those it holds)
+            indices, kept = union.local(indices)
+            counts = None if counts is None else counts[kept]
         psr = make_query(found.params, indices)
         sealed, answer_key = seal_psr_query(
             found.helper_key,
@@ -162,8 +226,11 @@ class PrivateRows(ProtocolMod):
         )
         rows = decode_table(query.rows(params, found.bytes_field(ANSWER0_FIELD), answer1))
         ((record_key, record),) = request.content.array_records.items()
-        table = np.zeros((params.domain_size, params.value_width), np.float32)
-        table[query.indices] = rows
+        union = _union(found.config)
+        full = query.indices if union is None else union.union[query.indices]
+        m = params.domain_size if union is None else union.domain_size
+        table = np.zeros((m, params.value_width), np.float32)
+        table[full] = rows
         submodel = ArrayRecord(dict(record.items()))
         submodel[self.table] = Array(table)
         request.content[record_key] = submodel  # the user's train sees its rows in a full table
@@ -176,7 +243,7 @@ class PrivateRows(ProtocolMod):
         trained = trained_record[self.table].numpy()
         if trained.shape != table.shape:
             raise ConfigurationError(f"the train reply changed the shape of {self.table!r}")
-        delta = trained[query.indices].astype(np.float64) - rows.astype(np.float64)
+        delta = trained[full].astype(np.float64) - rows.astype(np.float64)
         udpf = found.config.get(UDPF_FIELD) is True
         held = _held(found.config.get(UDPF_HELD_FIELD))
         out, keys = encode_round(
@@ -216,6 +283,13 @@ class PrivateRows(ProtocolMod):
         if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
             raise ConfigurationError("rows() returned counts that are not finite and > 0")
         return indices, counts
+
+
+def _union(config: Any) -> UnionRound | None:
+    # The union of a union="psu" round (None in a default round), checked strictly.
+    if UNION_FIELD not in config:
+        return None
+    return read_union(config.get(PSU_PARAMS_FIELD), config.get(UNION_FIELD))
 
 
 def _held(value: object) -> bytes | None:

@@ -26,6 +26,12 @@ other floating tensor) are one more part, aggregated through the same S1 session
 parts. :mod:`flwr_fsl.families.ssa.mixed_strategy` runs these rounds (no U-DPF; each part
 spends the privacy budget of one round).
 
+**Cui's basic protocol** (``union="psu"``, one table only): a ``query.psu`` phase first opens
+the union ``U`` of the clients' rows (a two-server private set union,
+:mod:`flwr_fsl.families.ssa.union_strategy`), then PSR and SSA run over ``U``'s rows only. It
+reveals ``U`` exactly to both servers and every client each round, even with DP on (clients
+answer it only with node config ``fsl-allow-union = true``).
+
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients.
 Neither server learns which rows a client retrieves or updates, nor its row values; both see
 public parameters and the reconstructed aggregate (per row the weighted sum and total weight
@@ -86,6 +92,8 @@ from flwr_fsl.families.ssa.records import (
     UDPF_FIELD,
     UDPF_HELD_FIELD,
 )
+from flwr_fsl.families.ssa.union import check_union_option
+from flwr_fsl.families.ssa.union_strategy import apply_over_union, psu_phase, union_fields
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
 from flwr_fsl.submodel.layout import RowLayout
@@ -149,6 +157,11 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
+    union : str
+        ``"off"`` (default) or ``"psu"``: Cui's basic protocol, a private set union of the
+        clients' rows before PSR, then PSR and SSA over the union only (one table, no U-DPF).
+        **Leaks** the exact union of every round's rows to both servers and every client, even
+        with DP on (``tests/attacks/test_ssa_psu_union_difference.py``).
     **kwargs
         Flower ``FedAvg`` arguments and ``sampling_seed``; ``fraction_evaluate`` defaults to
         0.0.
@@ -159,8 +172,9 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         If ``max_rows`` < 1 or another argument is out of range, ``max_rows`` is given with
         ``ModelTables`` or missing with a table name, ``udpf=True`` with a mixed round,
         ``fraction_evaluate > 0``
-        without ``plaintext_evaluation=True``, or ``weighted_by_key`` is given without
-        ``weighted=True``.
+        without ``plaintext_evaluation=True``, ``weighted_by_key`` is given without
+        ``weighted=True``, or ``union`` is not ``"off"``/``"psu"`` (``"psu"``: not with several
+        tables, dense tensors or ``udpf=True``).
     """
 
     PHASES = ("query.psr", "train")
@@ -185,9 +199,11 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
+        union: str = "off",
         **kwargs: Any,
     ) -> None:
         check_helper(helper, helper_fingerprint)
+        self.union = check_union_option(union)
         tables, dense = _tables(table, max_rows, dense)
         if dense_width is not None:
             check_int("dense_width", dense_width, 1)
@@ -196,9 +212,16 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             if len(tables.tables) == 1 and not dense
             else MixedRounds(tables, dense, dense_width)
         )
+        if union == "psu" and self.mixed is not None:
+            raise ConfigurationError(
+                "union: 'psu' runs over one table without dense tensors (a mixed round's PSU "
+                "is not implemented)"
+            )
         if udpf is None:
-            udpf = self.mixed is None
+            udpf = self.mixed is None and union == "off"
         check_bool("udpf", udpf)
+        if udpf and union == "psu":
+            raise ConfigurationError("udpf: U-DPF keys need the same domain every round, not psu")
         if udpf and self.mixed is not None:
             raise ConfigurationError(
                 "udpf: U-DPF needs one part per round (one table, dense=False); mixed rounds "
@@ -273,7 +296,16 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         nodes = self.sample(state, grid)
         if not nodes:
             return None, None
+        union, full = None, state.model[self.table]
+        if self.union == "psu":
+            base = self.base_round_config(state, arrays, config, grid)
+            union, nodes = psu_phase(self, grid, state, nodes, base)
+            if union.size == 0 or not nodes:
+                return None, None
+            state.model = {**state.model, self.table: full[union.union]}  # PSR, SSA over U
         round_config = self.round_config(state, arrays, config, grid)
+        if union is not None:
+            round_config.update(union_fields(union))
         params: SSAParams = state.protocol
         lead = self.aggregation.lead
 
@@ -320,7 +352,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
 
         # Phase 3: secure aggregation with S1.
         layout = RowLayout.of(state.model, self.table)
-        return self.aggregation.apply(state, params, uploads, layout, self.train_metrics)
+        result = self.aggregation.apply(state, params, uploads, layout, self.train_metrics)
+        return result if union is None else apply_over_union(self.table, full, union, result)
 
     def round_noise_multiplier(self) -> float | None:
         """Each server's noise multiplier of every round (None: DP off, no noise).

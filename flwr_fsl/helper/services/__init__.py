@@ -1,1 +1,1 @@
-"""Services S1 hosts, one file each: SSA rounds (:mod:`.ssa`) and PSR answers (:mod:`.psr`)."""
+"""Services S1 hosts, one file each: SSA rounds, PSR answers, PSU sums (:mod:`.ssa`, .psr, .psu)."""
