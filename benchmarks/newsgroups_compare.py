@@ -209,6 +209,7 @@ def _arm(
             ratio,
             helper_fingerprint=key.fingerprint,
             groups=(EMB,),
+            dp=None,  # as Cui's Table 8 (the library's default with groups adds DP)
             **common,
         )
         return strategy, split_app([clock.mod, ssa_mod, topk_mod]), clock, node, split

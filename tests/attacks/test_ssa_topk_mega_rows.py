@@ -14,7 +14,8 @@ zero-padded to the row width), 20 clients with 6 words each drawn from 48, 10 cl
 round, 40 rounds, top-k 10% (5 rows + 1 bias coordinate), ``topk_mod``'s default error
 feedback. Measured:
 
-- ``groups`` without DP (top-k mode's default ``dp=None``): S0 names the lone chooser of a
+- ``groups`` with ``dp=None`` (flat top-k mode's default; with ``groups`` the default is
+  ``INDEX_MODE_DP`` because of this test): S0 names the lone chooser of a
   row 86% of the time against a chance of 1/10 — **a leak** of the non-default ``groups``
   option whenever the grouped tensor's support is data-dependent (embedding rows), even with
   error feedback;
@@ -64,7 +65,7 @@ def _run(**kwargs: object) -> S0View:
     return view
 
 
-def attack(view: S0View) -> tuple[float, float]:
+def attack(view: S0View, min_named: int = 50) -> tuple[float, float]:
     """S0's decoder; returns (lone chooser named, chance) over the rows one client chose.
 
     S0 solves ``counts ≈ participation @ X`` over the rounds and names, for a row a single
@@ -83,16 +84,35 @@ def attack(view: S0View) -> tuple[float, float]:
             if len(choosers) == 1:
                 named.append(members[int(np.argmax(estimate[members, j]))] == choosers[0])
                 odds.append(1 / len(members))
-    assert len(named) > 50, len(named)
+    assert len(named) > min_named, len(named)
     return float(np.mean(named)), float(np.mean(odds))
 
 
 def test_grouped_rows_without_dp_name_the_lone_chooser() -> None:
-    named, chance = attack(_run())
+    named, chance = attack(_run(dp=None))
     assert named >= 0.6 and named > 5 * chance, (named, chance)
 
 
 def test_distributed_dp_bounds_row_naming() -> None:
     dp = DistributedDP(noise_multiplier=1.0, clip_norm=1.0, max_weight=1.0)
     named, chance = attack(_run(dp=dp, privacy_budget=None))
+    assert named <= DP_BOUND, (named, chance)
+
+
+def test_default_settings_with_groups_add_noise_and_stop_at_the_budget() -> None:
+    # groups= turns distributed DP on by default (INDEX_MODE_DP, budget ε = 20): the run stops
+    # at its budget, and what S0 decodes from the rounds it ran is bounded like the DP case.
+    view, strategy = run_topk(
+        [1] * CLIENTS,
+        rounds=ROUNDS,
+        fraction_train=FRACTION,
+        model=MODEL,
+        delta=train_delta,
+        topk_ratio=RATIO,
+        error_feedback=True,
+        groups=("emb",),
+    )
+    assert strategy.aggregation.settings.dp is not None
+    assert 0 < len(view.rounds) < ROUNDS  # the default budget ended the run early
+    named, chance = attack(view, min_named=10)
     assert named <= DP_BOUND, (named, chance)

@@ -43,7 +43,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from logging import INFO
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -61,7 +61,7 @@ from flwr_fsl.families.ssa.aggregation_strategy import (
     check_helper,
     secure_flower_kwargs,
 )
-from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
+from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, INDEX_MODE_DP, DistributedDP
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.topk.strategy import FedSubAvg
 from flwr_fsl.helper import HelperConnection
@@ -100,11 +100,15 @@ class SecureFedSubAvg(FedSubAvg):
     frac_bits, max_abs, stash_size, num_hashes, min_clients : int, float, int, int, int
         :class:`~flwr_fsl.families.ssa.aggregation_strategy.SSASettings` (``min_clients``: minimum
         participation, default 2; a round with fewer accepted clients fails unreconstructed).
-    dp : DistributedDP, optional
+    dp : DistributedDP, None or "auto"
         Distributed differential privacy (``SSASettings.dp``, :mod:`flwr_fsl.families.ssa.dp`):
-        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Off by
-        default in top-k mode (every run logs that no noise is added). Start S1 with the
-        matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its own noise.
+        clients clip, S0 and S1 each noise their share, ``(ε, δ)`` logged per round. Default
+        ``"auto"``: off for flat top-k (error feedback rotates the choices; every run logs that
+        no noise is added), :data:`~flwr_fsl.families.ssa.dp.INDEX_MODE_DP` with ``groups``
+        (grouped embedding rows stay inside a client's own vocabulary, and exact counts name
+        their chooser over rounds: ``tests/attacks/test_ssa_topk_mega_rows.py``). None: no
+        noise. Start S1 with the matching ``flwr-fsl-helper --dp-*`` flags so S1 enforces its
+        own noise.
     privacy_budget : PrivacyBudget or None
         The run's budget when ``dp`` is set (default
         :data:`~flwr_fsl.families.ssa.dp.DEFAULT_BUDGET`, ``ε = 20`` at ``δ = 1e-5``): the
@@ -153,7 +157,7 @@ class SecureFedSubAvg(FedSubAvg):
         stash_size: int = 0,
         num_hashes: int = 3,
         min_clients: int = 2,
-        dp: DistributedDP | None = None,
+        dp: DistributedDP | Literal["auto"] | None = "auto",
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
@@ -162,6 +166,12 @@ class SecureFedSubAvg(FedSubAvg):
     ) -> None:
         check_real("topk_ratio", topk_ratio, 0.0, 1.0, low_open=True)
         self.groups = _check_groups(groups)
+        if isinstance(dp, str):
+            if dp != "auto":
+                raise ConfigurationError(f"dp must be a DistributedDP, None or 'auto', got {dp!r}")
+            # Grouped rows of an embedding table lie inside the client's own vocabulary whatever
+            # error feedback rotates, so exact counts name them over rounds: noise by default.
+            dp = INDEX_MODE_DP if self.groups else None
         check_helper(helper, helper_fingerprint)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)

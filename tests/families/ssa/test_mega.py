@@ -49,6 +49,7 @@ def _secure(groups: tuple[str, ...] = GROUPS, rounds: int = 2, feedback: bool = 
         frac_bits=32,
         max_abs=1e3,
         groups=groups,
+        dp=None,  # exact: the reconstruction, not the default noise
     )
     return strategy, strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
 
