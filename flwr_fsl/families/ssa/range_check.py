@@ -1,0 +1,354 @@
+"""Range check of a client's SSA value words on the servers' shares (issue 21 item 4).
+
+**Status: the sound check's building block, tested on its own; not yet wired into a round**
+(:mod:`flwr_fsl.families.ssa.verify` says what a round checks today). Given, per value word
+``n``, the two servers' Z_2^64 shares ``v^(0)_n + v^(1)_n = v_n`` (in a checked round: the sum of
+a key's value word over its evaluated points, which is the word at its one nonzero point), the
+servers verify ``-bound <= v_n <= bound`` (signed fixed point) for every ``n``, exchanging only
+a digest that is equal for honest clients and a short zero-knowledge verifier share.
+
+**Why not a random linear check over Z_2^64.** An error of high 2-adic valuation (``2^63``)
+survives a random combination with probability 1/2. The check below never combines ring
+values at random: every Z_2^64 relation is checked *exactly* (both servers hash a whole vector
+that is equal for honest clients), and the only random check runs in the prime field
+F_p, ``p = 2^61 - 1`` (:mod:`flwr_fsl.crypto.flp`).
+
+**Construction** (``R = 2 bound``, ``L = bit_length(R)``, coefficients
+``c = (1, 2, ..., 2^(L-2), R - 2^(L-1) + 1)`` whose 0/1 combinations are exactly ``[0, R]``;
+:func:`coefficients`):
+
+1. *Bits.* The client writes ``a_n = v_n + bound`` as ``a_n = sum_k c_k beta_{n,k}`` with bits
+   ``beta`` (:func:`decompose`).
+2. *Integer shares with bounded masks.* For each bit the client draws ``u`` uniform in
+   ``[0, 2^59)`` from a seed it gives S1 (:class:`RangeUpload` ``seed1``): S1's share is the
+   integer ``-u``, S0's is the integer ``x = beta + u`` (sent to S0 only). S0 refuses any
+   ``x > 2^59``; S1's ``-u`` is in ``(-2^59, 0]`` by construction. So the shared integer
+   ``X = x - u`` lies in ``(-2^59, 2^59 + 1)``, and the same shares read mod 2^64 and mod p are
+   shares of ``X`` in both. S1's view ``-u`` and S0's view ``x`` are each within statistical
+   distance ``2^-59`` of independent of ``beta``.
+3. *Bits in F_p.* An FLP (:mod:`flwr_fsl.crypto.flp`) proves every ``X mod p`` is 0 or 1;
+   since ``|X| < p - 1`` that makes every ``X`` the integer 0 or 1.
+4. *Exact relation in Z_2^64.* Each server computes its share of
+   ``sum_k c_k X_{n,k} - bound - v_n`` (S0 subtracts ``bound``); the vectors are equal up to
+   sign exactly when every ``v_n = sum_k c_k beta_{n,k} - bound in [-bound, bound]``. S0 hashes
+   its vector, S1 the negation of its own (:func:`server_check`): equal digests for honest
+   clients, a differing one otherwise.
+5. *Randomness.* The FLP's joint randomness ``r`` is Fiat-Shamir from ``part0 = H(blind0, x)``
+   and ``part1 = H(seed1)`` (both in the public material; each server recomputes its own part
+   and refuses a mismatch, as in Prio3), so it is fixed after both input shares: a client can
+   only re-share and try again, each try accepted with probability ``1/p``. The query point
+   ``t`` and the combination ``rho`` come from a 16-byte *query seed* S0 draws after receiving
+   the upload and sends with its verifier share; S1 uses it and refuses a ``t`` that is a node.
+
+**False accept.** A client with some ``|v_n| > bound`` passes only if the FLP accepts a non-bit,
+probability at most ``(2m + 2)/(p - 2m - 1) + 1/p`` per upload (``m`` the FLP's gadget calls;
+:func:`false_accept_bound`), or by a hash collision.
+
+**Cost per client** (``N = values * L`` bits): S0 receives ``N + proof`` words (the integer
+shares and its proof share), S1 a 16-byte seed (``u`` and its proof share expand from it),
+both 64 public bytes (``part0``, ``part1``); each server sends the other ``32 + 16 + 8 (c + 2)``
+bytes. The client's proof costs ``O(N m)`` field multiplications, each server's check ``O(N)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto import flp
+from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.families.ssa.messages import SSAInputError
+
+__all__ = [
+    "MASK_BITS",
+    "RangeUpload",
+    "ServerCheck",
+    "coefficients",
+    "decompose",
+    "false_accept_bound",
+    "make_upload",
+    "same_check",
+    "server_check",
+]
+
+MASK_BITS = 59
+"""Bits of a bit share's mask ``u``: ``2^59 + 1 < p - 1`` keeps the shared integer exact."""
+_MASK = np.uint64((1 << MASK_BITS) - 1)
+_SEED = 16
+_TAG = b"flwr_fsl/ssa-range-check/v1\x00"
+_U64Array = NDArray[np.uint64]
+
+
+def coefficients(bound: int) -> NDArray[np.uint64]:
+    """Return the ``L`` bit weights whose 0/1 combinations are exactly ``[0, 2 bound]``.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``bound`` is not an integer in ``[1, 2^61)``.
+    """
+    if isinstance(bound, bool) or not isinstance(bound, int) or not 1 <= bound < 1 << 61:
+        raise ConfigurationError(f"bound must be an integer in [1, 2**61), got {bound!r}")
+    r = 2 * bound
+    bits = r.bit_length()
+    low = [1 << i for i in range(bits - 1)]
+    return np.array([*low, r - (1 << (bits - 1)) + 1], np.uint64)
+
+
+def decompose(values: _U64Array, bound: int) -> _U64Array:
+    """Return the ``(n, L)`` bits of ``values + bound`` on :func:`coefficients`.
+
+    ``values`` are signed fixed-point Z_2^64 words.
+
+    Raises
+    ------
+    ConfigurationError
+        If a value is outside ``[-bound, bound]`` (an honest client never has one).
+    """
+    coef = coefficients(bound)
+    signed = np.asarray(values, np.uint64).view(np.int64)
+    if signed.size and (signed.min() < -bound or signed.max() > bound):
+        raise ConfigurationError(f"a value word is outside [-{bound}, {bound}]")
+    a = signed.astype(np.int64) + bound  # in [0, 2 bound]
+    top = int(coef[-1])
+    half = (1 << (coef.shape[0] - 1)) - 1  # the low bits reach [0, half]
+    hi = a > half
+    rest = np.where(hi, a - top, a).astype(np.uint64)
+    out = np.zeros((a.shape[0], coef.shape[0]), np.uint64)
+    for i in range(coef.shape[0] - 1):
+        out[:, i] = (rest >> np.uint64(i)) & np.uint64(1)
+    out[:, -1] = hi
+    return out
+
+
+def false_accept_bound(values: int, bound: int) -> float:
+    """Upper bound on the probability a client with an out-of-range word passes one check."""
+    shape = flp.FLPShape(values * coefficients(bound).shape[0])
+    return flp.soundness_error(shape) + 1.0 / flp.MODULUS
+
+
+@dataclass(frozen=True)
+class RangeUpload:
+    """A client's range-check material for ``values`` words.
+
+    Attributes
+    ----------
+    shares0 : numpy.ndarray
+        S0's integer bit shares ``x = beta + u`` (``(values * L,)`` uint64), S0 only.
+    proof0 : numpy.ndarray
+        S0's share of the FLP proof (field elements), S0 only.
+    blind0 : bytes
+        16 bytes binding ``part0`` (S0 only).
+    seed1 : bytes
+        16 bytes S1 expands into its masks and its proof share (S1 only).
+    part0, part1 : bytes
+        The joint-randomness parts (public to both servers).
+    """
+
+    shares0: _U64Array
+    proof0: _U64Array
+    blind0: bytes
+    seed1: bytes
+    part0: bytes
+    part1: bytes
+
+    @property
+    def s0_bytes(self) -> int:
+        """Bytes only S0 receives."""
+        return 8 * (self.shares0.size + self.proof0.size) + len(self.blind0)
+
+
+def _part0(blind0: bytes, shares0: _U64Array) -> bytes:
+    return hashlib.sha256(_TAG + b"part0" + blind0 + shares0.astype("<u8").tobytes()).digest()
+
+
+def _part1(seed1: bytes) -> bytes:
+    return hashlib.sha256(_TAG + b"part1" + seed1).digest()
+
+
+def _joint(shape: flp.FLPShape, part0: bytes, part1: bytes) -> _U64Array:
+    key = hashlib.sha256(_TAG + b"joint" + part0 + part1).digest()[:_SEED]
+    return flp.field_words(PRGStream(key), shape.width)
+
+
+def _expand1(seed1: bytes, n: int, shape: flp.FLPShape) -> tuple[_U64Array, _U64Array]:
+    """S1's masks ``u`` (``n`` words below ``2^59``) and its proof share."""
+    masks = PRGStream.from_seed(seed1, 0).words(n) & _MASK
+    return masks, flp.field_words(PRGStream.from_seed(seed1, 1), shape.proof_length)
+
+
+def make_upload(values: _U64Array, bound: int) -> RangeUpload:
+    """Client: build the range-check material for its value words (``(n,)`` uint64).
+
+    Raises
+    ------
+    ConfigurationError
+        If a value is outside ``[-bound, bound]``.
+    """
+    bits = decompose(values, bound).reshape(-1)
+    shape = flp.FLPShape(max(bits.size, 1))
+    seed1, blind0 = os.urandom(_SEED), os.urandom(_SEED)
+    masks, proof1 = _expand1(seed1, bits.size, shape)
+    shares0 = bits + masks
+    part0, part1 = _part0(blind0, shares0), _part1(seed1)
+    joint = _joint(shape, part0, part1)
+    inputs = bits if bits.size else np.zeros(1, np.uint64)
+    proof = flp.prove(shape, inputs, joint, PRGStream.fresh())
+    return RangeUpload(shares0, flp.sub(proof, proof1), blind0, seed1, part0, part1)
+
+
+@dataclass(frozen=True)
+class ServerCheck:
+    """One server's range check of one client: its digest and its verifier share.
+
+    Attributes
+    ----------
+    digest : bytes
+        SHA-256 of the tag, both parts, the query seed and this server's (signed) residual
+        vector; equal at both servers for an honest client.
+    query_seed : bytes
+        The 16-byte seed of ``t`` and ``rho`` (S0 draws it, S1 uses S0's).
+    verifier : numpy.ndarray
+        This server's FLP verifier share.
+    joint : numpy.ndarray
+        The joint randomness (not sent; each server derives it).
+    """
+
+    digest: bytes
+    query_seed: bytes
+    verifier: _U64Array
+    joint: _U64Array
+
+    def to_bytes(self) -> bytes:
+        """``digest || query_seed || verifier`` (little-endian words)."""
+        return self.digest + self.query_seed + self.verifier.astype("<u8").tobytes()
+
+
+def _query(shape: flp.FLPShape, seed: bytes) -> tuple[int, _U64Array]:
+    stream = PRGStream(hashlib.sha256(_TAG + b"query" + seed).digest()[:_SEED])
+    nodes = 2 * shape.calls + 1
+    t = nodes + int(stream.words(1)[0]) % (flp.MODULUS - nodes)
+    return t, flp.field_words(stream, shape.calls)
+
+
+def _own_shares(
+    party: int,
+    private: RangeUpload | bytes,
+    shape: flp.FLPShape,
+    size: int,
+    public: tuple[bytes, bytes],
+) -> tuple[_U64Array, _U64Array, _U64Array]:
+    """Check and return a server's ring shares, field shares and proof share."""
+    part0, part1 = public
+    if party == 0:
+        if not isinstance(private, RangeUpload):
+            raise ConfigurationError("S0 checks a RangeUpload")
+        shares = np.asarray(private.shares0, np.uint64)
+        proof = np.asarray(private.proof0, np.uint64)
+        if shares.shape != (size,) or proof.shape != (shape.proof_length,):
+            raise SSAInputError("range check: S0's material has the wrong size")
+        if not hmac.compare_digest(_part0(private.blind0, shares), part0):
+            raise SSAInputError("range check: part0 does not match S0's shares")
+        if size and int(shares.max()) > 1 << MASK_BITS:
+            raise SSAInputError("range check: a bit share of S0 is out of range")
+        if int(proof.max(initial=0)) >= flp.MODULUS:
+            raise SSAInputError("range check: S0's proof share is not a field element")
+        return shares, shares, proof  # shares < 2^59 + 1 < p: already canonical
+    if not isinstance(private, bytes) or len(private) != _SEED:
+        raise SSAInputError("range check: S1's seed must be 16 bytes")
+    if not hmac.compare_digest(_part1(private), part1):
+        raise SSAInputError("range check: part1 does not match S1's seed")
+    masks, proof = _expand1(private, size, shape)
+    return np.uint64(0) - masks, flp.neg(masks), proof
+
+
+def server_check(
+    party: int,
+    value_shares: _U64Array,
+    bound: int,
+    public: tuple[bytes, bytes],
+    private: RangeUpload | bytes,
+    query_seed: bytes | None = None,
+) -> ServerCheck:
+    """Server ``party``: check a client's range material against its value-word shares.
+
+    Parameters
+    ----------
+    party : int
+        0 (S0) or 1 (S1).
+    value_shares : numpy.ndarray
+        This server's Z_2^64 shares of the client's value words, ``(n,)``.
+    bound : int
+        The fixed-point bound.
+    public : tuple[bytes, bytes]
+        ``(part0, part1)`` as the client sent them.
+    private : RangeUpload or bytes
+        S0: the client's upload (only ``shares0``, ``proof0``, ``blind0`` are read); S1: its
+        16-byte ``seed1``.
+    query_seed : bytes, optional
+        S0: None (it draws a fresh one); S1: S0's.
+
+    Raises
+    ------
+    SSAInputError
+        If this server's part does not match its material, a share of S0 exceeds ``2^59``,
+        the material has the wrong size, or the query seed is malformed.
+    ConfigurationError
+        If ``party`` is not 0 or 1.
+    """
+    if party not in (0, 1):
+        raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
+    coef = coefficients(bound)
+    n = np.asarray(value_shares).shape[0]
+    size = n * coef.shape[0]
+    shape = flp.FLPShape(max(size, 1))
+    part0, part1 = public
+    if query_seed is None:
+        query_seed = os.urandom(_SEED) if party == 0 else b""
+    if len(query_seed) != _SEED:
+        raise SSAInputError("range check: the query seed must be 16 bytes")
+    ring, field, proof = _own_shares(party, private, shape, size, public)
+    joint = _joint(shape, part0, part1)
+    # Exact Z_2^64 relation: share of sum_k c_k X_{n,k} - bound - v_n (S0 subtracts bound).
+    residual = (ring.reshape(n, coef.shape[0]) * coef[None, :]).sum(axis=1, dtype=np.uint64)
+    residual = residual - np.asarray(value_shares, np.uint64)
+    if party == 0:
+        residual = residual - np.uint64(bound)
+    else:
+        residual = np.uint64(0) - residual
+    digest = hashlib.sha256(
+        _TAG + part0 + part1 + query_seed + residual.astype("<u8").tobytes()
+    ).digest()
+    t, rho = _query(shape, query_seed)
+    inputs = field if size else np.zeros(1, np.uint64)
+    verifier = flp.query(shape, inputs, proof, joint, t, rho)
+    return ServerCheck(digest, query_seed, verifier, joint)
+
+
+def same_check(mine: ServerCheck, other: bytes, values: int, bound: int) -> bool:
+    """Decide on this server's check and the other server's ``to_bytes()`` (both decide alike).
+
+    True iff the digests and query seeds are equal and the FLP accepts the summed verifier.
+    """
+    shape = flp.FLPShape(max(values * coefficients(bound).shape[0], 1))
+    want = 32 + _SEED + 8 * shape.verifier_length
+    if not isinstance(other, bytes) or len(other) != want:
+        return False
+    if not hmac.compare_digest(other[:32], mine.digest) or other[32:48] != mine.query_seed:
+        return False
+    theirs = np.frombuffer(other[48:], "<u8").astype(np.uint64)
+    if int(theirs.max(initial=0)) >= flp.MODULUS:
+        return False
+    return flp.decide(shape, flp.add(mine.verifier, theirs), mine.joint)
+
+
+def fixed_point_bound(max_abs: float, frac_bits: int) -> int:
+    """``ceil(max_abs * 2^frac_bits)``: the largest word the codec writes for ``|x| <= max_abs``."""
+    return math.ceil(max_abs * 2.0**frac_bits)
