@@ -52,6 +52,7 @@ __all__ = [
     "FLPShape",
     "add",
     "decide",
+    "decide_words",
     "field_words",
     "lagrange_at",
     "mul",
@@ -296,7 +297,14 @@ def decide(shape: FLPShape, verifier: _U64Array, joint: _U64Array) -> bool:
     """Decide on the *sum* of both verifier shares: ``out = 0`` and ``p(t) = G_r(f(t))``."""
     if verifier.shape != (shape.verifier_length,):
         return False
-    f_t = verifier[: shape.width]
+    return decide_words(verifier, joint)
+
+
+def decide_words(verifier: _U64Array, joint: _U64Array) -> bool:
+    """Like :func:`decide`, the shape read off the lengths (``c`` joint words, ``c + 2``)."""
+    if verifier.ndim != 1 or joint.ndim != 1 or verifier.shape[0] != joint.shape[0] + 2:
+        return False
+    f_t = verifier[:-2]
     p_t, out = int(verifier[-2]), int(verifier[-1])
     want = int(sum_mod(mul(joint, sub(mul(f_t, f_t), f_t))))
     return out == 0 and p_t == want

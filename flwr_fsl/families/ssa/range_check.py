@@ -63,19 +63,28 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto import flp
+from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.crypto.prg import PRGStream
-from flwr_fsl.families.ssa.messages import SSAInputError
+from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 
 __all__ = [
+    "CHECK_HEAD",
     "MASK_BITS",
     "RangeUpload",
     "ServerCheck",
+    "client_trailer",
     "coefficients",
     "decompose",
     "false_accept_bound",
     "make_upload",
+    "party_key",
+    "round_bound",
+    "round_shape",
     "same_check",
     "server_check",
+    "server_range",
+    "split_trailer",
+    "trailer_bytes",
 ]
 
 MASK_BITS = 59
@@ -173,9 +182,12 @@ def _part1(seed1: bytes) -> bytes:
     return hashlib.sha256(_TAG + b"part1" + seed1).digest()
 
 
+def _joint_key(part0: bytes, part1: bytes) -> bytes:
+    return hashlib.sha256(_TAG + b"joint" + part0 + part1).digest()[:_SEED]
+
+
 def _joint(shape: flp.FLPShape, part0: bytes, part1: bytes) -> _U64Array:
-    key = hashlib.sha256(_TAG + b"joint" + part0 + part1).digest()[:_SEED]
-    return flp.field_words(PRGStream(key), shape.width)
+    return flp.field_words(PRGStream(_joint_key(part0, part1)), shape.width)
 
 
 def _expand1(seed1: bytes, n: int, shape: flp.FLPShape) -> tuple[_U64Array, _U64Array]:
@@ -184,8 +196,18 @@ def _expand1(seed1: bytes, n: int, shape: flp.FLPShape) -> tuple[_U64Array, _U64
     return masks, flp.field_words(PRGStream.from_seed(seed1, 1), shape.proof_length)
 
 
-def make_upload(values: _U64Array, bound: int) -> RangeUpload:
+def make_upload(
+    values: _U64Array,
+    bound: int,
+    *,
+    seed1: bytes | None = None,
+    blind0: bytes | None = None,
+    prover: bytes | None = None,
+) -> RangeUpload:
     """Client: build the range-check material for its value words (``(n,)`` uint64).
+
+    ``seed1``, ``blind0`` and ``prover`` (the FLP's wire seeds; 16 secret bytes each) default
+    to fresh OS randomness.
 
     Raises
     ------
@@ -194,13 +216,15 @@ def make_upload(values: _U64Array, bound: int) -> RangeUpload:
     """
     bits = decompose(values, bound).reshape(-1)
     shape = flp.FLPShape(max(bits.size, 1))
-    seed1, blind0 = os.urandom(_SEED), os.urandom(_SEED)
+    seed1 = os.urandom(_SEED) if seed1 is None else seed1
+    blind0 = os.urandom(_SEED) if blind0 is None else blind0
     masks, proof1 = _expand1(seed1, bits.size, shape)
     shares0 = bits + masks
     part0, part1 = _part0(blind0, shares0), _part1(seed1)
     joint = _joint(shape, part0, part1)
     inputs = bits if bits.size else np.zeros(1, np.uint64)
-    proof = flp.prove(shape, inputs, joint, PRGStream.fresh())
+    stream = PRGStream.fresh() if prover is None else PRGStream.from_seed(prover, 3)
+    proof = flp.prove(shape, inputs, joint, stream)
     return RangeUpload(shares0, flp.sub(proof, proof1), blind0, seed1, part0, part1)
 
 
@@ -217,18 +241,23 @@ class ServerCheck:
         The 16-byte seed of ``t`` and ``rho`` (S0 draws it, S1 uses S0's).
     verifier : numpy.ndarray
         This server's FLP verifier share.
+    joint_key : bytes
+        16 bytes the joint randomness expands from (a hash of ``part0 || part1``).
     joint : numpy.ndarray
-        The joint randomness (not sent; each server derives it).
+        The joint randomness.
     """
 
     digest: bytes
     query_seed: bytes
+    joint_key: bytes
     verifier: _U64Array
     joint: _U64Array
 
     def to_bytes(self) -> bytes:
-        """``digest || query_seed || verifier`` (little-endian words)."""
-        return self.digest + self.query_seed + self.verifier.astype("<u8").tobytes()
+        """Return ``digest || query_seed || joint_key || verifier`` (little-endian words)."""
+        return (
+            self.digest + self.query_seed + self.joint_key + self.verifier.astype("<u8").tobytes()
+        )
 
 
 def _query(shape: flp.FLPShape, seed: bytes) -> tuple[int, _U64Array]:
@@ -329,26 +358,144 @@ def server_check(
     t, rho = _query(shape, query_seed)
     inputs = field if size else np.zeros(1, np.uint64)
     verifier = flp.query(shape, inputs, proof, joint, t, rho)
-    return ServerCheck(digest, query_seed, verifier, joint)
+    return ServerCheck(digest, query_seed, _joint_key(part0, part1), verifier, joint)
 
 
-def same_check(mine: ServerCheck, other: bytes, values: int, bound: int) -> bool:
-    """Decide on this server's check and the other server's ``to_bytes()`` (both decide alike).
+CHECK_HEAD = 32 + 2 * _SEED
+"""Bytes of a check blob before its verifier words: digest, query seed, joint key."""
 
-    True iff the digests and query seeds are equal and the FLP accepts the summed verifier.
+
+def same_check(mine: bytes, other: bytes) -> bool:
+    """Decide on both servers' :meth:`ServerCheck.to_bytes` (symmetric: both decide alike).
+
+    True iff the digests, query seeds and joint keys are equal and the FLP accepts the sum of
+    the verifier shares (their length gives the FLP's width).
     """
-    shape = flp.FLPShape(max(values * coefficients(bound).shape[0], 1))
-    want = 32 + _SEED + 8 * shape.verifier_length
-    if not isinstance(other, bytes) or len(other) != want:
+    if not isinstance(mine, bytes) or not isinstance(other, bytes):
         return False
-    if not hmac.compare_digest(other[:32], mine.digest) or other[32:48] != mine.query_seed:
+    if len(mine) != len(other) or len(mine) < CHECK_HEAD + 24 or len(mine) % 8:
         return False
-    theirs = np.frombuffer(other[48:], "<u8").astype(np.uint64)
-    if int(theirs.max(initial=0)) >= flp.MODULUS:
+    if not hmac.compare_digest(mine[:CHECK_HEAD], other[:CHECK_HEAD]):
         return False
-    return flp.decide(shape, flp.add(mine.verifier, theirs), mine.joint)
+    a = np.frombuffer(mine[CHECK_HEAD:], "<u8").astype(np.uint64)
+    b = np.frombuffer(other[CHECK_HEAD:], "<u8").astype(np.uint64)
+    if max(int(a.max()), int(b.max())) >= flp.MODULUS:
+        return False
+    width = a.shape[0] - 2
+    joint = flp.field_words(PRGStream(mine[32 + _SEED : CHECK_HEAD]), width)
+    return flp.decide_words(flp.add(a, b), joint)
 
 
 def fixed_point_bound(max_abs: float, frac_bits: int) -> int:
     """``ceil(max_abs * 2^frac_bits)``: the largest word the codec writes for ``|x| <= max_abs``."""
     return math.ceil(max_abs * 2.0**frac_bits)
+
+
+# ------------------------------------------------------------------------------------------------
+# In a round: the range material travels as a trailer of the client's public part (fresh keys)
+# or of its U-DPF hint. S0's words are encrypted under a key only S0 can derive (from its own
+# key shares), S1's seed is derived from S1's key shares; ``part0`` and ``part1`` are in clear.
+# ------------------------------------------------------------------------------------------------
+
+
+def round_bound(params: SSAParams) -> int:
+    """Return the round's bound on a value word: ``ceil(max_abs * 2^frac_bits)``."""
+    return fixed_point_bound(params.max_abs, params.frac_bits)
+
+
+def round_shape(params: SSAParams) -> flp.FLPShape:
+    """Return the FLP layout of a round: ``num_keys * value_width * L`` bits."""
+    bits = params.num_keys * params.value_width * coefficients(round_bound(params)).shape[0]
+    return flp.FLPShape(max(bits, 1))
+
+
+def trailer_bytes(params: SSAParams) -> int:
+    """Bytes of a client's range trailer in a checked round."""
+    shape = round_shape(params)
+    bits = params.num_keys * params.value_width * coefficients(round_bound(params)).shape[0]
+    return 8 * (bits + shape.proof_length) + 64
+
+
+def party_key(params: SSAParams, keys: DPFKeyBatch) -> bytes:
+    """16 secret bytes one server (and the client) derive from that server's key shares."""
+    head = _TAG + b"party" + bytes([keys.party])
+    head += int(params.round_id).to_bytes(8, "little") + int(params.epoch).to_bytes(8, "little")
+    return hashlib.sha256(head + keys.root_seeds.astype("<u8").tobytes()).digest()[:_SEED]
+
+
+def _pad(key: bytes, n: int) -> _U64Array:
+    return PRGStream.from_seed(key, 2).words(n)
+
+
+def client_trailer(
+    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
+) -> bytes:
+    """Client: the range trailer for its keys' payload ``betas`` (``(keys, key_tau)``).
+
+    Raises
+    ------
+    ConfigurationError
+        If a value word is outside the round's bound (the codec never writes one).
+    """
+    values = np.ascontiguousarray(betas[:, : params.value_width]).reshape(-1)
+    k0, k1 = party_key(params, keys[0]), party_key(params, keys[1])
+    blind0 = hashlib.sha256(_TAG + b"blind0" + k0).digest()[:_SEED]
+    prover = hashlib.sha256(_TAG + b"prover" + k0 + k1).digest()[:_SEED]
+    up = make_upload(values, round_bound(params), seed1=k1, blind0=blind0, prover=prover)
+    words = np.concatenate([up.shares0, up.proof0])
+    return (words ^ _pad(k0, words.shape[0])).astype("<u8").tobytes() + up.part0 + up.part1
+
+
+def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
+    """Split a checked round's public part (or hint) into its head and range trailer.
+
+    Raises
+    ------
+    SSAInputError
+        If the blob is shorter than the trailer.
+    """
+    size = trailer_bytes(params)
+    if len(blob) <= size:
+        raise SSAInputError("the public part lacks its range-check trailer")
+    return bytes(blob[:-size]), bytes(blob[-size:])
+
+
+def server_range(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    value_sums: _U64Array,
+    trailer: bytes,
+    expect: bytes | None,
+    check_head: int,
+) -> bytes:
+    """One server's range check of a client in a round; return its check blob.
+
+    ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
+    ``expect`` is the other server's whole blob (S1) or None (S0); S1's query seed is read
+    from it after ``check_head`` bytes (the key-check digest) and the range digest.
+
+    Raises
+    ------
+    SSAInputError
+        If the trailer does not match this server's material (:func:`server_check`).
+    """
+    k = party_key(params, keys)
+    part0, part1 = trailer[-64:-32], trailer[-32:]
+    bound = round_bound(params)
+    if keys.party == 0:
+        n_words = (len(trailer) - 64) // 8
+        words = np.frombuffer(trailer[:-64], "<u8").astype(np.uint64) ^ _pad(k, n_words)
+        size = value_sums.size * coefficients(bound).shape[0]
+        blind0 = hashlib.sha256(_TAG + b"blind0" + k).digest()[:_SEED]
+        private: RangeUpload | bytes = RangeUpload(
+            words[:size], words[size:], blind0, b"", part0, part1
+        )
+        query_seed = None
+    else:
+        private = k
+        start = check_head + 32  # after the key-check digest and the range digest
+        if expect is None or len(expect) < start + _SEED:
+            raise SSAInputError("range check: S0's check is missing")
+        query_seed = bytes(expect[start : start + _SEED])
+    flat = np.ascontiguousarray(value_sums, np.uint64).reshape(-1)
+    return server_check(keys.party, flat, bound, (part0, part1), private, query_seed).to_bytes()

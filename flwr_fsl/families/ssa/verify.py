@@ -73,6 +73,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
+from flwr_fsl.families.ssa.range_check import same_check
 
 __all__ = [
     "DIGEST_BYTES",
@@ -327,7 +328,16 @@ def client_digest(
 
 
 def same_digest(a: bytes | None, b: bytes | None) -> bool:
-    """Constant-time digest comparison (False when either is missing or malformed)."""
-    if a is None or b is None or len(a) != DIGEST_BYTES or len(b) != DIGEST_BYTES:
+    """Decide on both servers' checks of a client (False when either is missing or malformed).
+
+    A check is the 32-byte key-check digest, followed in a checked round by the range check's
+    blob (:func:`~flwr_fsl.families.ssa.range_check.same_check`): the digests must be equal
+    (constant time) and the range check must accept. Symmetric in ``a`` and ``b``.
+    """
+    if a is None or b is None or len(a) < DIGEST_BYTES or len(a) != len(b):
         return False
-    return hmac.compare_digest(a, b)
+    if not hmac.compare_digest(a[:DIGEST_BYTES], b[:DIGEST_BYTES]):
+        return False
+    if len(a) == DIGEST_BYTES:
+        return True
+    return same_check(bytes(a[DIGEST_BYTES:]), bytes(b[DIGEST_BYTES:]))
