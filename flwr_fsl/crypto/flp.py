@@ -59,6 +59,7 @@ __all__ = [
     "neg",
     "prove",
     "query",
+    "reduce",
     "soundness_error",
     "sub",
     "sum_mod",
@@ -85,6 +86,12 @@ def _fold(s: _Words) -> _U64Array:
     """Reduce values below ``2^63`` to ``[0, p)``."""
     t = np.asarray((s & _P) + (s >> _S61), np.uint64)
     return np.asarray(t - _P * (t >= _P), np.uint64)
+
+
+def reduce(a: _Words) -> _U64Array:
+    """Reduce any uint64 words to ``[0, p)`` (``a mod p``)."""
+    a = np.asarray(a, np.uint64)
+    return _fold(_fold(a & _P) + (a >> _S61))
 
 
 def add(a: _Words, b: _Words) -> _U64Array:

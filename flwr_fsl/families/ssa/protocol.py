@@ -88,7 +88,11 @@ from flwr_fsl.families.ssa.placement import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.families.ssa.range_check import client_trailer, server_range, split_trailer
+from flwr_fsl.families.ssa.range_check import (
+    client_trailer,
+    server_range,
+    split_trailer,
+)
 from flwr_fsl.families.ssa.verify import (
     DIGEST_BYTES,
     KeyCheck,
@@ -445,9 +449,9 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
         If it is malformed or its number of keys, ``tau``, domains or epochs are not the
         round's.
     """
-    if params.verify:
-        public_part = split_trailer(params, bytes(public_part))[0]
-    return _parse_head(params, public_part)
+    if not params.verify:
+        return _parse_head(params, public_part)
+    return _parse_head(params, split_trailer(params, bytes(public_part))[0])
 
 
 def _parse_head(params: SSAParams, public_part: bytes) -> DPFPublicBatch:

@@ -85,6 +85,7 @@ __all__ = [
     "server_range",
     "split_trailer",
     "trailer_bytes",
+    "upload_bits",
 ]
 
 MASK_BITS = 59
@@ -215,6 +216,22 @@ def make_upload(
         If a value is outside ``[-bound, bound]``.
     """
     bits = decompose(values, bound).reshape(-1)
+    return upload_bits(bits, seed1=seed1, blind0=blind0, prover=prover)
+
+
+def upload_bits(
+    bits: _U64Array,
+    *,
+    seed1: bytes | None = None,
+    blind0: bytes | None = None,
+    prover: bytes | None = None,
+) -> RangeUpload:
+    """Share and prove a flat vector of claimed bits (:func:`make_upload`'s second half).
+
+    An honest client passes 0/1 words; tests pass other words to play a cheating client (the
+    proof is then made for the shared integer as the servers read it, mod p).
+    """
+    bits = np.asarray(bits, np.uint64)
     shape = flp.FLPShape(max(bits.size, 1))
     seed1 = os.urandom(_SEED) if seed1 is None else seed1
     blind0 = os.urandom(_SEED) if blind0 is None else blind0
@@ -222,7 +239,9 @@ def make_upload(
     shares0 = bits + masks
     part0, part1 = _part0(blind0, shares0), _part1(seed1)
     joint = _joint(shape, part0, part1)
-    inputs = bits if bits.size else np.zeros(1, np.uint64)
+    inputs = (
+        flp.sub(flp.reduce(shares0), flp.reduce(masks)) if bits.size else np.zeros(1, np.uint64)
+    )
     stream = PRGStream.fresh() if prover is None else PRGStream.from_seed(prover, 3)
     proof = flp.prove(shape, inputs, joint, stream)
     return RangeUpload(shares0, flp.sub(proof, proof1), blind0, seed1, part0, part1)
@@ -452,11 +471,13 @@ def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
     Raises
     ------
     SSAInputError
-        If the blob is shorter than the trailer.
+        If the blob is not longer than a trailer (truncated, or keys without one).
     """
     size = trailer_bytes(params)
     if len(blob) <= size:
-        raise SSAInputError("the public part lacks its range-check trailer")
+        raise SSAInputError(
+            "malformed public part: truncated, or without the range-check trailer the round needs"
+        )
     return bytes(blob[:-size]), bytes(blob[-size:])
 
 

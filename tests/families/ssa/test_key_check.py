@@ -204,7 +204,7 @@ def test_verify_false_is_the_unchecked_round_and_old_params_mean_it() -> None:
             SSAParams.from_bytes(json.dumps(bad).encode())
     # Keys of the other kind do not fit a round.
     upload, _ = encode_update(plain, np.arange(3), np.ones((3, WIDTH)))
-    with pytest.raises(SSAInputError, match="the round needs|range-check trailer"):
+    with pytest.raises(SSAInputError, match="the round needs"):
         SSAServer(checked, 0).add_client(1, upload.public_part, upload.master_seeds[0])
 
 
