@@ -1,4 +1,4 @@
-"""The bit-vector FLP over F_(2^61 - 1) (flwr_fsl.crypto.flp): arithmetic, completeness, soundness."""
+"""The bit-vector FLP over F_(2^61 - 1) (flwr_fsl.crypto.flp): arithmetic, soundness."""
 
 from __future__ import annotations
 

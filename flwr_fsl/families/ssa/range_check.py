@@ -341,7 +341,7 @@ def server_check(
         S0: the client's upload (only ``shares0``, ``proof0``, ``blind0`` are read); S1: its
         16-byte ``seed1``.
     query_seed : bytes, optional
-        S0: None (it draws a fresh one); S1: S0's.
+        S1: S0's; None (S0, or a server checked alone): a fresh one.
 
     Raises
     ------
@@ -358,8 +358,8 @@ def server_check(
     size = n * coef.shape[0]
     shape = flp.FLPShape(max(size, 1))
     part0, part1 = public
-    if query_seed is None:
-        query_seed = os.urandom(_SEED) if party == 0 else b""
+    if query_seed is None:  # the first to check draws it (S0)
+        query_seed = os.urandom(_SEED)
     if len(query_seed) != _SEED:
         raise SSAInputError("range check: the query seed must be 16 bytes")
     ring, field, proof = _own_shares(party, private, shape, size, public)
@@ -492,8 +492,9 @@ def server_range(
     """One server's range check of a client in a round; return its check blob.
 
     ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
-    ``expect`` is the other server's whole blob (S1) or None (S0); S1's query seed is read
-    from it after ``check_head`` bytes (the key-check digest) and the range digest.
+    ``expect`` is the other server's whole check (S1) or None (S0, which draws the query
+    seed); the query seed is read from it after ``check_head`` bytes (the key-check digest)
+    and the range digest.
 
     Raises
     ------
@@ -511,12 +512,13 @@ def server_range(
         private: RangeUpload | bytes = RangeUpload(
             words[:size], words[size:], blind0, b"", part0, part1
         )
-        query_seed = None
     else:
         private = k
+    query_seed = None  # without the other's check: draw one (S0, or a server checked alone)
+    if expect is not None:
         start = check_head + 32  # after the key-check digest and the range digest
-        if expect is None or len(expect) < start + _SEED:
-            raise SSAInputError("range check: S0's check is missing")
+        if len(expect) < start + _SEED:
+            raise SSAInputError("range check: the other server's check is malformed")
         query_seed = bytes(expect[start : start + _SEED])
     flat = np.ascontiguousarray(value_sums, np.uint64).reshape(-1)
     return server_check(keys.party, flat, bound, (part0, part1), private, query_seed).to_bytes()
