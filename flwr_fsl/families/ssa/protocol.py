@@ -31,7 +31,8 @@ rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verif
 default) both servers also check every client's keys — one point per key, a dummy slot for
 empty bins, the count word exactly 1 with unit weights, every value word within the
 fixed-point bound (:mod:`flwr_fsl.families.ssa.range_check`) — and drop a client that fails
-(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified). Each server alone sees its master seed and the public part,
+(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified).
+Each server alone sees its master seed and the public part,
 pseudorandom and independent of the client's indices and values; their sizes depend only on
 public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
 reveals to both servers, by design of count-weighted averaging: per index the sum of the

@@ -1,11 +1,12 @@
 """Range check of a client's SSA value words on the servers' shares (issue 21 item 4).
 
-**Status: the sound check's building block, tested on its own; not yet wired into a round**
-(:mod:`flwr_fsl.families.ssa.verify` says what a round checks today). Given, per value word
-``n``, the two servers' Z_2^64 shares ``v^(0)_n + v^(1)_n = v_n`` (in a checked round: the sum of
-a key's value word over its evaluated points, which is the word at its one nonzero point), the
-servers verify ``-bound <= v_n <= bound`` (signed fixed point) for every ``n``, exchanging only
-a digest that is equal for honest clients and a short zero-knowledge verifier share.
+In every checked round (:attr:`SSAParams.verify <flwr_fsl.families.ssa.messages.SSAParams.verify>`,
+the default) both servers run it (:mod:`flwr_fsl.families.ssa.verify`). Given, per value word
+``n``, the two servers' Z_2^64 shares ``v^(0)_n + v^(1)_n = v_n`` (the sum of a key's value
+word over its evaluated points, which the key check makes the word at its one nonzero point),
+the servers verify ``-bound <= v_n <= bound`` (signed fixed point, ``bound =
+ceil(max_abs * 2^frac_bits)``: :func:`round_bound`) for every ``n``, exchanging only a digest
+that is equal for honest clients and a short zero-knowledge verifier share.
 
 **Why not a random linear check over Z_2^64.** An error of high 2-adic valuation (``2^63``)
 survives a random combination with probability 1/2. The check below never combines ring

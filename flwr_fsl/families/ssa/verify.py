@@ -46,7 +46,8 @@ follows the 32-byte digest in what the servers exchange, and :func:`same_digest`
 both parts. A client with a word out of range is dropped like any other failing client
 (false accept at most ``(2m + 2)/(p - 2m - 1) + 1/p``, about ``2^-54``, per upload). Within
 the bound a client still chooses its words freely (Cui et al.'s functionality lets a
-corrupted client choose any ``w in G^k``; DP clipping binds honest clients only). Nor does it check that
+corrupted client choose any ``w in G^k``; DP clipping binds honest clients only). Nor does
+it check that
 a client used at most ``k`` real slots or placed an element once: a client may point all ``B``
 bins at real slots and reach one element from each of its ``eta`` candidate bins and every
 stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
