@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.kernels.field61 import matmul_mod61
 
 __all__ = [
     "DEFAULT_CALLS",
@@ -158,22 +159,36 @@ def lagrange_at(x: int, nodes: int) -> _U64Array:
     fact = [1] * nodes
     for i in range(1, nodes):
         fact[i] = fact[i - 1] * i % MODULUS
-    for i in range(nodes):
-        denom = fact[i] * fact[nodes - 1 - i] % MODULUS * (x - i) % MODULUS
-        val = total * pow(denom, MODULUS - 2, MODULUS) % MODULUS
+    denoms = [fact[i] * fact[nodes - 1 - i] % MODULUS * (x - i) % MODULUS for i in range(nodes)]
+    for i, inv in enumerate(_batch_inverse(denoms)):
+        val = total * inv % MODULUS
         if (nodes - 1 - i) % 2:
             val = (MODULUS - val) % MODULUS
         out[i] = val
     return out
 
 
+def _batch_inverse(values: list[int]) -> list[int]:
+    """Inverses mod p of nonzero values with one exponentiation (Montgomery's trick)."""
+    prefix = [1] * (len(values) + 1)
+    for i, v in enumerate(values):
+        prefix[i + 1] = prefix[i] * v % MODULUS
+    inv = pow(prefix[-1], MODULUS - 2, MODULUS)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = inv * prefix[i] % MODULUS
+        inv = inv * values[i] % MODULUS
+    return out
+
+
 def _extrapolate(values: _U64Array, points: range) -> _U64Array:
     """Evaluate the columns' interpolants (nodes ``0..rows-1``) at ``points``."""
     rows = values.shape[0]
-    out = np.zeros((len(points), values.shape[1]), np.uint64)
+    lam = np.empty((len(points), rows), np.uint64)
     for n, x in enumerate(points):
-        lam = lagrange_at(x, rows)
-        out[n] = sum_mod(mul(lam[:, None], values), axis=0)
+        lam[n] = lagrange_at(x, rows)
+    out = np.empty((len(points), values.shape[1]), np.uint64)
+    matmul_mod61(lam, np.ascontiguousarray(values), out)
     return out
 
 
