@@ -96,3 +96,25 @@ def test_wrapping_a_sum_with_a_huge_value_word_is_caught(
     result, dropped = _aggregate(params, [honest, _crafted(monkeypatch, params, 5, huge)])
     assert dropped == {1}  # the value word is out of range
     assert result.counts is not None and result.counts[5] == 1.0 and result.sums[5, 0] == 0.5
+
+
+def test_a_udpf_hint_with_a_huge_value_word_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The range check also covers U-DPF hints (the trailer travels with the hint)."""
+    first = replace(UNIT, epoch=1)
+    upload, state = encode_update(first, [9], [[0.25]], 1.0)
+    servers = [SSAServer(first, party) for party in (0, 1)]
+    digest = servers[0].add_client(1, upload.public_part, upload.master_seeds[0])
+    servers[1].add_client(1, upload.public_part, upload.master_seeds[1], digest)
+    nxt = replace(first, round_id=2, epoch=2)
+    one = UNIT.fixed_point.encode(np.array([[1.0]]))[0, 0]
+    huge = np.array([[1 << 62, one]], dtype=np.uint64)
+    with monkeypatch.context() as patch:
+        patch.setattr(ssa, "payload_words", lambda *_a, **_k: huge)
+        patch.setattr(
+            ssa, "client_trailer", lambda p, k, b: rc.client_trailer(p, k, forge.clipped(p, b))
+        )
+        hint = state.next_round(nxt, [[0.0]], 1.0)
+    s0, s1 = (SSAServer(nxt, b, previous_keys={1: servers[b].keys[1]}) for b in (0, 1))
+    digest = s0.add_client_hint(1, hint)
+    with pytest.raises(ssa.SSAInputError, match="key check failed"):
+        s1.add_client_hint(1, hint, digest)
