@@ -89,13 +89,8 @@ from flwr_fsl.families.ssa.placement import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.families.ssa.range_check import (
-    client_trailer,
-    server_range,
-    split_trailer,
-)
+from flwr_fsl.families.ssa.range_check import client_trailer, round_check, split_trailer
 from flwr_fsl.families.ssa.verify import (
-    DIGEST_BYTES,
     KeyCheck,
     checks_counts,
     one_word,
@@ -441,8 +436,7 @@ def encode_round(  # noqa: PLR0913
 def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
     """Decode a client's public part and check it has exactly the round's shape.
 
-    In a checked round the public part ends with the range check's trailer
-    (:func:`~flwr_fsl.families.ssa.range_check.split_trailer`), which this ignores.
+    A checked round's public part ends with the range check's trailer, which this ignores.
 
     Raises
     ------
@@ -714,10 +708,7 @@ class SSAServer:
     ) -> bytes | None:
         values, digest = self._evaluate(keys)
         if digest is not None and trailer is not None:
-            # Every key's value words summed over its points: its one point's words.
-            width = self.params.value_width
-            sums = np.add.reduceat(values[:, :width], self._row_offsets[:-1], axis=0)
-            digest += server_range(self.params, keys, sums, trailer, expect, DIGEST_BYTES)
+            digest += round_check(self.params, keys, values, self._row_offsets, trailer, expect)
         if expect is not None and not same_digest(digest, expect):
             raise SSAInputError(
                 "key check failed: the servers' checks differ (a key with more than one "

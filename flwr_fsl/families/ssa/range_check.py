@@ -80,6 +80,7 @@ __all__ = [
     "make_upload",
     "party_key",
     "round_bound",
+    "round_check",
     "round_shape",
     "same_check",
     "server_check",
@@ -523,3 +524,25 @@ def server_range(
         query_seed = bytes(expect[start : start + _SEED])
     flat = np.ascontiguousarray(value_sums, np.uint64).reshape(-1)
     return server_check(keys.party, flat, bound, (part0, part1), private, query_seed).to_bytes()
+
+
+def round_check(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    values: _U64Array,
+    offsets: NDArray[np.int64],
+    trailer: bytes,
+    expect: bytes | None,
+) -> bytes:
+    """:func:`server_range` on a server's evaluated points (``offsets``: each key's first row).
+
+    Each key's value words summed over its evaluated points are its one point's words (the key
+    check allows no second nonzero point).
+
+    Raises
+    ------
+    SSAInputError
+        As :func:`server_range`.
+    """
+    sums = np.add.reduceat(values[:, : params.value_width], offsets[:-1], axis=0)
+    return server_range(params, keys, sums, trailer, expect, 32)
