@@ -27,7 +27,11 @@ scalars, ``tau = 2``, stash-less, ``η = 3``) and reports:
 check off and on (``SSAParams.verify``; unit weights, so the count check runs too), at
 ``k/m in {1%, 10%}`` of every size: client encode, each server's time per client, bytes
 client -> S0 (and the 32-byte digest each way between the servers); ``--check-only`` stops
-after it. The Cui tables below measure the unchecked round (Cui's semi-honest protocol).
+after it. A checked round includes the value words' range check (issue 21 item 4,
+:mod:`flwr_fsl.families.ssa.range_check`); a second table splits it out: the checked round
+without its range part -> with it (client encode, each server per client, bytes client -> S0,
+bytes S0 <-> S1), the range part timed on its own in the same run. The Cui tables below
+measure the unchecked round (Cui's semi-honest protocol).
 
 ``--scale N`` instead runs **one round of N clients through a real S1 process**
 (``python -m flwr_fsl.helper`` on a loopback port, started by the script) at ``m = 2**20``,
