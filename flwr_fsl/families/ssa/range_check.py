@@ -41,6 +41,12 @@ F_p, ``p = 2^61 - 1`` (:mod:`flwr_fsl.crypto.flp`).
    ``t`` and the combination ``rho`` come from a 16-byte *query seed* S0 draws after receiving
    the upload and sends with its verifier share; S1 uses it and refuses a ``t`` that is a node.
 
+**One query per upload.** The verifier shares are zero-knowledge for one query point: two
+answers of S1 on the same upload at different points would give S0 a linear combination of
+the client's bits (two evaluations of each wire polynomial eliminate its random seed). S1
+answers at most once per client and round (the helper claims the client before evaluating, and
+refused uploads get a reason, never a verifier share); the wire seeds are fresh every round.
+
 **False accept.** A client with some ``|v_n| > bound`` passes only if the FLP accepts a non-bit,
 probability at most ``(2m + 2)/(p - 2m - 1) + 1/p`` per upload (``m`` the FLP's gadget calls;
 :func:`false_accept_bound`), or by a hash collision.
