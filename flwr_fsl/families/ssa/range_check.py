@@ -22,7 +22,8 @@ F_p, ``p = 2^61 - 1`` (:mod:`flwr_fsl.crypto.flp`).
    ``beta`` (:func:`decompose`).
 2. *Integer shares with bounded masks.* For each bit the client draws ``u`` uniform in
    ``[0, 2^59)`` from a seed it gives S1 (:class:`RangeUpload` ``seed1``): S1's share is the
-   integer ``-u``, S0's is the integer ``x = beta + u`` (sent to S0 only). S0 refuses any
+   integer ``-u``, S0's is the integer ``x = beta + u`` (for S0 only: in a round it travels in
+   the public trailer encrypted under a key derived from S0's key shares). S0 refuses any
    ``x > 2^59``; S1's ``-u`` is in ``(-2^59, 0]`` by construction. So the shared integer
    ``X = x - u`` lies in ``(-2^59, 2^59 + 1)``, and the same shares read mod 2^64 and mod p are
    shares of ``X`` in both. S1's view ``-u`` and S0's view ``x`` are each within statistical
@@ -39,7 +40,8 @@ F_p, ``p = 2^61 - 1`` (:mod:`flwr_fsl.crypto.flp`).
    and refuses a mismatch, as in Prio3), so it is fixed after both input shares: a client can
    only re-share and try again, each try accepted with probability ``1/p``. The query point
    ``t`` and the combination ``rho`` come from a 16-byte *query seed* S0 draws after receiving
-   the upload and sends with its verifier share; S1 uses it and refuses a ``t`` that is a node.
+   the upload and sends with its verifier share; S1 uses it. ``t`` is never an interpolation
+   node (it is drawn from ``[2m + 1, p)``).
 
 **One query per upload.** The verifier shares are zero-knowledge for one query point: two
 answers of S1 on the same upload at different points would give S0 a linear combination of
@@ -53,8 +55,8 @@ probability at most ``(2m + 2)/(p - 2m - 1) + 1/p`` per upload (``m`` the FLP's 
 
 **Cost per client** (``N = values * L`` bits): S0 receives ``N + proof`` words (the integer
 shares and its proof share), S1 a 16-byte seed (``u`` and its proof share expand from it),
-both 64 public bytes (``part0``, ``part1``); each server sends the other ``32 + 16 + 8 (c + 2)``
-bytes. The client's proof costs ``O(N m)`` field multiplications, each server's check ``O(N)``.
+both 64 public bytes (``part0``, ``part1``); each server sends the other
+``32 + 16 + 16 + 8 (c + 2)`` bytes (digest, query seed, joint-randomness key, verifier share). The client's proof costs ``O(N m)`` field multiplications, each server's check ``O(N)``.
 """
 
 from __future__ import annotations
