@@ -56,7 +56,8 @@ probability at most ``(2m + 2)/(p - 2m - 1) + 1/p`` per upload (``m`` the FLP's 
 **Cost per client** (``N = values * L`` bits): S0 receives ``N + proof`` words (the integer
 shares and its proof share), S1 a 16-byte seed (``u`` and its proof share expand from it),
 both 64 public bytes (``part0``, ``part1``); each server sends the other
-``32 + 16 + 16 + 8 (c + 2)`` bytes (digest, query seed, joint-randomness key, verifier share). The client's proof costs ``O(N m)`` field multiplications, each server's check ``O(N)``.
+``32 + 16 + 16 + 8 (c + 2)`` bytes (digest, query seed, joint-randomness key, verifier share).
+The client's proof costs ``O(N m)`` field multiplications, each server's check ``O(N)``.
 """
 
 from __future__ import annotations
