@@ -10,9 +10,11 @@ with the forger in the round, and whether the forger was dropped:
   to the count, so the element still looks like one client's): **caught** by both servers, the
   average stays the honest 0.01;
 * a count word of 2**63, and two points in one key: **caught**;
-* average -1.1e9 with the count word exactly 1: **not caught** — value words are not range
-  checked (:mod:`flwr_fsl.families.ssa.verify`, docs/families/ssa.md): a known, documented
-  gap; the forger is counted as one client, as any client may choose any ``w``.
+* average -1.1e9 with the count word exactly 1: **caught** by the value words' range check
+  (:mod:`flwr_fsl.families.ssa.range_check`; the forger's range proof claims the word
+  clipped into the bound, and the exact Z_2^64 relation fails), the average stays 0.01;
+* a value word exactly at the bound (``max_abs``): **accepted** — the check enforces the
+  bound, and any client may choose any ``w`` within it;
 * with ``verify=False`` (the unchecked round, kept for comparison) the 80.00 try succeeds.
 """
 
@@ -85,6 +87,9 @@ def _forged(params: SSAParams, lead: LeadServer, attempt: str) -> ClientUpload:
         plan.betas[real, col] = np.uint64(1 << 63)
     elif attempt == "two points in a key":
         tamper = forge.flip_last_level(real)
+    elif attempt == "value at the bound (count 1)":
+        plan.betas[real, 0] = np.uint64(round(params.max_abs * frac))
+        plan.betas[real, col] = one
     elif attempt == "average -1.1e9 (value, count 1)":
         # sums: 0.01 + v over counts 2 -> v = 2 * (-1.1e9) - 0.01 (far outside max_abs)
         plan.betas[real, 0] = np.uint64(round((-2.2e9 - HONEST) * frac) % (1 << 64))
@@ -106,7 +111,12 @@ def _round(helper: HelperProcess, params: SSAParams, attempt: str) -> tuple[floa
         client.close()
 
 
-CAUGHT = ["average 80.00 (value, count 0)", "count 2**63", "two points in a key"]
+CAUGHT = [
+    "average 80.00 (value, count 0)",
+    "count 2**63",
+    "two points in a key",
+    "average -1.1e9 (value, count 1)",
+]
 
 
 @pytest.mark.parametrize("attempt", CAUGHT)
@@ -116,10 +126,11 @@ def test_forged_keys_are_caught_by_both_servers(helper, attempt: str) -> None:  
     assert average == pytest.approx(HONEST, abs=1e-6)  # the honest client's update, exactly
 
 
-def test_value_words_are_not_checked_known_gap(helper) -> None:  # type: ignore[no-untyped-def]
-    average, rejected = _round(helper, _params(20), "average -1.1e9 (value, count 1)")
+def test_a_value_word_at_the_bound_is_accepted(helper) -> None:  # type: ignore[no-untyped-def]
+    params = _params(20)
+    average, rejected = _round(helper, params, "value at the bound (count 1)")
     assert rejected == {}
-    assert average == pytest.approx(-1.1e9, rel=1e-6)  # a documented gap: no range proof
+    assert average == pytest.approx((HONEST + params.max_abs) / 2, rel=1e-9)
 
 
 def test_unchecked_round_lets_the_forger_through(helper) -> None:  # type: ignore[no-untyped-def]

@@ -29,9 +29,10 @@ servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
 **Threat model and leakage.** Two non-colluding, semi-honest servers. Malformed keys are
 rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verify`, the
 default) both servers also check every client's keys — one point per key, a dummy slot for
-empty bins, the count word exactly 1 with unit weights — and drop a client that fails
-(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified: value
-words are not range-checked). Each server alone sees its master seed and the public part,
+empty bins, the count word exactly 1 with unit weights, every value word within the
+fixed-point bound (:mod:`flwr_fsl.families.ssa.range_check`) — and drop a client that fails
+(:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified).
+Each server alone sees its master seed and the public part,
 pseudorandom and independent of the client's indices and values; their sizes depend only on
 public parameters (``m``, ``k``, row width, hash key). What the *reconstructed aggregate*
 reveals to both servers, by design of count-weighted averaging: per index the sum of the
@@ -88,6 +89,7 @@ from flwr_fsl.families.ssa.placement import (
     place_indices,
     simple_table_for,
 )
+from flwr_fsl.families.ssa.range_check import client_trailer, round_check, split_trailer
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -235,6 +237,8 @@ class SSAClientState:
             update_batch(self.keys[1], hint, params.epoch),
         )
         self.params = params
+        if params.verify:  # the value words' range check (range_check module)
+            return hint.to_bytes() + client_trailer(params, self.keys, betas)
         return hint.to_bytes()
 
 
@@ -312,15 +316,19 @@ def encode_update(
     placement = place_indices(params, idx, table, rng)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
+    betas = _betas(params, payload, placement.slots)
     k0, k1 = generate_keys_batch(
         placement.alphas,
-        _betas(params, payload, placement.slots),
+        betas,
         key_domain_bits(params, table),
         master_seeds=master_seeds,
         epoch=params.epoch,
         verifiable=params.verify,
     )
-    upload = SSAUpload(k0.public.to_bytes(), master_seeds)
+    public = k0.public.to_bytes()
+    if params.verify:  # the value words' range check (range_check module)
+        public += client_trailer(params, (k0, k1), betas)
+    upload = SSAUpload(public, master_seeds)
     return upload, SSAClientState(params, idx, placement, (k0, k1))
 
 
@@ -428,12 +436,21 @@ def encode_round(  # noqa: PLR0913
 def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
     """Decode a client's public part and check it has exactly the round's shape.
 
+    A checked round's public part ends with the range check's trailer, which this ignores.
+
     Raises
     ------
     SSAInputError
         If it is malformed or its number of keys, ``tau``, domains or epochs are not the
         round's.
     """
+    if not params.verify:
+        return _parse_head(params, public_part)
+    return _parse_head(params, split_trailer(params, bytes(public_part))[0])
+
+
+def _parse_head(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
+    """Decode the keys' public part (without a trailer) and check the round's shape."""
     try:
         public = DPFPublicBatch.from_bytes(bytes(public_part))
     except DPFKeyError as err:
@@ -566,12 +583,15 @@ class SSAServer:
             key check; the share is unchanged then.
         """
         self._check_new(client_id)
-        public = parse_public_part(self.params, public_part)
+        trailer = None
+        if self.params.verify:
+            public_part, trailer = split_trailer(self.params, bytes(public_part))
+        public = _parse_head(self.params, public_part)
         try:
             keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
         except DPFKeyError as err:
             raise SSAInputError(f"bad master seed: {err}") from None
-        return self._accumulate(client_id, keys, expect)
+        return self._accumulate(client_id, keys, expect, trailer)
 
     def add_client_hint(
         self, client_id: int, hint: bytes, expect: bytes | None = None
@@ -589,13 +609,16 @@ class SSAServer:
         self._check_new(client_id)
         if client_id not in self._previous:
             raise SSAInputError(f"no stored keys for client {client_id} (send fresh keys)")
+        trailer = None
+        if self.params.verify:
+            hint, trailer = split_trailer(self.params, bytes(hint))
         try:
             parsed = UpdateHint.from_bytes(bytes(hint))
             keys = update_batch(self._previous[client_id], parsed, self.params.epoch)
         except (DPFKeyError, ValueError) as err:
             raise SSAInputError(f"bad hint: {err}") from None
         _check_public(self.params, keys.public)
-        return self._accumulate(client_id, keys, expect)
+        return self._accumulate(client_id, keys, expect, trailer)
 
     def discard(self, client_id: int) -> None:
         """S0: take a client added since :meth:`forget_recent` back out of the share.
@@ -676,12 +699,20 @@ class SSAServer:
 
         run_ranges(one_slice, self.threads, self.threads)
 
-    def _accumulate(self, client_id: int, keys: DPFKeyBatch, expect: bytes | None) -> bytes | None:
+    def _accumulate(
+        self,
+        client_id: int,
+        keys: DPFKeyBatch,
+        expect: bytes | None,
+        trailer: bytes | None = None,
+    ) -> bytes | None:
         values, digest = self._evaluate(keys)
+        if digest is not None and trailer is not None:
+            digest += round_check(self.params, keys, values, self._row_offsets, trailer, expect)
         if expect is not None and not same_digest(digest, expect):
             raise SSAInputError(
-                "key check failed: the servers' digests differ (a key with more than one "
-                "point, or a count word other than 1)"
+                "key check failed: the servers' checks differ (a key with more than one "
+                "point, a count word other than 1, or a value word out of range)"
             )
         if not self._defer:
             self._scatter(values)

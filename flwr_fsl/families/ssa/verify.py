@@ -1,4 +1,4 @@
-"""Both servers check a client's SSA keys: one point per key, count word exactly 1 (issue 21).
+"""Both servers check a client's SSA keys: one point per key, count 1, value words in range.
 
 In a round with :attr:`SSAParams.verify <flwr_fsl.families.ssa.messages.SSAParams.verify>`
 (the default) every client key is a *verifiable* DPF key (de Castro & Polychroniadou,
@@ -36,13 +36,18 @@ weights, that point's count word is exactly 1 — so per element, a client adds 
 that can reach it; a forged count (0, 2, 2**63, a negative count to erase an honest client, a
 value with count 0 in a dummy bin) is caught.
 
-**What it does not verify.** The *value words* of a point: a per-word range check on
-secret-shared Z_2^64 values is a range proof (Boneh et al.'s sketches work over a field; over
-Z_2^64 random linear checks are sound with probability 1/2 per error of high 2-adic valuation),
-not implemented: a client's value words within or beyond the fixed-point bound stay unchecked,
-and one client can still move an element's sum arbitrarily (an average ``-1.1e9`` against an
-honest ``0.01``; DP clipping, too, binds honest clients only). Cui et al.'s functionality for
-malicious clients also lets a corrupted client choose any ``w in G^k``. Nor does it check that
+**Value words** (issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`). Since a key
+that passes is nonzero at no more than one point, each key's value words summed over its
+evaluated points are the words at its point; both servers range-check those sums,
+``|v| <= ceil(max_abs * 2**frac_bits)`` (the codec's bound), with an FLP over F_(2^61-1) on
+integer bit shares and an exact Z_2^64 relation (never a random combination over Z_2^64).
+The material travels as a trailer of the public part (or hint); the range check's blob
+follows the 32-byte digest in what the servers exchange, and :func:`same_digest` decides on
+both parts. A client with a word out of range is dropped like any other failing client
+(false accept at most ``(2m + 2)/(p - 2m - 1) + 1/p``, about ``2^-54``, per upload). Within
+the bound a client still chooses its words freely (Cui et al.'s functionality lets a
+corrupted client choose any ``w in G^k``; DP clipping binds honest clients only). Nor does
+it check that
 a client used at most ``k`` real slots or placed an element once: a client may point all ``B``
 bins at real slots and reach one element from each of its ``eta`` candidate bins and every
 stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
@@ -73,6 +78,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
+from flwr_fsl.families.ssa.range_check import same_check
 
 __all__ = [
     "DIGEST_BYTES",
@@ -327,7 +333,16 @@ def client_digest(
 
 
 def same_digest(a: bytes | None, b: bytes | None) -> bool:
-    """Constant-time digest comparison (False when either is missing or malformed)."""
-    if a is None or b is None or len(a) != DIGEST_BYTES or len(b) != DIGEST_BYTES:
+    """Decide on both servers' checks of a client (False when either is missing or malformed).
+
+    A check is the 32-byte key-check digest, followed in a checked round by the range check's
+    blob (:func:`~flwr_fsl.families.ssa.range_check.same_check`): the digests must be equal
+    (constant time) and the range check must accept. Symmetric in ``a`` and ``b``.
+    """
+    if a is None or b is None or len(a) < DIGEST_BYTES or len(a) != len(b):
         return False
-    return hmac.compare_digest(a, b)
+    if not hmac.compare_digest(a[:DIGEST_BYTES], b[:DIGEST_BYTES]):
+        return False
+    if len(a) == DIGEST_BYTES:
+        return True
+    return same_check(bytes(a[DIGEST_BYTES:]), bytes(b[DIGEST_BYTES:]))

@@ -2,8 +2,9 @@
 
 A client that ignores :func:`~flwr_fsl.families.ssa.protocol.encode_update` can call the DPF
 directly: any point, any words in Z_2^64, any change to the public part. These helpers build
-such uploads (sealed to S1 like an honest client's) so the tests can show which forgeries the
-servers' key check (:mod:`flwr_fsl.families.ssa.verify`) catches.
+such uploads (sealed to S1 like an honest client's, with a range-check trailer for its value
+words clipped into the bound) so the tests can show which forgeries the servers' key check
+(:mod:`flwr_fsl.families.ssa.verify`, :mod:`flwr_fsl.families.ssa.range_check`) catches.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flwr_fsl.families.ssa.protocol import (
     place_indices,
     simple_table_for,
 )
+from flwr_fsl.families.ssa.range_check import client_trailer, round_bound
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.two_server import ClientUpload
 from flwr_fsl.families.ssa.verify import one_word
@@ -92,6 +94,15 @@ def flip_proof(key: int) -> Tamper:
     return tamper
 
 
+def clipped(params: SSAParams, betas: np.ndarray) -> np.ndarray:
+    """``betas`` with every value word clipped into the round's range-check bound."""
+    bound = round_bound(params)
+    out = betas.copy()
+    words = out[:, : params.value_width].view(np.int64)
+    out[:, : params.value_width] = np.clip(words, -bound, bound).view(np.uint64)
+    return out
+
+
 def forged_upload(
     params: SSAParams,
     plan: Plan,
@@ -108,7 +119,7 @@ def forged_upload(
     rng = np.random.default_rng(seed)
     msk = (rng.bytes(16), rng.bytes(16))
     table = simple_table_for(params)
-    k0, _ = generate_keys_batch(
+    k0, k1 = generate_keys_batch(
         plan.alphas,
         plan.betas,
         key_domain_bits(params, table),
@@ -118,6 +129,10 @@ def forged_upload(
     )
     pub = k0.public if tamper is None else tamper(k0.public)
     public = pub.to_bytes()
+    if params.verify:
+        # The forger's range trailer claims its value words clipped into the bound (the best
+        # it can do: an out-of-range word has no bit decomposition).
+        public += client_trailer(params, (k0, k1), clipped(params, plan.betas))
     sealed = seal_ssa_upload(
         helper_pub,
         binding=binding,  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from flwr_fsl.families.ssa.protocol import (
     reconstruct,
 )
 from flwr_fsl.families.ssa.two_server import LeadServer
+from flwr_fsl.families.ssa.verify import same_digest
 from tests.families.ssa import forge
 from tests.families.ssa.test_two_server import assert_matches, fresh_uploads
 from tests.helper.test_helper import WIDTH, K, M, bind, make_clients, make_params, twin
@@ -112,8 +113,8 @@ def _s1_seed(plan: forge.Plan, params: SSAParams, tamper: forge.Tamper | None) -
     return rng.bytes(16)
 
 
-def test_value_words_are_not_checked_a_huge_value_with_count_one_passes() -> None:
-    """The documented gap: one client's value words move a sum arbitrarily (no range proof)."""
+def test_a_huge_value_with_count_one_is_caught_by_the_range_check() -> None:
+    """Issue 21's -1.1e9 forgery: value words are range-checked (range_check module)."""
     params = unit_params()
     lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
@@ -124,13 +125,14 @@ def test_value_words_are_not_checked_a_huge_value_with_count_one_passes() -> Non
     target = int(honest[0].idx[0])
     plan = forge.honest_plan(params, np.array([target]), np.zeros((1, WIDTH)))
     real = forge.real_key(plan)
-    # -1.1e9 in the ring: far outside max_abs=1e3, which only honest clients' encoders enforce.
+    # -1.1e9 in the ring: far outside max_abs=1e3; the forger's trailer claims it clipped.
     plan.betas[real, 0] = np.uint64((-int(1.1e9 * 2**params.frac_bits)) % (1 << 64))
     uploads[77], _ = forge.forged_upload(params, plan, 77, pub, bind(params))
     outcome = lead.aggregate(params, uploads)
-    assert 77 in outcome.accepted  # count word exactly 1, one point per key: it passes
-    assert outcome.result.counts is not None and outcome.result.counts[target] >= 2.0
-    assert outcome.result.sums[target, 0] < -1e9  # the value word is not range-checked
+    assert 77 in outcome.rejected and 77 not in outcome.accepted
+    assert outcome.result.counts is not None
+    exact = sum(c.values[list(c.idx).index(target)] for c in honest if target in c.idx)
+    np.testing.assert_allclose(outcome.result.sums[target], exact, atol=1e-5)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -167,7 +169,8 @@ def test_honest_keys_always_pass_and_aggregate_exactly(
         vals = rng.uniform(-1, 1, (idx.size, width))
         upload, state = encode_update(params, idx, vals, 2.0, rng=rng)
         d0 = servers[0].add_client(cid, upload.public_part, upload.master_seeds[0])
-        assert servers[1].add_client(cid, upload.public_part, upload.master_seeds[1], d0) == d0
+        d1 = servers[1].add_client(cid, upload.public_part, upload.master_seeds[1], d0)
+        assert same_digest(d0, d1)
         sums[idx] += vals * (2.0 if params.weighted and count else 1.0)
         states.append((idx, state))
     result = reconstruct(params, servers[0].share(), servers[1].share())
@@ -181,7 +184,7 @@ def test_honest_keys_always_pass_and_aggregate_exactly(
     for cid, (idx, state) in enumerate(states):
         hint = state.next_round(nxt, rng.uniform(-1, 1, (idx.size, width)), 1.0)
         d0 = servers2[0].add_client_hint(cid, hint)
-        assert servers2[1].add_client_hint(cid, hint, d0) == d0
+        assert same_digest(d0, servers2[1].add_client_hint(cid, hint, d0))
 
 
 def test_verify_false_is_the_unchecked_round_and_old_params_mean_it() -> None:

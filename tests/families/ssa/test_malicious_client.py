@@ -7,7 +7,7 @@ per key and, with unit weights (the default), a count word of exactly 1. These t
 what that leaves, as docs/families/ssa.md says: erasing an honest client's update needs a
 negative count, which the check catches with unit weights but not with ``weighted=True`` (the
 count is a weight then, its range unchecked); wrapping a sum with a huge value word and count 1
-passes in both (value words are not range-checked).
+is caught in both (value words are range-checked: :mod:`flwr_fsl.families.ssa.range_check`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import flwr_fsl.families.ssa.protocol as ssa
+from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update, reconstruct
+from tests.families.ssa import forge
 
 UNIT = SSAParams(
     round_id=1,
@@ -51,6 +53,10 @@ def _crafted(
     """Keys a malicious client makes for one element with payload words of its choosing."""
     with monkeypatch.context() as patch:
         patch.setattr(ssa, "payload_words", lambda *_a, **_k: words.reshape(1, -1))
+        # Its range proof claims the value words clipped into the bound (forge.clipped).
+        patch.setattr(
+            ssa, "client_trailer", lambda p, k, b: rc.client_trailer(p, k, forge.clipped(p, b))
+        )
         upload, _ = encode_update(params, [index], [[0.0]], 1.0)
     return upload
 
@@ -81,13 +87,34 @@ def test_known_gap_weighted_rounds_do_not_check_the_count(monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("params", [UNIT, WEIGHTED], ids=["unit", "weighted"])
-def test_known_gap_one_client_can_wrap_a_sum(
+def test_wrapping_a_sum_with_a_huge_value_word_is_caught(
     monkeypatch: pytest.MonkeyPatch, params: SSAParams
 ) -> None:
     honest, _ = encode_update(params, [5], [[0.5]], 1.0)
     one = params.fixed_point.encode(np.array([[1.0]]))[0, 0]
     huge = np.array([[1 << 62, one]], dtype=np.uint64)  # a sum far outside max_abs, count 1
     result, dropped = _aggregate(params, [honest, _crafted(monkeypatch, params, 5, huge)])
-    assert dropped == set()
-    assert result.counts is not None and result.counts[5] == 2.0
-    assert abs(result.sums[5, 0]) > 1e6 * params.max_abs  # accepted, and garbage
+    assert dropped == {1}  # the value word is out of range
+    assert result.counts is not None and result.counts[5] == 1.0 and result.sums[5, 0] == 0.5
+
+
+def test_a_udpf_hint_with_a_huge_value_word_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The range check also covers U-DPF hints (the trailer travels with the hint)."""
+    first = replace(UNIT, epoch=1)
+    upload, state = encode_update(first, [9], [[0.25]], 1.0)
+    servers = [SSAServer(first, party) for party in (0, 1)]
+    digest = servers[0].add_client(1, upload.public_part, upload.master_seeds[0])
+    servers[1].add_client(1, upload.public_part, upload.master_seeds[1], digest)
+    nxt = replace(first, round_id=2, epoch=2)
+    one = UNIT.fixed_point.encode(np.array([[1.0]]))[0, 0]
+    huge = np.array([[1 << 62, one]], dtype=np.uint64)
+    with monkeypatch.context() as patch:
+        patch.setattr(ssa, "payload_words", lambda *_a, **_k: huge)
+        patch.setattr(
+            ssa, "client_trailer", lambda p, k, b: rc.client_trailer(p, k, forge.clipped(p, b))
+        )
+        hint = state.next_round(nxt, [[0.0]], 1.0)
+    s0, s1 = (SSAServer(nxt, b, previous_keys={1: servers[b].keys[1]}) for b in (0, 1))
+    digest = s0.add_client_hint(1, hint)
+    with pytest.raises(ssa.SSAInputError, match="key check failed"):
+        s1.add_client_hint(1, hint, digest)

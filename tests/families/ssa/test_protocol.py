@@ -24,6 +24,7 @@ from flwr_fsl.families.ssa.protocol import (
     place_indices,
     reconstruct,
 )
+from flwr_fsl.families.ssa.range_check import split_trailer
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate, count_weighted_average
 
 
@@ -233,6 +234,9 @@ def _corruptions(params: SSAParams, public: bytes):  # type: ignore[no-untyped-d
     other_key = encode_update(replace(params, hash_key=_key(99)), np.arange(4), np.ones((4, 2)))[
         0
     ].public_part
+    trailer = b""
+    if params.verify:  # the range check's trailer follows the keys' public part
+        public, trailer = split_trailer(params, public)
     parsed = DPFPublicBatch.from_bytes(public)
     levels = int(parsed.cw_bits.shape[0])
     tail = 0 if parsed.cw_proof is None else 8 * parsed.cw_proof.size  # proof words come last
@@ -248,7 +252,7 @@ def _corruptions(params: SSAParams, public: bytes):  # type: ignore[no-untyped-d
         "wrong tau": other_tau,
         "wrong number of keys": other_k,
         "wrong bin domains": other_key,
-        "bad control bits": bytes(flipped),
+        "bad control bits": bytes(flipped) + trailer,
     }
 
 

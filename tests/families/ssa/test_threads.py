@@ -12,6 +12,7 @@ import pytest
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.ssa import protocol, verify
 from flwr_fsl.families.ssa.protocol import SSAInputError, SSAServer, encode_update
+from flwr_fsl.families.ssa.verify import same_digest
 from tests.families.ssa import forge
 from tests.families.ssa.test_key_check import FORGERIES, _forgery, _s1_seed
 from tests.helper.test_helper import WIDTH, K, M, bind, make_params, twin
@@ -46,8 +47,8 @@ def test_shares_and_digests_do_not_depend_on_threads(checked: bool) -> None:
         for c, up in enumerate(uploads):
             d0 = servers[0].add_client(c, up.public_part, up.master_seeds[0])
             d1 = servers[1].add_client(c, up.public_part, up.master_seeds[1], expect=d0)
-            assert d0 == d1
-            digests.append(d0)
+            assert (d0 is None and d1 is None) or same_digest(d0, d1)
+            digests.append(None if d0 is None else d0[:32])  # the range part draws a seed
         servers[0].discard(1)  # S0 takes a client back out on its threads too
         servers[0].forget_recent()
         seen[threads] = (servers[0].share().tobytes(), servers[1].share().tobytes(), digests)
