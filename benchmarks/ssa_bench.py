@@ -27,10 +27,10 @@ scalars, ``tau = 2``, stash-less, ``η = 3``) and reports:
 check off and on (``SSAParams.verify``; unit weights, so the count check runs too), at
 ``k/m in {1%, 10%}`` of every size: client encode, each server's time per client, bytes
 client -> S0 (and the 32-byte digest each way between the servers); ``--check-only`` stops
-after it. A checked round includes the value words' range check (issue 21 item 4,
-:mod:`flwr_fsl.families.ssa.range_check`); a second table splits it out: the checked round
-without its range part -> with it (client encode, each server per client, bytes client -> S0,
-bytes S0 <-> S1), the range part timed on its own in the same run. The Cui tables below
+after it. A second table measures the value words' range check (the ``range_check=True``
+option, off by default; issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`): the checked
+round -> the checked round with the range check (client encode, each server per client, bytes
+client -> S0, bytes S0 <-> S1), both run in the same process. The Cui tables below
 measure the unchecked round (Cui's semi-honest protocol).
 
 ``--scale N`` instead runs **one round of N clients through a real S1 process**
@@ -91,7 +91,6 @@ from flwr_fsl.crypto import dpf  # noqa: E402
 from flwr_fsl.crypto.hashing import generate_hash_key, simple_hash  # noqa: E402
 from flwr_fsl.crypto.identity import SigningIdentity  # noqa: E402
 from flwr_fsl.families.ssa import protocol as ssa  # noqa: E402
-from flwr_fsl.families.ssa import range_check as rc  # noqa: E402
 
 try:
     from flwr_fsl.crypto.channel import OVERHEAD as SEAL_OVERHEAD
@@ -365,8 +364,9 @@ def run_check_cost(log_m: int, rate: float, reps: int, rng: np.random.Generator)
     row: dict[str, Any] = {"log_m": log_m, "rate": rate, "k": k}
     indices, values, _ = client_inputs(m, k, rng)
     base = make_params(m, k, weighted=False)  # one hash key: the same bins both ways
-    for verify in (False, True):
-        params = replace(base, verify=verify)
+    variants = (("unchecked", False, False), ("checked", True, False), ("ranged", True, True))
+    for tag, verify, range_check in variants:
+        params = replace(base, verify=verify, range_check=range_check)
         table = ssa.simple_table_for(params)
         upload, _ = ssa.encode_update(params, indices, values, rng=rng, simple_table=table)
 
@@ -390,52 +390,11 @@ def run_check_cost(log_m: int, rate: float, reps: int, rng: np.random.Generator)
                     _timed(lambda a=add, c=rep + 1, p=public, sd=seed, e=expect: a(c, p, sd, e))
                 )
             per_server.append(median(times))
-        tag = "checked" if verify else "unchecked"
         row[f"{tag}_encode_s"] = enc
         row[f"{tag}_s0_s"], row[f"{tag}_s1_s"] = per_server
         row[f"{tag}_bytes_s0"] = len(upload.public_part) + SEED_BYTES
-        row[f"{tag}_bytes_s0_s1"] = 0 if not verify else len(digest or b"") + 32
-        if verify:
-            row.update(range_parts(params, indices, values, upload, digest or b"", reps))
+        row[f"{tag}_bytes_s0_s1"] = 0 if not verify else len(digest or b"") * 2
     return row
-
-
-def range_parts(
-    params: ssa.SSAParams,
-    indices: np.ndarray,
-    values: np.ndarray,
-    upload: ssa.SSAUpload,
-    digest0: bytes,
-    reps: int,
-) -> dict[str, Any]:
-    """Return the value words' range check's own part of a checked round (issue 21 item 4).
-
-    Times (medians of ``reps``): the client's trailer (bit decomposition, sharing, FLP proof)
-    and each server's check (trailer decryption, residual digest, FLP verifier share) on the
-    key sums; bytes: the trailer (in the public part) and the range blobs S0 and S1 exchange.
-    A checked round *without* the range check is the checked round minus these.
-    """
-    _, state = ssa.encode_update(params, indices, values, master_seeds=upload.master_seeds)
-    payload = ssa.payload_words(params, values, 1.0)
-    betas = ssa._betas(params, payload, state.placement.slots)
-    trailer = rc.trailer_bytes(params)
-    out: dict[str, Any] = {"range_trailer_bytes": trailer}
-    out["range_encode_s"] = median(
-        [_timed(lambda: rc.client_trailer(params, state.keys, betas)) for _ in range(reps)]
-    )
-    tail = upload.public_part[-trailer:]
-    for party in (0, 1):
-        server = ssa.SSAServer(params, party)
-        vals = server._evaluate(state.keys[party])[0]
-        sums = np.add.reduceat(vals[:, : params.value_width], server._row_offsets[:-1], axis=0)
-        expect = digest0 if party == 1 else None
-
-        def check(k: Any = state.keys[party], v: Any = sums, e: Any = expect) -> bytes:
-            return rc.server_range(params, k, v, tail, e, 32)
-
-        out[f"range_s{party}_s"] = median([_timed(check) for _ in range(reps)])
-        out["range_blob_bytes"] = len(check())
-    return out
 
 
 def print_check_cost(rows: list[dict]) -> None:
@@ -464,10 +423,10 @@ def print_check_cost(rows: list[dict]) -> None:
 
 
 def print_range_cost(rows: list[dict]) -> None:
-    """Print the range check's cost: a checked round without it -> with it (same run)."""
+    """Print the range check's cost: the checked round (the default) -> with ``range_check``."""
     print(
         "\nValue-word range check (issue 21 item 4): one client, unit weights, tau = 2, one core;"
-        "\nkey check only -> key check + range check (the checked round minus / with its part)"
+        "\nchecked round (key check, the default) -> with range_check=True, both measured"
     )
     head = (
         f"{'m':>6} {'k/m':>5} | {'encode ms':>24} | {'S0 per client ms':>22} | "
@@ -476,20 +435,16 @@ def print_range_cost(rows: list[dict]) -> None:
     print(head)
     print("-" * len(head))
 
-    def pair(r: dict, full: float, part: float, scale: float = 1e3) -> str:
-        a, b = (full - part) * scale, full * scale
+    def pair(r: dict, key: str, scale: float = 1e3) -> str:
+        a, b = r[f"checked_{key}"] * scale, r[f"ranged_{key}"] * scale
         return f"{a:.1f} -> {b:.1f} ({b / a:.2f}x)"
 
     for r in rows:
-        kib = 1 / 1024
-        trailer = r["range_trailer_bytes"]
         print(
-            f"{'2^' + str(r['log_m']):>6} {_pct(r['rate']):>5} | "
-            f"{pair(r, r['checked_encode_s'], r['range_encode_s']):>24} | "
-            f"{pair(r, r['checked_s0_s'], r['range_s0_s']):>22} | "
-            f"{pair(r, r['checked_s1_s'], r['range_s1_s']):>22} | "
-            f"{pair(r, r['checked_bytes_s0'], trailer, kib):>24} | "
-            f"64 -> {64 + 2 * r['range_blob_bytes']}"
+            f"{'2^' + str(r['log_m']):>6} {_pct(r['rate']):>5} | {pair(r, 'encode_s'):>24} | "
+            f"{pair(r, 's0_s'):>22} | {pair(r, 's1_s'):>22} | "
+            f"{pair(r, 'bytes_s0', 1 / 1024):>24} | "
+            f"{r['checked_bytes_s0_s1']} -> {r['ranged_bytes_s0_s1']}"
         )
 
 

@@ -3,18 +3,21 @@
 The issue's two tries: a client that builds its own DPF keys made an element's average 80.00
 and -1.1e9 against an honest 0.01, and neither server noticed. Here S0 is the real
 :class:`~flwr_fsl.families.ssa.two_server.LeadServer` and S1 a real helper process over gRPC,
-at default settings (``SSAParams.verify`` True, unit weights). Per try, the element's average
-with the forger in the round, and whether the forger was dropped:
+at default settings (``SSAParams.verify`` True, unit weights, ``range_check`` False) and with
+the value words' range check (``range_check=True``). Per try, the element's average with the
+forger in the round, and whether the forger was dropped:
 
 * average 80.00 by a value with count word 0 (the forger adds 79.99 to the sum and nothing
   to the count, so the element still looks like one client's): **caught** by both servers, the
   average stays the honest 0.01;
 * a count word of 2**63, and two points in one key: **caught**;
-* average -1.1e9 with the count word exactly 1: **caught** by the value words' range check
-  (:mod:`flwr_fsl.families.ssa.range_check`; the forger's range proof claims the word
-  clipped into the bound, and the exact Z_2^64 relation fails), the average stays 0.01;
-* a value word exactly at the bound (``max_abs``): **accepted** — the check enforces the
-  bound, and any client may choose any ``w`` within it;
+* average -1.1e9 with the count word exactly 1: **not caught at the defaults** (the value
+  words are unchecked: the element's average becomes -1.1e9); **caught** with
+  ``range_check=True`` (:mod:`flwr_fsl.families.ssa.range_check`; the forger's range proof
+  claims the word clipped into the bound, and the exact Z_2^64 relation fails), the average
+  stays 0.01;
+* a value word exactly at the bound (``max_abs``) with ``range_check=True``: **accepted** —
+  the check enforces the bound, and any client may choose any ``w`` within it;
 * with ``verify=False`` (the unchecked round, kept for comparison) the 80.00 try succeeds.
 """
 
@@ -49,7 +52,7 @@ def helper(tmp_path_factory):  # type: ignore[no-untyped-def]
         proc.stop()
 
 
-def _params(round_id: int, verify: bool = True) -> SSAParams:
+def _params(round_id: int, verify: bool = True, range_check: bool = False) -> SSAParams:
     return SSAParams(
         round_id=round_id,
         domain_size=64,
@@ -58,6 +61,7 @@ def _params(round_id: int, verify: bool = True) -> SSAParams:
         hash_key=bytes(range(16)),
         weighted=False,  # the strategies' default: unit weights
         verify=verify,
+        range_check=range_check,
     )
 
 
@@ -115,19 +119,34 @@ CAUGHT = [
     "average 80.00 (value, count 0)",
     "count 2**63",
     "two points in a key",
-    "average -1.1e9 (value, count 1)",
 ]
 
 
+@pytest.mark.parametrize("range_check", [False, True], ids=["defaults", "range-check"])
 @pytest.mark.parametrize("attempt", CAUGHT)
-def test_forged_keys_are_caught_by_both_servers(helper, attempt: str) -> None:  # type: ignore[no-untyped-def]
-    average, rejected = _round(helper, _params(10 + CAUGHT.index(attempt)), attempt)
+def test_forged_keys_are_caught_by_both_servers(helper, attempt: str, range_check: bool) -> None:  # type: ignore[no-untyped-def]
+    params = _params(10 + CAUGHT.index(attempt) + 10 * range_check, range_check=range_check)
+    average, rejected = _round(helper, params, attempt)
     assert list(rejected) == [666] and "key check failed" in rejected[666]
     assert average == pytest.approx(HONEST, abs=1e-6)  # the honest client's update, exactly
 
 
+def test_range_check_catches_a_huge_value_with_count_one(helper) -> None:  # type: ignore[no-untyped-def]
+    params = _params(40, range_check=True)
+    average, rejected = _round(helper, params, "average -1.1e9 (value, count 1)")
+    assert list(rejected) == [666] and "key check failed" in rejected[666]
+    assert average == pytest.approx(HONEST, abs=1e-6)
+
+
+def test_defaults_let_a_huge_value_with_count_one_through(helper) -> None:  # type: ignore[no-untyped-def]
+    # The documented gap of the default (range_check=False): value words are unchecked.
+    average, rejected = _round(helper, _params(41), "average -1.1e9 (value, count 1)")
+    assert rejected == {}
+    assert average == pytest.approx(-1.1e9, rel=1e-3)
+
+
 def test_a_value_word_at_the_bound_is_accepted(helper) -> None:  # type: ignore[no-untyped-def]
-    params = _params(20)
+    params = _params(20, range_check=True)
     average, rejected = _round(helper, params, "value at the bound (count 1)")
     assert rejected == {}
     assert average == pytest.approx((HONEST + params.max_abs) / 2, rel=1e-9)

@@ -108,6 +108,10 @@ class SSASettings:
     weighted : bool
         False (default): unit weights, every client's count word is 1 (``SSAParams.weighted``);
         True: the strategy's ``weighted_by_key`` (or per-element counts) as the weight.
+    range_check : bool
+        Both servers also range-check every client's value words (``SSAParams.range_check``,
+        :mod:`flwr_fsl.families.ssa.range_check`): a malicious client can then not move an
+        element's sum past the fixed-point bound. Default False: 2-3x the upload.
 
     Raises
     ------
@@ -123,6 +127,7 @@ class SSASettings:
     dp: DistributedDP | None = None
     budget: PrivacyBudget | None = DEFAULT_BUDGET
     weighted: bool = False
+    range_check: bool = False
 
     def __post_init__(self) -> None:
         # Types first, by name; SSAParams below checks the ranges.
@@ -131,6 +136,7 @@ class SSASettings:
         check_int("stash_size", self.stash_size, 0)
         check_int("num_hashes", self.num_hashes, 1)
         check_bool("weighted", self.weighted)
+        check_bool("range_check", self.range_check)
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
             raise ConfigurationError(f"min_clients must be an integer, got {self.min_clients!r}")
         if self.min_clients < 1:
@@ -166,6 +172,7 @@ class SSASettings:
             max_abs=self.max_abs,
             dp=self.dp,
             weighted=self.weighted,
+            range_check=self.range_check,
             **fields,
         )
 

@@ -157,6 +157,11 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
+    range_check : bool
+        Both servers also range-check every client's value words against the fixed-point bound
+        (``SSASettings.range_check``, :mod:`flwr_fsl.families.ssa.range_check`), so a malicious
+        client cannot move an element's sum past ``max_abs``. Default False: it costs ``8 * L``
+        upload bytes per value word per key (``L`` = 39 bits at the defaults), 2-3x the upload.
     union : str
         ``"off"`` (default) or ``"psu"``: Cui's basic protocol, a private set union of the
         clients' rows before PSR, then PSR and SSA over the union only (one table, no U-DPF).
@@ -199,6 +204,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
+        range_check: bool = False,
         union: str = "off",
         **kwargs: Any,
     ) -> None:
@@ -242,6 +248,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             dp,
             privacy_budget,
             weighted=weighted,
+            range_check=range_check,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self.privacy_account = self.aggregation.privacy_account

@@ -3,7 +3,8 @@
 Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl/ssa-params``,
 version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, 4 with
 ``"weighted": false`` and, optionally, ``dp`` and ``run``, or 5 with ``"verify": true`` and,
-optionally, ``"weighted": false``, ``dp`` and ``run``) and is decoded strictly
+optionally, ``"weighted": false``, ``dp`` and ``run``, or 6 with version 5's and
+``"range_check": true``) and is decoded strictly
 (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
 :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
 server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
@@ -46,6 +47,9 @@ _WEIGHTING_VERSION = 4
 # Version 4's shape ("weighted" written only when false) plus "verify": true: the servers check
 # every client's keys (:mod:`flwr_fsl.families.ssa.verify`). Versions 1 to 4 mean verify=False.
 _VERIFY_VERSION = 5
+# Version 5's shape plus "range_check": true: the servers also check every value word's range
+# (range_check module). Decoders of versions 1 to 5 refuse it.
+_RANGE_VERSION = 6
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
@@ -109,6 +113,12 @@ class SSAParams:
         per key), a dummy slot per bin, and with unit weights every key's count word exactly 1;
         a client that fails is dropped by both. False: the unchecked keys of versions 1 to 4
         (for comparison, e.g. ``benchmarks/ssa_bench.py``).
+    range_check : bool
+        Both servers also check every key's value words against the fixed-point bound
+        (:mod:`flwr_fsl.families.ssa.range_check`: bit decomposition, an FLP proof over
+        F_(2^61-1) and an exact Z_2^64 relation). Default False: it costs ``8 * L`` upload bytes
+        per value word per key (``L`` = the bound's bit length, 39 at the defaults: 2-3x the
+        checked upload). Needs ``verify``.
 
     Raises
     ------
@@ -131,7 +141,9 @@ class SSAParams:
     mean ``weighted=True``. A round with ``verify=True`` (the default) is written as
     ``"version": 5``: version 4's shape (``"weighted": false`` only with unit weights, ``dp`` and
     ``run`` when set) plus ``"verify": true``; versions 1 to 4 mean ``verify=False``, and their
-    decoders refuse version 5 (a party that cannot check keys does not take part).
+    decoders refuse version 5 (a party that cannot check keys does not take part). A round with
+    ``range_check=True`` is written as ``"version": 6``: version 5's shape plus
+    ``"range_check": true``; versions 1 to 5 mean ``range_check=False``.
     """
 
     round_id: int
@@ -151,6 +163,7 @@ class SSAParams:
     run: RunScope | None = None
     weighted: bool = True
     verify: bool = True
+    range_check: bool = False
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -161,9 +174,11 @@ class SSAParams:
             raise ConfigurationError("domain_size and value_width must be >= 1")
         if self.num_items > self.domain_size:
             raise ConfigurationError("num_items cannot exceed domain_size")
-        for flag in ("weighted", "verify"):
+        for flag in ("weighted", "verify", "range_check"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigurationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        if self.range_check and not self.verify:
+            raise ConfigurationError("range_check needs verify (the key check it extends)")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         self._check_privacy()
@@ -232,7 +247,7 @@ class SSAParams:
         fields: dict[str, object] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("dp", "run", "weighted", "verify")
+            if k not in ("dp", "run", "weighted", "verify", "range_check")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
@@ -248,6 +263,9 @@ class SSAParams:
         if self.verify:
             fields["verify"] = True
             version = _VERIFY_VERSION
+        if self.range_check:
+            fields["range_check"] = True
+            version = _RANGE_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
@@ -277,8 +295,11 @@ class SSAParams:
         if raw.get("weighted") is True:
             raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
         if raw.get("verify") is False:
-            raise SSAInputError("version 5 SSA parameters carry verify=true only")
+            raise SSAInputError("version 5 and 6 SSA parameters carry verify=true only")
+        if raw.get("range_check") is False:
+            raise SSAInputError("version 6 SSA parameters carry range_check=true only")
         raw.setdefault("verify", False)  # versions 1 to 4: unchecked keys
+        raw.setdefault("range_check", False)  # versions 1 to 5: value words unchecked
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
@@ -331,21 +352,37 @@ def _expected_fields(
     ``has_dp`` / ``has_run``: the "dp" / "run" objects are there (optional in versions 4 and
     5 only); ``has_weighted``: the "weighted" field is there (optional in version 5 only).
     """
-    versions = (_VERSION, _DP_VERSION, _RUN_VERSION, _WEIGHTING_VERSION, _VERIFY_VERSION)
+    versions = (
+        _VERSION,
+        _DP_VERSION,
+        _RUN_VERSION,
+        _WEIGHTING_VERSION,
+        _VERIFY_VERSION,
+        _RANGE_VERSION,
+    )
     if version not in versions or isinstance(version, bool):
         raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
-    late = version in (_WEIGHTING_VERSION, _VERIFY_VERSION)
+    checked = version in (_VERIFY_VERSION, _RANGE_VERSION)
+    late = version == _WEIGHTING_VERSION or checked
     if late and has_run and not has_dp:
         raise SSAInputError(f"version {version} SSA parameters carry a run object only with dp")
-    expected = set(SSAParams.__dataclass_fields__) - {"dp", "run", "weighted", "verify"}
+    expected = set(SSAParams.__dataclass_fields__) - {
+        "dp",
+        "run",
+        "weighted",
+        "verify",
+        "range_check",
+    }
     if version in (_DP_VERSION, _RUN_VERSION) or (late and has_dp):
         expected.add("dp")
     if version == _RUN_VERSION or (late and has_run):
         expected.add("run")
-    if version == _WEIGHTING_VERSION or (version == _VERIFY_VERSION and has_weighted):
+    if version == _WEIGHTING_VERSION or (checked and has_weighted):
         expected.add("weighted")
-    if version == _VERIFY_VERSION:
+    if checked:
         expected.add("verify")
+    if version == _RANGE_VERSION:
+        expected.add("range_check")
     return expected
 
 
@@ -404,6 +441,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "count_weighted": lambda v: isinstance(v, bool),
     "weighted": lambda v: isinstance(v, bool),
     "verify": lambda v: isinstance(v, bool),
+    "range_check": lambda v: isinstance(v, bool),
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),

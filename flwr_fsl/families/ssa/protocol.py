@@ -29,7 +29,8 @@ servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
 **Threat model and leakage.** Two non-colluding, semi-honest servers. Malformed keys are
 rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verify`, the
 default) both servers also check every client's keys — one point per key, a dummy slot for
-empty bins, the count word exactly 1 with unit weights, every value word within the
+empty bins, the count word exactly 1 with unit weights, and with
+:attr:`SSAParams.range_check` (off by default: 2-3x the upload) every value word within the
 fixed-point bound (:mod:`flwr_fsl.families.ssa.range_check`) — and drop a client that fails
 (:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified).
 Each server alone sees its master seed and the public part,
@@ -237,7 +238,7 @@ class SSAClientState:
             update_batch(self.keys[1], hint, params.epoch),
         )
         self.params = params
-        if params.verify:  # the value words' range check (range_check module)
+        if params.range_check:  # the value words' range check (range_check module)
             return hint.to_bytes() + client_trailer(params, self.keys, betas)
         return hint.to_bytes()
 
@@ -326,7 +327,7 @@ def encode_update(
         verifiable=params.verify,
     )
     public = k0.public.to_bytes()
-    if params.verify:  # the value words' range check (range_check module)
+    if params.range_check:  # the value words' range check (range_check module)
         public += client_trailer(params, (k0, k1), betas)
     upload = SSAUpload(public, master_seeds)
     return upload, SSAClientState(params, idx, placement, (k0, k1))
@@ -444,7 +445,7 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
         If it is malformed or its number of keys, ``tau``, domains or epochs are not the
         round's.
     """
-    if not params.verify:
+    if not params.range_check:
         return _parse_head(params, public_part)
     return _parse_head(params, split_trailer(params, bytes(public_part))[0])
 
@@ -584,7 +585,7 @@ class SSAServer:
         """
         self._check_new(client_id)
         trailer = None
-        if self.params.verify:
+        if self.params.range_check:
             public_part, trailer = split_trailer(self.params, bytes(public_part))
         public = _parse_head(self.params, public_part)
         try:
@@ -610,7 +611,7 @@ class SSAServer:
         if client_id not in self._previous:
             raise SSAInputError(f"no stored keys for client {client_id} (send fresh keys)")
         trailer = None
-        if self.params.verify:
+        if self.params.range_check:
             hint, trailer = split_trailer(self.params, bytes(hint))
         try:
             parsed = UpdateHint.from_bytes(bytes(hint))

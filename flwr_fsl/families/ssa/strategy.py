@@ -122,6 +122,11 @@ class SecureFedSubAvg(FedSubAvg):
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
+    range_check : bool
+        Both servers also range-check every client's value words against the fixed-point bound
+        (``SSASettings.range_check``, :mod:`flwr_fsl.families.ssa.range_check`), so a malicious
+        client cannot move an element's sum past ``max_abs``. Default False: it costs ``8 * L``
+        upload bytes per value word per key (``L`` = 39 bits at the defaults), 2-3x the upload.
     groups : tuple[str, ...]
         Tensors sent as whole rows (mega-elements, Cui §6 and §7.4): rows ranked by L1 norm,
         ``ceil(topk_ratio * rows)`` per group, and ``ceil(topk_ratio * rest)`` single
@@ -161,6 +166,7 @@ class SecureFedSubAvg(FedSubAvg):
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
+        range_check: bool = False,
         groups: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
@@ -185,6 +191,7 @@ class SecureFedSubAvg(FedSubAvg):
             dp,
             privacy_budget,
             weighted=weighted,
+            range_check=range_check,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self.privacy_account = self.aggregation.privacy_account

@@ -36,7 +36,11 @@ weights, that point's count word is exactly 1 — so per element, a client adds 
 that can reach it; a forged count (0, 2, 2**63, a negative count to erase an honest client, a
 value with count 0 in a dummy bin) is caught.
 
-**Value words** (issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`). Since a key
+**Value words** (issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`), in rounds with
+:attr:`SSAParams.range_check <flwr_fsl.families.ssa.messages.SSAParams.range_check>` (off by
+default: ``8 * L`` upload bytes per value word per key, 2-3x the checked upload; without it a
+client's value words are unchecked and one client can move an element's sum arbitrarily, e.g.
+an average of ``-1.1e9`` against an honest ``0.01``). Since a key
 that passes is nonzero at no more than one point, each key's value words summed over its
 evaluated points are the words at its point; both servers range-check those sums,
 ``|v| <= ceil(max_abs * 2**frac_bits)`` (the codec's bound), with an FLP over F_(2^61-1) on

@@ -129,7 +129,7 @@ def forged_upload(
     )
     pub = k0.public if tamper is None else tamper(k0.public)
     public = pub.to_bytes()
-    if params.verify:
+    if params.range_check:
         # The forger's range trailer claims its value words clipped into the bound (the best
         # it can do: an out-of-range word has no bit decomposition).
         public += client_trailer(params, (k0, k1), clipped(params, plan.betas))

@@ -115,7 +115,7 @@ def _s1_seed(plan: forge.Plan, params: SSAParams, tamper: forge.Tamper | None) -
 
 def test_a_huge_value_with_count_one_is_caught_by_the_range_check() -> None:
     """Issue 21's -1.1e9 forgery: value words are range-checked (range_check module)."""
-    params = unit_params()
+    params = unit_params(range_check=True)
     lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
     honest = make_clients(2)

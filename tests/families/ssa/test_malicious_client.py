@@ -29,6 +29,7 @@ UNIT = SSAParams(
     value_width=1,
     hash_key=bytes(range(16)),
     weighted=False,
+    range_check=True,  # the value words' check (off by default for its upload cost)
 )
 WEIGHTED = replace(UNIT, weighted=True)
 

@@ -235,7 +235,7 @@ def _corruptions(params: SSAParams, public: bytes):  # type: ignore[no-untyped-d
         0
     ].public_part
     trailer = b""
-    if params.verify:  # the range check's trailer follows the keys' public part
+    if params.range_check:  # the range check's trailer follows the keys' public part
         public, trailer = split_trailer(params, public)
     parsed = DPFPublicBatch.from_bytes(public)
     levels = int(parsed.cw_bits.shape[0])
