@@ -22,7 +22,7 @@ def helper_key() -> SealingKeyPair:
     return SealingKeyPair.generate()
 
 
-def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2, weighted=False):  # type: ignore[no-untyped-def]
+def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2, weighted=False, **kw):  # type: ignore[no-untyped-def]
     run_config = {"ssa-helper-fingerprint": key.fingerprint, "topk-error-feedback": False}
     grid = InProcessGrid(make_app([*mods, ssa_mod, topk_mod]), num_nodes, run_config)
     helper = helper or InProcessHelper(keypair=key)
@@ -34,6 +34,7 @@ def _secure_run(key, rounds=2, mods=(), num_nodes=4, helper=None, ratio=0.2, wei
         frac_bits=32,
         max_abs=1e3,
         weighted=weighted,
+        **kw,
     )
     result = strategy.start(grid=grid, initial_arrays=model_record(), num_rounds=rounds)
     return strategy, result, grid
@@ -73,6 +74,26 @@ def test_secure_round_equals_plaintext_topk_fedsubavg(
     # What went up is DPF keys, not arrays.
     up = next(t for t in strategy.traffic if t.phase == "train")
     assert all(v > 0 for v in up.up_bytes.values())
+
+
+def test_range_checked_rounds_equal_plaintext_and_cost_more_upload(
+    helper_key: SealingKeyPair,
+) -> None:
+    """``range_check=True`` through Flower: the same model as plaintext top-k, a larger upload."""
+    checked, secure, _ = _secure_run(helper_key, range_check=True)
+    plain = _plaintext_run(_k(0.2))
+    assert checked.failed_rounds == {} and checked.dropped == {1: {}, 2: {}}
+    for name, value in MODEL.items():
+        if value.dtype == np.float32:
+            np.testing.assert_allclose(
+                secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+            )
+    default, _, _ = _secure_run(helper_key)
+
+    def upload(strategy: SecureFedSubAvg) -> int:
+        return sum(next(t for t in strategy.traffic if t.phase == "train").up_bytes.values())
+
+    assert upload(checked) > 1.5 * upload(default)
 
 
 def test_reply_content_has_no_arrays(helper_key: SealingKeyPair) -> None:
