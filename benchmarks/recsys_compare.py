@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import sys
@@ -49,6 +48,7 @@ from recsys_movielens.server_app import run_experiment  # noqa: E402
 from recsys_movielens.task import ALL_ARMS  # noqa: E402
 
 from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY as NO_FLOOR  # noqa: E402
+from flwr_fsl.experiment.logs import LOG_LEVEL_KEY, flower_log_level  # noqa: E402
 from flwr_fsl.testing import InProcessGrid  # noqa: E402
 from flwr_fsl.testing.local import app_run_config  # noqa: E402
 
@@ -162,9 +162,12 @@ def plot(result: dict[str, Any], path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the comparison; print, save and plot it."""
-    args = parse_args(argv)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    """Run the comparison; print, save and plot it (Flower's loggers at warnings meanwhile)."""
+    with flower_log_level({LOG_LEVEL_KEY: "warning"}):
+        return _main(parse_args(argv))
+
+
+def _main(args: argparse.Namespace) -> int:
     config = _config(args)
     users = int(config["num-users"])
     started = time.perf_counter()
