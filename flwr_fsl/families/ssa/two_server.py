@@ -84,9 +84,9 @@ from flwr_fsl.families.ssa.protocol import (
     SSAResult,
     SSAServer,
     held_digest,
+    layout_key,
     parse_public_part,
     reconstruct,
-    layout_key,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
 from flwr_fsl.families.ssa.verify import resolve_threads, same_digest
@@ -460,7 +460,7 @@ class LeadServer:
         """
         if params.round_id in self._open:
             return
-        if self.max_layouts == 1 and self._stores and layout_key(params) not in self._stores:
+        if self.max_layouts == 1 and params.epoch and layout_key(params) not in self._stores:
             # Keys of another hashing/layout can never be updated again (S1 drops its own too).
             self.forget_keys()
         try:

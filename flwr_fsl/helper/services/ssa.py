@@ -48,8 +48,9 @@ another session, round, parameter set or client, wrong key), a public part whose
 -> keys and the signer of the keys, replaced when the client contributes again), one store per
 hashing layout (:func:`~flwr_fsl.families.ssa.protocol.layout_key`: a mixed round's tables each
 have their own) and at most ``--max-open-rounds`` layouts per session, the least recently used
-dropped first; it hands a round's layout's keys to its ``SSAServer`` as ``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and the
-digest of the keys it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1 refuses a
+dropped first; it hands a round's layout's keys to its ``SSAServer`` as ``previous_keys``. A
+hint comes with the client's binding sealed to S1 (the hint's SHA-256 and the digest of the keys
+it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1 refuses a
 hint S0 altered or one made for keys other than those S1 holds for the client. Keys live only in
 memory, in the session: a restarted S1 holds no session, refuses the old one's calls (S0 then
 forgets its own stored keys, so clients send fresh keys), and a hint for keys it does not hold is
