@@ -238,22 +238,11 @@ class SSAClientState:
         return hint.to_bytes()
 
 
-_LAYOUT_FIELDS = (
-    "domain_size",
-    "num_items",
-    "value_width",
-    "hash_key",
-    "count_weighted",
-    "num_hashes",
-    "stash_size",
-    "scale_factor",
-    "verify",  # checked rounds need verifiable keys with dummy slots
-)
-
-
 def layout_key(params: SSAParams) -> tuple[object, ...]:
     """Return the fields that decide whether U-DPF keys carry over (:func:`same_layout`)."""
-    return tuple(getattr(params, k) for k in _LAYOUT_FIELDS)
+    keep = ("domain_size", "num_items", "value_width", "hash_key", "count_weighted", "num_hashes")
+    keep += ("stash_size", "scale_factor", "verify")  # verify: checked keys have dummy slots
+    return tuple(getattr(params, k) for k in keep)
 
 
 def same_layout(a: SSAParams, b: SSAParams) -> bool:
