@@ -108,7 +108,7 @@ def run(mixed: bool, udpf: bool = True) -> dict[str, tuple[float, float]]:
     return {
         t.phase: (t.mean_up_bytes, t.mean_down_bytes)
         for t in strategy.traffic
-        if t.server_round == 2  # noqa: PLR2004
+        if t.server_round == 2
     }
 
 
