@@ -240,8 +240,8 @@ class SSAClientState:
 
 def layout_key(params: SSAParams) -> tuple[object, ...]:
     """Return the fields that decide whether U-DPF keys carry over (:func:`same_layout`)."""
-    keep = ("domain_size", "num_items", "value_width", "hash_key", "count_weighted", "num_hashes")
-    keep += ("stash_size", "scale_factor", "verify")  # verify: checked keys have dummy slots
+    keep: tuple[str, ...] = ("domain_size", "num_items", "value_width", "hash_key", "num_hashes")
+    keep += ("count_weighted", "stash_size", "scale_factor", "verify")  # verify: dummy slots
     return tuple(getattr(params, k) for k in keep)
 
 
