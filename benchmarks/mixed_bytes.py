@@ -2,13 +2,17 @@
 
 A DIN-like model on MovieLens-100k's sizes: an item table (1,682 x 16, ``max_rows`` 64), a genre
 table derived from the items through a public many-to-many map (19 x 16, ``max_rows`` 19) and a
-dense MLP (48 x 32 + 32 + 32 + 1 = 1,601 coordinates). Four clients, one round each, DP off,
-in-process S1; per phase the mean bytes per client as the round engine measured them:
+dense MLP (48 x 32 + 32 + 32 + 1 = 1,601 coordinates). Four clients with the same rows every
+round, two rounds each, DP off, in-process S1; per phase the mean bytes per client of round 2 as
+the round engine measured them (round 1 always carries fresh keys):
 
 * **single table**: ``SecureRowFedSubAvg(helper, "item", 64)`` + ``PrivateRows`` (the genre table
   and the MLP stay as initialised);
 * **mixed**: ``SecureRowFedSubAvg(helper, ModelTables(item, genre))`` + ``PrivateTables`` (both
-  tables by PSR + row SSA, the MLP as the dense part, ``dense_width`` = 16).
+  tables by PSR + row SSA, the MLP as the dense part, ``dense_width`` = 16);
+
+each with U-DPF (the default: a client whose rows of a table are unchanged sends that table's
+hint) and with ``udpf=False`` (fresh keys every round).
 
 Run: ``python benchmarks/mixed_bytes.py``.
 """
@@ -77,7 +81,7 @@ def app(mixed: bool) -> ClientApp:
     return client
 
 
-def run(mixed: bool) -> dict[str, tuple[float, float]]:
+def run(mixed: bool, udpf: bool = True) -> dict[str, tuple[float, float]]:
     key = SealingKeyPair.generate()
     grid = InProcessGrid(
         app(mixed),
@@ -96,19 +100,29 @@ def run(mixed: bool) -> dict[str, tuple[float, float]]:
         table,
         dp=None,
         min_available_nodes=CLIENTS,
+        udpf=udpf,
         **rows,
     )
     initial = ArrayRecord({k: Array(v) for k, v in model().items()})
-    strategy.start(grid=grid, initial_arrays=initial, num_rounds=1)
-    return {t.phase: (t.mean_up_bytes, t.mean_down_bytes) for t in strategy.traffic}
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=2)
+    return {
+        t.phase: (t.mean_up_bytes, t.mean_down_bytes)
+        for t in strategy.traffic
+        if t.server_round == 2
+    }
 
 
 def main() -> None:
     """Print the bytes per client of both rounds, per phase and in total."""
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    single, mixed = run(mixed=False), run(mixed=True)
-    print(f"{'bytes per client, one round':<34} {'up B':>10} {'down B':>10}")
-    for label, result in (("single table (item, k=64)", single), ("mixed (item+genre+MLP)", mixed)):
+    arms = (
+        ("single table (item, k=64)", run(mixed=False)),
+        ("single table, udpf=False", run(mixed=False, udpf=False)),
+        ("mixed (item+genre+MLP)", run(mixed=True)),
+        ("mixed, udpf=False", run(mixed=True, udpf=False)),
+    )
+    print(f"{'bytes per client, round 2':<34} {'up B':>10} {'down B':>10}")
+    for label, result in arms:
         for phase, (up, down) in result.items():
             print(f"{label + ' ' + phase:<34} {up:>10,.0f} {down:>10,.0f}")
         up = sum(u for u, _ in result.values())

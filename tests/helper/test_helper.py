@@ -24,6 +24,7 @@ from flwr_fsl.families.ssa.protocol import (
     SSAServer,
     encode_update,
     held_digest,
+    layout_key,
     reconstruct,
 )
 from flwr_fsl.families.ssa.psr import (
@@ -494,11 +495,16 @@ def test_aborted_round_keeps_no_udpf_keys_and_layout_change_drops_them():
     item = hint_for(make_params(2), c, pub)
     assert "S1 holds other keys" in helper.add_client_hints(2, [item])[c.cid]
     helper.abort_round(2)
-    # Stored keys from a finished round are dropped when a round with another hash key opens.
+    # Stored keys are kept per layout (a mixed round's tables each have one), at most
+    # --max-open-rounds layouts per session: the least recently used is dropped first.
     first_round(helper, make_params(3), [c])
-    assert c.cid in helper.service._sessions[SID].data["ssa"].keys
-    helper.open_round(4, make_params(4, hash_key=_key(2)).to_bytes())
-    assert helper.service._sessions[SID].data["ssa"].keys == {}
+    stores = helper.service._sessions[SID].data["ssa"]
+    assert [c.cid in s.keys for s in stores.values()] == [True]
+    limit = helper.service.max_open_rounds
+    for i in range(limit):
+        first_round(helper, make_params(4 + i, hash_key=_key(2 + i)), [c])
+    assert len(stores) == limit
+    assert layout_key(make_params(3)) not in stores  # the oldest layout's keys are gone
 
 
 def test_hint_errors_are_per_client():

@@ -260,8 +260,8 @@ def read_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> ClientUpload:
     SubmodelFormatError
         If the record is missing or malformed.
     """
-    if key == SSA_UPLOAD_KEY:
-        hint = read_hint_upload(content)
+    if key.split("#")[0] == SSA_UPLOAD_KEY:  # an SSA upload (a mixed round's part too)
+        hint = read_hint_upload(content, key)
         if hint is not None:
             return ClientUpload(hint=hint[0], sealed=hint[1])
     public, seed, sealed = read_ssa_upload(content, key)

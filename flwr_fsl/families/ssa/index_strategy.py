@@ -126,9 +126,9 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         Coordinates per dense element (default: the widest table's row width); each element
         carries one count word, which under DP adds to the sensitivity.
     udpf : bool, optional
-        Accept U-DPF hints (clients send them when their row set is unchanged). Default True for
-        one table without dense tensors; mixed rounds (several parts) take no hints, and
-        ``udpf=True`` with them is refused.
+        Accept U-DPF hints (clients send them when their row set is unchanged). Default True
+        (with ``union="off"``); in a mixed round per table (each table's keys stored apart on
+        both servers; the dense part always fresh keys).
     psr_timeout : float
         Seconds to wait for the retrieval replies.
     helper_fingerprint : str, optional
@@ -175,8 +175,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     ------
     ConfigurationError
         If ``max_rows`` < 1 or another argument is out of range, ``max_rows`` is given with
-        ``ModelTables`` or missing with a table name, ``udpf=True`` with a mixed round,
-        ``fraction_evaluate > 0``
+        ``ModelTables`` or missing with a table name, ``fraction_evaluate > 0``
         without ``plaintext_evaluation=True``, ``weighted_by_key`` is given without
         ``weighted=True``, or ``union`` is not ``"off"``/``"psu"`` (``"psu"``: not with several
         tables, dense tensors or ``udpf=True``).
@@ -224,15 +223,10 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
                 "is not implemented)"
             )
         if udpf is None:
-            udpf = self.mixed is None and union == "off"
+            udpf = union == "off"
         check_bool("udpf", udpf)
         if udpf and union == "psu":
             raise ConfigurationError("udpf: U-DPF keys need the same domain every round, not psu")
-        if udpf and self.mixed is not None:
-            raise ConfigurationError(
-                "udpf: U-DPF needs one part per round (one table, dense=False); mixed rounds "
-                "send fresh keys"
-            )
         check_real("psr_timeout", psr_timeout, 0.0, low_open=True)
         kwargs = secure_flower_kwargs(type(self).__name__, weighted, plaintext_evaluation, kwargs)
         super().__init__(**kwargs)
@@ -251,6 +245,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             range_check=range_check,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
+        if self.mixed is not None:  # S0 keeps one U-DPF key store per table
+            self.aggregation.lead.max_layouts = len(tables.tables)
         self.privacy_account = self.aggregation.privacy_account
         self._hash_key = os.urandom(16)  # once per run: U-DPF keys need unchanged hashing
 

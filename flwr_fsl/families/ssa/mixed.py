@@ -24,10 +24,21 @@ names: table names, then :data:`DENSE_PART`), :data:`PART_PARAMS_FIELD` (each pa
 (S0's raw and S1's sealed PSR answer per table). Client -> server: one upload record per part,
 under :func:`part_key` of the single-part key (``fsl.psr.query#<i>``, ``fsl.ssa.upload#<i>``).
 A client without the mixed mod passes a mixed round through untrained (no upload: S0 drops it).
+
+**U-DPF per table** (optional fields of the same version 1, so a client that does not know them
+just sends fresh keys): :data:`UDPF_FIELD` (``True``: the strategy accepts hints) and, in each
+client's own train message, :data:`HELD_FIELD` (per table part, the digest of the U-DPF keys S0
+holds for that client and table, ``b""``: none; :func:`read_held` decodes it strictly). Each
+table part has its own hash key (:func:`part_hash_key`), so its keys are stored under their own
+layout on both servers (:func:`~flwr_fsl.families.ssa.protocol.layout_key`); a client whose rows
+of a table are the same as in its last accepted round sends that table's hint
+(:func:`~flwr_fsl.families.ssa.protocol.encode_round`), its upload record then holds ``hint``
+and ``sealed``. The dense part always carries fresh one-shot keys (epoch 0).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,13 +54,17 @@ __all__ = [
     "ANSWERS0_FIELD",
     "ANSWERS1_FIELD",
     "DENSE_PART",
+    "HELD_FIELD",
     "MIXED_FIELD",
     "MIXED_VERSION",
     "PARTS_FIELD",
     "PART_PARAMS_FIELD",
+    "UDPF_FIELD",
     "DenseChunks",
     "clamp_rows",
+    "part_hash_key",
     "part_key",
+    "read_held",
 ]
 
 MIXED_FIELD = "fsl.mixed.version"
@@ -58,8 +73,50 @@ PARTS_FIELD = "fsl.mixed.parts"
 PART_PARAMS_FIELD = "fsl.mixed.params"
 ANSWERS0_FIELD = "fsl.mixed.answer0"
 ANSWERS1_FIELD = "fsl.mixed.answer1"
+UDPF_FIELD = "fsl.mixed.udpf"
+HELD_FIELD = "fsl.mixed.held"
+HELD_DIGEST_BYTES = 32
 DENSE_PART = "*dense*"
 """The dense part's name in :data:`PARTS_FIELD` (no tensor name contains ``*``)."""
+
+
+def part_hash_key(run_key: bytes, name: str) -> bytes:
+    """Return table ``name``'s cuckoo hash key: the run's key, separated per table.
+
+    Distinct per table, so two tables of the same shape never share a U-DPF key store.
+    """
+    return hashlib.sha256(b"fsl.mixed.hash-key\0" + run_key + name.encode()).digest()[:16]
+
+
+def read_held(value: object, tables: int) -> list[bytes | None]:
+    """Decode :data:`HELD_FIELD`: per table part, S0's held-keys digest (None: none).
+
+    Parameters
+    ----------
+    value : object
+        The field's value (absent: pass None, no table holds keys).
+    tables : int
+        The round's number of table parts.
+
+    Returns
+    -------
+    list[bytes or None]
+        One digest (32 bytes) or None per table part.
+
+    Raises
+    ------
+    ClientInputError
+        If the field is not a list of ``tables`` byte strings, each empty or 32 bytes.
+    """
+    if value is None:
+        return [None] * tables
+    if not (
+        isinstance(value, list)
+        and len(value) == tables
+        and all(isinstance(v, bytes) and len(v) in (0, HELD_DIGEST_BYTES) for v in value)
+    ):
+        raise ClientInputError(f"{HELD_FIELD!r}: one empty or 32-byte digest per table")
+    return [v if v else None for v in value]
 
 
 def part_key(key: str, index: int) -> str:

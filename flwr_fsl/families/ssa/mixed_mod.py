@@ -23,6 +23,11 @@ described by a :class:`~flwr_fsl.submodel.tables.ModelTables` (the round's shape
    table's changed rows as mega-elements, and every dense coordinate in chunks
    (:class:`~flwr_fsl.families.ssa.mixed.DenseChunks`) with the client's weight as each chunk's
    count word. With DP each part is clipped to the round's ``clip_norm`` separately.
+3. **U-DPF per table** (rounds with :data:`~flwr_fsl.families.ssa.mixed.UDPF_FIELD`): the
+   client keeps each table's keys in ``Context.state`` and, when its rows of a table are the
+   same as in its last accepted round and S0 announces holding exactly those keys
+   (:data:`~flwr_fsl.families.ssa.mixed.HELD_FIELD`), sends that table's hint instead of
+   fresh keys (:func:`~flwr_fsl.families.ssa.protocol.encode_round`). The dense part is fresh.
 
 Like ``PrivateRows``, the client refuses a round (every part is checked) whose noise multiplier
 is below its floor ``fsl-min-noise-multiplier`` (default 1.0) or that names another run.
@@ -47,16 +52,19 @@ from flwr_fsl.families.ssa.mixed import (
     ANSWERS0_FIELD,
     ANSWERS1_FIELD,
     DENSE_PART,
+    HELD_FIELD,
     MIXED_FIELD,
     MIXED_VERSION,
     PART_PARAMS_FIELD,
     PARTS_FIELD,
+    UDPF_FIELD,
     DenseChunks,
     clamp_rows,
     part_key,
+    read_held,
 )
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
-from flwr_fsl.families.ssa.protocol import SSAParams, encode_update
+from flwr_fsl.families.ssa.protocol import SSAClientState, SSAParams, encode_round, encode_update
 from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
 from flwr_fsl.families.ssa.records import (
     PSR_QUERY,
@@ -65,9 +73,10 @@ from flwr_fsl.families.ssa.records import (
     SSA_TRAIN,
     SSA_UPLOAD_KEY,
     RoundRequest,
+    hint_upload_record,
     ssa_upload_record,
 )
-from flwr_fsl.families.ssa.sealing import open_psr_answer, seal_psr_query
+from flwr_fsl.families.ssa.sealing import open_psr_answer, seal_psr_query, seal_udpf_hint
 from flwr_fsl.submodel.codec import SubmodelFormatError
 from flwr_fsl.submodel.tables import ModelTables
 
@@ -80,6 +89,12 @@ __all__ = ["PrivateTables"]
 def _slot(index: int) -> StateSlot[PSRClientState]:
     return StateSlot(
         f"fsl.mixed.psr-state.{index}", PSRClientState.to_bytes, PSRClientState.from_bytes
+    )
+
+
+def _keys_slot(index: int) -> StateSlot[SSAClientState]:
+    return StateSlot(
+        f"fsl.mixed.ssa-keys.{index}", SSAClientState.to_bytes, SSAClientState.from_bytes
     )
 
 
@@ -243,6 +258,9 @@ class PrivateTables(ProtocolMod):
         ((_, trained_record),) = reply.content.array_records.items()
         trained = {k: v.numpy() for k, v in trained_record.items()}
         records: dict[str, ConfigRecord] = {}
+        udpf = request.round.config.get(UDPF_FIELD) is True
+        tables = sum(n != DENSE_PART for n, _ in parts)
+        held = iter(read_held(request.round.config.get(HELD_FIELD) if udpf else None, tables))
         for i, (name, part) in enumerate(parts):
             params = part.params
             if name == DENSE_PART:
@@ -259,10 +277,41 @@ class PrivateTables(ProtocolMod):
                 _same_shapes((name,), {name: np.asarray(submodel[name].numpy())}, trained)
                 delta = trained[name][state.indices].astype(np.float64) - rows.astype(np.float64)
                 counts = weight if state.counts is None else state.counts
-                upload, _ = encode_update(params, state.indices, delta, counts)
+                records[part_key(SSA_UPLOAD_KEY, i)] = self._table_upload(
+                    i, part, context, (state.indices, delta, counts), udpf, next(held)
+                )
+                continue
             records[part_key(SSA_UPLOAD_KEY, i)] = self.sealed_upload(upload, part, context)
         # No metrics in the clear: the weight rides in the payload's count words only.
         return PartsReply(records)
+
+    def _table_upload(
+        self,
+        index: int,
+        part: SSARound,
+        context: Context,
+        update: tuple[NDArray[np.int64], NDArray[np.float64], Any],
+        udpf: bool,
+        held: bytes | None,
+    ) -> ConfigRecord:
+        """Encode one table's update: fresh keys, or its U-DPF hint against ``held`` keys."""
+        slot = _keys_slot(index)
+        out, keys = encode_round(
+            part.params, *update, slot.load(context) if udpf else None, udpf=udpf, held=held
+        )
+        slot.store(context, keys)
+        if not isinstance(out, bytes):
+            return self.sealed_upload(out, part, context)
+        assert held is not None  # a hint is only made against announced keys
+        sealed = seal_udpf_hint(
+            part.helper_key,
+            binding=part.binding,
+            client_id=int(context.node_id),
+            hint=out,
+            held=held,
+            signer=self.signer(context),
+        )
+        return hint_upload_record(out, sealed)
 
     def _retrieved(
         self, found: SSARound, parts: list[tuple[str, SSARound]], context: Context

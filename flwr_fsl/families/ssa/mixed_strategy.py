@@ -24,8 +24,15 @@ exactly as one at ``z / sqrt(P)``. S0's account spends that per round
 (:meth:`MixedRounds.effective_noise_multiplier`); S1 spends ``z`` once per part, the same total.
 So a mixed round costs the budget of ``P`` single-table rounds at the same ``z``.
 
-**U-DPF** is not used in mixed rounds (fresh keys every round): S0's and S1's stored U-DPF keys
-are one set per session and layout, and the parts' layouts differ.
+**U-DPF per table** (``udpf=True``, the default as in single-table rounds): each table part
+has its own hash key (:func:`~flwr_fsl.families.ssa.mixed.part_hash_key`), hence its own layout,
+and its keys are numbered by the Flower round (epoch ``r``); S0 keeps one key store per table
+(``LeadServer.max_layouts``), S1 one per layout (at most ``--max-open-rounds`` per session). Each
+client's train message carries, per table, the digest of the keys S0 holds for it
+(:data:`~flwr_fsl.families.ssa.mixed.HELD_FIELD`); a client whose rows of a table are unchanged
+since its last accepted round sends that table's hint. A hint either server rejects drops that
+client from that table's part only (its keys there are forgotten: fresh keys next time); the
+dense part always carries fresh one-shot keys.
 """
 
 from __future__ import annotations
@@ -46,11 +53,14 @@ from flwr_fsl.families.ssa.mixed import (
     ANSWERS0_FIELD,
     ANSWERS1_FIELD,
     DENSE_PART,
+    HELD_FIELD,
     MIXED_FIELD,
     MIXED_VERSION,
     PART_PARAMS_FIELD,
     PARTS_FIELD,
+    UDPF_FIELD,
     DenseChunks,
+    part_hash_key,
     part_key,
 )
 from flwr_fsl.families.ssa.protocol import SSAParams
@@ -146,18 +156,21 @@ class MixedRounds:
         for round_id, (name, layout) in zip(
             self.round_ids(state.server_round), self.layouts(state.model), strict=True
         ):
-            items = layout.size
+            items, hash_key, epoch = layout.size, strategy.hash_key, 0
             if name != DENSE_PART:
                 items = min(self.tables[name].max_rows, layout.size)
+                hash_key = part_hash_key(strategy.hash_key, name)
+                # U-DPF keys are numbered by the Flower round; one-shot keys (0) are not kept.
+                epoch = state.server_round if strategy.udpf else 0
             params = aggregation.round_params(
                 grid,
                 round_id=round_id,
                 domain_size=layout.size,
                 num_items=items,
                 value_width=layout.width,
-                hash_key=strategy.hash_key,
+                hash_key=hash_key,
                 max_summands=nodes,
-                epoch=0,  # no U-DPF in mixed rounds: one-shot keys are not kept
+                epoch=epoch,
             )
             parts.append((name, layout, params))
         out = ConfigRecord(dict(base))
@@ -169,6 +182,8 @@ class MixedRounds:
         for key, value in first.items():
             out[key] = value  # the first part's fields: what find_round and the checks read
         out[MIXED_FIELD] = MIXED_VERSION
+        if strategy.udpf:
+            out[UDPF_FIELD] = True
         out[PARTS_FIELD] = [name for name, _, _ in parts]
         out[PART_PARAMS_FIELD] = [params.to_bytes() for _, _, params in parts]
         return out, parts
@@ -197,6 +212,9 @@ class MixedRounds:
             node_config = ConfigRecord(dict(round_config))
             node_config[ANSWERS0_FIELD] = [a0 for a0, _ in pairs]
             node_config[ANSWERS1_FIELD] = [a1 for _, a1 in pairs]
+            if strategy.udpf:  # per table, the keys S0 holds for this client (b"": none)
+                held = [lead.held(node, p) for n, _, p in parts if n != DENSE_PART]
+                node_config[HELD_FIELD] = [h or b"" for h in held]
             contents[node] = RecordDict(
                 {strategy.arrayrecord_key: others, strategy.configrecord_key: node_config}
             )
@@ -212,7 +230,8 @@ class MixedRounds:
             for i, (name, _, params) in enumerate(parts):
                 try:
                     upload = read_upload(content, part_key(SSA_UPLOAD_KEY, i))
-                    lead.check_upload(params, node, upload, accept_hints=False)
+                    hints = strategy.udpf and name != DENSE_PART
+                    lead.check_upload(params, node, upload, accept_hints=hints)
                 except ClientInputError as err:
                     raise ClientInputError(f"part {name!r}: {err}") from None
                 out.append(upload)

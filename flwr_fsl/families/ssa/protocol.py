@@ -243,20 +243,16 @@ class SSAClientState:
         return hint.to_bytes()
 
 
+def layout_key(params: SSAParams) -> tuple[object, ...]:
+    """Return the fields that decide whether U-DPF keys carry over (:func:`same_layout`)."""
+    keep: tuple[str, ...] = ("domain_size", "num_items", "value_width", "hash_key", "num_hashes")
+    keep += ("count_weighted", "stash_size", "scale_factor", "verify")  # verify: dummy slots
+    return tuple(getattr(params, k) for k in keep)
+
+
 def same_layout(a: SSAParams, b: SSAParams) -> bool:
     """Return True if keys made under ``a`` can be updated (U-DPF) for a round ``b``."""
-    keep = (
-        "domain_size",
-        "num_items",
-        "value_width",
-        "hash_key",
-        "count_weighted",
-        "num_hashes",
-        "stash_size",
-        "scale_factor",
-        "verify",  # checked rounds need verifiable keys with dummy slots
-    )
-    return all(getattr(a, k) == getattr(b, k) for k in keep)
+    return layout_key(a) == layout_key(b)
 
 
 def _betas(

@@ -103,17 +103,19 @@ def hint_upload_record(hint: bytes, sealed: bytes) -> ConfigRecord:
     return ConfigRecord({"hint": hint, "sealed": sealed})
 
 
-def read_hint_upload(content: RecordDict) -> tuple[bytes, bytes] | None:
+def read_hint_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> tuple[bytes, bytes] | None:
     """Return ``(hint, sealed binding)`` of a U-DPF upload, or None for fresh keys.
+
+    ``key``: the upload record's key (a mixed round's part: ``fsl.ssa.upload#<i>``).
 
     Raises
     ------
     SubmodelFormatError
         If the record is missing or a hint record is malformed.
     """
-    record = content.config_records.get(SSA_UPLOAD_KEY)
+    record = content.config_records.get(key)
     if record is None:
-        raise SubmodelFormatError(f"missing {SSA_UPLOAD_KEY!r} record")
+        raise SubmodelFormatError(f"missing {key!r} record")
     if "hint" not in record:
         return None
     hint, sealed = record["hint"], record.get("sealed")

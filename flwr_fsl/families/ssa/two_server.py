@@ -84,9 +84,9 @@ from flwr_fsl.families.ssa.protocol import (
     SSAResult,
     SSAServer,
     held_digest,
+    layout_key,
     parse_public_part,
     reconstruct,
-    same_layout,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
 from flwr_fsl.families.ssa.verify import resolve_threads, same_digest
@@ -294,8 +294,9 @@ class LeadServer:
 
     Attributes
     ----------
-    stored_keys : dict[int, DPFKeyBatch]
-        Client -> S0's key shares of its latest accepted fresh/hinted upload (U-DPF).
+    max_layouts : int
+        Layouts whose U-DPF keys S0 keeps (:meth:`keys_of`), least recently used dropped first
+        (1: a round of another layout forgets every key; a mixed round keeps one per table).
     session_losses : list[int]
         Rounds at whose opening S0 found that S1 had lost the session (and so forgot its
         stored U-DPF keys), in order.
@@ -331,14 +332,23 @@ class LeadServer:
         self.relay_chunk_bytes = relay_chunk_bytes
         self.helper = helper
         self.helper_fingerprint = helper_fingerprint
-        self.stored_keys: dict[int, DPFKeyBatch] = {}
-        self._stored_params: SSAParams | None = None
+        self._stores: dict[tuple[object, ...], dict[int, DPFKeyBatch]] = {}
+        self.max_layouts = 1
         self._helper_key: bytes | None = None
         self._open: set[int] = set()
         self.noise_stream = noise_stream
         self.session_losses: list[int] = []
         self.key_mismatches: list[int] = []
         self._key_verified = False  # S1's key matched the pin once in this run
+
+    @property
+    def stored_keys(self) -> dict[int, DPFKeyBatch]:
+        """Client -> S0's key shares of its latest accepted upload (U-DPF), latest layout."""
+        return next(reversed(self._stores.values()), {})
+
+    def keys_of(self, params: SSAParams) -> dict[int, DPFKeyBatch]:
+        """Client -> S0's stored U-DPF keys of ``params``' layout (empty: none)."""
+        return self._stores.get(layout_key(params), {})
 
     @property
     def session_id(self) -> bytes:
@@ -392,14 +402,16 @@ class LeadServer:
             "anything and the model is unchanged; S0 checks S1's key again every round"
         )
 
-    def held(self, client: int) -> bytes | None:
+    def held(self, client: int, params: SSAParams | None = None) -> bytes | None:
         """Return the digest of the keys S0 holds for ``client`` (None: none), for its round.
+
+        ``params``: the round, whose layout's keys count (None: the latest layout's).
 
         The client sends a U-DPF hint only when this equals its own keys' digest
         (:func:`~flwr_fsl.families.ssa.protocol.can_send_hint`), so a hint is never applied to keys
         other than the ones it was made for.
         """
-        keys = self.stored_keys.get(client)
+        keys = (self.stored_keys if params is None else self.keys_of(params)).get(client)
         return None if keys is None else held_digest(keys)
 
     def check_upload(
@@ -413,7 +425,7 @@ class LeadServer:
             If the keys do not fit the round, or a hint comes without stored keys.
         """
         if upload.hint is not None:
-            if not accept_hints or client not in self.stored_keys:
+            if not accept_hints or client not in self.keys_of(params):
                 raise SSAInputError("U-DPF hint without stored keys")
             if not upload.sealed:
                 raise SSAInputError("U-DPF hint without its binding sealed to S1")
@@ -448,7 +460,7 @@ class LeadServer:
         """
         if params.round_id in self._open:
             return
-        if self._stored_params is not None and not same_layout(self._stored_params, params):
+        if self.max_layouts == 1 and params.epoch and layout_key(params) not in self._stores:
             # Keys of another hashing/layout can never be updated again (S1 drops its own too).
             self.forget_keys()
         try:
@@ -476,8 +488,7 @@ class LeadServer:
 
     def forget_keys(self) -> None:
         """Drop every stored U-DPF key: clients are told to send fresh keys next time."""
-        self.stored_keys.clear()
-        self._stored_params = None
+        self._stores.clear()
 
     def aggregate(
         self,
@@ -519,7 +530,7 @@ class LeadServer:
                 )
             uploads = uploads.items()
         self.open(params)
-        server0 = SSAServer(params, 0, previous_keys=self.stored_keys, threads=self.threads)
+        server0 = SSAServer(params, 0, previous_keys=self.keys_of(params), threads=self.threads)
         rejected, hinted = self._aggregate_chunks(params, server0, uploads)
         accepted = list(server0.clients)
         if len(accepted) < self.min_clients:
@@ -539,8 +550,11 @@ class LeadServer:
             raise TwoServerError(f"S1's share has shape {share1.share.shape}, expected {shape}")
         # Only a round both servers completed moves S0's stored keys (S1 moved its own).
         if server0.keeps_keys:
-            self.stored_keys.update(server0.keys)
-            self._stored_params = params
+            store = self._stores.pop(layout_key(params), {})
+            store.update(server0.keys)
+            self._stores[layout_key(params)] = store  # the most recently used layout last
+            while len(self._stores) > self.max_layouts:
+                del self._stores[next(iter(self._stores))]
         share0 = server0.share()
         if params.dp is not None:
             # S0's noise, added before S0 sees anything of S1's share in the sum: it is what
@@ -603,7 +617,7 @@ class LeadServer:
             except ClientInputError as err:
                 rejected[client] = f"rejected by S0: {err}"
                 if upload.hint is not None:
-                    self.stored_keys.pop(client, None)  # send fresh keys next time
+                    self.keys_of(server0.params).pop(client, None)  # send fresh keys next time
                 continue
             relay.append((client, upload))
         return relay, digests
@@ -625,7 +639,7 @@ class LeadServer:
                     # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
                     # client is told to send fresh keys next time instead of being dropped
                     # round after round.
-                    self.stored_keys.pop(client, None)
+                    self.keys_of(server0.params).pop(client, None)
             elif upload.hint is not None:
                 hinted.add(client)
         server0.forget_recent([client for client, _ in relay])

@@ -45,10 +45,12 @@ another session, round, parameter set or client, wrong key), a public part whose
 (duplicate or replay) is reported for that client only and leaves S1's share unchanged.
 
 **U-DPF** (Cui §5): the session keeps every client's latest DPF key batch across rounds (client id
--> keys and the signer of the keys, replaced when the client contributes again, dropped when a round
-with another hashing layout opens) and hands them to the next round's ``SSAServer`` as
-``previous_keys``. A hint comes with the client's binding sealed to S1 (the hint's SHA-256 and the
-digest of the keys it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1 refuses a
+-> keys and the signer of the keys, replaced when the client contributes again), one store per
+hashing layout (:func:`~flwr_fsl.families.ssa.protocol.layout_key`: a mixed round's tables each
+have their own) and at most ``--max-open-rounds`` layouts per session, the least recently used
+dropped first; it hands a round's layout's keys to its ``SSAServer`` as ``previous_keys``. A
+hint comes with the client's binding sealed to S1 (the hint's SHA-256 and the digest of the keys
+it updates, :func:`~flwr_fsl.crypto.ssa_sealing.seal_udpf_hint`): S1 refuses a
 hint S0 altered or one made for keys other than those S1 holds for the client. Keys live only in
 memory, in the session: a restarted S1 holds no session, refuses the old one's calls (S0 then
 forgets its own stored keys, so clients send fresh keys), and a hint for keys it does not hold is
@@ -84,7 +86,7 @@ from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAServer,
     held_digest,
-    same_layout,
+    layout_key,
 )
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
@@ -139,6 +141,9 @@ class _StoredKeys:
     keys: dict[int, DPFKeyBatch] = field(default_factory=dict)
     layout: SSAParams | None = None
     signers: dict[int, bytes] = field(default_factory=dict)  # client id -> signer of its keys
+
+
+_Stores = dict[tuple[object, ...], _StoredKeys]  # layout -> its keys, least recently used first
 
 
 def budget(state: SSARound) -> RoundBudget:
@@ -203,9 +208,13 @@ class SSAService:
         }
 
     @staticmethod
-    def _stored(session: Session) -> _StoredKeys:
-        stored: _StoredKeys = session.data.setdefault("ssa", _StoredKeys())
-        return stored
+    def _stores(session: Session) -> _Stores:
+        stores: _Stores = session.data.setdefault("ssa", {})
+        return stores
+
+    def _stored(self, session: Session, params: SSAParams) -> _StoredKeys:
+        """Return the stored U-DPF keys of ``params``' layout (empty if none)."""
+        return self._stores(session).get(layout_key(params), _StoredKeys())
 
     def _open_round(self, session: Session | None, message: wire.OpenRoundRequest) -> wire.Message:
         assert session is not None
@@ -234,12 +243,7 @@ class SSAService:
             self.host.accounts.check(params, session.session_id, account.noise_multiplier)
         # S1's memory budget, before the share and hashing table are allocated.
         session.charge(("round", rid), account.memory, f"round {rid}")
-        stored = self._stored(session)
-        if stored.layout is not None and not same_layout(stored.layout, params):
-            stored.keys.clear()  # other hashing layout: stored U-DPF keys cannot apply
-            stored.signers.clear()
-            stored.layout = None
-            session.release(STORED_KEYS)
+        stored = self._stored(session, params)
         binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
         try:
             ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
@@ -324,7 +328,7 @@ class SSAService:
         opened = ssa_sealing.open_udpf_hint(
             self.host.keypair, sealed, binding=state.binding, client_id=client, hint=hint
         )
-        stored = self._stored(session)
+        stored = self._stored(session, state.params)
         mine = stored.keys.get(client)
         if mine is None or not hmac.compare_digest(opened.held, held_digest(mine)):
             # S1's own check: never apply a hint to keys it was not made for.
@@ -455,15 +459,25 @@ class SSAService:
                 raise
             self.host.client_accounts.spend(state.signers, z)
             self._add_noise(state, share, z, spent)
-        stored = self._stored(session)
+        if state.ssa.keeps_keys:
+            self._store_keys(session, state)
+        session.close_round(rid)
+        log.info("round %d finished with %d clients", rid, len(clients))
+        return wire.ShareResponse(clients, share)
+
+    def _store_keys(self, session: Session, state: SSARound) -> None:
+        """Keep a finished U-DPF round's keys in its layout's store (bounded per session)."""
+        stores = self._stores(session)
+        stored = stores.pop(layout_key(state.params), _StoredKeys())
         stored.keys.update(state.ssa.keys)
         stored.signers.update((cid, signer) for signer, cid in state.signers.items())
         stored.layout = state.params
-        session.close_round(rid)
+        stores[layout_key(state.params)] = stored  # most recently used last
+        while len(stores) > self.host.max_open_rounds:
+            del stores[next(iter(stores))]
+        held = sum(len(s.keys) * key_bytes(s.layout) for s in stores.values() if s.layout)
         # Moved from the round's charge (already allocated): recorded, never refused.
-        session.charge(STORED_KEYS, len(stored.keys) * key_bytes(stored.layout), "", check=False)
-        log.info("round %d finished with %d clients", rid, len(clients))
-        return wire.ShareResponse(clients, share)
+        session.charge(STORED_KEYS, held, "", check=False)
 
     def _check_clients(self, session: Session, state: SSARound, z: float) -> None:
         """Refuse the round if an accepted client's own account can no longer take it.

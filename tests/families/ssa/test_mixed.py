@@ -314,7 +314,7 @@ def test_constructor_settings(key: SealingKeyPair) -> None:
     single = SecureRowFedSubAvg(helper, "emb", 4)
     assert single.mixed is None and single.udpf
     mixed = SecureRowFedSubAvg(helper, spec())
-    assert mixed.mixed is not None and mixed.mixed.num_parts == 3 and not mixed.udpf
+    assert mixed.mixed is not None and mixed.mixed.num_parts == 3 and mixed.udpf
     assert mixed.round_noise_multiplier() == pytest.approx(1 / np.sqrt(3))
     assert "noise multiplier 1 on each of 3 parts (one round at 0.577)" in mixed.describe_privacy()
     assert "parts" not in single.describe_privacy()
@@ -326,8 +326,7 @@ def test_constructor_settings(key: SealingKeyPair) -> None:
         SecureRowFedSubAvg(helper, spec(), 4)
     with pytest.raises(ConfigurationError, match="max_rows"):
         SecureRowFedSubAvg(helper, "emb")
-    with pytest.raises(ConfigurationError, match="udpf"):
-        SecureRowFedSubAvg(helper, spec(), udpf=True)
+    assert not SecureRowFedSubAvg(helper, spec(), udpf=False).udpf
     with pytest.raises(ConfigurationError, match="dense_width"):
         SecureRowFedSubAvg(helper, spec(), dense_width=0)
     assert DENSE_PART not in spec().names
