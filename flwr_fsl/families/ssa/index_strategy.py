@@ -212,11 +212,6 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             if len(tables.tables) == 1 and not dense
             else MixedRounds(tables, dense, dense_width)
         )
-        if union == "psu" and self.mixed is not None:
-            raise ConfigurationError(
-                "union: 'psu' runs over one table without dense tensors (a mixed round's PSU "
-                "is not implemented)"
-            )
         if udpf is None:
             udpf = self.mixed is None and union == "off"
         check_bool("udpf", udpf)
