@@ -24,6 +24,12 @@ exactly as one at ``z / sqrt(P)``. S0's account spends that per round
 (:meth:`MixedRounds.effective_noise_multiplier`); S1 spends ``z`` once per part, the same total.
 So a mixed round costs the budget of ``P`` single-table rounds at the same ``z``.
 
+**Cui's basic protocol** (``union="psu"``): before step 1, one PSU per primary table opens its
+union; each derived table's union is its parent's mapped by the public row map; every table
+part's PSR and SSA then run over its union's rows and the apply writes them back
+(:mod:`flwr_fsl.families.ssa.mixed_union`, :mod:`flwr_fsl.families.ssa.mixed_union_strategy`).
+The dense part is unchanged.
+
 **U-DPF** is not used in mixed rounds (fresh keys every round): S0's and S1's stored U-DPF keys
 are one set per session and layout, and the parts' layouts differ.
 """
