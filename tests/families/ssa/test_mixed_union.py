@@ -6,6 +6,7 @@ round can equal the default mixed round and the plaintext result exactly.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from flwr_fsl.core.errors import ConfigurationError, RunFailedError
-from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY
+from flwr_fsl.core.privacy import NODE_MIN_NOISE_KEY, PrivacyAccount
 from flwr_fsl.crypto.channel import SealingKeyPair
+from flwr_fsl.families.ssa.dp import INDEX_MODE_DP
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.families.ssa.mixed import part_key
 from flwr_fsl.families.ssa.mixed_mod import PrivateTables
@@ -29,6 +31,7 @@ from flwr_fsl.families.ssa.union import (
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.submodel.tables import ModelTables
 from flwr_fsl.testing import InProcessGrid
+from flwr_fsl.testing.helper_process import HelperProcess
 from tests.families.ssa.test_mixed import (
     GENRES,
     ITEMS,
@@ -46,13 +49,17 @@ NODES = 4
 _LAST: list[SecureRowFedSubAvg] = []
 
 
-def make_app(tables: ModelTables, mods: tuple[Any, ...] = ()) -> ClientApp:
+def make_app(tables: ModelTables, mods: tuple[Any, ...] = (), weighted: bool = False) -> ClientApp:
     def rows_fn(context: Context) -> np.ndarray:
         pid = int(context.node_config["partition-id"])
         rnd = int(context.state.config_records["rnd"]["r"]) if "rnd" in context.state else 1
         return item_rows(pid, rnd, ITEMS, tables["item"].max_rows)
 
-    private = PrivateTables(tables, rows=rows_fn)
+    def counted(context: Context) -> Any:
+        rows = rows_fn(context)
+        return rows, 1.0 + (rows % 3).astype(np.float64)  # per-row weights
+
+    private = PrivateTables(tables, rows=counted if weighted else rows_fn)
     app = ClientApp(mods=[*mods, private.mod])
     app.query("psr")(private.query)
     app.query("psu")(private.query_psu)
@@ -86,13 +93,14 @@ def run(
     rounds: int = 2,
     mods: tuple[Any, ...] = (),
     allow: bool = True,
-    helper: InProcessHelper | None = None,
+    helper: Any = None,
+    **kw: Any,
 ) -> tuple[SecureRowFedSubAvg, Any]:
     tables, model = spec(), initial()
     grid = InProcessGrid(
-        make_app(tables, mods),
+        make_app(tables, mods, kw.get("weighted", False)),
         NODES,
-        {"ssa-helper-fingerprint": key.fingerprint},
+        {"ssa-helper-fingerprint": kw.pop("fingerprint", key.fingerprint)},
         node_config_fn=lambda i: {
             "partition-id": i,
             "num-partitions": NODES,
@@ -100,14 +108,13 @@ def run(
             NODE_ALLOW_UNION_KEY: allow,
         },
     )
+    settings: dict[str, Any] = {"dp": None, "frac_bits": 32, "max_abs": 1e3, **kw}
     strategy = SecureRowFedSubAvg(
         helper or InProcessHelper(keypair=key),
         tables,
-        dp=None,
-        frac_bits=32,
-        max_abs=1e3,
         min_available_nodes=NODES,
         union=union,
+        **settings,
     )
     _LAST[:] = [strategy]
     arrays = ArrayRecord({k: Array(v) for k, v in model.items()})
@@ -147,6 +154,44 @@ def test_each_table_runs_over_its_union_derived_by_the_map(key: SealingKeyPair) 
     genres = tables["genre"].row_map.derive(items)  # type: ignore[union-attr]
     assert shapes == [(items.size, WIDTH_I), (genres.size, WIDTH_G)]
     assert items.size < ITEMS
+
+
+def test_weighted_rows_equal_the_default_round(key: SealingKeyPair) -> None:
+    strategy, result = run(key, "psu", weighted=True)
+    _, default = run(key, "off", weighted=True)
+    assert strategy.failed_rounds == {} and all(not d for d in strategy.dropped.values())
+    for name in ("item", "genre", "mlp.w", "mlp.b"):
+        np.testing.assert_allclose(
+            result.arrays[name].numpy(), default.arrays[name].numpy(), atol=1e-6, err_msg=name
+        )
+
+
+def test_through_a_real_helper_process_exact_and_with_dp(tmp_path: Path) -> None:
+    """S1 as a real ``flwr-fsl-helper``: one ``PsuSum`` per primary table and round, exact
+    without DP; with the default DP the run accounts as the default mixed round (3 parts)."""
+    key_file = tmp_path / "s1.pem"
+    keypair = SealingKeyPair.generate()
+    keypair.save(key_file)
+    with HelperProcess(key_file, tmp_path / "s1.log", state_dir=tmp_path / "state") as proc:
+        pinned = {"fingerprint": proc.fingerprint, "helper_fingerprint": proc.fingerprint}
+        strategy, result = run(keypair, "psu", helper=proc.client(timeout=60), **pinned)
+        assert strategy.failed_rounds == {}
+        want = expected(initial(), spec(), 2, NODES)
+        for name in ("item", "genre", "mlp.w", "mlp.b"):
+            np.testing.assert_allclose(result.arrays[name].numpy(), want[name], atol=1e-5)
+        noisy, _ = run(
+            keypair,
+            "psu",
+            helper=proc.client(timeout=60),
+            dp=INDEX_MODE_DP,
+            frac_bits=24,
+            max_abs=1e4,
+            **pinned,
+        )
+        assert noisy.failed_rounds == {} and sorted(noisy.rounds) == [1, 2]
+        assert noisy.privacy_account.epsilon() == pytest.approx(
+            PrivacyAccount(noise_multipliers=[1.0] * 6).epsilon(), rel=1e-6
+        )
 
 
 def test_malformed_psu_share_drops_that_client_only(key: SealingKeyPair) -> None:
