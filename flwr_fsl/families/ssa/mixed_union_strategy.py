@@ -99,7 +99,7 @@ def mixed_psu_phase(
     -------
     tuple[dict[str, UnionRound], list[int]]
         Every table's union (table order; derived ones by :func:`derive_unions`) and the
-        clients whose every PSU share both servers accepted.
+        clients whose every PSU share both servers accepted (none: no union, no S1 call).
 
     Raises
     ------
@@ -129,6 +129,8 @@ def mixed_psu_phase(
         timeout=strategy.psr_timeout,
     )
     kept = list(replies)
+    if not kept:
+        return {}, []
     opened: dict[str, UnionRound] = {}
     for j, (_, spec) in enumerate(primary):
         seeds = ((n, replies[n][j][1]) for n in kept)
