@@ -26,11 +26,14 @@ other floating tensor) are one more part, aggregated through the same S1 session
 parts. :mod:`flwr_fsl.families.ssa.mixed_strategy` runs these rounds (no U-DPF; each part
 spends the privacy budget of one round).
 
-**Cui's basic protocol** (``union="psu"``, one table only): a ``query.psu`` phase first opens
-the union ``U`` of the clients' rows (a two-server private set union,
-:mod:`flwr_fsl.families.ssa.union_strategy`), then PSR and SSA run over ``U``'s rows only. It
-reveals ``U`` exactly to both servers and every client each round, even with DP on (clients
-answer it only with node config ``fsl-allow-union = true``).
+**Cui's basic protocol** (``union="psu"``): a ``query.psu`` phase first opens the union ``U``
+of the clients' rows (a two-server private set union,
+:mod:`flwr_fsl.families.ssa.union_strategy`), then PSR and SSA run over ``U``'s rows only. In a
+mixed round there is one PSU per primary table, each derived table's union is its parent's
+mapped by the public row map, and the dense part is unchanged
+(:mod:`flwr_fsl.families.ssa.mixed_union`). It reveals each ``U`` exactly to both servers and
+every client each round, even with DP on (clients answer it only with node config
+``fsl-allow-union = true``).
 
 **Threat model and leakage.** Two non-colluding semi-honest servers, semi-honest clients.
 Neither server learns which rows a client retrieves or updates, nor its row values; both see
@@ -164,9 +167,10 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         upload bytes per value word per key (``L`` = 39 bits at the defaults), 2-3x the upload.
     union : str
         ``"off"`` (default) or ``"psu"``: Cui's basic protocol, a private set union of the
-        clients' rows before PSR, then PSR and SSA over the union only (one table, no U-DPF).
-        **Leaks** the exact union of every round's rows to both servers and every client, even
-        with DP on (``tests/attacks/test_ssa_psu_union_difference.py``).
+        clients' rows before PSR, then PSR and SSA over the union only (no U-DPF; mixed
+        rounds: one PSU per primary table, derived tables' unions by their row maps, the dense
+        part unchanged). **Leaks** the exact union of every round's rows to both servers and
+        every client, even with DP on (``tests/attacks/test_ssa_psu_union_difference.py``).
     **kwargs
         Flower ``FedAvg`` arguments and ``sampling_seed``; ``fraction_evaluate`` defaults to
         0.0.
@@ -177,8 +181,8 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         If ``max_rows`` < 1 or another argument is out of range, ``max_rows`` is given with
         ``ModelTables`` or missing with a table name, ``fraction_evaluate > 0``
         without ``plaintext_evaluation=True``, ``weighted_by_key`` is given without
-        ``weighted=True``, or ``union`` is not ``"off"``/``"psu"`` (``"psu"``: not with several
-        tables, dense tensors or ``udpf=True``).
+        ``weighted=True``, or ``union`` is not ``"off"``/``"psu"`` (``"psu"``: not with
+        ``udpf=True``).
     """
 
     PHASES = ("query.psr", "train")
@@ -217,11 +221,6 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             if len(tables.tables) == 1 and not dense
             else MixedRounds(tables, dense, dense_width)
         )
-        if union == "psu" and self.mixed is not None:
-            raise ConfigurationError(
-                "union: 'psu' runs over one table without dense tensors (a mixed round's PSU "
-                "is not implemented)"
-            )
         if udpf is None:
             udpf = union == "off"
         check_bool("udpf", udpf)

@@ -63,6 +63,8 @@ from flwr_fsl.families.ssa.mixed import (
     part_key,
     read_held,
 )
+from flwr_fsl.families.ssa.mixed_union import local_rows, read_unions
+from flwr_fsl.families.ssa.mixed_union_mod import psu_reply
 from flwr_fsl.families.ssa.mod_base import ProtocolMod, SSARound
 from flwr_fsl.families.ssa.protocol import SSAClientState, SSAParams, encode_round, encode_update
 from flwr_fsl.families.ssa.psr import PSRClientState, decode_table, make_query
@@ -147,6 +149,15 @@ class PrivateTables(ProtocolMod):
         """Flower handler of ``query.psr``: PSR keys for this client's rows of every table."""
         return self.answer_query(msg, context)
 
+    def query_psu(self, msg: Message, context: Context) -> Message:
+        """Flower handler of ``query.psu`` (``union="psu"``): one PSU share per primary table.
+
+        Needs node config ``fsl-allow-union = true``
+        (:func:`~flwr_fsl.families.ssa.mixed_union_mod.psu_reply`).
+        """
+        primary = {k: v for k, v in self._client_rows(context).items() if k in self.tables.primary}
+        return psu_reply(msg, context, {k: v[0] for k, v in primary.items()})
+
     # -- the round's parts ------------------------------------------------------------------
     def _parts(self, found: SSARound, context: Context) -> list[tuple[str, SSARound]]:
         config = found.config
@@ -203,6 +214,7 @@ class PrivateTables(ProtocolMod):
         """Make one PSR query per table; keep what reading the answers needs."""
         parts = self._parts(request.round, context)
         rows = self._client_rows(context)
+        unions = read_unions(request.round.config, self.tables.names)
         records: dict[str, ConfigRecord] = {}
         for i, (name, part) in enumerate(parts):
             if name == DENSE_PART:
@@ -210,6 +222,8 @@ class PrivateTables(ProtocolMod):
             indices, counts = rows[name]
             if self.tables[name].derived:
                 indices, counts = clamp_rows(indices, counts, part.params.num_items)
+            if unions is not None:  # union="psu": the rows' positions in the table's union
+                indices, counts = local_rows(unions[name], indices, counts)
             psr = make_query(part.params, indices)
             sealed, answer_key = seal_psr_query(
                 part.helper_key,
@@ -244,10 +258,15 @@ class PrivateTables(ProtocolMod):
         received = {k: v.numpy() for k, v in record.items()}
         submodel = ArrayRecord(dict(record.items()))
         retrieved = self._retrieved(request.round, parts, context)
+        unions = read_unions(request.round.config, self.tables.names)
+        where: dict[str, NDArray[np.int64]] = {}  # each table's retrieved rows in the full table
         for name, (state, rows) in retrieved.items():
             params = next(p.params for n, p in parts if n == name)
-            table = np.zeros((params.domain_size, params.value_width), np.float32)
-            table[state.indices] = rows
+            m, where[name] = params.domain_size, state.indices
+            if unions is not None:
+                m, where[name] = unions[name].domain_size, unions[name].union[state.indices]
+            table = np.zeros((m, params.value_width), np.float32)
+            table[where[name]] = rows
             submodel[name] = Array(table)
         request.content[record_key] = submodel  # the user's train sees full-shape tables
         self.check_weight_key(request, context)  # refuse before training
@@ -275,7 +294,7 @@ class PrivateTables(ProtocolMod):
             else:
                 state, rows = retrieved[name]
                 _same_shapes((name,), {name: np.asarray(submodel[name].numpy())}, trained)
-                delta = trained[name][state.indices].astype(np.float64) - rows.astype(np.float64)
+                delta = trained[name][where[name]].astype(np.float64) - rows.astype(np.float64)
                 counts = weight if state.counts is None else state.counts
                 records[part_key(SSA_UPLOAD_KEY, i)] = self._table_upload(
                     i, part, context, (state.indices, delta, counts), udpf, next(held)

@@ -33,6 +33,13 @@ client's train message carries, per table, the digest of the keys S0 holds for i
 since its last accepted round sends that table's hint. A hint either server rejects drops that
 client from that table's part only (its keys there are forgotten: fresh keys next time); the
 dense part always carries fresh one-shot keys.
+
+**Cui's basic protocol** (``union="psu"``): before step 1, one PSU per primary table opens its
+union; each derived table's union is its parent's mapped by the public row map; every table
+part's PSR and SSA then run over its union's rows and the apply writes them back
+(:mod:`flwr_fsl.families.ssa.mixed_union`, :mod:`flwr_fsl.families.ssa.mixed_union_strategy`).
+The dense part is unchanged.
+U-DPF is not used with ``union="psu"`` (the unions, hence the layouts, change every round).
 """
 
 from __future__ import annotations
@@ -63,6 +70,12 @@ from flwr_fsl.families.ssa.mixed import (
     part_hash_key,
     part_key,
 )
+from flwr_fsl.families.ssa.mixed_union import union_fields
+from flwr_fsl.families.ssa.mixed_union_strategy import (
+    expand_tables,
+    mixed_psu_phase,
+    restrict_tables,
+)
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.psr import encode_table
 from flwr_fsl.families.ssa.records import PSR_QUERY_TYPE, PSR_UPLOAD_KEY, SSA_UPLOAD_KEY
@@ -72,6 +85,7 @@ from flwr_fsl.submodel.tables import ModelTables
 
 if TYPE_CHECKING:
     from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
+    from flwr_fsl.families.ssa.union import UnionRound
 
 __all__ = ["MixedRounds"]
 
@@ -107,8 +121,10 @@ class MixedRounds:
         first = (server_round - 1) * self.num_parts + 1
         return list(range(first, first + self.num_parts))
 
-    def layouts(self, model: dict[str, Any]) -> list[tuple[str, Layout]]:
-        """Return each part's name and element space over ``model``.
+    def layouts(
+        self, model: dict[str, Any], unions: dict[str, UnionRound] | None = None
+    ) -> list[tuple[str, Layout]]:
+        """Return each part's name and element space over ``model`` (tables over ``unions``).
 
         Raises
         ------
@@ -121,7 +137,10 @@ class MixedRounds:
         for spec in self.tables.tables:
             if model[spec.name].dtype != np.float32:
                 raise ConfigurationError(f"table {spec.name!r} must be a 2-D float32 tensor")
-            out.append((spec.name, RowLayout.of(model, spec.name)))
+            rows = {spec.name: model[spec.name]}
+            if unions is not None:  # union="psu": the table's rows in its union only
+                rows = restrict_tables(rows, unions)
+            out.append((spec.name, RowLayout.of(rows, spec.name)))
             bound = self.tables.worst_case_rows(spec.name)
             if spec.derived and bound > spec.max_rows and spec.name not in self._warned:
                 self._warned.add(spec.name)
@@ -148,13 +167,18 @@ class MixedRounds:
         state: RoundState,
         grid: Grid,
         base: ConfigRecord,
+        unions: dict[str, UnionRound] | None = None,
     ) -> tuple[ConfigRecord, list[tuple[str, Layout, SSAParams]]]:
-        """Open every part's S1 round; return the round's config and the parts."""
+        """Open every part's S1 round; return the round's config and the parts.
+
+        With ``unions`` (``union="psu"``), ``state.model`` holds the full tables and each table
+        part runs over its union's rows; the config then carries the unions.
+        """
         aggregation: TwoServerAggregation = strategy.aggregation
         parts: list[tuple[str, Layout, SSAParams]] = []
         nodes = max(1, len(list(grid.get_node_ids())))
         for round_id, (name, layout) in zip(
-            self.round_ids(state.server_round), self.layouts(state.model), strict=True
+            self.round_ids(state.server_round), self.layouts(state.model, unions), strict=True
         ):
             items, hash_key, epoch = layout.size, strategy.hash_key, 0
             if name != DENSE_PART:
@@ -186,6 +210,9 @@ class MixedRounds:
             out[UDPF_FIELD] = True
         out[PARTS_FIELD] = [name for name, _, _ in parts]
         out[PART_PARAMS_FIELD] = [params.to_bytes() for _, _, params in parts]
+        if unions is not None:
+            for key, value in union_fields(unions).items():
+                out[key] = value
         return out, parts
 
     def train_round(
@@ -201,8 +228,14 @@ class MixedRounds:
         if not nodes:
             return None, None
         base = strategy.base_round_config(state, arrays, config, grid)
-        round_config, parts = self.round_config(strategy, state, grid, base)
+        full, unions = state.model, None
+        if strategy.union == "psu":
+            unions, nodes = self._open_unions(strategy, grid, state, nodes, base)
+            if not nodes:
+                return None, None
+        round_config, parts = self.round_config(strategy, state, grid, base, unions)
         state.protocol = parts
+        state.model = restrict_tables(full, unions)  # union="psu": PSR, SSA over the unions
         lead = strategy.aggregation.lead
         answers = self._retrieve(strategy, grid, state, nodes, round_config, parts)
         names = {name for name, _, _ in parts}
@@ -247,7 +280,22 @@ class MixedRounds:
         out = strategy.aggregation.apply_parts(state, aggregated, strategy.train_metrics)
         if out == (None, None):
             self.abort(strategy, state)
+        else:
+            expand_tables(full, unions, out[0])
         return out
+
+    def _open_unions(
+        self,
+        strategy: SecureRowFedSubAvg,
+        grid: Grid,
+        state: RoundState,
+        nodes: list[int],
+        base: ConfigRecord,
+    ) -> tuple[dict[str, UnionRound], list[int]]:
+        """Phase 0 of ``union="psu"``: one PSU per primary table, derived unions by the map."""
+        self.layouts(state.model)  # check the tables before any message
+        rids = self.round_ids(state.server_round)
+        return mixed_psu_phase(strategy, self.tables, grid, state, nodes, base, rids)
 
     @staticmethod
     def _retrieve(
