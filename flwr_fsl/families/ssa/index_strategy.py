@@ -23,7 +23,7 @@ retrieval and row SSA; a derived table's rows are computed by the client from it
 with the public row map and retrieved and aggregated the same way; the dense tensors (every
 other floating tensor) are one more part, aggregated through the same S1 session as dense SSA
 (``dense=True``, the default with ``ModelTables``). One count-weighted apply updates all
-parts. :mod:`flwr_fsl.families.ssa.mixed_strategy` runs these rounds (no U-DPF; each part
+parts. :mod:`flwr_fsl.families.ssa.mixed_strategy` runs these rounds (U-DPF per table; each part
 spends the privacy budget of one round).
 
 **Cui's basic protocol** (``union="psu"``): a ``query.psu`` phase first opens the union ``U``
