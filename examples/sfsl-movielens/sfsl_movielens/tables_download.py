@@ -24,7 +24,6 @@ Run (from the repository root, with the data prepared)::
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fsl.experiment.logs import LOG_LEVEL_KEY, flower_log_level
 from flwr_fsl.families.sfsl.perturb import RRParams
 from flwr_fsl.models import mf
 from flwr_fsl.mods import PerturbedRows, secagg_mod
@@ -175,11 +175,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rows", type=int, default=64)
     parser.add_argument("--arms", default=",".join(ARMS))
     args = parser.parse_args(argv)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    rows = [
-        run_arm(a, args.users, args.rounds, args.dim, args.hidden, args.max_rows)
-        for a in args.arms.split(",")
-    ]
+    with flower_log_level({LOG_LEVEL_KEY: "warning"}):  # restored afterwards
+        rows = [
+            run_arm(a, args.users, args.rounds, args.dim, args.hidden, args.max_rows)
+            for a in args.arms.split(",")
+        ]
     print(
         f"{args.users} users, {args.rounds} rounds, item 1682x{args.dim} + genre 19x{args.dim} "
         f"(derived) + MLP {args.hidden} hidden; model {rows[0]['model']:,} B; "
