@@ -59,6 +59,9 @@ bad argument (alpha or a point outside the domain, wrong beta shape, bad epoch).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -83,8 +86,17 @@ from flwr_fsl.crypto.dpf_keys import (
     _seed_from_bytes,
     _tree_levels,
 )
-from flwr_fsl.crypto.prg import SEED_BYTES, _mmo_ciphers, derive_root_seeds, random_seeds
+from flwr_fsl.crypto.prg import (
+    MMO_KEY,
+    MMO_KEY_LEFT,
+    MMO_KEY_RIGHT,
+    SEED_BYTES,
+    _mmo_ciphers,
+    derive_root_seeds,
+    random_seeds,
+)
 from flwr_fsl.crypto.udpf import next_hint, next_hint_batch, update, update_batch
+from flwr_fsl.kernels import dpf_eval as _fde
 from flwr_fsl.kernels import dpf_kernels as _k
 from flwr_fsl.kernels import vdpf_kernels as _vk
 
@@ -113,6 +125,17 @@ __all__ = [
 # AES blocks per full-domain chunk (512 KiB per level buffer): half the AES calls and kernel
 # dispatches of 2^14, measured ~10% faster at depth 9 and 20 on a 1 MiB-L2 core.
 _FD_BUDGET = 1 << 15
+
+# Outputs at least this large are written with non-temporal stores by the native driver: no
+# cache keeps them anyway, and a store that does not first read its line halves the traffic.
+_NT_MIN_BYTES = 64 << 20
+
+# The native driver (:mod:`flwr_fsl.kernels.dpf_eval`: the chunk loop in one numba call, OpenSSL
+# called from it) evaluates whenever OpenSSL's libcrypto loads; False forces the Python driver
+# (the benchmark's old path). Evaluations with proofs always use the Python driver.
+_NATIVE_AES = True
+_NATIVE = threading.local()
+_AES_LOG: list[int] | None = None  # when a list: block counts of every native AES call (tests)
 
 
 def _split_points(
@@ -503,52 +526,50 @@ def evaluate_at(key: DPFKey, points: ArrayLike) -> NDArray[np.uint64]:
     return evaluate_at_batch(key.as_batch(), np.zeros(pts.shape[0], dtype=np.int64), pts)
 
 
-def _split_tasks(
-    keys: DPFKeyBatch,
-    tasks_i: NDArray[np.int64],
-    seeds: NDArray[np.uint64],
-    t: NDArray[np.uint8],
-    max_h: int,
-) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]]:
-    """Expand task roots one level at a time until every task has height <= ``max_h``."""
+def _expander(
+    keys: DPFKeyBatch, native: _fde.NativeMMO | None
+) -> Callable[
+    [
+        NDArray[np.uint64],
+        NDArray[np.uint8],
+        NDArray[np.int64],
+        NDArray[np.uint64],
+        NDArray[np.uint8],
+    ],
+    None,
+]:
+    """Return ``expand(parents, t, cw_idx, child_seeds, child_t)`` for :func:`_fde.split_tasks`."""
     pub = keys.public
-    group = _group(pub.tau)
-    aes = _mmo_ciphers()
-    while True:
-        keep = tasks_i[:, 3] < tasks_i[:, 4]  # drop subtrees entirely past the length limit
-        tasks_i, seeds, t = tasks_i[keep], seeds[keep], t[keep]
-        big = tasks_i[:, 2] > max_h
-        if not big.any():
-            return tasks_i, seeds, t
-        sel = tasks_i[big]
-        n = sel.shape[0]
-        parents = np.ascontiguousarray(seeds[big])
+
+    def expand(parents, t, cw_idx, child_s, child_t):  # type: ignore[no-untyped-def]
+        n = parents.shape[0]
+        if native is not None:
+            nodes, cws = (parents, t, cw_idx), (pub.cw_seeds, pub.cw_bits)
+            if not _fde.split_level(native.fn, native.ctxs, nodes, cws, (child_s, child_t)):
+                raise RuntimeError("OpenSSL AES failed")
+            if _AES_LOG is not None:
+                _AES_LOG.extend((n, n))
+            return
+        aes = _mmo_ciphers()
         enc_l = np.empty((n + 1, 2), dtype=_U64)
         enc_r = np.empty((n + 1, 2), dtype=_U64)
         aes.left.encrypt_prefix_into(parents, enc_l)
         aes.right.encrypt_prefix_into(parents, enc_r)
-        cw_idx = pub.level_offsets[sel[:, 0]] + sel[:, 1]
-        child_s = np.empty((2 * n, 2), dtype=_U64)
-        child_t = np.empty(2 * n, dtype=np.uint8)
         _k.expand_nodes(
-            enc_l,
-            enc_r,
-            parents,
-            np.ascontiguousarray(t[big]),
-            cw_idx,
-            pub.cw_seeds,
-            pub.cw_bits,
-            child_s,
-            child_t,
+            enc_l, enc_r, parents, t, cw_idx, pub.cw_seeds, pub.cw_bits, child_s, child_t
         )
-        child = np.repeat(sel, 2, axis=0)
-        child[:, 1] += 1
-        child[:, 2] -= 1
-        span = np.left_shift(np.int64(1), child[:, 2]) * group
-        child[1::2, 3] += span[1::2]
-        tasks_i = np.concatenate([tasks_i[~big], child])
-        seeds = np.concatenate([seeds[~big], child_s])
-        t = np.concatenate([t[~big], child_t])
+
+    return expand
+
+
+def _native_mmo() -> _fde.NativeMMO | None:
+    """Return the calling thread's native OpenSSL contexts of the tree, or ``None``."""
+    if not _NATIVE_AES:
+        return None
+    if not hasattr(_NATIVE, "mmo"):
+        _NATIVE.mmo = _fde.native_mmo((MMO_KEY_LEFT, MMO_KEY_RIGHT, MMO_KEY))
+    mmo: _fde.NativeMMO | None = _NATIVE.mmo
+    return mmo
 
 
 def evaluate_batch(  # noqa: C901, PLR0915
@@ -617,24 +638,19 @@ def evaluate_batch(  # noqa: C901, PLR0915
     per_leaf = max(1, half_w)  # AES blocks per leaf: one seed per child, half_w to convert
     max_h = max(0, int(np.log2(max(_FD_BUDGET // per_leaf, 1))))
     tl = _tree_levels(pub.domain_bits, tau)
-    tasks_i = np.stack(
-        [np.arange(m), np.zeros(m, np.int64), tl, offsets[:-1], offsets[1:]], axis=1
-    ).astype(np.int64)
-    seeds = keys.root_seeds.copy()
-    seeds[:, 0] |= _U64(keys.party)  # the control bit rides in bit 0 of the seed block
-    t = np.full(m, keys.party, dtype=np.uint8)
-    tasks_i, seeds, t = _split_tasks(keys, tasks_i, seeds, t, max_h)
-    order = np.argsort(-tasks_i[:, 2], kind="stable")
-    tasks_i = np.ascontiguousarray(tasks_i[order])
-    seeds = np.ascontiguousarray(seeds[order])
-    t = np.ascontiguousarray(t[order])
+    tasks_i, seeds, t = _fde.fd_tasks(tl, offsets, keys.root_seeds, keys.party)
+    native = None if proofs is not None else _native_mmo()
+    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
+        tasks_i, seeds, t = _fde.split_tasks(
+            tasks_i, seeds, t, max_h, group, pub.level_offsets, _expander(keys, native)
+        )
     # Subtree skipping: a task costs only the leaves that hold a point below its limit (a bin
     # padded to a power of two evaluates its real points; no level holds more nodes).
-    full_leaves = np.left_shift(np.int64(1), tasks_i[:, 2])
-    kept = np.minimum(full_leaves, (tasks_i[:, 4] - tasks_i[:, 3] + group - 1) // group)
-    cost = kept * per_leaf
-    bounds = _k.chunk_bounds(cost, _FD_BUDGET)
-    cap = int(max(np.add.reduceat(cost, bounds[:-1]).max(), 2)) if len(bounds) > 1 else 2
+    bounds, cap, desc = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
+    if not desc:  # chunks need tasks sorted by height, tallest first
+        order = np.argsort(-tasks_i[:, 2], kind="stable")
+        tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
+        bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
     cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)
@@ -648,6 +664,20 @@ def evaluate_batch(  # noqa: C901, PLR0915
         p_enc = np.empty((_vk.BLOCKS * cap + 1, 2), dtype=_U64)
         key_first = np.ascontiguousarray(offsets[:-1])
     flat = out.reshape(-1)
+    if native is not None:
+        bufs = np.empty((4, cap + 1, 2), dtype=_U64)
+        log = np.zeros(0 if _AES_LOG is None else (len(bounds) - 1) * (2 * max_h + 1), np.int64)
+        shape = np.array([half_w, tau, group, keys.party, out.nbytes >= _NT_MIN_BYTES], np.int64)
+        key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
+        scratch = (bufs, np.empty((2, cap), np.uint8), log)
+        calls = _fde.fd_run(
+            native.fn, native.ctxs, (bounds, tasks_i, seeds, t), key, shape, scratch, flat
+        )
+        if calls < 0:
+            raise RuntimeError("OpenSSL AES failed")
+        if _AES_LOG is not None:
+            _AES_LOG.extend(log[:calls].tolist())
+        return out, offsets
     aes = _mmo_ciphers()
     left, right, value = (
         aes.left.encrypt_view_into,

@@ -13,8 +13,15 @@ saves a key schedule per call.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
@@ -152,3 +159,195 @@ class BatchedAES:
         out = np.empty_like(src)
         self.encrypt_into(src, out)
         return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Native AES: the same OpenSSL AES-128-ECB, called from numba kernels with no Python in between.
+# ------------------------------------------------------------------------------------------------
+
+_NATIVE_ENV = "FLWR_FSL_NATIVE_AES"
+_LIBCRYPTO_NAMES = ("libcrypto.so.3", "libcrypto.so")
+
+
+@intrinsic
+def _evp_update(typingctx, fn, ptrs, inl):  # type: ignore[no-untyped-def]
+    """Call ``EVP_EncryptUpdate(ctx, out, outl, inp, inl)`` through its address ``fn``.
+
+    ``ptrs`` is the tuple of addresses ``(ctx, out, outl, inp)``. Every pointer travels as a
+    ``uint64``, so the compiled kernel holds no process address (``cache=True`` stays valid
+    across processes).
+    """
+    sig = types.int32(types.uint64, types.UniTuple(types.uint64, 4), inl)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i8p, i8p, i32.as_pointer(), i8p, i32])
+        f = builder.inttoptr(args[0], fnty.as_pointer())
+        ctx, out, outl, inp = (builder.extract_value(args[1], i) for i in range(4))
+        n = builder.trunc(args[2], i32) if args[2].type.width > 32 else args[2]
+        return builder.call(
+            f,
+            [
+                builder.inttoptr(ctx, i8p),
+                builder.inttoptr(out, i8p),
+                builder.inttoptr(outl, i32.as_pointer()),
+                builder.inttoptr(inp, i8p),
+                n,
+            ],
+        )
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def native_encrypt(
+    fn: int, ctx: int, src: np.ndarray, dst: np.ndarray, nblocks: int, outl: np.ndarray
+) -> bool:  # pragma: no cover - numba
+    """Encrypt the first ``nblocks`` 16-byte blocks of ``src`` into the start of ``dst``.
+
+    ``fn`` is ``EVP_EncryptUpdate``'s address and ``ctx`` an AES-128-ECB context without
+    padding (:class:`NativeAES`); ``dst`` must have one spare block, ``outl`` is a one-element
+    ``int32`` scratch array. Returns whether OpenSSL wrote every byte. A call of more than
+    ``2**27 - 1`` blocks is split (``inl`` is a C ``int``).
+    """
+    done = 0
+    while done < nblocks:
+        n = min(nblocks - done, (1 << 27) - 1)
+        off = np.uint64(16 * done)
+        ptrs = (
+            np.uint64(ctx),
+            np.uint64(dst.ctypes.data) + off,
+            np.uint64(outl.ctypes.data),
+            np.uint64(src.ctypes.data) + off,
+        )
+        ok: int = _evp_update(np.uint64(fn), ptrs, np.int64(16 * n))  # type: ignore[call-arg]
+        if ok != 1 or outl[0] != 16 * n:
+            return False
+        done += n
+    return True
+
+
+@njit(cache=True, nogil=True)
+def native_replay(
+    fn: int, ctx: int, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray
+) -> bool:  # pragma: no cover - numba
+    """Encrypt ``sizes[i]`` blocks of ``src`` into ``dst`` for every ``i``: a benchmark floor."""
+    outl = np.zeros(1, dtype=np.int32)
+    for i in range(sizes.shape[0]):
+        if not native_encrypt(fn, ctx, src, dst, sizes[i], outl):
+            return False
+    return True
+
+
+class _LibCrypto:
+    """The process's ``libcrypto`` handle and the EVP functions the native path needs."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        lib.EVP_CIPHER_CTX_new.restype = ctypes.c_void_p
+        lib.EVP_CIPHER_CTX_new.argtypes = []
+        lib.EVP_CIPHER_CTX_free.restype = None
+        lib.EVP_CIPHER_CTX_free.argtypes = [ctypes.c_void_p]
+        lib.EVP_aes_128_ecb.restype = ctypes.c_void_p
+        lib.EVP_aes_128_ecb.argtypes = []
+        lib.EVP_EncryptInit_ex.restype = ctypes.c_int
+        lib.EVP_EncryptInit_ex.argtypes = [ctypes.c_void_p] * 5
+        lib.EVP_CIPHER_CTX_set_padding.restype = ctypes.c_int
+        lib.EVP_CIPHER_CTX_set_padding.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.update = int(ctypes.cast(lib.EVP_EncryptUpdate, ctypes.c_void_p).value or 0)
+
+
+_LIB: list[_LibCrypto | None] = []  # [] = not looked up yet; [None] = unavailable
+
+
+def _load_libcrypto() -> _LibCrypto | None:
+    """Load OpenSSL's ``libcrypto`` (Linux only), or return ``None`` when it is not usable.
+
+    macOS ships an unversioned ``libcrypto`` that aborts the process when loaded, and
+    Windows names it differently, so only Linux is tried; ``FLWR_FSL_NATIVE_AES=0`` turns
+    the native path off.
+    """
+    if os.environ.get(_NATIVE_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return None
+    for name in _LIBCRYPTO_NAMES:
+        try:
+            return _LibCrypto(ctypes.CDLL(name))
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+class NativeAES:
+    """One OpenSSL AES-128-ECB context (no padding) for :func:`native_encrypt` in numba kernels.
+
+    A context must not be used by two threads at once: keep one per thread. Create it with
+    :func:`native_aes`, which returns ``None`` where OpenSSL cannot be loaded.
+
+    Attributes
+    ----------
+    fn : int
+        The address of ``EVP_EncryptUpdate``.
+    ctx : int
+        The address of the cipher context.
+    """
+
+    def __init__(self, lib: _LibCrypto, key: bytes) -> None:
+        if not isinstance(key, bytes | bytearray) or len(key) != BLOCK_BYTES:
+            raise ConfigurationError(f"AES-128 key must be {BLOCK_BYTES} bytes")
+        self._lib = lib
+        ctx = lib.lib.EVP_CIPHER_CTX_new()
+        if not ctx:
+            raise RuntimeError("EVP_CIPHER_CTX_new failed")
+        self.ctx = int(ctx)
+        self.fn = lib.update
+        ok = lib.lib.EVP_EncryptInit_ex(ctx, lib.lib.EVP_aes_128_ecb(), None, bytes(key), None)
+        if ok != 1 or lib.lib.EVP_CIPHER_CTX_set_padding(ctx, 0) != 1:
+            self.close()
+            raise RuntimeError("EVP_EncryptInit_ex failed")
+
+    def close(self) -> None:
+        """Free the OpenSSL context (idempotent)."""
+        ctx, self.ctx = getattr(self, "ctx", 0), 0
+        if ctx:
+            self._lib.lib.EVP_CIPHER_CTX_free(ctx)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def encrypt(self, blocks: NDArray[np.generic]) -> NDArray[np.generic]:
+        """Return the encryption of C-contiguous ``blocks`` (a new array of the same shape)."""
+        src = np.ascontiguousarray(blocks)
+        if src.nbytes % BLOCK_BYTES:
+            raise ConfigurationError("blocks must be a multiple of 16 bytes")
+        n = src.nbytes // BLOCK_BYTES
+        dst = np.empty(n + 1, dtype=np.dtype((np.uint8, 16)))
+        if not native_encrypt(self.fn, self.ctx, src, dst, n, np.zeros(1, np.int32)):
+            raise RuntimeError("EVP_EncryptUpdate failed")
+        return dst[:n].reshape(-1).view(src.dtype).reshape(src.shape)
+
+
+def native_aes(key: bytes) -> NativeAES | None:
+    """Return a :class:`NativeAES` context under ``key``, or ``None`` if OpenSSL is unusable.
+
+    The first call loads ``libcrypto`` and checks it against ``cryptography`` on random blocks
+    (a library that disagrees is never used).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``key`` is not 16 bytes long.
+    """
+    if not _LIB:
+        lib = _load_libcrypto()
+        if lib is not None:
+            try:
+                probe = np.random.default_rng().integers(0, 2**63, (64, 2)).astype(np.uint64)
+                got = NativeAES(lib, bytes(16)).encrypt(probe)
+                if not np.array_equal(got, BatchedAES(bytes(16)).encrypt(probe)):
+                    lib = None
+            except (RuntimeError, OSError):  # pragma: no cover - a broken libcrypto
+                lib = None
+        _LIB.append(lib)
+    lib = _LIB[0]
+    return None if lib is None else NativeAES(lib, key)

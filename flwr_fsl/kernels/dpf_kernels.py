@@ -24,8 +24,12 @@ caller allocated once and reuses.
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
@@ -36,6 +40,59 @@ FIVE = np.uint64(5)
 SIX = np.uint64(6)
 SEVEN = np.uint64(7)
 CLEAR = ~np.uint64(1)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def _store_nt(typingctx, arr, idx, val):  # type: ignore[no-untyped-def]
+    """``arr[idx] = val`` as a non-temporal store (no read of the line; it bypasses the caches).
+
+    A large output written once (hundreds of MB) costs half the memory traffic this way;
+    :func:`store_fence` must follow before another thread reads it.
+    """
+    sig = types.void(arr, types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        st = builder.store(args[2], ptr)
+        st.set_metadata(
+            "nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        )
+
+    return sig, codegen
+
+
+@intrinsic
+def _sfence(typingctx):  # type: ignore[no-untyped-def]
+    """Order every earlier non-temporal store before later stores (x86 ``sfence``)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        if _X86:
+            fn = builder.module.declare_intrinsic(
+                "llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), [])
+            )
+            builder.call(fn, [])
+        else:
+            builder.fence("seq_cst")
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def store_fence() -> None:  # pragma: no cover - numba
+    """Make the non-temporal stores of :func:`fd_leaves` (``nt=True``) visible to other threads."""
+    _sfence()  # type: ignore[call-arg]
+
+
+@njit(inline="always")
+def _put(out: np.ndarray, i: np.uint64, y: np.uint64, nt: bool) -> None:  # pragma: no cover
+    """``out[i] = y``, non-temporal when ``nt``."""
+    if nt:
+        _store_nt(out, i, y)  # type: ignore[call-arg]
+    else:
+        out[i] = y
 
 
 @njit(cache=True, nogil=True)
@@ -227,7 +284,7 @@ def leaf_correction(  # noqa: PLR0913
 @njit(cache=True, nogil=True)
 def needed_leaves(h: int, first: int, limit: int, group: int) -> int:  # pragma: no cover - numba
     """Leaves of a height-``h`` task holding a point in ``[first, limit)`` (``group`` a leaf)."""
-    return min(1 << h, (limit - first + group - 1) // group)
+    return min(1 << h, (limit - first + group - 1) >> (group - 1))  # group is 1 or 2
 
 
 @njit(cache=True, nogil=True)
@@ -303,7 +360,8 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
             continue
         depth = level - start
         # Needed leaves, then the needed parents at ``depth`` and children at ``depth + 1``.
-        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) // group)
+        # (group is 1 or 2: a shift, not a division, in this per-task, per-level code)
+        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
         sh = h - depth
         nn = (lv + (1 << sh) - 1) >> sh
         nc = (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
@@ -392,8 +450,12 @@ def fd_leaves(  # noqa: C901, PLR0913
     group: int,
     party: int,
     out: np.ndarray,
+    nt: bool = False,
 ) -> None:  # pragma: no cover - numba
     """Convert the chunk's leaves: ``y = (-1)^party * (H(s) + t * CW_leaf)`` into ``out``.
+
+    With ``nt`` the output words are written with non-temporal stores (a large output that
+    no cache would keep; the caller ends with :func:`store_fence`).
 
     Leaf ``i`` of a task covers points ``first + group * i ..`` (``tau`` words each); words at or
     past the task's point limit are dropped. A task has :func:`needed_leaves` leaves in the
@@ -409,7 +471,8 @@ def fd_leaves(  # noqa: C901, PLR0913
         nl = needed_leaves(tasks_i[k, 2], tasks_i[k, 3], tasks_i[k, 4], group)
         ow0 = tasks_i[k, 3] * tau
         lim_w = tasks_i[k, 4] * tau
-        n_full = min(nl, (lim_w - ow0) // width)  # leaves whose words all fit
+        room = lim_w - ow0
+        n_full = min(nl, room >> 1 if width == 2 else room // width)  # leaves whose words fit
         # Unsigned indices in the hot loops (no wraparound selects).
         upos = np.uint64(pos)
         uow0 = np.uint64(ow0)
@@ -425,8 +488,8 @@ def fd_leaves(  # noqa: C901, PLR0913
                 if neg:
                     y0 = ZERO - y0
                     y1 = ZERO - y1
-                out[uow0 + TWO * ui] = y0
-                out[uow0 + TWO * ui + ONE] = y1
+                _put(out, uow0 + TWO * ui, y0, nt)
+                _put(out, uow0 + TWO * ui + ONE, y1, nt)
         else:
             uw = np.uint64(width)
             for i in range(n_full):
@@ -440,7 +503,7 @@ def fd_leaves(  # noqa: C901, PLR0913
                     y = (ew[base + uw_] ^ bw[base + uw_]) + (cw_leaf[key, w] & mask)
                     if neg:
                         y = ZERO - y
-                    out[ow + uw_] = y
+                    _put(out, ow + uw_, y, nt)
         if n_full < nl:  # one leaf cut by the limit (a 1-point domain or a short bin)
             leaf = pos + n_full
             mask = ZERO - np.uint64(t_in[leaf])

@@ -1,0 +1,254 @@
+"""Full-domain DPF evaluation in one numba call: the chunk loop with OpenSSL called natively.
+
+:func:`flwr_fsl.crypto.dpf.evaluate_batch` expands many keys' trees in cache-sized chunks;
+per chunk and tree level it runs two AES calls (left and right key) and one
+:func:`~flwr_fsl.kernels.dpf_kernels.fd_level` pass, then one value-key AES call and
+:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves`. Driven from Python, each of those is a Python
+call (about 1 us for ``cryptography``'s ``update_into``, 3 us for a numba dispatch with the
+kernels' many array arguments) and a 100k-key depth-9 batch makes 23,000 of them. Here the
+same loop runs inside one ``nogil`` kernel and calls ``EVP_EncryptUpdate`` through its address
+(:func:`~flwr_fsl.kernels.aes.native_encrypt`): the same kernels in the same order on the same
+buffers, so the output is bit-identical to the Python driver's.
+
+:func:`split_level` is the native form of one step of the driver's task splitting (keys
+taller than a chunk are cut into subtrees one level at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+from flwr_fsl.kernels.aes import NativeAES, native_aes, native_encrypt
+from flwr_fsl.kernels.dpf_kernels import (
+    chunk_bounds,
+    expand_nodes,
+    fd_leaves,
+    fd_level,
+    store_fence,
+)
+
+
+@njit(cache=True, nogil=True)
+def _log(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
+    """Record one AES call's block count when ``log`` has room (benchmarks, tests)."""
+    if n_log < log.shape[0]:
+        log[n_log] = blocks
+    return n_log + 1
+
+
+@njit(cache=True, nogil=True)
+def fd_run(
+    fn: int,
+    ctxs: np.ndarray,
+    tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+    out: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).
+
+    ``ctxs`` holds the left, right and value AES contexts (``fn``: ``EVP_EncryptUpdate``);
+    ``tasks`` is ``(bounds, tasks_i, task_seed, task_t)``; ``key`` the batch's public arrays
+    ``(level_off, cw_seeds, cw_bits, epochs, cw_leaf)``; ``shape`` is ``(half_w, tau, group,
+    party, nt)``; ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)`` level
+    buffers (two ping-pong block buffers, then the left and right ciphertexts), the two
+    control-bit buffers and the log. Returns the number of AES calls made (``log`` receives
+    their block counts, as many as fit), or ``-1`` if OpenSSL failed.
+    """
+    bounds, tasks_i, task_seed, task_t = tasks
+    level_off, cw_seeds, cw_bits, epochs, cw_leaf = key
+    bufs, tbufs, log = scratch
+    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
+    nt = shape[4] != 0
+    outl = np.zeros(1, dtype=np.int32)
+    enc_l = bufs[2]
+    enc_r = bufs[3]
+    n_log = 0
+    for c in range(bounds.shape[0] - 1):
+        lo = bounds[c]
+        hi = bounds[c + 1]
+        h = tasks_i[lo, 2]
+        src = bufs[0]
+        dst = bufs[1]
+        t_src = tbufs[0]
+        t_dst = tbufs[1]
+        n = fd_level(
+            enc_l, enc_r, src, t_src, src, t_src, lo, hi, -1, h, tasks_i, task_seed, task_t,
+            level_off, cw_seeds, cw_bits, epochs, half_w, group,
+        )  # fmt: skip
+        for level in range(h):
+            if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
+                return -1
+            if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
+                return -1
+            n_log = _log(log, _log(log, n_log, n), n)
+            n = fd_level(
+                enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
+                task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
+            )  # fmt: skip
+            src, dst = dst, src
+            t_src, t_dst = t_dst, t_src
+        if not native_encrypt(fn, ctxs[2], src, enc_l, n * half_w, outl):
+            return -1
+        n_log = _log(log, n_log, n * half_w)
+        fd_leaves(enc_l, src, t_src, lo, hi, tasks_i, cw_leaf, half_w, tau, group, party, out, nt)
+    if nt:
+        store_fence()
+    return n_log
+
+
+@njit(cache=True, nogil=True)
+def split_level(
+    fn: int,
+    ctxs: np.ndarray,
+    nodes: tuple[np.ndarray, np.ndarray, np.ndarray],
+    cws: tuple[np.ndarray, np.ndarray],
+    children: tuple[np.ndarray, np.ndarray],
+) -> bool:  # pragma: no cover - numba
+    """Both corrected children of each parent node (see :func:`expand_nodes`).
+
+    ``nodes`` is ``(parents, t, cw_idx)``, ``cws`` the batch's ``(cw_seeds, cw_bits)``,
+    ``children`` the ``(2 n, 2)`` blocks and ``(2 n,)`` control bits written; ``ctxs[0]`` and
+    ``ctxs[1]`` are the left and right AES contexts. Returns whether OpenSSL succeeded.
+    """
+    parents, t_in, cw_idx = nodes
+    n = parents.shape[0]
+    enc_l = np.empty((n + 1, 2), dtype=np.uint64)
+    enc_r = np.empty((n + 1, 2), dtype=np.uint64)
+    outl = np.zeros(1, dtype=np.int32)
+    if not native_encrypt(fn, ctxs[0], parents, enc_l, n, outl):
+        return False
+    if not native_encrypt(fn, ctxs[1], parents, enc_r, n, outl):
+        return False
+    expand_nodes(enc_l, enc_r, parents, t_in, cw_idx, cws[0], cws[1], children[0], children[1])
+    return True
+
+
+@njit(cache=True, nogil=True)
+def fd_tasks(
+    tree_levels: np.ndarray, offsets: np.ndarray, root_seeds: np.ndarray, party: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """One task per key with a point to produce: ``(tasks_i, blocks, t)`` of the tree roots.
+
+    ``tasks_i`` rows are ``(key, 0, height, first point, point limit)``; a root's block is its
+    seed with the party's control bit in bit 0.
+    """
+    m = tree_levels.shape[0]
+    tasks = np.empty((m, 5), dtype=np.int64)
+    seeds = np.empty((m, 2), dtype=np.uint64)
+    t = np.empty(m, dtype=np.uint8)
+    bit = np.uint64(party)
+    n = 0
+    for j in range(m):
+        if offsets[j] >= offsets[j + 1]:
+            continue
+        tasks[n, 0] = j
+        tasks[n, 1] = 0
+        tasks[n, 2] = tree_levels[j]
+        tasks[n, 3] = offsets[j]
+        tasks[n, 4] = offsets[j + 1]
+        seeds[n, 0] = root_seeds[j, 0] | bit
+        seeds[n, 1] = root_seeds[j, 1]
+        t[n] = np.uint8(party)
+        n += 1
+    return tasks[:n], seeds[:n], t[:n]
+
+
+@njit(cache=True, nogil=True)
+def fd_chunks(
+    tasks_i: np.ndarray, group: int, per_leaf: int, budget: int
+) -> tuple[np.ndarray, int, bool]:  # pragma: no cover - numba
+    """Chunk bounds of the tasks, the level buffers' block capacity and whether heights descend.
+
+    A task costs ``per_leaf`` AES blocks per leaf that holds a point below its limit (subtree
+    skipping); chunks are cut greedily near ``budget`` (:func:`chunk_bounds`).
+    """
+    n = tasks_i.shape[0]
+    cost = np.empty(n, dtype=np.int64)
+    desc = True
+    for k in range(n):
+        h = tasks_i[k, 2]
+        cost[k] = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) // group) * per_leaf
+        if k and h > tasks_i[k - 1, 2]:
+            desc = False
+    bounds = chunk_bounds(cost, budget)
+    cap = 2
+    for c in range(bounds.shape[0] - 1):
+        cap = max(cap, cost[bounds[c] : bounds[c + 1]].sum())
+    return bounds, cap, desc
+
+
+class NativeMMO:
+    """OpenSSL contexts (one thread's) of the DPF tree's left, right and value keys.
+
+    Parameters
+    ----------
+    left, right, value : NativeAES
+        Contexts under the MMO PRG's three fixed keys.
+
+    Attributes
+    ----------
+    fn : int
+        ``EVP_EncryptUpdate``'s address.
+    ctxs : numpy.ndarray
+        ``(3,)`` uint64 context addresses: left, right, value.
+    """
+
+    def __init__(self, left: NativeAES, right: NativeAES, value: NativeAES) -> None:
+        self._keep = (left, right, value)
+        self.fn = left.fn
+        self.ctxs = np.array([left.ctx, right.ctx, value.ctx], dtype=np.uint64)
+
+
+def native_mmo(keys: tuple[bytes, bytes, bytes]) -> NativeMMO | None:
+    """Return contexts under the ``(left, right, value)`` keys, or ``None`` without OpenSSL."""
+    ciphers = [native_aes(k) for k in keys]
+    if any(c is None for c in ciphers):
+        return None
+    left, right, value = ciphers
+    assert left is not None and right is not None and value is not None
+    return NativeMMO(left, right, value)
+
+
+def split_tasks(
+    tasks_i: NDArray[np.int64],
+    seeds: NDArray[np.uint64],
+    t: NDArray[np.uint8],
+    max_h: int,
+    group: int,
+    level_off: NDArray[np.int64],
+    expand: Callable[..., None],
+) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]]:
+    """Expand task roots one level at a time until every task has height <= ``max_h``.
+
+    Tasks whose first point is at or past their limit are dropped (nothing of them is
+    evaluated). ``expand(parents, t, cw_idx, child_seeds, child_t)`` writes both corrected
+    children of each parent (AES and :func:`expand_nodes`).
+    """
+    while True:
+        keep = tasks_i[:, 3] < tasks_i[:, 4]  # drop subtrees entirely past the length limit
+        tasks_i, seeds, t = tasks_i[keep], seeds[keep], t[keep]
+        big = tasks_i[:, 2] > max_h
+        if not big.any():
+            return tasks_i, seeds, t
+        sel = tasks_i[big]
+        n = sel.shape[0]
+        child_s = np.empty((2 * n, 2), dtype=np.uint64)
+        child_t = np.empty(2 * n, dtype=np.uint8)
+        cw_idx = level_off[sel[:, 0]] + sel[:, 1]
+        expand(
+            np.ascontiguousarray(seeds[big]), np.ascontiguousarray(t[big]), cw_idx, child_s, child_t
+        )
+        child = np.repeat(sel, 2, axis=0)
+        child[:, 1] += 1
+        child[:, 2] -= 1
+        span = np.left_shift(np.int64(1), child[:, 2]) * group
+        child[1::2, 3] += span[1::2]
+        tasks_i = np.concatenate([tasks_i[~big], child])
+        seeds = np.concatenate([seeds[~big], child_s])
+        t = np.concatenate([t[~big], child_t])

@@ -1,0 +1,118 @@
+"""The native full-domain driver (issue 26): bit-identical to the Python driver and the reference.
+
+:mod:`flwr_fsl.kernels.dpf_eval` runs the chunk loop in one numba call and calls OpenSSL from
+it. Over random batches (mixed domains, ``tau``, lengths, chunk budgets that force task
+splitting and many chunks, non-temporal output stores) it must equal the Python driver word
+for word, make the same AES calls, and agree with the block-by-block reference evaluator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flwr_fsl.crypto import dpf
+from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
+from flwr_fsl.kernels import aes as aes_mod
+from flwr_fsl.kernels.aes import BatchedAES, native_aes
+
+from .test_dpf import _reference_eval
+
+U64 = np.uint64
+
+needs_native = pytest.mark.skipif(
+    native_aes(bytes(16)) is None, reason="OpenSSL's libcrypto cannot be loaded natively here"
+)
+
+
+def _python_driver(monkeypatch, fn):
+    monkeypatch.setattr(dpf, "_NATIVE_AES", False)
+    try:
+        return fn()
+    finally:
+        monkeypatch.setattr(dpf, "_NATIVE_AES", True)
+
+
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 40),
+    tau=st.integers(1, 5),
+    max_bits=st.integers(0, 13),
+    budget=st.sampled_from([1, 16, 64, 1 << 10, 1 << 15]),
+    cut=st.booleans(),
+    nt=st.booleans(),
+)
+def test_native_driver_equals_python_driver(seed, m, tau, max_bits, budget, cut, nt):
+    rng = np.random.default_rng(seed)
+    d = rng.integers(0, max_bits + 1, m)
+    alphas = (rng.integers(0, 2**40, m) % (1 << d)).astype(U64)
+    betas = rng.integers(0, 2**64, (m, tau), dtype=U64)
+    lengths = None
+    if cut:
+        lengths = np.array([rng.integers(0, (1 << int(x)) + 1) for x in d], dtype=np.int64)
+    keys = generate_keys_batch(alphas, betas, d, epoch=int(rng.integers(0, 5)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dpf, "_FD_BUDGET", budget)
+        mp.setattr(dpf, "_NT_MIN_BYTES", 0 if nt else 1 << 62)
+        for k in keys:
+            log: list[int] = []
+            mp.setattr(dpf, "_AES_LOG", log)
+            got, off = evaluate_batch(k, lengths=lengths)
+            native_calls = list(log)
+            want, off_py = _python_driver(mp, lambda k=k: evaluate_batch(k, lengths=lengths))
+            assert np.array_equal(off, off_py)
+            assert np.array_equal(got, want)
+            assert native_calls or int(off[-1]) == 0, "the native driver made no AES call"
+        full0 = evaluate_batch(keys[0])[0]
+        full1 = evaluate_batch(keys[1])[0]
+    start = np.concatenate([[0], np.cumsum(1 << d.astype(np.int64))])
+    total = full0 + full1
+    for j in range(m):
+        block = total[start[j] : start[j + 1]]
+        assert np.array_equal(block[int(alphas[j])], betas[j])
+        assert not np.delete(block, int(alphas[j]), axis=0).any()
+
+
+@needs_native
+@pytest.mark.parametrize(("d", "tau"), [(0, 1), (1, 1), (6, 1), (5, 2), (4, 3), (3, 4), (5, 5)])
+def test_native_driver_matches_the_block_by_block_reference(d, tau):
+    rng = np.random.default_rng(100 * d + tau)
+    k0, k1 = generate_keys(int(rng.integers(0, 1 << d)), rng.integers(0, 2**63, tau), d, epoch=2)
+    for key in (k0, k1):
+        want = np.array([_reference_eval(key, x) for x in range(1 << d)], dtype=U64)
+        assert np.array_equal(evaluate_batch(key.as_batch())[0], want)
+
+
+@needs_native
+def test_large_outputs_use_non_temporal_stores_with_the_same_words(monkeypatch):
+    rng = np.random.default_rng(7)
+    m = 300
+    (k0, _) = generate_keys_batch(rng.integers(0, 512, m).astype(U64), np.ones(m, U64), 9)
+    want = _python_driver(monkeypatch, lambda: evaluate_batch(k0)[0])
+    monkeypatch.setattr(dpf, "_NT_MIN_BYTES", 1)
+    assert np.array_equal(evaluate_batch(k0)[0], want)
+
+
+@needs_native
+def test_native_aes_equals_cryptography():
+    key = bytes(range(16))
+    blocks = np.random.default_rng(1).integers(0, 2**64, (1000, 2), dtype=U64)
+    nat = native_aes(key)
+    assert nat is not None
+    assert np.array_equal(nat.encrypt(blocks), BatchedAES(key).encrypt(blocks))
+    assert nat.encrypt(blocks[:0]).shape == (0, 2)
+    nat.close()
+    nat.close()  # idempotent
+
+
+def test_native_path_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("FLWR_FSL_NATIVE_AES", "0")
+    assert aes_mod._load_libcrypto() is None
+    monkeypatch.setattr(dpf, "_NATIVE_AES", False)
+    assert dpf._native_mmo() is None
+    k0, k1 = generate_keys(5, 9, 4)
+    assert int((evaluate_batch(k0.as_batch())[0] + evaluate_batch(k1.as_batch())[0])[5, 0]) == 9
