@@ -60,7 +60,6 @@ bad argument (alpha or a point outside the domain, wrong beta shape, bad epoch).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -526,42 +525,6 @@ def evaluate_at(key: DPFKey, points: ArrayLike) -> NDArray[np.uint64]:
     return evaluate_at_batch(key.as_batch(), np.zeros(pts.shape[0], dtype=np.int64), pts)
 
 
-def _expander(
-    keys: DPFKeyBatch, native: _fde.NativeMMO | None
-) -> Callable[
-    [
-        NDArray[np.uint64],
-        NDArray[np.uint8],
-        NDArray[np.int64],
-        NDArray[np.uint64],
-        NDArray[np.uint8],
-    ],
-    None,
-]:
-    """Return ``expand(parents, t, cw_idx, child_seeds, child_t)`` for :func:`_fde.split_tasks`."""
-    pub = keys.public
-
-    def expand(parents, t, cw_idx, child_s, child_t):  # type: ignore[no-untyped-def]
-        n = parents.shape[0]
-        if native is not None:
-            nodes, cws = (parents, t, cw_idx), (pub.cw_seeds, pub.cw_bits)
-            if not _fde.split_level(native.fn, native.ctxs, nodes, cws, (child_s, child_t)):
-                raise RuntimeError("OpenSSL AES failed")
-            if _AES_LOG is not None:
-                _AES_LOG.extend((n, n))
-            return
-        aes = _mmo_ciphers()
-        enc_l = np.empty((n + 1, 2), dtype=_U64)
-        enc_r = np.empty((n + 1, 2), dtype=_U64)
-        aes.left.encrypt_prefix_into(parents, enc_l)
-        aes.right.encrypt_prefix_into(parents, enc_r)
-        _k.expand_nodes(
-            enc_l, enc_r, parents, t, cw_idx, pub.cw_seeds, pub.cw_bits, child_s, child_t
-        )
-
-    return expand
-
-
 def _native_mmo() -> _fde.NativeMMO | None:
     """Return the calling thread's native OpenSSL contexts of the tree, or ``None``."""
     if not _NATIVE_AES:
@@ -584,6 +547,9 @@ def evaluate_batch(  # noqa: C901, PLR0915
     Levels of many keys are expanded together, one AES call per fixed key and level, in
     cache-sized chunks. With ``lengths``, subtrees holding no point below a key's length are
     skipped (a key padded to a power of two costs AES blocks for its evaluated points only).
+    Without ``proofs`` the chunk loop runs in one GIL-free numba call that calls OpenSSL
+    natively (:mod:`flwr_fsl.kernels.dpf_eval`) where ``libcrypto`` loads, with the same
+    output words.
 
     Parameters
     ----------
@@ -642,8 +608,9 @@ def evaluate_batch(  # noqa: C901, PLR0915
     native = None if proofs is not None else _native_mmo()
     if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
         tasks_i, seeds, t = _fde.split_tasks(
-            tasks_i, seeds, t, max_h, group, pub.level_offsets, _expander(keys, native)
-        )
+            tasks_i, seeds, t, max_h, group, pub.level_offsets,
+            _fde.split_expander(native, _mmo_ciphers, pub.cw_seeds, pub.cw_bits, _AES_LOG),
+        )  # fmt: skip
     # Subtree skipping: a task costs only the leaves that hold a point below its limit (a bin
     # padded to a power of two evaluates its real points; no level holds more nodes).
     bounds, cap, desc = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
@@ -665,18 +632,10 @@ def evaluate_batch(  # noqa: C901, PLR0915
         key_first = np.ascontiguousarray(offsets[:-1])
     flat = out.reshape(-1)
     if native is not None:
-        bufs = np.empty((4, cap + 1, 2), dtype=_U64)
-        log = np.zeros(0 if _AES_LOG is None else (len(bounds) - 1) * (2 * max_h + 1), np.int64)
-        shape = np.array([half_w, tau, group, keys.party, out.nbytes >= _NT_MIN_BYTES], np.int64)
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
-        scratch = (bufs, np.empty((2, cap), np.uint8), log)
-        calls = _fde.fd_run(
-            native.fn, native.ctxs, (bounds, tasks_i, seeds, t), key, shape, scratch, flat
-        )
-        if calls < 0:
-            raise RuntimeError("OpenSSL AES failed")
-        if _AES_LOG is not None:
-            _AES_LOG.extend(log[:calls].tolist())
+        shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
+        tasks = (bounds, tasks_i, seeds, t)
+        _fde.run_native(native, tasks, key, shape, (cap, max_h), flat, _AES_LOG)
         return out, offsets
     aes = _mmo_ciphers()
     left, right, value = (

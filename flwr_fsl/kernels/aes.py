@@ -9,6 +9,13 @@ hot loops that own their buffers call :meth:`BatchedAES.encrypt_prefix_into` wit
 has at least 16 spare bytes, which writes the ciphertext in place with no copy. One ECB context
 is kept for the life of the object: ECB carries no state between whole blocks, so reusing it
 saves a key schedule per call.
+
+The native path (:class:`NativeAES`, :func:`native_encrypt`) calls the same AES-128-ECB of
+OpenSSL's ``libcrypto`` from inside numba kernels, through ``EVP_EncryptUpdate``'s address: a
+kernel that loops over many AES calls (the DPF full-domain driver,
+:mod:`flwr_fsl.kernels.dpf_eval`) pays no Python call per batch. It is used only where
+``libcrypto`` loads on Linux and agrees with ``cryptography`` on a known-answer check
+(``FLWR_FSL_NATIVE_AES=0`` turns it off); callers fall back to :class:`BatchedAES`.
 """
 
 from __future__ import annotations
@@ -166,7 +173,7 @@ class BatchedAES:
 # ------------------------------------------------------------------------------------------------
 
 _NATIVE_ENV = "FLWR_FSL_NATIVE_AES"
-_LIBCRYPTO_NAMES = ("libcrypto.so.3", "libcrypto.so")
+_LIBCRYPTO_NAMES = ("libcrypto.so.3", "libcrypto.so", "libcrypto.so.1.1")
 
 
 @intrinsic

@@ -17,6 +17,7 @@ taller than a chunk are cut into subtrees one level at a time).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -252,3 +253,66 @@ def split_tasks(
         tasks_i = np.concatenate([tasks_i[~big], child])
         seeds = np.concatenate([seeds[~big], child_s])
         t = np.concatenate([t[~big], child_t])
+
+
+def split_expander(
+    native: NativeMMO | None,
+    ciphers: Callable[[], Any],
+    cw_seeds: NDArray[np.uint64],
+    cw_bits: NDArray[np.uint8],
+    log: list[int] | None,
+) -> Callable[..., None]:
+    """Return ``expand(parents, t, cw_idx, child_seeds, child_t)`` for :func:`split_tasks`.
+
+    With ``native`` the two AES calls go through OpenSSL from numba (:func:`split_level`;
+    their block counts are appended to ``log`` when it is a list), else through
+    ``ciphers()``'s ``left`` and ``right`` :class:`~flwr_fsl.kernels.aes.BatchedAES`.
+    """
+
+    def expand(parents, t, cw_idx, child_s, child_t):  # type: ignore[no-untyped-def]
+        n = parents.shape[0]
+        if native is not None:
+            nodes, children = (parents, t, cw_idx), (child_s, child_t)
+            if not split_level(native.fn, native.ctxs, nodes, (cw_seeds, cw_bits), children):
+                raise RuntimeError("OpenSSL AES failed")
+            if log is not None:
+                log.extend((n, n))
+            return
+        aes = ciphers()
+        enc_l = np.empty((n + 1, 2), dtype=np.uint64)
+        enc_r = np.empty((n + 1, 2), dtype=np.uint64)
+        aes.left.encrypt_prefix_into(parents, enc_l)
+        aes.right.encrypt_prefix_into(parents, enc_r)
+        expand_nodes(enc_l, enc_r, parents, t, cw_idx, cw_seeds, cw_bits, child_s, child_t)
+
+    return expand
+
+
+def run_native(
+    native: NativeMMO,
+    tasks: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
+    key: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
+    shape: tuple[int, int, int, int, int],
+    sizes: tuple[int, int],
+    out: NDArray[np.uint64],
+    log: list[int] | None,
+) -> None:
+    """Run :func:`fd_run` with freshly allocated level buffers of ``sizes = (cap, max_h)``.
+
+    ``shape`` is ``(half_w, tau, group, party, nt)``; the block counts of the AES calls are
+    appended to ``log`` when it is a list.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    cap, max_h = sizes
+    bufs = np.empty((4, cap + 1, 2), dtype=np.uint64)
+    n_log = 0 if log is None else (tasks[0].shape[0] - 1) * (2 * max_h + 1)
+    scratch = (bufs, np.empty((2, cap), np.uint8), np.zeros(n_log, np.int64))
+    calls = fd_run(native.fn, native.ctxs, tasks, key, np.array(shape, np.int64), scratch, out)
+    if calls < 0:
+        raise RuntimeError("OpenSSL AES failed")
+    if log is not None:
+        log.extend(scratch[2][:calls].tolist())
