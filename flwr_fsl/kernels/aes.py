@@ -320,7 +320,10 @@ class NativeAES:
             self._lib.lib.EVP_CIPHER_CTX_free(ctx)
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # nothing to report while the interpreter exits
+            pass
 
     def encrypt(self, blocks: NDArray[np.generic]) -> NDArray[np.generic]:
         """Return the encryption of C-contiguous ``blocks`` (a new array of the same shape)."""

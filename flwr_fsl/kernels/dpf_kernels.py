@@ -50,6 +50,10 @@ def _store_nt(typingctx, arr, idx, val):  # type: ignore[no-untyped-def]
     A large output written once (hundreds of MB) costs half the memory traffic this way;
     :func:`store_fence` must follow before another thread reads it.
     """
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"):
+        return None  # only a flat C-contiguous array: the store addresses data + 8 * idx
+    if arr.dtype != types.uint64:
+        return None
     sig = types.void(arr, types.uint64, types.uint64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
