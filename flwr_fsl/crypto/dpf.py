@@ -619,6 +619,12 @@ def evaluate_batch(  # noqa: C901, PLR0915
         tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
         bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
     cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
+    if native is not None:
+        key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
+        shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
+        tasks = (bounds, tasks_i, seeds, t)
+        _fde.run_native(native, tasks, key, shape, (cap, max_h), out.reshape(-1), _AES_LOG)
+        return out, offsets
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)
     buf_b = np.empty((cap + 1, 2), dtype=_U64)
@@ -631,12 +637,6 @@ def evaluate_batch(  # noqa: C901, PLR0915
         p_enc = np.empty((_vk.BLOCKS * cap + 1, 2), dtype=_U64)
         key_first = np.ascontiguousarray(offsets[:-1])
     flat = out.reshape(-1)
-    if native is not None:
-        key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
-        shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
-        tasks = (bounds, tasks_i, seeds, t)
-        _fde.run_native(native, tasks, key, shape, (cap, max_h), flat, _AES_LOG)
-        return out, offsets
     aes = _mmo_ciphers()
     left, right, value = (
         aes.left.encrypt_view_into,
