@@ -5,13 +5,20 @@ per chunk and tree level it runs two AES calls (left and right key) and one
 :func:`~flwr_fsl.kernels.dpf_kernels.fd_level` pass, then one value-key AES call and
 :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves`. Driven from Python, each of those is a Python
 call (about 1 us for ``cryptography``'s ``update_into``, 3 us for a numba dispatch with the
-kernels' many array arguments) and a 100k-key depth-9 batch makes 23,000 of them. Here the
+kernels' many array arguments) and a 100k-key depth-9 batch makes about 21,000 of them. Here the
 same loop runs inside one ``nogil`` kernel and calls ``EVP_EncryptUpdate`` through its address
 (:func:`~flwr_fsl.kernels.aes.native_encrypt`): the same kernels in the same order on the same
 buffers, so the output is bit-identical to the Python driver's.
 
-:func:`split_level` is the native form of one step of the driver's task splitting (keys
-taller than a chunk are cut into subtrees one level at a time).
+The whole evaluation releases the GIL, so servers that evaluate on several threads run
+them in parallel. Outputs of at least ``dpf._NT_MIN_BYTES`` are written with non-temporal stores
+(:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). The Python driver stays for
+evaluations with proofs (:mod:`flwr_fsl.kernels.vdpf_kernels`) and wherever ``libcrypto``
+does not load (:func:`~flwr_fsl.kernels.aes.native_aes`).
+
+:func:`fd_tasks` and :func:`fd_chunks` plan the tasks and chunks in numba;
+:func:`split_level` is the native form of one step of the task splitting (keys taller than a
+chunk are cut into subtrees one level at a time).
 """
 
 from __future__ import annotations
