@@ -505,6 +505,7 @@ def generate_keys_batch(
     chunk = min(_GEN_CHUNK, max(m, 1))
     inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
+    src, dst = inp.data.cast("B"), enc.data.cast("B")
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         c = hi - lo
@@ -514,16 +515,21 @@ def generate_keys_batch(
         t = np.zeros((c, 2), dtype=np.uint8)
         t[:, 1] = 1
         v_alpha = np.zeros((c, tau), dtype=_U64)
-        rows = c * 2 * nb
-        for level in range(n):
-            _k.gen_blocks(seeds, nb, inp)
-            aes.encrypt_prefix_into(inp[:rows], enc)
-            _k.gen_level(
-                inp, enc, nb, level, n, a[lo:hi], b[lo:hi], seeds, t, v_alpha,
-                cw_seeds[:, lo:hi], cw_values[:, lo:hi], cw_bits[:, lo:hi],
-            )  # fmt: skip
+        level_bytes = c * 2 * nb * 16
+        _k.gen_blocks(seeds, nb, inp)
+        for level in range(n):  # one AES call and one kernel per level (it writes the next inputs)
+            aes.encrypt_view_into(src[:level_bytes], dst)
+            if tau == 2:
+                _k.gen_step_tau2(
+                    enc, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits, inp
+                )
+            else:
+                _k.gen_step(
+                    enc, nb, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits,
+                    inp,
+                )  # fmt: skip
         _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
-        aes.encrypt_prefix_into(inp[: 2 * c * nq], enc)
+        aes.encrypt_view_into(src[: 2 * c * nq * 16], dst)
         _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
     pub = DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)
     return DCFKeyBatch(0, root[0], pub), DCFKeyBatch(1, root[1], pub)
@@ -621,6 +627,7 @@ def evaluate_at_batch(
     chunk = min(_CHUNK, max(count, 1))
     inp = np.empty((chunk * nb, 2), dtype=_U64)
     enc = np.empty((chunk * nb + 1, 2), dtype=_U64)
+    src, dst = inp.data.cast("B"), enc.data.cast("B")
     for lo in range(0, count, chunk):
         hi = min(count, lo + chunk)
         c = hi - lo
@@ -629,15 +636,22 @@ def evaluate_at_batch(
         seeds = np.ascontiguousarray(keys.root_seeds[kid])
         t = np.full(c, keys.party, dtype=np.uint8)
         acc = out[lo:hi]
-        for level in range(n_bits):
-            _k.eval_blocks(seeds, p, level, n_bits, nb, inp)
-            aes.encrypt_prefix_into(inp[: c * nb], enc)
-            _k.eval_level(
-                inp, enc, nb, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
-                keys.party, seeds, t, acc,
-            )  # fmt: skip
+        level_bytes = c * nb * 16
+        _k.eval_blocks(seeds, p, 0, n_bits, nb, inp)
+        for level in range(n_bits):  # one AES call and one kernel per level
+            aes.encrypt_view_into(src[:level_bytes], dst)
+            if tau == 2:
+                _k.eval_step_tau2(
+                    enc, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
+                    keys.party, seeds, t, acc, inp,
+                )  # fmt: skip
+            else:
+                _k.eval_step(
+                    enc, nb, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
+                    keys.party, seeds, t, acc, inp,
+                )  # fmt: skip
         _k.leaf_blocks(seeds, nq, inp)
-        aes.encrypt_prefix_into(inp[: c * nq], enc)
+        aes.encrypt_view_into(src[: c * nq * 16], dst)
         _k.eval_final(inp, enc, nq, kid, pub.cw_final, keys.party, t, acc)
     return out
 
