@@ -202,10 +202,9 @@ class DCFPublicBatch:
         if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8 or bits.shape != (n, m):
             raise DCFKeyError(f"cw_bits must be a uint8 array of shape {(n, m)}")
         object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
-        if m and int(bits.max()) > 3:
-            raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
-        low = 0 if np.little_endian else 7  # the byte of word 0 that holds its bit 0
-        if m and int(np.bitwise_or.reduce(self.cw_seeds.view(np.uint8)[:, :, low], axis=None)) & 1:
+        if m and not _k.public_is_canonical(self.cw_seeds, self.cw_bits):
+            if int(bits.max()) > 3:
+                raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
             raise DCFKeyError("seed corrections must have bit 0 clear")
 
     @property
@@ -418,7 +417,7 @@ def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
         return np.array(flat, dtype=_U64).reshape(arr.shape)
     if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
         raise ConfigurationError(f"{name} must be integers, got dtype {arr.dtype}")
-    return arr.astype(_U64)
+    return arr.astype(_U64, copy=False)
 
 
 def _check_points(values: ArrayLike, domain_bits: int, name: str) -> NDArray[np.uint64]:
@@ -429,10 +428,60 @@ def _check_points(values: ArrayLike, domain_bits: int, name: str) -> NDArray[np.
         raise ConfigurationError(f"{name} must be non-negative")
     if arr.size and arr.dtype == object and max(int(v) for v in arr.reshape(-1)) >= 1 << 64:
         raise ConfigurationError(f"{name} must be below 2**64")
-    pts = np.ascontiguousarray(arr.astype(_U64).reshape(-1))
+    pts = np.ascontiguousarray(arr.astype(_U64, copy=False).reshape(-1))
     if domain_bits < 64 and pts.size and int(pts.max()) >> domain_bits:
         raise ConfigurationError(f"every {name[:-1]} must be below 2**{domain_bits}")
     return pts
+
+
+def _gen_into(
+    a: NDArray[np.uint64],
+    b: NDArray[np.uint64],
+    n: int,
+    root: tuple[NDArray[np.uint64], NDArray[np.uint64]],
+    cw_seeds: NDArray[np.uint64],
+    cw_values: NDArray[np.uint64],
+    cw_bits: NDArray[np.uint8],
+    cw_final: NDArray[np.uint64],
+) -> None:
+    """Fill the correction words of keys ``(a[j], b[j])`` from both parties' root seeds.
+
+    Chunks of :data:`_GEN_CHUNK` keys; per level one AES call over the chunk's ``2 + 2Q``
+    blocks per party and one kernel (which also writes the next level's inputs).
+    """
+    m, tau = b.shape
+    nq = (tau + 1) // 2
+    nb = 2 + 2 * nq
+    aes = _cipher()
+    chunk = min(_GEN_CHUNK, max(m, 1))
+    inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
+    enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
+    src, dst = inp.data.cast("B"), enc.data.cast("B")
+    for lo in range(0, m, chunk):
+        hi = min(m, lo + chunk)
+        c = hi - lo
+        seeds = np.empty((c, 2, 2), dtype=_U64)
+        seeds[:, 0] = root[0][lo:hi]
+        seeds[:, 1] = root[1][lo:hi]
+        t = np.zeros((c, 2), dtype=np.uint8)
+        t[:, 1] = 1
+        v_alpha = np.zeros((c, tau), dtype=_U64)
+        level_bytes = c * 2 * nb * 16
+        _k.gen_blocks(seeds, nb, inp)
+        for level in range(n):  # one AES call and one kernel per level (it writes the next inputs)
+            aes.encrypt_view_into(src[:level_bytes], dst)
+            if tau == 2:
+                _k.gen_step_tau2(
+                    enc, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits, inp
+                )
+            else:
+                _k.gen_step(
+                    enc, nb, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits,
+                    inp,
+                )  # fmt: skip
+        _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
+        aes.encrypt_view_into(src[: 2 * c * nq * 16], dst)
+        _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
 
 
 def generate_keys_batch(
@@ -495,42 +544,11 @@ def generate_keys_batch(
             raise ConfigurationError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
-    nq = (tau + 1) // 2
-    nb = 2 + 2 * nq
     cw_seeds = np.empty((n, m, 2), dtype=_U64)
     cw_values = np.empty((n, m, tau), dtype=_U64)
     cw_bits = np.empty((n, m), dtype=np.uint8)
     cw_final = np.empty((m, tau), dtype=_U64)
-    aes = _cipher()
-    chunk = min(_GEN_CHUNK, max(m, 1))
-    inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
-    enc = np.empty((chunk * 2 * nb + 1, 2), dtype=_U64)
-    src, dst = inp.data.cast("B"), enc.data.cast("B")
-    for lo in range(0, m, chunk):
-        hi = min(m, lo + chunk)
-        c = hi - lo
-        seeds = np.empty((c, 2, 2), dtype=_U64)
-        seeds[:, 0] = root[0][lo:hi]
-        seeds[:, 1] = root[1][lo:hi]
-        t = np.zeros((c, 2), dtype=np.uint8)
-        t[:, 1] = 1
-        v_alpha = np.zeros((c, tau), dtype=_U64)
-        level_bytes = c * 2 * nb * 16
-        _k.gen_blocks(seeds, nb, inp)
-        for level in range(n):  # one AES call and one kernel per level (it writes the next inputs)
-            aes.encrypt_view_into(src[:level_bytes], dst)
-            if tau == 2:
-                _k.gen_step_tau2(
-                    enc, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits, inp
-                )
-            else:
-                _k.gen_step(
-                    enc, nb, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits,
-                    inp,
-                )  # fmt: skip
-        _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
-        aes.encrypt_view_into(src[: 2 * c * nq * 16], dst)
-        _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
+    _gen_into(a, b, n, root, cw_seeds, cw_values, cw_bits, cw_final)
     pub = DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)
     return DCFKeyBatch(0, root[0], pub), DCFKeyBatch(1, root[1], pub)
 

@@ -58,82 +58,6 @@ def gen_blocks(seeds: np.ndarray, n_blocks: int, out: np.ndarray) -> None:  # pr
                 out[base + 2 + k, 1] = hi ^ (VALUE | np.uint64(k))
 
 
-@njit(cache=True, nogil=True)
-def gen_level(  # noqa: C901, PLR0913
-    inp: np.ndarray,
-    enc: np.ndarray,
-    n_blocks: int,
-    level: int,
-    domain_bits: int,
-    alphas: np.ndarray,
-    betas: np.ndarray,
-    seeds: np.ndarray,
-    t: np.ndarray,
-    v_alpha: np.ndarray,
-    cw_seeds: np.ndarray,
-    cw_values: np.ndarray,
-    cw_bits: np.ndarray,
-) -> None:  # pragma: no cover - numba
-    """One DCF Gen level (Boyle et al. 2021, Fig. 3) for every key; writes its correction word.
-
-    ``inp``/``enc`` are the blocks of :func:`gen_blocks` and their AES encryptions; ``seeds``
-    ``(m, 2, 2)`` and ``t`` ``(m, 2)`` are both parties' current seeds and control bits,
-    ``v_alpha`` ``(m, tau)`` the running on-path sum; all three are updated in place.
-    """
-    m = seeds.shape[0]
-    tau = betas.shape[1]
-    nq = (n_blocks - 2) // 2
-    shift = np.uint64(domain_bits - 1 - level)
-    cs = np.empty((2, 2, 2), dtype=np.uint64)  # [party, child, word]
-    ct = np.empty((2, 2), dtype=np.uint8)  # [party, child]
-    cv = np.empty((2, 2, tau), dtype=np.uint64)  # [party, child, word]
-    for j in range(m):
-        for b in range(2):
-            base = (j * 2 + b) * n_blocks
-            for c in range(2):
-                w0 = enc[base + c, 0] ^ inp[base + c, 0]
-                ct[b, c] = np.uint8(w0 & ONE)
-                cs[b, c, 0] = w0 & CLEAR
-                cs[b, c, 1] = enc[base + c, 1] ^ inp[base + c, 1]
-                for w in range(tau):
-                    k = base + 2 + c * nq + (w >> 1)
-                    cv[b, c, w] = enc[k, w & 1] ^ inp[k, w & 1]
-        a = np.uint8((alphas[j] >> shift) & ONE)
-        keep = np.int64(a)
-        lose = 1 - keep
-        t1 = t[j, 1]
-        cw_seeds[level, j, 0] = cs[0, lose, 0] ^ cs[1, lose, 0]
-        cw_seeds[level, j, 1] = cs[0, lose, 1] ^ cs[1, lose, 1]
-        for w in range(tau):
-            vcw = cv[1, lose, w] - cv[0, lose, w] - v_alpha[j, w]
-            if lose == 0:
-                vcw += betas[j, w]
-            if t1:
-                vcw = ZERO - vcw
-            cw_values[level, j, w] = vcw
-            acc = v_alpha[j, w] - cv[1, keep, w] + cv[0, keep, w]
-            if t1:
-                acc -= vcw
-            else:
-                acc += vcw
-            v_alpha[j, w] = acc
-        t_left = ct[0, 0] ^ ct[1, 0] ^ a ^ np.uint8(1)
-        t_right = ct[0, 1] ^ ct[1, 1] ^ a
-        cw_bits[level, j] = t_left | (t_right << np.uint8(1))
-        t_keep = t_right if keep else t_left
-        for b in range(2):
-            s0 = cs[b, keep, 0]
-            s1 = cs[b, keep, 1]
-            tb = ct[b, keep]
-            if t[j, b]:
-                s0 ^= cw_seeds[level, j, 0]
-                s1 ^= cw_seeds[level, j, 1]
-                tb ^= t_keep
-            seeds[j, b, 0] = s0
-            seeds[j, b, 1] = s1
-            t[j, b] = tb
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _ff(enc: np.ndarray, row: int, word: int, lo: np.uint64, hi: np.uint64, tweak: np.uint64):  # type: ignore[no-untyped-def]  # pragma: no cover
     """MMO feed-forward of one word: ``enc ^ (lo, hi ^ tweak)`` (the input is recomputed)."""
@@ -143,8 +67,10 @@ def _ff(enc: np.ndarray, row: int, word: int, lo: np.uint64, hi: np.uint64, twea
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _gen_inputs(inp: np.ndarray, base: int, nq: int, lo: np.uint64, hi: np.uint64) -> None:  # pragma: no cover
-    """One party's ``2 + 2Q`` Gen input blocks of a node at rows ``base...`` (:func:`gen_blocks`)."""
+def _gen_inputs(
+    inp: np.ndarray, base: int, nq: int, lo: np.uint64, hi: np.uint64
+) -> None:  # pragma: no cover - numba
+    """One party's ``2 + 2Q`` Gen input blocks of a node from row ``base`` (gen_blocks')."""
     for c in range(2):
         inp[base + c, 0] = lo
         inp[base + c, 1] = hi ^ (SEED | np.uint64(c))
@@ -154,7 +80,7 @@ def _gen_inputs(inp: np.ndarray, base: int, nq: int, lo: np.uint64, hi: np.uint6
 
 
 @njit(cache=True, nogil=True)
-def gen_step(  # noqa: C901, PLR0913, PLR0915
+def gen_step(  # noqa: PLR0913, PLR0915
     enc: np.ndarray,
     n_blocks: int,
     level: int,
@@ -187,7 +113,7 @@ def gen_step(  # noqa: C901, PLR0913, PLR0915
     for j in range(m):
         g = lo + j
         a = (alphas[g] >> shift) & ONE
-        keep = np.int64(a)
+        keep = int(a)
         lose = 1 - keep
         b0 = (2 * j) * n_blocks
         b1 = b0 + n_blocks
@@ -275,7 +201,7 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
     for j in range(seeds.shape[0]):
         g = lo + j
         a = (alphas[g] >> shift) & ONE
-        keep = np.int64(a)
+        keep = int(a)
         lose = 1 - keep
         b0 = 8 * j
         b1 = b0 + 4
@@ -393,56 +319,6 @@ def eval_blocks(
         for q in range(nq):
             out[base + 1 + q, 0] = lo
             out[base + 1 + q, 1] = hi ^ (VALUE | (c * np.uint64(nq) + np.uint64(q)))
-
-
-@njit(cache=True, nogil=True)
-def eval_level(  # noqa: PLR0913
-    inp: np.ndarray,
-    enc: np.ndarray,
-    n_blocks: int,
-    level: int,
-    domain_bits: int,
-    points: np.ndarray,
-    key_idx: np.ndarray,
-    cw_seeds: np.ndarray,
-    cw_values: np.ndarray,
-    cw_bits: np.ndarray,
-    party: int,
-    seeds: np.ndarray,
-    t: np.ndarray,
-    acc: np.ndarray,
-) -> None:  # pragma: no cover - numba
-    """Follow one level for every point: ``V += (-1)^b (v_c + t * V_CW)``, then correct the seed.
-
-    ``seeds`` ``(n, 2)``, ``t`` ``(n,)`` and ``acc`` ``(n, tau)`` are updated in place.
-    """
-    tau = acc.shape[1]
-    shift = np.uint64(domain_bits - 1 - level)
-    for i in range(seeds.shape[0]):
-        j = key_idx[i]
-        c = np.uint8((points[i] >> shift) & ONE)
-        base = i * n_blocks
-        w0 = enc[base, 0] ^ inp[base, 0]
-        tc = np.uint8(w0 & ONE)
-        s0 = w0 & CLEAR
-        s1 = enc[base, 1] ^ inp[base, 1]
-        tt = t[i]
-        for w in range(tau):
-            k = base + 1 + (w >> 1)
-            v = enc[k, w & 1] ^ inp[k, w & 1]
-            if tt:
-                v += cw_values[level, j, w]
-            if party:
-                acc[i, w] -= v
-            else:
-                acc[i, w] += v
-        if tt:
-            s0 ^= cw_seeds[level, j, 0]
-            s1 ^= cw_seeds[level, j, 1]
-            tc ^= (cw_bits[level, j] >> c) & np.uint8(1)
-        seeds[i, 0] = s0
-        seeds[i, 1] = s1
-        t[i] = tc
 
 
 @njit(cache=True, nogil=True)
@@ -579,3 +455,18 @@ def eval_final(
                 acc[i, w] -= v
             else:
                 acc[i, w] += v
+
+
+@njit(cache=True, nogil=True)
+def public_is_canonical(cw_seeds: np.ndarray, cw_bits: np.ndarray) -> bool:  # pragma: no cover
+    """Whether every seed correction has bit 0 clear and every bit correction is in ``0..3``.
+
+    One pass over the ``(n, m, 2)`` seed and ``(n, m)`` bit corrections (numpy's reductions
+    over the strided low bytes took ~3x as long), stopping at the first bad entry.
+    """
+    n, m = cw_bits.shape
+    for level in range(n):
+        for j in range(m):
+            if (cw_seeds[level, j, 0] & ONE) or cw_bits[level, j] > 3:
+                return False
+    return True
