@@ -37,8 +37,10 @@ within two units for about 90%. The first layer's signs are ``sign(W q + b)`` fo
 = can be sent before the query exists). Π_Share: ``Q -> S`` share. Per linear layer: ``Q -> S``
 matmul-deal*, ``A -> S`` matmul-E*, ``S -> A`` matmul-F. Per comparison round, paper: ``Q -> S``
 triple-deal*, ``A -> S`` drelu-z0, ``S -> Q`` drelu-z, ``Q -> S`` drelu-sign, ``A -> S``
-beaver-A, ``S -> A`` beaver-S; DCF: ``Q -> S`` dcf-deal*, ``S -> A`` dcf-relay*, ``A -> S``
-dcf-open-A, ``S -> A`` dcf-open-S. Π_Agg: ``A_j -> S`` agg-A, ``S -> Q`` agg-S. Each party's
+beaver-A, ``S -> A`` beaver-S; DCF: ``Q -> S`` dcf-keys*, ``S -> A`` the same dcf-keys bytes*
+(forwarded unchanged), ``A -> S`` dcf-open-A, ``S -> A`` dcf-open-S (``dcf-deal`` and
+``dcf-relay``, kinds 11 and 12, are the format before issue 26: still parsed, no longer
+sent). Π_Agg: ``A_j -> S`` agg-A, ``S -> Q`` agg-S. Each party's
 methods are named after these steps (:class:`Answerer`, :class:`ServerParty`,
 :class:`QuerierSession`); every message carries its op label and is checked on receipt.
 
@@ -138,6 +140,7 @@ from flwr_fsl.families.privhfl.wire import (  # noqa: F401
     BEAVER_A,
     BEAVER_S,
     DCF_DEAL,
+    DCF_KEYS,
     DCF_OPEN_A,
     DCF_OPEN_S,
     DCF_RELAY,
@@ -618,7 +621,7 @@ class _Sizer:
             per_key = dcf.public_size(self.config.bound_bits, 2, 2) - dcf.public_size(
                 self.config.bound_bits, 2, 1
             )
-            self._msg(count * (16 + per_key))  # dcf-deal: two correction words and the key
+            self._msg(count * (16 + per_key))  # dcf-keys: two correction words and the key
         else:
             self._msg(count * 16)  # beaver openings: two words
 

@@ -568,7 +568,7 @@ BAD = {
         (("A1", "S", privhfl.BEAVER_A), "drelu"),
         (("S", "A1", privhfl.BEAVER_S), "drelu"),
         (("A1", "S", privhfl.DCF_OPEN_A), "dcf"),
-        (("S", "A1", privhfl.DCF_RELAY), "dcf"),
+        (("S", "A1", privhfl.DCF_KEYS), "dcf"),
         (("A1", "S", AGG_A), "dcf"),
     ],
 )
@@ -588,7 +588,7 @@ def test_malformed_answerer_session_is_dropped(target, relu: str, how: str) -> N
     [
         (SHARE, "dcf"),
         (MATMUL_DEAL, "dcf"),
-        (privhfl.DCF_DEAL, "dcf"),
+        (privhfl.DCF_KEYS, "dcf"),
         (SHARE, "drelu"),
         (privhfl.TRIPLE_DEAL, "drelu"),
         (DRELU_S, "drelu"),
@@ -645,13 +645,13 @@ def test_dcf_public_part_of_the_wrong_geometry_drops_the_session() -> None:
             [model],
             x,
             PrivHFLConfig(comparison="dcf"),
-            tamper=_tamper(("Q", "S", privhfl.DCF_DEAL), shrink),
+            tamper=_tamper(("Q", "S", privhfl.DCF_KEYS), shrink),
         )
     res = secure_predict(
         [model, model],
         x,
         PrivHFLConfig(comparison="dcf"),
-        tamper=_tamper(("S", "A1", privhfl.DCF_RELAY), shrink),
+        tamper=_tamper(("S", "A1", privhfl.DCF_KEYS), shrink),
     )
     assert res.included == (0,) and "DCF public part" in res.dropped[1]
 
