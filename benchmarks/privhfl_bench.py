@@ -30,6 +30,10 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    batch >= 256, PASS/FAIL). Plaintext is torch's float32 forward on the same
    batch (one thread). "max err" is ``max |secure - torch|``; "wrong" counts logits more than
    0.01 off (a SecureML truncation wrap, probability ``|v| / 2^64`` per truncated product).
+   ``--baseline-tree DIR`` first runs the same predictions on the code in ``DIR`` (e.g. a
+   checkout of ``main``) in a subprocess and prints old -> new time, bytes and party times per
+   query with the load average beside them; ``--bound-bits`` sets ``PrivHFLConfig.bound_bits``
+   (the DCF domain) for both.
 
 Anchors (ANCHORS.md): PrivHFL Table 3, VGG-7 on one CIFAR-10 query 1.03 s CPU / 66.6 MB,
 ResNet-8 1.63 s; Table 2: 5000 VGG-7 queries 272 s; CryptGPU 1.61 s.

@@ -2,9 +2,11 @@
 
 The driver in :mod:`flwr_fsl.crypto.dcf` keeps one tree level of many keys in one buffer of
 AES input blocks, encrypts the whole buffer with *one* batched AES call under the DCF's fixed
-key, and hands inputs and ciphertexts to a kernel here, which finishes the Matyas–Meyer–Oseas
-feed-forward (``H(y) = AES_K(y) ^ y``), applies the correction words and writes the next
-level's state.
+key (``update_into`` into a reused buffer), and hands the ciphertexts to one kernel per level
+(:func:`gen_step`, :func:`eval_step`, and their unrolled ``tau = 2`` twins), which finishes the
+Matyas–Meyer–Oseas feed-forward (``H(y) = AES_K(y) ^ y``, the input ``y`` recomputed from the
+seeds rather than read back), applies the correction words without branching on a secret
+bit, and writes the next level's seeds and AES inputs.
 
 PRG of a node with seed ``s`` (a 128-bit block, bit 0 clear), all under one fixed key with a
 public tweak XORed into the high word (a tweakable correlation-robust hash):

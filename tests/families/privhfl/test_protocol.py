@@ -656,6 +656,27 @@ def test_dcf_public_part_of_the_wrong_geometry_drops_the_session() -> None:
     assert res.included == (0,) and "DCF public part" in res.dropped[1]
 
 
+def test_server_forwards_the_querier_dcf_keys_unchanged() -> None:
+    # Issue 26: one dcf-keys message per comparison serves both evaluators (each one's shares
+    # of q and r q come from its own seed plus the public correction), so S forwards Q's bytes.
+    net, shape = tiny_models()["cnn"]
+    model = from_torch(net.eval(), shape)
+    x = np.random.default_rng(3).uniform(0, 1, (2, *shape))
+    sent: list[tuple[str, str, int, bytes]] = []
+
+    def record(sender: str, receiver: str, kind: int, data: bytes) -> bytes:
+        sent.append((sender, receiver, kind, data))
+        return data
+
+    res = secure_predict([model], x, PrivHFLConfig(comparison="dcf"), tamper=record)
+    assert np.max(np.abs(res.logits - plaintext_forward(model, x))) <= error_bound(model, 1.0)
+    dealt = [d for s, r, k, d in sent if (s, r, k) == ("Q", "S", privhfl.DCF_KEYS)]
+    forwarded = [d for s, r, k, d in sent if (s, r, k) == ("S", "A0", privhfl.DCF_KEYS)]
+    assert len(dealt) == 6  # two blocks: a max-pool of two rounds, then the ReLU
+    assert forwarded == dealt
+    assert not {k for _, _, k, _ in sent} & {privhfl.DCF_DEAL, privhfl.DCF_RELAY}
+
+
 # ---------------------------------------------------------------- codec
 
 
