@@ -653,6 +653,15 @@ class QuerierSession:
         Session number.
     record_leak : bool, optional
         Keep every ``z = r x`` learned in the paper's DReLU (:attr:`learned`), to show the leak.
+    workspace : DCFWorkspace, optional
+        Memory the DCF keys are generated into (each deal is serialised before the next, so
+        one workspace serves every session of a querier that deals one at a time); this
+        session's own by default.
+
+    Raises
+    ------
+    ConfigurationError
+        If an argument is malformed (named).
     """
 
     def __init__(
@@ -663,8 +672,12 @@ class QuerierSession:
         seeds: SessionSeeds,
         session: int = 0,
         record_leak: bool = False,
+        workspace: dcf.DCFWorkspace | None = None,
     ) -> None:
         _check_party_args(config, architecture, batch, seeds, session)
+        if workspace is not None and not isinstance(workspace, dcf.DCFWorkspace):
+            raise ConfigurationError("workspace must be a DCFWorkspace")
+        self.workspace = workspace if workspace is not None else dcf.DCFWorkspace()
         self.config = config
         self.architecture = architecture
         self.batch = batch
@@ -749,7 +762,11 @@ class QuerierSession:
             for s in (self._qa, self._sq)
         )
         k0, _ = dcf.generate_keys_batch(
-            r & _U64((1 << l_bits) - 1), betas, l_bits, master_seeds=(msk[0], msk[1])
+            r & _U64((1 << l_bits) - 1),
+            betas,
+            l_bits,
+            master_seeds=(msk[0], msk[1]),
+            workspace=self.workspace,  # the keys are serialised below, before its next use
         )
         corr = (
             _RING.sub(_RING.sub(q, q0), q1),

@@ -516,10 +516,7 @@ def secure_predict(  # noqa: C901
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
     tr = transcript if transcript is not None else Transcript()
-    q_sessions = {
-        j: QuerierSession(cfg, archs[j], n, seeds[j], session, record_leak)
-        for j in range(len(models))
-    }
+    q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak)
     querier = Querier(cfg, q_sessions)
     with tr.timed("Q"):
         encoded = querier.encode(x, archs[0])
@@ -565,6 +562,26 @@ def secure_predict(  # noqa: C901
         else {}
     )
     return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
+
+
+def _querier_sessions(
+    cfg: PrivHFLConfig,
+    archs: Sequence[Architecture],
+    n: int,
+    seeds: Sequence[SessionSeeds],
+    session: int,
+    record_leak: bool,
+) -> dict[int, QuerierSession]:
+    """Return the querier's sessions, one per answerer, sharing one DCF workspace.
+
+    They deal one at a time (each deal is serialised before the next), so one buffer for the
+    keys' public part serves them all.
+    """
+    workspace = dcf.DCFWorkspace()
+    return {
+        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak, workspace)
+        for j, arch in enumerate(archs)
+    }
 
 
 def _check_batch(archs: Sequence[Architecture], cfg: PrivHFLConfig, n: int) -> None:
