@@ -538,6 +538,17 @@ def _gen_into(
         _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
 
 
+def _cw_arrays(
+    n: int, m: int, tau: int, workspace: DCFWorkspace | None
+) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]]:
+    """``(cw_seeds, cw_values, cw_bits, cw_final)`` to generate into: views of ``workspace``."""
+    if workspace is None:
+        return DCFWorkspace().arrays(n, m, tau)
+    if not isinstance(workspace, DCFWorkspace):
+        raise ConfigurationError("workspace must be a DCFWorkspace")
+    return workspace.arrays(n, m, tau)
+
+
 def generate_keys_batch(
     alphas: ArrayLike,
     betas: ArrayLike,
@@ -602,17 +613,12 @@ def generate_keys_batch(
             raise ConfigurationError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
-    if workspace is not None:
-        if not isinstance(workspace, DCFWorkspace):
-            raise ConfigurationError("workspace must be a DCFWorkspace")
-        cw_seeds, cw_values, cw_bits, cw_final = workspace.arrays(n, m, tau)
-    else:
-        cw_seeds = np.empty((n, m, 2), dtype=_U64)
-        cw_values = np.empty((n, m, tau), dtype=_U64)
-        cw_bits = np.empty((n, m), dtype=np.uint8)
-        cw_final = np.empty((m, tau), dtype=_U64)
-    _gen_into(a, b, n, root, cw_seeds, cw_values, cw_bits, cw_final)
-    pub = DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)
+    cws = _cw_arrays(n, m, tau, workspace)
+    _gen_into(a, b, n, root, *cws)
+    # Built here, canonical by construction: skip the validating constructor's pass over it.
+    pub = object.__new__(DCFPublicBatch)
+    for name, value in zip(DCFPublicBatch.__dataclass_fields__, (n, tau, *cws), strict=True):
+        object.__setattr__(pub, name, value)
     return DCFKeyBatch(0, root[0], pub), DCFKeyBatch(1, root[1], pub)
 
 
