@@ -73,13 +73,13 @@ DCF: MLP 784-128-128-10 0.1 / 1.7 ms, 0.05 / 0.83 MB; VGG-7-like of widths 8-16-
 (39,424 comparisons per query) 7.5 / 305 ms, 2.95 / 107 MB (online 2.40 / 0.82 MB);
 ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB (figures from before ReLU moved after max pooling). At
 widths 64-128-256 (229,376 comparisons with each ReLU after its max pool, 315,392 before;
-``--width 64 --batches 12``, under load) the DCF takes 1.06 s and 629 MB per query (1.63 s
+``--width 64 --batches 12``, under load) the DCF takes 1.05 s and 629 MB per query (1.74 s
 with session 27's code and 3.40 s before issue 26, each in one run with the new), against
 PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session holds at most :func:`max_batch`
 queries (every message under 512 MiB: 6 at width 64). The DCF's cost is its keys: ``l * (17 +
 8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``), dealt to ``S`` and forwarded to ``A``
-unchanged; Gen ~2 us and evaluation ~0.55 us per key and party at 40 bits (sycret's 32-bit
-DCF: 7.2 / 3.5 us), of which the AES calls are ~0.5 and ~0.13 us. The ring matmul is the
+unchanged; Gen 1.6-2 us and evaluation 0.45-0.6 us per key and party at 40 bits (sycret's
+32-bit DCF: 7.1 / 3.5 us), of which the AES calls are ~0.5 and ~0.13 us. The ring matmul is the
 numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second
 on these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this
 CPU; on a GPU, :mod:`~flwr_fsl.families.privhfl.gpu` runs that trick exactly with torch.
