@@ -30,6 +30,10 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    batch >= 256, PASS/FAIL). Plaintext is torch's float32 forward on the same
    batch (one thread). "max err" is ``max |secure - torch|``; "wrong" counts logits more than
    0.01 off (a SecureML truncation wrap, probability ``|v| / 2^64`` per truncated product).
+   ``--baseline-tree DIR`` first runs the same predictions on the code in ``DIR`` (e.g. a
+   checkout of ``main``) in a subprocess and prints old -> new time, bytes and party times per
+   query with the load average beside them; ``--bound-bits`` sets ``PrivHFLConfig.bound_bits``
+   (the DCF domain) for both.
 
 Anchors (ANCHORS.md): PrivHFL Table 3, VGG-7 on one CIFAR-10 query 1.03 s CPU / 66.6 MB,
 ResNet-8 1.63 s; Table 2: 5000 VGG-7 queries 272 s; CryptGPU 1.61 s.
@@ -41,6 +45,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -226,11 +233,18 @@ def bench_dcf(quick: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------------- prediction
 
 
+def make_config(comparison: str, bound_bits: int) -> PrivHFLConfig:
+    """Return the benchmarked settings: the default ``bound_bits`` unless one is given."""
+    if bound_bits > 0:
+        return PrivHFLConfig(comparison=comparison, bound_bits=bound_bits)  # type: ignore[arg-type]
+    return PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
+
+
 def run_secure(
-    model: SecureModel, x: np.ndarray, comparison: str, chunk: int
+    model: SecureModel, x: np.ndarray, comparison: str, chunk: int, bound_bits: int = 0
 ) -> tuple[np.ndarray, Transcript]:
     tr = Transcript(clock=CLOCK)
-    cfg = PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
+    cfg = make_config(comparison, bound_bits)
     parts = []
     for session, lo in enumerate(range(0, x.shape[0], chunk)):
         res = secure_predict(
@@ -257,12 +271,13 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                 expected = net(xt).double().numpy()
             for comparison in args.variants:
                 chunk = args.dcf_chunk if comparison == "dcf" else args.chunk
+                bits = args.bound_bits
                 if chunk <= 0:  # auto: the largest session whose messages fit the size limit
-                    cfg = PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
+                    cfg = make_config(comparison, bits)
                     chunk = min(max_batch(model.architecture, cfg), AUTO_CHUNK_CAP)
-                run_secure(model, x[:1], comparison, chunk)  # warm-up (JIT, caches)
+                run_secure(model, x[:1], comparison, chunk, bits)  # warm-up (JIT, caches)
                 t0, c0 = time.perf_counter(), CLOCK()
-                logits, tr = run_secure(model, x.astype(np.float64), comparison, chunk)
+                logits, tr = run_secure(model, x.astype(np.float64), comparison, chunk, bits)
                 wall, cpu = time.perf_counter() - t0, CLOCK() - c0
                 err = np.abs(logits - expected)
                 row = {
@@ -323,6 +338,48 @@ def micro(args: argparse.Namespace, res: dict[str, Any]) -> None:
         )
 
 
+def run_baseline(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the same secure predictions on ``args.baseline_tree``'s code (a subprocess)."""
+    out = Path(tempfile.mkdtemp()) / "baseline.json"
+    cmd = [
+        sys.executable, __file__, "--no-micro", "--archs", ",".join(args.archs),
+        "--variants", ",".join(args.variants), "--batches", ",".join(map(str, args.batches)),
+        "--width", str(args.width), "--chunk", str(args.chunk), "--dcf-chunk",
+        str(args.dcf_chunk), "--bound-bits", str(args.bound_bits), "--json", str(out),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(Path(args.baseline_tree).resolve()))
+    print(f"baseline: the same predictions on {args.baseline_tree} (load {load()})", flush=True)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())["prediction"]
+    return rows
+
+
+def load() -> str:
+    """Return the 1/5/15-minute load averages (the machine is shared)."""
+    return "/".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def print_baseline(base: list[dict[str, Any]], rows: list[dict[str, Any]], tree: str) -> None:
+    """Print old/new time and bytes per query of every prediction both runs made."""
+    old = {(r["arch"], r["comparison"], r["batch"]): r for r in base}
+    print(f"old code ({tree}) vs this tree, same arguments, one run (load {load()}):")
+    for r in rows:
+        o = old.get((r["arch"], r["comparison"], r["batch"]))
+        if o is None:
+            continue
+        parties = ", ".join(
+            f"{name} {o['party_s_per_query'].get(key, 0):.3f} -> "
+            f"{r['party_s_per_query'].get(key, 0):.3f}"
+            for name, key in (("Q", "Q"), ("A", "A0"), ("S", "S"))
+        )
+        print(
+            f"  {r['arch']:8s} {r['comparison']:5s} batch {r['batch']:4d}: "
+            f"{o['s_per_query']:.3f} -> {r['s_per_query']:.3f} s/query "
+            f"({o['s_per_query'] / r['s_per_query']:.2f}x), "
+            f"{o['mb_per_query']:.1f} -> {r['mb_per_query']:.1f} MB/query, {parties}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="batch 1 and 16, smaller probes")
@@ -339,6 +396,15 @@ def main() -> None:
         "--dcf-chunk", type=int, default=0, help="queries per session (dcf); 0: derived"
     )
     parser.add_argument("--no-micro", action="store_true", help="skip the matmul and DCF tables")
+    parser.add_argument(
+        "--bound-bits", type=int, default=0, help="PrivHFLConfig.bound_bits (0: the default)"
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="a checkout of older code (e.g. /work/main): its secure prediction runs first, in "
+        "a subprocess with the same arguments, and the old/new ratios are printed",
+    )
     parser.add_argument("--json", default="benchmarks/results/privhfl_bench.json")
     args = parser.parse_args()
     args.archs = args.archs.split(",")
@@ -357,6 +423,7 @@ def main() -> None:
     }
     if not args.no_micro:
         micro(args, res)
+    base = run_baseline(args) if args.baseline_tree else None
     print("secure prediction (one answerer; sum of the three parties' time, one core):")
     res["prediction"] = rows = bench_prediction(args)
     head = (
@@ -382,6 +449,9 @@ def main() -> None:
                 f"{r['s_per_query']:.3f} s/query at batch {r['batch']} (chunk {r['chunk']}): "
                 f"{'PASS' if ok else 'FAIL'}"
             )
+    if base is not None:
+        res["baseline"] = {"tree": args.baseline_tree, "prediction": base}
+        print_baseline(base, rows, args.baseline_tree)
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))

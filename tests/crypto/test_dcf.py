@@ -397,3 +397,21 @@ def test_argument_errors() -> None:
     # Large Python ints in a 64-bit domain are taken exactly.
     k0, k1 = generate_keys(MASK, 9, 64)
     assert reconstruct(k0, k1, np.array([MASK - 1, MASK], dtype=U64))[:, 0].tolist() == [9, 0]
+
+
+def test_workspace_gives_the_same_keys_and_is_reused() -> None:
+    # A dealer that serialises each batch before the next writes every batch into one buffer
+    # (issue 26: first-touching fresh memory cost as much as half the tree walk).
+    rng = np.random.default_rng(8)
+    ws = dcf.DCFWorkspace()
+    seeds = (b"p" * 16, b"q" * 16)
+    for n, tau, m in [(40, 2, 300), (7, 1, 50), (13, 3, 500), (40, 2, 10)]:
+        a = rng.integers(0, 1 << n, m, dtype=np.uint64)
+        b = rng.integers(0, 2**63, (m, tau), dtype=np.uint64)
+        fresh = generate_keys_batch(a, b, n, master_seeds=seeds)
+        into = generate_keys_batch(a, b, n, master_seeds=seeds, workspace=ws)
+        assert [k.to_bytes() for k in into] == [k.to_bytes() for k in fresh]
+        assert np.shares_memory(into[0].public.cw_seeds, ws.buffer)
+    assert ws.buffer.size == 40 * 300 * 4 + 300 * 2 + (40 * 300 + 7) // 8  # the largest batch
+    with pytest.raises(ConfigurationError, match="workspace"):
+        generate_keys_batch([1], [1], 4, workspace=bytearray(64))  # type: ignore[arg-type]

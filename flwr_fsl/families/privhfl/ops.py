@@ -42,7 +42,11 @@ With ``|x| < 2^l`` (``l = bound_bits``) let ``X = x + 2^l`` in ``[0, 2^(l+1))``:
 bit ``l`` of ``X``. ``Q`` (the dealer) draws a mask ``r = r_0 + r_1`` with ``r_0`` from
 ``Sk_QA`` and ``r_1`` from ``Sk_SQ`` (no message), and deals one DCF
 (:mod:`flwr_fsl.crypto.dcf`) per value on ``l`` bits with ``alpha = r mod 2^l`` and payload
-``beta = (1 - 2q, r (1 - 2q))``, ``q`` = bit ``l`` of ``r``, plus shares of ``q`` and ``r q``.
+``beta = (1 - 2q, r (1 - 2q))``, ``q`` = bit ``l`` of ``r``, plus shares of ``q`` and ``r q``:
+``A``'s from ``Sk_QA``, ``S``'s from ``Sk_SQ`` plus a correction ``q - [q]_0 - [q]_1`` (and
+the same for ``r q``) in the deal. The correction is uniform to ``A`` (it lacks ``Sk_SQ``) and
+to ``S`` (it lacks ``Sk_QA``), so the one ``dcf-keys`` message serves both: ``S`` forwards
+``Q``'s bytes to ``A`` unchanged (no re-encoding of the keys, ~1.3 kB per comparison).
 Online, ``A`` and ``S`` exchange ``[x]_b + r_b`` and open ``x^ = x + r``; with ``p`` = bit
 ``l`` of ``x^ + 2^l`` (public) and ``c = 1{x^ mod 2^l < r mod 2^l}`` (the borrow, from the
 DCF), ``X = (x^ + 2^l) - r mod 2^(l+1)`` gives ``DReLU = p XOR q XOR c = p + (1-2p) q +
@@ -98,10 +102,9 @@ from flwr_fsl.families.privhfl.wire import (
     AGG_S,
     BEAVER_A,
     BEAVER_S,
-    DCF_DEAL,
+    DCF_KEYS,
     DCF_OPEN_A,
     DCF_OPEN_S,
-    DCF_RELAY,
     DRELU_A,
     DRELU_Q,
     DRELU_S,
@@ -425,11 +428,15 @@ class Answerer(_Evaluator):
     # DCF comparison
 
     def dcf_start(self, relay: bytes) -> bytes:
-        """Take the dealt DCF keys (relayed by ``S``) and open ``[x]_0 + r_0``."""
+        """Take the dealt DCF keys (``Q``'s ``dcf-keys``, forwarded by ``S``); open ``[x]_0 + r_0``.
+
+        The message's two correction arrays are ``S``'s (uniform to ``A``); ``A``'s shares of
+        ``r``, ``q`` and ``r q`` come from ``Sk_QA``.
+        """
         label = self._next()
         x = self.top.reshape(-1)
         n = x.shape[0]
-        msg = expect(relay, DCF_RELAY, label, [], blob=True, sender="server")
+        msg = expect(relay, DCF_KEYS, label, [(n,), (n,)], blob=True, sender="server")
         keys = _dcf_keys(msg.blob_buffer(), 0, self._dealer_seed, label, n, self.config)
         stream = self._dcf_masks(n, label)
         r0 = _RING.random((n,), stream)
@@ -575,23 +582,23 @@ class ServerParty(_Evaluator):
     # DCF comparison
 
     def dcf_start(self, deal: bytes) -> tuple[bytes, bytes]:
-        """Take the DCF keys and corrections from ``Q``; return (relay to ``A``, opening)."""
+        """Take ``Q``'s ``dcf-keys``; return (the same bytes, forwarded to ``A``; the opening).
+
+        ``S``'s shares: ``r_1``, ``[q]_1``, ``[r q]_1`` from ``Sk_SQ``, the last two plus the
+        deal's corrections.
+        """
         label = self._next()
         x = self.top.reshape(-1)
         n = x.shape[0]
-        msg = expect(deal, DCF_DEAL, label, [(n,), (n,)], blob=True, sender="querier")
+        msg = expect(deal, DCF_KEYS, label, [(n,), (n,)], blob=True, sender="querier")
         keys = _dcf_keys(msg.blob_buffer(), 1, self._dealer_seed, label, n, self.config)
-        r1 = _RING.random((n,), self._dcf_masks(n, label))
+        stream = self._dcf_masks(n, label)
+        r1 = _RING.random((n,), stream)
+        q1 = _RING.add(_RING.random((n,), stream), _RING.validate(msg.arrays[0], "q correction"))
+        rq1 = _RING.add(_RING.random((n,), stream), _RING.validate(msg.arrays[1], "rq correction"))
         opened = _RING.add(x, r1)
-        self._pending["dcf"] = {
-            "keys": keys,
-            "r": r1,
-            "q": msg.arrays[0],
-            "rq": msg.arrays[1],
-            "open": opened,
-        }
-        relay = Message(DCF_RELAY, label, (), msg.blob).to_bytes()
-        return relay, Message(DCF_OPEN_S, label, (opened,)).to_bytes()
+        self._pending["dcf"] = {"keys": keys, "r": r1, "q": q1, "rq": rq1, "open": opened}
+        return deal, Message(DCF_OPEN_S, label, (opened,)).to_bytes()
 
     def dcf_finish(self, data: bytes) -> None:
         """Evaluate the DCF at the opened ``x + r``; this party's share of ``ReLU(x)``."""
@@ -646,6 +653,15 @@ class QuerierSession:
         Session number.
     record_leak : bool, optional
         Keep every ``z = r x`` learned in the paper's DReLU (:attr:`learned`), to show the leak.
+    workspace : DCFWorkspace, optional
+        Memory the DCF keys are generated into (each deal is serialised before the next, so
+        one workspace serves every session of a querier that deals one at a time); this
+        session's own by default.
+
+    Raises
+    ------
+    ConfigurationError
+        If an argument is malformed (named).
     """
 
     def __init__(
@@ -656,8 +672,12 @@ class QuerierSession:
         seeds: SessionSeeds,
         session: int = 0,
         record_leak: bool = False,
+        workspace: dcf.DCFWorkspace | None = None,
     ) -> None:
         _check_party_args(config, architecture, batch, seeds, session)
+        if workspace is not None and not isinstance(workspace, dcf.DCFWorkspace):
+            raise ConfigurationError("workspace must be a DCFWorkspace")
+        self.workspace = workspace if workspace is not None else dcf.DCFWorkspace()
         self.config = config
         self.architecture = architecture
         self.batch = batch
@@ -716,7 +736,12 @@ class QuerierSession:
         return Message(DRELU_Q, self.label, (_RING.sub(_signed_ge0(z), delta_prime),)).to_bytes()
 
     def deal_dcf(self, n: int) -> bytes:
-        """DCF keys for the mask ``r = r_0 + r_1`` and ``S``'s shares of ``q``, ``r q``."""
+        """``dcf-keys``: DCF keys for the mask ``r = r_0 + r_1``, corrections of ``q``, ``r q``.
+
+        The corrections ``q - [q]_0 - [q]_1`` and ``r q - [r q]_0 - [r q]_1`` (each share from
+        a seed the other evaluator lacks) are uniform to both, so ``S`` forwards this message
+        to ``A`` as it is.
+        """
         label = self._next()
         cfg = self.config
         l_bits = cfg.bound_bits
@@ -724,7 +749,10 @@ class QuerierSession:
         r0 = _RING.random((n,), a_stream)
         q0 = _RING.random((n,), a_stream)
         rq0 = _RING.random((n,), a_stream)
-        r1 = _RING.random((n,), _stream(self._sq, label, TAG_DCF_MASK))
+        s_stream = _stream(self._sq, label, TAG_DCF_MASK)
+        r1 = _RING.random((n,), s_stream)
+        q1 = _RING.random((n,), s_stream)
+        rq1 = _RING.random((n,), s_stream)
         r = _RING.add(r0, r1)
         q = (r >> _U64(l_bits)) & _U64(1)
         sign = _RING.sub(_U64(1), _RING.mul(_U64(2), q))
@@ -734,10 +762,17 @@ class QuerierSession:
             for s in (self._qa, self._sq)
         )
         k0, _ = dcf.generate_keys_batch(
-            r & _U64((1 << l_bits) - 1), betas, l_bits, master_seeds=(msk[0], msk[1])
+            r & _U64((1 << l_bits) - 1),
+            betas,
+            l_bits,
+            master_seeds=(msk[0], msk[1]),
+            workspace=self.workspace,  # the keys are serialised below, before its next use
         )
-        corr = (_RING.sub(q, q0), _RING.sub(_RING.mul(r, q), rq0))
-        return Message(DCF_DEAL, label, corr, k0.public.to_parts()).to_bytes()
+        corr = (
+            _RING.sub(_RING.sub(q, q0), q1),
+            _RING.sub(_RING.sub(_RING.mul(r, q), rq0), rq1),
+        )
+        return Message(DCF_KEYS, label, corr, k0.public.to_parts()).to_bytes()
 
     def aggregation_mask(self) -> NDArray[np.uint64]:
         """``r_j`` of Π_Agg for this session (advances the label like the other parties)."""

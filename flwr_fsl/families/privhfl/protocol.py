@@ -37,8 +37,10 @@ within two units for about 90%. The first layer's signs are ``sign(W q + b)`` fo
 = can be sent before the query exists). Π_Share: ``Q -> S`` share. Per linear layer: ``Q -> S``
 matmul-deal*, ``A -> S`` matmul-E*, ``S -> A`` matmul-F. Per comparison round, paper: ``Q -> S``
 triple-deal*, ``A -> S`` drelu-z0, ``S -> Q`` drelu-z, ``Q -> S`` drelu-sign, ``A -> S``
-beaver-A, ``S -> A`` beaver-S; DCF: ``Q -> S`` dcf-deal*, ``S -> A`` dcf-relay*, ``A -> S``
-dcf-open-A, ``S -> A`` dcf-open-S. Π_Agg: ``A_j -> S`` agg-A, ``S -> Q`` agg-S. Each party's
+beaver-A, ``S -> A`` beaver-S; DCF: ``Q -> S`` dcf-keys*, ``S -> A`` the same dcf-keys bytes*
+(forwarded unchanged), ``A -> S`` dcf-open-A, ``S -> A`` dcf-open-S (``dcf-deal`` and
+``dcf-relay``, kinds 11 and 12, are the format before issue 26: still parsed, no longer
+sent). Π_Agg: ``A_j -> S`` agg-A, ``S -> Q`` agg-S. Each party's
 methods are named after these steps (:class:`Answerer`, :class:`ServerParty`,
 :class:`QuerierSession`); every message carries its op label and is checked on receipt.
 
@@ -71,15 +73,16 @@ DCF: MLP 784-128-128-10 0.1 / 1.7 ms, 0.05 / 0.83 MB; VGG-7-like of widths 8-16-
 (39,424 comparisons per query) 7.5 / 305 ms, 2.95 / 107 MB (online 2.40 / 0.82 MB);
 ResNet-8-like 9.0 / 301 ms, 3.1 / 100 MB (figures from before ReLU moved after max pooling). At
 widths 64-128-256 (229,376 comparisons with each ReLU after its max pool, 315,392 before;
-``--width 64 --batches 12``, under load) the DCF takes 1.74 s and 625 MB per query (3.40 s and
-858 MB before, same run), against PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session
-holds at most :func:`max_batch` queries (every message under 512 MiB: 6 at width 64). The
-DCF's cost is its keys: ``l * (17 + 8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``),
-dealt to ``S`` and relayed to ``A``; Gen 2.4 us and evaluation 0.7 us per key and party at 40
-bits (sycret's 32-bit DCF: 8.1 / 4.0 us). The ring matmul is the numba kernel
-(:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second on these
-layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this CPU; on a
-GPU, :mod:`~flwr_fsl.families.privhfl.gpu` runs that trick exactly with torch.
+``--width 64 --batches 12``, under load) the DCF takes 1.05 s and 629 MB per query (1.74 s
+with session 27's code and 3.40 s before issue 26, each in one run with the new), against
+PrivHFL's 1.03 s and 66.6 MB for VGG-7 (Table 3). A session holds at most :func:`max_batch`
+queries (every message under 512 MiB: 6 at width 64). The DCF's cost is its keys: ``l * (17 +
+8 * 2) + 16`` bytes per comparison (1336 at ``l = 40``), dealt to ``S`` and forwarded to ``A``
+unchanged; Gen 1.6-2 us and evaluation 0.45-0.6 us per key and party at 40 bits (sycret's
+32-bit DCF: 7.1 / 3.5 us), of which the AES calls are ~0.5 and ~0.13 us. The ring matmul is the
+numba kernel (:func:`flwr_fsl.kernels.ring.matmul_wrap`): 1.1-13.6 G multiply-adds per second
+on these layers, 6-13x CryptGPU's float-split trick (16-bit limbs in float64 BLAS) on this
+CPU; on a GPU, :mod:`~flwr_fsl.families.privhfl.gpu` runs that trick exactly with torch.
 
 **Errors.** A malformed message from a party raises :class:`PrivHFLMessageError` (a
 :class:`~flwr_fsl.core.errors.ClientInputError`): the driver drops that answerer's session and
@@ -138,6 +141,7 @@ from flwr_fsl.families.privhfl.wire import (  # noqa: F401
     BEAVER_A,
     BEAVER_S,
     DCF_DEAL,
+    DCF_KEYS,
     DCF_OPEN_A,
     DCF_OPEN_S,
     DCF_RELAY,
@@ -512,10 +516,7 @@ def secure_predict(  # noqa: C901
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
     tr = transcript if transcript is not None else Transcript()
-    q_sessions = {
-        j: QuerierSession(cfg, archs[j], n, seeds[j], session, record_leak)
-        for j in range(len(models))
-    }
+    q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak)
     querier = Querier(cfg, q_sessions)
     with tr.timed("Q"):
         encoded = querier.encode(x, archs[0])
@@ -561,6 +562,26 @@ def secure_predict(  # noqa: C901
         else {}
     )
     return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
+
+
+def _querier_sessions(
+    cfg: PrivHFLConfig,
+    archs: Sequence[Architecture],
+    n: int,
+    seeds: Sequence[SessionSeeds],
+    session: int,
+    record_leak: bool,
+) -> dict[int, QuerierSession]:
+    """Return the querier's sessions, one per answerer, sharing one DCF workspace.
+
+    They deal one at a time (each deal is serialised before the next), so one buffer for the
+    keys' public part serves them all.
+    """
+    workspace = dcf.DCFWorkspace()
+    return {
+        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak, workspace)
+        for j, arch in enumerate(archs)
+    }
 
 
 def _check_batch(archs: Sequence[Architecture], cfg: PrivHFLConfig, n: int) -> None:
@@ -618,7 +639,7 @@ class _Sizer:
             per_key = dcf.public_size(self.config.bound_bits, 2, 2) - dcf.public_size(
                 self.config.bound_bits, 2, 1
             )
-            self._msg(count * (16 + per_key))  # dcf-deal: two correction words and the key
+            self._msg(count * (16 + per_key))  # dcf-keys: two correction words and the key
         else:
             self._msg(count * 16)  # beaver openings: two words
 

@@ -51,6 +51,7 @@ SHARE, MATMUL_DEAL, MATMUL_A, MATMUL_S = 1, 2, 3, 4
 DRELU_A, DRELU_S, DRELU_Q, TRIPLE_DEAL, BEAVER_A, BEAVER_S = 5, 6, 7, 8, 9, 10
 DCF_DEAL, DCF_RELAY, DCF_OPEN_A, DCF_OPEN_S = 11, 12, 13, 14
 AGG_A, AGG_S = 15, 16
+DCF_KEYS = 17  # issue 26: the DCF deal that S forwards to A unchanged (replaces 11 and 12)
 KIND_NAMES = {
     SHARE: "share",
     MATMUL_DEAL: "matmul-deal",
@@ -68,8 +69,9 @@ KIND_NAMES = {
     DCF_OPEN_S: "dcf-open-S",
     AGG_A: "agg-A",
     AGG_S: "agg-S",
+    DCF_KEYS: "dcf-keys",
 }
-OFFLINE_KINDS = frozenset({MATMUL_DEAL, MATMUL_A, TRIPLE_DEAL, DCF_DEAL, DCF_RELAY})
+OFFLINE_KINDS = frozenset({MATMUL_DEAL, MATMUL_A, TRIPLE_DEAL, DCF_DEAL, DCF_RELAY, DCF_KEYS})
 _MAGIC = register_magic(b"PHFL", "PrivHFL protocol message (flwr_fsl.families.privhfl.wire)")
 _VERSION = 1
 _MAX_ARRAYS = 8

@@ -568,7 +568,7 @@ BAD = {
         (("A1", "S", privhfl.BEAVER_A), "drelu"),
         (("S", "A1", privhfl.BEAVER_S), "drelu"),
         (("A1", "S", privhfl.DCF_OPEN_A), "dcf"),
-        (("S", "A1", privhfl.DCF_RELAY), "dcf"),
+        (("S", "A1", privhfl.DCF_KEYS), "dcf"),
         (("A1", "S", AGG_A), "dcf"),
     ],
 )
@@ -588,7 +588,7 @@ def test_malformed_answerer_session_is_dropped(target, relu: str, how: str) -> N
     [
         (SHARE, "dcf"),
         (MATMUL_DEAL, "dcf"),
-        (privhfl.DCF_DEAL, "dcf"),
+        (privhfl.DCF_KEYS, "dcf"),
         (SHARE, "drelu"),
         (privhfl.TRIPLE_DEAL, "drelu"),
         (DRELU_S, "drelu"),
@@ -645,15 +645,36 @@ def test_dcf_public_part_of_the_wrong_geometry_drops_the_session() -> None:
             [model],
             x,
             PrivHFLConfig(comparison="dcf"),
-            tamper=_tamper(("Q", "S", privhfl.DCF_DEAL), shrink),
+            tamper=_tamper(("Q", "S", privhfl.DCF_KEYS), shrink),
         )
     res = secure_predict(
         [model, model],
         x,
         PrivHFLConfig(comparison="dcf"),
-        tamper=_tamper(("S", "A1", privhfl.DCF_RELAY), shrink),
+        tamper=_tamper(("S", "A1", privhfl.DCF_KEYS), shrink),
     )
     assert res.included == (0,) and "DCF public part" in res.dropped[1]
+
+
+def test_server_forwards_the_querier_dcf_keys_unchanged() -> None:
+    # Issue 26: one dcf-keys message per comparison serves both evaluators (each one's shares
+    # of q and r q come from its own seed plus the public correction), so S forwards Q's bytes.
+    net, shape = tiny_models()["cnn"]
+    model = from_torch(net.eval(), shape)
+    x = np.random.default_rng(3).uniform(0, 1, (2, *shape))
+    sent: list[tuple[str, str, int, bytes]] = []
+
+    def record(sender: str, receiver: str, kind: int, data: bytes) -> bytes:
+        sent.append((sender, receiver, kind, data))
+        return data
+
+    res = secure_predict([model], x, PrivHFLConfig(comparison="dcf"), tamper=record)
+    assert np.max(np.abs(res.logits - plaintext_forward(model, x))) <= error_bound(model, 1.0)
+    dealt = [d for s, r, k, d in sent if (s, r, k) == ("Q", "S", privhfl.DCF_KEYS)]
+    forwarded = [d for s, r, k, d in sent if (s, r, k) == ("S", "A0", privhfl.DCF_KEYS)]
+    assert len(dealt) == 6  # two blocks: a max-pool of two rounds, then the ReLU
+    assert forwarded == dealt
+    assert not {k for _, _, k, _ in sent} & {privhfl.DCF_DEAL, privhfl.DCF_RELAY}
 
 
 # ---------------------------------------------------------------- codec
