@@ -258,11 +258,16 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
 def _betas(
     params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
-    betas = np.zeros((params.num_keys, params.key_tau), np.uint64)
+    tau = params.tau
     used = slots != EMPTY
-    betas[used, : params.tau] = payload[slots[used]]
+    betas = np.empty((params.num_keys, params.key_tau), np.uint64)
+    if payload.shape[0]:  # one gather (dummy keys read row 0, zeroed below): no boolean masks
+        np.take(payload, np.where(used, slots, 0), axis=0, out=betas[:, :tau], mode="clip")
+    betas[:, tau if payload.shape[0] else 0 :] = 0
+    dummies = np.flatnonzero(~used)
+    betas[dummies, :tau] = 0
     if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
-        betas[~used, params.tau - 1] = one_word(params)
+        betas[dummies, tau - 1] = one_word(params)
     return betas
 
 
