@@ -173,7 +173,7 @@ def place_indices(
     slots = np.full(params.num_keys, EMPTY, np.int64)
     occupied = rows != EMPTY
     if idx.size:
-        slots[:num_bins] = np.where(occupied, order[np.where(occupied, rows, 0)], EMPTY)
+        slots[:num_bins] = np.where(occupied, order.take(np.where(occupied, rows, 0)), EMPTY)
     stash_used = cuckoo.stash != EMPTY
     stash_items = cuckoo.stash[stash_used]
     alphas[num_bins:] = 0

@@ -259,16 +259,11 @@ def _betas(
     params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
     tau = params.tau
-    used = slots != EMPTY
-    betas = np.empty((params.num_keys, params.key_tau), np.uint64)
-    if payload.shape[0]:  # one gather (dummy keys read row 0, zeroed below): no boolean masks
-        np.take(payload, np.where(used, slots, 0), axis=0, out=betas[:, :tau], mode="clip")
-    betas[:, tau if payload.shape[0] else 0 :] = 0
-    dummies = np.flatnonzero(~used)
-    betas[dummies, :tau] = 0
+    rows = np.zeros((payload.shape[0] + 1, params.key_tau), np.uint64)  # row 0: a dummy key's
+    rows[1:, :tau] = payload
     if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
-        betas[dummies, tau - 1] = one_word(params)
-    return betas
+        rows[0, tau - 1] = one_word(params)
+    return rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)  # one gather, no masks
 
 
 def encode_update(
