@@ -216,6 +216,12 @@ class DPFPublicBatch:
     ------
     DPFKeyError
         If a field has the wrong type, shape or range (e.g. a control-bit byte above 3).
+
+    Notes
+    -----
+    A batch made by key generation (:mod:`flwr_fsl.crypto.dpf_gen`) holds its serialized form:
+    its arrays are read-only (the seed and leaf words are views of that blob) and
+    :meth:`to_bytes` returns the blob itself.
     """
 
     tau: int
