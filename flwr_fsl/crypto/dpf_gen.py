@@ -176,9 +176,8 @@ def _run(job: _Job) -> None:
         depth, path, rows = depth_sorted[lo : lo + n], job.path[keys], job.level_off[keys]
         _k.gen_init(order, lo, n, job.roots[0], job.roots[1], state_t, seeds)
         # depth is non-increasing: the keys that have level `level` are a prefix.
-        neg = -depth
-        for level in range(int(depth[0])):
-            active = int(np.searchsorted(neg, -level, side="left"))
+        prefix = np.searchsorted(-depth, -np.arange(depth[0]), side="left").tolist()
+        for level, active in enumerate(prefix):
             aes.left.encrypt_prefix_into(seeds[: 2 * active], enc[0])
             aes.right.encrypt_prefix_into(seeds[: 2 * active], enc[1])
             _g.gen_level(enc, seeds, level, path[:active], depth[:active], rows,
