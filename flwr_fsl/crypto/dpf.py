@@ -65,8 +65,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto.dpf_gen import gen_public
 from flwr_fsl.crypto.dpf_keys import (
-    _GEN_CHUNK,
     _U64,
     MAX_DOMAIN_BITS,
     MAX_TAU,
@@ -76,7 +76,6 @@ from flwr_fsl.crypto.dpf_keys import (
     DPFKeyError,
     DPFPublicBatch,
     DPFPublicKey,
-    UpdateHint,
     _as_index,
     _as_u64,
     _betas_matrix,
@@ -94,7 +93,7 @@ from flwr_fsl.crypto.prg import (
     derive_root_seeds,
     random_seeds,
 )
-from flwr_fsl.crypto.udpf import next_hint, next_hint_batch, update, update_batch
+from flwr_fsl.crypto.udpf import UpdateHint, next_hint, next_hint_batch, update, update_batch
 from flwr_fsl.kernels import dpf_eval as _fde
 from flwr_fsl.kernels import dpf_kernels as _k
 from flwr_fsl.kernels import vdpf_kernels as _vk
@@ -169,93 +168,6 @@ def _check_domain_bits(domain_bits: ArrayLike, m: int) -> NDArray[np.int64]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _gen_core(
-    alphas: NDArray[np.uint64],
-    betas: NDArray[np.uint64],
-    dbits: NDArray[np.int64],
-    root0: NDArray[np.uint64],
-    root1: NDArray[np.uint64],
-    epoch: int,
-    proof: bool = False,
-) -> DPFPublicBatch:
-    """Generate the public part of ``m`` keys for the given root seeds (validated inputs).
-
-    With ``proof`` (even ``tau`` only) each key also gets its verifiable-DPF proof correction
-    word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)`` (:mod:`flwr_fsl.kernels.vdpf_kernels`).
-    """
-    m, tau = betas.shape
-    group = _group(tau)
-    half_w = group * tau // 2
-    tl = _tree_levels(dbits, tau)
-    offsets = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(tl, out=offsets[1:])
-    if group == 2:
-        path = np.where(dbits >= 1, alphas >> _U64(1), _U64(0)).astype(_U64)
-        gpos = np.where(dbits >= 1, alphas & _U64(1), _U64(0)).astype(np.int64)
-    else:
-        path = alphas.astype(_U64)
-        gpos = np.zeros(m, dtype=np.int64)
-    epochs = np.full(m, epoch, dtype=_U64)
-    cw_seeds = np.empty((int(offsets[-1]), 2), dtype=_U64)
-    cw_bits = np.empty(int(offsets[-1]), dtype=np.uint8)
-    cw_leaf = np.empty((m, 2 * half_w), dtype=_U64)
-
-    order = np.argsort(-tl, kind="stable").astype(np.int64)
-    neg_sorted = -tl[order]
-    aes = _mmo_ciphers()
-    chunk = min(_GEN_CHUNK, max(m, 1))
-    seeds = np.empty((2 * chunk, 2), dtype=_U64)  # party b's seed of key i at row 2 * i + b
-    enc_l = np.empty((2 * chunk + 1, 2), dtype=_U64)
-    enc_r = np.empty((2 * chunk + 1, 2), dtype=_U64)
-    conv = np.empty((2 * chunk * half_w, 2), dtype=_U64)
-    conv_enc = np.empty((2 * chunk * half_w + 1, 2), dtype=_U64)
-    state_t = np.empty((chunk, 2), dtype=np.uint8)
-    cw_proof = np.empty((m, PROOF_WORDS), dtype=_U64) if proof else None
-    if proof:
-        p_in = np.empty((2 * chunk * _vk.BLOCKS, 2), dtype=_U64)
-        p_enc = np.empty((2 * chunk * _vk.BLOCKS + 1, 2), dtype=_U64)
-    for lo in range(0, m, chunk):
-        n = min(chunk, m - lo)
-        _k.gen_init(order, lo, n, root0, root1, state_t, seeds)
-        neg = neg_sorted[lo : lo + n]
-        for level in range(int(-neg[0]) if n else 0):
-            active = int(np.searchsorted(neg, -level, side="left"))
-            aes.left.encrypt_prefix_into(seeds[: 2 * active], enc_l)
-            aes.right.encrypt_prefix_into(seeds[: 2 * active], enc_r)
-            _k.gen_level(
-                enc_l,
-                enc_r,
-                seeds,
-                active,
-                level,
-                order,
-                lo,
-                path,
-                tl,
-                offsets,
-                state_t,
-                cw_seeds,
-                cw_bits,
-            )
-        if cw_proof is not None:
-            _vk.gen_proof_inputs(n, seeds, order, lo, alphas, p_in)
-            aes.proof.encrypt_prefix_into(p_in[: 2 * n * _vk.BLOCKS], p_enc)
-            _vk.gen_proof_words(p_enc, p_in, n, order, lo, cw_proof)
-        _k.leaf_blocks_pair(n, seeds, epochs, order, lo, half_w, conv)
-        nb = 2 * n * half_w
-        aes.value.encrypt_prefix_into(conv[:nb], conv_enc)
-        _k.leaf_correction(conv_enc, conv, n, order, lo, state_t, gpos, betas, half_w, cw_leaf)
-    return DPFPublicBatch(
-        tau=tau,
-        domain_bits=dbits.astype(np.uint8),
-        epochs=epochs,
-        cw_seeds=cw_seeds,
-        cw_bits=cw_bits,
-        cw_leaf=cw_leaf,
-        cw_proof=cw_proof,
-    )
-
-
 def generate_keys_batch(
     alphas: ArrayLike,
     betas: ArrayLike,
@@ -318,7 +230,7 @@ def generate_keys_batch(
     root1 = derive_root_seeds(msk[1], m)
     if verifiable and b.shape[1] % 2:
         raise ConfigurationError("verifiable keys need an even tau (no early termination)")
-    pub = _gen_core(a, b, d, root0, root1, e, proof=verifiable)
+    pub = gen_public(a, b, d, root0, root1, e, _mmo_ciphers(), proof=verifiable)
     return (
         DPFKeyBatch(party=0, root_seeds=root0, public=pub),
         DPFKeyBatch(party=1, root_seeds=root1, public=pub),
@@ -383,13 +295,14 @@ def generate_keys(
             raise ConfigurationError("root_seeds must be a pair of 16-byte seeds")
         r0 = _seed_from_bytes(root_seeds[0], "root seed 0")
         r1 = _seed_from_bytes(root_seeds[1], "root seed 1")
-    pub = _gen_core(
+    pub = gen_public(
         np.array([alpha], dtype=_U64),
         bmat,
         np.array([domain_bits], dtype=np.int64),
         r0,
         r1,
         _check_epoch(epoch),
+        _mmo_ciphers(),
     ).key(0)
     return (
         DPFKey(party=0, seed=r0.astype("<u8").tobytes(), public=pub),

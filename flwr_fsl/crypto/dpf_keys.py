@@ -1,7 +1,10 @@
-"""Key format of the DPFs of :mod:`flwr_fsl.crypto.dpf`: key shares, public parts, U-DPF hints.
+"""Key format of the DPFs of :mod:`flwr_fsl.crypto.dpf`: key shares and public parts.
 
-The algorithm (Gen, evaluation) is in :mod:`flwr_fsl.crypto.dpf`, the U-DPF hints and updates in
-:mod:`flwr_fsl.crypto.udpf`; :mod:`flwr_fsl.crypto.dpf` re-exports every name here.
+The algorithm (Gen, evaluation) is in :mod:`flwr_fsl.crypto.dpf`, the U-DPF hints
+(:class:`~flwr_fsl.crypto.udpf.UpdateHint`, kind 3 below) and updates in
+:mod:`flwr_fsl.crypto.udpf`; :mod:`flwr_fsl.crypto.dpf` re-exports every name here. The byte
+offsets of a public body are :mod:`flwr_fsl.crypto.dpf_wire`'s, so a blob is written once into
+one preallocated buffer.
 
 **Key split (Cui §4).** A key share is ``(party, root seed, public part)``. The public part
 (:class:`DPFPublicKey` / :class:`DPFPublicBatch`: per-level seed and control-bit correction words,
@@ -37,7 +40,8 @@ per key set). A 16-byte header: ``b"FDPF"``, version 2, kind (1 public part, 2 k
 and the same body followed by ``cw_proof`` (m*8 u64: each key's 64-byte proof correction word
 ``cs``); public parts and key shares without ``cw_proof`` keep writing version 2, byte for byte.
 A hint (always version 2) carries its epoch (u64) and ``cw_leaf`` (m*W u64) after the header.
-Every field is written by :class:`~flwr_fsl.core.wireformat.Writer` and read by
+Public parts and key shares are written field by field into one buffer of their final size
+(:mod:`flwr_fsl.crypto.dpf_wire`); every blob is read by
 :class:`~flwr_fsl.core.wireformat.Reader` (each length checked before anything is allocated).
 """
 
@@ -52,6 +56,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, Writer, register_magic
+from flwr_fsl.crypto.dpf_wire import (
+    EPOCH_PER_KEY,
+    EPOCH_SHARED,
+    PublicLayout,
+    public_layout,
+    u64_view,
+    write_public_body,
+)
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds
 
 __all__ = [
@@ -63,7 +75,6 @@ __all__ = [
     "DPFKeyError",
     "DPFPublicBatch",
     "DPFPublicKey",
-    "UpdateHint",
 ]
 
 MAX_DOMAIN_BITS = 63
@@ -81,7 +92,7 @@ PROOF_WORDS = 8
 """uint64 words of one verifiable-DPF proof correction word / per-leaf proof (4 AES blocks)."""
 _KIND_PUBLIC, _KIND_KEYS, _KIND_HINT = 1, 2, 3
 _NO_PARTY = 255
-_EPOCH_SHARED, _EPOCH_PER_KEY = 0, 1
+_EPOCH_SHARED, _EPOCH_PER_KEY = EPOCH_SHARED, EPOCH_PER_KEY
 _HEADER_BYTES = 16  # magic, version, kind, party, zero (u8 each), tau, m (u32)
 _GEN_CHUNK = 8192  # keys per Gen chunk: 4 blocks each per level -> 512 KiB buffers
 
@@ -205,6 +216,12 @@ class DPFPublicBatch:
     ------
     DPFKeyError
         If a field has the wrong type, shape or range (e.g. a control-bit byte above 3).
+
+    Notes
+    -----
+    A batch made by key generation (:mod:`flwr_fsl.crypto.dpf_gen`) holds its serialized form:
+    its arrays are read-only (the seed and leaf words are views of that blob) and
+    :meth:`to_bytes` returns the blob itself.
     """
 
     tau: int
@@ -215,6 +232,7 @@ class DPFPublicBatch:
     cw_leaf: NDArray[np.uint64]
     cw_proof: NDArray[np.uint64] | None = None
     level_offsets: NDArray[np.int64] = field(init=False, repr=False)
+    _wire: bytes | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         tau = self.tau
@@ -253,7 +271,7 @@ class DPFPublicBatch:
             object.__setattr__(self, name, np.ascontiguousarray(arr))
         if n_levels and int(self.cw_bits.max()) > 3:
             raise DPFKeyError("bad control bits: a control-bit correction byte exceeds 3")
-        if n_levels and np.any(self.cw_seeds[:, 0] & _U64(1)):
+        if n_levels and np.any(self.cw_seeds.reshape(-1)[::2] & _U64(1)):
             raise DPFKeyError("bad control bits: a seed correction word has its lowest bit set")
         object.__setattr__(self, "domain_bits", d.astype(np.uint8))
         object.__setattr__(self, "level_offsets", offsets)
@@ -318,27 +336,47 @@ class DPFPublicBatch:
         """Wire format version: 3 for verifiable keys (with ``cw_proof``), else 2."""
         return _VERSION if self.cw_proof is None else _PROOF_VERSION
 
-    def _body(self) -> bytes:
-        """Serialize the public body (everything after the header; see module docstring)."""
-        m = self.num_keys
-        shared = m >= 1 and bool(np.all(self.epochs == self.epochs[0]))
-        epochs = self.epochs[:1] if shared else self.epochs
-        w = Writer(DPFKeyError)
-        w.u8(_EPOCH_SHARED if shared else _EPOCH_PER_KEY)
-        w.words(self.domain_bits, "u1")
-        w.fixed(bytes((-(1 + m)) % 8), (-(1 + m)) % 8)
-        for words in (epochs, self.cw_leaf, self.cw_seeds):
-            w.words(words, "<u8")
-        packed = _pack_cw_bits(self.cw_bits)
-        w.fixed(packed, len(packed))
-        if self.cw_proof is not None:
-            w.words(self.cw_proof, "<u8")
-        return w.payload()
+    def layout(self, start: int = _HEADER_BYTES) -> PublicLayout:
+        """Return where each field of this batch's public body goes (body at byte ``start``)."""
+        shared = self.num_keys >= 1 and bool(np.all(self.epochs == self.epochs[0]))
+        levels = int(self.level_offsets[-1])
+        proof = self.cw_proof is not None
+        return public_layout(start, self.num_keys, self.leaf_words, levels, proof, shared)
+
+    def _write_body(self, buf: NDArray[np.uint8], lay: PublicLayout) -> None:
+        """Write the public body into ``buf`` at ``lay`` (see module docstring)."""
+        if self._wire is not None:  # written once already: copy the body as it stands
+            buf[lay.start : lay.end] = np.frombuffer(self._wire, np.uint8, offset=_HEADER_BYTES)
+            return
+        words = (self.cw_leaf, self.cw_seeds, self.cw_bits, self.cw_proof)
+        write_public_body(buf, lay, self.domain_bits, self.epochs, *words)
 
     def to_bytes(self) -> bytes:
-        """Serialize (kind 1, see module docstring)."""
-        head = _header(_KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys, self.version)
-        return head.payload() + self._body()
+        """Serialize (kind 1, see module docstring); a batch from Gen returns its blob as is."""
+        if self._wire is not None:
+            return self._wire
+        lay = self.layout()
+        buf = np.empty(lay.end, np.uint8)
+        _write_header(buf, _KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys, self.version)
+        self._write_body(buf, lay)
+        return buf.tobytes()
+
+    @classmethod
+    def _from_wire(cls, wire: bytes, fields: dict[str, Any]) -> DPFPublicBatch:
+        """Wrap a public part that key generation wrote in place, with its blob cached.
+
+        ``fields`` are every field's value (``level_offsets`` included), typically read-only
+        views of ``wire``; arrays are made read-only, so the cached blob stays what
+        :meth:`to_bytes` would write. Gen's arrays are correct by construction and are not
+        validated again (a decoded blob is: :meth:`from_bytes`).
+        """
+        batch = object.__new__(cls)
+        for name, value in fields.items():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+            object.__setattr__(batch, name, value)
+        object.__setattr__(batch, "_wire", wire)
+        return batch
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DPFPublicBatch:
@@ -601,9 +639,13 @@ class DPFKeyBatch:
     def to_bytes(self) -> bytes:
         """Serialize (kind 2: party, root seeds and public part)."""
         pub = self.public
-        w = _header(_KIND_KEYS, self.party, pub.tau, pub.num_keys, pub.version)
-        w.words(self.root_seeds, "<u8")
-        return w.payload() + pub._body()
+        m = pub.num_keys
+        lay = pub.layout(_HEADER_BYTES + 16 * m)
+        buf = np.empty(lay.end, np.uint8)
+        _write_header(buf, _KIND_KEYS, self.party, pub.tau, m, pub.version)
+        u64_view(buf, _HEADER_BYTES, 2 * m)[:] = self.root_seeds.reshape(-1)
+        pub._write_body(buf, lay)
+        return buf.tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DPFKeyBatch:
@@ -625,81 +667,6 @@ class DPFKeyBatch:
     __hash__ = None  # type: ignore[assignment]
 
 
-@dataclass(frozen=True, eq=False)
-class UpdateHint:
-    """U-DPF hint (Cui §5): new leaf correction words of ``m`` keys for one epoch.
-
-    The same hint goes to both servers (it is public); applying it with :func:`update` moves a
-    key pair from ``f_{alpha, beta}`` to ``f_{alpha, beta'}``.
-
-    Parameters
-    ----------
-    epoch : int
-        The new epoch (strictly larger than the keys' epochs).
-    tau : int
-        Output words per point.
-    cw_leaf : numpy.ndarray
-        ``(m, W)`` uint64 new leaf correction words.
-
-    Raises
-    ------
-    DPFKeyError
-        If a field is malformed.
-    """
-
-    epoch: int
-    tau: int
-    cw_leaf: NDArray[np.uint64]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.epoch, int | np.integer) or not 0 <= int(self.epoch) < 1 << 64:
-            raise DPFKeyError(f"hint epoch must be an integer in [0, 2**64), got {self.epoch!r}")
-        if not isinstance(self.tau, int | np.integer) or not 1 <= int(self.tau) <= MAX_TAU:
-            raise DPFKeyError(f"hint tau must be in [1, {MAX_TAU}], got {self.tau!r}")
-        w = _group(int(self.tau)) * int(self.tau)
-        leaf = self.cw_leaf
-        if not isinstance(leaf, np.ndarray) or leaf.dtype != _U64 or leaf.ndim != 2:
-            raise DPFKeyError("hint cw_leaf must be a 2-D uint64 array")
-        if leaf.shape[1] != w:
-            raise DPFKeyError(f"hint cw_leaf has {leaf.shape[1]} words per key, tau needs {w}")
-        object.__setattr__(self, "epoch", int(self.epoch))
-        object.__setattr__(self, "tau", int(self.tau))
-        object.__setattr__(self, "cw_leaf", np.ascontiguousarray(leaf))
-
-    def to_bytes(self) -> bytes:
-        """Serialize (kind 3)."""
-        w = _header(_KIND_HINT, _NO_PARTY, self.tau, self.cw_leaf.shape[0])
-        w.u64(self.epoch)
-        w.words(self.cw_leaf, "<u8")
-        return w.payload()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> UpdateHint:
-        """Parse and validate a serialized hint.
-
-        Raises
-        ------
-        DPFKeyError
-            If the blob is truncated, too long or malformed.
-        """
-        r, tau, m, _, version = _parse_header(data, _KIND_HINT)
-        if version != _VERSION:
-            raise DPFKeyError(f"unsupported hint format version {version}")
-        w = _group(tau) * tau
-        need = _HEADER_BYTES + 8 + 8 * m * w
-        if len(r.data) != need:
-            raise DPFKeyError(f"hint has {len(r.data)} bytes, expected {need}")
-        epoch = r.u64("epoch")
-        leaf = r.words(m * w, "<u8", "cw_leaf").astype(_U64)
-        r.done()
-        return cls(epoch=epoch, tau=tau, cw_leaf=leaf.reshape(m, w))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, UpdateHint) and self.to_bytes() == other.to_bytes()
-
-    __hash__ = None  # type: ignore[assignment]
-
-
 # ------------------------------------------------------------------------------------------------
 # Wire format helpers
 # ------------------------------------------------------------------------------------------------
@@ -714,6 +681,13 @@ def _header(kind: int, party: int, tau: int, m: int, version: int = _VERSION) ->
     w.u32(tau)
     w.u32(m)
     return w
+
+
+def _write_header(
+    buf: NDArray[np.uint8], kind: int, party: int, tau: int, m: int, version: int
+) -> None:
+    """Write the 16-byte header into ``buf[:16]``."""
+    buf[:_HEADER_BYTES] = np.frombuffer(_header(kind, party, tau, m, version).payload(), np.uint8)
 
 
 def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int, int]:
@@ -739,16 +713,6 @@ def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int, int]:
     if not 1 <= tau <= MAX_TAU:
         raise DPFKeyError(f"tau must be in [1, {MAX_TAU}], got {tau}")
     return r, tau, m, party, version
-
-
-def _pack_cw_bits(bits: NDArray[np.uint8]) -> bytes:
-    """Pack 2-bit control-bit corrections 4 per byte, level ``i`` at bit ``2 * (i % 4)``."""
-    n = bits.shape[0]
-    padded = np.zeros(4 * ((n + 3) // 4), dtype=np.uint8)
-    padded[:n] = bits
-    quads = padded.reshape(-1, 4)
-    packed = quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
-    return packed.astype(np.uint8).tobytes()
 
 
 def _unpack_cw_bits(packed: NDArray[np.uint8], n_levels: int) -> NDArray[np.uint8]:

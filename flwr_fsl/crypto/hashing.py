@@ -383,6 +383,7 @@ def cuckoo_hash(
     *,
     seed: int | np.random.Generator | None = None,
     max_evictions: int = DEFAULT_MAX_EVICTIONS,
+    rows: NDArray[np.int64] | None = None,
 ) -> CuckooTable:
     """Cuckoo-hash a client's distinct indices into ``params.num_bins`` bins.
 
@@ -403,6 +404,10 @@ def cuckoo_hash(
         from); ``None`` draws a fresh one. Equal seeds give equal tables.
     max_evictions : int, optional
         Evictions allowed per inserted index, default 1000.
+    rows : numpy.ndarray, optional
+        ``(B,)`` int64; if given, receives each bin's index as its row in the sorted indices
+        (``EMPTY`` for an empty bin), so a caller that sorted its indices maps bins back to
+        its own rows without a search.
 
     Returns
     -------
@@ -447,6 +452,8 @@ def cuckoo_hash(
             f"{params.num_bins} bins); use a larger scale_factor or stash_size, or a new key",
             index,
         )
+    if rows is not None:
+        rows[:] = table
     hash_ids = np.empty(params.num_bins, dtype=np.int64)
     _kernels.resolve_cuckoo_table(items, candidates, table, stash, hash_ids)
     return CuckooTable(

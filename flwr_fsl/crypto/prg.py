@@ -240,11 +240,11 @@ def prf_blocks(key: bytes, counters: NDArray[np.uint64], tag: int) -> NDArray[np
     if not 0 <= int(tag) < 1 << 64:
         raise ConfigurationError(f"tag must be in [0, 2**64), got {tag}")
     blocks = np.empty((c.size, 2), dtype=_U64)
-    blocks[:, 0] = c.astype(_U64)
+    blocks[:, 0] = c
     blocks[:, 1] = _U64(tag)
-    out = np.empty_like(blocks)
-    BatchedAES(k).encrypt_into(blocks, out)
-    return out
+    out = np.empty((c.size + 1, 2), dtype=_U64)  # one spare block: AES writes in place
+    BatchedAES(k).encrypt_prefix_into(blocks, out)
+    return out[: c.size]
 
 
 def derive_root_seeds(master_seed: bytes, count: int) -> NDArray[np.uint64]:

@@ -5,35 +5,118 @@ A U-DPF hint is a fresh leaf correction word masked by ``H(s_0, e) - H(s_1, e)``
 applies the same public hint to its share (:func:`update_batch`), moving the key pair from
 ``f_{alpha, beta}`` to ``f_{alpha, beta'}`` without a new Gen. Its security needs every epoch to
 be used once per key pair, which :func:`update` and :func:`next_hint` enforce (epochs strictly
-increase). The hint's wire format is :class:`~flwr_fsl.crypto.dpf_keys.UpdateHint`;
-:mod:`flwr_fsl.crypto.dpf` re-exports these functions.
+increase). The hint and its wire format are :class:`UpdateHint` (kind 3 of the ``FDPF`` blobs of
+:mod:`flwr_fsl.crypto.dpf_keys`); :mod:`flwr_fsl.crypto.dpf` re-exports all of them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf_keys import (
     _GEN_CHUNK,
+    _HEADER_BYTES,
+    _KIND_HINT,
+    _NO_PARTY,
     _U64,
+    _VERSION,
+    MAX_TAU,
     DPFKey,
     DPFKeyBatch,
     DPFKeyError,
     DPFPublicBatch,
-    UpdateHint,
     _as_index,
     _as_u64,
     _betas_matrix,
     _check_epoch,
     _group,
+    _header,
+    _parse_header,
     _tree_levels,
 )
 from flwr_fsl.crypto.prg import _mmo_ciphers
 from flwr_fsl.kernels import dpf_kernels as _k
 
-__all__ = ["next_hint", "next_hint_batch", "update", "update_batch"]
+__all__ = ["UpdateHint", "next_hint", "next_hint_batch", "update", "update_batch"]
+
+
+@dataclass(frozen=True, eq=False)
+class UpdateHint:
+    """U-DPF hint (Cui §5): new leaf correction words of ``m`` keys for one epoch.
+
+    The same hint goes to both servers (it is public); applying it with :func:`update` moves a
+    key pair from ``f_{alpha, beta}`` to ``f_{alpha, beta'}``.
+
+    Parameters
+    ----------
+    epoch : int
+        The new epoch (strictly larger than the keys' epochs).
+    tau : int
+        Output words per point.
+    cw_leaf : numpy.ndarray
+        ``(m, W)`` uint64 new leaf correction words.
+
+    Raises
+    ------
+    DPFKeyError
+        If a field is malformed.
+    """
+
+    epoch: int
+    tau: int
+    cw_leaf: NDArray[np.uint64]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.epoch, int | np.integer) or not 0 <= int(self.epoch) < 1 << 64:
+            raise DPFKeyError(f"hint epoch must be an integer in [0, 2**64), got {self.epoch!r}")
+        if not isinstance(self.tau, int | np.integer) or not 1 <= int(self.tau) <= MAX_TAU:
+            raise DPFKeyError(f"hint tau must be in [1, {MAX_TAU}], got {self.tau!r}")
+        w = _group(int(self.tau)) * int(self.tau)
+        leaf = self.cw_leaf
+        if not isinstance(leaf, np.ndarray) or leaf.dtype != _U64 or leaf.ndim != 2:
+            raise DPFKeyError("hint cw_leaf must be a 2-D uint64 array")
+        if leaf.shape[1] != w:
+            raise DPFKeyError(f"hint cw_leaf has {leaf.shape[1]} words per key, tau needs {w}")
+        object.__setattr__(self, "epoch", int(self.epoch))
+        object.__setattr__(self, "tau", int(self.tau))
+        object.__setattr__(self, "cw_leaf", np.ascontiguousarray(leaf))
+
+    def to_bytes(self) -> bytes:
+        """Serialize (kind 3)."""
+        w = _header(_KIND_HINT, _NO_PARTY, self.tau, self.cw_leaf.shape[0])
+        w.u64(self.epoch)
+        w.words(self.cw_leaf, "<u8")
+        return w.payload()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UpdateHint:
+        """Parse and validate a serialized hint.
+
+        Raises
+        ------
+        DPFKeyError
+            If the blob is truncated, too long or malformed.
+        """
+        r, tau, m, _, version = _parse_header(data, _KIND_HINT)
+        if version != _VERSION:
+            raise DPFKeyError(f"unsupported hint format version {version}")
+        w = _group(tau) * tau
+        need = _HEADER_BYTES + 8 + 8 * m * w
+        if len(r.data) != need:
+            raise DPFKeyError(f"hint has {len(r.data)} bytes, expected {need}")
+        epoch = r.u64("epoch")
+        leaf = r.words(m * w, "<u8", "cw_leaf").astype(_U64)
+        r.done()
+        return cls(epoch=epoch, tau=tau, cw_leaf=leaf.reshape(m, w))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UpdateHint) and self.to_bytes() == other.to_bytes()
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------------------------------------------

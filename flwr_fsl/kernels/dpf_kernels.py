@@ -124,7 +124,8 @@ def chunk_bounds(cost: np.ndarray, budget: int) -> np.ndarray:  # pragma: no cov
 
 
 # --------------------------------------------------------------------------------------------
-# Key generation: 4 AES blocks per key and level (two parties x two children).
+# Both parties' paths (U-DPF hints, flwr_fsl.crypto.udpf). Gen's own kernels are in
+# flwr_fsl.kernels.dpf_gen_kernels.
 # --------------------------------------------------------------------------------------------
 
 
@@ -152,71 +153,6 @@ def gen_init(
 
 
 @njit(cache=True, nogil=True)
-def gen_level(  # noqa: PLR0913
-    enc_l: np.ndarray,
-    enc_r: np.ndarray,
-    seeds: np.ndarray,
-    n: int,
-    level: int,
-    order: np.ndarray,
-    lo: int,
-    path_bits: np.ndarray,
-    tree_levels: np.ndarray,
-    level_off: np.ndarray,
-    state_t: np.ndarray,
-    cw_seeds: np.ndarray,
-    cw_bits: np.ndarray,
-) -> None:  # pragma: no cover - numba
-    """One BGI16 Gen level for the first ``n`` keys of the chunk; writes their correction words.
-
-    ``seeds[2 * i + b]`` is party ``b``'s block (control bit in bit 0) of key ``order[lo + i]``
-    and ``enc_l``/``enc_r`` its encryptions under the left/right key; the blocks are replaced by
-    the kept children's.
-    ``path_bits[j]`` holds the ``tree_levels[j]`` tree-path bits of key ``j`` (MSB first), so the
-    bit of this level is ``path_bits[j] >> (tree_levels[j] - 1 - level) & 1``.
-    """
-    cs = np.empty((2, 2, 2), dtype=np.uint64)  # [party, child, word]
-    ct = np.empty((2, 2), dtype=np.uint8)  # [party, child]
-    for i in range(n):
-        j = order[lo + i]
-        for b in range(2):
-            k = 2 * i + b
-            s0 = seeds[k, 0]
-            s1 = seeds[k, 1]
-            v0 = enc_l[k, 0] ^ s0
-            ct[b, 0] = np.uint8(v0 & ONE)
-            cs[b, 0, 0] = v0 & CLEAR
-            cs[b, 0, 1] = enc_l[k, 1] ^ s1
-            v0 = enc_r[k, 0] ^ s0
-            ct[b, 1] = np.uint8(v0 & ONE)
-            cs[b, 1, 0] = v0 & CLEAR
-            cs[b, 1, 1] = enc_r[k, 1] ^ s1
-        shift = np.uint64(tree_levels[j] - 1 - level)
-        a = np.int64((path_bits[j] >> shift) & ONE)
-        lose = 1 - a
-        scw0 = cs[0, lose, 0] ^ cs[1, lose, 0]
-        scw1 = cs[0, lose, 1] ^ cs[1, lose, 1]
-        tcw_l = ct[0, 0] ^ ct[1, 0] ^ np.uint8(a) ^ np.uint8(1)
-        tcw_r = ct[0, 1] ^ ct[1, 1] ^ np.uint8(a)
-        idx = level_off[j] + level
-        cw_seeds[idx, 0] = scw0
-        cw_seeds[idx, 1] = scw1
-        cw_bits[idx] = tcw_l | (tcw_r << np.uint8(1))
-        tcw_keep = tcw_r if a == 1 else tcw_l
-        for b in range(2):
-            s0 = cs[b, a, 0]
-            s1 = cs[b, a, 1]
-            tk = ct[b, a]
-            if state_t[i, b]:
-                s0 ^= scw0
-                s1 ^= scw1
-                tk ^= tcw_keep
-            seeds[2 * i + b, 0] = s0 | np.uint64(tk)
-            seeds[2 * i + b, 1] = s1
-            state_t[i, b] = tk
-
-
-@njit(cache=True, nogil=True)
 def leaf_blocks_pair(
     n: int,
     seeds: np.ndarray,
@@ -237,45 +173,6 @@ def leaf_blocks_pair(
             for q in range(half_w):
                 out[base + q, 0] = (seeds[2 * i + b, 0] & CLEAR) ^ (TWO + np.uint64(q))
                 out[base + q, 1] = seeds[2 * i + b, 1] ^ e
-
-
-@njit(cache=True, nogil=True)
-def leaf_correction(  # noqa: PLR0913
-    enc: np.ndarray,
-    blocks: np.ndarray,
-    n: int,
-    order: np.ndarray,
-    lo: int,
-    state_t: np.ndarray,
-    group_pos: np.ndarray,
-    betas: np.ndarray,
-    half_w: int,
-    cw_leaf: np.ndarray,
-) -> None:  # pragma: no cover - numba
-    """Leaf correction ``CW = (-1)^t1 * (u - H(s0) + H(s1))`` with ``u = beta`` at its group.
-
-    ``u`` is ``beta`` (``tau`` words) at word offset ``group_pos[j] * tau`` and 0 elsewhere.
-    """
-    tau = betas.shape[1]
-    width = 2 * half_w
-    for i in range(n):
-        j = order[lo + i]
-        start = group_pos[j] * tau
-        neg = state_t[i, 1] != 0
-        for w in range(width):
-            q = w >> 1
-            h = w & 1
-            k0 = (2 * i) * half_w + q
-            k1 = (2 * i + 1) * half_w + q
-            c0 = enc[k0, h] ^ blocks[k0, h]
-            c1 = enc[k1, h] ^ blocks[k1, h]
-            u = ZERO
-            if start <= w < start + tau:
-                u = betas[j, w - start]
-            val = u - c0 + c1
-            if neg:
-                val = ZERO - val
-            cw_leaf[j, w] = val
 
 
 # --------------------------------------------------------------------------------------------

@@ -365,3 +365,52 @@ def lookup_positions(
             if first_missing == EMPTY:
                 first_missing = np.int64(q)
     return first_missing
+
+
+@njit(cache=True, nogil=True)
+def rank_in_bins(
+    bin_offsets: NDArray[np.int64],
+    bin_items: NDArray[np.int64],
+    rows: NDArray[np.int64],
+    items: NDArray[np.int64],
+    out: NDArray[np.int64],
+) -> np.int64:  # pragma: no cover - jitted
+    """Rank of each cuckoo bin's index inside the same simple bin, for every bin in order.
+
+    Bin ``b`` holds ``items[rows[b]]`` (``rows[b] == EMPTY``: an empty bin). Its rank is the
+    number of smaller indices in simple bin ``b``, counted by one linear pass over that bin
+    (bins are short and visited in order, so the table streams through the cache: faster
+    than :func:`lookup_positions`' binary searches here).
+
+    Parameters
+    ----------
+    bin_offsets, bin_items : numpy.ndarray
+        The CSR simple table (bins sorted ascending).
+    rows : numpy.ndarray
+        ``(B,)`` int64 row of ``items`` held by each bin, or ``EMPTY``.
+    items : numpy.ndarray
+        int64 indices.
+    out : numpy.ndarray
+        ``(B,)`` int64; receives each bin's rank, ``EMPTY`` for an empty bin.
+
+    Returns
+    -------
+    numpy.int64
+        The first bin whose index is not in its simple bin, or ``EMPTY`` if none.
+    """
+    first_missing = np.int64(EMPTY)
+    for b in range(rows.shape[0]):
+        r = rows[b]
+        if r == EMPTY:
+            out[b] = EMPTY
+            continue
+        x = items[r]
+        start = bin_offsets[b]
+        stop = bin_offsets[b + 1]
+        rank = 0
+        for p in range(start, stop):
+            rank += bin_items[p] < x
+        out[b] = rank
+        if (start + rank >= stop or bin_items[start + rank] != x) and first_missing == EMPTY:
+            first_missing = np.int64(b)
+    return first_missing

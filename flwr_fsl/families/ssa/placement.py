@@ -9,7 +9,6 @@ indices into those bins (:func:`place_indices`), and the table fixes each key's 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -26,6 +25,7 @@ from flwr_fsl.crypto.hashing import (
 )
 from flwr_fsl.families.ssa.messages import Placement, SSAParams
 from flwr_fsl.families.ssa.verify import dummy_alphas, key_domain_bits_checked, key_lengths_checked
+from flwr_fsl.kernels.hashing import rank_in_bins
 
 __all__ = ["key_domain_bits", "key_lengths", "place_indices", "simple_table_for"]
 
@@ -81,38 +81,34 @@ def key_lengths(params: SSAParams, table: SimpleTable) -> NDArray[np.int64]:
     )
 
 
-_DENSE_SLOTS_MAX = 1 << 24
-"""Largest domain for which :func:`place_indices` maps indices to slots through a dense
-``(m,)`` array (8 bytes an element, 128 MiB at most) rather than a sort."""
+def _sorted_rows(idx: NDArray[np.int64], domain_size: int) -> tuple[NDArray[np.int64], ...]:
+    """Return ``(items, order)``: ``idx`` sorted and each sorted item's row in ``idx``.
 
-
-def _slot_lookup(
-    idx: NDArray[np.int64], domain_size: int
-) -> Callable[[NDArray[np.int64]], NDArray[np.int64]]:
-    """Check ``idx`` (in range already) is distinct; return ``items -> their rows in idx``.
-
-    Up to :data:`_DENSE_SLOTS_MAX` elements a dense index-to-row array does
-    both in O(m + k) (issue 26: ~2 ms at m = 2**20, k = 105k, against ~20 ms for a sort and
-    binary searches); larger domains sort once (O(k log k)).
+    One sort of ``index << s | row`` words when they fit in 63 bits (issue 26: ~0.7 ms at
+    k = 105k, against ~1.5 ms for ``argsort`` and 26-41 ms for ``np.unique``'s hash path),
+    ``argsort`` otherwise.
 
     Raises
     ------
     ConfigurationError
         If an index is repeated (the text names none: it reaches S0).
     """
-    rows = np.arange(idx.size, dtype=np.int64)
-    if domain_size <= _DENSE_SLOTS_MAX:
-        dense = np.full(domain_size, EMPTY, np.int64)
-        dense[idx] = rows  # a repeated index keeps its last row only
-        if idx.size and not np.array_equal(dense[idx], rows):
-            raise ConfigurationError("indices must be distinct")
-        return lambda items: dense[items]
-    # One sort serves the distinctness check and the lookup (np.unique's hash path is slow).
-    order = np.argsort(idx, kind="stable")
-    sorted_idx = idx[order]
-    if np.any(sorted_idx[1:] == sorted_idx[:-1]):
+    shift = max(1, (idx.size - 1).bit_length())
+    if (domain_size - 1).bit_length() + shift <= _PACK_BITS:
+        packed = np.left_shift(idx, shift)
+        packed |= np.arange(idx.size, dtype=np.int64)
+        packed.sort()
+        items, order = packed >> shift, packed & ((1 << shift) - 1)
+    else:
+        order = np.argsort(idx)
+        items = idx[order]
+    if np.any(items[1:] == items[:-1]):
         raise ConfigurationError("indices must be distinct")
-    return lambda items: order[np.searchsorted(sorted_idx, items)]
+    return items, order
+
+
+_PACK_BITS = 63
+"""Bits of the ``index << s | row`` words :func:`_sorted_rows` sorts (above: ``argsort``)."""
 
 
 def place_indices(
@@ -156,10 +152,12 @@ def place_indices(
         raise ConfigurationError(f"more indices than the round allows (k={params.num_items})")
     if idx.size and (idx.min() < 0 or idx.max() >= params.domain_size):
         raise ConfigurationError(f"indices must be in [0, {params.domain_size})")
-    slot_of = _slot_lookup(idx, params.domain_size)
+    items, order = _sorted_rows(idx, params.domain_size)
     table = simple_table if simple_table is not None else simple_table_for(params)
+    num_bins = params.hash_params.num_bins
+    rows = np.empty(num_bins, np.int64)  # each bin's item as a row of `items`
     try:
-        cuckoo = cuckoo_hash(idx, params.hash_params, seed=rng)
+        cuckoo = cuckoo_hash(items, params.hash_params, seed=rng, rows=rows)
     except CuckooInsertionError as err:
         # The hashing layer's text names the homeless index; keep it out of the reply.
         raise CuckooInsertionError(
@@ -167,17 +165,23 @@ def place_indices(
             "stash_size, or a new hash key",
             err.index,
         ) from None
-    positions = cuckoo.positions(table)
-    num_bins = params.hash_params.num_bins
-    alphas = np.zeros(params.num_keys, np.uint64)
+    if table.params != params.hash_params:
+        raise ConfigurationError("cuckoo and simple table were built with different HashParams")
+    alphas = np.empty(params.num_keys, np.int64)
+    if rank_in_bins(table.bin_offsets, table.bin_items, rows, items, alphas[:num_bins]) != EMPTY:
+        raise ConfigurationError("an index is missing from its simple bin")
     slots = np.full(params.num_keys, EMPTY, np.int64)
-    occupied = cuckoo.occupied
-    alphas[:num_bins][occupied] = positions[occupied].astype(np.uint64)
-    slots[:num_bins][occupied] = slot_of(cuckoo.items[occupied])
+    occupied = rows != EMPTY
+    if idx.size:
+        slots[:num_bins] = np.where(occupied, order.take(np.where(occupied, rows, 0)), EMPTY)
     stash_used = cuckoo.stash != EMPTY
     stash_items = cuckoo.stash[stash_used]
-    alphas[num_bins:][stash_used] = stash_items.astype(np.uint64)
-    slots[num_bins:][stash_used] = slot_of(stash_items)
+    alphas[num_bins:] = 0
+    alphas[num_bins:][stash_used] = stash_items
+    slots[num_bins:][stash_used] = order[np.searchsorted(items, stash_items)]
     if params.verify:  # every unused key points at its dummy slot
-        alphas[slots == EMPTY] = dummy_alphas(params, table)[slots == EMPTY]
-    return Placement(alphas, slots, cuckoo)
+        unused = slots == EMPTY
+        alphas[unused] = dummy_alphas(params, table)[unused]
+    else:
+        alphas[:num_bins][~occupied] = 0
+    return Placement(alphas.astype(np.uint64), slots, cuckoo)

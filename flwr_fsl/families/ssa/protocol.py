@@ -258,12 +258,12 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
 def _betas(
     params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
 ) -> NDArray[np.uint64]:
-    betas = np.zeros((params.num_keys, params.key_tau), np.uint64)
-    used = slots != EMPTY
-    betas[used, : params.tau] = payload[slots[used]]
+    tau = params.tau
+    rows = np.zeros((payload.shape[0] + 1, params.key_tau), np.uint64)  # row 0: a dummy key's
+    rows[1:, :tau] = payload
     if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
-        betas[~used, params.tau - 1] = one_word(params)
-    return betas
+        rows[0, tau - 1] = one_word(params)
+    return rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)  # one gather, no masks
 
 
 def encode_update(

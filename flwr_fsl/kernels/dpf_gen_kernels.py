@@ -1,0 +1,143 @@
+"""Numba loops of DPF key generation (BGI16 Gen), between the batched AES calls of a tree level.
+
+The driver (:mod:`flwr_fsl.crypto.dpf_gen`) keeps both parties' blocks of a chunk of keys in one
+buffer (party ``b``'s block of the chunk's ``i``-th key at row ``2 * i + b``; the block is the
+seed with the node's control bit in bit 0, as in :mod:`flwr_fsl.kernels.dpf_kernels`), encrypts
+it under the left and the right fixed key, and calls :func:`gen_level`, which finishes the MMO
+feed-forward, writes the level's correction words straight into the keys' rows of the wire blob
+and replaces each block by its kept child's (branch-free, reading the chunk's per-key arrays in
+order; the control bits are packed for the wire once, after all levels). The leaf kernels lay
+out the conversion inputs and, after one AES call, write the leaf correction words in place.
+
+The kernels read the control bits from the blocks' bit 0, so no separate control-bit state is
+carried between levels. Everything is ``uint64``/``uint8``/``int64`` with explicit casts, every
+kernel is ``cache=True, nogil=True`` and writes into buffers the caller owns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+ZERO = np.uint64(0)
+ONE = np.uint64(1)
+TWO = np.uint64(2)
+CLEAR = ~np.uint64(1)
+
+
+@njit(cache=True, nogil=True)
+def gen_level(
+    enc: np.ndarray,
+    seeds: np.ndarray,
+    level: int,
+    path_bits: np.ndarray,
+    depth: np.ndarray,
+    rows: np.ndarray,
+    cw_seeds: np.ndarray,
+    cw_bits: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """One BGI16 Gen level for the chunk's first ``n = len(path_bits)`` keys (the deeper ones).
+
+    ``enc[0]`` and ``enc[1]`` hold the blocks' encryptions under the left and the right key.
+    Key ``i`` of the chunk has ``depth[i]`` tree levels, the path bits ``path_bits[i]`` (MSB
+    first) and its first correction word at row ``rows[i]`` of ``cw_seeds`` / ``cw_bits``
+    (the wire blob's rows); this level's goes to row ``rows[i] + level``. Branch-free, with
+    the chunk's per-key arrays read in order.
+    """
+    enc_l = enc[0]
+    enc_r = enc[1]
+    for i in range(path_bits.shape[0]):
+        k0 = 2 * i
+        k1 = k0 + 1
+        a0 = seeds[k0, 0]
+        a1 = seeds[k0, 1]
+        b0 = seeds[k1, 0]
+        b1 = seeds[k1, 1]
+        # Children (with their control bits in bit 0) of both parties: MMO feed-forward.
+        l00 = enc_l[k0, 0] ^ a0
+        l01 = enc_l[k0, 1] ^ a1
+        r00 = enc_r[k0, 0] ^ a0
+        r01 = enc_r[k0, 1] ^ a1
+        l10 = enc_l[k1, 0] ^ b0
+        l11 = enc_l[k1, 1] ^ b1
+        r10 = enc_r[k1, 0] ^ b0
+        r11 = enc_r[k1, 1] ^ b1
+        bit = (path_bits[i] >> np.uint64(depth[i] - 1 - level)) & ONE
+        keep = ZERO - bit  # all ones: keep the right child, correct with the left ones
+        k00 = l00 ^ ((l00 ^ r00) & keep)
+        k01 = l01 ^ ((l01 ^ r01) & keep)
+        k10 = l10 ^ ((l10 ^ r10) & keep)
+        k11 = l11 ^ ((l11 ^ r11) & keep)
+        x0 = l00 ^ l10
+        y0 = r00 ^ r10
+        scw0 = (x0 ^ y0 ^ k00 ^ k10) & CLEAR  # the lost children's XOR, bit 0 clear
+        scw1 = (l01 ^ l11) ^ (r01 ^ r11) ^ k01 ^ k11
+        tcw_l = (x0 & ONE) ^ bit ^ ONE
+        tcw_r = (y0 & ONE) ^ bit
+        tcw_keep = tcw_l ^ ((tcw_l ^ tcw_r) & keep)
+        row = rows[i] + level
+        cw_seeds[row, 0] = scw0
+        cw_seeds[row, 1] = scw1
+        cw_bits[row] = np.uint8(tcw_l | (tcw_r << ONE))
+        # A party whose control bit is set applies the correction (its bit included).
+        m0 = ZERO - (a0 & ONE)
+        m1 = ZERO - (b0 & ONE)
+        corr0 = scw0 | tcw_keep
+        seeds[k0, 0] = k00 ^ (m0 & corr0)
+        seeds[k0, 1] = k01 ^ (m0 & scw1)
+        seeds[k1, 0] = k10 ^ (m1 & corr0)
+        seeds[k1, 1] = k11 ^ (m1 & scw1)
+
+
+@njit(cache=True, nogil=True)
+def gen_leaf_blocks(
+    n: int, seeds: np.ndarray, epoch: np.uint64, half_w: int, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Conversion inputs ``s_b ^ (2 + q, epoch)``, ``q < half_w``, of both parties' leaf seeds."""
+    for k in range(2 * n):
+        s0 = seeds[k, 0] & CLEAR
+        s1 = seeds[k, 1] ^ epoch
+        base = k * half_w
+        for q in range(half_w):
+            out[base + q, 0] = s0 ^ (TWO + np.uint64(q))
+            out[base + q, 1] = s1
+
+
+@njit(cache=True, nogil=True)
+def gen_leaf_correction(
+    enc: np.ndarray,
+    blocks: np.ndarray,
+    keys: np.ndarray,
+    seeds: np.ndarray,
+    group_pos: np.ndarray,
+    betas: np.ndarray,
+    cw_leaf: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """Leaf correction ``CW = (-1)^t1 * (u - H(s0) + H(s1))``, ``u = beta`` at its group.
+
+    ``t1`` is party 1's final control bit (bit 0 of its leaf block ``seeds[2 * i + 1]``);
+    ``u`` is ``beta`` (``tau`` words) at word offset ``group_pos[j] * tau``, 0 elsewhere; key
+    ``i`` of the chunk is key number ``keys[i]``, its ``W = cw_leaf.shape[1]`` words come from
+    ``W / 2`` blocks per party (:func:`gen_leaf_blocks`).
+    """
+    tau = betas.shape[1]
+    width = cw_leaf.shape[1]
+    half_w = width // 2
+    for i in range(keys.shape[0]):
+        j = keys[i]
+        start = group_pos[j] * tau
+        neg = (seeds[2 * i + 1, 0] & ONE) != ZERO
+        base0 = (2 * i) * half_w
+        base1 = (2 * i + 1) * half_w
+        for w in range(width):
+            q = w >> 1
+            h = w & 1
+            c0 = enc[base0 + q, h] ^ blocks[base0 + q, h]
+            c1 = enc[base1 + q, h] ^ blocks[base1 + q, h]
+            u = ZERO
+            if start <= w < start + tau:
+                u = betas[j, w - start]
+            val = u - c0 + c1
+            if neg:
+                val = ZERO - val
+            cw_leaf[j, w] = val
