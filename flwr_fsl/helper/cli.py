@@ -500,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-value-check",
         choices=("off", "projected", "exact"),
-        default=_DEFAULT_LIMITS.min_value_check,
+        default="projected",
         help="refuse SSA rounds whose value-word check is weaker (off < projected < exact; "
         "default projected: a malicious client cannot move an element's sum unchecked)",
     )

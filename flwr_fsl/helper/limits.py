@@ -73,10 +73,13 @@ ceiling on every enrolled client's account across runs (:mod:`flwr_fsl.helper.cl
 
 **Value check** (``HelperLimits.min_value_check``, flag ``--min-value-check``; issue 21). S0
 chooses a round's parameters, so S1 insists on its own floor: it refuses at ``OpenRound`` a
-round whose :attr:`~flwr_fsl.families.ssa.messages.SSAParams.value_check` checks less than
-``off < projected < exact`` allows (default ``projected``), and a projected round with fewer
-than :data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTIONS` projections (each halves a
-forger's chance). Unchecked rounds (``verify`` False) have no value check.
+round whose :attr:`~flwr_fsl.families.ssa.messages.SSAParams.value_check` checks less
+(``off < projected < exact``; unchecked rounds, ``verify`` False, count as ``off``), and a
+projected round with fewer than :data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTIONS`
+projections (each halves a forger's chance). ``flwr-fsl-helper`` defaults to ``projected``;
+the dataclass defaults to ``off`` because the in-process S1
+(:class:`~flwr_fsl.helper.InProcessHelper`) runs inside S0's process, where S0 controls it
+anyway and a floor protects nobody (pass ``HelperLimits(min_value_check=...)`` to test one).
 """
 
 from __future__ import annotations
@@ -213,7 +216,7 @@ class HelperLimits:
         S1's ceiling on every client's own account across runs
         (``--dp-client-budget-epsilon``, ``--dp-client-budget-delta``): S1 refuses, per
         client, one whose account a DP round would take past it.
-    min_value_check : str (default: "projected")
+    min_value_check : str (default: "off"; ``flwr-fsl-helper``: "projected")
         The least value check S1 accepts in a round (``--min-value-check``; one of
         ``"off"``, ``"projected"``, ``"exact"``, weakest first): see the module docstring.
 
@@ -234,7 +237,7 @@ class HelperLimits:
     dp: DistributedDP | None = None
     dp_budget: PrivacyBudget | None = None
     dp_client_budget: PrivacyBudget | None = None
-    min_value_check: str = "projected"
+    min_value_check: str = "off"
 
     def __post_init__(self) -> None:
         if self.min_value_check not in VALUE_CHECKS:

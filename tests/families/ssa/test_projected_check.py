@@ -289,3 +289,32 @@ def test_a_udpf_hint_carries_the_projected_check() -> None:
     s1.add_client_hint(1, hint, s0.add_client_hint(1, hint))
     got = reconstruct(nxt, s0.share(), s1.share())
     np.testing.assert_allclose(got.sums[:12], -0.5, atol=2.0**-20)
+
+
+def test_s1s_floor_orders_the_checks_and_counts_projections() -> None:
+    from flwr_fsl.helper.errors import HelperRequestError
+    from flwr_fsl.helper.limits import HelperLimits
+
+    floors = {f: HelperLimits(min_value_check=f) for f in ("off", "projected", "exact")}
+    rounds = {
+        "unchecked": _params(verify=False),
+        "off": _params(value_check="off"),
+        "projected": _params(),
+        "exact": _params(value_check="exact"),
+    }
+    allowed = {
+        "off": set(rounds),
+        "projected": {"projected", "exact"},
+        "exact": {"exact"},
+    }
+    for floor, limits in floors.items():
+        for name, params in rounds.items():
+            if name in allowed[floor]:
+                limits.check_value_check(params)
+            else:
+                with pytest.raises(HelperRequestError, match="--min-value-check"):
+                    limits.check_value_check(params)
+    with pytest.raises(HelperRequestError, match="projections"):
+        floors["projected"].check_value_check(_params(projections=63))
+    with pytest.raises(ConfigurationError, match="min_value_check"):
+        HelperLimits(min_value_check="most")
