@@ -199,10 +199,10 @@ class SSAParams:
         for flag in ("weighted", "verify"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigurationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
-        self._check_value_check()
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         self._check_privacy()
+        self._check_value_check()  # last: its bound reads the fixed point and dp
 
     def _check_value_check(self) -> None:
         """Check ``value_check`` and ``projections``; normalize them for unchecked rounds."""
