@@ -39,7 +39,6 @@ scalars and Lagrange coefficients are Python integers.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np
