@@ -184,7 +184,7 @@ def _batch_inverse(values: list[int]) -> list[int]:
 
 @functools.lru_cache(maxsize=32)
 def _lagrange_matrix(start: int, stop: int, rows: int) -> _U64Array:
-    """``lambda_i(x)`` for ``x`` in ``range(start, stop)`` (cached: it depends on the shape only)."""
+    """Return ``lambda_i(x)`` for ``x`` in ``range(start, stop)`` (cached: shape only)."""
     lam = np.empty((stop - start, rows), np.uint64)
     for n, x in enumerate(range(start, stop)):
         lam[n] = lagrange_at(x, rows)
