@@ -318,3 +318,14 @@ def test_s1s_floor_orders_the_checks_and_counts_projections() -> None:
         floors["projected"].check_value_check(_params(projections=63))
     with pytest.raises(ConfigurationError, match="min_value_check"):
         HelperLimits(min_value_check="most")
+
+
+def test_the_strategies_settings_default_to_the_projected_check() -> None:
+    """Every strategy (top-k, rows, index mode, mixed tables) builds its rounds from these."""
+    from flwr_fsl.families.ssa.aggregation_strategy import SSASettings
+
+    shape = dict(round_id=1, domain_size=64, num_items=4, value_width=2, hash_key=bytes(16))
+    assert SSASettings().params(**shape).value_check == "projected"
+    assert SSASettings(value_check="exact").params(**shape).value_check == "exact"
+    with pytest.raises(ConfigurationError, match="value_check"):
+        SSASettings(value_check=True)  # type: ignore[arg-type]
