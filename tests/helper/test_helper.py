@@ -80,9 +80,7 @@ def twin(*args: Any, **kwargs: Any) -> InProcessHelper:
     # These tests exercise round mechanics with as few as one client; S1's minimum
     # participation has its own tests (test_s1_refuses_a_round_below_its_minimum).
     # S1 draws session ids; this one draws SID first, so material bound to SID opens.
-    # The unchecked rounds these tests also run need S1's value-check floor off
-    # (test_helper_value_check.py tests the floor).
-    kwargs.setdefault("limits", HelperLimits(min_clients=1, min_value_check="off"))
+    kwargs.setdefault("limits", HelperLimits(min_clients=1))
     kwargs.setdefault("session_ids", fixed_ids(SID))
     return InProcessHelper(*args, **kwargs)
 
