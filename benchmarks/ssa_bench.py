@@ -27,10 +27,11 @@ scalars, ``tau = 2``, stash-less, ``η = 3``) and reports:
 check off and on (``SSAParams.verify``; unit weights, so the count check runs too), at
 ``k/m in {1%, 10%}`` of every size: client encode, each server's time per client, bytes
 client -> S0 (and the 32-byte digest each way between the servers); ``--check-only`` stops
-after it. A second table measures the value words' range check (the ``range_check=True``
-option, off by default; issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`): the checked
-round -> the checked round with the range check (client encode, each server per client, bytes
-client -> S0, bytes S0 <-> S1), both run in the same process. The Cui tables below
+after it. A second table measures the value words' checks (``SSAParams.value_check``; issue 21
+item 4): the checked round with value words unchecked (``"off"``) -> the projected check (the
+default, :mod:`flwr_fsl.families.ssa.projected_check`) and the exact check (``"exact"``,
+:mod:`flwr_fsl.families.ssa.range_check`): client encode, each server per client, bytes
+client -> S0, bytes S0 <-> S1, all run in the same process. The Cui tables below
 measure the unchecked round (Cui's semi-honest protocol).
 
 ``--scale N`` instead runs **one round of N clients through a real S1 process**
@@ -364,9 +365,14 @@ def run_check_cost(log_m: int, rate: float, reps: int, rng: np.random.Generator)
     row: dict[str, Any] = {"log_m": log_m, "rate": rate, "k": k}
     indices, values, _ = client_inputs(m, k, rng)
     base = make_params(m, k, weighted=False)  # one hash key: the same bins both ways
-    variants = (("unchecked", False, False), ("checked", True, False), ("ranged", True, True))
-    for tag, verify, range_check in variants:
-        params = replace(base, verify=verify, range_check=range_check)
+    variants = (
+        ("unchecked", False, "off"),
+        ("checked", True, "off"),
+        ("projected", True, "projected"),
+        ("ranged", True, "exact"),
+    )
+    for tag, verify, check in variants:
+        params = replace(base, verify=verify, value_check=check)
         table = ssa.simple_table_for(params)
         upload, _ = ssa.encode_update(params, indices, values, rng=rng, simple_table=table)
 
@@ -423,28 +429,31 @@ def print_check_cost(rows: list[dict]) -> None:
 
 
 def print_range_cost(rows: list[dict]) -> None:
-    """Print the range check's cost: the checked round (the default) -> with ``range_check``."""
+    """Print the value checks' cost: value words unchecked -> projected (default) | exact."""
     print(
-        "\nValue-word range check (issue 21 item 4): one client, unit weights, tau = 2, one core;"
-        "\nchecked round (key check, the default) -> with range_check=True, both measured"
+        "\nValue-word checks (issue 21 item 4): one client, unit weights, tau = 2, one core;"
+        "\nkey check with value words off -> projected (the default) | exact, all measured;"
+        f"\nload average {os.getloadavg()[0]:.1f} (1 min) at the end of the run"
     )
     head = (
-        f"{'m':>6} {'k/m':>5} | {'encode ms':>24} | {'S0 per client ms':>22} | "
-        f"{'S1 per client ms':>22} | {'client->S0 KiB':>24} | S0<->S1 B"
+        f"{'m':>6} {'k/m':>5} | {'encode ms':>30} | {'S0 per client ms':>28} | "
+        f"{'S1 per client ms':>28} | {'client->S0 KiB':>32} | S0<->S1 B"
     )
     print(head)
     print("-" * len(head))
 
-    def pair(r: dict, key: str, scale: float = 1e3) -> str:
-        a, b = r[f"checked_{key}"] * scale, r[f"ranged_{key}"] * scale
-        return f"{a:.1f} -> {b:.1f} ({b / a:.2f}x)"
+    def three(r: dict, key: str, scale: float = 1e3) -> str:
+        a = r[f"checked_{key}"] * scale
+        b, c = r[f"projected_{key}"] * scale, r[f"ranged_{key}"] * scale
+        return f"{a:.1f} -> {b:.1f} ({b / a:.2f}x) | {c:.1f} ({c / a:.2f}x)"
 
     for r in rows:
         print(
-            f"{'2^' + str(r['log_m']):>6} {_pct(r['rate']):>5} | {pair(r, 'encode_s'):>24} | "
-            f"{pair(r, 's0_s'):>22} | {pair(r, 's1_s'):>22} | "
-            f"{pair(r, 'bytes_s0', 1 / 1024):>24} | "
-            f"{r['checked_bytes_s0_s1']} -> {r['ranged_bytes_s0_s1']}"
+            f"{'2^' + str(r['log_m']):>6} {_pct(r['rate']):>5} | {three(r, 'encode_s'):>30} | "
+            f"{three(r, 's0_s'):>28} | {three(r, 's1_s'):>28} | "
+            f"{three(r, 'bytes_s0', 1 / 1024):>32} | "
+            f"{r['checked_bytes_s0_s1']} -> {r['projected_bytes_s0_s1']} | "
+            f"{r['ranged_bytes_s0_s1']}"
         )
 
 

@@ -38,6 +38,7 @@ scalars and Lagrange coefficients are Python integers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,12 +182,20 @@ def _batch_inverse(values: list[int]) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=32)
+def _lagrange_matrix(start: int, stop: int, rows: int) -> _U64Array:
+    """Return ``lambda_i(x)`` for ``x`` in ``range(start, stop)`` (cached: shape only)."""
+    lam = np.empty((stop - start, rows), np.uint64)
+    for n, x in enumerate(range(start, stop)):
+        lam[n] = lagrange_at(x, rows)
+    lam.setflags(write=False)
+    return lam
+
+
 def _extrapolate(values: _U64Array, points: range) -> _U64Array:
     """Evaluate the columns' interpolants (nodes ``0..rows-1``) at ``points``."""
     rows = values.shape[0]
-    lam = np.empty((len(points), rows), np.uint64)
-    for n, x in enumerate(points):
-        lam[n] = lagrange_at(x, rows)
+    lam = _lagrange_matrix(points.start, points.stop, rows)
     out = np.empty((len(points), values.shape[1]), np.uint64)
     matmul_mod61(lam, np.ascontiguousarray(values), out)
     return out

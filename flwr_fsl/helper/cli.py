@@ -38,7 +38,8 @@ share, hashing table, one client's evaluation, PSR table), ``--max-clients-per-r
 ``--max-round-gwords`` (work of one round over all its clients, in ``2**30`` words), and
 ``--min-clients`` (S1's own minimum participation, default 2: it returns no share of a round
 with fewer clients, so S0 alone cannot isolate one). Bad values
-are refused up front, naming the flag.
+are refused up front, naming the flag. ``--min-value-check`` (default ``projected``) refuses
+SSA rounds whose value-word check is weaker (``off < projected < exact``; issue 21).
 
 **Resources** (:mod:`flwr_fsl.helper.quota`; a call over one is refused, ``RESOURCE_EXHAUSTED``,
 naming the flag, before S1 allocates anything): ``--max-memory-mib`` (S1's memory budget over
@@ -497,6 +498,13 @@ def _parser() -> argparse.ArgumentParser:
         help="delta of --dp-budget-epsilon (default 1e-5)",
     )
     p.add_argument(
+        "--min-value-check",
+        choices=("off", "projected", "exact"),
+        default="projected",
+        help="refuse SSA rounds whose value-word check is weaker (off < projected < exact; "
+        "default projected: a malicious client cannot move an element's sum unchecked)",
+    )
+    p.add_argument(
         "--state-dir",
         type=Path,
         default=None,
@@ -595,6 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
                 dp=_dp_policy(args),
                 dp_budget=_dp_budget(args),
                 dp_client_budget=_dp_budget(args, "dp_client_budget"),
+                min_value_check=args.min_value_check,
             ),
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
             enrollment=enrollment,

@@ -70,6 +70,16 @@ Without a policy S1 adds the noise a DP round asks for. ``dp_budget`` (``--dp-bu
 ``--dp-budget-delta``) is S1's ceiling on every run's privacy account
 (:mod:`flwr_fsl.helper.accounts`); ``dp_client_budget`` (``--dp-client-budget-epsilon``) its
 ceiling on every enrolled client's account across runs (:mod:`flwr_fsl.helper.client_accounts`).
+
+**Value check** (``HelperLimits.min_value_check``, flag ``--min-value-check``; issue 21). S0
+chooses a round's parameters, so S1 insists on its own floor: it refuses at ``OpenRound`` a
+round whose :attr:`~flwr_fsl.families.ssa.messages.SSAParams.value_check` checks less
+(``off < projected < exact``; unchecked rounds, ``verify`` False, count as ``off``), and a
+projected round with fewer than :data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTIONS`
+projections (each halves a forger's chance). ``flwr-fsl-helper`` defaults to ``projected``;
+the dataclass defaults to ``off`` because the in-process S1
+(:class:`~flwr_fsl.helper.InProcessHelper`) runs inside S0's process, where S0 controls it
+anyway and a floor protects nobody (pass ``HelperLimits(min_value_check=...)`` to test one).
 """
 
 from __future__ import annotations
@@ -82,6 +92,7 @@ from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
+from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, VALUE_CHECKS
 from flwr_fsl.families.ssa.protocol import DEFERRED_SCATTER_MAX_BYTES, SSAParams
 from flwr_fsl.helper.errors import HelperRequestError
 
@@ -205,6 +216,9 @@ class HelperLimits:
         S1's ceiling on every client's own account across runs
         (``--dp-client-budget-epsilon``, ``--dp-client-budget-delta``): S1 refuses, per
         client, one whose account a DP round would take past it.
+    min_value_check : str (default: "off"; ``flwr-fsl-helper``: "projected")
+        The least value check S1 accepts in a round (``--min-value-check``; one of
+        ``"off"``, ``"projected"``, ``"exact"``, weakest first): see the module docstring.
 
     Raises
     ------
@@ -223,8 +237,13 @@ class HelperLimits:
     dp: DistributedDP | None = None
     dp_budget: PrivacyBudget | None = None
     dp_client_budget: PrivacyBudget | None = None
+    min_value_check: str = "off"
 
     def __post_init__(self) -> None:
+        if self.min_value_check not in VALUE_CHECKS:
+            raise ConfigurationError(
+                f"min_value_check must be one of {VALUE_CHECKS}, got {self.min_value_check!r}"
+            )
         if self.dp is not None and not isinstance(self.dp, DistributedDP):
             raise ConfigurationError(f"dp must be a DistributedDP, got {type(self.dp).__name__}")
         for name in ("dp_budget", "dp_client_budget"):
@@ -234,7 +253,7 @@ class HelperLimits:
                     f"{name} must be a PrivacyBudget, got {type(value).__name__}"
                 )
         for f in fields(self):
-            if f.name in ("dp", "dp_budget", "dp_client_budget"):
+            if f.name in ("dp", "dp_budget", "dp_client_budget", "min_value_check"):
                 continue
             value = getattr(self, f.name)
             top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
@@ -298,6 +317,28 @@ class HelperLimits:
             raise HelperRequestError(f"round {rid}: {err}") from None
         return z
 
+    def check_value_check(self, params: SSAParams) -> None:
+        """Refuse a round whose value check is weaker than ``min_value_check``.
+
+        Raises
+        ------
+        HelperRequestError
+            Naming the round's check, S1's floor and the flag.
+        """
+        check = params.value_check
+        if check == "projected" and params.projections < DEFAULT_PROJECTIONS:
+            raise HelperRequestError(
+                f"round {params.round_id}: the projected value check has {params.projections} "
+                f"projections, fewer than S1's {DEFAULT_PROJECTIONS} (each halves a forger's "
+                "chance)"
+            )
+        if VALUE_CHECKS.index(check) < VALUE_CHECKS.index(self.min_value_check):
+            raise HelperRequestError(
+                f"round {params.round_id}: value_check {check!r} checks less than S1's floor "
+                f"{self.min_value_check!r} (flwr-fsl-helper --min-value-check): a malicious "
+                "client could move an element's sum unchecked"
+            )
+
     def check_params_bytes(self, size: int) -> None:
         """Refuse an ``OpenRound`` parameter set longer than :data:`MAX_PARAMS_BYTES`.
 
@@ -340,6 +381,7 @@ class HelperLimits:
                     f"round {rid}: {name} {value} exceeds S1's limit {limit} "
                     f"(flwr-fsl-helper {flag})"
                 )
+        self.check_value_check(params)
         noise = self.noise_multiplier(params)
         budget = RoundBudget(self, params, memory=8 * round_words(params), noise_multiplier=noise)
         budget.check_memory("the round")

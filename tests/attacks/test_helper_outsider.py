@@ -91,7 +91,9 @@ def s1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelperProcess]:
     tmp = tmp_path_factory.mktemp("s1-outsider")
     key_file = tmp / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    with HelperProcess(key_file, tmp / "s1.log", state_dir=tmp / "state") as proc:
+    # These rounds are unchecked (make_params): S1 must allow them (its default floor refuses).
+    flags = ("--min-value-check", "off")
+    with HelperProcess(key_file, tmp / "s1.log", flags, state_dir=tmp / "state") as proc:
         assert proc.token and proc.token_file == tmp / "state" / "token"
         assert proc.token_file.stat().st_mode & 0o777 == 0o600
         yield proc
@@ -213,7 +215,9 @@ def test_health_reveals_nothing_about_sessions_or_rounds(s1: HelperProcess) -> N
 def test_serving_without_a_token_takes_insecure(tmp_path: Path) -> None:
     key_file = tmp_path / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    with HelperProcess(key_file, tmp_path / "s1.log", ("--insecure",)) as proc:
+    # These rounds are unchecked (make_params): S1 must allow them (its default floor refuses).
+    flags = ("--insecure", "--min-value-check", "off")
+    with HelperProcess(key_file, tmp_path / "s1.log", flags) as proc:
         assert proc.token is None
         assert any("--insecure: no access token" in line for line in proc.stdout)
         conn = HelperClient(proc.address, timeout=60)
@@ -255,5 +259,7 @@ def test_a_token_in_clear_to_a_non_loopback_address_is_refused_at_start(tmp_path
 def test_insecure_allows_a_non_loopback_address(tmp_path: Path) -> None:
     key_file = tmp_path / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    with HelperProcess(key_file, tmp_path / "s1.log", ("--host", "0.0.0.0", "--insecure")) as p:
+    # These rounds are unchecked (make_params): S1 must allow them (its default floor refuses).
+    flags = ("--host", "0.0.0.0", "--insecure", "--min-value-check", "off")
+    with HelperProcess(key_file, tmp_path / "s1.log", flags) as p:
         assert p.address.startswith("0.0.0.0:") and p.token is None

@@ -62,14 +62,17 @@ def s1_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def enrolled(s1_key: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelperProcess]:
     tmp = tmp_path_factory.mktemp("enrolled")
-    with HelperProcess(s1_key, tmp / "s1.log", enrollment=_enrollment(tmp)) as proc:
+    # These rounds are unchecked (make_params): S1 must allow them (its default floor refuses).
+    flags = ("--min-value-check", "off")
+    with HelperProcess(s1_key, tmp / "s1.log", flags, enrollment=_enrollment(tmp)) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def open_s1(s1_key: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelperProcess]:
     tmp = tmp_path_factory.mktemp("open")
-    with HelperProcess(s1_key, tmp / "s1.log") as proc:  # --open-enrollment
+    # These rounds are unchecked (make_params): S1 must allow them (its default floor refuses).
+    with HelperProcess(s1_key, tmp / "s1.log", ("--min-value-check", "off")) as proc:
         yield proc
 
 

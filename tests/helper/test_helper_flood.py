@@ -38,6 +38,7 @@ from tests.helper.test_helper_sessions import _aggregate
 
 BUDGET_MIB = 1024
 LIMITS = (
+    "--min-value-check", "off",  # unchecked rounds (round mechanics)
     "--max-memory-mib", str(BUDGET_MIB),
     "--max-session-mib", "512",
     "--session-reserve-mib", "32",

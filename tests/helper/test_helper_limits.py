@@ -485,7 +485,9 @@ def test_random_open_round_sizes_succeed_or_fail_cleanly(fields_: dict[str, Any]
 def helper_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelperProcess]:
     key_file = tmp_path_factory.mktemp("s1-limits") / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    proc = HelperProcess(key_file, tmp_path_factory.mktemp("log") / "helper.log")
+    # Unchecked rounds (round mechanics): S1 must allow them (its default floor refuses them).
+    log = tmp_path_factory.mktemp("log") / "helper.log"
+    proc = HelperProcess(key_file, log, ("--min-value-check", "off"))
     try:
         yield proc
     finally:
@@ -536,8 +538,12 @@ def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
     # The CLI's defaults are the library's, plus S1's DP ceilings (per run and per client:
     # the strategies' default budget, so a deviating S0 gets no more from a real S1); the
     # in-process S1 of simulation has none (it is no separate party).
+    # The CLI also insists on the projected value check (issue 21), the in-process S1 not.
     assert _limits_of([], monkeypatch, tmp_path) == replace(
-        HelperLimits(), dp_budget=DEFAULT_BUDGET, dp_client_budget=DEFAULT_BUDGET
+        HelperLimits(),
+        dp_budget=DEFAULT_BUDGET,
+        dp_client_budget=DEFAULT_BUDGET,
+        min_value_check="projected",
     )
     flags = [
         "--max-domain", "5000", "--max-width", "17", "--max-items", "300",
@@ -552,7 +558,15 @@ def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
         max_round_work=2 << 30,
         dp_budget=DEFAULT_BUDGET,
         dp_client_budget=DEFAULT_BUDGET,
+        min_value_check="projected",
     )
+    for floor in ("off", "exact"):
+        assert _limits_of(["--min-value-check", floor], monkeypatch, tmp_path) == replace(
+            HelperLimits(),
+            dp_budget=DEFAULT_BUDGET,
+            dp_client_budget=DEFAULT_BUDGET,
+            min_value_check=floor,
+        )
     capsys.readouterr()
     key = str(tmp_path / "k.pem")
     for flag, bad in (

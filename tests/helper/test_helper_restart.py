@@ -76,6 +76,10 @@ from tests.helper.test_helper import (
 NODES = 4
 
 
+# Unchecked rounds (round mechanics): S1 must allow them (its default floor refuses them).
+UNCHECKED = ("--min-value-check", "off")
+
+
 class Messages:
     """A client mod recording, per server round, each message's type and U-DPF announcement."""
 
@@ -116,7 +120,7 @@ def plaintext_table(rounds: list[int]) -> np.ndarray:
 def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path) -> None:
     key_file = tmp_path / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    procs = [HelperProcess(key_file, tmp_path / "s1-first.log")]
+    procs = [HelperProcess(key_file, tmp_path / "s1-first.log", UNCHECKED)]
     port = procs[0].address.rsplit(":", 1)[1]
     fingerprint = procs[0].fingerprint
     helper = procs[0].client(timeout=60)
@@ -151,7 +155,7 @@ def test_index_mode_run_survives_a_restart_of_the_real_s1_process(tmp_path: Path
                 HelperProcess(
                     key_file,
                     tmp_path / "s1-second.log",
-                    ("--port", port),
+                    ("--port", port, *UNCHECKED),
                     state_dir=procs[0].state_dir,
                 )
             )
@@ -199,7 +203,7 @@ def test_first_call_after_a_restart_reaches_s1_at_once(tmp_path: Path) -> None:
     # without a fresh channel the first rounds after S1 is back would still fail.
     key_file = tmp_path / "s1.pem"
     SealingKeyPair.generate().save(key_file)
-    first = HelperProcess(key_file, tmp_path / "a.log")
+    first = HelperProcess(key_file, tmp_path / "a.log", UNCHECKED)
     port = first.address.rsplit(":", 1)[1]
     client = first.client(timeout=30)
     try:
@@ -210,7 +214,7 @@ def test_first_call_after_a_restart_reaches_s1_at_once(tmp_path: Path) -> None:
             with pytest.raises(HelperUnavailableError):
                 client.health()
         with HelperProcess(
-            key_file, tmp_path / "b.log", ("--port", port), state_dir=first.state_dir
+            key_file, tmp_path / "b.log", ("--port", port, *UNCHECKED), state_dir=first.state_dir
         ):
             client.health()  # the first call succeeds
             # The old session is gone, and S1 says so (gRPC NOT_FOUND), not "round not open".
@@ -328,7 +332,7 @@ def test_session_lost_is_the_same_error_on_both_transports(tmp_path: Path) -> No
     key.save(key_file)
     service = HelperService(key)
     local = InProcessHelper(service)
-    with HelperProcess(key_file, tmp_path / "s1.log") as proc:
+    with HelperProcess(key_file, tmp_path / "s1.log", UNCHECKED) as proc:
         remote = proc.client(timeout=30)
         for conn in (local, remote):
             conn.open_round(1, make_params(1).to_bytes())  # a connection opens its session

@@ -176,10 +176,19 @@ def ssa_vectors() -> dict[str, Any]:
         "rows-dp-run": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN),
     }
     param_sets = {name: replace(p, verify=False) for name, p in unchecked.items()}
-    # Version 5 (issue 21): the servers check every client's keys (the default).
+    # Version 5 (issue 21): the servers check every client's keys, value words unchecked.
     param_sets.update(
-        {f"checked-{name}": unchecked[name] for name in ("topk", "unit", "unit-dp-run")}
+        {
+            f"checked-{name}": replace(unchecked[name], value_check="off")
+            for name in ("topk", "unit", "unit-dp-run")
+        }
     )
+    # Version 6: the exact value check; version 7: the projected value check (the default).
+    param_sets["exact-unit"] = replace(unchecked["unit"], value_check="exact")
+    param_sets.update(
+        {f"projected-{name}": unchecked[name] for name in ("topk", "unit", "unit-dp-run")}
+    )
+    param_sets["projected-r16"] = replace(unchecked["unit"], projections=16)
     for name, params in param_sets.items():
         out[f"params-{name}"] = params.to_bytes().hex()
     rows = param_sets["rows"]
@@ -187,6 +196,7 @@ def ssa_vectors() -> dict[str, Any]:
         ("", rows),
         ("-unit", replace(rows, weighted=False)),
         ("-checked-unit", replace(rows, weighted=False, verify=True)),
+        ("-projected-unit", replace(rows, weighted=False, verify=True, value_check="projected")),
     ):
         indices = np.array([2, 9, 33, 60], dtype=np.int64)
         values = np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1

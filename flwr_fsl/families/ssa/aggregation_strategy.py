@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from numpy.typing import NDArray
 
-from flwr_fsl.core.checks import check_bool, check_int, check_real, check_str
+from flwr_fsl.core.checks import check_bool, check_choice, check_int, check_real, check_str
 from flwr_fsl.core.engine import RoundState
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.privacy import (
@@ -63,6 +63,7 @@ from flwr_fsl.families.ssa.dp import (
     noise_std,
     suppress_small_counts,
 )
+from flwr_fsl.families.ssa.messages import VALUE_CHECKS
 from flwr_fsl.families.ssa.protocol import SSAParams
 from flwr_fsl.families.ssa.records import (
     HELPER_KEY_FIELD,
@@ -108,10 +109,13 @@ class SSASettings:
     weighted : bool
         False (default): unit weights, every client's count word is 1 (``SSAParams.weighted``);
         True: the strategy's ``weighted_by_key`` (or per-element counts) as the weight.
-    range_check : bool
-        Both servers also range-check every client's value words (``SSAParams.range_check``,
-        :mod:`flwr_fsl.families.ssa.range_check`): a malicious client can then not move an
-        element's sum past the fixed-point bound. Default False: 2-3x the upload.
+    value_check : str
+        How both servers check every client's value words (``SSAParams.value_check``):
+        ``"projected"`` (default; random projections, every value word within
+        ``2T = 8 sqrt(k w) * max_abs`` in fixed point, a few thousand upload words,
+        :mod:`flwr_fsl.families.ssa.projected_check`), ``"exact"`` (every word within
+        ``max_abs``; ``8 * L`` upload bytes per value word per key, 2-3x the upload,
+        :mod:`flwr_fsl.families.ssa.range_check`) or ``"off"`` (unchecked).
 
     Raises
     ------
@@ -127,7 +131,7 @@ class SSASettings:
     dp: DistributedDP | None = None
     budget: PrivacyBudget | None = DEFAULT_BUDGET
     weighted: bool = False
-    range_check: bool = False
+    value_check: str = "projected"
 
     def __post_init__(self) -> None:
         # Types first, by name; SSAParams below checks the ranges.
@@ -136,7 +140,7 @@ class SSASettings:
         check_int("stash_size", self.stash_size, 0)
         check_int("num_hashes", self.num_hashes, 1)
         check_bool("weighted", self.weighted)
-        check_bool("range_check", self.range_check)
+        check_choice("value_check", self.value_check, VALUE_CHECKS)
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int):
             raise ConfigurationError(f"min_clients must be an integer, got {self.min_clients!r}")
         if self.min_clients < 1:
@@ -172,7 +176,7 @@ class SSASettings:
             max_abs=self.max_abs,
             dp=self.dp,
             weighted=self.weighted,
-            range_check=self.range_check,
+            value_check=self.value_check,
             **fields,
         )
 

@@ -160,11 +160,13 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
     plaintext_evaluation : bool
         Allow federated evaluation (``fraction_evaluate > 0``), whose replies give S0 every
         evaluated client's metrics and ``num-examples`` in the clear. Default False.
-    range_check : bool
-        Both servers also range-check every client's value words against the fixed-point bound
-        (``SSASettings.range_check``, :mod:`flwr_fsl.families.ssa.range_check`), so a malicious
-        client cannot move an element's sum past ``max_abs``. Default False: it costs ``8 * L``
-        upload bytes per value word per key (``L`` = 39 bits at the defaults), 2-3x the upload.
+    value_check : str
+        How both servers check every client's value words (``SSASettings.value_check``,
+        ``SSAParams.value_check``): ``"projected"`` (default; random projections, every value
+        word within ``2T = 8 sqrt(k w) * max_abs`` in fixed point, a few thousand upload words,
+        :mod:`flwr_fsl.families.ssa.projected_check`), ``"exact"`` (every word within
+        ``max_abs``; ``8 * L`` upload bytes per value word per key, 2-3x the upload,
+        :mod:`flwr_fsl.families.ssa.range_check`) or ``"off"`` (unchecked).
     union : str
         ``"off"`` (default) or ``"psu"``: Cui's basic protocol, a private set union of the
         clients' rows before PSR, then PSR and SSA over the union only (no U-DPF; mixed
@@ -207,7 +209,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
         privacy_budget: PrivacyBudget | None = DEFAULT_BUDGET,
         weighted: bool = False,
         plaintext_evaluation: bool = False,
-        range_check: bool = False,
+        value_check: str = "projected",
         union: str = "off",
         **kwargs: Any,
     ) -> None:
@@ -241,7 +243,7 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             dp,
             privacy_budget,
             weighted=weighted,
-            range_check=range_check,
+            value_check=value_check,
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         if self.mixed is not None:  # S0 keeps one U-DPF key store per table

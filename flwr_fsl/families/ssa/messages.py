@@ -4,7 +4,8 @@ Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl
 version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, 4 with
 ``"weighted": false`` and, optionally, ``dp`` and ``run``, or 5 with ``"verify": true`` and,
 optionally, ``"weighted": false``, ``dp`` and ``run``, or 6 with version 5's and
-``"range_check": true``) and is decoded strictly
+``"range_check": true`` (the exact value check), or 7 with version 5's and ``"value_check":
+"projected"`` and ``"projections"``) and is decoded strictly
 (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
 :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
 server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
@@ -50,6 +51,17 @@ _VERIFY_VERSION = 5
 # Version 5's shape plus "range_check": true: the servers also check every value word's range
 # (range_check module). Decoders of versions 1 to 5 refuse it.
 _RANGE_VERSION = 6
+# Version 5's shape plus "value_check": "projected" and "projections": r: the servers check the
+# value words' projected range (projected_check module). Decoders of versions 1 to 6 refuse it.
+_PROJECTED_VERSION = 7
+VALUE_CHECKS = ("off", "projected", "exact")
+"""The value checks of a checked round, weakest first (:attr:`SSAParams.value_check`)."""
+DEFAULT_PROJECTIONS = 64
+"""Default number ``r`` of random projections of the projected value check."""
+MAX_PROJECTIONS = 1024
+PROJECTION_SLACK = 4
+"""``c``: the projected check's bound is ``T = c * B2`` (:attr:`SSAParams.value_l2_bound`)."""
+_MAX_CHECK_BOUND = 1 << 60  # the range machinery's bound must stay below 2^61
 # SSAClientState binary format (see its docstring).
 _STATE_MAGIC = register_magic(b"FSCS", "SSA client state (flwr_fsl.families.ssa.messages)")
 _STATE_VERSION = 1
@@ -113,12 +125,19 @@ class SSAParams:
         per key), a dummy slot per bin, and with unit weights every key's count word exactly 1;
         a client that fails is dropped by both. False: the unchecked keys of versions 1 to 4
         (for comparison, e.g. ``benchmarks/ssa_bench.py``).
-    range_check : bool
-        Both servers also check every key's value words against the fixed-point bound
-        (:mod:`flwr_fsl.families.ssa.range_check`: bit decomposition, an FLP proof over
-        F_(2^61-1) and an exact Z_2^64 relation). Default False: it costs ``8 * L`` upload bytes
-        per value word per key (``L`` = the bound's bit length, 39 at the defaults: 2-3x the
-        checked upload). Needs ``verify``.
+    value_check : str
+        How both servers check the value words of a checked round: ``"projected"`` (the
+        default; :mod:`flwr_fsl.families.ssa.projected_check`: ``r`` random {-1, 0, 1}
+        projections of all value words, each range-checked exactly against ``T = c * B2``, so
+        every value word is within ``2T`` of zero except with probability ``2^-r``; a few
+        thousand upload words, independent of the number of keys), ``"exact"``
+        (:mod:`flwr_fsl.families.ssa.range_check`: every word within the fixed-point bound;
+        ``8 * L`` upload bytes per value word per key, 2-3x the checked upload) or ``"off"``
+        (value words unchecked). A round with ``verify`` False has no value check: the default
+        ``"projected"`` is stored as ``"off"`` there, and ``"exact"`` is refused.
+    projections : int
+        ``r`` of the projected check (default 64, in ``[1, 1024]``); ignored (stored as the
+        default) by the other checks.
 
     Raises
     ------
@@ -142,8 +161,10 @@ class SSAParams:
     ``"version": 5``: version 4's shape (``"weighted": false`` only with unit weights, ``dp`` and
     ``run`` when set) plus ``"verify": true``; versions 1 to 4 mean ``verify=False``, and their
     decoders refuse version 5 (a party that cannot check keys does not take part). A round with
-    ``range_check=True`` is written as ``"version": 6``: version 5's shape plus
-    ``"range_check": true``; versions 1 to 5 mean ``range_check=False``.
+    ``value_check="exact"`` is written as ``"version": 6``: version 5's shape plus
+    ``"range_check": true``; a round with ``value_check="projected"`` (the default of a checked
+    round) as ``"version": 7``: version 5's shape plus ``"value_check": "projected"`` and
+    ``"projections": r``. Versions 1 to 5 mean ``value_check="off"``, version 6 ``"exact"``.
     """
 
     round_id: int
@@ -163,7 +184,8 @@ class SSAParams:
     run: RunScope | None = None
     weighted: bool = True
     verify: bool = True
-    range_check: bool = False
+    value_check: str = "projected"
+    projections: int = DEFAULT_PROJECTIONS
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -174,14 +196,64 @@ class SSAParams:
             raise ConfigurationError("domain_size and value_width must be >= 1")
         if self.num_items > self.domain_size:
             raise ConfigurationError("num_items cannot exceed domain_size")
-        for flag in ("weighted", "verify", "range_check"):
+        for flag in ("weighted", "verify"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigurationError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
-        if self.range_check and not self.verify:
-            raise ConfigurationError("range_check needs verify (the key check it extends)")
         self.hash_params  # noqa: B018 - validates hashing fields
         self.fixed_point  # noqa: B018 - validates (and checks the overflow bound)
         self._check_privacy()
+        self._check_value_check()  # last: its bound reads the fixed point and dp
+
+    def _check_value_check(self) -> None:
+        """Check ``value_check`` and ``projections``; normalize them for unchecked rounds."""
+        if self.value_check not in VALUE_CHECKS:
+            raise ConfigurationError(
+                f"value_check must be one of {VALUE_CHECKS}, got {self.value_check!r}"
+            )
+        r = self.projections
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_PROJECTIONS:
+            raise ConfigurationError(f"projections must be an integer in [1, 1024], got {r!r}")
+        if not self.verify:
+            if self.value_check == "exact":
+                raise ConfigurationError("value_check='exact' needs verify (the key check)")
+            object.__setattr__(self, "value_check", "off")  # the default "projected"
+        if self.value_check != "projected":
+            object.__setattr__(self, "projections", DEFAULT_PROJECTIONS)
+        elif self.projection_bound >= _MAX_CHECK_BOUND:
+            raise ConfigurationError(
+                f"the projected value check's bound {self.projection_bound} is not below 2**60 "
+                "(lower max_abs or frac_bits, or use value_check='exact')"
+            )
+
+    @property
+    def value_bound(self) -> int:
+        """``ceil(max_abs * 2^frac_bits)``: the largest value word an honest client writes."""
+        return math.ceil(self.max_abs * 2.0**self.frac_bits)
+
+    @property
+    def value_l2_bound(self) -> int:
+        """``B2``: an upper bound on the L2 norm of an honest client's value words (fixed point).
+
+        A client fills at most ``k = num_items`` keys with ``value_width`` words each (the other
+        keys' value words are 0), each at most :attr:`value_bound`: ``B2 <= sqrt(k w) bound``.
+        In a DP round the client clips its values to L2 norm ``C`` (``dp.clip_norm``) and each
+        weight to ``W`` (``dp.max_weight``; 1 with unit weights), so its value words ``c * dw``
+        have norm at most ``W C``; stochastic rounding moves each word by less than one unit:
+        ``B2 <= ceil(W C 2^f) + ceil(sqrt(k w))``. The smaller of the two (integers, +1).
+        """
+        words = self.num_items * self.value_width
+        bound = self.value_bound
+        plain = math.isqrt(words * bound * bound) + 1
+        if self.dp is None:
+            return plain
+        weight = self.dp.max_weight if self.weighted else 1.0
+        clipped = math.ceil(weight * self.dp.clip_norm * 2.0**self.frac_bits)
+        return min(plain, clipped + math.isqrt(words) + 2)
+
+    @property
+    def projection_bound(self) -> int:
+        """``T = c * B2``: the bound each projection of the projected check is held to."""
+        return PROJECTION_SLACK * self.value_l2_bound
 
     def _check_privacy(self) -> None:
         """Check ``dp`` and ``run`` (types, count words, payload bound, run only with dp)."""
@@ -247,7 +319,7 @@ class SSAParams:
         fields: dict[str, object] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("dp", "run", "weighted", "verify", "range_check")
+            if k not in ("dp", "run", "weighted", "verify", "value_check", "projections")
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
@@ -263,9 +335,13 @@ class SSAParams:
         if self.verify:
             fields["verify"] = True
             version = _VERIFY_VERSION
-        if self.range_check:
+        if self.value_check == "exact":  # version 6's bytes
             fields["range_check"] = True
             version = _RANGE_VERSION
+        elif self.value_check == "projected":
+            fields["value_check"] = "projected"
+            fields["projections"] = self.projections
+            version = _PROJECTED_VERSION
         return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
 
     @classmethod
@@ -295,11 +371,14 @@ class SSAParams:
         if raw.get("weighted") is True:
             raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
         if raw.get("verify") is False:
-            raise SSAInputError("version 5 and 6 SSA parameters carry verify=true only")
-        if raw.get("range_check") is False:
+            raise SSAInputError("version 5 to 7 SSA parameters carry verify=true only")
+        if raw.pop("range_check", True) is False:
             raise SSAInputError("version 6 SSA parameters carry range_check=true only")
+        if "value_check" in raw and raw["value_check"] != "projected":
+            raise SSAInputError("version 7 SSA parameters carry value_check='projected' only")
         raw.setdefault("verify", False)  # versions 1 to 4: unchecked keys
-        raw.setdefault("range_check", False)  # versions 1 to 5: value words unchecked
+        # versions 1 to 5: value words unchecked; 6: the exact check; 7: written
+        raw.setdefault("value_check", "exact" if "range_check" in expected else "off")
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:
@@ -359,10 +438,11 @@ def _expected_fields(
         _WEIGHTING_VERSION,
         _VERIFY_VERSION,
         _RANGE_VERSION,
+        _PROJECTED_VERSION,
     )
     if version not in versions or isinstance(version, bool):
         raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
-    checked = version in (_VERIFY_VERSION, _RANGE_VERSION)
+    checked = version in (_VERIFY_VERSION, _RANGE_VERSION, _PROJECTED_VERSION)
     late = version == _WEIGHTING_VERSION or checked
     if late and has_run and not has_dp:
         raise SSAInputError(f"version {version} SSA parameters carry a run object only with dp")
@@ -371,7 +451,8 @@ def _expected_fields(
         "run",
         "weighted",
         "verify",
-        "range_check",
+        "value_check",
+        "projections",
     }
     if version in (_DP_VERSION, _RUN_VERSION) or (late and has_dp):
         expected.add("dp")
@@ -383,6 +464,8 @@ def _expected_fields(
         expected.add("verify")
     if version == _RANGE_VERSION:
         expected.add("range_check")
+    if version == _PROJECTED_VERSION:
+        expected |= {"value_check", "projections"}
     return expected
 
 
@@ -434,6 +517,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
             "frac_bits",
             "max_summands",
             "epoch",
+            "projections",
         ),
         _is_int,
     ),
@@ -442,6 +526,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
     "weighted": lambda v: isinstance(v, bool),
     "verify": lambda v: isinstance(v, bool),
     "range_check": lambda v: isinstance(v, bool),
+    "value_check": lambda v: isinstance(v, str),
     "scale_factor": lambda v: v is None or _is_number(v),
     "max_abs": _is_number,
     "dp": lambda v: isinstance(v, dict),

@@ -29,9 +29,10 @@ servers' stored keys to the new payload (:meth:`SSAClientState.next_round`,
 **Threat model and leakage.** Two non-colluding, semi-honest servers. Malformed keys are
 rejected with :class:`SSAInputError`; in a checked round (:attr:`SSAParams.verify`, the
 default) both servers also check every client's keys — one point per key, a dummy slot for
-empty bins, the count word exactly 1 with unit weights, and with
-:attr:`SSAParams.range_check` (off by default: 2-3x the upload) every value word within the
-fixed-point bound (:mod:`flwr_fsl.families.ssa.range_check`) — and drop a client that fails
+empty bins, the count word exactly 1 with unit weights, and the value words
+(:attr:`SSAParams.value_check`: by default every word within ``2T`` of zero by random
+projections, :mod:`flwr_fsl.families.ssa.projected_check`; ``"exact"``: within the fixed-point
+bound, :mod:`flwr_fsl.families.ssa.range_check`, 2-3x the upload) — and drop a client that fails
 (:mod:`flwr_fsl.families.ssa.verify`, which says exactly what is and is not verified).
 Each server alone sees its master seed and the public part,
 pseudorandom and independent of the client's indices and values; their sizes depend only on
@@ -90,7 +91,11 @@ from flwr_fsl.families.ssa.placement import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.families.ssa.range_check import client_trailer, round_check, split_trailer
+from flwr_fsl.families.ssa.projected_check import (
+    split_value_trailer,
+    value_round_check,
+    value_trailer,
+)
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -238,9 +243,7 @@ class SSAClientState:
             update_batch(self.keys[1], hint, params.epoch),
         )
         self.params = params
-        if params.range_check:  # the value words' range check (range_check module)
-            return hint.to_bytes() + client_trailer(params, self.keys, betas)
-        return hint.to_bytes()
+        return hint.to_bytes() + value_trailer(params, self.keys, betas)  # value check
 
 
 def layout_key(params: SSAParams) -> tuple[object, ...]:
@@ -322,9 +325,7 @@ def encode_update(
         epoch=params.epoch,
         verifiable=params.verify,
     )
-    public = k0.public.to_bytes()
-    if params.range_check:  # the value words' range check (range_check module)
-        public += client_trailer(params, (k0, k1), betas)
+    public = k0.public.to_bytes() + value_trailer(params, (k0, k1), betas)  # value check
     upload = SSAUpload(public, master_seeds)
     return upload, SSAClientState(params, idx, placement, (k0, k1))
 
@@ -433,7 +434,7 @@ def encode_round(  # noqa: PLR0913
 def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
     """Decode a client's public part and check it has exactly the round's shape.
 
-    A checked round's public part ends with the range check's trailer, which this ignores.
+    A round with a value check's public part ends with its trailer, which this ignores.
 
     Raises
     ------
@@ -441,9 +442,7 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
         If it is malformed or its number of keys, ``tau``, domains or epochs are not the
         round's.
     """
-    if not params.range_check:
-        return _parse_head(params, public_part)
-    return _parse_head(params, split_trailer(params, bytes(public_part))[0])
+    return _parse_head(params, split_value_trailer(params, bytes(public_part))[0])
 
 
 def _parse_head(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
@@ -580,9 +579,7 @@ class SSAServer:
             key check; the share is unchanged then.
         """
         self._check_new(client_id)
-        trailer = None
-        if self.params.range_check:
-            public_part, trailer = split_trailer(self.params, bytes(public_part))
+        public_part, trailer = split_value_trailer(self.params, bytes(public_part))
         public = _parse_head(self.params, public_part)
         try:
             keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
@@ -606,9 +603,7 @@ class SSAServer:
         self._check_new(client_id)
         if client_id not in self._previous:
             raise SSAInputError(f"no stored keys for client {client_id} (send fresh keys)")
-        trailer = None
-        if self.params.range_check:
-            hint, trailer = split_trailer(self.params, bytes(hint))
+        hint, trailer = split_value_trailer(self.params, bytes(hint))
         try:
             parsed = UpdateHint.from_bytes(bytes(hint))
             keys = update_batch(self._previous[client_id], parsed, self.params.epoch)
@@ -705,7 +700,9 @@ class SSAServer:
     ) -> bytes | None:
         values, digest = self._evaluate(keys)
         if digest is not None and trailer is not None:
-            digest += round_check(self.params, keys, values, self._row_offsets, trailer, expect)
+            digest += value_round_check(
+                self.params, keys, values, self._row_offsets, trailer, expect
+            )
         if expect is not None and not same_digest(digest, expect):
             raise SSAInputError(
                 "key check failed: the servers' checks differ (a key with more than one "

@@ -1,8 +1,9 @@
 """Range check of a client's SSA value words on the servers' shares (issue 21 item 4).
 
-In every round with :attr:`SSAParams.range_check
-<flwr_fsl.families.ssa.messages.SSAParams.range_check>` (a checked round, ``verify``, that
-opts in: off by default for its upload cost) both servers run it
+In every round with :attr:`SSAParams.value_check
+<flwr_fsl.families.ssa.messages.SSAParams.value_check>` ``"exact"`` (a checked round that opts
+in: the default is the projected check, :mod:`flwr_fsl.families.ssa.projected_check`, which
+runs this module's machinery on ``r`` projections of the words) both servers run it
 (:mod:`flwr_fsl.families.ssa.verify`). Given, per value word
 ``n``, the two servers' Z_2^64 shares ``v^(0)_n + v^(1)_n = v_n`` (the sum of a key's value
 word over its evaluated points, which the key check makes the word at its one nonzero point),

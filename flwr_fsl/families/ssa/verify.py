@@ -36,24 +36,27 @@ weights, that point's count word is exactly 1 — so per element, a client adds 
 that can reach it; a forged count (0, 2, 2**63, a negative count to erase an honest client, a
 value with count 0 in a dummy bin) is caught.
 
-**Value words** (issue 21 item 4, :mod:`flwr_fsl.families.ssa.range_check`), in rounds with
-:attr:`SSAParams.range_check <flwr_fsl.families.ssa.messages.SSAParams.range_check>` (off by
-default: ``8 * L`` upload bytes per value word per key, 2-3x the checked upload; without it a
-client's value words are unchecked and one client can move an element's sum arbitrarily, e.g.
-an average of ``-1.1e9`` against an honest ``0.01``). Since a key
-that passes is nonzero at no more than one point, each key's value words summed over its
-evaluated points are the words at its point; both servers range-check those sums,
-``|v| <= ceil(max_abs * 2**frac_bits)`` (the codec's bound), with an FLP over F_(2^61-1) on
-integer bit shares and an exact Z_2^64 relation (never a random combination over Z_2^64).
-The material travels as a trailer of the public part (or hint); the range check's blob
-follows the 32-byte digest in what the servers exchange, and :func:`same_digest` decides on
-both parts. A client with a word out of range is dropped like any other failing client
-(false accept at most ``(2m + 2)/(p - 2m - 1) + 1/p``, about ``2^-54``, per upload). Within
-the bound a client still chooses its words freely (Cui et al.'s functionality lets a
-corrupted client choose any ``w in G^k``; DP clipping binds honest clients only). Nor does
-it check that
-a client used at most ``k`` real slots or placed an element once: a client may point all ``B``
-bins at real slots and reach one element from each of its ``eta`` candidate bins and every
+**Value words** (issue 21 item 4), per :attr:`SSAParams.value_check
+<flwr_fsl.families.ssa.messages.SSAParams.value_check>`. Since a key that passes is nonzero at
+no more than one point, each key's value words summed over its evaluated points are the words
+at its point; both servers check those sums. ``"projected"`` (the default,
+:mod:`flwr_fsl.families.ssa.projected_check`): ``r = 64`` random {-1, 0, 1} projections of all
+of them are range-checked exactly against ``T = 4 B2`` (``B2`` the public L2 bound of an honest
+client), so every word is within ``2T`` of zero except with probability ``2^-r``; a few
+thousand upload words. ``"exact"`` (:mod:`flwr_fsl.families.ssa.range_check`): every word
+within ``ceil(max_abs * 2**frac_bits)`` (the codec's bound), ``8 * L`` upload bytes per value
+word per key, 2-3x the checked upload. Both use an FLP over F_(2^61-1) on integer bit shares
+and an exact Z_2^64 relation (never a random combination over Z_2^64). ``"off"``: value words
+unchecked, and one client can move an element's sum arbitrarily (e.g. an average of
+``-1.1e9`` against an honest ``0.01``). The material travels as a trailer of the public part
+(or hint); the value check's blob follows the 32-byte digest in what the servers exchange,
+and :func:`same_digest` decides on both parts. A client that fails is dropped like any other
+failing client (the FLP's false accept at most ``(2m + 2)/(p - 2m - 1) + 1/p``, about
+``2^-54``, per upload). Within the bound (``2T`` projected, the codec's bound exact) a client
+still chooses its words freely (Cui et al.'s functionality lets a corrupted client choose any
+``w in G^k``; DP clipping binds honest clients only). Nor does it check that a client used
+at most ``k`` real slots or placed an element once: a client may point all ``B`` bins at real
+slots and reach one element from each of its ``eta`` candidate bins and every
 stash slot (count up to ``eta + sigma`` there). With ``weighted=True`` (documented, leaky,
 not the default) the count word is a weight: only the one-point property is checked, the
 weight's range is not.

@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFPublicBatch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
+from flwr_fsl.families.ssa.projected_check import value_trailer
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     _betas,
@@ -24,7 +26,7 @@ from flwr_fsl.families.ssa.protocol import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.families.ssa.range_check import client_trailer, round_bound
+from flwr_fsl.families.ssa.range_check import round_bound
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.two_server import ClientUpload
 from flwr_fsl.families.ssa.verify import one_word
@@ -103,6 +105,21 @@ def clipped(params: SSAParams, betas: np.ndarray) -> np.ndarray:
     return out
 
 
+def forged_trailer(params: SSAParams, keys: tuple, betas: np.ndarray) -> bytes:  # type: ignore[type-arg]
+    """The forger's value-check trailer for keys whose real words are ``betas``.
+
+    Exact check: it claims its value words clipped into the bound (the best it can do: an
+    out-of-range word has no bit decomposition). Projected check: the real words when some
+    salt's projections pass (as an honest client's), else the clipped words' projections.
+    """
+    if params.value_check == "projected":
+        try:
+            return value_trailer(params, keys, betas)
+        except ConfigurationError:
+            pass
+    return value_trailer(params, keys, clipped(params, betas))
+
+
 def forged_upload(
     params: SSAParams,
     plan: Plan,
@@ -129,10 +146,7 @@ def forged_upload(
     )
     pub = k0.public if tamper is None else tamper(k0.public)
     public = pub.to_bytes()
-    if params.range_check:
-        # The forger's range trailer claims its value words clipped into the bound (the best
-        # it can do: an out-of-range word has no bit decomposition).
-        public += client_trailer(params, (k0, k1), clipped(params, plan.betas))
+    public += forged_trailer(params, (k0, k1), plan.betas)
     sealed = seal_ssa_upload(
         helper_pub,
         binding=binding,  # type: ignore[arg-type]

@@ -115,7 +115,7 @@ def _s1_seed(plan: forge.Plan, params: SSAParams, tamper: forge.Tamper | None) -
 
 def test_a_huge_value_with_count_one_is_caught_by_the_range_check() -> None:
     """Issue 21's -1.1e9 forgery: value words are range-checked (range_check module)."""
-    params = unit_params(range_check=True)
+    params = unit_params(value_check="exact")
     lead = LeadServer(twin(), min_clients=1)
     pub = lead.helper_key()
     honest = make_clients(2)
@@ -190,7 +190,7 @@ def test_honest_keys_always_pass_and_aggregate_exactly(
 def test_verify_false_is_the_unchecked_round_and_old_params_mean_it() -> None:
     import json
 
-    checked = unit_params()
+    checked = unit_params(value_check="off")  # version 5: keys checked, value words not
     raw = json.loads(checked.to_bytes())
     assert raw["version"] == 5 and raw["verify"] is True
     assert SSAParams.from_bytes(checked.to_bytes()) == checked

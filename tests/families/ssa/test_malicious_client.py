@@ -7,7 +7,8 @@ per key and, with unit weights (the default), a count word of exactly 1. These t
 what that leaves, as docs/families/ssa.md says: erasing an honest client's update needs a
 negative count, which the check catches with unit weights but not with ``weighted=True`` (the
 count is a weight then, its range unchecked); wrapping a sum with a huge value word and count 1
-is caught in both (value words are range-checked: :mod:`flwr_fsl.families.ssa.range_check`).
+is caught in both (value words are range-checked: :mod:`flwr_fsl.families.ssa.range_check`,
+and by the default projected check, :mod:`flwr_fsl.families.ssa.projected_check`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 import pytest
 
 import flwr_fsl.families.ssa.protocol as ssa
-from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update, reconstruct
 from tests.families.ssa import forge
 
@@ -29,7 +29,7 @@ UNIT = SSAParams(
     value_width=1,
     hash_key=bytes(range(16)),
     weighted=False,
-    range_check=True,  # the value words' check (off by default for its upload cost)
+    value_check="exact",  # the value words' check (off by default for its upload cost)
 )
 WEIGHTED = replace(UNIT, weighted=True)
 
@@ -54,10 +54,8 @@ def _crafted(
     """Keys a malicious client makes for one element with payload words of its choosing."""
     with monkeypatch.context() as patch:
         patch.setattr(ssa, "payload_words", lambda *_a, **_k: words.reshape(1, -1))
-        # Its range proof claims the value words clipped into the bound (forge.clipped).
-        patch.setattr(
-            ssa, "client_trailer", lambda p, k, b: rc.client_trailer(p, k, forge.clipped(p, b))
-        )
+        # Its value-check trailer is the forger's best (forge.forged_trailer).
+        patch.setattr(ssa, "value_trailer", forge.forged_trailer)
         upload, _ = encode_update(params, [index], [[0.0]], 1.0)
     return upload
 
@@ -87,7 +85,11 @@ def test_known_gap_weighted_rounds_do_not_check_the_count(monkeypatch: pytest.Mo
     assert result.counts[9] == 3.0  # elements the attacker did not target are exact
 
 
-@pytest.mark.parametrize("params", [UNIT, WEIGHTED], ids=["unit", "weighted"])
+@pytest.mark.parametrize(
+    "params",
+    [UNIT, WEIGHTED, replace(UNIT, value_check="projected")],
+    ids=["unit", "weighted", "projected"],
+)
 def test_wrapping_a_sum_with_a_huge_value_word_is_caught(
     monkeypatch: pytest.MonkeyPatch, params: SSAParams
 ) -> None:
@@ -99,9 +101,12 @@ def test_wrapping_a_sum_with_a_huge_value_word_is_caught(
     assert result.counts is not None and result.counts[5] == 1.0 and result.sums[5, 0] == 0.5
 
 
-def test_a_udpf_hint_with_a_huge_value_word_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The range check also covers U-DPF hints (the trailer travels with the hint)."""
-    first = replace(UNIT, epoch=1)
+@pytest.mark.parametrize("check", ["exact", "projected"])
+def test_a_udpf_hint_with_a_huge_value_word_is_caught(
+    monkeypatch: pytest.MonkeyPatch, check: str
+) -> None:
+    """Both value checks also cover U-DPF hints (the trailer travels with the hint)."""
+    first = replace(UNIT, epoch=1, value_check=check)
     upload, state = encode_update(first, [9], [[0.25]], 1.0)
     servers = [SSAServer(first, party) for party in (0, 1)]
     digest = servers[0].add_client(1, upload.public_part, upload.master_seeds[0])
@@ -111,9 +116,7 @@ def test_a_udpf_hint_with_a_huge_value_word_is_caught(monkeypatch: pytest.Monkey
     huge = np.array([[1 << 62, one]], dtype=np.uint64)
     with monkeypatch.context() as patch:
         patch.setattr(ssa, "payload_words", lambda *_a, **_k: huge)
-        patch.setattr(
-            ssa, "client_trailer", lambda p, k, b: rc.client_trailer(p, k, forge.clipped(p, b))
-        )
+        patch.setattr(ssa, "value_trailer", forge.forged_trailer)
         hint = state.next_round(nxt, [[0.0]], 1.0)
     s0, s1 = (SSAServer(nxt, b, previous_keys={1: servers[b].keys[1]}) for b in (0, 1))
     digest = s0.add_client_hint(1, hint)

@@ -15,6 +15,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFPublicBatch
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa import protocol as ssa_protocol
+from flwr_fsl.families.ssa.projected_check import split_value_trailer
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -24,7 +25,6 @@ from flwr_fsl.families.ssa.protocol import (
     place_indices,
     reconstruct,
 )
-from flwr_fsl.families.ssa.range_check import split_trailer
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate, count_weighted_average
 
 
@@ -234,9 +234,8 @@ def _corruptions(params: SSAParams, public: bytes):  # type: ignore[no-untyped-d
     other_key = encode_update(replace(params, hash_key=_key(99)), np.arange(4), np.ones((4, 2)))[
         0
     ].public_part
-    trailer = b""
-    if params.range_check:  # the range check's trailer follows the keys' public part
-        public, trailer = split_trailer(params, public)
+    public, tail = split_value_trailer(params, public)  # the value check's trailer
+    trailer = tail or b""
     parsed = DPFPublicBatch.from_bytes(public)
     levels = int(parsed.cw_bits.shape[0])
     tail = 0 if parsed.cw_proof is None else 8 * parsed.cw_proof.size  # proof words come last

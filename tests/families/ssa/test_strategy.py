@@ -10,6 +10,7 @@ from flwr_fsl.core.errors import ConfigurationError, RunFailedError
 from flwr_fsl.crypto.channel import SealingKeyPair
 from flwr_fsl.families.ssa.records import SSA_UPLOAD_KEY
 from flwr_fsl.helper import HelperUnavailableError, InProcessHelper
+from flwr_fsl.helper.limits import HelperLimits
 from flwr_fsl.mods import ssa_mod, topk_mod
 from flwr_fsl.strategies import FedSubAvg, SecureFedSubAvg
 from flwr_fsl.testing import InProcessGrid
@@ -76,11 +77,16 @@ def test_secure_round_equals_plaintext_topk_fedsubavg(
     assert all(v > 0 for v in up.up_bytes.values())
 
 
-def test_range_checked_rounds_equal_plaintext_and_cost_more_upload(
+def test_value_checked_rounds_equal_plaintext_and_cost_more_upload(
     helper_key: SealingKeyPair,
 ) -> None:
-    """``range_check=True`` through Flower: the same model as plaintext top-k, a larger upload."""
-    checked, secure, _ = _secure_run(helper_key, range_check=True)
+    """``value_check="exact"`` through Flower: the same model as plaintext top-k, a larger upload.
+
+    The default (``"projected"``) is exact too
+    (``test_secure_round_equals_plaintext_topk_fedsubavg``) and costs a fixed trailer per
+    client, less than the exact check here.
+    """
+    checked, secure, _ = _secure_run(helper_key, value_check="exact")
     plain = _plaintext_run(_k(0.2))
     assert checked.failed_rounds == {} and checked.dropped == {1: {}, 2: {}}
     for name, value in MODEL.items():
@@ -89,11 +95,14 @@ def test_range_checked_rounds_equal_plaintext_and_cost_more_upload(
                 secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
             )
     default, _, _ = _secure_run(helper_key)
+    off_helper = InProcessHelper(keypair=helper_key, limits=HelperLimits(min_value_check="off"))
+    off, _, _ = _secure_run(helper_key, helper=off_helper, value_check="off")
 
     def upload(strategy: SecureFedSubAvg) -> int:
         return sum(next(t for t in strategy.traffic if t.phase == "train").up_bytes.values())
 
-    assert upload(checked) > 1.5 * upload(default)
+    assert upload(checked) > 1.5 * upload(off)
+    assert upload(off) < upload(default) < upload(checked)
 
 
 def test_reply_content_has_no_arrays(helper_key: SealingKeyPair) -> None:

@@ -1,0 +1,383 @@
+"""Projected range check of a client's SSA value words: the default value check (issue 21 item 4).
+
+In every checked round with :attr:`SSAParams.value_check
+<flwr_fsl.families.ssa.messages.SSAParams.value_check>` ``"projected"`` (the default) both
+servers run it (:mod:`flwr_fsl.families.ssa.verify`). It is the approximate range check of
+PINE (Rothblum, Omri, Chen, Talwar 2023, "wraparound" checks) and of approximate range
+proofs: instead of range-checking each of the ``n = num_keys * value_width`` value words
+(:mod:`flwr_fsl.families.ssa.range_check`, ``8 L`` upload bytes per word), the servers
+range-check ``r`` random {-1, 0, +1} projections of them, with the exact machinery of
+``range_check`` (bits, integer shares with bounded masks, an FLP in F_p, an exact Z_2^64
+relation). Its cost does not depend on ``n``.
+
+**Construction.** Let ``a_n`` (``n < N``) be the client's value words in Z_2^64 and
+``a^(s)_n`` server ``s``'s share of them: the sum of a key's value words over its evaluated
+points, which the key check makes the word at the key's one nonzero point.
+
+1. *Commitments.* ``k_s = range_check.party_key(keys_s)`` is a secret hash of server ``s``'s
+   root seeds (and the round), known to the client and server ``s`` only. The client writes in
+   the public trailer ``part_a = H(k_0)``, ``part_b = H(k_1)`` and a 16-byte ``salt``; each
+   server recomputes its own part and refuses a mismatch. Both servers hash the keys' public
+   part (correction words and epochs, :func:`public_digest`). ``zseed = H(tag, salt, part_a,
+   part_b, public)`` is therefore fixed after everything that decides the value shares (root
+   seeds and correction words): a client that changes a word changes ``zseed``.
+2. *Projections.* ``z_(k,n)`` in {-1, 0, +1} with probabilities 1/4, 1/2, 1/4 (two PRG bits:
+   ``b0 - b1``) from an AES-CTR stream on ``zseed`` (:func:`projection_matrix`); each server
+   computes its share ``y^(s)_k = sum_n z_(k,n) a^(s)_n`` in Z_2^64 locally (:func:`project`,
+   ``r * N`` adds), so ``y^(0) + y^(1) = y = Z a``.
+3. *Exact range check of y.* The client range-checks ``y`` against ``T`` with
+   :func:`range_check.make_upload <flwr_fsl.families.ssa.range_check.make_upload>` (``r * L_T``
+   bits, ``L_T = bit_length(2T)``); the servers run
+   :func:`range_check.server_check <flwr_fsl.families.ssa.range_check.server_check>` on their
+   shares of ``y``. The same guarantees hold: ``|y_k| <= T`` for every ``k`` exactly (centered
+   Z_2^64), except with the FLP's false-accept probability (about ``2^-54``).
+
+**Bound.** ``T = c * B2`` with ``c = 4`` (:data:`~flwr_fsl.families.ssa.messages.PROJECTION_SLACK`)
+and ``B2`` the public bound on an honest client's L2 norm
+(:attr:`SSAParams.value_l2_bound <flwr_fsl.families.ssa.messages.SSAParams.value_l2_bound>`:
+``sqrt(k w) * bound`` with ``k w`` the words a client can fill, tighter in a DP round, whose
+clients clip to ``C``: ``W C 2^f + sqrt(k w)``).
+
+**Completeness.** Each ``z`` is sub-Gaussian with variance proxy 1/2 (``E e^(l z) = (1 +
+cosh l)/2 <= e^(l^2/4)``, term by term), so ``P(|y_k| > c ||a||_2) <= 2 exp(-c^2)`` and an honest
+client (``||a||_2 <= B2``) fails a try with probability at most ``r * 2 exp(-c^2)``
+(``1.4e-5`` at ``c = 4``, ``r = 64``; the lead's Hoeffding bound ``r * 2 exp(-c^2/2)`` is the
+loose version). The client computes ``y`` itself before uploading and, if some ``|y_k| > T``,
+draws the next salt (no new keys): at most :data:`MAX_TRIES` tries, then it raises (only a
+client that did not clip can get there). The salt a server sees is one whose projections pass:
+against any fixed alternative input a server can rule it out with probability at most
+``r * 2 exp(-c^2)``.
+
+**Soundness (per word, exact in Z_2^64).** Suppose some value word has centered ``|a_n| > 2T``.
+Fix every ``z`` but ``z_(k,n)`` and let ``rest = y_k - z_(k,n) a_n``. ``y_k`` is ``rest``
+(probability 1/2) or ``rest +- a_n`` (1/4 each). If ``rest`` is in ``[-T, T]`` then neither
+``rest + a_n`` nor ``rest - a_n`` is (their distance to ``rest`` is ``|a_n| > 2T`` mod 2^64);
+otherwise at most the two of them are. Either way projection ``k`` passes with probability at
+most 1/2; the ``r`` projections use independent ``z``, so all pass with probability at most
+``2^-r`` per salt (modelling the PRG and the hash as random), and a client grinding salts
+(or keys) needs about ``2^r`` tries. **Guarantee:** a client that passes has every centered
+``|a_n| <= 2T``, except with probability ``2^-r`` per try plus the FLP's ``~2^-54``.
+
+**Slack against the exact check.** The exact check holds each word to ``bound``; this one to
+``2T = 2c B2 = 2c sqrt(k w) bound`` at the defaults (``8 sqrt(k w)`` times ``bound``: about
+460x at ``k = 3277``, ``w = 1``). In a DP round ``B2`` is the clipped norm, so ``2T`` is ``8``
+times the clip (plus rounding) whatever ``k``.
+
+**An L2 statement** holds only without wraparound: if every ``|a_n| <= 2T`` (above) and
+``N * 2T < 2^63`` (true for every round with ``N < 2^63 / 2T``; :func:`l2_statement` says
+whether it applies), then ``y_k`` in Z_2^64 is the integer ``sum z a``, with ``E y^2 =
+||a||^2/2`` and ``E y^4 <= (3/4) ||a||^4``; by Paley-Zygmund (``theta = 1/4``) a client with
+``||a||_2 > 2 sqrt(2) T`` passes one projection with probability at most ``13/16``, all ``r``
+with at most ``(13/16)^r`` (``1.7e-6`` at ``r = 64``). So such a client passes with probability
+at most ``2^-r + (13/16)^r``. This is weaker than the per-word guarantee; we document it, the
+code relies on the per-word one only.
+
+**Trailer** (after the keys' public part, or the U-DPF hint; :func:`trailer_bytes`):
+``salt (16) || part_a (32) || part_b (32) || E(x || proof0) || part0 (32) || part1 (32)``,
+where ``x || proof0`` are S0's integer bit shares and FLP proof share (``r L_T`` and
+``O(sqrt(r L_T))`` words) encrypted with a pad only S0 derives (from ``k_0``); S1's masks and
+proof share expand from ``H(k_1, salt)``. The check blobs the servers exchange have
+``range_check``'s layout (digest, query seed, joint key, verifier share): :func:`range_check.
+same_check <flwr_fsl.families.ssa.range_check.same_check>` decides both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.crypto import flp
+from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
+from flwr_fsl.crypto.prg import PRGStream
+from flwr_fsl.families.ssa import range_check as rc
+from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
+
+__all__ = [
+    "MAX_TRIES",
+    "client_trailer",
+    "honest_failure_bound",
+    "l2_statement",
+    "project",
+    "projection_matrix",
+    "public_digest",
+    "round_check",
+    "soundness_bound",
+    "split_trailer",
+    "trailer_bytes",
+    "zseed",
+]
+
+MAX_TRIES = 32
+"""Salts an honest client tries before it gives up (each fails with probability <= 1.4e-5)."""
+_TAG = b"flwr_fsl/ssa-projected-check/v1\x00"
+_SEED = 16
+_HEAD = _SEED + 64  # salt, part_a, part_b
+_CHUNK = 1 << 14  # value words per projection block (bounds the z matrix's memory)
+_U64Array = NDArray[np.uint64]
+
+
+def _h(*parts: bytes) -> bytes:
+    return hashlib.sha256(_TAG + b"".join(parts)).digest()
+
+
+def public_digest(public: DPFPublicBatch) -> bytes:
+    """SHA-256 of a key batch's public fields (epochs, correction words, proof words)."""
+    h = hashlib.sha256(_TAG + b"public" + int(public.tau).to_bytes(8, "little"))
+    for arr in (public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    if public.cw_proof is not None:
+        h.update(np.ascontiguousarray(public.cw_proof).tobytes())
+    return h.digest()
+
+
+def zseed(salt: bytes, part_a: bytes, part_b: bytes, public: bytes) -> bytes:
+    """Return the 16-byte seed of the projections: ``H(tag, salt, part_a, part_b, public)``."""
+    return _h(b"z", salt, part_a, part_b, public)[:_SEED]
+
+
+def _z_block(stream: PRGStream, r: int, count: int) -> NDArray[np.int64]:
+    """Draw the next ``count`` columns of ``Z`` (``(count, r)`` in {-1, 0, 1}) from the stream."""
+    bits = 2 * r * count
+    words = stream.words((bits + 63) // 64).astype("<u8")
+    flat = np.unpackbits(words.view(np.uint8), bitorder="little")[:bits]
+    pairs = flat.reshape(count, r, 2).astype(np.int64)
+    return pairs[:, :, 0] - pairs[:, :, 1]
+
+
+def projection_matrix(seed: bytes, r: int, n: int) -> NDArray[np.int64]:
+    """Return ``Z`` (``(r, n)`` in {-1, 0, 1}, probabilities 1/4, 1/2, 1/4) of ``seed``."""
+    stream = PRGStream(seed)
+    blocks = [_z_block(stream, r, min(_CHUNK, n - lo)) for lo in range(0, n, _CHUNK)]
+    return np.concatenate(blocks, axis=0).T if blocks else np.zeros((r, 0), np.int64)
+
+
+def project(seed: bytes, r: int, words: _U64Array) -> _U64Array:
+    """Return ``Z words`` in Z_2^64 (``(r,)`` uint64), ``Z`` the projections of ``seed``.
+
+    Linear: applied to a server's shares it gives that server's shares of the projections.
+    """
+    a = np.ascontiguousarray(words, np.uint64).reshape(-1).view(np.int64)
+    stream = PRGStream(seed)
+    y = np.zeros(r, np.int64)
+    with np.errstate(over="ignore"):
+        for lo in range(0, a.shape[0], _CHUNK):
+            block = a[lo : lo + _CHUNK]
+            y += block @ _z_block(stream, r, block.shape[0])  # int64 wraps: Z_2^64
+    return y.view(np.uint64)
+
+
+def _signed(y: _U64Array) -> NDArray[np.int64]:
+    return np.asarray(y, np.uint64).view(np.int64)
+
+
+def honest_failure_bound(r: int) -> float:
+    """Probability an honest client's try fails (some ``|y_k| > T``): ``r * 2 exp(-c^2)``."""
+    return min(1.0, r * 2.0 * math.exp(-(float(PROJECTION_SLACK) ** 2)))
+
+
+def soundness_bound(params: SSAParams) -> float:
+    """Probability a client with a word beyond ``2T`` passes one try: ``2^-r`` plus the FLP's."""
+    r = params.projections
+    return 2.0**-r + rc.false_accept_bound(r, params.projection_bound)
+
+
+def l2_statement(params: SSAParams) -> bool:
+    """Whether the L2 statement of the module docstring applies (``N * 2T < 2^63``)."""
+    return params.num_keys * params.value_width * 2 * params.projection_bound < 1 << 63
+
+
+def trailer_bytes(params: SSAParams) -> int:
+    """Bytes of a client's projected-check trailer in a round."""
+    bits = params.projections * rc.coefficients(params.projection_bound).shape[0]
+    return _HEAD + 8 * (bits + flp.FLPShape(bits).proof_length) + 64
+
+
+def _parts(params: SSAParams, keys: DPFKeyBatch) -> tuple[bytes, bytes]:
+    """``(k_s, H(k_s))``: a server's secret key and its public part."""
+    k = rc.party_key(params, keys)
+    return k, _h(b"part" + bytes([keys.party]), k)
+
+
+def client_trailer(
+    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
+) -> bytes:
+    """Client: the projected-check trailer for its keys' payload ``betas`` (``(keys, key_tau)``).
+
+    Salts are ``H(k_0, k_1, i)`` for ``i = 0, 1, ...`` (pseudorandom to each server); the first
+    whose projections all lie in ``[-T, T]`` is used.
+
+    Raises
+    ------
+    ConfigurationError
+        If no salt passes in :data:`MAX_TRIES` tries (value words far beyond the round's L2
+        bound: a client that did not clip), or a value word is outside the fixed-point bound.
+    """
+    values = np.ascontiguousarray(betas[:, : params.value_width]).reshape(-1)
+    k0, part_a = _parts(params, keys[0])
+    k1, part_b = _parts(params, keys[1])
+    public = public_digest(keys[0].public)
+    bound = params.projection_bound
+    for i in range(MAX_TRIES):
+        salt = _h(b"salt", k0, k1, i.to_bytes(4, "little"))[:_SEED]
+        y = project(zseed(salt, part_a, part_b, public), params.projections, values)
+        if int(np.abs(_signed(y)).max(initial=0)) <= bound:
+            break
+    else:
+        raise ConfigurationError(
+            f"the value words exceed the round's L2 bound ({params.value_l2_bound} in fixed "
+            "point): no projection salt passes"
+        )
+    up = rc.make_upload(
+        y,
+        bound,
+        seed1=_h(b"seed1", k1, salt)[:_SEED],
+        blind0=_h(b"blind0", k0, salt)[:_SEED],
+        prover=_h(b"prover", k0, k1, salt)[:_SEED],
+    )
+    words = np.concatenate([up.shares0, up.proof0])
+    pad = PRGStream(_h(b"pad", k0, salt)[:_SEED]).words(words.shape[0])
+    head = salt + part_a + part_b
+    return head + (words ^ pad).astype("<u8").tobytes() + up.part0 + up.part1
+
+
+def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
+    """Split a round's public part (or hint) into its head and projected-check trailer.
+
+    Raises
+    ------
+    SSAInputError
+        If the blob is not longer than a trailer (truncated, or keys without one).
+    """
+    size = trailer_bytes(params)
+    if len(blob) <= size:
+        raise SSAInputError(
+            "malformed public part: truncated, or without the value-check trailer the round needs"
+        )
+    return bytes(blob[:-size]), bytes(blob[-size:])
+
+
+def server_projected(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    value_sums: _U64Array,
+    trailer: bytes,
+    expect: bytes | None,
+    check_head: int,
+) -> bytes:
+    """One server's projected check of a client in a round; return its check blob.
+
+    ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
+    ``expect`` is the other server's whole check (S1) or None (S0, which draws the query
+    seed), read after ``check_head`` bytes (the key-check digest) and the range digest.
+
+    Raises
+    ------
+    SSAInputError
+        If the trailer has the wrong size or does not match this server's material.
+    """
+    if len(trailer) != trailer_bytes(params):
+        raise SSAInputError("value check: the trailer has the wrong size")
+    salt, part_a, part_b = trailer[:_SEED], trailer[_SEED : _SEED + 32], trailer[_SEED + 32 : _HEAD]
+    k, mine = _parts(params, keys)
+    if not hmac.compare_digest(mine, part_a if keys.party == 0 else part_b):
+        name = "part_a" if keys.party == 0 else "part_b"
+        raise SSAInputError(f"value check: {name} does not match this server's keys")
+    seed = zseed(salt, part_a, part_b, public_digest(keys.public))
+    shares = project(seed, params.projections, value_sums)
+    bound = params.projection_bound
+    body, part0, part1 = trailer[_HEAD:-64], trailer[-64:-32], trailer[-32:]
+    if keys.party == 0:
+        n_words = len(body) // 8
+        pad = PRGStream(_h(b"pad", k, salt)[:_SEED]).words(n_words)
+        words = np.frombuffer(body, "<u8").astype(np.uint64) ^ pad
+        size = params.projections * rc.coefficients(bound).shape[0]
+        blind0 = _h(b"blind0", k, salt)[:_SEED]
+        private: rc.RangeUpload | bytes = rc.RangeUpload(
+            words[:size], words[size:], blind0, b"", part0, part1
+        )
+    else:
+        private = _h(b"seed1", k, salt)[:_SEED]
+    query_seed = None  # without the other's check: draw one (S0, or a server checked alone)
+    if expect is not None:
+        start = check_head + 32  # after the key-check digest and the range digest
+        if len(expect) < start + _SEED:
+            raise SSAInputError("value check: the other server's check is malformed")
+        query_seed = bytes(expect[start : start + _SEED])
+    return rc.server_check(
+        keys.party, shares, bound, (part0, part1), private, query_seed
+    ).to_bytes()
+
+
+def round_check(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    values: _U64Array,
+    offsets: NDArray[np.int64],
+    trailer: bytes,
+    expect: bytes | None,
+) -> bytes:
+    """:func:`server_projected` on a server's evaluated points (``offsets``: each key's first row).
+
+    Raises
+    ------
+    SSAInputError
+        As :func:`server_projected`.
+    """
+    sums = np.add.reduceat(values[:, : params.value_width], offsets[:-1], axis=0)
+    return server_projected(params, keys, sums, trailer, expect, 32)
+
+
+# ------------------------------------------------------------------------------------------------
+# The round's value check, whichever it is (protocol.py calls these).
+# ------------------------------------------------------------------------------------------------
+
+
+def value_trailer(
+    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
+) -> bytes:
+    """Client: the round's value-check trailer (empty when the round has none)."""
+    if params.value_check == "projected":
+        return client_trailer(params, keys, betas)
+    if params.value_check == "exact":
+        return rc.client_trailer(params, keys, betas)
+    return b""
+
+
+def split_value_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes | None]:
+    """Split off the round's value-check trailer (None when the round has none).
+
+    Raises
+    ------
+    SSAInputError
+        If the blob is too short for the trailer.
+    """
+    if params.value_check == "projected":
+        return split_trailer(params, blob)
+    if params.value_check == "exact":
+        return rc.split_trailer(params, blob)
+    return bytes(blob), None
+
+
+def value_round_check(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    values: _U64Array,
+    offsets: NDArray[np.int64],
+    trailer: bytes,
+    expect: bytes | None,
+) -> bytes:
+    """Return a server's check blob of the round's value check (projected or exact).
+
+    Raises
+    ------
+    SSAInputError
+        If the client's material does not match this server's.
+    """
+    if params.value_check == "projected":
+        return round_check(params, keys, values, offsets, trailer, expect)
+    return rc.round_check(params, keys, values, offsets, trailer, expect)
