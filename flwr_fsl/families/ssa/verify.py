@@ -103,8 +103,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import struct
 import queue
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -400,7 +400,7 @@ class KeyCheck:
                 if sums is not None:
                     starts = self.offsets[lo:hi] - a
                     sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
-                data = memoryview(proofs).cast("B")  # little-endian words, in place
+                data = proofs.data.cast("B")  # little-endian words, in place
                 if mac is not None:
                     return mac.encrypt(_NONCE.pack(who, j), b"", data)  # the 16-byte tag
                 return hashlib.sha256(data).digest()
