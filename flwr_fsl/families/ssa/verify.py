@@ -30,12 +30,13 @@ digests of an honest client are equal, so exchanging them tells neither anything
 differs drops the client at both.
 
 **Digest version 3: a keyed universal hash** (issue 26; :data:`DIGEST_KEY_BYTES`). A segment's
-hash is its GMAC tag, ``AES-GCM(K).encrypt(nonce, b"", aad=proofs)``, under the round's
-*digest key* ``K``, with the nonce ``LE64(client) || LE32(segment)``; version 2 (no key) hashes
-each segment with SHA-256 and is kept for rounds opened without a key (an S0 that sends the
-old ``OpenRound``). GHASH reads the proofs about 8x faster than SHA-256 (at ``m = 2**20``,
-``k/m = 10%`` each server hashes about 210 MB of proofs per client). Why a keyed universal
-hash suffices:
+hash is its GMAC tag, ``AES-GCM(K).encrypt(nonce, b"", aad=proofs)``, under the round's *digest
+key* ``K``, with the nonce ``LE64(client) || LE32(segment)`` (a segment longer than one AES-GCM
+call takes, a stash key past ``m = 2**24``, is fed in pieces: the same tag); version 2 (no key)
+hashes each segment with SHA-256 and is kept for rounds opened without a key (an S0 that sends
+the old ``OpenRound``). GHASH reads the proofs about 8x faster than SHA-256 (at ``m = 2**20``,
+``k/m = 10%`` each server hashes about 210 MB of proofs per client). Why a keyed universal hash
+suffices:
 
 * *What must hold.* A forger wins if its two proof streams differ in some segment ``j``
   (``P_j^(0) != P_j^(1)``, equal lengths: the round fixes them) and the servers' digests are
@@ -111,6 +112,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from numpy.typing import NDArray
 
@@ -147,6 +149,8 @@ DIGEST_KEY_BYTES = 16
 _TAG = b"flwr_fsl/ssa-key-check/v2\x00"
 _TAG_V3 = b"flwr_fsl/ssa-key-check/v3\x00"
 _NONCE = struct.Struct("<QI")  # GMAC nonce: client id, segment index (12 bytes)
+_ONE_SHOT_BYTES = (1 << 31) - 1  # the most associated data one AESGCM.encrypt call takes
+_PIECE_BYTES = 1 << 30  # longer segments (a stash key past m = 2**24) are streamed in pieces
 _T = TypeVar("_T")
 
 
@@ -401,9 +405,11 @@ class KeyCheck:
                     starts = self.offsets[lo:hi] - a
                     sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
                 data = proofs.data.cast("B")  # little-endian words, in place
-                if mac is not None:
+                if mac is None:
+                    return hashlib.sha256(data).digest()
+                if len(data) <= _ONE_SHOT_BYTES:
                     return mac.encrypt(_NONCE.pack(who, j), b"", data)  # the 16-byte tag
-                return hashlib.sha256(data).digest()
+                return _gmac_streamed(self.digest_key or b"", _NONCE.pack(who, j), data)
             finally:
                 self._free.put((buf, mac))
 
@@ -414,6 +420,15 @@ class KeyCheck:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
         return values, h.digest()
+
+
+def _gmac_streamed(key: bytes, nonce: bytes, data: memoryview) -> bytes:
+    """GMAC of more bytes than one ``AESGCM`` call takes: the same tag, the data in pieces."""
+    encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    for start in range(0, len(data), _PIECE_BYTES):
+        encryptor.authenticate_additional_data(data[start : start + _PIECE_BYTES])
+    encryptor.finalize()
+    return encryptor.tag
 
 
 def client_digest(

@@ -235,3 +235,20 @@ def test_a_checked_round_opened_without_a_key_runs_digest_version_2() -> None:
     s0v3 = SSAServer(dataclasses.replace(params, round_id=9), 0, digest_key=KEY)
     up = next(iter(uploads.values()))
     assert s0v3.add_client(1, up.public_part, up.master_seed) != items[0][3]
+
+
+def test_a_segment_too_long_for_one_gmac_call_is_streamed_to_the_same_tag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stash key past ``m = 2**24`` has more proof bytes than one AES-GCM call takes."""
+    params = unit_params(stash_size=1)
+    up = _uploads(params, 1)[0]
+    one_shot = SSAServer(params, 0, digest_key=KEY).add_client(
+        3, up.public_part, up.master_seeds[0]
+    )
+    monkeypatch.setattr(verify, "_ONE_SHOT_BYTES", 1000)
+    monkeypatch.setattr(verify, "_PIECE_BYTES", 320)
+    streamed = SSAServer(params, 0, digest_key=KEY).add_client(
+        3, up.public_part, up.master_seeds[0]
+    )
+    assert streamed == one_shot
