@@ -92,6 +92,7 @@ from flwr_fsl.crypto import dpf  # noqa: E402
 from flwr_fsl.crypto.hashing import generate_hash_key, simple_hash  # noqa: E402
 from flwr_fsl.crypto.identity import SigningIdentity  # noqa: E402
 from flwr_fsl.families.ssa import protocol as ssa  # noqa: E402
+from flwr_fsl.families.ssa.verify import new_digest_key  # noqa: E402
 
 try:
     from flwr_fsl.crypto.channel import OVERHEAD as SEAL_OVERHEAD
@@ -100,6 +101,7 @@ except ImportError:  # pragma: no cover - channel not available
 
 LAMBDA = 128  # bits: security parameter = seed size
 SEED_BYTES = 16
+DIGEST_KEY = new_digest_key()  # checked rounds: the round's digest key (digest version 3)
 CUI_LOG_THETA = 9
 CUI_L = 128
 MIB = 1 << 20
@@ -313,7 +315,7 @@ def run_cell(log_m: int, rate: float, reps: int, rng: np.random.Generator) -> Ce
     cell.encode_parts_s = {n: median(v) for n, v in enc_parts.items()}
 
     def add(party: int) -> Callable[[], None]:
-        server = ssa.SSAServer(params, party)
+        server = ssa.SSAServer(params, party, digest_key=DIGEST_KEY)
         return lambda: server.add_client(7, upload.public_part, upload.master_seeds[party])
 
     add(0)()  # untimed
@@ -381,13 +383,15 @@ def run_check_cost(log_m: int, rate: float, reps: int, rng: np.random.Generator)
 
         enc = median([_timed(encode) for _ in range(reps)])
         public = upload.public_part
-        digest = ssa.SSAServer(params, 0).add_client(1, public, upload.master_seeds[0])
+        digest = ssa.SSAServer(params, 0, digest_key=DIGEST_KEY).add_client(
+            1, public, upload.master_seeds[0]
+        )
         per_server = []
         for party in (0, 1):
             expect = digest if party == 1 else None
             times = []
             # One server per round, many clients: per-round buffers are not per-client cost.
-            server = ssa.SSAServer(params, party)
+            server = ssa.SSAServer(params, party, digest_key=DIGEST_KEY)
             seed = upload.master_seeds[party]
             add = server.add_client
             add(0, public, seed, expect)  # untimed first client

@@ -1,34 +1,39 @@
 """SSA servers over a whole round: time per client against the AES floor, on one core and two.
 
-Run ``python benchmarks/ssa_round_bench.py [--clients N] [--log-m 20] [--rate 0.10]``. For the
-unchecked round (Cui's semi-honest protocol) and the checked one (the default, issue 21) it adds
-``N`` clients to one :class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the
-share once, as a round does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters
-the clients' summed shares once), after one untimed round, as on a long-running server whose
-allocator already holds the round buffers' pages. Each configuration runs in a child process
-pinned to one core, then to two (``os.sched_setaffinity``), so the per-process digest threads
-see exactly those cores.
+Run ``python benchmarks/ssa_round_bench.py [--clients N] [--rounds R] [--log-m 20] [--rate
+0.10]`` (``--rounds``: timed rounds per configuration, the fastest reported). For the unchecked
+round (Cui's semi-honest protocol), the checked one with key-check digest version 2 (SHA-256 per
+segment: the code before issue 26's GMAC digest, kept for rounds opened without a digest key)
+and the checked one with version 3 (GMAC under the round's digest key: the default,
+:mod:`flwr_fsl.families.ssa.verify`) it adds ``N`` clients to one
+:class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the share once, as a
+round does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients' summed
+shares once), after one untimed round, as on a long-running server whose allocator already holds
+the round buffers' pages. Each configuration runs in a child process pinned to one core, then to
+two (``os.sched_setaffinity``), so the per-process digest threads see exactly those cores.
 
 It prints, per party and configuration, wall milliseconds per client (the round's time divided
-by ``N``), the AES-only time of one client's evaluation (its DPF AES calls recorded in place and
-replayed alone, :func:`ssa_bench.aes_floor`), their ratio, and the two-core speed-up, ending
-with the lines ``server per client / AES floor: X.XX`` and ``2-core speed-up: X.XX`` (the
-checked round, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Clients alternate
+by ``N``), the process's CPU milliseconds per client (all threads; on a loaded machine the CPU
+time stays near the work done while the wall time does not), the AES-only time of one client's
+evaluation (its DPF AES calls recorded in place and replayed alone,
+:func:`ssa_bench.aes_floor`), their ratio, and the two-core speed-up, ending with the lines
+``server per client / AES floor: X.XX`` and ``2-core speed-up: X.XX`` (the checked round with
+digest version 3, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Clients alternate
 between two encoded updates (the servers' work does not depend on which). Figures are ratios
 measured in one run: absolute times drift on shared machines.
 
 **What the AES floor counts.** Every AES block the server's evaluation of one client runs,
 recorded at the cipher objects (:func:`dpf_bench.record_aes`): the tree levels (left and right
 keys), the leaf conversion and, in the checked round, the key check's proof hash (4 AES-MMO
-blocks per evaluated point, :mod:`flwr_fsl.kernels.vdpf_kernels`), after subtree skipping (a
-bin padded to a power of two costs blocks for its real points only). Replayed alone, one
-thread. The checked round also hashes every point's 64-byte proof with SHA-256 (the key-check
-digest); that is not AES and not in the floor: the table's ``SHA-256 ms`` column replays
-the same bytes through ``hashlib`` in the same segments (one thread), and ``/ AES+SHA`` divides
-by both. The server runs with its default thread count (every core the child may use).
+blocks per evaluated point, :mod:`flwr_fsl.kernels.vdpf_kernels`), after subtree skipping (a bin
+padded to a power of two costs blocks for its real points only). Replayed alone, one thread. The
+checked round also hashes every point's 64-byte proof (the key-check digest: SHA-256 in version
+2, GMAC in version 3); that is not in the floor: the table's ``hash ms`` column replays the same
+bytes through the same hash in the same segments (one thread), and ``/ AES+hash`` divides by
+both. The server runs with its default thread count (every core the child may use).
 
-The client line times :func:`~flwr_fsl.families.ssa.protocol.encode_update` (checked round,
-best of 3, one core) beside its AES-only time (issue 26: <= 40 ms).
+The client line times :func:`~flwr_fsl.families.ssa.protocol.encode_update` (checked round, best
+of 3, one core) beside its AES-only time (issue 26: <= 40 ms).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -53,11 +59,19 @@ from ssa_bench import aes_floor, client_inputs, make_params
 from flwr_fsl.crypto.dpf import PROOF_WORDS
 from flwr_fsl.families.ssa import protocol as ssa
 from flwr_fsl.families.ssa.placement import key_lengths
-from flwr_fsl.families.ssa.verify import KeyCheck
+from flwr_fsl.families.ssa.verify import _NONCE, KeyCheck, new_digest_key
+
+ROUNDS = 1
+"""Timed rounds per configuration (``--rounds``; the fastest is reported: on a shared machine
+the others lost time to other processes)."""
+_KINDS = {"unchecked": (False, False), "checked-v2": (True, False), "checked-v3": (True, True)}
+"""Round kind -> (verify, digest key)."""
 
 
-def _worker(log_m: int, rate: float, clients: int, verify: bool, cores: int) -> dict[str, object]:
+def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dict[str, object]:
     """One configuration in this (child) process: both parties' round time per client."""
+    verify, keyed = _KINDS[kind]
+    key = new_digest_key() if keyed else None
     avail = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, set(avail[:cores]))
     m = 1 << log_m
@@ -69,31 +83,34 @@ def _worker(log_m: int, rate: float, clients: int, verify: bool, cores: int) -> 
     for _ in range(2):
         indices, values, _ = client_inputs(m, k, rng)
         uploads.append(ssa.encode_update(params, indices, values, rng=rng, simple_table=table)[0])
-    out: dict[str, object] = {"verify": verify, "cores": len(os.sched_getaffinity(0))}
+    out: dict[str, object] = {"kind": kind, "cores": len(os.sched_getaffinity(0))}
     for party in (0, 1):
 
-        def one_round(p: int = party) -> float:
-            server = ssa.SSAServer(params, p)
-            start = time.perf_counter()
+        def one_round(p: int = party) -> tuple[float, float]:
+            server = ssa.SSAServer(params, p, digest_key=key)
+            start, cpu = time.perf_counter(), time.process_time()
             for c in range(clients):
                 upload = uploads[c % 2]
                 server.add_client(c, upload.public_part, upload.master_seeds[p])
                 server.forget_recent()  # as LeadServer after each relayed chunk
             server.share()
-            return (time.perf_counter() - start) / clients
+            wall = (time.perf_counter() - start) / clients
+            return wall, (time.process_time() - cpu) / clients
 
         one_round()  # untimed: a long-running server has its round buffers' pages already
-        out[f"s{party}_ms"] = 1e3 * one_round()
+        timed = [one_round() for _ in range(ROUNDS)]
+        out[f"s{party}_ms"] = 1e3 * min(w for w, _ in timed)
+        out[f"s{party}_cpu_ms"] = 1e3 * min(c for _, c in timed)
         floor = aes_floor(
-            lambda p=party: ssa.SSAServer(params, p, threads=1).add_client(
+            lambda p=party: ssa.SSAServer(params, p, threads=1, digest_key=key).add_client(
                 0, uploads[0].public_part, uploads[0].master_seeds[p]
             )
         )
         out[f"s{party}_aes_ms"] = 1e3 * floor["replay_s"]
         out[f"s{party}_aes_blocks"] = floor["blocks"]
-    out["sha_ms"] = 1e3 * _sha_floor(params, table) if verify else 0.0
+    out["hash_ms"] = 1e3 * _hash_floor(params, table, key) if verify else 0.0
     out["threads"] = ssa.SSAServer(params, 0).threads
-    if verify:
+    if keyed:
         idx, vals, _ = client_inputs(m, k, rng)
 
         def encode() -> object:
@@ -111,22 +128,26 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _sha_floor(params: ssa.SSAParams, table: object) -> float:
-    """SHA-256 time of one client's key-check proofs (same bytes, same segments, one thread)."""
+def _hash_floor(params: ssa.SSAParams, table: object, key: bytes | None) -> float:
+    """Hash time of one client's key-check proofs (same bytes, segments and hash; one thread)."""
     lengths = key_lengths(params, table)  # type: ignore[arg-type]
-    check = KeyCheck(params, 0, lengths, threads=1)
+    check = KeyCheck(params, 0, lengths, threads=1, digest_key=key)
     sizes = [int(check.offsets[b] - check.offsets[a]) * 8 * PROOF_WORDS for a, b in check.segments]
     buf = np.random.default_rng(0).integers(0, 2**63, max(sizes) // 8, dtype=np.int64).tobytes()
     view = memoryview(buf)
+    mac = AESGCM(key) if key is not None else None
 
     def run() -> None:
-        for n in sizes:
-            hashlib.sha256(view[:n]).digest()
+        for j, n in enumerate(sizes):
+            if mac is not None:
+                mac.encrypt(_NONCE.pack(0, j), b"", view[:n])
+            else:
+                hashlib.sha256(view[:n]).digest()
 
     return min(_timed(run) for _ in range(3))
 
 
-def _run(args: argparse.Namespace, verify: bool, cores: int) -> dict[str, object]:
+def _run(args: argparse.Namespace, kind: str, cores: int) -> dict[str, object]:
     cmd = [
         sys.executable,
         __file__,
@@ -134,8 +155,9 @@ def _run(args: argparse.Namespace, verify: bool, cores: int) -> dict[str, object
         f"--log-m={args.log_m}",
         f"--rate={args.rate}",
         f"--clients={args.clients}",
+        f"--rounds={args.rounds}",
         f"--cores={cores}",
-        *(["--verify"] if verify else []),
+        f"--kind={kind}",
     ]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -144,43 +166,55 @@ def _run(args: argparse.Namespace, verify: bool, cores: int) -> dict[str, object
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8, help="clients per round (8)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="timed rounds per configuration, best taken (1)"
+    )
     parser.add_argument("--log-m", type=int, default=20, help="log2 m (20)")
     parser.add_argument("--rate", type=float, default=0.10, help="k/m (0.10)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--verify", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default="checked-v3", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global ROUNDS
+    ROUNDS = max(1, args.rounds)
     if args.worker:
-        print(json.dumps(_worker(args.log_m, args.rate, args.clients, args.verify, args.cores)))
+        print(json.dumps(_worker(args.log_m, args.rate, args.clients, args.kind, args.cores)))
         return
     cores = min(2, len(os.sched_getaffinity(0)))
     print(f"SSA round, m = 2^{args.log_m}, k/m = {args.rate:.0%}, {args.clients} clients")
     print(f"load average before: {_loadavg()}")
     print(
-        "| round | cores (threads) | party | ms per client | AES floor ms (blocks) | / floor "
-        "| SHA-256 ms | / AES+SHA | 2-core speed-up |"
+        "| round | cores (threads) | party | ms per client | CPU ms per client | AES floor ms "
+        "(blocks) | / floor | hash ms | / AES+hash | 2-core speed-up |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     last: dict[str, float] = {}
     encode: dict[str, float] = {}
-    for verify in (False, True):
-        rows = {c: _run(args, verify, c) for c in sorted({1, cores})}
+    per_kind: dict[str, dict[int, dict[str, object]]] = {}
+    for kind in _KINDS:
+        rows = per_kind[kind] = {c: _run(args, kind, c) for c in sorted({1, cores})}
         for c, row in rows.items():
-            sha = float(row["sha_ms"])  # type: ignore[arg-type]
+            hashed = float(row["hash_ms"])  # type: ignore[arg-type]
             for party in (0, 1):
                 ms = float(row[f"s{party}_ms"])  # type: ignore[arg-type]
                 aes = float(row[f"s{party}_aes_ms"])  # type: ignore[arg-type]
                 blocks = float(row[f"s{party}_aes_blocks"])  # type: ignore[arg-type]
                 one = float(rows[1][f"s{party}_ms"])  # type: ignore[arg-type]
-                name = "checked" if verify else "unchecked"
                 print(
-                    f"| {name} | {c} ({row['threads']}) | S{party} | {ms:.1f} | {aes:.1f} "
-                    f"({blocks / 1e6:.2f}M) | {ms / aes:.2f} | {sha:.1f} | {ms / (aes + sha):.2f} "
-                    f"| {one / ms:.2f} |"
+                    f"| {kind} | {c} ({row['threads']}) | S{party} | {ms:.1f} | "
+                    f"{float(row[f's{party}_cpu_ms']):.1f} | {aes:.1f} "  # type: ignore[arg-type]
+                    f"({blocks / 1e6:.2f}M) | {ms / aes:.2f} | {hashed:.1f} | "
+                    f"{ms / (aes + hashed):.2f} | {one / ms:.2f} |"
                 )
                 last = {"ratio": ms / aes, "speedup": one / ms, "cores": c}
-            if verify and c == 1:
+            if "encode_ms" in row and c == 1:
                 encode = {k: float(row[k]) for k in ("encode_ms", "encode_aes_ms")}  # type: ignore[arg-type]
+    for c in sorted({1, cores}):
+        old, new = per_kind["checked-v2"][c], per_kind["checked-v3"][c]
+        print(
+            f"digest v2 (SHA-256) -> v3 (GMAC), same run, {c} core(s): "
+            + ", ".join(f"S{p} {old[f's{p}_ms']:.1f} -> {new[f's{p}_ms']:.1f} ms" for p in (0, 1))
+        )
     print(f"load average after: {_loadavg()}")
     if encode:
         ok = encode["encode_ms"] <= 40.0

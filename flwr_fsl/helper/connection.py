@@ -272,7 +272,7 @@ class _Facade(abc.ABC):
             raise HelperError(f"S1 announced a {len(key)}-byte public key, expected 32")
         return key
 
-    def open_round(self, round_id: int, params: bytes) -> None:
+    def open_round(self, round_id: int, params: bytes, digest_key: bytes | None = None) -> None:
         """Open a round on S1.
 
         Parameters
@@ -281,6 +281,8 @@ class _Facade(abc.ABC):
             The round (must equal ``params``' ``round_id``; never reused).
         params : bytes
             ``SSAParams.to_bytes()``.
+        digest_key : bytes, optional
+            A checked round's secret digest key (sent with ``OpenCheckedRound``).
 
         The connection's first round opens its session first (:meth:`open_session`); a later
         one does not (not even after a lost session), so a restarted S1 is noticed rather than
@@ -298,9 +300,11 @@ class _Facade(abc.ABC):
         """
         if not self._session_id:
             self.open_session()
-        self._call(
-            "OpenRound", wire.OpenRoundRequest(self._sid(), round_id, params), wire.OkResponse
-        )
+        request = wire.OpenRoundRequest(self._sid(), round_id, params)
+        if digest_key is not None:
+            request = wire.OpenCheckedRoundRequest(self._sid(), round_id, params, digest_key)
+        method = request.KIND.name.title().replace("_", "")  # OpenRound, OpenCheckedRound
+        self._call(method, request, wire.OkResponse)
 
     def add_clients(
         self, round_id: int, uploads: Iterable[tuple[int, bytes, bytes]]

@@ -42,6 +42,11 @@ SET_MODEL (8)          session, round ``u64``, table ``array`` (uint64, 2-d)
 PSR_ANSWER (9)         session, round ``u64``, items (client ``u64``, public, sealed ``bytes``)
 CLOSE_SESSION (10)     session
 OPEN_SESSION (11)      empty (S1 draws the session id and its secret)
+OPEN_CHECKED_ROUND (12) session, round ``u64``, params ``bytes``, digest key (exactly 16 raw
+                       bytes): :class:`OpenCheckedRoundRequest`, ``OPEN_ROUND``'s second version
+                       for checked rounds; the round's secret key of the key-check digest
+                       (version 3, :mod:`flwr_fsl.families.ssa.verify`), drawn by S0 and
+                       sent only to S1 (``OPEN_ROUND`` still opens a round: digest version 2)
 ADD_CHECKED (24)       session, round ``u64``, items (client ``u64``, public, sealed, digest
                        ``bytes``): :class:`AddCheckedRequest`, a checked round's uploads with
                        S0's key-check digest (:mod:`flwr_fsl.families.ssa.verify`); S1 answers
@@ -114,6 +119,7 @@ __all__ = [
     "Kind",
     "Message",
     "OkResponse",
+    "OpenCheckedRoundRequest",
     "OpenRoundRequest",
     "OpenSessionRequest",
     "PsrAnswerRequest",
@@ -135,6 +141,7 @@ SESSION_BYTES = 16
 """Length of a session id: S1 draws one per ``OPEN_SESSION`` (one per run)."""
 SECRET_BYTES = 32
 """Length of a session secret: every later call of the session must carry it."""
+_DIGEST_KEY_BYTES = 16  # flwr_fsl.families.ssa.verify.DIGEST_KEY_BYTES
 _HEADER = struct.Struct("<4sBBH")
 
 
@@ -152,6 +159,7 @@ class Kind(IntEnum):
     PSR_ANSWER = 9
     CLOSE_SESSION = 10
     OPEN_SESSION = 11
+    OPEN_CHECKED_ROUND = 12
     ADD_CHECKED = 24
     ADD_CHECKED_HINTS = 25
     OK = 64
@@ -345,6 +353,27 @@ class OpenRoundRequest(Message):
 
 
 @dataclass(frozen=True)
+class OpenCheckedRoundRequest(OpenRoundRequest):
+    """Start a checked round: its public parameters and the round's secret digest key.
+
+    The key (16 bytes, never shown by ``repr``) keys the key-check digest (version 3); S0
+    draws it per round and sends it to S1 only.
+    """
+
+    KIND: ClassVar[Kind] = Kind.OPEN_CHECKED_ROUND
+    digest_key: bytes = field(default=b"", repr=False)
+
+    def _write(self, w: _Writer) -> None:
+        super()._write(w)
+        w.fixed(self.digest_key, _DIGEST_KEY_BYTES)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Message:
+        session, round_id, params = _read_session(r), r.u64("round"), r.raw("params")
+        return cls(session, round_id, params, r.fixed(_DIGEST_KEY_BYTES, "digest key"))
+
+
+@dataclass(frozen=True)
 class AddClientsRequest(Message):
     """Relay clients' SSA uploads (public part + material sealed to S1)."""
 
@@ -533,6 +562,7 @@ _BY_KIND: dict[int, type[Message]] = {
         HealthRequest,
         PublicKeyRequest,
         OpenRoundRequest,
+        OpenCheckedRoundRequest,
         AddClientsRequest,
         AddHintsRequest,
         FinishRoundRequest,

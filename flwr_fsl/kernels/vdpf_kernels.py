@@ -99,12 +99,24 @@ def fd_proof_inputs(
         key = tasks_i[k, 0]
         e = epochs[key]
         nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
-        x0 = np.uint64(tasks_i[k, 3] - key_first[key])
-        for i in range(nl):
-            leaf = pos + i
+        x = np.uint64(tasks_i[k, 3] - key_first[key])
+        for leaf in range(pos, pos + nl):
             c = leaf * half_w
             lo_word = ((conv[c, 0] ^ TWO) & CLEAR) | np.uint64(t_in[leaf])
-            _write_inputs(lo_word, conv[c, 1] ^ e, x0 + np.uint64(i), out, BLOCKS * leaf)
+            hi_word = conv[c, 1] ^ e
+            # The four blocks of H(x, blk), unrolled (as _write_inputs): lo ^ (q << 1), hi ^ a^q x.
+            x1 = _dbl(x)
+            x2 = _dbl(x1)
+            r = BLOCKS * leaf
+            out[r, 0] = lo_word
+            out[r, 1] = hi_word ^ x
+            out[r + 1, 0] = lo_word ^ TWO
+            out[r + 1, 1] = hi_word ^ x1
+            out[r + 2, 0] = lo_word ^ np.uint64(4)
+            out[r + 2, 1] = hi_word ^ x2
+            out[r + 3, 0] = lo_word ^ np.uint64(6)
+            out[r + 3, 1] = hi_word ^ _dbl(x2)
+            x += ONE
         pos += nl
 
 
@@ -121,27 +133,26 @@ def fd_proof_finish(
 
     ``tasks_i`` holds the chunk's tasks only.
     """
-    ew = enc.reshape(-1)
-    iw = inputs.reshape(-1)
-    pw = proofs.reshape(-1)
-    cw = cw_proof.reshape(-1)
-    words = np.uint64(2 * BLOCKS)
     pos = 0
     for k in range(tasks_i.shape[0]):
-        key = np.uint64(tasks_i[k, 0])
+        key = tasks_i[k, 0]
         nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
-        first = tasks_i[k, 3]
-        n_keep = nl
-        cbase = key * words
-        # Unsigned flat indices (no wraparound selects in the hot loop).
-        for i in range(max(n_keep, 0)):
-            leaf = np.uint64(pos + i)
-            mask = ZERO - np.uint64(t_in[leaf])
-            src = leaf * words
-            dst = np.uint64(first + i) * words
-            for w in range(2 * BLOCKS):
-                uw = np.uint64(w)
-                pw[dst + uw] = ew[src + uw] ^ iw[src + uw] ^ (cw[cbase + uw] & mask)
+        shift = tasks_i[k, 3] - pos  # leaf -> its point
+        # The key's correction words, held in registers for the task's leaves.
+        c0, c1, c2, c3 = cw_proof[key, 0], cw_proof[key, 1], cw_proof[key, 2], cw_proof[key, 3]
+        c4, c5, c6, c7 = cw_proof[key, 4], cw_proof[key, 5], cw_proof[key, 6], cw_proof[key, 7]
+        for leaf in range(pos, pos + nl):
+            m = ZERO - np.uint64(t_in[leaf])
+            r = BLOCKS * leaf
+            d = shift + leaf
+            proofs[d, 0] = enc[r, 0] ^ inputs[r, 0] ^ (c0 & m)
+            proofs[d, 1] = enc[r, 1] ^ inputs[r, 1] ^ (c1 & m)
+            proofs[d, 2] = enc[r + 1, 0] ^ inputs[r + 1, 0] ^ (c2 & m)
+            proofs[d, 3] = enc[r + 1, 1] ^ inputs[r + 1, 1] ^ (c3 & m)
+            proofs[d, 4] = enc[r + 2, 0] ^ inputs[r + 2, 0] ^ (c4 & m)
+            proofs[d, 5] = enc[r + 2, 1] ^ inputs[r + 2, 1] ^ (c5 & m)
+            proofs[d, 6] = enc[r + 3, 0] ^ inputs[r + 3, 0] ^ (c6 & m)
+            proofs[d, 7] = enc[r + 3, 1] ^ inputs[r + 3, 1] ^ (c7 & m)
         pos += nl
 
 

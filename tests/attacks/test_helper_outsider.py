@@ -81,6 +81,9 @@ def forged_calls(session: bytes, cid: int) -> dict[str, wire.Message]:
         "PsrAnswer": wire.PsrAnswerRequest(session, 1, (wire.SealedItem(cid, b"p", b"s"),)),
         "PsuSum": PsuSumRequest(session, 1, PSU_PARAMS, (SeedItem(cid, b"s" * 72),)),
         "OpenRound": wire.OpenRoundRequest(session, 2, make_params(2).to_bytes()),
+        "OpenCheckedRound": wire.OpenCheckedRoundRequest(
+            session, 2, make_params(2).to_bytes(), bytes(range(1, 17))
+        ),
         "CloseSession": wire.CloseSessionRequest(session),
     }
 

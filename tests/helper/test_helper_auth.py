@@ -41,6 +41,9 @@ PSU_PARAMS = psu_params_to_bytes(PSUParams.exact(96))
 def _requests(session: bytes, cid: int) -> dict[str, wire.Message]:
     return {
         "OpenRound": wire.OpenRoundRequest(session, 2, make_params(2).to_bytes()),
+        "OpenCheckedRound": wire.OpenCheckedRoundRequest(
+            session, 2, make_params(2).to_bytes(), bytes(range(1, 17))
+        ),
         "AddClients": wire.AddClientsRequest(session, 1, (wire.SealedItem(cid, b"p", b"s"),)),
         "AddClientHints": wire.AddHintsRequest(session, 1, (wire.HintItem(cid, b"h", b"s"),)),
         "FinishRound": wire.FinishRoundRequest(session, 1),

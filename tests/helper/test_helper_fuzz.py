@@ -41,6 +41,7 @@ SAMPLES: list[wire.Message] = [
     wire.OpenSessionRequest(),
     wire.CloseSessionRequest(SID),
     wire.OpenRoundRequest(SID, 3, b'{"format": 1}'),
+    wire.OpenCheckedRoundRequest(SID, 3, b'{"format": 1}', bytes(range(1, 17))),
     wire.AddClientsRequest(SID, 3, (ITEM, ITEM)),
     wire.PsrAnswerRequest(SID, 3, (ITEM,)),
     wire.AddHintsRequest(SID, 3, (wire.HintItem(1, b"hint", b"sealed"),)),

@@ -450,10 +450,10 @@ def test_s1_back_with_another_key_fails_each_round_until_the_pinned_key_is_back(
             np.testing.assert_array_equal(models[rnd][name], value)
     assert caplog.text.count("fingerprint mismatch") >= 2, caplog.text
     # The impostor was asked for its key and a session, never for a round or a client's
-    # material (its OpenRound of round 2 was refused: it did not know the session).
+    # material (its OpenCheckedRound of round 2 was refused: it did not know the session).
     asked = [m for m, service in helper.calls if service is impostor]
-    assert set(asked) == {"OpenRound", "OpenSession", "PublicKey"}, asked
-    assert asked.count("OpenRound") == 1
+    assert set(asked) == {"OpenCheckedRound", "OpenSession", "PublicKey"}, asked
+    assert asked.count("OpenCheckedRound") == 1
     assert open_rounds(InProcessHelper(impostor)) == ()
     # S0 noticed each restart at the next round's opening; rounds 2 and 3 failed on the key.
     assert lead.session_losses == [2, 4] and lead.key_mismatches == [2, 3]

@@ -218,6 +218,27 @@ def ssa_vectors() -> dict[str, Any]:
     return out
 
 
+def ssa_key_check_vectors() -> dict[str, Any]:
+    """Both servers' key-check digests of one checked upload: version 2 and version 3 (keyed)."""
+    params = replace(SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16), weighted=False)
+    upload, _ = encode_update(
+        params,
+        np.array([2, 9, 33, 60], dtype=np.int64),
+        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
+        rng=np.random.default_rng(5),
+        master_seeds=(_seed(53), _seed(54)),
+    )
+    out: dict[str, Any] = {}
+    for name, key in (("v2", None), ("v3", _seed(55))):
+        digests = []
+        for party in (0, 1):
+            server = SSAServer(params, party, digest_key=key)
+            digest = server.add_client(11, upload.public_part, upload.master_seeds[party])
+            digests.append(None if digest is None else digest.hex())
+        out[f"digests-{name}"] = digests
+    return out
+
+
 def fixedpoint_vectors() -> dict[str, Any]:
     """Exact and stochastic encodings."""
     fp = FixedPoint(frac_bits=24, max_abs=1e4, max_summands=1000)
@@ -576,6 +597,7 @@ def helper_wire_messages() -> dict[str, Any]:
         "HEALTH": wire.HealthRequest(),
         "PUBLIC_KEY": wire.PublicKeyRequest(),
         "OPEN_ROUND": wire.OpenRoundRequest(session, 7, b"params"),
+        "OPEN_CHECKED_ROUND": wire.OpenCheckedRoundRequest(session, 7, b"params", _seed(506)),
         "ADD_CLIENTS": wire.AddClientsRequest(session, 7, items),
         "ADD_HINTS": wire.AddHintsRequest(
             session, 7, (wire.HintItem(4, b"hint", _blob(502, 20)), wire.HintItem(5, b"", b""))
@@ -1042,6 +1064,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "prg": prg_vectors,
     "hashing": hashing_vectors,
     "ssa": ssa_vectors,
+    "ssa-key-check": ssa_key_check_vectors,
     "fixedpoint": fixedpoint_vectors,
     "codec": codec_vectors,
     "secagg": secagg_vectors,

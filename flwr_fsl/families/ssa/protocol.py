@@ -489,11 +489,13 @@ class SSAServer:
         Threads that evaluate a client's keys (in key ranges) and add them up
         (:func:`~flwr_fsl.families.ssa.verify.run_ranges`); default: ``FLWR_FSL_SSA_THREADS``, else
         every core this process may run on. The share and digests do not depend on it.
+    digest_key : bytes, optional
+        Checked rounds: the round's secret key-check digest key (both servers'; None: digest v2).
 
     Raises
     ------
     ConfigurationError
-        If ``party`` is not 0 or 1 or ``threads`` is not an integer >= 1.
+        If ``party`` is not 0 or 1, or ``threads`` or ``digest_key`` is invalid.
 
     Attributes
     ----------
@@ -511,6 +513,7 @@ class SSAServer:
         previous_keys: dict[int, DPFKeyBatch] | None = None,
         *,
         threads: int | None = None,
+        digest_key: bytes | None = None,
     ) -> None:
         if party not in (0, 1):
             raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
@@ -529,9 +532,9 @@ class SSAServer:
         self._defer = 8 * int(self._lengths.sum()) * params.key_tau <= DEFERRED_SCATTER_MAX_BYTES
         self._pending: NDArray[np.uint64] | None = None
         self._buffer: NDArray[np.uint64] | None = None
-        self._check = (
-            KeyCheck(params, party, self._lengths, self.threads) if params.verify else None
-        )
+        self._check: KeyCheck | None = None
+        if params.verify:
+            self._check = KeyCheck(params, party, self._lengths, self.threads, digest_key)
         self._ranges = segments(self._lengths, _RANGE_POINTS)
         self._row_offsets = np.zeros(self._lengths.shape[0] + 1, np.int64)
         np.cumsum(self._lengths, out=self._row_offsets[1:])
@@ -659,14 +662,14 @@ class SSAServer:
         if client_id in self._clients:
             raise SSAInputError(f"client {client_id} already contributed to this round")
 
-    def _evaluate(self, keys: DPFKeyBatch) -> tuple[NDArray[np.uint64], bytes | None]:
+    def _evaluate(self, keys: DPFKeyBatch, cid: int = 0) -> tuple[NDArray[np.uint64], bytes | None]:
         # One evaluation buffer per server, reused: its values are added to ``_pending``
         # (or subtracted from it) before the next client is evaluated.
         shape = (int(self._lengths.sum()), keys.public.tau)
         if self._buffer is None or self._buffer.shape != shape:
             self._buffer = np.empty(shape, np.uint64)
         if self._check is not None:
-            return self._check.evaluate(keys, out=self._buffer)
+            return self._check.evaluate(keys, out=self._buffer, client=cid)
         values = self._buffer
         offsets = self._row_offsets
 
@@ -698,7 +701,7 @@ class SSAServer:
         expect: bytes | None,
         trailer: bytes | None = None,
     ) -> bytes | None:
-        values, digest = self._evaluate(keys)
+        values, digest = self._evaluate(keys, client_id)
         if digest is not None and trailer is not None:
             digest += value_round_check(
                 self.params, keys, values, self._row_offsets, trailer, expect

@@ -29,9 +29,9 @@ with :class:`SessionLostError`. :meth:`LeadServer.open` — which strategies cal
 client is asked anything in a round — handles that: S0 forgets its own stored U-DPF keys (S1's
 are gone; :meth:`LeadServer.held` then announces none, so clients send fresh keys instead of
 hints), opens a new session (a new id S1 draws; strategies send clients the current id every
-round), re-fetches S1's public key and checks it against the pinned
-fingerprint, and only then opens the round. A restart costs one round of fresh keys; rounds
-while S1 is down fail before any client trains.
+round), re-fetches S1's public key and checks it against the pinned fingerprint, and only then
+opens the round. A restart costs one round of fresh keys; rounds while S1 is down fail before
+any client trains.
 
 **S1's key.** S0 checks S1's public key against the pinned fingerprint before it opens a round
 on S1 whenever it has no verified key of the current session: at the first round, and after
@@ -52,7 +52,7 @@ answer sealed to the client.
 public key part and S0 master seed (pseudorandom given the index set), S1's material only
 sealed, S1's share (uniform on its own) and the reconstructed aggregate: per element the
 weighted sum and total weight of the clients that chose it. Nothing in this object reads a
-sealed blob.
+sealed blob; a checked round's digest key goes to S1 only, never to a client (verify module).
 
 **Distributed DP** (:mod:`flwr_fsl.families.ssa.dp`): in a round whose parameters carry a
 :class:`~flwr_fsl.families.ssa.dp.DistributedDP`, S0 adds its own Gaussian noise to its share just
@@ -89,7 +89,7 @@ from flwr_fsl.families.ssa.protocol import (
     reconstruct,
 )
 from flwr_fsl.families.ssa.psr import PSRServer
-from flwr_fsl.families.ssa.verify import resolve_threads, same_digest
+from flwr_fsl.families.ssa.verify import new_digest_key, resolve_threads, same_digest
 
 __all__ = [
     "DEFAULT_RELAY_CHUNK_BYTES",
@@ -172,8 +172,8 @@ class HelperParty(Protocol):
         """Start (or re-start, after :class:`SessionLostError`) the run's session on S1."""
         ...
 
-    def open_round(self, round_id: int, params: bytes) -> None:
-        """Open a round with ``SSAParams.to_bytes()`` (:class:`SessionLostError`: S1 lost it)."""
+    def open_round(self, round_id: int, params: bytes, digest_key: bytes | None = None) -> None:
+        """Open a round with ``SSAParams.to_bytes()`` (and a checked round's digest key)."""
         ...
 
     def add_clients(
@@ -191,10 +191,9 @@ class HelperParty(Protocol):
     def add_checked(
         self, round_id: int, items: Iterable[tuple[int, bytes, bytes, bytes]], *, hints: bool
     ) -> dict[int, str | bytes]:
-        """Relay a checked round's uploads with S0's key-check digests.
+        """Relay ``(client, public part or hint, sealed, S0's digest)`` of a checked round.
 
-        ``items`` are ``(client, public part or hint, sealed, S0's digest)``; returns per
-        client S1's digest (accepted) or S1's reason (rejected).
+        Returns per client S1's digest (accepted) or S1's reason (rejected).
         """
         ...
 
@@ -279,8 +278,7 @@ class LeadServer:
         Most bytes of uploads relayed to S1 in one request (default 64 MiB; a single upload
         larger than this goes alone). At most half the 512 MiB message limit.
     noise_stream : PRGStream, optional
-        Randomness of S0's DP noise (tests); a fresh ``os.urandom``-keyed stream per round by
-        default.
+        Randomness of S0's DP noise (tests); default: a fresh ``os.urandom``-keyed stream a round.
     threads : int, optional
         S0's evaluation threads (:class:`~flwr_fsl.families.ssa.protocol.SSAServer`); default
         ``FLWR_FSL_SSA_THREADS``, else every core. S1's: the helper's environment.
@@ -336,6 +334,7 @@ class LeadServer:
         self.max_layouts = 1
         self._helper_key: bytes | None = None
         self._open: set[int] = set()
+        self._digest_keys: dict[int, bytes] = {}  # round -> its secret key-check digest key
         self.noise_stream = noise_stream
         self.session_losses: list[int] = []
         self.key_mismatches: list[int] = []
@@ -358,9 +357,8 @@ class LeadServer:
     def helper_key(self) -> bytes:
         """Return S1's public key, checked against the pinned fingerprint.
 
-        The key is fetched and checked once per S1 session (again after a lost session, see
-        :meth:`open`); a key that does not match is never cached, so the next call fetches
-        and checks again.
+        Fetched and checked once per S1 session (again after a lost session, see :meth:`open`);
+        a key that does not match is never cached: the next call fetches and checks again.
 
         Raises
         ------
@@ -405,11 +403,10 @@ class LeadServer:
     def held(self, client: int, params: SSAParams | None = None) -> bytes | None:
         """Return the digest of the keys S0 holds for ``client`` (None: none), for its round.
 
-        ``params``: the round, whose layout's keys count (None: the latest layout's).
-
-        The client sends a U-DPF hint only when this equals its own keys' digest
-        (:func:`~flwr_fsl.families.ssa.protocol.can_send_hint`), so a hint is never applied to keys
-        other than the ones it was made for.
+        ``params``: the round, whose layout's keys count (None: the latest layout's). A client sends
+        a hint only when this equals its keys' digest
+        (:func:`~flwr_fsl.families.ssa.protocol.can_send_hint`): a hint is never applied to keys it
+        was not made for.
         """
         keys = (self.stored_keys if params is None else self.keys_of(params)).get(client)
         return None if keys is None else held_digest(keys)
@@ -440,13 +437,13 @@ class LeadServer:
     def open(self, params: SSAParams) -> None:
         """Open ``params.round_id`` on S1 (once per round); recover from a lost session.
 
-        Call it before announcing :meth:`held` digests or asking clients anything: it is
-        the round's reachability check, and the point where S0 learns that S1 lost the
-        session (restart, expiry). Then S0 forgets every stored U-DPF key (S1 holds none any
-        more, so a hint could only be rejected), forgets S1's cached public key, records the
-        round in :attr:`session_losses`, re-opens the session, re-fetches S1's key and checks
-        it against the pinned fingerprint, and opens the round. With a pin, S0 never opens a
-        round on an S1 whose key it has not checked in the current session.
+        Call it before announcing :meth:`held` digests or asking clients anything: it is the
+        round's reachability check, and where S0 learns that S1 lost the session (restart,
+        expiry). Then S0 forgets every stored U-DPF key (S1 holds none: a hint could only be
+        rejected) and S1's cached public key, records the round in :attr:`session_losses`,
+        re-opens the session, re-fetches and checks S1's key against the pin, and opens the
+        round. With a pin, S0 never opens a round on an S1 whose key it has not checked in the
+        session. A checked round's fresh secret digest key goes to S1 here, and to no client.
 
         Raises
         ------
@@ -465,7 +462,7 @@ class LeadServer:
             self.forget_keys()
         try:
             self._check_key(params.round_id)
-            self.helper.open_round(params.round_id, params.to_bytes())
+            self._open_on_s1(params)
         except SessionLostError:
             self.forget_keys()
             self._helper_key = None  # a restarted S1 may hold another key: fetch and check
@@ -473,8 +470,13 @@ class LeadServer:
             self.session_losses.append(params.round_id)
             self.helper.open_session()
             self._check_key(params.round_id)
-            self.helper.open_round(params.round_id, params.to_bytes())
+            self._open_on_s1(params)
         self._open.add(params.round_id)
+
+    def _open_on_s1(self, params: SSAParams) -> None:
+        """Open the round on S1, a checked one with its secret digest key (drawn here, once)."""
+        key = self._digest_keys.setdefault(params.round_id, new_digest_key())
+        self.helper.open_round(params.round_id, params.to_bytes(), key if params.verify else None)
 
     def _check_key(self, round_id: int) -> None:
         """Check S1's key against the pin before opening a round (no-op without a pin)."""
@@ -497,11 +499,10 @@ class LeadServer:
     ) -> SSARound:
         """Securely aggregate a round's uploads with S1 (opens the round if needed).
 
-        Uploads are relayed to S1 in chunks of at most :attr:`relay_chunk_bytes`: S0 evaluates
-        a chunk, relays it, and evaluates the next chunk while S1 evaluates the relayed one,
-        so a round's cost on either server is ``O(m τ)`` words plus two chunks however many
-        clients it has (plus every client's keys in U-DPF rounds, which the protocol must
-        keep). Given an iterator, S0 never holds more than two chunks of uploads.
+        Uploads go to S1 in chunks of at most :attr:`relay_chunk_bytes`; S0 evaluates the next
+        chunk while S1 evaluates the relayed one, so either server holds ``O(m τ)`` words plus
+        two chunks however many clients there are (plus every client's keys in U-DPF rounds,
+        which the protocol must keep); given an iterator, S0 holds at most two chunks.
 
         Parameters
         ----------
@@ -530,7 +531,8 @@ class LeadServer:
                 )
             uploads = uploads.items()
         self.open(params)
-        server0 = SSAServer(params, 0, previous_keys=self.keys_of(params), threads=self.threads)
+        key = self._digest_keys.pop(round_id, None)  # S1 has it (unused in an unchecked round)
+        server0 = SSAServer(params, 0, self.keys_of(params), threads=self.threads, digest_key=key)
         rejected, hinted = self._aggregate_chunks(params, server0, uploads)
         accepted = list(server0.clients)
         if len(accepted) < self.min_clients:
@@ -598,11 +600,10 @@ class LeadServer:
     ) -> tuple[list[tuple[int, ClientUpload]], dict[int, bytes | None]]:
         """S0 evaluates one chunk first; return the clients to relay and S0's digests.
 
-        In a checked round (``params.verify``) S0's key-check digest of each client travels
-        with its upload: S1 adds a client only if its own digest is equal and returns it; S0
-        drops any client whose S1 digest differs from its own (then S1 added a client S0 did
-        not, and the round fails at :meth:`aggregate`'s client-list check). A client S0
-        cannot evaluate is rejected by S0 and never relayed.
+        In a checked round S0's key-check digest of each client travels with its upload; S1
+        adds the client only if its own digest is equal and returns it; a client whose S1
+        digest differs fails the round (:meth:`aggregate`'s client-list check: S1 added a
+        client S0 drops). A client S0 cannot evaluate is rejected by S0 and never relayed.
         """
         digests: dict[int, bytes | None] = {}
         relay: list[tuple[int, ClientUpload]] = []
@@ -636,9 +637,8 @@ class LeadServer:
             if client in now:
                 server0.discard(client)
                 if upload.hint is not None:
-                    # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy so the
-                    # client is told to send fresh keys next time instead of being dropped
-                    # round after round.
+                    # S1 cannot use the hint (e.g. it lost its keys): forget S0's copy, so the
+                    # client sends fresh keys next time instead of being dropped every round.
                     self.keys_of(server0.params).pop(client, None)
             elif upload.hint is not None:
                 hinted.add(client)
@@ -736,6 +736,7 @@ class LeadServer:
 
         A round this object never opened (or already finished) is not S1's to release.
         """
+        self._digest_keys.pop(round_id, None)
         if round_id not in self._open:
             return None
         self._open.discard(round_id)

@@ -21,13 +21,48 @@ Each server evaluates a client's keys once, computing in the same pass every eva
 leaf proof ``pi_x = H(x, blk_x) ^ t_x * cs`` (equal at both servers, for every point, exactly
 when the key pair differs at no more than one point), and sums each key's count words over its
 evaluated points (a share ``C_b^(s)`` of key ``b``'s count). Its digest
-(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version, 2), the
-SHA-256 of each segment's proofs in segment order (a segment: consecutive keys of about 2**16
+(:func:`client_digest`) is SHA-256 over a domain tag (with the key-check version), one short
+hash of each segment's proofs in segment order (a segment: consecutive keys of a fixed number of
 points, fixed by the round's lengths; 64 bytes a point, in point order; segments are evaluated
-and hashed on several threads: :func:`run_ranges`) and the normalized
-count vector (S0: ``C^(0) - 1``; S1: ``-C^(1)``; equal iff every
-key's count is exactly 1). The two servers' digests of an honest client are equal, so
-exchanging them tells neither anything new; one that differs drops the client at both.
+and hashed on several threads: :func:`run_ranges`) and the normalized count vector (S0:
+``C^(0) - 1``; S1: ``-C^(1)``; equal iff every key's count is exactly 1). The two servers'
+digests of an honest client are equal, so exchanging them tells neither anything new; one that
+differs drops the client at both.
+
+**Digest version 3: a keyed universal hash** (issue 26; :data:`DIGEST_KEY_BYTES`). A segment's
+hash is its GMAC tag, ``AES-GCM(K).encrypt(nonce, b"", aad=proofs)``, under the round's *digest
+key* ``K``, with the nonce ``LE64(client) || LE32(segment)`` (a segment longer than one AES-GCM
+call takes, a stash key past ``m = 2**24``, is fed in pieces: the same tag); version 2 (no key)
+hashes each segment with SHA-256 and is kept for rounds opened without a key (an S0 that sends
+the old ``OpenRound``). GHASH reads the proofs about 8x faster than SHA-256 (at ``m = 2**20``,
+``k/m = 10%`` each server hashes about 210 MB of proofs per client). Why a keyed universal hash
+suffices:
+
+* *What must hold.* A forger wins if its two proof streams differ in some segment ``j``
+  (``P_j^(0) != P_j^(1)``, equal lengths: the round fixes them) and the servers' digests are
+  still equal: by SHA-256's collision resistance, equal tags ``T_j^(0) = T_j^(1)``. Both tags
+  use the same key and nonce, so the mask ``AES_K(J0)`` cancels: ``GHASH_H(P_j^(0)) ^
+  GHASH_H(P_j^(1)) = 0`` with ``H = AES_K(0^128)``, a nonzero polynomial in ``H`` of degree
+  at most ``l_j + 1`` (``l_j`` 16-byte blocks). With ``K`` uniform and independent of the
+  streams, this holds with probability at most ``(l_j + 1) / 2**128`` (plus AES's PRP
+  advantage); over every segment of a client, at most ``(points * 4 + segments) / 2**128``,
+  about ``2**-104`` at ``m = 2**20``. Only collisions matter, not preimages: the client knows
+  both streams (it made both keys), so the hash need only be one the *client* cannot make
+  collide, and a universal hash keyed by a key the client never sees is one.
+* *Who knows the key.* A fresh key per round, drawn by S0 at round opening
+  (:func:`new_digest_key`) and sent to S1 in that round's ``OpenCheckedRound`` message
+  (:mod:`flwr_fsl.helper.wire`, over the S0-S1 channel); never in the round's parameters,
+  nor in anything else a client receives (``tests/families/ssa/test_digest_key.py``). Either
+  server could draw it: a server that knows ``K`` can make GHASH collide, but a server
+  colluding with a client can corrupt the output anyway (S0 applies the verdicts and
+  reconstructs, S1 can shift its share by anything), so ``K`` need only be secret from
+  clients. S0 draws it because S0 opens the round: no extra message.
+* *Adaptive clients.* A client learns at most one bit per upload (accepted or dropped); a
+  rejection only rules out the ``H`` that are roots of its polynomial, so ``q`` tries in one
+  round succeed with probability at most ``q (l + 1) / 2**128``; the next round's key is fresh.
+  The nonces are distinct per (client, segment) within a round, so even a tag that leaked
+  would be a one-time Wegman-Carter MAC revealing nothing about ``H`` (tags never leave the
+  servers anyway: only their SHA-256 does, and only between S0 and S1).
 
 **What this verifies** (a client that passes, against servers following the protocol):
 every key pair is nonzero at no more than one evaluated point (soundness: a forgery needs
@@ -73,12 +108,15 @@ import hashlib
 import hmac
 import os
 import queue
+import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
@@ -89,14 +127,17 @@ from flwr_fsl.families.ssa.range_check import same_check
 
 __all__ = [
     "DIGEST_BYTES",
+    "DIGEST_KEY_BYTES",
     "THREADS_ENV",
     "KeyCheck",
+    "check_digest_key",
     "checks_counts",
     "client_digest",
     "default_threads",
     "dummy_alphas",
     "key_domain_bits_checked",
     "key_lengths_checked",
+    "new_digest_key",
     "one_word",
     "resolve_threads",
     "run_ranges",
@@ -106,8 +147,38 @@ __all__ = [
 
 DIGEST_BYTES = 32
 """Bytes of a key-check digest (SHA-256)."""
+DIGEST_KEY_BYTES = 16
+"""Bytes of a round's digest key (AES-128; digest version 3)."""
 _TAG = b"flwr_fsl/ssa-key-check/v2\x00"
+_TAG_V3 = b"flwr_fsl/ssa-key-check/v3\x00"
+_NONCE = struct.Struct("<QI")  # GMAC nonce: client id, segment index (12 bytes)
+_ONE_SHOT_BYTES = (1 << 31) - 1  # the most associated data one AESGCM.encrypt call takes
+_PIECE_BYTES = 1 << 30  # longer segments (a stash key past m = 2**24) are streamed in pieces
 _T = TypeVar("_T")
+
+
+def new_digest_key() -> bytes:
+    """Draw a round's digest key: 16 uniform bytes from the OS (S0, at each round's opening)."""
+    return os.urandom(DIGEST_KEY_BYTES)
+
+
+def check_digest_key(key: object, name: str = "digest_key") -> bytes | None:
+    """Validate a digest key (None: digest version 2, SHA-256 without a key).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``key`` is not None or 16 bytes, or is all zeros (a key nobody drew), naming
+        ``name``.
+    """
+    if key is None:
+        return None
+    if not isinstance(key, bytes | bytearray) or len(key) != DIGEST_KEY_BYTES:
+        size = len(key) if isinstance(key, bytes | bytearray) else type(key).__name__
+        raise ConfigurationError(f"{name} must be {DIGEST_KEY_BYTES} bytes, got {size}")
+    if not any(key):
+        raise ConfigurationError(f"{name} is all zeros: draw one with new_digest_key()")
+    return bytes(key)
 
 
 def checks_counts(params: SSAParams) -> bool:
@@ -239,9 +310,13 @@ def run_ranges(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
 
 
 _SEGMENT_POINTS = 1 << 16
-"""Points per evaluation segment: a client's keys are evaluated in consecutive key ranges of about
-this many points (:func:`segments`), so each proof buffer stays
-small (4 MiB) however large the round; the digest hashes each segment's proofs on its own."""
+"""Points per evaluation segment of digest version 2 (fixed: a version-2 peer splits the same
+way): a client's keys are evaluated in consecutive key ranges of about this many points
+(:func:`segments`), so each proof buffer stays small (4 MiB) however large the round; the digest
+hashes each segment's proofs on its own."""
+_KEYED_SEGMENT_POINTS = 1 << 16
+"""Points per evaluation segment of digest version 3 (keyed; both servers run the same
+version)."""
 
 
 class KeyCheck:
@@ -258,37 +333,55 @@ class KeyCheck:
     threads : int, optional
         Threads evaluating (and hashing) segments at once
         (default: :func:`default_threads`).
+    digest_key : bytes, optional
+        The round's 16-byte digest key (digest version 3, GMAC per segment); None: version 2
+        (SHA-256 per segment).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``threads`` or ``digest_key`` is invalid.
     """
 
     def __init__(
-        self, params: SSAParams, party: int, lengths: NDArray[np.int64], threads: int | None = None
+        self,
+        params: SSAParams,
+        party: int,
+        lengths: NDArray[np.int64],
+        threads: int | None = None,
+        digest_key: bytes | None = None,
     ) -> None:
         self.params = params
         self.party = party
         self.lengths = lengths
         self.threads = resolve_threads(threads)
+        self.digest_key = check_digest_key(digest_key)
         self.offsets = np.zeros(lengths.shape[0] + 1, np.int64)
         np.cumsum(lengths, out=self.offsets[1:])
         self.counts = checks_counts(params)
         self.one = one_word(params) if self.counts else np.uint64(0)
-        self.segments = segments(lengths, _SEGMENT_POINTS)
+        keyed = self.digest_key is not None
+        self.segments = segments(lengths, _KEYED_SEGMENT_POINTS if keyed else _SEGMENT_POINTS)
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
-        # One proof buffer per thread, reused for every client: a segment takes a free one,
-        # evaluates its proofs into it and hashes them (hashlib releases the GIL).
-        self._free: queue.SimpleQueue[NDArray[np.uint64]] = queue.SimpleQueue()
+        # One proof buffer (and GMAC context) per thread, reused for every client: a segment
+        # takes a free one, evaluates its proofs into it and hashes them (GIL released).
+        self._free: queue.SimpleQueue[tuple[NDArray[np.uint64], AESGCM | None]]
+        self._free = queue.SimpleQueue()
         for _ in range(min(self.threads, max(len(self.segments), 1))):
-            self._free.put(np.empty((most, PROOF_WORDS), np.uint64))
+            mac = AESGCM(self.digest_key) if self.digest_key is not None else None
+            self._free.put((np.empty((most, PROOF_WORDS), np.uint64), mac))
 
     def evaluate(
-        self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None
+        self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None, client: int = 0
     ) -> tuple[NDArray[np.uint64], bytes]:
         """Evaluate a client's keys; return their output shares and this server's digest.
 
-        ``out``, if given, is a reused ``(points, tau)`` uint64 buffer the shares go into.
+        ``out``, if given, is a reused ``(points, tau)`` uint64 buffer the shares go into;
+        ``client`` is the client's id (version 3's nonces; both servers must pass the same).
 
-        The digest is SHA-256 over the tag, the SHA-256 of each segment's proofs (in point
-        order) in segment order, and (unit weights) the normalized per-key count sums (module
-        docstring); it does not depend on the thread count.
+        The digest is SHA-256 over the tag, each segment's hash of its proofs (in point
+        order; GMAC or SHA-256, module docstring) in segment order, and (unit weights) the
+        normalized per-key count sums; it does not depend on the thread count.
 
         Raises
         ------
@@ -301,11 +394,12 @@ class KeyCheck:
         values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
         sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
         col = self.params.tau - 1  # the count word (padding, if any, comes after it)
+        who = int(client) & 0xFFFF_FFFF_FFFF_FFFF
 
         def segment(j: int) -> bytes:
             lo, hi = self.segments[j]
             a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            buf = self._free.get()
+            buf, mac = self._free.get()
             try:
                 proofs = buf[: b - a]
                 part = key_range(keys, lo, hi)
@@ -313,11 +407,16 @@ class KeyCheck:
                 if sums is not None:
                     starts = self.offsets[lo:hi] - a
                     sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
-                return hashlib.sha256(proofs.data).digest()  # little-endian words, in place
+                data = proofs.data.cast("B")  # little-endian words, in place
+                if mac is None:
+                    return hashlib.sha256(data).digest()
+                if len(data) <= _ONE_SHOT_BYTES:
+                    return mac.encrypt(_NONCE.pack(who, j), b"", data)  # the 16-byte tag
+                return _gmac_streamed(self.digest_key or b"", _NONCE.pack(who, j), data)
             finally:
-                self._free.put(buf)
+                self._free.put((buf, mac))
 
-        h = hashlib.sha256(_TAG)
+        h = hashlib.sha256(_TAG if self.digest_key is None else _TAG_V3)
         for digest in run_ranges(segment, len(self.segments), self.threads):
             h.update(digest)
         if sums is not None:
@@ -326,8 +425,22 @@ class KeyCheck:
         return values, h.digest()
 
 
+def _gmac_streamed(key: bytes, nonce: bytes, data: memoryview) -> bytes:
+    """GMAC of more bytes than one ``AESGCM`` call takes: the same tag, the data in pieces."""
+    encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    for start in range(0, len(data), _PIECE_BYTES):
+        encryptor.authenticate_additional_data(data[start : start + _PIECE_BYTES])
+    encryptor.finalize()
+    return encryptor.tag
+
+
 def client_digest(
-    params: SSAParams, party: int, keys: DPFKeyBatch, lengths: NDArray[np.int64]
+    params: SSAParams,
+    party: int,
+    keys: DPFKeyBatch,
+    lengths: NDArray[np.int64],
+    digest_key: bytes | None = None,
+    client: int = 0,
 ) -> bytes:
     """Return a server's key-check digest of one client's keys (convenience for tests).
 
@@ -336,7 +449,7 @@ def client_digest(
     SSAInputError
         If the keys are not verifiable.
     """
-    return KeyCheck(params, party, lengths).evaluate(keys)[1]
+    return KeyCheck(params, party, lengths, digest_key=digest_key).evaluate(keys, client=client)[1]
 
 
 def same_digest(a: bytes | None, b: bytes | None) -> bool:

@@ -4,7 +4,11 @@ Per round, S0 relays to S1 (every request carries the run's session id):
 
 1. ``OpenRound``: the round's public :class:`~flwr_fsl.families.ssa.protocol.SSAParams` (in a
    session ``OpenSession`` created; an unknown session is refused with
-   :class:`~flwr_fsl.helper.errors.HelperSessionLostError`).
+   :class:`~flwr_fsl.helper.errors.HelperSessionLostError`). A checked round is opened with
+   ``OpenCheckedRound`` instead, which adds the round's secret digest key (16 bytes, drawn by
+   S0; :mod:`flwr_fsl.families.ssa.verify`, digest version 3); a missing, all-zero or
+   wrong-length key, or a key for an unchecked round, is refused and opens nothing. A checked
+   round opened with plain ``OpenRound`` (an older S0) uses digest version 2 (SHA-256).
 2. ``AddClients`` (and ``AddClientHints`` in U-DPF rounds): each client's public part and its
    sealed ``(master seed, SHA-256(public part))``, bound to the session, the round and the
    SHA-256 of the parameters S1 opened the round with; S1 opens it, checks the hash and
@@ -75,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.core.errors import ClientInputError
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.privacy import PrivacyAccount
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
@@ -88,6 +92,7 @@ from flwr_fsl.families.ssa.protocol import (
     held_digest,
     layout_key,
 )
+from flwr_fsl.families.ssa.verify import check_digest_key
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
 from flwr_fsl.helper.limits import RoundBudget
@@ -199,6 +204,7 @@ class SSAService:
         """Return the round methods (open, add clients or hints, finish, abort)."""
         return {
             "OpenRound": Method(wire.OpenRoundRequest, self._open_round),
+            "OpenCheckedRound": Method(wire.OpenCheckedRoundRequest, self._open_round),
             "AddClients": Method(wire.AddClientsRequest, self._add_clients),
             "AddClientHints": Method(wire.AddHintsRequest, self._add_hints),
             "AddCheckedClients": Method(wire.AddCheckedRequest, self._add_checked),
@@ -238,6 +244,7 @@ class SSAService:
             # The decoder names the field; a value that only fails S1's own arithmetic (noise,
             # memory) is still the caller's bad parameter, never an internal error.
             raise HelperRequestError(f"bad round parameters: {err}") from None
+        key = _digest_key(params, message)
         if account.noise_multiplier is not None:
             # Refused here, before any client is asked anything, if the run's account is out.
             self.host.accounts.check(params, session.session_id, account.noise_multiplier)
@@ -246,7 +253,7 @@ class SSAService:
         stored = self._stored(session, params)
         binding = sealing.RoundBinding.of(session.session_id, rid, message.params)
         try:
-            ssa = SSAServer(params, PARTY, previous_keys=stored.keys)
+            ssa = SSAServer(params, PARTY, previous_keys=stored.keys, digest_key=key)
         except BaseException:
             session.release(("round", rid))
             raise
@@ -544,6 +551,26 @@ def charge_keys(session: Session, state: SSARound, client_ids: list[int]) -> Non
         clients * key_bytes(state.params),
         f"the U-DPF keys of round {rid}'s {clients} clients",
     )
+
+
+def _digest_key(params: SSAParams, message: wire.OpenRoundRequest) -> bytes | None:
+    """Return the round's digest key (``OpenCheckedRound``), or None (``OpenRound``: version 2).
+
+    Raises
+    ------
+    HelperRequestError
+        If a key comes with a round that does not check keys, or is not a usable key.
+    """
+    if not isinstance(message, wire.OpenCheckedRoundRequest):
+        return None
+    if not params.verify:
+        raise HelperRequestError(
+            f"round {params.round_id} does not check keys: a digest key is for checked rounds"
+        )
+    try:
+        return check_digest_key(message.digest_key)
+    except ConfigurationError as err:
+        raise HelperRequestError(f"bad digest key: {err}") from None
 
 
 def _refuse_unchecked(state: SSARound, method: str) -> None:
