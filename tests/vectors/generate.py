@@ -220,7 +220,12 @@ def ssa_vectors() -> dict[str, Any]:
 
 def ssa_key_check_vectors() -> dict[str, Any]:
     """Both servers' key-check digests of one checked upload: version 2 and version 3 (keyed)."""
-    params = replace(SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16), weighted=False)
+    # value_check="off": the section is the key check's digest alone (the projected check's
+    # blob has its own section).
+    params = replace(
+        SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, value_check="off"),
+        weighted=False,
+    )
     upload, _ = encode_update(
         params,
         np.array([2, 9, 33, 60], dtype=np.int64),
