@@ -296,6 +296,36 @@ class TwoServerAggregation:
             self.settings.budget if dp is not None else None, delta=delta
         )
         self.helper_refusal: str | None = None
+        self._own_session = False  # see own_session: False until this start()'s session is open
+
+    def new_run(self) -> None:
+        """Mark a new ``start()`` of the strategy: its first round opens a new S1 session."""
+        self._own_session = False
+
+    def own_session(self) -> None:
+        """Open an S1 session of this run's own, once per ``start()``, before S1 is first asked.
+
+        Every ``start()`` numbers its rounds from 1 and S1 refuses a round id a session has
+        opened before, so two strategies on one connection (or one strategy started twice)
+        would collide in one session. The connection closes its previous session first; the
+        new one is empty on S1, so S0 forgets its stored U-DPF keys (clients send fresh keys
+        in the first round). S1 keeps its privacy account of a DP run across sessions (by run
+        id). Idempotent until :meth:`new_run`.
+
+        Raises
+        ------
+        HelperError
+            If S1 cannot be reached or refuses the session: the round fails, the next one
+            tries again.
+        ConfigurationError, HelperKeyMismatchError
+            As :meth:`LeadServer.helper_key
+            <flwr_fsl.families.ssa.two_server.LeadServer.helper_key>` (checked first).
+        """
+        if not self._own_session:
+            self.lead.helper_key()  # no session on an S1 whose key does not match the pin
+            self.lead.forget_keys()
+            self.lead.helper.open_session()
+            self._own_session = True
 
     def round_minimum(self) -> tuple[int, str]:
         """Return the fewest clients a round needs and the setting that decides it.
@@ -357,6 +387,7 @@ class TwoServerAggregation:
         ConfigurationError
             If S1's key has never matched the pinned fingerprint in this run.
         """
+        self.own_session()
         losses = len(self.lead.session_losses)
         try:
             self.lead.open(params)
