@@ -397,16 +397,32 @@ class ModelTables:
             if name not in tables and np.issubdtype(np.asarray(array).dtype, np.floating)
         )
 
-    def worst_case_rows(self, name: str) -> int:
+    def worst_case_rows(self, name: str, rows: Mapping[str, int] | None = None) -> int:
         """Return a bound on one client's rows of table ``name`` when its parents are full.
 
         ``max_rows`` for a primary table; for a derived one, :meth:`RowMap.bound` of its
         parent's worst case. Compare with ``max_rows`` to see whether a client can exceed it.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        rows : Mapping[str, int], optional
+            Each table's row count (its tensor's first dimension): a client never holds more
+            rows of a table than the table has, so the bound of every table on the way is
+            capped at its count (a table left out is not capped).
+
+        Returns
+        -------
+        int
+            The bound.
         """
         table = self[name]
         if table.row_map is None:
-            return table.max_rows
-        return table.row_map.bound(self.worst_case_rows(str(table.derived_from)))
+            bound = table.max_rows
+        else:
+            bound = table.row_map.bound(self.worst_case_rows(str(table.derived_from), rows))
+        return bound if rows is None or name not in rows else min(bound, int(rows[name]))
 
     def client_rows(self, primary: Mapping[str, ArrayLike]) -> dict[str, NDArray[np.int64]]:
         """One client's rows of every table, from its rows of the primary tables.

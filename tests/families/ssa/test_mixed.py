@@ -570,3 +570,23 @@ def test_more_parts_than_s1_open_rounds_fails_the_round_loudly(key: SealingKeyPa
     # Round 2's parts are S1 rounds 6-10: the fifth cannot open; round 1's four were released.
     assert "rounds are open (limit 4)" in strategy.failed_rounds[2]
     assert "[6, 7, 8, 9]" in strategy.failed_rounds[2]
+
+
+def test_derived_table_warning_is_capped_at_the_tables_rows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A client with 5 items can reach 15 genres by the map's fan-outs, but there are only 7:
+    # max_rows 7 holds every client's genres (no warning); max_rows 4 does not, and the
+    # warning names the reachable 7, not 15.
+    import logging
+
+    from flwr_fsl.families.ssa.mixed_strategy import MixedRounds
+
+    assert spec(5, 7).worst_case_rows("genre") == 15
+    model = initial()
+    with caplog.at_level(logging.WARNING):
+        MixedRounds(spec(5, 7), True, None).layouts(model)
+    assert "derived rows can reach" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        MixedRounds(spec(5, 4), True, None).layouts(model)
+    assert "table 'genre': a client's derived rows can reach 7 > max_rows 4" in caplog.text
