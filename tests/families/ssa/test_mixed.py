@@ -590,3 +590,19 @@ def test_derived_table_warning_is_capped_at_the_tables_rows(
     with caplog.at_level(logging.WARNING):
         MixedRounds(spec(5, 4), True, None).layouts(model)
     assert "table 'genre': a client's derived rows can reach 7 > max_rows 4" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [([1.0], "one count per row"), ([1.0, 0.0], r"counts must be finite, > 0")],
+)
+def test_private_rows_and_tables_check_rows_counts_alike(counts: list[float], message: str) -> None:
+    # One check (flwr_fsl.submodel.tables.row_counts) of what rows() returns, one message.
+    from flwr_fsl.families.ssa.index_mod import PrivateRows
+
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    rows = PrivateRows("item", rows=lambda _c: (np.array([1, 2]), counts))
+    tables = PrivateTables(spec(), rows=lambda _c: (np.array([1, 2]), counts))
+    for call in (lambda: rows._rows(context), lambda: tables._client_rows(context)):
+        with pytest.raises(ConfigurationError, match=f"table 'item': {message}"):
+            call()
