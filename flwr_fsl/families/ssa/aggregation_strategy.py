@@ -33,8 +33,10 @@ back with the pinned key; the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -268,6 +270,10 @@ def read_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> ClientUpload:
     return ClientUpload(public, seed, sealed)
 
 
+_CLAIMED: weakref.WeakKeyDictionary[HelperParty, bytes] = weakref.WeakKeyDictionary()
+"""Connection to S1 -> the session a ``start()`` last ran in (the next one opens a new one)."""
+
+
 class TwoServerAggregation:
     """S0's two-server SSA for a strategy: wraps a :class:`LeadServer` for the round engine.
 
@@ -307,8 +313,10 @@ class TwoServerAggregation:
 
         Every ``start()`` numbers its rounds from 1 and S1 refuses a round id a session has
         opened before, so two strategies on one connection (or one strategy started twice)
-        would collide in one session. The connection closes its previous session first; the
-        new one is empty on S1, so S0 forgets its stored U-DPF keys (clients send fresh keys
+        would collide in one session. The first ``start()`` on a connection runs in the
+        connection's session (the one :func:`~flwr_fsl.helper.connect_helper` opened, or a new
+        one); a later one opens a new session (the connection closes its previous one). A new
+        session is empty on S1, so S0 forgets its stored U-DPF keys (clients send fresh keys
         in the first round). S1 keeps its privacy account of a DP run across sessions (by run
         id). Idempotent until :meth:`new_run`.
 
@@ -321,11 +329,20 @@ class TwoServerAggregation:
             As :meth:`LeadServer.helper_key
             <flwr_fsl.families.ssa.two_server.LeadServer.helper_key>` (checked first).
         """
-        if not self._own_session:
-            self.lead.helper_key()  # no session on an S1 whose key does not match the pin
-            self.lead.forget_keys()
-            self.lead.helper.open_session()
-            self._own_session = True
+        if self._own_session:
+            return
+        self.lead.helper_key()  # no session on an S1 whose key does not match the pin
+        self.lead.forget_keys()
+        helper = self.lead.helper
+        try:
+            claimed = _CLAIMED.get(helper)
+        except TypeError:  # a connection that cannot be weakly referenced: a new session
+            claimed = helper.session_id
+        if claimed is not None and claimed == helper.session_id:  # a start() ran in it
+            helper.open_session()
+        with contextlib.suppress(TypeError):
+            _CLAIMED[helper] = helper.session_id
+        self._own_session = True
 
     def round_minimum(self) -> tuple[int, str]:
         """Return the fewest clients a round needs and the setting that decides it.

@@ -324,10 +324,12 @@ def test_a_failed_first_round_does_not_exclude_anyone(key: SealingKeyPair) -> No
 def test_two_strategies_share_one_helper_connection(key: SealingKeyPair) -> None:
     # Two arms of one experiment on one connection to S1 (as examples/recsys-movielens runs
     # them): each start() opens its own S1 session, so the second arm's round 1 is not refused
-    # as "already opened", and each arm's result is exact. S1 then holds one session (the
-    # connection closed the first arm's when the second opened its own).
+    # as "already opened", and each arm's result is exact. The first arm runs in the session
+    # the connection had; S1 then holds one session (the connection closed the first arm's
+    # when the second opened its own).
     helper = InProcessHelper(keypair=key)
-    sessions = []
+    helper.open_session()  # as connect_helper does: the first start() runs in this session
+    sessions = [helper.session_id]
     for _ in range(2):
         strategy, result = _run(key, fixed=True, helper=helper)
         sessions.append(helper.session_id)
@@ -337,7 +339,7 @@ def test_two_strategies_share_one_helper_connection(key: SealingKeyPair) -> None
         )
         udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2, 3)]
         assert udpf == [0, 4, 4]
-    assert sessions[0] != sessions[1]
+    assert sessions[0] == sessions[1] != sessions[2]
     assert helper.service.session_count() == 1
 
 
