@@ -305,7 +305,7 @@ class TwoServerAggregation:
         self._own_session = False  # see own_session: False until this start()'s session is open
 
     def new_run(self) -> None:
-        """Mark a new ``start()`` of the strategy: its first round opens a new S1 session."""
+        """Mark a new ``start()`` of the strategy: its first round takes a session of its own."""
         self._own_session = False
 
     def own_session(self) -> None:
