@@ -200,3 +200,29 @@ def test_memo_and_client_states_round_trip() -> None:
     for name in ("psr-state", "psr-state-counts"):
         data = _hex("client-state", name)
         assert PSRClientState.from_bytes(data).to_bytes() == data
+
+
+def test_ssa_range_check_params_round_trip() -> None:
+    from flwr_fsl.families.ssa.messages import SSAParams
+
+    for name, value in FROZEN["ssa-range-check"].items():
+        if name.startswith("params-"):
+            params = SSAParams.from_bytes(bytes.fromhex(value))
+            assert params.range_check and params.verify, name
+            assert params.to_bytes().hex() == value, name
+
+
+def test_psu_round_trips() -> None:
+    from flwr_fsl.families.ssa import union
+    from flwr_fsl.helper import wire
+    from flwr_fsl.helper.services.psu import PsuSumRequest, PsuTotalResponse
+
+    for name in ("params-exact", "params-bloom"):
+        data = _hex("psu", name)
+        assert union.psu_params_to_bytes(union.psu_params_from_bytes(data)) == data, name
+    for name, kind in (("wire-PSU_SUM", PsuSumRequest), ("wire-PSU_TOTAL", PsuTotalResponse)):
+        data = _hex("psu", name)
+        assert wire.encode(wire.decode(data, kind)) == data, name
+    field = _hex("psu", "union-field")
+    params = _hex("psu", "params-exact")
+    assert union.read_union(params, field).union.astype("<i8").tobytes() == field

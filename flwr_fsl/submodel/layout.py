@@ -162,7 +162,14 @@ class Layout(Protocol):
         indices: NDArray[np.int64],
         values: NDArray[np.floating],
     ) -> dict[str, NDArray[np.generic]]:
-        """Return a copy of ``arrays`` with the given ascending elements set to ``values``."""
+        """Return a copy of ``arrays`` with the given ascending elements set to ``values``.
+
+        Raises
+        ------
+        ConfigurationError
+            If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
+            not ``(len(indices), width)`` (every layout checks them alike).
+        """
         ...
 
 
@@ -185,6 +192,17 @@ def _check_ascending(indices: NDArray[np.int64], size: int) -> NDArray[np.int64]
     if idx.size and (idx[0] < 0 or idx[-1] >= size or np.any(idx[1:] <= idx[:-1])):
         raise ConfigurationError(f"element indices must be strictly ascending within [0, {size})")
     return idx
+
+
+def _check_write(
+    indices: NDArray[np.int64], values: NDArray[np.floating], size: int, width: int
+) -> tuple[NDArray[np.int64], NDArray[np.floating]]:
+    """Validate ``write``'s arguments (every layout's): ascending indices, ``(k, width)`` values."""
+    idx = _check_ascending(indices, size)
+    vals = np.asarray(values)
+    if vals.shape != (idx.size, width):
+        raise ConfigurationError(f"values must have shape {(idx.size, width)}, got {vals.shape}")
+    return idx, vals
 
 
 def _check_index_set(
@@ -516,10 +534,7 @@ class FlatLayout:
             If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
             not ``(len(indices), 1)``.
         """
-        idx = _check_ascending(indices, self.size)
-        vals = np.asarray(values)
-        if vals.shape != (idx.size, 1):
-            raise ConfigurationError(f"values must have shape {(idx.size, 1)}, got {vals.shape}")
+        idx, vals = _check_write(indices, values, self.size, 1)
         out = {name: np.array(value, copy=True, order="C") for name, value in arrays.items()}
         for i, lo, hi in self._segments(idx):  # C order: reshape(-1) below is a view
             target = out[self.names[i]]
@@ -672,15 +687,9 @@ class RowLayout:
         Raises
         ------
         ConfigurationError
-            If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
-            not ``(len(indices), width)``.
+            As :meth:`Layout.write`, or if the table's shape differs from the layout.
         """
-        idx = _check_ascending(indices, self.size)
-        vals = np.asarray(values)
-        if vals.shape != (idx.size, self.width):
-            raise ConfigurationError(
-                f"values must have shape {(idx.size, self.width)}, got {vals.shape}"
-            )
+        idx, vals = _check_write(indices, values, self.size, self.width)
         self._table(arrays)
         out = {name: np.array(value, copy=True) for name, value in arrays.items()}
         out[self.table][idx] = _cast(vals, out[self.table].dtype)

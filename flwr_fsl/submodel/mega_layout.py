@@ -42,6 +42,7 @@ from flwr_fsl.submodel.layout import (
     _check_ascending,
     _check_covered,
     _check_weight,
+    _check_write,
     _finish,
     _Part,
     _part_coordinates,
@@ -217,15 +218,10 @@ class MegaLayout:
         Raises
         ------
         ConfigurationError
-            If the indices are not strictly ascending within ``[0, size)`` or ``values`` is
-            not ``(len(indices), width)``.
+            As :meth:`Layout.write <flwr_fsl.submodel.layout.Layout.write>`, or if a tensor's
+            shape differs from the layout.
         """
-        idx = _check_ascending(indices, self.size)
-        vals = np.asarray(values)
-        if vals.shape != (idx.size, self.width):
-            raise ConfigurationError(
-                f"values must have shape {(idx.size, self.width)}, got {vals.shape}"
-            )
+        idx, vals = _check_write(indices, values, self.size, self.width)
         out = {name: np.array(value, copy=True, order="C") for name, value in arrays.items()}
         for i, lo, hi in self._segments(idx):
             view = self._view(out[self.names[i]], i)  # C order: a view of the copy

@@ -36,7 +36,7 @@ from numpy.typing import ArrayLike, NDArray
 from flwr_fsl.core.checks import check_int, check_str
 from flwr_fsl.core.errors import ConfigurationError
 
-__all__ = ["ModelTables", "RowMap", "TableSpec"]
+__all__ = ["ModelTables", "RowMap", "TableSpec", "row_counts"]
 
 
 def _readonly(array: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -397,16 +397,32 @@ class ModelTables:
             if name not in tables and np.issubdtype(np.asarray(array).dtype, np.floating)
         )
 
-    def worst_case_rows(self, name: str) -> int:
+    def worst_case_rows(self, name: str, rows: Mapping[str, int] | None = None) -> int:
         """Return a bound on one client's rows of table ``name`` when its parents are full.
 
         ``max_rows`` for a primary table; for a derived one, :meth:`RowMap.bound` of its
         parent's worst case. Compare with ``max_rows`` to see whether a client can exceed it.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        rows : Mapping[str, int], optional
+            Each table's row count (its tensor's first dimension): a client never holds more
+            rows of a table than the table has, so the bound of every table on the way is
+            capped at its count (a table left out is not capped).
+
+        Returns
+        -------
+        int
+            The bound.
         """
         table = self[name]
         if table.row_map is None:
-            return table.max_rows
-        return table.row_map.bound(self.worst_case_rows(str(table.derived_from)))
+            bound = table.max_rows
+        else:
+            bound = table.row_map.bound(self.worst_case_rows(str(table.derived_from), rows))
+        return bound if rows is None or name not in rows else min(bound, int(rows[name]))
 
     def client_rows(self, primary: Mapping[str, ArrayLike]) -> dict[str, NDArray[np.int64]]:
         """One client's rows of every table, from its rows of the primary tables.
@@ -475,12 +491,7 @@ class ModelTables:
         for table in self.tables:
             if table.row_map is None:
                 rows = _primary_rows(table.name, primary.get(table.name, ()))
-                weights = np.asarray(counts.get(table.name, ()), np.float64).reshape(-1)
-                if weights.shape != rows.shape:
-                    raise ConfigurationError(f"table {table.name!r}: one count per row")
-                if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
-                    raise ConfigurationError(f"table {table.name!r}: counts must be finite, > 0")
-                out[table.name] = (rows, weights)
+                out[table.name] = (rows, row_counts(table.name, rows, counts.get(table.name, ())))
                 continue
             parent_rows, parent_counts = out[str(table.derived_from)]
             try:
@@ -496,6 +507,36 @@ class ModelTables:
                 raise ConfigurationError(
                     f"table {name!r} is not a primary table (primary: {self.primary})"
                 )
+
+
+def row_counts(table: str, rows: NDArray[np.int64], counts: ArrayLike) -> NDArray[np.float64]:
+    """Check a client's weights of its ``rows`` of ``table`` (what an app's ``rows()`` returns).
+
+    Parameters
+    ----------
+    table : str
+        The table (named in the messages).
+    rows : numpy.ndarray
+        The client's rows of the table, 1-D.
+    counts : array_like of float
+        One weight per row.
+
+    Returns
+    -------
+    numpy.ndarray
+        The weights as a 1-D float64 array.
+
+    Raises
+    ------
+    ConfigurationError
+        If there is not one count per row or a count is not finite and > 0.
+    """
+    weights = np.asarray(counts, np.float64).reshape(-1)
+    if weights.shape != np.shape(rows):
+        raise ConfigurationError(f"table {table!r}: one count per row")
+    if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+        raise ConfigurationError(f"table {table!r}: counts must be finite, > 0")
+    return weights
 
 
 def _primary_rows(name: str, rows: ArrayLike) -> NDArray[np.int64]:

@@ -7,8 +7,10 @@ top-k one, and one per family page in ``docs/families/``), applies them with a s
 patcher (every removed line must be found, context lines anchor the additions) and runs the
 patched app on the in-process grid: top-k (FedSubAvg + topk_mod), the private version
 (SecureFedSubAvg + ssa_mod, S1 in-process, pinned by the fingerprint the page's pyproject line
-asks for), SecAgg, width extraction and SESA. A README or docs edit that no longer applies or
-runs fails here.
+asks for), SecAgg, width extraction and SESA. ``tests/examples/rows_quickstart`` is an index-mode
+app with one private table (``PrivateRows`` + ``SecureRowFedSubAvg``): the SSA page's mixed-tables
+diff (a derived table and the dense MLP) is applied to it and run. A README or docs edit that
+no longer applies or runs fails here.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from flwr_fsl.testing import InProcessGrid
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = Path(__file__).resolve().parent / "quickstart"
+ROWS_TEMPLATE = Path(__file__).resolve().parent / "rows_quickstart"  # index mode, one table
 APP_FILES = {
     "client_app.py": "quickstart_app/client_app.py",
     "server_app.py": "quickstart_app/server_app.py",
+    "task.py": "quickstart_app/task.py",
     "pyproject.toml": "pyproject.toml",
 }
 
@@ -113,8 +117,17 @@ def _find(text: list[str], body: str, start: int) -> int:
 
 @pytest.fixture
 def app_dir(tmp_path: Path) -> Iterator[Path]:
+    yield from _app(tmp_path, TEMPLATE)
+
+
+@pytest.fixture
+def rows_app_dir(tmp_path: Path) -> Iterator[Path]:
+    yield from _app(tmp_path, ROWS_TEMPLATE)
+
+
+def _app(tmp_path: Path, template: Path) -> Iterator[Path]:
     root = tmp_path / "app"
-    shutil.copytree(TEMPLATE, root)
+    shutil.copytree(template, root)
     sys.path.insert(0, str(root))
     try:
         yield root
@@ -262,6 +275,49 @@ def test_privhfl_diff_applies_and_runs(
     assert "Starting PrivHFL strategy" in caplog.text
     assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
     assert "accuracy" in capsys.readouterr().out  # node_metrics printed
+
+
+def test_mixed_tables_diff_applies_and_runs(
+    rows_app_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocks = section_diffs(
+        "docs/families/ssa.md", "Mixed models: several tables and dense layers (index mode)"
+    )
+    assert len(blocks) == 3, "docs/families/ssa.md's mixed-tables diff changed shape"
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))  # S1's key, in-process
+    default_key_file().parent.mkdir(mode=0o700, parents=True)
+    keypair, _ = load_or_create_key(default_key_file(), generate=True)
+    pyproject = rows_app_dir / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace("<printed by flwr-fsl-helper>", keypair.fingerprint)
+    )
+    rounds = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"][
+        "num-server-rounds"
+    ]
+
+    def run_rows_app() -> dict[str, torch.Tensor]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            path = run_app(rows_app_dir)
+        assert "Starting SecureRowFedSubAvg strategy" in caplog.text
+        assert "dropping node" not in caplog.text and "failed" not in caplog.text.lower()
+        return torch.load(path)
+
+    # The app as it was: one part per round (the item table). With 3 clients no row passes
+    # the default DP's noisy-count threshold, so the check is on the rounds' parts, not values.
+    one_table = run_rows_app()
+    assert caplog.text.count("securely aggregated 3 clients") == rounds
+    for block in blocks:
+        apply_diff(rows_app_dir, block)
+    mixed = run_rows_app()
+    # Three parts per round: the item table, the derived genre table and the dense MLP.
+    assert caplog.text.count("securely aggregated 3 clients") == 3 * rounds
+    assert mixed.keys() == one_table.keys()
+    for name, value in one_table.items():
+        assert mixed[name].shape == value.shape, name
 
 
 def test_every_family_page_has_a_tested_dropin_section() -> None:

@@ -91,6 +91,10 @@ def test_model_tables_order_names_and_dense() -> None:
     spec.check(model())
     assert spec.dense_names(model()) == ("mlp.w", "mlp.b")
     assert spec.worst_case_rows("genre") == 5 and spec.worst_case_rows("item") == 2
+    # Capped by the tables' row counts, at every level: a client holds at most a table's rows.
+    assert spec.worst_case_rows("genre", {"item": 4, "genre": 3}) == 3
+    assert spec.worst_case_rows("genre", {"item": 1}) == GENRES.bound(1) == 3
+    assert spec.worst_case_rows("item", {"item": 1, "genre": 3}) == 1
     assert ModelTables.single("item", 3).names == ("item",)
     with pytest.raises(ConfigurationError, match="'nope'"):
         spec["nope"]

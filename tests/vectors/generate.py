@@ -21,7 +21,10 @@ inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``
 answering); DCF keys (``FDCF``); the helper wire format (``FSHW``, every built-in kind); the
 sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomized-response memo
 (``FSRR``); PSU and Niu vectors and SFSL memo scopes; SSA (``FSCS``) and PSR (``FSPQ``) client
-states.
+states; SSA parameter version 6 (``range_check``: parameters, a checked upload with its
+range trailer, shares, client state, the range check's material and check blobs) and Cui's
+PSU over the two SSA servers (``FSPU`` parameters, binding, S1's seed share, totals, union,
+the helper's ``PSU_SUM``/``PSU_TOTAL``).
 
 Sealed boxes (HPKE, randomized: fresh ephemeral key and nonce) cannot be regenerated. They are
 sealed once to recipient keys drawn from fixed seeds and stored under :data:`SEALED_KEY`
@@ -1064,6 +1067,140 @@ def sesa_settings_vectors() -> dict[str, Any]:
     }
 
 
+def ssa_range_check_vectors() -> dict[str, Any]:
+    """SSA parameter version 6 (``value_check="exact"``): encodings, a checked client's upload
+    with its range trailer, both servers' shares, the client state, and the range check's
+    material and both servers' check blobs from fixed seeds (a fixed query seed)."""
+    from flwr_fsl.families.ssa import range_check
+
+    out: dict[str, Any] = {}
+    params = {
+        "topk": SSAParams(1, 1000, 30, 1, _seed(1100), value_check="exact"),
+        "rows": SSAParams(
+            7, 64, 5, 4, _seed(1101), stash_size=2, frac_bits=16, value_check="exact"
+        ),
+        "unit-dp-run": SSAParams(
+            7,
+            64,
+            5,
+            4,
+            _seed(1101),
+            frac_bits=16,
+            dp=_DP,
+            run=_RUN,
+            weighted=False,
+            value_check="exact",
+        ),
+        "epoch": SSAParams(3, 64, 5, 2, _seed(1102), epoch=2, max_abs=4.0, value_check="exact"),
+    }
+    for name, p in params.items():
+        out[f"params-{name}"] = p.to_bytes().hex()
+    rows = params["rows"]
+    indices = np.array([2, 9, 33, 60], dtype=np.int64)
+    values = np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1
+    upload, state = encode_update(
+        rows,
+        indices,
+        values,
+        np.array([1.0, 2.0, 3.0, 0.5]),
+        rng=np.random.default_rng(5),
+        master_seeds=(_seed(1103), _seed(1104)),
+    )
+    out["upload-public"] = _h(upload.public_part)
+    out["trailer"] = _h(range_check.split_trailer(rows, upload.public_part)[1])
+    out["trailer-bytes"] = range_check.trailer_bytes(rows)
+    out["client-state"] = _h(state.to_bytes())
+    shares = []
+    for party in (0, 1):
+        server = SSAServer(rows, party)
+        server.add_client(11, upload.public_part, upload.master_seeds[party])
+        shares.append(_words(server.share()))
+    out["shares"] = shares
+    # The range check on its own: 3 value words under a bound of 1000.
+    bound = 1000
+    words = np.array([0, 1000, 2**64 - 1000], np.uint64)  # 0, bound, -bound
+    material = range_check.make_upload(
+        words, bound, seed1=_seed(1105), blind0=_seed(1106), prover=_seed(1107)
+    )
+    out["material"] = {
+        "shares0": _words(material.shares0),
+        "proof0": _words(material.proof0),
+        "parts": (material.part0 + material.part1).hex(),
+    }
+    value0 = np.array([5, 2**63, 77], np.uint64)  # any additive split of the words
+    value1 = words - value0
+    public = (material.part0, material.part1)
+    checks = [
+        range_check.server_check(party, v, bound, public, private, _seed(1108)).to_bytes()
+        for party, v, private in ((0, value0, material), (1, value1, material.seed1))
+    ]
+    out["server-checks"] = [_h(c) for c in checks]
+    out["checks-agree"] = range_check.same_check(checks[0], checks[1])
+    return out
+
+
+def psu_vectors() -> dict[str, Any]:
+    """Cui's PSU over two servers (``FSPU`` parameters, ``families/ssa/union.py``): the
+    parameter encodings and their round binding, what a sealed seed is bound to, S1's share
+    from a seed, the two servers' totals and the opened union for fixed client vectors, the
+    union config field, and S1's helper messages (``PSU_SUM``, ``PSU_TOTAL``)."""
+    from flwr_fsl.crypto import channel
+    from flwr_fsl.crypto.prg import PRGStream
+    from flwr_fsl.crypto.psu import PSUParams, client_vector
+    from flwr_fsl.families.ssa import union
+    from flwr_fsl.helper import wire
+    from flwr_fsl.helper.services.psu import PsuSumRequest, PsuTotalResponse, SeedItem
+
+    exact = PSUParams.exact(20)
+    bloom = PSUParams(100, 64, 3, 4, _seed(1200))
+    binding = union.psu_binding(_seed(1201), 5, bloom)
+    out: dict[str, Any] = {
+        "params-exact": union.psu_params_to_bytes(exact).hex(),
+        "params-bloom": union.psu_params_to_bytes(bloom).hex(),
+        "binding-digest": binding.params_digest.hex(),
+        "seed-ad": channel.associated_data(
+            purpose=union.PSU_SEED,
+            sender=channel.client_party(5),
+            recipient="S1",
+            **binding.fields(),
+        ).hex(),
+        "sealed-seed-bytes": union.SEALED_SEED_BYTES,
+    }
+    for name, psu in (("exact", exact), ("bloom", bloom)):
+        sets = {3: [0, 7, 19], 8: [7, 12]} if psu is exact else {3: [1, 50, 99], 8: [50, 64]}
+        parties = (union.UnionParty(psu, 0), union.UnionParty(psu, 1))
+        for client, items in sets.items():
+            seed = _seed(1210 + client)
+            vector = client_vector(psu, items, PRGStream.from_seed(_seed(1220 + client)))
+            parties[0].add(client, vector - union.helper_vector(psu, seed))
+            parties[1].add(client, seed)
+        share = union.share_set(psu, sets[3], seed=_seed(1213))  # its vector is fresh
+        support = share.lead_vector + union.helper_vector(psu, _seed(1213))
+        out[f"{name}-helper-vector"] = _words(union.helper_vector(psu, _seed(1213)))
+        out[f"{name}-share-support"] = [int(v) for v in np.flatnonzero(support)]
+        out[f"{name}-totals"] = [_words(parties[0].total), _words(parties[1].total)]
+        opened = union.open_union(psu, parties[0].total, parties[1].total)
+        out[f"{name}-union"] = [int(v) for v in opened]
+    out["union-field"] = (
+        union.UnionRound(20, np.array([0, 7, 12, 19], np.int64)).union.astype("<i8").tobytes().hex()
+    )
+    session = _seed(1230)
+    messages = {
+        "PSU_SUM": PsuSumRequest(
+            session,
+            5,
+            union.psu_params_to_bytes(bloom),
+            (SeedItem(3, _blob(1231, union.SEALED_SEED_BYTES)), SeedItem(2**64 - 1, b"")),
+        ),
+        "PSU_TOTAL": PsuTotalResponse(
+            (wire.ClientResult(3, True, b""), wire.ClientResult(8, False, b"bad seed")),
+            np.array([0, 2**64 - 1, 5], np.uint64),
+        ),
+    }
+    out.update((f"wire-{k}", wire.encode(m).hex()) for k, m in messages.items())
+    return out
+
+
 SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "dpf": dpf_vectors,
     "prg": prg_vectors,
@@ -1089,6 +1226,8 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "topk-residual": topk_residual_vectors,
     "width-settings": width_settings_vectors,
     "sesa-settings": sesa_settings_vectors,
+    "ssa-range-check": ssa_range_check_vectors,
+    "psu": psu_vectors,
 }
 
 

@@ -161,19 +161,6 @@ def _plain_arms(settings: Settings, knobs: Mapping[str, Any]) -> dict[str, Arm]:
     }
 
 
-class FreshSessionRows(SecureRowFedSubAvg):
-    """``SecureRowFedSubAvg`` that opens a new S1 session when it starts.
-
-    Two arms of one experiment share the helper connection; each numbers its S1 rounds from
-    1, so each needs its own session (S1 refuses a round id it has already opened).
-    """
-
-    def start(self, *args: Any, **kwargs: Any) -> Any:
-        """Open a fresh session on S1, then train as ``SecureRowFedSubAvg``."""
-        self.aggregation.lead.helper.open_session()
-        return super().start(*args, **kwargs)
-
-
 def _ssa_arms(
     settings: Settings, knobs: Mapping[str, Any], helper: HelperConnection, fingerprint: str
 ) -> dict[str, Arm]:
@@ -187,7 +174,7 @@ def _ssa_arms(
         )
 
         def build(setup: ArmSetup) -> SecureRowFedSubAvg:
-            return FreshSessionRows(
+            return SecureRowFedSubAvg(  # each start() opens its own S1 session
                 helper,
                 tables,
                 helper_fingerprint=fingerprint,

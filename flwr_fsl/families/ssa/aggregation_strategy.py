@@ -33,8 +33,10 @@ back with the pinned key; the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -272,6 +274,10 @@ def read_upload(content: RecordDict, key: str = SSA_UPLOAD_KEY) -> ClientUpload:
     return ClientUpload(public, seed, sealed)
 
 
+_CLAIMED: weakref.WeakKeyDictionary[HelperParty, bytes] = weakref.WeakKeyDictionary()
+"""Connection to S1 -> the session a ``start()`` last ran in (the next one opens a new one)."""
+
+
 class TwoServerAggregation:
     """S0's two-server SSA for a strategy: wraps a :class:`LeadServer` for the round engine.
 
@@ -300,6 +306,47 @@ class TwoServerAggregation:
             self.settings.budget if dp is not None else None, delta=delta
         )
         self.helper_refusal: str | None = None
+        self._own_session = False  # see own_session: False until this start()'s session is open
+
+    def new_run(self) -> None:
+        """Mark a new ``start()`` of the strategy: its first round takes a session of its own."""
+        self._own_session = False
+
+    def own_session(self) -> None:
+        """Open an S1 session of this run's own, once per ``start()``, before S1 is first asked.
+
+        Every ``start()`` numbers its rounds from 1 and S1 refuses a round id a session has
+        opened before, so two strategies on one connection (or one strategy started twice)
+        would collide in one session. The first ``start()`` on a connection runs in the
+        connection's session (the one :func:`~flwr_fsl.helper.connect_helper` opened, or a new
+        one); a later one opens a new session (the connection closes its previous one). A new
+        session is empty on S1, so S0 forgets its stored U-DPF keys (clients send fresh keys
+        in the first round). S1 keeps its privacy account of a DP run across sessions (by run
+        id). Idempotent until :meth:`new_run`.
+
+        Raises
+        ------
+        HelperError
+            If S1 cannot be reached or refuses the session: the round fails, the next one
+            tries again.
+        ConfigurationError, HelperKeyMismatchError
+            As :meth:`LeadServer.helper_key
+            <flwr_fsl.families.ssa.two_server.LeadServer.helper_key>` (checked first).
+        """
+        if self._own_session:
+            return
+        self.lead.helper_key()  # no session on an S1 whose key does not match the pin
+        self.lead.forget_keys()
+        helper = self.lead.helper
+        try:
+            claimed = _CLAIMED.get(helper)
+        except TypeError:  # a connection that cannot be weakly referenced: a new session
+            claimed = helper.session_id
+        if claimed is not None and claimed == helper.session_id:  # a start() ran in it
+            helper.open_session()
+        with contextlib.suppress(TypeError):
+            _CLAIMED[helper] = helper.session_id
+        self._own_session = True
 
     def round_minimum(self) -> tuple[int, str]:
         """Return the fewest clients a round needs and the setting that decides it.
@@ -361,6 +408,7 @@ class TwoServerAggregation:
         ConfigurationError
             If S1's key has never matched the pinned fingerprint in this run.
         """
+        self.own_session()
         losses = len(self.lead.session_losses)
         try:
             self.lead.open(params)

@@ -99,6 +99,7 @@ from flwr_fsl.families.ssa.union import (
     share_set,
 )
 from flwr_fsl.pinning import pinned_fingerprint
+from flwr_fsl.submodel.tables import row_counts
 
 RowsFn = Callable[[Context], "NDArray[np.int64] | tuple[NDArray[np.int64], NDArray[np.float64]]"]
 _QUERY = StateSlot("fsl.psr.client-state", PSRClientState.to_bytes, PSRClientState.from_bytes)
@@ -277,12 +278,7 @@ class PrivateRows(ProtocolMod):
         if not isinstance(out, tuple):
             return np.asarray(out, np.int64).reshape(-1), None
         indices = np.asarray(out[0], np.int64).reshape(-1)
-        counts = np.asarray(out[1], np.float64)
-        if counts.shape != indices.shape:
-            raise ConfigurationError("rows() returned counts of another length than the indices")
-        if not np.all(np.isfinite(counts)) or np.any(counts <= 0):
-            raise ConfigurationError("rows() returned counts that are not finite and > 0")
-        return indices, counts
+        return indices, row_counts(self.table, indices, out[1])  # as PrivateTables checks them
 
 
 def _union(config: Any) -> UnionRound | None:

@@ -69,6 +69,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from flwr_fsl.core.checks import check_bool, check_int, check_real, check_str
@@ -288,10 +289,20 @@ class SecureRowFedSubAvg(MultiPhaseStrategy, FedSubAvg):
             out[key] = value
         return out
 
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Run as ``PhasedStrategy.start``, in an S1 session of this run's own.
+
+        Several strategies may share one connection to S1 (:meth:`TwoServerAggregation.own_session
+        <flwr_fsl.families.ssa.aggregation_strategy.TwoServerAggregation.own_session>`).
+        """
+        self.aggregation.new_run()
+        return super().start(*args, **kwargs)
+
     def train_round(
         self, grid: Grid, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Run retrieval (PSR), training on each client's rows, secure aggregation of rows."""
+        self.aggregation.own_session()  # before the PSU or PSR phase asks S1 anything
         state.model = {name: array.numpy() for name, array in arrays.items()}
         if self.mixed is not None:
             return self.mixed.train_round(self, grid, state, arrays, config)

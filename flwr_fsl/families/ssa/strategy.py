@@ -48,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 from numpy.typing import NDArray
 
@@ -197,6 +198,15 @@ class SecureFedSubAvg(FedSubAvg):
         )
         self.aggregation = TwoServerAggregation(helper, helper_fingerprint, settings)
         self.privacy_account = self.aggregation.privacy_account
+
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Run as ``PhasedStrategy.start``, in an S1 session of this run's own.
+
+        Several strategies may share one connection to S1 (:meth:`TwoServerAggregation.own_session
+        <flwr_fsl.families.ssa.aggregation_strategy.TwoServerAggregation.own_session>`).
+        """
+        self.aggregation.new_run()
+        return super().start(*args, **kwargs)
 
     def summary(self) -> None:
         """Log the configuration."""

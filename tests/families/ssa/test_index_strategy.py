@@ -319,3 +319,48 @@ def test_a_failed_first_round_does_not_exclude_anyone(key: SealingKeyPair) -> No
     assert all(not strategy.dropped[r] for r in (2, 3))
     udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (2, 3)]
     assert udpf == [0, 4]  # round 2: everyone sends fresh keys again; round 3: hints
+
+
+def test_two_strategies_share_one_helper_connection(key: SealingKeyPair) -> None:
+    # Two arms of one experiment on one connection to S1 (as examples/recsys-movielens runs
+    # them): each start() opens its own S1 session, so the second arm's round 1 is not refused
+    # as "already opened", and each arm's result is exact. The first arm runs in the session
+    # the connection had; S1 then holds one session (the connection closed the first arm's
+    # when the second opened its own).
+    helper = InProcessHelper(keypair=key)
+    helper.open_session()  # as connect_helper does: the first start() runs in this session
+    sessions = [helper.session_id]
+    for _ in range(2):
+        strategy, result = _run(key, fixed=True, helper=helper)
+        sessions.append(helper.session_id)
+        assert strategy.failed_rounds == {} and all(not d for d in strategy.dropped.values())
+        np.testing.assert_allclose(
+            result.arrays["emb"].numpy(), expected_after(3, 4, True), atol=1e-6
+        )
+        udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2, 3)]
+        assert udpf == [0, 4, 4]
+    assert sessions[0] == sessions[1] != sessions[2]
+    assert helper.service.session_count() == 1
+
+
+def test_a_strategy_started_twice_sends_fresh_keys_in_a_new_session(key: SealingKeyPair) -> None:
+    # The second start() numbers its rounds from 1 again in a new S1 session: S0 forgot its
+    # stored U-DPF keys with the old session, so the clients (which still hold theirs) are
+    # told to send fresh keys in round 1 and hints again from round 2.
+    nodes = 4
+    grid = InProcessGrid(
+        make_index_app(True),
+        nodes,
+        {"ssa-helper-fingerprint": key.fingerprint},
+        node_config_fn=no_floor(nodes),
+    )
+    helper = InProcessHelper(keypair=key)
+    strategy = SecureRowFedSubAvg(
+        helper, "emb", K, dp=None, frac_bits=32, max_abs=1e3, min_available_nodes=nodes
+    )
+    for _ in range(2):
+        result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=2)
+        assert strategy.failed_rounds == {}
+        udpf = [result.train_metrics_clientapp[r]["udpf-clients"] for r in (1, 2)]
+        assert udpf == [0, 4]
+    assert helper.service.session_count() == 1

@@ -570,3 +570,39 @@ def test_more_parts_than_s1_open_rounds_fails_the_round_loudly(key: SealingKeyPa
     # Round 2's parts are S1 rounds 6-10: the fifth cannot open; round 1's four were released.
     assert "rounds are open (limit 4)" in strategy.failed_rounds[2]
     assert "[6, 7, 8, 9]" in strategy.failed_rounds[2]
+
+
+def test_derived_table_warning_is_capped_at_the_tables_rows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A client with 5 items can reach 15 genres by the map's fan-outs, but there are only 7:
+    # max_rows 7 holds every client's genres (no warning); max_rows 4 does not, and the
+    # warning names the reachable 7, not 15.
+    import logging
+
+    from flwr_fsl.families.ssa.mixed_strategy import MixedRounds
+
+    assert spec(5, 7).worst_case_rows("genre") == 15
+    model = initial()
+    with caplog.at_level(logging.WARNING):
+        MixedRounds(spec(5, 7), True, None).layouts(model)
+    assert "derived rows can reach" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        MixedRounds(spec(5, 4), True, None).layouts(model)
+    assert "table 'genre': a client's derived rows can reach 7 > max_rows 4" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [([1.0], "one count per row"), ([1.0, 0.0], r"counts must be finite, > 0")],
+)
+def test_private_rows_and_tables_check_rows_counts_alike(counts: list[float], message: str) -> None:
+    # One check (flwr_fsl.submodel.tables.row_counts) of what rows() returns, one message.
+    from flwr_fsl.families.ssa.index_mod import PrivateRows
+
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    rows = PrivateRows("item", rows=lambda _c: (np.array([1, 2]), counts))
+    tables = PrivateTables(spec(), rows=lambda _c: (np.array([1, 2]), counts))
+    for call in (lambda: rows._rows(context), lambda: tables._client_rows(context)):
+        with pytest.raises(ConfigurationError, match=f"table 'item': {message}"):
+            call()

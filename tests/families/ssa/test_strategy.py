@@ -466,3 +466,19 @@ def test_a_late_node_under_streaming_is_dropped_at_the_timeout(helper_key: Seali
     np.testing.assert_allclose(
         secure.arrays["conv.weight"].numpy(), plain.arrays["conv.weight"].numpy(), atol=1e-6
     )
+
+
+def test_two_strategies_share_one_helper_connection(helper_key: SealingKeyPair) -> None:
+    # Each start() opens its own S1 session: the second strategy's rounds are not refused as
+    # "already opened" and its result is as exact as the first's.
+    helper = InProcessHelper(keypair=helper_key)
+    plain = _plaintext_run(_k(0.2))
+    for _ in range(2):
+        strategy, secure, _ = _secure_run(helper_key, helper=helper)
+        assert strategy.failed_rounds == {}
+        for name, value in MODEL.items():
+            if value.dtype == np.float32:
+                np.testing.assert_allclose(
+                    secure.arrays[name].numpy(), plain.arrays[name].numpy(), atol=1e-6
+                )
+    assert helper.service.session_count() == 1
