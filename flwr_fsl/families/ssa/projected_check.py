@@ -253,12 +253,7 @@ def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
     SSAInputError
         If the blob is not longer than a trailer (truncated, or keys without one).
     """
-    size = trailer_bytes(params)
-    if len(blob) <= size:
-        raise SSAInputError(
-            "malformed public part: truncated, or without the value-check trailer the round needs"
-        )
-    return bytes(blob[:-size]), bytes(blob[-size:])
+    return rc.cut_trailer(blob, trailer_bytes(params))
 
 
 def server_projected(

@@ -87,6 +87,7 @@ __all__ = [
     "ServerCheck",
     "client_trailer",
     "coefficients",
+    "cut_trailer",
     "decompose",
     "false_accept_bound",
     "make_upload",
@@ -487,10 +488,20 @@ def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
     SSAInputError
         If the blob is not longer than a trailer (truncated, or keys without one).
     """
-    size = trailer_bytes(params)
+    return cut_trailer(blob, trailer_bytes(params))
+
+
+def cut_trailer(blob: bytes, size: int) -> tuple[bytes, bytes]:
+    """Split ``blob`` into its head and its last ``size`` bytes (a value check's trailer).
+
+    Raises
+    ------
+    SSAInputError
+        If the blob is not longer than ``size`` (truncated, or keys without a trailer).
+    """
     if len(blob) <= size:
         raise SSAInputError(
-            "malformed public part: truncated, or without the range-check trailer the round needs"
+            "malformed public part: truncated, or without the value-check trailer the round needs"
         )
     return bytes(blob[:-size]), bytes(blob[-size:])
 
