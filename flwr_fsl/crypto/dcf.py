@@ -6,8 +6,10 @@ f(x)`` in ``Z_2^64`` (``beta`` is one word or a vector of ``tau`` words; each ou
 ``beta[w] * 1{x < alpha}``). It is the comparison gate of Boyle, Chandran, Gilboa, Gupta, Ishai,
 Kumar and Rathee, "Function Secret Sharing for Mixed-Mode and Fixed-Point Secure Computation"
 (EUROCRYPT 2021), Fig. 3, on the same tree-PRG machinery as :mod:`flwr_fsl.crypto.dpf`
-(fixed-key AES in Matyas–Meyer–Oseas mode from ``cryptography``, whole tree levels of many keys
-per AES call, numba kernels in :mod:`flwr_fsl.kernels.dcf_kernels`):
+(fixed-key AES in Matyas–Meyer–Oseas mode, whole tree levels of many keys per AES call, numba
+kernels in :mod:`flwr_fsl.kernels.dcf_kernels`; the level loop runs in one numba call with
+OpenSSL called from it, :mod:`flwr_fsl.kernels.dcf_native`, or from Python with ``cryptography``
+where ``libcrypto`` does not load natively or ``FLWR_FSL_NATIVE_AES=0``: the same words):
 
 * **Tree.** Each party walks the path of ``x`` (most significant bit first) from its root seed.
   A node's PRG output is a seed and control bit for each child plus a ``tau``-word *value* for
@@ -72,6 +74,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import Reader, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dcf_kernels as _k
+from flwr_fsl.kernels import dcf_native as _nat
 from flwr_fsl.kernels.aes import BatchedAES
 
 __all__ = [
@@ -107,6 +110,7 @@ _CHUNK = 1 << 12  # points per AES batch in Eval (256 KiB buffers; ~10% less tha
 _GEN_CHUNK = 1 << 12  # keys per AES batch in Gen: 2 x 512 KiB buffers stay in L2 (~8% less)
 
 _AES = threading.local()
+_NATIVE_AES = True  # Gen/Eval's level loop in one numba call with OpenSSL inside (dcf_native)
 
 
 def _cipher() -> BatchedAES:
@@ -493,16 +497,15 @@ def _gen_into(
     b: NDArray[np.uint64],
     n: int,
     root: tuple[NDArray[np.uint64], NDArray[np.uint64]],
-    cw_seeds: NDArray[np.uint64],
-    cw_values: NDArray[np.uint64],
-    cw_bits: NDArray[np.uint8],
-    cw_final: NDArray[np.uint64],
+    cws: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]],
 ) -> None:
     """Fill the correction words of keys ``(a[j], b[j])`` from both parties' root seeds.
 
     Chunks of :data:`_GEN_CHUNK` keys; per level one AES call over the chunk's ``2 + 2Q``
     blocks per party and one kernel (which also writes the next level's inputs).
     """
+    if _NATIVE_AES and (nat := _nat.context(MMO_KEY_DCF)) is not None:  # one numba call
+        return _nat.generate(nat, _GEN_CHUNK, a, b, n, root, cws)
     m, tau = b.shape
     nq = (tau + 1) // 2
     nb = 2 + 2 * nq
@@ -525,17 +528,12 @@ def _gen_into(
         for level in range(n):  # one AES call and one kernel per level (it writes the next inputs)
             aes.encrypt_view_into(src[:level_bytes], dst)
             if tau == 2:
-                _k.gen_step_tau2(
-                    enc, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits, inp
-                )
+                _k.gen_step_tau2(enc, level, n, lo, a, b, seeds, t, v_alpha, *cws[:3], inp)
             else:
-                _k.gen_step(
-                    enc, nb, level, n, lo, a, b, seeds, t, v_alpha, cw_seeds, cw_values, cw_bits,
-                    inp,
-                )  # fmt: skip
+                _k.gen_step(enc, nb, level, n, lo, a, b, seeds, t, v_alpha, *cws[:3], inp)
         _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
         aes.encrypt_view_into(src[: 2 * c * nq * 16], dst)
-        _k.gen_final(inp, enc, nq, t, v_alpha, cw_final[lo:hi])
+        _k.gen_final(inp, enc, nq, t, v_alpha, cws[3][lo:hi])
 
 
 def _cw_arrays(
@@ -614,7 +612,7 @@ def generate_keys_batch(
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
     cws = _cw_arrays(n, m, tau, workspace)
-    _gen_into(a, b, n, root, *cws)
+    _gen_into(a, b, n, root, cws)
     # Built here, canonical by construction: skip the validating constructor's pass over it.
     pub = object.__new__(DCFPublicBatch)
     for name, value in zip(DCFPublicBatch.__dataclass_fields__, (n, tau, *cws), strict=True):
@@ -705,8 +703,10 @@ def evaluate_at_batch(
         )
     if idx.size and int(idx.max()) >= pub.num_keys:
         raise ConfigurationError(f"key index out of range (batch has {pub.num_keys} keys)")
-    count = idx.shape[0]
-    tau = pub.tau
+    cws = (pub.cw_seeds, pub.cw_values, pub.cw_bits, pub.cw_final)
+    if _NATIVE_AES and (nat := _nat.context(MMO_KEY_DCF)) is not None:  # one numba call
+        return _nat.evaluate(nat, _CHUNK, idx, pts, n_bits, keys.party, keys.root_seeds, cws)
+    count, tau = idx.shape[0], pub.tau
     nq = (tau + 1) // 2
     nb = 1 + nq
     out = np.zeros((count, tau), dtype=_U64)
