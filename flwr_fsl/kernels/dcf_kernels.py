@@ -35,6 +35,9 @@ CLEAR = ~np.uint64(1)
 SEED = np.uint64(1 << 32)
 VALUE = np.uint64(2 << 32)
 LEAF = np.uint64(3 << 32)
+TWO, THREE, FOUR, FIVE, SIX, SEVEN, EIGHT, SIXTEEN = (
+    np.uint64(k) for k in (2, 3, 4, 5, 6, 7, 8, 16)
+)
 
 
 @njit(cache=True, nogil=True)
@@ -176,6 +179,21 @@ def gen_step(  # noqa: PLR0913, PLR0915
             _gen_inputs(inp, b1, nq, s10, s11)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put_inputs(
+    ip: np.ndarray, base: np.uint64, lo: np.uint64, hi: np.uint64
+) -> None:  # pragma: no cover
+    """One party's four ``tau = 2`` Gen input blocks at flat word ``base`` (:func:`gen_blocks`)."""
+    ip[base] = lo
+    ip[base + ONE] = hi ^ SEED
+    ip[base + TWO] = lo
+    ip[base + THREE] = hi ^ (SEED | ONE)
+    ip[base + FOUR] = lo
+    ip[base + FIVE] = hi ^ VALUE
+    ip[base + SIX] = lo
+    ip[base + SEVEN] = hi ^ (VALUE | ONE)
+
+
 @njit(cache=True, nogil=True)
 def gen_step_tau2(  # noqa: PLR0913, PLR0915
     enc: np.ndarray,
@@ -196,17 +214,21 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
 
     The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``; with the loops over words
     and blocks unrolled and no branch on a secret bit this kernel takes ~2/3 of the time of
-    the general one.
+    the general one. ``enc`` and ``inp`` are read and written as flat words at unsigned
+    offsets (numba then emits no negative-index checks: ~20% less time, the same words).
     """
+    e = enc.reshape(-1)
+    ip = inp.reshape(-1)
     shift = np.uint64(domain_bits - 1 - level)
     more = level + 1 < domain_bits
-    for j in range(seeds.shape[0]):
-        g = lo + j
-        a = (alphas[g] >> shift) & ONE
-        keep = int(a)
-        lose = 1 - keep
-        b0 = 8 * j
-        b1 = b0 + 4
+    for jj in range(seeds.shape[0]):
+        j = np.uint64(jj)
+        g = np.uint64(lo) + j
+        a = (alphas[g] >> shift) & ONE  # keep = a, lose = 1 - a
+        lose2 = TWO - TWO * a  # word offset of the lost child's block within a party's four
+        keep2 = TWO * a
+        b0 = SIXTEEN * j  # party 0's four blocks (8 words), then party 1's
+        b1 = b0 + EIGHT
         l0 = seeds[j, 0, 0]
         h0 = seeds[j, 0, 1]
         l1 = seeds[j, 1, 0]
@@ -216,38 +238,38 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         m0 = ZERO - t0
         m1 = ZERO - t1
         ma = ZERO - a
-        x0l = enc[b0 + lose, 0] ^ l0
-        x1l = enc[b1 + lose, 0] ^ l1
-        x0k = enc[b0 + keep, 0] ^ l0
-        x1k = enc[b1 + keep, 0] ^ l1
-        t_left = (enc[b0, 0] ^ l0 ^ enc[b1, 0] ^ l1 ^ a ^ ONE) & ONE
-        t_right = (enc[b0 + 1, 0] ^ l0 ^ enc[b1 + 1, 0] ^ l1 ^ a) & ONE
+        x0l = e[b0 + lose2] ^ l0
+        x1l = e[b1 + lose2] ^ l1
+        x0k = e[b0 + keep2] ^ l0
+        x1k = e[b1 + keep2] ^ l1
+        t_left = (e[b0] ^ l0 ^ e[b1] ^ l1 ^ a ^ ONE) & ONE
+        t_right = (e[b0 + TWO] ^ l0 ^ e[b1 + TWO] ^ l1 ^ a) & ONE
         cw0 = (x0l ^ x1l) & CLEAR
-        cw1 = enc[b0 + lose, 1] ^ h0 ^ enc[b1 + lose, 1] ^ h1  # the tweaks cancel
+        cw1 = e[b0 + lose2 + ONE] ^ h0 ^ e[b1 + lose2 + ONE] ^ h1  # the tweaks cancel
         cw_seeds[level, g, 0] = cw0
         cw_seeds[level, g, 1] = cw1
         cw_bits[level, g] = np.uint8(t_left | (t_right << ONE))
-        twl = VALUE | np.uint64(lose)
-        twk = VALUE | np.uint64(keep)
-        r0l = b0 + 2 + lose
-        r1l = b1 + 2 + lose
-        r0k = b0 + 2 + keep
-        r1k = b1 + 2 + keep
+        twl = VALUE | (ONE - a)
+        twk = VALUE | a
+        r0l = b0 + FOUR + lose2
+        r1l = b1 + FOUR + lose2
+        r0k = b0 + FOUR + keep2
+        r1k = b1 + FOUR + keep2
         # word 0 and word 1 of the value block of the lost and the kept child (gen_step)
-        d_lose = (enc[r1l, 0] ^ l1) - (enc[r0l, 0] ^ l0) + (betas[g, 0] & ma)
+        d_lose = (e[r1l] ^ l1) - (e[r0l] ^ l0) + (betas[g, 0] & ma)
         raw = d_lose - v_alpha[j, 0]
         cw_values[level, g, 0] = (raw ^ m1) - m1
-        v_alpha[j, 0] = (enc[r0k, 0] ^ l0) - (enc[r1k, 0] ^ l1) + d_lose
-        d_lose = (enc[r1l, 1] ^ h1 ^ twl) - (enc[r0l, 1] ^ h0 ^ twl) + (betas[g, 1] & ma)
+        v_alpha[j, 0] = (e[r0k] ^ l0) - (e[r1k] ^ l1) + d_lose
+        d_lose = (e[r1l + ONE] ^ h1 ^ twl) - (e[r0l + ONE] ^ h0 ^ twl) + (betas[g, 1] & ma)
         raw = d_lose - v_alpha[j, 1]
         cw_values[level, g, 1] = (raw ^ m1) - m1
-        v_alpha[j, 1] = (enc[r0k, 1] ^ h0 ^ twk) - (enc[r1k, 1] ^ h1 ^ twk) + d_lose
+        v_alpha[j, 1] = (e[r0k + ONE] ^ h0 ^ twk) - (e[r1k + ONE] ^ h1 ^ twk) + d_lose
         t_keep = t_left ^ ((t_left ^ t_right) & a)
-        tws = SEED | np.uint64(keep)
+        tws = SEED | a
         s00 = (x0k & CLEAR) ^ (cw0 & m0)
-        s01 = enc[b0 + keep, 1] ^ h0 ^ tws ^ (cw1 & m0)
+        s01 = e[b0 + keep2 + ONE] ^ h0 ^ tws ^ (cw1 & m0)
         s10 = (x1k & CLEAR) ^ (cw0 & m1)
-        s11 = enc[b1 + keep, 1] ^ h1 ^ tws ^ (cw1 & m1)
+        s11 = e[b1 + keep2 + ONE] ^ h1 ^ tws ^ (cw1 & m1)
         seeds[j, 0, 0] = s00
         seeds[j, 0, 1] = s01
         seeds[j, 1, 0] = s10
@@ -255,8 +277,8 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         t[j, 0] = np.uint8((x0k & ONE) ^ (t_keep & t0))
         t[j, 1] = np.uint8((x1k & ONE) ^ (t_keep & t1))
         if more:
-            _gen_inputs(inp, b0, 1, s00, s01)
-            _gen_inputs(inp, b1, 1, s10, s11)
+            _put_inputs(ip, b0, s00, s01)
+            _put_inputs(ip, b1, s10, s11)
 
 
 @njit(cache=True, nogil=True)
@@ -401,36 +423,42 @@ def eval_step_tau2(  # noqa: PLR0913
     acc: np.ndarray,
     inp: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """:func:`eval_step` for ``tau = 2`` (two blocks per point), unrolled: the same words."""
+    """:func:`eval_step` for ``tau = 2`` (two blocks per point), unrolled: the same words.
+
+    ``enc`` and ``inp`` are flat words at unsigned offsets (no negative-index checks).
+    """
+    e = enc.reshape(-1)
+    ip = inp.reshape(-1)
     shift = np.uint64(domain_bits - 1 - level)
     more = level + 1 < domain_bits
     nshift = np.uint64(domain_bits - 2 - level) if more else np.uint64(0)
     neg = ZERO - np.uint64(party)
-    for i in range(seeds.shape[0]):
-        j = key_idx[i]
+    for ii in range(seeds.shape[0]):
+        i = np.uint64(ii)
+        j = np.uint64(key_idx[i])
         pt = points[i]
         c = (pt >> shift) & ONE
-        base = 2 * i
+        base = FOUR * i
         lo = seeds[i, 0]
         hi = seeds[i, 1]
-        w0 = enc[base, 0] ^ lo
+        w0 = e[base] ^ lo
         tt = t[i]
         mt = ZERO - np.uint64(tt)
-        v0 = (enc[base + 1, 0] ^ lo) + (cw_values[level, j, 0] & mt)
-        v1 = (enc[base + 1, 1] ^ hi ^ (VALUE | c)) + (cw_values[level, j, 1] & mt)
+        v0 = (e[base + TWO] ^ lo) + (cw_values[level, j, 0] & mt)
+        v1 = (e[base + THREE] ^ hi ^ (VALUE | c)) + (cw_values[level, j, 1] & mt)
         acc[i, 0] += (v0 ^ neg) - neg
         acc[i, 1] += (v1 ^ neg) - neg
         s0 = (w0 & CLEAR) ^ (cw_seeds[level, j, 0] & mt)
-        s1 = enc[base, 1] ^ hi ^ (SEED | c) ^ (cw_seeds[level, j, 1] & mt)
+        s1 = e[base + ONE] ^ hi ^ (SEED | c) ^ (cw_seeds[level, j, 1] & mt)
         seeds[i, 0] = s0
         seeds[i, 1] = s1
         t[i] = np.uint8(w0 & ONE) ^ ((cw_bits[level, j] >> np.uint8(c)) & tt)
         if more:
             c2 = (pt >> nshift) & ONE
-            inp[base, 0] = s0
-            inp[base, 1] = s1 ^ (SEED | c2)
-            inp[base + 1, 0] = s0
-            inp[base + 1, 1] = s1 ^ (VALUE | c2)
+            ip[base] = s0
+            ip[base + ONE] = s1 ^ (SEED | c2)
+            ip[base + TWO] = s0
+            ip[base + THREE] = s1 ^ (VALUE | c2)
 
 
 @njit(cache=True, nogil=True)
