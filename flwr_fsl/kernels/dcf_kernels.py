@@ -219,6 +219,10 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
     """
     e = enc.reshape(-1)
     ip = inp.reshape(-1)
+    fs = cw_seeds.reshape(-1)
+    fv = cw_values.reshape(-1)
+    fb = cw_bits.reshape(-1)
+    row = np.uint64(level) * np.uint64(cw_bits.shape[1])
     shift = np.uint64(domain_bits - 1 - level)
     more = level + 1 < domain_bits
     for jj in range(seeds.shape[0]):
@@ -246,9 +250,10 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         t_right = (e[b0 + TWO] ^ l0 ^ e[b1 + TWO] ^ l1 ^ a) & ONE
         cw0 = (x0l ^ x1l) & CLEAR
         cw1 = e[b0 + lose2 + ONE] ^ h0 ^ e[b1 + lose2 + ONE] ^ h1  # the tweaks cancel
-        cw_seeds[level, g, 0] = cw0
-        cw_seeds[level, g, 1] = cw1
-        cw_bits[level, g] = np.uint8(t_left | (t_right << ONE))
+        at = row + g  # key g's correction of this level
+        fs[TWO * at] = cw0
+        fs[TWO * at + ONE] = cw1
+        fb[at] = np.uint8(t_left | (t_right << ONE))
         twl = VALUE | (ONE - a)
         twk = VALUE | a
         r0l = b0 + FOUR + lose2
@@ -258,11 +263,11 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         # word 0 and word 1 of the value block of the lost and the kept child (gen_step)
         d_lose = (e[r1l] ^ l1) - (e[r0l] ^ l0) + (betas[g, 0] & ma)
         raw = d_lose - v_alpha[j, 0]
-        cw_values[level, g, 0] = (raw ^ m1) - m1
+        fv[TWO * at] = (raw ^ m1) - m1
         v_alpha[j, 0] = (e[r0k] ^ l0) - (e[r1k] ^ l1) + d_lose
         d_lose = (e[r1l + ONE] ^ h1 ^ twl) - (e[r0l + ONE] ^ h0 ^ twl) + (betas[g, 1] & ma)
         raw = d_lose - v_alpha[j, 1]
-        cw_values[level, g, 1] = (raw ^ m1) - m1
+        fv[TWO * at + ONE] = (raw ^ m1) - m1
         v_alpha[j, 1] = (e[r0k + ONE] ^ h0 ^ twk) - (e[r1k + ONE] ^ h1 ^ twk) + d_lose
         t_keep = t_left ^ ((t_left ^ t_right) & a)
         tws = SEED | a
@@ -429,13 +434,17 @@ def eval_step_tau2(  # noqa: PLR0913
     """
     e = enc.reshape(-1)
     ip = inp.reshape(-1)
+    fs = cw_seeds.reshape(-1)
+    fv = cw_values.reshape(-1)
+    fb = cw_bits.reshape(-1)
+    row = np.uint64(level) * np.uint64(cw_bits.shape[1])
     shift = np.uint64(domain_bits - 1 - level)
     more = level + 1 < domain_bits
     nshift = np.uint64(domain_bits - 2 - level) if more else np.uint64(0)
     neg = ZERO - np.uint64(party)
     for ii in range(seeds.shape[0]):
         i = np.uint64(ii)
-        j = np.uint64(key_idx[i])
+        at = row + np.uint64(key_idx[i])  # the key's correction of this level
         pt = points[i]
         c = (pt >> shift) & ONE
         base = FOUR * i
@@ -444,15 +453,15 @@ def eval_step_tau2(  # noqa: PLR0913
         w0 = e[base] ^ lo
         tt = t[i]
         mt = ZERO - np.uint64(tt)
-        v0 = (e[base + TWO] ^ lo) + (cw_values[level, j, 0] & mt)
-        v1 = (e[base + THREE] ^ hi ^ (VALUE | c)) + (cw_values[level, j, 1] & mt)
+        v0 = (e[base + TWO] ^ lo) + (fv[TWO * at] & mt)
+        v1 = (e[base + THREE] ^ hi ^ (VALUE | c)) + (fv[TWO * at + ONE] & mt)
         acc[i, 0] += (v0 ^ neg) - neg
         acc[i, 1] += (v1 ^ neg) - neg
-        s0 = (w0 & CLEAR) ^ (cw_seeds[level, j, 0] & mt)
-        s1 = e[base + ONE] ^ hi ^ (SEED | c) ^ (cw_seeds[level, j, 1] & mt)
+        s0 = (w0 & CLEAR) ^ (fs[TWO * at] & mt)
+        s1 = e[base + ONE] ^ hi ^ (SEED | c) ^ (fs[TWO * at + ONE] & mt)
         seeds[i, 0] = s0
         seeds[i, 1] = s1
-        t[i] = np.uint8(w0 & ONE) ^ ((cw_bits[level, j] >> np.uint8(c)) & tt)
+        t[i] = np.uint8(w0 & ONE) ^ ((fb[at] >> np.uint8(c)) & tt)
         if more:
             c2 = (pt >> nshift) & ONE
             ip[base] = s0
