@@ -219,6 +219,10 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
     """
     e = enc.reshape(-1)
     ip = inp.reshape(-1)
+    sd = seeds.reshape(-1)
+    tf = t.reshape(-1)
+    va = v_alpha.reshape(-1)
+    bf = betas.reshape(-1)
     fs = cw_seeds.reshape(-1)
     fv = cw_values.reshape(-1)
     fb = cw_bits.reshape(-1)
@@ -233,12 +237,13 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         keep2 = TWO * a
         b0 = SIXTEEN * j  # party 0's four blocks (8 words), then party 1's
         b1 = b0 + EIGHT
-        l0 = seeds[j, 0, 0]
-        h0 = seeds[j, 0, 1]
-        l1 = seeds[j, 1, 0]
-        h1 = seeds[j, 1, 1]
-        t0 = np.uint64(t[j, 0])
-        t1 = np.uint64(t[j, 1])
+        k4 = FOUR * j  # key j's seeds (party 0, then 1) in ``sd``, its bits at ``2 j`` in ``tf``
+        l0 = sd[k4]
+        h0 = sd[k4 + ONE]
+        l1 = sd[k4 + TWO]
+        h1 = sd[k4 + THREE]
+        t0 = np.uint64(tf[TWO * j])
+        t1 = np.uint64(tf[TWO * j + ONE])
         m0 = ZERO - t0
         m1 = ZERO - t1
         ma = ZERO - a
@@ -261,26 +266,26 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         r0k = b0 + FOUR + keep2
         r1k = b1 + FOUR + keep2
         # word 0 and word 1 of the value block of the lost and the kept child (gen_step)
-        d_lose = (e[r1l] ^ l1) - (e[r0l] ^ l0) + (betas[g, 0] & ma)
-        raw = d_lose - v_alpha[j, 0]
+        d_lose = (e[r1l] ^ l1) - (e[r0l] ^ l0) + (bf[TWO * g] & ma)
+        raw = d_lose - va[TWO * j]
         fv[TWO * at] = (raw ^ m1) - m1
-        v_alpha[j, 0] = (e[r0k] ^ l0) - (e[r1k] ^ l1) + d_lose
-        d_lose = (e[r1l + ONE] ^ h1 ^ twl) - (e[r0l + ONE] ^ h0 ^ twl) + (betas[g, 1] & ma)
-        raw = d_lose - v_alpha[j, 1]
+        va[TWO * j] = (e[r0k] ^ l0) - (e[r1k] ^ l1) + d_lose
+        d_lose = (e[r1l + ONE] ^ h1 ^ twl) - (e[r0l + ONE] ^ h0 ^ twl) + (bf[TWO * g + ONE] & ma)
+        raw = d_lose - va[TWO * j + ONE]
         fv[TWO * at + ONE] = (raw ^ m1) - m1
-        v_alpha[j, 1] = (e[r0k + ONE] ^ h0 ^ twk) - (e[r1k + ONE] ^ h1 ^ twk) + d_lose
+        va[TWO * j + ONE] = (e[r0k + ONE] ^ h0 ^ twk) - (e[r1k + ONE] ^ h1 ^ twk) + d_lose
         t_keep = t_left ^ ((t_left ^ t_right) & a)
         tws = SEED | a
         s00 = (x0k & CLEAR) ^ (cw0 & m0)
         s01 = e[b0 + keep2 + ONE] ^ h0 ^ tws ^ (cw1 & m0)
         s10 = (x1k & CLEAR) ^ (cw0 & m1)
         s11 = e[b1 + keep2 + ONE] ^ h1 ^ tws ^ (cw1 & m1)
-        seeds[j, 0, 0] = s00
-        seeds[j, 0, 1] = s01
-        seeds[j, 1, 0] = s10
-        seeds[j, 1, 1] = s11
-        t[j, 0] = np.uint8((x0k & ONE) ^ (t_keep & t0))
-        t[j, 1] = np.uint8((x1k & ONE) ^ (t_keep & t1))
+        sd[k4] = s00
+        sd[k4 + ONE] = s01
+        sd[k4 + TWO] = s10
+        sd[k4 + THREE] = s11
+        tf[TWO * j] = np.uint8((x0k & ONE) ^ (t_keep & t0))
+        tf[TWO * j + ONE] = np.uint8((x1k & ONE) ^ (t_keep & t1))
         if more:
             _put_inputs(ip, b0, s00, s01)
             _put_inputs(ip, b1, s10, s11)
