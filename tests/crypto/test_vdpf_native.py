@@ -3,9 +3,10 @@
 :mod:`flwr_fsl.kernels.vdpf_eval` runs the checked full-domain evaluation (tree levels, leaf
 conversion, proof-hash inputs, the proof AES call, the feed-forward) in one numba call that
 calls OpenSSL. Over random verifiable batches (mixed domains, lengths, chunk budgets that split
-tasks and make many chunks) its output words and proofs must equal the Python driver's (the
-fallback when ``libcrypto`` does not load, ``FLWR_FSL_NATIVE_AES=0``), and the proof hash's AES
-blocks (4 per evaluated point) must be in the AES log the benchmarks replay.
+tasks and make many chunks, proof batches of any size) its output words and proofs must equal
+the Python driver's (the fallback when ``libcrypto`` does not load, ``FLWR_FSL_NATIVE_AES=0``),
+and the proof hash's AES blocks (4 per evaluated point) must be in the AES log the benchmarks
+replay.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import PROOF_WORDS, evaluate_batch, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
+from flwr_fsl.kernels import vdpf_eval
 from flwr_fsl.kernels.aes import native_aes
 
 U64 = np.uint64
@@ -43,8 +45,9 @@ def _eval(keys, lengths, proofs: bool):  # type: ignore[no-untyped-def]
     max_bits=st.integers(0, 12),
     budget=st.sampled_from([1, 16, 64, 1 << 10, 1 << 15]),
     nt=st.booleans(),
+    sub=st.sampled_from([1, 3, 64, vdpf_eval.SUB_LEAVES]),
 )
-def test_native_checked_driver_equals_python_driver(seed, m, tau, max_bits, budget, nt):
+def test_native_checked_driver_equals_python_driver(seed, m, tau, max_bits, budget, nt, sub):
     rng = np.random.default_rng(seed)
     d = rng.integers(0, max_bits + 1, m)
     alphas = (rng.integers(0, 2**40, m) % (1 << d)).astype(U64)
@@ -54,6 +57,7 @@ def test_native_checked_driver_equals_python_driver(seed, m, tau, max_bits, budg
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dpf, "_FD_BUDGET", budget)
         mp.setattr(dpf, "_NT_MIN_BYTES", 0 if nt else 1 << 62)
+        mp.setattr(vdpf_eval, "SUB_LEAVES", sub)  # proof batches inside a chunk
         for k in keys:
             log: list[int] = []
             plain: list[int] = []
