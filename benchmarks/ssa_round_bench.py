@@ -1,16 +1,17 @@
 """SSA servers over a whole round: time per client against the AES floor, on one core and two.
 
-Run ``python benchmarks/ssa_round_bench.py [--clients N] [--rounds R] [--log-m 20] [--rate
-0.10]`` (``--rounds``: timed rounds per configuration, the fastest reported). For the unchecked
-round (Cui's semi-honest protocol), the checked one with key-check digest version 2 (SHA-256 per
-segment: the code before issue 26's GMAC digest, kept for rounds opened without a digest key)
-and the checked one with version 3 (GMAC under the round's digest key: the default,
-:mod:`flwr_fsl.families.ssa.verify`) it adds ``N`` clients to one
-:class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the share once, as a
-round does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients' summed
-shares once), after one untimed round, as on a long-running server whose allocator already holds
-the round buffers' pages. Each configuration runs in a child process pinned to one core, then to
-two (``os.sched_setaffinity``), so the per-process digest threads see exactly those cores.
+Run ``python benchmarks/ssa_round_bench.py [--clients N] [--rounds R] [--log-m 20] [--rate 0.10]``
+(``--rounds``: timed rounds per configuration, the fastest reported). For the unchecked round (Cui's
+semi-honest protocol), the checked one with key-check digest version 2 (SHA-256 per segment: the
+code before issue 26's GMAC digest, kept for rounds opened without a digest key) and the checked one
+with version 3 (GMAC under the round's digest key: the default,
+:mod:`flwr_fsl.families.ssa.verify`), the last also on the Python driver (``checked-v3-py``: the
+path before :mod:`flwr_fsl.kernels.vdpf_eval`, and the fallback without native AES) it adds ``N``
+clients to one :class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the share
+once, as a round does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients'
+summed shares once), after one untimed round, as on a long-running server whose allocator already
+holds the round buffers' pages. Each configuration runs in a child process pinned to one core, then
+to two (``os.sched_setaffinity``), so the per-process digest threads see exactly those cores.
 
 It prints, per party and configuration, wall milliseconds per client (the round's time divided
 by ``N``), the process's CPU milliseconds per client (all threads; on a loaded machine the CPU
@@ -56,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ssa_bench import aes_floor, client_inputs, make_params
 
+from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import PROOF_WORDS
 from flwr_fsl.families.ssa import protocol as ssa
 from flwr_fsl.families.ssa.placement import key_lengths
@@ -64,13 +66,22 @@ from flwr_fsl.families.ssa.verify import _NONCE, KeyCheck, new_digest_key
 ROUNDS = 1
 """Timed rounds per configuration (``--rounds``; the fastest is reported: on a shared machine
 the others lost time to other processes)."""
-_KINDS = {"unchecked": (False, False), "checked-v2": (True, False), "checked-v3": (True, True)}
-"""Round kind -> (verify, digest key)."""
+_KINDS = {
+    "unchecked": (False, False),
+    "checked-v2": (True, False),
+    "checked-v3-py": (True, True),
+    "checked-v3": (True, True),
+}
+"""Round kind -> (verify, digest key). ``-py``: the checked evaluation on the Python driver
+(the path before the native checked driver, :mod:`flwr_fsl.kernels.vdpf_eval`; also the
+fallback where OpenSSL does not load natively)."""
 
 
 def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dict[str, object]:
     """One configuration in this (child) process: both parties' round time per client."""
     verify, keyed = _KINDS[kind]
+    if kind.endswith("-py"):
+        dpf._NATIVE_AES = False  # the Python driver (also what FLWR_FSL_NATIVE_AES=0 gives)
     key = new_digest_key() if keyed else None
     avail = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, set(avail[:cores]))
@@ -110,7 +121,7 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
         out[f"s{party}_aes_blocks"] = floor["blocks"]
     out["hash_ms"] = 1e3 * _hash_floor(params, table, key) if verify else 0.0
     out["threads"] = ssa.SSAServer(params, 0).threads
-    if keyed:
+    if kind == "checked-v3":
         idx, vals, _ = client_inputs(m, k, rng)
 
         def encode() -> object:
@@ -213,6 +224,12 @@ def main() -> None:
         old, new = per_kind["checked-v2"][c], per_kind["checked-v3"][c]
         print(
             f"digest v2 (SHA-256) -> v3 (GMAC), same run, {c} core(s): "
+            + ", ".join(f"S{p} {old[f's{p}_ms']:.1f} -> {new[f's{p}_ms']:.1f} ms" for p in (0, 1))
+        )
+    for c in sorted({1, cores}):
+        old, new = per_kind["checked-v3-py"][c], per_kind["checked-v3"][c]
+        print(
+            f"checked driver Python -> native, same run, {c} core(s): "
             + ", ".join(f"S{p} {old[f's{p}_ms']:.1f} -> {new[f's{p}_ms']:.1f} ms" for p in (0, 1))
         )
     print(f"load average after: {_loadavg()}")

@@ -87,6 +87,7 @@ from flwr_fsl.crypto.dpf_keys import (
 from flwr_fsl.crypto.prg import (
     MMO_KEY,
     MMO_KEY_LEFT,
+    MMO_KEY_PROOF,
     MMO_KEY_RIGHT,
     SEED_BYTES,
     _mmo_ciphers,
@@ -96,6 +97,7 @@ from flwr_fsl.crypto.prg import (
 from flwr_fsl.crypto.udpf import UpdateHint, next_hint, next_hint_batch, update, update_batch
 from flwr_fsl.kernels import dpf_eval as _fde
 from flwr_fsl.kernels import dpf_kernels as _k
+from flwr_fsl.kernels import vdpf_eval as _vde
 from flwr_fsl.kernels import vdpf_kernels as _vk
 
 __all__ = [
@@ -130,7 +132,8 @@ _NT_MIN_BYTES = 64 << 20
 
 # The native driver (:mod:`flwr_fsl.kernels.dpf_eval`: the chunk loop in one numba call, OpenSSL
 # called from it) evaluates whenever OpenSSL's libcrypto loads; False forces the Python driver
-# (the benchmark's old path). Evaluations with proofs always use the Python driver.
+# (the benchmark's old path). Evaluations with proofs run natively too
+# (:mod:`flwr_fsl.kernels.vdpf_eval`, the proof hash's AES in the same numba call).
 _NATIVE_AES = True
 _NATIVE = threading.local()
 _AES_LOG: list[int] | None = None  # when a list: block counts of every native AES call (tests)
@@ -448,6 +451,16 @@ def _native_mmo() -> _fde.NativeMMO | None:
     return mmo
 
 
+def _native_vmmo() -> _vde.NativeVMMO | None:
+    """Return the calling thread's native contexts of the tree and the proof hash, or ``None``."""
+    if not _NATIVE_AES:
+        return None
+    if not hasattr(_NATIVE, "vmmo"):
+        _NATIVE.vmmo = _vde.native_vmmo((MMO_KEY_LEFT, MMO_KEY_RIGHT, MMO_KEY, MMO_KEY_PROOF))
+    vmmo: _vde.NativeVMMO | None = _NATIVE.vmmo
+    return vmmo
+
+
 def evaluate_batch(  # noqa: C901, PLR0915
     keys: DPFKeyBatch,
     *,
@@ -460,9 +473,9 @@ def evaluate_batch(  # noqa: C901, PLR0915
     Levels of many keys are expanded together, one AES call per fixed key and level, in
     cache-sized chunks. With ``lengths``, subtrees holding no point below a key's length are
     skipped (a key padded to a power of two costs AES blocks for its evaluated points only).
-    Without ``proofs`` the chunk loop runs in one GIL-free numba call that calls OpenSSL
-    natively (:mod:`flwr_fsl.kernels.dpf_eval`) where ``libcrypto`` loads, with the same
-    output words.
+    The chunk loop runs in one GIL-free numba call that calls OpenSSL natively
+    (:mod:`flwr_fsl.kernels.dpf_eval`; with ``proofs``, :mod:`flwr_fsl.kernels.vdpf_eval`)
+    where ``libcrypto`` loads, with the same output words and proofs as the Python driver.
 
     Parameters
     ----------
@@ -518,7 +531,7 @@ def evaluate_batch(  # noqa: C901, PLR0915
     max_h = max(0, int(np.log2(max(_FD_BUDGET // per_leaf, 1))))
     tl = _tree_levels(pub.domain_bits, tau)
     tasks_i, seeds, t = _fde.fd_tasks(tl, offsets, keys.root_seeds, keys.party)
-    native = None if proofs is not None else _native_mmo()
+    native = _native_mmo() if proofs is None else _native_vmmo()
     if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
         tasks_i, seeds, t = _fde.split_tasks(
             tasks_i, seeds, t, max_h, group, pub.level_offsets,
@@ -536,7 +549,14 @@ def evaluate_batch(  # noqa: C901, PLR0915
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
         shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
         tasks = (bounds, tasks_i, seeds, t)
-        _fde.run_native(native, tasks, key, shape, (cap, max_h), out.reshape(-1), _AES_LOG)
+        if proofs is None:
+            _fde.run_native(native, tasks, key, shape, (cap, max_h), out.reshape(-1), _AES_LOG)
+        else:
+            assert isinstance(native, _vde.NativeVMMO) and pub.cw_proof is not None
+            proof = (np.ascontiguousarray(offsets[:-1]), pub.cw_proof, proofs)
+            _vde.run_native_checked(
+                native, tasks, key, shape, (cap, max_h), proof, out.reshape(-1), _AES_LOG
+            )
         return out, offsets
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).
     buf_a = np.empty((cap + 1, 2), dtype=_U64)

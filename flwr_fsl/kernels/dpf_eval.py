@@ -12,9 +12,9 @@ buffers, so the output is bit-identical to the Python driver's.
 
 The whole evaluation releases the GIL, so servers that evaluate on several threads run
 them in parallel. Outputs of at least ``dpf._NT_MIN_BYTES`` are written with non-temporal stores
-(:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). The Python driver stays for
-evaluations with proofs (:mod:`flwr_fsl.kernels.vdpf_kernels`) and wherever ``libcrypto``
-does not load (:func:`~flwr_fsl.kernels.aes.native_aes`).
+(:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). Evaluations with proofs run the
+same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`); the Python driver
+stays wherever ``libcrypto`` does not load (:func:`~flwr_fsl.kernels.aes.native_aes`).
 
 :func:`fd_tasks` and :func:`fd_chunks` plan the tasks and chunks in numba;
 :func:`split_level` is the native form of one step of the task splitting (keys taller than a
