@@ -12,11 +12,16 @@ upload is written once and copied once (buffer to ``bytes``).
 
 Keys are processed in chunks of :data:`GEN_CHUNK` in order of decreasing tree depth, so each
 level's AES calls cover the chunk's keys that still have that level (one call per fixed key).
+Where OpenSSL's ``libcrypto`` loads (:func:`~flwr_fsl.kernels.aes.native_aes`), the whole chunk
+loop is one GIL-free numba call that calls AES natively
+(:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`); elsewhere, or with ``native=False``, the
+same kernels run from Python between ``cryptography`` calls. Both write the same bytes.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,10 +41,11 @@ from flwr_fsl.crypto.dpf_keys import (
     _write_header,
 )
 from flwr_fsl.crypto.dpf_wire import pack_cw_bits_into, public_layout, u64_view, write_prefix
-from flwr_fsl.crypto.prg import MMOCiphers
+from flwr_fsl.crypto.prg import MMO_KEY, MMO_KEY_LEFT, MMO_KEY_PROOF, MMO_KEY_RIGHT, MMOCiphers
 from flwr_fsl.kernels import dpf_gen_kernels as _g
 from flwr_fsl.kernels import dpf_kernels as _k
 from flwr_fsl.kernels import vdpf_kernels as _vk
+from flwr_fsl.kernels.aes import NativeAES, native_aes
 
 __all__ = ["GEN_CHUNK", "gen_public"]
 
@@ -49,12 +55,29 @@ encryptions and its leaf buffers stay in a core's L2 (measured at m = 131,777 ke
 within noise of each other, 32768 about 8% slower, one call over all keys slower still)."""
 
 
+_NATIVE = threading.local()  # one set of OpenSSL contexts per thread (a context is not shared)
+
+
+def _native_contexts() -> tuple[int, NDArray[np.uint64]] | None:
+    """Return this thread's ``(EVP_EncryptUpdate, (left, right, value, proof) contexts)``."""
+    if not hasattr(_NATIVE, "ctxs"):
+        ciphers = [native_aes(k) for k in (MMO_KEY_LEFT, MMO_KEY_RIGHT, MMO_KEY, MMO_KEY_PROOF)]
+        if any(c is None for c in ciphers):
+            _NATIVE.ctxs = None
+        else:
+            kept: list[NativeAES] = [c for c in ciphers if c is not None]
+            _NATIVE.keep = kept
+            _NATIVE.ctxs = (kept[0].fn, np.array([c.ctx for c in kept], dtype=_U64))
+    ctxs: tuple[int, NDArray[np.uint64]] | None = _NATIVE.ctxs
+    return ctxs  # None where libcrypto does not load (or FLWR_FSL_NATIVE_AES=0)
+
+
 def _depth_order(levels: NDArray[np.int64]) -> NDArray[np.int64]:
     """Key numbers by decreasing tree depth, ties in key order (a stable one-byte radix sort)."""
     return np.argsort((63 - levels).astype(np.uint8), kind="stable").astype(np.int64)
 
 
-def gen_public(
+def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver choice and its log
     alphas: NDArray[np.uint64],
     betas: NDArray[np.uint64],
     dbits: NDArray[np.int64],
@@ -63,13 +86,18 @@ def gen_public(
     epoch: int,
     aes: MMOCiphers,
     proof: bool = False,
+    *,
+    native: bool = True,
+    log: list[int] | None = None,
 ) -> DPFPublicBatch:
     """Generate the public part of ``m`` keys for the given root seeds (validated inputs).
 
     ``aes`` are the four fixed-key ciphers (:func:`~flwr_fsl.crypto.prg._mmo_ciphers`, passed
     in so a benchmark can record the calls). With ``proof`` (even ``tau`` only) each key also
     gets its verifiable-DPF proof correction word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)``
-    (:mod:`flwr_fsl.kernels.vdpf_kernels`).
+    (:mod:`flwr_fsl.kernels.vdpf_kernels`). With ``native`` (the default) the chunk loop runs
+    in one numba call with AES from OpenSSL where ``libcrypto`` loads (``aes`` is then unused
+    and the block count of every AES call is appended to ``log`` when it is a list).
 
     Returns
     -------
@@ -118,7 +146,11 @@ def gen_public(
         ),
         cw_proof=np.empty((m, PROOF_WORDS), dtype=_U64) if proof else None,
     )
-    _run(job)
+    ctxs = _native_contexts() if native else None
+    if ctxs is None:
+        _run(job)
+    else:
+        _run_native(job, ctxs, log)
     if not little:  # pragma: no cover - big-endian hosts: native words, converted here
         u64_view(buf, lay.seeds, 2 * n_levels)[:] = job.cw_seeds.reshape(-1)
         u64_view(buf, lay.leaf, m * 2 * half_w)[:] = job.cw_leaf.reshape(-1)
@@ -189,3 +221,34 @@ def _run(job: _Job) -> None:
         _g.gen_leaf_blocks(n, seeds, job.epoch, half_w, conv)
         aes.value.encrypt_prefix_into(conv[: 2 * n * half_w], conv_enc)
         _g.gen_leaf_correction(conv_enc, conv, keys, seeds, job.gpos, job.betas, job.cw_leaf)
+
+
+def _run_native(job: _Job, ctxs: tuple[int, NDArray[np.uint64]], log: list[int] | None) -> None:
+    """Run Gen in one GIL-free numba call (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`).
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    m, half_w = job.betas.shape[0], job.cw_leaf.shape[1] // 2
+    order = _depth_order(job.depth)
+    depth_s = np.ascontiguousarray(job.depth[order])
+    geom = (order, depth_s, job.path[order], job.level_off[order])
+    chunk = min(GEN_CHUNK, max(m, 1))
+    proof = job.cw_proof is not None
+    cw_proof = job.cw_proof if job.cw_proof is not None else np.empty((0, PROOF_WORDS), _U64)
+    n_log = 0
+    if log is not None and m:  # per chunk: two calls per level, then proof and value
+        n_chunks = -(-m // chunk)
+        n_log = n_chunks * (2 * int(depth_s[0]) + 2)
+    calls_log = np.zeros(n_log, dtype=np.int64)
+    fn, ctx = ctxs
+    inputs = (job.alphas, job.betas, job.roots[0], job.roots[1], job.gpos)
+    outs = (job.cw_seeds, job.cw_bits, job.cw_leaf, cw_proof)
+    shape = np.array([chunk, half_w, int(proof)], dtype=np.int64)
+    calls = _g.gen_run(fn, ctx, inputs, geom, outs, shape, job.epoch, calls_log)
+    if calls < 0:
+        raise RuntimeError("OpenSSL AES failed")
+    if log is not None:
+        log.extend(calls_log[:calls].tolist())
