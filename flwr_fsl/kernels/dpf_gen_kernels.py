@@ -154,6 +154,50 @@ def gen_leaf_correction(
 
 
 @njit(cache=True, nogil=True)
+def gen_plan(
+    alphas: np.ndarray, dbits: np.ndarray, levels: np.ndarray, offsets: np.ndarray, group: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort.
+
+    ``levels[j]`` is key ``j``'s tree levels and ``offsets[j]`` its first correction-word row.
+    Returns ``(order, depth, path, rows, group_pos)``: the key numbers by decreasing depth
+    (ties in key order, as a stable sort), the depth, tree-path bits (MSB first) and first
+    row of each key *in that order*, and each key's position of ``alpha`` in its leaf group
+    (by key number; with ``group == 2`` and a tree, the last bit of ``alpha``).
+    """
+    m = levels.shape[0]
+    counts = np.zeros(66, dtype=np.int64)
+    for j in range(m):
+        counts[levels[j]] += 1
+    start = np.empty(66, dtype=np.int64)
+    pos = 0
+    for d in range(65, -1, -1):
+        start[d] = pos
+        pos += counts[d]
+    order = np.empty(m, dtype=np.int64)
+    depth = np.empty(m, dtype=np.int64)
+    path = np.empty(m, dtype=np.uint64)
+    rows = np.empty(m, dtype=np.int64)
+    gpos = np.zeros(m, dtype=np.int64)
+    for j in range(m):
+        d = levels[j]
+        p = start[d]
+        start[d] = p + 1
+        a = alphas[j]
+        if group == 2:
+            if dbits[j] >= 1:
+                gpos[j] = np.int64(a & ONE)
+                a = a >> ONE
+            else:
+                a = ZERO
+        order[p] = j
+        depth[p] = d
+        path[p] = a
+        rows[p] = offsets[j]
+    return order, depth, path, rows, gpos
+
+
+@njit(cache=True, nogil=True)
 def _log(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
     """Record one AES call's block count when ``log`` has room (benchmarks, tests)."""
     if n_log < log.shape[0]:

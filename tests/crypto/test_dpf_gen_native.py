@@ -70,6 +70,7 @@ def test_native_gen_equals_python_driver(seed, m, tau, max_bits, chunk, verifiab
     kw = {"master_seeds": SEEDS, "epoch": epoch, "verifiable": verifiable}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dpf_gen, "GEN_CHUNK", chunk)
+        mp.setattr(dpf_gen, "NATIVE_GEN_CHUNK", chunk)
         log: list[int] = []
         mp.setattr(dpf, "_AES_LOG", log)
         native = generate_keys_batch(alphas, betas, d, **kw)
