@@ -10,8 +10,9 @@ packed control bits into their place in it, and the returned batch's ``cw_seeds`
 :meth:`~flwr_fsl.crypto.dpf_keys.DPFPublicBatch.to_bytes` then returns as it is. So a client's
 upload is written once and copied once (buffer to ``bytes``).
 
-Keys are processed in chunks of :data:`GEN_CHUNK` in order of decreasing tree depth, so each
-level's AES calls cover the chunk's keys that still have that level (one call per fixed key).
+Keys are processed in chunks of :data:`GEN_CHUNK` (:data:`NATIVE_GEN_CHUNK`) in order of
+decreasing tree depth, so each level's AES calls cover the chunk's keys that still have that
+level (one call per fixed key).
 Where OpenSSL's ``libcrypto`` loads (:func:`~flwr_fsl.kernels.aes.native_aes`), the whole chunk
 loop is one GIL-free numba call that calls AES natively
 (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`); elsewhere, or with ``native=False``, the
@@ -77,7 +78,7 @@ def _native_contexts() -> tuple[int, NDArray[np.uint64]] | None:
     return ctxs  # None where libcrypto does not load (or FLWR_FSL_NATIVE_AES=0)
 
 
-_SCRATCH_MAX = 256 << 20
+_SCRATCH_MAX = 64 << 20
 """Largest blob buffer a thread keeps between Gen calls (bytes)."""
 
 
