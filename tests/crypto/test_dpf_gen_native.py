@@ -111,3 +111,21 @@ def test_gen_falls_back_to_cryptography_without_libcrypto(monkeypatch):
     assert not log  # no native call was made
     k0, k1 = generate_keys(5, 9, 4, epoch=1)
     assert int((evaluate_batch(k0.as_batch())[0] + evaluate_batch(k1.as_batch())[0])[5, 0]) == 9
+
+
+@needs_native
+def test_gen_on_several_threads_at_once_writes_the_same_bytes():
+    """Each thread keeps its own OpenSSL contexts and blob buffer; Gen releases the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [_batch(s, 3000, 2, 9) for s in range(6)]
+
+    def gen(i):
+        alphas, betas, d, epoch = batches[i]
+        kw = {"master_seeds": SEEDS, "epoch": epoch, "verifiable": True}
+        return generate_keys_batch(alphas, betas, d, **kw)[0].public.to_bytes()
+
+    want = [gen(i) for i in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(gen, [i % 6 for i in range(18)]))
+    assert got == [want[i % 6] for i in range(18)]
