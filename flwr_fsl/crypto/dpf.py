@@ -131,9 +131,9 @@ _FD_BUDGET = 1 << 15
 _NT_MIN_BYTES = 64 << 20
 
 # The native driver (:mod:`flwr_fsl.kernels.dpf_eval`: the chunk loop in one numba call, OpenSSL
-# called from it) evaluates whenever OpenSSL's libcrypto loads; False forces the Python driver
-# (the benchmark's old path). Evaluations with proofs run natively too
-# (:mod:`flwr_fsl.kernels.vdpf_eval`, the proof hash's AES in the same numba call).
+# called from it) evaluates, and Gen (:mod:`flwr_fsl.crypto.dpf_gen`) generates keys, whenever
+# OpenSSL's libcrypto loads; False forces the Python drivers (the benchmark's old path).
+# Evaluations with proofs run natively too (:mod:`flwr_fsl.kernels.vdpf_eval`).
 _NATIVE_AES = True
 _NATIVE = threading.local()
 _AES_LOG: list[int] | None = None  # when a list: block counts of every native AES call (tests)
@@ -233,7 +233,9 @@ def generate_keys_batch(
     root1 = derive_root_seeds(msk[1], m)
     if verifiable and b.shape[1] % 2:
         raise ConfigurationError("verifiable keys need an even tau (no early termination)")
-    pub = gen_public(a, b, d, root0, root1, e, _mmo_ciphers(), proof=verifiable)
+    pub = gen_public(
+        a, b, d, root0, root1, e, _mmo_ciphers(), verifiable, native=_NATIVE_AES, log=_AES_LOG
+    )
     return (
         DPFKeyBatch(party=0, root_seeds=root0, public=pub),
         DPFKeyBatch(party=1, root_seeds=root1, public=pub),
@@ -306,6 +308,8 @@ def generate_keys(
         r1,
         _check_epoch(epoch),
         _mmo_ciphers(),
+        native=_NATIVE_AES,
+        log=_AES_LOG,
     ).key(0)
     return (
         DPFKey(party=0, seed=r0.astype("<u8").tobytes(), public=pub),

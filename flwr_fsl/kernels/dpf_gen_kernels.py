@@ -12,12 +12,22 @@ out the conversion inputs and, after one AES call, write the leaf correction wor
 The kernels read the control bits from the blocks' bit 0, so no separate control-bit state is
 carried between levels. Everything is ``uint64``/``uint8``/``int64`` with explicit casts, every
 kernel is ``cache=True, nogil=True`` and writes into buffers the caller owns.
+
+:func:`gen_run` is the whole chunk loop in one GIL-free call: the same kernels in the same order
+on the same buffers, with OpenSSL's AES called natively between them
+(:func:`~flwr_fsl.kernels.aes.native_encrypt`) instead of from Python, so the keys are
+bit-identical to the Python driver's (:mod:`flwr_fsl.crypto.dpf_gen`, which keeps that driver
+wherever ``libcrypto`` does not load).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from flwr_fsl.kernels.aes import native_encrypt
+from flwr_fsl.kernels.dpf_kernels import gen_init
+from flwr_fsl.kernels.vdpf_kernels import BLOCKS, gen_proof_inputs, gen_proof_words
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
@@ -141,3 +151,153 @@ def gen_leaf_correction(
             if neg:
                 val = ZERO - val
             cw_leaf[j, w] = val
+
+
+@njit(cache=True, nogil=True)
+def gen_plan(
+    alphas: np.ndarray, dbits: np.ndarray, levels: np.ndarray, offsets: np.ndarray, group: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort.
+
+    ``levels[j]`` is key ``j``'s tree levels and ``offsets[j]`` its first correction-word row.
+    Returns ``(order, depth, path, rows, group_pos)``: the key numbers by decreasing depth
+    (ties in key order, as a stable sort), the depth, tree-path bits (MSB first) and first
+    row of each key *in that order*, and each key's position of ``alpha`` in its leaf group
+    (by key number; with ``group == 2`` and a tree, the last bit of ``alpha``).
+    """
+    m = levels.shape[0]
+    counts = np.zeros(66, dtype=np.int64)
+    for j in range(m):
+        counts[levels[j]] += 1
+    start = np.empty(66, dtype=np.int64)
+    pos = 0
+    for d in range(65, -1, -1):
+        start[d] = pos
+        pos += counts[d]
+    order = np.empty(m, dtype=np.int64)
+    depth = np.empty(m, dtype=np.int64)
+    path = np.empty(m, dtype=np.uint64)
+    rows = np.empty(m, dtype=np.int64)
+    gpos = np.zeros(m, dtype=np.int64)
+    for j in range(m):
+        d = levels[j]
+        p = start[d]
+        start[d] = p + 1
+        a = alphas[j]
+        if group == 2:
+            if dbits[j] >= 1:
+                gpos[j] = np.int64(a & ONE)
+                a = a >> ONE
+            else:
+                a = ZERO
+        order[p] = j
+        depth[p] = d
+        path[p] = a
+        rows[p] = offsets[j]
+    return order, depth, path, rows, gpos
+
+
+@njit(cache=True, nogil=True)
+def _log(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
+    """Record one AES call's block count when ``log`` has room (benchmarks, tests)."""
+    if n_log < log.shape[0]:
+        log[n_log] = blocks
+    return n_log + 1
+
+
+@njit(cache=True, nogil=True)
+def _gen_chunk_levels(
+    fn: int,
+    ctxs: np.ndarray,
+    geom: tuple[np.ndarray, np.ndarray, np.ndarray],
+    lo: int,
+    n: int,
+    bufs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    outs: tuple[np.ndarray, np.ndarray],
+    log: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Every tree level of the chunk ``lo:lo + n`` (keys by decreasing depth); see :func:`gen_run`.
+
+    ``bufs`` is ``(seeds, enc, count)``, ``count[0]`` the AES calls made before. Returns the
+    AES call count after the chunk's levels, or ``-1`` if OpenSSL failed.
+    """
+    depth_s, path_s, rows_s = geom
+    seeds, enc, count = bufs
+    cw_seeds, cw_bits = outs
+    n_log = count[0]
+    outl = np.zeros(1, dtype=np.int32)
+    active = n
+    for level in range(depth_s[lo] if n else 0):
+        # depth is non-increasing: the keys that have level `level` are a prefix.
+        while active > 0 and depth_s[lo + active - 1] <= level:
+            active -= 1
+        if not native_encrypt(fn, ctxs[0], seeds, enc[0], 2 * active, outl):
+            return -1
+        if not native_encrypt(fn, ctxs[1], seeds, enc[1], 2 * active, outl):
+            return -1
+        n_log = _log(log, _log(log, n_log, 2 * active), 2 * active)
+        hi = lo + active
+        path, depth, rows = path_s[lo:hi], depth_s[lo:hi], rows_s[lo:hi]
+        gen_level(enc, seeds, level, path, depth, rows, cw_seeds, cw_bits)
+    return n_log
+
+
+@njit(cache=True, nogil=True)
+def gen_run(
+    fn: int,
+    ctxs: np.ndarray,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    geom: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    outs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    epoch: np.uint64,
+    log: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """BGI16 Gen of all keys, chunk by chunk (deepest keys first), AES called natively.
+
+    ``fn`` is ``EVP_EncryptUpdate``'s address and ``ctxs`` the ``(4,)`` left, right, value and
+    proof contexts; ``inputs`` is ``(alphas, betas, root0, root1, group_pos)``; ``geom`` is
+    ``(order, depth, path, rows)`` with the last three already in ``order`` (keys by decreasing
+    depth); ``outs`` is ``(cw_seeds, cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no
+    rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
+    of AES calls made (``log`` receives their block counts, as many as fit) or ``-1`` if
+    OpenSSL failed.
+    """
+    alphas, betas, root0, root1, gpos = inputs
+    order, depth_s, path_s, rows_s = geom
+    cw_seeds, cw_bits, cw_leaf, cw_proof = outs
+    chunk, half_w, proof = shape[0], shape[1], shape[2] != 0
+    m = order.shape[0]
+    seeds = np.empty((2 * chunk, 2), dtype=np.uint64)
+    enc = np.empty((2, 2 * chunk + 1, 2), dtype=np.uint64)
+    conv = np.empty((2 * chunk * half_w, 2), dtype=np.uint64)
+    conv_enc = np.empty((2 * chunk * half_w + 1, 2), dtype=np.uint64)
+    state_t = np.empty((chunk, 2), dtype=np.uint8)
+    n_p = 2 * chunk * BLOCKS if proof else 0
+    p_in = np.empty((n_p, 2), dtype=np.uint64)
+    p_enc = np.empty((n_p + 1, 2), dtype=np.uint64)
+    outl = np.zeros(1, dtype=np.int32)
+    count = np.zeros(1, dtype=np.int64)
+    n_log = 0
+    for lo in range(0, m, chunk):
+        n = min(chunk, m - lo)
+        gen_init(order, lo, n, root0, root1, state_t, seeds)
+        count[0] = n_log
+        n_log = _gen_chunk_levels(
+            fn, ctxs, (depth_s, path_s, rows_s), lo, n, (seeds, enc, count),
+            (cw_seeds, cw_bits), log,
+        )  # fmt: skip
+        if n_log < 0:
+            return -1
+        if proof:
+            gen_proof_inputs(n, seeds, order, lo, alphas, p_in)
+            if not native_encrypt(fn, ctxs[3], p_in, p_enc, 2 * n * BLOCKS, outl):
+                return -1
+            n_log = _log(log, n_log, 2 * n * BLOCKS)
+            gen_proof_words(p_enc, p_in, n, order, lo, cw_proof)
+        gen_leaf_blocks(n, seeds, epoch, half_w, conv)
+        if not native_encrypt(fn, ctxs[2], conv, conv_enc, 2 * n * half_w, outl):
+            return -1
+        n_log = _log(log, n_log, 2 * n * half_w)
+        gen_leaf_correction(conv_enc, conv, order[lo : lo + n], seeds, gpos, betas, cw_leaf)
+    return n_log
