@@ -16,7 +16,7 @@ starts with its own format version ``u8`` = 1):
 kind                   body
 =====================  ==========================================================================
 PSU_SUM (128)          version ``u8``, session, round ``u64``, PSU parameters ``bytes``
-                       (:func:`~flwr_fsl.families.ssa.union.psu_params_to_bytes`, 50 bytes),
+                       (:func:`~flwr_fsl.families.ssa.union.psu_params_to_bytes`, 46 bytes),
                        items (client ``u64``, sealed seed ``bytes``)
 PSU_TOTAL (129)        version ``u8``, items (client ``u64``, status ``u8``, reason ``bytes``),
                        total ``array`` (uint64, 1-d, the PSU vector's length)
