@@ -176,6 +176,14 @@ _NATIVE_ENV = "FLWR_FSL_NATIVE_AES"
 _LIBCRYPTO_NAMES = ("libcrypto.so.3", "libcrypto.so", "libcrypto.so.1.1")
 
 
+@njit(cache=True, nogil=True)
+def log_blocks(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
+    """Record one native AES call's block count when ``log`` has room (benchmarks, tests)."""
+    if n_log < log.shape[0]:
+        log[n_log] = blocks
+    return n_log + 1
+
+
 @intrinsic
 def _evp_update(typingctx, fn, ptrs, inl):  # type: ignore[no-untyped-def]
     """Call ``EVP_EncryptUpdate(ctx, out, outl, inp, inl)`` through its address ``fn``.

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from flwr_fsl.kernels.aes import NativeAES, native_aes, native_encrypt
+from flwr_fsl.kernels.aes import NativeAES, log_blocks, native_aes, native_encrypt
 from flwr_fsl.kernels.dpf_kernels import (
     chunk_bounds,
     expand_nodes,
@@ -38,14 +38,6 @@ from flwr_fsl.kernels.dpf_kernels import (
     fd_level,
     store_fence,
 )
-
-
-@njit(cache=True, nogil=True)
-def _log(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
-    """Record one AES call's block count when ``log`` has room (benchmarks, tests)."""
-    if n_log < log.shape[0]:
-        log[n_log] = blocks
-    return n_log + 1
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +86,7 @@ def fd_run(
                 return -1
             if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
                 return -1
-            n_log = _log(log, _log(log, n_log, n), n)
+            n_log = log_blocks(log, log_blocks(log, n_log, n), n)
             n = fd_level(
                 enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
                 task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
@@ -103,7 +95,7 @@ def fd_run(
             t_src, t_dst = t_dst, t_src
         if not native_encrypt(fn, ctxs[2], src, enc_l, n * half_w, outl):
             return -1
-        n_log = _log(log, n_log, n * half_w)
+        n_log = log_blocks(log, n_log, n * half_w)
         fd_leaves(enc_l, src, t_src, lo, hi, tasks_i, cw_leaf, half_w, tau, group, party, out, nt)
     if nt:
         store_fence()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from flwr_fsl.kernels.aes import native_encrypt
+from flwr_fsl.kernels.aes import log_blocks, native_encrypt
 from flwr_fsl.kernels.dpf_kernels import gen_init
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, gen_proof_inputs, gen_proof_words
 
@@ -198,14 +198,6 @@ def gen_plan(
 
 
 @njit(cache=True, nogil=True)
-def _log(log: np.ndarray, n_log: int, blocks: int) -> int:  # pragma: no cover - numba
-    """Record one AES call's block count when ``log`` has room (benchmarks, tests)."""
-    if n_log < log.shape[0]:
-        log[n_log] = blocks
-    return n_log + 1
-
-
-@njit(cache=True, nogil=True)
 def _gen_chunk_levels(
     fn: int,
     ctxs: np.ndarray,
@@ -235,7 +227,7 @@ def _gen_chunk_levels(
             return -1
         if not native_encrypt(fn, ctxs[1], seeds, enc[1], 2 * active, outl):
             return -1
-        n_log = _log(log, _log(log, n_log, 2 * active), 2 * active)
+        n_log = log_blocks(log, log_blocks(log, n_log, 2 * active), 2 * active)
         hi = lo + active
         path, depth, rows = path_s[lo:hi], depth_s[lo:hi], rows_s[lo:hi]
         gen_level(enc, seeds, level, path, depth, rows, cw_seeds, cw_bits)
@@ -293,11 +285,11 @@ def gen_run(
             gen_proof_inputs(n, seeds, order, lo, alphas, p_in)
             if not native_encrypt(fn, ctxs[3], p_in, p_enc, 2 * n * BLOCKS, outl):
                 return -1
-            n_log = _log(log, n_log, 2 * n * BLOCKS)
+            n_log = log_blocks(log, n_log, 2 * n * BLOCKS)
             gen_proof_words(p_enc, p_in, n, order, lo, cw_proof)
         gen_leaf_blocks(n, seeds, epoch, half_w, conv)
         if not native_encrypt(fn, ctxs[2], conv, conv_enc, 2 * n * half_w, outl):
             return -1
-        n_log = _log(log, n_log, 2 * n * half_w)
+        n_log = log_blocks(log, n_log, 2 * n * half_w)
         gen_leaf_correction(conv_enc, conv, order[lo : lo + n], seeds, gpos, betas, cw_leaf)
     return n_log

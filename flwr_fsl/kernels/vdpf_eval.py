@@ -25,8 +25,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-from flwr_fsl.kernels.aes import NativeAES, native_aes, native_encrypt
-from flwr_fsl.kernels.dpf_eval import NativeMMO, _log
+from flwr_fsl.kernels.aes import NativeAES, log_blocks, native_aes, native_encrypt
+from flwr_fsl.kernels.dpf_eval import NativeMMO
 from flwr_fsl.kernels.dpf_kernels import fd_leaves, fd_level, store_fence
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, CLEAR, TWO, ZERO, _dbl
 
@@ -176,7 +176,7 @@ def fd_run_checked(
                 return -1
             if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
                 return -1
-            n_log = _log(log, _log(log, n_log, n), n)
+            n_log = log_blocks(log, log_blocks(log, n_log, n), n)
             n = fd_level(
                 enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
                 task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
@@ -185,16 +185,16 @@ def fd_run_checked(
             t_src, t_dst = t_dst, t_src
         if not native_encrypt(fn, ctxs[2], src, enc_l, n * half_w, outl):
             return -1
-        n_log = _log(log, n_log, n * half_w)
+        n_log = log_blocks(log, n_log, n * half_w)
         fd_leaves(enc_l, src, t_src, lo, hi, tasks_i, cw_leaf, half_w, tau, group, party, out, nt)
         leaves = (src, t_src, tasks_i[lo:hi])
         pkey = (key_first, epochs, cw_proof)
         if proof_pass(fn, ctxs[3], leaves, pkey, half_w, pbufs, proofs) < 0:
             return -1
         for _ in range(n // sub):  # n: the chunk's leaves, in batches of ``sub``
-            n_log = _log(log, n_log, BLOCKS * sub)
+            n_log = log_blocks(log, n_log, BLOCKS * sub)
         if n % sub:
-            n_log = _log(log, n_log, BLOCKS * (n % sub))
+            n_log = log_blocks(log, n_log, BLOCKS * (n % sub))
     if nt:
         store_fence()
     return n_log
