@@ -67,19 +67,23 @@ ROUNDS = 1
 """Timed rounds per configuration (``--rounds``; the fastest is reported: on a shared machine
 the others lost time to other processes)."""
 _KINDS = {
-    "unchecked": (False, False),
-    "checked-v2": (True, False),
-    "checked-v3-py": (True, True),
-    "checked-v3": (True, True),
+    "unchecked": (False, False, "off"),
+    "checked-v2": (True, False, "projected"),
+    "checked-v3-py": (True, True, "projected"),
+    "checked-v3-keys": (True, True, "off"),
+    "checked-v3": (True, True, "projected"),
 }
-"""Round kind -> (verify, digest key). ``-py``: the checked evaluation on the Python driver
-(the path before the native checked driver, :mod:`flwr_fsl.kernels.vdpf_eval`; also the
-fallback where OpenSSL does not load natively)."""
+"""Round kind -> (verify, digest key, value check). ``-py``: the checked evaluation on the Python
+driver (the path before the native checked driver, :mod:`flwr_fsl.kernels.vdpf_eval`; also the
+fallback where OpenSSL does not load natively). ``-keys``: the key check alone, without the value
+check (``value_check="off"``; what this benchmark measured as "checked" before session 29: its
+parameters were built with ``replace(..., verify=True)``, which keeps ``"off"``). ``checked-v3`` is
+the default checked round: key check with digest version 3 and the projected value check."""
 
 
 def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dict[str, object]:
     """One configuration in this (child) process: both parties' round time per client."""
-    verify, keyed = _KINDS[kind]
+    verify, keyed, value_check = _KINDS[kind]
     if kind.endswith("-py"):
         dpf._NATIVE_AES = False  # the Python driver (also what FLWR_FSL_NATIVE_AES=0 gives)
     key = new_digest_key() if keyed else None
@@ -88,7 +92,9 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
     m = 1 << log_m
     k = max(1, round(rate * m))
     rng = np.random.default_rng(7)
-    params = replace(make_params(m, k, weighted=False), verify=verify)
+    params = make_params(m, k, weighted=False, verify=verify)
+    if verify and value_check != params.value_check:
+        params = replace(params, value_check=value_check)
     table = ssa.simple_table_for(params)
     uploads = []
     for _ in range(2):
@@ -158,7 +164,8 @@ def _hash_floor(params: ssa.SSAParams, table: object, key: bytes | None) -> floa
     return min(_timed(run) for _ in range(3))
 
 
-def _run(args: argparse.Namespace, kind: str, cores: int) -> dict[str, object]:
+def _run(args: argparse.Namespace, kind: str, cores: int, tree: str | None) -> dict[str, object]:
+    """One configuration in a child process; ``tree``: the library from another checkout."""
     cmd = [
         sys.executable,
         __file__,
@@ -170,8 +177,45 @@ def _run(args: argparse.Namespace, kind: str, cores: int) -> dict[str, object]:
         f"--cores={cores}",
         f"--kind={kind}",
     ]
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(Path(tree).resolve())
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_rows(label: str, rows: dict[int, dict[str, object]]) -> dict[str, float]:
+    """Print one round kind's table rows; return the last row's ratio and speed-up."""
+    last: dict[str, float] = {}
+    for c, row in rows.items():
+        hashed = float(row["hash_ms"])  # type: ignore[arg-type]
+        for party in (0, 1):
+            ms = float(row[f"s{party}_ms"])  # type: ignore[arg-type]
+            aes = float(row[f"s{party}_aes_ms"])  # type: ignore[arg-type]
+            blocks = float(row[f"s{party}_aes_blocks"])  # type: ignore[arg-type]
+            one = float(rows[1][f"s{party}_ms"])  # type: ignore[arg-type]
+            print(
+                f"| {label} | {c} ({row['threads']}) | S{party} | {ms:.1f} | "
+                f"{float(row[f's{party}_cpu_ms']):.1f} | {aes:.1f} "  # type: ignore[arg-type]
+                f"({blocks / 1e6:.2f}M) | {ms / aes:.2f} | {hashed:.1f} | "
+                f"{ms / (aes + hashed):.2f} | {one / ms:.2f} |"
+            )
+            last = {"ratio": ms / aes, "speedup": one / ms, "cores": c}
+    return last
+
+
+def _compare(
+    title: str, old: dict[int, dict[str, object]], new: dict[int, dict[str, object]]
+) -> None:
+    for c in sorted(new):
+        print(
+            f"{title}, same run, {c} core(s): "
+            + ", ".join(
+                f"S{p} {old[c][f's{p}_ms']:.1f} -> {new[c][f's{p}_ms']:.1f} ms "
+                f"({float(old[c][f's{p}_ms']) / float(new[c][f's{p}_ms']):.2f}x)"  # type: ignore[arg-type]
+                for p in (0, 1)
+            )
+        )
 
 
 def main() -> None:
@@ -182,6 +226,17 @@ def main() -> None:
     )
     parser.add_argument("--log-m", type=int, default=20, help="log2 m (20)")
     parser.add_argument("--rate", type=float, default=0.10, help="k/m (0.10)")
+    parser.add_argument(
+        "--kinds",
+        default=",".join(_KINDS),
+        help=f"round kinds to run, comma-separated (default all: {','.join(_KINDS)})",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="another checkout (e.g. a git worktree of main): every kind also runs on its "
+        "library, same run, and the rows and ratios are printed beside this tree's",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="checked-v3", help=argparse.SUPPRESS)
     parser.add_argument("--cores", type=int, default=1, help=argparse.SUPPRESS)
@@ -191,8 +246,14 @@ def main() -> None:
     if args.worker:
         print(json.dumps(_worker(args.log_m, args.rate, args.clients, args.kind, args.cores)))
         return
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(kinds) - set(_KINDS))
+    if unknown:
+        parser.error(f"unknown kinds {unknown}; choose from {list(_KINDS)}")
     cores = min(2, len(os.sched_getaffinity(0)))
     print(f"SSA round, m = 2^{args.log_m}, k/m = {args.rate:.0%}, {args.clients} clients")
+    if args.baseline_tree:
+        print(f"baseline rows ('base'): the library of {Path(args.baseline_tree).resolve()}")
     print(f"load average before: {_loadavg()}")
     print(
         "| round | cores (threads) | party | ms per client | CPU ms per client | AES floor ms "
@@ -202,35 +263,31 @@ def main() -> None:
     last: dict[str, float] = {}
     encode: dict[str, float] = {}
     per_kind: dict[str, dict[int, dict[str, object]]] = {}
-    for kind in _KINDS:
-        rows = per_kind[kind] = {c: _run(args, kind, c) for c in sorted({1, cores})}
-        for c, row in rows.items():
-            hashed = float(row["hash_ms"])  # type: ignore[arg-type]
-            for party in (0, 1):
-                ms = float(row[f"s{party}_ms"])  # type: ignore[arg-type]
-                aes = float(row[f"s{party}_aes_ms"])  # type: ignore[arg-type]
-                blocks = float(row[f"s{party}_aes_blocks"])  # type: ignore[arg-type]
-                one = float(rows[1][f"s{party}_ms"])  # type: ignore[arg-type]
-                print(
-                    f"| {kind} | {c} ({row['threads']}) | S{party} | {ms:.1f} | "
-                    f"{float(row[f's{party}_cpu_ms']):.1f} | {aes:.1f} "  # type: ignore[arg-type]
-                    f"({blocks / 1e6:.2f}M) | {ms / aes:.2f} | {hashed:.1f} | "
-                    f"{ms / (aes + hashed):.2f} | {one / ms:.2f} |"
-                )
-                last = {"ratio": ms / aes, "speedup": one / ms, "cores": c}
-            if "encode_ms" in row and c == 1:
-                encode = {k: float(row[k]) for k in ("encode_ms", "encode_aes_ms")}  # type: ignore[arg-type]
-    for c in sorted({1, cores}):
-        old, new = per_kind["checked-v2"][c], per_kind["checked-v3"][c]
-        print(
-            f"digest v2 (SHA-256) -> v3 (GMAC), same run, {c} core(s): "
-            + ", ".join(f"S{p} {old[f's{p}_ms']:.1f} -> {new[f's{p}_ms']:.1f} ms" for p in (0, 1))
+    base: dict[str, dict[int, dict[str, object]]] = {}
+    for kind in kinds:
+        if args.baseline_tree:  # the baseline first, then this tree: the same conditions
+            base[kind] = {c: _run(args, kind, c, args.baseline_tree) for c in sorted({1, cores})}
+            _print_rows(f"{kind} (base)", base[kind])
+        rows = per_kind[kind] = {c: _run(args, kind, c, None) for c in sorted({1, cores})}
+        got = _print_rows(kind, rows)
+        if kind == "checked-v3" or not last:
+            last = got
+        if "encode_ms" in rows[1]:
+            encode = {k: float(rows[1][k]) for k in ("encode_ms", "encode_aes_ms")}  # type: ignore[arg-type]
+    for kind in kinds:
+        if kind in base:
+            _compare(f"{kind}: baseline -> this tree", base[kind], per_kind[kind])
+    if {"checked-v2", "checked-v3"} <= set(kinds):
+        _compare("digest v2 (SHA-256) -> v3 (GMAC)", per_kind["checked-v2"], per_kind["checked-v3"])
+    if {"checked-v3-py", "checked-v3"} <= set(kinds):
+        _compare(
+            "checked driver Python -> native", per_kind["checked-v3-py"], per_kind["checked-v3"]
         )
-    for c in sorted({1, cores}):
-        old, new = per_kind["checked-v3-py"][c], per_kind["checked-v3"][c]
-        print(
-            f"checked driver Python -> native, same run, {c} core(s): "
-            + ", ".join(f"S{p} {old[f's{p}_ms']:.1f} -> {new[f's{p}_ms']:.1f} ms" for p in (0, 1))
+    if {"checked-v3-keys", "checked-v3"} <= set(kinds):
+        _compare(
+            "key check alone -> with the projected value check (the default)",
+            per_kind["checked-v3-keys"],
+            per_kind["checked-v3"],
         )
     print(f"load average after: {_loadavg()}")
     if encode:
@@ -240,9 +297,10 @@ def main() -> None:
             f"ms; target <= 40 ms: {'PASS' if ok else 'FAIL'})"
         )
     ok_ratio, ok_speed = last["ratio"] <= 3.2, last["speedup"] >= 1.8
+    which = "checked-v3" if "checked-v3" in kinds else kinds[0]
     print(
-        f"server per client / AES floor: {last['ratio']:.2f} "
-        f"(target <= 3.2: {'PASS' if ok_ratio else 'FAIL'})"
+        f"server per client / AES floor: {last['ratio']:.2f} ({which}, S1; "
+        f"target <= 3.2: {'PASS' if ok_ratio else 'FAIL'})"
     )
     print(
         f"2-core speed-up: {last['speedup']:.2f} (on {last['cores']} cores; target >= 1.8: "

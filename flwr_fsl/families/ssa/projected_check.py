@@ -96,6 +96,8 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
+from flwr_fsl.families.ssa.verify import run_ranges
+from flwr_fsl.kernels.projection import project_range
 
 __all__ = [
     "MAX_TRIES",
@@ -103,6 +105,7 @@ __all__ = [
     "honest_failure_bound",
     "l2_statement",
     "project",
+    "project_shares",
     "projection_matrix",
     "public_digest",
     "round_check",
@@ -129,9 +132,9 @@ def public_digest(public: DPFPublicBatch) -> bytes:
     """SHA-256 of a key batch's public fields (epochs, correction words, proof words)."""
     h = hashlib.sha256(_TAG + b"public" + int(public.tau).to_bytes(8, "little"))
     for arr in (public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf):
-        h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(np.ascontiguousarray(arr).data)  # the bytes of tobytes(), no copy
     if public.cw_proof is not None:
-        h.update(np.ascontiguousarray(public.cw_proof).tobytes())
+        h.update(np.ascontiguousarray(public.cw_proof).data)
     return h.digest()
 
 
@@ -256,6 +259,25 @@ def split_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes]:
     return rc.cut_trailer(blob, trailer_bytes(params))
 
 
+def project_shares(seed: bytes, r: int, words: _U64Array, threads: int = 1) -> _U64Array:
+    """:func:`project` on the server: column ranges on ``threads`` threads, the same words.
+
+    Each range reads its part of the keystream directly
+    (:func:`flwr_fsl.kernels.projection.project_range`); the partial sums add up modulo
+    ``2**64``.
+    """
+    flat = np.ascontiguousarray(words, np.uint64).reshape(-1)
+    parts = max(1, min(threads, flat.shape[0] // _CHUNK))
+    bounds = np.linspace(0, flat.shape[0], parts + 1).astype(np.int64)
+    partial = run_ranges(
+        lambda j: project_range(seed, r, flat, int(bounds[j]), int(bounds[j + 1])), parts, threads
+    )
+    y = np.zeros(r, np.uint64)
+    for part in partial:
+        y += part
+    return y
+
+
 def server_projected(
     params: SSAParams,
     keys: DPFKeyBatch,
@@ -263,12 +285,17 @@ def server_projected(
     trailer: bytes,
     expect: bytes | None,
     check_head: int,
+    *,
+    public_hash: bytes | None = None,
+    threads: int = 1,
 ) -> bytes:
     """One server's projected check of a client in a round; return its check blob.
 
     ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
     ``expect`` is the other server's whole check (S1) or None (S0, which draws the query
     seed), read after ``check_head`` bytes (the key-check digest) and the range digest.
+    ``public_hash`` is :func:`public_digest` of the keys if already computed; ``threads``
+    project on that many threads (:func:`project_shares`).
 
     Raises
     ------
@@ -282,8 +309,8 @@ def server_projected(
     if not hmac.compare_digest(mine, part_a if keys.party == 0 else part_b):
         name = "part_a" if keys.party == 0 else "part_b"
         raise SSAInputError(f"value check: {name} does not match this server's keys")
-    seed = zseed(salt, part_a, part_b, public_digest(keys.public))
-    shares = project(seed, params.projections, value_sums)
+    seed = zseed(salt, part_a, part_b, public_hash or public_digest(keys.public))
+    shares = project_shares(seed, params.projections, value_sums, threads)
     bound = params.projection_bound
     body, part0, part1 = trailer[_HEAD:-64], trailer[-64:-32], trailer[-32:]
     if keys.party == 0:

@@ -91,11 +91,8 @@ from flwr_fsl.families.ssa.placement import (
     place_indices,
     simple_table_for,
 )
-from flwr_fsl.families.ssa.projected_check import (
-    split_value_trailer,
-    value_round_check,
-    value_trailer,
-)
+from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_trailer
+from flwr_fsl.families.ssa.server_eval import evaluate_checked
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -662,14 +659,21 @@ class SSAServer:
         if client_id in self._clients:
             raise SSAInputError(f"client {client_id} already contributed to this round")
 
-    def _evaluate(self, keys: DPFKeyBatch, cid: int = 0) -> tuple[NDArray[np.uint64], bytes | None]:
+    def _evaluate(
+        self,
+        keys: DPFKeyBatch,
+        cid: int = 0,
+        trailer: bytes | None = None,
+        expect: bytes | None = None,
+    ) -> tuple[NDArray[np.uint64], bytes | None]:
         # One evaluation buffer per server, reused: its values are added to ``_pending``
         # (or subtracted from it) before the next client is evaluated.
         shape = (int(self._lengths.sum()), keys.public.tau)
         if self._buffer is None or self._buffer.shape != shape:
             self._buffer = np.empty(shape, np.uint64)
-        if self._check is not None:
-            return self._check.evaluate(keys, out=self._buffer, client=cid)
+        if self._check is not None:  # the key check, and the value check with a trailer
+            args = (self._buffer, cid, trailer, expect, self._row_offsets)
+            return evaluate_checked(self.params, self._check, keys, *args)
         values = self._buffer
         offsets = self._row_offsets
 
@@ -701,11 +705,7 @@ class SSAServer:
         expect: bytes | None,
         trailer: bytes | None = None,
     ) -> bytes | None:
-        values, digest = self._evaluate(keys, client_id)
-        if digest is not None and trailer is not None:
-            digest += value_round_check(
-                self.params, keys, values, self._row_offsets, trailer, expect
-            )
+        values, digest = self._evaluate(keys, client_id, trailer, expect)
         if expect is not None and not same_digest(digest, expect):
             raise SSAInputError(
                 "key check failed: the servers' checks differ (a key with more than one "

@@ -388,12 +388,47 @@ class KeyCheck:
         SSAInputError
             If the keys are not verifiable (no proof correction words).
         """
+        values, digest, _ = self.evaluate_with(keys, out=out, client=client)
+        return values, digest
+
+    def evaluate_with(
+        self,
+        keys: DPFKeyBatch,
+        *,
+        out: NDArray[np.uint64] | None = None,
+        client: int = 0,
+        value_sums: NDArray[np.uint64] | None = None,
+        side: Callable[[], _T] | None = None,
+    ) -> tuple[NDArray[np.uint64], bytes, _T | None]:
+        """:meth:`evaluate`, also summing each key's value words and running one side task.
+
+        Parameters
+        ----------
+        keys, out, client
+            As :meth:`evaluate`.
+        value_sums : numpy.ndarray, optional
+            ``(keys, w)`` uint64 (``w <= tau``): receives each key's first ``w`` output words
+            summed over its evaluated points (the value check's input), computed in the same
+            segments, on the same threads, as the count sums.
+        side : callable, optional
+            Work that does not depend on the evaluation (the value check's hash of the public
+            part): run as one more task on the same threads, first.
+
+        Returns
+        -------
+        tuple
+            The output shares, the digest and ``side()`` (None without ``side``).
+
+        Raises
+        ------
+        SSAInputError
+            If the keys are not verifiable (no proof correction words).
+        """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
         values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
         sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
-        col = self.params.tau - 1  # the count word (padding, if any, comes after it)
         who = int(client) & 0xFFFF_FFFF_FFFF_FFFF
 
         def segment(j: int) -> bytes:
@@ -404,9 +439,7 @@ class KeyCheck:
                 proofs = buf[: b - a]
                 part = key_range(keys, lo, hi)
                 evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
-                if sums is not None:
-                    starts = self.offsets[lo:hi] - a
-                    sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
+                self._key_sums(values, (lo, hi), sums, value_sums)
                 data = proofs.data.cast("B")  # little-endian words, in place
                 if mac is None:
                     return hashlib.sha256(data).digest()
@@ -416,13 +449,44 @@ class KeyCheck:
             finally:
                 self._free.put((buf, mac))
 
+        first = int(side is not None)
+        extra: list[_T] = []
+
+        def task(j: int) -> bytes:
+            if j < first:
+                assert side is not None
+                extra.append(side())
+                return b""
+            return segment(j - first)
+
         h = hashlib.sha256(_TAG if self.digest_key is None else _TAG_V3)
-        for digest in run_ranges(segment, len(self.segments), self.threads):
+        for digest in run_ranges(task, len(self.segments) + first, self.threads)[first:]:
             h.update(digest)
         if sums is not None:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
-        return values, h.digest()
+        return values, h.digest(), (extra[0] if extra else None)
+
+    def _key_sums(
+        self,
+        values: NDArray[np.uint64],
+        keys: tuple[int, int],
+        sums: NDArray[np.uint64] | None,
+        value_sums: NDArray[np.uint64] | None,
+    ) -> None:
+        """Sum keys ``lo..hi-1``'s count words into ``sums``, value words into ``value_sums``."""
+        lo, hi = keys
+        a, b = int(self.offsets[lo]), int(self.offsets[hi])
+        starts = self.offsets[lo:hi] - a  # every key has a point (its dummy slot)
+        col = self.params.tau - 1  # the count word (padding, if any, comes after it)
+        if value_sums is not None:  # one pass for the value and count words
+            width = value_sums.shape[1]
+            keyed = np.add.reduceat(values[a:b, : max(width, col + 1)], starts, axis=0)
+            value_sums[lo:hi] = keyed[:, :width]
+            if sums is not None:
+                sums[lo:hi] = keyed[:, col]
+        elif sums is not None:
+            sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
 
 
 def _gmac_streamed(key: bytes, nonce: bytes, data: memoryview) -> bytes:

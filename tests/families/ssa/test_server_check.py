@@ -1,0 +1,129 @@
+"""The servers' fused checked evaluation (session 29): the same digests, blobs and shares.
+
+:func:`flwr_fsl.families.ssa.server_eval.evaluate_checked` sums the value words inside the key
+check's segments, hashes the public part beside them and projects in column ranges on the
+server's threads (:func:`flwr_fsl.kernels.projection.project_range`). These tests hold it to
+the path before it, computed here step by step: :meth:`KeyCheck.evaluate` then
+:func:`value_round_check` (a second pass, one thread, :func:`projected_check.project`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from flwr_fsl.crypto.dpf import DPFKeyBatch
+from flwr_fsl.families.ssa import projected_check, range_check, verify
+from flwr_fsl.families.ssa.projected_check import project, project_shares, value_round_check
+from flwr_fsl.families.ssa.protocol import (
+    SSAInputError,
+    SSAServer,
+    encode_update,
+    parse_public_part,
+    split_value_trailer,
+)
+from flwr_fsl.families.ssa.verify import KeyCheck, new_digest_key, same_digest
+from flwr_fsl.kernels.projection import project_range
+from tests.helper.test_helper import WIDTH, K, M, make_params
+
+
+@pytest.mark.parametrize("r", [1, 3, 17, 32, 64, 96])
+@pytest.mark.parametrize("n", [0, 1, 7, 16384, 16385, 40_001])
+def test_column_ranges_sum_to_the_projection(r: int, n: int) -> None:
+    rng = np.random.default_rng(r * 100_003 + n)
+    words = rng.integers(0, 2**64, n, dtype=np.uint64)
+    seed = rng.bytes(16)
+    cuts = sorted({0, n, *rng.integers(0, n + 1, 4).tolist()})
+    total = np.zeros(r, np.uint64)
+    for lo, hi in itertools.pairwise(cuts):
+        total += project_range(seed, r, words, lo, hi)
+    assert np.array_equal(total, project(seed, r, words))
+    for threads in (1, 2, 3):
+        assert np.array_equal(project_shares(seed, r, words, threads), total)
+
+
+def test_public_digest_is_the_bytes_of_each_field() -> None:
+    params = make_params(1, weighted=False, epoch=0, verify=True)
+    up = encode_update(params, np.arange(K), np.ones((K, WIDTH)), 1.0)[0]
+    public = parse_public_part(params, up.public_part)
+    h = projected_check.hashlib.sha256(
+        projected_check._TAG + b"public" + int(public.tau).to_bytes(8, "little")
+    )
+    for arr in (public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    h.update(np.ascontiguousarray(public.cw_proof).tobytes())
+    assert projected_check.public_digest(public) == h.digest()
+
+
+def _reference(
+    params: object, party: int, public_part: bytes, seed: bytes, key: bytes, client: int,
+    expect: bytes | None,
+) -> tuple[np.ndarray, bytes]:  # fmt: skip
+    """The checked evaluation as before session 29: key check, then the value check."""
+    _, trailer = split_value_trailer(params, public_part)  # type: ignore[arg-type]
+    public = parse_public_part(params, public_part)  # type: ignore[arg-type]
+    keys = DPFKeyBatch.from_master_seed(party, public, seed)
+    server = SSAServer(params, party, threads=1, digest_key=key)  # type: ignore[arg-type]
+    check = KeyCheck(params, party, server._lengths, 1, key)  # type: ignore[arg-type]
+    values, digest = check.evaluate(keys, client=client)
+    assert trailer is not None
+    digest += value_round_check(
+        params,  # type: ignore[arg-type]
+        keys,
+        values,
+        server._row_offsets,
+        trailer,
+        expect,
+    )
+    return values, digest
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_checks_and_shares_equal_the_two_pass_path(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verify, "_KEYED_SEGMENT_POINTS", 40)  # many segments, every thread busy
+    monkeypatch.setattr(range_check.os, "urandom", lambda n: bytes(range(n)))  # S0's query seed
+    params = make_params(1, weighted=False, epoch=0, verify=True)
+    assert params.value_check == "projected"
+    key = new_digest_key()
+    rng = np.random.default_rng(5)
+    servers = [SSAServer(params, p, threads=threads, digest_key=key) for p in (0, 1)]
+    sums = [np.zeros((M, params.tau), np.uint64) for _ in (0, 1)]
+    for c in range(3):
+        idx = rng.choice(M, K, replace=False)
+        up = encode_update(params, idx, rng.normal(0, 0.1, (K, WIDTH)), 1.0, rng=rng)[0]
+        d0 = servers[0].add_client(c, up.public_part, up.master_seeds[0])
+        d1 = servers[1].add_client(c, up.public_part, up.master_seeds[1], expect=d0)
+        r0 = _reference(params, 0, up.public_part, up.master_seeds[0], key, c, None)
+        r1 = _reference(params, 1, up.public_part, up.master_seeds[1], key, c, d0)
+        assert d0 == r0[1] and d1 == r1[1] and same_digest(d0, d1)
+        for p, ref in ((0, r0), (1, r1)):
+            sums[p] += _scatter(params, servers[p], ref[0])
+    for p in (0, 1):
+        assert np.array_equal(servers[p].share(), sums[p])
+
+
+def _scatter(params: object, server: SSAServer, values: np.ndarray) -> np.ndarray:
+    """A client's evaluated shares scattered alone into a fresh share (the reference)."""
+    alone = SSAServer(params, server.party, threads=1)  # type: ignore[arg-type]
+    alone._scatter(values)
+    return alone._share[:M].copy()
+
+
+def test_a_bad_value_trailer_is_still_refused() -> None:
+    params = make_params(1, weighted=False, epoch=0, verify=True)
+    up = encode_update(params, np.arange(K), np.ones((K, WIDTH)), 1.0)[0]
+    bad = bytearray(up.public_part)
+    bad[-200] ^= 1  # S0's encrypted bit shares: its check fails, or S1's differs
+    s0, s1 = SSAServer(params, 0, threads=2), SSAServer(params, 1, threads=2)
+    d0 = s0.add_client(0, bytes(bad), up.master_seeds[0])
+    with pytest.raises(SSAInputError):
+        s1.add_client(0, bytes(bad), up.master_seeds[1], expect=d0)
+    part = bytearray(up.public_part)
+    head = len(part) - projected_check.trailer_bytes(params)
+    part[head + 20] ^= 1  # part_a: S0 refuses
+    with pytest.raises(SSAInputError, match="part_a"):
+        SSAServer(params, 0, threads=2).add_client(0, bytes(part), up.master_seeds[0])
