@@ -88,3 +88,53 @@ def matmul_wrap(  # noqa: C901
         for j in range(n):
             out[i, j] = acc[0, j]
         i += 1
+
+
+@njit(cache=True, nogil=True)
+def scatter_rows_window(
+    share: NDArray[np.uint64],
+    items: NDArray[np.int64],
+    values: NDArray[np.uint64],
+    bins: NDArray[np.int64],
+    window: tuple[int, int],
+) -> None:  # pragma: no cover - compiled
+    """Do the adds of a scatter that fall in rows ``[lo, hi)`` (threads take disjoint windows).
+
+    ``bins`` empty: ``share[items[j]] += values[j]`` (:func:`scatter_add_rows`); else the CSR
+    bin offsets of a checked round (point ``j`` of bin ``b`` is row ``bins[b] + b + j`` of
+    ``values``: each bin's dummy slot is skipped). Only the first ``share.shape[1]`` words of a
+    point are added. Every thread reads every item; each writes only its own rows, so windows
+    that cover the share add exactly what one whole scatter adds.
+    """
+    lo, hi = window
+    if bins.shape[0] == 0:
+        _window_run(share, items, values, 0, items.shape[0], 0, lo, hi)
+    for b in range(bins.shape[0] - 1):
+        _window_run(share, items, values, bins[b], bins[b + 1], b, lo, hi)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _window_run(
+    share: NDArray[np.uint64],
+    items: NDArray[np.int64],
+    values: NDArray[np.uint64],
+    start: int,
+    stop: int,
+    shift: int,
+    lo: int,
+    hi: int,
+) -> None:  # pragma: no cover - compiled
+    """Items ``start..stop-1`` (points ``j + shift``): their adds in rows ``[lo, hi)``.
+
+    Branch-free (a window's rows are random): an item outside the window adds zero to the
+    window's first row.
+    """
+    tau = share.shape[1]
+    for j in range(start, stop):
+        row = items[j]
+        inside = (row >= lo) & (row < hi)
+        mask = np.uint64(0) - np.uint64(inside)
+        dst = row if inside else lo
+        p = j + shift
+        for t in range(tau):
+            share[dst, t] += values[p, t] & mask

@@ -92,7 +92,7 @@ from flwr_fsl.families.ssa.placement import (
     simple_table_for,
 )
 from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_trailer
-from flwr_fsl.families.ssa.server_eval import evaluate_checked
+from flwr_fsl.families.ssa.server_eval import evaluate_checked, scatter_share
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -102,8 +102,6 @@ from flwr_fsl.families.ssa.verify import (
     same_digest,
     segments,
 )
-from flwr_fsl.kernels.ring import scatter_add_rows
-from flwr_fsl.kernels.vdpf_kernels import scatter_bins
 from flwr_fsl.submodel.aggregate import count_weighted_mean
 
 _RANGE_POINTS = 1 << 18
@@ -726,16 +724,7 @@ class SSAServer:
 
     def _scatter(self, values: NDArray[np.uint64]) -> None:
         """Add evaluated shares (in key order, summed over clients) to their share rows."""
-        n_bin = self._lengths[: self._table.num_bins].sum()
-        table = self._table
-        if self.params.verify:  # skips each bin's dummy slot
-            scatter_bins(self._share, table.bin_items, table.bin_offsets, values, 1)
-        else:
-            scatter_add_rows(self._share, table.bin_items, values[:n_bin])
-        if self.params.stash_size:
-            stash = values[n_bin:].reshape(self.params.stash_size, -1, values.shape[1])
-            summed = stash.sum(axis=0, dtype=np.uint64)
-            self._share[: summed.shape[0]] += summed[:, : self.params.tau]
+        scatter_share(self._share, self._table, values, self.params, self.threads)
 
 
 @dataclass

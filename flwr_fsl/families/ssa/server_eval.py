@@ -18,15 +18,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.crypto.dpf import DPFKeyBatch
+from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAParams
 from flwr_fsl.families.ssa.projected_check import (
     public_digest,
     server_projected,
     value_round_check,
 )
-from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck
+from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_ranges
+from flwr_fsl.kernels.ring import scatter_rows_window
 
-__all__ = ["evaluate_checked"]
+__all__ = ["WINDOW_ROWS", "evaluate_checked", "scatter_share"]
+
+WINDOW_ROWS = 4096
+"""Fewest share rows per scatter thread (smaller rounds scatter on fewer threads)."""
 
 
 def evaluate_checked(
@@ -92,3 +97,35 @@ def evaluate_checked(
         threads=check.threads,
     )
     return values, digest + blob
+
+
+def scatter_share(
+    share: NDArray[np.uint64],
+    table: SimpleTable,
+    values: NDArray[np.uint64],
+    params: SSAParams,
+    threads: int,
+) -> None:
+    """Add evaluated shares (in key order, summed over clients) to their rows of ``share``.
+
+    The bins' points go to their items' rows (a checked round skips each bin's dummy slot),
+    the stash keys' points are summed onto the first rows. The random adds run on ``threads``
+    threads, each over its own window of rows (:func:`~flwr_fsl.kernels.ring.scatter_rows_window`:
+    no two threads write one row), so the share is the same for any thread count.
+    """
+    n_bin = int(table.bin_offsets[-1]) + (table.num_bins if params.verify else 0)
+    bins = table.bin_offsets if params.verify else np.zeros(0, np.int64)
+    m = params.domain_size
+    parts = max(1, min(threads, m // WINDOW_ROWS))  # small rounds: one thread
+    bounds = np.linspace(0, m, parts + 1).astype(np.int64)
+
+    def window(j: int) -> None:
+        scatter_rows_window(
+            share, table.bin_items, values, bins, (int(bounds[j]), int(bounds[j + 1]))
+        )
+
+    run_ranges(window, parts, threads)
+    if params.stash_size:
+        stash = values[n_bin:].reshape(params.stash_size, -1, values.shape[1])
+        summed = stash.sum(axis=0, dtype=np.uint64)
+        share[: summed.shape[0]] += summed[:, : params.tau]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.dpf import DPFKeyBatch
-from flwr_fsl.families.ssa import projected_check, range_check, verify
+from flwr_fsl.families.ssa import projected_check, range_check, server_eval, verify
 from flwr_fsl.families.ssa.projected_check import project, project_shares, value_round_check
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
@@ -127,3 +127,31 @@ def test_a_bad_value_trailer_is_still_refused() -> None:
     part[head + 20] ^= 1  # part_a: S0 refuses
     with pytest.raises(SSAInputError, match="part_a"):
         SSAServer(params, 0, threads=2).add_client(0, bytes(part), up.master_seeds[0])
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("stash", [0, 1])
+def test_scatter_windows_add_what_one_scatter_adds(
+    checked: bool, stash: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_eval, "WINDOW_ROWS", 8)  # several windows even at M rows
+    params = make_params(1, weighted=False, epoch=0, verify=checked, stash_size=stash)
+    server = SSAServer(params, 0, threads=1)
+    rows = int(server._lengths.sum())
+    values = np.random.default_rng(9).integers(0, 2**64, (rows, params.key_tau), np.uint64)
+    table = server._table
+    want = np.zeros_like(server._share)
+    n_bin = int(table.bin_offsets[-1])
+    for b in range(table.num_bins):  # the reference: one point at a time
+        for j in range(int(table.bin_offsets[b]), int(table.bin_offsets[b + 1])):
+            p = j + b if checked else j
+            want[table.bin_items[j]] += values[p, : params.tau]
+    start = n_bin + (table.num_bins if checked else 0)
+    for s in range(stash):
+        size = rows - start
+        block = values[start + s * size // stash : start + (s + 1) * size // stash]
+        want[: block.shape[0]] += block[:, : params.tau]
+    for threads in (1, 2, 3, 5):
+        got = np.zeros_like(server._share)
+        server_eval.scatter_share(got, table, values, params, threads)
+        assert np.array_equal(got, want), threads
