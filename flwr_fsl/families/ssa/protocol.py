@@ -65,9 +65,7 @@ from flwr_fsl.crypto.dpf import (
     DPFKeyError,
     DPFPublicBatch,
     UpdateHint,
-    evaluate_batch,
     generate_keys_batch,
-    key_range,
     next_hint_batch,
     update_batch,
 )
@@ -92,7 +90,7 @@ from flwr_fsl.families.ssa.placement import (
     simple_table_for,
 )
 from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_trailer
-from flwr_fsl.families.ssa.server_eval import evaluate_checked, scatter_share
+from flwr_fsl.families.ssa.server_eval import evaluate_checked, evaluate_plain, scatter_share
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -663,25 +661,23 @@ class SSAServer:
         cid: int = 0,
         trailer: bytes | None = None,
         expect: bytes | None = None,
+        add: bool = False,
     ) -> tuple[NDArray[np.uint64], bytes | None]:
-        # One evaluation buffer per server, reused: its values are added to ``_pending``
-        # (or subtracted from it) before the next client is evaluated.
+        # One evaluation buffer per server, reused. With ``add`` each key range's values are
+        # also added to ``_pending`` as soon as they are evaluated (while in cache; a failure
+        # takes them back out), else the caller adds or subtracts them.
         shape = (int(self._lengths.sum()), keys.public.tau)
         if self._buffer is None or self._buffer.shape != shape:
             self._buffer = np.empty(shape, np.uint64)
+        if add and self._pending is None:
+            self._pending = np.zeros(shape, np.uint64)  # its pages fault in on the threads
+        into = self._pending if add else None
         if self._check is not None:  # the key check, and the value check with a trailer
-            args = (self._buffer, cid, trailer, expect, self._row_offsets)
+            args = (self._buffer, cid, trailer, expect, self._row_offsets, into)
             return evaluate_checked(self.params, self._check, keys, *args)
-        values = self._buffer
-        offsets = self._row_offsets
-
-        def one_range(j: int) -> None:
-            lo, hi = self._ranges[j]
-            rows = values[int(offsets[lo]) : int(offsets[hi])]
-            evaluate_batch(key_range(keys, lo, hi), lengths=self._lengths[lo:hi], out=rows)
-
-        run_ranges(one_range, len(self._ranges), self.threads)
-        return values, None
+        ranges = (self._ranges, self._row_offsets, self._lengths)
+        evaluate_plain(keys, self._buffer, ranges, self.threads, into)
+        return self._buffer, None
 
     def _add_to_pending(self, values: NDArray[np.uint64], sign: int) -> None:
         """``pending += sign * values`` (row slices on the server's threads)."""
@@ -703,18 +699,16 @@ class SSAServer:
         expect: bytes | None,
         trailer: bytes | None = None,
     ) -> bytes | None:
-        values, digest = self._evaluate(keys, client_id, trailer, expect)
+        values, digest = self._evaluate(keys, client_id, trailer, expect, add=self._defer)
         if expect is not None and not same_digest(digest, expect):
+            if self._defer:
+                self._add_to_pending(values, -1)  # nothing of the client stays
             raise SSAInputError(
                 "key check failed: the servers' checks differ (a key with more than one "
                 "point, a count word other than 1, or a value word out of range)"
             )
         if not self._defer:
             self._scatter(values)
-        elif self._pending is None:
-            self._pending = values.copy()
-        else:
-            self._add_to_pending(values, 1)
         self._clients[client_id] = None
         if self.party == 0:  # only S0, which adds before S1 checks, ever discards
             self._recent[client_id] = keys

@@ -14,10 +14,13 @@ The digest and the check blob are the same bytes (``tests/families/ssa/test_serv
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from numpy.typing import NDArray
 
-from flwr_fsl.crypto.dpf import DPFKeyBatch
+from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAParams
 from flwr_fsl.families.ssa.projected_check import (
@@ -25,16 +28,16 @@ from flwr_fsl.families.ssa.projected_check import (
     server_projected,
     value_round_check,
 )
-from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_ranges
+from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding, run_ranges
 from flwr_fsl.kernels.ring import scatter_rows_window
 
-__all__ = ["WINDOW_ROWS", "evaluate_checked", "scatter_share"]
+__all__ = ["WINDOW_ROWS", "evaluate_checked", "evaluate_plain", "scatter_share"]
 
 WINDOW_ROWS = 4096
 """Fewest share rows per scatter thread (smaller rounds scatter on fewer threads)."""
 
 
-def evaluate_checked(
+def evaluate_checked(  # noqa: PLR0913
     params: SSAParams,
     check: KeyCheck,
     keys: DPFKeyBatch,
@@ -43,6 +46,7 @@ def evaluate_checked(
     trailer: bytes | None,
     expect: bytes | None,
     offsets: NDArray[np.int64],
+    add_into: NDArray[np.uint64] | None = None,
 ) -> tuple[NDArray[np.uint64], bytes]:
     """Evaluate a client's keys with the round's checks; return the shares and the whole check.
 
@@ -64,6 +68,11 @@ def evaluate_checked(
         The other server's check of the client (S1), or None (S0).
     offsets : numpy.ndarray
         Each key's first output row, then the total (the exact value check's input).
+    add_into : numpy.ndarray, optional
+        The server's running sum (same shape as the shares): each segment's shares are added
+        to it as soon as they are evaluated (:meth:`KeyCheck.evaluate_with`). If this raises,
+        nothing of the client is left in it; the caller takes the shares back out when it
+        rejects the client on the returned check.
 
     Returns
     -------
@@ -77,26 +86,75 @@ def evaluate_checked(
         If the keys are not verifiable or the value-check material does not match this
         server's.
     """
-    if trailer is None:
-        return check.evaluate(keys, out=out, client=client)
-    if params.value_check != "projected":
-        values, digest = check.evaluate(keys, out=out, client=client)
-        return values, digest + value_round_check(params, keys, values, offsets, trailer, expect)
+    if trailer is None or params.value_check != "projected":
+        values, digest, _ = check.evaluate_with(keys, out=out, client=client, add_into=add_into)
+        if trailer is None:
+            return values, digest
+        with _undo_on_error(add_into, values):
+            return values, digest + value_round_check(
+                params, keys, values, offsets, trailer, expect
+            )
     sums = np.empty((keys.public.num_keys, params.value_width), np.uint64)
     values, digest, public_hash = check.evaluate_with(
-        keys, out=out, client=client, value_sums=sums, side=lambda: public_digest(keys.public)
-    )
-    blob = server_projected(
-        params,
         keys,
-        sums,
-        trailer,
-        expect,
-        DIGEST_BYTES,
-        public_hash=public_hash,
-        threads=check.threads,
+        out=out,
+        client=client,
+        value_sums=sums,
+        side=lambda: public_digest(keys.public),
+        add_into=add_into,
     )
+    with _undo_on_error(add_into, values):
+        blob = server_projected(
+            params,
+            keys,
+            sums,
+            trailer,
+            expect,
+            DIGEST_BYTES,
+            public_hash=public_hash,
+            threads=check.threads,
+        )
     return values, digest + blob
+
+
+@contextmanager
+def _undo_on_error(
+    add_into: NDArray[np.uint64] | None, values: NDArray[np.uint64]
+) -> Iterator[None]:
+    """Subtract ``values`` from ``add_into`` again if the block raises."""
+    try:
+        yield
+    except BaseException:
+        if add_into is not None:
+            np.subtract(add_into, values, out=add_into)
+        raise
+
+
+def evaluate_plain(
+    keys: DPFKeyBatch,
+    out: NDArray[np.uint64],
+    ranges: tuple[list[tuple[int, int]], NDArray[np.int64], NDArray[np.int64]],
+    threads: int,
+    add_into: NDArray[np.uint64] | None = None,
+) -> None:
+    """Evaluate a client's keys into ``out`` in an unchecked round, key range by key range.
+
+    ``ranges`` is ``(key ranges, row offsets, lengths)``; the ranges run on ``threads``
+    threads. With ``add_into`` each range's rows are also added to it as soon as they are
+    evaluated (while in cache); if this raises, the rows already added are taken back out.
+    """
+    key_ranges, offsets, lengths = ranges
+    added: list[tuple[int, int]] = []
+
+    def one_range(j: int) -> None:
+        lo, hi = key_ranges[j]
+        a, b = int(offsets[lo]), int(offsets[hi])
+        evaluate_batch(key_range(keys, lo, hi), lengths=lengths[lo:hi], out=out[a:b])
+        if add_into is not None:
+            np.add(add_into[a:b], out[a:b], out=add_into[a:b])
+            added.append((a, b))  # list.append is atomic
+
+    run_adding(one_range, len(key_ranges), threads, (add_into, out, added))
 
 
 def scatter_share(

@@ -140,6 +140,7 @@ __all__ = [
     "new_digest_key",
     "one_word",
     "resolve_threads",
+    "run_adding",
     "run_ranges",
     "same_digest",
     "segments",
@@ -309,6 +310,28 @@ def run_ranges(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
     return [f.result() for f in futures]
 
 
+def run_adding(
+    work: Callable[[int], _T],
+    count: int,
+    threads: int,
+    rows: tuple[NDArray[np.uint64] | None, NDArray[np.uint64], list[tuple[int, int]]],
+) -> list[_T]:
+    """:func:`run_ranges` of work that adds row ranges of ``values`` into a running sum.
+
+    ``rows`` is ``(add_into, values, added)``: each call appends the ``(a, b)`` rows it added
+    to ``added``; if any call raises, every range added is subtracted again before the error
+    is re-raised, so the sum holds nothing of a failed evaluation.
+    """
+    add_into, values, added = rows
+    try:
+        return run_ranges(work, count, threads)
+    except BaseException:
+        if add_into is not None:
+            for a, b in added:
+                np.subtract(add_into[a:b], values[a:b], out=add_into[a:b])
+        raise
+
+
 _SEGMENT_POINTS = 1 << 16
 """Points per evaluation segment of digest version 2 (fixed: a version-2 peer splits the same
 way): a client's keys are evaluated in consecutive key ranges of about this many points
@@ -399,6 +422,7 @@ class KeyCheck:
         client: int = 0,
         value_sums: NDArray[np.uint64] | None = None,
         side: Callable[[], _T] | None = None,
+        add_into: NDArray[np.uint64] | None = None,
     ) -> tuple[NDArray[np.uint64], bytes, _T | None]:
         """:meth:`evaluate`, also summing each key's value words and running one side task.
 
@@ -413,6 +437,10 @@ class KeyCheck:
         side : callable, optional
             Work that does not depend on the evaluation (the value check's hash of the public
             part): run as one more task on the same threads, first.
+        add_into : numpy.ndarray, optional
+            A running sum shaped like the shares (the server's sum of accepted clients): each
+            segment adds its shares to it right after evaluating them, while they are in
+            cache. If this raises, the segments already added are taken back out.
 
         Returns
         -------
@@ -440,6 +468,9 @@ class KeyCheck:
                 part = key_range(keys, lo, hi)
                 evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
                 self._key_sums(values, (lo, hi), sums, value_sums)
+                if add_into is not None:
+                    np.add(add_into[a:b], values[a:b], out=add_into[a:b])
+                    added.append((a, b))  # list.append is atomic
                 data = proofs.data.cast("B")  # little-endian words, in place
                 if mac is None:
                     return hashlib.sha256(data).digest()
@@ -459,8 +490,11 @@ class KeyCheck:
                 return b""
             return segment(j - first)
 
+        added: list[tuple[int, int]] = []
+        count = len(self.segments) + first
+        hashes = run_adding(task, count, self.threads, (add_into, values, added))[first:]
         h = hashlib.sha256(_TAG if self.digest_key is None else _TAG_V3)
-        for digest in run_ranges(task, len(self.segments) + first, self.threads)[first:]:
+        for digest in hashes:
             h.update(digest)
         if sums is not None:
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flwr_fsl.crypto.dpf import DPFKeyBatch
-from flwr_fsl.families.ssa import projected_check, range_check, server_eval, verify
+from flwr_fsl.families.ssa import projected_check, protocol, range_check, server_eval, verify
 from flwr_fsl.families.ssa.projected_check import project, project_shares, value_round_check
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
@@ -155,3 +155,43 @@ def test_scatter_windows_add_what_one_scatter_adds(
         got = np.zeros_like(server._share)
         server_eval.scatter_share(got, table, values, params, threads)
         assert np.array_equal(got, want), threads
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_failed_evaluation_leaves_nothing_in_the_running_sum(
+    checked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verify, "_KEYED_SEGMENT_POINTS", 40)
+    monkeypatch.setattr(protocol, "_RANGE_POINTS", 40)
+    params = make_params(1, weighted=False, epoch=0, verify=checked)
+    rng = np.random.default_rng(2)
+    ups = [
+        encode_update(params, rng.choice(M, K, replace=False), np.ones((K, WIDTH)), 1.0)[0]
+        for _ in range(2)
+    ]
+    key = new_digest_key() if checked else None
+    ref = SSAServer(params, 1, threads=2, digest_key=key)
+    ref.add_client(0, ups[0].public_part, ups[0].master_seeds[1])
+    server = SSAServer(params, 1, threads=2, digest_key=key)
+    server.add_client(0, ups[0].public_part, ups[0].master_seeds[1])
+    calls = {"n": 0}
+    real = server_eval.evaluate_batch if not checked else verify.evaluate_batch
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("OpenSSL AES failed")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_eval if not checked else verify, "evaluate_batch", flaky)
+    with pytest.raises(RuntimeError):
+        server.add_client(1, ups[1].public_part, ups[1].master_seeds[1])
+    assert calls["n"] > 3  # other ranges ran (and added) before the error was raised
+    if checked:  # S1 rejects a client on S0's digest: nothing of it stays either
+        with pytest.raises(SSAInputError):
+            server.add_client(1, ups[1].public_part, ups[1].master_seeds[1], expect=bytes(32))
+        monkeypatch.setattr(verify, "evaluate_batch", real)
+        with pytest.raises(SSAInputError):
+            server.add_client(1, ups[1].public_part, ups[1].master_seeds[1], expect=bytes(32))
+    assert server.clients == (0,)
+    assert np.array_equal(server.share(), ref.share())
