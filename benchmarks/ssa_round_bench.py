@@ -1,27 +1,38 @@
 """SSA servers over a whole round: time per client against the AES floor, on one core and two.
 
-Run ``python benchmarks/ssa_round_bench.py [--clients N] [--rounds R] [--log-m 20] [--rate 0.10]``
-(``--rounds``: timed rounds per configuration, the fastest reported). For the unchecked round (Cui's
-semi-honest protocol), the checked one with key-check digest version 2 (SHA-256 per segment: the
-code before issue 26's GMAC digest, kept for rounds opened without a digest key) and the checked one
-with version 3 (GMAC under the round's digest key: the default,
-:mod:`flwr_fsl.families.ssa.verify`), the last also on the Python driver (``checked-v3-py``: the
-path before :mod:`flwr_fsl.kernels.vdpf_eval`, and the fallback without native AES) it adds ``N``
-clients to one :class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the share
-once, as a round does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients'
-summed shares once), after one untimed round, as on a long-running server whose allocator already
-holds the round buffers' pages. Each configuration runs in a child process pinned to one core, then
-to two (``os.sched_setaffinity``), so the per-process digest threads see exactly those cores.
+Run ``python benchmarks/ssa_round_bench.py [--clients N] [--rounds R] [--log-m 20] [--rate 0.10]
+[--kinds K1,K2] [--baseline-tree PATH]`` (``--rounds``: timed rounds per configuration, the
+fastest reported). Round kinds: the unchecked round (Cui's semi-honest protocol); the checked one
+with key-check digest version 2 (SHA-256 per segment: the code before issue 26's GMAC digest, kept
+for rounds opened without a digest key); ``checked-v3-keys``, the key check with version 3 (GMAC
+under the round's digest key, :mod:`flwr_fsl.families.ssa.verify`) but no value check; and
+``checked-v3``, **the default checked round**: key check version 3 plus the projected value check
+(:mod:`flwr_fsl.families.ssa.projected_check`), also on the Python driver (``checked-v3-py``: the
+path before :mod:`flwr_fsl.kernels.vdpf_eval`, and the fallback without native AES). Before
+session 29 this benchmark's "checked" rounds had no value check at all (their parameters were made
+with ``replace(..., verify=True)``, which keeps ``value_check="off"``): ``checked-v3-keys`` is
+what it measured. For each kind it adds ``N`` clients to one
+:class:`~flwr_fsl.families.ssa.protocol.SSAServer` per party and reads the share once, as a round
+does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients' summed shares
+once), after one untimed round per party, as on a long-running server whose allocator already
+holds the round buffers' pages; the parties' timed rounds alternate (S0 first, then S1 first).
+Each configuration runs in a child process pinned to one core, then to two
+(``os.sched_setaffinity``), so the server's threads see exactly those cores.
+
+``--baseline-tree PATH`` (a checkout of another revision, e.g. ``git worktree add /tmp/base
+main``) runs every configuration a second time with that tree's library (``PYTHONPATH``; this
+file's worker), just before this tree's, and prints ``baseline -> this tree`` ratios measured in
+the same run: on a shared machine, compare those, not absolute times of different runs.
 
 It prints, per party and configuration, wall milliseconds per client (the round's time divided
 by ``N``), the process's CPU milliseconds per client (all threads; on a loaded machine the CPU
 time stays near the work done while the wall time does not), the AES-only time of one client's
 evaluation (its DPF AES calls recorded in place and replayed alone,
 :func:`ssa_bench.aes_floor`), their ratio, and the two-core speed-up, ending with the lines
-``server per client / AES floor: X.XX`` and ``2-core speed-up: X.XX`` (the checked round with
-digest version 3, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Clients alternate
-between two encoded updates (the servers' work does not depend on which). Figures are ratios
-measured in one run: absolute times drift on shared machines.
+``server per client / AES floor: X.XX`` and ``2-core speed-up: X.XX`` (the default checked
+round, ``checked-v3``, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Clients
+alternate between two encoded updates (the servers' work does not depend on which). Figures are
+ratios measured in one run: absolute times drift on shared machines.
 
 **What the AES floor counts.** Every AES block the server's evaluation of one client runs,
 recorded at the cipher objects (:func:`dpf_bench.record_aes`): the tree levels (left and right
@@ -101,23 +112,29 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
         indices, values, _ = client_inputs(m, k, rng)
         uploads.append(ssa.encode_update(params, indices, values, rng=rng, simple_table=table)[0])
     out: dict[str, object] = {"kind": kind, "cores": len(os.sched_getaffinity(0))}
+
+    def one_round(p: int) -> tuple[float, float]:
+        server = ssa.SSAServer(params, p, digest_key=key)
+        start, cpu = time.perf_counter(), time.process_time()
+        for c in range(clients):
+            upload = uploads[c % 2]
+            server.add_client(c, upload.public_part, upload.master_seeds[p])
+            server.forget_recent()  # as LeadServer after each relayed chunk
+        server.share()
+        wall = (time.perf_counter() - start) / clients
+        return wall, (time.process_time() - cpu) / clients
+
+    for party in (0, 1):  # untimed: a long-running server has its buffers' pages already
+        one_round(party)
+    # The parties' timed rounds alternate (S0 first, then S1 first, ...): neither is always
+    # measured right after the warm-up (before session 29 S0's rounds always came first).
+    timed: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
+    for r in range(ROUNDS):
+        for party in (0, 1) if r % 2 == 0 else (1, 0):
+            timed[party].append(one_round(party))
     for party in (0, 1):
-
-        def one_round(p: int = party) -> tuple[float, float]:
-            server = ssa.SSAServer(params, p, digest_key=key)
-            start, cpu = time.perf_counter(), time.process_time()
-            for c in range(clients):
-                upload = uploads[c % 2]
-                server.add_client(c, upload.public_part, upload.master_seeds[p])
-                server.forget_recent()  # as LeadServer after each relayed chunk
-            server.share()
-            wall = (time.perf_counter() - start) / clients
-            return wall, (time.process_time() - cpu) / clients
-
-        one_round()  # untimed: a long-running server has its round buffers' pages already
-        timed = [one_round() for _ in range(ROUNDS)]
-        out[f"s{party}_ms"] = 1e3 * min(w for w, _ in timed)
-        out[f"s{party}_cpu_ms"] = 1e3 * min(c for _, c in timed)
+        out[f"s{party}_ms"] = 1e3 * min(w for w, _ in timed[party])
+        out[f"s{party}_cpu_ms"] = 1e3 * min(c for _, c in timed[party])
         floor = aes_floor(
             lambda p=party: ssa.SSAServer(params, p, threads=1, digest_key=key).add_client(
                 0, uploads[0].public_part, uploads[0].master_seeds[p]
