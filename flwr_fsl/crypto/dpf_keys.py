@@ -694,7 +694,8 @@ def _parse_header(data: bytes, kind: int) -> tuple[Reader, int, int, int, int]:
     """Check a blob's header; return ``(reader at the body, tau, m, party, version)``."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DPFKeyError(f"expected bytes, got {type(data).__name__}")
-    r = Reader(bytes(data), 0, DPFKeyError)
+    frozen = isinstance(data, bytes) or (isinstance(data, memoryview) and data.readonly)
+    r = Reader(data if frozen else bytes(data), 0, DPFKeyError)  # read-only views: no copy
     if len(r.data) < _HEADER_BYTES:
         raise DPFKeyError(f"truncated: {len(r.data)} bytes, header needs {_HEADER_BYTES}")
     if r.fixed(len(_MAGIC), "magic") != _MAGIC:

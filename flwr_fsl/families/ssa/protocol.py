@@ -90,7 +90,12 @@ from flwr_fsl.families.ssa.placement import (
     simple_table_for,
 )
 from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_trailer
-from flwr_fsl.families.ssa.server_eval import evaluate_checked, evaluate_plain, scatter_share
+from flwr_fsl.families.ssa.server_eval import (
+    evaluate_checked,
+    evaluate_plain,
+    scatter_share,
+    split_public,
+)
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     checks_counts,
@@ -438,10 +443,10 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
     return _parse_head(params, split_value_trailer(params, bytes(public_part))[0])
 
 
-def _parse_head(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
+def _parse_head(params: SSAParams, public_part: bytes | memoryview) -> DPFPublicBatch:
     """Decode the keys' public part (without a trailer) and check the round's shape."""
     try:
-        public = DPFPublicBatch.from_bytes(bytes(public_part))
+        public = DPFPublicBatch.from_bytes(public_part)  # type: ignore[arg-type]
     except DPFKeyError as err:
         raise SSAInputError(f"malformed public part: {err}") from None
     _check_public(params, public)
@@ -575,8 +580,8 @@ class SSAServer:
             key check; the share is unchanged then.
         """
         self._check_new(client_id)
-        public_part, trailer = split_value_trailer(self.params, bytes(public_part))
-        public = _parse_head(self.params, public_part)
+        head, trailer = split_public(self.params, public_part)  # no copy of the keys' part
+        public = _parse_head(self.params, head)
         try:
             keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
         except DPFKeyError as err:
