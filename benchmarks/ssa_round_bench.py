@@ -30,7 +30,10 @@ time stays near the work done while the wall time does not), the AES-only time o
 evaluation (its DPF AES calls recorded in place and replayed alone,
 :func:`ssa_bench.aes_floor`), their ratio, and the two-core speed-up, ending with the lines
 ``server per client / AES floor: X.XX`` and ``2-core speed-up: X.XX`` (the default checked
-round, ``checked-v3``, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Clients
+round, ``checked-v3``, S1), PASS/FAIL beside each (issue 26: <= 3.2 and >= 1.8). Per kind it
+also prints the CPU each party spends per client outside the server's thread pool (one
+thread, every ``run_ranges`` call timed apart: Amdahl's serial part) and the speed-up bound it
+leaves on two cores; measured as thread CPU time, it holds on a loaded machine too. Clients
 alternate between two encoded updates (the servers' work does not depend on which). Figures are
 ratios measured in one run: absolute times drift on shared machines.
 
@@ -142,6 +145,10 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
         )
         out[f"s{party}_aes_ms"] = 1e3 * floor["replay_s"]
         out[f"s{party}_aes_blocks"] = floor["blocks"]
+    if cores == 1:
+        for party in (0, 1):
+            total, serial = _serial_split(lambda p=party: one_round(p))
+            out[f"s{party}_serial"] = [1e3 * total / clients, 1e3 * serial / clients]
     out["hash_ms"] = 1e3 * _hash_floor(params, table, key) if verify else 0.0
     out["threads"] = ssa.SSAServer(params, 0).threads
     if kind == "checked-v3":
@@ -154,6 +161,47 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
         out["encode_ms"] = 1e3 * min(_timed(encode) for _ in range(3))
         out["encode_aes_ms"] = 1e3 * aes_floor(encode)["replay_s"]
     return out
+
+
+def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
+    """One round's CPU seconds on one thread: ``(all, outside the server's thread pool)``.
+
+    Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.families.ssa.verify.
+    run_ranges`: the work the server spreads over its threads) is timed; the rest runs on the
+    calling thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so
+    it stays near the work done on a loaded machine.
+    """
+    from flwr_fsl.families.ssa import verify
+
+    original = verify.run_ranges
+    inside = [0.0, 0]
+
+    def counted(work: Callable[[int], object], count: int, threads: int) -> list[object]:
+        if inside[1]:
+            return original(work, count, 1)
+        inside[1] = 1
+        start = time.thread_time()
+        try:
+            return original(work, count, 1)
+        finally:
+            inside[0] += time.thread_time() - start
+            inside[1] = 0
+
+    patched = [
+        mod
+        for name, mod in list(sys.modules.items())
+        if name.startswith("flwr_fsl") and getattr(mod, "run_ranges", None) is original
+    ]
+    for mod in patched:
+        mod.run_ranges = counted  # type: ignore[attr-defined]
+    try:
+        start = time.thread_time()
+        round_fn()
+        total = time.thread_time() - start
+    finally:
+        for mod in patched:
+            mod.run_ranges = original  # type: ignore[attr-defined]
+    return total, total - inside[0]
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -291,6 +339,18 @@ def main() -> None:
             last = got
         if "encode_ms" in rows[1]:
             encode = {k: float(rows[1][k]) for k in ("encode_ms", "encode_aes_ms")}  # type: ignore[arg-type]
+    for label, rows in [(f"{k} (base)", base[k][1]) for k in kinds if k in base] + [
+        (k, per_kind[k][1]) for k in kinds
+    ]:
+        parts = []
+        for p in (0, 1):
+            total, serial = rows[f"s{p}_serial"]  # type: ignore[misc]
+            bound = total / (serial + (total - serial) / cores)
+            parts.append(
+                f"S{p} {serial:.1f} of {total:.1f} ms ({100 * serial / total:.1f}%, "
+                f"Amdahl bound on {cores} cores {bound:.2f})"
+            )
+        print(f"serial CPU per client outside the server's threads, {label}: " + ", ".join(parts))
     for kind in kinds:
         if kind in base:
             _compare(f"{kind}: baseline -> this tree", base[kind], per_kind[kind])
