@@ -752,7 +752,8 @@ def _parse_public_body(r: Reader, tau: int, m: int, version: int = _VERSION) -> 
     packed = r.words((n_levels + 3) // 4, "u1", "cw_bits")
     proof = None
     if version == _PROOF_VERSION:
-        proof = r.words(m * PROOF_WORDS, "<u8", "cw_proof").astype(_U64, copy=False).reshape(m, PROOF_WORDS)
+        proof = r.words(m * PROOF_WORDS, "<u8", "cw_proof").astype(_U64, copy=False)
+        proof = proof.reshape(m, PROOF_WORDS)
     r.done()
     return DPFPublicBatch(
         tau=tau,

@@ -678,7 +678,7 @@ class SSAServer:
             self._pending = np.zeros(shape, np.uint64)  # its pages fault in on the threads
         into = self._pending if add else None
         if self._check is not None:  # the key check, and the value check with a trailer
-            args = (self._buffer, cid, trailer, expect, self._row_offsets, into)
+            args = ((self._buffer, into), cid, trailer, expect, self._row_offsets)
             return evaluate_checked(self.params, self._check, keys, *args)
         ranges = (self._ranges, self._row_offsets, self._lengths)
         evaluate_plain(keys, self._buffer, ranges, self.threads, into)

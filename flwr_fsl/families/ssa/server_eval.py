@@ -64,16 +64,15 @@ def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, by
     return memoryview(blob)[:-size], blob[-size:]
 
 
-def evaluate_checked(  # noqa: PLR0913
+def evaluate_checked(
     params: SSAParams,
     check: KeyCheck,
     keys: DPFKeyBatch,
-    out: NDArray[np.uint64] | None,
+    buffers: tuple[NDArray[np.uint64] | None, NDArray[np.uint64] | None],
     client: int,
     trailer: bytes | None,
     expect: bytes | None,
     offsets: NDArray[np.int64],
-    add_into: NDArray[np.uint64] | None = None,
 ) -> tuple[NDArray[np.uint64], bytes]:
     """Evaluate a client's keys with the round's checks; return the shares and the whole check.
 
@@ -85,8 +84,12 @@ def evaluate_checked(  # noqa: PLR0913
         The server's key check (its threads run everything here).
     keys : DPFKeyBatch
         This server's shares of the client's keys.
-    out : numpy.ndarray, optional
-        The server's reused ``(points, tau)`` evaluation buffer.
+    buffers : tuple
+        ``(out, add_into)``: the server's reused ``(points, tau)`` evaluation buffer (or
+        None), and its running sum of accepted clients (or None): each segment's shares are
+        added to it as soon as they are evaluated (:meth:`KeyCheck.evaluate_with`). If this
+        raises, nothing of the client is left in it; the caller takes the shares back out
+        when it rejects the client on the returned check.
     client : int
         The client's id (the digest's nonces).
     trailer : bytes, optional
@@ -95,11 +98,6 @@ def evaluate_checked(  # noqa: PLR0913
         The other server's check of the client (S1), or None (S0).
     offsets : numpy.ndarray
         Each key's first output row, then the total (the exact value check's input).
-    add_into : numpy.ndarray, optional
-        The server's running sum (same shape as the shares): each segment's shares are added
-        to it as soon as they are evaluated (:meth:`KeyCheck.evaluate_with`). If this raises,
-        nothing of the client is left in it; the caller takes the shares back out when it
-        rejects the client on the returned check.
 
     Returns
     -------
@@ -113,6 +111,7 @@ def evaluate_checked(  # noqa: PLR0913
         If the keys are not verifiable or the value-check material does not match this
         server's.
     """
+    out, add_into = buffers
     if trailer is None or params.value_check != "projected":
         values, digest, _ = check.evaluate_with(keys, out=out, client=client, add_into=add_into)
         if trailer is None:
