@@ -96,6 +96,7 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
+from flwr_fsl.kernels.projection import project_block
 
 __all__ = [
     "MAX_TRIES",
@@ -160,15 +161,16 @@ def project(seed: bytes, r: int, words: _U64Array) -> _U64Array:
     """Return ``Z words`` in Z_2^64 (``(r,)`` uint64), ``Z`` the projections of ``seed``.
 
     Linear: applied to a server's shares it gives that server's shares of the projections.
+    The columns of ``Z`` are read from the stream's words as they come
+    (:func:`~flwr_fsl.kernels.projection.project_block`), never laid out.
     """
-    a = np.ascontiguousarray(words, np.uint64).reshape(-1).view(np.int64)
+    a = np.ascontiguousarray(words, np.uint64).reshape(-1)
     stream = PRGStream(seed)
-    y = np.zeros(r, np.int64)
-    with np.errstate(over="ignore"):
-        for lo in range(0, a.shape[0], _CHUNK):
-            block = a[lo : lo + _CHUNK]
-            y += block @ _z_block(stream, r, block.shape[0])  # int64 wraps: Z_2^64
-    return y.view(np.uint64)
+    y = np.zeros(r, np.uint64)
+    for lo in range(0, a.shape[0], _CHUNK):  # the stream draws of projection_matrix's blocks
+        block = a[lo : lo + _CHUNK]
+        project_block(stream.words((2 * r * block.shape[0] + 63) // 64), block, r, y)
+    return y
 
 
 def _signed(y: _U64Array) -> NDArray[np.int64]:
