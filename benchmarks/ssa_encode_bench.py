@@ -1,8 +1,9 @@
 """SSA client encode against its AES floor, this tree beside an older commit, in one run.
 
-Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]``. It times
-:func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
-weights, verifiable keys; the round's simple table built beforehand, as a client has it) on
+Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]
+[--value-check projected|off]``. It times :func:`~flwr_fsl.families.ssa.protocol.encode_update`
+(the checked round, the default: unit weights, verifiable keys and the projected value check's
+trailer, or ``--value-check off``; the round's simple table built beforehand, as a client has it) on
 one core, best of ``--reps`` after one untimed call, and the AES-only time of the same encode
 (its DPF AES calls recorded in place and replayed alone, :func:`ssa_bench.aes_floor`). With
 ``--base REV`` the package of commit ``REV`` (``git archive``, unpacked once into the
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 40.0  # issue 26's client encode target
 
 
-def _worker(log_m: int, rate: float, reps: int) -> dict[str, float]:
+def _worker(log_m: int, rate: float, reps: int, value_check: str) -> dict[str, float]:
     """Time one tree's encode in this (child) process, pinned to one core."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -44,7 +45,7 @@ def _worker(log_m: int, rate: float, reps: int) -> dict[str, float]:
 
     m = 1 << log_m
     k = max(1, round(rate * m))
-    params = replace(make_params(m, k, weighted=False), verify=True)
+    params = replace(make_params(m, k, weighted=False, verify=True), value_check=value_check)
     table = ssa.simple_table_for(params)
     idx, vals, _ = client_inputs(m, k, np.random.default_rng(7))
     seeds = (bytes(range(16)), bytes(range(16, 32)))
@@ -90,6 +91,7 @@ def _base_tree(rev: str) -> Path:
 
 def _run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", f"--log-m={args.log_m}", f"--rate={args.rate}"]
+    cmd.append(f"--value-check={args.value_check}")
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [*cmd, f"--reps={args.reps}"], check=True, capture_output=True, text=True, env=env
@@ -111,15 +113,24 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.10, help="k/m (0.10)")
     parser.add_argument("--reps", type=int, default=5, help="timed encodes per child (5)")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the trees (3)")
+    parser.add_argument(
+        "--value-check",
+        choices=("projected", "off"),
+        default="projected",
+        help="the checked round's value check (projected: the default of a checked round)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.log_m, args.rate, args.reps)))
+        print(json.dumps(_worker(args.log_m, args.rate, args.reps, args.value_check)))
         return
     trees = {"this tree": ROOT}
     if args.base:
         trees[f"base {args.base}"] = _base_tree(args.base)
-    print(f"SSA client encode (checked round), m = 2^{args.log_m}, k/m = {args.rate:.0%}, 1 core")
+    print(
+        f"SSA client encode (checked round, value check {args.value_check}), "
+        f"m = 2^{args.log_m}, k/m = {args.rate:.0%}, 1 core"
+    )
     print(f"load average before: {_loadavg()}")
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
