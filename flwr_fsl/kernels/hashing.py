@@ -417,7 +417,7 @@ def rank_in_bins(
 
 
 @njit(cache=True, nogil=True)
-def place_in_bins(  # noqa: PLR0913 - the client's sorted items and the round's table, in and out
+def place_in_bins(
     items: NDArray[np.int64],
     order: NDArray[np.int64],
     candidates: NDArray[np.int64],

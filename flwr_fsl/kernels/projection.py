@@ -1,6 +1,6 @@
-"""Numba loop of the projected value check's ``y += Z a`` in Z_2^64 (:mod:`~flwr_fsl.families.ssa.projected_check`).
+"""Numba loop of the projected value check's ``y += Z a`` in Z_2^64.
 
-The projections ``z_(k,n) = b0 - b1`` in {-1, 0, +1} come from an AES-CTR stream read as
+In :mod:`~flwr_fsl.families.ssa.projected_check` the projections ``z_(k,n) = b0 - b1`` in {-1, 0, +1} come from an AES-CTR stream read as
 ``uint64`` words: in one block of ``count`` value words, the pair of projection ``k`` and value
 word ``j`` is bits ``t = 2 (r j + k)`` and ``t + 1`` of the block's stream, bit ``t`` being bit
 ``t % 64`` of word ``t // 64`` (the little-endian bit order of
