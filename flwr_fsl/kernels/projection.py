@@ -1,15 +1,15 @@
 """Numba loop of the projected value check's ``y += Z a`` in Z_2^64.
 
-In :mod:`~flwr_fsl.families.ssa.projected_check` the projections ``z_(k,n) = b0 - b1`` in {-1, 0, +1} come from an AES-CTR stream read as
-``uint64`` words: in one block of ``count`` value words, the pair of projection ``k`` and value
-word ``j`` is bits ``t = 2 (r j + k)`` and ``t + 1`` of the block's stream, bit ``t`` being bit
-``t % 64`` of word ``t // 64`` (the little-endian bit order of
+In :mod:`~flwr_fsl.families.ssa.projected_check` the projections ``z_(k,n) = b0 - b1`` in {-1, 0,
++1} come from an AES-CTR stream read as ``uint64`` words: in one block of ``count`` value words, the
+pair of projection ``k`` and value word ``j`` is bits ``t = 2 (r j + k)`` and ``t + 1`` of the
+block's stream, bit ``t`` being bit ``t % 64`` of word ``t // 64`` (the little-endian bit order of
 :func:`~flwr_fsl.families.ssa.projected_check.projection_matrix`). :func:`project_block` adds
-``sum_j z_(k,j) a_j`` to ``y[k]`` for every ``k`` straight from those words, without laying out
-the ``(count, r)`` matrix: ``a & -b0`` minus ``a & -b1``, wrapping in ``uint64`` (Z_2^64),
-exactly the sums of the matrix product. When ``2 r`` is a multiple of 64, each value word's bits
-start on a word boundary and the inner loop over 32 projections reads one stream word (a
-loop LLVM vectorizes); otherwise every pair is located by its bit index.
+``sum_j z_(k,j) a_j`` to ``y[k]`` for every ``k`` straight from those words, without laying out the
+``(count, r)`` matrix: ``a & -b0`` minus ``a & -b1``, wrapping in ``uint64`` (Z_2^64), exactly the
+sums of the matrix product. When ``2 r`` is a multiple of 64, each value word's bits start on a word
+boundary and the inner loop over 32 projections reads one stream word (a loop LLVM vectorizes);
+otherwise every pair is located by its bit index.
 """
 
 from __future__ import annotations
