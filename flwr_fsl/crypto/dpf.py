@@ -60,6 +60,7 @@ bad argument (alpha or a point outside the domain, wrong beta shape, bad epoch).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -179,6 +180,8 @@ def generate_keys_batch(
     master_seeds: tuple[bytes, bytes] | None = None,
     epoch: int = 0,
     verifiable: bool = False,
+    threads: int = 1,
+    tail: tuple[int, Callable[[tuple[DPFKeyBatch, DPFKeyBatch]], bytes]] | None = None,
 ) -> tuple[DPFKeyBatch, DPFKeyBatch]:
     """Generate ``m`` DPF key pairs at once (e.g. one per cuckoo bin).
 
@@ -200,6 +203,13 @@ def generate_keys_batch(
     verifiable : bool, optional
         Add each key's proof correction word (de Castro–Polychroniadou verifiable DPF,
         :mod:`flwr_fsl.crypto.vdpf`); needs an even ``tau`` (no early termination).
+    threads : int, optional
+        Threads of the native Gen driver (default 1; :func:`~flwr_fsl.crypto.dpf_gen.gen_public`
+        splits large batches into key ranges). The keys do not depend on it.
+    tail : tuple, optional
+        ``(n, make)``: ``make`` gets the finished key pair and returns ``n`` bytes (a trailer)
+        that go after the public part in its blob, :meth:`DPFPublicBatch.blob`. The pair it
+        gets views a buffer that is reused: it must not keep it.
 
     Returns
     -------
@@ -233,13 +243,25 @@ def generate_keys_batch(
     root1 = derive_root_seeds(msk[1], m)
     if verifiable and b.shape[1] % 2:
         raise ConfigurationError("verifiable keys need an even tau (no early termination)")
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:
+        raise ConfigurationError(f"threads must be an integer >= 1, got {threads!r}")
     pub = gen_public(
-        a, b, d, root0, root1, e, _mmo_ciphers(), verifiable, native=_NATIVE_AES, log=_AES_LOG
-    )
+        a, b, d, root0, root1, e, _mmo_ciphers(), verifiable, native=_NATIVE_AES, log=_AES_LOG,
+        threads=threads, tail=None if tail is None else (tail[0], _pair(tail[1], root0, root1)),
+    )  # fmt: skip
     return (
         DPFKeyBatch(party=0, root_seeds=root0, public=pub),
         DPFKeyBatch(party=1, root_seeds=root1, public=pub),
     )
+
+
+def _pair(
+    make: Callable[[tuple[DPFKeyBatch, DPFKeyBatch]], bytes],
+    root0: NDArray[np.uint64],
+    root1: NDArray[np.uint64],
+) -> Callable[[DPFPublicBatch], bytes]:
+    """Return ``make`` of the key pair a public part and these root seeds form."""
+    return lambda pub: make((DPFKeyBatch(0, root0, pub), DPFKeyBatch(1, root1, pub)))
 
 
 def generate_keys(

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from numpy.typing import NDArray
@@ -109,6 +112,8 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     *,
     native: bool = True,
     log: list[int] | None = None,
+    threads: int = 1,
+    tail: tuple[int, Callable[[DPFPublicBatch], bytes]] | None = None,
 ) -> DPFPublicBatch:
     """Generate the public part of ``m`` keys for the given root seeds (validated inputs).
 
@@ -117,12 +122,26 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     gets its verifiable-DPF proof correction word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)``
     (:mod:`flwr_fsl.kernels.vdpf_kernels`). With ``native`` (the default) the chunk loop runs
     in one numba call with AES from OpenSSL where ``libcrypto`` loads (``aes`` is then unused
-    and the block count of every AES call is appended to ``log`` when it is a list).
+    and the block count of every AES call is appended to ``log`` when it is a list). With
+    ``threads >= 2`` the native driver splits the keys into that many ranges of about equal
+    work (:func:`_split`) and runs them at once on a pool (the kernels and OpenSSL release the
+    GIL; every range writes its own keys' words), the same bytes as one thread.
+
+    ``tail = (n, make)`` leaves ``n`` bytes after the public part for a trailer computed from it
+    (a value check's): ``make`` gets the finished batch (its arrays views of this thread's
+    buffer: it must not keep them) and returns the ``n`` bytes, which go into place before the
+    one copy out; the returned batch's :meth:`~flwr_fsl.crypto.dpf_keys.DPFPublicBatch.blob`
+    is then the public part followed by the trailer.
 
     Returns
     -------
     DPFPublicBatch
         The public part, its serialized form cached (read-only arrays).
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails or ``make`` returns other than ``n`` bytes.
     """
     m, tau = betas.shape
     half_w = _group(tau) * tau // 2
@@ -132,7 +151,7 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     n_levels = int(offsets[-1])
     plan = _g.gen_plan(alphas, dbits, tl, offsets, _group(tau))
     lay = public_layout(_HEADER_BYTES, m, 2 * half_w, n_levels, proof, True)
-    buf = _blob_scratch(lay.end)
+    buf = _blob_scratch(lay.end + (0 if tail is None else tail[0]))
     _write_header(buf, _KIND_PUBLIC, _NO_PARTY, tau, m, _PROOF_VERSION if proof else _VERSION)
     domain_bits = dbits.astype(np.uint8)
     epochs = np.full(m, epoch, dtype=_U64)
@@ -172,13 +191,21 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     if ctxs is None:
         _run(job)
     else:
-        _run_native(job, ctxs, log)
+        _run_threads(job, log, threads)
     if not little:  # pragma: no cover - big-endian hosts: native words, converted here
         u64_view(buf, lay.seeds, 2 * n_levels)[:] = job.cw_seeds.reshape(-1)
         u64_view(buf, lay.leaf, m * 2 * half_w)[:] = job.cw_leaf.reshape(-1)
     pack_cw_bits_into(job.cw_bits, buf[lay.bits : lay.proof_at])
     if job.cw_proof is not None and not little:  # pragma: no cover - big-endian hosts
         u64_view(buf, lay.proof_at, PROOF_WORDS * m)[:] = job.cw_proof.reshape(-1)
+    if tail is not None:  # the trailer, from the finished words, into the room left for it
+        pre = {"tau": tau, "domain_bits": domain_bits, "epochs": epochs}
+        pre |= {"cw_seeds": job.cw_seeds, "cw_bits": job.cw_bits, "cw_leaf": job.cw_leaf}
+        pre |= {"cw_proof": job.cw_proof, "level_offsets": offsets}
+        trailer = tail[1](DPFPublicBatch._from_wire(None, pre))
+        if len(trailer) != tail[0]:
+            raise RuntimeError(f"the trailer has {len(trailer)} bytes, {tail[0]} reserved")
+        buf[lay.end :] = np.frombuffer(trailer, np.uint8)
     wire = buf.tobytes()
     if little:  # the batch's words are views of the blob it returns (no second copy)
         cw_seeds = np.frombuffer(wire, _U64, 2 * n_levels, lay.seeds).reshape(n_levels, 2)
@@ -192,7 +219,7 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
         cw_seeds, cw_leaf, cw_proof = job.cw_seeds, job.cw_leaf, job.cw_proof
     fields = {"tau": tau, "domain_bits": domain_bits, "epochs": epochs, "cw_seeds": cw_seeds}
     fields |= {"cw_bits": job.cw_bits, "cw_leaf": cw_leaf, "cw_proof": cw_proof}
-    return DPFPublicBatch._from_wire(wire, fields | {"level_offsets": offsets})
+    return DPFPublicBatch._from_wire(wire, fields | {"level_offsets": offsets}, lay.end)
 
 
 @dataclass
@@ -250,17 +277,91 @@ def _run(job: _Job) -> None:
         _g.gen_leaf_correction(conv_enc, conv, keys, seeds, job.gpos, job.betas, job.cw_leaf)
 
 
-def _run_native(job: _Job, ctxs: tuple[int, NDArray[np.uint64]], log: list[int] | None) -> None:
-    """Run Gen in one GIL-free numba call (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`).
+_MIN_KEYS_PER_THREAD = 4 * NATIVE_GEN_CHUNK
+"""Fewest keys a thread of the native driver gets (below that a second thread costs more than
+it saves)."""
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """Return the process-wide Gen pool with ``threads`` workers (made on first use, then kept)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-dpf-gen")
+            _POOLS[threads] = pool
+        return pool
+
+
+def _split(depth: NDArray[np.int64], parts: int) -> list[tuple[int, int]]:
+    """Cut the depth-sorted keys into ``parts`` ranges of about equal work, at chunk bounds.
+
+    A key's work is about its tree levels plus two (its leaf and proof blocks).
+    """
+    work = np.cumsum(depth + 2)
+    total = int(work[-1])
+    cuts = [0]
+    for q in range(1, parts):
+        at = int(np.searchsorted(work, total * q // parts))
+        at = min(depth.shape[0], -(-at // NATIVE_GEN_CHUNK) * NATIVE_GEN_CHUNK)
+        cuts.append(max(at, cuts[-1]))
+    cuts.append(depth.shape[0])
+    return [(lo, hi) for lo, hi in pairwise(cuts) if hi > lo]
+
+
+def _run_threads(job: _Job, log: list[int] | None, threads: int) -> None:
+    """Run the native driver over key ranges, on ``threads`` threads where it pays.
 
     Raises
     ------
     RuntimeError
         If OpenSSL fails.
     """
-    m, half_w = job.betas.shape[0], job.cw_leaf.shape[1] // 2
-    geom = (job.order, job.depth, job.path, job.rows)
-    depth_s = job.depth
+    m = job.betas.shape[0]
+    parts = max(1, min(threads, m // _MIN_KEYS_PER_THREAD))
+    ranges = _split(job.depth, parts) if parts > 1 else [(0, m)]
+    logs: list[list[int] | None] = [None if log is None else [] for _ in ranges]
+
+    def work(q: int) -> None:
+        ctxs = _native_contexts()  # this thread's OpenSSL contexts
+        if ctxs is None:  # pragma: no cover - libcrypto loaded in the caller's thread
+            raise RuntimeError("OpenSSL AES is not available in a Gen thread")
+        _run_native(job, ctxs, logs[q], ranges[q])
+
+    if len(ranges) == 1:
+        work(0)
+    else:
+        futures = [_pool(len(ranges)).submit(work, q) for q in range(len(ranges))]
+        wait(futures)
+        for f in futures:
+            f.result()  # re-raise the first error, after every range has finished
+    if log is not None:
+        for part in logs:
+            log.extend(part or [])
+
+
+def _run_native(
+    job: _Job,
+    ctxs: tuple[int, NDArray[np.uint64]],
+    log: list[int] | None,
+    keys: tuple[int, int],
+) -> None:
+    """Run Gen of the keys ``keys[0]:keys[1]`` (in depth order) in one GIL-free numba call.
+
+    :func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run` on those keys' slice of the plan; it
+    writes only their words.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    lo, hi = keys
+    m, half_w = hi - lo, job.cw_leaf.shape[1] // 2
+    geom = (job.order[lo:hi], job.depth[lo:hi], job.path[lo:hi], job.rows[lo:hi])
+    depth_s = geom[1]
     chunk = min(NATIVE_GEN_CHUNK, max(m, 1))
     proof = job.cw_proof is not None
     cw_proof = job.cw_proof if job.cw_proof is not None else np.empty((0, PROOF_WORDS), _U64)
