@@ -363,6 +363,12 @@ class DPFPublicBatch:
         self._write_body(buf, lay)
         return buf.tobytes()
 
+    def wire_view(self) -> memoryview:
+        """Return :meth:`to_bytes` as a read-only view (no copy of a blob Gen wrote)."""
+        if self._wire is None:
+            return memoryview(self.to_bytes())
+        return memoryview(self._wire)[: self._end]
+
     def blob(self) -> bytes:
         """Return the bytes key generation wrote: :meth:`to_bytes`, then any trailer it reserved.
 

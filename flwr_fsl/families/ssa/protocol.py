@@ -317,7 +317,7 @@ def held_digest(keys: DPFKeyBatch) -> bytes:
     Both parties' batches of one client share the public part, so S0's stored batch and the
     client's own state give the same digest exactly when they are the same epoch's keys.
     """
-    return hashlib.sha256(keys.public.to_bytes()).digest()
+    return hashlib.sha256(keys.public.wire_view()).digest()
 
 
 def can_send_hint(
