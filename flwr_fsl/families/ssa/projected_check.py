@@ -129,10 +129,11 @@ def _h(*parts: bytes) -> bytes:
 def public_digest(public: DPFPublicBatch) -> bytes:
     """SHA-256 of a key batch's public fields (epochs, correction words, proof words)."""
     h = hashlib.sha256(_TAG + b"public" + int(public.tau).to_bytes(8, "little"))
-    for arr in (public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf):
-        h.update(np.ascontiguousarray(arr).tobytes())
+    arrays = [public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf]
     if public.cw_proof is not None:
-        h.update(np.ascontiguousarray(public.cw_proof).tobytes())
+        arrays.append(public.cw_proof)
+    for arr in arrays:  # each array's bytes in memory order, hashed where they lie (no copy)
+        h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return h.digest()
 
 
