@@ -133,7 +133,8 @@ def public_digest(public: DPFPublicBatch) -> bytes:
     if public.cw_proof is not None:
         arrays.append(public.cw_proof)
     for arr in arrays:  # each array's bytes in memory order, hashed where they lie (no copy)
-        h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        if arr.size:
+            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
     return h.digest()
 
 
