@@ -10,9 +10,11 @@ packed control bits into their place in it, and the returned batch's ``cw_seeds`
 :meth:`~flwr_fsl.crypto.dpf_keys.DPFPublicBatch.to_bytes` then returns as it is. So a client's
 upload is written once and copied once (buffer to ``bytes``).
 
-Keys are processed in chunks of :data:`GEN_CHUNK` (:data:`NATIVE_GEN_CHUNK`) in order of
-decreasing tree depth, so each level's AES calls cover the chunk's keys that still have that
-level (one call per fixed key).
+Keys are processed in chunks of :data:`GEN_CHUNK` (:data:`NATIVE_GEN_CHUNK`) consecutive keys,
+each chunk's keys in order of decreasing tree depth, so each level's AES calls cover the chunk's
+keys that still have that level (one call per fixed key) and everything a chunk reads and writes
+per key (root seeds, values, leaf and proof words, correction-word rows) lies in a window of the
+chunk's keys.
 Where OpenSSL's ``libcrypto`` loads (:func:`~flwr_fsl.kernels.aes.native_aes`), the whole chunk
 loop is one GIL-free numba call that calls AES natively
 (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`); elsewhere, or with ``native=False``, the
@@ -149,7 +151,9 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     offsets = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(tl, out=offsets[1:])
     n_levels = int(offsets[-1])
-    plan = _g.gen_plan(alphas, dbits, tl, offsets, _group(tau))
+    ctxs = _native_contexts() if native else None
+    chunk = NATIVE_GEN_CHUNK if ctxs is not None else GEN_CHUNK  # the drivers' chunks
+    plan = _g.gen_plan(alphas, dbits, tl, offsets, _group(tau), min(chunk, max(m, 1)))
     lay = public_layout(_HEADER_BYTES, m, 2 * half_w, n_levels, proof, True)
     buf = _blob_scratch(lay.end + (0 if tail is None else tail[0]))
     _write_header(buf, _KIND_PUBLIC, _NO_PARTY, tau, m, _PROOF_VERSION if proof else _VERSION)
@@ -187,7 +191,6 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
             else np.empty((m, PROOF_WORDS), dtype=_U64)
         ),
     )
-    ctxs = _native_contexts() if native else None
     if ctxs is None:
         _run(job)
     else:
@@ -228,7 +231,7 @@ class _Job:
 
     alphas: NDArray[np.uint64]
     betas: NDArray[np.uint64]
-    order: NDArray[np.int64]  # key numbers by decreasing tree depth (ties in key order)
+    order: NDArray[np.int64]  # key numbers chunk by chunk, each by decreasing tree depth
     depth: NDArray[np.int64]  # tree levels of each key, in `order`
     path: NDArray[np.uint64]  # tree-path bits of each key (MSB first), in `order`
     rows: NDArray[np.int64]  # each key's first row of cw_seeds / cw_bits, in `order`
@@ -243,7 +246,7 @@ class _Job:
 
 
 def _run(job: _Job) -> None:
-    """Run Gen chunk by chunk (deepest keys first), writing into the job's output arrays."""
+    """Run Gen chunk by chunk (each deepest keys first), writing into the job's output arrays."""
     m, half_w = job.betas.shape[0], job.cw_leaf.shape[1] // 2
     order, depth_sorted = job.order, job.depth
     aes = job.aes
@@ -348,7 +351,7 @@ def _run_native(
     log: list[int] | None,
     keys: tuple[int, int],
 ) -> None:
-    """Run Gen of the keys ``keys[0]:keys[1]`` (in depth order) in one GIL-free numba call.
+    """Run Gen of the keys ``keys[0]:keys[1]`` (in plan order) in one GIL-free numba call.
 
     :func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run` on those keys' slice of the plan; it
     writes only their words.
@@ -368,7 +371,7 @@ def _run_native(
     n_log = 0
     if log is not None and m:  # per chunk: two calls per level, then proof and value
         n_chunks = -(-m // chunk)
-        n_log = n_chunks * (2 * int(depth_s[0]) + 2)
+        n_log = n_chunks * (2 * int(depth_s.max()) + 2)
     calls_log = np.zeros(n_log, dtype=np.int64)
     fn, ctx = ctxs
     inputs = (job.alphas, job.betas, job.roots[0], job.roots[1], job.gpos)

@@ -155,45 +155,56 @@ def gen_leaf_correction(
 
 @njit(cache=True, nogil=True)
 def gen_plan(
-    alphas: np.ndarray, dbits: np.ndarray, levels: np.ndarray, offsets: np.ndarray, group: int
+    alphas: np.ndarray,
+    dbits: np.ndarray,
+    levels: np.ndarray,
+    offsets: np.ndarray,
+    group: int,
+    chunk: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort.
+    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort per chunk.
 
     ``levels[j]`` is key ``j``'s tree levels and ``offsets[j]`` its first correction-word row.
-    Returns ``(order, depth, path, rows, group_pos)``: the key numbers by decreasing depth
-    (ties in key order, as a stable sort), the depth, tree-path bits (MSB first) and first
-    row of each key *in that order*, and each key's position of ``alpha`` in its leaf group
-    (by key number; with ``group == 2`` and a tree, the last bit of ``alpha``).
+    Returns ``(order, depth, path, rows, group_pos)``: the key numbers chunk by chunk of
+    ``chunk`` consecutive keys, each chunk's keys by decreasing depth (ties in key order, as a
+    stable sort), so a chunk's keys that have a given level are a prefix of it and everything
+    a chunk reads and writes per key stays in a window of ``chunk`` keys; the depth, tree-path
+    bits (MSB first) and first row of each key *in that order*; and each key's position of
+    ``alpha`` in its leaf group (by key number; with ``group == 2`` and a tree, the last bit
+    of ``alpha``).
     """
     m = levels.shape[0]
-    counts = np.zeros(66, dtype=np.int64)
-    for j in range(m):
-        counts[levels[j]] += 1
-    start = np.empty(66, dtype=np.int64)
-    pos = 0
-    for d in range(65, -1, -1):
-        start[d] = pos
-        pos += counts[d]
     order = np.empty(m, dtype=np.int64)
     depth = np.empty(m, dtype=np.int64)
     path = np.empty(m, dtype=np.uint64)
     rows = np.empty(m, dtype=np.int64)
     gpos = np.zeros(m, dtype=np.int64)
-    for j in range(m):
-        d = levels[j]
-        p = start[d]
-        start[d] = p + 1
-        a = alphas[j]
-        if group == 2:
-            if dbits[j] >= 1:
-                gpos[j] = np.int64(a & ONE)
-                a = a >> ONE
-            else:
-                a = ZERO
-        order[p] = j
-        depth[p] = d
-        path[p] = a
-        rows[p] = offsets[j]
+    counts = np.zeros(66, dtype=np.int64)
+    start = np.empty(66, dtype=np.int64)
+    for lo in range(0, m, max(chunk, 1)):
+        hi = min(m, lo + chunk)
+        counts[:] = 0
+        for j in range(lo, hi):
+            counts[levels[j]] += 1
+        pos = lo
+        for d in range(65, -1, -1):
+            start[d] = pos
+            pos += counts[d]
+        for j in range(lo, hi):
+            d = levels[j]
+            p = start[d]
+            start[d] = p + 1
+            a = alphas[j]
+            if group == 2:
+                if dbits[j] >= 1:
+                    gpos[j] = np.int64(a & ONE)
+                    a = a >> ONE
+                else:
+                    a = ZERO
+            order[p] = j
+            depth[p] = d
+            path[p] = a
+            rows[p] = offsets[j]
     return order, depth, path, rows, gpos
 
 
@@ -249,8 +260,8 @@ def gen_run(
 
     ``fn`` is ``EVP_EncryptUpdate``'s address and ``ctxs`` the ``(4,)`` left, right, value and
     proof contexts; ``inputs`` is ``(alphas, betas, root0, root1, group_pos)``; ``geom`` is
-    ``(order, depth, path, rows)`` with the last three already in ``order`` (keys by decreasing
-    depth); ``outs`` is ``(cw_seeds, cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no
+    ``(order, depth, path, rows)`` with the last three already in ``order`` (:func:`gen_plan`'s,
+    made for this ``chunk``: each chunk's keys by decreasing depth); ``outs`` is ``(cw_seeds, cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no
     rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
     of AES calls made (``log`` receives their block counts, as many as fit) or ``-1`` if
     OpenSSL failed.
