@@ -256,13 +256,13 @@ def gen_run(
     epoch: np.uint64,
     log: np.ndarray,
 ) -> int:  # pragma: no cover - numba
-    """BGI16 Gen of all keys, chunk by chunk (deepest keys first), AES called natively.
+    """BGI16 Gen of all keys, chunk by chunk (each deepest keys first), AES called natively.
 
     ``fn`` is ``EVP_EncryptUpdate``'s address and ``ctxs`` the ``(4,)`` left, right, value and
     proof contexts; ``inputs`` is ``(alphas, betas, root0, root1, group_pos)``; ``geom`` is
     ``(order, depth, path, rows)`` with the last three already in ``order`` (:func:`gen_plan`'s,
-    made for this ``chunk``: each chunk's keys by decreasing depth); ``outs`` is ``(cw_seeds, cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no
-    rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
+    made for this ``chunk``: each chunk's keys by decreasing depth); ``outs`` is ``(cw_seeds,
+    cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
     of AES calls made (``log`` receives their block counts, as many as fit) or ``-1`` if
     OpenSSL failed.
     """
