@@ -262,9 +262,9 @@ def gen_run(
     proof contexts; ``inputs`` is ``(alphas, betas, root0, root1, group_pos)``; ``geom`` is
     ``(order, depth, path, rows)`` with the last three already in ``order`` (:func:`gen_plan`'s,
     made for this ``chunk``: each chunk's keys by decreasing depth); ``outs`` is ``(cw_seeds,
-    cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
-    of AES calls made (``log`` receives their block counts, as many as fit) or ``-1`` if
-    OpenSSL failed.
+    cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no rows when ``shape[2]`` is 0);
+    ``shape`` is ``(chunk, half_w, proof)``. Returns the number of AES calls made (``log``
+    receives their block counts, as many as fit) or ``-1`` if OpenSSL failed.
     """
     alphas, betas, root0, root1, gpos = inputs
     order, depth_s, path_s, rows_s = geom

@@ -129,12 +129,13 @@ def _h(*parts: bytes) -> bytes:
 def public_digest(public: DPFPublicBatch) -> bytes:
     """SHA-256 of a key batch's public fields (epochs, correction words, proof words)."""
     h = hashlib.sha256(_TAG + b"public" + int(public.tau).to_bytes(8, "little"))
-    arrays = [public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf]
+    arrays: list[NDArray[np.generic]] = [public.domain_bits, public.epochs, public.cw_seeds]
+    arrays += [public.cw_bits, public.cw_leaf]
     if public.cw_proof is not None:
         arrays.append(public.cw_proof)
     for arr in arrays:  # each array's bytes in memory order, hashed where they lie (no copy)
         if arr.size:
-            h.update(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
     return h.digest()
 
 
