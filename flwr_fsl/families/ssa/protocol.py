@@ -306,8 +306,8 @@ def encode_update(
     placement = place_indices(params, idx, table, rng)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
-    dbits, gen_threads = key_domain_bits(params, table), resolve_threads(threads)
-    blob, keys = encode_keys(params, placement, payload, dbits, master_seeds, gen_threads)
+    gen = (master_seeds, resolve_threads(threads), value_trailer)  # (this module's: tests patch it)
+    blob, keys = encode_keys(params, placement, payload, key_domain_bits(params, table), *gen)
     return SSAUpload(blob, master_seeds), SSAClientState(params, idx, placement, keys)
 
 

@@ -10,6 +10,8 @@ out (:func:`~flwr_fsl.crypto.dpf_gen.gen_public`'s ``tail``): the upload is the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -21,6 +23,8 @@ from flwr_fsl.families.ssa.messages import Placement, SSAParams
 from flwr_fsl.families.ssa.verify import checks_counts, one_word
 
 __all__ = ["encode_keys", "key_betas", "value_trailer_bytes"]
+
+TrailerFn = Callable[[SSAParams, tuple[DPFKeyBatch, DPFKeyBatch], NDArray[np.uint64]], bytes]
 
 
 def key_betas(
@@ -55,6 +59,7 @@ def encode_keys(
     domain_bits: NDArray[np.int64],
     master_seeds: tuple[bytes, bytes],
     threads: int,
+    make_trailer: TrailerFn = pc.value_trailer,
 ) -> tuple[bytes, tuple[DPFKeyBatch, DPFKeyBatch]]:
     """Generate a client's keys and return its upload blob (public part, then trailer) and keys.
 
@@ -72,6 +77,10 @@ def encode_keys(
         The servers' master seeds.
     threads : int
         Gen threads.
+    make_trailer : callable, optional
+        ``(params, keys, betas) -> bytes``, the round's trailer (default
+        :func:`~flwr_fsl.families.ssa.projected_check.value_trailer`; its size must be
+        :func:`value_trailer_bytes`).
 
     Returns
     -------
@@ -82,7 +91,7 @@ def encode_keys(
     size = value_trailer_bytes(params)
 
     def trailer(keys: tuple[DPFKeyBatch, DPFKeyBatch]) -> bytes:
-        return pc.value_trailer(params, keys, betas)
+        return make_trailer(params, keys, betas)
 
     k0, k1 = generate_keys_batch(
         placement.alphas,
