@@ -356,7 +356,9 @@ class DPFPublicBatch:
     def to_bytes(self) -> bytes:
         """Serialize (kind 1, see module docstring); a batch from Gen returns its blob as is."""
         if self._wire is not None:
-            return self._wire if self._end == len(self._wire) else self._wire[: self._end]
+            if self._end != len(self._wire):  # a trailer follows: keep the public part only
+                object.__setattr__(self, "_wire", self._wire[: self._end])
+            return self._wire
         lay = self.layout()
         buf = np.empty(lay.end, np.uint8)
         _write_header(buf, _KIND_PUBLIC, _NO_PARTY, self.tau, self.num_keys, self.version)
@@ -373,7 +375,9 @@ class DPFPublicBatch:
         """Return the bytes key generation wrote: :meth:`to_bytes`, then any trailer it reserved.
 
         :func:`~flwr_fsl.crypto.dpf_gen.gen_public` can write a trailer (a value check's) after
-        the public part in the same blob, so an upload is copied out once.
+        the public part in the same blob, so an upload is copied out once. The first
+        :meth:`to_bytes` of such a batch copies the public part out and keeps only that (the
+        blob belongs to the upload): from then on this is :meth:`to_bytes`.
         """
         return self._wire if self._wire is not None else self.to_bytes()
 

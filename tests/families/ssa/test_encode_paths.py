@@ -78,10 +78,11 @@ def test_the_trailer_written_in_place_is_the_appended_one(value_check):
         params, idx, vals, rng=np.random.default_rng(4), master_seeds=SEEDS, threads=1
     )
     public = state.keys[0].public
-    head = public.to_bytes()
-    assert upload.public_part[: len(head)] == head
-    assert bytes(public.wire_view()) == head
-    assert public.blob() == upload.public_part
+    assert public.blob() is upload.public_part  # one blob: public part, then trailer
+    view = bytes(public.wire_view())
+    head = public.to_bytes()  # copies the public part out once, and keeps only that
+    assert view == head and upload.public_part[: len(head)] == head
+    assert public.blob() == head and public.to_bytes() is head
     assert dpf.DPFPublicBatch.from_bytes(head) == public
     # the trailer is the one value_trailer makes from the finished keys (unit weights: the
     # payload rows are (value, 1), rounded with the rng's first draws)
