@@ -260,8 +260,13 @@ def _pair(
     root0: NDArray[np.uint64],
     root1: NDArray[np.uint64],
 ) -> Callable[[DPFPublicBatch], bytes]:
-    """Return ``make`` of the key pair a public part and these root seeds form."""
-    return lambda pub: make((DPFKeyBatch(0, root0, pub), DPFKeyBatch(1, root1, pub)))
+    """Return ``make`` of the key pair a public part and these root seeds form.
+
+    The pair is Gen's own seeds and words, not validated again.
+    """
+    return lambda pub: make(
+        (DPFKeyBatch._trusted(0, root0, pub), DPFKeyBatch._trusted(1, root1, pub))
+    )
 
 
 def generate_keys(
