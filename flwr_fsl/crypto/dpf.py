@@ -66,7 +66,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.crypto.dpf_gen import gen_public
+from flwr_fsl.crypto.dpf_gen import gen_public, gen_roots
 from flwr_fsl.crypto.dpf_keys import (
     _U64,
     MAX_DOMAIN_BITS,
@@ -239,8 +239,8 @@ def generate_keys_batch(
         msk = (bytes(master_seeds[0]), bytes(master_seeds[1]))
         if any(len(s) != SEED_BYTES for s in msk):
             raise ConfigurationError(f"master seeds must be {SEED_BYTES} bytes each")
-    root0 = derive_root_seeds(msk[0], m)
-    root1 = derive_root_seeds(msk[1], m)
+    roots = gen_roots if _NATIVE_AES else derive_root_seeds
+    root0, root1 = roots(msk[0], m), roots(msk[1], m)
     if verifiable and b.shape[1] % 2:
         raise ConfigurationError("verifiable keys need an even tau (no early termination)")
     if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:

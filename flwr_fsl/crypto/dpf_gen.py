@@ -47,13 +47,21 @@ from flwr_fsl.crypto.dpf_keys import (
     _write_header,
 )
 from flwr_fsl.crypto.dpf_wire import pack_cw_bits_into, public_layout, u64_view, write_prefix
-from flwr_fsl.crypto.prg import MMO_KEY, MMO_KEY_LEFT, MMO_KEY_PROOF, MMO_KEY_RIGHT, MMOCiphers
+from flwr_fsl.crypto.prg import (
+    MMO_KEY,
+    MMO_KEY_LEFT,
+    MMO_KEY_PROOF,
+    MMO_KEY_RIGHT,
+    TAG_ROOT_SEED,
+    MMOCiphers,
+    derive_root_seeds,
+)
 from flwr_fsl.kernels import dpf_gen_kernels as _g
 from flwr_fsl.kernels import dpf_kernels as _k
 from flwr_fsl.kernels import vdpf_kernels as _vk
 from flwr_fsl.kernels.aes import NativeAES, native_aes
 
-__all__ = ["GEN_CHUNK", "NATIVE_GEN_CHUNK", "gen_public"]
+__all__ = ["GEN_CHUNK", "NATIVE_GEN_CHUNK", "gen_public", "gen_roots"]
 
 GEN_CHUNK = 1 << 13
 """Keys per chunk: 2 x 8192 blocks (256 KiB) per level call, so a chunk's blocks, their two
@@ -81,6 +89,28 @@ def _native_contexts() -> tuple[int, NDArray[np.uint64]] | None:
             _NATIVE.ctxs = (kept[0].fn, np.array([c.ctx for c in kept], dtype=_U64))
     ctxs: tuple[int, NDArray[np.uint64]] | None = _NATIVE.ctxs
     return ctxs  # None where libcrypto does not load (or FLWR_FSL_NATIVE_AES=0)
+
+
+def gen_roots(master_seed: bytes, count: int) -> NDArray[np.uint64]:
+    """Return :func:`~flwr_fsl.crypto.prg.derive_root_seeds`'s root seeds (validated inputs).
+
+    Where OpenSSL loads natively (and on little-endian hosts, where the PRF's words are the
+    native ones) one numba call lays out and encrypts the blocks in place
+    (:func:`~flwr_fsl.kernels.dpf_gen_kernels.root_seeds`); elsewhere the PRF from Python.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    aes = native_aes(master_seed) if sys.byteorder == "little" and count > 0 else None
+    if aes is None:
+        return derive_root_seeds(master_seed, count)
+    out = np.empty((count + 1, 2), dtype=_U64)
+    if not _g.root_seeds(aes.fn, aes.ctx, _U64(TAG_ROOT_SEED), out):
+        raise RuntimeError("OpenSSL AES failed")
+    aes.close()
+    return out[:count]
 
 
 _SCRATCH_MAX = 64 << 20

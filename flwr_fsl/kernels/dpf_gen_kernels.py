@@ -304,3 +304,27 @@ def gen_run(
         n_log = log_blocks(log, n_log, 2 * n * half_w)
         gen_leaf_correction(conv_enc, conv, order[lo : lo + n], seeds, gpos, betas, cw_leaf)
     return n_log
+
+
+@njit(cache=True, nogil=True)
+def root_seeds(fn: int, ctx: int, tag: np.uint64, out: np.ndarray) -> bool:  # pragma: no cover
+    """``AES_k(j || tag)`` with bit 0 cleared into ``out[j]`` for ``j < len(out) - 1``.
+
+    The root seeds :func:`~flwr_fsl.crypto.prg.derive_root_seeds` derives (``ctx``: an ECB
+    context under the master seed; ``out`` has one spare row for OpenSSL). Returns whether
+    OpenSSL wrote every block.
+    """
+    m = out.shape[0] - 1
+    outl = np.zeros(1, dtype=np.int32)
+    step = 4096  # blocks per AES call (64 KiB in, in place of the output rows)
+    for lo in range(0, m, step):
+        n = min(step, m - lo)
+        dst = out[lo:]
+        for i in range(n):
+            dst[i, 0] = np.uint64(lo + i)
+            dst[i, 1] = tag
+        if not native_encrypt(fn, ctx, dst, dst, n, outl):
+            return False
+        for i in range(n):
+            dst[i, 0] &= CLEAR
+    return True
