@@ -119,3 +119,13 @@ def test_placement_keeps_cuckoo_hash_table(stash):
     assert got is not None
     for name in ("items", "hash_ids", "stash"):
         assert np.array_equal(getattr(got, name), getattr(table, name))
+
+
+@pytest.mark.parametrize("count", [0, 1, 4095, 4097])
+def test_native_root_seeds_are_the_prf_ones(monkeypatch, count):
+    from flwr_fsl.crypto.prg import derive_root_seeds
+
+    want = derive_root_seeds(SEEDS[1], count)
+    assert np.array_equal(dpf_gen.gen_roots(SEEDS[1], count), want)
+    monkeypatch.setattr(dpf_gen, "native_aes", lambda key: None)  # no libcrypto: the Python PRF
+    assert np.array_equal(dpf_gen.gen_roots(SEEDS[1], count), want)
