@@ -420,23 +420,26 @@ def rank_in_bins(
 def place_in_bins(
     items: NDArray[np.int64],
     order: NDArray[np.int64],
-    candidates: NDArray[np.int64],
-    bin_offsets: NDArray[np.int64],
-    bin_items: NDArray[np.int64],
+    candidates: NDArray[np.integer],
+    inserted: NDArray[np.integer],
+    table_index: tuple[NDArray[np.int64], NDArray[np.int64]],
     dummy: np.int64,
     outs: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64]],
     slots: NDArray[np.int64],
 ) -> np.int64:  # pragma: no cover - jitted
     """Finish a client's placement after :func:`cuckoo_insert`, every bin and stash slot once.
 
-    ``outs`` is ``(table, stash, hash_ids, alphas)``: ``table`` (``(B,)``) and ``stash``
-    (``(σ,)``) hold :func:`cuckoo_insert`'s item numbers (rows of the sorted, distinct
-    ``items``) and are overwritten with the indices, as :func:`resolve_cuckoo_table` does, which
-    also gives ``hash_ids``. Each key's DPF point goes to ``alphas`` (``(B + σ,)``): a bin's
-    point is the rank of its index in its simple bin (:func:`rank_in_bins`), a stash slot's the
-    index itself; an unused key's is its dummy slot (the bin's size, ``m`` for a stash slot)
-    when ``dummy`` is ``m`` (a checked round), else 0 (``dummy < 0``). ``slots`` receives each
-    key's row in the client's own index list (``order[i]`` for item ``i``) or ``EMPTY``.
+    ``inserted`` (``(B,)``, any integer type) holds :func:`cuckoo_insert`'s item numbers (rows
+    of the sorted, distinct ``items``) and ``table_index`` is the round's simple table
+    ``(bin_offsets, bin_items)``. ``outs`` is ``(table, stash, hash_ids, alphas)``: ``table``
+    (``(B,)`` int64) receives each bin's index and ``stash`` (``(σ,)``), which holds
+    :func:`cuckoo_insert`'s item numbers, is overwritten with the indices, as
+    :func:`resolve_cuckoo_table` does, which also gives ``hash_ids``. Each key's DPF point goes
+    to ``alphas`` (``(B + σ,)``): a bin's point is the rank of its index in its simple bin
+    (:func:`rank_in_bins`), a stash slot's the index itself; an unused key's is its dummy slot
+    (the bin's size, ``m`` for a stash slot) when ``dummy`` is ``m`` (a checked round), else 0
+    (``dummy < 0``). ``slots`` receives each key's row in the client's own index list
+    (``order[i]`` for item ``i``) or ``EMPTY``.
 
     Returns
     -------
@@ -444,15 +447,17 @@ def place_in_bins(
         The first bin whose index is not in its simple bin, or ``EMPTY`` if none.
     """
     table, stash, hash_ids, alphas = outs
+    bin_offsets, bin_items = table_index
     num_bins = table.shape[0]
     num_hashes = candidates.shape[1]
     checked = dummy >= 0
     first_missing = np.int64(EMPTY)
     for b in range(num_bins):
-        i = table[b]
+        i = np.int64(inserted[b])
         start = bin_offsets[b]
         stop = bin_offsets[b + 1]
         if i == EMPTY:
+            table[b] = EMPTY
             hash_ids[b] = EMPTY
             slots[b] = EMPTY
             alphas[b] = np.uint64(stop - start) if checked else np.uint64(0)

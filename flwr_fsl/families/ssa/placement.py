@@ -110,6 +110,10 @@ def _sorted_rows(idx: NDArray[np.int64], domain_size: int) -> tuple[NDArray[np.i
     return items, order
 
 
+_NARROW = 1 << 31
+"""Bins and items below this: the insertion runs on ``int32`` candidate bins and item numbers
+(the same table: :func:`~flwr_fsl.kernels.hashing.cuckoo_insert` is generic)."""
+
 _PACK_BITS = 63
 """Bits of the ``index << s | row`` words :func:`_sorted_rows` sorts (above: ``argsort``)."""
 
@@ -188,11 +192,15 @@ def _cuckoo_place(
     hp = params.hash_params
     seed = _seed_from(rng)
     candidates = _candidate_bins(hp, items)
-    cuckoo = np.full(hp.num_bins, EMPTY, np.int64)
+    if hp.num_bins < _NARROW and items.size < _NARROW:  # half the bytes the insertion walks
+        candidates = candidates.astype(np.int32)
+    inserted = np.full(hp.num_bins, EMPTY, candidates.dtype)  # item number per bin
     stash = np.full(hp.stash_size, EMPTY, np.int64)
     if items.size > hp.num_bins + hp.stash_size:
         raise ConfigurationError("the indices cannot fit into the round's bins and stash")
-    homeless = int(cuckoo_insert(candidates, np.int64(DEFAULT_MAX_EVICTIONS), seed, cuckoo, stash))
+    homeless = int(
+        cuckoo_insert(candidates, np.int64(DEFAULT_MAX_EVICTIONS), seed, inserted, stash)
+    )
     if homeless != EMPTY:  # the text names no index (the client's secret): it reaches S0
         raise CuckooInsertionError(
             "cuckoo hashing failed for this index set: use a larger scale_factor or "
@@ -203,9 +211,10 @@ def _cuckoo_place(
     alphas = np.empty(params.num_keys, np.uint64)
     slots = np.empty(params.num_keys, np.int64)
     dummy = np.int64(params.domain_size if params.verify else -1)  # unused keys' point
+    cuckoo = np.empty(hp.num_bins, np.int64)
     outs = (cuckoo, stash, hash_ids, alphas)
-    if place_in_bins(items, order, candidates, table.bin_offsets, table.bin_items, dummy, outs,
-                     slots) != EMPTY:  # fmt: skip
+    index = (table.bin_offsets, table.bin_items)
+    if place_in_bins(items, order, candidates, inserted, index, dummy, outs, slots) != EMPTY:
         raise ConfigurationError("an index is missing from its simple bin")
     for a in (cuckoo, hash_ids, stash):
         a.flags.writeable = False
