@@ -264,9 +264,14 @@ def _pair(
 
     The pair is Gen's own seeds and words, not validated again.
     """
-    return lambda pub: make(
-        (DPFKeyBatch._trusted(0, root0, pub), DPFKeyBatch._trusted(1, root1, pub))
-    )
+
+    def trusted(party: int, roots: NDArray[np.uint64], pub: DPFPublicBatch) -> DPFKeyBatch:
+        batch = object.__new__(DPFKeyBatch)  # Gen's own seeds: no second validation
+        for name, value in (("party", party), ("root_seeds", roots), ("public", pub)):
+            object.__setattr__(batch, name, value)
+        return batch
+
+    return lambda pub: make((trusted(0, root0, pub), trusted(1, root1, pub)))
 
 
 def generate_keys(

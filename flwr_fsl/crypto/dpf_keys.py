@@ -621,17 +621,6 @@ class DPFKeyBatch:
         )
 
     @classmethod
-    def _trusted(
-        cls, party: int, root_seeds: NDArray[np.uint64], public: DPFPublicBatch
-    ) -> DPFKeyBatch:
-        """Wrap key generation's own root seeds and public part without validating them again."""
-        batch = object.__new__(cls)
-        object.__setattr__(batch, "party", party)
-        object.__setattr__(batch, "root_seeds", root_seeds)
-        object.__setattr__(batch, "public", public)
-        return batch
-
-    @classmethod
     def from_master_seed(
         cls, party: int, public: DPFPublicBatch, master_seed: bytes
     ) -> DPFKeyBatch:

@@ -96,7 +96,6 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
-from flwr_fsl.kernels.projection import project_block
 
 __all__ = [
     "MAX_TRIES",
@@ -129,13 +128,10 @@ def _h(*parts: bytes) -> bytes:
 def public_digest(public: DPFPublicBatch) -> bytes:
     """SHA-256 of a key batch's public fields (epochs, correction words, proof words)."""
     h = hashlib.sha256(_TAG + b"public" + int(public.tau).to_bytes(8, "little"))
-    arrays: list[NDArray[np.generic]] = [public.domain_bits, public.epochs, public.cw_seeds]
-    arrays += [public.cw_bits, public.cw_leaf]
+    for arr in (public.domain_bits, public.epochs, public.cw_seeds, public.cw_bits, public.cw_leaf):
+        h.update(np.ascontiguousarray(arr).data)  # the bytes of tobytes(), no copy
     if public.cw_proof is not None:
-        arrays.append(public.cw_proof)
-    for arr in arrays:  # each array's bytes in memory order, hashed where they lie (no copy)
-        if arr.size:
-            h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+        h.update(np.ascontiguousarray(public.cw_proof).data)
     return h.digest()
 
 
@@ -164,16 +160,14 @@ def project(seed: bytes, r: int, words: _U64Array) -> _U64Array:
     """Return ``Z words`` in Z_2^64 (``(r,)`` uint64), ``Z`` the projections of ``seed``.
 
     Linear: applied to a server's shares it gives that server's shares of the projections.
-    The columns of ``Z`` are read from the stream's words as they come
-    (:func:`~flwr_fsl.kernels.projection.project_block`), never laid out.
+    The columns of ``Z`` are read from the keystream's words as they come, never laid out
+    (:func:`~flwr_fsl.kernels.projection.project_range` over every column; the stream draws of
+    :func:`projection_matrix`'s blocks, ``2 r`` bits per column, are one contiguous stream).
     """
+    from flwr_fsl.kernels.projection import project_range  # (kept out of the import block)
+
     a = np.ascontiguousarray(words, np.uint64).reshape(-1)
-    stream = PRGStream(seed)
-    y = np.zeros(r, np.uint64)
-    for lo in range(0, a.shape[0], _CHUNK):  # the stream draws of projection_matrix's blocks
-        block = a[lo : lo + _CHUNK]
-        project_block(stream.words((2 * r * block.shape[0] + 63) // 64), block, r, y)
-    return y
+    return project_range(seed, r, a, 0, a.shape[0])
 
 
 def _signed(y: _U64Array) -> NDArray[np.int64]:
