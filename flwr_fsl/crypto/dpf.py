@@ -60,12 +60,13 @@ bad argument (alpha or a point outside the domain, wrong beta shape, bad epoch).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.crypto.dpf_gen import gen_public
+from flwr_fsl.crypto.dpf_gen import gen_public, gen_roots
 from flwr_fsl.crypto.dpf_keys import (
     _U64,
     MAX_DOMAIN_BITS,
@@ -179,6 +180,8 @@ def generate_keys_batch(
     master_seeds: tuple[bytes, bytes] | None = None,
     epoch: int = 0,
     verifiable: bool = False,
+    threads: int = 1,
+    tail: tuple[int, Callable[[tuple[DPFKeyBatch, DPFKeyBatch]], bytes]] | None = None,
 ) -> tuple[DPFKeyBatch, DPFKeyBatch]:
     """Generate ``m`` DPF key pairs at once (e.g. one per cuckoo bin).
 
@@ -200,6 +203,13 @@ def generate_keys_batch(
     verifiable : bool, optional
         Add each key's proof correction word (de Castro–Polychroniadou verifiable DPF,
         :mod:`flwr_fsl.crypto.vdpf`); needs an even ``tau`` (no early termination).
+    threads : int, optional
+        Threads of the native Gen driver (default 1; :func:`~flwr_fsl.crypto.dpf_gen.gen_public`
+        splits large batches into key ranges). The keys do not depend on it.
+    tail : tuple, optional
+        ``(n, make)``: ``make`` gets the finished key pair and returns ``n`` bytes (a trailer)
+        that go after the public part in its blob, :meth:`DPFPublicBatch.blob`. The pair it
+        gets views a buffer that is reused: it must not keep it.
 
     Returns
     -------
@@ -229,17 +239,39 @@ def generate_keys_batch(
         msk = (bytes(master_seeds[0]), bytes(master_seeds[1]))
         if any(len(s) != SEED_BYTES for s in msk):
             raise ConfigurationError(f"master seeds must be {SEED_BYTES} bytes each")
-    root0 = derive_root_seeds(msk[0], m)
-    root1 = derive_root_seeds(msk[1], m)
+    roots = gen_roots if _NATIVE_AES else derive_root_seeds
+    root0, root1 = roots(msk[0], m), roots(msk[1], m)
     if verifiable and b.shape[1] % 2:
         raise ConfigurationError("verifiable keys need an even tau (no early termination)")
+    if isinstance(threads, bool) or not isinstance(threads, int | np.integer) or threads < 1:
+        raise ConfigurationError(f"threads must be an integer >= 1, got {threads!r}")
     pub = gen_public(
-        a, b, d, root0, root1, e, _mmo_ciphers(), verifiable, native=_NATIVE_AES, log=_AES_LOG
-    )
+        a, b, d, root0, root1, e, _mmo_ciphers(), verifiable, native=_NATIVE_AES, log=_AES_LOG,
+        threads=threads, tail=None if tail is None else (tail[0], _pair(tail[1], root0, root1)),
+    )  # fmt: skip
     return (
         DPFKeyBatch(party=0, root_seeds=root0, public=pub),
         DPFKeyBatch(party=1, root_seeds=root1, public=pub),
     )
+
+
+def _pair(
+    make: Callable[[tuple[DPFKeyBatch, DPFKeyBatch]], bytes],
+    root0: NDArray[np.uint64],
+    root1: NDArray[np.uint64],
+) -> Callable[[DPFPublicBatch], bytes]:
+    """Return ``make`` of the key pair a public part and these root seeds form.
+
+    The pair is Gen's own seeds and words, not validated again.
+    """
+
+    def trusted(party: int, roots: NDArray[np.uint64], pub: DPFPublicBatch) -> DPFKeyBatch:
+        batch = object.__new__(DPFKeyBatch)  # Gen's own seeds: no second validation
+        for name, value in (("party", party), ("root_seeds", roots), ("public", pub)):
+            object.__setattr__(batch, name, value)
+        return batch
+
+    return lambda pub: make((trusted(0, root0, pub), trusted(1, root1, pub)))
 
 
 def generate_keys(

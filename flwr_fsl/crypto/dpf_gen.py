@@ -10,9 +10,11 @@ packed control bits into their place in it, and the returned batch's ``cw_seeds`
 :meth:`~flwr_fsl.crypto.dpf_keys.DPFPublicBatch.to_bytes` then returns as it is. So a client's
 upload is written once and copied once (buffer to ``bytes``).
 
-Keys are processed in chunks of :data:`GEN_CHUNK` (:data:`NATIVE_GEN_CHUNK`) in order of
-decreasing tree depth, so each level's AES calls cover the chunk's keys that still have that
-level (one call per fixed key).
+Keys are processed in chunks of :data:`GEN_CHUNK` (:data:`NATIVE_GEN_CHUNK`) consecutive keys,
+each chunk's keys in order of decreasing tree depth, so each level's AES calls cover the chunk's
+keys that still have that level (one call per fixed key) and everything a chunk reads and writes
+per key (root seeds, values, leaf and proof words, correction-word rows) lies in a window of the
+chunk's keys.
 Where OpenSSL's ``libcrypto`` loads (:func:`~flwr_fsl.kernels.aes.native_aes`), the whole chunk
 loop is one GIL-free numba call that calls AES natively
 (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`); elsewhere, or with ``native=False``, the
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,13 +47,21 @@ from flwr_fsl.crypto.dpf_keys import (
     _write_header,
 )
 from flwr_fsl.crypto.dpf_wire import pack_cw_bits_into, public_layout, u64_view, write_prefix
-from flwr_fsl.crypto.prg import MMO_KEY, MMO_KEY_LEFT, MMO_KEY_PROOF, MMO_KEY_RIGHT, MMOCiphers
+from flwr_fsl.crypto.prg import (
+    MMO_KEY,
+    MMO_KEY_LEFT,
+    MMO_KEY_PROOF,
+    MMO_KEY_RIGHT,
+    TAG_ROOT_SEED,
+    MMOCiphers,
+    derive_root_seeds,
+)
 from flwr_fsl.kernels import dpf_gen_kernels as _g
 from flwr_fsl.kernels import dpf_kernels as _k
 from flwr_fsl.kernels import vdpf_kernels as _vk
 from flwr_fsl.kernels.aes import NativeAES, native_aes
 
-__all__ = ["GEN_CHUNK", "NATIVE_GEN_CHUNK", "gen_public"]
+__all__ = ["GEN_CHUNK", "NATIVE_GEN_CHUNK", "gen_public", "gen_roots"]
 
 GEN_CHUNK = 1 << 13
 """Keys per chunk: 2 x 8192 blocks (256 KiB) per level call, so a chunk's blocks, their two
@@ -76,6 +89,28 @@ def _native_contexts() -> tuple[int, NDArray[np.uint64]] | None:
             _NATIVE.ctxs = (kept[0].fn, np.array([c.ctx for c in kept], dtype=_U64))
     ctxs: tuple[int, NDArray[np.uint64]] | None = _NATIVE.ctxs
     return ctxs  # None where libcrypto does not load (or FLWR_FSL_NATIVE_AES=0)
+
+
+def gen_roots(master_seed: bytes, count: int) -> NDArray[np.uint64]:
+    """Return :func:`~flwr_fsl.crypto.prg.derive_root_seeds`'s root seeds (validated inputs).
+
+    Where OpenSSL loads natively (and on little-endian hosts, where the PRF's words are the
+    native ones) one numba call lays out and encrypts the blocks in place
+    (:func:`~flwr_fsl.kernels.dpf_gen_kernels.root_seeds`); elsewhere the PRF from Python.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    aes = native_aes(master_seed) if sys.byteorder == "little" and count > 0 else None
+    if aes is None:
+        return derive_root_seeds(master_seed, count)
+    out = np.empty((count + 1, 2), dtype=_U64)
+    if not _g.root_seeds(aes.fn, aes.ctx, _U64(TAG_ROOT_SEED), out):
+        raise RuntimeError("OpenSSL AES failed")
+    aes.close()
+    return out[:count]
 
 
 _SCRATCH_MAX = 64 << 20
@@ -109,6 +144,8 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     *,
     native: bool = True,
     log: list[int] | None = None,
+    threads: int = 1,
+    tail: tuple[int, Callable[[DPFPublicBatch], bytes]] | None = None,
 ) -> DPFPublicBatch:
     """Generate the public part of ``m`` keys for the given root seeds (validated inputs).
 
@@ -117,12 +154,26 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     gets its verifiable-DPF proof correction word ``cs = H(alpha, blk_0) ^ H(alpha, blk_1)``
     (:mod:`flwr_fsl.kernels.vdpf_kernels`). With ``native`` (the default) the chunk loop runs
     in one numba call with AES from OpenSSL where ``libcrypto`` loads (``aes`` is then unused
-    and the block count of every AES call is appended to ``log`` when it is a list).
+    and the block count of every AES call is appended to ``log`` when it is a list). With
+    ``threads >= 2`` the native driver splits the keys into that many ranges of about equal
+    work (:func:`_split`) and runs them at once on a pool (the kernels and OpenSSL release the
+    GIL; every range writes its own keys' words), the same bytes as one thread.
+
+    ``tail = (n, make)`` leaves ``n`` bytes after the public part for a trailer computed from it
+    (a value check's): ``make`` gets the finished batch (its arrays views of this thread's
+    buffer: it must not keep them) and returns the ``n`` bytes, which go into place before the
+    one copy out; the returned batch's :meth:`~flwr_fsl.crypto.dpf_keys.DPFPublicBatch.blob`
+    is then the public part followed by the trailer.
 
     Returns
     -------
     DPFPublicBatch
         The public part, its serialized form cached (read-only arrays).
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails or ``make`` returns other than ``n`` bytes.
     """
     m, tau = betas.shape
     half_w = _group(tau) * tau // 2
@@ -130,9 +181,11 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
     offsets = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(tl, out=offsets[1:])
     n_levels = int(offsets[-1])
-    plan = _g.gen_plan(alphas, dbits, tl, offsets, _group(tau))
+    ctxs = _native_contexts() if native else None
+    chunk = NATIVE_GEN_CHUNK if ctxs is not None else GEN_CHUNK  # the drivers' chunks
+    plan = _g.gen_plan(alphas, dbits, tl, offsets, _group(tau), min(chunk, max(m, 1)))
     lay = public_layout(_HEADER_BYTES, m, 2 * half_w, n_levels, proof, True)
-    buf = _blob_scratch(lay.end)
+    buf = _blob_scratch(lay.end + (0 if tail is None else tail[0]))
     _write_header(buf, _KIND_PUBLIC, _NO_PARTY, tau, m, _PROOF_VERSION if proof else _VERSION)
     domain_bits = dbits.astype(np.uint8)
     epochs = np.full(m, epoch, dtype=_U64)
@@ -168,17 +221,24 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
             else np.empty((m, PROOF_WORDS), dtype=_U64)
         ),
     )
-    ctxs = _native_contexts() if native else None
     if ctxs is None:
         _run(job)
     else:
-        _run_native(job, ctxs, log)
+        _run_threads(job, log, threads)
     if not little:  # pragma: no cover - big-endian hosts: native words, converted here
         u64_view(buf, lay.seeds, 2 * n_levels)[:] = job.cw_seeds.reshape(-1)
         u64_view(buf, lay.leaf, m * 2 * half_w)[:] = job.cw_leaf.reshape(-1)
     pack_cw_bits_into(job.cw_bits, buf[lay.bits : lay.proof_at])
     if job.cw_proof is not None and not little:  # pragma: no cover - big-endian hosts
         u64_view(buf, lay.proof_at, PROOF_WORDS * m)[:] = job.cw_proof.reshape(-1)
+    if tail is not None:  # the trailer, from the finished words, into the room left for it
+        pre = {"tau": tau, "domain_bits": domain_bits, "epochs": epochs}
+        pre |= {"cw_seeds": job.cw_seeds, "cw_bits": job.cw_bits, "cw_leaf": job.cw_leaf}
+        pre |= {"cw_proof": job.cw_proof, "level_offsets": offsets}
+        trailer = tail[1](DPFPublicBatch._from_wire(None, pre))
+        if len(trailer) != tail[0]:
+            raise RuntimeError(f"the trailer has {len(trailer)} bytes, {tail[0]} reserved")
+        buf[lay.end :] = np.frombuffer(trailer, np.uint8)
     wire = buf.tobytes()
     if little:  # the batch's words are views of the blob it returns (no second copy)
         cw_seeds = np.frombuffer(wire, _U64, 2 * n_levels, lay.seeds).reshape(n_levels, 2)
@@ -192,7 +252,7 @@ def gen_public(  # noqa: PLR0913 - the four MMO keys' inputs, plus the driver ch
         cw_seeds, cw_leaf, cw_proof = job.cw_seeds, job.cw_leaf, job.cw_proof
     fields = {"tau": tau, "domain_bits": domain_bits, "epochs": epochs, "cw_seeds": cw_seeds}
     fields |= {"cw_bits": job.cw_bits, "cw_leaf": cw_leaf, "cw_proof": cw_proof}
-    return DPFPublicBatch._from_wire(wire, fields | {"level_offsets": offsets})
+    return DPFPublicBatch._from_wire(wire, fields | {"level_offsets": offsets}, lay.end)
 
 
 @dataclass
@@ -201,7 +261,7 @@ class _Job:
 
     alphas: NDArray[np.uint64]
     betas: NDArray[np.uint64]
-    order: NDArray[np.int64]  # key numbers by decreasing tree depth (ties in key order)
+    order: NDArray[np.int64]  # key numbers chunk by chunk, each by decreasing tree depth
     depth: NDArray[np.int64]  # tree levels of each key, in `order`
     path: NDArray[np.uint64]  # tree-path bits of each key (MSB first), in `order`
     rows: NDArray[np.int64]  # each key's first row of cw_seeds / cw_bits, in `order`
@@ -216,7 +276,7 @@ class _Job:
 
 
 def _run(job: _Job) -> None:
-    """Run Gen chunk by chunk (deepest keys first), writing into the job's output arrays."""
+    """Run Gen chunk by chunk (each deepest keys first), writing into the job's output arrays."""
     m, half_w = job.betas.shape[0], job.cw_leaf.shape[1] // 2
     order, depth_sorted = job.order, job.depth
     aes = job.aes
@@ -250,24 +310,98 @@ def _run(job: _Job) -> None:
         _g.gen_leaf_correction(conv_enc, conv, keys, seeds, job.gpos, job.betas, job.cw_leaf)
 
 
-def _run_native(job: _Job, ctxs: tuple[int, NDArray[np.uint64]], log: list[int] | None) -> None:
-    """Run Gen in one GIL-free numba call (:func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run`).
+_MIN_KEYS_PER_THREAD = 4 * NATIVE_GEN_CHUNK
+"""Fewest keys a thread of the native driver gets (below that a second thread costs more than
+it saves)."""
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """Return the process-wide Gen pool with ``threads`` workers (made on first use, then kept)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-dpf-gen")
+            _POOLS[threads] = pool
+        return pool
+
+
+def _split(depth: NDArray[np.int64], parts: int) -> list[tuple[int, int]]:
+    """Cut the depth-sorted keys into ``parts`` ranges of about equal work, at chunk bounds.
+
+    A key's work is about its tree levels plus two (its leaf and proof blocks).
+    """
+    work = np.cumsum(depth + 2)
+    total = int(work[-1])
+    cuts = [0]
+    for q in range(1, parts):
+        at = int(np.searchsorted(work, total * q // parts))
+        at = min(depth.shape[0], -(-at // NATIVE_GEN_CHUNK) * NATIVE_GEN_CHUNK)
+        cuts.append(max(at, cuts[-1]))
+    cuts.append(depth.shape[0])
+    return [(lo, hi) for lo, hi in pairwise(cuts) if hi > lo]
+
+
+def _run_threads(job: _Job, log: list[int] | None, threads: int) -> None:
+    """Run the native driver over key ranges, on ``threads`` threads where it pays.
 
     Raises
     ------
     RuntimeError
         If OpenSSL fails.
     """
-    m, half_w = job.betas.shape[0], job.cw_leaf.shape[1] // 2
-    geom = (job.order, job.depth, job.path, job.rows)
-    depth_s = job.depth
+    m = job.betas.shape[0]
+    parts = max(1, min(threads, m // _MIN_KEYS_PER_THREAD))
+    ranges = _split(job.depth, parts) if parts > 1 else [(0, m)]
+    logs: list[list[int] | None] = [None if log is None else [] for _ in ranges]
+
+    def work(q: int) -> None:
+        ctxs = _native_contexts()  # this thread's OpenSSL contexts
+        if ctxs is None:  # pragma: no cover - libcrypto loaded in the caller's thread
+            raise RuntimeError("OpenSSL AES is not available in a Gen thread")
+        _run_native(job, ctxs, logs[q], ranges[q])
+
+    if len(ranges) == 1:
+        work(0)
+    else:
+        futures = [_pool(len(ranges)).submit(work, q) for q in range(len(ranges))]
+        wait(futures)
+        for f in futures:
+            f.result()  # re-raise the first error, after every range has finished
+    if log is not None:
+        for part in logs:
+            log.extend(part or [])
+
+
+def _run_native(
+    job: _Job,
+    ctxs: tuple[int, NDArray[np.uint64]],
+    log: list[int] | None,
+    keys: tuple[int, int],
+) -> None:
+    """Run Gen of the keys ``keys[0]:keys[1]`` (in plan order) in one GIL-free numba call.
+
+    :func:`~flwr_fsl.kernels.dpf_gen_kernels.gen_run` on those keys' slice of the plan; it
+    writes only their words.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    lo, hi = keys
+    m, half_w = hi - lo, job.cw_leaf.shape[1] // 2
+    geom = (job.order[lo:hi], job.depth[lo:hi], job.path[lo:hi], job.rows[lo:hi])
+    depth_s = geom[1]
     chunk = min(NATIVE_GEN_CHUNK, max(m, 1))
     proof = job.cw_proof is not None
     cw_proof = job.cw_proof if job.cw_proof is not None else np.empty((0, PROOF_WORDS), _U64)
     n_log = 0
     if log is not None and m:  # per chunk: two calls per level, then proof and value
         n_chunks = -(-m // chunk)
-        n_log = n_chunks * (2 * int(depth_s[0]) + 2)
+        n_log = n_chunks * (2 * int(depth_s.max()) + 2)
     calls_log = np.zeros(n_log, dtype=np.int64)
     fn, ctx = ctxs
     inputs = (job.alphas, job.betas, job.roots[0], job.roots[1], job.gpos)

@@ -233,6 +233,7 @@ class DPFPublicBatch:
     cw_proof: NDArray[np.uint64] | None = None
     level_offsets: NDArray[np.int64] = field(init=False, repr=False)
     _wire: bytes | None = field(init=False, repr=False, default=None)
+    _end: int = field(init=False, repr=False, default=-1)  # public part's end in _wire
 
     def __post_init__(self) -> None:
         tau = self.tau
@@ -346,7 +347,8 @@ class DPFPublicBatch:
     def _write_body(self, buf: NDArray[np.uint8], lay: PublicLayout) -> None:
         """Write the public body into ``buf`` at ``lay`` (see module docstring)."""
         if self._wire is not None:  # written once already: copy the body as it stands
-            buf[lay.start : lay.end] = np.frombuffer(self._wire, np.uint8, offset=_HEADER_BYTES)
+            body = np.frombuffer(self._wire, np.uint8, self._end - _HEADER_BYTES, _HEADER_BYTES)
+            buf[lay.start : lay.end] = body
             return
         words = (self.cw_leaf, self.cw_seeds, self.cw_bits, self.cw_proof)
         write_public_body(buf, lay, self.domain_bits, self.epochs, *words)
@@ -354,6 +356,8 @@ class DPFPublicBatch:
     def to_bytes(self) -> bytes:
         """Serialize (kind 1, see module docstring); a batch from Gen returns its blob as is."""
         if self._wire is not None:
+            if self._end != len(self._wire):  # a trailer follows: keep the public part only
+                object.__setattr__(self, "_wire", self._wire[: self._end])
             return self._wire
         lay = self.layout()
         buf = np.empty(lay.end, np.uint8)
@@ -361,14 +365,34 @@ class DPFPublicBatch:
         self._write_body(buf, lay)
         return buf.tobytes()
 
+    def wire_view(self) -> memoryview:
+        """Return :meth:`to_bytes` as a read-only view (no copy of a blob Gen wrote)."""
+        if self._wire is None:
+            return memoryview(self.to_bytes())
+        return memoryview(self._wire)[: self._end]
+
+    def blob(self) -> bytes:
+        """Return the bytes key generation wrote: :meth:`to_bytes`, then any trailer it reserved.
+
+        :func:`~flwr_fsl.crypto.dpf_gen.gen_public` can write a trailer (a value check's) after
+        the public part in the same blob, so an upload is copied out once. The first
+        :meth:`to_bytes` of such a batch copies the public part out and keeps only that (the
+        blob belongs to the upload): from then on this is :meth:`to_bytes`.
+        """
+        return self._wire if self._wire is not None else self.to_bytes()
+
     @classmethod
-    def _from_wire(cls, wire: bytes, fields: dict[str, Any]) -> DPFPublicBatch:
+    def _from_wire(
+        cls, wire: bytes | None, fields: dict[str, Any], end: int | None = None
+    ) -> DPFPublicBatch:
         """Wrap a public part that key generation wrote in place, with its blob cached.
 
         ``fields`` are every field's value (``level_offsets`` included), typically read-only
         views of ``wire``; arrays are made read-only, so the cached blob stays what
-        :meth:`to_bytes` would write. Gen's arrays are correct by construction and are not
-        validated again (a decoded blob is: :meth:`from_bytes`).
+        :meth:`to_bytes` would write. ``wire[:end]`` is the public part (``end`` None: all of
+        it; a trailer may follow); with ``wire`` None nothing is cached. Gen's arrays are
+        correct by construction and are not validated again (a decoded blob is:
+        :meth:`from_bytes`).
         """
         batch = object.__new__(cls)
         for name, value in fields.items():
@@ -376,6 +400,7 @@ class DPFPublicBatch:
                 value.flags.writeable = False
             object.__setattr__(batch, name, value)
         object.__setattr__(batch, "_wire", wire)
+        object.__setattr__(batch, "_end", -1 if wire is None else end or len(wire))
         return batch
 
     @classmethod

@@ -155,45 +155,56 @@ def gen_leaf_correction(
 
 @njit(cache=True, nogil=True)
 def gen_plan(
-    alphas: np.ndarray, dbits: np.ndarray, levels: np.ndarray, offsets: np.ndarray, group: int
+    alphas: np.ndarray,
+    dbits: np.ndarray,
+    levels: np.ndarray,
+    offsets: np.ndarray,
+    group: int,
+    chunk: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort.
+    """Key order and per-key geometry of a Gen call, in one pass plus a counting sort per chunk.
 
     ``levels[j]`` is key ``j``'s tree levels and ``offsets[j]`` its first correction-word row.
-    Returns ``(order, depth, path, rows, group_pos)``: the key numbers by decreasing depth
-    (ties in key order, as a stable sort), the depth, tree-path bits (MSB first) and first
-    row of each key *in that order*, and each key's position of ``alpha`` in its leaf group
-    (by key number; with ``group == 2`` and a tree, the last bit of ``alpha``).
+    Returns ``(order, depth, path, rows, group_pos)``: the key numbers chunk by chunk of
+    ``chunk`` consecutive keys, each chunk's keys by decreasing depth (ties in key order, as a
+    stable sort), so a chunk's keys that have a given level are a prefix of it and everything
+    a chunk reads and writes per key stays in a window of ``chunk`` keys; the depth, tree-path
+    bits (MSB first) and first row of each key *in that order*; and each key's position of
+    ``alpha`` in its leaf group (by key number; with ``group == 2`` and a tree, the last bit
+    of ``alpha``).
     """
     m = levels.shape[0]
-    counts = np.zeros(66, dtype=np.int64)
-    for j in range(m):
-        counts[levels[j]] += 1
-    start = np.empty(66, dtype=np.int64)
-    pos = 0
-    for d in range(65, -1, -1):
-        start[d] = pos
-        pos += counts[d]
     order = np.empty(m, dtype=np.int64)
     depth = np.empty(m, dtype=np.int64)
     path = np.empty(m, dtype=np.uint64)
     rows = np.empty(m, dtype=np.int64)
     gpos = np.zeros(m, dtype=np.int64)
-    for j in range(m):
-        d = levels[j]
-        p = start[d]
-        start[d] = p + 1
-        a = alphas[j]
-        if group == 2:
-            if dbits[j] >= 1:
-                gpos[j] = np.int64(a & ONE)
-                a = a >> ONE
-            else:
-                a = ZERO
-        order[p] = j
-        depth[p] = d
-        path[p] = a
-        rows[p] = offsets[j]
+    counts = np.zeros(66, dtype=np.int64)
+    start = np.empty(66, dtype=np.int64)
+    for lo in range(0, m, max(chunk, 1)):
+        hi = min(m, lo + chunk)
+        counts[:] = 0
+        for j in range(lo, hi):
+            counts[levels[j]] += 1
+        pos = lo
+        for d in range(65, -1, -1):
+            start[d] = pos
+            pos += counts[d]
+        for j in range(lo, hi):
+            d = levels[j]
+            p = start[d]
+            start[d] = p + 1
+            a = alphas[j]
+            if group == 2:
+                if dbits[j] >= 1:
+                    gpos[j] = np.int64(a & ONE)
+                    a = a >> ONE
+                else:
+                    a = ZERO
+            order[p] = j
+            depth[p] = d
+            path[p] = a
+            rows[p] = offsets[j]
     return order, depth, path, rows, gpos
 
 
@@ -245,15 +256,15 @@ def gen_run(
     epoch: np.uint64,
     log: np.ndarray,
 ) -> int:  # pragma: no cover - numba
-    """BGI16 Gen of all keys, chunk by chunk (deepest keys first), AES called natively.
+    """BGI16 Gen of all keys, chunk by chunk (each deepest keys first), AES called natively.
 
     ``fn`` is ``EVP_EncryptUpdate``'s address and ``ctxs`` the ``(4,)`` left, right, value and
     proof contexts; ``inputs`` is ``(alphas, betas, root0, root1, group_pos)``; ``geom`` is
-    ``(order, depth, path, rows)`` with the last three already in ``order`` (keys by decreasing
-    depth); ``outs`` is ``(cw_seeds, cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no
-    rows when ``shape[2]`` is 0); ``shape`` is ``(chunk, half_w, proof)``. Returns the number
-    of AES calls made (``log`` receives their block counts, as many as fit) or ``-1`` if
-    OpenSSL failed.
+    ``(order, depth, path, rows)`` with the last three already in ``order`` (:func:`gen_plan`'s,
+    made for this ``chunk``: each chunk's keys by decreasing depth); ``outs`` is ``(cw_seeds,
+    cw_bits, cw_leaf, cw_proof)`` (``cw_proof`` may have no rows when ``shape[2]`` is 0);
+    ``shape`` is ``(chunk, half_w, proof)``. Returns the number of AES calls made (``log``
+    receives their block counts, as many as fit) or ``-1`` if OpenSSL failed.
     """
     alphas, betas, root0, root1, gpos = inputs
     order, depth_s, path_s, rows_s = geom
@@ -293,3 +304,27 @@ def gen_run(
         n_log = log_blocks(log, n_log, 2 * n * half_w)
         gen_leaf_correction(conv_enc, conv, order[lo : lo + n], seeds, gpos, betas, cw_leaf)
     return n_log
+
+
+@njit(cache=True, nogil=True)
+def root_seeds(fn: int, ctx: int, tag: np.uint64, out: np.ndarray) -> bool:  # pragma: no cover
+    """``AES_k(j || tag)`` with bit 0 cleared into ``out[j]`` for ``j < len(out) - 1``.
+
+    The root seeds :func:`~flwr_fsl.crypto.prg.derive_root_seeds` derives (``ctx``: an ECB
+    context under the master seed; ``out`` has one spare row for OpenSSL). Returns whether
+    OpenSSL wrote every block.
+    """
+    m = out.shape[0] - 1
+    outl = np.zeros(1, dtype=np.int32)
+    step = 4096  # blocks per AES call (64 KiB in, in place of the output rows)
+    for lo in range(0, m, step):
+        n = min(step, m - lo)
+        dst = out[lo:]
+        for i in range(n):
+            dst[i, 0] = np.uint64(lo + i)
+            dst[i, 1] = tag
+        if not native_encrypt(fn, ctx, dst, dst, n, outl):
+            return False
+        for i in range(n):
+            dst[i, 0] &= CLEAR
+    return True

@@ -414,3 +414,74 @@ def rank_in_bins(
         if (start + rank >= stop or bin_items[start + rank] != x) and first_missing == EMPTY:
             first_missing = np.int64(b)
     return first_missing
+
+
+@njit(cache=True, nogil=True)
+def place_in_bins(
+    items: NDArray[np.int64],
+    order: NDArray[np.int64],
+    candidates: NDArray[np.integer],
+    inserted: NDArray[np.integer],
+    table_index: tuple[NDArray[np.int64], NDArray[np.int64]],
+    dummy: np.int64,
+    outs: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64]],
+    slots: NDArray[np.int64],
+) -> np.int64:  # pragma: no cover - jitted
+    """Finish a client's placement after :func:`cuckoo_insert`, every bin and stash slot once.
+
+    ``inserted`` (``(B,)``, any integer type) holds :func:`cuckoo_insert`'s item numbers (rows
+    of the sorted, distinct ``items``) and ``table_index`` is the round's simple table
+    ``(bin_offsets, bin_items)``. ``outs`` is ``(table, stash, hash_ids, alphas)``: ``table``
+    (``(B,)`` int64) receives each bin's index and ``stash`` (``(σ,)``), which holds
+    :func:`cuckoo_insert`'s item numbers, is overwritten with the indices, as
+    :func:`resolve_cuckoo_table` does, which also gives ``hash_ids``. Each key's DPF point goes
+    to ``alphas`` (``(B + σ,)``): a bin's point is the rank of its index in its simple bin
+    (:func:`rank_in_bins`), a stash slot's the index itself; an unused key's is its dummy slot
+    (the bin's size, ``m`` for a stash slot) when ``dummy`` is ``m`` (a checked round), else 0
+    (``dummy < 0``). ``slots`` receives each key's row in the client's own index list
+    (``order[i]`` for item ``i``) or ``EMPTY``.
+
+    Returns
+    -------
+    numpy.int64
+        The first bin whose index is not in its simple bin, or ``EMPTY`` if none.
+    """
+    table, stash, hash_ids, alphas = outs
+    bin_offsets, bin_items = table_index
+    num_bins = table.shape[0]
+    num_hashes = candidates.shape[1]
+    checked = dummy >= 0
+    first_missing = np.int64(EMPTY)
+    for b in range(num_bins):
+        i = np.int64(inserted[b])
+        start = bin_offsets[b]
+        stop = bin_offsets[b + 1]
+        if i == EMPTY:
+            table[b] = EMPTY
+            hash_ids[b] = EMPTY
+            slots[b] = EMPTY
+            alphas[b] = np.uint64(stop - start) if checked else np.uint64(0)
+            continue
+        for d in range(num_hashes):
+            if candidates[i, d] == b:
+                hash_ids[b] = d
+                break
+        x = items[i]
+        table[b] = x
+        slots[b] = order[i]
+        rank = 0
+        for p in range(start, stop):
+            rank += bin_items[p] < x
+        alphas[b] = np.uint64(rank)
+        if (start + rank >= stop or bin_items[start + rank] != x) and first_missing == EMPTY:
+            first_missing = np.int64(b)
+    for s in range(stash.shape[0]):
+        i = stash[s]
+        if i == EMPTY:
+            slots[num_bins + s] = EMPTY
+            alphas[num_bins + s] = np.uint64(dummy) if checked else np.uint64(0)
+        else:
+            stash[s] = items[i]
+            slots[num_bins + s] = order[i]
+            alphas[num_bins + s] = np.uint64(items[i])
+    return first_missing

@@ -16,16 +16,19 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.hashing import (
+    DEFAULT_MAX_EVICTIONS,
     EMPTY,
     CuckooInsertionError,
+    CuckooTable,
     HashParams,
     SimpleTable,
-    cuckoo_hash,
+    _candidate_bins,
+    _seed_from,
     simple_hash,
 )
 from flwr_fsl.families.ssa.messages import Placement, SSAParams
-from flwr_fsl.families.ssa.verify import dummy_alphas, key_domain_bits_checked, key_lengths_checked
-from flwr_fsl.kernels.hashing import rank_in_bins
+from flwr_fsl.families.ssa.verify import key_domain_bits_checked, key_lengths_checked
+from flwr_fsl.kernels.hashing import cuckoo_insert, place_in_bins
 
 __all__ = ["key_domain_bits", "key_lengths", "place_indices", "simple_table_for"]
 
@@ -107,6 +110,10 @@ def _sorted_rows(idx: NDArray[np.int64], domain_size: int) -> tuple[NDArray[np.i
     return items, order
 
 
+_NARROW = 1 << 31
+"""Bins and items below this: the insertion runs on ``int32`` candidate bins and item numbers
+(the same table: :func:`~flwr_fsl.kernels.hashing.cuckoo_insert` is generic)."""
+
 _PACK_BITS = 63
 """Bits of the ``index << s | row`` words :func:`_sorted_rows` sorts (above: ``argsort``)."""
 
@@ -154,34 +161,61 @@ def place_indices(
         raise ConfigurationError(f"indices must be in [0, {params.domain_size})")
     items, order = _sorted_rows(idx, params.domain_size)
     table = simple_table if simple_table is not None else simple_table_for(params)
-    num_bins = params.hash_params.num_bins
-    rows = np.empty(num_bins, np.int64)  # each bin's item as a row of `items`
-    try:
-        cuckoo = cuckoo_hash(items, params.hash_params, seed=rng, rows=rows)
-    except CuckooInsertionError as err:
-        # The hashing layer's text names the homeless index; keep it out of the reply.
+    if table.params != params.hash_params:
+        raise ConfigurationError("cuckoo and simple table were built with different HashParams")
+    cuckoo, alphas, slots = _cuckoo_place(params, items, order, table, rng)
+    return Placement(alphas, slots, cuckoo)
+
+
+def _cuckoo_place(
+    params: SSAParams,
+    items: NDArray[np.int64],
+    order: NDArray[np.int64],
+    table: SimpleTable,
+    rng: np.random.Generator | None,
+) -> tuple[CuckooTable, NDArray[np.uint64], NDArray[np.int64]]:
+    """Cuckoo-insert the sorted, distinct ``items`` and derive every key's point and slot.
+
+    The table is :func:`~flwr_fsl.crypto.hashing.cuckoo_hash`'s for these items and seed (the
+    same candidate bins, insertion kernel and eviction stream), without its second sort and
+    checks of items :func:`_sorted_rows` already sorted and checked; one kernel then resolves
+    the table and ranks each bin's index in its simple bin
+    (:func:`~flwr_fsl.kernels.hashing.place_in_bins`).
+
+    Raises
+    ------
+    CuckooInsertionError
+        If insertion fails (the text names no index).
+    ConfigurationError
+        If an index is missing from its simple bin (a table of other parameters).
+    """
+    hp = params.hash_params
+    seed = _seed_from(rng)
+    candidates = _candidate_bins(hp, items)
+    if hp.num_bins < _NARROW and items.size < _NARROW:  # half the bytes the insertion walks
+        candidates = candidates.astype(np.int32)
+    inserted = np.full(hp.num_bins, EMPTY, candidates.dtype)  # item number per bin
+    stash = np.full(hp.stash_size, EMPTY, np.int64)
+    if items.size > hp.num_bins + hp.stash_size:
+        raise ConfigurationError("the indices cannot fit into the round's bins and stash")
+    homeless = int(
+        cuckoo_insert(candidates, np.int64(DEFAULT_MAX_EVICTIONS), seed, inserted, stash)
+    )
+    if homeless != EMPTY:  # the text names no index (the client's secret): it reaches S0
         raise CuckooInsertionError(
             "cuckoo hashing failed for this index set: use a larger scale_factor or "
             "stash_size, or a new hash key",
-            err.index,
-        ) from None
-    if table.params != params.hash_params:
-        raise ConfigurationError("cuckoo and simple table were built with different HashParams")
-    alphas = np.empty(params.num_keys, np.int64)
-    if rank_in_bins(table.bin_offsets, table.bin_items, rows, items, alphas[:num_bins]) != EMPTY:
+            int(items[homeless]),
+        )
+    hash_ids = np.empty(hp.num_bins, np.int64)
+    alphas = np.empty(params.num_keys, np.uint64)
+    slots = np.empty(params.num_keys, np.int64)
+    dummy = np.int64(params.domain_size if params.verify else -1)  # unused keys' point
+    cuckoo = np.empty(hp.num_bins, np.int64)
+    outs = (cuckoo, stash, hash_ids, alphas)
+    index = (table.bin_offsets, table.bin_items)
+    if place_in_bins(items, order, candidates, inserted, index, dummy, outs, slots) != EMPTY:
         raise ConfigurationError("an index is missing from its simple bin")
-    slots = np.full(params.num_keys, EMPTY, np.int64)
-    occupied = rows != EMPTY
-    if idx.size:
-        slots[:num_bins] = np.where(occupied, order.take(np.where(occupied, rows, 0)), EMPTY)
-    stash_used = cuckoo.stash != EMPTY
-    stash_items = cuckoo.stash[stash_used]
-    alphas[num_bins:] = 0
-    alphas[num_bins:][stash_used] = stash_items
-    slots[num_bins:][stash_used] = order[np.searchsorted(items, stash_items)]
-    if params.verify:  # every unused key points at its dummy slot
-        unused = slots == EMPTY
-        alphas[unused] = dummy_alphas(params, table)[unused]
-    else:
-        alphas[:num_bins][~occupied] = 0
-    return Placement(alphas.astype(np.uint64), slots, cuckoo)
+    for a in (cuckoo, hash_ids, stash):
+        a.flags.writeable = False
+    return CuckooTable(params=hp, items=cuckoo, hash_ids=hash_ids, stash=stash), alphas, slots

@@ -163,15 +163,14 @@ def project(seed: bytes, r: int, words: _U64Array) -> _U64Array:
     """Return ``Z words`` in Z_2^64 (``(r,)`` uint64), ``Z`` the projections of ``seed``.
 
     Linear: applied to a server's shares it gives that server's shares of the projections.
+    The columns of ``Z`` are read from the keystream's words as they come, never laid out
+    (:func:`~flwr_fsl.kernels.projection.project_range` over every column; the stream draws of
+    :func:`projection_matrix`'s blocks, ``2 r`` bits per column, are one contiguous stream).
     """
-    a = np.ascontiguousarray(words, np.uint64).reshape(-1).view(np.int64)
-    stream = PRGStream(seed)
-    y = np.zeros(r, np.int64)
-    with np.errstate(over="ignore"):
-        for lo in range(0, a.shape[0], _CHUNK):
-            block = a[lo : lo + _CHUNK]
-            y += block @ _z_block(stream, r, block.shape[0])  # int64 wraps: Z_2^64
-    return y.view(np.uint64)
+    from flwr_fsl.kernels.projection import project_range  # (kept out of the import block)
+
+    a = np.ascontiguousarray(words, np.uint64).reshape(-1)
+    return project_range(seed, r, a, 0, a.shape[0])
 
 
 def _signed(y: _U64Array) -> NDArray[np.int64]:

@@ -65,12 +65,10 @@ from flwr_fsl.crypto.dpf import (
     DPFKeyError,
     DPFPublicBatch,
     UpdateHint,
-    generate_keys_batch,
     next_hint_batch,
     update_batch,
 )
 from flwr_fsl.crypto.hashing import (
-    EMPTY,
     SimpleTable,
 )
 from flwr_fsl.crypto.prg import random_seeds
@@ -96,10 +94,10 @@ from flwr_fsl.families.ssa.server_eval import (
     scatter_share,
     split_public,
 )
+from flwr_fsl.families.ssa.upload import encode_keys
+from flwr_fsl.families.ssa.upload import key_betas as _betas
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
-    checks_counts,
-    one_word,
     resolve_threads,
     run_ranges,
     same_digest,
@@ -256,17 +254,6 @@ def same_layout(a: SSAParams, b: SSAParams) -> bool:
     return layout_key(a) == layout_key(b)
 
 
-def _betas(
-    params: SSAParams, payload: NDArray[np.uint64], slots: NDArray[np.int64]
-) -> NDArray[np.uint64]:
-    tau = params.tau
-    rows = np.zeros((payload.shape[0] + 1, params.key_tau), np.uint64)  # row 0: a dummy key's
-    rows[1:, :tau] = payload
-    if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
-        rows[0, tau - 1] = one_word(params)
-    return rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)  # one gather, no masks
-
-
 def encode_update(
     params: SSAParams,
     indices: ArrayLike,
@@ -276,6 +263,7 @@ def encode_update(
     rng: np.random.Generator | None = None,
     master_seeds: tuple[bytes, bytes] | None = None,
     simple_table: SimpleTable | None = None,
+    threads: int | None = None,
 ) -> tuple[SSAUpload, SSAClientState]:
     """Client side: turn a sparse update into DPF keys for the two servers.
 
@@ -295,6 +283,8 @@ def encode_update(
         Fixed master seeds (tests); fresh OS randomness by default.
     simple_table : SimpleTable, optional
         The round's simple table (computed if omitted).
+    threads : int, optional
+        Gen threads (None: :func:`~flwr_fsl.families.ssa.verify.resolve_threads`). Same upload.
 
     Returns
     -------
@@ -314,18 +304,9 @@ def encode_update(
     placement = place_indices(params, idx, table, rng)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
-    betas = _betas(params, payload, placement.slots)
-    k0, k1 = generate_keys_batch(
-        placement.alphas,
-        betas,
-        key_domain_bits(params, table),
-        master_seeds=master_seeds,
-        epoch=params.epoch,
-        verifiable=params.verify,
-    )
-    public = k0.public.to_bytes() + value_trailer(params, (k0, k1), betas)  # value check
-    upload = SSAUpload(public, master_seeds)
-    return upload, SSAClientState(params, idx, placement, (k0, k1))
+    gen = (master_seeds, resolve_threads(threads), value_trailer)  # (this module's: tests patch it)
+    blob, keys = encode_keys(params, placement, payload, key_domain_bits(params, table), *gen)
+    return SSAUpload(blob, master_seeds), SSAClientState(params, idx, placement, keys)
 
 
 def held_digest(keys: DPFKeyBatch) -> bytes:
@@ -334,7 +315,7 @@ def held_digest(keys: DPFKeyBatch) -> bytes:
     Both parties' batches of one client share the public part, so S0's stored batch and the
     client's own state give the same digest exactly when they are the same epoch's keys.
     """
-    return hashlib.sha256(keys.public.to_bytes()).digest()
+    return hashlib.sha256(keys.public.wire_view()).digest()
 
 
 def can_send_hint(

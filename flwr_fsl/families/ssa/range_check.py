@@ -454,7 +454,9 @@ def party_key(params: SSAParams, keys: DPFKeyBatch) -> bytes:
     """16 secret bytes one server (and the client) derive from that server's key shares."""
     head = _TAG + b"party" + bytes([keys.party])
     head += int(params.round_id).to_bytes(8, "little") + int(params.epoch).to_bytes(8, "little")
-    return hashlib.sha256(head + keys.root_seeds.astype("<u8").tobytes()).digest()[:_SEED]
+    h = hashlib.sha256(head)
+    h.update(np.ascontiguousarray(keys.root_seeds, "<u8").reshape(-1).view(np.uint8).data)
+    return h.digest()[:_SEED]  # the seeds' little-endian bytes, hashed where they lie
 
 
 def _pad(key: bytes, n: int) -> _U64Array:

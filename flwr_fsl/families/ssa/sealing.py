@@ -250,7 +250,9 @@ def _open_signed(
 def _digest(public_part: bytes) -> bytes:
     if not isinstance(public_part, bytes | bytearray | memoryview):
         raise SealedBoxError(f"public part must be bytes, got {type(public_part).__name__}")
-    return hashlib.sha256(bytes(public_part)).digest()
+    if isinstance(public_part, memoryview) and not public_part.c_contiguous:
+        public_part = public_part.tobytes()
+    return hashlib.sha256(public_part).digest()  # hashed where it lies (no copy)
 
 
 def _seed(master_seed: bytes) -> bytes:
