@@ -126,6 +126,10 @@ __all__ = [
 # dispatches of 2^14, measured ~10% faster at depth 9 and 20 on a 1 MiB-L2 core.
 _FD_BUDGET = 1 << 15
 
+# Parts of the native chunk loop that run (kernels.dpf_eval.fd_core; 15: all). The benchmark
+# switches parts off to time the others; any other value leaves the output undefined.
+_FD_PARTS = 15
+
 # Outputs at least this large are written with non-temporal stores by the native driver: no
 # cache keeps them anyway, and a store that does not first read its line halves the traffic.
 _NT_MIN_BYTES = 64 << 20
@@ -551,15 +555,17 @@ def evaluate_batch(  # noqa: C901, PLR0915
     cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     if native is not None:
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
-        shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
+        nt = int(out.nbytes >= _NT_MIN_BYTES)
+        shape = (half_w, tau, group, keys.party, nt, _FD_PARTS)
         tasks = (bounds, tasks_i, seeds, t)
+        sizes = (cap, max_h)
         if proofs is None:
-            _fde.run_native(native, tasks, key, shape, (cap, max_h), out.reshape(-1), _AES_LOG)
+            _fde.run_native(native, tasks, key, shape, sizes, out.reshape(-1), _AES_LOG)
         else:
             assert isinstance(native, _vde.NativeVMMO) and pub.cw_proof is not None
             proof = (np.ascontiguousarray(offsets[:-1]), pub.cw_proof, proofs)
             _vde.run_native_checked(
-                native, tasks, key, shape, (cap, max_h), proof, out.reshape(-1), _AES_LOG
+                native, tasks, key, shape, sizes, proof, out.reshape(-1), _AES_LOG
             )
         return out, offsets
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).

@@ -38,10 +38,64 @@ from flwr_fsl.kernels.dpf_kernels import (
     fd_level,
     store_fence,
 )
+from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
 
 
 @njit(cache=True, nogil=True)
-def fd_run(
+def _finish(  # noqa: PLR0913
+    fn: int,
+    ctxs: np.ndarray,
+    leaf: tuple[np.ndarray, np.ndarray, np.ndarray],
+    cnt: int,
+    span: tuple[int, int],
+    tasks_i: np.ndarray,
+    key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    out: np.ndarray,
+    proof: tuple[
+        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
+    ],
+    checked: bool,
+    log: np.ndarray,
+    n_log: int,
+) -> int:  # pragma: no cover - numba
+    """Value-key AES, output words and (``checked``) leaf proofs of a chunk's ``cnt`` leaves.
+
+    ``leaf`` is ``(conv, t, enc)``: the leaves' conversion blocks and control bits as the last
+    :func:`fd_level` wrote them for tasks ``span = (ka, kb)``, and the buffer the value-key
+    ciphertexts go to. Returns the updated call count of ``log``, or ``-1`` if OpenSSL failed
+    (``shape``: see :func:`fd_core`).
+    """
+    conv, t_conv, enc = leaf
+    ka, kb = span
+    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
+    outl = np.zeros(1, dtype=np.int32)
+    if shape[5] & 4 and not native_encrypt(fn, ctxs[2], conv, enc, cnt * half_w, outl):
+        return -1
+    n_log = log_blocks(log, n_log, cnt * half_w)
+    if not shape[5] & 8:
+        return n_log
+    nt = shape[4] != 0
+    fd_leaves(enc, conv, t_conv, ka, kb, tasks_i, key[4], half_w, tau, group, party, out, nt)
+    if checked:
+        pbufs, key_first, cw_proof, proofs = proof
+        leaves = (conv, t_conv, tasks_i[ka:kb])
+        pkey = (key_first, key[3], cw_proof)
+        if proof_pass(fn, ctxs[3], leaves, pkey, half_w, pbufs, proofs) < 0:
+            return -1
+        sub = pbufs[2].shape[0]
+        for _ in range(cnt // sub):  # cnt: the group's leaves, in proof batches of ``sub``
+            n_log = log_blocks(log, n_log, BLOCKS * sub)
+        if cnt % sub:
+            n_log = log_blocks(log, n_log, BLOCKS * (cnt % sub))
+    return n_log
+
+
+@njit(cache=True, nogil=True)
+def fd_core(  # noqa: PLR0913
     fn: int,
     ctxs: np.ndarray,
     tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -49,22 +103,33 @@ def fd_run(
     shape: np.ndarray,
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     out: np.ndarray,
+    proof: tuple[
+        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
+    ],
+    checked: bool,
 ) -> int:  # pragma: no cover - numba
-    """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).
+    """Run the chunk loop of :func:`fd_run` (with ``checked``, of the checked evaluation).
 
-    ``ctxs`` holds the left, right and value AES contexts (``fn``: ``EVP_EncryptUpdate``);
-    ``tasks`` is ``(bounds, tasks_i, task_seed, task_t)``; ``key`` the batch's public arrays
-    ``(level_off, cw_seeds, cw_bits, epochs, cw_leaf)``; ``shape`` is ``(half_w, tau, group,
-    party, nt)``; ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)`` level
-    buffers (two ping-pong block buffers, then the left and right ciphertexts), the two
-    control-bit buffers and the log. Returns the number of AES calls made (``log`` receives
-    their block counts, as many as fit), or ``-1`` if OpenSSL failed.
+    Per chunk: the roots, then per tree level the left- and right-key AES calls over the
+    level and one :func:`fd_level` pass that writes the next level, then :func:`_finish` on
+    the chunk's leaves. ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)``
+    level buffers (two ping-pong block buffers, then the left and right ciphertexts), the
+    two control-bit buffers and the log; ``proof`` is as in
+    :func:`~flwr_fsl.kernels.vdpf_eval.fd_run_checked` (unread unless ``checked``).
+
+    ``shape[5]`` selects the parts that run (a profiling switch; ``15``: all): ``1`` the
+    tree's AES calls, ``2`` the level passes, ``4`` the value-key AES calls, ``8`` the leaf
+    conversion and proofs. With parts switched off the output is garbage; the benchmark
+    times the parts this way. Returns the number of AES calls made, or ``-1`` if OpenSSL
+    failed.
     """
     bounds, tasks_i, task_seed, task_t = tasks
-    level_off, cw_seeds, cw_bits, epochs, cw_leaf = key
+    level_off, cw_seeds, cw_bits, epochs, _ = key
     bufs, tbufs, log = scratch
-    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
-    nt = shape[4] != 0
+    half_w, group, parts = shape[0], shape[2], shape[5]
     outl = np.zeros(1, dtype=np.int32)
     enc_l = bufs[2]
     enc_r = bufs[3]
@@ -82,24 +147,75 @@ def fd_run(
             level_off, cw_seeds, cw_bits, epochs, half_w, group,
         )  # fmt: skip
         for level in range(h):
-            if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
-                return -1
-            if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
-                return -1
+            if parts & 1:
+                if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
+                    return -1
+                if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
+                    return -1
             n_log = log_blocks(log, log_blocks(log, n_log, n), n)
-            n = fd_level(
-                enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
-                task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
-            )  # fmt: skip
+            if parts & 2:
+                n = fd_level(
+                    enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
+                    task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
+                )  # fmt: skip
+            else:
+                n = _level_count(tasks_i, lo, hi, level, h, group)
             src, dst = dst, src
             t_src, t_dst = t_dst, t_src
-        if not native_encrypt(fn, ctxs[2], src, enc_l, n * half_w, outl):
+        n_log = _finish(
+            fn, ctxs, (src, t_src, enc_l), n, (lo, hi), tasks_i, key, shape, out, proof, checked,
+            log, n_log,
+        )  # fmt: skip
+        if n_log < 0:
             return -1
-        n_log = log_blocks(log, n_log, n * half_w)
-        fd_leaves(enc_l, src, t_src, lo, hi, tasks_i, cw_leaf, half_w, tau, group, party, out, nt)
-    if nt:
+    if shape[4] != 0:
         store_fence()
     return n_log
+
+
+@njit(cache=True, nogil=True)
+def _level_count(
+    tasks_i: np.ndarray, lo: int, hi: int, level: int, max_h: int, group: int
+) -> int:  # pragma: no cover - numba
+    """Nodes :func:`fd_level` writes at ``level + 1`` (for the profiling switch of fd_core)."""
+    n = 0
+    for k in range(lo, hi):
+        h = tasks_i[k, 2]
+        start = max_h - h
+        if start > level + 1:
+            break
+        if start == level + 1:
+            n += 1
+            continue
+        sh = h - (level - start)
+        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
+        n += (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
+    return n
+
+
+@njit(cache=True, nogil=True)
+def fd_run(
+    fn: int,
+    ctxs: np.ndarray,
+    tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    out: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).
+
+    ``ctxs`` holds the left, right and value AES contexts (``fn``: ``EVP_EncryptUpdate``);
+    ``tasks`` is ``(bounds, tasks_i, task_seed, task_t)``; ``key`` the batch's public arrays
+    ``(level_off, cw_seeds, cw_bits, epochs, cw_leaf)``; ``shape`` is ``(half_w, tau, group,
+    party, nt, parts)`` (``parts``: see :func:`fd_core`); ``scratch`` as in :func:`fd_core`.
+    Returns the number of AES calls made (``log`` receives their block counts, as many as
+    fit), or ``-1`` if OpenSSL failed.
+    """
+    u = np.zeros((1, 2), dtype=np.uint64)
+    i = np.zeros(1, dtype=np.int64)
+    none = ((u, u, i, i, u[0]), i, u, u)
+    return fd_core(fn, ctxs, tasks, key, shape, scratch, out, none, False)
 
 
 @njit(cache=True, nogil=True)
@@ -136,27 +252,39 @@ def fd_tasks(
     """One task per key with a point to produce: ``(tasks_i, blocks, t)`` of the tree roots.
 
     ``tasks_i`` rows are ``(key, 0, height, first point, point limit)``; a root's block is its
-    seed with the party's control bit in bit 0.
+    seed with the party's control bit in bit 0. Tasks come sorted by height, tallest first,
+    keys of one height in key order (a counting sort: the order a stable sort by descending
+    height gives, which the chunks need; no sort and gather of the tasks afterwards).
     """
     m = tree_levels.shape[0]
-    tasks = np.empty((m, 5), dtype=np.int64)
-    seeds = np.empty((m, 2), dtype=np.uint64)
-    t = np.empty(m, dtype=np.uint8)
+    top = 0
+    for j in range(m):
+        top = max(top, tree_levels[j])
+    count = np.zeros(top + 2, dtype=np.int64)
+    for j in range(m):
+        if offsets[j] < offsets[j + 1]:
+            count[top - tree_levels[j] + 1] += 1
+    for i in range(1, top + 2):
+        count[i] += count[i - 1]  # count[top - h]: the first row of height h
+    n = count[top + 1]
+    tasks = np.empty((n, 5), dtype=np.int64)
+    seeds = np.empty((n, 2), dtype=np.uint64)
+    t = np.empty(n, dtype=np.uint8)
     bit = np.uint64(party)
-    n = 0
     for j in range(m):
         if offsets[j] >= offsets[j + 1]:
             continue
-        tasks[n, 0] = j
-        tasks[n, 1] = 0
-        tasks[n, 2] = tree_levels[j]
-        tasks[n, 3] = offsets[j]
-        tasks[n, 4] = offsets[j + 1]
-        seeds[n, 0] = root_seeds[j, 0] | bit
-        seeds[n, 1] = root_seeds[j, 1]
-        t[n] = np.uint8(party)
-        n += 1
-    return tasks[:n], seeds[:n], t[:n]
+        r = count[top - tree_levels[j]]
+        count[top - tree_levels[j]] += 1
+        tasks[r, 0] = j
+        tasks[r, 1] = 0
+        tasks[r, 2] = tree_levels[j]
+        tasks[r, 3] = offsets[j]
+        tasks[r, 4] = offsets[j + 1]
+        seeds[r, 0] = root_seeds[j, 0] | bit
+        seeds[r, 1] = root_seeds[j, 1]
+        t[r] = np.uint8(party)
+    return tasks, seeds, t
 
 
 @njit(cache=True, nogil=True)
@@ -287,19 +415,33 @@ def split_expander(
     return expand
 
 
+def fd_scratch(
+    cap: int, log: list[int] | None, calls: int
+) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.int64]]:
+    """Fresh ``(bufs, tbufs, log)`` for :func:`fd_core` with level buffers of ``cap`` blocks.
+
+    The log has room for ``calls`` block counts when ``log`` is a list (else none).
+    """
+    return (
+        np.empty((4, cap + 1, 2), dtype=np.uint64),
+        np.empty((2, cap), dtype=np.uint8),
+        np.zeros(calls if log is not None else 0, dtype=np.int64),
+    )
+
+
 def run_native(
     native: NativeMMO,
     tasks: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
     key: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
-    shape: tuple[int, int, int, int, int],
+    shape: tuple[int, int, int, int, int, int],
     sizes: tuple[int, int],
     out: NDArray[np.uint64],
     log: list[int] | None,
 ) -> None:
-    """Run :func:`fd_run` with freshly allocated level buffers of ``sizes = (cap, max_h)``.
+    """Run :func:`fd_run` with fresh level buffers of ``sizes = (cap, max_h)``.
 
-    ``shape`` is ``(half_w, tau, group, party, nt)``; the block counts of the AES calls are
-    appended to ``log`` when it is a list.
+    ``shape`` is ``(half_w, tau, group, party, nt, parts)`` (:func:`fd_core`); the block counts
+    of the AES calls are appended to ``log`` when it is a list.
 
     Raises
     ------
@@ -307,9 +449,7 @@ def run_native(
         If OpenSSL fails.
     """
     cap, max_h = sizes
-    bufs = np.empty((4, cap + 1, 2), dtype=np.uint64)
-    n_log = 0 if log is None else (tasks[0].shape[0] - 1) * (2 * max_h + 1)
-    scratch = (bufs, np.empty((2, cap), np.uint8), np.zeros(n_log, np.int64))
+    scratch = fd_scratch(cap, log, (tasks[0].shape[0] - 1) * (2 * max_h + 1))
     calls = fd_run(native.fn, native.ctxs, tasks, key, np.array(shape, np.int64), scratch, out)
     if calls < 0:
         raise RuntimeError("OpenSSL AES failed")
