@@ -13,10 +13,12 @@ buffers, so the output is bit-identical to the Python driver's.
 The whole evaluation releases the GIL, so servers that evaluate on several threads run
 them in parallel. Outputs of at least ``dpf._NT_MIN_BYTES`` are written with non-temporal stores
 (:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). Evaluations with proofs run the
-same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`); the Python driver
-stays wherever ``libcrypto`` does not load (:func:`~flwr_fsl.kernels.aes.native_aes`).
+same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`): both are
+:func:`fd_core`, one loop. The Python driver stays wherever ``libcrypto`` does not load
+(:func:`~flwr_fsl.kernels.aes.native_aes`).
 
-:func:`fd_tasks` and :func:`fd_chunks` plan the tasks and chunks in numba;
+:func:`fd_tasks` (already sorted by height) and :func:`fd_chunks` plan the tasks and chunks in
+numba;
 :func:`split_level` is the native form of one step of the task splitting (keys taller than a
 chunk are cut into subtrees one level at a time).
 """
@@ -87,7 +89,7 @@ def _finish(  # noqa: PLR0913
         if proof_pass(fn, ctxs[3], leaves, pkey, half_w, pbufs, proofs) < 0:
             return -1
         sub = pbufs[2].shape[0]
-        for _ in range(cnt // sub):  # cnt: the group's leaves, in proof batches of ``sub``
+        for _ in range(cnt // sub):  # cnt: the chunk's leaves, in proof batches of ``sub``
             n_log = log_blocks(log, n_log, BLOCKS * sub)
         if cnt % sub:
             n_log = log_blocks(log, n_log, BLOCKS * (cnt % sub))
@@ -200,7 +202,7 @@ def fd_run(
     tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     shape: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     out: np.ndarray,
 ) -> int:  # pragma: no cover - numba
     """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).

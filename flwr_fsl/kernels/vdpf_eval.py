@@ -7,9 +7,10 @@
 :data:`~flwr_fsl.crypto.prg.MMO_KEY_PROOF` and the feed-forward
 (:func:`~flwr_fsl.kernels.vdpf_kernels.fd_proof_finish`). Driven from Python, the interpreter
 holds the GIL between those calls, so two threads evaluating two segments mostly take turns.
-:func:`fd_run_checked` runs the same kernels inside one ``nogil`` call, calling
-``EVP_EncryptUpdate`` through its address (:func:`~flwr_fsl.kernels.aes.native_encrypt`), and
-hashes a chunk's leaf proofs in batches of :data:`SUB_LEAVES` leaves (:func:`proof_pass`: the
+:func:`fd_run_checked` runs the same kernels inside one ``nogil`` call (the chunk loop of
+``fd_run``, :func:`~flwr_fsl.kernels.dpf_eval.fd_core`), calling ``EVP_EncryptUpdate`` through
+its address (:func:`~flwr_fsl.kernels.aes.native_encrypt`), and hashes a chunk's leaf proofs
+in batches of :data:`SUB_LEAVES` leaves (:func:`~flwr_fsl.kernels.vdpf_kernels.proof_pass`: the
 same words as the three passes over the whole chunk, whose 4 MiB of AES inputs and ciphertexts
 at ``tau = 2`` left the L2 cache between passes; 25% less CPU for the checked evaluation of a
 client at ``m = 2**20``, ``k/m = 10%``, measured on one core). Outputs and proofs are
@@ -44,7 +45,7 @@ def fd_run_checked(
     tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     shape: np.ndarray,
-    scratch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     proof: tuple[
         tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         np.ndarray,
@@ -55,7 +56,7 @@ def fd_run_checked(
 ) -> int:  # pragma: no cover - numba
     """:func:`~flwr_fsl.kernels.dpf_eval.fd_run` plus every evaluated point's leaf proof.
 
-    The same chunk loop (:func:`~flwr_fsl.kernels.dpf_eval.fd_core`), with each group of
+    The same chunk loop (:func:`~flwr_fsl.kernels.dpf_eval.fd_core`), with each chunk's
     leaves hashed right after its output words (:func:`proof_pass`). ``ctxs`` holds the left,
     right, value and proof AES contexts; ``tasks``, ``key``, ``shape`` and ``scratch`` are as
     in ``fd_run``; ``proof`` is ``(bufs, key_first, cw_proof, proofs)``: :func:`proof_pass`'s
