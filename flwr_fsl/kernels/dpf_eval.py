@@ -42,37 +42,42 @@ from flwr_fsl.kernels.dpf_kernels import (
 )
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
 
+PROOFS = 16
+"""``parts`` bit of :func:`fd_core`: hash the leaf proofs (the checked evaluation)."""
+
 
 @njit(cache=True, nogil=True)
-def _finish(  # noqa: PLR0913
-    fn: int,
-    ctxs: np.ndarray,
+def _finish(
+    aes: tuple[int, np.ndarray],
     leaf: tuple[np.ndarray, np.ndarray, np.ndarray],
-    cnt: int,
-    span: tuple[int, int],
+    span: tuple[int, int, int],
     tasks_i: np.ndarray,
     key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     shape: np.ndarray,
-    out: np.ndarray,
-    proof: tuple[
-        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    dest: tuple[
         np.ndarray,
-        np.ndarray,
-        np.ndarray,
+        tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+            np.ndarray,
+            np.ndarray,
+            np.ndarray,
+        ],
     ],
-    checked: bool,
-    log: np.ndarray,
-    n_log: int,
+    logged: tuple[np.ndarray, int],
 ) -> int:  # pragma: no cover - numba
-    """Value-key AES, output words and (``checked``) leaf proofs of a chunk's ``cnt`` leaves.
+    """Value-key AES, output words and leaf proofs (``PROOFS``) of a chunk's ``cnt`` leaves.
 
-    ``leaf`` is ``(conv, t, enc)``: the leaves' conversion blocks and control bits as the last
-    :func:`fd_level` wrote them for tasks ``span = (ka, kb)``, and the buffer the value-key
-    ciphertexts go to. Returns the updated call count of ``log``, or ``-1`` if OpenSSL failed
-    (``shape``: see :func:`fd_core`).
+    ``aes`` is ``(fn, ctxs)`` (:func:`fd_core`); ``leaf`` is ``(conv, t, enc)``: the leaves'
+    conversion blocks and control bits as the last :func:`fd_level` wrote them for tasks
+    ``ka..kb - 1`` (``span = (ka, kb, cnt)``), and the buffer the value-key ciphertexts go to;
+    ``dest`` is ``(out, proof)`` and ``logged`` ``(log, calls so far)``. Returns the updated
+    call count, or ``-1`` if OpenSSL failed.
     """
+    fn, ctxs = aes
+    out, proof = dest
+    log, n_log = logged
+    ka, kb, cnt = span
     conv, t_conv, enc = leaf
-    ka, kb = span
     half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
     outl = np.zeros(1, dtype=np.int32)
     if shape[5] & 4 and not native_encrypt(fn, ctxs[2], conv, enc, cnt * half_w, outl):
@@ -82,7 +87,7 @@ def _finish(  # noqa: PLR0913
         return n_log
     nt = shape[4] != 0
     fd_leaves(enc, conv, t_conv, ka, kb, tasks_i, key[4], half_w, tau, group, party, out, nt)
-    if checked:
+    if shape[5] & PROOFS:
         pbufs, key_first, cw_proof, proofs = proof
         leaves = (conv, t_conv, tasks_i[ka:kb])
         pkey = (key_first, key[3], cw_proof)
@@ -97,7 +102,7 @@ def _finish(  # noqa: PLR0913
 
 
 @njit(cache=True, nogil=True)
-def fd_core(  # noqa: PLR0913
+def fd_core(
     fn: int,
     ctxs: np.ndarray,
     tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -111,22 +116,21 @@ def fd_core(  # noqa: PLR0913
         np.ndarray,
         np.ndarray,
     ],
-    checked: bool,
 ) -> int:  # pragma: no cover - numba
-    """Run the chunk loop of :func:`fd_run` (with ``checked``, of the checked evaluation).
+    """Run the chunk loop of :func:`fd_run` (with ``PROOFS``, of the checked evaluation).
 
     Per chunk: the roots, then per tree level the left- and right-key AES calls over the
     level and one :func:`fd_level` pass that writes the next level, then :func:`_finish` on
     the chunk's leaves. ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)``
     level buffers (two ping-pong block buffers, then the left and right ciphertexts), the
     two control-bit buffers and the log; ``proof`` is as in
-    :func:`~flwr_fsl.kernels.vdpf_eval.fd_run_checked` (unread unless ``checked``).
+    :func:`~flwr_fsl.kernels.vdpf_eval.fd_run_checked` (unread without ``PROOFS``).
 
-    ``shape[5]`` selects the parts that run (a profiling switch; ``15``: all): ``1`` the
-    tree's AES calls, ``2`` the level passes, ``4`` the value-key AES calls, ``8`` the leaf
-    conversion and proofs. With parts switched off the output is garbage; the benchmark
-    times the parts this way. Returns the number of AES calls made, or ``-1`` if OpenSSL
-    failed.
+    ``shape[5]`` selects the parts that run: ``1`` the tree's AES calls, ``2`` the level
+    passes, ``4`` the value-key AES calls, ``8`` the leaf conversion, ``PROOFS`` the leaf
+    proofs (with ``8``). ``15`` is the plain evaluation; with any of its parts off the output
+    is garbage (a profiling switch: the benchmark times the parts this way). Returns the
+    number of AES calls made, or ``-1`` if OpenSSL failed.
     """
     bounds, tasks_i, task_seed, task_t = tasks
     level_off, cw_seeds, cw_bits, epochs, _ = key
@@ -164,10 +168,10 @@ def fd_core(  # noqa: PLR0913
                 n = _level_count(tasks_i, lo, hi, level, h, group)
             src, dst = dst, src
             t_src, t_dst = t_dst, t_src
+        leaf = (src, t_src, enc_l)
         n_log = _finish(
-            fn, ctxs, (src, t_src, enc_l), n, (lo, hi), tasks_i, key, shape, out, proof, checked,
-            log, n_log,
-        )  # fmt: skip
+            (fn, ctxs), leaf, (lo, hi, n), tasks_i, key, shape, (out, proof), (log, n_log)
+        )
         if n_log < 0:
             return -1
     if shape[4] != 0:
@@ -217,7 +221,9 @@ def fd_run(
     u = np.zeros((1, 2), dtype=np.uint64)
     i = np.zeros(1, dtype=np.int64)
     none = ((u, u, i, i, u[0]), i, u, u)
-    return fd_core(fn, ctxs, tasks, key, shape, scratch, out, none, False)
+    plain = shape.copy()
+    plain[5] &= ~PROOFS
+    return fd_core(fn, ctxs, tasks, key, plain, scratch, out, none)
 
 
 @njit(cache=True, nogil=True)

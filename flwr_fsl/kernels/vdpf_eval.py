@@ -27,7 +27,7 @@ from numba import njit
 from numpy.typing import NDArray
 
 from flwr_fsl.kernels.aes import NativeAES, native_aes
-from flwr_fsl.kernels.dpf_eval import NativeMMO, fd_core, fd_scratch
+from flwr_fsl.kernels.dpf_eval import PROOFS, NativeMMO, fd_core, fd_scratch
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
 
 __all__ = ["SUB_LEAVES", "NativeVMMO", "fd_run_checked", "native_vmmo", "proof_pass"]
@@ -64,7 +64,9 @@ def fd_run_checked(
     ``(P, PROOF_WORDS)`` output. Returns the number of AES calls made (``log`` receives their
     block counts), or ``-1`` if OpenSSL failed.
     """
-    return fd_core(fn, ctxs, tasks, key, shape, scratch, out, proof, True)
+    checked = shape.copy()
+    checked[5] |= PROOFS
+    return fd_core(fn, ctxs, tasks, key, checked, scratch, out, proof)
 
 
 class NativeVMMO(NativeMMO):
