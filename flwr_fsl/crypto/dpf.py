@@ -540,7 +540,12 @@ def evaluate_batch(  # noqa: C901, PLR0915
     tl = _tree_levels(pub.domain_bits, tau)
     tasks_i, seeds, t = _fde.fd_tasks(tl, offsets, keys.root_seeds, keys.party)
     native = _native_mmo() if proofs is None else _native_vmmo()
-    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
+    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h and native is not None:
+        cws = (pub.level_offsets, pub.cw_seeds, pub.cw_bits)
+        tasks_i, seeds, t = _fde.split_native(
+            native, (tasks_i, seeds, t), (max_h, group), cws, _AES_LOG
+        )
+    elif tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
         tasks_i, seeds, t = _fde.split_tasks(
             tasks_i, seeds, t, max_h, group, pub.level_offsets,
             _fde.split_expander(native, _mmo_ciphers, pub.cw_seeds, pub.cw_bits, _AES_LOG),

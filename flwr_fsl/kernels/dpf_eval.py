@@ -254,6 +254,89 @@ def split_level(
 
 
 @njit(cache=True, nogil=True)
+def _split_rows(
+    roots: tuple[np.ndarray, np.ndarray, np.ndarray], max_h: int, group: int, level_off: np.ndarray
+) -> tuple[
+    tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray], int
+]:  # pragma: no cover - numba
+    """One step of :func:`split_tasks`: the next tasks' rows and the parents to expand.
+
+    Returns ``((tasks_i, blocks, t), (parents, t, cw_idx), small)``: tasks with points left,
+    those of height ``<= max_h`` first (``small`` of them, blocks and bits copied), then both
+    children of each taller one (rows set, blocks and bits left for :func:`split_level`).
+    """
+    tasks_i, seeds, t = roots
+    n_keep = 0
+    n_big = 0
+    for k in range(tasks_i.shape[0]):
+        if tasks_i[k, 3] < tasks_i[k, 4]:  # drop subtrees entirely past the length limit
+            n_keep += 1
+            if tasks_i[k, 2] > max_h:
+                n_big += 1
+    small = n_keep - n_big
+    nxt = np.empty((small + 2 * n_big, 5), dtype=np.int64)
+    nxt_s = np.empty((small + 2 * n_big, 2), dtype=np.uint64)
+    nxt_t = np.empty(small + 2 * n_big, dtype=np.uint8)
+    parents = np.empty((n_big, 2), dtype=np.uint64)
+    p_t = np.empty(n_big, dtype=np.uint8)
+    cw_idx = np.empty(n_big, dtype=np.int64)
+    r = 0
+    b = 0
+    for k in range(tasks_i.shape[0]):
+        if tasks_i[k, 3] >= tasks_i[k, 4]:
+            continue
+        big = 1 if tasks_i[k, 2] > max_h else 0
+        row = small + 2 * b if big else r
+        for c in range(1 + big):  # a child: one level down, the right one shifted
+            nxt[row + c] = tasks_i[k]
+            nxt[row + c, 1] += big
+            nxt[row + c, 2] -= big
+            nxt[row + c, 3] += c * ((1 << nxt[row + c, 2]) * group)
+        if big:
+            parents[b] = seeds[k]
+            p_t[b] = t[k]
+            cw_idx[b] = level_off[tasks_i[k, 0]] + tasks_i[k, 1]
+            b += 1
+        else:
+            nxt_s[r] = seeds[k]
+            nxt_t[r] = t[k]
+            r += 1
+    return (nxt, nxt_s, nxt_t), (parents, p_t, cw_idx), small
+
+
+@njit(cache=True, nogil=True)
+def split_all(
+    aes: tuple[int, np.ndarray],
+    roots: tuple[np.ndarray, np.ndarray, np.ndarray],
+    shape: tuple[int, int],
+    cws: tuple[np.ndarray, np.ndarray, np.ndarray],
+    log: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # pragma: no cover - numba
+    """:func:`split_tasks` in one call, with the tree AES through OpenSSL (:func:`split_level`).
+
+    ``aes`` is ``(fn, ctxs)``, ``roots`` the tasks ``(tasks_i, blocks, t)``, ``shape`` is
+    ``(max_h, group)`` and ``cws`` the batch's ``(level_off, cw_seeds, cw_bits)``. The same
+    tasks in the same order and the same AES calls as :func:`split_tasks` (one level of all
+    tall tasks per pair of calls), without a Python round trip and five array copies per
+    level. Returns ``(tasks_i, blocks, t, calls)`` (``log`` receives the calls' block counts
+    as far as it has room), ``calls = -1`` if OpenSSL failed.
+    """
+    fn, ctxs = aes
+    max_h, group = shape
+    n_log = 0
+    while True:
+        nxt, nodes, small = _split_rows(roots, max_h, group, cws[0])
+        n_big = nodes[0].shape[0]
+        if n_big == 0:
+            return nxt[0], nxt[1], nxt[2], n_log
+        children = (nxt[1][small:], nxt[2][small:])
+        if not split_level(fn, ctxs, nodes, (cws[1], cws[2]), children):
+            return nxt[0], nxt[1], nxt[2], -1
+        n_log = log_blocks(log, log_blocks(log, n_log, n_big), n_big)
+        roots = nxt
+
+
+@njit(cache=True, nogil=True)
 def fd_tasks(
     tree_levels: np.ndarray, offsets: np.ndarray, root_seeds: np.ndarray, party: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
@@ -388,6 +471,29 @@ def split_tasks(
         tasks_i = np.concatenate([tasks_i[~big], child])
         seeds = np.concatenate([seeds[~big], child_s])
         t = np.concatenate([t[~big], child_t])
+
+
+def split_native(
+    native: NativeMMO,
+    roots: tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
+    shape: tuple[int, int],
+    cws: tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
+    log: list[int] | None,
+) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]]:
+    """Run :func:`split_all` (``shape = (max_h, group)``); block counts go to ``log``.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    buf = np.zeros(128 if log is not None else 0, dtype=np.int64)  # <= 64 levels, 2 calls each
+    tasks_i, seeds, t, calls = split_all((native.fn, native.ctxs), roots, shape, cws, buf)
+    if calls < 0:
+        raise RuntimeError("OpenSSL AES failed")
+    if log is not None:
+        log.extend(buf[:calls].tolist())
+    return tasks_i, seeds, t
 
 
 def split_expander(
