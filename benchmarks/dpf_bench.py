@@ -273,12 +273,12 @@ def breakdown(fn: Callable[[], Any], words: int) -> dict[str, float]:
     """
     from numba import njit
 
-    from flwr_fsl.kernels.dpf_kernels import _put, store_fence
+    from flwr_fsl.kernels.dpf_kernels import _store_nt, store_fence
 
     @njit(cache=False)
     def nt_fill(out: np.ndarray) -> None:  # pragma: no cover - numba
         for i in range(out.shape[0]):
-            _put(out, np.uint64(i), np.uint64(i), True)
+            _store_nt(out, np.uint64(i), np.uint64(i))
         store_fence()
 
     res = {}
