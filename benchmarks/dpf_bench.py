@@ -17,6 +17,13 @@ issues 3 and 26, and writes the numbers as JSON (default ``benchmarks/results/dp
   the strictest floor) and through ``cryptography``'s ``update_into`` (the floor used before).
   The ratio is eval time / replayed AES time; the load average is printed beside it (the
   ratios move with the load of the other core: compare the two drivers within one run).
+* ``--breakdown``: the native chunk loop timed with parts of it switched off
+  (``dpf._FD_PARTS``): its AES calls alone (in place), its tree-level passes alone, its leaf
+  conversion with the output write alone, and the output's bytes written alone with
+  non-temporal stores (the memory-bandwidth floor of a consumer that takes the output array).
+* ``--baseline-tree PATH``: the three full-domain evaluations also run on the code in
+  ``PATH`` (a checkout of another commit, in a subprocess, before and after this tree's
+  timings; best of both), printed beside this tree's as a same-run speed-up.
 * sycret (OpenMined's Rust FSS, ``EqFactory``): a DPF on a fixed 32-bit domain with no
   full-domain evaluation, so "full domain" is emulated with one point evaluation per leaf (each
   walks all 32 levels); keygen cannot choose a depth (always 32).
@@ -28,6 +35,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -202,14 +212,105 @@ def eval_with_aes_ratio(fn: Callable[[], Any]) -> dict[str, float]:
     }
 
 
+def eval_cases(n_eval: int) -> dict[str, tuple[Callable[[], Any], int]]:
+    """Return the three full-domain evaluations: name -> (run, output points).
+
+    100k (``n_eval``) keys at depth 9, one key at depth 20, 100k keys of depths 4..9; each
+    evaluates into a preallocated output (a fresh one costs its page faults in every run).
+    """
+    rng = np.random.default_rng(3)
+    alphas = rng.integers(0, 512, n_eval).astype(U64)
+    k9, _ = dpf.generate_keys_batch(alphas, np.ones(n_eval, U64), 9)
+    out9 = np.empty((n_eval * 512, 1), dtype=U64)
+    k20, _ = dpf.generate_keys(123_456, 7, 20)
+    b20 = k20.as_batch()
+    out20 = np.empty((1 << 20, 1), dtype=U64)
+    mixed_d = rng.integers(4, 10, n_eval)
+    km, _ = dpf.generate_keys_batch(
+        rng.integers(0, 2**62, n_eval).astype(U64) % (U64(1) << mixed_d.astype(U64)),
+        np.ones(n_eval, U64),
+        mixed_d,
+    )
+    n_m = int((np.int64(1) << mixed_d).sum())
+    outm = np.empty((n_m, 1), dtype=U64)
+    return {
+        "depth9_100k": (lambda: dpf.evaluate_batch(k9, out=out9), n_eval * 512),
+        "depth20_1": (lambda: dpf.evaluate_batch(b20, out=out20), 1 << 20),
+        "mixed4to9_100k": (lambda: dpf.evaluate_batch(km, out=outm), n_m),
+    }
+
+
+def eval_only(n_eval: int, path: str) -> None:
+    """Time the three evaluations alone (best of 3, twice) and write ``{name: s}`` to ``path``.
+
+    The ``--baseline-tree`` subprocess: it uses only ``generate_keys*`` and
+    ``evaluate_batch``, so it runs on older checkouts too.
+    """
+    res = {}
+    for name, (fn, _) in eval_cases(n_eval).items():
+        fn()
+        res[name] = min(best_of(fn), best_of(fn))
+    Path(path).write_text(json.dumps(res))
+
+
+def run_baseline(tree: str, n_eval: int) -> dict[str, float]:
+    """Run :func:`eval_only` on the code in ``tree`` (a subprocess pinned to this CPU)."""
+    out = Path(tempfile.mkdtemp()) / "baseline.json"
+    cmd = [sys.executable, __file__, "--eval-only", str(out), "--n-eval", str(n_eval)]
+    env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+    subprocess.run(cmd, env=env, check=True)
+    res: dict[str, float] = json.loads(out.read_text())
+    return res
+
+
+def breakdown(fn: Callable[[], Any], words: int) -> dict[str, float]:
+    """Time the native chunk loop's parts alone (``dpf._FD_PARTS``) and the output write alone.
+
+    ``aes``: the tree's and the value key's AES calls in place (the same calls, from the same
+    buffers, nothing between them); ``levels``: the tree-level passes; ``leaves``: the leaf
+    conversion with its output write; ``write``: ``words`` output words written alone with
+    non-temporal stores (the memory traffic any consumer of the output array pays).
+    """
+    from numba import njit
+
+    from flwr_fsl.kernels.dpf_kernels import _store_nt, store_fence
+
+    @njit(cache=False)
+    def nt_fill(out: np.ndarray) -> None:  # pragma: no cover - numba
+        for i in range(out.shape[0]):
+            _store_nt(out, np.uint64(i), np.uint64(i))
+        store_fence()
+
+    res = {}
+    try:
+        for name, parts in (("aes", 1 | 4), ("levels", 2), ("leaves", 8)):
+            dpf._FD_PARTS = parts
+            fn()
+            res[name] = best_of(fn)
+    finally:
+        dpf._FD_PARTS = 15
+    buf = np.empty(words, dtype=U64)
+    nt_fill(buf)
+    res["write"] = best_of(lambda: nt_fill(buf))
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="benchmarks/results/dpf_bench.json")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    parser.add_argument("--breakdown", action="store_true", help="time the loop's parts alone")
+    parser.add_argument("--baseline-tree", help="also time the evaluations on this checkout")
+    parser.add_argument("--eval-only", help=argparse.SUPPRESS)  # the baseline subprocess
+    parser.add_argument("--n-eval", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    n_eval = 10_000 if args.quick else 100_000
+    n_eval = args.n_eval or (10_000 if args.quick else 100_000)
+    if args.eval_only:
+        eval_only(n_eval, args.eval_only)
+        return
+    base_runs = [run_baseline(args.baseline_tree, n_eval)] if args.baseline_tree else []
     n_gen = {6: 200_000, 9: 200_000, 20: 50_000}
     if args.quick:
         n_gen = {k: v // 10 for k, v in n_gen.items()}
@@ -248,30 +349,20 @@ def main() -> None:
         rows.append((f"Gen, depth {depth} ({n} keys, tau=1)", f"{n / sec:.3g} keys/s", ""))
 
     # Full-domain eval.
-    alphas = rng.integers(0, 512, n_eval).astype(U64)
-    k9, _ = dpf.generate_keys_batch(alphas, np.ones(n_eval, U64), 9)
-    out9 = np.empty((n_eval * 512, 1), dtype=U64)
-    r9 = eval_with_aes_ratio(lambda: dpf.evaluate_batch(k9, out=out9))
-    leaves9 = n_eval * 512 / r9["seconds"]
-    k20, _ = dpf.generate_keys(123_456, 7, 20)
-    b20 = k20.as_batch()
-    out20 = np.empty((1 << 20, 1), dtype=U64)
-    r20 = eval_with_aes_ratio(lambda: dpf.evaluate_batch(b20, out=out20))
-    leaves20 = (1 << 20) / r20["seconds"]
-    mixed_d = rng.integers(4, 10, n_eval)
-    km, _ = dpf.generate_keys_batch(
-        rng.integers(0, 2**62, n_eval).astype(U64) % (U64(1) << mixed_d.astype(U64)),
-        np.ones(n_eval, U64),
-        mixed_d,
-    )
-    # A preallocated output, as above (a fresh one costs its page faults in every run).
-    outm = np.empty((int((np.int64(1) << mixed_d).sum()), 1), dtype=U64)
-    rm = eval_with_aes_ratio(lambda: dpf.evaluate_batch(km, out=outm))
-    leaves_m = int((np.int64(1) << mixed_d).sum()) / rm["seconds"]
-    res["full_domain"] = {"depth9_100k": r9, "depth20_1": r20, "mixed4to9_100k": rm}
-    res["full_domain"]["depth9_100k"]["leaves_per_s"] = leaves9
-    res["full_domain"]["depth20_1"]["leaves_per_s"] = leaves20
-    res["full_domain"]["mixed4to9_100k"]["leaves_per_s"] = leaves_m
+    cases = eval_cases(n_eval)
+    fd: dict[str, dict[str, Any]] = {}
+    for name, (fn, points) in cases.items():
+        fd[name] = eval_with_aes_ratio(fn)
+        fd[name]["leaves_per_s"] = points / fd[name]["seconds"]
+        if args.breakdown:
+            fd[name]["breakdown_s"] = breakdown(fn, points)
+    if args.baseline_tree:
+        base_runs.append(run_baseline(args.baseline_tree, n_eval))
+        for name, r in fd.items():
+            r["seconds_baseline_tree"] = min(b[name] for b in base_runs)
+    r9, r20, rm = fd["depth9_100k"], fd["depth20_1"], fd["mixed4to9_100k"]
+    leaves9, leaves20, leaves_m = (r["leaves_per_s"] for r in (r9, r20, rm))
+    res["full_domain"] = fd
     for name, r, lv in (
         (f"Full-domain eval, {n_eval} keys depth 9", r9, leaves9),
         ("Full-domain eval, 1 key depth 20", r20, leaves20),
@@ -301,6 +392,24 @@ def main() -> None:
                 f"{r['ratio_old_floor']:.2f}x and {r['ratio_python_driver_old_floor']:.2f}x",
             )
         )
+        if "seconds_baseline_tree" in r:
+            old = r["seconds_baseline_tree"]
+            rows.append(
+                (
+                    f"  {args.baseline_tree}, same run",
+                    f"{old / r['seconds']:.2f}x slower",
+                    f"{old * 1e3:.1f} ms ({old / r['aes_replay_s']:.2f}x its AES calls)",
+                )
+            )
+        if "breakdown_s" in r:
+            bd = {k: f"{v * 1e3:.1f}" for k, v in r["breakdown_s"].items()}
+            rows.append(
+                (
+                    "  parts alone: AES / levels / leaves+output",
+                    f"{bd['aes']} / {bd['levels']} / {bd['leaves']} ms",
+                    f"output write alone {bd['write']} ms (non-temporal)",
+                )
+            )
 
     # sycret.
     sy: dict[str, Any] = {}

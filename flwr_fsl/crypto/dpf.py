@@ -123,9 +123,16 @@ __all__ = [
     "update_batch",
 ]
 
-# AES blocks per full-domain chunk (512 KiB per level buffer): half the AES calls and kernel
-# dispatches of 2^14, measured ~10% faster at depth 9 and 20 on a 1 MiB-L2 core.
-_FD_BUDGET = 1 << 15
+# AES blocks per full-domain chunk (256 KiB per level buffer: the four fit a 2 MiB L2). With
+# the chunk loop in one native call the per-chunk cost is small, and 2^14 measured 2-3%
+# (depth 9), 2-4% (depth 20) and 5-8% (depths 4..9) faster than 2^15 on this machine's 2 MiB-L2
+# cores, the checked evaluation unchanged (dpf_bench, same run). (2^15 had been ~10% faster
+# than 2^14 with the Python driver on a 1 MiB-L2 core.)
+_FD_BUDGET = 1 << 14
+
+# Parts of the native chunk loop that run (kernels.dpf_eval.fd_core; 15: all). The benchmark
+# switches parts off to time the others; any other value leaves the output undefined.
+_FD_PARTS = 15
 
 # Outputs at least this large are written with non-temporal stores by the native driver: no
 # cache keeps them anyway, and a store that does not first read its line halves the traffic.
@@ -568,7 +575,12 @@ def evaluate_batch(  # noqa: C901, PLR0915
     tl = _tree_levels(pub.domain_bits, tau)
     tasks_i, seeds, t = _fde.fd_tasks(tl, offsets, keys.root_seeds, keys.party)
     native = _native_mmo() if proofs is None else _native_vmmo()
-    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
+    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h and native is not None:
+        cws = (pub.level_offsets, pub.cw_seeds, pub.cw_bits)
+        tasks_i, seeds, t = _fde.split_native(
+            native, (tasks_i, seeds, t), (max_h, group), cws, _AES_LOG
+        )
+    elif tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
         tasks_i, seeds, t = _fde.split_tasks(
             tasks_i, seeds, t, max_h, group, pub.level_offsets,
             _fde.split_expander(native, _mmo_ciphers, pub.cw_seeds, pub.cw_bits, _AES_LOG),
@@ -583,15 +595,17 @@ def evaluate_batch(  # noqa: C901, PLR0915
     cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     if native is not None:
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
-        shape = (half_w, tau, group, keys.party, int(out.nbytes >= _NT_MIN_BYTES))
+        nt = int(out.nbytes >= _NT_MIN_BYTES)
+        shape = (half_w, tau, group, keys.party, nt, _FD_PARTS)
         tasks = (bounds, tasks_i, seeds, t)
+        sizes = (cap, max_h)
         if proofs is None:
-            _fde.run_native(native, tasks, key, shape, (cap, max_h), out.reshape(-1), _AES_LOG)
+            _fde.run_native(native, tasks, key, shape, sizes, out.reshape(-1), _AES_LOG)
         else:
             assert isinstance(native, _vde.NativeVMMO) and pub.cw_proof is not None
             proof = (np.ascontiguousarray(offsets[:-1]), pub.cw_proof, proofs)
             _vde.run_native_checked(
-                native, tasks, key, shape, (cap, max_h), proof, out.reshape(-1), _AES_LOG
+                native, tasks, key, shape, sizes, proof, out.reshape(-1), _AES_LOG
             )
         return out, offsets
     # Level buffers, allocated once and reused by every chunk (ping-pong between two).

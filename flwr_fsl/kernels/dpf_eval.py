@@ -13,10 +13,12 @@ buffers, so the output is bit-identical to the Python driver's.
 The whole evaluation releases the GIL, so servers that evaluate on several threads run
 them in parallel. Outputs of at least ``dpf._NT_MIN_BYTES`` are written with non-temporal stores
 (:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). Evaluations with proofs run the
-same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`); the Python driver
-stays wherever ``libcrypto`` does not load (:func:`~flwr_fsl.kernels.aes.native_aes`).
+same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`): both are
+:func:`fd_core`, one loop. The Python driver stays wherever ``libcrypto`` does not load
+(:func:`~flwr_fsl.kernels.aes.native_aes`).
 
-:func:`fd_tasks` and :func:`fd_chunks` plan the tasks and chunks in numba;
+:func:`fd_tasks` (already sorted by height) and :func:`fd_chunks` plan the tasks and chunks in
+numba;
 :func:`split_level` is the native form of one step of the task splitting (keys taller than a
 chunk are cut into subtrees one level at a time).
 """
@@ -38,10 +40,69 @@ from flwr_fsl.kernels.dpf_kernels import (
     fd_level,
     store_fence,
 )
+from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
+
+PROOFS = 16
+"""``parts`` bit of :func:`fd_core`: hash the leaf proofs (the checked evaluation)."""
 
 
 @njit(cache=True, nogil=True)
-def fd_run(
+def _finish(
+    aes: tuple[int, np.ndarray],
+    leaf: tuple[np.ndarray, np.ndarray, np.ndarray],
+    span: tuple[int, int, int],
+    tasks_i: np.ndarray,
+    key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    dest: tuple[
+        np.ndarray,
+        tuple[
+            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+            np.ndarray,
+            np.ndarray,
+            np.ndarray,
+        ],
+    ],
+    logged: tuple[np.ndarray, int],
+) -> int:  # pragma: no cover - numba
+    """Value-key AES, output words and leaf proofs (``PROOFS``) of a chunk's ``cnt`` leaves.
+
+    ``aes`` is ``(fn, ctxs)`` (:func:`fd_core`); ``leaf`` is ``(conv, t, enc)``: the leaves'
+    conversion blocks and control bits as the last :func:`fd_level` wrote them for tasks
+    ``ka..kb - 1`` (``span = (ka, kb, cnt)``), and the buffer the value-key ciphertexts go to;
+    ``dest`` is ``(out, proof)`` and ``logged`` ``(log, calls so far)``. Returns the updated
+    call count, or ``-1`` if OpenSSL failed.
+    """
+    fn, ctxs = aes
+    out, proof = dest
+    log, n_log = logged
+    ka, kb, cnt = span
+    conv, t_conv, enc = leaf
+    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
+    outl = np.zeros(1, dtype=np.int32)
+    if shape[5] & 4 and not native_encrypt(fn, ctxs[2], conv, enc, cnt * half_w, outl):
+        return -1
+    n_log = log_blocks(log, n_log, cnt * half_w)
+    if not shape[5] & 8:
+        return n_log
+    nt = shape[4] != 0
+    fd_leaves(enc, conv, t_conv, ka, kb, tasks_i, key[4], half_w, tau, group, party, out, nt)
+    if shape[5] & PROOFS:
+        pbufs, key_first, cw_proof, proofs = proof
+        leaves = (conv, t_conv, tasks_i[ka:kb])
+        pkey = (key_first, key[3], cw_proof)
+        if proof_pass(fn, ctxs[3], leaves, pkey, half_w, pbufs, proofs) < 0:
+            return -1
+        sub = pbufs[2].shape[0]
+        for _ in range(cnt // sub):  # cnt: the chunk's leaves, in proof batches of ``sub``
+            n_log = log_blocks(log, n_log, BLOCKS * sub)
+        if cnt % sub:
+            n_log = log_blocks(log, n_log, BLOCKS * (cnt % sub))
+    return n_log
+
+
+@njit(cache=True, nogil=True)
+def fd_core(
     fn: int,
     ctxs: np.ndarray,
     tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -49,22 +110,32 @@ def fd_run(
     shape: np.ndarray,
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     out: np.ndarray,
+    proof: tuple[
+        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        np.ndarray,
+        np.ndarray,
+        np.ndarray,
+    ],
 ) -> int:  # pragma: no cover - numba
-    """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).
+    """Run the chunk loop of :func:`fd_run` (with ``PROOFS``, of the checked evaluation).
 
-    ``ctxs`` holds the left, right and value AES contexts (``fn``: ``EVP_EncryptUpdate``);
-    ``tasks`` is ``(bounds, tasks_i, task_seed, task_t)``; ``key`` the batch's public arrays
-    ``(level_off, cw_seeds, cw_bits, epochs, cw_leaf)``; ``shape`` is ``(half_w, tau, group,
-    party, nt)``; ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)`` level
-    buffers (two ping-pong block buffers, then the left and right ciphertexts), the two
-    control-bit buffers and the log. Returns the number of AES calls made (``log`` receives
-    their block counts, as many as fit), or ``-1`` if OpenSSL failed.
+    Per chunk: the roots, then per tree level the left- and right-key AES calls over the
+    level and one :func:`fd_level` pass that writes the next level, then :func:`_finish` on
+    the chunk's leaves. ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)``
+    level buffers (two ping-pong block buffers, then the left and right ciphertexts), the
+    two control-bit buffers and the log; ``proof`` is as in
+    :func:`~flwr_fsl.kernels.vdpf_eval.fd_run_checked` (unread without ``PROOFS``).
+
+    ``shape[5]`` selects the parts that run: ``1`` the tree's AES calls, ``2`` the level
+    passes, ``4`` the value-key AES calls, ``8`` the leaf conversion, ``PROOFS`` the leaf
+    proofs (with ``8``). ``15`` is the plain evaluation; with any of its parts off the output
+    is garbage (a profiling switch: the benchmark times the parts this way). Returns the
+    number of AES calls made, or ``-1`` if OpenSSL failed.
     """
     bounds, tasks_i, task_seed, task_t = tasks
-    level_off, cw_seeds, cw_bits, epochs, cw_leaf = key
+    level_off, cw_seeds, cw_bits, epochs, _ = key
     bufs, tbufs, log = scratch
-    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
-    nt = shape[4] != 0
+    half_w, group, parts = shape[0], shape[2], shape[5]
     outl = np.zeros(1, dtype=np.int32)
     enc_l = bufs[2]
     enc_r = bufs[3]
@@ -82,24 +153,77 @@ def fd_run(
             level_off, cw_seeds, cw_bits, epochs, half_w, group,
         )  # fmt: skip
         for level in range(h):
-            if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
-                return -1
-            if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
-                return -1
+            if parts & 1:
+                if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
+                    return -1
+                if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
+                    return -1
             n_log = log_blocks(log, log_blocks(log, n_log, n), n)
-            n = fd_level(
-                enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
-                task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
-            )  # fmt: skip
+            if parts & 2:
+                n = fd_level(
+                    enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
+                    task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
+                )  # fmt: skip
+            else:
+                n = _level_count(tasks_i, lo, hi, level, h, group)
             src, dst = dst, src
             t_src, t_dst = t_dst, t_src
-        if not native_encrypt(fn, ctxs[2], src, enc_l, n * half_w, outl):
+        leaf = (src, t_src, enc_l)
+        n_log = _finish(
+            (fn, ctxs), leaf, (lo, hi, n), tasks_i, key, shape, (out, proof), (log, n_log)
+        )
+        if n_log < 0:
             return -1
-        n_log = log_blocks(log, n_log, n * half_w)
-        fd_leaves(enc_l, src, t_src, lo, hi, tasks_i, cw_leaf, half_w, tau, group, party, out, nt)
-    if nt:
+    if shape[4] != 0:
         store_fence()
     return n_log
+
+
+@njit(cache=True, nogil=True)
+def _level_count(
+    tasks_i: np.ndarray, lo: int, hi: int, level: int, max_h: int, group: int
+) -> int:  # pragma: no cover - numba
+    """Nodes :func:`fd_level` writes at ``level + 1`` (for the profiling switch of fd_core)."""
+    n = 0
+    for k in range(lo, hi):
+        h = tasks_i[k, 2]
+        start = max_h - h
+        if start > level + 1:
+            break
+        if start == level + 1:
+            n += 1
+            continue
+        sh = h - (level - start)
+        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
+        n += (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
+    return n
+
+
+@njit(cache=True, nogil=True)
+def fd_run(
+    fn: int,
+    ctxs: np.ndarray,
+    tasks: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    key: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    shape: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+    out: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Evaluate every chunk ``bounds[c]:bounds[c + 1]`` of the tasks into ``out`` (flat words).
+
+    ``ctxs`` holds the left, right and value AES contexts (``fn``: ``EVP_EncryptUpdate``);
+    ``tasks`` is ``(bounds, tasks_i, task_seed, task_t)``; ``key`` the batch's public arrays
+    ``(level_off, cw_seeds, cw_bits, epochs, cw_leaf)``; ``shape`` is ``(half_w, tau, group,
+    party, nt, parts)`` (``parts``: see :func:`fd_core`); ``scratch`` as in :func:`fd_core`.
+    Returns the number of AES calls made (``log`` receives their block counts, as many as
+    fit), or ``-1`` if OpenSSL failed.
+    """
+    u = np.zeros((1, 2), dtype=np.uint64)
+    i = np.zeros(1, dtype=np.int64)
+    none = ((u, u, i, i, u[0]), i, u, u)
+    plain = shape.copy()
+    plain[5] &= ~PROOFS
+    return fd_core(fn, ctxs, tasks, key, plain, scratch, out, none)
 
 
 @njit(cache=True, nogil=True)
@@ -130,33 +254,128 @@ def split_level(
 
 
 @njit(cache=True, nogil=True)
+def _split_rows(
+    roots: tuple[np.ndarray, np.ndarray, np.ndarray], max_h: int, group: int, level_off: np.ndarray
+) -> tuple[
+    tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray], int
+]:  # pragma: no cover - numba
+    """One step of :func:`split_tasks`: the next tasks' rows and the parents to expand.
+
+    Returns ``((tasks_i, blocks, t), (parents, t, cw_idx), small)``: tasks with points left,
+    those of height ``<= max_h`` first (``small`` of them, blocks and bits copied), then both
+    children of each taller one (rows set, blocks and bits left for :func:`split_level`).
+    """
+    tasks_i, seeds, t = roots
+    n_keep = 0
+    n_big = 0
+    for k in range(tasks_i.shape[0]):
+        if tasks_i[k, 3] < tasks_i[k, 4]:  # drop subtrees entirely past the length limit
+            n_keep += 1
+            if tasks_i[k, 2] > max_h:
+                n_big += 1
+    small = n_keep - n_big
+    nxt = np.empty((small + 2 * n_big, 5), dtype=np.int64)
+    nxt_s = np.empty((small + 2 * n_big, 2), dtype=np.uint64)
+    nxt_t = np.empty(small + 2 * n_big, dtype=np.uint8)
+    parents = np.empty((n_big, 2), dtype=np.uint64)
+    p_t = np.empty(n_big, dtype=np.uint8)
+    cw_idx = np.empty(n_big, dtype=np.int64)
+    r = 0
+    b = 0
+    for k in range(tasks_i.shape[0]):
+        if tasks_i[k, 3] >= tasks_i[k, 4]:
+            continue
+        big = 1 if tasks_i[k, 2] > max_h else 0
+        row = small + 2 * b if big else r
+        for c in range(1 + big):  # a child: one level down, the right one shifted
+            nxt[row + c] = tasks_i[k]
+            nxt[row + c, 1] += big
+            nxt[row + c, 2] -= big
+            nxt[row + c, 3] += c * ((1 << nxt[row + c, 2]) * group)
+        if big:
+            parents[b] = seeds[k]
+            p_t[b] = t[k]
+            cw_idx[b] = level_off[tasks_i[k, 0]] + tasks_i[k, 1]
+            b += 1
+        else:
+            nxt_s[r] = seeds[k]
+            nxt_t[r] = t[k]
+            r += 1
+    return (nxt, nxt_s, nxt_t), (parents, p_t, cw_idx), small
+
+
+@njit(cache=True, nogil=True)
+def split_all(
+    aes: tuple[int, np.ndarray],
+    roots: tuple[np.ndarray, np.ndarray, np.ndarray],
+    shape: tuple[int, int],
+    cws: tuple[np.ndarray, np.ndarray, np.ndarray],
+    log: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:  # pragma: no cover - numba
+    """:func:`split_tasks` in one call, with the tree AES through OpenSSL (:func:`split_level`).
+
+    ``aes`` is ``(fn, ctxs)``, ``roots`` the tasks ``(tasks_i, blocks, t)``, ``shape`` is
+    ``(max_h, group)`` and ``cws`` the batch's ``(level_off, cw_seeds, cw_bits)``. The same
+    tasks in the same order and the same AES calls as :func:`split_tasks` (one level of all
+    tall tasks per pair of calls), without a Python round trip and five array copies per
+    level. Returns ``(tasks_i, blocks, t, calls)`` (``log`` receives the calls' block counts
+    as far as it has room), ``calls = -1`` if OpenSSL failed.
+    """
+    fn, ctxs = aes
+    max_h, group = shape
+    n_log = 0
+    while True:
+        nxt, nodes, small = _split_rows(roots, max_h, group, cws[0])
+        n_big = nodes[0].shape[0]
+        if n_big == 0:
+            return nxt[0], nxt[1], nxt[2], n_log
+        children = (nxt[1][small:], nxt[2][small:])
+        if not split_level(fn, ctxs, nodes, (cws[1], cws[2]), children):
+            return nxt[0], nxt[1], nxt[2], -1
+        n_log = log_blocks(log, log_blocks(log, n_log, n_big), n_big)
+        roots = nxt
+
+
+@njit(cache=True, nogil=True)
 def fd_tasks(
     tree_levels: np.ndarray, offsets: np.ndarray, root_seeds: np.ndarray, party: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
     """One task per key with a point to produce: ``(tasks_i, blocks, t)`` of the tree roots.
 
     ``tasks_i`` rows are ``(key, 0, height, first point, point limit)``; a root's block is its
-    seed with the party's control bit in bit 0.
+    seed with the party's control bit in bit 0. Tasks come sorted by height, tallest first,
+    keys of one height in key order (a counting sort: the order a stable sort by descending
+    height gives, which the chunks need; no sort and gather of the tasks afterwards).
     """
     m = tree_levels.shape[0]
-    tasks = np.empty((m, 5), dtype=np.int64)
-    seeds = np.empty((m, 2), dtype=np.uint64)
-    t = np.empty(m, dtype=np.uint8)
+    top = 0
+    for j in range(m):
+        top = max(top, tree_levels[j])
+    count = np.zeros(top + 2, dtype=np.int64)
+    for j in range(m):
+        if offsets[j] < offsets[j + 1]:
+            count[top - tree_levels[j] + 1] += 1
+    for i in range(1, top + 2):
+        count[i] += count[i - 1]  # count[top - h]: the first row of height h
+    n = count[top + 1]
+    tasks = np.empty((n, 5), dtype=np.int64)
+    seeds = np.empty((n, 2), dtype=np.uint64)
+    t = np.empty(n, dtype=np.uint8)
     bit = np.uint64(party)
-    n = 0
     for j in range(m):
         if offsets[j] >= offsets[j + 1]:
             continue
-        tasks[n, 0] = j
-        tasks[n, 1] = 0
-        tasks[n, 2] = tree_levels[j]
-        tasks[n, 3] = offsets[j]
-        tasks[n, 4] = offsets[j + 1]
-        seeds[n, 0] = root_seeds[j, 0] | bit
-        seeds[n, 1] = root_seeds[j, 1]
-        t[n] = np.uint8(party)
-        n += 1
-    return tasks[:n], seeds[:n], t[:n]
+        r = count[top - tree_levels[j]]
+        count[top - tree_levels[j]] += 1
+        tasks[r, 0] = j
+        tasks[r, 1] = 0
+        tasks[r, 2] = tree_levels[j]
+        tasks[r, 3] = offsets[j]
+        tasks[r, 4] = offsets[j + 1]
+        seeds[r, 0] = root_seeds[j, 0] | bit
+        seeds[r, 1] = root_seeds[j, 1]
+        t[r] = np.uint8(party)
+    return tasks, seeds, t
 
 
 @njit(cache=True, nogil=True)
@@ -254,6 +473,29 @@ def split_tasks(
         t = np.concatenate([t[~big], child_t])
 
 
+def split_native(
+    native: NativeMMO,
+    roots: tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
+    shape: tuple[int, int],
+    cws: tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
+    log: list[int] | None,
+) -> tuple[NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]]:
+    """Run :func:`split_all` (``shape = (max_h, group)``); block counts go to ``log``.
+
+    Raises
+    ------
+    RuntimeError
+        If OpenSSL fails.
+    """
+    buf = np.zeros(128 if log is not None else 0, dtype=np.int64)  # <= 64 levels, 2 calls each
+    tasks_i, seeds, t, calls = split_all((native.fn, native.ctxs), roots, shape, cws, buf)
+    if calls < 0:
+        raise RuntimeError("OpenSSL AES failed")
+    if log is not None:
+        log.extend(buf[:calls].tolist())
+    return tasks_i, seeds, t
+
+
 def split_expander(
     native: NativeMMO | None,
     ciphers: Callable[[], Any],
@@ -287,19 +529,33 @@ def split_expander(
     return expand
 
 
+def fd_scratch(
+    cap: int, log: list[int] | None, calls: int
+) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.int64]]:
+    """Fresh ``(bufs, tbufs, log)`` for :func:`fd_core` with level buffers of ``cap`` blocks.
+
+    The log has room for ``calls`` block counts when ``log`` is a list (else none).
+    """
+    return (
+        np.empty((4, cap + 1, 2), dtype=np.uint64),
+        np.empty((2, cap), dtype=np.uint8),
+        np.zeros(calls if log is not None else 0, dtype=np.int64),
+    )
+
+
 def run_native(
     native: NativeMMO,
     tasks: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8]],
     key: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
-    shape: tuple[int, int, int, int, int],
+    shape: tuple[int, int, int, int, int, int],
     sizes: tuple[int, int],
     out: NDArray[np.uint64],
     log: list[int] | None,
 ) -> None:
-    """Run :func:`fd_run` with freshly allocated level buffers of ``sizes = (cap, max_h)``.
+    """Run :func:`fd_run` with fresh level buffers of ``sizes = (cap, max_h)``.
 
-    ``shape`` is ``(half_w, tau, group, party, nt)``; the block counts of the AES calls are
-    appended to ``log`` when it is a list.
+    ``shape`` is ``(half_w, tau, group, party, nt, parts)`` (:func:`fd_core`); the block counts
+    of the AES calls are appended to ``log`` when it is a list.
 
     Raises
     ------
@@ -307,9 +563,7 @@ def run_native(
         If OpenSSL fails.
     """
     cap, max_h = sizes
-    bufs = np.empty((4, cap + 1, 2), dtype=np.uint64)
-    n_log = 0 if log is None else (tasks[0].shape[0] - 1) * (2 * max_h + 1)
-    scratch = (bufs, np.empty((2, cap), np.uint8), np.zeros(n_log, np.int64))
+    scratch = fd_scratch(cap, log, (tasks[0].shape[0] - 1) * (2 * max_h + 1))
     calls = fd_run(native.fn, native.ctxs, tasks, key, np.array(shape, np.int64), scratch, out)
     if calls < 0:
         raise RuntimeError("OpenSSL AES failed")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from flwr_fsl.kernels.aes import native_encrypt
+
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
 TWO = np.uint64(2)
@@ -154,6 +156,94 @@ def fd_proof_finish(
             proofs[d, 6] = enc[r + 3, 0] ^ inputs[r + 3, 0] ^ (c6 & m)
             proofs[d, 7] = enc[r + 3, 1] ^ inputs[r + 3, 1] ^ (c7 & m)
         pos += nl
+
+
+@njit(cache=True, nogil=True)
+def _flush(
+    fn: int,
+    ctx: int,
+    fill: int,
+    bufs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    cw_proof: np.ndarray,
+    proofs: np.ndarray,
+) -> bool:  # pragma: no cover - numba
+    """Encrypt ``fill`` leaves' proof inputs and write ``H(x, blk) ^ t * cs`` to their rows."""
+    p_in, p_enc, rows, keys, tmask = bufs
+    outl = np.zeros(1, dtype=np.int32)
+    if not native_encrypt(fn, ctx, p_in, p_enc, BLOCKS * fill, outl):
+        return False
+    for f in range(fill):
+        d = rows[f]
+        key = keys[f]
+        m = tmask[f]
+        r = BLOCKS * f
+        for q in range(BLOCKS):
+            proofs[d, 2 * q] = p_enc[r + q, 0] ^ p_in[r + q, 0] ^ (cw_proof[key, 2 * q] & m)
+            proofs[d, 2 * q + 1] = p_enc[r + q, 1] ^ p_in[r + q, 1] ^ (cw_proof[key, 2 * q + 1] & m)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def proof_pass(
+    fn: int,
+    ctx: int,
+    leaves: tuple[np.ndarray, np.ndarray, np.ndarray],
+    key: tuple[np.ndarray, np.ndarray, np.ndarray],
+    half_w: int,
+    bufs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    proofs: np.ndarray,
+) -> int:  # pragma: no cover - numba
+    """Every leaf proof of a chunk, in batches of ``rows.shape[0]`` leaves.
+
+    The same words as :func:`~flwr_fsl.kernels.vdpf_kernels.fd_proof_inputs`, one AES call
+    and :func:`~flwr_fsl.kernels.vdpf_kernels.fd_proof_finish` over the whole chunk.
+
+    ``leaves`` is ``(conv, t_in, tasks_i)`` as ``fd_proof_inputs`` reads them (the chunk's
+    tasks only), ``key`` is ``(key_first, epochs, cw_proof)``, ``bufs`` the ``(BLOCKS * sub
+    (+ 1), 2)`` inputs and ciphertexts and the ``(sub,)`` rows, keys and control-bit masks of
+    a batch (``sub``: :data:`flwr_fsl.kernels.vdpf_eval.SUB_LEAVES` by default). Returns the
+    number of AES calls, or ``-1`` if OpenSSL failed.
+    """
+    conv, t_in, tasks_i = leaves
+    key_first, epochs, cw_proof = key
+    p_in, _, rows, keys, tmask = bufs
+    sub = rows.shape[0]
+    fill = 0
+    calls = 0
+    pos = 0
+    for k in range(tasks_i.shape[0]):
+        j = tasks_i[k, 0]
+        e = epochs[j]
+        nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
+        x = np.uint64(tasks_i[k, 3] - key_first[j])
+        for i in range(nl):
+            leaf = pos + i
+            c = leaf * half_w
+            t = t_in[leaf]
+            lo_word = ((conv[c, 0] ^ TWO) & CLEAR) | np.uint64(t)
+            hi_word = conv[c, 1] ^ e
+            r = BLOCKS * fill
+            tweak = x
+            for q in range(BLOCKS):  # H(x, blk): lo ^ (q << 1), hi ^ alpha^q x
+                p_in[r + q, 0] = lo_word ^ np.uint64(2 * q)
+                p_in[r + q, 1] = hi_word ^ tweak
+                tweak = _dbl(tweak)
+            rows[fill] = tasks_i[k, 3] + i
+            keys[fill] = j
+            tmask[fill] = ZERO - np.uint64(t)
+            fill += 1
+            x += np.uint64(1)
+            if fill == sub:
+                if not _flush(fn, ctx, fill, bufs, cw_proof, proofs):
+                    return -1
+                calls += 1
+                fill = 0
+        pos += nl
+    if fill:
+        if not _flush(fn, ctx, fill, bufs, cw_proof, proofs):
+            return -1
+        calls += 1
+    return calls
 
 
 @njit(cache=True, nogil=True)

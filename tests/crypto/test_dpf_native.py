@@ -116,3 +116,34 @@ def test_native_path_can_be_switched_off(monkeypatch):
     assert dpf._native_mmo() is None
     k0, k1 = generate_keys(5, 9, 4)
     assert int((evaluate_batch(k0.as_batch())[0] + evaluate_batch(k1.as_batch())[0])[5, 0]) == 9
+
+
+@needs_native
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), tau=st.integers(1, 3), max_h=st.integers(0, 5))
+def test_native_split_equals_the_python_split(seed, tau, max_h):
+    """``split_native`` (one numba call) makes the same tasks and AES calls as ``split_tasks``."""
+    from flwr_fsl.crypto.dpf_keys import _group, _tree_levels
+    from flwr_fsl.kernels import dpf_eval
+
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 30))
+    d = rng.integers(0, 14, m)
+    alphas = (rng.integers(0, 2**40, m) % (1 << d)).astype(U64)
+    lengths = np.array([rng.integers(0, (1 << int(x)) + 1) for x in d], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    group = _group(tau)
+    for keys in generate_keys_batch(alphas, rng.integers(0, 2**63, (m, tau)).astype(U64), d):
+        pub = keys.public
+        roots = dpf_eval.fd_tasks(_tree_levels(pub.domain_bits, tau), offsets, keys.root_seeds, 0)
+        native = dpf._native_mmo()
+        log_n: list[int] = []
+        log_p: list[int] = []
+        cws = (pub.level_offsets, pub.cw_seeds, pub.cw_bits)
+        got = dpf_eval.split_native(native, roots, (max_h, group), cws, log_n)
+        expand = dpf_eval.split_expander(native, dpf._mmo_ciphers, cws[1], cws[2], log_p)
+        want = dpf_eval.split_tasks(*roots, max_h, group, pub.level_offsets, expand)
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == b.dtype
+            assert np.array_equal(a, b)
+        assert log_n == log_p
