@@ -13,13 +13,16 @@ length-prefixed byte string (a DCF public part, or empty). No trailing bytes.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -45,6 +48,77 @@ __all__ = [
 ]
 
 _U64 = np.uint64
+_PREFAULT_BYTES = 1 << 24  # messages from 16 MiB on are assembled in a prefaulted buffer
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault a range in, writable, in one call
+_PAGE = 4096
+
+
+def _prefault_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
+    """Return ``(PyBytes_FromStringAndSize, PyBytes_AsString, madvise)``, or ``None`` off Linux."""
+    if not sys.platform.startswith("linux") or sys.implementation.name != "cpython":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbol
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    new = ctypes.pythonapi.PyBytes_FromStringAndSize
+    new.argtypes, new.restype = [ctypes.c_void_p, ctypes.c_ssize_t], ctypes.py_object
+    addr = ctypes.pythonapi.PyBytes_AsString
+    addr.argtypes, addr.restype = [ctypes.py_object], ctypes.c_void_p
+    return new, addr, madvise
+
+
+_API = _prefault_api()
+
+
+def assemble(parts: Sequence[bytes | memoryview], size: int) -> bytes:
+    """Return ``b"".join(parts)`` (``size`` bytes), faulting a large result's pages in at once.
+
+    A fresh message of hundreds of megabytes is new memory: ``b"".join`` takes one page fault
+    per 4 KiB page while it copies, and on the benchmark machine the faults, not the copy,
+    are the cost (0.21 s for 300 MB, of which ~0.03 s is the copy). Here a large message is
+    allocated uninitialised with ``PyBytes_FromStringAndSize(NULL, size)`` (the C API's way
+    to build a ``bytes`` object in place: it is filled before anything else can see it),
+    its pages are faulted in with one ``madvise(MADV_POPULATE_WRITE)`` (0.07 s for the same
+    300 MB) and the parts are copied in. The bytes are those of the join; where the call is
+    missing (not Linux, a kernel before 5.14, not CPython) this is the join, or the copy into
+    pages faulted one by one.
+
+    Parameters
+    ----------
+    parts : sequence of bytes or memoryview
+        The buffers, in order.
+    size : int
+        Their total length.
+
+    Returns
+    -------
+    bytes
+        The concatenation.
+    """
+    if _API is None or size < _PREFAULT_BYTES:
+        return b"".join(parts)
+    new, address, madvise = _API
+    out = new(None, size)
+    base = address(out)
+    lo = (base + _PAGE - 1) & ~(_PAGE - 1)
+    hi = (base + size) & ~(_PAGE - 1)
+    if hi > lo:
+        madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: the copy faults what is left
+    dst = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(base))
+    pos = 0
+    for part in parts:
+        src = np.frombuffer(part, dtype=np.uint8)
+        dst[pos : pos + src.size] = src
+        pos += src.size
+    if pos != size:  # never exposed half-filled
+        raise ConfigurationError(f"message parts hold {pos} bytes, expected {size}")
+    del dst
+    return cast(bytes, out)
+
 
 # Message kinds and whether they can be sent before the query exists (offline).
 SHARE, MATMUL_DEAL, MATMUL_A, MATMUL_S = 1, 2, 3, 4
@@ -142,7 +216,7 @@ class Message:
         if size > MAX_MESSAGE_BYTES:  # checked before the join allocates
             raise ConfigurationError(f"message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
         parts += [struct.pack("<I", length), *blob]
-        return b"".join(parts)
+        return assemble(parts, size)
 
     @classmethod
     def from_bytes(cls, data: object) -> Message:
