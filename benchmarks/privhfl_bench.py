@@ -42,7 +42,6 @@ ResNet-8 1.63 s; Table 2: 5000 VGG-7 queries 272 s; CryptGPU 1.61 s.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -241,21 +240,16 @@ def make_config(comparison: str, bound_bits: int) -> PrivHFLConfig:
     return PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
 
 
-# The sessions of one run share the querier's DCF workspace (secure_predict's ``workspace``)
-STREAM_WORKSPACE = "workspace" in inspect.signature(secure_predict).parameters
-
-
 def run_secure(
     model: SecureModel, x: np.ndarray, comparison: str, chunk: int, bound_bits: int = 0
 ) -> tuple[np.ndarray, Transcript]:
     tr = Transcript(clock=CLOCK)
     cfg = make_config(comparison, bound_bits)
     parts = []
-    kw = {"workspace": dcf.DCFWorkspace()} if STREAM_WORKSPACE else {}
     for session, lo in enumerate(range(0, x.shape[0], chunk)):
         res = secure_predict(
             [model], x[lo : lo + chunk], cfg, seeds=[SessionSeeds.fresh()], session=session,
-            transcript=tr, **kw,
+            transcript=tr,
         )  # fmt: skip
         parts.append(res.logits)
     return np.concatenate(parts), tr

@@ -61,6 +61,7 @@ from flwr_fsl.crypto.dcf_keys import (
     DCFKeyError,
     DCFPublicBatch,
     public_size,
+    public_views,
 )
 from flwr_fsl.crypto.prg import SEED_BYTES, derive_root_seeds, random_seeds
 from flwr_fsl.kernels import dcf_kernels as _k
@@ -81,6 +82,7 @@ __all__ = [
     "generate_keys",
     "generate_keys_batch",
     "public_size",
+    "public_views",
 ]
 
 MMO_KEY_DCF = b"flwr_fsl/dcf/v1\x00"
@@ -242,6 +244,16 @@ def _cw_arrays(
     return workspace.arrays(n, m, tau)
 
 
+def _out_arrays(
+    out: object, n: int, m: int, tau: int
+) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]]:
+    """``(cw_seeds, cw_values, cw_bits, cw_final)`` at their wire offsets in ``out``."""
+    try:
+        return public_views(out, n, tau, m)  # type: ignore[arg-type]
+    except DCFKeyError as err:
+        raise ConfigurationError(str(err)) from err
+
+
 def generate_keys_batch(
     alphas: ArrayLike,
     betas: ArrayLike,
@@ -249,6 +261,7 @@ def generate_keys_batch(
     *,
     master_seeds: tuple[bytes, bytes] | None = None,
     workspace: DCFWorkspace | None = None,
+    out: NDArray[np.uint8] | None = None,
 ) -> tuple[DCFKeyBatch, DCFKeyBatch]:
     """Generate ``m`` DCF key pairs for ``f_j(x) = betas[j] if x < alphas[j] else 0``.
 
@@ -266,6 +279,10 @@ def generate_keys_batch(
     workspace : DCFWorkspace, optional
         Memory to write the public part into (the returned keys are then views of it, valid
         until its next use); fresh arrays by default.
+    out : numpy.ndarray, optional
+        Instead of ``workspace``: a writable ``uint8`` buffer of :func:`public_size` bytes
+        that receives the *serialized* public part (:func:`public_views`), e.g. the blob of a
+        message being built, so the keys are never copied into it; the keys are views of it.
 
     Returns
     -------
@@ -306,7 +323,9 @@ def generate_keys_batch(
             raise ConfigurationError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
-    cws = _cw_arrays(n, m, tau, workspace)
+    if out is not None and workspace is not None:
+        raise ConfigurationError("pass either workspace or out, not both")
+    cws = _cw_arrays(n, m, tau, workspace) if out is None else _out_arrays(out, n, m, tau)
     _gen_into(a, b, n, root, cws)
     # Built here, canonical by construction: skip the validating constructor's pass over it.
     pub = object.__new__(DCFPublicBatch)

@@ -47,6 +47,7 @@ __all__ = [
     "DCFKeyError",
     "DCFPublicBatch",
     "public_size",
+    "public_views",
 ]
 
 
@@ -247,6 +248,60 @@ def _parse_header(data: object, kind: int) -> tuple[Reader, int, int, int, int]:
             f"{len(raw)}"
         )
     return r, n, tau, m, party
+
+
+def public_views(
+    out: NDArray[np.uint8], domain_bits: int, tau: int, m: int
+) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]]:
+    """Write a public part's header into ``out`` and return its fields as views of ``out``.
+
+    ``out`` is a writable ``uint8`` buffer of :func:`public_size` bytes (for example inside a
+    message being built); the returned ``(cw_seeds, cw_values, cw_bits, cw_final)`` views,
+    of the shapes :class:`DCFPublicBatch` takes, sit at their wire offsets (little-endian
+    machine; possibly unaligned), so a generator that fills them has written the serialized
+    public part in place.
+
+    Parameters
+    ----------
+    out : numpy.ndarray
+        The buffer (1-D ``uint8``, writable, exactly ``public_size(domain_bits, tau, m)`` bytes).
+    domain_bits, tau, m : int
+        Geometry.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        The four fields (uninitialised).
+
+    Raises
+    ------
+    DCFKeyError
+        If the buffer does not fit.
+    """
+    n, tau = _check_geometry(domain_bits, tau)
+    size = public_size(n, tau, m)
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != np.uint8
+        or out.shape != (size,)
+        or not out.flags.writeable
+        or np.little_endian is False
+    ):
+        raise DCFKeyError(f"the public part needs a writable 1-D uint8 buffer of {size} bytes")
+    out[:_HEADER_BYTES] = np.frombuffer(_header(_KIND_PUBLIC, _NO_PARTY, n, tau, m), np.uint8)
+    pos = _HEADER_BYTES
+    seeds: NDArray[np.uint64] = out[pos : pos + 16 * n * m].view(np.uint64)
+    pos += 16 * n * m
+    values: NDArray[np.uint64] = out[pos : pos + 8 * n * m * tau].view(np.uint64)
+    pos += 8 * n * m * tau
+    bits = out[pos : pos + n * m]
+    final: NDArray[np.uint64] = out[pos + n * m :].view(np.uint64)
+    return (
+        seeds.reshape(n, m, 2),
+        values.reshape(n, m, tau),
+        bits.reshape(n, m),
+        final.reshape(m, tau),
+    )
 
 
 def _words(r: Reader, count: int, dtype: str, what: str) -> NDArray[np.generic]:

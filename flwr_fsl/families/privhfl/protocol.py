@@ -440,7 +440,7 @@ class _Session:
             return self.s.aggregate_part(msg)
 
 
-def secure_predict(  # noqa: C901, PLR0913
+def secure_predict(  # noqa: C901
     models: Sequence[SecureModel],
     queries: ArrayLike,
     config: PrivHFLConfig | None = None,
@@ -450,7 +450,6 @@ def secure_predict(  # noqa: C901, PLR0913
     transcript: Transcript | None = None,
     record_leak: bool = False,
     tamper: Tamper | None = None,
-    workspace: dcf.DCFWorkspace | None = None,
 ) -> PredictionResult:
     """Run PrivHFL's secure querying in one process: Q's queries on every answerer's model.
 
@@ -482,11 +481,6 @@ def secure_predict(  # noqa: C901, PLR0913
         nothing with the DCF comparison).
     tamper : callable, optional
         Test hook ``(sender, receiver, kind, bytes) -> bytes`` applied to every message.
-    workspace : DCFWorkspace, optional
-        The querier's memory for the DCF keys (:class:`~flwr_fsl.crypto.dcf.DCFWorkspace`):
-        a caller that streams many sessions passes one to every call, so the hundreds of
-        megabytes of key material are first-touched once, not once per session; a fresh
-        one by default.
 
     Returns
     -------
@@ -522,7 +516,7 @@ def secure_predict(  # noqa: C901, PLR0913
     if len(seeds) != len(models):
         raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
     tr = transcript if transcript is not None else Transcript()
-    q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak, workspace)
+    q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak)
     querier = Querier(cfg, q_sessions)
     with tr.timed("Q"):
         encoded = querier.encode(x, archs[0])
@@ -577,18 +571,14 @@ def _querier_sessions(
     seeds: Sequence[SessionSeeds],
     session: int,
     record_leak: bool,
-    workspace: dcf.DCFWorkspace | None,
 ) -> dict[int, QuerierSession]:
-    """Return the querier's sessions, one per answerer, sharing one DCF workspace.
+    """Return the querier's sessions, one per answerer.
 
-    They deal one at a time (each deal is serialised before the next), so one buffer for the
-    keys' public part serves them all.
+    Each DCF deal's keys are generated straight into the message that carries them
+    (``QuerierSession.deal_dcf``): no buffer is kept between deals.
     """
-    if workspace is not None and not isinstance(workspace, dcf.DCFWorkspace):
-        raise ConfigurationError("workspace must be a DCFWorkspace")
-    workspace = workspace if workspace is not None else dcf.DCFWorkspace()
     return {
-        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak, workspace)
+        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak)
         for j, arch in enumerate(archs)
     }
 

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -74,7 +74,11 @@ def _prefault_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..
 _API = _prefault_api()
 
 
-def assemble(parts: Sequence[bytes | memoryview], size: int) -> bytes:
+def assemble(
+    parts: Sequence[bytes | memoryview],
+    size: int,
+    fill: Callable[[NDArray[np.uint8]], None] | None = None,
+) -> bytes:
     """Return ``b"".join(parts)`` (``size`` bytes), faulting a large result's pages in at once.
 
     A fresh message of hundreds of megabytes is new memory: ``b"".join`` takes one page fault
@@ -92,32 +96,44 @@ def assemble(parts: Sequence[bytes | memoryview], size: int) -> bytes:
     parts : sequence of bytes or memoryview
         The buffers, in order.
     size : int
-        Their total length.
+        The message's length.
+    fill : callable, optional
+        Writes the rest of the message, ``size - sum(len(parts))`` bytes, into the writable
+        ``uint8`` array it is given (every byte: the message is uninitialised memory); the
+        parts alone by default.
 
     Returns
     -------
     bytes
-        The concatenation.
+        The concatenation (and what ``fill`` wrote).
     """
-    if _API is None or size < _PREFAULT_BYTES:
+    if fill is None and (_API is None or size < _PREFAULT_BYTES):
         return b"".join(parts)
-    new, address, madvise = _API
-    out = new(None, size)
-    base = address(out)
-    lo = (base + _PAGE - 1) & ~(_PAGE - 1)
-    hi = (base + size) & ~(_PAGE - 1)
-    if hi > lo:
-        madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: the copy faults what is left
-    dst = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(base))
+    out: bytes | bytearray
+    if _API is None:
+        out = bytearray(size)
+        dst = np.frombuffer(out, dtype=np.uint8)
+    else:
+        new, address, madvise = _API
+        out = new(None, size)
+        base = address(out)
+        lo = (base + _PAGE - 1) & ~(_PAGE - 1)
+        hi = (base + size) & ~(_PAGE - 1)
+        if size >= _PREFAULT_BYTES and hi > lo:
+            madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: writes fault the rest
+        dst = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(base))
     pos = 0
     for part in parts:
         src = np.frombuffer(part, dtype=np.uint8)
         dst[pos : pos + src.size] = src
         pos += src.size
+    if fill is not None:
+        fill(dst[pos:])
+        pos = size
     if pos != size:  # never exposed half-filled
         raise ConfigurationError(f"message parts hold {pos} bytes, expected {size}")
     del dst
-    return cast(bytes, out)
+    return bytes(out) if isinstance(out, bytearray) else out
 
 
 # Message kinds and whether they can be sent before the query exists (offline).
@@ -190,6 +206,35 @@ class Message:
 
     def to_bytes(self) -> bytes:
         """Serialize (format in the module docstring)."""
+        return self.to_bytes_filled()
+
+    def to_bytes_filled(
+        self, blob_bytes: int = 0, fill: Callable[[NDArray[np.uint8]], None] | None = None
+    ) -> bytes:
+        """Serialize, with a blob that ``fill`` writes straight into the message.
+
+        Parameters
+        ----------
+        blob_bytes : int, optional
+            Length of the blob ``fill`` writes (the message's own ``blob`` must then be
+            empty).
+        fill : callable, optional
+            Called once with a writable ``uint8`` array of ``blob_bytes`` bytes inside the
+            message being built; it must write every byte. Without it this is
+            :meth:`to_bytes`.
+
+        Returns
+        -------
+        bytes
+            The message.
+
+        Raises
+        ------
+        ConfigurationError
+            If a field is malformed or the message would exceed the size limit.
+        """
+        if fill is not None and self.blob_bytes():
+            raise ConfigurationError("a message with a blob to fill must have an empty blob")
         if self.kind not in KIND_NAMES:
             raise ConfigurationError(f"unknown message kind {self.kind}")
         if len(self.arrays) > _MAX_ARRAYS:
@@ -211,12 +256,14 @@ class Message:
         blob = self.blob if isinstance(self.blob, tuple) else (self.blob,)
         if not all(isinstance(p, bytes | memoryview) for p in blob):
             raise ConfigurationError("the blob must be bytes (or a tuple of byte buffers)")
-        length = self.blob_bytes()
+        length = self.blob_bytes() if fill is None else int(blob_bytes)
         size += 4 + length
         if size > MAX_MESSAGE_BYTES:  # checked before the join allocates
             raise ConfigurationError(f"message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
-        parts += [struct.pack("<I", length), *blob]
-        return assemble(parts, size)
+        parts.append(struct.pack("<I", length))
+        if fill is None:
+            parts += blob
+        return assemble(parts, size, fill)
 
     @classmethod
     def from_bytes(cls, data: object) -> Message:
