@@ -74,6 +74,23 @@ def _prefault_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..
 _API = _prefault_api()
 
 
+class _Memory:
+    """A writable ``uint8`` view of ``size`` bytes at ``address`` that keeps ``owner`` alive.
+
+    Through ``__array_interface__``: a ``ctypes`` array type per size would be cached by
+    ``ctypes`` for ever (one new type per message length).
+    """
+
+    def __init__(self, owner: object, address: int, size: int) -> None:
+        self.owner = owner
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": (size,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+
 def assemble(
     parts: Sequence[bytes | memoryview],
     size: int,
@@ -121,7 +138,7 @@ def assemble(
         hi = (base + size) & ~(_PAGE - 1)
         if size >= _PREFAULT_BYTES and hi > lo:
             madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: writes fault the rest
-        dst = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(base))
+        dst = np.asarray(_Memory(out, base, size))
     pos = 0
     for part in parts:
         src = np.frombuffer(part, dtype=np.uint8)
