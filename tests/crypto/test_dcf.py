@@ -415,3 +415,33 @@ def test_workspace_gives_the_same_keys_and_is_reused() -> None:
     assert ws.buffer.size == 40 * 300 * 4 + 300 * 2 + (40 * 300 + 7) // 8  # the largest batch
     with pytest.raises(ConfigurationError, match="workspace"):
         generate_keys_batch([1], [1], 4, workspace=bytearray(64))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_keys_generated_in_place_are_the_serialized_public_part(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dealer writes the public part straight into the message that carries it (issue 26):
+    # the buffer then holds exactly DCFPublicBatch.to_bytes(), at any (unaligned) offset.
+    monkeypatch.setattr(dcf, "_NATIVE_AES", native)
+    rng = np.random.default_rng(9)
+    seeds = (b"r" * 16, b"s" * 16)
+    for n, tau, m, offset in [(40, 2, 300, 3), (7, 1, 50, 0), (13, 3, 65, 5), (64, 2, 1, 1)]:
+        a = rng.integers(0, 1 << min(n, 63), m, dtype=np.uint64)
+        b = rng.integers(0, 2**63, (m, tau), dtype=np.uint64)
+        fresh = generate_keys_batch(a, b, n, master_seeds=seeds)
+        buf = np.full(public_size(n, tau, m) + offset, 0xA5, dtype=np.uint8)
+        k0, k1 = generate_keys_batch(a, b, n, master_seeds=seeds, out=buf[offset:])
+        assert buf[offset:].tobytes() == fresh[0].public.to_bytes()
+        assert (buf[:offset] == 0xA5).all()
+        assert k1.to_bytes() == fresh[1].to_bytes()
+        x = rng.integers(0, 1 << min(n, 63), m, dtype=np.uint64)
+        assert np.array_equal(evaluate_paired(k0, x), evaluate_paired(fresh[0], x))
+    with pytest.raises(ConfigurationError, match="writable 1-D uint8 buffer of 132"):
+        generate_keys_batch([1], [1], 4, out=np.zeros(131, dtype=np.uint8))
+    with pytest.raises(ConfigurationError, match="writable"):
+        generate_keys_batch([1], [1], 4, out=np.zeros(132, dtype=np.uint64))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="either"):
+        generate_keys_batch(
+            [1], [1], 4, out=np.zeros(132, dtype=np.uint8), workspace=dcf.DCFWorkspace()
+        )

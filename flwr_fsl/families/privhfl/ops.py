@@ -653,10 +653,6 @@ class QuerierSession:
         Session number.
     record_leak : bool, optional
         Keep every ``z = r x`` learned in the paper's DReLU (:attr:`learned`), to show the leak.
-    workspace : DCFWorkspace, optional
-        Memory the DCF keys are generated into (each deal is serialised before the next, so
-        one workspace serves every session of a querier that deals one at a time); this
-        session's own by default.
 
     Raises
     ------
@@ -672,12 +668,8 @@ class QuerierSession:
         seeds: SessionSeeds,
         session: int = 0,
         record_leak: bool = False,
-        workspace: dcf.DCFWorkspace | None = None,
     ) -> None:
         _check_party_args(config, architecture, batch, seeds, session)
-        if workspace is not None and not isinstance(workspace, dcf.DCFWorkspace):
-            raise ConfigurationError("workspace must be a DCFWorkspace")
-        self.workspace = workspace if workspace is not None else dcf.DCFWorkspace()
         self.config = config
         self.architecture = architecture
         self.batch = batch
@@ -761,18 +753,18 @@ class QuerierSession:
             _stream(s, label, TAG_DCF_KEYS).words(2).astype("<u8").tobytes()
             for s in (self._qa, self._sq)
         )
-        k0, _ = dcf.generate_keys_batch(
-            r & _U64((1 << l_bits) - 1),
-            betas,
-            l_bits,
-            master_seeds=(msk[0], msk[1]),
-            workspace=self.workspace,  # the keys are serialised below, before its next use
-        )
         corr = (
             _RING.sub(_RING.sub(q, q0), q1),
             _RING.sub(_RING.sub(_RING.mul(r, q), rq0), rq1),
         )
-        return Message(DCF_KEYS, label, corr, k0.public.to_parts()).to_bytes()
+
+        def fill(blob: NDArray[np.uint8]) -> None:  # Gen writes the public part in place
+            dcf.generate_keys_batch(
+                r & _U64((1 << l_bits) - 1), betas, l_bits, master_seeds=(msk[0], msk[1]), out=blob
+            )
+
+        size = dcf.public_size(l_bits, 2, n)
+        return Message(DCF_KEYS, label, corr).to_bytes_filled(size, fill)
 
     def aggregation_mask(self) -> NDArray[np.uint64]:
         """``r_j`` of Π_Agg for this session (advances the label like the other parties)."""

@@ -572,14 +572,13 @@ def _querier_sessions(
     session: int,
     record_leak: bool,
 ) -> dict[int, QuerierSession]:
-    """Return the querier's sessions, one per answerer, sharing one DCF workspace.
+    """Return the querier's sessions, one per answerer.
 
-    They deal one at a time (each deal is serialised before the next), so one buffer for the
-    keys' public part serves them all.
+    Each DCF deal's keys are generated straight into the message that carries them
+    (``QuerierSession.deal_dcf``): no buffer is kept between deals.
     """
-    workspace = dcf.DCFWorkspace()
     return {
-        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak, workspace)
+        j: QuerierSession(cfg, arch, n, seeds[j], session, record_leak)
         for j, arch in enumerate(archs)
     }
 

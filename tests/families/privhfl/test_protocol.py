@@ -700,6 +700,28 @@ def test_message_round_trip_and_expect() -> None:
         expect(data, MATMUL_DEAL, 7, [], sender="querier")
 
 
+def test_large_messages_are_the_join_of_their_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # wire.assemble builds a large message in place in prefaulted pages: the same bytes.
+    from flwr_fsl.families.privhfl import wire
+
+    monkeypatch.setattr(wire, "_PREFAULT_BYTES", 64)
+    rng = np.random.default_rng(5)
+    arrays = (rng.integers(0, 2**63, (70, 3), dtype=U64), np.zeros(0, U64))
+    blob = (b"head", rng.integers(0, 255, 10_001, dtype=np.uint8).data, b"", b"tail")
+    msg = Message(MATMUL_A, 9, arrays, blob)
+    data = msg.to_bytes()
+    assert isinstance(data, bytes)
+    monkeypatch.setattr(wire, "_PREFAULT_BYTES", 1 << 62)  # the plain join
+    assert data == msg.to_bytes()
+    back = Message.from_bytes(data)
+    assert bytes(back.blob) == b"".join(bytes(p) for p in blob)
+    assert np.array_equal(back.arrays[0], arrays[0])
+    if wire._API is not None:
+        monkeypatch.setattr(wire, "_PREFAULT_BYTES", 1)
+        with pytest.raises(ConfigurationError, match="expected"):
+            wire.assemble([b"abc"], 4)
+
+
 def test_codec_refuses_bad_messages() -> None:
     good = Message(SHARE, 1, (np.ones(3, U64),)).to_bytes()
     for bad, match in [
