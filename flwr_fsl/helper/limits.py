@@ -325,7 +325,7 @@ class HelperLimits:
         HelperRequestError
             Naming the round's check, S1's floor and the flag.
         """
-        check = params.value_check
+        check = params.value_check_mode
         if check == "projected" and params.projections < DEFAULT_PROJECTIONS:
             raise HelperRequestError(
                 f"round {params.round_id}: the projected value check has {params.projections} "
