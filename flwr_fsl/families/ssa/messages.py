@@ -137,8 +137,9 @@ class SSAParams:
         (:mod:`flwr_fsl.families.ssa.range_check`: every word within the fixed-point bound;
         ``8 * L`` upload bytes per value word per key, 2-3x the checked upload) or ``"off"``
         (value words unchecked). A round with ``verify`` False has no value check:
-        ``"projected"`` and ``"exact"`` are refused there. A value equal to the default of the
-        round's ``verify`` is stored as None (one representation per parameter set).
+        ``"exact"`` is refused there. ``"projected"``, and any value equal to the default of the
+        round's ``verify``, is stored as None (one representation per parameter set), so it
+        too means "projected when the round is checked".
     projections : int
         ``r`` of the projected check (default 64, in ``[1, 1024]``). Ignored (stored as the
         default) with an explicit ``"off"`` or ``"exact"``; kept with ``value_check`` None, for
@@ -219,12 +220,12 @@ class SSAParams:
         r = self.projections
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_PROJECTIONS:
             raise ConfigurationError(f"projections must be an integer in [1, 1024], got {r!r}")
-        if not self.verify and self.value_check in ("projected", "exact"):
+        if not self.verify and self.value_check == "exact":
             raise ConfigurationError(
-                f"value_check={self.value_check!r} needs verify (the key check); an unchecked "
-                "round has value_check 'off' (or None, its default)"
+                "value_check='exact' needs verify (the key check); an unchecked round has "
+                "value_check 'off' (or None, its default)"
             )
-        if self.value_check == _default_value_check(self.verify):
+        if self.value_check in ("projected", _default_value_check(self.verify)):
             object.__setattr__(self, "value_check", None)  # one representation per round
         if self.value_check is not None:  # an explicit "off" / "exact": r is not used
             object.__setattr__(self, "projections", DEFAULT_PROJECTIONS)

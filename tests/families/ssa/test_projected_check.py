@@ -101,8 +101,10 @@ def test_turning_verify_on_turns_the_default_value_check_on() -> None:
     assert replace(_params(value_check="projected"), verify=False).value_check_mode == "off"
     with pytest.raises(ConfigurationError, match="value_check='exact' needs verify"):
         replace(_params(value_check="exact"), verify=False)
-    with pytest.raises(ConfigurationError, match="value_check='projected' needs verify"):
-        _params(verify=False, value_check="projected")
+    # "projected" is the default: no check in an unchecked round, the check once it is checked
+    asked = _params(verify=False, value_check="projected")
+    assert asked == _params(verify=False) and asked.value_check_mode == "off"
+    assert replace(asked, verify=True).value_check_mode == "projected"
 
 
 def test_library_code_reads_the_resolved_value_check() -> None:
