@@ -31,11 +31,11 @@ never leaves S0.
 **Restarts of S1.** A connection opens its session before its first round (or when
 :func:`~flwr_fsl.helper.setup.connect_helper` creates it) and never re-creates it silently: after
 S1 restarts, its calls raise :class:`~flwr_fsl.helper.errors.HelperSessionLostError` until S0
-calls :meth:`~flwr_fsl.helper.facade.HelperFacade.open_session` again — a new session, with a new id (what
-:meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` does, after forgetting
-its stored U-DPF keys). :class:`HelperClient` replaces its gRPC channel after a call finds S1
-unreachable, so the first call after S1 is back connects at once instead of waiting out gRPC's
-reconnect backoff (up to two minutes).
+calls :meth:`~flwr_fsl.helper.facade.HelperFacade.open_session` again — a new session, with a
+new id (what :meth:`LeadServer.open <flwr_fsl.families.ssa.two_server.LeadServer.open>` does,
+after forgetting its stored U-DPF keys). :class:`HelperClient` replaces its gRPC channel after a
+call finds S1 unreachable, so the first call after S1 is back connects at once instead of
+waiting out gRPC's reconnect backoff (up to two minutes).
 
 **Threat model.** As :mod:`flwr_fsl.helper.service`: S0 relays clients' sealed material it
 cannot read or alter; what S0 receives from S1 is S1's additive share (random on its own) and
