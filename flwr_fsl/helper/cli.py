@@ -114,6 +114,7 @@ from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, MAX_PROJECTIONS
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.limits import HelperLimits
+from flwr_fsl.helper.memory import bound_allocator
 from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
@@ -584,6 +585,17 @@ def _announce_dp(service: HelperService) -> None:
             )
 
 
+def _before_serving(service: HelperService) -> None:
+    """Print S1's enrollment and state folder; keep its peak memory flat in the clients.
+
+    :func:`~flwr_fsl.helper.memory.bound_allocator` fixes glibc's mmap threshold and arena
+    count in this (serving) process only, unless the operator's ``MALLOC_*`` variables do.
+    """
+    bound_allocator()
+    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
+    print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     """Run the helper server until SIGINT/SIGTERM.
 
@@ -647,8 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     _announce_dp(service)
     if args.print_fingerprint:
         return 0
-    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
-    print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
+    _before_serving(service)
     try:
         token, token_file = _access_token(args, service.accounts.state_dir or default_state_dir())
     except (ValueError, OSError) as err:
