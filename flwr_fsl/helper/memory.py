@@ -7,8 +7,11 @@ from several arenas and left freed but fragmented pages behind: S1's peak reside
 grew with the number of clients of a round (by 58 MiB from 50 to 800 clients at
 ``m = 2**16`` with 8 MiB relay chunks, 37.5 MiB from 50 to 200 at ``m = 2**20``; S0 stayed
 flat). :func:`bound_allocator` fixes the threshold at :data:`MMAP_THRESHOLD_BYTES` and the
-arenas at :data:`ARENA_MAX` (glibc's ``mallopt``), which measured flat (3 MiB from 50 to 800
-clients): ``benchmarks/ssa_bench.py --scale``, issue 26's memory target. ``flwr-fsl-helper``
+arenas at :data:`ARENA_MAX` (glibc's ``mallopt``), which measured flat (0.5 MiB from 50 to 800
+clients) and lower (at ``m = 2**20``: 590-614 MiB against 776-830 MiB for 24 clients), at the
+price of page faults on every large buffer: S1 took about 5% longer per client there (0.81-0.83
+against 0.77-0.78 s, same machine, load 2-3): ``benchmarks/ssa_bench.py --scale``, issue 26's
+memory target. ``flwr-fsl-helper``
 calls it at start unless the operator set ``MALLOC_ARENA_MAX`` or ``MALLOC_MMAP_THRESHOLD_``
 (glibc's own variables, which then decide); elsewhere than glibc it does nothing.
 """
