@@ -45,7 +45,13 @@ the same as for distinct updates; encoding 1000 updates would only time the clie
 prints time per client on S0 and S1, the requests and bytes relayed, how many clients one
 512 MiB message would have held, both servers' resident memory before the round and its
 peak during the round (Linux ``VmRSS``/``VmHWM``, reset before the round), and checks the
-reconstruction against the plaintext sums.
+reconstruction against the plaintext sums. ``--scale 50 100 200`` runs one such round per
+``N`` (each with a fresh S1 process; S0 is this process, its peak reset before each round) and
+ends with issue 26's memory target: ``S0/S1 peak growth 50 -> 200 clients: X MiB / Y MiB
+(bounded: PASS/FAIL)``. Bounded means that each server's peak at the largest ``N`` is at most
+its peak at the smallest ``N`` plus one relay chunk (``--chunk-mib``): a server that held every
+upload would grow by ``(N_max - N_min)`` uploads instead (printed beside it). ``m = 2**20``
+takes minutes per round here; ``--scale-log-m 16`` checks the same bound in seconds.
 
 Cui's published numbers (Table 5 seconds, Table 6 "MB" = MiB) are printed beside the matching
 cells: their machine is a 64-core 2.5 GHz Xeon running multi-threaded C++, ours one core of
@@ -785,6 +791,48 @@ class _TimedHelper:
             self.seconds += time.perf_counter() - start
 
 
+def scale_growth(rows: list[dict], chunk_mib: int) -> dict:
+    """Issue 26's memory target over ``--scale`` rows (smallest -> largest ``N``).
+
+    Bounded (PASS) when each server's peak at the largest ``N`` is at most its peak at the
+    smallest ``N`` plus one relay chunk (``chunk_mib``); ``held_mib`` is what holding every
+    extra client's upload would add (growth linear in ``N``), for comparison.
+    """
+    low, high = min(rows, key=lambda r: r["clients"]), max(rows, key=lambda r: r["clients"])
+    s0 = high["s0_peak_mib"] - low["s0_peak_mib"]
+    s1 = high["s1_peak_mib"] - low["s1_peak_mib"]
+    extra = high["clients"] - low["clients"]
+    return {
+        "from_clients": low["clients"],
+        "to_clients": high["clients"],
+        "s0_growth_mib": s0,
+        "s1_growth_mib": s1,
+        "bound_mib": float(chunk_mib),
+        "held_mib": extra * high["bytes_per_client"] / MIB,
+        "bounded": bool(s0 <= chunk_mib and s1 <= chunk_mib),
+    }
+
+
+def print_growth(growth: dict, rows: list[dict]) -> None:
+    """Print the peaks per ``N`` and the memory target's line (PASS/FAIL)."""
+    print("\nPeak resident memory per round (MiB), S0 / S1:")
+    for row in sorted(rows, key=lambda r: r["clients"]):
+        print(
+            f"  {row['clients']:>5} clients: {row['s0_peak_mib']:.0f} / {row['s1_peak_mib']:.0f}"
+            f" (before {row['s0_rss_before_mib']:.0f} / {row['s1_rss_before_mib']:.0f})"
+        )
+    print(
+        f"S0/S1 peak growth {growth['from_clients']} -> {growth['to_clients']} clients: "
+        f"{growth['s0_growth_mib']:.1f} MiB / {growth['s1_growth_mib']:.1f} MiB "
+        f"(bounded: {'PASS' if growth['bounded'] else 'FAIL'})"
+    )
+    print(
+        f"  criterion: each peak grows by at most one relay chunk ({growth['bound_mib']:.0f} MiB,"
+        f" --chunk-mib); holding every extra client's upload would add "
+        f"{growth['held_mib']:.0f} MiB"
+    )
+
+
 def print_scale(row: dict) -> None:
     """Print one ``--scale`` row as a table."""
     print(
@@ -827,7 +875,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions (at most 3 at 2^20)")
     parser.add_argument("--json", default="benchmarks/results/ssa_bench.json")
     parser.add_argument(
-        "--scale", type=int, metavar="N", help="instead: one round of N clients through real S1"
+        "--scale",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: one round of N clients through real S1 (several N: the memory target)",
     )
     parser.add_argument("--scale-log-m", type=int, default=20, help="--scale: log2 m (20)")
     parser.add_argument("--scale-rate", type=float, default=0.10, help="--scale: k/m (0.10)")
@@ -838,16 +890,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.scale is not None:
-        row = run_scale(
-            args.scale, args.scale_log_m, args.scale_rate, args.distinct, args.chunk_mib
-        )
-        print_scale(row)
-        path = Path(args.json).with_name("ssa_scale.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(row, indent=2))
-        print(f"\nwrote {path}")
-        if not row["counts_exact"] or row["max_sum_error"] > row["error_bound"]:
-            sys.exit("reconstruction differs from the plaintext sums")
+        main_scale(args)
         return
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -892,6 +935,53 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     print(f"\nwrote {path}")
+
+
+def main_scale(args: argparse.Namespace) -> None:
+    """``--scale N [N ...]``: one round per N through a real S1; several N: the memory target.
+
+    With several ``N`` each round runs in a fresh process of this script (and its own S1), so
+    every S0 peak starts from the same interpreter and nothing one round freed but kept
+    (allocator arenas) counts against the next.
+    """
+    sizes = sorted(set(args.scale))
+    if len(sizes) == 1:
+        row = run_scale(sizes[0], args.scale_log_m, args.scale_rate, args.distinct, args.chunk_mib)
+        print_scale(row)
+        rows, out = [row], row
+    else:
+        rows = [_scale_in_child(n, args) for n in sizes]
+        growth = scale_growth(rows, args.chunk_mib)
+        print_growth(growth, rows)
+        out = {"rounds": rows, "growth": growth}
+    path = Path(args.json).with_name("ssa_scale.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"\nwrote {path}")
+    if any(not r["counts_exact"] or r["max_sum_error"] > r["error_bound"] for r in rows):
+        sys.exit("reconstruction differs from the plaintext sums")
+
+
+def _scale_in_child(clients: int, args: argparse.Namespace) -> dict:
+    """Run ``--scale clients`` in a fresh process of this script; return its row."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = [
+            f"--scale-log-m={args.scale_log_m}",
+            f"--scale-rate={args.scale_rate}",
+            f"--distinct={args.distinct}",
+            f"--chunk-mib={args.chunk_mib}",
+            f"--json={tmp}/ssa_bench.json",
+        ]
+        done = subprocess.run(
+            [sys.executable, __file__, "--scale", str(clients), *flags], check=False
+        )
+        if done.returncode != 0:
+            sys.exit(f"the {clients}-client round failed ({done.returncode})")
+        row: dict = json.loads((Path(tmp) / "ssa_scale.json").read_text())
+        return row
 
 
 if __name__ == "__main__":

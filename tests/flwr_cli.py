@@ -78,7 +78,12 @@ def run_until_finished(
     deadline = time.monotonic() + timeout
     status = ""
     while time.monotonic() < deadline:
-        listing = json.loads(flwr(env, "ls", federation, "--run-id", run_id, "--format", "json"))
+        try:
+            listing = json.loads(
+                flwr(env, "ls", federation, "--run-id", run_id, "--format", "json")
+            )
+        except subprocess.TimeoutExpired:  # one slow CLI start under load: poll again
+            continue
         runs = [r for r in listing.get("runs", []) if str(r.get("run-id")) == run_id]
         status = runs[0]["status"] if runs else ""
         if status.startswith("finished:"):

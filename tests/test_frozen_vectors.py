@@ -208,7 +208,7 @@ def test_ssa_range_check_params_round_trip() -> None:
     for name, value in FROZEN["ssa-range-check"].items():
         if name.startswith("params-"):
             params = SSAParams.from_bytes(bytes.fromhex(value))
-            assert params.value_check == "exact" and params.verify, name
+            assert params.value_check_mode == "exact" and params.verify, name
             assert params.to_bytes().hex() == value, name
 
 

@@ -39,7 +39,8 @@ share, hashing table, one client's evaluation, PSR table), ``--max-clients-per-r
 ``--min-clients`` (S1's own minimum participation, default 2: it returns no share of a round
 with fewer clients, so S0 alone cannot isolate one). Bad values
 are refused up front, naming the flag. ``--min-value-check`` (default ``projected``) refuses
-SSA rounds whose value-word check is weaker (``off < projected < exact``; issue 21).
+SSA rounds whose value-word check is weaker (``off < projected < exact``; issue 21), and
+``--min-projections`` (default 64) projected rounds with fewer random projections.
 
 **Resources** (:mod:`flwr_fsl.helper.quota`; a call over one is refused, ``RESOURCE_EXHAUSTED``,
 naming the flag, before S1 allocates anything): ``--max-memory-mib`` (S1's memory budget over
@@ -109,9 +110,11 @@ from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.channel import SealedBoxError
 from flwr_fsl.crypto.identity import Enrollment, load_enrollment
 from flwr_fsl.families.ssa.dp import DEFAULT_BUDGET, DistributedDP
+from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, MAX_PROJECTIONS
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.connection import is_loopback
 from flwr_fsl.helper.limits import HelperLimits
+from flwr_fsl.helper.memory import bound_allocator
 from flwr_fsl.helper.quota import ServiceLimits
 from flwr_fsl.helper.server import format_address, start_server
 from flwr_fsl.helper.service import HelperService
@@ -205,6 +208,16 @@ def _limit_type(flag: str, unit: int) -> Callable[[str], int]:
         return value * unit
 
     return parse
+
+
+def _projections(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= MAX_PROJECTIONS:
+        raise argparse.ArgumentTypeError(f"must be in [1, {MAX_PROJECTIONS}], got {value}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -505,6 +518,15 @@ def _parser() -> argparse.ArgumentParser:
         "default projected: a malicious client cannot move an element's sum unchecked)",
     )
     p.add_argument(
+        "--min-projections",
+        type=_projections,
+        default=DEFAULT_PROJECTIONS,
+        metavar="N",
+        help=f"refuse projected SSA rounds with fewer than N random projections (in [1, "
+        f"{MAX_PROJECTIONS}]; each halves the chance that a word past 2T gets through; default "
+        f"{DEFAULT_PROJECTIONS})",
+    )
+    p.add_argument(
         "--state-dir",
         type=Path,
         default=None,
@@ -563,6 +585,17 @@ def _announce_dp(service: HelperService) -> None:
             )
 
 
+def _before_serving(service: HelperService) -> None:
+    """Print S1's enrollment and state folder; keep its peak memory flat in the clients.
+
+    :func:`~flwr_fsl.helper.memory.bound_allocator` fixes glibc's mmap threshold and arena
+    count in this (serving) process only, unless the operator's ``MALLOC_*`` variables do.
+    """
+    bound_allocator()
+    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
+    print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     """Run the helper server until SIGINT/SIGTERM.
 
@@ -604,6 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
                 dp_budget=_dp_budget(args),
                 dp_client_budget=_dp_budget(args, "dp_client_budget"),
                 min_value_check=args.min_value_check,
+                min_projections=args.min_projections,
             ),
             state_dir=args.state_dir if args.state_dir is not None else default_state_dir(),
             enrollment=enrollment,
@@ -625,8 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     _announce_dp(service)
     if args.print_fingerprint:
         return 0
-    print(f"{_PROG}: client enrollment: {service.enrollment.describe()}", flush=True)
-    print(f"{_PROG}: privacy accounts in {service.accounts.state_dir}", flush=True)
+    _before_serving(service)
     try:
         token, token_file = _access_token(args, service.accounts.state_dir or default_state_dir())
     except (ValueError, OSError) as err:

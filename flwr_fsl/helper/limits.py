@@ -75,8 +75,10 @@ ceiling on every enrolled client's account across runs (:mod:`flwr_fsl.helper.cl
 chooses a round's parameters, so S1 insists on its own floor: it refuses at ``OpenRound`` a
 round whose :attr:`~flwr_fsl.families.ssa.messages.SSAParams.value_check` checks less
 (``off < projected < exact``; unchecked rounds, ``verify`` False, count as ``off``), and a
-projected round with fewer than :data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTIONS`
-projections (each halves a forger's chance). ``flwr-fsl-helper`` defaults to ``projected``;
+projected round with fewer than ``min_projections`` projections (flag ``--min-projections``,
+default :data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTIONS`, 64: each projection halves
+a forger's chance, so ``r`` projections let a word past ``2T`` through with probability
+``2^-r`` per try). ``flwr-fsl-helper`` defaults to ``projected``;
 the dataclass defaults to ``off`` because the in-process S1
 (:class:`~flwr_fsl.helper.InProcessHelper`) runs inside S0's process, where S0 controls it
 anyway and a floor protects nobody (pass ``HelperLimits(min_value_check=...)`` to test one).
@@ -92,7 +94,7 @@ from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto.dpf import MAX_TAU
 from flwr_fsl.crypto.fixedpoint import FixedPointOverflowError
 from flwr_fsl.families.ssa.dp import DistributedDP, check_headroom, noise_std
-from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, VALUE_CHECKS
+from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, MAX_PROJECTIONS, VALUE_CHECKS
 from flwr_fsl.families.ssa.protocol import DEFERRED_SCATTER_MAX_BYTES, SSAParams
 from flwr_fsl.helper.errors import HelperRequestError
 
@@ -119,6 +121,7 @@ _PROOF_SEGMENT = 1 << 16  # points per proof segment (flwr_fsl.families.ssa.veri
 _MAX_DOMAIN = 1 << 62  # the hashing layer's own maximum
 _MAX_WIDTH = MAX_TAU - 1  # tau = width + count word must fit a DPF
 _MAX_COUNT = 1 << 62
+_MAX_TOPS = {"max_value_width": _MAX_WIDTH, "min_projections": MAX_PROJECTIONS}
 
 
 def round_words(params: SSAParams, *, table: bool = False) -> int:
@@ -219,6 +222,9 @@ class HelperLimits:
     min_value_check : str (default: "off"; ``flwr-fsl-helper``: "projected")
         The least value check S1 accepts in a round (``--min-value-check``; one of
         ``"off"``, ``"projected"``, ``"exact"``, weakest first): see the module docstring.
+    min_projections : int (default: 64)
+        The fewest projections S1 accepts in a projected round (``--min-projections``; in
+        ``[1, 1024]``): a round with fewer is refused, naming the flag.
 
     Raises
     ------
@@ -238,6 +244,7 @@ class HelperLimits:
     dp_budget: PrivacyBudget | None = None
     dp_client_budget: PrivacyBudget | None = None
     min_value_check: str = "off"
+    min_projections: int = DEFAULT_PROJECTIONS
 
     def __post_init__(self) -> None:
         if self.min_value_check not in VALUE_CHECKS:
@@ -256,7 +263,7 @@ class HelperLimits:
             if f.name in ("dp", "dp_budget", "dp_client_budget", "min_value_check"):
                 continue
             value = getattr(self, f.name)
-            top = _MAX_WIDTH if f.name == "max_value_width" else _MAX_COUNT
+            top = _MAX_TOPS.get(f.name, _MAX_COUNT)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise ConfigurationError(
                     f"{f.name} must be an integer in [1, {top}], got {value!r}"
@@ -325,12 +332,12 @@ class HelperLimits:
         HelperRequestError
             Naming the round's check, S1's floor and the flag.
         """
-        check = params.value_check
-        if check == "projected" and params.projections < DEFAULT_PROJECTIONS:
+        check = params.value_check_mode
+        if check == "projected" and params.projections < self.min_projections:
             raise HelperRequestError(
                 f"round {params.round_id}: the projected value check has {params.projections} "
-                f"projections, fewer than S1's {DEFAULT_PROJECTIONS} (each halves a forger's "
-                "chance)"
+                f"projections, fewer than S1's {self.min_projections} (flwr-fsl-helper "
+                "--min-projections; each halves a forger's chance)"
             )
         if VALUE_CHECKS.index(check) < VALUE_CHECKS.index(self.min_value_check):
             raise HelperRequestError(

@@ -24,6 +24,9 @@ whether the forger was dropped:
 * S1 insists: the default helper **refuses** rounds with ``value_check="off"`` and unchecked
   rounds (``verify=False``), naming ``--min-value-check``; a helper started with
   ``--min-value-check exact`` refuses projected rounds;
+* the default helper **refuses** a projected round with fewer than 64 projections, naming
+  ``--min-projections``; one started with ``--min-projections 32`` runs such a round and still
+  catches the -1.1e9 try (each projection halves the forger's chance: 2^-32 here);
 * with a helper started with ``--min-value-check off`` (a documented, non-default option),
   ``value_check="off"`` lets the -1.1e9 try through and ``verify=False`` the 80.00 try.
 """
@@ -74,7 +77,9 @@ def lax_helper(tmp_path_factory):  # type: ignore[no-untyped-def]
         proc.stop()
 
 
-def _params(round_id: int, verify: bool = True, value_check: str = "projected") -> SSAParams:
+def _params(
+    round_id: int, verify: bool = True, value_check: str = "projected", projections: int = 64
+) -> SSAParams:
     return SSAParams(
         round_id=round_id,
         domain_size=64,
@@ -84,6 +89,7 @@ def _params(round_id: int, verify: bool = True, value_check: str = "projected") 
         weighted=False,  # the strategies' default: unit weights
         verify=verify,
         value_check=value_check,
+        projections=projections,
     )
 
 
@@ -209,6 +215,33 @@ def test_s1_with_an_exact_floor_refuses_projected_rounds(tmp_path_factory) -> No
             client.close()
     finally:
         strict.stop()
+
+
+def test_s1_refuses_projected_rounds_with_fewer_projections_than_its_floor(  # type: ignore[no-untyped-def]
+    helper, tmp_path_factory
+) -> None:
+    client = helper.client(timeout=120)
+    try:
+        lead = LeadServer(client, helper_fingerprint=helper.fingerprint, min_clients=1)
+        with pytest.raises(HelperRequestError, match=r"fewer than S1's 64 .*--min-projections"):
+            lead.open(_params(70, projections=32))
+    finally:
+        client.close()
+    fewer = _start(tmp_path_factory, "--min-projections", "32")
+    try:
+        params = _params(71, projections=32)
+        average, rejected = _round(fewer, params, "average -1.1e9 (value, count 1)")
+        assert list(rejected) == [666] and "key check failed" in rejected[666]
+        assert average == pytest.approx(HONEST, abs=1e-6)
+        client = fewer.client(timeout=120)
+        try:
+            lead = LeadServer(client, helper_fingerprint=fewer.fingerprint, min_clients=1)
+            with pytest.raises(HelperRequestError, match=r"fewer than S1's 32 .*--min-projections"):
+                lead.open(_params(72, projections=31))
+        finally:
+            client.close()
+    finally:
+        fewer.stop()
 
 
 def test_value_check_off_lets_a_huge_value_with_count_one_through(lax_helper) -> None:  # type: ignore[no-untyped-def]

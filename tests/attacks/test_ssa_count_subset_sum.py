@@ -33,6 +33,7 @@ CLIENTS, FRACTION, ROUNDS, SIZE, RATIO = 20, 0.5, 6, 200, 0.1
 WEIGHTS = distinct_weights(CLIENTS, seed=1)
 MODEL = {"w": np.zeros(SIZE, np.float32)}
 MARGIN = 0.02  # attacker success allowed above the chance baseline
+GUESSES = 100  # independent uniform guesses averaged (the measured rate's scatter ~0.001)
 
 
 def _run(**kwargs: object) -> S0View:
@@ -133,21 +134,27 @@ def test_default_count_words_say_how_many_chose_not_which() -> None:
     # word is no sum of weights any more.
     true_weights = {node: float(w) for node, w in zip(view.nodes, WEIGHTS, strict=True)}
     assert success(view, decode(view, true_weights)) == 0.0
-    # What is left: guess c of the round's participants. Measured, it is the baseline.
+    # What is left: guess c of the round's participants. Measured, it is the baseline. One
+    # guess per coordinate scatters around the baseline by about 0.01 (a few hundred touched
+    # coordinates), so one draw crossed baseline + MARGIN now and then under CI (0.0871 against
+    # 0.0867); averaged over GUESSES independent draws the scatter is ~0.001.
     rng = np.random.default_rng(0)
-    guesses = []
-    for outcome in view.rounds:
-        members = list(outcome.accepted)
-        counts = np.rint(np.asarray(outcome.result.counts)).astype(int)
-        guesses.append(
-            {
-                j: frozenset(rng.choice(members, size=counts[j], replace=False).tolist())
-                for j in np.flatnonzero(counts).tolist()
-            }
-        )
+    rates = []
+    for _ in range(GUESSES):
+        guesses = []
+        for outcome in view.rounds:
+            members = np.asarray(outcome.accepted)
+            counts = np.rint(np.asarray(outcome.result.counts)).astype(int)
+            guesses.append(
+                {
+                    j: frozenset(members[rng.permutation(members.size)[: counts[j]]].tolist())
+                    for j in np.flatnonzero(counts).tolist()
+                }
+            )
+        rates.append(success(view, guesses))
     baseline = chance(view)
     assert baseline < 0.15, baseline
-    assert success(view, guesses) <= baseline + MARGIN
+    assert float(np.mean(rates)) <= baseline + MARGIN, (np.mean(rates), baseline)
 
 
 def test_default_a_coordinate_one_client_chose_gives_its_value_not_its_name() -> None:

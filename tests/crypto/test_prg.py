@@ -127,8 +127,17 @@ def test_mmo_hash_matches_reference():
         assert got[i].tobytes() == want
 
 
+def _fixed_seeds(count: int, seed: int = 2026) -> np.ndarray:
+    """``count`` seeds from a fixed generator, control bit cleared (as ``random_seeds``)."""
+    seeds = np.random.default_rng(seed).integers(0, 1 << 64, (count, 2), dtype=U64)
+    seeds[:, 0] &= ~U64(1)
+    return seeds
+
+
 def test_mmo_prg_children_and_control_bits():
-    seeds = random_seeds(50)
+    # Fixed seeds: with fresh ones (random_seeds) the old balance check (50 bits of each child
+    # within (0.3, 0.7)) failed in 1.3% of runs (P[Bin(50, 1/2) <= 15 or >= 35] = 0.66% each).
+    seeds = _fixed_seeds(50)
     left, tl, right, tr = mmo_prg(seeds)
     for i in range(50):
         s = seeds[i].tobytes()
@@ -139,8 +148,9 @@ def test_mmo_prg_children_and_control_bits():
             h[0] &= 0xFE
             assert child[i].tobytes() == bytes(h)
     assert not np.any(left[:, 0] & U64(1)) and not np.any(right[:, 0] & U64(1))
-    # Control bits look balanced.
-    assert 0.3 < tl.mean() < 0.7 and 0.3 < tr.mean() < 0.7
+    # Control bits look balanced: over 4096 fixed seeds, within 6 sigma (0.047) of 1/2.
+    _, many_tl, _, many_tr = mmo_prg(_fixed_seeds(4096, seed=7))
+    assert abs(many_tl.mean() - 0.5) < 0.047 and abs(many_tr.mean() - 0.5) < 0.047
     # The whole block is the PRG input: a seed with its control bit (bit 0) set expands
     # differently, and exactly as AES-MMO of that block.
     with_bit = seeds.copy()

@@ -351,6 +351,30 @@ def test_s0_sees_a_clear_error_and_the_round_fails_cleanly():
     assert open_rounds(helper) == (1,)
 
 
+def test_s1_refuses_projected_rounds_with_fewer_projections_than_its_floor():
+    """``HelperLimits.min_projections`` (``--min-projections``, default 64), in-process S1."""
+    from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS
+
+    assert HelperLimits().min_projections == DEFAULT_PROJECTIONS == 64
+    helper = twin(HelperLimits(min_projections=16))
+    lead = LeadServer(helper)
+    with pytest.raises(RoundFailedError, match=r"8 projections, fewer than S1's 16 .*--min-proj"):
+        lead.open(make_params(1, verify=True, projections=8))
+    assert open_rounds(helper) == ()
+    lead.open(make_params(2, verify=True, projections=16))  # at the floor: accepted
+    for r in (63, 1):  # the default floor
+        with pytest.raises(RoundFailedError, match="--min-projections"):
+            LeadServer(twin()).open(make_params(3, verify=True, projections=r))
+    # Rounds without the projected check have no projections to count (their own floor decides).
+    strict = LeadServer(twin(HelperLimits(min_projections=1024)))
+    strict.open(make_params(4, verify=True, value_check="exact"))
+    strict.open(make_params(5, verify=True, value_check="off"))
+    strict.open(make_params(6))  # unchecked
+    for bad in (0, 1025):
+        with pytest.raises(ConfigurationError, match="min_projections"):
+            HelperLimits(min_projections=bad)
+
+
 # ---- the memory formula against the peak S1 really reaches ---------------------------------------
 
 
@@ -567,6 +591,13 @@ def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
             dp_client_budget=DEFAULT_BUDGET,
             min_value_check=floor,
         )
+    assert _limits_of(["--min-projections", "16"], monkeypatch, tmp_path) == replace(
+        HelperLimits(),
+        dp_budget=DEFAULT_BUDGET,
+        dp_client_budget=DEFAULT_BUDGET,
+        min_value_check="projected",
+        min_projections=16,
+    )
     capsys.readouterr()
     key = str(tmp_path / "k.pem")
     for flag, bad in (
@@ -579,6 +610,9 @@ def test_cli_limit_flags(monkeypatch, tmp_path, capsys):
         ("--max-round-mib", str(1 << 43)),
         ("--max-clients-per-round", "1.5"),
         ("--max-round-gwords", "0"),
+        ("--min-projections", "0"),
+        ("--min-projections", "1025"),
+        ("--min-projections", "64.5"),
     ):
         with pytest.raises(SystemExit) as info:
             helper_cli.main(["--key-file", key, flag, bad])

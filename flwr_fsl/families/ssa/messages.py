@@ -55,7 +55,7 @@ _RANGE_VERSION = 6
 # value words' projected range (projected_check module). Decoders of versions 1 to 6 refuse it.
 _PROJECTED_VERSION = 7
 VALUE_CHECKS = ("off", "projected", "exact")
-"""The value checks of a checked round, weakest first (:attr:`SSAParams.value_check`)."""
+"""The value checks of a checked round, weakest first (:attr:`SSAParams.value_check_mode`)."""
 DEFAULT_PROJECTIONS = 64
 """Default number ``r`` of random projections of the projected value check."""
 MAX_PROJECTIONS = 1024
@@ -125,24 +125,30 @@ class SSAParams:
         per key), a dummy slot per bin, and with unit weights every key's count word exactly 1;
         a client that fails is dropped by both. False: the unchecked keys of versions 1 to 4
         (for comparison, e.g. ``benchmarks/ssa_bench.py``).
-    value_check : str
-        How both servers check the value words of a checked round: ``"projected"`` (the
-        default; :mod:`flwr_fsl.families.ssa.projected_check`: ``r`` random {-1, 0, 1}
-        projections of all value words, each range-checked exactly against ``T = c * B2``, so
-        every value word is within ``2T`` of zero except with probability ``2^-r``; a few
-        thousand upload words, independent of the number of keys), ``"exact"``
+    value_check : str or None
+        How both servers check the value words of a checked round; read the check in force from
+        :attr:`value_check_mode`. None (the default) means ``"projected"`` in a checked round
+        (``verify`` True) and ``"off"`` otherwise, resolved where it is read, so
+        ``dataclasses.replace(SSAParams(verify=False, ...), verify=True)`` checks the value
+        words. ``"projected"`` (:mod:`flwr_fsl.families.ssa.projected_check`: ``r`` random
+        {-1, 0, 1} projections of all value words, each range-checked exactly against
+        ``T = c * B2``, so every value word is within ``2T`` of zero except with probability
+        ``2^-r``; a few thousand upload words, independent of the number of keys), ``"exact"``
         (:mod:`flwr_fsl.families.ssa.range_check`: every word within the fixed-point bound;
         ``8 * L`` upload bytes per value word per key, 2-3x the checked upload) or ``"off"``
-        (value words unchecked). A round with ``verify`` False has no value check: the default
-        ``"projected"`` is stored as ``"off"`` there, and ``"exact"`` is refused.
+        (value words unchecked). A round with ``verify`` False has no value check:
+        ``"exact"`` is refused there. ``"projected"``, and any value equal to the default of the
+        round's ``verify``, is stored as None (one representation per parameter set), so it
+        too means "projected when the round is checked".
     projections : int
-        ``r`` of the projected check (default 64, in ``[1, 1024]``); ignored (stored as the
-        default) by the other checks.
+        ``r`` of the projected check (default 64, in ``[1, 1024]``). Ignored (stored as the
+        default) with an explicit ``"off"`` or ``"exact"``; kept with ``value_check`` None, for
+        the round's checked variant.
 
     Raises
     ------
-    ValueError
-        If a field is out of range.
+    ConfigurationError
+        If a field is out of range, or a value check is asked of an unchecked round.
 
     Notes
     -----
@@ -164,7 +170,8 @@ class SSAParams:
     ``value_check="exact"`` is written as ``"version": 6``: version 5's shape plus
     ``"range_check": true``; a round with ``value_check="projected"`` (the default of a checked
     round) as ``"version": 7``: version 5's shape plus ``"value_check": "projected"`` and
-    ``"projections": r``. Versions 1 to 5 mean ``value_check="off"``, version 6 ``"exact"``.
+    ``"projections": r``. Versions 1 to 5 mean ``value_check="off"``, version 6 ``"exact"``
+    (:attr:`value_check_mode`; the bytes depend on the check in force, not on how it was asked).
     """
 
     round_id: int
@@ -184,7 +191,7 @@ class SSAParams:
     run: RunScope | None = None
     weighted: bool = True
     verify: bool = True
-    value_check: str = "projected"
+    value_check: str | None = None
     projections: int = DEFAULT_PROJECTIONS
 
     def __post_init__(self) -> None:
@@ -205,25 +212,36 @@ class SSAParams:
         self._check_value_check()  # last: its bound reads the fixed point and dp
 
     def _check_value_check(self) -> None:
-        """Check ``value_check`` and ``projections``; normalize them for unchecked rounds."""
-        if self.value_check not in VALUE_CHECKS:
+        """Check ``value_check`` and ``projections``; store the round's default as None."""
+        if self.value_check is not None and self.value_check not in VALUE_CHECKS:
             raise ConfigurationError(
-                f"value_check must be one of {VALUE_CHECKS}, got {self.value_check!r}"
+                f"value_check must be None or one of {VALUE_CHECKS}, got {self.value_check!r}"
             )
         r = self.projections
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_PROJECTIONS:
             raise ConfigurationError(f"projections must be an integer in [1, 1024], got {r!r}")
-        if not self.verify:
-            if self.value_check == "exact":
-                raise ConfigurationError("value_check='exact' needs verify (the key check)")
-            object.__setattr__(self, "value_check", "off")  # the default "projected"
-        if self.value_check != "projected":
+        if not self.verify and self.value_check == "exact":
+            raise ConfigurationError(
+                "value_check='exact' needs verify (the key check); an unchecked round has "
+                "value_check 'off' (or None, its default)"
+            )
+        if self.value_check in ("projected", _default_value_check(self.verify)):
+            object.__setattr__(self, "value_check", None)  # one representation per round
+        if self.value_check is not None:  # an explicit "off" / "exact": r is not used
             object.__setattr__(self, "projections", DEFAULT_PROJECTIONS)
-        elif self.projection_bound >= _MAX_CHECK_BOUND:
+        if self.value_check_mode == "projected" and self.projection_bound >= _MAX_CHECK_BOUND:
             raise ConfigurationError(
                 f"the projected value check's bound {self.projection_bound} is not below 2**60 "
                 "(lower max_abs or frac_bits, or use value_check='exact')"
             )
+
+    @property
+    def value_check_mode(self) -> str:
+        """The value check in force, one of :data:`VALUE_CHECKS` (read this, not the field).
+
+        ``value_check`` if given, else ``"projected"`` with ``verify`` and ``"off"`` without.
+        """
+        return self.value_check or _default_value_check(self.verify)
 
     @property
     def value_bound(self) -> int:
@@ -335,10 +353,11 @@ class SSAParams:
         if self.verify:
             fields["verify"] = True
             version = _VERIFY_VERSION
-        if self.value_check == "exact":  # version 6's bytes
+        mode = self.value_check_mode
+        if mode == "exact":  # version 6's bytes
             fields["range_check"] = True
             version = _RANGE_VERSION
-        elif self.value_check == "projected":
+        elif mode == "projected":
             fields["value_check"] = "projected"
             fields["projections"] = self.projections
             version = _PROJECTED_VERSION
@@ -384,6 +403,11 @@ class SSAParams:
         except ValueError:
             raise SSAInputError("hash_key must be hex") from None
         return cls(**_nested(raw))
+
+
+def _default_value_check(verify: bool) -> str:
+    """Return the check of a round whose ``value_check`` is None: projected iff ``verify``."""
+    return "projected" if verify else "off"
 
 
 def _check_range(name: str, value: object) -> None:

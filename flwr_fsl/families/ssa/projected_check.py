@@ -362,9 +362,9 @@ def value_trailer(
     params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
 ) -> bytes:
     """Client: the round's value-check trailer (empty when the round has none)."""
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         return client_trailer(params, keys, betas)
-    if params.value_check == "exact":
+    if params.value_check_mode == "exact":
         return rc.client_trailer(params, keys, betas)
     return b""
 
@@ -377,9 +377,9 @@ def split_value_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes | 
     SSAInputError
         If the blob is too short for the trailer.
     """
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         return split_trailer(params, blob)
-    if params.value_check == "exact":
+    if params.value_check_mode == "exact":
         return rc.split_trailer(params, blob)
     return bytes(blob), None
 
@@ -399,6 +399,6 @@ def value_round_check(
     SSAInputError
         If the client's material does not match this server's.
     """
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         return round_check(params, keys, values, offsets, trailer, expect)
     return rc.round_check(params, keys, values, offsets, trailer, expect)

@@ -60,7 +60,14 @@ def query_params(params: SSAParams) -> SSAParams:
     from dataclasses import replace
 
     return replace(
-        params, value_width=1, count_weighted=False, epoch=0, dp=None, run=None, verify=False
+        params,
+        value_width=1,
+        count_weighted=False,
+        epoch=0,
+        dp=None,
+        run=None,
+        verify=False,
+        value_check=None,  # unchecked, whatever the round checks
     )
 
 

@@ -52,9 +52,9 @@ def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, by
         If the blob is not longer than the round's trailer.
     """
     blob = bytes(blob)  # no copy for bytes
-    if params.value_check == "off":
+    if params.value_check_mode == "off":
         return blob, None
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         size = trailer_bytes(params)
     else:
         size = range_check.trailer_bytes(params)
@@ -112,7 +112,7 @@ def evaluate_checked(
         server's.
     """
     out, add_into = buffers
-    if trailer is None or params.value_check != "projected":
+    if trailer is None or params.value_check_mode != "projected":
         values, digest, _ = check.evaluate_with(keys, out=out, client=client, add_into=add_into)
         if trailer is None:
             return values, digest

@@ -333,8 +333,7 @@ class LeadServer:
         self._stores: dict[tuple[object, ...], dict[int, DPFKeyBatch]] = {}
         self.max_layouts = 1
         self._helper_key: bytes | None = None
-        self._open: set[int] = set()
-        self._digest_keys: dict[int, bytes] = {}  # round -> its secret key-check digest key
+        self._open: dict[int, bytes | None] = {}  # round open on S1 -> its secret digest key
         self.noise_stream = noise_stream
         self.session_losses: list[int] = []
         self.key_mismatches: list[int] = []
@@ -462,21 +461,22 @@ class LeadServer:
             self.forget_keys()
         try:
             self._check_key(params.round_id)
-            self._open_on_s1(params)
+            key = self._open_on_s1(params)
         except SessionLostError:
             self.forget_keys()
             self._helper_key = None  # a restarted S1 may hold another key: fetch and check
-            self._open.clear()  # rounds of the lost session are gone on S1
+            self._open.clear()  # rounds of the lost session (and their keys) are gone on S1
             self.session_losses.append(params.round_id)
             self.helper.open_session()
             self._check_key(params.round_id)
-            self._open_on_s1(params)
-        self._open.add(params.round_id)
+            key = self._open_on_s1(params)
+        self._open[params.round_id] = key  # kept until the round is finished or aborted
 
-    def _open_on_s1(self, params: SSAParams) -> None:
-        """Open the round on S1, a checked one with its secret digest key (drawn here, once)."""
-        key = self._digest_keys.setdefault(params.round_id, new_digest_key())
-        self.helper.open_round(params.round_id, params.to_bytes(), key if params.verify else None)
+    def _open_on_s1(self, params: SSAParams) -> bytes | None:
+        """Open the round on S1, a checked one with a fresh secret digest key (returned)."""
+        key = new_digest_key() if params.verify else None
+        self.helper.open_round(params.round_id, params.to_bytes(), key)
+        return key
 
     def _check_key(self, round_id: int) -> None:
         """Check S1's key against the pin before opening a round (no-op without a pin)."""
@@ -531,7 +531,7 @@ class LeadServer:
                 )
             uploads = uploads.items()
         self.open(params)
-        key = self._digest_keys.pop(round_id, None)  # S1 has it (unused in an unchecked round)
+        key = self._open[round_id]  # S1 has it (None: an unchecked round)
         server0 = SSAServer(params, 0, self.keys_of(params), threads=self.threads, digest_key=key)
         rejected, hinted = self._aggregate_chunks(params, server0, uploads)
         accepted = list(server0.clients)
@@ -542,7 +542,7 @@ class LeadServer:
                 f"{self.min_clients}"
             )
         share1 = self.helper.finish_round(round_id)
-        self._open.discard(round_id)
+        self._open.pop(round_id, None)  # the round and its digest key end here
         if sorted(share1.client_ids) != sorted(accepted):
             raise TwoServerError(
                 f"S1 aggregated clients {sorted(share1.client_ids)}, S0 {sorted(accepted)}"
@@ -736,10 +736,9 @@ class LeadServer:
 
         A round this object never opened (or already finished) is not S1's to release.
         """
-        self._digest_keys.pop(round_id, None)
         if round_id not in self._open:
             return None
-        self._open.discard(round_id)
+        del self._open[round_id]  # its digest key (if any) goes with it
         try:
             self.helper.abort_round(round_id)
         except RoundFailedError as err:  # not open on S1, or S1 gone: nothing to release

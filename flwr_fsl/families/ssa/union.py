@@ -64,6 +64,7 @@ from flwr_fsl.crypto.channel import SealedBoxError, SealingKeyPair, client_party
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.psu import PSUParams, client_vector, reconstruct_union
 from flwr_fsl.crypto.sealing import RoundBinding
+from flwr_fsl.families.ssa.messages import SSAInputError
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
     SSAResult,
@@ -71,6 +72,7 @@ from flwr_fsl.families.ssa.protocol import (
     encode_update,
     reconstruct,
 )
+from flwr_fsl.families.ssa.verify import new_digest_key
 
 __all__ = [
     "UNION_OPTIONS",
@@ -583,7 +585,30 @@ def run_basic_round(
             return out
         round_params = out.union.params(params)
     out.ssa_params = round_params
-    servers = (SSAServer(round_params, 0, threads=1), SSAServer(round_params, 1, threads=1))
+    servers = _ssa_phase(round_params, clients, out, rng)
+    start = time.perf_counter()
+    result = reconstruct(round_params, servers[0].share(), servers[1].share())
+    out.server_seconds["reconstruct"] = time.perf_counter() - start
+    out.result = result if out.union is None else out.union.expand(result)
+    return out
+
+
+def _ssa_phase(
+    params: SSAParams,
+    clients: Mapping[int, ClientSet],
+    out: BasicRound,
+    rng: np.random.Generator | None,
+) -> tuple[SSAServer, SSAServer]:
+    """Encode every client left and add it to both servers, as the real pair does.
+
+    As :class:`~flwr_fsl.families.ssa.two_server.LeadServer` and S1 do, a checked round
+    (``params.verify``) draws a fresh secret digest key (digest version 3,
+    :func:`~flwr_fsl.families.ssa.verify.new_digest_key`) known to both servers only; S1 checks
+    each client against S0's digest, and a client that fails is dropped from both shares
+    (``out.dropped``).
+    """
+    key = new_digest_key() if params.verify else None
+    servers = tuple(SSAServer(params, party, threads=1, digest_key=key) for party in (0, 1))
     for cid, client in clients.items():
         if cid in out.dropped:
             continue
@@ -591,15 +616,22 @@ def run_basic_round(
         if out.union is not None:
             indices, kept = out.union.local(indices)
             values = values[kept]
-        upload, _ = encode_update(round_params, indices, values, 1.0, rng=rng)
+        upload, _ = encode_update(params, indices, values, 1.0, rng=rng)
         out.up_lead[cid] = out.up_lead.get(cid, 0) + len(upload.public_part) + SEED_BYTES
         out.up_helper[cid] = out.up_helper.get(cid, 0) + SEED_BYTES + channel.OVERHEAD
+        digest: bytes | None = None
         for party in (0, 1):
             start = time.perf_counter()
-            servers[party].add_client(cid, upload.public_part, upload.master_seeds[party])
-            out.server_seconds[f"S{party}"] += time.perf_counter() - start
-    start = time.perf_counter()
-    result = reconstruct(round_params, servers[0].share(), servers[1].share())
-    out.server_seconds["reconstruct"] = time.perf_counter() - start
-    out.result = result if out.union is None else out.union.expand(result)
-    return out
+            try:
+                digest = servers[party].add_client(
+                    cid, upload.public_part, upload.master_seeds[party], digest
+                )
+            except SSAInputError as err:
+                out.dropped[cid] = f"SSA: {err}"
+                if party == 1:  # S0 added it before S1's check: S0 takes it back
+                    servers[0].discard(cid)
+                break
+            finally:
+                out.server_seconds[f"S{party}"] += time.perf_counter() - start
+        servers[0].forget_recent()
+    return servers[0], servers[1]

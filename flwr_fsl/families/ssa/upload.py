@@ -45,9 +45,9 @@ def key_betas(
 
 def value_trailer_bytes(params: SSAParams) -> int:
     """Bytes of the round's value-check trailer (0 when the round has none)."""
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         return pc.trailer_bytes(params)
-    if params.value_check == "exact":
+    if params.value_check_mode == "exact":
         return rc.trailer_bytes(params)
     return 0
 

@@ -112,7 +112,7 @@ def forged_trailer(params: SSAParams, keys: tuple, betas: np.ndarray) -> bytes: 
     out-of-range word has no bit decomposition). Projected check: the real words when some
     salt's projections pass (as an honest client's), else the clipped words' projections.
     """
-    if params.value_check == "projected":
+    if params.value_check_mode == "projected":
         try:
             return value_trailer(params, keys, betas)
         except ConfigurationError:

@@ -119,11 +119,32 @@ def test_lead_server_draws_a_fresh_key_per_checked_round_and_s1_uses_it() -> Non
         (session,) = helper.service._sessions.values()
         assert session.rounds[rid].ssa._check.digest_key == key  # type: ignore[union-attr]
         outcome = lead.aggregate(params, fresh_uploads(params, honest, lead.helper_key()))
-        assert outcome.rejected == {} and not lead._digest_keys
+        assert outcome.rejected == {} and not lead._open  # the key ends with the round
         assert_matches(params, outcome.result, honest)
     assert helper.keys[0] != helper.keys[1]
     lead.open(unit_params(3, verify=False))  # an unchecked round is opened without a key
     assert helper.keys[-1] is None
+
+
+def test_lead_server_keeps_a_digest_key_only_while_its_round_is_open() -> None:
+    """No spare key: a round that never aggregates drops its key when it ends (16 B each)."""
+    from flwr_fsl.core.errors import RoundFailedError
+
+    helper = KeySpy(limits=HelperLimits(min_clients=1), session_ids=fixed_ids(SID))
+    lead = LeadServer(helper, min_clients=1)
+    lead.open(unit_params(1))
+    assert lead._open == {1: helper.keys[-1]}
+    lead.open(unit_params(1))  # already open: the same key, none drawn
+    assert len(helper.keys) == 1
+    assert lead.abort(1) is None and lead._open == {}  # aborted: the key is gone
+    lead.open(unit_params(2, verify=False))
+    assert lead._open == {2: None}  # an unchecked round draws no key
+    assert lead.abort(2) is None and lead._open == {}
+    refusing = KeySpy(limits=HelperLimits(max_domain_size=8), session_ids=fixed_ids(SID))
+    lead = LeadServer(refusing, min_clients=1)
+    with pytest.raises(RoundFailedError, match="domain_size"):
+        lead.open(unit_params(3))  # S1 refuses: the round never opened, no key is kept
+    assert refusing.keys[-1] is not None and lead._open == {}
 
 
 def _message_bytes(msg: Message) -> bytes:

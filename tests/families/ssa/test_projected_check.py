@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.families.ssa import projected_check as pc
 from flwr_fsl.families.ssa.dp import DistributedDP
-from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS
+from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTIONS, VALUE_CHECKS
 from flwr_fsl.families.ssa.protocol import (
     SSAInputError,
     SSAParams,
@@ -70,14 +70,67 @@ def _honest(params: SSAParams, n: int, seed: int = 0) -> tuple[dict[int, SSAUplo
 
 def test_projected_is_the_default_of_checked_rounds() -> None:
     params = _params()
-    assert params.value_check == "projected" and params.projections == DEFAULT_PROJECTIONS
-    assert replace(params, verify=False).value_check == "off"  # unchecked rounds: no check
+    assert params.value_check_mode == "projected" and params.projections == DEFAULT_PROJECTIONS
+    assert replace(params, verify=False).value_check_mode == "off"  # unchecked rounds: no check
     with pytest.raises(ConfigurationError, match="value_check"):
         _params(value_check="sometimes")
     with pytest.raises(ConfigurationError, match="verify"):
         _params(value_check="exact", verify=False)
     with pytest.raises(ConfigurationError, match="projections"):
         _params(projections=0)
+
+
+def test_turning_verify_on_turns_the_default_value_check_on() -> None:
+    """The default check resolves where it is read: replace(verify=True) checks the words.
+
+    Before, SSAParams(verify=False) stored value_check="off" and dataclasses.replace carried it
+    into the checked round, which then ran with value words unchecked, silently.
+    """
+    unchecked = _params(verify=False)
+    assert unchecked.value_check is None and unchecked.value_check_mode == "off"
+    checked = replace(unchecked, verify=True)
+    assert checked.value_check_mode == "projected" and checked == _params()
+    assert json.loads(checked.to_bytes())["version"] == 7
+    # r asked of an unchecked round is kept for its checked variant ...
+    r8 = replace(_params(verify=False, projections=8), verify=True)
+    assert r8.value_check_mode == "projected" and r8.projections == 8
+    # ... and an explicit choice survives replace; a check an unchecked round cannot run is refused
+    assert replace(_params(value_check="off"), max_abs=2.0).value_check_mode == "off"
+    assert _params(value_check="projected") == _params()  # one representation per round
+    assert _params(verify=False, value_check="off") == _params(verify=False)
+    assert replace(_params(value_check="projected"), verify=False).value_check_mode == "off"
+    with pytest.raises(ConfigurationError, match="value_check='exact' needs verify"):
+        replace(_params(value_check="exact"), verify=False)
+    # "projected" is the default: no check in an unchecked round, the check once it is checked
+    asked = _params(verify=False, value_check="projected")
+    assert asked == _params(verify=False) and asked.value_check_mode == "off"
+    assert replace(asked, verify=True).value_check_mode == "projected"
+
+
+def test_library_code_reads_the_resolved_value_check() -> None:
+    """``params.value_check`` is None in a default round: readers use ``value_check_mode``."""
+    import re
+    from pathlib import Path
+
+    import flwr_fsl
+
+    raw_read = re.compile(r"\bparams\.value_check\b(?!_)")
+    readers = [
+        f"{path}:{number}"
+        for path in Path(flwr_fsl.__file__).parent.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if raw_read.search(line)
+    ]
+    assert readers == []
+
+
+def test_psr_queries_are_unchecked_whatever_the_round_checks() -> None:
+    """A retrieval query of an exact-check round (before: ConfigurationError) is unchecked."""
+    from flwr_fsl.families.ssa.psr import query_params
+
+    for check in VALUE_CHECKS:
+        query = query_params(_params(value_check=check))
+        assert not query.verify and query.value_check_mode == "off"
 
 
 def test_parameter_versions_decode_to_the_right_check() -> None:
@@ -87,11 +140,11 @@ def test_parameter_versions_decode_to_the_right_check() -> None:
     assert SSAParams.from_bytes(projected.to_bytes()) == projected
     exact = _params(value_check="exact")
     assert json.loads(exact.to_bytes())["version"] == 6
-    assert SSAParams.from_bytes(exact.to_bytes()).value_check == "exact"
+    assert SSAParams.from_bytes(exact.to_bytes()).value_check_mode == "exact"
     off = _params(value_check="off")
     assert json.loads(off.to_bytes())["version"] == 5
-    assert SSAParams.from_bytes(off.to_bytes()).value_check == "off"
-    assert SSAParams.from_bytes(_params(verify=False).to_bytes()).value_check == "off"
+    assert SSAParams.from_bytes(off.to_bytes()).value_check_mode == "off"
+    assert SSAParams.from_bytes(_params(verify=False).to_bytes()).value_check_mode == "off"
     r8 = _params(projections=8)
     assert SSAParams.from_bytes(r8.to_bytes()).projections == 8
     for bad in (
@@ -325,7 +378,7 @@ def test_the_strategies_settings_default_to_the_projected_check() -> None:
     from flwr_fsl.families.ssa.aggregation_strategy import SSASettings
 
     shape = dict(round_id=1, domain_size=64, num_items=4, value_width=2, hash_key=bytes(16))
-    assert SSASettings().params(**shape).value_check == "projected"
-    assert SSASettings(value_check="exact").params(**shape).value_check == "exact"
+    assert SSASettings().params(**shape).value_check_mode == "projected"
+    assert SSASettings(value_check="exact").params(**shape).value_check_mode == "exact"
     with pytest.raises(ConfigurationError, match="value_check"):
         SSASettings(value_check=True)  # type: ignore[arg-type]

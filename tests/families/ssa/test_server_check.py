@@ -87,7 +87,7 @@ def test_checks_and_shares_equal_the_two_pass_path(
     monkeypatch.setattr(verify, "_KEYED_SEGMENT_POINTS", 40)  # many segments, every thread busy
     monkeypatch.setattr(range_check.os, "urandom", lambda n: bytes(range(n)))  # S0's query seed
     params = make_params(1, weighted=False, epoch=0, verify=True)
-    assert params.value_check == "projected"
+    assert params.value_check_mode == "projected"
     key = new_digest_key()
     rng = np.random.default_rng(5)
     servers = [SSAServer(params, p, threads=threads, digest_key=key) for p in (0, 1)]

@@ -162,6 +162,59 @@ def test_a_malformed_share_drops_its_client_and_keeps_the_others_exact() -> None
     assert_exact(out.result, m, kept)
 
 
+def test_the_in_process_pair_checks_keys_under_a_fresh_digest_key(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Digest version 3 as LeadServer runs it: one secret 16-byte key per round, both servers."""
+    from flwr_fsl.families.ssa import union as union_module
+
+    keys: list[tuple[int, bytes | None]] = []
+    real = union_module.SSAServer
+
+    def recording(params: SSAParams, party: int, **kw: object) -> object:
+        keys.append((party, kw.get("digest_key")))  # type: ignore[arg-type]
+        return real(params, party, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(union_module, "SSAServer", recording)
+    rng = np.random.default_rng(6)
+    m, k = 256, 8
+    clients = make_clients(rng, m, k, 3, pool=30)
+    for union in ("off", "psu", "off"):
+        assert_exact(run_basic_round(params(m, k), clients, union).result, m, clients)
+    unchecked = SSASettings(frac_bits=FRAC_BITS).params(
+        round_id=1, domain_size=m, num_items=k, value_width=2, hash_key=bytes(16), verify=False
+    )
+    run_basic_round(unchecked, clients, "off")
+    assert [party for party, _ in keys] == [0, 1] * 4
+    rounds = [keys[i][1] for i in range(0, 6, 2)]
+    assert all(keys[i][1] == keys[i + 1][1] for i in range(0, 8, 2))  # both servers, one key
+    assert all(isinstance(key, bytes) and len(key) == 16 and any(key) for key in rounds)
+    assert len(set(rounds)) == 3  # fresh per round
+    assert keys[6][1] is None  # an unchecked round has no key check
+
+
+def test_a_client_failing_the_key_check_is_dropped_from_both_shares(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """S1 checks S0's digest (as in deployment): a tampered upload is dropped, the rest exact."""
+    from flwr_fsl.families.ssa import union as union_module
+
+    real = union_module.encode_update
+
+    def tampering(params: SSAParams, indices: object, *args: object, **kw: object) -> object:
+        upload, state = real(params, indices, *args, **kw)  # type: ignore[arg-type]
+        if len(indices) == 7:  # type: ignore[arg-type]
+            public = bytearray(upload.public_part)
+            public[len(public) // 2] ^= 1
+            upload = type(upload)(bytes(public), upload.master_seeds)
+        return upload, state
+
+    monkeypatch.setattr(union_module, "encode_update", tampering)
+    rng = np.random.default_rng(7)
+    m, k = 256, 8
+    clients = make_clients(rng, m, k, 4, pool=30)
+    clients[3] = ClientSet(clients[3].indices[:7], clients[3].values[:7])
+    out = run_basic_round(params(m, k), clients, "off")
+    assert list(out.dropped) == [3] and out.dropped[3].startswith("SSA: ")
+    assert_exact(out.result, m, {c: v for c, v in clients.items() if c != 3})
+
+
 def test_the_opened_total_does_not_count_the_holders() -> None:
     psu = PSUParams.exact(64)
     parties = (UnionParty(psu, 0), UnionParty(psu, 1))
