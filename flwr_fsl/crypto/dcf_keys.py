@@ -56,7 +56,7 @@ MAX_DOMAIN_BITS = 64
 MAX_TAU = 64
 """Largest supported number of output words per comparison."""
 _U64 = np.uint64
-_MAGIC = register_magic(b"FDCF", "DCF key set: public part, key shares (flwr_fsl.crypto.dcf)")
+_MAGIC = register_magic(b"FDCF", "DCF key set: public part, key shares (flwr_fsl.crypto.dcf_keys)")
 _VERSION = 1
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255
