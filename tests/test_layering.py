@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "core.privacy": 0,
     "core.checks": 0,
     "core.progress": 0,
+    "core.threads": 0,
     "kernels": 1,
     "submodel": 2,
     "crypto": 2,
@@ -82,6 +83,7 @@ FLOWER_FREE = (
     "core.privacy",
     "core.checks",
     "core.progress",
+    "core.threads",
     "pinning",
     "families:free",
 )

@@ -26,13 +26,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto.dpf_keys import (
     _HEADER_BYTES,
     _KIND_PUBLIC,
@@ -314,19 +314,6 @@ _MIN_KEYS_PER_THREAD = 4 * NATIVE_GEN_CHUNK
 """Fewest keys a thread of the native driver gets (below that a second thread costs more than
 it saves)."""
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """Return the process-wide Gen pool with ``threads`` workers (made on first use, then kept)."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-dpf-gen")
-            _POOLS[threads] = pool
-        return pool
-
 
 def _split(depth: NDArray[np.int64], parts: int) -> list[tuple[int, int]]:
     """Cut the depth-sorted keys into ``parts`` ranges of about equal work, at chunk bounds.
@@ -363,13 +350,7 @@ def _run_threads(job: _Job, log: list[int] | None, threads: int) -> None:
             raise RuntimeError("OpenSSL AES is not available in a Gen thread")
         _run_native(job, ctxs, logs[q], ranges[q])
 
-    if len(ranges) == 1:
-        work(0)
-    else:
-        futures = [_pool(len(ranges)).submit(work, q) for q in range(len(ranges))]
-        wait(futures)
-        for f in futures:
-            f.result()  # re-raise the first error, after every range has finished
+    run_ranges(work, len(ranges), len(ranges), "fsl-dpf-gen")
     if log is not None:
         for part in logs:
             log.extend(part or [])

@@ -109,9 +109,7 @@ import hmac
 import os
 import queue
 import struct
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numpy as np
@@ -120,6 +118,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
@@ -227,9 +226,6 @@ def one_word(params: SSAParams) -> np.uint64:
 THREADS_ENV = "FLWR_FSL_SSA_THREADS"
 """Environment variable with the SSA servers' default evaluation thread count."""
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
 
 def default_threads() -> int:
     """Return ``FLWR_FSL_SSA_THREADS`` if set, else the cores this process may run on.
@@ -270,16 +266,6 @@ def resolve_threads(threads: int | None) -> int:
     return int(threads)
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """Return the process-wide pool with ``threads`` workers (made on first use, then kept)."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fsl-ssa-eval")
-            _POOLS[threads] = pool
-        return pool
-
-
 def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
     """Split keys into consecutive ranges of at most ``points`` evaluated points.
 
@@ -295,19 +281,6 @@ def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
     if lengths.shape[0]:
         out.append((start, lengths.shape[0]))
     return out
-
-
-def run_ranges(work: Callable[[int], _T], count: int, threads: int) -> list[_T]:
-    """Run ``work(0) .. work(count - 1)`` on ``threads`` threads; return results in order.
-
-    Every call has finished when this returns or raises (the first error is re-raised after
-    all of them are done, so no call still writes into a buffer the caller reuses).
-    """
-    if threads <= 1 or count <= 1:
-        return [work(j) for j in range(count)]
-    futures: list[Future[_T]] = [_pool(threads).submit(work, j) for j in range(count)]
-    wait(futures)
-    return [f.result() for f in futures]
 
 
 def run_adding(
