@@ -166,7 +166,7 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
 def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     """One round's CPU seconds on one thread: ``(all, outside the server's thread pool)``.
 
-    Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.families.ssa.verify.
+    Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.core.threads.
     run_ranges`: the work the server spreads over its threads) is timed; the rest runs on the
     calling thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so
     it stays near the work done on a loaded machine.
@@ -176,13 +176,15 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     original = verify.run_ranges
     inside = [0.0, 0]
 
-    def counted(work: Callable[[int], object], count: int, threads: int) -> list[object]:
+    def counted(
+        work: Callable[[int], object], count: int, threads: int, *pool: str
+    ) -> list[object]:
         if inside[1]:
-            return original(work, count, 1)
+            return original(work, count, 1, *pool)
         inside[1] = 1
         start = time.thread_time()
         try:
-            return original(work, count, 1)
+            return original(work, count, 1, *pool)
         finally:
             inside[0] += time.thread_time() - start
             inside[1] = 0

@@ -91,12 +91,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto import flp
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
-from flwr_fsl.families.ssa.verify import run_ranges
 from flwr_fsl.kernels.projection import project_range
 
 __all__ = [

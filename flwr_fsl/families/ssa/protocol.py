@@ -60,6 +60,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
     DPFKeyError,
@@ -99,7 +100,6 @@ from flwr_fsl.families.ssa.upload import key_betas as _betas
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     resolve_threads,
-    run_ranges,
     same_digest,
     segments,
 )
@@ -466,7 +466,7 @@ class SSAServer:
         Client id -> this server's key shares from the previous epoch (U-DPF mode).
     threads : int, optional
         Threads that evaluate a client's keys (in key ranges) and add them up
-        (:func:`~flwr_fsl.families.ssa.verify.run_ranges`); default: ``FLWR_FSL_SSA_THREADS``, else
+        (:func:`~flwr_fsl.core.threads.run_ranges`); default: ``FLWR_FSL_SSA_THREADS``, else
         every core this process may run on. The share and digests do not depend on it.
     digest_key : bytes, optional
         Checked rounds: the round's secret key-check digest key (both servers'; None: digest v2).

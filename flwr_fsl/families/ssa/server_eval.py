@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 from numpy.typing import NDArray
 
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch, key_range
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa import range_check
@@ -30,7 +31,7 @@ from flwr_fsl.families.ssa.projected_check import (
     trailer_bytes,
     value_round_check,
 )
-from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding, run_ranges
+from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding
 from flwr_fsl.kernels.ring import scatter_rows_window
 
 __all__ = ["WINDOW_ROWS", "evaluate_checked", "evaluate_plain", "scatter_share", "split_public"]

@@ -140,7 +140,6 @@ __all__ = [
     "one_word",
     "resolve_threads",
     "run_adding",
-    "run_ranges",
     "same_digest",
     "segments",
 ]
