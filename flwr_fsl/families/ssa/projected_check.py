@@ -112,6 +112,7 @@ __all__ = [
     "soundness_bound",
     "split_trailer",
     "trailer_bytes",
+    "value_trailer_bytes",
     "zseed",
 ]
 
@@ -367,6 +368,15 @@ def value_trailer(
     if params.value_check_mode == "exact":
         return rc.client_trailer(params, keys, betas)
     return b""
+
+
+def value_trailer_bytes(params: SSAParams) -> int:
+    """Bytes of the round's value-check trailer (0 when the round has none)."""
+    if params.value_check_mode == "projected":
+        return trailer_bytes(params)
+    if params.value_check_mode == "exact":
+        return rc.trailer_bytes(params)
+    return 0
 
 
 def split_value_trailer(params: SSAParams, blob: bytes) -> tuple[bytes, bytes | None]:

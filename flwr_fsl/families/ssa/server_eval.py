@@ -28,8 +28,8 @@ from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.projected_check import (
     public_digest,
     server_projected,
-    trailer_bytes,
     value_round_check,
+    value_trailer_bytes,
 )
 from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding
 from flwr_fsl.kernels.ring import scatter_rows_window
@@ -53,12 +53,9 @@ def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, by
         If the blob is not longer than the round's trailer.
     """
     blob = bytes(blob)  # no copy for bytes
-    if params.value_check_mode == "off":
+    size = value_trailer_bytes(params)
+    if not size:
         return blob, None
-    if params.value_check_mode == "projected":
-        size = trailer_bytes(params)
-    else:
-        size = range_check.trailer_bytes(params)
     if len(blob) <= size:
         range_check.cut_trailer(blob, size)  # raises its error
         raise SSAInputError("malformed public part")  # pragma: no cover - cut_trailer raised

@@ -18,11 +18,10 @@ from numpy.typing import NDArray
 from flwr_fsl.crypto.dpf import DPFKeyBatch, generate_keys_batch
 from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.families.ssa import projected_check as pc
-from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import Placement, SSAParams
 from flwr_fsl.families.ssa.verify import checks_counts, one_word
 
-__all__ = ["encode_keys", "key_betas", "value_trailer_bytes"]
+__all__ = ["encode_keys", "key_betas"]
 
 TrailerFn = Callable[[SSAParams, tuple[DPFKeyBatch, DPFKeyBatch], NDArray[np.uint64]], bytes]
 
@@ -41,15 +40,6 @@ def key_betas(
     if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
         rows[0, tau - 1] = one_word(params)
     return rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)  # one gather, no masks
-
-
-def value_trailer_bytes(params: SSAParams) -> int:
-    """Bytes of the round's value-check trailer (0 when the round has none)."""
-    if params.value_check_mode == "projected":
-        return pc.trailer_bytes(params)
-    if params.value_check_mode == "exact":
-        return rc.trailer_bytes(params)
-    return 0
 
 
 def encode_keys(
@@ -80,7 +70,7 @@ def encode_keys(
     make_trailer : callable, optional
         ``(params, keys, betas) -> bytes``, the round's trailer (default
         :func:`~flwr_fsl.families.ssa.projected_check.value_trailer`; its size must be
-        :func:`value_trailer_bytes`).
+        :func:`~flwr_fsl.families.ssa.projected_check.value_trailer_bytes`).
 
     Returns
     -------
@@ -88,7 +78,7 @@ def encode_keys(
         The public part followed by the round's value-check trailer, and both servers' keys.
     """
     betas = key_betas(params, payload, placement.slots)
-    size = value_trailer_bytes(params)
+    size = pc.value_trailer_bytes(params)
 
     def trailer(keys: tuple[DPFKeyBatch, DPFKeyBatch]) -> bytes:
         return make_trailer(params, keys, betas)
