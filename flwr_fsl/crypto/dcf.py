@@ -11,33 +11,47 @@ kernels in :mod:`flwr_fsl.kernels.dcf_kernels`; the level loop runs in one numba
 OpenSSL called from it, :mod:`flwr_fsl.kernels.dcf_native`, or from Python with ``cryptography``
 where ``libcrypto`` does not load natively or ``FLWR_FSL_NATIVE_AES=0``: the same words):
 
-* **Tree.** Each party walks the path of ``x`` (most significant bit first) from its root seed.
-  A node's PRG output is a seed and control bit for each child plus a ``tau``-word *value* for
-  each child: ``H(s ^ (0, tweak))`` with ``H(y) = AES_K(y) ^ y`` under the fixed public key
-  :data:`MMO_KEY_DCF` and public tweaks in the high word (``SEED | c``, ``VALUE | c*Q + q``,
-  ``LEAF | q``; :mod:`~flwr_fsl.kernels.dcf_kernels`). Seeds are 128-bit blocks with bit 0
-  clear (127 random bits); bit 0 of a child block is its control bit.
-* **Gen** (per level ``i``, ``keep`` = the child on the path of ``alpha``, ``lose`` the other):
-  ``s_CW = s_0^lose ^ s_1^lose``; ``V_CW = (-1)^t1 (v_1^lose - v_0^lose - V_alpha)``, plus
-  ``(-1)^t1 beta`` when ``lose`` is the left child (then every ``x`` leaving the path there is
-  below ``alpha``); ``V_alpha += v_0^keep - v_1^keep + (-1)^t1 V_CW``; control-bit corrections
-  ``t_CW^L = t_0^L ^ t_1^L ^ alpha_i ^ 1``, ``t_CW^R = t_0^R ^ t_1^R ^ alpha_i``. Last word
-  ``CW_final = (-1)^t1 (Convert(s_1) - Convert(s_0) - V_alpha)``.
-* **Eval** (party ``b``): ``V += (-1)^b (v_c + t V_CW)`` at every level, then
-  ``V += (-1)^b (Convert(s) + t CW_final)``. On the path of ``alpha`` the two parties' sums
-  track ``V_alpha`` and cancel at the leaf; where ``x`` leaves the path the level's ``V_CW``
-  makes the sum ``beta`` (left exit: ``x < alpha``) or ``0`` (right exit), and from there on the
-  parties hold equal seeds and control bits, so every later term cancels.
+* **Tree** (key format version 2). Each party walks the path of ``x`` (most significant bit
+  first) from its root seed. A node's PRG output is a seed and control bit for each child plus
+  *one* ``tau``-word value of the node itself: ``H(s ^ (0, tweak))`` with ``H(y) = AES_K(y) ^
+  y`` under the fixed public key :data:`MMO_KEY_DCF` and public tweaks in the high word
+  (``SEED | c``, ``VALUE | q``, and ``LEAF | q`` for a leaf's value; :mod:`~flwr_fsl.kernels.
+  dcf_kernels`). Seeds are 128-bit blocks with bit 0 clear (127 random bits); bit 0 of a
+  child block is its control bit. Version 1 drew a value for each *child* (``2 + 2Q`` blocks
+  per node in Gen, ``Q = ceil(tau / 2)``); one value per node needs ``2 + Q``: Gen encrypts
+  a quarter fewer blocks at ``tau = 2`` (6 instead of 8 per key and level) and Eval the same
+  number (a seed and ``Q`` value blocks per level, ``Q`` at the leaf).
+* **Gen** (per level ``i``, ``keep`` = the child on the path of ``alpha``, ``lose`` the other;
+  ``v_b`` party ``b``'s value of the path's node at depth ``i``, ``t_1`` party 1's control bit
+  there): ``s_CW = s_0^lose ^ s_1^lose``; ``V_CW = (-1)^t1 (v_1 - v_0 - V_alpha + beta
+  alpha_i)``; then ``V_alpha = beta alpha_i``; control-bit corrections ``t_CW^L = t_0^L ^ t_1^L
+  ^ alpha_i ^ 1``, ``t_CW^R = t_0^R ^ t_1^R ^ alpha_i``. Last word ``CW_final = (-1)^t1
+  (v_1 - v_0 - V_alpha)`` with the leaf values ``v_b``.
+* **Eval** (party ``b``, at the node of depth ``i`` with seed ``s`` and control bit ``t``):
+  ``V += (-1)^b (v(s) + t V_CW_i)``, then at the leaf ``V += (-1)^b (v(s) + t CW_final)``. Up
+  to the node where ``x`` leaves the path the nodes are the path's, and the two parties'
+  terms of depth ``i`` add up to ``v_0 - v_1 + (-1)^t1 V_CW_i``: the sum after depth ``i`` is
+  ``beta alpha_i``. Where ``x`` leaves the path (``x_i != alpha_i``: ``x < alpha`` iff
+  ``alpha_i = 1``) that is ``beta`` or ``0``, and below it the parties hold equal seeds and
+  control bits, so every later term cancels; at ``x = alpha`` the leaf's term makes it ``0``.
 
 **Keys.** Key shares, public parts and their wire format are in
 :mod:`flwr_fsl.crypto.dcf_keys` (re-exported here): a key share is ``(party, root seed, public
 part)``, and the public part is the same for both parties.
 
-**Threat model.** Semi-honest evaluators that do not collude. Each party alone sees its root
-seed and the public part, which are pseudorandom and independent of ``alpha`` and ``beta``
-(Boyle et al. Thm. 3.2, with AES-MMO modelled as a PRG): it learns ``domain_bits`` and ``tau``
-only. A key is for one comparison: evaluating it at several points is fine (it is a function
-share), but the *mask* a protocol hides behind ``alpha`` must be used once.
+**Threat model.** Semi-honest evaluators that do not collude. Each party alone sees its root seed
+and the public part, which are pseudorandom and independent of ``alpha`` and ``beta`` (Boyle et al.
+Thm. 3.2, with AES-MMO modelled as a PRG): it learns ``domain_bits`` and ``tau`` only. Version 2's
+argument is the same hybrid over the levels: to party ``b`` the other party's seed at the path's
+node of depth ``i`` is pseudorandom (a child output of a seed it never saw, XORed with values it
+knows), so that node's PRG output, two child blocks and its value ``v_{1-b}`` (distinct tweaks:
+independent pseudorandom strings), is replaced by uniform strings. Then ``s_CW``, the two ``t_CW``
+bits (from the lost and the kept child block) and ``V_CW_i`` (masked by ``v_{1-b}`` of depth ``i``,
+used in no other correction word) are uniform, and the kept child's seed is uniform and unused so
+far, for the next level; the leaf value masks ``CW_final`` alike. A lost child's value is never
+drawn: below the exit both parties hold the same seed, so its values cancel without a correction. A
+key is for one comparison: evaluating it at several points is fine (it is a function share), but the
+*mask* a protocol hides behind ``alpha`` must be used once.
 
 **Errors.** :class:`DCFKeyError` (:mod:`~flwr_fsl.crypto.dcf_keys`) for a malformed key, public
 part or blob; :class:`~flwr_fsl.core.errors.ConfigurationError` for bad arguments (alpha or a
@@ -48,7 +62,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -75,7 +88,6 @@ __all__ = [
     "DCFKeyBatch",
     "DCFKeyError",
     "DCFPublicBatch",
-    "DCFWorkspace",
     "evaluate_at",
     "evaluate_at_batch",
     "evaluate_paired",
@@ -106,59 +118,6 @@ def _cipher() -> BatchedAES:
 
 
 # ------------------------------------------------------------------------------------- Gen
-
-
-@dataclass(eq=False)
-class DCFWorkspace:
-    """Reusable memory for the public part written by :func:`generate_keys_batch`.
-
-    A fresh public part of hundreds of megabytes first-touches every page (the kernel zeroes
-    it: 0.1-1.3 us per key on the benchmark machine, as much as half the tree walk when memory
-    is contended). A dealer that serialises each batch before generating the next passes one
-    workspace to every call: the memory is then touched once. The keys a call returns are
-    *views* of the workspace, valid until the workspace is used again.
-
-    Parameters
-    ----------
-    buffer : numpy.ndarray, optional
-        The backing ``uint64`` words (grown on demand; empty by default).
-    """
-
-    buffer: NDArray[np.uint64] = field(default_factory=lambda: np.empty(0, dtype=_U64))
-
-    def arrays(
-        self, n: int, m: int, tau: int
-    ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]]:
-        """Return ``(cw_seeds, cw_values, cw_bits, cw_final)`` views for ``m`` keys.
-
-        Parameters
-        ----------
-        n : int
-            Domain bits.
-        m : int
-            Number of keys.
-        tau : int
-            Output words per comparison.
-
-        Returns
-        -------
-        tuple of numpy.ndarray
-            Arrays of the shapes :class:`DCFPublicBatch` takes (uninitialised).
-        """
-        sizes = (n * m * 2, n * m * tau, m * tau, (n * m + 7) // 8)  # bits last: words stay aligned
-        if self.buffer.size < sum(sizes):
-            self.buffer = np.empty(sum(sizes), dtype=_U64)
-        views, start = [], 0
-        for size in sizes:
-            views.append(self.buffer[start : start + size])
-            start += size
-        seeds, values, final, bits = views
-        return (
-            seeds.reshape(n, m, 2),
-            values.reshape(n, m, tau),
-            bits.view(np.uint8)[: n * m].reshape(n, m),
-            final.reshape(m, tau),
-        )
 
 
 def _as_u64(values: ArrayLike, name: str) -> NDArray[np.uint64]:
@@ -198,14 +157,14 @@ def _gen_into(
 ) -> None:
     """Fill the correction words of keys ``(a[j], b[j])`` from both parties' root seeds.
 
-    Chunks of :data:`_GEN_CHUNK` keys; per level one AES call over the chunk's ``2 + 2Q``
+    Chunks of :data:`_GEN_CHUNK` keys; per level one AES call over the chunk's ``2 + Q``
     blocks per party and one kernel (which also writes the next level's inputs).
     """
     if _NATIVE_AES and (nat := _nat.context(MMO_KEY_DCF)) is not None:  # one numba call
         return _nat.generate(nat, _GEN_CHUNK, a, b, n, root, cws)
     m, tau = b.shape
     nq = (tau + 1) // 2
-    nb = 2 + 2 * nq
+    nb = 2 + nq
     aes = _cipher()
     chunk = min(_GEN_CHUNK, max(m, 1))
     inp = np.empty((chunk * 2 * nb, 2), dtype=_U64)
@@ -233,15 +192,23 @@ def _gen_into(
         _k.gen_final(inp, enc, nq, t, v_alpha, cws[3][lo:hi])
 
 
-def _cw_arrays(
-    n: int, m: int, tau: int, workspace: DCFWorkspace | None
+def _fresh_arrays(
+    n: int, m: int, tau: int
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]]:
-    """``(cw_seeds, cw_values, cw_bits, cw_final)`` to generate into: views of ``workspace``."""
-    if workspace is None:
-        return DCFWorkspace().arrays(n, m, tau)
-    if not isinstance(workspace, DCFWorkspace):
-        raise ConfigurationError("workspace must be a DCFWorkspace")
-    return workspace.arrays(n, m, tau)
+    """Fresh ``(cw_seeds, cw_values, cw_bits, cw_final)`` to generate into (one allocation)."""
+    sizes = (n * m * 2, n * m * tau, m * tau, (n * m + 7) // 8)  # bits last: words stay aligned
+    buffer = np.empty(sum(sizes), dtype=_U64)
+    views, start = [], 0
+    for size in sizes:
+        views.append(buffer[start : start + size])
+        start += size
+    seeds, values, final, bits = views
+    return (
+        seeds.reshape(n, m, 2),
+        values.reshape(n, m, tau),
+        bits.view(np.uint8)[: n * m].reshape(n, m),
+        final.reshape(m, tau),
+    )
 
 
 def _out_arrays(
@@ -260,7 +227,6 @@ def generate_keys_batch(
     domain_bits: int,
     *,
     master_seeds: tuple[bytes, bytes] | None = None,
-    workspace: DCFWorkspace | None = None,
     out: NDArray[np.uint8] | None = None,
 ) -> tuple[DCFKeyBatch, DCFKeyBatch]:
     """Generate ``m`` DCF key pairs for ``f_j(x) = betas[j] if x < alphas[j] else 0``.
@@ -276,13 +242,11 @@ def generate_keys_batch(
     master_seeds : tuple of bytes, optional
         Each party's 16-byte master seed (its root seeds are ``PRF(seed, j)``); fresh OS
         randomness by default.
-    workspace : DCFWorkspace, optional
-        Memory to write the public part into (the returned keys are then views of it, valid
-        until its next use); fresh arrays by default.
     out : numpy.ndarray, optional
-        Instead of ``workspace``: a writable ``uint8`` buffer of :func:`public_size` bytes
-        that receives the *serialized* public part (:func:`public_views`), e.g. the blob of a
-        message being built, so the keys are never copied into it; the keys are views of it.
+        A writable ``uint8`` buffer of :func:`public_size` bytes that receives the
+        *serialized* public part (:func:`public_views`), e.g. the blob of a message being
+        built, so the keys are never copied into it; the keys are views of it. Fresh arrays
+        by default.
 
     Returns
     -------
@@ -323,9 +287,7 @@ def generate_keys_batch(
             raise ConfigurationError(f"master_seeds must be two {SEED_BYTES}-byte seeds")
         msk = (master_seeds[0], master_seeds[1])
     root = (derive_root_seeds(msk[0], m), derive_root_seeds(msk[1], m))
-    if out is not None and workspace is not None:
-        raise ConfigurationError("pass either workspace or out, not both")
-    cws = _cw_arrays(n, m, tau, workspace) if out is None else _out_arrays(out, n, m, tau)
+    cws = _fresh_arrays(n, m, tau) if out is None else _out_arrays(out, n, m, tau)
     _gen_into(a, b, n, root, cws)
     # Built here, canonical by construction: skip the validating constructor's pass over it.
     pub = object.__new__(DCFPublicBatch)

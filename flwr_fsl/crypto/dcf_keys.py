@@ -15,8 +15,8 @@ plus a 24-byte header.
 **Errors.** :class:`DCFKeyError` (a :class:`~flwr_fsl.core.errors.ClientInputError`, a
 :class:`ValueError`) for any malformed key, public part or blob and keys that do not fit.
 
-**Wire format** (version 1; little-endian, no pickle, exact length). A 24-byte header:
-``b"FDCF"``, version 1 (u8), kind (u8: 1 public part, 2 key shares), party (u8: 0/1, 255 for a
+**Wire format** (version 2; little-endian, no pickle, exact length). A 24-byte header:
+``b"FDCF"``, version 2 (u8), kind (u8: 1 public part, 2 key shares), party (u8: 0/1, 255 for a
 public part), ``domain_bits`` (u8), ``tau`` (u32), number of keys ``m`` (u32), 8 zero bytes.
 Key shares then carry ``m`` 16-byte root seeds (bit 0 clear). The public body, level-major
 (level ``i``'s corrections of all ``m`` keys are adjacent, the order in which an evaluation
@@ -25,6 +25,11 @@ reads them): ``cw_seeds`` (``domain_bits * m`` blocks of 16 bytes, bit 0 clear),
 ``cw_bits`` (``domain_bits * m`` bytes, each in 0..3: bit 0 left, bit 1 right correction),
 ``cw_final`` (``m * tau`` u64). The length is checked against the header before
 anything is allocated; any other length, a non-canonical bit or a bad header field is refused.
+
+**Versions.** Version 2 (issue 26) changed the tree PRG behind the same layout: one value per
+node instead of one per child (:mod:`flwr_fsl.crypto.dcf`), so version-1 correction words mean
+something else. Version-1 blobs are refused (nothing decodes an older DCF version: keys are
+dealt per session and never stored).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ MAX_TAU = 64
 """Largest supported number of output words per comparison."""
 _U64 = np.uint64
 _MAGIC = register_magic(b"FDCF", "DCF key set: public part, key shares (flwr_fsl.crypto.dcf_keys)")
-_VERSION = 1
+_VERSION = 2  # 1: a value per child (issue 26 retired it: 2 + 2Q blocks per Gen node)
 _KIND_PUBLIC, _KIND_KEYS = 1, 2
 _NO_PARTY = 255
 _HEADER_BYTES = 24  # magic, version, kind, party, domain_bits (u8 each), tau, m (u32), 8 zeros

@@ -13,9 +13,10 @@ public tweak XORed into the high word (a tweakable correlation-robust hash):
 
 * child seed ``c`` (0 left, 1 right): ``H(s ^ (0, SEED | c))``; bit 0 of the result is the
   child's control bit, the rest (bit 0 cleared) its seed;
-* child value block ``q`` of child ``c``: ``H(s ^ (0, VALUE | c * Q + q))`` for ``q < Q =
-  ceil(tau / 2)``; output word ``w`` of the child is word ``w % 2`` of block ``w // 2``;
-* leaf conversion block ``q``: ``H(s ^ (0, LEAF | q))``.
+* the node's value block ``q``: ``H(s ^ (0, VALUE | q))`` for ``q < Q = ceil(tau / 2)``; value
+  word ``w`` is word ``w % 2`` of block ``w // 2`` (key format version 2: one value per node,
+  not one per child as in version 1);
+* a leaf's value block ``q``: ``H(s ^ (0, LEAF | q))``.
 
 Correction words are level-major (``cw_seeds[level, key]``): a level's pass over many keys
 reads them sequentially (key-major rows made the evaluation 3x slower: a cache miss per key).
@@ -35,21 +36,19 @@ CLEAR = ~np.uint64(1)
 SEED = np.uint64(1 << 32)
 VALUE = np.uint64(2 << 32)
 LEAF = np.uint64(3 << 32)
-TWO, THREE, FOUR, FIVE, SIX, SEVEN, EIGHT, SIXTEEN = (
-    np.uint64(k) for k in (2, 3, 4, 5, 6, 7, 8, 16)
-)
+TWO, THREE, FOUR, FIVE, SIX, TWELVE = (np.uint64(k) for k in (2, 3, 4, 5, 6, 12))
 
 
 @njit(cache=True, nogil=True)
 def gen_blocks(seeds: np.ndarray, n_blocks: int, out: np.ndarray) -> None:  # pragma: no cover
-    """Gen inputs of one level: for key ``j`` and party ``b`` the ``2 + 2Q`` tweaked blocks.
+    """Gen inputs of one level: for key ``j`` and party ``b`` the ``2 + Q`` tweaked blocks.
 
-    ``seeds`` is ``(m, 2, 2)`` (key, party, word) with bit 0 clear; ``n_blocks = 2 + 2Q``.
+    ``seeds`` is ``(m, 2, 2)`` (key, party, word) with bit 0 clear; ``n_blocks = 2 + Q``.
     Layout of ``out`` rows: ``((j * 2 + b) * n_blocks + k)`` with ``k`` = 0 left seed, 1 right
-    seed, ``2 + c * Q + q`` value block ``q`` of child ``c``.
+    seed, ``2 + q`` the node's value block ``q``.
     """
     m = seeds.shape[0]
-    nq = (n_blocks - 2) // 2
+    nq = n_blocks - 2
     for j in range(m):
         for b in range(2):
             base = (j * 2 + b) * n_blocks
@@ -58,7 +57,7 @@ def gen_blocks(seeds: np.ndarray, n_blocks: int, out: np.ndarray) -> None:  # pr
             for c in range(2):
                 out[base + c, 0] = lo
                 out[base + c, 1] = hi ^ (SEED | np.uint64(c))
-            for k in range(2 * nq):
+            for k in range(nq):
                 out[base + 2 + k, 0] = lo
                 out[base + 2 + k, 1] = hi ^ (VALUE | np.uint64(k))
 
@@ -75,11 +74,11 @@ def _ff(enc: np.ndarray, row: int, word: int, lo: np.uint64, hi: np.uint64, twea
 def _gen_inputs(
     inp: np.ndarray, base: int, nq: int, lo: np.uint64, hi: np.uint64
 ) -> None:  # pragma: no cover - numba
-    """One party's ``2 + 2Q`` Gen input blocks of a node from row ``base`` (gen_blocks')."""
+    """One party's ``2 + Q`` Gen input blocks of a node from row ``base`` (gen_blocks')."""
     for c in range(2):
         inp[base + c, 0] = lo
         inp[base + c, 1] = hi ^ (SEED | np.uint64(c))
-    for k in range(2 * nq):
+    for k in range(nq):
         inp[base + 2 + k, 0] = lo
         inp[base + 2 + k, 1] = hi ^ (VALUE | np.uint64(k))
 
@@ -112,7 +111,7 @@ def gen_step(  # noqa: PLR0913, PLR0915
     """
     m = seeds.shape[0]
     tau = betas.shape[1]
-    nq = (n_blocks - 2) // 2
+    nq = n_blocks - 2
     shift = np.uint64(domain_bits - 1 - level)
     more = level + 1 < domain_bits
     for j in range(m):
@@ -144,20 +143,15 @@ def gen_step(  # noqa: PLR0913, PLR0915
         ma = ZERO - a  # all ones where alpha's bit is 1 (the lost child is the left one)
         for w in range(tau):
             q = w >> 1
-            half = w & 1
-            rl = 2 + lose * nq + q
-            rk = 2 + keep * nq + q
-            twl = VALUE | np.uint64(lose * nq + q)
-            twk = VALUE | np.uint64(keep * nq + q)
-            v0l = _ff(enc, b0 + rl, half, l0, h0, twl)
-            v1l = _ff(enc, b1 + rl, half, l1, h1, twl)
-            v0k = _ff(enc, b0 + rk, half, l0, h0, twk)
-            v1k = _ff(enc, b1 + rk, half, l1, h1, twk)
-            # raw = v1^lose - v0^lose - V_alpha (+ beta on a left exit); V_CW = (-1)^t1 raw,
-            # and V_alpha += v0^keep - v1^keep + (-1)^t1 V_CW = ... + raw (branch-free).
-            raw = v1l - v0l - v_alpha[j, w] + (betas[g, w] & ma)
+            tw = VALUE | np.uint64(q)
+            v0 = _ff(enc, b0 + 2 + q, w & 1, l0, h0, tw)  # the node's own value, each party
+            v1 = _ff(enc, b1 + 2 + q, w & 1, l1, h1, tw)
+            # raw = v1 - v0 - V_alpha + beta a_i; V_CW = (-1)^t1 raw (branch-free), and the
+            # path's sum after this level is V_alpha + v0 - v1 + (-1)^t1 V_CW = beta a_i.
+            ba = betas[g, w] & ma
+            raw = v1 - v0 - v_alpha[j, w] + ba
             cw_values[level, g, w] = (raw ^ m1) - m1
-            v_alpha[j, w] += v0k - v1k + raw
+            v_alpha[j, w] = ba
         t_keep = t_left ^ ((t_left ^ t_right) & np.uint8(a))
         # party 0's and party 1's kept child, corrected where their control bit is set
         k0 = enc[b0 + keep, 0] ^ l0
@@ -183,15 +177,13 @@ def gen_step(  # noqa: PLR0913, PLR0915
 def _put_inputs(
     ip: np.ndarray, base: np.uint64, lo: np.uint64, hi: np.uint64
 ) -> None:  # pragma: no cover
-    """One party's four ``tau = 2`` Gen input blocks at flat word ``base`` (:func:`gen_blocks`)."""
+    """One party's three ``tau = 2`` Gen input blocks at flat word ``base`` (:func:`gen_blocks`)."""
     ip[base] = lo
     ip[base + ONE] = hi ^ SEED
     ip[base + TWO] = lo
     ip[base + THREE] = hi ^ (SEED | ONE)
     ip[base + FOUR] = lo
     ip[base + FIVE] = hi ^ VALUE
-    ip[base + SIX] = lo
-    ip[base + SEVEN] = hi ^ (VALUE | ONE)
 
 
 @njit(cache=True, nogil=True)
@@ -210,7 +202,7 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
     cw_bits: np.ndarray,
     inp: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """:func:`gen_step` for ``tau = 2`` (one value block per child), unrolled: the same words.
+    """:func:`gen_step` for ``tau = 2`` (one value block per node), unrolled: the same words.
 
     The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``; with the loops over words
     and blocks unrolled and no branch on a secret bit this kernel takes ~2/3 of the time of
@@ -233,10 +225,10 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         j = np.uint64(jj)
         g = np.uint64(lo) + j
         a = (alphas[g] >> shift) & ONE  # keep = a, lose = 1 - a
-        lose2 = TWO - TWO * a  # word offset of the lost child's block within a party's four
+        lose2 = TWO - TWO * a  # word offset of the lost child's seed block within a party's
         keep2 = TWO * a
-        b0 = SIXTEEN * j  # party 0's four blocks (8 words), then party 1's
-        b1 = b0 + EIGHT
+        b0 = TWELVE * j  # party 0's three blocks (6 words), then party 1's
+        b1 = b0 + SIX
         k4 = FOUR * j  # key j's seeds (party 0, then 1) in ``sd``, its bits at ``2 j`` in ``tf``
         l0 = sd[k4]
         h0 = sd[k4 + ONE]
@@ -259,21 +251,15 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
         fs[TWO * at] = cw0
         fs[TWO * at + ONE] = cw1
         fb[at] = np.uint8(t_left | (t_right << ONE))
-        twl = VALUE | (ONE - a)
-        twk = VALUE | a
-        r0l = b0 + FOUR + lose2
-        r1l = b1 + FOUR + lose2
-        r0k = b0 + FOUR + keep2
-        r1k = b1 + FOUR + keep2
-        # word 0 and word 1 of the value block of the lost and the kept child (gen_step)
-        d_lose = (e[r1l] ^ l1) - (e[r0l] ^ l0) + (bf[TWO * g] & ma)
-        raw = d_lose - va[TWO * j]
+        # words 0 and 1 of the node's value block (gen_step), each party's
+        ba = bf[TWO * g] & ma
+        raw = (e[b1 + FOUR] ^ l1) - (e[b0 + FOUR] ^ l0) - va[TWO * j] + ba
         fv[TWO * at] = (raw ^ m1) - m1
-        va[TWO * j] = (e[r0k] ^ l0) - (e[r1k] ^ l1) + d_lose
-        d_lose = (e[r1l + ONE] ^ h1 ^ twl) - (e[r0l + ONE] ^ h0 ^ twl) + (bf[TWO * g + ONE] & ma)
-        raw = d_lose - va[TWO * j + ONE]
+        va[TWO * j] = ba
+        ba = bf[TWO * g + ONE] & ma
+        raw = (e[b1 + FIVE] ^ h1 ^ VALUE) - (e[b0 + FIVE] ^ h0 ^ VALUE) - va[TWO * j + ONE] + ba
         fv[TWO * at + ONE] = (raw ^ m1) - m1
-        va[TWO * j + ONE] = (e[r0k + ONE] ^ h0 ^ twk) - (e[r1k + ONE] ^ h1 ^ twk) + d_lose
+        va[TWO * j + ONE] = ba
         t_keep = t_left ^ ((t_left ^ t_right) & a)
         tws = SEED | a
         s00 = (x0k & CLEAR) ^ (cw0 & m0)
@@ -309,7 +295,7 @@ def gen_final(
     v_alpha: np.ndarray,
     cw_final: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Last correction ``(-1)^t1 (Convert(s_1) - Convert(s_0) - V_alpha)`` of every key.
+    """Last correction ``(-1)^t1 (v_1 - v_0 - V_alpha)`` of every key (``v_b`` the leaf values).
 
     ``inp``/``enc`` hold the leaf blocks of party ``b`` of key ``j`` at rows
     ``(2 * j + b) * nq + q``.
@@ -337,7 +323,7 @@ def eval_blocks(
     n_blocks: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """Eval inputs of one level: per point its chosen child's seed block and ``Q`` value blocks.
+    """Eval inputs of one level: per point its chosen child's seed block, the node's value blocks.
 
     ``n_blocks = 1 + Q``; row ``i * n_blocks`` is the seed block, then the value blocks.
     """
@@ -352,7 +338,7 @@ def eval_blocks(
         out[base, 1] = hi ^ (SEED | c)
         for q in range(nq):
             out[base + 1 + q, 0] = lo
-            out[base + 1 + q, 1] = hi ^ (VALUE | (c * np.uint64(nq) + np.uint64(q)))
+            out[base + 1 + q, 1] = hi ^ (VALUE | np.uint64(q))
 
 
 @njit(cache=True, nogil=True)
@@ -399,7 +385,7 @@ def eval_step(  # noqa: PLR0913
         mt = ZERO - np.uint64(tt)  # all ones where the control bit is set
         for w in range(tau):
             q = w >> 1
-            v = _ff(enc, base + 1 + q, w & 1, lo, hi, VALUE | (c * np.uint64(nq) + np.uint64(q)))
+            v = _ff(enc, base + 1 + q, w & 1, lo, hi, VALUE | np.uint64(q))
             v += cw_values[level, j, w] & mt
             acc[i, w] += (v ^ neg) - neg
         s0 ^= cw_seeds[level, j, 0] & mt
@@ -414,7 +400,7 @@ def eval_step(  # noqa: PLR0913
             inp[base, 1] = s1 ^ (SEED | c2)
             for q in range(nq):
                 inp[base + 1 + q, 0] = s0
-                inp[base + 1 + q, 1] = s1 ^ (VALUE | (c2 * np.uint64(nq) + np.uint64(q)))
+                inp[base + 1 + q, 1] = s1 ^ (VALUE | np.uint64(q))
 
 
 @njit(cache=True, nogil=True)
@@ -459,7 +445,7 @@ def eval_step_tau2(  # noqa: PLR0913
         tt = t[i]
         mt = ZERO - np.uint64(tt)
         v0 = (e[base + TWO] ^ lo) + (fv[TWO * at] & mt)
-        v1 = (e[base + THREE] ^ hi ^ (VALUE | c)) + (fv[TWO * at + ONE] & mt)
+        v1 = (e[base + THREE] ^ hi ^ VALUE) + (fv[TWO * at + ONE] & mt)
         acc[i, 0] += (v0 ^ neg) - neg
         acc[i, 1] += (v1 ^ neg) - neg
         s0 = (w0 & CLEAR) ^ (fs[TWO * at] & mt)
@@ -472,7 +458,7 @@ def eval_step_tau2(  # noqa: PLR0913
             ip[base] = s0
             ip[base + ONE] = s1 ^ (SEED | c2)
             ip[base + TWO] = s0
-            ip[base + THREE] = s1 ^ (VALUE | c2)
+            ip[base + THREE] = s1 ^ VALUE
 
 
 @njit(cache=True, nogil=True)
@@ -486,7 +472,7 @@ def eval_final(
     t: np.ndarray,
     acc: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """``V += (-1)^b (Convert(s) + t * CW_final)`` for every point (leaf blocks at ``i * nq``)."""
+    """``V += (-1)^b (v(s) + t * CW_final)`` for every point (leaf value blocks at ``i * nq``)."""
     tau = acc.shape[1]
     for i in range(t.shape[0]):
         j = key_idx[i]

@@ -82,7 +82,7 @@ def gen_run(
     cw_seeds, cw_values, cw_bits, cw_final = cws
     m, tau = betas.shape
     nq = (tau + 1) // 2
-    nb = 2 + 2 * nq
+    nb = 2 + nq
     inp = np.empty((chunk * 2 * nb, 2), dtype=np.uint64)
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=np.uint64)
     outl = np.zeros(1, dtype=np.int32)

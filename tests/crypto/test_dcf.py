@@ -137,7 +137,7 @@ def _h(block: int) -> int:
 
 
 def _reference_eval(keys: DCFKeyBatch, j: int, x: int) -> list[int]:
-    """Walk key ``j`` at ``x`` block by block with the documented tweaked MMO PRG."""
+    """Walk key ``j`` at ``x`` block by block with the documented tweaked MMO PRG (version 2)."""
     pub = keys.public
     n, tau = pub.domain_bits, pub.tau
     nq = (tau + 1) // 2
@@ -149,7 +149,7 @@ def _reference_eval(keys: DCFKeyBatch, j: int, x: int) -> list[int]:
         c = (x >> (n - 1 - i)) & 1
         child = _h(s ^ (((1 << 32) | c) << 64))
         tc, child = child & 1, child & ~1
-        blocks = [_h(s ^ (((2 << 32) | (c * nq + q)) << 64)) for q in range(nq)]
+        blocks = [_h(s ^ (((2 << 32) | q) << 64)) for q in range(nq)]  # the node's own value
         values = [(blocks[w // 2] >> (64 * (w % 2))) & MASK for w in range(tau)]
         for w in range(tau):
             v = values[w] + (int(pub.cw_values[i, j, w]) if t else 0)
@@ -164,6 +164,66 @@ def _reference_eval(keys: DCFKeyBatch, j: int, x: int) -> list[int]:
         v += int(pub.cw_final[j, w]) if t else 0
         acc[w] = (acc[w] + sign * v) & MASK
     return acc
+
+
+def _reference_gen(alpha: int, beta: list[int], n: int, roots: list[int]) -> tuple:
+    """Gen of one key block by block from the module docstring (version 2): its public part."""
+    tau = len(beta)
+    nq = (tau + 1) // 2
+    s, t = list(roots), [0, 1]
+    v_alpha = [0] * tau
+    seeds, values, bits = [], [], []
+
+    def value(seed: int, tweak: int) -> list[int]:
+        blocks = [_h(seed ^ ((tweak | q) << 64)) for q in range(nq)]
+        return [(blocks[w // 2] >> (64 * (w % 2))) & MASK for w in range(tau)]
+
+    def neg_if(flag: int, v: int) -> int:
+        return (-v) & MASK if flag else v
+
+    for i in range(n):
+        a = (alpha >> (n - 1 - i)) & 1
+        child = [[_h(s[b] ^ (((1 << 32) | c) << 64)) for c in (0, 1)] for b in (0, 1)]
+        v = [value(s[b], 2 << 32) for b in (0, 1)]
+        lose, keep = 1 - a, a
+        s_cw = (child[0][lose] ^ child[1][lose]) & ~1
+        t_l = (child[0][0] ^ child[1][0] ^ a ^ 1) & 1
+        t_r = (child[0][1] ^ child[1][1] ^ a) & 1
+        v_cw = [
+            neg_if(t[1], (v[1][w] - v[0][w] - v_alpha[w] + beta[w] * a) & MASK) for w in range(tau)
+        ]
+        v_alpha = [beta[w] * a & MASK for w in range(tau)]
+        seeds.append(s_cw)
+        values.append(v_cw)
+        bits.append(t_l | t_r << 1)
+        t_keep = (t_l, t_r)[keep]
+        nxt = [(child[b][keep] & ~1) ^ (s_cw if t[b] else 0) for b in (0, 1)]
+        t = [(child[b][keep] & 1) ^ (t_keep & t[b]) for b in (0, 1)]
+        s = nxt
+    leaf = [value(s[b], 3 << 32) for b in (0, 1)]
+    final = [neg_if(t[1], (leaf[1][w] - leaf[0][w] - v_alpha[w]) & MASK) for w in range(tau)]
+    return seeds, values, bits, final
+
+
+@pytest.mark.parametrize(("n", "tau"), [(1, 1), (5, 2), (9, 3), (64, 2)])
+def test_gen_matches_block_by_block_reference(n: int, tau: int) -> None:
+    rng = np.random.default_rng(100 + n)
+    alphas = rng.integers(0, 1 << min(n, 63), 4, dtype=U64)
+    betas = rng.integers(0, 2**63, (4, tau), dtype=U64) * U64(2) + U64(1)
+    k0, k1 = generate_keys_batch(alphas, betas, n)
+    pub = k0.public
+    for j in range(4):
+        roots = [int(k.root_seeds[j, 0]) | int(k.root_seeds[j, 1]) << 64 for k in (k0, k1)]
+        seeds, values, bits, final = _reference_gen(
+            int(alphas[j]), [int(b) for b in betas[j]], n, roots
+        )
+        got_seeds = [
+            int(pub.cw_seeds[i, j, 0]) | int(pub.cw_seeds[i, j, 1]) << 64 for i in range(n)
+        ]
+        assert got_seeds == seeds
+        assert [[int(w) for w in pub.cw_values[i, j]] for i in range(n)] == values
+        assert [int(b) for b in pub.cw_bits[:, j]] == bits
+        assert [int(w) for w in pub.cw_final[j]] == final
 
 
 @pytest.mark.parametrize(("n", "tau"), [(1, 1), (7, 2), (13, 3), (64, 1)])
@@ -279,7 +339,8 @@ def test_bad_header_fields() -> None:
     blob = k0.to_bytes()
     cases = {
         "bad magic": _patched(blob, 0, b"XDCF"),
-        "version": _patched(blob, 4, b"\x02"),
+        "version 1": _patched(blob, 4, b"\x01"),  # issue 26 retired version 1 (per-child values)
+        "version 3": _patched(blob, 4, b"\x03"),
         "kind": _patched(blob, 5, b"\x01"),
         "party": _patched(blob, 6, b"\x02"),
         "domain_bits": _patched(blob, 7, b"\x00"),
@@ -399,24 +460,6 @@ def test_argument_errors() -> None:
     assert reconstruct(k0, k1, np.array([MASK - 1, MASK], dtype=U64))[:, 0].tolist() == [9, 0]
 
 
-def test_workspace_gives_the_same_keys_and_is_reused() -> None:
-    # A dealer that serialises each batch before the next writes every batch into one buffer
-    # (issue 26: first-touching fresh memory cost as much as half the tree walk).
-    rng = np.random.default_rng(8)
-    ws = dcf.DCFWorkspace()
-    seeds = (b"p" * 16, b"q" * 16)
-    for n, tau, m in [(40, 2, 300), (7, 1, 50), (13, 3, 500), (40, 2, 10)]:
-        a = rng.integers(0, 1 << n, m, dtype=np.uint64)
-        b = rng.integers(0, 2**63, (m, tau), dtype=np.uint64)
-        fresh = generate_keys_batch(a, b, n, master_seeds=seeds)
-        into = generate_keys_batch(a, b, n, master_seeds=seeds, workspace=ws)
-        assert [k.to_bytes() for k in into] == [k.to_bytes() for k in fresh]
-        assert np.shares_memory(into[0].public.cw_seeds, ws.buffer)
-    assert ws.buffer.size == 40 * 300 * 4 + 300 * 2 + (40 * 300 + 7) // 8  # the largest batch
-    with pytest.raises(ConfigurationError, match="workspace"):
-        generate_keys_batch([1], [1], 4, workspace=bytearray(64))  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("native", [True, False])
 def test_keys_generated_in_place_are_the_serialized_public_part(
     native: bool, monkeypatch: pytest.MonkeyPatch
@@ -441,7 +484,3 @@ def test_keys_generated_in_place_are_the_serialized_public_part(
         generate_keys_batch([1], [1], 4, out=np.zeros(131, dtype=np.uint8))
     with pytest.raises(ConfigurationError, match="writable"):
         generate_keys_batch([1], [1], 4, out=np.zeros(132, dtype=np.uint64))  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="either"):
-        generate_keys_batch(
-            [1], [1], 4, out=np.zeros(132, dtype=np.uint8), workspace=dcf.DCFWorkspace()
-        )

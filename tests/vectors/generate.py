@@ -18,7 +18,7 @@ the sparse codec; SecAgg (``FSAG``, ``FSAC``, ids, roster, shares, unmask, rows,
 inputs, the weighted vector); SESA (``FSEP``/``FSER``/``FSEU``/``FSEB``/``FSEI``/``FSEX`` v2/
 ``FSED``/``FSEE``/``FSEC``/``FSEM``, the node state ``FSEN``); width assignments (``FSLW``); PrivHFL
 (``PHFL`` messages, ``PHAR`` architectures, ``PHAS`` answerer states, ``PHFW`` secure
-answering); DCF keys (``FDCF``); the helper wire format (``FSHW``, every built-in kind); the
+answering); DCF keys (``FDCF`` v2); the helper wire format (``FSHW``, every built-in kind); the
 sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomized-response memo
 (``FSRR``); PSU and Niu vectors and SFSL memo scopes; SSA (``FSCS``) and PSR (``FSPQ``) client
 states; SSA parameter version 6 (``range_check``: parameters, a checked upload with its
