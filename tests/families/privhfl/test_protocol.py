@@ -726,7 +726,8 @@ def test_codec_refuses_bad_messages() -> None:
     good = Message(SHARE, 1, (np.ones(3, U64),)).to_bytes()
     for bad, match in [
         (b"XHFL" + good[4:], "not PrivHFL"),
-        (good[:4] + b"\x02" + good[5:], "version"),
+        (good[:4] + b"\x01" + good[5:], "version"),  # version 1: no alignment (issue 26)
+        (good[:4] + b"\x03" + good[5:], "version"),
         (good[:5] + b"\x63" + good[6:], "unknown PrivHFL message kind"),
         (good[:14] + b"\x09" + good[15:], "arrays"),
         (good + b"\0", "trailing"),
@@ -735,9 +736,28 @@ def test_codec_refuses_bad_messages() -> None:
     ]:
         with pytest.raises(PrivHFLMessageError, match=match):
             Message.from_bytes(bad)
-    int_array = good[:15] + b"\x02" + good[16:]  # dtype code 2 = int64
+    int_array = good[:16] + b"\x02" + good[17:]  # dtype code 2 = int64
     with pytest.raises(PrivHFLMessageError, match="uint64"):
         Message.from_bytes(int_array)
+    # Every alignment byte must be zero (one encoding per message): the header's, an array's
+    # six after its ndim, the blob length's four.
+    with_blob = Message(SHARE, 1, (np.ones(3, U64),), b"abc").to_bytes()
+    for at, what in [(15, "header"), (18, "ndim"), (23, "ndim"), (60, "blob length")]:
+        bad = with_blob[:at] + b"\x01" + with_blob[at + 1 :]
+        with pytest.raises(PrivHFLMessageError, match=f"padding after the .*{what}"):
+            Message.from_bytes(bad)
+
+
+def test_arrays_and_blob_are_8_byte_aligned() -> None:
+    # Version 2 (issue 26): views of the words and of a DCF public part are aligned uint64.
+    arrays = (np.arange(3, dtype=U64), np.ones((2, 5), U64), np.zeros((1, 1, 1), U64))
+    for blob in (b"", b"x" * 13):
+        data = Message(privhfl.DCF_KEYS, 5, arrays, blob).to_bytes()
+        back = Message.from_bytes(data)
+        base = np.frombuffer(data, np.uint8).ctypes.data
+        for a in back.arrays:
+            assert (a.ctypes.data - base) % 8 == 0
+        assert (np.frombuffer(back.blob, np.uint8).ctypes.data - base) % 8 == 0 or not blob
     with pytest.raises(ConfigurationError, match="uint64"):
         Message(SHARE, 1, (np.ones(2, np.int64),)).to_bytes()  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="kind"):
