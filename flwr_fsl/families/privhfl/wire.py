@@ -60,9 +60,7 @@ __all__ = [
 _U64 = np.uint64
 _PREFAULT_BYTES = 1 << 24  # messages from 16 MiB on are assembled in a prefaulted buffer
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault a range in, writable, in one call
-_MADV_HUGEPAGE = 14  # back a range with 2 MiB transparent huge pages where the kernel allows
 _PAGE = 4096
-_HUGE_PAGE = 1 << 21
 
 
 def _prefault_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
@@ -110,17 +108,15 @@ def assemble(
 ) -> bytes:
     """Return ``b"".join(parts)`` (``size`` bytes), faulting a large result's pages in at once.
 
-    A fresh message of hundreds of megabytes is new memory: ``b"".join`` takes one page fault per 4
-    KiB page while it copies, and on the benchmark machine the faults, not the copy, are the cost
-    (0.21 s for 300 MB, of which ~0.03 s is the copy). Here a large message is allocated
-    uninitialised with ``PyBytes_FromStringAndSize(NULL, size)`` (the C API's way to build a
-    ``bytes`` object in place: it is filled before anything else can see it), its pages are faulted
-    in with one ``madvise(MADV_POPULATE_WRITE)`` (0.07 s for the same 300 MB), after
-    ``madvise(MADV_HUGEPAGE)`` on its whole 2 MiB pages (transparent huge pages in ``madvise`` mode:
-    populate and a write pass over 300 MB took 0.17 s with 4 KiB pages and 0.065 s with huge pages,
-    load 2.3), and the parts are copied in. The bytes are those of the join; where the call is
-    missing (not Linux, a kernel before 5.14, not CPython) this is the join, or the copy into pages
-    faulted one by one.
+    A fresh message of hundreds of megabytes is new memory: ``b"".join`` takes one page fault
+    per 4 KiB page while it copies, and on the benchmark machine the faults, not the copy,
+    are the cost (0.21 s for 300 MB, of which ~0.03 s is the copy). Here a large message is
+    allocated uninitialised with ``PyBytes_FromStringAndSize(NULL, size)`` (the C API's way
+    to build a ``bytes`` object in place: it is filled before anything else can see it),
+    its pages are faulted in with one ``madvise(MADV_POPULATE_WRITE)`` (0.07 s for the same
+    300 MB) and the parts are copied in. The bytes are those of the join; where the call is
+    missing (not Linux, a kernel before 5.14, not CPython) this is the join, or the copy into
+    pages faulted one by one.
 
     Parameters
     ----------
@@ -151,12 +147,6 @@ def assemble(
         lo = (base + _PAGE - 1) & ~(_PAGE - 1)
         hi = (base + size) & ~(_PAGE - 1)
         if size >= _PREFAULT_BYTES and hi > lo:
-            # Huge pages first: one fault per 2 MiB instead of per 4 KiB (a 300 MB message
-            # faults in 2.5x faster); where THP is off the call fails and 4 KiB pages serve.
-            hlo = (base + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
-            hhi = (base + size) & ~(_HUGE_PAGE - 1)
-            if hhi > hlo:
-                madvise(hlo, hhi - hlo, _MADV_HUGEPAGE)
             madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: writes fault the rest
         dst = np.asarray(_Memory(out, base, size))
     pos = 0
