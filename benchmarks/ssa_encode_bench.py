@@ -5,8 +5,8 @@ Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.
 :func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
 weights, verifiable keys and the projected value check's trailer, or ``--value-check off``; the
 round's simple table built beforehand, as a client has it; ``--projected-digest 2``: the
-projected check's digest version 2, parameter version 8, which a ``--base`` tree without it
-cannot run) in a child process pinned to one
+projected check's digest version 2, parameter version 8; a ``--base`` tree without it runs
+its default round, version 1) in a child process pinned to one
 core: wall and CPU time, best of ``--reps`` after one untimed call, and the AES-only time of
 the same encode (its DPF AES calls recorded in place and replayed alone,
 :func:`ssa_bench.aes_floor`); then, where the machine has them, the wall time in a child
@@ -57,8 +57,8 @@ def _worker(
     m = 1 << log_m
     k = max(1, round(rate * m))
     params = replace(make_params(m, k, weighted=False, verify=True), value_check=value_check)
-    if digest != 1:  # (a tree without the field runs the default round only)
-        params = replace(params, projected_digest=digest)
+    if digest != 1 and "projected_digest" in params.__dataclass_fields__:
+        params = replace(params, projected_digest=digest)  # (an older tree: its default round)
     table = ssa.simple_table_for(params)
     idx, vals, _ = client_inputs(m, k, np.random.default_rng(7))
     seeds = (bytes(range(16)), bytes(range(16, 32)))

@@ -223,6 +223,27 @@ def ssa_vectors() -> dict[str, Any]:
     return out
 
 
+def _rows_upload(params: SSAParams) -> tuple[Any, Any]:
+    """One client's upload and state of the ``rows`` round shape (four rows of four words)."""
+    return encode_update(
+        params,
+        np.array([2, 9, 33, 60], dtype=np.int64),
+        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
+        rng=np.random.default_rng(5),
+        master_seeds=(_seed(53), _seed(54)),
+    )
+
+
+def _server_shares(params: SSAParams, upload: Any) -> list[str]:
+    """Both servers' shares (as word digests) after adding one client's upload as client 11."""
+    shares = []
+    for party in (0, 1):
+        server = SSAServer(params, party)
+        server.add_client(11, upload.public_part, upload.master_seeds[party])
+        shares.append(_words(server.share()))
+    return shares
+
+
 def ssa_projected_digest2_vectors() -> dict[str, Any]:
     """SSA parameter version 8 (the projected check's digest version 2): params, upload, shares.
 
@@ -235,22 +256,10 @@ def ssa_projected_digest2_vectors() -> dict[str, Any]:
         "params-projected-digest2": params.to_bytes().hex(),
         "params-unchecked-variant": replace(params, verify=False, projections=16).to_bytes().hex(),
     }
-    upload, state = encode_update(
-        params,
-        np.array([2, 9, 33, 60], dtype=np.int64),
-        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
-        rng=np.random.default_rng(5),
-        master_seeds=(_seed(53), _seed(54)),
-        threads=1,
-    )
+    upload, state = _rows_upload(params)
     out["public-digest-v2"] = pc.public_digest_v2(state.keys[0].public).hex()
     out["upload-public"] = _h(upload.public_part)
-    shares = []
-    for party in (0, 1):
-        server = SSAServer(params, party)
-        server.add_client(11, upload.public_part, upload.master_seeds[party])
-        shares.append(_words(server.share()))
-    out["shares"] = shares
+    out["shares"] = _server_shares(params, upload)
     return out
 
 
@@ -262,13 +271,7 @@ def ssa_key_check_vectors() -> dict[str, Any]:
         SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, value_check="off"),
         weighted=False,
     )
-    upload, _ = encode_update(
-        params,
-        np.array([2, 9, 33, 60], dtype=np.int64),
-        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
-        rng=np.random.default_rng(5),
-        master_seeds=(_seed(53), _seed(54)),
-    )
+    upload, _ = _rows_upload(params)
     out: dict[str, Any] = {}
     for name, key in (("v2", None), ("v3", _seed(55))):
         digests = []
@@ -1143,12 +1146,7 @@ def ssa_range_check_vectors() -> dict[str, Any]:
     out["trailer"] = _h(range_check.split_trailer(rows, upload.public_part)[1])
     out["trailer-bytes"] = range_check.trailer_bytes(rows)
     out["client-state"] = _h(state.to_bytes())
-    shares = []
-    for party in (0, 1):
-        server = SSAServer(rows, party)
-        server.add_client(11, upload.public_part, upload.master_seeds[party])
-        shares.append(_words(server.share()))
-    out["shares"] = shares
+    out["shares"] = _server_shares(rows, upload)
     # The range check on its own: 3 value words under a bound of 1000.
     bound = 1000
     words = np.array([0, 1000, 2**64 - 1000], np.uint64)  # 0, bound, -bound

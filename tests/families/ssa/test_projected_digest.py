@@ -186,3 +186,18 @@ def test_a_word_changed_after_the_trailer_is_dropped(digest: int, field: str) ->
 
 
 _PUBLIC = _public(_params())[0]
+
+
+@pytest.mark.parametrize("digest", [1, 2])
+def test_the_upload_is_the_same_on_any_threads(
+    monkeypatch: pytest.MonkeyPatch, digest: int
+) -> None:
+    """Projections and digest pieces on threads (small chunks: every split runs) change no byte."""
+    monkeypatch.setattr(pc, "_CHUNK", 8)
+    monkeypatch.setattr(pc, "DIGEST_PIECE", 64)
+    params = _params(projected_digest=digest)
+    blobs = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("FLWR_FSL_SSA_THREADS", threads)  # the trailer's threads
+        blobs.append(_public(params)[1].public_part)
+    assert blobs[0] == blobs[1]
