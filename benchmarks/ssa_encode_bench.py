@@ -1,10 +1,12 @@
 """SSA client encode against its AES floor, this tree beside an older commit, in one run.
 
 Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]
-[--value-check projected|off] [--cores 2]``. It times
+[--value-check projected|off] [--projected-digest 1|2] [--cores 2]``. It times
 :func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
 weights, verifiable keys and the projected value check's trailer, or ``--value-check off``; the
-round's simple table built beforehand, as a client has it) in a child process pinned to one
+round's simple table built beforehand, as a client has it; ``--projected-digest 2``: the
+projected check's digest version 2, parameter version 8; a ``--base`` tree without it runs
+its default round, version 1) in a child process pinned to one
 core: wall and CPU time, best of ``--reps`` after one untimed call, and the AES-only time of
 the same encode (its DPF AES calls recorded in place and replayed alone,
 :func:`ssa_bench.aes_floor`); then, where the machine has them, the wall time in a child
@@ -35,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 40.0  # issue 26's client encode target
 
 
-def _worker(log_m: int, rate: float, reps: int, value_check: str, cores: int) -> dict[str, float]:
+def _worker(
+    log_m: int, rate: float, reps: int, value_check: str, cores: int, digest: int
+) -> dict[str, float]:
     """Time one tree's encode in this (child) process, pinned to ``cores`` cores.
 
     On one core it also measures the AES floor; on more, only the wall time (the tree's
@@ -53,6 +57,8 @@ def _worker(log_m: int, rate: float, reps: int, value_check: str, cores: int) ->
     m = 1 << log_m
     k = max(1, round(rate * m))
     params = replace(make_params(m, k, weighted=False, verify=True), value_check=value_check)
+    if digest != 1 and "projected_digest" in params.__dataclass_fields__:
+        params = replace(params, projected_digest=digest)  # (an older tree: its default round)
     table = ssa.simple_table_for(params)
     idx, vals, _ = client_inputs(m, k, np.random.default_rng(7))
     seeds = (bytes(range(16)), bytes(range(16, 32)))
@@ -101,6 +107,7 @@ def _base_tree(rev: str) -> Path:
 def _run(tree: Path, args: argparse.Namespace, cores: int) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", f"--log-m={args.log_m}", f"--rate={args.rate}"]
     cmd += [f"--value-check={args.value_check}", f"--cores={cores}"]
+    cmd += [f"--projected-digest={args.projected_digest}"]
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [*cmd, f"--reps={args.reps}"], check=True, capture_output=True, text=True, env=env
@@ -129,19 +136,30 @@ def main() -> None:
         help="the checked round's value check (projected: the default of a checked round)",
     )
     parser.add_argument(
+        "--projected-digest",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="the projected check's digest version (1: the default round's)",
+    )
+    parser.add_argument(
         "--cores", type=int, default=2, help="cores of the multi-core run (2; 1: none)"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.log_m, args.rate, args.reps, args.value_check, args.cores)))
+        row = _worker(
+            args.log_m, args.rate, args.reps, args.value_check, args.cores, args.projected_digest
+        )
+        print(json.dumps(row))
         return
     trees = {"this tree": ROOT}
     if args.base:
         trees[f"base {args.base}"] = _base_tree(args.base)
     multi = args.cores if args.cores > 1 and _usable_cores() >= args.cores else 0
     print(
-        f"SSA client encode (checked round, value check {args.value_check}), "
+        f"SSA client encode (checked round, value check {args.value_check}, "
+        f"digest v{args.projected_digest}), "
         f"m = 2^{args.log_m}, k/m = {args.rate:.0%}: 1 core"
         + (f", and {multi} cores (Gen threads: all the cores)" if multi else "")
     )
@@ -171,7 +189,8 @@ def main() -> None:
         line += f", {new['multi_ms']:.1f} ms wall on {multi} cores"
         verdicts.append(f"{multi} cores {_verdict(new['multi_ms'])}")
     print(
-        f"{line} (AES-only {new['aes_ms']:.1f} ms; value check {args.value_check}; "
+        f"{line} (AES-only {new['aes_ms']:.1f} ms; value check {args.value_check}"
+        f"{'' if args.projected_digest == 1 else ' (digest v2)'}; "
         f"target <= {TARGET_MS:.0f} ms: {', '.join(verdicts)})"
     )
 

@@ -424,15 +424,21 @@ def place_in_bins(
     inserted: NDArray[np.integer],
     table_index: tuple[NDArray[np.int64], NDArray[np.int64]],
     dummy: np.int64,
-    outs: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64]],
-    slots: NDArray[np.int64],
+    outs: tuple[
+        NDArray[np.int64],
+        NDArray[np.int64],
+        NDArray[np.int64],
+        NDArray[np.uint64],
+        NDArray[np.int64],
+    ],
+    bins: tuple[int, int],
 ) -> np.int64:  # pragma: no cover - jitted
-    """Finish a client's placement after :func:`cuckoo_insert`, every bin and stash slot once.
+    """Finish a client's placement after :func:`cuckoo_insert`: the bins ``bins[0]:bins[1]``.
 
     ``inserted`` (``(B,)``, any integer type) holds :func:`cuckoo_insert`'s item numbers (rows
     of the sorted, distinct ``items``) and ``table_index`` is the round's simple table
-    ``(bin_offsets, bin_items)``. ``outs`` is ``(table, stash, hash_ids, alphas)``: ``table``
-    (``(B,)`` int64) receives each bin's index and ``stash`` (``(σ,)``), which holds
+    ``(bin_offsets, bin_items)``. ``outs`` is ``(table, stash, hash_ids, alphas, slots)``:
+    ``table`` (``(B,)`` int64) receives each bin's index and ``stash`` (``(σ,)``), which holds
     :func:`cuckoo_insert`'s item numbers, is overwritten with the indices, as
     :func:`resolve_cuckoo_table` does, which also gives ``hash_ids``. Each key's DPF point goes
     to ``alphas`` (``(B + σ,)``): a bin's point is the rank of its index in its simple bin
@@ -441,18 +447,23 @@ def place_in_bins(
     (``dummy < 0``). ``slots`` receives each key's row in the client's own index list
     (``order[i]`` for item ``i``) or ``EMPTY``.
 
+    Only the bins ``bins = (lo, hi)`` are written (and the stash slots when ``hi`` is the
+    number of bins), so disjoint ranges covering every bin run on several threads (``nogil``;
+    each writes its own bins' words): the ranks stream the simple table, the call's largest
+    cost.
+
     Returns
     -------
     numpy.int64
-        The first bin whose index is not in its simple bin, or ``EMPTY`` if none.
+        The range's first bin whose index is not in its simple bin, or ``EMPTY`` if none.
     """
-    table, stash, hash_ids, alphas = outs
+    table, stash, hash_ids, alphas, slots = outs
     bin_offsets, bin_items = table_index
     num_bins = table.shape[0]
     num_hashes = candidates.shape[1]
     checked = dummy >= 0
     first_missing = np.int64(EMPTY)
-    for b in range(num_bins):
+    for b in range(bins[0], bins[1]):
         i = np.int64(inserted[b])
         start = bin_offsets[b]
         stop = bin_offsets[b + 1]
@@ -475,6 +486,8 @@ def place_in_bins(
         alphas[b] = np.uint64(rank)
         if (start + rank >= stop or bin_items[start + rank] != x) and first_missing == EMPTY:
             first_missing = np.int64(b)
+    if bins[1] != num_bins:
+        return first_missing
     for s in range(stash.shape[0]):
         i = stash[s]
         if i == EMPTY:

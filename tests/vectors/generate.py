@@ -24,7 +24,8 @@ sealed box's fixed parts and associated data (``FSSB``, ``FSAD``); the randomize
 states; SSA parameter version 6 (``range_check``: parameters, a checked upload with its
 range trailer, shares, client state, the range check's material and check blobs) and Cui's
 PSU over the two SSA servers (``FSPU`` parameters, binding, S1's seed share, totals, union,
-the helper's ``PSU_SUM``/``PSU_TOTAL``).
+the helper's ``PSU_SUM``/``PSU_TOTAL``); SSA parameter version 8 (the projected check's digest
+version 2: parameters, the digest, a checked upload and its shares).
 
 Sealed boxes (HPKE, randomized: fresh ephemeral key and nonce) cannot be regenerated. They are
 sealed once to recipient keys drawn from fixed seeds and stored under :data:`SEALED_KEY`
@@ -56,6 +57,7 @@ from flwr_fsl.core.privacy import PrivacyBudget
 from flwr_fsl.crypto import dpf, prg
 from flwr_fsl.crypto.fixedpoint import FixedPoint
 from flwr_fsl.crypto.hashing import HashParams, cuckoo_hash, simple_hash
+from flwr_fsl.families.ssa import projected_check as pc
 from flwr_fsl.families.ssa.dp import DistributedDP, RunScope
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update
 from flwr_fsl.submodel import Encoding, SubmodelUpdate, TensorUpdate
@@ -221,6 +223,46 @@ def ssa_vectors() -> dict[str, Any]:
     return out
 
 
+def _rows_upload(params: SSAParams) -> tuple[Any, Any]:
+    """One client's upload and state of the ``rows`` round shape (four rows of four words)."""
+    return encode_update(
+        params,
+        np.array([2, 9, 33, 60], dtype=np.int64),
+        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
+        rng=np.random.default_rng(5),
+        master_seeds=(_seed(53), _seed(54)),
+    )
+
+
+def _server_shares(params: SSAParams, upload: Any) -> list[str]:
+    """Both servers' shares (as word digests) after adding one client's upload as client 11."""
+    shares = []
+    for party in (0, 1):
+        server = SSAServer(params, party)
+        server.add_client(11, upload.public_part, upload.master_seeds[party])
+        shares.append(_words(server.share()))
+    return shares
+
+
+def ssa_projected_digest2_vectors() -> dict[str, Any]:
+    """SSA parameter version 8 (the projected check's digest version 2): params, upload, shares.
+
+    Also an unchecked round carrying its checked variant's non-default ``projections`` and
+    ``projected_digest`` (versions 1 to 4 write them only then).
+    """
+    rows = SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, weighted=False)
+    params = replace(rows, projected_digest=2)
+    out: dict[str, Any] = {
+        "params-projected-digest2": params.to_bytes().hex(),
+        "params-unchecked-variant": replace(params, verify=False, projections=16).to_bytes().hex(),
+    }
+    upload, state = _rows_upload(params)
+    out["public-digest-v2"] = pc.public_digest_v2(state.keys[0].public).hex()
+    out["upload-public"] = _h(upload.public_part)
+    out["shares"] = _server_shares(params, upload)
+    return out
+
+
 def ssa_key_check_vectors() -> dict[str, Any]:
     """Both servers' key-check digests of one checked upload: version 2 and version 3 (keyed)."""
     # value_check="off": the section is the key check's digest alone (the projected check's
@@ -229,13 +271,7 @@ def ssa_key_check_vectors() -> dict[str, Any]:
         SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, value_check="off"),
         weighted=False,
     )
-    upload, _ = encode_update(
-        params,
-        np.array([2, 9, 33, 60], dtype=np.int64),
-        np.arange(16, dtype=np.float64).reshape(4, 4) / 8 - 1,
-        rng=np.random.default_rng(5),
-        master_seeds=(_seed(53), _seed(54)),
-    )
+    upload, _ = _rows_upload(params)
     out: dict[str, Any] = {}
     for name, key in (("v2", None), ("v3", _seed(55))):
         digests = []
@@ -1110,12 +1146,7 @@ def ssa_range_check_vectors() -> dict[str, Any]:
     out["trailer"] = _h(range_check.split_trailer(rows, upload.public_part)[1])
     out["trailer-bytes"] = range_check.trailer_bytes(rows)
     out["client-state"] = _h(state.to_bytes())
-    shares = []
-    for party in (0, 1):
-        server = SSAServer(rows, party)
-        server.add_client(11, upload.public_part, upload.master_seeds[party])
-        shares.append(_words(server.share()))
-    out["shares"] = shares
+    out["shares"] = _server_shares(rows, upload)
     # The range check on its own: 3 value words under a bound of 1000.
     bound = 1000
     words = np.array([0, 1000, 2**64 - 1000], np.uint64)  # 0, bound, -bound
@@ -1207,6 +1238,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "hashing": hashing_vectors,
     "ssa": ssa_vectors,
     "ssa-key-check": ssa_key_check_vectors,
+    "ssa-projected-digest2": ssa_projected_digest2_vectors,
     "fixedpoint": fixedpoint_vectors,
     "codec": codec_vectors,
     "secagg": secagg_vectors,

@@ -4,8 +4,9 @@ Flower-free. :class:`SSAParams` travels as canonical JSON (``format`` ``flwr_fsl
 version 1, 2 with a ``dp`` object, 3 with ``dp`` and a ``run`` object, 4 with
 ``"weighted": false`` and, optionally, ``dp`` and ``run``, or 5 with ``"verify": true`` and,
 optionally, ``"weighted": false``, ``dp`` and ``run``, or 6 with version 5's and
-``"range_check": true`` (the exact value check), or 7 with version 5's and ``"value_check":
-"projected"`` and ``"projections"``) and is decoded strictly
+``"range_check": true`` (the exact value check), 7 with version 5's and ``"value_check":
+"projected"`` and ``"projections"``, or 8 with version 7's and ``"projected_digest": 2``) and
+is decoded strictly
 (:meth:`SSAParams.from_bytes`: every field's type checked, NaN and infinities rejected).
 :class:`SSAUpload` is what a client sends (the DPF keys' public part and one master seed per
 server); :class:`Placement` and the ``FSCS`` client-state codec (:func:`_state_to_bytes`, the
@@ -54,10 +55,18 @@ _RANGE_VERSION = 6
 # Version 5's shape plus "value_check": "projected" and "projections": r: the servers check the
 # value words' projected range (projected_check module). Decoders of versions 1 to 6 refuse it.
 _PROJECTED_VERSION = 7
+# Version 7's shape plus "projected_digest": 2: the projected check binds the keys' public part
+# by its digest version 2 (projected_check.public_digest_v2). Decoders of 1 to 7 refuse it.
+_DIGEST2_VERSION = 8
+# Fields an unchecked round (versions 1 to 4) carries only when they differ from their defaults:
+# the projected check's settings of the round's checked variant (``replace(p, verify=True)``).
+_CHECKED_VARIANT = ("projections", "projected_digest")
 VALUE_CHECKS = ("off", "projected", "exact")
 """The value checks of a checked round, weakest first (:attr:`SSAParams.value_check_mode`)."""
 DEFAULT_PROJECTIONS = 64
 """Default number ``r`` of random projections of the projected value check."""
+PROJECTED_DIGESTS = (1, 2)
+"""Versions of the projected check's digest of the public part (``SSAParams.projected_digest``)."""
 MAX_PROJECTIONS = 1024
 PROJECTION_SLACK = 4
 """``c``: the projected check's bound is ``T = c * B2`` (:attr:`SSAParams.value_l2_bound`)."""
@@ -143,7 +152,16 @@ class SSAParams:
     projections : int
         ``r`` of the projected check (default 64, in ``[1, 1024]``). Ignored (stored as the
         default) with an explicit ``"off"`` or ``"exact"``; kept with ``value_check`` None, for
-        the round's checked variant.
+        the round's checked variant (an unchecked round's bytes carry it when it is not the
+        default, so it survives a round trip).
+    projected_digest : int
+        How the projected check's seed binds the keys' public part
+        (:mod:`flwr_fsl.families.ssa.projected_check`): 1 (the default; versions 7 and before)
+        hashes every public field in one SHA-256 pass
+        (:func:`~flwr_fsl.families.ssa.projected_check.public_digest`); 2 hashes only the fields
+        that fix the value shares, in pieces on the encode's threads
+        (:func:`~flwr_fsl.families.ssa.projected_check.public_digest_v2`: about 60% of the bytes
+        at ``m = 2**20``). Normalized and carried like ``projections``.
 
     Raises
     ------
@@ -170,8 +188,12 @@ class SSAParams:
     ``value_check="exact"`` is written as ``"version": 6``: version 5's shape plus
     ``"range_check": true``; a round with ``value_check="projected"`` (the default of a checked
     round) as ``"version": 7``: version 5's shape plus ``"value_check": "projected"`` and
-    ``"projections": r``. Versions 1 to 5 mean ``value_check="off"``, version 6 ``"exact"``
-    (:attr:`value_check_mode`; the bytes depend on the check in force, not on how it was asked).
+    ``"projections": r``, and with ``projected_digest=2`` as ``"version": 8``: version 7's
+    shape plus ``"projected_digest": 2``. Versions 1 to 5 mean ``value_check="off"``, version 6
+    ``"exact"`` (:attr:`value_check_mode`; the bytes depend on the check in force, not on how it
+    was asked). An unchecked round (versions 1 to 4) also carries ``"projections"`` and
+    ``"projected_digest"`` when they are not the defaults (its checked variant's settings; a
+    decoder refuses them at their defaults, so each parameter set has one encoding).
     """
 
     round_id: int
@@ -193,6 +215,7 @@ class SSAParams:
     verify: bool = True
     value_check: str | None = None
     projections: int = DEFAULT_PROJECTIONS
+    projected_digest: int = 1
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -220,6 +243,11 @@ class SSAParams:
         r = self.projections
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_PROJECTIONS:
             raise ConfigurationError(f"projections must be an integer in [1, 1024], got {r!r}")
+        v = self.projected_digest
+        if isinstance(v, bool) or v not in PROJECTED_DIGESTS:
+            raise ConfigurationError(
+                f"projected_digest must be one of {PROJECTED_DIGESTS}, got {v!r}"
+            )
         if not self.verify and self.value_check == "exact":
             raise ConfigurationError(
                 "value_check='exact' needs verify (the key check); an unchecked round has "
@@ -229,6 +257,7 @@ class SSAParams:
             object.__setattr__(self, "value_check", None)  # one representation per round
         if self.value_check is not None:  # an explicit "off" / "exact": r is not used
             object.__setattr__(self, "projections", DEFAULT_PROJECTIONS)
+            object.__setattr__(self, "projected_digest", 1)
         if self.value_check_mode == "projected" and self.projection_bound >= _MAX_CHECK_BOUND:
             raise ConfigurationError(
                 f"the projected value check's bound {self.projection_bound} is not below 2**60 "
@@ -337,7 +366,7 @@ class SSAParams:
         fields: dict[str, object] = {
             k: getattr(self, k)
             for k in self.__dataclass_fields__
-            if k not in ("dp", "run", "weighted", "verify", "value_check", "projections")
+            if k not in ("dp", "run", "weighted", "verify", "value_check", *_CHECKED_VARIANT)
         }
         fields["hash_key"] = self.hash_key.hex()
         version = _VERSION
@@ -353,15 +382,25 @@ class SSAParams:
         if self.verify:
             fields["verify"] = True
             version = _VERIFY_VERSION
+        version = self._value_check_fields(fields, version)
+        return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
+
+    def _value_check_fields(self, fields: dict[str, object], version: int) -> int:
+        """Add the value check's JSON fields to ``fields``; return the version they make."""
         mode = self.value_check_mode
+        variant = {"projections": self.projections, "projected_digest": self.projected_digest}
         if mode == "exact":  # version 6's bytes
             fields["range_check"] = True
-            version = _RANGE_VERSION
-        elif mode == "projected":
-            fields["value_check"] = "projected"
-            fields["projections"] = self.projections
-            version = _PROJECTED_VERSION
-        return json.dumps({"format": _MAGIC, "version": version, **fields}, sort_keys=True).encode()
+            return _RANGE_VERSION
+        if mode == "projected":
+            fields |= {"value_check": "projected", "projections": self.projections}
+            if self.projected_digest == 1:
+                return _PROJECTED_VERSION
+            fields["projected_digest"] = self.projected_digest
+            return _DIGEST2_VERSION
+        if not self.verify:  # the checked variant's settings, when not the defaults
+            fields |= {k: v for k, v in variant.items() if v != _VARIANT_DEFAULTS[k]}
+        return version
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SSAParams:
@@ -377,9 +416,10 @@ class SSAParams:
         raw = _load_json(data)
         if not isinstance(raw, dict) or raw.pop("format", None) != _MAGIC:
             raise SSAInputError("not an SSA parameter set")
-        expected = _expected_fields(
-            raw.pop("version", None), "dp" in raw, "run" in raw, "weighted" in raw
-        )
+        version = raw.pop("version", None)
+        expected = _expected_fields(version, "dp" in raw, "run" in raw, "weighted" in raw)
+        if version in _UNCHECKED_VERSIONS:  # the checked variant's non-default settings
+            expected |= set(_CHECKED_VARIANT) & set(raw)
         if set(raw) != expected:
             raise SSAInputError(f"SSA parameter fields differ: {sorted(raw)}")
         # Types first, so every bad field is a ValueError (never a TypeError from deeper down).
@@ -387,14 +427,7 @@ class SSAParams:
             if not _FIELD_TYPES[name](value):
                 raise SSAInputError(f"SSA parameter {name!r} has the wrong type")
             _check_range(name, value)
-        if raw.get("weighted") is True:
-            raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
-        if raw.get("verify") is False:
-            raise SSAInputError("version 5 to 7 SSA parameters carry verify=true only")
-        if raw.pop("range_check", True) is False:
-            raise SSAInputError("version 6 SSA parameters carry range_check=true only")
-        if "value_check" in raw and raw["value_check"] != "projected":
-            raise SSAInputError("version 7 SSA parameters carry value_check='projected' only")
+        _check_flags(raw, version)
         raw.setdefault("verify", False)  # versions 1 to 4: unchecked keys
         # versions 1 to 5: value words unchecked; 6: the exact check; 7: written
         raw.setdefault("value_check", "exact" if "range_check" in expected else "off")
@@ -403,6 +436,39 @@ class SSAParams:
         except ValueError:
             raise SSAInputError("hash_key must be hex") from None
         return cls(**_nested(raw))
+
+
+_UNCHECKED_VERSIONS = (_VERSION, _DP_VERSION, _RUN_VERSION, _WEIGHTING_VERSION)
+
+
+_VARIANT_DEFAULTS = {"projections": DEFAULT_PROJECTIONS, "projected_digest": 1}
+
+
+def _check_flags(raw: dict[str, Any], version: object) -> None:
+    """Refuse a flag at a value its version never writes (one encoding per parameter set).
+
+    ``range_check`` is popped (its version says it). An unchecked round's ``projections`` and
+    ``projected_digest`` are written only when not their defaults.
+
+    Raises
+    ------
+    SSAInputError
+        Naming the field.
+    """
+    if raw.get("weighted") is True:
+        raise SSAInputError("version 4 and 5 SSA parameters carry weighted=false only")
+    if raw.get("verify") is False:
+        raise SSAInputError("version 5 to 8 SSA parameters carry verify=true only")
+    if raw.pop("range_check", True) is False:
+        raise SSAInputError("version 6 SSA parameters carry range_check=true only")
+    if "value_check" in raw and raw["value_check"] != "projected":
+        raise SSAInputError("version 7 and 8 SSA parameters carry value_check='projected' only")
+    if version == _DIGEST2_VERSION and raw["projected_digest"] == 1:
+        raise SSAInputError("version 8 SSA parameters carry projected_digest=2 only")
+    if version in _UNCHECKED_VERSIONS:
+        for name, default in _VARIANT_DEFAULTS.items():
+            if raw.get(name, default) == default and name in raw:
+                raise SSAInputError(f"SSA parameter {name!r} is written only when not {default}")
 
 
 def _default_value_check(verify: bool) -> str:
@@ -463,10 +529,11 @@ def _expected_fields(
         _VERIFY_VERSION,
         _RANGE_VERSION,
         _PROJECTED_VERSION,
+        _DIGEST2_VERSION,
     )
     if version not in versions or isinstance(version, bool):
         raise SSAInputError(f"unsupported SSA parameter version (expected one of {versions})")
-    checked = version in (_VERIFY_VERSION, _RANGE_VERSION, _PROJECTED_VERSION)
+    checked = version in (_VERIFY_VERSION, _RANGE_VERSION, _PROJECTED_VERSION, _DIGEST2_VERSION)
     late = version == _WEIGHTING_VERSION or checked
     if late and has_run and not has_dp:
         raise SSAInputError(f"version {version} SSA parameters carry a run object only with dp")
@@ -476,7 +543,7 @@ def _expected_fields(
         "weighted",
         "verify",
         "value_check",
-        "projections",
+        *_CHECKED_VARIANT,
     }
     if version in (_DP_VERSION, _RUN_VERSION) or (late and has_dp):
         expected.add("dp")
@@ -488,8 +555,10 @@ def _expected_fields(
         expected.add("verify")
     if version == _RANGE_VERSION:
         expected.add("range_check")
-    if version == _PROJECTED_VERSION:
+    if version in (_PROJECTED_VERSION, _DIGEST2_VERSION):
         expected |= {"value_check", "projections"}
+    if version == _DIGEST2_VERSION:
+        expected.add("projected_digest")
     return expected
 
 
@@ -542,6 +611,7 @@ _FIELD_TYPES: dict[str, Callable[[object], bool]] = {
             "max_summands",
             "epoch",
             "projections",
+            "projected_digest",
         ),
         _is_int,
     ),

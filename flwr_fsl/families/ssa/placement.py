@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
+from flwr_fsl.core.threads import run_ranges
 from flwr_fsl.crypto.hashing import (
     DEFAULT_MAX_EVICTIONS,
     EMPTY,
@@ -117,12 +118,16 @@ _NARROW = 1 << 31
 _PACK_BITS = 63
 """Bits of the ``index << s | row`` words :func:`_sorted_rows` sorts (above: ``argsort``)."""
 
+_MIN_BINS_PER_THREAD = 1 << 14
+"""Fewest bins a thread of the ranking pass gets (smaller rounds rank on one thread)."""
+
 
 def place_indices(
     params: SSAParams,
     indices: ArrayLike,
     simple_table: SimpleTable | None = None,
     rng: np.random.Generator | None = None,
+    threads: int = 1,
 ) -> Placement:
     """Cuckoo-hash a client's indices and compute every key's DPF point.
 
@@ -136,6 +141,8 @@ def place_indices(
         The round's simple table (computed if omitted).
     rng : numpy.random.Generator, optional
         Eviction randomness.
+    threads : int, optional
+        Threads of the ranking pass (:func:`_cuckoo_place`; default 1). The same placement.
 
     Returns
     -------
@@ -163,7 +170,7 @@ def place_indices(
     table = simple_table if simple_table is not None else simple_table_for(params)
     if table.params != params.hash_params:
         raise ConfigurationError("cuckoo and simple table were built with different HashParams")
-    cuckoo, alphas, slots = _cuckoo_place(params, items, order, table, rng)
+    cuckoo, alphas, slots = _cuckoo_place(params, items, order, table, rng, threads)
     return Placement(alphas, slots, cuckoo)
 
 
@@ -173,6 +180,7 @@ def _cuckoo_place(
     order: NDArray[np.int64],
     table: SimpleTable,
     rng: np.random.Generator | None,
+    threads: int = 1,
 ) -> tuple[CuckooTable, NDArray[np.uint64], NDArray[np.int64]]:
     """Cuckoo-insert the sorted, distinct ``items`` and derive every key's point and slot.
 
@@ -180,7 +188,8 @@ def _cuckoo_place(
     same candidate bins, insertion kernel and eviction stream), without its second sort and
     checks of items :func:`_sorted_rows` already sorted and checked; one kernel then resolves
     the table and ranks each bin's index in its simple bin
-    (:func:`~flwr_fsl.kernels.hashing.place_in_bins`).
+    (:func:`~flwr_fsl.kernels.hashing.place_in_bins`), over ranges of bins on ``threads``
+    threads (at least :data:`_MIN_BINS_PER_THREAD` bins each; each range writes its own bins).
 
     Raises
     ------
@@ -212,9 +221,16 @@ def _cuckoo_place(
     slots = np.empty(params.num_keys, np.int64)
     dummy = np.int64(params.domain_size if params.verify else -1)  # unused keys' point
     cuckoo = np.empty(hp.num_bins, np.int64)
-    outs = (cuckoo, stash, hash_ids, alphas)
+    outs = (cuckoo, stash, hash_ids, alphas, slots)
     index = (table.bin_offsets, table.bin_items)
-    if place_in_bins(items, order, candidates, inserted, index, dummy, outs, slots) != EMPTY:
+    parts = max(1, min(threads, hp.num_bins // _MIN_BINS_PER_THREAD))
+    cuts = np.linspace(0, hp.num_bins, parts + 1).astype(np.int64).tolist()
+
+    def place(j: int) -> int:
+        bins = (cuts[j], cuts[j + 1])
+        return int(place_in_bins(items, order, candidates, inserted, index, dummy, outs, bins))
+
+    if any(missing != EMPTY for missing in run_ranges(place, parts, threads, "fsl-ssa-place")):
         raise ConfigurationError("an index is missing from its simple bin")
     for a in (cuckoo, hash_ids, stash):
         a.flags.writeable = False

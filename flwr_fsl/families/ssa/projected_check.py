@@ -18,9 +18,12 @@ points, which the key check makes the word at the key's one nonzero point.
    root seeds (and the round), known to the client and server ``s`` only. The client writes in
    the public trailer ``part_a = H(k_0)``, ``part_b = H(k_1)`` and a 16-byte ``salt``; each
    server recomputes its own part and refuses a mismatch. Both servers hash the keys' public
-   part (correction words and epochs, :func:`public_digest`). ``zseed = H(tag, salt, part_a,
-   part_b, public)`` is therefore fixed after everything that decides the value shares (root
-   seeds and correction words): a client that changes a word changes ``zseed``.
+   part (:func:`public_binding`: with :attr:`SSAParams.projected_digest
+   <flwr_fsl.families.ssa.messages.SSAParams.projected_digest>` 1 every public field,
+   :func:`public_digest`; with 2 the fields that fix the value shares, :func:`public_digest_v2`,
+   below). ``zseed = H(tag, salt, part_a, part_b, public)`` is therefore fixed after everything
+   that decides the value shares (root seeds and correction words): a client that changes a
+   word changes ``zseed``.
 2. *Projections.* ``z_(k,n)`` in {-1, 0, +1} with probabilities 1/4, 1/2, 1/4 (two PRG bits:
    ``b0 - b1``) from an AES-CTR stream on ``zseed`` (:func:`projection_matrix`); each server
    computes its share ``y^(s)_k = sum_n z_(k,n) a^(s)_n`` in Z_2^64 locally (:func:`project`,
@@ -72,6 +75,30 @@ with at most ``(13/16)^r`` (``1.7e-6`` at ``r = 64``). So such a client passes w
 at most ``2^-r + (13/16)^r``. This is weaker than the per-word guarantee; we document it, the
 code relies on the per-word one only.
 
+**Digest version 2** (:func:`public_digest_v2`, rounds with ``projected_digest=2``, parameter
+version 8). Version 1 hashes every public field; about 40% of its bytes at ``m = 2**20``
+(``k/m = 10%``: 8.4 of 22.9 MB) are the verifiable keys' proof correction words ``cw_proof``,
+and 1 MB the per-key epochs. Version 2 hashes ``tau``, the number of keys, the domain bits, the
+epochs (8 bytes when every key has the same epoch, as Gen writes them), ``cw_seeds``,
+``cw_bits`` and ``cw_leaf``, each cut into pieces of :data:`DIGEST_PIECE` bytes whose SHA-256
+runs on the encode's threads, then one SHA-256 over the field lengths and the piece digests.
+*Why it still binds the value shares.* Server ``s``'s value share of key ``j`` at a point is
+:func:`~flwr_fsl.crypto.dpf.evaluate_batch`'s output: the leaf conversion of the seed reached
+by walking key ``j``'s tree from its root seed, each level's seed and control bit corrected
+by that level's ``cw_seeds`` / ``cw_bits`` row, the tree's depth and the leaf groups fixed by
+the domain bits and ``tau``, the conversion keyed by the key's epoch, plus the control bit
+times the ``cw_leaf`` row. It is a deterministic function of (root seed of ``s``, domain bits,
+epochs, ``tau``, ``cw_seeds``, ``cw_bits``, ``cw_leaf``); ``cw_proof`` only enters the key
+check's proof (whether both servers' proofs agree), never an output word. The root seeds are
+bound by ``part_a`` / ``part_b`` (hashes of ``k_s``, which hashes the root seeds); the other
+inputs by the version 2 digest: the field lengths are hashed, so the pieces of the fields are
+unambiguous, and two different inputs with one digest give a SHA-256 collision (of the outer
+hash, or of a piece). A malicious client that fixes ``zseed`` and then picks other correction
+words therefore breaks SHA-256; one that changes ``cw_proof`` after ``zseed`` changes no value
+share, and the key check accepts or rejects its keys exactly as for any other ``cw_proof``.
+So the soundness statement below holds unchanged for version 2. Version 1 stays the default
+(its bytes and known answers are frozen); both versions are decoded and checked.
+
 **Trailer** (after the keys' public part, or the U-DPF hint; :func:`trailer_bytes`):
 ``salt (16) || part_a (32) || part_b (32) || E(x || proof0) || part0 (32) || part1 (32)``,
 where ``x || proof0`` are S0's integer bit shares and FLP proof share (``r L_T`` and
@@ -97,9 +124,11 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa import range_check as rc
 from flwr_fsl.families.ssa.messages import PROJECTION_SLACK, SSAInputError, SSAParams
+from flwr_fsl.families.ssa.verify import default_threads
 from flwr_fsl.kernels.projection import project_range
 
 __all__ = [
+    "DIGEST_PIECE",
     "MAX_TRIES",
     "client_trailer",
     "honest_failure_bound",
@@ -107,7 +136,9 @@ __all__ = [
     "project",
     "project_shares",
     "projection_matrix",
+    "public_binding",
     "public_digest",
+    "public_digest_v2",
     "round_check",
     "soundness_bound",
     "split_trailer",
@@ -119,6 +150,9 @@ __all__ = [
 MAX_TRIES = 32
 """Salts an honest client tries before it gives up (each fails with probability <= 1.4e-5)."""
 _TAG = b"flwr_fsl/ssa-projected-check/v1\x00"
+_TAG_V2 = b"flwr_fsl/ssa-projected-check/digest-v2\x00"
+DIGEST_PIECE = 1 << 20
+"""Bytes per piece of a field that :func:`public_digest_v2` hashes on its own (on a thread)."""
 _SEED = 16
 _HEAD = _SEED + 64  # salt, part_a, part_b
 _CHUNK = 1 << 14  # value words per projection block (bounds the z matrix's memory)
@@ -137,6 +171,61 @@ def public_digest(public: DPFPublicBatch) -> bytes:
     if public.cw_proof is not None:
         h.update(np.ascontiguousarray(public.cw_proof).data)
     return h.digest()
+
+
+def _binding_fields(public: DPFPublicBatch) -> list[NDArray[np.uint8]]:
+    """Return the public fields that fix the value shares, as little-endian bytes (no LE copy).
+
+    Epochs are ``01 || epoch`` when every key has the same one (Gen's keys), else ``00 ||``
+    every key's epoch.
+    """
+    epochs = np.ascontiguousarray(public.epochs, "<u8")
+    shared = epochs.shape[0] > 0 and bool((epochs == epochs[0]).all())
+    head = np.frombuffer(b"\x01" if shared else b"\x00", np.uint8)
+    epoch_bytes = np.concatenate([head, (epochs[:1] if shared else epochs).view(np.uint8)])
+    fields = [np.ascontiguousarray(public.domain_bits, np.uint8), epoch_bytes]
+    for arr, dtype in (
+        (public.cw_seeds, "<u8"),
+        (public.cw_bits, np.uint8),
+        (public.cw_leaf, "<u8"),
+    ):
+        fields.append(np.ascontiguousarray(arr, dtype).reshape(-1).view(np.uint8))
+    return fields
+
+
+def public_digest_v2(public: DPFPublicBatch, threads: int = 1) -> bytes:
+    """Digest version 2 of a key batch's public part: the fields that fix the value shares.
+
+    ``tau``, the number of keys, the domain bits, the epochs, ``cw_seeds``, ``cw_bits`` and
+    ``cw_leaf`` (not ``cw_proof``: module docstring, *Digest version 2*). Each field is cut
+    into :data:`DIGEST_PIECE`-byte pieces, hashed on ``threads`` threads (``hashlib`` releases
+    the GIL); the result is ``SHA-256(tag, tau, keys, every field's length, every piece's
+    SHA-256)``, the same bytes for any thread count.
+    """
+    fields = _binding_fields(public)
+    pieces = [
+        (f, lo) for f in range(len(fields)) for lo in range(0, fields[f].shape[0], DIGEST_PIECE)
+    ]
+
+    def piece(j: int) -> bytes:
+        f, lo = pieces[j]
+        return hashlib.sha256(fields[f][lo : lo + DIGEST_PIECE].data).digest()  # no copy
+
+    leaves = run_ranges(piece, len(pieces), min(threads, len(pieces)), "fsl-ssa-digest")
+    sizes = [int(public.tau), int(public.num_keys), *(f.shape[0] for f in fields)]
+    head = b"".join(n.to_bytes(8, "little") for n in sizes)
+    return hashlib.sha256(_TAG_V2 + b"public" + head + b"".join(leaves)).digest()
+
+
+def public_binding(params: SSAParams, public: DPFPublicBatch, threads: int = 1) -> bytes:
+    """Return the round's digest of the keys' public part for ``zseed`` (``projected_digest``).
+
+    :func:`public_digest` (version 1) or :func:`public_digest_v2` (version 2, on ``threads``
+    threads); ``zseed`` binds it.
+    """
+    if params.projected_digest == 2:
+        return public_digest_v2(public, threads)
+    return public_digest(public)
 
 
 def zseed(salt: bytes, part_a: bytes, part_b: bytes, public: bytes) -> bytes:
@@ -207,12 +296,17 @@ def _parts(params: SSAParams, keys: DPFKeyBatch) -> tuple[bytes, bytes]:
 
 
 def client_trailer(
-    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
+    params: SSAParams,
+    keys: tuple[DPFKeyBatch, DPFKeyBatch],
+    betas: _U64Array,
+    threads: int | None = None,
 ) -> bytes:
     """Client: the projected-check trailer for its keys' payload ``betas`` (``(keys, key_tau)``).
 
     Salts are ``H(k_0, k_1, i)`` for ``i = 0, 1, ...`` (pseudorandom to each server); the first
-    whose projections all lie in ``[-T, T]`` is used.
+    whose projections all lie in ``[-T, T]`` is used. The digest of the public part (version 2)
+    and the projections run on ``threads`` threads (None:
+    :func:`~flwr_fsl.families.ssa.verify.default_threads`, as Gen's); the same bytes.
 
     Raises
     ------
@@ -220,14 +314,15 @@ def client_trailer(
         If no salt passes in :data:`MAX_TRIES` tries (value words far beyond the round's L2
         bound: a client that did not clip), or a value word is outside the fixed-point bound.
     """
+    threads = default_threads() if threads is None else threads
     values = np.ascontiguousarray(betas[:, : params.value_width]).reshape(-1)
     k0, part_a = _parts(params, keys[0])
     k1, part_b = _parts(params, keys[1])
-    public = public_digest(keys[0].public)
+    public = public_binding(params, keys[0].public, threads)
     bound = params.projection_bound
     for i in range(MAX_TRIES):
         salt = _h(b"salt", k0, k1, i.to_bytes(4, "little"))[:_SEED]
-        y = project(zseed(salt, part_a, part_b, public), params.projections, values)
+        y = project_shares(zseed(salt, part_a, part_b, public), params.projections, values, threads)
         if int(np.abs(_signed(y)).max(initial=0)) <= bound:
             break
     else:
@@ -294,7 +389,7 @@ def server_projected(
     ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
     ``expect`` is the other server's whole check (S1) or None (S0, which draws the query
     seed), read after ``check_head`` bytes (the key-check digest) and the range digest.
-    ``public_hash`` is :func:`public_digest` of the keys if already computed; ``threads``
+    ``public_hash`` is :func:`public_binding` of the keys if already computed; ``threads``
     project on that many threads (:func:`project_shares`).
 
     Raises
@@ -309,7 +404,7 @@ def server_projected(
     if not hmac.compare_digest(mine, part_a if keys.party == 0 else part_b):
         name = "part_a" if keys.party == 0 else "part_b"
         raise SSAInputError(f"value check: {name} does not match this server's keys")
-    seed = zseed(salt, part_a, part_b, public_hash or public_digest(keys.public))
+    seed = zseed(salt, part_a, part_b, public_hash or public_binding(params, keys.public, threads))
     shares = project_shares(seed, params.projections, value_sums, threads)
     bound = params.projection_bound
     body, part0, part1 = trailer[_HEAD:-64], trailer[-64:-32], trailer[-32:]

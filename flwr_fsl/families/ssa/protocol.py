@@ -284,7 +284,8 @@ def encode_update(
     simple_table : SimpleTable, optional
         The round's simple table (computed if omitted).
     threads : int, optional
-        Gen threads (None: :func:`~flwr_fsl.families.ssa.verify.resolve_threads`). Same upload.
+        Placement and Gen threads (None: :func:`~flwr_fsl.families.ssa.verify.resolve_threads`).
+        Same upload.
 
     Returns
     -------
@@ -301,10 +302,11 @@ def encode_update(
     payload = payload_words(params, values, weights, rng)
     if payload.shape[0] != idx.size:
         raise ConfigurationError("the number of value rows differs from the number of indices")
-    placement = place_indices(params, idx, table, rng)
+    threads = resolve_threads(threads)
+    placement = place_indices(params, idx, table, rng, threads)
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
-    gen = (master_seeds, resolve_threads(threads), value_trailer)  # (this module's: tests patch it)
+    gen = (master_seeds, threads, value_trailer)  # (this module's: tests patch it)
     blob, keys = encode_keys(params, placement, payload, key_domain_bits(params, table), *gen)
     return SSAUpload(blob, master_seeds), SSAClientState(params, idx, placement, keys)
 

@@ -26,7 +26,7 @@ from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa import range_check
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.projected_check import (
-    public_digest,
+    public_binding,
     server_projected,
     value_round_check,
     value_trailer_bytes,
@@ -124,7 +124,7 @@ def evaluate_checked(
         out=out,
         client=client,
         value_sums=sums,
-        side=lambda: public_digest(keys.public),
+        side=lambda: public_binding(params, keys.public),
         add_into=add_into,
     )
     with _undo_on_error(add_into, values):

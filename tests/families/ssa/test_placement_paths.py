@@ -34,3 +34,32 @@ def test_repeated_index_is_refused_on_both_paths(monkeypatch, force_argsort):
     with pytest.raises(ConfigurationError, match="distinct") as err:
         place_indices(params, np.array([3, 5, 3]), rng=np.random.default_rng(0))
     assert "3" not in str(err.value)  # the text names no index: it reaches S0
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_threaded_ranking_places_alike(monkeypatch, checked, threads):
+    """The ranking pass over ranges of bins on several threads gives the same placement."""
+    monkeypatch.setattr(placement, "_MIN_BINS_PER_THREAD", 1)  # small rounds split too
+    params = make_params(1, weighted=False, verify=checked, stash_size=2)
+    idx = np.random.default_rng(5).choice(M, K, replace=False)
+    one = place_indices(params, idx, rng=np.random.default_rng(2))
+    many = place_indices(params, idx, rng=np.random.default_rng(2), threads=threads)
+    for name in ("alphas", "slots"):
+        assert np.array_equal(getattr(one, name), getattr(many, name))
+    assert np.array_equal(one.cuckoo_table.items, many.cuckoo_table.items)
+    assert np.array_equal(one.cuckoo_table.hash_ids, many.cuckoo_table.hash_ids)
+    assert np.array_equal(one.cuckoo_table.stash, many.cuckoo_table.stash)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_index_missing_from_its_simple_bin_is_refused_on_any_thread(monkeypatch, threads):
+    """A table of other parameters (an index not in its simple bin) is refused by every range."""
+    monkeypatch.setattr(placement, "_MIN_BINS_PER_THREAD", 1)
+    params = make_params(1)
+    table = placement.simple_table_for(params)
+    emptied = type(table)(
+        table.params, np.zeros_like(table.bin_offsets), np.zeros(0, table.bin_items.dtype)
+    )
+    with pytest.raises(ConfigurationError, match="missing from its simple bin"):
+        place_indices(params, np.arange(5), emptied, np.random.default_rng(0), threads)

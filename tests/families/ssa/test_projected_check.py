@@ -330,8 +330,9 @@ def test_server_check_refuses_a_wrong_size_trailer_cleanly() -> None:
         pc.server_projected(params, None, np.zeros((1, 2), np.uint64), trailer[:-1], None, 32)  # type: ignore[arg-type]
 
 
-def test_a_udpf_hint_carries_the_projected_check() -> None:
-    first = _params(epoch=1)
+@pytest.mark.parametrize("digest", [1, 2])
+def test_a_udpf_hint_carries_the_projected_check(digest: int) -> None:
+    first = _params(epoch=1, projected_digest=digest)
     upload, state = encode_update(first, np.arange(12), np.full((12, 2), 0.25))
     servers = [SSAServer(first, b) for b in (0, 1)]
     digest = servers[0].add_client(1, upload.public_part, upload.master_seeds[0])
