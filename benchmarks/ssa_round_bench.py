@@ -189,9 +189,11 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     """One round's CPU seconds on one thread: ``(all, outside the server's thread pool)``.
 
     Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.core.threads.
-    run_ranges`: the work the server spreads over its threads) is timed; the rest runs on the
-    calling thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so
-    it stays near the work done on a loaded machine.
+    run_ranges`: the work the server spreads over its threads) is timed, and every ``prepare``
+    of :func:`flwr_fsl.core.threads.pipelined` but a chunk's first (on two or more threads it
+    runs on the pool, beside the evaluation of the client before); the rest runs on the calling
+    thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so it
+    stays near the work done on a loaded machine.
     """
     from flwr_fsl.families.ssa import verify
 
@@ -211,20 +213,43 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
             inside[0] += time.thread_time() - start
             inside[1] = 0
 
+    from flwr_fsl.core import threads
+
+    pipe = getattr(threads, "pipelined", None)  # None: a library without it (a baseline tree)
+
+    def counted_pipe(
+        items: list[object], prepare: Callable[[object], object], use: object, n: int, *pool: str
+    ) -> list[object]:
+        """``pipelined`` on one thread; every ``prepare`` but the first counts as pool work."""
+
+        def timed(item: object) -> object:
+            if item is items[0]:  # a chunk's first client: decoded in the caller alone
+                return prepare(item)
+            start = time.thread_time()
+            try:
+                return prepare(item)
+            finally:
+                inside[0] += time.thread_time() - start
+
+        assert pipe is not None
+        return pipe(items, timed, use, 1, *pool)  # type: ignore[arg-type]
+
     patched = [
-        mod
+        (mod, attr, counted if attr == "run_ranges" else counted_pipe, was)
         for name, mod in list(sys.modules.items())
-        if name.startswith("flwr_fsl") and getattr(mod, "run_ranges", None) is original
+        if name.startswith("flwr_fsl")
+        for attr, was in (("run_ranges", original), ("pipelined", pipe))
+        if was is not None and getattr(mod, attr, None) is was
     ]
-    for mod in patched:
-        mod.run_ranges = counted  # type: ignore[attr-defined]
+    for mod, attr, new, _ in patched:
+        setattr(mod, attr, new)
     try:
         start = time.thread_time()
         round_fn()
         total = time.thread_time() - start
     finally:
-        for mod in patched:
-            mod.run_ranges = original  # type: ignore[attr-defined]
+        for mod, attr, _, was in patched:
+            setattr(mod, attr, was)
     return total, total - inside[0]
 
 
