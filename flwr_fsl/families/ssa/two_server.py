@@ -599,7 +599,7 @@ class LeadServer:
         chunk: list[tuple[int, ClientUpload]],
         rejected: dict[int, str],
     ) -> tuple[list[tuple[int, ClientUpload]], dict[int, bytes | None]]:
-        """S0 evaluates one chunk first; return the clients to relay and S0's digests.
+        """S0 evaluates one chunk first (add_clients); return the clients to relay, S0's digests.
 
         In a checked round S0's key-check digest of each client travels with its upload; S1
         adds the client only if its own digest is equal and returns it; a client whose S1
@@ -614,7 +614,6 @@ class LeadServer:
             else ClientKeys(client, upload.public_part, upload.master_seed)
             for client, upload in chunk
         ]
-        # Pipelined: S0 decodes each next client while it evaluates this one (add_clients).
         for (client, upload), result in zip(chunk, server0.add_clients(items), strict=True):
             if isinstance(result, ClientInputError):
                 rejected[client] = f"rejected by S0: {result}"
