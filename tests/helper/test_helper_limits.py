@@ -108,6 +108,8 @@ class Tripwires:
             (PSRServer, "answer"),
             (SSAServer, "add_client"),
             (SSAServer, "add_client_hint"),
+            (SSAServer, "prepare"),
+            (SSAServer, "add_prepared"),
             (ssa_sealing, "open_ssa_upload"),
             (ssa_sealing, "open_psr_query"),
         ):
