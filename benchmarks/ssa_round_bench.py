@@ -16,6 +16,11 @@ what it measured. For each kind it adds ``N`` clients to one
 does (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.share` scatters the clients' summed shares
 once), after one untimed round per party, as on a long-running server whose allocator already
 holds the round buffers' pages; the parties' timed rounds alternate (S0 first, then S1 first).
+Clients come in relay chunks as :class:`~flwr_fsl.families.ssa.two_server.LeadServer` groups
+them (``DEFAULT_RELAY_CHUNK_BYTES``: 3 uploads at ``m = 2**20``, ``k/m = 10%``), each chunk added
+with :meth:`~flwr_fsl.families.ssa.protocol.SSAServer.add_clients` (pipelined: the next client
+decoded while this one is evaluated; since session 30); a library without it (a baseline tree's)
+adds them one at a time.
 Each configuration runs in a child process pinned to one core, then to two
 (``os.sched_setaffinity``), so the server's threads see exactly those cores.
 
@@ -75,6 +80,7 @@ from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import PROOF_WORDS
 from flwr_fsl.families.ssa import protocol as ssa
 from flwr_fsl.families.ssa.placement import key_lengths
+from flwr_fsl.families.ssa.two_server import DEFAULT_RELAY_CHUNK_BYTES
 from flwr_fsl.families.ssa.verify import _NONCE, KeyCheck, new_digest_key
 
 ROUNDS = 1
@@ -107,7 +113,7 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
     k = max(1, round(rate * m))
     rng = np.random.default_rng(7)
     params = make_params(m, k, weighted=False, verify=verify)
-    if verify and value_check != params.value_check:
+    if verify and value_check != params.value_check_mode:
         params = replace(params, value_check=value_check)
     table = ssa.simple_table_for(params)
     uploads = []
@@ -116,12 +122,28 @@ def _worker(log_m: int, rate: float, clients: int, kind: str, cores: int) -> dic
         uploads.append(ssa.encode_update(params, indices, values, rng=rng, simple_table=table)[0])
     out: dict[str, object] = {"kind": kind, "cores": len(os.sched_getaffinity(0))}
 
+    # Clients per relayed chunk, as LeadServer groups them (DEFAULT_RELAY_CHUNK_BYTES); each
+    # chunk is added pipelined (SSAServer.add_clients: the next client is decoded while this one
+    # is evaluated) where the library has it, else client by client (a baseline tree's library).
+    per_chunk = max(1, DEFAULT_RELAY_CHUNK_BYTES // (len(uploads[0].public_part) + 1024))
+    pipelined = hasattr(ssa.SSAServer, "add_clients")
+    out["per_chunk"] = per_chunk if pipelined else 1
+
     def one_round(p: int) -> tuple[float, float]:
         server = ssa.SSAServer(params, p, digest_key=key)
         start, cpu = time.perf_counter(), time.process_time()
-        for c in range(clients):
-            upload = uploads[c % 2]
-            server.add_client(c, upload.public_part, upload.master_seeds[p])
+        for lo in range(0, clients, per_chunk):
+            chunk = range(lo, min(clients, lo + per_chunk))
+            if pipelined:
+                items = [
+                    ssa.ClientKeys(c, uploads[c % 2].public_part, uploads[c % 2].master_seeds[p])
+                    for c in chunk
+                ]
+                server.add_clients(items)
+            else:
+                for c in chunk:
+                    upload = uploads[c % 2]
+                    server.add_client(c, upload.public_part, upload.master_seeds[p])
             server.forget_recent()  # as LeadServer after each relayed chunk
         server.share()
         wall = (time.perf_counter() - start) / clients
@@ -167,9 +189,11 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     """One round's CPU seconds on one thread: ``(all, outside the server's thread pool)``.
 
     Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.core.threads.
-    run_ranges`: the work the server spreads over its threads) is timed; the rest runs on the
-    calling thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so
-    it stays near the work done on a loaded machine.
+    run_ranges`: the work the server spreads over its threads) is timed, and every ``prepare``
+    of :func:`flwr_fsl.core.threads.pipelined` but a chunk's first (on two or more threads it
+    runs on the pool, beside the evaluation of the client before); the rest runs on the calling
+    thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so it
+    stays near the work done on a loaded machine.
     """
     from flwr_fsl.families.ssa import verify
 
@@ -189,20 +213,43 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
             inside[0] += time.thread_time() - start
             inside[1] = 0
 
+    from flwr_fsl.core import threads
+
+    pipe = getattr(threads, "pipelined", None)  # None: a library without it (a baseline tree)
+
+    def counted_pipe(
+        items: list[object], prepare: Callable[[object], object], use: object, n: int, *pool: str
+    ) -> list[object]:
+        """``pipelined`` on one thread; every ``prepare`` but the first counts as pool work."""
+
+        def timed(item: object) -> object:
+            if item is items[0]:  # a chunk's first client: decoded in the caller alone
+                return prepare(item)
+            start = time.thread_time()
+            try:
+                return prepare(item)
+            finally:
+                inside[0] += time.thread_time() - start
+
+        assert pipe is not None
+        return pipe(items, timed, use, 1, *pool)  # type: ignore[arg-type]
+
     patched = [
-        mod
+        (mod, attr, counted if attr == "run_ranges" else counted_pipe, was)
         for name, mod in list(sys.modules.items())
-        if name.startswith("flwr_fsl") and getattr(mod, "run_ranges", None) is original
+        if name.startswith("flwr_fsl")
+        for attr, was in (("run_ranges", original), ("pipelined", pipe))
+        if was is not None and getattr(mod, attr, None) is was
     ]
-    for mod in patched:
-        mod.run_ranges = counted  # type: ignore[attr-defined]
+    for mod, attr, new, _ in patched:
+        setattr(mod, attr, new)
     try:
         start = time.thread_time()
         round_fn()
         total = time.thread_time() - start
     finally:
-        for mod in patched:
-            mod.run_ranges = original  # type: ignore[attr-defined]
+        for mod, attr, _, was in patched:
+            setattr(mod, attr, was)
     return total, total - inside[0]
 
 
@@ -353,6 +400,9 @@ def main() -> None:
                 f"Amdahl bound on {cores} cores {bound:.2f})"
             )
         print(f"serial CPU per client outside the server's threads, {label}: " + ", ".join(parts))
+    for kind in kinds:
+        chunk = per_kind[kind][1].get("per_chunk", 1)
+        print(f"{kind}: clients per add_clients chunk (pipelined) {chunk}; baseline 1 at a time")
     for kind in kinds:
         if kind in base:
             _compare(f"{kind}: baseline -> this tree", base[kind], per_kind[kind])

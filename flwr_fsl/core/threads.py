@@ -2,19 +2,23 @@
 
 The SSA servers' evaluation and the clients' key generation both split their work into ranges
 whose numba kernels release the GIL; each kind keeps one pool per thread count for the life of
-the process (threads are started once, not per client).
+the process (threads are started once, not per client). :func:`pipelined` runs a sequence of
+items through two steps, the next item's first step on the pool while the caller does this
+item's second (the SSA servers parse client ``i + 1`` while they evaluate client ``i``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-__all__ = ["run_ranges", "worker_pool"]
+__all__ = ["pipelined", "run_ranges", "worker_pool"]
 
 _T = TypeVar("_T")
+_I = TypeVar("_I")
+_P = TypeVar("_P")
 
 _POOLS: dict[tuple[int, str], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
@@ -73,3 +77,63 @@ def run_ranges(
     futures: list[Future[_T]] = [worker_pool(threads, name).submit(work, j) for j in range(count)]
     wait(futures)
     return [f.result() for f in futures]
+
+
+def pipelined(
+    items: Sequence[_I],
+    prepare: Callable[[_I], _P],
+    use: Callable[[_I, _P | Exception], _T],
+    threads: int,
+    name: str = "fsl-ssa-eval",
+) -> list[_T]:
+    """Return ``[use(x, prepare(x)) for x in items]``, each ``prepare`` one item ahead.
+
+    ``use`` runs in the caller, item after item, in order; while it runs for ``items[i]``,
+    ``prepare(items[i + 1])`` runs as one task on the pool ``name``, so work the caller did
+    alone between two items overlaps the pool's work on the first. ``use`` receives what
+    ``prepare`` returned or the :class:`Exception` it raised (``use`` decides when to raise it:
+    an item fails alone). An error ``use`` raises propagates once the pending ``prepare`` is
+    done. ``prepare`` runs beside ``use``, so it must not touch what ``use`` changes, nor wait
+    for other work on the pool ``name`` (a pool that waits on itself can deadlock).
+
+    Parameters
+    ----------
+    items : Sequence
+        What to process, in order.
+    prepare : callable
+        The first step of an item (no side effects that ``use`` depends on).
+    use : callable
+        The second step: ``use(item, prepared or the exception)``.
+    threads : int
+        The pool's worker count (one or fewer: everything runs in the caller, in order).
+    name : str, optional
+        The pool (:func:`worker_pool`).
+
+    Returns
+    -------
+    list
+        ``use``'s results, in the order of ``items``.
+    """
+    if threads <= 1 or len(items) <= 1:
+        return [use(x, _attempt(prepare, x)) for x in items]
+    pool = worker_pool(threads, name)
+    out: list[_T] = []
+    ready: _P | Exception = _attempt(prepare, items[0])
+    for i, item in enumerate(items):
+        ahead = pool.submit(_attempt, prepare, items[i + 1]) if i + 1 < len(items) else None
+        try:
+            out.append(use(item, ready))
+        finally:
+            if ahead is not None:
+                wait([ahead])
+        if ahead is not None:
+            ready = ahead.result()
+    return out
+
+
+def _attempt(prepare: Callable[[_I], _P], item: _I) -> _P | Exception:
+    """``prepare(item)``, or the :class:`Exception` it raised."""
+    try:
+        return prepare(item)
+    except Exception as err:  # handed to ``use``, which raises it in order
+        return err

@@ -1,4 +1,4 @@
-"""Ring (Z_2^64) kernels: the servers' scatter and inner-product steps, and a wrap-around matmul."""
+"""Ring (Z_2^64) kernels: the servers' scatter, key sums and inner products; a wrapping matmul."""
 
 from __future__ import annotations
 
@@ -96,45 +96,130 @@ def scatter_rows_window(
     items: NDArray[np.int64],
     values: NDArray[np.uint64],
     bins: NDArray[np.int64],
+    shift: int,
     window: tuple[int, int],
 ) -> None:  # pragma: no cover - compiled
     """Do the adds of a scatter that fall in rows ``[lo, hi)`` (threads take disjoint windows).
 
-    ``bins`` empty: ``share[items[j]] += values[j]`` (:func:`scatter_add_rows`); else the CSR
-    bin offsets of a checked round (point ``j`` of bin ``b`` is row ``bins[b] + b + j`` of
-    ``values``: each bin's dummy slot is skipped). Only the first ``share.shape[1]`` words of a
-    point are added. Every thread reads every item; each writes only its own rows, so windows
-    that cover the share add exactly what one whole scatter adds.
+    Bin ``b`` holds items ``bins[b]:bins[b + 1]``, sorted ascending (a simple-hash table's
+    CSR layout); item ``j`` of bin ``b`` adds row ``j + shift * b`` of ``values`` to row
+    ``items[j]`` of ``share`` (``shift`` 1 skips each bin's dummy slot in a checked round,
+    0 has none). Only the first ``share.shape[1]`` words of a point are added. A bin's items
+    in the window are one run, found by binary search, so a thread reads only its own items'
+    values; windows that cover the share add exactly what one whole scatter adds (with
+    unsorted bins only a window holding every row, ``(0, len(share))``, is exact).
     """
     lo, hi = window
-    if bins.shape[0] == 0:
-        _window_run(share, items, values, 0, items.shape[0], 0, lo, hi)
+    tau = share.shape[1]
     for b in range(bins.shape[0] - 1):
-        _window_run(share, items, values, bins[b], bins[b + 1], b, lo, hi)
+        end = bins[b + 1]
+        start = _first_at_least(items, bins[b], end, lo)
+        stop = _first_at_least(items, start, end, hi)
+        offset = shift * b
+        for j in range(start, stop):
+            row = items[j]
+            for t in range(tau):
+                share[row, t] += values[j + offset, t]
+
+
+@njit(cache=True, nogil=True)
+def sorted_bins(items: NDArray[np.int64], bins: NDArray[np.int64]) -> bool:  # pragma: no cover
+    """Whether every bin ``items[bins[b]:bins[b + 1]]`` is sorted ascending."""
+    for b in range(bins.shape[0] - 1):
+        for j in range(bins[b] + 1, bins[b + 1]):
+            if items[j] < items[j - 1]:
+                return False
+    return True
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _window_run(
-    share: NDArray[np.uint64],
-    items: NDArray[np.int64],
-    values: NDArray[np.uint64],
-    start: int,
-    stop: int,
-    shift: int,
-    lo: int,
-    hi: int,
-) -> None:  # pragma: no cover - compiled
-    """Items ``start..stop-1`` (points ``j + shift``): their adds in rows ``[lo, hi)``.
+def _first_at_least(items: NDArray[np.int64], start: int, stop: int, bound: int) -> int:
+    """Return the first ``j`` in ``[start, stop)`` with ``items[j] >= bound`` (else ``stop``)."""
+    while start < stop:
+        mid = (start + stop) >> 1
+        if items[mid] < bound:
+            start = mid + 1
+        else:
+            stop = mid
+    return start
 
-    Branch-free (a window's rows are random): an item outside the window adds zero to the
-    window's first row.
+
+@njit(cache=True, nogil=True)
+def key_sums_rows(
+    values: NDArray[np.uint64],
+    starts: NDArray[np.int64],
+    value_sums: NDArray[np.uint64],
+    counts: NDArray[np.uint64],
+    col: int,
+    add_into: NDArray[np.uint64],
+) -> None:  # pragma: no cover - compiled
+    """Sum each key's rows of ``values``; optionally add the rows into a running sum.
+
+    Key ``q``'s rows are ``starts[q]:starts[q + 1]`` (at least one each). ``value_sums[q]``
+    receives the sum of the key's first ``value_sums.shape[1]`` words, ``counts[q]`` that of
+    its word ``col`` (the count word of a checked point), and every row read is added to the
+    same row of ``add_into``: one pass over rows still in cache (the key check's segment),
+    where ``np.add.reduceat`` and ``np.add`` took two. An empty ``value_sums``, ``counts`` or
+    ``add_into`` (zero rows) switches that part off. All sums wrap modulo ``2**64``.
     """
-    tau = share.shape[1]
-    for j in range(start, stop):
-        row = items[j]
-        inside = (row >= lo) & (row < hi)
-        mask = np.uint64(0) - np.uint64(inside)
-        dst = row if inside else lo
-        p = j + shift
-        for t in range(tau):
-            share[dst, t] += values[p, t] & mask
+    if values.shape[1] == 2:  # one value word and the count (the default round)
+        _key_sums_two(values.reshape(-1), starts, value_sums, counts, col, add_into.reshape(-1))
+    else:
+        _key_sums_any(values, starts, value_sums, counts, col, add_into)
+
+
+@njit(cache=True, nogil=True)
+def _key_sums_two(
+    flat: NDArray[np.uint64],
+    starts: NDArray[np.int64],
+    value_sums: NDArray[np.uint64],
+    counts: NDArray[np.uint64],
+    col: int,
+    into: NDArray[np.uint64],
+) -> None:  # pragma: no cover - compiled
+    """:func:`key_sums_rows` of two-word rows (flattened), the two sums in registers."""
+    do_add = into.shape[0] > 0
+    for q in range(starts.shape[0] - 1):
+        s0 = np.uint64(0)
+        s1 = np.uint64(0)
+        for p in range(starts[q], starts[q + 1]):
+            v0 = flat[2 * p]
+            v1 = flat[2 * p + 1]
+            s0 += v0
+            s1 += v1
+            if do_add:
+                into[2 * p] += v0
+                into[2 * p + 1] += v1
+        if value_sums.shape[0]:
+            value_sums[q, 0] = s0
+            if value_sums.shape[1] > 1:
+                value_sums[q, 1] = s1
+        if counts.shape[0]:
+            counts[q] = s1 if col else s0
+
+
+@njit(cache=True, nogil=True)
+def _key_sums_any(
+    values: NDArray[np.uint64],
+    starts: NDArray[np.int64],
+    value_sums: NDArray[np.uint64],
+    counts: NDArray[np.uint64],
+    col: int,
+    add_into: NDArray[np.uint64],
+) -> None:  # pragma: no cover - compiled
+    """:func:`key_sums_rows` of rows of any width."""
+    tau = values.shape[1]
+    acc = np.zeros(tau, np.uint64)
+    for q in range(starts.shape[0] - 1):
+        acc[:] = 0
+        for p in range(starts[q], starts[q + 1]):
+            for t in range(tau):
+                acc[t] += values[p, t]
+        if add_into.shape[0]:
+            for p in range(starts[q], starts[q + 1]):
+                for t in range(tau):
+                    add_into[p, t] += values[p, t]
+        for t in range(value_sums.shape[1] if value_sums.shape[0] else 0):
+            value_sums[q, t] = acc[t]
+        if counts.shape[0]:
+            counts[q] = acc[col]

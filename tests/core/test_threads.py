@@ -1,4 +1,4 @@
-"""The shared worker pools: results in order, errors after every call, one pool per name."""
+"""The shared worker pools: results in order, errors after every call, pools by name; pipelines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flwr_fsl.core.threads import run_ranges, worker_pool
+from flwr_fsl.core.threads import pipelined, run_ranges, worker_pool
 
 
 def test_results_come_back_in_call_order_on_any_thread_count() -> None:
@@ -39,3 +39,77 @@ def test_pools_are_kept_per_name_and_thread_count() -> None:
     assert worker_pool(3, "fsl-test") is not worker_pool(2, "fsl-test")
     names = run_ranges(lambda _: threading.current_thread().name, 4, 2, "fsl-named")
     assert all(name.startswith("fsl-named") for name in names)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_pipelined_is_prepare_then_use_in_order(threads: int) -> None:
+    used: list[tuple[int, object]] = []
+
+    def prepare(x: int) -> int:
+        if x == 2:
+            raise ValueError("item 2 is bad")
+        return x * 10
+
+    def use(x: int, ready: int | Exception) -> str:
+        used.append((x, ready if isinstance(ready, int) else str(ready)))
+        return f"{x}:{ready}"
+
+    out = pipelined(list(range(5)), prepare, use, threads, "fsl-test")
+    assert out == ["0:0", "1:10", "2:item 2 is bad", "3:30", "4:40"]
+    assert used == [(0, 0), (1, 10), (2, "item 2 is bad"), (3, 30), (4, 40)]
+    assert pipelined([], prepare, use, threads) == []
+
+
+def test_pipelined_prepares_the_next_item_on_the_pool_while_this_one_is_used() -> None:
+    seen: dict[int, str] = {}
+    started = threading.Event()
+
+    def prepare(x: int) -> int:
+        seen[x] = threading.current_thread().name
+        if x == 1:
+            started.set()
+        return x
+
+    def use(x: int, ready: int | Exception) -> int:
+        if x == 0:  # item 1 is prepared while item 0 is still being used
+            assert started.wait(5.0)
+        return x
+
+    assert pipelined([0, 1, 2], prepare, use, 2, "fsl-pipe") == [0, 1, 2]
+    assert seen[0] == threading.current_thread().name  # the first one in the caller
+    assert seen[1].startswith("fsl-pipe") and seen[2].startswith("fsl-pipe")
+
+
+def test_pipelined_raises_an_error_of_use_once_the_next_prepare_is_done() -> None:
+    done: list[int] = []
+
+    def prepare(x: int) -> int:
+        time.sleep(0.02)
+        done.append(x)
+        return x
+
+    def use(x: int, ready: int | Exception) -> int:
+        if x == 1:
+            raise RuntimeError("use failed")
+        return x
+
+    with pytest.raises(RuntimeError, match="use failed"):
+        pipelined([0, 1, 2, 3], prepare, use, 2, "fsl-test")
+    assert done == [0, 1, 2]  # item 2 was being prepared: finished, item 3 never started
+
+
+def test_pipelined_on_one_thread_runs_in_the_caller_in_order() -> None:
+    calls: list[str] = []
+    me = threading.current_thread().name
+
+    def prepare(x: int) -> int:
+        calls.append(f"prepare {x}")
+        assert threading.current_thread().name == me
+        return x
+
+    def use(x: int, ready: int | Exception) -> int:
+        calls.append(f"use {x}")
+        return x
+
+    pipelined([0, 1], prepare, use, 1)
+    assert calls == ["prepare 0", "use 0", "prepare 1", "use 1"]

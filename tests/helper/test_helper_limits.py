@@ -108,6 +108,8 @@ class Tripwires:
             (PSRServer, "answer"),
             (SSAServer, "add_client"),
             (SSAServer, "add_client_hint"),
+            (SSAServer, "prepare"),
+            (SSAServer, "add_prepared"),
             (ssa_sealing, "open_ssa_upload"),
             (ssa_sealing, "open_psr_query"),
         ):
@@ -629,29 +631,23 @@ def test_a_long_add_clients_does_not_hold_up_health_or_other_sessions(transport,
     session B has run a whole round and Health has answered; ordering by events, no timing."""
     service = HelperService(SealingKeyPair.generate())
     started, release, a_done = threading.Event(), threading.Event(), threading.Event()
-    real_add = SSAServer.add_client
+    real_add = SSAServer.add_prepared  # what S1's AddClients calls per client (pipelined)
     spins = [0]
 
-    def slow_add(
-        self: SSAServer,
-        client_id: int,
-        public_part: bytes,
-        seed: bytes,
-        expect: bytes | None = None,
-    ) -> bytes | None:
+    def slow_add(self: SSAServer, item: Any, prepared: Any) -> bytes | None:
         # S1's side of session A's round only (_aggregate runs S0's SSAServer too).
         if self.party == 1 and self.params.round_id == 7 and not started.is_set():
             keys = DPFKeyBatch.from_master_seed(
-                1, parse_public_part(self.params, public_part), seed
+                1, parse_public_part(self.params, item.body), item.master_seed
             )
             started.set()
             deadline = time.monotonic() + 60  # a safety net, never an assertion
             while not release.is_set() and time.monotonic() < deadline:
                 evaluate_batch(keys)
                 spins[0] += 1
-        return real_add(self, client_id, public_part, seed, expect)
+        return real_add(self, item, prepared)
 
-    monkeypatch.setattr(SSAServer, "add_client", slow_add)
+    monkeypatch.setattr(SSAServer, "add_prepared", slow_add)
     server = None
     if transport == "grpc":
         server, port = start_server(service, "127.0.0.1", 0, max_workers=3, token="t0ken")

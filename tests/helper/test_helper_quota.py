@@ -234,14 +234,14 @@ def test_a_session_runs_one_call_and_queues_at_most_one_more(
     params = make_params(1)
     conn.open_round(1, params.to_bytes())
     inside, release = threading.Event(), threading.Event()
-    real_add = SSAServer.add_client
+    real_add = SSAServer.add_prepared  # S1's AddClients adds each client through it
 
     def blocking(self: SSAServer, *args: Any, **kw: Any) -> Any:
         inside.set()
         release.wait(60)
         return real_add(self, *args, **kw)
 
-    monkeypatch.setattr(SSAServer, "add_client", blocking)
+    monkeypatch.setattr(SSAServer, "add_prepared", blocking)
     client = make_clients(1)[0]
     up, sealed = upload_for(params, client, conn.public_key(), session=conn.session_id)
     results: list[Any] = []
@@ -437,14 +437,14 @@ def test_a_busy_s1_refuses_session_calls_beyond_its_workers_but_not_health(
     params = make_params(1)
     conn.open_round(1, params.to_bytes())
     inside, release = threading.Event(), threading.Event()
-    real_add = SSAServer.add_client
+    real_add = SSAServer.add_prepared  # S1's AddClients adds each client through it
 
     def blocking(self: SSAServer, *args: Any, **kw: Any) -> Any:
         inside.set()
         release.wait(60)
         return real_add(self, *args, **kw)
 
-    monkeypatch.setattr(SSAServer, "add_client", blocking)
+    monkeypatch.setattr(SSAServer, "add_prepared", blocking)
     client = make_clients(1)[0]
     up, sealed = upload_for(params, client, conn.public_key(), session=conn.session_id)
     thread = threading.Thread(

@@ -53,19 +53,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.threads import run_ranges
+from flwr_fsl.core.errors import ClientInputError, ConfigurationError
+from flwr_fsl.core.threads import pipelined, run_ranges
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
-    DPFKeyError,
     DPFPublicBatch,
-    UpdateHint,
     next_hint_batch,
     update_batch,
 )
@@ -90,10 +88,13 @@ from flwr_fsl.families.ssa.placement import (
 )
 from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_trailer
 from flwr_fsl.families.ssa.server_eval import (
+    ClientKeys,
+    PreparedKeys,
     evaluate_checked,
     evaluate_plain,
+    parse_head,
+    prepare_keys,
     scatter_share,
-    split_public,
 )
 from flwr_fsl.families.ssa.upload import encode_keys
 from flwr_fsl.families.ssa.upload import key_betas as _betas
@@ -423,31 +424,7 @@ def parse_public_part(params: SSAParams, public_part: bytes) -> DPFPublicBatch:
         If it is malformed or its number of keys, ``tau``, domains or epochs are not the
         round's.
     """
-    return _parse_head(params, split_value_trailer(params, bytes(public_part))[0])
-
-
-def _parse_head(params: SSAParams, public_part: bytes | memoryview) -> DPFPublicBatch:
-    """Decode the keys' public part (without a trailer) and check the round's shape."""
-    try:
-        public = DPFPublicBatch.from_bytes(public_part)  # type: ignore[arg-type]
-    except DPFKeyError as err:
-        raise SSAInputError(f"malformed public part: {err}") from None
-    _check_public(params, public)
-    return public
-
-
-def _check_public(params: SSAParams, public: DPFPublicBatch) -> None:
-    if public.num_keys != params.num_keys:
-        raise SSAInputError(f"{public.num_keys} keys, the round needs {params.num_keys}")
-    if public.tau != params.key_tau:
-        raise SSAInputError(f"tau {public.tau}, the round needs {params.key_tau}")
-    if (public.cw_proof is not None) != params.verify:
-        need = "verifiable keys (with proof words)" if params.verify else "plain keys"
-        raise SSAInputError(f"the round needs {need}")
-    if not np.array_equal(public.domain_bits.astype(np.int64), key_domain_bits(params)):
-        raise SSAInputError("key domains differ from the round's simple table")
-    if np.any(public.epochs != np.uint64(params.epoch)):
-        raise SSAInputError(f"keys are not at the round's epoch {params.epoch}")
+    return parse_head(params, split_value_trailer(params, bytes(public_part))[0])
 
 
 class SSAServer:
@@ -563,13 +540,8 @@ class SSAServer:
             key check; the share is unchanged then.
         """
         self._check_new(client_id)
-        head, trailer = split_public(self.params, public_part)  # no copy of the keys' part
-        public = _parse_head(self.params, head)
-        try:
-            keys = DPFKeyBatch.from_master_seed(self.party, public, bytes(master_seed))
-        except DPFKeyError as err:
-            raise SSAInputError(f"bad master seed: {err}") from None
-        return self._accumulate(client_id, keys, expect, trailer)
+        item = ClientKeys(client_id, public_part, master_seed, expect)
+        return self.add_prepared(item, self.prepare(item))
 
     def add_client_hint(
         self, client_id: int, hint: bytes, expect: bytes | None = None
@@ -585,16 +557,80 @@ class SSAServer:
             updated keys fail the key check, or the client was already added this round.
         """
         self._check_new(client_id)
-        if client_id not in self._previous:
-            raise SSAInputError(f"no stored keys for client {client_id} (send fresh keys)")
-        hint, trailer = split_value_trailer(self.params, bytes(hint))
-        try:
-            parsed = UpdateHint.from_bytes(bytes(hint))
-            keys = update_batch(self._previous[client_id], parsed, self.params.epoch)
-        except (DPFKeyError, ValueError) as err:
-            raise SSAInputError(f"bad hint: {err}") from None
-        _check_public(self.params, keys.public)
-        return self._accumulate(client_id, keys, expect, trailer)
+        item = ClientKeys(client_id, hint, None, expect)
+        return self.add_prepared(item, self.prepare(item))
+
+    def add_clients(self, items: Sequence[ClientKeys]) -> list[bytes | ClientInputError | None]:
+        """Add several clients in order, decoding each next one while this one is evaluated.
+
+        The same as :meth:`add_client` / :meth:`add_client_hint` for each item in turn (the
+        same share, digests, order of :attr:`clients` and errors), but :meth:`prepare` of
+        item ``i + 1`` runs on the server's threads (:func:`~flwr_fsl.core.threads.pipelined`)
+        while item ``i`` is evaluated: with two or more threads the decoding no longer
+        leaves the other cores idle. A client that fails is dropped alone.
+
+        Parameters
+        ----------
+        items : Sequence[ClientKeys]
+            The clients, in the order they are added.
+
+        Returns
+        -------
+        list
+            Per item, in order: its digest (None in a round without checks), or the
+            :class:`~flwr_fsl.core.errors.ClientInputError` (an :class:`SSAInputError`) that
+            rejected it (nothing of it was added then). Any other error propagates, after the
+            clients before it were added (as when adding them one at a time).
+        """
+
+        def use(
+            item: ClientKeys, prepared: PreparedKeys | Exception
+        ) -> bytes | ClientInputError | None:
+            try:
+                return self.add_prepared(item, prepared)
+            except ClientInputError as err:
+                return err
+
+        return pipelined(items, self.prepare, use, self.threads)
+
+    def prepare(self, item: ClientKeys) -> PreparedKeys:
+        """Decode a client's keys, fresh or updated by its hint (:func:`prepare_keys`).
+
+        Reads nothing that adding clients changes: it may run on another thread while this
+        server evaluates another client (:meth:`add_clients`).
+
+        Raises
+        ------
+        SSAInputError
+            As :func:`~flwr_fsl.families.ssa.server_eval.prepare_keys`.
+        """
+        return prepare_keys(self.params, self.party, self._previous, item)
+
+    def add_prepared(self, item: ClientKeys, prepared: PreparedKeys | Exception) -> bytes | None:
+        """Evaluate a prepared client and add it (:meth:`add_client`'s second half).
+
+        Parameters
+        ----------
+        item : ClientKeys
+            The client (its id and ``expect``).
+        prepared : PreparedKeys or Exception
+            :meth:`prepare` of ``item``, or the exception it raised (raised here, after the
+            check that the client is new: the same error :meth:`add_client` raises).
+
+        Returns
+        -------
+        bytes or None
+            As :meth:`add_client`.
+
+        Raises
+        ------
+        SSAInputError
+            As :meth:`add_client` and :meth:`add_client_hint`; the share is unchanged then.
+        """
+        self._check_new(item.client_id)
+        if isinstance(prepared, Exception):
+            raise prepared
+        return self._accumulate(item.client_id, prepared.keys, item.expect, prepared.trailer)
 
     def discard(self, client_id: int) -> None:
         """S0: take a client added since :meth:`forget_recent` back out of the share.

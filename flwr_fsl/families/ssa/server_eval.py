@@ -10,31 +10,62 @@ task beside them, and the ``r`` projections run in column ranges on the threads
 check ran after the evaluation on one thread: a second pass over the output, the hash and an
 int64 matrix product (about as long as the evaluation itself at ``m = 2**20``, ``k/m = 10%``).
 The digest and the check blob are the same bytes (``tests/families/ssa/test_server_check.py``).
+
+Before evaluating, a server decodes what the client sent (:func:`prepare_keys`: the public part
+parsed in place and checked against the round, the root seeds derived; or the stored keys
+updated by a U-DPF hint). That reads no server state, so
+:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.add_clients` decodes client ``i + 1`` on the
+server's threads while it evaluates client ``i`` (session 30). Each key's word sums and the
+running-sum add are one pass over a segment's rows
+(:func:`~flwr_fsl.kernels.ring.key_sums_rows`), and the share scatter reads only each
+window's own items (:func:`scatter_share`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.threads import run_ranges
-from flwr_fsl.crypto.dpf import DPFKeyBatch, evaluate_batch, key_range
+from flwr_fsl.crypto.dpf import (
+    DPFKeyBatch,
+    DPFKeyError,
+    DPFPublicBatch,
+    UpdateHint,
+    evaluate_batch,
+    key_range,
+    update_batch,
+)
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa import range_check
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
+from flwr_fsl.families.ssa.placement import key_domain_bits
 from flwr_fsl.families.ssa.projected_check import (
     public_binding,
     server_projected,
+    split_value_trailer,
     value_round_check,
     value_trailer_bytes,
 )
 from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding
-from flwr_fsl.kernels.ring import scatter_rows_window
+from flwr_fsl.kernels.ring import scatter_rows_window, sorted_bins
 
-__all__ = ["WINDOW_ROWS", "evaluate_checked", "evaluate_plain", "scatter_share", "split_public"]
+__all__ = [
+    "WINDOW_ROWS",
+    "ClientKeys",
+    "PreparedKeys",
+    "check_public",
+    "evaluate_checked",
+    "evaluate_plain",
+    "parse_head",
+    "prepare_keys",
+    "scatter_share",
+    "split_public",
+]
 
 WINDOW_ROWS = 4096
 """Fewest share rows per scatter thread (smaller rounds scatter on fewer threads)."""
@@ -60,6 +91,118 @@ def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, by
         range_check.cut_trailer(blob, size)  # raises its error
         raise SSAInputError("malformed public part")  # pragma: no cover - cut_trailer raised
     return memoryview(blob)[:-size], blob[-size:]
+
+
+def parse_head(params: SSAParams, public_part: bytes | memoryview) -> DPFPublicBatch:
+    """Decode the keys' public part (without a trailer) and check the round's shape.
+
+    Raises
+    ------
+    SSAInputError
+        If it is malformed or not the round's shape (:func:`check_public`).
+    """
+    try:
+        public = DPFPublicBatch.from_bytes(public_part)  # type: ignore[arg-type]
+    except DPFKeyError as err:
+        raise SSAInputError(f"malformed public part: {err}") from None
+    check_public(params, public)
+    return public
+
+
+def check_public(params: SSAParams, public: DPFPublicBatch) -> None:
+    """Check a decoded public part has the round's shape (keys, ``tau``, proofs, domains, epoch).
+
+    Raises
+    ------
+    SSAInputError
+        Naming the first field that differs.
+    """
+    if public.num_keys != params.num_keys:
+        raise SSAInputError(f"{public.num_keys} keys, the round needs {params.num_keys}")
+    if public.tau != params.key_tau:
+        raise SSAInputError(f"tau {public.tau}, the round needs {params.key_tau}")
+    if (public.cw_proof is not None) != params.verify:
+        need = "verifiable keys (with proof words)" if params.verify else "plain keys"
+        raise SSAInputError(f"the round needs {need}")
+    if not np.array_equal(public.domain_bits.astype(np.int64), key_domain_bits(params)):
+        raise SSAInputError("key domains differ from the round's simple table")
+    if np.any(public.epochs != np.uint64(params.epoch)):
+        raise SSAInputError(f"keys are not at the round's epoch {params.epoch}")
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """What one client sent one server in a round: fresh keys or a U-DPF hint.
+
+    Attributes
+    ----------
+    client_id : int
+        The client.
+    body : bytes
+        Fresh keys: their public part; a hint: the serialized hint (with any value trailer).
+    master_seed : bytes or None
+        Fresh keys: this server's 16-byte master seed; None: ``body`` is a U-DPF hint.
+    expect : bytes or None
+        Checked rounds: the other server's check of the client (S1), or None.
+    """
+
+    client_id: int
+    body: bytes
+    master_seed: bytes | None = None
+    expect: bytes | None = None
+
+
+@dataclass(frozen=True)
+class PreparedKeys:
+    """A client's decoded keys, ready to evaluate (:func:`prepare_keys`).
+
+    Attributes
+    ----------
+    keys : DPFKeyBatch
+        This server's key shares.
+    trailer : bytes or None
+        The value check's trailer (None: the round has no value check).
+    """
+
+    keys: DPFKeyBatch
+    trailer: bytes | None
+
+
+def prepare_keys(
+    params: SSAParams,
+    party: int,
+    previous: Mapping[int, DPFKeyBatch],
+    item: ClientKeys,
+) -> PreparedKeys:
+    """Decode a client's keys for a server: fresh ones, or its stored ones updated by its hint.
+
+    ``previous`` holds the server's stored keys of the last epoch (U-DPF); nothing here is
+    written, so it may run on another thread while the server evaluates another client.
+
+    Raises
+    ------
+    SSAInputError
+        If the keys are malformed or not the round's, or (a hint) there are no stored keys
+        for the client or the hint is malformed or stale.
+    """
+    if item.master_seed is None:
+        if item.client_id not in previous:
+            raise SSAInputError(f"no stored keys for client {item.client_id} (send fresh keys)")
+        body, trailer = split_value_trailer(params, bytes(item.body))
+        try:
+            parsed = UpdateHint.from_bytes(bytes(body))
+            keys = update_batch(previous[item.client_id], parsed, params.epoch)
+        except (DPFKeyError, ValueError) as err:
+            raise SSAInputError(f"bad hint: {err}") from None
+        check_public(params, keys.public)
+        return PreparedKeys(keys, trailer)
+    head, trailer = split_public(params, item.body)  # no copy of the keys' part
+    public = parse_head(params, head)
+    try:
+        keys = DPFKeyBatch.from_master_seed(party, public, bytes(item.master_seed))
+    except DPFKeyError as err:
+        raise SSAInputError(f"bad master seed: {err}") from None
+    return PreparedKeys(keys, trailer)
 
 
 def evaluate_checked(
@@ -193,18 +336,21 @@ def scatter_share(
     The bins' points go to their items' rows (a checked round skips each bin's dummy slot),
     the stash keys' points are summed onto the first rows. The random adds run on ``threads``
     threads, each over its own window of rows (:func:`~flwr_fsl.kernels.ring.scatter_rows_window`:
-    no two threads write one row), so the share is the same for any thread count.
+    no two threads write one row, and each reads only its own items: a bin's items are sorted,
+    so its items in a window are one run), so the share is the same for any thread count.
     """
     n_bin = int(table.bin_offsets[-1]) + (table.num_bins if params.verify else 0)
-    bins = table.bin_offsets if params.verify else np.zeros(0, np.int64)
     m = params.domain_size
     parts = max(1, min(threads, m // WINDOW_ROWS))  # small rounds: one thread
+    if parts > 1 and not sorted_bins(table.bin_items, table.bin_offsets):
+        parts = 1  # (not a simple_hash table) one window holding every row is exact
     bounds = np.linspace(0, m, parts + 1).astype(np.int64)
+    bounds[-1] = share.shape[0]  # every row (the last window also holds any discard row)
+    shift = int(params.verify)
 
     def window(j: int) -> None:
-        scatter_rows_window(
-            share, table.bin_items, values, bins, (int(bounds[j]), int(bounds[j + 1]))
-        )
+        span = (int(bounds[j]), int(bounds[j + 1]))
+        scatter_rows_window(share, table.bin_items, values, table.bin_offsets, shift, span)
 
     run_ranges(window, parts, threads)
     if params.stash_size:

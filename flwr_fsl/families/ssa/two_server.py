@@ -79,6 +79,7 @@ from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFKeyError
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.families.ssa.dp import noise_std, noise_words
 from flwr_fsl.families.ssa.protocol import (
+    ClientKeys,
     SSAInputError,
     SSAParams,
     SSAResult,
@@ -598,7 +599,7 @@ class LeadServer:
         chunk: list[tuple[int, ClientUpload]],
         rejected: dict[int, str],
     ) -> tuple[list[tuple[int, ClientUpload]], dict[int, bytes | None]]:
-        """S0 evaluates one chunk first; return the clients to relay and S0's digests.
+        """S0 evaluates one chunk first (add_clients); return the clients to relay, S0's digests.
 
         In a checked round S0's key-check digest of each client travels with its upload; S1
         adds the client only if its own digest is equal and returns it; a client whose S1
@@ -607,19 +608,19 @@ class LeadServer:
         """
         digests: dict[int, bytes | None] = {}
         relay: list[tuple[int, ClientUpload]] = []
-        for client, upload in chunk:
-            try:
-                if upload.hint is not None:
-                    digests[client] = server0.add_client_hint(client, upload.hint)
-                else:
-                    digests[client] = server0.add_client(
-                        client, upload.public_part, upload.master_seed
-                    )
-            except ClientInputError as err:
-                rejected[client] = f"rejected by S0: {err}"
+        items = [
+            ClientKeys(client, upload.hint, None)
+            if upload.hint is not None
+            else ClientKeys(client, upload.public_part, upload.master_seed)
+            for client, upload in chunk
+        ]
+        for (client, upload), result in zip(chunk, server0.add_clients(items), strict=True):
+            if isinstance(result, ClientInputError):
+                rejected[client] = f"rejected by S0: {result}"
                 if upload.hint is not None:
                     self.keys_of(server0.params).pop(client, None)  # send fresh keys next time
                 continue
+            digests[client] = result
             relay.append((client, upload))
         return relay, digests
 

@@ -123,6 +123,7 @@ from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_ra
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.range_check import same_check
+from flwr_fsl.kernels.ring import key_sums_rows
 
 __all__ = [
     "DIGEST_BYTES",
@@ -439,9 +440,8 @@ class KeyCheck:
                 proofs = buf[: b - a]
                 part = key_range(keys, lo, hi)
                 evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
-                self._key_sums(values, (lo, hi), sums, value_sums)
+                self._key_sums(values, (lo, hi), sums, value_sums, add_into)
                 if add_into is not None:
-                    np.add(add_into[a:b], values[a:b], out=add_into[a:b])
                     added.append((a, b))  # list.append is atomic
                 data = proofs.data.cast("B")  # little-endian words, in place
                 if mac is None:
@@ -479,20 +479,23 @@ class KeyCheck:
         keys: tuple[int, int],
         sums: NDArray[np.uint64] | None,
         value_sums: NDArray[np.uint64] | None,
+        add_into: NDArray[np.uint64] | None,
     ) -> None:
-        """Sum keys ``lo..hi-1``'s count words into ``sums``, value words into ``value_sums``."""
+        """Keys ``lo..hi-1``: count words into ``sums``, value words into ``value_sums``.
+
+        Their rows are also added to ``add_into``, in the same pass
+        (:func:`~flwr_fsl.kernels.ring.key_sums_rows`).
+        """
         lo, hi = keys
-        a, b = int(self.offsets[lo]), int(self.offsets[hi])
-        starts = self.offsets[lo:hi] - a  # every key has a point (its dummy slot)
-        col = self.params.tau - 1  # the count word (padding, if any, comes after it)
-        if value_sums is not None:  # one pass for the value and count words
-            width = value_sums.shape[1]
-            keyed = np.add.reduceat(values[a:b, : max(width, col + 1)], starts, axis=0)
-            value_sums[lo:hi] = keyed[:, :width]
-            if sums is not None:
-                sums[lo:hi] = keyed[:, col]
-        elif sums is not None:
-            sums[lo:hi] = np.add.reduceat(values[a:b, col], starts)
+        none = np.zeros((0, values.shape[1]), np.uint64)  # a part switched off
+        key_sums_rows(
+            values,
+            self.offsets[lo : hi + 1],  # every key has a point (its dummy slot)
+            none[:, :1] if value_sums is None else value_sums[lo:hi],
+            none[:, 0] if sums is None else sums[lo:hi],
+            self.params.tau - 1,  # the count word (padding, if any, comes after it)
+            none if add_into is None else add_into,
+        )
 
 
 def _gmac_streamed(key: bytes, nonce: bytes, data: memoryview) -> bytes:

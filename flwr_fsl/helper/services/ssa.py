@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,11 +81,14 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.privacy import PrivacyAccount
+from flwr_fsl.core.threads import pipelined
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.families.ssa import sealing as ssa_sealing
 from flwr_fsl.families.ssa.dp import noise_std, noise_words
 from flwr_fsl.families.ssa.protocol import (
+    ClientKeys,
+    PreparedKeys,
     SSAInputError,
     SSAParams,
     SSAServer,
@@ -101,6 +104,9 @@ from flwr_fsl.helper.service import PARTY, Method, Session
 
 if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService
+
+_Ready = tuple[ssa_sealing.OpenedUpload, PreparedKeys | Exception]
+"""A fresh upload opened and decoded ahead (or the error decoding raised)."""
 
 __all__ = [
     "BUDGET",
@@ -271,47 +277,70 @@ class SSAService:
         ids = [item.client_id for item in message.uploads]
         budget(state).admit("AddClients", state.submitted, ids, query=False)
         charge_keys(session, state, ids)
-        results = []
-        for item in message.uploads:
-            reason = claim(state.submitted, item.client_id, rid)
-            if reason is None:
-                try:
-                    self._add_upload(state, item.client_id, item.public_part, item.sealed)
-                except SignerRefusedError as err:
-                    reason = str(err)
-                except ClientInputError as err:
-                    reason = f"{type(err).__name__}: {err}"
-            results.append(client_result(item.client_id, reason))
+        rows = [(i.client_id, i.public_part, i.sealed, None) for i in message.uploads]
+        results = [
+            client_result(row[0], reason)
+            for row, (reason, _) in zip(rows, self._add_uploads(state, rows), strict=True)
+        ]
         log_results("AddClients", rid, results)
         return wire.ClientResultsResponse(tuple(results))
 
-    def _add_upload(
-        self,
-        state: SSARound,
-        client: int,
-        public: bytes,
-        sealed: bytes,
-        expect: bytes | None = None,
-    ) -> bytes | None:
-        """Open one client's sealed seed, check its signer and add its fresh keys.
+    def _add_uploads(
+        self, state: SSARound, rows: Sequence[tuple[int, bytes, bytes, bytes | None]]
+    ) -> list[tuple[str | None, bytes | None]]:
+        """Add clients' fresh keys in order; return each one's ``(reason refused, digest)``.
 
-        The keys are checked against S0's digest ``expect`` in a checked round.
-
-        Raises
-        ------
-        ClientInputError
-            If the material does not open, its signer is refused (:class:`SignerRefusedError`)
-            or the keys are malformed or fail the key check.
+        Each row is ``(client, public part, sealed seed, S0's digest or None)``. A client is
+        claimed (one submission per round), its sealed seed opened, its signer checked and its
+        keys added (checked against S0's digest ``expect`` in a checked round), in that order;
+        a client that fails is refused alone with the reason. Opening a client's seal (which
+        hashes its public part) and decoding its keys read no round state, so the next
+        client's run on S1's threads while this one is evaluated
+        (:func:`~flwr_fsl.core.threads.pipelined`, :meth:`SSAServer.prepare`).
         """
-        opened = ssa_sealing.open_ssa_upload(
-            self.host.keypair, sealed, binding=state.binding, client_id=client, public_part=public
-        )
-        reason = self._signer_refused(state, client, opened.signer)
-        if reason is not None:
-            raise SignerRefusedError(reason)
-        digest = state.ssa.add_client(client, public, opened.master_seed, expect)
-        state.signers[opened.signer] = client
-        return digest
+        rid = state.params.round_id
+
+        def prepare(row: tuple[int, bytes, bytes, bytes | None]) -> _Ready:
+            client, public, sealed, _ = row
+            opened = ssa_sealing.open_ssa_upload(
+                self.host.keypair,
+                sealed,
+                binding=state.binding,
+                client_id=client,
+                public_part=public,
+            )
+            try:
+                keys: PreparedKeys | Exception = state.ssa.prepare(
+                    ClientKeys(client, public, opened.master_seed)
+                )
+            except Exception as err:  # raised in order, by add_prepared
+                keys = err
+            return opened, keys
+
+        def use(
+            row: tuple[int, bytes, bytes, bytes | None], ready: _Ready | Exception
+        ) -> tuple[str | None, bytes | None]:
+            client, public, _, expect = row
+            reason = claim(state.submitted, client, rid)
+            if reason is not None:
+                return reason, None
+            try:
+                if isinstance(ready, Exception):
+                    raise ready  # the seal did not open
+                opened, keys = ready
+                refused = self._signer_refused(state, client, opened.signer)
+                if refused is not None:
+                    raise SignerRefusedError(refused)
+                item = ClientKeys(client, public, opened.master_seed, expect)
+                digest = state.ssa.add_prepared(item, keys)
+            except SignerRefusedError as err:
+                return str(err), None
+            except ClientInputError as err:
+                return f"{type(err).__name__}: {err}", None
+            state.signers[opened.signer] = client
+            return None, digest
+
+        return pipelined(rows, prepare, use, state.ssa.threads)
 
     def _add_hint(
         self,
@@ -369,20 +398,23 @@ class SSAService:
         ids = [item.client_id for item in message.items]
         budget(state).admit(name, state.submitted, ids, query=False)
         charge_keys(session, state, ids)
+        if name == "AddCheckedClients":
+            rows = [(i.client_id, i.body, i.sealed, i.digest) for i in message.items]
+            results = [
+                client_result(row[0], reason, digest or b"")
+                for row, (reason, digest) in zip(rows, self._add_uploads(state, rows), strict=True)
+            ]
+            log_results(name, rid, results)
+            return wire.ClientResultsResponse(tuple(results))
         results = []
         for item in message.items:
             reason = claim(state.submitted, item.client_id, rid)
             digest: bytes | None = None
             if reason is None:
                 try:
-                    if name == "AddCheckedHints":
-                        digest = self._add_hint(
-                            session, state, item.client_id, item.body, item.sealed, item.digest
-                        )
-                    else:
-                        digest = self._add_upload(
-                            state, item.client_id, item.body, item.sealed, item.digest
-                        )
+                    digest = self._add_hint(
+                        session, state, item.client_id, item.body, item.sealed, item.digest
+                    )
                 except SignerRefusedError as err:
                     reason = str(err)
                 except ClientInputError as err:
