@@ -286,7 +286,6 @@ def encode_update(
         The round's simple table (computed if omitted).
     threads : int, optional
         Placement and Gen threads (None: :func:`~flwr_fsl.families.ssa.verify.resolve_threads`).
-        Same upload.
 
     Returns
     -------
@@ -303,8 +302,7 @@ def encode_update(
     payload = payload_words(params, values, weights, rng)
     if payload.shape[0] != idx.size:
         raise ConfigurationError("the number of value rows differs from the number of indices")
-    threads = resolve_threads(threads)
-    placement = place_indices(params, idx, table, rng, threads)
+    placement = place_indices(params, idx, table, rng, threads := resolve_threads(threads))
     if master_seeds is None:
         master_seeds = (random_seeds(1).tobytes(), random_seeds(1).tobytes())
     gen = (master_seeds, threads, value_trailer)  # (this module's: tests patch it)
