@@ -25,6 +25,21 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _PARTITION_ENTRIES = 8192  # entries per partition of the two-level simple-table sort
 
 
+@njit(cache=True, nogil=True, inline="always")
+def first_at_least(items: NDArray[np.int64], start: int, stop: int, bound: int) -> int:
+    """Return the first ``j`` in ``[start, stop)`` with ``items[j] >= bound`` (else ``stop``).
+
+    ``items[start:stop]`` is sorted ascending (one bin of a simple table's CSR layout).
+    """
+    while start < stop:
+        mid = (start + stop) >> 1
+        if items[mid] < bound:
+            start = mid + 1
+        else:
+            stop = mid
+    return start
+
+
 @njit(cache=True, inline="always")
 def _fastrange(word: np.uint64, n: np.uint64) -> np.uint64:  # pragma: no cover - jitted
     """Return ``floor(word * n / 2**64)``, a near-uniform map of ``word`` onto ``[0, n)``.
@@ -350,14 +365,7 @@ def lookup_positions(
         x = indices[q]
         start = bin_offsets[b]
         stop = bin_offsets[b + 1]
-        lo = start
-        hi = stop
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if bin_items[mid] < x:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = first_at_least(bin_items, start, stop, x)
         if lo < stop and bin_items[lo] == x:
             out[q] = lo - start
         else:

@@ -6,6 +6,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+from flwr_fsl.kernels.hashing import first_at_least
+
 
 @njit(cache=True, nogil=True)
 def scatter_add_rows(
@@ -113,8 +115,8 @@ def scatter_rows_window(
     tau = share.shape[1]
     for b in range(bins.shape[0] - 1):
         end = bins[b + 1]
-        start = _first_at_least(items, bins[b], end, lo)
-        stop = _first_at_least(items, start, end, hi)
+        start = first_at_least(items, bins[b], end, lo)
+        stop = first_at_least(items, start, end, hi)
         offset = shift * b
         for j in range(start, stop):
             row = items[j]
@@ -130,18 +132,6 @@ def sorted_bins(items: NDArray[np.int64], bins: NDArray[np.int64]) -> bool:  # p
             if items[j] < items[j - 1]:
                 return False
     return True
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _first_at_least(items: NDArray[np.int64], start: int, stop: int, bound: int) -> int:
-    """Return the first ``j`` in ``[start, stop)`` with ``items[j] >= bound`` (else ``stop``)."""
-    while start < stop:
-        mid = (start + stop) >> 1
-        if items[mid] < bound:
-            start = mid + 1
-        else:
-            stop = mid
-    return start
 
 
 @njit(cache=True, nogil=True)
