@@ -123,11 +123,12 @@ __all__ = [
     "update_batch",
 ]
 
-# AES blocks per full-domain chunk (256 KiB per level buffer: the four fit a 2 MiB L2). With
-# the chunk loop in one native call the per-chunk cost is small, and 2^14 measured 2-3%
-# (depth 9), 2-4% (depth 20) and 5-8% (depths 4..9) faster than 2^15 on this machine's 2 MiB-L2
-# cores, the checked evaluation unchanged (dpf_bench, same run). (2^15 had been ~10% faster
-# than 2^14 with the Python driver on a 1 MiB-L2 core.)
+# AES blocks per full-domain chunk (256 KiB per level buffer). With the chunk loop in one
+# native call the per-chunk cost is small, and 2^14 measured 2-3% (depth 9), 2-4% (depth 20)
+# and 5-8% (depths 4..9) faster than 2^15 on 2 MiB-L2 cores (dpf_bench, same run). On a
+# 512 KiB-L2 core (session 31, load 3-5) 2^13 ran as fast as 2^14 within the noise and
+# smaller chunks slower: the level passes alone took 66 / 68 / 73 / 87 / 106 ms at 2^14 ..
+# 2^10 (100k keys, depth 9; per-chunk overhead outweighs the cache misses it saves).
 _FD_BUDGET = 1 << 14
 
 # Parts of the native chunk loop that run (kernels.dpf_eval.fd_core; 15: all). The benchmark

@@ -17,6 +17,11 @@ corrected child block is the next input as it stands. A leaf seed (bit 0 clear) 
 A correction word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]`` (bit 0:
 left control-bit correction, bit 1: right).
 
+The per-node arithmetic of the full-domain passes (both children of a parent, a leaf's
+conversion block, a leaf's output words) runs on 128-bit vectors through small LLVM intrinsics
+(:func:`_mmo_children`, :func:`_mmo_leaf_children`, :func:`_leaf_words_nt`): LLVM left
+numba's scalar form of the same words unvectorized.
+
 Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
 would promote to float64 in numba); every kernel is ``cache=True`` and writes into buffers the
 caller allocated once and reuses.
@@ -25,6 +30,7 @@ caller allocated once and reuses.
 from __future__ import annotations
 
 import platform
+import sys
 
 import numpy as np
 from llvmlite import binding, ir
@@ -39,6 +45,8 @@ FOUR = np.uint64(4)
 FIVE = np.uint64(5)
 SIX = np.uint64(6)
 SEVEN = np.uint64(7)
+EIGHT = np.uint64(8)
+SIXTEEN = np.uint64(16)
 CLEAR = ~np.uint64(1)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _X86_64 = platform.machine().lower() in ("x86_64", "amd64")
@@ -61,20 +69,22 @@ def _store_nt(typingctx, arr, idx, val):  # type: ignore[no-untyped-def]
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        if _X86_64:
-            # ``movnti`` itself: LLVM's SLP vectorizer merged two adjacent stores marked
-            # non-temporal into one unaligned vector store, which x86 then emits as a plain
-            # store (no ``movnti`` was left in fd_leaves, and ``nt`` had no effect).
-            fnty = ir.FunctionType(ir.VoidType(), [ptr.type, args[2].type])
-            builder.asm(fnty, "movntiq $1, ($0)", "r,r,~{memory}", [ptr, args[2]], True)
-            return
-        st = builder.store(args[2], ptr)
-        st.set_metadata(
-            "nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        )
+        _emit_store_nt(builder, builder.gep(ary.data, [args[1]]), args[2])
 
     return sig, codegen
+
+
+def _emit_store_nt(builder, ptr, val):  # type: ignore[no-untyped-def]
+    """Emit ``*ptr = val`` (one 64-bit word) as a non-temporal store."""
+    if _X86_64:
+        # ``movnti`` itself: LLVM's SLP vectorizer merged two adjacent stores marked
+        # non-temporal into one unaligned vector store, which x86 then emits as a plain
+        # store (no ``movnti`` was left in fd_leaves, and ``nt`` had no effect).
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, val.type])
+        builder.asm(fnty, "movntiq $1, ($0)", "r,r,~{memory}", [ptr, val], True)
+        return
+    st = builder.store(val, ptr)
+    st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
 
 
 @intrinsic
@@ -90,6 +100,121 @@ def _sfence(typingctx):  # type: ignore[no-untyped-def]
             builder.call(fn, [])
         else:
             builder.fence("seq_cst")
+
+    return sig, codegen
+
+
+def _v2(builder, lo, hi):  # type: ignore[no-untyped-def]
+    """Build the ``<2 x i64>`` vector ``(lo, hi)``."""
+    vec = ir.Constant(ir.VectorType(ir.IntType(64), 2), None)
+    vec = builder.insert_element(vec, lo, ir.Constant(ir.IntType(32), 0))
+    return builder.insert_element(vec, hi, ir.Constant(ir.IntType(32), 1))
+
+
+def _v2_ptr(builder, addr):  # type: ignore[no-untyped-def]
+    """``addr`` (a ``uint64``) as a pointer to one 16-byte block."""
+    return builder.inttoptr(addr, ir.VectorType(ir.IntType(64), 2).as_pointer())
+
+
+def _mmo_children_ir(builder, args):  # type: ignore[no-untyped-def]
+    """Both corrected children of one parent block as two ``<2 x i64>`` vectors.
+
+    ``args`` are the addresses of the parent block and its left and right ciphertexts, then
+    ``cl0, cr0, scw1`` (the corrections, control-bit correction in bit 0). The parent's bit 0
+    selects the correction: ``child_c = enc_c ^ s ^ (cw_c & -(s & 1))``.
+    """
+    s_p, l_p, r_p, cl0, cr0, scw1 = args[:6]
+    s = builder.load(_v2_ptr(builder, s_p), align=8)
+    left = builder.load(_v2_ptr(builder, l_p), align=8)
+    right = builder.load(_v2_ptr(builder, r_p), align=8)
+    i32 = ir.IntType(32)
+    s0 = builder.extract_element(s, ir.Constant(i32, 0))
+    m = builder.sub(ir.Constant(s0.type, 0), builder.and_(s0, ir.Constant(s0.type, 1)))
+    mask = _v2(builder, m, m)
+    c_l = builder.xor(builder.xor(left, s), builder.and_(_v2(builder, cl0, scw1), mask))
+    c_r = builder.xor(builder.xor(right, s), builder.and_(_v2(builder, cr0, scw1), mask))
+    return c_l, c_r
+
+
+@intrinsic
+def _mmo_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, out_p):  # type: ignore[no-untyped-def]
+    """Write one parent's corrected children (32 bytes) at ``out_p``: 128-bit operations.
+
+    All arguments are ``uint64`` (addresses and correction words; see :func:`_mmo_children_ir`).
+    numba's scalar code for the same words was not vectorized by LLVM (four 8-byte loads,
+    stores and masks per child).
+    """
+    sig = types.void(*([types.uint64] * 7))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        c_l, c_r = _mmo_children_ir(builder, args)
+        out = _v2_ptr(builder, args[6])
+        builder.store(c_l, out, align=8)
+        builder.store(c_r, builder.gep(out, [ir.Constant(ir.IntType(64), 1)]), align=8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _mmo_leaf_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, e, out_p, t_p):  # type: ignore[no-untyped-def]  # noqa: PLR0913
+    """Like :func:`_mmo_children`, the children as conversion blocks and control bits.
+
+    Child ``c``'s block becomes ``(child_0 & ~1 ^ 2, child_1 ^ e)`` at ``out_p + 16 c`` (one
+    conversion block per leaf, ``half_w == 1``) and its bit 0 the byte at ``t_p + c`` (both
+    bytes in one 16-bit store).
+    """
+    sig = types.void(*([types.uint64] * 9))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        c_l, c_r = _mmo_children_ir(builder, args)
+        i64 = ir.IntType(64)
+        keep = _v2(builder, ir.Constant(i64, 0xFFFFFFFFFFFFFFFE), ir.Constant(i64, -1))
+        flip = _v2(builder, ir.Constant(i64, 2), args[6])
+        out = _v2_ptr(builder, args[7])
+        bits = []
+        for c, child in enumerate((c_l, c_r)):
+            conv = builder.xor(builder.and_(child, keep), flip)
+            builder.store(conv, builder.gep(out, [ir.Constant(i64, c)]), align=8)
+            bits.append(builder.extract_element(child, ir.Constant(ir.IntType(32), 0)))
+        one = ir.Constant(i64, 1)
+        lo, hi = (bits[0], bits[1]) if sys.byteorder == "little" else (bits[1], bits[0])
+        both = builder.or_(
+            builder.and_(lo, one), builder.shl(builder.and_(hi, one), ir.Constant(i64, 8))
+        )
+        i16 = ir.IntType(16)
+        builder.store(
+            builder.trunc(both, i16), builder.inttoptr(args[8], i16.as_pointer()), align=1
+        )
+
+    return sig, codegen
+
+
+@intrinsic
+def _leaf_words_nt(typingctx, enc_p, blk_p, t, c0, c1, sgn, out_p):  # type: ignore[no-untyped-def]
+    """One leaf's two output words ``(H(s) + t * CW_leaf) ^ sgn - sgn`` with two ``movnti``.
+
+    ``enc_p``/``blk_p`` address the leaf's value-key ciphertext and conversion block, ``t`` is
+    its control bit, ``(c0, c1)`` its key's leaf correction and ``sgn`` ``0`` or ``~0`` (party
+    1 negates); the words go to ``out_p`` and ``out_p + 8``. The arithmetic runs on one
+    128-bit vector, the stores stay 8-byte non-temporal (see :func:`_store_nt`).
+    """
+    sig = types.void(*([types.uint64] * 7))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        enc_p, blk_p, t, c0, c1, sgn, out_p = args
+        i64 = ir.IntType(64)
+        h = builder.xor(
+            builder.load(_v2_ptr(builder, enc_p), align=8),
+            builder.load(_v2_ptr(builder, blk_p), align=8),
+        )
+        m = builder.sub(ir.Constant(i64, 0), t)
+        y = builder.add(h, builder.and_(_v2(builder, c0, c1), _v2(builder, m, m)))
+        sv = _v2(builder, sgn, sgn)
+        y = builder.sub(builder.xor(y, sv), sv)
+        ptr = builder.inttoptr(out_p, i64.as_pointer())
+        for w in range(2):
+            word = builder.extract_element(y, ir.Constant(ir.IntType(32), w))
+            _emit_store_nt(builder, builder.gep(ptr, [ir.Constant(i64, w)]), word)
 
     return sig, codegen
 
@@ -234,6 +359,12 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
     er = enc_r.reshape(-1)
     si = seeds_in.reshape(-1)
     bo = blocks_out.reshape(-1)
+    # Addresses for the 128-bit per-parent intrinsics (:func:`_mmo_children`).
+    s_base = np.uint64(seeds_in.ctypes.data)
+    l_base = np.uint64(enc_l.ctypes.data)
+    r_base = np.uint64(enc_r.ctypes.data)
+    o_base = np.uint64(blocks_out.ctypes.data)
+    t_base = np.uint64(t_out.ctypes.data)
     pos_in = 0
     pos_out = 0
     for k in range(lo, hi):
@@ -276,24 +407,14 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
         pin = np.uint64(pos_in)
         po = np.uint64(pos_out)
         if last and half_w == 1:
-            # One conversion block per leaf (tau <= 2): the fast path, straight-line code.
+            # One conversion block per leaf (tau <= 2): the fast path, 128-bit operations.
             for i in range(nn):
-                p = pin + np.uint64(i)
+                off = SIXTEEN * (pin + np.uint64(i))
                 qn = po + TWO * np.uint64(i)
-                a = TWO * p
-                s0 = si[a]
-                s1 = si[a + ONE]
-                mask = ZERO - (s0 & ONE)
-                v0 = el[a] ^ s0 ^ (cl0 & mask)
-                w0 = er[a] ^ s0 ^ (cr0 & mask)
-                c1 = s1 ^ (scw1 & mask) ^ e
-                t_out[qn] = np.uint8(v0 & ONE)
-                t_out[qn + ONE] = np.uint8(w0 & ONE)
-                b = TWO * qn
-                bo[b] = (v0 & CLEAR) ^ TWO
-                bo[b + ONE] = el[a + ONE] ^ c1
-                bo[b + TWO] = (w0 & CLEAR) ^ TWO
-                bo[b + THREE] = er[a + ONE] ^ c1
+                _mmo_leaf_children(
+                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1, e,
+                    o_base + SIXTEEN * qn, t_base + qn,
+                )  # type: ignore[call-arg]  # fmt: skip
         elif last:
             hw = np.uint64(half_w)
             for i in range(nn):
@@ -320,19 +441,15 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
                         bo[ubase + TWO * jj + ONE] = v1 ^ e
         else:
             # The control bit rides in bit 0 of every block: the child block, corrected, is the
-            # next level's AES input as it stands (no control-bit arrays, no clearing).
+            # next level's AES input as it stands (no control-bit arrays, no clearing). The
+            # 128-bit form took 10% less time than the scalar one for the passes alone (100k
+            # keys, depth 9; both in one process, load 3-5).
             for i in range(nn):
-                p = pin + np.uint64(i)
-                a = TWO * p
-                s0 = si[a]
-                s1 = si[a + ONE]
-                mask = ZERO - (s0 & ONE)
-                c1 = s1 ^ (scw1 & mask)
-                b = TWO * (po + TWO * np.uint64(i))
-                bo[b] = el[a] ^ s0 ^ (cl0 & mask)
-                bo[b + ONE] = el[a + ONE] ^ c1
-                bo[b + TWO] = er[a] ^ s0 ^ (cr0 & mask)
-                bo[b + THREE] = er[a + ONE] ^ c1
+                off = SIXTEEN * (pin + np.uint64(i))
+                _mmo_children(
+                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
+                    o_base + SIXTEEN * (po + TWO * np.uint64(i)),
+                )  # type: ignore[call-arg]  # fmt: skip
         pos_out += nc
         pos_in += nn
     return pos_out
@@ -368,6 +485,9 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
     bw = blocks.reshape(-1)
     # Party 1 negates: y -> (y ^ sgn) - sgn with sgn = ~0 (two's complement), branch-free.
     sgn = ZERO - np.uint64(party != 0)
+    e_base = np.uint64(enc.ctypes.data)  # addresses for _leaf_words_nt
+    b_base = np.uint64(blocks.ctypes.data)
+    o_base = np.uint64(out.ctypes.data)
     pos = 0
     for k in range(lo, hi):
         key = tasks_i[k, 0]
@@ -388,11 +508,10 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
                 for i in range(n_full):
                     ui = np.uint64(i)
                     leaf = upos + ui
-                    mask = ZERO - np.uint64(t_in[leaf])
-                    y0 = (ew[TWO * leaf] ^ bw[TWO * leaf]) + (c0 & mask)
-                    y1 = (ew[TWO * leaf + ONE] ^ bw[TWO * leaf + ONE]) + (c1 & mask)
-                    _store_nt(out, uow0 + TWO * ui, (y0 ^ sgn) - sgn)  # type: ignore[call-arg]
-                    _store_nt(out, uow0 + TWO * ui + ONE, (y1 ^ sgn) - sgn)
+                    _leaf_words_nt(
+                        e_base + SIXTEEN * leaf, b_base + SIXTEEN * leaf, np.uint64(t_in[leaf]),
+                        c0, c1, sgn, o_base + EIGHT * (uow0 + TWO * ui),
+                    )  # type: ignore[call-arg]  # fmt: skip
             else:
                 for i in range(n_full):
                     ui = np.uint64(i)

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
+from flwr_fsl.kernels.dpf_kernels import _leaf_words_nt, _mmo_children, _mmo_leaf_children
 
 from .test_dpf import _reference_eval
 
@@ -147,3 +149,55 @@ def test_native_split_equals_the_python_split(seed, tau, max_h):
             assert a.dtype == b.dtype
             assert np.array_equal(a, b)
         assert log_n == log_p
+
+
+@njit(cache=False)
+def _vector_kernels(blocks, scalars, party):  # pragma: no cover - numba
+    """Run the 128-bit per-node intrinsics of fd_level / fd_leaves on ``blocks[0..2]``."""
+    children = np.zeros((2, 2), dtype=np.uint64)
+    conv = np.zeros((2, 2), dtype=np.uint64)
+    bits = np.zeros(2, dtype=np.uint8)
+    words = np.zeros(3, dtype=np.uint64)  # odd word offset: the output need not be aligned
+    base = np.uint64(blocks.ctypes.data)
+    s, lp, rp = base, base + np.uint64(16), base + np.uint64(32)
+    cl0, cr0, scw1, e, c0, c1 = (
+        scalars[0],
+        scalars[1],
+        scalars[2],
+        scalars[3],
+        scalars[4],
+        scalars[5],
+    )
+    _mmo_children(s, lp, rp, cl0, cr0, scw1, np.uint64(children.ctypes.data))
+    _mmo_leaf_children(
+        s, lp, rp, cl0, cr0, scw1, e, np.uint64(conv.ctypes.data), np.uint64(bits.ctypes.data)
+    )
+    sgn = np.uint64(0) - np.uint64(party)
+    t = blocks[0, 0] & np.uint64(1)
+    _leaf_words_nt(lp, rp, t, c0, c1, sgn, np.uint64(words.ctypes.data) + np.uint64(8))
+    return children, conv, bits, words[1:]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    words=st.lists(st.integers(0, 2**64 - 1), min_size=12, max_size=12),
+    party=st.integers(0, 1),
+)
+def test_vector_node_kernels_equal_the_scalar_formulas(words, party):
+    """The 128-bit intrinsics compute the words of the scalar code they replaced."""
+    blocks = np.array(words[:6], dtype=U64).reshape(3, 2)
+    scalars = np.array(words[6:], dtype=U64)
+    children, conv, bits, out = _vector_kernels(blocks, scalars, party)
+    (s0, s1), (l0, l1), (r0, r1) = (tuple(int(x) for x in b) for b in blocks)
+    cl0, cr0, scw1, e, c0, c1 = (int(x) for x in scalars)
+    m = (1 << 64) - 1 if s0 & 1 else 0
+    want = [
+        (l0 ^ s0 ^ (cl0 & m), l1 ^ s1 ^ (scw1 & m)),
+        (r0 ^ s0 ^ (cr0 & m), r1 ^ s1 ^ (scw1 & m)),
+    ]
+    assert children.tolist() == [list(w) for w in want]
+    assert conv.tolist() == [[(w0 & ~1 & (2**64 - 1)) ^ 2, w1 ^ e] for w0, w1 in want]
+    assert bits.tolist() == [want[0][0] & 1, want[1][0] & 1]
+    t = (1 << 64) - 1 if s0 & 1 else 0
+    y = [((l0 ^ r0) + (c0 & t)) % 2**64, ((l1 ^ r1) + (c1 & t)) % 2**64]
+    assert out.tolist() == ([(-v) % 2**64 for v in y] if party else y)
