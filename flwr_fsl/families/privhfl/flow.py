@@ -352,14 +352,8 @@ class QuerierDeals:
 
     Parameters
     ----------
-    config : PrivHFLConfig
-        Settings.
-    architecture : Architecture
-        The answerer's architecture.
-    encoded : numpy.ndarray
-        The encoded queries (:meth:`~flwr_fsl.families.privhfl.protocol.Querier.encode`).
-    seeds, session
-        The session's seeds and number.
+    config, architecture, encoded, seeds, session
+        As for :func:`querier_messages`.
 
     Attributes
     ----------
