@@ -35,6 +35,10 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    query with the load average beside them; ``--bound-bits`` sets ``PrivHFLConfig.bound_bits``
    (the DCF domain) for both.
 
+``--reply-peak`` (with ``--width`` and one batch) prints instead the querier's peak memory
+(RSS) for one session's generate reply of the Flower flow: every deal made, then joined (the
+code before session 31), against each deal written into the reply as it is made.
+
 Anchors (ANCHORS.md): PrivHFL Table 3, VGG-7 on one CIFAR-10 query 1.03 s CPU / 66.6 MB,
 ResNet-8 1.63 s; Table 2: 5000 VGG-7 queries 272 s; CryptGPU 1.61 s.
 """
@@ -311,6 +315,55 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------------- generate reply
+
+
+def reply_peak_child(mode: str, width: int, batch: int) -> None:
+    """Build one session's generate reply (VGG-7) and print the peak RSS it added (one line).
+
+    ``join``: every deal first (``querier_messages``), then ``GenerateReply.to_bytes``, as
+    the querier did before session 31; ``stream``: each deal written into the reply as it is
+    made (``QuerierDeals`` and ``encode_generate_reply``, what ``SecureQuerier`` does now).
+    """
+    import resource
+
+    from flwr_fsl.families.privhfl import flow
+    from flwr_fsl.families.privhfl.inference import to_nhwc
+    from flwr_fsl.families.privhfl.messages import (
+        GenerateReply,
+        SessionDeal,
+        encode_generate_reply,
+    )
+
+    net, shape = build("vgg7", width)
+    arch = from_torch(net, shape).architecture
+    cfg = PrivHFLConfig()
+    x = np.random.default_rng(0).uniform(0, 1, (batch, *shape))
+    encoded = cfg.codec().encode(to_nhwc(x))
+    seeds = SessionSeeds.fresh()
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if mode == "join":
+        deals, _ = flow.querier_messages(cfg, arch, encoded, seeds, 0)
+        reply = GenerateReply(batch, (SessionDeal(1, bytes(48), tuple(deals)),)).to_bytes()
+        del deals
+    else:
+        made = flow.QuerierDeals(cfg, arch, encoded, seeds, 0)
+        reply = encode_generate_reply(batch, [(1, bytes(48), made.sizes, made)])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"{len(reply) / 1e6:.0f} {(peak - start) / 1024:.0f}")
+
+
+def reply_peak(args: argparse.Namespace) -> None:
+    """Print the querier's peak memory for one session's generate reply, join vs stream."""
+    batch = args.batches[0]
+    print(f"generate reply, VGG-7 width {args.width}, {batch} queries (peak RSS above start):")
+    for mode in ("join", "stream"):
+        cmd = [sys.executable, __file__, "--reply-peak-child", mode, "--width", str(args.width),
+               "--batches", str(batch)]  # fmt: skip
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
+        print(f"  {mode:6s}: reply {out[-2]} MB, peak {out[-1]} MB (load {load()})")
+
+
 # ------------------------------------------------------------------------- main
 
 
@@ -406,11 +459,24 @@ def main() -> None:
         "a subprocess with the same arguments, and the old/new ratios are printed",
     )
     parser.add_argument("--json", default="benchmarks/results/privhfl_bench.json")
+    parser.add_argument(
+        "--reply-peak",
+        action="store_true",
+        help="only print the querier's peak memory for one session's generate reply (VGG-7 at "
+        "--width, the first of --batches queries): deals joined vs written as they are made",
+    )
+    parser.add_argument("--reply-peak-child", choices=("join", "stream"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.archs = args.archs.split(",")
     args.variants = args.variants.split(",")
     default_batches = "1,16" if args.quick else "1,256"
     args.batches = [int(b) for b in (args.batches or default_batches).split(",")]
+    if args.reply_peak_child:
+        reply_peak_child(args.reply_peak_child, args.width, args.batches[0])
+        return
+    if args.reply_peak:
+        reply_peak(args)
+        return
     if hasattr(os, "sched_setaffinity"):
         try:
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

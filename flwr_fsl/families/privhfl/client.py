@@ -40,11 +40,11 @@ from flwr_fsl.crypto.channel import SealingKeyPair, client_party
 from flwr_fsl.crypto.sealing import open_from, seal_for
 from flwr_fsl.families.privhfl.flow import (
     AnswererState,
+    QuerierDeals,
     answerer_open,
     answerer_step,
     architecture_from_bytes,
     architecture_to_bytes,
-    querier_messages,
     querier_session,
     querier_sign,
     schedule,
@@ -53,19 +53,18 @@ from flwr_fsl.families.privhfl.flow import (
 from flwr_fsl.families.privhfl.inference import SecureModel, to_nhwc
 from flwr_fsl.families.privhfl.messages import (
     SEED_PURPOSE,
-    GenerateReply,
     GenerateRequest,
     KeysReply,
     KeysRequest,
     QuerierSessionState,
     QuerierState,
     RetrainRequest,
-    SessionDeal,
     SignReply,
     SignRequest,
     StepReply,
     StepRequest,
     binding,
+    encode_generate_reply,
 )
 from flwr_fsl.families.privhfl.protocol import Querier, ServerMessageError, SessionSeeds, agg_step
 
@@ -254,24 +253,32 @@ class SecureQuerier:
         encoded = cfg.codec().encode(to_nhwc(x.astype(np.float64)))  # Querier.encode
         bind = binding(req.run_session, server_round, cfg, req.session)
         me = client_party(self.node)
-        deals, states = [], []
+        sessions, qas = [], []
         for info, arch in zip(req.answerers, archs, strict=True):
             qa = os.urandom(16)
             if qa == info.server_querier:
                 qa = os.urandom(16)
             seeds = SessionSeeds(qa, unheld_seed(qa, info.server_querier), info.server_querier)
-            messages, ops = querier_messages(cfg, arch, encoded, seeds, req.session)
+            deals = QuerierDeals(cfg, arch, encoded, seeds, req.session)
             sealed = seal_for(
                 info.public_key, qa, purpose=SEED_PURPOSE, binding=bind, sender=me,
                 recipient=client_party(info.node),
             )  # fmt: skip
-            deals.append(SessionDeal(info.node, sealed, tuple(messages)))
+            sessions.append((info.node, sealed, deals.sizes, deals))
+            qas.append(qa)
+        # Each deal is written into the reply as it is made (never all of them and the reply).
+        reply = encode_generate_reply(len(x), sessions)
+        states = []
+        for info, qa, (_, _, _, deals) in zip(req.answerers, qas, sessions, strict=True):
+            assert deals.ops is not None  # every deal was made
             states.append(
-                QuerierSessionState(info.node, qa, info.server_querier, info.architecture, ops)
+                QuerierSessionState(
+                    info.node, qa, info.server_querier, info.architecture, deals.ops
+                )
             )
         self.state = QuerierState(server_round, req.session, len(x), tuple(states))
         self.queries = x
-        return GenerateReply(len(x), tuple(deals)).to_bytes()
+        return reply
 
     def on_sign(self, server_round: int, request: bytes) -> bytes:
         """``sign`` (paper's DReLU): open ``z = r x`` of each session's comparison (the leak)."""

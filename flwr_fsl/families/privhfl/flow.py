@@ -27,7 +27,7 @@ the server talks to one client per message, so this module adds what a transport
   architecture whose first interactive op is a comparison is refused for DReLU.
 * **Querier's deals** (:func:`querier_messages`): every message ``Q`` sends ``S`` for one
   session — the input share and one deal per step — can be made at once, before any answerer
-  acts.
+  acts; :class:`QuerierDeals` makes them one at a time, their sizes known in advance.
 * **Answerer state** (:class:`AnswererState`): what an answerer keeps between messages, as
   strict bytes (``b"PHAS"`` v1): session, op counter, next step, batch, the two seeds it
   holds, its share stack and a max-pool level's pending halves. Its weights are not in it
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,6 +49,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
+from flwr_fsl.crypto import dcf
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.families.privhfl.config import PrivHFLConfig, SessionSeeds
 from flwr_fsl.families.privhfl.inference import (
@@ -65,12 +67,17 @@ from flwr_fsl.families.privhfl.inference import (
     Shape,
 )
 from flwr_fsl.families.privhfl.ops import Answerer, QuerierSession, ServerParty, _linear_geometry
-from flwr_fsl.families.privhfl.wire import PrivHFLMessageError, QuerierMessageError
+from flwr_fsl.families.privhfl.wire import (
+    PrivHFLMessageError,
+    QuerierMessageError,
+    message_size,
+)
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_LAYERS",
     "AnswererState",
+    "QuerierDeals",
     "ServerSession",
     "Step",
     "answerer_open",
@@ -333,6 +340,80 @@ def _drelu_compare(config: PrivHFLConfig, step: Step) -> bool:
     return config.comparison == "drelu" and step.kind == "compare"
 
 
+class QuerierDeals:
+    """Everything ``Q`` sends ``S`` for one session, made one message at a time.
+
+    Iterating yields the input share, then the deal of each step (:func:`querier_messages`'
+    list, in order; one pass: the dealer's op counter advances). :attr:`sizes` are the
+    messages' lengths, known before any is made, so a reply can be sized in advance and each
+    message written into it and dropped as it comes
+    (:func:`~flwr_fsl.families.privhfl.messages.encode_generate_reply`): the session's deals,
+    ~1.3 kB per comparison, are never all in memory next to the reply.
+
+    Parameters
+    ----------
+    config, architecture, encoded, seeds, session
+        As for :func:`querier_messages`.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        The length of each message, in order.
+    ops : int or None
+        The querier's op count before Π_Agg (for :func:`querier_session`), once every
+        message is made.
+
+    Raises
+    ------
+    ConfigurationError
+        If the settings do not fit the flow.
+    """
+
+    def __init__(
+        self,
+        config: PrivHFLConfig,
+        architecture: Architecture,
+        encoded: NDArray[np.uint64],
+        seeds: SessionSeeds,
+        session: int,
+    ) -> None:
+        batch = int(encoded.shape[0])
+        self.steps = schedule(architecture, batch)
+        _check_flow(config, self.steps)
+        self._q = QuerierSession(config, architecture, batch, seeds, session)
+        self._encoded = encoded
+        self._started = False
+        self.ops: int | None = None
+        shape = (batch, *architecture.internal_input_shape)
+        sizes = [message_size([shape])]
+        for step in self.steps[1:]:
+            if step.kind == "linear":
+                rows, _, outs = _geometry(step, batch)
+                sizes.append(message_size([(rows, outs)]))
+            elif config.comparison == "dcf":
+                n = step.args[0]
+                sizes.append(message_size([(n,), (n,)], dcf.public_size(config.bound_bits, 2, n)))
+            else:
+                sizes.append(message_size([(step.args[0],)]))
+        self.sizes: tuple[int, ...] = tuple(sizes)
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Yield the share, then one deal per step (once)."""
+        if self._started:
+            raise ConfigurationError("a session's deals are made once")
+        self._started = True
+        q, batch = self._q, int(self._encoded.shape[0])
+        yield q.share_input(self._encoded)
+        for step in self.steps[1:]:
+            if step.kind == "linear":
+                yield q.deal_linear(step.args[0], _geometry(step, batch), step.args[2])
+            elif q.config.comparison == "dcf":
+                yield q.deal_dcf(step.args[0])
+            else:
+                yield q.deal_drelu(step.args[0])
+        self.ops = q._op
+
+
 def querier_messages(
     config: PrivHFLConfig,
     architecture: Architecture,
@@ -341,6 +422,8 @@ def querier_messages(
     session: int,
 ) -> tuple[list[bytes], int]:
     """Everything ``Q`` sends ``S`` for one session: the share, then one deal per step.
+
+    All at once (:class:`QuerierDeals` makes them one at a time).
 
     Parameters
     ----------
@@ -359,19 +442,10 @@ def querier_messages(
         ``(messages, ops)``: message ``0`` is the input share, message ``k`` the deal of step
         ``k``; ``ops`` is the querier's op count before Π_Agg (for :func:`querier_session`).
     """
-    batch = int(encoded.shape[0])
-    steps = schedule(architecture, batch)
-    _check_flow(config, steps)
-    q = QuerierSession(config, architecture, batch, seeds, session)
-    out = [q.share_input(encoded)]
-    for step in steps[1:]:
-        if step.kind == "linear":
-            out.append(q.deal_linear(step.args[0], _geometry(step, batch), step.args[2]))
-        elif config.comparison == "dcf":
-            out.append(q.deal_dcf(step.args[0]))
-        else:
-            out.append(q.deal_drelu(step.args[0]))
-    return out, q._op
+    deals = QuerierDeals(config, architecture, encoded, seeds, session)
+    out = list(deals)
+    assert deals.ops is not None
+    return out, deals.ops
 
 
 def querier_sign(

@@ -48,13 +48,19 @@ Every decoder raises :class:`~flwr_fsl.core.wireformat.WireFormatError` (a
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_magic
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.privhfl.config import PrivHFLConfig
+from flwr_fsl.families.privhfl.wire import assemble
 
 __all__ = [
     "KEY_SLOT",
@@ -74,6 +80,7 @@ __all__ = [
     "StepReply",
     "StepRequest",
     "binding",
+    "encode_generate_reply",
 ]
 
 SECURE_KEY = "fsl.privhfl.secure"
@@ -270,12 +277,6 @@ class SessionDeal:
     messages: tuple[bytes, ...] = field(default=(), repr=False)
 
 
-def _write_list(w: Writer, items: tuple[bytes, ...]) -> None:
-    w.count(len(items))
-    for b in items:
-        w.raw(b)
-
-
 def _read_list(r: Reader, what: str) -> tuple[bytes, ...]:
     n = r.count(what, 4)
     return tuple(r.raw(what) for _ in range(n))
@@ -290,14 +291,13 @@ class GenerateReply:
 
     def to_bytes(self) -> bytes:
         """Encode."""
-        w = _start(K_GEN_REP)
-        w.u32(self.batch)
-        w.count(len(self.sessions))
-        for s in self.sessions:
-            w.u64(s.node)
-            w.raw(s.sealed_seed)
-            _write_list(w, s.messages)
-        return w.payload()
+        return encode_generate_reply(
+            self.batch,
+            [
+                (s.node, s.sealed_seed, [len(m) for m in s.messages], s.messages)
+                for s in self.sessions
+            ],
+        )
 
     @classmethod
     def from_bytes(cls, data: object) -> GenerateReply:
@@ -312,6 +312,86 @@ class GenerateReply:
         r.done()
         _ids_unique([s.node for s in sessions], "generate reply")
         return cls(batch, sessions)
+
+
+def encode_generate_reply(
+    batch: int, sessions: Sequence[tuple[int, bytes, Sequence[int], Iterable[bytes]]]
+) -> bytes:
+    """Encode a :class:`GenerateReply` whose messages are made while it is written.
+
+    The reply is sized from the messages' announced lengths and allocated once
+    (:func:`~flwr_fsl.families.privhfl.wire.assemble`); each message is copied in as its
+    iterable yields it and then dropped, so a session's deals
+    (:class:`~flwr_fsl.families.privhfl.flow.QuerierDeals`) are never all in memory next to
+    the reply (a join needs both: twice the deals at the peak). The bytes are those of
+    :meth:`GenerateReply.to_bytes` for the same messages.
+
+    Parameters
+    ----------
+    batch : int
+        The batch size.
+    sessions : sequence of tuple
+        Per answerer ``(node, sealed seed, message lengths, messages)``.
+
+    Returns
+    -------
+    bytes
+        The reply.
+
+    Raises
+    ------
+    WireFormatError
+        If a field is out of range, or a message is not bytes or not of its announced length.
+    """
+    w = _start(K_GEN_REP)
+    w.u32(batch)
+    w.count(len(sessions))
+    heads, total = [w.payload()], 0
+    for node, sealed, sizes, _ in sessions:
+        h = Writer()
+        h.u64(node)
+        h.raw(sealed)
+        h.count(len(sizes))
+        heads.append(h.payload())
+        total += sum(4 + _check_u32(n) for n in sizes)
+    total += sum(len(h) for h in heads)
+
+    def fill(dst: NDArray[np.uint8]) -> None:
+        pos = 0
+
+        def put(data: bytes | memoryview) -> None:
+            nonlocal pos
+            src = np.frombuffer(data, dtype=np.uint8)
+            dst[pos : pos + src.size] = src
+            pos += src.size
+
+        put(heads[0])
+        for head, (_, _, sizes, messages) in zip(heads[1:], sessions, strict=True):
+            put(head)
+            made = iter(messages)
+            for k, size in enumerate(sizes):
+                message = next(made, None)
+                if not isinstance(message, bytes | bytearray | memoryview):
+                    raise WireFormatError(
+                        f"message {k}: expected bytes, got {type(message).__name__}"
+                    )
+                if memoryview(message).nbytes != size:
+                    raise WireFormatError(
+                        f"message {k} holds {memoryview(message).nbytes} bytes, announced {size}"
+                    )
+                put(struct.pack("<I", size))
+                put(message)
+                del message  # the next one may be built in its memory (wire.assemble)
+            if next(made, None) is not None:  # (also lets a generator finish its work)
+                raise WireFormatError(f"more messages than the {len(sizes)} announced")
+
+    return assemble([], total, fill)
+
+
+def _check_u32(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 0xFFFFFFFF:
+        raise WireFormatError(f"message length must be a u32, got {n!r}")
+    return n
 
 
 @dataclass(frozen=True)

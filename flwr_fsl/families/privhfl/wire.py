@@ -55,6 +55,7 @@ __all__ = [
     "ServerMessageError",
     "Transcript",
     "expect",
+    "message_size",
 ]
 
 _U64 = np.uint64
@@ -270,7 +271,6 @@ class Message:
         parts: list[bytes | memoryview] = [
             _MAGIC + struct.pack("<BBQBx", _VERSION, self.kind, self.step, len(self.arrays))
         ]
-        size = len(parts[0])
         for a in self.arrays:
             if not isinstance(a, np.ndarray) or a.dtype != _U64:
                 raise ConfigurationError("message arrays must be uint64")
@@ -279,12 +279,11 @@ class Message:
             # dtype code 1 (uint64), ndim, six zero bytes (the words stay 8-aligned), dims, words
             parts.append(struct.pack(f"<BB6x{a.ndim}Q", 1, a.ndim, *a.shape))
             parts.append(np.ascontiguousarray(a, dtype="<u8").reshape(-1).view(np.uint8).data)
-            size += 8 + 8 * a.ndim + a.nbytes
         blob = self.blob if isinstance(self.blob, tuple) else (self.blob,)
         if not all(isinstance(p, bytes | memoryview) for p in blob):
             raise ConfigurationError("the blob must be bytes (or a tuple of byte buffers)")
         length = self.blob_bytes() if fill is None else int(blob_bytes)
-        size += 8 + length
+        size = message_size([a.shape for a in self.arrays], length)
         if size > MAX_MESSAGE_BYTES:  # checked before the join allocates
             raise ConfigurationError(f"message of {size} bytes exceeds {MAX_MESSAGE_BYTES}")
         parts.append(struct.pack("<I4x", length))
@@ -332,6 +331,18 @@ class Message:
         except WireFormatError as err:
             raise PrivHFLMessageError(str(err)) from err
         return cls(kind, step, arrays, blob.toreadonly())
+
+
+def message_size(shapes: Sequence[tuple[int, ...]], blob_bytes: int = 0) -> int:
+    """Length in bytes of a message with arrays of these shapes and a blob of ``blob_bytes``.
+
+    The 16-byte header; per array 8 bytes, 8 per dimension and 8 per word; the blob's 8-byte
+    length and its bytes (module docstring). A reply can be sized before its messages exist.
+    """
+    size = 16 + 8 + int(blob_bytes)
+    for shape in shapes:
+        size += 8 + 8 * len(shape) + 8 * math.prod(shape)
+    return size
 
 
 def _zeros(r: Reader, n: int, what: str) -> None:

@@ -15,6 +15,7 @@ from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.wireformat import WireFormatError, Writer
 from flwr_fsl.families.privhfl.flow import (
     AnswererState,
+    QuerierDeals,
     ServerSession,
     answerer_open,
     answerer_step,
@@ -35,6 +36,11 @@ from flwr_fsl.families.privhfl.inference import (
     from_torch,
     plaintext_forward,
     to_nhwc,
+)
+from flwr_fsl.families.privhfl.messages import (
+    GenerateReply,
+    SessionDeal,
+    encode_generate_reply,
 )
 from flwr_fsl.families.privhfl.protocol import (
     PrivHFLConfig,
@@ -126,6 +132,48 @@ def test_every_layer_type_through_the_flow_matches_plaintext(case: str, relu: st
     assert included == (0,) and not dropped
     bound = error_bound(model, 1.0)
     assert np.max(np.abs(logits - plaintext_forward(model, x))) <= bound
+
+
+@pytest.mark.parametrize("relu", ["dcf", "drelu"])
+def test_deals_made_one_at_a_time_fill_the_reply_with_the_joined_bytes(relu: str) -> None:
+    # QuerierDeals announces every message's length before making it; the reply written
+    # deal by deal is GenerateReply's join of querier_messages' list, byte for byte.
+    cfg = PrivHFLConfig(comparison=relu)  # type: ignore[arg-type]
+    cases = [
+        c for c in INTERACTIVE if relu == "dcf" or schedule(LAYER_CASES[c], 1)[1].kind != "compare"
+    ]
+    sessions, joined, all_ops = [], [], []
+    for j, case in enumerate(cases):
+        arch = LAYER_CASES[case]
+        encoded = cfg.codec().encode(to_nhwc(np.full((3, *arch.input_shape), 0.25)))
+        seeds = SessionSeeds(bytes([j + 1]) * 16, bytes([j + 2]) * 16, bytes([j + 3]) * 16)
+        messages, ops = querier_messages(cfg, arch, encoded, seeds, 9)
+        deals = QuerierDeals(cfg, arch, encoded, seeds, 9)
+        assert deals.sizes == tuple(len(m) for m in messages) and deals.ops is None
+        sessions.append((100 + j, b"sealed-%d" % j, deals.sizes, deals))
+        joined.append(SessionDeal(100 + j, b"sealed-%d" % j, tuple(messages)))
+        all_ops.append(ops)
+    data = encode_generate_reply(3, sessions)
+    assert data == GenerateReply(3, tuple(joined)).to_bytes()
+    assert GenerateReply.from_bytes(data) == GenerateReply(3, tuple(joined))
+    assert [deals.ops for *_, deals in sessions] == all_ops
+    with pytest.raises(ConfigurationError, match="made once"):
+        list(sessions[0][3])
+
+
+def test_streamed_reply_refuses_messages_that_break_their_announced_lengths() -> None:
+    for sizes, messages, match in [
+        ([3, 2], [b"abc", b"d"], "holds 1 bytes, announced 2"),
+        ([3, 2], [b"abc"], "message 1: expected bytes, got NoneType"),
+        ([3], [b"abc", b"de"], "more messages than the 1 announced"),
+        ([3], ["abc"], "expected bytes, got str"),
+        ([-1], [b""], "must be a u32"),
+    ]:
+        with pytest.raises(WireFormatError, match=match):
+            encode_generate_reply(1, [(5, b"s", sizes, messages)])
+    assert encode_generate_reply(1, [(5, b"s", [3, 0], iter([b"abc", b""]))]) == (
+        GenerateReply(1, (SessionDeal(5, b"s", (b"abc", b"")),)).to_bytes()
+    )
 
 
 @settings(max_examples=15, deadline=None)
