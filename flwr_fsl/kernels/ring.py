@@ -3,10 +3,40 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 from flwr_fsl.kernels.hashing import first_at_least
+
+SCATTER_AHEAD = 64
+"""Items the scatter looks ahead to prefetch a share row (:func:`scatter_rows_window`)."""
+
+
+@intrinsic
+def _prefetch_row(typingctx, arr, row):  # type: ignore[no-untyped-def]
+    """Prefetch row ``row`` of a 2-D array for writing (LLVM ``llvm.prefetch``; only a hint).
+
+    The address is computed, never dereferenced, so a row outside the array is harmless;
+    callers still pass rows inside it.
+    """
+    if not (isinstance(arr, types.Array) and arr.ndim == 2):
+        return None
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        byte = ir.IntType(8).as_pointer()
+        step = builder.mul(args[1], builder.extract_value(ary.strides, 0))
+        address = builder.gep(builder.bitcast(ary.data, byte), [step])
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=fnty)
+        builder.call(fn, [address, i32(1), i32(3), i32(1)])  # write, keep in cache, data
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(cache=True, nogil=True)
@@ -110,9 +140,15 @@ def scatter_rows_window(
     in the window are one run, found by binary search, so a thread reads only its own items'
     values; windows that cover the share add exactly what one whole scatter adds (with
     unsorted bins only a window holding every row, ``(0, len(share))``, is exact).
+
+    Each add prefetches the row of the item :data:`SCATTER_AHEAD` places later: the random
+    read-modify-writes overlap instead of waiting on one cache miss each (session 31: a whole
+    ``m = 2**20``, ``tau = 2`` scatter of 3.1M items took 134-156 ms of CPU without, 27-36 ms
+    with, on a 2-core EPYC VM at load ~3). A prefetch changes no value: the share is the same.
     """
     lo, hi = window
     tau = share.shape[1]
+    last = items.shape[0] - 1
     for b in range(bins.shape[0] - 1):
         end = bins[b + 1]
         start = first_at_least(items, bins[b], end, lo)
@@ -120,6 +156,11 @@ def scatter_rows_window(
         offset = shift * b
         for j in range(start, stop):
             row = items[j]
+            # The adds are random rows: one cache miss each (about 45 ns at m = 2**20)
+            # unless the row is prefetched SCATTER_AHEAD items before (a row outside the
+            # window is another thread's: prefetch this one again instead).
+            ahead = items[min(j + SCATTER_AHEAD, last)]
+            _prefetch_row(share, ahead if lo <= ahead < hi else row)  # type: ignore[call-arg]
             for t in range(tau):
                 share[row, t] += values[j + offset, t]
 

@@ -55,6 +55,7 @@ from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding
 from flwr_fsl.kernels.ring import scatter_rows_window, sorted_bins
 
 __all__ = [
+    "SCATTER_SPLIT_BYTES",
     "WINDOW_ROWS",
     "ClientKeys",
     "PreparedKeys",
@@ -69,6 +70,13 @@ __all__ = [
 
 WINDOW_ROWS = 4096
 """Fewest share rows per scatter thread (smaller rounds scatter on fewer threads)."""
+
+SCATTER_SPLIT_BYTES = 16 << 20
+"""Fewest share bytes per scatter thread. Every thread reads every item to find its own, so
+a window only pays when one thread's share no longer stays in cache: at ``m = 2**20``,
+``tau = 2`` (16 MiB) one thread's prefetched scatter took 27-36 ms of CPU, each of two
+half-windows 52-60 ms; at ``tau = 4`` (32 MiB) one thread 125 ms, each half 68-70 ms
+(session 31, 2-core EPYC VM)."""
 
 
 def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, bytes | None]:
@@ -334,14 +342,15 @@ def scatter_share(
     """Add evaluated shares (in key order, summed over clients) to their rows of ``share``.
 
     The bins' points go to their items' rows (a checked round skips each bin's dummy slot),
-    the stash keys' points are summed onto the first rows. The random adds run on ``threads``
-    threads, each over its own window of rows (:func:`~flwr_fsl.kernels.ring.scatter_rows_window`:
+    the stash keys' points are summed onto the first rows. The random adds run on up to
+    ``threads`` threads (one per :data:`SCATTER_SPLIT_BYTES` of share), each over its own
+    window of rows (:func:`~flwr_fsl.kernels.ring.scatter_rows_window`:
     no two threads write one row, and each reads only its own items: a bin's items are sorted,
     so its items in a window are one run), so the share is the same for any thread count.
     """
     n_bin = int(table.bin_offsets[-1]) + (table.num_bins if params.verify else 0)
     m = params.domain_size
-    parts = max(1, min(threads, m // WINDOW_ROWS))  # small rounds: one thread
+    parts = max(1, min(threads, m // WINDOW_ROWS, share.nbytes // SCATTER_SPLIT_BYTES))
     if parts > 1 and not sorted_bins(table.bin_items, table.bin_offsets):
         parts = 1  # (not a simple_hash table) one window holding every row is exact
     bounds = np.linspace(0, m, parts + 1).astype(np.int64)

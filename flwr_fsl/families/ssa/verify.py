@@ -106,6 +106,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import os
 import queue
 import struct
@@ -123,6 +124,7 @@ from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_ra
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.range_check import same_check
+from flwr_fsl.kernels.dpf_kernels import chunk_bounds
 from flwr_fsl.kernels.ring import key_sums_rows
 
 __all__ = [
@@ -269,18 +271,12 @@ def resolve_threads(threads: int | None) -> int:
 def segments(lengths: NDArray[np.int64], points: int) -> list[tuple[int, int]]:
     """Split keys into consecutive ranges of at most ``points`` evaluated points.
 
-    A single key larger than that (e.g. a stash key) is a range of its own.
+    A single key larger than that (e.g. a stash key) is a range of its own. The greedy cut
+    is :func:`~flwr_fsl.kernels.dpf_kernels.chunk_bounds` (compiled): the Python loop it
+    replaces took about 26 ms per call at ``m = 2**20`` (two calls per server and round).
     """
-    out: list[tuple[int, int]] = []
-    start, acc = 0, 0
-    for j, n in enumerate(lengths.tolist()):
-        if acc and acc + n > points:
-            out.append((start, j))
-            start, acc = j, 0
-        acc += n
-    if lengths.shape[0]:
-        out.append((start, lengths.shape[0]))
-    return out
+    bounds = chunk_bounds(np.ascontiguousarray(lengths, np.int64), points).tolist()
+    return list(itertools.pairwise(bounds))
 
 
 def run_adding(

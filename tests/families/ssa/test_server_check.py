@@ -135,6 +135,7 @@ def test_scatter_windows_add_what_one_scatter_adds(
     checked: bool, stash: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server_eval, "WINDOW_ROWS", 8)  # several windows even at M rows
+    monkeypatch.setattr(server_eval, "SCATTER_SPLIT_BYTES", 1)
     params = make_params(1, weighted=False, epoch=0, verify=checked, stash_size=stash)
     server = SSAServer(params, 0, threads=1)
     rows = int(server._lengths.sum())

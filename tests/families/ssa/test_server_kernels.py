@@ -3,7 +3,8 @@
 :func:`~flwr_fsl.kernels.ring.key_sums_rows` (each key's word sums and the running-sum add in
 one pass, inside the key check's segments) against ``np.add.reduceat`` and ``np.add``;
 :func:`~flwr_fsl.kernels.ring.scatter_rows_window` (a window's adds, a bin's run found by
-binary search) against one point at a time.
+binary search, rows prefetched ahead) against one point at a time; and
+:func:`~flwr_fsl.families.ssa.verify.segments` (compiled since session 31) against its old loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flwr_fsl.families.ssa.verify import segments
 from flwr_fsl.kernels.ring import key_sums_rows, scatter_rows_window, sorted_bins
 
 U64 = np.uint64
@@ -97,3 +99,20 @@ def test_unsorted_bins_are_found_and_scatter_whole() -> None:
     got = np.zeros((5, 1), U64)
     scatter_rows_window(got, items, values, bins, 0, (0, 5))  # one window holding every row
     assert got[:, 0].tolist() == [4, 2, 3, 1, 5]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 40), max_size=60),
+    points=st.integers(1, 100),
+)
+def test_segments_cut_as_the_greedy_loop(lengths: list[int], points: int) -> None:
+    want: list[tuple[int, int]] = []  # the Python loop segments() was before session 31
+    start, acc = 0, 0
+    for j, n in enumerate(lengths):
+        if acc and acc + n > points:
+            want.append((start, j))
+            start, acc = j, 0
+        acc += n
+    if lengths:
+        want.append((start, len(lengths)))
+    assert segments(np.array(lengths, np.int64), points) == want
