@@ -96,8 +96,10 @@ unambiguous, and two different inputs with one digest give a SHA-256 collision (
 hash, or of a piece). A malicious client that fixes ``zseed`` and then picks other correction
 words therefore breaks SHA-256; one that changes ``cw_proof`` after ``zseed`` changes no value
 share, and the key check accepts or rejects its keys exactly as for any other ``cw_proof``.
-So the soundness statement below holds unchanged for version 2. Version 1 stays the default
-(its bytes and known answers are frozen); both versions are decoded and checked.
+So the soundness statement below holds unchanged for version 2. Version 2 is the default of
+a checked round (:data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTED_DIGEST`); version 1
+(parameter version 7: its bytes and known answers are frozen) is still written when asked and
+both versions are decoded and checked.
 
 **Trailer** (after the keys' public part, or the U-DPF hint; :func:`trailer_bytes`):
 ``salt (16) || part_a (32) || part_b (32) || E(x || proof0) || part0 (32) || part1 (32)``,
