@@ -1,11 +1,12 @@
 """SSA client encode against its AES floor, this tree beside an older commit, in one run.
 
 Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]
-[--value-check projected|off] [--projected-digest 1|2] [--cores 2]``. It times
+[--value-check projected|off] [--projected-digest 0|1|2] [--cores 2]``. It times
 :func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
 weights, verifiable keys and the projected value check's trailer, or ``--value-check off``; the
 round's simple table built beforehand, as a client has it; ``--projected-digest 2``: the
-projected check's digest version 2, parameter version 8; a ``--base`` tree without it runs
+projected check's digest version 2, parameter version 8, ``1`` version 1, pinned in both
+trees; the default ``0``: each tree's default round; a ``--base`` tree without the field runs
 its default round, version 1) in a child process pinned to one
 core: wall and CPU time, best of ``--reps`` after one untimed call, and the AES-only time of
 the same encode (its DPF AES calls recorded in place and replayed alone,
@@ -57,7 +58,7 @@ def _worker(
     m = 1 << log_m
     k = max(1, round(rate * m))
     params = replace(make_params(m, k, weighted=False, verify=True), value_check=value_check)
-    if digest != 1 and "projected_digest" in params.__dataclass_fields__:
+    if digest and "projected_digest" in params.__dataclass_fields__:
         params = replace(params, projected_digest=digest)  # (an older tree: its default round)
     table = ssa.simple_table_for(params)
     idx, vals, _ = client_inputs(m, k, np.random.default_rng(7))
@@ -107,7 +108,7 @@ def _base_tree(rev: str) -> Path:
 def _run(tree: Path, args: argparse.Namespace, cores: int) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", f"--log-m={args.log_m}", f"--rate={args.rate}"]
     cmd += [f"--value-check={args.value_check}", f"--cores={cores}"]
-    cmd += [f"--projected-digest={args.projected_digest}"]
+    cmd += [f"--projected-digest={args.projected_digest or 0}"]
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [*cmd, f"--reps={args.reps}"], check=True, capture_output=True, text=True, env=env
@@ -138,9 +139,9 @@ def main() -> None:
     parser.add_argument(
         "--projected-digest",
         type=int,
-        choices=(1, 2),
-        default=1,
-        help="the projected check's digest version (1: the default round's)",
+        choices=(0, 1, 2),
+        default=0,
+        help="the projected check's digest version (0: each tree's default round's)",
     )
     parser.add_argument(
         "--cores", type=int, default=2, help="cores of the multi-core run (2; 1: none)"
@@ -159,7 +160,7 @@ def main() -> None:
     multi = args.cores if args.cores > 1 and _usable_cores() >= args.cores else 0
     print(
         f"SSA client encode (checked round, value check {args.value_check}, "
-        f"digest v{args.projected_digest}), "
+        f"digest {_digest_name(args.projected_digest)}), "
         f"m = 2^{args.log_m}, k/m = {args.rate:.0%}: 1 core"
         + (f", and {multi} cores (Gen threads: all the cores)" if multi else "")
     )
@@ -190,9 +191,13 @@ def main() -> None:
         verdicts.append(f"{multi} cores {_verdict(new['multi_ms'])}")
     print(
         f"{line} (AES-only {new['aes_ms']:.1f} ms; value check {args.value_check}"
-        f"{'' if args.projected_digest == 1 else ' (digest v2)'}; "
+        f" (digest {_digest_name(args.projected_digest)}); "
         f"target <= {TARGET_MS:.0f} ms: {', '.join(verdicts)})"
     )
+
+
+def _digest_name(digest: int) -> str:
+    return f"v{digest}" if digest else "of each tree's default round"
 
 
 def _verdict(ms: float) -> str:

@@ -180,6 +180,9 @@ def ssa_vectors() -> dict[str, Any]:
         "rows-dp": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP),
         "rows-dp-run": SSAParams(7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN),
     }
+    # Pinned to the projected check's digest version 1, the default when they were frozen (a
+    # checked round's default is version 2 since session 31: ssa_default_round_vectors).
+    unchecked = {name: replace(p, projected_digest=1) for name, p in unchecked.items()}
     param_sets = {name: replace(p, verify=False) for name, p in unchecked.items()}
     # Version 5 (issue 21): the servers check every client's keys, value words unchecked.
     param_sets.update(
@@ -260,6 +263,28 @@ def ssa_projected_digest2_vectors() -> dict[str, Any]:
     out["public-digest-v2"] = pc.public_digest_v2(state.keys[0].public).hex()
     out["upload-public"] = _h(upload.public_part)
     out["shares"] = _server_shares(params, upload)
+    return out
+
+
+def ssa_default_round_vectors() -> dict[str, Any]:
+    """The default checked round (digest version 2, parameter version 8): params, upload, shares.
+
+    The shapes of :func:`ssa_vectors`' ``projected-*`` sets and its ``rows`` upload, with the
+    defaults of this version (``projected_digest`` unset).
+    """
+    sets = {
+        "topk": SSAParams(1, 1000, 30, 1, _seed(50)),
+        "unit": SSAParams(1, 1000, 30, 1, _seed(50), weighted=False),
+        "unit-dp-run": SSAParams(
+            7, 64, 5, 4, _seed(51), frac_bits=16, dp=_DP, run=_RUN, weighted=False
+        ),
+    }
+    out: dict[str, Any] = {f"params-{name}": p.to_bytes().hex() for name, p in sets.items()}
+    rows = SSAParams(7, 64, 5, 4, _seed(51), stash_size=2, frac_bits=16, epoch=7, weighted=False)
+    upload, state = _rows_upload(rows)
+    out["public-digest-v2"] = pc.public_digest_v2(state.keys[0].public).hex()
+    out["upload-public"] = _h(upload.public_part)
+    out["shares"] = _server_shares(rows, upload)
     return out
 
 
@@ -943,7 +968,8 @@ def client_state_vectors() -> dict[str, Any]:
     """SSA (``FSCS``) and PSR (``FSPQ``) client states from fixed seeds."""
     from flwr_fsl.families.ssa.psr import PSRClientState, make_query
 
-    params = SSAParams(5, 64, 5, 2, _seed(900), stash_size=2, verify=False)
+    # digest version 1: pinned, the default when these were frozen (the state holds the params)
+    params = SSAParams(5, 64, 5, 2, _seed(900), stash_size=2, verify=False, projected_digest=1)
     indices = np.array([2, 9, 33, 60], dtype=np.int64)
     states = [
         encode_update(
@@ -1239,6 +1265,7 @@ SECTIONS: dict[str, Callable[[], dict[str, Any]]] = {
     "ssa": ssa_vectors,
     "ssa-key-check": ssa_key_check_vectors,
     "ssa-projected-digest2": ssa_projected_digest2_vectors,
+    "ssa-default-round": ssa_default_round_vectors,
     "fixedpoint": fixedpoint_vectors,
     "codec": codec_vectors,
     "secagg": secagg_vectors,

@@ -67,6 +67,8 @@ DEFAULT_PROJECTIONS = 64
 """Default number ``r`` of random projections of the projected value check."""
 PROJECTED_DIGESTS = (1, 2)
 """Versions of the projected check's digest of the public part (``SSAParams.projected_digest``)."""
+DEFAULT_PROJECTED_DIGEST = 2
+"""The digest version of a round with the projected check, unless set (parameter version 8)."""
 MAX_PROJECTIONS = 1024
 PROJECTION_SLACK = 4
 """``c``: the projected check's bound is ``T = c * B2`` (:attr:`SSAParams.value_l2_bound`)."""
@@ -156,12 +158,16 @@ class SSAParams:
         default, so it survives a round trip).
     projected_digest : int
         How the projected check's seed binds the keys' public part
-        (:mod:`flwr_fsl.families.ssa.projected_check`): 1 (the default; versions 7 and before)
-        hashes every public field in one SHA-256 pass
-        (:func:`~flwr_fsl.families.ssa.projected_check.public_digest`); 2 hashes only the fields
-        that fix the value shares, in pieces on the encode's threads
+        (:mod:`flwr_fsl.families.ssa.projected_check`): 2 (the default,
+        :data:`DEFAULT_PROJECTED_DIGEST`; parameter version 8) hashes only the fields that fix
+        the value shares, in pieces on the encode's threads
         (:func:`~flwr_fsl.families.ssa.projected_check.public_digest_v2`: about 60% of the bytes
-        at ``m = 2**20``). Normalized and carried like ``projections``.
+        at ``m = 2**20``); 1 (the default before session 31; parameter version 7) hashes every
+        public field in one SHA-256 pass
+        (:func:`~flwr_fsl.families.ssa.projected_check.public_digest`). Normalized and carried
+        like ``projections``: an unchecked round writes it when it is not 1 (so the bytes of
+        versions 1 to 4 without it keep their meaning, digest version 1, and a default unchecked
+        round carries its checked variant's 2).
 
     Raises
     ------
@@ -187,12 +193,14 @@ class SSAParams:
     decoders refuse version 5 (a party that cannot check keys does not take part). A round with
     ``value_check="exact"`` is written as ``"version": 6``: version 5's shape plus
     ``"range_check": true``; a round with ``value_check="projected"`` (the default of a checked
-    round) as ``"version": 7``: version 5's shape plus ``"value_check": "projected"`` and
-    ``"projections": r``, and with ``projected_digest=2`` as ``"version": 8``: version 7's
-    shape plus ``"projected_digest": 2``. Versions 1 to 5 mean ``value_check="off"``, version 6
-    ``"exact"`` (:attr:`value_check_mode`; the bytes depend on the check in force, not on how it
-    was asked). An unchecked round (versions 1 to 4) also carries ``"projections"`` and
-    ``"projected_digest"`` when they are not the defaults (its checked variant's settings; a
+    round) and ``projected_digest=1`` as ``"version": 7``: version 5's shape plus
+    ``"value_check": "projected"`` and ``"projections": r``, and with ``projected_digest=2``
+    (the default of a checked round) as ``"version": 8``: version 7's shape plus
+    ``"projected_digest": 2`` (a version 7 round decodes with ``projected_digest=1``).
+    Versions 1 to 5 mean ``value_check="off"``, version 6 ``"exact"``
+    (:attr:`value_check_mode`; the bytes depend on the check in force, not on how it was
+    asked). An unchecked round (versions 1 to 4) also carries ``"projections"`` and
+    ``"projected_digest"`` when they are not 64 and 1 (its checked variant's settings; a
     decoder refuses them at their defaults, so each parameter set has one encoding).
     """
 
@@ -215,7 +223,7 @@ class SSAParams:
     verify: bool = True
     value_check: str | None = None
     projections: int = DEFAULT_PROJECTIONS
-    projected_digest: int = 1
+    projected_digest: int = DEFAULT_PROJECTED_DIGEST
 
     def __post_init__(self) -> None:
         for name in ("round_id", "domain_size", "num_items", "value_width", "epoch"):
@@ -431,6 +439,8 @@ class SSAParams:
         raw.setdefault("verify", False)  # versions 1 to 4: unchecked keys
         # versions 1 to 5: value words unchecked; 6: the exact check; 7: written
         raw.setdefault("value_check", "exact" if "range_check" in expected else "off")
+        if version == _PROJECTED_VERSION or version in _UNCHECKED_VERSIONS:
+            raw.setdefault("projected_digest", 1)  # their bytes without it: digest version 1
         try:
             raw["hash_key"] = bytes.fromhex(raw["hash_key"])
         except ValueError:

@@ -96,8 +96,10 @@ unambiguous, and two different inputs with one digest give a SHA-256 collision (
 hash, or of a piece). A malicious client that fixes ``zseed`` and then picks other correction
 words therefore breaks SHA-256; one that changes ``cw_proof`` after ``zseed`` changes no value
 share, and the key check accepts or rejects its keys exactly as for any other ``cw_proof``.
-So the soundness statement below holds unchanged for version 2. Version 1 stays the default
-(its bytes and known answers are frozen); both versions are decoded and checked.
+So the soundness statement below holds unchanged for version 2. Version 2 is the default of
+a checked round (:data:`~flwr_fsl.families.ssa.messages.DEFAULT_PROJECTED_DIGEST`); version 1
+(parameter version 7: its bytes and known answers are frozen) is still written when asked and
+both versions are decoded and checked.
 
 **Trailer** (after the keys' public part, or the U-DPF hint; :func:`trailer_bytes`):
 ``salt (16) || part_a (32) || part_b (32) || E(x || proof0) || part0 (32) || part1 (32)``,
@@ -113,12 +115,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+from concurrent.futures import wait
 
 import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.threads import run_ranges
+from flwr_fsl.core.threads import run_ranges, worker_pool
 from flwr_fsl.crypto import flp
 from flwr_fsl.crypto.dpf import DPFKeyBatch, DPFPublicBatch
 from flwr_fsl.crypto.prg import PRGStream
@@ -295,6 +298,31 @@ def _parts(params: SSAParams, keys: DPFKeyBatch) -> tuple[bytes, bytes]:
     return k, _h(b"part" + bytes([keys.party]), k)
 
 
+def _bindings(
+    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], threads: int
+) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes], bytes]:
+    """Return both servers' ``(k_s, H(k_s))`` and the digest of the public part.
+
+    With ``threads >= 2`` the two party keys (SHA-256 of each server's root seeds) are hashed
+    on a pool thread while this one hashes the public part (``hashlib`` releases the GIL), the
+    digest's own pieces (version 2) on ``threads`` threads of their pool: the same bytes.
+    """
+    if threads < 2:
+        return (
+            _parts(params, keys[0]),
+            _parts(params, keys[1]),
+            public_binding(params, keys[0].public),
+        )
+    pool = worker_pool(1, "fsl-ssa-parts")  # not the digest's pool: no wait on itself
+    parts = pool.submit(lambda: (_parts(params, keys[0]), _parts(params, keys[1])))
+    try:
+        public = public_binding(params, keys[0].public, threads)
+    finally:
+        wait([parts])  # nothing left running on the caller's keys
+    part0, part1 = parts.result()
+    return part0, part1, public
+
+
 def client_trailer(
     params: SSAParams,
     keys: tuple[DPFKeyBatch, DPFKeyBatch],
@@ -316,9 +344,7 @@ def client_trailer(
     """
     threads = default_threads() if threads is None else threads
     values = np.ascontiguousarray(betas[:, : params.value_width]).reshape(-1)
-    k0, part_a = _parts(params, keys[0])
-    k1, part_b = _parts(params, keys[1])
-    public = public_binding(params, keys[0].public, threads)
+    (k0, part_a), (k1, part_b), public = _bindings(params, keys, threads)
     bound = params.projection_bound
     for i in range(MAX_TRIES):
         salt = _h(b"salt", k0, k1, i.to_bytes(4, "little"))[:_SEED]
@@ -455,11 +481,18 @@ def round_check(
 
 
 def value_trailer(
-    params: SSAParams, keys: tuple[DPFKeyBatch, DPFKeyBatch], betas: _U64Array
+    params: SSAParams,
+    keys: tuple[DPFKeyBatch, DPFKeyBatch],
+    betas: _U64Array,
+    threads: int | None = None,
 ) -> bytes:
-    """Client: the round's value-check trailer (empty when the round has none)."""
+    """Client: the round's value-check trailer (empty when the round has none).
+
+    ``threads``: the projected check's digest and projections (:func:`client_trailer`; None:
+    :func:`~flwr_fsl.families.ssa.verify.default_threads`); the same bytes for any count.
+    """
     if params.value_check_mode == "projected":
-        return client_trailer(params, keys, betas)
+        return client_trailer(params, keys, betas, threads)
     if params.value_check_mode == "exact":
         return rc.client_trailer(params, keys, betas)
     return b""

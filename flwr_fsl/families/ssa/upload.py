@@ -23,7 +23,9 @@ from flwr_fsl.families.ssa.verify import checks_counts, one_word
 
 __all__ = ["encode_keys", "key_betas"]
 
-TrailerFn = Callable[[SSAParams, tuple[DPFKeyBatch, DPFKeyBatch], NDArray[np.uint64]], bytes]
+TrailerFn = Callable[
+    [SSAParams, tuple[DPFKeyBatch, DPFKeyBatch], NDArray[np.uint64], int | None], bytes
+]
 
 
 def key_betas(
@@ -66,9 +68,10 @@ def encode_keys(
     master_seeds : tuple[bytes, bytes]
         The servers' master seeds.
     threads : int
-        Gen threads.
+        Gen threads, and the trailer's (its digest and projections).
     make_trailer : callable, optional
-        ``(params, keys, betas) -> bytes``, the round's trailer (default
+        ``(params, keys, betas, threads) -> bytes``, the round's trailer, made on the encode's
+        ``threads`` (default
         :func:`~flwr_fsl.families.ssa.projected_check.value_trailer`; its size must be
         :func:`~flwr_fsl.families.ssa.projected_check.value_trailer_bytes`).
 
@@ -81,7 +84,7 @@ def encode_keys(
     size = pc.value_trailer_bytes(params)
 
     def trailer(keys: tuple[DPFKeyBatch, DPFKeyBatch]) -> bytes:
-        return make_trailer(params, keys, betas)
+        return make_trailer(params, keys, betas, threads)
 
     k0, k1 = generate_keys_batch(
         placement.alphas,

@@ -105,7 +105,12 @@ def clipped(params: SSAParams, betas: np.ndarray) -> np.ndarray:
     return out
 
 
-def forged_trailer(params: SSAParams, keys: tuple, betas: np.ndarray) -> bytes:  # type: ignore[type-arg]
+def forged_trailer(
+    params: SSAParams,
+    keys: tuple,  # type: ignore[type-arg]
+    betas: np.ndarray,
+    threads: int | None = None,
+) -> bytes:
     """The forger's value-check trailer for keys whose real words are ``betas``.
 
     Exact check: it claims its value words clipped into the bound (the best it can do: an
@@ -114,10 +119,10 @@ def forged_trailer(params: SSAParams, keys: tuple, betas: np.ndarray) -> bytes: 
     """
     if params.value_check_mode == "projected":
         try:
-            return value_trailer(params, keys, betas)
+            return value_trailer(params, keys, betas, threads)
         except ConfigurationError:
             pass
-    return value_trailer(params, keys, clipped(params, betas))
+    return value_trailer(params, keys, clipped(params, betas), threads)
 
 
 def forged_upload(

@@ -128,3 +128,39 @@ def test_native_root_seeds_are_the_prf_ones(monkeypatch, count):
     assert np.array_equal(dpf_gen.gen_roots(SEEDS[1], count), want)
     monkeypatch.setattr(dpf_gen, "native_aes", lambda key: None)  # no libcrypto: the Python PRF
     assert np.array_equal(dpf_gen.gen_roots(SEEDS[1], count), want)
+
+
+@pytest.mark.parametrize("digest", [1, 2])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_encode_threads_reach_the_trailer_and_keep_its_bytes(monkeypatch, digest, threads):
+    params = _params(projected_digest=digest)
+    idx, vals = _inputs(params, 5)
+    seen: list[int | None] = []
+    trailer = pc.value_trailer
+
+    def spy(p, keys, betas, t=None):  # type: ignore[no-untyped-def]
+        seen.append(t)
+        return trailer(p, keys, betas, t)
+
+    monkeypatch.setattr("flwr_fsl.families.ssa.protocol.value_trailer", spy)
+    blobs = [
+        encode_update(
+            params, idx, vals, rng=np.random.default_rng(2), master_seeds=SEEDS, threads=t
+        )[0].public_part
+        for t in (1, threads)
+    ]
+    assert seen == [1, threads]  # the encode's threads, not default_threads()
+    assert blobs[0] == blobs[1]
+
+
+@pytest.mark.parametrize("digest", [1, 2])
+def test_client_trailer_is_the_same_on_any_thread_count(digest):
+    params = _params(projected_digest=digest)
+    idx, vals = _inputs(params, 6)
+    _, state = encode_update(
+        params, idx, vals, rng=np.random.default_rng(3), master_seeds=SEEDS, threads=1
+    )
+    betas = np.random.default_rng(8).integers(-50, 50, (params.num_keys, params.key_tau))
+    betas = betas.astype(np.int64).view(np.uint64)
+    one = pc.client_trailer(params, state.keys, betas, 1)
+    assert all(pc.client_trailer(params, state.keys, betas, t) == one for t in (2, 4))

@@ -90,7 +90,7 @@ def test_turning_verify_on_turns_the_default_value_check_on() -> None:
     assert unchecked.value_check is None and unchecked.value_check_mode == "off"
     checked = replace(unchecked, verify=True)
     assert checked.value_check_mode == "projected" and checked == _params()
-    assert json.loads(checked.to_bytes())["version"] == 7
+    assert json.loads(checked.to_bytes())["version"] == 8  # digest version 2, the default
     # r asked of an unchecked round is kept for its checked variant ...
     r8 = replace(_params(verify=False, projections=8), verify=True)
     assert r8.value_check_mode == "projected" and r8.projections == 8
@@ -134,10 +134,12 @@ def test_psr_queries_are_unchecked_whatever_the_round_checks() -> None:
 
 
 def test_parameter_versions_decode_to_the_right_check() -> None:
-    projected = _params()
+    projected = _params(projected_digest=1)  # version 7 (the default round's is 8: digest 2)
     raw = json.loads(projected.to_bytes())
     assert raw["version"] == 7 and raw["value_check"] == "projected" and raw["projections"] == 64
     assert SSAParams.from_bytes(projected.to_bytes()) == projected
+    assert json.loads(_params().to_bytes())["version"] == 8
+    assert SSAParams.from_bytes(_params().to_bytes()) == _params()
     exact = _params(value_check="exact")
     assert json.loads(exact.to_bytes())["version"] == 6
     assert SSAParams.from_bytes(exact.to_bytes()).value_check_mode == "exact"

@@ -1,6 +1,7 @@
 """The projected check's digest version 2 (parameter version 8) and the params' round trips.
 
-Version 2 (:func:`~flwr_fsl.families.ssa.projected_check.public_digest_v2`) binds the fields
+Version 2 (:func:`~flwr_fsl.families.ssa.projected_check.public_digest_v2`, the default of a
+checked round; version 1 is pinned with ``projected_digest=1``) binds the fields
 that fix the value shares, hashed in pieces on threads: the same bytes for any thread count
 and piece split, blind to the proof words only, and a round with it checks clients as version
 1 does (honest clients reconstruct, a changed value word after the trailer is dropped).
@@ -22,6 +23,7 @@ from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFPublicBatch
 from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.families.ssa import projected_check as pc
+from flwr_fsl.families.ssa.messages import DEFAULT_PROJECTED_DIGEST
 from flwr_fsl.families.ssa.protocol import SSAInputError, SSAParams, SSAUpload, encode_update
 from tests.families.ssa.test_projected_check import _aggregate, _honest, _params
 
@@ -39,14 +41,27 @@ def _public(params: SSAParams) -> tuple[DPFPublicBatch, SSAUpload, object]:
 # -- parameters ----------------------------------------------------------------------------------
 
 
-def test_version_8_round_trips_and_version_7_stays_the_default() -> None:
+def test_version_8_is_the_default_and_version_7_is_pinned_by_digest_1() -> None:
     v2 = _params(projected_digest=2)
     raw = json.loads(v2.to_bytes())
     assert raw["version"] == 8 and raw["projected_digest"] == 2
     assert SSAParams.from_bytes(v2.to_bytes()) == v2
-    v1 = _params()
+    assert _params() == v2 and _params().projected_digest == DEFAULT_PROJECTED_DIGEST == 2
+    v1 = _params(projected_digest=1)
     assert json.loads(v1.to_bytes())["version"] == 7 and v1.projected_digest == 1
     assert "projected_digest" not in json.loads(v1.to_bytes())
+    assert SSAParams.from_bytes(v1.to_bytes()) == v1  # version 7 bytes decode as digest 1
+
+
+def test_an_unchecked_round_s_bytes_without_the_field_keep_digest_1() -> None:
+    """Versions 1 to 4 keep their bytes and meaning: no field means the variant's digest 1."""
+    pinned = _params(verify=False, projected_digest=1)
+    assert "projected_digest" not in json.loads(pinned.to_bytes())
+    assert SSAParams.from_bytes(pinned.to_bytes()) == pinned
+    # A default unchecked round's checked variant is the default checked round, and says so.
+    unchecked = _params(verify=False)
+    assert json.loads(unchecked.to_bytes())["projected_digest"] == 2
+    assert replace(SSAParams.from_bytes(unchecked.to_bytes()), verify=True) == _params()
 
 
 @pytest.mark.parametrize(
@@ -68,8 +83,9 @@ def test_an_unchecked_round_keeps_its_checked_variant_through_bytes(kw: dict) ->
 
 
 def test_default_settings_add_no_field_and_an_explicit_check_normalizes() -> None:
-    raw = json.loads(_params(verify=False).to_bytes())
+    raw = json.loads(_params(verify=False, projected_digest=1).to_bytes())
     assert "projections" not in raw and "projected_digest" not in raw
+    assert "projections" not in json.loads(_params(verify=False).to_bytes())
     off = _params(value_check="off", projections=8, projected_digest=2)
     assert off.projections == 64 and off.projected_digest == 1  # unused: stored as defaults
 
@@ -91,7 +107,7 @@ def test_non_canonical_encodings_are_refused() -> None:
         ({**v2, "version": 7}, "fields differ"),
         ({**unchecked, "projections": 64}, "'projections' is written only when not 64"),
         ({**unchecked, "projected_digest": 1}, "'projected_digest' is written only when not 1"),
-        ({**json.loads(_params().to_bytes()), "projected_digest": 2}, "fields differ"),
+        ({**json.loads(_params(projected_digest=1).to_bytes()), "projected_digest": 2}, "differ"),
     ]
     for raw, match in bad:
         with pytest.raises((SSAInputError, ConfigurationError), match=match):
@@ -140,8 +156,8 @@ def test_digest_v2_binds_every_value_field_and_not_the_proof_words() -> None:
 
 def test_the_binding_follows_the_round() -> None:
     public = _PUBLIC
-    assert pc.public_binding(_params(), public) == pc.public_digest(public)
-    assert pc.public_binding(_params(projected_digest=2), public, 3) == pc.public_digest_v2(public)
+    assert pc.public_binding(_params(projected_digest=1), public) == pc.public_digest(public)
+    assert pc.public_binding(_params(), public, 3) == pc.public_digest_v2(public)  # the default
 
 
 # -- a round with version 2 ----------------------------------------------------------------------
