@@ -156,16 +156,20 @@ def _mmo_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, out_p):  # type: ign
 
 
 @intrinsic
-def _mmo_leaf_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, e, out_p, t_p):  # type: ignore[no-untyped-def]  # noqa: PLR0913
+def _mmo_leaf_children(typingctx, s_p, l_p, r_p, corrections, e, out_p, t_p):  # type: ignore[no-untyped-def]
     """Like :func:`_mmo_children`, the children as conversion blocks and control bits.
 
     Child ``c``'s block becomes ``(child_0 & ~1 ^ 2, child_1 ^ e)`` at ``out_p + 16 c`` (one
     conversion block per leaf, ``half_w == 1``) and its bit 0 the byte at ``t_p + c`` (both
-    bytes in one 16-bit store).
+    bytes in one 16-bit store). ``corrections`` is the tuple ``(cl0, cr0, scw1)`` of
+    :func:`_mmo_children`.
     """
-    sig = types.void(*([types.uint64] * 9))
+    u64 = types.uint64
+    sig = types.void(u64, u64, u64, types.UniTuple(u64, 3), u64, u64, u64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        cws = [builder.extract_value(args[3], k) for k in range(3)]
+        args = [*args[:3], *cws, *args[4:]]  # _mmo_children's order
         c_l, c_r = _mmo_children_ir(builder, args)
         i64 = ir.IntType(64)
         keep = _v2(builder, ir.Constant(i64, 0xFFFFFFFFFFFFFFFE), ir.Constant(i64, -1))
@@ -412,7 +416,7 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
                 off = SIXTEEN * (pin + np.uint64(i))
                 qn = po + TWO * np.uint64(i)
                 _mmo_leaf_children(
-                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1, e,
+                    s_base + off, l_base + off, r_base + off, (cl0, cr0, scw1), e,
                     o_base + SIXTEEN * qn, t_base + qn,
                 )  # type: ignore[call-arg]  # fmt: skip
         elif last:

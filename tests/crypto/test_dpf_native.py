@@ -170,7 +170,7 @@ def _vector_kernels(blocks, scalars, party):  # pragma: no cover - numba
     )
     _mmo_children(s, lp, rp, cl0, cr0, scw1, np.uint64(children.ctypes.data))
     _mmo_leaf_children(
-        s, lp, rp, cl0, cr0, scw1, e, np.uint64(conv.ctypes.data), np.uint64(bits.ctypes.data)
+        s, lp, rp, (cl0, cr0, scw1), e, np.uint64(conv.ctypes.data), np.uint64(bits.ctypes.data)
     )
     sgn = np.uint64(0) - np.uint64(party)
     t = blocks[0, 0] & np.uint64(1)
