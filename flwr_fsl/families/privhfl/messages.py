@@ -381,7 +381,7 @@ def encode_generate_reply(
                     )
                 put(struct.pack("<I", size))
                 put(message)
-                del message  # the next one may be built in its memory (wire.assemble)
+                del message  # freed before the next is made: one deal beside the reply at a time
             if next(made, None) is not None:  # (also lets a generator finish its work)
                 raise WireFormatError(f"more messages than the {len(sizes)} announced")
 
