@@ -120,7 +120,8 @@ def gen_level(
         row = rows[i] + level
         at = np.uint64(32 * i)  # both parties' blocks of key i
         cw = c_base + np.uint64(16 * row)
-        cw_bits[row] = np.uint8(_gen_key_level(s_base + at, l_base + at, r_base + at, bit, cw))
+        tcw = _gen_key_level(s_base + at, l_base + at, r_base + at, bit, cw)  # type: ignore[call-arg, var-annotated]
+        cw_bits[row] = np.uint8(tcw)
 
 
 @njit(cache=True, nogil=True)
