@@ -1,7 +1,7 @@
 """SSA client encode against its AES floor, this tree beside an older commit, in one run.
 
 Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]
-[--value-check projected|off] [--projected-digest 0|1|2] [--cores 2]``. It times
+[--value-check projected|off] [--projected-digest 0|1|2] [--cores 2] [--phases]``. It times
 :func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
 weights, verifiable keys and the projected value check's trailer, or ``--value-check off``; the
 round's simple table built beforehand, as a client has it; ``--projected-digest 2``: the
@@ -18,6 +18,9 @@ alternating ``--rounds`` times so that load on a shared machine falls on both; e
 best figures are printed with their ratios, the load average before and after, and the issue
 26 line ``client encode: X ms wall (C ms CPU) on 1 core, Y ms wall on 2 cores (AES-only Z ms;
 value check ...; target <= 40 ms: 1 core PASS/FAIL, 2 cores PASS/FAIL)`` for this tree.
+``--phases`` adds a table of the 1-core encode's phases (:data:`PHASES`: the calling thread's
+CPU time of each, its best over ``--reps`` more encodes, nested phases indented under the one
+that calls them), each tree's side by side; a tree without a phase's function shows ``-``.
 """
 
 from __future__ import annotations
@@ -30,16 +33,66 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 40.0  # issue 26's client encode target
 
+PHASES = (
+    ("payload", "flwr_fsl.families.ssa.protocol", "payload_words"),
+    ("placement", "flwr_fsl.families.ssa.protocol", "place_indices"),
+    ("  sort", "flwr_fsl.families.ssa.placement", "_sorted_rows"),
+    ("  candidate bins", "flwr_fsl.families.ssa.placement", "_candidate_bins"),
+    ("  cuckoo insert", "flwr_fsl.families.ssa.placement", "cuckoo_insert"),
+    ("  place_in_bins", "flwr_fsl.families.ssa.placement", "place_in_bins"),
+    ("betas", "flwr_fsl.families.ssa.upload", "key_betas"),
+    ("keys and trailer", "flwr_fsl.families.ssa.upload", "generate_keys_batch"),
+    ("  root seeds", "flwr_fsl.crypto.dpf", "gen_roots"),
+    ("  Gen plan", "flwr_fsl.kernels.dpf_gen_kernels", "gen_plan"),
+    ("  Gen kernel", "flwr_fsl.kernels.dpf_gen_kernels", "gen_run"),
+    ("  trailer", "flwr_fsl.families.ssa.protocol", "value_trailer"),
+    ("    digest and parts", "flwr_fsl.families.ssa.projected_check", "_bindings"),
+    ("    projections", "flwr_fsl.families.ssa.projected_check", "project_shares"),
+    ("    range upload", "flwr_fsl.families.ssa.range_check", "make_upload"),
+)
+"""``(label, module, name)`` of each phase ``--phases`` times: the name as the caller looks it
+up (a kernel through its module attribute, so the wrapper sees the calls from Python)."""
+
+
+def _phase_times(encode: Callable[[], object], reps: int) -> dict[str, float]:
+    """Best thread CPU ms of each :data:`PHASES` entry over ``reps`` encodes (wrapped in place)."""
+    import importlib
+
+    spent: dict[str, float] = {}
+    for label, module, name in PHASES:
+        mod = importlib.import_module(module)
+        fn = getattr(mod, name, None)
+        if fn is None:  # an older tree
+            continue
+
+        def timed(*a: Any, _fn: Any = fn, _label: str = label, **kw: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.thread_time() - start
+
+        setattr(mod, name, timed)
+    best: dict[str, float] = {}
+    for _ in range(reps):
+        spent.clear()
+        encode()
+        for label, s in spent.items():
+            best[label] = min(best.get(label, float("inf")), 1e3 * s)
+    return best
+
 
 def _worker(
-    log_m: int, rate: float, reps: int, value_check: str, cores: int, digest: int
+    log_m: int, rate: float, reps: int, value_check: str, cores: int, digest: int, phases: bool
 ) -> dict[str, float]:
     """Time one tree's encode in this (child) process, pinned to ``cores`` cores.
 
@@ -78,13 +131,16 @@ def _worker(
     if cores > 1:
         return {"encode_ms": 1e3 * min(wall), "cpu_ms": 1e3 * min(cpu)}
     floor = aes_floor(encode)
-    return {
+    row = {
         "encode_ms": 1e3 * min(wall),
         "cpu_ms": 1e3 * min(cpu),
         "aes_ms": 1e3 * floor["replay_s"],
         "aes_blocks": floor["blocks"],
         "aes_calls": floor["calls"],
     }
+    if phases:  # last: the wrappers stay in place
+        row |= {f"phase:{k}": v for k, v in _phase_times(encode, reps).items()}
+    return row
 
 
 def _base_tree(rev: str) -> Path:
@@ -109,6 +165,7 @@ def _run(tree: Path, args: argparse.Namespace, cores: int) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", f"--log-m={args.log_m}", f"--rate={args.rate}"]
     cmd += [f"--value-check={args.value_check}", f"--cores={cores}"]
     cmd += [f"--projected-digest={args.projected_digest or 0}"]
+    cmd += ["--phases"] if args.phases and cores == 1 else []
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [*cmd, f"--reps={args.reps}"], check=True, capture_output=True, text=True, env=env
@@ -146,11 +203,20 @@ def main() -> None:
     parser.add_argument(
         "--cores", type=int, default=2, help="cores of the multi-core run (2; 1: none)"
     )
+    parser.add_argument(
+        "--phases", action="store_true", help="also print the 1-core encode's phases (CPU ms)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         row = _worker(
-            args.log_m, args.rate, args.reps, args.value_check, args.cores, args.projected_digest
+            args.log_m,
+            args.rate,
+            args.reps,
+            args.value_check,
+            args.cores,
+            args.projected_digest,
+            args.phases,
         )
         print(json.dumps(row))
         return
@@ -173,9 +239,11 @@ def main() -> None:
                 row["multi_ms"] = _run(tree, args, multi)["encode_ms"]
             keep = best.setdefault(name, row)
             for key in row:
-                keep[key] = min(keep[key], row[key])
+                keep[key] = min(keep.get(key, row[key]), row[key])
     print(f"load average after: {_loadavg()}")
     _table(best, multi)
+    if args.phases:
+        _phase_table(best)
     new = best["this tree"]
     if args.base:
         old = best[f"base {args.base}"]
@@ -221,6 +289,17 @@ def _table(best: dict[str, dict[str, float]], multi: int) -> None:
             f"({r['aes_blocks'] / 1e6:.2f}M, {r['aes_calls']:.0f}) | "
             f"{r['encode_ms'] / r['aes_ms']:.2f} |" + (f" {r['multi_ms']:.1f} |" if multi else "")
         )
+
+
+def _phase_table(best: dict[str, dict[str, float]]) -> None:
+    """Print each tree's best CPU ms per phase (1 core), side by side."""
+    names = list(best)
+    print("| phase (1 core, CPU ms) | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for label, _, _ in PHASES:
+        cells = [best[n].get(f"phase:{label}") for n in names]
+        shown = " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
+        print(f"| {label} | {shown} |")
 
 
 if __name__ == "__main__":

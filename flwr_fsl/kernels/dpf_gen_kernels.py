@@ -23,16 +23,72 @@ wherever ``libcrypto`` does not load).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from flwr_fsl.kernels.aes import log_blocks, native_encrypt
-from flwr_fsl.kernels.dpf_kernels import gen_init
+from flwr_fsl.kernels.dpf_kernels import _v2, _v2_ptr, gen_init
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, gen_proof_inputs, gen_proof_words
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
 TWO = np.uint64(2)
 CLEAR = ~np.uint64(1)
+
+
+@intrinsic
+def _gen_key_level(typingctx, s_p, l_p, r_p, bit, cw_p):  # type: ignore[no-untyped-def]
+    """One key's Gen level on 128-bit vectors; returns its packed control-bit correction.
+
+    ``s_p`` addresses both parties' blocks of the key (party 0's, then party 1's: 32 bytes),
+    ``l_p``/``r_p`` their encryptions under the left/right key, ``bit`` is the path bit
+    (``1``: keep the right child) and ``cw_p`` the 16 bytes of the level's seed correction.
+    The children are ``enc ^ s`` (MMO feed-forward); the correction is the lost children's
+    XOR with bit 0 clear; each party's block becomes its kept child, corrected (the seed
+    correction with the kept side's control-bit correction in bit 0) where its control bit
+    is set. Returns ``tcw_l | tcw_r << 1``. numba's scalar form of the same words was not
+    vectorized by LLVM (:func:`~flwr_fsl.kernels.dpf_kernels._mmo_children`'s reason).
+    """
+    sig = types.uint64(*([types.uint64] * 5))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        s_p, l_p, r_p, bit, cw_p = args
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+
+        def load(addr, k):  # type: ignore[no-untyped-def]
+            ptr = builder.gep(_v2_ptr(builder, addr), [ir.Constant(i64, k)])
+            return builder.load(ptr, align=8)
+
+        sa, sb = load(s_p, 0), load(s_p, 1)
+        la, lb = builder.xor(load(l_p, 0), sa), builder.xor(load(l_p, 1), sb)
+        ra, rb = builder.xor(load(r_p, 0), sa), builder.xor(load(r_p, 1), sb)
+        keep = builder.sub(zero, bit)  # all ones: keep the right child
+        keep_v = _v2(builder, keep, keep)
+        ka = builder.xor(la, builder.and_(builder.xor(la, ra), keep_v))
+        kb = builder.xor(lb, builder.and_(builder.xor(lb, rb), keep_v))
+        x, y = builder.xor(la, lb), builder.xor(ra, rb)
+        lost = builder.xor(builder.xor(x, y), builder.xor(ka, kb))
+        scw = builder.and_(lost, _v2(builder, ir.Constant(i64, -2), ir.Constant(i64, -1)))
+        builder.store(scw, _v2_ptr(builder, cw_p), align=8)
+        x0 = builder.extract_element(x, ir.Constant(i32, 0))
+        y0 = builder.extract_element(y, ir.Constant(i32, 0))
+        tcw_l = builder.xor(builder.xor(builder.and_(x0, one), bit), one)
+        tcw_r = builder.xor(builder.and_(y0, one), bit)
+        tcw_keep = builder.xor(tcw_l, builder.and_(builder.xor(tcw_l, tcw_r), keep))
+        corr = builder.or_(scw, _v2(builder, tcw_keep, zero))
+        out = _v2_ptr(builder, s_p)
+        for k, (kept, s) in enumerate(((ka, sa), (kb, sb))):
+            # A party whose control bit is set applies the correction (its bit included).
+            m = builder.sub(
+                zero, builder.and_(builder.extract_element(s, ir.Constant(i32, 0)), one)
+            )
+            new = builder.xor(kept, builder.and_(corr, _v2(builder, m, m)))
+            builder.store(new, builder.gep(out, [ir.Constant(i64, k)]), align=8)
+        return builder.or_(tcw_l, builder.shl(tcw_r, one))
+
+    return sig, codegen
 
 
 @njit(cache=True, nogil=True)
@@ -52,51 +108,20 @@ def gen_level(
     Key ``i`` of the chunk has ``depth[i]`` tree levels, the path bits ``path_bits[i]`` (MSB
     first) and its first correction word at row ``rows[i]`` of ``cw_seeds`` / ``cw_bits``
     (the wire blob's rows); this level's goes to row ``rows[i] + level``. Branch-free, with
-    the chunk's per-key arrays read in order.
+    the chunk's per-key arrays read in order; each key's words on 128-bit vectors
+    (:func:`_gen_key_level`; ``seeds``, ``enc`` and ``cw_seeds`` are C-contiguous).
     """
-    enc_l = enc[0]
-    enc_r = enc[1]
+    s_base = np.uint64(seeds.ctypes.data)
+    l_base = np.uint64(enc[0].ctypes.data)
+    r_base = np.uint64(enc[1].ctypes.data)
+    c_base = np.uint64(cw_seeds.ctypes.data)
     for i in range(path_bits.shape[0]):
-        k0 = 2 * i
-        k1 = k0 + 1
-        a0 = seeds[k0, 0]
-        a1 = seeds[k0, 1]
-        b0 = seeds[k1, 0]
-        b1 = seeds[k1, 1]
-        # Children (with their control bits in bit 0) of both parties: MMO feed-forward.
-        l00 = enc_l[k0, 0] ^ a0
-        l01 = enc_l[k0, 1] ^ a1
-        r00 = enc_r[k0, 0] ^ a0
-        r01 = enc_r[k0, 1] ^ a1
-        l10 = enc_l[k1, 0] ^ b0
-        l11 = enc_l[k1, 1] ^ b1
-        r10 = enc_r[k1, 0] ^ b0
-        r11 = enc_r[k1, 1] ^ b1
         bit = (path_bits[i] >> np.uint64(depth[i] - 1 - level)) & ONE
-        keep = ZERO - bit  # all ones: keep the right child, correct with the left ones
-        k00 = l00 ^ ((l00 ^ r00) & keep)
-        k01 = l01 ^ ((l01 ^ r01) & keep)
-        k10 = l10 ^ ((l10 ^ r10) & keep)
-        k11 = l11 ^ ((l11 ^ r11) & keep)
-        x0 = l00 ^ l10
-        y0 = r00 ^ r10
-        scw0 = (x0 ^ y0 ^ k00 ^ k10) & CLEAR  # the lost children's XOR, bit 0 clear
-        scw1 = (l01 ^ l11) ^ (r01 ^ r11) ^ k01 ^ k11
-        tcw_l = (x0 & ONE) ^ bit ^ ONE
-        tcw_r = (y0 & ONE) ^ bit
-        tcw_keep = tcw_l ^ ((tcw_l ^ tcw_r) & keep)
         row = rows[i] + level
-        cw_seeds[row, 0] = scw0
-        cw_seeds[row, 1] = scw1
-        cw_bits[row] = np.uint8(tcw_l | (tcw_r << ONE))
-        # A party whose control bit is set applies the correction (its bit included).
-        m0 = ZERO - (a0 & ONE)
-        m1 = ZERO - (b0 & ONE)
-        corr0 = scw0 | tcw_keep
-        seeds[k0, 0] = k00 ^ (m0 & corr0)
-        seeds[k0, 1] = k01 ^ (m0 & scw1)
-        seeds[k1, 0] = k10 ^ (m1 & corr0)
-        seeds[k1, 1] = k11 ^ (m1 & scw1)
+        at = np.uint64(32 * i)  # both parties' blocks of key i
+        cw = c_base + np.uint64(16 * row)
+        tcw = _gen_key_level(s_base + at, l_base + at, r_base + at, bit, cw)  # type: ignore[call-arg, var-annotated]
+        cw_bits[row] = np.uint8(tcw)
 
 
 @njit(cache=True, nogil=True)

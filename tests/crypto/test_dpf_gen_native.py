@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from flwr_fsl.crypto import dpf, dpf_gen
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.crypto.prg import MMOCiphers, _mmo_ciphers
+from flwr_fsl.kernels import dpf_gen_kernels as _gk
 from flwr_fsl.kernels.aes import native_aes
 
 U64 = np.uint64
@@ -129,3 +130,43 @@ def test_gen_on_several_threads_at_once_writes_the_same_bytes():
     with ThreadPoolExecutor(3) as pool:
         got = list(pool.map(gen, [i % 6 for i in range(18)]))
     assert got == [want[i % 6] for i in range(18)]
+
+
+def _reference_level(enc, seeds, level, path, depth, rows, cw_seeds, cw_bits):
+    """One Gen level word by word in Python integers (the scalar form of the vector kernel)."""
+    mask, clear = (1 << 64) - 1, ((1 << 64) - 1) ^ 1
+    for i in range(path.shape[0]):
+        a, b = [int(w) for w in seeds[2 * i]], [int(w) for w in seeds[2 * i + 1]]
+        lft = [[int(enc[0, 2 * i + p, w]) ^ s[w] for w in range(2)] for p, s in ((0, a), (1, b))]
+        rgt = [[int(enc[1, 2 * i + p, w]) ^ s[w] for w in range(2)] for p, s in ((0, a), (1, b))]
+        bit = (int(path[i]) >> (int(depth[i]) - 1 - level)) & 1
+        kept, lost = (rgt, lft) if bit else (lft, rgt)
+        scw = [(lost[0][0] ^ lost[1][0]) & clear, lost[0][1] ^ lost[1][1]]
+        tcw_l = (lft[0][0] ^ lft[1][0] ^ bit ^ 1) & 1
+        tcw_r = (rgt[0][0] ^ rgt[1][0] ^ bit) & 1
+        row = int(rows[i]) + level
+        cw_seeds[row] = scw
+        cw_bits[row] = tcw_l | tcw_r << 1
+        corr = [scw[0] | (tcw_r if bit else tcw_l), scw[1]]
+        for p, s in ((0, a), (1, b)):
+            t = s[0] & 1
+            seeds[2 * i + p] = [(kept[p][w] ^ (corr[w] if t else 0)) & mask for w in range(2)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 40), level=st.integers(0, 5))
+def test_gen_level_vector_kernel_equals_the_scalar_words(seed, n, level):
+    """:func:`gen_level` (128-bit vectors) writes the words of the plain BGI16 level."""
+    rng = np.random.default_rng(seed)
+    depth = np.sort(rng.integers(level + 1, level + 4, n))[::-1].astype(np.int64)
+    path = rng.integers(0, 2**63, n, dtype=U64)
+    rows = rng.permutation(np.arange(n, dtype=np.int64) * 8)
+    enc = rng.integers(0, 2**64, (2, 2 * n + 1, 2), dtype=U64)
+    seeds = rng.integers(0, 2**64, (2 * n, 2), dtype=U64)
+    out = (np.zeros((8 * n + 8, 2), U64), np.zeros(8 * n + 8, np.uint8))
+    want = (out[0].copy(), out[1].copy())
+    expect = seeds.copy()
+    _gk.gen_level(enc, seeds, level, path, depth, rows, *out)
+    _reference_level(enc, expect, level, path, depth, rows, *want)
+    assert np.array_equal(seeds, expect)
+    assert np.array_equal(out[0], want[0]) and np.array_equal(out[1], want[1])
