@@ -111,6 +111,8 @@ def gen_level(
     the chunk's per-key arrays read in order; each key's words on 128-bit vectors
     (:func:`_gen_key_level`; ``seeds``, ``enc`` and ``cw_seeds`` are C-contiguous).
     """
+    if not (seeds.flags.c_contiguous and enc.flags.c_contiguous and cw_seeds.flags.c_contiguous):
+        raise ValueError("gen_level reads seeds, enc and cw_seeds by address: C-contiguous only")
     s_base = np.uint64(seeds.ctypes.data)
     l_base = np.uint64(enc[0].ctypes.data)
     r_base = np.uint64(enc[1].ctypes.data)

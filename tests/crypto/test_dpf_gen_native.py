@@ -170,3 +170,15 @@ def test_gen_level_vector_kernel_equals_the_scalar_words(seed, n, level):
     _reference_level(enc, expect, level, path, depth, rows, *want)
     assert np.array_equal(seeds, expect)
     assert np.array_equal(out[0], want[0]) and np.array_equal(out[1], want[1])
+
+
+def test_gen_level_refuses_arrays_it_cannot_address():
+    """:func:`gen_level` reads its blocks by address: a strided view is refused, not misread."""
+    enc = np.zeros((2, 3, 2), U64)
+    seeds = np.zeros((4, 2), U64)
+    out = (np.zeros((8, 2), U64), np.zeros(8, np.uint8))
+    args = (np.ones(1, U64), np.ones(1, np.int64), np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _gk.gen_level(enc, seeds[::2], 0, *args, *out)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _gk.gen_level(enc, seeds[:2], 0, *args, out[0][::2], out[1])
