@@ -47,7 +47,9 @@ TWO, THREE, SIXTEEN, NINETY_SIX = (np.uint64(k) for k in (2, 3, 16, 96))
 # 128-bit forms of the tau = 2 steps: one key (Gen) or one point (Eval) per intrinsic call.
 # numba's scalar code for the same words was not vectorized by LLVM (two 8-byte loads, XORs and
 # stores per block, ~190 instructions per Gen key and level with spills); a block here is one
-# ``<2 x i64>`` (element 0 = word 0, the lower address).
+# ``<2 x i64>`` (element 0 = word 0, the lower address). Loads and stores claim no alignment: the
+# public part's fields may be unaligned views of a message (public_views); x86 emits the same
+# unaligned vector moves either way.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -61,13 +63,13 @@ def _ld(builder: ir.IRBuilder, addr: ir.Value, offset: ir.Value | int = 0) -> ir
     """Load the block at byte address ``addr + offset`` (``offset`` an int or an ``i64``)."""
     if isinstance(offset, int):
         offset = ir.Constant(ir.IntType(64), offset)
-    return builder.load(_v2_ptr(builder, builder.add(addr, offset)), align=8)
+    return builder.load(_v2_ptr(builder, builder.add(addr, offset)), align=1)
 
 
 def _st(builder: ir.IRBuilder, addr: ir.Value, offset: int, value: ir.Value) -> None:
     """Store the block ``value`` at byte address ``addr + offset``."""
     ptr = _v2_ptr(builder, builder.add(addr, ir.Constant(ir.IntType(64), offset)))
-    builder.store(value, ptr, align=8)
+    builder.store(value, ptr, align=1)
 
 
 def _lo(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:

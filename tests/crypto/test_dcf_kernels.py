@@ -6,15 +6,18 @@ LLVM vector intrinsic; :func:`~flwr_fsl.kernels.dcf_kernels.gen_step` and
 :func:`~flwr_fsl.kernels.dcf_kernels.eval_step` are the scalar formulas for every ``tau``. On
 random ciphertexts, seeds, control bits, chunks at any offset and every level (the last one
 included) both must write the same words: corrections, seeds, control bits, ``V_alpha``,
-outputs and the next level's AES inputs (which the vector steps also write at the last level).
+outputs and the next level's AES inputs (which the vector steps also write at the last level),
+also where the public part is an unaligned view of a message.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.crypto import dcf
 from flwr_fsl.kernels import dcf_kernels as k
 
 U64 = np.uint64
@@ -103,3 +106,21 @@ def test_eval_step_tau2_equals_eval_step(
         assert np.array_equal(a, b)
     if level + 1 < n:
         assert np.array_equal(old[-1], new[-1])
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3, 8])
+def test_unaligned_public_part(offset: int) -> None:
+    """Gen into (and Eval from) a public part at an unaligned offset: the same words."""
+    rng = np.random.default_rng(offset)
+    m, n = 37, 40
+    alphas = _words(rng, (m,)) & U64((1 << n) - 1)
+    betas = _words(rng, (m, 2))
+    points = _words(rng, (m,)) & U64((1 << n) - 1)
+    msk = (bytes(range(16)), bytes(range(16, 32)))
+    k0, k1 = dcf.generate_keys_batch(alphas, betas, n, master_seeds=msk)
+    raw = np.zeros(dcf.public_size(n, 2, m) + offset, dtype=np.uint8)
+    u0, u1 = dcf.generate_keys_batch(alphas, betas, n, master_seeds=msk, out=raw[offset:])
+    assert u0.to_bytes() == k0.to_bytes() and u1.to_bytes() == k1.to_bytes()
+    total = dcf.evaluate_paired(u0, points) + dcf.evaluate_paired(u1, points)
+    assert np.array_equal(total, np.where((points < alphas)[:, None], betas, U64(0)))
+    assert np.array_equal(dcf.evaluate_paired(u0, points), dcf.evaluate_paired(k0, points))
