@@ -28,7 +28,11 @@ caller allocated.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from flwr_fsl.kernels.dpf_kernels import _v2, _v2_ptr
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
@@ -36,7 +40,152 @@ CLEAR = ~np.uint64(1)
 SEED = np.uint64(1 << 32)
 VALUE = np.uint64(2 << 32)
 LEAF = np.uint64(3 << 32)
-TWO, THREE, FOUR, FIVE, SIX, TWELVE = (np.uint64(k) for k in (2, 3, 4, 5, 6, 12))
+TWO, THREE, SIXTEEN, NINETY_SIX = (np.uint64(k) for k in (2, 3, 16, 96))
+
+
+# ------------------------------------------------------------------------------------------------
+# 128-bit forms of the tau = 2 steps: one key (Gen) or one point (Eval) per intrinsic call.
+# numba's scalar code for the same words was not vectorized by LLVM (two 8-byte loads, XORs and
+# stores per block, ~190 instructions per Gen key and level with spills); a block here is one
+# ``<2 x i64>`` (element 0 = word 0, the lower address). Loads and stores claim no alignment: the
+# public part's fields may be unaligned views of a message (public_views); x86 emits the same
+# unaligned vector moves either way.
+# ------------------------------------------------------------------------------------------------
+
+
+def _const2(lo: int, hi: int) -> ir.Constant:
+    """Return the ``<2 x i64>`` constant ``(lo, hi)`` (two's complement words)."""
+    i64 = ir.IntType(64)
+    return ir.Constant(ir.VectorType(i64, 2), [ir.Constant(i64, lo), ir.Constant(i64, hi)])
+
+
+def _ld(builder: ir.IRBuilder, addr: ir.Value, offset: ir.Value | int = 0) -> ir.Value:
+    """Load the block at byte address ``addr + offset`` (``offset`` an int or an ``i64``)."""
+    if isinstance(offset, int):
+        offset = ir.Constant(ir.IntType(64), offset)
+    return builder.load(_v2_ptr(builder, builder.add(addr, offset)), align=1)
+
+
+def _st(builder: ir.IRBuilder, addr: ir.Value, offset: int, value: ir.Value) -> None:
+    """Store the block ``value`` at byte address ``addr + offset``."""
+    ptr = _v2_ptr(builder, builder.add(addr, ir.Constant(ir.IntType(64), offset)))
+    builder.store(value, ptr, align=1)
+
+
+def _lo(builder: ir.IRBuilder, vec: ir.Value) -> ir.Value:
+    """Word 0 of a block."""
+    return builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+
+
+_SEED, _VALUE = int(SEED), int(VALUE)
+_CLEAR_LO = _const2(-2, -1)  # clears bit 0 of word 0 (a seed's control bit)
+
+
+@intrinsic
+def _gen_key_tau2(typingctx, ptrs, bits):  # type: ignore[no-untyped-def]
+    """One key's Gen step at ``tau = 2`` (:func:`gen_step_tau2`'s words) on 128-bit blocks.
+
+    ``ptrs`` are the byte addresses ``(enc, seeds, v_alpha, beta, cw_seed, cw_value, inp)``
+    of the key's six ciphertext blocks (party 0's left, right, value, then party 1's), both
+    parties' seeds (32 bytes, updated), its ``V_alpha`` (16 bytes, updated), its ``beta``, its
+    seed and value corrections of this level (written) and its six next-level AES inputs
+    (written); ``bits`` are ``(a, t0, t1)``: alpha's bit of this level and the parties'
+    control bits. Returns ``t_left | t_right << 1 | t0' << 2 | t1' << 3`` (the bit
+    corrections and the kept child's new control bits).
+    """
+    u64 = types.uint64
+    sig = u64(types.UniTuple(u64, 7), types.UniTuple(u64, 3))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        e_p, s_p, va_p, b_p, cws_p, cwv_p, ip_p = (
+            builder.extract_value(args[0], k) for k in range(7)
+        )
+        a, t0, t1 = (builder.extract_value(args[1], k) for k in range(3))
+        i64 = ir.IntType(64)
+        one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+        keep_off = builder.shl(a, ir.Constant(i64, 4))  # the kept child's block: 16 a bytes
+        lose_off = builder.sub(ir.Constant(i64, 16), keep_off)
+        s0, s1 = _ld(builder, s_p), _ld(builder, s_p, 16)
+        d = builder.xor(s0, s1)
+        # party 0's blocks at e_p, party 1's at e_p + 48; the tweaks cancel between parties
+        x0l = builder.xor(_ld(builder, e_p, lose_off), s0)
+        x1l = builder.xor(_ld(builder, builder.add(e_p, ir.Constant(i64, 48)), lose_off), s1)
+        cw = builder.and_(builder.xor(x0l, x1l), _CLEAR_LO)
+        _st(builder, cws_p, 0, cw)
+        left = _lo(builder, builder.xor(builder.xor(_ld(builder, e_p), _ld(builder, e_p, 48)), d))
+        right = _lo(
+            builder, builder.xor(builder.xor(_ld(builder, e_p, 16), _ld(builder, e_p, 64)), d)
+        )
+        t_left = builder.and_(builder.xor(builder.xor(left, a), one), one)
+        t_right = builder.and_(builder.xor(right, a), one)
+        # the node's value, each party: H(s ^ (0, VALUE)) = enc ^ s ^ (0, VALUE)
+        tw_v = _const2(0, _VALUE)
+        v0 = builder.xor(builder.xor(_ld(builder, e_p, 32), s0), tw_v)
+        v1 = builder.xor(builder.xor(_ld(builder, e_p, 80), s1), tw_v)
+        ma = builder.sub(zero, a)
+        ba = builder.and_(_ld(builder, b_p), _v2(builder, ma, ma))
+        raw = builder.add(builder.sub(builder.sub(v1, v0), _ld(builder, va_p)), ba)
+        m0, m1 = builder.sub(zero, t0), builder.sub(zero, t1)
+        m1v = _v2(builder, m1, m1)
+        _st(builder, cwv_p, 0, builder.sub(builder.xor(raw, m1v), m1v))
+        _st(builder, va_p, 0, ba)
+        t_keep = builder.xor(t_left, builder.and_(builder.xor(t_left, t_right), a))
+        # the kept child of each party, corrected where its control bit is set
+        tw_keep = _v2(builder, zero, builder.or_(ir.Constant(i64, _SEED), a))
+        x0k = builder.xor(_ld(builder, e_p, keep_off), s0)
+        x1k = builder.xor(_ld(builder, builder.add(e_p, ir.Constant(i64, 48)), keep_off), s1)
+        bits = builder.or_(t_left, builder.shl(t_right, one))
+        tws = (_const2(0, _SEED), _const2(0, _SEED | 1), tw_v)
+        for p, (x, m, t) in enumerate(((x0k, m0, t0), (x1k, m1, t1))):
+            ns = builder.xor(
+                builder.xor(builder.and_(x, _CLEAR_LO), tw_keep),
+                builder.and_(cw, _v2(builder, m, m)),
+            )
+            _st(builder, s_p, 16 * p, ns)
+            for k, tw in enumerate(tws):  # next level's inputs: left, right seed, value
+                _st(builder, ip_p, 48 * p + 16 * k, builder.xor(ns, tw))
+            nt = builder.xor(builder.and_(_lo(builder, x), one), builder.and_(t_keep, t))
+            bits = builder.or_(bits, builder.shl(nt, ir.Constant(i64, 2 + p)))
+        return bits
+
+    return sig, codegen
+
+
+@intrinsic
+def _eval_point_tau2(typingctx, ptrs, words):  # type: ignore[no-untyped-def]
+    """One point's Eval step at ``tau = 2`` (:func:`eval_step_tau2`'s words) on 128-bit blocks.
+
+    ``ptrs`` are the byte addresses ``(enc, seed, cw_seed, cw_value, acc, inp)`` of the
+    point's two ciphertext blocks (chosen child's seed, node value), its seed (updated), its
+    key's seed and value corrections of this level, its two output words (added to) and its
+    two next-level AES inputs (written); ``words`` are ``(mt, sc, sn, neg)``: all ones where
+    the control bit is set, this level's seed tweak ``SEED | c``, the next level's ``SEED |
+    c'``, and all ones for party 1 (which subtracts). Returns word 0 of the chosen child's
+    block before the correction (its bit 0 is the uncorrected control bit).
+    """
+    u64 = types.uint64
+    sig = u64(types.UniTuple(u64, 6), types.UniTuple(u64, 4))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        e_p, s_p, cws_p, cwv_p, acc_p, ip_p = (builder.extract_value(args[0], k) for k in range(6))
+        mt, sc, sn, neg = (builder.extract_value(args[1], k) for k in range(4))
+        zero = ir.Constant(ir.IntType(64), 0)
+        s = _ld(builder, s_p)
+        mtv = _v2(builder, mt, mt)
+        negv = _v2(builder, neg, neg)
+        x = builder.xor(_ld(builder, e_p), s)
+        v = builder.xor(builder.xor(_ld(builder, e_p, 16), s), _const2(0, _VALUE))
+        v = builder.add(v, builder.and_(_ld(builder, cwv_p), mtv))
+        acc = builder.add(_ld(builder, acc_p), builder.sub(builder.xor(v, negv), negv))
+        _st(builder, acc_p, 0, acc)
+        ns = builder.xor(builder.and_(x, _CLEAR_LO), _v2(builder, zero, sc))
+        ns = builder.xor(ns, builder.and_(_ld(builder, cws_p), mtv))
+        _st(builder, s_p, 0, ns)
+        _st(builder, ip_p, 0, builder.xor(ns, _v2(builder, zero, sn)))
+        _st(builder, ip_p, 16, builder.xor(ns, _const2(0, _VALUE)))
+        return _lo(builder, x)
+
+    return sig, codegen
 
 
 @njit(cache=True, nogil=True)
@@ -173,21 +322,8 @@ def gen_step(  # noqa: PLR0913, PLR0915
             _gen_inputs(inp, b1, nq, s10, s11)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _put_inputs(
-    ip: np.ndarray, base: np.uint64, lo: np.uint64, hi: np.uint64
-) -> None:  # pragma: no cover
-    """One party's three ``tau = 2`` Gen input blocks at flat word ``base`` (:func:`gen_blocks`)."""
-    ip[base] = lo
-    ip[base + ONE] = hi ^ SEED
-    ip[base + TWO] = lo
-    ip[base + THREE] = hi ^ (SEED | ONE)
-    ip[base + FOUR] = lo
-    ip[base + FIVE] = hi ^ VALUE
-
-
 @njit(cache=True, nogil=True)
-def gen_step_tau2(  # noqa: PLR0913, PLR0915
+def gen_step_tau2(  # noqa: PLR0913
     enc: np.ndarray,
     level: int,
     domain_bits: int,
@@ -202,79 +338,39 @@ def gen_step_tau2(  # noqa: PLR0913, PLR0915
     cw_bits: np.ndarray,
     inp: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """:func:`gen_step` for ``tau = 2`` (one value block per node), unrolled: the same words.
+    """:func:`gen_step` for ``tau = 2`` (one value block per node): the same words.
 
-    The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``; with the loops over words
-    and blocks unrolled and no branch on a secret bit this kernel takes ~2/3 of the time of
-    the general one. ``enc`` and ``inp`` are read and written as flat words at unsigned
-    offsets (numba then emits no negative-index checks: ~20% less time, the same words).
+    The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``. Each key's step runs on
+    128-bit blocks (:func:`_gen_key_tau2`: about half the instructions of the scalar form and
+    no branch on a secret bit). Below the last level it writes the next level's inputs into
+    ``inp``; at the last level it writes them too (rows the leaf pass overwrites or never
+    encrypts), which saves a branch per key. All arrays are C-contiguous.
     """
-    e = enc.reshape(-1)
-    ip = inp.reshape(-1)
-    sd = seeds.reshape(-1)
-    tf = t.reshape(-1)
-    va = v_alpha.reshape(-1)
-    bf = betas.reshape(-1)
-    fs = cw_seeds.reshape(-1)
-    fv = cw_values.reshape(-1)
-    fb = cw_bits.reshape(-1)
-    row = np.uint64(level) * np.uint64(cw_bits.shape[1])
     shift = np.uint64(domain_bits - 1 - level)
-    more = level + 1 < domain_bits
+    at0 = np.uint64(level) * np.uint64(cw_bits.shape[1]) + np.uint64(lo)  # this level's row
+    e_p = np.uint64(enc.ctypes.data)
+    s_p = np.uint64(seeds.ctypes.data)
+    va_p = np.uint64(v_alpha.ctypes.data)
+    b_p = np.uint64(betas.ctypes.data) + SIXTEEN * np.uint64(lo)
+    cs_p = np.uint64(cw_seeds.ctypes.data) + SIXTEEN * at0
+    cv_p = np.uint64(cw_values.ctypes.data) + SIXTEEN * at0
+    ip_p = np.uint64(inp.ctypes.data)
+    fb = cw_bits.reshape(-1)
+    tf = t.reshape(-1)
     for jj in range(seeds.shape[0]):
         j = np.uint64(jj)
-        g = np.uint64(lo) + j
-        a = (alphas[g] >> shift) & ONE  # keep = a, lose = 1 - a
-        lose2 = TWO - TWO * a  # word offset of the lost child's seed block within a party's
-        keep2 = TWO * a
-        b0 = TWELVE * j  # party 0's three blocks (6 words), then party 1's
-        b1 = b0 + SIX
-        k4 = FOUR * j  # key j's seeds (party 0, then 1) in ``sd``, its bits at ``2 j`` in ``tf``
-        l0 = sd[k4]
-        h0 = sd[k4 + ONE]
-        l1 = sd[k4 + TWO]
-        h1 = sd[k4 + THREE]
+        a = (alphas[np.uint64(lo) + j] >> shift) & ONE
         t0 = np.uint64(tf[TWO * j])
         t1 = np.uint64(tf[TWO * j + ONE])
-        m0 = ZERO - t0
-        m1 = ZERO - t1
-        ma = ZERO - a
-        x0l = e[b0 + lose2] ^ l0
-        x1l = e[b1 + lose2] ^ l1
-        x0k = e[b0 + keep2] ^ l0
-        x1k = e[b1 + keep2] ^ l1
-        t_left = (e[b0] ^ l0 ^ e[b1] ^ l1 ^ a ^ ONE) & ONE
-        t_right = (e[b0 + TWO] ^ l0 ^ e[b1 + TWO] ^ l1 ^ a) & ONE
-        cw0 = (x0l ^ x1l) & CLEAR
-        cw1 = e[b0 + lose2 + ONE] ^ h0 ^ e[b1 + lose2 + ONE] ^ h1  # the tweaks cancel
-        at = row + g  # key g's correction of this level
-        fs[TWO * at] = cw0
-        fs[TWO * at + ONE] = cw1
-        fb[at] = np.uint8(t_left | (t_right << ONE))
-        # words 0 and 1 of the node's value block (gen_step), each party's
-        ba = bf[TWO * g] & ma
-        raw = (e[b1 + FOUR] ^ l1) - (e[b0 + FOUR] ^ l0) - va[TWO * j] + ba
-        fv[TWO * at] = (raw ^ m1) - m1
-        va[TWO * j] = ba
-        ba = bf[TWO * g + ONE] & ma
-        raw = (e[b1 + FIVE] ^ h1 ^ VALUE) - (e[b0 + FIVE] ^ h0 ^ VALUE) - va[TWO * j + ONE] + ba
-        fv[TWO * at + ONE] = (raw ^ m1) - m1
-        va[TWO * j + ONE] = ba
-        t_keep = t_left ^ ((t_left ^ t_right) & a)
-        tws = SEED | a
-        s00 = (x0k & CLEAR) ^ (cw0 & m0)
-        s01 = e[b0 + keep2 + ONE] ^ h0 ^ tws ^ (cw1 & m0)
-        s10 = (x1k & CLEAR) ^ (cw0 & m1)
-        s11 = e[b1 + keep2 + ONE] ^ h1 ^ tws ^ (cw1 & m1)
-        sd[k4] = s00
-        sd[k4 + ONE] = s01
-        sd[k4 + TWO] = s10
-        sd[k4 + THREE] = s11
-        tf[TWO * j] = np.uint8((x0k & ONE) ^ (t_keep & t0))
-        tf[TWO * j + ONE] = np.uint8((x1k & ONE) ^ (t_keep & t1))
-        if more:
-            _put_inputs(ip, b0, s00, s01)
-            _put_inputs(ip, b1, s10, s11)
+        o16 = SIXTEEN * j
+        ptrs = (
+            e_p + NINETY_SIX * j, s_p + o16 + o16, va_p + o16, b_p + o16, cs_p + o16,
+            cv_p + o16, ip_p + NINETY_SIX * j,
+        )  # fmt: skip
+        bits: np.uint64 = _gen_key_tau2(ptrs, (a, t0, t1))  # type: ignore[call-arg]
+        fb[at0 + j] = np.uint8(bits & THREE)
+        tf[TWO * j] = np.uint8((bits >> TWO) & ONE)
+        tf[TWO * j + ONE] = np.uint8((bits >> THREE) & ONE)
 
 
 @njit(cache=True, nogil=True)
@@ -419,46 +515,36 @@ def eval_step_tau2(  # noqa: PLR0913
     acc: np.ndarray,
     inp: np.ndarray,
 ) -> None:  # pragma: no cover - numba
-    """:func:`eval_step` for ``tau = 2`` (two blocks per point), unrolled: the same words.
+    """:func:`eval_step` for ``tau = 2`` (two blocks per point): the same words.
 
-    ``enc`` and ``inp`` are flat words at unsigned offsets (no negative-index checks).
+    Each point's step runs on 128-bit blocks (:func:`_eval_point_tau2`). At the last level
+    the next inputs are written too (rows the leaf pass overwrites or never encrypts). The
+    arrays are C-contiguous (``acc`` a row range of a C-contiguous array).
     """
-    e = enc.reshape(-1)
-    ip = inp.reshape(-1)
-    fs = cw_seeds.reshape(-1)
-    fv = cw_values.reshape(-1)
-    fb = cw_bits.reshape(-1)
     row = np.uint64(level) * np.uint64(cw_bits.shape[1])
     shift = np.uint64(domain_bits - 1 - level)
-    more = level + 1 < domain_bits
-    nshift = np.uint64(domain_bits - 2 - level) if more else np.uint64(0)
+    nshift = np.uint64(domain_bits - 2 - level) if level + 1 < domain_bits else ZERO
     neg = ZERO - np.uint64(party)
+    fb = cw_bits.reshape(-1)
+    e_p = np.uint64(enc.ctypes.data)
+    s_p = np.uint64(seeds.ctypes.data)
+    cs_p = np.uint64(cw_seeds.ctypes.data)
+    cv_p = np.uint64(cw_values.ctypes.data)
+    acc_p = np.uint64(acc.ctypes.data)
+    ip_p = np.uint64(inp.ctypes.data)
     for ii in range(seeds.shape[0]):
         i = np.uint64(ii)
         at = row + np.uint64(key_idx[i])  # the key's correction of this level
         pt = points[i]
         c = (pt >> shift) & ONE
-        base = FOUR * i
-        lo = seeds[i, 0]
-        hi = seeds[i, 1]
-        w0 = e[base] ^ lo
         tt = t[i]
-        mt = ZERO - np.uint64(tt)
-        v0 = (e[base + TWO] ^ lo) + (fv[TWO * at] & mt)
-        v1 = (e[base + THREE] ^ hi ^ VALUE) + (fv[TWO * at + ONE] & mt)
-        acc[i, 0] += (v0 ^ neg) - neg
-        acc[i, 1] += (v1 ^ neg) - neg
-        s0 = (w0 & CLEAR) ^ (fs[TWO * at] & mt)
-        s1 = e[base + ONE] ^ hi ^ (SEED | c) ^ (fs[TWO * at + ONE] & mt)
-        seeds[i, 0] = s0
-        seeds[i, 1] = s1
+        o16 = SIXTEEN * i
+        o32 = o16 + o16
+        ptrs = (e_p + o32, s_p + o16, cs_p + SIXTEEN * at, cv_p + SIXTEEN * at, acc_p + o16,
+                ip_p + o32)  # fmt: skip
+        words = (ZERO - np.uint64(tt), SEED | c, SEED | ((pt >> nshift) & ONE), neg)
+        w0: np.uint64 = _eval_point_tau2(ptrs, words)  # type: ignore[call-arg]
         t[i] = np.uint8(w0 & ONE) ^ ((fb[at] >> np.uint8(c)) & tt)
-        if more:
-            c2 = (pt >> nshift) & ONE
-            ip[base] = s0
-            ip[base + ONE] = s1 ^ (SEED | c2)
-            ip[base + TWO] = s0
-            ip[base + THREE] = s1 ^ VALUE
 
 
 @njit(cache=True, nogil=True)

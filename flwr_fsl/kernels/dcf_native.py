@@ -13,6 +13,14 @@ load (:func:`~flwr_fsl.kernels.aes.native_aes`; ``FLWR_FSL_NATIVE_AES=0`` turns 
 
 Both calls release the GIL, so a dealer or evaluator running several batches on threads runs
 them in parallel; each thread keeps its own OpenSSL context (:func:`context`).
+
+At ``tau = 2`` (PrivHFL's ReLU) the level steps are
+:func:`~flwr_fsl.kernels.dcf_kernels.gen_step_tau2` and
+:func:`~flwr_fsl.kernels.dcf_kernels.eval_step_tau2`, which work on 128-bit blocks. numba's
+on-disk cache of :func:`gen_run` and :func:`eval_run` holds the kernels they call compiled in,
+and is invalidated only when *this* file changes: after editing
+:mod:`~flwr_fsl.kernels.dcf_kernels`, clear the ``*.nbi``/``*.nbc`` files (or touch this one),
+or the drivers keep running the old kernels.
 """
 
 from __future__ import annotations
