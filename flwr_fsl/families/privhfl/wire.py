@@ -483,7 +483,9 @@ class Message:
 
 def _reader(data: object) -> Reader:
     """Start reading a message after its version: a lent (read-only) view in place."""
-    if not (isinstance(data, memoryview) and data.readonly and data.format == "B"):
+    if not (
+        isinstance(data, memoryview) and data.readonly and data.format == "B" and data.c_contiguous
+    ):
         return Reader.versioned(data, _MAGIC, _VERSION, "PrivHFL message")
     r = Reader(data, len(_MAGIC))  # type: ignore[arg-type]  # read like bytes, no copy
     if data[: len(_MAGIC)] != _MAGIC:

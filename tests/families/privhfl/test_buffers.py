@@ -139,6 +139,9 @@ def test_every_decoder_error_is_the_same_for_a_lent_view() -> None:
         with pytest.raises(PrivHFLMessageError) as lent:
             Message.from_bytes(_lent(bad))
         assert str(lent.value) == str(plain.value)
+    spread = bytes(b for c in good for b in (c, 0))
+    strided = memoryview(spread)[::2].toreadonly()  # not contiguous: read from a copy
+    assert bytes(strided) == good and Message.from_bytes(strided).blob_buffer() == b"abc"
 
 
 def test_generate_reply_written_into_a_lent_buffer_is_the_same_bytes() -> None:
