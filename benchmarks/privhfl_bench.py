@@ -26,6 +26,9 @@ writes the numbers as JSON (default ``benchmarks/results/privhfl_bench.json``):
    keys take ~1.3 kB per comparison; both default to the largest session whose every message
    fits the 512 MiB limit, :func:`~flwr_fsl.families.privhfl.protocol.max_batch`, at most 64):
    each chunk is a session of its own, so the masked weights ``E`` are sent once per chunk.
+   The chunks run on one :class:`~flwr_fsl.families.privhfl.protocol.LocalDriver`, whose
+   message buffers stay mapped from session to session; each row also gives the minor page
+   faults per query of the process (``getrusage``), old and new with ``--baseline-tree``.
    With ``--width 64`` and the DCF it prints the issue-26 target line (<= 0.5 s per query at
    batch >= 256, PASS/FAIL). Plaintext is torch's float32 forward on the same
    batch (one thread). "max err" is ``max |secure - torch|``; "wrong" counts logits more than
@@ -49,11 +52,13 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,7 @@ import torch
 from torch import nn
 
 from flwr_fsl.crypto import dcf
+from flwr_fsl.families.privhfl import protocol
 from flwr_fsl.families.privhfl.inference import SecureModel, from_torch
 from flwr_fsl.families.privhfl.protocol import (
     PrivHFLConfig,
@@ -244,14 +250,26 @@ def make_config(comparison: str, bound_bits: int) -> PrivHFLConfig:
     return PrivHFLConfig(comparison=comparison)  # type: ignore[arg-type]
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (``getrusage``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def run_secure(
     model: SecureModel, x: np.ndarray, comparison: str, chunk: int, bound_bits: int = 0
 ) -> tuple[np.ndarray, Transcript]:
+    """Predict ``x`` in sessions of ``chunk`` queries on one driver (its buffers reused).
+
+    Older code (``--baseline-tree``) has no :class:`~flwr_fsl.families.privhfl.protocol.
+    LocalDriver`: each session is then a :func:`secure_predict` call.
+    """
     tr = Transcript(clock=CLOCK)
     cfg = make_config(comparison, bound_bits)
+    driver = getattr(protocol, "LocalDriver", None)
+    predict = driver().predict if driver is not None else secure_predict
     parts = []
     for session, lo in enumerate(range(0, x.shape[0], chunk)):
-        res = secure_predict(
+        res = predict(
             [model], x[lo : lo + chunk], cfg, seeds=[SessionSeeds.fresh()], session=session,
             transcript=tr,
         )  # fmt: skip
@@ -280,9 +298,10 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                     cfg = make_config(comparison, bits)
                     chunk = min(max_batch(model.architecture, cfg), AUTO_CHUNK_CAP)
                 run_secure(model, x[:1], comparison, chunk, bits)  # warm-up (JIT, caches)
-                t0, c0 = time.perf_counter(), CLOCK()
+                t0, c0, f0 = time.perf_counter(), CLOCK(), minor_faults()
                 logits, tr = run_secure(model, x.astype(np.float64), comparison, chunk, bits)
                 wall, cpu = time.perf_counter() - t0, CLOCK() - c0
+                faults = minor_faults() - f0
                 err = np.abs(logits - expected)
                 row = {
                     "arch": name,
@@ -297,6 +316,7 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "party_s_per_query": {k: v / batch for k, v in tr.seconds.items()},
                     "wall_s": wall,
                     "cpu_s": cpu,
+                    "minor_faults_per_query": faults / batch,
                     "mb_per_query": tr.bytes_total() / batch / 1e6,
                     "online_mb_per_query": tr.bytes_total("online") / batch / 1e6,
                     "bytes_by_kind": tr.bytes_by_kind(),
@@ -309,7 +329,8 @@ def bench_prediction(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(
                     f"  {name:8s} {comparison:5s} batch {batch:4d}: "
                     f"{row['s_per_query'] * 1e3:9.1f} ms/query, "
-                    f"{row['mb_per_query']:8.2f} MB/query",
+                    f"{row['mb_per_query']:8.2f} MB/query, "
+                    f"{row['minor_faults_per_query']:8.0f} page faults/query (load {load()})",
                     flush=True,
                 )
     return out
@@ -362,6 +383,141 @@ def reply_peak(args: argparse.Namespace) -> None:
                "--batches", str(batch)]  # fmt: skip
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
         print(f"  {mode:6s}: reply {out[-2]} MB, peak {out[-1]} MB (load {load()})")
+
+
+# ------------------------------------------------------------------------- profile
+
+
+class _Parts:
+    """Exclusive CPU time per (party, part) of the functions :func:`profile` wraps."""
+
+    def __init__(self) -> None:
+        self.party = "?"
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.keys: dict[str, int] = {}
+        self.stack: list[list[Any]] = []  # [part, start] of the wrapped calls in progress
+
+    def _add(self, part: str, dt: float) -> None:
+        key = (self.party, part)
+        self.seconds[key] = self.seconds.get(key, 0.0) + dt
+
+    def wrap(self, part: str, fn: Callable[..., Any], keys: int = -1) -> Callable[..., Any]:
+        """``fn`` timed as ``part`` (less the wrapped calls inside it); ``keys``: count arg."""
+
+        def timed(*a: Any, **k: Any) -> Any:
+            now = CLOCK()
+            if self.stack:  # pause the caller's part
+                self._add(self.stack[-1][0], now - self.stack[-1][1])
+            self.stack.append([part, now])
+            if keys >= 0:
+                self.keys[part] = self.keys.get(part, 0) + len(a[keys])
+            try:
+                return fn(*a, **k)
+            finally:
+                end = CLOCK()
+                self._add(part, end - self.stack.pop()[1])
+                if self.stack:
+                    self.stack[-1][1] = end
+
+        return timed
+
+
+def aes_floor_us() -> float:
+    """Microseconds per block of OpenSSL AES-128-ECB called from numba (the DCF's AES), 1 MiB."""
+    from flwr_fsl.kernels.aes import native_aes, native_encrypt
+
+    aes = native_aes(bytes(16))
+    if aes is None:  # pragma: no cover - no libcrypto
+        return float("nan")
+    n = 1 << 16
+    src = np.random.default_rng(0).integers(0, 255, (n, 16), dtype=np.uint8)
+    dst = np.empty((n + 1, 16), np.uint8)
+    flag = np.zeros(1, np.int32)
+    native_encrypt(aes.fn, aes.ctx, src, dst, n, flag)
+    return best_of(lambda: native_encrypt(aes.fn, aes.ctx, src, dst, n, flag), 5) / n * 1e6
+
+
+def profile(args: argparse.Namespace) -> None:
+    """Print where each party's time per query goes (VGG-7 at ``--width``, DCF, one driver).
+
+    Exclusive CPU time of the wrapped functions: DCF Gen, evaluation, key setup (the public
+    part's check and the root seeds), the ring matmul, the PRG streams (AES-CTR words),
+    local truncation, message building (copies into the message) and parsing; the rest of a
+    party's time is numpy elementwise work, im2col and Python. The AES rows estimate the
+    DCF's AES calls: ``6 l + 2`` blocks per key in Gen and ``2 l + 1`` per key and party in
+    evaluation (``tau = 2``) at the OpenSSL floor measured here.
+    """
+    from flwr_fsl.crypto import dcf as dcf_mod
+    from flwr_fsl.crypto.prg import PRGStream
+    from flwr_fsl.families.privhfl import ops, wire
+
+    parts = _Parts()
+
+    class Timed(Transcript):
+        @contextmanager
+        def timed(self, party: str) -> Iterator[None]:
+            parts.party = party
+            with super().timed(party):
+                yield
+
+    patches = [
+        (dcf_mod, "generate_keys_batch", "DCF Gen", 0),
+        (dcf_mod, "evaluate_paired", "DCF eval", 1),
+        (dcf_mod.DCFPublicBatch, "from_bytes", "DCF key setup", -1),
+        (dcf_mod.DCFKeyBatch, "from_master_seed", "DCF key setup", -1),
+        (ops, "ring_matmul", "ring matmul", -1),
+        (ops, "truncate_local", "truncation", -1),
+        (PRGStream, "words", "PRG (AES-CTR)", -1),
+        (wire, "_write", "message build (copy)", -1),
+        (wire.Message, "from_bytes", "message parse", -1),
+    ]
+    saved = [(obj, name, obj.__dict__[name]) for obj, name, _, _ in patches]
+    for obj, name, part, keys in patches:
+        fn = getattr(obj, name)
+        wrapped = parts.wrap(part, fn, keys)
+        setattr(obj, name, staticmethod(wrapped) if isinstance(obj, type) and name != "words"
+                else wrapped)  # fmt: skip
+    net, shape = build("vgg7", args.width)
+    model = from_torch(net, shape)
+    cfg = make_config("dcf", args.bound_bits)
+    chunk = args.dcf_chunk or min(max_batch(model.architecture, cfg), AUTO_CHUNK_CAP)
+    batch = args.batches[0]
+    x = np.random.default_rng(0).uniform(0, 1, (batch, *shape))
+    try:
+        run_secure(model, x[:1], "dcf", chunk, args.bound_bits)  # warm-up
+        parts.seconds.clear()
+        parts.keys.clear()
+        tr = Timed(clock=CLOCK)
+        driver = getattr(protocol, "LocalDriver", None)
+        predict = driver().predict if driver is not None else secure_predict
+        for session, lo in enumerate(range(0, batch, chunk)):
+            predict([model], x[lo : lo + chunk], cfg, seeds=[SessionSeeds.fresh()],
+                    session=session, transcript=tr)  # fmt: skip
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+    floor = aes_floor_us()
+    l_bits = cfg.bound_bits
+    aes = {
+        ("Q", "DCF Gen"): parts.keys.get("DCF Gen", 0) * (6 * l_bits + 2),
+        ("A0", "DCF eval"): parts.keys.get("DCF eval", 0) // 2 * (2 * l_bits + 1),
+        ("S", "DCF eval"): parts.keys.get("DCF eval", 0) // 2 * (2 * l_bits + 1),
+    }
+    print(
+        f"where the time goes, VGG-7 width {args.width}, DCF, {batch} queries in sessions of "
+        f"{chunk} (ms per query, CPU; AES floor {floor * 1e3:.1f} ns/block; load {load()}):"
+    )
+    for party in ("Q", "A0", "S"):
+        total = tr.seconds.get(party, 0.0)
+        print(f"  {party}: {total / batch * 1e3:7.1f} ms in all")
+        mine = sorted(((p, t) for (who, p), t in parts.seconds.items() if who == party),
+                      key=lambda pt: -pt[1])  # fmt: skip
+        for part, t in mine:
+            blocks = aes.get((party, part), 0)
+            est = f" (AES ~{blocks * floor / 1e3 / batch:.1f} ms)" if blocks else ""
+            print(f"    {part:22s} {t / batch * 1e3:7.1f}{est}")
+        rest = total - sum(t for _, t in mine)
+        print(f"    {'other (numpy, Python)':22s} {rest / batch * 1e3:7.1f}")
 
 
 # ------------------------------------------------------------------------- main
@@ -429,7 +585,9 @@ def print_baseline(base: list[dict[str, Any]], rows: list[dict[str, Any]], tree:
             f"  {r['arch']:8s} {r['comparison']:5s} batch {r['batch']:4d}: "
             f"{o['s_per_query']:.3f} -> {r['s_per_query']:.3f} s/query "
             f"({o['s_per_query'] / r['s_per_query']:.2f}x), "
-            f"{o['mb_per_query']:.1f} -> {r['mb_per_query']:.1f} MB/query, {parties}"
+            f"{o['mb_per_query']:.1f} -> {r['mb_per_query']:.1f} MB/query, {parties}, "
+            f"page faults/query {o.get('minor_faults_per_query', float('nan')):.0f} -> "
+            f"{r['minor_faults_per_query']:.0f}"
         )
 
 
@@ -466,6 +624,12 @@ def main() -> None:
         "--width, the first of --batches queries): deals joined vs written as they are made",
     )
     parser.add_argument("--reply-peak-child", choices=("join", "stream"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only print where each party's time goes (VGG-7 at --width, DCF, the first of "
+        "--batches queries): DCF Gen/eval with their AES share, matmul, PRG, copies, the rest",
+    )
     args = parser.parse_args()
     args.archs = args.archs.split(",")
     args.variants = args.variants.split(",")
@@ -476,6 +640,9 @@ def main() -> None:
         return
     if args.reply_peak:
         reply_peak(args)
+        return
+    if args.profile:
+        profile(args)
         return
     if hasattr(os, "sched_setaffinity"):
         try:

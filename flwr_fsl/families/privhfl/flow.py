@@ -70,6 +70,7 @@ from flwr_fsl.families.privhfl.ops import Answerer, QuerierSession, ServerParty,
 from flwr_fsl.families.privhfl.wire import (
     PrivHFLMessageError,
     QuerierMessageError,
+    as_bytes,
     message_size,
 )
 
@@ -403,14 +404,14 @@ class QuerierDeals:
             raise ConfigurationError("a session's deals are made once")
         self._started = True
         q, batch = self._q, int(self._encoded.shape[0])
-        yield q.share_input(self._encoded)
+        yield as_bytes(q.share_input(self._encoded))
         for step in self.steps[1:]:
             if step.kind == "linear":
-                yield q.deal_linear(step.args[0], _geometry(step, batch), step.args[2])
+                yield as_bytes(q.deal_linear(step.args[0], _geometry(step, batch), step.args[2]))
             elif q.config.comparison == "dcf":
-                yield q.deal_dcf(step.args[0])
+                yield as_bytes(q.deal_dcf(step.args[0]))
             else:
-                yield q.deal_drelu(step.args[0])
+                yield as_bytes(q.deal_drelu(step.args[0]))
         self.ops = q._op
 
 
@@ -470,7 +471,7 @@ def querier_sign(
     if not (isinstance(k, int) and 1 <= k < len(steps) and _drelu_compare(config, steps[k])):
         raise ConfigurationError(f"step {k} is not a DReLU comparison")
     q = querier_session(config, architecture, batch, seeds, session, k + 1)
-    return q.drelu_answer(data, steps[k].args[0])
+    return as_bytes(q.drelu_answer(data, steps[k].args[0]))
 
 
 def querier_session(
@@ -557,23 +558,23 @@ class ServerSession:
         """Paper's DReLU: ``S -> Q: [z]_0 - delta + r [x]_1`` (``A`` sent its part at ``k-1``)."""
         if not self.needs_querier(k) or self._start is None:
             raise ConfigurationError(f"step {k} has no message for the querier")
-        return self.party.drelu_start(self._start[0], self.messages[k])
+        return as_bytes(self.party.drelu_start(self._start[0], self.messages[k]))
 
     def to_answerer(self, k: int, sign: bytes | None = None) -> bytes:
         """``S``'s half of step ``k`` for ``A`` (paper's DReLU: with ``Q``'s sign share)."""
         step = self.steps[k]
         if step.kind == "linear":
-            return self.party.linear_mask(
-                step.args[0], _geometry(step, self.batch), self.messages[k]
+            return as_bytes(
+                self.party.linear_mask(step.args[0], _geometry(step, self.batch), self.messages[k])
             )
         if self.config.comparison == "drelu":
             if sign is None:
                 raise ConfigurationError(f"step {k} needs the querier's sign share")
-            return self.party.drelu_mask(sign)
+            return as_bytes(self.party.drelu_mask(sign))
         relay, opening = self.party.dcf_start(self.messages[k])
         w = Writer()
-        w.raw(relay)
-        w.raw(opening)
+        w.raw(as_bytes(relay))
+        w.raw(as_bytes(opening))
         return w.payload()
 
     def from_answerer(self, k: int, reply: bytes) -> None:
@@ -763,16 +764,16 @@ def answerer_step(
         a.dcf_finish(opening)
     _run_local(a, step)
     w = Writer()
-    w.raw(reply)
+    w.raw(as_bytes(reply))
     pool = a._pending.get("pool")
     new = AnswererState(
         state.session, state.batch, k + 1, a._op, state.querier_answerer,
         state.server_answerer, list(a.stack), pool,
     )  # fmt: skip
     if k == len(steps) - 1:
-        w.raw(a.aggregate())
+        w.raw(as_bytes(a.aggregate()))
     elif _drelu_compare(config, steps[k + 1]):
         # Paper's DReLU: A's first messages of the next comparison need no input from S.
-        w.raw(a.drelu_start())
-        w.raw(a.drelu_mask())
+        w.raw(as_bytes(a.drelu_start()))
+        w.raw(as_bytes(a.drelu_mask()))
     return new, w.payload()

@@ -51,6 +51,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,7 +61,7 @@ from flwr_fsl.core.wireformat import Reader, WireFormatError, Writer, register_m
 from flwr_fsl.crypto.prg import SEED_BYTES
 from flwr_fsl.crypto.sealing import RoundBinding
 from flwr_fsl.families.privhfl.config import PrivHFLConfig
-from flwr_fsl.families.privhfl.wire import assemble
+from flwr_fsl.families.privhfl.wire import MessageBuffers, Wire, assemble
 
 __all__ = [
     "KEY_SLOT",
@@ -314,9 +315,16 @@ class GenerateReply:
         return cls(batch, sessions)
 
 
+_Sessions = Sequence[tuple[int, bytes, Sequence[int], Iterable[bytes]]]
+
+
+@overload
+def encode_generate_reply(batch: int, sessions: _Sessions, into: None = None) -> bytes: ...
+@overload
+def encode_generate_reply(batch: int, sessions: _Sessions, into: MessageBuffers) -> Wire: ...
 def encode_generate_reply(
-    batch: int, sessions: Sequence[tuple[int, bytes, Sequence[int], Iterable[bytes]]]
-) -> bytes:
+    batch: int, sessions: _Sessions, into: MessageBuffers | None = None
+) -> Wire:
     """Encode a :class:`GenerateReply` whose messages are made while it is written.
 
     The reply is sized from the messages' announced lengths and allocated once
@@ -324,7 +332,8 @@ def encode_generate_reply(
     iterable yields it and then dropped, so a session's deals
     (:class:`~flwr_fsl.families.privhfl.flow.QuerierDeals`) are never all in memory next to
     the reply (a join needs both: twice the deals at the peak). The bytes are those of
-    :meth:`GenerateReply.to_bytes` for the same messages.
+    :meth:`GenerateReply.to_bytes` for the same messages. With ``into`` (a process that
+    also consumes the reply) it is written into a buffer that pool lends.
 
     Parameters
     ----------
@@ -332,11 +341,13 @@ def encode_generate_reply(
         The batch size.
     sessions : sequence of tuple
         Per answerer ``(node, sealed seed, message lengths, messages)``.
+    into : MessageBuffers, optional
+        Buffers to write the reply into (:func:`~flwr_fsl.families.privhfl.wire.assemble`).
 
     Returns
     -------
-    bytes
-        The reply.
+    bytes or memoryview
+        The reply (a read-only view of a lent buffer with ``into``).
 
     Raises
     ------
@@ -385,7 +396,7 @@ def encode_generate_reply(
             if next(made, None) is not None:  # (also lets a generator finish its work)
                 raise WireFormatError(f"more messages than the {len(sizes)} announced")
 
-    return assemble([], total, fill)
+    return assemble([], total, fill, into)
 
 
 def _check_u32(n: object) -> int:

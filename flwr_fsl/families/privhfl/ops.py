@@ -114,9 +114,11 @@ from flwr_fsl.families.privhfl.wire import (
     SHARE,
     TRIPLE_DEAL,
     Message,
+    MessageBuffers,
     PrivHFLMessageError,
     QuerierMessageError,
     ServerMessageError,
+    Wire,
     expect,
 )
 
@@ -187,6 +189,8 @@ class _Evaluator:
     """Common part of the two computing parties (the answerer is party 0, the server 1)."""
 
     party: int
+    buffers: MessageBuffers | None = None
+    """Where large messages are built: an in-process driver's (``None``: fresh ``bytes``)."""
 
     def __init__(
         self,
@@ -372,16 +376,18 @@ class Answerer(_Evaluator):
 
     # Π_Matmul
 
-    def linear_mask(self, layer: Linear | Conv2d, index: int, geometry: tuple) -> bytes:
+    def linear_mask(self, layer: Linear | Conv2d, index: int, geometry: tuple) -> Wire:
         """Send ``E = M + a`` (offline); remember ``a`` and ``[c]_0``."""
         label = self._next()
         _, inner, outs = geometry
         stream = self._matmul_triple_stream(label)
         a = _RING.random((inner, outs), stream)
         self._pending["matmul"] = (layer, index, geometry, stream)
-        return Message(MATMUL_A, label, (_RING.add(self._weights[index][0], a),)).to_bytes()
+        return Message(MATMUL_A, label, (_RING.add(self._weights[index][0], a),)).to_bytes(
+            self.buffers
+        )
 
-    def linear_finish(self, data: bytes, shape_out: Shape) -> None:
+    def linear_finish(self, data: Wire, shape_out: Shape) -> None:
         """``[Y]_0 = P([x]_0 + F) M - [c]_0``, truncated, plus the bias."""
         layer, index, (rows, _, outs), stream = self._pending.pop("matmul")
         msg = expect(data, MATMUL_S, self.label, [self.top.shape], sender="server")
@@ -396,7 +402,7 @@ class Answerer(_Evaluator):
 
     # Π_DReLU (paper)
 
-    def drelu_start(self) -> bytes:
+    def drelu_start(self) -> Wire:
         """Send ``S`` the masked ``r [x]_0 - delta`` (``A -> S``)."""
         label = self._next()
         x = self.top.reshape(-1)
@@ -406,18 +412,18 @@ class Answerer(_Evaluator):
         delta_prime = _RING.random((n,), masks)
         z0 = _RING.mul(self._drelu_scale(n, label), x)
         self._pending["drelu"] = delta_prime
-        return Message(DRELU_A, label, (_RING.sub(z0, delta),)).to_bytes()
+        return Message(DRELU_A, label, (_RING.sub(z0, delta),)).to_bytes(self.buffers)
 
-    def drelu_mask(self) -> bytes:
+    def drelu_mask(self) -> Wire:
         """Beaver openings of ``x * DReLU(x)`` (``A``'s DReLU share is ``delta'``)."""
         x = self.top.reshape(-1)
         s0 = self._pending.pop("drelu")
         triple = self._elementwise_triple(x.shape[0], self.label)
         d, e = beaver_mask(_RING, x, s0, triple)
         self._pending["beaver"] = (d, e, triple)
-        return Message(BEAVER_A, self.label, (d, e)).to_bytes()
+        return Message(BEAVER_A, self.label, (d, e)).to_bytes(self.buffers)
 
-    def drelu_finish(self, data: bytes) -> None:
+    def drelu_finish(self, data: Wire) -> None:
         """``ReLU`` share from the server's openings."""
         n = self.top.size
         msg = expect(data, BEAVER_S, self.label, [(n,), (n,)], sender="server")
@@ -427,7 +433,7 @@ class Answerer(_Evaluator):
 
     # DCF comparison
 
-    def dcf_start(self, relay: bytes) -> bytes:
+    def dcf_start(self, relay: Wire) -> Wire:
         """Take the dealt DCF keys (``Q``'s ``dcf-keys``, forwarded by ``S``); open ``[x]_0 + r_0``.
 
         The message's two correction arrays are ``S``'s (uniform to ``A``); ``A``'s shares of
@@ -444,9 +450,9 @@ class Answerer(_Evaluator):
         rq0 = _RING.random((n,), stream)
         opened = _RING.add(x, r0)
         self._pending["dcf"] = {"keys": keys, "r": r0, "q": q0, "rq": rq0, "open": opened}
-        return Message(DCF_OPEN_A, label, (opened,)).to_bytes()
+        return Message(DCF_OPEN_A, label, (opened,)).to_bytes(self.buffers)
 
-    def dcf_finish(self, data: bytes) -> None:
+    def dcf_finish(self, data: Wire) -> None:
         """Evaluate the DCF at the opened ``x + r``; this party's share of ``ReLU(x)``."""
         n = self.top.size
         msg = expect(data, DCF_OPEN_S, self.label, [(n,)], sender="server")
@@ -454,12 +460,12 @@ class Answerer(_Evaluator):
 
     # Π_Agg
 
-    def aggregate(self) -> bytes:
+    def aggregate(self) -> Wire:
         """Send ``S`` the masked output share ``[y]_0 - r`` (``r`` from ``Sk_QA``)."""
         label = self._next()
         y = self.top
         r = _RING.random(y.shape, _stream(self._dealer_seed, label, TAG_AGG))
-        return Message(AGG_A, label, (_RING.sub(y, r),)).to_bytes()
+        return Message(AGG_A, label, (_RING.sub(y, r),)).to_bytes(self.buffers)
 
 
 def _dcf_keys(
@@ -522,25 +528,26 @@ class ServerParty(_Evaluator):
             config, architecture, batch, seeds.server_querier, seeds.server_answerer, session
         )
 
-    def receive_input(self, data: bytes) -> None:
+    def receive_input(self, data: Wire) -> None:
         """Π_Share: ``[x]_1`` from ``Q``."""
         label = self._next()
         shape = _batched(self.batch, self.architecture.internal_input_shape)
         msg = expect(data, SHARE, label, [shape], sender="querier")
-        self.stack = [self.rand.input_share(shape, label, msg.arrays[0])]
+        # a copy: the share outlives this step, the message (maybe a lent buffer) does not
+        self.stack = [self.rand.input_share(shape, label, msg.arrays[0]).copy()]
 
     # Π_Matmul
 
-    def linear_mask(self, layer: Linear | Conv2d, geometry: tuple, deal: bytes) -> bytes:
+    def linear_mask(self, layer: Linear | Conv2d, geometry: tuple, deal: Wire) -> Wire:
         """Take ``[c]_1`` from ``Q``; send ``F = [x]_1 - b``."""
         label = self._next()
         rows, _, outs = geometry
         msg = expect(deal, MATMUL_DEAL, label, [(rows, outs)], sender="querier")
         b = _RING.random(self.top.shape, self._matmul_triple_stream(label))
         self._pending["matmul"] = (layer, b, msg.arrays[0])
-        return Message(MATMUL_S, label, (_RING.sub(self.top, b),)).to_bytes()
+        return Message(MATMUL_S, label, (_RING.sub(self.top, b),)).to_bytes(self.buffers)
 
-    def linear_finish(self, data: bytes, geometry: tuple, shape_out: Shape) -> None:
+    def linear_finish(self, data: Wire, geometry: tuple, shape_out: Shape) -> None:
         """``[Y]_1 = P(b) E - [c]_1``, truncated."""
         layer, b, c1 = self._pending.pop("matmul")
         _, inner, outs = geometry
@@ -550,7 +557,7 @@ class ServerParty(_Evaluator):
 
     # Π_DReLU (paper)
 
-    def drelu_start(self, data: bytes, triple_deal: bytes) -> bytes:
+    def drelu_start(self, data: Wire, triple_deal: Wire) -> Wire:
         """``S -> Q: [z]_0 - delta + r [x]_1``; keep the dealt triple correction."""
         label = self._next()
         x = self.top.reshape(-1)
@@ -559,9 +566,9 @@ class ServerParty(_Evaluator):
         deal = expect(triple_deal, TRIPLE_DEAL, label, [(n,)], sender="querier")
         self._pending["triple"] = self._elementwise_triple(n, label, deal.arrays[0])
         z1 = _RING.mul(self._drelu_scale(n, label), x)
-        return Message(DRELU_S, label, (_RING.add(msg.arrays[0], z1),)).to_bytes()
+        return Message(DRELU_S, label, (_RING.add(msg.arrays[0], z1),)).to_bytes(self.buffers)
 
-    def drelu_mask(self, data: bytes) -> bytes:
+    def drelu_mask(self, data: Wire) -> Wire:
         """Take ``DReLU - delta'`` from ``Q``; Beaver openings of ``x * DReLU(x)``."""
         x = self.top.reshape(-1)
         msg = expect(data, DRELU_Q, self.label, [x.shape], sender="querier")
@@ -569,9 +576,9 @@ class ServerParty(_Evaluator):
         assert isinstance(triple, TripleShare)
         d, e = beaver_mask(_RING, x, msg.arrays[0], triple)
         self._pending["beaver"] = (d, e, triple)
-        return Message(BEAVER_S, self.label, (d, e)).to_bytes()
+        return Message(BEAVER_S, self.label, (d, e)).to_bytes(self.buffers)
 
-    def drelu_finish(self, data: bytes) -> None:
+    def drelu_finish(self, data: Wire) -> None:
         """``ReLU`` share from the answerer's openings."""
         n = self.top.size
         msg = expect(data, BEAVER_A, self.label, [(n,), (n,)], sender="answerer")
@@ -581,7 +588,7 @@ class ServerParty(_Evaluator):
 
     # DCF comparison
 
-    def dcf_start(self, deal: bytes) -> tuple[bytes, bytes]:
+    def dcf_start(self, deal: Wire) -> tuple[Wire, Wire]:
         """Take ``Q``'s ``dcf-keys``; return (the same bytes, forwarded to ``A``; the opening).
 
         ``S``'s shares: ``r_1``, ``[q]_1``, ``[r q]_1`` from ``Sk_SQ``, the last two plus the
@@ -598,9 +605,9 @@ class ServerParty(_Evaluator):
         rq1 = _RING.add(_RING.random((n,), stream), _RING.validate(msg.arrays[1], "rq correction"))
         opened = _RING.add(x, r1)
         self._pending["dcf"] = {"keys": keys, "r": r1, "q": q1, "rq": rq1, "open": opened}
-        return deal, Message(DCF_OPEN_S, label, (opened,)).to_bytes()
+        return deal, Message(DCF_OPEN_S, label, (opened,)).to_bytes(self.buffers)
 
-    def dcf_finish(self, data: bytes) -> None:
+    def dcf_finish(self, data: Wire) -> None:
         """Evaluate the DCF at the opened ``x + r``; this party's share of ``ReLU(x)``."""
         n = self.top.size
         msg = expect(data, DCF_OPEN_A, self.label, [(n,)], sender="answerer")
@@ -608,7 +615,7 @@ class ServerParty(_Evaluator):
 
     # Π_Agg
 
-    def aggregate_part(self, data: bytes) -> NDArray[np.uint64]:
+    def aggregate_part(self, data: Wire) -> NDArray[np.uint64]:
         """``[y]_0 - r + [y]_1`` of this session (the server sums the sessions)."""
         label = self._next()
         msg = expect(data, AGG_A, label, [self.top.shape], sender="answerer")
@@ -660,6 +667,9 @@ class QuerierSession:
         If an argument is malformed (named).
     """
 
+    buffers: MessageBuffers | None = None
+    """Where large messages are built: an in-process driver's (``None``: fresh ``bytes``)."""
+
     def __init__(
         self,
         config: PrivHFLConfig,
@@ -690,12 +700,14 @@ class QuerierSession:
         """The current op's label."""
         return (self._session << 32) | self._op
 
-    def share_input(self, x_encoded: NDArray[np.uint64]) -> bytes:
+    def share_input(self, x_encoded: NDArray[np.uint64]) -> Wire:
         """Π_Share: ``[x]_1 = x - [x]_0`` for ``S``."""
         label = self._next()
-        return Message(SHARE, label, (self.dealer.share_input(x_encoded, label),)).to_bytes()
+        return Message(SHARE, label, (self.dealer.share_input(x_encoded, label),)).to_bytes(
+            self.buffers
+        )
 
-    def deal_linear(self, layer: Linear | Conv2d, geometry: tuple, shape_in: Shape) -> bytes:
+    def deal_linear(self, layer: Linear | Conv2d, geometry: tuple, shape_in: Shape) -> Wire:
         """Π_Matmul triple: ``[c]_1 = P(b) a - [c]_0`` for ``S``."""
         label = self._next()
         rows, inner, outs = geometry
@@ -704,16 +716,16 @@ class QuerierSession:
         c0 = _RING.random((rows, outs), a_stream)
         b = _RING.random(_batched(self.batch, shape_in), _stream(self._sq, label, TAG_MATMUL))
         c1 = _RING.sub(ring_matmul(_patches(b, layer), a), c0)
-        return Message(MATMUL_DEAL, label, (c1,)).to_bytes()
+        return Message(MATMUL_DEAL, label, (c1,)).to_bytes(self.buffers)
 
-    def deal_drelu(self, n: int) -> bytes:
+    def deal_drelu(self, n: int) -> Wire:
         """Deal the Beaver triple of ``x * DReLU(x)``: ``S``'s correction ``c_1``."""
         label = self._next()
         return Message(
             TRIPLE_DEAL, label, (self.dealer.triple(TripleShape.elementwise((n,)), label),)
-        ).to_bytes()
+        ).to_bytes(self.buffers)
 
-    def drelu_answer(self, data: bytes, n: int) -> bytes:
+    def drelu_answer(self, data: Wire, n: int) -> Wire:
         """Open ``z = r x`` (the leak) and send ``S`` its share ``DReLU(z) - delta'``."""
         try:
             msg = expect(data, DRELU_S, self.label, [(n,)], sender="server")
@@ -725,9 +737,11 @@ class QuerierSession:
         z = _RING.add(msg.arrays[0], delta)
         if self.learned is not None:
             self.learned.append(z.view(np.int64).copy())
-        return Message(DRELU_Q, self.label, (_RING.sub(_signed_ge0(z), delta_prime),)).to_bytes()
+        return Message(DRELU_Q, self.label, (_RING.sub(_signed_ge0(z), delta_prime),)).to_bytes(
+            self.buffers
+        )
 
-    def deal_dcf(self, n: int) -> bytes:
+    def deal_dcf(self, n: int) -> Wire:
         """``dcf-keys``: DCF keys for the mask ``r = r_0 + r_1``, corrections of ``q``, ``r q``.
 
         The corrections ``q - [q]_0 - [q]_1`` and ``r q - [r q]_0 - [r q]_1`` (each share from
@@ -764,7 +778,7 @@ class QuerierSession:
             )
 
         size = dcf.public_size(l_bits, 2, n)
-        return Message(DCF_KEYS, label, corr).to_bytes_filled(size, fill)
+        return Message(DCF_KEYS, label, corr).to_bytes_filled(size, fill, self.buffers)
 
     def aggregation_mask(self) -> NDArray[np.uint64]:
         """``r_j`` of Π_Agg for this session (advances the label like the other parties)."""

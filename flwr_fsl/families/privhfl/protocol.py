@@ -14,7 +14,8 @@ The parts: the settings and seeds (:mod:`~flwr_fsl.families.privhfl.config`), th
 each party with their derivations (:mod:`~flwr_fsl.families.privhfl.ops`: Π_Share, Π_Matmul,
 the paper's Π_DReLU, the leak-free DCF comparison, max pooling, Π_Agg), the PHFL message
 format (:mod:`~flwr_fsl.families.privhfl.wire`); this module has the querier
-(:class:`Querier`) and the in-process driver :func:`secure_predict`, and re-exports the rest.
+(:class:`Querier`) and the in-process driver :func:`secure_predict` (:class:`LocalDriver`:
+its messages built in buffers it reuses), and re-exports the rest.
 
 **Comparison: DCF by default; the paper's DReLU leaks (documented and tested).** The default
 (``PrivHFLConfig().comparison == "dcf"``) compares with one distributed comparison function per
@@ -156,10 +157,13 @@ from flwr_fsl.families.privhfl.wire import (  # noqa: F401
     SHARE,
     TRIPLE_DEAL,
     Message,
+    MessageBuffers,
     PrivHFLMessageError,
     QuerierMessageError,
     ServerMessageError,
     Transcript,
+    Wire,
+    as_bytes,
     expect,
 )
 
@@ -167,7 +171,9 @@ __all__ = [
     "COMPARISONS",
     "KIND_NAMES",
     "Answerer",
+    "LocalDriver",
     "Message",
+    "MessageBuffers",
     "NoAnswerError",
     "PredictionResult",
     "PrivHFLConfig",
@@ -231,7 +237,7 @@ class Querier:
             )
         return self.codec.encode(to_nhwc(x))
 
-    def finish(self, data: bytes, step: int, shape: tuple[int, int]) -> tuple[NDArray, tuple]:
+    def finish(self, data: Wire, step: int, shape: tuple[int, int]) -> tuple[NDArray, tuple]:
         """Π_Agg: add the masks of the answerers included; decode ``sum_j y_j``.
 
         Returns
@@ -301,7 +307,12 @@ Tamper = Callable[[str, str, int, bytes], bytes]
 
 
 class _Session:
-    """Runs one answerer's secure prediction, routing bytes between the three parties."""
+    """Runs one answerer's secure prediction, routing bytes between the three parties.
+
+    Every party builds its large messages in ``buffers`` (the driver's); each op's messages
+    are dead once the op has ended (the receivers keep nothing of them), so each op hands
+    its buffers back at its end (:meth:`MessageBuffers.recycle`) for the next op's messages.
+    """
 
     def __init__(
         self,
@@ -312,16 +323,18 @@ class _Session:
         s: ServerParty,
         transcript: Transcript,
         tamper: Tamper | None,
+        buffers: MessageBuffers,
     ) -> None:
         self.j = index
         self.config = config
         self.q, self.a, self.s = q, a, s
+        q.buffers = a.buffers = s.buffers = self.buffers = buffers
         self.tr = transcript
         self.tamper = tamper
         self.name_a = f"A{index}"
         self.n = a.batch
 
-    def send(self, sender: str, receiver: str, data: bytes) -> bytes:
+    def send(self, sender: str, receiver: str, data: Wire) -> Wire:
         return _deliver(self.tr, self.tamper, sender, receiver, data)
 
     # Visitor interface --------------------------------------------------------------
@@ -342,6 +355,7 @@ class _Session:
             self.a.linear_finish(f, shape_out)
         with self.tr.timed(S):
             self.s.linear_finish(e, geom, shape_out)
+        self.buffers.recycle()  # the deal, E and F are consumed
 
     def _compare(self, n: int) -> None:
         """ReLU of the current value (``n`` elements) with the configured comparison."""
@@ -384,6 +398,7 @@ class _Session:
                 self.a.dcf_finish(os_)
             with self.tr.timed(S):
                 self.s.dcf_finish(oa)
+        self.buffers.recycle()  # the deal (keys) and the openings are consumed
 
     def relu(self, shape: Shape) -> None:
         self._compare(self.n * _count(shape))
@@ -430,6 +445,7 @@ class _Session:
             self.a.receive_input()
         with self.tr.timed("S"):
             self.s.receive_input(share)
+        self.buffers.recycle()
         self.a.architecture.walk(self)
 
     def aggregate_part(self) -> NDArray[np.uint64]:
@@ -437,10 +453,12 @@ class _Session:
             msg = self.a.aggregate()
         msg = self.send(self.name_a, "S", msg)
         with self.tr.timed("S"):
-            return self.s.aggregate_part(msg)
+            part = self.s.aggregate_part(msg)
+        self.buffers.recycle()
+        return part
 
 
-def secure_predict(  # noqa: C901
+def secure_predict(
     models: Sequence[SecureModel],
     queries: ArrayLike,
     config: PrivHFLConfig | None = None,
@@ -457,7 +475,9 @@ def secure_predict(  # noqa: C901
     the transcript). Answerers may have different architectures with the same input shape and
     number of outputs. An answerer whose session fails with a
     :class:`~flwr_fsl.core.errors.ClientInputError` (a malformed message) is dropped with the
-    reason and the others are aggregated.
+    reason and the others are aggregated. Large messages are built in buffers the call's
+    :class:`LocalDriver` lends for one op (the same bytes; one driver for many sessions keeps
+    them from call to call).
 
     Parameters
     ----------
@@ -499,69 +519,110 @@ def secure_predict(  # noqa: C901
     ServerMessageError
         If a message the querier received from the server is malformed.
     """
-    cfg = config if config is not None else PrivHFLConfig()
-    if not models:
-        raise ConfigurationError("secure_predict needs at least one answerer model")
-    archs = [m.architecture for m in models]
-    if any(not isinstance(m, SecureModel) for m in models):
-        raise ConfigurationError("every model must be a SecureModel")
-    if len({a.input_shape for a in archs}) != 1 or len({a.num_outputs for a in archs}) != 1:
-        raise ConfigurationError("answerers' models need one input shape and one output size")
-    x = np.asarray(queries, dtype=np.float64)
-    n = int(x.shape[0]) if x.ndim else 0
-    if n < 1:
-        raise ConfigurationError("queries must hold at least one query")
-    _check_batch(archs, cfg, n)
-    seeds = list(seeds) if seeds is not None else [SessionSeeds.fresh() for _ in models]
-    if len(seeds) != len(models):
-        raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
-    tr = transcript if transcript is not None else Transcript()
-    q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak)
-    querier = Querier(cfg, q_sessions)
-    with tr.timed("Q"):
-        encoded = querier.encode(x, archs[0])
-    runs: dict[int, _Session] = {}
-    dropped: dict[int, str] = {}
-    for j, model in enumerate(models):
-        run = _Session(
-            j,
-            cfg,
-            q_sessions[j],
-            Answerer(cfg, model, n, seeds[j], session),
-            ServerParty(cfg, archs[j], n, seeds[j], session),
-            tr,
-            tamper,
+    return LocalDriver().predict(
+        models, queries, config, seeds=seeds, session=session, transcript=transcript,
+        record_leak=record_leak, tamper=tamper,
+    )  # fmt: skip
+
+
+class LocalDriver:
+    """The in-process driver of :func:`secure_predict`, with its message buffers.
+
+    Its parties build their large messages in buffers the driver lends for one op and
+    takes back when the op ends (:class:`~flwr_fsl.families.privhfl.wire.MessageBuffers`): no
+    fresh memory, so no page faults, per message. One driver used for many sessions (a
+    batch cut into sessions, as ``benchmarks/privhfl_bench.py`` does) keeps its buffers
+    mapped between them; :func:`secure_predict` uses a new driver per call.
+
+    Parameters
+    ----------
+    buffers : MessageBuffers, optional
+        The buffers (a new :class:`~flwr_fsl.families.privhfl.wire.MessageBuffers` by default).
+    """
+
+    def __init__(self, buffers: MessageBuffers | None = None) -> None:
+        self.buffers = buffers if buffers is not None else MessageBuffers()
+
+    def predict(  # noqa: C901
+        self,
+        models: Sequence[SecureModel],
+        queries: ArrayLike,
+        config: PrivHFLConfig | None = None,
+        *,
+        seeds: Sequence[SessionSeeds] | None = None,
+        session: int = 0,
+        transcript: Transcript | None = None,
+        record_leak: bool = False,
+        tamper: Tamper | None = None,
+    ) -> PredictionResult:
+        """Run :func:`secure_predict` (the same parameters, returns and errors) in these buffers.
+
+        A session that fails leaves its last op's buffers lent: the next op hands them back.
+        """
+        cfg = config if config is not None else PrivHFLConfig()
+        if not models:
+            raise ConfigurationError("secure_predict needs at least one answerer model")
+        archs = [m.architecture for m in models]
+        if any(not isinstance(m, SecureModel) for m in models):
+            raise ConfigurationError("every model must be a SecureModel")
+        if len({a.input_shape for a in archs}) != 1 or len({a.num_outputs for a in archs}) != 1:
+            raise ConfigurationError("answerers' models need one input shape and one output size")
+        x = np.asarray(queries, dtype=np.float64)
+        n = int(x.shape[0]) if x.ndim else 0
+        if n < 1:
+            raise ConfigurationError("queries must hold at least one query")
+        _check_batch(archs, cfg, n)
+        seeds = list(seeds) if seeds is not None else [SessionSeeds.fresh() for _ in models]
+        if len(seeds) != len(models):
+            raise ConfigurationError(f"need one SessionSeeds per answerer, got {len(seeds)}")
+        tr = transcript if transcript is not None else Transcript()
+        q_sessions = _querier_sessions(cfg, archs, n, seeds, session, record_leak)
+        querier = Querier(cfg, q_sessions)
+        with tr.timed("Q"):
+            encoded = querier.encode(x, archs[0])
+        runs: dict[int, _Session] = {}
+        dropped: dict[int, str] = {}
+        for j, model in enumerate(models):
+            run = _Session(
+                j,
+                cfg,
+                q_sessions[j],
+                Answerer(cfg, model, n, seeds[j], session),
+                ServerParty(cfg, archs[j], n, seeds[j], session),
+                tr,
+                tamper,
+                self.buffers,
+            )
+            try:
+                run.run(encoded)
+            except QuerierMessageError:
+                raise
+            except ClientInputError as err:
+                dropped[j] = str(err)
+                continue
+            runs[j] = run
+        with tr.timed("Q"):
+            querier.prepare_aggregation()
+        parts: dict[int, NDArray[np.uint64]] = {}
+        for j, run in runs.items():
+            try:
+                parts[j] = run.aggregate_part()
+            except ClientInputError as err:
+                dropped[j] = str(err)
+        if not parts:
+            raise NoAnswerError(f"every answerer's session failed: {dropped}")
+        step = agg_step(session)
+        with tr.timed("S"):
+            agg: Wire = server_aggregate(parts, step)
+        agg = _deliver(tr, tamper, "S", "Q", agg)
+        with tr.timed("Q"):
+            logits, included = querier.finish(agg, step, (n, archs[0].num_outputs))
+        learned = (
+            {j: list(s.learned) for j, s in q_sessions.items() if s.learned is not None}
+            if record_leak
+            else {}
         )
-        try:
-            run.run(encoded)
-        except QuerierMessageError:
-            raise
-        except ClientInputError as err:
-            dropped[j] = str(err)
-            continue
-        runs[j] = run
-    with tr.timed("Q"):
-        querier.prepare_aggregation()
-    parts: dict[int, NDArray[np.uint64]] = {}
-    for j, run in runs.items():
-        try:
-            parts[j] = run.aggregate_part()
-        except ClientInputError as err:
-            dropped[j] = str(err)
-    if not parts:
-        raise NoAnswerError(f"every answerer's session failed: {dropped}")
-    step = agg_step(session)
-    with tr.timed("S"):
-        agg = server_aggregate(parts, step)
-    agg = _deliver(tr, tamper, "S", "Q", agg)
-    with tr.timed("Q"):
-        logits, included = querier.finish(agg, step, (n, archs[0].num_outputs))
-    learned = (
-        {j: list(s.learned) for j, s in q_sessions.items() if s.learned is not None}
-        if record_leak
-        else {}
-    )
-    return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
+        return PredictionResult(logits, softmax(logits), included, dropped, tr, learned)
 
 
 def _querier_sessions(
@@ -598,12 +659,10 @@ def agg_step(session: int) -> int:
     return session << 32
 
 
-def _deliver(
-    tr: Transcript, tamper: Tamper | None, sender: str, receiver: str, data: bytes
-) -> bytes:
-    """Deliver one message: through the test hook, then counted in the transcript."""
+def _deliver(tr: Transcript, tamper: Tamper | None, sender: str, receiver: str, data: Wire) -> Wire:
+    """Deliver one message: through the test hook (given ``bytes``), then counted."""
     if tamper is not None:
-        data = tamper(sender, receiver, data[5], data)
+        data = tamper(sender, receiver, data[5], as_bytes(data))
     try:
         tr.record(sender, receiver, data)
     except PrivHFLMessageError:

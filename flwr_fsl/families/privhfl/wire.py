@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -50,10 +50,13 @@ __all__ = [
     "KIND_NAMES",
     "OFFLINE_KINDS",
     "Message",
+    "MessageBuffers",
     "PrivHFLMessageError",
     "QuerierMessageError",
     "ServerMessageError",
     "Transcript",
+    "Wire",
+    "as_bytes",
     "expect",
     "message_size",
 ]
@@ -62,6 +65,10 @@ _U64 = np.uint64
 _PREFAULT_BYTES = 1 << 24  # messages from 16 MiB on are assembled in a prefaulted buffer
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault a range in, writable, in one call
 _PAGE = 4096
+_LEND_BYTES = 1 << 18  # messages from 256 KiB on are built in a driver's lent buffer
+
+Wire = bytes | memoryview
+"""A message as a party sends it: ``bytes``, or a read-only view of a lent buffer."""
 
 
 def _prefault_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
@@ -102,11 +109,116 @@ class _Memory:
         }
 
 
+class MessageBuffers:
+    """The message buffers of an in-process driver: lent for one op, handed back when it ends.
+
+    A driver that runs every party in one process owns both ends of each message's life: it
+    knows a message is dead once the op that consumes it has ended (a DCF deal once the
+    answerer and the server have evaluated it, an opening once the peer has combined it).
+    Building each large message in fresh memory costs its page faults every time (on the
+    benchmark machine, a VM whose freed memory goes back to its host, ~0.15 s per query of
+    VGG-7 at width 64: ~306 MB of deals); here the driver hands its parties this pool
+    (their ``buffers`` attribute), every message of at least ``min_bytes`` is written into a
+    lent buffer (:func:`assemble`) and travels as a read-only ``memoryview`` of it, which the
+    receiver parses in place (:meth:`Message.from_bytes`), and the driver calls
+    :meth:`recycle` at the end of each op: the buffers are then lent again, already mapped.
+
+    The contract on the parties: no array or view of a received message is kept past the op
+    that consumes it (what outlives the op is computed from it, or copied). ``poison`` makes
+    a test of that: every buffer handed back is overwritten, so a view kept too long reads
+    garbage and the result changes.
+
+    One driver, one thread: the pool is not shared. It holds at most as many buffers as
+    one op had messages lent at once (three for a DCF comparison), each as large as the
+    largest message it carried; :meth:`release` frees them.
+
+    Parameters
+    ----------
+    min_bytes : int, optional
+        Shorter messages are plain ``bytes`` (default 256 KiB).
+    poison : int, optional
+        A byte value written over every buffer handed back (tests).
+
+    Raises
+    ------
+    ConfigurationError
+        If ``min_bytes`` is not a positive integer or ``poison`` not a byte value.
+    """
+
+    def __init__(self, min_bytes: int = _LEND_BYTES, poison: int | None = None) -> None:
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 1:
+            raise ConfigurationError(f"min_bytes must be a positive integer, got {min_bytes!r}")
+        if poison is not None and (not isinstance(poison, int) or not 0 <= poison <= 255):
+            raise ConfigurationError(f"poison must be a byte value, got {poison!r}")
+        self.min_bytes = min_bytes
+        self.poison = poison
+        self._free: list[NDArray[np.uint8]] = []
+        self._lent: list[NDArray[np.uint8]] = []
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every buffer the pool holds, lent or free."""
+        return sum(b.size for b in self._free + self._lent)
+
+    def lend(self, size: int) -> NDArray[np.uint8] | None:
+        """Return ``size`` writable bytes (``uint8``) of a buffer lent until :meth:`recycle`.
+
+        The smallest free buffer that fits; else a new one (a free one too small to hold it
+        is dropped, so the pool holds no more buffers than an op lends). ``None`` for a
+        message shorter than ``min_bytes``.
+        """
+        if size < self.min_bytes:
+            return None
+        fits = [i for i, b in enumerate(self._free) if b.size >= size]
+        if fits:
+            buf = self._free.pop(min(fits, key=lambda i: self._free[i].size))
+        else:
+            if self._free:
+                self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].size))
+            buf = np.empty(size, dtype=np.uint8)
+            if _API is not None and size >= _PREFAULT_BYTES:  # one call faults it all in
+                _API[2](buf.ctypes.data, size, _MADV_POPULATE_WRITE)
+        self._lent.append(buf)
+        return buf[:size]
+
+    def recycle(self) -> None:
+        """Take every lent buffer back: the messages written in them are dead (op ended)."""
+        if self.poison is not None:
+            for buf in self._lent:
+                buf.fill(self.poison)
+        self._free += self._lent
+        self._lent = []
+
+    def release(self) -> None:
+        """Drop every buffer (freed once no message view refers to it)."""
+        self._free, self._lent = [], []
+
+
+def as_bytes(data: Wire) -> bytes:
+    """Return a message as ``bytes`` (no copy when it is; a lent view is copied out)."""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+@overload
 def assemble(
     parts: Sequence[bytes | memoryview],
     size: int,
     fill: Callable[[NDArray[np.uint8]], None] | None = None,
-) -> bytes:
+    into: None = None,
+) -> bytes: ...
+@overload
+def assemble(
+    parts: Sequence[bytes | memoryview],
+    size: int,
+    fill: Callable[[NDArray[np.uint8]], None] | None,
+    into: MessageBuffers | None,
+) -> Wire: ...
+def assemble(
+    parts: Sequence[bytes | memoryview],
+    size: int,
+    fill: Callable[[NDArray[np.uint8]], None] | None = None,
+    into: MessageBuffers | None = None,
+) -> Wire:
     """Return ``b"".join(parts)`` (``size`` bytes), faulting a large result's pages in at once.
 
     A fresh message of hundreds of megabytes is new memory: ``b"".join`` takes one page fault
@@ -117,7 +229,9 @@ def assemble(
     its pages are faulted in with one ``madvise(MADV_POPULATE_WRITE)`` (0.07 s for the same
     300 MB) and the parts are copied in. The bytes are those of the join; where the call is
     missing (not Linux, a kernel before 5.14, not CPython) this is the join, or the copy into
-    pages faulted one by one.
+    pages faulted one by one. With ``into`` a message of at least its ``min_bytes`` is
+    written into a buffer it lends instead (already mapped when it was used before: no
+    faults) and returned as a read-only ``memoryview`` of it (:class:`MessageBuffers`).
 
     Parameters
     ----------
@@ -129,12 +243,23 @@ def assemble(
         Writes the rest of the message, ``size - sum(len(parts))`` bytes, into the writable
         ``uint8`` array it is given (every byte: the message is uninitialised memory); the
         parts alone by default.
+    into : MessageBuffers, optional
+        The driver's buffers to write a large message into.
 
     Returns
     -------
-    bytes
-        The concatenation (and what ``fill`` wrote).
+    bytes or memoryview
+        The concatenation (and what ``fill`` wrote); a view of a lent buffer with ``into``.
+
+    Raises
+    ------
+    ConfigurationError
+        If the parts and ``fill`` do not make ``size`` bytes.
     """
+    lent = into.lend(size) if into is not None else None
+    if lent is not None:
+        _write(lent, parts, fill, size)
+        return memoryview(lent.data).toreadonly()
     if fill is None and (_API is None or size < _PREFAULT_BYTES):
         return b"".join(parts)
     out: bytes | bytearray
@@ -150,6 +275,18 @@ def assemble(
         if size >= _PREFAULT_BYTES and hi > lo:
             madvise(lo, hi - lo, _MADV_POPULATE_WRITE)  # best effort: writes fault the rest
         dst = np.asarray(_Memory(out, base, size))
+    _write(dst, parts, fill, size)
+    del dst
+    return bytes(out) if isinstance(out, bytearray) else out
+
+
+def _write(
+    dst: NDArray[np.uint8],
+    parts: Sequence[bytes | memoryview],
+    fill: Callable[[NDArray[np.uint8]], None] | None,
+    size: int,
+) -> None:
+    """Copy ``parts`` into ``dst``, then let ``fill`` write the rest (``size`` bytes in all)."""
     pos = 0
     for part in parts:
         src = np.frombuffer(part, dtype=np.uint8)
@@ -160,8 +297,6 @@ def assemble(
         pos = size
     if pos != size:  # never exposed half-filled
         raise ConfigurationError(f"message parts hold {pos} bytes, expected {size}")
-    del dst
-    return bytes(out) if isinstance(out, bytearray) else out
 
 
 # Message kinds and whether they can be sent before the query exists (offline).
@@ -213,9 +348,10 @@ class Message:
 
     Zero-copy: :meth:`to_bytes` writes every array and the blob with one join (the blob may be
     given as a tuple of buffers, e.g. a DCF public part's header and fields, so it is never
-    assembled on its own), and :meth:`from_bytes` returns read-only views of the message: the
-    arrays are ``numpy.frombuffer`` views and the blob a ``memoryview`` slice (a DCF public
-    part of hundreds of megabytes is then copied once per hop, by the sender's join).
+    assembled on its own), or into a driver's lent buffer (:class:`MessageBuffers`), and
+    :meth:`from_bytes` returns read-only views of the message: the arrays are
+    ``numpy.frombuffer`` views and the blob a ``memoryview`` slice (a DCF public part of
+    hundreds of megabytes is then copied once per hop, by the sender's join).
     """
 
     kind: int
@@ -232,13 +368,20 @@ class Message:
         parts = self.blob if isinstance(self.blob, tuple) else (self.blob,)
         return sum(memoryview(p).nbytes for p in parts)
 
-    def to_bytes(self) -> bytes:
-        """Serialize (format in the module docstring)."""
-        return self.to_bytes_filled()
+    @overload
+    def to_bytes(self, into: None = None) -> bytes: ...
+    @overload
+    def to_bytes(self, into: MessageBuffers | None) -> Wire: ...
+    def to_bytes(self, into: MessageBuffers | None = None) -> Wire:
+        """Serialize (format in the module docstring); ``into``: as for :meth:`to_bytes_filled`."""
+        return self.to_bytes_filled(into=into)
 
     def to_bytes_filled(
-        self, blob_bytes: int = 0, fill: Callable[[NDArray[np.uint8]], None] | None = None
-    ) -> bytes:
+        self,
+        blob_bytes: int = 0,
+        fill: Callable[[NDArray[np.uint8]], None] | None = None,
+        into: MessageBuffers | None = None,
+    ) -> Wire:
         """Serialize, with a blob that ``fill`` writes straight into the message.
 
         Parameters
@@ -250,11 +393,14 @@ class Message:
             Called once with a writable ``uint8`` array of ``blob_bytes`` bytes inside the
             message being built; it must write every byte. Without it this is
             :meth:`to_bytes`.
+        into : MessageBuffers, optional
+            An in-process driver's buffers: a large message is written into one it lends
+            and returned as a read-only view of it, dead once the driver recycles it.
 
         Returns
         -------
-        bytes
-            The message.
+        bytes or memoryview
+            The message (the same bytes either way).
 
         Raises
         ------
@@ -289,14 +435,16 @@ class Message:
         parts.append(struct.pack("<I4x", length))
         if fill is None:
             parts += blob
-        return assemble(parts, size, fill)
+        return assemble(parts, size, fill, into)
 
     @classmethod
     def from_bytes(cls, data: object) -> Message:
         """Parse a message (any kind; :func:`expect` also checks kind, step and shapes).
 
-        The arrays and the blob are read-only views of ``data`` when it is ``bytes`` (copies
-        otherwise, so a mutable buffer changed later cannot change them).
+        The arrays and the blob are read-only views of ``data`` when it is ``bytes`` or a
+        read-only ``memoryview`` (a message in a driver's lent buffer, :class:`MessageBuffers`:
+        the views must not outlive the op that consumes it); copies otherwise, so a mutable
+        buffer changed later cannot change them.
 
         Raises
         ------
@@ -306,7 +454,7 @@ class Message:
         try:
             if isinstance(data, bytes | bytearray | memoryview) and len(data) > MAX_MESSAGE_BYTES:
                 raise PrivHFLMessageError(f"message exceeds {MAX_MESSAGE_BYTES} bytes")
-            r = Reader.versioned(data, _MAGIC, _VERSION, "PrivHFL message")
+            r = _reader(data)
             kind = r.u8("kind")
             if kind not in KIND_NAMES:
                 raise PrivHFLMessageError(f"unknown PrivHFL message kind {kind}")
@@ -331,6 +479,21 @@ class Message:
         except WireFormatError as err:
             raise PrivHFLMessageError(str(err)) from err
         return cls(kind, step, arrays, blob.toreadonly())
+
+
+def _reader(data: object) -> Reader:
+    """Start reading a message after its version: a lent (read-only) view in place."""
+    if not (
+        isinstance(data, memoryview) and data.readonly and data.format == "B" and data.c_contiguous
+    ):
+        return Reader.versioned(data, _MAGIC, _VERSION, "PrivHFL message")
+    r = Reader(data, len(_MAGIC))  # type: ignore[arg-type]  # read like bytes, no copy
+    if data[: len(_MAGIC)] != _MAGIC:
+        raise WireFormatError("not PrivHFL message")
+    found = r.u8("version")
+    if found != _VERSION:
+        raise WireFormatError(f"unsupported PrivHFL message version {found}")
+    return r
 
 
 def message_size(shapes: Sequence[tuple[int, ...]], blob_bytes: int = 0) -> int:
@@ -457,8 +620,8 @@ class Transcript:
         self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
 
-    def record(self, sender: str, receiver: str, data: bytes) -> None:
-        """Count a message (and keep it, parsed, in the receiver's view).
+    def record(self, sender: str, receiver: str, data: Wire) -> None:
+        """Count a message (and keep it, parsed, in the receiver's view: a lent one copied).
 
         Raises
         ------
@@ -469,7 +632,7 @@ class Transcript:
             raise PrivHFLMessageError("not a PrivHFL message")
         self.records.append((sender, receiver, data[5], len(data)))
         if self.keep_views:
-            self.views[receiver].append(Message.from_bytes(data))
+            self.views[receiver].append(Message.from_bytes(as_bytes(data)))
 
     @contextmanager
     def timed(self, party: str) -> Iterator[None]:
