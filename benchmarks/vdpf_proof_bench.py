@@ -13,7 +13,9 @@ evaluated points cut to ``--length`` of its ``2**--depth`` leaves), evaluated by
 * ``extra``: their difference, the leaf-proof pass's cost;
 * ``aes``: the proof hash's AES alone (4 blocks a point, replayed in the pass's batch sizes
   from one hot buffer through the native entry point: its floor);
-* ``non-AES``: ``extra - aes``, what the pass adds around OpenSSL.
+* ``non-AES``: ``extra - aes``, what the pass adds around OpenSSL;
+* ``proofs+GMAC``: the checked evaluation followed by the digest's GMAC over its proofs (the
+  key check's next read of them: a pass that writes its proofs past the caches pays there).
 
 With ``--baseline-tree`` the same evaluations also run on that checkout's code (a
 subprocess), alternating with this tree's ``--rounds`` times; the best of each is printed
@@ -45,8 +47,10 @@ BLOCKS = 4  # AES blocks of one leaf proof
 BATCH = 2048  # leaves per proof batch (the pass's, for the AES replay)
 
 
-def case(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], Any], int]:
-    """Return the plain and checked evaluations of one segment and its number of points."""
+def case(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], int]:
+    """Return the segment's evaluations (plain, checked, checked then digested) and its points."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     n = (1 << 16) // args.length
     rng = np.random.default_rng(7)
     alphas = rng.integers(0, args.length, n).astype(U64)
@@ -56,6 +60,7 @@ def case(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], Any]
     points = n * args.length
     out = np.empty((points, 2), U64)
     proofs = np.empty((points, 8), U64)
+    gmac = AESGCM(bytes(16))
 
     def plain() -> None:
         dpf.evaluate_batch(k0, lengths=lengths, out=out)
@@ -63,18 +68,19 @@ def case(args: argparse.Namespace) -> tuple[Callable[[], Any], Callable[[], Any]
     def checked() -> None:
         dpf.evaluate_batch(k0, lengths=lengths, out=out, proofs=proofs)
 
-    return plain, checked, points
+    def digested() -> None:  # the key check's next step: GMAC over the proofs (digest v3)
+        checked()
+        gmac.encrypt(bytes(12), b"", proofs.data.cast("B"))
+
+    return {"plain": plain, "proofs": checked, "digest": digested}, points
 
 
 def eval_only(args: argparse.Namespace) -> dict[str, float]:
-    """Per-point seconds of the plain and checked evaluations on the imported code."""
-    plain, checked, points = case(args)
-    plain()
-    checked()
-    return {
-        "plain": best_of(plain, args.repeat) / points,
-        "proofs": best_of(checked, args.repeat) / points,
-    }
+    """Per-point seconds of the segment's evaluations on the imported code."""
+    fns, points = case(args)
+    for fn in fns.values():
+        fn()
+    return {name: best_of(fn, args.repeat) / points for name, fn in fns.items()}
 
 
 def aes_floor(points: int, repeat: int) -> float:
@@ -148,7 +154,8 @@ def main() -> None:
         extra = r["proofs"] - r["plain"]
         print(
             f"{name:>10}: plain {r['plain'] * 1e9:6.1f}  proofs {r['proofs'] * 1e9:6.1f}  "
-            f"extra {extra * 1e9:6.1f}  non-AES {(extra - aes) * 1e9:6.1f} ns/point"
+            f"extra {extra * 1e9:6.1f}  non-AES {(extra - aes) * 1e9:6.1f}  "
+            f"proofs+GMAC {r['digest'] * 1e9:6.1f} ns/point"
         )
     if "baseline" in best:
         this, base = best["this tree"], best["baseline"]
