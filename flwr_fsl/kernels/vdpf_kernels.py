@@ -230,6 +230,20 @@ def _proof_words(typingctx, enc_p, in_p, t, cws, out_p):  # type: ignore[no-unty
 
 
 @njit(cache=True, nogil=True)
+def _advance(
+    at: tuple[int, int, int], n: int, nl: int
+) -> tuple[int, int, int]:  # pragma: no cover - numba
+    """Move the cursor ``at`` (task, leaf in it, the task's first leaf) ``n`` leaves on.
+
+    ``nl`` is the task's number of leaves; a cursor at its end moves to the next task.
+    """
+    k, i, pos = at
+    if i + n >= nl:
+        return k + 1, 0, pos + nl
+    return k, i + n, pos
+
+
+@njit(cache=True, nogil=True)
 def _fill(
     leaves: tuple[np.ndarray, np.ndarray, np.ndarray],
     key: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -244,9 +258,9 @@ def _fill(
     """
     conv, t_in, tasks_i = leaves
     key_first, epochs, _ = key
-    k, i, pos = at
     fill = 0
-    while k < tasks_i.shape[0] and fill < sub:
+    while at[0] < tasks_i.shape[0] and fill < sub:
+        k, i, pos = at
         j = tasks_i[k, 0]
         e = epochs[j]
         nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
@@ -264,12 +278,8 @@ def _fill(
             leaf += ONE
             dst += np.uint64(BLOCKS * 16)
         fill += n
-        i += n
-        if i >= nl:
-            pos += nl
-            k += 1
-            i = 0
-    return k, i, pos, fill
+        at = _advance(at, n, nl)
+    return at[0], at[1], at[2], fill
 
 
 @njit(cache=True, nogil=True)
@@ -286,9 +296,9 @@ def _finish(
     """
     _, t_in, tasks_i = leaves
     enc_base, in_base, out_base = bases
-    k, i, pos = at
     done = 0
     while done < fill:
+        k, i, pos = at
         j = tasks_i[k, 0]
         nl = min(1 << tasks_i[k, 2], tasks_i[k, 4] - tasks_i[k, 3])  # leaves kept (one point each)
         n = min(nl - i, fill - done)
@@ -303,11 +313,7 @@ def _finish(
             dst += np.uint64(BLOCKS * 16)
             leaf += ONE
         done += n
-        i += n
-        if i >= nl:
-            pos += nl
-            k += 1
-            i = 0
+        at = _advance(at, n, nl)
 
 
 @njit(cache=True, nogil=True)
