@@ -57,7 +57,7 @@ def _finish(
     dest: tuple[
         np.ndarray,
         tuple[
-            tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+            tuple[np.ndarray, np.ndarray],
             np.ndarray,
             np.ndarray,
             np.ndarray,
@@ -93,7 +93,7 @@ def _finish(
         pkey = (key_first, key[3], cw_proof)
         if proof_pass(fn, ctxs[3], leaves, pkey, half_w, pbufs, proofs) < 0:
             return -1
-        sub = pbufs[2].shape[0]
+        sub = pbufs[0].shape[0] // BLOCKS
         for _ in range(cnt // sub):  # cnt: the chunk's leaves, in proof batches of ``sub``
             n_log = log_blocks(log, n_log, BLOCKS * sub)
         if cnt % sub:
@@ -111,7 +111,7 @@ def fd_core(
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     out: np.ndarray,
     proof: tuple[
-        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        tuple[np.ndarray, np.ndarray],
         np.ndarray,
         np.ndarray,
         np.ndarray,
@@ -220,7 +220,7 @@ def fd_run(
     """
     u = np.zeros((1, 2), dtype=np.uint64)
     i = np.zeros(1, dtype=np.int64)
-    none = ((u, u, i, i, u[0]), i, u, u)
+    none = ((u, u), i, u, u)
     plain = shape.copy()
     plain[5] &= ~PROOFS
     return fd_core(fn, ctxs, tasks, key, plain, scratch, out, none)

@@ -47,7 +47,7 @@ def fd_run_checked(
     shape: np.ndarray,
     scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     proof: tuple[
-        tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        tuple[np.ndarray, np.ndarray],
         np.ndarray,
         np.ndarray,
         np.ndarray,
@@ -125,9 +125,6 @@ def run_native_checked(
     batch = (
         np.empty((BLOCKS * sub, 2), dtype=np.uint64),
         np.empty((BLOCKS * sub + 1, 2), dtype=np.uint64),
-        np.empty(sub, dtype=np.int64),
-        np.empty(sub, dtype=np.int64),
-        np.empty(sub, dtype=np.uint64),
     )
     key_first, cw_proof, proofs = proof
     pbufs = (batch, key_first, cw_proof, proofs)

@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import PROOF_WORDS, evaluate_batch, generate_keys_batch
+from flwr_fsl.crypto.prg import MMO_KEY_PROOF
 from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels import vdpf_eval
-from flwr_fsl.kernels.aes import native_aes
+from flwr_fsl.kernels import vdpf_kernels as vk
+from flwr_fsl.kernels.aes import native_aes, native_replay
 
 U64 = np.uint64
 
@@ -103,3 +105,50 @@ def test_checked_evaluation_falls_back_without_native_aes(monkeypatch):
     assert np.array_equal(p0, p1)
     total = (v0 + v1).reshape(m, 1 << d, 2)
     assert (total[np.arange(m), alphas.astype(np.int64)] == 7).all()
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    heights=st.lists(st.integers(0, 5), min_size=1, max_size=12),
+    half_w=st.integers(1, 3),
+    sub=st.sampled_from([1, 2, 5, 64]),
+)
+def test_proof_pass_equals_the_three_pass_kernels(seed, heights, half_w, sub):
+    """``proof_pass`` (128-bit intrinsics, batches of ``sub`` leaves) writes the same proofs as
+    ``fd_proof_inputs``, one AES call and ``fd_proof_finish`` over the chunk, on tasks cut
+    below ``2**h`` leaves (none kept included) and sharing keys."""
+    rng = np.random.default_rng(seed)
+    n = len(heights)
+    tasks = np.zeros((n, 5), np.int64)
+    tasks[:, 0] = rng.integers(0, 3, n)  # three keys, each task one of them
+    tasks[:, 2] = heights
+    kept = [int(rng.integers(0, (1 << h) + 1)) for h in heights]
+    tasks[:, 3] = 5 + np.concatenate(([0], np.cumsum(kept)[:-1]))
+    tasks[:, 4] = tasks[:, 3] + kept
+    cnt = sum(kept)
+    conv = rng.integers(0, 2**63, (cnt * half_w + 1, 2)).astype(U64)
+    t_in = rng.integers(0, 2, cnt + 1).astype(np.uint8)
+    key_first = np.array([0, 2, 5], np.int64)
+    epochs = rng.integers(0, 2**63, 3).astype(U64)
+    cw_proof = rng.integers(0, 2**63, (3, PROOF_WORDS)).astype(U64)
+    cipher = native_aes(MMO_KEY_PROOF)
+    assert cipher is not None
+    want = np.zeros((int(tasks[-1, 4]), PROOF_WORDS), U64)
+    inputs = np.zeros((vk.BLOCKS * cnt + 1, 2), U64)
+    vk.fd_proof_inputs(conv, t_in, tasks, key_first, epochs, half_w, inputs)
+    enc = np.zeros_like(inputs)
+    native_replay(cipher.fn, cipher.ctx, inputs, enc, np.array([vk.BLOCKS * cnt], np.int64))
+    vk.fd_proof_finish(enc, inputs, t_in, tasks, cw_proof, want)
+    got = np.zeros_like(want)
+    bufs = (
+        np.empty((vk.BLOCKS * sub, 2), U64),
+        np.empty((vk.BLOCKS * sub + 1, 2), U64),
+    )
+    leaves = (conv, t_in, tasks)
+    calls = vk.proof_pass(
+        cipher.fn, cipher.ctx, leaves, (key_first, epochs, cw_proof), half_w, bufs, got
+    )
+    assert calls == -(-cnt // sub)
+    assert np.array_equal(got, want)
