@@ -28,26 +28,17 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dpf_bench import best_of
 
 U64 = np.uint64
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("gen", "gen_out", "eval")  # Gen into fresh arrays, Gen into a reused blob, Eval
-
-
-def best_of(fn: Callable[[], Any], repeat: int) -> float:
-    """Best of ``repeat`` runs in process CPU time."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best
 
 
 def aes_sizes(m: int, bits: int, gen_chunk: int, eval_chunk: int) -> tuple[list[int], list[int]]:
