@@ -27,6 +27,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.kernels.aes import log_blocks, native_encrypt
 from flwr_fsl.kernels.dpf_kernels import _v2, _v2_ptr, gen_init
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, gen_proof_inputs, gen_proof_words
@@ -112,7 +113,7 @@ def gen_level(
     (:func:`_gen_key_level`; ``seeds``, ``enc`` and ``cw_seeds`` are C-contiguous).
     """
     if not (seeds.flags.c_contiguous and enc.flags.c_contiguous and cw_seeds.flags.c_contiguous):
-        raise ValueError("gen_level reads seeds, enc and cw_seeds by address: C-contiguous only")
+        raise ConfigurationError("gen_level reads its arrays by address: C-contiguous only")
     s_base = np.uint64(seeds.ctypes.data)
     l_base = np.uint64(enc[0].ctypes.data)
     r_base = np.uint64(enc[1].ctypes.data)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto import dpf, dpf_gen
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.crypto.prg import MMOCiphers, _mmo_ciphers
@@ -178,7 +179,7 @@ def test_gen_level_refuses_arrays_it_cannot_address():
     seeds = np.zeros((4, 2), U64)
     out = (np.zeros((8, 2), U64), np.zeros(8, np.uint8))
     args = (np.ones(1, U64), np.ones(1, np.int64), np.zeros(1, np.int64))
-    with pytest.raises(ValueError, match="C-contiguous"):
+    with pytest.raises(ConfigurationError, match="C-contiguous"):
         _gk.gen_level(enc, seeds[::2], 0, *args, *out)
-    with pytest.raises(ValueError, match="C-contiguous"):
+    with pytest.raises(ConfigurationError, match="C-contiguous"):
         _gk.gen_level(enc, seeds[:2], 0, *args, out[0][::2], out[1])
