@@ -20,7 +20,8 @@ with 128-bit LLVM intrinsics (:func:`_proof_inputs`, :func:`_proof_words`, on
 negative-index selects), each task's correction words held in registers and the proofs
 written with non-temporal stores: a segment's 4 MiB of proofs no longer evict the tree's
 level buffers from the L2 cache, and their reader (the digest's GMAC) takes them from memory
-anyway. Its non-AES time per point fell from ~18 to ~8 ns (``benchmarks/vdpf_proof_bench.py``).
+anyway. ``benchmarks/vdpf_proof_bench.py`` prints its time per point beyond its AES against
+an older tree (22.1 -> 10.5 ns in the run docs/families/ssa.md quotes; runs vary widely).
 """
 
 from __future__ import annotations
