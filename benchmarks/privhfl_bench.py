@@ -437,6 +437,44 @@ def aes_floor_us() -> float:
     return best_of(lambda: native_encrypt(aes.fn, aes.ctx, src, dst, n, flag), 5) / n * 1e6
 
 
+def dcf_kernel_ns(bits: int, chunk: int = 4096) -> tuple[float, float]:
+    """CPU ns per key and level of the ``tau = 2`` Gen step and per point and level of Eval.
+
+    The level kernels alone (:func:`~flwr_fsl.kernels.dcf_kernels.gen_step_tau2`,
+    :func:`~flwr_fsl.kernels.dcf_kernels.eval_step_tau2`) on one chunk of random ciphertexts,
+    no AES: with :func:`aes_floor_us` this splits the DCF's time into AES and the rest.
+    """
+    from flwr_fsl.kernels import dcf_kernels as k
+
+    rng = np.random.default_rng(2)
+    alphas = rng.integers(0, 1 << bits, chunk, dtype=U64)
+    betas = rng.integers(0, 2**63, (chunk, 2), dtype=U64)
+    enc = rng.integers(0, 2**63, (chunk * 6 + 1, 2), dtype=U64)
+    inp = np.empty_like(enc)
+    seeds = rng.integers(0, 2**63, (chunk, 2, 2), dtype=U64) & ~U64(1)
+    t = np.zeros((chunk, 2), np.uint8)
+    v_alpha = np.zeros((chunk, 2), U64)
+    cws = (np.zeros((bits, chunk, 2), U64), np.zeros((bits, chunk, 2), U64))
+    cw_bits = np.zeros((bits, chunk), np.uint8)
+
+    def gen() -> None:
+        for level in range(bits):
+            k.gen_step_tau2(enc, level, bits, 0, alphas, betas, seeds, t, v_alpha, *cws,
+                            cw_bits, inp)  # fmt: skip
+
+    idx = np.arange(chunk, dtype=np.int64)
+    state = (seeds[:, 0].copy(), t[:, 0].copy(), np.zeros((chunk, 2), U64))
+
+    def evaluate() -> None:
+        for level in range(bits):
+            k.eval_step_tau2(enc, level, bits, alphas, idx, *cws, cw_bits, 0, *state, inp)
+
+    gen()
+    evaluate()
+    per = 1e9 / (chunk * bits)
+    return best_of(gen, 5) * per, best_of(evaluate, 5) * per
+
+
 def profile(args: argparse.Namespace) -> None:
     """Print where each party's time per query goes (VGG-7 at ``--width``, DCF, one driver).
 
@@ -445,7 +483,11 @@ def profile(args: argparse.Namespace) -> None:
     local truncation, message building (copies into the message) and parsing; the rest of a
     party's time is numpy elementwise work, im2col and Python. The AES rows estimate the
     DCF's AES calls: ``6 l + 2`` blocks per key in Gen and ``2 l + 1`` per key and party in
-    evaluation (``tau = 2``) at the OpenSSL floor measured here.
+    evaluation (``tau = 2``) at the OpenSSL floor measured here. A last line splits the
+    three parties' time into the DCF's AES (that estimate), the DCF level kernels (the
+    comparisons' key-levels at the per-level cost :func:`dcf_kernel_ns` measures, no AES),
+    the ring matmuls (measured) and the rest (the DCF's seeding, leaf pass and cache misses,
+    key setup, PRG, numpy, Python): the first three are the floor no message-path work lowers.
     """
     from flwr_fsl.crypto import dcf as dcf_mod
     from flwr_fsl.crypto.prg import PRGStream
@@ -507,6 +549,7 @@ def profile(args: argparse.Namespace) -> None:
         f"where the time goes, VGG-7 width {args.width}, DCF, {batch} queries in sessions of "
         f"{chunk} (ms per query, CPU; AES floor {floor * 1e3:.1f} ns/block; load {load()}):"
     )
+    gen_ns, eval_ns = dcf_kernel_ns(l_bits)
     for party in ("Q", "A0", "S"):
         total = tr.seconds.get(party, 0.0)
         print(f"  {party}: {total / batch * 1e3:7.1f} ms in all")
@@ -518,6 +561,19 @@ def profile(args: argparse.Namespace) -> None:
             print(f"    {part:22s} {t / batch * 1e3:7.1f}{est}")
         rest = total - sum(t for _, t in mine)
         print(f"    {'other (numpy, Python)':22s} {rest / batch * 1e3:7.1f}")
+    keys = parts.keys.get("DCF Gen", 0)
+    aes_ms = sum(aes.values()) * floor / 1e3 / batch
+    kern_ms = keys * l_bits * (gen_ns + eval_ns * parts.keys.get("DCF eval", 0) / max(keys, 1))
+    kern_ms /= 1e6 * batch
+    mm_ms = sum(t for (_, p), t in parts.seconds.items() if p == "ring matmul") / batch * 1e3
+    all_ms = sum(tr.seconds.get(p, 0.0) for p in ("Q", "A0", "S")) / batch * 1e3
+    print(
+        f"  split ({keys / batch:.0f} comparisons per query on {l_bits} bits; level kernels "
+        f"alone: Gen {gen_ns:.1f} ns per key and level, Eval {eval_ns:.1f} ns per point and "
+        f"level):\n    DCF AES {aes_ms:.1f} + DCF level kernels {kern_ms:.1f} + ring matmuls "
+        f"{mm_ms:.1f} = {aes_ms + kern_ms + mm_ms:.1f} ms of {all_ms:.1f} ms per query; the "
+        f"rest {all_ms - aes_ms - kern_ms - mm_ms:.1f} ms"
+    )
 
 
 # ------------------------------------------------------------------------- main
