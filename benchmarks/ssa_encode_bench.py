@@ -1,7 +1,8 @@
 """SSA client encode against its AES floor, this tree beside an older commit, in one run.
 
 Run ``python benchmarks/ssa_encode_bench.py [--base REV] [--log-m 20] [--rate 0.10]
-[--value-check projected|off] [--projected-digest 0|1|2] [--cores 2] [--phases]``. It times
+[--value-check projected|off] [--projected-digest 0|1|2] [--cores 2] [--phases] [--timeline]``.
+It times
 :func:`~flwr_fsl.families.ssa.protocol.encode_update` (the checked round, the default: unit
 weights, verifiable keys and the projected value check's trailer, or ``--value-check off``; the
 round's simple table built beforehand, as a client has it; ``--projected-digest 2``: the
@@ -21,11 +22,15 @@ value check ...; target <= 40 ms: 1 core PASS/FAIL, 2 cores PASS/FAIL)`` for thi
 ``--phases`` adds a table of the 1-core encode's phases (:data:`PHASES`: the calling thread's
 CPU time of each, its best over ``--reps`` more encodes, nested phases indented under the one
 that calls them), each tree's side by side; a tree without a phase's function shows ``-``.
+``--timeline`` prints, for this tree's fastest ``--cores``-core encode, every thread's busy
+intervals (:data:`PHASES` and the pool threads' work, :data:`TIMELINE_EXTRA`: wall ms from the
+encode's start) and how much of the wall had one thread busy, and how much two or more.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -62,6 +67,63 @@ PHASES = (
 """``(label, module, name)`` of each phase ``--phases`` times: the name as the caller looks it
 up (a kernel through its module attribute, so the wrapper sees the calls from Python)."""
 
+TIMELINE_EXTRA = (
+    ("Gen range", "flwr_fsl.kernels.dpf_gen_kernels", "gen_run"),
+    ("party keys", "flwr_fsl.families.ssa.projected_check", "_parts"),
+    ("projection range", "flwr_fsl.families.ssa.projected_check", "project_range"),
+)
+"""What ``--timeline`` wraps besides :data:`PHASES`: the work the pools' threads run (and each
+digest piece's SHA-256, through the projected check's ``hashlib``)."""
+
+
+def _timeline(encode: Callable[[], object], reps: int) -> list[tuple[str, str, float, float]]:
+    """``(thread, label, start ms, end ms)`` of every wrapped call of the fastest of ``reps``."""
+    import hashlib
+    import importlib
+    import threading
+
+    events: list[tuple[str, str, float, float]] = []
+    for label, module, name in (*PHASES, *TIMELINE_EXTRA):
+        mod = importlib.import_module(module)
+        fn = getattr(mod, name, None)
+        if fn is None:  # an older tree
+            continue
+
+        def timed(*a: Any, _fn: Any = fn, _label: str = label.strip(), **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                end = time.perf_counter()
+                events.append((threading.current_thread().name, _label, start, end))
+
+        setattr(mod, name, timed)
+
+    class _Hashlib:  # the digest's pieces: a SHA-256 of at least 64 KiB
+        def __getattr__(self, name: str) -> Any:
+            return getattr(hashlib, name)
+
+        def sha256(self, data: Any = b"") -> Any:
+            start = time.perf_counter()
+            h = hashlib.sha256(data)
+            if len(memoryview(data)) >= 1 << 16:
+                name = threading.current_thread().name
+                events.append((name, "digest piece", start, time.perf_counter()))
+            return h
+
+    pc = importlib.import_module("flwr_fsl.families.ssa.projected_check")
+    pc.hashlib = _Hashlib()  # type: ignore[assignment]
+    best: tuple[float, list[tuple[str, str, float, float]]] = (float("inf"), [])
+    for _ in range(reps):
+        events.clear()
+        t0 = time.perf_counter()
+        encode()
+        wall = time.perf_counter() - t0
+        if wall < best[0]:
+            rows = [(th, lb, 1e3 * (s - t0), 1e3 * (e - t0)) for th, lb, s, e in events]
+            best = (wall, sorted(rows, key=lambda r: (r[0], r[2])))
+    return best[1]
+
 
 def _phase_times(encode: Callable[[], object], reps: int) -> dict[str, float]:
     """Best thread CPU ms of each :data:`PHASES` entry over ``reps`` encodes (wrapped in place)."""
@@ -92,13 +154,21 @@ def _phase_times(encode: Callable[[], object], reps: int) -> dict[str, float]:
 
 
 def _worker(
-    log_m: int, rate: float, reps: int, value_check: str, cores: int, digest: int, phases: bool
-) -> dict[str, float]:
+    log_m: int,
+    rate: float,
+    reps: int,
+    value_check: str,
+    cores: int,
+    digest: int,
+    extras: tuple[bool, bool],
+) -> dict[str, Any]:
     """Time one tree's encode in this (child) process, pinned to ``cores`` cores.
 
     On one core it also measures the AES floor; on more, only the wall time (the tree's
-    default thread count follows the cores it may use).
+    default thread count follows the cores it may use). ``extras`` is ``(phases, timeline)``:
+    the 1-core phase table's times, the multi-core run's timeline.
     """
+    phases, timeline = extras
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cores]))
     import numpy as np
@@ -129,7 +199,10 @@ def _worker(
         cpu.append(time.process_time() - c)
         wall.append(time.perf_counter() - w)
     if cores > 1:
-        return {"encode_ms": 1e3 * min(wall), "cpu_ms": 1e3 * min(cpu)}
+        row: dict[str, Any] = {"encode_ms": 1e3 * min(wall), "cpu_ms": 1e3 * min(cpu)}
+        if timeline:
+            row["timeline"] = _timeline(encode, reps)
+        return row
     floor = aes_floor(encode)
     row = {
         "encode_ms": 1e3 * min(wall),
@@ -161,11 +234,14 @@ def _base_tree(rev: str) -> Path:
     return dest
 
 
-def _run(tree: Path, args: argparse.Namespace, cores: int) -> dict[str, float]:
+def _run(
+    tree: Path, args: argparse.Namespace, cores: int, timeline: bool = False
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", f"--log-m={args.log_m}", f"--rate={args.rate}"]
     cmd += [f"--value-check={args.value_check}", f"--cores={cores}"]
     cmd += [f"--projected-digest={args.projected_digest or 0}"]
     cmd += ["--phases"] if args.phases and cores == 1 else []
+    cmd += ["--timeline"] if timeline and cores > 1 else []
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
         [*cmd, f"--reps={args.reps}"], check=True, capture_output=True, text=True, env=env
@@ -206,6 +282,11 @@ def main() -> None:
     parser.add_argument(
         "--phases", action="store_true", help="also print the 1-core encode's phases (CPU ms)"
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print this tree's multi-core encode: each thread's busy intervals",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -216,7 +297,7 @@ def main() -> None:
             args.value_check,
             args.cores,
             args.projected_digest,
-            args.phases,
+            (args.phases, args.timeline),
         )
         print(json.dumps(row))
         return
@@ -232,11 +313,15 @@ def main() -> None:
     )
     print(f"load average before: {_loadavg()}")
     best: dict[str, dict[str, float]] = {}
+    lines: dict[str, tuple[float, list[Any]]] = {}
     for _ in range(args.rounds):
         for name, tree in trees.items():
             row = _run(tree, args, 1)
             if multi:
-                row["multi_ms"] = _run(tree, args, multi)["encode_ms"]
+                many = _run(tree, args, multi, args.timeline)
+                row["multi_ms"] = many["encode_ms"]
+                if "timeline" in many and many["encode_ms"] < lines.get(name, (1e9, []))[0]:
+                    lines[name] = (many["encode_ms"], many["timeline"])
             keep = best.setdefault(name, row)
             for key in row:
                 keep[key] = min(keep.get(key, row[key]), row[key])
@@ -244,6 +329,8 @@ def main() -> None:
     _table(best, multi)
     if args.phases:
         _phase_table(best)
+    for name, (ms, events) in lines.items():
+        _print_timeline(name, ms, multi, events)
     new = best["this tree"]
     if args.base:
         old = best[f"base {args.base}"]
@@ -289,6 +376,25 @@ def _table(best: dict[str, dict[str, float]], multi: int) -> None:
             f"({r['aes_blocks'] / 1e6:.2f}M, {r['aes_calls']:.0f}) | "
             f"{r['encode_ms'] / r['aes_ms']:.2f} |" + (f" {r['multi_ms']:.1f} |" if multi else "")
         )
+
+
+def _print_timeline(name: str, ms: float, cores: int, events: list[Any]) -> None:
+    """Print one encode's busy intervals per thread and the wall with 1 and >= 2 threads busy."""
+    print(
+        f"timeline of {name}'s fastest {cores}-core encode ({ms:.1f} ms; wall ms from its start):"
+    )
+    busy: dict[str, list[tuple[float, float]]] = {}
+    for thread, label, start, end in events:
+        print(f"  {thread:>18} {start:7.2f} .. {end:7.2f} {end - start:6.2f}  {label}")
+        busy.setdefault(thread, []).append((start, end))
+    edges = sorted({t for spans in busy.values() for s, e in spans for t in (s, e)})
+    one = two = 0.0
+    for a, b in itertools.pairwise(edges):
+        mid = (a + b) / 2
+        n = sum(any(s <= mid < e for s, e in spans) for spans in busy.values())
+        one += (b - a) if n == 1 else 0.0
+        two += (b - a) if n >= 2 else 0.0
+    print(f"  threads busy: exactly one {one:.1f} ms, two or more {two:.1f} ms, of {ms:.1f} ms")
 
 
 def _phase_table(best: dict[str, dict[str, float]]) -> None:
