@@ -147,13 +147,16 @@ def scatter_rows_window(
     without, 27-36 ms with, on a 2-core EPYC VM at load ~3). A second cursor walks the
     window's runs that many items ahead (:func:`_step`): looking ``SCATTER_AHEAD`` places
     ahead in the whole item array instead found another window's row half the time with two
-    windows, and each half-window then took longer than one whole scatter. A prefetch
+    windows, and each half-window then took longer than one whole scatter (a window of
+    every row still looks ahead in the array: the same items, no cursor). A prefetch
     changes no value: the share is the same.
     """
     lo, hi = window
     tau = share.shape[1]
-    ahead = _run_after(items, bins, -1, window)
-    for _ in range(SCATTER_AHEAD):
+    last = items.shape[0] - 1
+    whole = lo <= 0 and hi >= share.shape[0]  # every item is this window's: no cursor
+    ahead = _run_after(items, bins, bins.shape[0] - 1 if whole else -1, window)
+    for _ in range(0 if whole else SCATTER_AHEAD):
         ahead = _step(items, bins, ahead, window)
     for b in range(bins.shape[0] - 1):
         end = bins[b + 1]
@@ -165,8 +168,11 @@ def scatter_rows_window(
             # The adds are random rows: one cache miss each (about 45 ns at m = 2**20)
             # unless the row is prefetched SCATTER_AHEAD items before (past the window's
             # last item: this one again).
-            _prefetch_row(share, items[ahead[1]] if ahead[1] < ahead[2] else row)  # type: ignore[call-arg]
-            ahead = _step(items, bins, ahead, window)
+            if whole:
+                _prefetch_row(share, items[min(j + SCATTER_AHEAD, last)])  # type: ignore[call-arg]
+            else:
+                _prefetch_row(share, items[ahead[1]] if ahead[1] < ahead[2] else row)  # type: ignore[call-arg]
+                ahead = _step(items, bins, ahead, window)
             for t in range(tau):
                 share[row, t] += values[j + offset, t]
 
