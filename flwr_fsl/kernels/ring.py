@@ -141,14 +141,23 @@ def scatter_rows_window(
     values; windows that cover the share add exactly what one whole scatter adds (with
     unsorted bins only a window holding every row, ``(0, len(share))``, is exact).
 
-    Each add prefetches the row of the item :data:`SCATTER_AHEAD` places later: the random
-    read-modify-writes overlap instead of waiting on one cache miss each (session 31: a whole
-    ``m = 2**20``, ``tau = 2`` scatter of 3.1M items took 134-156 ms of CPU without, 27-36 ms
-    with, on a 2-core EPYC VM at load ~3). A prefetch changes no value: the share is the same.
+    Each add prefetches the row of the window's item :data:`SCATTER_AHEAD` places later:
+    the random read-modify-writes overlap instead of waiting on one cache miss each (session
+    31: a whole ``m = 2**20``, ``tau = 2`` scatter of 3.1M items took 134-156 ms of CPU
+    without, 27-36 ms with, on a 2-core EPYC VM at load ~3). A second cursor walks the
+    window's runs that many items ahead (:func:`_step`): looking ``SCATTER_AHEAD`` places
+    ahead in the whole item array instead found another window's row half the time with two
+    windows, and each half-window then took longer than one whole scatter (a window of
+    every row still looks ahead in the array: the same items, no cursor). A prefetch
+    changes no value: the share is the same.
     """
     lo, hi = window
     tau = share.shape[1]
     last = items.shape[0] - 1
+    whole = lo <= 0 and hi >= share.shape[0]  # every item is this window's: no cursor
+    ahead = _run_after(items, bins, bins.shape[0] - 1 if whole else -1, window)
+    for _ in range(0 if whole else SCATTER_AHEAD):
+        ahead = _step(items, bins, ahead, window)
     for b in range(bins.shape[0] - 1):
         end = bins[b + 1]
         start = first_at_least(items, bins[b], end, lo)
@@ -157,12 +166,49 @@ def scatter_rows_window(
         for j in range(start, stop):
             row = items[j]
             # The adds are random rows: one cache miss each (about 45 ns at m = 2**20)
-            # unless the row is prefetched SCATTER_AHEAD items before (a row outside the
-            # window is another thread's: prefetch this one again instead).
-            ahead = items[min(j + SCATTER_AHEAD, last)]
-            _prefetch_row(share, ahead if lo <= ahead < hi else row)  # type: ignore[call-arg]
+            # unless the row is prefetched SCATTER_AHEAD items before (past the window's
+            # last item: this one again).
+            if whole:
+                _prefetch_row(share, items[min(j + SCATTER_AHEAD, last)])  # type: ignore[call-arg]
+            else:
+                _prefetch_row(share, items[ahead[1]] if ahead[1] < ahead[2] else row)  # type: ignore[call-arg]
+                ahead = _step(items, bins, ahead, window)
             for t in range(tau):
                 share[row, t] += values[j + offset, t]
+
+
+@njit(cache=True, nogil=True)
+def _run_after(
+    items: NDArray[np.int64], bins: NDArray[np.int64], b: int, window: tuple[int, int]
+) -> tuple[int, int, int]:  # pragma: no cover - compiled
+    """Return the first nonempty run ``(bin, start, stop)`` of a window's items after bin ``b``.
+
+    ``(len(bins) - 1, 0, 0)`` when there is none (the cursor is past the window's last item).
+    """
+    lo, hi = window
+    last = bins.shape[0] - 1
+    b += 1
+    while b < last:
+        start = first_at_least(items, bins[b], bins[b + 1], lo)
+        stop = first_at_least(items, start, bins[b + 1], hi)
+        if start < stop:
+            return b, start, stop
+        b += 1
+    return last, 0, 0
+
+
+@njit(cache=True, nogil=True)
+def _step(
+    items: NDArray[np.int64],
+    bins: NDArray[np.int64],
+    cursor: tuple[int, int, int],
+    window: tuple[int, int],
+) -> tuple[int, int, int]:  # pragma: no cover - compiled
+    """Move a ``(bin, item, run stop)`` cursor to the window's next item (in scatter order)."""
+    b, j, stop = cursor
+    if j + 1 < stop:
+        return b, j + 1, stop
+    return _run_after(items, bins, b, window)
 
 
 @njit(cache=True, nogil=True)

@@ -88,3 +88,7 @@ def test_key_range_is_a_view_that_evaluates_like_its_keys():
     assert dpf.key_range(k0, 0, 20) is k0
     with pytest.raises(DPFKeyError):
         dpf.key_range(k0, 3, 21)
+    # Built without the constructor's checks: the same batch a checked one would be.
+    checked = dpf.DPFKeyBatch(party=sub.party, root_seeds=k0.root_seeds[5:12], public=part)
+    assert sub.party == checked.party and sub.to_bytes() == checked.to_bytes()
+    assert sub.root_seeds.flags.c_contiguous and np.shares_memory(sub.root_seeds, k0.root_seeds)

@@ -420,13 +420,20 @@ class KeyCheck:
         ------
         SSAInputError
             If the keys are not verifiable (no proof correction words).
+        ConfigurationError
+            If ``add_into`` or ``value_sums`` is not a C-contiguous uint64 array of its shape
+            (the compiled sums would write past its end).
         """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
+        self._check_outputs(shape, value_sums, add_into)
         values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
         sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
         who = int(client) & 0xFFFF_FFFF_FFFF_FFFF
+        # Every segment's key views at once, here: taken one per segment right after the last
+        # one's evaluation (caches cold), they cost ~4x the CPU.
+        parts = [(key_range(keys, lo, hi), self.lengths[lo:hi]) for lo, hi in self.segments]
 
         def segment(j: int) -> bytes:
             lo, hi = self.segments[j]
@@ -434,8 +441,8 @@ class KeyCheck:
             buf, mac = self._free.get()
             try:
                 proofs = buf[: b - a]
-                part = key_range(keys, lo, hi)
-                evaluate_batch(part, lengths=self.lengths[lo:hi], out=values[a:b], proofs=proofs)
+                part, lengths = parts[j]
+                evaluate_batch(part, lengths=lengths, out=values[a:b], proofs=proofs)
                 self._key_sums(values, (lo, hi), sums, value_sums, add_into)
                 if add_into is not None:
                     added.append((a, b))  # list.append is atomic
@@ -469,6 +476,28 @@ class KeyCheck:
             h.update(norm.astype("<u8").tobytes())
         return values, h.digest(), (extra[0] if extra else None)
 
+    def _check_outputs(
+        self,
+        shape: tuple[int, int],
+        value_sums: NDArray[np.uint64] | None,
+        add_into: NDArray[np.uint64] | None,
+    ) -> None:
+        """Refuse a running sum or value sums the compiled sums would write past the end of.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``add_into`` is not ``shape``, or ``value_sums`` not ``(keys, w)`` with
+            ``1 <= w <= tau``, C-contiguous writeable uint64.
+        """
+        _check_buffer("add_into", add_into, shape)
+        if value_sums is None:
+            return
+        width = value_sums.shape[1] if getattr(value_sums, "ndim", 0) == 2 else -1
+        _check_buffer("value_sums", value_sums, (self.lengths.shape[0], width))
+        if not 1 <= width <= shape[1]:
+            raise ConfigurationError(f"value_sums must have 1 to {shape[1]} columns, got {width}")
+
     def _key_sums(
         self,
         values: NDArray[np.uint64],
@@ -491,6 +520,27 @@ class KeyCheck:
             none[:, 0] if sums is None else sums[lo:hi],
             self.params.tau - 1,  # the count word (padding, if any, comes after it)
             none if add_into is None else add_into,
+        )
+
+
+def _check_buffer(name: str, buf: NDArray[np.uint64] | None, shape: tuple[int, ...]) -> None:
+    """Raise ConfigurationError unless ``buf`` is None or C-contiguous uint64 of ``shape``."""
+    if buf is None:
+        return
+    if (
+        not isinstance(buf, np.ndarray)
+        or buf.dtype != np.uint64
+        or buf.shape != shape
+        or not buf.flags.c_contiguous
+        or not buf.flags.writeable
+    ):
+        got = (
+            f"{buf.dtype} {buf.shape}{'' if buf.flags.c_contiguous else ' (not C-contiguous)'}"
+            if isinstance(buf, np.ndarray)
+            else type(buf).__name__
+        )
+        raise ConfigurationError(
+            f"{name} must be a writeable C-contiguous uint64 array of shape {shape}, got {got}"
         )
 
 

@@ -14,6 +14,7 @@ import itertools
 import numpy as np
 import pytest
 
+from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.families.ssa import projected_check, protocol, range_check, server_eval, verify
 from flwr_fsl.families.ssa.projected_check import project, project_shares, value_round_check
@@ -196,3 +197,54 @@ def test_a_failed_evaluation_leaves_nothing_in_the_running_sum(
             server.add_client(1, ups[1].public_part, ups[1].master_seeds[1], expect=bytes(32))
     assert server.clients == (0,)
     assert np.array_equal(server.share(), ref.share())
+
+
+def _bad_buffers(rows: int, tau: int) -> list[object]:
+    """Running sums the compiled add must never get: wrong shape, dtype, order or type."""
+    good = np.zeros((rows, tau), np.uint64)
+    return [
+        np.zeros((rows - 1, tau), np.uint64),  # too short: the add wrote past its end
+        np.zeros((rows, tau + 1), np.uint64),
+        np.zeros(rows * tau, np.uint64),
+        np.zeros((rows, tau), np.int64),
+        np.zeros((tau, rows), np.uint64).T,  # not C-contiguous
+        np.zeros((rows, 2 * tau), np.uint64)[:, :tau],
+        good.copy().tolist(),
+    ]
+
+
+def test_evaluate_with_refuses_a_running_sum_or_value_sums_of_the_wrong_layout() -> None:
+    params = make_params(1, weighted=False, epoch=0, verify=True)
+    key = new_digest_key()
+    up = encode_update(params, np.arange(K), np.ones((K, WIDTH)), 1.0)[0]
+    keys = DPFKeyBatch.from_master_seed(
+        0, parse_public_part(params, up.public_part), up.master_seeds[0]
+    )
+    server = SSAServer(params, 0, threads=2, digest_key=key)
+    check = KeyCheck(params, 0, server._lengths, 2, key)
+    rows, tau, n_keys = int(server._lengths.sum()), keys.public.tau, keys.public.num_keys
+    want, digest = check.evaluate(keys, client=3)
+    for bad in _bad_buffers(rows, tau):
+        before = bad.copy() if isinstance(bad, np.ndarray) else None
+        with pytest.raises(ConfigurationError, match="add_into"):
+            check.evaluate_with(keys, client=3, add_into=bad)  # type: ignore[arg-type]
+        if before is not None:
+            assert np.array_equal(bad, before)  # refused before anything was added
+    frozen = np.zeros((rows, tau), np.uint64)
+    frozen.flags.writeable = False
+    with pytest.raises(ConfigurationError, match="add_into"):
+        check.evaluate_with(keys, client=3, add_into=frozen)
+    for bad in (
+        np.zeros((n_keys - 1, 1), np.uint64),
+        np.zeros((n_keys, 0), np.uint64),
+        np.zeros((n_keys, tau + 1), np.uint64),
+        np.zeros(n_keys, np.uint64),
+        np.zeros((n_keys, 1), np.float64),
+    ):
+        with pytest.raises(ConfigurationError, match="value_sums"):
+            check.evaluate_with(keys, client=3, value_sums=bad)
+    into = np.ones((rows, tau), np.uint64)  # a good one still works, and adds exactly
+    sums = np.empty((n_keys, params.value_width), np.uint64)
+    values, again, _ = check.evaluate_with(keys, client=3, add_into=into, value_sums=sums)
+    assert again == digest and np.array_equal(values, want)
+    assert np.array_equal(into, want + np.uint64(1))

@@ -16,7 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flwr_fsl.families.ssa.verify import segments
-from flwr_fsl.kernels.ring import key_sums_rows, scatter_rows_window, sorted_bins
+from flwr_fsl.kernels.ring import (
+    _run_after,
+    _step,
+    key_sums_rows,
+    scatter_rows_window,
+    sorted_bins,
+)
 
 U64 = np.uint64
 
@@ -116,3 +122,35 @@ def test_segments_cut_as_the_greedy_loop(lengths: list[int], points: int) -> Non
     if lengths:
         want.append((start, len(lengths)))
     assert segments(np.array(lengths, np.int64), points) == want
+
+
+@given(
+    sizes=st.lists(st.integers(0, 12), max_size=30),
+    rows=st.integers(1, 60),
+    data=st.data(),
+)
+def test_the_prefetch_cursor_walks_the_window_items_in_scatter_order(
+    sizes: list[int], rows: int, data: st.DataObject
+) -> None:
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32)))
+    counts = [min(n, rows) for n in sizes]
+    items = np.concatenate(
+        [np.sort(rng.choice(rows, n, replace=False)) for n in counts] + [np.zeros(0, np.int64)]
+    ).astype(np.int64)
+    bins = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    lo = data.draw(st.integers(0, rows))
+    window = (lo, data.draw(st.integers(lo, rows)))
+    want = [
+        j
+        for b in range(len(counts))
+        for j in range(int(bins[b]), int(bins[b + 1]))
+        if window[0] <= items[j] < window[1]
+    ]
+    got = []
+    cursor = _run_after(items, bins, -1, window)
+    while cursor[1] < cursor[2]:
+        got.append(int(cursor[1]))
+        cursor = _step(items, bins, cursor, window)
+    assert got == want
+    assert cursor == (len(counts), 0, 0)  # past the last item: it stays there
+    assert _step(items, bins, cursor, window) == cursor
