@@ -167,26 +167,6 @@ def test_client_trailer_is_the_same_on_any_thread_count(digest):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_blob_becomes_the_upload_without_a_copy(monkeypatch, threads):
-    made: list[dpf_gen._BlobBuffer] = []
-
-    class Spy(dpf_gen._BlobBuffer):
-        def __init__(self, nbytes: int) -> None:
-            super().__init__(nbytes)
-            made.append(self)
-
-    monkeypatch.setattr(dpf_gen, "_BlobBuffer", Spy)
-    params = _params()
-    idx, vals = _inputs(params, 9)
-    upload, state = encode_update(
-        params, idx, vals, rng=np.random.default_rng(1), master_seeds=SEEDS, threads=threads
-    )
-    assert len(made) == 1 and not made[0].copied  # no view left: getvalue hands it over
-    assert state.keys[0].public.blob() is upload.public_part
-    assert not state.keys[0].public.cw_leaf.flags.writeable
-
-
-@pytest.mark.parametrize("threads", [1, 2])
 def test_a_failing_or_misfit_trailer_fails_the_encode_on_any_thread_count(monkeypatch, threads):
     params = _params()
     idx, vals = _inputs(params, 10)
