@@ -219,12 +219,7 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     pipe = getattr(threads, "pipelined", None)  # None: a library without it (a baseline tree)
 
     def counted_pipe(
-        items: list[object],
-        prepare: Callable[[object], object],
-        use: object,
-        n: int,
-        *pool: str,
-        **how: bool,
+        items: list[object], prepare: Callable[[object], object], use: object, n: int, *pool: str
     ) -> list[object]:
         """``pipelined`` on one thread; every ``prepare`` but the first counts as pool work."""
 
@@ -238,7 +233,7 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
                 inside[0] += time.thread_time() - start
 
         assert pipe is not None
-        return pipe(items, timed, use, 1, *pool, **how)  # type: ignore[arg-type]
+        return pipe(items, timed, use, 1, *pool)  # type: ignore[arg-type]
 
     patched = [
         (mod, attr, counted if attr == "run_ranges" else counted_pipe, was)
