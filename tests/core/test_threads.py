@@ -6,8 +6,6 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from flwr_fsl.core.threads import pipelined, run_ranges, worker_pool
 
@@ -115,95 +113,3 @@ def test_pipelined_on_one_thread_runs_in_the_caller_in_order() -> None:
 
     pipelined([0, 1], prepare, use, 1)
     assert calls == ["prepare 0", "use 0", "prepare 1", "use 1"]
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    n=st.integers(0, 6),
-    threads=st.sampled_from([1, 2, 3]),
-    bad=st.sets(st.integers(0, 5)),
-    ranges=st.integers(0, 4),
-)
-def test_deferred_prepare_gives_what_prepare_at_once_gives(
-    n: int, threads: int, bad: set[int], ranges: int
-) -> None:
-    def prepare(x: int) -> int:
-        if x in bad:
-            raise ValueError(f"item {x} is bad")
-        return x * 10
-
-    def use(x: int, ready: int | Exception) -> str:
-        parts = run_ranges(lambda j: j + x, ranges, threads, "fsl-defer")  # some pool work
-        return f"{x}:{ready}:{sum(parts)}"
-
-    want = [use(x, ValueError(f"item {x} is bad") if x in bad else x * 10) for x in range(n)]
-    for defer in (False, True):
-        assert pipelined(list(range(n)), prepare, use, threads, "fsl-defer", defer=defer) == want
-
-
-def test_a_deferred_prepare_runs_at_the_tail_of_the_pool_work_of_use() -> None:
-    events: list[str] = []
-    lock = threading.Lock()
-    where: dict[int, str] = {}
-
-    def prepare(x: int) -> int:
-        where[x] = threading.current_thread().name
-        with lock:
-            events.append(f"prepare {x}")
-        return x
-
-    def work(j: int) -> int:
-        with lock:
-            events.append(f"range {j}")
-        time.sleep(0.05)
-        return j
-
-    def use(x: int, ready: int | Exception) -> int:
-        if x == 0:
-            run_ranges(work, 3, 2, "fsl-tail")  # 2 workers, 3 ranges: one idles at the end
-        return x
-
-    assert pipelined([0, 1], prepare, use, 2, "fsl-tail", defer=True) == [0, 1]
-    assert sorted(events) == ["prepare 0", "prepare 1", "range 0", "range 1", "range 2"]
-    assert events[0] == "prepare 0"  # the first item's, in the caller
-    assert events.index("prepare 1") > max(events.index("range 0"), events.index("range 1"))
-    assert where[1].startswith("fsl-tail")  # on the worker left without a range
-
-
-def test_a_deferred_prepare_no_worker_took_runs_in_the_caller() -> None:
-    where: dict[int, str] = {}
-
-    def prepare(x: int) -> int:
-        where[x] = threading.current_thread().name
-        return x
-
-    assert pipelined([0, 1, 2], prepare, lambda x, r: r, 2, "fsl-test", defer=True) == [0, 1, 2]
-    me = threading.current_thread().name
-    assert where == {0: me, 1: me, 2: me}
-
-
-def test_an_error_of_use_drops_an_untaken_deferred_prepare_and_waits_for_a_taken_one() -> None:
-    done: list[int] = []
-
-    def prepare(x: int) -> int:
-        time.sleep(0.02)
-        done.append(x)
-        return x
-
-    def fail_alone(x: int, ready: int | Exception) -> int:
-        if x == 1:
-            raise RuntimeError("use failed")
-        return x
-
-    with pytest.raises(RuntimeError, match="use failed"):
-        pipelined([0, 1, 2, 3], prepare, fail_alone, 2, "fsl-test", defer=True)
-    assert done == [0, 1]  # nobody took item 2's prepare: it never ran
-
-    def fail_after_pool_work(x: int, ready: int | Exception) -> int:
-        run_ranges(lambda j: time.sleep(0.05 * j), 2, 2, "fsl-test")  # a worker takes it
-        raise RuntimeError("use failed")
-
-    done.clear()
-    with pytest.raises(RuntimeError, match="use failed"):
-        pipelined([0, 1], prepare, fail_after_pool_work, 2, "fsl-test", defer=True)
-    assert done == [0, 1]  # item 1's prepare was taken by a worker: finished before the error

@@ -589,7 +589,7 @@ class SSAServer:
             except ClientInputError as err:
                 return err
 
-        return pipelined(items, self.prepare, use, self.threads, defer=True)
+        return pipelined(items, self.prepare, use, self.threads)
 
     def prepare(self, item: ClientKeys) -> PreparedKeys:
         """Decode a client's keys, fresh or updated by its hint (:func:`prepare_keys`).
