@@ -110,6 +110,7 @@ __all__ = [
     "DPFPublicBatch",
     "DPFPublicKey",
     "UpdateHint",
+    "check_words_out",
     "evaluate",
     "evaluate_at",
     "evaluate_at_batch",
@@ -563,8 +564,8 @@ def evaluate_batch(  # noqa: C901, PLR0915
     total = int(offsets[-1])
     if out is None:
         out = np.empty((total, tau), dtype=_U64)
-    elif out.dtype != _U64 or out.shape != (total, tau) or not out.flags.c_contiguous:
-        raise ConfigurationError(f"out must be C-contiguous uint64 of shape ({total}, {tau})")
+    else:
+        check_words_out("out", out, (total, tau))
     if proofs is not None:
         _check_proofs_out(pub, proofs, total)
     if total == 0:
@@ -695,9 +696,9 @@ def key_range(keys: DPFKeyBatch, lo: int, hi: int) -> DPFKeyBatch:
         ("level_offsets", pub.level_offsets[lo : hi + 1] - a),
     ):
         object.__setattr__(part, name, value)
-    # Not DPFKeyBatch(...): its checks (a reduction over the seeds) ran on the whole batch; a
-    # server makes about 50 ranges of each client, each right after a segment's evaluation
-    # has left the caches cold, where the checked constructor took ~0.2 ms a call.
+    # Not DPFKeyBatch(...): its checks (a reduction over the seeds) ran on the whole batch, and
+    # a server makes about 50 ranges of each client (the checked constructor took ~0.2 ms a
+    # call on caches a segment's evaluation had left cold).
     batch = object.__new__(DPFKeyBatch)
     object.__setattr__(batch, "party", keys.party)
     object.__setattr__(batch, "root_seeds", keys.root_seeds[lo:hi])
@@ -709,9 +710,43 @@ def _check_proofs_out(pub: DPFPublicBatch, proofs: NDArray[np.uint64], total: in
     """Check the ``proofs`` output of :func:`evaluate_batch` and that the keys are verifiable."""
     if pub.cw_proof is None:
         raise ConfigurationError("proofs need verifiable keys (with proof correction words)")
-    shape = (total, PROOF_WORDS)
-    if proofs.dtype != _U64 or proofs.shape != shape or not proofs.flags.c_contiguous:
-        raise ConfigurationError(f"proofs must be C-contiguous uint64 of shape {shape}")
+    check_words_out("proofs", proofs, (total, PROOF_WORDS))
+
+
+def check_words_out(name: str, buf: object, shape: tuple[int, ...]) -> None:
+    """Refuse an output array that compiled code, writing by shape, would overrun or misread.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    buf : object
+        The array the caller passed.
+    shape : tuple of int
+        The shape the kernel writes.
+
+    Raises
+    ------
+    ConfigurationError
+        Unless ``buf`` is a writeable, C-contiguous uint64 array of ``shape``.
+    """
+    if (
+        isinstance(buf, np.ndarray)
+        and buf.dtype == _U64
+        and buf.shape == shape
+        and buf.flags.c_contiguous
+        and buf.flags.writeable
+    ):
+        return
+    got = (
+        f"{buf.dtype} {buf.shape}{'' if buf.flags.c_contiguous else ' (not C-contiguous)'}"
+        f"{'' if buf.flags.writeable else ' (read-only)'}"
+        if isinstance(buf, np.ndarray)
+        else type(buf).__name__
+    )
+    raise ConfigurationError(
+        f"{name} must be a writeable C-contiguous uint64 array of shape {shape}, got {got}"
+    )
 
 
 def evaluate(key: DPFKey) -> NDArray[np.uint64]:

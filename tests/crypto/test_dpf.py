@@ -743,3 +743,11 @@ def test_evaluate_argument_errors():
         evaluate_batch(b, out=np.empty((8, 2), U64))
     with pytest.raises(ConfigurationError, match="out"):
         evaluate_batch(b, out=np.empty((8, 1), np.int64))  # type: ignore[arg-type]
+    good = evaluate_batch(b)[0]
+    frozen = np.empty_like(good)
+    frozen.flags.writeable = False
+    with pytest.raises(ConfigurationError, match=r"out must be a writeable.*\(read-only\)"):
+        evaluate_batch(b, out=frozen)
+    strided = np.empty((good.shape[0], 2 * good.shape[1]), U64)[:, ::2]
+    with pytest.raises(ConfigurationError, match="not C-contiguous"):
+        evaluate_batch(b, out=strided)

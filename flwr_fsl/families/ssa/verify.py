@@ -120,7 +120,13 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.core.threads import run_ranges
-from flwr_fsl.crypto.dpf import PROOF_WORDS, DPFKeyBatch, evaluate_batch, key_range
+from flwr_fsl.crypto.dpf import (
+    PROOF_WORDS,
+    DPFKeyBatch,
+    check_words_out,
+    evaluate_batch,
+    key_range,
+)
 from flwr_fsl.crypto.hashing import SimpleTable
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.range_check import same_check
@@ -490,11 +496,12 @@ class KeyCheck:
             If ``add_into`` is not ``shape``, or ``value_sums`` not ``(keys, w)`` with
             ``1 <= w <= tau``, C-contiguous writeable uint64.
         """
-        _check_buffer("add_into", add_into, shape)
+        if add_into is not None:
+            check_words_out("add_into", add_into, shape)
         if value_sums is None:
             return
         width = value_sums.shape[1] if getattr(value_sums, "ndim", 0) == 2 else -1
-        _check_buffer("value_sums", value_sums, (self.lengths.shape[0], width))
+        check_words_out("value_sums", value_sums, (self.lengths.shape[0], width))
         if not 1 <= width <= shape[1]:
             raise ConfigurationError(f"value_sums must have 1 to {shape[1]} columns, got {width}")
 
@@ -520,27 +527,6 @@ class KeyCheck:
             none[:, 0] if sums is None else sums[lo:hi],
             self.params.tau - 1,  # the count word (padding, if any, comes after it)
             none if add_into is None else add_into,
-        )
-
-
-def _check_buffer(name: str, buf: NDArray[np.uint64] | None, shape: tuple[int, ...]) -> None:
-    """Raise ConfigurationError unless ``buf`` is None or C-contiguous uint64 of ``shape``."""
-    if buf is None:
-        return
-    if (
-        not isinstance(buf, np.ndarray)
-        or buf.dtype != np.uint64
-        or buf.shape != shape
-        or not buf.flags.c_contiguous
-        or not buf.flags.writeable
-    ):
-        got = (
-            f"{buf.dtype} {buf.shape}{'' if buf.flags.c_contiguous else ' (not C-contiguous)'}"
-            if isinstance(buf, np.ndarray)
-            else type(buf).__name__
-        )
-        raise ConfigurationError(
-            f"{name} must be a writeable C-contiguous uint64 array of shape {shape}, got {got}"
         )
 
 
