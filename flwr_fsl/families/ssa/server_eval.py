@@ -79,8 +79,9 @@ half-windows 52-60 ms; at ``tau = 4`` (32 MiB) one thread 125 ms, each half 68-7
 (session 31, 2-core EPYC VM). Half-windows then prefetched another window's row half the
 time; since session 33 each prefetches its own window's items
 (:func:`~flwr_fsl.kernels.ring.scatter_rows_window`): at ``tau = 2`` two half-windows took
-60-73 ms of CPU together (the code before: 145-383), one whole scatter 37-59 ms (load 1-5),
-so a 16 MiB share still stays on one thread."""
+60-73 ms of CPU together (the code before: 145-383), one whole scatter 37-59 ms (load 1-5;
+a helper's microbenchmark, not in the repository), so a 16 MiB share still stays on one
+thread."""
 
 
 def split_public(params: SSAParams, blob: bytes) -> tuple[bytes | memoryview, bytes | None]:
