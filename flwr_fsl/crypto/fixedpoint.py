@@ -146,7 +146,7 @@ class FixedPoint:
         rng = rng if rng is not None else np.random.default_rng()
         draws = np.array(rng.random(size=x.shape), np.float64, copy=None).reshape(-1)
         # ``floor(x·2^f) + (u < x·2^f - floor(x·2^f))`` in one pass, each word written over
-        # its own draw: no second buffer (a fresh one's page faults cost more than the pass).
+        # its own draw: no temporaries, no second buffer (nothing else holds the draws).
         low = draws.view(np.int64)
         stochastic_round(flat, draws, self.scale, low)
         if isinstance(self.ring, Z2k) and self.ring.bits == 64:  # two's complement: the words

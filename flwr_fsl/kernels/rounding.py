@@ -1,11 +1,11 @@
 """Numba loops of fixed-point encoding: the range scan and the stochastic rounding, one pass each.
 
-:meth:`~flwr_fsl.crypto.fixedpoint.FixedPointCodec.encode` scans the values once
+:meth:`~flwr_fsl.crypto.fixedpoint.FixedPoint.encode` scans the values once
 (:func:`abs_max_finite`), draws the rounding randomness exactly as before (one
 ``rng.random(size=shape)``) and rounds in one pass (:func:`stochastic_round`): the same IEEE
 operations in the same order as numpy's temporaries did (``x * 2^f``, its floor, the remainder,
 ``+1`` where the draw is below it, truncation to ``int64``), so the words are bit-identical
-(issue 26: about 12 ns a value of numpy temporaries at 210k values).
+(issue 26: the SSA client's payload phase at m = 2**20, 210k words, 2.7 -> 1.8 ms CPU).
 """
 
 from __future__ import annotations
