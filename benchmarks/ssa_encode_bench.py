@@ -21,7 +21,9 @@ best figures are printed with their ratios, the load average before and after, a
 value check ...; target <= 40 ms: 1 core PASS/FAIL, 2 cores PASS/FAIL)`` for this tree.
 ``--phases`` adds a table of the 1-core encode's phases (:data:`PHASES`: the calling thread's
 CPU time of each, its best over ``--reps`` more encodes, nested phases indented under the one
-that calls them), each tree's side by side; a tree without a phase's function shows ``-``.
+that calls them; then the wrapped encode's own CPU time and the part of it outside the
+top-level phases, :data:`ENCODE` and :data:`OUTSIDE`), each tree's side by side; a tree
+without a phase's function shows ``-``.
 ``--timeline`` prints, for this tree's fastest ``--cores``-core encode, every thread's busy
 intervals (:data:`PHASES` and the pool threads' work, :data:`TIMELINE_EXTRA`: wall ms from the
 encode's start) and how much of the wall had one thread busy, and how much two or more.
@@ -66,6 +68,11 @@ PHASES = (
 )
 """``(label, module, name)`` of each phase ``--phases`` times: the name as the caller looks it
 up (a kernel through its module attribute, so the wrapper sees the calls from Python)."""
+
+ENCODE = "whole encode"
+OUTSIDE = "  outside the phases"
+"""Rows the phase table adds: the wrapped encode's thread CPU, and what of it no top-level
+phase covers (each the best over the same encodes as the phases)."""
 
 TIMELINE_EXTRA = (
     ("Gen range", "flwr_fsl.kernels.dpf_gen_kernels", "gen_run"),
@@ -145,9 +152,13 @@ def _phase_times(encode: Callable[[], object], reps: int) -> dict[str, float]:
 
         setattr(mod, name, timed)
     best: dict[str, float] = {}
+    top = [label for label, _, _ in PHASES if not label.startswith(" ")]
     for _ in range(reps):
         spent.clear()
+        start = time.thread_time()
         encode()
+        spent[ENCODE] = time.thread_time() - start
+        spent[OUTSIDE] = spent[ENCODE] - sum(spent.get(label, 0.0) for label in top)
         for label, s in spent.items():
             best[label] = min(best.get(label, float("inf")), 1e3 * s)
     return best
@@ -402,7 +413,7 @@ def _phase_table(best: dict[str, dict[str, float]]) -> None:
     names = list(best)
     print("| phase (1 core, CPU ms) | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
-    for label, _, _ in PHASES:
+    for label in (*(label for label, _, _ in PHASES), ENCODE, OUTSIDE):
         cells = [best[n].get(f"phase:{label}") for n in names]
         shown = " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
         print(f"| {label} | {shown} |")

@@ -28,7 +28,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.crypto.ring import Z2_64, Ring
+from flwr_fsl.crypto.ring import Z2_64, Ring, Z2k
+from flwr_fsl.kernels.rounding import abs_max_finite, stochastic_round
 
 
 class FixedPointOverflowError(ConfigurationError):
@@ -136,19 +137,21 @@ class FixedPoint:
             If a value is not finite or exceeds ``max_abs``.
         """
         x = np.asarray(values, dtype=np.float64)
-        if x.size and not np.all(np.isfinite(x)):
+        flat = np.ascontiguousarray(x).reshape(-1)  # C order: the order of the draws below
+        finite, largest = abs_max_finite(flat)
+        if not finite:
             raise FixedPointOverflowError("cannot encode NaN or inf")
-        if x.size and float(np.max(np.abs(x))) > self.max_abs:
-            raise FixedPointOverflowError(
-                f"value {float(np.max(np.abs(x)))} exceeds max_abs={self.max_abs}"
-            )
+        if largest > self.max_abs:
+            raise FixedPointOverflowError(f"value {largest} exceeds max_abs={self.max_abs}")
         rng = rng if rng is not None else np.random.default_rng()
-        # The same arithmetic as ``low + (u < x·2^f - low)``, with fewer temporaries.
-        scaled = x * self.scale
-        low = np.floor(scaled)
-        np.subtract(scaled, low, out=scaled)
-        low += rng.random(size=x.shape) < scaled
-        return self.ring.encode_signed(low.astype(np.int64))
+        draws = np.array(rng.random(size=x.shape), np.float64, copy=None).reshape(-1)
+        # ``floor(x·2^f) + (u < x·2^f - floor(x·2^f))`` in one pass, each word written over
+        # its own draw: no temporaries, no second buffer (nothing else holds the draws).
+        low = draws.view(np.int64)
+        stochastic_round(flat, draws, self.scale, low)
+        if isinstance(self.ring, Z2k) and self.ring.bits == 64:  # two's complement: the words
+            return low.view(np.uint64).reshape(x.shape)
+        return self.ring.encode_signed(low.reshape(x.shape))
 
     def encode_exact(self, values: ArrayLike) -> NDArray[np.uint64]:
         """Encode with round-to-nearest (deterministic), e.g. for public model weights."""

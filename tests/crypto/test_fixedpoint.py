@@ -140,3 +140,65 @@ def test_ring_must_be_a_ring() -> None:
         FixedPoint(ring="Z2_64")  # type: ignore[arg-type]
     assert issubclass(FixedPointOverflowError, ConfigurationError)
     assert issubclass(FixedPointOverflowError, ValueError)
+
+
+# ------------------------------------------------------- the one-pass kernel (issue 26)
+
+
+def _numpy_encode(fp: FixedPoint, x: np.ndarray, seed: int) -> np.ndarray:
+    """The encode before the kernel: numpy temporaries, then the ring's ``encode_signed``."""
+    scaled = np.asarray(x, np.float64) * fp.scale
+    low = np.floor(scaled)
+    low = low + (np.random.default_rng(seed).random(size=low.shape) < scaled - low)
+    return fp.ring.encode_signed(low.astype(np.int64))
+
+
+@given(
+    st.lists(st.floats(-1000, 1000), min_size=0, max_size=60),
+    st.sampled_from([0, 1, 3]),
+    st.sampled_from([Z2_64, Z2k(48), PrimeField(SESA_PRIME)]),
+    st.integers(0, 2**32),
+    st.booleans(),
+)
+def test_kernel_equals_the_numpy_encode(values, columns, ring, seed, transposed) -> None:
+    """Every ring, shape and memory order: the words and the draws of the numpy encode."""
+    fp = FixedPoint(frac_bits=8, max_abs=1000, max_summands=4, ring=ring)
+    x = np.asarray(values, np.float64)
+    if columns:  # (n, columns), or its transpose: not C-contiguous
+        x = x[: x.size - x.size % columns].reshape(-1, columns)
+        x = x.T if transposed else x
+    rng = np.random.default_rng(seed)
+    got = fp.encode(x, rng)
+    want = _numpy_encode(fp, x, seed)
+    assert got.shape == x.shape and got.dtype == np.uint64
+    assert got.tobytes() == want.tobytes()
+    assert rng.random() == np.random.default_rng(seed).random(size=x.size + 1)[-1]
+
+
+def test_scalar_and_empty_inputs() -> None:
+    fp = FixedPoint(frac_bits=4, max_abs=10, max_summands=1)
+    assert fp.encode(2.5, np.random.default_rng(0)).shape == ()
+    assert int(fp.encode(2.5, np.random.default_rng(0))) == 40  # 2.5 * 16 is on the grid
+    assert fp.encode(np.zeros((0, 3)), np.random.default_rng(0)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("where", [0, 5, 99])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_first_non_finite_value_is_refused_anywhere(where: int, bad: float) -> None:
+    fp = FixedPoint(frac_bits=10, max_abs=100, max_summands=2)
+    x = np.ones(100)
+    x[where] = bad
+    rng = np.random.default_rng(3)
+    with pytest.raises(FixedPointOverflowError, match="NaN or inf"):
+        fp.encode(x, rng)
+    assert rng.random() == np.random.default_rng(3).random()  # refused before any draw
+
+
+def test_largest_value_is_quoted_in_the_bound_error() -> None:
+    fp = FixedPoint(frac_bits=10, max_abs=100, max_summands=2)
+    with pytest.raises(FixedPointOverflowError, match=r"value 250.5 exceeds max_abs=100"):
+        fp.encode([1.0, -250.5, 120.0])
+    assert fp.encode([-100.0, 100.0], np.random.default_rng(0)).view(np.int64).tolist() == [
+        -102400,
+        102400,
+    ]

@@ -41,7 +41,9 @@ def key_betas(
     rows[1:, :tau] = payload
     if checks_counts(params):  # a dummy slot's count word is 1 too: every key counts exactly 1
         rows[0, tau - 1] = one_word(params)
-    return rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)  # one gather, no masks
+    # Slot s reads row s - EMPTY (EMPTY = -1): row 0, the dummy's, for EMPTY, a client's row
+    # s at s + 1; one gather, no mask (issue 26: np.where's passes cost more than the gather).
+    return rows.take(slots - EMPTY, axis=0)
 
 
 def encode_keys(

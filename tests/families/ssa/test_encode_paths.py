@@ -16,15 +16,18 @@ import hashlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flwr_fsl.crypto import dpf, dpf_gen
 from flwr_fsl.crypto.dpf import generate_keys_batch
-from flwr_fsl.crypto.hashing import cuckoo_hash
+from flwr_fsl.crypto.hashing import EMPTY, cuckoo_hash
 from flwr_fsl.families.ssa import projected_check as pc
 from flwr_fsl.families.ssa.messages import SSAParams
 from flwr_fsl.families.ssa.placement import place_indices, simple_table_for
 from flwr_fsl.families.ssa.protocol import encode_update
 from flwr_fsl.families.ssa.upload import key_betas
+from flwr_fsl.families.ssa.verify import checks_counts, one_word
 from flwr_fsl.kernels.aes import native_aes
 
 SEEDS = (bytes(range(16)), bytes(range(16, 32)))
@@ -178,3 +181,26 @@ def test_a_failing_or_misfit_trailer_fails_the_encode_on_any_thread_count(monkey
         monkeypatch.setattr("flwr_fsl.families.ssa.protocol.value_trailer", make)
         with pytest.raises(err):
             encode_update(params, idx, vals, rng=np.random.default_rng(1), threads=threads)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(0, 40),
+    keys=st.integers(0, 60),
+    seed=st.integers(0, 2**32 - 1),
+    verify=st.booleans(),
+    weighted=st.booleans(),
+)
+def test_key_betas_gather_equals_the_masked_gather(n, keys, seed, verify, weighted):
+    """``slots - EMPTY`` reads the dummy row for EMPTY, as the masked index did."""
+    params = SSAParams(2, 1 << 12, 300, 2, bytes(range(16)), verify=verify, weighted=weighted)
+    rng = np.random.default_rng(seed)
+    payload = rng.integers(0, 2**64, (n, params.tau), dtype=np.uint64)
+    slots = rng.integers(EMPTY, n, keys) if n else np.full(keys, EMPTY, np.int64)
+    rows = np.zeros((n + 1, params.key_tau), np.uint64)
+    rows[1:, : params.tau] = payload
+    if checks_counts(params):
+        rows[0, params.tau - 1] = one_word(params)
+    want = rows.take(np.where(slots == EMPTY, 0, slots + 1), axis=0)
+    got = key_betas(params, payload, slots)
+    assert got.dtype == np.uint64 and np.array_equal(got, want)
