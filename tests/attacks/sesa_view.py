@@ -20,9 +20,11 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from flwr_fsl.families.sesa import mod as sesa_mod_module
 from flwr_fsl.families.sesa.mod import SesaNodeState, sesa_mod
 from flwr_fsl.families.sesa.strategy import SesaFedAvg
 from flwr_fsl.testing import InProcessGrid
@@ -102,6 +104,31 @@ def _app(examples: Sequence[int], mods: Sequence[Any] = ()) -> ClientApp:
         return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app
+
+
+def seed_shard_choices(patch: pytest.MonkeyPatch, run_seed: int) -> None:
+    """Draw every client's shard choice from a generator seeded by ``(run_seed, node, round)``.
+
+    Still a fresh, independent choice every round, as with the OS's randomness, but the run is
+    reproducible: the tests' statistical bounds are checked on one known run instead of failing
+    at random in CI.
+
+    Parameters
+    ----------
+    patch : pytest.MonkeyPatch
+        Where the patch of ``sesa_mod``'s ``choose_shards`` lives (and ends).
+    run_seed : int
+        Seeds every draw of the run.
+    """
+    choose = sesa_mod_module.choose_shards
+    calls: dict[int, int] = {}
+
+    def seeded(node: int, *args: Any, **kwargs: Any) -> Any:
+        calls[node] = calls.get(node, 0) + 1
+        kwargs["rng"] = np.random.default_rng([run_seed, node, calls[node]])
+        return choose(node, *args, **kwargs)
+
+    patch.setattr(sesa_mod_module, "choose_shards", seeded)
 
 
 def run_rounds(

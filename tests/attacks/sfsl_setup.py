@@ -27,6 +27,7 @@ from flwr_fsl.families.sfsl.server import SFSLResult
 from flwr_fsl.mods import PerturbedRows
 from flwr_fsl.strategies import SFSLFedSubAvg
 from flwr_fsl.testing import InProcessGrid
+from tests.attacks.seeding import seed_fresh_streams
 
 CLIENTS, ROWS, WIDTH = 5, 40, 2
 ROUNDS = 40
@@ -47,6 +48,17 @@ def own_flwr_home(
 ) -> None:
     """A fresh ``FLWR_HOME`` per test: the clients' memos persist there (import it, autouse)."""
     monkeypatch.setenv("FLWR_HOME", str(tmp_path_factory.mktemp("flwr-home")))
+
+
+@pytest.fixture(autouse=True)
+def seeded_streams(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fresh stream (RR answers, DP noise) keyed by the test's name (import it, autouse).
+
+    The accuracies these tests bound are statistical; seeded, each test checks one reproducible
+    run (:func:`~tests.attacks.seeding.seed_fresh_streams`). Left unseeded: the library's
+    ``np.random.default_rng()`` stochastic rounding and the ``os.urandom`` row subsets.
+    """
+    seed_fresh_streams(monkeypatch, f"{request.module.__name__}::{request.node.name}")
 
 
 def truth() -> NDArray[np.bool_]:

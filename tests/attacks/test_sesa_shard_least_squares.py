@@ -49,6 +49,7 @@ from tests.attacks.sesa_view import (
     Run,
     membership_scores,
     run_rounds,
+    seed_shard_choices,
     shard_posterior,
 )
 from tests.attacks.solvers import least_squares_per_client
@@ -88,17 +89,8 @@ RUN_SEED = 0  # seeds the sampling and every (node, round) shard draw of the def
 
 @pytest.fixture(scope="module")
 def default_run() -> Run:
-    choose = sesa_mod_module.choose_shards
-    calls: dict[int, int] = {}
-
-    def seeded(node: int, *args: Any, **kwargs: Any) -> Any:
-        # A fresh draw every round, as with the OS's randomness, but reproducible.
-        calls[node] = calls.get(node, 0) + 1
-        kwargs["rng"] = np.random.default_rng([RUN_SEED, node, calls[node]])
-        return choose(node, *args, **kwargs)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sesa_mod_module, "choose_shards", seeded)
+        seed_shard_choices(patch, RUN_SEED)
         return run_rounds(RATES, EXAMPLES, rounds=ROUNDS, fraction_train=FRACTION, seed=RUN_SEED)
 
 

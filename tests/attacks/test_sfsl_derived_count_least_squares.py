@@ -32,6 +32,7 @@ from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 from flwr_fsl.testing import InProcessGrid
 from tests.attacks import sfsl_setup as sfsl
 from tests.attacks.sfsl_setup import own_flwr_home as own_flwr_home  # autouse fixture
+from tests.attacks.sfsl_setup import seeded_streams as seeded_streams  # autouse fixture
 from tests.attacks.solvers import (
     chance_membership_accuracy,
     least_squares_per_client,

@@ -23,6 +23,7 @@ import numpy as np
 
 from tests.attacks import sfsl_setup as sfsl
 from tests.attacks.sfsl_setup import own_flwr_home as own_flwr_home  # autouse fixture
+from tests.attacks.sfsl_setup import seeded_streams as seeded_streams  # autouse fixture
 from tests.attacks.solvers import chance_membership_accuracy
 
 MARGIN = 0.10

@@ -22,9 +22,10 @@ the reconstructed counts, and its own DP noise (which it subtracts, keeping S1's
   bound on a client's row count (it picks each client's top-2 rows) is held to chance plus
   10 points; measured: 78.0% mean (sd 3.5, max 87.5). That is below the majority baseline,
   but above the 72.2% of guessing 2 rows per client at random: ``ε = 20`` is a loose formal
-  guarantee, and a structured decoder keeps a few points of it. The noise is the servers'
-  CSPRNG (not seeded here): both assertions sit more than 4 standard deviations from the
-  measured means.
+  guarantee, and a structured decoder keeps a few points of it. Those figures are over the
+  servers' CSPRNG; the test keys every fresh stream from a run seed
+  (:func:`~tests.attacks.seeding.seed_fresh_streams`), so CI checks one reproducible run
+  (both assertions sit more than 4 standard deviations from the measured means).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from flwr_fsl.families.ssa.index_mod import PrivateRows
 from flwr_fsl.families.ssa.index_strategy import SecureRowFedSubAvg
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.testing import InProcessGrid
+from tests.attacks.seeding import seed_fresh_streams
 from tests.attacks.solvers import (
     chance_membership_accuracy,
     least_squares_per_client,
@@ -86,6 +88,7 @@ def client_app() -> ClientApp:
 
 def attack(dp_on: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Run the real strategy as a curious S0; decode membership from what it recorded."""
+    drawn = seed_fresh_streams(monkeypatch, "ssa-index-row-least-squares")
     key = SealingKeyPair.generate()
 
     def node_config(i: int) -> dict[str, Any]:
@@ -153,6 +156,7 @@ def attack(dp_on: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         "topk_accuracy": float(np.mean(top == TRUTH)),
         "chance": chance_membership_accuracy(TRUTH),
         "epsilon": strategy.privacy_account.epsilon() if dp_on else float("inf"),
+        "fresh_streams": drawn(),
     }
 
 
@@ -170,5 +174,6 @@ def test_at_default_settings_the_decoder_is_at_chance(monkeypatch: pytest.Monkey
     out = attack(dp_on=True, monkeypatch=monkeypatch)
     # The default budget (epsilon 20 at delta 1e-5, z = 1) stops the run after 10 rounds.
     assert out["rounds"] == 10 and out["epsilon"] == pytest.approx(19.05, abs=0.01)
+    assert out["fresh_streams"] > 0  # the noise came from the seeded streams
     assert out["accuracy"] <= out["chance"] + MARGIN, out
     assert out["topk_accuracy"] <= out["chance"] + TOPK_MARGIN, out

@@ -36,7 +36,9 @@ default ``z = 1`` the three parts spend the budget in 3 rounds and the decoder t
 curious S0 that subtracts its own noise; the nearest thing to a union it has is the support of
 the released per-row counts (``count > 0.5``). The same decoder on it does no better than
 chance plus 10 points (measured over 6 runs: 80.4% mean, sd 2.8, max 84.4%, against the bound
-93.3%; the noise is the servers' CSPRNG, not seeded).
+93.3%; the noise is the servers' CSPRNG). Every test here keys the fresh streams (the
+servers' noise, the PSU vectors' randomness) by its name
+(:func:`~tests.attacks.seeding.seed_fresh_streams`): CI checks one reproducible run.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from flwr_fsl.families.ssa.union import NODE_ALLOW_UNION_KEY
 from flwr_fsl.helper import InProcessHelper
 from flwr_fsl.submodel.tables import ModelTables, RowMap, TableSpec
 from flwr_fsl.testing import InProcessGrid
+from tests.attacks.seeding import seed_fresh_streams
 from tests.attacks.solvers import chance_membership_accuracy
 from tests.attacks.test_ssa_index_row_least_squares import (
     CLIENTS,
@@ -181,6 +184,11 @@ def mixed_client_app() -> ClientApp:
         return Message(content, reply_to=msg)
 
     return app
+
+
+@pytest.fixture(autouse=True)
+def _seeded_streams(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed_fresh_streams(monkeypatch, f"{__name__}::{request.node.name}")
 
 
 def mixed_psu_view(

@@ -4,7 +4,6 @@ frequencies, memoization across rounds and restarts, the server's view, strict m
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +64,7 @@ def test_frequencies_are_p5_for_owned_and_p6_for_other_indices() -> None:
     params = RRParams(0.8, 0.3, 0.9, 0.2)
     union = np.arange(4000)
     real = np.arange(2000)
-    prg = PRGStream(os.urandom(16))
+    prg = PRGStream(b"sfsl-rr-rates-01")  # fixed: a 5-sigma bound checked on one known draw
     hits = np.zeros(union.size)
     trials = 50
     for _ in range(trials):
@@ -100,7 +99,7 @@ def test_repeated_rounds_do_not_average_the_noise_away() -> None:
     union = np.arange(2000)
     real = np.arange(0, 2000, 2)
     owned = np.isin(union, real)
-    prg = PRGStream(os.urandom(16))
+    prg = PRGStream(b"sfsl-rr-memo-002")  # fixed: the 0.03 bound is 4 sd of the accuracy
 
     def majority(memoize: bool) -> float:
         counts = np.zeros(union.size)
