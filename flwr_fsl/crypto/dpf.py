@@ -506,6 +506,45 @@ def _native_vmmo() -> _vde.NativeVMMO | None:
     return vmmo
 
 
+def _plan(
+    keys: DPFKeyBatch, lengths: ArrayLike | None, sizes: tuple[int, int, int]
+) -> tuple[
+    NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64], NDArray[np.uint8],
+    NDArray[np.int64], int,
+]:  # fmt: skip
+    """:func:`evaluate_batch`'s plan: ``(offsets, tasks_i, seeds, t, bounds, cap)``.
+
+    One GIL-free :func:`~flwr_fsl.kernels.dpf_eval.fd_plan` call (the row offsets, the length
+    checks, the root tasks and their chunks; ``sizes = (group, per_leaf, budget)``), so a
+    server's evaluation threads hold the GIL for almost none of a segment's prologue. An
+    ``(m,)`` int64 array of lengths (a server's) goes in as it is; anything else is converted
+    and checked here first.
+
+    Raises
+    ------
+    ConfigurationError
+        If ``lengths`` has the wrong shape, is not integers, or is out of range.
+    """
+    pub = keys.public
+    m = pub.num_keys
+    if lengths is None:
+        npts: NDArray[np.int64] = pub.num_points
+    elif isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.shape == (m,):
+        npts = lengths  # checked in fd_plan, without the GIL
+    else:
+        npts = _as_index(lengths, "lengths").astype(np.int64)
+        if npts.shape != (m,):
+            raise ConfigurationError(f"lengths must have shape ({m},), got {npts.shape}")
+    status, offsets, tasks_i, seeds, t, bounds, cap = _fde.fd_plan(
+        pub.domain_bits, npts, keys.root_seeds, keys.party, sizes
+    )
+    if status == _fde.PLAN_NEGATIVE:
+        raise ConfigurationError("lengths must be non-negative")
+    if status == _fde.PLAN_TOO_LONG:
+        raise ConfigurationError("lengths must not exceed 2**domain_bits")
+    return offsets, tasks_i, seeds, t, bounds, int(cap)
+
+
 def evaluate_batch(  # noqa: C901, PLR0915
     keys: DPFKeyBatch,
     *,
@@ -549,18 +588,11 @@ def evaluate_batch(  # noqa: C901, PLR0915
         If ``lengths`` or ``out`` has the wrong shape or range.
     """
     pub = keys.public
-    m, tau = pub.num_keys, pub.tau
-    full = pub.num_points
-    if lengths is None:
-        npts = full
-    else:
-        npts = _as_index(lengths, "lengths").astype(np.int64)
-        if npts.shape != (m,):
-            raise ConfigurationError(f"lengths must have shape ({m},), got {npts.shape}")
-        if m and np.any(npts > full):
-            raise ConfigurationError("lengths must not exceed 2**domain_bits")
-    offsets = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(npts, out=offsets[1:])
+    tau = pub.tau
+    group = _group(tau)
+    half_w = pub.leaf_words // 2
+    per_leaf = max(1, half_w)  # AES blocks per leaf: one seed per child, half_w to convert
+    offsets, tasks_i, seeds, t, bounds, cap = _plan(keys, lengths, (group, per_leaf, _FD_BUDGET))
     total = int(offsets[-1])
     if out is None:
         out = np.empty((total, tau), dtype=_U64)
@@ -570,30 +602,26 @@ def evaluate_batch(  # noqa: C901, PLR0915
         _check_proofs_out(pub, proofs, total)
     if total == 0:
         return out, offsets
-    group = _group(tau)
-    half_w = pub.leaf_words // 2
-    per_leaf = max(1, half_w)  # AES blocks per leaf: one seed per child, half_w to convert
     max_h = max(0, int(np.log2(max(_FD_BUDGET // per_leaf, 1))))
-    tl = _tree_levels(pub.domain_bits, tau)
-    tasks_i, seeds, t = _fde.fd_tasks(tl, offsets, keys.root_seeds, keys.party)
     native = _native_mmo() if proofs is None else _native_vmmo()
-    if tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h and native is not None:
-        cws = (pub.level_offsets, pub.cw_seeds, pub.cw_bits)
-        tasks_i, seeds, t = _fde.split_native(
-            native, (tasks_i, seeds, t), (max_h, group), cws, _AES_LOG
-        )
-    elif tasks_i.shape[0] and int(tasks_i[:, 2].max()) > max_h:
-        tasks_i, seeds, t = _fde.split_tasks(
-            tasks_i, seeds, t, max_h, group, pub.level_offsets,
-            _fde.split_expander(native, _mmo_ciphers, pub.cw_seeds, pub.cw_bits, _AES_LOG),
-        )  # fmt: skip
-    # Subtree skipping: a task costs only the leaves that hold a point below its limit (a bin
-    # padded to a power of two evaluates its real points; no level holds more nodes).
-    bounds, cap, desc = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
-    if not desc:  # chunks need tasks sorted by height, tallest first
-        order = np.argsort(-tasks_i[:, 2], kind="stable")
-        tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
-        bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
+    if tasks_i.shape[0] and int(tasks_i[0, 2]) > max_h:  # tallest first (fd_tasks)
+        if native is not None:
+            cws = (pub.level_offsets, pub.cw_seeds, pub.cw_bits)
+            tasks_i, seeds, t = _fde.split_native(
+                native, (tasks_i, seeds, t), (max_h, group), cws, _AES_LOG
+            )
+        else:
+            tasks_i, seeds, t = _fde.split_tasks(
+                tasks_i, seeds, t, max_h, group, pub.level_offsets,
+                _fde.split_expander(native, _mmo_ciphers, pub.cw_seeds, pub.cw_bits, _AES_LOG),
+            )  # fmt: skip
+        # Subtree skipping: a task costs only the leaves that hold a point below its limit (a
+        # bin padded to a power of two evaluates its real points; no level holds more nodes).
+        bounds, cap, desc = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
+        if not desc:  # chunks need tasks sorted by height, tallest first
+            order = np.argsort(-tasks_i[:, 2], kind="stable")
+            tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
+            bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
     cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
     if native is not None:
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)

@@ -18,7 +18,7 @@ same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`): both a
 (:func:`~flwr_fsl.kernels.aes.native_aes`).
 
 :func:`fd_tasks` (already sorted by height) and :func:`fd_chunks` plan the tasks and chunks in
-numba;
+numba (:func:`fd_plan`: both, with the offsets and the length checks, in one GIL-free call);
 :func:`split_level` is the native form of one step of the task splitting (keys taller than a
 chunk are cut into subtrees one level at a time).
 """
@@ -400,6 +400,57 @@ def fd_chunks(
     for c in range(bounds.shape[0] - 1):
         cap = max(cap, cost[bounds[c] : bounds[c + 1]].sum())
     return bounds, cap, desc
+
+
+PLAN_NEGATIVE = 1
+""":func:`fd_plan` status: a length is negative."""
+PLAN_TOO_LONG = 2
+""":func:`fd_plan` status: a length exceeds its key's domain ``2**domain_bits``."""
+
+
+@njit(cache=True, nogil=True)
+def fd_plan(
+    domain_bits: np.ndarray,
+    lengths: np.ndarray,
+    root_seeds: np.ndarray,
+    party: int,
+    sizes: tuple[int, int, int],
+) -> tuple[
+    int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int
+]:  # pragma: no cover - numba
+    """Plan one evaluation in one GIL-free call (issue 26: a segment's prologue).
+
+    ``sizes`` is ``(group, per_leaf, budget)``. Returns ``(status, offsets, tasks_i, seeds, t,
+    bounds, cap)``: status 0, :data:`PLAN_NEGATIVE` (checked first, over every key) or
+    :data:`PLAN_TOO_LONG`; the row offsets (cumulative ``lengths``); :func:`fd_tasks` of the
+    keys' tree levels (``max(domain_bits - (group - 1), 0)``); :func:`fd_chunks`' bounds and
+    capacity (its tasks already descend). The same arrays the separate numpy and numba steps
+    give; on a nonzero status only ``offsets`` is filled.
+    """
+    group, per_leaf, budget = sizes
+    m = lengths.shape[0]
+    offsets = np.zeros(m + 1, dtype=np.int64)
+    levels = np.empty(m, dtype=np.int64)
+    negative = False
+    too_long = False
+    for j in range(m):
+        n = lengths[j]
+        d = np.int64(domain_bits[j])
+        if n < 0:
+            negative = True
+        elif n > (np.int64(1) << d):
+            too_long = True
+        offsets[j + 1] = offsets[j] + n
+        levels[j] = d - (group - 1) if d >= group - 1 else 0
+    if negative or too_long:
+        status = PLAN_NEGATIVE if negative else PLAN_TOO_LONG
+        no_tasks = np.empty((0, 5), dtype=np.int64)
+        no_seeds = np.empty((0, 2), dtype=np.uint64)
+        none = np.empty(0, dtype=np.int64)
+        return status, offsets, no_tasks, no_seeds, np.empty(0, np.uint8), none, 0
+    tasks_i, seeds, t = fd_tasks(levels, offsets, root_seeds, party)
+    bounds, cap, _ = fd_chunks(tasks_i, group, per_leaf, budget)
+    return 0, offsets, tasks_i, seeds, t, bounds, cap
 
 
 class NativeMMO:
