@@ -376,55 +376,6 @@ def lookup_positions(
 
 
 @njit(cache=True, nogil=True)
-def rank_in_bins(
-    bin_offsets: NDArray[np.int64],
-    bin_items: NDArray[np.int64],
-    rows: NDArray[np.int64],
-    items: NDArray[np.int64],
-    out: NDArray[np.int64],
-) -> np.int64:  # pragma: no cover - jitted
-    """Rank of each cuckoo bin's index inside the same simple bin, for every bin in order.
-
-    Bin ``b`` holds ``items[rows[b]]`` (``rows[b] == EMPTY``: an empty bin). Its rank is the
-    number of smaller indices in simple bin ``b``, counted by one linear pass over that bin
-    (bins are short and visited in order, so the table streams through the cache: faster
-    than :func:`lookup_positions`' binary searches here).
-
-    Parameters
-    ----------
-    bin_offsets, bin_items : numpy.ndarray
-        The CSR simple table (bins sorted ascending).
-    rows : numpy.ndarray
-        ``(B,)`` int64 row of ``items`` held by each bin, or ``EMPTY``.
-    items : numpy.ndarray
-        int64 indices.
-    out : numpy.ndarray
-        ``(B,)`` int64; receives each bin's rank, ``EMPTY`` for an empty bin.
-
-    Returns
-    -------
-    numpy.int64
-        The first bin whose index is not in its simple bin, or ``EMPTY`` if none.
-    """
-    first_missing = np.int64(EMPTY)
-    for b in range(rows.shape[0]):
-        r = rows[b]
-        if r == EMPTY:
-            out[b] = EMPTY
-            continue
-        x = items[r]
-        start = bin_offsets[b]
-        stop = bin_offsets[b + 1]
-        rank = 0
-        for p in range(start, stop):
-            rank += bin_items[p] < x
-        out[b] = rank
-        if (start + rank >= stop or bin_items[start + rank] != x) and first_missing == EMPTY:
-            first_missing = np.int64(b)
-    return first_missing
-
-
-@njit(cache=True, nogil=True)
 def place_in_bins(
     items: NDArray[np.int64],
     order: NDArray[np.int64],
@@ -450,9 +401,9 @@ def place_in_bins(
     :func:`cuckoo_insert`'s item numbers, is overwritten with the indices, as
     :func:`resolve_cuckoo_table` does, which also gives ``hash_ids``. Each key's DPF point goes
     to ``alphas`` (``(B + σ,)``): a bin's point is the rank of its index in its simple bin
-    (:func:`rank_in_bins`), a stash slot's the index itself; an unused key's is its dummy slot
-    (the bin's size, ``m`` for a stash slot) when ``dummy`` is ``m`` (a checked round), else 0
-    (``dummy < 0``). ``slots`` receives each key's row in the client's own index list
+    (one linear pass over the bin), a stash slot's the index itself; an unused key's is its
+    dummy slot (the bin's size, ``m`` for a stash slot) when ``dummy`` is ``m`` (a checked
+    round), else 0 (``dummy < 0``). ``slots`` receives each key's row in the client's own index list
     (``order[i]`` for item ``i``) or ``EMPTY``.
 
     Only the bins ``bins = (lo, hi)`` are written (and the stash slots when ``hi`` is the
