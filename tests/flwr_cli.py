@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,76 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+    """Return a TCP port on 127.0.0.1 that is free right now.
+
+    Only right now: another process can bind it before the caller's server does. Start a
+    server on it with :func:`start_on_free_port` (which retries on another port), or let a
+    server that can bind port 0 itself do so and report its port (``flwr-fsl-helper --port
+    0`` prints it in its ``listening on`` line).
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """Yield a port on 127.0.0.1 that refuses connections until the block ends.
+
+    The port stays bound to a socket that never listens, so no other process can take it
+    meanwhile (as it could a port from :func:`free_port`): a connection is refused.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+def start_on_free_port(
+    start: Callable[[int], subprocess.Popen[bytes]],
+    ready: Callable[[int], bool],
+    *,
+    name: str,
+    timeout: float = 30.0,
+    attempts: int = 3,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a server on a :func:`free_port`; on another one if that was taken meanwhile.
+
+    A port free a moment ago can be bound by another process before the server binds it;
+    the server then exits (``EADDRINUSE``). A server that exits before it is ready is
+    started again on a new port, ``attempts`` times in all.
+
+    Parameters
+    ----------
+    start : Callable[[int], subprocess.Popen]
+        Starts the server on the given port.
+    ready : Callable[[int], bool]
+        Whether the server answers on the port (polled every 0.2 s).
+    name : str
+        The server's name, for failures.
+    timeout : float, optional
+        Seconds each attempt may take to become ready.
+    attempts : int, optional
+        Ports to try.
+
+    Returns
+    -------
+    tuple[subprocess.Popen, int]
+        The running server and its port.
+    """
+    exits = []
+    for _ in range(attempts):
+        port = free_port()
+        proc = start(port)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if ready(port) and proc.poll() is None:
+                return proc, port
+            if time.monotonic() > deadline:
+                stop(proc)
+                pytest.fail(f"{name} was not ready within {timeout:.0f} s on port {port}")
+            time.sleep(0.2)
+        exits.append(f"port {port}: exit {proc.returncode}")
+    pytest.fail(f"{name} exited before it was ready on {attempts} ports ({', '.join(exits)})")
 
 
 def healthy(port: int) -> bool:
@@ -115,7 +181,6 @@ def simulation_superlink(home: Path) -> Iterator[dict[str, str]]:
     simulation children) on exit.
     """
     require_prepared("mnist")
-    http_port = free_port()  # Runtime, Control and Fleet HTTP APIs share it in Flower 1.41
     env = dict(os.environ)
     env.update(
         {
@@ -123,47 +188,43 @@ def simulation_superlink(home: Path) -> Iterator[dict[str, str]]:
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
             "FLWR_FSL_CACHE": str(cache_dir()),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         }
     )
     home.mkdir(parents=True)
     log_file = home / "superlink.log"
-    # The command `flwr run ... local` uses to start its managed SuperLink (minus the
-    # deprecated --control-api-address).
-    cmd = [
-        exe("flower-superlink"),
-        "--insecure",
-        "--simulation",
-        "--isolation",
-        "subprocess",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        "--database",
-        str(home / "state.db"),
-        "--log-file",
-        str(log_file),
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the simulation children stop with it
-    )
+
+    def start(http_port: int) -> subprocess.Popen[bytes]:
+        # Runtime, Control and Fleet HTTP APIs share the port in Flower 1.41.
+        env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+        # The command `flwr run ... local` uses to start its managed SuperLink (minus the
+        # deprecated --control-api-address).
+        cmd = [
+            exe("flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(http_port),
+            "--database",
+            str(home / "state.db"),
+            "--log-file",
+            str(log_file),
+        ]
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: simulation children stop with it
+        )
+
+    proc, _ = start_on_free_port(start, healthy, name=f"flower-superlink (log {log_file})")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"flower-superlink exited with {proc.returncode}; see {log_file}")
-            if healthy(http_port):
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"flower-superlink was not healthy within 30 s; see {log_file}")
-            time.sleep(0.2)
         yield env
     finally:
         stop(proc)

@@ -80,6 +80,7 @@ from flwr_fsl.families.privhfl.protocol import (
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.testing import InProcessGrid
+from tests.attacks.seeding import seed_fresh_streams
 
 SHAPE = (1, 8, 8)
 CLASSES = 4
@@ -92,6 +93,13 @@ _ASTATE_SLOT = "fsl.privhfl.secure-answerer"  # ... and its answerer state
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     set_torch_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reproducible run per test: the OS randomness (query seeds, ``Sk_*`` seeds, DCF keys)
+    keyed by the test's name (:func:`~tests.attacks.seeding.seed_fresh_streams`)."""
+    seed_fresh_streams(monkeypatch, f"{__name__}::{request.node.name}", os_random=True)
 
 
 # -- the attacker: factor z -------------------------------------------------------------------
@@ -249,7 +257,7 @@ def _run(comparison: str | None, rounds: int = 2) -> tuple[CuriousQuerier, PrivH
     strategy = PrivHFL(
         answering="secure", expansion="mixup", pool_size=30, num_queries=6, local_epochs=2,
         retrain_epochs=1, num_classes=CLASSES, image_shape=SHAPE, min_available_nodes=3,
-        fraction_evaluate=0.0, evaluate_local=False, **settings,
+        fraction_evaluate=0.0, evaluate_local=False, sampling_seed=0, **settings,
     )  # fmt: skip
     strategy.run(grid, num_rounds=rounds)
     assert not any(strategy.dropped.values()), strategy.dropped

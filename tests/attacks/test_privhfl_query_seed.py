@@ -54,6 +54,7 @@ from flwr_fsl.families.privhfl.queries import MIXUP_LAMBDAS, expand, select
 from flwr_fsl.families.privhfl.strategy import PrivHFL
 from flwr_fsl.models import set_torch_threads
 from flwr_fsl.testing import InProcessGrid
+from tests.attacks.seeding import seed_fresh_streams
 
 SHAPE = (1, 8, 8)
 CLASSES = 4
@@ -67,6 +68,13 @@ Query = tuple[int, int, float]  # (lower index, higher index, weight of the lowe
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     set_torch_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reproducible run per test: the OS randomness (query seeds, ``Sk_*`` seeds, DCF keys)
+    keyed by the test's name (:func:`~tests.attacks.seeding.seed_fresh_streams`)."""
+    seed_fresh_streams(monkeypatch, f"{__name__}::{request.node.name}", os_random=True)
 
 
 class ServerViewGrid(InProcessGrid):
@@ -195,7 +203,7 @@ def _run(client_type: type[PrivHFLClient], known_size: int | None = None) -> tup
         expansion="mixup", selection="random", pool_size=45,
         num_queries=QUERIES, local_epochs=1, retrain_epochs=1, num_classes=CLASSES,
         image_shape=SHAPE, min_available_nodes=NODES, fraction_evaluate=0.0,
-        evaluate_local=False,
+        evaluate_local=False, sampling_seed=0,
     )  # fmt: skip
     assert strategy.answering == "secure" and strategy.secure_config.comparison == "dcf"
     strategy.run(grid, num_rounds=ROUNDS)

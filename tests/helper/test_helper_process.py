@@ -22,6 +22,7 @@ from flwr_fsl.helper import (
 )
 from flwr_fsl.helper.cli import main
 from flwr_fsl.testing.helper_process import HelperProcess
+from tests.flwr_cli import refused_port
 from tests.helper.test_helper import make_params, run_scenario
 
 
@@ -41,12 +42,6 @@ def helper_process(key_file, tmp_path_factory):
         yield proc
     finally:
         proc.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_process_matches_the_in_process_twin(helper_process, key_file):
@@ -113,14 +108,15 @@ def test_sigterm_stops_cleanly(key_file, tmp_path):
 
 
 def test_unreachable_helper_fails_fast():
-    client = HelperClient(f"127.0.0.1:{_free_port()}", timeout=10)
-    try:
-        with pytest.raises(HelperUnavailableError, match="UNAVAILABLE"):
-            client.health()
-        with pytest.raises(HelperUnavailableError):
-            client.open_round(1, b"")
-    finally:
-        client.close()
+    with refused_port() as port:  # held, never listening: no other process can answer on it
+        client = HelperClient(f"127.0.0.1:{port}", timeout=10)
+        try:
+            with pytest.raises(HelperUnavailableError, match="UNAVAILABLE"):
+                client.health()
+            with pytest.raises(HelperUnavailableError):
+                client.open_round(1, b"")
+        finally:
+            client.close()
 
 
 def test_silent_peer_hits_the_deadline():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flwr_cli import exe, free_port, run_until_finished, simulation_superlink, stop
+from tests.flwr_cli import exe, run_until_finished, simulation_superlink, stop
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "dpf-ssa-mnist"
@@ -45,13 +45,12 @@ def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
     token.write_text("correct horse battery staple\n")
     token.chmod(0o600)
     log = tmp_path / "helper.log"
-    port = free_port()
     cmd = [
         exe("flwr-fsl-helper"),
         "--host",
         "127.0.0.1",
         "--port",
-        str(port),
+        "0",  # S1 binds a free port itself and prints it: no other process can take it first
         "--key-file",
         str(tmp_path / "s1.pem"),
         "--generate-key",
@@ -69,8 +68,10 @@ def helper(tmp_path: Path) -> Iterator[dict[str, str]]:
             time.sleep(0.2)
         found = re.search(r"fingerprint ([0-9a-f]{64})", log.read_text())
         assert found, log.read_text()
+        address = re.search(r"listening on (127\.0\.0\.1:\d+)", log.read_text())
+        assert address, log.read_text()
         yield {
-            "address": f"127.0.0.1:{port}",
+            "address": address.group(1),
             "fingerprint": found.group(1),
             "token_file": str(token),
             "log": str(log),
