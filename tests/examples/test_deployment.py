@@ -153,18 +153,17 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
 
     try:
         link_port = free_port()
-        helper_port, helper_log = 0, None
+        helper_log = None
         signing = _node_keys(tmp_path, nodes, env) if helper else {}
         if helper:
             (tmp_path / "s1").mkdir(mode=0o700)
-            helper_port = free_port()
             _, helper_log = start(
                 "helper",
                 "flwr-fsl-helper",
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(helper_port),
+                "0",  # S1 binds a free port itself and prints it: nobody can take it first
                 "--key-file",
                 str(tmp_path / "s1" / "s1.pem"),
                 "--generate-key",
@@ -205,7 +204,9 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
             )
             found = re.search(r"fingerprint ([0-9a-f]{64})", log_file.read_text())
             assert found, log_file.read_text()
-            deployment.helper_address = f"127.0.0.1:{helper_port}"
+            address = re.search(r"listening on (127\.0\.0\.1:\d+)", log_file.read_text())
+            assert address, log_file.read_text()
+            deployment.helper_address = address.group(1)
             deployment.fingerprint = found.group(1)
             token = re.search(r"access token file (\S+)", log_file.read_text())
             assert token, log_file.read_text()
