@@ -436,7 +436,7 @@ class DCFKeyBatch:
         if not isinstance(self.public, DCFPublicBatch):
             raise DCFKeyError("public must be a DCFPublicBatch")
         seeds = _u64_array(self.root_seeds, (self.public.num_keys, 2), "root_seeds")
-        if seeds.size and np.any(seeds[:, 0] & _U64(1)):
+        if seeds.size and int(np.bitwise_or.reduce(seeds[:, 0])) & 1:  # one pass, no temporary
             raise DCFKeyError("root seeds must have bit 0 clear")
         object.__setattr__(self, "root_seeds", seeds)
 

@@ -94,7 +94,6 @@ from flwr_fsl.families.privhfl.inference import (
     Shape,
     flatten_nhwc,
     matmul_weight,
-    nhwc_patches,
     pool_windows,
 )
 from flwr_fsl.families.privhfl.wire import (
@@ -122,6 +121,7 @@ from flwr_fsl.families.privhfl.wire import (
     expect,
 )
 from flwr_fsl.kernels import dcf_kernels as _k
+from flwr_fsl.kernels.ring import im2col_nhwc
 
 __all__ = ["Answerer", "QuerierSession", "ServerParty", "server_aggregate"]
 
@@ -158,10 +158,14 @@ def _linear_geometry(layer: Linear | Conv2d, n: int, shape_in: Shape, shape_out:
 
 
 def _patches(x: NDArray[np.uint64], layer: Linear | Conv2d) -> NDArray[np.uint64]:
+    """``P(x)``: :func:`nhwc_patches`' words, written by one kernel pass (no padded copy)."""
     if isinstance(layer, Conv2d):
-        return np.ascontiguousarray(
-            nhwc_patches(x, layer.kernel_size, layer.stride, layer.padding), dtype=_U64
-        )
+        n, h, w, _ = x.shape
+        k, s, p = layer.kernel_size, layer.stride, layer.padding
+        rows = n * ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
+        out = np.empty((rows, x.shape[3] * k * k), dtype=_U64)
+        im2col_nhwc(x, k, s, p, out)
+        return out
     return x
 
 
