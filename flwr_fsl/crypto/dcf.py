@@ -73,6 +73,7 @@ from flwr_fsl.crypto.dcf_keys import (
     DCFKeyBatch,
     DCFKeyError,
     DCFPublicBatch,
+    assemble_public,
     public_size,
     public_views,
 )
@@ -290,9 +291,7 @@ def generate_keys_batch(
     cws = _fresh_arrays(n, m, tau) if out is None else _out_arrays(out, n, m, tau)
     _gen_into(a, b, n, root, cws)
     # Built here, canonical by construction: skip the validating constructor's pass over it.
-    pub = object.__new__(DCFPublicBatch)
-    for name, value in zip(DCFPublicBatch.__dataclass_fields__, (n, tau, *cws), strict=True):
-        object.__setattr__(pub, name, value)
+    pub = assemble_public(n, tau, cws, deferred=False)
     return DCFKeyBatch(0, root[0], pub), DCFKeyBatch(1, root[1], pub)
 
 
@@ -363,6 +362,18 @@ def evaluate_at_batch(
     ------
     ConfigurationError
         If an index or point is out of range or the shapes differ.
+    DCFKeyError
+        If the public part was decoded with a deferred check and is not canonical.
+    """
+    return _evaluate(keys, key_indices, points, paired=False)
+
+
+def _evaluate(
+    keys: DCFKeyBatch, key_indices: ArrayLike, points: ArrayLike, paired: bool
+) -> NDArray[np.uint64]:
+    """Run :func:`evaluate_at_batch`; ``paired``: ``key_indices`` is every key once.
+
+    A deferred canonical check then rides on the evaluation's own reads of the corrections.
     """
     if not isinstance(keys, DCFKeyBatch):
         raise ConfigurationError(f"keys must be a DCFKeyBatch, got {type(keys).__name__}")
@@ -379,9 +390,26 @@ def evaluate_at_batch(
         )
     if idx.size and int(idx.max()) >= pub.num_keys:
         raise ConfigurationError(f"key index out of range (batch has {pub.num_keys} keys)")
+    fused = pub.deferred and paired and pub.tau == 2  # eval_step_tau2 ORs what it reads
+    if not fused:
+        pub.verify()
     cws = (pub.cw_seeds, pub.cw_values, pub.cw_bits, pub.cw_final)
     if _NATIVE_AES and (nat := _nat.context(MMO_KEY_DCF)) is not None:  # one numba call
-        return _nat.evaluate(nat, _CHUNK, idx, pts, n_bits, keys.party, keys.root_seeds, cws)
+        out, flags = _nat.evaluate(nat, _CHUNK, idx, pts, n_bits, keys.party, keys.root_seeds, cws)
+    else:
+        out, flags = _evaluate_python(keys, idx, pts)
+    if fused:
+        pub.settle(flags)  # raises before any share leaves
+    return out
+
+
+def _evaluate_python(
+    keys: DCFKeyBatch, idx: NDArray[np.int64], pts: NDArray[np.uint64]
+) -> tuple[NDArray[np.uint64], int]:
+    """Run the level loop from Python with ``cryptography``'s AES (no ``libcrypto``)."""
+    pub = keys.public
+    n_bits = pub.domain_bits
+    flags = 0
     count, tau = idx.shape[0], pub.tau
     nq = (tau + 1) // 2
     nb = 1 + nq
@@ -404,10 +432,10 @@ def evaluate_at_batch(
         for level in range(n_bits):  # one AES call and one kernel per level
             aes.encrypt_view_into(src[:level_bytes], dst)
             if tau == 2:
-                _k.eval_step_tau2(
+                flags |= int(_k.eval_step_tau2(
                     enc, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
                     keys.party, seeds, t, acc, inp,
-                )  # fmt: skip
+                ))  # fmt: skip
             else:
                 _k.eval_step(
                     enc, nb, level, n_bits, p, kid, pub.cw_seeds, pub.cw_values, pub.cw_bits,
@@ -416,7 +444,7 @@ def evaluate_at_batch(
         _k.leaf_blocks(seeds, nq, inp)
         aes.encrypt_view_into(src[: c * nq * 16], dst)
         _k.eval_final(inp, enc, nq, kid, pub.cw_final, keys.party, t, acc)
-    return out
+    return out, flags
 
 
 def evaluate_paired(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
@@ -438,11 +466,14 @@ def evaluate_paired(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:
     ------
     ConfigurationError
         If the number of points is not ``m`` or a point is outside the domain.
+    DCFKeyError
+        If the public part was decoded with a deferred check and is not canonical (checked
+        in the evaluation's pass when ``tau = 2``; refused before any share is returned).
     """
     pts = np.asarray(points)
     if pts.ndim != 1 or pts.shape[0] != keys.num_keys:
         raise ConfigurationError(f"need one point per key ({keys.num_keys}), got shape {pts.shape}")
-    return evaluate_at_batch(keys, np.arange(keys.num_keys, dtype=np.int64), pts)
+    return _evaluate(keys, np.arange(keys.num_keys, dtype=np.int64), pts, paired=True)
 
 
 def evaluate_at(keys: DCFKeyBatch, points: ArrayLike) -> NDArray[np.uint64]:

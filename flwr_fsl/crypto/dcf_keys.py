@@ -26,6 +26,14 @@ reads them): ``cw_seeds`` (``domain_bits * m`` blocks of 16 bytes, bit 0 clear),
 ``cw_final`` (``m * tau`` u64). The length is checked against the header before
 anything is allocated; any other length, a non-canonical bit or a bad header field is refused.
 
+**Deferred check.** The canonical-bit check reads every seed correction (half the public
+part: ~150 MB per PrivHFL query). An evaluator that decodes a public part only to evaluate
+every key at every level (:func:`~flwr_fsl.crypto.dcf.evaluate_paired`, ``tau = 2``) may
+decode with ``DCFPublicBatch.from_bytes(data, defer_check=True)``: the evaluation then ORs
+the words it reads anyway and refuses a non-canonical part with the same
+:class:`DCFKeyError` before returning any share; any other use of the batch
+(:meth:`DCFPublicBatch.verify`, serializing it, another evaluation) runs the check first.
+
 **Versions.** Version 2 (issue 26) changed the tree PRG behind the same layout: one value per
 node instead of one per child (:mod:`flwr_fsl.crypto.dcf`), so version-1 correction words mean
 something else. Version-1 blobs are refused (nothing decodes an older DCF version: keys are
@@ -35,7 +43,7 @@ dealt per session and never stored).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,6 +59,7 @@ __all__ = [
     "DCFKeyBatch",
     "DCFKeyError",
     "DCFPublicBatch",
+    "assemble_public",
     "public_size",
     "public_views",
 ]
@@ -140,6 +149,8 @@ class DCFPublicBatch:
     cw_values: NDArray[np.uint64]
     cw_bits: NDArray[np.uint8]
     cw_final: NDArray[np.uint64]
+    deferred: ClassVar[bool] = False
+    """Whether the canonical check is still to run (``from_bytes(..., defer_check=True)``)."""
 
     def __post_init__(self) -> None:
         n, tau = _check_geometry(self.domain_bits, self.tau)
@@ -153,10 +164,36 @@ class DCFPublicBatch:
         if not isinstance(bits, np.ndarray) or bits.dtype != np.uint8 or bits.shape != (n, m):
             raise DCFKeyError(f"cw_bits must be a uint8 array of shape {(n, m)}")
         object.__setattr__(self, "cw_bits", np.ascontiguousarray(bits))
-        if m and not _k.public_is_canonical(self.cw_seeds, self.cw_bits):
-            if int(bits.max()) > 3:
-                raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
-            raise DCFKeyError("seed corrections must have bit 0 clear")
+        if m:
+            _refuse_flagged(int(_k.public_flags(self.cw_seeds, self.cw_bits)))
+
+    def verify(self) -> None:
+        """Run the canonical check a deferred decode skipped (nothing to do otherwise).
+
+        Raises
+        ------
+        DCFKeyError
+            If a correction is not canonical.
+        """
+        if self.deferred:
+            self.settle(int(_k.public_flags(self.cw_seeds, self.cw_bits)))
+
+    def settle(self, flags: int) -> None:
+        """End a deferred check with the flags of a pass over *every* correction.
+
+        Parameters
+        ----------
+        flags : int
+            :func:`~flwr_fsl.kernels.dcf_kernels.public_flags` of all ``(level, key)``
+            corrections (an evaluation of every key at every level returns them).
+
+        Raises
+        ------
+        DCFKeyError
+            If the flags mark a non-canonical correction (the batch stays deferred).
+        """
+        _refuse_flagged(flags)
+        object.__setattr__(self, "deferred", False)
 
     @property
     def num_keys(self) -> int:
@@ -165,6 +202,7 @@ class DCFPublicBatch:
 
     def _body(self) -> list[memoryview]:
         """Return the body's fields as byte views (the caller joins them: one copy in all)."""
+        self.verify()  # never serialize what a validating decode refuses
         return [
             np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
             .reshape(-1)
@@ -187,8 +225,21 @@ class DCFPublicBatch:
         return b"".join(self.to_parts())
 
     @classmethod
-    def from_bytes(cls, data: object) -> DCFPublicBatch:
+    def from_bytes(cls, data: object, *, defer_check: bool = False) -> DCFPublicBatch:
         """Parse and validate a serialized public part.
+
+        Parameters
+        ----------
+        data : bytes or memoryview
+            The serialized public part.
+        defer_check : bool, optional
+            Leave the canonical-bit check to the evaluation (module docstring: *Deferred
+            check*); the header, geometry and length are checked here either way.
+
+        Returns
+        -------
+        DCFPublicBatch
+            The public part (read-only views of ``data`` where it is bytes).
 
         Raises
         ------
@@ -196,12 +247,40 @@ class DCFPublicBatch:
             If the bytes are not exactly one well-formed public part.
         """
         r, n, tau, m, _ = _parse_header(data, _KIND_PUBLIC)
-        return _parse_public_body(r, n, tau, m)
+        return _parse_public_body(r, n, tau, m, defer_check)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DCFPublicBatch) and self.to_bytes() == other.to_bytes()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _refuse_flagged(flags: int) -> None:
+    """Raise the reason for :func:`~flwr_fsl.kernels.dcf_kernels.public_flags` ``flags``."""
+    if flags & ~1:  # a bit correction above 3 (reported first, as before the flags)
+        raise DCFKeyError("cw_bits entries must be in 0..3 (two control-bit corrections)")
+    if flags:
+        raise DCFKeyError("seed corrections must have bit 0 clear")
+
+
+def assemble_public(
+    domain_bits: int,
+    tau: int,
+    cws: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]],
+    deferred: bool,
+) -> DCFPublicBatch:
+    """Build a public part from fields of the right types and shapes, without the check pass.
+
+    For callers whose fields are valid by construction: Gen's output (``deferred=False``,
+    canonical as generated) and a parsed body (``deferred=True``: the check is owed).
+    """
+    pub = object.__new__(DCFPublicBatch)
+    names = ("domain_bits", "tau", "cw_seeds", "cw_values", "cw_bits", "cw_final")
+    for name, value in zip(names, (domain_bits, tau, *cws), strict=True):
+        object.__setattr__(pub, name, value)
+    if deferred:
+        object.__setattr__(pub, "deferred", True)
+    return pub
 
 
 def _header(kind: int, party: int, domain_bits: int, tau: int, m: int) -> bytes:
@@ -314,13 +393,18 @@ def _words(r: Reader, count: int, dtype: str, what: str) -> NDArray[np.generic]:
     return r.words(count, dtype, what).astype(np.dtype(dtype).newbyteorder("="), copy=False)
 
 
-def _parse_public_body(r: Reader, n: int, tau: int, m: int) -> DCFPublicBatch:
+def _parse_public_body(
+    r: Reader, n: int, tau: int, m: int, defer_check: bool = False
+) -> DCFPublicBatch:
     cw_seeds = _words(r, m * n * 2, "<u8", "cw_seeds").reshape(n, m, 2)
     cw_values = _words(r, m * n * tau, "<u8", "cw_values").reshape(n, m, tau)
     cw_bits = _words(r, m * n, "u1", "cw_bits").reshape(n, m)
     cw_final = _words(r, m * tau, "<u8", "cw_final").reshape(m, tau)
     r.done()
-    return DCFPublicBatch(n, tau, cw_seeds, cw_values, cw_bits, cw_final)  # type: ignore[arg-type]
+    cws = (cw_seeds, cw_values, cw_bits, cw_final)
+    if defer_check and m:
+        return assemble_public(n, tau, cws, deferred=True)  # type: ignore[arg-type]
+    return DCFPublicBatch(n, tau, *cws)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,7 +436,7 @@ class DCFKeyBatch:
         if not isinstance(self.public, DCFPublicBatch):
             raise DCFKeyError("public must be a DCFPublicBatch")
         seeds = _u64_array(self.root_seeds, (self.public.num_keys, 2), "root_seeds")
-        if seeds.size and np.any(seeds[:, 0] & _U64(1)):
+        if seeds.size and int(np.bitwise_or.reduce(seeds[:, 0])) & 1:  # one pass, no temporary
             raise DCFKeyError("root seeds must have bit 0 clear")
         object.__setattr__(self, "root_seeds", seeds)
 

@@ -514,14 +514,20 @@ def eval_step_tau2(  # noqa: PLR0913
     t: np.ndarray,
     acc: np.ndarray,
     inp: np.ndarray,
-) -> None:  # pragma: no cover - numba
+) -> np.uint64:  # pragma: no cover - numba
     """:func:`eval_step` for ``tau = 2`` (two blocks per point): the same words.
 
     Each point's step runs on 128-bit blocks (:func:`_eval_point_tau2`). At the last level
     the next inputs are written too (rows the leaf pass overwrites or never encrypts). The
     arrays are C-contiguous (``acc`` a row range of a C-contiguous array).
+
+    Returns the :func:`public_flags` of the corrections it read (the canonical check of a
+    deferred decode, folded into this pass: the words are in L1 already).
     """
     row = np.uint64(level) * np.uint64(cw_bits.shape[1])
+    fs = cw_seeds.reshape(-1)
+    s_or = ZERO
+    b_or = np.uint8(0)
     shift = np.uint64(domain_bits - 1 - level)
     nshift = np.uint64(domain_bits - 2 - level) if level + 1 < domain_bits else ZERO
     neg = ZERO - np.uint64(party)
@@ -544,7 +550,11 @@ def eval_step_tau2(  # noqa: PLR0913
                 ip_p + o32)  # fmt: skip
         words = (ZERO - np.uint64(tt), SEED | c, SEED | ((pt >> nshift) & ONE), neg)
         w0: np.uint64 = _eval_point_tau2(ptrs, words)  # type: ignore[call-arg]
-        t[i] = np.uint8(w0 & ONE) ^ ((fb[at] >> np.uint8(c)) & tt)
+        cb = fb[at]
+        t[i] = np.uint8(w0 & ONE) ^ ((cb >> np.uint8(c)) & tt)
+        s_or |= fs[TWO * at]
+        b_or |= cb
+    return (s_or & ONE) | (np.uint64(b_or) & ~THREE)
 
 
 @njit(cache=True, nogil=True)
@@ -574,15 +584,59 @@ def eval_final(
 
 
 @njit(cache=True, nogil=True)
-def public_is_canonical(cw_seeds: np.ndarray, cw_bits: np.ndarray) -> bool:  # pragma: no cover
-    """Whether every seed correction has bit 0 clear and every bit correction is in ``0..3``.
+def public_flags(cw_seeds: np.ndarray, cw_bits: np.ndarray) -> np.uint64:  # pragma: no cover
+    """Return the non-canonical flags of corrections (0: canonical).
 
-    One pass over the ``(n, m, 2)`` seed and ``(n, m)`` bit corrections (numpy's reductions
-    over the strided low bytes took ~3x as long), stopping at the first bad entry.
+    Bit 0: a seed correction has bit 0 set; bits 2..7: a bit correction is above 3. One
+    pass over the ``(n, m, 2)`` seed and ``(n, m)`` bit corrections: ORs without a branch
+    per entry (LLVM vectorizes them; the pass is bound by memory).
     """
-    n, m = cw_bits.shape
-    for level in range(n):
-        for j in range(m):
-            if (cw_seeds[level, j, 0] & ONE) or cw_bits[level, j] > 3:
-                return False
-    return True
+    fs = cw_seeds.reshape(-1)
+    fb = cw_bits.reshape(-1)
+    s_or = ZERO
+    for i in range(0, fs.shape[0], 2):
+        s_or |= fs[i]
+    b_or = np.uint8(0)
+    for i in range(fb.shape[0]):
+        b_or |= fb[i]
+    return (s_or & ONE) | (np.uint64(b_or) & ~THREE)
+
+
+@njit(cache=True, nogil=True)
+def open_points(
+    mine: np.ndarray, peer: np.ndarray, domain_bits: int, x_hat: np.ndarray, points: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """PrivHFL's opened ``x^ = mine + peer`` (mod ``2^64``) and the DCF points ``x^ mod 2^l``."""
+    mask = (ONE << np.uint64(domain_bits)) - ONE
+    for i in range(mine.shape[0]):
+        x = mine[i] + peer[i]
+        x_hat[i] = x
+        points[i] = x & mask
+
+
+@njit(cache=True, nogil=True)
+def relu_shares(
+    x_hat: np.ndarray,
+    dcf_out: np.ndarray,
+    shares: tuple[np.ndarray, np.ndarray, np.ndarray],
+    domain_bits: int,
+    party: int,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - numba
+    """One party's share of ``ReLU(x) = x^ DReLU - [p r + (1-2p) r q + (1-2p) r (1-2q) c]``.
+
+    ``x^`` is the opened ``x + r``, ``dcf_out`` the ``(n, 2)`` DCF shares, ``shares`` the
+    party's ``(r, q, r q)`` shares; ``p`` is bit ``l`` of ``x^ + 2^l``. One pass, the words
+    of :class:`flwr_fsl.families.privhfl.ops`' numpy form (all mod ``2^64``).
+    """
+    r, q, rq = shares
+    l_bits = np.uint64(domain_bits)
+    half = ONE << l_bits
+    own = np.uint64(1 - party)  # party 0 adds p to its DReLU share
+    for i in range(x_hat.shape[0]):
+        x = x_hat[i]
+        p = ((x + half) >> l_bits) & ONE
+        sign = ONE - TWO * p
+        drelu = sign * (q[i] + dcf_out[i, 0]) + (p & (ZERO - own))
+        bxr = sign * (rq[i] + dcf_out[i, 1]) + p * r[i]
+        out[i] = x * drelu - bxr

@@ -144,13 +144,14 @@ def eval_run(  # noqa: PLR0913
     root_seeds: np.ndarray,
     cws: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     out: np.ndarray,
-) -> bool:  # pragma: no cover - numba
+) -> int:  # pragma: no cover - numba
     """Add party ``party``'s share of key ``key_idx[i]`` at ``points[i]`` into ``out[i]``.
 
     ``out`` is ``(n, tau)`` and zero on entry; ``cws`` the public ``(cw_seeds, cw_values,
     cw_bits, cw_final)``. Chunks of ``chunk`` points; per level one native AES call and one
-    :func:`~flwr_fsl.kernels.dcf_kernels.eval_step` pass. Returns whether every OpenSSL call
-    succeeded.
+    :func:`~flwr_fsl.kernels.dcf_kernels.eval_step` pass. Returns -1 if an OpenSSL call
+    failed, else (``tau = 2``) the :func:`~flwr_fsl.kernels.dcf_kernels.public_flags` of the
+    corrections read, or 0.
     """
     cw_seeds, cw_values, cw_bits, cw_final = cws
     count, tau = out.shape
@@ -161,6 +162,7 @@ def eval_run(  # noqa: PLR0913
     outl = np.zeros(1, dtype=np.int32)
     seeds_all = np.empty((chunk, 2), dtype=np.uint64)
     t_all = np.empty(chunk, dtype=np.uint8)
+    flags = np.uint64(0)
     for lo in range(0, count, chunk):
         hi = min(count, lo + chunk)
         c = hi - lo
@@ -176,9 +178,9 @@ def eval_run(  # noqa: PLR0913
         eval_blocks(seeds, p, 0, domain_bits, nb, inp)
         for level in range(domain_bits):
             if not native_encrypt(fn, ctx, inp, enc, c * nb, outl):
-                return False
+                return -1
             if tau == 2:
-                eval_step_tau2(
+                flags |= eval_step_tau2(
                     enc, level, domain_bits, p, kid, cw_seeds, cw_values, cw_bits, party, seeds,
                     t, acc, inp,
                 )  # fmt: skip
@@ -189,9 +191,9 @@ def eval_run(  # noqa: PLR0913
                 )  # fmt: skip
         leaf_blocks(seeds, nq, inp)
         if not native_encrypt(fn, ctx, inp, enc, c * nq, outl):
-            return False
+            return -1
         eval_final(inp, enc, nq, kid, cw_final, party, t, acc)
-    return True
+    return int(flags)
 
 
 def generate(
@@ -226,8 +228,11 @@ def evaluate(
     party: int,
     root_seeds: NDArray[np.uint64],
     cws: tuple[NDArray[np.uint64], NDArray[np.uint64], NDArray[np.uint8], NDArray[np.uint64]],
-) -> NDArray[np.uint64]:
-    """Return party ``party``'s ``(n, tau)`` shares through :func:`eval_run` (arguments as there).
+) -> tuple[NDArray[np.uint64], int]:
+    """Return party ``party``'s ``(n, tau)`` shares through :func:`eval_run` and its flags.
+
+    Arguments as there; the flags are the corrections' non-canonical bits at ``tau = 2``
+    (:func:`~flwr_fsl.kernels.dcf_kernels.public_flags`), 0 otherwise.
 
     Raises
     ------
@@ -235,9 +240,12 @@ def evaluate(
         If OpenSSL fails.
     """
     out = np.zeros((key_idx.shape[0], cws[3].shape[1]), dtype=np.uint64)
-    if out.shape[0] and not eval_run(
+    if not out.shape[0]:
+        return out, 0
+    flags = eval_run(
         ctx.fn, ctx.ctx, max(1, min(chunk, out.shape[0])), key_idx, points, domain_bits, party,
         root_seeds, cws, out,
-    ):  # fmt: skip
+    )  # fmt: skip
+    if flags < 0:
         raise RuntimeError("EVP_EncryptUpdate failed in DCF Eval")
-    return out
+    return out, int(flags)

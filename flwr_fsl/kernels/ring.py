@@ -300,3 +300,38 @@ def _key_sums_any(
             value_sums[q, t] = acc[t]
         if counts.shape[0]:
             counts[q] = acc[col]
+
+
+@njit(cache=True, nogil=True)
+def im2col_nhwc(
+    x: np.ndarray, kernel: int, stride: int, padding: int, out: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Write the im2col matrix of an ``(N, H, W, C)`` batch into ``out`` (PrivHFL's convolutions).
+
+    ``out[(n * OH + oh) * OW + ow, (c * k + kh) * k + kw] = x[n, oh s + kh - p, ow s + kw - p,
+    c]``, zero outside the image: torch's ``(C, kh, kw)`` column order, the words of
+    :func:`~flwr_fsl.families.privhfl.inference.nhwc_patches` (whose numpy reshape of a
+    window view copies word by word at a stride of ``8 C`` bytes, after a padded copy). One
+    pass: each row (``C k^2`` words) is written in L1, reading ``C`` contiguous words at a time.
+    """
+    nb, h, w, ch = x.shape
+    k = kernel
+    kk = k * k
+    oh_n = (h + 2 * padding - k) // stride + 1
+    ow_n = (w + 2 * padding - k) // stride + 1
+    zero = out.dtype.type(0)
+    for n in range(nb):
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                row = (n * oh_n + oh) * ow_n + ow
+                for kh in range(k):
+                    y = oh * stride + kh - padding
+                    for kw in range(k):
+                        col = kh * k + kw
+                        xx = ow * stride + kw - padding
+                        if 0 <= y < h and 0 <= xx < w:
+                            for c in range(ch):
+                                out[row, c * kk + col] = x[n, y, xx, c]
+                        else:
+                            for c in range(ch):
+                                out[row, c * kk + col] = zero

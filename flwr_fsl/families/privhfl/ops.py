@@ -94,7 +94,6 @@ from flwr_fsl.families.privhfl.inference import (
     Shape,
     flatten_nhwc,
     matmul_weight,
-    nhwc_patches,
     pool_windows,
 )
 from flwr_fsl.families.privhfl.wire import (
@@ -121,6 +120,8 @@ from flwr_fsl.families.privhfl.wire import (
     Wire,
     expect,
 )
+from flwr_fsl.kernels import dcf_kernels as _k
+from flwr_fsl.kernels.ring import im2col_nhwc
 
 __all__ = ["Answerer", "QuerierSession", "ServerParty", "server_aggregate"]
 
@@ -157,10 +158,14 @@ def _linear_geometry(layer: Linear | Conv2d, n: int, shape_in: Shape, shape_out:
 
 
 def _patches(x: NDArray[np.uint64], layer: Linear | Conv2d) -> NDArray[np.uint64]:
+    """``P(x)``: :func:`nhwc_patches`' words, written by one kernel pass (no padded copy)."""
     if isinstance(layer, Conv2d):
-        return np.ascontiguousarray(
-            nhwc_patches(x, layer.kernel_size, layer.stride, layer.padding), dtype=_U64
-        )
+        n, h, w, _ = x.shape
+        k, s, p = layer.kernel_size, layer.stride, layer.padding
+        rows = n * ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
+        out = np.empty((rows, x.shape[3] * k * k), dtype=_U64)
+        im2col_nhwc(x, k, s, p, out)
+        return out
     return x
 
 
@@ -301,21 +306,18 @@ class _Evaluator:
         return _stream(self._dealer_seed, label, TAG_DCF_MASK)
 
     def _dcf_finish(self, peer_open: NDArray[np.uint64]) -> NDArray[np.uint64]:
-        st = self._pending.pop("dcf")
-        assert isinstance(st, dict)
-        l_bits = self.config.bound_bits
-        x_hat = _RING.add(st["open"], peer_open)
-        shifted = _RING.add(x_hat, _U64(1 << l_bits))
-        p = (shifted >> _U64(l_bits)) & _U64(1)
-        point = x_hat & _U64((1 << l_bits) - 1)
-        out = dcf.evaluate_paired(st["keys"], point)
-        sign = _RING.sub(_U64(1), _RING.mul(_U64(2), p))  # 1 - 2p: +1 or -1
-        drelu = _RING.mul(sign, _RING.add(st["q"], out[:, 0]))
-        bxr = _RING.mul(sign, _RING.add(st["rq"], out[:, 1]))
-        bxr = _RING.add(bxr, _RING.mul(p, st["r"]))
-        if self.party == 0:
-            drelu = _RING.add(drelu, p)
-        return _RING.sub(_RING.mul(x_hat, drelu), bxr)
+        """Return the module docstring's ReLU share (two one-pass kernels around the DCF)."""
+        st = self._pending["dcf"]  # popped on success only: a refused key leaves it
+        l_bits, n = self.config.bound_bits, peer_open.shape[0]
+        x_hat, point, relu = (np.empty(n, _U64) for _ in range(3))
+        _k.open_points(st["open"], np.ascontiguousarray(peer_open), l_bits, x_hat, point)
+        try:  # A's public part was decoded unchecked: the evaluation checks it
+            out = dcf.evaluate_paired(st["keys"], point)
+        except dcf.DCFKeyError as err:
+            raise _dcf_key_error(self.party, err) from err
+        _k.relu_shares(x_hat, out, (st["r"], st["q"], st["rq"]), l_bits, self.party, relu)
+        self._pending.pop("dcf")
+        return relu
 
 
 class Answerer(_Evaluator):
@@ -473,23 +475,30 @@ def _dcf_keys(
 ) -> dcf.DCFKeyBatch:
     try:
         return _dcf_keys_checked(blob, party, seed, label, n, config)
-    except PrivHFLMessageError as err:
-        if party == 1:  # the server got the public part from the querier directly
-            raise QuerierMessageError(str(err)) from err
-        raise
+    except dcf.DCFKeyError as err:
+        raise _dcf_key_error(party, err) from err
+
+
+def _dcf_key_error(party: int, err: dcf.DCFKeyError) -> PrivHFLMessageError:
+    """Return the error for a bad DCF public part (the querier's fault where ``S`` saw it)."""
+    # the server got the public part from the querier directly; A got it relayed by S
+    cls = QuerierMessageError if party == 1 else PrivHFLMessageError
+    return cls(f"DCF public part: {err}")
 
 
 def _dcf_keys_checked(
     blob: bytes | memoryview, party: int, seed: bytes, label: int, n: int, config: PrivHFLConfig
 ) -> dcf.DCFKeyBatch:
-    """Rebuild a party's DCF keys: root seeds from its seed with ``Q``, the dealt public part."""
-    try:
-        public = dcf.DCFPublicBatch.from_bytes(blob)
-    except dcf.DCFKeyError as err:
-        raise PrivHFLMessageError(f"DCF public part: {err}") from err
+    """Rebuild a party's DCF keys: root seeds from its seed with ``Q``, the dealt public part.
+
+    ``S`` checks the public part here, before it forwards the bytes to ``A`` (a bad one is
+    the querier's); ``A`` defers the canonical-bit check to its evaluation of every key
+    (:func:`~flwr_fsl.crypto.dcf.evaluate_paired`), which reads those words anyway.
+    """
+    public = dcf.DCFPublicBatch.from_bytes(blob, defer_check=party == 0)
     if (public.domain_bits, public.tau, public.num_keys) != (config.bound_bits, 2, n):
-        raise PrivHFLMessageError(
-            f"DCF public part must hold {n} keys on {config.bound_bits} bits with tau 2, got "
+        raise dcf.DCFKeyError(
+            f"must hold {n} keys on {config.bound_bits} bits with tau 2, got "
             f"{public.num_keys} on {public.domain_bits} bits with tau {public.tau}"
         )
     msk = _stream(seed, label, TAG_DCF_KEYS).words(2).astype("<u8").tobytes()
