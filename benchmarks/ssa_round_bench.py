@@ -190,7 +190,11 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     """One round's CPU seconds on one thread: ``(all, outside the server's thread pool)``.
 
     Every top-level ``run_ranges`` call of the library (:func:`flwr_fsl.core.threads.
-    run_ranges`: the work the server spreads over its threads) is timed, and every ``prepare``
+    run_ranges`: the work the server spreads over its threads) of two or more calls is timed
+    (a single call runs in the caller: the share's scatter, one window at ``tau = 2`` on any
+    thread count, :data:`~flwr_fsl.families.ssa.server_eval.SCATTER_SPLIT_BYTES`, was counted
+    as pool work before session 35; a larger share, which two threads would scatter in two
+    windows, now counts as serial, an overestimate), and every ``prepare``
     of :func:`flwr_fsl.core.threads.pipelined` but a chunk's first (on two or more threads it
     runs on the pool, beside the evaluation of the client before); the rest runs on the calling
     thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so it
@@ -204,7 +208,7 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     def counted(
         work: Callable[[int], object], count: int, threads: int, *pool: str
     ) -> list[object]:
-        if inside[1]:
+        if inside[1] or count <= 1:  # one call runs in the caller alone on any thread count
             return original(work, count, 1, *pool)
         inside[1] = 1
         start = time.thread_time()

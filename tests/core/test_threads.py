@@ -6,6 +6,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flwr_fsl.core.threads import pipelined, run_ranges, worker_pool
 
@@ -31,6 +33,51 @@ def test_an_error_is_raised_only_after_every_call_finished() -> None:
     with pytest.raises(RuntimeError, match="range 0 failed"):
         run_ranges(work, 5, 2, "fsl-test")
     assert sorted(done) == [1, 2, 3, 4]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    count=st.integers(0, 40),
+    threads=st.integers(1, 4),
+    failing=st.sets(st.integers(0, 39), max_size=4),
+)
+def test_every_number_runs_once_and_the_lowest_failure_is_raised(
+    count: int, threads: int, failing: set[int]
+) -> None:
+    """Each worker takes numbers until none is left (session 35): as one task per number."""
+    calls: list[int] = []
+
+    def work(j: int) -> int:
+        calls.append(j)  # list.append is atomic
+        if j in failing:
+            raise ValueError(j)
+        return 3 * j + 1
+
+    bad = sorted(f for f in failing if f < count)
+    if bad:
+        with pytest.raises(ValueError) as caught:
+            run_ranges(work, count, threads, "fsl-test")
+        assert caught.value.args == (bad[0],)
+    else:
+        assert run_ranges(work, count, threads, "fsl-test") == [3 * j + 1 for j in range(count)]
+    if threads > 1 or not bad:
+        assert sorted(calls) == list(range(count))
+    else:  # one thread: the calls run in the caller, in order, and stop at the error
+        assert calls == list(range(bad[0] + 1))
+
+
+def test_a_base_exception_is_raised_after_every_call() -> None:
+    done: list[int] = []
+
+    def work(j: int) -> int:
+        if j == 1:
+            raise KeyboardInterrupt
+        done.append(j)
+        return j
+
+    with pytest.raises(KeyboardInterrupt):
+        run_ranges(work, 6, 2, "fsl-test")
+    assert sorted(done) == [0, 2, 3, 4, 5]
 
 
 def test_pools_are_kept_per_name_and_thread_count() -> None:
