@@ -135,3 +135,40 @@ def test_public_flags_match_numpy(n: int, m: int, seeds: list[int], bits: list[i
         b &= 3
     want = int(np.any(s[:, :, 0] & U64(1))) | (int(np.bitwise_or.reduce(b.reshape(-1))) & ~3)
     assert int(_k.public_flags(s, b)) == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_mutated_public_part_fares_alike_checked_or_deferred(
+    native: bool, flips: list[tuple[int, int]], seed: int
+) -> None:
+    """Fuzz: for any corrupted public part (header included), the deferred decode and the
+    evaluation of every key refuse with the checked decode's reason, or, where the checked
+    decode accepts, return its shares."""
+    n, m = 4, 5
+    k0, _ = _keys(m, n, seed=seed)
+    raw = bytearray(k0.public.to_bytes())
+    for at, mask in flips:
+        raw[at % len(raw)] ^= mask
+    bad = bytes(raw)
+    points = np.random.default_rng(seed).integers(0, 1 << n, m, dtype=U64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dcf, "_NATIVE_AES", native)
+        try:
+            checked = DCFPublicBatch.from_bytes(bad)
+        except DCFKeyError as err:
+            with pytest.raises(DCFKeyError) as caught:
+                public = DCFPublicBatch.from_bytes(bad, defer_check=True)
+                if public.num_keys == m and public.domain_bits == n:
+                    dcf.evaluate_paired(_party(public, 0), points)
+                else:
+                    public.verify()
+            assert str(caught.value) == str(err)
+            return
+        deferred = DCFPublicBatch.from_bytes(bad, defer_check=True)
+        want = dcf.evaluate_paired(_party(checked, 0), points)
+        assert np.array_equal(dcf.evaluate_paired(_party(deferred, 0), points), want)
