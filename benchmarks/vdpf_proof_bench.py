@@ -17,6 +17,17 @@ evaluated points cut to ``--length`` of its ``2**--depth`` leaves), evaluated by
 * ``proofs+GMAC``: the checked evaluation followed by the digest's GMAC over its proofs (the
   key check's next read of them: a pass that writes its proofs past the caches pays there).
 
+The ``GMAC`` line (:func:`gmac_rates`) times the digest's GMAC alone over a segment's proofs
+(64 bytes a point): the same buffer again (in cache), in :data:`PIECE` pieces fed to one
+streamed context (what hashing each batch right after the pass wrote it would cost), and a
+fresh buffer each time (:data:`COLD_SEGMENTS` of them, past the L3 cache: from memory, where the
+pass's non-temporal stores leave the proofs). Issue 26 asked whether hashing the proofs while
+they are in cache would pay: on the 2-core AMD EPYC (Zen 3, VAES and VPCLMULQDQ, no AVX-512)
+of session 36, OpenSSL's GHASH read 4.3-4.6 GB/s from cache and 4.7 GB/s from memory at load
+0.1 (bound by its own arithmetic, not the memory), and memory / cache was 1.0-1.24x at load 5
+(other processes' memory traffic): at most a few percent of a client's time, not enough to
+pay for a second, in-order proof pass (the chunks' tasks go by height, not by point).
+
 With ``--baseline-tree`` the same evaluations also run on that checkout's code (a
 subprocess), alternating with this tree's ``--rounds`` times; the best of each is printed
 with the load average beside it.
@@ -45,6 +56,11 @@ from flwr_fsl.crypto import dpf
 U64 = np.uint64
 BLOCKS = 4  # AES blocks of one leaf proof
 BATCH = 2048  # leaves per proof batch (the pass's, for the AES replay)
+PROOF_BYTES = 64  # bytes of one leaf proof
+PIECE = 1 << 17
+"""Bytes per streamed GMAC piece of :func:`gmac_rates` (2048 proofs: one proof batch)."""
+COLD_SEGMENTS = 64
+"""Distinct segment buffers :func:`gmac_rates` hashes from memory (256 MiB at ``2**16`` points)."""
 
 
 def case(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], int]:
@@ -106,6 +122,47 @@ def aes_floor(points: int, repeat: int) -> float:
     return best_of(replay, repeat) / points
 
 
+def gmac_rates(points: int, repeat: int) -> dict[str, float]:
+    """Per-point seconds of GMAC over ``points`` proofs: in cache, in pieces, from memory.
+
+    Returns ``{"hot": ..., "pieces": ..., "cold": ...}``: one ``AESGCM.encrypt`` over the same
+    buffer again, a streamed ``Cipher(AES, GCM)`` fed :data:`PIECE` bytes at a time over it
+    (the same tag), and one ``AESGCM.encrypt`` per buffer over :data:`COLD_SEGMENTS` distinct
+    buffers (each read once per pass).
+    """
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    key, nonce = bytes(range(16)), bytes(12)
+    size = points * PROOF_BYTES
+    bufs = np.random.default_rng(2).integers(0, 255, (COLD_SEGMENTS, size), np.uint8)
+    hot = bufs[0].data.cast("B")
+    mac = AESGCM(key)
+    tag = mac.encrypt(nonce, b"", hot)
+
+    def in_cache() -> None:
+        mac.encrypt(nonce, b"", hot)
+
+    def pieces() -> None:
+        enc = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+        for at in range(0, size, PIECE):
+            enc.authenticate_additional_data(hot[at : at + PIECE])
+        enc.finalize()
+        if enc.tag != tag[-16:]:
+            raise AssertionError("streamed GMAC differs from AESGCM.encrypt")
+
+    def from_memory() -> None:
+        for row in bufs:
+            mac.encrypt(nonce, b"", row.data.cast("B"))
+
+    pieces()
+    return {
+        "hot": best_of(in_cache, repeat) / points,
+        "pieces": best_of(pieces, repeat) / points,
+        "cold": best_of(from_memory, max(1, repeat // 2)) / (COLD_SEGMENTS * points),
+    }
+
+
 def run_tree(tree: str | None, args: argparse.Namespace) -> dict[str, float]:
     """:func:`eval_only` in a subprocess on the code in ``tree`` (this tree when None)."""
     out = Path(tempfile.mkdtemp()) / "times.json"
@@ -157,6 +214,14 @@ def main() -> None:
             f"extra {extra * 1e9:6.1f}  non-AES {(extra - aes) * 1e9:6.1f}  "
             f"proofs+GMAC {r['digest'] * 1e9:6.1f} ns/point"
         )
+    rates = gmac_rates(points, args.repeat)
+    gbps = {k: PROOF_BYTES / v / 1e9 for k, v in rates.items()}
+    print(
+        f"GMAC of the segment's proofs: in cache {rates['hot'] * 1e9:5.1f} ns/point "
+        f"({gbps['hot']:.2f} GB/s), in {PIECE >> 10} KiB pieces {rates['pieces'] * 1e9:5.1f} "
+        f"({gbps['pieces']:.2f} GB/s), from memory {rates['cold'] * 1e9:5.1f} "
+        f"({gbps['cold']:.2f} GB/s); memory / cache {rates['cold'] / rates['hot']:.2f}x"
+    )
     if "baseline" in best:
         this, base = best["this tree"], best["baseline"]
         ratio = (base["proofs"] - base["plain"] - aes) / (this["proofs"] - this["plain"] - aes)
