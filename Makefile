@@ -45,8 +45,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check flwr_fsl tests benchmarks examples
 	$(VENV)/bin/mypy
 
+# The default suite on TEST_WORKERS processes (pytest-xdist; two fit a 2-core CI runner);
+# `make test TEST_WORKERS=0` runs it in this process, TEST_WORKERS=auto on every core.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(DATA_STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The lower end of the supported Flower range (pyproject.toml): its wheel's `flwr` package ahead of
 # the installed one on PYTHONPATH (same dependencies), for the drop-in, strategy and core tests.

@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -79,24 +80,76 @@ def start_on_free_port(
     tuple[subprocess.Popen, int]
         The running server and its port.
     """
-    exits = []
-    for _ in range(attempts):
+    return start_on_free_ports([(name, start)], ready, timeout=timeout, attempts=attempts)[0]
+
+
+def start_on_free_ports(
+    servers: Sequence[tuple[str, Callable[[int], subprocess.Popen[bytes]]]],
+    ready: Callable[[int], bool],
+    *,
+    timeout: float = 30.0,
+    attempts: int = 3,
+) -> list[tuple[subprocess.Popen[bytes], int]]:
+    """Start several servers at once, each as :func:`start_on_free_port` starts one.
+
+    They start side by side (no server waits for the one before to be ready); a server that
+    exits before it is ready is started again on a new port, ``attempts`` times in all. On a
+    failure every server started here is stopped before the test fails.
+
+    Parameters
+    ----------
+    servers : Sequence[tuple[str, Callable[[int], subprocess.Popen]]]
+        Each server's name (for failures) and the function that starts it on a given port.
+    ready : Callable[[int], bool]
+        Whether a server answers on a port (polled every 0.2 s).
+    timeout : float, optional
+        Seconds each attempt may take to become ready.
+    attempts : int, optional
+        Ports to try per server.
+
+    Returns
+    -------
+    list[tuple[subprocess.Popen, int]]
+        The running servers and their ports, in the order of ``servers``.
+    """
+    running: list[tuple[subprocess.Popen[bytes], int]] = []
+    for _, start in servers:
         port = free_port()
-        proc = start(port)
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None:
-            if ready(port) and proc.poll() is None:
-                return proc, port
-            if time.monotonic() > deadline:
-                stop(proc)
-                pytest.fail(f"{name} was not ready within {timeout:.0f} s on port {port}")
+        running.append((start(port), port))
+    exits: list[list[str]] = [[] for _ in servers]
+    deadlines = [time.monotonic() + timeout] * len(servers)
+    waiting = set(range(len(servers)))
+
+    def fail(message: str) -> NoReturn:
+        for proc, _ in running:
+            stop(proc)
+        pytest.fail(message)
+
+    while waiting:
+        for i in sorted(waiting):
+            (name, start), (proc, port) = servers[i], running[i]
+            if proc.poll() is not None:  # exited: its port was taken meanwhile, say
+                exits[i].append(f"port {port}: exit {proc.returncode}")
+                if len(exits[i]) == attempts:
+                    tried = ", ".join(exits[i])
+                    fail(f"{name} exited before it was ready on {attempts} ports ({tried})")
+                port = free_port()
+                running[i] = (start(port), port)
+                deadlines[i] = time.monotonic() + timeout
+            elif ready(port) and proc.poll() is None:
+                waiting.discard(i)
+            elif time.monotonic() > deadlines[i]:
+                fail(f"{name} was not ready within {timeout:.0f} s on port {port}")
+        if waiting:
             time.sleep(0.2)
-        exits.append(f"port {port}: exit {proc.returncode}")
-    pytest.fail(f"{name} exited before it was ready on {attempts} ports ({', '.join(exits)})")
+    return running
 
 
 def healthy(port: int) -> bool:
-    """Return True if a SuperLink answers on ``port`` (what ``flwr`` itself probes)."""
+    """Return True if a SuperLink or a SuperNode answers ``GET /health`` on ``port``.
+
+    What ``flwr`` itself probes for a SuperLink.
+    """
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
             return bool(resp.status == 200)

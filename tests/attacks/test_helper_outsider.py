@@ -145,6 +145,8 @@ def _finish_exactly(victim: HelperClient, clients: list, uploads: list) -> None:
         ("token and a wrong secret", "TOKEN", os.urandom(32), grpc.StatusCode.NOT_FOUND),
         ("token and a malformed secret", "TOKEN", b"\x01", grpc.StatusCode.NOT_FOUND),
     ],
+    # Random bytes by length: their values in an id would differ between pytest-xdist workers.
+    ids=lambda value: f"{len(value)}-bytes" if isinstance(value, bytes) else None,
 )
 def test_an_outsider_knowing_the_session_id_is_refused_everything(
     s1: HelperProcess, who: str, token: str | None, secret: bytes | None, refused: grpc.StatusCode

@@ -225,6 +225,18 @@ def test_enrollment_parses_keys_labels_and_comments(tmp_path: Path) -> None:
         (f"{K1.hex()} a\x00\n", "line 1: only printable ASCII"),
         ("#" + "x" * 1024 + "\n", "line 1: longer than 1024"),
     ],
+    # Named, not shown: the random keys in the texts would differ between pytest-xdist workers.
+    ids=[
+        "three-fields",
+        "short-key",
+        "long-key",
+        "non-hex-key",
+        "label-character",
+        "long-label",
+        "non-ascii",
+        "nul",
+        "long-line",
+    ],
 )
 def test_enrollment_syntax_errors_name_the_line(text: str, match: str) -> None:
     with pytest.raises(

@@ -39,7 +39,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,15 @@ import pytest
 
 from flwr_fsl.data import cache_dir
 from flwr_fsl.experiment import load_experiment
-from tests.flwr_cli import BIN, exe, free_port, healthy, run_until_finished, stop
+from tests.flwr_cli import (
+    BIN,
+    exe,
+    healthy,
+    run_until_finished,
+    start_on_free_port,
+    start_on_free_ports,
+    stop,
+)
 from tests.prepared_data import require_prepared
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,7 +148,7 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
 
     def start(name: str, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = logs / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open("ab") as out:  # appended: a retry on another port keeps the first try's log
             proc = subprocess.Popen(
                 [exe(args[0]), *args[1:]],
                 env=env,
@@ -152,7 +160,6 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
         return proc, log
 
     try:
-        link_port = free_port()
         helper_log = None
         signing = _node_keys(tmp_path, nodes, env) if helper else {}
         if helper:
@@ -172,30 +179,45 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
                 "--enrollment",
                 str(tmp_path / "enrollment.txt"),
             )
-        start(
-            "superlink",
-            "flower-superlink",
-            "--insecure",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(link_port),
-            "--database",
-            str(home / "state.db"),
-            "--disable-runtime-dependency-installation",
+        # The SuperLink and the SuperNodes' Runtime APIs on free ports; one that exits before it
+        # answers /health (its port was taken meanwhile) is started again on another port.
+        _, link_port = start_on_free_port(
+            lambda port: start(
+                "superlink",
+                "flower-superlink",
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database",
+                str(home / "state.db"),
+                "--disable-runtime-dependency-installation",
+            )[0],
+            healthy,
+            name=f"flower-superlink (logs in {logs})",
+            timeout=START_TIMEOUT_S,
         )
-        for pid in range(nodes):
-            start(
+
+        def supernode(pid: int) -> Callable[[int], subprocess.Popen[bytes]]:
+            node_config = f"partition-id={pid} num-partitions={nodes}{signing.get(pid, '')}"
+            return lambda port: start(
                 f"supernode-{pid}",
                 "flower-supernode",
                 "--insecure",
                 "--superlink",
                 f"127.0.0.1:{link_port}",
                 "--port",
-                str(free_port()),
+                str(port),
                 "--node-config",
-                f"partition-id={pid} num-partitions={nodes}{signing.get(pid, '')}",
-            )
+                node_config,
+            )[0]
+
+        start_on_free_ports(
+            [(f"flower-supernode {pid} (logs in {logs})", supernode(pid)) for pid in range(nodes)],
+            healthy,
+            timeout=START_TIMEOUT_S,
+        )
         deployment = Deployment(env, logs)
         if helper_log is not None:
             log_file = helper_log
@@ -211,7 +233,6 @@ def _deploy(tmp_path: Path, *, nodes: int, helper: bool) -> Iterator[Deployment]
             token = re.search(r"access token file (\S+)", log_file.read_text())
             assert token, log_file.read_text()
             deployment.token_file = token.group(1)
-        _wait_for("flower-superlink", lambda: healthy(link_port), procs, logs)
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "deploy"\n\n'
             f'[superlink.deploy]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'

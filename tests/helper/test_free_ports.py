@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import flwr_cli
-from tests.flwr_cli import refused_port, start_on_free_port, stop
+from tests.flwr_cli import refused_port, start_on_free_port, start_on_free_ports, stop
 
 # A server that binds the port it is given (exiting with EADDRINUSE if it is taken) and listens.
 SERVER = (
@@ -87,3 +87,39 @@ def test_a_refused_port_refuses_and_stays_taken() -> None:
         assert not _answers(port)
         with socket.socket() as other, pytest.raises(OSError):
             other.bind(("127.0.0.1", port))
+
+
+def test_servers_start_side_by_side_and_only_the_one_whose_port_was_taken_moves(
+    taken: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = taken.getsockname()[1]
+    first, spare = flwr_cli.free_port(), flwr_cli.free_port()
+    picks = iter([first, held, spare])  # the second server's first pick was taken meanwhile
+    monkeypatch.setattr(flwr_cli, "free_port", lambda: next(picks))
+    servers = [("a", _start), ("b", _start)]
+    started = start_on_free_ports(servers, lambda p: p != held and _answers(p))
+    try:
+        assert [port for _, port in started] == [first, spare]
+        assert all(proc.poll() is None and _answers(port) for proc, port in started)
+    finally:
+        for proc, _ in started:
+            stop(proc)
+
+
+def test_a_failing_server_stops_every_server_started_with_it(
+    taken: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = taken.getsockname()[1]
+    good = flwr_cli.free_port()
+    picks = iter([good, held, held])
+    monkeypatch.setattr(flwr_cli, "free_port", lambda: next(picks))
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(port: int) -> subprocess.Popen[bytes]:
+        started.append(_start(port))
+        return started[-1]
+
+    servers = [("good", start), ("bad", start)]
+    with pytest.raises(pytest.fail.Exception, match="bad exited before it was ready on 2 ports"):
+        start_on_free_ports(servers, lambda p: p != held and _answers(p), attempts=2)
+    assert len(started) == 3 and all(proc.poll() is not None for proc in started)

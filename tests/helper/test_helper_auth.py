@@ -55,7 +55,12 @@ def _requests(session: bytes, cid: int) -> dict[str, wire.Message]:
     }
 
 
-@pytest.mark.parametrize("secret", [None, b"", bytes(32), os.urandom(32), os.urandom(31)])
+@pytest.mark.parametrize(
+    "secret",
+    [None, b"", bytes(32), os.urandom(32), os.urandom(31)],
+    # Named, not shown: random bytes in an id differ between pytest-xdist workers.
+    ids=["none", "empty", "zeros", "random-32", "random-31"],
+)
 def test_a_wrong_secret_is_refused_and_leaves_the_session_untouched(
     monkeypatch: pytest.MonkeyPatch, secret: bytes | None
 ) -> None:
