@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.kernels.aes import NativeAES, native_aes, native_encrypt
 from flwr_fsl.kernels.dcf_kernels import (
+    GEN_STATE_WORDS,
     eval_blocks,
     eval_final,
     eval_step,
@@ -42,6 +43,8 @@ from flwr_fsl.kernels.dcf_kernels import (
     gen_step,
     gen_step_tau2,
     leaf_blocks,
+    pack_gen_state,
+    unpack_gen_state,
 )
 
 _LOCAL = threading.local()
@@ -97,6 +100,7 @@ def gen_run(
     seeds_all = np.empty((chunk, 2, 2), dtype=np.uint64)
     t_all = np.empty((chunk, 2), dtype=np.uint8)
     v_all = np.empty((chunk, tau), dtype=np.uint64)
+    state_all = np.empty((chunk if tau == 2 else 0, GEN_STATE_WORDS), dtype=np.uint64)
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         c = hi - lo
@@ -112,19 +116,21 @@ def gen_run(
             for w in range(tau):
                 v_alpha[j, w] = 0
         gen_blocks(seeds, nb, inp)
+        pack_gen_state(seeds, t, v_alpha, state_all[:c])  # no rows unless tau = 2
         for level in range(domain_bits):
             if not native_encrypt(fn, ctx, inp, enc, c * 2 * nb, outl):
                 return False
             if tau == 2:
                 gen_step_tau2(
-                    enc, level, domain_bits, lo, alphas, betas, seeds, t, v_alpha, cw_seeds,
-                    cw_values, cw_bits, inp,
+                    enc, level, domain_bits, lo, (alphas, betas), state_all[:c],
+                    (cw_seeds, cw_values, cw_bits), inp,
                 )  # fmt: skip
             else:
                 gen_step(
                     enc, nb, level, domain_bits, lo, alphas, betas, seeds, t, v_alpha, cw_seeds,
                     cw_values, cw_bits, inp,
                 )  # fmt: skip
+        unpack_gen_state(state_all[:c], seeds, t, v_alpha)
         leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
         if not native_encrypt(fn, ctx, inp, enc, 2 * c * nq, outl):
             return False

@@ -52,8 +52,11 @@ def test_gen_step_tau2_equals_gen_step(seed: int, m: int, n: int, data: st.DataO
     outs = []
     for vector in (False, True):
         state = [a.copy() for a in (seeds, t, v_alpha, *cws, bits, inp)]
-        if vector:
-            k.gen_step_tau2(enc, level, n, lo, alphas, betas, *state)
+        if vector:  # the vector step keeps seeds, control bits and V_alpha in one row per key
+            rows = np.empty((m, k.GEN_STATE_WORDS), dtype=U64)
+            k.pack_gen_state(*state[:3], rows)
+            k.gen_step_tau2(enc, level, n, lo, (alphas, betas), rows, tuple(state[3:6]), state[6])
+            k.unpack_gen_state(rows, *state[:3])
         else:
             k.gen_step(enc, 3, level, n, lo, alphas, betas, *state)
         outs.append(state)
