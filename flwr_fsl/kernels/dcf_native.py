@@ -8,8 +8,10 @@ the loop's bookkeeping (several microseconds, against tens of microseconds of wo
 for a 4096-point Eval chunk). Here the whole chunk-and-level loop runs in one ``nogil`` kernel
 and calls ``EVP_EncryptUpdate`` through its address (:func:`~flwr_fsl.kernels.aes.native_encrypt`):
 the same kernels in the same order on buffers of the same layout, so keys and shares are
-bit-identical to the Python driver's. The Python driver stays wherever ``libcrypto`` does not
-load (:func:`~flwr_fsl.kernels.aes.native_aes`; ``FLWR_FSL_NATIVE_AES=0`` turns it off).
+bit-identical to the Python driver's (here Gen at ``tau = 2`` encrypts its level blocks in
+place, which ``EVP_EncryptUpdate`` allows). The Python driver stays wherever ``libcrypto``
+does not load (:func:`~flwr_fsl.kernels.aes.native_aes`; ``FLWR_FSL_NATIVE_AES=0`` turns it
+off).
 
 Both calls release the GIL, so a dealer or evaluator running several batches on threads runs
 them in parallel; each thread keeps its own OpenSSL context (:func:`context`).
@@ -94,7 +96,7 @@ def gen_run(
     m, tau = betas.shape
     nq = (tau + 1) // 2
     nb = 2 + nq
-    inp = np.empty((chunk * 2 * nb, 2), dtype=np.uint64)
+    inp = np.empty((chunk * 2 * nb + 1, 2), dtype=np.uint64)  # a spare block: also a dst
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=np.uint64)
     outl = np.zeros(1, dtype=np.int32)
     seeds_all = np.empty((chunk, 2, 2), dtype=np.uint64)
@@ -117,12 +119,15 @@ def gen_run(
                 v_alpha[j, w] = 0
         gen_blocks(seeds, nb, inp)
         pack_gen_state(seeds, t, v_alpha, state_all[:c])  # no rows unless tau = 2
+        # tau = 2 encrypts in place: a key's step reads its six blocks before it writes the
+        # next inputs over them, and one buffer instead of two stays in L2
+        out = inp if tau == 2 else enc
         for level in range(domain_bits):
-            if not native_encrypt(fn, ctx, inp, enc, c * 2 * nb, outl):
+            if not native_encrypt(fn, ctx, inp, out, c * 2 * nb, outl):
                 return False
             if tau == 2:
                 gen_step_tau2(
-                    enc, level, domain_bits, lo, (alphas, betas), state_all[:c],
+                    inp, level, domain_bits, lo, (alphas, betas), state_all[:c],
                     (cw_seeds, cw_values, cw_bits), inp,
                 )  # fmt: skip
             else:

@@ -67,6 +67,30 @@ def test_gen_step_tau2_equals_gen_step(seed: int, m: int, n: int, data: st.DataO
         assert np.array_equal(old[-1], new[-1])
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 20), n=st.sampled_from([1, 2, 40, 64]))
+def test_gen_step_tau2_in_place(seed: int, m: int, n: int) -> None:
+    """Native Gen encrypts in place: the step reading and writing one buffer writes the same."""
+    rng = np.random.default_rng(seed)
+    level = int(rng.integers(0, n))
+    mask = U64((1 << n) - 1) if n < 64 else ~U64(0)
+    keys = (_words(rng, (m,)) & mask, _words(rng, (m, 2)))
+    enc = _words(rng, (m * 6 + 1, 2))
+    rows = _words(rng, (m, k.GEN_STATE_WORDS))
+    rows[:, 0:4] &= ~U64(1)
+    rows[:, 6:8] &= U64(1)
+    outs = []
+    for in_place in (False, True):
+        state = (rows.copy(), np.zeros((n, m, 2), U64), np.zeros((n, m, 2), U64))
+        bits = np.zeros((n, m), np.uint8)
+        buf = enc.copy()
+        inp = buf if in_place else np.zeros_like(enc)
+        k.gen_step_tau2(buf, level, n, 0, keys, state[0], (*state[1:], bits), inp)
+        outs.append((*state, bits, inp[: m * 6]))
+    for a, b in zip(*outs, strict=True):
+        assert np.array_equal(a, b)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
