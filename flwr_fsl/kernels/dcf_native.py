@@ -168,7 +168,7 @@ def eval_run(  # noqa: PLR0913
     count, tau = out.shape
     nq = (tau + 1) // 2
     nb = 1 + nq
-    inp = np.empty((chunk * nb, 2), dtype=np.uint64)
+    inp = np.empty((chunk * nb + 1, 2), dtype=np.uint64)  # a spare block: also a dst
     enc = np.empty((chunk * nb + 1, 2), dtype=np.uint64)
     outl = np.zeros(1, dtype=np.int32)
     seeds_all = np.empty((chunk, 2), dtype=np.uint64)
@@ -188,11 +188,11 @@ def eval_run(  # noqa: PLR0913
         acc = out[lo:hi]
         eval_blocks(seeds, p, 0, domain_bits, nb, inp)
         for level in range(domain_bits):
-            if not native_encrypt(fn, ctx, inp, enc, c * nb, outl):
+            if not native_encrypt(fn, ctx, inp, inp if tau == 2 else enc, c * nb, outl):
                 return -1
-            if tau == 2:
+            if tau == 2:  # in place, as in gen_run
                 flags |= eval_step_tau2(
-                    enc, level, domain_bits, p, kid, cw_seeds, cw_values, cw_bits, party, seeds,
+                    inp, level, domain_bits, p, kid, cw_seeds, cw_values, cw_bits, party, seeds,
                     t, acc, inp,
                 )  # fmt: skip
             else:
