@@ -102,7 +102,9 @@ def gen_run(
     seeds_all = np.empty((chunk, 2, 2), dtype=np.uint64)
     t_all = np.empty((chunk, 2), dtype=np.uint8)
     v_all = np.empty((chunk, tau), dtype=np.uint64)
-    state_all = np.empty((chunk if tau == 2 else 0, GEN_STATE_WORDS), dtype=np.uint64)
+    # tau = 2 encrypts the levels in place, so enc is free until the leaf pass: the keys'
+    # state rows live there (a fresh 256 KiB array page-faulted on every call)
+    state_all = enc[: 4 * chunk if tau == 2 else 0].reshape((-1, GEN_STATE_WORDS))
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         c = hi - lo
