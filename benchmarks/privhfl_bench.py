@@ -456,11 +456,12 @@ def dcf_kernel_ns(bits: int, chunk: int = 4096) -> tuple[float, float]:
     v_alpha = np.zeros((chunk, 2), U64)
     cws = (np.zeros((bits, chunk, 2), U64), np.zeros((bits, chunk, 2), U64))
     cw_bits = np.zeros((bits, chunk), np.uint8)
+    rows = np.empty((chunk, k.GEN_STATE_WORDS), U64)
+    k.pack_gen_state(seeds, t, v_alpha, rows)
 
     def gen() -> None:
         for level in range(bits):
-            k.gen_step_tau2(enc, level, bits, 0, alphas, betas, seeds, t, v_alpha, *cws,
-                            cw_bits, inp)  # fmt: skip
+            k.gen_step_tau2(enc, level, bits, 0, (alphas, betas), rows, (*cws, cw_bits), inp)
 
     idx = np.arange(chunk, dtype=np.int64)
     state = (seeds[:, 0].copy(), t[:, 0].copy(), np.zeros((chunk, 2), U64))

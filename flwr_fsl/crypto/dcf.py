@@ -182,12 +182,15 @@ def _gen_into(
         v_alpha = np.zeros((c, tau), dtype=_U64)
         level_bytes = c * 2 * nb * 16
         _k.gen_blocks(seeds, nb, inp)
+        state = np.empty((c if tau == 2 else 0, _k.GEN_STATE_WORDS), dtype=_U64)
+        _k.pack_gen_state(seeds, t, v_alpha, state)  # tau = 2: a key's seeds, V_alpha, bits
         for level in range(n):  # one AES call and one kernel per level (it writes the next inputs)
             aes.encrypt_view_into(src[:level_bytes], dst)
             if tau == 2:
-                _k.gen_step_tau2(enc, level, n, lo, a, b, seeds, t, v_alpha, *cws[:3], inp)
+                _k.gen_step_tau2(enc, level, n, lo, (a, b), state, cws[:3], inp)
             else:
                 _k.gen_step(enc, nb, level, n, lo, a, b, seeds, t, v_alpha, *cws[:3], inp)
+        _k.unpack_gen_state(state, seeds, t, v_alpha)
         _k.leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
         aes.encrypt_view_into(src[: 2 * c * nq * 16], dst)
         _k.gen_final(inp, enc, nq, t, v_alpha, cws[3][lo:hi])

@@ -41,6 +41,8 @@ SEED = np.uint64(1 << 32)
 VALUE = np.uint64(2 << 32)
 LEAF = np.uint64(3 << 32)
 TWO, THREE, SIXTEEN, NINETY_SIX = (np.uint64(k) for k in (2, 3, 16, 96))
+GEN_STATE_WORDS = 8
+"""Words of one key's ``tau = 2`` Gen state row: both seeds, ``V_alpha``, ``t0``, ``t1``."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,27 +84,34 @@ _CLEAR_LO = _const2(-2, -1)  # clears bit 0 of word 0 (a seed's control bit)
 
 
 @intrinsic
-def _gen_key_tau2(typingctx, ptrs, bits):  # type: ignore[no-untyped-def]
+def _gen_key_tau2(typingctx, ptrs, a):  # type: ignore[no-untyped-def]
     """One key's Gen step at ``tau = 2`` (:func:`gen_step_tau2`'s words) on 128-bit blocks.
 
-    ``ptrs`` are the byte addresses ``(enc, seeds, v_alpha, beta, cw_seed, cw_value, inp)``
-    of the key's six ciphertext blocks (party 0's left, right, value, then party 1's), both
-    parties' seeds (32 bytes, updated), its ``V_alpha`` (16 bytes, updated), its ``beta``, its
-    seed and value corrections of this level (written) and its six next-level AES inputs
-    (written); ``bits`` are ``(a, t0, t1)``: alpha's bit of this level and the parties'
-    control bits. Returns ``t_left | t_right << 1 | t0' << 2 | t1' << 3`` (the bit
-    corrections and the kept child's new control bits).
+    ``ptrs`` are the byte addresses ``(enc, state, beta, cw_seed, cw_value, inp, cw_bit)`` of
+    the key's six ciphertext blocks (party 0's left, right, value, then party 1's), its
+    64-byte state row (both parties' seeds, ``V_alpha``, both control bits as words:
+    :data:`GEN_STATE_WORDS`; updated), its ``beta``, its seed and value corrections of this
+    level (written), its six next-level AES inputs (written) and its bit correction byte
+    (written); ``a`` is alpha's bit of this level. One pointer to the key's whole state (one
+    cache line) keeps the loop's pointers in registers: with separate seed, ``V_alpha`` and
+    control-bit arrays LLVM spilled them to the stack.
     """
     u64 = types.uint64
-    sig = u64(types.UniTuple(u64, 7), types.UniTuple(u64, 3))
+    sig = types.void(types.UniTuple(u64, 7), u64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        e_p, s_p, va_p, b_p, cws_p, cwv_p, ip_p = (
+        e_p, s_p, b_p, cws_p, cwv_p, ip_p, cb_p = (
             builder.extract_value(args[0], k) for k in range(7)
         )
-        a, t0, t1 = (builder.extract_value(args[1], k) for k in range(3))
+        a = args[1]
         i64 = ir.IntType(64)
         one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+
+        def word(offset: int) -> ir.Value:
+            ptr = builder.inttoptr(builder.add(s_p, ir.Constant(i64, offset)), i64.as_pointer())
+            return ptr
+
+        t0, t1 = builder.load(word(48), align=8), builder.load(word(56), align=8)
         keep_off = builder.shl(a, ir.Constant(i64, 4))  # the kept child's block: 16 a bytes
         lose_off = builder.sub(ir.Constant(i64, 16), keep_off)
         s0, s1 = _ld(builder, s_p), _ld(builder, s_p, 16)
@@ -124,17 +133,19 @@ def _gen_key_tau2(typingctx, ptrs, bits):  # type: ignore[no-untyped-def]
         v1 = builder.xor(builder.xor(_ld(builder, e_p, 80), s1), tw_v)
         ma = builder.sub(zero, a)
         ba = builder.and_(_ld(builder, b_p), _v2(builder, ma, ma))
-        raw = builder.add(builder.sub(builder.sub(v1, v0), _ld(builder, va_p)), ba)
+        raw = builder.add(builder.sub(builder.sub(v1, v0), _ld(builder, s_p, 32)), ba)
         m0, m1 = builder.sub(zero, t0), builder.sub(zero, t1)
         m1v = _v2(builder, m1, m1)
         _st(builder, cwv_p, 0, builder.sub(builder.xor(raw, m1v), m1v))
-        _st(builder, va_p, 0, ba)
+        _st(builder, s_p, 32, ba)
+        bits = builder.or_(t_left, builder.shl(t_right, one))
+        cb = builder.inttoptr(cb_p, ir.IntType(8).as_pointer())
+        builder.store(builder.trunc(bits, ir.IntType(8)), cb, align=1)
         t_keep = builder.xor(t_left, builder.and_(builder.xor(t_left, t_right), a))
         # the kept child of each party, corrected where its control bit is set
         tw_keep = _v2(builder, zero, builder.or_(ir.Constant(i64, _SEED), a))
         x0k = builder.xor(_ld(builder, e_p, keep_off), s0)
         x1k = builder.xor(_ld(builder, builder.add(e_p, ir.Constant(i64, 48)), keep_off), s1)
-        bits = builder.or_(t_left, builder.shl(t_right, one))
         tws = (_const2(0, _SEED), _const2(0, _SEED | 1), tw_v)
         for p, (x, m, t) in enumerate(((x0k, m0, t0), (x1k, m1, t1))):
             ns = builder.xor(
@@ -145,8 +156,8 @@ def _gen_key_tau2(typingctx, ptrs, bits):  # type: ignore[no-untyped-def]
             for k, tw in enumerate(tws):  # next level's inputs: left, right seed, value
                 _st(builder, ip_p, 48 * p + 16 * k, builder.xor(ns, tw))
             nt = builder.xor(builder.and_(_lo(builder, x), one), builder.and_(t_keep, t))
-            bits = builder.or_(bits, builder.shl(nt, ir.Constant(i64, 2 + p)))
-        return bits
+            builder.store(nt, word(48 + 8 * p), align=8)
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -323,54 +334,81 @@ def gen_step(  # noqa: PLR0913, PLR0915
 
 
 @njit(cache=True, nogil=True)
-def gen_step_tau2(  # noqa: PLR0913
+def gen_step_tau2(
     enc: np.ndarray,
     level: int,
     domain_bits: int,
     lo: int,
-    alphas: np.ndarray,
-    betas: np.ndarray,
-    seeds: np.ndarray,
-    t: np.ndarray,
-    v_alpha: np.ndarray,
-    cw_seeds: np.ndarray,
-    cw_values: np.ndarray,
-    cw_bits: np.ndarray,
+    keys: tuple[np.ndarray, np.ndarray],
+    state: np.ndarray,
+    cws: tuple[np.ndarray, np.ndarray, np.ndarray],
     inp: np.ndarray,
 ) -> None:  # pragma: no cover - numba
     """:func:`gen_step` for ``tau = 2`` (one value block per node): the same words.
 
-    The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``. Each key's step runs on
-    128-bit blocks (:func:`_gen_key_tau2`: about half the instructions of the scalar form and
-    no branch on a secret bit). Below the last level it writes the next level's inputs into
-    ``inp``; at the last level it writes them too (rows the leaf pass overwrites or never
-    encrypts), which saves a branch per key. All arrays are C-contiguous.
+    The ReLU of :mod:`flwr_fsl.families.privhfl` uses ``tau = 2``. ``keys`` are the whole
+    batch's ``(alphas, betas)``; the chunk's seeds, control bits and ``V_alpha`` are one
+    ``(m, GEN_STATE_WORDS)`` ``state`` array (:func:`pack_gen_state`); ``cws`` are
+    ``(cw_seeds, cw_values, cw_bits)``. Each key's step
+    runs on 128-bit blocks (:func:`_gen_key_tau2`: no branch on a secret bit). Below the last
+    level it writes the next level's inputs into ``inp``; at the last level it writes them
+    too (rows the leaf pass overwrites or never encrypts), which saves a branch per key. All
+    arrays are C-contiguous.
     """
+    alphas, betas = keys
+    cw_seeds, cw_values, cw_bits = cws
     shift = np.uint64(domain_bits - 1 - level)
     at0 = np.uint64(level) * np.uint64(cw_bits.shape[1]) + np.uint64(lo)  # this level's row
     e_p = np.uint64(enc.ctypes.data)
-    s_p = np.uint64(seeds.ctypes.data)
-    va_p = np.uint64(v_alpha.ctypes.data)
+    s_p = np.uint64(state.ctypes.data)
     b_p = np.uint64(betas.ctypes.data) + SIXTEEN * np.uint64(lo)
     cs_p = np.uint64(cw_seeds.ctypes.data) + SIXTEEN * at0
     cv_p = np.uint64(cw_values.ctypes.data) + SIXTEEN * at0
+    cb_p = np.uint64(cw_bits.ctypes.data) + at0
     ip_p = np.uint64(inp.ctypes.data)
-    fb = cw_bits.reshape(-1)
-    tf = t.reshape(-1)
-    for jj in range(seeds.shape[0]):
+    for jj in range(state.shape[0]):
         j = np.uint64(jj)
         a = (alphas[np.uint64(lo) + j] >> shift) & ONE
-        t0 = np.uint64(tf[TWO * j])
-        t1 = np.uint64(tf[TWO * j + ONE])
         o16 = SIXTEEN * j
-        ptrs = (
-            e_p + NINETY_SIX * j, s_p + o16 + o16, va_p + o16, b_p + o16, cs_p + o16,
-            cv_p + o16, ip_p + NINETY_SIX * j,
-        )  # fmt: skip
-        bits: np.uint64 = _gen_key_tau2(ptrs, (a, t0, t1))  # type: ignore[call-arg]
-        fb[at0 + j] = np.uint8(bits & THREE)
-        tf[TWO * j] = np.uint8((bits >> TWO) & ONE)
-        tf[TWO * j + ONE] = np.uint8((bits >> THREE) & ONE)
+        o96 = NINETY_SIX * j
+        ptrs = (e_p + o96, s_p + o16 * np.uint64(4), b_p + o16, cs_p + o16, cv_p + o16,
+                ip_p + o96, cb_p + j)  # fmt: skip
+        _gen_key_tau2(ptrs, a)  # type: ignore[call-arg]
+
+
+@njit(cache=True, nogil=True)
+def pack_gen_state(
+    seeds: np.ndarray, t: np.ndarray, v_alpha: np.ndarray, state: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Write ``(m, 2, 2)`` seeds, ``(m, 2)`` control bits and ``(m, 2)`` ``V_alpha`` as rows.
+
+    A ``state`` of no rows (the drivers' at ``tau != 2``) leaves the arrays alone.
+    """
+    for j in range(state.shape[0]):
+        state[j, 0] = seeds[j, 0, 0]
+        state[j, 1] = seeds[j, 0, 1]
+        state[j, 2] = seeds[j, 1, 0]
+        state[j, 3] = seeds[j, 1, 1]
+        state[j, 4] = v_alpha[j, 0]
+        state[j, 5] = v_alpha[j, 1]
+        state[j, 6] = np.uint64(t[j, 0])
+        state[j, 7] = np.uint64(t[j, 1])
+
+
+@njit(cache=True, nogil=True)
+def unpack_gen_state(
+    state: np.ndarray, seeds: np.ndarray, t: np.ndarray, v_alpha: np.ndarray
+) -> None:  # pragma: no cover - numba
+    """Copy the rows back into the arrays (for the leaf pass and :func:`gen_final`)."""
+    for j in range(state.shape[0]):
+        seeds[j, 0, 0] = state[j, 0]
+        seeds[j, 0, 1] = state[j, 1]
+        seeds[j, 1, 0] = state[j, 2]
+        seeds[j, 1, 1] = state[j, 3]
+        v_alpha[j, 0] = state[j, 4]
+        v_alpha[j, 1] = state[j, 5]
+        t[j, 0] = np.uint8(state[j, 6])
+        t[j, 1] = np.uint8(state[j, 7])
 
 
 @njit(cache=True, nogil=True)

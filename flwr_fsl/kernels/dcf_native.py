@@ -8,8 +8,10 @@ the loop's bookkeeping (several microseconds, against tens of microseconds of wo
 for a 4096-point Eval chunk). Here the whole chunk-and-level loop runs in one ``nogil`` kernel
 and calls ``EVP_EncryptUpdate`` through its address (:func:`~flwr_fsl.kernels.aes.native_encrypt`):
 the same kernels in the same order on buffers of the same layout, so keys and shares are
-bit-identical to the Python driver's. The Python driver stays wherever ``libcrypto`` does not
-load (:func:`~flwr_fsl.kernels.aes.native_aes`; ``FLWR_FSL_NATIVE_AES=0`` turns it off).
+bit-identical to the Python driver's (here Gen at ``tau = 2`` encrypts its level blocks in
+place, which ``EVP_EncryptUpdate`` allows). The Python driver stays wherever ``libcrypto``
+does not load (:func:`~flwr_fsl.kernels.aes.native_aes`; ``FLWR_FSL_NATIVE_AES=0`` turns it
+off).
 
 Both calls release the GIL, so a dealer or evaluator running several batches on threads runs
 them in parallel; each thread keeps its own OpenSSL context (:func:`context`).
@@ -33,6 +35,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.kernels.aes import NativeAES, native_aes, native_encrypt
 from flwr_fsl.kernels.dcf_kernels import (
+    GEN_STATE_WORDS,
     eval_blocks,
     eval_final,
     eval_step,
@@ -42,6 +45,8 @@ from flwr_fsl.kernels.dcf_kernels import (
     gen_step,
     gen_step_tau2,
     leaf_blocks,
+    pack_gen_state,
+    unpack_gen_state,
 )
 
 _LOCAL = threading.local()
@@ -91,12 +96,15 @@ def gen_run(
     m, tau = betas.shape
     nq = (tau + 1) // 2
     nb = 2 + nq
-    inp = np.empty((chunk * 2 * nb, 2), dtype=np.uint64)
+    inp = np.empty((chunk * 2 * nb + 1, 2), dtype=np.uint64)  # a spare block: also a dst
     enc = np.empty((chunk * 2 * nb + 1, 2), dtype=np.uint64)
     outl = np.zeros(1, dtype=np.int32)
     seeds_all = np.empty((chunk, 2, 2), dtype=np.uint64)
     t_all = np.empty((chunk, 2), dtype=np.uint8)
     v_all = np.empty((chunk, tau), dtype=np.uint64)
+    # tau = 2 encrypts the levels in place, so enc is free until the leaf pass: the keys'
+    # state rows live there (a fresh 256 KiB array page-faulted on every call)
+    state_all = enc[: 4 * chunk if tau == 2 else 0].reshape((-1, GEN_STATE_WORDS))
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         c = hi - lo
@@ -112,19 +120,24 @@ def gen_run(
             for w in range(tau):
                 v_alpha[j, w] = 0
         gen_blocks(seeds, nb, inp)
+        pack_gen_state(seeds, t, v_alpha, state_all[:c])  # no rows unless tau = 2
+        # tau = 2 encrypts in place: a key's step reads its six blocks before it writes the
+        # next inputs over them, and one buffer instead of two stays in L2
+        out = inp if tau == 2 else enc
         for level in range(domain_bits):
-            if not native_encrypt(fn, ctx, inp, enc, c * 2 * nb, outl):
+            if not native_encrypt(fn, ctx, inp, out, c * 2 * nb, outl):
                 return False
             if tau == 2:
                 gen_step_tau2(
-                    enc, level, domain_bits, lo, alphas, betas, seeds, t, v_alpha, cw_seeds,
-                    cw_values, cw_bits, inp,
+                    inp, level, domain_bits, lo, (alphas, betas), state_all[:c],
+                    (cw_seeds, cw_values, cw_bits), inp,
                 )  # fmt: skip
             else:
                 gen_step(
                     enc, nb, level, domain_bits, lo, alphas, betas, seeds, t, v_alpha, cw_seeds,
                     cw_values, cw_bits, inp,
                 )  # fmt: skip
+        unpack_gen_state(state_all[:c], seeds, t, v_alpha)
         leaf_blocks(seeds.reshape(2 * c, 2), nq, inp)
         if not native_encrypt(fn, ctx, inp, enc, 2 * c * nq, outl):
             return False
@@ -157,7 +170,7 @@ def eval_run(  # noqa: PLR0913
     count, tau = out.shape
     nq = (tau + 1) // 2
     nb = 1 + nq
-    inp = np.empty((chunk * nb, 2), dtype=np.uint64)
+    inp = np.empty((chunk * nb + 1, 2), dtype=np.uint64)  # a spare block: also a dst
     enc = np.empty((chunk * nb + 1, 2), dtype=np.uint64)
     outl = np.zeros(1, dtype=np.int32)
     seeds_all = np.empty((chunk, 2), dtype=np.uint64)
@@ -177,11 +190,11 @@ def eval_run(  # noqa: PLR0913
         acc = out[lo:hi]
         eval_blocks(seeds, p, 0, domain_bits, nb, inp)
         for level in range(domain_bits):
-            if not native_encrypt(fn, ctx, inp, enc, c * nb, outl):
+            if not native_encrypt(fn, ctx, inp, inp if tau == 2 else enc, c * nb, outl):
                 return -1
-            if tau == 2:
+            if tau == 2:  # in place, as in gen_run
                 flags |= eval_step_tau2(
-                    enc, level, domain_bits, p, kid, cw_seeds, cw_values, cw_bits, party, seeds,
+                    inp, level, domain_bits, p, kid, cw_seeds, cw_values, cw_bits, party, seeds,
                     t, acc, inp,
                 )  # fmt: skip
             else:

@@ -52,8 +52,11 @@ def test_gen_step_tau2_equals_gen_step(seed: int, m: int, n: int, data: st.DataO
     outs = []
     for vector in (False, True):
         state = [a.copy() for a in (seeds, t, v_alpha, *cws, bits, inp)]
-        if vector:
-            k.gen_step_tau2(enc, level, n, lo, alphas, betas, *state)
+        if vector:  # the vector step keeps seeds, control bits and V_alpha in one row per key
+            rows = np.empty((m, k.GEN_STATE_WORDS), dtype=U64)
+            k.pack_gen_state(*state[:3], rows)
+            k.gen_step_tau2(enc, level, n, lo, (alphas, betas), rows, tuple(state[3:6]), state[6])
+            k.unpack_gen_state(rows, *state[:3])
         else:
             k.gen_step(enc, 3, level, n, lo, alphas, betas, *state)
         outs.append(state)
@@ -62,6 +65,30 @@ def test_gen_step_tau2_equals_gen_step(seed: int, m: int, n: int, data: st.DataO
         assert np.array_equal(a, b)
     if level + 1 < n:  # at the last level the scalar step leaves the inputs alone
         assert np.array_equal(old[-1], new[-1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 20), n=st.sampled_from([1, 2, 40, 64]))
+def test_gen_step_tau2_in_place(seed: int, m: int, n: int) -> None:
+    """Native Gen encrypts in place: the step reading and writing one buffer writes the same."""
+    rng = np.random.default_rng(seed)
+    level = int(rng.integers(0, n))
+    mask = U64((1 << n) - 1) if n < 64 else ~U64(0)
+    keys = (_words(rng, (m,)) & mask, _words(rng, (m, 2)))
+    enc = _words(rng, (m * 6 + 1, 2))
+    rows = _words(rng, (m, k.GEN_STATE_WORDS))
+    rows[:, 0:4] &= ~U64(1)
+    rows[:, 6:8] &= U64(1)
+    outs = []
+    for in_place in (False, True):
+        state = (rows.copy(), np.zeros((n, m, 2), U64), np.zeros((n, m, 2), U64))
+        bits = np.zeros((n, m), np.uint8)
+        buf = enc.copy()
+        inp = buf if in_place else np.zeros_like(enc)
+        k.gen_step_tau2(buf, level, n, 0, keys, state[0], (*state[1:], bits), inp)
+        outs.append((*state, bits, inp[: m * 6]))
+    for a, b in zip(*outs, strict=True):
+        assert np.array_equal(a, b)
 
 
 @settings(max_examples=60, deadline=None)
