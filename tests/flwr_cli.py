@@ -23,6 +23,15 @@ from tests.prepared_data import require_prepared
 BIN = Path(sys.executable).parent
 
 
+RAY_SIMULATION = pytest.mark.xdist_group("ray-simulation")
+"""Mark of the tests that boot Ray (a simulation SuperLink, :func:`simulation_superlink`).
+
+``make test`` runs the suite on two pytest-xdist workers with ``--dist loadgroup``: this group's
+tests all run on one worker, one after another, so two Ray clusters never boot at the same
+instant on a 2-core machine (they can then miss Ray's fixed 30 s raylet start-up wait).
+"""
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that is free right now.
 

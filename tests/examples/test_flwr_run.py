@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.flwr_cli import run_until_finished, simulation_superlink
+from tests.flwr_cli import RAY_SIMULATION, run_until_finished, simulation_superlink
+
+pytestmark = RAY_SIMULATION  # one Ray boot at a time under xdist (tests/flwr_cli.py)
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "topk-mnist"

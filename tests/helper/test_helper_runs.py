@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.flwr_cli import exe, run_until_finished, simulation_superlink, stop
+from tests.flwr_cli import RAY_SIMULATION, exe, run_until_finished, simulation_superlink, stop
+
+pytestmark = RAY_SIMULATION  # one Ray boot at a time under xdist (tests/flwr_cli.py)
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "examples" / "dpf-ssa-mnist"
