@@ -104,7 +104,8 @@ def gen_run(
     v_all = np.empty((chunk, tau), dtype=np.uint64)
     # tau = 2 encrypts the levels in place, so enc is free until the leaf pass: the keys'
     # state rows live there (a fresh 256 KiB array page-faulted on every call)
-    state_all = enc[: 4 * chunk if tau == 2 else 0].reshape((-1, GEN_STATE_WORDS))
+    rows = chunk * GEN_STATE_WORDS // 2 if tau == 2 else 0  # enc rows are 2-word blocks
+    state_all = enc[:rows].reshape((-1, GEN_STATE_WORDS))
     for lo in range(0, m, chunk):
         hi = min(m, lo + chunk)
         c = hi - lo
