@@ -116,7 +116,8 @@ def pipelined(
 
     ``use`` runs in the caller, item after item, in order; while it runs for ``items[i]``,
     ``prepare(items[i + 1])`` runs as one task on the pool ``name``, so work the caller did
-    alone between two items overlaps the pool's work on the first. ``use`` receives what
+    alone between two items overlaps the pool's work on the first (``prepare(items[1])``
+    also runs beside ``prepare(items[0])``, which the caller does). ``use`` receives what
     ``prepare`` returned or the :class:`Exception` it raised (``use`` decides when to raise it:
     an item fails alone). An error ``use`` raises propagates once the pending ``prepare`` is
     done. ``prepare`` runs beside ``use``, so it must not touch what ``use`` changes, nor wait
@@ -144,16 +145,26 @@ def pipelined(
         return [use(x, _attempt(prepare, x)) for x in items]
     pool = worker_pool(threads, name)
     out: list[_T] = []
-    ready: _P | Exception = _attempt(prepare, items[0])
+    # The second item is prepared on the pool while the caller prepares the first: before the
+    # first ``use`` the pool is idle, and the caller's first ``prepare`` was serial work
+    # (issue 26's Amdahl part: one per relayed chunk on an SSA server).
+    second = pool.submit(_attempt, prepare, items[1])
+    try:
+        ready: _P | Exception = _attempt(prepare, items[0])
+    except BaseException:
+        wait([second])
+        raise
+    ahead: Future[_P | Exception] | None = second
     for i, item in enumerate(items):
-        ahead = pool.submit(_attempt, prepare, items[i + 1]) if i + 1 < len(items) else None
+        if i:
+            assert ahead is not None
+            ready = ahead.result()
+            ahead = pool.submit(_attempt, prepare, items[i + 1]) if i + 1 < len(items) else None
         try:
             out.append(use(item, ready))
         finally:
             if ahead is not None:
                 wait([ahead])
-        if ahead is not None:
-            ready = ahead.result()
     return out
 
 

@@ -127,6 +127,25 @@ def test_pipelined_prepares_the_next_item_on_the_pool_while_this_one_is_used() -
     assert seen[1].startswith("fsl-pipe") and seen[2].startswith("fsl-pipe")
 
 
+def test_pipelined_prepares_the_second_item_beside_the_first() -> None:
+    """The caller prepares item 0 while the pool prepares item 1 (the pool is idle until the
+    first ``use``); results and errors still reach ``use`` in order."""
+    second = threading.Event()
+
+    def prepare(x: int) -> int:
+        if x == 0:  # returns only once item 1's prepare has started on the pool
+            assert second.wait(5.0)
+            raise ValueError("item 0 is bad")
+        if x == 1:
+            second.set()
+        return x
+
+    def use(x: int, ready: int | Exception) -> str:
+        return f"{x}:{ready}"
+
+    assert pipelined([0, 1, 2], prepare, use, 2, "fsl-pipe") == ["0:item 0 is bad", "1:1", "2:2"]
+
+
 def test_pipelined_raises_an_error_of_use_once_the_next_prepare_is_done() -> None:
     done: list[int] = []
 
@@ -142,7 +161,8 @@ def test_pipelined_raises_an_error_of_use_once_the_next_prepare_is_done() -> Non
 
     with pytest.raises(RuntimeError, match="use failed"):
         pipelined([0, 1, 2, 3], prepare, use, 2, "fsl-test")
-    assert done == [0, 1, 2]  # item 2 was being prepared: finished, item 3 never started
+    # items 0 and 1 are prepared at once; item 2 was being prepared: finished; 3 never started
+    assert sorted(done) == [0, 1, 2]
 
 
 def test_pipelined_on_one_thread_runs_in_the_caller_in_order() -> None:

@@ -136,6 +136,7 @@ __all__ = [
     "client_trailer",
     "honest_failure_bound",
     "l2_statement",
+    "prepare_projected",
     "project",
     "project_shares",
     "projection_matrix",
@@ -407,7 +408,7 @@ def server_projected(
     expect: bytes | None,
     check_head: int,
     *,
-    public_hash: bytes | None = None,
+    prepared: tuple[bytes, rc.PreparedServerCheck] | None = None,
     threads: int = 1,
 ) -> bytes:
     """One server's projected check of a client in a round; return its check blob.
@@ -415,13 +416,44 @@ def server_projected(
     ``value_sums`` are the server's shares of every key's value words (``(keys, width)``);
     ``expect`` is the other server's whole check (S1) or None (S0, which draws the query
     seed), read after ``check_head`` bytes (the key-check digest) and the range digest.
-    ``public_hash`` is :func:`public_binding` of the keys if already computed; ``threads``
-    project on that many threads (:func:`project_shares`).
+    ``prepared`` is :func:`prepare_projected` of the same arguments if already computed (the
+    server runs it on its pool while it evaluates the keys); ``threads`` project on that many
+    threads (:func:`project_shares`).
 
     Raises
     ------
     SSAInputError
         If the trailer has the wrong size or does not match this server's material.
+    """
+    if prepared is None:
+        args = (params, keys, trailer, expect, check_head)
+        prepared = prepare_projected(*args, threads=threads)
+    seed, check = prepared
+    return check.finish(project_shares(seed, params.projections, value_sums, threads)).to_bytes()
+
+
+def prepare_projected(
+    params: SSAParams,
+    keys: DPFKeyBatch,
+    trailer: bytes,
+    expect: bytes | None,
+    check_head: int,
+    *,
+    public_hash: bytes | None = None,
+    threads: int = 1,
+) -> tuple[bytes, rc.PreparedServerCheck]:
+    """:func:`server_projected`'s work that does not read the value sums; every one of its checks.
+
+    Arguments as :func:`server_projected`'s; ``public_hash`` is :func:`public_binding` of the
+    keys if already computed. Returns the projection seed and the prepared
+    range check (:func:`~flwr_fsl.families.ssa.range_check.prepare_server_check`): the
+    checks run in :func:`server_projected`'s order and raise its errors (projecting the
+    value sums, the only step that reads them, refuses nothing).
+
+    Raises
+    ------
+    SSAInputError
+        As :func:`server_projected`.
     """
     if len(trailer) != trailer_bytes(params):
         raise SSAInputError("value check: the trailer has the wrong size")
@@ -431,7 +463,6 @@ def server_projected(
         name = "part_a" if keys.party == 0 else "part_b"
         raise SSAInputError(f"value check: {name} does not match this server's keys")
     seed = zseed(salt, part_a, part_b, public_hash or public_binding(params, keys.public, threads))
-    shares = project_shares(seed, params.projections, value_sums, threads)
     bound = params.projection_bound
     body, part0, part1 = trailer[_HEAD:-64], trailer[-64:-32], trailer[-32:]
     if keys.party == 0:
@@ -451,9 +482,11 @@ def server_projected(
         if len(expect) < start + _SEED:
             raise SSAInputError("value check: the other server's check is malformed")
         query_seed = bytes(expect[start : start + _SEED])
-    return rc.server_check(
-        keys.party, shares, bound, (part0, part1), private, query_seed
-    ).to_bytes()
+    public = (part0, part1)
+    check = rc.prepare_server_check(
+        keys.party, params.projections, bound, public, private, query_seed
+    )
+    return seed, check
 
 
 def round_check(

@@ -83,6 +83,7 @@ from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 __all__ = [
     "CHECK_HEAD",
     "MASK_BITS",
+    "PreparedServerCheck",
     "RangeUpload",
     "ServerCheck",
     "client_trailer",
@@ -92,6 +93,7 @@ __all__ = [
     "false_accept_bound",
     "make_upload",
     "party_key",
+    "prepare_server_check",
     "round_bound",
     "round_check",
     "round_shape",
@@ -366,10 +368,74 @@ def server_check(
     ConfigurationError
         If ``party`` is not 0 or 1.
     """
+    n = np.asarray(value_shares).shape[0]
+    return prepare_server_check(party, n, bound, public, private, query_seed).finish(value_shares)
+
+
+@dataclass(frozen=True)
+class PreparedServerCheck:
+    """:func:`server_check`'s work that does not read the value-word shares (its checks too).
+
+    :func:`prepare_server_check` makes it (every check that can refuse the client), then
+    :meth:`finish` adds the residual digest: the SSA servers prepare while they evaluate the
+    client's keys, whose sums are the value-word shares.
+    """
+
+    party: int
+    n: int
+    bound: int
+    public: tuple[bytes, bytes]
+    query_seed: bytes
+    ring: _U64Array
+    verifier: _U64Array
+    joint: _U64Array
+    joint_key: bytes
+
+    def finish(self, value_shares: _U64Array) -> ServerCheck:
+        """Return the :class:`ServerCheck` for this server's value-word shares ``(n,)``.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``value_shares`` does not have the ``n`` words it was prepared for.
+        """
+        coef, n = coefficients(self.bound), self.n
+        shares = np.asarray(value_shares, np.uint64)
+        if shares.shape != (n,):
+            raise ConfigurationError(f"expected {n} value-word shares, got {shares.shape}")
+        part0, part1 = self.public
+        # Exact Z_2^64 relation: share of sum_k c_k X_{n,k} - bound - v_n (S0 subtracts bound).
+        residual = (self.ring.reshape(n, coef.shape[0]) * coef[None, :]).sum(
+            axis=1, dtype=np.uint64
+        )
+        residual = residual - shares
+        if self.party == 0:
+            residual = residual - np.uint64(self.bound)
+        else:
+            residual = np.uint64(0) - residual
+        digest = hashlib.sha256(
+            _TAG + part0 + part1 + self.query_seed + residual.astype("<u8").tobytes()
+        ).digest()
+        return ServerCheck(digest, self.query_seed, self.joint_key, self.verifier, self.joint)
+
+
+def prepare_server_check(
+    party: int,
+    n: int,
+    bound: int,
+    public: tuple[bytes, bytes],
+    private: RangeUpload | bytes,
+    query_seed: bytes | None = None,
+) -> PreparedServerCheck:
+    """:func:`server_check` for ``n`` value words, all but the residual digest.
+
+    The same arguments as :func:`server_check` (``n`` in place of the shares), the same
+    checks in the same order and the same errors; :meth:`PreparedServerCheck.finish` with the
+    shares returns :func:`server_check`'s result.
+    """
     if party not in (0, 1):
         raise ConfigurationError(f"party must be 0 or 1, got {party!r}")
     coef = coefficients(bound)
-    n = np.asarray(value_shares).shape[0]
     size = n * coef.shape[0]
     shape = flp.FLPShape(max(size, 1))
     part0, part1 = public
@@ -379,20 +445,13 @@ def server_check(
         raise SSAInputError("range check: the query seed must be 16 bytes")
     ring, field, proof = _own_shares(party, private, shape, size, public)
     joint = _joint(shape, part0, part1)
-    # Exact Z_2^64 relation: share of sum_k c_k X_{n,k} - bound - v_n (S0 subtracts bound).
-    residual = (ring.reshape(n, coef.shape[0]) * coef[None, :]).sum(axis=1, dtype=np.uint64)
-    residual = residual - np.asarray(value_shares, np.uint64)
-    if party == 0:
-        residual = residual - np.uint64(bound)
-    else:
-        residual = np.uint64(0) - residual
-    digest = hashlib.sha256(
-        _TAG + part0 + part1 + query_seed + residual.astype("<u8").tobytes()
-    ).digest()
     t, rho = _query(shape, query_seed)
     inputs = field if size else np.zeros(1, np.uint64)
     verifier = flp.query(shape, inputs, proof, joint, t, rho)
-    return ServerCheck(digest, query_seed, _joint_key(part0, part1), verifier, joint)
+    joint_key = _joint_key(part0, part1)
+    return PreparedServerCheck(
+        party, n, bound, (part0, part1), query_seed, ring, verifier, joint, joint_key
+    )
 
 
 CHECK_HEAD = 32 + 2 * _SEED

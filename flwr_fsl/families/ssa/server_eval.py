@@ -45,6 +45,7 @@ from flwr_fsl.families.ssa import range_check
 from flwr_fsl.families.ssa.messages import SSAInputError, SSAParams
 from flwr_fsl.families.ssa.placement import key_domain_bits
 from flwr_fsl.families.ssa.projected_check import (
+    prepare_projected,
     public_binding,
     server_projected,
     split_value_trailer,
@@ -275,15 +276,26 @@ def evaluate_checked(
                 params, keys, values, offsets, trailer, expect
             )
     sums = np.empty((keys.public.num_keys, params.value_width), np.uint64)
-    values, digest, public_hash = check.evaluate_with(
-        keys,
-        out=out,
-        client=client,
-        value_sums=sums,
-        side=lambda: public_binding(params, keys.public),
-        add_into=add_into,
+    blob_args = (params, keys, trailer, expect, DIGEST_BYTES)
+
+    def side() -> tuple[bytes, range_check.PreparedServerCheck] | Exception:
+        # The value check's work that does not read the shares (the public part's digest,
+        # the key parts, decrypting S0's material, the FLP query) runs as one task on the
+        # pool beside the evaluation, not after it on this thread alone (issue 26's serial
+        # part). A refusal is kept and raised after the evaluation, where it was raised
+        # before: the same error, and the client's shares taken back out.
+        public_hash = public_binding(params, keys.public)
+        try:
+            return prepare_projected(*blob_args, public_hash=public_hash)
+        except Exception as err:
+            return err
+
+    values, digest, prepared = check.evaluate_with(
+        keys, out=out, client=client, value_sums=sums, side=side, add_into=add_into
     )
     with _undo_on_error(add_into, values):
+        if isinstance(prepared, Exception):
+            raise prepared
         blob = server_projected(
             params,
             keys,
@@ -291,7 +303,7 @@ def evaluate_checked(
             trailer,
             expect,
             DIGEST_BYTES,
-            public_hash=public_hash,
+            prepared=prepared,
             threads=check.threads,
         )
     return values, digest + blob

@@ -385,3 +385,41 @@ def test_the_strategies_settings_default_to_the_projected_check() -> None:
     assert SSASettings(value_check="exact").params(**shape).value_check_mode == "exact"
     with pytest.raises(ConfigurationError, match="value_check"):
         SSASettings(value_check=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("party", [0, 1])
+def test_a_prepared_check_gives_the_same_blob_and_the_same_refusals(party: int) -> None:
+    """The servers run :func:`prepare_projected` on their pool beside the evaluation: the
+    check blob is the one :func:`server_projected` computes alone, and every malformed trailer
+    is refused by the preparation with the error :func:`server_projected` raises."""
+    from flwr_fsl.families.ssa.server_eval import ClientKeys
+
+    params = _params()
+    up = encode_update(params, np.arange(12), np.full((12, 2), 0.5))[0]
+    item = ClientKeys(3, up.public_part, up.master_seeds[party])
+    own = SSAServer(params, party).prepare(item)
+    assert own.trailer is not None
+    sums = np.random.default_rng(party).integers(0, 2**63, (params.num_keys, 2), dtype=np.uint64)
+    expect = bytes(range(64)) + bytes(range(100, 116))  # the other's check: fixes the query seed
+    args = (params, own.keys, own.trailer, expect, 32)
+    prepared = pc.prepare_projected(*args)
+    blob = pc.server_projected(params, own.keys, sums, own.trailer, expect, 32)
+    assert pc.server_projected(*args[:2], sums, *args[2:], prepared=prepared) == blob
+    size, refused = pc.trailer_bytes(params), 0
+    for name, public in _cases(params, up.public_part).items():
+        trailer = public[-size:] if len(public) >= size else public
+        refusals = []
+        for run in (
+            lambda t=trailer: pc.prepare_projected(params, own.keys, t, expect, 32),
+            lambda t=trailer: pc.server_projected(params, own.keys, sums, t, expect, 32),
+        ):
+            try:
+                run()
+                refusals.append("")
+            except SSAInputError as err:
+                refusals.append(str(err))
+        assert refusals[0] == refusals[1], name
+        refused += bool(refusals[0])
+    assert refused >= 5  # the sizes, and this server's part
+    with pytest.raises(SSAInputError, match="malformed"):
+        pc.prepare_projected(params, own.keys, own.trailer, expect[:40], 32)
