@@ -20,7 +20,11 @@ left control-bit correction, bit 1: right).
 The per-node arithmetic of the full-domain passes (both children of a parent, a leaf's
 conversion block, a leaf's output words) runs on 128-bit vectors through small LLVM intrinsics
 (:func:`_mmo_children`, :func:`_mmo_leaf_children`, :func:`_leaf_words_nt`): LLVM left
-numba's scalar form of the same words unvectorized.
+numba's scalar form of the same words unvectorized. Runs of four nodes take their 512-bit
+forms (:func:`_mmo_children4`, :func:`_mmo_leaf_children4`, :func:`_leaf_words_nt4`; one
+AVX-512 instruction per step for four nodes where the CPU has it): in a 100k-key depth-9
+evaluation the last tree level's pass went from 14.4 to 6.2 ms and the leaf conversion with
+its output from 23.1 to 16.3 ms (session 37, AVX-512 EPYC, load 7-8).
 
 Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
 would promote to float64 in numba); every kernel is ``cache=True`` and writes into buffers the
@@ -155,6 +159,99 @@ def _mmo_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, out_p):  # type: ign
     return sig, codegen
 
 
+def _v8_ptr(builder, addr):  # type: ignore[no-untyped-def]
+    """``addr`` (a ``uint64``) as a pointer to four 16-byte blocks (one ``<8 x i64>``)."""
+    return builder.inttoptr(addr, ir.VectorType(ir.IntType(64), 8).as_pointer())
+
+
+def _mmo_children4_ir(builder, args):  # type: ignore[no-untyped-def]
+    """:func:`_mmo_children_ir` of four consecutive parents: their eight children in order.
+
+    Returns two ``<8 x i64>`` vectors, ``(L0, R0, L1, R1)`` and ``(L2, R2, L3, R3)`` (each
+    child two words); ``args`` as in :func:`_mmo_children_ir` (one task and level: the four
+    parents share their corrections).
+    """
+    s_p, l_p, r_p, cl0, cr0, scw1 = args[:6]
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v8 = ir.VectorType(i64, 8)
+    s = builder.load(_v8_ptr(builder, s_p), align=8)
+    left = builder.load(_v8_ptr(builder, l_p), align=8)
+    right = builder.load(_v8_ptr(builder, r_p), align=8)
+    # Each parent's bit 0 in both of its words, then -bit: the mask of its correction.
+    bit = builder.and_(s, ir.Constant(v8, [1, 0] * 4))
+    idx = ir.Constant(ir.VectorType(i32, 8), [0, 0, 2, 2, 4, 4, 6, 6])
+    mask = builder.sub(ir.Constant(v8, [0] * 8), builder.shuffle_vector(bit, bit, idx))
+
+    def pairs(lo, hi):  # type: ignore[no-untyped-def]
+        vec = ir.Constant(v8, None)
+        for k in range(8):
+            vec = builder.insert_element(vec, hi if k & 1 else lo, ir.Constant(i32, k))
+        return vec
+
+    c_l = builder.xor(builder.xor(left, s), builder.and_(pairs(cl0, scw1), mask))
+    c_r = builder.xor(builder.xor(right, s), builder.and_(pairs(cr0, scw1), mask))
+    kids = []
+    for b in (0, 4):
+        order = [b, b + 1, b + 8, b + 9, b + 2, b + 3, b + 10, b + 11]
+        kids.append(builder.shuffle_vector(c_l, c_r, ir.Constant(ir.VectorType(i32, 8), order)))
+    return kids[0], kids[1]
+
+
+@intrinsic
+def _mmo_children4(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, out_p):  # type: ignore[no-untyped-def]
+    """:func:`_mmo_children` of four consecutive parents at once: 512-bit operations.
+
+    Same arguments (the first parent's addresses; the four share their corrections); the
+    eight children (128 bytes) go to ``out_p`` in :func:`_mmo_children`'s order. With AVX-512
+    the loads, masks and stores are one instruction for four parents; elsewhere LLVM splits
+    the vectors and the words stay the same.
+    """
+    sig = types.void(*([types.uint64] * 7))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        out = _v8_ptr(builder, args[6])
+        for half, kids in enumerate(_mmo_children4_ir(builder, args)):
+            builder.store(kids, builder.gep(out, [ir.Constant(ir.IntType(64), half)]), align=8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _mmo_leaf_children4(typingctx, s_p, l_p, r_p, corrections, e, out_p, t_p):  # type: ignore[no-untyped-def]
+    """:func:`_mmo_leaf_children` of four consecutive parents: 512-bit operations.
+
+    Same arguments; eight conversion blocks go to ``out_p`` and the eight control bits to the
+    bytes ``t_p .. t_p + 7`` (one 8-byte store).
+    """
+    u64 = types.uint64
+    sig = types.void(u64, u64, u64, types.UniTuple(u64, 3), u64, u64, u64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        cws = [builder.extract_value(args[3], k) for k in range(3)]
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v8 = ir.VectorType(i64, 8)
+        kids = _mmo_children4_ir(builder, [*args[:3], *cws])
+        keep = ir.Constant(v8, [0xFFFFFFFFFFFFFFFE, -1] * 4)
+        flip = ir.Constant(v8, None)
+        for k in range(8):
+            val = args[4] if k & 1 else ir.Constant(i64, 2)
+            flip = builder.insert_element(flip, val, ir.Constant(i32, k))
+        out = _v8_ptr(builder, args[5])
+        for half, child in enumerate(kids):
+            conv = builder.xor(builder.and_(child, keep), flip)
+            builder.store(conv, builder.gep(out, [ir.Constant(i64, half)]), align=8)
+        # Word 0 of each child in child order, bit 0 of each as a byte (little- or big-endian
+        # alike: the bytes are stored as a vector, in element order).
+        firsts = ir.Constant(ir.VectorType(i32, 8), [0, 2, 4, 6, 8, 10, 12, 14])
+        bits = builder.and_(builder.shuffle_vector(*kids, firsts), ir.Constant(v8, [1] * 8))
+        i8x8 = ir.VectorType(ir.IntType(8), 8)
+        builder.store(
+            builder.trunc(bits, i8x8), builder.inttoptr(args[6], i8x8.as_pointer()), align=1
+        )
+
+    return sig, codegen
+
+
 @intrinsic
 def _mmo_leaf_children(typingctx, s_p, l_p, r_p, corrections, e, out_p, t_p):  # type: ignore[no-untyped-def]
     """Like :func:`_mmo_children`, the children as conversion blocks and control bits.
@@ -218,6 +315,45 @@ def _leaf_words_nt(typingctx, enc_p, blk_p, t, c0, c1, sgn, out_p):  # type: ign
         ptr = builder.inttoptr(out_p, i64.as_pointer())
         for w in range(2):
             word = builder.extract_element(y, ir.Constant(ir.IntType(32), w))
+            _emit_store_nt(builder, builder.gep(ptr, [ir.Constant(i64, w)]), word)
+
+    return sig, codegen
+
+
+@intrinsic
+def _leaf_words_nt4(typingctx, enc_p, blk_p, t_p, c0, c1, sgn, out_p):  # type: ignore[no-untyped-def]
+    """:func:`_leaf_words_nt` of four consecutive leaves: 512-bit arithmetic, eight ``movnti``.
+
+    Same arguments but ``t_p``, the address of the four leaves' control-bit bytes; the
+    eight words go to ``out_p .. out_p + 56``.
+    """
+    sig = types.void(*([types.uint64] * 7))
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        enc_p, blk_p, t_p, c0, c1, sgn, out_p = args
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v8 = ir.VectorType(i64, 8)
+        h = builder.xor(
+            builder.load(_v8_ptr(builder, enc_p), align=8),
+            builder.load(_v8_ptr(builder, blk_p), align=8),
+        )
+        i8x4 = ir.VectorType(ir.IntType(8), 4)
+        t4 = builder.zext(
+            builder.load(builder.inttoptr(t_p, i8x4.as_pointer()), align=1),
+            ir.VectorType(i64, 4),
+        )
+        idx = ir.Constant(ir.VectorType(i32, 8), [0, 0, 1, 1, 2, 2, 3, 3])
+        m = builder.sub(ir.Constant(v8, [0] * 8), builder.shuffle_vector(t4, t4, idx))
+        cw = ir.Constant(v8, None)
+        sv = ir.Constant(v8, None)
+        for k in range(8):
+            cw = builder.insert_element(cw, c1 if k & 1 else c0, ir.Constant(i32, k))
+            sv = builder.insert_element(sv, sgn, ir.Constant(i32, k))
+        y = builder.add(h, builder.and_(cw, m))
+        y = builder.sub(builder.xor(y, sv), sv)
+        ptr = builder.inttoptr(out_p, i64.as_pointer())
+        for w in range(8):
+            word = builder.extract_element(y, ir.Constant(i32, w))
             _emit_store_nt(builder, builder.gep(ptr, [ir.Constant(i64, w)]), word)
 
     return sig, codegen
@@ -412,7 +548,16 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
         po = np.uint64(pos_out)
         if last and half_w == 1:
             # One conversion block per leaf (tau <= 2): the fast path, 128-bit operations.
-            for i in range(nn):
+            # Four parents per step on 512-bit vectors (:func:`_mmo_leaf_children4`), then the rest.
+            n4 = nn >> 2
+            for j in range(n4):
+                off = SIXTEEN * (pin + FOUR * np.uint64(j))
+                qn = po + EIGHT * np.uint64(j)
+                _mmo_leaf_children4(
+                    s_base + off, l_base + off, r_base + off, (cl0, cr0, scw1), e,
+                    o_base + SIXTEEN * qn, t_base + qn,
+                )  # type: ignore[call-arg]  # fmt: skip
+            for i in range(4 * n4, nn):
                 off = SIXTEEN * (pin + np.uint64(i))
                 qn = po + TWO * np.uint64(i)
                 _mmo_leaf_children(
@@ -448,7 +593,15 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
             # next level's AES input as it stands (no control-bit arrays, no clearing). The
             # 128-bit form took 10% less time than the scalar one for the passes alone (100k
             # keys, depth 9; both in one process, load 3-5).
-            for i in range(nn):
+            # Four parents per step on 512-bit vectors (:func:`_mmo_children4`), then the rest.
+            n4 = nn >> 2
+            for j in range(n4):
+                off = SIXTEEN * (pin + FOUR * np.uint64(j))
+                _mmo_children4(
+                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
+                    o_base + SIXTEEN * (po + EIGHT * np.uint64(j)),
+                )  # type: ignore[call-arg]  # fmt: skip
+            for i in range(4 * n4, nn):
                 off = SIXTEEN * (pin + np.uint64(i))
                 _mmo_children(
                     s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
@@ -492,6 +645,7 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
     e_base = np.uint64(enc.ctypes.data)  # addresses for _leaf_words_nt
     b_base = np.uint64(blocks.ctypes.data)
     o_base = np.uint64(out.ctypes.data)
+    t_base = np.uint64(t_in.ctypes.data)
     pos = 0
     for k in range(lo, hi):
         key = tasks_i[k, 0]
@@ -509,7 +663,15 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
             # Two loops: the ``movnti`` of _store_nt would keep LLVM from vectorizing the
             # plain-store loop (1.75x slower) if both stores shared one loop body.
             if nt:
-                for i in range(n_full):
+                # Four leaves per step (:func:`_leaf_words_nt4`), then the rest one by one.
+                n4 = n_full >> 2
+                for j in range(n4):
+                    leaf = upos + FOUR * np.uint64(j)
+                    _leaf_words_nt4(
+                        e_base + SIXTEEN * leaf, b_base + SIXTEEN * leaf, t_base + leaf,
+                        c0, c1, sgn, o_base + EIGHT * (uow0 + EIGHT * np.uint64(j)),
+                    )  # type: ignore[call-arg]  # fmt: skip
+                for i in range(4 * n4, n_full):
                     ui = np.uint64(i)
                     leaf = upos + ui
                     _leaf_words_nt(
