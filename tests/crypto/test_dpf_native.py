@@ -18,7 +18,7 @@ from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
-from flwr_fsl.kernels.dpf_kernels import (
+from flwr_fsl.kernels.dpf_vectors import (
     _leaf_words_nt,
     _mmo_children,
     _mmo_children4,
