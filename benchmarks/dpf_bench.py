@@ -273,7 +273,8 @@ def breakdown(fn: Callable[[], Any], words: int) -> dict[str, float]:
     """
     from numba import njit
 
-    from flwr_fsl.kernels.dpf_kernels import _store_nt, store_fence
+    from flwr_fsl.kernels.dpf_kernels import store_fence
+    from flwr_fsl.kernels.dpf_vectors import _store_nt
 
     @njit(cache=False)
     def nt_fill(out: np.ndarray) -> None:  # pragma: no cover - numba

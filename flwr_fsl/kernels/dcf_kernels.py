@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from flwr_fsl.kernels.dpf_kernels import _v2, _v2_ptr
+from flwr_fsl.kernels.dpf_vectors import _v2, _v2_ptr
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)

@@ -29,7 +29,8 @@ from numba.extending import intrinsic
 
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.kernels.aes import log_blocks, native_encrypt
-from flwr_fsl.kernels.dpf_kernels import _v2, _v2_ptr, gen_init
+from flwr_fsl.kernels.dpf_kernels import gen_init
+from flwr_fsl.kernels.dpf_vectors import _v2, _v2_ptr
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, gen_proof_inputs, gen_proof_words
 
 ZERO = np.uint64(0)
@@ -49,7 +50,7 @@ def _gen_key_level(typingctx, s_p, l_p, r_p, bit, cw_p):  # type: ignore[no-unty
     XOR with bit 0 clear; each party's block becomes its kept child, corrected (the seed
     correction with the kept side's control-bit correction in bit 0) where its control bit
     is set. Returns ``tcw_l | tcw_r << 1``. numba's scalar form of the same words was not
-    vectorized by LLVM (:func:`~flwr_fsl.kernels.dpf_kernels._mmo_children`'s reason).
+    vectorized by LLVM (:func:`~flwr_fsl.kernels.dpf_vectors._mmo_children`'s reason).
     """
     sig = types.uint64(*([types.uint64] * 5))
 

@@ -18,9 +18,8 @@ A correction word is a seed ``cw_seeds[i]`` (bit 0 always 0) plus ``cw_bits[i]``
 left control-bit correction, bit 1: right).
 
 The per-node arithmetic of the full-domain passes (both children of a parent, a leaf's
-conversion block, a leaf's output words) runs on 128-bit vectors through small LLVM intrinsics
-(:func:`_mmo_children`, :func:`_mmo_leaf_children`, :func:`_leaf_words_nt`): LLVM left
-numba's scalar form of the same words unvectorized.
+conversion block, a leaf's output words) runs through the 128-bit and 512-bit LLVM intrinsics
+of :mod:`flwr_fsl.kernels.dpf_vectors` (runs of four nodes on the 512-bit forms).
 
 Everything is ``uint64``/``uint8``/``int64`` with explicit casts (a Python int mixed with uint64
 would promote to float64 in numba); every kernel is ``cache=True`` and writes into buffers the
@@ -29,13 +28,19 @@ caller allocated once and reuses.
 
 from __future__ import annotations
 
-import platform
-import sys
-
 import numpy as np
-from llvmlite import binding, ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
+
+from flwr_fsl.kernels.dpf_vectors import (
+    _leaf_words_nt,
+    _leaf_words_nt4,
+    _mmo_children,
+    _mmo_children4,
+    _mmo_leaf_children,
+    _mmo_leaf_children4,
+    _sfence,
+    _store_nt,
+)
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
@@ -48,179 +53,6 @@ SEVEN = np.uint64(7)
 EIGHT = np.uint64(8)
 SIXTEEN = np.uint64(16)
 CLEAR = ~np.uint64(1)
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
-if _X86_64:
-    binding.initialize_native_asmparser()  # _store_nt's inline ``movnti``
-
-
-@intrinsic
-def _store_nt(typingctx, arr, idx, val):  # type: ignore[no-untyped-def]
-    """``arr[idx] = val`` as a non-temporal store (no read of the line; it bypasses the caches).
-
-    A large output written once (hundreds of MB) costs half the memory traffic this way;
-    :func:`store_fence` must follow before another thread reads it.
-    """
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"):
-        return None  # only a flat C-contiguous array: the store addresses data + 8 * idx
-    if arr.dtype != types.uint64:
-        return None
-    sig = types.void(arr, types.uint64, types.uint64)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        _emit_store_nt(builder, builder.gep(ary.data, [args[1]]), args[2])
-
-    return sig, codegen
-
-
-def _emit_store_nt(builder, ptr, val):  # type: ignore[no-untyped-def]
-    """Emit ``*ptr = val`` (one 64-bit word) as a non-temporal store."""
-    if _X86_64:
-        # ``movnti`` itself: LLVM's SLP vectorizer merged two adjacent stores marked
-        # non-temporal into one unaligned vector store, which x86 then emits as a plain
-        # store (no ``movnti`` was left in fd_leaves, and ``nt`` had no effect).
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, val.type])
-        builder.asm(fnty, "movntiq $1, ($0)", "r,r,~{memory}", [ptr, val], True)
-        return
-    st = builder.store(val, ptr)
-    st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-
-
-@intrinsic
-def _sfence(typingctx):  # type: ignore[no-untyped-def]
-    """Order every earlier non-temporal store before later stores (x86 ``sfence``)."""
-    sig = types.void()
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        if _X86:
-            fn = builder.module.declare_intrinsic(
-                "llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), [])
-            )
-            builder.call(fn, [])
-        else:
-            builder.fence("seq_cst")
-
-    return sig, codegen
-
-
-def _v2(builder, lo, hi):  # type: ignore[no-untyped-def]
-    """Build the ``<2 x i64>`` vector ``(lo, hi)``."""
-    vec = ir.Constant(ir.VectorType(ir.IntType(64), 2), None)
-    vec = builder.insert_element(vec, lo, ir.Constant(ir.IntType(32), 0))
-    return builder.insert_element(vec, hi, ir.Constant(ir.IntType(32), 1))
-
-
-def _v2_ptr(builder, addr):  # type: ignore[no-untyped-def]
-    """``addr`` (a ``uint64``) as a pointer to one 16-byte block."""
-    return builder.inttoptr(addr, ir.VectorType(ir.IntType(64), 2).as_pointer())
-
-
-def _mmo_children_ir(builder, args):  # type: ignore[no-untyped-def]
-    """Both corrected children of one parent block as two ``<2 x i64>`` vectors.
-
-    ``args`` are the addresses of the parent block and its left and right ciphertexts, then
-    ``cl0, cr0, scw1`` (the corrections, control-bit correction in bit 0). The parent's bit 0
-    selects the correction: ``child_c = enc_c ^ s ^ (cw_c & -(s & 1))``.
-    """
-    s_p, l_p, r_p, cl0, cr0, scw1 = args[:6]
-    s = builder.load(_v2_ptr(builder, s_p), align=8)
-    left = builder.load(_v2_ptr(builder, l_p), align=8)
-    right = builder.load(_v2_ptr(builder, r_p), align=8)
-    i32 = ir.IntType(32)
-    s0 = builder.extract_element(s, ir.Constant(i32, 0))
-    m = builder.sub(ir.Constant(s0.type, 0), builder.and_(s0, ir.Constant(s0.type, 1)))
-    mask = _v2(builder, m, m)
-    c_l = builder.xor(builder.xor(left, s), builder.and_(_v2(builder, cl0, scw1), mask))
-    c_r = builder.xor(builder.xor(right, s), builder.and_(_v2(builder, cr0, scw1), mask))
-    return c_l, c_r
-
-
-@intrinsic
-def _mmo_children(typingctx, s_p, l_p, r_p, cl0, cr0, scw1, out_p):  # type: ignore[no-untyped-def]
-    """Write one parent's corrected children (32 bytes) at ``out_p``: 128-bit operations.
-
-    All arguments are ``uint64`` (addresses and correction words; see :func:`_mmo_children_ir`).
-    numba's scalar code for the same words was not vectorized by LLVM (four 8-byte loads,
-    stores and masks per child).
-    """
-    sig = types.void(*([types.uint64] * 7))
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        c_l, c_r = _mmo_children_ir(builder, args)
-        out = _v2_ptr(builder, args[6])
-        builder.store(c_l, out, align=8)
-        builder.store(c_r, builder.gep(out, [ir.Constant(ir.IntType(64), 1)]), align=8)
-
-    return sig, codegen
-
-
-@intrinsic
-def _mmo_leaf_children(typingctx, s_p, l_p, r_p, corrections, e, out_p, t_p):  # type: ignore[no-untyped-def]
-    """Like :func:`_mmo_children`, the children as conversion blocks and control bits.
-
-    Child ``c``'s block becomes ``(child_0 & ~1 ^ 2, child_1 ^ e)`` at ``out_p + 16 c`` (one
-    conversion block per leaf, ``half_w == 1``) and its bit 0 the byte at ``t_p + c`` (both
-    bytes in one 16-bit store). ``corrections`` is the tuple ``(cl0, cr0, scw1)`` of
-    :func:`_mmo_children`.
-    """
-    u64 = types.uint64
-    sig = types.void(u64, u64, u64, types.UniTuple(u64, 3), u64, u64, u64)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        cws = [builder.extract_value(args[3], k) for k in range(3)]
-        args = [*args[:3], *cws, *args[4:]]  # _mmo_children's order
-        c_l, c_r = _mmo_children_ir(builder, args)
-        i64 = ir.IntType(64)
-        keep = _v2(builder, ir.Constant(i64, 0xFFFFFFFFFFFFFFFE), ir.Constant(i64, -1))
-        flip = _v2(builder, ir.Constant(i64, 2), args[6])
-        out = _v2_ptr(builder, args[7])
-        bits = []
-        for c, child in enumerate((c_l, c_r)):
-            conv = builder.xor(builder.and_(child, keep), flip)
-            builder.store(conv, builder.gep(out, [ir.Constant(i64, c)]), align=8)
-            bits.append(builder.extract_element(child, ir.Constant(ir.IntType(32), 0)))
-        one = ir.Constant(i64, 1)
-        lo, hi = (bits[0], bits[1]) if sys.byteorder == "little" else (bits[1], bits[0])
-        both = builder.or_(
-            builder.and_(lo, one), builder.shl(builder.and_(hi, one), ir.Constant(i64, 8))
-        )
-        i16 = ir.IntType(16)
-        builder.store(
-            builder.trunc(both, i16), builder.inttoptr(args[8], i16.as_pointer()), align=1
-        )
-
-    return sig, codegen
-
-
-@intrinsic
-def _leaf_words_nt(typingctx, enc_p, blk_p, t, c0, c1, sgn, out_p):  # type: ignore[no-untyped-def]
-    """One leaf's two output words ``(H(s) + t * CW_leaf) ^ sgn - sgn`` with two ``movnti``.
-
-    ``enc_p``/``blk_p`` address the leaf's value-key ciphertext and conversion block, ``t`` is
-    its control bit, ``(c0, c1)`` its key's leaf correction and ``sgn`` ``0`` or ``~0`` (party
-    1 negates); the words go to ``out_p`` and ``out_p + 8``. The arithmetic runs on one
-    128-bit vector, the stores stay 8-byte non-temporal (see :func:`_store_nt`).
-    """
-    sig = types.void(*([types.uint64] * 7))
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        enc_p, blk_p, t, c0, c1, sgn, out_p = args
-        i64 = ir.IntType(64)
-        h = builder.xor(
-            builder.load(_v2_ptr(builder, enc_p), align=8),
-            builder.load(_v2_ptr(builder, blk_p), align=8),
-        )
-        m = builder.sub(ir.Constant(i64, 0), t)
-        y = builder.add(h, builder.and_(_v2(builder, c0, c1), _v2(builder, m, m)))
-        sv = _v2(builder, sgn, sgn)
-        y = builder.sub(builder.xor(y, sv), sv)
-        ptr = builder.inttoptr(out_p, i64.as_pointer())
-        for w in range(2):
-            word = builder.extract_element(y, ir.Constant(ir.IntType(32), w))
-            _emit_store_nt(builder, builder.gep(ptr, [ir.Constant(i64, w)]), word)
-
-    return sig, codegen
 
 
 @njit(cache=True, nogil=True)
@@ -412,7 +244,16 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
         po = np.uint64(pos_out)
         if last and half_w == 1:
             # One conversion block per leaf (tau <= 2): the fast path, 128-bit operations.
-            for i in range(nn):
+            # Four parents per step on 512-bit vectors (:func:`_mmo_leaf_children4`), then the rest.
+            n4 = nn >> 2
+            for j in range(n4):
+                off = SIXTEEN * (pin + FOUR * np.uint64(j))
+                qn = po + EIGHT * np.uint64(j)
+                _mmo_leaf_children4(
+                    s_base + off, l_base + off, r_base + off, (cl0, cr0, scw1), e,
+                    o_base + SIXTEEN * qn, t_base + qn,
+                )  # type: ignore[call-arg]  # fmt: skip
+            for i in range(4 * n4, nn):
                 off = SIXTEEN * (pin + np.uint64(i))
                 qn = po + TWO * np.uint64(i)
                 _mmo_leaf_children(
@@ -448,7 +289,15 @@ def fd_level(  # noqa: C901, PLR0913, PLR0915
             # next level's AES input as it stands (no control-bit arrays, no clearing). The
             # 128-bit form took 10% less time than the scalar one for the passes alone (100k
             # keys, depth 9; both in one process, load 3-5).
-            for i in range(nn):
+            # Four parents per step on 512-bit vectors (:func:`_mmo_children4`), then the rest.
+            n4 = nn >> 2
+            for j in range(n4):
+                off = SIXTEEN * (pin + FOUR * np.uint64(j))
+                _mmo_children4(
+                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
+                    o_base + SIXTEEN * (po + EIGHT * np.uint64(j)),
+                )  # type: ignore[call-arg]  # fmt: skip
+            for i in range(4 * n4, nn):
                 off = SIXTEEN * (pin + np.uint64(i))
                 _mmo_children(
                     s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
@@ -492,6 +341,7 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
     e_base = np.uint64(enc.ctypes.data)  # addresses for _leaf_words_nt
     b_base = np.uint64(blocks.ctypes.data)
     o_base = np.uint64(out.ctypes.data)
+    t_base = np.uint64(t_in.ctypes.data)
     pos = 0
     for k in range(lo, hi):
         key = tasks_i[k, 0]
@@ -509,7 +359,15 @@ def fd_leaves(  # noqa: C901, PLR0913, PLR0915
             # Two loops: the ``movnti`` of _store_nt would keep LLVM from vectorizing the
             # plain-store loop (1.75x slower) if both stores shared one loop body.
             if nt:
-                for i in range(n_full):
+                # Four leaves per step (:func:`_leaf_words_nt4`), then the rest one by one.
+                n4 = n_full >> 2
+                for j in range(n4):
+                    leaf = upos + FOUR * np.uint64(j)
+                    _leaf_words_nt4(
+                        e_base + SIXTEEN * leaf, b_base + SIXTEEN * leaf, t_base + leaf,
+                        c0, c1, sgn, o_base + EIGHT * (uow0 + EIGHT * np.uint64(j)),
+                    )  # type: ignore[call-arg]  # fmt: skip
+                for i in range(4 * n4, n_full):
                     ui = np.uint64(i)
                     leaf = upos + ui
                     _leaf_words_nt(

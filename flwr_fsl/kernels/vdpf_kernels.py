@@ -32,7 +32,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from flwr_fsl.kernels.aes import native_encrypt
-from flwr_fsl.kernels.dpf_kernels import _emit_store_nt, _v2, _v2_ptr, store_fence
+from flwr_fsl.kernels.dpf_kernels import store_fence
+from flwr_fsl.kernels.dpf_vectors import _emit_store_nt, _v2, _v2_ptr
 
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
@@ -223,7 +224,7 @@ def _proof_words(typingctx, enc_p, in_p, t, cws, out_p):  # type: ignore[no-unty
                 builder, builder.extract_value(cws, 2 * q), builder.extract_value(cws, 2 * q + 1)
             )
             y = builder.xor(h, builder.and_(cw, mask))
-            for w in range(2):  # 8-byte non-temporal stores, as dpf_kernels._leaf_words_nt
+            for w in range(2):  # 8-byte non-temporal stores, as dpf_vectors._leaf_words_nt
                 word = builder.extract_element(y, ir.Constant(ir.IntType(32), w))
                 _emit_store_nt(builder, builder.gep(outw, [ir.Constant(i64, 2 * q + w)]), word)
 

@@ -18,7 +18,13 @@ from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
-from flwr_fsl.kernels.dpf_kernels import _leaf_words_nt, _mmo_children, _mmo_leaf_children
+from flwr_fsl.kernels.dpf_vectors import (
+    _leaf_words_nt,
+    _mmo_children,
+    _mmo_children4,
+    _mmo_leaf_children,
+    _mmo_leaf_children4,
+)
 
 from .test_dpf import _reference_eval
 
@@ -201,3 +207,44 @@ def test_vector_node_kernels_equal_the_scalar_formulas(words, party):
     t = (1 << 64) - 1 if s0 & 1 else 0
     y = [((l0 ^ r0) + (c0 & t)) % 2**64, ((l1 ^ r1) + (c1 & t)) % 2**64]
     assert out.tolist() == ([(-v) % 2**64 for v in y] if party else y)
+
+
+@njit(cache=False)
+def _four_parents(s, lr, cws, e):  # pragma: no cover - numba
+    """Four parents' children and leaf blocks, by the 4-parent and the 1-parent intrinsics."""
+    kids = np.zeros((2, 8, 2), dtype=np.uint64)
+    conv = np.zeros((2, 8, 2), dtype=np.uint64)
+    bits = np.zeros((2, 9), dtype=np.uint8)  # one spare byte: the 8-byte store stays inside
+    sb = np.uint64(s.ctypes.data)
+    lb, rb = np.uint64(lr[0].ctypes.data), np.uint64(lr[1].ctypes.data)
+    cl0, cr0, scw1 = cws[0], cws[1], cws[2]
+    _mmo_children4(sb, lb, rb, cl0, cr0, scw1, np.uint64(kids[0].ctypes.data))
+    t_p = np.uint64(bits.ctypes.data)
+    _mmo_leaf_children4(sb, lb, rb, (cl0, cr0, scw1), e, np.uint64(conv[0].ctypes.data), t_p)
+    for i in range(4):
+        off = np.uint64(16 * i)
+        out = np.uint64(kids[1].ctypes.data) + np.uint64(32 * i)
+        _mmo_children(sb + off, lb + off, rb + off, cl0, cr0, scw1, out)
+        _mmo_leaf_children(
+            sb + off, lb + off, rb + off, (cl0, cr0, scw1), e,
+            np.uint64(conv[1].ctypes.data) + np.uint64(32 * i), t_p + np.uint64(9 + 2 * i),
+        )  # fmt: skip
+    return kids, conv, bits
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    words=st.lists(st.integers(0, 2**64 - 1), min_size=28, max_size=28),
+    set_bits=st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_four_parent_kernels_equal_four_one_parent_calls(words, set_bits):
+    """The 512-bit 4-parent intrinsics write the words of four 1-parent calls, in order."""
+    blocks = np.array(words[:24], dtype=U64).reshape(3, 4, 2)
+    blocks[0, :, 0] = (blocks[0, :, 0] & ~U64(1)) | np.array(set_bits, dtype=U64)
+    s, lr = blocks[0].copy(), (blocks[1].copy(), blocks[2].copy())
+    cws = np.array(words[24:27], dtype=U64)
+    kids, conv, bits = _four_parents(s, lr, cws, U64(words[27]))
+    assert np.array_equal(kids[0], kids[1])
+    assert np.array_equal(conv[0], conv[1])
+    assert bits[0, :8].tolist() == bits[1, :8].tolist()
+    assert bits[0, 8] == 0  # the 8-byte store wrote eight bytes, no more
