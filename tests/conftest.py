@@ -2,7 +2,8 @@
 
 Scripts that tests run in-process (benchmarks, example tools) may quieten Flower's loggers; the
 autouse fixture puts every logger level back after each test, so a test that reads INFO lines
-does not depend on which test ran before it.
+does not depend on which test ran before it. A collection hook keeps pytest-xdist's
+``--dist loadgroup`` groups (``make test``) working under pytest 9.
 """
 
 import logging
@@ -28,3 +29,21 @@ def _restore_log_levels() -> Iterator[None]:
     yield
     for logger, level in zip(loggers, levels, strict=True):
         logger.setLevel(level)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook has suffixed the ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Carry pytest-xdist's ``@<group>`` id suffix over to the id pytest 9 reads.
+
+    Under ``--dist loadgroup`` pytest-xdist (3.8) marks each ``xdist_group`` test by setting
+    ``item._nodeid`` to its id plus ``@<group>``, and schedules tests by that suffix. pytest 9
+    reads a node's id from ``item._id`` instead, so the suffix was lost: every grouped test was
+    scheduled alone, and the Ray tests of ``tests.flwr_cli.RAY_SIMULATION`` could run on both
+    workers at once. Nothing changes where no suffix was set or where pytest reads ``_nodeid``.
+    """
+    for item in items:
+        suffixed = getattr(item, "_nodeid", None)
+        if isinstance(suffixed, str) and "@" in suffixed and suffixed != item.nodeid:
+            from _pytest.nodeid import NodeId  # pytest 9; older pytest never gets here
+
+            item._id = NodeId.parse(suffixed)

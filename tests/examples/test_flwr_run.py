@@ -1,10 +1,10 @@
 """Real ``flwr run``s on a tiny setting (Ray simulation): topk-mnist, secagg-mnist, width-mnist.
 
-The test starts its own local SuperLink (simulation mode, free ports, ``FLWR_HOME`` in a
-temporary folder) exactly as ``flwr run ... local`` would, submits the app with
+The module starts its own local SuperLink (simulation mode, free ports, ``FLWR_HOME`` in a
+temporary folder) exactly as ``flwr run ... local`` would; each test submits its app with
 ``--format json``, polls ``flwr ls`` until the run is ``finished:completed`` (``--stream``
 exits 0 even when the ServerApp crashes, so the exit code alone proves nothing), checks the
-printed comparison table with ``flwr log``, and stops the SuperLink it started.
+printed comparison table with ``flwr log``; the SuperLink stops after the module.
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ APP = REPO / "examples" / "topk-mnist"
 RUN_TIMEOUT_S = 150.0
 
 
-@pytest.fixture
-def superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """Start a local simulation SuperLink on free ports; yield the env for the flwr CLI."""
-    with simulation_superlink(tmp_path / "flwr-home") as env:
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Start a local simulation SuperLink on free ports; yield the env for the flwr CLI.
+
+    One for the module: the runs are submitted one after another, each its own run (and Ray
+    cluster) on it, as ``flwr run ... local`` reuses a running SuperLink.
+    """
+    with simulation_superlink(tmp_path_factory.mktemp("flwr-run") / "flwr-home") as env:
         yield env
 
 

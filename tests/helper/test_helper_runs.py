@@ -6,7 +6,10 @@ from the run config (address, pinned fingerprint, token file). Each run must fin
 ``finished:completed`` *and* have securely aggregated every round (before sessions, a second run
 against the same helper failed every round and still ended "completed" with an untrained
 model). The concurrent case uses two SuperLinks so both runs talk to S1 at the same time; S1's
-log must show two sessions open at once.
+log must show two sessions open at once. Three runs cover both cases (each run boots its own Ray
+cluster, the bulk of the test's time): the first alone, then the second through the same
+SuperLink and S1 once the first has closed its session (one after another), with the third
+started through the other SuperLink while the second is still going (at once).
 """
 
 from __future__ import annotations
@@ -162,18 +165,18 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
 ) -> None:
     superlink, superlink_2 = superlinks
     RETRIES.clear()
-    # One after another through the same SuperLink and the same S1.
-    for seed in (1, 2):
-        _assert_trained(*_run(superlink, helper, seed))
-        # `flwr ls` may report the run finished a moment before its ServerApp process has closed
-        # its S1 session: wait for the close, so the next run's session is alone on S1.
-        _wait_until_only_leaked_sessions_are_open(helper)
+    # The first run, alone.
+    _assert_trained(*_run(superlink, helper, 1))
+    # `flwr ls` may report the run finished a moment before its ServerApp process has closed
+    # its S1 session: wait for the close, so the next run's session is alone on S1.
+    _wait_until_only_leaked_sessions_are_open(helper)
     sequential_retries = len(RETRIES)
-    # Two at once, each through its own SuperLink, against the same S1. The second starts once
-    # the first has opened a round on S1 (its Ray cluster is up): two Ray clusters booting at
-    # the same instant on a 2-core machine can miss Ray's fixed 30 s raylet start-up wait. The
-    # first run has many short rounds (about 0.3 s each here once Ray is up), so it is still
-    # going when the second opens its session a few seconds later.
+    # One after another: the second run goes through the same SuperLink and the same S1 as the
+    # first. At once: the third, through its own SuperLink against the same S1, starts once the
+    # second has opened a round on S1 (its Ray cluster is up): two Ray clusters booting at the
+    # same instant on a 2-core machine can miss Ray's fixed 30 s raylet start-up wait. The
+    # second run has many short rounds (about 0.3 s each here once Ray is up), so it is still
+    # going when the third opens its session a few seconds later.
     rounds = {0: 50, 1: ROUNDS}
     results: dict[int, tuple[str, str, str]] = {}
 
@@ -181,30 +184,31 @@ def test_one_helper_serves_runs_one_after_another_and_at_once(
         results[index] = _run(env, helper, 10 + index, rounds[index])
 
     opened_before = Path(helper["log"]).read_text().count("round 1 opened")
-    first = threading.Thread(target=submit, args=(0, superlink))
-    first.start()
+    second = threading.Thread(target=submit, args=(0, superlink))
+    second.start()
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while Path(helper["log"]).read_text().count("round 1 opened") <= opened_before:
-        assert first.is_alive() and time.monotonic() < deadline, (
-            f"the first concurrent run did not open a round on S1: {results.get(0, ('', ''))[:2]}"
+        assert second.is_alive() and time.monotonic() < deadline, (
+            f"the second run did not open a round on S1: {results.get(0, ('', ''))[:2]}"
             f"\n{Path(helper['log']).read_text()[-3000:]}"
         )
         time.sleep(0.5)
-    second = threading.Thread(target=submit, args=(1, superlink_2))
-    second.start()
-    for t in (first, second):
+    third = threading.Thread(target=submit, args=(1, superlink_2))
+    third.start()
+    for t in (second, third):
         t.join(timeout=RUN_TIMEOUT_S + 120)
     assert sorted(results) == [0, 1]
     for index, outcome in results.items():
         _assert_trained(*outcome, rounds=rounds[index])
     helper_log = Path(helper["log"]).read_text()
     opened = [int(n) for n in re.findall(r"session \w+ opened \((\d+) open\)", helper_log)]
-    runs = 4 + len(RETRIES)  # a resubmitted run opened a session of its own
+    runs = 3 + len(RETRIES)  # a resubmitted run opened a session of its own
     assert len(opened) == runs, helper_log[-4000:]  # one session per run
-    # Sequential: each alone, apart from sessions of runs Ray killed before they could close.
-    sequential = 2 + sequential_retries
-    assert max(opened[:sequential]) <= 1 + sequential_retries, helper_log[-4000:]
-    # The concurrent runs' sessions were open at once.
+    # Each of the first two alone when it opened, apart from sessions of runs Ray killed before
+    # they could close (the third starts only after the second has opened a round).
+    sequential = 1 + sequential_retries
+    assert max(opened[: sequential + 1]) <= 1 + sequential_retries, helper_log[-4000:]
+    # The second and third runs' sessions were open at once.
     assert max(opened[sequential:]) >= 2 + sequential_retries, helper_log[-4000:]
     # Every run ended its session (a run Ray killed could not).
     assert helper_log.count("closed") >= runs - len(RETRIES), helper_log[-4000:]
