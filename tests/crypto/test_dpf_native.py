@@ -20,6 +20,7 @@ from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
 from flwr_fsl.kernels.dpf_vectors import (
     _leaf_words_nt,
+    _leaf_words_nt4,
     _mmo_children,
     _mmo_children4,
     _mmo_leaf_children,
@@ -248,3 +249,33 @@ def test_four_parent_kernels_equal_four_one_parent_calls(words, set_bits):
     assert np.array_equal(conv[0], conv[1])
     assert bits[0, :8].tolist() == bits[1, :8].tolist()
     assert bits[0, 8] == 0  # the 8-byte store wrote eight bytes, no more
+
+
+@njit(cache=False)
+def _four_leaves(enc, blk, t, c0, c1, sgn):  # pragma: no cover - numba
+    """Four leaves' output words, by the 4-leaf and the 1-leaf intrinsic (odd word offsets)."""
+    words = np.zeros((2, 9), dtype=np.uint64)  # word 0 of each row spare: unaligned output
+    eb, bb, tb = np.uint64(enc.ctypes.data), np.uint64(blk.ctypes.data), np.uint64(t.ctypes.data)
+    _leaf_words_nt4(eb, bb, tb, c0, c1, sgn, np.uint64(words[0].ctypes.data) + np.uint64(8))
+    for i in range(4):
+        off = np.uint64(16 * i)
+        out = np.uint64(words[1].ctypes.data) + np.uint64(8 + 16 * i)
+        _leaf_words_nt(eb + off, bb + off, np.uint64(t[i]), c0, c1, sgn, out)
+    return words
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    words=st.lists(st.integers(0, 2**64 - 1), min_size=18, max_size=18),
+    bits=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    party=st.integers(0, 1),
+)
+def test_four_leaf_output_kernel_equals_four_one_leaf_calls(words, bits, party):
+    """The 512-bit 4-leaf output intrinsic writes the words of four 1-leaf calls, in order."""
+    enc = np.array(words[:8], dtype=U64).reshape(4, 2)
+    blk = np.array(words[8:16], dtype=U64).reshape(4, 2)
+    t = np.array(bits, dtype=np.uint8)
+    sgn = ~U64(0) if party else U64(0)  # party 1 negates
+    out = _four_leaves(enc, blk, t, U64(words[16]), U64(words[17]), sgn)
+    assert out[0].tolist() == out[1].tolist()
+    assert out[0, 0] == 0 and out[1, 0] == 0  # nothing written before the output
