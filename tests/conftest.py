@@ -47,3 +47,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             from _pytest.nodeid import NodeId  # pytest 9; older pytest never gets here
 
             item._id = NodeId.parse(suffixed)
+
+
+@pytest.fixture
+def field_limbs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Send every ``F_p`` product down the GPU path (``kernels.gpu.field_limb_matmul``) with
+    torch's CPU GEMMs; returns the list each such product's ``(m, k, n)`` is appended to."""
+    torch = pytest.importorskip("torch")
+    from flwr_fsl.kernels import gpu
+
+    calls: list[tuple[int, int, int]] = []
+    real = gpu.field_limb_matmul
+
+    def counted(a: object, b: object, p: int, device: object) -> object:
+        calls.append((a.shape[0], a.shape[1], b.shape[1]))  # type: ignore[attr-defined]
+        return real(a, b, p, device)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpu, "field_limb_matmul", counted)
+    monkeypatch.setattr(gpu, "GPU_MIN_MACS", 0)
+    monkeypatch.setattr(gpu, "MIN_INTENSITY", 0)
+    monkeypatch.setattr(gpu._STATE, "setting", "cuda")
+    monkeypatch.setattr(gpu._STATE, "device", torch.device("cpu"))
+    return calls

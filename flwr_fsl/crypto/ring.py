@@ -54,6 +54,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.kernels import field as _fk
+from flwr_fsl.kernels import gpu as _gpu
 from flwr_fsl.kernels.ring import matmul_wrap
 
 __all__ = [
@@ -651,6 +652,11 @@ class PrimeField(Ring):
         return out.reshape(x.shape)
 
     def _matmul(self, a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint64]:
+        # Large products go to the GPU where the matmul device allows (bit-identical limbs).
+        if a.shape[1] < _gpu.MAX_INNER_FIELD:
+            device = _gpu.offload_device(a.shape[0], a.shape[1], b.shape[1])
+            if device is not None:
+                return _gpu.field_limb_matmul(a, b, self.p, device)
         out = np.empty((a.shape[0], b.shape[1]), dtype=_U64)
         _fk.matmul_mod(a, b, self._p, _U64((1 << 64) % self.p), out)
         return out

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from flwr_fsl.crypto.ring import PrimeField
+from flwr_fsl.kernels import gpu as _gpu
 from flwr_fsl.kernels.field import mask_evaluations_mod
 
 __all__ = ["mask_evaluations", "selector_evaluations"]
@@ -60,7 +61,8 @@ def mask_evaluations(
     Per slot, the ``(J × (T+1)) @ ((T+1) × d)`` product of ``[L_{K+n}(α_j) | L_{s_k}(α_j)]``
     with ``[v_k; r_k]``, computed by the numba kernel
     :func:`~flwr_fsl.kernels.field.mask_evaluations_mod` in one pass (no broadcast
-    ``(J, K_i, d)`` temporaries).
+    ``(J, K_i, d)`` temporaries), or, where the matmul device is a GPU
+    (:func:`~flwr_fsl.kernels.gpu.offload_device`), one exact limb GEMM per slot there.
 
     Parameters
     ----------
@@ -84,6 +86,16 @@ def mask_evaluations(
     extra = np.ascontiguousarray(basis[:, basis.shape[1] - t :], dtype=np.uint64)
     sel = np.ascontiguousarray(basis[:, list(chosen)], dtype=np.uint64)
     out = np.empty((basis.shape[0], slots, d), dtype=np.uint64)
+    device = _gpu.offload_device(basis.shape[0], t + 1, d, slots)
+    if device is not None:  # per slot [extra | sel_k] @ [v_k; r_k] on the GPU, the same words
+        for k in range(slots):
+            out[:, k] = _gpu.field_limb_matmul(
+                np.hstack([extra, sel[:, k : k + 1]]),
+                np.vstack([v[:, k], r[k : k + 1]]),
+                field.p,
+                device,
+            )
+        return out
     p = np.uint64(field.p)
     mask_evaluations_mod(
         extra,

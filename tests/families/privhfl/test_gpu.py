@@ -22,6 +22,7 @@ from flwr_fsl.families.privhfl import gpu
 from flwr_fsl.families.privhfl.inference import error_bound, from_torch, plaintext_forward
 from flwr_fsl.families.privhfl.mod import PrivHFLClient
 from flwr_fsl.families.privhfl.protocol import PrivHFLConfig, SessionSeeds, secure_predict
+from flwr_fsl.kernels import gpu as kernel_gpu
 from flwr_fsl.models.privhfl import resolve_device, train_private
 
 NO_CUDA = not torch.cuda.is_available()
@@ -91,15 +92,17 @@ def test_secure_prediction_through_the_limb_path(monkeypatch: pytest.MonkeyPatch
     try:
         gpu.set_matmul_device("cpu")
         plain = secure_predict([model], x, cfg, seeds=seeds).logits
-        real = gpu.limb_matmul
+        real = kernel_gpu.limb_matmul
 
         def counted(a: np.ndarray, b: np.ndarray, device: object) -> np.ndarray:
             calls.append(a.shape[0])
             return real(a, b, device)
 
-        monkeypatch.setattr(gpu, "limb_matmul", counted)
-        monkeypatch.setattr(gpu, "GPU_MIN_MACS", 0)
-        gpu._STATE.setting, gpu._STATE.device = "cuda", torch.device("cpu")  # GEMMs on the CPU
+        monkeypatch.setattr(kernel_gpu, "limb_matmul", counted)
+        monkeypatch.setattr(kernel_gpu, "GPU_MIN_MACS", 0)
+        monkeypatch.setattr(kernel_gpu, "MIN_INTENSITY", 0)
+        kernel_gpu._STATE.setting = "cuda"
+        kernel_gpu._STATE.device = torch.device("cpu")  # the GEMMs on the CPU
         limbs = secure_predict([model], x, cfg, seeds=seeds).logits
     finally:
         gpu.set_matmul_device("auto")

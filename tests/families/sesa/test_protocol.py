@@ -150,6 +150,21 @@ def test_exact_per_shard_sums_under_dropouts_up_to_n_minus_k_plus_t(drops: int) 
     assert len(server.evaluators) == len(server.survivors) - len(drop["evaluate"])
 
 
+def test_exact_sums_with_every_field_product_on_the_gpu_limb_path(
+    field_limbs_on_cpu: list[tuple[int, int, int]],
+) -> None:
+    # The GPU path (kernels.gpu, here with torch's CPU GEMMs) in every client's coding, the
+    # server's decode and its check of the extra evaluations: the same exact per-shard sums.
+    params = _params(3, [(4, 17), (1, 3)])
+    nodes = [1000 + 7 * i for i in range(10)]
+    choices = _random_choices(params, nodes, np.random.default_rng(5))
+    result, expected, _ = run_round(params, choices, drop={"masked": {1007}}, seed=5)
+    assert isinstance(result, list)
+    for got, want in zip(result, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert len(field_limbs_on_cpu) > 10 * 4  # the coding of every slot and the decode
+
+
 @pytest.mark.parametrize("phase", ["offline", "masked", "evaluate"])
 def test_one_drop_beyond_the_tolerance_fails_cleanly_at_each_phase(phase: str) -> None:
     params = _params(2, [(3, 5)])  # K + T = 5
