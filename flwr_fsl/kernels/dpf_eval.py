@@ -546,13 +546,23 @@ def fd_scratch(
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.int64]]:
     """Fresh ``(bufs, tbufs, log)`` for :func:`fd_core` with level buffers of ``cap`` blocks.
 
-    The log has room for ``calls`` block counts when ``log`` is a list (else none).
+    Every buffer starts on a 64-byte line (room for ``cap + 1`` blocks, rounded up to whole
+    lines): the passes move four nodes (64 bytes) per vector load and store, and a vector
+    that straddles two lines costs two. The log has room for ``calls`` block counts when
+    ``log`` is a list (else none).
     """
-    return (
-        np.empty((4, cap + 1, 2), dtype=np.uint64),
-        np.empty((2, cap), dtype=np.uint8),
-        np.zeros(calls if log is not None else 0, dtype=np.int64),
-    )
+    blocks = (cap + 1 + 3) & ~3  # whole lines of four blocks
+    bufs = _aligned((4, blocks, 2), np.uint64)
+    tbufs = _aligned((2, (cap + 63) & ~63), np.uint8)
+    return bufs, tbufs, np.zeros(calls if log is not None else 0, dtype=np.int64)
+
+
+def _aligned(shape: tuple[int, ...], dtype: type[np.generic]) -> NDArray[Any]:
+    """Return an uninitialized C-contiguous ``shape`` array whose data starts on a line."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + 64, dtype=np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + size].view(dtype).reshape(shape)
 
 
 def run_native(
