@@ -284,20 +284,22 @@ def _flat_level(
     two, eight, sixteen = np.uint64(2), np.uint64(8), np.uint64(16)
     s_base, l_base, r_base, o_base, t_base = bases
     if shift >= 2:  # four parents per step, never two tasks in one step
-        for g in range(total >> 2):
-            k = (g << 2) >> shift
+        steps = 1 << (shift - 2)
+        for k in range(total >> shift):  # a task's corrections stay in registers
             cl0, cr0, scw1, e = cws[k, 0], cws[k, 1], cws[k, 2], cws[k, 3]
-            ug = np.uint64(g)
-            off = np.uint64(64) * ug
-            if last:
-                _mmo_leaf_children4(
-                    s_base + off, l_base + off, r_base + off, (cl0, cr0, scw1), e,
-                    o_base + two * off, t_base + eight * ug,
-                )  # type: ignore[call-arg]  # fmt: skip
-            else:
-                _mmo_children4(
-                    s_base + off, l_base + off, r_base + off, cl0, cr0, scw1, o_base + two * off
-                )  # type: ignore[call-arg]
+            for j in range(steps):
+                ug = np.uint64(k * steps + j)
+                off = np.uint64(64) * ug
+                if last:
+                    _mmo_leaf_children4(
+                        s_base + off, l_base + off, r_base + off, (cl0, cr0, scw1), e,
+                        o_base + two * off, t_base + eight * ug,
+                    )  # type: ignore[call-arg]  # fmt: skip
+                else:
+                    _mmo_children4(
+                        s_base + off, l_base + off, r_base + off, cl0, cr0, scw1,
+                        o_base + two * off,
+                    )  # type: ignore[call-arg]  # fmt: skip
         return
     for p in range(total):
         k = p >> shift

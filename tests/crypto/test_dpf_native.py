@@ -17,6 +17,7 @@ from numba import njit
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
+from flwr_fsl.kernels import dpf_eval
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
 from flwr_fsl.kernels.dpf_vectors import (
     _leaf_line_nt,
@@ -134,7 +135,6 @@ def test_native_path_can_be_switched_off(monkeypatch):
 def test_native_split_equals_the_python_split(seed, tau, max_h):
     """``split_native`` (one numba call) makes the same tasks and AES calls as ``split_tasks``."""
     from flwr_fsl.crypto.dpf_keys import _group, _tree_levels
-    from flwr_fsl.kernels import dpf_eval
 
     rng = np.random.default_rng(seed)
     m = int(rng.integers(1, 30))
@@ -376,3 +376,12 @@ def test_flat_level_passes_equal_the_per_task_passes(seed, m, d, tau, budget):
             flat_py, _ = _python_driver(mp, lambda k=keys_alone: evaluate_batch(k))
             assert np.array_equal(flat, mixed[: off[m]])
             assert np.array_equal(flat_py, flat)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 63, 1 << 14])
+def test_scratch_buffers_start_on_cache_lines(cap):
+    """Every level buffer and control-bit buffer of fd_scratch starts on a 64-byte line."""
+    bufs, tbufs, _ = dpf_eval.fd_scratch(cap, None, 0)
+    assert bufs.shape[0] == 4 and bufs.shape[1] >= cap + 1 and bufs.flags.c_contiguous
+    assert tbufs.shape[0] == 2 and tbufs.shape[1] >= cap and tbufs.flags.c_contiguous
+    assert all(b.ctypes.data % 64 == 0 for b in (*bufs, *tbufs))
