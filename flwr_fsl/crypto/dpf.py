@@ -641,6 +641,7 @@ def evaluate_batch(  # noqa: C901, PLR0915
     # Level buffers, allocated once and reused by every chunk (fd_scratch's layout: depth d's
     # nodes in bufs[d & 1], the left and right ciphertexts in bufs[2] and bufs[3]).
     bufs, tbufs, no_log = _fde.fd_scratch(cap, None, 0)
+    scratch = (bufs, tbufs, np.empty((int(np.diff(bounds).max()), 4), dtype=_U64))
     enc_l = bufs[2]
     if proofs is not None:
         p_in = np.empty((_vk.BLOCKS * cap, 2), dtype=_U64)
@@ -663,14 +664,14 @@ def evaluate_batch(  # noqa: C901, PLR0915
         lo, hi = int(bounds[c]), int(bounds[c + 1])
         h = int(tasks_i[lo, 2])
         n, _ = fd_levels(
-            no_aes, bufs, tbufs, (lo, hi, -1, 0, h, 0), (tasks_i, seeds), pub4, half_w, group
+            no_aes, scratch, (lo, hi, -1, 0, h, 0), (tasks_i, seeds), pub4, half_w, group
         )
         for level in range(h):
             mv_src = mv[level & 1][: 16 * n]
             left(mv_src, mv[2])
             right(mv_src, mv[3])
             chunk = (lo, hi, level, level + 1, h, n)
-            n, _ = fd_levels(no_aes, bufs, tbufs, chunk, (tasks_i, seeds), pub4, half_w, group)
+            n, _ = fd_levels(no_aes, scratch, chunk, (tasks_i, seeds), pub4, half_w, group)
         src, t_src = bufs[h & 1], tbufs[h & 1]
         value(mv[h & 1][: 16 * n * half_w], mv[2])
         _k.fd_leaves(

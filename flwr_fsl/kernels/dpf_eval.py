@@ -135,6 +135,10 @@ def fd_core(
     """
     bounds, tasks_i, task_seed, _ = tasks
     bufs, tbufs, log = scratch
+    rows = 0
+    for c in range(bounds.shape[0] - 1):
+        rows = max(rows, bounds[c + 1] - bounds[c])
+    levels_scratch = (bufs, tbufs, np.empty((rows, 4), dtype=np.uint64))
     half_w, group, parts = shape[0], shape[2], shape[5]
     outl = np.zeros(1, dtype=np.int32)
     pub = (key[0], key[1], key[2], key[3])
@@ -145,7 +149,7 @@ def fd_core(
         h = tasks_i[lo, 2]
         aes = (fn, ctxs, outl, log, n_log, parts)
         n, n_log = fd_levels(
-            aes, bufs, tbufs, (lo, hi, -1, h, h, 0), (tasks_i, task_seed), pub, half_w, group
+            aes, levels_scratch, (lo, hi, -1, h, h, 0), (tasks_i, task_seed), pub, half_w, group
         )
         if n_log < 0:
             return -1

@@ -178,8 +178,7 @@ def level_count(
 @njit(cache=True, nogil=True)
 def fd_levels(  # noqa: C901, PLR0915
     aes: tuple[int, np.ndarray, np.ndarray, np.ndarray, int, int],
-    bufs: np.ndarray,
-    tbufs: np.ndarray,
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
     chunk: tuple[int, int, int, int, int, int],
     tasks: tuple[np.ndarray, np.ndarray],
     pub: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -190,18 +189,19 @@ def fd_levels(  # noqa: C901, PLR0915
 
     ``chunk`` is ``(lo, hi, first, stop, max_h, n)`` (``n``: the nodes at depth ``first``),
     ``tasks`` ``(tasks_i, task_seed)`` and ``pub`` the batch's ``(level_off, cw_seeds, cw_bits,
-    epochs)``. ``bufs`` is ``(4, cap + 1,
-    2)``: the nodes at depth ``d`` are in ``bufs[d & 1]``, the left- and right-key encryptions
-    of a level's blocks in ``bufs[2]`` and ``bufs[3]``; ``tbufs`` ``(2, cap)`` likewise for the
-    leaves' control bits. ``aes`` is ``(fn, ctxs, outl, log, n_log, parts)``: with ``fn != 0``
-    each level first runs its two AES calls through OpenSSL (``ctxs[0]``, ``ctxs[1]``;
+    epochs)``. ``scratch`` is ``(bufs, tbufs, cwt)``: ``bufs`` ``(4, cap + 1, 2)`` (the nodes
+    at depth ``d`` in ``bufs[d & 1]``, the left- and right-key encryptions of a level's blocks
+    in ``bufs[2]`` and ``bufs[3]``), ``tbufs`` ``(2, cap)`` likewise for the leaves' control
+    bits, ``cwt`` ``(rows >= hi - lo, 4)`` for the corrections of :func:`_flat_level`.
+    ``aes`` is ``(fn, ctxs, outl, log, n_log, parts)``: with ``fn != 0`` each level first runs
+    its two AES calls through OpenSSL (``ctxs[0]``, ``ctxs[1]``;
     :func:`~flwr_fsl.kernels.aes.native_encrypt`, block counts logged), else the caller has
     written ``bufs[2]``/``bufs[3]`` (one level per call). ``parts`` as in
     :func:`~flwr_fsl.kernels.dpf_eval.fd_core` (``1`` the AES calls, ``2`` the passes).
     Returns ``(n, n_log)``: the node count at depth ``stop`` (leaves at the last level) and the
     updated call count, ``-1`` if OpenSSL failed. One call runs a chunk's whole tree: a call
-    with this many array arguments costs about 170 ns (numba's reference counts), once per
-    level before (session 38: 2 ms of a 100k-key depth-9 evaluation).
+    with this many array arguments cost about 170 ns in a probe (numba's reference counts;
+    session 38), paid once per level before.
 
     A level's pass: ``bufs[2]``/``bufs[3]`` hold the encryptions of the level's blocks
     (control bit in bit 0; ``task_seed`` rows are blocks too). Only the last level writes
@@ -219,6 +219,7 @@ def fd_levels(  # noqa: C901, PLR0915
     ``half_w`` blocks) of room past the count returned.
     """
     fn, ctxs, outl, log, n_log, parts = aes
+    bufs, tbufs, cwt = scratch
     lo, hi, first, stop, max_h, n0 = chunk
     tasks_i, task_seed = tasks
     level_off, cw_seeds, cw_bits, epochs = pub
@@ -245,7 +246,6 @@ def fd_levels(  # noqa: C901, PLR0915
         if h != max_h or lv != 1 << h:
             flat_ok = False
             break
-    cwt = np.empty((hi - lo if flat_ok else 0, 4), dtype=np.uint64)
     for level in range(first, stop):
         s_w = (level & 1) * stride  # (-1) & 1 == 1: the roots (level -1) go to bufs[0]
         o_w = ((level + 1) & 1) * stride
