@@ -622,7 +622,7 @@ def evaluate_batch(  # noqa: C901, PLR0915
             order = np.argsort(-tasks_i[:, 2], kind="stable")
             tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
             bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
-    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
+    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_levels writes it, unused)
     if native is not None:
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
         nt = int(out.nbytes >= _NT_MIN_BYTES)

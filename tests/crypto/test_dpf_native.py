@@ -161,7 +161,7 @@ def test_native_split_equals_the_python_split(seed, tau, max_h):
 
 @njit(cache=False)
 def _vector_kernels(blocks, scalars, party):  # pragma: no cover - numba
-    """Run the 128-bit per-node intrinsics of fd_level / fd_leaves on ``blocks[0..2]``."""
+    """Run the 128-bit per-node intrinsics of fd_levels / fd_leaves on ``blocks[0..2]``."""
     children = np.zeros((2, 2), dtype=np.uint64)
     conv = np.zeros((2, 2), dtype=np.uint64)
     bits = np.zeros(2, dtype=np.uint8)
