@@ -138,7 +138,10 @@ _FD_PARTS = 15
 
 # Outputs at least this large are written with non-temporal stores by the native driver: no
 # cache keeps them anyway, and a store that does not first read its line halves the traffic.
-_NT_MIN_BYTES = 64 << 20
+# With whole-line stores (dpf_vectors._leaf_line_nt) an 8 MiB output (one depth-20 key) took
+# 2.34 instead of 2.57 ms this way (session 38, best of 300, load 0.8; 64 MiB before), and the
+# SSA servers' round (checked-v3, 8 clients) was no slower.
+_NT_MIN_BYTES = 8 << 20
 
 # The native driver (:mod:`flwr_fsl.kernels.dpf_eval`: the chunk loop in one numba call, OpenSSL
 # called from it) evaluates, and Gen (:mod:`flwr_fsl.crypto.dpf_gen`) generates keys, whenever
@@ -622,7 +625,7 @@ def evaluate_batch(  # noqa: C901, PLR0915
             order = np.argsort(-tasks_i[:, 2], kind="stable")
             tasks_i, seeds, t = tasks_i[order], seeds[order], t[order]
             bounds, cap, _ = _fde.fd_chunks(tasks_i, group, per_leaf, _FD_BUDGET)
-    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_level writes it, unused)
+    cap += 2 * per_leaf  # room for a skipped pair's spare child (fd_levels writes it, unused)
     if native is not None:
         key = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs, pub.cw_leaf)
         nt = int(out.nbytes >= _NT_MIN_BYTES)
@@ -638,13 +641,11 @@ def evaluate_batch(  # noqa: C901, PLR0915
                 native, tasks, key, shape, sizes, proof, out.reshape(-1), _AES_LOG
             )
         return out, offsets
-    # Level buffers, allocated once and reused by every chunk (ping-pong between two).
-    buf_a = np.empty((cap + 1, 2), dtype=_U64)
-    buf_b = np.empty((cap + 1, 2), dtype=_U64)
-    enc_l = np.empty((cap + 1, 2), dtype=_U64)
-    enc_r = np.empty((cap + 1, 2), dtype=_U64)
-    t_a = np.empty(cap, dtype=np.uint8)
-    t_b = np.empty(cap, dtype=np.uint8)
+    # Level buffers, allocated once and reused by every chunk (fd_scratch's layout: depth d's
+    # nodes in bufs[d & 1], the left and right ciphertexts in bufs[2] and bufs[3]).
+    bufs, tbufs, no_log = _fde.fd_scratch(cap, None, 0)
+    scratch = (bufs, tbufs, np.empty((int(np.diff(bounds).max()), 4), dtype=_U64))
+    enc_l = bufs[2]
     if proofs is not None:
         p_in = np.empty((_vk.BLOCKS * cap, 2), dtype=_U64)
         p_enc = np.empty((_vk.BLOCKS * cap + 1, 2), dtype=_U64)
@@ -657,32 +658,25 @@ def evaluate_batch(  # noqa: C901, PLR0915
         aes.value.encrypt_view_into,
     )
     # Byte views taken once: slicing a memoryview is far cheaper than re-viewing arrays per call.
-    mv = {id(b): b.data.cast("B") for b in (buf_a, buf_b)}
-    mv_l, mv_r = enc_l.data.cast("B"), enc_r.data.cast("B")
-    common = (
-        tasks_i,
-        seeds,
-        t,
-        pub.level_offsets,
-        pub.cw_seeds,
-        pub.cw_bits,
-        pub.epochs,
-        half_w,
-        group,
-    )
-    fd_level = _k.fd_level
+    mv = [b.data.cast("B") for b in bufs]
+    # fn = 0: fd_levels runs no AES (one level per call, the ciphers above between calls).
+    no_aes = (0, np.zeros(0, dtype=_U64), np.zeros(1, dtype=np.int32), no_log, 0, 2)
+    pub4 = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs)
+    fd_levels = _k.fd_levels
     for c in range(len(bounds) - 1):
         lo, hi = int(bounds[c]), int(bounds[c + 1])
         h = int(tasks_i[lo, 2])
-        n = fd_level(enc_l, enc_r, buf_a, t_a, buf_a, t_a, lo, hi, -1, h, *common)
-        src, dst, t_src, t_dst = buf_a, buf_b, t_a, t_b
+        n, _ = fd_levels(
+            no_aes, scratch, (lo, hi, -1, 0, h, 0), (tasks_i, seeds), pub4, half_w, group
+        )
         for level in range(h):
-            mv_src = mv[id(src)][: 16 * n]
-            left(mv_src, mv_l)
-            right(mv_src, mv_r)
-            n = fd_level(enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, *common)
-            src, dst, t_src, t_dst = dst, src, t_dst, t_src
-        value(mv[id(src)][: 16 * n * half_w], mv_l)
+            mv_src = mv[level & 1][: 16 * n]
+            left(mv_src, mv[2])
+            right(mv_src, mv[3])
+            chunk = (lo, hi, level, level + 1, h, n)
+            n, _ = fd_levels(no_aes, scratch, chunk, (tasks_i, seeds), pub4, half_w, group)
+        src, t_src = bufs[h & 1], tbufs[h & 1]
+        value(mv[h & 1][: 16 * n * half_w], mv[2])
         _k.fd_leaves(
             enc_l, src, t_src, lo, hi, tasks_i, pub.cw_leaf, half_w, tau, group, keys.party, flat
         )

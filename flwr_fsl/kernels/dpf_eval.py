@@ -2,7 +2,7 @@
 
 :func:`flwr_fsl.crypto.dpf.evaluate_batch` expands many keys' trees in cache-sized chunks;
 per chunk and tree level it runs two AES calls (left and right key) and one
-:func:`~flwr_fsl.kernels.dpf_kernels.fd_level` pass, then one value-key AES call and
+:func:`~flwr_fsl.kernels.dpf_kernels.fd_levels` pass, then one value-key AES call and
 :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves`. Driven from Python, each of those is a Python
 call (about 1 us for ``cryptography``'s ``update_into``, 3 us for a numba dispatch with the
 kernels' many array arguments) and a 100k-key depth-9 batch makes about 21,000 of them. Here the
@@ -37,7 +37,7 @@ from flwr_fsl.kernels.dpf_kernels import (
     chunk_bounds,
     expand_nodes,
     fd_leaves,
-    fd_level,
+    fd_levels,
     store_fence,
 )
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
@@ -68,7 +68,8 @@ def _finish(
     """Value-key AES, output words and leaf proofs (``PROOFS``) of a chunk's ``cnt`` leaves.
 
     ``aes`` is ``(fn, ctxs)`` (:func:`fd_core`); ``leaf`` is ``(conv, t, enc)``: the leaves'
-    conversion blocks and control bits as the last :func:`fd_level` wrote them for tasks
+    conversion blocks and control bits as the last level of
+    :func:`~flwr_fsl.kernels.dpf_kernels.fd_levels` wrote them for tasks
     ``ka..kb - 1`` (``span = (ka, kb, cnt)``), and the buffer the value-key ciphertexts go to;
     ``dest`` is ``(out, proof)`` and ``logged`` ``(log, calls so far)``. Returns the updated
     call count, or ``-1`` if OpenSSL failed.
@@ -119,11 +120,11 @@ def fd_core(
 ) -> int:  # pragma: no cover - numba
     """Run the chunk loop of :func:`fd_run` (with ``PROOFS``, of the checked evaluation).
 
-    Per chunk: the roots, then per tree level the left- and right-key AES calls over the
-    level and one :func:`fd_level` pass that writes the next level, then :func:`_finish` on
-    the chunk's leaves. ``scratch`` is ``(bufs, tbufs, log)``: the four ``(cap + 1, 2)``
-    level buffers (two ping-pong block buffers, then the left and right ciphertexts), the
-    two control-bit buffers and the log; ``proof`` is as in
+    Per chunk: one :func:`~flwr_fsl.kernels.dpf_kernels.fd_levels` call (the roots, then per
+    tree level the left- and right-key AES calls over the level and the pass that writes the
+    next level), then :func:`_finish` on the chunk's leaves. ``scratch`` is ``(bufs, tbufs,
+    log)``: the four ``(cap + 1, 2)`` level buffers (two ping-pong block buffers, then the
+    left and right ciphertexts), the two control-bit buffers and the log; ``proof`` is as in
     :func:`~flwr_fsl.kernels.vdpf_eval.fd_run_checked` (unread without ``PROOFS``).
 
     ``shape[5]`` selects the parts that run: ``1`` the tree's AES calls, ``2`` the level
@@ -132,43 +133,27 @@ def fd_core(
     is garbage (a profiling switch: the benchmark times the parts this way). Returns the
     number of AES calls made, or ``-1`` if OpenSSL failed.
     """
-    bounds, tasks_i, task_seed, task_t = tasks
-    level_off, cw_seeds, cw_bits, epochs, _ = key
+    bounds, tasks_i, task_seed, _ = tasks
     bufs, tbufs, log = scratch
+    rows = 0
+    for c in range(bounds.shape[0] - 1):
+        rows = max(rows, bounds[c + 1] - bounds[c])
+    levels_scratch = (bufs, tbufs, np.empty((rows, 4), dtype=np.uint64))
     half_w, group, parts = shape[0], shape[2], shape[5]
     outl = np.zeros(1, dtype=np.int32)
-    enc_l = bufs[2]
-    enc_r = bufs[3]
+    pub = (key[0], key[1], key[2], key[3])
     n_log = 0
     for c in range(bounds.shape[0] - 1):
         lo = bounds[c]
         hi = bounds[c + 1]
         h = tasks_i[lo, 2]
-        src = bufs[0]
-        dst = bufs[1]
-        t_src = tbufs[0]
-        t_dst = tbufs[1]
-        n = fd_level(
-            enc_l, enc_r, src, t_src, src, t_src, lo, hi, -1, h, tasks_i, task_seed, task_t,
-            level_off, cw_seeds, cw_bits, epochs, half_w, group,
-        )  # fmt: skip
-        for level in range(h):
-            if parts & 1:
-                if not native_encrypt(fn, ctxs[0], src, enc_l, n, outl):
-                    return -1
-                if not native_encrypt(fn, ctxs[1], src, enc_r, n, outl):
-                    return -1
-            n_log = log_blocks(log, log_blocks(log, n_log, n), n)
-            if parts & 2:
-                n = fd_level(
-                    enc_l, enc_r, src, t_src, dst, t_dst, lo, hi, level, h, tasks_i, task_seed,
-                    task_t, level_off, cw_seeds, cw_bits, epochs, half_w, group,
-                )  # fmt: skip
-            else:
-                n = _level_count(tasks_i, lo, hi, level, h, group)
-            src, dst = dst, src
-            t_src, t_dst = t_dst, t_src
-        leaf = (src, t_src, enc_l)
+        aes = (fn, ctxs, outl, log, n_log, parts)
+        n, n_log = fd_levels(
+            aes, levels_scratch, (lo, hi, -1, h, h, 0), (tasks_i, task_seed), pub, half_w, group
+        )
+        if n_log < 0:
+            return -1
+        leaf = (bufs[h & 1], tbufs[h & 1], bufs[2])
         n_log = _finish(
             (fn, ctxs), leaf, (lo, hi, n), tasks_i, key, shape, (out, proof), (log, n_log)
         )
@@ -177,26 +162,6 @@ def fd_core(
     if shape[4] != 0:
         store_fence()
     return n_log
-
-
-@njit(cache=True, nogil=True)
-def _level_count(
-    tasks_i: np.ndarray, lo: int, hi: int, level: int, max_h: int, group: int
-) -> int:  # pragma: no cover - numba
-    """Nodes :func:`fd_level` writes at ``level + 1`` (for the profiling switch of fd_core)."""
-    n = 0
-    for k in range(lo, hi):
-        h = tasks_i[k, 2]
-        start = max_h - h
-        if start > level + 1:
-            break
-        if start == level + 1:
-            n += 1
-            continue
-        sh = h - (level - start)
-        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
-        n += (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
-    return n
 
 
 @njit(cache=True, nogil=True)
@@ -585,13 +550,23 @@ def fd_scratch(
 ) -> tuple[NDArray[np.uint64], NDArray[np.uint8], NDArray[np.int64]]:
     """Fresh ``(bufs, tbufs, log)`` for :func:`fd_core` with level buffers of ``cap`` blocks.
 
-    The log has room for ``calls`` block counts when ``log`` is a list (else none).
+    Every buffer starts on a 64-byte line (room for ``cap + 1`` blocks, rounded up to whole
+    lines): the passes move four nodes (64 bytes) per vector load and store, and a vector
+    that straddles two lines costs two. The log has room for ``calls`` block counts when
+    ``log`` is a list (else none).
     """
-    return (
-        np.empty((4, cap + 1, 2), dtype=np.uint64),
-        np.empty((2, cap), dtype=np.uint8),
-        np.zeros(calls if log is not None else 0, dtype=np.int64),
-    )
+    blocks = (cap + 1 + 3) & ~3  # whole lines of four blocks
+    bufs = _aligned((4, blocks, 2), np.uint64)
+    tbufs = _aligned((2, (cap + 63) & ~63), np.uint8)
+    return bufs, tbufs, np.zeros(calls if log is not None else 0, dtype=np.int64)
+
+
+def _aligned(shape: tuple[int, ...], dtype: type[np.generic]) -> NDArray[Any]:
+    """Return an uninitialized C-contiguous ``shape`` array whose data starts on a line."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + 64, dtype=np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + size].view(dtype).reshape(shape)
 
 
 def run_native(

@@ -17,8 +17,10 @@ from numba import njit
 from flwr_fsl.crypto import dpf
 from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_batch
 from flwr_fsl.kernels import aes as aes_mod
+from flwr_fsl.kernels import dpf_eval
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
 from flwr_fsl.kernels.dpf_vectors import (
+    _leaf_line_nt,
     _leaf_words_nt,
     _leaf_words_nt4,
     _mmo_children,
@@ -133,7 +135,6 @@ def test_native_path_can_be_switched_off(monkeypatch):
 def test_native_split_equals_the_python_split(seed, tau, max_h):
     """``split_native`` (one numba call) makes the same tasks and AES calls as ``split_tasks``."""
     from flwr_fsl.crypto.dpf_keys import _group, _tree_levels
-    from flwr_fsl.kernels import dpf_eval
 
     rng = np.random.default_rng(seed)
     m = int(rng.integers(1, 30))
@@ -160,7 +161,7 @@ def test_native_split_equals_the_python_split(seed, tau, max_h):
 
 @njit(cache=False)
 def _vector_kernels(blocks, scalars, party):  # pragma: no cover - numba
-    """Run the 128-bit per-node intrinsics of fd_level / fd_leaves on ``blocks[0..2]``."""
+    """Run the 128-bit per-node intrinsics of fd_levels / fd_leaves on ``blocks[0..2]``."""
     children = np.zeros((2, 2), dtype=np.uint64)
     conv = np.zeros((2, 2), dtype=np.uint64)
     bits = np.zeros(2, dtype=np.uint8)
@@ -279,3 +280,108 @@ def test_four_leaf_output_kernel_equals_four_one_leaf_calls(words, bits, party):
     out = _four_leaves(enc, blk, t, U64(words[16]), U64(words[17]), sgn)
     assert out[0].tolist() == out[1].tolist()
     assert out[0, 0] == 0 and out[1, 0] == 0  # nothing written before the output
+
+
+@njit(cache=False)
+def _leaf_lines(enc, blk, t, c0, c1, sgn):  # pragma: no cover - numba
+    """Four leaves' words by the cache-line intrinsic (64-byte aligned) and the 4-leaf one."""
+    buf = np.zeros(24, dtype=np.uint64)
+    start = (-(buf.ctypes.data & 63) & 63) // 8  # the first word on a line boundary
+    line = np.uint64(buf.ctypes.data) + np.uint64(8 * start)
+    eb, bb, tb = np.uint64(enc.ctypes.data), np.uint64(blk.ctypes.data), np.uint64(t.ctypes.data)
+    _leaf_line_nt(eb, bb, tb, c0, c1, sgn, line)
+    words = np.zeros(8, dtype=np.uint64)
+    _leaf_words_nt4(eb, bb, tb, c0, c1, sgn, np.uint64(words.ctypes.data))
+    return buf, start, words
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    words=st.lists(st.integers(0, 2**64 - 1), min_size=18, max_size=18),
+    bits=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    party=st.integers(0, 1),
+)
+def test_cache_line_output_kernel_equals_the_four_leaf_kernel(words, bits, party):
+    """The aligned 64-byte store writes the 4-leaf intrinsic's eight words, on its line only."""
+    enc = np.array(words[:8], dtype=U64).reshape(4, 2)
+    blk = np.array(words[8:16], dtype=U64).reshape(4, 2)
+    t = np.array(bits, dtype=np.uint8)
+    sgn = ~U64(0) if party else U64(0)
+    buf, start, want = _leaf_lines(enc, blk, t, U64(words[16]), U64(words[17]), sgn)
+    assert buf[start : start + 8].tolist() == want.tolist()
+    assert not buf[:start].any() and not buf[start + 8 :].any()
+
+
+@needs_native
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 12),
+    d=st.integers(0, 9),
+    shift=st.integers(0, 7),
+    short=st.booleans(),
+)
+def test_nt_output_lines_at_every_alignment(seed, m, d, shift, short):
+    """Outputs starting ``8 * shift`` bytes past a line boundary: the same words as cached stores.
+
+    Leaves before the first line boundary and after the last whole line take one-leaf stores,
+    the rest whole-line stores; an output at an odd word offset keeps the 8-byte stores.
+    """
+    rng = np.random.default_rng(seed)
+    alphas = rng.integers(0, 1 << d, m).astype(U64)
+    keys, _ = generate_keys_batch(alphas, rng.integers(0, 2**63, m).astype(U64), d)
+    lengths = rng.integers(0, (1 << d) + 1, m) if short else np.full(m, 1 << d)
+    total = int(lengths.sum())
+    buf = np.zeros(total + 16, dtype=U64)
+    start = (-(buf.ctypes.data & 63) & 63) // 8 + shift
+    out = buf[start : start + total].reshape(total, 1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dpf, "_NT_MIN_BYTES", 0)
+        evaluate_batch(keys, lengths=lengths, out=out)
+        mp.setattr(dpf, "_NT_MIN_BYTES", 1 << 62)
+        want, _ = evaluate_batch(keys, lengths=lengths)
+    assert np.array_equal(out, want)
+    assert not buf[:start].any() and not buf[start + total :].any()
+
+
+@needs_native
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 30),
+    d=st.integers(1, 11),
+    tau=st.integers(1, 4),
+    budget=st.sampled_from([1, 64, 1 << 14]),
+)
+def test_flat_level_passes_equal_the_per_task_passes(seed, m, d, tau, budget):
+    """Whole tasks of one height (flat passes) give the words of the per-task passes.
+
+    A batch of equal depths runs its levels through the flat loop (dpf_vectors._flat_level);
+    the same keys with a shallower key after them share chunks of mixed heights, which take
+    the per-task loop of fd_levels. Both drivers (native, Python) and both must agree.
+    """
+    rng = np.random.default_rng(seed)
+    alphas = rng.integers(0, 1 << d, m).astype(U64)
+    betas = rng.integers(0, 2**63, (m, tau)).astype(U64)
+    depths = np.array([d] * m + [d - 1])
+    pts = np.append(alphas, U64(0))
+    seeds = (rng.bytes(16), rng.bytes(16))  # the same root seeds for keys 0..m-1 of both
+    both = generate_keys_batch(pts, np.vstack([betas, betas[:1]]), depths, master_seeds=seeds)
+    alone = generate_keys_batch(alphas, betas, d, master_seeds=seeds)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dpf, "_FD_BUDGET", budget)
+        for keys, keys_alone in zip(both, alone, strict=True):
+            mixed, off = evaluate_batch(keys)
+            flat, _ = evaluate_batch(keys_alone)
+            flat_py, _ = _python_driver(mp, lambda k=keys_alone: evaluate_batch(k))
+            assert np.array_equal(flat, mixed[: off[m]])
+            assert np.array_equal(flat_py, flat)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 63, 1 << 14])
+def test_scratch_buffers_start_on_cache_lines(cap):
+    """Every level buffer and control-bit buffer of fd_scratch starts on a 64-byte line."""
+    bufs, tbufs, _ = dpf_eval.fd_scratch(cap, None, 0)
+    assert bufs.shape[0] == 4 and bufs.shape[1] >= cap + 1 and bufs.flags.c_contiguous
+    assert tbufs.shape[0] == 2 and tbufs.shape[1] >= cap and tbufs.flags.c_contiguous
+    assert all(b.ctypes.data % 64 == 0 for b in (*bufs, *tbufs))
