@@ -252,7 +252,7 @@ def fd_levels(  # noqa: C901, PLR0915
     l0 = max(first, 0)
     if flat_ok and nk * (stop - l0) > cwt.shape[0]:
         flat_ok = False  # no room for the table below: the per-task passes (the same words)
-    if flat_ok:
+    if flat_ok and parts & 2:  # (no passes, no table: the benchmark's AES-alone timing)
         # The corrections of every level at once, task by task: a key's levels are consecutive
         # rows of ``cw_seeds`` (one pass over them, its tasks' rows and epochs loaded once).
         # Filled level by level before, a 100k-key depth-9 evaluation took 1.5-2 ms more
