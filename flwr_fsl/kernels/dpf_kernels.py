@@ -255,8 +255,9 @@ def fd_levels(  # noqa: C901, PLR0915
     if flat_ok and parts & 2:  # (no passes, no table: the benchmark's AES-alone timing)
         # The corrections of every level at once, task by task: a key's levels are consecutive
         # rows of ``cw_seeds`` (one pass over them, its tasks' rows and epochs loaded once).
-        # Filled level by level before, a 100k-key depth-9 evaluation took 1.5-2 ms more
-        # (120.2-121.3 against 117.9-120.4 ms, four interleaved runs; session 38, load 0.7-0.8).
+        # Filled level by level before: 100k keys of depth 9 took 116.2-121.3 ms, now
+        # 116.3-120.4; of depths 4..9 49.6-51.9, now 46.4-50.1 (eight interleaved runs of each;
+        # session 38, load 0.7-1.2).
         for k in range(lo, hi):
             key = tasks_i[k, 0]
             base = level_off[key] + tasks_i[k, 1]
