@@ -138,7 +138,9 @@ def fd_core(
     rows = 0
     for c in range(bounds.shape[0] - 1):
         rows = max(rows, bounds[c + 1] - bounds[c])
-    levels_scratch = (bufs, tbufs, np.empty((rows, 4), dtype=np.uint64))
+    # One row per task and level (fd_levels' corrections table); tasks descend by height.
+    top = tasks_i[0, 2] if tasks_i.shape[0] else 0
+    levels_scratch = (bufs, tbufs, np.empty((rows * max(top, 1), 4), dtype=np.uint64))
     half_w, group, parts = shape[0], shape[2], shape[5]
     outl = np.zeros(1, dtype=np.int32)
     pub = (key[0], key[1], key[2], key[3])

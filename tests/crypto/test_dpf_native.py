@@ -19,6 +19,7 @@ from flwr_fsl.crypto.dpf import evaluate_batch, generate_keys, generate_keys_bat
 from flwr_fsl.kernels import aes as aes_mod
 from flwr_fsl.kernels import dpf_eval
 from flwr_fsl.kernels.aes import BatchedAES, native_aes
+from flwr_fsl.kernels.dpf_kernels import fd_levels
 from flwr_fsl.kernels.dpf_vectors import (
     _leaf_line_nt,
     _leaf_words_nt,
@@ -385,3 +386,43 @@ def test_scratch_buffers_start_on_cache_lines(cap):
     assert bufs.shape[0] == 4 and bufs.shape[1] >= cap + 1 and bufs.flags.c_contiguous
     assert tbufs.shape[0] == 2 and tbufs.shape[1] >= cap and tbufs.flags.c_contiguous
     assert all(b.ctypes.data % 64 == 0 for b in (*bufs, *tbufs))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 12),
+    d=st.integers(2, 8),
+    words=st.integers(0, 2**64 - 1),
+)
+def test_corrections_table_too_small_falls_back_to_the_same_words(seed, m, d, words):
+    """fd_levels' flat passes (a corrections table of every level) equal its per-task passes.
+
+    The chunk's whole tree in one call with no AES (``fn = 0``: fixed ciphertext buffers), once
+    with a table of one row per task and level, once with too few rows (the per-task loop).
+    """
+    rng = np.random.default_rng(seed)
+    keys = generate_keys_batch(rng.integers(0, 1 << d, m).astype(U64), np.ones(m, U64), d)[0]
+    pub = keys.public
+    group = 2  # tau = 1
+    status, _, tasks_i, seeds, _, _, cap = dpf_eval.fd_plan(
+        pub.domain_bits, pub.num_points, keys.root_seeds, keys.party, (group, 1, 1 << 20)
+    )
+    assert status == 0
+    h = int(tasks_i[0, 2])
+    pub4 = (pub.level_offsets, pub.cw_seeds, pub.cw_bits, pub.epochs)
+    no_aes = (0, np.zeros(0, U64), np.zeros(1, np.int32), np.zeros(0, np.int64), 0, 2)
+    results = []
+    for rows in (m * h, m * h - 1):
+        bufs, tbufs, _ = dpf_eval.fd_scratch(cap + 2, None, 0)
+        bufs[...] = words
+        bufs[2:] ^= np.arange(bufs[2:].size, dtype=U64).reshape(bufs[2:].shape)
+        tbufs[...] = 0
+        cwt = np.zeros((rows, 4), U64)
+        chunk = (0, m, -1, h, h, 0)
+        scratch = (bufs, tbufs, cwt)
+        n, _ = fd_levels(no_aes, scratch, chunk, (tasks_i, seeds), pub4, 1, group)
+        results.append((n, bufs[h & 1, :n].copy(), tbufs[h & 1, :n].copy()))
+    (n_a, b_a, t_a), (n_b, b_b, t_b) = results
+    assert n_a == n_b == m << h
+    assert np.array_equal(b_a, b_b) and np.array_equal(t_a, t_b)
