@@ -125,7 +125,10 @@ def test_the_rows_round_releases_the_plaintext_sums_plus_noise_of_the_stated_std
         assert np.all(out.released_sums[~live] == 0)  # nobody's words: nothing released
     for z in (np.concatenate(z_values), np.concatenate(z_counts)):
         assert abs(float(np.mean(z))) < 4 / math.sqrt(z.size)
-        assert abs(float(np.std(z)) - 1.0) < 0.1
+        # A sample std of n normals has standard error ~1/sqrt(2n) (0.038 for the ~350 count
+        # words): 5 of them, not a flat 0.1 (which failed in CI at 0.898, 2.7 errors out);
+        # a sigma off by sqrt(2) is still 0.29-0.41 away.
+        assert abs(float(np.std(z)) - 1.0) < 5 / math.sqrt(2 * z.size)
 
 
 def test_the_union_round_releases_holder_counts_plus_noise_of_the_stated_std() -> None:
