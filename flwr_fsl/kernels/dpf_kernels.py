@@ -170,7 +170,7 @@ def level_count(
             n += 1
             continue
         sh = h - (level - start)
-        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
+        lv = needed_leaves(h, tasks_i[k, 3], tasks_i[k, 4], group)
         n += (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
     return n
 
@@ -244,7 +244,7 @@ def fd_levels(  # noqa: C901, PLR0915
     flat_ok = half_w == 1 or stop < max_h
     for k in range(lo, hi):
         h = tasks_i[k, 2]
-        lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
+        lv = needed_leaves(h, tasks_i[k, 3], tasks_i[k, 4], group)
         if h != max_h or lv != 1 << h:
             flat_ok = False
             break
@@ -328,7 +328,7 @@ def fd_levels(  # noqa: C901, PLR0915
             depth = level - start
             # Needed leaves, then the needed parents at ``depth`` and children at ``depth + 1``.
             # (group is 1 or 2: a shift, not a division, in this per-task, per-level code)
-            lv = min(1 << h, (tasks_i[k, 4] - tasks_i[k, 3] + group - 1) >> (group - 1))
+            lv = needed_leaves(h, tasks_i[k, 3], tasks_i[k, 4], group)
             sh = h - depth
             nn = (lv + (1 << sh) - 1) >> sh
             nc = (lv + (1 << (sh - 1)) - 1) >> (sh - 1)
