@@ -32,18 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from privhfl_gpu_check import CUDA, ratio
 from sesa_bench import SHARD_WORDS, K, per_user
 
 from flwr_fsl.crypto.prg import PRGStream
 from flwr_fsl.crypto.ring import PrimeField
 from flwr_fsl.families.sesa.coding import mask_evaluations
 from flwr_fsl.kernels import gpu
-
-CUDA = torch.cuda.is_available()
-
-
-def ratio(cpu: float, cuda: float | None) -> str:
-    return f"{cpu / cuda:6.1f}x" if cuda else "   n/a"
 
 
 def _median_seconds(fn: Any, repeats: int) -> tuple[Any, float]:
