@@ -197,8 +197,12 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     windows, now counts as serial, an overestimate), and every ``prepare``
     of :func:`flwr_fsl.core.threads.pipelined` but a chunk's first (on two or more threads it
     runs on the pool, beside the evaluation of the client before); the rest runs on the calling
-    thread alone whatever the thread count (Amdahl's serial part). Thread CPU time, so it
-    stays near the work done on a loaded machine.
+    thread alone whatever the thread count (Amdahl's serial part). ``start_ranges`` calls (the
+    key check's segments, queued without waiting) are timed as ``run_ranges`` calls. A server
+    that streams on two or more threads (:attr:`~flwr_fsl.families.ssa.protocol.SSAServer.
+    streams`, session 39) settles each client in the caller while its pool evaluates the next
+    one, so there most of this serial part overlaps pool work: an upper bound. Thread CPU time,
+    so it stays near the work done on a loaded machine.
     """
     from flwr_fsl.families.ssa import verify
 
@@ -221,6 +225,22 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     from flwr_fsl.core import threads
 
     pipe = getattr(threads, "pipelined", None)  # None: a library without it (a baseline tree)
+    begin = getattr(threads, "start_ranges", None)  # (queued ranges: the key check, session 39)
+
+    def counted_start(
+        work: Callable[[int], object], count: int, threads: int, *pool: str
+    ) -> object:
+        """``start_ranges`` on one thread (the calls run before it returns): pool work."""
+        assert begin is not None
+        if inside[1] or count <= 1:
+            return begin(work, count, 1, *pool)
+        inside[1] = 1
+        start = time.thread_time()
+        try:
+            return begin(work, count, 1, *pool)
+        finally:
+            inside[0] += time.thread_time() - start
+            inside[1] = 0
 
     def counted_pipe(
         items: list[object], prepare: Callable[[object], object], use: object, n: int, *pool: str
@@ -239,11 +259,12 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
         assert pipe is not None
         return pipe(items, timed, use, 1, *pool)  # type: ignore[arg-type]
 
+    counters = {"run_ranges": counted, "pipelined": counted_pipe, "start_ranges": counted_start}
     patched = [
-        (mod, attr, counted if attr == "run_ranges" else counted_pipe, was)
+        (mod, attr, counters[attr], was)
         for name, mod in list(sys.modules.items())
-        if name.startswith("flwr_fsl")
-        for attr, was in (("run_ranges", original), ("pipelined", pipe))
+        if name.startswith("flwr_fsl") and name != "flwr_fsl.core.threads"
+        for attr, was in (("run_ranges", original), ("pipelined", pipe), ("start_ranges", begin))
         if was is not None and getattr(mod, attr, None) is was
     ]
     for mod, attr, new, _ in patched:

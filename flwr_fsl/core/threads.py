@@ -13,13 +13,21 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["pipelined", "run_ranges", "worker_pool"]
+__all__ = [
+    "StartedRanges",
+    "pipelined",
+    "run_ranges",
+    "start_ranges",
+    "streamed",
+    "worker_pool",
+]
 
 _T = TypeVar("_T")
 _I = TypeVar("_I")
 _P = TypeVar("_P")
+_S = TypeVar("_S")
 
 _POOLS: dict[tuple[int, str], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
@@ -75,14 +83,78 @@ def run_ranges(
     list
         ``[work(0), ..., work(count - 1)]``.
     """
+    return start_ranges(work, count, threads, name).result()
+
+
+class StartedRanges(Generic[_T]):
+    """The calls of one :func:`start_ranges`, running or done.
+
+    Parameters
+    ----------
+    count : int
+        How many calls.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.results: list[_T | None] = [None] * count
+        self.errors: list[BaseException | None] = [None] * count
+        self.futures: list[Future[None]] = []
+
+    def wait(self) -> None:
+        """Return once every call has finished (raises nothing)."""
+        wait(self.futures)
+
+    def result(self) -> list[_T]:
+        """Wait for every call; return their results in order.
+
+        Raises
+        ------
+        BaseException
+            The error of the lowest-numbered call that failed, once all of them are done.
+        """
+        self.wait()
+        for f in self.futures:
+            f.result()  # the drains never raise; anything else (a dead pool) surfaces here
+        for err in self.errors:
+            if err is not None:
+                raise err
+        return self.results  # type: ignore[return-value]
+
+
+def start_ranges(
+    work: Callable[[int], _T], count: int, threads: int, name: str = "fsl-ssa-eval"
+) -> StartedRanges[_T]:
+    """:func:`run_ranges` without waiting: the calls are queued on the pool, in order.
+
+    The pool's workers take them after any work queued before (an SSA server queues client
+    ``i + 1``'s evaluation while client ``i``'s runs, so no worker idles at the end of
+    ``i``); :meth:`StartedRanges.result` waits. With ``threads <= 1`` or ``count <= 1`` the
+    calls run here, in order, before this returns.
+
+    Parameters
+    ----------
+    work, count, threads, name
+        As :func:`run_ranges`.
+
+    Returns
+    -------
+    StartedRanges
+        The calls' handle.
+    """
+    started: StartedRanges[_T] = StartedRanges(count)
+    results, errors = started.results, started.errors
     if threads <= 1 or count <= 1:
-        return [work(j) for j in range(count)]
+        for j in range(count):
+            try:
+                results[j] = work(j)
+            except BaseException as err:  # raised by result(), as on the pool
+                errors[j] = err
+                break  # in order: nothing after a failed call runs, as before
+        return started
     # One task per worker, each taking the next number until none is left (``next`` on an
     # ``itertools.count`` is atomic under the GIL), not one task per number: a server's client
     # is 52 ranges, and each submitted task cost a Future, a queue put and a wake-up, all
     # holding the GIL (about 2 ms of CPU per 52 ranges on 2 cores, session 35).
-    results: list[_T | None] = [None] * count
-    errors: list[BaseException | None] = [None] * count
     numbers = itertools.count()
 
     def drain() -> None:
@@ -91,18 +163,12 @@ def run_ranges(
                 return
             try:
                 results[j] = work(j)
-            except BaseException as err:  # raised below, after every call
+            except BaseException as err:  # raised by result(), after every call
                 errors[j] = err
 
     pool = worker_pool(threads, name)
-    futures: list[Future[None]] = [pool.submit(drain) for _ in range(min(threads, count))]
-    wait(futures)
-    for f in futures:
-        f.result()  # drain itself never raises; anything else (a dead pool) surfaces here
-    for err in errors:
-        if err is not None:
-            raise err
-    return results  # type: ignore[return-value]
+    started.futures = [pool.submit(drain) for _ in range(min(threads, count))]
+    return started
 
 
 def pipelined(
@@ -166,6 +232,90 @@ def pipelined(
             if ahead is not None:
                 wait([ahead])
     return out
+
+
+def streamed(
+    items: Sequence[_I],
+    prepare: Callable[[_I], _P],
+    start: Callable[[_I, _P | Exception], _S],
+    finish: Callable[[_I, _S], _T],
+    cancel: Callable[[_I, _S], None],
+    threads: int,
+    name: str = "fsl-ssa-eval",
+) -> list[_T]:
+    """Return ``[finish(x, start(x, prepare(x))) for x in items]``, item ``i + 1`` started first.
+
+    Everything runs in the caller, in order, except the pool work ``start`` queues: before
+    ``finish`` of item ``i`` (which waits for its pool work, then settles it), item ``i + 1`` is
+    prepared and started, so its work is queued behind item ``i``'s and the pool never idles
+    between the two, and what ``finish`` and ``prepare`` do in the caller overlaps the pool's
+    work on item ``i + 1`` (the SSA servers' per-client tail, issue 26). At most two items are
+    started and not finished. The second item is prepared on the pool ``name`` while the
+    caller prepares the first (before the first start the pool has nothing else to do).
+    ``start`` receives what ``prepare`` returned or the :class:`Exception` it raised, and must
+    not raise (it hands any refusal to ``finish``). If ``finish`` raises, the item started after
+    it is cancelled (``cancel``, which waits for its work and undoes it) and the error
+    propagates.
+
+    Parameters
+    ----------
+    items : Sequence
+        What to process, in order.
+    prepare : callable
+        The first step of an item, in the caller.
+    start : callable
+        Queues an item's pool work; returns its handle.
+    finish : callable
+        Waits for a started item and settles it (in item order).
+    cancel : callable
+        Waits for a started item that will not be finished and undoes its work.
+    threads : int
+        The pool's worker count (one or fewer: the second item is prepared in the caller).
+    name : str, optional
+        The pool (:func:`worker_pool`).
+
+    Returns
+    -------
+    list
+        ``finish``'s results, in the order of ``items``.
+    """
+    if not items:
+        return []
+    second: Future[_P | Exception] | None = None
+    if threads > 1 and len(items) > 1:
+        second = worker_pool(threads, name).submit(_attempt, prepare, items[1])
+
+    def begin(i: int) -> _S:
+        ready = second.result() if i == 1 and second is not None else _attempt(prepare, items[i])
+        return start(items[i], ready)
+
+    ahead: _S | None = _first(begin, second)
+    out: list[_T] = []
+    for i, item in enumerate(items):
+        started, ahead = ahead, None
+        if i + 1 < len(items):
+            try:
+                ahead = begin(i + 1)
+            except BaseException:
+                cancel(item, started)  # type: ignore[arg-type]
+                raise
+        try:
+            out.append(finish(item, started))  # type: ignore[arg-type]
+        except BaseException:
+            if ahead is not None:
+                cancel(items[i + 1], ahead)
+            raise
+    return out
+
+
+def _first(begin: Callable[[int], _S], second: Future[Any] | None) -> _S:
+    """``begin(0)``; if it raises, the second item's prepare (on the pool) is waited for first."""
+    try:
+        return begin(0)
+    except BaseException:
+        if second is not None:
+            wait([second])
+        raise
 
 
 def _attempt(prepare: Callable[[_I], _P], item: _I) -> _P | Exception:

@@ -1,4 +1,5 @@
-"""The shared worker pools: results in order, errors after every call, pools by name; pipelines."""
+"""The shared worker pools: results in order, errors after every call, pools by name; pipelines
+and streams (:func:`~flwr_fsl.core.threads.streamed`: item ``i + 1`` started before ``i`` ends)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flwr_fsl.core.threads import pipelined, run_ranges, worker_pool
+from flwr_fsl.core.threads import pipelined, run_ranges, start_ranges, streamed, worker_pool
 
 
 def test_results_come_back_in_call_order_on_any_thread_count() -> None:
@@ -180,3 +181,148 @@ def test_pipelined_on_one_thread_runs_in_the_caller_in_order() -> None:
 
     pipelined([0, 1], prepare, use, 1)
     assert calls == ["prepare 0", "use 0", "prepare 1", "use 1"]
+
+
+def test_started_ranges_run_behind_work_queued_before_and_wait_on_result() -> None:
+    """``start_ranges`` queues without waiting: a second batch runs once the first is taken."""
+    gate = threading.Event()
+    order: list[str] = []
+
+    def first(j: int) -> int:
+        assert gate.wait(5.0)
+        order.append(f"a{j}")
+        return j
+
+    a = start_ranges(first, 2, 2, "fsl-test-start")
+    b = start_ranges(lambda j: order.append(f"b{j}") or j, 3, 2, "fsl-test-start")
+    time.sleep(0.02)
+    assert order == []  # both workers hold batch a: batch b is queued behind it
+    gate.set()
+    assert b.result() == [0, 1, 2] and a.result() == [0, 1]
+    assert sorted(order) == ["a0", "a1", "b0", "b1", "b2"]
+
+
+def test_started_ranges_on_one_thread_are_done_before_start_returns() -> None:
+    calls: list[int] = []
+
+    def work(j: int) -> int:
+        calls.append(j)
+        if j == 2:
+            raise ValueError("two")
+        return j
+
+    started = start_ranges(work, 5, 1)
+    assert calls == [0, 1, 2]  # in the caller, in order, stopping at the error
+    started.wait()
+    with pytest.raises(ValueError, match="two"):
+        started.result()
+
+
+class _Log:
+    """What ``streamed``'s callbacks saw, in order; ``fail`` names the calls that raise."""
+
+    def __init__(self, fail: dict[str, int]) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def note(self, what: str, x: int) -> None:
+        with self.lock:
+            self.calls.append(f"{what} {x}")
+        if self.fail.get(what) == x:
+            raise RuntimeError(f"{what} {x} failed")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(0, 6),
+    threads=st.integers(1, 3),
+    bad_prepare=st.integers(-1, 6),
+    bad_finish=st.integers(-1, 6),
+)
+def test_streamed_starts_the_next_item_before_finishing_this_one(
+    count: int, threads: int, bad_prepare: int, bad_finish: int
+) -> None:
+    """Property: ``finish`` sees items in order, each started before the one before it is
+    finished; a refused ``prepare`` reaches ``finish`` as its exception; an error of ``finish``
+    cancels exactly the item started after it and propagates."""
+    log = _Log({"prepare": bad_prepare, "finish": bad_finish})
+    starts: list[int] = []
+
+    def prepare(x: int) -> int:
+        log.note("prepare", x)
+        return 10 * x
+
+    def start(x: int, ready: int | Exception) -> str:
+        starts.append(x)
+        log.calls.append(f"start {x}")
+        return f"{x}:{ready}"
+
+    def finish(x: int, started: str) -> str:
+        log.note("finish", x)
+        return started.upper()
+
+    def cancel(x: int, started: str) -> None:
+        log.calls.append(f"cancel {x}")
+
+    items = list(range(count))
+    want = [
+        f"{x}:prepare {x} failed".upper() if x == bad_prepare else f"{x}:{10 * x}" for x in items
+    ]
+    if 0 <= bad_finish < count:
+        with pytest.raises(RuntimeError, match=f"finish {bad_finish} failed"):
+            streamed(items, prepare, start, finish, cancel, threads, "fsl-test-stream")
+        cancelled = [c for c in log.calls if c.startswith("cancel")]
+        assert cancelled == ([f"cancel {bad_finish + 1}"] if bad_finish + 1 < count else [])
+        assert starts == list(range(min(count, bad_finish + 2)))
+    else:
+        got = streamed(items, prepare, start, finish, cancel, threads, "fsl-test-stream")
+        assert got == [w.upper() for w in want]
+        assert not any(c.startswith("cancel") for c in log.calls)
+    finishes = [int(c.split()[1]) for c in log.calls if c.startswith("finish")]
+    assert finishes == sorted(finishes)
+    for x in finishes:  # the next item was started before this one was finished
+        if x + 1 < count:
+            assert log.calls.index(f"start {x + 1}") < log.calls.index(f"finish {x}")
+
+
+def test_streamed_prepares_the_second_item_on_the_pool_beside_the_first() -> None:
+    second = threading.Event()
+    where: dict[int, str] = {}
+
+    def prepare(x: int) -> int:
+        where[x] = threading.current_thread().name
+        if x == 0:
+            assert second.wait(5.0)  # item 1 is being prepared on the pool meanwhile
+        if x == 1:
+            second.set()
+        return x
+
+    out = streamed(
+        [0, 1, 2], prepare, lambda x, r: r, lambda x, s: s, lambda x, s: None, 2, "fsl-stream"
+    )
+    assert out == [0, 1, 2]
+    assert where[1].startswith("fsl-stream")
+    me = threading.current_thread().name
+    assert where[0] == me and where[2] == me
+
+
+def test_streamed_cancels_the_started_item_when_the_next_start_raises() -> None:
+    cancelled: list[int] = []
+
+    def start(x: int, ready: int | Exception) -> int:
+        if x == 2:
+            raise KeyError("start 2")
+        return x
+
+    with pytest.raises(KeyError):
+        streamed(
+            [0, 1, 2, 3],
+            lambda x: x,
+            start,
+            lambda x, s: s,
+            lambda x, s: cancelled.append(x),
+            2,
+            "fsl-test-stream",
+        )
+    assert cancelled == [1]  # item 0 was finished; item 1 was started and is undone

@@ -54,30 +54,28 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
-from flwr_fsl.core.threads import pipelined, run_ranges
+from flwr_fsl.core.threads import pipelined, run_ranges, streamed
 from flwr_fsl.crypto.dpf import (
     DPFKeyBatch,
     DPFPublicBatch,
-    next_hint_batch,
-    update_batch,
 )
 from flwr_fsl.crypto.hashing import (
     SimpleTable,
 )
 from flwr_fsl.crypto.prg import random_seeds
+from flwr_fsl.families.ssa.client_state import SSAClientState, same_layout
+from flwr_fsl.families.ssa.client_state import layout_key as layout_key  # re-exported
+from flwr_fsl.families.ssa.messages import Placement as Placement  # re-exported
 from flwr_fsl.families.ssa.messages import (
-    Placement,
     SSAInputError,
     SSAParams,
     SSAUpload,
-    _state_from_bytes,
-    _state_to_bytes,
 )
 from flwr_fsl.families.ssa.payload import payload_words
 from flwr_fsl.families.ssa.placement import (
@@ -90,14 +88,16 @@ from flwr_fsl.families.ssa.projected_check import split_value_trailer, value_tra
 from flwr_fsl.families.ssa.server_eval import (
     ClientKeys,
     PreparedKeys,
+    StartedClient,
     evaluate_checked,
     evaluate_plain,
+    finish_checked,
     parse_head,
     prepare_keys,
     scatter_share,
+    start_checked,
 )
 from flwr_fsl.families.ssa.upload import encode_keys
-from flwr_fsl.families.ssa.upload import key_betas as _betas
 from flwr_fsl.families.ssa.verify import (
     KeyCheck,
     resolve_threads,
@@ -109,150 +109,15 @@ from flwr_fsl.submodel.aggregate import count_weighted_mean
 _RANGE_POINTS = 1 << 18
 """Points per key range of an unchecked round's evaluation (one range per thread task)."""
 
+_DIGESTS_DIFFER = (
+    "key check failed: the servers' checks differ (a key with more than one point, a count "
+    "word other than 1, or a value word out of range)"
+)
+
 DEFERRED_SCATTER_MAX_BYTES = 64 << 20
 """A server sums clients' evaluated shares in key order and scatters them once per read when
 that sum takes at most this many bytes (``m = 2**20`` single words: 48 MiB); a larger round
 scatters each client's shares as they come and holds no such sum."""
-
-
-@dataclass
-class SSAClientState:
-    """A client's keys of the current epoch, kept for U-DPF rounds (never sent).
-
-    It holds both servers' key shares, i.e. the client's secret index set and values: keep it
-    on the client (e.g. in Flower's ``Context.state``), never on the wire.
-
-    **Binary format v1** (:meth:`to_bytes`, :meth:`from_bytes`), fields of
-    :mod:`flwr_fsl.core.wireformat` in this order:
-
-    ========  ====================================================================
-    magic     4 raw bytes ``b"FSCS"``
-    version   ``u8`` = 1
-    params    ``bytes``: :meth:`SSAParams.to_bytes` of the keys' round
-    indices   ``array`` int64 ``(n,)``: distinct, in ``[0, m)``, ``n <= k``
-    alphas    ``array`` uint64 ``(B + σ,)``: every key's DPF point, below ``2**domain_bits``
-    slots     ``array`` int64 ``(B + σ,)``: per key ``EMPTY`` or its index's position;
-              every position ``0..n-1`` exactly once
-    public    ``bytes``: :meth:`~flwr_fsl.crypto.dpf.DPFPublicBatch.to_bytes`, the keys'
-              shared public part (``B + σ`` keys, the round's ``tau``, all at its epoch)
-    seeds0    ``array`` uint64 ``(B + σ, 2)``: S0's root seeds
-    seeds1    ``array`` uint64 ``(B + σ, 2)``: S1's root seeds
-    ========  ====================================================================
-
-    No trailing bytes. The per-key domain sizes are not checked against the round's simple
-    table here (that needs the table of all ``m`` indices); the servers check them on every
-    hint (:meth:`SSAServer.add_client_hint`).
-
-    Attributes
-    ----------
-    params : SSAParams
-        The round the keys were made for.
-    indices : numpy.ndarray
-        The client's (fixed) index set.
-    placement : Placement
-        Where the indices went.
-    keys : tuple[DPFKeyBatch, DPFKeyBatch]
-        Both parties' key shares.
-    """
-
-    params: SSAParams
-    indices: NDArray[np.int64]
-    placement: Placement
-    keys: tuple[DPFKeyBatch, DPFKeyBatch] = field(repr=False)
-
-    def to_bytes(self) -> bytes:
-        """Serialize the state (format v1, see the class docstring).
-
-        Returns
-        -------
-        bytes
-            The encoded state.
-
-        Raises
-        ------
-        ValueError
-            If the two key shares do not share one public part or parties are swapped.
-        """
-        return _state_to_bytes(self.params, self.indices, self.placement, self.keys)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> SSAClientState:
-        """Parse :meth:`to_bytes` output strictly.
-
-        Every length is checked against the bytes left before anything is allocated, and
-        the fields are checked against each other and the stored round.
-
-        Parameters
-        ----------
-        data : bytes
-            The encoded state.
-
-        Returns
-        -------
-        SSAClientState
-            The state (its placement without the cuckoo table).
-
-        Raises
-        ------
-        SSAInputError
-            On any malformed, truncated, extended or inconsistent input. The text names the
-            failed check only, never a stored index, value or size (they are secret).
-        """
-        return cls(*_state_from_bytes(data))
-
-    def next_round(
-        self,
-        params: SSAParams,
-        values: ArrayLike,
-        weights: ArrayLike | float,
-        rng: np.random.Generator | None = None,
-    ) -> bytes:
-        """Make the U-DPF hint moving the stored keys to this round's values.
-
-        Parameters
-        ----------
-        params : SSAParams
-            The new round: same hashing, domain and widths, a larger ``epoch``.
-        values, weights, rng
-            As in :func:`encode_update`, for the same indices in the same order.
-
-        Returns
-        -------
-        bytes
-            The serialized hint (public: both servers get the same bytes).
-
-        Raises
-        ------
-        ConfigurationError
-            If the new round is not compatible with the stored keys.
-        """
-        if not same_layout(self.params, params) or params.epoch <= self.params.epoch:
-            raise ConfigurationError("U-DPF needs the same hashing/layout and a larger epoch")
-        payload = payload_words(params, values, weights, rng)
-        if payload.shape[0] != self.indices.size:
-            raise ConfigurationError("U-DPF rounds must update the same index set")
-        betas = _betas(params, payload, self.placement.slots)
-        hint = next_hint_batch(
-            self.keys[0], self.keys[1], betas, params.epoch, alphas=self.placement.alphas
-        )
-        self.keys = (
-            update_batch(self.keys[0], hint, params.epoch),
-            update_batch(self.keys[1], hint, params.epoch),
-        )
-        self.params = params
-        return hint.to_bytes() + value_trailer(params, self.keys, betas)  # value check
-
-
-def layout_key(params: SSAParams) -> tuple[object, ...]:
-    """Return the fields that decide whether U-DPF keys carry over (:func:`same_layout`)."""
-    keep: tuple[str, ...] = ("domain_size", "num_items", "value_width", "hash_key", "num_hashes")
-    keep += ("count_weighted", "stash_size", "scale_factor", "verify")  # verify: dummy slots
-    return tuple(getattr(params, k) for k in keep)
-
-
-def same_layout(a: SSAParams, b: SSAParams) -> bool:
-    """Return True if keys made under ``a`` can be updated (U-DPF) for a round ``b``."""
-    return layout_key(a) == layout_key(b)
 
 
 def encode_update(
@@ -487,7 +352,8 @@ class SSAServer:
         # round too large for it scatters per client (DEFERRED_SCATTER_MAX_BYTES).
         self._defer = 8 * int(self._lengths.sum()) * params.key_tau <= DEFERRED_SCATTER_MAX_BYTES
         self._pending: NDArray[np.uint64] | None = None
-        self._buffer: NDArray[np.uint64] | None = None
+        self._buffers: list[NDArray[np.uint64]] = []  # free evaluation buffers, reused
+        self._in_flight = 0  # clients started (:meth:`start`) and not settled
         self._check: KeyCheck | None = None
         if params.verify:
             self._check = KeyCheck(params, party, self._lengths, self.threads, digest_key)
@@ -565,7 +431,10 @@ class SSAServer:
         same share, digests, order of :attr:`clients` and errors), but :meth:`prepare` of
         item ``i + 1`` runs on the server's threads (:func:`~flwr_fsl.core.threads.pipelined`)
         while item ``i`` is evaluated: with two or more threads the decoding no longer
-        leaves the other cores idle. A client that fails is dropped alone.
+        leaves the other cores idle. Where the server :attr:`streams`, item ``i + 1`` is
+        decoded and its evaluation queued before item ``i`` is settled
+        (:func:`~flwr_fsl.core.threads.streamed`, :meth:`start`, :meth:`settle`). A client
+        that fails is dropped alone.
 
         Parameters
         ----------
@@ -580,6 +449,20 @@ class SSAServer:
             rejected it (nothing of it was added then). Any other error propagates, after the
             clients before it were added (as when adding them one at a time).
         """
+        if self.streams:
+
+            def settle(
+                item: ClientKeys, started: StartedClient | Exception
+            ) -> bytes | ClientInputError | None:
+                try:
+                    return self.settle(item, started)
+                except ClientInputError as err:
+                    return err
+
+            def cancel(_: ClientKeys, started: StartedClient | Exception) -> None:
+                self.cancel(started)
+
+            return streamed(items, self.prepare, self.start, settle, cancel, self.threads)
 
         def use(
             item: ClientKeys, prepared: PreparedKeys | Exception
@@ -590,6 +473,99 @@ class SSAServer:
                 return err
 
         return pipelined(items, self.prepare, use, self.threads)
+
+    @property
+    def streams(self) -> bool:
+        """Whether :meth:`add_clients` streams clients through :meth:`start` and :meth:`settle`.
+
+        A checked round whose shares are summed before one scatter
+        (:data:`DEFERRED_SCATTER_MAX_BYTES`), on two or more threads: client ``i + 1``'s
+        evaluation is queued on the threads before client ``i`` is settled, so no thread
+        waits at the end of a client and the settling (digest, value check, verdict) runs
+        beside the next client's evaluation (issue 26's 2-core speed-up).
+        """
+        return self._check is not None and self._defer and self.threads > 1
+
+    def start(
+        self, item: ClientKeys, prepared: PreparedKeys | Exception
+    ) -> StartedClient | Exception:
+        """Queue a prepared client's checked evaluation; :meth:`settle` adds it, in order.
+
+        Only where :attr:`streams`. Its shares go into the running sum segment by segment as
+        they are evaluated (under per-segment locks: another started client may add to the
+        same rows); :meth:`settle` or :meth:`cancel` takes them back out of it unless the
+        client is added. Nothing else of the server changes.
+
+        Parameters
+        ----------
+        item : ClientKeys
+            The client.
+        prepared : PreparedKeys or Exception
+            :meth:`prepare` of ``item``, or the exception it raised.
+
+        Returns
+        -------
+        StartedClient or Exception
+            The queued evaluation, or the error that refuses the client (raised by
+            :meth:`settle`, in order). Never raises a client's error.
+        """
+        if not self.streams or self._check is None:
+            raise ConfigurationError("start/settle need a server that streams (see streams)")
+        if isinstance(prepared, Exception):
+            return prepared
+        buffer = self._take_buffer(prepared.keys)
+        sums = self._pending_for(prepared.keys)
+        args = (item.client_id, prepared.trailer, item.expect, self._row_offsets)
+        try:
+            started = start_checked(self.params, self._check, prepared.keys, (buffer, sums), *args)
+        except ClientInputError as err:
+            self._buffers.append(buffer)
+            return err
+        self._in_flight += 1
+        return started
+
+    def settle(self, item: ClientKeys, started: StartedClient | Exception) -> bytes | None:
+        """Wait for a started client and add it, or refuse it (:meth:`add_prepared`'s result).
+
+        Called in the order the clients were started. The checks and errors are
+        :meth:`add_client`'s, in its order (a client already added, then its decoding, then
+        its evaluation and checks); a refused client leaves nothing in the share.
+
+        Raises
+        ------
+        SSAInputError
+            As :meth:`add_client`.
+        """
+        if isinstance(started, Exception):
+            self._check_new(item.client_id)
+            raise started
+        try:
+            self._check_new(item.client_id)
+        except BaseException:
+            self.cancel(started)
+            raise
+        self._in_flight -= 1
+        # The value sums are projected here alone, or on the threads when no other client is
+        # queued on them (waiting behind another client's evaluation would stall this one).
+        threads = 1 if self._in_flight else self.threads
+        values = started.started.values
+        try:
+            values, digest = finish_checked(started, threads)
+            if item.expect is not None and not same_digest(digest, item.expect):
+                started.check.take_back(self._pending, values)  # nothing of the client stays
+                raise SSAInputError(_DIGESTS_DIFFER)
+        finally:
+            self._buffers.append(values)
+        self._register(item.client_id, started.keys)
+        return digest
+
+    def cancel(self, started: StartedClient | Exception) -> None:
+        """Wait for a started client that will not be settled; take its shares back out."""
+        if isinstance(started, Exception):
+            return
+        self._in_flight -= 1
+        started.check.cancel(started.started)
+        self._buffers.append(started.started.values)
 
     def prepare(self, item: ClientKeys) -> PreparedKeys:
         """Decode a client's keys, fresh or updated by its hint (:func:`prepare_keys`).
@@ -628,6 +604,8 @@ class SSAServer:
         self._check_new(item.client_id)
         if isinstance(prepared, Exception):
             raise prepared
+        if self._in_flight:
+            raise ConfigurationError("a started client is not settled yet (settle it first)")
         return self._accumulate(item.client_id, prepared.keys, item.expect, prepared.trailer)
 
     def discard(self, client_id: int) -> None:
@@ -646,10 +624,10 @@ class SSAServer:
         values = self._evaluate(keys)[0]
         if not self._defer:
             self._scatter(np.uint64(0) - values)
-        elif self._pending is None:  # the share was read since the client was added
-            self._pending = np.zeros_like(values)
-        if self._pending is not None:
+        else:  # (a share read since the client was added left no running sum: a new one)
+            self._pending_for(keys)
             self._add_to_pending(values, -1)
+        self._buffers.append(values)
         del self._clients[client_id]
         self.keys.pop(client_id, None)
 
@@ -667,7 +645,7 @@ class SSAServer:
 
     def share(self) -> NDArray[np.uint64]:
         """Return this server's additive share of the aggregate, ``(m, tau)`` uint64."""
-        self._buffer = None  # the round is ending: its evaluation buffer is not kept
+        self._buffers.clear()  # the round is ending: its evaluation buffers are not kept
         if self._pending is not None:
             self._scatter(self._pending)
             self._pending = None
@@ -688,18 +666,33 @@ class SSAServer:
         # One evaluation buffer per server, reused. With ``add`` each key range's values are
         # also added to ``_pending`` as soon as they are evaluated (while in cache; a failure
         # takes them back out), else the caller adds or subtracts them.
+        buffer = self._take_buffer(keys)
+        into = self._pending_for(keys) if add else None
+        try:
+            if self._check is not None:  # the key check, and the value check with a trailer
+                args = ((buffer, into), cid, trailer, expect, self._row_offsets)
+                return evaluate_checked(self.params, self._check, keys, *args)
+            ranges = (self._ranges, self._row_offsets, self._lengths)
+            evaluate_plain(keys, buffer, ranges, self.threads, into)
+        except BaseException:
+            self._buffers.append(buffer)
+            raise
+        return buffer, None
+
+    def _take_buffer(self, keys: DPFKeyBatch) -> NDArray[np.uint64]:
+        """Return a free ``(points, tau)`` evaluation buffer for ``keys`` (give it back after)."""
         shape = (int(self._lengths.sum()), keys.public.tau)
-        if self._buffer is None or self._buffer.shape != shape:
-            self._buffer = np.empty(shape, np.uint64)
-        if add and self._pending is None:
-            self._pending = np.zeros(shape, np.uint64)  # its pages fault in on the threads
-        into = self._pending if add else None
-        if self._check is not None:  # the key check, and the value check with a trailer
-            args = ((self._buffer, into), cid, trailer, expect, self._row_offsets)
-            return evaluate_checked(self.params, self._check, keys, *args)
-        ranges = (self._ranges, self._row_offsets, self._lengths)
-        evaluate_plain(keys, self._buffer, ranges, self.threads, into)
-        return self._buffer, None
+        while self._buffers:
+            buffer = self._buffers.pop()
+            if buffer.shape == shape:
+                return buffer
+        return np.empty(shape, np.uint64)
+
+    def _pending_for(self, keys: DPFKeyBatch) -> NDArray[np.uint64]:
+        """Return the running sum of accepted clients' shares (made with the first client)."""
+        if self._pending is None:  # its pages fault in on the threads
+            self._pending = np.zeros((int(self._lengths.sum()), keys.public.tau), np.uint64)
+        return self._pending
 
     def _add_to_pending(self, values: NDArray[np.uint64], sign: int) -> None:
         """``pending += sign * values`` (row slices on the server's threads)."""
@@ -722,21 +715,25 @@ class SSAServer:
         trailer: bytes | None = None,
     ) -> bytes | None:
         values, digest = self._evaluate(keys, client_id, trailer, expect, add=self._defer)
-        if expect is not None and not same_digest(digest, expect):
-            if self._defer:
-                self._add_to_pending(values, -1)  # nothing of the client stays
-            raise SSAInputError(
-                "key check failed: the servers' checks differ (a key with more than one "
-                "point, a count word other than 1, or a value word out of range)"
-            )
-        if not self._defer:
-            self._scatter(values)
+        try:
+            if expect is not None and not same_digest(digest, expect):
+                if self._defer:
+                    self._add_to_pending(values, -1)  # nothing of the client stays
+                raise SSAInputError(_DIGESTS_DIFFER)
+            if not self._defer:
+                self._scatter(values)
+        finally:
+            self._buffers.append(values)
+        self._register(client_id, keys)
+        return digest
+
+    def _register(self, client_id: int, keys: DPFKeyBatch) -> None:
+        """Record an added client (its keys kept for a discard by S0, and for U-DPF)."""
         self._clients[client_id] = None
         if self.party == 0:  # only S0, which adds before S1 checks, ever discards
             self._recent[client_id] = keys
         if self.keeps_keys:
             self.keys[client_id] = keys
-        return digest
 
     def _scatter(self, values: NDArray[np.uint64]) -> None:
         """Add evaluated shares (in key order, summed over clients) to their share rows."""

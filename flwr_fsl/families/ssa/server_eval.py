@@ -52,7 +52,7 @@ from flwr_fsl.families.ssa.projected_check import (
     value_round_check,
     value_trailer_bytes,
 )
-from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, run_adding
+from flwr_fsl.families.ssa.verify import DIGEST_BYTES, KeyCheck, StartedCheck, run_adding
 from flwr_fsl.kernels.ring import scatter_rows_window, sorted_bins
 
 __all__ = [
@@ -60,13 +60,16 @@ __all__ = [
     "WINDOW_ROWS",
     "ClientKeys",
     "PreparedKeys",
+    "StartedClient",
     "check_public",
     "evaluate_checked",
     "evaluate_plain",
+    "finish_checked",
     "parse_head",
     "prepare_keys",
     "scatter_share",
     "split_public",
+    "start_checked",
 ]
 
 WINDOW_ROWS = 4096
@@ -266,59 +269,134 @@ def evaluate_checked(
         If the keys are not verifiable or the value-check material does not match this
         server's.
     """
+    started = start_checked(params, check, keys, buffers, client, trailer, expect, offsets)
+    return finish_checked(started, check.threads)
+
+
+_Side = tuple[bytes, range_check.PreparedServerCheck] | Exception
+"""The value check's side task's result: the projection seed and prepared range check."""
+
+
+@dataclass
+class StartedClient:
+    """One client's checked evaluation queued on a server's threads (:func:`start_checked`).
+
+    Attributes
+    ----------
+    params : SSAParams
+        The round.
+    check : KeyCheck
+        The server's key check.
+    keys : DPFKeyBatch
+        The client's keys (this server's shares).
+    started : StartedCheck
+        The queued key check (and the value check's side task).
+    trailer, expect
+        As :func:`evaluate_checked`.
+    offsets : numpy.ndarray
+        As :func:`evaluate_checked`.
+    value_sums : numpy.ndarray or None
+        The projected value check's per-key value sums (None: another or no value check).
+    """
+
+    params: SSAParams
+    check: KeyCheck
+    keys: DPFKeyBatch
+    started: StartedCheck[_Side]
+    trailer: bytes | None
+    expect: bytes | None
+    offsets: NDArray[np.int64]
+    value_sums: NDArray[np.uint64] | None
+
+
+def start_checked(
+    params: SSAParams,
+    check: KeyCheck,
+    keys: DPFKeyBatch,
+    buffers: tuple[NDArray[np.uint64] | None, NDArray[np.uint64] | None],
+    client: int,
+    trailer: bytes | None,
+    expect: bytes | None,
+    offsets: NDArray[np.int64],
+) -> StartedClient:
+    """:func:`evaluate_checked`'s pool work, queued; :func:`finish_checked` settles it.
+
+    Arguments as :func:`evaluate_checked`. The value check's work that does not read the
+    shares runs as the first queued task (the public part's digest, the key parts,
+    decrypting S0's material, the FLP query); its refusal is raised by
+    :func:`finish_checked`, after the evaluation, where it always was.
+
+    Raises
+    ------
+    SSAInputError
+        If the keys are not verifiable (nothing is queued then).
+    """
     out, add_into = buffers
     if trailer is None or params.value_check_mode != "projected":
-        values, digest, _ = check.evaluate_with(keys, out=out, client=client, add_into=add_into)
-        if trailer is None:
-            return values, digest
-        with _undo_on_error(add_into, values):
-            return values, digest + value_round_check(
-                params, keys, values, offsets, trailer, expect
-            )
+        plain: StartedCheck[_Side] = check.start(keys, out=out, client=client, add_into=add_into)
+        return StartedClient(params, check, keys, plain, trailer, expect, offsets, None)
     sums = np.empty((keys.public.num_keys, params.value_width), np.uint64)
     blob_args = (params, keys, trailer, expect, DIGEST_BYTES)
 
-    def side() -> tuple[bytes, range_check.PreparedServerCheck] | Exception:
-        # The value check's work that does not read the shares (the public part's digest,
-        # the key parts, decrypting S0's material, the FLP query) runs as one task on the
-        # pool beside the evaluation, not after it on this thread alone (issue 26's serial
-        # part). A refusal is kept and raised after the evaluation, where it was raised
-        # before: the same error, and the client's shares taken back out.
+    def side() -> _Side:
         public_hash = public_binding(params, keys.public)
         try:
             return prepare_projected(*blob_args, public_hash=public_hash)
         except Exception as err:
             return err
 
-    values, digest, prepared = check.evaluate_with(
+    started = check.start(
         keys, out=out, client=client, value_sums=sums, side=side, add_into=add_into
     )
-    with _undo_on_error(add_into, values):
+    return StartedClient(params, check, keys, started, trailer, expect, offsets, sums)
+
+
+def finish_checked(client: StartedClient, threads: int) -> tuple[NDArray[np.uint64], bytes]:
+    """Wait for a started client; return its shares and this server's whole check.
+
+    ``threads`` project the value sums (:func:`project_shares`; 1 while another client's
+    evaluation is queued on the server's pool: waiting behind it would stall this one).
+
+    Raises
+    ------
+    SSAInputError
+        As :func:`evaluate_checked`; nothing of the client is left in the running sum then.
+    """
+    check, started = client.check, client.started
+    values, digest = check.finish(started)
+    prepared = started.side_result()
+    if client.trailer is None:
+        return values, digest
+    with _undo_on_error(check, started.add_into, values):
+        if client.value_sums is None:
+            blob = value_round_check(
+                client.params, client.keys, values, client.offsets, client.trailer, client.expect
+            )
+            return values, digest + blob
         if isinstance(prepared, Exception):
             raise prepared
         blob = server_projected(
-            params,
-            keys,
-            sums,
-            trailer,
-            expect,
+            client.params,
+            client.keys,
+            client.value_sums,
+            client.trailer,
+            client.expect,
             DIGEST_BYTES,
             prepared=prepared,
-            threads=check.threads,
+            threads=threads,
         )
     return values, digest + blob
 
 
 @contextmanager
 def _undo_on_error(
-    add_into: NDArray[np.uint64] | None, values: NDArray[np.uint64]
+    check: KeyCheck, add_into: NDArray[np.uint64] | None, values: NDArray[np.uint64]
 ) -> Iterator[None]:
-    """Subtract ``values`` from ``add_into`` again if the block raises."""
+    """Take ``values`` back out of ``add_into`` if the block raises (:meth:`KeyCheck.take_back`)."""
     try:
         yield
     except BaseException:
-        if add_into is not None:
-            np.subtract(add_into, values, out=add_into)
+        check.take_back(add_into, values)
         raise
 
 

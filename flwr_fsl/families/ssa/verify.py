@@ -110,8 +110,10 @@ import itertools
 import os
 import queue
 import struct
-from collections.abc import Callable
-from typing import TypeVar
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -119,7 +121,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ConfigurationError
-from flwr_fsl.core.threads import run_ranges
+from flwr_fsl.core.threads import StartedRanges, run_ranges, start_ranges
 from flwr_fsl.crypto.dpf import (
     PROOF_WORDS,
     DPFKeyBatch,
@@ -138,6 +140,7 @@ __all__ = [
     "DIGEST_KEY_BYTES",
     "THREADS_ENV",
     "KeyCheck",
+    "StartedCheck",
     "check_digest_key",
     "checks_counts",
     "client_digest",
@@ -317,6 +320,41 @@ _KEYED_SEGMENT_POINTS = 1 << 16
 version)."""
 
 
+@dataclass
+class StartedCheck(Generic[_T]):
+    """One client's key check queued on a server's threads (:meth:`KeyCheck.start`).
+
+    Attributes
+    ----------
+    values : numpy.ndarray
+        ``(points, tau)`` uint64: the output shares (written by the segments).
+    sums : numpy.ndarray or None
+        Each key's count-word sum (None: the round does not check counts).
+    add_into : numpy.ndarray or None
+        The running sum the segments add their rows to.
+    added : list[int]
+        The segments whose rows were added to ``add_into`` so far.
+    ranges : StartedRanges
+        The queued tasks: ``side()`` first (if any), then one per segment.
+    first : int
+        1 with a side task, else 0.
+    extra : list
+        ``side()``'s result, once done.
+    """
+
+    values: NDArray[np.uint64]
+    sums: NDArray[np.uint64] | None
+    add_into: NDArray[np.uint64] | None
+    added: list[int]
+    ranges: StartedRanges[bytes]
+    first: int
+    extra: list[_T] = field(default_factory=list)
+
+    def side_result(self) -> _T | None:
+        """Return ``side()``'s result (None: no side task, or not done)."""
+        return self.extra[0] if self.extra else None
+
+
 class KeyCheck:
     """One server's key check of one client: evaluation with proofs, count sums, digest.
 
@@ -363,6 +401,7 @@ class KeyCheck:
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
         # One proof buffer (and GMAC context) per thread, reused for every client: a segment
         # takes a free one, evaluates its proofs into it and hashes them (GIL released).
+        self._locks = [threading.Lock() for _ in self.segments]
         self._free: queue.SimpleQueue[tuple[NDArray[np.uint64], AESGCM | None]]
         self._free = queue.SimpleQueue()
         for _ in range(min(self.threads, max(len(self.segments), 1))):
@@ -430,6 +469,40 @@ class KeyCheck:
             If ``add_into`` or ``value_sums`` is not a C-contiguous uint64 array of its shape
             (the compiled sums would write past its end).
         """
+        started = self.start(
+            keys,
+            out=out,
+            client=client,
+            value_sums=value_sums,
+            side=side,
+            add_into=add_into,
+        )
+        values, digest = self.finish(started)
+        return values, digest, started.side_result()
+
+    def start(
+        self,
+        keys: DPFKeyBatch,
+        *,
+        out: NDArray[np.uint64] | None = None,
+        client: int = 0,
+        value_sums: NDArray[np.uint64] | None = None,
+        side: Callable[[], _T] | None = None,
+        add_into: NDArray[np.uint64] | None = None,
+    ) -> StartedCheck[_T]:
+        """:meth:`evaluate_with`'s work queued on the server's threads; :meth:`finish` waits.
+
+        Arguments as :meth:`evaluate_with`. ``out`` and ``value_sums`` belong to this client
+        until :meth:`finish` or :meth:`cancel`. Another client's check may be started before
+        this one finishes (its segments queue behind this one's): each segment adds its rows
+        to ``add_into`` under that segment's lock, so two clients' segments over the same rows
+        never add at once.
+
+        Raises
+        ------
+        SSAInputError, ConfigurationError
+            As :meth:`evaluate_with` (before anything is queued).
+        """
         if keys.public.cw_proof is None:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
@@ -440,6 +513,7 @@ class KeyCheck:
         # Every segment's key views at once, here: taken one per segment right after the last
         # one's evaluation (caches cold), they cost ~4x the CPU.
         parts = [(key_range(keys, lo, hi), self.lengths[lo:hi]) for lo, hi in self.segments]
+        added: list[int] = []
 
         def segment(j: int) -> bytes:
             lo, hi = self.segments[j]
@@ -449,9 +523,12 @@ class KeyCheck:
                 proofs = buf[: b - a]
                 part, lengths = parts[j]
                 evaluate_batch(part, lengths=lengths, out=values[a:b], proofs=proofs)
-                self._key_sums(values, (lo, hi), sums, value_sums, add_into)
-                if add_into is not None:
-                    added.append((a, b))  # list.append is atomic
+                if add_into is None:
+                    self._key_sums(values, (lo, hi), sums, value_sums, None)
+                else:
+                    with self._locks[j]:
+                        self._key_sums(values, (lo, hi), sums, value_sums, add_into)
+                    added.append(j)  # list.append is atomic
                 data = proofs.data.cast("B")  # little-endian words, in place
                 if mac is None:
                     return hashlib.sha256(data).digest()
@@ -471,16 +548,54 @@ class KeyCheck:
                 return b""
             return segment(j - first)
 
-        added: list[tuple[int, int]] = []
-        count = len(self.segments) + first
-        hashes = run_adding(task, count, self.threads, (add_into, values, added))[first:]
+        ranges = start_ranges(task, len(self.segments) + first, self.threads)
+        return StartedCheck(values, sums, add_into, added, ranges, first, extra)
+
+    def finish(self, started: StartedCheck[_T]) -> tuple[NDArray[np.uint64], bytes]:
+        """Wait for a started check; return the shares and the digest (``side()``: on ``started``).
+
+        Raises
+        ------
+        BaseException
+            The first failed segment's error, once every segment is done; nothing of the
+            client is left in ``add_into`` then.
+        """
+        try:
+            hashes = started.ranges.result()[started.first :]
+        except BaseException:
+            self.take_back(started.add_into, started.values, started.added)
+            raise
         h = hashlib.sha256(_TAG if self.digest_key is None else _TAG_V3)
         for digest in hashes:
             h.update(digest)
-        if sums is not None:
+        if started.sums is not None:
+            sums = started.sums
             norm = sums - self.one if self.party == 0 else np.uint64(0) - sums
             h.update(norm.astype("<u8").tobytes())
-        return values, h.digest(), (extra[0] if extra else None)
+        return started.values, h.digest()
+
+    def cancel(self, started: StartedCheck[_T]) -> None:
+        """Wait for a started check that will not be finished; take its rows back out."""
+        started.ranges.wait()
+        self.take_back(started.add_into, started.values, started.added)
+
+    def take_back(
+        self,
+        add_into: NDArray[np.uint64] | None,
+        values: NDArray[np.uint64],
+        segments: Iterable[int] | None = None,
+    ) -> None:
+        """Subtract segments' rows of ``values`` from ``add_into`` (default: every segment).
+
+        Under each segment's lock: another client's check may be adding to the same rows.
+        """
+        if add_into is None:
+            return
+        for j in range(len(self.segments)) if segments is None else segments:
+            lo, hi = self.segments[j]
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            with self._locks[j]:
+                np.subtract(add_into[a:b], values[a:b], out=add_into[a:b])
 
     def _check_outputs(
         self,

@@ -20,7 +20,6 @@ from flwr_fsl.crypto.hashing import EMPTY
 from flwr_fsl.families.ssa.projected_check import value_trailer
 from flwr_fsl.families.ssa.protocol import (
     SSAParams,
-    _betas,
     key_domain_bits,
     payload_words,
     place_indices,
@@ -29,6 +28,7 @@ from flwr_fsl.families.ssa.protocol import (
 from flwr_fsl.families.ssa.range_check import round_bound
 from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.two_server import ClientUpload
+from flwr_fsl.families.ssa.upload import key_betas
 from flwr_fsl.families.ssa.verify import one_word
 from tests.helper.test_helper import signer_of
 
@@ -48,7 +48,9 @@ def honest_plan(params: SSAParams, indices: np.ndarray, values: np.ndarray) -> P
     """The points and payload words an honest client with these indices and values uses."""
     placement = place_indices(params, indices)
     payload = payload_words(params, values, 1.0)
-    return Plan(placement.alphas.copy(), _betas(params, payload, placement.slots), placement.slots)
+    return Plan(
+        placement.alphas.copy(), key_betas(params, payload, placement.slots), placement.slots
+    )
 
 
 def real_key(plan: Plan) -> int:

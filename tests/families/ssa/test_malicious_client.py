@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import flwr_fsl.families.ssa.client_state as client_state
 import flwr_fsl.families.ssa.protocol as ssa
 from flwr_fsl.families.ssa.protocol import SSAParams, SSAServer, encode_update, reconstruct
 from tests.families.ssa import forge
@@ -115,8 +116,8 @@ def test_a_udpf_hint_with_a_huge_value_word_is_caught(
     one = UNIT.fixed_point.encode(np.array([[1.0]]))[0, 0]
     huge = np.array([[1 << 62, one]], dtype=np.uint64)
     with monkeypatch.context() as patch:
-        patch.setattr(ssa, "payload_words", lambda *_a, **_k: huge)
-        patch.setattr(ssa, "value_trailer", forge.forged_trailer)
+        patch.setattr(client_state, "payload_words", lambda *_a, **_k: huge)
+        patch.setattr(client_state, "value_trailer", forge.forged_trailer)
         hint = state.next_round(nxt, [[0.0]], 1.0)
     s0, s1 = (SSAServer(nxt, b, previous_keys={1: servers[b].keys[1]}) for b in (0, 1))
     digest = s0.add_client_hint(1, hint)
