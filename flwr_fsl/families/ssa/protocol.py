@@ -92,6 +92,7 @@ from flwr_fsl.families.ssa.server_eval import (
     evaluate_checked,
     evaluate_plain,
     finish_checked,
+    keeps_values,
     parse_head,
     prepare_keys,
     scatter_share,
@@ -459,9 +460,7 @@ class SSAServer:
                 except ClientInputError as err:
                     return err
 
-            def cancel(_: ClientKeys, started: StartedClient | Exception) -> None:
-                self.cancel(started)
-
+            cancel = lambda _, started: self.cancel(started)  # noqa: E731
             return streamed(items, self.prepare, self.start, settle, cancel, self.threads)
 
         def use(
@@ -476,13 +475,11 @@ class SSAServer:
 
     @property
     def streams(self) -> bool:
-        """Whether :meth:`add_clients` streams clients through :meth:`start` and :meth:`settle`.
+        """Whether :meth:`add_clients` queues client ``i + 1`` before it settles client ``i``.
 
-        A checked round whose shares are summed before one scatter
-        (:data:`DEFERRED_SCATTER_MAX_BYTES`), on two or more threads: client ``i + 1``'s
-        evaluation is queued on the threads before client ``i`` is settled, so no thread
-        waits at the end of a client and the settling (digest, value check, verdict) runs
-        beside the next client's evaluation (issue 26's 2-core speed-up).
+        A checked round with the deferred scatter, on two or more threads: no thread waits at
+        the end of a client, and settling one (digest, value check, verdict) runs beside the
+        next one's evaluation (issue 26's 2-core speed-up; :meth:`start`, :meth:`settle`).
         """
         return self._check is not None and self._defer and self.threads > 1
 
@@ -491,10 +488,11 @@ class SSAServer:
     ) -> StartedClient | Exception:
         """Queue a prepared client's checked evaluation; :meth:`settle` adds it, in order.
 
-        Only where :attr:`streams`. Its shares go into the running sum segment by segment as
-        they are evaluated (under per-segment locks: another started client may add to the
-        same rows); :meth:`settle` or :meth:`cancel` takes them back out of it unless the
-        client is added. Nothing else of the server changes.
+        A checked round with the deferred scatter (:meth:`add_client` too runs this way).
+        Its shares go into the running sum segment by segment (under per-segment locks:
+        another started client may add to the same rows), without a ``(points, tau)`` array
+        of its own unless the exact value check reads them; :meth:`settle` or :meth:`cancel`
+        takes them back out unless the client is added. Nothing else of the server changes.
 
         Parameters
         ----------
@@ -509,17 +507,18 @@ class SSAServer:
             The queued evaluation, or the error that refuses the client (raised by
             :meth:`settle`, in order). Never raises a client's error.
         """
-        if not self.streams or self._check is None:
-            raise ConfigurationError("start/settle need a server that streams (see streams)")
+        if self._check is None or not self._defer:
+            raise ConfigurationError("start/settle need a checked round with a deferred scatter")
         if isinstance(prepared, Exception):
             return prepared
-        buffer = self._take_buffer(prepared.keys)
+        keep = keeps_values(self.params, prepared.trailer)
+        buffer = self._take_buffer(prepared.keys) if keep else None
         sums = self._pending_for(prepared.keys)
-        args = (item.client_id, prepared.trailer, item.expect, self._row_offsets)
+        args = (item.client_id, prepared.trailer, item.expect, keep)
         try:
             started = start_checked(self.params, self._check, prepared.keys, (buffer, sums), *args)
         except ClientInputError as err:
-            self._buffers.append(buffer)
+            self._give_back(buffer)
             return err
         self._in_flight += 1
         return started
@@ -548,14 +547,13 @@ class SSAServer:
         # The value sums are projected here alone, or on the threads when no other client is
         # queued on them (waiting behind another client's evaluation would stall this one).
         threads = 1 if self._in_flight else self.threads
-        values = started.started.values
         try:
-            values, digest = finish_checked(started, threads)
+            _, digest = finish_checked(started, threads)
             if item.expect is not None and not same_digest(digest, item.expect):
-                started.check.take_back(self._pending, values)  # nothing of the client stays
+                started.check.take_back(started.started)  # nothing of the client stays
                 raise SSAInputError(_DIGESTS_DIFFER)
         finally:
-            self._buffers.append(values)
+            self._give_back(started.started.values)
         self._register(item.client_id, started.keys)
         return digest
 
@@ -565,7 +563,7 @@ class SSAServer:
             return
         self._in_flight -= 1
         started.check.cancel(started.started)
-        self._buffers.append(started.started.values)
+        self._give_back(started.started.values)
 
     def prepare(self, item: ClientKeys) -> PreparedKeys:
         """Decode a client's keys, fresh or updated by its hint (:func:`prepare_keys`).
@@ -606,6 +604,8 @@ class SSAServer:
             raise prepared
         if self._in_flight:
             raise ConfigurationError("a started client is not settled yet (settle it first)")
+        if self._check is not None and self._defer:
+            return self.settle(item, self.start(item, prepared))
         return self._accumulate(item.client_id, prepared.keys, item.expect, prepared.trailer)
 
     def discard(self, client_id: int) -> None:
@@ -670,7 +670,7 @@ class SSAServer:
         into = self._pending_for(keys) if add else None
         try:
             if self._check is not None:  # the key check, and the value check with a trailer
-                args = ((buffer, into), cid, trailer, expect, self._row_offsets)
+                args = ((buffer, into), cid, trailer, expect)
                 return evaluate_checked(self.params, self._check, keys, *args)
             ranges = (self._ranges, self._row_offsets, self._lengths)
             evaluate_plain(keys, buffer, ranges, self.threads, into)
@@ -687,6 +687,10 @@ class SSAServer:
             if buffer.shape == shape:
                 return buffer
         return np.empty(shape, np.uint64)
+
+    def _give_back(self, buffer: NDArray[np.uint64] | None) -> None:
+        if buffer is not None:  # a free evaluation buffer again
+            self._buffers.append(buffer)
 
     def _pending_for(self, keys: DPFKeyBatch) -> NDArray[np.uint64]:
         """Return the running sum of accepted clients' shares (made with the first client)."""
@@ -716,9 +720,7 @@ class SSAServer:
     ) -> bytes | None:
         values, digest = self._evaluate(keys, client_id, trailer, expect, add=self._defer)
         try:
-            if expect is not None and not same_digest(digest, expect):
-                if self._defer:
-                    self._add_to_pending(values, -1)  # nothing of the client stays
+            if expect is not None and not same_digest(digest, expect):  # (nothing was added)
                 raise SSAInputError(_DIGESTS_DIFFER)
             if not self._defer:
                 self._scatter(values)

@@ -65,6 +65,7 @@ __all__ = [
     "evaluate_checked",
     "evaluate_plain",
     "finish_checked",
+    "keeps_values",
     "parse_head",
     "prepare_keys",
     "scatter_share",
@@ -230,7 +231,6 @@ def evaluate_checked(
     client: int,
     trailer: bytes | None,
     expect: bytes | None,
-    offsets: NDArray[np.int64],
 ) -> tuple[NDArray[np.uint64], bytes]:
     """Evaluate a client's keys with the round's checks; return the shares and the whole check.
 
@@ -254,8 +254,6 @@ def evaluate_checked(
         The value check's trailer (None: the round has no value check).
     expect : bytes, optional
         The other server's check of the client (S1), or None (S0).
-    offsets : numpy.ndarray
-        Each key's first output row, then the total (the exact value check's input).
 
     Returns
     -------
@@ -269,8 +267,10 @@ def evaluate_checked(
         If the keys are not verifiable or the value-check material does not match this
         server's.
     """
-    started = start_checked(params, check, keys, buffers, client, trailer, expect, offsets)
-    return finish_checked(started, check.threads)
+    started = start_checked(params, check, keys, buffers, client, trailer, expect)
+    values, blob = finish_checked(started, check.threads)
+    assert values is not None  # (keep_values)
+    return values, blob
 
 
 _Side = tuple[bytes, range_check.PreparedServerCheck] | Exception
@@ -293,8 +293,6 @@ class StartedClient:
         The queued key check (and the value check's side task).
     trailer, expect
         As :func:`evaluate_checked`.
-    offsets : numpy.ndarray
-        As :func:`evaluate_checked`.
     value_sums : numpy.ndarray or None
         The projected value check's per-key value sums (None: another or no value check).
     """
@@ -305,7 +303,6 @@ class StartedClient:
     started: StartedCheck[_Side]
     trailer: bytes | None
     expect: bytes | None
-    offsets: NDArray[np.int64]
     value_sums: NDArray[np.uint64] | None
 
 
@@ -317,11 +314,13 @@ def start_checked(
     client: int,
     trailer: bytes | None,
     expect: bytes | None,
-    offsets: NDArray[np.int64],
+    keep_values: bool = True,
 ) -> StartedClient:
     """:func:`evaluate_checked`'s pool work, queued; :func:`finish_checked` settles it.
 
-    Arguments as :func:`evaluate_checked`. The value check's work that does not read the
+    Arguments as :func:`evaluate_checked`; ``keep_values`` False (with a running sum) keeps
+    no output shares (:meth:`KeyCheck.start`) unless the value check reads them
+    (:func:`keeps_values`). The value check's work that does not read the
     shares runs as the first queued task (the public part's digest, the key parts,
     decrypting S0's material, the FLP query); its refusal is raised by
     :func:`finish_checked`, after the evaluation, where it always was.
@@ -332,9 +331,12 @@ def start_checked(
         If the keys are not verifiable (nothing is queued then).
     """
     out, add_into = buffers
+    keep = keep_values or keeps_values(params, trailer)
     if trailer is None or params.value_check_mode != "projected":
-        plain: StartedCheck[_Side] = check.start(keys, out=out, client=client, add_into=add_into)
-        return StartedClient(params, check, keys, plain, trailer, expect, offsets, None)
+        plain: StartedCheck[_Side] = check.start(
+            keys, out=out, client=client, add_into=add_into, keep_values=keep
+        )
+        return StartedClient(params, check, keys, plain, trailer, expect, None)
     sums = np.empty((keys.public.num_keys, params.value_width), np.uint64)
     blob_args = (params, keys, trailer, expect, DIGEST_BYTES)
 
@@ -346,13 +348,24 @@ def start_checked(
             return err
 
     started = check.start(
-        keys, out=out, client=client, value_sums=sums, side=side, add_into=add_into
+        keys,
+        out=out,
+        client=client,
+        value_sums=sums,
+        side=side,
+        add_into=add_into,
+        keep_values=keep,
     )
-    return StartedClient(params, check, keys, started, trailer, expect, offsets, sums)
+    return StartedClient(params, check, keys, started, trailer, expect, sums)
 
 
-def finish_checked(client: StartedClient, threads: int) -> tuple[NDArray[np.uint64], bytes]:
-    """Wait for a started client; return its shares and this server's whole check.
+def keeps_values(params: SSAParams, trailer: bytes | None) -> bool:
+    """Whether a client's value check reads its output shares (the exact check does)."""
+    return trailer is not None and params.value_check_mode != "projected"
+
+
+def finish_checked(client: StartedClient, threads: int) -> tuple[NDArray[np.uint64] | None, bytes]:
+    """Wait for a started client; return its shares (None: not kept) and this server's check.
 
     ``threads`` project the value sums (:func:`project_shares`; 1 while another client's
     evaluation is queued on the server's pool: waiting behind it would stall this one).
@@ -367,10 +380,16 @@ def finish_checked(client: StartedClient, threads: int) -> tuple[NDArray[np.uint
     prepared = started.side_result()
     if client.trailer is None:
         return values, digest
-    with _undo_on_error(check, started.add_into, values):
+    with _undo_on_error(check, started):
         if client.value_sums is None:
+            assert values is not None  # (keeps_values)
             blob = value_round_check(
-                client.params, client.keys, values, client.offsets, client.trailer, client.expect
+                client.params,
+                client.keys,
+                values,
+                client.check.offsets,
+                client.trailer,
+                client.expect,
             )
             return values, digest + blob
         if isinstance(prepared, Exception):
@@ -389,14 +408,12 @@ def finish_checked(client: StartedClient, threads: int) -> tuple[NDArray[np.uint
 
 
 @contextmanager
-def _undo_on_error(
-    check: KeyCheck, add_into: NDArray[np.uint64] | None, values: NDArray[np.uint64]
-) -> Iterator[None]:
-    """Take ``values`` back out of ``add_into`` if the block raises (:meth:`KeyCheck.take_back`)."""
+def _undo_on_error(check: KeyCheck, started: StartedCheck[_Side]) -> Iterator[None]:
+    """Take a client's shares back out of its running sum if the block raises."""
     try:
         yield
     except BaseException:
-        check.take_back(add_into, values)
+        check.take_back(started)
         raise
 
 

@@ -321,13 +321,29 @@ version)."""
 
 
 @dataclass
+class _Worker:
+    """One thread's reused buffers of a key check: proofs, GMAC context, output rows."""
+
+    proofs: NDArray[np.uint64]
+    mac: AESGCM | None
+    rows: NDArray[np.uint64] | None = None
+
+    def rows_for(self, count: int, tau: int) -> NDArray[np.uint64]:
+        """Return ``count`` output rows of width ``tau`` (made, or grown, on first use)."""
+        if self.rows is None or self.rows.shape[1] != tau or self.rows.shape[0] < count:
+            self.rows = np.empty((max(count, self.proofs.shape[0]), tau), np.uint64)
+        return self.rows[:count]
+
+
+@dataclass
 class StartedCheck(Generic[_T]):
     """One client's key check queued on a server's threads (:meth:`KeyCheck.start`).
 
     Attributes
     ----------
-    values : numpy.ndarray
-        ``(points, tau)`` uint64: the output shares (written by the segments).
+    values : numpy.ndarray or None
+        ``(points, tau)`` uint64: the output shares (written by the segments); None where
+        they are not kept (``keep_values`` False).
     sums : numpy.ndarray or None
         Each key's count-word sum (None: the round does not check counts).
     add_into : numpy.ndarray or None
@@ -338,16 +354,20 @@ class StartedCheck(Generic[_T]):
         The queued tasks: ``side()`` first (if any), then one per segment.
     first : int
         1 with a side task, else 0.
+    parts : list
+        Per segment, its keys' view and lengths (what :meth:`KeyCheck.take_back` evaluates
+        again).
     extra : list
         ``side()``'s result, once done.
     """
 
-    values: NDArray[np.uint64]
+    values: NDArray[np.uint64] | None
     sums: NDArray[np.uint64] | None
     add_into: NDArray[np.uint64] | None
     added: list[int]
     ranges: StartedRanges[bytes]
     first: int
+    parts: list[tuple[DPFKeyBatch, NDArray[np.int64]]]
     extra: list[_T] = field(default_factory=list)
 
     def side_result(self) -> _T | None:
@@ -400,13 +420,14 @@ class KeyCheck:
         self.segments = segments(lengths, _KEYED_SEGMENT_POINTS if keyed else _SEGMENT_POINTS)
         most = max((int(self.offsets[b] - self.offsets[a]) for a, b in self.segments), default=0)
         # One proof buffer (and GMAC context) per thread, reused for every client: a segment
-        # takes a free one, evaluates its proofs into it and hashes them (GIL released).
+        # takes a free one, evaluates its proofs into it and hashes them (GIL released). Its
+        # output rows go to the client's output, or (``keep_values`` False) to the worker's
+        # own rows, added to the running sum from cache: no ``(points, tau)`` array per client.
         self._locks = [threading.Lock() for _ in self.segments]
-        self._free: queue.SimpleQueue[tuple[NDArray[np.uint64], AESGCM | None]]
-        self._free = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         for _ in range(min(self.threads, max(len(self.segments), 1))):
             mac = AESGCM(self.digest_key) if self.digest_key is not None else None
-            self._free.put((np.empty((most, PROOF_WORDS), np.uint64), mac))
+            self._free.put(_Worker(np.empty((most, PROOF_WORDS), np.uint64), mac))
 
     def evaluate(
         self, keys: DPFKeyBatch, out: NDArray[np.uint64] | None = None, client: int = 0
@@ -478,6 +499,7 @@ class KeyCheck:
             add_into=add_into,
         )
         values, digest = self.finish(started)
+        assert values is not None  # (keep_values)
         return values, digest, started.side_result()
 
     def start(
@@ -489,14 +511,18 @@ class KeyCheck:
         value_sums: NDArray[np.uint64] | None = None,
         side: Callable[[], _T] | None = None,
         add_into: NDArray[np.uint64] | None = None,
+        keep_values: bool = True,
     ) -> StartedCheck[_T]:
         """:meth:`evaluate_with`'s work queued on the server's threads; :meth:`finish` waits.
 
-        Arguments as :meth:`evaluate_with`. ``out`` and ``value_sums`` belong to this client
-        until :meth:`finish` or :meth:`cancel`. Another client's check may be started before
-        this one finishes (its segments queue behind this one's): each segment adds its rows
-        to ``add_into`` under that segment's lock, so two clients' segments over the same rows
-        never add at once.
+        Arguments as :meth:`evaluate_with`; with ``keep_values`` False (and ``add_into``) the
+        output shares are not kept: each segment's rows are summed and added from a worker's
+        own buffer, and :attr:`StartedCheck.values` is None (:meth:`take_back` evaluates a
+        segment again to subtract it: only a refused client pays that). ``out`` and
+        ``value_sums`` belong to this client until :meth:`finish` or :meth:`cancel`. Another
+        client's check may be started before this one finishes (its segments queue behind
+        this one's): each segment adds its rows to ``add_into`` under that segment's lock, so
+        two clients' segments over the same rows never add at once.
 
         Raises
         ------
@@ -507,7 +533,11 @@ class KeyCheck:
             raise SSAInputError("keys carry no proof words, the round checks every key")
         shape = (int(self.offsets[-1]), keys.public.tau)
         self._check_outputs(shape, value_sums, add_into)
-        values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
+        if not keep_values and add_into is None:
+            raise ConfigurationError("keep_values=False needs add_into (the shares go there)")
+        values: NDArray[np.uint64] | None = None
+        if keep_values:
+            values = out if out is not None and out.shape == shape else np.empty(shape, np.uint64)
         sums = np.empty(self.lengths.shape[0], np.uint64) if self.counts else None
         who = int(client) & 0xFFFF_FFFF_FFFF_FFFF
         # Every segment's key views at once, here: taken one per segment right after the last
@@ -518,25 +548,26 @@ class KeyCheck:
         def segment(j: int) -> bytes:
             lo, hi = self.segments[j]
             a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            buf, mac = self._free.get()
+            worker = self._free.get()
             try:
-                proofs = buf[: b - a]
+                proofs = worker.proofs[: b - a]
+                rows = values[a:b] if values is not None else worker.rows_for(b - a, shape[1])
                 part, lengths = parts[j]
-                evaluate_batch(part, lengths=lengths, out=values[a:b], proofs=proofs)
+                evaluate_batch(part, lengths=lengths, out=rows, proofs=proofs)
                 if add_into is None:
-                    self._key_sums(values, (lo, hi), sums, value_sums, None)
+                    self._key_sums(rows, a, (lo, hi), (sums, value_sums), None)
                 else:
                     with self._locks[j]:
-                        self._key_sums(values, (lo, hi), sums, value_sums, add_into)
+                        self._key_sums(rows, a, (lo, hi), (sums, value_sums), add_into)
                     added.append(j)  # list.append is atomic
                 data = proofs.data.cast("B")  # little-endian words, in place
-                if mac is None:
+                if worker.mac is None:
                     return hashlib.sha256(data).digest()
                 if len(data) <= _ONE_SHOT_BYTES:
-                    return mac.encrypt(_NONCE.pack(who, j), b"", data)  # the 16-byte tag
+                    return worker.mac.encrypt(_NONCE.pack(who, j), b"", data)  # the 16-byte tag
                 return _gmac_streamed(self.digest_key or b"", _NONCE.pack(who, j), data)
             finally:
-                self._free.put((buf, mac))
+                self._free.put(worker)
 
         first = int(side is not None)
         extra: list[_T] = []
@@ -549,9 +580,9 @@ class KeyCheck:
             return segment(j - first)
 
         ranges = start_ranges(task, len(self.segments) + first, self.threads)
-        return StartedCheck(values, sums, add_into, added, ranges, first, extra)
+        return StartedCheck(values, sums, add_into, added, ranges, first, parts, extra)
 
-    def finish(self, started: StartedCheck[_T]) -> tuple[NDArray[np.uint64], bytes]:
+    def finish(self, started: StartedCheck[_T]) -> tuple[NDArray[np.uint64] | None, bytes]:
         """Wait for a started check; return the shares and the digest (``side()``: on ``started``).
 
         Raises
@@ -563,7 +594,7 @@ class KeyCheck:
         try:
             hashes = started.ranges.result()[started.first :]
         except BaseException:
-            self.take_back(started.add_into, started.values, started.added)
+            self.take_back(started, started.added)
             raise
         h = hashlib.sha256(_TAG if self.digest_key is None else _TAG_V3)
         for digest in hashes:
@@ -577,25 +608,34 @@ class KeyCheck:
     def cancel(self, started: StartedCheck[_T]) -> None:
         """Wait for a started check that will not be finished; take its rows back out."""
         started.ranges.wait()
-        self.take_back(started.add_into, started.values, started.added)
+        self.take_back(started, started.added)
 
-    def take_back(
-        self,
-        add_into: NDArray[np.uint64] | None,
-        values: NDArray[np.uint64],
-        segments: Iterable[int] | None = None,
-    ) -> None:
-        """Subtract segments' rows of ``values`` from ``add_into`` (default: every segment).
+    def take_back(self, started: StartedCheck[_T], segments: Iterable[int] | None = None) -> None:
+        """Subtract a client's segments' rows from its running sum (default: every segment).
 
         Under each segment's lock: another client's check may be adding to the same rows.
+        Shares that were not kept are evaluated again (the same words: DPF evaluation is
+        deterministic) on this thread.
         """
+        add_into = started.add_into
         if add_into is None:
             return
         for j in range(len(self.segments)) if segments is None else segments:
             lo, hi = self.segments[j]
             a, b = int(self.offsets[lo]), int(self.offsets[hi])
-            with self._locks[j]:
-                np.subtract(add_into[a:b], values[a:b], out=add_into[a:b])
+            if started.values is not None:
+                with self._locks[j]:
+                    np.subtract(add_into[a:b], started.values[a:b], out=add_into[a:b])
+                continue
+            worker = self._free.get()
+            try:
+                rows = worker.rows_for(b - a, add_into.shape[1])
+                part, lengths = started.parts[j]
+                evaluate_batch(part, lengths=lengths, out=rows, proofs=worker.proofs[: b - a])
+                with self._locks[j]:
+                    np.subtract(add_into[a:b], rows, out=add_into[a:b])
+            finally:
+                self._free.put(worker)
 
     def _check_outputs(
         self,
@@ -622,26 +662,28 @@ class KeyCheck:
 
     def _key_sums(
         self,
-        values: NDArray[np.uint64],
+        rows: NDArray[np.uint64],
+        first: int,
         keys: tuple[int, int],
-        sums: NDArray[np.uint64] | None,
-        value_sums: NDArray[np.uint64] | None,
+        into: tuple[NDArray[np.uint64] | None, NDArray[np.uint64] | None],
         add_into: NDArray[np.uint64] | None,
     ) -> None:
-        """Keys ``lo..hi-1``: count words into ``sums``, value words into ``value_sums``.
+        """Keys ``lo..hi-1`` (output ``rows``, the client's rows from ``first`` on): sums.
 
-        Their rows are also added to ``add_into``, in the same pass
+        Count words go into ``into[0]``, value words into ``into[1]``; the rows are also added
+        to the same rows of ``add_into``, in the same pass
         (:func:`~flwr_fsl.kernels.ring.key_sums_rows`).
         """
         lo, hi = keys
-        none = np.zeros((0, values.shape[1]), np.uint64)  # a part switched off
+        sums, value_sums = into
+        none = np.zeros((0, rows.shape[1]), np.uint64)  # a part switched off
         key_sums_rows(
-            values,
-            self.offsets[lo : hi + 1],  # every key has a point (its dummy slot)
+            rows,
+            self.offsets[lo : hi + 1] - first,  # every key has a point (its dummy slot)
             none[:, :1] if value_sums is None else value_sums[lo:hi],
             none[:, 0] if sums is None else sums[lo:hi],
             self.params.tau - 1,  # the count word (padding, if any, comes after it)
-            none if add_into is None else add_into,
+            none if add_into is None else add_into[first : first + rows.shape[0]],
         )
 
 

@@ -186,9 +186,13 @@ def test_hints_stream_as_one_at_a_time() -> None:
 def test_start_and_settle_are_refused_where_they_do_not_apply() -> None:
     params, key = _params(), new_digest_key()
     item = _items(["good"], 0)[0]
-    one = SSAServer(params, 0, threads=1, digest_key=key)
-    with pytest.raises(ConfigurationError, match="streams"):
-        one.start(item, one.prepare(item))
+    unchecked = SSAServer(replace(params, verify=False), 0, threads=2)
+    plain = ClientKeys(0, _uploads(replace(params, verify=False), 1)[0].public_part, b"\x01" * 16)
+    with pytest.raises(ConfigurationError, match="checked round"):
+        unchecked.start(plain, unchecked.prepare(plain))
+    one = SSAServer(params, 0, threads=1, digest_key=key)  # one thread: no stream, the same path
+    assert not one.streams
+    assert one.settle(item, one.start(item, one.prepare(item))) is not None
     server = SSAServer(params, 0, threads=2, digest_key=key)
     started = server.start(item, server.prepare(item))
     with pytest.raises(ConfigurationError, match="not settled"):
