@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +81,7 @@ from numpy.typing import NDArray
 
 from flwr_fsl.core.errors import ClientInputError, ConfigurationError
 from flwr_fsl.core.privacy import PrivacyAccount
-from flwr_fsl.core.threads import pipelined
+from flwr_fsl.core.threads import pipelined, streamed
 from flwr_fsl.crypto import sealing
 from flwr_fsl.crypto.dpf import DPFKeyBatch
 from flwr_fsl.families.ssa import sealing as ssa_sealing
@@ -95,6 +95,7 @@ from flwr_fsl.families.ssa.protocol import (
     held_digest,
     layout_key,
 )
+from flwr_fsl.families.ssa.server_eval import StartedClient
 from flwr_fsl.families.ssa.verify import check_digest_key
 from flwr_fsl.helper import wire
 from flwr_fsl.helper.errors import HelperRequestError
@@ -106,6 +107,9 @@ if TYPE_CHECKING:
     from flwr_fsl.helper.service import HelperService
 
 _Ready = tuple[ssa_sealing.OpenedUpload, PreparedKeys | Exception]
+_Row = tuple[int, bytes, bytes, bytes | None]  # client, public part, sealed seed, S0's digest
+_Add = Callable[[ClientKeys, PreparedKeys | Exception], bytes | None]
+_Started = tuple[_Ready | Exception, StartedClient | Exception | None]
 """A fresh upload opened and decoded ahead (or the error decoding raised)."""
 
 __all__ = [
@@ -286,7 +290,7 @@ class SSAService:
         return wire.ClientResultsResponse(tuple(results))
 
     def _add_uploads(
-        self, state: SSARound, rows: Sequence[tuple[int, bytes, bytes, bytes | None]]
+        self, state: SSARound, rows: Sequence[_Row]
     ) -> list[tuple[str | None, bytes | None]]:
         """Add clients' fresh keys in order; return each one's ``(reason refused, digest)``.
 
@@ -296,51 +300,103 @@ class SSAService:
         a client that fails is refused alone with the reason. Opening a client's seal (which
         hashes its public part) and decoding its keys read no round state, so the next
         client's run on S1's threads while this one is evaluated
-        (:func:`~flwr_fsl.core.threads.pipelined`, :meth:`SSAServer.prepare`).
+        (:func:`~flwr_fsl.core.threads.pipelined`, :meth:`SSAServer.prepare`); where the
+        round :attr:`~SSAServer.streams`, the next client's keys are also evaluated while this
+        one is settled (:meth:`_stream_uploads`).
         """
-        rid = state.params.round_id
 
-        def prepare(row: tuple[int, bytes, bytes, bytes | None]) -> _Ready:
-            client, public, sealed, _ = row
-            opened = ssa_sealing.open_ssa_upload(
-                self.host.keypair,
-                sealed,
-                binding=state.binding,
-                client_id=client,
-                public_part=public,
-            )
-            try:
-                keys: PreparedKeys | Exception = state.ssa.prepare(
-                    ClientKeys(client, public, opened.master_seed)
-                )
-            except Exception as err:  # raised in order, by add_prepared
-                keys = err
-            return opened, keys
+        def prepare(row: _Row) -> _Ready:
+            return self._open_upload(state, row)
 
-        def use(
-            row: tuple[int, bytes, bytes, bytes | None], ready: _Ready | Exception
-        ) -> tuple[str | None, bytes | None]:
-            client, public, _, expect = row
-            reason = claim(state.submitted, client, rid)
-            if reason is not None:
-                return reason, None
-            try:
-                if isinstance(ready, Exception):
-                    raise ready  # the seal did not open
-                opened, keys = ready
-                refused = self._signer_refused(state, client, opened.signer)
-                if refused is not None:
-                    raise SignerRefusedError(refused)
-                item = ClientKeys(client, public, opened.master_seed, expect)
-                digest = state.ssa.add_prepared(item, keys)
-            except SignerRefusedError as err:
-                return str(err), None
-            except ClientInputError as err:
-                return f"{type(err).__name__}: {err}", None
-            state.signers[opened.signer] = client
-            return None, digest
+        def use(row: _Row, ready: _Ready | Exception) -> tuple[str | None, bytes | None]:
+            return self._settle_upload(state, row, ready, state.ssa.add_prepared)
 
+        if state.ssa.streams:
+            return self._stream_uploads(state, rows)
         return pipelined(rows, prepare, use, state.ssa.threads)
+
+    def _open_upload(self, state: SSARound, row: _Row) -> _Ready:
+        """Open a client's sealed seed and decode its keys (a refusal: the keys' exception)."""
+        client, public, sealed, _ = row
+        opened = ssa_sealing.open_ssa_upload(
+            self.host.keypair,
+            sealed,
+            binding=state.binding,
+            client_id=client,
+            public_part=public,
+        )
+        try:
+            keys: PreparedKeys | Exception = state.ssa.prepare(
+                ClientKeys(client, public, opened.master_seed)
+            )
+        except Exception as err:  # raised in order, by add_prepared
+            keys = err
+        return opened, keys
+
+    def _settle_upload(
+        self, state: SSARound, row: _Row, ready: _Ready | Exception, add: _Add
+    ) -> tuple[str | None, bytes | None]:
+        """Claim a client, check its opened seal and signer, then ``add`` its keys."""
+        client, public, _, expect = row
+        reason = claim(state.submitted, client, state.params.round_id)
+        if reason is not None:
+            return reason, None
+        try:
+            if isinstance(ready, Exception):
+                raise ready  # the seal did not open
+            opened, keys = ready
+            refused = self._signer_refused(state, client, opened.signer)
+            if refused is not None:
+                raise SignerRefusedError(refused)
+            digest = add(ClientKeys(client, public, opened.master_seed, expect), keys)
+        except SignerRefusedError as err:
+            return str(err), None
+        except ClientInputError as err:
+            return f"{type(err).__name__}: {err}", None
+        state.signers[opened.signer] = client
+        return None, digest
+
+    def _stream_uploads(
+        self, state: SSARound, rows: Sequence[_Row]
+    ) -> list[tuple[str | None, bytes | None]]:
+        """:meth:`_add_uploads` streamed (:func:`~flwr_fsl.core.threads.streamed`).
+
+        The next client's keys are evaluated while this one is claimed, its signer checked and
+        its keys settled (:meth:`SSAServer.settle`), in the same order; keys started for a
+        client that is refused before they are settled are taken back out
+        (:meth:`SSAServer.cancel`).
+        """
+
+        def start(row: _Row, ready: _Ready | Exception) -> _Started:
+            client, public, _, expect = row
+            if isinstance(ready, Exception) or client in state.submitted:
+                return ready, None  # refused by _settle_upload, in order: nothing to evaluate
+            opened, keys = ready
+            item = ClientKeys(client, public, opened.master_seed, expect)
+            return ready, state.ssa.start(item, keys)
+
+        def finish(row: _Row, started: _Started) -> tuple[str | None, bytes | None]:
+            held = [started[1]]
+
+            def settle(item: ClientKeys, _: PreparedKeys | Exception) -> bytes | None:
+                begun, held[0] = held[0], None
+                assert begun is not None  # started for every client that gets this far
+                return state.ssa.settle(item, begun)
+
+            try:
+                return self._settle_upload(state, row, started[0], settle)
+            finally:
+                if held[0] is not None:  # refused before its keys were settled
+                    state.ssa.cancel(held[0])
+
+        def cancel(_: _Row, started: _Started) -> None:
+            if started[1] is not None:
+                state.ssa.cancel(started[1])
+
+        def prepare(row: _Row) -> _Ready:
+            return self._open_upload(state, row)
+
+        return streamed(rows, prepare, start, finish, cancel, state.ssa.threads)
 
     def _add_hint(
         self,

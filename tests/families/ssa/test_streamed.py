@@ -22,10 +22,12 @@ from hypothesis import strategies as st
 from flwr_fsl.core.errors import ConfigurationError
 from flwr_fsl.families.ssa import protocol, server_eval, verify
 from flwr_fsl.families.ssa.protocol import ClientKeys, SSAInputError, SSAServer, encode_update
+from flwr_fsl.families.ssa.sealing import seal_ssa_upload
 from flwr_fsl.families.ssa.verify import new_digest_key
 from tests.families.ssa.test_pipelined import _one_at_a_time, _same
 from tests.families.ssa.test_threads import _uploads
-from tests.helper.test_helper import make_params
+from tests.families.ssa.test_two_server import assert_matches
+from tests.helper.test_helper import bind, make_clients, make_params, signer_of, twin, upload_for
 
 _KINDS = ("good", "good", "good", "truncated", "short seed", "flipped", "again", "wrong expect")
 
@@ -199,3 +201,51 @@ def test_start_and_settle_are_refused_where_they_do_not_apply() -> None:
         server.add_prepared(item, server.prepare(item))
     assert server.settle(item, started) is not None
     assert server.clients == (0,)
+
+
+def test_s1_streams_a_checked_chunk_and_undoes_clients_refused_before_settling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """S1's helper evaluates the next upload while it claims and checks this one: a client
+    refused after its keys were started (a second signature by one signer) leaves nothing in
+    S1's share, a client already submitted is refused before anything is evaluated, and the
+    round is exact."""
+    monkeypatch.setenv(verify.THREADS_ENV, "2")  # S1's round streams on any machine
+    params = make_params(1, weighted=False, epoch=0, verify=True)
+    clients = [replace(c, weight=1.0) for c in make_clients(4)]  # unit weights: counts are 1
+    helper = twin()
+    helper.open_round(1, params.to_bytes())
+    pub = helper.public_key()
+    s0 = SSAServer(params, 0)
+    uploads, digests = {}, {}
+    for c in clients:
+        upload, sealed = upload_for(params, c, pub)
+        uploads[c.cid] = (upload, sealed)
+        digests[c.cid] = s0.add_client(c.cid, upload.public_part, upload.master_seeds[0])
+    c = [client.cid for client in clients]
+    sybil, _ = uploads[c[1]]
+    sybil_sealed = seal_ssa_upload(  # client 1's keys, signed with client 0's key
+        pub,
+        binding=bind(params),
+        client_id=c[1],
+        public_part=sybil.public_part,
+        master_seed=sybil.master_seeds[1],
+        signer=signer_of(c[0]),
+    )
+    items = [
+        (c[0], uploads[c[0]][0].public_part, uploads[c[0]][1], digests[c[0]]),
+        (c[1], sybil.public_part, sybil_sealed, digests[c[1]]),  # signer refused
+        (c[2], uploads[c[2]][0].public_part, uploads[c[2]][1], digests[c[2]]),
+        (c[3], uploads[c[3]][0].public_part, uploads[c[3]][1], digests[c[3]]),
+    ]
+    got = helper.add_checked(1, items, hints=False)  # type: ignore[arg-type]
+    assert "already signed for client" in str(got[c[1]])
+    again = helper.add_checked(1, [items[0]], hints=False)  # type: ignore[list-item]
+    assert "already submitted" in str(again[c[0]])
+    for cid in (c[0], c[2], c[3]):
+        assert isinstance(got[cid], bytes)
+    s0.discard(c[1])
+    s1 = helper.finish_round(1)
+    assert sorted(s1.client_ids) == [c[0], c[2], c[3]]
+    result = protocol.reconstruct(params, s0.share(), s1.share)
+    assert_matches(params, result, [clients[0], clients[2], clients[3]])
