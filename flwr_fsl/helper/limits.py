@@ -25,10 +25,12 @@ and the DPF evaluation they call (``S = 5 · 2**16``: its fixed level buffers)::
     peak  = max( (1 + 2η) m              building the simple table: all indices, their η
                  + 2η min(m, 2**14),     candidate bins, a scratch array, AES blocks
                  P τ [+ P τ] + [σ>0] m τ evaluating clients' keys (AddClients or a hint;
-                 + 32 K + S,             one client at a time into one reused buffer; if
+                 [+ P τ] + 32 K + S,     one client at a time into one reused buffer; if
                                          ``8 P τ`` <= 64 MiB, their sum in key order,
-                                         scattered into the share when it is read) and
-                                         summing their stash slots
+                                         scattered into the share when it is read; a
+                                         streamed checked round with the exact value check
+                                         holds two clients' shares) and summing their
+                                         stash slots
                  max(2 m τ, [P τ]),      FinishRound: the deferred sum's scatter, then the
                                          share's copy and its response
                  [P + K w + [σ>0] m w    answering one PSR query: selectors, answer rows,
@@ -154,7 +156,11 @@ def round_words(params: SSAParams, *, table: bool = False) -> int:
     # summed shares in key order (scattered into the share when it is read, then freed).
     evaluated = (points + (keys if params.verify else 0)) * ktau  # a checked key's dummy slot
     deferred = evaluated if 8 * evaluated <= DEFERRED_SCATTER_MAX_BYTES else 0
-    evaluate = evaluated + deferred + (m * ktau if sigma else 0) + _KEY_WORDS * keys + _EVAL_SCRATCH
+    # A streamed checked round holds two clients' evaluations at once; only the exact value
+    # check keeps each one's shares (otherwise a segment's rows per thread, less than one).
+    kept = 2 if params.verify and params.value_check_mode == "exact" else 1
+    evaluate = kept * evaluated + deferred + (m * ktau if sigma else 0)
+    evaluate += _KEY_WORDS * keys + _EVAL_SCRATCH
     finish = max(2 * m * tau, deferred)
     peak = max(build, evaluate, finish)
     if table:
