@@ -209,38 +209,26 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
     original = verify.run_ranges
     inside = [0.0, 0]
 
-    def counted(
-        work: Callable[[int], object], count: int, threads: int, *pool: str
-    ) -> list[object]:
-        if inside[1] or count <= 1:  # one call runs in the caller alone on any thread count
-            return original(work, count, 1, *pool)
-        inside[1] = 1
-        start = time.thread_time()
-        try:
-            return original(work, count, 1, *pool)
-        finally:
-            inside[0] += time.thread_time() - start
-            inside[1] = 0
+    def counting(fn: Callable[..., object]) -> Callable[..., object]:
+        """``fn`` (``run_ranges`` or ``start_ranges``) on one thread, timed as pool work."""
+
+        def counted(work: Callable[[int], object], count: int, threads: int, *pool: str) -> object:
+            if inside[1] or count <= 1:  # one call runs in the caller alone on any thread count
+                return fn(work, count, 1, *pool)
+            inside[1] = 1
+            start = time.thread_time()
+            try:
+                return fn(work, count, 1, *pool)  # (start_ranges: done before it returns)
+            finally:
+                inside[0] += time.thread_time() - start
+                inside[1] = 0
+
+        return counted
 
     from flwr_fsl.core import threads
 
     pipe = getattr(threads, "pipelined", None)  # None: a library without it (a baseline tree)
     begin = getattr(threads, "start_ranges", None)  # (queued ranges: the key check, session 39)
-
-    def counted_start(
-        work: Callable[[int], object], count: int, threads: int, *pool: str
-    ) -> object:
-        """``start_ranges`` on one thread (the calls run before it returns): pool work."""
-        assert begin is not None
-        if inside[1] or count <= 1:
-            return begin(work, count, 1, *pool)
-        inside[1] = 1
-        start = time.thread_time()
-        try:
-            return begin(work, count, 1, *pool)
-        finally:
-            inside[0] += time.thread_time() - start
-            inside[1] = 0
 
     def counted_pipe(
         items: list[object], prepare: Callable[[object], object], use: object, n: int, *pool: str
@@ -259,7 +247,11 @@ def _serial_split(round_fn: Callable[[], object]) -> tuple[float, float]:
         assert pipe is not None
         return pipe(items, timed, use, 1, *pool)  # type: ignore[arg-type]
 
-    counters = {"run_ranges": counted, "pipelined": counted_pipe, "start_ranges": counted_start}
+    counters = {
+        "run_ranges": counting(original),
+        "pipelined": counted_pipe,
+        "start_ranges": counting(begin) if begin is not None else None,
+    }
     patched = [
         (mod, attr, counters[attr], was)
         for name, mod in list(sys.modules.items())
