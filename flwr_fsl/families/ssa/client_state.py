@@ -54,7 +54,7 @@ class SSAClientState:
 
     No trailing bytes. The per-key domain sizes are not checked against the round's simple
     table here (that needs the table of all ``m`` indices); the servers check them on every
-    hint (:meth:`SSAServer.add_client_hint`).
+    hint (:meth:`~flwr_fsl.families.ssa.protocol.SSAServer.add_client_hint`).
 
     Attributes
     ----------
@@ -127,7 +127,8 @@ class SSAClientState:
         params : SSAParams
             The new round: same hashing, domain and widths, a larger ``epoch``.
         values, weights, rng
-            As in :func:`encode_update`, for the same indices in the same order.
+            As in :func:`~flwr_fsl.families.ssa.protocol.encode_update`, for the same indices in
+            the same order.
 
         Returns
         -------
