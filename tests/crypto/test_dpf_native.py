@@ -90,6 +90,39 @@ def test_native_driver_equals_python_driver(seed, m, tau, max_bits, budget, cut,
 
 
 @needs_native
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 30),
+    flat=st.booleans(),
+    budget=st.sampled_from([16, 64, 1 << 10]),
+    parts=st.sampled_from([1, 1 | 4, 1 | 4 | 8]),
+)
+def test_profiling_parts_make_the_evaluations_aes_calls(seed, m, flat, budget, parts):
+    """With the level passes off (``dpf._FD_PARTS``, the benchmark's AES-alone timing) the
+    chunk loop logs the whole evaluation's AES calls with the same block counts: a flat chunk
+    counts its nodes without the per-task loop, any other chunk with it."""
+    rng = np.random.default_rng(seed)
+    d = np.full(m, int(rng.integers(0, 10))) if flat else rng.integers(0, 10, m)
+    alphas = (rng.integers(0, 2**40, m) % (1 << d)).astype(U64)
+    keys = generate_keys_batch(alphas, np.ones(m, U64), d)[0]
+    lengths = None
+    if not flat:
+        lengths = np.array([rng.integers(0, (1 << int(x)) + 1) for x in d], dtype=np.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dpf, "_FD_BUDGET", budget)
+        logs = []
+        for run_parts in (15, parts):
+            log: list[int] = []
+            mp.setattr(dpf, "_AES_LOG", log)
+            mp.setattr(dpf, "_FD_PARTS", run_parts)
+            evaluate_batch(keys, lengths=lengths)
+            logs.append(log)
+    assert logs[0]
+    assert logs[1] == logs[0]  # (calls a part skips are still logged, with their sizes)
+
+
+@needs_native
 @pytest.mark.parametrize(("d", "tau"), [(0, 1), (1, 1), (6, 1), (5, 2), (4, 3), (3, 4), (5, 5)])
 def test_native_driver_matches_the_block_by_block_reference(d, tau):
     rng = np.random.default_rng(100 * d + tau)
