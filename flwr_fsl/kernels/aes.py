@@ -226,16 +226,25 @@ def native_encrypt(
     ``int32`` scratch array. Returns whether OpenSSL wrote every byte. A call of more than
     ``2**27 - 1`` blocks is split (``inl`` is a C ``int``).
     """
+    addrs = (np.uint64(src.ctypes.data), np.uint64(dst.ctypes.data))
+    return native_encrypt_at(fn, ctx, addrs, nblocks, outl)
+
+
+@njit(cache=True, nogil=True)
+def native_encrypt_at(
+    fn: int, ctx: int, addrs: tuple[np.uint64, np.uint64], nblocks: int, outl: np.ndarray
+) -> bool:  # pragma: no cover - numba
+    """:func:`native_encrypt` from the address ``addrs[0]`` to ``addrs[1]`` (``uint64``).
+
+    For a loop of many small calls over one buffer: it takes no array view per call (numba
+    counts references on every view it makes).
+    """
+    src, dst = addrs
     done = 0
     while done < nblocks:
         n = min(nblocks - done, (1 << 27) - 1)
         off = np.uint64(16 * done)
-        ptrs = (
-            np.uint64(ctx),
-            np.uint64(dst.ctypes.data) + off,
-            np.uint64(outl.ctypes.data),
-            np.uint64(src.ctypes.data) + off,
-        )
+        ptrs = (np.uint64(ctx), dst + off, np.uint64(outl.ctypes.data), src + off)
         ok: int = _evp_update(np.uint64(fn), ptrs, np.int64(16 * n))  # type: ignore[call-arg]
         if ok != 1 or outl[0] != 16 * n:
             return False

@@ -12,8 +12,9 @@ buffers, so the output is bit-identical to the Python driver's.
 
 The whole evaluation releases the GIL, so servers that evaluate on several threads run
 them in parallel. Outputs of at least ``dpf._NT_MIN_BYTES`` are written with non-temporal stores
-(:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``). Evaluations with proofs run the
-same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`): both are
+(:func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves` with ``nt``), where a chunk allows it between
+small pieces of its value-key call (:mod:`flwr_fsl.kernels.dpf_leaves`). Evaluations with
+proofs run the same loop with the leaf proofs added (:mod:`flwr_fsl.kernels.vdpf_eval`): both are
 :func:`fd_core`, one loop. The Python driver stays wherever ``libcrypto`` does not load
 (:func:`~flwr_fsl.kernels.aes.native_aes`).
 
@@ -36,10 +37,10 @@ from flwr_fsl.kernels.aes import NativeAES, log_blocks, native_aes, native_encry
 from flwr_fsl.kernels.dpf_kernels import (
     chunk_bounds,
     expand_nodes,
-    fd_leaves,
     fd_levels,
     store_fence,
 )
+from flwr_fsl.kernels.dpf_leaves import value_leaves
 from flwr_fsl.kernels.vdpf_kernels import BLOCKS, proof_pass
 
 PROOFS = 16
@@ -78,16 +79,14 @@ def _finish(
     out, proof = dest
     log, n_log = logged
     ka, kb, cnt = span
-    conv, t_conv, enc = leaf
-    half_w, tau, group, party = shape[0], shape[1], shape[2], shape[3]
+    conv, t_conv, _ = leaf
+    half_w = shape[0]
     outl = np.zeros(1, dtype=np.int32)
-    if shape[5] & 4 and not native_encrypt(fn, ctxs[2], conv, enc, cnt * half_w, outl):
+    if not value_leaves((fn, ctxs[2], outl), leaf, (ka, kb, cnt), tasks_i, key[4], shape, out):
         return -1
-    n_log = log_blocks(log, n_log, cnt * half_w)
+    n_log = log_blocks(log, n_log, cnt * half_w)  # (one call, as the Python driver makes it)
     if not shape[5] & 8:
         return n_log
-    nt = shape[4] != 0
-    fd_leaves(enc, conv, t_conv, ka, kb, tasks_i, key[4], half_w, tau, group, party, out, nt)
     if shape[5] & PROOFS:
         pbufs, key_first, cw_proof, proofs = proof
         leaves = (conv, t_conv, tasks_i[ka:kb])

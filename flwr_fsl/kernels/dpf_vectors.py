@@ -84,6 +84,18 @@ def _sfence(typingctx):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+@intrinsic
+def _load_u8(typingctx, addr):  # type: ignore[no-untyped-def]
+    """Load the byte at address ``addr``, zero-extended to ``uint64`` (a leaf's control bit)."""
+    sig = types.uint64(types.uint64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        byte = builder.load(builder.inttoptr(args[0], ir.IntType(8).as_pointer()), align=1)
+        return builder.zext(byte, ir.IntType(64))
+
+    return sig, codegen
+
+
 def _v2(builder, lo, hi):  # type: ignore[no-untyped-def]
     """Build the ``<2 x i64>`` vector ``(lo, hi)``."""
     vec = ir.Constant(ir.VectorType(ir.IntType(64), 2), None)

