@@ -4,11 +4,13 @@ A large full-domain output (hundreds of MB, written with non-temporal stores by
 :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves`) is bound by memory bandwidth, OpenSSL's AES by
 the AES units. Written after one value-key call over the whole chunk, the output costs its full
 write time; written a few cache lines at a time between 32-block calls, the stores drain while
-the next piece is encrypted. A probe on the AVX-512 EPYC (session 40, 25.5M value blocks and
-their 410 MB of output, the calls walking L2-sized buffers as the evaluator's do): 7.0 ms above
-the AES calls after whole calls, 3.2-3.4 ms after 32-block pieces. In the evaluator
-(``python benchmarks/dpf_bench.py --baseline-tree``, 100k keys of depth 9, five runs): 1.25-1.27x
-its AES calls against 1.28-1.29x for one call a chunk, 1.01-1.03x faster.
+the next piece is encrypted. A probe script (not in the repository) on the AVX-512 EPYC
+(session 40, 25.5M value blocks and their 410 MB of output, the calls walking L2-sized buffers
+as the evaluator's do): 7.0 ms above the AES calls after whole calls, 3.2-3.4 ms after 32-block
+pieces. In the evaluator
+(``python benchmarks/dpf_bench.py --baseline-tree``, 100k keys of depth 9, eight runs): 1.25-1.27x
+its AES calls against 1.24-1.29x for one call a chunk in the same runs, 1.01-1.03x faster in
+seven of them.
 
 :func:`value_leaves` is the entry (the value-key AES and the output words of a chunk);
 :func:`uniform_head` says whether a chunk has the shape the paced pass handles (one conversion
