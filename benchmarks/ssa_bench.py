@@ -59,6 +59,12 @@ numpy + numba. Timings are medians of ``--reps`` runs (at most 3 at ``2**20``) a
 warm-up and one untimed run per cell. Ends with the issue's three bars at ``m = 2**20``,
 ``k/m = 10%`` (PASS/MISS) and writes everything as JSON (default
 ``benchmarks/results/ssa_bench.json``, next to the other benchmarks' results; git-ignored).
+
+``--round N`` instead prints issue 26's round targets: it runs ``benchmarks/ssa_round_bench.py
+--clients N --rounds 1 --kinds checked-v3`` (the default checked round of ``N`` clients on one
+core, then two), whose last lines are ``server per client / AES floor: X.XX`` and ``2-core
+speed-up: X.XX`` with PASS/FAIL (and the client encode line); that script's docstring says what
+they measure. ``--round 200`` is the issue's setting (about 3 minutes here).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -896,7 +903,19 @@ def main() -> None:
     parser.add_argument(
         "--check-only", action="store_true", help="only the key check's cost table (issue 21)"
     )
+    parser.add_argument(
+        "--round",
+        type=int,
+        metavar="N",
+        help="instead: issue 26's round targets at N clients (ssa_round_bench.py)",
+    )
     args = parser.parse_args()
+    if args.round is not None:
+        if args.round < 1:
+            parser.error("--round needs at least one client")
+        script = Path(__file__).with_name("ssa_round_bench.py")
+        command = [sys.executable, str(script), "--clients", str(args.round)]
+        sys.exit(subprocess.call([*command, "--rounds", "1", "--kinds", "checked-v3"]))
     if args.scale is not None:
         main_scale(args)
         return
@@ -972,7 +991,6 @@ def main_scale(args: argparse.Namespace) -> None:
 
 def _scale_in_child(clients: int, args: argparse.Namespace) -> dict:
     """Run ``--scale clients`` in a fresh process of this script; return its row."""
-    import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
