@@ -64,13 +64,15 @@ warm-up and one untimed run per cell. Ends with the issue's three bars at ``m = 
 --clients N --rounds 1 --kinds checked-v3`` (the default checked round of ``N`` clients on one
 core, then two), whose last lines are ``server per client / AES floor: X.XX`` and ``2-core
 speed-up: X.XX`` with PASS/FAIL (and the client encode line); that script's docstring says what
-they measure. ``--round 200`` is the issue's setting (about 3 minutes here).
+they measure. ``--round 200`` is the issue's setting (about 3 minutes here). The child gets
+the caller's environment, not the one-thread settings this script makes for its own cells.
 """
 
 from __future__ import annotations
 
 import os
 
+_CALLER_ENV = dict(os.environ)  # (``--round``'s child runs with the caller's thread settings)
 for _var in (
     "NUMBA_NUM_THREADS",
     "OMP_NUM_THREADS",
@@ -915,7 +917,8 @@ def main() -> None:
             parser.error("--round needs at least one client")
         script = Path(__file__).with_name("ssa_round_bench.py")
         command = [sys.executable, str(script), "--clients", str(args.round)]
-        sys.exit(subprocess.call([*command, "--rounds", "1", "--kinds", "checked-v3"]))
+        flags = ["--rounds", "1", "--kinds", "checked-v3"]
+        sys.exit(subprocess.call([*command, *flags], env=_CALLER_ENV))
     if args.scale is not None:
         main_scale(args)
         return
