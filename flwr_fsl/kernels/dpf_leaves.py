@@ -4,13 +4,10 @@ A large full-domain output (hundreds of MB, written with non-temporal stores by
 :func:`~flwr_fsl.kernels.dpf_kernels.fd_leaves`) is bound by memory bandwidth, OpenSSL's AES by
 the AES units. Written after one value-key call over the whole chunk, the output costs its full
 write time; written a few cache lines at a time between 32-block calls, the stores drain while
-the next piece is encrypted. A probe script (not in the repository) on the AVX-512 EPYC
-(session 40, 25.5M value blocks and their 410 MB of output, the calls walking L2-sized buffers
-as the evaluator's do): 7.0 ms above the AES calls after whole calls, 3.2-3.4 ms after 32-block
-pieces. In the evaluator
-(``python benchmarks/dpf_bench.py --baseline-tree``, 100k keys of depth 9, eight runs): 1.25-1.27x
-its AES calls against 1.24-1.29x for one call a chunk in the same runs, 1.01-1.03x faster in
-seven of them.
+the next piece is encrypted (session 40's closing note has the probe measurements behind the
+piece size). In the evaluator (``python benchmarks/dpf_bench.py --baseline-tree``, 100k keys of
+depth 9, eight runs): 1.25-1.27x its AES calls against 1.24-1.29x for one call a chunk in the
+same runs, 1.01-1.03x faster in seven of them.
 
 :func:`value_leaves` is the entry (the value-key AES and the output words of a chunk);
 :func:`uniform_head` says whether a chunk has the shape the paced pass handles (one conversion
@@ -29,8 +26,8 @@ from flwr_fsl.kernels.dpf_kernels import fd_leaves, needed_leaves
 from flwr_fsl.kernels.dpf_vectors import _leaf_line_nt, _leaf_words_nt, _load_u8
 
 PIECE_BLOCKS = 32
-"""Value-key blocks per OpenSSL call in :func:`paced_leaves` (eight output lines each). In the
-probe, 64-block pieces left 4.2 ms of the write above the AES calls, 16-block ones 4.6 ms."""
+"""Value-key blocks per OpenSSL call in :func:`paced_leaves` (eight output lines each; 16- and
+64-block pieces were no faster in ``dpf_bench.py``)."""
 
 _SIXTEEN = np.uint64(16)
 _LOW4 = np.uint64(15)
@@ -194,7 +191,7 @@ def value_leaves(
     )  # fmt: skip
     if nt and parts & 12 == 12:
         nl, head = uniform_head(tasks_i, (lo, hi), (half_w, tau, group), out)
-        if nl >= 0:
+        if nl >= 0 and (hi - lo) * nl == cnt:  # (equal whole tasks: always, checked all the same)
             return paced_leaves(aes, leaf, (lo, hi, nl, head), tasks_i, cw_leaf, (tau, party), out)
     if parts & 4 and not native_encrypt(fn, ctx, conv, enc, cnt * half_w, outl):
         return False
